@@ -1,0 +1,1 @@
+"""pylog: a distributed commit log for log processing, after the Kafka paper."""

@@ -1,0 +1,103 @@
+"""The one error tree of pylog.
+
+    PylogError                      root: catch this to catch anything pylog raises on purpose
+    └── StorageError                a partition log refused an operation; the log is unchanged
+        ├── InvalidMessage          an incoming message set failed framing or checksum checks
+        ├── MessageTooLarge         a message is over max.message.bytes, or a set over segment.bytes
+        ├── InvalidOffset           an offset inside [log start, high watermark] that is not
+        │                           where a message starts
+        ├── OffsetOutOfRange        an offset outside [log start, high watermark]
+        ├── FetchSizeTooSmall       the first message at an offset is larger than max_bytes
+        ├── CorruptSegment          bytes already stored fail framing or checksum on read
+        ├── DiskFull                the file system said ENOSPC / EDQUOT / EFBIG on append or flush
+        └── StorageIOError          any other OS error while touching a segment
+
+InvalidMessage and MessageTooLarge are about what a producer sent; CorruptSegment is about what
+is already on disk. InvalidOffset and OffsetOutOfRange are both about a requested offset: the
+first is in range but lands inside a message, the second is outside the readable range.
+"""
+
+from __future__ import annotations
+
+
+class PylogError(Exception):
+    """Root of every error pylog raises on purpose."""
+
+
+class StorageError(PylogError):
+    """A partition log refused an operation. The log is exactly as it was before the call."""
+
+
+class InvalidMessage(StorageError):
+    """A message set failed validation. `position` is the byte position, within the set, of the
+    first bad message; `reason` says what was wrong with it. Nothing of the set was appended."""
+
+    def __init__(self, position: int, reason: str) -> None:
+        super().__init__(f"invalid message at byte {position} of the message set: {reason}")
+        self.position = position
+        self.reason = reason
+
+
+class MessageTooLarge(StorageError):
+    """A message larger than max.message.bytes, or a message set larger than segment.bytes."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        super().__init__(f"{what} of {size} bytes is over the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class InvalidOffset(StorageError):
+    """The offset is within the readable range but is not the first byte of a message."""
+
+    def __init__(self, offset: int, previous: int, following: int) -> None:
+        super().__init__(
+            f"offset {offset} is not a message boundary: the message around it starts at "
+            f"{previous} and the next one at {following}"
+        )
+        self.offset = offset
+        self.previous = previous
+        self.following = following
+
+
+class OffsetOutOfRange(StorageError):
+    """The offset is before the log start or after the high watermark."""
+
+    def __init__(self, offset: int, log_start: int, high_watermark: int) -> None:
+        super().__init__(
+            f"offset {offset} is out of range: readable offsets are [{log_start}, {high_watermark}]"
+        )
+        self.offset = offset
+        self.log_start = log_start
+        self.high_watermark = high_watermark
+
+
+class FetchSizeTooSmall(StorageError):
+    """The first message at the offset does not fit in max_bytes; `needed` is its size."""
+
+    def __init__(self, offset: int, max_bytes: int, needed: int) -> None:
+        super().__init__(
+            f"the message at offset {offset} is {needed} bytes, larger than max_bytes "
+            f"{max_bytes}: fetch with max_bytes >= {needed}"
+        )
+        self.offset = offset
+        self.max_bytes = max_bytes
+        self.needed = needed
+
+
+class CorruptSegment(StorageError):
+    """Bytes already stored in a segment fail framing or checksum checks."""
+
+    def __init__(self, path: str, position: int, reason: str) -> None:
+        super().__init__(f"{path}: corrupt data at byte {position}: {reason}")
+        self.path = path
+        self.position = position
+        self.reason = reason
+
+
+class DiskFull(StorageError):
+    """The file system has no room (ENOSPC, EDQUOT) or refused the file size (EFBIG)."""
+
+
+class StorageIOError(StorageError):
+    """Any other operating-system error while reading or writing a segment."""

@@ -1,0 +1,16 @@
+"""Storage: the message format, segments and partition logs. No network in here."""
+
+from broker.log.config import LogConfig
+from broker.log.message import Message, encode_message, iter_messages, validate_message_set
+from broker.log.partition import LogStatistics, PartitionLog, RecoveryReport
+
+__all__ = [
+    "LogConfig",
+    "LogStatistics",
+    "Message",
+    "PartitionLog",
+    "RecoveryReport",
+    "encode_message",
+    "iter_messages",
+    "validate_message_set",
+]

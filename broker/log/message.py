@@ -1,0 +1,230 @@
+"""The message format: one message on disk and on the wire, and message sets.
+
+Layout of one message (all integers big-endian; docs/storage.md has a worked hex example):
+
+    offset  size  field
+    0       4     length      u32, bytes that follow this field: 22 + key bytes + value bytes
+    4       8     checksum    u64, XXH3-64 (seed 0) of bytes [12, 4 + length): everything after
+                              the checksum field
+    12      1     magic       u8, format version, 1
+    13      1     attributes  u8, bits 0-2 compression codec (0 = none; no other is accepted
+                              yet), bits 3-7 reserved and zero
+    14      8     timestamp   i64, milliseconds since the Unix epoch, set by the producer
+    22      4     key_length  i32, -1 for a message without a key
+    26      k     key         key_length bytes (none when key_length is -1)
+    26 + k  v     value       the rest: length - 22 - k bytes
+
+A message set is messages back to back with nothing between them. A message's offset is the
+position of its first byte in its partition's stream of all bytes ever appended, so the next
+message's offset is this offset + 4 + length. The format carries no offsets: a set is appended
+exactly as the producer built it.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from xxhash import xxh3_64_intdigest
+
+from broker.errors import InvalidMessage
+
+MAGIC = 1
+LENGTH_SIZE = 4
+HEADER_SIZE = 26
+"""Bytes before the key: length, checksum, magic, attributes, timestamp, key_length."""
+MIN_LENGTH = HEADER_SIZE - LENGTH_SIZE
+"""The smallest valid value of the length field: no key, empty value."""
+CHECKSUM_START = 12
+"""The checksum covers the message from this byte to its end."""
+CODEC_MASK = 0x07
+
+_HEADER = struct.Struct(">IQBBqi")
+_LENGTH = struct.Struct(">I")
+# The hot loop reads magic and attributes as one u16: version 1, attributes 0.
+_SCAN_HEADER = struct.Struct(">IQH8xi")
+_MAGIC_ATTRIBUTES = MAGIC << 8
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One decoded message. `size` is its size on disk (4 + length)."""
+
+    offset: int
+    size: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes
+    attributes: int
+    checksum: int
+    checksum_ok: bool
+
+    @property
+    def next_offset(self) -> int:
+        return self.offset + self.size
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """What a framing-and-checksum walk over a buffer found.
+
+    `valid_bytes` is the length of the longest prefix made of valid messages, `count` how many
+    messages it holds, `marks` the positions of the message starts chosen for the sparse index
+    (see broker.log.index), and `error` why the walk stopped before the end, or None.
+    """
+
+    valid_bytes: int
+    count: int
+    marks: list[int]
+    error: str | None
+
+
+def encode_message(
+    value: bytes, key: bytes | None = None, timestamp_ms: int | None = None
+) -> bytes:
+    """Encode one message, ready to be appended or joined into a message set."""
+    if timestamp_ms is None:
+        timestamp_ms = time.time_ns() // 1_000_000
+    key_bytes = b"" if key is None else key
+    body = b"".join(
+        (
+            struct.pack(">BBqi", MAGIC, 0, timestamp_ms, -1 if key is None else len(key)),
+            key_bytes,
+            value,
+        )
+    )
+    return struct.pack(">IQ", len(body) + 8, xxh3_64_intdigest(body)) + body
+
+
+def scan(
+    buf: Buffer,
+    max_message_bytes: int,
+    index_interval: int = 0,
+    next_mark: int = 0,
+) -> ScanResult:
+    """Walk `buf` from its start, checking every message's framing and checksum.
+
+    Stops at the first message that is cut short, malformed, over `max_message_bytes` in size
+    on disk, or whose checksum does not match. With `index_interval` > 0, every message that
+    starts at or after `next_mark` is recorded in `marks`, and the next mark is then due
+    `index_interval` bytes later. Used both to validate a producer's set and to recover a segment.
+    """
+    end = len(buf)
+    max_length = max_message_bytes - LENGTH_SIZE
+    unpack = _SCAN_HEADER.unpack_from
+    checksum_of = xxh3_64_intdigest
+    marks: list[int] = []
+    if index_interval <= 0:
+        next_mark = end + 1
+    pos = 0
+    count = 0
+    try:
+        while pos < end:
+            length, checksum, magic_attributes, key_length = unpack(buf, pos)
+            following = pos + 4 + length
+            if (
+                following > end
+                or length > max_length
+                or length < MIN_LENGTH
+                or magic_attributes != _MAGIC_ATTRIBUTES
+                or not -1 <= key_length <= length - MIN_LENGTH
+                or checksum_of(buf[pos + CHECKSUM_START : following]) != checksum
+            ):
+                break
+            if pos >= next_mark:
+                marks.append(pos)
+                next_mark = pos + index_interval
+            pos = following
+            count += 1
+    except struct.error:
+        pass  # fewer than HEADER_SIZE bytes left: a cut-short message, diagnosed below
+    error = None if pos == end else _diagnose(buf, pos, max_message_bytes)
+    return ScanResult(pos, count, marks, error)
+
+
+def validate_message_set(
+    buf: Buffer, max_message_bytes: int, index_interval: int = 0, next_mark: int = 0
+) -> ScanResult:
+    """Check a producer's message set; raise InvalidMessage naming the first bad message."""
+    if len(buf) == 0:
+        raise InvalidMessage(0, "the message set is empty")
+    result = scan(buf, max_message_bytes, index_interval, next_mark)
+    if result.error is not None:
+        raise InvalidMessage(result.valid_bytes, result.error)
+    return result
+
+
+def _diagnose(buf: Buffer, pos: int, max_message_bytes: int) -> str:
+    """Say why the message at `pos` failed the checks in `scan` (the slow path)."""
+    left = len(buf) - pos
+    if left < HEADER_SIZE:
+        return f"cut short: {left} bytes left, a message header needs {HEADER_SIZE}"
+    length, checksum, magic, attributes, _, key_length = _HEADER.unpack_from(buf, pos)
+    if length < MIN_LENGTH:
+        return f"length field {length} is below the minimum {MIN_LENGTH}"
+    if length + LENGTH_SIZE > max_message_bytes:
+        return f"message size {length + LENGTH_SIZE} is over max.message.bytes {max_message_bytes}"
+    if length + LENGTH_SIZE > left:
+        return f"cut short: the message needs {length + LENGTH_SIZE} bytes, {left} are left"
+    if magic != MAGIC:
+        return f"unknown format version (magic) {magic}"
+    if attributes & CODEC_MASK:
+        return f"unsupported compression codec {attributes & CODEC_MASK}"
+    if attributes:
+        return f"reserved attribute bits set: {attributes:#04x}"
+    if not -1 <= key_length <= length - MIN_LENGTH:
+        return f"key length {key_length} does not fit in a message of length {length}"
+    actual = xxh3_64_intdigest(buf[pos + CHECKSUM_START : pos + LENGTH_SIZE + length])
+    return f"checksum mismatch: stored {checksum:#018x}, computed {actual:#018x}"
+
+
+def decode_message(buf: Buffer, pos: int, offset: int) -> Message:
+    """Decode the message starting at `pos` of `buf`, whose partition offset is `offset`.
+
+    Checks framing (raising InvalidMessage) but not the checksum: `checksum_ok` reports it, so
+    that tools can show a damaged message instead of stopping at it.
+    """
+    left = len(buf) - pos
+    if left < HEADER_SIZE:
+        raise InvalidMessage(pos, f"cut short: {left} bytes left, a header needs {HEADER_SIZE}")
+    length, checksum, magic, attributes, timestamp_ms, key_length = _HEADER.unpack_from(buf, pos)
+    following = pos + LENGTH_SIZE + length
+    if length < MIN_LENGTH or following > len(buf) or magic != MAGIC:
+        raise InvalidMessage(pos, _diagnose(buf, pos, following - pos))
+    if not -1 <= key_length <= length - MIN_LENGTH:
+        raise InvalidMessage(pos, f"key length {key_length} does not fit in length {length}")
+    key_end = pos + HEADER_SIZE + max(key_length, 0)
+    return Message(
+        offset=offset,
+        size=LENGTH_SIZE + length,
+        timestamp_ms=timestamp_ms,
+        key=None if key_length < 0 else bytes(buf[pos + HEADER_SIZE : key_end]),
+        value=bytes(buf[key_end:following]),
+        attributes=attributes,
+        checksum=checksum,
+        checksum_ok=xxh3_64_intdigest(buf[pos + CHECKSUM_START : following]) == checksum,
+    )
+
+
+def iter_messages(buf: Buffer, base_offset: int = 0) -> Iterator[Message]:
+    """Decode a message set of whole messages whose first byte is at `base_offset`.
+
+    Raises InvalidMessage at the first message whose framing or checksum is wrong.
+    """
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        message = decode_message(buf, pos, base_offset + pos)
+        if not message.checksum_ok:
+            raise InvalidMessage(pos, _diagnose(buf, pos, message.size))
+        yield message
+        pos += message.size
+
+
+def message_size_at(buf: Buffer, pos: int) -> int:
+    """The on-disk size of the message starting at `pos`, from its length field alone."""
+    return LENGTH_SIZE + int(_LENGTH.unpack_from(buf, pos)[0])

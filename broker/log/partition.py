@@ -1,0 +1,329 @@
+"""The log of one partition: a folder of segments, appended at the end and read by offset.
+
+Folder `<topic>-<partition>/` holds `<base offset, 20 digits>.log` segments and their `.index`
+files (broker.log.segment, broker.log.index). Offsets are byte positions in the partition's
+stream of all bytes ever appended: the segments are contiguous, each starting where the
+previous one ends, and a sorted list of their base offsets is bisected to find the segment
+holding an offset.
+
+Three offsets describe the log:
+
+    log start       the base offset of the oldest segment; retention moves it forward
+    high watermark  the end of flushed data; reads never go past it
+    log end         the end of appended data; [high watermark, log end) waits for a flush
+
+Flushes are batched: one happens when `flush_messages` messages are pending or the oldest of
+them has waited `flush_interval_ms` (checked on append and by `flush_if_due`, which a worker
+calls at `next_flush_deadline`), and on roll and close. A flush fsyncs when `fsync` is set.
+
+Crash behaviour: on open, the newest segment and every segment whose index does not match it
+(it was not closed cleanly) is scanned, checksums and all; the log keeps its longest valid
+prefix. The segment where the valid data ends is truncated there (the bytes cut are reported);
+a segment with no valid message at all, and every segment after the cut, is renamed `*.bad`
+and reported, never deleted. Not safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from bisect import bisect_right
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.clock import SYSTEM_CLOCK, Clock
+from broker.errors import MessageTooLarge, OffsetOutOfRange
+from broker.log.config import LogConfig
+from broker.log.message import Buffer, validate_message_set
+from broker.log.segment import INDEX_SUFFIX, Segment
+
+SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What `PartitionLog.open` found and did. `problems` has one line per cut or renamed file."""
+
+    segments_scanned: int
+    bytes_truncated: int
+    bad_files: tuple[Path, ...]
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LogStatistics:
+    log_start_offset: int
+    high_watermark: int
+    log_end_offset: int
+    segments: int
+    size_bytes: int
+    pending_messages: int
+
+
+class PartitionLog:
+    """Append, flush, read, roll and retention for one partition folder. Use `open`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        clock: Clock,
+        segments: list[Segment],
+        recovery: RecoveryReport,
+    ) -> None:
+        self.directory = directory
+        self.config = config
+        self.recovery = recovery
+        self._clock = clock
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self._high_watermark = segments[-1].end_offset
+        self._pending_messages = 0
+        self._pending_since: float | None = None
+        self._active_since_ms = clock.time() * 1000
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, directory: Path, config: LogConfig | None = None, clock: Clock = SYSTEM_CLOCK
+    ) -> PartitionLog:
+        """Open (creating if needed) the partition folder, recovering it after a crash."""
+        config = config or LogConfig()
+        directory.mkdir(parents=True, exist_ok=True)
+        for leftover in directory.glob(f"*{INDEX_SUFFIX}.tmp"):
+            leftover.unlink()  # an index write that a crash interrupted; the index is derived
+        found = sorted(
+            (int(m.group(1)), p)
+            for p in directory.iterdir()
+            if (m := SEGMENT_NAME.match(p.name)) and p.is_file()
+        )
+        segments: list[Segment] = []
+        scanned = 0
+        truncated = 0
+        bad: list[Path] = []
+        problems: list[str] = []
+        expected_base = found[0][0] if found else 0
+        ended: str | None = None  # why the valid log ended before the file at hand
+        for i, (base, path) in enumerate(found):
+            if ended is None and base != expected_base:
+                ended = f"it starts at {base}, but the log before it ends at {expected_base}"
+            if ended is not None:
+                problems.append(f"{path.name}: set aside: {ended}")
+                bad.append(_set_aside(path))
+                continue
+            try:
+                segment, clean = Segment.open_existing(path, base)
+                if clean and i < len(found) - 1:
+                    segments.append(segment)
+                    expected_base = segment.end_offset
+                    continue
+                scanned += 1
+                result = segment.scan_valid(config.max_message_bytes, config.index_interval_bytes)
+            except OSError as error:
+                problems.append(f"{path.name}: set aside: cannot be read: {error}")
+                bad.append(_set_aside(path))
+                ended = f"it follows {path.name}, which cannot be read"
+                continue
+            if result.valid_bytes == 0 and segment.size > 0:
+                problems.append(f"{path.name}: set aside: no valid message: {result.error}")
+                bad.append(_set_aside(path))
+                ended = f"it follows {path.name}, which holds no valid message"
+                continue
+            if result.error is not None:
+                cut = segment.size - result.valid_bytes
+                problems.append(
+                    f"{path.name}: truncated {cut} bytes at position {result.valid_bytes}: "
+                    f"{result.error}"
+                )
+                segment.truncate_to(result.valid_bytes)
+                truncated += cut
+                ended = f"it follows the cut in {path.name}"
+            segments.append(segment)
+            expected_base = segment.end_offset
+        if not segments:
+            segments.append(Segment.create(directory, expected_base))
+        report = RecoveryReport(scanned, truncated, tuple(bad), tuple(problems))
+        return cls(directory, config, clock, segments, report)
+
+    # -- offsets ---------------------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._bases[0]
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].end_offset
+
+    @property
+    def segments(self) -> list[Segment]:
+        """The segments, oldest first (do not modify the list)."""
+        return self._segments
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def append(self, message_set: Buffer) -> int:
+        """Validate a producer's message set, append it as it is, and return the offset of its
+        first message. Raises InvalidMessage, MessageTooLarge, DiskFull or StorageIOError and
+        then leaves the log's messages and offsets as they were."""
+        config = self.config
+        size = len(message_set)
+        if size > config.segment_bytes:
+            raise MessageTooLarge("message set", size, config.segment_bytes)
+        active = self._segments[-1]
+        roll = active.size > 0 and (
+            active.size + size > config.segment_bytes
+            or (
+                config.segment_ms is not None
+                and self._clock.time() * 1000 - self._active_since_ms >= config.segment_ms
+            )
+        )
+        if roll or not len(active.index):
+            next_mark = 0
+        else:
+            next_mark = max(0, active.index.last + config.index_interval_bytes - active.size)
+        checked = validate_message_set(
+            message_set, config.max_message_bytes, config.index_interval_bytes, next_mark
+        )
+        if roll:
+            self.roll()
+            active = self._segments[-1]
+        offset = active.end_offset
+        active.append(message_set, checked.marks)
+        if self._pending_since is None:
+            self._pending_since = self._clock.monotonic()
+        self._pending_messages += checked.count
+        if self._pending_messages >= config.flush_messages:
+            self.flush()
+        else:
+            self.flush_if_due()
+        return offset
+
+    def flush(self) -> None:
+        """Make every appended message visible to reads, fsyncing first when configured."""
+        active = self._segments[-1]
+        if self._high_watermark == active.end_offset:
+            return
+        if self.config.fsync:
+            active.sync()
+        self._high_watermark = active.end_offset
+        self._pending_messages = 0
+        self._pending_since = None
+
+    def next_flush_deadline(self) -> float | None:
+        """When (clock.monotonic) the pending messages are due to be flushed, or None."""
+        if self._pending_since is None:
+            return None
+        return self._pending_since + self.config.flush_interval_ms / 1000
+
+    def flush_if_due(self) -> bool:
+        """Flush if the oldest pending message has waited flush_interval_ms; say if it did."""
+        deadline = self.next_flush_deadline()
+        if deadline is None or self._clock.monotonic() < deadline:
+            return False
+        self.flush()
+        return True
+
+    def roll(self) -> None:
+        """Flush, close the active segment for writes and start a new one where it ends."""
+        self.flush()
+        active = self._segments[-1]
+        if active.size == 0:
+            return
+        active.seal(self.config.fsync)
+        segment = Segment.create(self.directory, active.end_offset)
+        self._segments.append(segment)
+        self._bases.append(segment.base_offset)
+        self._active_since_ms = self._clock.time() * 1000
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int) -> memoryview:
+        """Whole flushed messages from `offset`, at most `max_bytes` of them, from one segment.
+
+        Empty at the high watermark. OffsetOutOfRange outside [log start, high watermark],
+        InvalidOffset inside a message, FetchSizeTooSmall when the first message is larger than
+        max_bytes. The view stays valid for as long as it is held, even past retention.
+        """
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be at least 1, not {max_bytes}")
+        if not self.log_start_offset <= offset <= self._high_watermark:
+            raise OffsetOutOfRange(offset, self.log_start_offset, self._high_watermark)
+        segment = self._segments[bisect_right(self._bases, offset) - 1]
+        limit = min(self._high_watermark, segment.end_offset) - segment.base_offset
+        position = offset - segment.base_offset
+        if position == limit:
+            return memoryview(b"")
+        segment.check_boundary(position, limit)
+        return segment.read(position, max_bytes, limit)
+
+    # -- retention -------------------------------------------------------------------------
+
+    def apply_retention(self) -> list[Path]:
+        """Delete the oldest closed segments that are past retention_ms or beyond
+        retention_bytes; never the active one, never one a reader still holds a view of.
+        Returns the files deleted."""
+        config = self.config
+        now = self._clock.time()
+        total = sum(s.size for s in self._segments)
+        deleted: list[Path] = []
+        while len(self._segments) > 1:
+            oldest = self._segments[0]
+            too_old = (
+                config.retention_ms is not None
+                and (now - oldest.log_path.stat().st_mtime) * 1000 > config.retention_ms
+            )
+            too_big = config.retention_bytes is not None and (
+                total - oldest.size >= config.retention_bytes
+            )
+            if not (too_old or too_big) or oldest.in_use():
+                break
+            oldest.delete()
+            del self._segments[0]
+            del self._bases[0]
+            total -= oldest.size
+            deleted.append(oldest.log_path)
+        return deleted
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    def statistics(self) -> LogStatistics:
+        return LogStatistics(
+            log_start_offset=self.log_start_offset,
+            high_watermark=self._high_watermark,
+            log_end_offset=self.log_end_offset,
+            segments=len(self._segments),
+            size_bytes=sum(s.size for s in self._segments),
+            pending_messages=self._pending_messages,
+        )
+
+    def close(self) -> None:
+        """Flush, store the active segment's index (a clean close) and release every file."""
+        self.flush()
+        self._segments[-1].seal(self.config.fsync)
+        for segment in self._segments:
+            segment.close()
+
+    def __enter__(self) -> PartitionLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename an untrusted segment to *.bad (never over another file) and drop its index."""
+    target = path.with_name(path.name + ".bad")
+    n = 1
+    while target.exists():
+        target = path.with_name(f"{path.name}.{n}.bad")
+        n += 1
+    path.rename(target)
+    with contextlib.suppress(FileNotFoundError):
+        path.with_suffix(INDEX_SUFFIX).unlink()
+    return target
