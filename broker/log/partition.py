@@ -254,13 +254,17 @@ class PartitionLog:
             raise ValueError(f"max_bytes must be at least 1, not {max_bytes}")
         if not self.log_start_offset <= offset <= self._high_watermark:
             raise OffsetOutOfRange(offset, self.log_start_offset, self._high_watermark)
-        segment = self._segments[bisect_right(self._bases, offset) - 1]
+        segment = self.segment_for(offset)
         limit = min(self._high_watermark, segment.end_offset) - segment.base_offset
         position = offset - segment.base_offset
         if position == limit:
             return memoryview(b"")
         segment.check_boundary(position, limit)
         return segment.read(position, max_bytes, limit)
+
+    def segment_for(self, offset: int) -> Segment:
+        """The segment holding `offset` (>= log start): the last whose base offset is <= it."""
+        return self._segments[bisect_right(self._bases, offset) - 1]
 
     # -- retention -------------------------------------------------------------------------
 
@@ -304,10 +308,12 @@ class PartitionLog:
 
     def close(self) -> None:
         """Flush, store the active segment's index (a clean close) and release every file."""
-        self.flush()
-        self._segments[-1].seal(self.config.fsync)
-        for segment in self._segments:
-            segment.close()
+        try:
+            self.flush()
+            self._segments[-1].seal(self.config.fsync)
+        finally:
+            for segment in self._segments:
+                segment.close()
 
     def __enter__(self) -> PartitionLog:
         return self

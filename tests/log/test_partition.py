@@ -1,0 +1,356 @@
+"""The partition log: append, read, flush, roll and retention on real files."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.errors import (
+    DiskFull,
+    FetchSizeTooSmall,
+    InvalidMessage,
+    InvalidOffset,
+    MessageTooLarge,
+    OffsetOutOfRange,
+)
+from broker.log import LogConfig, Message, PartitionLog, encode_message, iter_messages
+from tests.conftest import FakeClock
+
+NO_TIME_LIMITS = {"segment_ms": None, "retention_ms": None}
+
+
+def make_set(first: int, count: int, size: int = 100) -> bytes:
+    """`count` messages of `size` bytes on disk, values numbered from `first`."""
+    pad = size - 26 - 8
+    return b"".join(
+        encode_message(b"%08d" % i + b"." * pad, timestamp_ms=i) for i in range(first, first + count)
+    )
+
+
+def read_all(log: PartitionLog, offset: int | None = None, max_bytes: int = 4096) -> list[Message]:
+    """Every readable message from `offset` (default: log start) to the high watermark."""
+    offset = log.log_start_offset if offset is None else offset
+    out: list[Message] = []
+    while offset < log.high_watermark:
+        batch = list(iter_messages(log.read(offset, max_bytes), offset))
+        out += batch
+        offset = batch[-1].next_offset
+    return out
+
+
+def open_log(path: Path, clock: FakeClock, **settings_: object) -> PartitionLog:
+    config = LogConfig(**{**NO_TIME_LIMITS, "fsync": False, **settings_})  # type: ignore[arg-type]
+    return PartitionLog.open(path, config, clock)
+
+
+message_sets = st.lists(
+    st.lists(
+        st.tuples(st.binary(max_size=120), st.none() | st.binary(max_size=10)),
+        min_size=1,
+        max_size=8,
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(message_sets, st.integers(min_value=300, max_value=3000))
+def test_reads_return_exactly_what_was_appended_at_the_offsets_append_returned(
+    sets: list[list[tuple[bytes, bytes | None]]], max_bytes: int
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = open_log(Path(tmp) / "t-0", FakeClock(), segment_bytes=2000, index_interval_bytes=128)
+        expected = []
+        for batch in sets:
+            encoded = [encode_message(v, key=k, timestamp_ms=1) for v, k in batch]
+            offset = log.append(b"".join(encoded))
+            for (value, key), data in zip(batch, encoded, strict=True):
+                expected.append((offset, key, value))
+                offset += len(data)
+        log.flush()
+        got = read_all(log, max_bytes=max_bytes)
+        assert [(m.offset, m.key, m.value) for m in got] == expected
+        for offset, key, value in expected:  # every message is also readable on its own
+            first = next(iter_messages(log.read(offset, max_bytes), offset))
+            assert (first.key, first.value) == (key, value)
+        log.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=20), min_size=1, max_size=30))
+def test_segment_lookup_by_bisect_equals_a_linear_scan(set_sizes: list[int]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = open_log(Path(tmp) / "t-0", FakeClock(), segment_bytes=1000)
+        n = 0
+        for count in set_sizes:
+            log.append(make_set(n, count, size=50))
+            n += count
+        segments = log.segments
+        for offset in range(0, log.log_end_offset, 7):
+            linear = [s for s in segments if s.base_offset <= offset < s.end_offset]
+            assert log.segment_for(offset) is linear[-1]
+        log.close()
+
+
+def test_offsets_are_byte_positions_across_appends(tmp_path: Path, clock: FakeClock) -> None:
+    log = open_log(tmp_path / "t-0", clock)
+    assert log.append(make_set(0, 3)) == 0
+    assert log.append(make_set(3, 2)) == 300
+    assert log.log_end_offset == 500
+
+
+def test_only_flushed_messages_are_readable(tmp_path: Path, clock: FakeClock) -> None:
+    log = open_log(tmp_path / "t-0", clock, flush_messages=100)
+    log.append(make_set(0, 5))
+    assert (log.high_watermark, log.log_end_offset) == (0, 500)
+    assert log.read(0, 10_000).nbytes == 0
+    with pytest.raises(OffsetOutOfRange):
+        log.read(100, 10_000)
+    log.flush()
+    assert len(read_all(log)) == 5
+
+
+def test_flush_triggers_when_flush_messages_are_pending(tmp_path: Path, clock: FakeClock) -> None:
+    log = open_log(tmp_path / "t-0", clock, flush_messages=10)
+    log.append(make_set(0, 6))
+    assert log.high_watermark == 0
+    log.append(make_set(6, 4))
+    assert log.high_watermark == 1000
+    assert log.statistics().pending_messages == 0
+
+
+def test_flush_triggers_when_the_oldest_pending_message_waited_the_interval(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    log = open_log(tmp_path / "t-0", clock, flush_messages=1000, flush_interval_ms=500)
+    assert log.next_flush_deadline() is None
+    log.append(make_set(0, 1))
+    assert log.next_flush_deadline() == clock.monotonic() + 0.5
+    clock.advance(0.3)
+    log.append(make_set(1, 1))  # the deadline runs from the first pending message
+    assert not log.flush_if_due()
+    clock.advance(0.2)
+    assert log.flush_if_due()
+    assert log.high_watermark == 200
+    assert log.next_flush_deadline() is None
+    log.append(make_set(2, 1))
+    clock.advance(0.6)
+    log.append(make_set(3, 1))  # an append past the deadline flushes too
+    assert log.high_watermark == 400
+
+
+def test_flush_fsyncs_only_when_configured(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    for fsync, expected in ((False, 0), (True, 1)):
+        synced.clear()
+        log = open_log(tmp_path / f"t-{int(fsync)}", clock, fsync=fsync)
+        log.append(make_set(0, 1))
+        log.flush()
+        assert len(synced) == expected
+
+
+def test_offset_inside_a_message_is_invalid_naming_its_neighbours(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    log = open_log(tmp_path / "t-0", clock, index_interval_bytes=1000)
+    log.append(make_set(0, 30))
+    log.flush()
+    for offset, previous in ((1, 0), (1250, 1200), (2999, 2900)):
+        with pytest.raises(InvalidOffset) as caught:
+            log.read(offset, 10_000)
+        assert (caught.value.previous, caught.value.following) == (previous, previous + 100)
+        assert f"offset {offset} is not a message boundary" in str(caught.value)
+
+
+def test_offset_outside_the_log_names_both_bounds(tmp_path: Path, clock: FakeClock) -> None:
+    log = open_log(tmp_path / "t-0", clock, segment_bytes=500, retention_bytes=500)
+    for i in range(3):
+        log.append(make_set(i * 5, 5))
+    log.flush()
+    log.apply_retention()
+    assert (log.log_start_offset, log.high_watermark) == (1000, 1500)
+    for offset in (0, 999, 1501, 10**12):
+        with pytest.raises(OffsetOutOfRange, match=r"readable offsets are \[1000, 1500\]"):
+            log.read(offset, 1000)
+
+
+def test_read_returns_only_whole_messages_within_max_bytes(tmp_path: Path, clock: FakeClock) -> None:
+    log = open_log(tmp_path / "t-0", clock, index_interval_bytes=250)
+    log.append(make_set(0, 20))
+    log.flush()
+    for max_bytes, expected in ((100, 100), (199, 100), (250, 200), (1000, 1000), (10**6, 2000)):
+        assert log.read(300, max_bytes).nbytes == min(expected, 1700)
+
+
+def test_first_message_larger_than_max_bytes_is_an_error_naming_its_size(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    log = open_log(tmp_path / "t-0", clock)
+    log.append(make_set(0, 1, size=500))
+    log.flush()
+    with pytest.raises(FetchSizeTooSmall) as caught:
+        log.read(0, 499)
+    assert caught.value.needed == 500
+    assert "max_bytes >= 500" in str(caught.value)
+
+
+def test_read_at_the_high_watermark_is_empty(tmp_path: Path, clock: FakeClock) -> None:
+    log = open_log(tmp_path / "t-0", clock)
+    assert log.read(0, 100).nbytes == 0
+    log.append(make_set(0, 2))
+    log.flush()
+    assert log.read(200, 100).nbytes == 0
+
+
+def test_segments_roll_at_segment_bytes_named_by_base_offset(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    log = open_log(tmp_path / "t-0", clock, segment_bytes=1000)
+    for i in range(7):
+        log.append(make_set(i * 3, 3))  # 300 bytes: three sets fit in a segment
+    names = sorted(p.name for p in (tmp_path / "t-0").glob("*.log"))
+    assert names == [f"{b:020d}.log" for b in (0, 900, 1800)]
+    assert [s.size for s in log.segments] == [900, 900, 300]
+    log.flush()
+    assert len(read_all(log)) == 21
+
+
+def test_segments_roll_at_segment_ms(tmp_path: Path, clock: FakeClock) -> None:
+    log = open_log(tmp_path / "t-0", clock, segment_ms=60_000)
+    log.append(make_set(0, 1))
+    clock.advance(59)
+    log.append(make_set(1, 1))
+    assert len(log.segments) == 1
+    clock.advance(1)
+    log.append(make_set(2, 1))
+    assert [s.base_offset for s in log.segments] == [0, 200]
+    assert log.high_watermark == 200  # rolling flushed the old segment
+
+
+def test_oversize_message_and_oversize_set_are_rejected(tmp_path: Path, clock: FakeClock) -> None:
+    log = open_log(tmp_path / "t-0", clock, segment_bytes=1000, max_message_bytes=300)
+    with pytest.raises(InvalidMessage, match="over max.message.bytes 300"):
+        log.append(make_set(0, 1, size=301))
+    with pytest.raises(MessageTooLarge, match="message set of 1100 bytes"):
+        log.append(make_set(0, 11))
+    assert log.log_end_offset == 0
+
+
+def test_rejected_append_leaves_the_log_exactly_as_it_was(tmp_path: Path, clock: FakeClock) -> None:
+    directory = tmp_path / "t-0"
+    log = open_log(directory, clock, segment_bytes=1000)
+    log.append(make_set(0, 9))
+    before = {p.name: p.read_bytes() for p in directory.iterdir()}
+    bad = bytearray(make_set(9, 3))
+    bad[250] ^= 0x40
+    with pytest.raises(InvalidMessage) as caught:
+        log.append(bytes(bad))  # would have rolled: 900 + 300 > 1000
+    assert caught.value.position == 200
+    assert {p.name: p.read_bytes() for p in directory.iterdir()} == before
+    assert (log.log_end_offset, len(log.segments), log.high_watermark) == (900, 1, 0)
+
+
+def test_retention_by_age_deletes_old_closed_segments_only(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    log = open_log(tmp_path / "t-0", clock, segment_bytes=500, retention_ms=3_600_000)
+    for i in range(4):
+        log.append(make_set(i * 5, 5))
+    old = clock.time() - 3601
+    for segment in log.segments:
+        os.utime(segment.log_path, (old, old))  # all of them, the active one too
+    deleted = log.apply_retention()
+    assert [p.name for p in deleted] == [f"{b:020d}.log" for b in (0, 500, 1000)]
+    assert [s.base_offset for s in log.segments] == [1500]
+    assert not any(p.exists() for p in deleted)
+    assert log.log_start_offset == 1500
+
+
+def test_retention_by_age_keeps_young_segments(tmp_path: Path, clock: FakeClock) -> None:
+    log = open_log(tmp_path / "t-0", clock, segment_bytes=500, retention_ms=3_600_000)
+    for i in range(3):
+        log.append(make_set(i * 5, 5))
+    clock.now_time = log.segments[0].log_path.stat().st_mtime + 3599
+    assert log.apply_retention() == []
+
+
+def test_retention_by_size_keeps_at_least_retention_bytes(tmp_path: Path, clock: FakeClock) -> None:
+    log = open_log(tmp_path / "t-0", clock, segment_bytes=500, retention_bytes=1200)
+    for i in range(6):
+        log.append(make_set(i * 5, 5))  # six segments of 500 bytes, the last active
+    log.apply_retention()
+    assert [s.base_offset for s in log.segments] == [1500, 2000, 2500]
+    assert log.statistics().size_bytes == 1500
+
+
+def test_retention_never_deletes_a_segment_a_reader_holds(tmp_path: Path, clock: FakeClock) -> None:
+    log = open_log(tmp_path / "t-0", clock, segment_bytes=500, retention_bytes=1)
+    for i in range(3):
+        log.append(make_set(i * 5, 5))
+    log.flush()
+    view = log.read(100, 10_000)  # a read in progress in the oldest segment
+    assert log.apply_retention() == []
+    assert [m.value[:8] for m in iter_messages(view, 100)] == [b"%08d" % i for i in range(1, 5)]
+    del view
+    assert len(log.apply_retention()) == 2
+    assert log.log_start_offset == 1000
+
+
+def test_close_and_reopen_keeps_offsets_and_data(tmp_path: Path, clock: FakeClock) -> None:
+    log = open_log(tmp_path / "t-0", clock, segment_bytes=500)
+    for i in range(5):
+        log.append(make_set(i * 4, 4))
+    log.close()
+    reopened = open_log(tmp_path / "t-0", clock, segment_bytes=500)
+    assert reopened.recovery.segments_scanned == 1  # the newest only: the others closed cleanly
+    assert reopened.recovery.problems == ()
+    assert reopened.high_watermark == 2000
+    assert [m.value[:8] for m in read_all(reopened)] == [b"%08d" % i for i in range(20)]
+    assert reopened.append(make_set(20, 1)) == 2000
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_full_disk_is_an_error_that_leaves_the_log_intact(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", mount_point], check=True)
+    filler = mount_point / "filler"
+    filler.write_bytes(bytes(32 * 1024))
+    log = open_log(mount_point / "t-0", clock)
+    try:
+        appended = 0
+        with pytest.raises(DiskFull, match="No space left on device"):
+            for _ in range(100):  # 100 x 3000 bytes cannot fit in 64 KiB
+                log.append(make_set(appended, 30))
+                appended += 30
+        segment = log.segments[-1]
+        assert segment.log_path.stat().st_size == segment.size == log.log_end_offset
+        assert log.log_end_offset == appended * 100
+        filler.unlink()  # the operator makes room: the same log takes appends again
+        assert log.append(make_set(appended, 30)) == appended * 100
+        log.flush()
+        expected = [b"%08d" % i for i in range(appended + 30)]
+        assert [m.value[:8] for m in read_all(log)] == expected
+    finally:
+        with contextlib.suppress(DiskFull):
+            log.close()
+        subprocess.run(["umount", mount_point], check=True)
