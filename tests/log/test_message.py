@@ -36,7 +36,9 @@ def rechecksum(message: bytearray) -> bytearray:
 
 
 @given(st.lists(messages, min_size=1, max_size=20))
-def test_encoded_sets_decode_to_what_was_encoded_at_byte_offsets(batch: list) -> None:
+def test_encoded_sets_decode_to_what_was_encoded_at_byte_offsets(
+    batch: list[tuple[bytes, bytes | None, int]],
+) -> None:
     encoded = [encode_message(v, key=k, timestamp_ms=t) for v, k, t in batch]
     base = 12345
     decoded = list(iter_messages(b"".join(encoded), base))

@@ -30,7 +30,8 @@ def make_set(first: int, count: int, size: int = 100) -> bytes:
     """`count` messages of `size` bytes on disk, values numbered from `first`."""
     pad = size - 26 - 8
     return b"".join(
-        encode_message(b"%08d" % i + b"." * pad, timestamp_ms=i) for i in range(first, first + count)
+        encode_message(b"%08d" % i + b"." * pad, timestamp_ms=i)
+        for i in range(first, first + count)
     )
 
 
@@ -191,7 +192,9 @@ def test_offset_outside_the_log_names_both_bounds(tmp_path: Path, clock: FakeClo
             log.read(offset, 1000)
 
 
-def test_read_returns_only_whole_messages_within_max_bytes(tmp_path: Path, clock: FakeClock) -> None:
+def test_read_returns_only_whole_messages_within_max_bytes(
+    tmp_path: Path, clock: FakeClock
+) -> None:
     log = open_log(tmp_path / "t-0", clock, index_interval_bytes=250)
     log.append(make_set(0, 20))
     log.flush()
@@ -246,7 +249,7 @@ def test_segments_roll_at_segment_ms(tmp_path: Path, clock: FakeClock) -> None:
 
 def test_oversize_message_and_oversize_set_are_rejected(tmp_path: Path, clock: FakeClock) -> None:
     log = open_log(tmp_path / "t-0", clock, segment_bytes=1000, max_message_bytes=300)
-    with pytest.raises(InvalidMessage, match="over max.message.bytes 300"):
+    with pytest.raises(InvalidMessage, match=r"over max\.message\.bytes 300"):
         log.append(make_set(0, 1, size=301))
     with pytest.raises(MessageTooLarge, match="message set of 1100 bytes"):
         log.append(make_set(0, 11))
@@ -327,9 +330,7 @@ def test_close_and_reopen_keeps_offsets_and_data(tmp_path: Path, clock: FakeCloc
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
-def test_full_disk_is_an_error_that_leaves_the_log_intact(
-    tmp_path: Path, clock: FakeClock
-) -> None:
+def test_full_disk_is_an_error_that_leaves_the_log_intact(tmp_path: Path, clock: FakeClock) -> None:
     mount_point = tmp_path / "small"
     mount_point.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", mount_point], check=True)

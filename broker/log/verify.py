@@ -1,0 +1,105 @@
+"""Read-only checks of segment files, for `pylogctl log verify` and `pylogctl log dump`.
+
+Nothing here changes a file: unlike PartitionLog.open, which recovers (truncates, renames),
+these functions only read and report.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.log.message import Message, decode_message, scan
+from broker.log.partition import SEGMENT_NAME
+
+MAX_CHECKED_MESSAGE_BYTES = (1 << 31) - 1
+"""Verification accepts any message a segment can hold; max.message.bytes is a produce limit."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentCheck:
+    """The verdict on one segment file. `error` is None when every message is valid and the
+    segment starts where the one before it ended; otherwise it names the problem, and
+    `position` is the byte of the file where it was found."""
+
+    path: Path
+    base_offset: int
+    size: int
+    messages: int
+    error: str | None
+    position: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def base_offset_of(path: Path) -> int:
+    """The base offset a segment's file name gives it (0 for a file not named like one)."""
+    match = SEGMENT_NAME.match(path.name)
+    return int(match.group(1)) if match else 0
+
+
+def map_file(path: Path) -> memoryview:
+    """The whole file, read-only and without copying (an empty view for an empty file)."""
+    with open(path, "rb") as f:
+        if f.seek(0, 2) == 0:
+            return memoryview(b"")
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+
+
+def check_segment(path: Path, expected_base: int | None = None) -> SegmentCheck:
+    """Check every message's framing and checksum, and that the segment starts at
+    `expected_base` (where the previous segment of its partition ended), if given."""
+    base = base_offset_of(path)
+    try:
+        data = map_file(path)
+    except OSError as error:
+        return SegmentCheck(path, base, 0, 0, f"cannot be read: {error}", 0)
+    size = len(data)
+    if expected_base is not None and base != expected_base:
+        return SegmentCheck(
+            path, base, size, 0, f"starts at {base}, the segment before ends at {expected_base}", 0
+        )
+    result = scan(data, MAX_CHECKED_MESSAGE_BYTES)
+    if result.error is None:
+        return SegmentCheck(path, base, size, result.count, None, None)
+    return SegmentCheck(path, base, size, result.count, result.error, result.valid_bytes)
+
+
+def partition_dirs(path: Path) -> list[Path]:
+    """`path` itself when it holds segments, else its subfolders that do, sorted by name."""
+    if any(SEGMENT_NAME.match(p.name) for p in path.iterdir()):
+        return [path]
+    return sorted(p for p in path.iterdir() if p.is_dir() and any(p.glob("*.log")))
+
+
+def check_partition(directory: Path) -> Iterator[SegmentCheck]:
+    """Check a partition folder's segments in offset order, one verdict as each is done."""
+    segments = sorted(p for p in directory.iterdir() if SEGMENT_NAME.match(p.name))
+    expected: int | None = None
+    for path in segments:
+        verdict = check_segment(path, expected)
+        expected = verdict.base_offset + verdict.size
+        yield verdict
+
+
+def set_aside_files(directory: Path) -> list[Path]:
+    """The *.bad files recovery left in a partition folder."""
+    return sorted(directory.glob("*.bad"))
+
+
+def dump_segment(path: Path) -> Iterator[Message]:
+    """Every message of a segment file, checksum verdict included, in file order.
+
+    Raises InvalidMessage (with the file position) where the framing breaks, as nothing after
+    that point can be told apart from garbage."""
+    data = map_file(path)
+    base = base_offset_of(path)
+    pos = 0
+    while pos < len(data):
+        message = decode_message(data, pos, base + pos)
+        yield message
+        pos += message.size

@@ -1,0 +1,1 @@
+"""Command-line entry points: thin click commands over the broker library."""

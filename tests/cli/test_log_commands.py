@@ -1,0 +1,129 @@
+"""`pylogctl log dump` and `pylogctl log verify` on real partition folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from broker.log import encode_message
+from cli.pylogctl import cli
+from tests.conftest import FakeClock
+from tests.log.test_partition import make_set, open_log
+
+
+def write_partition(directory: Path) -> None:
+    log = open_log(directory, FakeClock(), segment_bytes=1000)
+    log.append(encode_message(b"hello, pylog", key=b"user-42", timestamp_ms=1_700_000_000_000))
+    for i in range(1, 21):
+        log.append(make_set(i, 1))
+    log.close()
+
+
+def flip_byte(path: Path, position: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[position] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.output
+
+
+def test_dump_prints_every_message_with_its_offset_key_and_checksum(tmp_path: Path) -> None:
+    write_partition(tmp_path / "t-0")
+    code, out = run("log", "dump", str(tmp_path / "t-0" / f"{0:020d}.log"))
+    lines = out.splitlines()
+    assert code == 0
+    assert lines[0] == (
+        "offset 0 size 45 time 2023-11-14T22:13:20.000+00:00 key 'user-42' "
+        "value 'hello, pylog' checksum ok"
+    )
+    assert lines[1].startswith("offset 45 size 100 time ")
+    assert len(lines) == 10  # 45 + 9 x 100 bytes before the roll at 1000
+
+
+def test_dump_json_names_offsets_of_the_segment_by_its_base(tmp_path: Path) -> None:
+    write_partition(tmp_path / "t-0")
+    code, out = run("log", "dump", "--json", str(tmp_path / "t-0" / f"{945:020d}.log"))
+    records = [json.loads(line) for line in out.splitlines()]
+    assert code == 0
+    assert [r["offset"] for r in records] == [945 + 100 * i for i in range(len(records))]
+    assert records[0]["key"] is None and records[0]["checksum_ok"] is True
+    assert records[0]["value_preview"].startswith("00000010")
+
+
+def test_dump_flags_a_bad_checksum_and_exits_1(tmp_path: Path) -> None:
+    write_partition(tmp_path / "t-0")
+    segment = tmp_path / "t-0" / f"{0:020d}.log"
+    flip_byte(segment, 40)
+    code, out = run("log", "dump", "--json", str(segment))
+    records = [json.loads(line) for line in out.splitlines()]
+    assert code == 1
+    assert [r["checksum_ok"] for r in records[:2]] == [False, True]
+
+
+def test_dump_stops_where_framing_breaks_naming_the_position(tmp_path: Path) -> None:
+    write_partition(tmp_path / "t-0")
+    segment = tmp_path / "t-0" / f"{0:020d}.log"
+    with open(segment, "ab") as f:
+        f.write(b"\x00\x00\x00\x05" + b"junk" * 8)
+    code, out = run("log", "dump", str(segment))
+    assert code == 1
+    assert out.splitlines()[-1] == (
+        "framing broken at byte 945 (offset 945): length field 5 is below the minimum 22"
+    )
+
+
+def test_verify_a_healthy_partition_exits_0(tmp_path: Path) -> None:
+    write_partition(tmp_path / "t-0")
+    code, out = run("log", "verify", str(tmp_path / "t-0"))
+    assert code == 0
+    assert out.splitlines()[-1] == "1 partitions, 3 segments, 21 messages: all ok"
+
+
+def test_verify_a_log_dir_names_the_corrupt_file_and_position(tmp_path: Path) -> None:
+    for name in ("a-0", "a-1", "b-0"):
+        write_partition(tmp_path / name)
+    broken = tmp_path / "a-1" / f"{945:020d}.log"
+    flip_byte(broken, 250)
+    code, out = run("log", "verify", "--json", str(tmp_path))
+    records = [json.loads(line) for line in out.splitlines()]
+    bad = [r for r in records if r.get("ok") is False]
+    assert code == 1
+    assert len(bad) == 1
+    assert (bad[0]["file"], bad[0]["position"]) == (str(broken), 200)
+    assert bad[0]["error"].startswith("checksum mismatch")
+    assert records[-1]["summary"] == {
+        "partitions": 3,
+        "segments": 9,
+        "messages": 55,  # valid ones: 3 x 21, less the 8 from the flipped byte on
+        "corrupt_segments": 1,
+    }
+
+
+def test_verify_reports_a_gap_between_segments(tmp_path: Path) -> None:
+    write_partition(tmp_path / "t-0")
+    (tmp_path / "t-0" / f"{945:020d}.log").unlink()
+    code, out = run("log", "verify", str(tmp_path / "t-0"))
+    assert code == 1
+    assert f"CORRUPT  {tmp_path / 't-0' / f'{1945:020d}.log'} at byte 0: starts at 1945" in out
+
+
+def test_verify_does_not_change_any_file(tmp_path: Path) -> None:
+    write_partition(tmp_path / "t-0")
+    newest = tmp_path / "t-0" / f"{1945:020d}.log"
+    with open(newest, "ab") as f:
+        f.write(b"torn write")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "t-0").iterdir()}
+    code, _ = run("log", "verify", str(tmp_path / "t-0"))
+    assert code == 1
+    assert {p.name: p.read_bytes() for p in (tmp_path / "t-0").iterdir()} == before
+
+
+def test_verify_a_folder_without_segments_is_a_usage_error(tmp_path: Path) -> None:
+    code, out = run("log", "verify", str(tmp_path))
+    assert code == 2
+    assert "holds no segment files" in out
