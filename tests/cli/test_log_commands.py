@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -127,3 +129,13 @@ def test_verify_a_folder_without_segments_is_a_usage_error(tmp_path: Path) -> No
     code, out = run("log", "verify", str(tmp_path))
     assert code == 2
     assert "holds no segment files" in out
+
+
+def test_installed_pylogctl_command_runs(tmp_path: Path) -> None:
+    write_partition(tmp_path / "t-0")
+    pylogctl = Path(sys.executable).with_name("pylogctl")
+    result = subprocess.run(
+        [str(pylogctl), "log", "verify", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "1 partitions, 3 segments, 21 messages: all ok"
