@@ -27,7 +27,8 @@ class LogConfig:
     segment_bytes: int = 1 << 30
     """Roll to a new segment before one would grow past this size."""
     segment_ms: int | None = 7 * DAY_MS
-    """Roll to a new segment when the active one is this old (checked on append)."""
+    """Roll to a new segment when the active one has been active this long (checked on append;
+    a restart starts the count again, as the time a segment became active is not stored)."""
     retention_ms: int | None = 7 * DAY_MS
     """Delete closed segments last modified longer ago than this."""
     retention_bytes: int | None = None
