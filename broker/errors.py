@@ -11,10 +11,24 @@
         ├── CorruptSegment          bytes already stored fail framing or checksum on read
         ├── DiskFull                the file system said ENOSPC / EDQUOT / EFBIG on append or flush
         └── StorageIOError          any other OS error while touching a segment
+    ├── RequestError                a request the broker refuses as asked; nothing changed
+    │   ├── MalformedRequest        frames missing, too short, or fields out of their range
+    │   ├── UnsupportedApi          an api key or api version this broker does not speak
+    │   ├── UnknownTopicOrPartition the topic, or that partition of it, does not exist here
+    │   ├── TopicAlreadyExists      create of a topic that exists
+    │   └── InvalidTopic            a topic name or topic setting that is not allowed
+    ├── Unavailable                 retriable: the same request may succeed later
+    │   ├── PartitionUnavailable    the worker owning the partition is down or restarting
+    │   ├── BrokerShuttingDown      the broker is stopping and accepts no new requests
+    │   └── RegistryUnavailable     ZooKeeper cannot be reached or the session is lost
+    └── BrokerError                 client side: the broker answered with an error code
 
 InvalidMessage and MessageTooLarge are about what a producer sent; CorruptSegment is about what
 is already on disk. InvalidOffset and OffsetOutOfRange are both about a requested offset: the
 first is in range but lands inside a message, the second is outside the readable range.
+RequestError is a request that will fail the same way every time; Unavailable is one that may
+succeed when retried. The broker answers every one of these with its wire error code
+(broker.protocol holds the one table); a client raises BrokerError carrying that code.
 """
 
 from __future__ import annotations
@@ -101,3 +115,57 @@ class DiskFull(StorageError):
 
 class StorageIOError(StorageError):
     """Any other operating-system error while reading or writing a segment."""
+
+
+class RequestError(PylogError):
+    """The broker refuses the request as it was asked; retrying it unchanged fails the same way."""
+
+
+class MalformedRequest(RequestError):
+    """A request's frames are missing, too short or too long, or a field is out of its range."""
+
+
+class UnsupportedApi(RequestError):
+    """The request names an api key, or a version of one, that this broker does not speak."""
+
+
+class UnknownTopicOrPartition(RequestError):
+    """The topic does not exist, or has no partition with that number on this broker."""
+
+
+class TopicAlreadyExists(RequestError):
+    """A topic of that name exists already."""
+
+
+class InvalidTopic(RequestError):
+    """A topic name or a topic setting is not allowed (the message says which and why)."""
+
+
+class Unavailable(PylogError):
+    """The request could not be served now but may succeed when retried."""
+
+
+class PartitionUnavailable(Unavailable):
+    """The worker that owns the partition is down or being restarted."""
+
+
+class BrokerShuttingDown(Unavailable):
+    """The broker is stopping and takes no new requests."""
+
+
+class RegistryUnavailable(Unavailable):
+    """ZooKeeper cannot be reached, or the session was lost and is not yet back."""
+
+
+class BrokerError(PylogError):
+    """Client side: the broker answered a request with an error code.
+
+    `code` is the wire error code (broker.protocol.ErrorCode), `message` the broker's text and
+    `retriable` whether the same request may succeed later."""
+
+    def __init__(self, code: int, name: str, message: str, retriable: bool) -> None:
+        super().__init__(f"{name}: {message}" if message else name)
+        self.code = code
+        self.name = name
+        self.message = message
+        self.retriable = retriable
