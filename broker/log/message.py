@@ -43,6 +43,8 @@ CODEC_MASK = 0x07
 
 _HEADER = struct.Struct(">IQBBqi")
 _LENGTH = struct.Struct(">I")
+_TIMESTAMP = struct.Struct(">q")
+TIMESTAMP_START = 14
 # The hot loop reads magic and attributes as one u16: version 1, attributes 0.
 _SCAN_HEADER = struct.Struct(">IQH8xi")
 _MAGIC_ATTRIBUTES = MAGIC << 8
@@ -223,6 +225,11 @@ def iter_messages(buf: Buffer, base_offset: int = 0) -> Iterator[Message]:
             raise InvalidMessage(pos, _diagnose(buf, pos, message.size))
         yield message
         pos += message.size
+
+
+def timestamp_at(buf: Buffer, pos: int) -> int:
+    """The timestamp (ms) of the message starting at `pos`, from its header alone."""
+    return int(_TIMESTAMP.unpack_from(buf, pos + TIMESTAMP_START)[0])
 
 
 def message_size_at(buf: Buffer, pos: int) -> int:

@@ -171,6 +171,10 @@ class PartitionLog:
         """Validate a producer's message set, append it as it is, and return the offset of its
         first message. Raises InvalidMessage, MessageTooLarge, DiskFull or StorageIOError and
         then leaves the log's messages and offsets as they were."""
+        return self.append_counted(message_set)[0]
+
+    def append_counted(self, message_set: Buffer) -> tuple[int, int]:
+        """`append`, also saying how many messages the set held."""
         config = self.config
         size = len(message_set)
         if size > config.segment_bytes:
@@ -202,7 +206,7 @@ class PartitionLog:
             self.flush()
         else:
             self.flush_if_due()
-        return offset
+        return offset, checked.count
 
     def flush(self) -> None:
         """Make every appended message visible to reads, fsyncing first when configured."""
@@ -261,6 +265,25 @@ class PartitionLog:
             return memoryview(b"")
         segment.check_boundary(position, limit)
         return segment.read(position, max_bytes, limit)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """The offset of the first flushed message whose timestamp is at or after
+        `timestamp_ms`, or the high watermark when there is none.
+
+        Timestamps are the producers' and need not grow with offsets, so this is a walk of
+        message headers; it starts at the first segment last written at or after the time
+        (every message of an older segment was stored before it) and stops at the first match.
+        """
+        for segment in self._segments:
+            if segment is not self._segments[-1] and (
+                segment.log_path.stat().st_mtime * 1000 < timestamp_ms
+            ):
+                continue
+            limit = min(self._high_watermark, segment.end_offset) - segment.base_offset
+            position = segment.first_at_or_after(timestamp_ms, limit)
+            if position is not None:
+                return segment.base_offset + position
+        return self._high_watermark
 
     def segment_for(self, offset: int) -> Segment:
         """The segment holding `offset` (>= log start): the last whose base offset is <= it."""

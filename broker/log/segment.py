@@ -27,7 +27,14 @@ from pathlib import Path
 
 from broker.errors import CorruptSegment, DiskFull, FetchSizeTooSmall, InvalidOffset, StorageIOError
 from broker.log.index import OffsetIndex
-from broker.log.message import MIN_LENGTH, Buffer, ScanResult, message_size_at, scan
+from broker.log.message import (
+    MIN_LENGTH,
+    Buffer,
+    ScanResult,
+    message_size_at,
+    scan,
+    timestamp_at,
+)
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -193,6 +200,18 @@ class Segment:
             needed = message_size_at(window, position)
             raise FetchSizeTooSmall(self.base_offset + position, max_bytes, needed)
         return window[position:end]
+
+    def first_at_or_after(self, timestamp_ms: int, limit: int) -> int | None:
+        """The position of the first message before `limit` whose timestamp is at or after
+        `timestamp_ms`, or None."""
+        window = self.view(0, limit)
+        position = 0
+        while position < limit:
+            following = self._next_start(window, position, limit)
+            if timestamp_at(window, position) >= timestamp_ms:
+                return position
+            position = following
+        return None
 
     def _next_start(self, window: memoryview, start: int, limit: int) -> int:
         if start + MIN_LENGTH + 4 > limit:

@@ -355,3 +355,29 @@ def test_full_disk_is_an_error_that_leaves_the_log_intact(tmp_path: Path, clock:
         with contextlib.suppress(DiskFull):
             log.close()
         subprocess.run(["umount", mount_point], check=True)
+
+
+def test_offset_for_timestamp_is_the_first_message_at_or_after_it(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    log = open_log(tmp_path / "t-0", clock, segment_bytes=500)
+    for i in range(12):  # timestamps 0..11, 100 bytes each, over three segments
+        log.append(make_set(i, 1))
+    log.flush()
+    assert len(log.segments) > 1
+    assert log.offset_for_timestamp(0) == 0
+    assert log.offset_for_timestamp(7) == 700
+    assert log.offset_for_timestamp(12) == log.high_watermark
+
+
+def test_offset_for_timestamp_skips_segments_written_before_it(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    log = open_log(tmp_path / "t-0", clock, segment_bytes=500)
+    log.append(make_set(5, 5))
+    log.append(make_set(0, 5))  # rolls: a second segment whose messages carry older timestamps
+    log.flush()
+    old = log.segments[0].log_path
+    os.utime(old, (1_000, 1_000))  # first segment last written at t = 1 s
+    assert log.offset_for_timestamp(0) == 0
+    assert log.offset_for_timestamp(2_000) == log.high_watermark
