@@ -13,7 +13,8 @@
         └── StorageIOError          any other OS error while touching a segment
     ├── RequestError                a request the broker refuses as asked; nothing changed
     │   ├── MalformedRequest        frames missing, too short, or fields out of their range
-    │   ├── UnsupportedApi          an api key or api version this broker does not speak
+    │   ├── UnsupportedApi          an api key this broker does not speak
+    │   │   └── UnsupportedVersion  a known api key with an api version it does not speak
     │   ├── UnknownTopicOrPartition the topic, or that partition of it, does not exist here
     │   ├── TopicAlreadyExists      create of a topic that exists
     │   └── InvalidTopic            a topic name or topic setting that is not allowed
@@ -21,7 +22,9 @@
     │   ├── PartitionUnavailable    the worker owning the partition is down or restarting
     │   ├── BrokerShuttingDown      the broker is stopping and accepts no new requests
     │   └── RegistryUnavailable     ZooKeeper cannot be reached or the session is lost
-    └── BrokerError                 client side: the broker answered with an error code
+    ├── BrokerError                 client side: the broker answered with an error code
+    ├── MalformedReply              client side: a reply that does not follow the protocol
+    └── ZooKeeperStartError         the private ZooKeeper could not be started
 
 InvalidMessage and MessageTooLarge are about what a producer sent; CorruptSegment is about what
 is already on disk. InvalidOffset and OffsetOutOfRange are both about a requested offset: the
@@ -129,6 +132,19 @@ class UnsupportedApi(RequestError):
     """The request names an api key, or a version of one, that this broker does not speak."""
 
 
+class UnsupportedVersion(UnsupportedApi):
+    """The api key is one this broker speaks, the api version is not (UNSUPPORTED_VERSION).
+    An UnsupportedApi, so code that catches that still catches this."""
+
+    def __init__(self, api_name: str, version: int, supported: int) -> None:
+        super().__init__(
+            f"{api_name} version {version} is not supported: this broker speaks {api_name} "
+            f"version {supported}"
+        )
+        self.api_name = api_name
+        self.version = version
+
+
 class UnknownTopicOrPartition(RequestError):
     """The topic does not exist, or has no partition with that number on this broker."""
 
@@ -169,3 +185,15 @@ class BrokerError(PylogError):
         self.name = name
         self.message = message
         self.retriable = retriable
+
+
+class MalformedReply(PylogError):
+    """Client side: a reply's frames are missing, too short or too long, or not UTF-8 where
+    text is due. The broker and the client disagree about the protocol; retrying will not help."""
+
+
+class ZooKeeperStartError(PylogError):
+    """The private ZooKeeper could not be started: java or the jar is missing, the server
+    exited during start-up, or it did not answer `srvr` in time. The message says which and
+    ends with the tail of the server's log when there is one. Retrying helps only when the
+    cause was transient (a port taken meanwhile); a missing package needs scripts/setup."""

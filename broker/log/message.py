@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from xxhash import xxh3_64_intdigest
 
-from broker.errors import InvalidMessage
+from broker.errors import InvalidMessage, MessageTooLarge
 
 MAGIC = 1
 LENGTH_SIZE = 4
@@ -151,12 +151,20 @@ def scan(
 def validate_message_set(
     buf: Buffer, max_message_bytes: int, index_interval: int = 0, next_mark: int = 0
 ) -> ScanResult:
-    """Check a producer's message set; raise InvalidMessage naming the first bad message."""
+    """Check a producer's message set; raise InvalidMessage naming the first bad message, or
+    MessageTooLarge when what is wrong with it is its size over `max_message_bytes`."""
     if len(buf) == 0:
         raise InvalidMessage(0, "the message set is empty")
     result = scan(buf, max_message_bytes, index_interval, next_mark)
     if result.error is not None:
-        raise InvalidMessage(result.valid_bytes, result.error)
+        position = result.valid_bytes
+        if len(buf) - position >= LENGTH_SIZE:
+            size = message_size_at(buf, position)
+            if size > max_message_bytes and size - LENGTH_SIZE >= MIN_LENGTH:
+                raise MessageTooLarge(
+                    f"message at byte {position} of the set", size, max_message_bytes
+                )
+        raise InvalidMessage(position, result.error)
     return result
 
 

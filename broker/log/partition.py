@@ -256,15 +256,27 @@ class PartitionLog:
         """
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be at least 1, not {max_bytes}")
+        segment, position, limit = self._locate(offset)
+        if position == limit:
+            return memoryview(b"")
+        return segment.read(position, max_bytes, limit)
+
+    def check_offset(self, offset: int) -> None:
+        """Raise what `read` would for `offset` (OffsetOutOfRange, InvalidOffset), reading
+        nothing."""
+        self._locate(offset)
+
+    def _locate(self, offset: int) -> tuple[Segment, int, int]:
+        """The segment of a readable message start (or the high watermark), the position in
+        it, and where its readable bytes end."""
         if not self.log_start_offset <= offset <= self._high_watermark:
             raise OffsetOutOfRange(offset, self.log_start_offset, self._high_watermark)
         segment = self.segment_for(offset)
         limit = min(self._high_watermark, segment.end_offset) - segment.base_offset
         position = offset - segment.base_offset
-        if position == limit:
-            return memoryview(b"")
-        segment.check_boundary(position, limit)
-        return segment.read(position, max_bytes, limit)
+        if position < limit:
+            segment.check_boundary(position, limit)
+        return segment, position, limit
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """The offset of the first flushed message whose timestamp is at or after

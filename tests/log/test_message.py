@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from xxhash import xxh3_64_intdigest
 
-from broker.errors import InvalidMessage
+from broker.errors import InvalidMessage, MessageTooLarge
 from broker.log.message import (
     CHECKSUM_START,
     HEADER_SIZE,
@@ -111,12 +111,12 @@ def test_key_length_that_does_not_fit_is_rejected() -> None:
         assert (position, reason.split(" does")[0]) == (0, f"key length {key_length}")
 
 
-def test_message_over_max_message_bytes_is_rejected_naming_both_sizes() -> None:
+def test_message_over_max_message_bytes_is_too_large_naming_its_position_and_both_sizes() -> None:
     big = encode_message(b"x" * 100, timestamp_ms=0)
-    assert invalid_reason(GOOD + big, max_message_bytes=len(big) - 1) == (
-        len(GOOD),
-        f"message size {len(big)} is over max.message.bytes {len(big) - 1}",
-    )
+    with pytest.raises(MessageTooLarge) as raised:
+        validate_message_set(GOOD + big, len(big) - 1)
+    assert (raised.value.size, raised.value.limit) == (len(big), len(big) - 1)
+    assert f"at byte {len(GOOD)}" in str(raised.value)
 
 
 def test_empty_set_is_rejected() -> None:

@@ -249,7 +249,7 @@ def test_segments_roll_at_segment_ms(tmp_path: Path, clock: FakeClock) -> None:
 
 def test_oversize_message_and_oversize_set_are_rejected(tmp_path: Path, clock: FakeClock) -> None:
     log = open_log(tmp_path / "t-0", clock, segment_bytes=1000, max_message_bytes=300)
-    with pytest.raises(InvalidMessage, match=r"over max\.message\.bytes 300"):
+    with pytest.raises(MessageTooLarge, match=r"message at byte 0 of the set of 301 bytes"):
         log.append(make_set(0, 1, size=301))
     with pytest.raises(MessageTooLarge, match="message set of 1100 bytes"):
         log.append(make_set(0, 11))
@@ -381,3 +381,17 @@ def test_offset_for_timestamp_skips_segments_written_before_it(
     os.utime(old, (1_000, 1_000))  # first segment last written at t = 1 s
     assert log.offset_for_timestamp(0) == 0
     assert log.offset_for_timestamp(2_000) == log.high_watermark
+
+
+def test_check_offset_raises_what_read_would_without_reading(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    log = open_log(tmp_path / "t-0", clock)
+    log.append(make_set(0, 2))
+    log.flush()
+    log.check_offset(100)
+    log.check_offset(200)  # the high watermark: readable, nothing there yet
+    with pytest.raises(InvalidOffset):
+        log.check_offset(150)
+    with pytest.raises(OffsetOutOfRange):
+        log.check_offset(300)
