@@ -1,0 +1,939 @@
+"""The wire protocol of the pylog broker: frames in, values out, and back. No sockets here.
+
+A request and its reply are ZeroMQ multipart messages. Frame 0 is the empty delimiter, which a
+REQ socket adds and strips by itself and a DEALER client sends and strips itself. The functions
+here work on the frames after it, so item 0 of a frame list is "frame 1" of docs/protocol.md:
+
+    request   frame 1  header       api_key u16, api_version u16, correlation_id u32,
+                                    client_id string
+              frame 2  body         fixed per api (and api_version)
+              frame 3  message set  PRODUCE only: messages back to back (broker.log.message)
+    reply     frame 1  header       correlation_id u32, error_code i16, error_message string
+              frame 2  body         fixed per api; absent when error_code is not 0
+              frame 3  message set  FETCH only: whole messages from the fetch offset
+
+All integers are big-endian; a string is a u16 byte length and that many bytes of UTF-8. Bytes
+left over after the last field of a header or body make the frame malformed. docs/protocol.md
+is the full description, with test vectors that tests/protocol checks against this module.
+
+Message sets are never copied: encoders put the caller's buffer into the frame list as it is,
+and decoders hand frame 3 back as a memoryview over its memory. Decoders take any buffer as a
+frame (bytes, memoryview, and at run time a zmq.Frame too). Decoding a request checks every
+field's framing and range and every topic name, but not the message set, which is the
+partition log's job (broker.log.message.validate_message_set), nor topic settings, which are
+broker.config's.
+
+Every error has a wire code in one table, ERROR_TABLE: code, exception class, retriable.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import ClassVar, Final, Literal, NamedTuple, assert_never, overload
+
+from broker.errors import (
+    BrokerError,
+    BrokerShuttingDown,
+    CorruptSegment,
+    DiskFull,
+    FetchSizeTooSmall,
+    InvalidMessage,
+    InvalidOffset,
+    InvalidTopic,
+    MalformedReply,
+    MalformedRequest,
+    MessageTooLarge,
+    OffsetOutOfRange,
+    PartitionUnavailable,
+    PylogError,
+    RegistryUnavailable,
+    StorageIOError,
+    TopicAlreadyExists,
+    UnknownTopicOrPartition,
+    UnsupportedApi,
+    UnsupportedVersion,
+)
+from broker.log.message import Buffer
+
+Frames = Sequence[Buffer]
+"""The frames of a request or reply after the empty delimiter (item 0 is frame 1)."""
+
+API_VERSION: Final = 1
+"""The one version of every api this broker speaks."""
+EARLIEST: Final = -2
+"""OFFSETS time meaning the log start offset."""
+LATEST: Final = -1
+"""OFFSETS time meaning the high watermark: the next offset to be written and visible."""
+MAX_STRING_BYTES: Final = 0xFFFF
+"""The most UTF-8 bytes a string field holds (its length is a u16)."""
+MAX_TOPIC_LENGTH: Final = 249
+"""The longest topic name, in characters (all of them ASCII)."""
+
+
+class Api(IntEnum):
+    """The api_key of a request."""
+
+    PRODUCE = 0
+    FETCH = 1
+    OFFSETS = 2
+    METADATA = 3
+    CREATE_TOPIC = 4
+    DELETE_TOPIC = 5
+
+
+class Ack(IntEnum):
+    """When the broker answers a PRODUCE request."""
+
+    NONE = 0
+    """Never: no reply at all, not even on error."""
+    WRITTEN = 1
+    """Once the message set is appended to the partition (not yet flushed nor visible)."""
+    FLUSHED = 2
+    """Once the flush that made the message set durable and visible to consumers is done."""
+
+
+class ErrorCode(IntEnum):
+    """The error_code of a reply (i16). ERROR_TABLE says what each one means."""
+
+    NONE = 0
+    UNKNOWN_SERVER_ERROR = 1
+    MALFORMED_REQUEST = 2
+    UNSUPPORTED_API = 3
+    UNSUPPORTED_VERSION = 4
+    UNKNOWN_TOPIC_OR_PARTITION = 5
+    INVALID_MESSAGE = 6
+    MESSAGE_TOO_LARGE = 7
+    INVALID_OFFSET = 8
+    OFFSET_OUT_OF_RANGE = 9
+    FETCH_SIZE_TOO_SMALL = 10
+    CORRUPT_SEGMENT = 11
+    DISK_FULL = 12
+    STORAGE_ERROR = 13
+    PARTITION_UNAVAILABLE = 14
+    BROKER_SHUTTING_DOWN = 15
+    REGISTRY_UNAVAILABLE = 16
+    TOPIC_ALREADY_EXISTS = 17
+    INVALID_TOPIC = 18
+
+
+# -- errors that belong in broker/errors.py --------------------------------------------------
+
+
+# -- the error table ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEntry:
+    """One row of the error table: a wire code, the exception class the broker raises for it,
+    and whether the same request may succeed when retried (the Unavailable branch of the error
+    tree). NONE has no class, nor has UNKNOWN_SERVER_ERROR: it stands for any exception that
+    is not in the table. docs/protocol.md says what each code means to a client."""
+
+    code: ErrorCode
+    exception: type[PylogError] | None
+    retriable: bool
+
+    @property
+    def name(self) -> str:
+        return self.code.name
+
+
+ERROR_TABLE: Final[tuple[ErrorEntry, ...]] = (
+    ErrorEntry(ErrorCode.NONE, None, False),
+    ErrorEntry(ErrorCode.UNKNOWN_SERVER_ERROR, None, False),
+    ErrorEntry(ErrorCode.MALFORMED_REQUEST, MalformedRequest, False),
+    ErrorEntry(ErrorCode.UNSUPPORTED_API, UnsupportedApi, False),
+    ErrorEntry(ErrorCode.UNSUPPORTED_VERSION, UnsupportedVersion, False),
+    ErrorEntry(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, UnknownTopicOrPartition, False),
+    ErrorEntry(ErrorCode.INVALID_MESSAGE, InvalidMessage, False),
+    ErrorEntry(ErrorCode.MESSAGE_TOO_LARGE, MessageTooLarge, False),
+    ErrorEntry(ErrorCode.INVALID_OFFSET, InvalidOffset, False),
+    ErrorEntry(ErrorCode.OFFSET_OUT_OF_RANGE, OffsetOutOfRange, False),
+    ErrorEntry(ErrorCode.FETCH_SIZE_TOO_SMALL, FetchSizeTooSmall, False),
+    ErrorEntry(ErrorCode.CORRUPT_SEGMENT, CorruptSegment, False),
+    ErrorEntry(ErrorCode.DISK_FULL, DiskFull, False),
+    ErrorEntry(ErrorCode.STORAGE_ERROR, StorageIOError, False),
+    ErrorEntry(ErrorCode.PARTITION_UNAVAILABLE, PartitionUnavailable, True),
+    ErrorEntry(ErrorCode.BROKER_SHUTTING_DOWN, BrokerShuttingDown, True),
+    ErrorEntry(ErrorCode.REGISTRY_UNAVAILABLE, RegistryUnavailable, True),
+    ErrorEntry(ErrorCode.TOPIC_ALREADY_EXISTS, TopicAlreadyExists, False),
+    ErrorEntry(ErrorCode.INVALID_TOPIC, InvalidTopic, False),
+)
+"""code <-> name <-> exception class <-> retriable, in code order."""
+
+_ENTRY_BY_CODE: Final = {entry.code.value: entry for entry in ERROR_TABLE}
+_CODE_BY_EXCEPTION: Final = {
+    entry.exception: entry.code for entry in ERROR_TABLE if entry.exception is not None
+}
+
+
+def error_entry(code: int) -> ErrorEntry | None:
+    """The table row of a wire error code, or None for a code this module does not know."""
+    return _ENTRY_BY_CODE.get(code)
+
+
+def error_code_for(error: BaseException) -> ErrorCode:
+    """The wire code the broker answers `error` with: the table row of the nearest class in
+    the exception's MRO, UNKNOWN_SERVER_ERROR when none is in the table. A BrokerError (an
+    error another broker answered with) keeps its code."""
+    if isinstance(error, BrokerError):
+        entry = _ENTRY_BY_CODE.get(error.code)
+        if entry is None or entry.code is ErrorCode.NONE:
+            return ErrorCode.UNKNOWN_SERVER_ERROR
+        return entry.code
+    for cls in type(error).__mro__:
+        code = _CODE_BY_EXCEPTION.get(cls)
+        if code is not None:
+            return code
+    return ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+def broker_error(code: int, message: str) -> BrokerError:
+    """The client-side exception for a reply's nonzero error code. A code this module does not
+    know (from a newer broker) is named UNKNOWN_ERROR_<code> and is not retriable."""
+    entry = _ENTRY_BY_CODE.get(code)
+    if entry is None:
+        return BrokerError(code, f"UNKNOWN_ERROR_{code}", message, False)
+    return BrokerError(code, entry.name, message, entry.retriable)
+
+
+# -- topic names and settings ------------------------------------------------------------------
+
+_TOPIC_NAME: Final = re.compile(r"[A-Za-z0-9._-]+")
+_TOPIC_CHARACTER: Final = re.compile(r"[A-Za-z0-9._-]")
+
+
+def check_topic_name(topic: str) -> None:
+    """Raise InvalidTopic unless `topic` is 1-249 characters of A-Z a-z 0-9 . _ - and is
+    neither "." nor ".." (a topic name becomes a directory name)."""
+    if _TOPIC_NAME.fullmatch(topic) and len(topic) <= MAX_TOPIC_LENGTH:
+        if topic in (".", ".."):
+            raise InvalidTopic(f"topic name {topic!r} is not allowed: it names a directory")
+        return
+    if not topic:
+        raise InvalidTopic("topic name is empty: it needs 1 to 249 characters")
+    if len(topic) > MAX_TOPIC_LENGTH:
+        raise InvalidTopic(
+            f"topic name of {len(topic)} characters is over the limit of {MAX_TOPIC_LENGTH}"
+        )
+    position = next(i for i, char in enumerate(topic) if not _TOPIC_CHARACTER.fullmatch(char))
+    raise InvalidTopic(
+        f"topic name {topic!r} has {topic[position]!r} at position {position}: only "
+        "A-Z a-z 0-9 . _ - are allowed"
+    )
+
+
+# -- requests and replies ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    """Frame 1 of a request. `version` is the api_version; `correlation_id` comes back in the
+    reply; `client_id` names the client in the broker's logs."""
+
+    api: Api
+    version: int
+    correlation_id: int
+    client_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRequest:
+    """Append `message_set` (frame 3, messages back to back) to a partition."""
+
+    api: ClassVar[Api] = Api.PRODUCE
+    topic: str
+    partition: int
+    ack: Ack
+    message_set: Buffer
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest:
+    """Whole messages from `offset`, at most `max_bytes` of them; wait up to `max_wait_ms` for
+    `min_bytes` to be readable past `offset` before answering with what there is."""
+
+    api: ClassVar[Api] = Api.FETCH
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int
+    max_wait_ms: int
+    min_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsRequest:
+    """`time` is LATEST (-1), EARLIEST (-2) or a timestamp in ms since the Unix epoch."""
+
+    api: ClassVar[Api] = Api.OFFSETS
+    topic: str
+    partition: int
+    time: int
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataRequest:
+    """Brokers and the partitions of `topics`; of every topic when `topics` is empty."""
+
+    api: ClassVar[Api] = Api.METADATA
+    topics: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicRequest:
+    """Create a topic of `partitions` partitions. `config` maps topic settings (LogConfig field
+    names: flush_messages, segment_bytes, retention_ms, ...) to decimal text, or "none" for no
+    limit, in wire order; the broker checks keys and values (broker.config), not this module."""
+
+    api: ClassVar[Api] = Api.CREATE_TOPIC
+    topic: str
+    partitions: int
+    config: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopicRequest:
+    """Delete a topic's partitions, with their data, and its registration."""
+
+    api: ClassVar[Api] = Api.DELETE_TOPIC
+    topic: str
+
+
+Request = (
+    ProduceRequest
+    | FetchRequest
+    | OffsetsRequest
+    | MetadataRequest
+    | CreateTopicRequest
+    | DeleteTopicRequest
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyHeader:
+    """Frame 1 of a reply. `error_code` is an ErrorCode, or a plain int for a code from a newer
+    broker; `error_message` is for people, empty on success."""
+
+    correlation_id: int
+    error_code: int
+    error_message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceReply:
+    """`base_offset` is the offset of the first message appended, `count` how many were."""
+
+    base_offset: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchReply:
+    """`message_set` (frame 3) holds whole messages starting exactly at the fetch offset; it is
+    empty when nothing arrived within max_wait_ms."""
+
+    high_watermark: int
+    log_start_offset: int
+    message_set: Buffer
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsReply:
+    """The offset an OffsetsRequest asked for."""
+
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    """A broker of the cluster and where to connect to it: tcp://host:port."""
+
+    broker_id: int
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """A partition of a METADATA reply, the broker that holds it, and its offsets as that broker
+    last heard of them."""
+
+    partition: int
+    broker_id: int
+    log_start_offset: int
+    high_watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """A topic of a METADATA reply; error_code UNKNOWN_TOPIC_OR_PARTITION (and no partitions)
+    for a topic asked for that does not exist."""
+
+    topic: str
+    error_code: int
+    partitions: tuple[PartitionInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataReply:
+    """The brokers of the cluster, and the topics asked for (all when none was)."""
+
+    brokers: tuple[BrokerInfo, ...]
+    topics: tuple[TopicInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyReply:
+    """The reply to CREATE_TOPIC and DELETE_TOPIC: success, and a body of zero bytes."""
+
+
+Reply = ProduceReply | FetchReply | OffsetsReply | MetadataReply | EmptyReply
+
+
+class Route(NamedTuple):
+    """The partition a PRODUCE, FETCH or OFFSETS request is for: what the supervisor routes by
+    to the worker that owns it."""
+
+    topic: str
+    partition: int
+
+
+# -- fixed-size field runs, and reading a frame field by field ---------------------------------
+
+_TYPE_NAMES: Final = {"B": "u8", "H": "u16", "I": "u32", "Q": "u64", "h": "i16", "q": "i64"}
+
+
+class _Fields:
+    """A run of fixed-size fields packed and unpacked with one struct."""
+
+    __slots__ = ("codes", "names", "offsets", "size", "struct")
+
+    def __init__(self, *fields: tuple[str, str]) -> None:
+        self.names = tuple(name for name, _ in fields)
+        self.codes = tuple(code for _, code in fields)
+        self.struct = struct.Struct(">" + "".join(self.codes))
+        self.size = self.struct.size
+        self.offsets = tuple(
+            struct.calcsize(">" + "".join(self.codes[:i])) for i in range(len(self.codes) + 1)
+        )
+
+    def pack(self, *values: int) -> bytes:
+        try:
+            return self.struct.pack(*values)
+        except struct.error:
+            for name, code, value in zip(self.names, self.codes, values, strict=True):
+                try:
+                    struct.pack(">" + code, value)
+                except struct.error:
+                    raise ValueError(
+                        f"field {name} is {value!r}: not a {_TYPE_NAMES[code]}"
+                    ) from None
+            raise
+
+
+_U8: Final = struct.Struct(">B")
+_U16: Final = struct.Struct(">H")
+_API_AND_VERSION: Final = struct.Struct(">HH")
+_STRING_LENGTH: Final = 2
+
+_REQUEST_HEADER: Final = _Fields(("api_key", "H"), ("api_version", "H"), ("correlation_id", "I"))
+_REPLY_HEADER: Final = _Fields(("correlation_id", "I"), ("error_code", "h"))
+_PARTITION: Final = _Fields(("partition", "I"))
+_PRODUCE: Final = _Fields(("partition", "I"), ("ack", "B"))
+_FETCH: Final = _Fields(
+    ("partition", "I"),
+    ("offset", "Q"),
+    ("max_bytes", "I"),
+    ("max_wait_ms", "I"),
+    ("min_bytes", "I"),
+)
+_OFFSETS: Final = _Fields(("partition", "I"), ("time", "q"))
+_TOPIC_COUNT: Final = _Fields(("topic_count", "H"))
+_CREATE_TOPIC: Final = _Fields(("partitions", "I"), ("config_count", "H"))
+_PRODUCE_REPLY: Final = _Fields(("base_offset", "Q"), ("count", "I"))
+_FETCH_REPLY: Final = _Fields(("high_watermark", "Q"), ("log_start_offset", "Q"))
+_OFFSETS_REPLY: Final = _Fields(("offset", "Q"))
+_BROKER_COUNT: Final = _Fields(("broker_count", "H"))
+_BROKER_ID: Final = _Fields(("broker_id", "I"))
+_PORT: Final = _Fields(("port", "H"))
+_TOPIC_ERROR: Final = _Fields(("error_code", "h"), ("partition_count", "I"))
+_PARTITION_INFO: Final = _Fields(
+    ("partition", "I"), ("broker_id", "I"), ("log_start_offset", "Q"), ("high_watermark", "Q")
+)
+
+
+class _Reader:
+    """Reads one frame's fields in order. Anything cut short, not UTF-8 or left over raises
+    `error` with a message naming the frame, the field and the byte position."""
+
+    __slots__ = ("_buf", "_end", "_error", "_last", "_pos", "_where")
+
+    def __init__(self, buf: Buffer, where: str, error: type[PylogError]) -> None:
+        self._buf = memoryview(buf)  # any buffer (a zmq.Frame too) slices without copying
+        self._end = len(self._buf)
+        self._pos = 0
+        self._where = where
+        self._error = error
+        self._last = ""
+
+    def fail(self, problem: str) -> PylogError:
+        return self._error(f"{self._where}: {problem}")
+
+    def fixed(self, fields: _Fields) -> tuple[int, ...]:
+        pos = self._pos
+        if pos + fields.size > self._end:
+            for i, name in enumerate(fields.names):
+                start, end = pos + fields.offsets[i], pos + fields.offsets[i + 1]
+                if end > self._end:
+                    raise self._cut_short(name, start, end - start)
+        values: tuple[int, ...] = fields.struct.unpack_from(self._buf, pos)
+        self._pos = pos + fields.size
+        self._last = fields.names[-1]
+        return values
+
+    def string(self, name: str) -> str:
+        pos = self._pos
+        if pos + _STRING_LENGTH > self._end:
+            raise self._cut_short(f"{name} (its length)", pos, _STRING_LENGTH)
+        (size,) = _U16.unpack_from(self._buf, pos)
+        start = pos + _STRING_LENGTH
+        end = start + size
+        if end > self._end:
+            raise self.fail(
+                f"cut short in field {name}: its length says {_plural(size, 'byte')} from byte "
+                f"{start}, the frame has {_plural(self._end, 'byte')}"
+            )
+        try:
+            text = str(self._buf[start:end], "utf-8")
+        except UnicodeDecodeError as error:
+            raise self.fail(
+                f"field {name} is not valid UTF-8: {error.reason} at byte {start + error.start}"
+            ) from None
+        self._pos = end
+        self._last = name
+        return text
+
+    def finish(self) -> None:
+        left = self._end - self._pos
+        if left == 0:
+            return
+        if not self._last:
+            raise self.fail(f"must be empty, it has {_plural(left, 'byte')}")
+        raise self.fail(
+            f"{_plural(left, 'trailing byte')} after the last field, {self._last}, which ends "
+            f"at byte {self._pos}"
+        )
+
+    def _cut_short(self, name: str, start: int, size: int) -> PylogError:
+        return self.fail(
+            f"cut short in field {name}: it needs {_plural(size, 'byte')} from byte {start}, the "
+            f"frame has {_plural(self._end, 'byte')}"
+        )
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _string(name: str, text: str, truncate: bool = False) -> bytes:
+    data = text.encode()
+    if len(data) > MAX_STRING_BYTES:
+        if not truncate:
+            raise ValueError(
+                f"field {name} is {len(data)} bytes of UTF-8, over the {MAX_STRING_BYTES} a "
+                "string holds"
+            )
+        data = data[:MAX_STRING_BYTES].decode(errors="ignore").encode()
+    return _U16.pack(len(data)) + data
+
+
+def _code(value: int) -> int:
+    """An ErrorCode member for a known code, the plain int for one from a newer broker."""
+    entry = _ENTRY_BY_CODE.get(value)
+    return value if entry is None else entry.code
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+_APIS: Final = {api.value: api for api in Api}
+_REQUEST_FRAMES: Final[Mapping[Api, tuple[str, ...]]] = {api: ("header", "body") for api in Api} | {
+    Api.PRODUCE: ("header", "body", "message set")
+}
+_REPLY_FRAMES: Final[Mapping[Api, tuple[str, ...]]] = {api: ("header", "body") for api in Api} | {
+    Api.FETCH: ("header", "body", "message set")
+}
+_HEADER_WHERE: Final = "frame 1 (request header)"
+_BODY_WHERE: Final = {api: f"frame 2 ({api.name} body)" for api in Api}
+_REPLY_HEADER_WHERE: Final = "frame 1 (reply header)"
+_REPLY_BODY_WHERE: Final = {api: f"frame 2 ({api.name} reply body)" for api in Api}
+
+
+def encode_request(header: RequestHeader, request: Request) -> list[Buffer]:
+    """Frames 1 to 3 of a request (the delimiter is the socket's or the caller's business).
+
+    Checks only what the wire cannot carry (an integer out of its type, a string over 65535
+    bytes), raising ValueError naming the field; the broker checks the rest. A PRODUCE
+    request's message set is the last frame, the very object given."""
+    if header.api != request.api:
+        raise ValueError(f"the header says {header.api.name}, the request is {request.api.name}")
+    frames: list[Buffer] = [
+        _REQUEST_HEADER.pack(header.api, header.version, header.correlation_id)
+        + _string("client_id", header.client_id)
+    ]
+    if isinstance(request, ProduceRequest):
+        frames.append(
+            _string("topic", request.topic) + _PRODUCE.pack(request.partition, request.ack)
+        )
+        frames.append(request.message_set)
+    elif isinstance(request, FetchRequest):
+        frames.append(
+            _string("topic", request.topic)
+            + _FETCH.pack(
+                request.partition,
+                request.offset,
+                request.max_bytes,
+                request.max_wait_ms,
+                request.min_bytes,
+            )
+        )
+    elif isinstance(request, OffsetsRequest):
+        frames.append(
+            _string("topic", request.topic) + _OFFSETS.pack(request.partition, request.time)
+        )
+    elif isinstance(request, MetadataRequest):
+        frames.append(
+            b"".join(
+                [_TOPIC_COUNT.pack(len(request.topics))]
+                + [_string("topic", topic) for topic in request.topics]
+            )
+        )
+    elif isinstance(request, CreateTopicRequest):
+        parts = [
+            _string("topic", request.topic),
+            _CREATE_TOPIC.pack(request.partitions, len(request.config)),
+        ]
+        for key, value in request.config.items():
+            parts += [_string("key", key), _string("value", value)]
+        frames.append(b"".join(parts))
+    elif isinstance(request, DeleteTopicRequest):
+        frames.append(_string("topic", request.topic))
+    else:
+        assert_never(request)
+    return frames
+
+
+def _check_frames(frames: Frames) -> tuple[Api, int, int]:
+    """The checks every request passes first, in this order: frame 1 is there and holds
+    api_key, api_version and correlation_id; the api is known; the version is spoken; the
+    frame count is the api's. Returns (api, version, correlation_id)."""
+    if not frames:
+        raise MalformedRequest("the request has no frames after the delimiter: no header")
+    reader = _Reader(frames[0], _HEADER_WHERE, MalformedRequest)
+    api_key, version, correlation_id = reader.fixed(_REQUEST_HEADER)
+    api = _APIS.get(api_key)
+    if api is None:
+        raise UnsupportedApi(
+            f"api_key {api_key} is unknown: this broker speaks api_keys "
+            f"{min(Api).value} to {max(Api).value}"
+        )
+    if version != API_VERSION:
+        raise UnsupportedVersion(api.name, version, API_VERSION)
+    names = _REQUEST_FRAMES[api]
+    if len(frames) != len(names):
+        raise MalformedRequest(
+            f"a {api.name} request has {len(names)} frames after the delimiter "
+            f"({', '.join(names)}), this one has {len(frames)}"
+        )
+    return api, version, correlation_id
+
+
+def decode_request(frames: Frames) -> tuple[RequestHeader, Request]:
+    """The header and body of a request from its frames after the delimiter.
+
+    Raises MalformedRequest (frames, framing, trailing bytes, UTF-8, field ranges),
+    UnsupportedApi, UnsupportedVersion or InvalidTopic (a topic name, a partition count of 0, a
+    setting given twice), each naming the frame and field. A PRODUCE request's message set is
+    a memoryview over frame 3, unchecked and uncopied."""
+    api, version, correlation_id = _check_frames(frames)
+    reader = _Reader(frames[0], _HEADER_WHERE, MalformedRequest)
+    reader.fixed(_REQUEST_HEADER)
+    client_id = reader.string("client_id")
+    reader.finish()
+    header = RequestHeader(api, version, correlation_id, client_id)
+    return header, _REQUEST_DECODERS[api](frames)
+
+
+def _decode_produce(frames: Frames) -> ProduceRequest:
+    reader = _Reader(frames[1], _BODY_WHERE[Api.PRODUCE], MalformedRequest)
+    topic = reader.string("topic")
+    partition, ack = reader.fixed(_PRODUCE)
+    reader.finish()
+    check_topic_name(topic)
+    if ack > Ack.FLUSHED:
+        raise reader.fail(f"field ack is {ack}: it must be 0 (none), 1 (written) or 2 (flushed)")
+    return ProduceRequest(topic, partition, Ack(ack), memoryview(frames[2]))
+
+
+def _decode_fetch(frames: Frames) -> FetchRequest:
+    reader = _Reader(frames[1], _BODY_WHERE[Api.FETCH], MalformedRequest)
+    topic = reader.string("topic")
+    partition, offset, max_bytes, max_wait_ms, min_bytes = reader.fixed(_FETCH)
+    reader.finish()
+    check_topic_name(topic)
+    if max_bytes < 1:
+        raise reader.fail("field max_bytes is 0: it must be at least 1")
+    return FetchRequest(topic, partition, offset, max_bytes, max_wait_ms, min_bytes)
+
+
+def _decode_offsets(frames: Frames) -> OffsetsRequest:
+    reader = _Reader(frames[1], _BODY_WHERE[Api.OFFSETS], MalformedRequest)
+    topic = reader.string("topic")
+    partition, time = reader.fixed(_OFFSETS)
+    reader.finish()
+    check_topic_name(topic)
+    if time < EARLIEST:
+        raise reader.fail(
+            f"field time is {time}: it must be -2 (earliest), -1 (latest) or a timestamp >= 0"
+        )
+    return OffsetsRequest(topic, partition, time)
+
+
+def _decode_metadata(frames: Frames) -> MetadataRequest:
+    reader = _Reader(frames[1], _BODY_WHERE[Api.METADATA], MalformedRequest)
+    (count,) = reader.fixed(_TOPIC_COUNT)
+    topics = tuple(reader.string(f"topic[{i}]") for i in range(count))
+    reader.finish()
+    for topic in topics:
+        check_topic_name(topic)
+    return MetadataRequest(topics)
+
+
+def _decode_create_topic(frames: Frames) -> CreateTopicRequest:
+    reader = _Reader(frames[1], _BODY_WHERE[Api.CREATE_TOPIC], MalformedRequest)
+    topic = reader.string("topic")
+    partitions, count = reader.fixed(_CREATE_TOPIC)
+    pairs = [(reader.string(f"key[{i}]"), reader.string(f"value[{i}]")) for i in range(count)]
+    reader.finish()
+    check_topic_name(topic)
+    if partitions < 1:
+        raise InvalidTopic(f"topic {topic}: partitions is 0, a topic needs at least 1")
+    config: dict[str, str] = {}
+    for key, value in pairs:
+        if key in config:
+            raise InvalidTopic(f"topic {topic}: setting {key!r} is given twice")
+        config[key] = value
+    return CreateTopicRequest(topic, partitions, config)
+
+
+def _decode_delete_topic(frames: Frames) -> DeleteTopicRequest:
+    reader = _Reader(frames[1], _BODY_WHERE[Api.DELETE_TOPIC], MalformedRequest)
+    topic = reader.string("topic")
+    reader.finish()
+    check_topic_name(topic)
+    return DeleteTopicRequest(topic)
+
+
+_REQUEST_DECODERS: Final[Mapping[Api, Callable[[Frames], Request]]] = {
+    Api.PRODUCE: _decode_produce,
+    Api.FETCH: _decode_fetch,
+    Api.OFFSETS: _decode_offsets,
+    Api.METADATA: _decode_metadata,
+    Api.CREATE_TOPIC: _decode_create_topic,
+    Api.DELETE_TOPIC: _decode_delete_topic,
+}
+
+
+def peek_route(frames: Frames) -> Route | None:
+    """Where the supervisor sends a request: the (topic, partition) of a PRODUCE, FETCH or
+    OFFSETS request, None for the apis the front serves itself (METADATA, CREATE_TOPIC,
+    DELETE_TOPIC). Reads the header's first 8 bytes and the start of the body, never the
+    message set. Raises what decode_request would for what it reads (the frame count too),
+    but a request it routes may still be refused by decode_request."""
+    api, _, _ = _check_frames(frames)
+    if api is Api.METADATA or api is Api.CREATE_TOPIC or api is Api.DELETE_TOPIC:
+        return None
+    reader = _Reader(frames[1], _BODY_WHERE[api], MalformedRequest)
+    topic = reader.string("topic")
+    (partition,) = reader.fixed(_PARTITION)
+    check_topic_name(topic)
+    return Route(topic, partition)
+
+
+def peek_correlation_id(frames: Frames) -> int:
+    """The correlation id to answer a request with, even one that fails to decode: the
+    request's own when frame 1 holds at least its first 8 bytes, else 0. Never raises."""
+    if not frames or len(frames[0]) < _REQUEST_HEADER.size:
+        return 0
+    return int(_REQUEST_HEADER.struct.unpack_from(frames[0])[2])
+
+
+def is_fire_and_forget(frames: Frames) -> bool:
+    """Whether the broker must not answer this request, not even with an error: true for a
+    PRODUCE version 1 request whose frame 2 reaches its ack field and has ack 0 (Ack.NONE),
+    however malformed the rest. Never raises."""
+    if len(frames) < 2 or len(frames[0]) < 4:
+        return False
+    api_key, version = _API_AND_VERSION.unpack_from(frames[0])
+    if api_key != Api.PRODUCE or version != API_VERSION:
+        return False
+    body = frames[1]
+    if len(body) < _STRING_LENGTH:
+        return False
+    ack_at = _STRING_LENGTH + _U16.unpack_from(body)[0] + _PARTITION.size
+    return len(body) > ack_at and int(_U8.unpack_from(body, ack_at)[0]) == Ack.NONE
+
+
+# -- replies -----------------------------------------------------------------------------------
+
+_SUCCESS: Final = b"\x00\x00"  # error_message: the empty string
+
+
+def encode_reply(correlation_id: int, reply: Reply) -> list[Buffer]:
+    """Frames 1 to 3 of a successful reply. A FETCH reply's message set is the last frame, the
+    very object given. ValueError, naming the field, for what the wire cannot carry."""
+    frames: list[Buffer] = [_REPLY_HEADER.pack(correlation_id, ErrorCode.NONE) + _SUCCESS]
+    if isinstance(reply, ProduceReply):
+        frames.append(_PRODUCE_REPLY.pack(reply.base_offset, reply.count))
+    elif isinstance(reply, FetchReply):
+        frames.append(_FETCH_REPLY.pack(reply.high_watermark, reply.log_start_offset))
+        frames.append(reply.message_set)
+    elif isinstance(reply, OffsetsReply):
+        frames.append(_OFFSETS_REPLY.pack(reply.offset))
+    elif isinstance(reply, MetadataReply):
+        parts = [_BROKER_COUNT.pack(len(reply.brokers))]
+        for broker in reply.brokers:
+            parts += [
+                _BROKER_ID.pack(broker.broker_id),
+                _string("host", broker.host),
+                _PORT.pack(broker.port),
+            ]
+        parts.append(_TOPIC_COUNT.pack(len(reply.topics)))
+        for topic in reply.topics:
+            parts += [
+                _string("topic", topic.topic),
+                _TOPIC_ERROR.pack(topic.error_code, len(topic.partitions)),
+            ]
+            parts += [
+                _PARTITION_INFO.pack(p.partition, p.broker_id, p.log_start_offset, p.high_watermark)
+                for p in topic.partitions
+            ]
+        frames.append(b"".join(parts))
+    elif isinstance(reply, EmptyReply):
+        frames.append(b"")
+    else:
+        assert_never(reply)
+    return frames
+
+
+def encode_error(
+    correlation_id: int, error: BaseException | ErrorCode, message: str | None = None
+) -> list[Buffer]:
+    """The one frame of an error reply (after the delimiter).
+
+    `error` is an exception, whose code comes from error_code_for and whose text is the
+    message unless `message` is given, or an ErrorCode (message default empty). A message over
+    65535 bytes of UTF-8 is cut at a character boundary."""
+    if isinstance(error, ErrorCode):
+        code = error
+        text = "" if message is None else message
+    else:
+        code = error_code_for(error)
+        text = _describe(error) if message is None else message
+    if code is ErrorCode.NONE:
+        raise ValueError("ErrorCode.NONE is not an error: use encode_reply")
+    return [_REPLY_HEADER.pack(correlation_id, code) + _string("error_message", text, True)]
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, BrokerError):
+        return error.message
+    if isinstance(error, PylogError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
+
+
+def decode_reply_header(frames: Frames) -> ReplyHeader:
+    """Frame 1 of a reply: read it first to match the reply to its request by correlation id.
+    Raises MalformedReply."""
+    if not frames:
+        raise MalformedReply("the reply has no frames after the delimiter: no header")
+    reader = _Reader(frames[0], _REPLY_HEADER_WHERE, MalformedReply)
+    correlation_id, code = reader.fixed(_REPLY_HEADER)
+    message = reader.string("error_message")
+    reader.finish()
+    return ReplyHeader(correlation_id, _code(code), message)
+
+
+@overload
+def decode_reply(api: Literal[Api.PRODUCE], frames: Frames) -> ProduceReply: ...
+@overload
+def decode_reply(api: Literal[Api.FETCH], frames: Frames) -> FetchReply: ...
+@overload
+def decode_reply(api: Literal[Api.OFFSETS], frames: Frames) -> OffsetsReply: ...
+@overload
+def decode_reply(api: Literal[Api.METADATA], frames: Frames) -> MetadataReply: ...
+@overload
+def decode_reply(
+    api: Literal[Api.CREATE_TOPIC, Api.DELETE_TOPIC], frames: Frames
+) -> EmptyReply: ...
+@overload
+def decode_reply(api: Api, frames: Frames) -> Reply: ...
+def decode_reply(api: Api, frames: Frames) -> Reply:
+    """The body of a reply to a request of `api`, from its frames after the delimiter.
+
+    Raises BrokerError (code, name, message, retriable) when the error code is not 0, and
+    MalformedReply when the frames do not follow the protocol. A FETCH reply's message set is
+    a memoryview over frame 3."""
+    header = decode_reply_header(frames)
+    if header.error_code != ErrorCode.NONE:
+        if len(frames) != 1:
+            raise MalformedReply(
+                f"an error reply has 1 frame after the delimiter, this one has {len(frames)}"
+            )
+        raise broker_error(header.error_code, header.error_message)
+    names = _REPLY_FRAMES[api]
+    if len(frames) != len(names):
+        raise MalformedReply(
+            f"a {api.name} reply has {len(names)} frames after the delimiter "
+            f"({', '.join(names)}), this one has {len(frames)}"
+        )
+    reader = _Reader(frames[1], _REPLY_BODY_WHERE[api], MalformedReply)
+    reply: Reply
+    if api is Api.PRODUCE:
+        reply = ProduceReply(*reader.fixed(_PRODUCE_REPLY))
+    elif api is Api.FETCH:
+        high_watermark, log_start_offset = reader.fixed(_FETCH_REPLY)
+        reply = FetchReply(high_watermark, log_start_offset, memoryview(frames[2]))
+    elif api is Api.OFFSETS:
+        reply = OffsetsReply(*reader.fixed(_OFFSETS_REPLY))
+    elif api is Api.METADATA:
+        reply = _decode_metadata_reply(reader)
+    else:
+        reply = EmptyReply()
+    reader.finish()
+    return reply
+
+
+def _decode_metadata_reply(reader: _Reader) -> MetadataReply:
+    brokers = []
+    (broker_count,) = reader.fixed(_BROKER_COUNT)
+    for _ in range(broker_count):
+        (broker_id,) = reader.fixed(_BROKER_ID)
+        host = reader.string("host")
+        (port,) = reader.fixed(_PORT)
+        brokers.append(BrokerInfo(broker_id, host, port))
+    topics = []
+    (topic_count,) = reader.fixed(_TOPIC_COUNT)
+    for _ in range(topic_count):
+        topic = reader.string("topic")
+        code, partition_count = reader.fixed(_TOPIC_ERROR)
+        partitions = tuple(
+            PartitionInfo(*reader.fixed(_PARTITION_INFO)) for _ in range(partition_count)
+        )
+        topics.append(TopicInfo(topic, _code(code), partitions))
+    return MetadataReply(tuple(brokers), tuple(topics))

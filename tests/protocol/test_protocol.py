@@ -1,0 +1,845 @@
+"""The wire protocol: docs/protocol.md's test vectors against the code, round trips, every way a
+request or reply can be malformed, routing peeks, and the error table."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, is_dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import zmq
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker import errors
+from broker.errors import (
+    BrokerError,
+    BrokerShuttingDown,
+    CorruptSegment,
+    DiskFull,
+    FetchSizeTooSmall,
+    InvalidMessage,
+    InvalidOffset,
+    InvalidTopic,
+    MalformedReply,
+    MalformedRequest,
+    MessageTooLarge,
+    OffsetOutOfRange,
+    PartitionUnavailable,
+    PylogError,
+    RegistryUnavailable,
+    StorageError,
+    StorageIOError,
+    TopicAlreadyExists,
+    Unavailable,
+    UnknownTopicOrPartition,
+    UnsupportedApi,
+    UnsupportedVersion,
+)
+from broker.log.config import LogConfig
+from broker.log.message import Buffer, encode_message, iter_messages
+from broker.protocol import (
+    ERROR_TABLE,
+    Ack,
+    Api,
+    BrokerInfo,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    EmptyReply,
+    ErrorCode,
+    FetchReply,
+    FetchRequest,
+    MetadataReply,
+    MetadataRequest,
+    OffsetsReply,
+    OffsetsRequest,
+    PartitionInfo,
+    ProduceReply,
+    ProduceRequest,
+    Reply,
+    Request,
+    RequestHeader,
+    Route,
+    TopicInfo,
+    broker_error,
+    check_topic_name,
+    decode_reply,
+    decode_reply_header,
+    decode_request,
+    encode_error,
+    encode_reply,
+    encode_request,
+    error_code_for,
+    error_entry,
+    is_fire_and_forget,
+    peek_correlation_id,
+    peek_route,
+)
+
+DOC = Path(__file__).parents[2] / "docs" / "protocol.md"
+MESSAGE = encode_message(b"hello", key=b"user-42", timestamp_ms=1_700_000_000_000)
+PARTITION_APIS = {Api.PRODUCE, Api.FETCH, Api.OFFSETS}
+
+
+# -- the document's test vectors ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Vector:
+    """One ```vector block of docs/protocol.md (its format is described there)."""
+
+    name: str
+    kind: str
+    api: str | None
+    frames: list[bytes]
+    reply_frames: list[bytes]
+    value: dict[str, Any]
+
+
+VECTOR_BLOCK = re.compile(r"^```vector\n(.*?)^```$", re.DOTALL | re.MULTILINE)
+FRAME_LINE = re.compile(r"(reply )?frame (\d+):$")
+
+
+def parse_vector(block: str) -> Vector:
+    fields_: dict[str, str] = {}
+    frames: dict[str, list[str]] = {"request": [], "reply": []}
+    current: list[str] | None = None
+    lines = block.splitlines()
+    for i, raw in enumerate(lines):
+        if raw.startswith("value:"):
+            value = json.loads("\n".join([raw.removeprefix("value:"), *lines[i + 1 :]]))
+            break
+        line = raw.split("#", 1)[0].rstrip()
+        if not line:
+            continue
+        if line.startswith(" "):
+            assert current is not None, f"hex outside a frame: {raw!r}"
+            current[-1] += "".join(line.split())
+            continue
+        frame = FRAME_LINE.fullmatch(line)
+        if frame:
+            side = frames["reply" if frame.group(1) else "request"]
+            assert int(frame.group(2)) == len(side) + 1, f"frames out of order at {raw!r}"
+            side.append("")
+            current = side
+            continue
+        key, _, text = line.partition(":")
+        fields_[key] = text.strip()
+        current = None
+    else:
+        raise AssertionError(f"vector without a value: {block[:40]!r}")
+    return Vector(
+        name=fields_["name"],
+        kind=fields_["kind"],
+        api=fields_.get("api"),
+        frames=[bytes.fromhex(h) for h in frames["request"]],
+        reply_frames=[bytes.fromhex(h) for h in frames["reply"]],
+        value=value,
+    )
+
+
+def documented_vectors() -> list[Vector]:
+    return [parse_vector(block) for block in VECTOR_BLOCK.findall(DOC.read_text())]
+
+
+def vectors_of(kind: str) -> list[Any]:
+    return [pytest.param(v, id=v.name) for v in documented_vectors() if v.kind == kind]
+
+
+def documented_section(title: str) -> str:
+    """The text under the heading `title`, up to the next heading."""
+    text = DOC.read_text()
+    match = re.search(rf"^#+ {re.escape(title)}\n", text, re.MULTILINE)
+    assert match, f"no section {title!r} in {DOC}"
+    end = re.compile(r"^#+ ", re.MULTILINE).search(text, match.end())
+    return text[match.end() : end.start() if end else len(text)]
+
+
+def table_rows(section: str) -> list[list[str]]:
+    """The body rows of the markdown tables in a section, cells stripped of spaces and `."""
+    rows = []
+    for line in section.splitlines():
+        if line.startswith("|") and not set(line) <= set("|-: "):
+            rows.append([cell.strip().strip("`") for cell in line.strip("|").split("|")])
+    return [row for row in rows if row[0] not in ("code", "api_key", "key")]
+
+
+def plain(value: object) -> Any:
+    """A decoded value as the JSON of a vector shows it: enums by name, message sets as their
+    messages (key and value as text), records as objects."""
+    if isinstance(value, Enum):
+        return value.name
+    if isinstance(value, bytes | bytearray | memoryview):
+        return [
+            {
+                "timestamp_ms": m.timestamp_ms,
+                "key": None if m.key is None else m.key.decode(),
+                "value": m.value.decode(),
+            }
+            for m in iter_messages(value)
+        ]
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple | list):
+        return [plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: plain(item) for key, item in value.items()}
+    return value
+
+
+def as_bytes(frames: list[Buffer]) -> list[bytes]:
+    return [bytes(frame) for frame in frames]
+
+
+def test_the_document_has_a_request_and_a_reply_vector_for_every_api() -> None:
+    vectors = documented_vectors()
+    requested = {v.value["header"]["api"] for v in vectors if v.kind == "request"}
+    answered = {v.api for v in vectors if v.kind == "reply"}
+    assert requested == answered == {api.name for api in Api}
+    assert {v.kind for v in vectors} == {"request", "reply", "error reply", "rejected request"}
+    assert len({v.name for v in vectors}) == len(vectors)
+
+
+@pytest.mark.parametrize("vector", vectors_of("request"))
+def test_request_vector_decodes_to_its_values_and_encodes_to_its_bytes(vector: Vector) -> None:
+    header, request = decode_request(vector.frames)
+    assert plain(header) == vector.value["header"]
+    assert plain(request) == vector.value["body"]
+    assert as_bytes(encode_request(header, request)) == vector.frames
+    assert peek_correlation_id(vector.frames) == header.correlation_id
+    assert is_fire_and_forget(vector.frames) == (vector.value["body"].get("ack") == "NONE")
+
+
+@pytest.mark.parametrize("vector", vectors_of("reply"))
+def test_reply_vector_decodes_to_its_values_and_encodes_to_its_bytes(vector: Vector) -> None:
+    assert vector.api is not None
+    reply = decode_reply(Api[vector.api], vector.frames)
+    correlation_id = decode_reply_header(vector.frames).correlation_id
+    assert correlation_id == vector.value["correlation_id"]
+    assert plain(reply) == vector.value["body"]
+    assert as_bytes(encode_reply(correlation_id, reply)) == vector.frames
+
+
+@pytest.mark.parametrize("vector", vectors_of("error reply"))
+def test_error_reply_vector_raises_its_error_and_encodes_to_its_bytes(vector: Vector) -> None:
+    value = vector.value
+    with pytest.raises(BrokerError) as raised:
+        decode_reply(Api.FETCH, vector.frames)
+    assert (raised.value.name, raised.value.message, raised.value.retriable) == (
+        value["error_code"],
+        value["error_message"],
+        value["retriable"],
+    )
+    assert raised.value.code == ErrorCode[value["error_code"]]
+    assert decode_reply_header(vector.frames).correlation_id == value["correlation_id"]
+    encoded = encode_error(
+        value["correlation_id"], ErrorCode[value["error_code"]], value["error_message"]
+    )
+    assert as_bytes(encoded) == vector.frames
+
+
+@pytest.mark.parametrize("vector", vectors_of("rejected request"))
+def test_rejected_request_vector_is_refused_with_its_reply(vector: Vector) -> None:
+    with pytest.raises(PylogError) as raised:
+        decode_request(vector.frames)
+    assert error_code_for(raised.value).name == vector.value["error_code"]
+    correlation_id = peek_correlation_id(vector.frames)
+    assert correlation_id == vector.value["correlation_id"]
+    assert as_bytes(encode_error(correlation_id, raised.value)) == vector.reply_frames
+    with pytest.raises(PylogError):
+        peek_route(vector.frames)
+
+
+def test_documented_message_sets_are_what_encode_message_builds() -> None:
+    by_name = {v.name: v for v in documented_vectors()}
+    assert by_name["produce-request"].frames[2] == MESSAGE
+    assert by_name["fetch-reply"].frames[2] == MESSAGE
+    assert by_name["fetch-reply"].value["body"]["high_watermark"] == len(MESSAGE)
+
+
+def test_the_documented_error_table_is_the_error_table() -> None:
+    rows = table_rows(documented_section("Error codes"))
+    documented = [(int(code), name, retriable) for code, name, retriable, *_ in rows]
+    table = [(e.code.value, e.name, "yes" if e.retriable else "no") for e in ERROR_TABLE]
+    assert documented == table
+
+
+def test_the_documented_api_table_is_the_api_enum() -> None:
+    rows = table_rows(documented_section("Apis"))
+    assert [(int(key), name) for key, name, *_ in rows] == [(a.value, a.name) for a in Api]
+
+
+def test_the_documented_topic_settings_are_log_config_fields_with_their_defaults() -> None:
+    rows = table_rows(documented_section("CREATE_TOPIC (api_key 4)"))
+    settings = [row for row in rows if row[1] in ("yes", "no")]
+    assert len(settings) == 7
+    config_fields = {f.name: f for f in fields(LogConfig)}
+    for key, none, default, *_ in settings:
+        field = config_fields[key]
+        assert ("None" in str(field.type)) == (none == "yes"), key
+        assert default == ("none" if field.default is None else str(field.default)), key
+
+
+# -- round trips -------------------------------------------------------------------------------
+
+u16 = st.integers(0, 2**16 - 1)
+u32 = st.integers(0, 2**32 - 1)
+u64 = st.integers(0, 2**64 - 1)
+topics = st.from_regex(r"[A-Za-z0-9._-]{1,249}", fullmatch=True).filter(
+    lambda topic: topic not in (".", "..")
+)
+texts = st.text(max_size=40)
+
+requests: st.SearchStrategy[Request] = st.one_of(
+    st.builds(ProduceRequest, topics, u32, st.sampled_from(Ack), st.binary(max_size=200)),
+    st.builds(FetchRequest, topics, u32, u64, st.integers(1, 2**32 - 1), u32, u32),
+    st.builds(OffsetsRequest, topics, u32, st.integers(-2, 2**63 - 1)),
+    st.builds(MetadataRequest, st.lists(topics, max_size=5).map(tuple)),
+    st.builds(
+        CreateTopicRequest,
+        topics,
+        st.integers(1, 2**32 - 1),
+        st.dictionaries(texts, texts, max_size=5),
+    ),
+    st.builds(DeleteTopicRequest, topics),
+)
+
+metadata_replies = st.builds(
+    MetadataReply,
+    st.lists(st.builds(BrokerInfo, u32, texts, u16), max_size=3).map(tuple),
+    st.lists(
+        st.builds(
+            TopicInfo,
+            topics,
+            st.sampled_from(ErrorCode),
+            st.lists(st.builds(PartitionInfo, u32, u32, u64, u64), max_size=4).map(tuple),
+        ),
+        max_size=3,
+    ).map(tuple),
+)
+
+replies: st.SearchStrategy[tuple[Api, Reply]] = st.one_of(
+    st.tuples(st.just(Api.PRODUCE), st.builds(ProduceReply, u64, u32)),
+    st.tuples(st.just(Api.FETCH), st.builds(FetchReply, u64, u64, st.binary(max_size=200))),
+    st.tuples(st.just(Api.OFFSETS), st.builds(OffsetsReply, u64)),
+    st.tuples(st.just(Api.METADATA), metadata_replies),
+    st.tuples(st.sampled_from([Api.CREATE_TOPIC, Api.DELETE_TOPIC]), st.just(EmptyReply())),
+)
+
+
+@given(requests, u32, texts)
+def test_every_request_decodes_to_what_was_encoded(
+    request: Request, correlation_id: int, client_id: str
+) -> None:
+    header = RequestHeader(request.api, 1, correlation_id, client_id)
+    frames = encode_request(header, request)
+    assert decode_request(frames) == (header, request)
+
+
+@given(requests, u32)
+def test_peek_route_agrees_with_decode_request(request: Request, correlation_id: int) -> None:
+    frames = encode_request(RequestHeader(request.api, 1, correlation_id, "c"), request)
+    _, decoded = decode_request(frames)
+    route = peek_route(frames)
+    if isinstance(decoded, ProduceRequest | FetchRequest | OffsetsRequest):
+        assert route == Route(decoded.topic, decoded.partition)
+    else:
+        assert route is None
+    assert peek_correlation_id(frames) == correlation_id
+    fire_and_forget = isinstance(decoded, ProduceRequest) and decoded.ack is Ack.NONE
+    assert is_fire_and_forget(frames) == fire_and_forget
+
+
+@given(replies, u32)
+def test_every_reply_decodes_to_what_was_encoded(api_reply: tuple[Api, Reply], cid: int) -> None:
+    api, reply = api_reply
+    frames = encode_reply(cid, reply)
+    assert decode_reply(api, frames) == reply
+    assert decode_reply_header(frames) == decode_reply_header([frames[0]])
+    assert decode_reply_header(frames).correlation_id == cid
+
+
+@given(st.sampled_from([code for code in ErrorCode if code]), st.text(max_size=200), u32)
+def test_every_error_reply_raises_a_broker_error_with_its_code(
+    code: ErrorCode, message: str, correlation_id: int
+) -> None:
+    frames = encode_error(correlation_id, code, message)
+    with pytest.raises(BrokerError) as raised:
+        decode_reply(Api.PRODUCE, frames)
+    entry = error_entry(code)
+    assert entry is not None
+    assert raised.value.code == code
+    assert (raised.value.name, raised.value.message) == (code.name, message)
+    assert raised.value.retriable == entry.retriable
+    assert decode_reply_header(frames).correlation_id == correlation_id
+
+
+@given(st.lists(st.binary(max_size=30), max_size=4))
+def test_peeks_never_raise_on_garbage(frames: list[bytes]) -> None:
+    assert 0 <= peek_correlation_id(frames) < 2**32
+    assert is_fire_and_forget(frames) in (True, False)
+
+
+# -- zero copy ---------------------------------------------------------------------------------
+
+
+def produce_frames(ack: Ack = Ack.WRITTEN, message_set: Buffer = MESSAGE) -> list[Buffer]:
+    header = RequestHeader(Api.PRODUCE, 1, 7, "test")
+    return encode_request(header, ProduceRequest("clicks", 3, ack, message_set))
+
+
+def test_encoders_put_the_message_set_in_the_frames_uncopied() -> None:
+    message_set = memoryview(MESSAGE)
+    assert produce_frames(message_set=message_set)[2] is message_set
+    assert encode_reply(1, FetchReply(38, 0, message_set))[2] is message_set
+
+
+def test_decoders_return_a_view_of_the_message_set_frame_not_a_copy() -> None:
+    frame = bytearray(MESSAGE)
+    frames = [*produce_frames()[:2], frame]
+    _, request = decode_request(frames)
+    reply = decode_reply(Api.FETCH, [*encode_reply(1, FetchReply(38, 0, b""))[:2], frame])
+    frame[-1] = ord("!")
+    assert isinstance(request, ProduceRequest)
+    assert bytes(request.message_set)[-5:] == bytes(reply.message_set)[-5:] == b"hell!"
+
+
+def test_decoders_take_zmq_frames() -> None:
+    frames = cast(list[Buffer], [zmq.Frame(bytes(f)) for f in produce_frames()])
+    header, request = decode_request(frames)
+    assert isinstance(request, ProduceRequest)
+    assert (header.client_id, request.topic, request.message_set) == ("test", "clicks", MESSAGE)
+    assert peek_route(frames) == Route("clicks", 3)
+    assert (peek_correlation_id(frames), is_fire_and_forget(frames)) == (7, False)
+
+
+def test_peek_route_never_touches_the_message_set() -> None:
+    released = memoryview(MESSAGE)
+    released.release()  # any read of it now raises ValueError
+    frames = [*produce_frames()[:2], released]
+    assert peek_route(frames) == Route("clicks", 3)
+    assert is_fire_and_forget(frames) is False
+
+
+# -- malformed requests ------------------------------------------------------------------------
+
+
+def header(api_key: int = Api.FETCH, version: int = 1, correlation_id: int = 9) -> bytes:
+    return struct.pack(">HHI", api_key, version, correlation_id) + b"\x00\x03cli"
+
+
+def topic(name: bytes) -> bytes:
+    return struct.pack(">H", len(name)) + name
+
+
+def fetch_body(name: bytes = b"clicks", max_bytes: int = 1024) -> bytes:
+    return topic(name) + struct.pack(">IQIII", 0, 0, max_bytes, 100, 1)
+
+
+def rejects(
+    frames: list[Buffer], error: type[PylogError], *fragments: str
+) -> pytest.ExceptionInfo[PylogError]:
+    """Assert decode_request raises `error` whose message holds every fragment."""
+    with pytest.raises(error) as raised:
+        decode_request(frames)
+    for fragment in fragments:
+        assert fragment in str(raised.value), str(raised.value)
+    return raised
+
+
+def valid_requests() -> list[tuple[Api, list[Buffer]]]:
+    cases: list[Request] = [
+        ProduceRequest("clicks", 0, Ack.FLUSHED, MESSAGE),
+        FetchRequest("clicks", 0, 0, 1024, 100, 1),
+        OffsetsRequest("clicks", 0, -1),
+        MetadataRequest(("clicks", "views")),
+        CreateTopicRequest("clicks", 2, {"retention_ms": "none"}),
+        DeleteTopicRequest("clicks"),
+    ]
+    return [(r.api, encode_request(RequestHeader(r.api, 1, 5, "cli"), r)) for r in cases]
+
+
+VALID_REQUESTS = [pytest.param(api, frames, id=api.name) for api, frames in valid_requests()]
+
+
+def test_request_without_frames_is_malformed() -> None:
+    rejects([], MalformedRequest, "no header")
+
+
+@pytest.mark.parametrize("size", range(8))
+def test_request_header_shorter_than_8_bytes_is_malformed_and_gets_correlation_id_0(
+    size: int,
+) -> None:
+    frames: list[Buffer] = [header()[:size], fetch_body()]
+    field = "api_key" if size < 2 else "api_version" if size < 4 else "correlation_id"
+    rejects(frames, MalformedRequest, "frame 1 (request header)", f"field {field}")
+    assert peek_correlation_id(frames) == 0
+
+
+def test_request_header_cut_inside_client_id_is_malformed_but_keeps_its_correlation_id() -> None:
+    frames: list[Buffer] = [header()[:-1], fetch_body()]
+    rejects(frames, MalformedRequest, "frame 1 (request header)", "field client_id")
+    assert peek_correlation_id(frames) == 9
+
+
+def test_request_header_with_trailing_bytes_is_malformed() -> None:
+    rejects([header() + b"\x00", fetch_body()], MalformedRequest, "1 trailing byte", "client_id")
+
+
+def test_client_id_that_is_not_utf8_is_malformed() -> None:
+    bad = struct.pack(">HHI", Api.FETCH, 1, 9) + b"\x00\x02\xc3\x28"
+    rejects([bad, fetch_body()], MalformedRequest, "field client_id", "not valid UTF-8")
+
+
+def test_topic_that_is_not_utf8_is_malformed() -> None:
+    rejects([header(), fetch_body(b"\xff")], MalformedRequest, "frame 2", "field topic", "UTF-8")
+
+
+def test_unknown_api_key_is_unsupported_api() -> None:
+    raised = rejects([header(api_key=6), fetch_body()], UnsupportedApi, "api_key 6")
+    assert error_code_for(raised.value) is ErrorCode.UNSUPPORTED_API
+
+
+def test_unknown_api_key_wins_over_an_unknown_version() -> None:
+    raised = rejects([header(api_key=99, version=7), b""], UnsupportedApi)
+    assert error_code_for(raised.value) is ErrorCode.UNSUPPORTED_API
+
+
+def test_known_api_with_another_version_is_unsupported_version() -> None:
+    raised = rejects([header(version=2), b""], UnsupportedVersion, "FETCH version 2")
+    assert isinstance(raised.value, UnsupportedApi)
+    assert error_code_for(raised.value) is ErrorCode.UNSUPPORTED_VERSION
+
+
+@pytest.mark.parametrize(("api", "frames"), VALID_REQUESTS)
+def test_request_with_a_frame_missing_or_extra_is_malformed(api: Api, frames: list[Buffer]) -> None:
+    for wrong in (frames[:-1], [*frames, b""]):
+        rejects(wrong, MalformedRequest, f"a {api.name} request has {len(frames)} frames")
+
+
+@pytest.mark.parametrize(("api", "frames"), VALID_REQUESTS)
+def test_request_body_cut_anywhere_is_malformed(api: Api, frames: list[Buffer]) -> None:
+    body = bytes(frames[1])
+    for size in range(len(body)):
+        rejects([frames[0], body[:size], *frames[2:]], MalformedRequest, "frame 2", "cut short")
+
+
+@pytest.mark.parametrize(("api", "frames"), VALID_REQUESTS)
+def test_request_body_with_trailing_bytes_is_malformed(api: Api, frames: list[Buffer]) -> None:
+    body = bytes(frames[1]) + b"\x00\x00"
+    where = f"frame 2 ({api.name} body): 2 trailing bytes after the last field"
+    rejects([frames[0], body, *frames[2:]], MalformedRequest, where)
+
+
+def test_fetch_request_with_trailing_bytes_is_malformed() -> None:
+    rejects([header(), fetch_body() + b"\x01"], MalformedRequest, "after the last field, min_bytes")
+
+
+def test_fetch_request_cut_inside_max_wait_ms_names_that_field() -> None:
+    rejects([header(), fetch_body()[:-6]], MalformedRequest, "cut short in field max_wait_ms")
+
+
+def test_fetch_request_with_max_bytes_0_is_malformed() -> None:
+    rejects([header(), fetch_body(max_bytes=0)], MalformedRequest, "field max_bytes is 0")
+
+
+@pytest.mark.parametrize("ack", [3, 255])
+def test_produce_request_with_ack_out_of_range_is_malformed(ack: int) -> None:
+    frames = produce_frames()
+    body = bytes(frames[1])[:-1] + bytes([ack])
+    rejects([frames[0], body, frames[2]], MalformedRequest, f"field ack is {ack}")
+
+
+def test_offsets_request_with_time_below_earliest_is_malformed() -> None:
+    body = topic(b"clicks") + struct.pack(">Iq", 0, -3)
+    rejects([header(Api.OFFSETS), body], MalformedRequest, "field time is -3")
+
+
+BAD_TOPIC_NAMES = ["", ".", "..", "a b", "a/b", "clicks\n", "é", "x" * 250]
+
+
+@pytest.mark.parametrize("name", BAD_TOPIC_NAMES)
+def test_bad_topic_names_are_invalid_topic(name: str) -> None:
+    with pytest.raises(InvalidTopic, match="topic name"):
+        check_topic_name(name)
+    rejects([header(), fetch_body(name.encode())], InvalidTopic, "topic name")
+
+
+@pytest.mark.parametrize("name", ["a", "A-z_0.9", "...", "x" * 249, "-"])
+def test_good_topic_names_pass(name: str) -> None:
+    check_topic_name(name)
+
+
+def test_metadata_request_with_a_bad_topic_is_invalid_topic() -> None:
+    body = struct.pack(">H", 2) + topic(b"clicks") + topic(b"..")
+    rejects([header(Api.METADATA), body], InvalidTopic, "'..'")
+
+
+def test_metadata_request_cut_inside_a_topic_names_the_topic() -> None:
+    body = struct.pack(">H", 2) + topic(b"clicks") + topic(b"views")[:-1]
+    rejects([header(Api.METADATA), body], MalformedRequest, "field topic[1]")
+
+
+def test_create_topic_request_with_0_partitions_is_invalid_topic() -> None:
+    body = topic(b"clicks") + struct.pack(">IH", 0, 0)
+    rejects([header(Api.CREATE_TOPIC), body], InvalidTopic, "partitions is 0")
+
+
+def test_create_topic_request_with_a_setting_given_twice_is_invalid_topic() -> None:
+    pair = topic(b"retention_ms") + topic(b"1000")
+    body = topic(b"clicks") + struct.pack(">IH", 1, 2) + pair + pair
+    rejects([header(Api.CREATE_TOPIC), body], InvalidTopic, "'retention_ms' is given twice")
+
+
+def test_create_topic_request_cut_inside_a_value_names_it() -> None:
+    body = topic(b"clicks") + struct.pack(">IH", 1, 1) + topic(b"retention_ms") + b"\x00\x04no"
+    rejects([header(Api.CREATE_TOPIC), body], MalformedRequest, "field value[0]")
+
+
+# -- encoding what the wire cannot carry -------------------------------------------------------
+
+
+def test_encoding_a_number_out_of_its_type_names_the_field() -> None:
+    request = FetchRequest("clicks", 2**32, 0, 1, 0, 0)
+    with pytest.raises(ValueError, match="field partition is 4294967296: not a u32"):
+        encode_request(RequestHeader(Api.FETCH, 1, 1), request)
+    with pytest.raises(ValueError, match="field offset is -1: not a u64"):
+        encode_reply(1, OffsetsReply(-1))
+
+
+def test_encoding_a_string_over_65535_bytes_names_the_field() -> None:
+    with pytest.raises(ValueError, match="field client_id is 65536 bytes"):
+        encode_request(RequestHeader(Api.DELETE_TOPIC, 1, 1, "x" * 65536), DeleteTopicRequest("x"))
+
+
+def test_encode_request_refuses_a_header_for_another_api() -> None:
+    with pytest.raises(ValueError, match="the header says FETCH, the request is DELETE_TOPIC"):
+        encode_request(RequestHeader(Api.FETCH, 1, 1), DeleteTopicRequest("x"))
+
+
+def test_an_error_message_over_65535_bytes_is_cut_at_a_character_boundary() -> None:
+    frames = encode_error(3, ErrorCode.STORAGE_ERROR, "é" * 40_000)
+    header_ = decode_reply_header(frames)
+    assert header_.error_message == "é" * (65535 // 2)
+
+
+def test_encode_error_refuses_none() -> None:
+    with pytest.raises(ValueError, match="not an error"):
+        encode_error(1, ErrorCode.NONE)
+
+
+def test_an_unexpected_exception_is_answered_with_its_type_and_text() -> None:
+    header_ = decode_reply_header(encode_error(4, KeyError("segment")))
+    assert (header_.error_code, header_.error_message) == (1, "KeyError: 'segment'")
+
+
+# -- fire and forget, correlation ids, routing -------------------------------------------------
+
+
+def test_produce_with_ack_none_is_fire_and_forget_even_when_malformed() -> None:
+    frames = produce_frames(Ack.NONE)
+    assert is_fire_and_forget(frames)
+    assert is_fire_and_forget([frames[0], bytes(frames[1]) + b"junk"])  # no message set either
+    bad_topic = topic(b"a b") + struct.pack(">IB", 0, 0)
+    assert is_fire_and_forget([frames[0], bad_topic, frames[2]])
+
+
+def test_produce_with_ack_written_or_flushed_is_answered() -> None:
+    assert not is_fire_and_forget(produce_frames(Ack.WRITTEN))
+    assert not is_fire_and_forget(produce_frames(Ack.FLUSHED))
+
+
+def test_produce_whose_body_stops_before_ack_is_answered() -> None:
+    frames = produce_frames(Ack.NONE)
+    assert not is_fire_and_forget([frames[0], bytes(frames[1])[:-1], frames[2]])
+
+
+def test_other_apis_and_versions_are_answered() -> None:
+    frames = produce_frames(Ack.NONE)
+    assert not is_fire_and_forget([header(Api.FETCH), *frames[1:]])
+    assert not is_fire_and_forget([header(Api.PRODUCE, version=2), *frames[1:]])
+
+
+def test_peek_route_is_none_for_the_apis_the_front_serves() -> None:
+    routes = {api: peek_route(frames) for api, frames in valid_requests()}
+    assert routes == {
+        Api.PRODUCE: Route("clicks", 0),
+        Api.FETCH: Route("clicks", 0),
+        Api.OFFSETS: Route("clicks", 0),
+        Api.METADATA: None,
+        Api.CREATE_TOPIC: None,
+        Api.DELETE_TOPIC: None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("frames", "error"),
+    [
+        ([], MalformedRequest),
+        ([b"\x00\x01\x00"], MalformedRequest),
+        ([header(api_key=6), fetch_body()], UnsupportedApi),
+        ([header(version=0), fetch_body()], UnsupportedVersion),
+        ([header(), fetch_body(), b""], MalformedRequest),
+        ([header(), fetch_body(b"a b")], InvalidTopic),
+        ([header(), fetch_body()[:9]], MalformedRequest),
+    ],
+)
+def test_peek_route_refuses_what_decode_request_refuses_in_what_it_reads(
+    frames: list[Buffer], error: type[PylogError]
+) -> None:
+    with pytest.raises(error):
+        peek_route(frames)
+    with pytest.raises(error):
+        decode_request(frames)
+
+
+# -- malformed replies -------------------------------------------------------------------------
+
+
+def reply_rejects(api: Api, frames: list[Buffer], *fragments: str) -> None:
+    with pytest.raises(MalformedReply) as raised:
+        decode_reply(api, frames)
+    for fragment in fragments:
+        assert fragment in str(raised.value), str(raised.value)
+
+
+def test_reply_without_frames_is_malformed() -> None:
+    reply_rejects(Api.FETCH, [], "no header")
+
+
+def test_reply_header_cut_short_is_malformed() -> None:
+    reply_rejects(Api.FETCH, [b"\x00\x00\x00\x01\x00"], "frame 1 (reply header)", "error_code")
+
+
+def test_reply_header_with_trailing_bytes_is_malformed() -> None:
+    frames = encode_reply(1, OffsetsReply(5))
+    reply_rejects(Api.OFFSETS, [bytes(frames[0]) + b"\x00", frames[1]], "trailing byte")
+
+
+def test_error_reply_with_a_body_is_malformed() -> None:
+    frames = encode_error(1, ErrorCode.DISK_FULL)
+    reply_rejects(Api.PRODUCE, [*frames, b""], "an error reply has 1 frame")
+
+
+def test_success_reply_without_its_body_is_malformed() -> None:
+    frames = encode_reply(1, OffsetsReply(5))
+    reply_rejects(Api.OFFSETS, frames[:1], "a OFFSETS reply has 2 frames")
+
+
+def test_fetch_reply_without_its_message_set_is_malformed() -> None:
+    frames = encode_reply(1, FetchReply(38, 0, MESSAGE))
+    reply_rejects(Api.FETCH, frames[:2], "a FETCH reply has 3 frames")
+
+
+def test_reply_body_with_trailing_bytes_is_malformed() -> None:
+    frames = encode_reply(1, ProduceReply(0, 1))
+    body = bytes(frames[1]) + b"\x00"
+    reply_rejects(Api.PRODUCE, [frames[0], body], "frame 2 (PRODUCE reply body)", "count")
+
+
+def test_empty_reply_with_bytes_in_its_body_is_malformed() -> None:
+    frames = encode_reply(1, EmptyReply())
+    reply_rejects(Api.DELETE_TOPIC, [frames[0], b"\x00"], "must be empty, it has 1 byte")
+
+
+def test_metadata_reply_cut_inside_a_partition_is_malformed() -> None:
+    reply = MetadataReply((), (TopicInfo("clicks", ErrorCode.NONE, (PartitionInfo(0, 1, 0, 9),)),))
+    frames = encode_reply(1, reply)
+    reply_rejects(Api.METADATA, [frames[0], bytes(frames[1])[:-3]], "field high_watermark")
+
+
+def test_an_error_code_from_a_newer_broker_is_a_broker_error_that_is_not_retriable() -> None:
+    frames = [struct.pack(">Ih", 1, 99) + b"\x00\x03new"]
+    with pytest.raises(BrokerError) as raised:
+        decode_reply(Api.FETCH, frames)
+    assert (raised.value.code, raised.value.name, raised.value.retriable) == (
+        99,
+        "UNKNOWN_ERROR_99",
+        False,
+    )
+    assert str(raised.value) == "UNKNOWN_ERROR_99: new"
+
+
+# -- the error table ---------------------------------------------------------------------------
+
+ABSTRACT_ERRORS = {PylogError, StorageError, errors.RequestError, Unavailable}
+"""Roots of branches of the error tree: nothing raises them as they are."""
+NOT_FROM_THE_BROKER = {BrokerError, MalformedReply, errors.ZooKeeperStartError}
+"""Raised on the client side, or before the broker serves anything: never sent on the wire."""
+
+
+def test_every_error_class_the_broker_raises_has_its_own_code() -> None:
+    raised_by_broker = {
+        cls
+        for _, cls in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(cls, PylogError) and cls not in ABSTRACT_ERRORS | NOT_FROM_THE_BROKER
+    }
+    in_table = {entry.exception for entry in ERROR_TABLE} - {None}
+    assert raised_by_broker | {UnsupportedVersion} == in_table
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (MalformedRequest("x"), ErrorCode.MALFORMED_REQUEST),
+        (UnsupportedApi("x"), ErrorCode.UNSUPPORTED_API),
+        (UnsupportedVersion(Api.FETCH.name, 2, 1), ErrorCode.UNSUPPORTED_VERSION),
+        (UnknownTopicOrPartition("x"), ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+        (InvalidMessage(0, "x"), ErrorCode.INVALID_MESSAGE),
+        (MessageTooLarge("message", 2, 1), ErrorCode.MESSAGE_TOO_LARGE),
+        (InvalidOffset(5, 0, 38), ErrorCode.INVALID_OFFSET),
+        (OffsetOutOfRange(100, 0, 38), ErrorCode.OFFSET_OUT_OF_RANGE),
+        (FetchSizeTooSmall(0, 10, 38), ErrorCode.FETCH_SIZE_TOO_SMALL),
+        (CorruptSegment("a.log", 0, "x"), ErrorCode.CORRUPT_SEGMENT),
+        (DiskFull("x"), ErrorCode.DISK_FULL),
+        (StorageIOError("x"), ErrorCode.STORAGE_ERROR),
+        (PartitionUnavailable("x"), ErrorCode.PARTITION_UNAVAILABLE),
+        (BrokerShuttingDown("x"), ErrorCode.BROKER_SHUTTING_DOWN),
+        (RegistryUnavailable("x"), ErrorCode.REGISTRY_UNAVAILABLE),
+        (TopicAlreadyExists("x"), ErrorCode.TOPIC_ALREADY_EXISTS),
+        (InvalidTopic("x"), ErrorCode.INVALID_TOPIC),
+    ],
+    ids=lambda x: type(x).__name__ if isinstance(x, Exception) else x.name,
+)
+def test_error_code_for_maps_each_error_to_its_code(error: PylogError, code: ErrorCode) -> None:
+    assert error_code_for(error) is code
+    assert decode_reply_header(encode_error(1, error)).error_code == code
+
+
+def test_a_subclass_takes_the_code_of_its_nearest_ancestor_in_the_table() -> None:
+    class QuotaExceeded(DiskFull):
+        pass
+
+    assert error_code_for(QuotaExceeded("x")) is ErrorCode.DISK_FULL
+
+
+@pytest.mark.parametrize(
+    "error", [ValueError("x"), OSError(5, "EIO"), KeyError("k"), PylogError("x"), StorageError()]
+)
+def test_errors_outside_the_table_are_unknown_server_error(error: BaseException) -> None:
+    assert error_code_for(error) is ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+def test_a_forwarded_broker_error_keeps_its_code() -> None:
+    forwarded = broker_error(ErrorCode.PARTITION_UNAVAILABLE, "worker down")
+    assert error_code_for(forwarded) is ErrorCode.PARTITION_UNAVAILABLE
+    assert decode_reply_header(encode_error(2, forwarded)).error_message == "worker down"
+    assert error_code_for(broker_error(99, "?")) is ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+def test_retriable_codes_are_exactly_the_unavailable_errors() -> None:
+    for entry in ERROR_TABLE:
+        unavailable = entry.exception is not None and issubclass(entry.exception, Unavailable)
+        assert entry.retriable == unavailable, entry.name
+
+
+def test_the_error_table_has_every_code_once_in_order() -> None:
+    assert [entry.code for entry in ERROR_TABLE] == list(ErrorCode)
+    assert error_entry(99) is None
