@@ -1,0 +1,359 @@
+"""The broker registry against a real ZooKeeper: nodes, errors, session expiry, lost connection.
+
+An `observer` is a plain kazoo client that looks at the raw nodes (and, for session expiry,
+plays the ZooKeeper FAQ's trick: it connects with the registry's session id and password and
+closes that session, which expires it for the registry)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from kazoo.client import KazooClient
+
+from broker.errors import (
+    InvalidTopic,
+    RegistryUnavailable,
+    TopicAlreadyExists,
+    UnknownTopicOrPartition,
+)
+from broker.registry import BrokerInfo, Registry, TopicConfig
+from broker.zookeeper import PrivateZooKeeper, free_port
+from tests.conftest import SESSION_TIMEOUT_S, ZOOKEEPER_TICK_MS, wait_until
+
+T = TypeVar("T")
+
+BROKER_1 = BrokerInfo(host="127.0.0.1", port=9092, workers=2, log_dirs=("/d1", "/d2"))
+BROKER_2 = BrokerInfo(host="127.0.0.1", port=9093, workers=1, log_dirs=("/d3",))
+
+
+@pytest.fixture
+def observer(zookeeper: PrivateZooKeeper) -> Iterator[KazooClient]:
+    client = KazooClient(zookeeper.connect_string)
+    client.start(timeout=10)
+    yield client
+    client.stop()
+    client.close()
+
+
+def expire_session(registry: Registry, connect_string: str) -> int:
+    """Expire the registry's session on the server; return the expired session's id."""
+    session_id = registry.session_id
+    assert session_id is not None
+    client_id = registry._client.client_id  # the password is not part of the public API
+    intruder = KazooClient(connect_string, client_id=client_id)
+    intruder.start(timeout=10)
+    intruder.stop()  # closing "its" session ends the registry's
+    intruder.close()
+    return session_id
+
+
+def next_value(values: queue.Queue[T], expected: T, timeout: float = 5.0) -> None:
+    """Wait until a watch delivers `expected`. A watch may deliver the same state twice (after
+    a reconnection, say), so repeats of earlier states are skipped, within the deadline."""
+    deadline = time.monotonic() + timeout
+    seen: list[T] = []
+    while True:
+        try:
+            value = values.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            pytest.fail(f"no watch delivered {expected!r} within {timeout} s; saw {seen!r}")
+        if value == expected:
+            return
+        seen.append(value)
+
+
+def node(observer: KazooClient, path: str) -> tuple[dict[str, object], int]:
+    """A node's JSON and the session that owns it (0 for a persistent node)."""
+    data, stat = observer.get(path)
+    return json.loads(data), stat.ephemeralOwner
+
+
+# -- brokers -----------------------------------------------------------------------------------
+
+
+def test_registered_broker_appears_with_its_json(registry: Registry, observer: KazooClient) -> None:
+    registry.register_broker(1, BROKER_1)
+
+    data, owner = node(observer, f"{registry.chroot}/brokers/ids/1")
+    assert data == {
+        "version": 1,
+        "host": "127.0.0.1",
+        "port": 9092,
+        "workers": 2,
+        "log_dirs": ["/d1", "/d2"],
+    }
+    assert owner == registry.session_id
+    assert registry.brokers() == {1: BROKER_1}
+
+
+def test_broker_node_is_ephemeral_and_goes_when_the_registry_stops(
+    make_registry: Callable[..., Registry], observer: KazooClient
+) -> None:
+    broker, tool = make_registry(), make_registry()
+    broker.register_broker(7, BROKER_1)
+    assert tool.brokers() == {7: BROKER_1}
+
+    broker.stop()
+
+    assert tool.brokers() == {}
+    assert observer.exists(f"{tool.chroot}/brokers/ids/7") is None
+
+
+def test_registering_again_updates_the_broker_node(registry: Registry) -> None:
+    registry.register_broker(1, BROKER_1)
+    registry.register_broker(1, BROKER_2)
+    assert registry.brokers() == {1: BROKER_2}
+    registry.unregister_broker(1)
+    assert registry.brokers() == {}
+
+
+def test_watch_brokers_sees_brokers_come_and_go(make_registry: Callable[..., Registry]) -> None:
+    tool, broker = make_registry(), make_registry()
+    seen: queue.Queue[dict[int, BrokerInfo]] = queue.Queue()
+    tool.watch_brokers(seen.put)
+    next_value(seen, {})
+
+    broker.register_broker(3, BROKER_2)
+    next_value(seen, {3: BROKER_2})
+    broker.stop()
+    next_value(seen, {})
+
+
+def test_node_left_by_an_old_session_is_replaced(registry: Registry, observer: KazooClient) -> None:
+    # A broker that restarts quickly finds its previous session's node still there.
+    path = f"{registry.chroot}/brokers/ids/1"
+    observer.create(path, b'{"version":1,"stale":true}', ephemeral=True, makepath=True)
+
+    registry.register_broker(1, BROKER_1)
+
+    data, owner = node(observer, path)
+    assert owner == registry.session_id != observer.client_id[0]
+    assert data["port"] == 9092
+
+
+# -- topic partitions on brokers ---------------------------------------------------------------
+
+
+def test_topic_partitions_are_registered_per_broker(
+    make_registry: Callable[..., Registry], observer: KazooClient
+) -> None:
+    one, two = make_registry(), make_registry()
+    one.register_topic_partitions("clicks", 1, 4)
+    two.register_topic_partitions("clicks", 2, 2)
+
+    assert one.topic_brokers("clicks") == {1: 4, 2: 2}
+    data, owner = node(observer, f"{one.chroot}/brokers/topics/clicks/2")
+    assert data == {"version": 1, "partitions": 2}
+    assert owner == two.session_id
+
+    two.unregister_topic("clicks", 2)
+    assert one.topic_brokers("clicks") == {1: 4}
+    two.stop()
+    one.unregister_topic("clicks", 1)
+    assert one.topic_brokers("clicks") == {}
+    assert observer.exists(f"{one.chroot}/brokers/topics/clicks") is None
+    assert one.topic_brokers("never-registered") == {}
+
+
+# -- topic configurations ----------------------------------------------------------------------
+
+
+def test_topic_configs_are_created_read_listed_and_deleted(
+    registry: Registry, observer: KazooClient
+) -> None:
+    clicks = TopicConfig(partitions=4, settings={"retention.ms": 604_800_000, "segment.ms": None})
+    views = TopicConfig(partitions=1)
+    registry.create_topic_config("clicks", clicks)
+    registry.create_topic_config("views", views)
+
+    assert registry.topic_config("clicks") == clicks
+    assert registry.topic_configs() == {"clicks": clicks, "views": views}
+    data, owner = node(observer, f"{registry.chroot}/config/topics/clicks")
+    assert data == {
+        "version": 1,
+        "partitions": 4,
+        "settings": {"retention.ms": 604_800_000, "segment.ms": None},
+    }
+    assert owner == 0, "topic configurations are persistent"
+
+    registry.delete_topic_config("clicks")
+    assert registry.topic_configs() == {"views": views}
+
+
+def test_topic_config_outlives_the_registry_that_made_it(
+    make_registry: Callable[..., Registry],
+) -> None:
+    first = make_registry()
+    first.create_topic_config("clicks", TopicConfig(partitions=2))
+    first.stop()
+    assert make_registry().topic_config("clicks") == TopicConfig(partitions=2)
+
+
+def test_creating_an_existing_topic_config_raises_topic_already_exists(
+    registry: Registry,
+) -> None:
+    registry.create_topic_config("clicks", TopicConfig(partitions=1))
+    with pytest.raises(TopicAlreadyExists, match="clicks"):
+        registry.create_topic_config("clicks", TopicConfig(partitions=8))
+    assert registry.topic_config("clicks").partitions == 1
+
+
+def test_missing_topic_config_raises_unknown_topic(registry: Registry) -> None:
+    with pytest.raises(UnknownTopicOrPartition, match="nope"):
+        registry.topic_config("nope")
+    with pytest.raises(UnknownTopicOrPartition, match="nope"):
+        registry.delete_topic_config("nope")
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "x" * 250, "spaces here", "ü"])
+def test_invalid_topic_names_are_rejected(registry: Registry, name: str) -> None:
+    with pytest.raises(InvalidTopic):
+        registry.create_topic_config(name, TopicConfig(partitions=1))
+    with pytest.raises(InvalidTopic):
+        registry.register_topic_partitions(name, 1, 1)
+
+
+def test_invalid_topic_configs_are_rejected(registry: Registry) -> None:
+    with pytest.raises(InvalidTopic, match="partitions"):
+        registry.create_topic_config("clicks", TopicConfig(partitions=0))
+    with pytest.raises(InvalidTopic, match=r"retention\.ms"):
+        registry.create_topic_config("clicks", TopicConfig(1, {"retention.ms": "7d"}))  # type: ignore[dict-item]
+    assert registry.topic_configs() == {}
+
+
+def test_unreadable_topic_config_is_left_out_of_listings(
+    registry: Registry, observer: KazooClient
+) -> None:
+    observer.create(f"{registry.chroot}/config/topics/garbage", b"not json")
+    registry.create_topic_config("clicks", TopicConfig(partitions=1))
+
+    assert registry.topic_configs() == {"clicks": TopicConfig(partitions=1)}
+    with pytest.raises(RegistryUnavailable, match="garbage holds unreadable data"):
+        registry.topic_config("garbage")
+
+
+def test_watch_topic_configs_sees_creates_and_deletes(
+    make_registry: Callable[..., Registry],
+) -> None:
+    broker, admin = make_registry(), make_registry()
+    seen: queue.Queue[dict[str, TopicConfig]] = queue.Queue()
+    broker.watch_topic_configs(seen.put)
+    next_value(seen, {})
+
+    admin.create_topic_config("clicks", TopicConfig(partitions=3))
+    next_value(seen, {"clicks": TopicConfig(partitions=3)})
+    admin.delete_topic_config("clicks")
+    next_value(seen, {})
+
+
+# -- session expiry ----------------------------------------------------------------------------
+
+
+def test_session_expiry_recreates_broker_and_topic_nodes(
+    registry: Registry, observer: KazooClient, zookeeper: PrivateZooKeeper
+) -> None:
+    registry.register_broker(1, BROKER_1)
+    registry.register_topic_partitions("clicks", 1, 4)
+    registry.register_topic_partitions("views", 1, 2)
+    seen: queue.Queue[dict[str, TopicConfig]] = queue.Queue()
+    registry.watch_topic_configs(seen.put)
+    next_value(seen, {})
+
+    old_session = expire_session(registry, zookeeper.connect_string)
+
+    wait_until(
+        lambda: registry.statistics().sessions_lost == 1 and registry.wait_registered(0.01),
+        what="a new session with every node re-registered",
+    )
+    new_session = registry.session_id
+    assert new_session not in (None, old_session)
+    stats = registry.statistics()
+    assert (stats.sessions, stats.nodes_restored, stats.registered) == (2, 3, 3)
+    for path in ("brokers/ids/1", "brokers/topics/clicks/1", "brokers/topics/views/1"):
+        _, owner = node(observer, f"{registry.chroot}/{path}")
+        assert owner == new_session, path
+    assert registry.brokers() == {1: BROKER_1}
+    assert registry.topic_brokers("clicks") == {1: 4}
+
+    # the watch is armed again in the new session
+    observer.create(f"{registry.chroot}/config/topics/late", TopicConfig(1).to_json())
+    next_value(seen, {"late": TopicConfig(partitions=1)})
+
+
+def test_unregistered_nodes_stay_away_after_session_expiry(
+    registry: Registry, zookeeper: PrivateZooKeeper
+) -> None:
+    registry.register_broker(1, BROKER_1)
+    registry.register_topic_partitions("clicks", 1, 4)
+    registry.unregister_topic("clicks", 1)
+
+    expire_session(registry, zookeeper.connect_string)
+
+    wait_until(
+        lambda: registry.statistics().sessions == 2 and registry.wait_registered(0.01),
+        what="re-registration in a new session",
+    )
+    assert registry.brokers() == {1: BROKER_1}
+    assert registry.topic_brokers("clicks") == {}
+
+
+# -- connection loss ---------------------------------------------------------------------------
+
+
+def test_start_without_zookeeper_raises_registry_unavailable() -> None:
+    registry = Registry(f"127.0.0.1:{free_port()}", "/pylog", session_timeout_s=2.0)
+    started = time.monotonic()
+    with pytest.raises(RegistryUnavailable, match="cannot connect to ZooKeeper"):
+        registry.start(timeout=0.5)
+    assert time.monotonic() - started < 5
+    with pytest.raises(RegistryUnavailable):
+        registry.brokers()
+
+
+def test_calls_after_stop_raise_registry_unavailable(registry: Registry) -> None:
+    registry.stop()
+    with pytest.raises(RegistryUnavailable, match="stopped"):
+        registry.topic_configs()
+    with pytest.raises(RegistryUnavailable, match="stopped"):
+        registry.register_broker(1, BROKER_1)
+    registry.stop()  # idempotent
+
+
+def test_lost_connection_fails_calls_quickly_and_the_registry_recovers(tmp_path: Path) -> None:
+    # A ZooKeeper of its own: this test stops and starts it.
+    with PrivateZooKeeper(tmp_path, tick_time_ms=ZOOKEEPER_TICK_MS) as server:
+        registry = Registry(
+            server.connect_string,
+            "/pylog",
+            session_timeout_s=SESSION_TIMEOUT_S,
+            request_timeout_s=0.5,
+            reconnect_max_delay_s=0.5,
+        )
+        with registry:
+            registry.register_broker(1, BROKER_1)
+            registry.create_topic_config("clicks", TopicConfig(partitions=2))
+            session = registry.session_id
+
+            server.stop()
+            wait_until(lambda: not registry.connected, what="the registry to see the loss")
+            started = time.monotonic()
+            with pytest.raises(RegistryUnavailable, match="not connected to ZooKeeper"):
+                registry.brokers()
+            with pytest.raises(RegistryUnavailable):
+                registry.create_topic_config("views", TopicConfig(partitions=1))
+            assert time.monotonic() - started < 2.5
+            assert not registry.wait_registered(0)
+
+            server.start()
+            assert registry.wait_registered(15)
+            # back within the session timeout: same session, nodes never went away
+            assert registry.session_id == session
+            assert registry.brokers() == {1: BROKER_1}
+            assert registry.topic_configs() == {"clicks": TopicConfig(partitions=2)}
+            registry.create_topic_config("views", TopicConfig(partitions=1))
