@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
+
+from broker.registry import Registry
+from broker.zookeeper import PrivateZooKeeper
+from tests.pylogd import RunningBroker
 
 
 @dataclass
@@ -28,3 +37,127 @@ class FakeClock:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+# -- ZooKeeper and the registry: a real server, no mocks ------------------------------------
+
+ZOOKEEPER_TICK_MS = 100
+"""tickTime of the test ZooKeeper: session timeouts are clamped to 0.2-2 s."""
+
+SESSION_TIMEOUT_S = 2.0
+REQUEST_TIMEOUT_S = 2.0
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
+    """Poll `condition` until it is true; fail the test after `timeout` seconds.
+
+    For conditions that another thread or process makes true (a reconnection, a watch): the
+    deadline bounds the wait, the condition decides, no sleep is trusted for correctness."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what or condition}")
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateZooKeeper]:
+    """One private ZooKeeper for the whole test session, on a free port of 127.0.0.1."""
+    server = PrivateZooKeeper(tmp_path_factory.mktemp("zookeeper"), tick_time_ms=ZOOKEEPER_TICK_MS)
+    with server:
+        yield server
+
+
+@pytest.fixture
+def registry_chroot() -> str:
+    """A chroot of this test's own, so that tests never see each other's nodes."""
+    return f"/test-{uuid.uuid4().hex[:16]}"
+
+
+@pytest.fixture
+def make_registry(
+    zookeeper: PrivateZooKeeper, registry_chroot: str
+) -> Iterator[Callable[..., Registry]]:
+    """Start registries on this test's chroot (several act as several brokers); all are
+    stopped when the test ends. Keyword arguments go to Registry."""
+    started: list[Registry] = []
+
+    def make(**options: Any) -> Registry:
+        options.setdefault("session_timeout_s", SESSION_TIMEOUT_S)
+        options.setdefault("request_timeout_s", REQUEST_TIMEOUT_S)
+        registry = Registry(zookeeper.connect_string, registry_chroot, **options)
+        started.append(registry)
+        registry.start(timeout=10)
+        return registry
+
+    yield make
+    for registry in started:
+        registry.stop()
+
+
+@pytest.fixture
+def registry(make_registry: Callable[..., Registry]) -> Registry:
+    """A started registry on this test's own chroot."""
+    return make_registry()
+
+
+@pytest.fixture
+def make_pylogd(
+    zookeeper: PrivateZooKeeper, tmp_path: Path, registry_chroot: str
+) -> Iterator[Callable[..., RunningBroker]]:
+    """Start real pylogd processes against the session's ZooKeeper, each under its own data
+    dir; all are stopped (and their logs shown on failure) at the end of the test."""
+    started: list[RunningBroker] = []
+
+    def make(*flags: str, name: str = "broker") -> RunningBroker:
+        broker = RunningBroker(tmp_path / name, zookeeper.connect_string, registry_chroot, *flags)
+        started.append(broker)
+        return broker.start()
+
+    yield make
+    for broker in started:
+        if broker.process is not None and broker.process.poll() is None:
+            broker.stop()
+        print(f"--- {broker.log_path}:\n{broker.log_tail()}")
+
+
+def single_box_flags(root: Path) -> tuple[str, ...]:
+    """The test brokers' flags: two log dirs under `root` (so two workers), 50 ms flushes."""
+    return (
+        "--broker-log-dirs",
+        f"{root / 'logs-a'},{root / 'logs-b'}",
+        "--log-flush-interval-ms",
+        "50",
+    )
+
+
+@pytest.fixture
+def pylogd(make_pylogd: Callable[..., RunningBroker], tmp_path: Path) -> RunningBroker:
+    """One running broker of this test's own, with single_box_flags."""
+    return make_pylogd(*single_box_flags(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def broker(
+    zookeeper: PrivateZooKeeper, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningBroker]:
+    """A running broker shared by the tests of one module (starting one takes seconds), with
+    single_box_flags and a ZooKeeper chroot of its own; each test uses topics of its own
+    (see `topic`). Tests that stop, kill or restart a broker use `pylogd` instead."""
+    data_dir = tmp_path_factory.mktemp("pylogd")
+    running = RunningBroker(
+        data_dir / "broker",
+        zookeeper.connect_string,
+        f"/test-{uuid.uuid4().hex[:16]}",
+        *single_box_flags(data_dir),
+    )
+    running.start()
+    yield running
+    running.stop()
+    print(f"--- {running.log_path}:\n{running.log_tail()}")
+
+
+@pytest.fixture
+def topic(request: pytest.FixtureRequest) -> str:
+    """A topic name of this test's own (not created)."""
+    return f"{request.node.name[:40]}-{uuid.uuid4().hex[:8]}".replace("[", "-").replace("]", "")

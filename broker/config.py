@@ -1,0 +1,291 @@
+"""The broker's settings: one table of them, read from a TOML file and overridden by flags.
+
+Every setting has a TOML key in a section and a flag made from the two (`[log] flush_messages`
+is `--log-flush-messages`); deploy/pylogd.toml is the commented example of every key. The
+`[log]` settings are the defaults of every topic; a topic created with its own values (see
+TOPIC_SETTINGS) keeps them in ZooKeeper under /config/topics/<topic>.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker.errors import InvalidTopic
+from broker.log.config import LogConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    section: str
+    key: str
+    kind: type
+    default: Any
+    help: str
+    optional: bool = False
+    """Whether "none" (TOML: the string "none") switches the limit off."""
+
+    @property
+    def name(self) -> str:
+        """The BrokerConfig field and the flag: section_key."""
+        return f"{self.section}_{self.key}"
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+_LOG = LogConfig()
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("broker", "id", int, 0, "This broker's id, unique in the cluster."),
+    Setting("broker", "host", str, "127.0.0.1", "Address the front socket binds to."),
+    Setting("broker", "port", int, 9092, "TCP port of the front socket."),
+    Setting(
+        "broker",
+        "advertised_host",
+        str,
+        "",
+        "Host clients are told to connect to (default: broker.host).",
+    ),
+    Setting(
+        "broker",
+        "data_dir",
+        str,
+        "/var/lib/pylog",
+        "Where the broker keeps its state: "
+        "the private ZooKeeper, worker sockets, and the log dirs unless given.",
+    ),
+    Setting(
+        "broker",
+        "log_dirs",
+        list,
+        [],
+        "Log directories, one per disk or RAID volume "
+        "(default: <data_dir>/logs); each gets its own workers.",
+    ),
+    Setting("broker", "workers_per_dir", int, 1, "Worker processes per log directory."),
+    Setting(
+        "broker",
+        "shutdown_timeout_ms",
+        int,
+        30_000,
+        "How long workers get to flush and exit on shutdown before they are killed.",
+    ),
+    Setting(
+        "log",
+        "flush_messages",
+        int,
+        _LOG.flush_messages,
+        "Flush once this many messages are pending in a partition.",
+    ),
+    Setting(
+        "log",
+        "flush_interval_ms",
+        int,
+        _LOG.flush_interval_ms,
+        "Flush once the oldest pending message has waited this long.",
+    ),
+    Setting(
+        "log",
+        "fsync",
+        bool,
+        _LOG.fsync,
+        "Whether a flush fsyncs (durability of flushed messages across power loss).",
+    ),
+    Setting(
+        "log",
+        "segment_bytes",
+        int,
+        _LOG.segment_bytes,
+        "Roll to a new segment before one grows past this.",
+    ),
+    Setting(
+        "log",
+        "segment_ms",
+        int,
+        _LOG.segment_ms,
+        "Roll once a segment has been active this long.",
+        optional=True,
+    ),
+    Setting(
+        "log",
+        "retention_ms",
+        int,
+        _LOG.retention_ms,
+        "Delete closed segments older than this.",
+        optional=True,
+    ),
+    Setting(
+        "log",
+        "retention_bytes",
+        int,
+        _LOG.retention_bytes,
+        "Delete the oldest closed segments while a partition holds more than this.",
+        optional=True,
+    ),
+    Setting(
+        "log",
+        "max_message_bytes",
+        int,
+        _LOG.max_message_bytes,
+        "The largest message accepted, on disk.",
+    ),
+    Setting(
+        "log",
+        "index_interval_bytes",
+        int,
+        _LOG.index_interval_bytes,
+        "Bytes between sparse index entries.",
+    ),
+    Setting("log", "retention_check_interval_ms", int, 60_000, "How often retention runs."),
+    Setting(
+        "zookeeper",
+        "connect",
+        str,
+        "",
+        "ZooKeeper ensemble, host:port[,host:port]; empty "
+        "runs a private standalone ZooKeeper under <data_dir>/zookeeper.",
+    ),
+    Setting(
+        "zookeeper", "chroot", str, "/pylog", "The znode under which pylog keeps its registry."
+    ),
+    Setting("zookeeper", "session_timeout_ms", int, 6_000, "ZooKeeper session timeout."),
+    Setting("zookeeper", "port", int, 0, "Port of the private ZooKeeper (0: a free one)."),
+    Setting("zookeeper", "tick_time_ms", int, 2_000, "tickTime of the private ZooKeeper."),
+)
+
+TOPIC_SETTINGS = (
+    "flush_messages",
+    "flush_interval_ms",
+    "segment_bytes",
+    "segment_ms",
+    "retention_ms",
+    "retention_bytes",
+    "max_message_bytes",
+)
+"""The LogConfig fields a topic may set for itself when it is created."""
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+_OPTIONAL_TOPIC = {"segment_ms", "retention_ms", "retention_bytes"}
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Every setting by its flat name (`log_flush_messages`); see SETTINGS for their meaning."""
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name] if name in self.values else _BY_NAME[name].default
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def log_dir_paths(self) -> list[Path]:
+        dirs = self.values.get("broker_log_dirs") or [Path(self.broker_data_dir) / "logs"]
+        return [Path(d) for d in dirs]
+
+    @property
+    def endpoint_host(self) -> str:
+        return str(self.broker_advertised_host or self.broker_host)
+
+    def log_config(self, topic_settings: Mapping[str, int | None] | None = None) -> LogConfig:
+        """The LogConfig of a topic: the [log] defaults, then the topic's own settings."""
+        values = {f.name: getattr(self, f"log_{f.name}") for f in dataclasses.fields(LogConfig)}
+        values.update(topic_settings or {})
+        return LogConfig(**values)
+
+    def replace(self, **changes: Any) -> BrokerConfig:
+        return BrokerConfig({**self.values, **check_values(changes)})
+
+
+def parse_setting(setting: Setting, value: Any) -> Any:
+    """A setting's value checked against its type; text from a flag is converted."""
+    if setting.optional and (value is None or value == "none"):
+        return None
+    kind = setting.kind
+    if kind is bool and isinstance(value, str):
+        if value.lower() not in ("true", "false"):
+            raise ValueError(f"{setting.name} must be true or false, not {value!r}")
+        return value.lower() == "true"
+    if kind is int and isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(f"{setting.name} must be a whole number, not {value!r}") from None
+    if kind is list and isinstance(value, str):
+        value = [v for v in value.split(",") if v]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{setting.name} must be of type {kind.__name__}, not {value!r}")
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"{setting.name} must not be negative, not {value}")
+    if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{setting.name} must be a list of paths, not {value!r}")
+    return value
+
+
+def check_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for name, value in values.items():
+        if name not in _BY_NAME:
+            raise ValueError(f"unknown setting {name!r}")
+        out[name] = parse_setting(_BY_NAME[name], value)
+    return out
+
+
+def load_config(path: Path | None, overrides: Mapping[str, Any]) -> BrokerConfig:
+    """Read the TOML file (if any), apply flag `overrides` (flat names), and check the result.
+
+    Raises ValueError naming the file and the key for anything unknown or out of range."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            document = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise ValueError(f"{path}: {error}") from error
+        for section, table in document.items():
+            if not isinstance(table, dict):
+                raise ValueError(f"{path}: {section!r} must be a [section], not a value")
+            for key, value in table.items():
+                name = f"{section}_{key}"
+                if name not in _BY_NAME:
+                    raise ValueError(f"{path}: unknown setting [{section}] {key}")
+                try:
+                    values[name] = parse_setting(_BY_NAME[name], value)
+                except ValueError as error:
+                    raise ValueError(f"{path}: {error}") from None
+    values.update(check_values(overrides))
+    config = BrokerConfig(values)
+    config.log_config()  # LogConfig checks the [log] values together
+    if config.broker_workers_per_dir < 1:
+        raise ValueError("broker_workers_per_dir must be at least 1")
+    return config
+
+
+def topic_settings(raw: Mapping[str, str]) -> dict[str, int | None]:
+    """A topic's own settings from their text form ("none" switches a limit off); InvalidTopic
+    names anything unknown or out of range."""
+    out: dict[str, int | None] = {}
+    for key, text in raw.items():
+        if key not in TOPIC_SETTINGS:
+            raise InvalidTopic(f"unknown topic setting {key!r}: one of {', '.join(TOPIC_SETTINGS)}")
+        if text == "none" and key in _OPTIONAL_TOPIC:
+            out[key] = None
+            continue
+        try:
+            out[key] = int(text)
+        except ValueError:
+            raise InvalidTopic(
+                f"topic setting {key} must be a whole number, not {text!r}"
+            ) from None
+    try:
+        LogConfig(**out)  # type: ignore[arg-type]
+    except ValueError as error:
+        raise InvalidTopic(str(error)) from None
+    return out

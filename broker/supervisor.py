@@ -1,0 +1,581 @@
+"""The pylogd supervisor: the front socket, the workers, the registry and systemd.
+
+    clients --tcp--> front ROUTER --(route by topic, partition)--> DEALER --ipc--> worker N
+
+The supervisor binds the front ROUTER socket and, for each worker, a DEALER on an ipc endpoint
+under <data_dir>/run. It reads only a request's header and the start of its body
+(protocol.peek_route) and forwards the frames as they came, with the ROUTER's identity
+envelope, to the worker that owns the partition; replies come back the same way. It answers
+METADATA, CREATE_TOPIC and DELETE_TOPIC itself. This loop is plain blocking pyzmq with a poller:
+it is the one hop every request takes, and a trio adapter would cost it several times over.
+
+Partition placement: a partition whose folder exists in a log dir stays there; a new one goes
+to the log dir holding the fewest partitions; within a dir, `workers_per_dir` workers share the
+partitions by XXH32 of `<topic>-<partition>`.
+
+Workers are child processes (`python -m broker.worker`). One that dies is restarted with
+back-off (0.1 s doubling to 30 s, reset after a minute of good health), logged and counted;
+meanwhile its partitions are answered with PARTITION_UNAVAILABLE (retriable). Requests in
+flight at the moment a worker dies get no reply: clients time out and retry.
+
+With no zookeeper.connect, a private standalone ZooKeeper runs as a supervised child under
+<data_dir>/zookeeper. The registry (broker.registry) survives a lost session by itself; while
+ZooKeeper is away the broker keeps serving its partitions and only topic creation and deletion
+fail (REGISTRY_UNAVAILABLE).
+
+On SIGTERM or SIGINT: tell systemd STOPPING, answer new requests with BROKER_SHUTTING_DOWN,
+SIGTERM every worker (each flushes and closes its logs, answering producers waiting on that
+flush), forward their last replies, then leave ZooKeeper and exit 0. With NOTIFY_SOCKET set it
+sends READY=1 once serving and WATCHDOG=1 every half WATCHDOG_USEC.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import xxhash
+import zmq
+
+from broker import protocol
+from broker.config import BrokerConfig, topic_settings
+from broker.errors import (
+    BrokerShuttingDown,
+    InvalidTopic,
+    PartitionUnavailable,
+    PylogError,
+    RegistryUnavailable,
+    TopicAlreadyExists,
+    UnknownTopicOrPartition,
+    UnsupportedApi,
+)
+from broker.log.message import Buffer
+from broker.registry import BrokerInfo, Registry, TopicConfig
+from broker.transport import COMMAND, REQUEST, STATE, Frame, json_frame, split_envelope
+from broker.zookeeper import PrivateZooKeeper
+
+log = logging.getLogger("pylog.supervisor")
+
+TICK_MS = 100
+FIRST_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 30.0
+HEALTHY_AFTER_S = 60.0
+MAX_PARTITIONS = 10_000
+WORKER_START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class WorkerHandle:
+    """A worker process, the DEALER that talks to it, and its restart state."""
+
+    index: int
+    log_dir: Path
+    socket: zmq.Socket[bytes] | None = None
+    endpoint: str = ""
+    process: subprocess.Popen[bytes] | None = None
+    connected: bool = False
+    restarts: int = 0
+    backoff_s: float = FIRST_BACKOFF_S
+    start_at: float = 0.0
+    started_at: float = 0.0
+
+
+@dataclass
+class TopicState:
+    """A topic served here: its settings, and per partition its worker and last offsets."""
+
+    settings: dict[str, int | None]
+    workers: list[int]
+    offsets: list[tuple[int, int]] = field(default_factory=list)
+
+
+class Supervisor:
+    """Runs pylogd until a signal stops it. `run()` returns the process exit code."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.data_dir = Path(config.broker_data_dir)
+        self.run_dir = self.data_dir / "run"
+        self.log_dirs = config.log_dir_paths
+        self.context = zmq.Context()
+        self.front: zmq.Socket[bytes] | None = None
+        self.poller = zmq.Poller()
+        self.workers: list[WorkerHandle] = []
+        self.topics: dict[str, TopicState] = {}
+        self.zookeeper: PrivateZooKeeper | None = None
+        self.registry: Registry | None = None
+        self.port = int(config.broker_port)
+        self.stopping = False
+        self.worker_restarts = 0
+        self._signal_received: int | None = None
+        self._watchdog_every = _watchdog_interval()
+        self._watchdog_at = 0.0
+
+    # -- start -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Everything up to READY: ZooKeeper, registry, front socket, topics, workers."""
+        for directory in (self.data_dir, self.run_dir, *self.log_dirs):
+            directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.run_dir.glob("worker-*.sock"):
+            stale.unlink()
+        connect = self.config.zookeeper_connect
+        if not connect:
+            self.zookeeper = PrivateZooKeeper(
+                self.data_dir / "zookeeper",
+                self.config.zookeeper_port or None,
+                tick_time_ms=self.config.zookeeper_tick_time_ms,
+            )
+            self.zookeeper.start()
+            connect = self.zookeeper.connect_string
+            log.info("private ZooKeeper on %s (pid %s)", connect, self.zookeeper.pid)
+        self.registry = Registry(
+            connect,
+            self.config.zookeeper_chroot,
+            session_timeout_s=self.config.zookeeper_session_timeout_ms / 1000,
+        )
+        self.registry.start(timeout=max(10.0, self.config.zookeeper_session_timeout_ms / 1000))
+        self.front = self.context.socket(zmq.ROUTER)
+        self.front.setsockopt(zmq.LINGER, 1000)
+        self.front.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        try:
+            if self.port == 0:
+                self.port = self.front.bind_to_random_port(f"tcp://{self.config.broker_host}")
+            else:
+                self.front.bind(f"tcp://{self.config.broker_host}:{self.port}")
+        except zmq.ZMQError as error:
+            raise OSError(
+                f"cannot listen on {self.config.broker_host}:{self.port}: {error}"
+            ) from error
+        for d, log_dir in enumerate(self.log_dirs):
+            for k in range(self.config.broker_workers_per_dir):
+                index = d * self.config.broker_workers_per_dir + k
+                self.workers.append(WorkerHandle(index, log_dir))
+        self._load_topics()
+        for worker in self.workers:
+            self._start_worker(worker)
+        self._wait_for_workers()
+        self.poller.register(self.front, zmq.POLLIN)
+        self.registry.register_broker(
+            self.config.broker_id,
+            BrokerInfo(
+                self.config.endpoint_host,
+                self.port,
+                len(self.workers),
+                tuple(str(d) for d in self.log_dirs),
+            ),
+        )
+        for topic, state in self.topics.items():
+            self.registry.register_topic_partitions(
+                topic, self.config.broker_id, len(state.workers)
+            )
+        log.info(
+            "pylogd %d serving on %s:%d with %d workers over %d log dirs",
+            self.config.broker_id,
+            self.config.broker_host,
+            self.port,
+            len(self.workers),
+            len(self.log_dirs),
+        )
+        print(f"pylogd ready on {self.config.broker_host}:{self.port}", flush=True)
+        sd_notify(f"READY=1\nSTATUS=serving on {self.config.broker_host}:{self.port}")
+
+    def _load_topics(self) -> None:
+        """Topics from ZooKeeper, plus any partition folders on disk it does not know of."""
+        assert self.registry is not None
+        configs = self.registry.topic_configs()
+        on_disk: dict[str, int] = {}
+        for log_dir in self.log_dirs:
+            for folder in log_dir.iterdir():
+                topic, _, number = folder.name.rpartition("-")
+                if folder.is_dir() and topic and number.isdigit():
+                    on_disk[topic] = max(on_disk.get(topic, 0), int(number) + 1)
+        for topic, partitions in sorted(on_disk.items()):
+            if topic not in configs:
+                log.warning("adopting topic %r found on disk with %d partitions", topic, partitions)
+                config = TopicConfig(partitions)
+                try:
+                    self.registry.create_topic_config(topic, config)
+                except PylogError as error:
+                    log.error("cannot record adopted topic %r in ZooKeeper: %s", topic, error)
+                configs[topic] = config
+        for topic, config in configs.items():
+            self._place_topic(topic, config.partitions, dict(config.settings))
+
+    def _place_topic(self, topic: str, partitions: int, settings: dict[str, int | None]) -> None:
+        counts = {d: 0 for d in self.log_dirs}
+        for state in self.topics.values():
+            for w in state.workers:
+                counts[self.workers[w].log_dir] += 1
+        workers = []
+        for number in range(partitions):
+            name = f"{topic}-{number}"
+            log_dir = next(
+                (d for d in self.log_dirs if (d / name).is_dir()),
+                min(self.log_dirs, key=lambda d: counts[d]),
+            )
+            counts[log_dir] += 1
+            per_dir = self.config.broker_workers_per_dir
+            first = self.log_dirs.index(log_dir) * per_dir
+            workers.append(first + xxhash.xxh32_intdigest(name.encode()) % per_dir)
+        self.topics[topic] = TopicState(settings, workers, [(0, 0)] * partitions)
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def _start_worker(self, worker: WorkerHandle) -> None:
+        if worker.socket is not None:
+            self.poller.unregister(worker.socket)
+            worker.socket.close(linger=0)  # requests queued for the dead worker are dropped
+        worker.restarts += worker.process is not None
+        worker.endpoint = f"ipc://{self.run_dir}/worker-{worker.index}-{worker.restarts}.sock"
+        worker.socket = self.context.socket(zmq.DEALER)
+        worker.socket.setsockopt(zmq.SNDHWM, 0)
+        worker.socket.setsockopt(zmq.RCVHWM, 0)
+        worker.socket.bind(worker.endpoint)
+        self.poller.register(worker.socket, zmq.POLLIN)
+        worker.connected = False
+        worker.started_at = time.monotonic()
+        worker.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "broker.worker",
+                "--index",
+                str(worker.index),
+                "--endpoint",
+                worker.endpoint,
+                "--config",
+                json.dumps(dict(self.config.values)),
+            ],
+            start_new_session=False,
+        )
+        log.info("started worker %d (pid %d)", worker.index, worker.process.pid)
+
+    def _open_partitions(self, worker: WorkerHandle, topics: list[str] | None = None) -> None:
+        """Tell a connected worker to open its partitions (of `topics`, default all)."""
+        entries = []
+        for topic in topics or list(self.topics):
+            state = self.topics[topic]
+            for number, w in enumerate(state.workers):
+                if w == worker.index:
+                    entries.append([topic, number, str(worker.log_dir), state.settings])
+        if entries:  # a worker that is gone gets them all when it says hello again
+            self._send_to_worker(
+                worker, [COMMAND, json_frame({"op": "open", "partitions": entries})]
+            )
+
+    def _send_to_worker(self, worker: WorkerHandle, frames: Sequence[Frame]) -> bool:
+        """Send without blocking. A DEALER whose worker has gone has no peer and would block
+        for ever; then the worker counts as not connected (its exit is seen on the next tick)
+        and this says False."""
+        if not worker.connected or worker.socket is None:
+            return False
+        try:
+            worker.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            worker.connected = False
+            return False
+        return True
+
+    def _check_workers(self) -> None:
+        now = time.monotonic()
+        for worker in self.workers:
+            process = worker.process
+            if process is not None and process.poll() is not None and worker.start_at <= 0:
+                worker.connected = False
+                if self.stopping:
+                    continue
+                self.worker_restarts += 1
+                if now - worker.started_at > HEALTHY_AFTER_S:
+                    worker.backoff_s = FIRST_BACKOFF_S
+                worker.start_at = now + worker.backoff_s
+                log.error(
+                    "worker %d (pid %d) exited with %s; restarting in %.1f s (restart %d)",
+                    worker.index,
+                    process.pid,
+                    process.returncode,
+                    worker.backoff_s,
+                    self.worker_restarts,
+                )
+                worker.backoff_s = min(worker.backoff_s * 2, MAX_BACKOFF_S)
+            if worker.start_at > 0 and now >= worker.start_at and not self.stopping:
+                worker.start_at = 0.0
+                self._start_worker(worker)
+
+    def _from_worker(self, worker: WorkerHandle, frames: list[zmq.Frame]) -> None:
+        kind = frames[0].bytes
+        if kind == REQUEST:
+            assert self.front is not None
+            self.front.send_multipart(frames[1:], copy=False)
+            return
+        if kind != STATE:
+            log.error("worker %d sent a message of unknown kind %r", worker.index, kind)
+            return
+        state = json.loads(frames[1].bytes)
+        if "hello" in state:
+            worker.connected = True
+            self._open_partitions(worker)
+        for topic, number, log_start, high_watermark in state.get("offsets", []):
+            if topic in self.topics and number < len(self.topics[topic].offsets):
+                self.topics[topic].offsets[number] = (log_start, high_watermark)
+        for topic, number, reason in state.get("failed", []):
+            log.error("worker %d cannot open %s-%d: %s", worker.index, topic, number, reason)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _from_client(self, frames: list[zmq.Frame]) -> None:
+        try:
+            body = split_envelope(frames, 0)
+        except ValueError:
+            log.warning("dropped a request without the empty delimiter frame")
+            return
+        envelope, request_frames = frames[:body], [f.buffer for f in frames[body:]]
+        correlation_id = protocol.peek_correlation_id(request_frames)
+        try:
+            if self.stopping:
+                raise BrokerShuttingDown("the broker is shutting down")
+            route = protocol.peek_route(request_frames)
+            if route is not None:
+                self._route(envelope, request_frames, *route)
+                return
+            _, request = protocol.decode_request(request_frames)
+            reply = self._serve_admin(request)
+            self._answer(envelope, protocol.encode_reply(correlation_id, reply))
+        except Exception as error:
+            if not isinstance(error, PylogError):
+                log.exception("unexpected error serving a request")
+            if not protocol.is_fire_and_forget(request_frames):
+                self._answer(envelope, protocol.encode_error(correlation_id, error))
+
+    def _answer(self, envelope: list[zmq.Frame], frames: list[Buffer]) -> None:
+        assert self.front is not None
+        self.front.send_multipart([*envelope, *frames], copy=False)
+
+    def _route(
+        self, envelope: list[zmq.Frame], request_frames: Sequence[Buffer], topic: str, number: int
+    ) -> None:
+        state = self.topics.get(topic)
+        if state is None or not 0 <= number < len(state.workers):
+            raise UnknownTopicOrPartition(
+                f"topic {topic!r} has no partition {number} on this broker"
+                if state
+                else f"unknown topic {topic!r}"
+            )
+        worker = self.workers[state.workers[number]]
+        if not self._send_to_worker(worker, [REQUEST, *envelope, *request_frames]):
+            raise PartitionUnavailable(
+                f"the worker for {topic}-{number} is restarting; retry shortly"
+            )
+
+    def _serve_admin(self, request: protocol.Request) -> protocol.Reply:
+        if isinstance(request, protocol.MetadataRequest):
+            return self._metadata(request.topics)
+        assert self.registry is not None
+        if isinstance(request, protocol.CreateTopicRequest):
+            protocol.check_topic_name(request.topic)
+            if not 1 <= request.partitions <= MAX_PARTITIONS:
+                raise InvalidTopic(
+                    f"partitions must be from 1 to {MAX_PARTITIONS}, not {request.partitions}"
+                )
+            settings = topic_settings(dict(request.config))
+            if request.topic in self.topics:
+                raise TopicAlreadyExists(f"topic {request.topic!r} exists")
+            self.registry.create_topic_config(
+                request.topic, TopicConfig(request.partitions, settings)
+            )
+            self._place_topic(request.topic, request.partitions, settings)
+            for worker in self.workers:
+                if worker.connected:
+                    self._open_partitions(worker, [request.topic])
+            self.registry.register_topic_partitions(
+                request.topic, self.config.broker_id, request.partitions
+            )
+            log.info("created topic %r with %d partitions", request.topic, request.partitions)
+            return protocol.EmptyReply()
+        if isinstance(request, protocol.DeleteTopicRequest):
+            state = self.topics.get(request.topic)
+            if state is None:
+                raise UnknownTopicOrPartition(f"unknown topic {request.topic!r}")
+            self.registry.delete_topic_config(request.topic)
+            self.registry.unregister_topic(request.topic, self.config.broker_id)
+            del self.topics[request.topic]
+            for worker in self.workers:
+                if worker.index not in state.workers:
+                    continue
+                command = {"op": "delete", "topic": request.topic}
+                if not self._send_to_worker(worker, [COMMAND, json_frame(command)]):
+                    # not running: nobody has the folders open
+                    for number, w in enumerate(state.workers):
+                        if w == worker.index:
+                            shutil.rmtree(worker.log_dir / f"{request.topic}-{number}", True)
+            log.info("deleted topic %r", request.topic)
+            return protocol.EmptyReply()
+        raise UnsupportedApi(f"{type(request).__name__} is not served by the front")
+
+    def _metadata(self, topics: tuple[str, ...] | list[str]) -> protocol.MetadataReply:
+        assert self.registry is not None
+        own = protocol.BrokerInfo(self.config.broker_id, self.config.endpoint_host, self.port)
+        try:
+            brokers = [
+                protocol.BrokerInfo(broker_id, info.host, info.port)
+                for broker_id, info in sorted(self.registry.brokers().items())
+            ] or [own]
+        except RegistryUnavailable:
+            brokers = [own]
+        infos = []
+        for topic in topics or sorted(self.topics):
+            state = self.topics.get(topic)
+            if state is None:
+                infos.append(
+                    protocol.TopicInfo(topic, protocol.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ())
+                )
+                continue
+            partitions = tuple(
+                protocol.PartitionInfo(number, self.config.broker_id, *state.offsets[number])
+                for number in range(len(state.workers))
+            )
+            infos.append(protocol.TopicInfo(topic, protocol.ErrorCode.NONE, partitions))
+        return protocol.MetadataReply(tuple(brokers), tuple(infos))
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start, serve until SIGTERM / SIGINT, shut down cleanly. Returns the exit code."""
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            self._serve()
+            return 0
+        finally:
+            self.shutdown()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signal_received = signum
+
+    def _serve(self) -> None:
+        deadline = math.inf
+        while True:
+            if self._signal_received is not None and not self.stopping:
+                log.info("%s: shutting down", signal.Signals(self._signal_received).name)
+                sd_notify("STOPPING=1")
+                self.stopping = True
+                for worker in self.workers:
+                    if worker.process is not None and worker.process.poll() is None:
+                        worker.process.send_signal(signal.SIGTERM)
+                deadline = time.monotonic() + self.config.broker_shutdown_timeout_ms / 1000
+            if self.stopping:
+                if all(w.process is None or w.process.poll() is not None for w in self.workers):
+                    self._drain_workers()
+                    return
+                if time.monotonic() > deadline:
+                    for worker in self.workers:
+                        if worker.process is not None and worker.process.poll() is None:
+                            log.error("worker %d did not exit in time: killing it", worker.index)
+                            worker.process.kill()
+            self._poll_once()
+
+    def _poll_once(self) -> None:
+        """Serve what the sockets hold (a bounded amount of each), then housekeeping."""
+        for sock, _ in self.poller.poll(TICK_MS):
+            worker = next((w for w in self.workers if w.socket is sock), None)
+            for _ in range(256):  # bounded, so the other sockets and housekeeping get a turn
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                if worker is None:
+                    self._from_client(frames)
+                else:
+                    self._from_worker(worker, frames)
+        self._check_workers()
+        self._check_zookeeper()
+        self._tick_watchdog()
+
+    def _wait_for_workers(self) -> None:
+        """Until every worker has said hello (it then gets its partitions, in order)."""
+        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+        while not all(w.connected for w in self.workers):
+            if time.monotonic() > deadline or self._signal_received is not None:
+                missing = [w.index for w in self.workers if not w.connected]
+                raise OSError(f"workers {missing} did not start in {WORKER_START_TIMEOUT_S} s")
+            self._poll_once()
+
+    def _drain_workers(self) -> None:
+        """Forward the replies workers sent before they exited."""
+        for worker in self.workers:
+            while worker.socket is not None:
+                try:
+                    frames = worker.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._from_worker(worker, frames)
+
+    def _check_zookeeper(self) -> None:
+        zk = self.zookeeper
+        if zk is not None and not zk.alive and not self.stopping:
+            log.error("the private ZooKeeper exited (%s); restarting it", zk.poll())
+            try:
+                zk.restart()
+            except PylogError as error:
+                log.error("cannot restart the private ZooKeeper: %s", error)
+
+    def _tick_watchdog(self) -> None:
+        if self._watchdog_every and time.monotonic() >= self._watchdog_at:
+            sd_notify("WATCHDOG=1")
+            self._watchdog_at = time.monotonic() + self._watchdog_every
+
+    def shutdown(self) -> None:
+        """Stop workers (if still running), leave the registry, stop ZooKeeper, close sockets."""
+        for worker in self.workers:
+            process = worker.process
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(self.config.broker_shutdown_timeout_ms / 1000)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        if self.registry is not None:
+            self.registry.stop()
+        if self.zookeeper is not None:
+            self.zookeeper.stop()
+        self.context.destroy(linger=1000)
+        for stale in self.run_dir.glob("worker-*.sock"):
+            stale.unlink(missing_ok=True)
+
+
+def sd_notify(state: str) -> None:
+    """Send a state line to systemd when NOTIFY_SOCKET is set (Type=notify); else nothing."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.sendto(state.encode(), address)
+        except OSError as error:
+            log.warning("sd_notify %r failed: %s", state, error)
+
+
+def _watchdog_interval() -> float:
+    usec = os.environ.get("WATCHDOG_USEC", "")
+    return int(usec) / 2e6 if usec.isdigit() and int(usec) > 0 else 0.0
+
+
+def run_pylogd(config: BrokerConfig) -> int:
+    return Supervisor(config).run()

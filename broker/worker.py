@@ -1,0 +1,391 @@
+"""A worker: one process, one trio loop, owning a partition group (the partitions of one log
+directory, or a share of them with `workers_per_dir`).
+
+It connects a DEALER socket to the supervisor's ipc endpoint for it and serves what arrives
+(see broker.transport for the frames):
+
+- PRODUCE appends the validated message set to the partition log as it came. ack=none sends no
+  reply; ack=written replies once appended; ack=flushed replies once a flush has made the
+  messages durable (fsync, if configured) and visible.
+- FETCH reads whole flushed messages from the page cache (an mmap view, sent without copying).
+  When fewer than min_bytes lie past the offset it waits, up to max_wait_ms, for the flush that
+  brings them: a long poll woken by the flush, not by polling.
+- OFFSETS answers earliest, latest (the high watermark) or the first offset at a time.
+- Commands from the supervisor open partitions (recovering them) and delete topics.
+
+Flushes happen on count (in append), and at each partition's flush deadline (a task sleeps
+until the earliest one); retention runs every retention_check_interval_ms. After a change of a
+partition's log start or high watermark the worker reports them, at most every 0.2 s, so the
+supervisor can answer metadata requests.
+
+On SIGTERM or SIGINT it stops taking requests, flushes and closes every log (answering the
+producers waiting for that flush), and exits 0. The page cache, not the worker, holds recent
+data, so a restarted worker serves reads as fast as the one before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import shutil
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+import zmq
+
+from broker import protocol
+from broker.config import BrokerConfig
+from broker.errors import PylogError, UnknownTopicOrPartition, UnsupportedApi
+from broker.log import PartitionLog
+from broker.log.config import LogConfig
+from broker.transport import COMMAND, REQUEST, STATE, Frame, TrioSocket, json_frame, split_envelope
+
+log = logging.getLogger("pylog.worker")
+
+REPORT_INTERVAL_S = 0.2
+
+
+@dataclass
+class Partition:
+    """One open partition log, and the event its next flush sets."""
+
+    topic: str
+    number: int
+    log: PartitionLog
+    flushed: trio.Event = field(default_factory=trio.Event)
+
+    def note_flush(self) -> None:
+        """Wake everyone waiting for a flush (long polls, ack=flushed producers)."""
+        self.flushed.set()
+        self.flushed = trio.Event()
+
+    async def wait_for_flush(self) -> None:
+        await self.flushed.wait()
+
+
+class Worker:
+    """The partitions of one group and the loop that serves them."""
+
+    def __init__(self, index: int, config: BrokerConfig, socket: TrioSocket) -> None:
+        self.index = index
+        self.config = config
+        self.socket = socket
+        self.partitions: dict[tuple[str, int], Partition] = {}
+        self.deleted_since_report: list[tuple[str, int]] = []
+        self._deadline_changed = trio.Event()
+        self._offsets_changed = False
+        self._reported: dict[tuple[str, int], tuple[int, int]] = {}
+        self.nursery: trio.Nursery | None = None
+        self.unanswered_errors = 0
+        """Failed produce requests with ack=none, which get no reply: logged and counted."""
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            nursery.start_soon(self._flush_when_due)
+            nursery.start_soon(self._apply_retention)
+            nursery.start_soon(self._report_offsets)
+            await self.socket.send([STATE, json_frame({"hello": self.index})])
+            task_status.started()
+            while True:
+                frames = await self.socket.receive()
+                kind = frames[0].bytes
+                if kind == REQUEST:
+                    await self._serve_request(frames)
+                elif kind == COMMAND:
+                    await self._run_command(json.loads(frames[1].bytes))
+                else:
+                    log.error("worker %d: dropped a message of unknown kind %r", self.index, kind)
+
+    def close(self) -> None:
+        """Flush and close every partition log (a clean close: indexes written)."""
+        for partition in self.partitions.values():
+            try:
+                partition.log.close()
+            except PylogError as error:
+                log.error("closing %s-%d: %s", partition.topic, partition.number, error)
+            partition.note_flush()
+        self.partitions.clear()
+
+    # -- requests --------------------------------------------------------------------------
+
+    async def _serve_request(self, frames: list[zmq.Frame]) -> None:
+        body_start = split_envelope(frames)
+        envelope: list[Frame] = [REQUEST, *frames[1:body_start]]
+        request_frames = [f.buffer for f in frames[body_start:]]
+        correlation_id = protocol.peek_correlation_id(request_frames)
+        try:
+            _, request = protocol.decode_request(request_frames)
+            if isinstance(request, protocol.ProduceRequest):
+                await self._produce(envelope, correlation_id, request)
+            elif isinstance(request, protocol.FetchRequest):
+                await self._fetch(envelope, correlation_id, request)
+            elif isinstance(request, protocol.OffsetsRequest):
+                reply = protocol.OffsetsReply(self._offset_at(request))
+                await self._reply(envelope, protocol.encode_reply(correlation_id, reply))
+            else:
+                raise UnsupportedApi(f"{type(request).__name__} is served by the front socket")
+        except Exception as error:  # every failure is answered; the worker keeps serving
+            if not isinstance(error, PylogError):
+                log.exception("worker %d: unexpected error serving a request", self.index)
+            if protocol.is_fire_and_forget(request_frames):
+                self.unanswered_errors += 1
+                log.warning("worker %d: produce with ack=none failed: %s", self.index, error)
+            else:
+                await self._reply(envelope, protocol.encode_error(correlation_id, error))
+
+    def _partition(self, topic: str, number: int) -> Partition:
+        try:
+            return self.partitions[(topic, number)]
+        except KeyError:
+            raise UnknownTopicOrPartition(
+                f"partition {number} of topic {topic!r} is not on this broker"
+            ) from None
+
+    async def _produce(
+        self, envelope: list[Frame], correlation_id: int, request: protocol.ProduceRequest
+    ) -> None:
+        partition = self._partition(request.topic, request.partition)
+        plog = partition.log
+        high_watermark = plog.high_watermark
+        had_deadline = plog.next_flush_deadline() is not None
+        offset, count = plog.append_counted(request.message_set)
+        end = plog.log_end_offset
+        if plog.high_watermark != high_watermark:
+            self._flushed(partition)
+        elif not had_deadline:
+            self._deadline_changed.set()
+        if request.ack == protocol.Ack.NONE:
+            return
+        reply = protocol.ProduceReply(offset, count)
+        frames = protocol.encode_reply(correlation_id, reply)
+        if request.ack == protocol.Ack.WRITTEN or plog.high_watermark >= end:
+            await self._reply(envelope, frames)
+            return
+        assert self.nursery is not None
+        self.nursery.start_soon(
+            self._reply_when_flushed, partition, end, envelope, correlation_id, frames
+        )
+
+    async def _reply_when_flushed(
+        self,
+        partition: Partition,
+        end: int,
+        envelope: list[Frame],
+        correlation_id: int,
+        frames: Sequence[Frame],
+    ) -> None:
+        while partition.log.high_watermark < end:
+            if self.partitions.get((partition.topic, partition.number)) is not partition:
+                break
+            await partition.wait_for_flush()
+        if partition.log.high_watermark < end:  # deleted before its flush: never acked
+            error = UnknownTopicOrPartition(f"{partition.topic}-{partition.number} was deleted")
+            frames = protocol.encode_error(correlation_id, error)
+        await self._reply(envelope, frames)
+
+    async def _fetch(
+        self, envelope: list[Frame], correlation_id: int, request: protocol.FetchRequest
+    ) -> None:
+        partition = self._partition(request.topic, request.partition)
+        plog = partition.log
+        plog.check_offset(request.offset)  # its errors come first, before any waiting
+        if self._fetch_ready(plog, request) or request.max_wait_ms == 0:
+            await self._reply(envelope, self._fetch_reply(correlation_id, partition, request))
+            return
+        assert self.nursery is not None
+        self.nursery.start_soon(self._long_poll, partition, envelope, correlation_id, request)
+
+    async def _long_poll(
+        self,
+        partition: Partition,
+        envelope: list[Frame],
+        correlation_id: int,
+        request: protocol.FetchRequest,
+    ) -> None:
+        with trio.move_on_after(request.max_wait_ms / 1000):
+            while not self._fetch_ready(partition.log, request):
+                await partition.wait_for_flush()
+                if self.partitions.get((partition.topic, partition.number)) is not partition:
+                    break
+        try:
+            frames = self._fetch_reply(correlation_id, partition, request)
+        except PylogError as error:  # deleted, or retention moved the log start past it
+            frames = protocol.encode_error(correlation_id, error)
+        await self._reply(envelope, frames)
+
+    @staticmethod
+    def _fetch_ready(plog: PartitionLog, request: protocol.FetchRequest) -> bool:
+        """Whether min_bytes lie past the offset (0: answer at once, even with nothing)."""
+        return plog.high_watermark - request.offset >= request.min_bytes
+
+    def _fetch_reply(
+        self, correlation_id: int, partition: Partition, request: protocol.FetchRequest
+    ) -> Sequence[Frame]:
+        if self.partitions.get((partition.topic, partition.number)) is not partition:
+            self._partition(partition.topic, partition.number)  # raises: deleted meanwhile
+        plog = partition.log
+        data = plog.read(request.offset, request.max_bytes)
+        reply = protocol.FetchReply(plog.high_watermark, plog.log_start_offset, data)
+        return protocol.encode_reply(correlation_id, reply)
+
+    def _offset_at(self, request: protocol.OffsetsRequest) -> int:
+        plog = self._partition(request.topic, request.partition).log
+        if request.time == protocol.LATEST:
+            return plog.high_watermark
+        if request.time == protocol.EARLIEST:
+            return plog.log_start_offset
+        return plog.offset_for_timestamp(request.time)
+
+    async def _reply(self, envelope: list[Frame], frames: Sequence[Frame]) -> None:
+        await self.socket.send([*envelope, *frames])
+
+    # -- commands from the supervisor ------------------------------------------------------
+
+    async def _run_command(self, command: dict[str, Any]) -> None:
+        op = command.get("op")
+        if op == "open":
+            opened, failed = [], []
+            for topic, number, directory, settings in command["partitions"]:
+                try:
+                    self._open(topic, number, Path(directory), self.config.log_config(settings))
+                    opened.append([topic, number])
+                except (PylogError, OSError, ValueError) as error:
+                    log.error("cannot open %s-%d in %s: %s", topic, number, directory, error)
+                    failed.append([topic, number, str(error)])
+            await self.socket.send([STATE, json_frame({"opened": opened, "failed": failed})])
+            self._offsets_changed = True
+        elif op == "delete":
+            topic = command["topic"]
+            for key in [k for k in self.partitions if k[0] == topic]:
+                partition = self.partitions.pop(key)
+                partition.log.close()
+                partition.note_flush()  # waiters see it gone and answer
+                shutil.rmtree(partition.log.directory, ignore_errors=True)
+                self._reported.pop(key, None)
+                log.info("deleted partition %s-%d", *key)
+            await self.socket.send([STATE, json_frame({"deleted": topic})])
+        else:
+            log.error("worker %d: unknown command %r", self.index, command)
+
+    def _open(self, topic: str, number: int, directory: Path, config: LogConfig) -> None:
+        if (topic, number) in self.partitions:
+            return
+        plog = PartitionLog.open(directory / f"{topic}-{number}", config)
+        report = plog.recovery
+        for problem in report.problems:
+            log.warning("recovery of %s-%d: %s", topic, number, problem)
+        if report.segments_scanned:
+            log.info(
+                "opened %s-%d: scanned %d segments, truncated %d bytes, set aside %d files",
+                topic,
+                number,
+                report.segments_scanned,
+                report.bytes_truncated,
+                len(report.bad_files),
+            )
+        self.partitions[(topic, number)] = Partition(topic, number, plog)
+        self._deadline_changed.set()
+
+    # -- background tasks ------------------------------------------------------------------
+
+    def _flushed(self, partition: Partition) -> None:
+        partition.note_flush()
+        self._offsets_changed = True
+
+    async def _flush_when_due(self) -> None:
+        """Flush each partition when its oldest pending message has waited flush_interval_ms."""
+        while True:
+            self._deadline_changed = trio.Event()
+            deadlines = [p.log.next_flush_deadline() for p in self.partitions.values()]
+            due = min((d for d in deadlines if d is not None), default=math.inf)
+            with trio.move_on_at(due):
+                await self._deadline_changed.wait()
+            for partition in list(self.partitions.values()):
+                try:
+                    if partition.log.flush_if_due():
+                        self._flushed(partition)
+                except PylogError as error:
+                    log.error("flush of %s-%d: %s", partition.topic, partition.number, error)
+
+    async def _apply_retention(self) -> None:
+        while True:
+            await trio.sleep(self.config.log_retention_check_interval_ms / 1000)
+            for partition in list(self.partitions.values()):
+                try:
+                    deleted = partition.log.apply_retention()
+                except (PylogError, OSError) as error:
+                    log.error("retention of %s-%d: %s", partition.topic, partition.number, error)
+                    continue
+                if deleted:
+                    self._offsets_changed = True
+                    names = ", ".join(p.name for p in deleted)
+                    log.info("retention deleted %s", names)
+
+    async def _report_offsets(self) -> None:
+        """Tell the supervisor each partition's log start and high watermark when they move."""
+        while True:
+            await trio.sleep(REPORT_INTERVAL_S)
+            if not self._offsets_changed:
+                continue
+            self._offsets_changed = False
+            changed = []
+            for key, partition in self.partitions.items():
+                offsets = (partition.log.log_start_offset, partition.log.high_watermark)
+                if self._reported.get(key) != offsets:
+                    self._reported[key] = offsets
+                    changed.append([*key, *offsets])
+            if changed:
+                await self.socket.send([STATE, json_frame({"offsets": changed})])
+
+
+async def run_worker(index: int, endpoint: str, config: BrokerConfig) -> None:
+    """Serve until SIGTERM or SIGINT, then flush and close every log."""
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 5000)
+    socket.setsockopt(zmq.SNDHWM, 0)
+    socket.setsockopt(zmq.RCVHWM, 0)
+    socket.connect(endpoint)
+    worker = Worker(index, config, TrioSocket(socket))
+    try:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.serve)
+                async for signum in signals:
+                    log.info(
+                        "worker %d: %s, flushing and exiting", index, signal.Signals(signum).name
+                    )
+                    nursery.cancel_scope.cancel()
+                    break
+    finally:
+        worker.close()
+        socket.close()
+        context.term()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="A pylog worker (started by pylogd).")
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--config", required=True, help="the broker settings as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="pylogd: %(levelname)s %(name)s: %(message)s",
+    )
+    trio.run(run_worker, args.index, args.endpoint, BrokerConfig(json.loads(args.config)))
+
+
+if __name__ == "__main__":
+    main()

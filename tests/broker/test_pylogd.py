@@ -1,0 +1,303 @@
+"""pylogd end to end: a real broker process, real ZooKeeper, real sockets on loopback.
+
+The requests here are built with broker.protocol alone, as a client in another language would
+build them from docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import zmq
+
+from broker import protocol
+from broker.errors import BrokerError, Unavailable
+from broker.log import encode_message
+from broker.protocol import Ack, Api
+from broker.registry import Registry
+from tests.conftest import wait_until
+from tests.pylogd import RunningBroker
+
+FETCH_ALL = 1 << 20
+
+
+class RawClient:
+    """REQ socket, one request at a time, replies decoded by broker.protocol."""
+
+    def __init__(self, endpoint: str, timeout_s: float = 10.0) -> None:
+        self.endpoint = endpoint
+        self.timeout_ms = int(timeout_s * 1000)
+        self.context = zmq.Context()
+        self.correlation_id = 0
+        self.socket = self._connect()
+
+    def _connect(self) -> zmq.Socket[bytes]:
+        socket = self.context.socket(zmq.REQ)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.RCVTIMEO, self.timeout_ms)
+        socket.connect(self.endpoint)
+        return socket
+
+    def send_frames(self, frames: list[bytes]) -> list[bytes]:
+        self.socket.send_multipart(frames)
+        try:
+            return self.socket.recv_multipart()
+        except zmq.Again:
+            self.socket.close()
+            self.socket = self._connect()
+            raise Unavailable("no reply in time") from None
+
+    def call(self, api: Api, request: protocol.Request) -> protocol.Reply:
+        self.correlation_id += 1
+        header = protocol.RequestHeader(api, 1, self.correlation_id, "tests")
+        frames = [bytes(f) for f in protocol.encode_request(header, request)]
+        return protocol.decode_reply(api, self.send_frames(frames))
+
+    def create(self, topic: str, partitions: int) -> None:
+        self.call(Api.CREATE_TOPIC, protocol.CreateTopicRequest(topic, partitions, {}))
+
+    def produce(self, topic: str, partition: int, data: bytes, ack: Ack) -> protocol.ProduceReply:
+        reply = self.call(Api.PRODUCE, protocol.ProduceRequest(topic, partition, ack, data))
+        assert isinstance(reply, protocol.ProduceReply)
+        return reply
+
+    def fetch(
+        self, topic: str, partition: int, offset: int, max_wait_ms: int = 0, min_bytes: int = 0
+    ) -> protocol.FetchReply:
+        request = protocol.FetchRequest(topic, partition, offset, FETCH_ALL, max_wait_ms, min_bytes)
+        reply = self.call(Api.FETCH, request)
+        assert isinstance(reply, protocol.FetchReply)
+        return reply
+
+    def read_all(self, topic: str, partition: int) -> bytes:
+        """Every flushed byte of the partition, from offset 0."""
+        out = b""
+        while True:
+            data = bytes(self.fetch(topic, partition, len(out)).message_set)
+            if not data:
+                return out
+            out += data
+
+    def close(self) -> None:
+        self.context.destroy(linger=0)
+
+
+@pytest.fixture
+def client(pylogd: RunningBroker) -> Iterator[RawClient]:
+    c = RawClient(pylogd.endpoint)
+    yield c
+    c.close()
+
+
+def message_set(first: int, count: int) -> bytes:
+    return b"".join(
+        encode_message(b"value-%06d" % i, key=b"k%d" % i, timestamp_ms=1_700_000_000_000 + i)
+        for i in range(first, first + count)
+    )
+
+
+def error_of(call: Callable[[], object]) -> str:
+    with pytest.raises(BrokerError) as raised:
+        call()
+    return raised.value.name
+
+
+def test_produce_with_each_ack_mode_reads_back_byte_exact_across_topics_and_workers(
+    pylogd: RunningBroker, client: RawClient
+) -> None:
+    client.create("clicks", 4)
+    client.create("views", 2)
+    expected: dict[tuple[str, int], bytes] = {}
+    for topic, partitions in (("clicks", 4), ("views", 2)):
+        for p in range(partitions):
+            written, flushed = message_set(0, 3), message_set(3, 2)
+            assert client.produce(topic, p, written, Ack.WRITTEN).base_offset == 0
+            reply = client.produce(topic, p, flushed, Ack.FLUSHED)
+            assert (reply.base_offset, reply.count) == (len(written), 2)
+            # ack=flushed: visible as soon as acked
+            assert client.read_all(topic, p) == written + flushed
+            expected[(topic, p)] = written + flushed
+    # ack=none: no reply at all; the data shows up once flushed
+    dealer = client.context.socket(zmq.DEALER)
+    dealer.connect(pylogd.endpoint)
+    header = protocol.RequestHeader(Api.PRODUCE, 1, 999, "tests")
+    fire = message_set(5, 4)
+    dealer.send_multipart(
+        [b"", *protocol.encode_request(header, protocol.ProduceRequest("views", 1, Ack.NONE, fire))]
+    )
+    expected[("views", 1)] += fire
+    wait_until(lambda: client.read_all("views", 1) == expected[("views", 1)], 10, "ack=none data")
+    assert dealer.poll(200) == 0  # and no reply came
+    for (topic, p), data in expected.items():
+        assert client.read_all(topic, p) == data
+    # the partitions really are spread over the two workers' log dirs
+    folders = {d.parent.name for d in pylogd.data_dir.parent.glob("logs-*/*-*")}
+    assert folders == {"logs-a", "logs-b"}
+
+
+def test_long_poll_answers_as_soon_as_a_flush_lands(
+    pylogd: RunningBroker, client: RawClient
+) -> None:
+    client.create("events", 1)
+    poller = client.context.socket(zmq.DEALER)
+    poller.connect(pylogd.endpoint)
+    header = protocol.RequestHeader(Api.FETCH, 1, 7, "tests")
+    long_poll = protocol.FetchRequest("events", 0, 0, FETCH_ALL, 60_000, 1)
+    poller.send_multipart([b"", *protocol.encode_request(header, long_poll)])
+    assert poller.poll(300) == 0  # nothing to read yet: the broker holds the request
+    data = message_set(0, 5)
+    client.produce("events", 0, data, Ack.WRITTEN)
+    assert poller.poll(10_000), "the long poll was not answered after the flush"
+    frames = poller.recv_multipart()
+    reply = protocol.decode_reply(Api.FETCH, frames[1:])
+    assert bytes(reply.message_set) == data
+    # and with nothing arriving, max_wait_ms ends the wait with an empty answer
+    empty = client.fetch("events", 0, len(data), max_wait_ms=100, min_bytes=1)
+    assert bytes(empty.message_set) == b""
+
+
+def test_bad_requests_get_their_error_and_change_nothing(
+    pylogd: RunningBroker, client: RawClient
+) -> None:
+    client.create("orders", 2)
+    good = message_set(0, 3)
+    client.produce("orders", 0, good, Ack.FLUSHED)
+    flipped = bytearray(message_set(10, 2))
+    flipped[-3] ^= 0xFF
+    oversize = encode_message(b"x" * (2 << 20))
+    cases = {
+        "INVALID_MESSAGE": lambda: client.produce("orders", 0, bytes(flipped), Ack.FLUSHED),
+        "MESSAGE_TOO_LARGE": lambda: client.produce("orders", 0, oversize, Ack.FLUSHED),
+        "UNKNOWN_TOPIC_OR_PARTITION": lambda: client.produce("nope", 0, good, Ack.FLUSHED),
+        "INVALID_OFFSET": lambda: client.fetch("orders", 0, 5),
+        "OFFSET_OUT_OF_RANGE": lambda: client.fetch("orders", 0, 10_000),
+        "TOPIC_ALREADY_EXISTS": lambda: client.create("orders", 1),
+        "INVALID_TOPIC": lambda: client.create("no/slash", 1),
+    }
+    for name, call in cases.items():
+        assert error_of(call) == name, name
+    assert error_of(lambda: client.produce("orders", 2, good, Ack.FLUSHED)) == (
+        "UNKNOWN_TOPIC_OR_PARTITION"
+    )
+    header = protocol.RequestHeader(Api.FETCH, 1, 5, "tests")
+    fetch_frames = [
+        bytes(f)
+        for f in protocol.encode_request(
+            header, protocol.FetchRequest("orders", 0, 0, FETCH_ALL, 0, 0)
+        )
+    ]
+    raw_cases = {
+        "MALFORMED_REQUEST": [b"\x00\x01", fetch_frames[1]],
+        "UNSUPPORTED_API": [b"\x00\x63" + fetch_frames[0][2:], fetch_frames[1]],
+        "UNSUPPORTED_VERSION": [
+            fetch_frames[0][:2] + b"\x00\x09" + fetch_frames[0][4:],
+            fetch_frames[1],
+        ],
+    }
+    for name, frames in raw_cases.items():
+        reply = client.send_frames(frames)
+        assert protocol.ErrorCode(protocol.decode_reply_header(reply).error_code).name == name
+    # nothing stored changed, and the broker still serves
+    assert client.read_all("orders", 0) == good
+    client.produce("orders", 0, good, Ack.FLUSHED)
+    assert client.read_all("orders", 0) == good + good
+
+
+def test_metadata_names_the_broker_topics_and_offsets_and_zookeeper_has_them(
+    pylogd: RunningBroker, client: RawClient, make_registry: Callable[..., Registry]
+) -> None:
+    client.create("metrics", 3)
+    data = message_set(0, 2)
+    client.produce("metrics", 1, data, Ack.FLUSHED)
+
+    def metadata() -> protocol.MetadataReply:
+        reply = client.call(Api.METADATA, protocol.MetadataRequest(()))
+        assert isinstance(reply, protocol.MetadataReply)
+        return reply
+
+    wait_until(lambda: metadata().topics[0].partitions[1].high_watermark == len(data), 10)
+    reply = metadata()
+    port = int(pylogd.endpoint.rsplit(":", 1)[1])
+    assert [(b.broker_id, b.host, b.port) for b in reply.brokers] == [(0, "127.0.0.1", port)]
+    (topic,) = reply.topics
+    assert (topic.topic, len(topic.partitions)) == ("metrics", 3)
+    unknown = client.call(Api.METADATA, protocol.MetadataRequest(("ghost",)))
+    assert isinstance(unknown, protocol.MetadataReply)
+    assert unknown.topics[0].error_code == protocol.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    registry = make_registry()
+    assert registry.brokers()[0].port == port
+    assert registry.topic_configs()["metrics"].partitions == 3
+    assert registry.topic_brokers("metrics") == {0: 3}
+
+
+def test_deleted_topic_is_gone_from_disk_and_zookeeper(
+    pylogd: RunningBroker, client: RawClient, make_registry: Callable[..., Registry]
+) -> None:
+    client.create("temp", 2)
+    client.produce("temp", 0, message_set(0, 1), Ack.FLUSHED)
+    client.call(Api.DELETE_TOPIC, protocol.DeleteTopicRequest("temp"))
+    wait_until(lambda: not list(pylogd.data_dir.parent.glob("logs-*/temp-*")), 10)
+    assert "temp" not in make_registry().topic_configs()
+    assert error_of(lambda: client.fetch("temp", 0, 0)) == "UNKNOWN_TOPIC_OR_PARTITION"
+
+
+def test_killed_worker_is_restarted_and_every_flushed_ack_survives_in_order(
+    pylogd: RunningBroker, client: RawClient
+) -> None:
+    client.create("load", 2)
+    acked: dict[int, list[tuple[int, bytes]]] = {0: [], 1: []}
+    workers = pylogd.worker_pids()
+    assert len(workers) == 2
+    killed = False
+    deadline = time.monotonic() + 60
+    n = 0
+    while n < 400 and time.monotonic() < deadline:
+        partition = n % 2
+        data = message_set(n * 10, 10)
+        try:
+            reply = client.produce("load", partition, data, Ack.FLUSHED)
+        except BrokerError as error:
+            assert error.retriable, error
+            continue  # PARTITION_UNAVAILABLE while the worker restarts: retry the same batch
+        except Unavailable:
+            continue  # the request was in flight when the worker died
+        acked[partition].append((reply.base_offset, data))
+        n += 1
+        if n == 100 and not killed:
+            os.kill(workers[0], signal.SIGKILL)
+            killed = True
+    assert n == 400, "the load did not finish in time"
+    wait_until(lambda: len(pylogd.worker_pids()) == 2, 20, "the worker to be restarted")
+    assert set(pylogd.worker_pids()) != set(workers)
+    for partition, batches in acked.items():
+        stored = client.read_all("load", partition)
+        offsets = [offset for offset, _ in batches]
+        assert offsets == sorted(offsets)
+        for offset, data in batches:  # each acked batch at the offset it was acked with
+            assert stored[offset : offset + len(data)] == data
+    assert "exited with -9" in pylogd.log_tail(200)
+
+
+def test_sigterm_flushes_everything_and_exits_0(
+    make_pylogd: Callable[..., RunningBroker],
+) -> None:
+    flags = ("--log-flush-interval-ms", "3600000", "--log-flush-messages", "1000000")
+    broker = make_pylogd(*flags, name="b1")
+    client = RawClient(broker.endpoint)
+    client.create("audit", 1)
+    data = message_set(0, 20)
+    client.produce("audit", 0, data, Ack.WRITTEN)
+    assert client.read_all("audit", 0) == b""  # written, not flushed: not visible yet
+    client.close()
+    assert broker.stop() == 0
+    again = broker.restarted()
+    try:
+        client = RawClient(again.endpoint)
+        assert client.read_all("audit", 0) == data
+        client.close()
+    finally:
+        assert again.stop() == 0

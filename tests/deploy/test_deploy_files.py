@@ -1,0 +1,70 @@
+"""deploy/: the systemd unit passes systemd-analyze verify; the example config is complete."""
+
+from __future__ import annotations
+
+import configparser
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from broker.config import SETTINGS, load_config
+
+DEPLOY = Path(__file__).parents[2] / "deploy"
+UNIT = DEPLOY / "systemd" / "pylogd.service"
+INSTALLED_PYLOGD = "/opt/pylog/.venv/bin/pylogd"
+
+
+def unit_directives() -> dict[str, str]:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read(UNIT)
+    return {key: value for section in parser.sections() for key, value in parser[section].items()}
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_unit_passes_systemd_analyze_verify_without_a_warning(tmp_path: Path) -> None:
+    # verify checks that ExecStart exists: point it at this checkout's pylogd.
+    pylogd = Path(sys.executable).with_name("pylogd")
+    assert pylogd.exists(), "pylogd is installed by scripts/setup"
+    unit = tmp_path / UNIT.name
+    unit.write_text(UNIT.read_text().replace(INSTALLED_PYLOGD, str(pylogd)))
+    result = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+def test_unit_is_a_hardened_notify_service_that_restarts_and_flushes_on_stop() -> None:
+    directives = unit_directives()
+    assert directives["Type"] == "notify"
+    assert directives["ExecStart"].startswith(INSTALLED_PYLOGD + " --config ")
+    assert directives["Restart"] == "on-failure"
+    assert directives["KillMode"] == "mixed"
+    assert int(directives["TimeoutStopSec"]) * 1000 > 30_000  # > shutdown_timeout_ms default
+    assert int(directives["LimitNOFILE"]) >= 65536
+    assert directives["User"] == "pylog"
+    assert directives["NoNewPrivileges"] == "yes"
+    assert directives["ProtectSystem"] == "strict"
+    assert "/var/lib/pylog" in directives["ReadWritePaths"].split()
+
+
+def test_example_config_names_every_setting_and_loads(tmp_path: Path) -> None:
+    text = (DEPLOY / "pylogd.toml").read_text()
+    uncommented = "\n".join(
+        line[1:] if line.startswith("#") and " = " in line else line for line in text.splitlines()
+    )
+    document = tomllib.loads(uncommented)
+    keys = {(section, key) for section, table in document.items() for key in table}
+    assert keys == {(s.section, s.key) for s in SETTINGS}
+    example = tmp_path / "pylogd.toml"
+    example.write_text(uncommented)
+    config = load_config(example, {})
+    assert config.broker_port == 9092
+    assert config.log_retention_ms == 7 * 24 * 3600 * 1000

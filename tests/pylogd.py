@@ -1,0 +1,99 @@
+"""A real pylogd in a child process, for end-to-end tests (see the `pylogd` fixture)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+READY_PREFIX = "pylogd ready on "
+
+
+class RunningBroker:
+    """`pylogd` started with a data dir and a ZooKeeper chroot of its own; stderr goes to
+    `<data_dir>/pylogd.log`. `endpoint` is the front socket's tcp address."""
+
+    def __init__(self, data_dir: Path, zookeeper: str, chroot: str, *flags: str) -> None:
+        self.data_dir = data_dir
+        self.arguments = (zookeeper, chroot, *flags)
+        self.log_path = data_dir / "pylogd.log"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.command = [
+            str(Path(sys.executable).with_name("pylogd")),
+            "--broker-data-dir",
+            str(data_dir),
+            "--broker-port",
+            "0",
+            "--zookeeper-connect",
+            zookeeper,
+            "--zookeeper-chroot",
+            chroot,
+            "--zookeeper-session-timeout-ms",
+            "2000",
+            *flags,
+        ]
+        self.process: subprocess.Popen[str] | None = None
+        self.endpoint = ""
+
+    def start(self, timeout: float = 30.0) -> RunningBroker:
+        with open(self.log_path, "a") as log:
+            self.process = subprocess.Popen(
+                self.command, stdout=subprocess.PIPE, stderr=log, text=True
+            )
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if selector.select(deadline - time.monotonic()):
+                    line = self.process.stdout.readline()
+                    if line.startswith(READY_PREFIX):
+                        self.endpoint = "tcp://" + line[len(READY_PREFIX) :].strip()
+                        return self
+                    if not line:
+                        break
+        self.process.kill()
+        self.process.wait()
+        raise RuntimeError(f"pylogd did not start:\n{self.log_tail()}")
+
+    def restarted(self) -> RunningBroker:
+        """A new broker process on the same data dir, ZooKeeper chroot and flags, started."""
+        return RunningBroker(self.data_dir, *self.arguments).start()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def worker_pids(self) -> list[int]:
+        """The supervisor's child processes: its workers (ZooKeeper is external here)."""
+        children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
+        return sorted(int(c) for c in children)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, and the exit code once it has exited."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL the supervisor and its workers, as a crash would."""
+        for pid in [*self.worker_pids(), self.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert self.process is not None
+        self.process.wait()
