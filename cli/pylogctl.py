@@ -1,18 +1,24 @@
 """`pylogctl`: the admin command line of pylog.
 
-Exit codes: 0 success, 1 the data checked is corrupt, 2 bad usage or a path that cannot be used.
+Exit codes: 0 success, 1 the data checked is corrupt, or the broker answered with an error or
+could not be reached, 2 bad usage or a path that cannot be used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO, TypeVar
 
 import click
 
-from broker.errors import InvalidMessage
+from broker.client import Ack, Admin, PartitionConsumer, Producer
+from broker.client.consumer import Start
+from broker.errors import BrokerError, InvalidMessage, PylogError, Unavailable
 from broker.log.message import Message
 from broker.log.verify import (
     base_offset_of,
@@ -24,6 +30,11 @@ from broker.log.verify import (
 
 PREVIEW_BYTES = 40
 EXIT_CORRUPT = 1
+EXIT_BROKER = 1
+DEFAULT_BROKER = "tcp://127.0.0.1:9092"
+CLI_RETRIES = 1
+"""Retries of a retriable error or a lost reply: one, so an unreachable broker is reported after
+about two --timeout periods."""
 
 
 @click.group()
@@ -150,6 +161,258 @@ def verify(path: Path, as_json: bool) -> None:
         )
     if corrupt:
         sys.exit(EXIT_CORRUPT)
+
+
+# -- commands that talk to a broker ------------------------------------------------------------
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def _broker_options(command: F) -> F:
+    """--broker (or $PYLOG_BROKER) and --timeout, on every command that talks to a broker."""
+    command = click.option(
+        "--timeout",
+        type=click.FloatRange(min=0, min_open=True),
+        default=5.0,
+        show_default=True,
+        help="Seconds to wait for each reply before giving the broker up as unreachable.",
+    )(command)
+    return click.option(
+        "--broker",
+        envvar="PYLOG_BROKER",
+        default=DEFAULT_BROKER,
+        show_default=True,
+        help="The broker's address, tcp://HOST:PORT (env PYLOG_BROKER).",
+    )(command)
+
+
+@contextlib.contextmanager
+def _broker_errors(broker: str) -> Iterator[None]:
+    """Turn what the broker answered, or its silence, into `pylogctl: ...` and exit 1."""
+    try:
+        yield
+    except BrokerError as error:
+        click.echo(f"pylogctl: {error.name}: {error.message}", err=True)
+        sys.exit(EXIT_BROKER)
+    except Unavailable as error:
+        click.echo(f"pylogctl: broker {broker} unreachable: {error}", err=True)
+        sys.exit(EXIT_BROKER)
+    except PylogError as error:
+        click.echo(f"pylogctl: {type(error).__name__}: {error}", err=True)
+        sys.exit(EXIT_BROKER)
+
+
+def _config_pair(
+    ctx: click.Context, param: click.Parameter, pairs: tuple[str, ...]
+) -> dict[str, str]:
+    config: dict[str, str] = {}
+    for pair in pairs:
+        key, separator, value = pair.partition("=")
+        if not separator or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", ctx, param)
+        config[key] = value
+    return config
+
+
+@cli.group()
+def topic() -> None:
+    """Create, list, describe and delete topics on a broker."""
+
+
+@topic.command("create")
+@click.argument("name")
+@click.option("--partitions", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--config",
+    "config",
+    multiple=True,
+    callback=_config_pair,
+    metavar="KEY=VALUE",
+    help="A topic setting (retention_ms, segment_bytes, ...); repeat for more.",
+)
+@_broker_options
+def topic_create(
+    name: str, partitions: int, config: dict[str, str], broker: str, timeout: float
+) -> None:
+    """Create topic NAME with its partitions on the broker."""
+    with _broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
+        admin.create_topic(name, partitions, config)
+    click.echo(f"created topic {name} with {partitions} partitions")
+
+
+@topic.command("list")
+@_broker_options
+def topic_list(broker: str, timeout: float) -> None:
+    """Print every topic of the broker, one name a line."""
+    with _broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
+        names = admin.list_topics()
+    for name in names:
+        click.echo(name)
+
+
+@topic.command("describe")
+@click.argument("name")
+@_broker_options
+def topic_describe(name: str, broker: str, timeout: float) -> None:
+    """Print each partition of topic NAME: the broker holding it, its log start offset and
+    high watermark (offsets are byte positions)."""
+    with _broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
+        partitions = admin.describe(name)
+    click.echo(f"topic {name}: {len(partitions)} partitions")
+    for p in partitions:
+        click.echo(
+            f"partition {p.partition} broker {p.broker_id} "
+            f"log_start {p.log_start_offset} high_watermark {p.high_watermark}"
+        )
+
+
+@topic.command("delete")
+@click.argument("name")
+@_broker_options
+def topic_delete(name: str, broker: str, timeout: float) -> None:
+    """Delete topic NAME and all of its data."""
+    with _broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
+        admin.delete_topic(name)
+    click.echo(f"deleted topic {name}")
+
+
+_ACKS = {"none": Ack.NONE, "written": Ack.WRITTEN, "flushed": Ack.FLUSHED}
+
+
+@cli.command()
+@click.argument("topic_name", metavar="TOPIC")
+@click.option(
+    "--file",
+    "source",
+    type=click.File("rb"),
+    default="-",
+    help="Read messages from this file instead of stdin.",
+)
+@click.option(
+    "--key-separator",
+    help="Split each line at the first SEP into key and value (lines without it have no key).",
+    metavar="SEP",
+)
+@click.option("--partition", type=click.IntRange(min=0), help="Send every message here.")
+@click.option("--ack", type=click.Choice(list(_ACKS)), default="flushed", show_default=True)
+@_broker_options
+def produce(
+    topic_name: str,
+    source: BinaryIO,
+    key_separator: str | None,
+    partition: int | None,
+    ack: str,
+    broker: str,
+    timeout: float,
+) -> None:
+    """Send each line of stdin (or --file) to TOPIC as one message, then print how many the
+    broker acknowledged. Without --partition, keyed messages go to the partition of their
+    key's hash and the others round robin."""
+    separator = None if key_separator is None else key_separator.encode()
+    if separator == b"":
+        raise click.BadParameter("must not be empty", param_hint="--key-separator")
+    with _broker_errors(broker):
+        producer = Producer(
+            broker, topic_name, ack=_ACKS[ack], retries=CLI_RETRIES, timeout_s=timeout
+        )
+        with producer:
+            for line in source:
+                value = line.removesuffix(b"\n").removesuffix(b"\r")
+                key = None
+                if separator is not None and separator in value:
+                    key, _, value = value.partition(separator)
+                producer.send(value, key=key, partition=partition)
+        sent = producer.messages_sent
+    if ack == "none":
+        click.echo(f"sent {sent} messages (ack none: not acknowledged)")
+    else:
+        click.echo(f"{sent} messages acknowledged ({ack})")
+
+
+def _start(text: str) -> Start:
+    if text in ("earliest", "latest"):
+        return "earliest" if text == "earliest" else "latest"
+    if text.isdigit():
+        return int(text)
+    try:
+        return datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r}: use earliest, latest, an offset or an ISO time", param_hint="--from"
+        ) from None
+
+
+def _consumed_record(message: Message, partition: int) -> dict[str, object]:
+    return {
+        "offset": message.offset,
+        "partition": partition,
+        "timestamp": message.timestamp_ms,
+        "key": _text(message.key),
+        "value": _text(message.value),
+    }
+
+
+@cli.command()
+@click.argument("topic_name", metavar="TOPIC")
+@click.option("--partition", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--from",
+    "start",
+    default="earliest",
+    show_default=True,
+    help="earliest, latest, an offset, or an ISO time, UTC unless it says otherwise (the first "
+    "message at or after it).",
+)
+@click.option(
+    "--follow/--no-follow",
+    default=False,
+    show_default=True,
+    help="Wait for new messages at the end instead of exiting.",
+)
+@click.option("--max-messages", type=click.IntRange(min=1), help="Exit after this many.")
+@click.option(
+    "--format",
+    "output",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text: each value on a line; json: offset, partition, timestamp, key and value.",
+)
+@_broker_options
+def consume(
+    topic_name: str,
+    partition: int,
+    start: str,
+    follow: bool,
+    max_messages: int | None,
+    output: str,
+    broker: str,
+    timeout: float,
+) -> None:
+    """Print the messages of one partition of TOPIC, from --from to its end (or on, with
+    --follow). Keys and values are shown as UTF-8, other bytes escaped."""
+    where = _start(start)
+    count = 0
+    with (
+        _broker_errors(broker),
+        PartitionConsumer(
+            broker,
+            topic_name,
+            partition,
+            where,
+            stop_at_end=not follow,
+            retries=CLI_RETRIES,
+            timeout_s=timeout,
+        ) as consumer,
+    ):
+        for message in consumer:
+            if output == "json":
+                click.echo(json.dumps(_consumed_record(message, partition)))
+            else:
+                click.echo(_text(message.value))
+            count += 1
+            if max_messages is not None and count >= max_messages:
+                break
 
 
 def main() -> None:

@@ -1,0 +1,244 @@
+"""One client connection to one broker: blocking pyzmq, one request in flight.
+
+A `Connection` holds a REQ socket for requests that get a reply (every api but a PRODUCE with
+ack NONE) and, created on first use, a DEALER socket for fire-and-forget produce requests,
+whose reply never comes and would leave a REQ socket waiting for ever (docs/protocol.md,
+"Transport"). Frames are built and read by broker.protocol only.
+
+Timeouts: every request waits at most `timeout_s` for its reply (a FETCH also its own
+max_wait_ms). When no reply comes, the REQ socket is closed and a new one connected, because a
+REQ socket that lost a reply can never send again; the request raises
+broker.errors.Unavailable, which is retriable. `call(..., retries=N)` retries that and every
+retriable BrokerError (the broker's Unavailable branch) with a doubling back-off, bounded both
+in count and in total time.
+
+Not safe to share between threads: it is one socket pair with one request in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from typing import Final, Self, overload
+
+import zmq
+
+from broker.errors import BrokerError, MalformedReply, Unavailable
+from broker.log.message import Buffer
+from broker.protocol import (
+    API_VERSION,
+    Ack,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    EmptyReply,
+    FetchReply,
+    FetchRequest,
+    MetadataReply,
+    MetadataRequest,
+    OffsetsReply,
+    OffsetsRequest,
+    ProduceReply,
+    ProduceRequest,
+    Reply,
+    Request,
+    RequestHeader,
+    decode_reply,
+    decode_reply_header,
+    encode_request,
+)
+
+DEFAULT_CLIENT_ID: Final = "pylog-python"
+FIRE_AND_FORGET_LINGER_MS: Final = 5000
+"""How long closing waits for fire-and-forget requests still queued to go out."""
+_MAX_CORRELATION_ID: Final = 0xFFFFFFFF
+
+
+class Connection:
+    """Requests to the broker at `endpoint` ("tcp://host:port"), one at a time.
+
+    `context` defaults to a context of the connection's own, terminated by `close()` (which
+    then waits up to FIRE_AND_FORGET_LINGER_MS for unsent fire-and-forget requests)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        client_id: str = DEFAULT_CLIENT_ID,
+        timeout_s: float = 10.0,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s is {timeout_s}: it must be positive")
+        self.endpoint = endpoint
+        self.client_id = client_id
+        self.timeout_s = timeout_s
+        self._own_context = context is None
+        self._context: zmq.Context[zmq.Socket[bytes]] = (
+            zmq.Context() if context is None else context
+        )
+        self._next_correlation_id = 1
+        self._req: zmq.Socket[bytes] | None = None
+        self._dealer: zmq.Socket[bytes] | None = None
+        self._closed = False
+
+    # -- sockets ---------------------------------------------------------------------------
+
+    def _req_socket(self) -> zmq.Socket[bytes]:
+        if self._closed:
+            raise ValueError("the connection is closed")
+        if self._req is None:
+            socket = self._context.socket(zmq.REQ)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(self.endpoint)
+            self._req = socket
+        return self._req
+
+    def _reset_req_socket(self) -> None:
+        """Drop a REQ socket that lost its reply: it cannot send again."""
+        if self._req is not None:
+            self._req.close(linger=0)
+            self._req = None
+
+    def _correlation_id(self) -> int:
+        correlation_id = self._next_correlation_id
+        self._next_correlation_id = correlation_id % _MAX_CORRELATION_ID + 1
+        return correlation_id
+
+    def _frames(self, request: Request) -> tuple[int, list[Buffer]]:
+        correlation_id = self._correlation_id()
+        header = RequestHeader(request.api, API_VERSION, correlation_id, self.client_id)
+        return correlation_id, encode_request(header, request)
+
+    # -- requests --------------------------------------------------------------------------
+
+    @overload
+    def request(self, request: ProduceRequest) -> ProduceReply: ...
+    @overload
+    def request(self, request: FetchRequest) -> FetchReply: ...
+    @overload
+    def request(self, request: OffsetsRequest) -> OffsetsReply: ...
+    @overload
+    def request(self, request: MetadataRequest) -> MetadataReply: ...
+    @overload
+    def request(self, request: CreateTopicRequest | DeleteTopicRequest) -> EmptyReply: ...
+    def request(self, request: Request) -> Reply:
+        """Send `request` and wait for its reply, once.
+
+        Raises BrokerError for an error the broker answered with, MalformedReply for a reply
+        that breaks the protocol or answers another request, and Unavailable when no reply came
+        within the timeout (plus max_wait_ms for a FETCH). A PRODUCE with ack NONE gets no
+        reply: send it with `send_nowait`."""
+        return self._request_once(request)
+
+    def _request_once(self, request: Request) -> Reply:
+        if isinstance(request, ProduceRequest) and request.ack is Ack.NONE:
+            raise ValueError("a PRODUCE with ack NONE gets no reply: use send_nowait")
+        timeout_s = self.timeout_s
+        if isinstance(request, FetchRequest):
+            timeout_s += request.max_wait_ms / 1000
+        timeout_ms = max(1, round(timeout_s * 1000))
+        correlation_id, frames = self._frames(request)
+        socket = self._req_socket()
+        try:
+            socket.send_multipart(frames, copy=False)
+            # poll, not RCVTIMEO: the timeout differs per request.
+            if not socket.poll(timeout_ms, zmq.POLLIN):
+                raise zmq.Again()
+            reply = [frame.buffer for frame in socket.recv_multipart(copy=False)]
+        except zmq.Again:
+            self._reset_req_socket()
+            raise Unavailable(
+                f"no reply from {self.endpoint} within {timeout_s:g} s to "
+                f"{request.api.name} (broker down or unreachable?)"
+            ) from None
+        header = decode_reply_header(reply)
+        if header.correlation_id != correlation_id:
+            self._reset_req_socket()
+            raise MalformedReply(
+                f"reply for correlation id {header.correlation_id}, expected {correlation_id}"
+            )
+        return decode_reply(request.api, reply)
+
+    @overload
+    def call(
+        self, request: ProduceRequest, retries: int = ..., max_time_s: float | None = ...
+    ) -> ProduceReply: ...
+    @overload
+    def call(
+        self, request: FetchRequest, retries: int = ..., max_time_s: float | None = ...
+    ) -> FetchReply: ...
+    @overload
+    def call(
+        self, request: OffsetsRequest, retries: int = ..., max_time_s: float | None = ...
+    ) -> OffsetsReply: ...
+    @overload
+    def call(
+        self, request: MetadataRequest, retries: int = ..., max_time_s: float | None = ...
+    ) -> MetadataReply: ...
+    @overload
+    def call(
+        self,
+        request: CreateTopicRequest | DeleteTopicRequest,
+        retries: int = ...,
+        max_time_s: float | None = ...,
+    ) -> EmptyReply: ...
+    def call(self, request: Request, retries: int = 3, max_time_s: float | None = None) -> Reply:
+        """`request`, retried up to `retries` more times after a retriable BrokerError or a
+        timeout, waiting 0.1 s doubling to 2 s in between; no retry starts after `max_time_s`
+        (default: 3 x the timeout). The last error is raised as it was.
+
+        A PRODUCE retried after a timeout may append its messages twice (at least once)."""
+        deadline = time.monotonic() + (3 * self.timeout_s if max_time_s is None else max_time_s)
+        backoff_s = 0.1
+        attempt = 0
+        while True:
+            try:
+                return self._request_once(request)
+            except (BrokerError, Unavailable) as error:
+                if isinstance(error, BrokerError) and not error.retriable:
+                    raise
+                attempt += 1
+                if attempt > retries or time.monotonic() + backoff_s > deadline:
+                    raise
+            time.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, 2.0)
+
+    def send_nowait(self, request: ProduceRequest) -> None:
+        """Send a PRODUCE with ack NONE on the DEALER socket and return at once: the broker
+        never answers it, not even on error. Queued while the broker is unreachable."""
+        if request.ack is not Ack.NONE:
+            raise ValueError("send_nowait is for ack NONE only: the reply would be left unread")
+        if self._closed:
+            raise ValueError("the connection is closed")
+        if self._dealer is None:
+            socket = self._context.socket(zmq.DEALER)
+            socket.setsockopt(zmq.LINGER, FIRE_AND_FORGET_LINGER_MS)
+            socket.connect(self.endpoint)
+            self._dealer = socket
+        _, frames = self._frames(request)
+        self._dealer.send_multipart([b"", *frames], copy=False)
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the sockets (fire-and-forget requests still queued get up to
+        FIRE_AND_FORGET_LINGER_MS to go out) and the context if it is the connection's own."""
+        if self._closed:
+            return
+        self._closed = True
+        self._reset_req_socket()
+        if self._dealer is not None:
+            self._dealer.close()
+            self._dealer = None
+        if self._own_context:
+            self._context.term()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,162 @@
+"""A consumer of one partition: fetches from a position it keeps itself.
+
+Where it starts: "earliest" (the log start offset), "latest" (the high watermark: only
+messages flushed from now on), an int offset (used as given: the broker answers
+INVALID_OFFSET or OFFSET_OUT_OF_RANGE for a bad one), or a datetime (the first message whose
+timestamp is at or after it, by OFFSETS). Offsets are byte positions: after a fetch at
+`position` the next position is `position` plus the length of the message set returned, and
+each message's offset is computed from the fetch offset (broker.log.message.iter_messages).
+
+A message larger than `fetch_bytes` is answered FETCH_SIZE_TOO_SMALL; the consumer then doubles
+its fetch size, up to `max_fetch_bytes`, and fetches again, instead of stalling on it.
+
+Not safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Final, Literal, Self
+
+from broker.client.connection import DEFAULT_CLIENT_ID, Connection
+from broker.errors import BrokerError
+from broker.log.message import Message, iter_messages
+from broker.protocol import EARLIEST, LATEST, ErrorCode, FetchRequest, OffsetsRequest
+
+Start = Literal["earliest", "latest"] | int | datetime.datetime
+DEFAULT_FETCH_BYTES: Final = 1 << 20
+MAX_FETCH_BYTES: Final = 64 << 20
+_EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+def timestamp_ms(moment: datetime.datetime) -> int:
+    """Milliseconds since the Unix epoch, exactly (a naive datetime is taken as UTC)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return (moment - _EPOCH) // datetime.timedelta(milliseconds=1)
+
+
+class PartitionConsumer:
+    """Read partition `partition` of `topic` from the broker at `endpoint`.
+
+    `poll()` is one fetch, a long poll of up to `max_wait_ms`; iterating yields messages for
+    ever, or until the high watermark with `stop_at_end`. `high_watermark` and
+    `log_start_offset` are as the last fetch reply gave them (None before the first)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        topic: str,
+        partition: int = 0,
+        start: Start = "earliest",
+        fetch_bytes: int = DEFAULT_FETCH_BYTES,
+        max_wait_ms: int = 500,
+        max_fetch_bytes: int = MAX_FETCH_BYTES,
+        stop_at_end: bool = False,
+        retries: int = 5,
+        client_id: str = DEFAULT_CLIENT_ID,
+        timeout_s: float = 10.0,
+    ) -> None:
+        if not 1 <= fetch_bytes <= max_fetch_bytes:
+            raise ValueError(f"fetch_bytes {fetch_bytes} must be in [1, {max_fetch_bytes}]")
+        self.topic = topic
+        self.partition = partition
+        self.fetch_bytes = fetch_bytes
+        self.max_fetch_bytes = max_fetch_bytes
+        self.max_wait_ms = max_wait_ms
+        self.stop_at_end = stop_at_end
+        self.retries = retries
+        self.high_watermark: int | None = None
+        self.log_start_offset: int | None = None
+        self.connection = Connection(endpoint, client_id, timeout_s)
+        try:
+            self._position = self._resolve(start)
+        except BaseException:
+            self.connection.close()
+            raise
+
+    def _resolve(self, start: Start) -> int:
+        if isinstance(start, datetime.datetime):
+            return self.offset_for_time(timestamp_ms(start))
+        if start == "earliest":
+            return self.offset_for_time(EARLIEST)
+        if start == "latest":
+            return self.offset_for_time(LATEST)
+        if isinstance(start, int) and start >= 0:
+            return start
+        raise ValueError(f"start {start!r}: use earliest, latest, an offset or a datetime")
+
+    def offset_for_time(self, time: int) -> int:
+        """OFFSETS: the offset for `time` (EARLIEST, LATEST, or ms since the epoch)."""
+        request = OffsetsRequest(self.topic, self.partition, time)
+        return self.connection.call(request, self.retries).offset
+
+    @property
+    def position(self) -> int:
+        """The offset of the next message to read."""
+        return self._position
+
+    def seek(self, offset: int) -> None:
+        """Read from `offset` next: a message boundary in [log start, high watermark]."""
+        if offset < 0:
+            raise ValueError(f"offset {offset} is negative")
+        self._position = offset
+
+    @property
+    def at_end(self) -> bool:
+        """Whether the position had reached the high watermark at the last fetch."""
+        return self.high_watermark is not None and self._position >= self.high_watermark
+
+    def poll(self, max_wait_ms: int | None = None) -> list[Message]:
+        """One fetch from the position: the messages there, waiting up to `max_wait_ms`
+        (default the consumer's) for one to arrive; advances the position past them."""
+        wait_ms = self.max_wait_ms if max_wait_ms is None else max_wait_ms
+        while True:
+            request = FetchRequest(
+                self.topic,
+                self.partition,
+                self._position,
+                self.fetch_bytes,
+                wait_ms,
+                1 if wait_ms > 0 else 0,
+            )
+            try:
+                reply = self.connection.call(request, self.retries)
+            except BrokerError as error:
+                if error.code != ErrorCode.FETCH_SIZE_TOO_SMALL:
+                    raise
+                if self.fetch_bytes >= self.max_fetch_bytes:
+                    raise
+                self.fetch_bytes = min(self.fetch_bytes * 2, self.max_fetch_bytes)
+                continue
+            break
+        messages = list(iter_messages(reply.message_set, self._position))
+        self._position += len(reply.message_set)
+        self.high_watermark = reply.high_watermark
+        self.log_start_offset = reply.log_start_offset
+        return messages
+
+    def __iter__(self) -> Iterator[Message]:
+        """Messages from the position on, blocking for new ones; with `stop_at_end`, until
+        the position reaches the high watermark (fetches then do not wait)."""
+        while True:
+            wait_ms = 0 if self.stop_at_end else self.max_wait_ms
+            yield from self.poll(wait_ms)
+            if self.stop_at_end and self.at_end:
+                return
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

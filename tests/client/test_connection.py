@@ -1,0 +1,128 @@
+"""Connection against a scripted ROUTER on loopback: lost replies, retries, unreachable brokers.
+
+The fake broker answers each request as its script says (drop it, or reply with an error code,
+or with a METADATA body), so timeouts and retries can be provoked on purpose."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import zmq
+
+from broker.client import Connection
+from broker.errors import BrokerError, Unavailable
+from broker.protocol import (
+    ErrorCode,
+    MetadataReply,
+    MetadataRequest,
+    decode_request,
+    encode_error,
+    encode_reply,
+)
+
+DROP = "drop"
+EMPTY_METADATA = MetadataReply((), ())
+
+
+@dataclass
+class ScriptedBroker:
+    """A ROUTER that answers the n-th request with script[n]: DROP (no reply), an ErrorCode,
+    or success with an empty METADATA body. Records each request's correlation id."""
+
+    script: list[str | ErrorCode]
+    endpoint: str = ""
+    correlation_ids: list[int] = field(default_factory=list)
+
+    def serve(self, socket: zmq.Socket[bytes], stop: threading.Event) -> None:
+        while not stop.is_set():
+            if not socket.poll(20):
+                continue
+            identity, empty, *frames = socket.recv_multipart()
+            header, _ = decode_request(frames)
+            self.correlation_ids.append(header.correlation_id)
+            step = self.script[len(self.correlation_ids) - 1]
+            if step == DROP:
+                continue
+            if isinstance(step, ErrorCode):
+                reply = encode_error(header.correlation_id, step, "scripted")
+            else:
+                reply = encode_reply(header.correlation_id, EMPTY_METADATA)
+            socket.send_multipart([identity, empty, *reply])
+
+
+@pytest.fixture
+def scripted() -> Iterator[ScriptedBroker]:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    socket = context.socket(zmq.ROUTER)
+    port = socket.bind_to_random_port("tcp://127.0.0.1")
+    broker = ScriptedBroker([], f"tcp://127.0.0.1:{port}")
+    stop = threading.Event()
+    thread = threading.Thread(target=broker.serve, args=(socket, stop), daemon=True)
+    thread.start()
+    yield broker
+    stop.set()
+    thread.join()
+    socket.close(linger=0)
+    context.term()
+
+
+def test_lost_reply_raises_unavailable_and_the_next_request_gets_a_fresh_socket(
+    scripted: ScriptedBroker,
+) -> None:
+    scripted.script += [DROP, "ok"]
+    with Connection(scripted.endpoint, timeout_s=0.2) as connection:
+        started = time.monotonic()
+        with pytest.raises(
+            Unavailable, match=r"no reply from tcp://127\.0\.0\.1:\d+ within 0\.2 s"
+        ):
+            connection.request(MetadataRequest())
+        assert time.monotonic() - started < 2
+        # A REQ socket that lost its reply could not send again: this works only if the
+        # connection replaced it.
+        assert connection.request(MetadataRequest()) == EMPTY_METADATA
+    assert scripted.correlation_ids == [1, 2]
+
+
+def test_call_retries_timeouts_and_retriable_errors_but_not_other_errors(
+    scripted: ScriptedBroker,
+) -> None:
+    scripted.script += [DROP, ErrorCode.PARTITION_UNAVAILABLE, "ok", ErrorCode.INVALID_TOPIC]
+    with Connection(scripted.endpoint, timeout_s=0.2) as connection:
+        assert connection.call(MetadataRequest(), retries=2) == EMPTY_METADATA
+        with pytest.raises(BrokerError) as raised:
+            connection.call(MetadataRequest(), retries=5)
+    assert raised.value.name == "INVALID_TOPIC" and not raised.value.retriable
+    assert scripted.correlation_ids == [1, 2, 3, 4]
+
+
+def test_retries_stop_at_their_count(scripted: ScriptedBroker) -> None:
+    scripted.script += [ErrorCode.BROKER_SHUTTING_DOWN] * 3 + ["ok"]
+    with (
+        Connection(scripted.endpoint, timeout_s=1) as connection,
+        pytest.raises(BrokerError) as raised,
+    ):
+        connection.call(MetadataRequest(), retries=1)
+    assert raised.value.name == "BROKER_SHUTTING_DOWN"
+    assert len(scripted.correlation_ids) == 2
+
+
+def test_unreachable_broker_times_out_quickly() -> None:
+    with Connection(unused_endpoint(), timeout_s=0.3) as connection:
+        started = time.monotonic()
+        with pytest.raises(Unavailable):
+            connection.call(MetadataRequest(), retries=1)
+        assert time.monotonic() - started < 3
+
+
+def unused_endpoint() -> str:
+    """The address of a loopback port that was free a moment ago: nobody listens there."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    socket = context.socket(zmq.ROUTER)
+    port = socket.bind_to_random_port("tcp://127.0.0.1")
+    socket.close(linger=0)
+    context.term()
+    return f"tcp://127.0.0.1:{port}"

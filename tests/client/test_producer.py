@@ -1,0 +1,131 @@
+"""Producer against a real pylogd: ack modes, placement by key, batching."""
+
+from __future__ import annotations
+
+import pytest
+import xxhash
+
+from broker.client import Ack, Admin, PartitionConsumer, ProduceAck, Producer
+from broker.errors import BrokerError
+from broker.log.message import Message, encode_message
+from tests.conftest import FakeClock, wait_until
+from tests.pylogd import RunningBroker
+
+TIMESTAMP_MS = 1_700_000_000_000
+
+
+def create(broker: RunningBroker, topic: str, partitions: int = 1) -> None:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, partitions)
+
+
+def read_all(broker: RunningBroker, topic: str, partition: int = 0) -> list[Message]:
+    with PartitionConsumer(broker.endpoint, topic, partition, stop_at_end=True) as consumer:
+        return list(consumer)
+
+
+def sample(n: int, tag: bytes) -> list[tuple[bytes | None, bytes]]:
+    """Keys and values with every byte value, empty values and keyless messages among them."""
+    return [
+        (None if i % 3 == 0 else b"key-%d" % i, tag + bytes(range(256))[: i * 17] + b"\n\x00")
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("ack", [Ack.WRITTEN, Ack.FLUSHED, Ack.NONE], ids=lambda ack: ack.name)
+def test_each_ack_mode_delivers_messages_byte_exact_at_the_acked_offsets(
+    broker: RunningBroker, topic: str, ack: Ack
+) -> None:
+    create(broker, topic)
+    messages = sample(12, ack.name.encode())
+    with Producer(broker.endpoint, topic, ack=ack, batch_messages=5, linger_ms=60_000) as producer:
+        for i, (key, value) in enumerate(messages):
+            producer.send(value, key=key, timestamp_ms=TIMESTAMP_MS + i)
+        acks = producer.flush()
+        assert producer.messages_sent == 12
+    if ack is Ack.FLUSHED:
+        assert len(read_all(broker, topic)) == 12  # visible as soon as acknowledged
+    else:
+        # WRITTEN acknowledges before the flush, NONE not at all: visible after the next flush.
+        wait_until(lambda: len(read_all(broker, topic)) == 12, what="12 messages flushed")
+    assert [a.count for a in acks] == ([] if ack is Ack.NONE else [5, 5, 2])
+    read = read_all(broker, topic)
+    assert [(m.key, m.value, m.timestamp_ms) for m in read] == [
+        (key, value, TIMESTAMP_MS + i) for i, (key, value) in enumerate(messages)
+    ]
+    # Offsets are byte positions: each batch starts where the one before it ended.
+    sizes = [len(encode_message(v, k, TIMESTAMP_MS + i)) for i, (k, v) in enumerate(messages)]
+    assert [m.offset for m in read] == [sum(sizes[:i]) for i in range(12)]
+    if ack is not Ack.NONE:
+        assert [a.base_offset for a in acks] == [read[0].offset, read[5].offset, read[10].offset]
+
+
+def test_a_key_always_lands_on_the_partition_of_its_hash_and_keyless_ones_go_round_robin(
+    broker: RunningBroker, topic: str
+) -> None:
+    create(broker, topic, partitions=4)
+    keys = [b"user-%d" % (i % 7) for i in range(40)]
+    with Producer(broker.endpoint, topic) as producer:
+        for i, key in enumerate(keys):
+            producer.send(b"keyed-%d" % i, key=key)
+        for i in range(8):
+            producer.send(b"keyless-%d" % i)
+    by_partition = {p: read_all(broker, topic, p) for p in range(4)}
+    for partition, read in by_partition.items():
+        for message in read:
+            if message.key is not None:
+                assert xxhash.xxh32_intdigest(message.key) % 4 == partition
+    keyless = {p: [m.value for m in read if m.key is None] for p, read in by_partition.items()}
+    assert keyless == {p: [b"keyless-%d" % p, b"keyless-%d" % (p + 4)] for p in range(4)}
+    assert sum(len(read) for read in by_partition.values()) == 48
+
+
+def test_a_batch_is_sent_when_it_reaches_batch_messages_or_batch_bytes(
+    broker: RunningBroker, topic: str
+) -> None:
+    create(broker, topic)
+    value = b"x" * 974  # 1000 bytes a message, keyless
+    assert len(encode_message(value)) == 1000
+    with Producer(
+        broker.endpoint, topic, ack=Ack.WRITTEN, batch_messages=4, batch_bytes=2500, linger_ms=1e9
+    ) as producer:
+        for _ in range(3):
+            producer.send(value)  # the 3rd message makes 3000 bytes: over batch_bytes
+        assert producer.messages_sent == 3
+        producer.batch_bytes = 1 << 20
+        for _ in range(4):
+            producer.send(value)  # the 4th makes batch_messages
+        assert producer.messages_sent == 7
+        producer.send(value)
+        assert producer.messages_sent == 7  # still open: neither full nor lingering
+        acks = producer.flush()
+    assert acks == [ProduceAck(0, 0, 3), ProduceAck(0, 3000, 4), ProduceAck(0, 7000, 1)]
+
+
+def test_a_batch_is_sent_once_its_first_message_has_lingered_linger_ms(
+    broker: RunningBroker, topic: str
+) -> None:
+    create(broker, topic, partitions=2)
+    clock = FakeClock()
+    with Producer(broker.endpoint, topic, ack=Ack.WRITTEN, linger_ms=100, clock=clock) as producer:
+        producer.send(b"a", partition=0)
+        clock.advance(0.099)
+        producer.send(b"b", partition=1)
+        assert producer.messages_sent == 0
+        clock.advance(0.001)
+        producer.send(b"c", partition=1)  # partition 0's batch has lingered 100 ms now
+        assert producer.messages_sent == 1
+        clock.advance(0.1)
+        assert producer.flush() == [ProduceAck(0, 0, 1), ProduceAck(1, 0, 2)]
+
+
+def test_producing_to_a_missing_topic_or_partition_is_unknown_topic_or_partition(
+    broker: RunningBroker, topic: str
+) -> None:
+    with Producer(broker.endpoint, topic) as producer, pytest.raises(BrokerError) as raised:
+        producer.send(b"lost")
+    assert raised.value.name == "UNKNOWN_TOPIC_OR_PARTITION"
+    create(broker, topic, partitions=2)
+    with Producer(broker.endpoint, topic) as producer, pytest.raises(BrokerError) as raised:
+        producer.send(b"lost", partition=2)
+    assert raised.value.name == "UNKNOWN_TOPIC_OR_PARTITION"
