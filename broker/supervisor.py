@@ -258,6 +258,8 @@ class Supervisor:
                 worker.endpoint,
                 "--config",
                 json.dumps(dict(self.config.values)),
+                "--supervisor-pid",
+                str(os.getpid()),
             ],
             start_new_session=False,
         )
@@ -379,10 +381,19 @@ class Supervisor:
                 f"the worker for {topic}-{number} is restarting; retry shortly"
             )
 
+    def _connected_registry(self) -> Registry:
+        """The registry, if connected now. Its calls wait for a connection, and this loop
+        routes every request: while ZooKeeper is away, fail at once instead."""
+        assert self.registry is not None
+        if not self.registry.connected:
+            raise RegistryUnavailable(
+                "ZooKeeper is not connected: topics can be created and deleted once it is back"
+            )
+        return self.registry
+
     def _serve_admin(self, request: protocol.Request) -> protocol.Reply:
         if isinstance(request, protocol.MetadataRequest):
             return self._metadata(request.topics)
-        assert self.registry is not None
         if isinstance(request, protocol.CreateTopicRequest):
             protocol.check_topic_name(request.topic)
             if not 1 <= request.partitions <= MAX_PARTITIONS:
@@ -392,14 +403,15 @@ class Supervisor:
             settings = topic_settings(dict(request.config))
             if request.topic in self.topics:
                 raise TopicAlreadyExists(f"topic {request.topic!r} exists")
-            self.registry.create_topic_config(
+            registry = self._connected_registry()
+            registry.create_topic_config(
                 request.topic, TopicConfig(request.partitions, settings)
             )
             self._place_topic(request.topic, request.partitions, settings)
             for worker in self.workers:
                 if worker.connected:
                     self._open_partitions(worker, [request.topic])
-            self.registry.register_topic_partitions(
+            registry.register_topic_partitions(
                 request.topic, self.config.broker_id, request.partitions
             )
             log.info("created topic %r with %d partitions", request.topic, request.partitions)
@@ -408,8 +420,9 @@ class Supervisor:
             state = self.topics.get(request.topic)
             if state is None:
                 raise UnknownTopicOrPartition(f"unknown topic {request.topic!r}")
-            self.registry.delete_topic_config(request.topic)
-            self.registry.unregister_topic(request.topic, self.config.broker_id)
+            registry = self._connected_registry()
+            registry.delete_topic_config(request.topic)
+            registry.unregister_topic(request.topic, self.config.broker_id)
             del self.topics[request.topic]
             for worker in self.workers:
                 if worker.index not in state.workers:
@@ -425,12 +438,11 @@ class Supervisor:
         raise UnsupportedApi(f"{type(request).__name__} is not served by the front")
 
     def _metadata(self, topics: tuple[str, ...] | list[str]) -> protocol.MetadataReply:
-        assert self.registry is not None
         own = protocol.BrokerInfo(self.config.broker_id, self.config.endpoint_host, self.port)
         try:
             brokers = [
                 protocol.BrokerInfo(broker_id, info.host, info.port)
-                for broker_id, info in sorted(self.registry.brokers().items())
+                for broker_id, info in sorted(self._connected_registry().brokers().items())
             ] or [own]
         except RegistryUnavailable:
             brokers = [own]

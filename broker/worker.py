@@ -19,16 +19,19 @@ partition's log start or high watermark the worker reports them, at most every 0
 supervisor can answer metadata requests.
 
 On SIGTERM or SIGINT it stops taking requests, flushes and closes every log (answering the
-producers waiting for that flush), and exits 0. The page cache, not the worker, holds recent
+producers waiting for that flush), and exits 0. A supervisor that dies, even by SIGKILL, has the
+kernel send its workers SIGTERM (PR_SET_PDEATHSIG), so none is left holding its partitions. The page cache, not the worker, holds recent
 data, so a restarted worker serves reads as fast as the one before it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
 import math
+import os
 import shutil
 import signal
 import sys
@@ -50,6 +53,7 @@ from broker.transport import COMMAND, REQUEST, STATE, Frame, TrioSocket, json_fr
 log = logging.getLogger("pylog.worker")
 
 REPORT_INTERVAL_S = 0.2
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -348,6 +352,18 @@ class Worker:
                 await self.socket.send([STATE, json_frame({"offsets": changed})])
 
 
+def exit_with_supervisor(supervisor_pid: int) -> None:
+    """Have the kernel send this process SIGTERM when the supervisor dies (Linux), so that a
+    supervisor killed with SIGKILL leaves no worker behind holding its partitions; and exit at
+    once if it died before this call."""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG): %s", os.strerror(ctypes.get_errno()))
+    if os.getppid() != supervisor_pid:
+        sys.exit(f"the supervisor (pid {supervisor_pid}) is gone")
+
+
 async def run_worker(index: int, endpoint: str, config: BrokerConfig) -> None:
     """Serve until SIGTERM or SIGINT, then flush and close every log."""
     context = zmq.Context()
@@ -378,7 +394,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--config", required=True, help="the broker settings as JSON")
+    parser.add_argument("--supervisor-pid", type=int, required=True)
     args = parser.parse_args(argv)
+    exit_with_supervisor(args.supervisor_pid)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,

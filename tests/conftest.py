@@ -105,12 +105,15 @@ def registry(make_registry: Callable[..., Registry]) -> Registry:
 def make_pylogd(
     zookeeper: PrivateZooKeeper, tmp_path: Path, registry_chroot: str
 ) -> Iterator[Callable[..., RunningBroker]]:
+    session_zookeeper = zookeeper
     """Start real pylogd processes against the session's ZooKeeper, each under its own data
     dir; all are stopped (and their logs shown on failure) at the end of the test."""
     started: list[RunningBroker] = []
 
-    def make(*flags: str, name: str = "broker") -> RunningBroker:
-        broker = RunningBroker(tmp_path / name, zookeeper.connect_string, registry_chroot, *flags)
+    def make(*flags: str, name: str = "broker", zookeeper: str | None = None) -> RunningBroker:
+        """zookeeper: the ensemble (default: the session's); "" for pylogd's private one."""
+        connect = session_zookeeper.connect_string if zookeeper is None else zookeeper
+        broker = RunningBroker(tmp_path / name, connect, registry_chroot, *flags)
         started.append(broker)
         return broker.start()
 

@@ -16,7 +16,8 @@ READY_PREFIX = "pylogd ready on "
 
 class RunningBroker:
     """`pylogd` started with a data dir and a ZooKeeper chroot of its own; stderr goes to
-    `<data_dir>/pylogd.log`. `endpoint` is the front socket's tcp address."""
+    `<data_dir>/pylogd.log`. `endpoint` is the front socket's tcp address. With `zookeeper`
+    empty, pylogd runs its private ZooKeeper (under <data_dir>/zookeeper)."""
 
     def __init__(self, data_dir: Path, zookeeper: str, chroot: str, *flags: str) -> None:
         self.data_dir = data_dir
@@ -29,8 +30,7 @@ class RunningBroker:
             str(data_dir),
             "--broker-port",
             "0",
-            "--zookeeper-connect",
-            zookeeper,
+            *(("--zookeeper-connect", zookeeper) if zookeeper else ()),
             "--zookeeper-chroot",
             chroot,
             "--zookeeper-session-timeout-ms",
@@ -73,10 +73,24 @@ class RunningBroker:
         assert self.process is not None
         return self.process.pid
 
+    def children(self) -> dict[int, str]:
+        """The supervisor's child processes and their command lines (none once it is gone)."""
+        try:
+            pids = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for pid in pids:
+            with contextlib.suppress(FileNotFoundError):
+                out[int(pid)] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        return {pid: cmdline.decode(errors="replace") for pid, cmdline in out.items()}
+
     def worker_pids(self) -> list[int]:
-        """The supervisor's child processes: its workers (ZooKeeper is external here)."""
-        children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
-        return sorted(int(c) for c in children)
+        return sorted(pid for pid, cmd in self.children().items() if "broker.worker" in cmd)
+
+    def zookeeper_pid(self) -> int | None:
+        """The private ZooKeeper's pid, if pylogd runs one."""
+        return next((p for p, cmd in self.children().items() if "QuorumPeerMain" in cmd), None)
 
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM, and the exit code once it has exited."""

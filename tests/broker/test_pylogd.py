@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import zmq
@@ -19,6 +22,7 @@ from broker.errors import BrokerError, Unavailable
 from broker.log import encode_message
 from broker.protocol import Ack, Api
 from broker.registry import Registry
+from broker.zookeeper import PrivateZooKeeper
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
 
@@ -301,3 +305,105 @@ def test_sigterm_flushes_everything_and_exits_0(
         client.close()
     finally:
         assert again.stop() == 0
+
+
+def running(pid: int) -> bool:
+    """Whether the process exists and is not a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_workers_exit_when_the_supervisor_is_killed(pylogd: RunningBroker) -> None:
+    workers = pylogd.worker_pids()
+    assert len(workers) == 2
+    os.kill(pylogd.pid, signal.SIGKILL)
+    assert pylogd.process is not None
+    pylogd.process.wait()
+    wait_until(lambda: not any(running(pid) for pid in workers), 10, "orphaned workers to exit")
+
+
+def test_pylogd_tells_systemd_ready_watchdog_and_stopping(
+    make_pylogd: Callable[..., RunningBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with tempfile.TemporaryDirectory(dir="/tmp") as short:  # a unix socket path is <= 107 bytes
+        path = str(Path(short) / "notify")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+            notify.bind(path)
+            notify.settimeout(10)
+            monkeypatch.setenv("NOTIFY_SOCKET", path)
+            monkeypatch.setenv("WATCHDOG_USEC", "200000")
+            broker = make_pylogd()
+
+            def next_states(until: str) -> list[str]:
+                states: list[str] = []
+                while not any(line.startswith(until) for line in states):
+                    states += notify.recv(4096).decode().splitlines()
+                return states
+
+            assert "READY=1" in next_states("READY=")
+            assert "WATCHDOG=1" in next_states("WATCHDOG=")
+            assert broker.stop() == 0
+            assert "STOPPING=1" in next_states("STOPPING=")
+
+
+def test_pylogd_runs_its_private_zookeeper_and_survives_its_crash(
+    make_pylogd: Callable[..., RunningBroker],
+) -> None:
+    broker = make_pylogd(zookeeper="")
+    zookeeper = broker.zookeeper_pid()
+    assert zookeeper is not None
+    client = RawClient(broker.endpoint)
+    client.create("private", 1)
+    data = message_set(0, 3)
+    client.produce("private", 0, data, Ack.FLUSHED)
+    os.kill(zookeeper, signal.SIGKILL)
+    # the broker keeps serving its partitions while ZooKeeper is down
+    client.produce("private", 0, data, Ack.FLUSHED)
+    assert client.read_all("private", 0) == data + data
+    # it restarts ZooKeeper, and topic admin works again once the registry is back
+    wait_until(lambda: broker.zookeeper_pid() not in (None, zookeeper), 30, "a new ZooKeeper")
+
+    def created() -> bool:
+        try:
+            client.create("after-crash", 1)
+        except BrokerError as error:
+            assert error.name == "REGISTRY_UNAVAILABLE", error
+            return False
+        return True
+
+    wait_until(created, 30, "topic creation to work again")
+    client.close()
+    restarted = broker.zookeeper_pid()
+    assert restarted is not None
+    assert broker.stop() == 0
+    assert not running(restarted)  # stopped before pylogd exited
+
+
+def test_zookeeper_outage_keeps_partitions_served_and_the_broker_registers_again(
+    make_pylogd: Callable[..., RunningBroker],
+    tmp_path: Path,
+    registry_chroot: str,
+) -> None:
+    with PrivateZooKeeper(tmp_path / "zk", tick_time_ms=100) as zookeeper:
+        zookeeper.start()
+        broker = make_pylogd(zookeeper=zookeeper.connect_string)
+        client = RawClient(broker.endpoint)
+        client.create("steady", 1)
+        data = message_set(0, 2)
+        zookeeper.stop()
+        client.produce("steady", 0, data, Ack.FLUSHED)
+        assert client.read_all("steady", 0) == data
+        started = time.monotonic()
+        assert error_of(lambda: client.create("blocked", 1)) == "REGISTRY_UNAVAILABLE"
+        assert time.monotonic() - started < 5  # refused at once, not after a ZooKeeper timeout
+        zookeeper.start()
+        with Registry(zookeeper.connect_string, registry_chroot) as registry:
+            wait_until(lambda: 0 in registry.brokers(), 30, "the broker to register again")
+            wait_until(lambda: registry.topic_brokers("steady") == {0: 1}, 30, "its topic")
+        client.produce("steady", 0, data, Ack.FLUSHED)
+        assert client.read_all("steady", 0) == data + data
+        client.close()
+        assert broker.stop() == 0
