@@ -404,9 +404,7 @@ class Supervisor:
             if request.topic in self.topics:
                 raise TopicAlreadyExists(f"topic {request.topic!r} exists")
             registry = self._connected_registry()
-            registry.create_topic_config(
-                request.topic, TopicConfig(request.partitions, settings)
-            )
+            registry.create_topic_config(request.topic, TopicConfig(request.partitions, settings))
             self._place_topic(request.topic, request.partitions, settings)
             for worker in self.workers:
                 if worker.connected:

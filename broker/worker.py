@@ -18,10 +18,11 @@ until the earliest one); retention runs every retention_check_interval_ms. After
 partition's log start or high watermark the worker reports them, at most every 0.2 s, so the
 supervisor can answer metadata requests.
 
-On SIGTERM or SIGINT it stops taking requests, flushes and closes every log (answering the
-producers waiting for that flush), and exits 0. A supervisor that dies, even by SIGKILL, has the
-kernel send its workers SIGTERM (PR_SET_PDEATHSIG), so none is left holding its partitions. The page cache, not the worker, holds recent
-data, so a restarted worker serves reads as fast as the one before it.
+On SIGTERM or SIGINT it flushes every log and answers the producers waiting for that flush,
+then stops, closes every log and exits 0. A supervisor that dies, even by SIGKILL, has the
+kernel send its workers SIGTERM (PR_SET_PDEATHSIG), so none is left holding its partitions.
+The page cache, not the worker, holds recent data, so a restarted worker serves reads as fast
+as the one before it.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ log = logging.getLogger("pylog.worker")
 
 REPORT_INTERVAL_S = 0.2
 PR_SET_PDEATHSIG = 1
+ANSWER_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -82,13 +84,13 @@ class Worker:
         self.config = config
         self.socket = socket
         self.partitions: dict[tuple[str, int], Partition] = {}
-        self.deleted_since_report: list[tuple[str, int]] = []
         self._deadline_changed = trio.Event()
         self._offsets_changed = False
         self._reported: dict[tuple[str, int], tuple[int, int]] = {}
         self.nursery: trio.Nursery | None = None
         self.unanswered_errors = 0
         """Failed produce requests with ack=none, which get no reply: logged and counted."""
+        self._flush_waiters = 0
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -109,6 +111,19 @@ class Worker:
                     await self._run_command(json.loads(frames[1].bytes))
                 else:
                     log.error("worker %d: dropped a message of unknown kind %r", self.index, kind)
+
+    async def flush_and_answer(self, timeout_s: float) -> None:
+        """Flush every partition and give the producers waiting for a flush their acks (for a
+        clean shutdown: their messages are durable, so they are told so)."""
+        for partition in self.partitions.values():
+            try:
+                partition.log.flush()
+            except PylogError as error:
+                log.error("flush of %s-%d: %s", partition.topic, partition.number, error)
+            partition.note_flush()
+        with trio.move_on_after(timeout_s):
+            while self._flush_waiters:
+                await trio.sleep(0.001)
 
     def close(self) -> None:
         """Flush and close every partition log (a clean close: indexes written)."""
@@ -188,10 +203,14 @@ class Worker:
         correlation_id: int,
         frames: Sequence[Frame],
     ) -> None:
-        while partition.log.high_watermark < end:
-            if self.partitions.get((partition.topic, partition.number)) is not partition:
-                break
-            await partition.wait_for_flush()
+        self._flush_waiters += 1
+        try:
+            while partition.log.high_watermark < end:
+                if self.partitions.get((partition.topic, partition.number)) is not partition:
+                    break
+                await partition.wait_for_flush()
+        finally:
+            self._flush_waiters -= 1
         if partition.log.high_watermark < end:  # deleted before its flush: never acked
             error = UnknownTopicOrPartition(f"{partition.topic}-{partition.number} was deleted")
             frames = protocol.encode_error(correlation_id, error)
@@ -381,6 +400,7 @@ async def run_worker(index: int, endpoint: str, config: BrokerConfig) -> None:
                     log.info(
                         "worker %d: %s, flushing and exiting", index, signal.Signals(signum).name
                     )
+                    await worker.flush_and_answer(ANSWER_TIMEOUT_S)
                     nursery.cancel_scope.cancel()
                     break
     finally:

@@ -296,8 +296,19 @@ def test_sigterm_flushes_everything_and_exits_0(
     data = message_set(0, 20)
     client.produce("audit", 0, data, Ack.WRITTEN)
     assert client.read_all("audit", 0) == b""  # written, not flushed: not visible yet
-    client.close()
+    waiting = client.context.socket(zmq.DEALER)  # a producer waiting for its flush
+    waiting.connect(broker.endpoint)
+    header = protocol.RequestHeader(Api.PRODUCE, 1, 42, "tests")
+    more = message_set(20, 5)
+    request = protocol.ProduceRequest("audit", 0, Ack.FLUSHED, more)
+    waiting.send_multipart([b"", *protocol.encode_request(header, request)])
+    assert waiting.poll(300) == 0  # no flush yet, so no ack
     assert broker.stop() == 0
+    assert waiting.poll(5000), "the producer waiting for a flush got no ack at shutdown"
+    ack = protocol.decode_reply(Api.PRODUCE, waiting.recv_multipart()[1:])
+    assert ack.base_offset == len(data)
+    client.close()
+    data += more
     again = broker.restarted()
     try:
         client = RawClient(again.endpoint)
