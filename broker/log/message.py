@@ -43,6 +43,9 @@ CODEC_MASK = 0x07
 
 _HEADER = struct.Struct(">IQBBqi")
 _LENGTH = struct.Struct(">I")
+_PREFIX = struct.Struct(">IQ")
+"""length and checksum: what encode_message puts before the checksummed body."""
+_BODY_HEADER = struct.Struct(">BBqi")
 _TIMESTAMP = struct.Struct(">q")
 TIMESTAMP_START = 14
 # The hot loop reads magic and attributes as one u16: version 1, attributes 0.
@@ -91,15 +94,11 @@ def encode_message(
     """Encode one message, ready to be appended or joined into a message set."""
     if timestamp_ms is None:
         timestamp_ms = time.time_ns() // 1_000_000
-    key_bytes = b"" if key is None else key
-    body = b"".join(
-        (
-            struct.pack(">BBqi", MAGIC, 0, timestamp_ms, -1 if key is None else len(key)),
-            key_bytes,
-            value,
-        )
-    )
-    return struct.pack(">IQ", len(body) + 8, xxh3_64_intdigest(body)) + body
+    if key is None:
+        body = _BODY_HEADER.pack(MAGIC, 0, timestamp_ms, -1) + value
+    else:
+        body = _BODY_HEADER.pack(MAGIC, 0, timestamp_ms, len(key)) + key + value
+    return _PREFIX.pack(len(body) + 8, xxh3_64_intdigest(body)) + body
 
 
 def scan(
