@@ -1,27 +1,35 @@
 """The wire protocol of the pylog broker: frames in, values out, and back. No sockets here.
 
-A request and its reply are ZeroMQ multipart messages. Frame 0 is the empty delimiter, which a
-REQ socket adds and strips by itself and a DEALER client sends and strips itself. The functions
-here work on the frames after it, so item 0 of a frame list is "frame 1" of docs/protocol.md:
+A request is one ZeroMQ frame and a reply one or two. The routing envelope (the ROUTER's
+identity frame, and the empty delimiter a REQ socket adds and strips by itself; a DEALER client
+sends none) is the transport's business: the functions here take and return the frames after
+it, so item 0 of a frame list is "frame 1" of docs/protocol.md:
 
     request   frame 1  header       api_key u16, api_version u16, correlation_id u32,
                                     client_id string
-              frame 2  body         fixed per api (and api_version)
-              frame 3  message set  PRODUCE only: messages back to back (broker.log.message)
+                       body         right after client_id: fixed per api (and api_version)
+                       message set  PRODUCE only: the rest of the frame, messages back to
+                                    back (broker.log.message); no length field
     reply     frame 1  header       correlation_id u32, error_code i16, error_message string
-              frame 2  body         fixed per api; absent when error_code is not 0
-              frame 3  message set  FETCH only: whole messages from the fetch offset
+                       body         right after error_message, fixed per api; absent (the
+                                    frame ends with the header) when error_code is not 0
+              frame 2  message set  FETCH success only: whole messages from the fetch offset
 
-All integers are big-endian; a string is a u16 byte length and that many bytes of UTF-8. Bytes
-left over after the last field of a header or body make the frame malformed. docs/protocol.md
-is the full description, with test vectors that tests/protocol checks against this module.
+All integers are big-endian; a string is a u16 byte length and that many bytes of UTF-8. A
+frame that ends inside a field, or has bytes left over after the body's last field (for a
+PRODUCE request there are none: the message set runs to the end), is malformed; error messages
+name the part ("request header", "FETCH body", "reply header", ...), the field and its byte
+position counted from the start of the frame. docs/protocol.md is the full description, with
+test vectors that tests/protocol checks against this module.
 
-Message sets are never copied: encoders put the caller's buffer into the frame list as it is,
-and decoders hand frame 3 back as a memoryview over its memory. Decoders take any buffer as a
-frame (bytes, memoryview, and at run time a zmq.Frame too). Decoding a request checks every
-field's framing and range and every topic name, but not the message set, which is the
-partition log's job (broker.log.message.validate_message_set), nor topic settings, which are
-broker.config's.
+Message sets are copied at most once: a PRODUCE request's is joined into its one frame by
+encode_request (and read back by decode_request as a memoryview over that frame's tail), a
+FETCH reply's is put into the frame list by encode_reply as the very object given (a view of a
+segment is sent without copying) and read back by decode_reply as a memoryview over frame 2.
+Decoders take any buffer as a frame (bytes, memoryview, and at run time a zmq.Frame too).
+Decoding a request checks every field's framing and range and every topic name, but not the
+message set, which is the partition log's job (broker.log.message.validate_message_set), nor
+topic settings, which are broker.config's.
 
 Every error has a wire code in one table, ERROR_TABLE: code, exception class, retriable.
 """
@@ -60,7 +68,8 @@ from broker.errors import (
 from broker.log.message import Buffer
 
 Frames = Sequence[Buffer]
-"""The frames of a request or reply after the empty delimiter (item 0 is frame 1)."""
+"""The frames of a request or reply after the routing envelope (item 0 is frame 1): one for a
+request, one or two for a reply."""
 
 API_VERSION: Final = 1
 """The one version of every api this broker speaks."""
@@ -232,7 +241,8 @@ def check_topic_name(topic: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class RequestHeader:
-    """Frame 1 of a request. `version` is the api_version; `correlation_id` comes back in the
+    """The start of a request's frame; the body follows right after client_id. `version` is
+    the api_version; `correlation_id` comes back in the
     reply; `client_id` names the client in the broker's logs."""
 
     api: Api
@@ -243,7 +253,8 @@ class RequestHeader:
 
 @dataclass(frozen=True, slots=True)
 class ProduceRequest:
-    """Append `message_set` (frame 3, messages back to back) to a partition."""
+    """Append `message_set` (messages back to back: the rest of the frame after `ack`) to a
+    partition."""
 
     api: ClassVar[Api] = Api.PRODUCE
     topic: str
@@ -316,7 +327,8 @@ Request = (
 
 @dataclass(frozen=True, slots=True)
 class ReplyHeader:
-    """Frame 1 of a reply. `error_code` is an ErrorCode, or a plain int for a code from a newer
+    """The start of a reply's first frame; a success's body follows right after error_message.
+    `error_code` is an ErrorCode, or a plain int for a code from a newer
     broker; `error_message` is for people, empty on success."""
 
     correlation_id: int
@@ -334,7 +346,7 @@ class ProduceReply:
 
 @dataclass(frozen=True, slots=True)
 class FetchReply:
-    """`message_set` (frame 3) holds whole messages starting exactly at the fetch offset; it is
+    """`message_set` (frame 2) holds whole messages starting exactly at the fetch offset; it is
     empty when nothing arrived within max_wait_ms."""
 
     high_watermark: int
@@ -436,7 +448,6 @@ class _Fields:
             raise
 
 
-_U8: Final = struct.Struct(">B")
 _U16: Final = struct.Struct(">H")
 _API_AND_VERSION: Final = struct.Struct(">HH")
 _STRING_LENGTH: Final = 2
@@ -469,7 +480,8 @@ _PARTITION_INFO: Final = _Fields(
 
 class _Reader:
     """Reads one frame's fields in order. Anything cut short, not UTF-8 or left over raises
-    `error` with a message naming the frame, the field and the byte position."""
+    `error` with a message naming the part of the frame (header or body), the field and the
+    byte position from the start of the frame."""
 
     __slots__ = ("_buf", "_end", "_error", "_last", "_pos", "_where")
 
@@ -483,6 +495,27 @@ class _Reader:
 
     def fail(self, problem: str) -> PylogError:
         return self._error(f"{self._where}: {problem}")
+
+    def enter(self, where: str) -> None:
+        """The fields from here on belong to `where` (the header ends, the body begins)."""
+        self._where = where
+        self._last = ""  # so that bytes in a body of no fields are not blamed on the header
+
+    def rest(self) -> memoryview:
+        """The bytes from here to the end of the frame, uncopied (a PRODUCE message set)."""
+        return self._buf[self._pos :]
+
+    def skip_string(self) -> None:
+        """Step over a string without decoding it (bounds checked)."""
+        pos = self._pos
+        if pos + _STRING_LENGTH > self._end:
+            raise self._cut_short("string length", pos, _STRING_LENGTH)
+        end = pos + _STRING_LENGTH + _U16.unpack_from(self._buf, pos)[0]
+        if end > self._end:
+            raise self.fail(
+                f"cut short: a string runs to byte {end}, the frame ends at {self._end}"
+            )
+        self._pos = end
 
     def fixed(self, fields: _Fields) -> tuple[int, ...]:
         pos = self._pos
@@ -523,7 +556,7 @@ class _Reader:
         if left == 0:
             return
         if not self._last:
-            raise self.fail(f"must be empty, it has {_plural(left, 'byte')}")
+            raise self.fail(f"must be empty, it has {_plural(left, 'byte')} from byte {self._pos}")
         raise self.fail(
             f"{_plural(left, 'trailing byte')} after the last field, {self._last}, which ends "
             f"at byte {self._pos}"
@@ -561,78 +594,72 @@ def _code(value: int) -> int:
 # -- requests ----------------------------------------------------------------------------------
 
 _APIS: Final = {api.value: api for api in Api}
-_REQUEST_FRAMES: Final[Mapping[Api, tuple[str, ...]]] = {api: ("header", "body") for api in Api} | {
-    Api.PRODUCE: ("header", "body", "message set")
+_REPLY_FRAMES: Final[Mapping[Api, tuple[str, ...]]] = {api: ("header and body",) for api in Api} | {
+    Api.FETCH: ("header and body", "message set")
 }
-_REPLY_FRAMES: Final[Mapping[Api, tuple[str, ...]]] = {api: ("header", "body") for api in Api} | {
-    Api.FETCH: ("header", "body", "message set")
-}
-_HEADER_WHERE: Final = "frame 1 (request header)"
-_BODY_WHERE: Final = {api: f"frame 2 ({api.name} body)" for api in Api}
-_REPLY_HEADER_WHERE: Final = "frame 1 (reply header)"
-_REPLY_BODY_WHERE: Final = {api: f"frame 2 ({api.name} reply body)" for api in Api}
+_HEADER_WHERE: Final = "request header"
+_BODY_WHERE: Final = {api: f"{api.name} body" for api in Api}
+_REPLY_HEADER_WHERE: Final = "reply header"
+_REPLY_BODY_WHERE: Final = {api: f"{api.name} reply body" for api in Api}
 
 
 def encode_request(header: RequestHeader, request: Request) -> list[Buffer]:
-    """Frames 1 to 3 of a request (the delimiter is the socket's or the caller's business).
+    """A request's one frame (the envelope is the transport's business): header, body and, for
+    PRODUCE, the message set, back to back; the message set is copied into the frame, once.
 
     Checks only what the wire cannot carry (an integer out of its type, a string over 65535
-    bytes), raising ValueError naming the field; the broker checks the rest. A PRODUCE
-    request's message set is the last frame, the very object given."""
+    bytes), raising ValueError naming the field; the broker checks the rest."""
     if header.api != request.api:
         raise ValueError(f"the header says {header.api.name}, the request is {request.api.name}")
-    frames: list[Buffer] = [
-        _REQUEST_HEADER.pack(header.api, header.version, header.correlation_id)
-        + _string("client_id", header.client_id)
+    parts: list[Buffer] = [
+        _REQUEST_HEADER.pack(header.api, header.version, header.correlation_id),
+        _string("client_id", header.client_id),
     ]
     if isinstance(request, ProduceRequest):
-        frames.append(
-            _string("topic", request.topic) + _PRODUCE.pack(request.partition, request.ack)
-        )
-        frames.append(request.message_set)
+        parts += [
+            _string("topic", request.topic),
+            _PRODUCE.pack(request.partition, request.ack),
+            request.message_set,
+        ]
     elif isinstance(request, FetchRequest):
-        frames.append(
-            _string("topic", request.topic)
-            + _FETCH.pack(
+        parts += [
+            _string("topic", request.topic),
+            _FETCH.pack(
                 request.partition,
                 request.offset,
                 request.max_bytes,
                 request.max_wait_ms,
                 request.min_bytes,
-            )
-        )
+            ),
+        ]
     elif isinstance(request, OffsetsRequest):
-        frames.append(
-            _string("topic", request.topic) + _OFFSETS.pack(request.partition, request.time)
-        )
+        parts += [_string("topic", request.topic), _OFFSETS.pack(request.partition, request.time)]
     elif isinstance(request, MetadataRequest):
-        frames.append(
-            b"".join(
-                [_TOPIC_COUNT.pack(len(request.topics))]
-                + [_string("topic", topic) for topic in request.topics]
-            )
-        )
+        parts.append(_TOPIC_COUNT.pack(len(request.topics)))
+        parts += [_string("topic", topic) for topic in request.topics]
     elif isinstance(request, CreateTopicRequest):
-        parts = [
+        parts += [
             _string("topic", request.topic),
             _CREATE_TOPIC.pack(request.partitions, len(request.config)),
         ]
         for key, value in request.config.items():
             parts += [_string("key", key), _string("value", value)]
-        frames.append(b"".join(parts))
     elif isinstance(request, DeleteTopicRequest):
-        frames.append(_string("topic", request.topic))
+        parts.append(_string("topic", request.topic))
     else:
         assert_never(request)
-    return frames
+    return [b"".join(parts)]
 
 
-def _check_frames(frames: Frames) -> tuple[Api, int, int]:
-    """The checks every request passes first, in this order: frame 1 is there and holds
-    api_key, api_version and correlation_id; the api is known; the version is spoken; the
-    frame count is the api's. Returns (api, version, correlation_id)."""
-    if not frames:
-        raise MalformedRequest("the request has no frames after the delimiter: no header")
+def _read_header(frames: Frames) -> tuple[_Reader, RequestHeader]:
+    """The checks every request passes first, in this order: it is one frame; the frame holds
+    api_key, api_version and correlation_id; the api is known; the version is spoken; then
+    client_id. Returns the reader, placed at the start of the body, and the header."""
+    if len(frames) != 1:
+        raise MalformedRequest(
+            f"a request is 1 frame (header, body and, for PRODUCE, the message set), this one "
+            f"has {len(frames)}"
+        )
     reader = _Reader(frames[0], _HEADER_WHERE, MalformedRequest)
     api_key, version, correlation_id = reader.fixed(_REQUEST_HEADER)
     api = _APIS.get(api_key)
@@ -643,44 +670,32 @@ def _check_frames(frames: Frames) -> tuple[Api, int, int]:
         )
     if version != API_VERSION:
         raise UnsupportedVersion(api.name, version, API_VERSION)
-    names = _REQUEST_FRAMES[api]
-    if len(frames) != len(names):
-        raise MalformedRequest(
-            f"a {api.name} request has {len(names)} frames after the delimiter "
-            f"({', '.join(names)}), this one has {len(frames)}"
-        )
-    return api, version, correlation_id
+    client_id = reader.string("client_id")
+    reader.enter(_BODY_WHERE[api])
+    return reader, RequestHeader(api, version, correlation_id, client_id)
 
 
 def decode_request(frames: Frames) -> tuple[RequestHeader, Request]:
-    """The header and body of a request from its frames after the delimiter.
+    """The header and body of a request from its one frame (after the routing envelope).
 
-    Raises MalformedRequest (frames, framing, trailing bytes, UTF-8, field ranges),
+    Raises MalformedRequest (frame count, framing, trailing bytes, UTF-8, field ranges),
     UnsupportedApi, UnsupportedVersion or InvalidTopic (a topic name, a partition count of 0, a
-    setting given twice), each naming the frame and field. A PRODUCE request's message set is
-    a memoryview over frame 3, unchecked and uncopied."""
-    api, version, correlation_id = _check_frames(frames)
-    reader = _Reader(frames[0], _HEADER_WHERE, MalformedRequest)
-    reader.fixed(_REQUEST_HEADER)
-    client_id = reader.string("client_id")
-    reader.finish()
-    header = RequestHeader(api, version, correlation_id, client_id)
-    return header, _REQUEST_DECODERS[api](frames)
+    setting given twice), each naming the field and its byte position. A PRODUCE request's
+    message set is a memoryview over the rest of the frame, unchecked and uncopied."""
+    reader, header = _read_header(frames)
+    return header, _REQUEST_DECODERS[header.api](reader)
 
 
-def _decode_produce(frames: Frames) -> ProduceRequest:
-    reader = _Reader(frames[1], _BODY_WHERE[Api.PRODUCE], MalformedRequest)
+def _decode_produce(reader: _Reader) -> ProduceRequest:
     topic = reader.string("topic")
     partition, ack = reader.fixed(_PRODUCE)
-    reader.finish()
     check_topic_name(topic)
     if ack > Ack.FLUSHED:
         raise reader.fail(f"field ack is {ack}: it must be 0 (none), 1 (written) or 2 (flushed)")
-    return ProduceRequest(topic, partition, Ack(ack), memoryview(frames[2]))
+    return ProduceRequest(topic, partition, Ack(ack), reader.rest())
 
 
-def _decode_fetch(frames: Frames) -> FetchRequest:
-    reader = _Reader(frames[1], _BODY_WHERE[Api.FETCH], MalformedRequest)
+def _decode_fetch(reader: _Reader) -> FetchRequest:
     topic = reader.string("topic")
     partition, offset, max_bytes, max_wait_ms, min_bytes = reader.fixed(_FETCH)
     reader.finish()
@@ -690,8 +705,7 @@ def _decode_fetch(frames: Frames) -> FetchRequest:
     return FetchRequest(topic, partition, offset, max_bytes, max_wait_ms, min_bytes)
 
 
-def _decode_offsets(frames: Frames) -> OffsetsRequest:
-    reader = _Reader(frames[1], _BODY_WHERE[Api.OFFSETS], MalformedRequest)
+def _decode_offsets(reader: _Reader) -> OffsetsRequest:
     topic = reader.string("topic")
     partition, time = reader.fixed(_OFFSETS)
     reader.finish()
@@ -703,8 +717,7 @@ def _decode_offsets(frames: Frames) -> OffsetsRequest:
     return OffsetsRequest(topic, partition, time)
 
 
-def _decode_metadata(frames: Frames) -> MetadataRequest:
-    reader = _Reader(frames[1], _BODY_WHERE[Api.METADATA], MalformedRequest)
+def _decode_metadata(reader: _Reader) -> MetadataRequest:
     (count,) = reader.fixed(_TOPIC_COUNT)
     topics = tuple(reader.string(f"topic[{i}]") for i in range(count))
     reader.finish()
@@ -713,8 +726,7 @@ def _decode_metadata(frames: Frames) -> MetadataRequest:
     return MetadataRequest(topics)
 
 
-def _decode_create_topic(frames: Frames) -> CreateTopicRequest:
-    reader = _Reader(frames[1], _BODY_WHERE[Api.CREATE_TOPIC], MalformedRequest)
+def _decode_create_topic(reader: _Reader) -> CreateTopicRequest:
     topic = reader.string("topic")
     partitions, count = reader.fixed(_CREATE_TOPIC)
     pairs = [(reader.string(f"key[{i}]"), reader.string(f"value[{i}]")) for i in range(count)]
@@ -730,15 +742,14 @@ def _decode_create_topic(frames: Frames) -> CreateTopicRequest:
     return CreateTopicRequest(topic, partitions, config)
 
 
-def _decode_delete_topic(frames: Frames) -> DeleteTopicRequest:
-    reader = _Reader(frames[1], _BODY_WHERE[Api.DELETE_TOPIC], MalformedRequest)
+def _decode_delete_topic(reader: _Reader) -> DeleteTopicRequest:
     topic = reader.string("topic")
     reader.finish()
     check_topic_name(topic)
     return DeleteTopicRequest(topic)
 
 
-_REQUEST_DECODERS: Final[Mapping[Api, Callable[[Frames], Request]]] = {
+_REQUEST_DECODERS: Final[Mapping[Api, Callable[[_Reader], Request]]] = {
     Api.PRODUCE: _decode_produce,
     Api.FETCH: _decode_fetch,
     Api.OFFSETS: _decode_offsets,
@@ -751,13 +762,13 @@ _REQUEST_DECODERS: Final[Mapping[Api, Callable[[Frames], Request]]] = {
 def peek_route(frames: Frames) -> Route | None:
     """Where the supervisor sends a request: the (topic, partition) of a PRODUCE, FETCH or
     OFFSETS request, None for the apis the front serves itself (METADATA, CREATE_TOPIC,
-    DELETE_TOPIC). Reads the header's first 8 bytes and the start of the body, never the
-    message set. Raises what decode_request would for what it reads (the frame count too),
-    but a request it routes may still be refused by decode_request."""
-    api, _, _ = _check_frames(frames)
+    DELETE_TOPIC). Reads the header and the start of the body, never the message set. Raises
+    what decode_request would for what it reads, but a request it routes may still be refused
+    by decode_request."""
+    reader, header = _read_header(frames)
+    api = header.api
     if api is Api.METADATA or api is Api.CREATE_TOPIC or api is Api.DELETE_TOPIC:
         return None
-    reader = _Reader(frames[1], _BODY_WHERE[api], MalformedRequest)
     topic = reader.string("topic")
     (partition,) = reader.fixed(_PARTITION)
     check_topic_name(topic)
@@ -766,7 +777,8 @@ def peek_route(frames: Frames) -> Route | None:
 
 def peek_correlation_id(frames: Frames) -> int:
     """The correlation id to answer a request with, even one that fails to decode: the
-    request's own when frame 1 holds at least its first 8 bytes, else 0. Never raises."""
+    request's own when its first frame holds at least its first 8 bytes (whatever the frame
+    count), else 0. Never raises."""
     if not frames or len(frames[0]) < _REQUEST_HEADER.size:
         return 0
     return int(_REQUEST_HEADER.struct.unpack_from(frames[0])[2])
@@ -774,18 +786,24 @@ def peek_correlation_id(frames: Frames) -> int:
 
 def is_fire_and_forget(frames: Frames) -> bool:
     """Whether the broker must not answer this request, not even with an error: true for a
-    PRODUCE version 1 request whose frame 2 reaches its ack field and has ack 0 (Ack.NONE),
-    however malformed the rest. Never raises."""
-    if len(frames) < 2 or len(frames[0]) < 4:
+    one-frame PRODUCE version 1 request whose frame reaches its ack field (client_id and
+    topic whole by their lengths, then partition and ack) and has ack 0 (Ack.NONE), however
+    malformed the rest. Never raises."""
+    if len(frames) != 1 or len(frames[0]) < _REQUEST_HEADER.size:
         return False
-    api_key, version = _API_AND_VERSION.unpack_from(frames[0])
+    frame = frames[0]
+    api_key, version = _API_AND_VERSION.unpack_from(frame)
     if api_key != Api.PRODUCE or version != API_VERSION:
         return False
-    body = frames[1]
-    if len(body) < _STRING_LENGTH:
+    reader = _Reader(frame, _HEADER_WHERE, MalformedRequest)
+    try:
+        reader.fixed(_REQUEST_HEADER)
+        reader.skip_string()  # client_id
+        reader.skip_string()  # topic
+        _, ack = reader.fixed(_PRODUCE)
+    except MalformedRequest:
         return False
-    ack_at = _STRING_LENGTH + _U16.unpack_from(body)[0] + _PARTITION.size
-    return len(body) > ack_at and int(_U8.unpack_from(body, ack_at)[0]) == Ack.NONE
+    return int(ack) == Ack.NONE
 
 
 # -- replies -----------------------------------------------------------------------------------
@@ -794,18 +812,19 @@ _SUCCESS: Final = b"\x00\x00"  # error_message: the empty string
 
 
 def encode_reply(correlation_id: int, reply: Reply) -> list[Buffer]:
-    """Frames 1 to 3 of a successful reply. A FETCH reply's message set is the last frame, the
-    very object given. ValueError, naming the field, for what the wire cannot carry."""
-    frames: list[Buffer] = [_REPLY_HEADER.pack(correlation_id, ErrorCode.NONE) + _SUCCESS]
+    """The frames of a successful reply: header and body in one frame, and for FETCH the
+    message set as a second frame, the very object given (so a view of a segment is sent
+    without copying). ValueError, naming the field, for what the wire cannot carry."""
+    parts: list[Buffer] = [_REPLY_HEADER.pack(correlation_id, ErrorCode.NONE), _SUCCESS]
     if isinstance(reply, ProduceReply):
-        frames.append(_PRODUCE_REPLY.pack(reply.base_offset, reply.count))
+        parts.append(_PRODUCE_REPLY.pack(reply.base_offset, reply.count))
     elif isinstance(reply, FetchReply):
-        frames.append(_FETCH_REPLY.pack(reply.high_watermark, reply.log_start_offset))
-        frames.append(reply.message_set)
+        parts.append(_FETCH_REPLY.pack(reply.high_watermark, reply.log_start_offset))
+        return [b"".join(parts), reply.message_set]
     elif isinstance(reply, OffsetsReply):
-        frames.append(_OFFSETS_REPLY.pack(reply.offset))
+        parts.append(_OFFSETS_REPLY.pack(reply.offset))
     elif isinstance(reply, MetadataReply):
-        parts = [_BROKER_COUNT.pack(len(reply.brokers))]
+        parts.append(_BROKER_COUNT.pack(len(reply.brokers)))
         for broker in reply.brokers:
             parts += [
                 _BROKER_ID.pack(broker.broker_id),
@@ -822,18 +841,17 @@ def encode_reply(correlation_id: int, reply: Reply) -> list[Buffer]:
                 _PARTITION_INFO.pack(p.partition, p.broker_id, p.log_start_offset, p.high_watermark)
                 for p in topic.partitions
             ]
-        frames.append(b"".join(parts))
     elif isinstance(reply, EmptyReply):
-        frames.append(b"")
+        pass
     else:
         assert_never(reply)
-    return frames
+    return [b"".join(parts)]
 
 
 def encode_error(
     correlation_id: int, error: BaseException | ErrorCode, message: str | None = None
 ) -> list[Buffer]:
-    """The one frame of an error reply (after the delimiter).
+    """The one frame of an error reply: the reply header, nothing after it.
 
     `error` is an exception, whose code comes from error_code_for and whose text is the
     message unless `message` is given, or an ErrorCode (message default empty). A message over
@@ -857,16 +875,19 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def decode_reply_header(frames: Frames) -> ReplyHeader:
-    """Frame 1 of a reply: read it first to match the reply to its request by correlation id.
-    Raises MalformedReply."""
+def _read_reply_header(frames: Frames) -> tuple[_Reader, ReplyHeader]:
     if not frames:
-        raise MalformedReply("the reply has no frames after the delimiter: no header")
+        raise MalformedReply("the reply has no frames: no header")
     reader = _Reader(frames[0], _REPLY_HEADER_WHERE, MalformedReply)
     correlation_id, code = reader.fixed(_REPLY_HEADER)
     message = reader.string("error_message")
-    reader.finish()
-    return ReplyHeader(correlation_id, _code(code), message)
+    return reader, ReplyHeader(correlation_id, _code(code), message)
+
+
+def decode_reply_header(frames: Frames) -> ReplyHeader:
+    """The header at the start of a reply's first frame: read it first to match the reply to
+    its request by correlation id. Raises MalformedReply."""
+    return _read_reply_header(frames)[1]
 
 
 @overload
@@ -884,31 +905,32 @@ def decode_reply(
 @overload
 def decode_reply(api: Api, frames: Frames) -> Reply: ...
 def decode_reply(api: Api, frames: Frames) -> Reply:
-    """The body of a reply to a request of `api`, from its frames after the delimiter.
+    """The body of a reply to a request of `api`, from its frames after the routing envelope.
 
     Raises BrokerError (code, name, message, retriable) when the error code is not 0, and
     MalformedReply when the frames do not follow the protocol. A FETCH reply's message set is
-    a memoryview over frame 3."""
-    header = decode_reply_header(frames)
+    a memoryview over frame 2."""
+    reader, header = _read_reply_header(frames)
     if header.error_code != ErrorCode.NONE:
         if len(frames) != 1:
             raise MalformedReply(
-                f"an error reply has 1 frame after the delimiter, this one has {len(frames)}"
+                f"an error reply is 1 frame (the reply header), this one has {len(frames)}"
             )
+        reader.finish()
         raise broker_error(header.error_code, header.error_message)
     names = _REPLY_FRAMES[api]
     if len(frames) != len(names):
         raise MalformedReply(
-            f"a {api.name} reply has {len(names)} frames after the delimiter "
-            f"({', '.join(names)}), this one has {len(frames)}"
+            f"a {api.name} reply is {_plural(len(names), 'frame')} ({', '.join(names)}), "
+            f"this one has {len(frames)}"
         )
-    reader = _Reader(frames[1], _REPLY_BODY_WHERE[api], MalformedReply)
+    reader.enter(_REPLY_BODY_WHERE[api])
     reply: Reply
     if api is Api.PRODUCE:
         reply = ProduceReply(*reader.fixed(_PRODUCE_REPLY))
     elif api is Api.FETCH:
         high_watermark, log_start_offset = reader.fixed(_FETCH_REPLY)
-        reply = FetchReply(high_watermark, log_start_offset, memoryview(frames[2]))
+        reply = FetchReply(high_watermark, log_start_offset, memoryview(frames[1]))
     elif api is Api.OFFSETS:
         reply = OffsetsReply(*reader.fixed(_OFFSETS_REPLY))
     elif api is Api.METADATA:

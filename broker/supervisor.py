@@ -4,10 +4,11 @@
 
 The supervisor binds the front ROUTER socket and, for each worker, a DEALER on an ipc endpoint
 under <data_dir>/run. It reads only a request's header and the start of its body
-(protocol.peek_route) and forwards the frames as they came, with the ROUTER's identity
-envelope, to the worker that owns the partition; replies come back the same way. It answers
-METADATA, CREATE_TOPIC and DELETE_TOPIC itself. This loop is plain blocking pyzmq with a poller:
-it is the one hop every request takes, and a trio adapter would cost it several times over.
+(protocol.peek_route) and forwards the request frame as it came, behind the ROUTER's identity
+(tagged, see broker.transport), to the worker that owns the partition; replies come back the
+same way. It answers METADATA, CREATE_TOPIC and DELETE_TOPIC itself. This loop is plain
+blocking pyzmq with a poller: it is the one hop every request takes, and the same hop on the
+trio adapter runs at two thirds of the rate (perf/README.md, bench_broker.py).
 
 Partition placement: a partition whose folder exists in a log dir stays there; a new one goes
 to the log dir holding the fewest partitions; within a dir, `workers_per_dir` workers share the
@@ -63,7 +64,7 @@ from broker.errors import (
 )
 from broker.log.message import Buffer
 from broker.registry import BrokerInfo, Registry, TopicConfig
-from broker.transport import COMMAND, REQUEST, STATE, Frame, json_frame, split_envelope
+from broker.transport import COMMAND, STATE, json_frame, reply_envelope, tagged_identity
 from broker.zookeeper import PrivateZooKeeper
 
 log = logging.getLogger("pylog.supervisor")
@@ -278,14 +279,14 @@ class Supervisor:
                 worker, [COMMAND, json_frame({"op": "open", "partitions": entries})]
             )
 
-    def _send_to_worker(self, worker: WorkerHandle, frames: Sequence[Frame]) -> bool:
+    def _send_to_worker(self, worker: WorkerHandle, frames: Sequence[Buffer]) -> bool:
         """Send without blocking. A DEALER whose worker has gone has no peer and would block
         for ever; then the worker counts as not connected (its exit is seen on the next tick)
         and this says False."""
         if not worker.connected or worker.socket is None:
             return False
         try:
-            worker.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            worker.socket.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             worker.connected = False
             return False
@@ -316,16 +317,12 @@ class Supervisor:
                 worker.start_at = 0.0
                 self._start_worker(worker)
 
-    def _from_worker(self, worker: WorkerHandle, frames: list[zmq.Frame]) -> None:
-        kind = frames[0].bytes
-        if kind == REQUEST:
+    def _from_worker(self, worker: WorkerHandle, frames: list[bytes]) -> None:
+        if frames[0] != STATE:  # a reply, behind the tagged identity of its client
             assert self.front is not None
-            self.front.send_multipart(frames[1:], copy=False)
+            self.front.send_multipart([*reply_envelope(frames[0]), *frames[1:]])
             return
-        if kind != STATE:
-            log.error("worker %d sent a message of unknown kind %r", worker.index, kind)
-            return
-        state = json.loads(frames[1].bytes)
+        state = json.loads(frames[1])
         if "hello" in state:
             worker.connected = True
             self._open_partitions(worker)
@@ -337,37 +334,30 @@ class Supervisor:
 
     # -- requests --------------------------------------------------------------------------
 
-    def _from_client(self, frames: list[zmq.Frame]) -> None:
-        try:
-            body = split_envelope(frames, 0)
-        except ValueError:
-            log.warning("dropped a request without the empty delimiter frame")
-            return
-        envelope, request_frames = frames[:body], [f.buffer for f in frames[body:]]
+    def _from_client(self, frames: list[bytes]) -> None:
+        tagged, request_frames = tagged_identity(frames)
         correlation_id = protocol.peek_correlation_id(request_frames)
         try:
             if self.stopping:
                 raise BrokerShuttingDown("the broker is shutting down")
             route = protocol.peek_route(request_frames)
             if route is not None:
-                self._route(envelope, request_frames, *route)
+                self._route(tagged, request_frames[0], *route)
                 return
             _, request = protocol.decode_request(request_frames)
             reply = self._serve_admin(request)
-            self._answer(envelope, protocol.encode_reply(correlation_id, reply))
+            self._answer(tagged, protocol.encode_reply(correlation_id, reply))
         except Exception as error:
             if not isinstance(error, PylogError):
                 log.exception("unexpected error serving a request")
             if not protocol.is_fire_and_forget(request_frames):
-                self._answer(envelope, protocol.encode_error(correlation_id, error))
+                self._answer(tagged, protocol.encode_error(correlation_id, error))
 
-    def _answer(self, envelope: list[zmq.Frame], frames: list[Buffer]) -> None:
+    def _answer(self, tagged: bytes, frames: list[Buffer]) -> None:
         assert self.front is not None
-        self.front.send_multipart([*envelope, *frames], copy=False)
+        self.front.send_multipart([*reply_envelope(tagged), *frames])
 
-    def _route(
-        self, envelope: list[zmq.Frame], request_frames: Sequence[Buffer], topic: str, number: int
-    ) -> None:
+    def _route(self, tagged: bytes, request: bytes, topic: str, number: int) -> None:
         state = self.topics.get(topic)
         if state is None or not 0 <= number < len(state.workers):
             raise UnknownTopicOrPartition(
@@ -376,7 +366,7 @@ class Supervisor:
                 else f"unknown topic {topic!r}"
             )
         worker = self.workers[state.workers[number]]
-        if not self._send_to_worker(worker, [REQUEST, *envelope, *request_frames]):
+        if not self._send_to_worker(worker, [tagged, request]):
             raise PartitionUnavailable(
                 f"the worker for {topic}-{number} is restarting; retry shortly"
             )
@@ -504,7 +494,7 @@ class Supervisor:
             worker = next((w for w in self.workers if w.socket is sock), None)
             for _ in range(256):  # bounded, so the other sockets and housekeeping get a turn
                 try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
                 if worker is None:
@@ -529,7 +519,7 @@ class Supervisor:
         for worker in self.workers:
             while worker.socket is not None:
                 try:
-                    frames = worker.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames = worker.socket.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
                 self._from_worker(worker, frames)

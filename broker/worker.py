@@ -49,7 +49,8 @@ from broker.config import BrokerConfig
 from broker.errors import PylogError, UnknownTopicOrPartition, UnsupportedApi
 from broker.log import PartitionLog
 from broker.log.config import LogConfig
-from broker.transport import COMMAND, REQUEST, STATE, Frame, TrioSocket, json_frame, split_envelope
+from broker.log.message import Buffer
+from broker.transport import COMMAND, STATE, TrioSocket, json_frame
 
 log = logging.getLogger("pylog.worker")
 
@@ -104,13 +105,10 @@ class Worker:
             task_status.started()
             while True:
                 frames = await self.socket.receive()
-                kind = frames[0].bytes
-                if kind == REQUEST:
-                    await self._serve_request(frames)
-                elif kind == COMMAND:
-                    await self._run_command(json.loads(frames[1].bytes))
-                else:
-                    log.error("worker %d: dropped a message of unknown kind %r", self.index, kind)
+                if frames[0] == COMMAND:
+                    await self._run_command(json.loads(frames[1]))
+                else:  # a request: the client's tagged identity, then its frame(s)
+                    await self._serve_request(frames[0], frames[1:])
 
     async def flush_and_answer(self, timeout_s: float) -> None:
         """Flush every partition and give the producers waiting for a flush their acks (for a
@@ -137,20 +135,17 @@ class Worker:
 
     # -- requests --------------------------------------------------------------------------
 
-    async def _serve_request(self, frames: list[zmq.Frame]) -> None:
-        body_start = split_envelope(frames)
-        envelope: list[Frame] = [REQUEST, *frames[1:body_start]]
-        request_frames = [f.buffer for f in frames[body_start:]]
+    async def _serve_request(self, tagged: bytes, request_frames: list[bytes]) -> None:
         correlation_id = protocol.peek_correlation_id(request_frames)
         try:
             _, request = protocol.decode_request(request_frames)
             if isinstance(request, protocol.ProduceRequest):
-                await self._produce(envelope, correlation_id, request)
+                await self._produce(tagged, correlation_id, request)
             elif isinstance(request, protocol.FetchRequest):
-                await self._fetch(envelope, correlation_id, request)
+                await self._fetch(tagged, correlation_id, request)
             elif isinstance(request, protocol.OffsetsRequest):
                 reply = protocol.OffsetsReply(self._offset_at(request))
-                await self._reply(envelope, protocol.encode_reply(correlation_id, reply))
+                await self._reply(tagged, protocol.encode_reply(correlation_id, reply))
             else:
                 raise UnsupportedApi(f"{type(request).__name__} is served by the front socket")
         except Exception as error:  # every failure is answered; the worker keeps serving
@@ -160,7 +155,7 @@ class Worker:
                 self.unanswered_errors += 1
                 log.warning("worker %d: produce with ack=none failed: %s", self.index, error)
             else:
-                await self._reply(envelope, protocol.encode_error(correlation_id, error))
+                await self._reply(tagged, protocol.encode_error(correlation_id, error))
 
     def _partition(self, topic: str, number: int) -> Partition:
         try:
@@ -171,7 +166,7 @@ class Worker:
             ) from None
 
     async def _produce(
-        self, envelope: list[Frame], correlation_id: int, request: protocol.ProduceRequest
+        self, tagged: bytes, correlation_id: int, request: protocol.ProduceRequest
     ) -> None:
         partition = self._partition(request.topic, request.partition)
         plog = partition.log
@@ -188,20 +183,20 @@ class Worker:
         reply = protocol.ProduceReply(offset, count)
         frames = protocol.encode_reply(correlation_id, reply)
         if request.ack == protocol.Ack.WRITTEN or plog.high_watermark >= end:
-            await self._reply(envelope, frames)
+            await self._reply(tagged, frames)
             return
         assert self.nursery is not None
         self.nursery.start_soon(
-            self._reply_when_flushed, partition, end, envelope, correlation_id, frames
+            self._reply_when_flushed, partition, end, tagged, correlation_id, frames
         )
 
     async def _reply_when_flushed(
         self,
         partition: Partition,
         end: int,
-        envelope: list[Frame],
+        tagged: bytes,
         correlation_id: int,
-        frames: Sequence[Frame],
+        frames: Sequence[Buffer],
     ) -> None:
         self._flush_waiters += 1
         try:
@@ -214,24 +209,24 @@ class Worker:
         if partition.log.high_watermark < end:  # deleted before its flush: never acked
             error = UnknownTopicOrPartition(f"{partition.topic}-{partition.number} was deleted")
             frames = protocol.encode_error(correlation_id, error)
-        await self._reply(envelope, frames)
+        await self._reply(tagged, frames)
 
     async def _fetch(
-        self, envelope: list[Frame], correlation_id: int, request: protocol.FetchRequest
+        self, tagged: bytes, correlation_id: int, request: protocol.FetchRequest
     ) -> None:
         partition = self._partition(request.topic, request.partition)
         plog = partition.log
         plog.check_offset(request.offset)  # its errors come first, before any waiting
         if self._fetch_ready(plog, request) or request.max_wait_ms == 0:
-            await self._reply(envelope, self._fetch_reply(correlation_id, partition, request))
+            await self._reply(tagged, self._fetch_reply(correlation_id, partition, request))
             return
         assert self.nursery is not None
-        self.nursery.start_soon(self._long_poll, partition, envelope, correlation_id, request)
+        self.nursery.start_soon(self._long_poll, partition, tagged, correlation_id, request)
 
     async def _long_poll(
         self,
         partition: Partition,
-        envelope: list[Frame],
+        tagged: bytes,
         correlation_id: int,
         request: protocol.FetchRequest,
     ) -> None:
@@ -244,7 +239,7 @@ class Worker:
             frames = self._fetch_reply(correlation_id, partition, request)
         except PylogError as error:  # deleted, or retention moved the log start past it
             frames = protocol.encode_error(correlation_id, error)
-        await self._reply(envelope, frames)
+        await self._reply(tagged, frames)
 
     @staticmethod
     def _fetch_ready(plog: PartitionLog, request: protocol.FetchRequest) -> bool:
@@ -253,7 +248,7 @@ class Worker:
 
     def _fetch_reply(
         self, correlation_id: int, partition: Partition, request: protocol.FetchRequest
-    ) -> Sequence[Frame]:
+    ) -> Sequence[Buffer]:
         if self.partitions.get((partition.topic, partition.number)) is not partition:
             self._partition(partition.topic, partition.number)  # raises: deleted meanwhile
         plog = partition.log
@@ -269,8 +264,8 @@ class Worker:
             return plog.log_start_offset
         return plog.offset_for_timestamp(request.time)
 
-    async def _reply(self, envelope: list[Frame], frames: Sequence[Frame]) -> None:
-        await self.socket.send([*envelope, *frames])
+    async def _reply(self, tagged: bytes, frames: Sequence[Buffer]) -> None:
+        await self.socket.send([tagged, *frames])
 
     # -- commands from the supervisor ------------------------------------------------------
 

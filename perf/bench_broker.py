@@ -49,17 +49,17 @@ def produce_frames(messages: int, correlation_id: int = 1) -> list[bytes]:
     data = b"".join(encode_message(value, timestamp_ms=0) for _ in range(messages))
     header = protocol.RequestHeader(Api.PRODUCE, 1, correlation_id, "bench")
     request = protocol.ProduceRequest("bench", 0, Ack.WRITTEN, data)
-    return [b"", *(bytes(f) for f in protocol.encode_request(header, request))]
+    return [bytes(f) for f in protocol.encode_request(header, request)]
 
 
 def one_at_a_time(endpoint: str, frames: list[bytes], requests: int) -> float:
-    """Requests/s with one in flight (REQ adds the delimiter itself)."""
+    """Requests/s with one in flight (the REQ socket adds the empty delimiter itself)."""
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     socket = context.socket(zmq.REQ)
     socket.connect(endpoint)
     start = time.perf_counter()
     for _ in range(requests):
-        socket.send_multipart(frames[1:])
+        socket.send_multipart(frames)
         socket.recv_multipart()
     elapsed = time.perf_counter() - start
     socket.close(linger=0)
@@ -104,7 +104,7 @@ def run_echo(backend: str) -> None:
     socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     socket.connect(backend)
     while True:
-        socket.send_multipart(socket.recv_multipart(copy=False), copy=False)
+        socket.send_multipart(socket.recv_multipart())
 
 
 def run_hop_pyzmq(front: str, backend: str) -> None:
@@ -121,10 +121,10 @@ def run_hop_pyzmq(front: str, backend: str) -> None:
             other = dealer if socket is router else router
             for _ in range(256):
                 try:
-                    frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames = socket.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                other.send_multipart(frames, copy=False)
+                other.send_multipart(frames)
 
 
 def run_hop_trio(front: str, backend: str) -> None:

@@ -215,7 +215,7 @@ class Connection:
             socket.connect(self.endpoint)
             self._dealer = socket
         _, frames = self._frames(request)
-        self._dealer.send_multipart([b"", *frames], copy=False)
+        self._dealer.send_multipart(frames, copy=False)  # a DEALER sends no delimiter
 
     # -- life cycle ------------------------------------------------------------------------
 

@@ -131,7 +131,7 @@ def test_produce_with_each_ack_mode_reads_back_byte_exact_across_topics_and_work
     header = protocol.RequestHeader(Api.PRODUCE, 1, 999, "tests")
     fire = message_set(5, 4)
     dealer.send_multipart(
-        [b"", *protocol.encode_request(header, protocol.ProduceRequest("views", 1, Ack.NONE, fire))]
+        protocol.encode_request(header, protocol.ProduceRequest("views", 1, Ack.NONE, fire))
     )
     expected[("views", 1)] += fire
     wait_until(lambda: client.read_all("views", 1) == expected[("views", 1)], 10, "ack=none data")
@@ -151,13 +151,13 @@ def test_long_poll_answers_as_soon_as_a_flush_lands(
     poller.connect(pylogd.endpoint)
     header = protocol.RequestHeader(Api.FETCH, 1, 7, "tests")
     long_poll = protocol.FetchRequest("events", 0, 0, FETCH_ALL, 60_000, 1)
-    poller.send_multipart([b"", *protocol.encode_request(header, long_poll)])
+    poller.send_multipart(protocol.encode_request(header, long_poll))  # DEALER: no delimiter
     assert poller.poll(300) == 0  # nothing to read yet: the broker holds the request
     data = message_set(0, 5)
     client.produce("events", 0, data, Ack.WRITTEN)
     assert poller.poll(10_000), "the long poll was not answered after the flush"
     frames = poller.recv_multipart()
-    reply = protocol.decode_reply(Api.FETCH, frames[1:])
+    reply = protocol.decode_reply(Api.FETCH, frames)
     assert bytes(reply.message_set) == data
     # and with nothing arriving, max_wait_ms ends the wait with an empty answer
     empty = client.fetch("events", 0, len(data), max_wait_ms=100, min_bytes=1)
@@ -188,19 +188,12 @@ def test_bad_requests_get_their_error_and_change_nothing(
         "UNKNOWN_TOPIC_OR_PARTITION"
     )
     header = protocol.RequestHeader(Api.FETCH, 1, 5, "tests")
-    fetch_frames = [
-        bytes(f)
-        for f in protocol.encode_request(
-            header, protocol.FetchRequest("orders", 0, 0, FETCH_ALL, 0, 0)
-        )
-    ]
+    request = protocol.FetchRequest("orders", 0, 0, FETCH_ALL, 0, 0)
+    (fetch,) = (bytes(f) for f in protocol.encode_request(header, request))
     raw_cases = {
-        "MALFORMED_REQUEST": [b"\x00\x01", fetch_frames[1]],
-        "UNSUPPORTED_API": [b"\x00\x63" + fetch_frames[0][2:], fetch_frames[1]],
-        "UNSUPPORTED_VERSION": [
-            fetch_frames[0][:2] + b"\x00\x09" + fetch_frames[0][4:],
-            fetch_frames[1],
-        ],
+        "MALFORMED_REQUEST": [b"\x00\x01"],
+        "UNSUPPORTED_API": [b"\x00\x63" + fetch[2:]],
+        "UNSUPPORTED_VERSION": [fetch[:2] + b"\x00\x09" + fetch[4:]],
     }
     for name, frames in raw_cases.items():
         reply = client.send_frames(frames)
@@ -301,11 +294,11 @@ def test_sigterm_flushes_everything_and_exits_0(
     header = protocol.RequestHeader(Api.PRODUCE, 1, 42, "tests")
     more = message_set(20, 5)
     request = protocol.ProduceRequest("audit", 0, Ack.FLUSHED, more)
-    waiting.send_multipart([b"", *protocol.encode_request(header, request)])
+    waiting.send_multipart(protocol.encode_request(header, request))
     assert waiting.poll(300) == 0  # no flush yet, so no ack
     assert broker.stop() == 0
     assert waiting.poll(5000), "the producer waiting for a flush got no ack at shutdown"
-    ack = protocol.decode_reply(Api.PRODUCE, waiting.recv_multipart()[1:])
+    ack = protocol.decode_reply(Api.PRODUCE, waiting.recv_multipart())
     assert ack.base_offset == len(data)
     client.close()
     data += more

@@ -257,10 +257,20 @@ def test_rejected_request_vector_is_refused_with_its_reply(vector: Vector) -> No
         peek_route(vector.frames)
 
 
+def test_every_vector_has_the_frames_of_its_kind() -> None:
+    for v in documented_vectors():
+        if v.kind in ("request", "rejected request", "error reply"):
+            assert len(v.frames) == 1, v.name
+        if v.kind == "reply":
+            assert len(v.frames) == (2 if v.api == "FETCH" else 1), v.name
+        assert len(v.reply_frames) == (v.kind == "rejected request"), v.name
+
+
 def test_documented_message_sets_are_what_encode_message_builds() -> None:
     by_name = {v.name: v for v in documented_vectors()}
-    assert by_name["produce-request"].frames[2] == MESSAGE
-    assert by_name["fetch-reply"].frames[2] == MESSAGE
+    (produce,) = by_name["produce-request"].frames
+    assert produce[17 + 13 :] == MESSAGE  # after a 17-byte header and a 13-byte body
+    assert by_name["fetch-reply"].frames[1] == MESSAGE
     assert by_name["fetch-reply"].value["body"]["high_watermark"] == len(MESSAGE)
 
 
@@ -340,6 +350,7 @@ def test_every_request_decodes_to_what_was_encoded(
 ) -> None:
     header = RequestHeader(request.api, 1, correlation_id, client_id)
     frames = encode_request(header, request)
+    assert len(frames) == 1
     assert decode_request(frames) == (header, request)
 
 
@@ -361,6 +372,7 @@ def test_peek_route_agrees_with_decode_request(request: Request, correlation_id:
 def test_every_reply_decodes_to_what_was_encoded(api_reply: tuple[Api, Reply], cid: int) -> None:
     api, reply = api_reply
     frames = encode_reply(cid, reply)
+    assert len(frames) == (2 if api is Api.FETCH else 1)
     assert decode_reply(api, frames) == reply
     assert decode_reply_header(frames) == decode_reply_header([frames[0]])
     assert decode_reply_header(frames).correlation_id == cid
@@ -371,6 +383,7 @@ def test_every_error_reply_raises_a_broker_error_with_its_code(
     code: ErrorCode, message: str, correlation_id: int
 ) -> None:
     frames = encode_error(correlation_id, code, message)
+    assert len(frames) == 1
     with pytest.raises(BrokerError) as raised:
         decode_reply(Api.PRODUCE, frames)
     entry = error_entry(code)
@@ -387,6 +400,13 @@ def test_peeks_never_raise_on_garbage(frames: list[bytes]) -> None:
     assert is_fire_and_forget(frames) in (True, False)
 
 
+@given(st.binary(max_size=40))
+def test_peeks_never_raise_on_a_produce_frame_that_continues_with_garbage(rest: bytes) -> None:
+    frames: list[Buffer] = [struct.pack(">HHI", Api.PRODUCE, 1, 3) + rest]
+    assert peek_correlation_id(frames) == 3
+    assert is_fire_and_forget(frames) in (True, False)
+
+
 # -- zero copy ---------------------------------------------------------------------------------
 
 
@@ -395,20 +415,43 @@ def produce_frames(ack: Ack = Ack.WRITTEN, message_set: Buffer = MESSAGE) -> lis
     return encode_request(header, ProduceRequest("clicks", 3, ack, message_set))
 
 
-def test_encoders_put_the_message_set_in_the_frames_uncopied() -> None:
+def produce_frame(ack: Ack = Ack.WRITTEN) -> bytes:
+    """The one frame of produce_frames: header 14 bytes, body 13, then MESSAGE."""
+    (frame,) = produce_frames(ack)
+    return bytes(frame)
+
+
+ACK_AT = len(produce_frame()) - len(MESSAGE) - 1
+"""The position of the ack field in produce_frame(): the last byte before the message set."""
+
+
+def test_encode_request_puts_the_produce_message_set_at_the_end_of_its_one_frame() -> None:
+    frames = produce_frames(message_set=memoryview(MESSAGE))
+    assert len(frames) == 1
+    assert bytes(frames[0])[ACK_AT + 1 :] == MESSAGE  # no length field: it runs to the end
+
+
+def test_encode_reply_puts_the_fetch_message_set_in_frame_2_uncopied() -> None:
     message_set = memoryview(MESSAGE)
-    assert produce_frames(message_set=message_set)[2] is message_set
-    assert encode_reply(1, FetchReply(38, 0, message_set))[2] is message_set
+    frames = encode_reply(1, FetchReply(38, 0, message_set))
+    assert len(frames) == 2
+    assert frames[1] is message_set
 
 
-def test_decoders_return_a_view_of_the_message_set_frame_not_a_copy() -> None:
-    frame = bytearray(MESSAGE)
-    frames = [*produce_frames()[:2], frame]
-    _, request = decode_request(frames)
-    reply = decode_reply(Api.FETCH, [*encode_reply(1, FetchReply(38, 0, b""))[:2], frame])
-    frame[-1] = ord("!")
+def test_decoders_return_a_view_of_the_message_set_region_not_a_copy() -> None:
+    request_frame = bytearray(produce_frame())
+    _, request = decode_request([request_frame])
+    message_set_frame = bytearray(MESSAGE)
+    header_and_body = encode_reply(1, FetchReply(38, 0, b""))[0]
+    reply = decode_reply(Api.FETCH, [header_and_body, message_set_frame])
+    request_frame[-1] = message_set_frame[-1] = ord("!")
     assert isinstance(request, ProduceRequest)
+    assert isinstance(request.message_set, memoryview)
+    assert isinstance(reply.message_set, memoryview)
+    assert request.message_set.obj is request_frame
+    assert reply.message_set.obj is message_set_frame
     assert bytes(request.message_set)[-5:] == bytes(reply.message_set)[-5:] == b"hell!"
+    assert len(request.message_set) == len(MESSAGE)
 
 
 def test_decoders_take_zmq_frames() -> None:
@@ -418,20 +461,27 @@ def test_decoders_take_zmq_frames() -> None:
     assert (header.client_id, request.topic, request.message_set) == ("test", "clicks", MESSAGE)
     assert peek_route(frames) == Route("clicks", 3)
     assert (peek_correlation_id(frames), is_fire_and_forget(frames)) == (7, False)
+    reply_frames = cast(
+        list[Buffer], [zmq.Frame(bytes(f)) for f in encode_reply(2, FetchReply(38, 0, MESSAGE))]
+    )
+    assert decode_reply(Api.FETCH, reply_frames).message_set == MESSAGE
 
 
 def test_peek_route_never_touches_the_message_set() -> None:
-    released = memoryview(MESSAGE)
-    released.release()  # any read of it now raises ValueError
-    frames = [*produce_frames()[:2], released]
+    garbage = b"\xff" * 5  # not even a message length: any read of it as messages fails
+    frames: list[Buffer] = [produce_frame(Ack.NONE)[: ACK_AT + 1] + garbage]
     assert peek_route(frames) == Route("clicks", 3)
-    assert is_fire_and_forget(frames) is False
+    assert is_fire_and_forget(frames)
+    _, request = decode_request(frames)  # nor does decode_request check it: the log does
+    assert isinstance(request, ProduceRequest)
+    assert request.message_set == garbage
 
 
 # -- malformed requests ------------------------------------------------------------------------
 
 
 def header(api_key: int = Api.FETCH, version: int = 1, correlation_id: int = 9) -> bytes:
+    """A request header of 13 bytes, client_id "cli"; the body goes right after it."""
     return struct.pack(">HHI", api_key, version, correlation_id) + b"\x00\x03cli"
 
 
@@ -454,7 +504,12 @@ def rejects(
     return raised
 
 
-def valid_requests() -> list[tuple[Api, list[Buffer]]]:
+HEADER_SIZE = 13
+"""The size of the request header valid_requests() use: 10 bytes and client_id "cli"."""
+
+
+def valid_requests() -> list[tuple[Api, bytes]]:
+    """A valid request of every api, as its one frame."""
     cases: list[Request] = [
         ProduceRequest("clicks", 0, Ack.FLUSHED, MESSAGE),
         FetchRequest("clicks", 0, 0, 1024, 100, 1),
@@ -463,103 +518,153 @@ def valid_requests() -> list[tuple[Api, list[Buffer]]]:
         CreateTopicRequest("clicks", 2, {"retention_ms": "none"}),
         DeleteTopicRequest("clicks"),
     ]
-    return [(r.api, encode_request(RequestHeader(r.api, 1, 5, "cli"), r)) for r in cases]
+    valid = []
+    for request in cases:
+        (frame,) = encode_request(RequestHeader(request.api, 1, 5, "cli"), request)
+        valid.append((request.api, bytes(frame)))
+    return valid
 
 
-VALID_REQUESTS = [pytest.param(api, frames, id=api.name) for api, frames in valid_requests()]
+def body_end(api: Api, frame: bytes) -> int:
+    """Where the body's fields end: the end of the frame, but for PRODUCE's message set."""
+    return len(frame) - len(MESSAGE) if api is Api.PRODUCE else len(frame)
+
+
+VALID_REQUESTS = [pytest.param(api, frame, id=api.name) for api, frame in valid_requests()]
+VALID_REQUESTS_BUT_PRODUCE = [p for p in VALID_REQUESTS if p.values[0] is not Api.PRODUCE]
 
 
 def test_request_without_frames_is_malformed() -> None:
-    rejects([], MalformedRequest, "no header")
+    rejects([], MalformedRequest, "a request is 1 frame", "this one has 0")
 
 
 @pytest.mark.parametrize("size", range(8))
 def test_request_header_shorter_than_8_bytes_is_malformed_and_gets_correlation_id_0(
     size: int,
 ) -> None:
-    frames: list[Buffer] = [header()[:size], fetch_body()]
+    frames: list[Buffer] = [header()[:size]]
     field = "api_key" if size < 2 else "api_version" if size < 4 else "correlation_id"
-    rejects(frames, MalformedRequest, "frame 1 (request header)", f"field {field}")
+    rejects(frames, MalformedRequest, "request header: cut short", f"field {field}")
     assert peek_correlation_id(frames) == 0
 
 
 def test_request_header_cut_inside_client_id_is_malformed_but_keeps_its_correlation_id() -> None:
-    frames: list[Buffer] = [header()[:-1], fetch_body()]
-    rejects(frames, MalformedRequest, "frame 1 (request header)", "field client_id")
+    frames: list[Buffer] = [header()[:-1]]
+    rejects(frames, MalformedRequest, "request header: cut short", "field client_id")
     assert peek_correlation_id(frames) == 9
 
 
-def test_request_header_with_trailing_bytes_is_malformed() -> None:
-    rejects([header() + b"\x00", fetch_body()], MalformedRequest, "1 trailing byte", "client_id")
+def test_the_body_starts_right_after_client_id() -> None:
+    # A byte between client_id and the body is read as the body's first: here it shifts the
+    # FETCH body: its topic length becomes 0 and 7 bytes are left over at the end.
+    rejects(
+        [header() + b"\x00" + fetch_body()],
+        MalformedRequest,
+        "FETCH body: 7 trailing bytes after the last field, min_bytes, which ends at byte 39",
+    )
 
 
 def test_client_id_that_is_not_utf8_is_malformed() -> None:
     bad = struct.pack(">HHI", Api.FETCH, 1, 9) + b"\x00\x02\xc3\x28"
-    rejects([bad, fetch_body()], MalformedRequest, "field client_id", "not valid UTF-8")
+    rejects([bad + fetch_body()], MalformedRequest, "request header", "field client_id", "UTF-8")
 
 
 def test_topic_that_is_not_utf8_is_malformed() -> None:
-    rejects([header(), fetch_body(b"\xff")], MalformedRequest, "frame 2", "field topic", "UTF-8")
+    rejects(
+        [header() + fetch_body(b"\xff")],
+        MalformedRequest,
+        "FETCH body",
+        "field topic is not valid UTF-8",
+        "at byte 15",
+    )
 
 
 def test_unknown_api_key_is_unsupported_api() -> None:
-    raised = rejects([header(api_key=6), fetch_body()], UnsupportedApi, "api_key 6")
+    raised = rejects([header(api_key=6) + fetch_body()], UnsupportedApi, "api_key 6")
     assert error_code_for(raised.value) is ErrorCode.UNSUPPORTED_API
 
 
 def test_unknown_api_key_wins_over_an_unknown_version() -> None:
-    raised = rejects([header(api_key=99, version=7), b""], UnsupportedApi)
+    raised = rejects([header(api_key=99, version=7)], UnsupportedApi)
     assert error_code_for(raised.value) is ErrorCode.UNSUPPORTED_API
 
 
 def test_known_api_with_another_version_is_unsupported_version() -> None:
-    raised = rejects([header(version=2), b""], UnsupportedVersion, "FETCH version 2")
+    raised = rejects([header(version=2)], UnsupportedVersion, "FETCH version 2")
     assert isinstance(raised.value, UnsupportedApi)
     assert error_code_for(raised.value) is ErrorCode.UNSUPPORTED_VERSION
 
 
-@pytest.mark.parametrize(("api", "frames"), VALID_REQUESTS)
-def test_request_with_a_frame_missing_or_extra_is_malformed(api: Api, frames: list[Buffer]) -> None:
-    for wrong in (frames[:-1], [*frames, b""]):
-        rejects(wrong, MalformedRequest, f"a {api.name} request has {len(frames)} frames")
+@pytest.mark.parametrize(("api", "frame"), VALID_REQUESTS)
+def test_request_of_other_than_one_frame_is_malformed(api: Api, frame: bytes) -> None:
+    # 0 frames, a second frame (the old body or message set frame), and the empty delimiter
+    # of a REQ envelope that reached the decoder: none is a request, whatever frame 1 says.
+    wrong_counts: list[list[Buffer]] = [[], [frame, b""], [frame, MESSAGE], [b"", frame]]
+    for frames in wrong_counts:
+        rejects(frames, MalformedRequest, "a request is 1 frame", f"this one has {len(frames)}")
+        with pytest.raises(MalformedRequest):
+            peek_route(frames)
+        assert not is_fire_and_forget(frames)
+    assert peek_correlation_id([frame, b""]) == 5  # the first frame's, as long as it has one
+    assert peek_correlation_id([b"", frame]) == 0
 
 
-@pytest.mark.parametrize(("api", "frames"), VALID_REQUESTS)
-def test_request_body_cut_anywhere_is_malformed(api: Api, frames: list[Buffer]) -> None:
-    body = bytes(frames[1])
-    for size in range(len(body)):
-        rejects([frames[0], body[:size], *frames[2:]], MalformedRequest, "frame 2", "cut short")
+def test_the_frame_count_is_checked_before_the_api_key() -> None:
+    rejects([header(api_key=99), b""], MalformedRequest, "a request is 1 frame")
 
 
-@pytest.mark.parametrize(("api", "frames"), VALID_REQUESTS)
-def test_request_body_with_trailing_bytes_is_malformed(api: Api, frames: list[Buffer]) -> None:
-    body = bytes(frames[1]) + b"\x00\x00"
-    where = f"frame 2 ({api.name} body): 2 trailing bytes after the last field"
-    rejects([frames[0], body, *frames[2:]], MalformedRequest, where)
+@pytest.mark.parametrize(("api", "frame"), VALID_REQUESTS)
+def test_request_cut_anywhere_before_its_message_set_is_malformed(api: Api, frame: bytes) -> None:
+    for size in range(body_end(api, frame)):
+        where = "request header" if size < HEADER_SIZE else f"{api.name} body"
+        rejects([frame[:size]], MalformedRequest, f"{where}: cut short")
+
+
+def test_produce_request_cut_inside_its_message_set_decodes_with_the_shorter_set() -> None:
+    # Framing of the message set is the partition log's to check, not the decoder's.
+    frame = produce_frame()
+    for size in range(ACK_AT + 1, len(frame) + 1):
+        _, request = decode_request([frame[:size]])
+        assert isinstance(request, ProduceRequest)
+        assert request.message_set == MESSAGE[: size - ACK_AT - 1]
+
+
+@pytest.mark.parametrize(("api", "frame"), VALID_REQUESTS_BUT_PRODUCE)
+def test_request_body_with_trailing_bytes_is_malformed(api: Api, frame: bytes) -> None:
+    where = f"{api.name} body: 2 trailing bytes after the last field"
+    rejects([frame + b"\x00\x00"], MalformedRequest, where, f"which ends at byte {len(frame)}")
+
+
+def test_bytes_after_a_produce_body_are_its_message_set() -> None:
+    _, request = decode_request([produce_frame() + b"\x00\x00"])
+    assert isinstance(request, ProduceRequest)
+    assert request.message_set == MESSAGE + b"\x00\x00"
 
 
 def test_fetch_request_with_trailing_bytes_is_malformed() -> None:
-    rejects([header(), fetch_body() + b"\x01"], MalformedRequest, "after the last field, min_bytes")
+    frames: list[Buffer] = [header() + fetch_body() + b"\x01"]
+    rejects(frames, MalformedRequest, "after the last field, min_bytes")
 
 
 def test_fetch_request_cut_inside_max_wait_ms_names_that_field() -> None:
-    rejects([header(), fetch_body()[:-6]], MalformedRequest, "cut short in field max_wait_ms")
+    frames: list[Buffer] = [header() + fetch_body()[:-6]]
+    rejects(frames, MalformedRequest, "cut short in field max_wait_ms", "from byte 37")
 
 
 def test_fetch_request_with_max_bytes_0_is_malformed() -> None:
-    rejects([header(), fetch_body(max_bytes=0)], MalformedRequest, "field max_bytes is 0")
+    rejects([header() + fetch_body(max_bytes=0)], MalformedRequest, "field max_bytes is 0")
 
 
 @pytest.mark.parametrize("ack", [3, 255])
 def test_produce_request_with_ack_out_of_range_is_malformed(ack: int) -> None:
-    frames = produce_frames()
-    body = bytes(frames[1])[:-1] + bytes([ack])
-    rejects([frames[0], body, frames[2]], MalformedRequest, f"field ack is {ack}")
+    frame = produce_frame()
+    bad = frame[:ACK_AT] + bytes([ack]) + frame[ACK_AT + 1 :]
+    rejects([bad], MalformedRequest, f"PRODUCE body: field ack is {ack}")
 
 
 def test_offsets_request_with_time_below_earliest_is_malformed() -> None:
     body = topic(b"clicks") + struct.pack(">Iq", 0, -3)
-    rejects([header(Api.OFFSETS), body], MalformedRequest, "field time is -3")
+    rejects([header(Api.OFFSETS) + body], MalformedRequest, "field time is -3")
 
 
 BAD_TOPIC_NAMES = ["", ".", "..", "a b", "a/b", "clicks\n", "é", "x" * 250]
@@ -569,7 +674,7 @@ BAD_TOPIC_NAMES = ["", ".", "..", "a b", "a/b", "clicks\n", "é", "x" * 250]
 def test_bad_topic_names_are_invalid_topic(name: str) -> None:
     with pytest.raises(InvalidTopic, match="topic name"):
         check_topic_name(name)
-    rejects([header(), fetch_body(name.encode())], InvalidTopic, "topic name")
+    rejects([header() + fetch_body(name.encode())], InvalidTopic, "topic name")
 
 
 @pytest.mark.parametrize("name", ["a", "A-z_0.9", "...", "x" * 249, "-"])
@@ -579,28 +684,28 @@ def test_good_topic_names_pass(name: str) -> None:
 
 def test_metadata_request_with_a_bad_topic_is_invalid_topic() -> None:
     body = struct.pack(">H", 2) + topic(b"clicks") + topic(b"..")
-    rejects([header(Api.METADATA), body], InvalidTopic, "'..'")
+    rejects([header(Api.METADATA) + body], InvalidTopic, "'..'")
 
 
 def test_metadata_request_cut_inside_a_topic_names_the_topic() -> None:
     body = struct.pack(">H", 2) + topic(b"clicks") + topic(b"views")[:-1]
-    rejects([header(Api.METADATA), body], MalformedRequest, "field topic[1]")
+    rejects([header(Api.METADATA) + body], MalformedRequest, "METADATA body", "field topic[1]")
 
 
 def test_create_topic_request_with_0_partitions_is_invalid_topic() -> None:
     body = topic(b"clicks") + struct.pack(">IH", 0, 0)
-    rejects([header(Api.CREATE_TOPIC), body], InvalidTopic, "partitions is 0")
+    rejects([header(Api.CREATE_TOPIC) + body], InvalidTopic, "partitions is 0")
 
 
 def test_create_topic_request_with_a_setting_given_twice_is_invalid_topic() -> None:
     pair = topic(b"retention_ms") + topic(b"1000")
     body = topic(b"clicks") + struct.pack(">IH", 1, 2) + pair + pair
-    rejects([header(Api.CREATE_TOPIC), body], InvalidTopic, "'retention_ms' is given twice")
+    rejects([header(Api.CREATE_TOPIC) + body], InvalidTopic, "'retention_ms' is given twice")
 
 
 def test_create_topic_request_cut_inside_a_value_names_it() -> None:
     body = topic(b"clicks") + struct.pack(">IH", 1, 1) + topic(b"retention_ms") + b"\x00\x04no"
-    rejects([header(Api.CREATE_TOPIC), body], MalformedRequest, "field value[0]")
+    rejects([header(Api.CREATE_TOPIC) + body], MalformedRequest, "field value[0]")
 
 
 # -- encoding what the wire cannot carry -------------------------------------------------------
@@ -644,11 +749,14 @@ def test_an_unexpected_exception_is_answered_with_its_type_and_text() -> None:
 
 
 def test_produce_with_ack_none_is_fire_and_forget_even_when_malformed() -> None:
-    frames = produce_frames(Ack.NONE)
-    assert is_fire_and_forget(frames)
-    assert is_fire_and_forget([frames[0], bytes(frames[1]) + b"junk"])  # no message set either
+    frame = produce_frame(Ack.NONE)
+    assert is_fire_and_forget([frame])
+    assert is_fire_and_forget([frame[: ACK_AT + 1]])  # no message set
+    assert is_fire_and_forget([frame[: ACK_AT + 1] + b"junk"])  # a message set of garbage
     bad_topic = topic(b"a b") + struct.pack(">IB", 0, 0)
-    assert is_fire_and_forget([frames[0], bad_topic, frames[2]])
+    assert is_fire_and_forget([header(Api.PRODUCE) + bad_topic + MESSAGE])
+    bad_client_id = struct.pack(">HHI", Api.PRODUCE, 1, 9) + b"\x00\x01\xff"
+    assert is_fire_and_forget([bad_client_id + topic(b"clicks") + struct.pack(">IB", 0, 0)])
 
 
 def test_produce_with_ack_written_or_flushed_is_answered() -> None:
@@ -656,19 +764,27 @@ def test_produce_with_ack_written_or_flushed_is_answered() -> None:
     assert not is_fire_and_forget(produce_frames(Ack.FLUSHED))
 
 
-def test_produce_whose_body_stops_before_ack_is_answered() -> None:
-    frames = produce_frames(Ack.NONE)
-    assert not is_fire_and_forget([frames[0], bytes(frames[1])[:-1], frames[2]])
+def test_produce_whose_frame_stops_before_ack_is_answered() -> None:
+    frame = produce_frame(Ack.NONE)
+    for size in range(ACK_AT + 1):  # cut in the header, client_id, topic, partition
+        assert not is_fire_and_forget([frame[:size]]), size
+
+
+def test_produce_whose_topic_length_runs_past_the_frame_is_answered() -> None:
+    # 00 ff as a topic length would put "ack" past the end: nothing to read there.
+    frame = header(Api.PRODUCE) + b"\x00\xff" + struct.pack(">IB", 0, 0)
+    assert not is_fire_and_forget([frame])
 
 
 def test_other_apis_and_versions_are_answered() -> None:
-    frames = produce_frames(Ack.NONE)
-    assert not is_fire_and_forget([header(Api.FETCH), *frames[1:]])
-    assert not is_fire_and_forget([header(Api.PRODUCE, version=2), *frames[1:]])
+    body = produce_frame(Ack.NONE)[14:]  # after produce_frame's 14-byte header
+    assert is_fire_and_forget([header(Api.PRODUCE) + body])
+    assert not is_fire_and_forget([header(Api.FETCH) + body])
+    assert not is_fire_and_forget([header(Api.PRODUCE, version=2) + body])
 
 
 def test_peek_route_is_none_for_the_apis_the_front_serves() -> None:
-    routes = {api: peek_route(frames) for api, frames in valid_requests()}
+    routes = {api: peek_route([frame]) for api, frame in valid_requests()}
     assert routes == {
         Api.PRODUCE: Route("clicks", 0),
         Api.FETCH: Route("clicks", 0),
@@ -684,11 +800,13 @@ def test_peek_route_is_none_for_the_apis_the_front_serves() -> None:
     [
         ([], MalformedRequest),
         ([b"\x00\x01\x00"], MalformedRequest),
-        ([header(api_key=6), fetch_body()], UnsupportedApi),
-        ([header(version=0), fetch_body()], UnsupportedVersion),
-        ([header(), fetch_body(), b""], MalformedRequest),
-        ([header(), fetch_body(b"a b")], InvalidTopic),
-        ([header(), fetch_body()[:9]], MalformedRequest),
+        ([header()[:-1]], MalformedRequest),
+        ([header(api_key=6) + fetch_body()], UnsupportedApi),
+        ([header(version=0) + fetch_body()], UnsupportedVersion),
+        ([header() + fetch_body(), b""], MalformedRequest),
+        ([b"", header() + fetch_body()], MalformedRequest),
+        ([header() + fetch_body(b"a b")], InvalidTopic),
+        ([header() + fetch_body()[:9]], MalformedRequest),
     ],
 )
 def test_peek_route_refuses_what_decode_request_refuses_in_what_it_reads(
@@ -715,44 +833,71 @@ def test_reply_without_frames_is_malformed() -> None:
 
 
 def test_reply_header_cut_short_is_malformed() -> None:
-    reply_rejects(Api.FETCH, [b"\x00\x00\x00\x01\x00"], "frame 1 (reply header)", "error_code")
+    reply_rejects(Api.FETCH, [b"\x00\x00\x00\x01\x00"], "reply header: cut short", "error_code")
 
 
-def test_reply_header_with_trailing_bytes_is_malformed() -> None:
-    frames = encode_reply(1, OffsetsReply(5))
-    reply_rejects(Api.OFFSETS, [bytes(frames[0]) + b"\x00", frames[1]], "trailing byte")
+def test_error_reply_with_bytes_after_its_header_is_malformed() -> None:
+    (frame,) = encode_error(1, ErrorCode.DISK_FULL)
+    where = (
+        "reply header: 1 trailing byte after the last field, error_message, which ends at byte 8"
+    )
+    reply_rejects(Api.PRODUCE, [bytes(frame) + b"\x00"], where)
 
 
-def test_error_reply_with_a_body_is_malformed() -> None:
+def test_error_reply_with_a_second_frame_is_malformed() -> None:
     frames = encode_error(1, ErrorCode.DISK_FULL)
-    reply_rejects(Api.PRODUCE, [*frames, b""], "an error reply has 1 frame")
+    reply_rejects(Api.PRODUCE, [*frames, b""], "an error reply is 1 frame", "this one has 2")
 
 
 def test_success_reply_without_its_body_is_malformed() -> None:
+    (frame,) = encode_reply(1, OffsetsReply(5))
+    header_only = bytes(frame)[:8]
+    reply_rejects(Api.OFFSETS, [header_only], "OFFSETS reply body: cut short in field offset")
+
+
+def test_success_reply_with_a_second_frame_is_malformed() -> None:
     frames = encode_reply(1, OffsetsReply(5))
-    reply_rejects(Api.OFFSETS, frames[:1], "a OFFSETS reply has 2 frames")
+    reply_rejects(Api.OFFSETS, [*frames, b""], "a OFFSETS reply is 1 frame", "this one has 2")
 
 
 def test_fetch_reply_without_its_message_set_is_malformed() -> None:
     frames = encode_reply(1, FetchReply(38, 0, MESSAGE))
-    reply_rejects(Api.FETCH, frames[:2], "a FETCH reply has 3 frames")
+    reply_rejects(Api.FETCH, frames[:1], "a FETCH reply is 2 frames", "this one has 1")
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [ProduceReply(0, 1), FetchReply(38, 0, b""), OffsetsReply(5), MetadataReply((), ())],
+    ids=lambda reply: type(reply).__name__,
+)
+def test_success_reply_cut_anywhere_is_malformed(reply: Reply) -> None:
+    frames = encode_reply(1, reply)
+    api = {ProduceReply: Api.PRODUCE, FetchReply: Api.FETCH, OffsetsReply: Api.OFFSETS}.get(
+        type(reply), Api.METADATA
+    )
+    frame = bytes(frames[0])
+    for size in range(len(frame)):
+        where = "reply header" if size < 8 else f"{api.name} reply body"
+        reply_rejects(api, [frame[:size], *frames[1:]], f"{where}: cut short")
 
 
 def test_reply_body_with_trailing_bytes_is_malformed() -> None:
-    frames = encode_reply(1, ProduceReply(0, 1))
-    body = bytes(frames[1]) + b"\x00"
-    reply_rejects(Api.PRODUCE, [frames[0], body], "frame 2 (PRODUCE reply body)", "count")
+    (frame,) = encode_reply(1, ProduceReply(0, 1))
+    reply_rejects(
+        Api.PRODUCE, [bytes(frame) + b"\x00"], "PRODUCE reply body: 1 trailing byte", "count"
+    )
 
 
 def test_empty_reply_with_bytes_in_its_body_is_malformed() -> None:
-    frames = encode_reply(1, EmptyReply())
-    reply_rejects(Api.DELETE_TOPIC, [frames[0], b"\x00"], "must be empty, it has 1 byte")
+    (frame,) = encode_reply(1, EmptyReply())
+    where = "DELETE_TOPIC reply body: must be empty, it has 1 byte from byte 8"
+    reply_rejects(Api.DELETE_TOPIC, [bytes(frame) + b"\x00"], where)
 
 
 def test_metadata_reply_cut_inside_a_partition_is_malformed() -> None:
     reply = MetadataReply((), (TopicInfo("clicks", ErrorCode.NONE, (PartitionInfo(0, 1, 0, 9),)),))
-    frames = encode_reply(1, reply)
-    reply_rejects(Api.METADATA, [frames[0], bytes(frames[1])[:-3]], "field high_watermark")
+    (frame,) = encode_reply(1, reply)
+    reply_rejects(Api.METADATA, [bytes(frame)[:-3]], "field high_watermark")
 
 
 def test_an_error_code_from_a_newer_broker_is_a_broker_error_that_is_not_retriable() -> None:
