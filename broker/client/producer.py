@@ -19,6 +19,7 @@ Not safe to share between threads.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -97,6 +98,8 @@ class Producer:
         self._partitions: int | None = None
         self._round_robin = itertools.count()
         self._batches: dict[int, _Batch] = {}
+        self._linger_deadline = math.inf
+        """When the oldest open batch's linger ends (clock.monotonic), checked on each send."""
         self._acks: list[ProduceAck] = []
         self._sent = 0
 
@@ -152,20 +155,26 @@ class Producer:
                 f"topic {self.topic!r} has partitions 0 to {self.partitions - 1}, not {partition}",
             )
         message = encode_message(value, key, timestamp_ms)
-        batch = self._batches.setdefault(partition, _Batch())
-        if not batch.messages:
-            batch.started = self.clock.monotonic()
+        batch = self._batches.get(partition)
+        if batch is None:
+            batch = self._batches[partition] = _Batch(started=self.clock.monotonic())
+            self._linger_deadline = min(self._linger_deadline, batch.started + self.linger_s)
         batch.messages.append(message)
         batch.size += len(message)
         if len(batch.messages) >= self.batch_messages or batch.size >= self.batch_bytes:
             self._send_batch(partition)
-        self._send_lingering()
+        if self._batches and self.clock.monotonic() >= self._linger_deadline:
+            self._send_lingering()
 
     def _send_lingering(self) -> None:
+        """Send every batch whose linger has passed; note when the next one's will."""
         now = self.clock.monotonic()
         for partition, batch in list(self._batches.items()):
-            if batch.messages and now - batch.started >= self.linger_s:
+            if now - batch.started >= self.linger_s:
                 self._send_batch(partition)
+        self._linger_deadline = min(
+            (b.started + self.linger_s for b in self._batches.values()), default=math.inf
+        )
 
     def _send_batch(self, partition: int) -> None:
         batch = self._batches.pop(partition)
