@@ -24,7 +24,7 @@ as it came, never re-encoded.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -47,9 +47,10 @@ class TrioSocket:
         self._receiver_wait: trio.CancelScope | None = None
         self._received_since_checkpoint = 0
 
-    async def receive(self) -> list[bytes]:
+    async def receive(self, on_idle: Callable[[], object] | None = None) -> list[bytes]:
         """The next multipart message. Frames are copied out: for the small frames most
-        requests are, that is cheaper than a zmq.Frame each."""
+        requests are, that is cheaper than a zmq.Frame each. `on_idle` is called each time the
+        socket has nothing left to read, before waiting (the worker's group commit)."""
         while True:
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK)
@@ -65,6 +66,8 @@ class TrioSocket:
             self._received_since_checkpoint = 0
             if self._events() & zmq.POLLIN:
                 continue
+            if on_idle is not None:
+                on_idle()
             with trio.CancelScope() as scope:
                 self._receiver_wait = scope
                 try:

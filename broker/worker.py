@@ -13,8 +13,11 @@ It connects a DEALER socket to the supervisor's ipc endpoint for it and serves w
 - OFFSETS answers earliest, latest (the high watermark) or the first offset at a time.
 - Commands from the supervisor open partitions (recovering them) and delete topics.
 
-Flushes happen on count (in append), and at each partition's flush deadline (a task sleeps
-until the earliest one); retention runs every retention_check_interval_ms. After a change of a
+Flushes happen on count (in append), at each partition's flush deadline (a task sleeps until
+the earliest one), and by group commit: when producers wait for ack=flushed, the worker
+flushes their partitions as soon as it has served every request that has come, so one flush
+(and fsync) answers a whole burst and nobody waits flush_interval_ms on an idle disk.
+Retention runs every retention_check_interval_ms. After a change of a
 partition's log start or high watermark the worker reports them, at most every 0.2 s, so the
 supervisor can answer metadata requests.
 
@@ -59,7 +62,7 @@ PR_SET_PDEATHSIG = 1
 ANSWER_TIMEOUT_S = 5.0
 
 
-@dataclass
+@dataclass(eq=False)
 class Partition:
     """One open partition log, and the event its next flush sets."""
 
@@ -92,6 +95,7 @@ class Worker:
         self.unanswered_errors = 0
         """Failed produce requests with ack=none, which get no reply: logged and counted."""
         self._flush_waiters = 0
+        self._flush_wanted: set[Partition] = set()
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -104,7 +108,7 @@ class Worker:
             await self.socket.send([STATE, json_frame({"hello": self.index})])
             task_status.started()
             while True:
-                frames = await self.socket.receive()
+                frames = await self.socket.receive(on_idle=self._group_commit)
                 if frames[0] == COMMAND:
                     await self._run_command(json.loads(frames[1]))
                 else:  # a request: the client's tagged identity, then its frame(s)
@@ -186,6 +190,7 @@ class Worker:
             await self._reply(tagged, frames)
             return
         assert self.nursery is not None
+        self._flush_wanted.add(partition)
         self.nursery.start_soon(
             self._reply_when_flushed, partition, end, tagged, correlation_id, frames
         )
@@ -315,6 +320,21 @@ class Worker:
         self._deadline_changed.set()
 
     # -- background tasks ------------------------------------------------------------------
+
+    def _group_commit(self) -> None:
+        """Flush the partitions that producers wait on (ack=flushed), now that every request
+        that came has been served: one flush (and fsync) answers the whole burst, and a
+        producer does not wait flush_interval_ms for a disk that is idle."""
+        wanted, self._flush_wanted = self._flush_wanted, set()
+        for partition in wanted:
+            if self.partitions.get((partition.topic, partition.number)) is not partition:
+                continue
+            try:
+                partition.log.flush()
+            except PylogError as error:
+                log.error("flush of %s-%d: %s", partition.topic, partition.number, error)
+                continue
+            self._flushed(partition)
 
     def _flushed(self, partition: Partition) -> None:
         partition.note_flush()
