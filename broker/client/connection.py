@@ -1,9 +1,11 @@
-"""One client connection to one broker: blocking pyzmq, one request in flight.
+"""One client connection to one broker: blocking pyzmq.
 
-A `Connection` holds a REQ socket for requests that get a reply (every api but a PRODUCE with
-ack NONE) and, created on first use, a DEALER socket for fire-and-forget produce requests,
-whose reply never comes and would leave a REQ socket waiting for ever (docs/protocol.md,
-"Transport"). Frames are built and read by broker.protocol only.
+A `Connection` holds a REQ socket for requests with one in flight (`request`, `call`) and,
+created on first use, a DEALER socket for pipelined requests (`send_pipelined`,
+`receive_pipelined`: any number in flight, matched to replies by correlation id) and for
+fire-and-forget produce requests, whose reply never comes and would leave a REQ socket
+waiting for ever (docs/protocol.md, "Transport"). Frames are built and read by broker.protocol
+only.
 
 Timeouts: every request waits at most `timeout_s` for its reply (a FETCH also its own
 max_wait_ms). When no reply comes, the REQ socket is closed and a new one connected, because a
@@ -12,7 +14,7 @@ broker.errors.Unavailable, which is retriable. `call(..., retries=N)` retries th
 retriable BrokerError (the broker's Unavailable branch) with a doubling back-off, bounded both
 in count and in total time.
 
-Not safe to share between threads: it is one socket pair with one request in flight.
+Not safe to share between threads.
 """
 
 from __future__ import annotations
@@ -202,11 +204,7 @@ class Connection:
             time.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, 2.0)
 
-    def send_nowait(self, request: ProduceRequest) -> None:
-        """Send a PRODUCE with ack NONE on the DEALER socket and return at once: the broker
-        never answers it, not even on error. Queued while the broker is unreachable."""
-        if request.ack is not Ack.NONE:
-            raise ValueError("send_nowait is for ack NONE only: the reply would be left unread")
+    def _dealer_socket(self) -> zmq.Socket[bytes]:
         if self._closed:
             raise ValueError("the connection is closed")
         if self._dealer is None:
@@ -214,8 +212,31 @@ class Connection:
             socket.setsockopt(zmq.LINGER, FIRE_AND_FORGET_LINGER_MS)
             socket.connect(self.endpoint)
             self._dealer = socket
-        _, frames = self._frames(request)
-        self._dealer.send_multipart(frames, copy=False)  # a DEALER sends no delimiter
+        return self._dealer
+
+    def send_pipelined(self, request: Request) -> int:
+        """Send `request` on the DEALER socket without waiting; returns the correlation id
+        its reply will carry (see `receive_pipelined`). Any number may be in flight."""
+        correlation_id, frames = self._frames(request)
+        self._dealer_socket().send_multipart(frames, copy=False)  # a DEALER sends no delimiter
+        return correlation_id
+
+    def receive_pipelined(self, timeout_s: float) -> tuple[int, list[Buffer]]:
+        """The next reply to a request sent with `send_pipelined`: its correlation id and
+        frames (decode them with protocol.decode_reply). Unavailable when none comes within
+        `timeout_s`."""
+        socket = self._dealer_socket()
+        if not socket.poll(max(1, round(timeout_s * 1000)), zmq.POLLIN):
+            raise Unavailable(f"no reply from {self.endpoint} within {timeout_s:g} s")
+        frames: list[Buffer] = [frame.buffer for frame in socket.recv_multipart(copy=False)]
+        return decode_reply_header(frames).correlation_id, frames
+
+    def send_nowait(self, request: ProduceRequest) -> None:
+        """Send a PRODUCE with ack NONE on the DEALER socket and return at once: the broker
+        never answers it, not even on error. Queued while the broker is unreachable."""
+        if request.ack is not Ack.NONE:
+            raise ValueError("send_nowait is for ack NONE only: the reply would be left unread")
+        self.send_pipelined(request)
 
     # -- life cycle ------------------------------------------------------------------------
 

@@ -8,10 +8,15 @@ round robin; "round_robin" and "random" spread every message that way, keys igno
 Batching: each partition has one open batch (a message set being built with encode_message). A
 batch is sent once it holds `batch_messages` messages or `batch_bytes` bytes, or when
 `linger_ms` have passed since its first message; linger is checked on every `send` and on
-`flush`, there is no background thread. Sending waits for the broker's acknowledgement (ack
-WRITTEN or FLUSHED) and retries retriable errors, so delivery is at least once; with ack NONE
-nothing is awaited and no error is ever seen. A batch whose sending fails (after its retries)
-is dropped, and the error raised to the caller of `send` or `flush`.
+`flush`, there is no background thread.
+
+Acknowledgements (ack WRITTEN or FLUSHED): up to `max_in_flight` batches are sent before the
+producer waits for the oldest reply (pipelining, on the connection's DEALER socket); `flush`
+waits for all. A batch that meets a retriable error or no reply in time is sent again, so
+delivery is at least once; with more than one batch in flight a batch sent again may land
+after batches sent later (max_in_flight=1 keeps the order of a partition's batches). With
+ack NONE nothing is awaited and no error is ever seen. A batch whose sending fails (after its
+retries) is dropped, and the error raised to the caller of `send` or `flush`.
 
 Not safe to share between threads.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import time
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, Self
@@ -29,15 +35,20 @@ import xxhash
 
 from broker.client.connection import DEFAULT_CLIENT_ID, Connection
 from broker.clock import SYSTEM_CLOCK, Clock
-from broker.errors import BrokerError
+from broker.errors import BrokerError, Unavailable
 from broker.log.message import encode_message
 from broker.protocol import (
     Ack,
+    Api,
     ErrorCode,
     MetadataRequest,
     ProduceRequest,
     broker_error,
+    decode_reply,
 )
+
+RETRY_BACKOFF_S = 0.1
+MAX_RETRY_BACKOFF_S = 2.0
 
 Partitioner = Literal["hash", "round_robin", "random"]
 
@@ -50,6 +61,17 @@ class ProduceAck:
     partition: int
     base_offset: int
     count: int
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """A batch sent and not yet acknowledged."""
+
+    request: ProduceRequest
+    sequence: int
+    """The order in which batches were first sent: acks are returned in it."""
+    attempts: int = 0
+    looked_again: bool = False
 
 
 @dataclass(slots=True)
@@ -78,14 +100,17 @@ class Producer:
         batch_bytes: int = 256 * 1024,
         linger_ms: float = 10,
         retries: int = 5,
+        max_in_flight: int = 5,
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if partitioner not in ("hash", "round_robin", "random"):
             raise ValueError(f"partitioner {partitioner!r}: use hash, round_robin or random")
-        if batch_messages < 1 or batch_bytes < 1 or linger_ms < 0:
-            raise ValueError("batch_messages and batch_bytes must be >= 1, linger_ms >= 0")
+        if batch_messages < 1 or batch_bytes < 1 or linger_ms < 0 or max_in_flight < 1:
+            raise ValueError(
+                "batch_messages, batch_bytes and max_in_flight must be >= 1, linger_ms >= 0"
+            )
         self.topic = topic
         self.ack = ack
         self.partitioner: Partitioner = partitioner
@@ -93,6 +118,8 @@ class Producer:
         self.batch_bytes = batch_bytes
         self.linger_s = linger_ms / 1000
         self.retries = retries
+        self.max_in_flight = max_in_flight
+        self._in_flight: dict[int, _InFlight] = {}
         self.clock = clock
         self.connection = Connection(endpoint, client_id, timeout_s)
         self._partitions: int | None = None
@@ -100,7 +127,9 @@ class Producer:
         self._batches: dict[int, _Batch] = {}
         self._linger_deadline = math.inf
         """When the oldest open batch's linger ends (clock.monotonic), checked on each send."""
-        self._acks: list[ProduceAck] = []
+        self._acks: list[tuple[int, ProduceAck]] = []
+        """Acknowledgements since the last flush, each with its batch's send sequence."""
+        self._batches_sent = itertools.count()
         self._sent = 0
 
     @property
@@ -178,31 +207,65 @@ class Producer:
 
     def _send_batch(self, partition: int) -> None:
         batch = self._batches.pop(partition)
-        message_set = b"".join(batch.messages)
-        request = ProduceRequest(self.topic, partition, self.ack, message_set)
+        request = ProduceRequest(self.topic, partition, self.ack, b"".join(batch.messages))
         if self.ack is Ack.NONE:
             self.connection.send_nowait(request)
         else:
-            try:
-                reply = self.connection.call(request, self.retries)
-            except BrokerError as error:
-                if error.code != ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                    raise
-                # The topic may have been re-created with other partitions: look again, and
-                # retry once if the partition still exists.
-                self._partitions = None
-                if partition >= self.partitions:
-                    raise
-                reply = self.connection.call(request, self.retries)
-            self._acks.append(ProduceAck(partition, reply.base_offset, reply.count))
+            self._send_acked(_InFlight(request, next(self._batches_sent)))
+            while len(self._in_flight) >= self.max_in_flight:
+                self._receive_ack()
         self._sent += len(batch.messages)
 
+    def _send_acked(self, entry: _InFlight) -> None:
+        self._in_flight[self.connection.send_pipelined(entry.request)] = entry
+
+    def _receive_ack(self) -> None:
+        """Wait for the next reply to a batch in flight. What a retriable error or a timeout
+        lost is sent again, up to `retries` times a batch, with a doubling back-off."""
+        try:
+            correlation_id, frames = self.connection.receive_pipelined(self.connection.timeout_s)
+        except Unavailable as error:  # no reply in time: every batch in flight may be lost
+            lost = list(self._in_flight.values())
+            self._in_flight.clear()
+            for entry in lost:
+                self._retry(entry, error)
+            return
+        if correlation_id not in self._in_flight:
+            return  # the late reply to a batch already sent again after a timeout
+        entry = self._in_flight.pop(correlation_id)
+        try:
+            reply = decode_reply(Api.PRODUCE, frames)
+        except BrokerError as error:
+            if error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and not entry.looked_again:
+                # The topic may have been re-created with other partitions: look again, and
+                # send once more if the partition still exists.
+                self._partitions = None
+                if entry.request.partition < self.partitions:
+                    entry.looked_again = True
+                    self._send_acked(entry)
+                    return
+            if not error.retriable:
+                raise
+            self._retry(entry, error)
+            return
+        ack = ProduceAck(entry.request.partition, reply.base_offset, reply.count)
+        self._acks.append((entry.sequence, ack))
+
+    def _retry(self, entry: _InFlight, error: Exception) -> None:
+        if entry.attempts >= self.retries:
+            raise error
+        time.sleep(min(RETRY_BACKOFF_S * 2**entry.attempts, MAX_RETRY_BACKOFF_S))
+        entry.attempts += 1
+        self._send_acked(entry)
+
     def flush(self) -> list[ProduceAck]:
-        """Send every open batch, wait for their acknowledgements, and return every
-        acknowledgement received since the last flush, in the order they came."""
+        """Send every open batch, wait for every acknowledgement, and return those received
+        since the last flush, in the order their batches were sent."""
         for partition in list(self._batches):
             self._send_batch(partition)
-        acks, self._acks = self._acks, []
+        while self._in_flight:
+            self._receive_ack()
+        acks, self._acks = [ack for _, ack in sorted(self._acks)], []
         return acks
 
     def close(self) -> None:
