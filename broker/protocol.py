@@ -105,6 +105,10 @@ class Ack(IntEnum):
     """Once the flush that made the message set durable and visible to consumers is done."""
 
 
+_ACKS: Final = tuple(Ack)
+"""Ack by value, without the enum call (a decoded request checks the range first)."""
+
+
 class ErrorCode(IntEnum):
     """The error_code of a reply (i16). ERROR_TABLE says what each one means."""
 
@@ -216,10 +220,19 @@ _TOPIC_NAME: Final = re.compile(r"[A-Za-z0-9._-]+")
 _TOPIC_CHARACTER: Final = re.compile(r"[A-Za-z0-9._-]")
 
 
+_checked_topics: set[str] = set()
+_CHECKED_TOPICS_MAX: Final = 100_000
+
+
 def check_topic_name(topic: str) -> None:
     """Raise InvalidTopic unless `topic` is 1-249 characters of A-Z a-z 0-9 . _ - and is
-    neither "." nor ".." (a topic name becomes a directory name)."""
+    neither "." nor ".." (a topic name becomes a directory name). Names found good are
+    remembered (up to _CHECKED_TOPICS_MAX): every routed request checks its topic."""
+    if topic in _checked_topics:
+        return
     if _TOPIC_NAME.fullmatch(topic) and len(topic) <= MAX_TOPIC_LENGTH:
+        if topic not in (".", "..") and len(_checked_topics) < _CHECKED_TOPICS_MAX:
+            _checked_topics.add(topic)
         if topic in (".", ".."):
             raise InvalidTopic(f"topic name {topic!r} is not allowed: it names a directory")
         return
@@ -692,7 +705,7 @@ def _decode_produce(reader: _Reader) -> ProduceRequest:
     check_topic_name(topic)
     if ack > Ack.FLUSHED:
         raise reader.fail(f"field ack is {ack}: it must be 0 (none), 1 (written) or 2 (flushed)")
-    return ProduceRequest(topic, partition, Ack(ack), reader.rest())
+    return ProduceRequest(topic, partition, _ACKS[ack], reader.rest())
 
 
 def _decode_fetch(reader: _Reader) -> FetchRequest:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from xxhash import xxh3_64_intdigest
@@ -74,17 +73,17 @@ class Message(NamedTuple):
         return self.offset + self.size
 
 
-@dataclass(frozen=True, slots=True)
-class ScanResult:
+class ScanResult(NamedTuple):
     """What a framing-and-checksum walk over a buffer found.
 
-    `valid_bytes` is the length of the longest prefix made of valid messages, `count` how many
-    messages it holds, `marks` the positions of the message starts chosen for the sparse index
-    (see broker.log.index), and `error` why the walk stopped before the end, or None.
+    `valid_bytes` is the length of the longest prefix made of valid messages, `message_count`
+    how many messages it holds, `marks` the positions of the message starts chosen for the
+    sparse index (see broker.log.index), and `error` why the walk stopped before the end, or
+    None. A named tuple: one is made for every message set appended.
     """
 
     valid_bytes: int
-    count: int
+    message_count: int
     marks: list[int]
     error: str | None
 

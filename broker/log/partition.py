@@ -201,12 +201,12 @@ class PartitionLog:
         active.append(message_set, checked.marks)
         if self._pending_since is None:
             self._pending_since = self._clock.monotonic()
-        self._pending_messages += checked.count
+        self._pending_messages += checked.message_count
         if self._pending_messages >= config.flush_messages:
             self.flush()
         else:
             self.flush_if_due()
-        return offset, checked.count
+        return offset, checked.message_count
 
     def flush(self) -> None:
         """Make every appended message visible to reads, fsyncing first when configured."""

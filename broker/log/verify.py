@@ -65,8 +65,8 @@ def check_segment(path: Path, expected_base: int | None = None) -> SegmentCheck:
         )
     result = scan(data, MAX_CHECKED_MESSAGE_BYTES)
     if result.error is None:
-        return SegmentCheck(path, base, size, result.count, None, None)
-    return SegmentCheck(path, base, size, result.count, result.error, result.valid_bytes)
+        return SegmentCheck(path, base, size, result.message_count, None, None)
+    return SegmentCheck(path, base, size, result.message_count, result.error, result.valid_bytes)
 
 
 def partition_dirs(path: Path) -> list[Path]:

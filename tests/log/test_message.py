@@ -46,7 +46,7 @@ def test_encoded_sets_decode_to_what_was_encoded_at_byte_offsets(
     expected_offsets = [base + sum(len(e) for e in encoded[:i]) for i in range(len(encoded))]
     assert [m.offset for m in decoded] == expected_offsets
     assert all(m.size == len(e) for m, e in zip(decoded, encoded, strict=True))
-    assert validate_message_set(b"".join(encoded), MAX).count == len(batch)
+    assert validate_message_set(b"".join(encoded), MAX).message_count == len(batch)
 
 
 def test_a_message_without_key_differs_from_one_with_an_empty_key() -> None:
@@ -127,7 +127,7 @@ def test_scan_keeps_the_valid_prefix_and_marks_index_entries_by_interval() -> No
     one = encode_message(b"v" * 74, timestamp_ms=0)  # 100 bytes on disk
     data = one * 10 + b"garbage"
     result = scan(data, MAX, index_interval=250)
-    assert (result.valid_bytes, result.count) == (1000, 10)
+    assert (result.valid_bytes, result.message_count) == (1000, 10)
     assert result.marks == [0, 300, 600, 900]
     assert result.error is not None and result.error.startswith("cut short")
 
