@@ -1,0 +1,198 @@
+"""pylog's side of the paper's experiments: a private pylogd, and the producer, consumer and
+latency runs against it through the Python client (broker.client), as a user would run them.
+
+- `produce`: one Producer sends N messages of 200 bytes, built in the timed loop (encode_message:
+  header and XXH3 checksum), in batches of `batch` messages. With ack NONE (the paper's
+  producer, which never waits) the run ends when the broker holds all N: its high watermark,
+  asked with OFFSETS, reaches the bytes sent. With ack FLUSHED, when the last batch is acked.
+- `consume`: one PartitionConsumer reads N stored messages with fetches of `fetch_bytes` (about
+  1,000 messages), decoding every message and verifying its checksum (iter_messages).
+- `latency`: a producer thread sends at a fixed rate, each message carrying its send time; the
+  consumer in the main thread long-polls and records receive time - send time.
+
+Each result is a dict: messages, seconds, client_cpu_s, broker_cpu_s (supervisor, workers and
+private ZooKeeper), and for latency p50_ms, p99_ms, max_ms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from broker.client import Admin, Connection, PartitionConsumer, Producer
+from broker.log.message import HEADER_SIZE
+from broker.protocol import LATEST, Ack, OffsetsRequest
+from perf.cpu import cpu_seconds, rss_bytes, tree_pids
+
+MESSAGE_BYTES = 200
+VALUE_BYTES = MESSAGE_BYTES - HEADER_SIZE
+READY_PREFIX = "pylogd ready on "
+
+
+class PrivatePylogd:
+    """pylogd with its defaults (private ZooKeeper included) on a free port under `data_dir`."""
+
+    def __init__(self, data_dir: Path, *flags: str) -> None:
+        self.data_dir = data_dir
+        self.flags = flags
+        self.process: subprocess.Popen[str] | None = None
+        self.endpoint = ""
+
+    def __enter__(self) -> PrivatePylogd:
+        pylogd = Path(sys.executable).with_name("pylogd")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        command = [str(pylogd), "--broker-data-dir", str(self.data_dir), "--broker-port", "0"]
+        with open(self.data_dir / "pylogd.log", "a") as log:
+            self.process = subprocess.Popen(
+                [*command, *self.flags], stdout=subprocess.PIPE, stderr=log, text=True
+            )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line.startswith(READY_PREFIX):
+            self.__exit__()
+            raise RuntimeError(f"pylogd did not start: see {self.data_dir / 'pylogd.log'}")
+        self.endpoint = "tcp://" + line[len(READY_PREFIX) :].strip()
+        return self
+
+    def pids(self) -> list[int]:
+        assert self.process is not None
+        return tree_pids(self.process.pid)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@contextlib.contextmanager
+def fresh_topic(endpoint: str, name: str) -> Iterator[str]:
+    with Admin(endpoint) as admin:
+        admin.create_topic(name, 1)
+        try:
+            yield name
+        finally:
+            admin.delete_topic(name)
+
+
+def _value(i: int) -> bytes:
+    return b"%012d" % i + b"x" * (VALUE_BYTES - 12)
+
+
+def produce(
+    broker: PrivatePylogd, topic: str, messages: int, batch: int, ack: Ack, limit_s: float = 600
+) -> dict[str, Any]:
+    """Send `messages` 200-byte messages in batches of `batch`; see the module docstring."""
+    pids = broker.pids()
+    expected_bytes = messages * MESSAGE_BYTES
+    with (
+        Producer(
+            broker.endpoint, topic, ack=ack, batch_messages=batch, linger_ms=60_000
+        ) as producer,
+        Connection(broker.endpoint) as watcher,
+    ):
+        latest = OffsetsRequest(topic, 0, LATEST)
+        broker_cpu = cpu_seconds(pids)
+        client_cpu = time.process_time()
+        start = time.perf_counter()
+        deadline = time.monotonic() + limit_s
+        for i in range(messages):
+            producer.send(_value(i), partition=0)
+        producer.flush()
+        while (held := watcher.call(latest).offset) < expected_bytes:  # the broker holds all N
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pylog held {held} of {expected_bytes} bytes")
+        seconds = time.perf_counter() - start
+        return {
+            "messages": messages,
+            "seconds": seconds,
+            "client_cpu_s": time.process_time() - client_cpu,
+            "broker_cpu_s": cpu_seconds(pids) - broker_cpu,
+        }
+
+
+def consume(
+    broker: PrivatePylogd, topic: str, messages: int, fetch_bytes: int = 1000 * MESSAGE_BYTES
+) -> dict[str, Any]:
+    """Read `messages` stored messages, every checksum verified."""
+    pids = broker.pids()
+    with PartitionConsumer(
+        broker.endpoint, topic, 0, start="earliest", fetch_bytes=fetch_bytes, max_wait_ms=0
+    ) as consumer:
+        broker_cpu = cpu_seconds(pids)
+        client_cpu = time.process_time()
+        start = time.perf_counter()
+        count = 0
+        while count < messages:
+            batch = consumer.poll()
+            if not batch:
+                raise RuntimeError(f"only {count} of {messages} messages stored")
+            count += len(batch)
+        seconds = time.perf_counter() - start
+    return {
+        "messages": count,
+        "seconds": seconds,
+        "client_cpu_s": time.process_time() - client_cpu,
+        "broker_cpu_s": cpu_seconds(pids) - broker_cpu,
+    }
+
+
+_SENT_AT = struct.Struct(">q")
+
+
+def latency(
+    broker: PrivatePylogd, topic: str, rate: int = 10_000, seconds: float = 10.0
+) -> dict[str, Any]:
+    """Produce at `rate` msg/s for `seconds` (batches of up to 10 ms worth, ack NONE) while
+    consuming; per message, receive time - send time."""
+    total = int(rate * seconds)
+    delays: list[float] = []
+
+    def send() -> None:
+        with Producer(
+            broker.endpoint, topic, ack=Ack.NONE, batch_messages=max(1, rate // 100), linger_ms=10
+        ) as producer:
+            start = time.monotonic()
+            for i in range(total):
+                due = start + i / rate
+                pause = due - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                sent = _SENT_AT.pack(time.monotonic_ns())
+                producer.send(sent + b"x" * (VALUE_BYTES - len(sent)), partition=0)
+            producer.flush()
+
+    with PartitionConsumer(broker.endpoint, topic, 0, start="latest", max_wait_ms=100) as consumer:
+        consumer.poll(max_wait_ms=0)
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        deadline = time.monotonic() + seconds + 30
+        while len(delays) < total and time.monotonic() < deadline:
+            for message in consumer.poll():
+                now = time.monotonic_ns()
+                delays.append((now - _SENT_AT.unpack_from(message.value)[0]) / 1e6)
+        sender.join(30)
+    if len(delays) < total:
+        raise RuntimeError(f"only {len(delays)} of {total} messages arrived")
+    delays.sort()
+    return {
+        "messages": total,
+        "p50_ms": round(statistics.median(delays), 2),
+        "p99_ms": round(delays[int(len(delays) * 0.99) - 1], 2),
+        "max_ms": round(delays[-1], 2),
+    }
+
+
+def rss(broker: PrivatePylogd) -> int:
+    return rss_bytes(broker.pids())
