@@ -187,15 +187,15 @@ class Segment:
         if position >= limit:
             return memoryview(b"")
         window_end = min(limit, position + max_bytes)
+        # An indexed start at window_end itself (say, the first unflushed message, right at
+        # the high watermark) means everything before it is whole messages: nothing to walk.
         end = max(self.index.floor(window_end), position)
         window = self.view(0, limit)
-        while True:
+        while end < window_end:
             following = self._next_start(window, end, limit)
             if following > window_end:
                 break
             end = following
-            if end == window_end:
-                break
         if end == position:
             needed = message_size_at(window, position)
             raise FetchSizeTooSmall(self.base_offset + position, max_bytes, needed)

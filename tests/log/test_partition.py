@@ -395,3 +395,17 @@ def test_check_offset_raises_what_read_would_without_reading(
         log.check_offset(150)
     with pytest.raises(OffsetOutOfRange):
         log.check_offset(300)
+
+
+def test_read_to_the_high_watermark_with_an_indexed_unflushed_message_right_after_it(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # Every message indexed: the first unflushed message, which starts at the high
+    # watermark, has an index entry there (found by perf/paper.py's latency run).
+    log = open_log(tmp_path / "t-0", clock, index_interval_bytes=1)
+    log.append(make_set(0, 3))
+    log.flush()
+    log.append(make_set(3, 2))  # appended, not flushed
+    assert log.log_end_offset > log.high_watermark == 300
+    assert len(log.read(0, 1 << 20)) == 300
+    assert len(log.read(100, 200)) == 200
