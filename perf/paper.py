@@ -1,7 +1,9 @@
 """The Kafka paper's experiments on this machine: pylog and RabbitMQ side by side.
 
-    scripts/perf-setup                     # once: RabbitMQ, pika, matplotlib
-    .venv/bin/python -m perf.paper [--messages 1000000] [--repeat 3] [--budget-s 60]
+    scripts/perf [--messages 1000000] [--repeat 3] [--budget-s 60]
+
+(scripts/perf installs RabbitMQ, pika and matplotlib when missing, then runs
+`.venv/bin/python -m perf.paper` with the arguments.)
 
 Starts a private pylogd (its default config, private ZooKeeper included) and a private RabbitMQ
 node on 127.0.0.1, runs every experiment `--repeat` times with the two systems alternating, and
@@ -301,7 +303,7 @@ def main() -> None:
                 else:
                     getattr(harness, name)(pylog, rabbit)
     medians = harness.medians()
-    command = "scripts/perf-setup && .venv/bin/python -m perf.paper " + " ".join(
+    command = "scripts/perf " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("only", "out")
     )
     args.out.mkdir(parents=True, exist_ok=True)

@@ -154,14 +154,14 @@ _SENT_AT = struct.Struct(">q")
 def latency(
     broker: PrivatePylogd, topic: str, rate: int = 10_000, seconds: float = 10.0
 ) -> dict[str, Any]:
-    """Produce at `rate` msg/s for `seconds` (batches of up to 10 ms worth, ack NONE) while
+    """Produce at `rate` msg/s for `seconds` (batches of up to 1 ms worth, ack NONE) while
     consuming; per message, receive time - send time."""
     total = int(rate * seconds)
     delays: list[float] = []
 
     def send() -> None:
         with Producer(
-            broker.endpoint, topic, ack=Ack.NONE, batch_messages=max(1, rate // 100), linger_ms=10
+            broker.endpoint, topic, ack=Ack.NONE, batch_messages=max(1, rate // 1000), linger_ms=1
         ) as producer:
             start = time.monotonic()
             for i in range(total):
