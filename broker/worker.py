@@ -48,6 +48,7 @@ import trio
 import zmq
 
 from broker import protocol
+from broker.clock import SYSTEM_CLOCK
 from broker.config import BrokerConfig
 from broker.errors import PylogError, UnknownTopicOrPartition, UnsupportedApi
 from broker.log import PartitionLog
@@ -346,7 +347,9 @@ class Worker:
             self._deadline_changed = trio.Event()
             deadlines = [p.log.next_flush_deadline() for p in self.partitions.values()]
             due = min((d for d in deadlines if d is not None), default=math.inf)
-            with trio.move_on_at(due):
+            # The deadlines are on the partition logs' clock (time.monotonic), not on trio's,
+            # which has another origin: wait for the interval left, not until the instant.
+            with trio.move_on_after(max(0.0, due - SYSTEM_CLOCK.monotonic())):
                 await self._deadline_changed.wait()
             for partition in list(self.partitions.values()):
                 try:
