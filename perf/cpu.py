@@ -13,6 +13,7 @@ during a run is under-counted. The brokers measured here keep theirs for their w
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -93,3 +94,16 @@ def rss_bytes(pids: Iterable[int]) -> int:
         if fields is not None:
             pages += int(fields[21])  # rss in pages (field 24)
     return pages * _PAGE_BYTES
+
+
+def anonymous_rss_bytes(pids: Iterable[int]) -> int:
+    """The part of `rss_bytes` that is the processes' own memory (RssAnon in
+    /proc/<pid>/status): heap and stacks, not pages of mapped files. A broker that reads
+    segments through mmap shows the page cache it touches in its RSS; this leaves it out."""
+    total = 0
+    for pid in _expand(pids):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("RssAnon:"):
+                    total += int(line.split()[1]) * 1024
+    return total
