@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 import zmq
@@ -17,60 +19,70 @@ from broker.transport import FROM_DEALER, TrioSocket
 from broker.worker import Worker
 
 HOUR_MS = 3_600_000
+CLIENT = FROM_DEALER + b"client"
 
 
-async def test_shutdown_acks_producers_still_waiting_for_a_flush(tmp_path: Path) -> None:
-    # Without the receive loop nothing flushes (no group commit, an hour's flush interval):
-    # the producer waits until the shutdown's flush, and must get its ack from it.
-    context = zmq.Context()
+@pytest.fixture
+def sockets() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
+    """(the supervisor's end, the worker's end) of an inproc DEALER pair."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     supervisor = context.socket(zmq.DEALER)
     supervisor.bind("inproc://worker")
-    socket = context.socket(zmq.DEALER)
-    socket.connect("inproc://worker")
+    worker_end = context.socket(zmq.DEALER)
+    worker_end.connect("inproc://worker")
+    yield supervisor, worker_end
+    context.destroy(linger=0)
+
+
+def idle_worker(worker_end: zmq.Socket[bytes]) -> Worker:
+    """A worker whose partitions flush only on the hour (or on a group commit)."""
     config = BrokerConfig({"log_flush_interval_ms": HOUR_MS, "log_flush_messages": 1_000_000})
-    worker = Worker(0, config, TrioSocket(socket))
+    return Worker(0, config, TrioSocket(worker_end))
+
+
+def produce_frames(ack: Ack) -> list[bytes]:
+    data = encode_message(b"pending", timestamp_ms=0)
+    header = protocol.RequestHeader(Api.PRODUCE, 1, 7, "tests")
+    request = protocol.ProduceRequest("audit", 0, ack, data)
+    return [bytes(f) for f in protocol.encode_request(header, request)]
+
+
+async def test_shutdown_acks_producers_still_waiting_for_a_flush(
+    tmp_path: Path, sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
+) -> None:
+    # Without the receive loop nothing flushes (no group commit, an hour's flush interval):
+    # the producer waits until the shutdown's flush, and must get its ack from it.
+    supervisor, worker_end = sockets
+    worker = idle_worker(worker_end)
     try:
         async with trio.open_nursery() as nursery:
             worker.nursery = nursery
-            worker._open("audit", 0, tmp_path, config.log_config())
-            data = encode_message(b"durable", timestamp_ms=0)
-            header = protocol.RequestHeader(Api.PRODUCE, 1, 7, "tests")
-            request = protocol.ProduceRequest("audit", 0, Ack.FLUSHED, data)
-            frames = [bytes(f) for f in protocol.encode_request(header, request)]
-            await worker._serve_request(FROM_DEALER + b"client", frames)
+            worker._open("audit", 0, tmp_path, worker.config.log_config())
+            await worker._serve_request(CLIENT, produce_frames(Ack.FLUSHED))
             await trio.testing.wait_all_tasks_blocked()
             assert supervisor.poll(0) == 0  # waiting for its flush
             await worker.flush_and_answer(5.0)
             nursery.cancel_scope.cancel()
         tagged, *reply = supervisor.recv_multipart(zmq.NOBLOCK)
-        assert tagged == FROM_DEALER + b"client"
+        assert tagged == CLIENT
         assert protocol.decode_reply(Api.PRODUCE, reply).base_offset == 0
     finally:
         worker.close()
-        context.destroy(linger=0)
 
 
-async def test_unflushed_data_does_not_keep_the_flush_timer_spinning(tmp_path: Path) -> None:
+async def test_unflushed_data_does_not_keep_the_flush_timer_spinning(
+    tmp_path: Path, sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
+) -> None:
     # The flush deadline is on time.monotonic's clock; trio's has another origin. Waiting
     # "until" it on trio's clock woke the timer at once, over and over: a core burnt while
     # any partition held unflushed data.
-    context = zmq.Context()
-    supervisor = context.socket(zmq.DEALER)
-    supervisor.bind("inproc://idle-worker")
-    socket = context.socket(zmq.DEALER)
-    socket.connect("inproc://idle-worker")
-    config = BrokerConfig({"log_flush_interval_ms": HOUR_MS, "log_flush_messages": 1_000_000})
-    worker = Worker(0, config, TrioSocket(socket))
+    supervisor, worker_end = sockets
+    worker = idle_worker(worker_end)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.serve)
-            worker._open("audit", 0, tmp_path, config.log_config())
-            data = encode_message(b"pending", timestamp_ms=0)
-            header = protocol.RequestHeader(Api.PRODUCE, 1, 7, "tests")
-            request = protocol.ProduceRequest("audit", 0, Ack.WRITTEN, data)
-            supervisor.send_multipart(
-                [FROM_DEALER + b"client", *protocol.encode_request(header, request)]
-            )
+            worker._open("audit", 0, tmp_path, worker.config.log_config())
+            supervisor.send_multipart([CLIENT, *produce_frames(Ack.WRITTEN)])
             with trio.fail_after(10):
                 while not supervisor.poll(0):  # hello, then the produce reply
                     await trio.sleep(0.01)
@@ -82,4 +94,3 @@ async def test_unflushed_data_does_not_keep_the_flush_timer_spinning(tmp_path: P
         assert busy < 0.1, f"the worker used {busy:.2f} s of CPU in 0.5 s of idling"
     finally:
         worker.close()
-        context.destroy(linger=0)
