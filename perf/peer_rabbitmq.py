@@ -47,7 +47,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import struct
 import subprocess
 import tempfile
@@ -64,6 +63,7 @@ import pika.exceptions
 
 from broker.zookeeper import free_port
 from perf.cpu import cpu_seconds, tree_pids
+from perf.latency import latency_summary
 
 __all__ = [
     "MESSAGE_BYTES",
@@ -699,15 +699,7 @@ def latency(
         channel.queue_delete(queue)
     finally:
         _close(connection)
-    if len(delays) < total:
-        raise RuntimeError(f"only {len(delays)} of {total} messages arrived")
-    delays.sort()
-    return {
-        "messages": total,
-        "p50_ms": round(statistics.median(delays), 2),
-        "p99_ms": round(delays[max(0, int(len(delays) * 0.99) - 1)], 2),
-        "max_ms": round(delays[-1], 2),
-    }
+    return latency_summary(delays, total)
 
 
 def _close(connection: Any) -> None:

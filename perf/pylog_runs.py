@@ -17,7 +17,6 @@ private ZooKeeper), and for latency p50_ms, p99_ms, max_ms.
 from __future__ import annotations
 
 import contextlib
-import statistics
 import struct
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from broker.client import Admin, Connection, PartitionConsumer, Producer
 from broker.log.message import HEADER_SIZE
 from broker.protocol import LATEST, Ack, OffsetsRequest
 from perf.cpu import cpu_seconds, rss_bytes, tree_pids
+from perf.latency import latency_summary
 
 MESSAGE_BYTES = 200
 VALUE_BYTES = MESSAGE_BYTES - HEADER_SIZE
@@ -183,15 +183,7 @@ def latency(
                 now = time.monotonic_ns()
                 delays.append((now - _SENT_AT.unpack_from(message.value)[0]) / 1e6)
         sender.join(30)
-    if len(delays) < total:
-        raise RuntimeError(f"only {len(delays)} of {total} messages arrived")
-    delays.sort()
-    return {
-        "messages": total,
-        "p50_ms": round(statistics.median(delays), 2),
-        "p99_ms": round(delays[int(len(delays) * 0.99) - 1], 2),
-        "max_ms": round(delays[-1], 2),
-    }
+    return latency_summary(delays, total)
 
 
 def rss(broker: PrivatePylogd) -> int:
