@@ -201,9 +201,6 @@ class BrokerConfig:
         values.update(topic_settings or {})
         return LogConfig(**values)
 
-    def replace(self, **changes: Any) -> BrokerConfig:
-        return BrokerConfig({**self.values, **check_values(changes)})
-
 
 def parse_setting(setting: Setting, value: Any) -> Any:
     """A setting's value checked against its type; text from a flag is converted."""

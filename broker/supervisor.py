@@ -336,21 +336,21 @@ class Supervisor:
 
     def _from_client(self, frames: list[bytes]) -> None:
         tagged, request_frames = tagged_identity(frames)
-        correlation_id = protocol.peek_correlation_id(request_frames)
         try:
             if self.stopping:
                 raise BrokerShuttingDown("the broker is shutting down")
             route = protocol.peek_route(request_frames)
-            if route is not None:
+            if route is not None:  # the hot path: forwarded as it came, nothing else read
                 self._route(tagged, request_frames[0], *route)
                 return
-            _, request = protocol.decode_request(request_frames)
+            header, request = protocol.decode_request(request_frames)
             reply = self._serve_admin(request)
-            self._answer(tagged, protocol.encode_reply(correlation_id, reply))
+            self._answer(tagged, protocol.encode_reply(header.correlation_id, reply))
         except Exception as error:
             if not isinstance(error, PylogError):
                 log.exception("unexpected error serving a request")
             if not protocol.is_fire_and_forget(request_frames):
+                correlation_id = protocol.peek_correlation_id(request_frames)
                 self._answer(tagged, protocol.encode_error(correlation_id, error))
 
     def _answer(self, tagged: bytes, frames: list[Buffer]) -> None:

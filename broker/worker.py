@@ -141,9 +141,10 @@ class Worker:
     # -- requests --------------------------------------------------------------------------
 
     async def _serve_request(self, tagged: bytes, request_frames: list[bytes]) -> None:
-        correlation_id = protocol.peek_correlation_id(request_frames)
+        correlation_id: int | None = None
         try:
-            _, request = protocol.decode_request(request_frames)
+            header, request = protocol.decode_request(request_frames)
+            correlation_id = header.correlation_id
             if isinstance(request, protocol.ProduceRequest):
                 await self._produce(tagged, correlation_id, request)
             elif isinstance(request, protocol.FetchRequest):
@@ -160,7 +161,13 @@ class Worker:
                 self.unanswered_errors += 1
                 log.warning("worker %d: produce with ack=none failed: %s", self.index, error)
             else:
+                if correlation_id is None:  # the request did not decode
+                    correlation_id = protocol.peek_correlation_id(request_frames)
                 await self._reply(tagged, protocol.encode_error(correlation_id, error))
+
+    def _still_open(self, partition: Partition) -> bool:
+        """Whether `partition` is still served here (not deleted, the worker not closing)."""
+        return self.partitions.get((partition.topic, partition.number)) is partition
 
     def _partition(self, topic: str, number: int) -> Partition:
         try:
@@ -207,7 +214,7 @@ class Worker:
         self._flush_waiters += 1
         try:
             while partition.log.high_watermark < end:
-                if self.partitions.get((partition.topic, partition.number)) is not partition:
+                if not self._still_open(partition):
                     break
                 await partition.wait_for_flush()
         finally:
@@ -239,9 +246,11 @@ class Worker:
         with trio.move_on_after(request.max_wait_ms / 1000):
             while not self._fetch_ready(partition.log, request):
                 await partition.wait_for_flush()
-                if self.partitions.get((partition.topic, partition.number)) is not partition:
+                if not self._still_open(partition):
                     break
         try:
+            if not self._still_open(partition):  # deleted while the fetch waited
+                self._partition(partition.topic, partition.number)  # raises
             frames = self._fetch_reply(correlation_id, partition, request)
         except PylogError as error:  # deleted, or retention moved the log start past it
             frames = protocol.encode_error(correlation_id, error)
@@ -255,8 +264,6 @@ class Worker:
     def _fetch_reply(
         self, correlation_id: int, partition: Partition, request: protocol.FetchRequest
     ) -> Sequence[Buffer]:
-        if self.partitions.get((partition.topic, partition.number)) is not partition:
-            self._partition(partition.topic, partition.number)  # raises: deleted meanwhile
         plog = partition.log
         data = plog.read(request.offset, request.max_bytes)
         reply = protocol.FetchReply(plog.high_watermark, plog.log_start_offset, data)
@@ -328,7 +335,7 @@ class Worker:
         producer does not wait flush_interval_ms for a disk that is idle."""
         wanted, self._flush_wanted = self._flush_wanted, set()
         for partition in wanted:
-            if self.partitions.get((partition.topic, partition.number)) is not partition:
+            if not self._still_open(partition):
                 continue
             try:
                 partition.log.flush()
