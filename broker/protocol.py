@@ -385,13 +385,12 @@ class BrokerInfo:
 
 @dataclass(frozen=True, slots=True)
 class PartitionInfo:
-    """A partition of a METADATA reply, the broker that holds it, and its offsets as that broker
-    last heard of them."""
+    """A partition of a METADATA reply and the broker that holds it; error_code
+    PARTITION_UNAVAILABLE while that broker is not serving it (down, or still opening it)."""
 
     partition: int
     broker_id: int
-    log_start_offset: int
-    high_watermark: int
+    error_code: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,9 +485,7 @@ _BROKER_COUNT: Final = _Fields(("broker_count", "H"))
 _BROKER_ID: Final = _Fields(("broker_id", "I"))
 _PORT: Final = _Fields(("port", "H"))
 _TOPIC_ERROR: Final = _Fields(("error_code", "h"), ("partition_count", "I"))
-_PARTITION_INFO: Final = _Fields(
-    ("partition", "I"), ("broker_id", "I"), ("log_start_offset", "Q"), ("high_watermark", "Q")
-)
+_PARTITION_INFO: Final = _Fields(("partition", "I"), ("broker_id", "I"), ("error_code", "h"))
 
 
 class _Reader:
@@ -851,7 +848,7 @@ def encode_reply(correlation_id: int, reply: Reply) -> list[Buffer]:
                 _TOPIC_ERROR.pack(topic.error_code, len(topic.partitions)),
             ]
             parts += [
-                _PARTITION_INFO.pack(p.partition, p.broker_id, p.log_start_offset, p.high_watermark)
+                _PARTITION_INFO.pack(p.partition, p.broker_id, p.error_code)
                 for p in topic.partitions
             ]
     elif isinstance(reply, EmptyReply):
@@ -967,8 +964,9 @@ def _decode_metadata_reply(reader: _Reader) -> MetadataReply:
     for _ in range(topic_count):
         topic = reader.string("topic")
         code, partition_count = reader.fixed(_TOPIC_ERROR)
-        partitions = tuple(
-            PartitionInfo(*reader.fixed(_PARTITION_INFO)) for _ in range(partition_count)
-        )
-        topics.append(TopicInfo(topic, _code(code), partitions))
+        partitions = []
+        for _ in range(partition_count):
+            number, holder, partition_code = reader.fixed(_PARTITION_INFO)
+            partitions.append(PartitionInfo(number, holder, _code(partition_code)))
+        topics.append(TopicInfo(topic, _code(code), tuple(partitions)))
     return MetadataReply(tuple(brokers), tuple(topics))

@@ -6,9 +6,19 @@ that the operator chooses (default "/pylog", so one ensemble can hold several cl
     <chroot>/brokers/ids/<broker_id>              ephemeral   BrokerInfo as JSON
         {"version": 1, "host": "10.0.0.7", "port": 9092, "workers": 2, "log_dirs": ["/d1"]}
     <chroot>/brokers/topics/<topic>/<broker_id>   ephemeral   partitions of the topic there
-        {"version": 1, "partitions": 4}
+        {"version": 1, "partitions": [0, 3]}
     <chroot>/config/topics/<topic>                persistent  TopicConfig as JSON
-        {"version": 1, "partitions": 4, "settings": {"retention.ms": 604800000, ...}}
+        {"version": 1, "partitions": 4, "brokers": [1, 2, 3, 1], "settings": {...}}
+    <chroot>/consumers/<group>/ids/<consumer_id>  ephemeral   a member and its topics
+        {"version": 1, "topics": ["clicks"]}
+    <chroot>/consumers/<group>/owners/<topic>/<broker_id>-<partition>
+                                                  ephemeral   the member consuming it
+        {"version": 1, "consumer": "host-1234-5f3a"}
+    <chroot>/consumers/<group>/offsets/<topic>/<broker_id>-<partition>
+                                                  persistent  the group's committed offset
+        {"version": 1, "offset": 1042}
+
+docs/registry.md describes every path and value, and who writes and watches each.
 
 Node data is compact UTF-8 JSON with sorted keys. An ephemeral node lives as long as the
 ZooKeeper session that created it: when a broker stops, dies or is cut off for longer than the
@@ -46,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -79,6 +90,8 @@ __all__ = [
     "Registry",
     "RegistryStatistics",
     "TopicConfig",
+    "parse_partition_name",
+    "partition_name",
 ]
 
 log = logging.getLogger(__name__)
@@ -93,6 +106,15 @@ _ATTEMPTS = 5  # tries of a create/check/delete cycle that other clients keep ra
 def _validate_broker_id(broker_id: int) -> None:
     if isinstance(broker_id, bool) or not isinstance(broker_id, int) or broker_id < 0:
         raise ValueError(f"a broker id is an integer >= 0, not {broker_id!r}")
+
+
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def _check_name(kind: str, name: str) -> None:
+    """A group name or consumer id becomes a ZooKeeper path element: 1-249 of A-Z a-z 0-9 . _ -"""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
+        raise ValueError(f"{kind} {name!r}: use 1 to 249 of A-Z a-z 0-9 . _ - (not . or ..)")
 
 
 def _is_int(value: object) -> bool:
@@ -160,18 +182,47 @@ class BrokerInfo:
 
 @dataclass(frozen=True)
 class TopicConfig:
-    """What /config/topics/<topic> holds: the number of partitions a topic has on each broker
-    and its own settings (setting name -> integer, or None to switch that limit off); a setting
-    left out takes the broker's [log] default.
+    """What /config/topics/<topic> holds: the topic's partition count, the broker that holds
+    each partition (`brokers[p]` holds partition p, fixed at creation) and the topic's own
+    settings (setting name -> integer, or None to switch that limit off); a setting left out
+    takes the broker's [log] default.
     """
 
     partitions: int
+    brokers: tuple[int, ...]
     settings: Mapping[str, int | None] = field(default_factory=dict)
 
+    @classmethod
+    def spread(
+        cls,
+        partitions: int,
+        brokers: Iterable[int],
+        settings: Mapping[str, int | None] | None = None,
+    ) -> TopicConfig:
+        """`partitions` partitions dealt round robin over `brokers` in id order: partition p
+        goes to the (p mod n)-th broker. InvalidTopic when there is no broker."""
+        ids = sorted(set(brokers))
+        if not ids:
+            raise InvalidTopic("no live broker to hold the topic's partitions")
+        holders = tuple(ids[p % len(ids)] for p in range(max(partitions, 0)))
+        return cls(partitions, holders, dict(settings or {}))
+
+    def partitions_of(self, broker_id: int) -> list[int]:
+        """The partitions that `broker_id` holds, in order."""
+        return [p for p, holder in enumerate(self.brokers) if holder == broker_id]
+
     def validate(self, topic: str) -> None:
-        """Raise InvalidTopic when partitions is not >= 1 or a setting is not int | None."""
+        """Raise InvalidTopic when partitions is not >= 1, brokers does not name one broker
+        per partition, or a setting is not int | None."""
         if not _is_int(self.partitions) or self.partitions < 1:
             raise InvalidTopic(f"topic {topic!r}: partitions must be >= 1, not {self.partitions!r}")
+        if len(self.brokers) != self.partitions or not all(
+            _is_int(b) and b >= 0 for b in self.brokers
+        ):
+            raise InvalidTopic(
+                f"topic {topic!r}: brokers must name one broker id per partition, "
+                f"not {self.brokers!r}"
+            )
         for name, value in self.settings.items():
             if not isinstance(name, str) or not (value is None or _is_int(value)):
                 raise InvalidTopic(
@@ -179,7 +230,13 @@ class TopicConfig:
                 )
 
     def to_json(self) -> bytes:
-        return _encode({"partitions": self.partitions, "settings": dict(self.settings)})
+        return _encode(
+            {
+                "partitions": self.partitions,
+                "brokers": list(self.brokers),
+                "settings": dict(self.settings),
+            }
+        )
 
     @classmethod
     def from_json(cls, data: bytes) -> TopicConfig:
@@ -190,15 +247,31 @@ class TopicConfig:
             raise ValueError("'settings' is not an object")
         if not all(v is None or _is_int(v) for v in settings.values()):
             raise ValueError("a setting is not an integer or null")
-        return cls(partitions=_int_field(obj, "partitions"), settings=settings)
+        partitions = _int_field(obj, "partitions")
+        brokers = _int_list(obj, "brokers")
+        if len(brokers) != partitions:
+            raise ValueError(f"'brokers' names {len(brokers)} brokers for {partitions} partitions")
+        return cls(partitions, brokers, settings)
 
 
-def _partitions_json(partitions: int) -> bytes:
-    return _encode({"partitions": partitions})
+def _int_list(obj: Mapping[str, Any], key: str) -> tuple[int, ...]:
+    value = obj.get(key)
+    if not isinstance(value, list) or not all(_is_int(v) and v >= 0 for v in value):
+        raise ValueError(f"{key!r} is missing or not a list of integers >= 0")
+    return tuple(value)
 
 
-def _partitions_from_json(data: bytes) -> int:
-    return _int_field(_decode(data), "partitions")
+def partition_name(broker_id: int, partition: int) -> str:
+    """A partition's name under /consumers: "<broker_id>-<partition>", as in Kafka 0.7."""
+    return f"{broker_id}-{partition}"
+
+
+def parse_partition_name(name: str) -> tuple[int, int]:
+    """(broker_id, partition) from "<broker_id>-<partition>"; ValueError if it is not one."""
+    broker, dash, partition = name.partition("-")
+    if not (dash and broker.isdigit() and partition.isdigit()):
+        raise ValueError(f"{name!r} is not a partition name <broker_id>-<partition>")
+    return int(broker), int(partition)
 
 
 @dataclass(frozen=True)
@@ -459,16 +532,19 @@ class Registry:
 
     # -- topic partitions on brokers ---------------------------------------------------------
 
-    def register_topic_partitions(self, topic: str, broker_id: int, partitions: int) -> None:
+    def register_topic_partitions(
+        self, topic: str, broker_id: int, partitions: Iterable[int]
+    ) -> None:
         """Create (or update) the ephemeral /brokers/topics/<topic>/<broker_id> saying that the
-        broker holds `partitions` partitions of the topic, kept until stop() or unregister.
+        broker holds (and serves) `partitions` of the topic, kept until stop() or unregister.
 
         On RegistryUnavailable the registration is remembered and made once connected."""
         check_topic_name(topic)
         _validate_broker_id(broker_id)
-        if not _is_int(partitions) or partitions < 1:
-            raise InvalidTopic(f"topic {topic!r}: partitions must be >= 1, not {partitions!r}")
-        self._register(self.topic_broker_path(topic, broker_id), _partitions_json(partitions))
+        numbers = sorted(partitions)
+        if not numbers or not all(_is_int(p) and p >= 0 for p in numbers):
+            raise InvalidTopic(f"topic {topic!r}: partitions must be numbers >= 0, not {numbers}")
+        self._register(self.topic_broker_path(topic, broker_id), _encode({"partitions": numbers}))
 
     def unregister_topic(self, topic: str, broker_id: int) -> None:
         """Delete /brokers/topics/<topic>/<broker_id> (and the topic's node once empty)."""
@@ -478,18 +554,20 @@ class Registry:
         with contextlib.suppress(_NoNode, _NotEmpty):
             self._delete(f"{self.chroot}/brokers/topics/{topic}")
 
-    def topic_brokers(self, topic: str) -> dict[int, int]:
-        """Broker id -> number of partitions of `topic` on it, for the live brokers holding it."""
+    def topic_brokers(self, topic: str) -> dict[int, tuple[int, ...]]:
+        """Broker id -> the partitions of `topic` it serves, for the live brokers holding it."""
         check_topic_name(topic)
         path = f"{self.chroot}/brokers/topics/{topic}"
         try:
             children = self._children(path)
         except _NoNode:
             return {}
-        result: dict[int, int] = {}
+        result: dict[int, tuple[int, ...]] = {}
         for child in children:
             try:
-                result[int(child)] = _partitions_from_json(self._get(f"{path}/{child}")[0])
+                result[int(child)] = _int_list(
+                    _decode(self._get(f"{path}/{child}")[0]), "partitions"
+                )
             except _NoNode:
                 continue  # went away between the listing and the read
             except ValueError as error:
@@ -539,6 +617,129 @@ class Registry:
             _ChildrenWatch(f"{self.chroot}/config/topics", self._topic_configs, callback)
         )
 
+    # -- consumer groups ---------------------------------------------------------------------
+
+    def consumer_path(self, group: str, consumer_id: str) -> str:
+        return f"{self.chroot}/consumers/{group}/ids/{consumer_id}"
+
+    def owner_path(self, group: str, topic: str, name: str) -> str:
+        return f"{self.chroot}/consumers/{group}/owners/{topic}/{name}"
+
+    def offset_path(self, group: str, topic: str, name: str) -> str:
+        return f"{self.chroot}/consumers/{group}/offsets/{topic}/{name}"
+
+    def register_consumer(self, group: str, consumer_id: str, topics: Iterable[str]) -> None:
+        """Create (or update) the ephemeral /consumers/<group>/ids/<consumer_id> listing the
+        topics the member consumes; kept (and re-created after a session expiry) until stop()
+        or unregister_consumer."""
+        _check_name("group", group)
+        _check_name("consumer id", consumer_id)
+        names = sorted(set(topics))
+        for topic in names:
+            check_topic_name(topic)
+        self._register(self.consumer_path(group, consumer_id), _encode({"topics": names}))
+
+    def unregister_consumer(self, group: str, consumer_id: str) -> None:
+        """Delete /consumers/<group>/ids/<consumer_id> and stop keeping it."""
+        self._unregister(self.consumer_path(group, consumer_id))
+
+    def consumers(self, group: str) -> dict[str, tuple[str, ...]]:
+        """The group's live members: consumer id -> the topics it consumes."""
+        _check_name("group", group)
+        path = f"{self.chroot}/consumers/{group}/ids"
+        try:
+            return self._consumers(group, self._children(path))
+        except _NoNode:
+            return {}
+
+    def watch_consumers(
+        self, group: str, callback: Callable[[dict[str, tuple[str, ...]]], None]
+    ) -> None:
+        """Call `callback(consumers(group))` now and whenever a member joins or leaves."""
+        _check_name("group", group)
+        path = f"{self.chroot}/consumers/{group}/ids"
+        self._add_watch(
+            _ChildrenWatch(path, lambda children: self._consumers(group, children), callback)
+        )
+
+    def claim_partition(self, group: str, topic: str, name: str, consumer_id: str) -> str | None:
+        """Create the ephemeral owner node of partition `name` of `topic` for `consumer_id`.
+        None when it is ours (now, or already in this session); else the id of the member that
+        owns it. Not re-created after a session expiry: ownership ends with the session."""
+        path = self.owner_path(group, topic, name)
+        for _ in range(_ATTEMPTS):
+            try:
+                self._create(
+                    path, _encode({"consumer": consumer_id}), ephemeral=True, makepath=True
+                )
+                return None
+            except _NoNode:
+                continue  # a parent was deleted between makepath and create
+            except _NodeExists:
+                pass
+            try:
+                data, stat = self._get(path)
+            except _NoNode:
+                continue
+            if stat.ephemeral_owner == self.session_id:
+                return None
+            try:
+                owner = _decode(data).get("consumer")
+            except ValueError:
+                owner = None
+            return str(owner) if isinstance(owner, str) else f"session 0x{stat.ephemeral_owner:x}"
+        raise RegistryUnavailable(f"could not claim {path}: it kept changing under us")
+
+    def release_partition(self, group: str, topic: str, name: str) -> None:
+        """Delete the owner node of partition `name` if this session holds it."""
+        self._delete_if_ours(self.owner_path(group, topic, name))
+
+    def partition_owners(self, group: str, topic: str) -> dict[str, str]:
+        """Partition name -> the member owning it, for the owned partitions of `topic`."""
+        path = f"{self.chroot}/consumers/{group}/owners/{topic}"
+        try:
+            children = self._children(path)
+        except _NoNode:
+            return {}
+        owners = {}
+        for child in children:
+            try:
+                owner = _decode(self._get(f"{path}/{child}")[0]).get("consumer")
+            except _NoNode:
+                continue
+            except ValueError as error:
+                log.warning("ignoring unreadable %s/%s: %s", path, child, error)
+                continue
+            if isinstance(owner, str):
+                owners[child] = owner
+        return owners
+
+    def commit_offset(self, group: str, topic: str, name: str, offset: int) -> None:
+        """Write the group's committed offset of partition `name` (persistent)."""
+        if not _is_int(offset) or offset < 0:
+            raise ValueError(f"an offset is an integer >= 0, not {offset!r}")
+        path = self.offset_path(group, topic, name)
+        data = _encode({"offset": offset})
+        try:
+            self._set(path, data, -1)
+        except _NoNode:
+            try:
+                self._create(path, data, makepath=True)
+            except _NodeExists:  # another member committed first: ours is as good
+                self._set(path, data, -1)
+
+    def committed_offset(self, group: str, topic: str, name: str) -> int | None:
+        """The group's committed offset of partition `name`, or None if none was committed."""
+        path = self.offset_path(group, topic, name)
+        try:
+            data, _ = self._get(path)
+        except _NoNode:
+            return None
+        try:
+            return _int_field(_decode(data), "offset")
+        except ValueError as error:
+            raise RegistryUnavailable(f"{path} holds unreadable data: {error}") from None
+
     # -- readers shared by the listings and the watches --------------------------------------
 
     def _brokers(self, children: Iterable[str]) -> dict[int, BrokerInfo]:
@@ -551,6 +752,23 @@ class Registry:
                 continue
             except ValueError as error:
                 log.warning("ignoring unreadable %s/%s: %s", path, child, error)
+        return result
+
+    def _consumers(self, group: str, children: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        path = f"{self.chroot}/consumers/{group}/ids"
+        result: dict[str, tuple[str, ...]] = {}
+        for child in children:
+            try:
+                topics = _decode(self._get(f"{path}/{child}")[0]).get("topics")
+            except _NoNode:
+                continue
+            except ValueError as error:
+                log.warning("ignoring unreadable %s/%s: %s", path, child, error)
+                continue
+            if isinstance(topics, list) and all(isinstance(t, str) for t in topics):
+                result[child] = tuple(topics)
+            else:
+                log.warning("ignoring %s/%s: 'topics' is not a list of names", path, child)
         return result
 
     def _topic_configs(self, children: Iterable[str]) -> dict[str, TopicConfig]:

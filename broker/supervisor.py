@@ -10,6 +10,13 @@ same way. It answers METADATA, CREATE_TOPIC and DELETE_TOPIC itself. This loop i
 blocking pyzmq with a poller: it is the one hop every request takes, and the same hop on the
 trio adapter runs at two thirds of the rate (perf/README.md, bench_broker.py).
 
+Cluster: every topic lives in ZooKeeper (/config/topics) with the broker that holds each
+partition, dealt round robin over the live brokers when it is created. Watches on the topics
+and on the brokers keep this process's view current (applied by the loop, never on kazoo's
+threads): it opens the partitions assigned to it as soon as it sees a new topic, deletes them
+when the topic is deleted through any broker, and answers METADATA from that view. Requests
+for a partition held elsewhere get UNKNOWN_TOPIC_OR_PARTITION naming the holder.
+
 Partition placement: a partition whose folder exists in a log dir stays there; a new one goes
 to the log dir holding the fewest partitions; within a dir, `workers_per_dir` workers share the
 partitions by XXH32 of `<topic>-<partition>`.
@@ -36,14 +43,15 @@ import json
 import logging
 import math
 import os
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -63,6 +71,7 @@ from broker.errors import (
     UnsupportedApi,
 )
 from broker.log.message import Buffer
+from broker.protocol import ErrorCode
 from broker.registry import BrokerInfo, Registry, TopicConfig
 from broker.transport import COMMAND, STATE, json_frame, reply_envelope, tagged_identity
 from broker.zookeeper import PrivateZooKeeper
@@ -75,6 +84,8 @@ MAX_BACKOFF_S = 30.0
 HEALTHY_AFTER_S = 60.0
 MAX_PARTITIONS = 10_000
 WORKER_START_TIMEOUT_S = 60.0
+CREATE_WAIT_S = 10.0
+"""How long CREATE_TOPIC waits for every broker holding a partition to serve it."""
 
 
 @dataclass
@@ -95,11 +106,21 @@ class WorkerHandle:
 
 @dataclass
 class TopicState:
-    """A topic served here: its settings, and per partition its worker and last offsets."""
+    """A topic with partitions here: its settings, and the worker of each partition held here."""
 
     settings: dict[str, int | None]
-    workers: list[int]
-    offsets: list[tuple[int, int]] = field(default_factory=list)
+    workers: dict[int, int]
+
+
+@dataclass
+class _PendingCreate:
+    """A CREATE_TOPIC to answer once every holder serves its partitions."""
+
+    topic: str
+    config: TopicConfig
+    tagged: bytes
+    correlation_id: int
+    deadline: float
 
 
 class Supervisor:
@@ -115,6 +136,14 @@ class Supervisor:
         self.poller = zmq.Poller()
         self.workers: list[WorkerHandle] = []
         self.topics: dict[str, TopicState] = {}
+        """The topics with partitions on this broker."""
+        self.configs: dict[str, TopicConfig] = {}
+        """Every topic of the cluster, as ZooKeeper last said (kept by a watch)."""
+        self.live_brokers: dict[int, BrokerInfo] = {}
+        """The registered brokers, as ZooKeeper last said (kept by a watch)."""
+        self._registry_events: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        """What the registry's watch threads saw, applied by the loop."""
+        self._pending_creates: list[_PendingCreate] = []
         self.zookeeper: PrivateZooKeeper | None = None
         self.registry: Registry | None = None
         self.port = int(config.broker_port)
@@ -179,9 +208,12 @@ class Supervisor:
             ),
         )
         for topic, state in self.topics.items():
-            self.registry.register_topic_partitions(
-                topic, self.config.broker_id, len(state.workers)
-            )
+            self.registry.register_topic_partitions(topic, self.config.broker_id, state.workers)
+        events = self._registry_events
+        self.registry.watch_brokers(lambda brokers: events.put(lambda: self._on_brokers(brokers)))
+        self.registry.watch_topic_configs(
+            lambda configs: events.put(lambda: self._on_topic_configs(configs))
+        )
         log.info(
             "pylogd %d serving on %s:%d with %d workers over %d log dirs",
             self.config.broker_id,
@@ -194,34 +226,48 @@ class Supervisor:
         sd_notify(f"READY=1\nSTATUS=serving on {self.config.broker_host}:{self.port}")
 
     def _load_topics(self) -> None:
-        """Topics from ZooKeeper, plus any partition folders on disk it does not know of."""
+        """Topics from ZooKeeper (those with partitions here), plus any partition folders on
+        disk that ZooKeeper does not know of (adopted: recorded as held by this broker)."""
         assert self.registry is not None
+        me = self.config.broker_id
         configs = self.registry.topic_configs()
-        on_disk: dict[str, int] = {}
+        on_disk: dict[str, set[int]] = {}
         for log_dir in self.log_dirs:
             for folder in log_dir.iterdir():
                 topic, _, number = folder.name.rpartition("-")
                 if folder.is_dir() and topic and number.isdigit():
-                    on_disk[topic] = max(on_disk.get(topic, 0), int(number) + 1)
-        for topic, partitions in sorted(on_disk.items()):
-            if topic not in configs:
+                    on_disk.setdefault(topic, set()).add(int(number))
+        for topic, numbers in sorted(on_disk.items()):
+            config = configs.get(topic)
+            if config is None:
+                partitions = max(numbers) + 1
                 log.warning("adopting topic %r found on disk with %d partitions", topic, partitions)
-                config = TopicConfig(partitions)
+                config = TopicConfig(partitions, (me,) * partitions)
                 try:
                     self.registry.create_topic_config(topic, config)
                 except PylogError as error:
                     log.error("cannot record adopted topic %r in ZooKeeper: %s", topic, error)
                 configs[topic] = config
+            elif strays := sorted(numbers - set(config.partitions_of(me))):
+                log.warning(
+                    "topic %r: partition folders %s on disk are placed elsewhere by ZooKeeper "
+                    "(or do not exist there): left alone, not served",
+                    topic,
+                    strays,
+                )
+        self.configs = configs
         for topic, config in configs.items():
-            self._place_topic(topic, config.partitions, dict(config.settings))
+            if config.partitions_of(me):
+                self._place_topic(topic, config)
 
-    def _place_topic(self, topic: str, partitions: int, settings: dict[str, int | None]) -> None:
+    def _place_topic(self, topic: str, config: TopicConfig) -> None:
+        """Choose a worker for each partition of `topic` that this broker holds."""
         counts = {d: 0 for d in self.log_dirs}
         for state in self.topics.values():
-            for w in state.workers:
+            for w in state.workers.values():
                 counts[self.workers[w].log_dir] += 1
-        workers = []
-        for number in range(partitions):
+        workers = {}
+        for number in config.partitions_of(self.config.broker_id):
             name = f"{topic}-{number}"
             log_dir = next(
                 (d for d in self.log_dirs if (d / name).is_dir()),
@@ -230,8 +276,8 @@ class Supervisor:
             counts[log_dir] += 1
             per_dir = self.config.broker_workers_per_dir
             first = self.log_dirs.index(log_dir) * per_dir
-            workers.append(first + xxhash.xxh32_intdigest(name.encode()) % per_dir)
-        self.topics[topic] = TopicState(settings, workers, [(0, 0)] * partitions)
+            workers[number] = first + xxhash.xxh32_intdigest(name.encode()) % per_dir
+        self.topics[topic] = TopicState(dict(config.settings), workers)
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -271,7 +317,7 @@ class Supervisor:
         entries = []
         for topic in topics or list(self.topics):
             state = self.topics[topic]
-            for number, w in enumerate(state.workers):
+            for number, w in state.workers.items():
                 if w == worker.index:
                     entries.append([topic, number, str(worker.log_dir), state.settings])
         if entries:  # a worker that is gone gets them all when it says hello again
@@ -326,9 +372,6 @@ class Supervisor:
         if "hello" in state:
             worker.connected = True
             self._open_partitions(worker)
-        for topic, number, log_start, high_watermark in state.get("offsets", []):
-            if topic in self.topics and number < len(self.topics[topic].offsets):
-                self.topics[topic].offsets[number] = (log_start, high_watermark)
         for topic, number, reason in state.get("failed", []):
             log.error("worker %d cannot open %s-%d: %s", worker.index, topic, number, reason)
 
@@ -344,7 +387,16 @@ class Supervisor:
                 self._route(tagged, request_frames[0], *route)
                 return
             header, request = protocol.decode_request(request_frames)
-            reply = self._serve_admin(request)
+            if isinstance(request, protocol.MetadataRequest):
+                reply: protocol.Reply = self._metadata(request.topics)
+            elif isinstance(request, protocol.CreateTopicRequest):
+                self._create_topic(request, tagged, header.correlation_id)
+                return  # answered once every broker holding a partition serves it
+            elif isinstance(request, protocol.DeleteTopicRequest):
+                self._delete_topic(request.topic)
+                reply = protocol.EmptyReply()
+            else:
+                raise UnsupportedApi(f"{type(request).__name__} is not served by the front")
             self._answer(tagged, protocol.encode_reply(header.correlation_id, reply))
         except Exception as error:
             if not isinstance(error, PylogError):
@@ -359,17 +411,25 @@ class Supervisor:
 
     def _route(self, tagged: bytes, request: bytes, topic: str, number: int) -> None:
         state = self.topics.get(topic)
-        if state is None or not 0 <= number < len(state.workers):
-            raise UnknownTopicOrPartition(
-                f"topic {topic!r} has no partition {number} on this broker"
-                if state
-                else f"unknown topic {topic!r}"
-            )
-        worker = self.workers[state.workers[number]]
+        w = None if state is None else state.workers.get(number)
+        if w is None:
+            raise UnknownTopicOrPartition(self._not_here(topic, number))
+        worker = self.workers[w]
         if not self._send_to_worker(worker, [tagged, request]):
             raise PartitionUnavailable(
                 f"the worker for {topic}-{number} is restarting; retry shortly"
             )
+
+    def _not_here(self, topic: str, number: int) -> str:
+        config = self.configs.get(topic)
+        if config is None:
+            return f"unknown topic {topic!r}"
+        if not 0 <= number < config.partitions:
+            return f"topic {topic!r} has partitions 0 to {config.partitions - 1}, not {number}"
+        return (
+            f"partition {number} of {topic!r} is held by broker {config.brokers[number]}, not "
+            f"by broker {self.config.broker_id}: send it there (METADATA says where)"
+        )
 
     def _connected_registry(self) -> Registry:
         """The registry, if connected now. Its calls wait for a connection, and this loop
@@ -381,73 +441,174 @@ class Supervisor:
             )
         return self.registry
 
-    def _serve_admin(self, request: protocol.Request) -> protocol.Reply:
-        if isinstance(request, protocol.MetadataRequest):
-            return self._metadata(request.topics)
-        if isinstance(request, protocol.CreateTopicRequest):
-            protocol.check_topic_name(request.topic)
-            if not 1 <= request.partitions <= MAX_PARTITIONS:
-                raise InvalidTopic(
-                    f"partitions must be from 1 to {MAX_PARTITIONS}, not {request.partitions}"
-                )
-            settings = topic_settings(dict(request.config))
-            if request.topic in self.topics:
-                raise TopicAlreadyExists(f"topic {request.topic!r} exists")
-            registry = self._connected_registry()
-            registry.create_topic_config(request.topic, TopicConfig(request.partitions, settings))
-            self._place_topic(request.topic, request.partitions, settings)
-            for worker in self.workers:
-                if worker.connected:
-                    self._open_partitions(worker, [request.topic])
-            registry.register_topic_partitions(
-                request.topic, self.config.broker_id, request.partitions
+    # -- topics ----------------------------------------------------------------------------
+
+    def _create_topic(
+        self, request: protocol.CreateTopicRequest, tagged: bytes, correlation_id: int
+    ) -> None:
+        """Record the topic in ZooKeeper with its partitions dealt over the live brokers, open
+        the ones held here, and answer once every holder has registered its partitions (or
+        after CREATE_WAIT_S: a holder that died meanwhile leaves its partitions unavailable)."""
+        protocol.check_topic_name(request.topic)
+        if not 1 <= request.partitions <= MAX_PARTITIONS:
+            raise InvalidTopic(
+                f"partitions must be from 1 to {MAX_PARTITIONS}, not {request.partitions}"
             )
-            log.info("created topic %r with %d partitions", request.topic, request.partitions)
-            return protocol.EmptyReply()
-        if isinstance(request, protocol.DeleteTopicRequest):
-            state = self.topics.get(request.topic)
-            if state is None:
-                raise UnknownTopicOrPartition(f"unknown topic {request.topic!r}")
-            registry = self._connected_registry()
-            registry.delete_topic_config(request.topic)
-            registry.unregister_topic(request.topic, self.config.broker_id)
-            del self.topics[request.topic]
-            for worker in self.workers:
-                if worker.index not in state.workers:
-                    continue
-                command = {"op": "delete", "topic": request.topic}
-                if not self._send_to_worker(worker, [COMMAND, json_frame(command)]):
-                    # not running: nobody has the folders open
-                    for number, w in enumerate(state.workers):
-                        if w == worker.index:
-                            shutil.rmtree(worker.log_dir / f"{request.topic}-{number}", True)
-            log.info("deleted topic %r", request.topic)
-            return protocol.EmptyReply()
-        raise UnsupportedApi(f"{type(request).__name__} is not served by the front")
+        settings = topic_settings(dict(request.config))
+        if request.topic in self.configs:
+            raise TopicAlreadyExists(f"topic {request.topic!r} exists")
+        registry = self._connected_registry()
+        holders = {*self.live_brokers, self.config.broker_id}
+        config = TopicConfig.spread(request.partitions, holders, settings)
+        registry.create_topic_config(request.topic, config)
+        self.configs[request.topic] = config
+        self._hold_topic(request.topic, config)
+        log.info(
+            "created topic %r with %d partitions over brokers %s",
+            request.topic,
+            request.partitions,
+            sorted(set(config.brokers)),
+        )
+        self._pending_creates.append(
+            _PendingCreate(
+                request.topic, config, tagged, correlation_id, time.monotonic() + CREATE_WAIT_S
+            )
+        )
+
+    def _hold_topic(self, topic: str, config: TopicConfig) -> None:
+        """Open this broker's partitions of a topic and register them (nothing if none)."""
+        if topic in self.topics or not config.partitions_of(self.config.broker_id):
+            return
+        assert self.registry is not None
+        self._place_topic(topic, config)
+        for worker in self.workers:
+            if worker.connected:
+                self._open_partitions(worker, [topic])
+        partitions = self.topics[topic].workers
+        try:
+            self.registry.register_topic_partitions(topic, self.config.broker_id, partitions)
+        except RegistryUnavailable as error:  # remembered: registered once connected
+            log.warning("topic %r: registration deferred: %s", topic, error)
+
+    def _delete_topic(self, topic: str) -> None:
+        if topic not in self.configs:
+            raise UnknownTopicOrPartition(f"unknown topic {topic!r}")
+        self._connected_registry().delete_topic_config(topic)
+        del self.configs[topic]
+        self._drop_topic(topic)
+        log.info("deleted topic %r", topic)
+
+    def _drop_topic(self, topic: str) -> None:
+        """Delete this broker's partitions of `topic`, with their data, and their registration."""
+        state = self.topics.pop(topic, None)
+        if state is None:
+            return
+        assert self.registry is not None
+        try:
+            self.registry.unregister_topic(topic, self.config.broker_id)
+        except RegistryUnavailable as error:  # deleted at the next reconnection
+            log.warning("topic %r: unregistration deferred: %s", topic, error)
+        for worker in self.workers:
+            if worker.index not in state.workers.values():
+                continue
+            command = {"op": "delete", "topic": topic}
+            if not self._send_to_worker(worker, [COMMAND, json_frame(command)]):
+                # not running: nobody has the folders open
+                for number, w in state.workers.items():
+                    if w == worker.index:
+                        shutil.rmtree(worker.log_dir / f"{topic}-{number}", True)
+
+    def _apply_registry_events(self) -> None:
+        """Apply what the watches saw: brokers that came or went, topics created or deleted
+        through other brokers."""
+        while True:
+            try:
+                apply = self._registry_events.get_nowait()
+            except queue.Empty:
+                return
+            apply()
+
+    def _on_brokers(self, brokers: dict[int, BrokerInfo]) -> None:
+        self.live_brokers = brokers
+
+    def _on_topic_configs(self, configs: dict[str, TopicConfig]) -> None:
+        for topic, config in configs.items():
+            self.configs[topic] = config
+            self._hold_topic(topic, config)
+        for topic in [t for t in self.configs if t not in configs]:
+            if self._really_deleted(topic):
+                del self.configs[topic]
+                self._drop_topic(topic)
+                log.info("topic %r was deleted through another broker", topic)
+
+    def _really_deleted(self, topic: str) -> bool:
+        """Whether /config/topics/<topic> is gone (a watch also leaves out unreadable nodes,
+        and data is deleted only for a topic that is)."""
+        assert self.registry is not None
+        try:
+            self.registry.topic_config(topic)
+        except UnknownTopicOrPartition:
+            return True
+        except RegistryUnavailable as error:
+            log.warning("topic %r missing from a watch but not confirmed gone: %s", topic, error)
+        return False
+
+    def _answer_creates(self) -> None:
+        """Answer CREATE_TOPIC requests whose partitions every holder now serves."""
+        if not self._pending_creates:
+            return
+        assert self.registry is not None
+        now = time.monotonic()
+        waiting = []
+        for pending in self._pending_creates:
+            try:
+                registered = self.registry.topic_brokers(pending.topic)
+            except RegistryUnavailable:
+                registered = {}
+            served = {p for partitions in registered.values() for p in partitions}
+            if len(served) < pending.config.partitions and now < pending.deadline:
+                waiting.append(pending)
+                continue
+            if len(served) < pending.config.partitions:
+                log.warning(
+                    "topic %r: partitions %s not served yet after %.0f s (their broker down?)",
+                    pending.topic,
+                    sorted(set(range(pending.config.partitions)) - served),
+                    CREATE_WAIT_S,
+                )
+            reply = protocol.encode_reply(pending.correlation_id, protocol.EmptyReply())
+            self._answer(pending.tagged, reply)
+        self._pending_creates = waiting
 
     def _metadata(self, topics: tuple[str, ...] | list[str]) -> protocol.MetadataReply:
-        own = protocol.BrokerInfo(self.config.broker_id, self.config.endpoint_host, self.port)
-        try:
-            brokers = [
-                protocol.BrokerInfo(broker_id, info.host, info.port)
-                for broker_id, info in sorted(self._connected_registry().brokers().items())
-            ] or [own]
-        except RegistryUnavailable:
-            brokers = [own]
+        """From what the watches last said: no ZooKeeper request on this loop."""
+        me = self.config.broker_id
+        live = dict(self.live_brokers)
+        live[me] = BrokerInfo(self.config.endpoint_host, self.port)
+        brokers = tuple(
+            protocol.BrokerInfo(broker_id, info.host, info.port)
+            for broker_id, info in sorted(live.items())
+        )
         infos = []
-        for topic in topics or sorted(self.topics):
-            state = self.topics.get(topic)
-            if state is None:
+        for topic in topics or sorted(self.configs):
+            config = self.configs.get(topic)
+            if config is None:
                 infos.append(
                     protocol.TopicInfo(topic, protocol.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ())
                 )
                 continue
-            partitions = tuple(
-                protocol.PartitionInfo(number, self.config.broker_id, *state.offsets[number])
-                for number in range(len(state.workers))
-            )
-            infos.append(protocol.TopicInfo(topic, protocol.ErrorCode.NONE, partitions))
-        return protocol.MetadataReply(tuple(brokers), tuple(infos))
+            state = self.topics.get(topic)
+            partitions = []
+            for number, holder in enumerate(config.brokers):
+                if holder == me:
+                    w = None if state is None else state.workers.get(number)
+                    serving = w is not None and self.workers[w].connected
+                else:
+                    serving = holder in live
+                code = ErrorCode.NONE if serving else ErrorCode.PARTITION_UNAVAILABLE
+                partitions.append(protocol.PartitionInfo(number, holder, code))
+            infos.append(protocol.TopicInfo(topic, protocol.ErrorCode.NONE, tuple(partitions)))
+        return protocol.MetadataReply(brokers, tuple(infos))
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -501,6 +662,8 @@ class Supervisor:
                     self._from_client(frames)
                 else:
                     self._from_worker(worker, frames)
+        self._apply_registry_events()
+        self._answer_creates()
         self._check_workers()
         self._check_zookeeper()
         self._tick_watchdog()

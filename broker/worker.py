@@ -58,7 +58,6 @@ from broker.transport import COMMAND, STATE, TrioSocket, json_frame
 
 log = logging.getLogger("pylog.worker")
 
-REPORT_INTERVAL_S = 0.2
 PR_SET_PDEATHSIG = 1
 ANSWER_TIMEOUT_S = 5.0
 
@@ -90,8 +89,6 @@ class Worker:
         self.socket = socket
         self.partitions: dict[tuple[str, int], Partition] = {}
         self._deadline_changed = trio.Event()
-        self._offsets_changed = False
-        self._reported: dict[tuple[str, int], tuple[int, int]] = {}
         self.nursery: trio.Nursery | None = None
         self.unanswered_errors = 0
         """Failed produce requests with ack=none, which get no reply: logged and counted."""
@@ -105,7 +102,6 @@ class Worker:
             self.nursery = nursery
             nursery.start_soon(self._flush_when_due)
             nursery.start_soon(self._apply_retention)
-            nursery.start_soon(self._report_offsets)
             await self.socket.send([STATE, json_frame({"hello": self.index})])
             task_status.started()
             while True:
@@ -187,7 +183,7 @@ class Worker:
         offset, count = plog.append_counted(request.message_set)
         end = plog.log_end_offset
         if plog.high_watermark != high_watermark:
-            self._flushed(partition)
+            partition.note_flush()
         elif not had_deadline:
             self._deadline_changed.set()
         if request.ack == protocol.Ack.NONE:
@@ -294,7 +290,6 @@ class Worker:
                     log.error("cannot open %s-%d in %s: %s", topic, number, directory, error)
                     failed.append([topic, number, str(error)])
             await self.socket.send([STATE, json_frame({"opened": opened, "failed": failed})])
-            self._offsets_changed = True
         elif op == "delete":
             topic = command["topic"]
             for key in [k for k in self.partitions if k[0] == topic]:
@@ -302,7 +297,6 @@ class Worker:
                 partition.log.close()
                 partition.note_flush()  # waiters see it gone and answer
                 shutil.rmtree(partition.log.directory, ignore_errors=True)
-                self._reported.pop(key, None)
                 log.info("deleted partition %s-%d", *key)
             await self.socket.send([STATE, json_frame({"deleted": topic})])
         else:
@@ -342,11 +336,7 @@ class Worker:
             except PylogError as error:
                 log.error("flush of %s-%d: %s", partition.topic, partition.number, error)
                 continue
-            self._flushed(partition)
-
-    def _flushed(self, partition: Partition) -> None:
-        partition.note_flush()
-        self._offsets_changed = True
+            partition.note_flush()
 
     async def _flush_when_due(self) -> None:
         """Flush each partition when its oldest pending message has waited flush_interval_ms."""
@@ -361,7 +351,7 @@ class Worker:
             for partition in list(self.partitions.values()):
                 try:
                     if partition.log.flush_if_due():
-                        self._flushed(partition)
+                        partition.note_flush()
                 except PylogError as error:
                     log.error("flush of %s-%d: %s", partition.topic, partition.number, error)
 
@@ -375,25 +365,8 @@ class Worker:
                     log.error("retention of %s-%d: %s", partition.topic, partition.number, error)
                     continue
                 if deleted:
-                    self._offsets_changed = True
                     names = ", ".join(p.name for p in deleted)
                     log.info("retention deleted %s", names)
-
-    async def _report_offsets(self) -> None:
-        """Tell the supervisor each partition's log start and high watermark when they move."""
-        while True:
-            await trio.sleep(REPORT_INTERVAL_S)
-            if not self._offsets_changed:
-                continue
-            self._offsets_changed = False
-            changed = []
-            for key, partition in self.partitions.items():
-                offsets = (partition.log.log_start_offset, partition.log.high_watermark)
-                if self._reported.get(key) != offsets:
-                    self._reported[key] = offsets
-                    changed.append([*key, *offsets])
-            if changed:
-                await self.socket.send([STATE, json_frame({"offsets": changed})])
 
 
 def exit_with_supervisor(supervisor_pid: int) -> None:

@@ -255,11 +255,14 @@ def topic_list(broker: str, timeout: float) -> None:
 @_broker_options
 def topic_describe(name: str, broker: str, timeout: float) -> None:
     """Print each partition of topic NAME: the broker holding it, its log start offset and
-    high watermark (offsets are byte positions)."""
+    high watermark (offsets are byte positions), or that it is unavailable."""
     with _broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
         partitions = admin.describe(name)
     click.echo(f"topic {name}: {len(partitions)} partitions")
     for p in partitions:
+        if p.log_start_offset is None:
+            click.echo(f"partition {p.partition} broker {p.broker_id} unavailable (broker down)")
+            continue
         click.echo(
             f"partition {p.partition} broker {p.broker_id} "
             f"log_start {p.log_start_offset} high_watermark {p.high_watermark}"

@@ -214,6 +214,11 @@ class Connection:
             self._dealer = socket
         return self._dealer
 
+    @property
+    def pipelined_socket(self) -> zmq.Socket[bytes]:
+        """The DEALER socket of pipelined requests, to poll for replies beside other sockets."""
+        return self._dealer_socket()
+
     def send_pipelined(self, request: Request) -> int:
         """Send `request` on the DEALER socket without waiting; returns the correlation id
         its reply will carry (see `receive_pipelined`). Any number may be in flight."""

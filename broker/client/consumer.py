@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Final, Literal, Self
 
-from broker.client.connection import DEFAULT_CLIENT_ID, Connection
+from broker.client.cluster import Cluster
+from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.errors import BrokerError
 from broker.log.message import Message, iter_messages
 from broker.protocol import EARLIEST, LATEST, ErrorCode, FetchRequest, OffsetsRequest
@@ -39,7 +40,8 @@ def timestamp_ms(moment: datetime.datetime) -> int:
 
 
 class PartitionConsumer:
-    """Read partition `partition` of `topic` from the broker at `endpoint`.
+    """Read partition `partition` of `topic` from the broker that holds it, found through
+    `endpoint` (any broker of the cluster; several may be given, comma-separated).
 
     `poll()` is one fetch, a long poll of up to `max_wait_ms`; iterating yields messages for
     ever, or until the high watermark with `stop_at_end`. `high_watermark` and
@@ -70,11 +72,12 @@ class PartitionConsumer:
         self.retries = retries
         self.high_watermark: int | None = None
         self.log_start_offset: int | None = None
-        self.connection = Connection(endpoint, client_id, timeout_s)
+        self.cluster = Cluster(endpoint, client_id, timeout_s, retries)
         try:
+            self.connection = self.cluster.connection_for(topic, partition)
             self._position = self._resolve(start)
         except BaseException:
-            self.connection.close()
+            self.cluster.close()
             raise
 
     def _resolve(self, start: Start) -> int:
@@ -148,7 +151,7 @@ class PartitionConsumer:
                 return
 
     def close(self) -> None:
-        self.connection.close()
+        self.cluster.close()
 
     def __enter__(self) -> Self:
         return self

@@ -3,7 +3,13 @@
 Placement: a message sent with an explicit partition goes there. Otherwise, with the "hash"
 partitioner (the default), a keyed message goes to xxh32(key) % partitions, so one key always
 lands on one partition while the partition count stays the same, and a keyless message goes
-round robin; "round_robin" and "random" spread every message that way, keys ignored.
+round robin; "round_robin" and "random" spread every message that way, keys ignored. Spread
+messages go to the partitions being served (METADATA error_code NONE) while there are any, so
+a broker that is down does not stop keyless sends.
+
+Brokers: `endpoint` bootstraps (broker.client.cluster): each batch goes to the broker that
+holds its partition, over that broker's connection. UNKNOWN_TOPIC_OR_PARTITION, a retriable
+error or a timeout makes the producer ask METADATA again before it resends.
 
 Batching: each partition has one open batch (a message set being built with encode_message). A
 batch is sent once it holds `batch_messages` messages or `batch_bytes` bytes, or when
@@ -33,6 +39,7 @@ from typing import Literal, Self
 
 import xxhash
 
+from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID, Connection
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import BrokerError, Unavailable
@@ -41,7 +48,7 @@ from broker.protocol import (
     Ack,
     Api,
     ErrorCode,
-    MetadataRequest,
+    PartitionInfo,
     ProduceRequest,
     broker_error,
     decode_reply,
@@ -68,6 +75,7 @@ class _InFlight:
     """A batch sent and not yet acknowledged."""
 
     request: ProduceRequest
+    connection: Connection
     sequence: int
     """The order in which batches were first sent: acks are returned in it."""
     attempts: int = 0
@@ -84,7 +92,8 @@ class _Batch:
 
 
 class Producer:
-    """Send messages to `topic` on the broker at `endpoint`.
+    """Send messages to `topic` on the cluster that `endpoint` (one or more, comma-separated)
+    belongs to.
 
     `flush()` sends every open batch and returns the acknowledgements received since the last
     flush (every batch sent meanwhile, by `send` too); `close()` flushes first. `clock` measures
@@ -119,10 +128,12 @@ class Producer:
         self.linger_s = linger_ms / 1000
         self.retries = retries
         self.max_in_flight = max_in_flight
-        self._in_flight: dict[int, _InFlight] = {}
+        self._in_flight: dict[tuple[Connection, int], _InFlight] = {}
         self.clock = clock
-        self.connection = Connection(endpoint, client_id, timeout_s)
-        self._partitions: int | None = None
+        self.cluster = Cluster(endpoint, client_id, timeout_s, retries)
+        self._layout: tuple[PartitionInfo, ...] | None = None
+        self._served: list[int] = []
+        """The partitions being served at the last look: where spread messages go."""
         self._round_robin = itertools.count()
         self._batches: dict[int, _Batch] = {}
         self._linger_deadline = math.inf
@@ -134,38 +145,35 @@ class Producer:
 
     @property
     def partitions(self) -> int:
-        """How many partitions the topic has on this broker (asked once, then on
-        UNKNOWN_TOPIC_OR_PARTITION)."""
-        if self._partitions is None:
-            self._partitions = self._fetch_partition_count()
-        return self._partitions
+        """How many partitions the topic has (asked once, then again after errors)."""
+        return len(self._partition_layout())
+
+    def _partition_layout(self) -> tuple[PartitionInfo, ...]:
+        if self._layout is None:
+            layout = self.cluster.partitions(self.topic)
+            if not layout:
+                raise broker_error(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no partitions of {self.topic!r}"
+                )
+            self._layout = layout
+            self._served = [p.partition for p in layout if p.error_code == ErrorCode.NONE]
+        return self._layout
 
     @property
     def messages_sent(self) -> int:
         """Messages handed to the broker so far (acknowledged unless ack is NONE)."""
         return self._sent
 
-    def _fetch_partition_count(self) -> int:
-        reply = self.connection.call(MetadataRequest((self.topic,)), self.retries)
-        for info in reply.topics:
-            if info.topic == self.topic:
-                if info.error_code != ErrorCode.NONE:
-                    raise broker_error(info.error_code, f"topic {self.topic!r} does not exist")
-                if not info.partitions:
-                    break
-                return len(info.partitions)
-        raise broker_error(
-            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no partitions of {self.topic!r} here"
-        )
-
     def partition_for(self, key: bytes | None) -> int:
-        """The partition a message with `key` goes to (keyless ones: the next of the spread)."""
+        """The partition a message with `key` goes to (keyless ones: the next of the spread,
+        over the partitions being served if any is)."""
         partitions = self.partitions
         if key is not None and self.partitioner == "hash":
             return xxhash.xxh32_intdigest(key) % partitions
+        spread = self._served or range(partitions)
         if self.partitioner == "random":
-            return random.randrange(partitions)
-        return next(self._round_robin) % partitions
+            return random.choice(spread)
+        return spread[next(self._round_robin) % len(spread)]
 
     def send(
         self,
@@ -208,40 +216,49 @@ class Producer:
     def _send_batch(self, partition: int) -> None:
         batch = self._batches.pop(partition)
         request = ProduceRequest(self.topic, partition, self.ack, b"".join(batch.messages))
+        connection = self._holder(partition)
         if self.ack is Ack.NONE:
-            self.connection.send_nowait(request)
+            connection.send_nowait(request)
         else:
-            self._send_acked(_InFlight(request, next(self._batches_sent)))
+            self._send_acked(_InFlight(request, connection, next(self._batches_sent)))
             while len(self._in_flight) >= self.max_in_flight:
                 self._receive_ack()
         self._sent += len(batch.messages)
 
+    def _holder(self, partition: int) -> Connection:
+        return self.cluster.connection(self._partition_layout()[partition].broker_id)
+
     def _send_acked(self, entry: _InFlight) -> None:
-        self._in_flight[self.connection.send_pipelined(entry.request)] = entry
+        self._in_flight[entry.connection, entry.connection.send_pipelined(entry.request)] = entry
 
     def _receive_ack(self) -> None:
         """Wait for the next reply to a batch in flight. What a retriable error or a timeout
         lost is sent again, up to `retries` times a batch, with a doubling back-off."""
+        connections = {connection for connection, _ in self._in_flight}
         try:
-            correlation_id, frames = self.connection.receive_pipelined(self.connection.timeout_s)
+            connection, correlation_id, frames = self.cluster.receive_pipelined(
+                connections, self.cluster.timeout_s
+            )
         except Unavailable as error:  # no reply in time: every batch in flight may be lost
             lost = list(self._in_flight.values())
             self._in_flight.clear()
+            self._layout = None  # a broker may be down: ask where partitions are again
             for entry in lost:
                 self._retry(entry, error)
             return
-        if correlation_id not in self._in_flight:
+        if (connection, correlation_id) not in self._in_flight:
             return  # the late reply to a batch already sent again after a timeout
-        entry = self._in_flight.pop(correlation_id)
+        entry = self._in_flight.pop((connection, correlation_id))
         try:
             reply = decode_reply(Api.PRODUCE, frames)
         except BrokerError as error:
             if error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and not entry.looked_again:
                 # The topic may have been re-created with other partitions: look again, and
                 # send once more if the partition still exists.
-                self._partitions = None
+                self._layout = None
                 if entry.request.partition < self.partitions:
                     entry.looked_again = True
+                    entry.connection = self._holder(entry.request.partition)
                     self._send_acked(entry)
                     return
             if not error.retriable:
@@ -256,6 +273,13 @@ class Producer:
             raise error
         time.sleep(min(RETRY_BACKOFF_S * 2**entry.attempts, MAX_RETRY_BACKOFF_S))
         entry.attempts += 1
+        self._layout = None  # the partition's broker may have gone: look again
+        try:
+            entry.connection = self._holder(entry.request.partition)
+        except (BrokerError, Unavailable) as failure:
+            if isinstance(failure, BrokerError) and not failure.retriable:
+                raise
+            raise error from failure  # metadata unreachable: the batch's own error counts
         self._send_acked(entry)
 
     def flush(self) -> list[ProduceAck]:
@@ -273,7 +297,7 @@ class Producer:
         try:
             self.flush()
         finally:
-            self.connection.close()
+            self.cluster.close()
 
     def __enter__(self) -> Self:
         return self
@@ -287,4 +311,4 @@ class Producer:
         if exc is None:
             self.close()
         else:
-            self.connection.close()
+            self.cluster.close()

@@ -55,10 +55,9 @@ class HoldingBroker:
             envelope = [identity, b""] if rest[0] == b"" else [identity]
             header, request = decode_request(rest[len(envelope) - 1 :])
             if isinstance(request, MetadataRequest):
-                partition = PartitionInfo(0, 0, 0, 0)
-                reply = MetadataReply(
-                    (BrokerInfo(0, "127.0.0.1", 1),), (TopicInfo(TOPIC, 0, (partition,)),)
-                )
+                itself = BrokerInfo(0, "127.0.0.1", int(self.endpoint.rpartition(":")[2]))
+                partition = PartitionInfo(0, itself.broker_id)
+                reply = MetadataReply((itself,), (TopicInfo(TOPIC, 0, (partition,)),))
                 socket.send_multipart([*envelope, *encode_reply(header.correlation_id, reply)])
                 continue
             assert isinstance(request, ProduceRequest)

@@ -329,7 +329,9 @@ metadata_replies = st.builds(
             TopicInfo,
             topics,
             st.sampled_from(ErrorCode),
-            st.lists(st.builds(PartitionInfo, u32, u32, u64, u64), max_size=4).map(tuple),
+            st.lists(
+                st.builds(PartitionInfo, u32, u32, st.sampled_from(ErrorCode)), max_size=4
+            ).map(tuple),
         ),
         max_size=3,
     ).map(tuple),
@@ -895,9 +897,10 @@ def test_empty_reply_with_bytes_in_its_body_is_malformed() -> None:
 
 
 def test_metadata_reply_cut_inside_a_partition_is_malformed() -> None:
-    reply = MetadataReply((), (TopicInfo("clicks", ErrorCode.NONE, (PartitionInfo(0, 1, 0, 9),)),))
+    partition = PartitionInfo(0, 1, ErrorCode.PARTITION_UNAVAILABLE)
+    reply = MetadataReply((), (TopicInfo("clicks", ErrorCode.NONE, (partition,)),))
     (frame,) = encode_reply(1, reply)
-    reply_rejects(Api.METADATA, [bytes(frame)[:-3]], "field high_watermark")
+    reply_rejects(Api.METADATA, [bytes(frame)[:-1]], "field error_code")
 
 
 def test_an_error_code_from_a_newer_broker_is_a_broker_error_that_is_not_retriable() -> None:

@@ -144,16 +144,16 @@ def test_topic_partitions_are_registered_per_broker(
     make_registry: Callable[..., Registry], observer: KazooClient
 ) -> None:
     one, two = make_registry(), make_registry()
-    one.register_topic_partitions("clicks", 1, 4)
-    two.register_topic_partitions("clicks", 2, 2)
+    one.register_topic_partitions("clicks", 1, [0, 1, 2, 3])
+    two.register_topic_partitions("clicks", 2, [4, 5])
 
-    assert one.topic_brokers("clicks") == {1: 4, 2: 2}
+    assert one.topic_brokers("clicks") == {1: (0, 1, 2, 3), 2: (4, 5)}
     data, owner = node(observer, f"{one.chroot}/brokers/topics/clicks/2")
-    assert data == {"version": 1, "partitions": 2}
+    assert data == {"version": 1, "partitions": [4, 5]}
     assert owner == two.session_id
 
     two.unregister_topic("clicks", 2)
-    assert one.topic_brokers("clicks") == {1: 4}
+    assert one.topic_brokers("clicks") == {1: (0, 1, 2, 3)}
     two.stop()
     one.unregister_topic("clicks", 1)
     assert one.topic_brokers("clicks") == {}
@@ -167,8 +167,8 @@ def test_topic_partitions_are_registered_per_broker(
 def test_topic_configs_are_created_read_listed_and_deleted(
     registry: Registry, observer: KazooClient
 ) -> None:
-    clicks = TopicConfig(partitions=4, settings={"retention.ms": 604_800_000, "segment.ms": None})
-    views = TopicConfig(partitions=1)
+    clicks = TopicConfig.spread(4, [1, 2], {"retention.ms": 604_800_000, "segment.ms": None})
+    views = TopicConfig.spread(1, [1])
     registry.create_topic_config("clicks", clicks)
     registry.create_topic_config("views", views)
 
@@ -178,6 +178,7 @@ def test_topic_configs_are_created_read_listed_and_deleted(
     assert data == {
         "version": 1,
         "partitions": 4,
+        "brokers": [1, 2, 1, 2],
         "settings": {"retention.ms": 604_800_000, "segment.ms": None},
     }
     assert owner == 0, "topic configurations are persistent"
@@ -190,17 +191,17 @@ def test_topic_config_outlives_the_registry_that_made_it(
     make_registry: Callable[..., Registry],
 ) -> None:
     first = make_registry()
-    first.create_topic_config("clicks", TopicConfig(partitions=2))
+    first.create_topic_config("clicks", TopicConfig.spread(2, [1]))
     first.stop()
-    assert make_registry().topic_config("clicks") == TopicConfig(partitions=2)
+    assert make_registry().topic_config("clicks") == TopicConfig.spread(2, [1])
 
 
 def test_creating_an_existing_topic_config_raises_topic_already_exists(
     registry: Registry,
 ) -> None:
-    registry.create_topic_config("clicks", TopicConfig(partitions=1))
+    registry.create_topic_config("clicks", TopicConfig.spread(1, [1]))
     with pytest.raises(TopicAlreadyExists, match="clicks"):
-        registry.create_topic_config("clicks", TopicConfig(partitions=8))
+        registry.create_topic_config("clicks", TopicConfig.spread(8, [1]))
     assert registry.topic_config("clicks").partitions == 1
 
 
@@ -214,16 +215,16 @@ def test_missing_topic_config_raises_unknown_topic(registry: Registry) -> None:
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "x" * 250, "spaces here", "ü"])
 def test_invalid_topic_names_are_rejected(registry: Registry, name: str) -> None:
     with pytest.raises(InvalidTopic):
-        registry.create_topic_config(name, TopicConfig(partitions=1))
+        registry.create_topic_config(name, TopicConfig.spread(1, [1]))
     with pytest.raises(InvalidTopic):
-        registry.register_topic_partitions(name, 1, 1)
+        registry.register_topic_partitions(name, 1, [0])
 
 
 def test_invalid_topic_configs_are_rejected(registry: Registry) -> None:
     with pytest.raises(InvalidTopic, match="partitions"):
-        registry.create_topic_config("clicks", TopicConfig(partitions=0))
+        registry.create_topic_config("clicks", TopicConfig.spread(0, [1]))
     with pytest.raises(InvalidTopic, match=r"retention\.ms"):
-        registry.create_topic_config("clicks", TopicConfig(1, {"retention.ms": "7d"}))  # type: ignore[dict-item]
+        registry.create_topic_config("clicks", TopicConfig(1, (1,), {"retention.ms": "7d"}))  # type: ignore[dict-item]
     assert registry.topic_configs() == {}
 
 
@@ -231,9 +232,9 @@ def test_unreadable_topic_config_is_left_out_of_listings(
     registry: Registry, observer: KazooClient
 ) -> None:
     observer.create(f"{registry.chroot}/config/topics/garbage", b"not json")
-    registry.create_topic_config("clicks", TopicConfig(partitions=1))
+    registry.create_topic_config("clicks", TopicConfig.spread(1, [1]))
 
-    assert registry.topic_configs() == {"clicks": TopicConfig(partitions=1)}
+    assert registry.topic_configs() == {"clicks": TopicConfig.spread(1, [1])}
     with pytest.raises(RegistryUnavailable, match="garbage holds unreadable data"):
         registry.topic_config("garbage")
 
@@ -246,8 +247,8 @@ def test_watch_topic_configs_sees_creates_and_deletes(
     broker.watch_topic_configs(seen.put)
     next_value(seen, {})
 
-    admin.create_topic_config("clicks", TopicConfig(partitions=3))
-    next_value(seen, {"clicks": TopicConfig(partitions=3)})
+    admin.create_topic_config("clicks", TopicConfig.spread(3, [1]))
+    next_value(seen, {"clicks": TopicConfig.spread(3, [1])})
     admin.delete_topic_config("clicks")
     next_value(seen, {})
 
@@ -259,8 +260,8 @@ def test_session_expiry_recreates_broker_and_topic_nodes(
     registry: Registry, observer: KazooClient, zookeeper: PrivateZooKeeper
 ) -> None:
     registry.register_broker(1, BROKER_1)
-    registry.register_topic_partitions("clicks", 1, 4)
-    registry.register_topic_partitions("views", 1, 2)
+    registry.register_topic_partitions("clicks", 1, [0, 1, 2, 3])
+    registry.register_topic_partitions("views", 1, [0, 1])
     seen: queue.Queue[dict[str, TopicConfig]] = queue.Queue()
     registry.watch_topic_configs(seen.put)
     next_value(seen, {})
@@ -279,18 +280,18 @@ def test_session_expiry_recreates_broker_and_topic_nodes(
         _, owner = node(observer, f"{registry.chroot}/{path}")
         assert owner == new_session, path
     assert registry.brokers() == {1: BROKER_1}
-    assert registry.topic_brokers("clicks") == {1: 4}
+    assert registry.topic_brokers("clicks") == {1: (0, 1, 2, 3)}
 
     # the watch is armed again in the new session
-    observer.create(f"{registry.chroot}/config/topics/late", TopicConfig(1).to_json())
-    next_value(seen, {"late": TopicConfig(partitions=1)})
+    observer.create(f"{registry.chroot}/config/topics/late", TopicConfig.spread(1, [1]).to_json())
+    next_value(seen, {"late": TopicConfig.spread(1, [1])})
 
 
 def test_unregistered_nodes_stay_away_after_session_expiry(
     registry: Registry, zookeeper: PrivateZooKeeper
 ) -> None:
     registry.register_broker(1, BROKER_1)
-    registry.register_topic_partitions("clicks", 1, 4)
+    registry.register_topic_partitions("clicks", 1, [0, 1, 2, 3])
     registry.unregister_topic("clicks", 1)
 
     expire_session(registry, zookeeper.connect_string)
@@ -338,7 +339,7 @@ def test_lost_connection_fails_calls_quickly_and_the_registry_recovers(tmp_path:
         )
         with registry:
             registry.register_broker(1, BROKER_1)
-            registry.create_topic_config("clicks", TopicConfig(partitions=2))
+            registry.create_topic_config("clicks", TopicConfig.spread(2, [1]))
             session = registry.session_id
 
             server.stop()
@@ -347,7 +348,7 @@ def test_lost_connection_fails_calls_quickly_and_the_registry_recovers(tmp_path:
             with pytest.raises(RegistryUnavailable, match="not connected to ZooKeeper"):
                 registry.brokers()
             with pytest.raises(RegistryUnavailable):
-                registry.create_topic_config("views", TopicConfig(partitions=1))
+                registry.create_topic_config("views", TopicConfig.spread(1, [1]))
             assert time.monotonic() - started < 2.5
             assert not registry.wait_registered(0)
 
@@ -356,5 +357,5 @@ def test_lost_connection_fails_calls_quickly_and_the_registry_recovers(tmp_path:
             # back within the session timeout: same session, nodes never went away
             assert registry.session_id == session
             assert registry.brokers() == {1: BROKER_1}
-            assert registry.topic_configs() == {"clicks": TopicConfig(partitions=2)}
-            registry.create_topic_config("views", TopicConfig(partitions=1))
+            assert registry.topic_configs() == {"clicks": TopicConfig.spread(2, [1])}
+            registry.create_topic_config("views", TopicConfig.spread(1, [1]))
