@@ -458,7 +458,7 @@ class Supervisor:
         if request.topic in self.configs:
             raise TopicAlreadyExists(f"topic {request.topic!r} exists")
         registry = self._connected_registry()
-        holders = {*self.live_brokers, self.config.broker_id}
+        holders = {*registry.brokers(), self.config.broker_id}  # now, not as last watched
         config = TopicConfig.spread(request.partitions, holders, settings)
         registry.create_topic_config(request.topic, config)
         self.configs[request.topic] = config

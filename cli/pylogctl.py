@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import click
 
 from broker.client import Ack, Admin, PartitionConsumer, Producer
 from broker.client.consumer import Start
+from broker.client.group import GroupConsumer, Record, Reset
 from broker.errors import BrokerError, InvalidMessage, PylogError, Unavailable
 from broker.log.message import Message
 from broker.log.verify import (
@@ -27,6 +29,7 @@ from broker.log.verify import (
     partition_dirs,
     set_aside_files,
 )
+from broker.registry import DEFAULT_CHROOT, Registry, partition_name
 
 PREVIEW_BYTES = 40
 EXIT_CORRUPT = 1
@@ -187,15 +190,16 @@ def _broker_options(command: F) -> F:
 
 
 @contextlib.contextmanager
-def _broker_errors(broker: str) -> Iterator[None]:
-    """Turn what the broker answered, or its silence, into `pylogctl: ...` and exit 1."""
+def _broker_errors(broker: str, what: str = "broker") -> Iterator[None]:
+    """Turn what the broker answered, or its silence, into `pylogctl: ...` and exit 1
+    (`what` names the server at `broker` in the message: "broker", "ZooKeeper")."""
     try:
         yield
     except BrokerError as error:
         click.echo(f"pylogctl: {error.name}: {error.message}", err=True)
         sys.exit(EXIT_BROKER)
     except Unavailable as error:
-        click.echo(f"pylogctl: broker {broker} unreachable: {error}", err=True)
+        click.echo(f"pylogctl: {what} {broker} unreachable: {error}", err=True)
         sys.exit(EXIT_BROKER)
     except PylogError as error:
         click.echo(f"pylogctl: {type(error).__name__}: {error}", err=True)
@@ -345,7 +349,7 @@ def _start(text: str) -> Start:
         ) from None
 
 
-def _consumed_record(message: Message, partition: int) -> dict[str, object]:
+def _consumed_record(message: Message | Record, partition: int) -> dict[str, object]:
     return {
         "offset": message.offset,
         "partition": partition,
@@ -416,6 +420,117 @@ def consume(
             count += 1
             if max_messages is not None and count >= max_messages:
                 break
+
+
+@cli.group()
+def group() -> None:
+    """Consumer groups: consume as a member, describe owners and committed offsets."""
+
+
+def _zookeeper_options(command: F) -> F:
+    """--zookeeper (or $PYLOG_ZOOKEEPER) and --chroot: where the group registry is."""
+    command = click.option(
+        "--chroot",
+        default=DEFAULT_CHROOT,
+        show_default=True,
+        help="The registry's ZooKeeper chroot (pylogd's zookeeper.chroot).",
+    )(command)
+    return click.option(
+        "--zookeeper",
+        envvar="PYLOG_ZOOKEEPER",
+        required=True,
+        help="The ZooKeeper ensemble, HOST:PORT[,HOST:PORT...] (env PYLOG_ZOOKEEPER); with "
+        "the private ZooKeeper of `scripts/start`, see data/zookeeper/zoo.cfg for its port.",
+    )(command)
+
+
+@group.command("consume")
+@click.argument("group_name", metavar="GROUP")
+@click.argument("topics", metavar="TOPIC...", nargs=-1, required=True)
+@click.option("--consumer-id", help="This member's id (default: host-pid-random).")
+@click.option(
+    "--reset",
+    type=click.Choice(["earliest", "latest"]),
+    default="earliest",
+    show_default=True,
+    help="Where to start a partition that the group has no committed offset for.",
+)
+@click.option(
+    "--commit-interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Seconds between auto-commits (also at rebalances and on exit).",
+)
+@click.option("--max-messages", type=click.IntRange(min=1), help="Exit after this many.")
+@click.option(
+    "--format",
+    "output",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text: each value on a line; json: topic, partition, offset, timestamp, key, value.",
+)
+@_zookeeper_options
+def group_consume(
+    group_name: str,
+    topics: tuple[str, ...],
+    consumer_id: str | None,
+    reset: Reset,
+    commit_interval: float,
+    max_messages: int | None,
+    output: str,
+    zookeeper: str,
+    chroot: str,
+) -> None:
+    """Join GROUP for TOPIC... and print the messages of the partitions this member is given,
+    until SIGINT / SIGTERM (or --max-messages); commits and leaves the group on exit."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    count = 0
+    with (
+        _broker_errors(zookeeper, "ZooKeeper"),
+        GroupConsumer(
+            zookeeper,
+            group_name,
+            topics,
+            chroot=chroot,
+            consumer_id=consumer_id,
+            reset=reset,
+            auto_commit_interval_s=commit_interval,
+        ) as consumer,
+    ):
+        for record in consumer:
+            if output == "json":
+                line = {"topic": record.topic, **_consumed_record(record, record.partition)}
+                click.echo(json.dumps(line))
+            else:
+                click.echo(_text(record.value))
+            count += 1
+            if max_messages is not None and count >= max_messages:
+                break
+
+
+@group.command("describe")
+@click.argument("group_name", metavar="GROUP")
+@click.argument("topic_name", metavar="TOPIC")
+@_zookeeper_options
+def group_describe(group_name: str, topic_name: str, zookeeper: str, chroot: str) -> None:
+    """Print the members of GROUP, and for each partition of TOPIC its owner and committed
+    offset (a byte position; "-" when none)."""
+    with _broker_errors(zookeeper, "ZooKeeper"), Registry(zookeeper, chroot) as registry:
+        members = registry.consumers(group_name)
+        config = registry.topic_config(topic_name)
+        owners = registry.partition_owners(group_name, topic_name)
+        click.echo(f"group {group_name}: {len(members)} members")
+        for member, subscribed in sorted(members.items()):
+            click.echo(f"member {member} topics {','.join(subscribed)}")
+        for number, holder in enumerate(config.brokers):
+            name = partition_name(holder, number)
+            committed = registry.committed_offset(group_name, topic_name, name)
+            click.echo(
+                f"partition {number} ({name}) owner {owners.get(name, '-')} "
+                f"committed {'-' if committed is None else committed}"
+            )
 
 
 def main() -> None:

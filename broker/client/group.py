@@ -1,0 +1,535 @@
+"""A member of a consumer group: the group shares the partitions of its topics, coordinated
+through ZooKeeper as in the Kafka paper (section 3.2); docs/registry.md has the paths.
+
+Every partition of a subscribed topic is consumed by exactly one member of the group at a time;
+groups are independent of each other. A member:
+
+- registers itself (ephemeral /consumers/<group>/ids/<consumer_id>) and watches the group's
+  members, the brokers and the topics; any change triggers a rebalance;
+- rebalances in the thread that calls `poll`: it stops its fetches, calls `on_revoked`, commits
+  (with auto-commit), releases its owner nodes, sorts the topic's partitions (those whose broker
+  is live, by broker id and partition) and the members subscribed to the topic, takes its
+  contiguous range (the first len(P) % len(C) members take one more), and claims each partition
+  with an ephemeral owner node. A partition still owned by another member makes it release all
+  it claimed, back off and start again, at most `rebalance_retries` times; then RebalanceFailed;
+- reads each partition from the group's committed offset, or, when none is committed, from the
+  earliest or latest offset (`reset`). A committed offset that retention has deleted (the
+  broker answers OFFSET_OUT_OF_RANGE) is reset the same way, logged and counted
+  (`offset_resets`).
+
+Delivery is at least once: `commit()` (and auto-commit every `auto_commit_interval_s`, at a
+rebalance and on close) records the position after the messages that `poll` has returned; after
+a crash the next owner reads again from the last commit.
+
+Losing ZooKeeper: while the registry is disconnected the member returns no messages (its owner
+nodes may be about to expire and another member to take the partitions over); kazoo notices a
+lost connection after about two thirds of the session timeout, before the server expires the
+session. If the session did expire, the member's ownership ended with it: it drops its
+partitions without committing (their new owners may have committed since) and rebalances.
+
+Fetches are pipelined: one FETCH in flight per owned partition, each on the connection to the
+broker that holds the partition, so an idle partition's long poll never holds up a busy one.
+
+Not safe to share between threads (the watches only set a flag that `poll` reads).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal, NamedTuple, Self
+
+from broker.client.cluster import Cluster
+from broker.client.connection import DEFAULT_CLIENT_ID, Connection
+from broker.client.consumer import DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES
+from broker.errors import BrokerError, PylogError, RegistryUnavailable, Unavailable
+from broker.log.message import iter_messages
+from broker.protocol import (
+    EARLIEST,
+    LATEST,
+    Api,
+    ErrorCode,
+    FetchRequest,
+    OffsetsRequest,
+    decode_reply,
+)
+from broker.registry import DEFAULT_CHROOT, Registry, TopicConfig, partition_name
+
+log = logging.getLogger("pylog.group")
+
+Reset = Literal["earliest", "latest"]
+RETRY_BACKOFF_S = 0.5
+"""How long a partition rests after a retriable fetch error before it is fetched again."""
+
+
+class RebalanceFailed(PylogError):
+    """A rebalance could not claim its partitions within its retries: other members kept
+    owning them (a member that is stuck, or more rebalances than the back-off allows)."""
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class TopicPartition:
+    """A partition of a topic and the broker that holds it."""
+
+    topic: str
+    broker_id: int
+    partition: int
+
+    @property
+    def name(self) -> str:
+        """The name under /consumers: "<broker_id>-<partition>"."""
+        return partition_name(self.broker_id, self.partition)
+
+
+class Record(NamedTuple):
+    """A message as a group member receives it."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes
+
+
+@dataclass(eq=False)
+class _Owned:
+    """An owned partition: what was handed out, what is fetched next, what is in flight."""
+
+    tp: TopicPartition
+    endpoint: str
+    position: int
+    """The offset after the last message `poll` returned: what a commit records."""
+    committed: int | None
+    fetch_offset: int = 0
+    fetch_bytes: int = DEFAULT_FETCH_BYTES
+    buffered: list[Record] = field(default_factory=list)
+    in_flight: tuple[Connection, int] | None = None
+    sent_at: float = 0.0
+    rest_until: float = 0.0
+
+
+def default_consumer_id() -> str:
+    """<host>-<pid>-<random>: unique, and telling an operator where the member runs."""
+    host = "".join(c if c.isalnum() or c in "._-" else "_" for c in socket.gethostname())
+    return f"{host or 'host'}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def assign_range(
+    partitions: Sequence[TopicPartition], members: Sequence[str], me: str
+) -> list[TopicPartition]:
+    """The paper's range assignment: `me`'s contiguous share of the sorted `partitions` among
+    the sorted `members` (the first len(partitions) % len(members) members take one more)."""
+    ordered = sorted(partitions, key=lambda tp: (tp.broker_id, tp.partition))
+    ranked = sorted(members)
+    if me not in ranked:
+        return []
+    i = ranked.index(me)
+    share, extra = divmod(len(ordered), len(ranked))
+    start = i * share + min(i, extra)
+    return ordered[start : start + share + (1 if i < extra else 0)]
+
+
+class GroupConsumer:
+    """Consume `topics` as member `consumer_id` of `group`, through the ZooKeeper ensemble
+    `zookeeper` ("host:port[,...]") and registry `chroot`.
+
+    `on_assigned(partitions)` runs after a rebalance claimed them, `on_revoked(partitions)`
+    before they are committed and released (both in the thread calling `poll`), so a user can
+    flush state or commit. `auto_commit_interval_s` None turns auto-commit off: then only
+    `commit()` commits."""
+
+    def __init__(
+        self,
+        zookeeper: str,
+        group: str,
+        topics: Iterable[str],
+        *,
+        chroot: str = DEFAULT_CHROOT,
+        consumer_id: str | None = None,
+        reset: Reset = "earliest",
+        auto_commit_interval_s: float | None = 5.0,
+        on_assigned: Callable[[frozenset[TopicPartition]], None] | None = None,
+        on_revoked: Callable[[frozenset[TopicPartition]], None] | None = None,
+        max_wait_ms: int = 500,
+        fetch_bytes: int = DEFAULT_FETCH_BYTES,
+        session_timeout_s: float = 6.0,
+        rebalance_retries: int = 10,
+        rebalance_backoff_s: float = 0.2,
+        client_id: str = DEFAULT_CLIENT_ID,
+        timeout_s: float = 10.0,
+    ) -> None:
+        if reset not in ("earliest", "latest"):
+            raise ValueError(f"reset {reset!r}: use earliest or latest")
+        self.group = group
+        self.topics = tuple(sorted(set(topics)))
+        if not self.topics:
+            raise ValueError("a group consumer needs at least one topic")
+        self.consumer_id = consumer_id or default_consumer_id()
+        self.reset: Reset = reset
+        self.auto_commit_interval_s = auto_commit_interval_s
+        self.on_assigned = on_assigned
+        self.on_revoked = on_revoked
+        self.max_wait_ms = max_wait_ms
+        self.fetch_bytes = fetch_bytes
+        self.rebalance_retries = rebalance_retries
+        self.rebalance_backoff_s = rebalance_backoff_s
+        self.timeout_s = timeout_s
+        self.offset_resets = 0
+        """Partitions read from `reset` because their committed offset was out of range."""
+        self.rebalances = 0
+        self._owned: dict[TopicPartition, _Owned] = {}
+        self._claim_session: int | None = None
+        self._in_flight: dict[tuple[Connection, int], _Owned] = {}
+        self._rebalance_wanted = threading.Event()
+        self._next_commit = time.monotonic() + (auto_commit_interval_s or 0)
+        self._closed = False
+        self.cluster = Cluster((), client_id, timeout_s)
+        self.registry = Registry(zookeeper, chroot, session_timeout_s=session_timeout_s)
+        try:
+            self.registry.start(timeout=max(10.0, timeout_s))
+            self.registry.register_consumer(group, self.consumer_id, self.topics)
+            wanted = self._rebalance_wanted
+            self.registry.watch_consumers(group, lambda _: wanted.set())
+            self.registry.watch_brokers(lambda _: wanted.set())
+            self.registry.watch_topic_configs(lambda _: wanted.set())
+        except BaseException:
+            self.registry.stop()
+            self.cluster.close()
+            raise
+
+    # -- what the member holds ---------------------------------------------------------------
+
+    @property
+    def assignment(self) -> frozenset[TopicPartition]:
+        """The partitions this member owns now."""
+        return frozenset(self._owned)
+
+    def positions(self) -> dict[TopicPartition, int]:
+        """Each owned partition's position: the offset after the last message returned."""
+        return {tp: owned.position for tp, owned in self._owned.items()}
+
+    # -- consuming ---------------------------------------------------------------------------
+
+    def poll(self, max_wait_ms: int | None = None) -> list[Record]:
+        """The next messages of the owned partitions, waiting up to `max_wait_ms` (default
+        the member's) for some; rebalances first when the group, the brokers or the topics
+        changed. Returns nothing while ZooKeeper is unreachable."""
+        wait_s = (self.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1000
+        if not self._in_session(wait_s):
+            return []
+        if self._rebalance_wanted.is_set():
+            try:
+                self._rebalance()
+            except RegistryUnavailable as error:  # ZooKeeper went away meanwhile
+                log.warning("group %s: rebalance interrupted: %s", self.group, error)
+                self._rebalance_wanted.set()
+                return []
+        self._auto_commit()
+        records = self._take_buffered()
+        if records:
+            return records
+        if not self._owned:
+            self._rebalance_wanted.wait(wait_s)
+            return []
+        self._send_fetches(wait_s)
+        self._receive_fetches(wait_s)
+        return self._take_buffered()
+
+    def __iter__(self) -> Iterator[Record]:
+        """Messages for ever (until close)."""
+        while not self._closed:
+            yield from self.poll()
+
+    def _in_session(self, wait_s: float) -> bool:
+        """Whether the member may consume: connected to ZooKeeper, in the session that claimed
+        its partitions. A suspended connection pauses it; an expired session ends ownership."""
+        if not self.registry.connected:
+            self._stop_fetching()
+            self.registry.wait_connected(wait_s)
+            return False
+        session = self.registry.session_id
+        if self._owned and session != self._claim_session:
+            lost = frozenset(self._owned)
+            log.warning(
+                "group %s: ZooKeeper session expired; %d partitions lost to the group",
+                self.group,
+                len(lost),
+            )
+            self._stop_fetching()
+            self._owned.clear()
+            if self.on_revoked is not None:
+                self.on_revoked(lost)
+            self._rebalance_wanted.set()
+        return True
+
+    def _take_buffered(self) -> list[Record]:
+        records: list[Record] = []
+        for owned in self._owned.values():
+            if owned.buffered:
+                records += owned.buffered
+                owned.position = owned.fetch_offset  # the buffer is one whole reply
+                owned.buffered = []
+        return records
+
+    def _send_fetches(self, wait_s: float) -> None:
+        now = time.monotonic()
+        for owned in self._owned.values():
+            if owned.in_flight is not None or owned.rest_until > now:
+                continue
+            request = FetchRequest(
+                owned.tp.topic,
+                owned.tp.partition,
+                owned.fetch_offset,
+                owned.fetch_bytes,
+                round(wait_s * 1000),
+                1,
+            )
+            connection = self.cluster.connect(owned.endpoint)
+            key = (connection, connection.send_pipelined(request))
+            owned.in_flight, owned.sent_at = key, now
+            self._in_flight[key] = owned
+
+    def _receive_fetches(self, wait_s: float) -> None:
+        """Wait up to `wait_s` for a first reply, then take every reply already there."""
+        if not self._in_flight:
+            return
+        deadline = time.monotonic() + wait_s
+        while self._in_flight:
+            if any(o.buffered for o in self._owned.values()):
+                timeout_s = 0.0  # data to hand out: take only the replies already here
+            else:
+                timeout_s = max(0.0, deadline - time.monotonic())
+            connections = {connection for connection, _ in self._in_flight}
+            try:
+                connection, correlation_id, frames = self.cluster.receive_pipelined(
+                    connections, timeout_s
+                )
+            except Unavailable:
+                break
+            owned = self._in_flight.pop((connection, correlation_id), None)
+            if owned is not None:
+                owned.in_flight = None
+                self._on_fetch_reply(owned, frames)
+        self._expire_fetches(wait_s)
+
+    def _expire_fetches(self, wait_s: float) -> None:
+        """Forget fetches whose reply is overdue (broker down): they are sent again later."""
+        overdue = time.monotonic() - wait_s - self.timeout_s
+        for key, owned in list(self._in_flight.items()):
+            if owned.sent_at < overdue:
+                del self._in_flight[key]
+                owned.in_flight = None
+                owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+                log.warning("no reply to a fetch of %s from %s", owned.tp, owned.endpoint)
+
+    def _on_fetch_reply(self, owned: _Owned, frames: list[Any]) -> None:
+        tp = owned.tp
+        try:
+            reply = decode_reply(Api.FETCH, frames)
+        except BrokerError as error:
+            if error.code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                self.offset_resets += 1
+                offset = self._reset_offset(tp, owned.endpoint)
+                log.warning(
+                    "group %s: offset %d of %s %s is out of range (deleted by retention?): "
+                    "reading from %s offset %d",
+                    self.group,
+                    owned.fetch_offset,
+                    tp.topic,
+                    tp.name,
+                    self.reset,
+                    offset,
+                )
+                owned.fetch_offset = owned.position = offset
+            elif error.code == ErrorCode.FETCH_SIZE_TOO_SMALL and owned.fetch_bytes < (
+                MAX_FETCH_BYTES
+            ):
+                owned.fetch_bytes = min(owned.fetch_bytes * 2, MAX_FETCH_BYTES)
+            elif error.retriable or error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+            else:
+                raise
+            return
+        base = owned.fetch_offset
+        owned.buffered = [
+            Record(tp.topic, tp.partition, m.offset, m.timestamp_ms, m.key, m.value)
+            for m in iter_messages(reply.message_set, base)
+        ]
+        owned.fetch_offset = base + len(reply.message_set)
+
+    def _stop_fetching(self) -> None:
+        """Forget fetches in flight and messages not handed out (their late replies are
+        dropped): positions stay at what `poll` returned."""
+        self._in_flight.clear()
+        for owned in self._owned.values():
+            owned.in_flight = None
+            owned.buffered = []
+            owned.fetch_offset = owned.position
+
+    # -- rebalancing -------------------------------------------------------------------------
+
+    def _rebalance(self) -> None:
+        backoff_s = self.rebalance_backoff_s
+        for attempt in range(self.rebalance_retries + 1):
+            self._rebalance_wanted.clear()
+            self._revoke()
+            wanted = self._wanted()
+            claimed: list[TopicPartition] = []
+            conflict = None
+            try:
+                for tp in wanted:
+                    owner = self.registry.claim_partition(
+                        self.group, tp.topic, tp.name, self.consumer_id
+                    )
+                    if owner is not None:
+                        conflict = (tp, owner)
+                        break
+                    claimed.append(tp)
+                if conflict is None:
+                    self._start(claimed)
+            except BaseException:
+                self._release(claimed)
+                self._owned.clear()
+                raise
+            if conflict is None:
+                self._claim_session = self.registry.session_id
+                self.rebalances += 1
+                log.info(
+                    "group %s: %s owns %d partitions: %s",
+                    self.group,
+                    self.consumer_id,
+                    len(claimed),
+                    ", ".join(f"{tp.topic}/{tp.name}" for tp in claimed),
+                )
+                if self.on_assigned is not None:
+                    self.on_assigned(frozenset(claimed))
+                return
+            self._release(claimed)
+            log.info(
+                "group %s: %s/%s still owned by %s; retrying in %.1f s (attempt %d)",
+                self.group,
+                conflict[0].topic,
+                conflict[0].name,
+                conflict[1],
+                backoff_s,
+                attempt + 1,
+            )
+            time.sleep(backoff_s)  # a back-off between attempts, not a wait for a condition
+            backoff_s = min(backoff_s * 2, 2.0)
+        assert conflict is not None
+        tp, owner = conflict
+        raise RebalanceFailed(
+            f"group {self.group}: {self.consumer_id} could not claim {tp.topic}/{tp.name} "
+            f"(owned by {owner}) in {self.rebalance_retries + 1} attempts"
+        )
+
+    def _revoke(self) -> None:
+        """Stop fetching, tell the user, commit (with auto-commit) and release every owner
+        node."""
+        if not self._owned:
+            return
+        self._stop_fetching()
+        if self.on_revoked is not None:
+            self.on_revoked(frozenset(self._owned))
+        if self.auto_commit_interval_s is not None:
+            self.commit()
+        self._release(self._owned)
+        self._owned.clear()
+
+    def _release(self, partitions: Iterable[TopicPartition]) -> None:
+        for tp in partitions:
+            self.registry.release_partition(self.group, tp.topic, tp.name)
+
+    def _wanted(self) -> list[TopicPartition]:
+        """This member's range of each subscribed topic's live partitions."""
+        members = self.registry.consumers(self.group)
+        brokers = self.registry.brokers()
+        self.cluster.endpoints = {b: f"tcp://{i.host}:{i.port}" for b, i in brokers.items()}
+        wanted: list[TopicPartition] = []
+        for topic in self.topics:
+            config = self._topic_config(topic)
+            if config is None:
+                continue
+            live = [
+                TopicPartition(topic, holder, number)
+                for number, holder in enumerate(config.brokers)
+                if holder in brokers
+            ]
+            subscribed = [member for member, topics in members.items() if topic in topics]
+            wanted += assign_range(live, subscribed, self.consumer_id)
+        return wanted
+
+    def _topic_config(self, topic: str) -> TopicConfig | None:
+        try:
+            return self.registry.topic_config(topic)
+        except PylogError as error:
+            if isinstance(error, RegistryUnavailable):
+                raise
+            log.warning("group %s: topic %r: %s", self.group, topic, error)
+            return None
+
+    def _start(self, claimed: Iterable[TopicPartition]) -> None:
+        for tp in claimed:
+            endpoint = self.cluster.endpoints[tp.broker_id]
+            committed = self.registry.committed_offset(self.group, tp.topic, tp.name)
+            position = self._reset_offset(tp, endpoint) if committed is None else committed
+            self._owned[tp] = _Owned(
+                tp, endpoint, position, committed, position, fetch_bytes=self.fetch_bytes
+            )
+
+    def _reset_offset(self, tp: TopicPartition, endpoint: str) -> int:
+        time_ = EARLIEST if self.reset == "earliest" else LATEST
+        request = OffsetsRequest(tp.topic, tp.partition, time_)
+        return self.cluster.connect(endpoint).call(request).offset
+
+    # -- offsets -----------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Record in ZooKeeper, for every owned partition, the position after the messages
+        `poll` returned (only where it moved)."""
+        for tp, owned in self._owned.items():
+            if owned.position != owned.committed:
+                self.registry.commit_offset(self.group, tp.topic, tp.name, owned.position)
+                owned.committed = owned.position
+
+    def _auto_commit(self) -> None:
+        if self.auto_commit_interval_s is None or time.monotonic() < self._next_commit:
+            return
+        self._next_commit = time.monotonic() + self.auto_commit_interval_s
+        try:
+            self.commit()
+        except RegistryUnavailable as error:  # the next interval tries again
+            log.warning("group %s: auto-commit failed: %s", self.group, error)
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Commit (with auto-commit), release the partitions, leave the group."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.registry.connected and self.registry.session_id == self._claim_session:
+                self._revoke()
+        finally:
+            self.registry.stop()
+            self.cluster.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

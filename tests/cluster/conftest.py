@@ -1,0 +1,102 @@
+"""Fixtures for several brokers sharing the session's ZooKeeper, and for group members."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.client.group import GroupConsumer, Record, TopicPartition
+from broker.zookeeper import PrivateZooKeeper
+from tests.pylogd import RunningBroker
+
+
+def broker_flags(root: Path, broker_id: int) -> tuple[str, ...]:
+    """One log dir (one worker) per broker, 50 ms flushes: three brokers fit on two cores."""
+    return (
+        "--broker-id",
+        str(broker_id),
+        "--broker-log-dirs",
+        str(root / f"broker-{broker_id}" / "logs"),
+        "--log-flush-interval-ms",
+        "50",
+    )
+
+
+@pytest.fixture
+def three_brokers(make_pylogd: Callable[..., RunningBroker], tmp_path: Path) -> list[RunningBroker]:
+    """Brokers 1, 2 and 3 of one cluster (one ZooKeeper chroot)."""
+    return [make_pylogd(*broker_flags(tmp_path, i), name=f"broker-{i}") for i in (1, 2, 3)]
+
+
+@dataclass
+class Member:
+    """A GroupConsumer polled by a thread of its own until stopped; what it received and when
+    its assignments changed, with time.monotonic() stamps."""
+
+    consumer: GroupConsumer
+    records: list[tuple[float, Record]] = field(default_factory=list)
+    assigned: list[tuple[float, frozenset[TopicPartition]]] = field(default_factory=list)
+    revoked: list[tuple[float, frozenset[TopicPartition]]] = field(default_factory=list)
+    polls_started: list[float] = field(default_factory=list)
+    """When each completed poll started."""
+    error: BaseException | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                started = time.monotonic()
+                for record in self.consumer.poll(100):
+                    self.records.append((time.monotonic(), record))
+                self.polls_started.append(started)
+        except BaseException as error:  # reported by the test through `error`
+            self.error = error
+
+    def values(self) -> list[bytes]:
+        return [record.value for _, record in self.records]
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(30)
+        self.consumer.close()
+
+
+@pytest.fixture
+def make_member(
+    zookeeper: PrivateZooKeeper, registry_chroot: str
+) -> Iterator[Callable[..., Member]]:
+    """Start group members polling in threads; all are closed at the end of the test."""
+    members: list[Member] = []
+
+    def make(group: str, topics: list[str], **options: Any) -> Member:
+        member: Member
+        options.setdefault("session_timeout_s", 2.0)
+        options.setdefault("auto_commit_interval_s", 0.2)
+        options.setdefault("zookeeper", zookeeper.connect_string)
+        consumer = GroupConsumer(
+            group=group,
+            topics=topics,
+            chroot=registry_chroot,
+            on_assigned=lambda tps: member.assigned.append((time.monotonic(), tps)),
+            on_revoked=lambda tps: member.revoked.append((time.monotonic(), tps)),
+            **options,
+        )
+        member = Member(consumer)
+        member.thread = threading.Thread(target=member.run, daemon=True)
+        member.thread.start()
+        members.append(member)
+        return member
+
+    yield make
+    for member in members:
+        member.close()
+    for member in members:
+        assert member.error is None, f"{member.consumer.consumer_id}: {member.error!r}"

@@ -1,0 +1,332 @@
+"""Consumer groups on a real cluster: range assignment, rebalances when members come and go,
+offsets committed in ZooKeeper, and a member cut off from ZooKeeper."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.client import Admin, Producer
+from broker.client.group import TopicPartition, assign_range
+from broker.protocol import Ack
+from broker.registry import Registry
+from broker.zookeeper import PrivateZooKeeper
+from tests.cluster.conftest import Member
+from tests.conftest import wait_until
+from tests.pylogd import RunningBroker
+
+
+def produce(endpoint: str, topic: str, values: list[bytes]) -> None:
+    with Producer(endpoint, topic, ack=Ack.FLUSHED, batch_messages=20) as producer:
+        for value in values:
+            producer.send(value)
+        assert sum(a.count for a in producer.flush()) == len(values)
+
+
+def owners(registry: Registry, group: str, topic: str) -> Counter[str]:
+    """Member -> how many partitions of `topic` it owns."""
+    return Counter(registry.partition_owners(group, topic).values())
+
+
+def test_the_range_assignment_is_the_papers() -> None:
+    partitions = [TopicPartition("t", 1 + p % 3, p) for p in range(10)]
+    shares = {m: assign_range(partitions, ["c", "a", "b"], m) for m in "abc"}
+    # sorted by (broker, partition); the first 10 % 3 = 1 member takes one more
+    ordered = sorted(partitions, key=lambda tp: (tp.broker_id, tp.partition))
+    assert shares == {"a": ordered[0:4], "b": ordered[4:7], "c": ordered[7:10]}
+    assert assign_range(partitions, ["a"], "z") == []
+    assert assign_range(partitions[:2], ["a", "b", "c"], "c") == []
+
+
+class CliMember:
+    """`pylogctl group consume --format json` in a child process; its lines, as read."""
+
+    def __init__(self, zookeeper: str, chroot: str, group: str, topic: str, member: str) -> None:
+        self.id = member
+        self.process = subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("pylogctl")),
+                "group",
+                "consume",
+                group,
+                topic,
+                "--consumer-id",
+                member,
+                "--format",
+                "json",
+                "--commit-interval",
+                "0.2",
+                "--zookeeper",
+                zookeeper,
+                "--chroot",
+                chroot,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.values: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.values.append(json.loads(line)["value"])
+
+    def stop(self) -> str:
+        if self.process.poll() is None:
+            self.process.terminate()
+        _, stderr = self.process.communicate(timeout=30)
+        self.reader.join(10)
+        return stderr
+
+
+@pytest.fixture
+def cli_members(
+    zookeeper: PrivateZooKeeper, registry_chroot: str
+) -> Iterator[Callable[[str, str, str], CliMember]]:
+    started: list[CliMember] = []
+
+    def start(group: str, topic: str, member: str) -> CliMember:
+        started.append(CliMember(zookeeper.connect_string, registry_chroot, group, topic, member))
+        return started[-1]
+
+    yield start
+    for member in started:
+        print(f"--- {member.id} stderr:\n{member.stop()[-3000:]}")
+
+
+def test_a_group_shares_the_partitions_through_joins_and_a_killed_member_losing_nothing(
+    three_brokers: list[RunningBroker],
+    cli_members: Callable[[str, str, str], CliMember],
+    make_registry: Callable[..., Registry],
+) -> None:
+    one = three_brokers[0]
+    with Admin(one.endpoint) as admin:
+        admin.create_topic("events", 12)
+    registry = make_registry()
+    members = [cli_members("loaders", "events", f"m{i}") for i in (1, 2, 3)]
+    wait_until(
+        lambda: owners(registry, "loaders", "events") == {"m1": 4, "m2": 4, "m3": 4},
+        30,
+        "three members to own four partitions each",
+    )
+    produced = [b"a-%d" % i for i in range(600)]
+    produce(one.endpoint, "events", produced)
+
+    members.append(cli_members("loaders", "events", "m4"))
+    wait_until(
+        lambda: owners(registry, "loaders", "events") == {f"m{i}": 3 for i in (1, 2, 3, 4)},
+        30,
+        "four members to own three partitions each",
+    )
+    batch = [b"b-%d" % i for i in range(600)]
+    produce(one.endpoint, "events", batch)
+    produced += batch
+    wait_until(
+        lambda: set(produced) <= {v.encode() for m in members for v in m.values},
+        30,
+        "the first two batches to be consumed",
+    )
+
+    killed = members[0]
+    os.kill(killed.process.pid, signal.SIGKILL)  # no commit, no release: its session expires
+    killed.process.wait()
+    wait_until(
+        lambda: owners(registry, "loaders", "events") == {"m2": 4, "m3": 4, "m4": 4},
+        30,
+        "the partitions of the killed member to be owned again",
+    )
+    batch = [b"c-%d" % i for i in range(600)]
+    produce(one.endpoint, "events", batch)
+    produced += batch
+
+    def consumed() -> Counter[str]:
+        return Counter(v for m in members for v in m.values)
+
+    wait_until(
+        lambda: {v.decode() for v in produced} <= set(consumed()), 30, "every message consumed"
+    )
+    # at least once; twice only what the killed member had read past its last commit
+    duplicates = {v for v, n in consumed().items() if n > 1}
+    assert duplicates <= set(killed.values)
+    assert max(consumed().values()) <= 2
+
+
+def test_two_groups_each_see_every_message(
+    three_brokers: list[RunningBroker], make_member: Callable[..., Member]
+) -> None:
+    one = three_brokers[0]
+    with Admin(one.endpoint) as admin:
+        admin.create_topic("shared", 6)
+    left = [make_member("left", ["shared"]) for _ in range(2)]
+    right = [make_member("right", ["shared"])]
+    wait_until(
+        lambda: [len(m.consumer.assignment) for m in (*left, *right)] == [3, 3, 6],
+        30,
+        "both groups to settle",
+    )
+    produced = [b"v-%d" % i for i in range(300)]
+    produce(one.endpoint, "shared", produced)
+
+    def seen(group: list[Member]) -> Counter[bytes]:
+        return Counter(v for m in group for v in m.values())
+
+    wait_until(lambda: set(seen(left)) == set(produced), 30, "group left to read everything")
+    wait_until(lambda: set(seen(right)) == set(produced), 30, "group right to read everything")
+    assert seen(left) == seen(right) == Counter(produced)  # once each, in each group
+
+
+def test_committed_offsets_hold_across_a_broker_restart(
+    three_brokers: list[RunningBroker],
+    make_member: Callable[..., Member],
+    make_registry: Callable[..., Registry],
+) -> None:
+    one, two, _ = three_brokers
+    with Admin(one.endpoint) as admin:
+        admin.create_topic("kept", 3)
+    first = [b"first-%d" % i for i in range(150)]
+    produce(one.endpoint, "kept", first)
+    member = make_member("keepers", ["kept"])
+    wait_until(lambda: set(member.values()) == set(first), 30, "the first batch")
+    member.close()  # commits and leaves
+    registry = make_registry()
+    committed = {
+        p: registry.committed_offset("keepers", "kept", f"{1 + p % 3}-{p}") for p in range(3)
+    }
+    assert all(offset is not None and offset > 0 for offset in committed.values())
+
+    two.kill()
+    again = two.restarted()
+    try:
+        second = [b"second-%d" % i for i in range(150)]
+        with Admin(one.endpoint) as admin:
+            wait_until(
+                lambda: all(p.error_code == 0 for p in admin.topic("kept").partitions),
+                30,
+                "broker 2's partition to be served again",
+            )
+        produce(one.endpoint, "kept", second)
+        assert {
+            p: registry.committed_offset("keepers", "kept", f"{1 + p % 3}-{p}") for p in range(3)
+        } == committed
+        resumed = make_member("keepers", ["kept"])
+        wait_until(lambda: set(resumed.values()) == set(second), 30, "the second batch")
+        assert sorted(resumed.values()) == sorted(second)  # from the commits: nothing again
+    finally:
+        again.stop()
+
+
+class FreezableProxy:
+    """A TCP proxy on 127.0.0.1 to `target`; `freeze()` stops it forwarding (the connections
+    stay open), as a network partition would."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.frozen = threading.Event()
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def freeze(self) -> None:
+        self.frozen.set()
+
+    def _run(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self.listener, selectors.EVENT_READ)
+        peers: dict[socket.socket, socket.socket] = {}
+        while not self.closed.is_set():
+            for key, _ in selector.select(0.05):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                if sock is self.listener:
+                    client, _ = self.listener.accept()
+                    upstream = socket.create_connection(self.target)
+                    peers[client], peers[upstream] = upstream, client
+                    selector.register(client, selectors.EVENT_READ)
+                    selector.register(upstream, selectors.EVENT_READ)
+                    continue
+                if self.frozen.is_set():
+                    selector.unregister(sock)  # read nothing more: the bytes stay unsent
+                    continue
+                data = sock.recv(65536)
+                if data:
+                    peers[sock].sendall(data)
+                    continue
+                for end in (sock, peers.pop(sock)):
+                    selector.unregister(end)
+                    end.close()
+        selector.close()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.thread.join(5)
+        self.listener.close()
+
+
+def test_a_member_cut_off_from_zookeeper_stops_before_another_takes_its_partitions(
+    three_brokers: list[RunningBroker],
+    make_member: Callable[..., Member],
+    zookeeper: PrivateZooKeeper,
+) -> None:
+    one = three_brokers[0]
+    with Admin(one.endpoint) as admin:
+        admin.create_topic("guarded", 3)
+    proxy = FreezableProxy(("127.0.0.1", zookeeper.port))
+    try:
+        cut = make_member(
+            "guards", ["guarded"], zookeeper=f"127.0.0.1:{proxy.port}", consumer_id="a-cut"
+        )
+        wait_until(lambda: len(cut.consumer.assignment) == 3, 30, "the first member's claim")
+        other = make_member("guards", ["guarded"], consumer_id="b-other")
+        wait_until(lambda: len(other.consumer.assignment) == 1, 30, "a rebalance")  # sorted 2nd
+        taken_from_cut = set(cut.consumer.assignment)
+
+        stop = threading.Event()
+
+        def keep_producing() -> None:  # bounded: at most 30 s of 100 messages a second
+            with Producer(one.endpoint, "guarded", ack=Ack.WRITTEN, linger_ms=0) as producer:
+                for i in range(3000):
+                    if stop.is_set():
+                        return
+                    producer.send(b"p-%d" % i)
+                    producer.flush()
+                    time.sleep(0.01)
+
+        producing = threading.Thread(target=keep_producing, daemon=True)
+        producing.start()
+        wait_until(lambda: len(cut.records) > 10, 30, "the cut member to be consuming")
+        proxy.freeze()
+        wait_until(
+            lambda: any(taken_from_cut <= tps for _, tps in other.assigned[1:]),
+            30,
+            "the other member to take the cut member's partitions",
+        )
+        taken_at = next(t for t, tps in other.assigned[1:] if taken_from_cut <= tps)
+        wait_until(
+            lambda: sum(1 for t in cut.polls_started if t > taken_at) >= 3,
+            30,
+            "the cut member to poll again after the takeover",
+        )
+        stop.set()
+        producing.join(30)
+        last_read = max(t for t, _ in cut.records)
+        assert last_read < taken_at, "the cut member read after its partitions were taken"
+        assert not cut.consumer.registry.connected
+    finally:
+        proxy.close()
