@@ -189,6 +189,7 @@ class GroupConsumer:
         self._claim_session: int | None = None
         self._in_flight: dict[tuple[Connection, int], _Owned] = {}
         self._rebalance_wanted = threading.Event()
+        self._rebalance_wanted.set()  # the first poll joins
         self._next_commit = time.monotonic() + (auto_commit_interval_s or 0)
         self._closed = False
         self.cluster = Cluster((), client_id, timeout_s)

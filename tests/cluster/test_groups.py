@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 
 from broker.client import Admin, Producer
-from broker.client.group import TopicPartition, assign_range
+from broker.client.group import GroupConsumer, RebalanceFailed, Record, TopicPartition, assign_range
+from broker.log.message import HEADER_SIZE
 from broker.protocol import Ack
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
-from tests.cluster.conftest import Member
+from tests.cluster.conftest import Member, broker_flags
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
 
@@ -330,3 +331,88 @@ def test_a_member_cut_off_from_zookeeper_stops_before_another_takes_its_partitio
         assert not cut.consumer.registry.connected
     finally:
         proxy.close()
+
+
+def test_a_committed_offset_deleted_by_retention_is_reset_logged_and_counted(
+    make_pylogd: Callable[..., RunningBroker],
+    tmp_path: Path,
+    make_member: Callable[..., Member],
+    make_registry: Callable[..., Registry],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broker = make_pylogd(
+        *broker_flags(tmp_path, 1), "--log-retention-check-interval-ms", "100", name="b1"
+    )
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic("fading", 1, {"segment_bytes": "1000", "retention_bytes": "1000"})
+    registry = make_registry()
+    registry.commit_offset("fading-readers", "fading", "1-0", 0)  # a commit from long ago
+    produce(broker.endpoint, "fading", [b"%04d" % i for i in range(200)])
+    with Admin(broker.endpoint) as admin:
+        wait_until(
+            lambda: (admin.describe("fading")[0].log_start_offset or 0) > 0,
+            what="retention to delete the oldest segments",
+        )
+        log_start = admin.describe("fading")[0].log_start_offset
+    caplog.set_level("WARNING", logger="pylog.group")
+    member = make_member("fading-readers", ["fading"])
+    wait_until(lambda: member.values()[-1:] == [b"0199"], 30, "the member to read to the end")
+    assert member.consumer.offset_resets == 1
+    assert member.records[0][1].offset == log_start  # from the earliest offset still there
+    assert "offset 0 of fading 1-0 is out of range" in caplog.text
+
+
+def test_a_member_that_cannot_claim_its_partitions_gives_up_with_a_clear_error(
+    three_brokers: list[RunningBroker],
+    zookeeper: PrivateZooKeeper,
+    registry_chroot: str,
+    make_registry: Callable[..., Registry],
+) -> None:
+    with Admin(three_brokers[0].endpoint) as admin:
+        admin.create_topic("stuck", 3)
+    squatter = make_registry()  # a member that never releases partition 1-0
+    squatter.register_consumer("stuck-readers", "z-squatter", ["stuck"])
+    assert squatter.claim_partition("stuck-readers", "stuck", "1-0", "z-squatter") is None
+    with GroupConsumer(
+        zookeeper.connect_string,
+        "stuck-readers",
+        ["stuck"],
+        chroot=registry_chroot,
+        consumer_id="a-reader",  # sorted first: its range starts with 1-0
+        rebalance_retries=2,
+        rebalance_backoff_s=0.05,
+    ) as reader:
+        with pytest.raises(RebalanceFailed, match=r"could not claim stuck/1-0 \(owned by "):
+            reader.poll(0)
+        assert reader.assignment == frozenset()
+    # nothing it claimed on the way is left behind
+    assert squatter.partition_owners("stuck-readers", "stuck") == {"1-0": "z-squatter"}
+
+
+def test_manual_commits_record_only_what_was_returned(
+    three_brokers: list[RunningBroker],
+    zookeeper: PrivateZooKeeper,
+    registry_chroot: str,
+    make_registry: Callable[..., Registry],
+) -> None:
+    one = three_brokers[0]
+    with Admin(one.endpoint) as admin:
+        admin.create_topic("manual", 1)
+    produce(one.endpoint, "manual", [b"m-%d" % i for i in range(50)])
+    registry = make_registry()
+    with GroupConsumer(
+        zookeeper.connect_string,
+        "manual-readers",
+        ["manual"],
+        chroot=registry_chroot,
+        auto_commit_interval_s=None,
+    ) as reader:
+        records: list[Record] = []
+        while len(records) < 50:  # bounded: 50 messages come in a few polls
+            records += reader.poll(1000)
+            assert reader.assignment
+        assert registry.committed_offset("manual-readers", "manual", "1-0") is None
+        reader.commit()
+        (position,) = reader.positions().values()
+        assert position == records[-1].offset + HEADER_SIZE + len(records[-1].value)
+        assert registry.committed_offset("manual-readers", "manual", "1-0") == position

@@ -1,0 +1,243 @@
+"""Consumer groups on three brokers: how long a rebalance leaves partitions unowned, and what a
+group of three members reads against one member.
+
+    .venv/bin/python -m perf.bench_group [--runs 10] [--messages 300000]
+
+It starts a private ZooKeeper (tickTime 100 ms, so sessions of at most 2 s) and three pylogd
+brokers sharing it, all on 127.0.0.1 under a temporary folder, and creates a topic of 12
+partitions. Then:
+
+- **Rebalance after a member leaves.** Three members run; a fourth joins, and once the group
+  has settled (12 partitions owned by 4 members) it leaves, cleanly (close: commit, release,
+  unregister) or by SIGKILL (its partitions stay owned until its session expires). The time
+  from the leave to all 12 partitions being owned again by the other three is read from
+  ZooKeeper every 5 ms; median and max over `--runs` clean leaves and `--crash-runs` kills.
+- **Throughput.** `--messages` messages of 200 bytes are stored over the 12 partitions; a
+  fresh group of one member, then a fresh group of three, reads them all. Each member is a
+  process of its own (`pylogctl group consume` would print them; here a member counts them),
+  so the members do not share one interpreter's lock. The rate is messages / (time of the last
+  message read - start), the members started together.
+
+Run it alone on the machine: anything beside it skews the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from broker.client import Admin, Producer
+from broker.client.group import GroupConsumer
+from broker.protocol import Ack
+from broker.registry import Registry
+from broker.zookeeper import PrivateZooKeeper
+from perf.pylog_runs import VALUE_BYTES, PrivatePylogd
+
+TOPIC = "bench-group"
+PARTITIONS = 12
+CHROOT = "/bench"
+IDLE_S = 2.0
+"""A member stops once it has read nothing for this long (the data is all stored up front)."""
+
+
+def owners(registry: Registry, group: str) -> Counter[str]:
+    return Counter(registry.partition_owners(group, TOPIC).values())
+
+
+def wait_for(condition: Callable[[], bool], limit_s: float = 120.0) -> float:
+    """Poll `condition` every 5 ms until true; the time.monotonic() it was seen true."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not true within {limit_s} s")
+        time.sleep(0.005)
+    return time.monotonic()
+
+
+class PolledMember:
+    """An in-process member polled by a thread (for the rebalance runs: it reads nothing)."""
+
+    def __init__(self, zookeeper: str, group: str, member: str) -> None:
+        self.consumer = GroupConsumer(
+            zookeeper, group, [TOPIC], chroot=CHROOT, consumer_id=member, session_timeout_s=2
+        )
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.consumer.poll(50)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        self.consumer.close()
+
+
+def member_process(
+    zookeeper: str, group: str, member: str, killable: bool
+) -> subprocess.Popen[str]:
+    """A member in a child process (`--role member` of this module)."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "perf.bench_group",
+            "--role",
+            "member",
+            "--zookeeper",
+            zookeeper,
+            "--group",
+            group,
+            "--member",
+            member,
+            *(["--forever"] if killable else []),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run_member(zookeeper: str, group: str, member: str, forever: bool) -> None:
+    """Read until idle for IDLE_S (or for ever); print the count and the last read's time."""
+    count, last = 0, time.time()
+    with GroupConsumer(
+        zookeeper, group, [TOPIC], chroot=CHROOT, consumer_id=member, session_timeout_s=2
+    ) as consumer:
+        print(json.dumps({"ready": True}), flush=True)
+        while forever or time.time() - last < IDLE_S:
+            records = consumer.poll(200)
+            if records:
+                count += len(records)
+                last = time.time()
+    print(json.dumps({"count": count, "last": last}), flush=True)
+
+
+def rebalance_runs(
+    zookeeper: str, registry: Registry, runs: int, crash_runs: int
+) -> tuple[list[float], list[float]]:
+    group = "rebalance"
+    steady = [PolledMember(zookeeper, group, f"m{i}") for i in (1, 2, 3)]
+    three = {"m1": 4, "m2": 4, "m3": 4}
+    four = {"m1": 3, "m2": 3, "m3": 3, "m4": 3}
+    clean: list[float] = []
+    crashed: list[float] = []
+    try:
+        wait_for(lambda: owners(registry, group) == three)
+        for run in range(runs):
+            joining = PolledMember(zookeeper, group, "m4")
+            wait_for(lambda: owners(registry, group) == four)
+            left = time.monotonic()
+            joining.close()
+            clean.append(wait_for(lambda: owners(registry, group) == three) - left)
+            print(f"  clean leave {run + 1}/{runs}: {clean[-1] * 1000:.0f} ms", flush=True)
+        for run in range(crash_runs):
+            process = member_process(zookeeper, group, "m4", killable=True)
+            wait_for(lambda: owners(registry, group) == four)
+            left = time.monotonic()
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            crashed.append(wait_for(lambda: owners(registry, group) == three) - left)
+            print(f"  kill -9 {run + 1}/{crash_runs}: {crashed[-1] * 1000:.0f} ms", flush=True)
+    finally:
+        for member in steady:
+            member.close()
+    return clean, crashed
+
+
+def store(endpoint: str, messages: int) -> None:
+    value = b"v" * VALUE_BYTES
+    with Producer(endpoint, TOPIC, ack=Ack.FLUSHED, batch_messages=200) as producer:
+        for _ in range(messages):
+            producer.send(value)
+        producer.flush()
+
+
+def throughput(zookeeper: str, members: int, messages: int) -> float:
+    """Messages per second read by a fresh group of `members` member processes."""
+    group = f"throughput-{members}"
+    processes = [member_process(zookeeper, group, f"t{i}", killable=False) for i in range(members)]
+    for process in processes:
+        assert process.stdout is not None
+        json.loads(process.stdout.readline())  # joined
+    start = time.time()
+    results = []
+    for process in processes:
+        out, _ = process.communicate(timeout=600)
+        results.append(json.loads(out.splitlines()[-1]))
+    read = sum(int(r["count"]) for r in results)
+    if read < messages:
+        raise RuntimeError(f"the group read {read} of {messages} messages")
+    return read / (max(float(r["last"]) for r in results) - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=10, help="clean leaves to time")
+    parser.add_argument("--crash-runs", type=int, default=3, help="kill -9 leaves to time")
+    parser.add_argument("--messages", type=int, default=300_000, help="for the throughput run")
+    parser.add_argument("--role", choices=["member"], help=argparse.SUPPRESS)
+    parser.add_argument("--zookeeper", help=argparse.SUPPRESS)
+    parser.add_argument("--group", help=argparse.SUPPRESS)
+    parser.add_argument("--member", help=argparse.SUPPRESS)
+    parser.add_argument("--forever", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "member":
+        run_member(args.zookeeper, args.group, args.member, args.forever)
+        return
+    with tempfile.TemporaryDirectory(prefix="pylog-bench-group-") as tmp:
+        root = Path(tmp)
+        with PrivateZooKeeper(root / "zookeeper", tick_time_ms=100) as zk:
+            flags = ["--zookeeper-connect", zk.connect_string, "--zookeeper-chroot", CHROOT]
+            flags += ["--zookeeper-session-timeout-ms", "2000", "--log-fsync", "false"]
+            brokers = [
+                PrivatePylogd(root / f"broker-{i}", "--broker-id", str(i), *flags)
+                for i in (1, 2, 3)
+            ]
+            for broker in brokers:
+                broker.__enter__()
+            try:
+                endpoint = brokers[0].endpoint
+                with Admin(endpoint) as admin:
+                    admin.create_topic(TOPIC, PARTITIONS)
+                with Registry(zk.connect_string, CHROOT) as registry:
+                    print(f"rebalance: 3 brokers, {PARTITIONS} partitions, 3 members + 1")
+                    clean, crashed = rebalance_runs(
+                        zk.connect_string, registry, args.runs, args.crash_runs
+                    )
+                print(f"storing {args.messages:,} messages of 200 bytes", flush=True)
+                store(endpoint, args.messages)
+                one = throughput(zk.connect_string, 1, args.messages)
+                three = throughput(zk.connect_string, 3, args.messages)
+            finally:
+                for broker in brokers:
+                    broker.__exit__()
+    print()
+    print("| measure | median | max | runs |")
+    print("|---|---|---|---|")
+    for name, times in (("clean leave -> all owned", clean), ("kill -9 -> all owned", crashed)):
+        if times:
+            print(
+                f"| {name} | {statistics.median(times) * 1000:,.0f} ms "
+                f"| {max(times) * 1000:,.0f} ms | {len(times)} |"
+            )
+    print()
+    print("| group | messages/s |")
+    print("|---|---|")
+    print(f"| 1 member | {one:,.0f} |")
+    print(f"| 3 members | {three:,.0f} ({three / one:.2f}x) |")
+
+
+if __name__ == "__main__":
+    main()
