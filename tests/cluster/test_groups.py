@@ -210,9 +210,17 @@ def test_committed_offsets_hold_across_a_broker_restart(
     }
     assert all(offset is not None and offset > 0 for offset in committed.values())
 
+    observer = make_member("observers", ["kept"])  # another group, running throughout
+    wait_until(lambda: len(observer.consumer.assignment) == 3, 30, "the observer's claim")
     two.kill()
+    wait_until(  # broker 2's session expires: its partition leaves the group's share
+        lambda: {tp.broker_id for tp in observer.consumer.assignment} == {1, 3},
+        30,
+        "the observer to rebalance without broker 2",
+    )
     again = two.restarted()
     try:
+        wait_until(lambda: len(observer.consumer.assignment) == 3, 30, "broker 2's return")
         second = [b"second-%d" % i for i in range(150)]
         with Admin(one.endpoint) as admin:
             wait_until(
