@@ -229,8 +229,10 @@ class GroupConsumer:
         if self._rebalance_wanted.is_set():
             try:
                 self._rebalance()
-            except RegistryUnavailable as error:  # ZooKeeper went away meanwhile
-                log.warning("group %s: rebalance interrupted: %s", self.group, error)
+            except (Unavailable, BrokerError) as error:  # ZooKeeper or a broker went away
+                if isinstance(error, BrokerError) and not error.retriable:
+                    raise
+                log.warning("group %s: rebalance interrupted, will retry: %s", self.group, error)
                 self._rebalance_wanted.set()
                 return []
         self._auto_commit()
@@ -337,8 +339,14 @@ class GroupConsumer:
             reply = decode_reply(Api.FETCH, frames)
         except BrokerError as error:
             if error.code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                try:
+                    offset = self._reset_offset(tp, owned.endpoint)
+                except (Unavailable, BrokerError) as failure:
+                    if isinstance(failure, BrokerError) and not failure.retriable:
+                        raise
+                    owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+                    return
                 self.offset_resets += 1
-                offset = self._reset_offset(tp, owned.endpoint)
                 log.warning(
                     "group %s: offset %d of %s %s is out of range (deleted by retention?): "
                     "reading from %s offset %d",
