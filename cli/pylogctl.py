@@ -11,7 +11,7 @@ import datetime
 import json
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
@@ -349,14 +349,38 @@ def _start(text: str) -> Start:
         ) from None
 
 
-def _consumed_record(message: Message | Record, partition: int) -> dict[str, object]:
-    return {
-        "offset": message.offset,
-        "partition": partition,
-        "timestamp": message.timestamp_ms,
-        "key": _text(message.key),
-        "value": _text(message.value),
-    }
+def _output_options(command: F) -> F:
+    """--max-messages and --format, on the commands that print consumed messages."""
+    command = click.option(
+        "--format",
+        "output",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        help="text: each value on a line; json: topic, partition, offset, timestamp, key, value.",
+    )(command)
+    return click.option("--max-messages", type=click.IntRange(min=1), help="Exit after this many.")(
+        command
+    )
+
+
+def _print_messages(records: Iterable[Record], output: str, max_messages: int | None) -> None:
+    """Print `records` until exhausted or `max_messages` were printed."""
+    for count, record in enumerate(records, 1):
+        if output == "json":
+            line = {
+                "topic": record.topic,
+                "partition": record.partition,
+                "offset": record.offset,
+                "timestamp": record.timestamp_ms,
+                "key": _text(record.key),
+                "value": _text(record.value),
+            }
+            click.echo(json.dumps(line))
+        else:
+            click.echo(_text(record.value))
+        if max_messages is not None and count >= max_messages:
+            return
 
 
 @cli.command()
@@ -376,15 +400,7 @@ def _consumed_record(message: Message | Record, partition: int) -> dict[str, obj
     show_default=True,
     help="Wait for new messages at the end instead of exiting.",
 )
-@click.option("--max-messages", type=click.IntRange(min=1), help="Exit after this many.")
-@click.option(
-    "--format",
-    "output",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="text: each value on a line; json: offset, partition, timestamp, key and value.",
-)
+@_output_options
 @_broker_options
 def consume(
     topic_name: str,
@@ -399,7 +415,6 @@ def consume(
     """Print the messages of one partition of TOPIC, from --from to its end (or on, with
     --follow). Keys and values are shown as UTF-8, other bytes escaped."""
     where = _start(start)
-    count = 0
     with (
         _broker_errors(broker),
         PartitionConsumer(
@@ -412,14 +427,11 @@ def consume(
             timeout_s=timeout,
         ) as consumer,
     ):
-        for message in consumer:
-            if output == "json":
-                click.echo(json.dumps(_consumed_record(message, partition)))
-            else:
-                click.echo(_text(message.value))
-            count += 1
-            if max_messages is not None and count >= max_messages:
-                break
+        records = (
+            Record(topic_name, partition, m.offset, m.timestamp_ms, m.key, m.value)
+            for m in consumer
+        )
+        _print_messages(records, output, max_messages)
 
 
 @cli.group()
@@ -462,15 +474,7 @@ def _zookeeper_options(command: F) -> F:
     show_default=True,
     help="Seconds between auto-commits (also at rebalances and on exit).",
 )
-@click.option("--max-messages", type=click.IntRange(min=1), help="Exit after this many.")
-@click.option(
-    "--format",
-    "output",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="text: each value on a line; json: topic, partition, offset, timestamp, key, value.",
-)
+@_output_options
 @_zookeeper_options
 def group_consume(
     group_name: str,
@@ -486,7 +490,6 @@ def group_consume(
     """Join GROUP for TOPIC... and print the messages of the partitions this member is given,
     until SIGINT / SIGTERM (or --max-messages); commits and leaves the group on exit."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    count = 0
     with (
         _broker_errors(zookeeper, "ZooKeeper"),
         GroupConsumer(
@@ -499,15 +502,7 @@ def group_consume(
             auto_commit_interval_s=commit_interval,
         ) as consumer,
     ):
-        for record in consumer:
-            if output == "json":
-                line = {"topic": record.topic, **_consumed_record(record, record.partition)}
-                click.echo(json.dumps(line))
-            else:
-                click.echo(_text(record.value))
-            count += 1
-            if max_messages is not None and count >= max_messages:
-                break
+        _print_messages(consumer, output, max_messages)
 
 
 @group.command("describe")

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 
+from broker.client.closing import Closing
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.errors import BrokerError, Unavailable
@@ -39,7 +38,7 @@ class PartitionOffsets:
     high_watermark: int | None
 
 
-class Admin:
+class Admin(Closing):
     """Administer the topics of the cluster that `endpoint` (one or more, comma-separated)
     belongs to. Read-only calls are retried on retriable errors; create and delete are sent
     once (a retry after a lost reply could answer TOPIC_ALREADY_EXISTS or
@@ -121,14 +120,3 @@ class Admin:
 
     def close(self) -> None:
         self.cluster.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -12,11 +12,10 @@ Not safe to share between threads.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from types import TracebackType
-from typing import Self
 
 import zmq
 
+from broker.client.closing import Closing
 from broker.client.connection import DEFAULT_CLIENT_ID, Connection
 from broker.errors import BrokerError, Unavailable
 from broker.log.message import Buffer
@@ -38,7 +37,7 @@ def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
     return found
 
 
-class Cluster:
+class Cluster(Closing):
     """The brokers reachable from `bootstrap`, and connections to them (sharing one context)."""
 
     def __init__(
@@ -147,14 +146,3 @@ class Cluster:
         for connection in self._by_endpoint.values():
             connection.close()
         self.context.term()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()

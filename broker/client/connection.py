@@ -20,11 +20,11 @@ Not safe to share between threads.
 from __future__ import annotations
 
 import time
-from types import TracebackType
-from typing import Final, Self, overload
+from typing import Final, overload
 
 import zmq
 
+from broker.client.closing import Closing
 from broker.errors import BrokerError, MalformedReply, Unavailable
 from broker.log.message import Buffer
 from broker.protocol import (
@@ -55,7 +55,7 @@ FIRE_AND_FORGET_LINGER_MS: Final = 5000
 _MAX_CORRELATION_ID: Final = 0xFFFFFFFF
 
 
-class Connection:
+class Connection(Closing):
     """Requests to the broker at `endpoint` ("tcp://host:port"), one at a time.
 
     `context` defaults to a context of the connection's own, terminated by `close()` (which
@@ -257,14 +257,3 @@ class Connection:
             self._dealer = None
         if self._own_context:
             self._context.term()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()

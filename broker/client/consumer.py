@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterator
-from types import TracebackType
-from typing import Final, Literal, Self
+from typing import Final, Literal
 
+from broker.client.closing import Closing
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.errors import BrokerError
@@ -39,7 +39,7 @@ def timestamp_ms(moment: datetime.datetime) -> int:
     return (moment - _EPOCH) // datetime.timedelta(milliseconds=1)
 
 
-class PartitionConsumer:
+class PartitionConsumer(Closing):
     """Read partition `partition` of `topic` from the broker that holds it, found through
     `endpoint` (any broker of the cluster; several may be given, comma-separated).
 
@@ -152,14 +152,3 @@ class PartitionConsumer:
 
     def close(self) -> None:
         self.cluster.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -43,9 +43,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Literal, NamedTuple, Self
+from typing import Any, Literal, NamedTuple
 
+from broker.client.closing import Closing
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID, Connection
 from broker.client.consumer import DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES
@@ -137,7 +137,7 @@ def assign_range(
     return ordered[start : start + share + (1 if i < extra else 0)]
 
 
-class GroupConsumer:
+class GroupConsumer(Closing):
     """Consume `topics` as member `consumer_id` of `group`, through the ZooKeeper ensemble
     `zookeeper` ("host:port[,...]") and registry `chroot`.
 
@@ -531,14 +531,3 @@ class GroupConsumer:
         finally:
             self.registry.stop()
             self.cluster.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
