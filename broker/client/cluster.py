@@ -127,7 +127,9 @@ class Cluster(Closing):
     ) -> tuple[Connection, int, list[Buffer]]:
         """The next reply on any of `connections` (requests sent with send_pipelined): the
         connection, the correlation id and the frames. Unavailable when none comes in time."""
-        by_socket = {c.pipelined_socket: c for c in connections}
+        if len(by_socket := {c.pipelined_socket: c for c in connections}) == 1:
+            (connection,) = by_socket.values()  # one broker: no poller to build
+            return (connection, *connection.receive_pipelined(timeout_s))
         poller = zmq.Poller()
         for socket in by_socket:
             poller.register(socket, zmq.POLLIN)
