@@ -991,3 +991,15 @@ def test_retriable_codes_are_exactly_the_unavailable_errors() -> None:
 def test_the_error_table_has_every_code_once_in_order() -> None:
     assert [entry.code for entry in ERROR_TABLE] == list(ErrorCode)
     assert error_entry(99) is None
+
+
+def test_the_invalid_offset_message_reads_as_the_protocol_document_says() -> None:
+    """Clients parse it for the boundaries around an offset (docs/protocol.md, FETCH)."""
+    text = (
+        "offset 45 is not a message boundary: the message around it starts at 39 and the next "
+        "one at 78"
+    )
+    assert str(InvalidOffset(45, 39, 78)) == text
+    assert f"`{text}`" in " ".join(DOC.read_text().split())
+    header = decode_reply_header(encode_error(1, InvalidOffset(45, 39, 78)))
+    assert (header.error_code, header.error_message) == (ErrorCode.INVALID_OFFSET, text)

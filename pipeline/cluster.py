@@ -1,0 +1,141 @@
+"""Where a pylog cluster is, which broker holds each partition, and exact offsets.
+
+The source and the sink find the cluster from one of two options: `broker`, the front socket
+of any broker ("tcp://HOST:PORT" or "HOST:PORT"), or `zookeeper.connect`, the ensemble the
+brokers register in ("HOST:PORT[,HOST:PORT][/CHROOT]", chroot /pylog when none is given), from
+which the driver picks a live broker. Either way the driver resolves it once to a bootstrap
+endpoint and hands only endpoints to Spark tasks: executors never talk to ZooKeeper.
+
+Which broker holds a partition comes from METADATA (broker.client.cluster, in
+`Cluster.holders`); offsets come from OFFSETS sent to the broker that holds the partition. A
+`Cluster` keeps one connection per broker for the calls of one planning step and is not shared
+between threads.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from broker.client.cluster import Cluster as BrokerCluster
+from broker.client.connection import Connection
+from broker.errors import BrokerError
+from broker.protocol import (
+    EARLIEST,
+    LATEST,
+    ErrorCode,
+    FetchRequest,
+    OffsetsRequest,
+)
+from broker.registry import DEFAULT_CHROOT, Registry
+from pipeline.errors import NotMessageBoundary, OptionError, PipelineError
+
+RETRIES: Final = 5
+CLIENT_ID: Final = "pylog-spark"
+_BOUNDS: Final = re.compile(r"starts at (\d+) and the next one at (\d+)")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TopicPartition:
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+def bootstrap_endpoint(options: Mapping[str, str]) -> str:
+    """The endpoint of a broker of the cluster the options name (`broker` or
+    `zookeeper.connect`, exactly one of them)."""
+    broker = options.get("broker", "").strip()
+    zookeeper = options.get("zookeeper.connect", "").strip()
+    if bool(broker) == bool(zookeeper):
+        raise OptionError(
+            "say where the cluster is with exactly one of the options broker "
+            "(tcp://HOST:PORT) and zookeeper.connect (HOST:PORT[,HOST:PORT][/CHROOT])"
+        )
+    if broker:
+        endpoint = broker if broker.startswith("tcp://") else f"tcp://{broker}"
+        if not re.fullmatch(r"tcp://[^:/\s]+:\d+", endpoint):
+            raise OptionError(f"broker {broker!r}: expected tcp://HOST:PORT or HOST:PORT")
+        return endpoint
+    hosts, _, chroot = zookeeper.partition("/")
+    with Registry(hosts, f"/{chroot}" if chroot else DEFAULT_CHROOT) as registry:
+        brokers = registry.brokers()
+    if not brokers:
+        raise PipelineError(f"no live broker is registered in ZooKeeper at {zookeeper!r}")
+    info = brokers[min(brokers)]
+    return f"tcp://{info.host}:{info.port}"
+
+
+def message_bounds(connection: Connection, tp: TopicPartition, position: int) -> tuple[int, int]:
+    """(start, next) of the message around byte `position` of the partition: (position,
+    position) when a message starts there (or it is the high watermark). One FETCH of one
+    byte: a boundary answers FETCH_SIZE_TOO_SMALL (or nothing at the high watermark), any
+    other position INVALID_OFFSET, whose text gives the boundaries around it (protocol.md).
+    BrokerError OFFSET_OUT_OF_RANGE outside [log start, high watermark]."""
+    request = FetchRequest(tp.topic, tp.partition, position, 1, 0, 0)
+    try:
+        connection.call(request, RETRIES)
+    except BrokerError as error:
+        if error.code == ErrorCode.FETCH_SIZE_TOO_SMALL:
+            return position, position
+        if error.code != ErrorCode.INVALID_OFFSET:
+            raise
+        found = _BOUNDS.search(error.message)
+        if found is None:
+            raise PipelineError(
+                f"{tp}: cannot read the message boundaries around {position} from the broker's "
+                f"answer {error.message!r}"
+            ) from error
+        return int(found.group(1)), int(found.group(2))
+    return position, position
+
+
+class Cluster(BrokerCluster):
+    """The driver's view of the cluster during one planning step: partitions, their holders
+    and their exact offsets, over one connection per broker (closed by `close`)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        super().__init__(bootstrap, CLIENT_ID, retries=RETRIES)
+
+    def holders(self, topic: str) -> dict[int, str]:
+        """Partition -> endpoint of the broker holding it, for every partition of `topic`
+        (from METADATA). OptionError for a topic that does not exist."""
+        try:
+            partitions = self.partitions(topic)
+        except BrokerError as error:
+            if error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                raise OptionError(f"topic {topic!r} does not exist") from None
+            raise
+        return {p.partition: self.endpoints[p.broker_id] for p in partitions}
+
+    def offsets(self, tp: TopicPartition, endpoint: str) -> tuple[int, int]:
+        """(log start offset, high watermark) of the partition, by OFFSETS."""
+        connection = self.connect(endpoint)
+        start = connection.call(OffsetsRequest(tp.topic, tp.partition, EARLIEST), RETRIES)
+        end = connection.call(OffsetsRequest(tp.topic, tp.partition, LATEST), RETRIES)
+        return start.offset, end.offset
+
+    def offset_for_time(self, tp: TopicPartition, endpoint: str, time_ms: int) -> int:
+        """The first offset whose message's timestamp is >= time_ms (the high watermark if
+        none): every message before it is older than time_ms."""
+        request = OffsetsRequest(tp.topic, tp.partition, time_ms)
+        return self.connect(endpoint).call(request, RETRIES).offset
+
+    def message_bounds(self, tp: TopicPartition, endpoint: str, position: int) -> tuple[int, int]:
+        return message_bounds(self.connect(endpoint), tp, position)
+
+    def check_boundary(self, tp: TopicPartition, endpoint: str, offset: int) -> None:
+        """NotMessageBoundary unless a message starts at `offset` (or it is the high
+        watermark); offsets outside the readable range are left to the caller."""
+        start, following = self.message_bounds(tp, endpoint, offset)
+        if start != offset:
+            raise NotMessageBoundary(
+                tp.topic,
+                tp.partition,
+                offset,
+                f"the message around it starts at {start}, the next one at {following}",
+            )

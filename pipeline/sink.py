@@ -1,0 +1,198 @@
+"""Writing a DataFrame into pylog: `df.write.format("pylog")` and `writeStream.format("pylog")`.
+
+Columns: `value` (binary or string, not null) and, optionally, `key` (binary or string),
+`topic` (string; the `topic` option, when given, overrides it), `partition` (an integer; without
+it a keyed row goes to xxh32(key) % partitions and a keyless one round robin, as the Python
+producer places them) and `timestamp` (the message's timestamp; the time of sending without
+it). Any other column is an error: select the ones to write.
+
+Delivery is at least once: each task sends its rows with ack FLUSHED and returns only when
+every batch is acknowledged as flushed (durable and readable); a batch is retried on a
+retriable error or a lost reply, so a retried task or batch may write a message twice. A task
+that fails raises PipelineError naming the topic, chained to the broker's error, and Spark
+fails the write with both in its message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    Row,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampType,
+)
+
+from broker.client import Ack, Producer
+from broker.client.consumer import timestamp_ms
+from broker.errors import BrokerError, Unavailable
+from pipeline.cluster import CLIENT_ID, bootstrap_endpoint
+from pipeline.errors import OptionError, PipelineError
+from pipeline.options import CLUSTER_OPTIONS, check_known
+
+log = logging.getLogger(__name__)
+
+SINK_OPTIONS: Final = CLUSTER_OPTIONS | {"topic"}
+SPARK_OPTIONS: Final = frozenset({"checkpointlocation", "path"})
+"""Options Spark itself may pass along to a sink; they mean nothing to pylog."""
+_COLUMN_TYPES: Final = {
+    "value": (BinaryType, StringType),
+    "key": (BinaryType, StringType),
+    "topic": (StringType,),
+    "partition": (IntegerType, LongType, ShortType),
+    "timestamp": (TimestampType,),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SinkOptions:
+    bootstrap: str
+    topic: str | None
+
+
+def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOptions:
+    """Check the sink's options and the DataFrame's columns; OptionError names the problem."""
+    options = {key.lower(): value for key, value in options.items()}
+    check_known(options, SINK_OPTIONS | SPARK_OPTIONS, "sink")
+    columns = {f.name.lower(): f.dataType for f in schema.fields}
+    for name, data_type in columns.items():
+        allowed = _COLUMN_TYPES.get(name)
+        if allowed is None:
+            raise OptionError(
+                f"the sink takes the columns value, key, topic, partition and timestamp, not "
+                f"{name!r}: select the columns to write"
+            )
+        if not isinstance(data_type, allowed):
+            raise OptionError(
+                f"column {name!r} is {data_type.simpleString()}; it must be one of "
+                f"{', '.join(t().simpleString() for t in allowed)}"
+            )
+    if "value" not in columns:
+        raise OptionError("the sink needs a value column (binary or string)")
+    topic = options.get("topic")
+    if topic is None and "topic" not in columns:
+        raise OptionError("say where to write: a topic option or a topic column")
+    return SinkOptions(bootstrap_endpoint(options), topic)
+
+
+@dataclass
+class SinkCommit(WriterCommitMessage):
+    """What one task wrote: topic -> messages acknowledged as flushed."""
+
+    messages: dict[str, int] = field(default_factory=dict)
+
+
+def _bytes(value: bytes | bytearray | str | None) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def _ms(moment: datetime.datetime | None) -> int | None:
+    """A timestamp column's value in ms since the epoch: PySpark gives a naive datetime in the
+    worker's local time zone."""
+    if moment is None:
+        return None
+    return timestamp_ms(moment.astimezone(datetime.UTC))
+
+
+def write_rows(options: SinkOptions, rows: Iterator[Row]) -> SinkCommit:
+    """Send `rows` and wait until every message is acknowledged as flushed (a task's body).
+    A producer per topic places each message and sends it to the broker holding its
+    partition."""
+    producers: dict[str, Producer] = {}
+    sent: dict[str, int] = {}
+    topic = options.topic
+    with contextlib.ExitStack() as stack:  # on an error, producers close without flushing
+        try:
+            for row in rows:
+                fields = {name.lower(): value for name, value in row.asDict().items()}
+                topic = options.topic or fields.get("topic")
+                if topic is None:
+                    raise OptionError("a row has a null topic and there is no topic option")
+                value = _bytes(fields["value"])
+                if value is None:
+                    raise OptionError(f"a row for topic {topic!r} has a null value")
+                producer = producers.get(topic)
+                if producer is None:
+                    producer = producers[topic] = stack.enter_context(
+                        Producer(
+                            options.bootstrap,
+                            topic,
+                            ack=Ack.FLUSHED,
+                            batch_messages=1000,
+                            batch_bytes=1 << 20,
+                            client_id=CLIENT_ID,
+                        )
+                    )
+                producer.send(
+                    value,
+                    _bytes(fields.get("key")),
+                    _ms(fields.get("timestamp")),
+                    fields.get("partition"),
+                )
+                sent[topic] = sent.get(topic, 0) + 1
+            for producer in producers.values():
+                topic = producer.topic
+                producer.flush()
+        except (BrokerError, Unavailable) as error:
+            raise PipelineError(
+                f"pylog sink: writing to topic {topic!r} failed: {error}"
+            ) from error
+    return SinkCommit(sent)
+
+
+def _committed(messages: list[WriterCommitMessage | None]) -> int:
+    return sum(sum(m.messages.values()) for m in messages if isinstance(m, SinkCommit))
+
+
+class PylogWriter(DataSourceWriter):
+    """`df.write.format("pylog")`: each task writes its rows (see the module doc)."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Row]) -> SinkCommit:
+        return write_rows(self.options, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.info("pylog sink: %d messages written and flushed", _committed(messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.warning(
+            "pylog sink: write failed; %d messages of the tasks that succeeded were written "
+            "and stay in the log (at-least-once)",
+            _committed(messages),
+        )
+
+
+class PylogStreamWriter(DataSourceStreamWriter):
+    """`writeStream.format("pylog")`: each micro-batch as `PylogWriter` writes a DataFrame."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Row]) -> SinkCommit:
+        return write_rows(self.options, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.info("pylog sink: batch %d: %d messages written", batchId, _committed(messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning(
+            "pylog sink: batch %d failed; %d messages of its tasks that succeeded stay in the "
+            "log (at-least-once)",
+            batchId,
+            _committed(messages),
+        )

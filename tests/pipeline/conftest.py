@@ -1,0 +1,73 @@
+"""Fixtures of the pipeline tests: one local SparkSession for the whole session (Spark takes
+10-25 s to start), with format("pylog") registered, and helpers to fill topics."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from pyspark.sql import SparkSession
+
+from broker.client import Admin, Producer
+from pipeline import register
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("pylog-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    register(session)
+    yield session
+    session.stop()
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A message as produced: where it went and what it held."""
+
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes
+    timestamp_ms: int
+
+
+def produce(
+    endpoint: str,
+    topic: str,
+    partitions: int,
+    count: int,
+    first: int = 0,
+    timestamp_ms: int | None = None,
+    value_bytes: int = 0,
+) -> list[Sent]:
+    """Send messages first .. first+count-1 to `topic`, spread over its partitions by number,
+    acknowledged as flushed; every third one has no key."""
+    sent = []
+    with Producer(endpoint, topic) as producer:
+        for number in range(first, first + count):
+            key = None if number % 3 == 0 else f"key-{number}".encode()
+            value = f"value-{number}".encode().ljust(value_bytes, b".")
+            stamp = 1_700_000_000_000 + number if timestamp_ms is None else timestamp_ms
+            partition = number % partitions
+            producer.send(value, key, stamp, partition)
+            sent.append(Sent(topic, partition, key, value, stamp))
+    return sent
+
+
+def create_topic(endpoint: str, topic: str, partitions: int, **config: str) -> None:
+    with Admin(endpoint) as admin:
+        admin.create_topic(topic, partitions, config)

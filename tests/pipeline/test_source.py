@@ -1,0 +1,146 @@
+"""spark.read.format("pylog"): batch reads against a real broker, and bad options."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
+
+from broker.client import PartitionConsumer
+from tests.pipeline.conftest import create_topic, produce
+from tests.pylogd import RunningBroker
+
+
+def _rows(spark: SparkSession, **options: str) -> list[Any]:
+    return spark.read.format("pylog").options(**options).load().collect()
+
+
+def test_batch_read_of_a_multi_partition_topic_is_what_was_produced(
+    spark: SparkSession, broker: RunningBroker, topic: str
+) -> None:
+    create_topic(broker.endpoint, topic, 3)
+    sent = produce(broker.endpoint, topic, 3, 300, value_bytes=100)
+
+    frame = (
+        spark.read.format("pylog")
+        .option("broker", broker.endpoint)
+        .option("subscribe", topic)
+        .option("maxBytesPerPartition", "4096")
+        .load()
+    )
+    rows = frame.collect()
+
+    assert frame.rdd.getNumPartitions() > 3  # each partition's ~13 KB cut into 4 KB ranges
+    assert len(rows) == len(sent)
+    got = sorted(
+        (r.topic, r.partition, r.key, r.value, int(r.timestamp.timestamp() * 1000)) for r in rows
+    )
+    assert got == sorted((s.topic, s.partition, s.key, s.value, s.timestamp_ms) for s in sent)
+    for partition in range(3):
+        with PartitionConsumer(broker.endpoint, topic, partition, stop_at_end=True) as consumer:
+            offsets = [m.offset for m in consumer]
+        assert sorted(r.offset for r in rows if r.partition == partition) == offsets
+
+
+def test_offsets_json_bounds_a_batch_read(
+    spark: SparkSession, broker: RunningBroker, topic: str
+) -> None:
+    create_topic(broker.endpoint, topic, 2)
+    produce(broker.endpoint, topic, 2, 20)
+    everything = _rows(spark, broker=broker.endpoint, subscribe=topic)
+    offsets = sorted(r.offset for r in everything if r.partition == 0)
+
+    rows = _rows(
+        spark,
+        broker=broker.endpoint,
+        subscribe=topic,
+        startingOffsets=json.dumps({topic: {"0": offsets[2], "1": -2}}),
+        endingOffsets=json.dumps({topic: {"0": offsets[5]}}),
+    )
+
+    assert sorted(r.offset for r in rows if r.partition == 0) == offsets[2:5]
+    assert len([r for r in rows if r.partition == 1]) == 10
+
+
+def test_assign_reads_only_the_partitions_named(
+    spark: SparkSession, broker: RunningBroker, topic: str
+) -> None:
+    create_topic(broker.endpoint, topic, 3)
+    produce(broker.endpoint, topic, 3, 30)
+
+    rows = _rows(spark, broker=broker.endpoint, assign=json.dumps({topic: [1]}))
+
+    assert {r.partition for r in rows} == {1}
+    assert len(rows) == 10
+
+
+def test_the_cluster_is_found_through_zookeeper(
+    spark: SparkSession, broker: RunningBroker, topic: str
+) -> None:
+    create_topic(broker.endpoint, topic, 1)
+    produce(broker.endpoint, topic, 1, 5)
+    zookeeper, chroot = broker.arguments[0], broker.arguments[1]
+
+    rows = _rows(spark, **{"zookeeper.connect": f"{zookeeper}{chroot}", "subscribe": topic})
+
+    assert len(rows) == 5
+
+
+def test_an_offset_inside_a_message_is_a_clear_error(
+    spark: SparkSession, broker: RunningBroker, topic: str
+) -> None:
+    create_topic(broker.endpoint, topic, 1)
+    produce(broker.endpoint, topic, 1, 5)
+
+    with pytest.raises(PySparkException, match="offset 3 is not a message boundary"):
+        _rows(
+            spark,
+            broker=broker.endpoint,
+            subscribe=topic,
+            startingOffsets=json.dumps({topic: {"0": 3}}),
+        )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"subscribe": "{topic}", "bogus": "1"}, "unknown source option"),
+        ({"subscribe": "{topic}", "assign": '{"{topic}": [0]}'}, "exactly one of the options"),
+        ({}, "exactly one of the options subscribe and assign"),
+        ({"subscribe": "no-such-topic-here"}, "topic 'no-such-topic-here' does not exist"),
+        ({"subscribe": "{topic}", "startingOffsets": "{not json"}, "is not valid JSON"),
+        ({"subscribe": "{topic}", "startingOffsets": '{"other": {"0": 0}}'}, "does not read"),
+        ({"subscribe": "{topic}", "startingOffsets": "latest"}, "reads nothing in a batch"),
+        ({"subscribe": "{topic}", "failOnDataLoss": "maybe"}, "use true or false"),
+        ({"subscribe": "{topic}", "maxBytesPerTrigger": "10"}, "is for streaming reads"),
+        ({"assign": '{"{topic}": [7]}'}, "has no partition 7"),
+    ],
+)
+def test_bad_options_are_clear_errors(
+    spark: SparkSession,
+    broker: RunningBroker,
+    topic: str,
+    options: dict[str, str],
+    message: str,
+) -> None:
+    create_topic(broker.endpoint, topic, 1)
+    filled = {k: v.replace("{topic}", topic) for k, v in options.items()}
+
+    with pytest.raises(PySparkException, match=message):
+        _rows(spark, broker=broker.endpoint, **filled)
+
+
+def test_a_missing_cluster_option_is_a_clear_error(spark: SparkSession, topic: str) -> None:
+    with pytest.raises(PySparkException, match="exactly one of the options broker"):
+        _rows(spark, subscribe=topic)
+
+
+def test_an_empty_topic_reads_as_no_rows(
+    spark: SparkSession, broker: RunningBroker, topic: str
+) -> None:
+    create_topic(broker.endpoint, topic, 2)
+
+    assert _rows(spark, broker=broker.endpoint, subscribe=topic) == []

@@ -1,0 +1,199 @@
+"""spark.readStream.format("pylog"): Trigger.AvailableNow, checkpoints, read limits, and data
+lost to retention, against real brokers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, Row, SparkSession
+
+from broker.client import Admin
+from pipeline.cluster import Cluster, TopicPartition
+from tests.conftest import single_box_flags, wait_until
+from tests.pipeline.conftest import create_topic, produce
+from tests.pylogd import RunningBroker
+
+QUERY_TIMEOUT_S = 120
+
+
+def run_available_now(spark: SparkSession, checkpoint: Path, **options: str) -> list[list[Row]]:
+    """One run of a streaming query with Trigger.AvailableNow: the rows of each micro-batch."""
+    batches: list[list[Row]] = []
+
+    def collect(frame: DataFrame, _batch_id: int) -> None:
+        batches.append(frame.collect())
+
+    query = (
+        spark.readStream.format("pylog")
+        .options(**options)
+        .load()
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(QUERY_TIMEOUT_S), "the query did not finish"
+    return batches
+
+
+def values(batches: list[list[Row]]) -> list[bytes]:
+    return sorted(row.value for batch in batches for row in batch)
+
+
+def test_a_second_available_now_run_reads_only_new_messages(
+    spark: SparkSession, broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    create_topic(broker.endpoint, topic, 2)
+    first = produce(broker.endpoint, topic, 2, 10)
+    options = {"broker": broker.endpoint, "subscribe": topic, "startingOffsets": "earliest"}
+
+    assert values(run_available_now(spark, tmp_path, **options)) == sorted(s.value for s in first)
+
+    second = produce(broker.endpoint, topic, 2, 5, first=10)
+    assert values(run_available_now(spark, tmp_path, **options)) == sorted(s.value for s in second)
+    assert values(run_available_now(spark, tmp_path, **options)) == []
+
+
+def test_max_bytes_per_trigger_splits_the_work_into_batches(
+    spark: SparkSession, broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    create_topic(broker.endpoint, topic, 2)
+    sent = produce(broker.endpoint, topic, 2, 40, value_bytes=100)
+    limit = 1000  # bytes; the topic holds about 5.3 KB
+
+    batches = run_available_now(
+        spark,
+        tmp_path,
+        broker=broker.endpoint,
+        subscribe=topic,
+        startingOffsets="earliest",
+        maxBytesPerTrigger=str(limit),
+    )
+
+    nonempty = [batch for batch in batches if batch]
+    assert len(nonempty) >= 5
+    for batch in nonempty:  # a message on disk: 4 + 22 header bytes + key + value
+        assert sum(26 + len(row.key or b"") + len(row.value) for row in batch) <= limit
+    assert values(batches) == sorted(s.value for s in sent)
+
+
+def test_a_stream_starts_at_the_latest_offsets_by_default(
+    spark: SparkSession, broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    create_topic(broker.endpoint, topic, 1)
+    produce(broker.endpoint, topic, 1, 5)
+    options = {"broker": broker.endpoint, "subscribe": topic}
+
+    assert values(run_available_now(spark, tmp_path, **options)) == []
+    later = produce(broker.endpoint, topic, 1, 3, first=5)
+    assert values(run_available_now(spark, tmp_path, **options)) == sorted(s.value for s in later)
+
+
+def test_partitions_of_a_recreated_topic_are_picked_up(
+    spark: SparkSession, broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    create_topic(broker.endpoint, topic, 1)
+    produce(broker.endpoint, topic, 1, 5)
+    options = {
+        "broker": broker.endpoint,
+        "subscribe": topic,
+        "startingOffsets": "earliest",
+        "failOnDataLoss": "false",
+    }
+    run_available_now(spark, tmp_path, **options)
+    with Admin(broker.endpoint) as admin:
+        admin.delete_topic(topic)
+    create_topic(broker.endpoint, topic, 3)
+    again = produce(broker.endpoint, topic, 3, 9, first=100)
+
+    rows = [row for batch in run_available_now(spark, tmp_path, **options) for row in batch]
+
+    # Partition 0 went back to offset 0 (logged as a loss and skipped); 1 and 2 are new and
+    # are read from their log start.
+    assert sorted(r.value for r in rows if r.partition > 0) == sorted(
+        s.value for s in again if s.partition > 0
+    )
+
+
+@pytest.fixture
+def retention_broker(make_pylogd: Callable[..., RunningBroker], tmp_path: Path) -> RunningBroker:
+    """A broker that applies retention every 100 ms."""
+    return make_pylogd(
+        *single_box_flags(tmp_path), "--log-retention-check-interval-ms", "100", name="retention"
+    )
+
+
+def log_start(endpoint: str, topic: str) -> int:
+    with Cluster(endpoint) as cluster:
+        return cluster.offsets(TopicPartition(topic, 0), endpoint)[0]
+
+
+def test_data_deleted_by_retention_before_it_was_read_fails_the_query_by_name(
+    spark: SparkSession, retention_broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    endpoint = retention_broker.endpoint
+    create_topic(endpoint, topic, 1, segment_bytes="4096", retention_bytes="4096")
+    produce(endpoint, topic, 1, 10)
+    options: dict[str, Any] = {
+        "broker": endpoint,
+        "subscribe": topic,
+        "startingOffsets": "earliest",
+    }
+    checkpoint = tmp_path / "checkpoint"
+    first = run_available_now(spark, checkpoint, **options)
+    read_up_to = max(row.offset + 26 + len(row.key or b"") + len(row.value) for row in first[0])
+    later = produce(endpoint, topic, 1, 400, first=10)
+    wait_until(lambda: log_start(endpoint, topic) > read_up_to, what="retention")
+    start = log_start(endpoint, topic)
+
+    with pytest.raises(StreamingQueryException) as failure:
+        run_available_now(spark, checkpoint, **options)
+    assert (
+        f"data loss: topic {topic!r} partition 0: offsets [{read_up_to}, {start}) were not read"
+        in str(failure.value)
+    )
+
+    options["failOnDataLoss"] = "false"
+    rows = [row for batch in run_available_now(spark, checkpoint, **options) for row in batch]
+    assert min(row.offset for row in rows) == start
+    assert {row.value for row in rows} < {s.value for s in later}
+
+
+def test_a_checkpointed_offset_inside_a_message_is_a_clear_error(
+    spark: SparkSession, broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    create_topic(broker.endpoint, topic, 1)
+    produce(broker.endpoint, topic, 1, 5)
+    options = {"broker": broker.endpoint, "subscribe": topic, "startingOffsets": "earliest"}
+    run_available_now(spark, tmp_path, **options)
+    produce(broker.endpoint, topic, 1, 5, first=5)
+    offset_log = tmp_path / "offsets" / "0"  # Spark's: a version, metadata, then our offsets
+    *head, ours = offset_log.read_text().splitlines()
+    end = json.loads(ours)[topic]["0"]
+    offset_log.write_text("\n".join([*head, json.dumps({topic: {"0": end + 1}})]) + "\n")
+
+    with pytest.raises(
+        StreamingQueryException, match=f"offset {end + 1} is not a message boundary"
+    ):
+        run_available_now(spark, tmp_path, **options)
+
+
+def test_a_starting_offset_inside_a_message_is_a_clear_error(
+    spark: SparkSession, broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    create_topic(broker.endpoint, topic, 1)
+    produce(broker.endpoint, topic, 1, 5)
+
+    with pytest.raises(StreamingQueryException, match="offset 7 is not a message boundary"):
+        run_available_now(
+            spark,
+            tmp_path,
+            broker=broker.endpoint,
+            subscribe=topic,
+            startingOffsets=json.dumps({topic: {"0": 7}}),
+        )
