@@ -14,8 +14,8 @@ frame says what the message is:
                                                   whose replies need the empty delimiter back
     REPLY    the same tagged frame, reply frames  the worker's answer, routed back by the tag
     COMMAND  b"C", JSON                           supervisor to worker: open or delete partitions
-    STATE    b"S", JSON                           worker to supervisor: hello, partitions opened,
-                                                  offsets
+    STATE    b"S", JSON                           worker to supervisor: hello, partitions opened
+                                                  or failed, topic deleted
 
 Two frames a request (ZeroMQ charges per frame); the client's request frame is passed through
 as it came, never re-encoded.
