@@ -144,6 +144,7 @@ class Supervisor:
         self._registry_events: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         """What the registry's watch threads saw, applied by the loop."""
         self._pending_creates: list[_PendingCreate] = []
+        self._creates_checked_at = 0.0
         self.zookeeper: PrivateZooKeeper | None = None
         self.registry: Registry | None = None
         self.port = int(config.broker_port)
@@ -554,11 +555,13 @@ class Supervisor:
         return False
 
     def _answer_creates(self) -> None:
-        """Answer CREATE_TOPIC requests whose partitions every holder now serves."""
-        if not self._pending_creates:
-            return
-        assert self.registry is not None
+        """Answer CREATE_TOPIC requests whose partitions every holder now serves (asked of
+        ZooKeeper once a tick at most, not on every turn of the loop)."""
         now = time.monotonic()
+        if not self._pending_creates or now < self._creates_checked_at + TICK_MS / 1000:
+            return
+        self._creates_checked_at = now
+        assert self.registry is not None
         waiting = []
         for pending in self._pending_creates:
             try:
