@@ -1,18 +1,37 @@
-"""A synchronous pylog client over pyzmq: admin, producer, partition consumer.
+"""A synchronous pylog client over pyzmq: admin, producer, partition consumer, group member.
 
     Connection         one broker, one request in flight; timeouts, retries (connection.py)
+    Cluster            METADATA and one connection per broker: where partitions live
+                       (cluster.py)
     Admin              create, delete, list and describe topics (admin.py)
-    Producer           batches messages per partition, keyed or spread (producer.py)
+    Producer           batches messages per partition, keyed or spread, each to the broker
+                       holding its partition (producer.py)
     PartitionConsumer  reads one partition from an offset, a time, earliest or latest
+    GroupConsumer      a member of a consumer group coordinated through ZooKeeper (group.py)
+
+Every class but Connection takes any broker of the cluster (several, comma-separated, for
+when one is down) and finds the others from it.
 
 Errors: broker.errors.BrokerError for an error the broker answered with (its `name` and
 `retriable`), broker.errors.Unavailable when no reply came in time.
 """
 
 from broker.client.admin import Admin
+from broker.client.cluster import Cluster
 from broker.client.connection import Connection
 from broker.client.consumer import PartitionConsumer
+from broker.client.group import GroupConsumer, Record
 from broker.client.producer import ProduceAck, Producer
 from broker.protocol import Ack
 
-__all__ = ["Ack", "Admin", "Connection", "PartitionConsumer", "ProduceAck", "Producer"]
+__all__ = [
+    "Ack",
+    "Admin",
+    "Cluster",
+    "Connection",
+    "GroupConsumer",
+    "PartitionConsumer",
+    "ProduceAck",
+    "Producer",
+    "Record",
+]
