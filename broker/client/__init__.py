@@ -9,8 +9,9 @@
     PartitionConsumer  reads one partition from an offset, a time, earliest or latest
     GroupConsumer      a member of a consumer group coordinated through ZooKeeper (group.py)
 
-Every class but Connection takes any broker of the cluster (several, comma-separated, for
-when one is down) and finds the others from it.
+Cluster, Admin, Producer and PartitionConsumer take any broker of the cluster (several,
+comma-separated, for when one is down) and find the others from it; GroupConsumer takes the
+ZooKeeper ensemble the brokers register in.
 
 Errors: broker.errors.BrokerError for an error the broker answered with (its `name` and
 `retriable`), broker.errors.Unavailable when no reply came in time.
