@@ -75,11 +75,12 @@ class _InFlight:
     """A batch sent and not yet acknowledged."""
 
     request: ProduceRequest
-    connection: Connection
     sequence: int
     """The order in which batches were first sent: acks are returned in it."""
     attempts: int = 0
     looked_again: bool = False
+    connection: Connection | None = None
+    """Where it was sent last: the broker that held its partition then."""
 
 
 @dataclass(slots=True)
@@ -216,11 +217,10 @@ class Producer:
     def _send_batch(self, partition: int) -> None:
         batch = self._batches.pop(partition)
         request = ProduceRequest(self.topic, partition, self.ack, b"".join(batch.messages))
-        connection = self._holder(partition)
         if self.ack is Ack.NONE:
-            connection.send_nowait(request)
+            self._holder(partition).send_nowait(request)
         else:
-            self._send_acked(_InFlight(request, connection, next(self._batches_sent)))
+            self._dispatch(_InFlight(request, next(self._batches_sent)))
             while len(self._in_flight) >= self.max_in_flight:
                 self._receive_ack()
         self._sent += len(batch.messages)
@@ -228,8 +228,27 @@ class Producer:
     def _holder(self, partition: int) -> Connection:
         return self.cluster.connection(self._partition_layout()[partition].broker_id)
 
-    def _send_acked(self, entry: _InFlight) -> None:
-        self._in_flight[entry.connection, entry.connection.send_pipelined(entry.request)] = entry
+    def _dispatch(self, entry: _InFlight, error: Exception | None = None) -> None:
+        """Send `entry` to the broker holding its partition. After `error`, or while that
+        broker cannot be found (down), back off (0.1 s doubling to 2 s) and look again, up to
+        `retries` times a batch; then raise the last error."""
+        while True:
+            if error is not None:
+                if entry.attempts >= self.retries:
+                    raise error
+                time.sleep(min(RETRY_BACKOFF_S * 2**entry.attempts, MAX_RETRY_BACKOFF_S))
+                entry.attempts += 1
+                self._layout = None  # the partition's broker may have gone: look again
+            try:
+                connection = self._holder(entry.request.partition)
+            except (BrokerError, Unavailable) as failure:
+                if isinstance(failure, BrokerError) and not failure.retriable:
+                    raise
+                error = failure
+                continue
+            entry.connection = connection
+            self._in_flight[connection, connection.send_pipelined(entry.request)] = entry
+            return
 
     def _receive_ack(self) -> None:
         """Wait for the next reply to a batch in flight. What a retriable error or a timeout
@@ -244,7 +263,7 @@ class Producer:
             self._in_flight.clear()
             self._layout = None  # a broker may be down: ask where partitions are again
             for entry in lost:
-                self._retry(entry, error)
+                self._dispatch(entry, error)
             return
         if (connection, correlation_id) not in self._in_flight:
             return  # the late reply to a batch already sent again after a timeout
@@ -258,29 +277,14 @@ class Producer:
                 self._layout = None
                 if entry.request.partition < self.partitions:
                     entry.looked_again = True
-                    entry.connection = self._holder(entry.request.partition)
-                    self._send_acked(entry)
+                    self._dispatch(entry)
                     return
             if not error.retriable:
                 raise
-            self._retry(entry, error)
+            self._dispatch(entry, error)
             return
         ack = ProduceAck(entry.request.partition, reply.base_offset, reply.count)
         self._acks.append((entry.sequence, ack))
-
-    def _retry(self, entry: _InFlight, error: Exception) -> None:
-        if entry.attempts >= self.retries:
-            raise error
-        time.sleep(min(RETRY_BACKOFF_S * 2**entry.attempts, MAX_RETRY_BACKOFF_S))
-        entry.attempts += 1
-        self._layout = None  # the partition's broker may have gone: look again
-        try:
-            entry.connection = self._holder(entry.request.partition)
-        except (BrokerError, Unavailable) as failure:
-            if isinstance(failure, BrokerError) and not failure.retriable:
-                raise
-            raise error from failure  # metadata unreachable: the batch's own error counts
-        self._send_acked(entry)
 
     def flush(self) -> list[ProduceAck]:
         """Send every open batch, wait for every acknowledgement, and return those received

@@ -100,6 +100,15 @@ def test_a_dead_broker_leaves_its_partitions_unavailable_and_they_return_with_no
         described = {p.partition: p for p in admin.describe("sturdy")}
         assert described[1].high_watermark is None and described[0].high_watermark is not None
 
+    # a batch for a partition of broker 2 fails, after its retries, with a retriable error
+    with (
+        Producer(three.endpoint, "sturdy", ack=Ack.FLUSHED, retries=2) as producer,
+        pytest.raises(BrokerError) as refused,
+    ):
+        producer.send(b"for broker 2", partition=1)
+        producer.flush()
+    assert refused.value.code == ErrorCode.PARTITION_UNAVAILABLE and refused.value.retriable
+
     # keyless messages go to the partitions still served, none is lost or refused
     second = [b"second-%d" % i for i in range(300)]
     with Producer(three.endpoint, "sturdy", ack=Ack.FLUSHED, batch_messages=10) as producer:
