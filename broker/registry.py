@@ -90,7 +90,6 @@ __all__ = [
     "Registry",
     "RegistryStatistics",
     "TopicConfig",
-    "parse_partition_name",
     "partition_name",
 ]
 
@@ -264,14 +263,6 @@ def _int_list(obj: Mapping[str, Any], key: str) -> tuple[int, ...]:
 def partition_name(broker_id: int, partition: int) -> str:
     """A partition's name under /consumers: "<broker_id>-<partition>", as in Kafka 0.7."""
     return f"{broker_id}-{partition}"
-
-
-def parse_partition_name(name: str) -> tuple[int, int]:
-    """(broker_id, partition) from "<broker_id>-<partition>"; ValueError if it is not one."""
-    broker, dash, partition = name.partition("-")
-    if not (dash and broker.isdigit() and partition.isdigit()):
-        raise ValueError(f"{name!r} is not a partition name <broker_id>-<partition>")
-    return int(broker), int(partition)
 
 
 @dataclass(frozen=True)
