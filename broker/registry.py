@@ -61,8 +61,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -81,6 +80,7 @@ from broker.errors import (
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
+from broker.lifecycle import Running
 from broker.protocol import check_topic_name
 
 __all__ = [
@@ -330,7 +330,7 @@ class _ChildrenWatch(Generic[T]):
     on_event: Callable[[Any], None] | None = None
 
 
-class Registry:
+class Registry(Running):
     """A broker's (or a tool's) connection to the registry in ZooKeeper.
 
     Paths, under `chroot`:
@@ -443,18 +443,6 @@ class Registry:
             self._client.close()
         except (KazooException, KazooTimeoutError, OSError) as error:
             log.warning("error while closing the ZooKeeper session: %s", error)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- state -------------------------------------------------------------------------------
 

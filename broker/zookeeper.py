@@ -41,10 +41,10 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Self
+from typing import IO
 
 from broker.errors import ZooKeeperStartError
+from broker.lifecycle import Running
 
 __all__ = [
     "DEFAULT_JVM_OPTIONS",
@@ -86,7 +86,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-class PrivateZooKeeper:
+class PrivateZooKeeper(Running):
     """One standalone ZooKeeper server on 127.0.0.1, run as a child process.
 
     `tick_time_ms` is ZooKeeper's tickTime: session timeouts are clamped to 2-20 ticks, so a
@@ -224,18 +224,6 @@ class PrivateZooKeeper:
         """Stop and start again on the same port and data directory."""
         self.stop()
         self.start()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- talking to it -----------------------------------------------------------------------
 

@@ -55,12 +55,12 @@ import time
 import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, Any
 
 import pika
 import pika.exceptions
 
+from broker.lifecycle import Running
 from broker.zookeeper import free_port
 from perf.cpu import cpu_seconds, tree_pids
 from perf.latency import latency_summary
@@ -99,7 +99,7 @@ def installed() -> bool:
     return (RABBITMQ_BIN / "rabbitmq-server").exists() and shutil.which(EPMD) is not None
 
 
-class PrivateRabbitMQ:
+class PrivateRabbitMQ(Running):
     """One RabbitMQ node on 127.0.0.1, run as a child process; a context manager.
 
     Layout under `directory` (a new temporary directory, removed on stop, when None):
@@ -214,18 +214,6 @@ class PrivateRabbitMQ:
         self._terminate()
         if self._own_directory and self.directory.exists():
             shutil.rmtree(self.directory, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def rabbitmqctl(self, *args: str, timeout: float = 60.0) -> str:
         """Run rabbitmqctl against this node (same environment); its stdout.

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from broker.client.closing import Closing
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.errors import BrokerError, Unavailable
+from broker.lifecycle import Closing
 from broker.protocol import (
     EARLIEST,
     LATEST,

@@ -15,9 +15,9 @@ from collections.abc import Iterable, Sequence
 
 import zmq
 
-from broker.client.closing import Closing
 from broker.client.connection import DEFAULT_CLIENT_ID, Connection
 from broker.errors import BrokerError, Unavailable
+from broker.lifecycle import Closing
 from broker.log.message import Buffer
 from broker.protocol import (
     ErrorCode,

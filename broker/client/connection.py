@@ -24,8 +24,8 @@ from typing import Final, overload
 
 import zmq
 
-from broker.client.closing import Closing
 from broker.errors import BrokerError, MalformedReply, Unavailable
+from broker.lifecycle import Closing
 from broker.log.message import Buffer
 from broker.protocol import (
     API_VERSION,

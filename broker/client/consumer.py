@@ -19,10 +19,10 @@ import datetime
 from collections.abc import Iterator
 from typing import Final, Literal
 
-from broker.client.closing import Closing
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.errors import BrokerError
+from broker.lifecycle import Closing
 from broker.log.message import Message, iter_messages
 from broker.protocol import EARLIEST, LATEST, ErrorCode, FetchRequest, OffsetsRequest
 

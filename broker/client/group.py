@@ -45,11 +45,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from broker.client.closing import Closing
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID, Connection
 from broker.client.consumer import DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES
 from broker.errors import BrokerError, PylogError, RegistryUnavailable, Unavailable
+from broker.lifecycle import Closing
 from broker.log.message import iter_messages
 from broker.protocol import (
     EARLIEST,
