@@ -74,6 +74,7 @@ from broker.log.message import Buffer
 from broker.protocol import ErrorCode
 from broker.registry import BrokerInfo, Registry, TopicConfig
 from broker.transport import COMMAND, STATE, json_frame, reply_envelope, tagged_identity
+from broker.zmqio import NOBLOCK, receive_routed, send_frames
 from broker.zookeeper import PrivateZooKeeper
 
 log = logging.getLogger("pylog.supervisor")
@@ -326,14 +327,14 @@ class Supervisor:
                 worker, [COMMAND, json_frame({"op": "open", "partitions": entries})]
             )
 
-    def _send_to_worker(self, worker: WorkerHandle, frames: Sequence[Buffer]) -> bool:
+    def _send_to_worker(self, worker: WorkerHandle, frames: Sequence[Buffer | zmq.Frame]) -> bool:
         """Send without blocking. A DEALER whose worker has gone has no peer and would block
         for ever; then the worker counts as not connected (its exit is seen on the next tick)
         and this says False."""
         if not worker.connected or worker.socket is None:
             return False
         try:
-            worker.socket.send_multipart(frames, zmq.NOBLOCK)
+            send_frames(worker.socket, frames, NOBLOCK)
         except zmq.Again:
             worker.connected = False
             return False
@@ -364,12 +365,12 @@ class Supervisor:
                 worker.start_at = 0.0
                 self._start_worker(worker)
 
-    def _from_worker(self, worker: WorkerHandle, frames: list[bytes]) -> None:
-        if frames[0] != STATE:  # a reply, behind the tagged identity of its client
-            assert self.front is not None
-            self.front.send_multipart([*reply_envelope(frames[0]), *frames[1:]])
+    def _from_worker(self, worker: WorkerHandle, first: bytes, rest: list[zmq.Frame]) -> None:
+        if first != STATE:  # a reply, behind the tagged identity of its client: forwarded
+            assert self.front is not None  # as zmq.Frames, not copied
+            send_frames(self.front, [*reply_envelope(first), *rest])
             return
-        state = json.loads(frames[1])
+        state = json.loads(rest[0].bytes)
         if "hello" in state:
             worker.connected = True
             self._open_partitions(worker)
@@ -378,8 +379,8 @@ class Supervisor:
 
     # -- requests --------------------------------------------------------------------------
 
-    def _from_client(self, frames: list[bytes]) -> None:
-        tagged, request_frames = tagged_identity(frames)
+    def _from_client(self, identity: bytes, frames: list[zmq.Frame]) -> None:
+        tagged, request_frames = tagged_identity(identity, frames)
         try:
             if self.stopping:
                 raise BrokerShuttingDown("the broker is shutting down")
@@ -408,9 +409,9 @@ class Supervisor:
 
     def _answer(self, tagged: bytes, frames: list[Buffer]) -> None:
         assert self.front is not None
-        self.front.send_multipart([*reply_envelope(tagged), *frames])
+        send_frames(self.front, [*reply_envelope(tagged), *frames])
 
-    def _route(self, tagged: bytes, request: bytes, topic: str, number: int) -> None:
+    def _route(self, tagged: bytes, request: memoryview, topic: str, number: int) -> None:
         state = self.topics.get(topic)
         w = None if state is None else state.workers.get(number)
         if w is None:
@@ -658,13 +659,13 @@ class Supervisor:
             worker = next((w for w in self.workers if w.socket is sock), None)
             for _ in range(256):  # bounded, so the other sockets and housekeeping get a turn
                 try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                    first, rest = receive_routed(sock, NOBLOCK)
                 except zmq.Again:
                     break
                 if worker is None:
-                    self._from_client(frames)
+                    self._from_client(first, rest)
                 else:
-                    self._from_worker(worker, frames)
+                    self._from_worker(worker, first, rest)
         self._apply_registry_events()
         self._answer_creates()
         self._check_workers()
@@ -685,10 +686,10 @@ class Supervisor:
         for worker in self.workers:
             while worker.socket is not None:
                 try:
-                    frames = worker.socket.recv_multipart(zmq.NOBLOCK)
+                    first, rest = receive_routed(worker.socket, NOBLOCK)
                 except zmq.Again:
                     break
-                self._from_worker(worker, frames)
+                self._from_worker(worker, first, rest)
 
     def _check_zookeeper(self) -> None:
         zk = self.zookeeper

@@ -18,19 +18,22 @@ frame says what the message is:
                                                   or failed, topic deleted
 
 Two frames a request (ZeroMQ charges per frame); the client's request frame is passed through
-as it came, never re-encoded.
+as it came, never re-encoded. Every message between supervisor and worker has exactly two
+frames (a reply from the worker: the tag and the reply's one or two frames), so the worker
+reads its messages with broker.zmqio.receive_pair, without pyzmq's per-frame "more" check.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import trio
 import zmq
 
 from broker.log.message import Buffer
+from broker.zmqio import NOBLOCK, send_frames
 
 FROM_DEALER = b"R"
 FROM_REQ = b"Q"
@@ -38,22 +41,30 @@ COMMAND = b"C"
 STATE = b"S"
 
 
-class TrioSocket:
-    """Receive and send multipart messages on a zmq socket from trio tasks."""
+Message = TypeVar("Message")
 
-    def __init__(self, socket: zmq.Socket[bytes]) -> None:
+
+class TrioSocket(Generic[Message]):
+    """Receive and send multipart messages on a zmq socket from trio tasks. `receive_message`
+    reads one message without blocking when given NOBLOCK (one of broker.zmqio's)."""
+
+    def __init__(
+        self,
+        socket: zmq.Socket[bytes],
+        receive_message: Callable[[zmq.Socket[bytes], int], Message],
+    ) -> None:
         self.socket = socket
+        self._receive_message = receive_message
         self._fd = int(socket.getsockopt(zmq.FD))
         self._receiver_wait: trio.CancelScope | None = None
         self._received_since_checkpoint = 0
 
-    async def receive(self, on_idle: Callable[[], object] | None = None) -> list[bytes]:
-        """The next multipart message. Frames are copied out: for the small frames most
-        requests are, that is cheaper than a zmq.Frame each. `on_idle` is called each time the
-        socket has nothing left to read, before waiting (the worker's group commit)."""
+    async def receive(self, on_idle: Callable[[], object] | None = None) -> Message:
+        """The next multipart message. `on_idle` is called each time the socket has nothing
+        left to read, before waiting (the worker's group commit)."""
         while True:
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                frames = self._receive_message(self.socket, NOBLOCK)
             except zmq.Again:
                 pass
             else:
@@ -79,11 +90,11 @@ class TrioSocket:
         """Reading EVENTS also re-arms the edge-triggered FD."""
         return int(self.socket.getsockopt(zmq.EVENTS))
 
-    async def send(self, frames: Sequence[Buffer]) -> None:
+    async def send(self, frames: Sequence[Buffer | zmq.Frame]) -> None:
         """Send a multipart message; waits only while the peer's queue is full."""
         while True:
             try:
-                self.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                send_frames(self.socket, frames, NOBLOCK)
                 break
             except zmq.Again:
                 if not self._events() & zmq.POLLOUT:
@@ -98,12 +109,14 @@ def json_frame(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
-def tagged_identity(frames: Sequence[bytes]) -> tuple[bytes, list[bytes]]:
-    """Split what the front ROUTER received into the tagged identity to route replies by and
-    the request's frames: [identity, b"", ...] is a REQ client's, [identity, ...] a DEALER's."""
-    if len(frames) > 2 and not frames[1]:
-        return FROM_REQ + frames[0], list(frames[2:])
-    return FROM_DEALER + frames[0], list(frames[1:])
+def tagged_identity(identity: bytes, frames: list[zmq.Frame]) -> tuple[bytes, list[memoryview]]:
+    """From what the front ROUTER received (broker.zmqio.receive_routed), the tagged identity
+    to route replies by and the request's frames, as views of the frames received: an empty
+    frame first and more after it is a REQ client's delimiter, anything else a DEALER
+    client's request."""
+    if len(frames) > 1 and not len(frames[0]):
+        return FROM_REQ + identity, [frame.buffer for frame in frames[1:]]
+    return FROM_DEALER + identity, [frame.buffer for frame in frames]
 
 
 def reply_envelope(tagged: bytes) -> list[bytes]:

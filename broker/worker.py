@@ -55,6 +55,7 @@ from broker.log import PartitionLog
 from broker.log.config import LogConfig
 from broker.log.message import Buffer
 from broker.transport import COMMAND, STATE, TrioSocket, json_frame
+from broker.zmqio import receive_pair
 
 log = logging.getLogger("pylog.worker")
 
@@ -83,7 +84,7 @@ class Partition:
 class Worker:
     """The partitions of one group and the loop that serves them."""
 
-    def __init__(self, index: int, config: BrokerConfig, socket: TrioSocket) -> None:
+    def __init__(self, index: int, config: BrokerConfig, socket: TrioSocket[list[bytes]]) -> None:
         self.index = index
         self.config = config
         self.socket = socket
@@ -389,7 +390,7 @@ async def run_worker(index: int, endpoint: str, config: BrokerConfig) -> None:
     socket.setsockopt(zmq.SNDHWM, 0)
     socket.setsockopt(zmq.RCVHWM, 0)
     socket.connect(endpoint)
-    worker = Worker(index, config, TrioSocket(socket))
+    worker = Worker(index, config, TrioSocket(socket, receive_pair))
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:

@@ -39,6 +39,7 @@ from broker import protocol
 from broker.log import encode_message
 from broker.protocol import Ack, Api
 from broker.transport import TrioSocket
+from broker.zmqio import receive_frames
 
 MESSAGE_BYTES = 200
 SET_MESSAGES = 50
@@ -130,7 +131,9 @@ def run_hop_pyzmq(front: str, backend: str) -> None:
 def run_hop_trio(front: str, backend: str) -> None:
     """The same hop on broker.transport.TrioSocket, one task per direction."""
 
-    async def forward(source: TrioSocket, target: TrioSocket) -> None:
+    async def forward(
+        source: TrioSocket[list[zmq.Frame]], target: TrioSocket[list[zmq.Frame]]
+    ) -> None:
         while True:
             await target.send(await source.receive())
 
@@ -139,7 +142,7 @@ def run_hop_trio(front: str, backend: str) -> None:
         router, dealer = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
         router.bind(front)
         dealer.bind(backend)
-        a, b = TrioSocket(router), TrioSocket(dealer)
+        a, b = TrioSocket(router, receive_frames), TrioSocket(dealer, receive_frames)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(forward, a, b)
             nursery.start_soon(forward, b, a)

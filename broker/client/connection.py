@@ -48,6 +48,7 @@ from broker.protocol import (
     decode_reply_header,
     encode_request,
 )
+from broker.zmqio import receive_frames, send_frames
 
 DEFAULT_CLIENT_ID: Final = "pylog-python"
 FIRE_AND_FORGET_LINGER_MS: Final = 5000
@@ -141,11 +142,11 @@ class Connection(Closing):
         correlation_id, frames = self._frames(request)
         socket = self._req_socket()
         try:
-            socket.send_multipart(frames, copy=False)
+            send_frames(socket, frames)
             # poll, not RCVTIMEO: the timeout differs per request.
             if not socket.poll(timeout_ms, zmq.POLLIN):
                 raise zmq.Again()
-            reply = [frame.buffer for frame in socket.recv_multipart(copy=False)]
+            reply = [frame.buffer for frame in receive_frames(socket)]
         except zmq.Again:
             self._reset_req_socket()
             raise Unavailable(
@@ -223,7 +224,7 @@ class Connection(Closing):
         """Send `request` on the DEALER socket without waiting; returns the correlation id
         its reply will carry (see `receive_pipelined`). Any number may be in flight."""
         correlation_id, frames = self._frames(request)
-        self._dealer_socket().send_multipart(frames, copy=False)  # a DEALER sends no delimiter
+        send_frames(self._dealer_socket(), frames)  # a DEALER sends no delimiter
         return correlation_id
 
     def receive_pipelined(self, timeout_s: float) -> tuple[int, list[Buffer]]:
@@ -233,7 +234,7 @@ class Connection(Closing):
         socket = self._dealer_socket()
         if not socket.poll(max(1, round(timeout_s * 1000)), zmq.POLLIN):
             raise Unavailable(f"no reply from {self.endpoint} within {timeout_s:g} s")
-        frames: list[Buffer] = [frame.buffer for frame in socket.recv_multipart(copy=False)]
+        frames: list[Buffer] = [frame.buffer for frame in receive_frames(socket)]
         return decode_reply_header(frames).correlation_id, frames
 
     def send_nowait(self, request: ProduceRequest) -> None:

@@ -17,6 +17,7 @@ from broker.log import encode_message
 from broker.protocol import Ack, Api
 from broker.transport import FROM_DEALER, TrioSocket
 from broker.worker import Worker
+from broker.zmqio import receive_pair
 
 HOUR_MS = 3_600_000
 CLIENT = FROM_DEALER + b"client"
@@ -37,7 +38,7 @@ def sockets() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
 def idle_worker(worker_end: zmq.Socket[bytes]) -> Worker:
     """A worker whose partitions flush only on the hour (or on a group commit)."""
     config = BrokerConfig({"log_flush_interval_ms": HOUR_MS, "log_flush_messages": 1_000_000})
-    return Worker(0, config, TrioSocket(worker_end))
+    return Worker(0, config, TrioSocket(worker_end, receive_pair))
 
 
 def produce_frames(ack: Ack) -> list[bytes]:
