@@ -140,10 +140,16 @@ class Worker:
     async def _serve_request(self, tagged: bytes, request_frames: list[bytes]) -> None:
         correlation_id: int | None = None
         try:
+            produce = protocol.peek_produce(request_frames)  # the hot path: no objects made
+            if produce is not None:
+                correlation_id, route, ack, message_set = produce
+                await self._produce(tagged, correlation_id, route, ack, message_set)
+                return
             header, request = protocol.decode_request(request_frames)
             correlation_id = header.correlation_id
             if isinstance(request, protocol.ProduceRequest):
-                await self._produce(tagged, correlation_id, request)
+                route = protocol.Route(request.topic, request.partition)
+                await self._produce(tagged, correlation_id, route, request.ack, request.message_set)
             elif isinstance(request, protocol.FetchRequest):
                 await self._fetch(tagged, correlation_id, request)
             elif isinstance(request, protocol.OffsetsRequest):
@@ -175,23 +181,28 @@ class Worker:
             ) from None
 
     async def _produce(
-        self, tagged: bytes, correlation_id: int, request: protocol.ProduceRequest
+        self,
+        tagged: bytes,
+        correlation_id: int,
+        route: protocol.Route,
+        ack: int,
+        message_set: Buffer,
     ) -> None:
-        partition = self._partition(request.topic, request.partition)
+        partition = self._partition(*route)
         plog = partition.log
         high_watermark = plog.high_watermark
         had_deadline = plog.next_flush_deadline() is not None
-        offset, count = plog.append_counted(request.message_set)
+        offset, count = plog.append_counted(message_set)
         end = plog.log_end_offset
         if plog.high_watermark != high_watermark:
             partition.note_flush()
         elif not had_deadline:
             self._deadline_changed.set()
-        if request.ack == protocol.Ack.NONE:
+        if ack == protocol.Ack.NONE:
             return
         reply = protocol.ProduceReply(offset, count)
         frames = protocol.encode_reply(correlation_id, reply)
-        if request.ack == protocol.Ack.WRITTEN or plog.high_watermark >= end:
+        if ack == protocol.Ack.WRITTEN or plog.high_watermark >= end:
             await self._reply(tagged, frames)
             return
         assert self.nursery is not None

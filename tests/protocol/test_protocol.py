@@ -80,6 +80,7 @@ from broker.protocol import (
     error_entry,
     is_fire_and_forget,
     peek_correlation_id,
+    peek_produce,
     peek_route,
 )
 
@@ -368,6 +369,26 @@ def test_peek_route_agrees_with_decode_request(request: Request, correlation_id:
     assert peek_correlation_id(frames) == correlation_id
     fire_and_forget = isinstance(decoded, ProduceRequest) and decoded.ack is Ack.NONE
     assert is_fire_and_forget(frames) == fire_and_forget
+
+
+@given(requests, u32, u32)
+def test_peek_produce_decodes_a_known_prefix_as_decode_request_does(
+    request: Request, first_id: int, correlation_id: int
+) -> None:
+    decode_request(encode_request(RequestHeader(request.api, 1, first_id, "peek"), request))
+    frames = encode_request(RequestHeader(request.api, 1, correlation_id, "peek"), request)
+    peeked = peek_produce(frames)
+    if isinstance(request, ProduceRequest):
+        assert peeked is not None
+        cid, route, ack, message_set = peeked
+        assert (cid, route, ack) == (
+            correlation_id,
+            Route(request.topic, request.partition),
+            request.ack,
+        )
+        assert bytes(message_set) == bytes(request.message_set)
+    else:
+        assert peeked is None
 
 
 @given(replies, u32)
@@ -662,6 +683,47 @@ def test_produce_request_with_ack_out_of_range_is_malformed(ack: int) -> None:
     frame = produce_frame()
     bad = frame[:ACK_AT] + bytes([ack]) + frame[ACK_AT + 1 :]
     rejects([bad], MalformedRequest, f"PRODUCE body: field ack is {ack}")
+
+
+def test_peek_produce_knows_a_prefix_only_once_decode_request_passed_it() -> None:
+    (frame,) = encode_request(
+        RequestHeader(Api.PRODUCE, 1, 1, "first-seen"),
+        ProduceRequest("clicks", 3, Ack.NONE, MESSAGE),
+    )
+    assert peek_produce([frame]) is None
+    decode_request([frame])
+    peeked = peek_produce([frame])
+    assert peeked is not None
+    assert peeked[:3] == (1, Route("clicks", 3), Ack.NONE)
+    assert peeked[3] == memoryview(MESSAGE)
+
+
+def test_a_known_prefix_does_not_pass_what_follows_it() -> None:
+    frame = produce_frame()
+    decode_request([frame])
+    assert peek_produce([frame]) is not None
+    bad_ack = frame[:ACK_AT] + b"\x03" + frame[ACK_AT + 1 :]
+    assert peek_produce([bad_ack]) is None
+    rejects([bad_ack], MalformedRequest, "PRODUCE body: field ack is 3")
+    assert peek_produce([frame[:ACK_AT]]) is None
+    rejects([frame[:ACK_AT]], MalformedRequest, "cut short in field ack")
+    assert peek_produce([frame, b""]) is None
+    with pytest.raises(MalformedRequest, match="this one has 2"):
+        peek_route([frame, b""])
+
+
+def test_a_refused_prefix_is_refused_every_time() -> None:
+    frame = header(Api.FETCH) + fetch_body(name=b"bad name")
+    for _ in range(2):
+        with pytest.raises(InvalidTopic):
+            peek_route([frame])
+        rejects([frame], InvalidTopic)
+
+
+def test_peek_produce_is_none_for_requests_other_than_produce() -> None:
+    for _, frame in valid_requests():
+        decode_request([frame])
+    assert [api for api, frame in valid_requests() if peek_produce([frame])] == [Api.PRODUCE]
 
 
 def test_offsets_request_with_time_below_earliest_is_malformed() -> None:
