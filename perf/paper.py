@@ -224,12 +224,13 @@ def write_table(medians: dict[tuple[str, str], Result], command: str, path: Path
     if latency:
         lines += [
             "",
-            "| latency at 10,000 msg/s | p50 ms | p99 ms | max ms |",
-            "| --- | ---: | ---: | ---: |",
+            "| latency at 10,000 msg/s | p50 ms | p99 ms | max ms | lost (median) |",
+            "| --- | ---: | ---: | ---: | ---: |",
         ]
         for (_, system), m in sorted(latency.items()):
             lines.append(
-                f"| {system} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} | {m['max_ms']:.1f} |"
+                f"| {system} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} | {m['max_ms']:.1f} "
+                f"| {m['lost']:,.0f} |"
             )
     memory = medians.get(("memory", "pylog"))
     if memory:
