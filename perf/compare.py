@@ -1,0 +1,112 @@
+"""pylog's producer or consumer run with the code of several git revisions, alternating: the
+before and after of a change, measured in one run.
+
+    .venv/bin/python perf/compare.py REV [REV ...] [--repeat 3] [--messages 200000]
+        [--batch 1] [--ack none|written|flushed] [--consume]
+
+Each REV (a commit, a branch, HEAD~2; "." is the working tree as it is now) is exported with
+`git archive` into a temporary directory. Then, `--repeat` times, each revision in turn runs
+perf/pylog_runs.py's `produce` (or, with `--consume`, `consume` after a batch-50 load) in a
+process of its own whose broker, client and pylogd come from that revision's tree (the venv's
+packages are shared). Prints one JSON line per run and one line of medians per revision.
+Revisions older than perf/pylog_runs.py cannot be measured. Run it alone: on 2 cores anything
+beside it skews the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_TIMEOUT_S = 900
+
+
+def export(revision: str, into: Path) -> Path:
+    """The tree of `revision` (the working tree for "."), as a directory."""
+    if revision == ".":
+        return ROOT
+    into.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", revision], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def run_one(args: argparse.Namespace) -> dict[str, Any]:
+    """One run, in this process, with the code found first on sys.path (the tree's)."""
+    import broker
+    from broker.protocol import Ack
+    from perf.pylog_runs import PrivatePylogd, consume, fresh_topic, produce
+
+    with (
+        tempfile.TemporaryDirectory() as data,
+        PrivatePylogd(Path(data)) as pylogd,
+        fresh_topic(pylogd.endpoint, "compare") as topic,
+    ):
+        if args.consume:
+            produce(pylogd, topic, args.messages, 50, Ack.NONE)
+            result = consume(pylogd, topic, args.messages)
+        else:
+            ack = Ack[args.ack.upper()]
+            result = produce(pylogd, topic, args.messages, args.batch, ack)
+    result["msgs_per_s"] = round(result["messages"] / result["seconds"])
+    result["code"] = str(Path(broker.__file__).parent.parent)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("revisions", nargs="*")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--ack", choices=["none", "written", "flushed"], default="none")
+    parser.add_argument("--consume", action="store_true")
+    parser.add_argument("--run", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        print(json.dumps(run_one(args)))
+        return
+    if not args.revisions:
+        parser.error("name at least one revision")
+    flags = [f"--messages={args.messages}", f"--batch={args.batch}", f"--ack={args.ack}"]
+    flags += ["--consume"] if args.consume else []
+    rates: dict[str, list[int]] = {revision: [] for revision in args.revisions}
+    with tempfile.TemporaryDirectory() as work:
+        trees = {r: export(r, Path(work) / f"tree{i}") for i, r in enumerate(args.revisions)}
+        for _ in range(args.repeat):
+            for revision, tree in trees.items():
+                # cwd is the tree: pylogd starts its workers with `python -m`, which looks there
+                # first. The script itself is this file, which older trees may not have.
+                done = subprocess.run(
+                    [sys.executable, str(Path(__file__).resolve()), "--run", *flags],
+                    cwd=tree,
+                    env={**os.environ, "PYTHONPATH": str(tree)},
+                    capture_output=True,
+                    text=True,
+                    timeout=RUN_TIMEOUT_S,
+                )
+                if done.returncode != 0:
+                    sys.exit(f"{revision}: the run failed:\n{done.stderr[-3000:]}")
+                result = json.loads(done.stdout.splitlines()[-1])
+                if Path(result["code"]) != tree:
+                    sys.exit(f"{revision}: ran the code in {result['code']}, not {tree}")
+                rates[revision].append(result["msgs_per_s"])
+                print(json.dumps({"revision": revision, **result}), flush=True)
+    what = "consume" if args.consume else f"produce batch {args.batch} ack {args.ack}"
+    for revision, values in rates.items():
+        median = round(statistics.median(values))
+        print(f"{revision}: median {median:,} msg/s over {len(values)} runs ({what})")
+
+
+if __name__ == "__main__":
+    main()
