@@ -51,7 +51,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -73,7 +73,14 @@ from broker.errors import (
 from broker.log.message import Buffer
 from broker.protocol import ErrorCode
 from broker.registry import BrokerInfo, Registry, TopicConfig
-from broker.transport import COMMAND, STATE, json_frame, reply_envelope, tagged_identity
+from broker.transport import (
+    COMMAND,
+    STATE,
+    json_frame,
+    reply_envelope,
+    requests_frame,
+    tagged_identity,
+)
 from broker.zmqio import NOBLOCK, receive_routed, send_frames
 from broker.zookeeper import PrivateZooKeeper
 
@@ -103,6 +110,8 @@ class WorkerHandle:
     backoff_s: float = FIRST_BACKOFF_S
     start_at: float = 0.0
     started_at: float = 0.0
+    outbox: list[Buffer] = field(default_factory=list)
+    """Requests routed to it and not sent yet: tagged identity, request frame, ..."""
 
 
 @dataclass
@@ -327,10 +336,12 @@ class Supervisor:
                 worker, [COMMAND, json_frame({"op": "open", "partitions": entries})]
             )
 
-    def _send_to_worker(self, worker: WorkerHandle, frames: Sequence[Buffer | zmq.Frame]) -> bool:
-        """Send without blocking. A DEALER whose worker has gone has no peer and would block
-        for ever; then the worker counts as not connected (its exit is seen on the next tick)
-        and this says False."""
+    def _send_to_worker(self, worker: WorkerHandle, frames: Sequence[Buffer]) -> bool:
+        """Send without blocking, after the requests waiting in the worker's outbox (a command
+        never overtakes them). A DEALER whose worker has gone has no peer and would block for
+        ever; then the worker counts as not connected (its exit is seen on the next tick) and
+        this says False."""
+        self._flush_outbox(worker)
         if not worker.connected or worker.socket is None:
             return False
         try:
@@ -339,6 +350,22 @@ class Supervisor:
             worker.connected = False
             return False
         return True
+
+    def _flush_outbox(self, worker: WorkerHandle) -> None:
+        """Send the requests routed to `worker` since the last flush as one REQUESTS message
+        (broker.transport). If the worker is gone, answer each PARTITION_UNAVAILABLE (but those
+        with ack none, which get no answer)."""
+        outbox = worker.outbox
+        if not outbox:
+            return
+        worker.outbox = []
+        if self._send_to_worker(worker, [requests_frame(len(outbox) // 2), *outbox]):
+            return
+        error = PartitionUnavailable(f"worker {worker.index} is restarting; retry shortly")
+        for tagged, request in zip(outbox[::2], outbox[1::2], strict=True):
+            if not protocol.is_fire_and_forget([request]):
+                correlation_id = protocol.peek_correlation_id([request])
+                self._answer(bytes(tagged), protocol.encode_error(correlation_id, error))
 
     def _check_workers(self) -> None:
         now = time.monotonic()
@@ -405,7 +432,7 @@ class Supervisor:
                 log.exception("unexpected error serving a request")
             if not protocol.is_fire_and_forget(request_frames):
                 correlation_id = protocol.peek_correlation_id(request_frames)
-                self._answer(tagged, protocol.encode_error(correlation_id, error))
+                self._answer(bytes(tagged), protocol.encode_error(correlation_id, error))
 
     def _answer(self, tagged: bytes, frames: list[Buffer]) -> None:
         assert self.front is not None
@@ -417,10 +444,11 @@ class Supervisor:
         if w is None:
             raise UnknownTopicOrPartition(self._not_here(topic, number))
         worker = self.workers[w]
-        if not self._send_to_worker(worker, [tagged, request]):
+        if not worker.connected:
             raise PartitionUnavailable(
                 f"the worker for {topic}-{number} is restarting; retry shortly"
             )
+        worker.outbox += (tagged, request)  # sent with the others drained in this turn
 
     def _not_here(self, topic: str, number: int) -> str:
         config = self.configs.get(topic)
@@ -666,6 +694,9 @@ class Supervisor:
                     self._from_client(first, rest)
                 else:
                     self._from_worker(worker, first, rest)
+            if worker is None:
+                for each in self.workers:
+                    self._flush_outbox(each)
         self._apply_registry_events()
         self._answer_creates()
         self._check_workers()

@@ -54,8 +54,7 @@ from broker.errors import PylogError, UnknownTopicOrPartition, UnsupportedApi
 from broker.log import PartitionLog
 from broker.log.config import LogConfig
 from broker.log.message import Buffer
-from broker.transport import COMMAND, STATE, TrioSocket, json_frame
-from broker.zmqio import receive_pair
+from broker.transport import COMMAND, STATE, TrioSocket, json_frame, receive_from_supervisor
 
 log = logging.getLogger("pylog.worker")
 
@@ -109,8 +108,11 @@ class Worker:
                 frames = await self.socket.receive(on_idle=self._group_commit)
                 if frames[0] == COMMAND:
                     await self._run_command(json.loads(frames[1]))
-                else:  # a request: the client's tagged identity, then its frame(s)
-                    await self._serve_request(frames[0], frames[1:])
+                    continue
+                for i in range(
+                    1, len(frames), 2
+                ):  # requests: a client's tagged identity, its frame
+                    await self._serve_request(frames[i], frames[i + 1 : i + 2])
 
     async def flush_and_answer(self, timeout_s: float) -> None:
         """Flush every partition and give the producers waiting for a flush their acks (for a
@@ -401,7 +403,7 @@ async def run_worker(index: int, endpoint: str, config: BrokerConfig) -> None:
     socket.setsockopt(zmq.SNDHWM, 0)
     socket.setsockopt(zmq.RCVHWM, 0)
     socket.connect(endpoint)
-    worker = Worker(index, config, TrioSocket(socket, receive_pair))
+    worker = Worker(index, config, TrioSocket(socket, receive_from_supervisor))
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:

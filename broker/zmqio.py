@@ -14,8 +14,8 @@ helpers call the backend's `send` and `recv` directly with int flags, and read a
   bytes, the rest as `zmq.Frame`s (they carry their "more" flag; forwarded as they are, they
   are not copied).
 - `receive_frames` receives one whole message of any shape, every frame a `zmq.Frame`.
-- `receive_pair` receives a message known to have exactly two frames, both as bytes: what a
-  peer of ours (supervisor to worker) always sends, read with no "more" check at all.
+- `receive_bytes` receives one frame as bytes, with no "more" check at all: for a peer of ours
+  whose messages say how many frames they have (supervisor to worker).
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def _rest(socket: zmq.Socket[bytes], frame: zmq.Frame) -> list[zmq.Frame]:
     return frames
 
 
-def receive_pair(socket: zmq.Socket[bytes], flags: int = 0) -> list[bytes]:
-    """A message of exactly two frames, as bytes. The second frame of a multipart message is
-    there as soon as the first is (ZeroMQ delivers messages whole), so it never blocks."""
-    first: bytes = _recv(socket, flags, True)
-    return [first, _recv(socket, 0, True)]
+def receive_bytes(socket: zmq.Socket[bytes], flags: int = 0) -> bytes:
+    """One frame, as bytes, with no "more" check: for messages whose frame count the receiver
+    knows (broker.transport.receive_from_supervisor)."""
+    frame: bytes = _recv(socket, flags, True)
+    return frame

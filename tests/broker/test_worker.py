@@ -15,9 +15,14 @@ from broker import protocol
 from broker.config import BrokerConfig
 from broker.log import encode_message
 from broker.protocol import Ack, Api
-from broker.transport import FROM_DEALER, TrioSocket
+from broker.transport import (
+    FROM_DEALER,
+    STATE,
+    TrioSocket,
+    receive_from_supervisor,
+    requests_frame,
+)
 from broker.worker import Worker
-from broker.zmqio import receive_pair
 
 HOUR_MS = 3_600_000
 CLIENT = FROM_DEALER + b"client"
@@ -38,7 +43,7 @@ def sockets() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
 def idle_worker(worker_end: zmq.Socket[bytes]) -> Worker:
     """A worker whose partitions flush only on the hour (or on a group commit)."""
     config = BrokerConfig({"log_flush_interval_ms": HOUR_MS, "log_flush_messages": 1_000_000})
-    return Worker(0, config, TrioSocket(worker_end, receive_pair))
+    return Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
 
 
 def produce_frames(ack: Ack) -> list[bytes]:
@@ -83,7 +88,7 @@ async def test_unflushed_data_does_not_keep_the_flush_timer_spinning(
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.serve)
             worker._open("audit", 0, tmp_path, worker.config.log_config())
-            supervisor.send_multipart([CLIENT, *produce_frames(Ack.WRITTEN)])
+            supervisor.send_multipart([requests_frame(1), CLIENT, *produce_frames(Ack.WRITTEN)])
             with trio.fail_after(10):
                 while not supervisor.poll(0):  # hello, then the produce reply
                     await trio.sleep(0.01)
@@ -93,5 +98,37 @@ async def test_unflushed_data_does_not_keep_the_flush_timer_spinning(
             nursery.cancel_scope.cancel()
         assert worker.partitions[("audit", 0)].log.statistics().pending_messages == 1
         assert busy < 0.1, f"the worker used {busy:.2f} s of CPU in 0.5 s of idling"
+    finally:
+        worker.close()
+
+
+async def test_every_request_of_a_requests_message_is_served_in_order(
+    tmp_path: Path, sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
+) -> None:
+    # The supervisor passes the requests it drained in one go as one message.
+    supervisor, worker_end = sockets
+    worker = idle_worker(worker_end)
+    clients = [FROM_DEALER + b"client-%d" % i for i in range(3)]
+    frames: list[bytes] = [requests_frame(len(clients))]
+    for client in clients:
+        frames += [client, *produce_frames(Ack.WRITTEN)]
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.serve)
+            worker._open("audit", 0, tmp_path, worker.config.log_config())
+            supervisor.send_multipart(frames)
+            replies: list[list[bytes]] = []
+            with trio.fail_after(10):
+                while len(replies) < len(clients):
+                    if supervisor.poll(0):
+                        message = supervisor.recv_multipart()
+                        if message[0] != STATE:  # the worker's hello
+                            replies.append(message)
+                    else:
+                        await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        assert [reply[0] for reply in replies] == clients
+        offsets = [protocol.decode_reply(Api.PRODUCE, reply[1:]).base_offset for reply in replies]
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(clients)
     finally:
         worker.close()
