@@ -10,21 +10,34 @@ each message's offset is computed from the fetch offset (broker.log.message.iter
 A message larger than `fetch_bytes` is answered FETCH_SIZE_TOO_SMALL; the consumer then doubles
 its fetch size, up to `max_fetch_bytes`, and fetches again, instead of stalling on it.
 
+While more is stored past what a fetch returned, the next fetch is sent before the messages of
+this one are decoded, so the broker reads while the consumer decodes (one fetch ahead).
+
 Not safe to share between threads.
 """
 
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Iterator
 from typing import Final, Literal
 
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID
-from broker.errors import BrokerError
+from broker.errors import BrokerError, Unavailable
 from broker.lifecycle import Closing
 from broker.log.message import Message, iter_messages
-from broker.protocol import EARLIEST, LATEST, ErrorCode, FetchRequest, OffsetsRequest
+from broker.protocol import (
+    EARLIEST,
+    LATEST,
+    Api,
+    ErrorCode,
+    FetchReply,
+    FetchRequest,
+    OffsetsRequest,
+    decode_reply,
+)
 
 Start = Literal["earliest", "latest"] | int | datetime.datetime
 DEFAULT_FETCH_BYTES: Final = 1 << 20
@@ -73,6 +86,8 @@ class PartitionConsumer(Closing):
         self.high_watermark: int | None = None
         self.log_start_offset: int | None = None
         self.cluster = Cluster(endpoint, client_id, timeout_s, retries)
+        self._prefetch: tuple[FetchRequest, int] | None = None
+        """The fetch sent ahead, and its correlation id."""
         try:
             self.connection = self.cluster.connection_for(topic, partition)
             self._position = self._resolve(start)
@@ -114,32 +129,56 @@ class PartitionConsumer(Closing):
 
     def poll(self, max_wait_ms: int | None = None) -> list[Message]:
         """One fetch from the position: the messages there, waiting up to `max_wait_ms`
-        (default the consumer's) for one to arrive; advances the position past them."""
+        (default the consumer's) for one to arrive; advances the position past them.
+
+        While more is stored past what a fetch returned, the next fetch is sent before this
+        one's messages are decoded (on the connection's pipelined socket), so the broker reads
+        it while the consumer decodes; a `seek`, or another wait, leaves that reply unused."""
         wait_ms = self.max_wait_ms if max_wait_ms is None else max_wait_ms
-        while True:
-            request = FetchRequest(
-                self.topic,
-                self.partition,
-                self._position,
-                self.fetch_bytes,
-                wait_ms,
-                1 if wait_ms > 0 else 0,
-            )
+        reply = self._prefetched(wait_ms)
+        while reply is None:
             try:
-                reply = self.connection.call(request, self.retries)
+                reply = self.connection.call(self._request(self._position, wait_ms), self.retries)
             except BrokerError as error:
                 if error.code != ErrorCode.FETCH_SIZE_TOO_SMALL:
                     raise
                 if self.fetch_bytes >= self.max_fetch_bytes:
                     raise
                 self.fetch_bytes = min(self.fetch_bytes * 2, self.max_fetch_bytes)
-                continue
-            break
+        following = self._position + len(reply.message_set)
+        if reply.message_set and following < reply.high_watermark:
+            request = self._request(following, wait_ms)
+            self._prefetch = (request, self.connection.send_pipelined(request))
         messages = list(iter_messages(reply.message_set, self._position))
-        self._position += len(reply.message_set)
+        self._position = following
         self.high_watermark = reply.high_watermark
         self.log_start_offset = reply.log_start_offset
         return messages
+
+    def _request(self, offset: int, wait_ms: int) -> FetchRequest:
+        min_bytes = 1 if wait_ms > 0 else 0
+        return FetchRequest(
+            self.topic, self.partition, offset, self.fetch_bytes, wait_ms, min_bytes
+        )
+
+    def _prefetched(self, wait_ms: int) -> FetchReply | None:
+        """The reply to the fetch sent ahead, if it is for the fetch `poll` would send now and
+        came without error in time; else None, and the fetch is sent the usual way (which
+        retries, and raises what it meets). Replies to fetches left unused are skipped."""
+        if self._prefetch is None:
+            return None
+        (request, correlation_id), self._prefetch = self._prefetch, None
+        if request != self._request(self._position, wait_ms):
+            return None  # a seek, another wait or another fetch size since it was sent
+        deadline = time.monotonic() + self.connection.timeout_s + wait_ms / 1000
+        try:
+            while True:
+                left = max(0.001, deadline - time.monotonic())
+                answered, frames = self.connection.receive_pipelined(left)
+                if answered == correlation_id:
+                    return decode_reply(Api.FETCH, frames)
+        except (BrokerError, Unavailable):
+            return None
 
     def __iter__(self) -> Iterator[Message]:
         """Messages from the position on, blocking for new ones; with `stop_at_end`, until

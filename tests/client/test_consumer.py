@@ -114,3 +114,25 @@ def test_an_empty_partition_read_to_its_end_yields_nothing_at_once(
     with PartitionConsumer(broker.endpoint, topic, max_wait_ms=30_000, stop_at_end=True) as c:
         assert list(c) == []
     assert time.monotonic() - started < 10
+
+
+def test_the_next_fetch_is_on_its_way_while_a_poll_decodes_and_a_seek_leaves_it_unused(
+    broker: RunningBroker, topic: str
+) -> None:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic)
+    names = [b"m%d" % i for i in range(5)]
+    produce(broker, topic, *names)
+    size = len(encode_message(b"m0"))
+    with PartitionConsumer(broker.endpoint, topic, fetch_bytes=size, max_wait_ms=0) as consumer:
+        assert values(consumer.poll()) == [b"m0"]
+        # More is stored past it: the fetch of m1 was sent before m0 was decoded.
+        assert consumer.connection.pipelined_socket.poll(5000)
+        assert values(consumer.poll()) == [b"m1"]
+        consumer.seek(0)  # the fetch sent ahead (of m2) is not for this position
+        assert values(consumer.poll()) == [b"m0"]
+        rest = [consumer.poll() for _ in range(4)]
+        assert [values(batch) for batch in rest] == [[b"m1"], [b"m2"], [b"m3"], [b"m4"]]
+        assert [batch[0].offset for batch in rest] == [size, 2 * size, 3 * size, 4 * size]
+        assert consumer.at_end
+        assert not consumer.connection.pipelined_socket.poll(100)  # nothing sent past the end
