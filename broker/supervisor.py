@@ -432,7 +432,7 @@ class Supervisor:
                 log.exception("unexpected error serving a request")
             if not protocol.is_fire_and_forget(request_frames):
                 correlation_id = protocol.peek_correlation_id(request_frames)
-                self._answer(bytes(tagged), protocol.encode_error(correlation_id, error))
+                self._answer(tagged, protocol.encode_error(correlation_id, error))
 
     def _answer(self, tagged: bytes, frames: list[Buffer]) -> None:
         assert self.front is not None

@@ -109,9 +109,8 @@ class Worker:
                 if frames[0] == COMMAND:
                     await self._run_command(json.loads(frames[1]))
                     continue
-                for i in range(
-                    1, len(frames), 2
-                ):  # requests: a client's tagged identity, its frame
+                # requests, each a client's tagged identity and its frame
+                for i in range(1, len(frames), 2):
                     await self._serve_request(frames[i], frames[i + 1 : i + 2])
 
     async def flush_and_answer(self, timeout_s: float) -> None:
