@@ -488,7 +488,8 @@ def group_consume(
     chroot: str,
 ) -> None:
     """Join GROUP for TOPIC... and print the messages of the partitions this member is given,
-    until SIGINT / SIGTERM (or --max-messages); commits and leaves the group on exit."""
+    until SIGINT / SIGTERM (or --max-messages); commits what it printed and leaves the group
+    on exit (with --max-messages N, exactly N messages are committed)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     with (
         _broker_errors(zookeeper, "ZooKeeper"),
@@ -503,6 +504,7 @@ def group_consume(
         ) as consumer,
     ):
         _print_messages(consumer, output, max_messages)
+        consumer.commit()  # the last message printed is processed too
 
 
 @group.command("describe")

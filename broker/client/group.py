@@ -17,9 +17,13 @@ groups are independent of each other. A member:
   broker answers OFFSET_OUT_OF_RANGE) is reset the same way, logged and counted
   (`offset_resets`).
 
-Delivery is at least once: `commit()` (and auto-commit every `auto_commit_interval_s`, at a
-rebalance and on close) records the position after the messages that `poll` has returned; after
-a crash the next owner reads again from the last commit.
+Delivery is at least once. A record counts as processed when the application asks for the
+next one: the next `poll()` call for the records a poll returned, the next step of the iteration
+for a record `for record in member` gave. `commit()` also counts every record handed out so far
+as processed, the one in hand included. Auto-commit (every `auto_commit_interval_s`, checked at
+each poll and each step of the iteration), the rebalance commit and `close()` record only the
+processed records, so a `break` out of the loop, an exception in the handler or a crash leaves
+the record in hand (and everything after it) to be read again by the partition's next owner.
 
 Losing ZooKeeper: while the registry is disconnected the member returns no messages (its owner
 nodes may be about to expire and another member to take the partitions over); kazoo notices a
@@ -106,7 +110,10 @@ class _Owned:
     tp: TopicPartition
     endpoint: str
     position: int
-    """The offset after the last message `poll` returned: what a commit records."""
+    """The offset after the last processed record: what a commit records."""
+    delivered: int
+    """The offset after the last record handed out; `position` catches up with it when the
+    application asks for the next record (or calls commit())."""
     committed: int | None
     fetch_offset: int = 0
     fetch_bytes: int = DEFAULT_FETCH_BYTES
@@ -214,7 +221,7 @@ class GroupConsumer(Closing):
         return frozenset(self._owned)
 
     def positions(self) -> dict[TopicPartition, int]:
-        """Each owned partition's position: the offset after the last message returned."""
+        """Each owned partition's position: the offset after the last processed record."""
         return {tp: owned.position for tp, owned in self._owned.items()}
 
     # -- consuming ---------------------------------------------------------------------------
@@ -222,7 +229,38 @@ class GroupConsumer(Closing):
     def poll(self, max_wait_ms: int | None = None) -> list[Record]:
         """The next messages of the owned partitions, waiting up to `max_wait_ms` (default
         the member's) for some; rebalances first when the group, the brokers or the topics
-        changed. Returns nothing while ZooKeeper is unreachable."""
+        changed. Returns nothing while ZooKeeper is unreachable. Calling it counts every record
+        returned before as processed."""
+        self._processed_all()
+        records: list[Record] = []
+        for owned, batch in self._next_batches(max_wait_ms):
+            owned.delivered = owned.fetch_offset  # a batch is one whole reply
+            records += batch
+        return records
+
+    def __iter__(self) -> Iterator[Record]:
+        """Messages for ever (until close), one at a time: each counts as processed when the
+        next one is asked for."""
+        while not self._closed:
+            self._processed_all()
+            for owned, batch in self._next_batches(None):
+                ends = [record.offset for record in batch[1:]] + [owned.fetch_offset]
+                for record, end in zip(batch, ends, strict=True):
+                    owned.delivered = end
+                    yield record
+                    # asked for the next: the record is processed (a break, an exception or
+                    # a close() while it was in hand never comes back here)
+                    owned.position = end
+                    self._auto_commit()
+
+    def _processed_all(self) -> None:
+        """Count every record handed out as processed."""
+        for owned in self._owned.values():
+            owned.position = owned.delivered
+
+    def _next_batches(self, max_wait_ms: int | None) -> list[tuple[_Owned, list[Record]]]:
+        """Each owned partition's next fetched batch, with the rebalance, auto-commit and
+        fetches `poll` does; positions are left to the caller."""
         wait_s = (self.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1000
         if not self._in_session(wait_s):
             return []
@@ -236,20 +274,15 @@ class GroupConsumer(Closing):
                 self._rebalance_wanted.set()
                 return []
         self._auto_commit()
-        records = self._take_buffered()
-        if records:
-            return records
+        batches = self._take_buffered()
+        if batches:
+            return batches
         if not self._owned:
             self._rebalance_wanted.wait(wait_s)
             return []
         self._send_fetches(wait_s)
         self._receive_fetches(wait_s)
         return self._take_buffered()
-
-    def __iter__(self) -> Iterator[Record]:
-        """Messages for ever (until close)."""
-        while not self._closed:
-            yield from self.poll()
 
     def _in_session(self, wait_s: float) -> bool:
         """Whether the member may consume: connected to ZooKeeper, in the session that claimed
@@ -273,14 +306,11 @@ class GroupConsumer(Closing):
             self._rebalance_wanted.set()
         return True
 
-    def _take_buffered(self) -> list[Record]:
-        records: list[Record] = []
-        for owned in self._owned.values():
-            if owned.buffered:
-                records += owned.buffered
-                owned.position = owned.fetch_offset  # the buffer is one whole reply
-                owned.buffered = []
-        return records
+    def _take_buffered(self) -> list[tuple[_Owned, list[Record]]]:
+        batches = [(owned, owned.buffered) for owned in self._owned.values() if owned.buffered]
+        for owned, _ in batches:
+            owned.buffered = []
+        return batches
 
     def _send_fetches(self, wait_s: float) -> None:
         now = time.monotonic()
@@ -357,7 +387,7 @@ class GroupConsumer(Closing):
                     self.reset,
                     offset,
                 )
-                owned.fetch_offset = owned.position = offset
+                owned.fetch_offset = owned.position = owned.delivered = offset
             elif error.code == ErrorCode.FETCH_SIZE_TOO_SMALL and owned.fetch_bytes < (
                 MAX_FETCH_BYTES
             ):
@@ -376,12 +406,13 @@ class GroupConsumer(Closing):
 
     def _stop_fetching(self) -> None:
         """Forget fetches in flight and messages not handed out (their late replies are
-        dropped): positions stay at what `poll` returned."""
+        dropped), and records handed out but not processed: fetching resumes after the last
+        processed record."""
         self._in_flight.clear()
         for owned in self._owned.values():
             owned.in_flight = None
             owned.buffered = []
-            owned.fetch_offset = owned.position
+            owned.fetch_offset = owned.delivered = owned.position
 
     # -- rebalancing -------------------------------------------------------------------------
 
@@ -449,7 +480,7 @@ class GroupConsumer(Closing):
         if self.on_revoked is not None:
             self.on_revoked(frozenset(self._owned))
         if self.auto_commit_interval_s is not None:
-            self.commit()
+            self._commit_positions()
         self._release(self._owned)
         self._owned.clear()
 
@@ -491,7 +522,7 @@ class GroupConsumer(Closing):
             committed = self.registry.committed_offset(self.group, tp.topic, tp.name)
             position = self._reset_offset(tp, endpoint) if committed is None else committed
             self._owned[tp] = _Owned(
-                tp, endpoint, position, committed, position, fetch_bytes=self.fetch_bytes
+                tp, endpoint, position, position, committed, position, fetch_bytes=self.fetch_bytes
             )
 
     def _reset_offset(self, tp: TopicPartition, endpoint: str) -> int:
@@ -502,8 +533,15 @@ class GroupConsumer(Closing):
     # -- offsets -----------------------------------------------------------------------------
 
     def commit(self) -> None:
-        """Record in ZooKeeper, for every owned partition, the position after the messages
-        `poll` returned (only where it moved)."""
+        """Count every record handed out as processed (the one in hand included) and record
+        in ZooKeeper, for every owned partition, the position after it (only where it
+        moved)."""
+        self._processed_all()
+        self._commit_positions()
+
+    def _commit_positions(self) -> None:
+        """Record each owned partition's position (after its last processed record) where it
+        moved since the last commit."""
         for tp, owned in self._owned.items():
             if owned.position != owned.committed:
                 self.registry.commit_offset(self.group, tp.topic, tp.name, owned.position)
@@ -514,14 +552,16 @@ class GroupConsumer(Closing):
             return
         self._next_commit = time.monotonic() + self.auto_commit_interval_s
         try:
-            self.commit()
+            self._commit_positions()
         except RegistryUnavailable as error:  # the next interval tries again
             log.warning("group %s: auto-commit failed: %s", self.group, error)
 
     # -- life cycle --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Commit (with auto-commit), release the partitions, leave the group."""
+        """Commit the processed records (with auto-commit), release the partitions, leave the
+        group. Records handed out but not processed (see the module's docstring) are read again
+        by the partitions' next owners."""
         if self._closed:
             return
         self._closed = True
