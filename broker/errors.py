@@ -103,12 +103,18 @@ class FetchSizeTooSmall(StorageError):
 
 
 class CorruptSegment(StorageError):
-    """Bytes already stored in a segment fail framing or checksum checks."""
+    """Bytes already stored fail framing or checksum checks: offsets [start, end) of partition
+    `partition` (`<topic>-<number>`) are damaged, and a reader skips them by reading on from
+    `end`, a message boundary. The text is exact (docs/protocol.md, CORRUPT_SEGMENT)."""
 
-    def __init__(self, path: str, position: int, reason: str) -> None:
-        super().__init__(f"{path}: corrupt data at byte {position}: {reason}")
-        self.path = path
-        self.position = position
+    def __init__(self, partition: str, start: int, end: int, reason: str) -> None:
+        super().__init__(
+            f"partition {partition}: offsets [{start}, {end}) are damaged ({reason}); "
+            f"fetch from offset {end} to skip them"
+        )
+        self.partition = partition
+        self.start = start
+        self.end = end
         self.reason = reason
 
 

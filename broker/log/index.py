@@ -12,10 +12,12 @@ File `<base offset, 20 digits>.index`, big-endian:
     8   4 * n  entries        u32 each, strictly increasing message starts, the first 0
 
 It is written when a segment is closed (rolled, or the log closed cleanly): to a temporary
-file, fsynced, then renamed over the old one. While a segment is active its index lives in
-memory only. On open, an index whose segment_size differs from the .log file's size, or whose
-entries are not strictly increasing and below that size, belongs to a segment that was not
-closed cleanly: the segment is scanned and the index rebuilt (see broker.log.segment).
+file, fsynced, then renamed over the old one, and the folder fsynced. While a segment is active
+its index lives in memory only. On open, an index whose segment_size differs from the .log
+file's size, or whose entries are not strictly increasing and below that size, belongs to a
+segment that was not closed cleanly; one that passes those checks is then checked against the
+log itself (see broker.log.segment). Either way a failed check means the segment is scanned and
+the index rebuilt.
 Not safe to share between threads.
 """
 
@@ -29,6 +31,8 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from itertools import pairwise
 from pathlib import Path
+
+from broker.log.fsdir import fsync_directory
 
 _SIZE = struct.Struct(">Q")
 
@@ -64,7 +68,8 @@ class OffsetIndex:
         return self._entries.tolist()
 
     def write(self, path: Path, segment_size: int) -> None:
-        """Write this index for a segment of `segment_size` bytes: tmp file, fsync, rename."""
+        """Write this index for a segment of `segment_size` bytes: tmp file, fsync, rename,
+        fsync of the folder."""
         on_disk = array("I", self._entries)
         if sys.byteorder == "little":
             on_disk.byteswap()
@@ -76,6 +81,18 @@ class OffsetIndex:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        fsync_directory(path.parent)
+
+    @staticmethod
+    def described_size(path: Path) -> int | None:
+        """The segment_size an index file at `path` says it describes, or None when it is
+        missing or too short to say."""
+        try:
+            with open(path, "rb") as f:
+                head = f.read(_SIZE.size)
+        except FileNotFoundError:
+            return None
+        return _SIZE.unpack(head)[0] if len(head) == _SIZE.size else None
 
     @classmethod
     def load(cls, path: Path, segment_size: int) -> OffsetIndex | None:

@@ -40,6 +40,9 @@ MIN_LENGTH = HEADER_SIZE - LENGTH_SIZE
 CHECKSUM_START = 12
 """The checksum covers the message from this byte to its end."""
 CODEC_MASK = 0x07
+MAX_FORMAT_MESSAGE_BYTES = LENGTH_SIZE + 0xFFFF_FFFF
+"""The largest message the format can describe (a u32 length field): what stored bytes are
+judged by. max_message_bytes is a limit on what producers send, and may change."""
 
 _HEADER = struct.Struct(">IQBBqi")
 _LENGTH = struct.Struct(">I")
@@ -268,6 +271,25 @@ def iter_messages(buf: Buffer, base_offset: int = 0) -> Iterator[Message]:
             ),
         )
         pos = following
+
+
+def valid_message_end(buf: Buffer, pos: int) -> int | None:
+    """Where the message starting at `pos` ends, if it passes every check of `scan` (framing
+    and checksum, within the format's limits); None if it does not."""
+    try:
+        length, checksum, magic_attributes, key_length = _SCAN_HEADER.unpack_from(buf, pos)
+    except struct.error:
+        return None
+    following: int = pos + LENGTH_SIZE + length
+    if (
+        following > len(buf)
+        or length < MIN_LENGTH
+        or magic_attributes != _MAGIC_ATTRIBUTES
+        or not -1 <= key_length <= length - MIN_LENGTH
+        or xxh3_64_intdigest(buf[pos + CHECKSUM_START : following]) != checksum
+    ):
+        return None
+    return following
 
 
 def timestamp_at(buf: Buffer, pos: int) -> int:

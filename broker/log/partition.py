@@ -16,16 +16,21 @@ Flushes are batched: one happens when `flush_messages` messages are pending or t
 them has waited `flush_interval_ms` (checked on append and by `flush_if_due`, which a worker
 calls at `next_flush_deadline`), and on roll and close. A flush fsyncs when `fsync` is set.
 
-Crash behaviour: on open, the newest segment and every segment whose index does not match it
-(it was not closed cleanly) is scanned, checksums and all; the log keeps its longest valid
-prefix. The segment where the valid data ends is truncated there (the bytes cut are reported);
-a segment with no valid message at all, and every segment after the cut, is renamed `*.bad`
-and reported, never deleted. Not safe to share between threads.
+Crash behaviour (docs/storage.md, "Recovery"): on open, stored bytes are judged by the
+format's own limits, never by today's settings. A closed segment is trusted when its index
+matches it and agrees with the framing of every message; the newest segment, and any other
+segment, is scanned, checksums and all. Where the framing holds nothing is cut: a damaged
+message stays in place, is reported, and reads of it raise CorruptSegment naming its offsets,
+which readers may skip. Only a torn tail of the newest segment is cut, its bytes moved to a
+`*.bad` file. A segment after a gap in the offsets, or one that cannot be read, is renamed
+`*.bad` with every segment after it; nothing is ever simply deleted. Not safe to share between
+threads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -34,20 +39,26 @@ from pathlib import Path
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import MessageTooLarge, OffsetOutOfRange
 from broker.log.config import LogConfig
+from broker.log.fsdir import fsync_directory
 from broker.log.message import Buffer, validate_message_set
-from broker.log.segment import INDEX_SUFFIX, Segment
+from broker.log.segment import INDEX_SUFFIX, Damage, FramingBroken, Segment, bad_file_path
 
 SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class RecoveryReport:
-    """What `PartitionLog.open` found and did. `problems` has one line per cut or renamed file."""
+    """What `PartitionLog.open` found and did. `problems` has one line per cut or renamed
+    file, per index rebuilt because it disagreed with its log, and per damaged range kept;
+    `damaged` holds those ranges, [start, end) offsets."""
 
     segments_scanned: int
     bytes_truncated: int
     bad_files: tuple[Path, ...]
     problems: tuple[str, ...]
+    damaged: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +101,9 @@ class PartitionLog:
     ) -> PartitionLog:
         """Open (creating if needed) the partition folder, recovering it after a crash."""
         config = config or LogConfig()
-        directory.mkdir(parents=True, exist_ok=True)
+        if not directory.is_dir():
+            directory.mkdir(parents=True, exist_ok=True)
+            fsync_directory(directory.parent)
         for leftover in directory.glob(f"*{INDEX_SUFFIX}.tmp"):
             leftover.unlink()  # an index write that a crash interrupted; the index is derived
         found = sorted(
@@ -103,9 +116,11 @@ class PartitionLog:
         truncated = 0
         bad: list[Path] = []
         problems: list[str] = []
+        damaged: list[tuple[int, int]] = []
         expected_base = found[0][0] if found else 0
-        ended: str | None = None  # why the valid log ended before the file at hand
+        ended: str | None = None  # why the log ended before the file at hand
         for i, (base, path) in enumerate(found):
+            newest = i == len(found) - 1
             if ended is None and base != expected_base:
                 ended = f"it starts at {base}, but the log before it ends at {expected_base}"
             if ended is not None:
@@ -113,37 +128,30 @@ class PartitionLog:
                 bad.append(_set_aside(path))
                 continue
             try:
-                segment, clean = Segment.open_existing(path, base)
-                if clean and i < len(found) - 1:
-                    segments.append(segment)
-                    expected_base = segment.end_offset
-                    continue
-                scanned += 1
-                result = segment.scan_valid(config.max_message_bytes, config.index_interval_bytes)
+                segment, trusted, disagreement = Segment.open_existing(path, base, not newest)
+                if disagreement is not None:
+                    problems.append(f"{path.name}: {disagreement}; rebuilt from the log")
+                if newest or not trusted:
+                    scanned += 1
+                    cut, kept = _recover(segment, config.index_interval_bytes, newest, problems)
+                    truncated += cut
+                    bad += kept
             except OSError as error:
                 problems.append(f"{path.name}: set aside: cannot be read: {error}")
                 bad.append(_set_aside(path))
                 ended = f"it follows {path.name}, which cannot be read"
                 continue
-            if result.valid_bytes == 0 and segment.size > 0:
-                problems.append(f"{path.name}: set aside: no valid message: {result.error}")
-                bad.append(_set_aside(path))
-                ended = f"it follows {path.name}, which holds no valid message"
-                continue
-            if result.error is not None:
-                cut = segment.size - result.valid_bytes
+            for damage in segment.damage:
+                start, end = base + damage.start, base + damage.end
+                damaged.append((start, end))
                 problems.append(
-                    f"{path.name}: truncated {cut} bytes at position {result.valid_bytes}: "
-                    f"{result.error}"
+                    f"{path.name}: offsets [{start}, {end}) damaged, kept in place: {damage.reason}"
                 )
-                segment.truncate_to(result.valid_bytes)
-                truncated += cut
-                ended = f"it follows the cut in {path.name}"
             segments.append(segment)
             expected_base = segment.end_offset
         if not segments:
             segments.append(Segment.create(directory, expected_base))
-        report = RecoveryReport(scanned, truncated, tuple(bad), tuple(problems))
+        report = RecoveryReport(scanned, truncated, tuple(bad), tuple(problems), tuple(damaged))
         return cls(directory, config, clock, segments, report)
 
     # -- offsets ---------------------------------------------------------------------------
@@ -256,6 +264,13 @@ class PartitionLog:
         """
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be at least 1, not {max_bytes}")
+        try:
+            return self._read(offset, max_bytes)
+        except FramingBroken as broken:
+            self._rescan(broken)
+            return self._read(offset, max_bytes)
+
+    def _read(self, offset: int, max_bytes: int) -> memoryview:
         segment, position, limit = self._locate(offset)
         if position == limit:
             return memoryview(b"")
@@ -264,7 +279,27 @@ class PartitionLog:
     def check_offset(self, offset: int) -> None:
         """Raise what `read` would for `offset` (OffsetOutOfRange, InvalidOffset), reading
         nothing."""
-        self._locate(offset)
+        try:
+            self._locate(offset)
+        except FramingBroken as broken:
+            self._rescan(broken)
+            self._locate(offset)
+
+    def _rescan(self, broken: FramingBroken) -> None:
+        """A read met framing that breaks where no damage was known: the file changed after
+        it was opened. Scan that segment again as recovery does, cutting nothing: what fails
+        the checks becomes damage that reads report (CorruptSegment), and the rest is served."""
+        segment = self.segment_for(broken.start)
+        result = segment.recover(self.config.index_interval_bytes)
+        if result.tail_error is not None:
+            segment.keep_damage(Damage(result.end, segment.size, result.tail_error))
+        log.warning(
+            "%s: %s; %s scanned again: damaged %s",
+            self.directory.name,
+            broken,
+            segment.log_path.name,
+            ", ".join(f"[{d.start}, {d.end})" for d in segment.damage) or "nothing",
+        )
 
     def _locate(self, offset: int) -> tuple[Segment, int, int]:
         """The segment of a readable message start (or the high watermark), the position in
@@ -285,7 +320,15 @@ class PartitionLog:
         Timestamps are the producers' and need not grow with offsets, so this is a walk of
         message headers; it starts at the first segment last written at or after the time
         (every message of an older segment was stored before it) and stops at the first match.
+        Damaged ranges are passed over.
         """
+        try:
+            return self._offset_for_timestamp(timestamp_ms)
+        except FramingBroken as broken:
+            self._rescan(broken)
+            return self._offset_for_timestamp(timestamp_ms)
+
+    def _offset_for_timestamp(self, timestamp_ms: int) -> int:
         for segment in self._segments:
             if segment is not self._segments[-1] and (
                 segment.log_path.stat().st_mtime * 1000 < timestamp_ms
@@ -357,14 +400,44 @@ class PartitionLog:
         self.close()
 
 
+def _recover(
+    segment: Segment, index_interval: int, newest: bool, problems: list[str]
+) -> tuple[int, list[Path]]:
+    """Scan a segment whose index cannot be trusted (Segment.recover) and deal with a torn
+    tail: the newest segment's is cut, its bytes moved to a *.bad file; an older segment's is
+    kept as damage, as the next segment starts where the file ends. Returns the bytes cut and
+    the files that keep them; adds a line to `problems` for what it did."""
+    name = segment.log_path.name
+    result = segment.recover(index_interval)
+    if not newest:
+        if result.tail_error is not None:
+            segment.keep_damage(Damage(result.end, segment.size, result.tail_error))
+        try:
+            segment.index.write(segment.index_path, segment.size)
+        except OSError as error:
+            problems.append(f"{name}: the rebuilt index cannot be stored: {error}")
+    if result.tail_error is None or not newest:
+        return 0, []
+    cut = segment.size - result.end
+    try:
+        kept = segment.cut_tail(result.end)
+    except OSError as error:
+        problems.append(f"{name}: a torn tail of {cut} bytes cannot be moved aside: {error}")
+        segment.keep_damage(Damage(result.end, segment.size, result.tail_error))
+        return 0, []
+    problems.append(
+        f"{name}: truncated {cut} bytes at position {result.end}, kept in {kept.name}: "
+        f"{result.tail_error}"
+    )
+    return cut, [kept]
+
+
 def _set_aside(path: Path) -> Path:
-    """Rename an untrusted segment to *.bad (never over another file) and drop its index."""
-    target = path.with_name(path.name + ".bad")
-    n = 1
-    while target.exists():
-        target = path.with_name(f"{path.name}.{n}.bad")
-        n += 1
+    """Rename an untrusted segment to *.bad (never over another file), drop its index and
+    fsync the folder."""
+    target = bad_file_path(path)
     path.rename(target)
     with contextlib.suppress(FileNotFoundError):
         path.with_suffix(INDEX_SUFFIX).unlink()
+    fsync_directory(path.parent)
     return target

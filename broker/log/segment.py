@@ -11,10 +11,13 @@ Reads are memoryviews of a read-only mmap, served from the OS page cache. A view
 after the segment is deleted (the mapping keeps the unlinked file's pages), and a segment whose
 mapping still has views is reported as in use and not deleted.
 
-After a crash the file may end in a cut-short or garbled message, and bytes written but never
-fsynced may be lost or zeroed: `scan_valid` finds the longest valid prefix and `truncate_to`
-cuts the rest.
-Not safe to share between threads.
+After a crash, or when a disk goes bad, stored bytes may fail their checks: `scan_segment`
+(run by `Segment.recover`) keeps every valid message, notes each damaged range (reads of it
+raise CorruptSegment naming it, so that readers can skip it), and finds a torn tail, which
+only the newest segment's recovery cuts, moving the bytes to a `*.bad` file (`cut_tail`).
+A closed segment's stored index is checked against the log's framing when it is opened
+(`index_disagreement`). The folder is fsynced after a file in it is created, renamed or
+deleted. Not safe to share between threads.
 """
 
 from __future__ import annotations
@@ -23,17 +26,27 @@ import contextlib
 import errno
 import mmap
 import os
+import shutil
+import struct
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from broker.errors import CorruptSegment, DiskFull, FetchSizeTooSmall, InvalidOffset, StorageIOError
+from broker.log.fsdir import fsync_directory
 from broker.log.index import OffsetIndex
 from broker.log.message import (
+    CHECKSUM_START,
+    HEADER_SIZE,
+    LENGTH_SIZE,
+    MAX_FORMAT_MESSAGE_BYTES,
     MIN_LENGTH,
     Buffer,
-    ScanResult,
     message_size_at,
     scan,
     timestamp_at,
+    valid_message_end,
 )
 
 LOG_SUFFIX = ".log"
@@ -41,8 +54,133 @@ INDEX_SUFFIX = ".index"
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
+_LENGTH = struct.Struct(">I")
+_MAGIC_V1_NO_ATTRIBUTES = bytes([1, 0])
+"""What a message has at byte CHECKSUM_START: magic 1, attributes 0."""
+
+
 def segment_file_name(base_offset: int) -> str:
     return f"{base_offset:020d}{LOG_SUFFIX}"
+
+
+def bad_file_path(path: Path) -> Path:
+    """Where bytes of `path` that cannot be trusted are kept: `<name>.bad`, or `<name>.N.bad`
+    (N = 1, 2, ...) when that exists: never over another file."""
+    target = path.with_name(path.name + ".bad")
+    n = 1
+    while target.exists():
+        target = path.with_name(f"{path.name}.{n}.bad")
+        n += 1
+    return target
+
+
+class FramingBroken(CorruptSegment):
+    """A read met framing that breaks where no damage was known (the file changed after it was
+    opened): the partition log scans the segment again (PartitionLog). [start, end) runs to
+    the end of the readable data, a message boundary."""
+
+
+class Damage(NamedTuple):
+    """Bytes [start, end) of a segment that fail the checks, kept in place, and why."""
+
+    start: int
+    end: int
+    reason: str
+
+
+class SegmentScan(NamedTuple):
+    """What `scan_segment` found. `end` is where the bytes to keep end: the size, or the start
+    of a torn tail, whose problem is `tail_error` (None when there is none). `marks` are the
+    index entries, `damage` the damaged ranges before `end`."""
+
+    end: int
+    marks: list[int]
+    damage: list[Damage]
+    tail_error: str | None
+
+
+def scan_segment(data: Buffer, index_interval: int) -> SegmentScan:
+    """Check the framing and checksum of every message of a segment's bytes, judged by the
+    format's own limits (never by max_message_bytes, a setting that may have changed).
+
+    Where a message fails, its damage ends where the next valid message starts: where its
+    length field leads, when that is the end or a valid message, else the first position
+    further on where a message passes every check. Damage that no valid message follows is a
+    torn tail. Index marks fall every `index_interval` bytes and on the first message after
+    each damaged range."""
+    size = len(data)
+    marks: list[int] = []
+    damage: list[Damage] = []
+    pos = next_mark = 0
+    while pos < size:
+        result = scan(data[pos:], MAX_FORMAT_MESSAGE_BYTES, index_interval, next_mark - pos)
+        if result.marks:
+            marks.extend(pos + m for m in result.marks)
+            next_mark = marks[-1] + index_interval
+        pos += result.valid_bytes
+        if result.error is None:
+            break
+        resume = _resume_point(data, pos)
+        if resume is None:
+            return SegmentScan(pos, marks, damage, result.error)
+        damage.append(Damage(pos, resume, result.error))
+        pos = next_mark = resume
+    return SegmentScan(size, marks, damage, None)
+
+
+def _resume_point(data: Buffer, pos: int) -> int | None:
+    """Where a valid message (or the end) follows the bad message at `pos`, or None."""
+    size = len(data)
+    if size - pos >= HEADER_SIZE:
+        following = pos + message_size_at(data, pos)
+        if pos + HEADER_SIZE <= following <= size and (
+            following == size or valid_message_end(data, following) is not None
+        ):
+            return following
+    rest = bytes(data[pos + 1 :])  # a search for magic 1, attributes 0, then the full checks
+    hit = rest.find(_MAGIC_V1_NO_ATTRIBUTES, CHECKSUM_START)
+    while hit >= 0:
+        candidate = pos + 1 + hit - CHECKSUM_START
+        if valid_message_end(data, candidate) is not None:
+            return candidate
+        hit = rest.find(_MAGIC_V1_NO_ATTRIBUTES, hit + 1)
+    return None
+
+
+def index_disagreement(data: Buffer, entries: Sequence[int]) -> tuple[int, str] | None:
+    """Where and why index `entries` do not fit the framing of segment bytes `data`, or None
+    when the length fields lead from byte 0 exactly to the end through every entry. Walks
+    every message header (no checksums): about 0.2 s per million messages."""
+    size = len(data)
+    length_at = _LENGTH.unpack_from
+    pending = iter(entries)
+    target = next(pending, size)
+    pos = 0
+    while pos < size:
+        if pos >= target:
+            if pos > target:
+                return target, f"entry {target} is not where a message starts"
+            target = next(pending, size)
+        if pos + HEADER_SIZE > size:
+            return pos, f"the message at byte {pos} is cut short by the end of the file"
+        following = pos + LENGTH_SIZE + length_at(data, pos)[0]
+        if following - pos < HEADER_SIZE or following > size:
+            return pos, f"the length field of the message at byte {pos} breaks the framing"
+        pos = following
+    if target < size:
+        return target, f"entry {target} is not where a message starts"
+    return None
+
+
+@contextlib.contextmanager
+def _mapped(path: Path) -> Iterator[memoryview]:
+    """A non-empty file, read-only and without copying, for the time of a scan."""
+    with (
+        open(path, "rb") as f,
+        mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m,
+        memoryview(m) as data,
+    ):
+        yield data
 
 
 def storage_error(error: OSError, what: str) -> DiskFull | StorageIOError:
@@ -63,6 +201,10 @@ class Segment:
         self.index = index
         self._write_fd: int | None = None
         self._map: mmap.mmap | None = None
+        self.damage: list[Damage] = []
+        """Damaged ranges found by `recover`, sorted; reads of them raise CorruptSegment."""
+        self._damage_starts: list[int] = []
+        self._damage_ends: dict[int, int] = {}
         self._retired_maps: list[mmap.mmap] = []
 
     def __repr__(self) -> str:
@@ -77,14 +219,33 @@ class Segment:
         """A new empty segment file; it is an error for it to exist already."""
         path = directory / segment_file_name(base_offset)
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        try:
+            fsync_directory(directory)
+        except OSError as error:
+            raise storage_error(error, f"creating {path}") from error
         return cls(path, base_offset, 0, OffsetIndex([]))
 
     @classmethod
-    def open_existing(cls, log_path: Path, base_offset: int) -> tuple[Segment, bool]:
-        """Open a segment file; the flag says whether its stored index matched (a clean close)."""
+    def open_existing(
+        cls, log_path: Path, base_offset: int, check_index: bool
+    ) -> tuple[Segment, bool, str | None]:
+        """Open a segment file with its stored index. The flag says whether that index can be
+        trusted (else the caller must `recover` the segment): it is missing or written for
+        another size when the segment was not closed cleanly, and, with `check_index`, it must
+        also agree with the log's framing (`index_disagreement`); the text says how it does
+        not, for an index that describes the file's size but disagrees with it."""
         size = log_path.stat().st_size
-        index = OffsetIndex.load(log_path.with_suffix(INDEX_SUFFIX), size)
-        return cls(log_path, base_offset, size, index or OffsetIndex()), index is not None
+        index_path = log_path.with_suffix(INDEX_SUFFIX)
+        index = OffsetIndex.load(index_path, size)
+        segment = cls(log_path, base_offset, size, index or OffsetIndex())
+        if index is None:
+            return segment, False, None
+        if check_index and size:
+            with _mapped(log_path) as data:
+                wrong = index_disagreement(data, index.entries())
+            if wrong is not None:
+                return segment, False, f"index {index_path.name} disagrees with the log: {wrong[1]}"
+        return segment, True, None
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -135,20 +296,45 @@ class Segment:
 
     # -- recovery --------------------------------------------------------------------------
 
-    def scan_valid(self, max_message_bytes: int, index_interval: int) -> ScanResult:
-        """Check every message's framing and checksum and rebuild the index from the valid
-        prefix; the caller decides what to do with anything after it (see PartitionLog.open)."""
+    def recover(self, index_interval: int) -> SegmentScan:
+        """Check every message (`scan_segment`), rebuild the index and note the damaged
+        ranges, which reads then answer with CorruptSegment. A torn tail is the caller's to
+        cut (`cut_tail`) or to keep as damage (`keep_damage`)."""
         if self.size == 0:
-            self.index = OffsetIndex([])
-            return ScanResult(0, 0, [], None)
-        with (
-            open(self.log_path, "rb") as f,
-            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m,
-            memoryview(m) as data,
-        ):
-            result = scan(data, max_message_bytes, index_interval)
+            result = SegmentScan(0, [], [], None)
+        else:
+            with _mapped(self.log_path) as data:
+                result = scan_segment(data, index_interval)
         self.index = OffsetIndex(result.marks)
+        self.damage = []
+        for damage in result.damage:
+            self.keep_damage(damage)
         return result
+
+    def keep_damage(self, damage: Damage) -> None:
+        """Note damaged range `damage`, which follows every range noted before."""
+        self.damage.append(damage)
+        self._damage_starts.append(damage.start)
+        self._damage_ends[damage.start] = damage.end
+
+    def cut_tail(self, position: int) -> Path:
+        """Move bytes [position, size) into a new `*.bad` file beside the segment (fsynced, then
+        the folder), then cut the segment there (fsynced). Returns the `*.bad` file. OSError
+        leaves the segment as it was."""
+        target = bad_file_path(self.log_path)
+        with open(self.log_path, "rb") as source, open(target, "xb") as kept:
+            source.seek(position)
+            shutil.copyfileobj(source, kept)
+            kept.flush()
+            os.fsync(kept.fileno())
+        fsync_directory(self.log_path.parent)
+        self.truncate_to(position)
+        fd = os.open(self.log_path, os.O_WRONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return target
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -167,8 +353,9 @@ class Segment:
         walking headers from the nearest indexed start; `limit` is where written data ends."""
         start = self.index.floor(position)
         window = self.view(0, limit)
+        step = self._next_start if not self.damage else self._next_start_over_damage
         while True:
-            following = self._next_start(window, start, limit)
+            following = step(window, start, limit)
             if following > position:
                 return start, following
             start = following
@@ -186,6 +373,8 @@ class Segment:
         past `limit` (the readable end). FetchSizeTooSmall when the first one does not fit."""
         if position >= limit:
             return memoryview(b"")
+        if self.damage:
+            limit = self._readable_end(position, limit)
         window_end = min(limit, position + max_bytes)
         # An indexed start at window_end itself (say, the first unflushed message, right at
         # the high watermark) means everything before it is whole messages: nothing to walk.
@@ -205,23 +394,49 @@ class Segment:
         """The position of the first message before `limit` whose timestamp is at or after
         `timestamp_ms`, or None."""
         window = self.view(0, limit)
+        damaged = self._damage_ends
+        step = self._next_start if not damaged else self._next_start_over_damage
         position = 0
         while position < limit:
-            following = self._next_start(window, position, limit)
-            if timestamp_at(window, position) >= timestamp_ms:
+            following = step(window, position, limit)
+            if position not in damaged and timestamp_at(window, position) >= timestamp_ms:
                 return position
             position = following
         return None
 
+    def _readable_end(self, position: int, limit: int) -> int:
+        """Where a read from `position` stops: before the next damaged range, or at `limit`.
+        CorruptSegment, naming the range, when one starts at `position`."""
+        i = bisect_left(self._damage_starts, position)
+        if i == len(self.damage):
+            return limit
+        damage = self.damage[i]
+        if damage.start == position:
+            raise CorruptSegment(
+                self.log_path.parent.name,
+                self.base_offset + damage.start,
+                self.base_offset + damage.end,
+                damage.reason,
+            )
+        return min(limit, damage.start)
+
+    def _next_start_over_damage(self, window: memoryview, start: int, limit: int) -> int:
+        """`_next_start`, where a damaged range counts as one message."""
+        end = self._damage_ends.get(start)
+        return self._next_start(window, start, limit) if end is None else end
+
     def _next_start(self, window: memoryview, start: int, limit: int) -> int:
         if start + MIN_LENGTH + 4 > limit:
-            raise CorruptSegment(str(self.log_path), start, "message header runs past the data")
+            raise self._framing_broken(start, limit, "a message header runs past the data")
         following = start + message_size_at(window, start)
         if following - start < MIN_LENGTH + 4 or following > limit:
-            raise CorruptSegment(
-                str(self.log_path), start, f"message length {following - start} breaks framing"
-            )
+            reason = f"message length {following - start} breaks framing"
+            raise self._framing_broken(start, limit, reason)
         return following
+
+    def _framing_broken(self, start: int, limit: int, reason: str) -> FramingBroken:
+        name = self.log_path.parent.name
+        return FramingBroken(name, self.base_offset + start, self.base_offset + limit, reason)
 
     # -- lifetime --------------------------------------------------------------------------
 
@@ -254,3 +469,4 @@ class Segment:
         self.close()
         self.log_path.unlink()
         self.index_path.unlink(missing_ok=True)
+        fsync_directory(self.log_path.parent)

@@ -1,7 +1,8 @@
 """Read-only checks of segment files, for `pylogctl log verify` and `pylogctl log dump`.
 
-Nothing here changes a file: unlike PartitionLog.open, which recovers (truncates, renames),
-these functions only read and report.
+Nothing here changes a file: unlike PartitionLog.open, which recovers (cuts a torn tail,
+rebuilds indexes, renames), these functions only read and report. Stored bytes are judged by
+the format's own limits, as recovery judges them.
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.log.message import Message, decode_message, scan
+from broker.log.index import OffsetIndex
+from broker.log.message import MAX_FORMAT_MESSAGE_BYTES, Message, decode_message, scan
 from broker.log.partition import SEGMENT_NAME
-
-MAX_CHECKED_MESSAGE_BYTES = (1 << 31) - 1
-"""Verification accepts any message a segment can hold; max.message.bytes is a produce limit."""
+from broker.log.segment import INDEX_SUFFIX, index_disagreement
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +51,10 @@ def map_file(path: Path) -> memoryview:
 
 
 def check_segment(path: Path, expected_base: int | None = None) -> SegmentCheck:
-    """Check every message's framing and checksum, and that the segment starts at
-    `expected_base` (where the previous segment of its partition ended), if given."""
+    """Check every message's framing and checksum, that the segment starts at
+    `expected_base` (where the previous segment of its partition ended), if given, and that
+    its index, if one describes a file of this size (it was closed cleanly), agrees with it:
+    an index written for another size is stale, and recovery rebuilds it."""
     base = base_offset_of(path)
     try:
         data = map_file(path)
@@ -63,10 +65,23 @@ def check_segment(path: Path, expected_base: int | None = None) -> SegmentCheck:
         return SegmentCheck(
             path, base, size, 0, f"starts at {base}, the segment before ends at {expected_base}", 0
         )
-    result = scan(data, MAX_CHECKED_MESSAGE_BYTES)
-    if result.error is None:
-        return SegmentCheck(path, base, size, result.message_count, None, None)
-    return SegmentCheck(path, base, size, result.message_count, result.error, result.valid_bytes)
+    result = scan(data, MAX_FORMAT_MESSAGE_BYTES)
+    if result.error is not None:
+        return SegmentCheck(
+            path, base, size, result.message_count, result.error, result.valid_bytes
+        )
+    index_path = path.with_suffix(INDEX_SUFFIX)
+    if OffsetIndex.described_size(index_path) == size:
+        index = OffsetIndex.load(index_path, size)
+        wrong = (
+            (0, "its entries are not strictly increasing from 0 within the file")
+            if index is None
+            else index_disagreement(data, index.entries())
+        )
+        if wrong is not None:
+            problem = f"index {index_path.name} disagrees with the log: {wrong[1]}"
+            return SegmentCheck(path, base, size, result.message_count, problem, wrong[0])
+    return SegmentCheck(path, base, size, result.message_count, None, None)
 
 
 def partition_dirs(path: Path) -> list[Path]:

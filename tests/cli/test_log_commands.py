@@ -139,3 +139,19 @@ def test_installed_pylogctl_command_runs(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "1 partitions, 3 segments, 21 messages: all ok"
+
+
+def test_verify_checks_each_index_against_its_log(tmp_path: Path) -> None:
+    write_partition(tmp_path / "t-0")
+    index = tmp_path / "t-0" / f"{0:020d}.index"
+    data = bytearray(index.read_bytes())
+    assert data[8:12] == bytes(4)  # the first entry, position 0
+    data[8:12] = (50).to_bytes(4, "big")  # now inside the first message
+    index.write_bytes(bytes(data))
+    code, out = run("log", "verify", "--json", str(tmp_path / "t-0"))
+    records = [json.loads(line) for line in out.splitlines()]
+    assert code == 1
+    assert records[0]["file"] == str(tmp_path / "t-0" / f"{0:020d}.log")
+    assert records[0]["ok"] is False
+    assert records[0]["error"].startswith(f"index {index.name} disagrees with the log: ")
+    assert records[-1]["summary"]["corrupt_segments"] == 1

@@ -160,8 +160,8 @@ def test_flush_fsyncs_only_when_configured(
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
     for fsync, expected in ((False, 0), (True, 1)):
-        synced.clear()
         log = open_log(tmp_path / f"t-{int(fsync)}", clock, fsync=fsync)
+        synced.clear()  # opening fsyncs the folders a new partition adds to
         log.append(make_set(0, 1))
         log.flush()
         assert len(synced) == expected

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
 
-from broker.errors import InvalidOffset
-from broker.log import PartitionLog
+from broker.errors import CorruptSegment, InvalidOffset
+from broker.log import PartitionLog, encode_message, iter_messages
 from tests.conftest import FakeClock
 from tests.log.test_partition import make_set, open_log, read_all
 
@@ -53,8 +54,8 @@ def test_segment_cut_mid_message_is_truncated_to_the_last_whole_message(
     log = reopen(crashed, clock)
     assert log.recovery.bytes_truncated == 50
     assert log.recovery.problems == (
-        f"{NEWEST}: truncated 50 bytes at position 900: cut short: the message needs 100 "
-        "bytes, 50 are left",
+        f"{NEWEST}: truncated 50 bytes at position 900, kept in {NEWEST}.bad: cut short: the "
+        "message needs 100 bytes, 50 are left",
     )
     assert (crashed / NEWEST).stat().st_size == 900
     assert values(log) == numbered(29)
@@ -79,24 +80,17 @@ def test_zeroed_tail_after_power_loss_is_cut(crashed: Path, clock: FakeClock) ->
     assert values(log) == numbered(30)
 
 
-def test_zero_length_record_and_what_follows_it_are_cut(crashed: Path, clock: FakeClock) -> None:
+def test_zero_length_record_is_damage_and_the_messages_after_it_are_kept(
+    crashed: Path, clock: FakeClock
+) -> None:
     with open(crashed / NEWEST, "ab") as f:
         f.write(bytes(4) + make_set(30, 2))  # a length field of 0, then two good messages
     log = reopen(crashed, clock)
-    assert log.recovery.bytes_truncated == 204
-    assert values(log) == numbered(30)
-
-
-def test_flipped_byte_mid_message_cuts_from_that_message(crashed: Path, clock: FakeClock) -> None:
-    with open(crashed / NEWEST, "r+b") as f:
-        f.seek(450)  # inside the value of the fifth message of the segment
-        byte = f.read(1)
-        f.seek(450)
-        f.write(bytes([byte[0] ^ 0x10]))
-    log = reopen(crashed, clock)
-    assert log.recovery.bytes_truncated == 600
-    assert "checksum mismatch" in log.recovery.problems[0]
-    assert values(log) == numbered(24)
+    assert log.recovery.bytes_truncated == 0
+    assert log.recovery.damaged == ((3000, 3004),)
+    assert "length field 0 is below the minimum 22" in log.recovery.problems[0]
+    assert each_message(log, [100 * i for i in range(30)]) == numbered(30)
+    assert [m.value[:8] for m in read_all(log, 3004)] == numbered(32)[30:]
 
 
 def test_recovered_index_finds_boundaries_again(crashed: Path, clock: FakeClock) -> None:
@@ -109,33 +103,31 @@ def test_recovered_index_finds_boundaries_again(crashed: Path, clock: FakeClock)
     assert log.read(1600, 1000).nbytes == 400
 
 
-def test_damage_in_an_older_segment_sets_aside_everything_after_it(
+def test_damage_in_an_older_unclean_segment_cuts_nothing_and_sets_nothing_aside(
     crashed: Path, clock: FakeClock
 ) -> None:
     middle = crashed / f"{1000:020d}.log"
-    newest_bytes = (crashed / NEWEST).read_bytes()
     (crashed / f"{1000:020d}.index").unlink()  # it was not closed cleanly
-    with open(middle, "r+b") as f:
-        f.seek(520)
-        f.write(b"\xff")
+    flip(middle, 520, 0xFF)
     log = reopen(crashed, clock)
-    assert log.recovery.bytes_truncated == 500
-    assert log.recovery.bad_files == (crashed / (NEWEST + ".bad"),)
-    assert log.recovery.problems[1] == (
-        f"{NEWEST}: set aside: it follows the cut in {1000:020d}.log"
-    )
-    assert (crashed / (NEWEST + ".bad")).read_bytes() == newest_bytes  # kept, not deleted
-    assert values(log) == numbered(15)
-    assert log.append(make_set(15, 1)) == 1500
+    assert log.recovery.bytes_truncated == 0
+    assert log.recovery.bad_files == ()
+    assert log.recovery.damaged == ((1500, 1600),)
+    offsets = [100 * i for i in range(30)]
+    assert each_message(log, offsets[:15] + offsets[16:]) == numbered(15) + numbered(30)[16:]
+    assert log.append(make_set(30, 1)) == 3000
+    assert (crashed / f"{1000:020d}.index").exists()  # rebuilt and stored
 
 
-def test_segment_without_any_valid_message_is_renamed_bad(crashed: Path, clock: FakeClock) -> None:
+def test_newest_segment_without_any_valid_message_is_moved_to_a_bad_file(
+    crashed: Path, clock: FakeClock
+) -> None:
     garbage = os.urandom(300)
     (crashed / NEWEST).write_bytes(garbage)
     log = reopen(crashed, clock)
     assert log.recovery.bad_files == (crashed / (NEWEST + ".bad"),)
     assert (crashed / (NEWEST + ".bad")).read_bytes() == garbage
-    assert "no valid message" in log.recovery.problems[0]
+    assert log.recovery.problems[0].startswith(f"{NEWEST}: truncated 300 bytes at position 0")
     assert values(log) == numbered(20)
     assert log.append(make_set(20, 1)) == 2000  # a fresh segment where the bad one began
     assert (crashed / NEWEST).stat().st_size == 100
@@ -157,3 +149,190 @@ def test_second_bad_file_for_the_same_segment_does_not_overwrite_the_first(
     log = reopen(crashed, clock)
     assert log.recovery.bad_files == (crashed / (NEWEST + ".1.bad"),)
     assert (crashed / (NEWEST + ".bad")).read_bytes() == b"earlier"
+
+
+# -- issue 11: recovery never throws away good data ------------------------------------------
+
+
+@pytest.fixture
+def closed(tmp_path: Path, clock: FakeClock) -> Path:
+    """A partition of 3 segments of 10 messages of 100 bytes, closed cleanly (every index
+    written)."""
+    log = open_log(tmp_path / "t-0", clock, segment_bytes=1000, index_interval_bytes=300)
+    for i in range(3):
+        log.append(make_set(i * 10, 10))
+    log.close()
+    return tmp_path / "t-0"
+
+
+MIDDLE = f"{1000:020d}.log"
+
+
+def flip(path: Path, position: int, mask: int = 0x10) -> None:
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(bytes([byte[0] ^ mask]))
+
+
+def each_message(log: PartitionLog, offsets: list[int]) -> list[bytes]:
+    """Read every message at `offsets` one by one (each read walks from its own index entry)."""
+    return [next(iter_messages(log.read(o, 100), o)).value[:8] for o in offsets]
+
+
+def test_lowering_max_message_bytes_keeps_every_stored_message(
+    closed: Path, clock: FakeClock
+) -> None:
+    # Recovery judges stored bytes by the format's limits, not by today's produce limit.
+    log = open_log(closed, clock, segment_bytes=1000, max_message_bytes=60)
+    assert log.recovery.problems == ()
+    assert log.recovery.bytes_truncated == 0
+    assert values(log) == numbered(30)
+    assert log.append(encode_message(b"small", timestamp_ms=1)) == 3000
+
+
+def test_damaged_message_in_the_newest_segment_is_kept_and_nothing_after_it_is_cut(
+    crashed: Path, clock: FakeClock
+) -> None:
+    flip(crashed / NEWEST, 450)  # inside the value of the fifth message: [2400, 2500)
+    for _ in range(2):  # and the same again after a second restart
+        log = reopen(crashed, clock)
+        assert log.recovery.bytes_truncated == 0
+        assert log.recovery.damaged == ((2400, 2500),)
+        (problem,) = log.recovery.problems
+        assert problem.startswith(f"{NEWEST}: offsets [2400, 2500) damaged, kept in place: ")
+        assert "checksum mismatch" in problem
+        assert (crashed / NEWEST).stat().st_size == 1000
+        assert [m.value[:8] for m in iter_messages(log.read(2000, 4096), 2000)] == numbered(24)[
+            20:
+        ]  # a read stops in front of the damaged message
+        with pytest.raises(CorruptSegment) as raised:
+            log.read(2400, 4096)
+        assert str(raised.value).startswith("partition t-0: offsets [2400, 2500) are damaged (")
+        assert str(raised.value).endswith("fetch from offset 2500 to skip them")
+        assert (raised.value.start, raised.value.end) == (2400, 2500)
+        assert [m.value[:8] for m in read_all(log, 2500)] == numbered(30)[25:]
+        with pytest.raises(InvalidOffset, match="starts at 2400 and the next one at 2500"):
+            log.read(2450, 4096)
+        log.close()
+    log = reopen(crashed, clock)
+    assert log.append(make_set(30, 1)) == 3000  # no offset handed out before is reused
+
+
+def test_damage_whose_framing_breaks_mid_segment_is_skipped_to_the_next_valid_message(
+    crashed: Path, clock: FakeClock
+) -> None:
+    flip(crashed / NEWEST, 402, 0x40)  # the length field of [2400, 2500): framing breaks
+    log = reopen(crashed, clock)
+    assert log.recovery.bytes_truncated == 0
+    assert log.recovery.damaged == ((2400, 2500),)
+    assert "is over" in log.recovery.problems[0] or "cut short" in log.recovery.problems[0]
+    assert [m.value[:8] for m in read_all(log, 2500)] == numbered(30)[25:]
+    assert log.append(make_set(30, 1)) == 3000
+
+
+def test_torn_tail_is_cut_and_the_bytes_cut_are_kept_in_a_bad_file(
+    crashed: Path, clock: FakeClock
+) -> None:
+    garbage = os.urandom(777)
+    with open(crashed / NEWEST, "ab") as f:
+        f.write(make_set(30, 1)[:60] + garbage)  # a message cut short, then garbage
+    log = reopen(crashed, clock)
+    assert log.recovery.bytes_truncated == 837
+    assert log.recovery.bad_files == (crashed / (NEWEST + ".bad"),)
+    assert (crashed / (NEWEST + ".bad")).read_bytes() == make_set(30, 1)[:60] + garbage
+    assert values(log) == numbered(30)
+    assert log.append(make_set(30, 1)) == 3000
+
+
+def test_a_flipped_value_byte_in_a_closed_segment_leaves_every_other_message_readable(
+    closed: Path, clock: FakeClock
+) -> None:
+    flip(closed / MIDDLE, 450)  # the value of [1400, 1500); framing intact, checksum wrong
+    log = reopen(closed, clock)
+    offsets = [100 * i for i in range(30)]
+    assert each_message(log, offsets[:14]) == numbered(14)
+    assert each_message(log, offsets[15:]) == numbered(30)[15:]
+
+
+def test_a_flipped_length_byte_in_a_closed_segment_is_found_on_open_and_skippable(
+    closed: Path, clock: FakeClock
+) -> None:
+    flip(closed / MIDDLE, 402, 0x40)  # the length field of [1400, 1500)
+    log = reopen(closed, clock)
+    assert [m.value[:8] for m in iter_messages(log.read(1000, 4096), 1000)] == numbered(14)[10:]
+    offsets = [100 * i for i in range(30)]
+    assert each_message(log, offsets[:14]) == numbered(14)
+    assert each_message(log, offsets[15:]) == numbered(30)[15:]
+    assert log.recovery.damaged == ((1400, 1500),)
+    assert any("index" in p for p in log.recovery.problems)
+    with pytest.raises(CorruptSegment, match=r"offsets \[1400, 1500\)"):
+        log.read(1400, 4096)
+    assert [m.value[:8] for m in read_all(log, 1500)] == numbered(30)[15:]
+
+
+def test_an_index_that_disagrees_with_its_log_is_rebuilt_on_open(
+    closed: Path, clock: FakeClock
+) -> None:
+    index = closed / f"{1000:020d}.index"
+    data = bytearray(index.read_bytes())
+    assert data[8:] == b"".join(p.to_bytes(4, "big") for p in (0, 300, 600, 900))
+    data[12:16] = (350).to_bytes(4, "big")  # an entry inside a message
+    index.write_bytes(bytes(data))
+    log = reopen(closed, clock)
+    assert any("index" in p and MIDDLE in p for p in log.recovery.problems)
+    assert log.segments[1].index.entries() == [0, 300, 600, 900]
+    assert each_message(log, [100 * i for i in range(30)]) == numbered(30)
+    assert log.recovery.bytes_truncated == 0 and log.recovery.damaged == ()
+
+
+def fsynced_directories(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Every directory that os.fsync is called on from now on, in order."""
+    seen: list[Path] = []
+    real_fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            seen.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    return seen
+
+
+def test_directories_are_fsynced_after_files_are_created_renamed_or_deleted(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced = fsynced_directories(monkeypatch)
+    folder = tmp_path / "t-0"
+    log = open_log(folder, clock, segment_bytes=1000, retention_bytes=1)
+    assert synced == [tmp_path, folder]  # the new partition folder, then its first segment
+    synced.clear()
+    log.append(make_set(0, 10))
+    log.append(make_set(10, 1))  # rolls: the index is renamed into place, a segment created
+    assert synced == [folder, folder]
+    synced.clear()
+    log.flush()
+    assert log.apply_retention() == [folder / f"{0:020d}.log"]
+    assert synced == [folder]
+    log.close()
+    synced.clear()
+    (folder / f"{5000:020d}.log").write_bytes(make_set(0, 1))  # after a gap: set aside
+    reopened = open_log(folder, clock, segment_bytes=1000)
+    assert reopened.recovery.bad_files == (folder / f"{5000:020d}.log.bad",)
+    assert folder in synced
+    reopened.close()
+
+
+def test_damage_that_appears_after_open_is_found_by_the_read_that_meets_it(
+    closed: Path, clock: FakeClock
+) -> None:
+    log = reopen(closed, clock)
+    flip(closed / MIDDLE, 402, 0x40)  # the length field of [1400, 1500), under an open log
+    offsets = [100 * i for i in range(30)]
+    assert each_message(log, offsets[15:]) == numbered(30)[15:]  # the walk from 1300 meets it
+    assert each_message(log, offsets[:14]) == numbered(14)
+    with pytest.raises(CorruptSegment, match=r"offsets \[1400, 1500\)"):
+        log.read(1400, 4096)
+    assert log.offset_for_timestamp(14) == 1500  # the damaged message's timestamp is not read

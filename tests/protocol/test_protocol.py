@@ -1007,7 +1007,7 @@ def test_every_error_class_the_broker_raises_has_its_own_code() -> None:
         (InvalidOffset(5, 0, 38), ErrorCode.INVALID_OFFSET),
         (OffsetOutOfRange(100, 0, 38), ErrorCode.OFFSET_OUT_OF_RANGE),
         (FetchSizeTooSmall(0, 10, 38), ErrorCode.FETCH_SIZE_TOO_SMALL),
-        (CorruptSegment("a.log", 0, "x"), ErrorCode.CORRUPT_SEGMENT),
+        (CorruptSegment("t-0", 0, 38, "x"), ErrorCode.CORRUPT_SEGMENT),
         (DiskFull("x"), ErrorCode.DISK_FULL),
         (StorageIOError("x"), ErrorCode.STORAGE_ERROR),
         (PartitionUnavailable("x"), ErrorCode.PARTITION_UNAVAILABLE),
