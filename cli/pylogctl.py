@@ -20,7 +20,7 @@ import click
 from broker.client import Ack, Admin, PartitionConsumer, Producer
 from broker.client.consumer import Start
 from broker.client.group import GroupConsumer, Record, Reset
-from broker.errors import BrokerError, InvalidMessage, PylogError, Unavailable
+from broker.errors import BrokerError, CorruptSegment, InvalidMessage, PylogError, Unavailable
 from broker.log.message import Message
 from broker.log.verify import (
     base_offset_of,
@@ -121,7 +121,8 @@ def dump(segment: Path, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def verify(path: Path, as_json: bool) -> None:
     """Check every segment of a partition folder, or of every partition under a log dir:
-    framing, checksums, and that each segment starts where the one before it ended.
+    framing, checksums, that each segment starts where the one before it ended, and that each
+    index written for a segment of its size (a clean close) agrees with the segment.
 
     Prints a line per segment as it is checked and a summary; exits 1 on any corruption,
     naming the file and byte position. Files set aside as *.bad are listed, not checked."""
@@ -400,6 +401,12 @@ def _print_messages(records: Iterable[Record], output: str, max_messages: int | 
     show_default=True,
     help="Wait for new messages at the end instead of exiting.",
 )
+@click.option(
+    "--skip-corrupt",
+    is_flag=True,
+    help="Read past damaged data on the broker's disk, naming each range skipped on stderr "
+    "(without it, damaged data stops the command with exit code 1).",
+)
 @_output_options
 @_broker_options
 def consume(
@@ -407,6 +414,7 @@ def consume(
     partition: int,
     start: str,
     follow: bool,
+    skip_corrupt: bool,
     max_messages: int | None,
     output: str,
     broker: str,
@@ -425,13 +433,32 @@ def consume(
             stop_at_end=not follow,
             retries=CLI_RETRIES,
             timeout_s=timeout,
+            skip_corrupt=skip_corrupt,
         ) as consumer,
     ):
-        records = (
-            Record(topic_name, partition, m.offset, m.timestamp_ms, m.key, m.value)
-            for m in consumer
-        )
-        _print_messages(records, output, max_messages)
+        try:
+            _print_messages(_consumed(consumer), output, max_messages)
+        except CorruptSegment as error:
+            click.echo(f"pylogctl: {error} (--skip-corrupt reads past it)", err=True)
+            sys.exit(EXIT_CORRUPT)
+
+
+def _consumed(consumer: PartitionConsumer) -> Iterator[Record]:
+    """The consumer's messages as Records, saying on stderr which damaged ranges it skipped
+    (consumer.skipped) as it goes."""
+    reported = 0
+    for m in consumer:
+        reported = _report_skipped(consumer, reported)
+        yield Record(consumer.topic, consumer.partition, m.offset, m.timestamp_ms, m.key, m.value)
+    _report_skipped(consumer, reported)
+
+
+def _report_skipped(consumer: PartitionConsumer, reported: int) -> int:
+    """Name on stderr the ranges skipped since the first `reported`; the count reported now."""
+    for start, end in consumer.skipped[reported:]:
+        where = f"{consumer.topic}-{consumer.partition}"
+        click.echo(f"pylogctl: skipped damaged offsets [{start}, {end}) of {where}", err=True)
+    return len(consumer.skipped)
 
 
 @cli.group()

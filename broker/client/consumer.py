@@ -13,21 +13,38 @@ its fetch size, up to `max_fetch_bytes`, and fetches again, instead of stalling 
 While more is stored past what a fetch returned, the next fetch is sent before the messages of
 this one are decoded, so the broker reads while the consumer decodes (one fetch ahead).
 
+Damaged data (docs/storage.md, "Damaged data"): stored bytes that fail their checks are a
+range [start, end) of offsets that nobody can read. The consumer meets it either as the
+broker's CORRUPT_SEGMENT, whose text names the range, or as a fetched message whose checksum
+does not match, whose range its length field gives. Either way it first returns the messages
+before it, then raises CorruptSegment (broker.errors) naming the range, at every poll, until
+the consumer is moved past it (`seek(error.end)`); with `skip_corrupt` it logs the range, adds
+it to `skipped` and reads on from `end` by itself.
+
 Not safe to share between threads.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
+import re
 import time
 from collections.abc import Iterator
 from typing import Final, Literal
 
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID
-from broker.errors import BrokerError, Unavailable
+from broker.errors import BrokerError, CorruptSegment, InvalidMessage, Unavailable
 from broker.lifecycle import Closing
-from broker.log.message import Message, iter_messages
+from broker.log.message import (
+    HEADER_SIZE,
+    LENGTH_SIZE,
+    Buffer,
+    Message,
+    iter_messages,
+    message_size_at,
+)
 from broker.protocol import (
     EARLIEST,
     LATEST,
@@ -43,6 +60,45 @@ Start = Literal["earliest", "latest"] | int | datetime.datetime
 DEFAULT_FETCH_BYTES: Final = 1 << 20
 MAX_FETCH_BYTES: Final = 64 << 20
 _EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_DAMAGED: Final = re.compile(
+    r"partition (?P<partition>.+): offsets \[(?P<start>\d+), (?P<end>\d+)\) are damaged "
+    r"\((?P<reason>.*)\); fetch from offset \d+ to skip them",
+    re.DOTALL,
+)
+"""The text of a CORRUPT_SEGMENT reply, exactly (docs/protocol.md)."""
+
+log = logging.getLogger(__name__)
+
+
+def corrupt_segment_reply(error: BrokerError) -> CorruptSegment | None:
+    """The damaged range a CORRUPT_SEGMENT reply names, as CorruptSegment (caused by `error`);
+    None for any other error, or a text not of the documented form."""
+    match = _DAMAGED.fullmatch(error.message) if error.name == "CORRUPT_SEGMENT" else None
+    if match is None:
+        return None
+    damage = CorruptSegment(
+        match["partition"], int(match["start"]), int(match["end"]), match["reason"]
+    )
+    damage.__cause__ = error
+    return damage
+
+
+def decode_fetched(
+    message_set: Buffer, offset: int, topic: str, partition: int
+) -> tuple[list[Message], CorruptSegment | None]:
+    """The messages of a fetched set whose first is at `offset`, up to the first that fails its
+    checks, and the damaged range there, if any: that message, when its length field stays
+    within the set (the broker walked it), else the rest of the set (the set ends at a message
+    boundary)."""
+    try:
+        return list(iter_messages(message_set, offset)), None
+    except InvalidMessage as error:
+        bad, reason = error.position, error.reason
+    good = list(iter_messages(memoryview(message_set)[:bad], offset))
+    left = len(message_set) - bad
+    size = message_size_at(message_set, bad) if left >= LENGTH_SIZE else 0
+    end = bad + size if HEADER_SIZE <= size <= left else len(message_set)
+    return good, CorruptSegment(f"{topic}-{partition}", offset + bad, offset + end, reason)
 
 
 def timestamp_ms(moment: datetime.datetime) -> int:
@@ -58,7 +114,9 @@ class PartitionConsumer(Closing):
 
     `poll()` is one fetch, a long poll of up to `max_wait_ms`; iterating yields messages for
     ever, or until the high watermark with `stop_at_end`. `high_watermark` and
-    `log_start_offset` are as the last fetch reply gave them (None before the first)."""
+    `log_start_offset` are as the last fetch reply gave them (None before the first).
+    Damaged data raises CorruptSegment naming its offsets; with `skip_corrupt` it is logged,
+    listed in `skipped` ([start, end) offsets) and read past (see the module's text)."""
 
     def __init__(
         self,
@@ -73,10 +131,14 @@ class PartitionConsumer(Closing):
         retries: int = 5,
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
+        skip_corrupt: bool = False,
     ) -> None:
         if not 1 <= fetch_bytes <= max_fetch_bytes:
             raise ValueError(f"fetch_bytes {fetch_bytes} must be in [1, {max_fetch_bytes}]")
         self.topic = topic
+        self.skip_corrupt = skip_corrupt
+        self.skipped: list[tuple[int, int]] = []
+        """The damaged ranges read past with `skip_corrupt`, [start, end) offsets, in order."""
         self.partition = partition
         self.fetch_bytes = fetch_bytes
         self.max_fetch_bytes = max_fetch_bytes
@@ -140,6 +202,9 @@ class PartitionConsumer(Closing):
             try:
                 reply = self.connection.call(self._request(self._position, wait_ms), self.retries)
             except BrokerError as error:
+                damage = corrupt_segment_reply(error)
+                if damage is not None:
+                    return self._damaged(damage)
                 if error.code != ErrorCode.FETCH_SIZE_TOO_SMALL:
                     raise
                 if self.fetch_bytes >= self.max_fetch_bytes:
@@ -149,11 +214,27 @@ class PartitionConsumer(Closing):
         if reply.message_set and following < reply.high_watermark:
             request = self._request(following, wait_ms)
             self._prefetch = (request, self.connection.send_pipelined(request))
-        messages = list(iter_messages(reply.message_set, self._position))
-        self._position = following
+        messages, damage = decode_fetched(
+            reply.message_set, self._position, self.topic, self.partition
+        )
         self.high_watermark = reply.high_watermark
         self.log_start_offset = reply.log_start_offset
+        if damage is None:
+            self._position = following
+        elif messages:  # these first; the next poll meets the damage
+            self._position = damage.start
+        else:
+            return self._damaged(damage)
         return messages
+
+    def _damaged(self, damage: CorruptSegment) -> list[Message]:
+        """At damaged data: raise it, or with skip_corrupt log it and move past it."""
+        if not self.skip_corrupt:
+            raise damage
+        log.warning("skipping damaged data: %s", damage)
+        self.skipped.append((damage.start, damage.end))
+        self._position = damage.end
+        return []
 
     def _request(self, offset: int, wait_ms: int) -> FetchRequest:
         min_bytes = 1 if wait_ms > 0 else 0

@@ -5,13 +5,16 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from broker.client import Ack, Admin, PartitionConsumer, Producer
 from broker.client.consumer import Start
-from broker.errors import BrokerError
+from broker.errors import BrokerError, CorruptSegment
 from broker.log.message import Message, encode_message
+from cli.pylogctl import cli
 from tests.pylogd import RunningBroker
 
 T0 = 1_700_000_000_000
@@ -136,3 +139,101 @@ def test_the_next_fetch_is_on_its_way_while_a_poll_decodes_and_a_seek_leaves_it_
         assert [batch[0].offset for batch in rest] == [size, 2 * size, 3 * size, 4 * size]
         assert consumer.at_end
         assert not consumer.connection.pipelined_socket.poll(100)  # nothing sent past the end
+
+
+# -- damaged data on the broker's disk (issue 11) --------------------------------------------
+
+TEN = [b"value-%d" % i for i in range(10)]
+SIZE = len(encode_message(TEN[0]))
+
+
+def first_segment(broker: RunningBroker, topic: str) -> Path:
+    """The first segment file of partition 0 of `topic`, in whichever log dir holds it."""
+    (folder,) = broker.data_dir.parent.glob(f"logs-*/{topic}-0")
+    return folder / f"{0:020d}.log"
+
+
+def flip_value_byte(segment: Path, message: int) -> None:
+    """Flip the last byte of the value of the `message`-th message of TEN: framing intact."""
+    with open(segment, "r+b") as f:
+        f.seek((message + 1) * SIZE - 1)
+        byte = f.read(1)
+        f.seek((message + 1) * SIZE - 1)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def read_until_error(consumer: PartitionConsumer) -> tuple[list[bytes], CorruptSegment]:
+    got: list[bytes] = []
+    with pytest.raises(CorruptSegment) as raised:
+        for message in consumer:
+            got.append(message.value)
+    return got, raised.value
+
+
+def test_a_damaged_message_served_as_stored_is_a_clear_error_and_skip_corrupt_reads_past_it(
+    broker: RunningBroker, topic: str
+) -> None:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic)
+    produce(broker, topic, *TEN)
+    flip_value_byte(first_segment(broker, topic), 4)  # not known to the broker: served as is
+    with PartitionConsumer(broker.endpoint, topic, stop_at_end=True) as consumer:
+        got, error = read_until_error(consumer)
+        assert got == TEN[:4]
+        assert (error.partition, error.start, error.end) == (f"{topic}-0", 4 * SIZE, 5 * SIZE)
+        assert str(error).endswith(f"fetch from offset {5 * SIZE} to skip them")
+        assert consumer.position == 4 * SIZE
+        with pytest.raises(CorruptSegment):  # the same error again, not a different one
+            consumer.poll()
+        consumer.seek(error.end)
+        assert values(list(consumer)) == TEN[5:]
+    with PartitionConsumer(broker.endpoint, topic, stop_at_end=True, skip_corrupt=True) as c:
+        assert values(list(c)) == TEN[:4] + TEN[5:]
+        assert c.skipped == [(4 * SIZE, 5 * SIZE)]
+
+
+def test_pylogctl_consume_names_damaged_data_and_skips_it_with_skip_corrupt(
+    broker: RunningBroker, topic: str
+) -> None:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic)
+    produce(broker, topic, *TEN)
+    flip_value_byte(first_segment(broker, topic), 7)
+    runner = CliRunner()
+    env = {"PYLOG_BROKER": broker.endpoint}
+    failed = runner.invoke(cli, ["consume", topic], env=env)
+    assert failed.exit_code == 1
+    assert failed.stdout.splitlines() == [v.decode() for v in TEN[:7]]
+    assert f"offsets [{7 * SIZE}, {8 * SIZE}) are damaged" in failed.stderr
+    assert "--skip-corrupt" in failed.stderr
+    skipped = runner.invoke(cli, ["consume", topic, "--skip-corrupt"], env=env)
+    assert skipped.exit_code == 0, skipped.output
+    assert skipped.stdout.splitlines() == [v.decode() for v in TEN[:7] + TEN[8:]]
+    assert f"skipped damaged offsets [{7 * SIZE}, {8 * SIZE})" in skipped.stderr
+
+
+def test_a_damaged_message_found_by_recovery_is_answered_corrupt_segment_and_skippable(
+    pylogd: RunningBroker, topic: str
+) -> None:
+    with Admin(pylogd.endpoint) as admin:
+        admin.create_topic(topic)
+    produce(pylogd, topic, *TEN)
+    assert pylogd.stop() == 0
+    flip_value_byte(first_segment(pylogd, topic), 2)  # the newest segment: scanned on start
+    broker = pylogd.restarted()
+    try:
+        assert f"offsets [{2 * SIZE}, {3 * SIZE}) damaged, kept in place" in broker.log_tail(200)
+        with PartitionConsumer(broker.endpoint, topic, stop_at_end=True) as consumer:
+            got, error = read_until_error(consumer)
+            assert got == TEN[:2]
+            assert isinstance(error.__cause__, BrokerError)
+            assert error.__cause__.name == "CORRUPT_SEGMENT"
+            assert (error.start, error.end) == (2 * SIZE, 3 * SIZE)
+        with PartitionConsumer(broker.endpoint, topic, stop_at_end=True, skip_corrupt=True) as c:
+            assert values(list(c)) == TEN[:2] + TEN[3:]
+            assert c.skipped == [(2 * SIZE, 3 * SIZE)]
+        produce(broker, topic, b"after")  # appended after the damage, at a new offset
+        with PartitionConsumer(broker.endpoint, topic, start=10 * SIZE, stop_at_end=True) as c:
+            assert values(list(c)) == [b"after"]
+    finally:
+        broker.stop()
