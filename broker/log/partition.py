@@ -31,17 +31,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
 from broker.clock import SYSTEM_CLOCK, Clock
-from broker.errors import MessageTooLarge, OffsetOutOfRange
+from broker.errors import MessageTooLarge, OffsetOutOfRange, StorageError, StorageIOError
 from broker.log.config import LogConfig
 from broker.log.fsdir import fsync_directory
 from broker.log.message import Buffer, validate_message_set
-from broker.log.segment import INDEX_SUFFIX, Damage, FramingBroken, Segment, bad_file_path
+from broker.log.segment import (
+    INDEX_SUFFIX,
+    Damage,
+    FramingBroken,
+    Segment,
+    bad_file_path,
+    storage_error,
+)
 
 SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
 
@@ -92,6 +100,7 @@ class PartitionLog:
         self._pending_messages = 0
         self._pending_since: float | None = None
         self._active_since_ms = clock.time() * 1000
+        self._failure: str | None = None
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -183,6 +192,7 @@ class PartitionLog:
 
     def append_counted(self, message_set: Buffer) -> tuple[int, int]:
         """`append`, also saying how many messages the set held."""
+        self._refuse_if_failed()
         config = self.config
         size = len(message_set)
         if size > config.segment_bytes:
@@ -217,12 +227,22 @@ class PartitionLog:
         return offset, checked.message_count
 
     def flush(self) -> None:
-        """Make every appended message visible to reads, fsyncing first when configured."""
+        """Make every appended message visible to reads, fsyncing first when configured.
+
+        A failed fsync fails the log: the kernel may have dropped the pages it could not
+        write and a later fsync would report success, so the page cache can no longer be
+        trusted. The high watermark stays where it was, and every later append, flush and roll
+        raises StorageIOError until `reopen_from_disk`."""
+        self._refuse_if_failed()
         active = self._segments[-1]
         if self._high_watermark == active.end_offset:
             return
         if self.config.fsync:
-            active.sync()
+            try:
+                active.sync()
+            except StorageError as error:
+                self._failure = str(error)
+                raise
         self._high_watermark = active.end_offset
         self._pending_messages = 0
         self._pending_since = None
@@ -242,12 +262,14 @@ class PartitionLog:
         return True
 
     def roll(self) -> None:
-        """Flush, close the active segment for writes and start a new one where it ends."""
+        """Flush, close the active segment for writes and start a new one where it ends.
+        DiskFull or StorageIOError when its index or the new file cannot be written: then the
+        active segment stays active (a later roll tries again)."""
         self.flush()
         active = self._segments[-1]
         if active.size == 0:
             return
-        active.seal(self.config.fsync)
+        active.seal()
         segment = Segment.create(self.directory, active.end_offset)
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
@@ -384,14 +406,55 @@ class PartitionLog:
             pending_messages=self._pending_messages,
         )
 
-    def close(self) -> None:
-        """Flush, store the active segment's index (a clean close) and release every file."""
+    @property
+    def failure(self) -> str | None:
+        """Why a flush failed, if one did (see `flush`); None for a working log."""
+        return self._failure
+
+    def _refuse_if_failed(self) -> None:
+        if self._failure is not None:
+            raise StorageIOError(
+                f"{self.directory.name}: a flush failed ({self._failure}): nothing more is "
+                "written until the log is reopened from the disk"
+            )
+
+    def close(self, flush: bool = True) -> None:
+        """Flush, store the active segment's index (a clean close) and release every file.
+
+        With flush=False (a log about to be deleted), and after a failed flush, it only
+        releases the files: it writes nothing, so neither a full nor a failing disk stops it.
+        """
         try:
-            self.flush()
-            self._segments[-1].seal(self.config.fsync)
+            if flush and self._failure is None:
+                self.flush()
+                self._segments[-1].seal()
         finally:
             for segment in self._segments:
                 segment.close()
+
+    def reopen_from_disk(self) -> PartitionLog:
+        """After a failed flush: the folder opened again from what the disk holds.
+
+        Releases every file without flushing, cuts what was appended past the high watermark
+        (it was never acked as flushed, and the page cache holding it cannot be trusted),
+        fsyncs the newest segment (which proves the disk takes an fsync again), then `open`s
+        the folder, which recovers it. StorageIOError or DiskFull while the disk still fails:
+        this log is left closed and failed, and the call can be made again later."""
+        self.close(flush=False)
+        end = self._high_watermark
+        newest = self._segments[-1]
+        try:
+            for segment in self._segments:
+                if segment.end_offset > end:
+                    segment.truncate_to(max(0, end - segment.base_offset))
+            fd = os.open(newest.log_path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as error:
+            raise storage_error(error, f"cutting {self.directory} back to offset {end}") from error
+        return PartitionLog.open(self.directory, self.config, self._clock)
 
     def __enter__(self) -> PartitionLog:
         return self

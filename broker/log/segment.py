@@ -218,7 +218,10 @@ class Segment:
     def create(cls, directory: Path, base_offset: int) -> Segment:
         """A new empty segment file; it is an error for it to exist already."""
         path = directory / segment_file_name(base_offset)
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except OSError as error:
+            raise storage_error(error, f"creating {path}") from error
         try:
             fsync_directory(directory)
         except OSError as error:
@@ -275,13 +278,12 @@ class Segment:
             except OSError as error:
                 raise storage_error(error, f"fsync of {self.log_path}") from error
 
-    def seal(self, fsync: bool) -> None:
-        """Stop writing: optionally fsync, then store the index, which marks a clean close."""
-        if fsync:
-            self.sync()
-        if self._write_fd is not None:
-            os.close(self._write_fd)
-            self._write_fd = None
+    def seal(self) -> None:
+        """Stop writing and store the index, which marks a clean close. The caller has
+        fsynced the data first (PartitionLog.flush): an index never vouches for unsynced
+        bytes. DiskFull or StorageIOError when the index cannot be written; the segment is
+        then as before, but not marked clean (open scans it)."""
+        self.close_write_handle()
         try:
             self.index.write(self.index_path, self.size)
         except OSError as error:
@@ -457,12 +459,22 @@ class Segment:
                 still_exported.append(m)
         self._retired_maps = still_exported
 
+    def close_write_handle(self) -> None:
+        """Release the write handle (the next append opens it again). StorageIOError when
+        close(2) reports an error; the handle is released all the same."""
+        fd, self._write_fd = self._write_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError as error:
+                raise storage_error(error, f"closing {self.log_path}") from error
+
     def close(self) -> None:
         """Release the write handle and any mapping no view still uses."""
-        if self._write_fd is not None:
-            os.close(self._write_fd)
-            self._write_fd = None
-        self._retire_map()
+        try:
+            self.close_write_handle()
+        finally:
+            self._retire_map()
 
     def delete(self) -> None:
         """Close and remove the segment and its index from disk."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import subprocess
 import tempfile
@@ -19,6 +20,7 @@ from broker.errors import (
     InvalidOffset,
     MessageTooLarge,
     OffsetOutOfRange,
+    StorageIOError,
 )
 from broker.log import LogConfig, Message, PartitionLog, encode_message, iter_messages
 from tests.conftest import FakeClock
@@ -409,3 +411,40 @@ def test_read_to_the_high_watermark_with_an_indexed_unflushed_message_right_afte
     assert log.log_end_offset > log.high_watermark == 300
     assert len(log.read(0, 1 << 20)) == 300
     assert len(log.read(100, 200)) == 200
+
+
+def test_a_failed_fsync_fails_the_log_until_it_is_reopened_from_the_disk(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = open_log(tmp_path / "t-0", clock, fsync=True)
+    log.append(make_set(0, 3))
+    log.flush()
+    log.append(make_set(3, 2))  # pending when fsync fails: never to be acked as flushed
+    real_fsync = os.fsync
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(StorageIOError, match="Input/output error"):
+        log.flush()
+    assert log.high_watermark == 300
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    # fsync works again, but the page cache is not to be trusted: the log refuses until reopened
+    for refused in (log.flush, lambda: log.append(make_set(5, 1)), log.roll):
+        with pytest.raises(StorageIOError, match="a flush failed"):
+            refused()
+    assert log.high_watermark == 300
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(StorageIOError, match="Input/output error"):
+        log.reopen_from_disk()  # the disk still fails: try again later
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    reopened = log.reopen_from_disk()
+    assert reopened.log_end_offset == reopened.high_watermark == 300
+    assert [m.value[:8] for m in read_all(reopened)] == [b"%08d" % i for i in range(3)]
+    assert reopened.append(make_set(5, 1)) == 300
+    reopened.close()
+    # nothing past the high watermark comes back when the folder is opened again
+    with PartitionLog.open(tmp_path / "t-0", reopened.config, clock) as again:
+        assert [m.value[:8] for m in read_all(again)][-1] == b"00000005"
+        assert again.log_end_offset == 400
