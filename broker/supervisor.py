@@ -131,6 +131,10 @@ class _PendingCreate:
     tagged: bytes
     correlation_id: int
     deadline: float
+    opening: set[int]
+    """Its partitions held here that their worker has not yet opened nor failed to open."""
+    failure: tuple[int, str] | None = None
+    """The error code and message of a partition here that could not be created."""
 
 
 class Supervisor:
@@ -154,6 +158,8 @@ class Supervisor:
         self._registry_events: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         """What the registry's watch threads saw, applied by the loop."""
         self._pending_creates: list[_PendingCreate] = []
+        self.partition_errors: dict[tuple[str, int], tuple[int, str]] = {}
+        """Partitions held here that their worker could not open: error code and message."""
         self._creates_checked_at = 0.0
         self.zookeeper: PrivateZooKeeper | None = None
         self.registry: Registry | None = None
@@ -401,8 +407,13 @@ class Supervisor:
         if "hello" in state:
             worker.connected = True
             self._open_partitions(worker)
-        for topic, number, reason in state.get("failed", []):
-            log.error("worker %d cannot open %s-%d: %s", worker.index, topic, number, reason)
+        for topic, number in state.get("opened", []):
+            self.partition_errors.pop((topic, number), None)
+            self._note_opened(topic, number, None)
+        for topic, number, code, message in state.get("failed", []):
+            log.error("worker %d cannot open %s-%d: %s", worker.index, topic, number, message)
+            self.partition_errors[(topic, number)] = (code, message)
+            self._note_opened(topic, number, (code, message))
 
     # -- requests --------------------------------------------------------------------------
 
@@ -443,6 +454,8 @@ class Supervisor:
         w = None if state is None else state.workers.get(number)
         if w is None:
             raise UnknownTopicOrPartition(self._not_here(topic, number))
+        if self.partition_errors and (topic, number) in self.partition_errors:
+            raise protocol.broker_error(*self.partition_errors[(topic, number)])
         worker = self.workers[w]
         if not worker.connected:
             raise PartitionUnavailable(
@@ -493,17 +506,37 @@ class Supervisor:
         registry.create_topic_config(request.topic, config)
         self.configs[request.topic] = config
         self._hold_topic(request.topic, config)
+        here = set(config.partitions_of(self.config.broker_id))
         log.info(
             "created topic %r with %d partitions over brokers %s",
             request.topic,
             request.partitions,
             sorted(set(config.brokers)),
         )
+        deadline = time.monotonic() + CREATE_WAIT_S
         self._pending_creates.append(
-            _PendingCreate(
-                request.topic, config, tagged, correlation_id, time.monotonic() + CREATE_WAIT_S
-            )
+            _PendingCreate(request.topic, config, tagged, correlation_id, deadline, here)
         )
+
+    def _note_opened(self, topic: str, number: int, failure: tuple[int, str] | None) -> None:
+        """A worker opened a partition here (failure None) or could not (its error code and
+        message): the CREATE_TOPIC waiting for it learns so."""
+        for pending in self._pending_creates:
+            if pending.topic == topic:
+                pending.opening.discard(number)
+                pending.failure = pending.failure or failure
+
+    def _undo_create(self, pending: _PendingCreate) -> None:
+        """A topic one of whose partitions here could not be created is not created: its
+        config is deleted from ZooKeeper and its partitions (and folders) here are dropped.
+        If ZooKeeper cannot be reached, it stays, with that partition's error in METADATA."""
+        try:
+            self._connected_registry().delete_topic_config(pending.topic)
+        except PylogError as error:
+            log.error("topic %r: cannot undo its creation: %s", pending.topic, error)
+            return
+        self.configs.pop(pending.topic, None)
+        self._drop_topic(pending.topic)
 
     def _hold_topic(self, topic: str, config: TopicConfig) -> None:
         """Open this broker's partitions of a topic and register them (nothing if none)."""
@@ -533,20 +566,26 @@ class Supervisor:
         state = self.topics.pop(topic, None)
         if state is None:
             return
+        for number in state.workers:
+            self.partition_errors.pop((topic, number), None)
         assert self.registry is not None
         try:
             self.registry.unregister_topic(topic, self.config.broker_id)
         except RegistryUnavailable as error:  # deleted at the next reconnection
             log.warning("topic %r: unregistration deferred: %s", topic, error)
         for worker in self.workers:
-            if worker.index not in state.workers.values():
+            folders = {
+                number: worker.log_dir / f"{topic}-{number}"
+                for number, w in state.workers.items()
+                if w == worker.index
+            }
+            if not folders:
                 continue
-            command = {"op": "delete", "topic": topic}
+            partitions = [[number, str(folder)] for number, folder in folders.items()]
+            command = {"op": "delete", "topic": topic, "partitions": partitions}
             if not self._send_to_worker(worker, [COMMAND, json_frame(command)]):
-                # not running: nobody has the folders open
-                for number, w in state.workers.items():
-                    if w == worker.index:
-                        shutil.rmtree(worker.log_dir / f"{topic}-{number}", True)
+                for folder in folders.values():  # not running: nobody has the folders open
+                    shutil.rmtree(folder, True)
 
     def _apply_registry_events(self) -> None:
         """Apply what the watches saw: brokers that came or went, topics created or deleted
@@ -593,12 +632,22 @@ class Supervisor:
         assert self.registry is not None
         waiting = []
         for pending in self._pending_creates:
+            if pending.failure is not None:
+                code, message = pending.failure
+                log.error("topic %r is not created: %s", pending.topic, message)
+                self._answer(
+                    pending.tagged,
+                    protocol.encode_error(pending.correlation_id, ErrorCode(code), message),
+                )
+                self._undo_create(pending)
+                continue
             try:
                 registered = self.registry.topic_brokers(pending.topic)
             except RegistryUnavailable:
                 registered = {}
             served = {p for partitions in registered.values() for p in partitions}
-            if len(served) < pending.config.partitions and now < pending.deadline:
+            unserved = len(served) < pending.config.partitions or pending.opening
+            if unserved and now < pending.deadline:
                 waiting.append(pending)
                 continue
             if len(served) < pending.config.partitions:
@@ -632,12 +681,16 @@ class Supervisor:
             state = self.topics.get(topic)
             partitions = []
             for number, holder in enumerate(config.brokers):
+                failure = self.partition_errors.get((topic, number))
                 if holder == me:
                     w = None if state is None else state.workers.get(number)
                     serving = w is not None and self.workers[w].connected
                 else:
                     serving = holder in live
-                code = ErrorCode.NONE if serving else ErrorCode.PARTITION_UNAVAILABLE
+                if failure is not None:  # its worker could not open it (disk full, EMFILE...)
+                    code = ErrorCode(failure[0])
+                else:
+                    code = ErrorCode.NONE if serving else ErrorCode.PARTITION_UNAVAILABLE
                 partitions.append(protocol.PartitionInfo(number, holder, code))
             infos.append(protocol.TopicInfo(topic, protocol.ErrorCode.NONE, tuple(partitions)))
         return protocol.MetadataReply(brokers, tuple(infos))

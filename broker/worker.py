@@ -21,6 +21,16 @@ Retention runs every retention_check_interval_ms. After a change of a
 partition's log start or high watermark the worker reports them, at most every 0.2 s, so the
 supervisor can answer metadata requests.
 
+A failed flush (fsync) takes its partition offline: the page cache can no longer be trusted
+(PostgreSQL's fsync lesson), so every producer waiting on that partition's flush is answered
+STORAGE_ERROR, never acked; requests for the partition are answered PARTITION_UNAVAILABLE
+(retriable) naming the failure; and a task reopens the log from the disk, cut back to its high
+watermark (PartitionLog.reopen_from_disk), retrying with back-off (0.1 s doubling to 5 s, each
+failed attempt logged) while the disk keeps failing. Storage errors answered to requests
+(DISK_FULL, STORAGE_ERROR, an OSError such as EMFILE turned into the latter) are logged at most
+once per STORAGE_LOG_EVERY_S per kind. Deleting a topic releases its logs without writing
+anything (no flush, no index), so a full disk cannot stop it, and removes their folders.
+
 On SIGTERM or SIGINT it flushes every log and answers the producers waiting for that flush,
 then stops, closes every log and exits 0. A supervisor that dies, even by SIGKILL, has the
 kernel send its workers SIGTERM (PR_SET_PDEATHSIG), so none is left holding its partitions.
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import logging
 import math
@@ -50,16 +61,30 @@ import zmq
 from broker import protocol
 from broker.clock import SYSTEM_CLOCK
 from broker.config import BrokerConfig
-from broker.errors import PylogError, UnknownTopicOrPartition, UnsupportedApi
+from broker.errors import (
+    DiskFull,
+    PartitionUnavailable,
+    PylogError,
+    StorageError,
+    StorageIOError,
+    UnknownTopicOrPartition,
+    UnsupportedApi,
+)
 from broker.log import PartitionLog
 from broker.log.config import LogConfig
 from broker.log.message import Buffer
+from broker.log.segment import storage_error
 from broker.transport import COMMAND, STATE, TrioSocket, json_frame, receive_from_supervisor
 
 log = logging.getLogger("pylog.worker")
 
 PR_SET_PDEATHSIG = 1
 ANSWER_TIMEOUT_S = 5.0
+FIRST_REOPEN_DELAY_S = 0.1
+MAX_REOPEN_DELAY_S = 5.0
+STORAGE_LOG_EVERY_S = 5.0
+DISK_ERRORS = (DiskFull, StorageIOError)
+"""What the disk or the file table says (not what a request got wrong)."""
 
 
 @dataclass(eq=False)
@@ -70,6 +95,15 @@ class Partition:
     number: int
     log: PartitionLog
     flushed: trio.Event = field(default_factory=trio.Event)
+    offline: str | None = None
+    """Why the partition is offline (a flush failed), until its log is reopened from the disk."""
+    failed_flushes: int = 0
+    """How many flushes failed: a producer waiting on a flush from before one is told that
+    its messages were not stored."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.number}"
 
     def note_flush(self) -> None:
         """Wake everyone waiting for a flush (long polls, ack=flushed producers)."""
@@ -78,6 +112,25 @@ class Partition:
 
     async def wait_for_flush(self) -> None:
         await self.flushed.wait()
+
+
+class RateLimitedLog:
+    """Log a kind of message at most once per `every_s` seconds, counting those left out."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self._logged_at: dict[str, float] = {}
+        self._left_out: dict[str, int] = {}
+
+    def log(self, level: int, kind: str, message: str) -> None:
+        now = SYSTEM_CLOCK.monotonic()
+        if now < self._logged_at.get(kind, -math.inf) + self.every_s:
+            self._left_out[kind] = self._left_out.get(kind, 0) + 1
+            return
+        self._logged_at[kind] = now
+        left_out = self._left_out.pop(kind, 0)
+        more = f" ({left_out} more like it in the last {self.every_s:.0f} s)" if left_out else ""
+        log.log(level, "%s%s", message, more)
 
 
 class Worker:
@@ -94,6 +147,7 @@ class Worker:
         """Failed produce requests with ack=none, which get no reply: logged and counted."""
         self._flush_waiters = 0
         self._flush_wanted: set[Partition] = set()
+        self._storage_log = RateLimitedLog(STORAGE_LOG_EVERY_S)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -115,13 +169,11 @@ class Worker:
 
     async def flush_and_answer(self, timeout_s: float) -> None:
         """Flush every partition and give the producers waiting for a flush their acks (for a
-        clean shutdown: their messages are durable, so they are told so)."""
-        for partition in self.partitions.values():
-            try:
-                partition.log.flush()
-            except PylogError as error:
-                log.error("flush of %s-%d: %s", partition.topic, partition.number, error)
-            partition.note_flush()
+        clean shutdown: their messages are durable, so they are told so; if the flush fails,
+        that they were not stored)."""
+        for partition in list(self.partitions.values()):
+            if partition.offline is None:
+                self._flush(partition)
         with trio.move_on_after(timeout_s):
             while self._flush_waiters:
                 await trio.sleep(0.001)
@@ -159,11 +211,17 @@ class Worker:
             else:
                 raise UnsupportedApi(f"{type(request).__name__} is served by the front socket")
         except Exception as error:  # every failure is answered; the worker keeps serving
-            if not isinstance(error, PylogError):
+            if isinstance(error, OSError):  # the disk or the file table (EMFILE) said no
+                error = storage_error(error, f"worker {self.index}")
+            if isinstance(error, DISK_ERRORS):
+                kind = type(error).__name__
+                self._storage_log.log(logging.ERROR, kind, f"worker {self.index}: {error}")
+            elif not isinstance(error, PylogError):
                 log.exception("worker %d: unexpected error serving a request", self.index)
             if protocol.is_fire_and_forget(request_frames):
                 self.unanswered_errors += 1
-                log.warning("worker %d: produce with ack=none failed: %s", self.index, error)
+                message = f"worker {self.index}: produce with ack=none failed: {error}"
+                self._storage_log.log(logging.WARNING, "ack=none", message)
             else:
                 if correlation_id is None:  # the request did not decode
                     correlation_id = protocol.peek_correlation_id(request_frames)
@@ -174,12 +232,20 @@ class Worker:
         return self.partitions.get((partition.topic, partition.number)) is partition
 
     def _partition(self, topic: str, number: int) -> Partition:
+        """The partition, if served: UnknownTopicOrPartition if not here, PartitionUnavailable
+        while it is offline."""
         try:
-            return self.partitions[(topic, number)]
+            partition = self.partitions[(topic, number)]
         except KeyError:
             raise UnknownTopicOrPartition(
                 f"partition {number} of topic {topic!r} is not on this broker"
             ) from None
+        if partition.offline is not None:
+            raise PartitionUnavailable(
+                f"{partition.name} is offline after {partition.offline}; it is being reopened "
+                "from the disk: retry shortly"
+            )
+        return partition
 
     async def _produce(
         self,
@@ -193,7 +259,11 @@ class Worker:
         plog = partition.log
         high_watermark = plog.high_watermark
         had_deadline = plog.next_flush_deadline() is not None
-        offset, count = plog.append_counted(message_set)
+        try:
+            offset, count = plog.append_counted(message_set)
+        except DISK_ERRORS as error:
+            self._on_disk_error(partition, error)
+            raise
         end = plog.log_end_offset
         if plog.high_watermark != high_watermark:
             partition.note_flush()
@@ -209,26 +279,42 @@ class Worker:
         assert self.nursery is not None
         self._flush_wanted.add(partition)
         self.nursery.start_soon(
-            self._reply_when_flushed, partition, end, tagged, correlation_id, frames
+            self._reply_when_flushed,
+            partition,
+            end,
+            partition.failed_flushes,
+            tagged,
+            correlation_id,
+            frames,
         )
 
     async def _reply_when_flushed(
         self,
         partition: Partition,
         end: int,
+        failed_flushes: int,
         tagged: bytes,
         correlation_id: int,
         frames: Sequence[Buffer],
     ) -> None:
+        """Send `frames` (the ack) once the flush that makes [.., end) durable is done; or an
+        error if a flush fails after `failed_flushes` (the count when the set was appended)
+        or the partition is deleted first."""
         self._flush_waiters += 1
         try:
             while partition.log.high_watermark < end:
-                if not self._still_open(partition):
+                if not self._still_open(partition) or partition.failed_flushes != failed_flushes:
                     break
                 await partition.wait_for_flush()
         finally:
             self._flush_waiters -= 1
-        if partition.log.high_watermark < end:  # deleted before its flush: never acked
+        if partition.failed_flushes != failed_flushes:  # its flush failed: never acked
+            lost = StorageIOError(
+                f"{partition.name}: offline after {partition.offline or 'a failed flush'}: the "
+                f"messages up to offset {end} were not stored (send them again once it is back)"
+            )
+            frames = protocol.encode_error(correlation_id, lost)
+        elif partition.log.high_watermark < end:  # deleted before its flush: never acked
             error = UnknownTopicOrPartition(f"{partition.topic}-{partition.number} was deleted")
             frames = protocol.encode_error(correlation_id, error)
         await self._reply(tagged, frames)
@@ -255,11 +341,11 @@ class Worker:
         with trio.move_on_after(request.max_wait_ms / 1000):
             while not self._fetch_ready(partition.log, request):
                 await partition.wait_for_flush()
-                if not self._still_open(partition):
+                if not self._still_open(partition) or partition.offline is not None:
                     break
         try:
-            if not self._still_open(partition):  # deleted while the fetch waited
-                self._partition(partition.topic, partition.number)  # raises
+            if not self._still_open(partition) or partition.offline is not None:
+                self._partition(partition.topic, partition.number)  # raises: deleted or offline
             frames = self._fetch_reply(correlation_id, partition, request)
         except PylogError as error:  # deleted, or retention moved the log start past it
             frames = protocol.encode_error(correlation_id, error)
@@ -300,17 +386,16 @@ class Worker:
                     self._open(topic, number, Path(directory), self.config.log_config(settings))
                     opened.append([topic, number])
                 except (PylogError, OSError, ValueError) as error:
+                    if isinstance(error, OSError):
+                        error = storage_error(error, f"opening {topic}-{number}")
                     log.error("cannot open %s-%d in %s: %s", topic, number, directory, error)
-                    failed.append([topic, number, str(error)])
+                    code = protocol.error_code_for(error)
+                    failed.append([topic, number, code, f"{topic}-{number}: {error}"])
             await self.socket.send([STATE, json_frame({"opened": opened, "failed": failed})])
         elif op == "delete":
             topic = command["topic"]
-            for key in [k for k in self.partitions if k[0] == topic]:
-                partition = self.partitions.pop(key)
-                partition.log.close()
-                partition.note_flush()  # waiters see it gone and answer
-                shutil.rmtree(partition.log.directory, ignore_errors=True)
-                log.info("deleted partition %s-%d", *key)
+            for number, folder in command["partitions"]:
+                self._delete(topic, number, Path(folder))
             await self.socket.send([STATE, json_frame({"deleted": topic})])
         else:
             log.error("worker %d: unknown command %r", self.index, command)
@@ -334,6 +419,83 @@ class Worker:
         self.partitions[(topic, number)] = Partition(topic, number, plog)
         self._deadline_changed.set()
 
+    def _delete(self, topic: str, number: int, folder: Path) -> None:
+        """Stop serving a partition (if open here) and remove its folder. Its log is released
+        without writing anything, so that a full or failing disk cannot stop a delete."""
+        partition = self.partitions.pop((topic, number), None)
+        if partition is not None:
+            try:
+                partition.log.close(flush=False)
+            except PylogError as error:
+                log.error("closing %s for its delete: %s", partition.name, error)
+            partition.note_flush()  # waiters see it gone and answer
+        try:
+            shutil.rmtree(folder)
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            log.error("deleting %s: %s", folder, error)
+            return
+        log.info("deleted partition %s-%d", topic, number)
+
+    def _flush(self, partition: Partition, if_due: bool = False) -> None:
+        """Flush a partition (only if due, with `if_due`) and wake those waiting for it; a
+        failed flush takes it offline (see _on_disk_error)."""
+        try:
+            if if_due:
+                if not partition.log.flush_if_due():
+                    return
+            else:
+                partition.log.flush()
+        except DISK_ERRORS as error:
+            self._on_disk_error(partition, error)
+            return
+        partition.note_flush()
+
+    def _on_disk_error(self, partition: Partition, error: StorageError) -> None:
+        """After a disk error from a partition's log: if its log failed (a flush did), take the
+        partition offline, answer every producer waiting on its flush (STORAGE_ERROR: their
+        messages are not stored) and start reopening it from the disk."""
+        if partition.log.failure is None or partition.offline is not None:
+            return
+        partition.offline = f"a failed flush ({partition.log.failure})"
+        partition.failed_flushes += 1
+        log.error("%s is offline: %s", partition.name, error)
+        partition.note_flush()
+        assert self.nursery is not None
+        self.nursery.start_soon(self._reopen, partition)
+
+    async def _reopen(self, partition: Partition) -> None:
+        """Reopen an offline partition's log from the disk (cut back to its high watermark),
+        backing off while the disk keeps failing; then serve it again."""
+        delay = FIRST_REOPEN_DELAY_S
+        for attempt in itertools.count(1):
+            if not self._still_open(partition):  # deleted meanwhile
+                return
+            try:
+                plog = partition.log.reopen_from_disk()
+            except (PylogError, OSError) as error:
+                log.error(
+                    "recovery of %s failed (attempt %d): %s; next attempt in %.1f s",
+                    partition.name,
+                    attempt,
+                    error,
+                    delay,
+                )
+                await trio.sleep(delay)
+                delay = min(delay * 2, MAX_REOPEN_DELAY_S)
+                continue
+            partition.log = plog
+            partition.offline = None
+            log.info(
+                "%s reopened from the disk, its log ends at %d", partition.name, plog.log_end_offset
+            )
+            for problem in plog.recovery.problems:
+                log.warning("recovery of %s: %s", partition.name, problem)
+            partition.note_flush()
+            self._deadline_changed.set()
+            return
+
     # -- background tasks ------------------------------------------------------------------
 
     def _group_commit(self) -> None:
@@ -342,31 +504,24 @@ class Worker:
         producer does not wait flush_interval_ms for a disk that is idle."""
         wanted, self._flush_wanted = self._flush_wanted, set()
         for partition in wanted:
-            if not self._still_open(partition):
-                continue
-            try:
-                partition.log.flush()
-            except PylogError as error:
-                log.error("flush of %s-%d: %s", partition.topic, partition.number, error)
-                continue
-            partition.note_flush()
+            if self._still_open(partition) and partition.offline is None:
+                self._flush(partition)
 
     async def _flush_when_due(self) -> None:
         """Flush each partition when its oldest pending message has waited flush_interval_ms."""
         while True:
             self._deadline_changed = trio.Event()
-            deadlines = [p.log.next_flush_deadline() for p in self.partitions.values()]
+            deadlines = [
+                p.log.next_flush_deadline() for p in self.partitions.values() if p.offline is None
+            ]
             due = min((d for d in deadlines if d is not None), default=math.inf)
             # The deadlines are on the partition logs' clock (time.monotonic), not on trio's,
             # which has another origin: wait for the interval left, not until the instant.
             with trio.move_on_after(max(0.0, due - SYSTEM_CLOCK.monotonic())):
                 await self._deadline_changed.wait()
             for partition in list(self.partitions.values()):
-                try:
-                    if partition.log.flush_if_due():
-                        partition.note_flush()
-                except PylogError as error:
-                    log.error("flush of %s-%d: %s", partition.topic, partition.number, error)
+                if partition.offline is None:
+                    self._flush(partition, if_due=True)
 
     async def _apply_retention(self) -> None:
         while True:

@@ -1,0 +1,358 @@
+"""Acks tell the truth about the disk: a real pylogd against disks that fail on purpose.
+
+- fsync fails (EIO): an LD_PRELOAD shim, compiled here with gcc, makes fsync and fdatasync fail
+  while a control file exists;
+- the disk is full: the log dir is a small tmpfs (mounted here: the tests run as root, as CI
+  does) with few bytes and few inodes;
+- file descriptors run out: the worker's RLIMIT_NOFILE is lowered with prlimit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import resource
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from broker import protocol
+from broker.errors import BrokerError
+from broker.log import encode_message
+from broker.protocol import Ack, Api
+from tests.broker.test_pylogd import RawClient, error_of, message_set
+from tests.conftest import wait_until
+from tests.pylogd import RunningBroker
+
+SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+/* fsync and fdatasync fail with EIO while the file named by PYLOG_FAULT_FSYNC exists. */
+static int failing(void) {
+    const char *control = getenv("PYLOG_FAULT_FSYNC");
+    return control != NULL && access(control, F_OK) == 0;
+}
+
+int fsync(int fd) {
+    static int (*real)(int);
+    if (failing()) { errno = EIO; return -1; }
+    if (real == NULL) real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+    return real(fd);
+}
+
+int fdatasync(int fd) {
+    static int (*real)(int);
+    if (failing()) { errno = EIO; return -1; }
+    if (real == NULL) real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
+    return real(fd);
+}
+"""
+
+
+def send_async(
+    endpoint: str, context: zmq.Context[zmq.Socket[bytes]], frames: list[bytes]
+) -> zmq.Socket[bytes]:
+    """Send one request on a DEALER of its own (no reply awaited); returns the socket."""
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(endpoint)
+    dealer.send_multipart(frames)
+    return dealer
+
+
+def produce_frames(topic: str, data: bytes, ack: Ack, correlation_id: int) -> list[bytes]:
+    header = protocol.RequestHeader(Api.PRODUCE, 1, correlation_id, "tests")
+    request = protocol.ProduceRequest(topic, 0, ack, data)
+    return [bytes(f) for f in protocol.encode_request(header, request)]
+
+
+def produce_when_back(client: RawClient, topic: str, data: bytes) -> protocol.ProduceReply:
+    """Produce with ack=flushed, retrying while the partition is unavailable (bounded)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return client.produce(topic, 0, data, Ack.FLUSHED)
+        except BrokerError as error:
+            if not error.retriable or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- fsync fails ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fsync_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The control file: while it exists, fsync fails with EIO in processes started after this
+    (LD_PRELOAD is set in the environment the test's pylogd inherits)."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is needed to build the fsync fault shim")
+    source = tmp_path / "fsync_shim.c"
+    source.write_text(SHIM)
+    library = tmp_path / "fsync_shim.so"
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(library), str(source), "-ldl"], check=True)
+    control = tmp_path / "fail-fsync"
+    monkeypatch.setenv("LD_PRELOAD", str(library))
+    monkeypatch.setenv("PYLOG_FAULT_FSYNC", str(control))
+    return control
+
+
+def test_a_failed_fsync_answers_storage_error_and_the_partition_recovers_from_disk(
+    fsync_shim: Path, make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    broker = make_pylogd(
+        "--broker-log-dirs", str(tmp_path / "logs"), "--log-flush-interval-ms", "50"
+    )
+    client = RawClient(broker.endpoint)
+    try:
+        client.create("fsynced", 1)
+        kept = message_set(0, 3)
+        assert client.produce("fsynced", 0, kept, Ack.FLUSHED).base_offset == 0
+        (worker,) = broker.worker_pids()
+
+        fsync_shim.touch()  # the disk starts failing
+        waiting = send_async(
+            broker.endpoint,
+            client.context,
+            produce_frames("fsynced", message_set(3, 2), Ack.FLUSHED, 77),
+        )
+        assert waiting.poll(10_000), "the producer waiting on ack=flushed got no reply"
+        header = protocol.decode_reply_header(waiting.recv_multipart())
+        assert header.correlation_id == 77
+        assert protocol.ErrorCode(header.error_code).name == "STORAGE_ERROR"
+        waiting.close()
+
+        # offline while the disk fails: a clear, retriable answer, and no spinning
+        started, cpu_before = time.monotonic(), cpu_seconds(worker)
+        wait_until(
+            lambda: broker.log_path.read_text().count("recovery of fsynced-0 failed") >= 3,
+            20,
+            "three recovery attempts, backing off",
+        )
+        for call in (
+            lambda: client.produce("fsynced", 0, message_set(5, 1), Ack.FLUSHED),
+            lambda: client.fetch("fsynced", 0, 0),
+        ):
+            with pytest.raises(BrokerError) as raised:
+                call()
+            assert raised.value.name == "PARTITION_UNAVAILABLE"
+            assert "fsync" in raised.value.message
+        cpu = cpu_seconds(worker) - cpu_before
+        assert cpu < 0.5 * (time.monotonic() - started), f"the worker spun: {cpu:.2f} s of CPU"
+        assert broker.log_path.read_text().count("fsynced-0") < 60, broker.log_tail()
+
+        fsync_shim.unlink()  # the disk works again: the partition comes back from the disk
+        after = message_set(10, 2)
+        assert produce_when_back(client, "fsynced", after).base_offset == len(kept)
+        assert client.read_all("fsynced", 0) == kept + after  # the failed set never visible
+        assert broker.worker_pids() == [worker]
+        client.close()
+        assert broker.stop() == 0
+        broker = broker.restarted()
+        client = RawClient(broker.endpoint)
+        assert client.read_all("fsynced", 0) == kept + after
+    finally:
+        client.close()
+        with contextlib.suppress(Exception):
+            broker.stop()
+
+
+# -- the disk is full -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """mount(options): a tmpfs of its own under tmp_path (`size=`, `nr_inodes=`), unmounted at
+    the end. Skips when mounting is not allowed (it needs root; CI runs as root)."""
+    mounted: list[Path] = []
+
+    def mount(options: str) -> Path:
+        target = tmp_path / f"disk-{len(mounted)}"
+        target.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+        mounted.append(target)
+        return target
+
+    yield mount
+    for target in mounted:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def fill_inodes(directory: Path, limit: int = 10_000) -> list[Path]:
+    """Create empty files in `directory` until the file system has no inode left."""
+    directory.mkdir()
+    made: list[Path] = []
+    for i in range(limit):
+        path = directory / f"f{i}"
+        try:
+            path.touch()
+        except OSError as error:
+            assert error.errno == errno.ENOSPC, error
+            return made
+        made.append(path)
+    raise AssertionError(f"{limit} files and still room for more")
+
+
+def fill_space(path: Path) -> None:
+    """Write zeros to `path` until the file system is full."""
+    chunk = b"\0" * 65536
+    with open(path, "wb", buffering=0) as f:
+        for _ in range(100_000):
+            try:
+                f.write(chunk)
+            except OSError as error:
+                assert error.errno == errno.ENOSPC, error
+                return
+    raise AssertionError("the disk never filled")
+
+
+def big_set(count: int, size: int = 1000) -> bytes:
+    return b"".join(encode_message(b"%06d" % i + b"x" * size) for i in range(count))
+
+
+def topic_names(client: RawClient) -> set[str]:
+    reply = client.call(Api.METADATA, protocol.MetadataRequest(()))
+    assert isinstance(reply, protocol.MetadataReply)
+    return {t.topic for t in reply.topics}
+
+
+def test_deleting_a_topic_on_a_full_disk_frees_its_space(
+    small_disk: Callable[[str], Path], make_pylogd: Callable[..., RunningBroker]
+) -> None:
+    disk = small_disk("size=2m")
+    broker = make_pylogd(
+        "--broker-log-dirs", str(disk / "logs"), "--log-segment-bytes", str(256 * 1024)
+    )
+    client = RawClient(broker.endpoint)
+    try:
+        client.create("filler", 1)
+        for _ in range(200):  # ~50 KB a set: the 2 MiB disk fills within 41
+            with contextlib.suppress(BrokerError):
+                client.produce("filler", 0, big_set(50), Ack.FLUSHED)
+                continue
+            break
+        assert error_of(lambda: client.produce("filler", 0, big_set(50), Ack.FLUSHED)) == (
+            "DISK_FULL"
+        )
+        (worker,) = broker.worker_pids()
+        free_before = shutil.disk_usage(disk).free
+        client.call(Api.DELETE_TOPIC, protocol.DeleteTopicRequest("filler"))
+        wait_until(lambda: not (disk / "logs" / "filler-0").exists(), 10, "the folder removed")
+        assert shutil.disk_usage(disk).free > free_before + 1_500_000
+        assert broker.worker_pids() == [worker], "the worker died deleting the topic"
+        assert "filler" not in topic_names(client)
+        client.close()
+        assert broker.stop() == 0
+        broker = broker.restarted()  # and it is not adopted from a folder left behind
+        client = RawClient(broker.endpoint)
+        assert "filler" not in topic_names(client)
+        assert not (disk / "logs" / "filler-0").exists()
+    finally:
+        client.close()
+        with contextlib.suppress(Exception):
+            broker.stop()
+
+
+def test_a_roll_that_finds_no_room_for_its_new_segment_answers_disk_full(
+    small_disk: Callable[[str], Path], make_pylogd: Callable[..., RunningBroker]
+) -> None:
+    disk = small_disk("size=4m,nr_inodes=64")
+    broker = make_pylogd("--broker-log-dirs", str(disk / "logs"), "--log-segment-bytes", "4000")
+    client = RawClient(broker.endpoint)
+    try:
+        client.create("rolling", 1)
+        first, second = big_set(3), big_set(2)  # ~3 KB, then ~2 KB: the second set rolls
+        client.produce("rolling", 0, first, Ack.FLUSHED)
+        fillers = fill_inodes(disk / "fillers")
+        fillers.pop().unlink()  # one inode left: the sealed segment's index takes it
+        (worker,) = broker.worker_pids()
+        with pytest.raises(BrokerError) as raised:
+            client.produce("rolling", 0, second, Ack.FLUSHED)
+        assert raised.value.name == "DISK_FULL"
+        assert "No space left on device" in raised.value.message
+        assert broker.worker_pids() == [worker]
+        for path in fillers:
+            path.unlink()
+        assert client.produce("rolling", 0, second, Ack.FLUSHED).base_offset == len(first)
+        assert client.read_all("rolling", 0) == first + second
+    finally:
+        client.close()
+
+
+def test_a_topic_whose_partition_cannot_be_created_is_not_created(
+    small_disk: Callable[[str], Path], make_pylogd: Callable[..., RunningBroker]
+) -> None:
+    disk = small_disk("size=4m,nr_inodes=64")
+    broker = make_pylogd("--broker-log-dirs", str(disk / "logs"))
+    client = RawClient(broker.endpoint)
+    try:
+        fillers = fill_inodes(disk / "fillers")
+        with pytest.raises(BrokerError) as raised:
+            client.create("nowhere", 2)
+        assert raised.value.name == "DISK_FULL"
+        assert "nowhere-" in raised.value.message
+        assert "No space left on device" in raised.value.message
+        assert "nowhere" not in topic_names(client)
+        assert error_of(lambda: client.produce("nowhere", 0, big_set(1), Ack.FLUSHED)) == (
+            "UNKNOWN_TOPIC_OR_PARTITION"
+        )
+        for path in fillers:
+            path.unlink()
+        client.create("nowhere", 2)  # with room again, the same create works
+        for number in (0, 1):
+            assert client.produce("nowhere", number, big_set(1), Ack.FLUSHED).base_offset == 0
+    finally:
+        client.close()
+
+
+# -- file descriptors run out -----------------------------------------------------------------
+
+
+def test_running_out_of_file_descriptors_answers_storage_error_with_the_reason(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    broker = make_pylogd("--broker-log-dirs", str(tmp_path / "logs"))
+    client = RawClient(broker.endpoint)
+    try:
+        (worker,) = broker.worker_pids()
+        in_use = len(os.listdir(f"/proc/{worker}/fd"))
+        resource.prlimit(worker, resource.RLIMIT_NOFILE, (in_use + 6, in_use + 6))
+        failure: BrokerError | None = None
+        for i in range(50):  # each partition written and read holds two descriptors
+            try:
+                client.create(f"fd{i}", 1)
+                client.produce(f"fd{i}", 0, big_set(1), Ack.FLUSHED)
+                client.read_all(f"fd{i}", 0)
+            except BrokerError as error:
+                failure = error
+                break
+        assert failure is not None, "50 partitions and descriptors left"
+        assert failure.name == "STORAGE_ERROR", failure
+        assert "Too many open files" in failure.message
+        # the partitions opened before still take writes, the worker still serves
+        assert client.produce("fd0", 0, big_set(1), Ack.FLUSHED).base_offset > 0
+        assert broker.worker_pids() == [worker]
+    finally:
+        client.close()
