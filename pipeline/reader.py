@@ -14,6 +14,9 @@ in the start ones (added to the topic since) is read from its log start.
 Lost data: a task that finds its range (partly) deleted by retention, or beyond a partition
 that has been re-created shorter, raises DataLoss naming the topic, partition and the missing
 range when failOnDataLoss is true, and otherwise logs a warning and reads on from the log start.
+Damaged data on a broker's disk (docs/storage.md, "Damaged data": the broker's CORRUPT_SEGMENT,
+or a fetched message that fails its checks) is lost data too: DataLoss naming the damaged
+offsets, or with failOnDataLoss false a warning, and the task reads on past them.
 
 Readers hold only picklable values (options, endpoints): Spark ships them to its tasks. Every
 connection is opened and closed within one call.
@@ -46,8 +49,9 @@ from pyspark.sql.types import (
 )
 
 from broker.client.connection import Connection
-from broker.errors import BrokerError
-from broker.log.message import Buffer, iter_messages
+from broker.client.consumer import corrupt_segment_reply, decode_fetched
+from broker.errors import BrokerError, CorruptSegment
+from broker.log.message import Message
 from broker.protocol import EARLIEST as EARLIEST_TIME
 from broker.protocol import LATEST as LATEST_TIME
 from broker.protocol import ErrorCode, FetchRequest, OffsetsRequest
@@ -130,6 +134,10 @@ def read_range(rng: OffsetRange, fail_on_data_loss: bool) -> Iterator[pa.RecordB
                     continue
                 if error.code == ErrorCode.INVALID_OFFSET:
                     raise _not_a_boundary(tp, position, error) from None
+                damage = corrupt_segment_reply(error)
+                if damage is not None:
+                    position = _skip_damaged(tp, damage, fail_on_data_loss)
+                    continue
                 if error.code != ErrorCode.OFFSET_OUT_OF_RANGE:
                     raise
                 position = _skip_lost(connection, tp, position, rng.end, fail_on_data_loss)
@@ -138,10 +146,16 @@ def read_range(rng: OffsetRange, fail_on_data_loss: bool) -> Iterator[pa.RecordB
                 why = f"the partition now ends at {reply.high_watermark} (re-created?)"
                 _lost(tp, position, rng.end, why, fail_on_data_loss)
                 return
-            batch = _record_batch(reply.message_set, position, rng.end, tp)
-            position += len(reply.message_set)
+            messages, damage = decode_fetched(reply.message_set, position, tp.topic, tp.partition)
+            batch = _record_batch(messages, rng.end, tp)
             if batch.num_rows:
                 yield batch
+            if damage is None:
+                position += len(reply.message_set)
+            elif damage.start >= rng.end:
+                return  # the next range's: its task reports it
+            else:
+                position = _skip_damaged(tp, damage, fail_on_data_loss)
 
 
 def _not_a_boundary(tp: TopicPartition, position: int, error: BrokerError) -> PipelineError:
@@ -164,6 +178,13 @@ def _skip_lost(
     return end
 
 
+def _skip_damaged(tp: TopicPartition, damage: CorruptSegment, fail: bool) -> int:
+    """Where to read on past damaged data, once the loss is reported (DataLoss) or logged."""
+    why = f"damaged on the broker's disk: {damage.reason}"
+    _lost(tp, damage.start, damage.end, why, fail)
+    return damage.end
+
+
 def _lost(tp: TopicPartition, start: int, end: int, why: str, fail: bool) -> None:
     if fail:
         raise DataLoss(tp.topic, tp.partition, start, end, why)
@@ -177,14 +198,12 @@ def _lost(tp: TopicPartition, start: int, end: int, why: str, fail: bool) -> Non
     )
 
 
-def _record_batch(
-    message_set: Buffer, position: int, end: int, tp: TopicPartition
-) -> pa.RecordBatch:
+def _record_batch(messages: list[Message], end: int, tp: TopicPartition) -> pa.RecordBatch:
     keys: list[bytes | None] = []
     values: list[bytes] = []
     offsets: list[int] = []
     micros: list[int] = []
-    for message in iter_messages(message_set, position):
+    for message in messages:
         if message.offset >= end:
             break
         keys.append(message.key)

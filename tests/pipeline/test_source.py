@@ -10,6 +10,8 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from broker.client import PartitionConsumer
+from pipeline.errors import DataLoss
+from pipeline.reader import OffsetRange, read_range
 from tests.pipeline.conftest import create_topic, produce
 from tests.pylogd import RunningBroker
 
@@ -144,3 +146,50 @@ def test_an_empty_topic_reads_as_no_rows(
     create_topic(broker.endpoint, topic, 2)
 
     assert _rows(spark, broker=broker.endpoint, subscribe=topic) == []
+
+
+def test_a_damaged_message_fails_the_query_or_is_skipped_with_fail_on_data_loss_false(
+    spark: SparkSession, broker: RunningBroker, topic: str
+) -> None:
+    create_topic(broker.endpoint, topic, 1)
+    sent = produce(broker.endpoint, topic, 1, 6)
+    with PartitionConsumer(broker.endpoint, topic, stop_at_end=True) as consumer:
+        offsets = [m.offset for m in consumer] + [consumer.position]
+    (folder,) = broker.data_dir.parent.glob(f"logs-*/{topic}-0")
+    with open(folder / f"{0:020d}.log", "r+b") as f:  # the last value byte of message 3
+        f.seek(offsets[4] - 1)
+        byte = f.read(1)
+        f.seek(offsets[4] - 1)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+    damaged = rf"offsets \[{offsets[3]}, {offsets[4]}\)"
+    with pytest.raises(PySparkException, match=f"data loss: .*{damaged}"):
+        _rows(spark, broker=broker.endpoint, subscribe=topic)
+    rows = _rows(spark, broker=broker.endpoint, subscribe=topic, failOnDataLoss="false")
+    assert sorted(r.value for r in rows) == sorted(s.value for i, s in enumerate(sent) if i != 3)
+
+
+def test_a_task_meets_the_brokers_corrupt_segment_as_data_loss(
+    pylogd: RunningBroker, topic: str
+) -> None:
+    create_topic(pylogd.endpoint, topic, 1)
+    sent = produce(pylogd.endpoint, topic, 1, 6)
+    with PartitionConsumer(pylogd.endpoint, topic, stop_at_end=True) as consumer:
+        offsets = [m.offset for m in consumer] + [consumer.position]
+    assert pylogd.stop() == 0
+    (folder,) = pylogd.data_dir.parent.glob(f"logs-*/{topic}-0")
+    with open(folder / f"{0:020d}.log", "r+b") as f:  # found by recovery on the restart
+        f.seek(offsets[2] - 1)
+        byte = f.read(1)
+        f.seek(offsets[2] - 1)
+        f.write(bytes([byte[0] ^ 0x01]))
+    broker = pylogd.restarted()
+    try:
+        whole = OffsetRange(topic, 0, broker.endpoint, 0, offsets[-1])
+        with pytest.raises(DataLoss, match=rf"offsets \[{offsets[1]}, {offsets[2]}\)"):
+            list(read_range(whole, fail_on_data_loss=True))
+        batches = list(read_range(whole, fail_on_data_loss=False))
+        got = [v.as_py() for b in batches for v in b.column("value")]
+        assert got == [s.value for i, s in enumerate(sent) if i != 1]
+    finally:
+        broker.stop()
