@@ -21,6 +21,7 @@ from typing import Final
 
 from broker.client.cluster import Cluster as BrokerCluster
 from broker.client.connection import Connection
+from broker.client.consumer import corrupt_segment_reply
 from broker.errors import BrokerError
 from broker.protocol import (
     EARLIEST,
@@ -80,8 +81,9 @@ def message_bounds(connection: Connection, tp: TopicPartition, position: int) ->
     try:
         connection.call(request, RETRIES)
     except BrokerError as error:
-        if error.code == ErrorCode.FETCH_SIZE_TOO_SMALL:
-            return position, position
+        damage = corrupt_segment_reply(error)
+        if error.code == ErrorCode.FETCH_SIZE_TOO_SMALL or (damage and damage.start == position):
+            return position, position  # a damaged range starts at a boundary too
         if error.code != ErrorCode.INVALID_OFFSET:
             raise
         found = _BOUNDS.search(error.message)
