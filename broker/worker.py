@@ -527,6 +527,8 @@ class Worker:
         while True:
             await trio.sleep(self.config.log_retention_check_interval_ms / 1000)
             for partition in list(self.partitions.values()):
+                if partition.offline is not None:  # its files are being reopened
+                    continue
                 try:
                     deleted = partition.log.apply_retention()
                 except (PylogError, OSError) as error:

@@ -356,3 +356,34 @@ def test_running_out_of_file_descriptors_answers_storage_error_with_the_reason(
         assert broker.worker_pids() == [worker]
     finally:
         client.close()
+
+
+def test_a_partition_that_cannot_be_opened_at_start_is_listed_with_its_error(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    logs = tmp_path / "logs"
+    broker = make_pylogd("--broker-log-dirs", str(logs))
+    client = RawClient(broker.endpoint)
+    try:
+        client.create("blocked", 2)
+        stored = big_set(1)
+        client.produce("blocked", 1, stored, Ack.FLUSHED)
+        client.close()
+        assert broker.stop() == 0
+        shutil.rmtree(logs / "blocked-0")
+        (logs / "blocked-0").write_text("not a folder")  # its folder cannot be made
+        broker = broker.restarted()
+        client = RawClient(broker.endpoint)
+        reply = client.call(Api.METADATA, protocol.MetadataRequest(("blocked",)))
+        assert isinstance(reply, protocol.MetadataReply)
+        codes = [protocol.ErrorCode(p.error_code).name for p in reply.topics[0].partitions]
+        assert codes == ["STORAGE_ERROR", "NONE"]
+        with pytest.raises(BrokerError) as raised:
+            client.produce("blocked", 0, big_set(1), Ack.FLUSHED)
+        assert raised.value.name == "STORAGE_ERROR"
+        assert "blocked-0" in raised.value.message
+        assert client.read_all("blocked", 1) == stored  # the other one is served
+    finally:
+        client.close()
+        with contextlib.suppress(Exception):
+            broker.stop()
