@@ -27,7 +27,10 @@ meanwhile its partitions are answered with PARTITION_UNAVAILABLE (retriable). Re
 flight at the moment a worker dies get no reply: clients time out and retry.
 
 With no zookeeper.connect, a private standalone ZooKeeper runs as a supervised child under
-<data_dir>/zookeeper. The registry (broker.registry) survives a lost session by itself; while
+<data_dir>/zookeeper. One that dies is started again at once, then after 0.5 s doubling while
+its starts fail; after ZOOKEEPER_START_ATTEMPTS failed starts in a row pylogd stops (exit 1).
+A port in use at start (the front's or ZooKeeper's) stops pylogd at once, naming the process
+that holds it. The registry (broker.registry) survives a lost session by itself; while
 ZooKeeper is away the broker keeps serving its partitions and only topic creation and deletion
 fail (REGISTRY_UNAVAILABLE).
 
@@ -39,6 +42,7 @@ sends READY=1 once serving and WATCHDOG=1 every half WATCHDOG_USEC.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -69,8 +73,10 @@ from broker.errors import (
     TopicAlreadyExists,
     UnknownTopicOrPartition,
     UnsupportedApi,
+    ZooKeeperStartError,
 )
 from broker.log.message import Buffer
+from broker.processes import port_holder
 from broker.protocol import ErrorCode
 from broker.registry import BrokerInfo, Registry, TopicConfig
 from broker.transport import (
@@ -92,6 +98,10 @@ MAX_BACKOFF_S = 30.0
 HEALTHY_AFTER_S = 60.0
 MAX_PARTITIONS = 10_000
 WORKER_START_TIMEOUT_S = 60.0
+ZOOKEEPER_BACKOFF_S = 0.5
+"""The wait before the second start of a dead private ZooKeeper, doubling for each next one."""
+ZOOKEEPER_START_ATTEMPTS = 5
+"""Failed starts in a row after which pylogd stops."""
 CREATE_WAIT_S = 10.0
 """How long CREATE_TOPIC waits for every broker holding a partition to serve it."""
 
@@ -162,6 +172,9 @@ class Supervisor:
         """Partitions held here that their worker could not open: error code and message."""
         self._creates_checked_at = 0.0
         self.zookeeper: PrivateZooKeeper | None = None
+        self._zookeeper_failures = 0
+        """Failed starts of the private ZooKeeper since it last ran."""
+        self._zookeeper_start_at = 0.0
         self.registry: Registry | None = None
         self.port = int(config.broker_port)
         self.stopping = False
@@ -173,11 +186,27 @@ class Supervisor:
     # -- start -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Everything up to READY: ZooKeeper, registry, front socket, topics, workers."""
+        """Everything up to READY: front socket (first, so that a port in use stops pylogd
+        before anything is started), ZooKeeper, registry, topics, workers."""
         for directory in (self.data_dir, self.run_dir, *self.log_dirs):
             directory.mkdir(parents=True, exist_ok=True)
         for stale in self.run_dir.glob("worker-*.sock"):
             stale.unlink()
+        self.front = self.context.socket(zmq.ROUTER)
+        self.front.setsockopt(zmq.LINGER, 1000)
+        self.front.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        try:
+            if self.port == 0:
+                self.port = self.front.bind_to_random_port(f"tcp://{self.config.broker_host}")
+            else:
+                self.front.bind(f"tcp://{self.config.broker_host}:{self.port}")
+        except zmq.ZMQError as error:
+            reason = str(error)
+            if error.errno == errno.EADDRINUSE:
+                reason = f"port {self.port} is already in use by {port_holder(self.port)}"
+            raise OSError(
+                f"cannot listen on {self.config.broker_host}:{self.port}: {reason}"
+            ) from error
         connect = self.config.zookeeper_connect
         if not connect:
             self.zookeeper = PrivateZooKeeper(
@@ -194,18 +223,6 @@ class Supervisor:
             session_timeout_s=self.config.zookeeper_session_timeout_ms / 1000,
         )
         self.registry.start(timeout=max(10.0, self.config.zookeeper_session_timeout_ms / 1000))
-        self.front = self.context.socket(zmq.ROUTER)
-        self.front.setsockopt(zmq.LINGER, 1000)
-        self.front.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        try:
-            if self.port == 0:
-                self.port = self.front.bind_to_random_port(f"tcp://{self.config.broker_host}")
-            else:
-                self.front.bind(f"tcp://{self.config.broker_host}:{self.port}")
-        except zmq.ZMQError as error:
-            raise OSError(
-                f"cannot listen on {self.config.broker_host}:{self.port}: {error}"
-            ) from error
         for d, log_dir in enumerate(self.log_dirs):
             for k in range(self.config.broker_workers_per_dir):
                 index = d * self.config.broker_workers_per_dir + k
@@ -776,13 +793,40 @@ class Supervisor:
                 self._from_worker(worker, first, rest)
 
     def _check_zookeeper(self) -> None:
+        """Start the private ZooKeeper again once it has died: at once, then, while its starts
+        fail, after ZOOKEEPER_BACKOFF_S doubling; ZooKeeperStartError (pylogd stops) after
+        ZOOKEEPER_START_ATTEMPTS failed starts in a row."""
         zk = self.zookeeper
-        if zk is not None and not zk.alive and not self.stopping:
+        if zk is None or zk.alive or self.stopping:
+            return
+        now = time.monotonic()
+        if now < self._zookeeper_start_at:
+            return
+        if not self._zookeeper_failures:
             log.error("the private ZooKeeper exited (%s); restarting it", zk.poll())
-            try:
-                zk.restart()
-            except PylogError as error:
-                log.error("cannot restart the private ZooKeeper: %s", error)
+        try:
+            zk.start()
+        except (ZooKeeperStartError, OSError) as error:
+            self._zookeeper_failures += 1
+            failures = self._zookeeper_failures
+            if failures >= ZOOKEEPER_START_ATTEMPTS:
+                waited_s = ZOOKEEPER_BACKOFF_S * (2 ** (failures - 1) - 1)
+                raise ZooKeeperStartError(
+                    f"the private ZooKeeper could not be restarted ({failures} failed starts "
+                    f"in a row over {waited_s:g} s), so pylogd stops: {error}"
+                ) from error
+            wait_s = ZOOKEEPER_BACKOFF_S * 2 ** (failures - 1)
+            self._zookeeper_start_at = now + wait_s
+            log.error(
+                "cannot restart the private ZooKeeper (failed start %d of %d; next in %.1f s): %s",
+                failures,
+                ZOOKEEPER_START_ATTEMPTS,
+                wait_s,
+                error,
+            )
+            return
+        self._zookeeper_failures = 0
+        log.info("private ZooKeeper restarted on %s (pid %s)", zk.connect_string, zk.pid)
 
     def _tick_watchdog(self) -> None:
         if self._watchdog_every and time.monotonic() >= self._watchdog_at:

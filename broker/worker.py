@@ -41,12 +41,10 @@ as the one before it.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import itertools
 import json
 import logging
 import math
-import os
 import shutil
 import signal
 import sys
@@ -74,11 +72,11 @@ from broker.log import PartitionLog
 from broker.log.config import LogConfig
 from broker.log.message import Buffer
 from broker.log.segment import storage_error
+from broker.processes import exit_with_supervisor
 from broker.transport import COMMAND, STATE, TrioSocket, json_frame, receive_from_supervisor
 
 log = logging.getLogger("pylog.worker")
 
-PR_SET_PDEATHSIG = 1
 ANSWER_TIMEOUT_S = 5.0
 FIRST_REOPEN_DELAY_S = 0.1
 MAX_REOPEN_DELAY_S = 5.0
@@ -537,18 +535,6 @@ class Worker:
                 if deleted:
                     names = ", ".join(p.name for p in deleted)
                     log.info("retention deleted %s", names)
-
-
-def exit_with_supervisor(supervisor_pid: int) -> None:
-    """Have the kernel send this process SIGTERM when the supervisor dies (Linux), so that a
-    supervisor killed with SIGKILL leaves no worker behind holding its partitions; and exit at
-    once if it died before this call."""
-    if sys.platform == "linux":
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-            log.warning("prctl(PR_SET_PDEATHSIG): %s", os.strerror(ctypes.get_errno()))
-    if os.getppid() != supervisor_pid:
-        sys.exit(f"the supervisor (pid {supervisor_pid}) is gone")
 
 
 async def run_worker(index: int, endpoint: str, config: BrokerConfig) -> None:

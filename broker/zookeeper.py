@@ -23,15 +23,24 @@ persistent nodes come back with the server, and a session whose client stays awa
 its timeout expires.
 
 Crash behaviour: the server writes its transaction log before it answers, so a killed server
-loses nothing it acknowledged. If this (parent) process dies without calling stop(), the JVM
-keeps running: the supervisor owns its lifetime. `poll()` and `alive` tell a supervisor that
-the child died, `start()` runs it again. Not safe to share between threads without a lock.
+loses nothing it acknowledged. The JVM is started through broker.processes.orphan_proof: if
+this (parent) process dies without calling stop(), even by SIGKILL, the kernel sends the JVM
+SIGTERM, so no server is left behind holding the port and the data directory. The kernel does
+so when the thread that started it ends: call start() from a thread that lasts as long as the
+process (pylogd's main thread). `poll()` and `alive` tell a supervisor that the child died,
+`start()` runs it again. Not safe to share between threads without a lock.
+
+Ports: start() first binds the port itself, as the JVM will: if that fails (another program,
+or a server left there by an earlier pylogd), it raises ZooKeeperStartError naming the port and
+its holder, in one line, and launches nothing. A server that answers is taken for this one only
+if this process's child is what listens on the port.
 
 This module runs a program only; the ZooKeeper client side (kazoo) lives in broker.registry.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -45,6 +54,7 @@ from typing import IO
 
 from broker.errors import ZooKeeperStartError
 from broker.lifecycle import Running
+from broker.processes import listening_pids, orphan_proof, port_holder
 
 __all__ = [
     "DEFAULT_JVM_OPTIONS",
@@ -166,8 +176,9 @@ class PrivateZooKeeper(Running):
         """Write the configuration, run the server and return once it answers `srvr`.
 
         Raises ZooKeeperStartError (after stopping what it started) when java or the jar is
-        missing, when the server exits, or when it does not answer within start_timeout_s.
-        A port picked here that turns out to be taken is replaced by another one, twice."""
+        missing, when the port is in use (naming its holder), when the server exits, or when
+        it does not answer within start_timeout_s. A port picked here that turns out to be
+        taken is replaced by another one, twice."""
         if self.alive:
             return
         if self._process is not None:
@@ -182,7 +193,7 @@ class PrivateZooKeeper(Running):
             except ZooKeeperStartError as error:
                 if pick:
                     self._port = None
-                if attempt < attempts and "Address already in use" in str(error):
+                if pick and attempt < attempts and "already in use" in str(error):
                     log.warning("port %d was taken before ZooKeeper bound it; another one", port)
                     continue
                 raise
@@ -302,10 +313,32 @@ class PrivateZooKeeper(Running):
             str(config),
         ]
 
+    def _check_port(self, port: int) -> None:
+        """Bind the port as the JVM will (SO_REUSEADDR): a port in use would kill it, and a
+        ZooKeeper left listening there would answer in its place."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    raise self._port_in_use(port) from None
+                raise ZooKeeperStartError(
+                    f"the private ZooKeeper cannot listen on 127.0.0.1:{port}: {error}"
+                ) from error
+
+    @staticmethod
+    def _port_in_use(port: int) -> ZooKeeperStartError:
+        return ZooKeeperStartError(
+            f"the private ZooKeeper cannot listen on 127.0.0.1:{port}: port {port} is "
+            f"already in use by {port_holder(port)}"
+        )
+
     def _start_on(self, port: int) -> None:
+        self._check_port(port)
         self._port = port
         config = self._write_config(port)
-        command = self._command_line(config)
+        command = orphan_proof(self._command_line(config))
         self._log_file = self.log_path.open("ab")
         self._log_file.write(f"=== pylog: starting {' '.join(command)}\n".encode())
         self._log_file.flush()
@@ -350,13 +383,10 @@ class PrivateZooKeeper(Running):
                     f"{self.start_timeout_s:.0f} s (log {self.log_path}):\n{self.log_tail()}"
                 )
             time.sleep(0.05)
-        # Another process could have taken the port between free_port() and the bind: make
-        # sure the server that answered is the one whose data directory is ours.
-        if str(self.data_dir) not in self.command("conf"):
-            raise ZooKeeperStartError(
-                f"a different ZooKeeper answers on port {self._port}: Address already in use"
-                f"\n{self.log_tail()}"
-            )
+        # Another process could have taken the port since it was checked: make sure the
+        # server that answered is this one.
+        if process.pid not in listening_pids(self.port):
+            raise self._port_in_use(self.port)
         log.info(
             "private ZooKeeper pid %d ready on 127.0.0.1:%d in %.2f s",
             process.pid,

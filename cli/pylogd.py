@@ -3,7 +3,9 @@ ZooKeeper). Every setting of the TOML file is also a flag: `[log] flush_messages
 `--log-flush-messages`; flags win over the file.
 
 Exit codes: 0 after a clean shutdown (SIGTERM / SIGINT), 2 for a bad configuration, 1 when the
-broker cannot start (port taken, ZooKeeper unreachable, a log dir that cannot be used).
+broker cannot start (port taken, ZooKeeper unreachable, a log dir that cannot be used) or
+when its private ZooKeeper cannot be started again (after a clean shutdown); the reason is the
+last line on stderr.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import click
 
 from broker.config import SETTINGS, load_config
-from broker.errors import PylogError
+from broker.errors import PylogError, ZooKeeperStartError
 from broker.supervisor import run_pylogd
 
 EXIT_CANNOT_START = 1
@@ -62,6 +64,9 @@ def main(config_path: Path | None, verbose: bool, **flags: str | None) -> None:
         raise click.UsageError(str(error)) from error
     try:
         code = run_pylogd(config)
+    except ZooKeeperStartError as error:  # at start, or later after failed restarts
+        click.echo(f"pylogd: {error}", err=True)
+        sys.exit(EXIT_CANNOT_START)
     except (PylogError, OSError) as error:
         click.echo(f"pylogd: cannot start: {error}", err=True)
         sys.exit(EXIT_CANNOT_START)

@@ -6,9 +6,11 @@ build them from docs/protocol.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +24,8 @@ from broker.errors import BrokerError, Unavailable
 from broker.log import encode_message
 from broker.protocol import Ack, Api
 from broker.registry import Registry
-from broker.zookeeper import PrivateZooKeeper
+from broker.supervisor import ZOOKEEPER_BACKOFF_S, ZOOKEEPER_START_ATTEMPTS
+from broker.zookeeper import PrivateZooKeeper, free_port
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
 
@@ -409,3 +412,156 @@ def test_zookeeper_outage_keeps_partitions_served_and_the_broker_registers_again
         assert client.read_all("steady", 0) == data + data
         client.close()
         assert broker.stop() == 0
+
+
+# -- processes: nothing outlives pylogd, a port in use is one clear error --------------------
+
+
+def held_port(port: int = 0) -> socket.socket:
+    """A TCP socket listening on `port` of 127.0.0.1 (0: a free one), SO_REUSEADDR as servers
+    set it (so it binds beside the TIME_WAIT connections a killed server leaves)."""
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    return holder
+
+
+def zookeeper_launches(data_dir: Path) -> int:
+    """How many times a ZooKeeper JVM was launched under `data_dir`/zookeeper."""
+    log = data_dir / "zookeeper" / "zookeeper.log"
+    return log.read_text(errors="replace").count("=== pylog: starting") if log.exists() else 0
+
+
+def kill_left_behind(root: Path, spare: int | None = None) -> None:
+    """SIGKILL any process but `spare` whose command line names `root` (what a failed test
+    leaves)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(root).encode() in cmdline.read_bytes() and cmdline.parent.name != str(spare):
+                os.kill(int(cmdline.parent.name), signal.SIGKILL)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+
+
+def start_failure(
+    broker: RunningBroker, timeout: float = 30.0, spare: int | None = None
+) -> tuple[int, str, float]:
+    """Run `broker`'s pylogd expecting it not to start: its exit code, its stderr and how long
+    it ran. The test fails if it still runs after `timeout` s. Then no process but `spare` is
+    left running from its data dir."""
+    started = time.monotonic()
+    try:
+        result = subprocess.run(broker.command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"pylogd still running after {timeout} s instead of exiting")
+    finally:
+        kill_left_behind(broker.data_dir, spare)
+    return result.returncode, result.stderr, time.monotonic() - started
+
+
+def test_private_zookeeper_exits_when_the_supervisor_is_killed(
+    make_pylogd: Callable[..., RunningBroker],
+) -> None:
+    broker = make_pylogd(zookeeper="")
+    zookeeper = broker.zookeeper_pid()
+    assert zookeeper is not None
+    os.kill(broker.pid, signal.SIGKILL)
+    assert broker.process is not None
+    broker.process.wait()
+    try:
+        wait_until(lambda: not running(zookeeper), 30, "the orphaned ZooKeeper to exit")
+    finally:
+        kill_left_behind(broker.data_dir)
+
+
+def test_front_port_in_use_stops_pylogd_at_once_naming_its_holder(tmp_path: Path) -> None:
+    with held_port() as holder:
+        port = holder.getsockname()[1]
+        broker = RunningBroker(tmp_path / "b", "", "/pylog", "--broker-port", str(port))
+        code, stderr, seconds = start_failure(broker)
+    assert code == 1
+    last = stderr.splitlines()[-1]
+    assert last.startswith(f"pylogd: cannot start: cannot listen on 127.0.0.1:{port}: "), stderr
+    assert f"port {port} is already in use by pid {os.getpid()} " in last
+    assert zookeeper_launches(broker.data_dir) == 0  # checked before the JVM is started
+    assert seconds < 10
+
+
+def test_zookeeper_port_in_use_stops_pylogd_at_once_naming_its_holder(tmp_path: Path) -> None:
+    with held_port() as holder:
+        port = holder.getsockname()[1]
+        broker = RunningBroker(tmp_path / "b", "", "/pylog", "--zookeeper-port", str(port))
+        code, stderr, seconds = start_failure(broker)
+    assert code == 1
+    last = stderr.splitlines()[-1]  # one line, no JVM log after it
+    listen = f"pylogd: the private ZooKeeper cannot listen on 127.0.0.1:{port}: port {port} "
+    assert last.startswith(f"{listen}is already in use by pid {os.getpid()} ("), stderr
+    assert zookeeper_launches(broker.data_dir) == 0
+    assert seconds < 10
+
+
+def test_a_zookeeper_left_on_the_port_is_not_taken_for_pylogd_own(tmp_path: Path) -> None:
+    """A JVM left behind by a killed pylogd answers on the port, from the same data dir: today
+    it passed for the new one, which died on the port it held and was relaunched again and
+    again (32 launches in 8 s)."""
+    port = free_port()
+    with PrivateZooKeeper(tmp_path / "b" / "zookeeper", port, tick_time_ms=100) as left:
+        broker = RunningBroker(tmp_path / "b", "", "/pylog", "--zookeeper-port", str(port))
+        code, stderr, seconds = start_failure(broker, 20, left.pid)
+        assert code == 1
+        last = stderr.splitlines()[-1]
+        listen = f"pylogd: the private ZooKeeper cannot listen on 127.0.0.1:{port}: port {port} "
+        assert last.startswith(f"{listen}is already in use by pid {left.pid} (java "), stderr
+        assert zookeeper_launches(broker.data_dir) == 1  # the one left behind, no other
+        assert seconds < 10
+        assert "Zookeeper version" in left.command("srvr")  # left alone
+
+
+def test_a_zookeeper_that_cannot_restart_is_retried_with_back_off_then_pylogd_stops(
+    make_pylogd: Callable[..., RunningBroker],
+) -> None:
+    port = free_port()
+    broker = make_pylogd("--zookeeper-port", str(port), zookeeper="")
+    zookeeper = broker.zookeeper_pid()
+    assert zookeeper is not None and broker.process is not None
+    client = RawClient(broker.endpoint)
+    client.create("kept", 1)
+    data = message_set(0, 3)
+    client.produce("kept", 0, data, Ack.WRITTEN)
+    client.close()
+    holders = []
+
+    def take_port() -> bool:
+        with contextlib.suppress(OSError):  # until the killed JVM's last thread has gone
+            holders.append(held_port(port))
+        return bool(holders)
+
+    os.kill(broker.pid, signal.SIGSTOP)  # so the port is taken before it can restart
+    try:
+        os.kill(zookeeper, signal.SIGKILL)
+        wait_until(take_port, 10, "the killed ZooKeeper's port to be free")
+    finally:
+        started = time.monotonic()
+        os.kill(broker.pid, signal.SIGCONT)
+    with holders[0]:
+        try:
+            code = broker.process.wait(40)
+        except subprocess.TimeoutExpired:
+            pytest.fail("pylogd kept relaunching its ZooKeeper instead of giving up")
+        seconds = time.monotonic() - started
+    log = broker.log_tail(100)
+    assert code == 1, log
+    assert zookeeper_launches(broker.data_dir) == 1  # the port was checked before each start
+    assert (
+        log.count(f"port {port} is already in use by pid {os.getpid()} ")
+        == ZOOKEEPER_START_ATTEMPTS
+    )
+    assert seconds >= sum(ZOOKEEPER_BACKOFF_S * 2**n for n in range(ZOOKEEPER_START_ATTEMPTS - 1))
+    last = log.splitlines()[-1]
+    assert last.startswith("pylogd: the private ZooKeeper could not be restarted"), log
+    again = broker.restarted()  # it stopped cleanly: what it had written was flushed
+    try:
+        assert RawClient(again.endpoint).read_all("kept", 0) == data
+    finally:
+        again.stop()

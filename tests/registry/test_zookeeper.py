@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from broker.errors import ZooKeeperStartError
 from broker.zookeeper import PrivateZooKeeper
+from tests.broker.test_pylogd import running
 from tests.conftest import ZOOKEEPER_TICK_MS, wait_until
 
 # /proc/net/tcp{,6} local addresses of loopback: 127.0.0.1, ::ffff:127.0.0.1, ::1
@@ -107,3 +112,51 @@ def test_poll_tells_a_supervisor_that_the_server_died(tmp_path: Path) -> None:
         server.start()  # what a supervisor does next
         assert server.alive
         assert "Zookeeper version" in server.command("srvr")
+
+
+def test_a_port_in_use_is_one_clear_error_naming_its_holder_and_nothing_is_launched(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        server = PrivateZooKeeper(tmp_path, port, tick_time_ms=ZOOKEEPER_TICK_MS)
+        with pytest.raises(ZooKeeperStartError) as raised:
+            server.start()
+    assert str(raised.value).startswith(
+        f"the private ZooKeeper cannot listen on 127.0.0.1:{port}: port {port} is already in use "
+        f"by pid {os.getpid()} ("
+    )
+    assert server.pid is None
+    assert not (tmp_path / "zookeeper.log").exists()  # no JVM was launched
+
+
+def test_the_server_exits_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert starter.stdout is not None
+    pid, port = map(int, starter.stdout.readline().split())
+    os.kill(starter.pid, signal.SIGKILL)  # no chance to stop its server
+    starter.wait()
+    try:
+        wait_until(lambda: not running(pid), 30, "the orphaned server to exit")
+        assert not listening_addresses(port)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+STARTER = """
+import sys
+from pathlib import Path
+from broker.zookeeper import PrivateZooKeeper
+server = PrivateZooKeeper(Path(sys.argv[1]), tick_time_ms=100)
+server.start()
+print(server.pid, server.port, flush=True)
+sys.stdin.read()
+"""
