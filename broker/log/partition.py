@@ -23,8 +23,8 @@ segment, is scanned, checksums and all. Where the framing holds nothing is cut: 
 message stays in place, is reported, and reads of it raise CorruptSegment naming its offsets,
 which readers may skip. Only a torn tail of the newest segment is cut, its bytes moved to a
 `*.bad` file. A segment after a gap in the offsets, or one that cannot be read, is renamed
-`*.bad` with every segment after it; nothing is ever simply deleted. Not safe to share between
-threads.
+`*.bad` with every segment after it: recovery never simply deletes anything. The folder is
+fsynced after every file created, renamed or deleted. Not safe to share between threads.
 """
 
 from __future__ import annotations
@@ -113,8 +113,11 @@ class PartitionLog:
         if not directory.is_dir():
             directory.mkdir(parents=True, exist_ok=True)
             fsync_directory(directory.parent)
-        for leftover in directory.glob(f"*{INDEX_SUFFIX}.tmp"):
+        leftovers = list(directory.glob(f"*{INDEX_SUFFIX}.tmp"))
+        for leftover in leftovers:
             leftover.unlink()  # an index write that a crash interrupted; the index is derived
+        if leftovers:
+            fsync_directory(directory)
         found = sorted(
             (int(m.group(1)), p)
             for p in directory.iterdir()
