@@ -21,10 +21,14 @@ Partition placement: a partition whose folder exists in a log dir stays there; a
 to the log dir holding the fewest partitions; within a dir, `workers_per_dir` workers share the
 partitions by XXH32 of `<topic>-<partition>`.
 
-Workers are child processes (`python -m broker.worker`). One that dies is restarted with
-back-off (0.1 s doubling to 30 s, reset after a minute of good health), logged and counted;
-meanwhile its partitions are answered with PARTITION_UNAVAILABLE (retriable). Requests in
-flight at the moment a worker dies get no reply: clients time out and retry.
+Workers are child processes (`python -m broker.worker`). One that dies is restarted, logged
+and counted, after a back-off of 0.1 s doubling to 2 s (MAX_BACKOFF_S); only a crash loop, more
+than CRASH_LOOP_RESTARTS restarts in a row, waits longer, doubling to 30 s; 10 s of good
+health start it again from 0.1 s. Meanwhile its partitions are answered with
+PARTITION_UNAVAILABLE (retriable): clients retry for longer than that (the Python Producer's
+delivery_timeout_s is 30 s). Requests in flight at the moment a worker dies get no reply:
+clients time out and retry. Children die with pylogd, even when it is killed
+(broker.processes).
 
 With no zookeeper.connect, a private standalone ZooKeeper runs as a supervised child under
 <data_dir>/zookeeper. One that dies is started again at once, then after 0.5 s doubling while
@@ -94,8 +98,14 @@ log = logging.getLogger("pylog.supervisor")
 
 TICK_MS = 100
 FIRST_BACKOFF_S = 0.1
-MAX_BACKOFF_S = 30.0
-HEALTHY_AFTER_S = 60.0
+MAX_BACKOFF_S = 2.0
+"""The longest wait before a worker's restart, but in a crash loop: well within the retry budget
+of clients (the Producer's delivery_timeout_s, 30 s by default)."""
+CRASH_LOOP_RESTARTS = 10
+"""Restarts in a row (none after HEALTHY_AFTER_S of good health) that make a crash loop..."""
+CRASH_LOOP_MAX_BACKOFF_S = 30.0
+"""... whose waits go on doubling, up to this."""
+HEALTHY_AFTER_S = 10.0
 MAX_PARTITIONS = 10_000
 WORKER_START_TIMEOUT_S = 60.0
 ZOOKEEPER_BACKOFF_S = 0.5
@@ -117,6 +127,8 @@ class WorkerHandle:
     process: subprocess.Popen[bytes] | None = None
     connected: bool = False
     restarts: int = 0
+    crashes: int = 0
+    """Restarts in a row, since it last ran HEALTHY_AFTER_S."""
     backoff_s: float = FIRST_BACKOFF_S
     start_at: float = 0.0
     started_at: float = 0.0
@@ -401,6 +413,8 @@ class Supervisor:
                 self.worker_restarts += 1
                 if now - worker.started_at > HEALTHY_AFTER_S:
                     worker.backoff_s = FIRST_BACKOFF_S
+                    worker.crashes = 0
+                worker.crashes += 1
                 worker.start_at = now + worker.backoff_s
                 log.error(
                     "worker %d (pid %d) exited with %s; restarting in %.1f s (restart %d)",
@@ -410,7 +424,9 @@ class Supervisor:
                     worker.backoff_s,
                     self.worker_restarts,
                 )
-                worker.backoff_s = min(worker.backoff_s * 2, MAX_BACKOFF_S)
+                crash_loop = worker.crashes >= CRASH_LOOP_RESTARTS
+                longest = CRASH_LOOP_MAX_BACKOFF_S if crash_loop else MAX_BACKOFF_S
+                worker.backoff_s = min(worker.backoff_s * 2, longest)
             if worker.start_at > 0 and now >= worker.start_at and not self.stopping:
                 worker.start_at = 0.0
                 self._start_worker(worker)

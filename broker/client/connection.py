@@ -12,7 +12,8 @@ max_wait_ms). When no reply comes, the REQ socket is closed and a new one connec
 REQ socket that lost a reply can never send again; the request raises
 broker.errors.Unavailable, which is retriable. `call(..., retries=N)` retries that and every
 retriable BrokerError (the broker's Unavailable branch) with a doubling back-off, bounded both
-in count and in total time.
+in count and in total time. The Producer retries its batches with the same back-off, bounded
+by its delivery_timeout_s (broker.client.producer).
 
 Not safe to share between threads.
 """
@@ -54,6 +55,10 @@ DEFAULT_CLIENT_ID: Final = "pylog-python"
 FIRE_AND_FORGET_LINGER_MS: Final = 5000
 """How long closing waits for fire-and-forget requests still queued to go out."""
 _MAX_CORRELATION_ID: Final = 0xFFFFFFFF
+RETRY_BACKOFF_S: Final = 0.1
+"""The wait before the first retry of a request; it doubles for each next one..."""
+MAX_RETRY_BACKOFF_S: Final = 2.0
+"""... up to this."""
 
 
 class Connection(Closing):
@@ -191,7 +196,7 @@ class Connection(Closing):
 
         A PRODUCE retried after a timeout may append its messages twice (at least once)."""
         deadline = time.monotonic() + (3 * self.timeout_s if max_time_s is None else max_time_s)
-        backoff_s = 0.1
+        backoff_s = RETRY_BACKOFF_S
         attempt = 0
         while True:
             try:
@@ -203,7 +208,7 @@ class Connection(Closing):
                 if attempt > retries or time.monotonic() + backoff_s > deadline:
                     raise
             time.sleep(backoff_s)
-            backoff_s = min(backoff_s * 2, 2.0)
+            backoff_s = min(backoff_s * 2, MAX_RETRY_BACKOFF_S)
 
     def _dealer_socket(self) -> zmq.Socket[bytes]:
         if self._closed:

@@ -21,8 +21,15 @@ producer waits for the oldest reply (pipelining, on the connection's DEALER sock
 waits for all. A batch that meets a retriable error or no reply in time is sent again, so
 delivery is at least once; with more than one batch in flight a batch sent again may land
 after batches sent later (max_in_flight=1 keeps the order of a partition's batches). With
-ack NONE nothing is awaited and no error is ever seen. A batch whose sending fails (after its
-retries) is dropped, and the error raised to the caller of `send` or `flush`.
+ack NONE nothing is awaited and no error is ever seen.
+
+Retry budget: a batch is sent again after each retriable error or lost reply, waiting 0.1 s
+doubling to 2 s in between, for up to `delivery_timeout_s` (30 s by default, after Kafka's
+delivery.timeout.ms) from its first sending, and at most `retries` times if that is given. It
+spans a worker's restart: pylogd restarts a worker that died after 0.1 s doubling to 2 s
+(broker.supervisor.MAX_BACKOFF_S; longer only in a crash loop), answering its partitions
+PARTITION_UNAVAILABLE meanwhile. A batch whose budget runs out is dropped, and the last error
+raised to the caller of `send` or `flush`.
 
 Not safe to share between threads.
 """
@@ -40,7 +47,12 @@ from typing import Literal, Self
 import xxhash
 
 from broker.client.cluster import Cluster
-from broker.client.connection import DEFAULT_CLIENT_ID, Connection
+from broker.client.connection import (
+    DEFAULT_CLIENT_ID,
+    MAX_RETRY_BACKOFF_S,
+    RETRY_BACKOFF_S,
+    Connection,
+)
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import BrokerError, Unavailable
 from broker.log.message import encode_message
@@ -54,8 +66,11 @@ from broker.protocol import (
     decode_reply,
 )
 
-RETRY_BACKOFF_S = 0.1
-MAX_RETRY_BACKOFF_S = 2.0
+DELIVERY_TIMEOUT_S = 30.0
+"""How long a batch is sent again after retriable errors, by default: well above the longest wait
+of pylogd before it restarts a worker (2 s, but in a crash loop) plus the worker's start."""
+METADATA_RETRIES = 5
+"""Retries of a METADATA request when `retries` is not given."""
 
 Partitioner = Literal["hash", "round_robin", "random"]
 
@@ -77,6 +92,8 @@ class _InFlight:
     request: ProduceRequest
     sequence: int
     """The order in which batches were first sent: acks are returned in it."""
+    deadline: float
+    """No sending again after this (time.monotonic): its first sending + delivery_timeout_s."""
     attempts: int = 0
     looked_again: bool = False
     connection: Connection | None = None
@@ -98,7 +115,13 @@ class Producer:
 
     `flush()` sends every open batch and returns the acknowledgements received since the last
     flush (every batch sent meanwhile, by `send` too); `close()` flushes first. `clock` measures
-    linger (tests pass a fake one)."""
+    linger (tests pass a fake one).
+
+    A batch that meets a retriable error or no reply within `timeout_s` is sent again until
+    `delivery_timeout_s` have passed since its first sending (no new attempt starts later; the
+    last one still gets its `timeout_s`), and at most `retries` times when that is not None
+    (`pylogctl produce` gives 1, to fail fast). The default outlasts a worker's restart by
+    pylogd (see the module doc); a shorter one fails sends while a worker restarts."""
 
     def __init__(
         self,
@@ -109,7 +132,8 @@ class Producer:
         batch_messages: int = 50,
         batch_bytes: int = 256 * 1024,
         linger_ms: float = 10,
-        retries: int = 5,
+        retries: int | None = None,
+        delivery_timeout_s: float = DELIVERY_TIMEOUT_S,
         max_in_flight: int = 5,
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
@@ -121,6 +145,8 @@ class Producer:
             raise ValueError(
                 "batch_messages, batch_bytes and max_in_flight must be >= 1, linger_ms >= 0"
             )
+        if delivery_timeout_s < 0 or (retries is not None and retries < 0):
+            raise ValueError("delivery_timeout_s and retries must be >= 0")
         self.topic = topic
         self.ack = ack
         self.partitioner: Partitioner = partitioner
@@ -128,10 +154,12 @@ class Producer:
         self.batch_bytes = batch_bytes
         self.linger_s = linger_ms / 1000
         self.retries = retries
+        self.delivery_timeout_s = delivery_timeout_s
         self.max_in_flight = max_in_flight
         self._in_flight: dict[tuple[Connection, int], _InFlight] = {}
         self.clock = clock
-        self.cluster = Cluster(endpoint, client_id, timeout_s, retries)
+        metadata_retries = METADATA_RETRIES if retries is None else retries
+        self.cluster = Cluster(endpoint, client_id, timeout_s, metadata_retries)
         self._layout: tuple[PartitionInfo, ...] | None = None
         self._served: list[int] = []
         """The partitions being served at the last look: where spread messages go."""
@@ -220,7 +248,8 @@ class Producer:
         if self.ack is Ack.NONE:
             self._holder(partition).send_nowait(request)
         else:
-            self._dispatch(_InFlight(request, next(self._batches_sent)))
+            deadline = time.monotonic() + self.delivery_timeout_s
+            self._dispatch(_InFlight(request, next(self._batches_sent), deadline))
             while len(self._in_flight) >= self.max_in_flight:
                 self._receive_ack()
         self._sent += len(batch.messages)
@@ -230,13 +259,15 @@ class Producer:
 
     def _dispatch(self, entry: _InFlight, error: Exception | None = None) -> None:
         """Send `entry` to the broker holding its partition. After `error`, or while that
-        broker cannot be found (down), back off (0.1 s doubling to 2 s) and look again, up to
-        `retries` times a batch; then raise the last error."""
+        broker cannot be found (down), back off (0.1 s doubling to 2 s) and look again, while
+        the batch's retry budget lasts; then raise the last error."""
         while True:
             if error is not None:
-                if entry.attempts >= self.retries:
+                backoff_s = min(RETRY_BACKOFF_S * 2**entry.attempts, MAX_RETRY_BACKOFF_S)
+                spent = self.retries is not None and entry.attempts >= self.retries
+                if spent or time.monotonic() + backoff_s > entry.deadline:
                     raise error
-                time.sleep(min(RETRY_BACKOFF_S * 2**entry.attempts, MAX_RETRY_BACKOFF_S))
+                time.sleep(backoff_s)
                 entry.attempts += 1
                 self._layout = None  # the partition's broker may have gone: look again
             try:
@@ -252,7 +283,7 @@ class Producer:
 
     def _receive_ack(self) -> None:
         """Wait for the next reply to a batch in flight. What a retriable error or a timeout
-        lost is sent again, up to `retries` times a batch, with a doubling back-off."""
+        lost is sent again, with a doubling back-off, while its retry budget lasts."""
         connections = {connection for connection, _ in self._in_flight}
         try:
             connection, correlation_id, frames = self.cluster.receive_pipelined(
