@@ -402,18 +402,7 @@ class Worker:
         if (topic, number) in self.partitions:
             return
         plog = PartitionLog.open(directory / f"{topic}-{number}", config)
-        report = plog.recovery
-        for problem in report.problems:
-            log.warning("recovery of %s-%d: %s", topic, number, problem)
-        if report.segments_scanned:
-            log.info(
-                "opened %s-%d: scanned %d segments, truncated %d bytes, set aside %d files",
-                topic,
-                number,
-                report.segments_scanned,
-                report.bytes_truncated,
-                len(report.bad_files),
-            )
+        _log_recovery(f"{topic}-{number}", plog)
         self.partitions[(topic, number)] = Partition(topic, number, plog)
         self._deadline_changed.set()
 
@@ -488,8 +477,7 @@ class Worker:
             log.info(
                 "%s reopened from the disk, its log ends at %d", partition.name, plog.log_end_offset
             )
-            for problem in plog.recovery.problems:
-                log.warning("recovery of %s: %s", partition.name, problem)
+            _log_recovery(partition.name, plog)
             partition.note_flush()
             self._deadline_changed.set()
             return
@@ -535,6 +523,21 @@ class Worker:
                 if deleted:
                     names = ", ".join(p.name for p in deleted)
                     log.info("retention deleted %s", names)
+
+
+def _log_recovery(name: str, plog: PartitionLog) -> None:
+    """Log what opening a partition's log found (PartitionLog.recovery)."""
+    report = plog.recovery
+    for problem in report.problems:
+        log.warning("recovery of %s: %s", name, problem)
+    if report.segments_scanned:
+        log.info(
+            "opened %s: scanned %d segments, truncated %d bytes, set aside %d files",
+            name,
+            report.segments_scanned,
+            report.bytes_truncated,
+            len(report.bad_files),
+        )
 
 
 async def run_worker(index: int, endpoint: str, config: BrokerConfig) -> None:
