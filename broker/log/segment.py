@@ -57,6 +57,7 @@ _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _LENGTH = struct.Struct(">I")
 _MAGIC_V1_NO_ATTRIBUTES = bytes([1, 0])
 """What a message has at byte CHECKSUM_START: magic 1, attributes 0."""
+_RESYNC_CHUNK = 1 << 20
 
 
 def segment_file_name(base_offset: int) -> str:
@@ -137,13 +138,18 @@ def _resume_point(data: Buffer, pos: int) -> int | None:
             following == size or valid_message_end(data, following) is not None
         ):
             return following
-    rest = bytes(data[pos + 1 :])  # a search for magic 1, attributes 0, then the full checks
-    hit = rest.find(_MAGIC_V1_NO_ATTRIBUTES, CHECKSUM_START)
-    while hit >= 0:
-        candidate = pos + 1 + hit - CHECKSUM_START
-        if valid_message_end(data, candidate) is not None:
-            return candidate
-        hit = rest.find(_MAGIC_V1_NO_ATTRIBUTES, hit + 1)
+    # Search for magic 1 and attributes 0 at CHECKSUM_START, then make the full checks there,
+    # copying _RESYNC_CHUNK bytes at a time.
+    begin = pos + 1
+    while begin < size:
+        stop = min(size, begin + _RESYNC_CHUNK)
+        window = bytes(data[begin + CHECKSUM_START : stop + CHECKSUM_START + 1])
+        hit = window.find(_MAGIC_V1_NO_ATTRIBUTES)
+        while 0 <= hit < stop - begin:
+            if valid_message_end(data, begin + hit) is not None:
+                return begin + hit
+            hit = window.find(_MAGIC_V1_NO_ATTRIBUTES, hit + 1)
+        begin = stop
     return None
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from broker.errors import CorruptSegment, InvalidOffset
 from broker.log import PartitionLog, encode_message, iter_messages
+from broker.log.segment import Damage, scan_segment
 from tests.conftest import FakeClock
 from tests.log.test_partition import make_set, open_log, read_all
 
@@ -336,3 +337,14 @@ def test_damage_that_appears_after_open_is_found_by_the_read_that_meets_it(
     with pytest.raises(CorruptSegment, match=r"offsets \[1400, 1500\)"):
         log.read(1400, 4096)
     assert log.offset_for_timestamp(14) == 1500  # the damaged message's timestamp is not read
+
+
+@pytest.mark.parametrize("gap", [27, 1 << 20, (1 << 20) + 1, (1 << 20) + 12, (1 << 20) + 13])
+def test_the_scan_resyncs_at_the_first_valid_message_after_zeroed_bytes(gap: int) -> None:
+    first, after = make_set(0, 1), make_set(1, 2)
+    data = first + bytes(gap) + after
+    result = scan_segment(data, 300)
+    assert result.damage == [Damage(100, 100 + gap, "length field 0 is below the minimum 22")]
+    assert (result.end, result.tail_error) == (len(data), None)
+    assert result.marks == [0, 100 + gap]
+    assert scan_segment(first + bytes(gap), 300).tail_error is not None  # nothing after: torn
