@@ -9,8 +9,10 @@
         ├── OffsetOutOfRange        an offset outside [log start, high watermark]
         ├── FetchSizeTooSmall       the first message at an offset is larger than max_bytes
         ├── CorruptSegment          bytes already stored fail framing or checksum on read
-        ├── DiskFull                the file system said ENOSPC / EDQUOT / EFBIG on append or flush
-        └── StorageIOError          any other OS error while touching a segment
+        ├── DiskFull                the file system said ENOSPC / EDQUOT / EFBIG (append, flush,
+        │                           roll, creating a partition)
+        └── StorageIOError          any other OS error while touching a segment (EIO, EMFILE...),
+                                    and anything asked of a log whose fsync failed
     ├── RequestError                a request the broker refuses as asked; nothing changed
     │   ├── MalformedRequest        frames missing, too short, or fields out of their range
     │   ├── UnsupportedApi          an api key this broker does not speak
@@ -42,7 +44,8 @@ class PylogError(Exception):
 
 
 class StorageError(PylogError):
-    """A partition log refused an operation. The log is exactly as it was before the call."""
+    """A partition log refused an operation. The log is exactly as it was before the call,
+    but after a failed fsync, which fails the log until it is reopened (PartitionLog.flush)."""
 
 
 class InvalidMessage(StorageError):
