@@ -386,7 +386,8 @@ class BrokerInfo:
 @dataclass(frozen=True, slots=True)
 class PartitionInfo:
     """A partition of a METADATA reply and the broker that holds it; error_code
-    PARTITION_UNAVAILABLE while that broker is not serving it (down, or still opening it)."""
+    PARTITION_UNAVAILABLE while that broker is not serving it (down, or still opening it),
+    DISK_FULL or STORAGE_ERROR when that broker could not open it."""
 
     partition: int
     broker_id: int

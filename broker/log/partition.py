@@ -14,7 +14,9 @@ Three offsets describe the log:
 
 Flushes are batched: one happens when `flush_messages` messages are pending or the oldest of
 them has waited `flush_interval_ms` (checked on append and by `flush_if_due`, which a worker
-calls at `next_flush_deadline`), and on roll and close. A flush fsyncs when `fsync` is set.
+calls at `next_flush_deadline`), and on roll and close. A flush fsyncs when `fsync` is set; a
+failed fsync fails the log (every later append, flush and roll raises StorageIOError) until
+`reopen_from_disk` cuts it back to the high watermark and opens it again.
 
 Crash behaviour (docs/storage.md, "Recovery"): on open, stored bytes are judged by the
 format's own limits, never by today's settings. A closed segment is trusted when its index
