@@ -350,6 +350,16 @@ def _start(text: str) -> Start:
         ) from None
 
 
+def _skip_corrupt_option(command: F) -> F:
+    """--skip-corrupt, on the commands that consume."""
+    return click.option(
+        "--skip-corrupt",
+        is_flag=True,
+        help="Read past damaged data on the broker's disk, naming each range skipped on stderr "
+        "(without it, damaged data stops the command with exit code 1).",
+    )(command)
+
+
 def _output_options(command: F) -> F:
     """--max-messages and --format, on the commands that print consumed messages."""
     command = click.option(
@@ -401,12 +411,7 @@ def _print_messages(records: Iterable[Record], output: str, max_messages: int | 
     show_default=True,
     help="Wait for new messages at the end instead of exiting.",
 )
-@click.option(
-    "--skip-corrupt",
-    is_flag=True,
-    help="Read past damaged data on the broker's disk, naming each range skipped on stderr "
-    "(without it, damaged data stops the command with exit code 1).",
-)
+@_skip_corrupt_option
 @_output_options
 @_broker_options
 def consume(
@@ -501,6 +506,7 @@ def _zookeeper_options(command: F) -> F:
     show_default=True,
     help="Seconds between auto-commits (also at rebalances and on exit).",
 )
+@_skip_corrupt_option
 @_output_options
 @_zookeeper_options
 def group_consume(
@@ -509,6 +515,7 @@ def group_consume(
     consumer_id: str | None,
     reset: Reset,
     commit_interval: float,
+    skip_corrupt: bool,
     max_messages: int | None,
     output: str,
     zookeeper: str,
@@ -528,9 +535,14 @@ def group_consume(
             consumer_id=consumer_id,
             reset=reset,
             auto_commit_interval_s=commit_interval,
+            skip_corrupt=skip_corrupt,
         ) as consumer,
     ):
-        _print_messages(consumer, output, max_messages)
+        try:
+            _print_messages(consumer, output, max_messages)
+        except CorruptSegment as error:
+            click.echo(f"pylogctl: {error} (--skip-corrupt reads past it)", err=True)
+            sys.exit(EXIT_CORRUPT)
         consumer.commit()  # the last message printed is processed too
 
 

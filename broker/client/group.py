@@ -31,6 +31,11 @@ lost connection after about two thirds of the session timeout, before the server
 session. If the session did expire, the member's ownership ended with it: it drops its
 partitions without committing (their new owners may have committed since) and rebalances.
 
+Damaged data on a broker's disk (docs/storage.md, "Damaged data") raises CorruptSegment naming
+its offsets, after the records before it, at every poll until it is read past; with
+`skip_corrupt` the member logs it, lists it in `skipped` and reads on after it, as
+PartitionConsumer does.
+
 Fetches are pipelined: one FETCH in flight per owned partition, each on the connection to the
 broker that holds the partition, so an idle partition's long poll never holds up a busy one.
 
@@ -51,10 +56,20 @@ from typing import Any, Literal, NamedTuple
 
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID, Connection
-from broker.client.consumer import DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES
-from broker.errors import BrokerError, PylogError, RegistryUnavailable, Unavailable
+from broker.client.consumer import (
+    DEFAULT_FETCH_BYTES,
+    MAX_FETCH_BYTES,
+    corrupt_segment_reply,
+    decode_fetched,
+)
+from broker.errors import (
+    BrokerError,
+    CorruptSegment,
+    PylogError,
+    RegistryUnavailable,
+    Unavailable,
+)
 from broker.lifecycle import Closing
-from broker.log.message import iter_messages
 from broker.protocol import (
     EARLIEST,
     LATEST,
@@ -151,7 +166,8 @@ class GroupConsumer(Closing):
     `on_assigned(partitions)` runs after a rebalance claimed them, `on_revoked(partitions)`
     before they are committed and released (both in the thread calling `poll`), so a user can
     flush state or commit. `auto_commit_interval_s` None turns auto-commit off: then only
-    `commit()` commits."""
+    `commit()` commits. `skip_corrupt` reads past damaged data instead of raising
+    CorruptSegment (see the module's text)."""
 
     def __init__(
         self,
@@ -172,6 +188,7 @@ class GroupConsumer(Closing):
         rebalance_backoff_s: float = 0.2,
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
+        skip_corrupt: bool = False,
     ) -> None:
         if reset not in ("earliest", "latest"):
             raise ValueError(f"reset {reset!r}: use earliest or latest")
@@ -189,6 +206,9 @@ class GroupConsumer(Closing):
         self.rebalance_retries = rebalance_retries
         self.rebalance_backoff_s = rebalance_backoff_s
         self.timeout_s = timeout_s
+        self.skip_corrupt = skip_corrupt
+        self.skipped: list[tuple[TopicPartition, int, int]] = []
+        """The damaged ranges read past with `skip_corrupt`: partition, [start, end) offsets."""
         self.offset_resets = 0
         """Partitions read from `reset` because their committed offset was out of range."""
         self.rebalances = 0
@@ -368,7 +388,10 @@ class GroupConsumer(Closing):
         try:
             reply = decode_reply(Api.FETCH, frames)
         except BrokerError as error:
-            if error.code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            damage = corrupt_segment_reply(error)
+            if damage is not None:
+                self._damaged(owned, damage)
+            elif error.code == ErrorCode.OFFSET_OUT_OF_RANGE:
                 try:
                     offset = self._reset_offset(tp, owned.endpoint)
                 except (Unavailable, BrokerError) as failure:
@@ -398,11 +421,29 @@ class GroupConsumer(Closing):
                 raise
             return
         base = owned.fetch_offset
+        messages, damage = decode_fetched(reply.message_set, base, tp.topic, tp.partition)
         owned.buffered = [
             Record(tp.topic, tp.partition, m.offset, m.timestamp_ms, m.key, m.value)
-            for m in iter_messages(reply.message_set, base)
+            for m in messages
         ]
-        owned.fetch_offset = base + len(reply.message_set)
+        if damage is None:
+            owned.fetch_offset = base + len(reply.message_set)
+        elif messages:  # these first; the next fetch meets the damage
+            owned.fetch_offset = damage.start
+        else:
+            self._damaged(owned, damage)
+
+    def _damaged(self, owned: _Owned, damage: CorruptSegment) -> None:
+        """At damaged data: raise it (the next poll fetches it again), or with skip_corrupt
+        log it and fetch on after it (moving the position past it too when nothing before it
+        is still in hand)."""
+        if not self.skip_corrupt:
+            raise damage
+        log.warning("group %s: skipping damaged data: %s", self.group, damage)
+        self.skipped.append((owned.tp, damage.start, damage.end))
+        if owned.position == owned.delivered == damage.start:
+            owned.position = owned.delivered = damage.end
+        owned.fetch_offset = damage.end
 
     def _stop_fetching(self) -> None:
         """Forget fetches in flight and messages not handed out (their late replies are

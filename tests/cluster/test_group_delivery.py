@@ -15,13 +15,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from broker.client import Admin, Producer
-from broker.client.group import GroupConsumer
+from broker.client.group import GroupConsumer, TopicPartition
+from broker.errors import CorruptSegment
 from broker.protocol import Ack
 from broker.zookeeper import PrivateZooKeeper
 from cli.pylogctl import cli
+from tests.client.test_consumer import SIZE, TEN, first_segment, flip_value_byte
 from tests.pylogd import RunningBroker
 
 VALUES = [b"r-%03d" % i for i in range(100)]
@@ -53,14 +55,20 @@ def member(zookeeper: PrivateZooKeeper, broker: RunningBroker) -> Callable[..., 
     return make
 
 
-def read_again(make: Callable[..., GroupConsumer], group: str, topic: str) -> list[bytes]:
-    """What the group's next member receives: from the group's commit to the last record
+def read_again(
+    make: Callable[..., GroupConsumer],
+    group: str,
+    topic: str,
+    last: bytes = VALUES[-1],
+    **options: object,
+) -> list[bytes]:
+    """What the group's next member receives: from the group's commit to the `last` record
     (this reader commits nothing)."""
     got: list[bytes] = []
-    with make(group, topic, auto_commit_interval_s=None) as reader:
+    with make(group, topic, auto_commit_interval_s=None, **options) as reader:
         for _ in range(200):  # bounded: a few polls bring the rest of 100 records
             got += [record.value for record in reader.poll()]
-            if got and got[-1] == VALUES[-1]:
+            if got and got[-1] == last:
                 break
     return got
 
@@ -190,3 +198,55 @@ def test_group_consume_with_max_messages_commits_exactly_that_many(
     printed = [json.loads(line)["value"] for line in result.stdout.splitlines()]
     assert printed == [v.decode() for v in VALUES[:2]]
     assert read_again(member, "counted", group_topic) == VALUES[2:]
+
+
+def test_damaged_data_stops_a_member_by_name_and_skip_corrupt_reads_past_it(
+    broker: RunningBroker,
+    zookeeper: PrivateZooKeeper,
+    topic: str,
+    member: Callable[..., GroupConsumer],
+) -> None:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, 1)
+    with Producer(broker.endpoint, topic, ack=Ack.FLUSHED) as producer:
+        for value in TEN:
+            producer.send(value)
+    flip_value_byte(first_segment(broker, topic), 4)  # served as stored: the member finds it
+    got: list[bytes] = []
+    with member("careful", topic) as consumer:
+        with pytest.raises(CorruptSegment) as raised:
+            for record in consumer:
+                got.append(record.value)
+        assert (raised.value.start, raised.value.end) == (4 * SIZE, 5 * SIZE)
+        assert got == TEN[:4]
+        with pytest.raises(CorruptSegment):  # the same again: never skipped silently
+            consumer.poll()
+    assert read_again(member, "careful", topic, TEN[-1], skip_corrupt=True) == TEN[5:]
+
+    with member("skippers", topic, skip_corrupt=True) as consumer:
+        got = []
+        for record in consumer:
+            got.append(record.value)
+            if record.value == TEN[-1]:
+                consumer.commit()
+                break
+        assert got == TEN[:4] + TEN[5:]
+        assert consumer.skipped == [(TopicPartition(topic, 0, 0), 4 * SIZE, 5 * SIZE)]
+
+    def group_consume(group: str, *flags: str) -> Result:
+        return CliRunner().invoke(
+            cli,
+            [
+                *("group", "consume", group, topic, "--zookeeper", zookeeper.connect_string),
+                *("--chroot", broker.arguments[1], *flags),
+            ],
+        )
+
+    stopped = group_consume("cli-careful")
+    assert stopped.exit_code == 1
+    assert stopped.stdout.splitlines() == [v.decode() for v in TEN[:4]]
+    assert f"offsets [{4 * SIZE}, {5 * SIZE}) are damaged" in stopped.stderr
+    assert "--skip-corrupt" in stopped.stderr
+    skipping = group_consume("cli-skippers", "--skip-corrupt", "--max-messages", "9")
+    assert skipping.exit_code == 0, skipping.output
+    assert skipping.stdout.splitlines() == [v.decode() for v in TEN[:4] + TEN[5:]]
