@@ -20,10 +20,12 @@ failed fsync fails the log (every later append, flush and roll raises StorageIOE
 
 Crash behaviour (docs/storage.md, "Recovery"): on open, stored bytes are judged by the
 format's own limits, never by today's settings. A closed segment is trusted when its index
-matches it and agrees with the framing of every message; the newest segment, and any other
-segment, is scanned, checksums and all. Where the framing holds nothing is cut: a damaged
-message stays in place, is reported, and reads of it raise CorruptSegment naming its offsets,
-which readers may skip. Only a torn tail of the newest segment is cut, its bytes moved to a
+describes its size and passes its checksum (the log is not read: opening costs the same
+whatever it holds); the newest segment, and any other segment, is scanned, checksums and all.
+Reads of a closed segment walk the headers they serve, and one that meets broken framing
+scans that segment then. Where the framing holds nothing is cut: a damaged message stays in
+place, is reported, and reads of it raise CorruptSegment naming its offsets, which readers may
+skip. Only a torn tail of the newest segment is cut, its bytes moved to a
 `*.bad` file. A segment after a gap in the offsets, or one that cannot be read, is renamed
 `*.bad` with every segment after it: recovery never simply deletes anything. The folder is
 fsynced after every file created, renamed or deleted. Not safe to share between threads.
@@ -142,9 +144,9 @@ class PartitionLog:
                 bad.append(_set_aside(path))
                 continue
             try:
-                segment, trusted, disagreement = Segment.open_existing(path, base, not newest)
-                if disagreement is not None:
-                    problems.append(f"{path.name}: {disagreement}; rebuilt from the log")
+                segment, trusted, damaged_index = Segment.open_existing(path, base)
+                if damaged_index is not None:
+                    problems.append(f"{path.name}: {damaged_index}; rebuilt from the log")
                 if newest or not trusted:
                     scanned += 1
                     cut, kept = _recover(segment, config.index_interval_bytes, newest, problems)

@@ -15,9 +15,11 @@ After a crash, or when a disk goes bad, stored bytes may fail their checks: `sca
 (run by `Segment.recover`) keeps every valid message, notes each damaged range (reads of it
 raise CorruptSegment naming it, so that readers can skip it), and finds a torn tail, which
 only the newest segment's recovery cuts, moving the bytes to a `*.bad` file (`cut_tail`).
-A closed segment's stored index is checked against the log's framing when it is opened
-(`index_disagreement`). The folder is fsynced after a file in it is created, renamed or
-deleted. Not safe to share between threads.
+A closed segment's stored index is checked by its checksum when it is opened, and its log is
+not read then: reads of such a segment walk every message header they serve, and one whose
+walk meets broken framing raises FramingBroken (the partition then scans the segment again);
+`pylogctl log verify` walks every index against its log (`index_disagreement`). The folder is
+fsynced after a file in it is created, renamed or deleted. Not safe to share between threads.
 """
 
 from __future__ import annotations
@@ -210,6 +212,12 @@ class Segment:
         self._map: mmap.mmap | None = None
         self.damage: list[Damage] = []
         """Damaged ranges found by `recover`, sorted; reads of them raise CorruptSegment."""
+        self.framing_checked = True
+        """Whether this process has checked the framing of every message (it wrote them, or
+        `recover` scanned them); a segment opened on a trusted index has not, so its reads walk
+        the headers they serve past `_checked_to`."""
+        self._checked_to = 0
+        """Without framing_checked: the end of the headers walked so far, from byte 0."""
         self._damage_starts: list[int] = []
         self._damage_ends: dict[int, int] = {}
         self._retired_maps: list[mmap.mmap] = []
@@ -236,26 +244,20 @@ class Segment:
         return cls(path, base_offset, 0, OffsetIndex([]))
 
     @classmethod
-    def open_existing(
-        cls, log_path: Path, base_offset: int, check_index: bool
-    ) -> tuple[Segment, bool, str | None]:
+    def open_existing(cls, log_path: Path, base_offset: int) -> tuple[Segment, bool, str | None]:
         """Open a segment file with its stored index. The flag says whether that index can be
         trusted (else the caller must `recover` the segment): it is missing or written for
-        another size when the segment was not closed cleanly, and, with `check_index`, it must
-        also agree with the log's framing (`index_disagreement`); the text says how it does
-        not, for an index that describes the file's size but disagrees with it."""
+        another size when the segment was not closed cleanly, and the text says why one that
+        describes the file's size is damaged (broker.log.index). Reads the index only, never
+        the log, so that opening costs the same whatever the segment holds."""
         size = log_path.stat().st_size
         index_path = log_path.with_suffix(INDEX_SUFFIX)
-        index = OffsetIndex.load(index_path, size)
+        index, damaged = OffsetIndex.load(index_path, size)
         segment = cls(log_path, base_offset, size, index or OffsetIndex())
-        if index is None:
-            return segment, False, None
-        if check_index and size:
-            with _mapped(log_path) as data:
-                wrong = index_disagreement(data, index.entries())
-            if wrong is not None:
-                return segment, False, f"index {index_path.name} disagrees with the log: {wrong[1]}"
-        return segment, True, None
+        segment.framing_checked = False
+        if damaged is not None:
+            return segment, False, f"index {index_path.name} is damaged: {damaged}"
+        return segment, index is not None, None
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -318,6 +320,7 @@ class Segment:
         self.damage = []
         for damage in result.damage:
             self.keep_damage(damage)
+        self.framing_checked = True
         return result
 
     def keep_damage(self, damage: Damage) -> None:
@@ -387,13 +390,21 @@ class Segment:
         window_end = min(limit, position + max_bytes)
         # An indexed start at window_end itself (say, the first unflushed message, right at
         # the high watermark) means everything before it is whole messages: nothing to walk.
-        end = max(self.index.floor(window_end), position)
+        # Unless this process has not checked that far: then every header served is walked
+        # once, so that a length field changed on disk is found (FramingBroken), not served.
+        checked_to = self.size if self.framing_checked else self._checked_to
+        if window_end <= checked_to:
+            end = max(self.index.floor(window_end), position)
+        else:
+            end = max(checked_to, position)
         window = self.view(0, limit)
         while end < window_end:
             following = self._next_start(window, end, limit)
             if following > window_end:
                 break
             end = following
+        if position <= checked_to < end:
+            self._checked_to = end
         if end == position:
             needed = message_size_at(window, position)
             raise FetchSizeTooSmall(self.base_offset + position, max_bytes, needed)

@@ -71,13 +71,12 @@ def check_segment(path: Path, expected_base: int | None = None) -> SegmentCheck:
             path, base, size, result.message_count, result.error, result.valid_bytes
         )
     index_path = path.with_suffix(INDEX_SUFFIX)
-    if OffsetIndex.described_size(index_path) == size:
-        index = OffsetIndex.load(index_path, size)
-        wrong = (
-            (0, "its entries are not strictly increasing from 0 within the file")
-            if index is None
-            else index_disagreement(data, index.entries())
-        )
+    index, damaged = OffsetIndex.load(index_path, size)
+    if damaged is not None:
+        problem = f"index {index_path.name} is damaged: {damaged}"
+        return SegmentCheck(path, base, size, result.message_count, problem, 0)
+    if index is not None:
+        wrong = index_disagreement(data, index.entries())
         if wrong is not None:
             problem = f"index {index_path.name} disagrees with the log: {wrong[1]}"
             return SegmentCheck(path, base, size, result.message_count, problem, wrong[0])

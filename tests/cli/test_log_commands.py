@@ -7,9 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from broker.log import encode_message
+from broker.log.index import OffsetIndex
 from cli.pylogctl import cli
 from tests.conftest import FakeClock
 from tests.log.test_partition import make_set, open_log
@@ -141,17 +143,27 @@ def test_installed_pylogctl_command_runs(tmp_path: Path) -> None:
     assert result.stdout.splitlines()[-1] == "1 partitions, 3 segments, 21 messages: all ok"
 
 
-def test_verify_checks_each_index_against_its_log(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "damage, error",
+    [
+        ("flipped", "is damaged: it fails its checksum"),
+        ("rewritten", "disagrees with the log: entry 50 is not where a message starts"),
+    ],
+)
+def test_verify_checks_each_index_against_its_log(tmp_path: Path, damage: str, error: str) -> None:
     write_partition(tmp_path / "t-0")
     index = tmp_path / "t-0" / f"{0:020d}.index"
-    data = bytearray(index.read_bytes())
-    assert data[8:12] == bytes(4)  # the first entry, position 0
-    data[8:12] = (50).to_bytes(4, "big")  # now inside the first message
-    index.write_bytes(bytes(data))
+    if damage == "flipped":  # a bit rotted on disk
+        data = bytearray(index.read_bytes())
+        data[19] ^= 0x01
+        index.write_bytes(bytes(data))
+    else:  # an index whose checksum holds but whose entry is inside the first message
+        size = (tmp_path / "t-0" / f"{0:020d}.log").stat().st_size
+        OffsetIndex([0, 50]).write(index, size)
     code, out = run("log", "verify", "--json", str(tmp_path / "t-0"))
     records = [json.loads(line) for line in out.splitlines()]
     assert code == 1
     assert records[0]["file"] == str(tmp_path / "t-0" / f"{0:020d}.log")
     assert records[0]["ok"] is False
-    assert records[0]["error"].startswith(f"index {index.name} disagrees with the log: ")
+    assert records[0]["error"] == f"index {index.name} {error}"
     assert records[-1]["summary"]["corrupt_segments"] == 1
