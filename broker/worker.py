@@ -9,7 +9,8 @@ It connects a DEALER socket to the supervisor's ipc endpoint for it and serves w
   messages durable (fsync, if configured) and visible.
 - FETCH reads whole flushed messages from the page cache (an mmap view, sent without copying).
   When fewer than min_bytes lie past the offset it waits, up to max_wait_ms, for the flush that
-  brings them: a long poll woken by the flush, not by polling.
+  brings them: a long poll woken by that flush, not by polling, and not by the flushes before
+  it (FlushWaiters).
 - OFFSETS answers earliest, latest (the high watermark) or the first offset at a time.
 - Commands from the supervisor open partitions (recovering them) and delete topics.
 
@@ -41,6 +42,7 @@ as the one before it.
 from __future__ import annotations
 
 import argparse
+import heapq
 import itertools
 import json
 import logging
@@ -85,14 +87,98 @@ DISK_ERRORS = (DiskFull, StorageIOError)
 """What the disk or the file table says (not what a request got wrong)."""
 
 
+@dataclass(frozen=True)
+class FlushWaitersStatistics:
+    waiting: int
+    """Tasks waiting now."""
+    entries: int
+    """Entries held: the waiting and the cancelled ones not yet cleared out (at most about
+    twice `waiting`)."""
+    woken: int
+    """Tasks woken so far (a cancelled one is not counted)."""
+
+
+class _Waiter:
+    __slots__ = ("cancelled", "event")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.cancelled = False
+
+
+class FlushWaiters:
+    """The tasks waiting for a partition's high watermark to reach an offset: long polls (the
+    offset plus min_bytes) and producers waiting on ack=flushed (the end of their messages).
+
+    A heap ordered by the offset each needs, so that a flush wakes only those it satisfies,
+    in O(log n) each: with thousands of long polls far ahead, a flush that brings them
+    nothing costs nothing (every flush woke every waiter before, each to find it had to wait
+    on). A waiter cancelled (its max_wait_ms passed) is marked and skipped, and the heap is
+    rebuilt without the marked ones once they are more than half of it, so its size stays
+    within about twice the number waiting. Not safe to share between trio runs or threads.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, _Waiter]] = []
+        self._order = itertools.count()  # ties: first come, first woken; waiters never compared
+        self._cancelled = 0
+        self._woken = 0
+
+    async def wait_high_watermark(self, offset: int) -> None:
+        """Wait until `note_high_watermark` passes `offset` or more, or `wake_all`: the caller
+        checks which (a deleted or offline partition is woken too)."""
+        waiter = _Waiter()
+        heapq.heappush(self._heap, (offset, next(self._order), waiter))
+        try:
+            await waiter.event.wait()
+        finally:
+            if not waiter.event.is_set():  # cancelled: leave nothing behind
+                waiter.cancelled = True
+                self._cancelled += 1
+                if self._cancelled * 2 > len(self._heap):
+                    self._heap = [entry for entry in self._heap if not entry[2].cancelled]
+                    heapq.heapify(self._heap)
+                    self._cancelled = 0
+
+    def note_high_watermark(self, high_watermark: int) -> int:
+        """Wake the waiters for offsets up to `high_watermark`; returns how many."""
+        woken = 0
+        heap = self._heap
+        while heap and heap[0][0] <= high_watermark:
+            waiter = heapq.heappop(heap)[2]
+            if waiter.cancelled:
+                self._cancelled -= 1
+            else:
+                waiter.event.set()
+                woken += 1
+        self._woken += woken
+        return woken
+
+    def wake_all(self) -> int:
+        """Wake every waiter, whatever it waits for; returns how many."""
+        heap, self._heap, self._cancelled = self._heap, [], 0
+        woken = 0
+        for _, _, waiter in heap:
+            if not waiter.cancelled:
+                waiter.event.set()
+                woken += 1
+        self._woken += woken
+        return woken
+
+    def statistics(self) -> FlushWaitersStatistics:
+        return FlushWaitersStatistics(
+            waiting=len(self._heap) - self._cancelled, entries=len(self._heap), woken=self._woken
+        )
+
+
 @dataclass(eq=False)
 class Partition:
-    """One open partition log, and the event its next flush sets."""
+    """One open partition log, and the tasks waiting for its flushes."""
 
     topic: str
     number: int
     log: PartitionLog
-    flushed: trio.Event = field(default_factory=trio.Event)
+    waiters: FlushWaiters = field(default_factory=FlushWaiters)
     offline: str | None = None
     """Why the partition is offline (a flush failed), until its log is reopened from the disk."""
     failed_flushes: int = 0
@@ -104,12 +190,9 @@ class Partition:
         return f"{self.topic}-{self.number}"
 
     def note_flush(self) -> None:
-        """Wake everyone waiting for a flush (long polls, ack=flushed producers)."""
-        self.flushed.set()
-        self.flushed = trio.Event()
-
-    async def wait_for_flush(self) -> None:
-        await self.flushed.wait()
+        """Wake those waiting for the high watermark a flush reached (long polls whose
+        min_bytes it brought, ack=flushed producers whose messages it stored)."""
+        self.waiters.note_high_watermark(self.log.high_watermark)
 
 
 class RateLimitedLog:
@@ -183,7 +266,7 @@ class Worker:
                 partition.log.close()
             except PylogError as error:
                 log.error("closing %s-%d: %s", partition.topic, partition.number, error)
-            partition.note_flush()
+            partition.waiters.wake_all()
         self.partitions.clear()
 
     # -- requests --------------------------------------------------------------------------
@@ -303,7 +386,7 @@ class Worker:
             while partition.log.high_watermark < end:
                 if not self._still_open(partition) or partition.failed_flushes != failed_flushes:
                     break
-                await partition.wait_for_flush()
+                await partition.waiters.wait_high_watermark(end)
         finally:
             self._flush_waiters -= 1
         if partition.failed_flushes != failed_flushes:  # its flush failed: never acked
@@ -336,11 +419,13 @@ class Worker:
         correlation_id: int,
         request: protocol.FetchRequest,
     ) -> None:
+        # Deleting the partition or taking it offline wakes every waiter; a flush, only those
+        # whose min_bytes it brought.
         with trio.move_on_after(request.max_wait_ms / 1000):
-            while not self._fetch_ready(partition.log, request):
-                await partition.wait_for_flush()
-                if not self._still_open(partition) or partition.offline is not None:
+            while self._still_open(partition) and partition.offline is None:
+                if self._fetch_ready(partition.log, request):
                     break
+                await partition.waiters.wait_high_watermark(request.offset + request.min_bytes)
         try:
             if not self._still_open(partition) or partition.offline is not None:
                 self._partition(partition.topic, partition.number)  # raises: deleted or offline
@@ -415,7 +500,7 @@ class Worker:
                 partition.log.close(flush=False)
             except PylogError as error:
                 log.error("closing %s for its delete: %s", partition.name, error)
-            partition.note_flush()  # waiters see it gone and answer
+            partition.waiters.wake_all()  # they see it gone and answer
         try:
             shutil.rmtree(folder)
         except FileNotFoundError:
@@ -448,7 +533,7 @@ class Worker:
         partition.offline = f"a failed flush ({partition.log.failure})"
         partition.failed_flushes += 1
         log.error("%s is offline: %s", partition.name, error)
-        partition.note_flush()
+        partition.waiters.wake_all()
         assert self.nursery is not None
         self.nursery.start_soon(self._reopen, partition)
 
@@ -478,7 +563,6 @@ class Worker:
                 "%s reopened from the disk, its log ends at %d", partition.name, plog.log_end_offset
             )
             _log_recovery(partition.name, plog)
-            partition.note_flush()
             self._deadline_changed.set()
             return
 
