@@ -13,7 +13,8 @@ File `<base offset, 20 digits>.index`, big-endian:
     16  4 * n  entries        u32 each, strictly increasing message starts, the first 0
 
 It is written when a segment is closed (rolled, or the log closed cleanly): to a temporary
-file, fsynced, then renamed over the old one, and the folder fsynced. While a segment is active
+file, fsynced, then renamed over the old one, and the folder fsynced (broker.log.indexfile,
+shared with the time index, broker.log.timeindex). While a segment is active
 its index lives in memory only. On open, an index that is missing or whose segment_size differs from
 the .log file's size belongs to a segment that was not closed cleanly; one that describes the
 file's size but fails its checksum, or whose entries do not start at 0 within that size, is
@@ -28,21 +29,14 @@ Not safe to share between threads.
 
 from __future__ import annotations
 
-import os
-import struct
-import sys
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable
 from pathlib import Path
 
-from xxhash import xxh3_64_intdigest
+from broker.log.indexfile import big_endian, from_big_endian, read_index_file, write_index_file
 
-from broker.log.fsdir import fsync_directory
-
-_SIZE = struct.Struct(">Q")
-_HEAD = struct.Struct(">QQ")
-"""segment_size, checksum."""
+_ENTRY_BYTES = 4
 
 
 class OffsetIndex:
@@ -76,22 +70,8 @@ class OffsetIndex:
         return self._entries.tolist()
 
     def write(self, path: Path, segment_size: int) -> None:
-        """Write this index for a segment of `segment_size` bytes: tmp file, fsync, rename,
-        fsync of the folder."""
-        on_disk = array("I", self._entries)
-        if sys.byteorder == "little":
-            on_disk.byteswap()
-        size, entries = _SIZE.pack(segment_size), on_disk.tobytes()
-        checksum = xxh3_64_intdigest(size + entries)
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, _HEAD.pack(segment_size, checksum) + entries)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_directory(path.parent)
+        """Write this index for a segment of `segment_size` bytes (broker.log.indexfile)."""
+        write_index_file(path, segment_size, big_endian(self._entries))
 
     @classmethod
     def load(cls, path: Path, segment_size: int) -> tuple[OffsetIndex | None, str | None]:
@@ -99,21 +79,10 @@ class OffsetIndex:
         not: no reason when it is missing or describes another size (the segment was not
         closed cleanly), a reason when it describes this size but is damaged. Either way
         without an index the segment must be scanned."""
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return None, None
-        if len(data) < _SIZE.size or _SIZE.unpack_from(data)[0] != segment_size:
-            return None, None
-        if len(data) < _HEAD.size or (len(data) - _HEAD.size) % 4:
-            return None, f"its length {len(data)} does not fit its layout"
-        _, checksum = _HEAD.unpack_from(data)
-        if xxh3_64_intdigest(data[: _SIZE.size] + data[_HEAD.size :]) != checksum:
-            return None, "it fails its checksum"
-        entries = array("I")
-        entries.frombytes(data[_HEAD.size :])
-        if sys.byteorder == "little":
-            entries.byteswap()
+        body, damaged = read_index_file(path, segment_size, _ENTRY_BYTES)
+        if body is None:
+            return None, damaged
+        entries = from_big_endian("I", body)
         # the checksum vouches for the order this process wrote them in; these two checks
         # cost nothing and catch an index written for other bytes
         if (segment_size > 0 and not entries) or (

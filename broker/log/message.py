@@ -52,8 +52,10 @@ _BODY_HEADER = struct.Struct(">BBqi")
 _TIMESTAMP = struct.Struct(">q")
 TIMESTAMP_START = 14
 # The hot loop reads magic and attributes as one u16: version 1, attributes 0.
-_SCAN_HEADER = struct.Struct(">IQH8xi")
+_SCAN_HEADER = struct.Struct(">IQHqi")
 _MAGIC_ATTRIBUTES = MAGIC << 8
+NO_TIMESTAMP = -(1 << 63)
+"""The smallest i64: the greatest timestamp of no messages at all."""
 
 Buffer = bytes | bytearray | memoryview
 
@@ -82,13 +84,17 @@ class ScanResult(NamedTuple):
     `valid_bytes` is the length of the longest prefix made of valid messages, `message_count`
     how many messages it holds, `marks` the positions of the message starts chosen for the
     sparse index (see broker.log.index), and `error` why the walk stopped before the end, or
-    None. A named tuple: one is made for every message set appended.
+    None. `greatest` holds the greatest timestamp of each run of valid messages between
+    marks (for the time index, broker.log.timeindex): `greatest[0]` of those before the first
+    mark, `greatest[k + 1]` of those from `marks[k]` to the next mark; NO_TIMESTAMP for a run
+    of none. A named tuple: one is made for every message set appended.
     """
 
     valid_bytes: int
     message_count: int
     marks: list[int]
     error: str | None
+    greatest: list[int]
 
 
 def encode_message(
@@ -115,20 +121,23 @@ def scan(
     Stops at the first message that is cut short, malformed, over `max_message_bytes` in size
     on disk, or whose checksum does not match. With `index_interval` > 0, every message that
     starts at or after `next_mark` is recorded in `marks`, and the next mark is then due
-    `index_interval` bytes later. Used both to validate a producer's set and to recover a segment.
+    `index_interval` bytes later; `greatest` gets the greatest timestamp of each run between
+    marks. Used both to validate a producer's set and to recover a segment.
     """
     end = len(buf)
     max_length = max_message_bytes - LENGTH_SIZE
     unpack = _SCAN_HEADER.unpack_from
     checksum_of = xxh3_64_intdigest
     marks: list[int] = []
+    greatest: list[int] = []
+    top = NO_TIMESTAMP
     if index_interval <= 0:
         next_mark = end + 1
     pos = 0
     count = 0
     try:
         while pos < end:
-            length, checksum, magic_attributes, key_length = unpack(buf, pos)
+            length, checksum, magic_attributes, timestamp, key_length = unpack(buf, pos)
             following = pos + 4 + length
             if (
                 following > end
@@ -142,12 +151,17 @@ def scan(
             if pos >= next_mark:
                 marks.append(pos)
                 next_mark = pos + index_interval
+                greatest.append(top)
+                top = timestamp
+            elif timestamp > top:
+                top = timestamp
             pos = following
             count += 1
     except struct.error:
         pass  # fewer than HEADER_SIZE bytes left: a cut-short message, diagnosed below
+    greatest.append(top)
     error = None if pos == end else _diagnose(buf, pos, max_message_bytes)
-    return ScanResult(pos, count, marks, error)
+    return ScanResult(pos, count, marks, error, greatest)
 
 
 def validate_message_set(
@@ -277,7 +291,7 @@ def valid_message_end(buf: Buffer, pos: int) -> int | None:
     """Where the message starting at `pos` ends, if it passes every check of `scan` (framing
     and checksum, within the format's limits); None if it does not."""
     try:
-        length, checksum, magic_attributes, key_length = _SCAN_HEADER.unpack_from(buf, pos)
+        length, checksum, magic_attributes, _, key_length = _SCAN_HEADER.unpack_from(buf, pos)
     except struct.error:
         return None
     following: int = pos + LENGTH_SIZE + length

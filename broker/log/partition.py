@@ -48,6 +48,7 @@ from broker.log.fsdir import fsync_directory
 from broker.log.message import Buffer, validate_message_set
 from broker.log.segment import (
     INDEX_SUFFIX,
+    TIME_INDEX_SUFFIX,
     Damage,
     FramingBroken,
     Segment,
@@ -117,9 +118,12 @@ class PartitionLog:
         if not directory.is_dir():
             directory.mkdir(parents=True, exist_ok=True)
             fsync_directory(directory.parent)
-        leftovers = list(directory.glob(f"*{INDEX_SUFFIX}.tmp"))
+        leftovers = [
+            *directory.glob(f"*{INDEX_SUFFIX}.tmp"),
+            *directory.glob(f"*{TIME_INDEX_SUFFIX}.tmp"),
+        ]
         for leftover in leftovers:
-            leftover.unlink()  # an index write that a crash interrupted; the index is derived
+            leftover.unlink()  # an index write that a crash interrupted; indexes are derived
         if leftovers:
             fsync_directory(directory)
         found = sorted(
@@ -144,9 +148,11 @@ class PartitionLog:
                 bad.append(_set_aside(path))
                 continue
             try:
-                segment, trusted, damaged_index = Segment.open_existing(path, base)
+                segment, trusted, timed, damaged_index = Segment.open_existing(path, base)
                 if damaged_index is not None:
                     problems.append(f"{path.name}: {damaged_index}; rebuilt from the log")
+                if trusted and not timed and not newest:
+                    trusted = _walk_time_index(segment, config.index_interval_bytes, problems)
                 if newest or not trusted:
                     scanned += 1
                     cut, kept = _recover(segment, config.index_interval_bytes, newest, problems)
@@ -223,7 +229,7 @@ class PartitionLog:
             self.roll()
             active = self._segments[-1]
         offset = active.end_offset
-        active.append(message_set, checked.marks)
+        active.append(message_set, checked.marks, checked.greatest)
         if self._pending_since is None:
             self._pending_since = self._clock.monotonic()
         self._pending_messages += checked.message_count
@@ -343,13 +349,13 @@ class PartitionLog:
         return segment, position, limit
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
-        """The offset of the first flushed message whose timestamp is at or after
-        `timestamp_ms`, or the high watermark when there is none.
-
-        Timestamps are the producers' and need not grow with offsets, so this is a walk of
-        message headers; it starts at the first segment last written at or after the time
-        (every message of an older segment was stored before it) and stops at the first match.
-        Damaged ranges are passed over.
+        """The offset of the first flushed message, in offset order, whose timestamp is at or
+        after `timestamp_ms`, or the high watermark when there is none: exactly what a walk of
+        every message would find, though timestamps are the producers' and need not grow with
+        offsets. Segments whose greatest timestamp is older are passed over; in the first
+        that is not, a bisect of its time index names the run that holds the message, and a
+        walk of that run's headers finds it (broker.log.timeindex). Damaged ranges are passed
+        over.
         """
         try:
             return self._offset_for_timestamp(timestamp_ms)
@@ -359,9 +365,7 @@ class PartitionLog:
 
     def _offset_for_timestamp(self, timestamp_ms: int) -> int:
         for segment in self._segments:
-            if segment is not self._segments[-1] and (
-                segment.log_path.stat().st_mtime * 1000 < timestamp_ms
-            ):
+            if segment.time_index.greatest < timestamp_ms:
                 continue
             limit = min(self._high_watermark, segment.end_offset) - segment.base_offset
             position = segment.first_at_or_after(timestamp_ms, limit)
@@ -483,9 +487,9 @@ def _recover(
         if result.tail_error is not None:
             segment.keep_damage(Damage(result.end, segment.size, result.tail_error))
         try:
-            segment.index.write(segment.index_path, segment.size)
-        except OSError as error:
-            problems.append(f"{name}: the rebuilt index cannot be stored: {error}")
+            segment.store_indexes()
+        except StorageError as error:
+            problems.append(f"{name}: the rebuilt indexes cannot be stored: {error}")
     if result.tail_error is None or not newest:
         return 0, []
     cut = segment.size - result.end
@@ -502,12 +506,26 @@ def _recover(
     return cut, [kept]
 
 
+def _walk_time_index(segment: Segment, index_interval: int, problems: list[str]) -> bool:
+    """Build and store the time index of a closed segment opened on a trusted offset index
+    (Segment.walk_time_index); False when its framing breaks and it must be recovered."""
+    if not segment.walk_time_index(index_interval):
+        return False
+    try:
+        segment.time_index.write(segment.time_index_path, segment.size)
+    except OSError as error:
+        name = segment.log_path.name
+        problems.append(f"{name}: the rebuilt time index cannot be stored: {error}")
+    return True
+
+
 def _set_aside(path: Path) -> Path:
-    """Rename an untrusted segment to *.bad (never over another file), drop its index and
+    """Rename an untrusted segment to *.bad (never over another file), drop its indexes and
     fsync the folder."""
     target = bad_file_path(path)
     path.rename(target)
-    with contextlib.suppress(FileNotFoundError):
-        path.with_suffix(INDEX_SUFFIX).unlink()
+    for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        with contextlib.suppress(FileNotFoundError):
+            path.with_suffix(suffix).unlink()
     fsync_directory(path.parent)
     return target

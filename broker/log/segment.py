@@ -44,19 +44,23 @@ from broker.log.message import (
     LENGTH_SIZE,
     MAX_FORMAT_MESSAGE_BYTES,
     MIN_LENGTH,
+    NO_TIMESTAMP,
     Buffer,
     message_size_at,
     scan,
     timestamp_at,
     valid_message_end,
 )
+from broker.log.timeindex import TimeIndex
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 _LENGTH = struct.Struct(">I")
+_LENGTH_AND_TIMESTAMP = struct.Struct(">I10xq")
 _MAGIC_V1_NO_ATTRIBUTES = bytes([1, 0])
 """What a message has at byte CHECKSUM_START: magic 1, attributes 0."""
 _RESYNC_CHUNK = 1 << 20
@@ -94,12 +98,14 @@ class Damage(NamedTuple):
 class SegmentScan(NamedTuple):
     """What `scan_segment` found. `end` is where the bytes to keep end: the size, or the start
     of a torn tail, whose problem is `tail_error` (None when there is none). `marks` are the
-    index entries, `damage` the damaged ranges before `end`."""
+    index entries, `damage` the damaged ranges before `end`, `greatest` the greatest timestamp
+    of the valid messages of each run between marks (broker.log.message.ScanResult)."""
 
     end: int
     marks: list[int]
     damage: list[Damage]
     tail_error: str | None
+    greatest: list[int]
 
 
 def scan_segment(data: Buffer, index_interval: int) -> SegmentScan:
@@ -114,21 +120,54 @@ def scan_segment(data: Buffer, index_interval: int) -> SegmentScan:
     size = len(data)
     marks: list[int] = []
     damage: list[Damage] = []
+    greatest = [NO_TIMESTAMP]
     pos = next_mark = 0
     while pos < size:
         result = scan(data[pos:], MAX_FORMAT_MESSAGE_BYTES, index_interval, next_mark - pos)
         if result.marks:
             marks.extend(pos + m for m in result.marks)
             next_mark = marks[-1] + index_interval
+        greatest[-1] = max(greatest[-1], result.greatest[0])
+        greatest += result.greatest[1:]
         pos += result.valid_bytes
         if result.error is None:
             break
         resume = _resume_point(data, pos)
         if resume is None:
-            return SegmentScan(pos, marks, damage, result.error)
+            return SegmentScan(pos, marks, damage, result.error, greatest)
         damage.append(Damage(pos, resume, result.error))
         pos = next_mark = resume
-    return SegmentScan(size, marks, damage, None)
+    return SegmentScan(size, marks, damage, None, greatest)
+
+
+def walk_timestamps(data: Buffer, index_interval: int) -> tuple[list[int], list[int]] | None:
+    """The marks (one every `index_interval` bytes, as `scan` chooses them) and the greatest
+    timestamp of each run between them (ScanResult.greatest) of segment bytes `data`, from
+    their message headers alone (no checksums); None when the length fields do not lead from
+    byte 0 exactly to the end. About 0.3 s per million messages."""
+    size = len(data)
+    unpack = _LENGTH_AND_TIMESTAMP.unpack_from
+    marks: list[int] = []
+    greatest: list[int] = []
+    top = NO_TIMESTAMP
+    pos = next_mark = 0
+    while pos < size:
+        if pos + HEADER_SIZE > size:
+            return None
+        length, timestamp = unpack(data, pos)
+        following = pos + LENGTH_SIZE + length
+        if following - pos < HEADER_SIZE or following > size:
+            return None
+        if pos >= next_mark:
+            marks.append(pos)
+            next_mark = pos + index_interval
+            greatest.append(top)
+            top = timestamp
+        elif timestamp > top:
+            top = timestamp
+        pos = following
+    greatest.append(top)
+    return marks, greatest
 
 
 def _resume_point(data: Buffer, pos: int) -> int | None:
@@ -200,14 +239,18 @@ def storage_error(error: OSError, what: str) -> DiskFull | StorageIOError:
 
 
 class Segment:
-    """A segment file with its size, its in-memory index and, while active, a write handle."""
+    """A segment file with its size, its in-memory indexes and, while active, a write handle."""
 
-    def __init__(self, log_path: Path, base_offset: int, size: int, index: OffsetIndex) -> None:
+    def __init__(
+        self, log_path: Path, base_offset: int, size: int, index: OffsetIndex, times: TimeIndex
+    ) -> None:
         self.log_path = log_path
         self.index_path = log_path.with_suffix(INDEX_SUFFIX)
+        self.time_index_path = log_path.with_suffix(TIME_INDEX_SUFFIX)
         self.base_offset = base_offset
         self.size = size
         self.index = index
+        self.time_index = times
         self._write_fd: int | None = None
         self._map: mmap.mmap | None = None
         self.damage: list[Damage] = []
@@ -241,29 +284,44 @@ class Segment:
             fsync_directory(directory)
         except OSError as error:
             raise storage_error(error, f"creating {path}") from error
-        return cls(path, base_offset, 0, OffsetIndex([]))
+        return cls(path, base_offset, 0, OffsetIndex([]), TimeIndex())
 
     @classmethod
-    def open_existing(cls, log_path: Path, base_offset: int) -> tuple[Segment, bool, str | None]:
-        """Open a segment file with its stored index. The flag says whether that index can be
-        trusted (else the caller must `recover` the segment): it is missing or written for
-        another size when the segment was not closed cleanly, and the text says why one that
-        describes the file's size is damaged (broker.log.index). Reads the index only, never
-        the log, so that opening costs the same whatever the segment holds."""
+    def open_existing(
+        cls, log_path: Path, base_offset: int
+    ) -> tuple[Segment, bool, bool, str | None]:
+        """Open a segment file with its stored indexes. The first flag says whether its offset
+        index can be trusted (else the caller must `recover` the segment): it is missing or
+        written for another size when the segment was not closed cleanly, and the text says
+        why one that describes the file's size is damaged (broker.log.index). The second says
+        whether its time index can (else `walk_time_index` or `recover` builds it): it is only
+        read beside a trusted offset index, and the text then says why one that describes the
+        file's size is damaged. Reads the indexes only, never the log, so that opening costs
+        the same whatever the segment holds."""
         size = log_path.stat().st_size
         index_path = log_path.with_suffix(INDEX_SUFFIX)
         index, damaged = OffsetIndex.load(index_path, size)
-        segment = cls(log_path, base_offset, size, index or OffsetIndex())
+        segment = cls(log_path, base_offset, size, index or OffsetIndex(), TimeIndex())
         segment.framing_checked = False
         if damaged is not None:
-            return segment, False, f"index {index_path.name} is damaged: {damaged}"
-        return segment, index is not None, None
+            return segment, False, False, f"index {index_path.name} is damaged: {damaged}"
+        if index is None:
+            return segment, False, False, None
+        times, damaged = TimeIndex.load(segment.time_index_path, size)
+        if times is None:
+            problem = None
+            if damaged is not None:
+                problem = f"time index {segment.time_index_path.name} is damaged: {damaged}"
+            return segment, True, False, problem
+        segment.time_index = times
+        return segment, True, True, None
 
     # -- writing ---------------------------------------------------------------------------
 
-    def append(self, data: Buffer, marks: list[int]) -> None:
+    def append(self, data: Buffer, marks: list[int], greatest: list[int]) -> None:
         """Write `data` (validated whole messages) at the end; `marks` are index entries
-        relative to its start. On any error the file is truncated back and nothing changes."""
+        relative to its start, `greatest` the greatest timestamps of the runs between them
+        (ScanResult). On any error the file is truncated back and nothing changes."""
         if self._write_fd is None:
             self._write_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND)
         fd = self._write_fd
@@ -277,6 +335,7 @@ class Segment:
                 os.ftruncate(fd, start)
             raise storage_error(error, f"append to {self.log_path}") from error
         self.size = start + len(data)
+        self.time_index.extend(start, self.index.last, marks, greatest)
         self.index.extend(start, marks)
 
     def sync(self) -> None:
@@ -288,21 +347,29 @@ class Segment:
                 raise storage_error(error, f"fsync of {self.log_path}") from error
 
     def seal(self) -> None:
-        """Stop writing and store the index, which marks a clean close. The caller has
-        fsynced the data first (PartitionLog.flush): an index never vouches for unsynced
-        bytes. DiskFull or StorageIOError when the index cannot be written; the segment is
-        then as before, but not marked clean (open scans it)."""
+        """Stop writing and store the indexes: the time index, then the offset index, which
+        marks a clean close. The caller has fsynced the data first (PartitionLog.flush): an
+        index never vouches for unsynced bytes. DiskFull or StorageIOError when an index
+        cannot be written; the segment is then as before, but not marked clean (open scans
+        it)."""
         self.close_write_handle()
-        try:
-            self.index.write(self.index_path, self.size)
-        except OSError as error:
-            raise storage_error(error, f"writing {self.index_path}") from error
+        self.store_indexes()
+
+    def store_indexes(self) -> None:
+        """Write the time index, then the offset index (each tmp, fsync, rename, fsync of the
+        folder). DiskFull or StorageIOError when one cannot be written."""
+        for index, path in ((self.time_index, self.time_index_path), (self.index, self.index_path)):
+            try:
+                index.write(path, self.size)
+            except OSError as error:
+                raise storage_error(error, f"writing {path}") from error
 
     def truncate_to(self, size: int) -> None:
         """Cut the file to `size` bytes, which must be a message boundary."""
         os.truncate(self.log_path, size)
         self.size = size
         self.index.truncate_to(size)
+        self.time_index.truncate_to(size)
         self._retire_map()
 
     # -- recovery --------------------------------------------------------------------------
@@ -312,16 +379,32 @@ class Segment:
         ranges, which reads then answer with CorruptSegment. A torn tail is the caller's to
         cut (`cut_tail`) or to keep as damage (`keep_damage`)."""
         if self.size == 0:
-            result = SegmentScan(0, [], [], None)
+            result = SegmentScan(0, [], [], None, [NO_TIMESTAMP])
         else:
             with _mapped(self.log_path) as data:
                 result = scan_segment(data, index_interval)
         self.index = OffsetIndex(result.marks)
+        self.time_index = TimeIndex.build(result.marks, result.greatest)
         self.damage = []
         for damage in result.damage:
             self.keep_damage(damage)
         self.framing_checked = True
         return result
+
+    def walk_time_index(self, index_interval: int) -> bool:
+        """Build the time index of a segment opened on a trusted offset index from its message
+        headers (`walk_timestamps`); False, changing nothing, when their framing breaks (the
+        segment must then be recovered). A walk of every header checks the framing, so reads
+        no longer walk what they serve."""
+        if self.size == 0:
+            return True
+        with _mapped(self.log_path) as data:
+            walked = walk_timestamps(data, index_interval)
+        if walked is None:
+            return False
+        self.time_index = TimeIndex.build(*walked)
+        self.framing_checked = True
+        return True
 
     def keep_damage(self, damage: Damage) -> None:
         """Note damaged range `damage`, which follows every range noted before."""
@@ -412,11 +495,14 @@ class Segment:
 
     def first_at_or_after(self, timestamp_ms: int, limit: int) -> int | None:
         """The position of the first message before `limit` whose timestamp is at or after
-        `timestamp_ms`, or None."""
+        `timestamp_ms`, or None: a bisect of the time index, then a walk of the headers from
+        the start of the run it names (one run, unless `limit` cuts it short)."""
+        position = self.time_index.start_for(timestamp_ms)
+        if position is None or position >= limit:
+            return None
         window = self.view(0, limit)
         damaged = self._damage_ends
         step = self._next_start if not damaged else self._next_start_over_damage
-        position = 0
         while position < limit:
             following = step(window, position, limit)
             if position not in damaged and timestamp_at(window, position) >= timestamp_ms:
@@ -495,8 +581,9 @@ class Segment:
             self._retire_map()
 
     def delete(self) -> None:
-        """Close and remove the segment and its index from disk."""
+        """Close and remove the segment and its indexes from disk."""
         self.close()
         self.log_path.unlink()
         self.index_path.unlink(missing_ok=True)
+        self.time_index_path.unlink(missing_ok=True)
         fsync_directory(self.log_path.parent)

@@ -15,7 +15,8 @@ from pathlib import Path
 from broker.log.index import OffsetIndex
 from broker.log.message import MAX_FORMAT_MESSAGE_BYTES, Message, decode_message, scan
 from broker.log.partition import SEGMENT_NAME
-from broker.log.segment import INDEX_SUFFIX, index_disagreement
+from broker.log.segment import INDEX_SUFFIX, TIME_INDEX_SUFFIX, index_disagreement
+from broker.log.timeindex import TimeIndex
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,8 @@ def check_segment(path: Path, expected_base: int | None = None) -> SegmentCheck:
     """Check every message's framing and checksum, that the segment starts at
     `expected_base` (where the previous segment of its partition ended), if given, and that
     its index, if one describes a file of this size (it was closed cleanly), agrees with it:
-    an index written for another size is stale, and recovery rebuilds it."""
+    an index written for another size is stale, and recovery rebuilds it. A time index that
+    describes a file of this size must pass its checksum."""
     base = base_offset_of(path)
     try:
         data = map_file(path)
@@ -80,6 +82,11 @@ def check_segment(path: Path, expected_base: int | None = None) -> SegmentCheck:
         if wrong is not None:
             problem = f"index {index_path.name} disagrees with the log: {wrong[1]}"
             return SegmentCheck(path, base, size, result.message_count, problem, wrong[0])
+    time_index_path = path.with_suffix(TIME_INDEX_SUFFIX)
+    _, damaged = TimeIndex.load(time_index_path, size)
+    if damaged is not None:
+        problem = f"time index {time_index_path.name} is damaged: {damaged}"
+        return SegmentCheck(path, base, size, result.message_count, problem, 0)
     return SegmentCheck(path, base, size, result.message_count, None, None)
 
 

@@ -311,8 +311,8 @@ def test_directories_are_fsynced_after_files_are_created_renamed_or_deleted(
     assert synced == [tmp_path, folder]  # the new partition folder, then its first segment
     synced.clear()
     log.append(make_set(0, 10))
-    log.append(make_set(10, 1))  # rolls: the index is renamed into place, a segment created
-    assert synced == [folder, folder]
+    log.append(make_set(10, 1))  # rolls: both indexes renamed into place, a segment created
+    assert synced == [folder, folder, folder]
     synced.clear()
     log.flush()
     assert log.apply_retention() == [folder / f"{0:020d}.log"]
