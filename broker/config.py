@@ -17,6 +17,7 @@ from typing import Any
 
 from broker.errors import InvalidTopic
 from broker.log.config import LogConfig
+from broker.log.files import DEFAULT_MAX_OPEN_FILES
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +145,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("log", "retention_check_interval_ms", int, 60_000, "How often retention runs."),
     Setting(
+        "log",
+        "max_open_files",
+        int,
+        DEFAULT_MAX_OPEN_FILES,
+        "Segment files (write handles and read mappings) a worker keeps open at most; the least "
+        "recently used are closed and opened again when next used.",
+    ),
+    Setting(
         "zookeeper",
         "connect",
         str,
@@ -262,6 +271,8 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> BrokerConfig
     config.log_config()  # LogConfig checks the [log] values together
     if config.broker_workers_per_dir < 1:
         raise ValueError("broker_workers_per_dir must be at least 1")
+    if config.log_max_open_files < 1:
+        raise ValueError("log_max_open_files must be at least 1")
     return config
 
 

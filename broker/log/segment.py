@@ -9,7 +9,9 @@ Writes go straight to the file with os.write (no buffer of our own), so a failed
 at once and undone by truncating back; whether they are fsynced is the caller's choice (flush).
 Reads are memoryviews of a read-only mmap, served from the OS page cache. A view stays valid
 after the segment is deleted (the mapping keeps the unlinked file's pages), and a segment whose
-mapping still has views is reported as in use and not deleted.
+mapping still has views is reported as in use and not deleted. The write handle and the
+mapping are registered in the process's OPEN_FILES (broker.log.files), which closes the least
+recently used when too many are open; they are opened again when next needed.
 
 After a crash, or when a disk goes bad, stored bytes may fail their checks: `scan_segment`
 (run by `Segment.recover`) keeps every valid message, notes each damaged range (reads of it
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from broker.errors import CorruptSegment, DiskFull, FetchSizeTooSmall, InvalidOffset, StorageIOError
+from broker.log.files import OPEN_FILES
 from broker.log.fsdir import fsync_directory
 from broker.log.index import OffsetIndex
 from broker.log.message import (
@@ -252,6 +255,11 @@ class Segment:
         self.index = index
         self.time_index = times
         self._write_fd: int | None = None
+        self._unsynced = False
+        """Whether bytes were written since the last `sync` (the handle may be closed since)."""
+        self._write_key = (self, "write")
+        self._map_key = (self, "map")
+        """Keys of the handles in OPEN_FILES (broker.log.files), which may release them."""
         self._map: mmap.mmap | None = None
         self.damage: list[Damage] = []
         """Damaged ranges found by `recover`, sorted; reads of them raise CorruptSegment."""
@@ -322,10 +330,9 @@ class Segment:
         """Write `data` (validated whole messages) at the end; `marks` are index entries
         relative to its start, `greatest` the greatest timestamps of the runs between them
         (ScanResult). On any error the file is truncated back and nothing changes."""
-        if self._write_fd is None:
-            self._write_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND)
-        fd = self._write_fd
+        fd = self._write_handle()
         start = self.size
+        self._unsynced = True
         try:
             written = os.write(fd, data)
             while written < len(data):
@@ -338,13 +345,28 @@ class Segment:
         self.time_index.extend(start, self.index.last, marks, greatest)
         self.index.extend(start, marks)
 
-    def sync(self) -> None:
-        """fsync what was written."""
-        if self._write_fd is not None:
+    def _write_handle(self) -> int:
+        """The write handle, opened again if OPEN_FILES released it (StorageIOError, EMFILE
+        among them, when it cannot be)."""
+        fd = self._write_fd
+        if fd is None:
             try:
-                os.fsync(self._write_fd)
+                fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND)
+            except OSError as error:
+                raise storage_error(error, f"opening {self.log_path} to append") from error
+            self._write_fd = fd
+        OPEN_FILES.used(self._write_key, self._release_write_handle)
+        return fd
+
+    def sync(self) -> None:
+        """fsync what was written since the last sync, through the write handle (opened again
+        if it was released: fsync covers the file, whichever descriptor wrote to it)."""
+        if self._unsynced:
+            try:
+                os.fsync(self._write_handle())
             except OSError as error:
                 raise storage_error(error, f"fsync of {self.log_path}") from error
+            self._unsynced = False
 
     def seal(self) -> None:
         """Stop writing and store the indexes: the time index, then the offset index, which
@@ -439,8 +461,12 @@ class Segment:
             return memoryview(b"")
         if self._map is None or len(self._map) < end:
             self._retire_map()
-            with open(self.log_path, "rb") as f:
-                self._map = mmap.mmap(f.fileno(), self.size, access=mmap.ACCESS_READ)
+            try:
+                with open(self.log_path, "rb") as f:
+                    self._map = mmap.mmap(f.fileno(), self.size, access=mmap.ACCESS_READ)
+            except OSError as error:
+                raise storage_error(error, f"mapping {self.log_path}") from error
+        OPEN_FILES.used(self._map_key, self._release_map)
         return memoryview(self._map)[start:end]
 
     def message_bounds(self, position: int, limit: int) -> tuple[int, int]:
@@ -552,20 +578,35 @@ class Segment:
         return bool(self._retired_maps)
 
     def _retire_map(self) -> None:
-        if self._map is not None:
-            self._retired_maps.append(self._map)
-            self._map = None
+        """Close the mapping, and any mapping kept aside that no view uses any more."""
+        OPEN_FILES.closed(self._map_key)
+        self._release_map()
         still_exported = []
         for m in self._retired_maps:
             try:
-                m.close()
+                m.close()  # a no-op for one OPEN_FILES closed already
             except BufferError:
                 still_exported.append(m)
         self._retired_maps = still_exported
 
+    def _release_map(self) -> None:
+        """Close the mapping (OPEN_FILES calls this), or keep it aside while views use it."""
+        m, self._map = self._map, None
+        if m is not None and not OPEN_FILES.close_mapping(m):
+            self._retired_maps.append(m)
+
+    def _release_write_handle(self) -> None:
+        """Close the write handle for OPEN_FILES; an error of close(2) is the next fsync's to
+        report (what was written stays in the page cache, and `sync` still fsyncs it)."""
+        fd, self._write_fd = self._write_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
     def close_write_handle(self) -> None:
         """Release the write handle (the next append opens it again). StorageIOError when
         close(2) reports an error; the handle is released all the same."""
+        OPEN_FILES.closed(self._write_key)
         fd, self._write_fd = self._write_fd, None
         if fd is not None:
             try:
