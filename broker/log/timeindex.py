@@ -77,14 +77,19 @@ class TimeIndex:
         (ScanResult.greatest: first the messages before the first mark, which continue the
         run that starts at `open_run`)."""
         times, positions = self._times, self._positions
-        top = self.greatest
-        if times and greatest[0] > top:
-            top = greatest[0]
-            if positions[-1] == open_run:
-                times[-1] = top
-            else:
-                times.append(top)
-                positions.append(open_run)
+        if times:
+            top = times[-1]
+            if greatest[0] > top:
+                top = greatest[0]
+                if positions[-1] == open_run:
+                    times[-1] = top
+                else:
+                    times.append(top)
+                    positions.append(open_run)
+        else:
+            top = NO_TIMESTAMP
+        if not marks:  # most appends: no run starts in them
+            return
         for i, mark in enumerate(marks, 1):
             if greatest[i] > top or not times:
                 top = greatest[i]
