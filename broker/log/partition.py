@@ -1,7 +1,7 @@
 """The log of one partition: a folder of segments, appended at the end and read by offset.
 
 Folder `<topic>-<partition>/` holds `<base offset, 20 digits>.log` segments and their `.index`
-files (broker.log.segment, broker.log.index). Offsets are byte positions in the partition's
+and `.timeindex` files (broker.log.segment, broker.log.index, broker.log.timeindex). Offsets are byte positions in the partition's
 stream of all bytes ever appended: the segments are contiguous, each starting where the
 previous one ends, and a sorted list of their base offsets is bisected to find the segment
 holding an offset.
@@ -21,7 +21,8 @@ failed fsync fails the log (every later append, flush and roll raises StorageIOE
 Crash behaviour (docs/storage.md, "Recovery"): on open, stored bytes are judged by the
 format's own limits, never by today's settings. A closed segment is trusted when its index
 describes its size and passes its checksum (the log is not read: opening costs the same
-whatever it holds); the newest segment, and any other segment, is scanned, checksums and all.
+whatever it holds; but a trusted segment without a good time index has its headers walked to
+build one, once); the newest segment, and any other segment, is scanned, checksums and all.
 Reads of a closed segment walk the headers they serve, and one that meets broken framing
 scans that segment then. Where the framing holds nothing is cut: a damaged message stays in
 place, is reported, and reads of it raise CorruptSegment naming its offsets, which readers may
