@@ -1,10 +1,10 @@
 """The log of one partition: a folder of segments, appended at the end and read by offset.
 
 Folder `<topic>-<partition>/` holds `<base offset, 20 digits>.log` segments and their `.index`
-and `.timeindex` files (broker.log.segment, broker.log.index, broker.log.timeindex). Offsets are byte positions in the partition's
-stream of all bytes ever appended: the segments are contiguous, each starting where the
-previous one ends, and a sorted list of their base offsets is bisected to find the segment
-holding an offset.
+and `.timeindex` files (broker.log.segment, broker.log.index, broker.log.timeindex). Offsets
+are byte positions in the partition's stream of all bytes ever appended: the segments are
+contiguous, each starting where the previous one ends, and a sorted list of their base
+offsets is bisected to find the segment holding an offset.
 
 Three offsets describe the log:
 
