@@ -372,16 +372,16 @@ def test_offset_for_timestamp_is_the_first_message_at_or_after_it(
     assert log.offset_for_timestamp(12) == log.high_watermark
 
 
-def test_offset_for_timestamp_skips_segments_written_before_it(
+def test_offset_for_timestamp_is_first_in_offset_order_whatever_the_timestamps_order(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     log = open_log(tmp_path / "t-0", clock, segment_bytes=500)
     log.append(make_set(5, 5))
     log.append(make_set(0, 5))  # rolls: a second segment whose messages carry older timestamps
     log.flush()
-    old = log.segments[0].log_path
-    os.utime(old, (1_000, 1_000))  # first segment last written at t = 1 s
+    assert [s.time_index.greatest for s in log.segments] == [9, 4]
     assert log.offset_for_timestamp(0) == 0
+    assert log.offset_for_timestamp(7) == 200
     assert log.offset_for_timestamp(2_000) == log.high_watermark
 
 
