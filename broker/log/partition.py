@@ -246,12 +246,15 @@ class PartitionLog:
         A failed fsync fails the log: the kernel may have dropped the pages it could not
         write and a later fsync would report success, so the page cache can no longer be
         trusted. The high watermark stays where it was, and every later append, flush and roll
-        raises StorageIOError until `reopen_from_disk`."""
+        raises StorageIOError until `reopen_from_disk`. A flush that cannot open the segment
+        again to fsync it (EMFILE...) raises StorageIOError too, but fails nothing: no fsync
+        was made, and a later flush tries again."""
         self._refuse_if_failed()
         active = self._segments[-1]
         if self._high_watermark == active.end_offset:
             return
         if self.config.fsync:
+            active.open_to_sync()
             try:
                 active.sync()
             except StorageError as error:

@@ -358,6 +358,13 @@ class Segment:
         OPEN_FILES.used(self._write_key, self._release_write_handle)
         return fd
 
+    def open_to_sync(self) -> None:
+        """Open the write handle again if OPEN_FILES released it while written bytes wait for
+        `sync`. StorageIOError (EMFILE...) when it cannot be: unlike a failed fsync, that
+        leaves the page cache to be trusted."""
+        if self._unsynced:
+            self._write_handle()
+
     def sync(self) -> None:
         """fsync what was written since the last sync, through the write handle (opened again
         if it was released: fsync covers the file, whichever descriptor wrote to it)."""

@@ -194,3 +194,27 @@ def test_many_partitions_in_one_process_hold_at_most_the_limit(
     assert len(os.listdir("/proc/self/fd")) - before <= 10
     for log in logs:
         log.close()
+
+
+def test_a_flush_that_cannot_open_its_file_again_does_not_fail_the_log(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = OpenFiles(limit=1)
+    monkeypatch.setattr("broker.log.segment.OPEN_FILES", files)
+    first, second = (open_log(tmp_path / f"t-{i}", clock, fsync=True) for i in range(2))
+    first.append(make_set(0, 1))
+    second.append(make_set(0, 1))  # releases the first log's write handle, before its flush
+    real_open = os.open
+
+    def no_descriptors(*args: object, **kwargs: object) -> int:
+        raise OSError(24, "Too many open files", str(args[0]))
+
+    monkeypatch.setattr(os, "open", no_descriptors)
+    with pytest.raises(StorageIOError, match="Too many open files"):
+        first.flush()  # no fsync was made, none failed: the page cache is still to be trusted
+    monkeypatch.setattr(os, "open", real_open)
+    assert first.failure is None and first.high_watermark == 0
+    first.flush()
+    assert first.high_watermark == 100
+    first.close()
+    second.close()
