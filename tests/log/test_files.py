@@ -8,6 +8,7 @@ import mmap
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -175,9 +176,18 @@ def test_a_reopen_that_fails_is_a_storage_io_error(
     second.close()
 
 
-def test_max_open_files_must_be_at_least_1() -> None:
+def test_max_open_files_must_be_at_least_1_and_lowering_it_releases_handles() -> None:
     with pytest.raises(ValueError, match="max_open_files must be at least 1, not 0"):
         OpenFiles(limit=0)
+    files, released = OpenFiles(limit=3), []
+
+    def release(key: str) -> Callable[[], None]:
+        return lambda: released.append(key)
+
+    for key in "abca":  # "a" used again: the most recently used
+        files.used(key, release(key))
+    files.limit = 1
+    assert (released, len(files)) == (["b", "c"], 1)
 
 
 def test_many_partitions_in_one_process_hold_at_most_the_limit(
