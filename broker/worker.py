@@ -72,6 +72,7 @@ from broker.errors import (
 )
 from broker.log import PartitionLog
 from broker.log.config import LogConfig
+from broker.log.files import OPEN_FILES
 from broker.log.message import Buffer
 from broker.log.segment import storage_error
 from broker.processes import exit_with_supervisor
@@ -83,6 +84,9 @@ ANSWER_TIMEOUT_S = 5.0
 FIRST_REOPEN_DELAY_S = 0.1
 MAX_REOPEN_DELAY_S = 5.0
 STORAGE_LOG_EVERY_S = 5.0
+FLUSH_RETRY_S = 0.1
+"""The wait before flushes are tried again after one failed without failing its log (no
+descriptor to reopen its segment with: EMFILE)."""
 DISK_ERRORS = (DiskFull, StorageIOError)
 """What the disk or the file table says (not what a request got wrong)."""
 
@@ -510,25 +514,30 @@ class Worker:
             return
         log.info("deleted partition %s-%d", topic, number)
 
-    def _flush(self, partition: Partition, if_due: bool = False) -> None:
+    def _flush(self, partition: Partition, if_due: bool = False) -> bool:
         """Flush a partition (only if due, with `if_due`) and wake those waiting for it; a
-        failed flush takes it offline (see _on_disk_error)."""
+        failed flush takes it offline (see _on_disk_error). Whether it did not fail."""
         try:
             if if_due:
                 if not partition.log.flush_if_due():
-                    return
+                    return True
             else:
                 partition.log.flush()
         except DISK_ERRORS as error:
             self._on_disk_error(partition, error)
-            return
+            return False
         partition.note_flush()
+        return True
 
     def _on_disk_error(self, partition: Partition, error: StorageError) -> None:
         """After a disk error from a partition's log: if its log failed (a flush did), take the
         partition offline, answer every producer waiting on its flush (STORAGE_ERROR: their
         messages are not stored) and start reopening it from the disk."""
-        if partition.log.failure is None or partition.offline is not None:
+        if partition.log.failure is None:  # nothing was written wrong: tried again later
+            kind = type(error).__name__
+            self._storage_log.log(logging.ERROR, kind, f"{partition.name}: {error}")
+            return
+        if partition.offline is not None:
             return
         partition.offline = f"a failed flush ({partition.log.failure})"
         partition.failed_flushes += 1
@@ -579,6 +588,7 @@ class Worker:
 
     async def _flush_when_due(self) -> None:
         """Flush each partition when its oldest pending message has waited flush_interval_ms."""
+        failed = False
         while True:
             self._deadline_changed = trio.Event()
             deadlines = [
@@ -587,11 +597,16 @@ class Worker:
             due = min((d for d in deadlines if d is not None), default=math.inf)
             # The deadlines are on the partition logs' clock (time.monotonic), not on trio's,
             # which has another origin: wait for the interval left, not until the instant.
-            with trio.move_on_after(max(0.0, due - SYSTEM_CLOCK.monotonic())):
+            # After a flush that failed and stays due, not at once: a spin until it works.
+            wait_s = max(FLUSH_RETRY_S if failed else 0.0, due - SYSTEM_CLOCK.monotonic())
+            with trio.move_on_after(wait_s):
                 await self._deadline_changed.wait()
-            for partition in list(self.partitions.values()):
-                if partition.offline is None:
-                    self._flush(partition, if_due=True)
+            flushed = [
+                self._flush(partition, if_due=True)
+                for partition in list(self.partitions.values())
+                if partition.offline is None
+            ]
+            failed = not all(flushed)
 
     async def _apply_retention(self) -> None:
         while True:
@@ -626,6 +641,7 @@ def _log_recovery(name: str, plog: PartitionLog) -> None:
 
 async def run_worker(index: int, endpoint: str, config: BrokerConfig) -> None:
     """Serve until SIGTERM or SIGINT, then flush and close every log."""
+    OPEN_FILES.limit = config.log_max_open_files
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 5000)

@@ -13,6 +13,7 @@ import zmq
 
 from broker import protocol
 from broker.config import BrokerConfig
+from broker.errors import StorageIOError
 from broker.log import encode_message
 from broker.protocol import Ack, Api
 from broker.transport import (
@@ -130,5 +131,37 @@ async def test_every_request_of_a_requests_message_is_served_in_order(
         assert [reply[0] for reply in replies] == clients
         offsets = [protocol.decode_reply(Api.PRODUCE, reply[1:]).base_offset for reply in replies]
         assert offsets == sorted(offsets) and len(set(offsets)) == len(clients)
+    finally:
+        worker.close()
+
+
+async def test_a_flush_that_fails_without_failing_its_log_is_retried_with_a_pause(
+    tmp_path: Path, sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
+) -> None:
+    # A flush that finds no descriptor to reopen its segment with (EMFILE) raises
+    # StorageIOError but leaves the log good and the flush due: tried again after a pause,
+    # not in a loop that burns a core until descriptors free up.
+    _, worker_end = sockets
+    config = BrokerConfig({"log_flush_interval_ms": 1, "log_flush_messages": 1_000_000})
+    worker = Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
+    attempts = 0
+
+    def no_descriptor() -> bool:
+        nonlocal attempts
+        attempts += 1
+        raise StorageIOError("reopening 00000000000000000000.log: [Errno 24] Too many open files")
+
+    try:
+        async with trio.open_nursery() as nursery:
+            worker.nursery = nursery
+            worker._open("audit", 0, tmp_path, worker.config.log_config())
+            await worker._serve_request(CLIENT, produce_frames(Ack.WRITTEN))
+            plog = worker.partitions[("audit", 0)].log
+            plog.flush_if_due = no_descriptor  # type: ignore[method-assign]
+            with trio.move_on_after(0.5):
+                await worker._flush_when_due()
+            nursery.cancel_scope.cancel()
+        assert 1 <= attempts <= 10
+        assert worker.partitions[("audit", 0)].offline is None  # the log did not fail
     finally:
         worker.close()
