@@ -10,8 +10,9 @@ through `orphan_proof(command)`, which runs
 
 to do the same and then exec the command: the setting survives exec, so the JVM gets SIGTERM
 when pylogd dies. The kernel sends it when the *thread* that forked the child ends, not the
-process: start children from a thread that lasts as long as the process (pylogd forks every
-child from its main thread).
+process: start children from a thread that lasts as long as the process (pylogd forks its
+workers from its main thread, and restarts its private ZooKeeper from a thread of its own that
+ends only after that ZooKeeper is stopped).
 
 `port_holder(port)` names the process listening on a TCP port, for errors that say who holds
 it; `listening_pids(port)` tells whether that is the process meant to.

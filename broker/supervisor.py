@@ -13,9 +13,14 @@ trio adapter runs at two thirds of the rate (perf/README.md, bench_broker.py).
 Cluster: every topic lives in ZooKeeper (/config/topics) with the broker that holds each
 partition, dealt round robin over the live brokers when it is created. Watches on the topics
 and on the brokers keep this process's view current (applied by the loop, never on kazoo's
-threads): it opens the partitions assigned to it as soon as it sees a new topic, deletes them
-when the topic is deleted through any broker, and answers METADATA from that view. Requests
-for a partition held elsewhere get UNKNOWN_TOPIC_OR_PARTITION naming the holder.
+threads). The loop never waits on ZooKeeper: every registry call after start (creating,
+deleting and registering topics, checking a CREATE_TOPIC's progress) runs on one registry
+thread, in the order asked, and its result comes back to the loop as an event, so produce and
+fetch go on while ZooKeeper is slow or paused (a topic change then waits, or fails with
+REGISTRY_UNAVAILABLE when the registry gives up). It opens the partitions assigned to it as
+soon as it sees a new topic, deletes them when the topic is deleted through any broker, and
+answers METADATA from that view. Requests for a partition held elsewhere get
+UNKNOWN_TOPIC_OR_PARTITION naming the holder.
 
 Partition placement: a partition whose folder exists in a log dir stays there; a new one goes
 to the log dir holding the fewest partitions; within a dir, `workers_per_dir` workers share the
@@ -46,7 +51,9 @@ sends READY=1 once serving and WATCHDOG=1 every half WATCHDOG_USEC.
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
+import functools
 import json
 import logging
 import math
@@ -62,6 +69,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import TypeVar
 
 import xxhash
 import zmq
@@ -95,6 +103,8 @@ from broker.zmqio import NOBLOCK, receive_routed, send_frames
 from broker.zookeeper import PrivateZooKeeper
 
 log = logging.getLogger("pylog.supervisor")
+
+T = TypeVar("T")
 
 TICK_MS = 100
 FIRST_BACKOFF_S = 0.1
@@ -178,7 +188,22 @@ class Supervisor:
         self.live_brokers: dict[int, BrokerInfo] = {}
         """The registered brokers, as ZooKeeper last said (kept by a watch)."""
         self._registry_events: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        """What the registry's watch threads saw, applied by the loop."""
+        """What the registry's watch threads saw and what its calls returned, applied by the
+        loop."""
+        self._registry_calls = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="registry"
+        )
+        """The one thread that makes registry calls for the loop (see _off_loop)."""
+        self._zookeeper_starts = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="zookeeper-start"
+        )
+        """Where the private ZooKeeper is started again (not behind registry calls that wait
+        for it). The JVM dies with the thread that forked it (broker.processes), so this thread
+        ends only after the ZooKeeper is stopped (shutdown)."""
+        self._zookeeper_starting = False
+        self._creating: set[str] = set()
+        """Topics whose CREATE_TOPIC is being recorded in ZooKeeper."""
+        self._creates_checking = False
         self._pending_creates: list[_PendingCreate] = []
         self.partition_errors: dict[tuple[str, int], tuple[int, str]] = {}
         """Partitions held here that their worker could not open: error code and message."""
@@ -466,8 +491,8 @@ class Supervisor:
                 self._create_topic(request, tagged, header.correlation_id)
                 return  # answered once every broker holding a partition serves it
             elif isinstance(request, protocol.DeleteTopicRequest):
-                self._delete_topic(request.topic)
-                reply = protocol.EmptyReply()
+                self._delete_topic(request.topic, tagged, header.correlation_id)
+                return  # answered once ZooKeeper has deleted it
             else:
                 raise UnsupportedApi(f"{type(request).__name__} is not served by the front")
             self._answer(tagged, protocol.encode_reply(header.correlation_id, reply))
@@ -517,6 +542,36 @@ class Supervisor:
             )
         return self.registry
 
+    def _off_loop(
+        self,
+        call: Callable[[Registry], T],
+        done: Callable[[T], None],
+        failed: Callable[[PylogError], None],
+        thread: concurrent.futures.Executor | None = None,
+    ) -> None:
+        """Run `call(registry)` on the registry thread (or `thread`), then `done(result)` or,
+        if it raised a PylogError, `failed(error)` on this loop (as a registry event)."""
+        registry = self.registry
+        assert registry is not None
+        events = self._registry_events
+
+        def run() -> None:
+            try:
+                result = call(registry)
+            except PylogError as error:
+                events.put(functools.partial(failed, error))
+            except Exception as error:  # a bug: logged, and the caller told it failed
+                log.exception("registry call failed")
+                unexpected = RegistryUnavailable(f"registry call failed: {error}")
+                events.put(functools.partial(failed, unexpected))
+            else:
+                events.put(functools.partial(done, result))
+
+        (thread or self._registry_calls).submit(run)
+
+    def _log_registry_failure(self, what: str) -> Callable[[PylogError], None]:
+        return lambda error: log.warning("%s: %s", what, error)
+
     # -- topics ----------------------------------------------------------------------------
 
     def _create_topic(
@@ -531,24 +586,43 @@ class Supervisor:
                 f"partitions must be from 1 to {MAX_PARTITIONS}, not {request.partitions}"
             )
         settings = topic_settings(dict(request.config))
-        if request.topic in self.configs:
-            raise TopicAlreadyExists(f"topic {request.topic!r} exists")
-        registry = self._connected_registry()
-        holders = {*registry.brokers(), self.config.broker_id}  # now, not as last watched
-        config = TopicConfig.spread(request.partitions, holders, settings)
-        registry.create_topic_config(request.topic, config)
-        self.configs[request.topic] = config
-        self._hold_topic(request.topic, config)
+        topic = request.topic
+        if topic in self.configs or topic in self._creating:
+            raise TopicAlreadyExists(f"topic {topic!r} exists")
+        self._connected_registry()  # fail at once while ZooKeeper is away
+        me = self.config.broker_id
+
+        def record(registry: Registry) -> TopicConfig:
+            holders = {*registry.brokers(), me}  # now, not as last watched
+            config = TopicConfig.spread(request.partitions, holders, settings)
+            registry.create_topic_config(topic, config)
+            return config
+
+        def refused(error: PylogError) -> None:
+            self._creating.discard(topic)
+            self._answer(tagged, protocol.encode_error(correlation_id, error))
+
+        self._creating.add(topic)
+        self._off_loop(
+            record, lambda config: self._created(topic, config, tagged, correlation_id), refused
+        )
+
+    def _created(self, topic: str, config: TopicConfig, tagged: bytes, correlation_id: int) -> None:
+        """A new topic is recorded in ZooKeeper: open its partitions here and answer once every
+        holder serves its own (see _answer_creates)."""
+        self._creating.discard(topic)
+        self.configs[topic] = config
+        self._hold_topic(topic, config)
         here = set(config.partitions_of(self.config.broker_id))
         log.info(
             "created topic %r with %d partitions over brokers %s",
-            request.topic,
-            request.partitions,
+            topic,
+            config.partitions,
             sorted(set(config.brokers)),
         )
         deadline = time.monotonic() + CREATE_WAIT_S
         self._pending_creates.append(
-            _PendingCreate(request.topic, config, tagged, correlation_id, deadline, here)
+            _PendingCreate(topic, config, tagged, correlation_id, deadline, here)
         )
 
     def _note_opened(self, topic: str, number: int, failure: tuple[int, str] | None) -> None:
@@ -561,15 +635,25 @@ class Supervisor:
 
     def _undo_create(self, pending: _PendingCreate) -> None:
         """A topic one of whose partitions here could not be created is not created: its
-        config is deleted from ZooKeeper and its partitions (and folders) here are dropped.
-        If ZooKeeper cannot be reached, it stays, with that partition's error in METADATA."""
-        try:
-            self._connected_registry().delete_topic_config(pending.topic)
-        except PylogError as error:
-            log.error("topic %r: cannot undo its creation: %s", pending.topic, error)
-            return
-        self.configs.pop(pending.topic, None)
-        self._drop_topic(pending.topic)
+        config is deleted from ZooKeeper and its partitions (and folders) here are dropped, then
+        the CREATE_TOPIC is answered with the partition's error. If ZooKeeper cannot be
+        reached, the topic stays, with that partition's error in METADATA."""
+        topic = pending.topic
+        assert pending.failure is not None
+        code, message = pending.failure
+        log.error("topic %r is not created: %s", topic, message)
+        error = protocol.encode_error(pending.correlation_id, ErrorCode(code), message)
+
+        def undone(_: None) -> None:
+            self.configs.pop(topic, None)
+            self._drop_topic(topic)
+            self._answer(pending.tagged, error)
+
+        def not_undone(failure: PylogError) -> None:
+            log.error("topic %r: cannot undo its creation: %s", topic, failure)
+            self._answer(pending.tagged, error)
+
+        self._off_loop(lambda registry: registry.delete_topic_config(topic), undone, not_undone)
 
     def _hold_topic(self, topic: str, config: TopicConfig) -> None:
         """Open this broker's partitions of a topic and register them (nothing if none)."""
@@ -580,19 +664,31 @@ class Supervisor:
         for worker in self.workers:
             if worker.connected:
                 self._open_partitions(worker, [topic])
-        partitions = self.topics[topic].workers
-        try:
-            self.registry.register_topic_partitions(topic, self.config.broker_id, partitions)
-        except RegistryUnavailable as error:  # remembered: registered once connected
-            log.warning("topic %r: registration deferred: %s", topic, error)
+        partitions = list(self.topics[topic].workers)
+        me = self.config.broker_id
+        self._off_loop(  # on RegistryUnavailable the registry registers it once connected
+            lambda registry: registry.register_topic_partitions(topic, me, partitions),
+            lambda _: None,
+            self._log_registry_failure(f"topic {topic!r}: registration deferred"),
+        )
 
-    def _delete_topic(self, topic: str) -> None:
+    def _delete_topic(self, topic: str, tagged: bytes, correlation_id: int) -> None:
+        """Delete the topic's config in ZooKeeper, then its partitions here (every holder
+        deletes its own when its watch sees the config gone), then answer."""
         if topic not in self.configs:
             raise UnknownTopicOrPartition(f"unknown topic {topic!r}")
-        self._connected_registry().delete_topic_config(topic)
-        del self.configs[topic]
-        self._drop_topic(topic)
-        log.info("deleted topic %r", topic)
+        self._connected_registry()  # fail at once while ZooKeeper is away
+
+        def deleted(_: None) -> None:
+            if self.configs.pop(topic, None) is not None:
+                self._drop_topic(topic)
+                log.info("deleted topic %r", topic)
+            self._answer(tagged, protocol.encode_reply(correlation_id, protocol.EmptyReply()))
+
+        def refused(error: PylogError) -> None:
+            self._answer(tagged, protocol.encode_error(correlation_id, error))
+
+        self._off_loop(lambda registry: registry.delete_topic_config(topic), deleted, refused)
 
     def _drop_topic(self, topic: str) -> None:
         """Delete this broker's partitions of `topic`, with their data, and their registration."""
@@ -601,11 +697,12 @@ class Supervisor:
             return
         for number in state.workers:
             self.partition_errors.pop((topic, number), None)
-        assert self.registry is not None
-        try:
-            self.registry.unregister_topic(topic, self.config.broker_id)
-        except RegistryUnavailable as error:  # deleted at the next reconnection
-            log.warning("topic %r: unregistration deferred: %s", topic, error)
+        me = self.config.broker_id
+        self._off_loop(  # on RegistryUnavailable: deleted at the next reconnection
+            lambda registry: registry.unregister_topic(topic, me),
+            lambda _: None,
+            self._log_registry_failure(f"topic {topic!r}: unregistration deferred"),
+        )
         for worker in self.workers:
             folders = {
                 number: worker.log_dir / f"{topic}-{number}"
@@ -637,50 +734,58 @@ class Supervisor:
         for topic, config in configs.items():
             self.configs[topic] = config
             self._hold_topic(topic, config)
-        for topic in [t for t in self.configs if t not in configs]:
-            if self._really_deleted(topic):
-                del self.configs[topic]
+        for topic in [t for t in self.configs if t not in configs and t not in self._creating]:
+            self._drop_if_deleted(topic)
+
+    def _drop_if_deleted(self, topic: str) -> None:
+        """Drop the topic once ZooKeeper confirms /config/topics/<topic> is gone (a watch also
+        leaves out unreadable nodes, and data is deleted only for a topic that is)."""
+
+        def gone(error: PylogError) -> None:
+            if not isinstance(error, UnknownTopicOrPartition):
+                log.warning(
+                    "topic %r missing from a watch but not confirmed gone: %s", topic, error
+                )
+            elif self.configs.pop(topic, None) is not None:
                 self._drop_topic(topic)
                 log.info("topic %r was deleted through another broker", topic)
 
-    def _really_deleted(self, topic: str) -> bool:
-        """Whether /config/topics/<topic> is gone (a watch also leaves out unreadable nodes,
-        and data is deleted only for a topic that is)."""
-        assert self.registry is not None
-        try:
-            self.registry.topic_config(topic)
-        except UnknownTopicOrPartition:
-            return True
-        except RegistryUnavailable as error:
-            log.warning("topic %r missing from a watch but not confirmed gone: %s", topic, error)
-        return False
+        self._off_loop(lambda registry: registry.topic_config(topic), lambda _: None, gone)
 
     def _answer_creates(self) -> None:
         """Answer CREATE_TOPIC requests whose partitions every holder now serves (asked of
-        ZooKeeper once a tick at most, not on every turn of the loop)."""
+        ZooKeeper on the registry thread, once a tick at most), and those that failed here."""
+        for pending in [p for p in self._pending_creates if p.failure is not None]:
+            self._pending_creates.remove(pending)
+            self._undo_create(pending)
         now = time.monotonic()
-        if not self._pending_creates or now < self._creates_checked_at + TICK_MS / 1000:
+        if (
+            not self._pending_creates
+            or self._creates_checking
+            or now < self._creates_checked_at + TICK_MS / 1000
+        ):
             return
         self._creates_checked_at = now
-        assert self.registry is not None
+        self._creates_checking = True
+        topics = [pending.topic for pending in self._pending_creates]
+        self._off_loop(
+            lambda registry: {topic: registry.topic_brokers(topic) for topic in topics},
+            self._on_served,
+            lambda _: self._on_served({}),
+        )
+
+    def _on_served(self, registered: dict[str, dict[int, tuple[int, ...]]]) -> None:
+        """What ZooKeeper says each pending CREATE_TOPIC's holders serve: answer those served
+        (or past CREATE_WAIT_S)."""
+        self._creates_checking = False
+        now = time.monotonic()
         waiting = []
         for pending in self._pending_creates:
-            if pending.failure is not None:
-                code, message = pending.failure
-                log.error("topic %r is not created: %s", pending.topic, message)
-                self._answer(
-                    pending.tagged,
-                    protocol.encode_error(pending.correlation_id, ErrorCode(code), message),
-                )
-                self._undo_create(pending)
-                continue
-            try:
-                registered = self.registry.topic_brokers(pending.topic)
-            except RegistryUnavailable:
-                registered = {}
-            served = {p for partitions in registered.values() for p in partitions}
+            served = {
+                p for partitions in registered.get(pending.topic, {}).values() for p in partitions
+            }
             unserved = len(served) < pending.config.partitions or pending.opening
-            if unserved and now < pending.deadline:
+            if pending.failure is not None or (unserved and now < pending.deadline):
                 waiting.append(pending)
                 continue
             if len(served) < pending.config.partitions:
@@ -809,40 +914,54 @@ class Supervisor:
                 self._from_worker(worker, first, rest)
 
     def _check_zookeeper(self) -> None:
-        """Start the private ZooKeeper again once it has died: at once, then, while its starts
-        fail, after ZOOKEEPER_BACKOFF_S doubling; ZooKeeperStartError (pylogd stops) after
-        ZOOKEEPER_START_ATTEMPTS failed starts in a row."""
+        """Start the private ZooKeeper again once it has died (off the loop): at once, then,
+        while its starts fail, after ZOOKEEPER_BACKOFF_S doubling; ZooKeeperStartError (pylogd
+        stops) after ZOOKEEPER_START_ATTEMPTS failed starts in a row."""
         zk = self.zookeeper
-        if zk is None or zk.alive or self.stopping:
+        if zk is None or self._zookeeper_starting or zk.alive or self.stopping:
             return
-        now = time.monotonic()
-        if now < self._zookeeper_start_at:
+        if time.monotonic() < self._zookeeper_start_at:
             return
         if not self._zookeeper_failures:
             log.error("the private ZooKeeper exited (%s); restarting it", zk.poll())
-        try:
-            zk.start()
-        except (ZooKeeperStartError, OSError) as error:
-            self._zookeeper_failures += 1
-            failures = self._zookeeper_failures
-            if failures >= ZOOKEEPER_START_ATTEMPTS:
-                waited_s = ZOOKEEPER_BACKOFF_S * (2 ** (failures - 1) - 1)
-                raise ZooKeeperStartError(
-                    f"the private ZooKeeper could not be restarted ({failures} failed starts "
-                    f"in a row over {waited_s:g} s), so pylogd stops: {error}"
-                ) from error
-            wait_s = ZOOKEEPER_BACKOFF_S * 2 ** (failures - 1)
-            self._zookeeper_start_at = now + wait_s
-            log.error(
-                "cannot restart the private ZooKeeper (failed start %d of %d; next in %.1f s): %s",
-                failures,
-                ZOOKEEPER_START_ATTEMPTS,
-                wait_s,
-                error,
-            )
-            return
+
+        def start(_: Registry) -> None:
+            try:
+                zk.start()
+            except OSError as error:
+                raise ZooKeeperStartError(str(error)) from error
+
+        self._zookeeper_starting = True
+        self._off_loop(
+            start, self._zookeeper_started, self._zookeeper_failed, self._zookeeper_starts
+        )
+
+    def _zookeeper_started(self, _: None) -> None:
+        zk = self.zookeeper
+        assert zk is not None
+        self._zookeeper_starting = False
         self._zookeeper_failures = 0
         log.info("private ZooKeeper restarted on %s (pid %s)", zk.connect_string, zk.pid)
+
+    def _zookeeper_failed(self, error: PylogError) -> None:
+        self._zookeeper_starting = False
+        self._zookeeper_failures += 1
+        failures = self._zookeeper_failures
+        if failures >= ZOOKEEPER_START_ATTEMPTS:
+            waited_s = ZOOKEEPER_BACKOFF_S * (2 ** (failures - 1) - 1)
+            raise ZooKeeperStartError(
+                f"the private ZooKeeper could not be restarted ({failures} failed starts "
+                f"in a row over {waited_s:g} s), so pylogd stops: {error}"
+            ) from error
+        wait_s = ZOOKEEPER_BACKOFF_S * 2 ** (failures - 1)
+        self._zookeeper_start_at = time.monotonic() + wait_s
+        log.error(
+            "cannot restart the private ZooKeeper (failed start %d of %d; next in %.1f s): %s",
+            failures,
+            ZOOKEEPER_START_ATTEMPTS,
+            wait_s,
+            error,
+        )
 
     def _tick_watchdog(self) -> None:
         if self._watchdog_every and time.monotonic() >= self._watchdog_at:
@@ -860,10 +979,13 @@ class Supervisor:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+        self._registry_calls.shutdown(wait=True, cancel_futures=True)
         if self.registry is not None:
             self.registry.stop()
         if self.zookeeper is not None:
+            self._zookeeper_starts.shutdown(wait=True, cancel_futures=True)  # a start ends first
             self.zookeeper.stop()
+        self._zookeeper_starts.shutdown(wait=True)
         self.context.destroy(linger=1000)
         for stale in self.run_dir.glob("worker-*.sock"):
             stale.unlink(missing_ok=True)

@@ -27,8 +27,9 @@ loses nothing it acknowledged. The JVM is started through broker.processes.orpha
 this (parent) process dies without calling stop(), even by SIGKILL, the kernel sends the JVM
 SIGTERM, so no server is left behind holding the port and the data directory. The kernel does
 so when the thread that started it ends: call start() from a thread that lasts as long as the
-process (pylogd's main thread). `poll()` and `alive` tell a supervisor that the child died,
-`start()` runs it again. Not safe to share between threads without a lock.
+process (pylogd's main thread, or the thread that restarts it, which ends after stop()).
+`poll()` and `alive` tell a supervisor that the child died, `start()` runs it again. Not safe
+to share between threads without a lock.
 
 Ports: start() first binds the port itself, as the JVM will: if that fails (another program,
 or a server left there by an earlier pylogd), it raises ZooKeeperStartError naming the port and

@@ -75,10 +75,10 @@ class RunningBroker:
 
     def children(self) -> dict[int, str]:
         """The supervisor's child processes and their command lines (none once it is gone)."""
-        try:
-            pids = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
-        except FileNotFoundError:
-            return {}
+        pids = []  # each thread's: pylogd restarts its ZooKeeper from a thread of its own
+        for task in Path(f"/proc/{self.pid}/task").glob("*"):
+            with contextlib.suppress(FileNotFoundError):
+                pids += (task / "children").read_text().split()
         out = {}
         for pid in pids:
             with contextlib.suppress(FileNotFoundError):
