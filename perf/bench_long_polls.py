@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +31,6 @@ from typing import Any
 import zmq
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_TIMEOUT_S = 600
 WARM_UP = 100
 
 
@@ -102,7 +98,7 @@ def main() -> None:
         return
     if not args.revisions:
         parser.error("name at least one revision")
-    from perf.compare import export
+    from perf.compare import export, run_in_tree
 
     figures: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as work:
@@ -110,21 +106,8 @@ def main() -> None:
         for _ in range(args.repeat):
             for waiters in (0, args.waiters):
                 for revision, tree in trees.items():
-                    # cwd is the tree: pylogd starts its workers with `python -m`.
                     flags = [f"--waiters={waiters}", f"--messages={args.messages}"]
-                    done = subprocess.run(
-                        [sys.executable, str(Path(__file__).resolve()), "--run", *flags],
-                        cwd=tree,
-                        env={**os.environ, "PYTHONPATH": str(tree)},
-                        capture_output=True,
-                        text=True,
-                        timeout=RUN_TIMEOUT_S,
-                    )
-                    if done.returncode != 0:
-                        sys.exit(f"{revision}: the run failed:\n{done.stderr[-3000:]}")
-                    result = json.loads(done.stdout.splitlines()[-1])
-                    if Path(result["code"]) != tree:
-                        sys.exit(f"{revision}: ran the code in {result['code']}, not {tree}")
+                    result = run_in_tree(revision, tree, __file__, flags)
                     figures.setdefault((revision, waiters), []).append(result)
                     print(json.dumps({"revision": revision, **result}), flush=True)
     for (revision, waiters), runs in figures.items():

@@ -41,6 +41,27 @@ def export(revision: str, into: Path) -> Path:
     return into
 
 
+def run_in_tree(revision: str, tree: Path, script: str, flags: list[str]) -> dict[str, Any]:
+    """`script --run flags` in a process of its own whose code is `tree`'s: the JSON object of
+    its last line. Exits naming `revision` if the run fails or ran other code."""
+    # cwd is the tree: pylogd starts its workers with `python -m`, which looks there first.
+    # The script itself is this tree's, which older trees may not have.
+    done = subprocess.run(
+        [sys.executable, str(Path(script).resolve()), "--run", *flags],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    if done.returncode != 0:
+        sys.exit(f"{revision}: the run failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    if Path(result["code"]) != tree:
+        sys.exit(f"{revision}: ran the code in {result['code']}, not {tree}")
+    return result
+
+
 def run_one(args: argparse.Namespace) -> dict[str, Any]:
     """One run, in this process, with the code found first on sys.path (the tree's)."""
     import broker
@@ -85,21 +106,7 @@ def main() -> None:
         trees = {r: export(r, Path(work) / f"tree{i}") for i, r in enumerate(args.revisions)}
         for _ in range(args.repeat):
             for revision, tree in trees.items():
-                # cwd is the tree: pylogd starts its workers with `python -m`, which looks there
-                # first. The script itself is this file, which older trees may not have.
-                done = subprocess.run(
-                    [sys.executable, str(Path(__file__).resolve()), "--run", *flags],
-                    cwd=tree,
-                    env={**os.environ, "PYTHONPATH": str(tree)},
-                    capture_output=True,
-                    text=True,
-                    timeout=RUN_TIMEOUT_S,
-                )
-                if done.returncode != 0:
-                    sys.exit(f"{revision}: the run failed:\n{done.stderr[-3000:]}")
-                result = json.loads(done.stdout.splitlines()[-1])
-                if Path(result["code"]) != tree:
-                    sys.exit(f"{revision}: ran the code in {result['code']}, not {tree}")
+                result = run_in_tree(revision, tree, __file__, flags)
                 rates[revision].append(result["msgs_per_s"])
                 print(json.dumps({"revision": revision, **result}), flush=True)
     what = "consume" if args.consume else f"produce batch {args.batch} ack {args.ack}"
