@@ -152,6 +152,8 @@ class TopicState:
 
     settings: dict[str, int | None]
     workers: dict[int, int]
+    served: set[int] = field(default_factory=set)
+    """The partitions here that their worker has opened: those registered as served."""
 
 
 @dataclass
@@ -278,8 +280,6 @@ class Supervisor:
                 tuple(str(d) for d in self.log_dirs),
             ),
         )
-        for topic, state in self.topics.items():
-            self.registry.register_topic_partitions(topic, self.config.broker_id, state.workers)
         events = self._registry_events
         self.registry.watch_brokers(lambda brokers: events.put(lambda: self._on_brokers(brokers)))
         self.registry.watch_topic_configs(
@@ -465,9 +465,16 @@ class Supervisor:
         if "hello" in state:
             worker.connected = True
             self._open_partitions(worker)
+        opened: set[str] = set()
         for topic, number in state.get("opened", []):
             self.partition_errors.pop((topic, number), None)
             self._note_opened(topic, number, None)
+            held = self.topics.get(topic)
+            if held is not None and number not in held.served:
+                held.served.add(number)
+                opened.add(topic)
+        for topic in sorted(opened):
+            self._register_served(topic)
         for topic, number, code, message in state.get("failed", []):
             log.error("worker %d cannot open %s-%d: %s", worker.index, topic, number, message)
             self.partition_errors[(topic, number)] = (code, message)
@@ -656,15 +663,18 @@ class Supervisor:
         self._off_loop(lambda registry: registry.delete_topic_config(topic), undone, not_undone)
 
     def _hold_topic(self, topic: str, config: TopicConfig) -> None:
-        """Open this broker's partitions of a topic and register them (nothing if none)."""
+        """Open this broker's partitions of a topic (nothing if none); each is registered as
+        served once its worker says it opened it."""
         if topic in self.topics or not config.partitions_of(self.config.broker_id):
             return
-        assert self.registry is not None
         self._place_topic(topic, config)
         for worker in self.workers:
             if worker.connected:
                 self._open_partitions(worker, [topic])
-        partitions = list(self.topics[topic].workers)
+
+    def _register_served(self, topic: str) -> None:
+        """Register in ZooKeeper the partitions of `topic` that are open here."""
+        partitions = sorted(self.topics[topic].served)
         me = self.config.broker_id
         self._off_loop(  # on RegistryUnavailable the registry registers it once connected
             lambda registry: registry.register_topic_partitions(topic, me, partitions),

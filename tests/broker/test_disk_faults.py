@@ -26,6 +26,7 @@ from broker import protocol
 from broker.errors import BrokerError
 from broker.log import encode_message
 from broker.protocol import Ack, Api
+from broker.registry import Registry
 from tests.broker.test_pylogd import RawClient, error_of, message_set
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
@@ -362,7 +363,9 @@ def test_running_out_of_file_descriptors_answers_storage_error_with_the_reason(
 
 
 def test_a_partition_that_cannot_be_opened_at_start_is_listed_with_its_error(
-    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+    make_pylogd: Callable[..., RunningBroker],
+    make_registry: Callable[..., Registry],
+    tmp_path: Path,
 ) -> None:
     logs = tmp_path / "logs"
     broker = make_pylogd("--broker-log-dirs", str(logs))
@@ -386,6 +389,9 @@ def test_a_partition_that_cannot_be_opened_at_start_is_listed_with_its_error(
         assert raised.value.name == "STORAGE_ERROR"
         assert "blocked-0" in raised.value.message
         assert client.read_all("blocked", 1) == stored  # the other one is served
+        # ZooKeeper says so too: a partition is registered as served once its worker opened it
+        registry = make_registry()
+        wait_until(lambda: registry.topic_brokers("blocked") == {0: (1,)}, 30, "registration")
     finally:
         client.close()
         with contextlib.suppress(Exception):
