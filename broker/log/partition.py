@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class RecoveryReport:
     """What `PartitionLog.open` found and did. `problems` has one line per cut or renamed
-    file, per index rebuilt because it disagreed with its log, and per damaged range kept;
+    file, per index rebuilt because it was damaged, and per damaged range kept;
     `damaged` holds those ranges, [start, end) offsets."""
 
     segments_scanned: int

@@ -14,8 +14,8 @@ import trio.testing
 import zmq
 
 from broker import protocol
+from broker.flush_waiters import FlushWaiters, FlushWaitersStatistics
 from broker.protocol import Ack, Api, ErrorCode
-from broker.worker import FlushWaiters, FlushWaitersStatistics
 from tests.broker.test_worker import CLIENT, idle_worker, produce_frames
 
 HOUR_MS = 3_600_000
