@@ -728,8 +728,8 @@ class Supervisor:
                     shutil.rmtree(folder, True)
 
     def _apply_registry_events(self) -> None:
-        """Apply what the watches saw: brokers that came or went, topics created or deleted
-        through other brokers."""
+        """Apply what the watches saw (brokers that came or went, topics created or deleted
+        through other brokers) and what registry calls made off the loop returned."""
         while True:
             try:
                 apply = self._registry_events.get_nowait()
