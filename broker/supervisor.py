@@ -22,9 +22,9 @@ soon as it sees a new topic, deletes them when the topic is deleted through any 
 answers METADATA from that view. Requests for a partition held elsewhere get
 UNKNOWN_TOPIC_OR_PARTITION naming the holder.
 
-Partition placement: a partition whose folder exists in a log dir stays there; a new one goes
-to the log dir holding the fewest partitions; within a dir, `workers_per_dir` workers share the
-partitions by XXH32 of `<topic>-<partition>`.
+Partition placement (broker.placement): a partition whose folder exists in a log dir stays
+there; a new one goes to the log dir holding the fewest partitions; within a dir,
+`workers_per_dir` workers share the partitions by XXH32 of `<topic>-<partition>`.
 
 Workers are child processes (`python -m broker.worker`). One that dies is restarted, logged
 and counted, after a back-off of 0.1 s doubling to 2 s (MAX_BACKOFF_S); only a crash loop, more
@@ -71,7 +71,6 @@ from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
-import xxhash
 import zmq
 
 from broker import protocol
@@ -88,6 +87,7 @@ from broker.errors import (
     ZooKeeperStartError,
 )
 from broker.log.message import Buffer
+from broker.placement import partition_folder, place_partitions
 from broker.processes import port_holder
 from broker.protocol import ErrorCode
 from broker.registry import BrokerInfo, Registry, TopicConfig
@@ -333,21 +333,20 @@ class Supervisor:
 
     def _place_topic(self, topic: str, config: TopicConfig) -> None:
         """Choose a worker for each partition of `topic` that this broker holds."""
-        counts = {d: 0 for d in self.log_dirs}
+        per_dir = self.config.broker_workers_per_dir
+        held = [0] * len(self.log_dirs)
         for state in self.topics.values():
             for w in state.workers.values():
-                counts[self.workers[w].log_dir] += 1
-        workers = {}
-        for number in config.partitions_of(self.config.broker_id):
-            name = f"{topic}-{number}"
-            log_dir = next(
-                (d for d in self.log_dirs if (d / name).is_dir()),
-                min(self.log_dirs, key=lambda d: counts[d]),
-            )
-            counts[log_dir] += 1
-            per_dir = self.config.broker_workers_per_dir
-            first = self.log_dirs.index(log_dir) * per_dir
-            workers[number] = first + xxhash.xxh32_intdigest(name.encode()) % per_dir
+                held[w // per_dir] += 1
+        numbers = config.partitions_of(self.config.broker_id)
+        found = {}
+        for number in numbers:
+            folder = partition_folder(topic, number)
+            for d, log_dir in enumerate(self.log_dirs):
+                if (log_dir / folder).is_dir():
+                    found[number] = d
+                    break
+        workers = place_partitions(topic, numbers, held, found, per_dir)
         self.topics[topic] = TopicState(dict(config.settings), workers)
 
     # -- workers ---------------------------------------------------------------------------
