@@ -1,0 +1,161 @@
+"""The front: the routing loop between clients and workers, the one hop every request takes.
+
+    clients --tcp--> front ROUTER --(route by topic, partition)--> DEALER --ipc--> worker N
+
+The front binds the ROUTER socket clients talk to. It reads only a request's header and the
+start of its body (protocol.peek_route) and forwards the request frame as it came, behind the
+ROUTER's identity (tagged, see broker.transport), to the worker that holds the partition
+(broker.topics says which); replies come back the same way. It answers METADATA from the
+topics' view, and hands CREATE_TOPIC and DELETE_TOPIC to topic management, which answers them
+later through `answers`. This loop is plain blocking pyzmq with a poller: the same hop on the
+trio adapter runs at two thirds of the rate (perf/README.md, bench_broker.py).
+
+Nothing on this loop waits on ZooKeeper, a disk or a worker: the pool and topic management
+never call into the front, they put the replies they owe in `answers`, which the front sends
+at the end of every turn (`poll_once`).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+
+import zmq
+
+from broker import protocol
+from broker.config import BrokerConfig
+from broker.errors import BrokerShuttingDown, PartitionUnavailable, PylogError, UnsupportedApi
+from broker.log.message import Buffer
+from broker.pool import Answers, WorkerHandle, WorkerPool
+from broker.processes import port_holder
+from broker.topics import Topics
+from broker.transport import STATE, reply_envelope, tagged_identity
+from broker.zmqio import NOBLOCK, receive_routed, send_frames
+
+log = logging.getLogger("pylog.supervisor")
+
+TICK_MS = 100
+"""The longest a turn of the loop waits for a message before its housekeeping."""
+DRAINED_AT_ONCE = 256
+"""The messages read from one socket in a turn: so the other sockets and housekeeping get one."""
+
+
+class Front:
+    """The ROUTER socket clients talk to, and the loop that routes their requests."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        context: zmq.Context[zmq.Socket[bytes]],
+        poller: zmq.Poller,
+        pool: WorkerPool,
+        topics: Topics,
+        answers: Answers,
+    ) -> None:
+        self.config = config
+        self.poller = poller
+        self.pool = pool
+        self.topics = topics
+        self.answers = answers
+        self.port = int(config.broker_port)
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 1000)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.stopping = False
+        """Set on shutdown: new requests are answered BROKER_SHUTTING_DOWN."""
+
+    def bind(self) -> None:
+        """Listen on broker.host:broker.port (a free port if 0); OSError naming the process
+        that holds the port if it is in use."""
+        host = self.config.broker_host
+        try:
+            if self.port == 0:
+                self.port = self.socket.bind_to_random_port(f"tcp://{host}")
+            else:
+                self.socket.bind(f"tcp://{host}:{self.port}")
+        except zmq.ZMQError as error:
+            reason = str(error)
+            if error.errno == errno.EADDRINUSE:
+                reason = f"port {self.port} is already in use by {port_holder(self.port)}"
+            raise OSError(f"cannot listen on {host}:{self.port}: {reason}") from error
+
+    def open(self) -> None:
+        """Start reading clients' requests (until now a turn reads only the workers)."""
+        self.poller.register(self.socket, zmq.POLLIN)
+
+    def poll_once(self) -> None:
+        """One turn: serve what the sockets hold (a bounded amount of each), let the topics and
+        the pool do their housekeeping, then send the replies they owe."""
+        for sock, _ in self.poller.poll(TICK_MS):
+            worker = self.pool.by_socket(sock)
+            for _ in range(DRAINED_AT_ONCE):
+                try:
+                    first, rest = receive_routed(sock, NOBLOCK)
+                except zmq.Again:
+                    break
+                if worker is None:
+                    self._from_client(first, rest)
+                else:
+                    self._from_worker(worker, first, rest)
+            if worker is None:
+                self.pool.flush_all()
+        self.topics.tick()
+        self.pool.check()
+        self._send_answers()
+
+    def drain(self) -> None:
+        """Forward the replies workers sent before they exited (on shutdown)."""
+        for worker, first, rest in self.pool.drained():
+            self._from_worker(worker, first, rest)
+        self._send_answers()
+
+    def _send_answers(self) -> None:
+        """Send the replies the pool and topic management owe."""
+        while self.answers:
+            self._answer(*self.answers.popleft())
+
+    def _from_worker(self, worker: WorkerHandle, first: bytes, rest: list[zmq.Frame]) -> None:
+        if first == STATE:
+            self.topics.worker_state(worker, json.loads(rest[0].bytes))
+        else:  # a reply, behind the tagged identity of its client: forwarded as zmq.Frames,
+            send_frames(self.socket, [*reply_envelope(first), *rest])  # not copied
+
+    def _from_client(self, identity: bytes, frames: list[zmq.Frame]) -> None:
+        tagged, request_frames = tagged_identity(identity, frames)
+        try:
+            if self.stopping:
+                raise BrokerShuttingDown("the broker is shutting down")
+            route = protocol.peek_route(request_frames)
+            if route is not None:  # the hot path: forwarded as it came, nothing else read
+                self._route(tagged, request_frames[0], *route)
+                return
+            header, request = protocol.decode_request(request_frames)
+            if isinstance(request, protocol.MetadataRequest):
+                reply: protocol.Reply = self.topics.metadata(request.topics, self.port)
+            elif isinstance(request, protocol.CreateTopicRequest):
+                self.topics.create(request, tagged, header.correlation_id)
+                return  # answered once every broker holding a partition serves it
+            elif isinstance(request, protocol.DeleteTopicRequest):
+                self.topics.delete(request.topic, tagged, header.correlation_id)
+                return  # answered once ZooKeeper has deleted it
+            else:
+                raise UnsupportedApi(f"{type(request).__name__} is not served by the front")
+            self._answer(tagged, protocol.encode_reply(header.correlation_id, reply))
+        except Exception as error:
+            if not isinstance(error, PylogError):
+                log.exception("unexpected error serving a request")
+            if not protocol.is_fire_and_forget(request_frames):
+                correlation_id = protocol.peek_correlation_id(request_frames)
+                self._answer(tagged, protocol.encode_error(correlation_id, error))
+
+    def _route(self, tagged: bytes, request: memoryview, topic: str, number: int) -> None:
+        worker = self.topics.route(topic, number)
+        if not worker.connected:
+            raise PartitionUnavailable(
+                f"the worker for {topic}-{number} is restarting; retry shortly"
+            )
+        worker.outbox += (tagged, request)  # sent with the others drained in this turn
+
+    def _answer(self, tagged: bytes, frames: list[Buffer]) -> None:
+        send_frames(self.socket, [*reply_envelope(tagged), *frames])

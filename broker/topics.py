@@ -1,0 +1,570 @@
+"""Topic management: this broker's view of the cluster's topics, and their creation and deletion.
+
+Every topic lives in ZooKeeper (/config/topics) with the broker that holds each partition,
+dealt round robin over the live brokers when it is created. Watches on the topics and on the
+brokers keep this view current. Nothing here waits on ZooKeeper: every registry call after
+start (creating, deleting and registering topics, checking a CREATE_TOPIC's progress) runs on
+one registry thread (RegistryCalls), in the order asked, and its result, like what a watch saw,
+comes back as an event that the loop applies (`tick`), never on kazoo's threads. So
+produce and fetch go on while ZooKeeper is slow or paused (a topic change then waits, or fails
+with REGISTRY_UNAVAILABLE when the registry gives up).
+
+This broker opens the partitions assigned to it (placed on its workers by broker.placement) as
+soon as it sees a new topic, registers each as served once its worker says it opened it, and
+deletes them when the topic is deleted through any broker. Requests for a partition held
+elsewhere get UNKNOWN_TOPIC_OR_PARTITION naming the holder.
+
+Topic management never calls into the front: replies it owes (CREATE_TOPIC, DELETE_TOPIC) go
+to `answers`, the queue the front sends from on its loop; workers get their commands through
+the pool.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import logging
+import queue
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from broker import protocol
+from broker.config import BrokerConfig, topic_settings
+from broker.errors import (
+    InvalidTopic,
+    PylogError,
+    RegistryUnavailable,
+    TopicAlreadyExists,
+    UnknownTopicOrPartition,
+)
+from broker.placement import partition_folder, place_partitions
+from broker.pool import Answers, WorkerHandle, WorkerPool
+from broker.protocol import ErrorCode
+from broker.registry import BrokerInfo, Registry, TopicConfig
+from broker.transport import COMMAND, json_frame
+
+log = logging.getLogger("pylog.supervisor")
+
+T = TypeVar("T")
+
+MAX_PARTITIONS = 10_000
+CREATE_WAIT_S = 10.0
+"""How long CREATE_TOPIC waits for every broker holding a partition to serve it."""
+CREATE_CHECK_S = 0.1
+"""How often, at most, ZooKeeper is asked whether pending CREATE_TOPICs are served."""
+
+
+class RegistryCalls:
+    """Registry calls made off the loop, and the events that bring back their results and what
+    the watches saw; the loop applies them with `apply()`. `registry` is set once started."""
+
+    def __init__(self) -> None:
+        self.registry: Registry | None = None
+        self._events: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="registry")
+        """The one thread that makes registry calls for the loop."""
+
+    def call(
+        self,
+        call: Callable[[Registry], T],
+        done: Callable[[T], None],
+        failed: Callable[[PylogError], None],
+        thread: concurrent.futures.Executor | None = None,
+    ) -> None:
+        """Run `call(registry)` on the registry thread (or `thread`), then `done(result)` or,
+        if it raised a PylogError, `failed(error)` on the loop (as an event)."""
+        registry = self.registry
+        assert registry is not None
+        events = self._events
+
+        def run() -> None:
+            try:
+                result = call(registry)
+            except PylogError as error:
+                events.put(functools.partial(failed, error))
+            except Exception as error:  # a bug: logged, and the caller told it failed
+                log.exception("registry call failed")
+                unexpected = RegistryUnavailable(f"registry call failed: {error}")
+                events.put(functools.partial(failed, unexpected))
+            else:
+                events.put(functools.partial(done, result))
+
+        (thread or self._thread).submit(run)
+
+    def report(self, event: Callable[[], None]) -> None:
+        """Have the loop run `event` (from any thread: a watch's)."""
+        self._events.put(event)
+
+    def apply(self) -> None:
+        """Run the events reported so far, in order, on the calling (the loop's) thread."""
+        while True:
+            try:
+                apply = self._events.get_nowait()
+            except queue.Empty:
+                return
+            apply()
+
+    def shutdown(self) -> None:
+        """Wait for the call under way; drop those not started."""
+        self._thread.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass
+class TopicState:
+    """A topic with partitions here: its settings, and the worker of each partition held here."""
+
+    settings: dict[str, int | None]
+    workers: dict[int, int]
+    served: set[int] = field(default_factory=set)
+    """The partitions here that their worker has opened: those registered as served."""
+
+
+@dataclass
+class _PendingCreate:
+    """A CREATE_TOPIC to answer once every holder serves its partitions."""
+
+    topic: str
+    config: TopicConfig
+    tagged: bytes
+    correlation_id: int
+    deadline: float
+    opening: set[int]
+    """Its partitions held here that their worker has not yet opened nor failed to open."""
+    failure: tuple[int, str] | None = None
+    """The error code and message of a partition here that could not be created."""
+
+
+class Topics:
+    """The topics of the cluster as this broker sees them, and those it holds."""
+
+    def __init__(
+        self, config: BrokerConfig, pool: WorkerPool, calls: RegistryCalls, answers: Answers
+    ) -> None:
+        self.config = config
+        self.me = config.broker_id
+        self.log_dirs = config.log_dir_paths
+        self.pool = pool
+        self.calls = calls
+        self.answers = answers
+        self.held: dict[str, TopicState] = {}
+        """The topics with partitions on this broker."""
+        self.configs: dict[str, TopicConfig] = {}
+        """Every topic of the cluster, as ZooKeeper last said (kept by a watch)."""
+        self.live_brokers: dict[int, BrokerInfo] = {}
+        """The registered brokers, as ZooKeeper last said (kept by a watch)."""
+        self.partition_errors: dict[tuple[str, int], tuple[int, str]] = {}
+        """Partitions held here that their worker could not open: error code and message."""
+        self._creating: set[str] = set()
+        """Topics whose CREATE_TOPIC is being recorded in ZooKeeper."""
+        self._creates_checking = False
+        self._creates_checked_at = 0.0
+        self._pending_creates: list[_PendingCreate] = []
+
+    # -- start -----------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Topics from ZooKeeper (those with partitions here), plus any partition folders on
+        disk that ZooKeeper does not know of (adopted: recorded as held by this broker). At
+        start, before the loop: these registry calls wait."""
+        registry = self.calls.registry
+        assert registry is not None
+        me = self.me
+        configs = registry.topic_configs()
+        on_disk: dict[str, set[int]] = {}
+        for log_dir in self.log_dirs:
+            for folder in log_dir.iterdir():
+                topic, _, number = folder.name.rpartition("-")
+                if folder.is_dir() and topic and number.isdigit():
+                    on_disk.setdefault(topic, set()).add(int(number))
+        for topic, numbers in sorted(on_disk.items()):
+            config = configs.get(topic)
+            if config is None:
+                partitions = max(numbers) + 1
+                log.warning("adopting topic %r found on disk with %d partitions", topic, partitions)
+                config = TopicConfig(partitions, (me,) * partitions)
+                try:
+                    registry.create_topic_config(topic, config)
+                except PylogError as error:
+                    log.error("cannot record adopted topic %r in ZooKeeper: %s", topic, error)
+                configs[topic] = config
+            elif strays := sorted(numbers - set(config.partitions_of(me))):
+                log.warning(
+                    "topic %r: partition folders %s on disk are placed elsewhere by ZooKeeper "
+                    "(or do not exist there): left alone, not served",
+                    topic,
+                    strays,
+                )
+        self.configs = configs
+        for topic, config in configs.items():
+            if config.partitions_of(me):
+                self._place(topic, config)
+
+    def watch(self) -> None:
+        """Keep the view of brokers and topics current from ZooKeeper's watches."""
+        registry = self.calls.registry
+        assert registry is not None
+        calls = self.calls
+        registry.watch_brokers(lambda brokers: calls.report(lambda: self._on_brokers(brokers)))
+        registry.watch_topic_configs(
+            lambda configs: calls.report(lambda: self._on_topic_configs(configs))
+        )
+
+    def _place(self, topic: str, config: TopicConfig) -> None:
+        """Choose a worker for each partition of `topic` that this broker holds."""
+        per_dir = self.config.broker_workers_per_dir
+        held = [0] * len(self.log_dirs)
+        for state in self.held.values():
+            for w in state.workers.values():
+                held[w // per_dir] += 1
+        numbers = config.partitions_of(self.me)
+        found = {}
+        for number in numbers:
+            folder = partition_folder(topic, number)
+            for d, log_dir in enumerate(self.log_dirs):
+                if (log_dir / folder).is_dir():
+                    found[number] = d
+                    break
+        workers = place_partitions(topic, numbers, held, found, per_dir)
+        self.held[topic] = TopicState(dict(config.settings), workers)
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def route(self, topic: str, number: int) -> WorkerHandle:
+        """The worker of a partition held here: UnknownTopicOrPartition if it is not held
+        here, its error if its worker could not open it."""
+        state = self.held.get(topic)
+        w = None if state is None else state.workers.get(number)
+        if w is None:
+            raise UnknownTopicOrPartition(self._not_here(topic, number))
+        if self.partition_errors and (topic, number) in self.partition_errors:
+            raise protocol.broker_error(*self.partition_errors[(topic, number)])
+        return self.pool.workers[w]
+
+    def _not_here(self, topic: str, number: int) -> str:
+        config = self.configs.get(topic)
+        if config is None:
+            return f"unknown topic {topic!r}"
+        if not 0 <= number < config.partitions:
+            return f"topic {topic!r} has partitions 0 to {config.partitions - 1}, not {number}"
+        return (
+            f"partition {number} of {topic!r} is held by broker {config.brokers[number]}, not "
+            f"by broker {self.me}: send it there (METADATA says where)"
+        )
+
+    def metadata(self, topics: tuple[str, ...] | list[str], port: int) -> protocol.MetadataReply:
+        """From what the watches last said: no ZooKeeper request on the loop. `port`: the
+        front's."""
+        me = self.me
+        live = dict(self.live_brokers)
+        live[me] = BrokerInfo(self.config.endpoint_host, port)
+        brokers = tuple(
+            protocol.BrokerInfo(broker_id, info.host, info.port)
+            for broker_id, info in sorted(live.items())
+        )
+        infos = []
+        for topic in topics or sorted(self.configs):
+            config = self.configs.get(topic)
+            if config is None:
+                infos.append(
+                    protocol.TopicInfo(topic, protocol.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ())
+                )
+                continue
+            state = self.held.get(topic)
+            partitions = []
+            for number, holder in enumerate(config.brokers):
+                failure = self.partition_errors.get((topic, number))
+                if holder == me:
+                    w = None if state is None else state.workers.get(number)
+                    serving = w is not None and self.pool.workers[w].connected
+                else:
+                    serving = holder in live
+                if failure is not None:  # its worker could not open it (disk full, EMFILE...)
+                    code = ErrorCode(failure[0])
+                else:
+                    code = ErrorCode.NONE if serving else ErrorCode.PARTITION_UNAVAILABLE
+                partitions.append(protocol.PartitionInfo(number, holder, code))
+            infos.append(protocol.TopicInfo(topic, protocol.ErrorCode.NONE, tuple(partitions)))
+        return protocol.MetadataReply(brokers, tuple(infos))
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def worker_state(self, worker: WorkerHandle, state: dict[str, Any]) -> None:
+        """A worker's STATE message (broker.transport): hello (it is connected, and gets its
+        partitions), the partitions it opened (registered as served), those it could not."""
+        if "hello" in state:
+            worker.connected = True
+            self._open_partitions(worker)
+        opened: set[str] = set()
+        for topic, number in state.get("opened", []):
+            self.partition_errors.pop((topic, number), None)
+            self._note_opened(topic, number, None)
+            held = self.held.get(topic)
+            if held is not None and number not in held.served:
+                held.served.add(number)
+                opened.add(topic)
+        for topic in sorted(opened):
+            self._register_served(topic)
+        for topic, number, code, message in state.get("failed", []):
+            log.error("worker %d cannot open %s-%d: %s", worker.index, topic, number, message)
+            self.partition_errors[(topic, number)] = (code, message)
+            self._note_opened(topic, number, (code, message))
+
+    def _open_partitions(self, worker: WorkerHandle, topics: list[str] | None = None) -> None:
+        """Tell a connected worker to open its partitions (of `topics`, default all)."""
+        entries = []
+        for topic in topics or list(self.held):
+            state = self.held[topic]
+            for number, w in state.workers.items():
+                if w == worker.index:
+                    entries.append([topic, number, str(worker.log_dir), state.settings])
+        if entries:  # a worker that is gone gets them all when it says hello again
+            self.pool.send(worker, [COMMAND, json_frame({"op": "open", "partitions": entries})])
+
+    def _register_served(self, topic: str) -> None:
+        """Register in ZooKeeper the partitions of `topic` that are open here."""
+        partitions = sorted(self.held[topic].served)
+        me = self.me
+        self.calls.call(  # on RegistryUnavailable the registry registers it once connected
+            lambda registry: registry.register_topic_partitions(topic, me, partitions),
+            lambda _: None,
+            _log_registry_failure(f"topic {topic!r}: registration deferred"),
+        )
+
+    def _hold_topic(self, topic: str, config: TopicConfig) -> None:
+        """Open this broker's partitions of a topic (nothing if none); each is registered as
+        served once its worker says it opened it."""
+        if topic in self.held or not config.partitions_of(self.me):
+            return
+        self._place(topic, config)
+        for worker in self.pool.workers:
+            if worker.connected:
+                self._open_partitions(worker, [topic])
+
+    def _drop_topic(self, topic: str) -> None:
+        """Delete this broker's partitions of `topic`, with their data, and their registration."""
+        state = self.held.pop(topic, None)
+        if state is None:
+            return
+        for number in state.workers:
+            self.partition_errors.pop((topic, number), None)
+        me = self.me
+        self.calls.call(  # on RegistryUnavailable: deleted at the next reconnection
+            lambda registry: registry.unregister_topic(topic, me),
+            lambda _: None,
+            _log_registry_failure(f"topic {topic!r}: unregistration deferred"),
+        )
+        for worker in self.pool.workers:
+            folders = {
+                number: worker.log_dir / partition_folder(topic, number)
+                for number, w in state.workers.items()
+                if w == worker.index
+            }
+            if not folders:
+                continue
+            partitions = [[number, str(folder)] for number, folder in folders.items()]
+            command = {"op": "delete", "topic": topic, "partitions": partitions}
+            if not self.pool.send(worker, [COMMAND, json_frame(command)]):
+                for folder in folders.values():  # not running: nobody has the folders open
+                    shutil.rmtree(folder, True)
+
+    # -- create and delete -----------------------------------------------------------------
+
+    def _connected_registry(self) -> Registry:
+        """The registry, if connected now. Its calls wait for a connection, and the loop
+        routes every request: while ZooKeeper is away, fail at once instead."""
+        registry = self.calls.registry
+        assert registry is not None
+        if not registry.connected:
+            raise RegistryUnavailable(
+                "ZooKeeper is not connected: topics can be created and deleted once it is back"
+            )
+        return registry
+
+    def create(
+        self, request: protocol.CreateTopicRequest, tagged: bytes, correlation_id: int
+    ) -> None:
+        """Record the topic in ZooKeeper with its partitions dealt over the live brokers, open
+        the ones held here, and answer once every holder has registered its partitions (or
+        after CREATE_WAIT_S: a holder that died meanwhile leaves its partitions unavailable).
+        A request refused at once raises its error."""
+        protocol.check_topic_name(request.topic)
+        if not 1 <= request.partitions <= MAX_PARTITIONS:
+            raise InvalidTopic(
+                f"partitions must be from 1 to {MAX_PARTITIONS}, not {request.partitions}"
+            )
+        settings = topic_settings(dict(request.config))
+        topic = request.topic
+        if topic in self.configs or topic in self._creating:
+            raise TopicAlreadyExists(f"topic {topic!r} exists")
+        self._connected_registry()  # fail at once while ZooKeeper is away
+        me = self.me
+
+        def record(registry: Registry) -> TopicConfig:
+            holders = {*registry.brokers(), me}  # now, not as last watched
+            config = TopicConfig.spread(request.partitions, holders, settings)
+            registry.create_topic_config(topic, config)
+            return config
+
+        def refused(error: PylogError) -> None:
+            self._creating.discard(topic)
+            self.answers.append((tagged, protocol.encode_error(correlation_id, error)))
+
+        self._creating.add(topic)
+        self.calls.call(
+            record, lambda config: self._created(topic, config, tagged, correlation_id), refused
+        )
+
+    def _created(self, topic: str, config: TopicConfig, tagged: bytes, correlation_id: int) -> None:
+        """A new topic is recorded in ZooKeeper: open its partitions here and answer once every
+        holder serves its own (see _answer_creates)."""
+        self._creating.discard(topic)
+        self.configs[topic] = config
+        self._hold_topic(topic, config)
+        here = set(config.partitions_of(self.me))
+        log.info(
+            "created topic %r with %d partitions over brokers %s",
+            topic,
+            config.partitions,
+            sorted(set(config.brokers)),
+        )
+        deadline = time.monotonic() + CREATE_WAIT_S
+        self._pending_creates.append(
+            _PendingCreate(topic, config, tagged, correlation_id, deadline, here)
+        )
+
+    def _note_opened(self, topic: str, number: int, failure: tuple[int, str] | None) -> None:
+        """A worker opened a partition here (failure None) or could not (its error code and
+        message): the CREATE_TOPIC waiting for it learns so."""
+        for pending in self._pending_creates:
+            if pending.topic == topic:
+                pending.opening.discard(number)
+                pending.failure = pending.failure or failure
+
+    def tick(self) -> None:
+        """On every turn of the loop: apply the registry's events, then answer creates."""
+        self.calls.apply()
+        self._answer_creates()
+
+    def _answer_creates(self) -> None:
+        """Answer CREATE_TOPIC requests whose partitions every holder now serves (asked of
+        ZooKeeper on the registry thread, every CREATE_CHECK_S at most), and those that failed
+        here."""
+        for pending in [p for p in self._pending_creates if p.failure is not None]:
+            self._pending_creates.remove(pending)
+            self._undo_create(pending)
+        now = time.monotonic()
+        if (
+            not self._pending_creates
+            or self._creates_checking
+            or now < self._creates_checked_at + CREATE_CHECK_S
+        ):
+            return
+        self._creates_checked_at = now
+        self._creates_checking = True
+        topics = [pending.topic for pending in self._pending_creates]
+        self.calls.call(
+            lambda registry: {topic: registry.topic_brokers(topic) for topic in topics},
+            self._on_served,
+            lambda _: self._on_served({}),
+        )
+
+    def _on_served(self, registered: dict[str, dict[int, tuple[int, ...]]]) -> None:
+        """What ZooKeeper says each pending CREATE_TOPIC's holders serve: answer those served
+        (or past CREATE_WAIT_S)."""
+        self._creates_checking = False
+        now = time.monotonic()
+        waiting = []
+        for pending in self._pending_creates:
+            served = {
+                p for partitions in registered.get(pending.topic, {}).values() for p in partitions
+            }
+            unserved = len(served) < pending.config.partitions or pending.opening
+            if pending.failure is not None or (unserved and now < pending.deadline):
+                waiting.append(pending)
+                continue
+            if len(served) < pending.config.partitions:
+                log.warning(
+                    "topic %r: partitions %s not served yet after %.0f s (their broker down?)",
+                    pending.topic,
+                    sorted(set(range(pending.config.partitions)) - served),
+                    CREATE_WAIT_S,
+                )
+            reply = protocol.encode_reply(pending.correlation_id, protocol.EmptyReply())
+            self.answers.append((pending.tagged, reply))
+        self._pending_creates = waiting
+
+    def _undo_create(self, pending: _PendingCreate) -> None:
+        """A topic one of whose partitions here could not be created is not created: its
+        config is deleted from ZooKeeper and its partitions (and folders) here are dropped, then
+        the CREATE_TOPIC is answered with the partition's error. If ZooKeeper cannot be
+        reached, the topic stays, with that partition's error in METADATA."""
+        topic = pending.topic
+        assert pending.failure is not None
+        code, message = pending.failure
+        log.error("topic %r is not created: %s", topic, message)
+        error = protocol.encode_error(pending.correlation_id, ErrorCode(code), message)
+
+        def undone(_: None) -> None:
+            self.configs.pop(topic, None)
+            self._drop_topic(topic)
+            self.answers.append((pending.tagged, error))
+
+        def not_undone(failure: PylogError) -> None:
+            log.error("topic %r: cannot undo its creation: %s", topic, failure)
+            self.answers.append((pending.tagged, error))
+
+        self.calls.call(lambda registry: registry.delete_topic_config(topic), undone, not_undone)
+
+    def delete(self, topic: str, tagged: bytes, correlation_id: int) -> None:
+        """Delete the topic's config in ZooKeeper, then its partitions here (every holder
+        deletes its own when its watch sees the config gone), then answer. A request refused
+        at once raises its error."""
+        if topic not in self.configs:
+            raise UnknownTopicOrPartition(f"unknown topic {topic!r}")
+        self._connected_registry()  # fail at once while ZooKeeper is away
+
+        def deleted(_: None) -> None:
+            if self.configs.pop(topic, None) is not None:
+                self._drop_topic(topic)
+                log.info("deleted topic %r", topic)
+            reply = protocol.encode_reply(correlation_id, protocol.EmptyReply())
+            self.answers.append((tagged, reply))
+
+        def refused(error: PylogError) -> None:
+            self.answers.append((tagged, protocol.encode_error(correlation_id, error)))
+
+        self.calls.call(lambda registry: registry.delete_topic_config(topic), deleted, refused)
+
+    # -- what the watches saw --------------------------------------------------------------
+
+    def _on_brokers(self, brokers: dict[int, BrokerInfo]) -> None:
+        self.live_brokers = brokers
+
+    def _on_topic_configs(self, configs: dict[str, TopicConfig]) -> None:
+        for topic, config in configs.items():
+            self.configs[topic] = config
+            self._hold_topic(topic, config)
+        for topic in [t for t in self.configs if t not in configs and t not in self._creating]:
+            self._drop_if_deleted(topic)
+
+    def _drop_if_deleted(self, topic: str) -> None:
+        """Drop the topic once ZooKeeper confirms /config/topics/<topic> is gone (a watch also
+        leaves out unreadable nodes, and data is deleted only for a topic that is)."""
+
+        def gone(error: PylogError) -> None:
+            if not isinstance(error, UnknownTopicOrPartition):
+                log.warning(
+                    "topic %r missing from a watch but not confirmed gone: %s", topic, error
+                )
+            elif self.configs.pop(topic, None) is not None:
+                self._drop_topic(topic)
+                log.info("topic %r was deleted through another broker", topic)
+
+        self.calls.call(lambda registry: registry.topic_config(topic), lambda _: None, gone)
+
+
+def _log_registry_failure(what: str) -> Callable[[PylogError], None]:
+    return lambda error: log.warning("%s: %s", what, error)
