@@ -20,11 +20,14 @@ failed fsync fails the log (every later append, flush and roll raises StorageIOE
 
 Crash behaviour (docs/storage.md, "Recovery"): on open, stored bytes are judged by the
 format's own limits, never by today's settings. A closed segment is trusted when its index
-describes its size and passes its checksum (the log is not read: opening costs the same
-whatever it holds; but a trusted segment without a good time index has its headers walked to
-build one, once); the newest segment, and any other segment, is scanned, checksums and all.
-Reads of a closed segment walk the headers they serve, and one that meets broken framing
-scans that segment then. Where the framing holds nothing is cut: a damaged message stays in
+describes its size (read from the index's head: neither the log nor the index's entries are
+read, so opening costs what the segment count needs, whatever the segments hold; but a
+trusted segment without a time index for its size has its headers walked to build one, once);
+the newest segment, and any other segment, is scanned, checksums and all. A closed segment's
+indexes are checked (checksum) when a read or a lookup first uses them, and one that fails
+then is rebuilt from the log as on open, before that request is answered. Reads of a closed
+segment walk the headers they serve, and one that meets broken framing scans that segment
+then. Where the framing holds nothing is cut: a damaged message stays in
 place, is reported, and reads of it raise CorruptSegment naming its offsets, which readers may
 skip. Only a torn tail of the newest segment is cut, its bytes moved to a
 `*.bad` file. A segment after a gap in the offsets, or one that cannot be read, is renamed
@@ -39,13 +42,16 @@ import logging
 import os
 import re
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import MessageTooLarge, OffsetOutOfRange, StorageError, StorageIOError
 from broker.log.config import LogConfig
 from broker.log.fsdir import fsync_directory
+from broker.log.indexfile import IndexDamaged
 from broker.log.message import Buffer, validate_message_set
 from broker.log.segment import (
     INDEX_SUFFIX,
@@ -61,11 +67,14 @@ SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+
 
 @dataclass(frozen=True, slots=True)
 class RecoveryReport:
     """What `PartitionLog.open` found and did. `problems` has one line per cut or renamed
-    file, per index rebuilt because it was damaged, and per damaged range kept;
+    file, per index rebuilt because it was damaged (as open found it: one that fails its
+    checksum on first use is logged then), and per damaged range kept;
     `damaged` holds those ranges, [start, end) offsets."""
 
     segments_scanned: int
@@ -140,6 +149,16 @@ class PartitionLog:
         damaged: list[tuple[int, int]] = []
         expected_base = found[0][0] if found else 0
         ended: str | None = None  # why the log ended before the file at hand
+
+        def note_damage(segment: Segment) -> None:
+            for damage in segment.damage:
+                start, end = segment.base_offset + damage.start, segment.base_offset + damage.end
+                damaged.append((start, end))
+                problems.append(
+                    f"{segment.log_path.name}: offsets [{start}, {end}) damaged, kept in place: "
+                    f"{damage.reason}"
+                )
+
         for i, (base, path) in enumerate(found):
             newest = i == len(found) - 1
             if ended is None and base != expected_base:
@@ -164,14 +183,18 @@ class PartitionLog:
                 bad.append(_set_aside(path))
                 ended = f"it follows {path.name}, which cannot be read"
                 continue
-            for damage in segment.damage:
-                start, end = base + damage.start, base + damage.end
-                damaged.append((start, end))
-                problems.append(
-                    f"{path.name}: offsets [{start}, {end}) damaged, kept in place: {damage.reason}"
-                )
+            note_damage(segment)
             segments.append(segment)
             expected_base = segment.end_offset
+        if segments and segments[-1].stored:
+            # the newest kept after newer ones were set aside: it becomes the active segment,
+            # whose indexes live in memory, so it is scanned as the newest is, cutting nothing
+            active = segments[-1]
+            scanned += 1
+            result = active.recover(config.index_interval_bytes)
+            if result.tail_error is not None:
+                active.keep_damage(Damage(result.end, active.size, result.tail_error))
+            note_damage(active)
         if not segments:
             segments.append(Segment.create(directory, expected_base))
         report = RecoveryReport(scanned, truncated, tuple(bad), tuple(problems), tuple(damaged))
@@ -303,11 +326,7 @@ class PartitionLog:
         """
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be at least 1, not {max_bytes}")
-        try:
-            return self._read(offset, max_bytes)
-        except FramingBroken as broken:
-            self._rescan(broken)
-            return self._read(offset, max_bytes)
+        return self._repairing(lambda: self._read(offset, max_bytes))
 
     def _read(self, offset: int, max_bytes: int) -> memoryview:
         segment, position, limit = self._locate(offset)
@@ -318,11 +337,42 @@ class PartitionLog:
     def check_offset(self, offset: int) -> None:
         """Raise what `read` would for `offset` (OffsetOutOfRange, InvalidOffset), reading
         nothing."""
-        try:
-            self._locate(offset)
-        except FramingBroken as broken:
-            self._rescan(broken)
-            self._locate(offset)
+        self._repairing(lambda: self._locate(offset))
+
+    def _repairing(self, operation: Callable[[], _T]) -> _T:
+        """`operation`, run again after each segment it met that had to be scanned again
+        (`_rescan`) or had an index rebuilt (`_rebuild_index`); each segment needs it once, so
+        at most once a segment, and what meets the same problem after that is raised."""
+        for _ in range(len(self._segments)):
+            try:
+                return operation()
+            except FramingBroken as broken:
+                self._rescan(broken)
+            except IndexDamaged as damaged:
+                self._rebuild_index(damaged)
+        return operation()
+
+    def _rebuild_index(self, damaged: IndexDamaged) -> None:
+        """A closed segment's stored index failed its check on first use (or is gone): never
+        trusted, it is rebuilt from the log as on open (a time index by a walk of the message
+        headers, an offset index, or a time index whose walk breaks, by a scan of the segment,
+        damage kept in place), stored, and every problem logged."""
+        segment = next(
+            s for s in self._segments if damaged.path in (s.index_path, s.time_index_path)
+        )
+        name = segment.log_path.name
+        kind = "index" if damaged.path == segment.index_path else "time index"
+        problems = [f"{name}: {kind} {damaged}; rebuilt from the log"]
+        interval = self.config.index_interval_bytes
+        if kind == "index" or not _walk_time_index(segment, interval, problems):
+            _recover(segment, interval, False, problems)
+            problems += [
+                f"{name}: offsets [{segment.base_offset + d.start}, {segment.base_offset + d.end})"
+                f" damaged, kept in place: {d.reason}"
+                for d in segment.damage
+            ]
+        for problem in problems:
+            log.warning("%s: %s", self.directory.name, problem)
 
     def _rescan(self, broken: FramingBroken) -> None:
         """A read met framing that breaks where no damage was known: the file changed after
@@ -361,11 +411,7 @@ class PartitionLog:
         walk of that run's headers finds it (broker.log.timeindex). Damaged ranges are passed
         over.
         """
-        try:
-            return self._offset_for_timestamp(timestamp_ms)
-        except FramingBroken as broken:
-            self._rescan(broken)
-            return self._offset_for_timestamp(timestamp_ms)
+        return self._repairing(lambda: self._offset_for_timestamp(timestamp_ms))
 
     def _offset_for_timestamp(self, timestamp_ms: int) -> int:
         for segment in self._segments:
@@ -516,8 +562,8 @@ def _walk_time_index(segment: Segment, index_interval: int, problems: list[str])
     if not segment.walk_time_index(index_interval):
         return False
     try:
-        segment.time_index.write(segment.time_index_path, segment.size)
-    except OSError as error:
+        segment.store_time_index()
+    except StorageError as error:
         name = segment.log_path.name
         problems.append(f"{name}: the rebuilt time index cannot be stored: {error}")
     return True

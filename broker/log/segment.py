@@ -17,9 +17,11 @@ After a crash, or when a disk goes bad, stored bytes may fail their checks: `sca
 (run by `Segment.recover`) keeps every valid message, notes each damaged range (reads of it
 raise CorruptSegment naming it, so that readers can skip it), and finds a torn tail, which
 only the newest segment's recovery cuts, moving the bytes to a `*.bad` file (`cut_tail`).
-A closed segment's stored index is checked by its checksum when it is opened, and its log is
-not read then: reads of such a segment walk every message header they serve, and one whose
-walk meets broken framing raises FramingBroken (the partition then scans the segment again);
+A closed segment's stored indexes are not read into memory: opening reads their heads, and they
+are mapped, and checked by their checksums, when first used (IndexDamaged when that fails:
+the partition then rebuilds them from the log; broker.log.indexfile). Its log is not read on
+open either: reads of such a segment walk every message header they serve, and one whose walk
+meets broken framing raises FramingBroken (the partition then scans the segment again);
 `pylogctl log verify` walks every index against its log (`index_disagreement`). The folder is
 fsynced after a file in it is created, renamed or deleted. Not safe to share between threads.
 """
@@ -40,7 +42,7 @@ from typing import NamedTuple
 from broker.errors import CorruptSegment, DiskFull, FetchSizeTooSmall, InvalidOffset, StorageIOError
 from broker.log.files import OPEN_FILES
 from broker.log.fsdir import fsync_directory
-from broker.log.index import OffsetIndex
+from broker.log.index import MappedOffsetIndex, OffsetIndex
 from broker.log.message import (
     CHECKSUM_START,
     HEADER_SIZE,
@@ -54,7 +56,7 @@ from broker.log.message import (
     timestamp_at,
     valid_message_end,
 )
-from broker.log.timeindex import TimeIndex
+from broker.log.timeindex import MappedTimeIndex, TimeIndex
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -242,10 +244,16 @@ def storage_error(error: OSError, what: str) -> DiskFull | StorageIOError:
 
 
 class Segment:
-    """A segment file with its size, its in-memory indexes and, while active, a write handle."""
+    """A segment file with its size, its indexes (in memory while it is active or after a scan,
+    else read from their files) and, while active, a write handle."""
 
     def __init__(
-        self, log_path: Path, base_offset: int, size: int, index: OffsetIndex, times: TimeIndex
+        self,
+        log_path: Path,
+        base_offset: int,
+        size: int,
+        index: OffsetIndex | MappedOffsetIndex,
+        times: TimeIndex | MappedTimeIndex,
     ) -> None:
         self.log_path = log_path
         self.index_path = log_path.with_suffix(INDEX_SUFFIX)
@@ -280,6 +288,13 @@ class Segment:
     def end_offset(self) -> int:
         return self.base_offset + self.size
 
+    @property
+    def stored(self) -> bool:
+        """Whether its indexes are read from their files (a closed segment's), not in memory."""
+        return isinstance(self.index, MappedOffsetIndex) or isinstance(
+            self.time_index, MappedTimeIndex
+        )
+
     @classmethod
     def create(cls, directory: Path, base_offset: int) -> Segment:
         """A new empty segment file; it is an error for it to exist already."""
@@ -298,24 +313,27 @@ class Segment:
     def open_existing(
         cls, log_path: Path, base_offset: int
     ) -> tuple[Segment, bool, bool, str | None]:
-        """Open a segment file with its stored indexes. The first flag says whether its offset
-        index can be trusted (else the caller must `recover` the segment): it is missing or
-        written for another size when the segment was not closed cleanly, and the text says
-        why one that describes the file's size is damaged (broker.log.index). The second says
-        whether its time index can (else `walk_time_index` or `recover` builds it): it is only
-        read beside a trusted offset index, and the text then says why one that describes the
-        file's size is damaged. Reads the indexes only, never the log, so that opening costs
-        the same whatever the segment holds."""
+        """Open a segment file on its stored indexes. The first flag says whether its offset
+        index can be trusted so far (else the caller must `recover` the segment): it is
+        missing or written for another size when the segment was not closed cleanly, and the
+        text says why one that describes the file's size is damaged (its length does not fit
+        its layout). The second says whether its time index can (else `walk_time_index` or
+        `recover` builds it): it is only looked at beside a trusted offset index, and the text
+        then says why one that describes the file's size is damaged. Reads the first 8 bytes
+        and the length of each index file only, never their entries nor the log, so that
+        opening costs the same whatever the segment holds; their checksums are checked on
+        first use (IndexDamaged)."""
         size = log_path.stat().st_size
         index_path = log_path.with_suffix(INDEX_SUFFIX)
-        index, damaged = OffsetIndex.load(index_path, size)
-        segment = cls(log_path, base_offset, size, index or OffsetIndex(), TimeIndex())
+        index, damaged = MappedOffsetIndex.open(index_path, size)
+        stored = OffsetIndex() if index is None else index  # (a mapped index's len() maps it)
+        segment = cls(log_path, base_offset, size, stored, TimeIndex())
         segment.framing_checked = False
         if damaged is not None:
             return segment, False, False, f"index {index_path.name} is damaged: {damaged}"
         if index is None:
             return segment, False, False, None
-        times, damaged = TimeIndex.load(segment.time_index_path, size)
+        times, damaged = MappedTimeIndex.open(segment.time_index_path, size)
         if times is None:
             problem = None
             if damaged is not None:
@@ -330,6 +348,8 @@ class Segment:
         """Write `data` (validated whole messages) at the end; `marks` are index entries
         relative to its start, `greatest` the greatest timestamps of the runs between them
         (ScanResult). On any error the file is truncated back and nothing changes."""
+        index, times = self.index, self.time_index
+        assert isinstance(index, OffsetIndex) and isinstance(times, TimeIndex)  # active: in memory
         fd = self._write_handle()
         start = self.size
         self._unsynced = True
@@ -342,8 +362,8 @@ class Segment:
                 os.ftruncate(fd, start)
             raise storage_error(error, f"append to {self.log_path}") from error
         self.size = start + len(data)
-        self.time_index.extend(start, self.index.last, marks, greatest)
-        self.index.extend(start, marks)
+        times.extend(start, index.last, marks, greatest)
+        index.extend(start, marks)
 
     def _write_handle(self) -> int:
         """The write handle, opened again if OPEN_FILES released it (StorageIOError, EMFILE
@@ -385,20 +405,44 @@ class Segment:
         self.store_indexes()
 
     def store_indexes(self) -> None:
-        """Write the time index, then the offset index (each tmp, fsync, rename, fsync of the
-        folder). DiskFull or StorageIOError when one cannot be written."""
-        for index, path in ((self.time_index, self.time_index_path), (self.index, self.index_path)):
-            try:
-                index.write(path, self.size)
-            except OSError as error:
-                raise storage_error(error, f"writing {path}") from error
+        """Write the in-memory time index, then the in-memory offset index (each tmp, fsync,
+        rename, fsync of the folder); from then on both are read from their files (a closed
+        segment keeps no index in memory). DiskFull or StorageIOError when one cannot be
+        written: both then stay in memory."""
+        index = self.index
+        assert isinstance(index, OffsetIndex)  # of the active segment, or of a scan
+        times = self._write_time_index()
+        status = self._write(index, self.index_path)
+        self.index = MappedOffsetIndex.written(self.index_path, self.size, status)
+        self.time_index = times
+
+    def store_time_index(self) -> None:
+        """Write the in-memory time index (built by `walk_time_index` beside a stored offset
+        index), then read it from its file. DiskFull or StorageIOError when it cannot be
+        written: it then stays in memory."""
+        self.time_index = self._write_time_index()
+
+    def _write_time_index(self) -> MappedTimeIndex:
+        times = self.time_index
+        assert isinstance(times, TimeIndex)
+        status = self._write(times, self.time_index_path)
+        return MappedTimeIndex.written(self.time_index_path, self.size, times, status)
+
+    def _write(self, index: OffsetIndex | TimeIndex, path: Path) -> os.stat_result:
+        try:
+            return index.write(path, self.size)
+        except OSError as error:
+            raise storage_error(error, f"writing {path}") from error
 
     def truncate_to(self, size: int) -> None:
-        """Cut the file to `size` bytes, which must be a message boundary."""
+        """Cut the file to `size` bytes, which must be a message boundary (only an active or
+        scanned segment is ever cut: its indexes are in memory)."""
+        index, times = self.index, self.time_index
+        assert isinstance(index, OffsetIndex) and isinstance(times, TimeIndex)
         os.truncate(self.log_path, size)
         self.size = size
-        self.index.truncate_to(size)
-        self.time_index.truncate_to(size)
+        index.truncate_to(size)
+        times.truncate_to(size)
         self._retire_map()
 
     # -- recovery --------------------------------------------------------------------------
@@ -412,6 +456,7 @@ class Segment:
         else:
             with _mapped(self.log_path) as data:
                 result = scan_segment(data, index_interval)
+        self._unmap_indexes()
         self.index = OffsetIndex(result.marks)
         self.time_index = TimeIndex.build(result.marks, result.greatest)
         self.damage = []
@@ -425,12 +470,14 @@ class Segment:
         headers (`walk_timestamps`); False, changing nothing, when their framing breaks (the
         segment must then be recovered). A walk of every header checks the framing, so reads
         no longer walk what they serve."""
-        if self.size == 0:
-            return True
-        with _mapped(self.log_path) as data:
-            walked = walk_timestamps(data, index_interval)
+        walked: tuple[list[int], list[int]] | None = ([], [NO_TIMESTAMP])
+        if self.size > 0:
+            with _mapped(self.log_path) as data:
+                walked = walk_timestamps(data, index_interval)
         if walked is None:
             return False
+        if isinstance(self.time_index, MappedTimeIndex):
+            self.time_index.close()
         self.time_index = TimeIndex.build(*walked)
         self.framing_checked = True
         return True
@@ -622,11 +669,19 @@ class Segment:
                 raise storage_error(error, f"closing {self.log_path}") from error
 
     def close(self) -> None:
-        """Release the write handle and any mapping no view still uses."""
+        """Release the write handle, the index files' mappings and any mapping of the log no
+        view still uses."""
         try:
             self.close_write_handle()
         finally:
             self._retire_map()
+            self._unmap_indexes()
+
+    def _unmap_indexes(self) -> None:
+        """Unmap the index files read from their files, if mapped."""
+        for index in (self.index, self.time_index):
+            if isinstance(index, (MappedOffsetIndex, MappedTimeIndex)):
+                index.close()
 
     def delete(self) -> None:
         """Close and remove the segment and its indexes from disk."""

@@ -23,24 +23,39 @@ of broker.log.indexfile (segment_size u64, checksum u64: xxh3_64 of segment_size
 
 n is (file size - 16) / 12. It is written with the offset index when a segment is closed (the
 time index first: the offset index is the mark of a clean close), kept in memory for the
-active segment, and rebuilt with the offset index when recovery scans a segment. A closed
-segment whose offset index is trusted but whose time index is missing (written before time
-indexes existed), written for another size or damaged gets one by a walk of its message
-headers when the log is opened (broker.log.partition), once: the file is then stored.
+active segment (`TimeIndex`), read from its file once the segment is closed (`MappedTimeIndex`:
+mapped when used, never loaded, its checksum checked on first use as the offset index's is),
+and rebuilt with the offset index when recovery scans a segment. A closed segment whose offset
+index is trusted but whose time index is missing (written before time indexes existed) or
+written for another size gets one by a walk of its message headers when the log is opened
+(broker.log.partition), once: the file is then stored. One damaged (found on first use) gets
+one the same way then.
 Not safe to share between threads.
 """
 
 from __future__ import annotations
 
+import os
+import struct
 from array import array
 from bisect import bisect_left
 from collections.abc import Sequence
 from pathlib import Path
 
-from broker.log.indexfile import big_endian, from_big_endian, read_index_file, write_index_file
+from broker.log.indexfile import (
+    HEAD,
+    U32,
+    IndexFile,
+    big_endian,
+    from_big_endian,
+    read_index_file,
+    read_index_head,
+    write_index_file,
+)
 from broker.log.message import NO_TIMESTAMP
 
 _ENTRY_BYTES = 12
+_I64 = struct.Struct(">q")
 
 
 class TimeIndex:
@@ -111,26 +126,74 @@ class TimeIndex:
         del self._times[i:]
         del self._positions[i:]
 
-    def write(self, path: Path, segment_size: int) -> None:
-        """Write this index for a segment of `segment_size` bytes (broker.log.indexfile)."""
+    def write(self, path: Path, segment_size: int) -> os.stat_result:
+        """Write this index for a segment of `segment_size` bytes (broker.log.indexfile);
+        returns the file's status as written."""
         body = big_endian(self._times) + big_endian(self._positions)
-        write_index_file(path, segment_size, body)
+        return write_index_file(path, segment_size, body)
 
     @classmethod
     def load(cls, path: Path, segment_size: int) -> tuple[TimeIndex | None, str | None]:
-        """The time index stored at `path` for a segment of `segment_size` bytes, or None and
-        why not, as OffsetIndex.load says it."""
+        """The time index stored at `path` for a segment of `segment_size` bytes, read whole
+        and checked, or None and why not, as OffsetIndex.load says it."""
         body, damaged = read_index_file(path, segment_size, _ENTRY_BYTES)
         if body is None:
             return None, damaged
         n = len(body) // _ENTRY_BYTES
-        times = from_big_endian("q", body[: 8 * n])
-        positions = from_big_endian("I", body[8 * n :])
-        # the checksum vouches for the order; this catches an index written for other bytes
-        if (segment_size > 0 and not n) or (
-            n and (positions[0] != 0 or positions[-1] >= max(segment_size, 1))
-        ):
-            return None, "its entries do not start at 0 within the segment"
         index = cls()
-        index._times, index._positions = times, positions
+        index._times = from_big_endian("q", body[: 8 * n])
+        index._positions = from_big_endian("I", body[8 * n :])
         return index, None
+
+
+class MappedTimeIndex:
+    """A closed segment's time index, read from its file (broker.log.indexfile.IndexFile),
+    mapped when used: a lookup is a bisect of the file's T column. Its greatest timestamp is
+    kept once read, so that lookups pass over the segment without mapping it again.
+    IndexDamaged from any use of the file that is the first and finds it damaged."""
+
+    def __init__(self, file: IndexFile, greatest: int | None = None) -> None:
+        self._file = file
+        self._greatest = greatest
+
+    @classmethod
+    def open(cls, path: Path, segment_size: int) -> tuple[MappedTimeIndex | None, str | None]:
+        """The time index stored at `path` for a segment of `segment_size` bytes, judged by its
+        head and length only, or None and why not, as MappedOffsetIndex.open says it."""
+        fits, damaged = read_index_head(path, segment_size, _ENTRY_BYTES)
+        return (cls(IndexFile(path, segment_size, _ENTRY_BYTES)), None) if fits else (None, damaged)
+
+    @classmethod
+    def written(
+        cls, path: Path, segment_size: int, index: TimeIndex, status: os.stat_result
+    ) -> MappedTimeIndex:
+        """`index`, which this process just wrote at `path` (`TimeIndex.write` gave `status`)."""
+        return cls(IndexFile(path, segment_size, _ENTRY_BYTES, status), index.greatest)
+
+    @property
+    def greatest(self) -> int:
+        """The greatest timestamp in the segment (NO_TIMESTAMP when it holds no message)."""
+        if self._greatest is None:
+            m = self._file.mapping()
+            n = (len(m) - HEAD.size) // _ENTRY_BYTES
+            self._greatest = _I64.unpack_from(m, HEAD.size + 8 * (n - 1))[0] if n else NO_TIMESTAMP
+        return self._greatest
+
+    def start_for(self, timestamp_ms: int) -> int | None:
+        """As TimeIndex.start_for: the start of the run of the first entry whose greatest
+        timestamp is at or after `timestamp_ms`; None when no message of the segment is."""
+        m = self._file.mapping()
+        unpack = _I64.unpack_from
+        n = (len(m) - HEAD.size) // _ENTRY_BYTES
+        low, high = 0, n
+        while low < high:  # bisect_left of the big-endian T column, as it lies in the file
+            middle = (low + high) // 2
+            if unpack(m, HEAD.size + 8 * middle)[0] < timestamp_ms:
+                low = middle + 1
+            else:
+                high = middle
+        return U32.unpack_from(m, HEAD.size + 8 * n + 4 * low)[0] if low < n else None
+
+    def close(self) -> None:
+        """Unmap the file, if mapped (the next use maps it again)."""
+        self._file.close()
