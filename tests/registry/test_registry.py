@@ -6,8 +6,12 @@ closes that session, which expires it for the registry)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import queue
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -123,6 +127,58 @@ def test_watch_brokers_sees_brokers_come_and_go(make_registry: Callable[..., Reg
     next_value(seen, {3: BROKER_2})
     broker.stop()
     next_value(seen, {})
+
+
+def test_watch_callbacks_run_off_kazoos_threads_and_one_slow_callback_holds_up_no_other(
+    make_registry: Callable[..., Registry],
+) -> None:
+    # kazoo's ChildrenWatch calls its function on kazoo's one event thread: a callback that
+    # waits there (on ZooKeeper, or on the application) would stall every other watch.
+    tool, broker = make_registry(), make_registry()
+    release = threading.Event()
+    brokers_seen: queue.Queue[dict[int, BrokerInfo]] = queue.Queue()
+    topics_seen: queue.Queue[dict[str, TopicConfig]] = queue.Queue()
+    threads: set[threading.Thread] = set()
+
+    def slow(brokers: dict[int, BrokerInfo]) -> None:
+        threads.add(threading.current_thread())
+        brokers_seen.put(brokers)
+        release.wait(30)
+
+    def on_topics(configs: dict[str, TopicConfig]) -> None:
+        threads.add(threading.current_thread())
+        topics_seen.put(configs)
+
+    try:
+        tool.watch_brokers(slow)
+        next_value(brokers_seen, {})  # and it now waits in the callback
+        tool.watch_topic_configs(on_topics)
+        next_value(topics_seen, {})
+        broker.register_broker(3, BROKER_2)  # a broker event queues behind the slow callback
+        broker.create_topic_config("clicks", TopicConfig.spread(1, [3]))
+        next_value(topics_seen, {"clicks": TopicConfig.spread(1, [3])})
+    finally:
+        release.set()
+    next_value(brokers_seen, {3: BROKER_2})
+    kazoo_threads = set(tool._client.handler._workers)  # its event and completion threads
+    assert threads and not threads & kazoo_threads
+
+
+def test_watch_callbacks_are_called_again_after_a_session_expiry(
+    make_registry: Callable[..., Registry], zookeeper: PrivateZooKeeper
+) -> None:
+    # Children's data may have changed while the session was gone (a topic deleted and made
+    # again under the same name): the callback gets the state read anew, names changed or not.
+    tool, broker = make_registry(), make_registry()
+    broker.register_broker(3, BROKER_2)
+    seen: queue.Queue[dict[int, BrokerInfo]] = queue.Queue()
+    tool.watch_brokers(seen.put)
+    next_value(seen, {3: BROKER_2})
+
+    expire_session(tool, zookeeper.connect_string)
+
+    wait_until(lambda: tool.statistics().sessions == 2, what="a new session")
+    assert seen.get(timeout=5) == {3: BROKER_2}
 
 
 def test_node_left_by_an_old_session_is_replaced(registry: Registry, observer: KazooClient) -> None:
@@ -359,6 +415,51 @@ def test_lost_connection_fails_calls_quickly_and_the_registry_recovers(tmp_path:
             assert registry.brokers() == {1: BROKER_1}
             assert registry.topic_configs() == {"clicks": TopicConfig.spread(2, [1])}
             registry.create_topic_config("views", TopicConfig.spread(1, [1]))
+
+
+@contextlib.contextmanager
+def paused(pid: int) -> Iterator[None]:
+    """SIGSTOP a server (connected, silent, as a stalled ensemble is) until the block ends."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_a_request_cut_off_by_a_lost_connection_fails_at_once(tmp_path: Path) -> None:
+    # The read is sent, then kazoo finds the paused server silent and drops the connection.
+    # The call fails then, not request_timeout_s later after sending it again (as kazoo's
+    # KazooRetry would): a group member must hear of the loss at once to stop consuming.
+    with PrivateZooKeeper(tmp_path, tick_time_ms=1000) as server:
+        registry = Registry(
+            server.connect_string,
+            "/pylog",
+            session_timeout_s=6.0,
+            request_timeout_s=60.0,
+            reconnect_max_delay_s=0.5,
+        )
+        with registry:
+            registry.register_broker(1, BROKER_1)
+            answers: queue.Queue[object] = queue.Queue()
+
+            def read() -> None:
+                try:
+                    answers.put(registry.brokers())
+                except RegistryUnavailable as error:
+                    answers.put(error)
+
+            assert server.pid is not None
+            with paused(server.pid):
+                reader = threading.Thread(target=read)
+                reader.start()
+                wait_until(lambda: not registry.connected, 15, "kazoo to give up on the server")
+                reader.join(15)
+                answer = answers.get(timeout=0)
+            assert isinstance(answer, RegistryUnavailable), answer
+            assert "ConnectionLoss" in str(answer)
+            assert registry.wait_registered(30)
+            assert registry.brokers() == {1: BROKER_1}
 
 
 def test_consumer_group_nodes_members_owners_and_offsets(

@@ -1,0 +1,78 @@
+"""The broker registry in ZooKeeper: which brokers are up, where topics live, topic settings,
+consumer groups.
+
+This is the only package of pylog that imports kazoo. Paths follow Kafka 0.7, under a chroot
+that the operator chooses (default "/pylog", so one ensemble can hold several clusters):
+
+    <chroot>/brokers/ids/<broker_id>              ephemeral   BrokerInfo as JSON
+        {"version": 1, "host": "10.0.0.7", "port": 9092, "workers": 2, "log_dirs": ["/d1"]}
+    <chroot>/brokers/topics/<topic>/<broker_id>   ephemeral   partitions of the topic there
+        {"version": 1, "partitions": [0, 3]}
+    <chroot>/config/topics/<topic>                persistent  TopicConfig as JSON
+        {"version": 1, "partitions": 4, "brokers": [1, 2, 3, 1], "settings": {...}}
+    <chroot>/consumers/<group>/ids/<consumer_id>  ephemeral   a member and its topics
+        {"version": 1, "topics": ["clicks"]}
+    <chroot>/consumers/<group>/owners/<topic>/<broker_id>-<partition>
+                                                  ephemeral   the member consuming it
+        {"version": 1, "consumer": "host-1234-5f3a"}
+    <chroot>/consumers/<group>/offsets/<topic>/<broker_id>-<partition>
+                                                  persistent  the group's committed offset
+        {"version": 1, "offset": 1042}
+
+docs/registry.md describes every path and value, and who writes and watches each.
+
+Node data is compact UTF-8 JSON with sorted keys (nodes). An ephemeral node lives as long as
+the ZooKeeper session that created it: when a broker stops, dies or is cut off for longer than
+the session timeout, its nodes disappear and everyone watching sees it go.
+
+The parts: session (the connection, bounded requests, ephemeral nodes kept through session
+loss: what happens when the connection or the session is lost), watches
+(kazoo's ChildrenWatch, with the callbacks on threads of the registry), brokers, topics and
+groups (the calls on each), nodes (the JSON of the nodes). Registry puts them together.
+
+Thread-safety: a Registry may be used from several threads at once (trio.to_thread included).
+Watch callbacks run on threads of the registry, one at a time per watch.
+"""
+
+from __future__ import annotations
+
+from broker.registry.brokers import BrokerInfo, Brokers
+from broker.registry.groups import Groups, partition_name
+from broker.registry.nodes import FORMAT_VERSION
+from broker.registry.session import DEFAULT_CHROOT, RegistryStatistics
+from broker.registry.topics import TopicConfig, Topics
+
+__all__ = [
+    "DEFAULT_CHROOT",
+    "FORMAT_VERSION",
+    "BrokerInfo",
+    "Registry",
+    "RegistryStatistics",
+    "TopicConfig",
+    "partition_name",
+]
+
+
+class Registry(Brokers, Topics, Groups):
+    """A broker's (or a tool's) connection to the registry in ZooKeeper.
+
+    Paths, under `chroot`:
+
+        /brokers/ids/<broker_id>              ephemeral   register_broker
+        /brokers/topics/<topic>/<broker_id>   ephemeral   register_topic_partitions
+        /config/topics/<topic>                persistent  create_topic_config
+        /consumers/<group>/...                both        register_consumer, claim_partition,
+                                                          commit_offset
+
+    `connect_string` is "host:port[,host:port...]" (no chroot there: pass `chroot`).
+    `session_timeout_s` is asked of the server, which clamps it to 2-20 of its ticks.
+    Every call waits at most `request_timeout_s` for a connection and an answer, then raises
+    RegistryUnavailable. kazoo reconnects on its own, waiting at most `reconnect_max_delay_s`
+    between attempts.
+
+    Ephemeral nodes registered here are re-created after a session expiry (see
+    broker.registry.session); nodes of a previous session found at our paths are replaced. Use
+    as a context manager, or call start() and stop(); a Registry is started once.
+    """
+
+    BASE_PATHS = ("/brokers/ids", "/brokers/topics", "/config/topics")

@@ -1,0 +1,76 @@
+"""Brokers in the registry: /brokers/ids/<broker_id>, an ephemeral node per live broker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from broker.registry.nodes import decode, encode, int_field, validate_broker_id
+from broker.registry.session import Session
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """What /brokers/ids/<broker_id> says about a live broker: where its front socket listens,
+    how many workers (partition groups) it runs and on which log directories."""
+
+    host: str
+    port: int
+    workers: int = 1
+    log_dirs: tuple[str, ...] = ()
+
+    def to_json(self) -> bytes:
+        return encode(
+            {
+                "host": self.host,
+                "port": self.port,
+                "workers": self.workers,
+                "log_dirs": list(self.log_dirs),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes) -> BrokerInfo:
+        """Parse node data; ValueError when it is not a broker registration."""
+        obj = decode(data)
+        host, log_dirs = obj.get("host"), obj.get("log_dirs")
+        if not isinstance(host, str):
+            raise ValueError("'host' is missing or not a string")
+        if not isinstance(log_dirs, list) or not all(isinstance(d, str) for d in log_dirs):
+            raise ValueError("'log_dirs' is missing or not a list of strings")
+        return cls(
+            host=host,
+            port=int_field(obj, "port"),
+            workers=int_field(obj, "workers"),
+            log_dirs=tuple(log_dirs),
+        )
+
+
+class Brokers(Session):
+    """The registry's calls on brokers."""
+
+    def broker_path(self, broker_id: int) -> str:
+        return f"{self.chroot}/brokers/ids/{broker_id}"
+
+    def register_broker(self, broker_id: int, info: BrokerInfo) -> None:
+        """Create (or update) the ephemeral /brokers/ids/<broker_id>, kept until stop().
+
+        On RegistryUnavailable the registration is remembered and made once connected."""
+        validate_broker_id(broker_id)
+        self._register(self.broker_path(broker_id), info.to_json())
+
+    def unregister_broker(self, broker_id: int) -> None:
+        """Delete /brokers/ids/<broker_id> and stop keeping it (nothing if it is absent)."""
+        validate_broker_id(broker_id)
+        self._unregister(self.broker_path(broker_id))
+
+    def brokers(self) -> dict[int, BrokerInfo]:
+        """The live brokers: broker id -> BrokerInfo (unreadable nodes are left out)."""
+        return self._brokers(self._children(f"{self.chroot}/brokers/ids"))
+
+    def watch_brokers(self, callback: Callable[[dict[int, BrokerInfo]], None]) -> None:
+        """Call `callback(brokers())` now and whenever a broker comes or goes, until stop()."""
+        self._add_watch(f"{self.chroot}/brokers/ids", self._brokers, callback)
+
+    def _brokers(self, children: Iterable[str]) -> dict[int, BrokerInfo]:
+        return self._read_each(f"{self.chroot}/brokers/ids", children, BrokerInfo.from_json, int)

@@ -1,0 +1,145 @@
+"""Consumer groups in the registry: members, partition owners and committed offsets under
+/consumers/<group>."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from broker.errors import RegistryUnavailable
+from broker.protocol import check_topic_name
+from broker.registry.nodes import check_name, decode, encode, int_field, is_int
+from broker.registry.session import ATTEMPTS, NodeExists, NoNode, Session
+
+
+def partition_name(broker_id: int, partition: int) -> str:
+    """A partition's name under /consumers: "<broker_id>-<partition>", as in Kafka 0.7."""
+    return f"{broker_id}-{partition}"
+
+
+def _topics(data: bytes) -> tuple[str, ...]:
+    topics = decode(data).get("topics")
+    if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+        raise ValueError("'topics' is not a list of names")
+    return tuple(topics)
+
+
+def _consumer(data: bytes) -> str:
+    owner = decode(data).get("consumer")
+    if not isinstance(owner, str):
+        raise ValueError("'consumer' is not a consumer id")
+    return owner
+
+
+class Groups(Session):
+    """The registry's calls on consumer groups."""
+
+    def consumer_path(self, group: str, consumer_id: str) -> str:
+        return f"{self.chroot}/consumers/{group}/ids/{consumer_id}"
+
+    def owner_path(self, group: str, topic: str, name: str) -> str:
+        return f"{self.chroot}/consumers/{group}/owners/{topic}/{name}"
+
+    def offset_path(self, group: str, topic: str, name: str) -> str:
+        return f"{self.chroot}/consumers/{group}/offsets/{topic}/{name}"
+
+    def register_consumer(self, group: str, consumer_id: str, topics: Iterable[str]) -> None:
+        """Create (or update) the ephemeral /consumers/<group>/ids/<consumer_id> listing the
+        topics the member consumes; kept (and re-created after a session expiry) until stop()
+        or unregister_consumer."""
+        check_name("group", group)
+        check_name("consumer id", consumer_id)
+        names = sorted(set(topics))
+        for topic in names:
+            check_topic_name(topic)
+        self._register(self.consumer_path(group, consumer_id), encode({"topics": names}))
+
+    def unregister_consumer(self, group: str, consumer_id: str) -> None:
+        """Delete /consumers/<group>/ids/<consumer_id> and stop keeping it."""
+        self._unregister(self.consumer_path(group, consumer_id))
+
+    def consumers(self, group: str) -> dict[str, tuple[str, ...]]:
+        """The group's live members: consumer id -> the topics it consumes."""
+        check_name("group", group)
+        try:
+            return self._consumers(group, self._children(self._ids_path(group)))
+        except NoNode:
+            return {}
+
+    def watch_consumers(
+        self, group: str, callback: Callable[[dict[str, tuple[str, ...]]], None]
+    ) -> None:
+        """Call `callback(consumers(group))` now and whenever a member joins or leaves."""
+        check_name("group", group)
+        self._add_watch(
+            self._ids_path(group), lambda children: self._consumers(group, children), callback
+        )
+
+    def claim_partition(self, group: str, topic: str, name: str, consumer_id: str) -> str | None:
+        """Create the ephemeral owner node of partition `name` of `topic` for `consumer_id`.
+        None when it is ours (now, or already in this session); else the id of the member that
+        owns it. Not re-created after a session expiry: ownership ends with the session."""
+        path = self.owner_path(group, topic, name)
+        for _ in range(ATTEMPTS):
+            try:
+                self._create(path, encode({"consumer": consumer_id}), ephemeral=True, makepath=True)
+                return None
+            except NoNode:
+                continue  # a parent was deleted between makepath and create
+            except NodeExists:
+                pass
+            try:
+                data, stat = self._get(path)
+            except NoNode:
+                continue
+            if stat.ephemeral_owner == self.session_id:
+                return None
+            try:
+                return _consumer(data)
+            except ValueError:
+                return f"session 0x{stat.ephemeral_owner:x}"
+        raise RegistryUnavailable(f"could not claim {path}: it kept changing under us")
+
+    def release_partition(self, group: str, topic: str, name: str) -> None:
+        """Delete the owner node of partition `name` if this session holds it."""
+        self._delete_if_ours(self.owner_path(group, topic, name))
+
+    def partition_owners(self, group: str, topic: str) -> dict[str, str]:
+        """Partition name -> the member owning it, for the owned partitions of `topic`."""
+        path = f"{self.chroot}/consumers/{group}/owners/{topic}"
+        try:
+            children = self._children(path)
+        except NoNode:
+            return {}
+        return self._read_each(path, children, _consumer, str)
+
+    def commit_offset(self, group: str, topic: str, name: str, offset: int) -> None:
+        """Write the group's committed offset of partition `name` (persistent)."""
+        if not is_int(offset) or offset < 0:
+            raise ValueError(f"an offset is an integer >= 0, not {offset!r}")
+        path = self.offset_path(group, topic, name)
+        data = encode({"offset": offset})
+        try:
+            self._set(path, data, -1)
+        except NoNode:
+            try:
+                self._create(path, data, makepath=True)
+            except NodeExists:  # another member committed first: ours is as good
+                self._set(path, data, -1)
+
+    def committed_offset(self, group: str, topic: str, name: str) -> int | None:
+        """The group's committed offset of partition `name`, or None if none was committed."""
+        path = self.offset_path(group, topic, name)
+        try:
+            data, _ = self._get(path)
+        except NoNode:
+            return None
+        try:
+            return int_field(decode(data), "offset")
+        except ValueError as error:
+            raise RegistryUnavailable(f"{path} holds unreadable data: {error}") from None
+
+    def _ids_path(self, group: str) -> str:
+        return f"{self.chroot}/consumers/{group}/ids"
+
+    def _consumers(self, group: str, children: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        return self._read_each(self._ids_path(group), children, _topics, str)

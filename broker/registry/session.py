@@ -1,0 +1,487 @@
+"""The registry's ZooKeeper session: connecting, every request, the ephemeral nodes kept
+through session loss, and the watches armed on it (broker.registry.watches).
+
+Connection and session loss:
+
+- A lost connection (ZooKeeper restarting, a network blip) suspends the session; kazoo
+  reconnects by itself and, if it is back within the session timeout, the session and all its
+  ephemeral nodes are intact. While it is away every call waits at most `request_timeout_s`
+  for the connection and then raises RegistryUnavailable, as does a request in flight when
+  the connection is lost (it is not sent again: see Session._request).
+- An expired session (away for longer than the timeout, or closed by the server) takes all
+  our ephemeral nodes with it. kazoo opens a new session; the registry then re-creates every
+  node it was asked to register (broker, topic partitions, group members), from a thread of
+  its own, never from kazoo's connection thread. A node still present at one of our paths is
+  kept if it belongs to the current session and is deleted and created again if it belongs to
+  another one (an old session of this broker not yet expired, e.g. after a quick restart).
+- The same re-registration runs after every reconnection (it finds the nodes in place after a
+  plain connection loss and does nothing), and then every watch's callback is called again
+  with the state read anew, since nodes may have changed while we were away.
+- `wait_registered(timeout)` waits until, in the current connection, every registered node is
+  known to exist; `connected` and `statistics()` tell the state.
+
+Every kazoo error, including timeouts, becomes broker.errors.RegistryUnavailable (retriable);
+no kazoo exception leaves this package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
+
+from broker.errors import RegistryUnavailable
+from broker.lifecycle import Running
+from broker.registry.watches import ChildrenWatch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHROOT = "/pylog"
+
+ATTEMPTS = 5  # tries of a create/check/delete cycle that other clients keep racing
+
+K = TypeVar("K")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RegistryStatistics:
+    """A snapshot of the registry's connection. `sessions` counts the ZooKeeper sessions
+    established (1 until one expires), `sessions_lost` the expiries seen, `nodes_restored`
+    the ephemeral nodes re-created because they had gone, `registered` how many ephemeral
+    nodes this registry keeps."""
+
+    connected: bool
+    session_id: int | None
+    sessions: int
+    sessions_lost: int
+    nodes_restored: int
+    registered: int
+
+
+# Private kazoo-free outcomes of one request. They are RegistryUnavailable subclasses so that,
+# should one ever escape a public method, callers still see the documented error.
+class NoNode(RegistryUnavailable):
+    pass
+
+
+class NodeExists(RegistryUnavailable):
+    pass
+
+
+class NotEmpty(RegistryUnavailable):
+    pass
+
+
+class BadVersion(RegistryUnavailable):
+    pass
+
+
+_KAZOO_OUTCOMES: tuple[tuple[type[Exception], type[RegistryUnavailable]], ...] = (
+    (NoNodeError, NoNode),
+    (NodeExistsError, NodeExists),
+    (NotEmptyError, NotEmpty),
+    (BadVersionError, BadVersion),
+)
+
+
+@dataclass(frozen=True)
+class Stat:
+    version: int
+    ephemeral_owner: int
+
+
+class Session(Running):
+    """A connection to ZooKeeper under a chroot, with the requests, ephemeral registrations
+    and watches that the registry's parts (brokers, topics, groups) are made of.
+
+    `connect_string` is "host:port[,host:port...]" (no chroot there: pass `chroot`).
+    `session_timeout_s` is asked of the server, which clamps it to 2-20 of its ticks.
+    Every call waits at most `request_timeout_s` for a connection and an answer, then raises
+    RegistryUnavailable. kazoo reconnects on its own, waiting at most `reconnect_max_delay_s`
+    between attempts. Started once (start() and stop(), or as a context manager).
+    """
+
+    BASE_PATHS: tuple[str, ...] = ()
+    """Paths under the chroot created at start, which the watches and readers expect."""
+
+    def __init__(
+        self,
+        connect_string: str,
+        chroot: str = DEFAULT_CHROOT,
+        session_timeout_s: float = 6.0,
+        *,
+        request_timeout_s: float = 5.0,
+        reconnect_max_delay_s: float = 2.0,
+    ) -> None:
+        if "/" in connect_string:
+            raise ValueError(f"pass the chroot as `chroot`, not in {connect_string!r}")
+        if not chroot.startswith("/") or (chroot != "/" and chroot.endswith("/")):
+            raise ValueError(f"chroot must be an absolute path like /pylog, not {chroot!r}")
+        self.connect_string = connect_string
+        self.chroot = "" if chroot == "/" else chroot
+        self.session_timeout_s = session_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self._client = KazooClient(
+            hosts=connect_string,
+            timeout=session_timeout_s,
+            connection_retry=KazooRetry(
+                max_tries=-1, delay=0.1, backoff=2, max_delay=reconnect_max_delay_s
+            ),
+        )
+        # _state_lock guards the fields below it and is never held during a request: kazoo's
+        # connection thread takes it in the state listener.
+        self._state_lock = threading.Lock()
+        self._generation = 0  # bumped on every connection state change
+        self._connected = threading.Event()
+        self._registered = threading.Event()
+        self._started = False
+        self._stopping = False
+        self._session_ids: set[int] = set()
+        self._sessions_lost = 0
+        self._nodes_restored = 0
+        # _register_lock serialises every change to our ephemeral nodes, held across requests.
+        self._register_lock = threading.RLock()
+        self._ephemerals: dict[str, bytes] = {}  # path -> data we keep registered
+        self._stale: set[str] = set()  # our ephemeral paths to delete once connected
+        self._watches: list[ChildrenWatch[Any]] = []
+        self._stopped = threading.Event()
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def start(self, timeout: float = 15.0) -> None:
+        """Connect (waiting at most `timeout` seconds) and create the base paths.
+
+        Raises RegistryUnavailable when ZooKeeper cannot be reached in time."""
+        if self._started:
+            raise RuntimeError("a Registry is started once; make a new one")
+        self._started = True
+        self._client.add_listener(self._on_state_change)
+        try:
+            self._client.start(timeout=timeout)
+        except (KazooException, KazooTimeoutError) as error:
+            self.stop()
+            raise RegistryUnavailable(
+                f"cannot connect to ZooKeeper at {self.connect_string} within {timeout:g} s "
+                f"({type(error).__name__}: {error})"
+            ) from error
+        try:
+            for path in self.BASE_PATHS:
+                self._ensure_path(self.chroot + path)
+        except RegistryUnavailable:
+            self.stop()
+            raise
+        log.info("registry connected to %s%s", self.connect_string, self.chroot)
+
+    def stop(self) -> None:
+        """Close the session: ZooKeeper deletes our ephemeral nodes at once. Idempotent."""
+        with self._state_lock:
+            if self._stopping:
+                return
+            self._stopping = True
+            self._connected.clear()
+            self._registered.clear()
+        self._stopped.set()
+        try:
+            self._client.stop()
+            self._client.close()
+        except (KazooException, KazooTimeoutError, OSError) as error:
+            log.warning("error while closing the ZooKeeper session: %s", error)
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Whether the session is connected now."""
+        return self._connected.is_set()
+
+    @property
+    def session_id(self) -> int | None:
+        """The ZooKeeper session id while connected (it changes after an expiry)."""
+        client_id = self._client.client_id
+        if client_id is None:
+            return None
+        session: int = client_id[0]
+        return session
+
+    def wait_connected(self, timeout: float | None = None) -> bool:
+        """Wait until connected; False if `timeout` seconds passed first."""
+        return self._connected.wait(timeout)
+
+    def wait_registered(self, timeout: float | None = None) -> bool:
+        """Wait until connected with every registered node known to exist in this connection
+        (after a session expiry: re-created); False if `timeout` seconds passed first."""
+        return self._registered.wait(timeout)
+
+    def statistics(self) -> RegistryStatistics:
+        with self._state_lock:
+            sessions, lost, restored = (
+                len(self._session_ids),
+                self._sessions_lost,
+                self._nodes_restored,
+            )
+        with self._register_lock:
+            registered = len(self._ephemerals)
+        return RegistryStatistics(
+            connected=self.connected,
+            session_id=self.session_id,
+            sessions=sessions,
+            sessions_lost=lost,
+            nodes_restored=restored,
+            registered=registered,
+        )
+
+    # -- reading the nodes under a path ------------------------------------------------------
+
+    def _read_each(
+        self,
+        path: str,
+        children: Iterable[str],
+        parse: Callable[[bytes], T],
+        key: Callable[[str], K],
+    ) -> dict[K, T]:
+        """`key(child)` -> `parse(data of path/child)` for each child. A child gone since it
+        was listed is left out, as is one whose name or data is refused by ValueError (with
+        a warning)."""
+        result: dict[K, T] = {}
+        for child in children:
+            try:
+                result[key(child)] = parse(self._get(f"{path}/{child}")[0])
+            except NoNode:
+                continue  # went away between the listing and the read
+            except ValueError as error:
+                log.warning("ignoring unreadable %s/%s: %s", path, child, error)
+        return result
+
+    def _add_watch(
+        self, path: str, read: Callable[[list[str]], T], callback: Callable[[T], None]
+    ) -> None:
+        """Call `callback(read(children of path))` now and whenever the children change or
+        the session reconnects, until stop() (see broker.registry.watches)."""
+        self._check_open()
+        watch = ChildrenWatch(
+            self._client,
+            path,
+            read,
+            callback,
+            connected=lambda: self.connected,
+            stopped=self._stopped,
+        )
+        self._watches.append(watch)
+        watch.start()
+
+    # -- ephemeral registrations -------------------------------------------------------------
+
+    def _register(self, path: str, data: bytes) -> None:
+        """Make `path` an ephemeral node holding `data`, kept (re-created after a session
+        expiry) until _unregister or stop(); remembered even when this call fails."""
+        self._check_open()
+        with self._register_lock:
+            self._ephemerals[path] = data
+            self._stale.discard(path)
+            self._ensure_ephemeral(path, data)
+
+    def _unregister(self, path: str) -> None:
+        self._check_open()
+        with self._register_lock:
+            self._ephemerals.pop(path, None)
+            try:
+                self._delete_if_ours(path)
+            except RegistryUnavailable:
+                self._stale.add(path)  # deleted at the next reconnection, if still there
+                raise
+
+    def _ensure_ephemeral(self, path: str, data: bytes) -> bool:
+        """Make `path` an ephemeral node of this session holding `data`. Returns True when it
+        had to be created, False when it was there (and is now up to date)."""
+        for _ in range(ATTEMPTS):
+            try:
+                self._create(path, data, ephemeral=True, makepath=True)
+                return True
+            except NoNode:
+                continue  # a parent was deleted between makepath and create
+            except NodeExists:
+                pass
+            try:
+                old, stat = self._get(path)
+            except NoNode:
+                continue
+            session = self.session_id
+            if session is None:
+                raise RegistryUnavailable(f"register {path}: the connection was lost")
+            if stat.ephemeral_owner == session:
+                if old != data:
+                    try:
+                        self._set(path, data, stat.version)
+                    except (NoNode, BadVersion):
+                        continue
+                return False
+            log.warning(
+                "replacing %s held by session 0x%x (ours is 0x%x): a previous session of this "
+                "broker, not expired yet, or another process using the same id",
+                path,
+                stat.ephemeral_owner,
+                session,
+            )
+            with contextlib.suppress(NoNode, BadVersion):
+                self._delete(path, stat.version)
+        raise RegistryUnavailable(f"could not register {path}: it kept changing under us")
+
+    def _delete_if_ours(self, path: str) -> None:
+        try:
+            _, stat = self._get(path)
+            if stat.ephemeral_owner == self.session_id:
+                self._delete(path, stat.version)
+        except (NoNode, BadVersion):
+            pass
+
+    # -- connection state --------------------------------------------------------------------
+
+    def _on_state_change(self, state: str) -> None:
+        """kazoo's state listener: runs in kazoo's connection thread and must not block."""
+        with self._state_lock:
+            if self._stopping:
+                return
+            self._generation += 1
+            generation = self._generation
+            if state == KazooState.CONNECTED:
+                self._connected.set()
+            else:
+                self._connected.clear()
+                self._registered.clear()
+                if state == KazooState.LOST:
+                    self._sessions_lost += 1
+        if state == KazooState.CONNECTED:
+            log.info("registry connected to ZooKeeper")
+            self._client.handler.spawn(self._restore, generation)
+        elif state == KazooState.SUSPENDED:
+            log.warning("registry lost its ZooKeeper connection; kazoo is reconnecting")
+        else:
+            log.warning("registry's ZooKeeper session expired: our ephemeral nodes are gone")
+
+    def _restore(self, generation: int) -> None:
+        """After a (re)connection: re-create missing registrations, delete stale ones, call
+        the watches again. Runs on its own thread; retries while the same connection lasts.
+        (A loop of our own rather than a KazooRetry: it retries our RegistryUnavailable, which
+        KazooRetry does not know, and ends when the connection it was started for ends.)"""
+        delay = 0.1
+        while True:
+            try:
+                restored = self._restore_once()
+            except RegistryUnavailable as error:
+                with self._state_lock:
+                    same_connection = generation == self._generation and not self._stopping
+                if not same_connection:
+                    return  # a later state change has its own _restore
+                log.warning("re-registration failed, retrying in %.1f s: %s", delay, error)
+                if self._stopped.wait(delay):
+                    return
+                delay = min(delay * 2, 2.0)
+                continue
+            except Exception:
+                log.exception("re-registration failed unexpectedly")
+                return
+            break
+        session = self.session_id
+        with self._state_lock:
+            if generation != self._generation or self._stopping:
+                return
+            if session is not None:
+                self._session_ids.add(session)
+            self._nodes_restored += restored
+            self._registered.set()
+        if restored:
+            log.info("re-created %d registry node(s) in session 0x%x", restored, session or 0)
+        for watch in list(self._watches):
+            watch.trigger()
+
+    def _restore_once(self) -> int:
+        restored = 0
+        with self._register_lock:
+            for path in list(self._stale):
+                self._delete_if_ours(path)
+                self._stale.discard(path)
+            for path, data in list(self._ephemerals.items()):
+                if self._ensure_ephemeral(path, data):
+                    restored += 1
+        return restored
+
+    # -- requests: every kazoo call goes through _request ------------------------------------
+
+    def _check_open(self) -> None:
+        if not self._started or self._stopping:
+            raise RegistryUnavailable("the registry is not started, or stopped")
+
+    def _request(self, what: str, send: Callable[[], Any]) -> Any:
+        """Wait for the connection, send one request and wait for its answer, all within
+        request_timeout_s; translate every kazoo outcome into a RegistryUnavailable (sub)class.
+
+        Not kazoo's KazooRetry, which would send a request cut off by a lost connection again
+        once connected: the caller must hear of the loss at once. A group member stops
+        handing out records when a call fails so (docs/registry.md), before its session can
+        expire and another member take its partitions; with the call retried up to
+        request_timeout_s, it went on handing out what it had fetched after they were taken
+        (tests/cluster/test_groups.py, a member cut off from ZooKeeper). Nor kazoo's plain
+        calls: they do not bound their wait, and one made while disconnected waits in
+        kazoo's queue to be sent whenever the connection comes back."""
+        self._check_open()
+        deadline = time.monotonic() + self.request_timeout_s
+        if not self._connected.wait(self.request_timeout_s):
+            raise RegistryUnavailable(
+                f"{what}: not connected to ZooKeeper at {self.connect_string} "
+                f"(waited {self.request_timeout_s:g} s)"
+            )
+        try:
+            return send().get(timeout=max(0.0, deadline - time.monotonic()))
+        except KazooTimeoutError:
+            raise RegistryUnavailable(
+                f"{what}: no answer from ZooKeeper at {self.connect_string} within "
+                f"{self.request_timeout_s:g} s"
+            ) from None
+        except KazooException as error:
+            for kazoo_error, outcome in _KAZOO_OUTCOMES:
+                if isinstance(error, kazoo_error):
+                    raise outcome(f"{what}: {type(error).__name__}") from None
+            raise RegistryUnavailable(
+                f"{what}: ZooKeeper at {self.connect_string}: {type(error).__name__} {error}"
+            ) from error
+
+    def _create(
+        self, path: str, data: bytes, *, ephemeral: bool = False, makepath: bool = False
+    ) -> None:
+        self._request(
+            f"create {path}",
+            lambda: self._client.create_async(path, data, ephemeral=ephemeral, makepath=makepath),
+        )
+
+    def _get(self, path: str) -> tuple[bytes, Stat]:
+        data, stat = self._request(f"read {path}", lambda: self._client.get_async(path))
+        return bytes(data or b""), Stat(version=stat.version, ephemeral_owner=stat.ephemeralOwner)
+
+    def _children(self, path: str) -> list[str]:
+        children = self._request(f"list {path}", lambda: self._client.get_children_async(path))
+        return sorted(str(child) for child in children)
+
+    def _set(self, path: str, data: bytes, version: int) -> None:
+        self._request(f"write {path}", lambda: self._client.set_async(path, data, version))
+
+    def _delete(self, path: str, version: int = -1) -> None:
+        self._request(f"delete {path}", lambda: self._client.delete_async(path, version))
+
+    def _ensure_path(self, path: str) -> None:
+        self._request(f"create {path}", lambda: self._client.ensure_path_async(path))

@@ -1,0 +1,196 @@
+"""Topics in the registry: each topic's configuration (/config/topics/<topic>, persistent)
+and the partitions each broker serves (/brokers/topics/<topic>/<broker_id>, ephemeral)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from broker.errors import (
+    InvalidTopic,
+    RegistryUnavailable,
+    TopicAlreadyExists,
+    UnknownTopicOrPartition,
+)
+from broker.protocol import check_topic_name
+from broker.registry.nodes import (
+    decode,
+    encode,
+    int_field,
+    int_list,
+    is_int,
+    validate_broker_id,
+)
+from broker.registry.session import NodeExists, NoNode, NotEmpty, Session
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """What /config/topics/<topic> holds: the topic's partition count, the broker that holds
+    each partition (`brokers[p]` holds partition p, fixed at creation) and the topic's own
+    settings (setting name -> integer, or None to switch that limit off); a setting left out
+    takes the broker's [log] default.
+    """
+
+    partitions: int
+    brokers: tuple[int, ...]
+    settings: Mapping[str, int | None] = field(default_factory=dict)
+
+    @classmethod
+    def spread(
+        cls,
+        partitions: int,
+        brokers: Iterable[int],
+        settings: Mapping[str, int | None] | None = None,
+    ) -> TopicConfig:
+        """`partitions` partitions dealt round robin over `brokers` in id order: partition p
+        goes to the (p mod n)-th broker. InvalidTopic when there is no broker."""
+        ids = sorted(set(brokers))
+        if not ids:
+            raise InvalidTopic("no live broker to hold the topic's partitions")
+        holders = tuple(ids[p % len(ids)] for p in range(max(partitions, 0)))
+        return cls(partitions, holders, dict(settings or {}))
+
+    def partitions_of(self, broker_id: int) -> list[int]:
+        """The partitions that `broker_id` holds, in order."""
+        return [p for p, holder in enumerate(self.brokers) if holder == broker_id]
+
+    def validate(self, topic: str) -> None:
+        """Raise InvalidTopic when partitions is not >= 1, brokers does not name one broker
+        per partition, or a setting is not int | None."""
+        if not is_int(self.partitions) or self.partitions < 1:
+            raise InvalidTopic(f"topic {topic!r}: partitions must be >= 1, not {self.partitions!r}")
+        if len(self.brokers) != self.partitions or not all(
+            is_int(b) and b >= 0 for b in self.brokers
+        ):
+            raise InvalidTopic(
+                f"topic {topic!r}: brokers must name one broker id per partition, "
+                f"not {self.brokers!r}"
+            )
+        for name, value in self.settings.items():
+            if not isinstance(name, str) or not (value is None or is_int(value)):
+                raise InvalidTopic(
+                    f"topic {topic!r}: setting {name!r} must be an integer or None, not {value!r}"
+                )
+
+    def to_json(self) -> bytes:
+        return encode(
+            {
+                "partitions": self.partitions,
+                "brokers": list(self.brokers),
+                "settings": dict(self.settings),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes) -> TopicConfig:
+        """Parse node data; ValueError when it is not a topic configuration."""
+        obj = decode(data)
+        settings = obj.get("settings", {})
+        if not isinstance(settings, dict):
+            raise ValueError("'settings' is not an object")
+        if not all(v is None or is_int(v) for v in settings.values()):
+            raise ValueError("a setting is not an integer or null")
+        partitions = int_field(obj, "partitions")
+        brokers = int_list(obj, "brokers")
+        if len(brokers) != partitions:
+            raise ValueError(f"'brokers' names {len(brokers)} brokers for {partitions} partitions")
+        return cls(partitions, brokers, settings)
+
+
+def _partitions(data: bytes) -> tuple[int, ...]:
+    return int_list(decode(data), "partitions")
+
+
+class Topics(Session):
+    """The registry's calls on topics: their configurations and who serves their partitions.
+
+    A request that timed out may still be applied by the server later: the registrations are
+    idempotent, and a create_topic_config retried after a timeout may answer
+    TopicAlreadyExists for its own first attempt."""
+
+    def topic_broker_path(self, topic: str, broker_id: int) -> str:
+        return f"{self.chroot}/brokers/topics/{topic}/{broker_id}"
+
+    def topic_config_path(self, topic: str) -> str:
+        return f"{self.chroot}/config/topics/{topic}"
+
+    # -- topic partitions on brokers ---------------------------------------------------------
+
+    def register_topic_partitions(
+        self, topic: str, broker_id: int, partitions: Iterable[int]
+    ) -> None:
+        """Create (or update) the ephemeral /brokers/topics/<topic>/<broker_id> saying that the
+        broker holds (and serves) `partitions` of the topic, kept until stop() or unregister.
+
+        On RegistryUnavailable the registration is remembered and made once connected."""
+        check_topic_name(topic)
+        validate_broker_id(broker_id)
+        numbers = sorted(partitions)
+        if not numbers or not all(is_int(p) and p >= 0 for p in numbers):
+            raise InvalidTopic(f"topic {topic!r}: partitions must be numbers >= 0, not {numbers}")
+        self._register(self.topic_broker_path(topic, broker_id), encode({"partitions": numbers}))
+
+    def unregister_topic(self, topic: str, broker_id: int) -> None:
+        """Delete /brokers/topics/<topic>/<broker_id> (and the topic's node once empty)."""
+        check_topic_name(topic)
+        validate_broker_id(broker_id)
+        self._unregister(self.topic_broker_path(topic, broker_id))
+        with contextlib.suppress(NoNode, NotEmpty):
+            self._delete(f"{self.chroot}/brokers/topics/{topic}")
+
+    def topic_brokers(self, topic: str) -> dict[int, tuple[int, ...]]:
+        """Broker id -> the partitions of `topic` it serves, for the live brokers holding it."""
+        check_topic_name(topic)
+        path = f"{self.chroot}/brokers/topics/{topic}"
+        try:
+            children = self._children(path)
+        except NoNode:
+            return {}
+        return self._read_each(path, children, _partitions, int)
+
+    # -- topic configurations ----------------------------------------------------------------
+
+    def create_topic_config(self, topic: str, config: TopicConfig) -> None:
+        """Create the persistent /config/topics/<topic>; TopicAlreadyExists if it exists."""
+        check_topic_name(topic)
+        config.validate(topic)
+        try:
+            self._create(self.topic_config_path(topic), config.to_json(), makepath=True)
+        except NodeExists:
+            raise TopicAlreadyExists(f"topic {topic!r} exists already") from None
+
+    def delete_topic_config(self, topic: str) -> None:
+        """Delete /config/topics/<topic>; UnknownTopicOrPartition if there is none."""
+        check_topic_name(topic)
+        try:
+            self._delete(self.topic_config_path(topic))
+        except NoNode:
+            raise UnknownTopicOrPartition(f"topic {topic!r} does not exist") from None
+
+    def topic_config(self, topic: str) -> TopicConfig:
+        """The configuration of `topic`; UnknownTopicOrPartition if there is none."""
+        check_topic_name(topic)
+        path = self.topic_config_path(topic)
+        try:
+            data, _ = self._get(path)
+        except NoNode:
+            raise UnknownTopicOrPartition(f"topic {topic!r} does not exist") from None
+        try:
+            return TopicConfig.from_json(data)
+        except ValueError as error:
+            raise RegistryUnavailable(f"{path} holds unreadable data: {error}") from None
+
+    def topic_configs(self) -> dict[str, TopicConfig]:
+        """Every topic's configuration: name -> TopicConfig (unreadable nodes are left out)."""
+        return self._topic_configs(self._children(f"{self.chroot}/config/topics"))
+
+    def watch_topic_configs(self, callback: Callable[[dict[str, TopicConfig]], None]) -> None:
+        """Call `callback(topic_configs())` now and whenever a topic is created or deleted,
+        until stop(). (A node's data is not watched: configurations are created and deleted.)"""
+        self._add_watch(f"{self.chroot}/config/topics", self._topic_configs, callback)
+
+    def _topic_configs(self, children: Iterable[str]) -> dict[str, TopicConfig]:
+        path = f"{self.chroot}/config/topics"
+        return self._read_each(path, children, TopicConfig.from_json, str)
