@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.registry.nodes import decode, encode, int_field, validate_broker_id
@@ -66,11 +66,8 @@ class Brokers(Session):
 
     def brokers(self) -> dict[int, BrokerInfo]:
         """The live brokers: broker id -> BrokerInfo (unreadable nodes are left out)."""
-        return self._brokers(self._children(f"{self.chroot}/brokers/ids"))
+        return self._read_all(f"{self.chroot}/brokers/ids", BrokerInfo.from_json, int)
 
     def watch_brokers(self, callback: Callable[[dict[int, BrokerInfo]], None]) -> None:
         """Call `callback(brokers())` now and whenever a broker comes or goes, until stop()."""
-        self._add_watch(f"{self.chroot}/brokers/ids", self._brokers, callback)
-
-    def _brokers(self, children: Iterable[str]) -> dict[int, BrokerInfo]:
-        return self._read_each(f"{self.chroot}/brokers/ids", children, BrokerInfo.from_json, int)
+        self._add_watch(f"{self.chroot}/brokers/ids", BrokerInfo.from_json, int, callback)

@@ -60,19 +60,14 @@ class Groups(Session):
     def consumers(self, group: str) -> dict[str, tuple[str, ...]]:
         """The group's live members: consumer id -> the topics it consumes."""
         check_name("group", group)
-        try:
-            return self._consumers(group, self._children(self._ids_path(group)))
-        except NoNode:
-            return {}
+        return self._read_all(self._ids_path(group), _topics, str)
 
     def watch_consumers(
         self, group: str, callback: Callable[[dict[str, tuple[str, ...]]], None]
     ) -> None:
         """Call `callback(consumers(group))` now and whenever a member joins or leaves."""
         check_name("group", group)
-        self._add_watch(
-            self._ids_path(group), lambda children: self._consumers(group, children), callback
-        )
+        self._add_watch(self._ids_path(group), _topics, str, callback)
 
     def claim_partition(self, group: str, topic: str, name: str, consumer_id: str) -> str | None:
         """Create the ephemeral owner node of partition `name` of `topic` for `consumer_id`.
@@ -81,16 +76,12 @@ class Groups(Session):
         path = self.owner_path(group, topic, name)
         for _ in range(ATTEMPTS):
             try:
-                self._create(path, encode({"consumer": consumer_id}), ephemeral=True, makepath=True)
-                return None
-            except NoNode:
-                continue  # a parent was deleted between makepath and create
-            except NodeExists:
-                pass
-            try:
-                data, stat = self._get(path)
+                found = self._create_ephemeral(path, encode({"consumer": consumer_id}))
             except NoNode:
                 continue
+            if found is None:
+                return None
+            data, stat = found
             if stat.ephemeral_owner == self.session_id:
                 return None
             try:
@@ -105,12 +96,7 @@ class Groups(Session):
 
     def partition_owners(self, group: str, topic: str) -> dict[str, str]:
         """Partition name -> the member owning it, for the owned partitions of `topic`."""
-        path = f"{self.chroot}/consumers/{group}/owners/{topic}"
-        try:
-            children = self._children(path)
-        except NoNode:
-            return {}
-        return self._read_each(path, children, _consumer, str)
+        return self._read_all(f"{self.chroot}/consumers/{group}/owners/{topic}", _consumer, str)
 
     def commit_offset(self, group: str, topic: str, name: str, offset: int) -> None:
         """Write the group's committed offset of partition `name` (persistent)."""
@@ -140,6 +126,3 @@ class Groups(Session):
 
     def _ids_path(self, group: str) -> str:
         return f"{self.chroot}/consumers/{group}/ids"
-
-    def _consumers(self, group: str, children: Iterable[str]) -> dict[str, tuple[str, ...]]:
-        return self._read_each(self._ids_path(group), children, _topics, str)

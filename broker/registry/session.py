@@ -248,6 +248,16 @@ class Session(Running):
 
     # -- reading the nodes under a path ------------------------------------------------------
 
+    def _read_all(
+        self, path: str, parse: Callable[[bytes], T], key: Callable[[str], K]
+    ) -> dict[K, T]:
+        """_read_each of every child of `path` now ({} when `path` does not exist)."""
+        try:
+            children = self._children(path)
+        except NoNode:
+            return {}
+        return self._read_each(path, children, parse, key)
+
     def _read_each(
         self,
         path: str,
@@ -269,15 +279,20 @@ class Session(Running):
         return result
 
     def _add_watch(
-        self, path: str, read: Callable[[list[str]], T], callback: Callable[[T], None]
+        self,
+        path: str,
+        parse: Callable[[bytes], T],
+        key: Callable[[str], K],
+        callback: Callable[[dict[K, T]], None],
     ) -> None:
-        """Call `callback(read(children of path))` now and whenever the children change or
-        the session reconnects, until stop() (see broker.registry.watches)."""
+        """Call `callback` with what _read_all(path, parse, key) reads now, whenever the
+        children change and after every reconnection, until stop() (broker.registry.watches).
+        `path` is created if it does not exist."""
         self._check_open()
         watch = ChildrenWatch(
             self._client,
             path,
-            read,
+            lambda children: self._read_each(path, children, parse, key),
             callback,
             connected=lambda: self.connected,
             stopped=self._stopped,
@@ -311,16 +326,12 @@ class Session(Running):
         had to be created, False when it was there (and is now up to date)."""
         for _ in range(ATTEMPTS):
             try:
-                self._create(path, data, ephemeral=True, makepath=True)
-                return True
-            except NoNode:
-                continue  # a parent was deleted between makepath and create
-            except NodeExists:
-                pass
-            try:
-                old, stat = self._get(path)
+                found = self._create_ephemeral(path, data)
             except NoNode:
                 continue
+            if found is None:
+                return True
+            old, stat = found
             session = self.session_id
             if session is None:
                 raise RegistryUnavailable(f"register {path}: the connection was lost")
@@ -341,6 +352,17 @@ class Session(Running):
             with contextlib.suppress(NoNode, BadVersion):
                 self._delete(path, stat.version)
         raise RegistryUnavailable(f"could not register {path}: it kept changing under us")
+
+    def _create_ephemeral(self, path: str, data: bytes) -> tuple[bytes, Stat] | None:
+        """Create `path` as an ephemeral node of this session holding `data` (and its parents
+        as persistent ones): None when created, else what is there. NoNode when a parent
+        was deleted between makepath and create, or the node between create and read: the
+        caller tries again."""
+        try:
+            self._create(path, data, ephemeral=True, makepath=True)
+            return None
+        except NodeExists:
+            return self._get(path)
 
     def _delete_if_ours(self, path: str) -> None:
         try:

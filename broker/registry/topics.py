@@ -143,12 +143,7 @@ class Topics(Session):
     def topic_brokers(self, topic: str) -> dict[int, tuple[int, ...]]:
         """Broker id -> the partitions of `topic` it serves, for the live brokers holding it."""
         check_topic_name(topic)
-        path = f"{self.chroot}/brokers/topics/{topic}"
-        try:
-            children = self._children(path)
-        except NoNode:
-            return {}
-        return self._read_each(path, children, _partitions, int)
+        return self._read_all(f"{self.chroot}/brokers/topics/{topic}", _partitions, int)
 
     # -- topic configurations ----------------------------------------------------------------
 
@@ -184,13 +179,9 @@ class Topics(Session):
 
     def topic_configs(self) -> dict[str, TopicConfig]:
         """Every topic's configuration: name -> TopicConfig (unreadable nodes are left out)."""
-        return self._topic_configs(self._children(f"{self.chroot}/config/topics"))
+        return self._read_all(f"{self.chroot}/config/topics", TopicConfig.from_json, str)
 
     def watch_topic_configs(self, callback: Callable[[dict[str, TopicConfig]], None]) -> None:
         """Call `callback(topic_configs())` now and whenever a topic is created or deleted,
         until stop(). (A node's data is not watched: configurations are created and deleted.)"""
-        self._add_watch(f"{self.chroot}/config/topics", self._topic_configs, callback)
-
-    def _topic_configs(self, children: Iterable[str]) -> dict[str, TopicConfig]:
-        path = f"{self.chroot}/config/topics"
-        return self._read_each(path, children, TopicConfig.from_json, str)
+        self._add_watch(f"{self.chroot}/config/topics", TopicConfig.from_json, str, callback)

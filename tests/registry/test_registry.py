@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import queue
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +26,7 @@ from broker.errors import (
 )
 from broker.registry import BrokerInfo, Registry, TopicConfig
 from broker.zookeeper import PrivateZooKeeper, free_port
+from tests.broker.test_front import paused
 from tests.conftest import wait_until
 
 T = TypeVar("T")
@@ -382,84 +381,75 @@ def test_calls_after_stop_raise_registry_unavailable(registry: Registry) -> None
     registry.stop()  # idempotent
 
 
-def test_lost_connection_fails_calls_quickly_and_the_registry_recovers(tmp_path: Path) -> None:
-    # A ZooKeeper of its own: this test stops and starts it. Its session outlives a slow
-    # restart of the JVM (20 s, the most 1 s ticks allow), so the session surviving is certain.
+@contextlib.contextmanager
+def registry_on_own_zookeeper(
+    tmp_path: Path, session_timeout_s: float, request_timeout_s: float
+) -> Iterator[tuple[PrivateZooKeeper, Registry]]:
+    """A ZooKeeper of the test's own (1 s ticks: sessions of 2 to 20 s), for a test that stops
+    or pauses it, and a registry on it with broker 1 registered."""
     with PrivateZooKeeper(tmp_path, tick_time_ms=1000) as server:
         registry = Registry(
             server.connect_string,
             "/pylog",
-            session_timeout_s=20.0,
-            request_timeout_s=0.5,
+            session_timeout_s=session_timeout_s,
+            request_timeout_s=request_timeout_s,
             reconnect_max_delay_s=0.5,
         )
         with registry:
             registry.register_broker(1, BROKER_1)
-            registry.create_topic_config("clicks", TopicConfig.spread(2, [1]))
-            session = registry.session_id
+            yield server, registry
 
-            server.stop()
-            wait_until(lambda: not registry.connected, what="the registry to see the loss")
-            started = time.monotonic()
-            with pytest.raises(RegistryUnavailable, match="not connected to ZooKeeper"):
-                registry.brokers()
-            with pytest.raises(RegistryUnavailable):
-                registry.create_topic_config("views", TopicConfig.spread(1, [1]))
-            assert time.monotonic() - started < 2.5
-            assert not registry.wait_registered(0)
 
-            server.start()
-            assert registry.wait_registered(30)
-            # back within the session timeout: same session, nodes never went away
-            assert registry.session_id == session
-            assert registry.brokers() == {1: BROKER_1}
-            assert registry.topic_configs() == {"clicks": TopicConfig.spread(2, [1])}
+def test_lost_connection_fails_calls_quickly_and_the_registry_recovers(tmp_path: Path) -> None:
+    # This test stops and starts its ZooKeeper. The session outlives a slow restart of the
+    # JVM (20 s, the most 1 s ticks allow), so the session surviving is certain.
+    with registry_on_own_zookeeper(tmp_path, 20.0, 0.5) as (server, registry):
+        registry.create_topic_config("clicks", TopicConfig.spread(2, [1]))
+        session = registry.session_id
+
+        server.stop()
+        wait_until(lambda: not registry.connected, what="the registry to see the loss")
+        started = time.monotonic()
+        with pytest.raises(RegistryUnavailable, match="not connected to ZooKeeper"):
+            registry.brokers()
+        with pytest.raises(RegistryUnavailable):
             registry.create_topic_config("views", TopicConfig.spread(1, [1]))
+        assert time.monotonic() - started < 2.5
+        assert not registry.wait_registered(0)
 
-
-@contextlib.contextmanager
-def paused(pid: int) -> Iterator[None]:
-    """SIGSTOP a server (connected, silent, as a stalled ensemble is) until the block ends."""
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
+        server.start()
+        assert registry.wait_registered(30)
+        # back within the session timeout: same session, nodes never went away
+        assert registry.session_id == session
+        assert registry.brokers() == {1: BROKER_1}
+        assert registry.topic_configs() == {"clicks": TopicConfig.spread(2, [1])}
+        registry.create_topic_config("views", TopicConfig.spread(1, [1]))
 
 
 def test_a_request_cut_off_by_a_lost_connection_fails_at_once(tmp_path: Path) -> None:
     # The read is sent, then kazoo finds the paused server silent and drops the connection.
     # The call fails then, not request_timeout_s later after sending it again (as kazoo's
     # KazooRetry would): a group member must hear of the loss at once to stop consuming.
-    with PrivateZooKeeper(tmp_path, tick_time_ms=1000) as server:
-        registry = Registry(
-            server.connect_string,
-            "/pylog",
-            session_timeout_s=6.0,
-            request_timeout_s=60.0,
-            reconnect_max_delay_s=0.5,
-        )
-        with registry:
-            registry.register_broker(1, BROKER_1)
-            answers: queue.Queue[object] = queue.Queue()
+    with registry_on_own_zookeeper(tmp_path, 6.0, 60.0) as (server, registry):
+        answers: queue.Queue[object] = queue.Queue()
 
-            def read() -> None:
-                try:
-                    answers.put(registry.brokers())
-                except RegistryUnavailable as error:
-                    answers.put(error)
+        def read() -> None:
+            try:
+                answers.put(registry.brokers())
+            except RegistryUnavailable as error:
+                answers.put(error)
 
-            assert server.pid is not None
-            with paused(server.pid):
-                reader = threading.Thread(target=read)
-                reader.start()
-                wait_until(lambda: not registry.connected, 15, "kazoo to give up on the server")
-                reader.join(15)
-                answer = answers.get(timeout=0)
-            assert isinstance(answer, RegistryUnavailable), answer
-            assert "ConnectionLoss" in str(answer)
-            assert registry.wait_registered(30)
-            assert registry.brokers() == {1: BROKER_1}
+        assert server.pid is not None
+        with paused(server.pid):
+            reader = threading.Thread(target=read)
+            reader.start()
+            wait_until(lambda: not registry.connected, 15, "kazoo to give up on the server")
+            reader.join(15)
+            answer = answers.get(timeout=0)
+        assert isinstance(answer, RegistryUnavailable), answer
+        assert "ConnectionLoss" in str(answer)
+        assert registry.wait_registered(30)
+        assert registry.brokers() == {1: BROKER_1}
 
 
 def test_consumer_group_nodes_members_owners_and_offsets(
