@@ -27,7 +27,7 @@ Retry budget: a batch is sent again after each retriable error or lost reply, wa
 doubling to 2 s in between, for up to `delivery_timeout_s` (30 s by default, after Kafka's
 delivery.timeout.ms) from its first sending, and at most `retries` times if that is given. It
 spans a worker's restart: pylogd restarts a worker that died after 0.1 s doubling to 2 s
-(broker.supervisor.MAX_BACKOFF_S; longer only in a crash loop), answering its partitions
+(broker.pool.MAX_BACKOFF_S; longer only in a crash loop), answering its partitions
 PARTITION_UNAVAILABLE meanwhile. A batch whose budget runs out is dropped, and the last error
 raised to the caller of `send` or `flush`.
 
