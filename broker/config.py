@@ -78,6 +78,46 @@ SETTINGS: tuple[Setting, ...] = (
         "How long workers get to flush and exit on shutdown before they are killed.",
     ),
     Setting(
+        "broker",
+        "queued_request_bytes",
+        int,
+        32 << 20,
+        "Request bytes the front passes to workers before they take them; beyond this it "
+        "reads no more requests until they do (TCP then blocks the senders).",
+    ),
+    Setting(
+        "broker",
+        "queued_requests_per_client",
+        int,
+        64,
+        "Requests of one connection read ahead of the front (its ZeroMQ RCVHWM), on top of "
+        "queued_request_bytes.",
+    ),
+    Setting(
+        "broker",
+        "fetch_max_bytes",
+        int,
+        1 << 20,
+        "The most message bytes a FETCH reply carries, whatever its max_bytes (but always "
+        "the first message whole, when it fits in max_bytes).",
+    ),
+    Setting(
+        "broker",
+        "reply_buffer_bytes",
+        int,
+        32 << 20,
+        "Reply bytes the front holds for clients that have not taken them yet; beyond this, "
+        "a reply to a client that still has one untaken is dropped.",
+    ),
+    Setting(
+        "broker",
+        "client_reply_bytes",
+        int,
+        8 << 20,
+        "Reply bytes the front holds for any one client; beyond this, its replies are dropped "
+        "until it takes those it has.",
+    ),
+    Setting(
         "log",
         "flush_messages",
         int,
@@ -271,8 +311,14 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> BrokerConfig
     config.log_config()  # LogConfig checks the [log] values together
     if config.broker_workers_per_dir < 1:
         raise ValueError("broker_workers_per_dir must be at least 1")
-    if config.log_max_open_files < 1:
-        raise ValueError("log_max_open_files must be at least 1")
+    for name in (
+        "log_max_open_files",
+        "broker_queued_request_bytes",
+        "broker_queued_requests_per_client",
+        "broker_fetch_max_bytes",
+    ):
+        if config.values.get(name, 1) < 1:
+            raise ValueError(f"{name} must be at least 1")
     return config
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import time
 
 import zmq
 
@@ -29,8 +30,10 @@ from broker.errors import BrokerShuttingDown, PartitionUnavailable, PylogError, 
 from broker.log.message import Buffer
 from broker.pool import Answers, WorkerHandle, WorkerPool
 from broker.processes import port_holder
+from broker.ratelog import RateLimitedLog
+from broker.replies import TRACKED_BYTES, ReplyBudget
 from broker.topics import Topics
-from broker.transport import STATE, reply_envelope, tagged_identity
+from broker.transport import CREDIT, STATE, reply_envelope, tagged_identity
 from broker.zmqio import NOBLOCK, receive_routed, send_frames
 
 log = logging.getLogger("pylog.supervisor")
@@ -39,6 +42,9 @@ TICK_MS = 100
 """The longest a turn of the loop waits for a message before its housekeeping."""
 DRAINED_AT_ONCE = 256
 """The messages read from one socket in a turn: so the other sockets and housekeeping get one."""
+RELEASE_EVERY_S = 0.1
+"""How often the front lets go of the replies clients have taken (see broker.replies)."""
+DROPPED_LOG_EVERY_S = 10.0
 
 
 class Front:
@@ -62,8 +68,19 @@ class Front:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 1000)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.socket.setsockopt(zmq.RCVHWM, config.broker_queued_requests_per_client)
         self.stopping = False
         """Set on shutdown: new requests are answered BROKER_SHUTTING_DOWN."""
+        self.queue_limit = int(config.broker_queued_request_bytes)
+        self.opened = False
+        self.reading = False
+        """Whether the loop reads clients' requests: from `open()` on, while the workers owe
+        less than queue_limit bytes of them."""
+        self.replies = ReplyBudget(
+            config.broker_client_reply_bytes, config.broker_reply_buffer_bytes
+        )
+        self._released_at = 0.0
+        self._dropped_log = RateLimitedLog(log, DROPPED_LOG_EVERY_S)
 
     def bind(self) -> None:
         """Listen on broker.host:broker.port (a free port if 0); OSError naming the process
@@ -83,10 +100,12 @@ class Front:
     def open(self) -> None:
         """Start reading clients' requests (until now a turn reads only the workers)."""
         self.poller.register(self.socket, zmq.POLLIN)
+        self.opened = self.reading = True
 
     def poll_once(self) -> None:
         """One turn: serve what the sockets hold (a bounded amount of each), let the topics and
         the pool do their housekeeping, then send the replies they owe."""
+        self._pace()
         for sock, _ in self.poller.poll(TICK_MS):
             worker = self.pool.by_socket(sock)
             for _ in range(DRAINED_AT_ONCE):
@@ -94,15 +113,29 @@ class Front:
                     first, rest = receive_routed(sock, NOBLOCK)
                 except zmq.Again:
                     break
-                if worker is None:
-                    self._from_client(first, rest)
-                else:
+                if worker is not None:
                     self._from_worker(worker, first, rest)
+                    continue
+                self._from_client(first, rest)
+                if self.pool.queued_bytes >= self.queue_limit:
+                    break  # the workers owe enough: no more requests until they serve them
             if worker is None:
                 self.pool.flush_all()
         self.topics.tick()
         self.pool.check()
         self._send_answers()
+        now = time.monotonic()
+        if now - self._released_at >= RELEASE_EVERY_S:
+            self._released_at = now
+            self.replies.release_all()
+
+    def _pace(self) -> None:
+        """Read clients' requests only while the workers owe less than queue_limit bytes of
+        them: what is not read waits in ZeroMQ and TCP, and blocks the senders."""
+        reading = self.pool.queued_bytes < self.queue_limit
+        if reading != self.reading and self.opened:
+            self.poller.register(self.socket, zmq.POLLIN if reading else 0)  # 0: unregister
+            self.reading = reading
 
     def drain(self) -> None:
         """Forward the replies workers sent before they exited (on shutdown)."""
@@ -116,10 +149,34 @@ class Front:
             self._answer(*self.answers.popleft())
 
     def _from_worker(self, worker: WorkerHandle, first: bytes, rest: list[zmq.Frame]) -> None:
-        if first == STATE:
+        if first == CREDIT:
+            self.pool.credit(worker, int.from_bytes(rest[0].bytes, "big"))
+        elif first == STATE:
             self.topics.worker_state(worker, json.loads(rest[0].bytes))
-        else:  # a reply, behind the tagged identity of its client: forwarded as zmq.Frames,
-            send_frames(self.socket, [*reply_envelope(first), *rest])  # not copied
+        else:  # a reply, behind the tagged identity of its client
+            self._reply(first, rest)
+
+    def _reply(self, tagged: bytes, frames: list[zmq.Frame]) -> None:
+        """Forward a worker's reply as the zmq.Frames it came in (not copied); one of
+        TRACKED_BYTES or more only if the budget admits it, tracked until ZeroMQ lets go."""
+        size = sum(len(frame) for frame in frames)
+        if size < TRACKED_BYTES:
+            send_frames(self.socket, [*reply_envelope(tagged), *frames])
+            return
+        if not self.replies.admit(tagged, size):
+            self._dropped_log.log(
+                logging.WARNING,
+                "dropped",
+                f"dropped a reply of {size} bytes to client {tagged[1:].hex()}: it has not "
+                f"taken {self.replies.held_for(tagged)} bytes of replies, and the front holds "
+                f"{self.replies.held_bytes} for all clients (broker.client_reply_bytes, "
+                f"broker.reply_buffer_bytes; {self.replies.dropped} replies dropped since start)",
+            )
+            return
+        last = zmq.Frame(frames[-1].buffer, copy=False, track=True)
+        send_frames(self.socket, [*reply_envelope(tagged), *frames[:-1], last])
+        assert last.tracker is not None
+        self.replies.hold(tagged, last.tracker, size)
 
     def _from_client(self, identity: bytes, frames: list[zmq.Frame]) -> None:
         tagged, request_frames = tagged_identity(identity, frames)
@@ -155,7 +212,7 @@ class Front:
             raise PartitionUnavailable(
                 f"the worker for {topic}-{number} is restarting; retry shortly"
             )
-        worker.outbox += (tagged, request)  # sent with the others drained in this turn
+        self.pool.queue(worker, tagged, request)
 
     def _answer(self, tagged: bytes, frames: list[Buffer]) -> None:
         send_frames(self.socket, [*reply_envelope(tagged), *frames])

@@ -10,9 +10,11 @@ the moment a worker dies get no reply: clients time out and retry. Children die 
 even when it is killed (broker.processes).
 
 Requests routed to a worker wait in its outbox until the front has drained its client socket,
-then go as one REQUESTS message (broker.transport). The pool never calls into the front: what
-it must answer itself (the requests of a worker that has gone, PARTITION_UNAVAILABLE) it puts in
-`answers`, a queue the front sends from on its loop.
+then go as one REQUESTS message (broker.transport). The pool counts the bytes of the requests
+routed to each worker until the worker gives them back (CREDIT, once served): `queued_bytes`,
+what the front weighs against broker.queued_request_bytes before it reads more requests. The
+pool never calls into the front: what it must answer itself (the requests of a worker that has
+gone, PARTITION_UNAVAILABLE) it puts in `answers`, a queue the front sends from on its loop.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class WorkerHandle:
     started_at: float = 0.0
     outbox: list[Buffer] = field(default_factory=list)
     """Requests routed to it and not sent yet: tagged identity, request frame, ..."""
+    queued_bytes: int = 0
+    """Bytes of request frames routed to it that it has not given back (CREDIT) yet."""
 
     @property
     def running(self) -> bool:
@@ -103,6 +107,8 @@ class WorkerPool:
         ]
         self.restarts = 0
         self.stopping = False
+        self.queued_bytes = 0
+        """Bytes of request frames routed to workers and not given back yet, in all."""
 
     def start(self) -> None:
         """Start every worker (after removing the endpoints a killed pylogd left behind)."""
@@ -114,6 +120,8 @@ class WorkerPool:
         if worker.socket is not None:
             self.poller.unregister(worker.socket)
             worker.socket.close(linger=0)  # requests queued for the dead worker are dropped
+        self.queued_bytes -= worker.queued_bytes
+        worker.queued_bytes = 0
         worker.restarts += worker.process is not None
         worker.endpoint = f"ipc://{self.run_dir}/worker-{worker.index}-{worker.restarts}.sock"
         worker.socket = self.context.socket(zmq.DEALER)
@@ -144,6 +152,19 @@ class WorkerPool:
     def by_socket(self, sock: zmq.Socket[bytes]) -> WorkerHandle | None:
         """The worker whose DEALER `sock` is (None: not a worker's)."""
         return next((w for w in self.workers if w.socket is sock), None)
+
+    def queue(self, worker: WorkerHandle, tagged: bytes, request: Buffer) -> None:
+        """Route a request to `worker`: sent with the others drained in this turn (flush)."""
+        worker.outbox += (tagged, request)
+        size = len(request)
+        worker.queued_bytes += size
+        self.queued_bytes += size
+
+    def credit(self, worker: WorkerHandle, size: int) -> None:
+        """`worker` has served `size` more bytes of requests."""
+        size = min(size, worker.queued_bytes)  # a late credit from a worker since restarted
+        worker.queued_bytes -= size
+        self.queued_bytes -= size
 
     def send(self, worker: WorkerHandle, frames: Sequence[Buffer]) -> bool:
         """Send without blocking, after the requests waiting in the worker's outbox (a command

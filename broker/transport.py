@@ -18,6 +18,8 @@ frame says what the message is:
     COMMAND  b"C", JSON                           supervisor to worker: open or delete partitions
     STATE    b"S", JSON                           worker to supervisor: hello, partitions opened
                                                   or failed, topic deleted
+    CREDIT   b"K", count (u64)                    worker to supervisor: it has served `count`
+                                                  more bytes of request frames (flow control)
 
 The supervisor passes a worker every request it drained for it in one go as one REQUESTS
 message: each ZeroMQ message costs a wake-up of the sender's I/O thread and of the receiving
@@ -25,6 +27,11 @@ worker, so under load, when requests queue, the hand-offs per request fall by th
 client's request frame is passed through as it came, never re-encoded. The worker knows every
 message's frame count from its first frame (receive_from_supervisor), so it reads them with no
 per-frame "more" check.
+
+Flow control: the supervisor counts the bytes of the request frames it has passed a worker,
+and the worker gives them back in CREDIT messages once served (every CREDIT_EVERY_BYTES, and
+whenever it has nothing left to read), so what waits for a worker is bounded in bytes, not in
+messages (the front's `queued_request_bytes`).
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ FROM_REQ = b"Q"
 REQUESTS = b"B"
 COMMAND = b"C"
 STATE = b"S"
+CREDIT = b"K"
+CREDIT_EVERY_BYTES = 1 << 20
+"""A worker gives back credit at least this often while it has requests to serve."""
 
 
 Message = TypeVar("Message")
@@ -80,10 +90,10 @@ class TrioSocket(Generic[Message]):
                     await trio.lowlevel.checkpoint()
                 return frames
             self._received_since_checkpoint = 0
+            if on_idle is not None:
+                on_idle()  # may send, which may consume the edge: EVENTS is read after it
             if self._events() & zmq.POLLIN:
                 continue
-            if on_idle is not None:
-                on_idle()
             with trio.CancelScope() as scope:
                 self._receiver_wait = scope
                 try:
@@ -94,6 +104,11 @@ class TrioSocket(Generic[Message]):
     def _events(self) -> int:
         """Reading EVENTS also re-arms the edge-triggered FD."""
         return int(self.socket.getsockopt(zmq.EVENTS))
+
+    def send_now(self, frames: Sequence[Buffer | zmq.Frame]) -> None:
+        """Send from synchronous code (an `on_idle` callback), on a socket whose SNDHWM is 0,
+        which never refuses a message."""
+        send_frames(self.socket, frames)
 
     async def send(self, frames: Sequence[Buffer | zmq.Frame]) -> None:
         """Send a multipart message; waits only while the peer's queue is full."""
@@ -112,6 +127,11 @@ class TrioSocket(Generic[Message]):
 
 def json_frame(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
+
+
+def credit_frames(count: int) -> list[bytes]:
+    """A CREDIT message giving back `count` bytes of request frames."""
+    return [CREDIT, count.to_bytes(8, "big")]
 
 
 def requests_frame(count: int) -> bytes:

@@ -7,7 +7,9 @@ It connects a DEALER socket to the supervisor's ipc endpoint for it and serves w
 - PRODUCE appends the validated message set to the partition log as it came. ack=none sends no
   reply; ack=written replies once appended; ack=flushed replies once a flush has made the
   messages durable (fsync, if configured) and visible.
-- FETCH reads whole flushed messages from the page cache (an mmap view, sent without copying).
+- FETCH reads whole flushed messages from the page cache (an mmap view, sent without copying),
+  at most broker.fetch_max_bytes of them (but the first message whole, when it fits in the
+  request's max_bytes), so that no reply is larger than the front is prepared to hold.
   When fewer than min_bytes lie past the offset it waits, up to max_wait_ms, for the flush that
   brings them: a long poll woken by that flush, not by polling, and not by the flushes before
   it (FlushWaiters).
@@ -35,6 +37,9 @@ anything (no flush, no index), so a full disk cannot stop it, and removes their 
 On SIGTERM or SIGINT it flushes every log and answers the producers waiting for that flush,
 then stops, closes every log and exits 0. A supervisor that dies, even by SIGKILL, has the
 kernel send its workers SIGTERM (PR_SET_PDEATHSIG), so none is left holding its partitions.
+Flow control: the worker gives the supervisor back the bytes of the requests it has served
+(CREDIT, broker.transport), so the front holds back requests, not the worker's memory, when
+the worker falls behind.
 The page cache, not the worker, holds recent data, so a restarted worker serves reads as fast
 as the one before it.
 """
@@ -62,6 +67,7 @@ from broker.clock import SYSTEM_CLOCK
 from broker.config import BrokerConfig
 from broker.errors import (
     DiskFull,
+    FetchSizeTooSmall,
     PartitionUnavailable,
     PylogError,
     StorageError,
@@ -76,7 +82,16 @@ from broker.log.files import OPEN_FILES
 from broker.log.message import Buffer
 from broker.log.segment import storage_error
 from broker.processes import exit_with_supervisor
-from broker.transport import COMMAND, STATE, TrioSocket, json_frame, receive_from_supervisor
+from broker.ratelog import RateLimitedLog
+from broker.transport import (
+    COMMAND,
+    CREDIT_EVERY_BYTES,
+    STATE,
+    TrioSocket,
+    credit_frames,
+    json_frame,
+    receive_from_supervisor,
+)
 
 log = logging.getLogger("pylog.worker")
 
@@ -115,25 +130,6 @@ class Partition:
         self.waiters.note_high_watermark(self.log.high_watermark)
 
 
-class RateLimitedLog:
-    """Log a kind of message at most once per `every_s` seconds, counting those left out."""
-
-    def __init__(self, every_s: float) -> None:
-        self.every_s = every_s
-        self._logged_at: dict[str, float] = {}
-        self._left_out: dict[str, int] = {}
-
-    def log(self, level: int, kind: str, message: str) -> None:
-        now = SYSTEM_CLOCK.monotonic()
-        if now < self._logged_at.get(kind, -math.inf) + self.every_s:
-            self._left_out[kind] = self._left_out.get(kind, 0) + 1
-            return
-        self._logged_at[kind] = now
-        left_out = self._left_out.pop(kind, 0)
-        more = f" ({left_out} more like it in the last {self.every_s:.0f} s)" if left_out else ""
-        log.log(level, "%s%s", message, more)
-
-
 class Worker:
     """The partitions of one group and the loop that serves them."""
 
@@ -148,7 +144,9 @@ class Worker:
         """Failed produce requests with ack=none, which get no reply: logged and counted."""
         self._flush_waiters = 0
         self._flush_wanted: set[Partition] = set()
-        self._storage_log = RateLimitedLog(STORAGE_LOG_EVERY_S)
+        self._storage_log = RateLimitedLog(log, STORAGE_LOG_EVERY_S)
+        self._served_bytes = 0
+        """Bytes of request frames served and not yet given back to the supervisor (CREDIT)."""
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -160,13 +158,26 @@ class Worker:
             await self.socket.send([STATE, json_frame({"hello": self.index})])
             task_status.started()
             while True:
-                frames = await self.socket.receive(on_idle=self._group_commit)
+                frames = await self.socket.receive(on_idle=self._on_idle)
                 if frames[0] == COMMAND:
                     await self._run_command(json.loads(frames[1]))
                     continue
                 # requests, each a client's tagged identity and its frame
                 for i in range(1, len(frames), 2):
                     await self._serve_request(frames[i], frames[i + 1 : i + 2])
+                    self._served_bytes += len(frames[i + 1])
+                if self._served_bytes >= CREDIT_EVERY_BYTES:
+                    self._give_credit()
+
+    def _on_idle(self) -> None:
+        """Nothing left to read: group commit, and give back all the credit held."""
+        self._group_commit()
+        if self._served_bytes:
+            self._give_credit()
+
+    def _give_credit(self) -> None:
+        self.socket.send_now(credit_frames(self._served_bytes))
+        self._served_bytes = 0
 
     async def flush_and_answer(self, timeout_s: float) -> None:
         """Flush every partition and give the producers waiting for a flush their acks (for a
@@ -362,8 +373,16 @@ class Worker:
     def _fetch_reply(
         self, correlation_id: int, partition: Partition, request: protocol.FetchRequest
     ) -> Sequence[Buffer]:
+        """At most fetch_max_bytes of messages, but the first message whole if it fits in the
+        request's max_bytes: the cap bounds the broker's memory, never stops a consumer."""
         plog = partition.log
-        data = plog.read(request.offset, request.max_bytes)
+        cap = self.config.broker_fetch_max_bytes
+        try:
+            data = plog.read(request.offset, min(request.max_bytes, cap))
+        except FetchSizeTooSmall as error:
+            if not cap < error.needed <= request.max_bytes:
+                raise
+            data = plog.read(request.offset, error.needed)
         reply = protocol.FetchReply(plog.high_watermark, plog.log_start_offset, data)
         return protocol.encode_reply(correlation_id, reply)
 

@@ -1,0 +1,155 @@
+"""Memory with a ceiling: what pylogd holds for its clients is bounded in bytes, whatever they
+do. A client that never takes its replies loses replies, not the broker's memory; a producer
+faster than its worker is slowed (its sends block), and nothing it sent is lost; a FETCH reply
+carries at most fetch_max_bytes, but always its first message whole."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from broker import protocol
+from broker.client import Admin
+from broker.client.connection import Connection
+from broker.errors import BrokerError
+from broker.log import encode_message
+from broker.protocol import Ack, Api, FetchRequest, OffsetsRequest, ProduceRequest
+from tests.conftest import single_box_flags, wait_until
+from tests.pylogd import RunningBroker
+
+MIB = 1 << 20
+
+
+def own_memory(pid: int) -> int:
+    """RssAnon of a process: its heap and stacks, not the page cache its mmaps touch."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no RssAnon for {pid}")
+
+
+@contextlib.contextmanager
+def dealer(endpoint: str, **options: int) -> Iterator[zmq.Socket[bytes]]:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    for name, value in options.items():
+        socket.setsockopt(getattr(zmq, name), value)
+    socket.connect(endpoint)
+    try:
+        yield socket
+    finally:
+        socket.close()
+        context.term()
+
+
+def fill(endpoint: str, topic: str, megabytes: int) -> int:
+    """`megabytes` MiB of 64 KiB messages in partition 0; the high watermark after them."""
+    message = encode_message(b"m" * (64 * 1024 - 64))
+    with Connection(endpoint, timeout_s=30.0) as connection:
+        for _ in range(megabytes):
+            request = ProduceRequest(topic, 0, Ack.FLUSHED, message * 16)
+            connection.request(request)
+        return connection.call(OffsetsRequest(topic, 0, protocol.LATEST)).offset
+
+
+def request_frame(api: Api, correlation_id: int, body: protocol.Request) -> bytes:
+    frames = protocol.encode_request(protocol.RequestHeader(api, 1, correlation_id, "t"), body)
+    return b"".join(bytes(f) for f in frames)
+
+
+def test_a_client_that_never_takes_its_replies_does_not_grow_the_broker(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    """60 FETCHes of 16 MiB from a client that reads nothing (its receive queue holds one
+    message): the broker used to hold every reply (~1 GB). Now it holds at most
+    client_reply_bytes for that client (8 MiB by default) plus one reply, and drops the rest,
+    saying so in its log; its own memory grows by less than 64 MiB."""
+    broker = make_pylogd(*single_box_flags(tmp_path))
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic("big", 1)
+    fill(broker.endpoint, "big", 32)
+    before = own_memory(broker.pid)
+    with dealer(broker.endpoint, RCVHWM=1, RCVBUF=64 * 1024) as stuck:
+        for i in range(60):
+            stuck.send(request_frame(Api.FETCH, i + 1, FetchRequest("big", 0, 0, 16 * MIB, 0, 0)))
+        most = 0
+
+        def dropped() -> bool:
+            nonlocal most
+            most = max(most, own_memory(broker.pid) - before)
+            assert most < 64 * MIB, f"the supervisor grew by {most / MIB:.0f} MiB"
+            return "dropped" in broker.log_path.read_text()
+
+        wait_until(dropped, timeout=30, what="the front to drop replies the client does not take")
+        with Connection(broker.endpoint, timeout_s=10.0) as other:  # others are still served
+            reply = other.request(FetchRequest("big", 0, 0, 16 * MIB, 0, 0))
+            assert 0 < len(reply.message_set) <= MIB  # fetch_max_bytes, 1 MiB by default
+        dropped()
+
+
+def test_a_producer_faster_than_its_worker_is_held_back_and_loses_nothing(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    """With the worker stopped (SIGSTOP: the slowest disk there is), ack=none PRODUCEs used to
+    pile up without limit in the supervisor. Now the front stops reading once
+    queued_request_bytes wait for the worker, so the producer's sends block (here: EAGAIN)
+    and the supervisor holds little; once the worker goes on, every message sent is stored."""
+    broker = make_pylogd(*single_box_flags(tmp_path), "--broker-queued-request-bytes", str(4 * MIB))
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic("fast", 1)
+    workers = broker.worker_pids()
+    message_set = encode_message(b"p" * (64 * 1024 - 64)) * 4  # 256 KiB a request
+    request = request_frame(Api.PRODUCE, 1, ProduceRequest("fast", 0, Ack.NONE, message_set))
+    before = own_memory(broker.pid)
+    sent = 0
+    with dealer(broker.endpoint, SNDHWM=16, SNDBUF=256 * 1024) as producer:
+        for worker in workers:
+            os.kill(worker, signal.SIGSTOP)
+        try:
+            with contextlib.suppress(zmq.Again):
+                while sent < 2000:  # 500 MiB: far more than any queue should take
+                    if not producer.poll(1000, zmq.POLLOUT):
+                        raise zmq.Again()
+                    producer.send(request, zmq.NOBLOCK)
+                    sent += 1
+            grown = own_memory(broker.pid) - before
+        finally:
+            for worker in workers:
+                os.kill(worker, signal.SIGCONT)
+        assert sent < 2000, "the front took 500 MiB of requests for a stopped worker"
+        assert grown < 48 * MIB, f"the supervisor grew by {grown / MIB:.0f} MiB"
+        with Connection(broker.endpoint, timeout_s=30.0) as watcher:
+
+            def stored() -> bool:
+                latest = watcher.call(OffsetsRequest("fast", 0, protocol.LATEST)).offset
+                return bool(latest == sent * len(message_set))
+
+            wait_until(stored, timeout=60, what=f"all {sent} requests to be stored")
+
+
+@pytest.mark.parametrize("cap", [100_000])
+def test_a_fetch_reply_holds_at_most_fetch_max_bytes_but_a_whole_first_message(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path, cap: int
+) -> None:
+    broker = make_pylogd(*single_box_flags(tmp_path), "--broker-fetch-max-bytes", str(cap))
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic("capped", 1)
+    small = encode_message(b"s" * 30_000)
+    large = encode_message(b"L" * 250_000)
+    with Connection(broker.endpoint, timeout_s=10.0) as connection:
+        connection.request(ProduceRequest("capped", 0, Ack.FLUSHED, small * 10))
+        connection.request(ProduceRequest("capped", 0, Ack.FLUSHED, large))
+        first = connection.request(FetchRequest("capped", 0, 0, 16 * MIB, 0, 0)).message_set
+        assert len(first) == 3 * len(small)  # whole messages, no more than the cap
+        at_large = 10 * len(small)
+        whole = connection.request(FetchRequest("capped", 0, at_large, 16 * MIB, 0, 0))
+        assert bytes(whole.message_set) == large  # larger than the cap, and not refused
+        with pytest.raises(BrokerError, match="larger than max_bytes"):
+            connection.request(FetchRequest("capped", 0, at_large, 1000, 0, 0))
