@@ -443,7 +443,7 @@ class Session(Running):
                     restored += 1
         return restored
 
-    # -- requests: every kazoo call goes through _request ------------------------------------
+    # -- requests: each of ours goes through _request (kazoo's ChildrenWatch makes its own) ---
 
     def _check_open(self) -> None:
         if not self._started or self._stopping:
@@ -454,13 +454,13 @@ class Session(Running):
         request_timeout_s; translate every kazoo outcome into a RegistryUnavailable (sub)class.
 
         Not kazoo's KazooRetry, which would send a request cut off by a lost connection again
-        once connected: the caller must hear of the loss at once. A group member stops
-        handing out records when a call fails so (docs/registry.md), before its session can
-        expire and another member take its partitions; with the call retried up to
-        request_timeout_s, it went on handing out what it had fetched after they were taken
-        (tests/cluster/test_groups.py, a member cut off from ZooKeeper). Nor kazoo's plain
-        calls: they do not bound their wait, and one made while disconnected waits in
-        kazoo's queue to be sent whenever the connection comes back."""
+        once connected: the caller must hear of the loss at once. A group member checks its
+        connection at each poll, to stop before its session can expire and another member
+        take its partitions (docs/registry.md); a call retried up to request_timeout_s kept
+        it inside one poll past that point, and it then handed out records it had fetched
+        after its partitions were taken (tests/cluster/test_groups.py, a member cut off from
+        ZooKeeper). Nor kazoo's plain calls: they do not bound their wait, and one made
+        while disconnected waits in kazoo's queue to be sent whenever the connection is back."""
         self._check_open()
         deadline = time.monotonic() + self.request_timeout_s
         if not self._connected.wait(self.request_timeout_s):
