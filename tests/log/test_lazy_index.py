@@ -158,3 +158,28 @@ def test_index_mappings_count_against_max_open_files(closed: Path, clock: FakeCl
         log.close()
     finally:
         OPEN_FILES.limit = limit
+
+
+def test_an_index_replaced_after_its_check_is_checked_again_when_mapped_again(
+    closed: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = open_log(closed, clock, **SETTINGS)
+    middle = log.segments[1]
+    assert each_message(log, [middle.base_offset + 100]) == [b"%08d" % 10_486]  # checked
+    stored = middle.index_path.read_bytes()
+    damaged = bytearray(stored)
+    damaged[20:24] = (150).to_bytes(4, "big")
+    replacement = middle.index_path.with_name("replacement")
+    replacement.write_bytes(bytes(damaged))
+    replacement.rename(middle.index_path)  # another file: its mapping, once released, is not it
+    limit = OPEN_FILES.limit
+    OPEN_FILES.limit = 1  # every other handle released
+    OPEN_FILES.limit = limit
+    with caplog.at_level(logging.WARNING, logger="broker.log.partition"):
+        assert each_message(log, [middle.base_offset + 200]) == [b"%08d" % 10_487]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"t-0: {middle.log_path.name}: index {middle.index_path.name} is damaged: it fails its "
+        "checksum; rebuilt from the log"
+    ]
+    assert middle.index_path.read_bytes() == stored
+    log.close()
