@@ -81,7 +81,7 @@ SETTINGS: tuple[Setting, ...] = (
         "broker",
         "queued_request_bytes",
         int,
-        32 << 20,
+        8 << 20,
         "Request bytes the front passes to workers before they take them; beyond this it "
         "reads no more requests until they do (TCP then blocks the senders).",
     ),
