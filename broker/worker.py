@@ -143,6 +143,8 @@ class Worker:
         self.unanswered_errors = 0
         """Failed produce requests with ack=none, which get no reply: logged and counted."""
         self._flush_waiters = 0
+        self._all_answered = trio.Event()
+        """Set when the last producer waiting for a flush is answered (flush_and_answer)."""
         self._flush_wanted: set[Partition] = set()
         self._storage_log = RateLimitedLog(log, STORAGE_LOG_EVERY_S)
         self._served_bytes = 0
@@ -186,9 +188,10 @@ class Worker:
         for partition in list(self.partitions.values()):
             if partition.offline is None:
                 self._flush(partition)
-        with trio.move_on_after(timeout_s):
-            while self._flush_waiters:
-                await trio.sleep(0.001)
+        if self._flush_waiters:
+            self._all_answered = trio.Event()
+            with trio.move_on_after(timeout_s):
+                await self._all_answered.wait()
 
     def close(self) -> None:
         """Flush and close every partition log (a clean close: indexes written)."""
@@ -320,6 +323,8 @@ class Worker:
                 await partition.waiters.wait_high_watermark(end)
         finally:
             self._flush_waiters -= 1
+            if not self._flush_waiters:
+                self._all_answered.set()  # the ack below is sent before anyone else runs
         if partition.failed_flushes != failed_flushes:  # its flush failed: never acked
             lost = StorageIOError(
                 f"{partition.name}: offline after {partition.offline or 'a failed flush'}: the "
