@@ -1,10 +1,11 @@
 """Where a topic's partitions live: METADATA, and one connection per broker.
 
-A cluster is reached through one or more bootstrap endpoints ("tcp://host:port", several
-separated by commas); METADATA from any broker names every broker and, for each partition of
-a topic, the broker that holds it (docs/protocol.md, "Transport"). Requests for a partition go
-to that broker's connection, opened on first use and kept. When a broker cannot be reached,
-METADATA is asked of the other brokers last heard of, then of the bootstrap endpoints.
+A cluster is reached through one or more bootstrap endpoints ("host:port" or
+"tcp://host:port", several separated by commas); METADATA from any broker names every broker
+and, for each partition of a topic, the broker that holds it (docs/protocol.md, "Transport").
+Requests for a partition go to that broker's connection, opened on first use and kept. When a
+broker cannot be reached, METADATA is asked of the other brokers last heard of, then of the
+bootstrap endpoints.
 
 Not safe to share between threads.
 """
@@ -15,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import zmq
 
-from broker.client.connection import DEFAULT_CLIENT_ID, Connection
+from broker.client.connection import DEFAULT_CLIENT_ID, Connection, normalize_endpoint
 from broker.errors import BrokerError, Unavailable
 from broker.lifecycle import Closing
 from broker.log.message import Buffer
@@ -29,9 +30,10 @@ from broker.protocol import (
 
 
 def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
-    """ "tcp://a:1,tcp://b:2" (or a list of such strings) as a list of endpoints."""
+    """ "tcp://a:1,b:2" (or a list of such strings) as a list of endpoints, each
+    "tcp://host:port"; ValueError for an address of another form (normalize_endpoint)."""
     parts = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-    found = [e.strip() for part in parts for e in part.split(",") if e.strip()]
+    found = [normalize_endpoint(e) for part in parts for e in part.split(",") if e.strip()]
     if not found:
         raise ValueError(f"no broker endpoint in {endpoints!r}")
     return found

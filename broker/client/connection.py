@@ -20,6 +20,7 @@ Not safe to share between threads.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Final, overload
 
@@ -59,10 +60,26 @@ RETRY_BACKOFF_S: Final = 0.1
 """The wait before the first retry of a request; it doubles for each next one..."""
 MAX_RETRY_BACKOFF_S: Final = 2.0
 """... up to this."""
+_ADDRESS: Final = re.compile(
+    r"(?:tcp://)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})"
+)
+
+
+def normalize_endpoint(address: str) -> str:
+    """`address`, "HOST:PORT" or "tcp://HOST:PORT" (blanks around it ignored), as
+    "tcp://HOST:PORT"; ValueError for anything else, at once (ZeroMQ would refuse a missing
+    "tcp://" only on connect)."""
+    match = _ADDRESS.fullmatch(address.strip())
+    if match is None or not 1 <= int(match["port"]) <= 65535:
+        raise ValueError(
+            f"broker address {address!r}: use HOST:PORT or tcp://HOST:PORT (a port from 1 to 65535)"
+        )
+    return f"tcp://{match['host']}:{int(match['port'])}"
 
 
 class Connection(Closing):
-    """Requests to the broker at `endpoint` ("tcp://host:port"), one at a time.
+    """Requests to the broker at `endpoint` ("host:port" or "tcp://host:port", see
+    normalize_endpoint), one at a time.
 
     `context` defaults to a context of the connection's own, terminated by `close()` (which
     then waits up to FIRE_AND_FORGET_LINGER_MS for unsent fire-and-forget requests)."""
@@ -76,7 +93,7 @@ class Connection(Closing):
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s is {timeout_s}: it must be positive")
-        self.endpoint = endpoint
+        self.endpoint = normalize_endpoint(endpoint)
         self.client_id = client_id
         self.timeout_s = timeout_s
         self._own_context = context is None
@@ -94,11 +111,20 @@ class Connection(Closing):
         if self._closed:
             raise ValueError("the connection is closed")
         if self._req is None:
-            socket = self._context.socket(zmq.REQ)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.connect(self.endpoint)
-            self._req = socket
+            self._req = self._connected(zmq.REQ, linger_ms=0)
         return self._req
+
+    def _connected(self, kind: int, linger_ms: int) -> zmq.Socket[bytes]:
+        """A new socket of `kind` connected to the endpoint; closed again if connecting fails
+        (a socket left open would make terminating the context wait for ever)."""
+        socket = self._context.socket(kind)
+        try:
+            socket.setsockopt(zmq.LINGER, linger_ms)
+            socket.connect(self.endpoint)
+        except BaseException:
+            socket.close(linger=0)
+            raise
+        return socket
 
     def _reset_req_socket(self) -> None:
         """Drop a REQ socket that lost its reply: it cannot send again."""
@@ -214,10 +240,7 @@ class Connection(Closing):
         if self._closed:
             raise ValueError("the connection is closed")
         if self._dealer is None:
-            socket = self._context.socket(zmq.DEALER)
-            socket.setsockopt(zmq.LINGER, FIRE_AND_FORGET_LINGER_MS)
-            socket.connect(self.endpoint)
-            self._dealer = socket
+            self._dealer = self._connected(zmq.DEALER, FIRE_AND_FORGET_LINGER_MS)
         return self._dealer
 
     @property

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 import zmq
 
-from broker.client import Connection
+from broker.client import Admin, Connection, Producer
 from broker.errors import BrokerError, Unavailable
 from broker.protocol import (
     ErrorCode,
@@ -116,6 +116,32 @@ def test_unreachable_broker_times_out_quickly() -> None:
         with pytest.raises(Unavailable):
             connection.call(MetadataRequest(), retries=1)
         assert time.monotonic() - started < 3
+
+
+def test_an_address_without_tcp_is_taken_and_a_bad_one_is_refused_at_once(
+    scripted: ScriptedBroker,
+) -> None:
+    scripted.script += ["ok", "ok"]
+    host_port = scripted.endpoint.removeprefix("tcp://")
+    with Connection(host_port, timeout_s=1) as connection:
+        assert connection.endpoint == scripted.endpoint
+        assert connection.request(MetadataRequest()) == EMPTY_METADATA
+    with Admin(f" {host_port} ,{unused_endpoint()}", timeout_s=1) as admin:
+        assert admin.cluster.bootstrap[0] == scripted.endpoint
+        assert admin.list_topics() == []
+    for bad in (
+        "localhost",
+        "udp://127.0.0.1:9092",
+        "tcp://127.0.0.1:0",
+        "127.0.0.1:99999",
+        "a b:1",
+        "tcp://:9092",
+        "127.0.0.1:9092/x",
+    ):
+        with pytest.raises(ValueError, match=r"use HOST:PORT or tcp://HOST:PORT"):
+            Connection(bad)
+        with pytest.raises(ValueError, match=r"use HOST:PORT or tcp://HOST:PORT"):
+            Producer(f"{scripted.endpoint},{bad}", "topic")
 
 
 def unused_endpoint() -> str:
