@@ -3,12 +3,26 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
-from broker.errors import RegistryUnavailable
+from broker.errors import PylogError, RegistryUnavailable
 from broker.protocol import check_topic_name
 from broker.registry.nodes import check_name, decode, encode, int_field, is_int
-from broker.registry.session import ATTEMPTS, NodeExists, NoNode, Session
+from broker.registry.session import ATTEMPTS, NodeExists, NoNode, NotEmpty, Session
+
+
+class GroupNotEmpty(PylogError):
+    """A group cannot be deleted while it has members: `members` are their ids."""
+
+    def __init__(self, group: str, members: Iterable[str]) -> None:
+        self.group = group
+        self.members = sorted(members)
+        super().__init__(f"group {group} has members: {', '.join(self.members)}")
+
+
+T = TypeVar("T")
 
 
 def partition_name(broker_id: int, partition: int) -> str:
@@ -21,6 +35,10 @@ def _topics(data: bytes) -> tuple[str, ...]:
     if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
         raise ValueError("'topics' is not a list of names")
     return tuple(topics)
+
+
+def _offset(data: bytes) -> int:
+    return int_field(decode(data), "offset")
 
 
 def _consumer(data: bytes) -> str:
@@ -120,9 +138,73 @@ class Groups(Session):
         except NoNode:
             return None
         try:
-            return int_field(decode(data), "offset")
+            return _offset(data)
         except ValueError as error:
             raise RegistryUnavailable(f"{path} holds unreadable data: {error}") from None
+
+    # -- the groups as a whole, for operators ------------------------------------------------
+
+    def groups(self) -> list[str]:
+        """The name of every group with a node under /consumers (members, owners or committed
+        offsets; a deleted group has none), sorted."""
+        try:
+            return self._children(f"{self.chroot}/consumers")
+        except NoNode:
+            return []
+
+    def committed_offsets(self, group: str) -> dict[str, dict[str, int]]:
+        """Every committed offset of the group: topic -> partition name -> offset."""
+        check_name("group", group)
+        return self._per_topic(f"{self.chroot}/consumers/{group}/offsets", _offset)
+
+    def owners(self, group: str) -> dict[str, dict[str, str]]:
+        """Every owned partition of the group: topic -> partition name -> owning member."""
+        check_name("group", group)
+        return self._per_topic(f"{self.chroot}/consumers/{group}/owners", _consumer)
+
+    def delete_group(self, group: str) -> bool:
+        """Delete /consumers/<group> with its committed offsets; False when there is no such
+        group. GroupNotEmpty while it has members: /ids is deleted first, which ZooKeeper
+        refuses while a member's node is in it. A member joining after that re-creates /ids
+        (and finds no committed offsets): the group's node is then left with it, and
+        GroupNotEmpty raised."""
+        check_name("group", group)
+        root = f"{self.chroot}/consumers/{group}"
+        try:
+            self._delete(self._ids_path(group))
+        except NotEmpty:
+            raise GroupNotEmpty(group, self.consumers(group)) from None
+        except NoNode:
+            if group not in self.groups():
+                return False
+        for part in ("offsets", "owners"):
+            self._delete_tree(f"{root}/{part}")
+        try:
+            self._delete(root)
+        except NotEmpty:
+            raise GroupNotEmpty(group, self.consumers(group)) from None
+        except NoNode:
+            pass  # deleted by another client meanwhile
+        return True
+
+    def _per_topic(self, path: str, parse: Callable[[bytes], T]) -> dict[str, dict[str, T]]:
+        try:
+            topics = self._children(path)
+        except NoNode:
+            return {}
+        found = {topic: self._read_all(f"{path}/{topic}", parse, str) for topic in topics}
+        return {topic: nodes for topic, nodes in found.items() if nodes}
+
+    def _delete_tree(self, path: str) -> None:
+        """Delete `path` and everything under it (nothing when it does not exist)."""
+        try:
+            children = self._children(path)
+        except NoNode:
+            return
+        for child in children:
+            self._delete_tree(f"{path}/{child}")
+        with contextlib.suppress(NoNode):
+            self._delete(path)
 
     def _ids_path(self, group: str) -> str:
         return f"{self.chroot}/consumers/{group}/ids"
