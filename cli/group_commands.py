@@ -1,16 +1,30 @@
-"""`pylogctl group`: consumer groups."""
+"""`pylogctl group`: consumer groups: consume as a member; list, describe (lag), reset and
+delete them. The groups live in ZooKeeper (docs/registry.md); lag and reset also ask the
+brokers holding the partitions, at the endpoints they register there."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import json
 import signal
 import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import NoReturn
 
 import click
 
+from broker.client import Cluster
 from broker.client.group import GroupConsumer, Reset
-from broker.errors import CorruptSegment
-from broker.registry import DEFAULT_CHROOT, Registry, partition_name
+from broker.client.lag import COUNT_BYTES, GroupLag, GroupReader, PartitionLag, ResetStep, Target
+from broker.errors import CorruptSegment, UnknownTopicOrPartition
+from broker.registry import DEFAULT_CHROOT, Registry
+from broker.registry.groups import GroupNotEmpty
+from broker.registry.nodes import check_name
 from cli.common import (
+    CLI_RETRIES,
+    EXIT_BROKER,
     EXIT_CORRUPT,
     F,
     broker_errors,
@@ -22,7 +36,8 @@ from cli.common import (
 
 @click.group()
 def group() -> None:
-    """Consumer groups: consume as a member, describe owners and committed offsets."""
+    """Consumer groups: consume as a member; list, describe with their lag, reset and delete
+    them."""
 
 
 def zookeeper_options(command: F) -> F:
@@ -100,24 +115,363 @@ def group_consume(
         consumer.commit()  # the last message printed is processed too
 
 
+def admin_options(command: F) -> F:
+    """--zookeeper, --chroot, --timeout and --json, on the commands that administer groups."""
+    command = click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")(
+        command
+    )
+    command = click.option(
+        "--timeout",
+        type=click.FloatRange(min=0, min_open=True),
+        default=5.0,
+        show_default=True,
+        help="Seconds to wait for ZooKeeper and for each broker's reply.",
+    )(command)
+    return zookeeper_options(command)
+
+
+def group_name(ctx: click.Context, param: click.Parameter, name: str) -> str:
+    try:
+        check_name("group", name)
+    except ValueError as error:
+        raise click.BadParameter(str(error), ctx, param) from None
+    return name
+
+
+def fail(message: str) -> NoReturn:
+    """`pylogctl: message` on stderr, exit 1."""
+    click.echo(f"pylogctl: {message}", err=True)
+    sys.exit(EXIT_BROKER)
+
+
+def members_text(members: Sequence[str], what: str = "member") -> str:
+    """ "2 members (a, b)", "1 active member (a)", "0 members"."""
+    noun = what if len(members) == 1 else f"{what}s"
+    return f"{len(members)} {noun}" + (f" ({', '.join(members)})" if members else "")
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Print aligned columns (None as "-"), the last one unpadded."""
+    cells = [list(header)] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header) - 1)]
+    for row in cells:
+        padded = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        click.echo("  ".join([*padded, row[-1]]).rstrip())
+
+
+@contextlib.contextmanager
+def group_reader(zookeeper: str, chroot: str, timeout: float) -> Iterator[GroupReader]:
+    """A GroupReader on the registry at `zookeeper`, turning failures into one line, exit 1."""
+    with broker_errors(zookeeper, "ZooKeeper"):
+        registry = Registry(zookeeper, chroot, request_timeout_s=timeout)
+        registry.start(timeout=timeout)
+        try:
+            with Cluster((), timeout_s=timeout, retries=CLI_RETRIES) as cluster:
+                yield GroupReader(registry, cluster, CLI_RETRIES)
+        finally:
+            registry.stop()
+
+
+@group.command("list")
+@admin_options
+def group_list(zookeeper: str, chroot: str, timeout: float, as_json: bool) -> None:
+    """Print every consumer group: its live members and its topics (those it has committed
+    offsets for, or members consuming).
+
+    \b
+    Example:
+        pylogctl group list --zookeeper 127.0.0.1:2181
+        GROUP    MEMBERS  TOPICS
+        loaders  2        clicks,events
+    """
+    with group_reader(zookeeper, chroot, timeout) as reader:
+        groups = [
+            (name, sorted(reader.registry.consumers(name)), reader.topics(name))
+            for name in reader.registry.groups()
+        ]
+    if as_json:
+        for name, members, topics in groups:
+            click.echo(json.dumps({"group": name, "members": members, "topics": topics}))
+        return
+    rows = [(name, len(members), ",".join(topics) or "-") for name, members, topics in groups]
+    table(("GROUP", "MEMBERS", "TOPICS"), rows)
+
+
 @group.command("describe")
-@click.argument("group_name", metavar="GROUP")
-@click.argument("topic_name", metavar="TOPIC")
-@zookeeper_options
-def group_describe(group_name: str, topic_name: str, zookeeper: str, chroot: str) -> None:
-    """Print the members of GROUP, and for each partition of TOPIC its owner and committed
-    offset (a byte position; "-" when none)."""
-    with broker_errors(zookeeper, "ZooKeeper"), Registry(zookeeper, chroot) as registry:
-        members = registry.consumers(group_name)
-        config = registry.topic_config(topic_name)
-        owners = registry.partition_owners(group_name, topic_name)
-        click.echo(f"group {group_name}: {len(members)} members")
-        for member, subscribed in sorted(members.items()):
-            click.echo(f"member {member} topics {','.join(subscribed)}")
-        for number, holder in enumerate(config.brokers):
-            name = partition_name(holder, number)
-            committed = registry.committed_offset(group_name, topic_name, name)
-            click.echo(
-                f"partition {number} ({name}) owner {owners.get(name, '-')} "
-                f"committed {'-' if committed is None else committed}"
+@click.argument("group_name", metavar="GROUP", callback=group_name)
+@click.argument("topics", metavar="[TOPIC]...", nargs=-1)
+@click.option(
+    "--count-bytes",
+    type=click.IntRange(min=1),
+    default=COUNT_BYTES,
+    show_default=True,
+    help="Count the unread messages of a partition exactly up to this many bytes past the "
+    "committed offset; estimate the rest from their average size (shown as ~N).",
+)
+@click.option("--watch", is_flag=True, help="Print it again every --interval until Ctrl-C.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    help="Seconds between refreshes with --watch.",
+)
+@admin_options
+def group_describe(
+    group_name: str,
+    topics: tuple[str, ...],
+    count_bytes: int,
+    watch: bool,
+    interval: float,
+    zookeeper: str,
+    chroot: str,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Print, for each partition of GROUP's topics (or of TOPIC...), the member owning it, the
+    group's committed offset, the high watermark and the lag: in bytes, in messages (counted;
+    ~N when estimated past --count-bytes) and in seconds (the age of the next unread message,
+    by its producer's timestamp); then a summary line. Offsets are byte positions; "-" is
+    unknown, the NOTE column says why.
+
+    \b
+    Example:
+        pylogctl group describe loaders --zookeeper 127.0.0.1:2181
+        TOPIC   PARTITION  BROKER  OWNER  COMMITTED  HIGH_WATERMARK  LAG_BYTES  LAG_MESSAGES  ...
+        events  0          1       a      3500       4200            700        20            ...
+        group loaders: 1 member (a), 1 partitions of 1 topic, lag 700 bytes, 20 messages, 1.5 s
+    """
+    with group_reader(zookeeper, chroot, timeout) as reader:
+        try:
+            while True:
+                lag = reader.describe(group_name, topics, count_bytes)
+                if not topics and not lag.topics and not lag.members:
+                    fail(
+                        f"no consumer group {group_name!r}: nothing committed, owned or "
+                        "consuming (pylogctl group list shows the groups)"
+                    )
+                if watch and not as_json and sys.stdout.isatty():
+                    click.clear()
+                print_lag(lag, as_json)
+                if not watch:
+                    return
+                sys.stdout.flush()
+                time.sleep(interval)  # the refresh period, not a wait for a condition
+                if not as_json and not sys.stdout.isatty():
+                    click.echo()
+        except KeyboardInterrupt:
+            sys.exit(0)
+
+
+def print_lag(lag: GroupLag, as_json: bool) -> None:
+    if as_json:
+        for p in lag.partitions:
+            click.echo(json.dumps({"type": "partition", "group": lag.group, **_fields(p)}))
+        summary = {
+            "type": "group",
+            "group": lag.group,
+            "members": {m: list(t) for m, t in sorted(lag.members.items())},
+            "topics": lag.topics,
+            "partitions": len(lag.partitions),
+            "lag_bytes": lag.lag_bytes,
+            "lag_messages": lag.lag_messages,
+            "lag_messages_estimated": lag.lag_messages_estimated,
+            "lag_seconds": lag.lag_seconds,
+        }
+        click.echo(json.dumps(summary))
+        return
+    table(
+        (
+            *("TOPIC", "PARTITION", "BROKER", "OWNER", "COMMITTED", "HIGH_WATERMARK"),
+            *("LAG_BYTES", "LAG_MESSAGES", "LAG_SECONDS", "NOTE"),
+        ),
+        [
+            (
+                *(p.topic, p.partition, p.broker, p.owner, p.committed, p.high_watermark),
+                *(p.lag_bytes, _messages(p.lag_messages, p.lag_messages_estimated)),
+                *(_seconds(p.lag_seconds), p.note or ""),
             )
+            for p in lag.partitions
+        ],
+    )
+    topics = len(lag.topics)
+    messages = _messages(lag.lag_messages, lag.lag_messages_estimated)
+    click.echo(
+        f"group {lag.group}: {members_text(sorted(lag.members))}, {len(lag.partitions)} "
+        f"partitions of {topics} topic{'' if topics == 1 else 's'}, lag {lag.lag_bytes} bytes, "
+        f"{messages} messages{' (estimated)' if lag.lag_messages_estimated else ''}, "
+        f"{_seconds(lag.lag_seconds) or '-'} s"
+    )
+
+
+def _fields(p: PartitionLag) -> dict[str, object]:
+    return {
+        "topic": p.topic,
+        "partition": p.partition,
+        "broker": p.broker,
+        "owner": p.owner,
+        "committed": p.committed,
+        "log_start": p.log_start,
+        "high_watermark": p.high_watermark,
+        "lag_bytes": p.lag_bytes,
+        "lag_messages": p.lag_messages,
+        "lag_messages_estimated": p.lag_messages_estimated,
+        "lag_seconds": p.lag_seconds,
+        "note": p.note,
+    }
+
+
+def _messages(count: int | None, estimated: bool) -> str | None:
+    return None if count is None else f"~{count}" if estimated else str(count)
+
+
+def _seconds(seconds: float | None) -> str | None:
+    return None if seconds is None else f"{seconds:.1f}"
+
+
+def reset_target(text: str | None, shift_by: int | None) -> Target:
+    if (text is None) == (shift_by is None):
+        raise click.UsageError("say where to with exactly one of --to and --shift-by")
+    if shift_by is not None:
+        return ("shift-by", shift_by)
+    assert text is not None
+    if text in ("earliest", "latest"):
+        return "earliest" if text == "earliest" else "latest"
+    if text.isdigit():
+        return int(text)
+    try:
+        return datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r}: use earliest, latest, an offset or an ISO time", param_hint="--to"
+        ) from None
+
+
+@group.command("reset")
+@click.argument("group_name", metavar="GROUP", callback=group_name)
+@click.option("--topic", required=True, help="The topic whose committed offsets to move.")
+@click.option(
+    "--to",
+    "to",
+    help="earliest (the log start), latest (the high watermark), an offset (the start of the "
+    "message around it), or an ISO time, UTC unless it says otherwise (the first message at "
+    "or after it).",
+)
+@click.option(
+    "--shift-by",
+    type=int,
+    help="Move each committed offset N messages on (negative: back), within the log.",
+)
+@click.option(
+    "--partition",
+    "partitions",
+    type=click.IntRange(min=0),
+    multiple=True,
+    help="Only this partition (repeat for more; default every one).",
+)
+@click.option("--execute", is_flag=True, help="Write the new offsets (default: only print).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Write even while members consume the topic (each commits its own position over the "
+    "reset: for members that are stuck).",
+)
+@admin_options
+def group_reset(
+    group_name: str,
+    topic: str,
+    to: str | None,
+    shift_by: int | None,
+    partitions: tuple[int, ...],
+    execute: bool,
+    force: bool,
+    zookeeper: str,
+    chroot: str,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Move GROUP's committed offsets of --topic: print each partition's offset before and
+    after, and write them only with --execute. Every new offset is a message boundary; a
+    partition without a committed offset gets one (a new group starts there), except with
+    --shift-by. Refused while members consume the topic, unless --force.
+
+    \b
+    Examples:
+        pylogctl group reset loaders --topic events --to earliest --zookeeper 127.0.0.1:2181
+        pylogctl group reset loaders --topic events --to 2026-11-23T01:00 --execute
+        pylogctl group reset loaders --topic events --shift-by -100 --partition 0 --execute
+    """
+    target = reset_target(to, shift_by)
+    with group_reader(zookeeper, chroot, timeout) as reader:
+        consumers = reader.registry.consumers(group_name)
+        active = sorted(m for m, subscribed in consumers.items() if topic in subscribed)
+        if active and execute and not force:
+            fail(
+                f"group {group_name} has {members_text(active, 'active member')} consuming "
+                f"{topic}: stop {'it' if len(active) == 1 else 'them'} first, or add --force "
+                "(a running member commits its own position over the reset)"
+            )
+        try:
+            steps = reader.plan_reset(group_name, topic, target, partitions)
+        except UnknownTopicOrPartition:
+            fail(f"no topic {topic!r} (pylogctl topic list shows the topics)")
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--partition") from None
+        if execute:
+            reader.apply_reset(group_name, steps)
+    print_reset(group_name, topic, steps, execute, as_json)
+    if as_json:
+        return
+    if not execute:
+        if active:
+            click.echo(
+                f"group {group_name} has {members_text(active, 'active member')} consuming "
+                f"{topic}: --execute will refuse unless --force"
+            )
+        click.echo("dry run: nothing changed (--execute applies it)")
+        return
+    applied = sum(step.after is not None for step in steps)
+    click.echo(f"group {group_name}: {applied} partitions of {topic} reset")
+
+
+def print_reset(
+    group_name: str, topic: str, steps: list[ResetStep], execute: bool, as_json: bool
+) -> None:
+    if as_json:
+        for s in steps:
+            line = {"group": group_name, "topic": topic, "partition": s.partition}
+            line |= {"before": s.before, "after": s.after, "note": s.note}
+            click.echo(json.dumps(line | {"applied": execute and s.after is not None}))
+        return
+    rows = [(s.topic, s.partition, s.before, s.after, s.note or "") for s in steps]
+    table(("TOPIC", "PARTITION", "BEFORE", "AFTER", "NOTE"), rows)
+
+
+@group.command("delete")
+@click.argument("group_name", metavar="GROUP", callback=group_name)
+@admin_options
+def group_delete(
+    group_name: str, zookeeper: str, chroot: str, timeout: float, as_json: bool
+) -> None:
+    """Delete GROUP and its committed offsets from ZooKeeper; refused while it has members.
+    A group started again afterwards reads from its members' --reset position.
+
+    \b
+    Example:
+        pylogctl group delete loaders --zookeeper 127.0.0.1:2181
+    """
+    with group_reader(zookeeper, chroot, timeout) as reader:
+        try:
+            deleted = reader.registry.delete_group(group_name)
+        except GroupNotEmpty as error:
+            fail(
+                f"group {group_name} has {members_text(error.members)}: stop "
+                f"{'it' if len(error.members) == 1 else 'them'} first (a member that died "
+                "leaves when its ZooKeeper session expires)"
+            )
+    if not deleted:
+        fail(f"no consumer group {group_name!r} (pylogctl group list shows the groups)")
+    if as_json:
+        click.echo(json.dumps({"group": group_name, "deleted": True}))
+    else:
+        click.echo(f"deleted group {group_name}")

@@ -169,17 +169,17 @@ def test_a_group_shares_the_partitions_through_joins_and_a_killed_member_losing_
     described = subprocess.run(
         [
             str(Path(sys.executable).with_name("pylogctl")),
-            *("group", "describe", "loaders", "events"),
+            *("group", "describe", "loaders", "events", "--json"),
             *("--zookeeper", registry.connect_string, "--chroot", registry.chroot),
         ],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.splitlines()
-    assert described[0] == "group loaders: 3 members"
-    owned = Counter(line.split(" owner ")[1].split()[0] for line in described[4:])
-    assert owned == {"m2": 4, "m3": 4, "m4": 4}
-    assert all(" committed -" not in line for line in described[4:])
+    *partitions, summary = map(json.loads, described)
+    assert sorted(summary["members"]) == ["m2", "m3", "m4"]
+    assert Counter(p["owner"] for p in partitions) == {"m2": 4, "m3": 4, "m4": 4}
+    assert all(p["committed"] is not None for p in partitions)
 
 
 def test_two_groups_each_see_every_message(

@@ -1,0 +1,362 @@
+"""`pylogctl group list | describe | reset | delete` against three real brokers and ZooKeeper."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from broker.client import Admin, Producer
+from broker.client.group import GroupConsumer
+from broker.registry import Registry
+from cli.pylogctl import cli
+from tests.cli.conftest import Cluster
+from tests.conftest import wait_until
+
+SIZE = 26 + 9
+"""A message of these tests on disk: the 26-byte header and a 9-byte value, no key."""
+HOUR_AGO_MS = int(time.time() * 1000) - 3_600_000
+
+
+def run(cluster: Cluster, *args: str) -> Result:
+    env = {"PYLOG_ZOOKEEPER": cluster.zookeeper}
+    return CliRunner().invoke(cli, ["group", *args, "--chroot", cluster.chroot], env=env)
+
+
+def json_lines(result: Result) -> list[dict[str, object]]:
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+@pytest.fixture
+def group() -> str:
+    return f"g-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def registry(cluster: Cluster) -> Iterator[Registry]:
+    with Registry(cluster.zookeeper, cluster.chroot) as registry:
+        yield registry
+
+
+def make_topic(cluster: Cluster, topic: str, counts: list[int], timestamp_ms: int = 0) -> None:
+    """Create `topic` with a partition per count (partition p on broker 1 + p % 3) and write
+    that many messages `message-i` to each, the i-th stamped `timestamp_ms + i * 1000`."""
+    with Admin(cluster.endpoint) as admin:
+        admin.create_topic(topic, len(counts))
+    with Producer(cluster.endpoint, topic) as producer:
+        for partition, count in enumerate(counts):
+            for i in range(count):
+                stamp = timestamp_ms + i * 1000 if timestamp_ms else None
+                producer.send(b"message-%d" % i, timestamp_ms=stamp, partition=partition)
+
+
+def member(cluster: Cluster, group: str, topic: str, consumer_id: str) -> GroupConsumer:
+    return GroupConsumer(
+        cluster.zookeeper, group, [topic], chroot=cluster.chroot, consumer_id=consumer_id
+    )
+
+
+def test_list_names_each_group_with_its_members_and_topics(
+    cluster: Cluster, registry: Registry, group: str, topic: str
+) -> None:
+    make_topic(cluster, topic, [2])
+    registry.commit_offset(group, topic, "1-0", SIZE)
+    with member(cluster, f"{group}-live", topic, "m1"):
+        listed = run(cluster, "list")
+        assert listed.exit_code == 0, listed.output
+        rows = [line.split() for line in listed.stdout.splitlines()]
+        assert rows[0] == ["GROUP", "MEMBERS", "TOPICS"]
+        assert [group, "0", topic] in rows and [f"{group}-live", "1", topic] in rows
+        as_json = json_lines(run(cluster, "list", "--json"))
+        assert {"group": f"{group}-live", "members": ["m1"], "topics": [topic]} in as_json
+        assert {"group": group, "members": [], "topics": [topic]} in as_json
+
+
+def test_describe_gives_lag_in_bytes_messages_and_seconds_and_a_summary(
+    cluster: Cluster, registry: Registry, group: str, topic: str
+) -> None:
+    make_topic(cluster, topic, [5, 3, 0], timestamp_ms=HOUR_AGO_MS)
+    registry.commit_offset(group, topic, "1-0", 2 * SIZE)  # messages 2, 3, 4 unread
+    registry.commit_offset(group, topic, "2-1", 3 * SIZE)  # all read
+    described = run(cluster, "describe", group)  # partition 2: nothing committed
+    assert described.exit_code == 0, described.output
+    rows = [line.split() for line in described.stdout.splitlines()]
+    assert rows[0] == [
+        "TOPIC",
+        "PARTITION",
+        "BROKER",
+        "OWNER",
+        "COMMITTED",
+        "HIGH_WATERMARK",
+        "LAG_BYTES",
+        "LAG_MESSAGES",
+        "LAG_SECONDS",
+        "NOTE",
+    ]
+    age = time.time() - (HOUR_AGO_MS + 2000) / 1000  # message 2 is the next unread
+    p0 = rows[1]
+    assert p0[:8] == [topic, "0", "1", "-", str(2 * SIZE), str(5 * SIZE), str(3 * SIZE), "3"]
+    assert age - 60 < float(p0[8]) <= age + 1
+    assert rows[2] == [topic, "1", "2", "-", str(3 * SIZE), str(3 * SIZE), "0", "0", "0.0"]
+    assert rows[3][:6] == [topic, "2", "3", "-", "-", "0"]  # then lag "-" and a note
+    summary = rows[4]
+    assert summary[:3] == ["group", f"{group}:", "0"]
+    assert described.stdout.splitlines()[4].startswith(
+        f"group {group}: 0 members, 3 partitions of 1 topic, lag {3 * SIZE} bytes, 3 messages, "
+    )
+
+    partitions = json_lines(run(cluster, "describe", group, "--json"))
+    assert partitions[0] == {
+        "type": "partition",
+        "group": group,
+        "topic": topic,
+        "partition": 0,
+        "broker": 1,
+        "owner": None,
+        "committed": 2 * SIZE,
+        "log_start": 0,
+        "high_watermark": 5 * SIZE,
+        "lag_bytes": 3 * SIZE,
+        "lag_messages": 3,
+        "lag_messages_estimated": False,
+        "lag_seconds": partitions[0]["lag_seconds"],
+        "note": None,
+    }
+    assert partitions[2]["note"] == "no committed offset"
+    total = partitions[3]
+    assert total["type"] == "group" and total["members"] == {}
+    assert (total["lag_bytes"], total["lag_messages"]) == (3 * SIZE, 3)
+    assert total["lag_seconds"] == partitions[0]["lag_seconds"]
+
+
+def test_describe_counts_messages_up_to_a_limit_then_estimates_and_says_so(
+    cluster: Cluster, registry: Registry, group: str, topic: str
+) -> None:
+    make_topic(cluster, topic, [10])
+    registry.commit_offset(group, topic, "1-0", 0)
+    described = run(cluster, "describe", group, "--count-bytes", str(3 * SIZE))
+    assert described.exit_code == 0, described.output
+    assert described.stdout.splitlines()[1].split()[6:8] == [str(10 * SIZE), "~10"]
+    assert "~10 messages (estimated)" in described.stdout.splitlines()[-1]
+    (row, _) = json_lines(run(cluster, "describe", group, "--json", "--count-bytes", "100"))
+    assert (row["lag_messages"], row["lag_messages_estimated"]) == (10, True)
+    exact = json_lines(run(cluster, "describe", group, "--json"))[0]
+    assert (exact["lag_messages"], exact["lag_messages_estimated"]) == (10, False)
+
+
+def test_describe_names_the_owner_of_each_partition_and_the_members(
+    cluster: Cluster, group: str, topic: str
+) -> None:
+    make_topic(cluster, topic, [4, 4, 4])
+    with member(cluster, group, topic, "solo") as solo:
+        wait_until(lambda: solo.poll(100) or len(solo.assignment) == 3, 30, "3 partitions")
+        solo.commit()
+        described = run(cluster, "describe", group, topic)  # TOPIC... narrows it
+        assert described.exit_code == 0, described.output
+        rows = [line.split() for line in described.stdout.splitlines()[1:4]]
+        assert [row[3] for row in rows] == ["solo", "solo", "solo"]
+        assert described.stdout.splitlines()[4].startswith(f"group {group}: 1 member (solo), ")
+        total = json_lines(run(cluster, "describe", group, "--json"))[-1]
+        assert total["members"] == {"solo": [topic]}
+
+
+def test_describe_of_a_group_that_does_not_exist_is_an_error(cluster: Cluster, group: str) -> None:
+    described = run(cluster, "describe", group)
+    assert described.exit_code == 1
+    assert described.stderr == (
+        f"pylogctl: no consumer group {group!r}: nothing committed, owned or consuming "
+        "(pylogctl group list shows the groups)\n"
+    )
+
+
+def test_describe_watch_refreshes_until_ctrl_c(
+    cluster: Cluster, registry: Registry, group: str, topic: str
+) -> None:
+    make_topic(cluster, topic, [3])
+    registry.commit_offset(group, topic, "1-0", 0)
+    process = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("pylogctl")),
+            *("group", "describe", group, "--watch", "--interval", "0.2", "--json"),
+            *("--zookeeper", cluster.zookeeper, "--chroot", cluster.chroot),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        os.set_blocking(process.stdout.fileno(), False)
+        selector = selectors.DefaultSelector()
+        selector.register(process.stdout, selectors.EVENT_READ)
+        summaries: list[dict[str, object]] = []
+        buffered = ""
+        deadline = time.monotonic() + 30
+        while len(summaries) < 2 and time.monotonic() < deadline:
+            if selector.select(max(0.0, deadline - time.monotonic())):
+                buffered += process.stdout.read() or ""
+            *lines, buffered = buffered.split("\n")
+            summaries += [s for s in map(json.loads, lines) if s["type"] == "group"]
+        assert len(summaries) >= 2, "two refreshes"
+        registry.commit_offset(group, topic, "1-0", 3 * SIZE)
+        while summaries[-1]["lag_bytes"] != 0 and time.monotonic() < deadline:
+            if selector.select(max(0.0, deadline - time.monotonic())):
+                buffered += process.stdout.read() or ""
+            *lines, buffered = buffered.split("\n")
+            summaries += [s for s in map(json.loads, lines) if s["type"] == "group"]
+        assert summaries[0]["lag_bytes"] == 3 * SIZE and summaries[-1]["lag_bytes"] == 0
+        process.send_signal(signal.SIGINT)
+        assert process.wait(15) == 0
+        assert process.stderr is not None and process.stderr.read() == ""
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def reset(cluster: Cluster, group: str, topic: str, *args: str) -> Result:
+    return run(cluster, "reset", group, "--topic", topic, *args)
+
+
+@pytest.mark.parametrize(
+    ("how", "after", "note"),
+    [
+        (["--to", "earliest"], 0, None),
+        (["--to", "latest"], 6 * SIZE, None),
+        (["--to", str(4 * SIZE)], 4 * SIZE, None),
+        (["--to", str(4 * SIZE + 5)], 4 * SIZE, "inside a message: moved to its start"),
+        (["--to", str(60 * SIZE)], 6 * SIZE, "past the high watermark"),
+        (["--to", "time:+1s"], 1 * SIZE, None),  # a second after message 0
+        (["--shift-by", "-2"], 1 * SIZE, None),
+        (["--shift-by", "2"], 5 * SIZE, None),
+        (["--shift-by", "-100"], 0, "only 3 messages before it"),
+        (["--shift-by", "100"], 6 * SIZE, "only 3 messages after it"),
+    ],
+)
+def test_reset_moves_committed_offsets_to_message_boundaries_dry_run_first(
+    cluster: Cluster,
+    registry: Registry,
+    group: str,
+    topic: str,
+    how: list[str],
+    after: int,
+    note: str | None,
+) -> None:
+    make_topic(cluster, topic, [6, 0], timestamp_ms=HOUR_AGO_MS)
+    registry.commit_offset(group, topic, "1-0", 3 * SIZE)
+    if how[:2] == ["--to", "time:+1s"]:
+        moment = datetime.datetime.fromtimestamp(HOUR_AGO_MS / 1000 + 0.5, datetime.UTC)
+        how = ["--to", moment.isoformat()]
+    planned = reset(cluster, group, topic, *how)
+    assert planned.exit_code == 0, planned.output
+    lines = planned.stdout.splitlines()
+    assert lines[0].split() == ["TOPIC", "PARTITION", "BEFORE", "AFTER", "NOTE"]
+    assert lines[1].split()[:4] == [topic, "0", str(3 * SIZE), str(after)]
+    assert (note or "") in lines[1]
+    shift = how[0] == "--shift-by"  # partition 1 is empty, with nothing committed
+    assert lines[2].split()[:4] == [topic, "1", "-", "-" if shift else "0"]
+    assert lines[-1] == "dry run: nothing changed (--execute applies it)"
+    assert registry.committed_offset(group, topic, "1-0") == 3 * SIZE
+
+    applied = json_lines(reset(cluster, group, topic, *how, "--execute", "--json"))
+    assert applied[0] == {
+        "group": group,
+        "topic": topic,
+        "partition": 0,
+        "before": 3 * SIZE,
+        "after": after,
+        "note": applied[0]["note"],
+        "applied": True,
+    }
+    assert applied[1]["applied"] is not shift
+    assert registry.committed_offset(group, topic, "1-0") == after
+    assert registry.committed_offset(group, topic, "2-1") == (None if shift else 0)
+
+
+def test_reset_of_partitions_without_a_commit_sets_them_for_a_new_group(
+    cluster: Cluster, registry: Registry, group: str, topic: str
+) -> None:
+    make_topic(cluster, topic, [2, 3])
+    executed = reset(cluster, group, topic, "--to", "latest", "--execute")
+    assert executed.exit_code == 0, executed.output
+    assert executed.stdout.splitlines()[-1] == f"group {group}: 2 partitions of {topic} reset"
+    assert registry.committed_offset(group, topic, "1-0") == 2 * SIZE
+    assert registry.committed_offset(group, topic, "2-1") == 3 * SIZE
+    with member(cluster, group, topic, "late") as late:  # starts at the end, reads nothing
+        wait_until(lambda: late.poll(100) == [] and len(late.assignment) == 2, 30, "assigned")
+        assert late.positions() == {
+            tp: (2 if tp.partition == 0 else 3) * SIZE for tp in late.assignment
+        }
+
+
+def test_reset_refuses_while_members_consume_the_topic_unless_forced(
+    cluster: Cluster, registry: Registry, group: str, topic: str
+) -> None:
+    make_topic(cluster, topic, [3])
+    registry.commit_offset(group, topic, "1-0", 2 * SIZE)
+    with member(cluster, group, topic, "busy"):
+        refused = reset(cluster, group, topic, "--to", "earliest", "--execute")
+        assert refused.exit_code == 1
+        assert refused.stderr == (
+            f"pylogctl: group {group} has 1 active member (busy) consuming {topic}: stop it "
+            "first, or add --force (a running member commits its own position over the reset)\n"
+        )
+        assert registry.committed_offset(group, topic, "1-0") == 2 * SIZE
+        dry = reset(cluster, group, topic, "--to", "earliest")
+        assert dry.exit_code == 0 and "--execute will refuse unless --force" in dry.stdout
+        forced = reset(cluster, group, topic, "--to", "earliest", "--execute", "--force")
+        assert forced.exit_code == 0, forced.output
+        assert registry.committed_offset(group, topic, "1-0") == 0
+
+
+def test_reset_usage_errors_exit_2(cluster: Cluster, group: str, topic: str) -> None:
+    for args in (
+        [],
+        ["--to", "earliest", "--shift-by", "1"],
+        ["--to", "yesterday-ish"],
+        ["--to", "-4"],
+    ):
+        result = reset(cluster, group, topic, *args)
+        assert result.exit_code == 2, (args, result.output)
+    unknown = reset(cluster, group, topic, "--to", "earliest")
+    assert unknown.exit_code == 1
+    assert (
+        unknown.stderr == f"pylogctl: no topic {topic!r} (pylogctl topic list shows the topics)\n"
+    )
+
+
+def test_delete_refuses_while_the_group_has_members_then_deletes_it(
+    cluster: Cluster, registry: Registry, group: str, topic: str
+) -> None:
+    make_topic(cluster, topic, [1])
+    registry.commit_offset(group, topic, "1-0", SIZE)
+    with member(cluster, group, topic, "stay"):
+        refused = run(cluster, "delete", group)
+        assert refused.exit_code == 1
+        assert refused.stderr == (
+            f"pylogctl: group {group} has 1 member (stay): stop it first (a member that died "
+            "leaves when its ZooKeeper session expires)\n"
+        )
+        assert registry.committed_offset(group, topic, "1-0") == SIZE
+    deleted = run(cluster, "delete", group)
+    assert deleted.exit_code == 0, deleted.output
+    assert deleted.stdout == f"deleted group {group}\n"
+    assert registry.committed_offset(group, topic, "1-0") is None
+    assert group not in run(cluster, "list").stdout.split()
+    again = run(cluster, "delete", group, "--json")
+    assert again.exit_code == 1
+    assert again.stderr == (
+        f"pylogctl: no consumer group {group!r} (pylogctl group list shows the groups)\n"
+    )
