@@ -193,6 +193,15 @@ SETTINGS: tuple[Setting, ...] = (
         "recently used are closed and opened again when next used.",
     ),
     Setting(
+        "metrics",
+        "enabled",
+        bool,
+        False,
+        "Serve Prometheus metrics over HTTP at http://HOST:PORT/metrics.",
+    ),
+    Setting("metrics", "host", str, "127.0.0.1", "Address the metrics endpoint binds to."),
+    Setting("metrics", "port", int, 9093, "TCP port of the metrics endpoint (0: a free one)."),
+    Setting(
         "zookeeper",
         "connect",
         str,

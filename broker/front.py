@@ -76,6 +76,10 @@ class Front:
         self.reading = False
         """Whether the loop reads clients' requests: from `open()` on, while the workers owe
         less than queue_limit bytes of them."""
+        self.requests = 0
+        """Requests read from clients (broker.metrics)."""
+        self.read_pauses = 0
+        """Times the loop stopped reading requests (broker.metrics)."""
         self.replies = ReplyBudget(
             config.broker_client_reply_bytes, config.broker_reply_buffer_bytes
         )
@@ -136,6 +140,7 @@ class Front:
         if reading != self.reading and self.opened:
             self.poller.register(self.socket, zmq.POLLIN if reading else 0)  # 0: unregister
             self.reading = reading
+            self.read_pauses += not reading
 
     def drain(self) -> None:
         """Forward the replies workers sent before they exited (on shutdown)."""
@@ -179,6 +184,7 @@ class Front:
         self.replies.hold(tagged, last.tracker, size)
 
     def _from_client(self, identity: bytes, frames: list[zmq.Frame]) -> None:
+        self.requests += 1
         tagged, request_frames = tagged_identity(identity, frames)
         try:
             if self.stopping:
@@ -196,6 +202,14 @@ class Front:
             elif isinstance(request, protocol.DeleteTopicRequest):
                 self.topics.delete(request.topic, tagged, header.correlation_id)
                 return  # answered once ZooKeeper has deleted it
+            elif isinstance(request, protocol.DescribeClusterRequest):
+                reply = self.topics.describe_cluster(self.port)
+            elif isinstance(request, protocol.DescribeConfigRequest):
+                self.topics.describe_config(request.topic, tagged, header.correlation_id)
+                return  # answered once read from ZooKeeper
+            elif isinstance(request, protocol.AlterConfigRequest):
+                self.topics.alter_config(request, tagged, header.correlation_id)
+                return  # answered once ZooKeeper has it
             else:
                 raise UnsupportedApi(f"{type(request).__name__} is not served by the front")
             self._answer(tagged, protocol.encode_reply(header.correlation_id, reply))

@@ -39,14 +39,16 @@ import time
 from collections import deque
 from pathlib import Path
 from types import FrameType
+from wsgiref.simple_server import WSGIServer
 
 import zmq
 
 from broker.config import BrokerConfig
 from broker.errors import PylogError, ZooKeeperStartError
 from broker.front import Front
+from broker.metrics import serve_metrics
 from broker.pool import Answers, WorkerPool
-from broker.registry import BrokerInfo, Registry
+from broker.registry import Registry
 from broker.topics import RegistryCalls, Topics
 from broker.zookeeper import PrivateZooKeeper
 
@@ -86,6 +88,7 @@ class Supervisor:
         """Failed starts of the private ZooKeeper since it last ran."""
         self._zookeeper_start_at = 0.0
         self.registry: Registry | None = None
+        self.metrics: WSGIServer | None = None
         self._signal_received: int | None = None
         self._watchdog_every = _watchdog_interval()
         self._watchdog_at = 0.0
@@ -93,11 +96,15 @@ class Supervisor:
     # -- start -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Everything up to READY: front socket (first, so that a port in use stops pylogd
-        before anything is started), ZooKeeper, registry, topics, workers."""
+        """Everything up to READY: front socket and metrics endpoint (first, so that a port in
+        use stops pylogd before anything is started), ZooKeeper, registry, topics, workers."""
         for directory in (self.data_dir, self.run_dir, *self.log_dirs):
             directory.mkdir(parents=True, exist_ok=True)
         self.front.bind()
+        if self.config.metrics_enabled:  # as early: a port in use stops pylogd before anything
+            self.metrics, _ = serve_metrics(
+                self, self.config.metrics_host, self.config.metrics_port
+            )
         connect = self.config.zookeeper_connect
         if not connect:
             self.zookeeper = PrivateZooKeeper(
@@ -120,13 +127,7 @@ class Supervisor:
         self._wait_for_workers()
         self.front.open()
         self.registry.register_broker(
-            self.config.broker_id,
-            BrokerInfo(
-                self.config.endpoint_host,
-                self.front.port,
-                len(self.pool.workers),
-                tuple(str(d) for d in self.log_dirs),
-            ),
+            self.config.broker_id, self.topics.registration(self.front.port)
         )
         self.topics.watch()
         host = self.config.broker_host
@@ -248,6 +249,8 @@ class Supervisor:
     def shutdown(self) -> None:
         """Stop workers (if still running), leave the registry, stop ZooKeeper, close sockets."""
         self.pool.stop(self.config.broker_shutdown_timeout_ms / 1000)
+        if self.metrics is not None:
+            self.metrics.shutdown()
         self.calls.shutdown()
         if self.registry is not None:
             self.registry.stop()

@@ -1,0 +1,119 @@
+"""pylogd's Prometheus endpoint: `[metrics] enabled = true` serves http://HOST:PORT/metrics
+(127.0.0.1:9093 by default; port 0 picks a free one, named in the log).
+
+What it shows is what the supervisor knows, read on the HTTP server's thread when scraped:
+plain counters the loop keeps (no lock, no cost on the loop beyond an increment), and gauges
+read at scrape time. The names follow Prometheus' conventions (`_total` counters, `_bytes`):
+
+- pylog_info{broker_id, version} 1
+- pylog_front_requests_total: requests the front read from clients;
+- pylog_front_read_pauses_total: times the front stopped reading requests because the workers
+  owed broker.queued_request_bytes (docs/protocol.md, "Flow control");
+- pylog_front_queued_request_bytes: bytes of requests the workers owe now;
+- pylog_front_held_reply_bytes: bytes of replies the front holds for clients that have not
+  taken them (as last looked at);
+- pylog_front_replies_dropped_total: replies dropped for clients over their reply budget;
+- pylog_worker_up{worker}: 1 while the worker is connected, 0 while it restarts;
+- pylog_worker_restarts_total;
+- pylog_partitions: the partitions this broker holds;
+- pylog_zookeeper_connected: 1 while the registry's ZooKeeper session is connected;
+- process_*: the supervisor process's CPU, memory and open files (prometheus-client's).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Iterator
+from importlib import metadata
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from broker.processes import port_holder
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from broker.supervisor import Supervisor
+
+log = logging.getLogger("pylog.supervisor")
+
+
+class SupervisorCollector(Collector):
+    """The supervisor's figures, read when scraped."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+        try:
+            self.version = metadata.version("pylog")
+        except metadata.PackageNotFoundError:
+            self.version = "unknown"
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.supervisor
+        front, pool = s.front, s.pool
+        info = GaugeMetricFamily("pylog_info", "This broker.", labels=["broker_id", "version"])
+        info.add_metric([str(s.config.broker_id), self.version], 1)
+        yield info
+        yield CounterMetricFamily(
+            "pylog_front_requests", "Requests the front read from clients.", front.requests
+        )
+        yield CounterMetricFamily(
+            "pylog_front_read_pauses",
+            "Times the front stopped reading requests while the workers owed "
+            "broker.queued_request_bytes of them.",
+            front.read_pauses,
+        )
+        yield GaugeMetricFamily(
+            "pylog_front_queued_request_bytes",
+            "Bytes of requests routed to workers and not yet served.",
+            pool.queued_bytes,
+        )
+        yield GaugeMetricFamily(
+            "pylog_front_held_reply_bytes",
+            "Bytes of replies held for clients that have not taken them.",
+            front.replies.held_bytes,
+        )
+        yield CounterMetricFamily(
+            "pylog_front_replies_dropped",
+            "Replies dropped for clients over their reply budget.",
+            front.replies.dropped,
+        )
+        up = GaugeMetricFamily(
+            "pylog_worker_up", "1 while a worker is connected.", labels=["worker"]
+        )
+        for worker in pool.workers:
+            up.add_metric([str(worker.index)], float(worker.connected))
+        yield up
+        yield CounterMetricFamily(
+            "pylog_worker_restarts", "Workers restarted after they exited.", pool.restarts
+        )
+        held = sum(len(state.workers) for state in list(s.topics.held.values()))
+        yield GaugeMetricFamily("pylog_partitions", "Partitions this broker holds.", held)
+        connected = s.registry is not None and s.registry.connected
+        yield GaugeMetricFamily(
+            "pylog_zookeeper_connected",
+            "1 while the registry's ZooKeeper session is connected.",
+            float(connected),
+        )
+
+
+def serve_metrics(supervisor: Supervisor, host: str, port: int) -> tuple[WSGIServer, int]:
+    """Start the endpoint on its own thread: the server and the port it listens on. OSError
+    naming the process that holds the port if it is in use."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(SupervisorCollector(supervisor))
+    registry.register(ProcessCollector(registry=None))
+    try:
+        server, _ = start_http_server(port, host, registry)
+    except OSError as error:
+        reason = str(error)
+        if error.errno == errno.EADDRINUSE:
+            reason = f"port {port} is already in use by {port_holder(port)}"
+        raise OSError(f"cannot serve metrics on {host}:{port}: {reason}") from error
+    bound = int(server.server_address[1])
+    log.info("metrics on http://%s:%d/metrics", host, bound)
+    return server, bound

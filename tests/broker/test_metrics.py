@@ -1,0 +1,146 @@
+"""pylogd's Prometheus endpoint, scraped as Prometheus would: over HTTP, parsed with
+prometheus-client's own parser."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import zmq
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker import protocol
+from broker.client import Admin
+from broker.client.connection import Connection
+from broker.log import encode_message
+from broker.protocol import Ack, Api, ProduceRequest
+from tests.conftest import single_box_flags, wait_until
+from tests.pylogd import RunningBroker
+
+METRICS = ("--metrics-enabled", "true", "--metrics-port", "0")
+
+
+def metrics_url(broker: RunningBroker) -> str:
+    found = re.findall(r"metrics on (http://\S+/metrics)", broker.log_path.read_text())
+    assert found, "pylogd did not say where its metrics are"
+    return str(found[-1])
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample, by name and labels."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_the_endpoint_shows_the_broker_its_workers_partitions_and_traffic(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    broker = make_pylogd(*single_box_flags(tmp_path), *METRICS)
+    url = metrics_url(broker)
+    assert url.startswith("http://127.0.0.1:")
+    first = scrape(url)
+    assert first[("pylog_worker_up", (("worker", "0"),))] == 1
+    assert first[("pylog_worker_up", (("worker", "1"),))] == 1
+    assert first[("pylog_zookeeper_connected", ())] == 1
+    assert first[("pylog_partitions", ())] == 0
+    assert first[("pylog_worker_restarts_total", ())] == 0
+    assert first[("process_resident_memory_bytes", ())] > 0
+    assert any(name == "pylog_info" and dict(labels)["broker_id"] == "0" for name, labels in first)
+
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic("counted", 2)
+    with Connection(broker.endpoint, timeout_s=10.0) as connection:
+        for i in range(10):
+            request = ProduceRequest("counted", i % 2, Ack.WRITTEN, encode_message(b"m%d" % i))
+            connection.request(request)
+    after = scrape(url)
+    assert after[("pylog_partitions", ())] == 2
+    requests = ("pylog_front_requests_total", ())
+    assert after[requests] - first[requests] >= 10
+    assert after[("pylog_front_queued_request_bytes", ())] == 0  # every request served
+
+    os.kill(broker.worker_pids()[0], signal.SIGKILL)
+    wait_until(
+        lambda: scrape(url)[("pylog_worker_restarts_total", ())] == 1,
+        timeout=30,
+        what="the restart to be counted",
+    )
+    wait_until(
+        lambda: scrape(url)[("pylog_worker_up", (("worker", "0"),))] == 1,
+        timeout=30,
+        what="the worker to be up again",
+    )
+
+
+def test_the_endpoint_shows_the_front_holding_back_requests(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    """With the workers stopped, the front stops reading once they owe queued_request_bytes:
+    the queue and the pause show; once they go on, the queue empties."""
+    limit = 1 << 20
+    broker = make_pylogd(
+        *single_box_flags(tmp_path), *METRICS, "--broker-queued-request-bytes", str(limit)
+    )
+    url = metrics_url(broker)
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic("held", 1)
+    message_set = encode_message(b"p" * (64 * 1024 - 64)) * 4
+    header = protocol.RequestHeader(Api.PRODUCE, 1, 1, "t")
+    request = protocol.encode_request(header, ProduceRequest("held", 0, Ack.NONE, message_set))
+    workers = broker.worker_pids()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    producer = context.socket(zmq.DEALER)
+    producer.setsockopt(zmq.LINGER, 0)
+    producer.connect(broker.endpoint)
+    try:
+        for worker in workers:
+            os.kill(worker, signal.SIGSTOP)
+        try:
+            for _ in range(16):  # 4 MiB: four times what the front takes
+                producer.send_multipart(request)
+            wait_until(
+                lambda: scrape(url)[("pylog_front_read_pauses_total", ())] >= 1,
+                timeout=30,
+                what="the front to stop reading",
+            )
+            assert scrape(url)[("pylog_front_queued_request_bytes", ())] >= limit
+        finally:
+            for worker in workers:
+                os.kill(worker, signal.SIGCONT)
+        wait_until(
+            lambda: scrape(url)[("pylog_front_queued_request_bytes", ())] == 0,
+            timeout=30,
+            what="the workers to serve what they owed",
+        )
+    finally:
+        producer.close()
+        context.term()
+
+
+def test_a_metrics_port_in_use_stops_pylogd_naming_it(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    with contextlib.closing(socket.socket()) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            make_pylogd(
+                *single_box_flags(tmp_path),
+                "--metrics-enabled",
+                "true",
+                "--metrics-port",
+                str(port),
+            )
