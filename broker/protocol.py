@@ -92,6 +92,10 @@ class Api(IntEnum):
     METADATA = 3
     CREATE_TOPIC = 4
     DELETE_TOPIC = 5
+    DESCRIBE_CLUSTER = 6
+    DESCRIBE_PARTITION = 7
+    DESCRIBE_CONFIG = 8
+    ALTER_CONFIG = 9
 
 
 class Ack(IntEnum):
@@ -249,6 +253,11 @@ def check_topic_name(topic: str) -> None:
     )
 
 
+def settings_text(settings: Mapping[str, int | None]) -> dict[str, str]:
+    """Topic settings as the wire spells them: decimal text, or "none" for a limit off."""
+    return {key: "none" if value is None else str(value) for key, value in settings.items()}
+
+
 # -- requests and replies ----------------------------------------------------------------------
 
 
@@ -328,6 +337,42 @@ class DeleteTopicRequest:
     topic: str
 
 
+@dataclass(frozen=True, slots=True)
+class DescribeClusterRequest:
+    """Every broker of the cluster, up or down, and the ZooKeeper that holds its registry."""
+
+    api: ClassVar[Api] = Api.DESCRIBE_CLUSTER
+
+
+@dataclass(frozen=True, slots=True)
+class DescribePartitionRequest:
+    """The state of one partition on the broker that holds it: offsets, size on disk,
+    segments, oldest timestamp and the settings in effect."""
+
+    api: ClassVar[Api] = Api.DESCRIBE_PARTITION
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeConfigRequest:
+    """Every setting of a topic: its own value, or the answering broker's default."""
+
+    api: ClassVar[Api] = Api.DESCRIBE_CONFIG
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigRequest:
+    """Change a topic's settings live: `set` maps settings to decimal text or "none" (as for
+    CREATE_TOPIC), `delete` names settings that go back to the brokers' defaults."""
+
+    api: ClassVar[Api] = Api.ALTER_CONFIG
+    topic: str
+    set: Mapping[str, str]
+    delete: tuple[str, ...] = ()
+
+
 Request = (
     ProduceRequest
     | FetchRequest
@@ -335,6 +380,10 @@ Request = (
     | MetadataRequest
     | CreateTopicRequest
     | DeleteTopicRequest
+    | DescribeClusterRequest
+    | DescribePartitionRequest
+    | DescribeConfigRequest
+    | AlterConfigRequest
 )
 
 
@@ -414,10 +463,80 @@ class MetadataReply:
 
 @dataclass(frozen=True, slots=True)
 class EmptyReply:
-    """The reply to CREATE_TOPIC and DELETE_TOPIC: success, and a body of zero bytes."""
+    """The reply to CREATE_TOPIC, DELETE_TOPIC and ALTER_CONFIG: success, and a body of zero
+    bytes."""
 
 
-Reply = ProduceReply | FetchReply | OffsetsReply | MetadataReply | EmptyReply
+@dataclass(frozen=True, slots=True)
+class ClusterBroker:
+    """A broker of a DESCRIBE_CLUSTER reply. A broker that is down (it holds partitions but is
+    not registered) has host "", port 0, version "" and no log dirs."""
+
+    broker_id: int
+    up: bool
+    host: str
+    port: int
+    version: str
+    """The pylog version it runs."""
+    log_dirs: tuple[str, ...]
+    partitions: int
+    """How many partitions of all topics it holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeClusterReply:
+    """Where the cluster's registry lives (a client needs it for consumer groups) and every
+    broker, by id."""
+
+    zookeeper_connect: str
+    """host:port[,host:port...], as the answering broker connects to it."""
+    zookeeper_chroot: str
+    """The znode under which the registry lives, "/" for the root."""
+    brokers: tuple[ClusterBroker, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribePartitionReply:
+    """A partition's offsets, the bytes of its segment files, how many there are, the
+    timestamp of its oldest message (the one at the log start; -1 when it holds none) and
+    the settings in effect on it (every topic setting, as CREATE_TOPIC spells them)."""
+
+    log_start_offset: int
+    high_watermark: int
+    log_end_offset: int
+    size_bytes: int
+    segments: int
+    oldest_timestamp: int
+    config: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """A topic setting, its value as text, and whether the topic sets it itself (else it is
+    the broker's default)."""
+
+    key: str
+    value: str
+    overridden: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeConfigReply:
+    """Every topic setting, in the order of the CREATE_TOPIC table."""
+
+    entries: tuple[ConfigEntry, ...]
+
+
+Reply = (
+    ProduceReply
+    | FetchReply
+    | OffsetsReply
+    | MetadataReply
+    | EmptyReply
+    | DescribeClusterReply
+    | DescribePartitionReply
+    | DescribeConfigReply
+)
 
 
 class Route(NamedTuple):
@@ -487,6 +606,21 @@ _BROKER_ID: Final = _Fields(("broker_id", "I"))
 _PORT: Final = _Fields(("port", "H"))
 _TOPIC_ERROR: Final = _Fields(("error_code", "h"), ("partition_count", "I"))
 _PARTITION_INFO: Final = _Fields(("partition", "I"), ("broker_id", "I"), ("error_code", "h"))
+_CONFIG_COUNT: Final = _Fields(("config_count", "H"))
+_ALTER_COUNTS: Final = _Fields(("set_count", "H"))
+_DELETE_COUNT: Final = _Fields(("delete_count", "H"))
+_UP: Final = _Fields(("up", "B"))
+_LOG_DIR_COUNT: Final = _Fields(("log_dir_count", "H"))
+_BROKER_PARTITIONS: Final = _Fields(("partitions", "I"))
+_PARTITION_STATE: Final = _Fields(
+    ("log_start_offset", "Q"),
+    ("high_watermark", "Q"),
+    ("log_end_offset", "Q"),
+    ("size_bytes", "Q"),
+    ("segments", "I"),
+    ("oldest_timestamp", "q"),
+)
+_OVERRIDDEN: Final = _Fields(("overridden", "B"))
 
 
 class _Reader:
@@ -655,8 +789,18 @@ def encode_request(header: RequestHeader, request: Request) -> list[Buffer]:
         ]
         for key, value in request.config.items():
             parts += [_string("key", key), _string("value", value)]
-    elif isinstance(request, DeleteTopicRequest):
+    elif isinstance(request, DeleteTopicRequest | DescribeConfigRequest):
         parts.append(_string("topic", request.topic))
+    elif isinstance(request, DescribeClusterRequest):
+        pass
+    elif isinstance(request, DescribePartitionRequest):
+        parts += [_string("topic", request.topic), _PARTITION.pack(request.partition)]
+    elif isinstance(request, AlterConfigRequest):
+        parts += [_string("topic", request.topic), _ALTER_COUNTS.pack(len(request.set))]
+        for key, value in request.set.items():
+            parts += [_string("key", key), _string("value", value)]
+        parts.append(_DELETE_COUNT.pack(len(request.delete)))
+        parts += [_string("key", key) for key in request.delete]
     else:
         assert_never(request)
     return [b"".join(parts)]
@@ -695,7 +839,9 @@ def decode_request(frames: Frames) -> tuple[RequestHeader, Request]:
     message set is a memoryview over the rest of the frame, unchecked and uncopied."""
     reader, header = _read_header(frames)
     request = _REQUEST_DECODERS[header.api](reader)
-    if isinstance(request, ProduceRequest | FetchRequest | OffsetsRequest):
+    if isinstance(
+        request, ProduceRequest | FetchRequest | OffsetsRequest | DescribePartitionRequest
+    ):
         _remember(frames[0], header.api, Route(request.topic, request.partition))
     return header, request
 
@@ -743,24 +889,71 @@ def _decode_metadata(reader: _Reader) -> MetadataRequest:
 def _decode_create_topic(reader: _Reader) -> CreateTopicRequest:
     topic = reader.string("topic")
     partitions, count = reader.fixed(_CREATE_TOPIC)
-    pairs = [(reader.string(f"key[{i}]"), reader.string(f"value[{i}]")) for i in range(count)]
+    pairs = _read_pairs(reader, count)
     reader.finish()
     check_topic_name(topic)
     if partitions < 1:
         raise InvalidTopic(f"topic {topic}: partitions is 0, a topic needs at least 1")
+    return CreateTopicRequest(topic, partitions, _settings(topic, pairs))
+
+
+def _read_pairs(reader: _Reader, count: int) -> list[tuple[str, str]]:
+    return [(reader.string(f"key[{i}]"), reader.string(f"value[{i}]")) for i in range(count)]
+
+
+def _settings(topic: str, pairs: list[tuple[str, str]]) -> dict[str, str]:
+    """Settings by key, in wire order; InvalidTopic for a key given twice."""
     config: dict[str, str] = {}
     for key, value in pairs:
         if key in config:
             raise InvalidTopic(f"topic {topic}: setting {key!r} is given twice")
         config[key] = value
-    return CreateTopicRequest(topic, partitions, config)
+    return config
 
 
 def _decode_delete_topic(reader: _Reader) -> DeleteTopicRequest:
+    return DeleteTopicRequest(_topic_only(reader))
+
+
+def _topic_only(reader: _Reader) -> str:
     topic = reader.string("topic")
     reader.finish()
     check_topic_name(topic)
-    return DeleteTopicRequest(topic)
+    return topic
+
+
+def _decode_describe_cluster(reader: _Reader) -> DescribeClusterRequest:
+    reader.finish()
+    return DescribeClusterRequest()
+
+
+def _decode_describe_partition(reader: _Reader) -> DescribePartitionRequest:
+    topic = reader.string("topic")
+    (partition,) = reader.fixed(_PARTITION)
+    reader.finish()
+    check_topic_name(topic)
+    return DescribePartitionRequest(topic, partition)
+
+
+def _decode_describe_config(reader: _Reader) -> DescribeConfigRequest:
+    return DescribeConfigRequest(_topic_only(reader))
+
+
+def _decode_alter_config(reader: _Reader) -> AlterConfigRequest:
+    topic = reader.string("topic")
+    (count,) = reader.fixed(_ALTER_COUNTS)
+    pairs = _read_pairs(reader, count)
+    (delete_count,) = reader.fixed(_DELETE_COUNT)
+    deleted = tuple(reader.string(f"delete[{i}]") for i in range(delete_count))
+    reader.finish()
+    check_topic_name(topic)
+    settings = _settings(topic, pairs)
+    for key in deleted:
+        if key in settings:
+            raise InvalidTopic(f"topic {topic}: setting {key!r} is both set and deleted")
+    if len(set(deleted)) != len(deleted):
+        raise InvalidTopic(f"topic {topic}: a setting is deleted twice")
+    return AlterConfigRequest(topic, settings, deleted)
 
 
 _REQUEST_DECODERS: Final[Mapping[Api, Callable[[_Reader], Request]]] = {
@@ -770,7 +963,15 @@ _REQUEST_DECODERS: Final[Mapping[Api, Callable[[_Reader], Request]]] = {
     Api.METADATA: _decode_metadata,
     Api.CREATE_TOPIC: _decode_create_topic,
     Api.DELETE_TOPIC: _decode_delete_topic,
+    Api.DESCRIBE_CLUSTER: _decode_describe_cluster,
+    Api.DESCRIBE_PARTITION: _decode_describe_partition,
+    Api.DESCRIBE_CONFIG: _decode_describe_config,
+    Api.ALTER_CONFIG: _decode_alter_config,
 }
+
+ROUTED_APIS: Final = frozenset({Api.PRODUCE, Api.FETCH, Api.OFFSETS, Api.DESCRIBE_PARTITION})
+"""The apis the front sends to the worker holding the partition: their bodies begin with
+topic and partition. The front serves the others itself."""
 
 
 # -- known prefixes ----------------------------------------------------------------------------
@@ -817,10 +1018,10 @@ def _remember(frame: Buffer, api: Api, route: Route) -> None:
 
 
 def peek_route(frames: Frames) -> Route | None:
-    """Where the supervisor sends a request: the (topic, partition) of a PRODUCE, FETCH or
-    OFFSETS request, None for the apis the front serves itself (METADATA, CREATE_TOPIC,
-    DELETE_TOPIC). Reads the header and the start of the body, never the message set. Raises
-    what decode_request would for what it reads, but a request it routes may still be refused
+    """Where the supervisor sends a request: the (topic, partition) of a request of
+    ROUTED_APIS, None for the apis the front serves itself (METADATA, CREATE_TOPIC, ...).
+    Reads the header and the start of the body, never the message set. Raises what
+    decode_request would for what it reads, but a request it routes may still be refused
     by decode_request."""
     if len(frames) == 1:
         known = _prefix_key(memoryview(frames[0]))
@@ -828,7 +1029,7 @@ def peek_route(frames: Frames) -> Route | None:
             return prefix.route
     reader, header = _read_header(frames)
     api = header.api
-    if api is Api.METADATA or api is Api.CREATE_TOPIC or api is Api.DELETE_TOPIC:
+    if api not in ROUTED_APIS:
         return None
     topic = reader.string("topic")
     (partition,) = reader.fixed(_PARTITION)
@@ -927,6 +1128,45 @@ def encode_reply(correlation_id: int, reply: Reply) -> list[Buffer]:
             ]
     elif isinstance(reply, EmptyReply):
         pass
+    elif isinstance(reply, DescribeClusterReply):
+        parts += [
+            _string("zookeeper_connect", reply.zookeeper_connect),
+            _string("zookeeper_chroot", reply.zookeeper_chroot),
+            _BROKER_COUNT.pack(len(reply.brokers)),
+        ]
+        for b in reply.brokers:
+            parts += [
+                _BROKER_ID.pack(b.broker_id),
+                _UP.pack(b.up),
+                _string("host", b.host),
+                _PORT.pack(b.port),
+                _string("version", b.version),
+                _LOG_DIR_COUNT.pack(len(b.log_dirs)),
+                *(_string("log_dir", d) for d in b.log_dirs),
+                _BROKER_PARTITIONS.pack(b.partitions),
+            ]
+    elif isinstance(reply, DescribePartitionReply):
+        parts.append(
+            _PARTITION_STATE.pack(
+                reply.log_start_offset,
+                reply.high_watermark,
+                reply.log_end_offset,
+                reply.size_bytes,
+                reply.segments,
+                reply.oldest_timestamp,
+            )
+        )
+        parts.append(_CONFIG_COUNT.pack(len(reply.config)))
+        for key, value in reply.config.items():
+            parts += [_string("key", key), _string("value", value)]
+    elif isinstance(reply, DescribeConfigReply):
+        parts.append(_CONFIG_COUNT.pack(len(reply.entries)))
+        for entry in reply.entries:
+            parts += [
+                _string("key", entry.key),
+                _string("value", entry.value),
+                _OVERRIDDEN.pack(entry.overridden),
+            ]
     else:
         assert_never(reply)
     return [b"".join(parts)]
@@ -984,8 +1224,16 @@ def decode_reply(api: Literal[Api.OFFSETS], frames: Frames) -> OffsetsReply: ...
 def decode_reply(api: Literal[Api.METADATA], frames: Frames) -> MetadataReply: ...
 @overload
 def decode_reply(
-    api: Literal[Api.CREATE_TOPIC, Api.DELETE_TOPIC], frames: Frames
+    api: Literal[Api.CREATE_TOPIC, Api.DELETE_TOPIC, Api.ALTER_CONFIG], frames: Frames
 ) -> EmptyReply: ...
+@overload
+def decode_reply(api: Literal[Api.DESCRIBE_CLUSTER], frames: Frames) -> DescribeClusterReply: ...
+@overload
+def decode_reply(
+    api: Literal[Api.DESCRIBE_PARTITION], frames: Frames
+) -> DescribePartitionReply: ...
+@overload
+def decode_reply(api: Literal[Api.DESCRIBE_CONFIG], frames: Frames) -> DescribeConfigReply: ...
 @overload
 def decode_reply(api: Api, frames: Frames) -> Reply: ...
 def decode_reply(api: Api, frames: Frames) -> Reply:
@@ -1019,6 +1267,20 @@ def decode_reply(api: Api, frames: Frames) -> Reply:
         reply = OffsetsReply(*reader.fixed(_OFFSETS_REPLY))
     elif api is Api.METADATA:
         reply = _decode_metadata_reply(reader)
+    elif api is Api.DESCRIBE_CLUSTER:
+        reply = _decode_describe_cluster_reply(reader)
+    elif api is Api.DESCRIBE_PARTITION:
+        start, high, end, size, segments, oldest = reader.fixed(_PARTITION_STATE)
+        (count,) = reader.fixed(_CONFIG_COUNT)
+        config = dict(_read_pairs(reader, count))
+        reply = DescribePartitionReply(start, high, end, size, segments, oldest, config)
+    elif api is Api.DESCRIBE_CONFIG:
+        (count,) = reader.fixed(_CONFIG_COUNT)
+        entries = []
+        for i in range(count):
+            key, value = reader.string(f"key[{i}]"), reader.string(f"value[{i}]")
+            entries.append(ConfigEntry(key, value, _flag(reader, _OVERRIDDEN)))
+        reply = DescribeConfigReply(tuple(entries))
     else:
         reply = EmptyReply()
     reader.finish()
@@ -1044,3 +1306,29 @@ def _decode_metadata_reply(reader: _Reader) -> MetadataReply:
             partitions.append(PartitionInfo(number, holder, _code(partition_code)))
         topics.append(TopicInfo(topic, _code(code), tuple(partitions)))
     return MetadataReply(tuple(brokers), tuple(topics))
+
+
+def _decode_describe_cluster_reply(reader: _Reader) -> DescribeClusterReply:
+    connect = reader.string("zookeeper_connect")
+    chroot = reader.string("zookeeper_chroot")
+    (count,) = reader.fixed(_BROKER_COUNT)
+    brokers = []
+    for _ in range(count):
+        (broker_id,) = reader.fixed(_BROKER_ID)
+        up = _flag(reader, _UP)
+        host = reader.string("host")
+        (port,) = reader.fixed(_PORT)
+        version = reader.string("version")
+        (dirs,) = reader.fixed(_LOG_DIR_COUNT)
+        log_dirs = tuple(reader.string(f"log_dir[{i}]") for i in range(dirs))
+        (partitions,) = reader.fixed(_BROKER_PARTITIONS)
+        brokers.append(ClusterBroker(broker_id, up, host, port, version, log_dirs, partitions))
+    return DescribeClusterReply(connect, chroot, tuple(brokers))
+
+
+def _flag(reader: _Reader, field: _Fields) -> bool:
+    """A u8 that is 0 (false) or 1 (true); MalformedReply for any other value."""
+    (value,) = reader.fixed(field)
+    if value > 1:
+        raise reader.fail(f"field {field.names[0]} is {value}: it must be 0 or 1")
+    return bool(value)

@@ -12,27 +12,32 @@ with REGISTRY_UNAVAILABLE when the registry gives up).
 This broker opens the partitions assigned to it (placed on its workers by broker.placement) as
 soon as it sees a new topic, registers each as served once its worker says it opened it, and
 deletes them when the topic is deleted through any broker. Requests for a partition held
-elsewhere get UNKNOWN_TOPIC_OR_PARTITION naming the holder.
+elsewhere get UNKNOWN_TOPIC_OR_PARTITION naming the holder. A topic's settings changed through
+any broker (ALTER_CONFIG) reach this broker through a watch on the data of the topic's node,
+one per topic held here, and go to the workers holding its partitions, which apply them live.
 
-Topic management never calls into the front: replies it owes (CREATE_TOPIC, DELETE_TOPIC) go
-to `answers`, the queue the front sends from on its loop; workers get their commands through
-the pool.
+It also answers DESCRIBE_CLUSTER (from what the watches said) and DESCRIBE_CONFIG (reading
+the topic's node). Topic management never calls into the front: replies it owes (CREATE_TOPIC,
+DELETE_TOPIC, DESCRIBE_CONFIG, ALTER_CONFIG) go to `answers`, the queue the front sends from on
+its loop; workers get their commands through the pool.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import functools
+import importlib.metadata
 import logging
 import queue
 import shutil
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from broker import protocol
-from broker.config import BrokerConfig, topic_settings
+from broker.config import TOPIC_SETTINGS, BrokerConfig, topic_settings
 from broker.errors import (
     InvalidTopic,
     PylogError,
@@ -55,6 +60,8 @@ CREATE_WAIT_S = 10.0
 """How long CREATE_TOPIC waits for every broker holding a partition to serve it."""
 CREATE_CHECK_S = 0.1
 """How often, at most, ZooKeeper is asked whether pending CREATE_TOPICs are served."""
+VERSION = importlib.metadata.version("pylog")
+"""The pylog version this broker runs, registered for DESCRIBE_CLUSTER."""
 
 
 class RegistryCalls:
@@ -162,6 +169,9 @@ class Topics:
         self._creates_checking = False
         self._creates_checked_at = 0.0
         self._pending_creates: list[_PendingCreate] = []
+        self._settings_watches: dict[str, object] = {}
+        """The topics held here whose node's data is watched, each with its watch's token
+        (so that what a watch of a topic dropped since reports is passed over)."""
 
     # -- start -----------------------------------------------------------------------------
 
@@ -211,6 +221,34 @@ class Topics:
         registry.watch_topic_configs(
             lambda configs: calls.report(lambda: self._on_topic_configs(configs))
         )
+        for topic in self.held:
+            self._watch_settings(topic)
+
+    def registration(self, port: int) -> BrokerInfo:
+        """What this broker registers in ZooKeeper: its front's address (`port`), workers,
+        log dirs and version."""
+        return BrokerInfo(
+            self.config.endpoint_host,
+            port,
+            len(self.pool.workers),
+            tuple(str(d) for d in self.log_dirs),
+            VERSION,
+        )
+
+    def _watch_settings(self, topic: str) -> None:
+        """Watch the data of the node of `topic` (held here): its settings change live."""
+        if topic in self._settings_watches:
+            return
+        registry = self.calls.registry
+        assert registry is not None
+        token = self._settings_watches[topic] = object()
+        calls = self.calls
+
+        def changed(config: TopicConfig | None) -> bool:  # on kazoo's thread: hand it on
+            calls.report(lambda: self._on_settings(topic, token, config))
+            return config is not None and self._settings_watches.get(topic) is token
+
+        registry.watch_topic_config(topic, changed)
 
     def _place(self, topic: str, config: TopicConfig) -> None:
         """Choose a worker for each partition of `topic` that this broker holds."""
@@ -339,6 +377,7 @@ class Topics:
         if topic in self.held or not config.partitions_of(self.me):
             return
         self._place(topic, config)
+        self._watch_settings(topic)
         for worker in self.pool.workers:
             if worker.connected:
                 self._open_partitions(worker, [topic])
@@ -348,6 +387,7 @@ class Topics:
         state = self.held.pop(topic, None)
         if state is None:
             return
+        self._settings_watches.pop(topic, None)
         for number in state.workers:
             self.partition_errors.pop((topic, number), None)
         me = self.me
@@ -533,12 +573,123 @@ class Topics:
             reply = protocol.encode_reply(correlation_id, protocol.EmptyReply())
             self.answers.append((tagged, reply))
 
-        def refused(error: PylogError) -> None:
-            self.answers.append((tagged, protocol.encode_error(correlation_id, error)))
-
+        refused = self._refuse(tagged, correlation_id)
         self.calls.call(lambda registry: registry.delete_topic_config(topic), deleted, refused)
 
+    # -- describe and alter ----------------------------------------------------------------
+
+    def describe_cluster(self, port: int) -> protocol.DescribeClusterReply:
+        """Every broker registered or holding partitions, from what the watches last said, and
+        the ZooKeeper this broker uses. `port`: the front's."""
+        registry = self.calls.registry
+        assert registry is not None
+        live = {**self.live_brokers, self.me: self.registration(port)}
+        held = Counter(holder for config in self.configs.values() for holder in config.brokers)
+        brokers = []
+        for broker_id in sorted(live.keys() | held.keys()):
+            info = live.get(broker_id)
+            if info is None:
+                brokers.append(
+                    protocol.ClusterBroker(broker_id, False, "", 0, "", (), held[broker_id])
+                )
+                continue
+            brokers.append(
+                protocol.ClusterBroker(
+                    broker_id,
+                    True,
+                    info.host,
+                    info.port,
+                    info.software_version,
+                    info.log_dirs,
+                    held[broker_id],
+                )
+            )
+        chroot = registry.chroot or "/"
+        return protocol.DescribeClusterReply(registry.connect_string, chroot, tuple(brokers))
+
+    def describe_config(self, topic: str, tagged: bytes, correlation_id: int) -> None:
+        """Answer with every setting of `topic`: its own, read from ZooKeeper now (off the
+        loop), or this broker's default."""
+        self._connected_registry()  # fail at once while ZooKeeper is away
+
+        def read(config: TopicConfig) -> None:
+            effective = self.config.log_config(config.settings)
+            values = protocol.settings_text({k: getattr(effective, k) for k in TOPIC_SETTINGS})
+            entries = tuple(
+                protocol.ConfigEntry(key, value, key in config.settings)
+                for key, value in values.items()
+            )
+            reply = protocol.DescribeConfigReply(entries)
+            self.answers.append((tagged, protocol.encode_reply(correlation_id, reply)))
+
+        refused = self._refuse(tagged, correlation_id)
+        self.calls.call(lambda registry: registry.topic_config(topic), read, refused)
+
+    def alter_config(
+        self, request: protocol.AlterConfigRequest, tagged: bytes, correlation_id: int
+    ) -> None:
+        """Change the settings of a topic in ZooKeeper, then answer; the brokers holding its
+        partitions apply them when their watch sees the change (this one too). A request
+        refused at once raises its error."""
+        topic = request.topic
+        changes = topic_settings(request.set)  # InvalidTopic for unknown keys and bad values
+        for key in request.delete:
+            if key not in TOPIC_SETTINGS:
+                raise InvalidTopic(
+                    f"unknown topic setting {key!r}: one of {', '.join(TOPIC_SETTINGS)}"
+                )
+        self._connected_registry()  # fail at once while ZooKeeper is away
+        log_config = self.config.log_config
+
+        def change(settings: Mapping[str, int | None]) -> dict[str, int | None]:
+            altered = {k: v for k, v in settings.items() if k not in request.delete}
+            altered.update(changes)
+            try:
+                log_config(altered)  # with this broker's defaults for the rest
+            except ValueError as error:
+                raise InvalidTopic(f"topic {topic!r}: {error}") from None
+            return altered
+
+        def altered(config: TopicConfig) -> None:
+            log.info("topic %r: settings changed to %s", topic, dict(config.settings))
+            self.answers.append(
+                (tagged, protocol.encode_reply(correlation_id, protocol.EmptyReply()))
+            )
+
+        self.calls.call(
+            lambda registry: registry.alter_topic_settings(topic, change),
+            altered,
+            self._refuse(tagged, correlation_id),
+        )
+
+    def _refuse(self, tagged: bytes, correlation_id: int) -> Callable[[PylogError], None]:
+        """Answer a request with the error a registry call failed with."""
+        return lambda error: self.answers.append(
+            (tagged, protocol.encode_error(correlation_id, error))
+        )
+
     # -- what the watches saw --------------------------------------------------------------
+
+    def _on_settings(self, topic: str, token: object, config: TopicConfig | None) -> None:
+        """What the watch on the node of `topic` saw: new settings go to the workers holding
+        its partitions here; a deleted node ends the watch (the topic is dropped through
+        `_on_topic_configs`)."""
+        if self._settings_watches.get(topic) is not token:
+            return  # a watch of a topic dropped since
+        if config is None:
+            del self._settings_watches[topic]
+            return
+        state = self.held.get(topic)
+        if state is None or state.settings == dict(config.settings):
+            return
+        self.configs[topic] = config
+        state.settings = dict(config.settings)
+        log.info("topic %r: applying settings %s", topic, state.settings)
+        command = json_frame({"op": "configure", "topic": topic, "settings": state.settings})
+        for worker in set(state.workers.values()):
+            handle = self.pool.workers[worker]
+            if handle.connected:  # one restarting gets them when it opens its partitions
+                self.pool.send(handle, [COMMAND, command])
 
     def _on_brokers(self, brokers: dict[int, BrokerInfo]) -> None:
         self.live_brokers = brokers

@@ -14,7 +14,11 @@ It connects a DEALER socket to the supervisor's ipc endpoint for it and serves w
   brings them: a long poll woken by that flush, not by polling, and not by the flushes before
   it (FlushWaiters).
 - OFFSETS answers earliest, latest (the high watermark) or the first offset at a time.
-- Commands from the supervisor open partitions (recovering them) and delete topics.
+- DESCRIBE_PARTITION answers a partition's offsets, size, segments, oldest timestamp and the
+  settings in effect.
+- Commands from the supervisor open partitions (recovering them), delete topics, and change a
+  topic's settings on its open partitions (PartitionLog.reconfigure; a flush they make due
+  happens at once).
 
 Flushes happen on count (in append), at each partition's flush deadline (a task sleeps until
 the earliest one), and by group commit: when producers wait for ack=flushed, the worker
@@ -64,7 +68,7 @@ import zmq
 
 from broker import protocol
 from broker.clock import SYSTEM_CLOCK
-from broker.config import BrokerConfig
+from broker.config import TOPIC_SETTINGS, BrokerConfig
 from broker.errors import (
     DiskFull,
     FetchSizeTooSmall,
@@ -79,7 +83,7 @@ from broker.flush_waiters import FlushWaiters
 from broker.log import PartitionLog
 from broker.log.config import LogConfig
 from broker.log.files import OPEN_FILES
-from broker.log.message import Buffer
+from broker.log.message import HEADER_SIZE, Buffer, timestamp_at
 from broker.log.segment import storage_error
 from broker.processes import exit_with_supervisor
 from broker.ratelog import RateLimitedLog
@@ -223,6 +227,9 @@ class Worker:
             elif isinstance(request, protocol.OffsetsRequest):
                 reply = protocol.OffsetsReply(self._offset_at(request))
                 await self._reply(tagged, protocol.encode_reply(correlation_id, reply))
+            elif isinstance(request, protocol.DescribePartitionRequest):
+                described = self._describe(request)
+                await self._reply(tagged, protocol.encode_reply(correlation_id, described))
             else:
                 raise UnsupportedApi(f"{type(request).__name__} is served by the front socket")
         except Exception as error:  # every failure is answered; the worker keeps serving
@@ -399,6 +406,26 @@ class Worker:
             return plog.log_start_offset
         return plog.offset_for_timestamp(request.time)
 
+    def _describe(
+        self, request: protocol.DescribePartitionRequest
+    ) -> protocol.DescribePartitionReply:
+        plog = self._partition(request.topic, request.partition).log
+        stats = plog.statistics()
+        oldest = -1
+        if stats.high_watermark > stats.log_start_offset:  # the first segment holds a message
+            oldest = timestamp_at(plog.segments[0].view(0, HEADER_SIZE), 0)
+        config = plog.config
+        settings = protocol.settings_text({key: getattr(config, key) for key in TOPIC_SETTINGS})
+        return protocol.DescribePartitionReply(
+            stats.log_start_offset,
+            stats.high_watermark,
+            stats.log_end_offset,
+            stats.size_bytes,
+            stats.segments,
+            oldest,
+            settings,
+        )
+
     async def _reply(self, tagged: bytes, frames: Sequence[Buffer]) -> None:
         await self.socket.send([tagged, *frames])
 
@@ -424,6 +451,8 @@ class Worker:
             for number, folder in command["partitions"]:
                 self._delete(topic, number, Path(folder))
             await self.socket.send([STATE, json_frame({"deleted": topic})])
+        elif op == "configure":
+            self._configure(command["topic"], command["settings"])
         else:
             log.error("worker %d: unknown command %r", self.index, command)
 
@@ -434,6 +463,22 @@ class Worker:
         _log_recovery(f"{topic}-{number}", plog)
         self.partitions[(topic, number)] = Partition(topic, number, plog)
         self._deadline_changed.set()
+
+    def _configure(self, topic: str, settings: dict[str, int | None]) -> None:
+        """Apply a topic's new settings to its partitions open here, and flush those that
+        they make due (a lower flush_messages or flush_interval_ms)."""
+        try:
+            config = self.config.log_config(settings)
+        except ValueError as error:  # checked against the defaults of the broker that took it
+            log.error("topic %s: settings %s refused: %s", topic, settings, error)
+            return
+        for partition in list(self.partitions.values()):
+            if partition.topic == topic:
+                partition.log.reconfigure(config)
+                if partition.offline is None:
+                    self._flush(partition, if_due=True)
+        self._deadline_changed.set()
+        log.info("worker %d: topic %s now uses %s", self.index, topic, settings)
 
     def _delete(self, topic: str, number: int, folder: Path) -> None:
         """Stop serving a partition (if open here) and remove its folder. Its log is released

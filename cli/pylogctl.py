@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from cli.broker_commands import broker
 from cli.console import consume, produce
 from cli.group_commands import group
 from cli.log_commands import log
@@ -20,7 +21,7 @@ def cli() -> None:
     """Administer pylog brokers and their data."""
 
 
-for command in (log, topic, produce, consume, group):
+for command in (log, topic, broker, produce, consume, group):
     cli.add_command(command)
 
 

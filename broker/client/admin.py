@@ -1,23 +1,33 @@
-"""Topic administration: create, delete, list, describe.
+"""Cluster and topic administration: brokers, the cluster's ZooKeeper, topics (create,
+delete, list, describe) and their settings (describe, alter live).
 
-Any broker of the cluster takes CREATE_TOPIC and DELETE_TOPIC (the first bootstrap endpoint
-that answers is asked); describe asks each partition's offsets of the broker holding it.
+Any broker of the cluster takes the calls about the whole cluster (the first bootstrap endpoint
+that answers is asked); describe asks each partition's state of the broker holding it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from broker.client.cluster import Cluster
-from broker.client.connection import DEFAULT_CLIENT_ID
+from broker.client.connection import DEFAULT_CLIENT_ID, Connection
 from broker.errors import BrokerError, Unavailable
 from broker.lifecycle import Closing
 from broker.protocol import (
     EARLIEST,
     LATEST,
+    AlterConfigRequest,
+    ClusterBroker,
+    ConfigEntry,
     CreateTopicRequest,
     DeleteTopicRequest,
+    DescribeClusterReply,
+    DescribeClusterRequest,
+    DescribeConfigRequest,
+    DescribePartitionReply,
+    DescribePartitionRequest,
     EmptyReply,
     ErrorCode,
     MetadataReply,
@@ -25,6 +35,8 @@ from broker.protocol import (
     TopicInfo,
     broker_error,
 )
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +48,26 @@ class PartitionOffsets:
     broker_id: int
     log_start_offset: int | None
     high_watermark: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ZooKeeperAddress:
+    """Where a cluster keeps its registry: what GroupConsumer and Registry take."""
+
+    connect: str
+    """host:port[,host:port...]"""
+    chroot: str
+    """The znode the registry lives under, such as "/pylog"."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """A partition of a topic, the broker holding it, and its state on that broker (from
+    DESCRIBE_PARTITION); `state` is None while the partition is not served (its broker down)."""
+
+    partition: int
+    broker_id: int
+    state: DescribePartitionReply | None
 
 
 class Admin(Closing):
@@ -54,7 +86,9 @@ class Admin(Closing):
         self.cluster = Cluster(endpoint, client_id, timeout_s, retries)
         self.retries = retries
 
-    def _admin_request(self, request: CreateTopicRequest | DeleteTopicRequest) -> EmptyReply:
+    def _admin_request(
+        self, request: CreateTopicRequest | DeleteTopicRequest | AlterConfigRequest
+    ) -> EmptyReply:
         """Send once, to the first bootstrap broker that can be reached."""
         error: Unavailable | None = None
         for endpoint in self.cluster.bootstrap:
@@ -76,6 +110,74 @@ class Admin(Closing):
     def delete_topic(self, topic: str) -> None:
         """Delete `topic` and its data. Raises BrokerError UNKNOWN_TOPIC_OR_PARTITION."""
         self._admin_request(DeleteTopicRequest(topic))
+
+    def _ask(self, ask: Callable[[Connection], T]) -> T:
+        """`ask(connection)`, a read-only call about the whole cluster, of each bootstrap broker
+        in turn until one answers. Raises the last error when none does."""
+        error: BrokerError | Unavailable | None = None
+        for endpoint in self.cluster.bootstrap:
+            try:
+                return ask(self.cluster.connect(endpoint))
+            except (BrokerError, Unavailable) as failure:
+                if isinstance(failure, BrokerError) and not failure.retriable:
+                    raise
+                error = failure
+        assert error is not None
+        raise error
+
+    def describe_cluster(self) -> DescribeClusterReply:
+        """Every broker of the cluster, up (registered) or down (holding partitions but not
+        registered), and the ZooKeeper the cluster uses."""
+        return self._ask(lambda c: c.call(DescribeClusterRequest(), self.retries))
+
+    def brokers(self) -> tuple[ClusterBroker, ...]:
+        """Every broker of the cluster, by id: up or down, endpoint, version, log dirs and how
+        many partitions it holds."""
+        return self.describe_cluster().brokers
+
+    def zookeeper(self) -> ZooKeeperAddress:
+        """The ZooKeeper connect string and chroot of the cluster, as the broker asked uses
+        them: what consumer groups need, learnt from a broker address alone."""
+        reply = self.describe_cluster()
+        return ZooKeeperAddress(reply.zookeeper_connect, reply.zookeeper_chroot)
+
+    def topic_config(self, topic: str) -> tuple[ConfigEntry, ...]:
+        """Every setting of `topic` (key, value as text, whether the topic overrides the
+        broker's default). BrokerError UNKNOWN_TOPIC_OR_PARTITION when it does not exist."""
+        return self._ask(lambda c: c.call(DescribeConfigRequest(topic), self.retries)).entries
+
+    def alter_topic_config(
+        self, topic: str, set: Mapping[str, str] | None = None, delete: Sequence[str] = ()
+    ) -> None:
+        """Change settings of `topic` live: `set` maps settings to decimal text or "none",
+        `delete` names settings that go back to the brokers' defaults. Returns once ZooKeeper
+        holds the change; the brokers holding the partitions apply it moments later
+        (describe_partition shows the settings in effect). BrokerError INVALID_TOPIC, ..."""
+        self._admin_request(AlterConfigRequest(topic, dict(set or {}), tuple(delete)))
+
+    def describe_partition(self, topic: str, partition: int) -> DescribePartitionReply:
+        """The state of a partition, asked of the broker holding it: offsets, size on disk,
+        segments, oldest timestamp and the settings in effect."""
+        connection = self.cluster.connection_for(topic, partition)
+        return connection.call(DescribePartitionRequest(topic, partition), self.retries)
+
+    def describe_partitions(self, topic: str) -> list[PartitionState]:
+        """The state of every partition of `topic`, each asked of its holder (None for one that
+        is not served)."""
+        described = []
+        for partition in self.cluster.partitions(topic):
+            number, holder = partition.partition, partition.broker_id
+            state = None
+            if partition.error_code == ErrorCode.NONE:
+                try:
+                    connection = self.cluster.connection(holder)
+                    request = DescribePartitionRequest(topic, number)
+                    state = connection.call(request, self.retries)
+                except (BrokerError, Unavailable) as error:
+                    if isinstance(error, BrokerError) and not error.retriable:
+                        raise
+            described.append(PartitionState(number, holder, state))
+        return described
 
     def metadata(self, topics: Iterable[str] = ()) -> MetadataReply:
         """The brokers, and `topics` (every topic when empty) with their partitions. A topic

@@ -32,8 +32,15 @@ from broker.log.message import Buffer
 from broker.protocol import (
     API_VERSION,
     Ack,
+    AlterConfigRequest,
     CreateTopicRequest,
     DeleteTopicRequest,
+    DescribeClusterReply,
+    DescribeClusterRequest,
+    DescribeConfigReply,
+    DescribeConfigRequest,
+    DescribePartitionReply,
+    DescribePartitionRequest,
     EmptyReply,
     FetchReply,
     FetchRequest,
@@ -153,7 +160,11 @@ class Connection(Closing):
     @overload
     def request(self, request: MetadataRequest) -> MetadataReply: ...
     @overload
-    def request(self, request: CreateTopicRequest | DeleteTopicRequest) -> EmptyReply: ...
+    def request(
+        self, request: CreateTopicRequest | DeleteTopicRequest | AlterConfigRequest
+    ) -> EmptyReply: ...
+    @overload
+    def request(self, request: DescribeClusterRequest) -> DescribeClusterReply: ...
     def request(self, request: Request) -> Reply:
         """Send `request` and wait for its reply, once.
 
@@ -211,10 +222,22 @@ class Connection(Closing):
     @overload
     def call(
         self,
-        request: CreateTopicRequest | DeleteTopicRequest,
+        request: CreateTopicRequest | DeleteTopicRequest | AlterConfigRequest,
         retries: int = ...,
         max_time_s: float | None = ...,
     ) -> EmptyReply: ...
+    @overload
+    def call(
+        self, request: DescribeClusterRequest, retries: int = ..., max_time_s: float | None = ...
+    ) -> DescribeClusterReply: ...
+    @overload
+    def call(
+        self, request: DescribePartitionRequest, retries: int = ..., max_time_s: float | None = ...
+    ) -> DescribePartitionReply: ...
+    @overload
+    def call(
+        self, request: DescribeConfigRequest, retries: int = ..., max_time_s: float | None = ...
+    ) -> DescribeConfigReply: ...
     def call(self, request: Request, retries: int = 3, max_time_s: float | None = None) -> Reply:
         """`request`, retried up to `retries` more times after a retriable BrokerError or a
         timeout, waiting 0.1 s doubling to 2 s in between; no retry starts after `max_time_s`

@@ -294,12 +294,26 @@ class PartitionLog:
         return self._pending_since + self.config.flush_interval_ms / 1000
 
     def flush_if_due(self) -> bool:
-        """Flush if the oldest pending message has waited flush_interval_ms; say if it did."""
+        """Flush if the oldest pending message has waited flush_interval_ms, or flush_messages
+        are pending (possible only after `reconfigure` lowered it); say if it did."""
         deadline = self.next_flush_deadline()
-        if deadline is None or self._clock.monotonic() < deadline:
+        if deadline is None:
+            return False
+        if (
+            self._clock.monotonic() < deadline
+            and self._pending_messages < self.config.flush_messages
+        ):
             return False
         self.flush()
         return True
+
+    def reconfigure(self, config: LogConfig) -> None:
+        """Use `config` from now on: a topic's settings changed while the log is open. Each
+        setting is read when it is used, so flush_messages and flush_interval_ms count from
+        the next `flush_if_due` (the messages already pending included), segment_bytes and
+        segment_ms from the next append's roll check, retention_ms and retention_bytes from
+        the next `apply_retention`, max_message_bytes from the next append."""
+        self.config = config
 
     def roll(self) -> None:
         """Flush, close the active segment for writes and start a new one where it ends.

@@ -12,12 +12,14 @@ from broker.registry.session import Session
 @dataclass(frozen=True)
 class BrokerInfo:
     """What /brokers/ids/<broker_id> says about a live broker: where its front socket listens,
-    how many workers (partition groups) it runs and on which log directories."""
+    how many workers (partition groups) it runs, on which log directories, and the pylog
+    version it runs ("" for a broker too old to say)."""
 
     host: str
     port: int
     workers: int = 1
     log_dirs: tuple[str, ...] = ()
+    software_version: str = ""
 
     def to_json(self) -> bytes:
         return encode(
@@ -26,6 +28,7 @@ class BrokerInfo:
                 "port": self.port,
                 "workers": self.workers,
                 "log_dirs": list(self.log_dirs),
+                "pylog_version": self.software_version,
             }
         )
 
@@ -34,6 +37,9 @@ class BrokerInfo:
         """Parse node data; ValueError when it is not a broker registration."""
         obj = decode(data)
         host, log_dirs = obj.get("host"), obj.get("log_dirs")
+        software_version = obj.get("pylog_version", "")
+        if not isinstance(software_version, str):
+            raise ValueError("'pylog_version' is not a string")
         if not isinstance(host, str):
             raise ValueError("'host' is missing or not a string")
         if not isinstance(log_dirs, list) or not all(isinstance(d, str) for d in log_dirs):
@@ -43,6 +49,7 @@ class BrokerInfo:
             port=int_field(obj, "port"),
             workers=int_field(obj, "workers"),
             log_dirs=tuple(log_dirs),
+            software_version=software_version,
         )
 
 

@@ -4,8 +4,13 @@ and the partitions each broker serves (/brokers/topics/<topic>/<broker_id>, ephe
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.recipe.watchers import DataWatch
 
 from broker.errors import (
     InvalidTopic,
@@ -22,7 +27,15 @@ from broker.registry.nodes import (
     is_int,
     validate_broker_id,
 )
-from broker.registry.session import NodeExists, NoNode, NotEmpty, Session
+from broker.registry.session import BadVersion, NodeExists, NoNode, NotEmpty, Session
+
+log = logging.getLogger(__name__)
+
+ALTER_ATTEMPTS = 10
+"""How many times alter_topic_settings reads and writes a configuration that others keep
+changing between its read and its write, before it gives up."""
+
+Settings = Mapping[str, int | None]
 
 
 @dataclass(frozen=True)
@@ -167,15 +180,72 @@ class Topics(Session):
     def topic_config(self, topic: str) -> TopicConfig:
         """The configuration of `topic`; UnknownTopicOrPartition if there is none."""
         check_topic_name(topic)
+        return self._read_config(topic)[0]
+
+    def _read_config(self, topic: str) -> tuple[TopicConfig, int]:
+        """The configuration of `topic` and its node's version."""
         path = self.topic_config_path(topic)
         try:
-            data, _ = self._get(path)
+            data, stat = self._get(path)
         except NoNode:
             raise UnknownTopicOrPartition(f"topic {topic!r} does not exist") from None
         try:
-            return TopicConfig.from_json(data)
+            return TopicConfig.from_json(data), stat.version
         except ValueError as error:
             raise RegistryUnavailable(f"{path} holds unreadable data: {error}") from None
+
+    def alter_topic_settings(
+        self, topic: str, change: Callable[[Settings], Settings]
+    ) -> TopicConfig:
+        """Replace the settings of `topic` with `change(settings)`, a conditional write on the
+        version read, so that two changes at once both count (read again and retried, up to
+        ALTER_ATTEMPTS times, when another write came between). Returns the new configuration.
+        UnknownTopicOrPartition if there is none; what `change` raises, as it is."""
+        check_topic_name(topic)
+        path = self.topic_config_path(topic)
+        for _ in range(ALTER_ATTEMPTS):
+            config, version = self._read_config(topic)
+            altered = dataclasses.replace(config, settings=dict(change(config.settings)))
+            altered.validate(topic)
+            try:
+                self._set(path, altered.to_json(), version)
+            except BadVersion:
+                continue
+            except NoNode:
+                raise UnknownTopicOrPartition(f"topic {topic!r} does not exist") from None
+            return altered
+        raise RegistryUnavailable(
+            f"{path} changed under each of {ALTER_ATTEMPTS} attempts to alter it: try again"
+        )
+
+    def watch_topic_config(
+        self, topic: str, callback: Callable[[TopicConfig | None], bool]
+    ) -> None:
+        """Call `callback(config)` with the configuration of `topic` now and whenever its node's
+        data changes, and None once the node is deleted, until stop() or the callback returns
+        False. kazoo's DataWatch keeps the watch armed, across reconnections and session
+        expiries (it reads the node again then, and calls back if it changed meanwhile); it
+        is armed on a thread of kazoo's, so this call does not wait on ZooKeeper. The callback
+        runs on kazoo's threads: it must only hand the value on. A node whose data cannot be
+        read as a configuration is logged and passed over."""
+        check_topic_name(topic)
+        self._check_open()
+        path = self.topic_config_path(topic)
+        stopped = self._stopped
+
+        def changed(data: bytes | None, stat: Any) -> bool:
+            if stopped.is_set():
+                return False
+            if stat is None:
+                return callback(None)
+            try:
+                config = TopicConfig.from_json(data or b"")
+            except ValueError as error:
+                log.error("%s holds unreadable data, passed over: %s", path, error)
+                return True
+            return callback(config)
+
+        self._client.handler.spawn(DataWatch, self._client, path, changed)
 
     def topic_configs(self) -> dict[str, TopicConfig]:
         """Every topic's configuration: name -> TopicConfig (unreadable nodes are left out)."""
@@ -183,5 +253,5 @@ class Topics(Session):
 
     def watch_topic_configs(self, callback: Callable[[dict[str, TopicConfig]], None]) -> None:
         """Call `callback(topic_configs())` now and whenever a topic is created or deleted,
-        until stop(). (A node's data is not watched: configurations are created and deleted.)"""
+        until stop(). (A node's data is not watched here: watch_topic_config does that.)"""
         self._add_watch(f"{self.chroot}/config/topics", TopicConfig.from_json, str, callback)

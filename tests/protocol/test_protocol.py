@@ -48,10 +48,19 @@ from broker.log.message import Buffer, encode_message, iter_messages
 from broker.protocol import (
     ERROR_TABLE,
     Ack,
+    AlterConfigRequest,
     Api,
     BrokerInfo,
+    ClusterBroker,
+    ConfigEntry,
     CreateTopicRequest,
     DeleteTopicRequest,
+    DescribeClusterReply,
+    DescribeClusterRequest,
+    DescribeConfigReply,
+    DescribeConfigRequest,
+    DescribePartitionReply,
+    DescribePartitionRequest,
     EmptyReply,
     ErrorCode,
     FetchReply,
@@ -320,6 +329,15 @@ requests: st.SearchStrategy[Request] = st.one_of(
         st.dictionaries(texts, texts, max_size=5),
     ),
     st.builds(DeleteTopicRequest, topics),
+    st.just(DescribeClusterRequest()),
+    st.builds(DescribePartitionRequest, topics, u32),
+    st.builds(DescribeConfigRequest, topics),
+    st.builds(
+        AlterConfigRequest,
+        topics,
+        st.dictionaries(texts, texts, max_size=5),
+        st.lists(texts, max_size=3, unique=True).map(tuple),
+    ).filter(lambda request: not set(request.set) & set(request.delete)),
 )
 
 metadata_replies = st.builds(
@@ -343,7 +361,51 @@ replies: st.SearchStrategy[tuple[Api, Reply]] = st.one_of(
     st.tuples(st.just(Api.FETCH), st.builds(FetchReply, u64, u64, st.binary(max_size=200))),
     st.tuples(st.just(Api.OFFSETS), st.builds(OffsetsReply, u64)),
     st.tuples(st.just(Api.METADATA), metadata_replies),
-    st.tuples(st.sampled_from([Api.CREATE_TOPIC, Api.DELETE_TOPIC]), st.just(EmptyReply())),
+    st.tuples(
+        st.sampled_from([Api.CREATE_TOPIC, Api.DELETE_TOPIC, Api.ALTER_CONFIG]),
+        st.just(EmptyReply()),
+    ),
+    st.tuples(
+        st.just(Api.DESCRIBE_CLUSTER),
+        st.builds(
+            DescribeClusterReply,
+            texts,
+            texts,
+            st.lists(
+                st.builds(
+                    ClusterBroker,
+                    u32,
+                    st.booleans(),
+                    texts,
+                    u16,
+                    texts,
+                    st.lists(texts, max_size=3).map(tuple),
+                    u32,
+                ),
+                max_size=3,
+            ).map(tuple),
+        ),
+    ),
+    st.tuples(
+        st.just(Api.DESCRIBE_PARTITION),
+        st.builds(
+            DescribePartitionReply,
+            u64,
+            u64,
+            u64,
+            u64,
+            u32,
+            st.integers(-(2**63), 2**63 - 1),
+            st.dictionaries(texts, texts, max_size=7),
+        ),
+    ),
+    st.tuples(
+        st.just(Api.DESCRIBE_CONFIG),
+        st.builds(
+            DescribeConfigReply,
+            st.lists(st.builds(ConfigEntry, texts, texts, st.booleans()), max_size=7).map(tuple),
+        ),
+    ),
 )
 
 
@@ -362,7 +424,9 @@ def test_peek_route_agrees_with_decode_request(request: Request, correlation_id:
     frames = encode_request(RequestHeader(request.api, 1, correlation_id, "c"), request)
     _, decoded = decode_request(frames)
     route = peek_route(frames)
-    if isinstance(decoded, ProduceRequest | FetchRequest | OffsetsRequest):
+    if isinstance(
+        decoded, ProduceRequest | FetchRequest | OffsetsRequest | DescribePartitionRequest
+    ):
         assert route == Route(decoded.topic, decoded.partition)
     else:
         assert route is None
@@ -540,6 +604,10 @@ def valid_requests() -> list[tuple[Api, bytes]]:
         MetadataRequest(("clicks", "views")),
         CreateTopicRequest("clicks", 2, {"retention_ms": "none"}),
         DeleteTopicRequest("clicks"),
+        DescribeClusterRequest(),
+        DescribePartitionRequest("clicks", 0),
+        DescribeConfigRequest("clicks"),
+        AlterConfigRequest("clicks", {"retention_ms": "none"}, ("segment_bytes",)),
     ]
     valid = []
     for request in cases:
@@ -603,7 +671,7 @@ def test_topic_that_is_not_utf8_is_malformed() -> None:
 
 
 def test_unknown_api_key_is_unsupported_api() -> None:
-    raised = rejects([header(api_key=6) + fetch_body()], UnsupportedApi, "api_key 6")
+    raised = rejects([header(api_key=10) + fetch_body()], UnsupportedApi, "api_key 10")
     assert error_code_for(raised.value) is ErrorCode.UNSUPPORTED_API
 
 
@@ -654,6 +722,10 @@ def test_produce_request_cut_inside_its_message_set_decodes_with_the_shorter_set
 
 @pytest.mark.parametrize(("api", "frame"), VALID_REQUESTS_BUT_PRODUCE)
 def test_request_body_with_trailing_bytes_is_malformed(api: Api, frame: bytes) -> None:
+    if len(frame) == HEADER_SIZE:  # a body of no fields
+        where = f"{api.name} body: must be empty, it has 2 bytes from byte {len(frame)}"
+        rejects([frame + b"\x00\x00"], MalformedRequest, where)
+        return
     where = f"{api.name} body: 2 trailing bytes after the last field"
     rejects([frame + b"\x00\x00"], MalformedRequest, where, f"which ends at byte {len(frame)}")
 
@@ -856,6 +928,10 @@ def test_peek_route_is_none_for_the_apis_the_front_serves() -> None:
         Api.METADATA: None,
         Api.CREATE_TOPIC: None,
         Api.DELETE_TOPIC: None,
+        Api.DESCRIBE_CLUSTER: None,
+        Api.DESCRIBE_PARTITION: Route("clicks", 0),
+        Api.DESCRIBE_CONFIG: None,
+        Api.ALTER_CONFIG: None,
     }
 
 
@@ -865,7 +941,7 @@ def test_peek_route_is_none_for_the_apis_the_front_serves() -> None:
         ([], MalformedRequest),
         ([b"\x00\x01\x00"], MalformedRequest),
         ([header()[:-1]], MalformedRequest),
-        ([header(api_key=6) + fetch_body()], UnsupportedApi),
+        ([header(api_key=10) + fetch_body()], UnsupportedApi),
         ([header(version=0) + fetch_body()], UnsupportedVersion),
         ([header() + fetch_body(), b""], MalformedRequest),
         ([b"", header() + fetch_body()], MalformedRequest),

@@ -90,6 +90,7 @@ def test_registered_broker_appears_with_its_json(registry: Registry, observer: K
         "port": 9092,
         "workers": 2,
         "log_dirs": ["/d1", "/d2"],
+        "pylog_version": "",
     }
     assert owner == registry.session_id
     assert registry.brokers() == {1: BROKER_1}
