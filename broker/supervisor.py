@@ -167,6 +167,9 @@ class Supervisor:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signal_received = signum
+        # At once, before the loop sees the signal: a Ctrl-C reaches the workers too, and a
+        # worker that exits for it is the shutdown, not a crash to restart (and log as one).
+        self.pool.stopping = True
 
     def _serve(self) -> None:
         deadline = math.inf

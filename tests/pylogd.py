@@ -40,10 +40,16 @@ class RunningBroker:
         self.process: subprocess.Popen[str] | None = None
         self.endpoint = ""
 
-    def start(self, timeout: float = 30.0) -> RunningBroker:
+    def start(self, timeout: float = 30.0, own_session: bool = False) -> RunningBroker:
+        """own_session: in a process group of its own, as a shell runs a command (the group
+        then gets a Ctrl-C's SIGINT: os.killpg(broker.pid, SIGINT))."""
         with open(self.log_path, "a") as log:
             self.process = subprocess.Popen(
-                self.command, stdout=subprocess.PIPE, stderr=log, text=True
+                self.command,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=own_session,
             )
         assert self.process.stdout is not None
         deadline = time.monotonic() + timeout

@@ -26,7 +26,7 @@ from broker.protocol import Ack, Api
 from broker.registry import Registry
 from broker.supervisor import ZOOKEEPER_BACKOFF_S, ZOOKEEPER_START_ATTEMPTS
 from broker.zookeeper import PrivateZooKeeper, free_port
-from tests.conftest import wait_until
+from tests.conftest import single_box_flags, wait_until
 from tests.pylogd import RunningBroker
 
 FETCH_ALL = 1 << 20
@@ -294,6 +294,26 @@ def test_sigterm_flushes_everything_and_exits_0(
         client.close()
     finally:
         assert again.stop() == 0
+
+
+def test_ctrl_c_stops_pylogd_cleanly_and_logs_no_error(
+    zookeeper: PrivateZooKeeper, tmp_path: Path, registry_chroot: str
+) -> None:
+    """Ctrl-C in a terminal sends SIGINT to the whole process group, workers included: they
+    exit at once, and that is the shutdown, not a crash to restart and log as an ERROR."""
+    broker = RunningBroker(
+        tmp_path / "b", zookeeper.connect_string, registry_chroot, *single_box_flags(tmp_path)
+    ).start(own_session=True)
+    try:
+        os.killpg(broker.pid, signal.SIGINT)
+        assert broker.process is not None
+        assert broker.process.wait(60) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(broker.pid, signal.SIGKILL)
+    log = broker.log_path.read_text()
+    assert "SIGINT: shutting down" in log
+    assert ": ERROR " not in log, log
 
 
 def test_ack_flushed_is_answered_by_group_commit_not_after_the_flush_interval(
