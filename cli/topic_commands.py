@@ -1,16 +1,20 @@
-"""`pylogctl topic`: create, list, describe and delete topics."""
+"""`pylogctl topic`: create, list, describe, alter and delete topics."""
 
 from __future__ import annotations
+
+import json
 
 import click
 
 from broker.client import Admin
-from cli.common import CLI_RETRIES, broker_errors, broker_options, config_pair
+from broker.client.admin import PartitionState
+from broker.protocol import ConfigEntry
+from cli.common import CLI_RETRIES, broker_errors, broker_options, config_pair, timestamp
 
 
 @click.group()
 def topic() -> None:
-    """Create, list, describe and delete topics on a broker."""
+    """Create, list, describe, alter and delete topics on a broker."""
 
 
 @topic.command("create")
@@ -46,21 +50,137 @@ def topic_list(broker: str, timeout: float) -> None:
 
 @topic.command("describe")
 @click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="The whole description as one JSON object.")
 @broker_options
-def topic_describe(name: str, broker: str, timeout: float) -> None:
-    """Print each partition of topic NAME: the broker holding it, its log start offset and
-    high watermark (offsets are byte positions), or that it is unavailable."""
+def topic_describe(name: str, as_json: bool, broker: str, timeout: float) -> None:
+    """Print every setting of topic NAME, the topic's own or the broker's default, then each
+    partition: the broker holding it, its log start offset and high watermark (offsets are
+    byte positions), the bytes of its segment files, how many segments, and the timestamp of
+    its oldest message (UTC); or that it is unavailable (its broker down). A partition whose
+    broker has not applied a changed setting yet (topic alter) says which.
+
+    \b
+    Example:
+      $ pylogctl topic describe clicks
+      topic clicks: 2 partitions
+      setting flush_messages 10000 default
+      setting retention_ms 86400000 topic
+      ...
+      partition 0 broker 1 log_start 0 high_watermark 0 size_bytes 0 segments 1 oldest -
+      partition 1 broker 2 unavailable (broker down)
+    """
     with broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
-        partitions = admin.describe(name)
+        settings = admin.topic_config(name)
+        partitions = admin.describe_partitions(name)
+    if as_json:
+        described = {
+            "topic": name,
+            "settings": {e.key: {"value": e.value, "overridden": e.overridden} for e in settings},
+            "partitions": [_partition_json(p, settings) for p in partitions],
+        }
+        click.echo(json.dumps(described))
+        return
     click.echo(f"topic {name}: {len(partitions)} partitions")
+    for entry in settings:
+        source = "topic" if entry.overridden else "default"
+        click.echo(f"setting {entry.key} {entry.value} {source}")
     for p in partitions:
-        if p.log_start_offset is None:
+        if p.state is None:
             click.echo(f"partition {p.partition} broker {p.broker_id} unavailable (broker down)")
             continue
-        click.echo(
-            f"partition {p.partition} broker {p.broker_id} "
-            f"log_start {p.log_start_offset} high_watermark {p.high_watermark}"
+        state = p.state
+        oldest = "-" if state.oldest_timestamp < 0 else timestamp(state.oldest_timestamp)
+        line = (
+            f"partition {p.partition} broker {p.broker_id} log_start {state.log_start_offset} "
+            f"high_watermark {state.high_watermark} size_bytes {state.size_bytes} "
+            f"segments {state.segments} oldest {oldest}"
         )
+        if pending := _not_applied(p, settings):
+            line += f" (applying {', '.join(pending)})"
+        click.echo(line)
+
+
+def _not_applied(partition: PartitionState, settings: tuple[ConfigEntry, ...]) -> list[str]:
+    """The topic's own settings that the partition's broker does not use yet."""
+    if partition.state is None:
+        return []
+    in_effect = partition.state.config
+    return [e.key for e in settings if e.overridden and in_effect.get(e.key) != e.value]
+
+
+def _partition_json(
+    partition: PartitionState, settings: tuple[ConfigEntry, ...]
+) -> dict[str, object]:
+    described: dict[str, object] = {
+        "partition": partition.partition,
+        "broker_id": partition.broker_id,
+        "available": partition.state is not None,
+    }
+    if partition.state is not None:
+        state = partition.state
+        described |= {
+            "log_start_offset": state.log_start_offset,
+            "high_watermark": state.high_watermark,
+            "log_end_offset": state.log_end_offset,
+            "size_bytes": state.size_bytes,
+            "segments": state.segments,
+            "oldest_timestamp": None if state.oldest_timestamp < 0 else state.oldest_timestamp,
+            "settings_in_effect": dict(state.config),
+            "applying": _not_applied(partition, settings),
+        }
+    return described
+
+
+@topic.command("alter")
+@click.argument("name")
+@click.option(
+    "--set",
+    "set_pairs",
+    multiple=True,
+    callback=config_pair,
+    metavar="KEY=VALUE",
+    help="Set a topic setting (decimal, or none for no limit); repeat for more.",
+)
+@click.option(
+    "--delete",
+    "deleted",
+    multiple=True,
+    metavar="KEY",
+    help="Put a setting back to the brokers' default; repeat for more.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print what changed as a JSON object.")
+@broker_options
+def topic_alter(
+    name: str,
+    set_pairs: dict[str, str],
+    deleted: tuple[str, ...],
+    as_json: bool,
+    broker: str,
+    timeout: float,
+) -> None:
+    """Change settings of topic NAME live, without restarting a broker: flush_messages and
+    flush_interval_ms apply at once, segment_bytes and segment_ms from the next append,
+    retention_ms and retention_bytes at the next retention check, max_message_bytes to the
+    next produce. The change is stored in ZooKeeper and applied by the brokers holding the
+    partitions moments later (topic describe shows a partition still applying it).
+
+    \b
+    Example:
+      $ pylogctl topic alter clicks --set retention_ms=86400000 --set segment_bytes=104857600
+      altered topic clicks: set retention_ms=86400000 segment_bytes=104857600
+      $ pylogctl topic alter clicks --delete retention_ms
+      altered topic clicks: default retention_ms
+    """
+    if not set_pairs and not deleted:
+        raise click.UsageError("nothing to change: give --set KEY=VALUE or --delete KEY")
+    with broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
+        admin.alter_topic_config(name, set_pairs, deleted)
+    if as_json:
+        click.echo(json.dumps({"topic": name, "set": set_pairs, "deleted": list(deleted)}))
+        return
+    changes = [f"set {' '.join(f'{k}={v}' for k, v in set_pairs.items())}"] if set_pairs else []
+    changes += [f"default {' '.join(deleted)}"] if deleted else []
+    click.echo(f"altered topic {name}: {'; '.join(changes)}")
 
 
 @topic.command("delete")

@@ -6,13 +6,19 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import xxhash
 from click.testing import CliRunner, Result
 
+from broker.client import Cluster
+from broker.log.message import encode_message
+from broker.protocol import Ack, ProduceRequest
 from cli.pylogctl import cli
-from tests.conftest import wait_until
+from tests.cli.conftest import Cluster as ThreeBrokers
+from tests.conftest import single_box_flags, wait_until
 from tests.pylogd import RunningBroker
 
 
@@ -33,12 +39,16 @@ def test_create_list_describe_and_delete_a_topic(broker: RunningBroker, topic: s
     assert produced.exit_code == 0, produced.output
     described = run(broker, "topic", "describe", topic)
     assert described.exit_code == 0, described.output
-    assert described.output.splitlines() == [
-        f"topic {topic}: 3 partitions",
-        "partition 0 broker 0 log_start 0 high_watermark 0",
-        "partition 1 broker 0 log_start 0 high_watermark 0",
-        "partition 2 broker 0 log_start 0 high_watermark 31",  # a 26-byte header + "hello"
+    lines = described.output.splitlines()
+    assert lines[0] == f"topic {topic}: 3 partitions"
+    assert "setting retention_ms 86400000 topic" in lines
+    assert lines[-3:-1] == [
+        f"partition {p} broker 0 log_start 0 high_watermark 0 size_bytes 0 segments 1 oldest -"
+        for p in (0, 1)
     ]
+    assert lines[-1].startswith(  # a 26-byte header + "hello"
+        "partition 2 broker 0 log_start 0 high_watermark 31 size_bytes 31 segments 1 oldest 20"
+    )
 
     again = run(broker, "topic", "create", topic)
     assert again.exit_code == 1
@@ -134,3 +144,187 @@ def test_produce_with_ack_none_from_a_process_that_exits_at_once_still_delivers(
         what="100 fire-and-forget messages",
     )
     assert run(broker, "consume", topic, "--max-messages", "2").output == "fire 0\nfire 1\n"
+
+
+# -- describe and alter, on a cluster of three brokers ------------------------------------------
+
+DEFAULTS = {  # the cluster's brokers run with --log-flush-interval-ms 50
+    "flush_messages": "10000",
+    "flush_interval_ms": "50",
+    "segment_bytes": "1073741824",
+    "segment_ms": "604800000",
+    "retention_ms": "604800000",
+    "retention_bytes": "none",
+    "max_message_bytes": "1048576",
+}
+
+
+def at(endpoint: str, *args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), env={"PYLOG_BROKER": endpoint})
+
+
+def ok(endpoint: str, *args: str) -> Result:
+    result = at(endpoint, *args)
+    assert result.exit_code == 0, (args, result.output)
+    return result
+
+
+def produce(endpoint: str, topic: str, partition: int, *values: bytes, time_ms: int = 0) -> None:
+    """Each value as a message of its own, acknowledged once flushed."""
+    with Cluster(endpoint) as client:
+        connection = client.connection_for(topic, partition)
+        for value in values:
+            message = encode_message(value, timestamp_ms=time_ms or None)
+            connection.request(ProduceRequest(topic, partition, Ack.FLUSHED, message))
+
+
+def described(endpoint: str, topic: str) -> dict[str, Any]:
+    result = at(endpoint, "topic", "describe", topic, "--json")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 1
+    return cast(dict[str, Any], json.loads(lines[0]))
+
+
+def test_topic_describe_shows_every_setting_and_each_partitions_state_on_its_holder(
+    cluster: ThreeBrokers, topic: str
+) -> None:
+    created = ("topic", "create", topic, "--partitions", "3", "--config", "retention_ms=86400000")
+    ok(cluster.endpoint, *created)
+    produce(cluster.endpoint, topic, 1, b"hello", b"world", time_ms=1_700_000_000_000)
+
+    result = at(cluster.brokers[2].endpoint, "topic", "describe", topic)
+    assert result.exit_code == 0, result.output
+    settings = [
+        f"setting {key} {'86400000 topic' if key == 'retention_ms' else value + ' default'}"
+        for key, value in DEFAULTS.items()
+    ]
+    assert result.output.splitlines() == [
+        f"topic {topic}: 3 partitions",
+        *settings,
+        "partition 0 broker 1 log_start 0 high_watermark 0 size_bytes 0 segments 1 oldest -",
+        "partition 1 broker 2 log_start 0 high_watermark 62 size_bytes 62 segments 1 "
+        "oldest 2023-11-14T22:13:20.000+00:00",  # two messages of 26 + 5 bytes
+        "partition 2 broker 3 log_start 0 high_watermark 0 size_bytes 0 segments 1 oldest -",
+    ]
+    as_json = described(cluster.endpoint, topic)
+    assert as_json["settings"]["retention_ms"] == {"value": "86400000", "overridden": True}
+    assert as_json["settings"]["segment_bytes"] == {"value": "1073741824", "overridden": False}
+    assert as_json["partitions"][1] == {
+        "partition": 1,
+        "broker_id": 2,
+        "available": True,
+        "log_start_offset": 0,
+        "high_watermark": 62,
+        "log_end_offset": 62,
+        "size_bytes": 62,
+        "segments": 1,
+        "oldest_timestamp": 1_700_000_000_000,
+        "settings_in_effect": DEFAULTS | {"retention_ms": "86400000"},
+        "applying": [],
+    }
+
+
+def test_topic_alter_segment_bytes_is_applied_live_by_the_brokers_holding_the_partitions(
+    cluster: ThreeBrokers, topic: str
+) -> None:
+    ok(cluster.endpoint, "topic", "create", topic, "--partitions", "2")
+    altered = at(
+        cluster.brokers[2].endpoint,
+        "topic",
+        "alter",
+        topic,
+        "--set",
+        "segment_bytes=100",
+        "--set",
+        "retention_ms=none",
+    )
+    assert altered.exit_code == 0, altered.output
+    assert altered.output == f"altered topic {topic}: set segment_bytes=100 retention_ms=none\n"
+    wait_until(
+        lambda: all(
+            p["settings_in_effect"]["segment_bytes"] == "100"
+            for p in described(cluster.endpoint, topic)["partitions"]
+        ),
+        what="both holders applying segment_bytes 100",
+    )
+    for partition in (0, 1):  # on brokers 1 and 2: 40-byte messages, two a segment
+        produce(cluster.endpoint, topic, partition, *[b"0123456789abcd"] * 5)
+    state = described(cluster.endpoint, topic)
+    assert state["settings"]["segment_bytes"] == {"value": "100", "overridden": True}
+    assert state["settings"]["retention_ms"] == {"value": "none", "overridden": True}
+    assert [(p["segments"], p["high_watermark"]) for p in state["partitions"]] == [(3, 200)] * 2
+
+    reset = at(cluster.endpoint, "topic", "alter", topic, "--delete", "segment_bytes", "--json")
+    assert reset.exit_code == 0, reset.output
+    assert json.loads(reset.output) == {"topic": topic, "set": {}, "deleted": ["segment_bytes"]}
+    wait_until(
+        lambda: all(
+            p["settings_in_effect"]["segment_bytes"] == DEFAULTS["segment_bytes"]
+            for p in described(cluster.endpoint, topic)["partitions"]
+        ),
+        what="segment_bytes back to the default",
+    )
+    produce(cluster.endpoint, topic, 0, *[b"0123456789abcd"] * 5)
+    assert described(cluster.endpoint, topic)["partitions"][0]["segments"] == 3  # no roll
+
+
+def test_topic_alter_refuses_bad_settings_and_leaves_the_topic_as_it_was(
+    cluster: ThreeBrokers, topic: str
+) -> None:
+    ok(cluster.endpoint, "topic", "create", topic, "--config", "retention_ms=1000")
+    for args, problem in (
+        (["--set", "no_such_setting=1"], "unknown topic setting 'no_such_setting'"),
+        (["--set", "segment_bytes=0"], "segment_bytes must be at least 1"),
+        (["--set", "segment_bytes=many"], "segment_bytes must be a whole number"),
+        (["--set", "flush_messages=none"], "flush_messages must be a whole number"),
+        (["--delete", "no_such_setting"], "unknown topic setting 'no_such_setting'"),
+        (["--set", "retention_ms=5", "--delete", "retention_ms"], "both set and deleted"),
+    ):
+        result = at(cluster.endpoint, "topic", "alter", topic, *args)
+        assert result.exit_code == 1, (args, result.output)
+        assert result.stderr.startswith("pylogctl: INVALID_TOPIC: "), args
+        assert problem in result.stderr, (args, result.stderr)
+        assert len(result.stderr.splitlines()) == 1
+    settings = described(cluster.endpoint, topic)["settings"]
+    assert {k: v["value"] for k, v in settings.items()} == DEFAULTS | {"retention_ms": "1000"}
+
+    missing = at(cluster.endpoint, "topic", "alter", f"{topic}-none", "--set", "retention_ms=1")
+    assert missing.exit_code == 1
+    assert missing.stderr.startswith("pylogctl: UNKNOWN_TOPIC_OR_PARTITION: ")
+    nothing = at(cluster.endpoint, "topic", "alter", topic)
+    assert nothing.exit_code == 2
+    assert "nothing to change" in nothing.output
+
+
+def test_topic_alter_retention_and_flush_apply_to_data_already_there(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path, topic: str
+) -> None:
+    broker = make_pylogd(
+        *single_box_flags(tmp_path),
+        "--log-retention-check-interval-ms",
+        "100",
+        "--log-flush-interval-ms",
+        "600000",  # nothing flushes by time while the test runs
+    )
+    ok(broker.endpoint, "topic", "create", topic, "--config", "segment_bytes=100")
+    with Cluster(broker.endpoint) as client:
+        connection = client.connection_for(topic, 0)
+        for _ in range(5):  # 40 bytes each: acknowledged once written, left unflushed
+            message = encode_message(b"0123456789abcd")
+            connection.request(ProduceRequest(topic, 0, Ack.WRITTEN, message))
+    state = described(broker.endpoint, topic)["partitions"][0]
+    assert (state["high_watermark"], state["log_end_offset"]) == (160, 200)  # rolls flushed
+
+    ok(broker.endpoint, "topic", "alter", topic, "--set", "flush_messages=1")
+    wait_until(
+        lambda: described(broker.endpoint, topic)["partitions"][0]["high_watermark"] == 200,
+        what="the pending message flushed once flush_messages is 1",
+    )
+    ok(broker.endpoint, "topic", "alter", topic, "--set", "retention_bytes=100")
+    wait_until(  # segments [0, 80) [80, 160) [160, 200): the oldest goes, 120 bytes stay
+        lambda: described(broker.endpoint, topic)["partitions"][0]["log_start_offset"] == 80,
+        what="retention deleting the oldest segment",
+    )
+    state = described(broker.endpoint, topic)["partitions"][0]
+    assert (state["segments"], state["size_bytes"], state["high_watermark"]) == (2, 120, 200)
