@@ -1,10 +1,13 @@
 """`pylogctl`: the admin command line of pylog.
 
-Exit codes: 0 success, 1 the data checked is corrupt, or the broker answered with an error or
-could not be reached, 2 bad usage or a path that cannot be used.
+Exit codes: 0 success (Ctrl-C ends a long-running command with 0 too), 1 the data checked is
+corrupt, or the broker answered with an error or could not be reached, 2 bad usage or a path
+that cannot be used (cli/common.py).
 """
 
 from __future__ import annotations
+
+import logging
 
 import click
 
@@ -14,11 +17,37 @@ from cli.group_commands import group
 from cli.log_commands import log
 from cli.topic_commands import topic
 
+_LEVELS = {0: logging.CRITICAL + 1, 1: logging.WARNING, 2: logging.INFO}
+
 
 @click.group()
 @click.version_option(package_name="pylog")
-def cli() -> None:
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="Show the logs of pylog's client and its libraries (kazoo, ...) on stderr: -v "
+    "warnings, -vv information, -vvv everything.",
+)
+@click.pass_context
+def cli(ctx: click.Context, verbose: int) -> None:
     """Administer pylog brokers and their data."""
+    _quiet_libraries(ctx, verbose)
+
+
+def _quiet_libraries(ctx: click.Context, verbose: int) -> None:
+    """Without -v no library logs a line (kazoo logs every failed attempt to reach
+    ZooKeeper): errors reach the user as the one `pylogctl: ...` line of the command. The
+    root logger's level is put back when the command ends (tests run commands in-process)."""
+    root = logging.getLogger()
+    previous = root.level
+    if verbose and not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("pylogctl: %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        ctx.call_on_close(lambda: root.removeHandler(handler))
+    root.setLevel(_LEVELS.get(verbose, logging.DEBUG))
+    ctx.call_on_close(lambda: root.setLevel(previous))
 
 
 for command in (log, topic, broker, produce, consume, group):
