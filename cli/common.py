@@ -1,17 +1,25 @@
 """What pylogctl's commands share: the broker options and error handling, and how messages
-are printed."""
+are printed.
+
+Exit codes: 0 success (Ctrl-C ends a long-running command with 0 too), 1 the data checked is
+corrupt, or the broker answered with an error or could not be reached, 2 bad usage (a bad
+--broker address among them) or a path that cannot be used. Errors are one line on stderr,
+`pylogctl: ...`, naming the problem and what to do.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import click
 
+from broker.client.cluster import split_endpoints
 from broker.client.group import Record
 from broker.errors import BrokerError, PylogError, Unavailable
 from broker.log.message import Message
@@ -19,10 +27,11 @@ from broker.log.message import Message
 PREVIEW_BYTES = 40
 EXIT_CORRUPT = 1
 EXIT_BROKER = 1
+EXIT_USAGE = 2
 DEFAULT_BROKER = "tcp://127.0.0.1:9092"
-CLI_RETRIES = 1
-"""Retries of a retriable error or a lost reply: one, so an unreachable broker is reported after
-about two --timeout periods."""
+CLI_RETRIES = 0
+"""Retries of a retriable error or a lost reply: none, so an unreachable broker is reported
+after one --timeout period, the total the user waits."""
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -56,6 +65,20 @@ def timestamp(ms: int) -> str:
         return f"{ms}ms"
 
 
+def usage_error(message: str) -> NoReturn:
+    """`pylogctl: message` on stderr, exit 2 (click's own usage errors take three lines)."""
+    click.echo(f"pylogctl: {message}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+def _broker_address(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """--broker as tcp://HOST:PORT[,...]; a bad address is a one-line usage error at once."""
+    try:
+        return ",".join(split_endpoints(value))
+    except ValueError as error:
+        usage_error(f"--broker {value!r}: {error}")
+
+
 def broker_options(command: F) -> F:
     """--broker (or $PYLOG_BROKER) and --timeout, on every command that talks to a broker."""
     command = click.option(
@@ -63,15 +86,26 @@ def broker_options(command: F) -> F:
         type=click.FloatRange(min=0, min_open=True),
         default=5.0,
         show_default=True,
-        help="Seconds to wait for each reply before giving the broker up as unreachable.",
+        help="Seconds to wait for the broker to answer before giving it up as unreachable: "
+        "the whole wait when it does not answer.",
     )(command)
     return click.option(
         "--broker",
         envvar="PYLOG_BROKER",
         default=DEFAULT_BROKER,
         show_default=True,
-        help="The broker's address, tcp://HOST:PORT (env PYLOG_BROKER).",
+        callback=_broker_address,
+        help="The broker's address, HOST:PORT or tcp://HOST:PORT; several, comma-separated, "
+        "for when one is down (env PYLOG_BROKER).",
     )(command)
+
+
+@contextlib.contextmanager
+def until_interrupted() -> Iterator[None]:
+    """Ctrl-C (SIGINT) ends the block quietly, and the command goes on as if its work had
+    ended (then exits 0): click would print "Aborted!" and exit 1."""
+    with contextlib.suppress(KeyboardInterrupt):
+        yield
 
 
 @contextlib.contextmanager
@@ -113,15 +147,60 @@ def skip_corrupt_option(command: F) -> F:
     )(command)
 
 
+_FIELDS: dict[str, Callable[[Record], object]] = {
+    "k": lambda r: text(r.key) or "",
+    "v": lambda r: text(r.value),
+    "p": lambda r: r.partition,
+    "o": lambda r: r.offset,
+    "T": lambda r: r.timestamp_ms,
+    "t": lambda r: r.topic,
+    "s": lambda r: len(r.value),
+}
+_FORMAT_PART = re.compile(r"%(.)|\\(.)|[^%\\]+|(.)", re.DOTALL)
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def _format_parts(output: str) -> list[str | Callable[[Record], object]]:
+    """A format string as text and fields to print in turn; BadParameter for a % or \\ that
+    is not one of those documented in output_options."""
+    parts: list[str | Callable[[Record], object]] = []
+    for match in _FORMAT_PART.finditer(output):
+        field, escape, lone = match.groups()
+        if field is not None and (field in _FIELDS or field == "%"):
+            parts.append(_FIELDS.get(field, "%"))
+        elif escape is not None and escape in _ESCAPES:
+            parts.append(_ESCAPES[escape])
+        elif field is None and escape is None and lone is None:
+            parts.append(match[0])
+        else:
+            raise click.BadParameter(
+                f"{match[0]!r} in {output!r} is not a field (%k %v %p %o %T %t %s %%) nor an "
+                "escape (\\n \\t \\\\)",
+                param_hint="--format",
+            )
+    return parts
+
+
+def _output_format(ctx: click.Context, param: click.Parameter, output: str) -> str:
+    if output not in ("text", "json"):
+        _format_parts(output)
+    return output
+
+
 def output_options(command: F) -> F:
     """--max-messages and --format, on the commands that print consumed messages."""
     command = click.option(
         "--format",
         "output",
-        type=click.Choice(["text", "json"]),
         default="text",
         show_default=True,
-        help="text: each value on a line; json: topic, partition, offset, timestamp, key, value.",
+        callback=_output_format,
+        metavar="text|json|FORMAT",
+        help="text: each message on a line, its key and a tab before the value when it has a "
+        "key; json: an object a line (topic, partition, offset, timestamp, key, value); or a "
+        "FORMAT after kcat's -f: %k key, %v value, %p partition, %o offset, %T timestamp "
+        "(ms), %t topic, %s value size (bytes), %% a %, \\n newline, \\t tab (put \\n "
+        "where a message ends).",
     )(command)
     return click.option("--max-messages", type=click.IntRange(min=1), help="Exit after this many.")(
         command
@@ -129,9 +208,14 @@ def output_options(command: F) -> F:
 
 
 def print_messages(records: Iterable[Record], output: str, max_messages: int | None) -> None:
-    """Print `records` until exhausted or `max_messages` were printed."""
+    """Print `records` (as --format says) until exhausted or `max_messages` were printed."""
+    parts = None if output in ("text", "json") else _format_parts(output)
     for count, record in enumerate(records, 1):
-        if output == "json":
+        if parts is not None:
+            click.echo(
+                "".join(p if isinstance(p, str) else str(p(record)) for p in parts), nl=False
+            )
+        elif output == "json":
             line = {
                 "topic": record.topic,
                 "partition": record.partition,
@@ -141,7 +225,9 @@ def print_messages(records: Iterable[Record], output: str, max_messages: int | N
                 "value": text(record.value),
             }
             click.echo(json.dumps(line))
-        else:
+        elif record.key is None:
             click.echo(text(record.value))
+        else:
+            click.echo(f"{text(record.key)}\t{text(record.value)}")
         if max_messages is not None and count >= max_messages:
             return

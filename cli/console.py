@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import datetime
+import signal
 import sys
 from collections.abc import Iterator
+from types import FrameType
 from typing import BinaryIO
 
 import click
 
-from broker.client import Ack, PartitionConsumer, Producer
-from broker.client.consumer import Start
+from broker.client import Ack, Producer
+from broker.client.consumer import Start, timestamp_ms
 from broker.client.group import Record
+from broker.client.topic_consumer import Last, TopicConsumer
 from broker.errors import CorruptSegment
 from cli.common import (
     CLI_RETRIES,
@@ -21,6 +24,8 @@ from cli.common import (
     output_options,
     print_messages,
     skip_corrupt_option,
+    until_interrupted,
+    usage_error,
 )
 
 _ACKS = {"none": Ack.NONE, "written": Ack.WRITTEN, "flushed": Ack.FLUSHED}
@@ -54,7 +59,14 @@ def produce(
 ) -> None:
     """Send each line of stdin (or --file) to TOPIC as one message, then print how many the
     broker acknowledged. Without --partition, keyed messages go to the partition of their
-    key's hash and the others round robin."""
+    key's hash and the others round robin. Ctrl-C ends the input: the lines read are sent,
+    and the command exits 0.
+
+    \b
+    Examples:
+      printf 'user-1:hello\\nuser-2:world\\n' | pylogctl produce clicks --key-separator :
+      pylogctl produce clicks --file events.txt --ack written
+    """
     separator = None if key_separator is None else key_separator.encode()
     if separator == b"":
         raise click.BadParameter("must not be empty", param_hint="--key-separator")
@@ -63,7 +75,7 @@ def produce(
             broker, topic_name, ack=_ACKS[ack], retries=CLI_RETRIES, timeout_s=timeout
         )
         with producer:
-            for line in source:
+            for line in _lines_until_interrupted(source):
                 value = line.removesuffix(b"\n").removesuffix(b"\r")
                 key = None
                 if separator is not None and separator in value:
@@ -76,43 +88,94 @@ def produce(
         click.echo(f"{sent} messages acknowledged ({ack})")
 
 
-def _start(text: str) -> Start:
+def _lines_until_interrupted(source: BinaryIO) -> Iterator[bytes]:
+    """The lines of `source` until its end or Ctrl-C. SIGINT ends a read at once; one that
+    comes while the caller handles a line (sends it) lets that line go out, then ends."""
+    interrupted = reading = False
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        nonlocal interrupted
+        interrupted = True
+        if reading:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        while not interrupted:
+            reading = True
+            try:
+                line = source.readline()
+            except KeyboardInterrupt:
+                return
+            finally:
+                reading = False
+            if not line:
+                return
+            yield line
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _moment(text: str, option: str) -> datetime.datetime:
+    try:
+        return datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an ISO time", param_hint=option) from None
+
+
+def _start(text: str) -> Start | Last:
     if text in ("earliest", "latest"):
         return "earliest" if text == "earliest" else "latest"
     if text.isdigit():
         return int(text)
+    if text.startswith("-") and text[1:].isdigit() and int(text[1:]) > 0:
+        return Last(int(text[1:]))
     try:
         return datetime.datetime.fromisoformat(text)
     except ValueError:
         raise click.BadParameter(
-            f"{text!r}: use earliest, latest, an offset or an ISO time", param_hint="--from"
+            f"{text!r}: use earliest, latest, -N, an offset or an ISO time", param_hint="--from"
         ) from None
 
 
 @click.command()
 @click.argument("topic_name", metavar="TOPIC")
-@click.option("--partition", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--partition",
+    "partitions",
+    type=click.IntRange(min=0),
+    multiple=True,
+    help="Read this partition only (repeat for more); default: every partition.",
+)
 @click.option(
     "--from",
     "start",
     default="earliest",
     show_default=True,
-    help="earliest, latest, an offset, or an ISO time, UTC unless it says otherwise (the first "
-    "message at or after it).",
+    help="Where each partition starts: earliest, latest, -N (its last N messages), an offset "
+    "(with --partition: offsets are byte positions of one partition), or an ISO time, UTC "
+    "unless it says otherwise (its first message at or after it).",
+)
+@click.option(
+    "--until",
+    help="end: stop at each partition's end (the default without --follow); or an ISO time: "
+    "stop each partition before its first message at or after it.",
 )
 @click.option(
     "--follow/--no-follow",
     default=False,
     show_default=True,
-    help="Wait for new messages at the end instead of exiting.",
+    help="At the end, wait for new messages instead of exiting, through broker restarts, and "
+    "read partitions added to the topic; Ctrl-C exits 0.",
 )
 @skip_corrupt_option
 @output_options
 @broker_options
 def consume(
     topic_name: str,
-    partition: int,
+    partitions: tuple[int, ...],
     start: str,
+    until: str | None,
     follow: bool,
     skip_corrupt: bool,
     max_messages: int | None,
@@ -120,21 +183,42 @@ def consume(
     broker: str,
     timeout: float,
 ) -> None:
-    """Print the messages of one partition of TOPIC, from --from to its end (or on, with
-    --follow). Keys and values are shown as UTF-8, other bytes escaped."""
+    """Print the messages of TOPIC, every partition or those of --partition, from --from to
+    their end (or on, with --follow). Keys and values are shown as UTF-8, other bytes
+    escaped.
+
+    \b
+    Examples:
+      pylogctl consume clicks --from -10                 # the last 10 of each partition
+      pylogctl consume clicks --partition 1 --from 2026-11-23T08:00 --until 2026-11-23T09:00
+      pylogctl consume clicks --follow --format '%p %o %T %k=%v\\n'
+    """
     where = _start(start)
+    if isinstance(where, int) and not partitions:
+        usage_error(
+            f"--from {start}: an offset is a byte position in one partition: pick it with "
+            "--partition"
+        )
+    until_ms = None
+    if until == "end":
+        if follow:
+            usage_error("--until end and --follow contradict each other: drop one")
+    elif until is not None:
+        until_ms = timestamp_ms(_moment(until, "--until"))
     with (
         broker_errors(broker),
-        PartitionConsumer(
+        TopicConsumer(
             broker,
             topic_name,
-            partition,
+            partitions or None,
             where,
-            stop_at_end=not follow,
+            until_ms,
+            follow,
+            skip_corrupt,
             retries=CLI_RETRIES,
             timeout_s=timeout,
-            skip_corrupt=skip_corrupt,
         ) as consumer,
+        until_interrupted(),
     ):
         try:
             print_messages(_consumed(consumer), output, max_messages)
@@ -143,19 +227,19 @@ def consume(
             sys.exit(EXIT_CORRUPT)
 
 
-def _consumed(consumer: PartitionConsumer) -> Iterator[Record]:
-    """The consumer's messages as Records, saying on stderr which damaged ranges it skipped
+def _consumed(consumer: TopicConsumer) -> Iterator[Record]:
+    """The consumer's records, saying on stderr which damaged ranges it skipped
     (consumer.skipped) as it goes."""
     reported = 0
-    for m in consumer:
+    for record in consumer:
         reported = _report_skipped(consumer, reported)
-        yield Record(consumer.topic, consumer.partition, m.offset, m.timestamp_ms, m.key, m.value)
+        yield record
     _report_skipped(consumer, reported)
 
 
-def _report_skipped(consumer: PartitionConsumer, reported: int) -> int:
+def _report_skipped(consumer: TopicConsumer, reported: int) -> int:
     """Name on stderr the ranges skipped since the first `reported`; the count reported now."""
-    for start, end in consumer.skipped[reported:]:
-        where = f"{consumer.topic}-{consumer.partition}"
+    for partition, start, end in consumer.skipped[reported:]:
+        where = f"{consumer.topic}-{partition}"
         click.echo(f"pylogctl: skipped damaged offsets [{start}, {end}) of {where}", err=True)
     return len(consumer.skipped)

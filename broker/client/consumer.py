@@ -116,7 +116,10 @@ class PartitionConsumer(Closing):
     ever, or until the high watermark with `stop_at_end`. `high_watermark` and
     `log_start_offset` are as the last fetch reply gave them (None before the first).
     Damaged data raises CorruptSegment naming its offsets; with `skip_corrupt` it is logged,
-    listed in `skipped` ([start, end) offsets) and read past (see the module's text)."""
+    listed in `skipped` ([start, end) offsets) and read past (see the module's text).
+
+    `cluster`, when given, is used instead of a Cluster of the consumer's own on `endpoint`
+    (several consumers then share its connections), and `close()` leaves it open."""
 
     def __init__(
         self,
@@ -132,6 +135,7 @@ class PartitionConsumer(Closing):
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
         skip_corrupt: bool = False,
+        cluster: Cluster | None = None,
     ) -> None:
         if not 1 <= fetch_bytes <= max_fetch_bytes:
             raise ValueError(f"fetch_bytes {fetch_bytes} must be in [1, {max_fetch_bytes}]")
@@ -147,14 +151,17 @@ class PartitionConsumer(Closing):
         self.retries = retries
         self.high_watermark: int | None = None
         self.log_start_offset: int | None = None
-        self.cluster = Cluster(endpoint, client_id, timeout_s, retries)
+        self._own_cluster = cluster is None
+        self.cluster = (
+            Cluster(endpoint, client_id, timeout_s, retries) if cluster is None else cluster
+        )
         self._prefetch: tuple[FetchRequest, int] | None = None
         """The fetch sent ahead, and its correlation id."""
         try:
             self.connection = self.cluster.connection_for(topic, partition)
             self._position = self._resolve(start)
         except BaseException:
-            self.cluster.close()
+            self.close()
             raise
 
     def _resolve(self, start: Start) -> int:
@@ -271,4 +278,5 @@ class PartitionConsumer(Closing):
                 return
 
     def close(self) -> None:
-        self.cluster.close()
+        if self._own_cluster:
+            self.cluster.close()

@@ -85,10 +85,10 @@ def test_produce_from_stdin_with_a_key_separator_then_consume_as_json(
 
     user_1 = xxhash.xxh32_intdigest(b"user-1") % 2
     text = run(broker, "consume", topic, "--partition", str(user_1), "--max-messages", "1")
-    assert text.exit_code == 0 and text.output == "first\n"
+    assert text.exit_code == 0 and text.output == "user-1\tfirst\n"
     second = next(r for r in records if r["value"] == "third:with colon")["offset"]
     tail = run(broker, "consume", topic, "--partition", str(user_1), "--from", str(second))
-    assert tail.output == "third:with colon\n"
+    assert tail.output == "user-1\tthird:with colon\n"
 
 
 def test_unknown_topic_is_reported_by_its_error_name_with_exit_1(
