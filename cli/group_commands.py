@@ -15,9 +15,18 @@ from typing import NoReturn
 
 import click
 
-from broker.client import Cluster
+from broker.client import Admin, Cluster
+from broker.client.admin import ZooKeeperAddress
 from broker.client.group import GroupConsumer, Reset
-from broker.client.lag import COUNT_BYTES, GroupLag, GroupReader, PartitionLag, ResetStep, Target
+from broker.client.lag import (
+    COUNT_BYTES,
+    GroupLag,
+    GroupReader,
+    HolderUnavailable,
+    PartitionLag,
+    ResetStep,
+    Target,
+)
 from broker.errors import CorruptSegment, UnknownTopicOrPartition
 from broker.registry import DEFAULT_CHROOT, Registry
 from broker.registry.groups import GroupNotEmpty
@@ -28,6 +37,7 @@ from cli.common import (
     EXIT_CORRUPT,
     F,
     broker_errors,
+    broker_options,
     output_options,
     print_messages,
     skip_corrupt_option,
@@ -41,20 +51,32 @@ def group() -> None:
 
 
 def zookeeper_options(command: F) -> F:
-    """--zookeeper (or $PYLOG_ZOOKEEPER) and --chroot: where the group registry is."""
+    """--zookeeper (or $PYLOG_ZOOKEEPER) and --chroot: where the group registry is, by default
+    asked of --broker (with --timeout: broker_options); see registry_address."""
     command = click.option(
         "--chroot",
-        default=DEFAULT_CHROOT,
-        show_default=True,
-        help="The registry's ZooKeeper chroot (pylogd's zookeeper.chroot).",
+        help="The registry's ZooKeeper chroot (pylogd's zookeeper.chroot); default: the "
+        f"broker's, or {DEFAULT_CHROOT} with --zookeeper.",
     )(command)
-    return click.option(
+    command = click.option(
         "--zookeeper",
         envvar="PYLOG_ZOOKEEPER",
-        required=True,
-        help="The ZooKeeper ensemble, HOST:PORT[,HOST:PORT...] (env PYLOG_ZOOKEEPER); with "
-        "the private ZooKeeper of `scripts/start`, see data/zookeeper/zoo.cfg for its port.",
+        help="The ZooKeeper ensemble, HOST:PORT[,HOST:PORT...] (env PYLOG_ZOOKEEPER); default: "
+        "the one --broker uses.",
     )(command)
+    return broker_options(command)
+
+
+def registry_address(
+    zookeeper: str | None, chroot: str | None, broker: str, timeout: float
+) -> ZooKeeperAddress:
+    """The ensemble and chroot the group commands use: --zookeeper (and --chroot, default
+    /pylog), or else those --broker's cluster uses (DESCRIBE_CLUSTER), --chroot overriding."""
+    if zookeeper is not None:
+        return ZooKeeperAddress(zookeeper, chroot or DEFAULT_CHROOT)
+    with broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
+        found = admin.zookeeper()
+    return ZooKeeperAddress(found.connect, chroot or found.chroot)
 
 
 @group.command("consume")
@@ -87,24 +109,29 @@ def group_consume(
     skip_corrupt: bool,
     max_messages: int | None,
     output: str,
-    zookeeper: str,
-    chroot: str,
+    zookeeper: str | None,
+    chroot: str | None,
+    broker: str,
+    timeout: float,
 ) -> None:
     """Join GROUP for TOPIC... and print the messages of the partitions this member is given,
     until SIGINT / SIGTERM (or --max-messages); commits what it printed and leaves the group
     on exit (with --max-messages N, exactly N messages are committed)."""
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    for signum in (signal.SIGTERM, signal.SIGINT):  # leave quietly, committing: exit 0
+        signal.signal(signum, lambda signum, frame: sys.exit(0))
+    registry = registry_address(zookeeper, chroot, broker, timeout)
     with (
-        broker_errors(zookeeper, "ZooKeeper"),
+        broker_errors(registry.connect, "ZooKeeper"),
         GroupConsumer(
-            zookeeper,
+            registry.connect,
             group_name,
             topics,
-            chroot=chroot,
+            chroot=registry.chroot,
             consumer_id=consumer_id,
             reset=reset,
             auto_commit_interval_s=commit_interval,
             skip_corrupt=skip_corrupt,
+            timeout_s=timeout,
         ) as consumer,
     ):
         try:
@@ -116,17 +143,10 @@ def group_consume(
 
 
 def admin_options(command: F) -> F:
-    """--zookeeper, --chroot, --timeout and --json, on the commands that administer groups."""
+    """zookeeper_options and --json, on the commands that administer groups."""
     command = click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")(
         command
     )
-    command = click.option(
-        "--timeout",
-        type=click.FloatRange(min=0, min_open=True),
-        default=5.0,
-        show_default=True,
-        help="Seconds to wait for ZooKeeper and for each broker's reply.",
-    )(command)
     return zookeeper_options(command)
 
 
@@ -146,8 +166,7 @@ def fail(message: str) -> NoReturn:
 
 def members_text(members: Sequence[str], what: str = "member") -> str:
     """ "2 members (a, b)", "1 active member (a)", "0 members"."""
-    noun = what if len(members) == 1 else f"{what}s"
-    return f"{len(members)} {noun}" + (f" ({', '.join(members)})" if members else "")
+    return _count(len(members), what) + (f" ({', '.join(members)})" if members else "")
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -160,10 +179,14 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
 
 
 @contextlib.contextmanager
-def group_reader(zookeeper: str, chroot: str, timeout: float) -> Iterator[GroupReader]:
-    """A GroupReader on the registry at `zookeeper`, turning failures into one line, exit 1."""
-    with broker_errors(zookeeper, "ZooKeeper"):
-        registry = Registry(zookeeper, chroot, request_timeout_s=timeout)
+def group_reader(
+    zookeeper: str | None, chroot: str | None, broker: str, timeout: float
+) -> Iterator[GroupReader]:
+    """A GroupReader on the registry (registry_address), turning failures into one line,
+    exit 1."""
+    address = registry_address(zookeeper, chroot, broker, timeout)
+    with broker_errors(address.connect, "ZooKeeper"):
+        registry = Registry(address.connect, address.chroot, request_timeout_s=timeout)
         registry.start(timeout=timeout)
         try:
             with Cluster((), timeout_s=timeout, retries=CLI_RETRIES) as cluster:
@@ -174,17 +197,19 @@ def group_reader(zookeeper: str, chroot: str, timeout: float) -> Iterator[GroupR
 
 @group.command("list")
 @admin_options
-def group_list(zookeeper: str, chroot: str, timeout: float, as_json: bool) -> None:
+def group_list(
+    zookeeper: str | None, chroot: str | None, broker: str, timeout: float, as_json: bool
+) -> None:
     """Print every consumer group: its live members and its topics (those it has committed
     offsets for, or members consuming).
 
     \b
     Example:
-        pylogctl group list --zookeeper 127.0.0.1:2181
+        pylogctl group list --broker 10.0.0.7:9092
         GROUP    MEMBERS  TOPICS
         loaders  2        clicks,events
     """
-    with group_reader(zookeeper, chroot, timeout) as reader:
+    with group_reader(zookeeper, chroot, broker, timeout) as reader:
         groups = [
             (name, sorted(reader.registry.consumers(name)), reader.topics(name))
             for name in reader.registry.groups()
@@ -223,8 +248,9 @@ def group_describe(
     count_bytes: int,
     watch: bool,
     interval: float,
-    zookeeper: str,
-    chroot: str,
+    zookeeper: str | None,
+    chroot: str | None,
+    broker: str,
     timeout: float,
     as_json: bool,
 ) -> None:
@@ -236,12 +262,12 @@ def group_describe(
 
     \b
     Example:
-        pylogctl group describe loaders --zookeeper 127.0.0.1:2181
+        pylogctl group describe loaders
         TOPIC   PARTITION  BROKER  OWNER  COMMITTED  HIGH_WATERMARK  LAG_BYTES  LAG_MESSAGES  ...
         events  0          1       a      3500       4200            700        20            ...
-        group loaders: 1 member (a), 1 partitions of 1 topic, lag 700 bytes, 20 messages, 1.5 s
+        group loaders: 1 member (a), 1 partition of 1 topic, lag 700 bytes, 20 messages, 1.5 s
     """
-    with group_reader(zookeeper, chroot, timeout) as reader:
+    with group_reader(zookeeper, chroot, broker, timeout) as reader:
         try:
             while True:
                 lag = reader.describe(group_name, topics, count_bytes)
@@ -294,14 +320,18 @@ def print_lag(lag: GroupLag, as_json: bool) -> None:
             for p in lag.partitions
         ],
     )
-    topics = len(lag.topics)
     messages = _messages(lag.lag_messages, lag.lag_messages_estimated)
     click.echo(
-        f"group {lag.group}: {members_text(sorted(lag.members))}, {len(lag.partitions)} "
-        f"partitions of {topics} topic{'' if topics == 1 else 's'}, lag {lag.lag_bytes} bytes, "
-        f"{messages} messages{' (estimated)' if lag.lag_messages_estimated else ''}, "
+        f"group {lag.group}: {members_text(sorted(lag.members))}, "
+        f"{_count(len(lag.partitions), 'partition')} of {_count(len(lag.topics), 'topic')}, "
+        f"lag {lag.lag_bytes} bytes, {messages} messages"
+        f"{' (estimated)' if lag.lag_messages_estimated else ''}, "
         f"{_seconds(lag.lag_seconds) or '-'} s"
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _fields(p: PartitionLag) -> dict[str, object]:
@@ -385,8 +415,9 @@ def group_reset(
     partitions: tuple[int, ...],
     execute: bool,
     force: bool,
-    zookeeper: str,
-    chroot: str,
+    zookeeper: str | None,
+    chroot: str | None,
+    broker: str,
     timeout: float,
     as_json: bool,
 ) -> None:
@@ -397,12 +428,12 @@ def group_reset(
 
     \b
     Examples:
-        pylogctl group reset loaders --topic events --to earliest --zookeeper 127.0.0.1:2181
+        pylogctl group reset loaders --topic events --to earliest
         pylogctl group reset loaders --topic events --to 2026-11-23T01:00 --execute
         pylogctl group reset loaders --topic events --shift-by -100 --partition 0 --execute
     """
     target = reset_target(to, shift_by)
-    with group_reader(zookeeper, chroot, timeout) as reader:
+    with group_reader(zookeeper, chroot, broker, timeout) as reader:
         consumers = reader.registry.consumers(group_name)
         active = sorted(m for m, subscribed in consumers.items() if topic in subscribed)
         if active and execute and not force:
@@ -415,6 +446,8 @@ def group_reset(
             steps = reader.plan_reset(group_name, topic, target, partitions)
         except UnknownTopicOrPartition:
             fail(f"no topic {topic!r} (pylogctl topic list shows the topics)")
+        except HolderUnavailable as error:
+            fail(f"{error}: nothing was reset (every partition's broker must answer)")
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="--partition") from None
         if execute:
@@ -451,16 +484,21 @@ def print_reset(
 @click.argument("group_name", metavar="GROUP", callback=group_name)
 @admin_options
 def group_delete(
-    group_name: str, zookeeper: str, chroot: str, timeout: float, as_json: bool
+    group_name: str,
+    zookeeper: str | None,
+    chroot: str | None,
+    broker: str,
+    timeout: float,
+    as_json: bool,
 ) -> None:
     """Delete GROUP and its committed offsets from ZooKeeper; refused while it has members.
     A group started again afterwards reads from its members' --reset position.
 
     \b
     Example:
-        pylogctl group delete loaders --zookeeper 127.0.0.1:2181
+        pylogctl group delete loaders
     """
-    with group_reader(zookeeper, chroot, timeout) as reader:
+    with group_reader(zookeeper, chroot, broker, timeout) as reader:
         try:
             deleted = reader.registry.delete_group(group_name)
         except GroupNotEmpty as error:

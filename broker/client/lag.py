@@ -109,6 +109,10 @@ def messages(
         position = damage.end if damage else position + len(reply.message_set)
 
 
+class HolderUnavailable(Unavailable):
+    """The broker holding a partition could not be asked (down, or no reply in time)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Backlog:
     """The messages of [offset, end): how many (exact, or estimated beyond what was counted)
@@ -297,7 +301,7 @@ class GroupReader:
     def _connection(self, broker: int) -> Connection:
         endpoint = self.cluster.endpoints.get(broker)
         if endpoint is None:
-            raise Unavailable(f"broker {broker} is not registered (down?)")
+            raise Unavailable("not registered in ZooKeeper (down?)")
         return self.cluster.connect(endpoint)
 
     # -- resets ------------------------------------------------------------------------------
@@ -307,7 +311,8 @@ class GroupReader:
     ) -> list[ResetStep]:
         """Where `target` moves the group's committed offset of each partition of `topic`
         (or of `partitions`), reading only. UnknownTopicOrPartition for a topic that does not
-        exist; BrokerError or Unavailable when a holder cannot say (nothing is planned)."""
+        exist; BrokerError or HolderUnavailable when a holder cannot say (nothing is
+        planned)."""
         config = self.registry.topic_config(topic)
         wanted = set(partitions)
         unknown = wanted - set(range(config.partitions))
@@ -323,8 +328,12 @@ class GroupReader:
             if wanted and number not in wanted:
                 continue
             name = partition_name(holder, number)
-            before = committed.get(name)
-            steps.append(self._step(topic, number, holder, name, before, target))
+            try:
+                steps.append(self._step(topic, number, holder, name, committed.get(name), target))
+            except Unavailable as error:
+                raise HolderUnavailable(
+                    f"partition {number} of {topic}: broker {holder} unavailable: {error}"
+                ) from error
         return steps
 
     def apply_reset(self, group: str, steps: Iterable[ResetStep]) -> None:

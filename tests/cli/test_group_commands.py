@@ -20,9 +20,11 @@ from click.testing import CliRunner, Result
 from broker.client import Admin, Producer
 from broker.client.group import GroupConsumer
 from broker.registry import Registry
+from broker.zookeeper import PrivateZooKeeper
 from cli.pylogctl import cli
 from tests.cli.conftest import Cluster
 from tests.conftest import wait_until
+from tests.pylogd import RunningBroker
 
 SIZE = 26 + 9
 """A message of these tests on disk: the 26-byte header and a 9-byte value, no key."""
@@ -360,3 +362,49 @@ def test_delete_refuses_while_the_group_has_members_then_deletes_it(
     assert again.stderr == (
         f"pylogctl: no consumer group {group!r} (pylogctl group list shows the groups)\n"
     )
+
+
+def test_the_group_commands_find_zookeeper_through_the_broker(
+    cluster: Cluster, registry: Registry, group: str, topic: str
+) -> None:
+    make_topic(cluster, topic, [2])
+    registry.commit_offset(group, topic, "1-0", SIZE)
+    env: dict[str, str | None] = {"PYLOG_BROKER": cluster.endpoint, "PYLOG_ZOOKEEPER": None}
+    runner = CliRunner()
+    described = runner.invoke(cli, ["group", "describe", group, "--json"], env=env)
+    partition, summary = json_lines(described)
+    assert (partition["committed"], partition["lag_bytes"]) == (SIZE, SIZE)
+    assert summary["lag_bytes"] == SIZE
+    listed = runner.invoke(cli, ["group", "list", "--broker", cluster.endpoint], env=env)
+    assert listed.exit_code == 0 and [group, "0", topic] in map(
+        str.split, listed.stdout.splitlines()
+    )
+    wrong_chroot = runner.invoke(
+        cli, ["group", "describe", group, "--chroot", f"/elsewhere-{group}"], env=env
+    )
+    assert wrong_chroot.exit_code == 1  # --chroot overrides the broker's
+    assert wrong_chroot.stderr.startswith(f"pylogctl: no consumer group {group!r}")
+
+
+def test_a_broker_down_leaves_its_partitions_unknown_and_a_reset_undone(
+    three_brokers: list[RunningBroker], zookeeper: PrivateZooKeeper, registry_chroot: str
+) -> None:
+    down = Cluster(three_brokers, zookeeper.connect_string, registry_chroot)
+    make_topic(down, "events", [2, 2, 2])
+    with Registry(down.zookeeper, down.chroot) as registry:
+        for name in ("1-0", "2-1", "3-2"):
+            registry.commit_offset("loaders", "events", name, SIZE)
+        assert three_brokers[1].stop() == 0  # broker 2, holding partition 1
+        described = json_lines(run(down, "describe", "loaders", "--json"))
+        assert [p["lag_bytes"] for p in described[:3]] == [SIZE, None, SIZE]
+        assert described[1]["note"] == "broker 2 unavailable: not registered in ZooKeeper (down?)"
+        assert described[3]["lag_bytes"] == 2 * SIZE
+        refused = run(
+            down, "reset", "loaders", "--topic", "events", "--to", "earliest", "--execute"
+        )
+        assert refused.exit_code == 1
+        assert refused.stderr == (
+            "pylogctl: partition 1 of events: broker 2 unavailable: not registered in ZooKeeper "
+            "(down?): nothing was reset (every partition's broker must answer)\n"
+        )
+        assert registry.committed_offset("loaders", "events", "1-0") == SIZE
