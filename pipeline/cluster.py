@@ -19,23 +19,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from broker.client import lag
 from broker.client.cluster import Cluster as BrokerCluster
 from broker.client.connection import Connection
-from broker.client.consumer import corrupt_segment_reply
 from broker.errors import BrokerError
-from broker.protocol import (
-    EARLIEST,
-    LATEST,
-    ErrorCode,
-    FetchRequest,
-    OffsetsRequest,
-)
+from broker.protocol import EARLIEST, LATEST, ErrorCode, OffsetsRequest
 from broker.registry import DEFAULT_CHROOT, Registry
 from pipeline.errors import NotMessageBoundary, OptionError, PipelineError
 
 RETRIES: Final = 5
 CLIENT_ID: Final = "pylog-spark"
-_BOUNDS: Final = re.compile(r"starts at (\d+) and the next one at (\d+)")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -73,27 +66,9 @@ def bootstrap_endpoint(options: Mapping[str, str]) -> str:
 
 def message_bounds(connection: Connection, tp: TopicPartition, position: int) -> tuple[int, int]:
     """(start, next) of the message around byte `position` of the partition: (position,
-    position) when a message starts there (or it is the high watermark). One FETCH of one
-    byte: a boundary answers FETCH_SIZE_TOO_SMALL (or nothing at the high watermark), any
-    other position INVALID_OFFSET, whose text gives the boundaries around it (protocol.md).
-    BrokerError OFFSET_OUT_OF_RANGE outside [log start, high watermark]."""
-    request = FetchRequest(tp.topic, tp.partition, position, 1, 0, 0)
-    try:
-        connection.call(request, RETRIES)
-    except BrokerError as error:
-        damage = corrupt_segment_reply(error)
-        if error.code == ErrorCode.FETCH_SIZE_TOO_SMALL or (damage and damage.start == position):
-            return position, position  # a damaged range starts at a boundary too
-        if error.code != ErrorCode.INVALID_OFFSET:
-            raise
-        found = _BOUNDS.search(error.message)
-        if found is None:
-            raise PipelineError(
-                f"{tp}: cannot read the message boundaries around {position} from the broker's "
-                f"answer {error.message!r}"
-            ) from error
-        return int(found.group(1)), int(found.group(2))
-    return position, position
+    position) when a message starts there (broker.client.lag.message_bounds). BrokerError
+    OFFSET_OUT_OF_RANGE outside [log start, high watermark]."""
+    return lag.message_bounds(connection, tp.topic, tp.partition, position, RETRIES)
 
 
 class Cluster(BrokerCluster):
