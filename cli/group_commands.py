@@ -271,7 +271,9 @@ def group_describe(
         try:
             while True:
                 lag = reader.describe(group_name, topics, count_bytes)
-                if not topics and not lag.topics and not lag.members:
+                if not (topics or lag.topics or lag.members) and (
+                    group_name not in reader.registry.groups()
+                ):
                     fail(
                         f"no consumer group {group_name!r}: nothing committed, owned or "
                         "consuming (pylogctl group list shows the groups)"

@@ -84,6 +84,11 @@ def test_list_names_each_group_with_its_members_and_topics(
         as_json = json_lines(run(cluster, "list", "--json"))
         assert {"group": f"{group}-live", "members": ["m1"], "topics": [topic]} in as_json
         assert {"group": group, "members": [], "topics": [topic]} in as_json
+    left = run(cluster, "describe", f"{group}-live")  # listed, so described, if empty
+    assert left.exit_code == 0, left.output
+    assert left.stdout.splitlines()[-1] == (
+        f"group {group}-live: 0 members, 0 partitions of 0 topics, lag 0 bytes, 0 messages, - s"
+    )
 
 
 def test_describe_gives_lag_in_bytes_messages_and_seconds_and_a_summary(
