@@ -389,6 +389,12 @@ def test_the_group_commands_find_zookeeper_through_the_broker(
     )
     assert wrong_chroot.exit_code == 1  # --chroot overrides the broker's
     assert wrong_chroot.stderr.startswith(f"pylogctl: no consumer group {group!r}")
+    consumed = runner.invoke(
+        cli, ["group", "consume", group, topic, "--max-messages", "1", "--format", "json"], env=env
+    )
+    assert consumed.exit_code == 0, consumed.output
+    assert json.loads(consumed.stdout)["offset"] == SIZE  # from the group's committed offset
+    assert registry.committed_offset(group, topic, "1-0") == 2 * SIZE
 
 
 def test_a_broker_down_leaves_its_partitions_unknown_and_a_reset_undone(
