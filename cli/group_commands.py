@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict
 from typing import NoReturn
 
 import click
@@ -23,7 +24,6 @@ from broker.client.lag import (
     GroupLag,
     GroupReader,
     HolderUnavailable,
-    PartitionLag,
     ResetStep,
     Target,
 )
@@ -294,7 +294,7 @@ def group_describe(
 def print_lag(lag: GroupLag, as_json: bool) -> None:
     if as_json:
         for p in lag.partitions:
-            click.echo(json.dumps({"type": "partition", "group": lag.group, **_fields(p)}))
+            click.echo(json.dumps({"type": "partition", "group": lag.group, **asdict(p)}))
         summary = {
             "type": "group",
             "group": lag.group,
@@ -334,23 +334,6 @@ def print_lag(lag: GroupLag, as_json: bool) -> None:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def _fields(p: PartitionLag) -> dict[str, object]:
-    return {
-        "topic": p.topic,
-        "partition": p.partition,
-        "broker": p.broker,
-        "owner": p.owner,
-        "committed": p.committed,
-        "log_start": p.log_start,
-        "high_watermark": p.high_watermark,
-        "lag_bytes": p.lag_bytes,
-        "lag_messages": p.lag_messages,
-        "lag_messages_estimated": p.lag_messages_estimated,
-        "lag_seconds": p.lag_seconds,
-        "note": p.note,
-    }
 
 
 def _messages(count: int | None, estimated: bool) -> str | None:
