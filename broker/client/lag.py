@@ -34,7 +34,7 @@ from broker.client.consumer import (
     decode_fetched,
     timestamp_ms,
 )
-from broker.errors import BrokerError, MalformedReply, Unavailable
+from broker.errors import BrokerError, CorruptSegment, MalformedReply, Unavailable
 from broker.log.message import Message
 from broker.protocol import EARLIEST, LATEST, ErrorCode, FetchRequest, OffsetsRequest
 from broker.registry import Registry, partition_name
@@ -80,10 +80,17 @@ def message_bounds(
 
 
 def messages(
-    connection: Connection, topic: str, partition: int, start: int, end: int, retries: int = 3
+    connection: Connection,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    retries: int = 3,
+    damaged: list[CorruptSegment] | None = None,
 ) -> Iterator[Message]:
     """The readable messages of [start, end) (`start` a boundary), fetched without waiting;
-    damaged ranges (docs/protocol.md) are passed over, their bytes counting as no message."""
+    damaged ranges (docs/protocol.md) are passed over, their bytes counting as no message,
+    and added to `damaged`."""
     position, fetch_bytes = start, FETCH_BYTES
     while position < end:
         try:
@@ -93,6 +100,8 @@ def messages(
         except BrokerError as error:
             damage = corrupt_segment_reply(error)
             if damage is not None:
+                if damaged is not None:
+                    damaged.append(damage)
                 position = damage.end
                 continue
             if error.code == ErrorCode.FETCH_SIZE_TOO_SMALL and fetch_bytes < MAX_FETCH_BYTES:
@@ -106,6 +115,8 @@ def messages(
             if message.offset >= end:
                 return
             yield message
+        if damage is not None and damaged is not None:
+            damaged.append(damage)
         position = damage.end if damage else position + len(reply.message_set)
 
 
@@ -115,12 +126,14 @@ class HolderUnavailable(Unavailable):
 
 @dataclass(frozen=True, slots=True)
 class Backlog:
-    """The messages of [offset, end): how many (exact, or estimated beyond what was counted)
-    and the timestamp of the first (None when there is none)."""
+    """The messages of [offset, end): how many (exact, or estimated beyond what was counted),
+    the timestamp of the first (None when there is none), and the damaged ranges passed over
+    among those counted ([start, end) offsets, no messages)."""
 
     messages: int
     estimated: bool
     first_timestamp_ms: int | None
+    damaged: tuple[tuple[int, int], ...] = ()
 
 
 def backlog(
@@ -135,7 +148,8 @@ def backlog(
     """Count the messages of [offset, end) by reading them, up to those starting `count_bytes`
     past `offset`; beyond, estimate them from the average size of those counted."""
     counted, first, reached = 0, None, offset
-    for message in messages(connection, topic, partition, offset, end, retries):
+    found: list[CorruptSegment] = []
+    for message in messages(connection, topic, partition, offset, end, retries, found):
         if message.offset - offset >= count_bytes:
             reached = message.offset
             break
@@ -143,9 +157,12 @@ def backlog(
         first = message.timestamp_ms if first is None else first
         reached = message.next_offset
     else:
-        return Backlog(counted, False, first)
+        reached = end
+    damaged = tuple((d.start, d.end) for d in found if d.start < reached)
+    if reached == end:
+        return Backlog(counted, False, first, damaged)
     estimate = counted + round((end - reached) * counted / (reached - offset))
-    return Backlog(estimate, True, first)
+    return Backlog(estimate, True, first, damaged)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,13 +296,15 @@ class GroupReader:
         age = None
         if found.first_timestamp_ms is not None:
             age = round(max(0.0, now_ms - found.first_timestamp_ms) / 1000, 1)
+        notes = [note] if note else []
+        notes += [f"damaged offsets [{a}, {b}) are no messages" for a, b in found.damaged]
         return replace(
             offsets,
             lag_bytes=end - position,
             lag_messages=found.messages,
             lag_messages_estimated=found.estimated,
             lag_seconds=0.0 if position == end else age,
-            note=note,
+            note="; ".join(notes) or None,
         )
 
     def offsets(self, connection: Connection, topic: str, partition: int) -> tuple[int, int]:

@@ -419,3 +419,27 @@ def test_a_broker_down_leaves_its_partitions_unknown_and_a_reset_undone(
             "(down?): nothing was reset (every partition's broker must answer)\n"
         )
         assert registry.committed_offset("loaders", "events", "1-0") == SIZE
+
+
+def test_describe_counts_the_messages_around_damaged_data_and_says_where_it_is(
+    three_brokers: list[RunningBroker], zookeeper: PrivateZooKeeper, registry_chroot: str
+) -> None:
+    first = Cluster(three_brokers, zookeeper.connect_string, registry_chroot)
+    make_topic(first, "events", [5])  # partition 0, on broker 1
+    assert three_brokers[0].stop() == 0
+    (segment,) = three_brokers[0].data_dir.glob("logs/events-0/*.log")
+    with open(segment, "r+b") as f:  # message 2's last byte: recovery keeps it as damaged
+        f.seek(3 * SIZE - 1)
+        byte = f.read(1)
+        f.seek(3 * SIZE - 1)
+        f.write(bytes([byte[0] ^ 0x01]))
+    restarted = three_brokers[0].restarted()
+    try:
+        with Registry(first.zookeeper, first.chroot) as registry:
+            registry.commit_offset("loaders", "events", "1-0", SIZE)
+        (partition, summary) = json_lines(run(first, "describe", "loaders", "--json"))
+        assert (partition["lag_bytes"], partition["lag_messages"]) == (4 * SIZE, 3)
+        assert partition["note"] == f"damaged offsets [{2 * SIZE}, {3 * SIZE}) are no messages"
+        assert summary["lag_messages"] == 3
+    finally:
+        restarted.stop()
