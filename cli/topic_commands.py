@@ -11,6 +11,8 @@ from broker.client.admin import PartitionState
 from broker.protocol import ConfigEntry
 from cli.common import CLI_RETRIES, broker_errors, broker_options, config_pair, timestamp
 
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+
 
 @click.group()
 def topic() -> None:
@@ -28,24 +30,50 @@ def topic() -> None:
     metavar="KEY=VALUE",
     help="A topic setting (retention_ms, segment_bytes, ...); repeat for more.",
 )
+@JSON_OPTION
 @broker_options
 def topic_create(
-    name: str, partitions: int, config: dict[str, str], broker: str, timeout: float
+    name: str,
+    partitions: int,
+    config: dict[str, str],
+    as_json: bool,
+    broker: str,
+    timeout: float,
 ) -> None:
-    """Create topic NAME with its partitions on the broker."""
+    """Create topic NAME, its partitions dealt over the brokers up; settings not given take
+    the brokers' defaults (topic describe shows them all, topic alter changes them).
+
+    \b
+    Example:
+      $ pylogctl topic create clicks --partitions 4 --config retention_ms=86400000
+      created topic clicks with 4 partitions
+    """
     with broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
         admin.create_topic(name, partitions, config)
-    click.echo(f"created topic {name} with {partitions} partitions")
+    if as_json:
+        click.echo(json.dumps({"topic": name, "partitions": partitions, "config": config}))
+    else:
+        click.echo(f"created topic {name} with {partitions} partitions")
 
 
 @topic.command("list")
+@JSON_OPTION
 @broker_options
-def topic_list(broker: str, timeout: float) -> None:
-    """Print every topic of the broker, one name a line."""
+def topic_list(as_json: bool, broker: str, timeout: float) -> None:
+    """Print every topic of the cluster, one name a line (--json: name and partition count).
+
+    \b
+    Example:
+      $ pylogctl topic list --json
+      {"topic": "clicks", "partitions": 4}
+    """
     with broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
-        names = admin.list_topics()
-    for name in names:
-        click.echo(name)
+        topics = sorted(admin.metadata().topics, key=lambda t: t.topic)
+    for info in topics:
+        if as_json:
+            click.echo(json.dumps({"topic": info.topic, "partitions": len(info.partitions)}))
+        else:
+            click.echo(info.topic)
 
 
 @topic.command("describe")
@@ -148,7 +176,7 @@ def _partition_json(
     metavar="KEY",
     help="Put a setting back to the brokers' default; repeat for more.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print what changed as a JSON object.")
+@JSON_OPTION
 @broker_options
 def topic_alter(
     name: str,
@@ -185,9 +213,16 @@ def topic_alter(
 
 @topic.command("delete")
 @click.argument("name")
+@JSON_OPTION
 @broker_options
-def topic_delete(name: str, broker: str, timeout: float) -> None:
-    """Delete topic NAME and all of its data."""
+def topic_delete(name: str, as_json: bool, broker: str, timeout: float) -> None:
+    """Delete topic NAME and all of its data, on every broker.
+
+    \b
+    Example:
+      $ pylogctl topic delete clicks
+      deleted topic clicks
+    """
     with broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
         admin.delete_topic(name)
-    click.echo(f"deleted topic {name}")
+    click.echo(json.dumps({"topic": name, "deleted": True}) if as_json else f"deleted topic {name}")

@@ -328,3 +328,12 @@ def test_topic_alter_retention_and_flush_apply_to_data_already_there(
     )
     state = described(broker.endpoint, topic)["partitions"][0]
     assert (state["segments"], state["size_bytes"], state["high_watermark"]) == (2, 120, 200)
+
+
+def test_topic_create_list_and_delete_print_json(cluster: ThreeBrokers, topic: str) -> None:
+    created = ok(cluster.endpoint, "topic", "create", topic, "--partitions", "2", "--json")
+    assert json.loads(created.output) == {"topic": topic, "partitions": 2, "config": {}}
+    listed = ok(cluster.endpoint, "topic", "list", "--json").output.splitlines()
+    assert {"topic": topic, "partitions": 2} in [json.loads(line) for line in listed]
+    deleted = ok(cluster.endpoint, "topic", "delete", topic, "--json")
+    assert json.loads(deleted.output) == {"topic": topic, "deleted": True}
