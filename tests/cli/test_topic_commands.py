@@ -337,3 +337,24 @@ def test_topic_create_list_and_delete_print_json(cluster: ThreeBrokers, topic: s
     assert {"topic": topic, "partitions": 2} in [json.loads(line) for line in listed]
     deleted = ok(cluster.endpoint, "topic", "delete", topic, "--json")
     assert json.loads(deleted.output) == {"topic": topic, "deleted": True}
+
+
+def test_a_broker_down_while_a_topic_is_altered_applies_the_change_when_it_starts(
+    three_brokers: list[RunningBroker], topic: str
+) -> None:
+    first, second, third = three_brokers
+    ok(first.endpoint, "topic", "create", topic, "--partitions", "3")  # partition 1 on broker 2
+    second.stop()
+    ok(first.endpoint, "topic", "alter", topic, "--set", "segment_bytes=100")
+    unavailable = at(first.endpoint, "topic", "describe", topic).output.splitlines()[-2]
+    assert unavailable == "partition 1 broker 2 unavailable (broker down)"
+    again = second.restarted()
+    try:
+        wait_until(
+            lambda: described(third.endpoint, topic)["partitions"][1]["available"],
+            what="partition 1 served again",
+        )
+        in_effect = described(third.endpoint, topic)["partitions"][1]["settings_in_effect"]
+        assert in_effect["segment_bytes"] == "100"
+    finally:
+        again.stop()

@@ -11,7 +11,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -266,6 +266,48 @@ def test_missing_topic_config_raises_unknown_topic(registry: Registry) -> None:
         registry.topic_config("nope")
     with pytest.raises(UnknownTopicOrPartition, match="nope"):
         registry.delete_topic_config("nope")
+
+
+def test_alter_topic_settings_loses_no_change_written_between_its_read_and_its_write(
+    registry: Registry, observer: KazooClient
+) -> None:
+    registry.create_topic_config("clicks", TopicConfig.spread(2, [1], {"retention_ms": 1000}))
+    path = registry.topic_config_path("clicks")
+    seen: list[dict[str, int | None]] = []
+
+    def change(settings: Mapping[str, int | None]) -> dict[str, int | None]:
+        seen.append(dict(settings))
+        if len(seen) == 1:  # another writer gets in first
+            other = TopicConfig.spread(2, [1], {**settings, "segment_ms": 5})
+            observer.set(path, other.to_json())
+        return {**settings, "segment_bytes": 100}
+
+    altered = registry.alter_topic_settings("clicks", change)
+    assert seen == [{"retention_ms": 1000}, {"retention_ms": 1000, "segment_ms": 5}]
+    expected = {"retention_ms": 1000, "segment_ms": 5, "segment_bytes": 100}
+    assert altered.settings == expected
+    assert registry.topic_config("clicks") == altered
+    with pytest.raises(UnknownTopicOrPartition, match="nope"):
+        registry.alter_topic_settings("nope", dict)
+
+
+def test_watch_topic_config_sees_each_change_of_its_data_and_its_deletion(
+    registry: Registry,
+) -> None:
+    first = TopicConfig.spread(2, [1], {"retention_ms": 1000})
+    registry.create_topic_config("clicks", first)
+    values: queue.Queue[TopicConfig | None] = queue.Queue()
+
+    def changed(config: TopicConfig | None) -> bool:
+        values.put(config)
+        return True  # go on watching
+
+    registry.watch_topic_config("clicks", changed)
+    next_value(values, first)
+    altered = registry.alter_topic_settings("clicks", lambda _: {"retention_ms": None})
+    next_value(values, altered)
+    registry.delete_topic_config("clicks")
+    next_value(values, None)
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "x" * 250, "spaces here", "ü"])
