@@ -41,6 +41,7 @@ from cli.common import (
     output_options,
     print_messages,
     skip_corrupt_option,
+    until_interrupted,
 )
 
 
@@ -267,28 +268,24 @@ def group_describe(
         events  0          1       a      3500       4200            700        20            ...
         group loaders: 1 member (a), 1 partition of 1 topic, lag 700 bytes, 20 messages, 1.5 s
     """
-    with group_reader(zookeeper, chroot, broker, timeout) as reader:
-        try:
-            while True:
-                lag = reader.describe(group_name, topics, count_bytes)
-                if not (topics or lag.topics or lag.members) and (
-                    group_name not in reader.registry.groups()
-                ):
-                    fail(
-                        f"no consumer group {group_name!r}: nothing committed, owned or "
-                        "consuming (pylogctl group list shows the groups)"
-                    )
-                if watch and not as_json and sys.stdout.isatty():
-                    click.clear()
-                print_lag(lag, as_json)
-                if not watch:
-                    return
-                sys.stdout.flush()
-                time.sleep(interval)  # the refresh period, not a wait for a condition
-                if not as_json and not sys.stdout.isatty():
-                    click.echo()
-        except KeyboardInterrupt:
-            sys.exit(0)
+    with until_interrupted(), group_reader(zookeeper, chroot, broker, timeout) as reader:
+        while True:
+            lag = reader.describe(group_name, topics, count_bytes)
+            if not (topics or lag.topics or lag.members) and (
+                group_name not in reader.registry.groups()
+            ):
+                fail(
+                    f"no consumer group {group_name!r}: nothing committed, owned or consuming "
+                    "(pylogctl group list shows the groups)"
+                )
+            if watch and not as_json and sys.stdout.isatty():
+                click.clear()
+            print_lag(lag, as_json)
+            if not watch:
+                return
+            time.sleep(interval)  # the refresh period, not a wait for a condition
+            if not as_json and not sys.stdout.isatty():
+                click.echo()
 
 
 def print_lag(lag: GroupLag, as_json: bool) -> None:
