@@ -157,7 +157,11 @@ class Front:
         if first == CREDIT:
             self.pool.credit(worker, int.from_bytes(rest[0].bytes, "big"))
         elif first == STATE:
-            self.topics.worker_state(worker, json.loads(rest[0].bytes))
+            state = json.loads(rest[0].bytes)
+            if "stats" in state:  # broker.worker_stats, for broker.metrics
+                worker.stats = state["stats"]
+            else:
+                self.topics.worker_state(worker, state)
         else:  # a reply, behind the tagged identity of its client
             self._reply(first, rest)
 

@@ -17,22 +17,44 @@ read at scrape time. The names follow Prometheus' conventions (`_total` counters
 - pylog_worker_restarts_total;
 - pylog_partitions: the partitions this broker holds;
 - pylog_zookeeper_connected: 1 while the registry's ZooKeeper session is connected;
-- process_*: the supervisor process's CPU, memory and open files (prometheus-client's).
+- process_*: the supervisor process's CPU, memory and open files (prometheus-client's);
+
+and from each worker's last snapshot (broker.worker_stats, sent every STATS_EVERY_S):
+
+- pylog_requests_total{worker, api}, pylog_request_errors_total{worker, api, error} (the
+  error code's name), pylog_request_seconds{worker, api} (a histogram: the time the worker
+  took up to its reply, or to parking a long poll or an ack=flushed producer);
+- pylog_flush_seconds{worker}: flushes (write, and fsync if configured), a histogram;
+- per partition {topic, partition}: pylog_partition_messages_in_total,
+  pylog_partition_bytes_in_total, pylog_partition_bytes_out_total (fetched),
+  pylog_partition_log_bytes, pylog_partition_segments, pylog_partition_log_start_offset and
+  pylog_partition_high_watermark.
+
+A worker's counters start again from 0 when it restarts (Prometheus' rate() takes the reset);
+group lag is pylogctl's (`pylogctl group describe`), not the broker's.
 """
 
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 from collections.abc import Iterator
 from importlib import metadata
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
+from broker.pool import WorkerHandle
 from broker.processes import port_holder
+from broker.worker_stats import LATENCY_BUCKETS_S
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -93,12 +115,79 @@ class SupervisorCollector(Collector):
         )
         held = sum(len(state.workers) for state in list(s.topics.held.values()))
         yield GaugeMetricFamily("pylog_partitions", "Partitions this broker holds.", held)
+        yield from _worker_metrics(pool.workers)
         connected = s.registry is not None and s.registry.connected
         yield GaugeMetricFamily(
             "pylog_zookeeper_connected",
             "1 while the registry's ZooKeeper session is connected.",
             float(connected),
         )
+
+
+_PARTITION_FIGURES = (
+    ("pylog_partition_messages_in", "Messages appended to the partition.", "counter"),
+    ("pylog_partition_bytes_in", "Bytes of messages appended to the partition.", "counter"),
+    ("pylog_partition_bytes_out", "Bytes of messages fetched from the partition.", "counter"),
+    ("pylog_partition_log_bytes", "Bytes of the partition's segment files.", "gauge"),
+    ("pylog_partition_segments", "Segment files of the partition.", "gauge"),
+    ("pylog_partition_log_start_offset", "The partition's log start offset.", "gauge"),
+    ("pylog_partition_high_watermark", "The partition's high watermark.", "gauge"),
+)
+"""The figures of a partition, in the order of a snapshot's partition rows after topic and
+partition (broker.worker_stats)."""
+
+
+def _worker_metrics(workers: list[WorkerHandle]) -> Iterator[Metric]:
+    """The figures of the workers' last snapshots (broker.worker_stats): requests, errors and
+    their time by api, flush time, and each partition's traffic and log."""
+    requests = CounterMetricFamily(
+        "pylog_requests", "Requests a worker served.", labels=["worker", "api"]
+    )
+    errors = CounterMetricFamily(
+        "pylog_request_errors",
+        "Requests a worker answered with an error (or, ack none, could not store).",
+        labels=["worker", "api", "error"],
+    )
+    seconds = HistogramMetricFamily(
+        "pylog_request_seconds",
+        "Time a worker took to serve a request, up to its reply or to parking it (a long "
+        "poll's wait and an ack=flushed producer's flush are not in it).",
+        labels=["worker", "api"],
+    )
+    flush = HistogramMetricFamily(
+        "pylog_flush_seconds", "Time a flush (write and fsync) took.", labels=["worker"]
+    )
+    partitions = [
+        (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+            name, text, labels=["topic", "partition"]
+        )
+        for name, text, kind in _PARTITION_FIGURES
+    ]
+    for worker in workers:
+        stats = worker.stats
+        if stats is None:
+            continue
+        index = str(worker.index)
+        for api, count in stats["requests"].items():
+            requests.add_metric([index, api], count)
+        for api, by_error in stats["errors"].items():
+            for error, count in by_error.items():
+                errors.add_metric([index, api, error], count)
+        for api, histogram in stats["seconds"].items():
+            seconds.add_metric([index, api], *_buckets(histogram))
+        flush.add_metric([index], *_buckets(stats["flush_seconds"]))
+        for topic, number, *figures in stats["partitions"]:
+            for family, value in zip(partitions, figures, strict=True):
+                family.add_metric([topic, str(number)], value)
+    yield from (requests, errors, seconds, flush, *partitions)
+
+
+def _buckets(histogram: list[float]) -> tuple[list[tuple[str, float]], float]:
+    """A snapshot's histogram (counts per bucket, then the sum) as Prometheus' cumulative
+    buckets and the sum."""
+    *counts, total = histogram
+    bounds = [*(str(b) for b in LATENCY_BUCKETS_S), "+Inf"]
+    return list(zip(bounds, itertools.accumulate(counts), strict=True)), total
 
 
 def serve_metrics(supervisor: Supervisor, host: str, port: int) -> tuple[WSGIServer, int]:

@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -76,6 +77,8 @@ class WorkerHandle:
     """Requests routed to it and not sent yet: tagged identity, request frame, ..."""
     queued_bytes: int = 0
     """Bytes of request frames routed to it that it has not given back (CREDIT) yet."""
+    stats: dict[str, Any] | None = None
+    """Its last snapshot of figures (broker.worker_stats), for broker.metrics."""
 
     @property
     def running(self) -> bool:
@@ -122,6 +125,7 @@ class WorkerPool:
             worker.socket.close(linger=0)  # requests queued for the dead worker are dropped
         self.queued_bytes -= worker.queued_bytes
         worker.queued_bytes = 0
+        worker.stats = None
         worker.restarts += worker.process is not None
         worker.endpoint = f"ipc://{self.run_dir}/worker-{worker.index}-{worker.restarts}.sock"
         worker.socket = self.context.socket(zmq.DEALER)

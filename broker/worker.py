@@ -41,6 +41,9 @@ anything (no flush, no index), so a full disk cannot stop it, and removes their 
 On SIGTERM or SIGINT it flushes every log and answers the producers waiting for that flush,
 then stops, closes every log and exits 0. A supervisor that dies, even by SIGKILL, has the
 kernel send its workers SIGTERM (PR_SET_PDEATHSIG), so none is left holding its partitions.
+With `[metrics] enabled` it counts requests, errors and their time by api, flush durations and
+each partition's traffic (broker.worker_stats) and sends the supervisor a snapshot every
+STATS_EVERY_S, which serves them (broker.metrics).
 Flow control: the worker gives the supervisor back the bytes of the requests it has served
 (CREDIT, broker.transport), so the front holds back requests, not the worker's memory, when
 the worker falls behind.
@@ -58,6 +61,7 @@ import math
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +100,7 @@ from broker.transport import (
     json_frame,
     receive_from_supervisor,
 )
+from broker.worker_stats import STATS_EVERY_S, WorkerStats
 
 log = logging.getLogger("pylog.worker")
 
@@ -123,6 +128,10 @@ class Partition:
     failed_flushes: int = 0
     """How many flushes failed: a producer waiting on a flush from before one is told that
     its messages were not stored."""
+    messages_in: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    """Messages and bytes appended, and bytes of messages fetched (broker.worker_stats)."""
 
     @property
     def name(self) -> str:
@@ -153,6 +162,7 @@ class Worker:
         self._storage_log = RateLimitedLog(log, STORAGE_LOG_EVERY_S)
         self._served_bytes = 0
         """Bytes of request frames served and not yet given back to the supervisor (CREDIT)."""
+        self.stats = WorkerStats()
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -161,6 +171,8 @@ class Worker:
             self.nursery = nursery
             nursery.start_soon(self._flush_when_due)
             nursery.start_soon(self._apply_retention)
+            if self.config.metrics_enabled:
+                nursery.start_soon(self._report_stats)
             await self.socket.send([STATE, json_frame({"hello": self.index})])
             task_status.started()
             while True:
@@ -210,14 +222,18 @@ class Worker:
     # -- requests --------------------------------------------------------------------------
 
     async def _serve_request(self, tagged: bytes, request_frames: list[bytes]) -> None:
+        started = time.perf_counter()
+        api = "unknown"
         correlation_id: int | None = None
         try:
             produce = protocol.peek_produce(request_frames)  # the hot path: no objects made
             if produce is not None:
+                api = "produce"
                 correlation_id, route, ack, message_set = produce
                 await self._produce(tagged, correlation_id, route, ack, message_set)
                 return
             header, request = protocol.decode_request(request_frames)
+            api = header.api.name.lower()
             correlation_id = header.correlation_id
             if isinstance(request, protocol.ProduceRequest):
                 route = protocol.Route(request.topic, request.partition)
@@ -235,6 +251,7 @@ class Worker:
         except Exception as error:  # every failure is answered; the worker keeps serving
             if isinstance(error, OSError):  # the disk or the file table (EMFILE) said no
                 error = storage_error(error, f"worker {self.index}")
+            self.stats.failed(api, protocol.error_code_for(error).name)
             if isinstance(error, DISK_ERRORS):
                 kind = type(error).__name__
                 self._storage_log.log(logging.ERROR, kind, f"worker {self.index}: {error}")
@@ -248,6 +265,8 @@ class Worker:
                 if correlation_id is None:  # the request did not decode
                     correlation_id = protocol.peek_correlation_id(request_frames)
                 await self._reply(tagged, protocol.encode_error(correlation_id, error))
+        finally:
+            self.stats.served(api, time.perf_counter() - started)
 
     def _still_open(self, partition: Partition) -> bool:
         """Whether `partition` is still served here (not deleted, the worker not closing)."""
@@ -286,6 +305,8 @@ class Worker:
         except DISK_ERRORS as error:
             self._on_disk_error(partition, error)
             raise
+        partition.messages_in += count
+        partition.bytes_in += len(message_set)
         end = plog.log_end_offset
         if plog.high_watermark != high_watermark:
             partition.note_flush()
@@ -395,6 +416,7 @@ class Worker:
             if not cap < error.needed <= request.max_bytes:
                 raise
             data = plog.read(request.offset, error.needed)
+        partition.bytes_out += len(data)
         reply = protocol.FetchReply(plog.high_watermark, plog.log_start_offset, data)
         return protocol.encode_reply(correlation_id, reply)
 
@@ -460,6 +482,7 @@ class Worker:
         if (topic, number) in self.partitions:
             return
         plog = PartitionLog.open(directory / f"{topic}-{number}", config)
+        plog.on_flush = self.stats.flush_seconds.observe
         _log_recovery(f"{topic}-{number}", plog)
         self.partitions[(topic, number)] = Partition(topic, number, plog)
         self._deadline_changed.set()
@@ -592,6 +615,29 @@ class Worker:
                 if partition.offline is None
             ]
             failed = not all(flushed)
+
+    async def _report_stats(self) -> None:
+        """Send the supervisor a snapshot of the figures every STATS_EVERY_S (for
+        broker.metrics)."""
+        while True:
+            await trio.sleep(STATS_EVERY_S)
+            partitions = []
+            for p in list(self.partitions.values()):
+                figures = p.log.statistics()
+                partitions.append(
+                    [
+                        p.topic,
+                        p.number,
+                        p.messages_in,
+                        p.bytes_in,
+                        p.bytes_out,
+                        figures.size_bytes,
+                        figures.segments,
+                        figures.log_start_offset,
+                        figures.high_watermark,
+                    ]
+                )
+            await self.socket.send([STATE, json_frame({"stats": self.stats.snapshot(partitions)})])
 
     async def _apply_retention(self) -> None:
         while True:

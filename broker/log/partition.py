@@ -41,6 +41,7 @@ import contextlib
 import logging
 import os
 import re
+import time
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -116,6 +117,9 @@ class PartitionLog:
         self._pending_since: float | None = None
         self._active_since_ms = clock.time() * 1000
         self._failure: str | None = None
+        self.on_flush: Callable[[float], object] | None = None
+        """Told how long each flush that made messages visible took, in seconds (for the
+        broker's metrics); carried over by reopen_from_disk."""
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -276,6 +280,7 @@ class PartitionLog:
         active = self._segments[-1]
         if self._high_watermark == active.end_offset:
             return
+        started = time.perf_counter()
         if self.config.fsync:
             active.open_to_sync()
             try:
@@ -286,6 +291,8 @@ class PartitionLog:
         self._high_watermark = active.end_offset
         self._pending_messages = 0
         self._pending_since = None
+        if self.on_flush is not None:
+            self.on_flush(time.perf_counter() - started)
 
     def next_flush_deadline(self) -> float | None:
         """When (clock.monotonic) the pending messages are due to be flushed, or None."""
@@ -529,7 +536,9 @@ class PartitionLog:
                 os.close(fd)
         except OSError as error:
             raise storage_error(error, f"cutting {self.directory} back to offset {end}") from error
-        return PartitionLog.open(self.directory, self.config, self._clock)
+        reopened = PartitionLog.open(self.directory, self.config, self._clock)
+        reopened.on_flush = self.on_flush
+        return reopened
 
     def __enter__(self) -> PartitionLog:
         return self

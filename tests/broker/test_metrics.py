@@ -19,8 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker import protocol
 from broker.client import Admin
 from broker.client.connection import Connection
+from broker.errors import BrokerError
 from broker.log import encode_message
-from broker.protocol import Ack, Api, ProduceRequest
+from broker.protocol import Ack, Api, FetchRequest, ProduceRequest
 from tests.conftest import single_box_flags, wait_until
 from tests.pylogd import RunningBroker
 
@@ -47,7 +48,7 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_the_endpoint_shows_the_broker_its_workers_partitions_and_traffic(
     make_pylogd: Callable[..., RunningBroker], tmp_path: Path
 ) -> None:
-    broker = make_pylogd(*single_box_flags(tmp_path), *METRICS)
+    broker = make_pylogd(*single_box_flags(tmp_path), *METRICS, "--log-flush-messages", "1")
     url = metrics_url(broker)
     assert url.startswith("http://127.0.0.1:")
     first = scrape(url)
@@ -65,11 +66,47 @@ def test_the_endpoint_shows_the_broker_its_workers_partitions_and_traffic(
         for i in range(10):
             request = ProduceRequest("counted", i % 2, Ack.WRITTEN, encode_message(b"m%d" % i))
             connection.request(request)
+        sizes = [len(encode_message(b"m%d" % i)) for i in range(10)]
+        fetched = connection.request(FetchRequest("counted", 0, 0, 1 << 20, 0, 0))
+        assert len(fetched.message_set) == sum(sizes[0::2])
+        with pytest.raises(BrokerError, match="not a message boundary"):
+            connection.request(FetchRequest("counted", 0, 1, 1 << 20, 0, 0))
     after = scrape(url)
     assert after[("pylog_partitions", ())] == 2
     requests = ("pylog_front_requests_total", ())
-    assert after[requests] - first[requests] >= 10
+    assert after[requests] - first[requests] >= 12
     assert after[("pylog_front_queued_request_bytes", ())] == 0  # every request served
+
+    def partition(name: str, number: int) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return (name, (("partition", str(number)), ("topic", "counted")))
+
+    def worker_figures_in() -> bool:  # each worker sends its figures every second
+        figures = scrape(url)
+        return figures.get(partition("pylog_partition_bytes_out_total", 0)) == sum(sizes[0::2])
+
+    wait_until(worker_figures_in, timeout=10, what="the workers' figures")
+    figures = scrape(url)
+    for number in (0, 1):
+        assert figures[partition("pylog_partition_messages_in_total", number)] == 5
+        assert figures[partition("pylog_partition_bytes_in_total", number)] == sum(sizes[number::2])
+        assert figures[partition("pylog_partition_high_watermark", number)] == sum(sizes[number::2])
+        assert figures[partition("pylog_partition_log_bytes", number)] == sum(sizes[number::2])
+        assert figures[partition("pylog_partition_segments", number)] == 1
+        assert figures[partition("pylog_partition_log_start_offset", number)] == 0
+
+    def summed(name: str, **labels: str) -> float:
+        return sum(
+            value
+            for (n, sample_labels), value in figures.items()
+            if n == name and labels.items() <= dict(sample_labels).items()
+        )
+
+    assert summed("pylog_requests_total", api="produce") == 10
+    assert summed("pylog_request_seconds_count", api="produce") == 10
+    assert summed("pylog_request_seconds_bucket", api="produce", le="+Inf") == 10
+    assert summed("pylog_requests_total", api="fetch") == 2
+    assert summed("pylog_request_errors_total", api="fetch", error="INVALID_OFFSET") == 1
+    assert summed("pylog_flush_seconds_count") >= 1
 
     os.kill(broker.worker_pids()[0], signal.SIGKILL)
     wait_until(
