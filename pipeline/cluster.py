@@ -23,7 +23,7 @@ from broker.client import lag
 from broker.client.cluster import Cluster as BrokerCluster
 from broker.client.connection import Connection
 from broker.errors import BrokerError
-from broker.protocol import EARLIEST, LATEST, ErrorCode, OffsetsRequest
+from broker.protocol import ErrorCode, OffsetsRequest
 from broker.registry import DEFAULT_CHROOT, Registry
 from pipeline.errors import NotMessageBoundary, OptionError, PipelineError
 
@@ -91,10 +91,7 @@ class Cluster(BrokerCluster):
 
     def offsets(self, tp: TopicPartition, endpoint: str) -> tuple[int, int]:
         """(log start offset, high watermark) of the partition, by OFFSETS."""
-        connection = self.connect(endpoint)
-        start = connection.call(OffsetsRequest(tp.topic, tp.partition, EARLIEST), RETRIES)
-        end = connection.call(OffsetsRequest(tp.topic, tp.partition, LATEST), RETRIES)
-        return start.offset, end.offset
+        return lag.log_range(self.connect(endpoint), tp.topic, tp.partition, RETRIES)
 
     def offset_for_time(self, tp: TopicPartition, endpoint: str, time_ms: int) -> int:
         """The first offset whose message's timestamp is >= time_ms (the high watermark if

@@ -54,6 +54,15 @@ the start of the message around it), the first message at or after a time, or a 
 messages from the committed offset (negative: back)."""
 
 
+def log_range(
+    connection: Connection, topic: str, partition: int, retries: int = 3
+) -> tuple[int, int]:
+    """(log start offset, high watermark) of the partition, by OFFSETS."""
+    start = connection.call(OffsetsRequest(topic, partition, EARLIEST), retries)
+    end = connection.call(OffsetsRequest(topic, partition, LATEST), retries)
+    return start.offset, end.offset
+
+
 def message_bounds(
     connection: Connection, topic: str, partition: int, position: int, retries: int = 3
 ) -> tuple[int, int]:
@@ -278,7 +287,7 @@ class GroupReader:
     def _partition_lag(self, lag: PartitionLag, count_bytes: int, now_ms: float) -> PartitionLag:
         try:
             connection = self._connection(lag.broker)
-            start, end = self.offsets(connection, lag.topic, lag.partition)
+            start, end = log_range(connection, lag.topic, lag.partition, self.retries)
         except (BrokerError, Unavailable) as error:
             return replace(lag, note=f"broker {lag.broker} unavailable: {error}")
         offsets = replace(lag, log_start=start, high_watermark=end)
@@ -308,12 +317,6 @@ class GroupReader:
             lag_seconds=0.0 if position == end else age,
             note="; ".join(notes) or None,
         )
-
-    def offsets(self, connection: Connection, topic: str, partition: int) -> tuple[int, int]:
-        """(log start offset, high watermark) of the partition, by OFFSETS."""
-        start = connection.call(OffsetsRequest(topic, partition, EARLIEST), self.retries)
-        end = connection.call(OffsetsRequest(topic, partition, LATEST), self.retries)
-        return start.offset, end.offset
 
     def _refresh_endpoints(self) -> None:
         brokers = self.registry.brokers()
@@ -370,7 +373,7 @@ class GroupReader:
         if isinstance(target, tuple) and before is None:
             return replace(step, note="no committed offset to shift")
         connection = self._connection(holder)
-        start, end = self.offsets(connection, topic, number)
+        start, end = log_range(connection, topic, number, self.retries)
         if target == "earliest":
             return replace(step, after=start)
         if target == "latest":
