@@ -18,6 +18,15 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NoReturn, TypeVar
 
 import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from broker.client.cluster import split_endpoints
 from broker.client.group import Record
@@ -123,6 +132,30 @@ def broker_errors(broker: str, what: str = "broker") -> Iterator[None]:
     except PylogError as error:
         click.echo(f"pylogctl: {type(error).__name__}: {error}", err=True)
         sys.exit(EXIT_BROKER)
+
+
+@contextlib.contextmanager
+def progress(description: str, total_bytes: int | None) -> Iterator[Callable[[int], None]]:
+    """A progress bar of bytes done out of `total_bytes` on stderr while the block runs, when
+    stderr is a terminal (nothing when it is not, piped or a file, nor when the total is not
+    known); yields the function to call with each count of bytes done. The bar is wiped when
+    the block ends, so the terminal keeps only the command's own output."""
+    if total_bytes is None or not sys.stderr.isatty():
+        yield lambda done: None
+        return
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        redirect_stdout=sys.stdout.isatty(),  # lines printed meanwhile go above the bar
+        redirect_stderr=False,
+    ) as bar:
+        task = bar.add_task(description, total=total_bytes)
+        yield lambda done: bar.advance(task, done)
 
 
 def config_pair(

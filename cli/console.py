@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import os
 import signal
+import stat
 import sys
 from collections.abc import Iterator
 from types import FrameType
@@ -23,6 +25,7 @@ from cli.common import (
     broker_options,
     output_options,
     print_messages,
+    progress,
     skip_corrupt_option,
     until_interrupted,
     usage_error,
@@ -60,7 +63,7 @@ def produce(
     """Send each line of stdin (or --file) to TOPIC as one message, then print how many the
     broker acknowledged. Without --partition, keyed messages go to the partition of their
     key's hash and the others round robin. Ctrl-C ends the input: the lines read are sent,
-    and the command exits 0.
+    and the command exits 0. Reading a file on a terminal, a progress bar is shown on stderr.
 
     \b
     Examples:
@@ -74,8 +77,9 @@ def produce(
         producer = Producer(
             broker, topic_name, ack=_ACKS[ack], retries=CLI_RETRIES, timeout_s=timeout
         )
-        with producer:
+        with producer, progress(f"produce {topic_name}", _file_size(source)) as done:
             for line in _lines_until_interrupted(source):
+                done(len(line))
                 value = line.removesuffix(b"\n").removesuffix(b"\r")
                 key = None
                 if separator is not None and separator in value:
@@ -86,6 +90,15 @@ def produce(
         click.echo(f"sent {sent} messages (ack none: not acknowledged)")
     else:
         click.echo(f"{sent} messages acknowledged ({ack})")
+
+
+def _file_size(source: BinaryIO) -> int | None:
+    """The size of `source` when it is a regular file (a terminal or a pipe has none)."""
+    try:
+        status = os.fstat(source.fileno())
+    except (OSError, ValueError):  # no file descriptor (tests pass a buffer)
+        return None
+    return status.st_size if stat.S_ISREG(status.st_mode) else None
 
 
 def _lines_until_interrupted(source: BinaryIO) -> Iterator[bytes]:

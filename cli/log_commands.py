@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from broker.errors import InvalidMessage
+from broker.log.partition import SEGMENT_NAME
 from broker.log.verify import (
     base_offset_of,
     check_partition,
@@ -16,7 +17,7 @@ from broker.log.verify import (
     partition_dirs,
     set_aside_files,
 )
-from cli.common import EXIT_CORRUPT, PREVIEW_BYTES, message_record, text, timestamp
+from cli.common import EXIT_CORRUPT, PREVIEW_BYTES, message_record, progress, text, timestamp
 
 
 @click.group()
@@ -69,36 +70,46 @@ def verify(path: Path, as_json: bool) -> None:
     index written for a segment of its size (a clean close) agrees with the segment.
 
     Prints a line per segment as it is checked and a summary; exits 1 on any corruption,
-    naming the file and byte position. Files set aside as *.bad are listed, not checked."""
+    naming the file and byte position. Files set aside as *.bad are listed, not checked. On a
+    terminal, a progress bar of the bytes checked is shown on stderr meanwhile.
+
+    \b
+    Examples:
+      pylogctl log verify /var/lib/pylog            # every partition of a log dir
+      pylogctl log verify --json /var/lib/pylog/clicks-0"""
     directories = partition_dirs(path)
     if not directories:
         raise click.UsageError(f"{path} holds no segment files, nor folders that do")
     corrupt = segments = messages = 0
-    for directory in directories:
-        for check in check_partition(directory):
-            segments += 1
-            messages += check.messages
-            corrupt += not check.ok
-            if as_json:
-                record = {
-                    "file": str(check.path),
-                    "base_offset": check.base_offset,
-                    "size": check.size,
-                    "messages": check.messages,
-                    "ok": check.ok,
-                    "error": check.error,
-                    "position": check.position,
-                }
-                click.echo(json.dumps(record))
-            elif check.ok:
-                click.echo(f"ok       {check.path} ({check.messages} messages, {check.size} bytes)")
-            else:
-                click.echo(f"CORRUPT  {check.path} at byte {check.position}: {check.error}")
-        for bad in set_aside_files(directory):
-            if as_json:
-                click.echo(json.dumps({"file": str(bad), "set_aside": True}))
-            else:
-                click.echo(f"set aside {bad} (left by recovery; not part of the log)")
+    with progress(f"verify {path}", _segment_bytes(directories)) as done:
+        for directory in directories:
+            for check in check_partition(directory):
+                done(check.size)
+                segments += 1
+                messages += check.messages
+                corrupt += not check.ok
+                if as_json:
+                    record = {
+                        "file": str(check.path),
+                        "base_offset": check.base_offset,
+                        "size": check.size,
+                        "messages": check.messages,
+                        "ok": check.ok,
+                        "error": check.error,
+                        "position": check.position,
+                    }
+                    click.echo(json.dumps(record))
+                elif check.ok:
+                    click.echo(
+                        f"ok       {check.path} ({check.messages} messages, {check.size} bytes)"
+                    )
+                else:
+                    click.echo(f"CORRUPT  {check.path} at byte {check.position}: {check.error}")
+            for bad in set_aside_files(directory):
+                if as_json:
+                    click.echo(json.dumps({"file": str(bad), "set_aside": True}))
+                else:
+                    click.echo(f"set aside {bad} (left by recovery; not part of the log)")
     summary = {"partitions": len(directories), "segments": segments, "messages": messages}
     if as_json:
         click.echo(json.dumps({"summary": {**summary, "corrupt_segments": corrupt}}))
@@ -109,3 +120,10 @@ def verify(path: Path, as_json: bool) -> None:
         )
     if corrupt:
         sys.exit(EXIT_CORRUPT)
+
+
+def _segment_bytes(directories: list[Path]) -> int:
+    """The size of every segment file in `directories`: what verify reads."""
+    return sum(
+        p.stat().st_size for d in directories for p in d.iterdir() if SEGMENT_NAME.match(p.name)
+    )

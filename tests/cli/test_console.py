@@ -6,6 +6,9 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import pty
+import re
+import select
 import selectors
 import signal
 import subprocess
@@ -16,6 +19,7 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from broker.client import Producer
+from broker.log import LogConfig, PartitionLog, encode_message
 from cli.pylogctl import cli
 from tests.cli.conftest import Cluster
 from tests.client.test_connection import unused_endpoint
@@ -240,3 +244,66 @@ def test_no_library_logs_on_the_console_unless_verbose() -> None:
         [PYLOGCTL, "-v", *command[1:]], capture_output=True, text=True, timeout=60
     )
     assert "pylogctl: WARNING kazoo.client: Connection dropped" in verbose.stderr
+
+
+def on_a_terminal(*args: str) -> tuple[int, str, str]:
+    """pylogctl ARGS with stderr on a pseudo-terminal: its exit code, stdout, and what the
+    terminal was sent."""
+    master, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [PYLOGCTL, *args],
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        env={**os.environ, "TERM": "xterm", "COLUMNS": "120"},
+    )
+    os.close(terminal)
+    shown = b""
+    try:
+        while select.select([master], [], [], 30)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: every end of the terminal is closed, the process is done
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(master)
+    out, _ = process.communicate(timeout=30)
+    return process.returncode, out.decode(), shown.decode()
+
+
+def last_progress(shown: str) -> tuple[str, str]:
+    """The last "done/total unit" a progress bar showed."""
+    found = re.findall(r"([\d.]+)/([\d.]+) (kB|bytes)", shown)
+    assert found, shown
+    done, total, unit = found[-1]
+    return f"{done} {unit}", f"{total} {unit}"
+
+
+def test_produce_file_and_log_verify_show_progress_on_a_terminal_only(
+    cluster: Cluster, topic: str, tmp_path: Path
+) -> None:
+    assert run(cluster.endpoint, "topic", "create", topic).exit_code == 0
+    data = tmp_path / "lines.txt"
+    data.write_text("".join(f"line {i}\n" for i in range(2000)))
+    code, out, shown = on_a_terminal(
+        "produce", topic, "--file", str(data), "--broker", cluster.endpoint
+    )
+    assert (code, out) == (0, "2000 messages acknowledged (flushed)\n"), shown
+    assert f"produce {topic}" in shown
+    assert last_progress(shown) == ("18.9 kB", "18.9 kB")  # 18,890 bytes read of 18,890
+    piped = run(cluster.endpoint, "produce", topic, "--file", str(data))
+    assert (piped.stdout, piped.stderr) == ("2000 messages acknowledged (flushed)\n", "")
+
+    log = PartitionLog.open(tmp_path / "logs" / "t-0", LogConfig())
+    for _ in range(1000):
+        log.append(encode_message(b"x" * 100))
+    log.flush()
+    log.close()
+    code, out, shown = on_a_terminal("log", "verify", str(tmp_path / "logs"))
+    assert code == 0 and out.endswith("1 partitions, 1 segments, 1000 messages: all ok\n")
+    assert f"verify {tmp_path / 'logs'}" in shown
+    assert last_progress(shown) == ("126.0 kB", "126.0 kB")  # 1,000 messages of 126 bytes
+    piped = CliRunner().invoke(cli, ["log", "verify", str(tmp_path / "logs")])
+    assert piped.stdout == out and piped.stderr == ""
