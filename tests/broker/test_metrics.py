@@ -1,9 +1,11 @@
 """pylogd's Prometheus endpoint, scraped as Prometheus would: over HTTP, parsed with
-prometheus-client's own parser."""
+prometheus-client's own parser; and the example Grafana dashboard (deploy/grafana/pylog.json)
+queries only metrics the endpoint serves."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -25,6 +27,7 @@ from broker.protocol import Ack, Api, FetchRequest, ProduceRequest
 from tests.conftest import single_box_flags, wait_until
 from tests.pylogd import RunningBroker
 
+ROOT = Path(__file__).resolve().parents[2]
 METRICS = ("--metrics-enabled", "true", "--metrics-port", "0")
 
 
@@ -82,7 +85,9 @@ def test_the_endpoint_shows_the_broker_its_workers_partitions_and_traffic(
 
     def worker_figures_in() -> bool:  # each worker sends its figures every second
         figures = scrape(url)
-        return figures.get(partition("pylog_partition_bytes_out_total", 0)) == sum(sizes[0::2])
+        return figures.get(partition("pylog_partition_bytes_out_total", 0)) == sum(
+            sizes[0::2]
+        ) and all(figures.get(partition("pylog_partition_messages_in_total", n)) for n in (0, 1))
 
     wait_until(worker_figures_in, timeout=10, what="the workers' figures")
     figures = scrape(url)
@@ -107,6 +112,16 @@ def test_the_endpoint_shows_the_broker_its_workers_partitions_and_traffic(
     assert summed("pylog_requests_total", api="fetch") == 2
     assert summed("pylog_request_errors_total", api="fetch", error="INVALID_OFFSET") == 1
     assert summed("pylog_flush_seconds_count") >= 1
+
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "pylog.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\b((?:pylog|process)_\w+)", target["expr"])
+    }
+    served = {name for name, _ in figures}
+    assert queried and queried <= served, f"the dashboard queries {queried - served}"
 
     os.kill(broker.worker_pids()[0], signal.SIGKILL)
     wait_until(
