@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import signal
 import stat
@@ -50,6 +51,9 @@ _ACKS = {"none": Ack.NONE, "written": Ack.WRITTEN, "flushed": Ack.FLUSHED}
 )
 @click.option("--partition", type=click.IntRange(min=0), help="Send every message here.")
 @click.option("--ack", type=click.Choice(list(_ACKS)), default="flushed", show_default=True)
+@click.option(
+    "--json", "as_json", is_flag=True, help='The count as JSON: {"topic", "messages", "ack"}.'
+)
 @broker_options
 def produce(
     topic_name: str,
@@ -57,6 +61,7 @@ def produce(
     key_separator: str | None,
     partition: int | None,
     ack: str,
+    as_json: bool,
     broker: str,
     timeout: float,
 ) -> None:
@@ -86,7 +91,9 @@ def produce(
                     key, _, value = value.partition(separator)
                 producer.send(value, key=key, partition=partition)
         sent = producer.messages_sent
-    if ack == "none":
+    if as_json:
+        click.echo(json.dumps({"topic": topic_name, "messages": sent, "ack": ack}))
+    elif ack == "none":
         click.echo(f"sent {sent} messages (ack none: not acknowledged)")
     else:
         click.echo(f"{sent} messages acknowledged ({ack})")
@@ -181,6 +188,7 @@ def _start(text: str) -> Start | Last:
     help="At the end, wait for new messages instead of exiting, through broker restarts, and "
     "read partitions added to the topic; Ctrl-C exits 0.",
 )
+@click.option("--json", "as_json", is_flag=True, help="--format json.")
 @skip_corrupt_option
 @output_options
 @broker_options
@@ -190,6 +198,7 @@ def consume(
     start: str,
     until: str | None,
     follow: bool,
+    as_json: bool,
     skip_corrupt: bool,
     max_messages: int | None,
     output: str,
@@ -234,7 +243,7 @@ def consume(
         until_interrupted(),
     ):
         try:
-            print_messages(_consumed(consumer), output, max_messages)
+            print_messages(_consumed(consumer), "json" if as_json else output, max_messages)
         except CorruptSegment as error:
             click.echo(f"pylogctl: {error} (--skip-corrupt reads past it)", err=True)
             sys.exit(EXIT_CORRUPT)

@@ -91,8 +91,19 @@ def test_consume_reads_every_partition_from_where_it_is_told_until_where_it_is_t
         f"{topic}|2|0|{base}|4|k2=p2-0|100%\t.",
         f"{topic}|2|{size}|{base + 1}|4|k2=p2-1|100%\t.",
     ]
-    tail = run(endpoint, "consume", topic, "--partition", "2", "--from", str(3 * size))
-    assert lines(tail) == ["k2\tp2-3"]
+    tail = run(endpoint, "consume", topic, "--partition", "2", "--from", str(3 * size), "--json")
+    assert [json.loads(line) for line in lines(tail)] == [
+        {
+            "topic": topic,
+            "partition": 2,
+            "offset": 3 * size,
+            "timestamp": base + 3,
+            "key": "k2",
+            "value": "p2-3",
+        }
+    ]
+    produced = run(endpoint, "produce", topic, "--json", "--ack", "written", input=b"a\nb\n")
+    assert lines(produced) == [json.dumps({"topic": topic, "messages": 2, "ack": "written"})]
 
 
 def test_consume_usage_errors_are_one_line_with_exit_2() -> None:
