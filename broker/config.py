@@ -18,6 +18,7 @@ from typing import Any
 from broker.errors import InvalidTopic
 from broker.log.config import LogConfig
 from broker.log.files import DEFAULT_MAX_OPEN_FILES
+from broker.logs import FORMATS
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,13 @@ SETTINGS: tuple[Setting, ...] = (
         int,
         30_000,
         "How long workers get to flush and exit on shutdown before they are killed.",
+    ),
+    Setting(
+        "broker",
+        "log_format",
+        str,
+        "text",
+        'How pylogd logs to stderr: "text" (for people) or "json" (one object a line).',
     ),
     Setting(
         "broker",
@@ -318,6 +326,11 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> BrokerConfig
     values.update(check_values(overrides))
     config = BrokerConfig(values)
     config.log_config()  # LogConfig checks the [log] values together
+    if config.broker_log_format not in FORMATS:
+        raise ValueError(
+            f"broker_log_format must be one of {', '.join(FORMATS)}, "
+            f"not {config.broker_log_format!r}"
+        )
     if config.broker_workers_per_dir < 1:
         raise ValueError("broker_workers_per_dir must be at least 1")
     for name in (

@@ -60,7 +60,6 @@ import logging
 import math
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -89,6 +88,7 @@ from broker.log.config import LogConfig
 from broker.log.files import OPEN_FILES
 from broker.log.message import HEADER_SIZE, Buffer, timestamp_at
 from broker.log.segment import storage_error
+from broker.logs import configure_logging
 from broker.processes import exit_with_supervisor
 from broker.ratelog import RateLimitedLog
 from broker.transport import (
@@ -705,12 +705,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--supervisor-pid", type=int, required=True)
     args = parser.parse_args(argv)
     exit_with_supervisor(args.supervisor_pid)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="pylogd: %(levelname)s %(name)s: %(message)s",
-    )
-    trio.run(run_worker, args.index, args.endpoint, BrokerConfig(json.loads(args.config)))
+    config = BrokerConfig(json.loads(args.config))
+    configure_logging(config.broker_log_format)
+    trio.run(run_worker, args.index, args.endpoint, config)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ last line on stderr.
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ import click
 
 from broker.config import SETTINGS, load_config
 from broker.errors import PylogError, ZooKeeperStartError
+from broker.logs import configure_logging
 from broker.supervisor import run_pylogd
 
 EXIT_CANNOT_START = 1
@@ -52,16 +52,12 @@ def _setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.version_option(package_name="pylog")
 def main(config_path: Path | None, verbose: bool, **flags: str | None) -> None:
     """Run a pylog broker until SIGTERM or SIGINT."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        stream=sys.stderr,
-        format="pylogd: %(levelname)s %(name)s: %(message)s",
-    )
     overrides = {name: value for name, value in flags.items() if value is not None}
     try:
         config = load_config(config_path, overrides)
     except ValueError as error:
         raise click.UsageError(str(error)) from error
+    configure_logging(config.broker_log_format, verbose)
     try:
         code = run_pylogd(config)
     except ZooKeeperStartError as error:  # at start, or later after failed restarts

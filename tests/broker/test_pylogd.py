@@ -7,10 +7,12 @@ build them from docs/protocol.md.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -314,6 +316,34 @@ def test_ctrl_c_stops_pylogd_cleanly_and_logs_no_error(
     log = broker.log_path.read_text()
     assert "SIGINT: shutting down" in log
     assert ": ERROR " not in log, log
+
+
+def test_json_logs_are_one_object_a_line_from_every_process(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    broker = make_pylogd(*single_box_flags(tmp_path), "--broker-log-format", "json")
+    client = RawClient(broker.endpoint)
+    client.create("logged", 1)
+    client.close()
+    assert broker.stop() == 0
+    events = [json.loads(line) for line in broker.log_path.read_text().splitlines()]
+    assert all({"time", "level", "logger", "pid", "message"} <= event.keys() for event in events)
+    loggers = {event["logger"] for event in events}
+    assert {"pylog.supervisor", "pylog.worker"} <= loggers
+    assert len({event["pid"] for event in events}) >= 3  # the supervisor and both workers
+    assert any("created topic 'logged'" in event["message"] for event in events)
+
+
+def test_an_unknown_log_format_is_a_usage_error(tmp_path: Path) -> None:
+    pylogd = Path(sys.executable).with_name("pylogd")
+    done = subprocess.run(
+        [str(pylogd), "--broker-data-dir", str(tmp_path), "--broker-log-format", "xml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "broker_log_format must be one of text, json, not 'xml'" in done.stderr
 
 
 def test_ack_flushed_is_answered_by_group_commit_not_after_the_flush_interval(
