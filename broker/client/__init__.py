@@ -7,11 +7,14 @@
     Producer           batches messages per partition, keyed or spread, each to the broker
                        holding its partition (producer.py)
     PartitionConsumer  reads one partition from an offset, a time, earliest or latest
+    TopicConsumer      reads every partition of a topic (or some), from the last N messages
+                       too, until their end or a time, or on through broker restarts
+                       (topic_consumer.py): pylogctl consume
     GroupConsumer      a member of a consumer group coordinated through ZooKeeper (group.py)
 
-Cluster, Admin, Producer and PartitionConsumer take any broker of the cluster (several,
-comma-separated, for when one is down) and find the others from it; GroupConsumer takes the
-ZooKeeper ensemble the brokers register in.
+Cluster, Admin, Producer, PartitionConsumer and TopicConsumer take any broker of the cluster
+("host:port" or "tcp://host:port"; several, comma-separated, for when one is down) and find
+the others from it; GroupConsumer takes the ZooKeeper ensemble the brokers register in.
 
 Errors: broker.errors.BrokerError for an error the broker answered with (its `name` and
 `retriable`), broker.errors.Unavailable when no reply came in time.
@@ -23,6 +26,7 @@ from broker.client.connection import Connection
 from broker.client.consumer import PartitionConsumer
 from broker.client.group import GroupConsumer, Record
 from broker.client.producer import ProduceAck, Producer
+from broker.client.topic_consumer import Last, TopicConsumer
 from broker.protocol import Ack
 
 __all__ = [
@@ -31,8 +35,10 @@ __all__ = [
     "Cluster",
     "Connection",
     "GroupConsumer",
+    "Last",
     "PartitionConsumer",
     "ProduceAck",
     "Producer",
     "Record",
+    "TopicConsumer",
 ]
