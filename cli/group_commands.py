@@ -118,8 +118,6 @@ def group_consume(
     """Join GROUP for TOPIC... and print the messages of the partitions this member is given,
     until SIGINT / SIGTERM (or --max-messages); commits what it printed and leaves the group
     on exit (with --max-messages N, exactly N messages are committed)."""
-    for signum in (signal.SIGTERM, signal.SIGINT):  # leave quietly, committing: exit 0
-        signal.signal(signum, lambda signum, frame: sys.exit(0))
     registry = registry_address(zookeeper, chroot, broker, timeout)
     with (
         broker_errors(registry.connect, "ZooKeeper"),
@@ -135,6 +133,8 @@ def group_consume(
             timeout_s=timeout,
         ) as consumer,
     ):
+        for signum in (signal.SIGTERM, signal.SIGINT):  # leave quietly, committing: exit 0
+            signal.signal(signum, lambda signum, frame: consumer.interrupt())
         try:
             print_messages(consumer, output, max_messages)
         except CorruptSegment as error:

@@ -219,6 +219,7 @@ class GroupConsumer(Closing):
         self._rebalance_wanted.set()  # the first poll joins
         self._next_commit = time.monotonic() + (auto_commit_interval_s or 0)
         self._closed = False
+        self._interrupted = False
         self.cluster = Cluster((), client_id, timeout_s)
         self.registry = Registry(zookeeper, chroot, session_timeout_s=session_timeout_s)
         try:
@@ -259,9 +260,9 @@ class GroupConsumer(Closing):
         return records
 
     def __iter__(self) -> Iterator[Record]:
-        """Messages for ever (until close), one at a time: each counts as processed when the
-        next one is asked for."""
-        while not self._closed:
+        """Messages for ever (until close or interrupt), one at a time: each counts as
+        processed when the next one is asked for."""
+        while not (self._closed or self._interrupted):
             self._processed_all()
             for owned, batch in self._next_batches(None):
                 ends = [record.offset for record in batch[1:]] + [owned.fetch_offset]
@@ -271,7 +272,16 @@ class GroupConsumer(Closing):
                     # asked for the next: the record is processed (a break, an exception or
                     # a close() while it was in hand never comes back here)
                     owned.position = end
+                    if self._interrupted:
+                        return
                     self._auto_commit()
+
+    def interrupt(self) -> None:
+        """End a `for record in member` loop at its next step, the record in hand counted as
+        processed: within max_wait_ms when no message comes. It only sets a flag, so a signal
+        handler may call it (raising there instead could land inside kazoo, whose bare
+        `except:` would swallow the exception and leave the loop running)."""
+        self._interrupted = True
 
     def _processed_all(self) -> None:
         """Count every record handed out as processed."""
