@@ -94,6 +94,7 @@ from broker.ratelog import RateLimitedLog
 from broker.transport import (
     COMMAND,
     CREDIT_EVERY_BYTES,
+    CREDIT_IDLE_S,
     STATE,
     TrioSocket,
     credit_frames,
@@ -162,6 +163,14 @@ class Worker:
         self._storage_log = RateLimitedLog(log, STORAGE_LOG_EVERY_S)
         self._served_bytes = 0
         """Bytes of request frames served and not yet given back to the supervisor (CREDIT)."""
+        workers = len(config.log_dir_paths) * config.broker_workers_per_dir
+        self._credit_step = min(
+            CREDIT_EVERY_BYTES, max(1, config.broker_queued_request_bytes // (2 * workers))
+        )
+        """Served bytes given back at once: at most half the front's limit over all workers
+        held back, so credit held back alone never stops the front reading."""
+        self._credit_owed = trio.Event()
+        """Set when served bytes wait for _give_credit_when_idle."""
         self.stats = WorkerStats()
 
     # -- the loop --------------------------------------------------------------------------
@@ -171,12 +180,13 @@ class Worker:
             self.nursery = nursery
             nursery.start_soon(self._flush_when_due)
             nursery.start_soon(self._apply_retention)
+            nursery.start_soon(self._give_credit_when_idle)
             if self.config.metrics_enabled:
                 nursery.start_soon(self._report_stats)
             await self.socket.send([STATE, json_frame({"hello": self.index})])
             task_status.started()
             while True:
-                frames = await self.socket.receive(on_idle=self._on_idle)
+                frames = await self.socket.receive(on_idle=self._group_commit)
                 if frames[0] == COMMAND:
                     await self._run_command(json.loads(frames[1]))
                     continue
@@ -184,18 +194,24 @@ class Worker:
                 for i in range(1, len(frames), 2):
                     await self._serve_request(frames[i], frames[i + 1 : i + 2])
                     self._served_bytes += len(frames[i + 1])
-                if self._served_bytes >= CREDIT_EVERY_BYTES:
+                if self._served_bytes >= self._credit_step:
                     self._give_credit()
-
-    def _on_idle(self) -> None:
-        """Nothing left to read: group commit, and give back all the credit held."""
-        self._group_commit()
-        if self._served_bytes:
-            self._give_credit()
+                elif not self._credit_owed.is_set():
+                    self._credit_owed.set()
 
     def _give_credit(self) -> None:
         self.socket.send_now(credit_frames(self._served_bytes))
         self._served_bytes = 0
+
+    async def _give_credit_when_idle(self) -> None:
+        """Give back what was served, CREDIT_IDLE_S after the first bytes of it were: a worker
+        that falls idle owes the front nothing for long, with no message a request."""
+        while True:
+            await self._credit_owed.wait()
+            await trio.sleep(CREDIT_IDLE_S)
+            self._credit_owed = trio.Event()
+            if self._served_bytes:
+                self._give_credit()
 
     async def flush_and_answer(self, timeout_s: float) -> None:
         """Flush every partition and give the producers waiting for a flush their acks (for a

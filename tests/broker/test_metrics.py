@@ -78,7 +78,11 @@ def test_the_endpoint_shows_the_broker_its_workers_partitions_and_traffic(
     assert after[("pylog_partitions", ())] == 2
     requests = ("pylog_front_requests_total", ())
     assert after[requests] - first[requests] >= 12
-    assert after[("pylog_front_queued_request_bytes", ())] == 0  # every request served
+    wait_until(  # every request served, and given back within CREDIT_IDLE_S
+        lambda: scrape(url)[("pylog_front_queued_request_bytes", ())] == 0,
+        timeout=10,
+        what="the workers to give back what they served",
+    )
 
     def partition(name: str, number: int) -> tuple[str, tuple[tuple[str, str], ...]]:
         return (name, (("partition", str(number)), ("topic", "counted")))
