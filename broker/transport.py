@@ -93,10 +93,10 @@ class TrioSocket(Generic[Message]):
                     await trio.lowlevel.checkpoint()
                 return frames
             self._received_since_checkpoint = 0
-            if on_idle is not None:
-                on_idle()  # may send, which may consume the edge: EVENTS is read after it
             if self._events() & zmq.POLLIN:
                 continue
+            if on_idle is not None:
+                on_idle()
             with trio.CancelScope() as scope:
                 self._receiver_wait = scope
                 try:
@@ -107,11 +107,6 @@ class TrioSocket(Generic[Message]):
     def _events(self) -> int:
         """Reading EVENTS also re-arms the edge-triggered FD."""
         return int(self.socket.getsockopt(zmq.EVENTS))
-
-    def send_now(self, frames: Sequence[Buffer | zmq.Frame]) -> None:
-        """Send from synchronous code (an `on_idle` callback), on a socket whose SNDHWM is 0,
-        which never refuses a message."""
-        send_frames(self.socket, frames)
 
     async def send(self, frames: Sequence[Buffer | zmq.Frame]) -> None:
         """Send a multipart message; waits only while the peer's queue is full."""

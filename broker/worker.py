@@ -195,13 +195,13 @@ class Worker:
                     await self._serve_request(frames[i], frames[i + 1 : i + 2])
                     self._served_bytes += len(frames[i + 1])
                 if self._served_bytes >= self._credit_step:
-                    self._give_credit()
+                    await self._give_credit()
                 elif not self._credit_owed.is_set():
                     self._credit_owed.set()
 
-    def _give_credit(self) -> None:
-        self.socket.send_now(credit_frames(self._served_bytes))
-        self._served_bytes = 0
+    async def _give_credit(self) -> None:
+        served, self._served_bytes = self._served_bytes, 0
+        await self.socket.send(credit_frames(served))  # wakes receive(), as any send must
 
     async def _give_credit_when_idle(self) -> None:
         """Give back what was served, CREDIT_IDLE_S after the first bytes of it were: a worker
@@ -211,7 +211,7 @@ class Worker:
             await trio.sleep(CREDIT_IDLE_S)
             self._credit_owed = trio.Event()
             if self._served_bytes:
-                self._give_credit()
+                await self._give_credit()
 
     async def flush_and_answer(self, timeout_s: float) -> None:
         """Flush every partition and give the producers waiting for a flush their acks (for a
