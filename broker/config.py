@@ -111,19 +111,11 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "broker",
-        "reply_buffer_bytes",
+        "queued_replies_per_client",
         int,
-        32 << 20,
-        "Reply bytes the front holds for clients that have not taken them yet; beyond this, "
-        "a reply to a client that still has one untaken is dropped.",
-    ),
-    Setting(
-        "broker",
-        "client_reply_bytes",
-        int,
-        8 << 20,
-        "Reply bytes the front holds for any one client; beyond this, its replies are dropped "
-        "until it takes those it has.",
+        1000,
+        "Replies the front holds for one connection that has not taken them (its ZeroMQ "
+        "SNDHWM); beyond this, ZeroMQ drops them.",
     ),
     Setting(
         "log",
@@ -337,6 +329,7 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> BrokerConfig
         "log_max_open_files",
         "broker_queued_request_bytes",
         "broker_queued_requests_per_client",
+        "broker_queued_replies_per_client",
         "broker_fetch_max_bytes",
     ):
         if config.values.get(name, 1) < 1:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import time
 
 import zmq
 
@@ -30,8 +29,6 @@ from broker.errors import BrokerShuttingDown, PartitionUnavailable, PylogError, 
 from broker.log.message import Buffer
 from broker.pool import Answers, WorkerHandle, WorkerPool
 from broker.processes import port_holder
-from broker.ratelog import RateLimitedLog
-from broker.replies import TRACKED_BYTES, ReplyBudget
 from broker.topics import Topics
 from broker.transport import CREDIT, STATE, reply_envelope, tagged_identity
 from broker.zmqio import NOBLOCK, receive_routed, send_frames
@@ -42,9 +39,6 @@ TICK_MS = 100
 """The longest a turn of the loop waits for a message before its housekeeping."""
 DRAINED_AT_ONCE = 256
 """The messages read from one socket in a turn: so the other sockets and housekeeping get one."""
-RELEASE_EVERY_S = 0.1
-"""How often the front lets go of the replies clients have taken (see broker.replies)."""
-DROPPED_LOG_EVERY_S = 10.0
 
 
 class Front:
@@ -69,6 +63,7 @@ class Front:
         self.socket.setsockopt(zmq.LINGER, 1000)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self.socket.setsockopt(zmq.RCVHWM, config.broker_queued_requests_per_client)
+        self.socket.setsockopt(zmq.SNDHWM, config.broker_queued_replies_per_client)
         self.stopping = False
         """Set on shutdown: new requests are answered BROKER_SHUTTING_DOWN."""
         self.queue_limit = int(config.broker_queued_request_bytes)
@@ -80,11 +75,6 @@ class Front:
         """Requests read from clients (broker.metrics)."""
         self.read_pauses = 0
         """Times the loop stopped reading requests (broker.metrics)."""
-        self.replies = ReplyBudget(
-            config.broker_client_reply_bytes, config.broker_reply_buffer_bytes
-        )
-        self._released_at = 0.0
-        self._dropped_log = RateLimitedLog(log, DROPPED_LOG_EVERY_S)
 
     def bind(self) -> None:
         """Listen on broker.host:broker.port (a free port if 0); OSError naming the process
@@ -128,10 +118,6 @@ class Front:
         self.topics.tick()
         self.pool.check()
         self._send_answers()
-        now = time.monotonic()
-        if now - self._released_at >= RELEASE_EVERY_S:
-            self._released_at = now
-            self.replies.release_all()
 
     def _pace(self) -> None:
         """Read clients' requests only while the workers owe less than queue_limit bytes of
@@ -162,30 +148,9 @@ class Front:
                 worker.stats = state["stats"]
             else:
                 self.topics.worker_state(worker, state)
-        else:  # a reply, behind the tagged identity of its client
-            self._reply(first, rest)
+        else:  # a reply, behind the tagged identity of its client: forwarded as zmq.Frames,
+            send_frames(self.socket, [*reply_envelope(first), *rest])  # not copied
 
-    def _reply(self, tagged: bytes, frames: list[zmq.Frame]) -> None:
-        """Forward a worker's reply as the zmq.Frames it came in (not copied); one of
-        TRACKED_BYTES or more only if the budget admits it, tracked until ZeroMQ lets go."""
-        size = sum(len(frame) for frame in frames)
-        if size < TRACKED_BYTES:
-            send_frames(self.socket, [*reply_envelope(tagged), *frames])
-            return
-        if not self.replies.admit(tagged, size):
-            self._dropped_log.log(
-                logging.WARNING,
-                "dropped",
-                f"dropped a reply of {size} bytes to client {tagged[1:].hex()}: it has not "
-                f"taken {self.replies.held_for(tagged)} bytes of replies, and the front holds "
-                f"{self.replies.held_bytes} for all clients (broker.client_reply_bytes, "
-                f"broker.reply_buffer_bytes; {self.replies.dropped} replies dropped since start)",
-            )
-            return
-        last = zmq.Frame(frames[-1].buffer, copy=False, track=True)
-        send_frames(self.socket, [*reply_envelope(tagged), *frames[:-1], last])
-        assert last.tracker is not None
-        self.replies.hold(tagged, last.tracker, size)
 
     def _from_client(self, identity: bytes, frames: list[zmq.Frame]) -> None:
         self.requests += 1

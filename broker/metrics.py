@@ -10,9 +10,6 @@ read at scrape time. The names follow Prometheus' conventions (`_total` counters
 - pylog_front_read_pauses_total: times the front stopped reading requests because the workers
   owed broker.queued_request_bytes (docs/protocol.md, "Flow control");
 - pylog_front_queued_request_bytes: bytes of requests the workers owe now;
-- pylog_front_held_reply_bytes: bytes of replies the front holds for clients that have not
-  taken them (as last looked at);
-- pylog_front_replies_dropped_total: replies dropped for clients over their reply budget;
 - pylog_worker_up{worker}: 1 while the worker is connected, 0 while it restarts;
 - pylog_worker_restarts_total;
 - pylog_partitions: the partitions this broker holds;
@@ -93,16 +90,6 @@ class SupervisorCollector(Collector):
             "pylog_front_queued_request_bytes",
             "Bytes of requests routed to workers and not yet served.",
             pool.queued_bytes,
-        )
-        yield GaugeMetricFamily(
-            "pylog_front_held_reply_bytes",
-            "Bytes of replies held for clients that have not taken them.",
-            front.replies.held_bytes,
-        )
-        yield CounterMetricFamily(
-            "pylog_front_replies_dropped",
-            "Replies dropped for clients over their reply budget.",
-            front.replies.dropped,
         )
         up = GaugeMetricFamily(
             "pylog_worker_up", "1 while a worker is connected.", labels=["worker"]

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import selectors
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 READY_PREFIX = "pylogd ready on "
 
@@ -70,6 +74,19 @@ class RunningBroker:
     def restarted(self) -> RunningBroker:
         """A new broker process on the same data dir, ZooKeeper chroot and flags, started."""
         return RunningBroker(self.data_dir, *self.arguments).start()
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample of its metrics endpoint (started with --metrics-enabled true), by name
+        and sorted labels, scraped over HTTP and parsed as Prometheus would."""
+        found = re.findall(r"metrics on (http://\S+/metrics)", self.log_path.read_text())
+        assert found, "pylogd did not say where its metrics are"
+        with urllib.request.urlopen(found[-1], timeout=10) as response:
+            text = response.read().decode()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -10,13 +10,11 @@ import os
 import re
 import signal
 import socket
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import zmq
-from prometheus_client.parser import text_string_to_metric_families
 
 from broker import protocol
 from broker.client import Admin
@@ -31,30 +29,12 @@ ROOT = Path(__file__).resolve().parents[2]
 METRICS = ("--metrics-enabled", "true", "--metrics-port", "0")
 
 
-def metrics_url(broker: RunningBroker) -> str:
-    found = re.findall(r"metrics on (http://\S+/metrics)", broker.log_path.read_text())
-    assert found, "pylogd did not say where its metrics are"
-    return str(found[-1])
-
-
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample, by name and labels."""
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
 def test_the_endpoint_shows_the_broker_its_workers_partitions_and_traffic(
     make_pylogd: Callable[..., RunningBroker], tmp_path: Path
 ) -> None:
     broker = make_pylogd(*single_box_flags(tmp_path), *METRICS, "--log-flush-messages", "1")
-    url = metrics_url(broker)
-    assert url.startswith("http://127.0.0.1:")
-    first = scrape(url)
+    assert "metrics on http://127.0.0.1:" in broker.log_path.read_text()
+    first = broker.metrics()
     assert first[("pylog_worker_up", (("worker", "0"),))] == 1
     assert first[("pylog_worker_up", (("worker", "1"),))] == 1
     assert first[("pylog_zookeeper_connected", ())] == 1
@@ -74,12 +54,12 @@ def test_the_endpoint_shows_the_broker_its_workers_partitions_and_traffic(
         assert len(fetched.message_set) == sum(sizes[0::2])
         with pytest.raises(BrokerError, match="not a message boundary"):
             connection.request(FetchRequest("counted", 0, 1, 1 << 20, 0, 0))
-    after = scrape(url)
+    after = broker.metrics()
     assert after[("pylog_partitions", ())] == 2
     requests = ("pylog_front_requests_total", ())
     assert after[requests] - first[requests] >= 12
     wait_until(  # every request served, and given back within CREDIT_IDLE_S
-        lambda: scrape(url)[("pylog_front_queued_request_bytes", ())] == 0,
+        lambda: broker.metrics()[("pylog_front_queued_request_bytes", ())] == 0,
         timeout=10,
         what="the workers to give back what they served",
     )
@@ -88,13 +68,13 @@ def test_the_endpoint_shows_the_broker_its_workers_partitions_and_traffic(
         return (name, (("partition", str(number)), ("topic", "counted")))
 
     def worker_figures_in() -> bool:  # each worker sends its figures every second
-        figures = scrape(url)
+        figures = broker.metrics()
         return figures.get(partition("pylog_partition_bytes_out_total", 0)) == sum(
             sizes[0::2]
         ) and all(figures.get(partition("pylog_partition_messages_in_total", n)) for n in (0, 1))
 
     wait_until(worker_figures_in, timeout=10, what="the workers' figures")
-    figures = scrape(url)
+    figures = broker.metrics()
     for number in (0, 1):
         assert figures[partition("pylog_partition_messages_in_total", number)] == 5
         assert figures[partition("pylog_partition_bytes_in_total", number)] == sum(sizes[number::2])
@@ -129,12 +109,12 @@ def test_the_endpoint_shows_the_broker_its_workers_partitions_and_traffic(
 
     os.kill(broker.worker_pids()[0], signal.SIGKILL)
     wait_until(
-        lambda: scrape(url)[("pylog_worker_restarts_total", ())] == 1,
+        lambda: broker.metrics()[("pylog_worker_restarts_total", ())] == 1,
         timeout=30,
         what="the restart to be counted",
     )
     wait_until(
-        lambda: scrape(url)[("pylog_worker_up", (("worker", "0"),))] == 1,
+        lambda: broker.metrics()[("pylog_worker_up", (("worker", "0"),))] == 1,
         timeout=30,
         what="the worker to be up again",
     )
@@ -149,7 +129,6 @@ def test_the_endpoint_shows_the_front_holding_back_requests(
     broker = make_pylogd(
         *single_box_flags(tmp_path), *METRICS, "--broker-queued-request-bytes", str(limit)
     )
-    url = metrics_url(broker)
     with Admin(broker.endpoint) as admin:
         admin.create_topic("held", 1)
     message_set = encode_message(b"p" * (64 * 1024 - 64)) * 4
@@ -167,16 +146,16 @@ def test_the_endpoint_shows_the_front_holding_back_requests(
             for _ in range(16):  # 4 MiB: four times what the front takes
                 producer.send_multipart(request)
             wait_until(
-                lambda: scrape(url)[("pylog_front_read_pauses_total", ())] >= 1,
+                lambda: broker.metrics()[("pylog_front_read_pauses_total", ())] >= 1,
                 timeout=30,
                 what="the front to stop reading",
             )
-            assert scrape(url)[("pylog_front_queued_request_bytes", ())] >= limit
+            assert broker.metrics()[("pylog_front_queued_request_bytes", ())] >= limit
         finally:
             for worker in workers:
                 os.kill(worker, signal.SIGCONT)
         wait_until(
-            lambda: scrape(url)[("pylog_front_queued_request_bytes", ())] == 0,
+            lambda: broker.metrics()[("pylog_front_queued_request_bytes", ())] == 0,
             timeout=30,
             what="the workers to serve what they owed",
         )
