@@ -185,8 +185,8 @@ def _start(text: str) -> Start | Last:
     "--follow/--no-follow",
     default=False,
     show_default=True,
-    help="At the end, wait for new messages instead of exiting, through broker restarts, and "
-    "read partitions added to the topic; Ctrl-C exits 0.",
+    help="At the end, wait for new messages instead of exiting, through broker restarts (a "
+    "topic keeps the partitions it was created with); Ctrl-C exits 0.",
 )
 @click.option("--json", "as_json", is_flag=True, help="--format json.")
 @skip_corrupt_option
