@@ -200,7 +200,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Serve Prometheus metrics over HTTP at http://HOST:PORT/metrics.",
     ),
     Setting("metrics", "host", str, "127.0.0.1", "Address the metrics endpoint binds to."),
-    Setting("metrics", "port", int, 9093, "TCP port of the metrics endpoint (0: a free one)."),
+    Setting("metrics", "port", int, 9097, "TCP port of the metrics endpoint (0: a free one)."),
     Setting(
         "zookeeper",
         "connect",

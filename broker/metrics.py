@@ -1,5 +1,5 @@
 """pylogd's Prometheus endpoint: `[metrics] enabled = true` serves http://HOST:PORT/metrics
-(127.0.0.1:9093 by default; port 0 picks a free one, named in the log).
+(127.0.0.1:9097 by default; port 0 picks a free one, named in the log).
 
 What it shows is what the supervisor knows, read on the HTTP server's thread when scraped:
 plain counters the loop keeps (no lock, no cost on the loop beyond an increment), and gauges
