@@ -98,6 +98,7 @@ def registry_address(
     show_default=True,
     help="Seconds between auto-commits (also at rebalances and on exit).",
 )
+@click.option("--json", "as_json", is_flag=True, help="--format json.")
 @skip_corrupt_option
 @output_options
 @zookeeper_options
@@ -107,6 +108,7 @@ def group_consume(
     consumer_id: str | None,
     reset: Reset,
     commit_interval: float,
+    as_json: bool,
     skip_corrupt: bool,
     max_messages: int | None,
     output: str,
@@ -117,7 +119,14 @@ def group_consume(
 ) -> None:
     """Join GROUP for TOPIC... and print the messages of the partitions this member is given,
     until SIGINT / SIGTERM (or --max-messages); commits what it printed and leaves the group
-    on exit (with --max-messages N, exactly N messages are committed)."""
+    on exit (with --max-messages N, exactly N messages are committed).
+
+    \b
+    Examples:
+      pylogctl group consume loaders events                  # until Ctrl-C
+      pylogctl group consume loaders events clicks --json --max-messages 100"""
+    if as_json:
+        output = "json"
     registry = registry_address(zookeeper, chroot, broker, timeout)
     with (
         broker_errors(registry.connect, "ZooKeeper"),

@@ -32,7 +32,12 @@ def dump(segment: Path, as_json: bool) -> None:
     """Print every message of a SEGMENT file: offset, size, timestamp, key, value preview and
     whether its checksum is right. Offsets come from the file's 20-digit name.
 
-    Exits 1 if any checksum is wrong or the framing breaks (reported with its file position)."""
+    Exits 1 if any checksum is wrong or the framing breaks (reported with its file position).
+
+    \b
+    Examples:
+      pylogctl log dump /var/lib/pylog/logs/clicks-0/00000000000000000000.log
+      pylogctl log dump --json /var/lib/pylog/logs/clicks-0/00000000000000000000.log"""
     corrupt = False
     try:
         for message in dump_segment(segment):
