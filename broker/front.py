@@ -151,7 +151,6 @@ class Front:
         else:  # a reply, behind the tagged identity of its client: forwarded as zmq.Frames,
             send_frames(self.socket, [*reply_envelope(first), *rest])  # not copied
 
-
     def _from_client(self, identity: bytes, frames: list[zmq.Frame]) -> None:
         self.requests += 1
         tagged, request_frames = tagged_identity(identity, frames)
