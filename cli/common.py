@@ -29,6 +29,7 @@ from rich.progress import (
 )
 
 from broker.client.cluster import split_endpoints
+from broker.client.consumer import Start
 from broker.client.group import Record
 from broker.errors import BrokerError, PylogError, Unavailable
 from broker.log.message import Message
@@ -264,3 +265,19 @@ def print_messages(records: Iterable[Record], output: str, max_messages: int | N
             click.echo(f"{text(record.key)}\t{text(record.value)}")
         if max_messages is not None and count >= max_messages:
             return
+
+
+def position(
+    text: str, option: str, choices: str = "earliest, latest, an offset or an ISO time"
+) -> Start:
+    """Where to read or reset to, as an option gives it: earliest, latest, an offset (a byte
+    position), or an ISO time (UTC unless it says otherwise); a usage error naming `option`
+    and the `choices` otherwise."""
+    if text in ("earliest", "latest"):
+        return "earliest" if text == "earliest" else "latest"
+    if text.isdigit():
+        return int(text)
+    try:
+        return datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: use {choices}", param_hint=option) from None

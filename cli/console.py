@@ -25,6 +25,7 @@ from cli.common import (
     broker_errors,
     broker_options,
     output_options,
+    position,
     print_messages,
     progress,
     skip_corrupt_option,
@@ -144,18 +145,9 @@ def _moment(text: str, option: str) -> datetime.datetime:
 
 
 def _start(text: str) -> Start | Last:
-    if text in ("earliest", "latest"):
-        return "earliest" if text == "earliest" else "latest"
-    if text.isdigit():
-        return int(text)
     if text.startswith("-") and text[1:].isdigit() and int(text[1:]) > 0:
         return Last(int(text[1:]))
-    try:
-        return datetime.datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(
-            f"{text!r}: use earliest, latest, -N, an offset or an ISO time", param_hint="--from"
-        ) from None
+    return position(text, "--from", "earliest, latest, -N, an offset or an ISO time")
 
 
 @click.command()

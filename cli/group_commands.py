@@ -5,7 +5,6 @@ brokers holding the partitions, at the endpoints they register there."""
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import signal
 import sys
@@ -39,6 +38,7 @@ from cli.common import (
     broker_errors,
     broker_options,
     output_options,
+    position,
     print_messages,
     skip_corrupt_option,
     until_interrupted,
@@ -356,16 +356,7 @@ def reset_target(text: str | None, shift_by: int | None) -> Target:
     if shift_by is not None:
         return ("shift-by", shift_by)
     assert text is not None
-    if text in ("earliest", "latest"):
-        return "earliest" if text == "earliest" else "latest"
-    if text.isdigit():
-        return int(text)
-    try:
-        return datetime.datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(
-            f"{text!r}: use earliest, latest, an offset or an ISO time", param_hint="--to"
-        ) from None
+    return position(text, "--to")
 
 
 @group.command("reset")
