@@ -9,6 +9,7 @@ TOPIC_SETTINGS) keeps them in ZooKeeper under /config/topics/<topic>.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -229,6 +230,9 @@ TOPIC_SETTINGS = (
 """The LogConfig fields a topic may set for itself when it is created."""
 
 _BY_NAME = {s.name: s for s in SETTINGS}
+_DIGITS = re.compile("[0-9]+")
+MAX_SETTING = (1 << 63) - 1
+"""The largest value of a topic setting (an i64)."""
 _OPTIONAL_TOPIC = {"segment_ms", "retention_ms", "retention_bytes"}
 
 
@@ -347,12 +351,14 @@ def topic_settings(raw: Mapping[str, str]) -> dict[str, int | None]:
         if text == "none" and key in _OPTIONAL_TOPIC:
             out[key] = None
             continue
-        try:
-            out[key] = int(text)
-        except ValueError:
+        # ASCII digits only, as docs/protocol.md says: int() would also take "+5", " 5", "5_0"
+        # and other scripts' digits.
+        if not _DIGITS.fullmatch(text) or int(text) > MAX_SETTING:
             raise InvalidTopic(
-                f"topic setting {key} must be a whole number, not {text!r}"
-            ) from None
+                f"topic setting {key} must be decimal digits 0-9 (at most {MAX_SETTING}), "
+                f"not {text!r}"
+            )
+        out[key] = int(text)
     try:
         LogConfig(**out)  # type: ignore[arg-type]
     except ValueError as error:

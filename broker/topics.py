@@ -303,7 +303,7 @@ class Topics:
             for broker_id, info in sorted(live.items())
         )
         infos = []
-        for topic in topics or sorted(self.configs):
+        for topic in dict.fromkeys(topics) or sorted(self.configs):  # each topic asked once
             config = self.configs.get(topic)
             if config is None:
                 infos.append(

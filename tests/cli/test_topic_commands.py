@@ -276,8 +276,8 @@ def test_topic_alter_refuses_bad_settings_and_leaves_the_topic_as_it_was(
     for args, problem in (
         (["--set", "no_such_setting=1"], "unknown topic setting 'no_such_setting'"),
         (["--set", "segment_bytes=0"], "segment_bytes must be at least 1"),
-        (["--set", "segment_bytes=many"], "segment_bytes must be a whole number"),
-        (["--set", "flush_messages=none"], "flush_messages must be a whole number"),
+        (["--set", "segment_bytes=many"], "segment_bytes must be decimal digits 0-9"),
+        (["--set", "flush_messages=none"], "flush_messages must be decimal digits 0-9"),
         (["--delete", "no_such_setting"], "unknown topic setting 'no_such_setting'"),
         (["--set", "retention_ms=5", "--delete", "retention_ms"], "both set and deleted"),
     ):
