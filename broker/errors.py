@@ -25,6 +25,10 @@
     │   ├── BrokerShuttingDown      the broker is stopping and accepts no new requests
     │   └── RegistryUnavailable     ZooKeeper cannot be reached or the session is lost
     ├── BrokerError                 client side: the broker answered with an error code
+    │   ├── UnknownServerError      UNKNOWN_SERVER_ERROR
+    │   └── Broker<Class>           every other code: BrokerTopicAlreadyExists is a
+    │                               BrokerError and a TopicAlreadyExists (the class above
+    │                               that the broker raised), and so on down the table
     ├── MalformedReply              client side: a reply that does not follow the protocol
     └── ZooKeeperStartError         the private ZooKeeper could not be started
 
@@ -33,7 +37,11 @@ is already on disk. InvalidOffset and OffsetOutOfRange are both about a requeste
 first is in range but lands inside a message, the second is outside the readable range.
 RequestError is a request that will fail the same way every time; Unavailable is one that may
 succeed when retried. The broker answers every one of these with its wire error code
-(broker.protocol holds the one table); a client raises BrokerError carrying that code.
+(broker.protocol holds the one table); a client raises that code's BrokerError subclass
+(broker.protocol.broker_error), so `except TopicAlreadyExists` and `except Unavailable` catch
+what a broker answered as they catch what this process raised, and `except BrokerError` catches
+any answered error. A client-side one carries the code, name, message and retriable of
+BrokerError, not the broker-side attributes (an answered InvalidOffset has no `previous`).
 """
 
 from __future__ import annotations
@@ -185,15 +193,91 @@ class RegistryUnavailable(Unavailable):
 class BrokerError(PylogError):
     """Client side: the broker answered a request with an error code.
 
-    `code` is the wire error code (broker.protocol.ErrorCode), `message` the broker's text and
-    `retriable` whether the same request may succeed later."""
+    `code` is the wire error code (broker.protocol.ErrorCode), `name` its name, `message` the
+    broker's text and `retriable` whether the same request may succeed later. A known code is
+    raised as its own subclass below (broker.protocol.broker_error); BrokerError itself only
+    for a code from a newer broker."""
 
     def __init__(self, code: int, name: str, message: str, retriable: bool) -> None:
-        super().__init__(f"{name}: {message}" if message else name)
+        # Exception's own __init__, not the next in the MRO: a subclass below is also a
+        # broker-side class whose __init__ takes other arguments (InvalidOffset's offsets).
+        Exception.__init__(self, f"{name}: {message}" if message else name)
         self.code = code
         self.name = name
         self.message = message
         self.retriable = retriable
+
+
+class UnknownServerError(BrokerError):
+    """UNKNOWN_SERVER_ERROR: the broker failed in a way it has no code for."""
+
+
+class BrokerMalformedRequest(BrokerError, MalformedRequest):
+    """A broker answered MALFORMED_REQUEST."""
+
+
+class BrokerUnsupportedApi(BrokerError, UnsupportedApi):
+    """A broker answered UNSUPPORTED_API."""
+
+
+class BrokerUnsupportedVersion(BrokerError, UnsupportedVersion):
+    """A broker answered UNSUPPORTED_VERSION."""
+
+
+class BrokerUnknownTopicOrPartition(BrokerError, UnknownTopicOrPartition):
+    """A broker answered UNKNOWN_TOPIC_OR_PARTITION."""
+
+
+class BrokerInvalidMessage(BrokerError, InvalidMessage):
+    """A broker answered INVALID_MESSAGE."""
+
+
+class BrokerMessageTooLarge(BrokerError, MessageTooLarge):
+    """A broker answered MESSAGE_TOO_LARGE."""
+
+
+class BrokerInvalidOffset(BrokerError, InvalidOffset):
+    """A broker answered INVALID_OFFSET."""
+
+
+class BrokerOffsetOutOfRange(BrokerError, OffsetOutOfRange):
+    """A broker answered OFFSET_OUT_OF_RANGE."""
+
+
+class BrokerFetchSizeTooSmall(BrokerError, FetchSizeTooSmall):
+    """A broker answered FETCH_SIZE_TOO_SMALL."""
+
+
+class BrokerCorruptSegment(BrokerError, CorruptSegment):
+    """A broker answered CORRUPT_SEGMENT."""
+
+
+class BrokerDiskFull(BrokerError, DiskFull):
+    """A broker answered DISK_FULL."""
+
+
+class BrokerStorageIOError(BrokerError, StorageIOError):
+    """A broker answered STORAGE_ERROR."""
+
+
+class BrokerPartitionUnavailable(BrokerError, PartitionUnavailable):
+    """A broker answered PARTITION_UNAVAILABLE."""
+
+
+class BrokerShuttingDownError(BrokerError, BrokerShuttingDown):
+    """A broker answered BROKER_SHUTTING_DOWN."""
+
+
+class BrokerRegistryUnavailable(BrokerError, RegistryUnavailable):
+    """A broker answered REGISTRY_UNAVAILABLE."""
+
+
+class BrokerTopicAlreadyExists(BrokerError, TopicAlreadyExists):
+    """A broker answered TOPIC_ALREADY_EXISTS."""
+
+
+class BrokerInvalidTopic(BrokerError, InvalidTopic):
+    """A broker answered INVALID_TOPIC."""
 
 
 class MalformedReply(PylogError):

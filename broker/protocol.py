@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import ClassVar, Final, Literal, NamedTuple, assert_never, overload
 
+from broker import errors
 from broker.errors import (
     BrokerError,
     BrokerShuttingDown,
@@ -209,13 +210,39 @@ def error_code_for(error: BaseException) -> ErrorCode:
     return ErrorCode.UNKNOWN_SERVER_ERROR
 
 
+_REPLY_ERROR_BY_CODE: Final[dict[ErrorCode, type[BrokerError]]] = {
+    ErrorCode.UNKNOWN_SERVER_ERROR: errors.UnknownServerError,
+    ErrorCode.MALFORMED_REQUEST: errors.BrokerMalformedRequest,
+    ErrorCode.UNSUPPORTED_API: errors.BrokerUnsupportedApi,
+    ErrorCode.UNSUPPORTED_VERSION: errors.BrokerUnsupportedVersion,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: errors.BrokerUnknownTopicOrPartition,
+    ErrorCode.INVALID_MESSAGE: errors.BrokerInvalidMessage,
+    ErrorCode.MESSAGE_TOO_LARGE: errors.BrokerMessageTooLarge,
+    ErrorCode.INVALID_OFFSET: errors.BrokerInvalidOffset,
+    ErrorCode.OFFSET_OUT_OF_RANGE: errors.BrokerOffsetOutOfRange,
+    ErrorCode.FETCH_SIZE_TOO_SMALL: errors.BrokerFetchSizeTooSmall,
+    ErrorCode.CORRUPT_SEGMENT: errors.BrokerCorruptSegment,
+    ErrorCode.DISK_FULL: errors.BrokerDiskFull,
+    ErrorCode.STORAGE_ERROR: errors.BrokerStorageIOError,
+    ErrorCode.PARTITION_UNAVAILABLE: errors.BrokerPartitionUnavailable,
+    ErrorCode.BROKER_SHUTTING_DOWN: errors.BrokerShuttingDownError,
+    ErrorCode.REGISTRY_UNAVAILABLE: errors.BrokerRegistryUnavailable,
+    ErrorCode.TOPIC_ALREADY_EXISTS: errors.BrokerTopicAlreadyExists,
+    ErrorCode.INVALID_TOPIC: errors.BrokerInvalidTopic,
+}
+"""The class a client raises for each nonzero code: a BrokerError and the table's exception."""
+
+
 def broker_error(code: int, message: str) -> BrokerError:
-    """The client-side exception for a reply's nonzero error code. A code this module does not
-    know (from a newer broker) is named UNKNOWN_ERROR_<code> and is not retriable."""
+    """The client-side exception for a reply's nonzero error code: that code's own BrokerError
+    subclass, also an instance of the table's exception class (`except TopicAlreadyExists`
+    catches it). A code this module does not know (from a newer broker) is a plain BrokerError
+    named UNKNOWN_ERROR_<code>, not retriable."""
     entry = _ENTRY_BY_CODE.get(code)
     if entry is None:
         return BrokerError(code, f"UNKNOWN_ERROR_{code}", message, False)
-    return BrokerError(code, entry.name, message, entry.retriable)
+    error_class = _REPLY_ERROR_BY_CODE.get(entry.code, BrokerError)
+    return error_class(code, entry.name, message, entry.retriable)
 
 
 # -- topic names and settings ------------------------------------------------------------------

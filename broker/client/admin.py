@@ -95,6 +95,8 @@ class Admin(Closing):
             try:
                 return self.cluster.connect(endpoint).request(request)
             except Unavailable as failure:
+                if isinstance(failure, BrokerError):  # answered (retriable): not another's turn
+                    raise
                 error = failure
         assert error is not None
         raise error
@@ -104,11 +106,11 @@ class Admin(Closing):
     ) -> None:
         """Create `topic` with `partitions` partitions dealt over the live brokers; `config`
         maps topic settings to decimal text or "none" (docs/protocol.md, CREATE_TOPIC). Returns
-        once every partition is served. Raises BrokerError TOPIC_ALREADY_EXISTS, ..."""
+        once every partition is served. Raises TopicAlreadyExists, InvalidTopic, ..."""
         self._admin_request(CreateTopicRequest(topic, partitions, dict(config or {})))
 
     def delete_topic(self, topic: str) -> None:
-        """Delete `topic` and its data. Raises BrokerError UNKNOWN_TOPIC_OR_PARTITION."""
+        """Delete `topic` and its data. Raises UnknownTopicOrPartition (a BrokerError)."""
         self._admin_request(DeleteTopicRequest(topic))
 
     def _ask(self, ask: Callable[[Connection], T]) -> T:

@@ -1,0 +1,82 @@
+"""Typed client errors: each wire error code raises its own exception class, a BrokerError and
+the broker-side class of the error tree at once, so `except TopicAlreadyExists` works."""
+
+from __future__ import annotations
+
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from broker.client import Admin
+from broker.errors import BrokerError, TopicAlreadyExists, Unavailable, UnknownTopicOrPartition
+from broker.protocol import Api, ErrorCode, decode_reply, encode_error, error_code_for, error_entry
+from tests.pylogd import RunningBroker
+
+PROTOCOL_MD = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+
+
+def documented_codes() -> list[tuple[int, str]]:
+    """(code, name) of every row of docs/protocol.md's error code table."""
+    text = PROTOCOL_MD.read_text()
+    table = text[text.index("## Error codes") : text.index("## Limits")]
+    return [(int(c), n) for c, n in re.findall(r"^\| (\d+) +\| `([A-Z_]+)`", table, re.M)]
+
+
+def raised_for(code: int, message: str = "text") -> BrokerError:
+    """What a client raises for a METADATA reply with error `code`."""
+    frames = (
+        [encode_error(7, ErrorCode(code), message)[0]]
+        if code in set(ErrorCode)
+        else [struct.pack(">IhH", 7, code, len(message)) + message.encode()]
+    )
+    with pytest.raises(BrokerError) as raised:
+        decode_reply(Api.METADATA, frames)
+    return raised.value
+
+
+def test_every_documented_error_code_raises_its_own_class() -> None:
+    codes = [(code, name) for code, name in documented_codes() if code != 0]
+    assert [name for _, name in codes] == [c.name for c in ErrorCode if c]  # table = enum
+    classes = {code: type(raised_for(code)) for code, _ in codes}
+    assert len(set(classes.values())) == len(codes)  # one class per code
+    for code, name in codes:
+        error = raised_for(code, "why")
+        entry = error_entry(code)
+        assert entry is not None
+        assert (error.code, error.name, error.message, error.retriable) == (
+            code,
+            name,
+            "why",
+            entry.retriable,
+        )
+        assert str(error) == f"{name}: why"
+        if entry.exception is not None:  # the broker-side class catches it too
+            assert isinstance(error, entry.exception)
+        assert isinstance(error, Unavailable) == entry.retriable
+        assert error_code_for(error) == code  # round trip: a forwarded error keeps its code
+
+
+def test_an_unknown_code_is_a_plain_broker_error() -> None:
+    error = raised_for(999)
+    assert type(error) is BrokerError
+    assert (error.name, error.retriable) == ("UNKNOWN_ERROR_999", False)
+    assert error_code_for(error) == ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+def test_except_topic_already_exists_works_against_a_broker(
+    broker: RunningBroker, topic: str
+) -> None:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic)
+        try:
+            admin.create_topic(topic)
+        except TopicAlreadyExists as error:
+            assert isinstance(error, BrokerError)
+            assert error.name == "TOPIC_ALREADY_EXISTS" and topic in error.message
+        else:
+            pytest.fail("a second create_topic raised nothing")
+        admin.delete_topic(topic)
+        with pytest.raises(UnknownTopicOrPartition):
+            admin.delete_topic(topic)
