@@ -12,9 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).parents[2]
 
 
-def run_setup(checkout: Path, *args: str) -> str:
+def run_setup(source: Path, *args: str) -> str:
     result = subprocess.run(
-        [str(checkout / "scripts" / "setup"), *args],
+        [str(source / "scripts" / "setup"), *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -24,19 +24,12 @@ def run_setup(checkout: Path, *args: str) -> str:
     return result.stdout
 
 
-def test_broker_only_installs_no_extras_and_skips_pip_when_nothing_changed(tmp_path: Path) -> None:
-    checkout = tmp_path / "pylog"
-    (checkout / "scripts").mkdir(parents=True)
-    shutil.copy(ROOT / "scripts" / "setup", checkout / "scripts" / "setup")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, checkout / name)
-    for package in ("broker", "cli", "pipeline"):
-        shutil.copytree(
-            ROOT / package, checkout / package, ignore=shutil.ignore_patterns("__pycache__")
-        )
-    python = checkout / ".venv" / "bin" / "python"
+def test_broker_only_installs_no_extras_and_skips_pip_when_nothing_changed(source: Path) -> None:
+    (source / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "setup", source / "scripts" / "setup")
+    python = source / ".venv" / "bin" / "python"
 
-    assert "setup: installing pylog into .venv" in run_setup(checkout, "--broker-only")
+    assert "setup: installing pylog into .venv" in run_setup(source, "--broker-only")
     installed = subprocess.run(
         [str(python), "-m", "pip", "list", "--format", "freeze"],
         capture_output=True,
@@ -47,20 +40,20 @@ def test_broker_only_installs_no_extras_and_skips_pip_when_nothing_changed(tmp_p
     assert not {"pytest", "mypy", "pyspark", "pyarrow", "pandas"} & {
         line.split("==")[0] for line in installed.splitlines()
     }
-    subprocess.run([str(checkout / ".venv" / "bin" / "pylogd"), "--help"], check=True)
+    subprocess.run([str(source / ".venv" / "bin" / "pylogd"), "--help"], check=True)
 
-    stamp = checkout / ".venv" / "pylog-installed"
-    assert run_setup(checkout, "--broker-only") == ""  # no pip: nothing changed
+    stamp = source / ".venv" / "pylog-installed"
+    assert run_setup(source, "--broker-only") == ""  # no pip: nothing changed
 
     # A venv set up by scripts/setup holds every extra: scripts/start keeps it as it is.
     pyproject_hash = stamp.read_text().split()[0]
     stamp.write_text(f"{pyproject_hash} dev,pipeline\n")
-    assert run_setup(checkout, "--broker-only") == ""
+    assert run_setup(source, "--broker-only") == ""
     assert stamp.read_text() == f"{pyproject_hash} dev,pipeline\n"
 
     # A changed pyproject.toml is installed again.
-    with (checkout / "pyproject.toml").open("a") as pyproject:
+    with (source / "pyproject.toml").open("a") as pyproject:
         pyproject.write("# changed\n")
     stamp.write_text(f"{pyproject_hash} \n")
-    assert "setup: installing pylog into .venv" in run_setup(checkout, "--broker-only")
+    assert "setup: installing pylog into .venv" in run_setup(source, "--broker-only")
     assert stamp.read_text().split()[0] != pyproject_hash

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Install pylogd on a server, as root: the `pylog` system user, a virtual environment in
+# /opt/pylog/.venv with pylog (from SOURCE: this checkout by default, or a wheel built with
+# `pip wheel . --no-deps -w dist`), /etc/pylog/pylogd.toml from deploy/pylogd.toml (kept if it
+# exists: edit it there), /var/lib/pylog, and the systemd unit, installed and enabled. Start it
+# with `systemctl start pylogd`. Safe to run again: it upgrades pylog and keeps the config.
+#
+#   deploy/install.sh [SOURCE]
+#
+# DESTDIR=DIR installs into DIR as the root instead (for packaging and tests): no user is made,
+# nothing is chowned, and the unit is enabled with `systemctl --root`, which needs no running
+# systemd. Needs Python 3.11 or newer with venv (Debian: python3-venv), and for the private
+# ZooKeeper libzookeeper-java and a headless JRE (scripts/setup lists them).
+set -euo pipefail
+deploy=$(cd "$(dirname "$0")" && pwd)
+source=${1:-$(dirname "$deploy")}
+root=${DESTDIR:-}
+python=${PYTHON:-python3}
+
+if [ -z "$root" ] && ! id -u pylog >/dev/null 2>&1; then
+    echo "install: creating the system user pylog"
+    useradd --system --home-dir /var/lib/pylog --no-create-home --shell /usr/sbin/nologin pylog
+fi
+
+echo "install: pylog from $source into $root/opt/pylog/.venv"
+[ -x "$root/opt/pylog/.venv/bin/python" ] || "$python" -m venv "$root/opt/pylog/.venv"
+"$root/opt/pylog/.venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade \
+    "$source"
+
+if [ -e "$root/etc/pylog/pylogd.toml" ]; then
+    echo "install: keeping $root/etc/pylog/pylogd.toml"
+else
+    install -D -m 0644 "$deploy/pylogd.toml" "$root/etc/pylog/pylogd.toml"
+fi
+owner=()
+[ -n "$root" ] || owner=(-o pylog -g pylog)
+install -d -m 0750 "${owner[@]}" "$root/var/lib/pylog"
+
+install -D -m 0644 "$deploy/systemd/pylogd.service" "$root/etc/systemd/system/pylogd.service"
+if [ -n "$root" ]; then
+    systemctl --root="$root" enable pylogd.service
+else
+    systemctl daemon-reload
+    systemctl enable pylogd.service
+fi
+echo "install: done; edit $root/etc/pylog/pylogd.toml, then: systemctl start pylogd"

@@ -1,0 +1,25 @@
+"""Fixtures for tests/deploy: a copy of what pip builds pylog from."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    """A copy of the checkout's packaging inputs, so that a build's own files (build/,
+    *.egg-info) stay out of the checkout that others use."""
+    copy = tmp_path / "pylog"
+    copy.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, copy / name)
+    for package in ("broker", "cli", "pipeline"):
+        shutil.copytree(
+            ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    return copy

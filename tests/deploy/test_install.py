@@ -1,0 +1,55 @@
+"""deploy/install.sh into a temporary root (DESTDIR): the venv with pylogd, the config from the
+example (kept on a second run), the state dir, and the unit installed, enabled and verified."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.test_deploy_files import DEPLOY, INSTALLED_PYLOGD, UNIT
+
+
+def install(source: Path, root: Path) -> None:
+    subprocess.run(
+        [str(DEPLOY / "install.sh"), str(source)],
+        check=True,
+        timeout=600,
+        env={**os.environ, "DESTDIR": str(root), "PYTHON": sys.executable},
+    )
+
+
+@pytest.mark.skipif(shutil.which("systemctl") is None, reason="needs systemctl --root")
+def test_install_into_a_root_then_again_keeps_the_config(source: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    install(source, root)
+
+    pylogd = root / INSTALLED_PYLOGD.lstrip("/")
+    subprocess.run([str(pylogd), "--help"], check=True, capture_output=True, timeout=60)
+    config = root / "etc" / "pylog" / "pylogd.toml"
+    assert config.read_text() == (DEPLOY / "pylogd.toml").read_text()
+    assert (root / "var" / "lib" / "pylog").is_dir()
+    unit = root / "etc" / "systemd" / "system" / "pylogd.service"
+    assert unit.read_text() == UNIT.read_text()
+    wanted = root / "etc" / "systemd" / "system" / "multi-user.target.wants" / "pylogd.service"
+    assert os.readlink(wanted) == "/etc/systemd/system/pylogd.service"
+
+    if shutil.which("systemd-analyze") is not None:
+        # verify checks that ExecStart exists: point it at the pylogd installed in the root.
+        verified = tmp_path / unit.name
+        verified.write_text(unit.read_text().replace(INSTALLED_PYLOGD, str(pylogd)))
+        result = subprocess.run(
+            ["systemd-analyze", "verify", "--man=no", str(verified)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+    config.write_text("[broker]\nport = 9099\n")
+    install(source, root)
+    assert config.read_text() == "[broker]\nport = 9099\n"
