@@ -16,8 +16,12 @@ Cluster, Admin, Producer, PartitionConsumer and TopicConsumer take any broker of
 ("host:port" or "tcp://host:port"; several, comma-separated, for when one is down) and find
 the others from it; GroupConsumer takes the ZooKeeper ensemble the brokers register in.
 
-Errors: broker.errors.BrokerError for an error the broker answered with (its `name` and
-`retriable`), broker.errors.Unavailable when no reply came in time.
+Errors: an error the broker answered with raises its code's own class, both a
+broker.errors.BrokerError (its `code`, `name`, `message` and `retriable`) and the class of the
+error tree named after it: `except TopicAlreadyExists`, `except UnknownTopicOrPartition`,
+`except Unavailable` (PARTITION_UNAVAILABLE and the other retriable codes) all work.
+broker.errors.Unavailable alone when no reply came in time. Values and keys are bytes: a str is
+a TypeError naming the argument, unless a Producer is given a `serializer` / `key_serializer`.
 """
 
 from broker.client.admin import Admin

@@ -84,6 +84,16 @@ def normalize_endpoint(address: str) -> str:
     return f"tcp://{match['host']}:{int(match['port'])}"
 
 
+def require_bytes(what: str, value: object, fix: str = "encode it (.encode()) first") -> Buffer:
+    """`value` if it is bytes, bytearray or memoryview; else a TypeError naming `what` (and
+    saying `fix` for a str), so that a str is refused where it is given rather than deep in
+    encoding, or hashed as text."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return value
+    hint = f": {fix}" if isinstance(value, str) else ""
+    raise TypeError(f"{what} must be bytes, not {type(value).__name__}{hint}")
+
+
 class Connection(Closing):
     """Requests to the broker at `endpoint` ("host:port" or "tcp://host:port", see
     normalize_endpoint), one at a time.
@@ -145,6 +155,8 @@ class Connection(Closing):
         return correlation_id
 
     def _frames(self, request: Request) -> tuple[int, list[Buffer]]:
+        if isinstance(request, ProduceRequest):
+            require_bytes("ProduceRequest.message_set", request.message_set)
         correlation_id = self._correlation_id()
         header = RequestHeader(request.api, API_VERSION, correlation_id, self.client_id)
         return correlation_id, encode_request(header, request)

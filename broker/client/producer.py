@@ -31,6 +31,10 @@ spans a worker's restart: pylogd restarts a worker that died after 0.1 s doublin
 PARTITION_UNAVAILABLE meanwhile. A batch whose budget runs out is dropped, and the last error
 raised to the caller of `send` or `flush`.
 
+Values and keys are bytes (bytearray and memoryview too): anything else, a str above all, is a
+TypeError from `send` naming the argument, unless the producer was given a `serializer` (for
+values) or `key_serializer` (for keys, not called for None), a callable returning bytes.
+
 Not safe to share between threads.
 """
 
@@ -40,9 +44,10 @@ import itertools
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 import xxhash
 
@@ -52,10 +57,11 @@ from broker.client.connection import (
     MAX_RETRY_BACKOFF_S,
     RETRY_BACKOFF_S,
     Connection,
+    require_bytes,
 )
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import BrokerError, Unavailable
-from broker.log.message import encode_message
+from broker.log.message import Buffer, encode_message
 from broker.protocol import (
     Ack,
     Api,
@@ -73,6 +79,9 @@ METADATA_RETRIES = 5
 """Retries of a METADATA request when `retries` is not given."""
 
 Partitioner = Literal["hash", "round_robin", "random"]
+Serializer = Callable[[Any], Buffer]
+"""Turns what is given to Producer.send as a value (or key) into its bytes."""
+_NO_SERIALIZER_FIX = "encode it (.encode()), or give the Producer a serializer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +147,8 @@ class Producer:
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
         clock: Clock = SYSTEM_CLOCK,
+        serializer: Serializer | None = None,
+        key_serializer: Serializer | None = None,
     ) -> None:
         if partitioner not in ("hash", "round_robin", "random"):
             raise ValueError(f"partitioner {partitioner!r}: use hash, round_robin or random")
@@ -156,6 +167,8 @@ class Producer:
         self.retries = retries
         self.delivery_timeout_s = delivery_timeout_s
         self.max_in_flight = max_in_flight
+        self.serializer = serializer
+        self.key_serializer = key_serializer
         self._in_flight: dict[tuple[Connection, int], _InFlight] = {}
         self.clock = clock
         metadata_retries = METADATA_RETRIES if retries is None else retries
@@ -206,13 +219,26 @@ class Producer:
 
     def send(
         self,
-        value: bytes,
-        key: bytes | None = None,
+        value: Any,
+        key: Any = None,
         timestamp_ms: int | None = None,
         partition: int | None = None,
     ) -> None:
         """Add a message to its partition's batch; send the batch if it is full, and any batch
-        whose linger has passed. Raises what sending raises (BrokerError, Unavailable)."""
+        whose linger has passed. Raises what sending raises (BrokerError, Unavailable), and
+        TypeError, nothing sent, for a value or key that is not bytes (nor made bytes by the
+        producer's serializer or key_serializer)."""
+        if self.serializer is None:
+            value = require_bytes("Producer.send: value", value, _NO_SERIALIZER_FIX)
+        else:
+            value = require_bytes("Producer.send: the serializer's result", self.serializer(value))
+        if key is not None:
+            if self.key_serializer is None:
+                key = require_bytes("Producer.send: key", key, _NO_SERIALIZER_FIX)
+            else:
+                key = require_bytes(
+                    "Producer.send: the key_serializer's result", self.key_serializer(key)
+                )
         if partition is None:
             partition = self.partition_for(key)
         elif not 0 <= partition < self.partitions:
