@@ -22,7 +22,6 @@ error tree named after it: `except TopicAlreadyExists`, `except UnknownTopicOrPa
 `except Unavailable` (PARTITION_UNAVAILABLE and the other retriable codes) all work.
 broker.errors.Unavailable alone when no reply came in time. Values and keys are bytes: a str is
 a TypeError naming the argument, unless a Producer is given a `serializer` / `key_serializer`.
-Producer.send returns a Delivery: `result(timeout)` is the message's offset or raises its error.
 """
 
 from broker.client.admin import Admin
@@ -30,7 +29,7 @@ from broker.client.cluster import Cluster
 from broker.client.connection import Connection
 from broker.client.consumer import PartitionConsumer
 from broker.client.group import GroupConsumer, Record
-from broker.client.producer import Delivery, ProduceAck, Producer
+from broker.client.producer import ProduceAck, Producer
 from broker.client.topic_consumer import Last, TopicConsumer
 from broker.protocol import Ack
 
@@ -39,7 +38,6 @@ __all__ = [
     "Admin",
     "Cluster",
     "Connection",
-    "Delivery",
     "GroupConsumer",
     "Last",
     "PartitionConsumer",
