@@ -35,29 +35,16 @@ Values and keys are bytes (bytearray and memoryview too): anything else, a str a
 TypeError from `send` naming the argument, unless the producer was given a `serializer` (for
 values) or `key_serializer` (for keys, not called for None), a callable returning bytes.
 
-Delivery: `send` returns a Delivery, a handle shaped like a concurrent.futures.Future of the
-message's offset (None with ack NONE, which learns nothing): one real Future a batch, shared by
-its messages' handles, each of which adds its position in the batch (a Future a message cost
-a third of the throughput). It is settled when the producer hears of its batch: by
-`flush`, by a later `send` that waits for a reply, or by its own `result(timeout)`, which sends
-the open batches and waits for replies until it is settled (no background thread). A batch that
-fails, its retry budget spent or its error not retriable, fails each of its messages' Delivery
-with that error (a BrokerError subclass such as UnknownTopicOrPartition, or Unavailable), and
-the error is raised from the `send` or `flush` that met it, as before; one that a Delivery's
-`result` met is left to the deliveries it failed.
-
 Not safe to share between threads.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import itertools
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -73,7 +60,7 @@ from broker.client.connection import (
     require_bytes,
 )
 from broker.clock import SYSTEM_CLOCK, Clock
-from broker.errors import BrokerError, PylogError, Unavailable
+from broker.errors import BrokerError, Unavailable
 from broker.log.message import Buffer, encode_message
 from broker.protocol import (
     Ack,
@@ -107,42 +94,6 @@ class ProduceAck:
     count: int
 
 
-BatchFuture = concurrent.futures.Future[int | None]
-"""A batch's fate: its base offset (None with ack NONE), or the error that failed it."""
-
-
-class Delivery:
-    """The fate of one message given to Producer.send: `result(timeout)` is its offset (None
-    with ack NONE) or raises the error that failed its batch; `done()`, `exception(timeout)`
-    and `add_done_callback(fn)` (fn gets this Delivery) as on a concurrent.futures.Future. Not
-    settled yet, `result` and `exception` send the producer's open batches and wait for
-    replies, up to `timeout` seconds (checked between replies; None: until settled), then
-    raise TimeoutError."""
-
-    __slots__ = ("_batch", "_position", "_producer")
-
-    def __init__(self, producer: Producer, batch: BatchFuture, position: int) -> None:
-        self._producer = producer
-        self._batch = batch
-        self._position = position
-        """Where the message starts in its batch's message set."""
-
-    def done(self) -> bool:
-        return self._batch.done()
-
-    def result(self, timeout: float | None = None) -> int | None:
-        self._producer._settle(self._batch, timeout)
-        base_offset = self._batch.result(0)
-        return None if base_offset is None else base_offset + self._position
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._producer._settle(self._batch, timeout)
-        return self._batch.exception(0)
-
-    def add_done_callback(self, fn: Callable[[Delivery], object]) -> None:
-        self._batch.add_done_callback(lambda _: fn(self))
-
-
 @dataclass(slots=True)
 class _InFlight:
     """A batch sent and not yet acknowledged."""
@@ -152,7 +103,6 @@ class _InFlight:
     """The order in which batches were first sent: acks are returned in it."""
     deadline: float
     """No sending again after this (time.monotonic): its first sending + delivery_timeout_s."""
-    future: BatchFuture
     attempts: int = 0
     looked_again: bool = False
     connection: Connection | None = None
@@ -164,7 +114,6 @@ class _Batch:
     """The open batch of one partition: encoded messages waiting to be sent."""
 
     messages: list[bytes] = field(default_factory=list)
-    future: BatchFuture = field(default_factory=BatchFuture)
     size: int = 0
     started: float = 0.0
 
@@ -232,8 +181,6 @@ class Producer:
         self._linger_deadline = math.inf
         """When the oldest open batch's linger ends (clock.monotonic), checked on each send."""
         self._acks: list[tuple[int, ProduceAck]] = []
-        self._unsettled: dict[int, _InFlight] = {}
-        """Batches sent and neither acknowledged nor failed, by send sequence."""
         """Acknowledgements since the last flush, each with its batch's send sequence."""
         self._batches_sent = itertools.count()
         self._sent = 0
@@ -276,11 +223,11 @@ class Producer:
         key: Any = None,
         timestamp_ms: int | None = None,
         partition: int | None = None,
-    ) -> Delivery:
-        """Add a message to its partition's batch and return its Delivery; send the batch if it
-        is full, and any batch whose linger has passed. Raises what sending raises (BrokerError,
-        Unavailable), and TypeError, nothing sent, for a value or key that is not bytes (nor
-        made bytes by the producer's serializer or key_serializer)."""
+    ) -> None:
+        """Add a message to its partition's batch; send the batch if it is full, and any batch
+        whose linger has passed. Raises what sending raises (BrokerError, Unavailable), and
+        TypeError, nothing sent, for a value or key that is not bytes (nor made bytes by the
+        producer's serializer or key_serializer)."""
         if self.serializer is None:
             value = require_bytes("Producer.send: value", value, _NO_SERIALIZER_FIX)
         else:
@@ -304,44 +251,12 @@ class Producer:
         if batch is None:
             batch = self._batches[partition] = _Batch(started=self.clock.monotonic())
             self._linger_deadline = min(self._linger_deadline, batch.started + self.linger_s)
-        delivery = Delivery(self, batch.future, batch.size)
         batch.messages.append(message)
         batch.size += len(message)
-        full = len(batch.messages) >= self.batch_messages or batch.size >= self.batch_bytes
-        if full or self.clock.monotonic() >= self._linger_deadline:
-            with self._settling():  # entered only to send: it costs a microsecond a message
-                if full:
-                    self._send_batch(partition)
-                if self._batches and self.clock.monotonic() >= self._linger_deadline:
-                    self._send_lingering()
-        return delivery
-
-    @contextlib.contextmanager
-    def _settling(self) -> Iterator[None]:
-        """Fail, with an error escaping the block, every batch it dropped: sent, no longer in
-        flight and not acknowledged."""
-        try:
-            yield
-        except PylogError as error:
-            in_flight = {id(entry) for entry in self._in_flight.values()}
-            for sequence, entry in list(self._unsettled.items()):
-                if id(entry) not in in_flight:
-                    del self._unsettled[sequence]
-                    entry.future.set_exception(error)
-            raise
-
-    def _settle(self, batch: BatchFuture, timeout: float | None) -> None:
-        """Send the open batches and take replies until `batch` is settled, nothing is in
-        flight or `timeout` seconds have passed. An error met on the way is left to the
-        batches it failed."""
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
-        with contextlib.suppress(PylogError), self._settling():
-            for partition in list(self._batches):
-                if batch.done():
-                    return
-                self._send_batch(partition)
-            while not batch.done() and self._in_flight and time.monotonic() < deadline:
-                self._receive_ack()
+        if len(batch.messages) >= self.batch_messages or batch.size >= self.batch_bytes:
+            self._send_batch(partition)
+        if self._batches and self.clock.monotonic() >= self._linger_deadline:
+            self._send_lingering()
 
     def _send_lingering(self) -> None:
         """Send every batch whose linger has passed; note when the next one's will."""
@@ -358,12 +273,9 @@ class Producer:
         request = ProduceRequest(self.topic, partition, self.ack, b"".join(batch.messages))
         if self.ack is Ack.NONE:
             self._holder(partition).send_nowait(request)
-            batch.future.set_result(None)
         else:
             deadline = time.monotonic() + self.delivery_timeout_s
-            entry = _InFlight(request, next(self._batches_sent), deadline, batch.future)
-            self._unsettled[entry.sequence] = entry
-            self._dispatch(entry)
+            self._dispatch(_InFlight(request, next(self._batches_sent), deadline))
             while len(self._in_flight) >= self.max_in_flight:
                 self._receive_ack()
         self._sent += len(batch.messages)
@@ -430,17 +342,14 @@ class Producer:
             return
         ack = ProduceAck(entry.request.partition, reply.base_offset, reply.count)
         self._acks.append((entry.sequence, ack))
-        del self._unsettled[entry.sequence]
-        entry.future.set_result(reply.base_offset)
 
     def flush(self) -> list[ProduceAck]:
         """Send every open batch, wait for every acknowledgement, and return those received
         since the last flush, in the order their batches were sent."""
-        with self._settling():
-            for partition in list(self._batches):
-                self._send_batch(partition)
-            while self._in_flight:
-                self._receive_ack()
+        for partition in list(self._batches):
+            self._send_batch(partition)
+        while self._in_flight:
+            self._receive_ack()
         acks, self._acks = [ack for _, ack in sorted(self._acks)], []
         return acks
 
