@@ -123,8 +123,6 @@ class WorkerPool:
         if worker.socket is not None:
             self.poller.unregister(worker.socket)
             worker.socket.close(linger=0)  # requests queued for the dead worker are dropped
-        self.queued_bytes -= worker.queued_bytes
-        worker.queued_bytes = 0
         worker.stats = None
         worker.restarts += worker.process is not None
         worker.endpoint = f"ipc://{self.run_dir}/worker-{worker.index}-{worker.restarts}.sock"
@@ -212,6 +210,10 @@ class WorkerPool:
             process = worker.process
             if process is not None and process.poll() is not None and worker.start_at <= 0:
                 worker.connected = False
+                # What it owed went with it: not held against every client until its restart,
+                # which a crash loop puts off for up to 30 s.
+                self.queued_bytes -= worker.queued_bytes
+                worker.queued_bytes = 0
                 if self.stopping:
                     continue
                 self.restarts += 1
