@@ -169,6 +169,8 @@ class Worker:
         )
         """Served bytes given back at once: at most half the front's limit over all workers
         held back, so credit held back alone never stops the front reading."""
+        self._fetch_max_bytes = config.broker_fetch_max_bytes
+        """broker.fetch_max_bytes, read once (BrokerConfig looks a setting up by name)."""
         self._credit_owed = trio.Event()
         """Set when served bytes wait for _give_credit_when_idle."""
         self.stats = WorkerStats()
@@ -425,7 +427,7 @@ class Worker:
         """At most fetch_max_bytes of messages, but the first message whole if it fits in the
         request's max_bytes: the cap bounds the broker's memory, never stops a consumer."""
         plog = partition.log
-        cap = self.config.broker_fetch_max_bytes
+        cap = self._fetch_max_bytes
         try:
             data = plog.read(request.offset, min(request.max_bytes, cap))
         except FetchSizeTooSmall as error:
