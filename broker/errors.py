@@ -41,7 +41,11 @@ succeed when retried. The broker answers every one of these with its wire error 
 (broker.protocol.broker_error), so `except TopicAlreadyExists` and `except Unavailable` catch
 what a broker answered as they catch what this process raised, and `except BrokerError` catches
 any answered error. A client-side one carries the code, name, message and retriable of
-BrokerError, not the broker-side attributes (an answered InvalidOffset has no `previous`).
+BrokerError and, for the three codes whose replies carry fields (docs/protocol.md, "Reply
+header"), those fields as the broker-side attributes of the same name: an answered
+InvalidOffset has `message_start` and `next_offset`, FetchSizeTooSmall `needed`, CorruptSegment
+`start`, `end` and `reason`. The attributes the request holds (the offset, max_bytes, the
+partition) are not repeated in the reply, and an answered error has none of them.
 """
 
 from __future__ import annotations
@@ -78,14 +82,14 @@ class MessageTooLarge(StorageError):
 class InvalidOffset(StorageError):
     """The offset is within the readable range but is not the first byte of a message."""
 
-    def __init__(self, offset: int, previous: int, following: int) -> None:
+    def __init__(self, offset: int, message_start: int, next_offset: int) -> None:
         super().__init__(
             f"offset {offset} is not a message boundary: the message around it starts at "
-            f"{previous} and the next one at {following}"
+            f"{message_start} and the next one at {next_offset}"
         )
         self.offset = offset
-        self.previous = previous
-        self.following = following
+        self.message_start = message_start
+        self.next_offset = next_offset
 
 
 class OffsetOutOfRange(StorageError):
@@ -116,7 +120,7 @@ class FetchSizeTooSmall(StorageError):
 class CorruptSegment(StorageError):
     """Bytes already stored fail framing or checksum checks: offsets [start, end) of partition
     `partition` (`<topic>-<number>`) are damaged, and a reader skips them by reading on from
-    `end`, a message boundary. The text is exact (docs/protocol.md, CORRUPT_SEGMENT)."""
+    `end`, a message boundary; `reason` says why, for people."""
 
     def __init__(self, partition: str, start: int, end: int, reason: str) -> None:
         super().__init__(

@@ -11,8 +11,11 @@ it, so item 0 of a frame list is "frame 1" of docs/protocol.md:
                        message set  PRODUCE only: the rest of the frame, messages back to
                                     back (broker.log.message); no length field
     reply     frame 1  header       correlation_id u32, error_code i16, error_message string
-                       body         right after error_message, fixed per api; absent (the
-                                    frame ends with the header) when error_code is not 0
+                       body         right after error_message, fixed per api; absent when
+                                    error_code is not 0
+                       error fields an error of INVALID_OFFSET, FETCH_SIZE_TOO_SMALL or
+                                    CORRUPT_SEGMENT only, right after error_message: the
+                                    values a client acts on (ERROR_FIELDS); no text is parsed
               frame 2  message set  FETCH success only: whole messages from the fetch offset
 
 All integers are big-endian; a string is a u16 byte length and that many bytes of UTF-8. A
@@ -138,9 +141,6 @@ class ErrorCode(IntEnum):
     INVALID_TOPIC = 18
 
 
-# -- errors that belong in broker/errors.py --------------------------------------------------
-
-
 # -- the error table ---------------------------------------------------------------------------
 
 
@@ -233,16 +233,22 @@ _REPLY_ERROR_BY_CODE: Final[dict[ErrorCode, type[BrokerError]]] = {
 """The class a client raises for each nonzero code: a BrokerError and the table's exception."""
 
 
-def broker_error(code: int, message: str) -> BrokerError:
+def broker_error(
+    code: int, message: str, fields: Mapping[str, int | str] | None = None
+) -> BrokerError:
     """The client-side exception for a reply's nonzero error code: that code's own BrokerError
     subclass, also an instance of the table's exception class (`except TopicAlreadyExists`
-    catches it). A code this module does not know (from a newer broker) is a plain BrokerError
-    named UNKNOWN_ERROR_<code>, not retriable."""
+    catches it), with the reply's error fields (ERROR_FIELDS) as attributes of the same name.
+    A code this module does not know (from a newer broker) is a plain BrokerError named
+    UNKNOWN_ERROR_<code>, not retriable."""
     entry = _ENTRY_BY_CODE.get(code)
     if entry is None:
         return BrokerError(code, f"UNKNOWN_ERROR_{code}", message, False)
     error_class = _REPLY_ERROR_BY_CODE.get(entry.code, BrokerError)
-    return error_class(code, entry.name, message, entry.retriable)
+    error = error_class(code, entry.name, message, entry.retriable)
+    for name, value in (fields or {}).items():
+        setattr(error, name, value)  # the broker-side class declares it (broker.errors)
+    return error
 
 
 # -- topic names and settings ------------------------------------------------------------------
@@ -648,6 +654,25 @@ _PARTITION_STATE: Final = _Fields(
     ("oldest_timestamp", "q"),
 )
 _OVERRIDDEN: Final = _Fields(("overridden", "B"))
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorFields:
+    """What an error reply of one code carries after error_message: fixed-size `numbers`,
+    then `texts` (strings, for people). Their names are the attributes of the broker-side
+    exception (broker.errors) that the broker encodes them from and a client decodes them to."""
+
+    numbers: _Fields
+    texts: tuple[str, ...] = ()
+
+
+ERROR_FIELDS: Final[Mapping[ErrorCode, ErrorFields]] = {
+    ErrorCode.INVALID_OFFSET: ErrorFields(_Fields(("message_start", "Q"), ("next_offset", "Q"))),
+    ErrorCode.FETCH_SIZE_TOO_SMALL: ErrorFields(_Fields(("needed", "Q"))),
+    ErrorCode.CORRUPT_SEGMENT: ErrorFields(_Fields(("start", "Q"), ("end", "Q")), ("reason",)),
+}
+"""The error codes whose reply carries fields after error_message (docs/protocol.md, "Reply
+header"); every other code's frame 1 ends with error_message."""
 
 
 class _Reader:
@@ -1202,10 +1227,11 @@ def encode_reply(correlation_id: int, reply: Reply) -> list[Buffer]:
 def encode_error(
     correlation_id: int, error: BaseException | ErrorCode, message: str | None = None
 ) -> list[Buffer]:
-    """The one frame of an error reply: the reply header, nothing after it.
+    """The one frame of an error reply: the reply header, then the code's ERROR_FIELDS.
 
-    `error` is an exception, whose code comes from error_code_for and whose text is the
-    message unless `message` is given, or an ErrorCode (message default empty). A message over
+    `error` is an exception, whose code comes from error_code_for, whose text is the message
+    unless `message` is given, and whose attributes give the error fields; or an ErrorCode
+    (message default empty) of a code without fields (ValueError for one with). A string over
     65535 bytes of UTF-8 is cut at a character boundary."""
     if isinstance(error, ErrorCode):
         code = error
@@ -1215,7 +1241,14 @@ def encode_error(
         text = _describe(error) if message is None else message
     if code is ErrorCode.NONE:
         raise ValueError("ErrorCode.NONE is not an error: use encode_reply")
-    return [_REPLY_HEADER.pack(correlation_id, code) + _string("error_message", text, True)]
+    parts = [_REPLY_HEADER.pack(correlation_id, code), _string("error_message", text, True)]
+    fields = ERROR_FIELDS.get(code)
+    if fields is not None:
+        if isinstance(error, ErrorCode):
+            raise ValueError(f"a {code.name} reply carries fields: give the exception")
+        parts.append(fields.numbers.pack(*(getattr(error, n) for n in fields.numbers.names)))
+        parts += [_string(name, getattr(error, name), True) for name in fields.texts]
+    return [b"".join(parts)]
 
 
 def _describe(error: BaseException) -> str:
@@ -1266,17 +1299,16 @@ def decode_reply(api: Api, frames: Frames) -> Reply: ...
 def decode_reply(api: Api, frames: Frames) -> Reply:
     """The body of a reply to a request of `api`, from its frames after the routing envelope.
 
-    Raises BrokerError (code, name, message, retriable) when the error code is not 0, and
-    MalformedReply when the frames do not follow the protocol. A FETCH reply's message set is
-    a memoryview over frame 2."""
+    Raises BrokerError (code, name, message, retriable, and the code's ERROR_FIELDS) when
+    the error code is not 0, and MalformedReply when the frames do not follow the protocol. A
+    FETCH reply's message set is a memoryview over frame 2."""
     reader, header = _read_reply_header(frames)
     if header.error_code != ErrorCode.NONE:
         if len(frames) != 1:
             raise MalformedReply(
                 f"an error reply is 1 frame (the reply header), this one has {len(frames)}"
             )
-        reader.finish()
-        raise broker_error(header.error_code, header.error_message)
+        raise broker_error(header.error_code, header.error_message, _error_fields(reader, header))
     names = _REPLY_FRAMES[api]
     if len(frames) != len(names):
         raise MalformedReply(
@@ -1312,6 +1344,21 @@ def decode_reply(api: Api, frames: Frames) -> Reply:
         reply = EmptyReply()
     reader.finish()
     return reply
+
+
+def _error_fields(reader: _Reader, header: ReplyHeader) -> dict[str, int | str]:
+    """The fields after error_message: the code's ERROR_FIELDS, nothing for another known
+    code, and whatever there is, unread, for a code from a newer broker."""
+    if not isinstance(header.error_code, ErrorCode):
+        return {}
+    values: dict[str, int | str] = {}
+    fields = ERROR_FIELDS.get(header.error_code)
+    if fields is not None:
+        reader.enter(f"{header.error_code.name} error fields")
+        values.update(zip(fields.numbers.names, reader.fixed(fields.numbers), strict=True))
+        values.update((name, reader.string(name)) for name in fields.texts)
+    reader.finish()
+    return values
 
 
 def _decode_metadata_reply(reader: _Reader) -> MetadataReply:

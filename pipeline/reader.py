@@ -49,7 +49,7 @@ from pyspark.sql.types import (
 )
 
 from broker.client.connection import Connection
-from broker.client.consumer import corrupt_segment_reply, decode_fetched
+from broker.client.consumer import corrupt_segment_reply, decode_fetched, grown_fetch_bytes
 from broker.errors import BrokerError, CorruptSegment
 from broker.log.message import Message
 from broker.protocol import EARLIEST as EARLIEST_TIME
@@ -129,12 +129,13 @@ def read_range(rng: OffsetRange, fail_on_data_loss: bool) -> Iterator[pa.RecordB
             try:
                 reply = connection.call(request, RETRIES)
             except BrokerError as error:
-                if error.code == ErrorCode.FETCH_SIZE_TOO_SMALL and fetch_bytes < MAX_FETCH_BYTES:
-                    fetch_bytes = min(fetch_bytes * 2, MAX_FETCH_BYTES)
+                grown = grown_fetch_bytes(error, MAX_FETCH_BYTES)
+                if grown is not None:
+                    fetch_bytes = grown
                     continue
                 if error.code == ErrorCode.INVALID_OFFSET:
                     raise _not_a_boundary(tp, position, error) from None
-                damage = corrupt_segment_reply(error)
+                damage = corrupt_segment_reply(error, tp.topic, tp.partition)
                 if damage is not None:
                     position = _skip_damaged(tp, damage, fail_on_data_loss)
                     continue

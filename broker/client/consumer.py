@@ -7,15 +7,16 @@ timestamp is at or after it, by OFFSETS). Offsets are byte positions: after a fe
 `position` the next position is `position` plus the length of the message set returned, and
 each message's offset is computed from the fetch offset (broker.log.message.iter_messages).
 
-A message larger than `fetch_bytes` is answered FETCH_SIZE_TOO_SMALL; the consumer then doubles
-its fetch size, up to `max_fetch_bytes`, and fetches again, instead of stalling on it.
+A message larger than `fetch_bytes` is answered FETCH_SIZE_TOO_SMALL, whose reply gives the
+message's size; the consumer then fetches again with that size (up to `max_fetch_bytes`),
+instead of stalling on it.
 
 While more is stored past what a fetch returned, the next fetch is sent before the messages of
 this one are decoded, so the broker reads while the consumer decodes (one fetch ahead).
 
 Damaged data (docs/storage.md, "Damaged data"): stored bytes that fail their checks are a
 range [start, end) of offsets that nobody can read. The consumer meets it either as the
-broker's CORRUPT_SEGMENT, whose text names the range, or as a fetched message whose checksum
+broker's CORRUPT_SEGMENT, whose reply gives the range, or as a fetched message whose checksum
 does not match, whose range its length field gives. Either way it first returns the messages
 before it, then raises CorruptSegment (broker.errors) naming the range, at every poll, until
 the consumer is moved past it (`seek(error.end)`); with `skip_corrupt` it logs the range, adds
@@ -28,14 +29,20 @@ from __future__ import annotations
 
 import datetime
 import logging
-import re
 import time
 from collections.abc import Iterator
 from typing import Final, Literal
 
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID
-from broker.errors import BrokerError, CorruptSegment, InvalidMessage, Unavailable
+from broker.errors import (
+    BrokerCorruptSegment,
+    BrokerError,
+    BrokerFetchSizeTooSmall,
+    CorruptSegment,
+    InvalidMessage,
+    Unavailable,
+)
 from broker.lifecycle import Closing
 from broker.log.message import (
     HEADER_SIZE,
@@ -49,7 +56,6 @@ from broker.protocol import (
     EARLIEST,
     LATEST,
     Api,
-    ErrorCode,
     FetchReply,
     FetchRequest,
     OffsetsRequest,
@@ -60,27 +66,28 @@ Start = Literal["earliest", "latest"] | int | datetime.datetime
 DEFAULT_FETCH_BYTES: Final = 1 << 20
 MAX_FETCH_BYTES: Final = 64 << 20
 _EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-_DAMAGED: Final = re.compile(
-    r"partition (?P<partition>.+): offsets \[(?P<start>\d+), (?P<end>\d+)\) are damaged "
-    r"\((?P<reason>.*)\); fetch from offset \d+ to skip them",
-    re.DOTALL,
-)
-"""The text of a CORRUPT_SEGMENT reply, exactly (docs/protocol.md)."""
 
 log = logging.getLogger(__name__)
 
 
-def corrupt_segment_reply(error: BrokerError) -> CorruptSegment | None:
-    """The damaged range a CORRUPT_SEGMENT reply names, as CorruptSegment (caused by `error`);
-    None for any other error, or a text not of the documented form."""
-    match = _DAMAGED.fullmatch(error.message) if error.name == "CORRUPT_SEGMENT" else None
-    if match is None:
+def corrupt_segment_reply(error: BrokerError, topic: str, partition: int) -> CorruptSegment | None:
+    """The damaged range of partition `partition` of `topic` that a CORRUPT_SEGMENT reply gives
+    in its fields (start, end, reason), as CorruptSegment caused by `error`; None for any
+    other error."""
+    if not isinstance(error, BrokerCorruptSegment):
         return None
-    damage = CorruptSegment(
-        match["partition"], int(match["start"]), int(match["end"]), match["reason"]
-    )
+    damage = CorruptSegment(f"{topic}-{partition}", error.start, error.end, error.reason)
     damage.__cause__ = error
     return damage
+
+
+def grown_fetch_bytes(error: BrokerError, max_fetch_bytes: int) -> int | None:
+    """The fetch size to fetch again with after FETCH_SIZE_TOO_SMALL: the size of the message
+    at the offset, which the reply gives (`needed`), when it is at most `max_fetch_bytes`;
+    None for any other error, or a message larger than that."""
+    if isinstance(error, BrokerFetchSizeTooSmall) and error.needed <= max_fetch_bytes:
+        return error.needed
+    return None
 
 
 def decode_fetched(
@@ -209,14 +216,13 @@ class PartitionConsumer(Closing):
             try:
                 reply = self.connection.call(self._request(self._position, wait_ms), self.retries)
             except BrokerError as error:
-                damage = corrupt_segment_reply(error)
+                damage = corrupt_segment_reply(error, self.topic, self.partition)
                 if damage is not None:
                     return self._damaged(damage)
-                if error.code != ErrorCode.FETCH_SIZE_TOO_SMALL:
+                grown = grown_fetch_bytes(error, self.max_fetch_bytes)
+                if grown is None:
                     raise
-                if self.fetch_bytes >= self.max_fetch_bytes:
-                    raise
-                self.fetch_bytes = min(self.fetch_bytes * 2, self.max_fetch_bytes)
+                self.fetch_bytes = grown
         following = self._position + len(reply.message_set)
         if reply.message_set and following < reply.high_watermark:
             request = self._request(following, wait_ms)

@@ -61,6 +61,7 @@ from broker.client.consumer import (
     MAX_FETCH_BYTES,
     corrupt_segment_reply,
     decode_fetched,
+    grown_fetch_bytes,
 )
 from broker.errors import (
     BrokerError,
@@ -398,7 +399,8 @@ class GroupConsumer(Closing):
         try:
             reply = decode_reply(Api.FETCH, frames)
         except BrokerError as error:
-            damage = corrupt_segment_reply(error)
+            damage = corrupt_segment_reply(error, tp.topic, tp.partition)
+            grown = grown_fetch_bytes(error, MAX_FETCH_BYTES)
             if damage is not None:
                 self._damaged(owned, damage)
             elif error.code == ErrorCode.OFFSET_OUT_OF_RANGE:
@@ -421,10 +423,8 @@ class GroupConsumer(Closing):
                     offset,
                 )
                 owned.fetch_offset = owned.position = owned.delivered = offset
-            elif error.code == ErrorCode.FETCH_SIZE_TOO_SMALL and owned.fetch_bytes < (
-                MAX_FETCH_BYTES
-            ):
-                owned.fetch_bytes = min(owned.fetch_bytes * 2, MAX_FETCH_BYTES)
+            elif grown is not None:
+                owned.fetch_bytes = grown
             elif error.retriable or error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                 owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
             else:

@@ -20,7 +20,6 @@ Not safe to share between threads.
 from __future__ import annotations
 
 import datetime
-import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -32,11 +31,19 @@ from broker.client.consumer import (
     MAX_FETCH_BYTES,
     corrupt_segment_reply,
     decode_fetched,
+    grown_fetch_bytes,
     timestamp_ms,
 )
-from broker.errors import BrokerError, CorruptSegment, MalformedReply, Unavailable
+from broker.errors import (
+    BrokerCorruptSegment,
+    BrokerError,
+    BrokerFetchSizeTooSmall,
+    BrokerInvalidOffset,
+    CorruptSegment,
+    Unavailable,
+)
 from broker.log.message import Message
-from broker.protocol import EARLIEST, LATEST, ErrorCode, FetchRequest, OffsetsRequest
+from broker.protocol import EARLIEST, LATEST, FetchRequest, OffsetsRequest
 from broker.registry import Registry, partition_name
 
 COUNT_BYTES: Final = 256 << 10
@@ -46,7 +53,6 @@ all (perf/bench_group_lag.py), and --watch repeats it."""
 FETCH_BYTES: Final = 64 << 10
 SCAN_BACK_BYTES: Final = 64 << 10
 """The first window read back from an offset to find the messages before it (then x4)."""
-_BOUNDS: Final = re.compile(r"starts at (\d+) and the next one at (\d+)")
 
 Target = Literal["earliest", "latest"] | int | datetime.datetime | tuple[Literal["shift-by"], int]
 """Where `plan_reset` moves offsets: the log start, the high watermark, a byte offset (moved to
@@ -69,24 +75,19 @@ def message_bounds(
     """(start, next) of the message around byte `position` of the partition: (position,
     position) when a message starts there (or it is the high watermark). One FETCH of one
     byte: a boundary answers FETCH_SIZE_TOO_SMALL (or nothing at the high watermark), any
-    other position INVALID_OFFSET, whose text gives the boundaries around it (protocol.md).
+    other position INVALID_OFFSET, whose fields give the boundaries around it (protocol.md).
     BrokerError OFFSET_OUT_OF_RANGE outside [log start, high watermark]."""
     request = FetchRequest(topic, partition, position, 1, 0, 0)
     try:
         connection.call(request, retries)
-    except BrokerError as error:
-        damage = corrupt_segment_reply(error)
-        if error.code == ErrorCode.FETCH_SIZE_TOO_SMALL or (damage and damage.start == position):
-            return position, position  # a damaged range starts at a boundary too
-        if error.code != ErrorCode.INVALID_OFFSET:
+    except BrokerFetchSizeTooSmall:
+        return position, position
+    except BrokerCorruptSegment as damage:
+        if damage.start != position:
             raise
-        found = _BOUNDS.search(error.message)
-        if found is None:
-            raise MalformedReply(
-                f"{topic}-{partition}: cannot read the message boundaries around {position} "
-                f"from the broker's answer {error.message!r}"
-            ) from error
-        return int(found.group(1)), int(found.group(2))
+        return position, position  # a damaged range starts at a boundary too
+    except BrokerInvalidOffset as error:
+        return error.message_start, error.next_offset
     return position, position
 
 
@@ -109,16 +110,17 @@ def messages(
                 FetchRequest(topic, partition, position, fetch_bytes, 0, 0), retries
             )
         except BrokerError as error:
-            damage = corrupt_segment_reply(error)
+            damage = corrupt_segment_reply(error, topic, partition)
             if damage is not None:
                 if damaged is not None:
                     damaged.append(damage)
                 position = damage.end
                 continue
-            if error.code == ErrorCode.FETCH_SIZE_TOO_SMALL and fetch_bytes < MAX_FETCH_BYTES:
-                fetch_bytes = min(fetch_bytes * 2, MAX_FETCH_BYTES)
-                continue
-            raise
+            grown = grown_fetch_bytes(error, MAX_FETCH_BYTES)
+            if grown is None:
+                raise
+            fetch_bytes = grown
+            continue
         if not reply.message_set:
             return
         found, damage = decode_fetched(reply.message_set, position, topic, partition)

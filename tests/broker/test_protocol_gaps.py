@@ -3,12 +3,16 @@ broker more lenient or less exact (issue 14, "The protocol document, exact")."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
+import zmq
 
 from broker.client import Admin
 from broker.client.connection import Connection
 from broker.errors import BrokerError
-from broker.protocol import MetadataRequest
+from broker.protocol import FetchRequest, MetadataRequest, RequestHeader, encode_request
+from tests.client.test_consumer import SIZE, TEN, first_segment, flip_value_byte, produce
 from tests.pylogd import RunningBroker
 
 
@@ -28,3 +32,53 @@ def test_a_topic_asked_twice_in_metadata_comes_back_once(broker: RunningBroker, 
     with Connection(broker.endpoint, timeout_s=10.0) as connection:
         reply = connection.request(MetadataRequest((topic, topic, "absent-topic", "absent-topic")))
     assert [info.topic for info in reply.topics] == [topic, "absent-topic"]
+
+
+def raw_fetch(endpoint: str, topic: str, offset: int, max_bytes: int) -> tuple[int, str, bytes]:
+    """A FETCH sent and its reply read as a client in another language would, from the bytes:
+    (error_code, error_message, the bytes of frame 1 after error_message)."""
+    request = FetchRequest(topic, 0, offset, max_bytes, 0, 0)
+    with zmq.Context() as context, context.socket(zmq.DEALER) as dealer:
+        dealer.connect(endpoint)
+        dealer.send_multipart(encode_request(RequestHeader(request.api, 1, 7, "raw"), request))
+        assert dealer.poll(10_000), "no reply"
+        (frame,) = dealer.recv_multipart()
+    correlation_id, code, length = struct.unpack_from(">IhH", frame)
+    assert correlation_id == 7
+    return code, frame[8 : 8 + length].decode(), frame[8 + length :]
+
+
+def test_invalid_offset_and_fetch_size_too_small_carry_their_values_in_fields(
+    broker: RunningBroker, topic: str
+) -> None:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic)
+    produce(broker, topic, *TEN[:2])
+    code, text, fields = raw_fetch(broker.endpoint, topic, SIZE + 5, 100)
+    assert (code, struct.unpack(">QQ", fields)) == (8, (SIZE, 2 * SIZE))  # INVALID_OFFSET
+    assert "not a message boundary" in text  # for people
+    code, _, fields = raw_fetch(broker.endpoint, topic, SIZE, 1)
+    assert (code, struct.unpack(">Q", fields)) == (10, (SIZE,))  # FETCH_SIZE_TOO_SMALL: needed
+    code, _, fields = raw_fetch(broker.endpoint, topic, 3 * SIZE, 100)
+    assert (code, fields) == (9, b"")  # OFFSET_OUT_OF_RANGE: no fields
+
+
+def test_corrupt_segment_carries_the_damaged_range_in_fields(
+    pylogd: RunningBroker, topic: str
+) -> None:
+    with Admin(pylogd.endpoint) as admin:
+        admin.create_topic(topic)
+    produce(pylogd, topic, *TEN)
+    assert pylogd.stop() == 0
+    flip_value_byte(first_segment(pylogd, topic), 2)  # found by recovery on start
+    broker = pylogd.restarted()
+    try:
+        code, text, fields = raw_fetch(broker.endpoint, topic, 2 * SIZE, 1000)
+    finally:
+        broker.stop()
+    assert code == 11  # CORRUPT_SEGMENT
+    start, end, length = struct.unpack_from(">QQH", fields)
+    assert (start, end) == (2 * SIZE, 3 * SIZE)
+    reason = fields[18:].decode()
+    assert len(fields) == 18 + length and reason.startswith("checksum mismatch")
+    assert f"({reason})" in text

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from broker.client import Admin
-from broker.errors import BrokerError, TopicAlreadyExists, Unavailable, UnknownTopicOrPartition
+from broker.errors import (
+    BrokerError,
+    CorruptSegment,
+    FetchSizeTooSmall,
+    InvalidOffset,
+    TopicAlreadyExists,
+    Unavailable,
+    UnknownTopicOrPartition,
+)
 from broker.protocol import Api, ErrorCode, decode_reply, encode_error, error_code_for, error_entry
 from tests.pylogd import RunningBroker
 
@@ -26,8 +34,13 @@ def documented_codes() -> list[tuple[int, str]]:
 
 def raised_for(code: int, message: str = "text") -> BrokerError:
     """What a client raises for a METADATA reply with error `code`."""
+    with_fields: dict[int, Exception] = {
+        ErrorCode.INVALID_OFFSET: InvalidOffset(45, 38, 76),
+        ErrorCode.FETCH_SIZE_TOO_SMALL: FetchSizeTooSmall(0, 1, 38),
+        ErrorCode.CORRUPT_SEGMENT: CorruptSegment("t-0", 38, 76, "why"),
+    }
     frames = (
-        [encode_error(7, ErrorCode(code), message)[0]]
+        [encode_error(7, with_fields.get(code, ErrorCode(code)), message)[0]]
         if code in set(ErrorCode)
         else [struct.pack(">IhH", 7, code, len(message)) + message.encode()]
     )

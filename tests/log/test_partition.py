@@ -178,7 +178,7 @@ def test_offset_inside_a_message_is_invalid_naming_its_neighbours(
     for offset, previous in ((1, 0), (1250, 1200), (2999, 2900)):
         with pytest.raises(InvalidOffset) as caught:
             log.read(offset, 10_000)
-        assert (caught.value.previous, caught.value.following) == (previous, previous + 100)
+        assert (caught.value.message_start, caught.value.next_offset) == (previous, previous + 100)
         assert f"offset {offset} is not a message boundary" in str(caught.value)
 
 

@@ -46,6 +46,7 @@ from broker.errors import (
 from broker.log.config import LogConfig
 from broker.log.message import Buffer, encode_message, iter_messages
 from broker.protocol import (
+    ERROR_FIELDS,
     ERROR_TABLE,
     Ack,
     AlterConfigRequest,
@@ -248,11 +249,11 @@ def test_error_reply_vector_raises_its_error_and_encodes_to_its_bytes(vector: Ve
         value["retriable"],
     )
     assert raised.value.code == ErrorCode[value["error_code"]]
+    fields = ERROR_FIELDS.get(ErrorCode(raised.value.code))
+    names = [*fields.numbers.names, *fields.texts] if fields else []
+    assert {name: getattr(raised.value, name) for name in names} == value.get("fields", {})
     assert decode_reply_header(vector.frames).correlation_id == value["correlation_id"]
-    encoded = encode_error(
-        value["correlation_id"], ErrorCode[value["error_code"]], value["error_message"]
-    )
-    assert as_bytes(encoded) == vector.frames
+    assert as_bytes(encode_error(value["correlation_id"], raised.value)) == vector.frames
 
 
 @pytest.mark.parametrize("vector", vectors_of("rejected request"))
@@ -465,7 +466,11 @@ def test_every_reply_decodes_to_what_was_encoded(api_reply: tuple[Api, Reply], c
     assert decode_reply_header(frames).correlation_id == cid
 
 
-@given(st.sampled_from([code for code in ErrorCode if code]), st.text(max_size=200), u32)
+@given(
+    st.sampled_from([code for code in ErrorCode if code and code not in ERROR_FIELDS]),
+    st.text(max_size=200),
+    u32,
+)
 def test_every_error_reply_raises_a_broker_error_with_its_code(
     code: ErrorCode, message: str, correlation_id: int
 ) -> None:
@@ -1133,13 +1138,36 @@ def test_the_error_table_has_every_code_once_in_order() -> None:
     assert error_entry(99) is None
 
 
-def test_the_invalid_offset_message_reads_as_the_protocol_document_says() -> None:
-    """Clients parse it for the boundaries around an offset (docs/protocol.md, FETCH)."""
-    text = (
-        "offset 45 is not a message boundary: the message around it starts at 39 and the next "
-        "one at 78"
-    )
-    assert str(InvalidOffset(45, 39, 78)) == text
-    assert f"`{text}`" in " ".join(DOC.read_text().split())
-    header = decode_reply_header(encode_error(1, InvalidOffset(45, 39, 78)))
-    assert (header.error_code, header.error_message) == (ErrorCode.INVALID_OFFSET, text)
+@pytest.mark.parametrize(
+    "error",
+    [InvalidOffset(45, 39, 78), FetchSizeTooSmall(0, 1, 38), CorruptSegment("t-0", 38, 76, "é")],
+    ids=lambda error: type(error).__name__,
+)
+def test_an_error_with_fields_round_trips_them_whatever_its_text(error: PylogError) -> None:
+    """Clients act on the fields, never on the text (docs/protocol.md, "Error fields")."""
+    code = error_code_for(error)
+    names = [*ERROR_FIELDS[code].numbers.names, *ERROR_FIELDS[code].texts]
+    with pytest.raises(BrokerError) as raised:
+        decode_reply(Api.FETCH, encode_error(9, error, "x"))
+    assert raised.value.message == "x"
+    assert {n: getattr(raised.value, n) for n in names} == {n: getattr(error, n) for n in names}
+    assert isinstance(raised.value, type(error))
+    with pytest.raises(ValueError, match="carries fields"):
+        encode_error(9, code, "x")
+
+
+def test_an_error_reply_cut_short_in_its_fields_or_with_bytes_after_them_is_malformed() -> None:
+    frame = bytes(encode_error(1, InvalidOffset(45, 39, 78))[0])
+    for broken in (frame[:-1], frame + b"\x00"):
+        with pytest.raises(MalformedReply, match="INVALID_OFFSET error fields"):
+            decode_reply(Api.FETCH, [broken])
+    plain_error = bytes(encode_error(1, ErrorCode.DISK_FULL, "full")[0])
+    with pytest.raises(MalformedReply):
+        decode_reply(Api.FETCH, [plain_error + b"\x00"])
+
+
+def test_bytes_after_the_message_of_an_unknown_code_are_ignored() -> None:
+    frame = struct.pack(">IhH", 1, 99, 1) + b"x" + b"fields of a newer broker"
+    with pytest.raises(BrokerError) as raised:
+        decode_reply(Api.FETCH, [frame])
+    assert (raised.value.name, raised.value.message) == ("UNKNOWN_ERROR_99", "x")
