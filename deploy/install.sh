@@ -2,8 +2,9 @@
 # Install pylogd on a server, as root: the `pylog` system user, a virtual environment in
 # /opt/pylog/.venv with pylog (from SOURCE: this checkout by default, or a wheel built with
 # `pip wheel . --no-deps -w dist`), /etc/pylog/pylogd.toml from deploy/pylogd.toml (kept if it
-# exists: edit it there), /var/lib/pylog, and the systemd unit, installed and enabled. Start it
-# with `systemctl start pylogd`. Safe to run again: it upgrades pylog and keeps the config.
+# exists: edit it there), /var/lib/pylog, the README and docs/ in /opt/pylog (the unit's
+# Documentation=), and the systemd unit, installed and enabled. Start it with
+# `systemctl start pylogd`. Safe to run again: it upgrades pylog and keeps the config.
 #
 #   deploy/install.sh [SOURCE]
 #
@@ -13,7 +14,8 @@
 # ZooKeeper libzookeeper-java and a headless JRE (scripts/setup lists them).
 set -euo pipefail
 deploy=$(cd "$(dirname "$0")" && pwd)
-source=${1:-$(dirname "$deploy")}
+checkout=$(dirname "$deploy")
+source=${1:-$checkout}
 root=${DESTDIR:-}
 python=${PYTHON:-python3}
 
@@ -26,6 +28,9 @@ echo "install: pylog from $source into $root/opt/pylog/.venv"
 [ -x "$root/opt/pylog/.venv/bin/python" ] || "$python" -m venv "$root/opt/pylog/.venv"
 "$root/opt/pylog/.venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade \
     "$source"
+# The unit's Documentation=: the README and docs/ of this checkout.
+install -D -m 0644 "$checkout/README.md" "$root/opt/pylog/README.md"
+install -D -m 0644 -t "$root/opt/pylog/docs" "$checkout"/docs/*.md
 
 if [ -e "$root/etc/pylog/pylogd.toml" ]; then
     echo "install: keeping $root/etc/pylog/pylogd.toml"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,24 @@ def test_unit_passes_systemd_analyze_verify_without_a_warning(tmp_path: Path) ->
         timeout=60,
     )
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+EXPOSURE = 1.2
+"""`systemd-analyze security` of the unit as it is (5.8 MEDIUM before the hardening of issue 14):
+a change that raises it fails test_unit_exposure_does_not_regress."""
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_unit_exposure_does_not_regress() -> None:
+    result = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", "--no-pager", str(UNIT)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    level = re.search(r"Overall exposure level for pylogd\.service: (\d+\.\d+)", result.stdout)
+    assert level is not None, result.stdout + result.stderr
+    assert float(level.group(1)) <= EXPOSURE
 
 
 def test_unit_is_a_hardened_notify_service_that_restarts_and_flushes_on_stop() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.test_deploy_files import DEPLOY, INSTALLED_PYLOGD, UNIT
+from tests.deploy.test_deploy_files import DEPLOY, INSTALLED_PYLOGD, UNIT, unit_directives
 
 
 def install(source: Path, root: Path) -> None:
@@ -37,6 +37,10 @@ def test_install_into_a_root_then_again_keeps_the_config(source: Path, tmp_path:
     assert unit.read_text() == UNIT.read_text()
     wanted = root / "etc" / "systemd" / "system" / "multi-user.target.wants" / "pylogd.service"
     assert os.readlink(wanted) == "/etc/systemd/system/pylogd.service"
+    documentation = unit_directives()["Documentation"].split()
+    assert documentation and all(url.startswith("file:///") for url in documentation)
+    for url in documentation:
+        assert (root / url.removeprefix("file:///")).is_file(), url
 
     if shutil.which("systemd-analyze") is not None:
         # verify checks that ExecStart exists: point it at the pylogd installed in the root.
