@@ -8,10 +8,11 @@
 #
 #   deploy/install.sh [SOURCE]
 #
-# DESTDIR=DIR installs into DIR as the root instead (for packaging and tests): no user is made,
-# nothing is chowned, and the unit is enabled with `systemctl --root`, which needs no running
-# systemd. Needs Python 3.11 or newer with venv (Debian: python3-venv), and for the private
-# ZooKeeper libzookeeper-java and a headless JRE (scripts/setup lists them).
+# First it installs what is missing of Python 3.11 or newer with venv, and of what the private
+# ZooKeeper needs (a headless JRE, libzookeeper-java), with `scripts/setup --system-only` (apt).
+# DESTDIR=DIR installs into DIR as the root instead (for packaging and tests): no package, no
+# user, nothing is chowned, and the unit is enabled with `systemctl --root`, which needs no
+# running systemd; the Python that runs it needs venv.
 set -euo pipefail
 deploy=$(cd "$(dirname "$0")" && pwd)
 checkout=$(dirname "$deploy")
@@ -19,6 +20,7 @@ source=${1:-$checkout}
 root=${DESTDIR:-}
 python=${PYTHON:-python3}
 
+[ -n "$root" ] || "$checkout/scripts/setup" --system-only
 if [ -z "$root" ] && ! id -u pylog >/dev/null 2>&1; then
     echo "install: creating the system user pylog"
     useradd --system --home-dir /var/lib/pylog --no-create-home --shell /usr/sbin/nologin pylog

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[2]
 
 
@@ -24,9 +26,16 @@ def run_setup(source: Path, *args: str) -> str:
     return result.stdout
 
 
-def test_broker_only_installs_no_extras_and_skips_pip_when_nothing_changed(source: Path) -> None:
+@pytest.fixture
+def checkout(source: Path) -> Path:
+    """The packaging inputs and scripts/setup."""
     (source / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "setup", source / "scripts" / "setup")
+    return source
+
+
+def test_broker_only_installs_no_extras_and_skips_pip_when_nothing_changed(checkout: Path) -> None:
+    source = checkout
     python = source / ".venv" / "bin" / "python"
 
     assert "setup: installing pylog into .venv" in run_setup(source, "--broker-only")
@@ -57,3 +66,10 @@ def test_broker_only_installs_no_extras_and_skips_pip_when_nothing_changed(sourc
     stamp.write_text(f"{pyproject_hash} \n")
     assert "setup: installing pylog into .venv" in run_setup(source, "--broker-only")
     assert stamp.read_text().split()[0] != pyproject_hash
+
+
+def test_system_only_installs_no_venv_when_the_system_has_every_package(checkout: Path) -> None:
+    # deploy/install.sh runs it before making /opt/pylog/.venv; this machine has every package
+    # (scripts/setup ran), so no apt-get either: it prints nothing.
+    assert run_setup(checkout, "--system-only") == ""
+    assert not (checkout / ".venv").exists()
