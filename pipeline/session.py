@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final, TypeVar
 
@@ -43,7 +41,6 @@ def job_session(
         register(active)
         yield active
         return
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name).master(master or DEFAULT_MASTER)
     builder = builder.config("spark.ui.showConsoleProgress", "false")  # the job logs its own
     for key, value in conf:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
     DataSource,
@@ -60,5 +63,23 @@ def _check_append(overwrite: bool) -> None:
 
 
 def register(spark: SparkSession) -> None:
-    """Make `format("pylog")` available in `spark` (once per session)."""
-    spark.dataSource.register(PylogDataSource)
+    """Make `format("pylog")` available in `spark` (once per session).
+
+    Spark runs the source's code (planning on the driver, reading in the tasks) in Python
+    worker processes, started with the interpreter recorded when the source is registered:
+    PySpark's own choice is PYSPARK_PYTHON, else whatever `python3` is on the PATH, which may
+    lack pyarrow and pylog (the `spark.pyspark.python` setting reaches it only through
+    spark-submit). The source is registered with `spark.pyspark.python` if the session has it,
+    else PYSPARK_PYTHON, else this process's interpreter: a venv with pylog just works. Python
+    functions registered otherwise keep PySpark's choice."""
+    context = spark.sparkContext
+    pyspark_choice = context.pythonExec
+    context.pythonExec = (
+        spark.conf.get("spark.pyspark.python", None)
+        or os.environ.get("PYSPARK_PYTHON")
+        or sys.executable
+    )
+    try:
+        spark.dataSource.register(PylogDataSource)
+    finally:
+        context.pythonExec = pyspark_choice

@@ -1,0 +1,294 @@
+"""The README, run as written: every command of its code blocks and every Python block, in the
+order a reader meets them, from a folder laid out like a clone (the checkout's files linked in,
+`./data`, `./data-2` and `./warehouse` its own), against the brokers its own commands start.
+
+A README that drifts from the code fails here. The few lines that are not run say why in
+NOT_RUN; lines that run until stopped (brokers, `--follow`, `&` jobs, an endless loop) are
+started, awaited on what they print or register, and stopped as the README says (Ctrl-C, kill),
+each then checked for a clean exit. The README's ports are fixed (9092, 9093, 2181): they must be
+free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+README = ROOT / "README.md"
+PORTS = (9092, 9093, 2181)
+COMMAND_TIMEOUT_S = 180
+READY_TIMEOUT_S = 120
+
+# Lines of the README's command blocks that this test does not run, and why.
+NOT_RUN = {"scripts/test": "the test command itself: it is running this test"}
+# Sections whose indented blocks are not commands.
+NOT_COMMANDS = {"Layout"}
+# The one Python block that loops until stopped: the member joins the group "loaders" (the
+# `group consume` members share the partitions with it), then gets Ctrl-C.
+ENDLESS_PYTHON = "for record in member:"
+
+
+@dataclass
+class Block:
+    section: str
+    kind: str  # "shell" or "python"
+    text: str
+
+
+def readme_blocks(text: str) -> list[Block]:
+    """The README's code blocks in order: ```python fences, and blocks indented by 4 spaces
+    after a blank line (shell commands, continuation lines joined)."""
+    blocks: list[Block] = []
+    section = ""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("## "):
+            section = line[3:].strip()
+        if line.startswith("```"):
+            end = lines.index("```", i + 1)
+            blocks.append(Block(section, line[3:].strip(), "\n".join(lines[i + 1 : end])))
+            i = end + 1
+            continue
+        if line.startswith("    ") and i > 0 and not lines[i - 1].strip():
+            body = []
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                body.append(lines[i][4:])
+                i += 1
+            if section not in NOT_COMMANDS:
+                blocks.append(Block(section, "shell", "\n".join(body).strip()))
+            continue
+        i += 1
+    return blocks
+
+
+def commands(block: Block) -> list[str]:
+    """A shell block's commands, one a line, `\\` continuations joined."""
+    joined = re.sub(r"\\\n\s*", " ", block.text)
+    return [line.strip() for line in joined.splitlines() if line.strip()]
+
+
+def test_readme_blocks_are_found() -> None:
+    blocks = readme_blocks(README.read_text())
+    kinds = {block.kind for block in blocks}
+    assert kinds == {"shell", "python"}, kinds
+    sections = {block.section for block in blocks}
+    for expected in (
+        "Start a broker",
+        "Operate a cluster",
+        "Use pylog from Python",
+        "Spark pipeline",
+    ):
+        assert expected in sections
+    assert any(c == "scripts/start" for b in blocks if b.kind == "shell" for c in commands(b))
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment of a new terminal: nothing of this test run's pylog or Spark settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYLOG_", "PYSPARK_"))}
+    env.pop("SPARK_LOCAL_IP", None)
+    return env
+
+
+class Running:
+    """A command left running, what it prints (stdout and stderr merged) read by a thread."""
+
+    def __init__(self, command: str, process: subprocess.Popen[str]) -> None:
+        self.command = command
+        self.process = process
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.output: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for(self, wanted: Callable[[str], bool], timeout_s: float) -> str:
+        """The first line printed that `wanted` accepts."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.output.append(line)
+            if wanted(line):
+                return line
+        pytest.fail(f"{self.command!r} did not print what was awaited:\n{''.join(self.output)}")
+
+    def stop(self, sig: signal.Signals | None, timeout_s: float = 60) -> str:
+        """Send `sig` (Ctrl-C is SIGINT; None: it was sent already), wait for the exit, and
+        return all it printed."""
+        if sig is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+        self.process.wait(timeout=timeout_s)
+        while (line := self.lines.get(timeout=timeout_s)) is not None:
+            self.output.append(line)
+        self.lines.put(None)  # a second stop finds the end again
+        return "".join(self.output)
+
+
+class Reader:
+    """Runs the README's blocks in a folder laid out like a clone."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.env = _clean_env()
+        self.servers: list[Running] = []
+        self.jobs: list[Running] = []  # the shell's `&` jobs: %1 is jobs[0]
+
+    def spawn(self, argv: list[str]) -> Running:
+        process = subprocess.Popen(
+            argv,
+            cwd=self.folder,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        return Running(" ".join(argv), process)
+
+    def run(self, argv: list[str], what: str, stdin: str | None = None) -> str:
+        done = subprocess.run(
+            argv,
+            cwd=self.folder,
+            env=self.env,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+        )
+        assert done.returncode == 0, (
+            f"README {what} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        )
+        return done.stdout
+
+    def shell(self, command: str) -> None:
+        if command in NOT_RUN:
+            return
+        words = shlex.split(command, comments=True)
+        if words[0] in ("scripts/start", ".venv/bin/pylogd"):
+            self.start_broker(command)
+        elif words[0] == "kill":
+            for job in words[1:]:
+                self.jobs[int(job.removeprefix("%")) - 1].process.send_signal(signal.SIGTERM)
+            for job in words[1:]:  # what a reader does next needs them gone
+                running = self.jobs[int(job.removeprefix("%")) - 1]
+                output = running.stop(None)
+                assert running.process.returncode == 0, f"{running.command}:\n{output}"
+        elif command.split("#")[0].rstrip().endswith("&"):
+            background = command.split("#")[0].rstrip().removesuffix("&")
+            self.jobs.append(self.spawn(["bash", "-c", background]))
+        elif "--follow" in words:
+            follow = self.spawn(["bash", "-c", command])
+            follow.wait_for(lambda line: line.strip() != "", COMMAND_TIMEOUT_S)
+            output = follow.stop(signal.SIGINT)  # Ctrl-C ends any command with exit 0
+            assert follow.process.returncode == 0, f"{command}:\n{output}"
+        else:
+            self.run(["bash", "-o", "pipefail", "-c", command], repr(command))
+
+    def start_broker(self, command: str) -> None:
+        if command.startswith("scripts/start"):
+            # One scripts/start at a time: the README stops the first session's broker (Ctrl-C,
+            # which must flush and exit 0) before it starts the next.
+            for server in [s for s in self.servers if "scripts/start" in s.command]:
+                output = server.stop(signal.SIGINT)
+                assert server.process.returncode == 0, output
+                self.servers.remove(server)
+        server = self.spawn(["bash", "-c", "exec " + command.split("#")[0].strip()])
+        self.servers.append(server)
+        server.wait_for(lambda line: "pylogd ready on" in line, READY_TIMEOUT_S)
+
+    def python(self, code: str) -> None:
+        python = str(self.folder / ".venv" / "bin" / "python")
+        if ENDLESS_PYTHON not in code:
+            self.run([python, "-"], "Python block", stdin=code)
+            return
+        before = self.group_members()
+        member = self.spawn([python, "-c", code])
+        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        while self.group_members() <= before:  # it joined the group and was given partitions
+            assert member.process.poll() is None, member.stop(signal.SIGINT)
+            assert time.monotonic() < deadline, "the group member never joined"
+            time.sleep(0.2)
+        output = member.stop(signal.SIGINT)
+        # Ctrl-C in a plain Python script: KeyboardInterrupt, and no other error.
+        assert output.rstrip().endswith("KeyboardInterrupt"), output
+        assert output.count("Traceback") == 1, output
+
+    def group_members(self) -> set[str]:
+        pylogctl = str(self.folder / ".venv" / "bin" / "pylogctl")
+        described = self.run([pylogctl, "group", "describe", "loaders", "--json"], "describe")
+        rows = [json.loads(line) for line in described.splitlines()]
+        return {row["owner"] for row in rows if row.get("owner")}
+
+    def stop_all(self) -> list[str]:
+        """Ctrl-C every broker and job still running; what each that did not exit 0 printed."""
+        failed = []
+        for running in [*self.jobs, *reversed(self.servers)]:
+            if running.process.poll() is None or running in self.servers:
+                output = running.stop(signal.SIGINT)
+                if running.process.returncode != 0:
+                    failed.append(
+                        f"{running.command} exited {running.process.returncode}:\n{output}"
+                    )
+        return failed
+
+
+@pytest.fixture
+def clone(tmp_path: Path) -> Iterator[Path]:
+    """A folder that looks like a clone: every top-level entry of the checkout linked in, but
+    none of what the README's commands write (data, data-2, warehouse)."""
+    folder = tmp_path / "pylog"
+    folder.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name not in ("data", "data-2", "warehouse", ".git"):
+            (folder / entry.name).symlink_to(entry)
+    yield folder
+
+
+def test_readme_runs_as_written(clone: Path) -> None:
+    busy = [port for port in PORTS if not _port_free(port)]
+    assert not busy, f"the README's ports {busy} are in use on 127.0.0.1: stop what holds them"
+    reader = Reader(clone)
+    try:
+        for block in readme_blocks(README.read_text()):
+            if block.kind == "python":
+                reader.python(block.text)
+            else:
+                for command in commands(block):
+                    reader.shell(command)
+    finally:
+        failed = reader.stop_all()
+    assert not failed, "\n".join(failed)
