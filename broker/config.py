@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import InvalidTopic
-from broker.log.config import LogConfig
+from broker.log.config import MAX_SETTING, LogConfig, bound_problem
 from broker.log.files import DEFAULT_MAX_OPEN_FILES
 from broker.logs import FORMATS
 
@@ -231,8 +231,6 @@ TOPIC_SETTINGS = (
 
 _BY_NAME = {s.name: s for s in SETTINGS}
 _DIGITS = re.compile("[0-9]+")
-MAX_SETTING = (1 << 63) - 1
-"""The largest value of a topic setting (an i64)."""
 _OPTIONAL_TOPIC = {"segment_ms", "retention_ms", "retention_bytes"}
 
 
@@ -262,6 +260,16 @@ class BrokerConfig:
         values = {f.name: getattr(self, f"log_{f.name}") for f in dataclasses.fields(LogConfig)}
         values.update(topic_settings or {})
         return LogConfig(**values)
+
+    def checked_log_config(
+        self, topic_settings: Mapping[str, int | None] | None = None
+    ) -> LogConfig:
+        """log_config, and ValueError unless its settings fit together (LogConfig.
+        check_relations): for the defaults at start and a topic's settings on create and alter.
+        Opening a partition takes what is stored as it is (log_config)."""
+        config = self.log_config(topic_settings)
+        config.check_relations()
+        return config
 
 
 def parse_setting(setting: Setting, value: Any) -> Any:
@@ -321,7 +329,10 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> BrokerConfig
                     raise ValueError(f"{path}: {error}") from None
     values.update(check_values(overrides))
     config = BrokerConfig(values)
-    config.log_config()  # LogConfig checks the [log] values together
+    try:
+        config.checked_log_config()  # the [log] values, each and together
+    except ValueError as error:
+        raise ValueError(f"{f'{path}: ' if path else ''}[log] {error}") from None
     if config.broker_log_format not in FORMATS:
         raise ValueError(
             f"broker_log_format must be one of {', '.join(FORMATS)}, "
@@ -343,7 +354,9 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> BrokerConfig
 
 def topic_settings(raw: Mapping[str, str]) -> dict[str, int | None]:
     """A topic's own settings from their text form ("none" switches a limit off); InvalidTopic
-    names anything unknown or out of range."""
+    names anything unknown or out of its bounds (broker.log.config.BOUNDS). Whether they fit
+    together is the caller's to check, with the broker's defaults for the rest
+    (BrokerConfig.checked_log_config)."""
     out: dict[str, int | None] = {}
     for key, text in raw.items():
         if key not in TOPIC_SETTINGS:
@@ -358,9 +371,8 @@ def topic_settings(raw: Mapping[str, str]) -> dict[str, int | None]:
                 f"topic setting {key} must be decimal digits 0-9 (at most {MAX_SETTING}), "
                 f"not {text!r}"
             )
+        problem = bound_problem(key, int(text))
+        if problem is not None:
+            raise InvalidTopic(f"topic setting {problem}")
         out[key] = int(text)
-    try:
-        LogConfig(**out)  # type: ignore[arg-type]
-    except ValueError as error:
-        raise InvalidTopic(str(error)) from None
     return out

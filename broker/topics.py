@@ -437,6 +437,10 @@ class Topics:
             )
         settings = topic_settings(dict(request.config))
         topic = request.topic
+        try:
+            self.config.checked_log_config(settings)  # with this broker's defaults for the rest
+        except ValueError as error:
+            raise InvalidTopic(f"topic {topic!r}: {error}") from None
         if topic in self.configs or topic in self._creating:
             raise TopicAlreadyExists(f"topic {topic!r} exists")
         self._connected_registry()  # fail at once while ZooKeeper is away
@@ -639,7 +643,7 @@ class Topics:
                     f"unknown topic setting {key!r}: one of {', '.join(TOPIC_SETTINGS)}"
                 )
         self._connected_registry()  # fail at once while ZooKeeper is away
-        log_config = self.config.log_config
+        log_config = self.config.checked_log_config
 
         def change(settings: Mapping[str, int | None]) -> dict[str, int | None]:
             altered = {k: v for k, v in settings.items() if k not in request.delete}

@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from broker.log.message import HEADER_SIZE
 
 DAY_MS = 24 * 60 * 60 * 1000
 MAX_SEGMENT_BYTES = (1 << 31) - 1
 """Index entries are u32 positions; a segment also stays well inside what mmap handles."""
+MAX_SETTING: Final = (1 << 63) - 1
+"""The largest value of any setting: an i64, as ZooKeeper's JSON and every client hold it."""
+
+BOUNDS: Final[Mapping[str, tuple[int, int]]] = {
+    "flush_messages": (1, MAX_SETTING),
+    "flush_interval_ms": (1, MAX_SETTING),
+    "segment_bytes": (HEADER_SIZE, MAX_SEGMENT_BYTES),
+    "segment_ms": (1, MAX_SETTING),
+    "retention_ms": (1, MAX_SETTING),
+    "retention_bytes": (1, MAX_SETTING),
+    "max_message_bytes": (HEADER_SIZE, MAX_SEGMENT_BYTES),
+    "index_interval_bytes": (1, MAX_SEGMENT_BYTES),
+}
+"""The least and the largest value of each numeric setting (None, where allowed, is no limit):
+1 for counts and times (0 would flush, roll or delete all the time); HEADER_SIZE, the smallest
+message, for the byte sizes a message must fit in; MAX_SEGMENT_BYTES for those within a
+segment. docs/protocol.md (CREATE_TOPIC) gives them to clients."""
+
+
+def bound_problem(name: str, value: int) -> str | None:
+    """What is wrong with `value` for setting `name` by its BOUNDS, or None."""
+    low, high = BOUNDS[name]
+    if value < low:
+        return f"{name} must be at least {low}, not {value}"
+    if value > high:
+        return f"{name} must be at most {high}, not {value}"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,24 +68,24 @@ class LogConfig:
     """Bytes between sparse index entries: the most a boundary check walks."""
 
     def __post_init__(self) -> None:
-        problems = []
-        for name in (
-            "flush_messages",
-            "flush_interval_ms",
-            "segment_bytes",
-            "index_interval_bytes",
-        ):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be at least 1, not {getattr(self, name)}")
-        for name in ("segment_ms", "retention_ms", "retention_bytes"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                problems.append(f"{name} must be at least 1 or None (no limit), not {value}")
-        if self.segment_bytes > MAX_SEGMENT_BYTES:
-            problems.append(f"segment_bytes must be at most {MAX_SEGMENT_BYTES}")
-        if self.max_message_bytes < HEADER_SIZE:
-            problems.append(
-                f"max_message_bytes must be at least {HEADER_SIZE}, not {self.max_message_bytes}"
-            )
+        problems = [
+            problem
+            for name in BOUNDS
+            if (value := getattr(self, name)) is not None
+            and (problem := bound_problem(name, value)) is not None
+        ]
         if problems:
-            raise ValueError("invalid log configuration: " + "; ".join(problems))
+            raise ValueError("; ".join(problems))
+
+    def check_relations(self) -> None:
+        """ValueError unless the settings fit together: segment_bytes at least
+        max_message_bytes, so that every message max_message_bytes allows (counted as stored,
+        its 4-byte length and header included) fits in a segment. The broker checks it for
+        the [log] defaults at start and for a topic's settings on create and alter
+        (BrokerConfig.checked_log_config); a LogConfig built directly, in tests, may skip it."""
+        if self.segment_bytes < self.max_message_bytes:
+            raise ValueError(
+                f"segment_bytes ({self.segment_bytes}) must be at least max_message_bytes "
+                f"({self.max_message_bytes}): a message that max_message_bytes allows must fit "
+                "in a segment"
+            )

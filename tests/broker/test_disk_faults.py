@@ -244,7 +244,12 @@ def test_deleting_a_topic_on_a_full_disk_frees_its_space(
 ) -> None:
     disk = small_disk("size=2m")
     broker = make_pylogd(
-        "--broker-log-dirs", str(disk / "logs"), "--log-segment-bytes", str(256 * 1024)
+        "--broker-log-dirs",
+        str(disk / "logs"),
+        "--log-segment-bytes",
+        str(256 * 1024),
+        "--log-max-message-bytes",
+        str(256 * 1024),
     )
     client = RawClient(broker.endpoint)
     try:
@@ -283,7 +288,14 @@ def test_a_roll_that_finds_no_room_for_its_new_segment_answers_disk_full(
     small_disk: Callable[[str], Path], make_pylogd: Callable[..., RunningBroker]
 ) -> None:
     disk = small_disk("size=4m,nr_inodes=64")
-    broker = make_pylogd("--broker-log-dirs", str(disk / "logs"), "--log-segment-bytes", "4000")
+    broker = make_pylogd(
+        "--broker-log-dirs",
+        str(disk / "logs"),
+        "--log-segment-bytes",
+        "4000",
+        "--log-max-message-bytes",
+        "4000",
+    )
     client = RawClient(broker.endpoint)
     try:
         client.create("rolling", 1)

@@ -7,11 +7,13 @@ import struct
 
 import pytest
 import zmq
+from click.testing import CliRunner
 
 from broker.client import Admin
 from broker.client.connection import Connection
 from broker.errors import BrokerError
 from broker.protocol import FetchRequest, MetadataRequest, RequestHeader, encode_request
+from cli.pylogd import main as pylogd_main
 from tests.client.test_consumer import SIZE, TEN, first_segment, flip_value_byte, produce
 from tests.pylogd import RunningBroker
 
@@ -82,3 +84,62 @@ def test_corrupt_segment_carries_the_damaged_range_in_fields(
     reason = fields[18:].decode()
     assert len(fields) == 18 + length and reason.startswith("checksum mismatch")
     assert f"({reason})" in text
+
+
+def refused(admin: Admin, call: str, topic: str, *args: object) -> str:
+    """The INVALID_TOPIC text of an Admin call that must be refused."""
+    with pytest.raises(BrokerError) as raised:
+        getattr(admin, call)(topic, *args)
+    assert raised.value.name == "INVALID_TOPIC", raised.value
+    return raised.value.message
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({"segment_bytes": "100"}, "segment_bytes (100) must be at least max_message_bytes"),
+        ({"segment_bytes": "25", "max_message_bytes": "26"}, "segment_bytes must be at least 26"),
+        ({"max_message_bytes": str(2**31)}, "max_message_bytes must be at most 2147483647"),
+        ({"segment_bytes": "999", "max_message_bytes": "1000"}, "must be at least max_message"),
+    ],
+)
+def test_create_refuses_a_setting_out_of_its_bounds_or_settings_that_do_not_fit(
+    broker: RunningBroker, topic: str, settings: dict[str, str], problem: str
+) -> None:
+    with Admin(broker.endpoint) as admin:
+        assert problem in refused(admin, "create_topic", topic, 1, settings)
+        admin.create_topic(topic, 1, {"segment_bytes": "1000", "max_message_bytes": "1000"})
+
+
+def test_alter_checks_the_settings_in_effect_after_the_change(
+    broker: RunningBroker, topic: str
+) -> None:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, 1, {"segment_bytes": "1000", "max_message_bytes": "1000"})
+        problem = refused(admin, "alter_topic_config", topic, {"max_message_bytes": "2000"})
+        assert "segment_bytes (1000) must be at least max_message_bytes (2000)" in problem
+        problem = refused(admin, "alter_topic_config", topic, {}, ["max_message_bytes"])
+        assert "max_message_bytes (1048576)" in problem  # the broker's default comes back
+        admin.alter_topic_config(topic, {"max_message_bytes": "2000"}, ["segment_bytes"])
+        assert "segment_bytes (100) must be" in refused(
+            admin, "alter_topic_config", topic, {"segment_bytes": "100"}
+        )
+        settings = {entry.key: entry.value for entry in admin.topic_config(topic)}
+    assert (settings["segment_bytes"], settings["max_message_bytes"]) == ("1073741824", "2000")
+
+
+@pytest.mark.parametrize(
+    ("flags", "problem"),
+    [
+        (["--log-segment-bytes", "100"], "segment_bytes (100) must be at least max_message_bytes"),
+        (["--log-segment-bytes", "10", "--log-max-message-bytes", "10"], "at least 26, not 10"),
+        (["--log-max-message-bytes", str(2**31)], "max_message_bytes must be at most"),
+    ],
+)
+def test_pylogd_refuses_to_start_with_defaults_that_break_a_bound(
+    flags: list[str], problem: str
+) -> None:
+    result = CliRunner().invoke(pylogd_main, flags)
+    assert result.exit_code == 2
+    (line,) = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert line.startswith("Error: [log] ") and problem in line

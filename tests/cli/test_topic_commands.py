@@ -229,6 +229,7 @@ def test_topic_alter_segment_bytes_is_applied_live_by_the_brokers_holding_the_pa
     cluster: ThreeBrokers, topic: str
 ) -> None:
     ok(cluster.endpoint, "topic", "create", topic, "--partitions", "2")
+    ok(cluster.endpoint, "topic", "alter", topic, "--set", "max_message_bytes=100")
     altered = at(
         cluster.brokers[2].endpoint,
         "topic",
@@ -275,7 +276,7 @@ def test_topic_alter_refuses_bad_settings_and_leaves_the_topic_as_it_was(
     ok(cluster.endpoint, "topic", "create", topic, "--config", "retention_ms=1000")
     for args, problem in (
         (["--set", "no_such_setting=1"], "unknown topic setting 'no_such_setting'"),
-        (["--set", "segment_bytes=0"], "segment_bytes must be at least 1"),
+        (["--set", "segment_bytes=0"], "segment_bytes must be at least 26"),
         (["--set", "segment_bytes=many"], "segment_bytes must be decimal digits 0-9"),
         (["--set", "flush_messages=none"], "flush_messages must be decimal digits 0-9"),
         (["--delete", "no_such_setting"], "unknown topic setting 'no_such_setting'"),
@@ -307,7 +308,16 @@ def test_topic_alter_retention_and_flush_apply_to_data_already_there(
         "--log-flush-interval-ms",
         "600000",  # nothing flushes by time while the test runs
     )
-    ok(broker.endpoint, "topic", "create", topic, "--config", "segment_bytes=100")
+    ok(
+        broker.endpoint,
+        "topic",
+        "create",
+        topic,
+        "--config",
+        "segment_bytes=100",
+        "--config",
+        "max_message_bytes=100",
+    )
     with Cluster(broker.endpoint) as client:
         connection = client.connection_for(topic, 0)
         for _ in range(5):  # 40 bytes each: acknowledged once written, left unflushed
@@ -345,7 +355,16 @@ def test_a_broker_down_while_a_topic_is_altered_applies_the_change_when_it_start
     first, second, third = three_brokers
     ok(first.endpoint, "topic", "create", topic, "--partitions", "3")  # partition 1 on broker 2
     second.stop()
-    ok(first.endpoint, "topic", "alter", topic, "--set", "segment_bytes=100")
+    ok(
+        first.endpoint,
+        "topic",
+        "alter",
+        topic,
+        "--set",
+        "segment_bytes=100",
+        "--set",
+        "max_message_bytes=100",
+    )
     unavailable = at(first.endpoint, "topic", "describe", topic).output.splitlines()[-2]
     assert unavailable == "partition 1 broker 2 unavailable (broker down)"
     again = second.restarted()

@@ -367,7 +367,8 @@ def test_a_committed_offset_deleted_by_retention_is_reset_logged_and_counted(
         *broker_flags(tmp_path, 1), "--log-retention-check-interval-ms", "100", name="b1"
     )
     with Admin(broker.endpoint) as admin:
-        admin.create_topic("fading", 1, {"segment_bytes": "1000", "retention_bytes": "1000"})
+        settings = {"segment_bytes": "1000", "max_message_bytes": "1000", "retention_bytes": "1000"}
+        admin.create_topic("fading", 1, settings)
     registry = make_registry()
     registry.commit_offset("fading-readers", "fading", "1-0", 0)  # a commit from long ago
     produce(broker.endpoint, "fading", [b"%04d" % i for i in range(200)])

@@ -138,7 +138,9 @@ def test_data_deleted_by_retention_before_it_was_read_fails_the_query_by_name(
     spark: SparkSession, retention_broker: RunningBroker, topic: str, tmp_path: Path
 ) -> None:
     endpoint = retention_broker.endpoint
-    create_topic(endpoint, topic, 1, segment_bytes="4096", retention_bytes="4096")
+    create_topic(
+        endpoint, topic, 1, segment_bytes="4096", max_message_bytes="4096", retention_bytes="4096"
+    )
     produce(endpoint, topic, 1, 10)
     options: dict[str, Any] = {
         "broker": endpoint,

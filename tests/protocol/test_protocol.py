@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker import errors
+from broker.config import TOPIC_SETTINGS
 from broker.errors import (
     BrokerError,
     BrokerShuttingDown,
@@ -43,7 +44,7 @@ from broker.errors import (
     UnsupportedApi,
     UnsupportedVersion,
 )
-from broker.log.config import LogConfig
+from broker.log.config import BOUNDS, LogConfig
 from broker.log.message import Buffer, encode_message, iter_messages
 from broker.protocol import (
     ERROR_FIELDS,
@@ -300,12 +301,13 @@ def test_the_documented_api_table_is_the_api_enum() -> None:
 def test_the_documented_topic_settings_are_log_config_fields_with_their_defaults() -> None:
     rows = table_rows(documented_section("CREATE_TOPIC (api_key 4)"))
     settings = [row for row in rows if row[1] in ("yes", "no")]
-    assert len(settings) == 7
+    assert [row[0] for row in settings] == list(TOPIC_SETTINGS)
     config_fields = {f.name: f for f in fields(LogConfig)}
-    for key, none, default, *_ in settings:
+    for key, none, default, minimum, maximum, *_ in settings:
         field = config_fields[key]
         assert ("None" in str(field.type)) == (none == "yes"), key
         assert default == ("none" if field.default is None else str(field.default)), key
+        assert (int(minimum), int(maximum)) == BOUNDS[key], key
 
 
 # -- round trips -------------------------------------------------------------------------------
