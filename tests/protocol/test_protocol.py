@@ -109,7 +109,8 @@ class Vector:
 
     name: str
     kind: str
-    api: str | None
+    api: str
+    request: str | None
     frames: list[bytes]
     reply_frames: list[bytes]
     value: dict[str, Any]
@@ -117,40 +118,74 @@ class Vector:
 
 VECTOR_BLOCK = re.compile(r"^```vector\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 FRAME_LINE = re.compile(r"(reply )?frame (\d+):$")
+SIZE = re.compile(r"(\d+) bytes?\b")
+HEAD_LINES = ("name", "kind", "api", "request")
+
+
+def check_sizes(name: str, parts: list[tuple[str, str]]) -> None:
+    """Each comment that gives a size in bytes (after `frame N:`, or on a line of its own) is
+    the size of the hex from it to the next such comment of the frame (or, after `frame N:`,
+    of the whole frame)."""
+    for i, (comment, hex_) in enumerate(parts):
+        sizes = SIZE.findall(comment)
+        if not sizes:
+            continue
+        if comment.startswith("frame"):
+            size = sum(len(h) for _, h in parts) // 2
+        else:
+            size = len(hex_) // 2
+            for later, more in parts[i + 1 :]:
+                if later.startswith("frame") or SIZE.search(later) or "empty" in later:
+                    break
+                size += len(more) // 2
+        assert int(sizes[-1]) == size, f"{name}: {comment!r} says {sizes[-1]}, holds {size}"
 
 
 def parse_vector(block: str) -> Vector:
-    fields_: dict[str, str] = {}
+    head: dict[str, str] = {}
     frames: dict[str, list[str]] = {"request": [], "reply": []}
+    parts: list[tuple[str, str]] = []
     current: list[str] | None = None
     lines = block.splitlines()
     for i, raw in enumerate(lines):
         if raw.startswith("value:"):
             value = json.loads("\n".join([raw.removeprefix("value:"), *lines[i + 1 :]]))
             break
-        line = raw.split("#", 1)[0].rstrip()
+        line, _, comment = raw.partition("#")
+        line = line.rstrip()
         if not line:
+            assert current is not None or not comment, f"a comment outside a frame: {raw!r}"
+            if current is not None and comment.strip():
+                parts.append((comment.strip(), ""))
             continue
         if line.startswith(" "):
             assert current is not None, f"hex outside a frame: {raw!r}"
             current[-1] += "".join(line.split())
+            parts[-1] = (parts[-1][0], parts[-1][1] + "".join(line.split()))
             continue
         frame = FRAME_LINE.fullmatch(line)
         if frame:
+            assert {"name", "kind", "api"} <= set(head), f"{lines[0]!r}: name, kind, api first"
+            check_sizes(head["name"], parts)
             side = frames["reply" if frame.group(1) else "request"]
             assert int(frame.group(2)) == len(side) + 1, f"frames out of order at {raw!r}"
             side.append("")
             current = side
+            parts = [("frame " + comment.strip(), "")]
             continue
         key, _, text = line.partition(":")
-        fields_[key] = text.strip()
-        current = None
+        assert key == HEAD_LINES[len(head)], f"{key!r} out of place in {lines[0]!r}"
+        head[key] = text.strip()
+        if key == "api" and head["kind"] not in ("reply", "error reply"):
+            head["request"] = ""  # only replies name a request: skip that line's place
     else:
         raise AssertionError(f"vector without a value: {block[:40]!r}")
+    check_sizes(head["name"], parts)
     return Vector(
-        name=fields_["name"],
-        kind=fields_["kind"],
-        api=fields_.get("api"),
+        name=head["name"],
+        kind=head["kind"],
+        api=head["api"],
+        request=head.get("request") or None,
         frames=[bytes.fromhex(h) for h in frames["request"]],
         reply_frames=[bytes.fromhex(h) for h in frames["reply"]],
         value=value,
@@ -183,27 +218,71 @@ def table_rows(section: str) -> list[list[str]]:
     return [row for row in rows if row[0] not in ("code", "api_key", "key")]
 
 
+def field_names(section: str) -> set[str]:
+    """The names in the `field` column of every table of a section."""
+    names: set[str] = set()
+    column = None
+    for line in section.splitlines():
+        if not line.startswith("|"):
+            column = None
+            continue
+        cells = [cell.strip().strip("`") for cell in line.strip("|").split("|")]
+        if column is None:
+            column = cells.index("field") if "field" in cells else -1
+        elif column >= 0 and not set(line) <= set("|-: "):
+            names.add(cells[column])
+    return names
+
+
+RENAMED = {"topics": "topic", "brokers": "broker", "partitions": "partition"}
+RENAMED |= {"log_dirs": "log_dir", "entries": "config"}
+"""Python names of repeated groups -> the document's (its count field without _count)."""
+
+
 def plain(value: object) -> Any:
     """A decoded value as the JSON of a vector shows it: enums by name, message sets as their
-    messages (key and value as text), records as objects."""
+    messages (key and value as text), records as objects, with the document's names."""
     if isinstance(value, Enum):
         return value.name
     if isinstance(value, bytes | bytearray | memoryview):
         return [
             {
-                "timestamp_ms": m.timestamp_ms,
+                "timestamp": m.timestamp_ms,
                 "key": None if m.key is None else m.key.decode(),
                 "value": m.value.decode(),
             }
             for m in iter_messages(value)
         ]
     if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
+        out = {}
+        for f in fields(value):
+            item = getattr(value, f.name)
+            out[RENAMED.get(f.name, f.name) if isinstance(item, tuple) else f.name] = plain(item)
+        return out
     if isinstance(value, tuple | list):
         return [plain(item) for item in value]
     if isinstance(value, Mapping):
         return {key: plain(item) for key, item in value.items()}
     return value
+
+
+def request_header_value(header: RequestHeader) -> dict[str, Any]:
+    return {
+        "api_key": header.api.name,
+        "api_version": header.version,
+        "correlation_id": header.correlation_id,
+        "client_id": header.client_id,
+    }
+
+
+def reply_header_value(frames: list[bytes]) -> dict[str, Any]:
+    header = decode_reply_header(frames)
+    code = header.error_code
+    return {
+        "correlation_id": header.correlation_id,
+        "error_code": code.name if isinstance(code, ErrorCode) else code,
+        "error_message": header.error_message,
+    }
 
 
 def as_bytes(frames: list[Buffer]) -> list[bytes]:
@@ -212,17 +291,78 @@ def as_bytes(frames: list[Buffer]) -> list[bytes]:
 
 def test_the_document_has_a_request_and_a_reply_vector_for_every_api() -> None:
     vectors = documented_vectors()
-    requested = {v.value["header"]["api"] for v in vectors if v.kind == "request"}
+    requested = {v.api for v in vectors if v.kind == "request"}
     answered = {v.api for v in vectors if v.kind == "reply"}
     assert requested == answered == {api.name for api in Api}
     assert {v.kind for v in vectors} == {"request", "reply", "error reply", "rejected request"}
     assert len({v.name for v in vectors}) == len(vectors)
 
 
+def test_every_reply_names_its_request_of_the_same_api_and_correlation_id() -> None:
+    by_name = {v.name: v for v in documented_vectors()}
+    for vector in by_name.values():
+        if vector.kind in ("request", "rejected request"):
+            assert vector.request is None, vector.name
+            header = vector.value.get("header") or {}
+            assert vector.api == header.get("api_key", vector.api), vector.name
+            continue
+        assert vector.request in by_name, f"{vector.name}: no request {vector.request!r}"
+        request = by_name[vector.request]
+        assert request.kind == "request", vector.name
+        assert vector.api == request.api, vector.name
+        assert (
+            vector.value["header"]["correlation_id"]
+            == request.value["header"]["correlation_id"]
+            == peek_correlation_id(request.frames)
+        ), vector.name
+
+
+def test_every_json_name_of_a_vector_is_a_field_of_the_document_tables() -> None:
+    common = field_names(documented_section("Request header"))
+    common |= field_names(documented_section("Reply header"))
+    common |= field_names(documented_section("Error fields"))
+    message = field_names(documented_section("Messages and offsets"))
+    sections = {
+        api: field_names(documented_section(f"{api.name} (api_key {api.value})")) for api in Api
+    }
+
+    def check(value: Any, names: set[str], where: str) -> None:
+        if isinstance(value, list):
+            for item in value:
+                check(item, names, where)
+            return
+        if not isinstance(value, dict):
+            return
+        for key, item in value.items():
+            if key == "message_set":
+                for record in item:
+                    assert set(record) <= message, f"{where}: {sorted(record)} not all fields"
+            elif key in names:
+                check(item, names, f"{where}.{key}")
+            elif f"{key}_count" in names:
+                if isinstance(item, dict):  # key and value pairs: topic settings
+                    assert set(item) <= set(TOPIC_SETTINGS), f"{where}.{key}: {sorted(item)}"
+                else:
+                    check(item, names, f"{where}.{key}")
+            else:
+                raise AssertionError(f"{where}: {key!r} is no field of the document's tables")
+
+    for vector in documented_vectors():
+        names = (
+            common | sections.get(Api[vector.api], set())
+            if vector.api in Api.__members__
+            else common
+        )
+        value = vector.value.get("reply", vector.value)
+        assert set(value) == {"header", "body"}, vector.name
+        check(value["header"], names, vector.name)
+        check(value["body"], names, vector.name)
+
+
 @pytest.mark.parametrize("vector", vectors_of("request"))
 def test_request_vector_decodes_to_its_values_and_encodes_to_its_bytes(vector: Vector) -> None:
     header, request = decode_request(vector.frames)
-    assert plain(header) == vector.value["header"]
+    assert request_header_value(header) == vector.value["header"]
     assert plain(request) == vector.value["body"]
     assert as_bytes(encode_request(header, request)) == vector.frames
     assert peek_correlation_id(vector.frames) == header.correlation_id
@@ -231,42 +371,43 @@ def test_request_vector_decodes_to_its_values_and_encodes_to_its_bytes(vector: V
 
 @pytest.mark.parametrize("vector", vectors_of("reply"))
 def test_reply_vector_decodes_to_its_values_and_encodes_to_its_bytes(vector: Vector) -> None:
-    assert vector.api is not None
     reply = decode_reply(Api[vector.api], vector.frames)
-    correlation_id = decode_reply_header(vector.frames).correlation_id
-    assert correlation_id == vector.value["correlation_id"]
+    assert reply_header_value(vector.frames) == vector.value["header"]
     assert plain(reply) == vector.value["body"]
+    correlation_id = vector.value["header"]["correlation_id"]
     assert as_bytes(encode_reply(correlation_id, reply)) == vector.frames
 
 
 @pytest.mark.parametrize("vector", vectors_of("error reply"))
 def test_error_reply_vector_raises_its_error_and_encodes_to_its_bytes(vector: Vector) -> None:
-    value = vector.value
+    header = vector.value["header"]
     with pytest.raises(BrokerError) as raised:
-        decode_reply(Api.FETCH, vector.frames)
-    assert (raised.value.name, raised.value.message, raised.value.retriable) == (
-        value["error_code"],
-        value["error_message"],
-        value["retriable"],
+        decode_reply(Api[vector.api], vector.frames)
+    assert reply_header_value(vector.frames) == header
+    assert (raised.value.name, raised.value.message) == (
+        header["error_code"],
+        header["error_message"],
     )
-    assert raised.value.code == ErrorCode[value["error_code"]]
-    fields = ERROR_FIELDS.get(ErrorCode(raised.value.code))
-    names = [*fields.numbers.names, *fields.texts] if fields else []
-    assert {name: getattr(raised.value, name) for name in names} == value.get("fields", {})
-    assert decode_reply_header(vector.frames).correlation_id == value["correlation_id"]
-    assert as_bytes(encode_error(value["correlation_id"], raised.value)) == vector.frames
+    fields_ = ERROR_FIELDS.get(ErrorCode(raised.value.code))
+    names = [*fields_.numbers.names, *fields_.texts] if fields_ else []
+    assert {name: getattr(raised.value, name) for name in names} == vector.value["body"]
+    assert as_bytes(encode_error(header["correlation_id"], raised.value)) == vector.frames
 
 
 @pytest.mark.parametrize("vector", vectors_of("rejected request"))
 def test_rejected_request_vector_is_refused_with_its_reply(vector: Vector) -> None:
     with pytest.raises(PylogError) as raised:
         decode_request(vector.frames)
-    assert error_code_for(raised.value).name == vector.value["error_code"]
+    reply = vector.value["reply"]
+    assert reply_header_value(vector.reply_frames) == reply["header"]
+    assert error_code_for(raised.value).name == reply["header"]["error_code"]
+    assert reply["body"] == {}
     correlation_id = peek_correlation_id(vector.frames)
-    assert correlation_id == vector.value["correlation_id"]
     assert as_bytes(encode_error(correlation_id, raised.value)) == vector.reply_frames
     with pytest.raises(PylogError):
         peek_route(vector.frames)
+    api_key = struct.unpack_from(">H", vector.frames[0])[0]
+    assert vector.api == (Api(api_key).name if api_key in set(Api) else str(api_key))
 
 
 def test_every_vector_has_the_frames_of_its_kind() -> None:
@@ -276,6 +417,42 @@ def test_every_vector_has_the_frames_of_its_kind() -> None:
         if v.kind == "reply":
             assert len(v.frames) == (2 if v.api == "FETCH" else 1), v.name
         assert len(v.reply_frames) == (v.kind == "rejected request"), v.name
+
+
+def test_the_byte_positions_the_document_gives_hold_for_every_request_vector() -> None:
+    """The frames table's header range, the body's first byte and PRODUCE's ack rule, read
+    from the document and checked against every request vector's bytes."""
+    ranges = [row[0] for row in table_rows(documented_section("Frames"))]
+    ((first, last),) = [
+        map(int, m.groups()) for r in ranges if (m := re.fullmatch(r"(\d+) to (\d+)\+c", r))
+    ]
+    (body_start,) = [int(m[1]) for r in ranges if (m := re.fullmatch(r"from (\d+)\+c", r))]
+    produce = " ".join(documented_section("PRODUCE (api_key 0)").split())
+    rule = re.search(
+        r"c from bytes (\d+)-(\d+), t from bytes (\d+)\+c and (\d+)\+c; `ack` is byte "
+        r"(\d+) \+ c \+ t, so the frame must hold at least (\d+) \+ c \+ t bytes",
+        produce,
+    )
+    assert rule, "PRODUCE's ack rule is not where the test looks for it"
+    c_at, c_end, t_at, t_end, ack_at, least = map(int, rule.groups())
+    for vector in documented_vectors():
+        if vector.kind != "request":
+            continue
+        (frame,) = vector.frames
+        header, request = decode_request(vector.frames)
+        c = len(header.client_id.encode())
+        alone = encode_request(
+            RequestHeader(Api.DESCRIBE_CLUSTER, 1, 1, header.client_id), DescribeClusterRequest()
+        )
+        assert (first, last + c, body_start + c) == (0, len(alone[0]) - 1, len(alone[0])), (
+            vector.name
+        )
+        if isinstance(request, ProduceRequest):
+            t = len(request.topic.encode())
+            assert struct.unpack(">H", frame[c_at : c_end + 1]) == (c,), vector.name
+            assert struct.unpack(">H", frame[t_at + c : t_end + c + 1]) == (t,), vector.name
+            assert frame[ack_at + c + t] == request.ack, vector.name
+            assert len(frame) - len(request.message_set) == least + c + t, vector.name
 
 
 def test_documented_message_sets_are_what_encode_message_builds() -> None:
