@@ -431,9 +431,9 @@ class Worker:
         try:
             data = plog.read(request.offset, min(request.max_bytes, cap))
         except FetchSizeTooSmall as error:
-            if not cap < error.needed <= request.max_bytes:
-                raise
-            data = plog.read(request.offset, error.needed)
+            if error.needed > request.max_bytes:  # named with the max_bytes asked, not the cap
+                raise FetchSizeTooSmall(error.offset, request.max_bytes, error.needed) from None
+            data = plog.read(request.offset, error.needed)  # over the cap alone: sent whole
         partition.bytes_out += len(data)
         reply = protocol.FetchReply(plog.high_watermark, plog.log_start_offset, data)
         return protocol.encode_reply(correlation_id, reply)

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from broker.client import Admin
 from broker.client.connection import Connection
 from broker.errors import BrokerError
+from broker.log.message import encode_message
 from broker.protocol import FetchRequest, MetadataRequest, RequestHeader, encode_request
 from cli.pylogd import main as pylogd_main
 from tests.client.test_consumer import SIZE, TEN, first_segment, flip_value_byte, produce
@@ -143,3 +144,17 @@ def test_pylogd_refuses_to_start_with_defaults_that_break_a_bound(
     assert result.exit_code == 2
     (line,) = [line for line in result.output.splitlines() if line.startswith("Error: ")]
     assert line.startswith("Error: [log] ") and problem in line
+
+
+def test_fetch_size_too_small_over_the_fetch_cap_names_the_max_bytes_asked(
+    broker: RunningBroker, topic: str
+) -> None:
+    """A message over fetch_max_bytes (1 MiB) and over max_bytes: the reply's text names the
+    request's max_bytes, not the broker's cap, and `needed` is the message's size."""
+    big = b"x" * (3 << 20)
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, 1, {"max_message_bytes": str(4 << 20)})
+    produce(broker, topic, big)
+    code, text, fields = raw_fetch(broker.endpoint, topic, 0, 2 << 20)
+    assert (code, struct.unpack(">Q", fields)) == (10, (len(encode_message(big)),))
+    assert f"larger than max_bytes {2 << 20}:" in text
