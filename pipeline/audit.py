@@ -37,7 +37,7 @@ from pipeline.session import (
     show_progress,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("pipeline.audit")  # not __name__: "__main__" under python -m
 
 EXIT_DIFFERENCE: Final = 1
 _DATE_FORMATS: Final = ["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d"]

@@ -75,8 +75,8 @@ class Cluster(BrokerCluster):
     """The driver's view of the cluster during one planning step: partitions, their holders
     and their exact offsets, over one connection per broker (closed by `close`)."""
 
-    def __init__(self, bootstrap: str) -> None:
-        super().__init__(bootstrap, CLIENT_ID, retries=RETRIES)
+    def __init__(self, bootstrap: str, timeout_s: float = 10.0, retries: int = RETRIES) -> None:
+        super().__init__(bootstrap, CLIENT_ID, timeout_s, retries)
 
     def holders(self, topic: str) -> dict[int, str]:
         """Partition -> endpoint of the broker holding it, for every partition of `topic`

@@ -9,8 +9,12 @@ Layout under OUTPUT (Hive-style, readable by spark.read.parquet and any Parquet 
 Rows: key, value, partition, offset, timestamp, and the partition columns topic, date and
 hour: the UTC date and hour of the message's timestamp (the producer's).
 
-The load is a streaming query with Trigger.AvailableNow over the pylog source: it reads what
-each partition holds when it starts, writes it in micro-batches and stops. Its offsets live
+The load is a streaming query over the pylog source. By default (Trigger.AvailableNow) it
+reads what each partition holds when it starts, writes it in micro-batches and stops; with
+--follow it runs on (Trigger.ProcessingTime, a micro-batch every --interval seconds) until
+SIGTERM or Ctrl-C, which stop it between batches. It prints a line per micro-batch (and on a
+terminal a progress bar), and before Spark starts it checks that the broker answers and every
+topic exists, so that either mistake is one line within seconds. Its offsets live
 only in the checkpoint, so a rerun continues where the last one stopped. No message is loaded
 twice: a batch's files count only once the file sink has logged them in _spark_metadata,
 after which the checkpoint moves past the batch; a batch cut short by a crash is written again
@@ -22,19 +26,26 @@ read from its log start).
 
 from __future__ import annotations
 
+import json
 import logging
+import signal
+import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import click
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.listener import StreamingQueryProgress
+from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import DateType, IntegerType, StringType, StructField, StructType
 
 from broker.errors import PylogError
+from pipeline.cluster import Cluster, bootstrap_endpoint
 from pipeline.reader import SCHEMA
 from pipeline.session import (
     cluster_options,
@@ -44,10 +55,16 @@ from pipeline.session import (
     show_progress,
 )
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from click._termui_impl import ProgressBar
+
+log = logging.getLogger("pipeline.load")  # not __name__: "__main__" under python -m
 
 CHECKPOINT_DIR: Final = "_checkpoint"
 PROGRESS_INTERVAL_S: Final = 1
+PREFLIGHT_TIMEOUT_S: Final = 5
+STOP_WAIT_S: Final = 60
+EXIT_INTERRUPTED: Final = 130  # as a shell reports a command ended by Ctrl-C
 MICROS_PER_HOUR: Final = 3600 * 1_000_000
 MICROS_PER_DAY: Final = 24 * MICROS_PER_HOUR
 
@@ -89,6 +106,38 @@ class LoadResult:
     rows: int
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One micro-batch written, from Spark's progress report: its rows, and the source's byte
+    offsets summed over partitions where it started and ended and the latest the partitions
+    had when it was planned (so `latest - end` bytes were still to load)."""
+
+    batch_id: int
+    rows: int
+    start: int | None  # None on the first batch of a new checkpoint
+    end: int
+    latest: int
+
+
+def _offset_sum(offsets: str | None) -> int | None:
+    """The byte offsets of a source's progress JSON ({"topic": {"partition": offset}}), summed."""
+    parsed = None if offsets is None else json.loads(offsets)
+    if parsed is None:
+        return None
+    return sum(int(o) for partitions in parsed.values() for o in partitions.values())
+
+
+def _batch(progress: StreamingQueryProgress) -> Batch:
+    (source,) = progress.sources
+    return Batch(
+        progress.batchId,
+        progress.numInputRows,
+        _offset_sum(source.startOffset),
+        _offset_sum(source.endOffset) or 0,
+        _offset_sum(source.latestOffset) or 0,
+    )
+
+
 def load(
     spark: SparkSession,
     cluster: Mapping[str, str],
@@ -97,8 +146,14 @@ def load(
     checkpoint: str | None = None,
     max_bytes_per_trigger: int | None = None,
     fail_on_data_loss: bool = True,
+    follow_interval_s: float | None = None,
+    on_batch: Callable[[Batch], None] = lambda batch: None,
+    stop: threading.Event | None = None,
 ) -> LoadResult:
-    """Load what `topics` hold now and was not loaded yet into `output` (see the module doc)."""
+    """Load what `topics` hold now and was not loaded yet into `output` (see the module doc),
+    calling `on_batch` for each micro-batch written. With `follow_interval_s`, go on loading
+    new messages in a micro-batch every that many seconds. Either way, `stop` being set ends
+    the load after the micro-batch under way."""
     options = {
         **cluster,
         "subscribe": ",".join(topics),
@@ -108,27 +163,90 @@ def load(
     if max_bytes_per_trigger is not None:
         options["maxBytesPerTrigger"] = str(max_bytes_per_trigger)
     rows = spark.readStream.format("pylog").options(**options).load()
-    query = (
+    writer = (
         with_date_and_hour(rows)
         .select(*(f.name for f in LOADED_SCHEMA.fields))
         .writeStream.format("parquet")
         .option("path", output)
         .option("checkpointLocation", checkpoint or f"{output.rstrip('/')}/{CHECKPOINT_DIR}")
         .partitionBy("topic", "date", "hour")
-        .trigger(availableNow=True)
-        .start()
     )
+    if follow_interval_s is None:
+        query = writer.trigger(availableNow=True).start()
+    else:
+        query = writer.trigger(processingTime=f"{follow_interval_s} seconds").start()
     seen: dict[int, int] = {}
-    while True:
-        done = query.awaitTermination(PROGRESS_INTERVAL_S)
-        for progress in query.recentProgress:
-            if progress.batchId not in seen:
-                seen[progress.batchId] = progress.numInputRows
-                log.info("batch %d: %d rows", progress.batchId, progress.numInputRows)
-        if done:
-            break
+    try:
+        while True:
+            done = query.awaitTermination(PROGRESS_INTERVAL_S)
+            if not done and stop is not None and stop.is_set():
+                _stop_between_batches(query)
+                done = True
+            for progress in query.recentProgress:
+                if progress.batchId in seen or not progress.sources:
+                    continue
+                batch = _batch(progress)
+                if batch.rows == 0 and batch.start == batch.end:
+                    continue  # an idle trigger's report, numbered as the batch to come
+                seen[batch.batch_id] = batch.rows
+                on_batch(batch)
+            if done:
+                break
+    finally:
+        query.stop()  # at once, if an error ended the loop
     loaded = sum(seen.values())
     return LoadResult(sum(1 for n in seen.values() if n), loaded)
+
+
+def _stop_between_batches(query: StreamingQuery) -> None:
+    """Let the micro-batch under way finish (up to STOP_WAIT_S), so that stopping does not
+    abort a write (which the next run would make again)."""
+    log.info("stopping after the micro-batch under way")
+    deadline = time.monotonic() + STOP_WAIT_S
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling Spark's status: there is no event to wait on
+    query.stop()
+
+
+def check_cluster(cluster: Mapping[str, str], topics: Sequence[str]) -> None:
+    """Fail fast, before Spark starts: Unavailable when the broker does not answer within
+    PREFLIGHT_TIMEOUT_S, OptionError naming a topic that does not exist."""
+    with Cluster(bootstrap_endpoint(cluster), PREFLIGHT_TIMEOUT_S, retries=0) as brokers:
+        for topic in topics:
+            brokers.holders(topic)
+
+
+class Progress:
+    """What the load tells its user: a line per micro-batch (logged), and on a terminal a bar
+    of bytes loaded out of those to load, drawn on stderr below the lines."""
+
+    def __init__(self, follow: bool) -> None:
+        self.follow = follow
+        self.bar: ProgressBar[int] | None = None
+        self.first: int | None = None  # the byte offsets (summed) the run started from
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.bar is not None:
+            self.bar.render_finish()
+
+    def batch(self, batch: Batch) -> None:
+        if self.first is None:
+            self.first = batch.start if batch.start is not None else 0
+        to_load = batch.latest - batch.end
+        line = f"batch {batch.batch_id}: {batch.rows} rows, {to_load} bytes still to load"
+        if self.bar is not None:
+            click.echo("\r\033[K", nl=False, err=True)  # the line goes above the bar
+        log.info(line)
+        if self.follow or not sys.stderr.isatty():
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(
+                length=max(batch.latest - self.first, 1), label="loading", file=sys.stderr
+            )
+        self.bar.update(batch.end - self.first - self.bar.pos)
 
 
 @click.command()
@@ -147,6 +265,18 @@ def load(
     show_default=True,
     help="Fail when messages not yet loaded were deleted by retention (else skip them).",
 )
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Run on, loading new messages every --interval seconds, until SIGTERM or Ctrl-C.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=60,
+    show_default=True,
+    help="With --follow: seconds between the starts of two micro-batches.",
+)
 def main(
     broker: str | None,
     zookeeper: str | None,
@@ -157,14 +287,22 @@ def main(
     checkpoint: str | None,
     max_bytes_per_trigger: int | None,
     fail_on_data_loss: bool,
+    follow: bool,
+    interval: float,
 ) -> None:
     """Load pylog topics into Parquet, partitioned by topic, date and hour; a rerun loads only
-    what is new."""
+    what is new. With --follow, run on as a service."""
     show_progress("load")
     cluster = cluster_options(broker, zookeeper)
     started = time.monotonic()
+    stop = threading.Event()
     try:
-        with job_session("pylog-load", master, conf) as spark:
+        check_cluster(cluster, topics)
+        with job_session("pylog-load", master, conf) as spark, Progress(follow) as progress:
+            # SIGTERM (systemd's stop) and Ctrl-C end the load between two micro-batches
+            # (installed after the session, whose SparkContext takes SIGINT for itself).
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda signum, frame: stop.set())
             result = load(
                 spark,
                 cluster,
@@ -173,9 +311,15 @@ def main(
                 checkpoint,
                 max_bytes_per_trigger,
                 fail_on_data_loss,
+                interval if follow else None,
+                progress.batch,
+                stop,
             )
     except (PylogError, PySparkException) as error:
         raise click.ClickException(failure_message(error)) from error
+    if stop.is_set() and not follow:
+        click.echo(f"interrupted: loaded {result.rows} messages; a rerun goes on", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     click.echo(
         f"loaded {result.rows} messages of {', '.join(topics)} into {output} in "
         f"{result.batches} batches, {time.monotonic() - started:.1f} s"

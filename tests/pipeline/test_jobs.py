@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
+import pty
+import re
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -90,6 +98,109 @@ def test_a_load_of_a_missing_topic_fails_with_a_short_clear_message(
     )
 
     assert result.exit_code == 1
-    assert result.output.strip() == (
-        f"Error: pipeline.errors.OptionError: topic {topic!r} does not exist"
+    assert result.output.strip() == f"Error: topic {topic!r} does not exist"
+
+
+def _load_command(endpoint: str, topic: str, output: Path, *more: str) -> list[str]:
+    """`python -m pipeline.load` as a user runs it (its own process, its own Spark)."""
+    return [
+        sys.executable,
+        "-m",
+        "pipeline.load",
+        *("--broker", endpoint, "--topic", topic, "--output", str(output), *more),
+    ]
+
+
+def _job_env() -> dict[str, str]:
+    """A user's environment: none of the test session's Spark settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
+
+
+def test_a_load_prints_a_line_per_micro_batch_and_a_bar_on_a_terminal(
+    broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    create_topic(broker.endpoint, topic, 2)
+    produce(broker.endpoint, topic, 2, 60, value_bytes=100)
+    command = _load_command(
+        broker.endpoint, topic, tmp_path / "warehouse", "--max-bytes-per-trigger", "4000"
     )
+    terminal, job_side = pty.openpty()  # stderr on a terminal, as when run by hand
+    with subprocess.Popen(
+        command, env=_job_env(), stdout=subprocess.PIPE, stderr=job_side, text=True
+    ) as job:
+        os.close(job_side)
+        shown = bytearray()
+        with contextlib.suppress(OSError):  # EIO once the job has exited
+            while chunk := os.read(terminal, 65536):
+                shown += chunk
+        summary, _ = job.communicate(timeout=300)
+    os.close(terminal)
+    text = shown.decode(errors="replace")
+
+    assert job.returncode == 0, text
+    batches = re.findall(r"load: batch (\d+): (\d+) rows, (\d+) bytes still to load", text)
+    assert len(batches) >= 2, text  # 4000 bytes a batch of ~6,800
+    assert sum(int(rows) for _, rows, _ in batches) == 60
+    assert batches[-1][2] == "0"
+    assert "loading" in text and "100%" in text, text  # click's bar, drawn on the terminal
+    assert summary.startswith(f"loaded 60 messages of {topic}"), summary
+
+
+def test_a_load_of_an_unknown_topic_or_from_a_down_broker_is_one_line_before_spark(
+    broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    unknown = subprocess.run(
+        _load_command(broker.endpoint, topic, tmp_path),
+        env=_job_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert unknown.returncode == 1
+    assert (unknown.stdout + unknown.stderr).strip() == f"Error: topic {topic!r} does not exist"
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        down = f"tcp://127.0.0.1:{unused.getsockname()[1]}"
+    refused = subprocess.run(
+        _load_command(down, topic, tmp_path), env=_job_env(), capture_output=True, text=True
+    )
+    assert refused.returncode == 1
+    output = (refused.stdout + refused.stderr).strip()
+    assert output.startswith(f"Error: no reply from {down}"), output
+    assert "\n" not in output  # one line: Spark never started
+
+
+def test_a_following_load_goes_on_until_sigterm_and_a_rerun_loads_nothing_twice(
+    spark: SparkSession, broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    create_topic(broker.endpoint, topic, 2)
+    produce(broker.endpoint, topic, 2, 30)
+    output = tmp_path / "warehouse"
+    command = _load_command(broker.endpoint, topic, output, "--follow", "--interval", "0.5")
+    with subprocess.Popen(
+        command, env=_job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as job:
+        assert job.stdout is not None
+        printed: list[str] = []
+        loaded = 0
+        for line in job.stdout:  # ends when the job does: a failed job fails the asserts
+            printed.append(line)
+            if found := re.search(r"load: batch \d+: (\d+) rows", line):
+                loaded += int(found[1])
+                if loaded == 30:
+                    produce(broker.endpoint, topic, 2, 12, first=30)  # found by the next batch
+                elif loaded == 42:
+                    job.send_signal(signal.SIGTERM)
+        job.wait(timeout=120)
+    text = "".join(printed)
+
+    assert job.returncode == 0, text
+    assert "stopping after the micro-batch under way" in text
+    assert f"loaded 42 messages of {topic}" in text
+    produce(broker.endpoint, topic, 2, 3, first=42)
+    rerun = CliRunner().invoke(
+        load.main, ["--broker", broker.endpoint, "--topic", topic, "--output", str(output)]
+    )
+    assert rerun.exit_code == 0, rerun.output
+    rows = spark.read.parquet(str(output)).where(f"topic = '{topic}'").collect()
+    assert sorted(int(r.value.decode().split("-")[1]) for r in rows) == list(range(45))
