@@ -15,12 +15,13 @@ from cli.broker_commands import broker
 from cli.console import consume, produce
 from cli.group_commands import group
 from cli.log_commands import log
+from cli.pipeline_commands import WithJobs
 from cli.topic_commands import topic
 
 _LEVELS = {0: logging.CRITICAL + 1, 1: logging.WARNING, 2: logging.INFO}
 
 
-@click.group()
+@click.group(cls=WithJobs)
 @click.version_option(package_name="pylog")
 @click.option(
     "-v",

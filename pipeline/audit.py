@@ -15,6 +15,7 @@ counted as missing, not an error: that is what an audit is for.
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import sys
 from collections.abc import Mapping
@@ -135,6 +136,15 @@ def format_table(topic: str, counts: list[HourCount]) -> str:
     return "\n".join(lines)
 
 
+def _hour_fields(count: HourCount) -> dict[str, object]:
+    return {
+        "hour": count.hour.isoformat(),
+        "in_pylog": count.in_pylog,
+        "loaded": count.loaded,
+        "difference": count.difference,
+    }
+
+
 @click.command()
 @job_options
 @click.option("--topic", required=True, help="The topic to audit.")
@@ -148,6 +158,9 @@ def format_table(topic: str, counts: list[HourCount]) -> str:
 @click.option(
     "--end", type=click.DateTime(_DATE_FORMATS), required=True, help="The window's end (UTC)."
 )
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object a line: each hour, then the total."
+)
 def main(
     broker: str | None,
     zookeeper: str | None,
@@ -157,9 +170,25 @@ def main(
     output: str,
     start: datetime.datetime,
     end: datetime.datetime,
+    as_json: bool,
 ) -> None:
     """Count a topic's messages per hour in pylog and in a load's Parquet output; exit 1 if
-    any hour differs."""
+    any hour differs.
+
+    \b
+    Examples:
+      $ pylogctl audit --topic clicks --output ./warehouse \\
+            --start 2026-11-22T10:00 --end 2026-11-22T12:00   # or: python -m pipeline.audit
+      hour (UTC)            in pylog       loaded   difference
+      2026-11-22 10:00            12           12           +0
+      2026-11-22 11:00             8            4           -4  <-- differs
+      total                       20           16           -4
+      clicks: 1 hour(s) differ
+      $ pylogctl audit --topic clicks --output ./warehouse --start 2026-11-22 \\
+            --end 2026-11-23 --json
+      {"type": "hour", "topic": "clicks", "hour": "2026-11-22T10:00:00+00:00", "in_pylog": 12, ...}
+      {"type": "audit", "topic": "clicks", "in_pylog": 20, "loaded": 16, "differing_hours": 1}
+    """
     show_progress("audit")
     if end <= start:
         raise click.BadParameter(f"--end {end} is not after --start {start}")
@@ -169,7 +198,17 @@ def main(
             counts = audit(spark, cluster, topic, output, start, end)
     except (PylogError, PySparkException) as error:
         raise click.ClickException(failure_message(error)) from error
-    click.echo(format_table(topic, counts))
+    if as_json:
+        for count in counts:
+            click.echo(json.dumps({"type": "hour", "topic": topic, **_hour_fields(count)}))
+        totals = {
+            "in_pylog": sum(c.in_pylog for c in counts),
+            "loaded": sum(c.loaded for c in counts),
+            "differing_hours": sum(1 for c in counts if c.difference),
+        }
+        click.echo(json.dumps({"type": "audit", "topic": topic, **totals}))
+    else:
+        click.echo(format_table(topic, counts))
     if any(c.difference for c in counts):
         sys.exit(EXIT_DIFFERENCE)
 

@@ -26,13 +26,14 @@ read from its log start).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -220,8 +221,9 @@ class Progress:
     """What the load tells its user: a line per micro-batch (logged), and on a terminal a bar
     of bytes loaded out of those to load, drawn on stderr below the lines."""
 
-    def __init__(self, follow: bool) -> None:
+    def __init__(self, follow: bool, as_json: bool) -> None:
         self.follow = follow
+        self.as_json = as_json
         self.bar: ProgressBar[int] | None = None
         self.first: int | None = None  # the byte offsets (summed) the run started from
 
@@ -236,6 +238,10 @@ class Progress:
         if self.first is None:
             self.first = batch.start if batch.start is not None else 0
         to_load = batch.latest - batch.end
+        if self.as_json:
+            fields = {"batch": batch.batch_id, "rows": batch.rows, "bytes_to_load": to_load}
+            click.echo(json.dumps({"type": "batch", **fields}))
+            return
         line = f"batch {batch.batch_id}: {batch.rows} rows, {to_load} bytes still to load"
         if self.bar is not None:
             click.echo("\r\033[K", nl=False, err=True)  # the line goes above the bar
@@ -277,6 +283,7 @@ class Progress:
     show_default=True,
     help="With --follow: seconds between the starts of two micro-batches.",
 )
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line, on stdout.")
 def main(
     broker: str | None,
     zookeeper: str | None,
@@ -289,20 +296,32 @@ def main(
     fail_on_data_loss: bool,
     follow: bool,
     interval: float,
+    as_json: bool,
 ) -> None:
     """Load pylog topics into Parquet, partitioned by topic, date and hour; a rerun loads only
-    what is new. With --follow, run on as a service."""
+    what is new. With --follow, run on as a service. A line per micro-batch on stderr (with
+    --json, an object per batch on stdout), and what was loaded at the end.
+
+    \b
+    Examples:
+      $ pylogctl load --topic clicks --output ./warehouse     # or: python -m pipeline.load
+      loaded 800 messages of clicks into ./warehouse in 8 batches, 39.1 s
+      $ pylogctl load --topic clicks --output ./warehouse --follow --interval 300
+      $ pylogctl load --topic clicks --output ./warehouse --json
+      {"type": "batch", "batch": 0, "rows": 106, "bytes_to_load": 0}
+      {"type": "loaded", "topics": ["clicks"], "output": "./warehouse", "messages": 106, ...}
+    """
     show_progress("load")
     cluster = cluster_options(broker, zookeeper)
     started = time.monotonic()
     stop = threading.Event()
     try:
         check_cluster(cluster, topics)
-        with job_session("pylog-load", master, conf) as spark, Progress(follow) as progress:
-            # SIGTERM (systemd's stop) and Ctrl-C end the load between two micro-batches
-            # (installed after the session, whose SparkContext takes SIGINT for itself).
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, lambda signum, frame: stop.set())
+        with (
+            job_session("pylog-load", master, conf) as spark,
+            Progress(follow, as_json) as progress,
+            _stopped_by_signals(stop),
+        ):
             result = load(
                 spark,
                 cluster,
@@ -320,10 +339,30 @@ def main(
     if stop.is_set() and not follow:
         click.echo(f"interrupted: loaded {result.rows} messages; a rerun goes on", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    seconds = round(time.monotonic() - started, 1)
+    if as_json:
+        loaded = {"messages": result.rows, "batches": result.batches, "seconds": seconds}
+        click.echo(json.dumps({"type": "loaded", "topics": topics, "output": output, **loaded}))
+        return
     click.echo(
         f"loaded {result.rows} messages of {', '.join(topics)} into {output} in "
-        f"{result.batches} batches, {time.monotonic() - started:.1f} s"
+        f"{result.batches} batches, {seconds} s"
     )
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM (systemd's stop) and Ctrl-C set `stop`, which ends the load between two
+    micro-batches; the handlers before are put back after. Entered after the Spark session
+    starts, since PySpark's SparkContext takes SIGINT for itself."""
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    for signum in previous:
+        signal.signal(signum, lambda signum, frame: stop.set())
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

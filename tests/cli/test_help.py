@@ -12,7 +12,9 @@ from cli.pylogctl import cli
 
 
 def commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
-    for name, command in sorted(group.commands.items()):
+    context = click.Context(group)
+    for name in group.list_commands(context):  # the Spark jobs too, imported on first use
+        command = group.get_command(context, name)
         if isinstance(command, click.Group):
             yield from commands(command, (*path, name))
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import pty
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
+from cli.pylogctl import cli
 from pipeline import audit, load
 from tests.pipeline.conftest import create_topic, produce
 from tests.pylogd import RunningBroker
@@ -204,3 +206,70 @@ def test_a_following_load_goes_on_until_sigterm_and_a_rerun_loads_nothing_twice(
     assert rerun.exit_code == 0, rerun.output
     rows = spark.read.parquet(str(output)).where(f"topic = '{topic}'").collect()
     assert sorted(int(r.value.decode().split("-")[1]) for r in rows) == list(range(45))
+
+
+def test_pylogctl_load_and_audit_are_the_jobs_with_their_options_and_json(
+    spark: SparkSession, broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    create_topic(broker.endpoint, topic, 2)
+    produce(broker.endpoint, topic, 2, 8, timestamp_ms=ms(TEN_FIFTEEN))
+    output = str(tmp_path / "warehouse")
+    runner = CliRunner()
+
+    loaded = runner.invoke(
+        cli, ["load", "--broker", broker.endpoint, "--topic", topic, "--output", output, "--json"]
+    )
+    assert loaded.exit_code == 0, loaded.output
+    lines = [json.loads(line) for line in loaded.stdout.splitlines()]
+    assert sum(line["rows"] for line in lines if line["type"] == "batch") == 8
+    assert lines[-1] | {"seconds": 0} == {
+        "type": "loaded",
+        "topics": [topic],
+        "output": output,
+        "messages": 8,
+        "batches": 1,
+        "seconds": 0,
+    }
+    window = ["--start", "2026-11-22T10:00", "--end", "2026-11-22T11:00"]
+    audited = runner.invoke(
+        cli,
+        [
+            "audit",
+            "--broker",
+            broker.endpoint,
+            "--topic",
+            topic,
+            "--output",
+            output,
+            *window,
+            "--json",
+        ],
+    )
+    assert audited.exit_code == 0, audited.output
+    assert [json.loads(line) for line in audited.stdout.splitlines()] == [
+        {
+            "type": "hour",
+            "topic": topic,
+            "hour": "2026-11-22T10:00:00+00:00",
+            "in_pylog": 8,
+            "loaded": 8,
+            "difference": 0,
+        },
+        {"type": "audit", "topic": topic, "in_pylog": 8, "loaded": 8, "differing_hours": 0},
+    ]
+
+
+def test_pylogctl_load_without_pyspark_says_how_to_install_it() -> None:
+    without_pyspark = (
+        "import sys; sys.modules['pyspark'] = None; sys.argv = ['pylogctl', 'load', '--help']; "
+        "from cli.pylogctl import main; main()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", without_pyspark], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "Error: pylogctl load runs a Spark job and needs pylog's pipeline extra (pyspark is "
+        "missing): pip install 'pylog[pipeline]' into this environment (scripts/setup does), "
+        "and Java 17"
+    )
