@@ -1,10 +1,12 @@
 """Where a pylog cluster is, which broker holds each partition, and exact offsets.
 
-The source and the sink find the cluster from one of two options: `broker`, the front socket
-of any broker ("tcp://HOST:PORT" or "HOST:PORT"), or `zookeeper.connect`, the ensemble the
-brokers register in ("HOST:PORT[,HOST:PORT][/CHROOT]", chroot /pylog when none is given), from
-which the driver picks a live broker. Either way the driver resolves it once to a bootstrap
-endpoint and hands only endpoints to Spark tasks: executors never talk to ZooKeeper.
+The source and the sink find the cluster from one of three options: `broker`, the front socket
+of any broker ("tcp://HOST:PORT" or "HOST:PORT"), `kafka.bootstrap.servers`, several of them
+("HOST:PORT,HOST:PORT", asked in turn, as Spark's Kafka source takes them), or
+`zookeeper.connect`, the ensemble the brokers register in ("HOST:PORT[,HOST:PORT][/CHROOT]",
+chroot /pylog when none is given), from which the driver picks a live broker. Either way the
+driver resolves it once to bootstrap endpoints and hands only endpoints to Spark tasks:
+executors never talk to ZooKeeper.
 
 Which broker holds a partition comes from METADATA (broker.client.cluster, in
 `Cluster.holders`); offsets come from OFFSETS sent to the broker that holds the partition. A
@@ -21,6 +23,7 @@ from typing import Final
 
 from broker.client import lag
 from broker.client.cluster import Cluster as BrokerCluster
+from broker.client.cluster import split_endpoints
 from broker.client.connection import Connection
 from broker.errors import BrokerError
 from broker.protocol import ErrorCode, OffsetsRequest
@@ -42,14 +45,22 @@ class TopicPartition:
 
 def bootstrap_endpoint(options: Mapping[str, str]) -> str:
     """The endpoint of a broker of the cluster the options name (`broker` or
-    `zookeeper.connect`, exactly one of them)."""
+    `zookeeper.connect`), or several, comma-separated (`kafka.bootstrap.servers`: METADATA asks
+    them in turn); exactly one of the three options."""
     broker = options.get("broker", "").strip()
     zookeeper = options.get("zookeeper.connect", "").strip()
-    if bool(broker) == bool(zookeeper):
+    servers = options.get("kafka.bootstrap.servers", "").strip()
+    if [bool(broker), bool(zookeeper), bool(servers)].count(True) != 1:
         raise OptionError(
             "say where the cluster is with exactly one of the options broker "
-            "(tcp://HOST:PORT) and zookeeper.connect (HOST:PORT[,HOST:PORT][/CHROOT])"
+            "(tcp://HOST:PORT), kafka.bootstrap.servers (HOST:PORT[,HOST:PORT]) and "
+            "zookeeper.connect (HOST:PORT[,HOST:PORT][/CHROOT])"
         )
+    if servers:
+        try:
+            return ",".join(split_endpoints(servers))
+        except ValueError as error:
+            raise OptionError(f"kafka.bootstrap.servers {servers!r}: {error}") from None
     if broker:
         endpoint = broker if broker.startswith("tcp://") else f"tcp://{broker}"
         if not re.fullmatch(r"tcp://[^:/\s]+:\d+", endpoint):
@@ -88,6 +99,16 @@ class Cluster(BrokerCluster):
                 raise OptionError(f"topic {topic!r} does not exist") from None
             raise
         return {p.partition: self.endpoints[p.broker_id] for p in partitions}
+
+    def matching(self, pattern: re.Pattern[str]) -> dict[TopicPartition, str]:
+        """Each partition of every topic whose whole name `pattern` matches -> the endpoint of
+        the broker holding it, from one METADATA of every topic."""
+        found: dict[TopicPartition, str] = {}
+        for info in self.metadata(()).topics:
+            if info.error_code == ErrorCode.NONE and pattern.fullmatch(info.topic):
+                for p in info.partitions:
+                    found[TopicPartition(info.topic, p.partition)] = self.endpoints[p.broker_id]
+        return found
 
     def offsets(self, tp: TopicPartition, endpoint: str) -> tuple[int, int]:
         """(log start offset, high watermark) of the partition, by OFFSETS."""

@@ -70,7 +70,7 @@ MICROS_PER_HOUR: Final = 3600 * 1_000_000
 MICROS_PER_DAY: Final = 24 * MICROS_PER_HOUR
 
 LOADED_SCHEMA: Final = StructType(
-    [f for f in SCHEMA.fields if f.name != "topic"]
+    [f for f in SCHEMA.fields if f.name not in ("topic", "timestampType")]
     + [
         StructField("topic", StringType(), True),
         StructField("date", DateType(), True),

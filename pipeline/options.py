@@ -6,13 +6,17 @@ count bytes of stored messages (4 + length each), not messages.
 
 An offsets option is "earliest", "latest" or JSON, {"topic": {"0": 1234, "1": -2}}, with -2
 for earliest and -1 for latest; a partition not named takes the default (earliest for
-startingOffsets, latest for endingOffsets). A parsed option is a plain picklable value: the
-readers carry it to Spark's tasks.
+startingOffsets, latest for endingOffsets). A time option (startingTimestamp, endingTimestamp:
+ms since the epoch for every partition; startingOffsetsByTimestamp, endingOffsetsByTimestamp:
+JSON {"topic": {"0": ms}}) replaces its offsets option: the partition's first message whose
+timestamp is at or after the time, found by OFFSETS with that time. A parsed option is a plain
+picklable value: the readers carry it to Spark's tasks.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -24,16 +28,24 @@ EARLIEST: Final = -2
 LATEST: Final = -1
 DEFAULT_MAX_BYTES_PER_PARTITION: Final = 64 << 20
 
-CLUSTER_OPTIONS: Final = frozenset({"broker", "zookeeper.connect"})
+CLUSTER_OPTIONS: Final = frozenset({"broker", "zookeeper.connect", "kafka.bootstrap.servers"})
 SOURCE_OPTIONS: Final = CLUSTER_OPTIONS | {
     "subscribe",
+    "subscribepattern",
     "assign",
     "startingoffsets",
     "endingoffsets",
     "startingtimestamp",
+    "endingtimestamp",
+    "startingoffsetsbytimestamp",
+    "endingoffsetsbytimestamp",
+    "startingoffsetsbytimestampstrategy",
     "failondataloss",
     "maxbytespertrigger",
+    "maxoffsetspertrigger",
     "maxbytesperpartition",
+    "minpartitions",
+    "includeheaders",
 }
 
 
@@ -58,6 +70,15 @@ def positive_int(options: Mapping[str, str], name: str) -> int | None:
     return value
 
 
+def no_headers(options: Mapping[str, str]) -> None:
+    """includeHeaders: false is what pylog does anyway; true cannot be honoured."""
+    if boolean(options, "includeHeaders", False):
+        raise OptionError(
+            "includeHeaders true: pylog messages have no headers (a message is a key, a value "
+            "and a timestamp), so there are none to include; leave it false"
+        )
+
+
 def boolean(options: Mapping[str, str], name: str, default: bool) -> bool:
     text = options.get(name.lower())
     if text is None:
@@ -69,17 +90,24 @@ def boolean(options: Mapping[str, str], name: str, default: bool) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Subscription:
-    """What to read: every partition of some topics (`subscribe`) or some partitions
-    (`assign`, JSON {"topic": [0, 1]})."""
+    """What to read: every partition of some topics (`subscribe`), of every topic whose
+    whole name matches a regular expression (`subscribePattern`, looked up again at each
+    planning step, so that topics created later are read), or some partitions (`assign`, JSON
+    {"topic": [0, 1]})."""
 
     topics: tuple[str, ...]
     assigned: tuple[TopicPartition, ...] = ()
+    pattern: re.Pattern[str] | None = None
 
     def includes(self, tp: TopicPartition) -> bool:
+        if self.pattern is not None:
+            return self.pattern.fullmatch(tp.topic) is not None
         return tp in self.assigned if self.assigned else tp.topic in self.topics
 
     def partitions(self, cluster: Cluster) -> dict[TopicPartition, str]:
         """Each partition to read now -> the endpoint of the broker holding it."""
+        if self.pattern is not None:
+            return dict(sorted(cluster.matching(self.pattern).items()))
         found: dict[TopicPartition, str] = {}
         for topic in self.topics:
             for number, endpoint in cluster.holders(topic).items():
@@ -94,8 +122,14 @@ class Subscription:
 
 def _subscription(options: Mapping[str, str]) -> Subscription:
     subscribe, assign = options.get("subscribe"), options.get("assign")
-    if (subscribe is None) == (assign is None):
-        raise OptionError("give exactly one of the options subscribe and assign")
+    pattern = options.get("subscribepattern")
+    if [subscribe, pattern, assign].count(None) != 2:
+        raise OptionError("give exactly one of the options subscribe, subscribePattern and assign")
+    if pattern is not None:
+        try:
+            return Subscription((), pattern=re.compile(pattern))
+        except re.error as error:
+            raise OptionError(f"subscribePattern {pattern!r}: {error}") from None
     if subscribe is not None:
         topics = tuple(dict.fromkeys(t.strip() for t in subscribe.split(",") if t.strip()))
         if not topics:
@@ -137,6 +171,39 @@ class OffsetSpec:
         return self.given.get(tp, self.default)
 
 
+@dataclass(frozen=True, slots=True)
+class TimeSpec:
+    """Where to start or end by time, in ms since the epoch: for every partition (`default`,
+    from startingTimestamp / endingTimestamp) or for some (`given`, from the ByTimestamp JSON);
+    None where the offsets option decides."""
+
+    default: int | None = None
+    given: Mapping[TopicPartition, int] = field(default_factory=dict)
+
+    def get(self, tp: TopicPartition) -> int | None:
+        return self.given.get(tp, self.default)
+
+
+def _per_partition(
+    text: str, name: str, subscription: Subscription, least: int, what: str
+) -> dict[TopicPartition, int]:
+    """JSON {"topic": {"0": value}} with integer values of at least `least`."""
+    given: dict[TopicPartition, int] = {}
+    for topic, partitions in _json(text, name).items():
+        if not isinstance(partitions, dict):
+            raise OptionError(f'{name}: topic {topic!r} needs an object like {{"0": 1234}}')
+        for key, value in partitions.items():
+            if not key.isdigit():
+                raise OptionError(f"{name}: topic {topic!r}: {key!r} is not a partition number")
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise OptionError(f"{name}: {topic}-{key}: {value!r} is not {what}")
+            tp = TopicPartition(topic, int(key))
+            if not subscription.includes(tp):
+                raise OptionError(f"{name} names {tp}, which the query does not read")
+            given[tp] = value
+    return given
+
+
 def _offset_spec(
     options: Mapping[str, str], name: str, default: int, subscription: Subscription
 ) -> OffsetSpec:
@@ -147,38 +214,53 @@ def _offset_spec(
         return OffsetSpec(EARLIEST)
     if text.strip().lower() == "latest":
         return OffsetSpec(LATEST)
-    parsed = _json(text, name)
-    given: dict[TopicPartition, int] = {}
-    for topic, partitions in parsed.items():
-        if not isinstance(partitions, dict):
-            raise OptionError(f'{name}: topic {topic!r} needs an object like {{"0": 1234}}')
-        for key, offset in partitions.items():
-            if not key.isdigit():
-                raise OptionError(f"{name}: topic {topic!r}: {key!r} is not a partition number")
-            if not isinstance(offset, int) or isinstance(offset, bool) or offset < EARLIEST:
-                raise OptionError(
-                    f"{name}: {topic}-{key}: {offset!r} is not an offset (>= 0, -2 earliest, "
-                    "-1 latest)"
-                )
-            tp = TopicPartition(topic, int(key))
-            if not subscription.includes(tp):
-                raise OptionError(f"{name} names {tp}, which the query does not read")
-            given[tp] = offset
-    return OffsetSpec(default, given)
+    what = "an offset (>= 0, -2 earliest, -1 latest)"
+    return OffsetSpec(default, _per_partition(text, name, subscription, EARLIEST, what))
+
+
+def _time_spec(options: Mapping[str, str], end: str, subscription: Subscription) -> TimeSpec:
+    """The time option of one end ("starting" or "ending"), checking that at most one of its
+    offsets option and its two time options is given."""
+    names = (f"{end}Offsets", f"{end}Timestamp", f"{end}OffsetsByTimestamp")
+    given = [name for name in names if name.lower() in options]
+    if len(given) > 1:
+        raise OptionError(f"give at most one of {', '.join(names)}, not {' and '.join(given)}")
+    text = options.get(names[1].lower())
+    if text is not None:
+        try:
+            moment = int(text)
+        except ValueError:
+            raise OptionError(f"{names[1]} {text!r}: ms since the epoch") from None
+        if moment < 0:
+            raise OptionError(f"{names[1]} {text!r} is negative")
+        return TimeSpec(moment)
+    text = options.get(names[2].lower())
+    if text is not None:
+        what = "a time (ms since the epoch, >= 0)"
+        return TimeSpec(given=_per_partition(text, names[2], subscription, 0, what))
+    return TimeSpec()
 
 
 @dataclass(frozen=True, slots=True)
 class SourceOptions:
-    """The source's options, checked. `bootstrap` is a broker endpoint (see cluster.py)."""
+    """The source's options, checked. `bootstrap` is one or more broker endpoints, comma
+    separated (see cluster.py). A time, where one is given, decides over the offsets option
+    (`starting_time` over `starting`, `ending_time` over `ending`); `time_no_match_error`
+    is startingOffsetsByTimestampStrategy error: a starting time after every message of a
+    partition fails the query instead of starting at its latest offset."""
 
     bootstrap: str
     subscription: Subscription
     starting: OffsetSpec
     ending: OffsetSpec
-    starting_timestamp_ms: int | None
+    starting_time: TimeSpec
+    ending_time: TimeSpec
+    time_no_match_error: bool
     fail_on_data_loss: bool
     max_bytes_per_trigger: int | None
+    max_offsets_per_trigger: int | None
     max_bytes_per_partition: int
+    min_partitions: int | None
 
 
 def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
@@ -192,36 +274,40 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         options, "startingOffsets", LATEST if streaming else EARLIEST, subscription
     )
     ending = _offset_spec(options, "endingOffsets", LATEST, subscription)
-    timestamp = options.get("startingtimestamp")
-    starting_timestamp_ms = None
-    if timestamp is not None:
-        if "startingoffsets" in options:
-            raise OptionError("give startingOffsets or startingTimestamp, not both")
-        try:
-            starting_timestamp_ms = int(timestamp)
-        except ValueError:
-            raise OptionError(f"startingTimestamp {timestamp!r}: ms since the epoch") from None
-        if starting_timestamp_ms < 0:
-            raise OptionError(f"startingTimestamp {timestamp!r} is negative")
-    if streaming and "endingoffsets" in options:
-        raise OptionError("endingOffsets is for batch reads; a stream has no end")
-    if not streaming:
+    starting_time = _time_spec(options, "starting", subscription)
+    ending_time = _time_spec(options, "ending", subscription)
+    strategy = options.get("startingoffsetsbytimestampstrategy", "latest").strip().lower()
+    if strategy not in ("latest", "error"):
+        raise OptionError(f"startingOffsetsByTimestampStrategy {strategy!r}: use latest or error")
+    if streaming:
+        for name in ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp"):
+            if name.lower() in options:
+                raise OptionError(f"{name} is for batch reads; a stream has no end")
+    else:
         if LATEST in (starting.default, *starting.given.values()):
             raise OptionError("startingOffsets latest (-1) reads nothing in a batch query")
         if EARLIEST in (ending.default, *ending.given.values()):
             raise OptionError("endingOffsets earliest (-2) reads nothing in a batch query")
-        if "maxbytespertrigger" in options:
-            raise OptionError("maxBytesPerTrigger is for streaming reads")
+        for name in ("maxBytesPerTrigger", "maxOffsetsPerTrigger"):
+            if name.lower() in options:
+                raise OptionError(f"{name} is for streaming reads")
+    no_headers(options)
     fail_on_data_loss = boolean(options, "failOnDataLoss", True)
     max_bytes_per_trigger = positive_int(options, "maxBytesPerTrigger")
+    max_offsets_per_trigger = positive_int(options, "maxOffsetsPerTrigger")
     max_bytes_per_partition = positive_int(options, "maxBytesPerPartition")
+    min_partitions = positive_int(options, "minPartitions")
     return SourceOptions(
         bootstrap=bootstrap_endpoint(options),
         subscription=subscription,
         starting=starting,
         ending=ending,
-        starting_timestamp_ms=starting_timestamp_ms,
+        starting_time=starting_time,
+        ending_time=ending_time,
+        time_no_match_error=strategy == "error",
         fail_on_data_loss=fail_on_data_loss,
         max_bytes_per_trigger=max_bytes_per_trigger,
+        max_offsets_per_trigger=max_offsets_per_trigger,
         max_bytes_per_partition=max_bytes_per_partition or DEFAULT_MAX_BYTES_PER_PARTITION,
+        min_partitions=min_partitions,
     )

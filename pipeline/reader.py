@@ -2,14 +2,17 @@
 
 A Spark input partition is an `OffsetRange`: the messages of one topic partition whose
 offsets lie in [start, end), `start` a message boundary. The driver plans ranges (one per
-topic partition, cut at message boundaries into pieces of at most maxBytesPerPartition bytes);
-a task fetches its range from the broker holding the partition and hands Spark Arrow record
-batches, one per FETCH reply.
+topic partition, cut at message boundaries into pieces of at most maxBytesPerPartition bytes,
+and smaller when minPartitions asks for more ranges than there are partitions); a task fetches
+its range from the broker holding the partition and hands Spark Arrow record batches, one per
+FETCH reply.
 
 Streaming offsets are {"topic": {"partition": offset}} in Spark's checkpoint and nowhere else:
 the reader commits nothing to the brokers or to ZooKeeper. Each micro-batch reads [offset in
 the previous batch's end, offset in this one's); a partition that is in the end offsets but not
-in the start ones (added to the topic since) is read from its log start.
+in the start ones (added to the topic since, or a topic subscribePattern matches since) is
+read from its log start. A micro-batch keeps within maxBytesPerTrigger (bytes, cut at message
+boundaries) and maxOffsetsPerTrigger (messages, counted by the driver reading them).
 
 Lost data: a task that finds its range (partly) deleted by retention, or beyond a partition
 that has been re-created shorter, raises DataLoss naming the topic, partition and the missing
@@ -24,6 +27,7 @@ connection is opened and closed within one call.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +40,7 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxBytes,
+    ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
@@ -48,6 +53,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from broker.client import lag
 from broker.client.connection import Connection
 from broker.client.consumer import corrupt_segment_reply, decode_fetched, grown_fetch_bytes
 from broker.errors import BrokerError, CorruptSegment
@@ -69,11 +75,15 @@ SCHEMA: Final = StructType(
         StructField("partition", IntegerType(), True),
         StructField("offset", LongType(), True),
         StructField("timestamp", TimestampType(), True),
+        StructField("timestampType", IntegerType(), True),
     ]
 )
-"""The rows of the source, as in Spark's Kafka source (without headers and timestampType)."""
+"""The rows of the source, as in Spark's Kafka source (without headers: pylog messages have
+none). timestampType is always 0, Kafka's CreateTime: the timestamp is the producer's."""
 
 ARROW_SCHEMA: Final = to_arrow_schema(SCHEMA, timezone="UTC")
+CREATE_TIME: Final = 0
+"""timestampType of every row: Kafka's CreateTime (the producer's timestamp)."""
 FETCH_BYTES: Final = 4 << 20
 MAX_FETCH_BYTES: Final = 64 << 20
 
@@ -112,6 +122,29 @@ def decode_offsets(encoded: Mapping[str, Any]) -> Offsets:
                 raise PipelineError(f"not pylog offsets: {dict(encoded)!r}")
             offsets[TopicPartition(topic, int(number))] = offset
     return offsets
+
+
+def offsets_behind_latest(end_offset: str | None, latest_offset: str | None) -> dict[str, float]:
+    """Spark's Kafka-source metrics minOffsetsBehindLatest, maxOffsetsBehindLatest and
+    avgOffsetsBehindLatest, in bytes, from a micro-batch's progress (`endOffset` and
+    `latestOffset` of its entry in StreamingQueryProgress.sources): for each partition, its
+    latest offset when the batch was planned less where the batch ended. Spark does not let a
+    Python source report them itself (docs/pipeline.md, "Metrics"). Empty without offsets."""
+    if not end_offset or not latest_offset:
+        return {}
+    ends = decode_offsets(json.loads(end_offset))
+    behind = [
+        latest - ends[tp]
+        for tp, latest in decode_offsets(json.loads(latest_offset)).items()
+        if tp in ends
+    ]
+    if not behind:
+        return {}
+    return {
+        "minOffsetsBehindLatest": float(min(behind)),
+        "maxOffsetsBehindLatest": float(max(behind)),
+        "avgOffsetsBehindLatest": sum(behind) / len(behind),
+    }
 
 
 # -- tasks ---------------------------------------------------------------------------------
@@ -220,6 +253,7 @@ def _record_batch(messages: list[Message], end: int, tp: TopicPartition) -> pa.R
             pa.array([tp.partition] * count, pa.int32()),
             pa.array(offsets, pa.int64()),
             pa.array(micros, ARROW_SCHEMA.field("timestamp").type),
+            pa.array([CREATE_TIME] * count, pa.int32()),
         ],
         schema=ARROW_SCHEMA,
     )
@@ -229,24 +263,63 @@ def _record_batch(messages: list[Message], end: int, tp: TopicPartition) -> pa.R
 
 
 def split_range(
-    cluster: Cluster, tp: TopicPartition, endpoint: str, start: int, end: int, size: int
+    cluster: Cluster,
+    tp: TopicPartition,
+    endpoint: str,
+    start: int,
+    end: int,
+    size: int,
+    parts: int = 1,
 ) -> list[OffsetRange]:
-    """[start, end) cut at message boundaries into ranges of at most `size` bytes (a single
-    message larger than that makes a range of its own)."""
+    """[start, end) cut at message boundaries into `parts` ranges of about equal bytes, and
+    those into ranges of at most `size` bytes (a single message larger than a piece makes a
+    range of its own). Each cut is at the start of the message holding the point aimed at."""
+    length = end - start
     ranges = []
-    low = start
-    while end - low > size:
+    low = aimed = start
+    while True:
+        # the next of the points start + length * i // parts (0 < i < parts) past `aimed`
+        i = -(-(aimed - start + 1) * parts // length) if length > 0 else parts
+        target = start + length * i // parts if i < parts else None
+        if end - low > size and (target is None or target - low > size):
+            target = low + size
+        if target is None:
+            break
         try:
-            bound, following = cluster.message_bounds(tp, endpoint, low + size)
+            bound, following = cluster.message_bounds(tp, endpoint, target)
         except BrokerError as error:
             if error.code != ErrorCode.OFFSET_OUT_OF_RANGE:
                 raise
             break  # retention moved the log start past `low`: the task reports the loss
         bound = bound if bound > low else following
+        if bound >= end:
+            break
         ranges.append(OffsetRange(tp.topic, tp.partition, endpoint, low, bound))
-        low = bound
+        low, aimed = bound, max(target, bound)
     if end > low:
         ranges.append(OffsetRange(tp.topic, tp.partition, endpoint, low, end))
+    return ranges
+
+
+def plan(
+    cluster: Cluster, spans: Sequence[tuple[TopicPartition, str, int, int]], options: SourceOptions
+) -> list[OffsetRange]:
+    """The input partitions that read [start, end) of each (partition, endpoint, start, end):
+    ranges of at most maxBytesPerPartition bytes, cut at message boundaries. When minPartitions
+    is more than the partitions with something to read, each partition's range is also cut
+    into about equal parts, as many as its share of all the bytes to read gives it of
+    minPartitions (at least one), as Spark's Kafka source shares minPartitions by offsets."""
+    wanted = options.min_partitions
+    total = sum(max(0, end - start) for _, _, start, end in spans)
+    readable = sum(1 for _, _, start, end in spans if end > start)
+    if wanted is None or total == 0 or wanted <= readable:
+        wanted = 0  # no split asked for, or no more ranges than partitions
+    ranges: list[OffsetRange] = []
+    for tp, endpoint, start, end in spans:
+        parts = max(1, round((end - start) * wanted / total)) if wanted else 1
+        ranges += split_range(
+            cluster, tp, endpoint, start, end, options.max_bytes_per_partition, parts
+        )
     return ranges
 
 
@@ -283,8 +356,15 @@ def starting_offsets(
     found = {}
     for tp, endpoint in partitions.items():
         bounds = cluster.offsets(tp, endpoint)
-        if options.starting_timestamp_ms is not None:
-            start = cluster.offset_for_time(tp, endpoint, options.starting_timestamp_ms)
+        moment = options.starting_time.get(tp)
+        if moment is not None:
+            start = cluster.offset_for_time(tp, endpoint, moment)
+            if start == bounds[1] and options.time_no_match_error:
+                raise OptionError(
+                    f"{tp} has no message with a timestamp at or after {moment} (the starting "
+                    "time); startingOffsetsByTimestampStrategy latest starts it at its latest "
+                    "offset instead"
+                )
         else:
             start = _resolve(
                 cluster,
@@ -308,28 +388,30 @@ class PylogBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
-        ranges: list[OffsetRange] = []
+        spans: list[tuple[TopicPartition, str, int, int]] = []
         with Cluster(options.bootstrap) as cluster:
             partitions = options.subscription.partitions(cluster)
             for tp, (start, log_start, high) in starting_offsets(
                 options, cluster, partitions
             ).items():
                 endpoint = partitions[tp]
-                end = _resolve(
-                    cluster,
-                    tp,
-                    endpoint,
-                    options.ending.get(tp),
-                    (log_start, high),
-                    "endingOffsets",
-                    options.fail_on_data_loss,
-                )
+                moment = options.ending_time.get(tp)
+                if moment is not None:
+                    end = cluster.offset_for_time(tp, endpoint, moment)
+                else:
+                    end = _resolve(
+                        cluster,
+                        tp,
+                        endpoint,
+                        options.ending.get(tp),
+                        (log_start, high),
+                        "endingOffsets",
+                        options.fail_on_data_loss,
+                    )
                 if end < start:
-                    raise OptionError(f"{tp}: endingOffsets {end} is before the start {start}")
-                ranges += split_range(
-                    cluster, tp, endpoint, start, end, options.max_bytes_per_partition
-                )
-        return ranges
+                    raise OptionError(f"{tp}: the end {end} is before the start {start}")
+                spans.append((tp, endpoint, start, end))
+            return plan(cluster, spans, options)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, OffsetRange):  # Spark's InputPartition(None) for no ranges
@@ -354,9 +436,14 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return encode_offsets({tp: start for tp, (start, _, _) in found.items()})
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        if self.options.max_bytes_per_trigger is None:
-            return ReadAllAvailable()
-        return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        """maxOffsetsPerTrigger as Spark's ReadMaxRows, else maxBytesPerTrigger as ReadMaxBytes
+        (Spark takes one limit; `latestOffset` applies both options whenever Spark asks for
+        a limited batch)."""
+        if self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        if self.options.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         with Cluster(self.options.bootstrap) as cluster:
@@ -387,17 +474,39 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 }
             if isinstance(limit, ReadAllAvailable):
                 ends.update({tp: high for tp, (_, _, high) in current.items()})
-            elif isinstance(limit, ReadMaxBytes):
-                ends.update(_within_budget(cluster, begin, current, limit.max_bytes))
+            elif isinstance(limit, (ReadMaxBytes, ReadMaxRows)):
+                ends.update(self._limited(cluster, begin, current))
             else:
                 raise PipelineError(
-                    f"read limit {limit!r} is not supported: use maxBytesPerTrigger"
+                    f"read limit {limit!r} is not supported: use maxBytesPerTrigger or "
+                    "maxOffsetsPerTrigger"
                 )
         return encode_offsets(ends)
 
+    def _limited(
+        self,
+        cluster: Cluster,
+        begin: Offsets,
+        current: Mapping[TopicPartition, tuple[str, int, int]],
+    ) -> Offsets:
+        """The ends of a batch within maxBytesPerTrigger and maxOffsetsPerTrigger."""
+        max_bytes, max_messages = (
+            self.options.max_bytes_per_trigger,
+            self.options.max_offsets_per_trigger,
+        )
+        if max_bytes is not None:
+            ends = _within_budget(cluster, begin, current, max_bytes)
+            current = {
+                tp: (endpoint, log_start, ends[tp])
+                for tp, (endpoint, log_start, _) in current.items()
+            }
+        if max_messages is not None:
+            return _within_count(cluster, begin, current, max_messages)
+        return {tp: high for tp, (_, _, high) in current.items()}
+
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, ends = decode_offsets(start), decode_offsets(end)
-        ranges: list[OffsetRange] = []
+        spans: list[tuple[TopicPartition, str, int, int]] = []
         with Cluster(self.options.bootstrap) as cluster:
             holders = self.options.subscription.partitions(cluster)
             for tp, stop in ends.items():
@@ -420,14 +529,74 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         self.options.fail_on_data_loss,
                     )
                     continue
-                ranges += split_range(
-                    cluster, tp, endpoint, first, stop, self.options.max_bytes_per_partition
-                )
-        return ranges
+                spans.append((tp, endpoint, first, stop))
+            return plan(cluster, spans, self.options)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
         return read_range(partition, self.options.fail_on_data_loss)
+
+
+def _within_count(
+    cluster: Cluster,
+    begin: Offsets,
+    current: Mapping[TopicPartition, tuple[str, int, int]],
+    max_messages: int,
+) -> Offsets:
+    """End offsets that read at most `max_messages` messages in all (at least one when there
+    is any), shared among the partitions in proportion to the bytes each has to read (offsets
+    are bytes: the number of messages is not known without reading them), the remainder of
+    the division going one message each to the largest fractions; each share is counted
+    exactly, by fetching the partition's next messages (so the driver reads what the batch
+    will read, once more). A partition with fewer messages than its share ends at its high
+    watermark: its unused share is not passed on."""
+    first = {
+        tp: max(begin.get(tp, log_start), log_start) for tp, (_, log_start, _) in current.items()
+    }
+    available = {tp: max(0, high - first[tp]) for tp, (_, _, high) in current.items()}
+    total = sum(available.values())
+    ends: Offsets = {}
+    if not total:
+        return {tp: high for tp, (_, _, high) in current.items()}
+    shares = {tp: available[tp] * max_messages // total for tp in available}
+    by_fraction = sorted(
+        (tp for tp in available if available[tp]),
+        key=lambda tp: (available[tp] * max_messages % total, available[tp]),
+        reverse=True,
+    )
+    for tp in by_fraction[: max(0, max_messages - sum(shares.values()))]:
+        shares[tp] += 1
+    for tp, (endpoint, _, high) in current.items():
+        start = begin.get(tp, first[tp])
+        if high < start:  # the partition went back (re-created): let the batch report it
+            ends[tp] = high
+        elif shares[tp]:
+            ends[tp] = _after_messages(cluster, tp, endpoint, first[tp], high, shares[tp])
+        else:
+            ends[tp] = start
+    return ends
+
+
+def _after_messages(
+    cluster: Cluster, tp: TopicPartition, endpoint: str, start: int, end: int, count: int
+) -> int:
+    """The offset after the first `count` readable messages of [start, end) (damaged ranges
+    count as no message), or `end` when there are fewer; `start` when retention has just
+    deleted it (the next batch plans again from the new log start)."""
+    connection = cluster.connect(endpoint)
+    try:
+        for number, message in enumerate(
+            lag.messages(connection, tp.topic, tp.partition, start, end, RETRIES), 1
+        ):
+            if number == count:
+                return message.next_offset
+    except BrokerError as error:
+        if error.code == ErrorCode.INVALID_OFFSET:
+            raise _not_a_boundary(tp, start, error) from None
+        if error.code != ErrorCode.OFFSET_OUT_OF_RANGE:
+            raise
+        return start
+    return end
 
 
 def _within_budget(

@@ -6,11 +6,13 @@ it a keyed row goes to xxh32(key) % partitions and a keyless one round robin, as
 producer places them) and `timestamp` (the message's timestamp; the time of sending without
 it). Any other column is an error: select the ones to write.
 
-Delivery is at least once: each task sends its rows with ack FLUSHED and returns only when
-every batch is acknowledged as flushed (durable and readable); a batch is retried on a
-retriable error or a lost reply, so a retried task or batch may write a message twice. A task
-that fails raises PipelineError naming the topic, chained to the broker's error, and Spark
-fails the write with both in its message.
+Delivery is at least once: each task sends its rows with ack FLUSHED (the `ack` option) and
+returns only when every batch is acknowledged as flushed (durable and readable); a batch is
+retried on a retriable error or a lost reply, so a retried task or batch may write a message
+twice. With ack `written` a task returns once every batch is appended (not yet durable); with
+`none` once every batch is sent, and the broker's errors are not seen at all. A task that fails
+raises PipelineError naming the topic, chained to the broker's error, and Spark fails the write
+with both in its message.
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ from broker.client.consumer import timestamp_ms
 from broker.errors import BrokerError, Unavailable
 from pipeline.cluster import CLIENT_ID, bootstrap_endpoint
 from pipeline.errors import OptionError, PipelineError
-from pipeline.options import CLUSTER_OPTIONS, check_known
+from pipeline.options import CLUSTER_OPTIONS, check_known, no_headers
 
 log = logging.getLogger(__name__)
 
-SINK_OPTIONS: Final = CLUSTER_OPTIONS | {"topic"}
+SINK_OPTIONS: Final = CLUSTER_OPTIONS | {"topic", "ack", "includeheaders"}
+ACKS: Final = {ack.name.lower(): ack for ack in Ack}
+"""The `ack` option's values: none, written, flushed (as pylogctl produce --ack)."""
 SPARK_OPTIONS: Final = frozenset({"checkpointlocation", "path"})
 """Options Spark itself may pass along to a sink; they mean nothing to pylog."""
 _COLUMN_TYPES: Final = {
@@ -59,6 +63,7 @@ _COLUMN_TYPES: Final = {
 class SinkOptions:
     bootstrap: str
     topic: str | None
+    ack: Ack = Ack.FLUSHED
 
 
 def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOptions:
@@ -66,8 +71,14 @@ def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOp
     options = {key.lower(): value for key, value in options.items()}
     check_known(options, SINK_OPTIONS | SPARK_OPTIONS, "sink")
     columns = {f.name.lower(): f.dataType for f in schema.fields}
+    no_headers(options)
     for name, data_type in columns.items():
         allowed = _COLUMN_TYPES.get(name)
+        if name == "headers":
+            raise OptionError(
+                "the sink has no headers column: pylog messages have no headers (a message is "
+                "a key, a value and a timestamp); drop the column"
+            )
         if allowed is None:
             raise OptionError(
                 f"the sink takes the columns value, key, topic, partition and timestamp, not "
@@ -83,12 +94,15 @@ def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOp
     topic = options.get("topic")
     if topic is None and "topic" not in columns:
         raise OptionError("say where to write: a topic option or a topic column")
-    return SinkOptions(bootstrap_endpoint(options), topic)
+    ack = options.get("ack", "flushed").strip().lower()
+    if ack not in ACKS:
+        raise OptionError(f"ack {ack!r}: use {', '.join(ACKS)}")
+    return SinkOptions(bootstrap_endpoint(options), topic, ACKS[ack])
 
 
 @dataclass
 class SinkCommit(WriterCommitMessage):
-    """What one task wrote: topic -> messages acknowledged as flushed."""
+    """What one task wrote: topic -> messages sent and acknowledged as the ack option asks."""
 
     messages: dict[str, int] = field(default_factory=dict)
 
@@ -108,7 +122,8 @@ def _ms(moment: datetime.datetime | None) -> int | None:
 
 
 def write_rows(options: SinkOptions, rows: Iterator[Row]) -> SinkCommit:
-    """Send `rows` and wait until every message is acknowledged as flushed (a task's body).
+    """Send `rows` and wait until every message is acknowledged as the `ack` option asks (a
+    task's body).
     A producer per topic places each message and sends it to the broker holding its
     partition."""
     producers: dict[str, Producer] = {}
@@ -130,7 +145,7 @@ def write_rows(options: SinkOptions, rows: Iterator[Row]) -> SinkCommit:
                         Producer(
                             options.bootstrap,
                             topic,
-                            ack=Ack.FLUSHED,
+                            ack=options.ack,
                             batch_messages=1000,
                             batch_bytes=1 << 20,
                             client_id=CLIENT_ID,
@@ -167,7 +182,7 @@ class PylogWriter(DataSourceWriter):
         return write_rows(self.options, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        log.info("pylog sink: %d messages written and flushed", _committed(messages))
+        log.info("pylog sink: %d messages written", _committed(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         log.warning(

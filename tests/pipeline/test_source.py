@@ -113,7 +113,7 @@ def test_an_offset_inside_a_message_is_a_clear_error(
     [
         ({"subscribe": "{topic}", "bogus": "1"}, "unknown source option"),
         ({"subscribe": "{topic}", "assign": '{"{topic}": [0]}'}, "exactly one of the options"),
-        ({}, "exactly one of the options subscribe and assign"),
+        ({}, "exactly one of the options subscribe, subscribePattern and assign"),
         ({"subscribe": "no-such-topic-here"}, "topic 'no-such-topic-here' does not exist"),
         ({"subscribe": "{topic}", "startingOffsets": "{not json"}, "is not valid JSON"),
         ({"subscribe": "{topic}", "startingOffsets": '{"other": {"0": 0}}'}, "does not read"),
