@@ -160,12 +160,12 @@ def test_a_load_of_an_unknown_topic_or_from_a_down_broker_is_one_line_before_spa
     assert unknown.returncode == 1
     assert (unknown.stdout + unknown.stderr).strip() == f"Error: topic {topic!r} does not exist"
 
-    with socket.socket() as unused:
+    with socket.socket() as unused:  # bound, never listening: no broker can take the port
         unused.bind(("127.0.0.1", 0))
         down = f"tcp://127.0.0.1:{unused.getsockname()[1]}"
-    refused = subprocess.run(
-        _load_command(down, topic, tmp_path), env=_job_env(), capture_output=True, text=True
-    )
+        refused = subprocess.run(
+            _load_command(down, topic, tmp_path), env=_job_env(), capture_output=True, text=True
+        )
     assert refused.returncode == 1
     output = (refused.stdout + refused.stderr).strip()
     assert output.startswith(f"Error: no reply from {down}"), output
