@@ -5,7 +5,10 @@
                        (cluster.py)
     Admin              create, delete, list and describe topics (admin.py)
     Producer           batches messages per partition, keyed or spread, each to the broker
-                       holding its partition (producer.py)
+                       holding its partition (producer.py); send() returns a Delivery
+    Delivery           a sent message's handle, shaped like a concurrent.futures.Future:
+                       result(timeout) is its offset or raises the error that failed its
+                       batch (DeliveryUnknown with ack NONE, which the broker never answers)
     PartitionConsumer  reads one partition from an offset, a time, earliest or latest
     TopicConsumer      reads every partition of a topic (or some), from the last N messages
                        too, until their end or a time, or on through broker restarts
@@ -29,7 +32,7 @@ from broker.client.cluster import Cluster
 from broker.client.connection import Connection
 from broker.client.consumer import PartitionConsumer
 from broker.client.group import GroupConsumer, Record
-from broker.client.producer import ProduceAck, Producer
+from broker.client.producer import Delivery, DeliveryUnknown, ProduceAck, Producer
 from broker.client.topic_consumer import Last, TopicConsumer
 from broker.protocol import Ack
 
@@ -38,6 +41,8 @@ __all__ = [
     "Admin",
     "Cluster",
     "Connection",
+    "Delivery",
+    "DeliveryUnknown",
     "GroupConsumer",
     "Last",
     "PartitionConsumer",

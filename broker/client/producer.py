@@ -35,12 +35,30 @@ Values and keys are bytes (bytearray and memoryview too): anything else, a str a
 TypeError from `send` naming the argument, unless the producer was given a `serializer` (for
 values) or `key_serializer` (for keys, not called for None), a callable returning bytes.
 
+Delivery: `send` returns a Delivery, a handle on the message's fate shaped like a
+concurrent.futures.Future of its offset: `done()`, `result(timeout=None)`,
+`exception(timeout=None)`, `add_done_callback(fn)`. It costs one small object a message: it
+points at its batch and at where the message starts in it, and the batch's outcome (its base
+offset, or the error that failed it) is set once, when its acknowledgement or final error
+arrives; no Future, lock or thread. Not done yet, `result` and `exception` send the handle's
+batch (and any whose linger has passed) and take replies until it is done, up to `timeout`
+seconds (None: until done), then raise TimeoutError; the producer has no thread of its own, so
+this is the caller's thread running it. A batch that fails (its retry budget spent, or an error
+that is not retriable, such as UnknownTopicOrPartition for a deleted topic or MessageTooLarge)
+sets that error on exactly its messages' handles, and is raised from the `send` or `flush` that
+met it, as before; an error met while a handle's `result` or `exception` drove the producer is
+left to the handles of the batch it failed. With ack NONE the broker never says where a message
+landed: the handle is done once its batch is handed to the socket, `result()` raises
+DeliveryUnknown and `exception()` is None (or the error that kept the batch from being sent).
+
 Not safe to share between threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import math
 import random
 import time
@@ -60,7 +78,7 @@ from broker.client.connection import (
     require_bytes,
 )
 from broker.clock import SYSTEM_CLOCK, Clock
-from broker.errors import BrokerError, Unavailable
+from broker.errors import BrokerError, PylogError, Unavailable
 from broker.log.message import Buffer, encode_message
 from broker.protocol import (
     Ack,
@@ -83,6 +101,13 @@ Serializer = Callable[[Any], Buffer]
 """Turns what is given to Producer.send as a value (or key) into its bytes."""
 _NO_SERIALIZER_FIX = "encode it (.encode()), or give the Producer a serializer"
 
+log = logging.getLogger(__name__)
+
+
+class DeliveryUnknown(PylogError):
+    """Delivery.result() of a message sent with ack NONE: the broker never answers such a
+    request, so where (or whether) the message landed cannot be known."""
+
 
 @dataclass(frozen=True, slots=True)
 class ProduceAck:
@@ -94,11 +119,95 @@ class ProduceAck:
     count: int
 
 
+@dataclass(slots=True, eq=False)
+class _Batch:
+    """A batch of one partition: encoded messages waiting to be sent while it is open, then its
+    outcome, set once (`settle`): the offset of its first message (None with ack NONE), or the
+    error that failed it."""
+
+    partition: int
+    started: float
+    messages: list[bytes] = field(default_factory=list)
+    size: int = 0
+    done: bool = False
+    base_offset: int | None = None
+    error: PylogError | None = None
+    callbacks: list[Callable[[], object]] | None = None
+
+    def settle(self, base_offset: int | None, error: PylogError | None = None) -> None:
+        """Set the outcome and run the callbacks added meanwhile (one raising is logged, as a
+        concurrent.futures.Future does)."""
+        self.done, self.base_offset, self.error = True, base_offset, error
+        callbacks, self.callbacks = self.callbacks, None
+        for callback in callbacks or ():
+            try:
+                callback()
+            except Exception:
+                log.exception("a Delivery's done callback raised")
+
+
+class Delivery:
+    """The fate of one message given to Producer.send (see the module's text): `result()` is its
+    offset, or raises the error that failed its batch."""
+
+    __slots__ = ("_batch", "_position", "_producer")
+
+    def __init__(self, producer: Producer, batch: _Batch, position: int) -> None:
+        self._producer = producer
+        self._batch = batch
+        self._position = position
+        """Where the message starts in its batch's message set: its offset's delta."""
+
+    @property
+    def partition(self) -> int:
+        """The partition the message was sent to."""
+        return self._batch.partition
+
+    def done(self) -> bool:
+        """Whether the outcome is known (for ack NONE: the message was handed to the socket)."""
+        return self._batch.done
+
+    def result(self, timeout: float | None = None) -> int:
+        """The message's offset; raises the error that failed its batch, TimeoutError when
+        not done within `timeout` seconds, DeliveryUnknown with ack NONE."""
+        batch = self._settled(timeout)
+        if batch.error is not None:
+            raise batch.error
+        if batch.base_offset is None:
+            raise DeliveryUnknown(
+                "sent with ack NONE: the broker does not say where the message landed "
+                "(use ack WRITTEN or FLUSHED to know)"
+            )
+        return batch.base_offset + self._position
+
+    def exception(self, timeout: float | None = None) -> PylogError | None:
+        """The error that failed the message's batch, or None; TimeoutError as `result`."""
+        return self._settled(timeout).error
+
+    def add_done_callback(self, fn: Callable[[Delivery], object]) -> None:
+        """Call `fn(self)` once done: now if done already, else in the thread that drives the
+        producer when the outcome arrives (a send, flush or another handle's result)."""
+        if self._batch.done:
+            fn(self)
+        else:
+            if self._batch.callbacks is None:
+                self._batch.callbacks = []
+            self._batch.callbacks.append(lambda: fn(self))
+
+    def _settled(self, timeout: float | None) -> _Batch:
+        if not self._batch.done:
+            self._producer._settle(self._batch, timeout)
+            if not self._batch.done:
+                raise TimeoutError(f"the message's batch was not acknowledged in {timeout} s")
+        return self._batch
+
+
 @dataclass(slots=True)
 class _InFlight:
     """A batch sent and not yet acknowledged."""
 
     request: ProduceRequest
+    batch: _Batch
     sequence: int
     """The order in which batches were first sent: acks are returned in it."""
     deadline: float
@@ -107,15 +216,6 @@ class _InFlight:
     looked_again: bool = False
     connection: Connection | None = None
     """Where it was sent last: the broker that held its partition then."""
-
-
-@dataclass(slots=True)
-class _Batch:
-    """The open batch of one partition: encoded messages waiting to be sent."""
-
-    messages: list[bytes] = field(default_factory=list)
-    size: int = 0
-    started: float = 0.0
 
 
 class Producer:
@@ -223,11 +323,11 @@ class Producer:
         key: Any = None,
         timestamp_ms: int | None = None,
         partition: int | None = None,
-    ) -> None:
-        """Add a message to its partition's batch; send the batch if it is full, and any batch
-        whose linger has passed. Raises what sending raises (BrokerError, Unavailable), and
-        TypeError, nothing sent, for a value or key that is not bytes (nor made bytes by the
-        producer's serializer or key_serializer)."""
+    ) -> Delivery:
+        """Add a message to its partition's batch and return its Delivery; send the batch if it
+        is full, and any batch whose linger has passed. Raises what sending raises (BrokerError,
+        Unavailable), and TypeError, nothing sent, for a value or key that is not bytes (nor
+        made bytes by the producer's serializer or key_serializer)."""
         if self.serializer is None:
             value = require_bytes("Producer.send: value", value, _NO_SERIALIZER_FIX)
         else:
@@ -249,14 +349,32 @@ class Producer:
         message = encode_message(value, key, timestamp_ms)
         batch = self._batches.get(partition)
         if batch is None:
-            batch = self._batches[partition] = _Batch(started=self.clock.monotonic())
+            batch = self._batches[partition] = _Batch(partition, self.clock.monotonic())
             self._linger_deadline = min(self._linger_deadline, batch.started + self.linger_s)
+        delivery = Delivery(self, batch, batch.size)
         batch.messages.append(message)
         batch.size += len(message)
         if len(batch.messages) >= self.batch_messages or batch.size >= self.batch_bytes:
             self._send_batch(partition)
         if self._batches and self.clock.monotonic() >= self._linger_deadline:
             self._send_lingering()
+        return delivery
+
+    def _settle(self, batch: _Batch, timeout: float | None) -> None:
+        """Send `batch` if still open, and any whose linger has passed, then take replies until
+        it is done, nothing is in flight or `timeout` seconds have passed. An error met on the
+        way is left to the handles of the batches it failed."""
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        with contextlib.suppress(PylogError):
+            if self._batches.get(batch.partition) is batch:
+                self._send_batch(batch.partition)
+            if self._batches and self.clock.monotonic() >= self._linger_deadline:
+                self._send_lingering()
+            while not batch.done and self._in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._receive_ack(left)
 
     def _send_lingering(self) -> None:
         """Send every batch whose linger has passed; note when the next one's will."""
@@ -271,22 +389,35 @@ class Producer:
     def _send_batch(self, partition: int) -> None:
         batch = self._batches.pop(partition)
         request = ProduceRequest(self.topic, partition, self.ack, b"".join(batch.messages))
+        self._sent += len(batch.messages)
+        batch.messages = []  # the request holds them now; handles keep only the outcome
         if self.ack is Ack.NONE:
-            self._holder(partition).send_nowait(request)
+            try:
+                self._holder(partition).send_nowait(request)
+            except PylogError as error:
+                batch.settle(None, error)
+                raise
+            batch.settle(None)
         else:
             deadline = time.monotonic() + self.delivery_timeout_s
-            self._dispatch(_InFlight(request, next(self._batches_sent), deadline))
+            self._dispatch(_InFlight(request, batch, next(self._batches_sent), deadline))
             while len(self._in_flight) >= self.max_in_flight:
                 self._receive_ack()
-        self._sent += len(batch.messages)
 
     def _holder(self, partition: int) -> Connection:
         return self.cluster.connection(self._partition_layout()[partition].broker_id)
 
-    def _dispatch(self, entry: _InFlight, error: Exception | None = None) -> None:
+    def _dispatch(self, entry: _InFlight, error: PylogError | None = None) -> None:
         """Send `entry` to the broker holding its partition. After `error`, or while that
         broker cannot be found (down), back off (0.1 s doubling to 2 s) and look again, while
-        the batch's retry budget lasts; then raise the last error."""
+        the batch's retry budget lasts; then fail the batch with the last error and raise it."""
+        try:
+            self._dispatch_until_sent(entry, error)
+        except PylogError as failure:
+            entry.batch.settle(None, failure)
+            raise
+
+    def _dispatch_until_sent(self, entry: _InFlight, error: PylogError | None) -> None:
         while True:
             if error is not None:
                 backoff_s = min(RETRY_BACKOFF_S * 2**entry.attempts, MAX_RETRY_BACKOFF_S)
@@ -307,20 +438,24 @@ class Producer:
             self._in_flight[connection, connection.send_pipelined(entry.request)] = entry
             return
 
-    def _receive_ack(self) -> None:
+    def _receive_ack(self, wait_s: float | None = None) -> None:
         """Wait for the next reply to a batch in flight. What a retriable error or a timeout
-        lost is sent again, with a doubling back-off, while its retry budget lasts."""
+        lost is sent again, with a doubling back-off, while its retry budget lasts; a batch
+        whose budget ran out is failed, and the first such error raised once every other lost
+        batch is sent again. A `wait_s` shorter than the timeout that ends with no reply only
+        returns (a Delivery's result(timeout) ran out, not the batch's reply)."""
         connections = {connection for connection, _ in self._in_flight}
+        timeout_s = (
+            self.cluster.timeout_s if wait_s is None else min(wait_s, self.cluster.timeout_s)
+        )
         try:
             connection, correlation_id, frames = self.cluster.receive_pipelined(
-                connections, self.cluster.timeout_s
+                connections, timeout_s
             )
         except Unavailable as error:  # no reply in time: every batch in flight may be lost
-            lost = list(self._in_flight.values())
-            self._in_flight.clear()
-            self._layout = None  # a broker may be down: ask where partitions are again
-            for entry in lost:
-                self._dispatch(entry, error)
+            if timeout_s < self.cluster.timeout_s:
+                return
+            self._send_lost_again(error)
             return
         if (connection, correlation_id) not in self._in_flight:
             return  # the late reply to a batch already sent again after a timeout
@@ -328,20 +463,45 @@ class Producer:
         try:
             reply = decode_reply(Api.PRODUCE, frames)
         except BrokerError as error:
-            if error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and not entry.looked_again:
-                # The topic may have been re-created with other partitions: look again, and
-                # send once more if the partition still exists.
-                self._layout = None
-                if entry.request.partition < self.partitions:
-                    entry.looked_again = True
-                    self._dispatch(entry)
-                    return
-            if not error.retriable:
+            try:
+                self._answered_error(entry, error)
+            except PylogError as failure:
+                if not entry.batch.done:
+                    entry.batch.settle(None, failure)
                 raise
-            self._dispatch(entry, error)
             return
         ack = ProduceAck(entry.request.partition, reply.base_offset, reply.count)
         self._acks.append((entry.sequence, ack))
+        entry.batch.settle(reply.base_offset)
+
+    def _answered_error(self, entry: _InFlight, error: BrokerError) -> None:
+        """Send `entry` again after the broker answered `error`, or raise it."""
+        if error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and not entry.looked_again:
+            # The topic may have been re-created with other partitions: look again, and
+            # send once more if the partition still exists.
+            self._layout = None
+            if entry.request.partition < self.partitions:
+                entry.looked_again = True
+                self._dispatch(entry)
+                return
+        if not error.retriable:
+            raise error
+        self._dispatch(entry, error)
+
+    def _send_lost_again(self, error: Unavailable) -> None:
+        """After no reply in time, send every batch in flight again (they may be lost); raise
+        the first error of those whose budget ran out once the others are sent."""
+        lost = list(self._in_flight.values())
+        self._in_flight.clear()
+        self._layout = None  # a broker may be down: ask where partitions are again
+        failure: PylogError | None = None
+        for entry in lost:
+            try:
+                self._dispatch(entry, error)
+            except PylogError as spent:
+                failure = failure or spent
+        if failure is not None:
+            raise failure
 
     def flush(self) -> list[ProduceAck]:
         """Send every open batch, wait for every acknowledgement, and return those received
