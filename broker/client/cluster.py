@@ -39,7 +39,59 @@ def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
     return found
 
 
-class Cluster(Closing):
+def topic_partitions(reply: MetadataReply, topic: str) -> tuple[PartitionInfo, ...]:
+    """Every partition of `topic` in a METADATA reply, in order. BrokerError
+    UNKNOWN_TOPIC_OR_PARTITION when the topic does not exist."""
+    for info in reply.topics:
+        if info.topic == topic:
+            if info.error_code != ErrorCode.NONE:
+                raise broker_error(info.error_code, f"topic {topic!r} does not exist")
+            return tuple(sorted(info.partitions, key=lambda p: p.partition))
+    raise broker_error(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no metadata for {topic!r}")
+
+
+def partition_of(partitions: Sequence[PartitionInfo], topic: str, partition: int) -> PartitionInfo:
+    """`partition` of `topic`'s `partitions`; BrokerError UNKNOWN_TOPIC_OR_PARTITION when the
+    topic has no such partition."""
+    if not 0 <= partition < len(partitions):
+        raise broker_error(
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            f"topic {topic!r} has partitions 0 to {len(partitions) - 1}, not {partition}",
+        )
+    return partitions[partition]
+
+
+class BrokerMap:
+    """What a cluster knows without I/O (shared with broker.aio's): the bootstrap endpoints,
+    the brokers last heard of, and whom to ask METADATA next."""
+
+    def __init__(
+        self, bootstrap: str | Sequence[str], client_id: str, timeout_s: float, retries: int
+    ) -> None:
+        self.bootstrap = split_endpoints(bootstrap) if bootstrap else []
+        """Where to ask METADATA when no broker is known yet (may be empty for a user that
+        sets `endpoints` itself, as the group consumer does from ZooKeeper)."""
+        self.client_id = client_id
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.endpoints: dict[int, str] = {}
+        """Broker id -> endpoint, from the last METADATA reply."""
+
+    def _metadata_candidates(self) -> list[str]:
+        """Whom to ask METADATA, in order: the brokers last heard of, then the bootstrap."""
+        return list(dict.fromkeys([*self.endpoints.values(), *self.bootstrap]))
+
+    def _learn(self, reply: MetadataReply) -> MetadataReply:
+        self.endpoints = {b.broker_id: f"tcp://{b.host}:{b.port}" for b in reply.brokers}
+        return reply
+
+    def _no_broker(self, broker_id: int) -> BrokerError:
+        return broker_error(
+            ErrorCode.PARTITION_UNAVAILABLE, f"broker {broker_id} is not registered (down?)"
+        )
+
+
+class Cluster(BrokerMap, Closing):
     """The brokers reachable from `bootstrap`, and connections to them (sharing one context)."""
 
     def __init__(
@@ -49,15 +101,8 @@ class Cluster(Closing):
         timeout_s: float = 10.0,
         retries: int = 3,
     ) -> None:
-        self.bootstrap = split_endpoints(bootstrap) if bootstrap else []
-        """Where to ask METADATA when no broker is known yet (may be empty for a user that
-        sets `endpoints` itself, as the group consumer does from ZooKeeper)."""
-        self.client_id = client_id
-        self.timeout_s = timeout_s
-        self.retries = retries
+        super().__init__(bootstrap, client_id, timeout_s, retries)
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.endpoints: dict[int, str] = {}
-        """Broker id -> endpoint, from the last METADATA reply."""
         self._by_endpoint: dict[str, Connection] = {}
         self._closed = False
 
@@ -78,9 +123,7 @@ class Cluster(Closing):
             self.metadata(())
             endpoint = self.endpoints.get(broker_id)
         if endpoint is None:
-            raise broker_error(
-                ErrorCode.PARTITION_UNAVAILABLE, f"broker {broker_id} is not registered (down?)"
-            )
+            raise self._no_broker(broker_id)
         return self.connect(endpoint)
 
     def metadata(self, topics: Iterable[str]) -> MetadataReply:
@@ -88,9 +131,8 @@ class Cluster(Closing):
         those last heard of, then the bootstrap endpoints. Raises the last error when none
         does."""
         request = MetadataRequest(tuple(topics))
-        candidates = list(dict.fromkeys([*self.endpoints.values(), *self.bootstrap]))
         error: BrokerError | Unavailable | None = None
-        for endpoint in candidates:
+        for endpoint in self._metadata_candidates():
             try:
                 reply = self.connect(endpoint).call(request, self.retries if not error else 0)
             except (BrokerError, Unavailable) as failure:
@@ -98,8 +140,7 @@ class Cluster(Closing):
                     raise
                 error = failure
                 continue
-            self.endpoints = {b.broker_id: f"tcp://{b.host}:{b.port}" for b in reply.brokers}
-            return reply
+            return self._learn(reply)
         if error is None:
             raise Unavailable("no broker endpoint known to ask METADATA of")
         raise error
@@ -107,22 +148,12 @@ class Cluster(Closing):
     def partitions(self, topic: str) -> tuple[PartitionInfo, ...]:
         """Every partition of `topic`, in order, with its holder and whether it is served
         (error_code). BrokerError UNKNOWN_TOPIC_OR_PARTITION when the topic does not exist."""
-        for info in self.metadata([topic]).topics:
-            if info.topic == topic:
-                if info.error_code != ErrorCode.NONE:
-                    raise broker_error(info.error_code, f"topic {topic!r} does not exist")
-                return tuple(sorted(info.partitions, key=lambda p: p.partition))
-        raise broker_error(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no metadata for {topic!r}")
+        return topic_partitions(self.metadata([topic]), topic)
 
     def connection_for(self, topic: str, partition: int) -> Connection:
         """The connection to the broker holding `partition` of `topic`."""
-        partitions = self.partitions(topic)
-        if not 0 <= partition < len(partitions):
-            raise broker_error(
-                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                f"topic {topic!r} has partitions 0 to {len(partitions) - 1}, not {partition}",
-            )
-        return self.connection(partitions[partition].broker_id)
+        info = partition_of(self.partitions(topic), topic, partition)
+        return self.connection(info.broker_id)
 
     def receive_pipelined(
         self, connections: Iterable[Connection], timeout_s: float

@@ -94,7 +94,68 @@ def require_bytes(what: str, value: object, fix: str = "encode it (.encode()) fi
     raise TypeError(f"{what} must be bytes, not {type(value).__name__}{hint}")
 
 
-class Connection(Closing):
+def retriable(error: BrokerError | Unavailable) -> bool:
+    """Whether a request that met `error` may succeed when sent again: no reply in time, or a
+    retriable code answered."""
+    return not isinstance(error, BrokerError) or error.retriable
+
+
+class Retry:
+    """The retry rule of `call` (and of broker.aio's): after a retriable error, wait 0.1 s
+    doubling to 2 s, at most `retries` times, no retry starting after `max_time_s` from now."""
+
+    def __init__(self, retries: int, max_time_s: float) -> None:
+        self.left = retries
+        self.deadline = time.monotonic() + max_time_s
+        self.backoff_s = RETRY_BACKOFF_S
+
+    def wait_after(self, error: BrokerError | Unavailable) -> float:
+        """How long to wait before trying again after `error`; raises `error` itself when it
+        is not retriable or the budget is spent."""
+        backoff_s = self.backoff_s
+        if not retriable(error) or self.left <= 0 or time.monotonic() + backoff_s > self.deadline:
+            raise error
+        self.left -= 1
+        self.backoff_s = min(backoff_s * 2, MAX_RETRY_BACKOFF_S)
+        return backoff_s
+
+
+class Framing:
+    """What a connection to one broker does without I/O (shared with broker.aio's): its
+    endpoint ("host:port" or "tcp://host:port", see normalize_endpoint), client id, reply
+    timeout and correlation ids, and the frames of a request."""
+
+    def __init__(self, endpoint: str, client_id: str, timeout_s: float) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s is {timeout_s}: it must be positive")
+        self.endpoint = normalize_endpoint(endpoint)
+        self.client_id = client_id
+        self.timeout_s = timeout_s
+        self._next_correlation_id = 1
+
+    def _correlation_id(self) -> int:
+        correlation_id = self._next_correlation_id
+        self._next_correlation_id = correlation_id % _MAX_CORRELATION_ID + 1
+        return correlation_id
+
+    def _frames(self, request: Request) -> tuple[int, list[Buffer]]:
+        if isinstance(request, ProduceRequest):
+            require_bytes("ProduceRequest.message_set", request.message_set)
+        correlation_id = self._correlation_id()
+        header = RequestHeader(request.api, API_VERSION, correlation_id, self.client_id)
+        return correlation_id, encode_request(header, request)
+
+    def _reply_timeout_s(self, request: Request) -> float:
+        """How long to wait for the reply to `request`: the timeout, plus a FETCH's
+        max_wait_ms. ValueError for a PRODUCE with ack NONE, which gets none."""
+        if isinstance(request, ProduceRequest) and request.ack is Ack.NONE:
+            raise ValueError("a PRODUCE with ack NONE gets no reply: use send_nowait")
+        if isinstance(request, FetchRequest):
+            return self.timeout_s + request.max_wait_ms / 1000
+        return self.timeout_s
+
+
+class Connection(Framing, Closing):
     """Requests to the broker at `endpoint` ("host:port" or "tcp://host:port", see
     normalize_endpoint), one at a time.
 
@@ -108,16 +169,11 @@ class Connection(Closing):
         timeout_s: float = 10.0,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s is {timeout_s}: it must be positive")
-        self.endpoint = normalize_endpoint(endpoint)
-        self.client_id = client_id
-        self.timeout_s = timeout_s
+        super().__init__(endpoint, client_id, timeout_s)
         self._own_context = context is None
         self._context: zmq.Context[zmq.Socket[bytes]] = (
             zmq.Context() if context is None else context
         )
-        self._next_correlation_id = 1
         self._req: zmq.Socket[bytes] | None = None
         self._dealer: zmq.Socket[bytes] | None = None
         self._closed = False
@@ -149,18 +205,6 @@ class Connection(Closing):
             self._req.close(linger=0)
             self._req = None
 
-    def _correlation_id(self) -> int:
-        correlation_id = self._next_correlation_id
-        self._next_correlation_id = correlation_id % _MAX_CORRELATION_ID + 1
-        return correlation_id
-
-    def _frames(self, request: Request) -> tuple[int, list[Buffer]]:
-        if isinstance(request, ProduceRequest):
-            require_bytes("ProduceRequest.message_set", request.message_set)
-        correlation_id = self._correlation_id()
-        header = RequestHeader(request.api, API_VERSION, correlation_id, self.client_id)
-        return correlation_id, encode_request(header, request)
-
     # -- requests --------------------------------------------------------------------------
 
     @overload
@@ -187,11 +231,7 @@ class Connection(Closing):
         return self._request_once(request)
 
     def _request_once(self, request: Request) -> Reply:
-        if isinstance(request, ProduceRequest) and request.ack is Ack.NONE:
-            raise ValueError("a PRODUCE with ack NONE gets no reply: use send_nowait")
-        timeout_s = self.timeout_s
-        if isinstance(request, FetchRequest):
-            timeout_s += request.max_wait_ms / 1000
+        timeout_s = self._reply_timeout_s(request)
         timeout_ms = max(1, round(timeout_s * 1000))
         correlation_id, frames = self._frames(request)
         socket = self._req_socket()
@@ -256,20 +296,13 @@ class Connection(Closing):
         (default: 3 x the timeout). The last error is raised as it was.
 
         A PRODUCE retried after a timeout may append its messages twice (at least once)."""
-        deadline = time.monotonic() + (3 * self.timeout_s if max_time_s is None else max_time_s)
-        backoff_s = RETRY_BACKOFF_S
-        attempt = 0
+        retry = Retry(retries, 3 * self.timeout_s if max_time_s is None else max_time_s)
         while True:
             try:
                 return self._request_once(request)
             except (BrokerError, Unavailable) as error:
-                if isinstance(error, BrokerError) and not error.retriable:
-                    raise
-                attempt += 1
-                if attempt > retries or time.monotonic() + backoff_s > deadline:
-                    raise
-            time.sleep(backoff_s)
-            backoff_s = min(backoff_s * 2, MAX_RETRY_BACKOFF_S)
+                wait_s = retry.wait_after(error)
+            time.sleep(wait_s)
 
     def _dealer_socket(self) -> zmq.Socket[bytes]:
         if self._closed:

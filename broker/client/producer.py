@@ -69,13 +69,14 @@ from typing import Any, Literal, Self
 
 import xxhash
 
-from broker.client.cluster import Cluster
+from broker.client.cluster import Cluster, partition_of
 from broker.client.connection import (
     DEFAULT_CLIENT_ID,
     MAX_RETRY_BACKOFF_S,
     RETRY_BACKOFF_S,
     Connection,
     require_bytes,
+    retriable,
 )
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import BrokerError, PylogError, Unavailable
@@ -85,6 +86,7 @@ from broker.protocol import (
     Api,
     ErrorCode,
     PartitionInfo,
+    ProduceReply,
     ProduceRequest,
     broker_error,
     decode_reply,
@@ -120,7 +122,7 @@ class ProduceAck:
 
 
 @dataclass(slots=True, eq=False)
-class _Batch:
+class Batch:
     """A batch of one partition: encoded messages waiting to be sent while it is open, then its
     outcome, set once (`settle`): the offset of its first message (None with ack NONE), or the
     error that failed it."""
@@ -145,18 +147,28 @@ class _Batch:
             except Exception:
                 log.exception("a Delivery's done callback raised")
 
+    def offset(self, position: int) -> int:
+        """The offset of the message at `position` of a done batch; raises its error, or
+        DeliveryUnknown with ack NONE."""
+        if self.error is not None:
+            raise self.error
+        if self.base_offset is None:
+            raise DeliveryUnknown(
+                "sent with ack NONE: the broker does not say where the message landed "
+                "(use ack WRITTEN or FLUSHED to know)"
+            )
+        return self.base_offset + position
 
-class Delivery:
-    """The fate of one message given to Producer.send (see the module's text): `result()` is its
-    offset, or raises the error that failed its batch."""
 
-    __slots__ = ("_batch", "_position", "_producer")
+class Handle:
+    """What every delivery handle (this module's and broker.aio's) knows without waiting: its
+    batch, and where its message starts in the batch's message set (its offset's delta)."""
 
-    def __init__(self, producer: Producer, batch: _Batch, position: int) -> None:
-        self._producer = producer
+    __slots__ = ("_batch", "_position")
+
+    def __init__(self, batch: Batch, position: int) -> None:
         self._batch = batch
         self._position = position
-        """Where the message starts in its batch's message set: its offset's delta."""
 
     @property
     def partition(self) -> int:
@@ -167,26 +179,9 @@ class Delivery:
         """Whether the outcome is known (for ack NONE: the message was handed to the socket)."""
         return self._batch.done
 
-    def result(self, timeout: float | None = None) -> int:
-        """The message's offset; raises the error that failed its batch, TimeoutError when
-        not done within `timeout` seconds, DeliveryUnknown with ack NONE."""
-        batch = self._settled(timeout)
-        if batch.error is not None:
-            raise batch.error
-        if batch.base_offset is None:
-            raise DeliveryUnknown(
-                "sent with ack NONE: the broker does not say where the message landed "
-                "(use ack WRITTEN or FLUSHED to know)"
-            )
-        return batch.base_offset + self._position
-
-    def exception(self, timeout: float | None = None) -> PylogError | None:
-        """The error that failed the message's batch, or None; TimeoutError as `result`."""
-        return self._settled(timeout).error
-
-    def add_done_callback(self, fn: Callable[[Delivery], object]) -> None:
-        """Call `fn(self)` once done: now if done already, else in the thread that drives the
-        producer when the outcome arrives (a send, flush or another handle's result)."""
+    def add_done_callback(self, fn: Callable[[Self], object]) -> None:
+        """Call `fn(self)` once done: now if done already, else when the outcome arrives, in
+        whatever drives the producer then (a send, flush or another handle's result)."""
         if self._batch.done:
             fn(self)
         else:
@@ -194,7 +189,28 @@ class Delivery:
                 self._batch.callbacks = []
             self._batch.callbacks.append(lambda: fn(self))
 
-    def _settled(self, timeout: float | None) -> _Batch:
+
+class Delivery(Handle):
+    """The fate of one message given to Producer.send (see the module's text): `result()` is its
+    offset, or raises the error that failed its batch."""
+
+    __slots__ = ("_producer",)
+
+    def __init__(self, producer: Producer, batch: Batch, position: int) -> None:
+        self._producer = producer
+        self._batch = batch
+        self._position = position
+
+    def result(self, timeout: float | None = None) -> int:
+        """The message's offset; raises the error that failed its batch, TimeoutError when
+        not done within `timeout` seconds, DeliveryUnknown with ack NONE."""
+        return self._settled(timeout).offset(self._position)
+
+    def exception(self, timeout: float | None = None) -> PylogError | None:
+        """The error that failed the message's batch, or None; TimeoutError as `result`."""
+        return self._settled(timeout).error
+
+    def _settled(self, timeout: float | None) -> Batch:
         if not self._batch.done:
             self._producer._settle(self._batch, timeout)
             if not self._batch.done:
@@ -203,22 +219,189 @@ class Delivery:
 
 
 @dataclass(slots=True)
-class _InFlight:
+class InFlight:
     """A batch sent and not yet acknowledged."""
 
     request: ProduceRequest
-    batch: _Batch
+    batch: Batch
     sequence: int
     """The order in which batches were first sent: acks are returned in it."""
     deadline: float
     """No sending again after this (time.monotonic): its first sending + delivery_timeout_s."""
     attempts: int = 0
     looked_again: bool = False
-    connection: Connection | None = None
-    """Where it was sent last: the broker that held its partition then."""
 
 
-class Producer:
+class ProducerCore:
+    """What a producer does without I/O, shared by Producer and broker.aio's AsyncProducer:
+    the settings, serializing and checking values and keys, placement, the open batches and
+    their linger, the retry budget of a batch in flight, and the acknowledgements."""
+
+    def __init__(
+        self,
+        topic: str,
+        ack: Ack,
+        partitioner: Partitioner,
+        batch_messages: int,
+        batch_bytes: int,
+        linger_ms: float,
+        retries: int | None,
+        delivery_timeout_s: float,
+        max_in_flight: int,
+        clock: Clock,
+        serializer: Serializer | None,
+        key_serializer: Serializer | None,
+    ) -> None:
+        if partitioner not in ("hash", "round_robin", "random"):
+            raise ValueError(f"partitioner {partitioner!r}: use hash, round_robin or random")
+        if batch_messages < 1 or batch_bytes < 1 or linger_ms < 0 or max_in_flight < 1:
+            raise ValueError(
+                "batch_messages, batch_bytes and max_in_flight must be >= 1, linger_ms >= 0"
+            )
+        if delivery_timeout_s < 0 or (retries is not None and retries < 0):
+            raise ValueError("delivery_timeout_s and retries must be >= 0")
+        self.topic = topic
+        self.ack = ack
+        self.partitioner: Partitioner = partitioner
+        self.batch_messages = batch_messages
+        self.batch_bytes = batch_bytes
+        self.linger_s = linger_ms / 1000
+        self.retries = retries
+        self.delivery_timeout_s = delivery_timeout_s
+        self.max_in_flight = max_in_flight
+        self.serializer = serializer
+        self.key_serializer = key_serializer
+        self.clock = clock
+        self._layout: tuple[PartitionInfo, ...] | None = None
+        self._served: list[int] = []
+        """The partitions being served at the last look: where spread messages go."""
+        self._round_robin = itertools.count()
+        self._batches: dict[int, Batch] = {}
+        self._linger_deadline = math.inf
+        """When the oldest open batch's linger ends (clock.monotonic), checked on each send."""
+        self._acks: list[tuple[int, ProduceAck]] = []
+        """Acknowledgements since the last flush, each with its batch's send sequence."""
+        self._batches_sent = itertools.count()
+        self._sent = 0
+
+    @property
+    def messages_sent(self) -> int:
+        """Messages handed to the broker so far (acknowledged unless ack is NONE)."""
+        return self._sent
+
+    def _learn_layout(self, layout: tuple[PartitionInfo, ...]) -> tuple[PartitionInfo, ...]:
+        if not layout:
+            raise broker_error(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no partitions of {self.topic!r}"
+            )
+        self._layout = layout
+        self._served = [p.partition for p in layout if p.error_code == ErrorCode.NONE]
+        return layout
+
+    def _encode(
+        self, value: Any, key: Any, timestamp_ms: int | None
+    ) -> tuple[bytes, Buffer | None]:
+        """The message as stored, and its key as bytes; TypeError for a value or key that is
+        not bytes (nor made bytes by the serializers)."""
+        if self.serializer is None:
+            value = require_bytes("Producer.send: value", value, _NO_SERIALIZER_FIX)
+        else:
+            value = require_bytes("Producer.send: the serializer's result", self.serializer(value))
+        if key is not None:
+            if self.key_serializer is None:
+                key = require_bytes("Producer.send: key", key, _NO_SERIALIZER_FIX)
+            else:
+                key = require_bytes(
+                    "Producer.send: the key_serializer's result", self.key_serializer(key)
+                )
+        return encode_message(value, key, timestamp_ms), key
+
+    def _place(
+        self, layout: tuple[PartitionInfo, ...], key: Buffer | None, partition: int | None
+    ) -> int:
+        """The partition a message goes to: `partition` if given (checked), else by key or
+        spread (keyless: the next of the spread, over the partitions being served if any is)."""
+        if partition is not None:
+            return partition_of(layout, self.topic, partition).partition
+        if key is not None and self.partitioner == "hash":
+            return xxhash.xxh32_intdigest(key) % len(layout)
+        spread = self._served or range(len(layout))
+        if self.partitioner == "random":
+            return random.choice(spread)
+        return spread[next(self._round_robin) % len(spread)]
+
+    def _add(self, partition: int, message: bytes) -> tuple[Batch, int, bool]:
+        """Add `message` to `partition`'s open batch: the batch, where the message starts in
+        it, and whether the batch is full now."""
+        batch = self._batches.get(partition)
+        if batch is None:
+            batch = self._batches[partition] = Batch(partition, self.clock.monotonic())
+            self._linger_deadline = min(self._linger_deadline, batch.started + self.linger_s)
+        position = batch.size
+        batch.messages.append(message)
+        batch.size += len(message)
+        full = len(batch.messages) >= self.batch_messages or batch.size >= self.batch_bytes
+        return batch, position, full
+
+    def _lingering(self) -> list[int]:
+        """The partitions whose open batch's linger has passed (noting when the next one's
+        will)."""
+        now = self.clock.monotonic()
+        due = [p for p, batch in self._batches.items() if now - batch.started >= self.linger_s]
+        self._linger_deadline = min(
+            (b.started + self.linger_s for p, b in self._batches.items() if p not in due),
+            default=math.inf,
+        )
+        return due
+
+    def _close_batch(self, partition: int) -> tuple[Batch, ProduceRequest]:
+        """Take `partition`'s open batch out, as the request that sends it."""
+        batch = self._batches.pop(partition)
+        request = ProduceRequest(self.topic, partition, self.ack, b"".join(batch.messages))
+        self._sent += len(batch.messages)
+        batch.messages = []  # the request holds them now; handles keep only the outcome
+        return batch, request
+
+    def _in_flight_entry(self, batch: Batch, request: ProduceRequest) -> InFlight:
+        deadline = time.monotonic() + self.delivery_timeout_s
+        return InFlight(request, batch, next(self._batches_sent), deadline)
+
+    def _retry_wait(self, entry: InFlight, error: PylogError) -> float:
+        """The back-off before sending `entry` again after `error` (0.1 s doubling to 2 s),
+        counted as an attempt, the partition's holder to be looked up again; raises `error`
+        when the batch's budget (retries, delivery_timeout_s) is spent."""
+        backoff_s = min(RETRY_BACKOFF_S * 2.0**entry.attempts, MAX_RETRY_BACKOFF_S)
+        spent = self.retries is not None and entry.attempts >= self.retries
+        if spent or time.monotonic() + backoff_s > entry.deadline:
+            raise error
+        entry.attempts += 1
+        self._layout = None  # the partition's broker may have gone: look again
+        return backoff_s
+
+    def _look_again_after(self, entry: InFlight, error: BrokerError) -> bool:
+        """Whether `error` answered to `entry` calls for asking where its partition is once
+        (UNKNOWN_TOPIC_OR_PARTITION: the topic may have been re-created with other
+        partitions); raises `error` when it is neither that nor retriable."""
+        if error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and not entry.looked_again:
+            entry.looked_again = True
+            self._layout = None
+            return True
+        if not error.retriable:
+            raise error
+        return False
+
+    def _acked(self, entry: InFlight, reply: ProduceReply) -> None:
+        ack = ProduceAck(entry.request.partition, reply.base_offset, reply.count)
+        self._acks.append((entry.sequence, ack))
+        entry.batch.settle(reply.base_offset)
+
+    def _take_acks(self) -> list[ProduceAck]:
+        """The acknowledgements since the last call, in the order their batches were sent."""
+        acks, self._acks = [ack for _, ack in sorted(self._acks)], []
+        return acks
+
+
+class Producer(ProducerCore):
     """Send messages to `topic` on the cluster that `endpoint` (one or more, comma-separated)
     belongs to.
 
@@ -250,40 +433,23 @@ class Producer:
         serializer: Serializer | None = None,
         key_serializer: Serializer | None = None,
     ) -> None:
-        if partitioner not in ("hash", "round_robin", "random"):
-            raise ValueError(f"partitioner {partitioner!r}: use hash, round_robin or random")
-        if batch_messages < 1 or batch_bytes < 1 or linger_ms < 0 or max_in_flight < 1:
-            raise ValueError(
-                "batch_messages, batch_bytes and max_in_flight must be >= 1, linger_ms >= 0"
-            )
-        if delivery_timeout_s < 0 or (retries is not None and retries < 0):
-            raise ValueError("delivery_timeout_s and retries must be >= 0")
-        self.topic = topic
-        self.ack = ack
-        self.partitioner: Partitioner = partitioner
-        self.batch_messages = batch_messages
-        self.batch_bytes = batch_bytes
-        self.linger_s = linger_ms / 1000
-        self.retries = retries
-        self.delivery_timeout_s = delivery_timeout_s
-        self.max_in_flight = max_in_flight
-        self.serializer = serializer
-        self.key_serializer = key_serializer
-        self._in_flight: dict[tuple[Connection, int], _InFlight] = {}
-        self.clock = clock
+        super().__init__(
+            topic,
+            ack,
+            partitioner,
+            batch_messages,
+            batch_bytes,
+            linger_ms,
+            retries,
+            delivery_timeout_s,
+            max_in_flight,
+            clock,
+            serializer,
+            key_serializer,
+        )
+        self._in_flight: dict[tuple[Connection, int], InFlight] = {}
         metadata_retries = METADATA_RETRIES if retries is None else retries
         self.cluster = Cluster(endpoint, client_id, timeout_s, metadata_retries)
-        self._layout: tuple[PartitionInfo, ...] | None = None
-        self._served: list[int] = []
-        """The partitions being served at the last look: where spread messages go."""
-        self._round_robin = itertools.count()
-        self._batches: dict[int, _Batch] = {}
-        self._linger_deadline = math.inf
-        """When the oldest open batch's linger ends (clock.monotonic), checked on each send."""
-        self._acks: list[tuple[int, ProduceAck]] = []
-        """Acknowledgements since the last flush, each with its batch's send sequence."""
-        self._batches_sent = itertools.count()
-        self._sent = 0
 
     @property
     def partitions(self) -> int:
@@ -292,30 +458,13 @@ class Producer:
 
     def _partition_layout(self) -> tuple[PartitionInfo, ...]:
         if self._layout is None:
-            layout = self.cluster.partitions(self.topic)
-            if not layout:
-                raise broker_error(
-                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no partitions of {self.topic!r}"
-                )
-            self._layout = layout
-            self._served = [p.partition for p in layout if p.error_code == ErrorCode.NONE]
+            return self._learn_layout(self.cluster.partitions(self.topic))
         return self._layout
-
-    @property
-    def messages_sent(self) -> int:
-        """Messages handed to the broker so far (acknowledged unless ack is NONE)."""
-        return self._sent
 
     def partition_for(self, key: bytes | None) -> int:
         """The partition a message with `key` goes to (keyless ones: the next of the spread,
         over the partitions being served if any is)."""
-        partitions = self.partitions
-        if key is not None and self.partitioner == "hash":
-            return xxhash.xxh32_intdigest(key) % partitions
-        spread = self._served or range(partitions)
-        if self.partitioner == "random":
-            return random.choice(spread)
-        return spread[next(self._round_robin) % len(spread)]
+        return self._place(self._partition_layout(), key, None)
 
     def send(
         self,
@@ -328,39 +477,17 @@ class Producer:
         is full, and any batch whose linger has passed. Raises what sending raises (BrokerError,
         Unavailable), and TypeError, nothing sent, for a value or key that is not bytes (nor
         made bytes by the producer's serializer or key_serializer)."""
-        if self.serializer is None:
-            value = require_bytes("Producer.send: value", value, _NO_SERIALIZER_FIX)
-        else:
-            value = require_bytes("Producer.send: the serializer's result", self.serializer(value))
-        if key is not None:
-            if self.key_serializer is None:
-                key = require_bytes("Producer.send: key", key, _NO_SERIALIZER_FIX)
-            else:
-                key = require_bytes(
-                    "Producer.send: the key_serializer's result", self.key_serializer(key)
-                )
-        if partition is None:
-            partition = self.partition_for(key)
-        elif not 0 <= partition < self.partitions:
-            raise broker_error(
-                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                f"topic {self.topic!r} has partitions 0 to {self.partitions - 1}, not {partition}",
-            )
-        message = encode_message(value, key, timestamp_ms)
-        batch = self._batches.get(partition)
-        if batch is None:
-            batch = self._batches[partition] = _Batch(partition, self.clock.monotonic())
-            self._linger_deadline = min(self._linger_deadline, batch.started + self.linger_s)
-        delivery = Delivery(self, batch, batch.size)
-        batch.messages.append(message)
-        batch.size += len(message)
-        if len(batch.messages) >= self.batch_messages or batch.size >= self.batch_bytes:
+        message, key = self._encode(value, key, timestamp_ms)
+        partition = self._place(self._partition_layout(), key, partition)
+        batch, position, full = self._add(partition, message)
+        if full:
             self._send_batch(partition)
         if self._batches and self.clock.monotonic() >= self._linger_deadline:
-            self._send_lingering()
-        return delivery
+            for lingering in self._lingering():
+                self._send_batch(lingering)
+        return Delivery(self, batch, position)
 
-    def _settle(self, batch: _Batch, timeout: float | None) -> None:
+    def _settle(self, batch: Batch, timeout: float | None) -> None:
         """Send `batch` if still open, and any whose linger has passed, then take replies until
         it is done, nothing is in flight or `timeout` seconds have passed. An error met on the
         way is left to the handles of the batches it failed."""
@@ -369,28 +496,16 @@ class Producer:
             if self._batches.get(batch.partition) is batch:
                 self._send_batch(batch.partition)
             if self._batches and self.clock.monotonic() >= self._linger_deadline:
-                self._send_lingering()
+                for lingering in self._lingering():
+                    self._send_batch(lingering)
             while not batch.done and self._in_flight:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
                 self._receive_ack(left)
 
-    def _send_lingering(self) -> None:
-        """Send every batch whose linger has passed; note when the next one's will."""
-        now = self.clock.monotonic()
-        for partition, batch in list(self._batches.items()):
-            if now - batch.started >= self.linger_s:
-                self._send_batch(partition)
-        self._linger_deadline = min(
-            (b.started + self.linger_s for b in self._batches.values()), default=math.inf
-        )
-
     def _send_batch(self, partition: int) -> None:
-        batch = self._batches.pop(partition)
-        request = ProduceRequest(self.topic, partition, self.ack, b"".join(batch.messages))
-        self._sent += len(batch.messages)
-        batch.messages = []  # the request holds them now; handles keep only the outcome
+        batch, request = self._close_batch(partition)
         if self.ack is Ack.NONE:
             try:
                 self._holder(partition).send_nowait(request)
@@ -399,44 +514,33 @@ class Producer:
                 raise
             batch.settle(None)
         else:
-            deadline = time.monotonic() + self.delivery_timeout_s
-            self._dispatch(_InFlight(request, batch, next(self._batches_sent), deadline))
+            self._dispatch(self._in_flight_entry(batch, request))
             while len(self._in_flight) >= self.max_in_flight:
                 self._receive_ack()
 
     def _holder(self, partition: int) -> Connection:
         return self.cluster.connection(self._partition_layout()[partition].broker_id)
 
-    def _dispatch(self, entry: _InFlight, error: PylogError | None = None) -> None:
+    def _dispatch(self, entry: InFlight, error: PylogError | None = None) -> None:
         """Send `entry` to the broker holding its partition. After `error`, or while that
         broker cannot be found (down), back off (0.1 s doubling to 2 s) and look again, while
         the batch's retry budget lasts; then fail the batch with the last error and raise it."""
         try:
-            self._dispatch_until_sent(entry, error)
+            while True:
+                if error is not None:
+                    time.sleep(self._retry_wait(entry, error))
+                try:
+                    connection = self._holder(entry.request.partition)
+                except (BrokerError, Unavailable) as failure:
+                    if not retriable(failure):
+                        raise
+                    error = failure
+                    continue
+                self._in_flight[connection, connection.send_pipelined(entry.request)] = entry
+                return
         except PylogError as failure:
             entry.batch.settle(None, failure)
             raise
-
-    def _dispatch_until_sent(self, entry: _InFlight, error: PylogError | None) -> None:
-        while True:
-            if error is not None:
-                backoff_s = min(RETRY_BACKOFF_S * 2**entry.attempts, MAX_RETRY_BACKOFF_S)
-                spent = self.retries is not None and entry.attempts >= self.retries
-                if spent or time.monotonic() + backoff_s > entry.deadline:
-                    raise error
-                time.sleep(backoff_s)
-                entry.attempts += 1
-                self._layout = None  # the partition's broker may have gone: look again
-            try:
-                connection = self._holder(entry.request.partition)
-            except (BrokerError, Unavailable) as failure:
-                if isinstance(failure, BrokerError) and not failure.retriable:
-                    raise
-                error = failure
-                continue
-            entry.connection = connection
-            self._in_flight[connection, connection.send_pipelined(entry.request)] = entry
-            return
 
     def _receive_ack(self, wait_s: float | None = None) -> None:
         """Wait for the next reply to a batch in flight. What a retriable error or a timeout
@@ -464,29 +568,18 @@ class Producer:
             reply = decode_reply(Api.PRODUCE, frames)
         except BrokerError as error:
             try:
-                self._answered_error(entry, error)
+                if self._look_again_after(entry, error):
+                    if entry.request.partition < self.partitions:  # still there: send once more
+                        self._dispatch(entry)
+                        return
+                    raise error from None
+                self._dispatch(entry, error)
             except PylogError as failure:
                 if not entry.batch.done:
                     entry.batch.settle(None, failure)
                 raise
             return
-        ack = ProduceAck(entry.request.partition, reply.base_offset, reply.count)
-        self._acks.append((entry.sequence, ack))
-        entry.batch.settle(reply.base_offset)
-
-    def _answered_error(self, entry: _InFlight, error: BrokerError) -> None:
-        """Send `entry` again after the broker answered `error`, or raise it."""
-        if error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and not entry.looked_again:
-            # The topic may have been re-created with other partitions: look again, and
-            # send once more if the partition still exists.
-            self._layout = None
-            if entry.request.partition < self.partitions:
-                entry.looked_again = True
-                self._dispatch(entry)
-                return
-        if not error.retriable:
-            raise error
-        self._dispatch(entry, error)
+        self._acked(entry, reply)
 
     def _send_lost_again(self, error: Unavailable) -> None:
         """After no reply in time, send every batch in flight again (they may be lost); raise
@@ -510,8 +603,7 @@ class Producer:
             self._send_batch(partition)
         while self._in_flight:
             self._receive_ack()
-        acks, self._acks = [ack for _, ack in sorted(self._acks)], []
-        return acks
+        return self._take_acks()
 
     def close(self) -> None:
         """Flush, then close the connection (fire-and-forget sets get a moment to go out)."""
