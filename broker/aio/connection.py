@@ -1,0 +1,244 @@
+"""Connections to brokers on asyncio: pyzmq's zmq.asyncio sockets.
+
+An `AsyncConnection` holds one DEALER socket to one broker: any number of requests in flight,
+from any number of tasks, each matched to its reply by correlation id by a reader task of the
+connection's own (docs/protocol.md, "Transport"). A reply that nobody waits for any more (it
+came after its request's timeout, or its task was cancelled) is dropped. Frames are built and
+read by broker.protocol, request framing and the retry rule are broker.client.connection's
+(Framing, Retry), METADATA is read as broker.client.cluster reads it (BrokerMap).
+
+Timeouts are the sync client's: a request waits `timeout_s` for its reply (a FETCH also its
+max_wait_ms), then raises broker.errors.Unavailable. Cancelling a task that waits for a reply
+(task.cancel(), asyncio.timeout) leaves the connection usable.
+
+Not safe to share between event loops (or threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from typing import overload
+
+import zmq
+import zmq.asyncio
+
+from broker.client.cluster import BrokerMap, partition_of, topic_partitions
+from broker.client.connection import (
+    DEFAULT_CLIENT_ID,
+    FIRE_AND_FORGET_LINGER_MS,
+    Framing,
+    Retry,
+)
+from broker.errors import BrokerError, MalformedReply, Unavailable
+from broker.log.message import Buffer
+from broker.protocol import (
+    Ack,
+    FetchReply,
+    FetchRequest,
+    MetadataReply,
+    MetadataRequest,
+    OffsetsReply,
+    OffsetsRequest,
+    PartitionInfo,
+    ProduceReply,
+    ProduceRequest,
+    Reply,
+    Request,
+    decode_reply,
+    decode_reply_header,
+)
+
+log = logging.getLogger(__name__)
+
+
+class AsyncConnection(Framing):
+    """Requests to the broker at `endpoint` ("host:port" or "tcp://host:port"), any number at
+    once. `context` defaults to one of the connection's own, terminated by `close()`."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        client_id: str = DEFAULT_CLIENT_ID,
+        timeout_s: float = 10.0,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        super().__init__(endpoint, client_id, timeout_s)
+        self._own_context = context is None
+        self._context = zmq.asyncio.Context() if context is None else context
+        self._socket: zmq.asyncio.Socket | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._waiting: dict[int, asyncio.Future[list[Buffer]]] = {}
+        """Correlation id -> the future of its reply's frames."""
+        self._closed = False
+
+    def _dealer(self) -> zmq.asyncio.Socket:
+        if self._closed:
+            raise ValueError("the connection is closed")
+        if self._socket is None:
+            socket = self._context.socket(zmq.DEALER)
+            try:
+                socket.setsockopt(zmq.LINGER, FIRE_AND_FORGET_LINGER_MS)
+                socket.connect(self.endpoint)
+            except BaseException:
+                socket.close(linger=0)
+                raise
+            self._socket = socket
+            self._reader = asyncio.get_running_loop().create_task(self._read(socket))
+        return self._socket
+
+    async def _read(self, socket: zmq.asyncio.Socket) -> None:
+        """Hand every reply to the request waiting for it."""
+        while True:
+            frames: list[Buffer] = [f.buffer for f in await socket.recv_multipart(copy=False)]
+            try:
+                correlation_id = decode_reply_header(frames).correlation_id
+            except MalformedReply as error:
+                log.warning("a reply from %s dropped: %s", self.endpoint, error)
+                continue
+            waiter = self._waiting.pop(correlation_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(frames)
+
+    async def exchange(self, request: Request) -> list[Buffer]:
+        """Send `request` and return its reply's frames (decode them with
+        protocol.decode_reply). Unavailable when none comes within the timeout (plus
+        max_wait_ms for a FETCH)."""
+        timeout_s = self._reply_timeout_s(request)
+        correlation_id, frames = self._frames(request)
+        reply: asyncio.Future[list[Buffer]] = asyncio.get_running_loop().create_future()
+        self._waiting[correlation_id] = reply
+        try:
+            await self._dealer().send_multipart(frames)
+            async with asyncio.timeout(timeout_s):
+                return await reply
+        except TimeoutError:
+            raise Unavailable(
+                f"no reply from {self.endpoint} within {timeout_s:g} s to "
+                f"{request.api.name} (broker down or unreachable?)"
+            ) from None
+        finally:
+            self._waiting.pop(correlation_id, None)
+
+    @overload
+    async def request(self, request: ProduceRequest) -> ProduceReply: ...
+    @overload
+    async def request(self, request: FetchRequest) -> FetchReply: ...
+    @overload
+    async def request(self, request: OffsetsRequest) -> OffsetsReply: ...
+    @overload
+    async def request(self, request: MetadataRequest) -> MetadataReply: ...
+    async def request(self, request: Request) -> Reply:
+        """Send `request` and wait for its reply, once: raises what
+        broker.client.Connection.request raises."""
+        return decode_reply(request.api, await self.exchange(request))
+
+    @overload
+    async def call(self, request: FetchRequest, retries: int = ...) -> FetchReply: ...
+    @overload
+    async def call(self, request: OffsetsRequest, retries: int = ...) -> OffsetsReply: ...
+    @overload
+    async def call(self, request: MetadataRequest, retries: int = ...) -> MetadataReply: ...
+    async def call(self, request: Request, retries: int = 3) -> Reply:
+        """`request`, retried after a retriable error or a timeout as
+        broker.client.Connection.call retries it (Retry), within 3 x the timeout."""
+        retry = Retry(retries, 3 * self.timeout_s)
+        while True:
+            try:
+                return decode_reply(request.api, await self.exchange(request))
+            except (BrokerError, Unavailable) as error:
+                wait_s = retry.wait_after(error)
+            await asyncio.sleep(wait_s)
+
+    async def send_nowait(self, request: ProduceRequest) -> None:
+        """Send a PRODUCE with ack NONE: the broker never answers it, not even on error."""
+        if request.ack is not Ack.NONE:
+            raise ValueError("send_nowait is for ack NONE only: the reply would be left unread")
+        _, frames = self._frames(request)
+        await self._dealer().send_multipart(frames)
+
+    async def close(self) -> None:
+        """Stop the reader, close the socket (fire-and-forget requests still queued get up to
+        FIRE_AND_FORGET_LINGER_MS to go out) and the context if it is the connection's own."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._reader is not None:
+            self._reader.cancel()
+        for waiter in self._waiting.values():
+            waiter.cancel()
+        if self._socket is not None:
+            self._socket.close()
+        if self._own_context:
+            await asyncio.to_thread(self._context.term)
+
+
+class AsyncCluster(BrokerMap):
+    """The brokers reachable from `bootstrap`, and connections to them (sharing one context):
+    broker.client.Cluster on asyncio."""
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        client_id: str = DEFAULT_CLIENT_ID,
+        timeout_s: float = 10.0,
+        retries: int = 3,
+    ) -> None:
+        super().__init__(bootstrap, client_id, timeout_s, retries)
+        self.context = zmq.asyncio.Context()
+        self._by_endpoint: dict[str, AsyncConnection] = {}
+        self._closed = False
+
+    def connect(self, endpoint: str) -> AsyncConnection:
+        """The connection to `endpoint`, opened on first use."""
+        connection = self._by_endpoint.get(endpoint)
+        if connection is None:
+            if self._closed:
+                raise ValueError("the cluster connection is closed")
+            connection = AsyncConnection(endpoint, self.client_id, self.timeout_s, self.context)
+            self._by_endpoint[endpoint] = connection
+        return connection
+
+    async def connection(self, broker_id: int) -> AsyncConnection:
+        """The connection to broker `broker_id` (known from METADATA)."""
+        if broker_id not in self.endpoints:
+            await self.metadata(())
+        endpoint = self.endpoints.get(broker_id)
+        if endpoint is None:
+            raise self._no_broker(broker_id)
+        return self.connect(endpoint)
+
+    async def metadata(self, topics: Iterable[str]) -> MetadataReply:
+        """METADATA for `topics` (every topic when empty), from the first broker that answers,
+        as broker.client.Cluster.metadata asks."""
+        request = MetadataRequest(tuple(topics))
+        error: BrokerError | Unavailable | None = None
+        for endpoint in self._metadata_candidates():
+            try:
+                reply = await self.connect(endpoint).call(request, self.retries if not error else 0)
+            except (BrokerError, Unavailable) as failure:
+                if isinstance(failure, BrokerError) and not failure.retriable:
+                    raise
+                error = failure
+                continue
+            return self._learn(reply)
+        raise error or Unavailable("no broker endpoint known to ask METADATA of")
+
+    async def partitions(self, topic: str) -> tuple[PartitionInfo, ...]:
+        """Every partition of `topic`, in order (broker.client.Cluster.partitions)."""
+        return topic_partitions(await self.metadata([topic]), topic)
+
+    async def connection_for(self, topic: str, partition: int) -> AsyncConnection:
+        """The connection to the broker holding `partition` of `topic`."""
+        info = partition_of(await self.partitions(topic), topic, partition)
+        return await self.connection(info.broker_id)
+
+    async def close(self) -> None:
+        """Close every connection and the context."""
+        if self._closed:
+            return
+        self._closed = True
+        for connection in self._by_endpoint.values():
+            await connection.close()
+        await asyncio.to_thread(self.context.term)
