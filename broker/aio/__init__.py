@@ -31,11 +31,13 @@ Each client belongs to the event loop it was first used in.
 """
 
 from broker.aio.connection import AsyncCluster, AsyncConnection
+from broker.aio.consumer import AsyncPartitionConsumer
 from broker.aio.producer import AsyncDelivery, AsyncProducer
 
 __all__ = [
     "AsyncCluster",
     "AsyncConnection",
     "AsyncDelivery",
+    "AsyncPartitionConsumer",
     "AsyncProducer",
 ]

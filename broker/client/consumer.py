@@ -31,7 +31,7 @@ import datetime
 import logging
 import time
 from collections.abc import Iterator
-from typing import Final, Literal
+from typing import Final, Literal, cast
 
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID
@@ -115,7 +115,114 @@ def timestamp_ms(moment: datetime.datetime) -> int:
     return (moment - _EPOCH) // datetime.timedelta(milliseconds=1)
 
 
-class PartitionConsumer(Closing):
+class PartitionReader:
+    """What a partition consumer does without I/O, shared by PartitionConsumer and broker.aio's
+    AsyncPartitionConsumer: its settings, where it starts, its position, the fetch it sends
+    next, and what a fetch reply, or a fetch error, makes of them."""
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        fetch_bytes: int,
+        max_wait_ms: int,
+        max_fetch_bytes: int,
+        stop_at_end: bool,
+        retries: int,
+        skip_corrupt: bool,
+    ) -> None:
+        if not 1 <= fetch_bytes <= max_fetch_bytes:
+            raise ValueError(f"fetch_bytes {fetch_bytes} must be in [1, {max_fetch_bytes}]")
+        self.topic = topic
+        self.skip_corrupt = skip_corrupt
+        self.skipped: list[tuple[int, int]] = []
+        """The damaged ranges read past with `skip_corrupt`, [start, end) offsets, in order."""
+        self.partition = partition
+        self.fetch_bytes = fetch_bytes
+        self.max_fetch_bytes = max_fetch_bytes
+        self.max_wait_ms = max_wait_ms
+        self.stop_at_end = stop_at_end
+        self.retries = retries
+        self.high_watermark: int | None = None
+        self.log_start_offset: int | None = None
+        self._position = 0
+
+    @staticmethod
+    def _start_time(start: Start) -> int | None:
+        """The OFFSETS time that finds `start` (EARLIEST, LATEST or ms since the epoch), or
+        None for an offset given as it is."""
+        if isinstance(start, datetime.datetime):
+            return timestamp_ms(start)
+        if start == "earliest":
+            return EARLIEST
+        if start == "latest":
+            return LATEST
+        if isinstance(start, int) and start >= 0:
+            return None
+        raise ValueError(f"start {start!r}: use earliest, latest, an offset or a datetime")
+
+    @property
+    def position(self) -> int:
+        """The offset of the next message to read."""
+        return self._position
+
+    def seek(self, offset: int) -> None:
+        """Read from `offset` next: a message boundary in [log start, high watermark]."""
+        if offset < 0:
+            raise ValueError(f"offset {offset} is negative")
+        self._position = offset
+
+    @property
+    def at_end(self) -> bool:
+        """Whether the position had reached the high watermark at the last fetch."""
+        return self.high_watermark is not None and self._position >= self.high_watermark
+
+    def _fetch_failed(self, error: BrokerError) -> list[Message] | None:
+        """After a fetch answered `error`: at damaged data what `_damaged` makes of it; None
+        when the fetch is to be sent again with the fetch size grown to the message there;
+        else raises `error`."""
+        damage = corrupt_segment_reply(error, self.topic, self.partition)
+        if damage is not None:
+            return self._damaged(damage)
+        grown = grown_fetch_bytes(error, self.max_fetch_bytes)
+        if grown is None:
+            raise error
+        self.fetch_bytes = grown
+        return None
+
+    def _take(self, reply: FetchReply) -> list[Message]:
+        """The messages of a fetch from the position, the position moved past them (or up to
+        damaged data after them: the next fetch meets it)."""
+        messages, damage = decode_fetched(
+            reply.message_set, self._position, self.topic, self.partition
+        )
+        self.high_watermark = reply.high_watermark
+        self.log_start_offset = reply.log_start_offset
+        if damage is None:
+            self._position += len(reply.message_set)
+        elif messages:  # these first; the next poll meets the damage
+            self._position = damage.start
+        else:
+            return self._damaged(damage)
+        return messages
+
+    def _damaged(self, damage: CorruptSegment) -> list[Message]:
+        """At damaged data: raise it, or with skip_corrupt log it and move past it."""
+        if not self.skip_corrupt:
+            raise damage
+        log.warning("skipping damaged data: %s", damage)
+        self.skipped.append((damage.start, damage.end))
+        self._position = damage.end
+        return []
+
+    def _request(self, offset: int, wait_ms: int) -> FetchRequest:
+        min_bytes = 1 if wait_ms > 0 else 0
+        return FetchRequest(
+            self.topic, self.partition, offset, self.fetch_bytes, wait_ms, min_bytes
+        )
+
+
+class PartitionConsumer(PartitionReader, Closing):
     """Read partition `partition` of `topic` from the broker that holds it, found through
     `endpoint` (any broker of the cluster; several may be given, comma-separated).
 
@@ -144,20 +251,16 @@ class PartitionConsumer(Closing):
         skip_corrupt: bool = False,
         cluster: Cluster | None = None,
     ) -> None:
-        if not 1 <= fetch_bytes <= max_fetch_bytes:
-            raise ValueError(f"fetch_bytes {fetch_bytes} must be in [1, {max_fetch_bytes}]")
-        self.topic = topic
-        self.skip_corrupt = skip_corrupt
-        self.skipped: list[tuple[int, int]] = []
-        """The damaged ranges read past with `skip_corrupt`, [start, end) offsets, in order."""
-        self.partition = partition
-        self.fetch_bytes = fetch_bytes
-        self.max_fetch_bytes = max_fetch_bytes
-        self.max_wait_ms = max_wait_ms
-        self.stop_at_end = stop_at_end
-        self.retries = retries
-        self.high_watermark: int | None = None
-        self.log_start_offset: int | None = None
+        super().__init__(
+            topic,
+            partition,
+            fetch_bytes,
+            max_wait_ms,
+            max_fetch_bytes,
+            stop_at_end,
+            retries,
+            skip_corrupt,
+        )
         self._own_cluster = cluster is None
         self.cluster = (
             Cluster(endpoint, client_id, timeout_s, retries) if cluster is None else cluster
@@ -165,43 +268,17 @@ class PartitionConsumer(Closing):
         self._prefetch: tuple[FetchRequest, int] | None = None
         """The fetch sent ahead, and its correlation id."""
         try:
+            time = self._start_time(start)
             self.connection = self.cluster.connection_for(topic, partition)
-            self._position = self._resolve(start)
+            self._position = cast(int, start) if time is None else self.offset_for_time(time)
         except BaseException:
             self.close()
             raise
-
-    def _resolve(self, start: Start) -> int:
-        if isinstance(start, datetime.datetime):
-            return self.offset_for_time(timestamp_ms(start))
-        if start == "earliest":
-            return self.offset_for_time(EARLIEST)
-        if start == "latest":
-            return self.offset_for_time(LATEST)
-        if isinstance(start, int) and start >= 0:
-            return start
-        raise ValueError(f"start {start!r}: use earliest, latest, an offset or a datetime")
 
     def offset_for_time(self, time: int) -> int:
         """OFFSETS: the offset for `time` (EARLIEST, LATEST, or ms since the epoch)."""
         request = OffsetsRequest(self.topic, self.partition, time)
         return self.connection.call(request, self.retries).offset
-
-    @property
-    def position(self) -> int:
-        """The offset of the next message to read."""
-        return self._position
-
-    def seek(self, offset: int) -> None:
-        """Read from `offset` next: a message boundary in [log start, high watermark]."""
-        if offset < 0:
-            raise ValueError(f"offset {offset} is negative")
-        self._position = offset
-
-    @property
-    def at_end(self) -> bool:
-        """Whether the position had reached the high watermark at the last fetch."""
-        return self.high_watermark is not None and self._position >= self.high_watermark
 
     def poll(self, max_wait_ms: int | None = None) -> list[Message]:
         """One fetch from the position: the messages there, waiting up to `max_wait_ms`
@@ -216,44 +293,14 @@ class PartitionConsumer(Closing):
             try:
                 reply = self.connection.call(self._request(self._position, wait_ms), self.retries)
             except BrokerError as error:
-                damage = corrupt_segment_reply(error, self.topic, self.partition)
-                if damage is not None:
-                    return self._damaged(damage)
-                grown = grown_fetch_bytes(error, self.max_fetch_bytes)
-                if grown is None:
-                    raise
-                self.fetch_bytes = grown
+                skipped = self._fetch_failed(error)
+                if skipped is not None:
+                    return skipped
         following = self._position + len(reply.message_set)
         if reply.message_set and following < reply.high_watermark:
             request = self._request(following, wait_ms)
             self._prefetch = (request, self.connection.send_pipelined(request))
-        messages, damage = decode_fetched(
-            reply.message_set, self._position, self.topic, self.partition
-        )
-        self.high_watermark = reply.high_watermark
-        self.log_start_offset = reply.log_start_offset
-        if damage is None:
-            self._position = following
-        elif messages:  # these first; the next poll meets the damage
-            self._position = damage.start
-        else:
-            return self._damaged(damage)
-        return messages
-
-    def _damaged(self, damage: CorruptSegment) -> list[Message]:
-        """At damaged data: raise it, or with skip_corrupt log it and move past it."""
-        if not self.skip_corrupt:
-            raise damage
-        log.warning("skipping damaged data: %s", damage)
-        self.skipped.append((damage.start, damage.end))
-        self._position = damage.end
-        return []
-
-    def _request(self, offset: int, wait_ms: int) -> FetchRequest:
-        min_bytes = 1 if wait_ms > 0 else 0
-        return FetchRequest(
-            self.topic, self.partition, offset, self.fetch_bytes, wait_ms, min_bytes
-        )
+        return self._take(reply)
 
     def _prefetched(self, wait_ms: int) -> FetchReply | None:
         """The reply to the fetch sent ahead, if it is for the fetch `poll` would send now and

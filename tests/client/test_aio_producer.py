@@ -9,23 +9,11 @@ import asyncio
 import pytest
 
 from broker.aio import AsyncDelivery, AsyncProducer
-from broker.client import Ack, Admin, DeliveryUnknown, PartitionConsumer
-from broker.errors import MessageTooLarge, UnknownTopicOrPartition
+from broker.client import Ack, Admin, DeliveryUnknown
+from broker.errors import MessageTooLarge, PylogError, UnknownTopicOrPartition
+from tests.client.test_delivery import create, stored
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
-
-
-def create(
-    broker: RunningBroker, topic: str, partitions: int = 1, config: dict[str, str] | None = None
-) -> None:
-    with Admin(broker.endpoint) as admin:
-        admin.create_topic(topic, partitions, config)
-
-
-def stored(broker: RunningBroker, topic: str, partition: int = 0) -> dict[int, bytes]:
-    """Offset -> value of every message stored in the partition."""
-    with PartitionConsumer(broker.endpoint, topic, partition, stop_at_end=True) as consumer:
-        return {message.offset: message.value for message in consumer}
 
 
 @pytest.mark.parametrize("ack", [Ack.WRITTEN, Ack.FLUSHED], ids=lambda ack: ack.name)
@@ -60,7 +48,7 @@ def test_a_failed_batch_fails_exactly_its_messages_and_flush_raises_it(
 ) -> None:
     create(broker, topic, partitions=2, config={"max_message_bytes": "1000"})
 
-    async def produce() -> tuple[list[int], list[BaseException | None]]:
+    async def produce() -> tuple[list[int], list[PylogError | None]]:
         async with AsyncProducer(broker.endpoint, topic, linger_ms=60_000) as producer:
             fine = [await producer.send(b"fine %d" % i, partition=1) for i in range(3)]
             doomed = [

@@ -18,7 +18,7 @@ def create(
         admin.create_topic(topic, partitions, config)
 
 
-def stored(broker: RunningBroker, topic: str, partition: int) -> dict[int, bytes]:
+def stored(broker: RunningBroker, topic: str, partition: int = 0) -> dict[int, bytes]:
     """Offset -> value of every message stored in the partition."""
     with PartitionConsumer(broker.endpoint, topic, partition, stop_at_end=True) as consumer:
         return {message.offset: message.value for message in consumer}

@@ -1,0 +1,136 @@
+"""A consumer of one partition on asyncio: broker.client.PartitionConsumer's rules, awaited.
+
+Where it starts, the position, the fetch size grown to the message there, and damaged data
+(CorruptSegment, or with `skip_corrupt` logged, listed in `skipped` and read past) are
+broker.client.consumer's (PartitionReader). It does not fetch ahead: another task can run
+while a fetch waits.
+
+`async for message in consumer` yields messages for ever (or to the high watermark with
+`stop_at_end`). The position moves past a fetch's messages when the fetch returns, as the sync
+consumer's does; a cancelled fetch (task.cancel(), asyncio.timeout) leaves it where it was.
+
+Not safe to share between event loops (or threads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Self, cast
+
+from broker.aio.connection import AsyncCluster, AsyncConnection
+from broker.client.connection import DEFAULT_CLIENT_ID
+from broker.client.consumer import (
+    DEFAULT_FETCH_BYTES,
+    MAX_FETCH_BYTES,
+    PartitionReader,
+    Start,
+)
+from broker.errors import BrokerError
+from broker.log.message import Message
+from broker.protocol import OffsetsRequest
+
+
+class AsyncPartitionConsumer(PartitionReader):
+    """Read partition `partition` of `topic` from the broker that holds it, found through
+    `endpoint`, on asyncio. Settings as broker.client.PartitionConsumer's. It connects, and
+    finds its start, on first use (`async with`, the first `poll` or step of `async for`);
+    `cluster`, when given, is used instead of one of its own, and `close()` leaves it open."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        topic: str,
+        partition: int = 0,
+        start: Start = "earliest",
+        fetch_bytes: int = DEFAULT_FETCH_BYTES,
+        max_wait_ms: int = 500,
+        max_fetch_bytes: int = MAX_FETCH_BYTES,
+        stop_at_end: bool = False,
+        retries: int = 5,
+        client_id: str = DEFAULT_CLIENT_ID,
+        timeout_s: float = 10.0,
+        skip_corrupt: bool = False,
+        cluster: AsyncCluster | None = None,
+    ) -> None:
+        super().__init__(
+            topic,
+            partition,
+            fetch_bytes,
+            max_wait_ms,
+            max_fetch_bytes,
+            stop_at_end,
+            retries,
+            skip_corrupt,
+        )
+        self._start = start
+        self._start_at = self._start_time(start)  # a bad start is a ValueError here
+        self._own_cluster = cluster is None
+        self.cluster = (
+            AsyncCluster(endpoint, client_id, timeout_s, retries) if cluster is None else cluster
+        )
+        self._connection: AsyncConnection | None = None
+
+    async def _connected(self) -> AsyncConnection:
+        """The connection to the partition's broker, and the start found, on first use."""
+        if self._connection is None:
+            connection = await self.cluster.connection_for(self.topic, self.partition)
+            if self._start_at is None:
+                self._position = cast(int, self._start)
+            else:
+                self._position = await self._offset_for_time(connection, self._start_at)
+            self._connection = connection
+        return self._connection
+
+    async def offset_for_time(self, time: int) -> int:
+        """OFFSETS: the offset for `time` (EARLIEST, LATEST, or ms since the epoch)."""
+        return await self._offset_for_time(await self._connected(), time)
+
+    async def _offset_for_time(self, connection: AsyncConnection, time: int) -> int:
+        request = OffsetsRequest(self.topic, self.partition, time)
+        return (await connection.call(request, self.retries)).offset
+
+    async def poll(self, max_wait_ms: int | None = None) -> list[Message]:
+        """One fetch from the position: the messages there, waiting up to `max_wait_ms`
+        (default the consumer's) for one to arrive; advances the position past them."""
+        wait_ms = self.max_wait_ms if max_wait_ms is None else max_wait_ms
+        connection = await self._connected()
+        while True:
+            try:
+                reply = await connection.call(self._request(self._position, wait_ms), self.retries)
+            except BrokerError as error:
+                skipped = self._fetch_failed(error)
+                if skipped is not None:
+                    return skipped
+                continue
+            return self._take(reply)
+
+    async def __aiter__(self) -> AsyncIterator[Message]:
+        """Messages from the position on, waiting for new ones; with `stop_at_end`, until the
+        position reaches the high watermark (fetches then do not wait)."""
+        while True:
+            wait_ms = 0 if self.stop_at_end else self.max_wait_ms
+            for message in await self.poll(wait_ms):
+                yield message
+            if self.stop_at_end and self.at_end:
+                return
+
+    async def close(self) -> None:
+        if self._own_cluster:
+            await self.cluster.close()
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self._connected()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
