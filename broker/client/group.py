@@ -50,6 +50,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -133,10 +134,19 @@ class _Owned:
     committed: int | None
     fetch_offset: int = 0
     fetch_bytes: int = DEFAULT_FETCH_BYTES
-    buffered: list[Record] = field(default_factory=list)
+    buffered: deque[Record] = field(default_factory=deque)
+    """Records of the last fetch reply not handed out yet."""
     in_flight: tuple[Connection, int] | None = None
     sent_at: float = 0.0
     rest_until: float = 0.0
+
+
+def fetch_request(owned: _Owned, wait_s: float) -> FetchRequest:
+    """The next fetch of an owned partition: a long poll of up to `wait_s`."""
+    tp = owned.tp
+    return FetchRequest(
+        tp.topic, tp.partition, owned.fetch_offset, owned.fetch_bytes, round(wait_s * 1000), 1
+    )
 
 
 def default_consumer_id() -> str:
@@ -254,28 +264,36 @@ class GroupConsumer(Closing):
         changed. Returns nothing while ZooKeeper is unreachable. Calling it counts every record
         returned before as processed."""
         self._processed_all()
-        records: list[Record] = []
-        for owned, batch in self._next_batches(max_wait_ms):
-            owned.delivered = owned.fetch_offset  # a batch is one whole reply
-            records += batch
-        return records
+        self._fill(max_wait_ms)
+        return self._take_buffered()
 
     def __iter__(self) -> Iterator[Record]:
         """Messages for ever (until close or interrupt), one at a time: each counts as
-        processed when the next one is asked for."""
-        while not (self._closed or self._interrupted):
+        processed when the next one is asked for. Records fetched and not handed out stay
+        with the member, so a loop left (break, an exception) and entered again goes on
+        where it stopped, the record in hand counted as processed then."""
+        while True:
+            # asked for the next: the record in hand is processed (a break, an exception or
+            # a close() while it was in hand never comes back here)
             self._processed_all()
-            for owned, batch in self._next_batches(None):
-                ends = [record.offset for record in batch[1:]] + [owned.fetch_offset]
-                for record, end in zip(batch, ends, strict=True):
-                    owned.delivered = end
-                    yield record
-                    # asked for the next: the record is processed (a break, an exception or
-                    # a close() while it was in hand never comes back here)
-                    owned.position = end
-                    if self._interrupted:
-                        return
-                    self._auto_commit()
+            if self._closed or self._interrupted:
+                return
+            self._auto_commit()
+            record = self._hand_out()
+            if record is None:
+                self._fill(None)
+            else:
+                yield record
+
+    def _hand_out(self) -> Record | None:
+        """The next record fetched and not handed out, now in hand (delivered); None when
+        there is none."""
+        for owned in self._owned.values():
+            if owned.buffered:
+                record = owned.buffered.popleft()
+                owned.delivered = owned.buffered[0].offset if owned.buffered else owned.fetch_offset
+                return record
+        return None
 
     def interrupt(self) -> None:
         """End a `for record in member` loop at its next step, the record in hand counted as
@@ -289,31 +307,39 @@ class GroupConsumer(Closing):
         for owned in self._owned.values():
             owned.position = owned.delivered
 
-    def _next_batches(self, max_wait_ms: int | None) -> list[tuple[_Owned, list[Record]]]:
-        """Each owned partition's next fetched batch, with the rebalance, auto-commit and
-        fetches `poll` does; positions are left to the caller."""
+    def _fill(self, max_wait_ms: int | None) -> None:
+        """Rebalance when wanted, auto-commit when due, and unless records are buffered fetch,
+        waiting up to `max_wait_ms` (default the member's) for some; positions are left to
+        the caller."""
         wait_s = (self.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1000
         if not self._in_session(wait_s):
-            return []
-        if self._rebalance_wanted.is_set():
-            try:
-                self._rebalance()
-            except (Unavailable, BrokerError) as error:  # ZooKeeper or a broker went away
-                if isinstance(error, BrokerError) and not error.retriable:
-                    raise
-                log.warning("group %s: rebalance interrupted, will retry: %s", self.group, error)
-                self._rebalance_wanted.set()
-                return []
+            return
+        if self._rebalance_wanted.is_set() and not self._rebalanced():
+            return
         self._auto_commit()
-        batches = self._take_buffered()
-        if batches:
-            return batches
+        if self._buffered():
+            return
         if not self._owned:
             self._rebalance_wanted.wait(wait_s)
-            return []
+            return
         self._send_fetches(wait_s)
         self._receive_fetches(wait_s)
-        return self._take_buffered()
+
+    def _buffered(self) -> bool:
+        return any(owned.buffered for owned in self._owned.values())
+
+    def _rebalanced(self) -> bool:
+        """Rebalance; False when ZooKeeper or a broker went away meanwhile (the next poll
+        tries again)."""
+        try:
+            self._rebalance()
+        except (Unavailable, BrokerError) as error:
+            if isinstance(error, BrokerError) and not error.retriable:
+                raise
+            log.warning("group %s: rebalance interrupted, will retry: %s", self.group, error)
+            self._rebalance_wanted.set()
+            return False
+        return True
 
     def _in_session(self, wait_s: float) -> bool:
         """Whether the member may consume: connected to ZooKeeper, in the session that claimed
@@ -337,25 +363,22 @@ class GroupConsumer(Closing):
             self._rebalance_wanted.set()
         return True
 
-    def _take_buffered(self) -> list[tuple[_Owned, list[Record]]]:
-        batches = [(owned, owned.buffered) for owned in self._owned.values() if owned.buffered]
-        for owned, _ in batches:
-            owned.buffered = []
-        return batches
+    def _take_buffered(self) -> list[Record]:
+        """Every record fetched and not handed out, now handed out (delivered)."""
+        records: list[Record] = []
+        for owned in self._owned.values():
+            if owned.buffered:
+                records += owned.buffered
+                owned.buffered.clear()
+                owned.delivered = owned.fetch_offset  # a batch is one whole reply
+        return records
 
     def _send_fetches(self, wait_s: float) -> None:
         now = time.monotonic()
         for owned in self._owned.values():
             if owned.in_flight is not None or owned.rest_until > now:
                 continue
-            request = FetchRequest(
-                owned.tp.topic,
-                owned.tp.partition,
-                owned.fetch_offset,
-                owned.fetch_bytes,
-                round(wait_s * 1000),
-                1,
-            )
+            request = fetch_request(owned, wait_s)
             connection = self.cluster.connect(owned.endpoint)
             key = (connection, connection.send_pipelined(request))
             owned.in_flight, owned.sent_at = key, now
@@ -381,7 +404,8 @@ class GroupConsumer(Closing):
             owned = self._in_flight.pop((connection, correlation_id), None)
             if owned is not None:
                 owned.in_flight = None
-                self._on_fetch_reply(owned, frames)
+                if self._on_fetch_reply(owned, frames):
+                    self._reset_out_of_range(owned)
         self._expire_fetches(wait_s)
 
     def _expire_fetches(self, wait_s: float) -> None:
@@ -394,7 +418,10 @@ class GroupConsumer(Closing):
                 owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
                 log.warning("no reply to a fetch of %s from %s", owned.tp, owned.endpoint)
 
-    def _on_fetch_reply(self, owned: _Owned, frames: list[Any]) -> None:
+    def _on_fetch_reply(self, owned: _Owned, frames: list[Any]) -> bool:
+        """Take a fetch reply: its records buffered, or its error acted on. True when the
+        fetch offset is out of range (deleted by retention?): the caller then calls
+        `_reset_out_of_range`, which asks the broker (I/O of its own)."""
         tp = owned.tp
         try:
             reply = decode_reply(Api.FETCH, frames)
@@ -404,44 +431,51 @@ class GroupConsumer(Closing):
             if damage is not None:
                 self._damaged(owned, damage)
             elif error.code == ErrorCode.OFFSET_OUT_OF_RANGE:
-                try:
-                    offset = self._reset_offset(tp, owned.endpoint)
-                except (Unavailable, BrokerError) as failure:
-                    if isinstance(failure, BrokerError) and not failure.retriable:
-                        raise
-                    owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
-                    return
-                self.offset_resets += 1
-                log.warning(
-                    "group %s: offset %d of %s %s is out of range (deleted by retention?): "
-                    "reading from %s offset %d",
-                    self.group,
-                    owned.fetch_offset,
-                    tp.topic,
-                    tp.name,
-                    self.reset,
-                    offset,
-                )
-                owned.fetch_offset = owned.position = owned.delivered = offset
+                return True
             elif grown is not None:
                 owned.fetch_bytes = grown
             elif error.retriable or error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                 owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
             else:
                 raise
-            return
+            return False
         base = owned.fetch_offset
         messages, damage = decode_fetched(reply.message_set, base, tp.topic, tp.partition)
-        owned.buffered = [
+        owned.buffered = deque(
             Record(tp.topic, tp.partition, m.offset, m.timestamp_ms, m.key, m.value)
             for m in messages
-        ]
+        )
         if damage is None:
             owned.fetch_offset = base + len(reply.message_set)
         elif messages:  # these first; the next fetch meets the damage
             owned.fetch_offset = damage.start
         else:
             self._damaged(owned, damage)
+        return False
+
+    def _reset_out_of_range(self, owned: _Owned) -> None:
+        """Read an owned partition whose fetch offset is out of range from `reset` on (the
+        partition rests a moment when the broker cannot say where that is now)."""
+        tp = owned.tp
+        try:
+            offset = self._reset_offset(tp, owned.endpoint)
+        except (Unavailable, BrokerError) as failure:
+            if isinstance(failure, BrokerError) and not failure.retriable:
+                raise
+            owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+            return
+        self.offset_resets += 1
+        log.warning(
+            "group %s: offset %d of %s %s is out of range (deleted by retention?): "
+            "reading from %s offset %d",
+            self.group,
+            owned.fetch_offset,
+            tp.topic,
+            tp.name,
+            self.reset,
+            offset,
+        )
+        owned.fetch_offset = owned.position = owned.delivered = offset
 
     def _damaged(self, owned: _Owned, damage: CorruptSegment) -> None:
         """At damaged data: raise it (the next poll fetches it again), or with skip_corrupt
@@ -462,7 +496,7 @@ class GroupConsumer(Closing):
         self._in_flight.clear()
         for owned in self._owned.values():
             owned.in_flight = None
-            owned.buffered = []
+            owned.buffered.clear()
             owned.fetch_offset = owned.delivered = owned.position
 
     # -- rebalancing -------------------------------------------------------------------------
@@ -598,8 +632,11 @@ class GroupConsumer(Closing):
                 self.registry.commit_offset(self.group, tp.topic, tp.name, owned.position)
                 owned.committed = owned.position
 
+    def _commit_due(self) -> bool:
+        return self.auto_commit_interval_s is not None and time.monotonic() >= self._next_commit
+
     def _auto_commit(self) -> None:
-        if self.auto_commit_interval_s is None or time.monotonic() < self._next_commit:
+        if self.auto_commit_interval_s is None or not self._commit_due():
             return
         self._next_commit = time.monotonic() + self.auto_commit_interval_s
         try:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -250,3 +251,25 @@ def test_damaged_data_stops_a_member_by_name_and_skip_corrupt_reads_past_it(
     skipping = group_consume("cli-skippers", "--skip-corrupt", "--max-messages", "9")
     assert skipping.exit_code == 0, skipping.output
     assert skipping.stdout.splitlines() == [v.decode() for v in TEN[:4] + TEN[5:]]
+
+
+def test_a_loop_left_and_entered_again_goes_on_where_it_stopped(
+    group_topic: str, member: Callable[..., GroupConsumer]
+) -> None:
+    """Records fetched and not handed out stay with the member: the next loop gets them (they
+    were dropped with the last loop's generator, and the member fetched on past them)."""
+    got: list[bytes] = []
+    with member("re-entrants", group_topic) as consumer:
+        stopper = threading.Timer(20, consumer.interrupt)  # bounds a loop waiting for nothing
+        stopper.start()
+        try:
+            for _ in range(len(VALUES)):  # bounded: each loop takes up to three records
+                for record in consumer:
+                    got.append(record.value)
+                    if len(got) % 3 == 0 or record.value == VALUES[-1]:
+                        break
+                if got[-1:] == [VALUES[-1]] or stopper.finished.is_set():
+                    break
+        finally:
+            stopper.cancel()
+    assert got == VALUES
