@@ -32,12 +32,14 @@ Each client belongs to the event loop it was first used in.
 
 from broker.aio.connection import AsyncCluster, AsyncConnection
 from broker.aio.consumer import AsyncPartitionConsumer
+from broker.aio.group import AsyncGroupConsumer
 from broker.aio.producer import AsyncDelivery, AsyncProducer
 
 __all__ = [
     "AsyncCluster",
     "AsyncConnection",
     "AsyncDelivery",
+    "AsyncGroupConsumer",
     "AsyncPartitionConsumer",
     "AsyncProducer",
 ]

@@ -14,6 +14,7 @@ import textwrap
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from click.testing import CliRunner, Result
@@ -28,12 +29,18 @@ from tests.client.test_consumer import SIZE, TEN, first_segment, flip_value_byte
 from tests.pylogd import RunningBroker
 
 VALUES = [b"r-%03d" % i for i in range(100)]
+M = TypeVar("M")
 
 
 @pytest.fixture
 def group_topic(broker: RunningBroker, topic: str) -> str:
-    """A one-partition topic holding VALUES, written as several message sets so that a member
-    receives them in more than one fetch."""
+    """A one-partition topic holding VALUES (write_values)."""
+    return write_values(broker, topic)
+
+
+def write_values(broker: RunningBroker, topic: str) -> str:
+    """`topic` created with one partition holding VALUES, written as several message sets so
+    that a member receives them in more than one fetch."""
     with Admin(broker.endpoint) as admin:
         admin.create_topic(topic, 1)
     with Producer(broker.endpoint, topic, ack=Ack.FLUSHED, batch_messages=10) as producer:
@@ -46,12 +53,20 @@ def group_topic(broker: RunningBroker, topic: str) -> str:
 @pytest.fixture
 def member(zookeeper: PrivateZooKeeper, broker: RunningBroker) -> Callable[..., GroupConsumer]:
     """A GroupConsumer of the broker's registry, with the test's options."""
+    return member_maker(GroupConsumer, zookeeper, broker)
+
+
+def member_maker(
+    kind: Callable[..., M], zookeeper: PrivateZooKeeper, broker: RunningBroker
+) -> Callable[..., M]:
+    """`kind(zookeeper, group, [topic], ...)` in the broker's registry, with the test's options
+    (a short wait and session by default)."""
     chroot = broker.arguments[1]
 
-    def make(group: str, topic: str, **options: object) -> GroupConsumer:
+    def make(group: str, topic: str, **options: object) -> M:
         options.setdefault("max_wait_ms", 200)
         options.setdefault("session_timeout_s", 2.0)
-        return GroupConsumer(zookeeper.connect_string, group, [topic], chroot=chroot, **options)  # type: ignore[arg-type]
+        return kind(zookeeper.connect_string, group, [topic], chroot=chroot, **options)
 
     return make
 

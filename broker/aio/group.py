@@ -1,0 +1,257 @@
+"""A member of a consumer group on asyncio: broker.client.GroupConsumer, awaited.
+
+The member is a GroupConsumer (broker.client.group: its rebalance, positions, delivery rule,
+damaged data and commits are the ones used here), created and driven from the event loop;
+what differs is where its I/O runs:
+
+- ZooKeeper (kazoo, threaded): joining, every rebalance, commits (auto-commit included),
+  waiting for a lost connection and `close` run in worker threads (asyncio.to_thread), one
+  at a time, never on the event loop. `on_assigned` and `on_revoked` are plain functions,
+  called in such a thread (after a lost session, on the event loop).
+- Fetches go out on zmq.asyncio sockets, one long poll per owned partition in a task of its
+  own, so that another task runs while the member waits.
+
+Delivery is the sync member's, at least once: a record counts as processed when the next one
+is asked for (the next step of `async for`, the next `poll`, or `commit()`). Records fetched
+and not handed out stay with the member, so a `break`, an exception in the handler, a
+cancelled task (task.cancel(), asyncio.timeout around a step or the loop) or Ctrl-C leave
+nothing skipped: the record in hand is read again by the partition's next owner unless the
+loop asked for the next one, and a loop entered again goes on where the last stopped. A
+worker thread still running when its caller was cancelled is waited for by the member's next
+call.
+
+Not safe to share between event loops (or threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from broker.aio.connection import AsyncCluster
+from broker.client.group import (
+    RETRY_BACKOFF_S,
+    GroupConsumer,
+    Record,
+    TopicPartition,
+    _Owned,
+    fetch_request,
+)
+from broker.errors import PylogError, Unavailable
+from broker.log.message import Buffer
+
+log = logging.getLogger("pylog.group")
+
+T = TypeVar("T")
+
+
+class AsyncGroupConsumer:
+    """Consume `topics` as a member of `group`, through the ZooKeeper ensemble `zookeeper`, on
+    asyncio: `async with AsyncGroupConsumer(zookeeper, group, topics) as member: async for
+    record in member: ...`. `options` are GroupConsumer's keyword arguments (chroot,
+    consumer_id, reset, auto_commit_interval_s, max_wait_ms, ...), checked when the member
+    joins (`async with`, `start()`, or its first poll or step)."""
+
+    def __init__(self, zookeeper: str, group: str, topics: Iterable[str], **options: Any) -> None:
+        self._joining = (zookeeper, group, tuple(topics), options)
+        self._member: GroupConsumer | None = None
+        self._cluster: AsyncCluster | None = None
+        self._fetching: dict[_Owned, tuple[int, asyncio.Task[list[Buffer]]]] = {}
+        """Each owned partition's fetch in flight: the offset it fetches from, and its task."""
+        self._joined: asyncio.Future[GroupConsumer] | None = None
+        """Joining, in a worker thread (a cancelled `start` leaves it running)."""
+        self._thread: asyncio.Future[Any] | None = None
+        """The last call run in a worker thread (see `_in_thread`)."""
+
+    @property
+    def member(self) -> GroupConsumer:
+        """The sync member this one drives (ValueError before it joined)."""
+        if self._member is None:
+            raise ValueError("the member has not joined yet: use async with, or start()")
+        return self._member
+
+    @property
+    def assignment(self) -> frozenset[TopicPartition]:
+        """The partitions this member owns now."""
+        return self.member.assignment
+
+    def positions(self) -> dict[TopicPartition, int]:
+        """Each owned partition's position: the offset after the last processed record."""
+        return self.member.positions()
+
+    async def start(self) -> None:
+        """Join the group (ZooKeeper, in a worker thread); nothing when joined already."""
+        if self._member is None:
+            if self._joined is None:
+                zookeeper, group, topics, options = self._joining
+                joining = asyncio.to_thread(GroupConsumer, zookeeper, group, topics, **options)
+                self._joined = asyncio.ensure_future(joining)
+            member = await asyncio.shield(self._joined)
+            if self._member is None:
+                self._member = member
+                self._cluster = AsyncCluster((), member.cluster.client_id, member.timeout_s)
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in a worker thread, after the last such call has ended (a cancelled
+        caller leaves its thread running, never two at once)."""
+        await self._after_last_thread()
+        call = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        self._thread = call
+        try:
+            return await asyncio.shield(call)
+        finally:
+            if call.done():
+                self._thread = None
+
+    async def _after_last_thread(self) -> None:
+        """Wait for the last worker-thread call whose caller was cancelled while it ran, and
+        raise its error, which that caller never saw."""
+        previous = self._thread
+        if previous is None:
+            return
+        await asyncio.wait([previous])
+        self._thread = None
+        if not previous.cancelled():
+            previous.result()
+
+    # -- consuming ---------------------------------------------------------------------------
+
+    async def poll(self, max_wait_ms: int | None = None) -> list[Record]:
+        """GroupConsumer.poll, awaited: the next records of the owned partitions, waiting up
+        to `max_wait_ms` for some. Calling it counts every record returned before as
+        processed."""
+        await self.start()
+        member = self.member
+        member._processed_all()
+        await self._fill(max_wait_ms)
+        return member._take_buffered()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Record:
+        """The next record (for ever, until close or interrupt): the one in hand counts as
+        processed now."""
+        await self.start()
+        member = self.member
+        while True:
+            member._processed_all()
+            if member._closed or member._interrupted:
+                raise StopAsyncIteration
+            if member._commit_due():
+                await self._in_thread(member._auto_commit)
+            record = member._hand_out()
+            if record is not None:
+                return record
+            await self._fill(None)
+
+    def interrupt(self) -> None:
+        """End an `async for` loop at its next step, the record in hand counted as
+        processed (GroupConsumer.interrupt): a signal handler may call it."""
+        self.member.interrupt()
+
+    async def _fill(self, max_wait_ms: int | None) -> None:
+        """GroupConsumer._fill with its ZooKeeper calls in worker threads and its fetches on
+        the event loop."""
+        member = self.member
+        wait_s = (member.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1000
+        if not member.registry.connected:
+            self._drop_fetches()
+            member._stop_fetching()
+            await self._in_thread(member.registry.wait_connected, wait_s)
+            return
+        if not member._in_session(wait_s):  # connected: it returns at once
+            return
+        if member._rebalance_wanted.is_set():
+            self._drop_fetches()
+            if not await self._in_thread(member._rebalanced):
+                return
+        if member._commit_due():
+            await self._in_thread(member._auto_commit)
+        if member._buffered():
+            return
+        if not member._owned:
+            await self._in_thread(member._rebalance_wanted.wait, wait_s)
+            return
+        await self._fetch(wait_s)
+
+    async def _fetch(self, wait_s: float) -> None:
+        """Send a long poll for each owned partition with none in flight (unless it rests
+        after an error), wait up to `wait_s` for a first reply, and take every reply there."""
+        member = self.member
+        assert self._cluster is not None
+        now = time.monotonic()
+        for owned in member._owned.values():
+            if owned in self._fetching or owned.rest_until > now:
+                continue
+            request = fetch_request(owned, wait_s)
+            exchange = self._cluster.connect(owned.endpoint).exchange(request)
+            self._fetching[owned] = (request.offset, asyncio.ensure_future(exchange))
+        if not self._fetching:  # every partition rests after an error
+            rest_s = min(owned.rest_until for owned in member._owned.values()) - now
+            await asyncio.sleep(min(max(rest_s, 0.0), wait_s))
+            return
+        tasks = [task for _, task in self._fetching.values()]
+        await asyncio.wait(tasks, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+        for owned, (offset, task) in list(self._fetching.items()):
+            if not task.done():
+                continue
+            del self._fetching[owned]
+            try:
+                frames = task.result()
+            except Unavailable:
+                owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+                log.warning("no reply to a fetch of %s from %s", owned.tp, owned.endpoint)
+                continue
+            if owned.fetch_offset != offset:
+                continue  # fetching started again elsewhere meanwhile: a stale reply
+            if member._on_fetch_reply(owned, frames):
+                await self._in_thread(member._reset_out_of_range, owned)
+
+    def _drop_fetches(self) -> None:
+        """Forget the fetches in flight (the member's partitions change or pause)."""
+        for _, task in self._fetching.values():
+            task.cancel()
+        self._fetching.clear()
+
+    # -- offsets and life cycle --------------------------------------------------------------
+
+    async def commit(self) -> None:
+        """GroupConsumer.commit, in a worker thread: every record handed out counts as
+        processed, the one in hand included, and each owned position is recorded."""
+        await self._in_thread(self.member.commit)
+
+    async def close(self) -> None:
+        """GroupConsumer.close, in a worker thread: commit the processed records (with
+        auto-commit), release the partitions, leave the group; then close the sockets."""
+        self._drop_fetches()
+        try:
+            if self._member is None and self._joined is not None:
+                await asyncio.wait([self._joined])  # a start cancelled while joining
+                if not self._joined.cancelled() and self._joined.exception() is None:
+                    self._member = self._joined.result()
+            if self._member is not None:
+                try:
+                    await self._after_last_thread()
+                except PylogError as error:
+                    log.warning("group %s: before closing: %s", self._member.group, error)
+                await self._in_thread(self._member.close)
+        finally:
+            if self._cluster is not None:
+                await self._cluster.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
