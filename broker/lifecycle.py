@@ -48,3 +48,32 @@ class Running(ABC):
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class AsyncClosing(ABC):
+    """Closing on asyncio: `async with` opens it (`open()`) and closes it on the way out,
+    whatever happened inside."""
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect (or join) ahead of first use; closed again if that fails."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release the sockets (idempotent)."""
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.open()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()

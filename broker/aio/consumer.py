@@ -15,8 +15,7 @@ Not safe to share between event loops (or threads).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from types import TracebackType
-from typing import Self, cast
+from typing import cast
 
 from broker.aio.connection import AsyncCluster, AsyncConnection
 from broker.client.connection import DEFAULT_CLIENT_ID
@@ -27,11 +26,12 @@ from broker.client.consumer import (
     Start,
 )
 from broker.errors import BrokerError
+from broker.lifecycle import AsyncClosing
 from broker.log.message import Message
 from broker.protocol import OffsetsRequest
 
 
-class AsyncPartitionConsumer(PartitionReader):
+class AsyncPartitionConsumer(PartitionReader, AsyncClosing):
     """Read partition `partition` of `topic` from the broker that holds it, found through
     `endpoint`, on asyncio. Settings as broker.client.PartitionConsumer's. It connects, and
     finds its start, on first use (`async with`, the first `poll` or step of `async for`);
@@ -115,22 +115,10 @@ class AsyncPartitionConsumer(PartitionReader):
             if self.stop_at_end and self.at_end:
                 return
 
+    async def open(self) -> None:
+        """Connect, and find the start."""
+        await self._connected()
+
     async def close(self) -> None:
         if self._own_cluster:
             await self.cluster.close()
-
-    async def __aenter__(self) -> Self:
-        try:
-            await self._connected()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()

@@ -29,7 +29,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from broker.aio.connection import AsyncCluster
@@ -42,6 +41,7 @@ from broker.client.group import (
     fetch_request,
 )
 from broker.errors import PylogError, Unavailable
+from broker.lifecycle import AsyncClosing
 from broker.log.message import Buffer
 
 log = logging.getLogger("pylog.group")
@@ -49,12 +49,12 @@ log = logging.getLogger("pylog.group")
 T = TypeVar("T")
 
 
-class AsyncGroupConsumer:
+class AsyncGroupConsumer(AsyncClosing):
     """Consume `topics` as a member of `group`, through the ZooKeeper ensemble `zookeeper`, on
     asyncio: `async with AsyncGroupConsumer(zookeeper, group, topics) as member: async for
     record in member: ...`. `options` are GroupConsumer's keyword arguments (chroot,
     consumer_id, reset, auto_commit_interval_s, max_wait_ms, ...), checked when the member
-    joins (`async with`, `start()`, or its first poll or step)."""
+    joins (`async with`, `open()`, or its first poll or step)."""
 
     def __init__(self, zookeeper: str, group: str, topics: Iterable[str], **options: Any) -> None:
         self._joining = (zookeeper, group, tuple(topics), options)
@@ -63,7 +63,7 @@ class AsyncGroupConsumer:
         self._fetching: dict[_Owned, tuple[int, asyncio.Task[list[Buffer]]]] = {}
         """Each owned partition's fetch in flight: the offset it fetches from, and its task."""
         self._joined: asyncio.Future[GroupConsumer] | None = None
-        """Joining, in a worker thread (a cancelled `start` leaves it running)."""
+        """Joining, in a worker thread (a cancelled `open` leaves it running)."""
         self._thread: asyncio.Future[Any] | None = None
         """The last call run in a worker thread (see `_in_thread`)."""
 
@@ -71,7 +71,7 @@ class AsyncGroupConsumer:
     def member(self) -> GroupConsumer:
         """The sync member this one drives (ValueError before it joined)."""
         if self._member is None:
-            raise ValueError("the member has not joined yet: use async with, or start()")
+            raise ValueError("the member has not joined yet: use async with, or open()")
         return self._member
 
     @property
@@ -83,7 +83,7 @@ class AsyncGroupConsumer:
         """Each owned partition's position: the offset after the last processed record."""
         return self.member.positions()
 
-    async def start(self) -> None:
+    async def open(self) -> None:
         """Join the group (ZooKeeper, in a worker thread); nothing when joined already."""
         if self._member is None:
             if self._joined is None:
@@ -124,7 +124,7 @@ class AsyncGroupConsumer:
         """GroupConsumer.poll, awaited: the next records of the owned partitions, waiting up
         to `max_wait_ms` for some. Calling it counts every record returned before as
         processed."""
-        await self.start()
+        await self.open()
         member = self.member
         member._processed_all()
         await self._fill(max_wait_ms)
@@ -136,7 +136,7 @@ class AsyncGroupConsumer:
     async def __anext__(self) -> Record:
         """The next record (for ever, until close or interrupt): the one in hand counts as
         processed now."""
-        await self.start()
+        await self.open()
         member = self.member
         while True:
             member._processed_all()
@@ -231,7 +231,7 @@ class AsyncGroupConsumer:
         self._drop_fetches()
         try:
             if self._member is None and self._joined is not None:
-                await asyncio.wait([self._joined])  # a start cancelled while joining
+                await asyncio.wait([self._joined])  # an open cancelled while joining
                 if not self._joined.cancelled() and self._joined.exception() is None:
                     self._member = self._joined.result()
             if self._member is not None:
@@ -243,15 +243,3 @@ class AsyncGroupConsumer:
         finally:
             if self._cluster is not None:
                 await self._cluster.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
