@@ -184,8 +184,11 @@ class AsyncGroupConsumer(AsyncClosing):
         after an error), wait up to `wait_s` for a first reply, and take every reply there."""
         member = self.member
         assert self._cluster is not None
+        current = set(member._owned.values())
+        for owned in [owned for owned in self._fetching if owned not in current]:
+            self._fetching.pop(owned)[1].cancel()  # a partition lost (session expired)
         now = time.monotonic()
-        for owned in member._owned.values():
+        for owned in current:
             if owned in self._fetching or owned.rest_until > now:
                 continue
             request = fetch_request(owned, wait_s)

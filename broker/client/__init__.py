@@ -15,6 +15,9 @@
                        (topic_consumer.py): pylogctl consume
     GroupConsumer      a member of a consumer group coordinated through ZooKeeper (group.py)
 
+broker.aio has the producer, partition consumer and group member on asyncio, with the same
+shapes (AsyncProducer, AsyncPartitionConsumer, AsyncGroupConsumer) and this package's rules.
+
 Cluster, Admin, Producer, PartitionConsumer and TopicConsumer take any broker of the cluster
 ("host:port" or "tcp://host:port"; several, comma-separated, for when one is down) and find
 the others from it; GroupConsumer takes the ZooKeeper ensemble the brokers register in.

@@ -24,6 +24,8 @@ as processed, the one in hand included. Auto-commit (every `auto_commit_interval
 each poll and each step of the iteration), the rebalance commit and `close()` record only the
 processed records, so a `break` out of the loop, an exception in the handler or a crash leaves
 the record in hand (and everything after it) to be read again by the partition's next owner.
+Records fetched and not handed out stay with the member: a loop over it entered again goes on
+with the next record.
 
 Losing ZooKeeper: while the registry is disconnected the member returns no messages (its owner
 nodes may be about to expire and another member to take the partitions over); kazoo notices a

@@ -63,7 +63,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
 
@@ -121,31 +121,44 @@ class ProduceAck:
     count: int
 
 
-@dataclass(slots=True, eq=False)
 class Batch:
     """A batch of one partition: encoded messages waiting to be sent while it is open, then its
     outcome, set once (`settle`): the offset of its first message (None with ack NONE), or the
-    error that failed it."""
+    error that failed it. One is made for every batch: a plain class, cheaper to make than a
+    dataclass with defaults."""
 
-    partition: int
-    started: float
-    messages: list[bytes] = field(default_factory=list)
-    size: int = 0
-    done: bool = False
-    base_offset: int | None = None
-    error: PylogError | None = None
-    callbacks: list[Callable[[], object]] | None = None
+    __slots__ = (
+        "base_offset",
+        "callbacks",
+        "done",
+        "error",
+        "messages",
+        "partition",
+        "size",
+        "started",
+    )
+
+    def __init__(self, partition: int, started: float) -> None:
+        self.partition = partition
+        self.started = started
+        self.messages: list[bytes] = []
+        self.size = 0
+        self.done = False
+        self.base_offset: int | None = None
+        self.error: PylogError | None = None
+        self.callbacks: list[Callable[[], object]] | None = None
 
     def settle(self, base_offset: int | None, error: PylogError | None = None) -> None:
         """Set the outcome and run the callbacks added meanwhile (one raising is logged, as a
         concurrent.futures.Future does)."""
         self.done, self.base_offset, self.error = True, base_offset, error
-        callbacks, self.callbacks = self.callbacks, None
-        for callback in callbacks or ():
-            try:
-                callback()
-            except Exception:
-                log.exception("a Delivery's done callback raised")
+        if self.callbacks is not None:
+            callbacks, self.callbacks = self.callbacks, None
+            for callback in callbacks:
+                try:
+                    callback()
+                except Exception:
+                    log.exception("a Delivery's done callback raised")
 
     def offset(self, position: int) -> int:
         """The offset of the message at `position` of a done batch; raises its error, or
@@ -322,7 +335,9 @@ class ProducerCore:
         """The partition a message goes to: `partition` if given (checked), else by key or
         spread (keyless: the next of the spread, over the partitions being served if any is)."""
         if partition is not None:
-            return partition_of(layout, self.topic, partition).partition
+            if not 0 <= partition < len(layout):
+                partition_of(layout, self.topic, partition)  # raises, naming the range
+            return partition
         if key is not None and self.partitioner == "hash":
             return xxhash.xxh32_intdigest(key) % len(layout)
         spread = self._served or range(len(layout))
@@ -393,7 +408,11 @@ class ProducerCore:
     def _acked(self, entry: InFlight, reply: ProduceReply) -> None:
         ack = ProduceAck(entry.request.partition, reply.base_offset, reply.count)
         self._acks.append((entry.sequence, ack))
-        entry.batch.settle(reply.base_offset)
+        batch = entry.batch
+        if batch.callbacks is None:  # settle's work without its call: once a batch
+            batch.done, batch.base_offset = True, reply.base_offset
+        else:
+            batch.settle(reply.base_offset)
 
     def _take_acks(self) -> list[ProduceAck]:
         """The acknowledgements since the last call, in the order their batches were sent."""
@@ -405,9 +424,10 @@ class Producer(ProducerCore):
     """Send messages to `topic` on the cluster that `endpoint` (one or more, comma-separated)
     belongs to.
 
-    `flush()` sends every open batch and returns the acknowledgements received since the last
-    flush (every batch sent meanwhile, by `send` too); `close()` flushes first. `clock` measures
-    linger (tests pass a fake one).
+    `send()` returns a Delivery: its `result(timeout)` is the message's offset (see the module's
+    text). `flush()` sends every open batch and returns the acknowledgements received since the
+    last flush (every batch sent meanwhile, by `send` too); `close()` flushes first. `clock`
+    measures linger (tests pass a fake one).
 
     A batch that meets a retriable error or no reply within `timeout_s` is sent again until
     `delivery_timeout_s` have passed since its first sending (no new attempt starts later; the
