@@ -34,6 +34,7 @@ from broker.client.producer import (
     METADATA_RETRIES,
     Batch,
     Handle,
+    InFlight,
     Partitioner,
     ProduceAck,
     ProducerCore,
@@ -41,7 +42,7 @@ from broker.client.producer import (
 )
 from broker.clock import SYSTEM_CLOCK
 from broker.errors import BrokerError, PylogError, Unavailable
-from broker.protocol import Ack, Api, PartitionInfo, ProduceReply, ProduceRequest, decode_reply
+from broker.protocol import Ack, Api, PartitionInfo, ProduceReply, decode_reply
 
 
 class AsyncDelivery(Handle):
@@ -139,11 +140,10 @@ class AsyncProducer(ProducerCore):
         if it is full, then wait while `max_in_flight` batches are in flight. Raises the error
         of a failed batch met while waiting, and TypeError, nothing sent, for a value or key
         that is not bytes (nor made bytes by the serializers)."""
-        message, key = self._encode(value, key, timestamp_ms)
-        partition = self._place(await self._partition_layout(), key, partition)
-        batch, position, full = self._add(partition, message)
+        layout = await self._partition_layout()
+        batch, position, full = self._add(layout, value, key, timestamp_ms, partition)
         if full:
-            self._launch(partition)
+            self._launch(batch.partition)
             await self._reap(self.max_in_flight - 1)
         elif position == 0:
             asyncio.get_running_loop().call_later(self.linger_s, self._lingered, batch)
@@ -155,8 +155,8 @@ class AsyncProducer(ProducerCore):
 
     def _launch(self, partition: int) -> None:
         """Send `partition`'s open batch, in a task of its own."""
-        batch, request = self._close_batch(partition)
-        self._sending[batch] = asyncio.get_running_loop().create_task(self._deliver(batch, request))
+        entry = self._close_batch(partition)
+        self._sending[entry.batch] = asyncio.get_running_loop().create_task(self._deliver(entry))
 
     async def _reap(self, keep: int) -> None:
         """Wait until at most `keep` batches are in flight, forgetting those done; raises the
@@ -177,15 +177,15 @@ class AsyncProducer(ProducerCore):
         if task is not None:
             await asyncio.wait([task], timeout=timeout)
 
-    async def _deliver(self, batch: Batch, request: ProduceRequest) -> None:
+    async def _deliver(self, entry: InFlight) -> None:
         """Send a batch until acknowledged, or its budget is spent; its outcome on its
         handles."""
+        batch, request = entry.batch, entry.request
         try:
             if self.ack is Ack.NONE:
                 await (await self._holder(request.partition)).send_nowait(request)
                 batch.settle(None)
                 return
-            entry = self._in_flight_entry(batch, request)
             error: PylogError | None = None
             while True:
                 if error is not None:

@@ -311,11 +311,18 @@ class ProducerCore:
         self._served = [p.partition for p in layout if p.error_code == ErrorCode.NONE]
         return layout
 
-    def _encode(
-        self, value: Any, key: Any, timestamp_ms: int | None
-    ) -> tuple[bytes, Buffer | None]:
-        """The message as stored, and its key as bytes; TypeError for a value or key that is
-        not bytes (nor made bytes by the serializers)."""
+    def _add(
+        self,
+        layout: tuple[PartitionInfo, ...],
+        value: Any,
+        key: Any,
+        timestamp_ms: int | None,
+        partition: int | None,
+    ) -> tuple[Batch, int, bool]:
+        """Encode a message and add it to its partition's open batch: the batch, where the
+        message starts in it, and whether the batch is full now. TypeError, nothing added, for
+        a value or key that is not bytes (nor made bytes by the serializers). One call on the
+        path of every message: Producer.send's cost a message is mostly this."""
         if self.serializer is None:
             value = require_bytes("Producer.send: value", value, _NO_SERIALIZER_FIX)
         else:
@@ -327,27 +334,11 @@ class ProducerCore:
                 key = require_bytes(
                     "Producer.send: the key_serializer's result", self.key_serializer(key)
                 )
-        return encode_message(value, key, timestamp_ms), key
-
-    def _place(
-        self, layout: tuple[PartitionInfo, ...], key: Buffer | None, partition: int | None
-    ) -> int:
-        """The partition a message goes to: `partition` if given (checked), else by key or
-        spread (keyless: the next of the spread, over the partitions being served if any is)."""
-        if partition is not None:
-            if not 0 <= partition < len(layout):
-                partition_of(layout, self.topic, partition)  # raises, naming the range
-            return partition
-        if key is not None and self.partitioner == "hash":
-            return xxhash.xxh32_intdigest(key) % len(layout)
-        spread = self._served or range(len(layout))
-        if self.partitioner == "random":
-            return random.choice(spread)
-        return spread[next(self._round_robin) % len(spread)]
-
-    def _add(self, partition: int, message: bytes) -> tuple[Batch, int, bool]:
-        """Add `message` to `partition`'s open batch: the batch, where the message starts in
-        it, and whether the batch is full now."""
+        if partition is None:
+            partition = self._place(layout, key)
+        elif not 0 <= partition < len(layout):
+            partition_of(layout, self.topic, partition)  # raises, naming the range
+        message = encode_message(value, key, timestamp_ms)
         batch = self._batches.get(partition)
         if batch is None:
             batch = self._batches[partition] = Batch(partition, self.clock.monotonic())
@@ -357,6 +348,16 @@ class ProducerCore:
         batch.size += len(message)
         full = len(batch.messages) >= self.batch_messages or batch.size >= self.batch_bytes
         return batch, position, full
+
+    def _place(self, layout: tuple[PartitionInfo, ...], key: Buffer | None) -> int:
+        """The partition of a message not sent to a given one: by key, or spread (keyless:
+        the next of the spread, over the partitions being served if any is)."""
+        if key is not None and self.partitioner == "hash":
+            return xxhash.xxh32_intdigest(key) % len(layout)
+        spread = self._served or range(len(layout))
+        if self.partitioner == "random":
+            return random.choice(spread)
+        return spread[next(self._round_robin) % len(spread)]
 
     def _lingering(self) -> list[int]:
         """The partitions whose open batch's linger has passed (noting when the next one's
@@ -369,15 +370,13 @@ class ProducerCore:
         )
         return due
 
-    def _close_batch(self, partition: int) -> tuple[Batch, ProduceRequest]:
-        """Take `partition`'s open batch out, as the request that sends it."""
+    def _close_batch(self, partition: int) -> InFlight:
+        """Take `partition`'s open batch out, as the request that sends it, its retry budget
+        starting now."""
         batch = self._batches.pop(partition)
         request = ProduceRequest(self.topic, partition, self.ack, b"".join(batch.messages))
         self._sent += len(batch.messages)
         batch.messages = []  # the request holds them now; handles keep only the outcome
-        return batch, request
-
-    def _in_flight_entry(self, batch: Batch, request: ProduceRequest) -> InFlight:
         deadline = time.monotonic() + self.delivery_timeout_s
         return InFlight(request, batch, next(self._batches_sent), deadline)
 
@@ -484,7 +483,7 @@ class Producer(ProducerCore):
     def partition_for(self, key: bytes | None) -> int:
         """The partition a message with `key` goes to (keyless ones: the next of the spread,
         over the partitions being served if any is)."""
-        return self._place(self._partition_layout(), key, None)
+        return self._place(self._partition_layout(), key)
 
     def send(
         self,
@@ -497,11 +496,10 @@ class Producer(ProducerCore):
         is full, and any batch whose linger has passed. Raises what sending raises (BrokerError,
         Unavailable), and TypeError, nothing sent, for a value or key that is not bytes (nor
         made bytes by the producer's serializer or key_serializer)."""
-        message, key = self._encode(value, key, timestamp_ms)
-        partition = self._place(self._partition_layout(), key, partition)
-        batch, position, full = self._add(partition, message)
+        layout = self._partition_layout()
+        batch, position, full = self._add(layout, value, key, timestamp_ms, partition)
         if full:
-            self._send_batch(partition)
+            self._send_batch(batch.partition)
         if self._batches and self.clock.monotonic() >= self._linger_deadline:
             for lingering in self._lingering():
                 self._send_batch(lingering)
@@ -525,16 +523,16 @@ class Producer(ProducerCore):
                 self._receive_ack(left)
 
     def _send_batch(self, partition: int) -> None:
-        batch, request = self._close_batch(partition)
+        entry = self._close_batch(partition)
         if self.ack is Ack.NONE:
             try:
-                self._holder(partition).send_nowait(request)
+                self._holder(partition).send_nowait(entry.request)
             except PylogError as error:
-                batch.settle(None, error)
+                entry.batch.settle(None, error)
                 raise
-            batch.settle(None)
+            entry.batch.settle(None)
         else:
-            self._dispatch(self._in_flight_entry(batch, request))
+            self._dispatch(entry)
             while len(self._in_flight) >= self.max_in_flight:
                 self._receive_ack()
 
