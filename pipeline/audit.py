@@ -26,7 +26,9 @@ import click
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from broker.client.audit import WINDOW_MS
 from broker.client.consumer import timestamp_ms
 from broker.errors import PylogError
 from pipeline.load import LOADED_SCHEMA, MICROS_PER_HOUR, epoch_micros, whole
@@ -46,15 +48,74 @@ _DATE_FORMATS: Final = ["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M",
 
 @dataclass(frozen=True, slots=True)
 class HourCount:
-    """Messages of one hour (starting at `hour`, UTC) in pylog and in Parquet."""
+    """Messages of one hour (starting at `hour`, UTC) in pylog and in Parquet, and what the
+    producers said they produced (None when no audit topic was read)."""
 
     hour: datetime.datetime
     in_pylog: int
     loaded: int
+    produced: int | None = None
 
     @property
     def difference(self) -> int:
         return self.loaded - self.in_pylog
+
+    @property
+    def differs(self) -> bool:
+        return self.difference != 0 or self.produced not in (None, self.in_pylog)
+
+
+AUDIT_RECORD: Final = StructType(
+    [
+        StructField("producer", StringType()),
+        StructField("topic", StringType()),
+        StructField("window_start_ms", LongType()),
+        StructField("window_ms", LongType()),
+        StructField("count", LongType()),
+    ]
+)
+"""broker.client.audit.AuditRecord, as the JSON value of an audit topic's messages."""
+
+
+def produced_per_hour(
+    spark: SparkSession,
+    cluster: Mapping[str, str],
+    audit_topic: str,
+    topic: str,
+    start_ms: int,
+    end_ms: int,
+) -> dict[int, int]:
+    """Messages of `topic` that producers counted as produced, per hour in [start_ms, end_ms)
+    (hours since the epoch -> messages): each producer's largest running total of each hour,
+    summed over producers. Records that are not audit records are counted and logged."""
+    records = (
+        spark.read.format("pylog")
+        .options(**cluster, subscribe=audit_topic)
+        .load()
+        .select(F.from_json(F.col("value").cast("string"), AUDIT_RECORD).alias("r"))
+        .select("r.*")
+        .cache()
+    )
+    malformed = records.where(F.col("count").isNull() | (F.col("window_ms") != WINDOW_MS)).count()
+    if malformed:
+        log.warning(
+            "%d records of %s are not hourly audit records: left out", malformed, audit_topic
+        )
+    totals = (
+        records.where(
+            (F.col("topic") == topic)
+            & (F.col("window_ms") == WINDOW_MS)
+            & (F.col("window_start_ms") >= start_ms)
+            & (F.col("window_start_ms") < end_ms)
+        )
+        .groupBy("producer", "window_start_ms")
+        .agg(F.max("count").alias("count"))
+        .groupBy("window_start_ms")
+        .agg(F.sum("count").alias("count"))
+        .collect()
+    )
+    records.unpersist()
+    return {int(row["window_start_ms"]) // WINDOW_MS: int(row["count"]) for row in totals}
 
 
 def _per_hour(rows: DataFrame, start_us: int, end_us: int) -> dict[int, int]:
@@ -75,13 +136,25 @@ def audit(
     output: str,
     start: datetime.datetime,
     end: datetime.datetime,
+    audit_topic: str | None = None,
 ) -> list[HourCount]:
     """Per-hour counts of `topic` in [start, end) (UTC when naive), in pylog and in the load
-    at `output`: every hour that has messages on either side, in order."""
+    at `output`, and with `audit_topic` what its producers counted (start and end must then
+    be whole hours): every hour that has messages on any side, in order."""
     start, end = (m if m.tzinfo else m.replace(tzinfo=datetime.UTC) for m in (start, end))
     if end <= start:
         raise ValueError(f"the window ends ({end}) before it starts ({start})")
     start_us, end_us = timestamp_ms(start) * 1000, timestamp_ms(end) * 1000
+    produced: dict[int, int] | None = None
+    if audit_topic is not None:
+        if start_us % MICROS_PER_HOUR or end_us % MICROS_PER_HOUR:
+            raise ValueError(
+                f"with an audit topic the window starts and ends on whole hours (producers "
+                f"count per hour): {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} does not"
+            )
+        produced = produced_per_hour(
+            spark, cluster, audit_topic, topic, start_us // 1000, end_us // 1000
+        )
     in_pylog = _per_hour(
         spark.read.format("pylog")
         .options(**cluster, subscribe=topic, startingTimestamp=str(timestamp_ms(start)))
@@ -108,26 +181,34 @@ def audit(
             datetime.datetime.fromtimestamp(hour * 3600, datetime.UTC),
             in_pylog.get(hour, 0),
             loaded.get(hour, 0),
+            None if produced is None else produced.get(hour, 0),
         )
-        for hour in sorted(in_pylog.keys() | loaded.keys())
+        for hour in sorted(in_pylog.keys() | loaded.keys() | (produced or {}).keys())
     ]
 
 
-def format_table(topic: str, counts: list[HourCount]) -> str:
-    """The audit's table: one line per hour, a total, and OK or the differences."""
-    lines = [f"{'hour (UTC)':<17} {'in pylog':>12} {'loaded':>12} {'difference':>12}"]
+def format_table(topic: str, counts: list[HourCount], with_produced: bool = False) -> str:
+    """The audit's table: one line per hour, a total, and OK or the differences; the
+    producers' counts in a first column `with_produced`."""
+    produced_head = f" {'produced':>12}" if with_produced else ""
+    lines = [
+        f"{'hour (UTC)':<17}{produced_head} {'in pylog':>12} {'loaded':>12} {'difference':>12}"
+    ]
     for count in counts:
-        mark = "" if count.difference == 0 else "  <-- differs"
+        mark = "  <-- differs" if count.differs else ""
+        produced = f" {count.produced:>12}" if with_produced else ""
         lines.append(
-            f"{count.hour:%Y-%m-%d %H:00}  {count.in_pylog:>12} {count.loaded:>12} "
+            f"{count.hour:%Y-%m-%d %H:00} {produced} {count.in_pylog:>12} {count.loaded:>12} "
             f"{count.difference:>+12}{mark}"
         )
     total_pylog = sum(c.in_pylog for c in counts)
     total_loaded = sum(c.loaded for c in counts)
+    total_produced = f" {sum(c.produced or 0 for c in counts):>12}" if with_produced else ""
     lines.append(
-        f"{'total':<17} {total_pylog:>12} {total_loaded:>12} {total_loaded - total_pylog:>+12}"
+        f"{'total':<17}{total_produced} {total_pylog:>12} {total_loaded:>12} "
+        f"{total_loaded - total_pylog:>+12}"
     )
-    differing = sum(1 for c in counts if c.difference)
+    differing = sum(1 for c in counts if c.differs)
     lines.append(
         f"{topic}: OK, every hour matches"
         if not differing
@@ -136,9 +217,10 @@ def format_table(topic: str, counts: list[HourCount]) -> str:
     return "\n".join(lines)
 
 
-def _hour_fields(count: HourCount) -> dict[str, object]:
+def _hour_fields(count: HourCount, with_produced: bool) -> dict[str, object]:
     return {
         "hour": count.hour.isoformat(),
+        **({"produced": count.produced} if with_produced else {}),
         "in_pylog": count.in_pylog,
         "loaded": count.loaded,
         "difference": count.difference,
@@ -159,6 +241,11 @@ def _hour_fields(count: HourCount) -> dict[str, object]:
     "--end", type=click.DateTime(_DATE_FORMATS), required=True, help="The window's end (UTC)."
 )
 @click.option(
+    "--audit-topic",
+    help="Also compare with what producers counted as produced, from the audit records they "
+    "publish to this topic (Producer(audit_topic=...)); --start and --end on whole hours.",
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="One JSON object a line: each hour, then the total."
 )
 def main(
@@ -170,10 +257,11 @@ def main(
     output: str,
     start: datetime.datetime,
     end: datetime.datetime,
+    audit_topic: str | None,
     as_json: bool,
 ) -> None:
-    """Count a topic's messages per hour in pylog and in a load's Parquet output; exit 1 if
-    any hour differs.
+    """Count a topic's messages per hour in pylog and in a load's Parquet output (and with
+    --audit-topic, what its producers counted as produced); exit 1 if any hour differs.
 
     \b
     Examples:
@@ -188,6 +276,12 @@ def main(
             --end 2026-11-23 --json
       {"type": "hour", "topic": "clicks", "hour": "2026-11-22T10:00:00+00:00", "in_pylog": 12, ...}
       {"type": "audit", "topic": "clicks", "in_pylog": 20, "loaded": 16, "differing_hours": 1}
+      $ pylogctl audit --topic clicks --output ./warehouse --audit-topic _audit \\
+            --start 2026-11-22T10:00 --end 2026-11-22T11:00
+      hour (UTC)            produced     in pylog       loaded   difference
+      2026-11-22 10:00            12           12           12           +0
+      total                       12           12           12           +0
+      clicks: OK, every hour matches
     """
     show_progress("audit")
     if end <= start:
@@ -195,21 +289,26 @@ def main(
     cluster = cluster_options(broker, zookeeper)
     try:
         with job_session("pylog-audit", master, conf) as spark:
-            counts = audit(spark, cluster, topic, output, start, end)
+            counts = audit(spark, cluster, topic, output, start, end, audit_topic)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from error
     except (PylogError, PySparkException) as error:
         raise click.ClickException(failure_message(error)) from error
+    with_produced = audit_topic is not None
     if as_json:
         for count in counts:
-            click.echo(json.dumps({"type": "hour", "topic": topic, **_hour_fields(count)}))
+            fields = _hour_fields(count, with_produced)
+            click.echo(json.dumps({"type": "hour", "topic": topic, **fields}))
         totals = {
+            **({"produced": sum(c.produced or 0 for c in counts)} if with_produced else {}),
             "in_pylog": sum(c.in_pylog for c in counts),
             "loaded": sum(c.loaded for c in counts),
-            "differing_hours": sum(1 for c in counts if c.difference),
+            "differing_hours": sum(1 for c in counts if c.differs),
         }
         click.echo(json.dumps({"type": "audit", "topic": topic, **totals}))
     else:
-        click.echo(format_table(topic, counts))
-    if any(c.difference for c in counts):
+        click.echo(format_table(topic, counts, with_produced))
+    if any(c.differs for c in counts):
         sys.exit(EXIT_DIFFERENCE)
 
 

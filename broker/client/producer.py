@@ -69,6 +69,7 @@ from typing import Any, Literal, Self
 
 import xxhash
 
+from broker.client.audit import WINDOW_MS, ProducedCounts
 from broker.client.cluster import Cluster, partition_of
 from broker.client.connection import (
     DEFAULT_CLIENT_ID,
@@ -136,6 +137,7 @@ class Batch:
         "partition",
         "size",
         "started",
+        "windows",
     )
 
     def __init__(self, partition: int, started: float) -> None:
@@ -147,6 +149,8 @@ class Batch:
         self.base_offset: int | None = None
         self.error: PylogError | None = None
         self.callbacks: list[Callable[[], object]] | None = None
+        self.windows: dict[int, int] | None = None
+        """With auditing: the batch's messages per audit window (broker.client.audit)."""
 
     def settle(self, base_offset: int | None, error: PylogError | None = None) -> None:
         """Set the outcome and run the callbacks added meanwhile (one raising is logged, as a
@@ -296,6 +300,8 @@ class ProducerCore:
         """Acknowledgements since the last flush, each with its batch's send sequence."""
         self._batches_sent = itertools.count()
         self._sent = 0
+        self.produced: ProducedCounts | None = None
+        """With auditing, what was acknowledged per window (set by the producer)."""
 
     @property
     def messages_sent(self) -> int:
@@ -338,11 +344,18 @@ class ProducerCore:
             partition = self._place(layout, key)
         elif not 0 <= partition < len(layout):
             partition_of(layout, self.topic, partition)  # raises, naming the range
+        if self.produced is not None and timestamp_ms is None:
+            timestamp_ms = time.time_ns() // 1_000_000  # counted in its window, as stored
         message = encode_message(value, key, timestamp_ms)
         batch = self._batches.get(partition)
         if batch is None:
             batch = self._batches[partition] = Batch(partition, self.clock.monotonic())
             self._linger_deadline = min(self._linger_deadline, batch.started + self.linger_s)
+        if self.produced is not None:
+            assert timestamp_ms is not None
+            window = timestamp_ms // WINDOW_MS
+            windows = batch.windows = batch.windows or {}
+            windows[window] = windows.get(window, 0) + 1
         position = batch.size
         batch.messages.append(message)
         batch.size += len(message)
@@ -408,10 +421,16 @@ class ProducerCore:
         ack = ProduceAck(entry.request.partition, reply.base_offset, reply.count)
         self._acks.append((entry.sequence, ack))
         batch = entry.batch
+        self._count_produced(batch)
         if batch.callbacks is None:  # settle's work without its call: once a batch
             batch.done, batch.base_offset = True, reply.base_offset
         else:
             batch.settle(reply.base_offset)
+
+    def _count_produced(self, batch: Batch) -> None:
+        """Count `batch`'s messages as produced (acknowledged, or handed over with ack NONE)."""
+        if batch.windows is not None and self.produced is not None:
+            self.produced.add(batch.windows)
 
     def _take_acks(self) -> list[ProduceAck]:
         """The acknowledgements since the last call, in the order their batches were sent."""
@@ -432,7 +451,12 @@ class Producer(ProducerCore):
     `delivery_timeout_s` have passed since its first sending (no new attempt starts later; the
     last one still gets its `timeout_s`), and at most `retries` times when that is not None
     (`pylogctl produce` gives 1, to fail fast). The default outlasts a worker's restart by
-    pylogd (see the module doc); a shorter one fails sends while a worker restarts."""
+    pylogd (see the module doc); a shorter one fails sends while a worker restarts.
+
+    `audit_topic`: count the messages acknowledged (handed over, with ack NONE) per hour of
+    their timestamps, and publish the running totals to that topic (broker.client.audit) every
+    `audit_interval_s`, checked when a batch is sent, and on every flush and close, for
+    `pipeline.audit --audit-topic` to compare with what was stored and loaded."""
 
     def __init__(
         self,
@@ -451,6 +475,8 @@ class Producer(ProducerCore):
         clock: Clock = SYSTEM_CLOCK,
         serializer: Serializer | None = None,
         key_serializer: Serializer | None = None,
+        audit_topic: str | None = None,
+        audit_interval_s: float = 60.0,
     ) -> None:
         super().__init__(
             topic,
@@ -469,6 +495,15 @@ class Producer(ProducerCore):
         self._in_flight: dict[tuple[Connection, int], InFlight] = {}
         metadata_retries = METADATA_RETRIES if retries is None else retries
         self.cluster = Cluster(endpoint, client_id, timeout_s, metadata_retries)
+        self._audit: Producer | None = None
+        self._audit_interval_s = audit_interval_s
+        self._audit_due = math.inf
+        if audit_topic is not None:
+            if audit_topic == topic:
+                raise ValueError(f"audit_topic {audit_topic!r} is the topic audited")
+            self.produced = ProducedCounts(topic)
+            self._audit = Producer(endpoint, audit_topic, client_id=client_id, timeout_s=timeout_s)
+            self._audit_due = self.clock.monotonic() + audit_interval_s
 
     @property
     def partitions(self) -> int:
@@ -531,10 +566,22 @@ class Producer(ProducerCore):
                 entry.batch.settle(None, error)
                 raise
             entry.batch.settle(None)
+            self._count_produced(entry.batch)
         else:
             self._dispatch(entry)
             while len(self._in_flight) >= self.max_in_flight:
                 self._receive_ack()
+        if self.clock.monotonic() >= self._audit_due:
+            self._publish_audit()
+
+    def _publish_audit(self) -> None:
+        """Send the audit records of the windows whose counts changed, acknowledged as flushed
+        (every `audit_interval_s`, checked when a batch is sent, and on flush)."""
+        assert self._audit is not None and self.produced is not None
+        for record in self.produced.take_changed():
+            self._audit.send(record.encode(), record.producer.encode())
+        self._audit.flush()
+        self._audit_due = self.clock.monotonic() + self._audit_interval_s
 
     def _holder(self, partition: int) -> Connection:
         return self.cluster.connection(self._partition_layout()[partition].broker_id)
@@ -621,6 +668,8 @@ class Producer(ProducerCore):
             self._send_batch(partition)
         while self._in_flight:
             self._receive_ack()
+        if self._audit is not None:
+            self._publish_audit()
         return self._take_acks()
 
     def close(self) -> None:
@@ -629,6 +678,8 @@ class Producer(ProducerCore):
             self.flush()
         finally:
             self.cluster.close()
+            if self._audit is not None:
+                self._audit.close()
 
     def __enter__(self) -> Self:
         return self

@@ -17,6 +17,7 @@ from pathlib import Path
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
+from broker.client import Producer
 from cli.pylogctl import cli
 from pipeline import audit, load
 from tests.pipeline.conftest import create_topic, produce
@@ -273,3 +274,54 @@ def test_pylogctl_load_without_pyspark_says_how_to_install_it() -> None:
         "missing): pip install 'pylog[pipeline]' into this environment (scripts/setup does), "
         "and Java 17"
     )
+
+
+def test_the_audit_compares_what_producers_counted_with_what_was_stored_and_loaded(
+    spark: SparkSession, broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    audit_topic = f"{topic}-audit"
+    create_topic(broker.endpoint, topic, 2)
+    create_topic(broker.endpoint, audit_topic, 1)
+    with Producer(broker.endpoint, topic, audit_topic=audit_topic) as producer:
+        for n in range(12):
+            producer.send(b"v", timestamp_ms=ms(TEN_FIFTEEN) + n)
+        for n in range(4):
+            producer.send(b"v", timestamp_ms=ms(ELEVEN_THIRTY) + n)
+    output = str(tmp_path / "warehouse")
+    cluster = {"broker": broker.endpoint}
+    load.load(spark, cluster, [topic], output)
+    arguments = [
+        *("--broker", broker.endpoint, "--topic", topic, "--output", output),
+        *("--audit-topic", audit_topic, "--start", "2026-11-22T10:00", "--end", "2026-11-22T12:00"),
+    ]
+    runner = CliRunner()
+
+    matching = runner.invoke(audit.main, arguments)
+    assert matching.exit_code == 0, matching.output
+    assert matching.output.splitlines() == [
+        "hour (UTC)            produced     in pylog       loaded   difference",
+        "2026-11-22 10:00            12           12           12           +0",
+        "2026-11-22 11:00             4            4            4           +0",
+        "total                       16           16           16           +0",
+        f"{topic}: OK, every hour matches",
+    ]
+
+    # Two messages that no audited producer counted, stored and loaded: hour 10 differs.
+    produce(broker.endpoint, topic, 2, 2, timestamp_ms=ms(TEN_FIFTEEN))
+    load.load(spark, cluster, [topic], output)
+    differing = runner.invoke(audit.main, [*arguments, "--json"])
+    assert differing.exit_code == 1, differing.output
+    assert [json.loads(line) for line in differing.stdout.splitlines()][-1] == {
+        "type": "audit",
+        "topic": topic,
+        "produced": 16,
+        "in_pylog": 18,
+        "loaded": 18,
+        "differing_hours": 1,
+    }
+
+    half_hour = runner.invoke(
+        audit.main, [*arguments[:-4], "--start", "2026-11-22T10:30", "--end", "2026-11-22T12:00"]
+    )
+    assert half_hour.exit_code == 2
+    assert "whole hours" in half_hour.output
