@@ -219,11 +219,13 @@ def check_cluster(cluster: Mapping[str, str], topics: Sequence[str]) -> None:
 
 class Progress:
     """What the load tells its user: a line per micro-batch (logged), and on a terminal a bar
-    of bytes loaded out of those to load, drawn on stderr below the lines."""
+    of bytes loaded out of those to load, drawn on stderr below the lines (with --follow, until
+    the load has caught up)."""
 
     def __init__(self, follow: bool, as_json: bool) -> None:
         self.follow = follow
         self.as_json = as_json
+        self.caught_up = False
         self.bar: ProgressBar[int] | None = None
         self.first: int | None = None  # the byte offsets (summed) the run started from
 
@@ -246,13 +248,16 @@ class Progress:
         if self.bar is not None:
             click.echo("\r\033[K", nl=False, err=True)  # the line goes above the bar
         log.info(line)
-        if self.follow or not sys.stderr.isatty():
+        if self.caught_up or not sys.stderr.isatty():
             return
         if self.bar is None:
             self.bar = click.progressbar(
                 length=max(batch.latest - self.first, 1), label="loading", file=sys.stderr
             )
         self.bar.update(batch.end - self.first - self.bar.pos)
+        if self.follow and to_load == 0:  # caught up: lines only from here on
+            self.bar.render_finish()
+            self.bar, self.caught_up = None, True
 
 
 @click.command()

@@ -43,6 +43,11 @@ def job_session(
         return
     builder = SparkSession.builder.appName(app_name).master(master or DEFAULT_MASTER)
     builder = builder.config("spark.ui.showConsoleProgress", "false")  # the job logs its own
+    if (master or DEFAULT_MASTER).startswith("local"):
+        # A local Spark listens on loopback only (by default it binds the address its host name
+        # resolves to, or the first interface's, and fails where the name does not resolve).
+        for key in ("spark.driver.host", "spark.driver.bindAddress"):
+            builder = builder.config(key, "127.0.0.1")
     for key, value in conf:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
