@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,3 +24,17 @@ def source(tmp_path: Path) -> Path:
             ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__")
         )
     return copy
+
+
+def verify_unit(unit: Path, installed: str, here: Path, folder: Path) -> tuple[int, str]:
+    """`systemd-analyze verify` of `unit` with the path `installed` replaced by `here` (verify
+    checks that ExecStart exists), from a copy in `folder`: its exit code and what it printed."""
+    copy = folder / unit.name
+    copy.write_text(unit.read_text().replace(installed, str(here)))
+    result = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(copy)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result.returncode, result.stdout + result.stderr

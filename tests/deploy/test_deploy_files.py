@@ -13,16 +13,17 @@ from pathlib import Path
 import pytest
 
 from broker.config import SETTINGS, load_config
+from tests.deploy.conftest import verify_unit
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 UNIT = DEPLOY / "systemd" / "pylogd.service"
 INSTALLED_PYLOGD = "/opt/pylog/.venv/bin/pylogd"
 
 
-def unit_directives() -> dict[str, str]:
+def unit_directives(unit: Path = UNIT) -> dict[str, str]:
     parser = configparser.ConfigParser(strict=False, interpolation=None)
     parser.optionxform = str  # type: ignore[assignment,method-assign]
-    parser.read(UNIT)
+    parser.read(unit)
     return {key: value for section in parser.sections() for key, value in parser[section].items()}
 
 
@@ -31,15 +32,7 @@ def test_unit_passes_systemd_analyze_verify_without_a_warning(tmp_path: Path) ->
     # verify checks that ExecStart exists: point it at this checkout's pylogd.
     pylogd = Path(sys.executable).with_name("pylogd")
     assert pylogd.exists(), "pylogd is installed by scripts/setup"
-    unit = tmp_path / UNIT.name
-    unit.write_text(UNIT.read_text().replace(INSTALLED_PYLOGD, str(pylogd)))
-    result = subprocess.run(
-        ["systemd-analyze", "verify", "--man=no", str(unit)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+    assert verify_unit(UNIT, INSTALLED_PYLOGD, pylogd, tmp_path) == (0, "")
 
 
 EXPOSURE = 1.2

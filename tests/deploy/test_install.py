@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy.conftest import verify_unit
 from tests.deploy.test_deploy_files import DEPLOY, INSTALLED_PYLOGD, UNIT, unit_directives
 
 
@@ -44,15 +45,7 @@ def test_install_into_a_root_then_again_keeps_the_config(source: Path, tmp_path:
 
     if shutil.which("systemd-analyze") is not None:
         # verify checks that ExecStart exists: point it at the pylogd installed in the root.
-        verified = tmp_path / unit.name
-        verified.write_text(unit.read_text().replace(INSTALLED_PYLOGD, str(pylogd)))
-        result = subprocess.run(
-            ["systemd-analyze", "verify", "--man=no", str(verified)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert (result.returncode, result.stdout + result.stderr) == (0, "")
+        assert verify_unit(unit, INSTALLED_PYLOGD, pylogd, tmp_path) == (0, "")
 
     config.write_text("[broker]\nport = 9099\n")
     install(source, root)

@@ -3,17 +3,16 @@
 
 from __future__ import annotations
 
-import configparser
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from pipeline import load
-from tests.deploy.test_deploy_files import DEPLOY
+from tests.deploy.conftest import verify_unit
+from tests.deploy.test_deploy_files import DEPLOY, unit_directives
 
 UNIT = DEPLOY / "systemd" / "pylog-load.service"
 INSTALLED_PYTHON = "/opt/pylog/.venv/bin/python"
@@ -21,22 +20,11 @@ INSTALLED_PYTHON = "/opt/pylog/.venv/bin/python"
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
 def test_load_unit_passes_systemd_analyze_verify_without_a_warning(tmp_path: Path) -> None:
-    unit = tmp_path / UNIT.name  # verify checks that ExecStart exists: this venv's Python
-    unit.write_text(UNIT.read_text().replace(INSTALLED_PYTHON, sys.executable))
-    result = subprocess.run(
-        ["systemd-analyze", "verify", "--man=no", str(unit)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+    assert verify_unit(UNIT, INSTALLED_PYTHON, Path(sys.executable), tmp_path) == (0, "")
 
 
 def test_load_unit_runs_the_job_that_exists_and_waits_for_its_batch() -> None:
-    parser = configparser.ConfigParser(interpolation=None)
-    parser.optionxform = str  # type: ignore[assignment,method-assign]
-    parser.read(UNIT)
-    unit = {**parser["Unit"], **parser["Service"]}
+    unit = unit_directives(UNIT)
     argv = shlex.split(unit["ExecStart"].replace("\\\n", " "))
     assert argv[:3] == [INSTALLED_PYTHON, "-m", "pipeline.load"]
     context = load.main.make_context("pipeline.load", argv[3:])  # the options all exist
