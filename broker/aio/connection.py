@@ -49,13 +49,16 @@ from broker.protocol import (
     decode_reply,
     decode_reply_header,
 )
+from broker.security import ClientKeys
 
 log = logging.getLogger(__name__)
 
 
 class AsyncConnection(Framing):
     """Requests to the broker at `endpoint` ("host:port" or "tcp://host:port"), any number at
-    once. `context` defaults to one of the connection's own, terminated by `close()`."""
+    once. `context` defaults to one of the connection's own, terminated by `close()`. `keys`
+    make its socket a CurveZMQ client of a broker serving Curve, as
+    broker.client.Connection's."""
 
     def __init__(
         self,
@@ -63,8 +66,10 @@ class AsyncConnection(Framing):
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
         context: zmq.asyncio.Context | None = None,
+        *,
+        keys: ClientKeys | None = None,
     ) -> None:
-        super().__init__(endpoint, client_id, timeout_s)
+        super().__init__(endpoint, client_id, timeout_s, keys)
         self._own_context = context is None
         self._context = zmq.asyncio.Context() if context is None else context
         self._socket: zmq.asyncio.Socket | None = None
@@ -80,6 +85,7 @@ class AsyncConnection(Framing):
             socket = self._context.socket(zmq.DEALER)
             try:
                 socket.setsockopt(zmq.LINGER, FIRE_AND_FORGET_LINGER_MS)
+                self._secure(socket)
                 socket.connect(self.endpoint)
             except BaseException:
                 socket.close(linger=0)
@@ -114,10 +120,7 @@ class AsyncConnection(Framing):
             async with asyncio.timeout(timeout_s):
                 return await reply
         except TimeoutError:
-            raise Unavailable(
-                f"no reply from {self.endpoint} within {timeout_s:g} s to "
-                f"{request.api.name} (broker down or unreachable?)"
-            ) from None
+            raise self._no_reply(request, timeout_s) from None
         finally:
             self._waiting.pop(correlation_id, None)
 
@@ -175,8 +178,8 @@ class AsyncConnection(Framing):
 
 
 class AsyncCluster(BrokerMap):
-    """The brokers reachable from `bootstrap`, and connections to them (sharing one context):
-    broker.client.Cluster on asyncio."""
+    """The brokers reachable from `bootstrap`, and connections to them (sharing one context,
+    each with `keys`): broker.client.Cluster on asyncio."""
 
     def __init__(
         self,
@@ -184,8 +187,10 @@ class AsyncCluster(BrokerMap):
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
         retries: int = 3,
+        *,
+        keys: ClientKeys | None = None,
     ) -> None:
-        super().__init__(bootstrap, client_id, timeout_s, retries)
+        super().__init__(bootstrap, client_id, timeout_s, retries, keys)
         self.context = zmq.asyncio.Context()
         self._by_endpoint: dict[str, AsyncConnection] = {}
         self._closed = False
@@ -196,7 +201,9 @@ class AsyncCluster(BrokerMap):
         if connection is None:
             if self._closed:
                 raise ValueError("the cluster connection is closed")
-            connection = AsyncConnection(endpoint, self.client_id, self.timeout_s, self.context)
+            connection = AsyncConnection(
+                endpoint, self.client_id, self.timeout_s, self.context, keys=self.keys
+            )
             self._by_endpoint[endpoint] = connection
         return connection
 

@@ -29,13 +29,15 @@ from broker.errors import BrokerError
 from broker.lifecycle import AsyncClosing
 from broker.log.message import Message
 from broker.protocol import OffsetsRequest
+from broker.security import ClientKeys
 
 
 class AsyncPartitionConsumer(PartitionReader, AsyncClosing):
     """Read partition `partition` of `topic` from the broker that holds it, found through
-    `endpoint`, on asyncio. Settings as broker.client.PartitionConsumer's. It connects, and
-    finds its start, on first use (`async with`, the first `poll` or step of `async for`);
-    `cluster`, when given, is used instead of one of its own, and `close()` leaves it open."""
+    `endpoint`, on asyncio. Settings as broker.client.PartitionConsumer's (`keys` reach
+    brokers serving CurveZMQ). It connects, and finds its start, on first use (`async with`,
+    the first `poll` or step of `async for`); `cluster`, when given, is used instead of one of
+    its own, and `close()` leaves it open."""
 
     def __init__(
         self,
@@ -52,6 +54,8 @@ class AsyncPartitionConsumer(PartitionReader, AsyncClosing):
         timeout_s: float = 10.0,
         skip_corrupt: bool = False,
         cluster: AsyncCluster | None = None,
+        *,
+        keys: ClientKeys | None = None,
     ) -> None:
         super().__init__(
             topic,
@@ -67,7 +71,9 @@ class AsyncPartitionConsumer(PartitionReader, AsyncClosing):
         self._start_at = self._start_time(start)  # a bad start is a ValueError here
         self._own_cluster = cluster is None
         self.cluster = (
-            AsyncCluster(endpoint, client_id, timeout_s, retries) if cluster is None else cluster
+            AsyncCluster(endpoint, client_id, timeout_s, retries, keys=keys)
+            if cluster is None
+            else cluster
         )
         self._connection: AsyncConnection | None = None
 

@@ -53,8 +53,9 @@ class AsyncGroupConsumer(AsyncClosing):
     """Consume `topics` as a member of `group`, through the ZooKeeper ensemble `zookeeper`, on
     asyncio: `async with AsyncGroupConsumer(zookeeper, group, topics) as member: async for
     record in member: ...`. `options` are GroupConsumer's keyword arguments (chroot,
-    consumer_id, reset, auto_commit_interval_s, max_wait_ms, ...), checked when the member
-    joins (`async with`, `open()`, or its first poll or step)."""
+    consumer_id, reset, auto_commit_interval_s, max_wait_ms, keys, ...), checked when the
+    member joins (`async with`, `open()`, or its first poll or step); its fetches present
+    the member's `keys`."""
 
     def __init__(self, zookeeper: str, group: str, topics: Iterable[str], **options: Any) -> None:
         self._joining = (zookeeper, group, tuple(topics), options)
@@ -93,7 +94,10 @@ class AsyncGroupConsumer(AsyncClosing):
             member = await asyncio.shield(self._joined)
             if self._member is None:
                 self._member = member
-                self._cluster = AsyncCluster((), member.cluster.client_id, member.timeout_s)
+                cluster = member.cluster
+                self._cluster = AsyncCluster(
+                    (), cluster.client_id, member.timeout_s, keys=cluster.keys
+                )
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in a worker thread, after the last such call has ended (a cancelled

@@ -43,6 +43,7 @@ from broker.client.producer import (
 from broker.clock import SYSTEM_CLOCK
 from broker.errors import BrokerError, PylogError, Unavailable
 from broker.protocol import Ack, Api, PartitionInfo, ProduceReply, decode_reply
+from broker.security import ClientKeys
 
 
 class AsyncDelivery(Handle):
@@ -82,7 +83,7 @@ class AsyncProducer(ProducerCore):
     """Send messages to `topic` on the cluster that `endpoint` (one or more, comma-separated)
     belongs to, on asyncio: `async with AsyncProducer(...) as producer: delivery = await
     producer.send(b"x")`. Settings as broker.client.Producer's (linger is a timer of the event
-    loop)."""
+    loop; `keys` reach brokers serving CurveZMQ)."""
 
     def __init__(
         self,
@@ -100,6 +101,8 @@ class AsyncProducer(ProducerCore):
         timeout_s: float = 10.0,
         serializer: Serializer | None = None,
         key_serializer: Serializer | None = None,
+        *,
+        keys: ClientKeys | None = None,
     ) -> None:
         super().__init__(
             topic,
@@ -116,7 +119,7 @@ class AsyncProducer(ProducerCore):
             key_serializer,
         )
         metadata_retries = METADATA_RETRIES if retries is None else retries
-        self.cluster = AsyncCluster(endpoint, client_id, timeout_s, metadata_retries)
+        self.cluster = AsyncCluster(endpoint, client_id, timeout_s, metadata_retries, keys=keys)
         self._sending: dict[Batch, asyncio.Task[None]] = {}
         """Each batch sent and not yet reaped (its error raised), in the order sent."""
 

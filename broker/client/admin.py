@@ -35,6 +35,7 @@ from broker.protocol import (
     TopicInfo,
     broker_error,
 )
+from broker.security import ClientKeys
 
 T = TypeVar("T")
 
@@ -74,7 +75,11 @@ class Admin(Closing):
     """Administer the topics of the cluster that `endpoint` (one or more, comma-separated)
     belongs to. Read-only calls are retried on retriable errors; create and delete are sent
     once (a retry after a lost reply could answer TOPIC_ALREADY_EXISTS or
-    UNKNOWN_TOPIC_OR_PARTITION for what did succeed)."""
+    UNKNOWN_TOPIC_OR_PARTITION for what did succeed).
+
+    `keys` (broker.security.ClientKeys: the client's key pair and the broker's public key)
+    reach brokers serving CurveZMQ (docs/security.md); without them it speaks
+    plaintext."""
 
     def __init__(
         self,
@@ -82,8 +87,10 @@ class Admin(Closing):
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
         retries: int = 3,
+        *,
+        keys: ClientKeys | None = None,
     ) -> None:
-        self.cluster = Cluster(endpoint, client_id, timeout_s, retries)
+        self.cluster = Cluster(endpoint, client_id, timeout_s, retries, keys=keys)
         self.retries = retries
 
     def _admin_request(

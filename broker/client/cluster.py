@@ -27,6 +27,7 @@ from broker.protocol import (
     PartitionInfo,
     broker_error,
 )
+from broker.security import ClientKeys
 
 
 def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
@@ -66,7 +67,12 @@ class BrokerMap:
     the brokers last heard of, and whom to ask METADATA next."""
 
     def __init__(
-        self, bootstrap: str | Sequence[str], client_id: str, timeout_s: float, retries: int
+        self,
+        bootstrap: str | Sequence[str],
+        client_id: str,
+        timeout_s: float,
+        retries: int,
+        keys: ClientKeys | None = None,
     ) -> None:
         self.bootstrap = split_endpoints(bootstrap) if bootstrap else []
         """Where to ask METADATA when no broker is known yet (may be empty for a user that
@@ -74,6 +80,8 @@ class BrokerMap:
         self.client_id = client_id
         self.timeout_s = timeout_s
         self.retries = retries
+        self.keys = keys
+        """What every connection presents to brokers serving CurveZMQ (None: plaintext)."""
         self.endpoints: dict[int, str] = {}
         """Broker id -> endpoint, from the last METADATA reply."""
 
@@ -92,7 +100,9 @@ class BrokerMap:
 
 
 class Cluster(BrokerMap, Closing):
-    """The brokers reachable from `bootstrap`, and connections to them (sharing one context)."""
+    """The brokers reachable from `bootstrap`, and connections to them (sharing one context).
+    `keys` (broker.security.ClientKeys) go to every connection: each broker is then reached
+    over CurveZMQ (docs/security.md)."""
 
     def __init__(
         self,
@@ -100,8 +110,10 @@ class Cluster(BrokerMap, Closing):
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
         retries: int = 3,
+        *,
+        keys: ClientKeys | None = None,
     ) -> None:
-        super().__init__(bootstrap, client_id, timeout_s, retries)
+        super().__init__(bootstrap, client_id, timeout_s, retries, keys)
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._by_endpoint: dict[str, Connection] = {}
         self._closed = False
@@ -112,7 +124,9 @@ class Cluster(BrokerMap, Closing):
         if connection is None:
             if self._closed:
                 raise ValueError("the cluster connection is closed")
-            connection = Connection(endpoint, self.client_id, self.timeout_s, self.context)
+            connection = Connection(
+                endpoint, self.client_id, self.timeout_s, self.context, keys=self.keys
+            )
             self._by_endpoint[endpoint] = connection
         return connection
 

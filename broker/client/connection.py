@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Final, overload
+from typing import Any, Final, overload
 
 import zmq
 
@@ -57,6 +57,7 @@ from broker.protocol import (
     decode_reply_header,
     encode_request,
 )
+from broker.security import ClientKeys
 from broker.zmqio import receive_frames, send_frames
 
 DEFAULT_CLIENT_ID: Final = "pylog-python"
@@ -123,15 +124,36 @@ class Retry:
 class Framing:
     """What a connection to one broker does without I/O (shared with broker.aio's): its
     endpoint ("host:port" or "tcp://host:port", see normalize_endpoint), client id, reply
-    timeout and correlation ids, and the frames of a request."""
+    timeout, Curve keys and correlation ids, and the frames of a request."""
 
-    def __init__(self, endpoint: str, client_id: str, timeout_s: float) -> None:
+    def __init__(
+        self, endpoint: str, client_id: str, timeout_s: float, keys: ClientKeys | None = None
+    ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s is {timeout_s}: it must be positive")
         self.endpoint = normalize_endpoint(endpoint)
         self.client_id = client_id
         self.timeout_s = timeout_s
+        self.keys = keys
+        """The client's key pair and the broker's public key, for a broker serving CurveZMQ
+        (docs/security.md); None: plaintext."""
         self._next_correlation_id = 1
+
+    def _secure(self, socket: zmq.Socket[Any]) -> None:
+        """Make `socket`, not yet connected, a Curve client of the broker if keys are set."""
+        if self.keys is not None:
+            self.keys.apply(socket)
+
+    def _no_reply(self, request: Request, timeout_s: float) -> Unavailable:
+        """The error of a request that got no reply within `timeout_s`. A Curve broker that
+        refuses the client's key, or a client without keys, gets silence too: ZeroMQ drops
+        the connection in its handshake and never says why to the client."""
+        cause = "broker down or unreachable?"
+        if self.keys is not None:
+            cause = "broker down or unreachable, or this client's key not allowed?"
+        return Unavailable(
+            f"no reply from {self.endpoint} within {timeout_s:g} s to {request.api.name} ({cause})"
+        )
 
     def _correlation_id(self) -> int:
         correlation_id = self._next_correlation_id
@@ -160,7 +182,11 @@ class Connection(Framing, Closing):
     normalize_endpoint), one at a time.
 
     `context` defaults to a context of the connection's own, terminated by `close()` (which
-    then waits up to FIRE_AND_FORGET_LINGER_MS for unsent fire-and-forget requests)."""
+    then waits up to FIRE_AND_FORGET_LINGER_MS for unsent fire-and-forget requests).
+
+    `keys` (broker.security.ClientKeys: the client's key pair and the broker's public key)
+    make every socket of the connection a CurveZMQ client of a broker serving Curve
+    (docs/security.md); without them it speaks plaintext."""
 
     def __init__(
         self,
@@ -168,8 +194,10 @@ class Connection(Framing, Closing):
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        *,
+        keys: ClientKeys | None = None,
     ) -> None:
-        super().__init__(endpoint, client_id, timeout_s)
+        super().__init__(endpoint, client_id, timeout_s, keys)
         self._own_context = context is None
         self._context: zmq.Context[zmq.Socket[bytes]] = (
             zmq.Context() if context is None else context
@@ -193,6 +221,7 @@ class Connection(Framing, Closing):
         socket = self._context.socket(kind)
         try:
             socket.setsockopt(zmq.LINGER, linger_ms)
+            self._secure(socket)
             socket.connect(self.endpoint)
         except BaseException:
             socket.close(linger=0)
@@ -243,10 +272,7 @@ class Connection(Framing, Closing):
             reply = [frame.buffer for frame in receive_frames(socket)]
         except zmq.Again:
             self._reset_req_socket()
-            raise Unavailable(
-                f"no reply from {self.endpoint} within {timeout_s:g} s to "
-                f"{request.api.name} (broker down or unreachable?)"
-            ) from None
+            raise self._no_reply(request, timeout_s) from None
         header = decode_reply_header(reply)
         if header.correlation_id != correlation_id:
             self._reset_req_socket()

@@ -61,6 +61,7 @@ from broker.protocol import (
     OffsetsRequest,
     decode_reply,
 )
+from broker.security import ClientKeys
 
 Start = Literal["earliest", "latest"] | int | datetime.datetime
 DEFAULT_FETCH_BYTES: Final = 1 << 20
@@ -233,7 +234,10 @@ class PartitionConsumer(PartitionReader, Closing):
     listed in `skipped` ([start, end) offsets) and read past (see the module's text).
 
     `cluster`, when given, is used instead of a Cluster of the consumer's own on `endpoint`
-    (several consumers then share its connections), and `close()` leaves it open."""
+    (several consumers then share its connections, and its keys), and `close()` leaves it
+    open. `keys` (broker.security.ClientKeys: the client's key pair and the broker's public
+    key) reach brokers serving CurveZMQ (docs/security.md); without them the consumer speaks
+    plaintext."""
 
     def __init__(
         self,
@@ -250,6 +254,8 @@ class PartitionConsumer(PartitionReader, Closing):
         timeout_s: float = 10.0,
         skip_corrupt: bool = False,
         cluster: Cluster | None = None,
+        *,
+        keys: ClientKeys | None = None,
     ) -> None:
         super().__init__(
             topic,
@@ -263,7 +269,9 @@ class PartitionConsumer(PartitionReader, Closing):
         )
         self._own_cluster = cluster is None
         self.cluster = (
-            Cluster(endpoint, client_id, timeout_s, retries) if cluster is None else cluster
+            Cluster(endpoint, client_id, timeout_s, retries, keys=keys)
+            if cluster is None
+            else cluster
         )
         self._prefetch: tuple[FetchRequest, int] | None = None
         """The fetch sent ahead, and its correlation id."""

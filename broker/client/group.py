@@ -84,6 +84,7 @@ from broker.protocol import (
     decode_reply,
 )
 from broker.registry import DEFAULT_CHROOT, Registry, TopicConfig, partition_name
+from broker.security import ClientKeys
 
 log = logging.getLogger("pylog.group")
 
@@ -180,7 +181,9 @@ class GroupConsumer(Closing):
     before they are committed and released (both in the thread calling `poll`), so a user can
     flush state or commit. `auto_commit_interval_s` None turns auto-commit off: then only
     `commit()` commits. `skip_corrupt` reads past damaged data instead of raising
-    CorruptSegment (see the module's text)."""
+    CorruptSegment (see the module's text). `keys` (broker.security.ClientKeys: the
+    client's key pair and the brokers' public key) reach brokers serving CurveZMQ
+    (docs/security.md); without them the member speaks plaintext."""
 
     def __init__(
         self,
@@ -202,6 +205,7 @@ class GroupConsumer(Closing):
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
         skip_corrupt: bool = False,
+        keys: ClientKeys | None = None,
     ) -> None:
         if reset not in ("earliest", "latest"):
             raise ValueError(f"reset {reset!r}: use earliest or latest")
@@ -233,7 +237,7 @@ class GroupConsumer(Closing):
         self._next_commit = time.monotonic() + (auto_commit_interval_s or 0)
         self._closed = False
         self._interrupted = False
-        self.cluster = Cluster((), client_id, timeout_s)
+        self.cluster = Cluster((), client_id, timeout_s, keys=keys)
         self.registry = Registry(zookeeper, chroot, session_timeout_s=session_timeout_s)
         try:
             self.registry.start(timeout=max(10.0, timeout_s))

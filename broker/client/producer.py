@@ -92,6 +92,7 @@ from broker.protocol import (
     broker_error,
     decode_reply,
 )
+from broker.security import ClientKeys
 
 DELIVERY_TIMEOUT_S = 30.0
 """How long a batch is sent again after retriable errors, by default: well above the longest wait
@@ -456,7 +457,11 @@ class Producer(ProducerCore):
     `audit_topic`: count the messages acknowledged (handed over, with ack NONE) per hour of
     their timestamps, and publish the running totals to that topic (broker.client.audit) every
     `audit_interval_s`, checked when a batch is sent, and on every flush and close, for
-    `pipeline.audit --audit-topic` to compare with what was stored and loaded."""
+    `pipeline.audit --audit-topic` to compare with what was stored and loaded.
+
+    `keys` (broker.security.ClientKeys: the client's key pair and the broker's public key)
+    reach brokers serving CurveZMQ (docs/security.md), the audit topic's too; without them
+    the producer speaks plaintext."""
 
     def __init__(
         self,
@@ -477,6 +482,8 @@ class Producer(ProducerCore):
         key_serializer: Serializer | None = None,
         audit_topic: str | None = None,
         audit_interval_s: float = 60.0,
+        *,
+        keys: ClientKeys | None = None,
     ) -> None:
         super().__init__(
             topic,
@@ -494,7 +501,7 @@ class Producer(ProducerCore):
         )
         self._in_flight: dict[tuple[Connection, int], InFlight] = {}
         metadata_retries = METADATA_RETRIES if retries is None else retries
-        self.cluster = Cluster(endpoint, client_id, timeout_s, metadata_retries)
+        self.cluster = Cluster(endpoint, client_id, timeout_s, metadata_retries, keys=keys)
         self._audit: Producer | None = None
         self._audit_interval_s = audit_interval_s
         self._audit_due = math.inf
@@ -502,7 +509,9 @@ class Producer(ProducerCore):
             if audit_topic == topic:
                 raise ValueError(f"audit_topic {audit_topic!r} is the topic audited")
             self.produced = ProducedCounts(topic)
-            self._audit = Producer(endpoint, audit_topic, client_id=client_id, timeout_s=timeout_s)
+            self._audit = Producer(
+                endpoint, audit_topic, client_id=client_id, timeout_s=timeout_s, keys=keys
+            )
             self._audit_due = self.clock.monotonic() + audit_interval_s
 
     @property

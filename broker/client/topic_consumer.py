@@ -35,6 +35,7 @@ from broker.errors import BrokerError, Unavailable
 from broker.lifecycle import Closing
 from broker.log.message import Message
 from broker.protocol import LATEST, ErrorCode, broker_error
+from broker.security import ClientKeys
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,11 @@ class _Partition:
 class TopicConsumer(Closing):
     """Read `partitions` of `topic` (every partition when None) from the cluster that
     `endpoint` belongs to; iterating yields Records. `skipped` lists the damaged ranges read
-    past with `skip_corrupt` as (partition, start, end). See the module's text."""
+    past with `skip_corrupt` as (partition, start, end). See the module's text.
+
+    `keys` (broker.security.ClientKeys: the client's key pair and the broker's public key)
+    reach brokers serving CurveZMQ (docs/security.md); without them it speaks
+    plaintext."""
 
     def __init__(
         self,
@@ -79,6 +84,8 @@ class TopicConsumer(Closing):
         retries: int = 5,
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
+        *,
+        keys: ClientKeys | None = None,
     ) -> None:
         self.topic = topic
         self.until_ms = until_ms
@@ -87,7 +94,7 @@ class TopicConsumer(Closing):
         self.max_wait_ms = max_wait_ms
         self.retries = retries
         self.skipped: list[tuple[int, int, int]] = []
-        self.cluster = Cluster(endpoint, client_id, timeout_s, retries)
+        self.cluster = Cluster(endpoint, client_id, timeout_s, retries, keys=keys)
         self._partitions: dict[int, _Partition] = {}
         try:
             count = len(self.cluster.partitions(topic))
