@@ -7,7 +7,7 @@ import json
 import click
 
 from broker.client import Admin
-from cli.common import CLI_RETRIES, broker_errors, broker_options
+from cli.common import CLI_RETRIES, broker_errors, broker_options, client_keys
 
 
 @click.group()
@@ -32,7 +32,10 @@ def broker_list(as_json: bool, broker: str, timeout: float) -> None:
       broker 2 down partitions 1
       zookeeper 127.0.0.1:2181 chroot /pylog
     """
-    with broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
+    with (
+        broker_errors(broker),
+        Admin(broker, timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as admin,
+    ):
         cluster = admin.describe_cluster()
     for b in cluster.brokers:
         endpoint = f"tcp://{b.host}:{b.port}" if b.up else None

@@ -1,5 +1,5 @@
-"""What pylogctl's commands share: the broker options and error handling, and how messages
-are printed.
+"""What pylogctl's commands share: the broker options (the Curve keys among them) and error
+handling, and how messages are printed.
 
 Exit codes: 0 success (Ctrl-C ends a long-running command with 0 too), 1 the data checked is
 corrupt, or the broker answered with an error or could not be reached, 2 bad usage (a bad
@@ -15,7 +15,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from typing import NoReturn, TypeVar
+from typing import Final, NoReturn, TypeVar
 
 import click
 from rich.console import Console
@@ -33,6 +33,8 @@ from broker.client.consumer import Start
 from broker.client.group import Record
 from broker.errors import BrokerError, PylogError, Unavailable
 from broker.log.message import Message
+from broker.security import ClientKeys, KeyFileError
+from cli.pipeline_commands import JOBS
 
 PREVIEW_BYTES = 40
 EXIT_CORRUPT = 1
@@ -108,6 +110,68 @@ def broker_options(command: F) -> F:
         help="The broker's address, HOST:PORT or tcp://HOST:PORT; several, comma-separated, "
         "for when one is down (env PYLOG_BROKER).",
     )(command)
+
+
+_KEYS: Final = "pylog.client_keys"
+"""Where the root command leaves --key-file and --broker-key (click's Context.meta, which
+every subcommand's context shares), and client_keys the keys loaded from them."""
+
+
+def key_options(command: F) -> F:
+    """--key-file (or $PYLOG_KEY_FILE) and --broker-key (or $PYLOG_BROKER_KEY): pylogctl's
+    global options for a broker serving CurveZMQ (docs/security.md). See remember_keys."""
+    command = click.option(
+        "--broker-key",
+        envvar="PYLOG_BROKER_KEY",
+        metavar="KEY|PATH",
+        help="The broker's public key, its 40 Z85 characters or the path of its .key file "
+        "(env PYLOG_BROKER_KEY); with --key-file.",
+    )(command)
+    return click.option(
+        "--key-file",
+        envvar="PYLOG_KEY_FILE",
+        metavar="PATH",
+        help="This client's secret key file (NAME.key_secret, mode 0600, from pylogctl keys "
+        "generate), for a broker serving CurveZMQ (env PYLOG_KEY_FILE); with --broker-key.",
+    )(command)
+
+
+def remember_keys(ctx: click.Context, key_file: str | None, broker_key: str | None) -> None:
+    """Keep --key-file and --broker-key for the subcommand (client_keys reads the files when
+    a command talks to a broker, so that a command that does not, such as pylogctl keys
+    generate, works with them set in the environment). One of the two without the other is a
+    usage error (exit 2). The Spark jobs (pylogctl load, audit) take them as their own
+    --key-file and --broker-key."""
+    if (key_file is None) != (broker_key is None):
+        given, missing = (
+            ("--key-file", "--broker-key") if key_file else ("--broker-key", "--key-file")
+        )
+        usage_error(
+            f"{given} needs {missing} too: a Curve client presents its own key pair and "
+            "checks the broker's public key"
+        )
+    if key_file is not None and broker_key is not None:
+        ctx.meta[_KEYS] = (key_file, broker_key)
+        ctx.default_map = {
+            **(ctx.default_map or {}),
+            **{job: {"key_file": key_file, "broker_key": broker_key} for job in JOBS},
+        }
+
+
+def client_keys() -> ClientKeys | None:
+    """The keys that --key-file and --broker-key name (None without them), read on first use;
+    a file that cannot be used (missing, malformed, readable by others) is one line, exit 2."""
+    ctx = click.get_current_context()
+    given = ctx.meta.get(_KEYS)
+    if given is None or isinstance(given, ClientKeys):
+        return given
+    key_file, broker_key = given
+    try:
+        keys = ClientKeys.load(key_file, broker_key)
+    except KeyFileError as error:
+        usage_error(str(error))
+    ctx.meta[_KEYS] = keys
+    return keys
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from cli.common import (
     EXIT_CORRUPT,
     broker_errors,
     broker_options,
+    client_keys,
     output_options,
     position,
     print_messages,
@@ -81,7 +82,12 @@ def produce(
         raise click.BadParameter("must not be empty", param_hint="--key-separator")
     with broker_errors(broker):
         producer = Producer(
-            broker, topic_name, ack=_ACKS[ack], retries=CLI_RETRIES, timeout_s=timeout
+            broker,
+            topic_name,
+            ack=_ACKS[ack],
+            retries=CLI_RETRIES,
+            timeout_s=timeout,
+            keys=client_keys(),
         )
         with producer, progress(f"produce {topic_name}", _file_size(source)) as done:
             for line in _lines_until_interrupted(source):
@@ -231,6 +237,7 @@ def consume(
             skip_corrupt,
             retries=CLI_RETRIES,
             timeout_s=timeout,
+            keys=client_keys(),
         ) as consumer,
         until_interrupted(),
     ):

@@ -37,6 +37,7 @@ from cli.common import (
     F,
     broker_errors,
     broker_options,
+    client_keys,
     output_options,
     position,
     print_messages,
@@ -75,7 +76,10 @@ def registry_address(
     /pylog), or else those --broker's cluster uses (DESCRIBE_CLUSTER), --chroot overriding."""
     if zookeeper is not None:
         return ZooKeeperAddress(zookeeper, chroot or DEFAULT_CHROOT)
-    with broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
+    with (
+        broker_errors(broker),
+        Admin(broker, timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as admin,
+    ):
         found = admin.zookeeper()
     return ZooKeeperAddress(found.connect, chroot or found.chroot)
 
@@ -140,6 +144,7 @@ def group_consume(
             auto_commit_interval_s=commit_interval,
             skip_corrupt=skip_corrupt,
             timeout_s=timeout,
+            keys=client_keys(),
         ) as consumer,
     ):
         for signum in (signal.SIGTERM, signal.SIGINT):  # leave quietly, committing: exit 0
@@ -199,7 +204,7 @@ def group_reader(
         registry = Registry(address.connect, address.chroot, request_timeout_s=timeout)
         registry.start(timeout=timeout)
         try:
-            with Cluster((), timeout_s=timeout, retries=CLI_RETRIES) as cluster:
+            with Cluster((), timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as cluster:
                 yield GroupReader(registry, cluster, CLI_RETRIES)
         finally:
             registry.stop()

@@ -12,6 +12,7 @@ import logging
 import click
 
 from cli.broker_commands import broker
+from cli.common import key_options, remember_keys
 from cli.console import consume, produce
 from cli.group_commands import group
 from cli.log_commands import log
@@ -30,10 +31,16 @@ _LEVELS = {0: logging.CRITICAL + 1, 1: logging.WARNING, 2: logging.INFO}
     help="Show the logs of pylog's client and its libraries (kazoo, ...) on stderr: -v "
     "warnings, -vv information, -vvv everything.",
 )
+@key_options
 @click.pass_context
-def cli(ctx: click.Context, verbose: int) -> None:
-    """Administer pylog brokers and their data."""
+def cli(ctx: click.Context, verbose: int, key_file: str | None, broker_key: str | None) -> None:
+    """Administer pylog brokers and their data.
+
+    A broker serving CurveZMQ is reached with --key-file and --broker-key (or
+    $PYLOG_KEY_FILE and $PYLOG_BROKER_KEY), given before the command:
+    pylogctl --key-file alice.key_secret --broker-key broker.key topic list."""
     _quiet_libraries(ctx, verbose)
+    remember_keys(ctx, key_file, broker_key)
 
 
 def _quiet_libraries(ctx: click.Context, verbose: int) -> None:

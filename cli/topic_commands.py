@@ -9,7 +9,14 @@ import click
 from broker.client import Admin
 from broker.client.admin import PartitionState
 from broker.protocol import ConfigEntry
-from cli.common import CLI_RETRIES, broker_errors, broker_options, config_pair, timestamp
+from cli.common import (
+    CLI_RETRIES,
+    broker_errors,
+    broker_options,
+    client_keys,
+    config_pair,
+    timestamp,
+)
 
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
 
@@ -48,7 +55,10 @@ def topic_create(
       $ pylogctl topic create clicks --partitions 4 --config retention_ms=86400000
       created topic clicks with 4 partitions
     """
-    with broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
+    with (
+        broker_errors(broker),
+        Admin(broker, timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as admin,
+    ):
         admin.create_topic(name, partitions, config)
     if as_json:
         click.echo(json.dumps({"topic": name, "partitions": partitions, "config": config}))
@@ -67,7 +77,10 @@ def topic_list(as_json: bool, broker: str, timeout: float) -> None:
       $ pylogctl topic list --json
       {"topic": "clicks", "partitions": 4}
     """
-    with broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
+    with (
+        broker_errors(broker),
+        Admin(broker, timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as admin,
+    ):
         topics = sorted(admin.metadata().topics, key=lambda t: t.topic)
     for info in topics:
         if as_json:
@@ -97,7 +110,10 @@ def topic_describe(name: str, as_json: bool, broker: str, timeout: float) -> Non
       partition 0 broker 1 log_start 0 high_watermark 0 size_bytes 0 segments 1 oldest -
       partition 1 broker 2 unavailable (broker down)
     """
-    with broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
+    with (
+        broker_errors(broker),
+        Admin(broker, timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as admin,
+    ):
         settings = admin.topic_config(name)
         partitions = admin.describe_partitions(name)
     if as_json:
@@ -201,7 +217,10 @@ def topic_alter(
     """
     if not set_pairs and not deleted:
         raise click.UsageError("nothing to change: give --set KEY=VALUE or --delete KEY")
-    with broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
+    with (
+        broker_errors(broker),
+        Admin(broker, timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as admin,
+    ):
         admin.alter_topic_config(name, set_pairs, deleted)
     if as_json:
         click.echo(json.dumps({"topic": name, "set": set_pairs, "deleted": list(deleted)}))
@@ -223,6 +242,9 @@ def topic_delete(name: str, as_json: bool, broker: str, timeout: float) -> None:
       $ pylogctl topic delete clicks
       deleted topic clicks
     """
-    with broker_errors(broker), Admin(broker, timeout_s=timeout, retries=CLI_RETRIES) as admin:
+    with (
+        broker_errors(broker),
+        Admin(broker, timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as admin,
+    ):
         admin.delete_topic(name)
     click.echo(json.dumps({"topic": name, "deleted": True}) if as_json else f"deleted topic {name}")

@@ -1,0 +1,89 @@
+"""pylogctl's --key-file and --broker-key (issue 16): through a CurveZMQ server
+(tests/client/curve.py, a Curve front relaying to a real pylogd) with them, not without;
+one without the other, or a secret file that others may read, is one line and exit 2."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from broker.security import ClientKeys, generate_keys
+from cli.pylogctl import cli
+from tests.client.curve import CurveRelay, curve_relay
+from tests.pylogd import RunningBroker
+
+
+def run(*args: str, input: bytes | None = None, **env: str) -> Result:
+    return CliRunner().invoke(cli, list(args), input=input, env=env)
+
+
+@pytest.fixture
+def relay(broker: RunningBroker, tmp_path: Path) -> Iterator[tuple[CurveRelay, ClientKeys]]:
+    with curve_relay(broker.endpoint, tmp_path / "keys") as running:
+        yield running
+
+
+def test_commands_reach_a_curve_broker_with_the_keys_and_not_without(
+    relay: tuple[CurveRelay, ClientKeys], tmp_path: Path, topic: str
+) -> None:
+    server, keys = relay
+    secret, public = tmp_path / "keys" / "client.key_secret", tmp_path / "keys" / "broker.key"
+    options = ("--key-file", str(secret), "--broker-key", str(public))
+    created = run(*options, "topic", "create", topic, PYLOG_BROKER=server.endpoint)
+    assert created.exit_code == 0, created.output
+    produced = run(*options, "produce", topic, input=b"a\nb\n", PYLOG_BROKER=server.endpoint)
+    assert produced.output == "2 messages acknowledged (flushed)\n"
+    # The environment gives them too, and the broker key as its 40 characters.
+    env = {
+        "PYLOG_BROKER": server.endpoint,
+        "PYLOG_KEY_FILE": str(secret),
+        "PYLOG_BROKER_KEY": keys.broker.decode(),
+    }
+    consumed = run("consume", topic, "--until", "end", **env)
+    assert consumed.exit_code == 0, consumed.output
+    assert consumed.stdout == "a\nb\n"
+    assert server.seen and all(seen == (keys.public, True) for seen in server.seen)
+
+    plaintext = run("topic", "list", "--timeout", "0.5", PYLOG_BROKER=server.endpoint)
+    assert plaintext.exit_code == 1
+    assert plaintext.stderr.startswith(f"pylogctl: broker {server.endpoint} unreachable: ")
+
+
+@pytest.mark.parametrize(
+    ("given", "missing"), [("--key-file", "--broker-key"), ("--broker-key", "--key-file")]
+)
+def test_one_key_option_without_the_other_is_a_usage_error(
+    tmp_path: Path, given: str, missing: str
+) -> None:
+    result = run(given, str(tmp_path / "any"), "topic", "list")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"pylogctl: {given} needs {missing} too: a Curve client presents its own key pair "
+        "and checks the broker's public key\n"
+    )
+    from_env = run("topic", "list", PYLOG_KEY_FILE=str(tmp_path / "any"))
+    assert from_env.exit_code == 2 and from_env.stderr.count("\n") == 1
+
+
+def test_a_secret_file_others_may_read_is_refused_in_one_line(tmp_path: Path) -> None:
+    public, secret = generate_keys(tmp_path, "client")
+    os.chmod(secret, 0o644)
+    result = run("--key-file", str(secret), "--broker-key", str(public), "topic", "list")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"pylogctl: {secret} may be read by others (mode 0644): run chmod 600 {secret}\n"
+    )
+    absent = tmp_path / "none.key_secret"
+    missing = run("--key-file", str(absent), "--broker-key", str(public), "topic", "list")
+    assert missing.exit_code == 2
+    assert missing.stderr.startswith(f"pylogctl: {absent}: ") and missing.stderr.count("\n") == 1
+
+
+def test_help_shows_the_key_options() -> None:
+    shown = run("--help").output
+    assert "--key-file PATH" in shown and "PYLOG_KEY_FILE" in shown
+    assert "--broker-key KEY|PATH" in shown and "PYLOG_BROKER_KEY" in shown
