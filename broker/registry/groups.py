@@ -49,7 +49,12 @@ def _consumer(data: bytes) -> str:
 
 
 class Groups(Session):
-    """The registry's calls on consumer groups."""
+    """The registry's calls on consumer groups.
+
+    With `auth`, /consumers lets any member create its group's node (and delete it once
+    empty), and a group's nodes are then the identity's that created them (docs/registry.md)."""
+
+    SHARED_PATHS = ("/consumers",)
 
     def consumer_path(self, group: str, consumer_id: str) -> str:
         return f"{self.chroot}/consumers/{group}/ids/{consumer_id}"

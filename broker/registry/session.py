@@ -20,8 +20,16 @@ Connection and session loss:
 - `wait_registered(timeout)` waits until, in the current connection, every registered node is
   known to exist; `connected` and `statistics()` tell the state.
 
-Every kazoo error, including timeouts, becomes broker.errors.RegistryUnavailable (retriable);
-no kazoo exception leaves this package.
+ZooKeeper ACLs (`auth`, docs/registry.md "Who may write what"): a session given a digest
+identity presents it (again at every reconnection) and creates every node with the ACL
+[digest(identity): ALL, world: READ], so that anyone reads the registry and only holders of
+the identity change those nodes; the SHARED_PATHS (/consumers) let anyone create a node there
+(and delete an empty one), which is then its creator's. secure_tree() gives the nodes of a
+registry made without ACLs the brokers' ACL.
+
+Every kazoo error, including timeouts, becomes broker.errors.RegistryUnavailable (retriable),
+but for ZooKeeper's NoAuth, an ACL refusing the change: RegistryAccessDenied (not retriable).
+No kazoo exception leaves this package.
 """
 
 from __future__ import annotations
@@ -32,22 +40,27 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
     KazooException,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
+from kazoo.security import ACL, make_acl, make_digest_acl
 
-from broker.errors import RegistryUnavailable
+from broker.errors import PylogError, RegistryUnavailable
 from broker.lifecycle import Running
 from broker.registry.watches import ChildrenWatch
+
+if TYPE_CHECKING:
+    from broker.security import ZooKeeperAuth
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +113,12 @@ _KAZOO_OUTCOMES: tuple[tuple[type[Exception], type[RegistryUnavailable]], ...] =
 )
 
 
+class RegistryAccessDenied(PylogError):
+    """ZooKeeper refused a change to a registry node (NoAuth): an ACL on the path does not let
+    this session's identity (its `auth`, or none) make it. Nothing changed; the same identity
+    is refused again. The message names the request, the path and the identity."""
+
+
 @dataclass(frozen=True)
 class Stat:
     version: int
@@ -120,6 +139,11 @@ class Session(Running):
     BASE_PATHS: tuple[str, ...] = ()
     """Paths under the chroot created at start, which the watches and readers expect."""
 
+    SHARED_PATHS: tuple[str, ...] = ()
+    """Paths under the chroot whose children are not the brokers' but each their creator's:
+    with `auth` they are created at start with the ACL [digest(identity): ALL, world: READ,
+    CREATE, DELETE], and secure_tree() leaves their subtrees alone."""
+
     def __init__(
         self,
         connect_string: str,
@@ -128,21 +152,36 @@ class Session(Running):
         *,
         request_timeout_s: float = 5.0,
         reconnect_max_delay_s: float = 2.0,
+        auth: ZooKeeperAuth | None = None,
     ) -> None:
         if "/" in connect_string:
             raise ValueError(f"pass the chroot as `chroot`, not in {connect_string!r}")
         if not chroot.startswith("/") or (chroot != "/" and chroot.endswith("/")):
             raise ValueError(f"chroot must be an absolute path like /pylog, not {chroot!r}")
+        if auth is not None and chroot == "/":
+            raise ValueError("ZooKeeper ACLs need a chroot of pylog's own, like /pylog, not /")
         self.connect_string = connect_string
         self.chroot = "" if chroot == "/" else chroot
         self.session_timeout_s = session_timeout_s
         self.request_timeout_s = request_timeout_s
+        self.auth = auth
+        self._acl: list[ACL] | None = None
+        self._shared_acl: list[ACL] = []
+        if auth is not None:
+            ours = make_digest_acl(auth.user, auth.password, all=True)
+            self._acl = [ours, make_acl("world", "anyone", read=True)]
+            self._shared_acl = [
+                ours,
+                make_acl("world", "anyone", read=True, create=True, delete=True),
+            ]
         self._client = KazooClient(
             hosts=connect_string,
             timeout=session_timeout_s,
             connection_retry=KazooRetry(
                 max_tries=-1, delay=0.1, backoff=2, max_delay=reconnect_max_delay_s
             ),
+            auth_data=None if auth is None else [("digest", auth.credential)],
+            default_acl=self._acl,
         )
         # _state_lock guards the fields below it and is never held during a request: kazoo's
         # connection thread takes it in the state listener.
@@ -165,9 +204,11 @@ class Session(Running):
     # -- lifetime ----------------------------------------------------------------------------
 
     def start(self, timeout: float = 15.0) -> None:
-        """Connect (waiting at most `timeout` seconds) and create the base paths.
+        """Connect (waiting at most `timeout` seconds) and create the base paths (with `auth`,
+        the SHARED_PATHS too), those missing.
 
-        Raises RegistryUnavailable when ZooKeeper cannot be reached in time."""
+        Raises RegistryUnavailable when ZooKeeper cannot be reached in time, and
+        RegistryAccessDenied when a missing path may not be created with this identity."""
         if self._started:
             raise RuntimeError("a Registry is started once; make a new one")
         self._started = True
@@ -183,7 +224,10 @@ class Session(Running):
         try:
             for path in self.BASE_PATHS:
                 self._ensure_path(self.chroot + path)
-        except RegistryUnavailable:
+            if self.auth is not None:
+                for path in self.SHARED_PATHS:
+                    self._ensure_path(self.chroot + path, self._shared_acl)
+        except (RegistryUnavailable, RegistryAccessDenied):
             self.stop()
             raise
         log.info("registry connected to %s%s", self.connect_string, self.chroot)
@@ -246,6 +290,64 @@ class Session(Running):
             registered=registered,
         )
 
+    # -- ACLs --------------------------------------------------------------------------------
+
+    def secure_tree(self) -> int:
+        """Give the brokers' nodes this session's ACL where they lack it (a registry made before
+        its brokers had an identity): every node under the chroot, the SHARED_PATHS the shared
+        ACL and their subtrees left to their creators, a parent before its children are
+        listed, and the chroot itself last. Returns how many nodes' ACLs were changed; 0 at
+        once when the chroot has the ACL already (a run cut short did not reach it, so is done
+        again whole). A broker calls it after start().
+
+        RegistryAccessDenied when a node's ACL does not let this identity change it (a node
+        made with another identity); RuntimeError for a session without `auth`."""
+        acl = self._acl
+        if acl is None:
+            raise RuntimeError("secure_tree needs a session with a ZooKeeper identity (auth)")
+        if self._has_acl(self.chroot, acl):
+            return 0
+        children = self._children(self.chroot)
+        changed = sum(self._secure(f"{self.chroot}/{child}", acl) for child in children)
+        if self._set_acl(self.chroot, acl):
+            changed += 1
+        log.info("secured %d registry node(s) with the ACL of %s", changed, self._identity)
+        return changed
+
+    def _secure(self, path: str, acl: list[ACL]) -> int:
+        """Give `path` and everything under it `acl` (a SHARED_PATH the shared ACL, and not
+        what is under it); how many nodes changed."""
+        if path[len(self.chroot) :] in self.SHARED_PATHS:
+            return int(self._set_acl(path, self._shared_acl))
+        changed = int(self._set_acl(path, acl))
+        try:
+            children = self._children(path)
+        except NoNode:
+            return changed
+        return changed + sum(self._secure(f"{path}/{child}", acl) for child in children)
+
+    def _has_acl(self, path: str, acl: list[ACL]) -> bool:
+        found, _ = self._request(
+            f"read the ACL of {path}", lambda: self._client.get_acls_async(path)
+        )
+        return set(found) == set(acl)
+
+    def _set_acl(self, path: str, acl: list[ACL]) -> bool:
+        """Give `path` the ACL `acl`: False when it had it already or is gone."""
+        try:
+            if self._has_acl(path, acl):
+                return False
+            self._request(f"set the ACL of {path}", lambda: self._client.set_acls_async(path, acl))
+        except NoNode:
+            return False
+        return True
+
+    @property
+    def _identity(self) -> str:
+        if self.auth is None:
+            return "a session without a ZooKeeper identity"
+        return f"digest identity {self.auth.user!r}"
+
     # -- reading the nodes under a path ------------------------------------------------------
 
     def _read_all(
@@ -304,12 +406,17 @@ class Session(Running):
 
     def _register(self, path: str, data: bytes) -> None:
         """Make `path` an ephemeral node holding `data`, kept (re-created after a session
-        expiry) until _unregister or stop(); remembered even when this call fails."""
+        expiry) until _unregister or stop(); remembered even when this call fails with
+        RegistryUnavailable (not when an ACL refuses it: RegistryAccessDenied)."""
         self._check_open()
         with self._register_lock:
             self._ephemerals[path] = data
             self._stale.discard(path)
-            self._ensure_ephemeral(path, data)
+            try:
+                self._ensure_ephemeral(path, data)
+            except RegistryAccessDenied:
+                del self._ephemerals[path]
+                raise
 
     def _unregister(self, path: str) -> None:
         self._check_open()
@@ -475,6 +582,11 @@ class Session(Running):
                 f"{what}: no answer from ZooKeeper at {self.connect_string} within "
                 f"{self.request_timeout_s:g} s"
             ) from None
+        except NoAuthError:
+            raise RegistryAccessDenied(
+                f"{what}: refused by ZooKeeper (NoAuth): an ACL on that path does not let "
+                f"{self._identity} change it"
+            ) from None
         except KazooException as error:
             for kazoo_error, outcome in _KAZOO_OUTCOMES:
                 if isinstance(error, kazoo_error):
@@ -505,5 +617,6 @@ class Session(Running):
     def _delete(self, path: str, version: int = -1) -> None:
         self._request(f"delete {path}", lambda: self._client.delete_async(path, version))
 
-    def _ensure_path(self, path: str) -> None:
-        self._request(f"create {path}", lambda: self._client.ensure_path_async(path))
+    def _ensure_path(self, path: str, acl: list[ACL] | None = None) -> None:
+        """Create `path` and its missing parents, with `acl` (default: the session's)."""
+        self._request(f"create {path}", lambda: self._client.ensure_path_async(path, acl))
