@@ -11,9 +11,11 @@ Connection and session loss:
 - An expired session (away for longer than the timeout, or closed by the server) takes all
   our ephemeral nodes with it. kazoo opens a new session; the registry then re-creates every
   node it was asked to register (broker, topic partitions, group members), from a thread of
-  its own, never from kazoo's connection thread. A node still present at one of our paths is
-  kept if it belongs to the current session and is deleted and created again if it belongs to
-  another one (an old session of this broker not yet expired, e.g. after a quick restart).
+  its own, never from kazoo's connection thread (one that an ACL refuses is given up, with
+  an error logged: asking again would be refused again). A node still present at one of our
+  paths is kept if it belongs to the current session and is deleted and created again if it
+  belongs to another one (an old session of this broker not yet expired, e.g. after a quick
+  restart).
 - The same re-registration runs after every reconnection (it finds the nodes in place after a
   plain connection loss and does nothing), and then every watch's callback is called again
   with the state read anew, since nodes may have changed while we were away.
@@ -546,8 +548,12 @@ class Session(Running):
                 self._delete_if_ours(path)
                 self._stale.discard(path)
             for path, data in list(self._ephemerals.items()):
-                if self._ensure_ephemeral(path, data):
-                    restored += 1
+                try:
+                    if self._ensure_ephemeral(path, data):
+                        restored += 1
+                except RegistryAccessDenied as error:  # asking again is refused again
+                    del self._ephemerals[path]
+                    log.error("cannot register %s again, given up: %s", path, error)
         return restored
 
     # -- requests: each of ours goes through _request (kazoo's ChildrenWatch makes its own) ---

@@ -6,6 +6,8 @@ then its creator's. An `observer` is a plain kazoo client, without any identity.
 
 from __future__ import annotations
 
+import logging
+import queue
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -18,6 +20,7 @@ from broker.registry import BrokerInfo, Registry, TopicConfig
 from broker.registry.session import RegistryAccessDenied
 from broker.security import ZooKeeperAuth
 from broker.zookeeper import PrivateZooKeeper
+from tests.registry.test_registry import expire_session
 
 BROKERS = ZooKeeperAuth("pylog", "brokers-secret")
 ALICE = ZooKeeperAuth("alice", "alice-secret")
@@ -158,7 +161,11 @@ def test_a_group_belongs_to_the_identity_that_made_it(
 
 
 def test_a_secured_start_secures_a_registry_made_without_acls(
-    make_registry: Callable[..., Registry], observer: KazooClient, registry_chroot: str
+    make_registry: Callable[..., Registry],
+    observer: KazooClient,
+    registry_chroot: str,
+    zookeeper: PrivateZooKeeper,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     old = make_registry()
     old.register_broker(1, BROKER)
@@ -198,6 +205,19 @@ def test_a_secured_start_secures_a_registry_made_without_acls(
     with pytest.raises(RegistryAccessDenied):
         old.create_topic_config("views", CONFIG)
     old.commit_offset("loaders", "clicks", "1-0", 8)  # its open group stays open
+
+    # once its session expires, its registrations are refused: given up, loudly, and the
+    # rest of the registry (the watches) goes on
+    seen: queue.Queue[dict[int, BrokerInfo]] = queue.Queue()
+    old.watch_brokers(seen.put)
+    assert seen.get(timeout=5) == {1: BROKER}
+    with caplog.at_level(logging.ERROR, logger="broker.registry.session"):
+        expire_session(old, zookeeper.connect_string)
+        assert seen.get(timeout=10) == {}
+        assert old.wait_registered(timeout=10)
+    assert old.statistics().registered == 0
+    assert f"cannot register {root}/brokers/ids/1 again" in caplog.text
+    assert "refused by ZooKeeper (NoAuth)" in caplog.text
 
 
 def test_nodes_of_another_identity_are_not_taken_over(
