@@ -203,6 +203,44 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("metrics", "host", str, "127.0.0.1", "Address the metrics endpoint binds to."),
     Setting("metrics", "port", int, 9097, "TCP port of the metrics endpoint (0: a free one)."),
     Setting(
+        "security",
+        "mode",
+        str,
+        "plaintext",
+        "plaintext (no authentication, no ACLs; refused on any address but loopback unless "
+        "allow_plaintext_remote) or curve (CurveZMQ encryption, principals and ACLs).",
+    ),
+    Setting(
+        "security",
+        "key_file",
+        str,
+        "",
+        "The broker's secret key file in curve mode (pylogctl keys generate); default "
+        "<data_dir>/keys/broker.key_secret.",
+    ),
+    Setting(
+        "security",
+        "allow_plaintext_remote",
+        bool,
+        False,
+        "Serve plaintext on an address other than loopback: anyone who reaches the port may "
+        "produce, fetch and delete, and read the traffic.",
+    ),
+    Setting(
+        "security",
+        "principals_file",
+        str,
+        "",
+        "A file of principals (NAME KEY a line) let in besides those in ZooKeeper.",
+    ),
+    Setting(
+        "security",
+        "super_users",
+        list,
+        [],
+        "Principals that may do anything, without ACLs (the operator's).",
+    ),
+    Setting(
         "zookeeper",
         "connect",
         str,
@@ -216,6 +254,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("zookeeper", "session_timeout_ms", int, 6_000, "ZooKeeper session timeout."),
     Setting("zookeeper", "port", int, 0, "Port of the private ZooKeeper (0: a free one)."),
     Setting("zookeeper", "tick_time_ms", int, 2_000, "tickTime of the private ZooKeeper."),
+    Setting(
+        "zookeeper",
+        "auth_file",
+        str,
+        "",
+        "A file of one line user:password: the brokers' ZooKeeper digest identity; when set, "
+        "pylog's znodes are created with digest ACLs (docs/security.md).",
+    ),
 )
 
 TOPIC_SETTINGS = (
@@ -228,6 +274,8 @@ TOPIC_SETTINGS = (
     "max_message_bytes",
 )
 """The LogConfig fields a topic may set for itself when it is created."""
+
+SECURITY_MODES = ("plaintext", "curve")
 
 _BY_NAME = {s.name: s for s in SETTINGS}
 _DIGITS = re.compile("[0-9]+")
@@ -250,6 +298,12 @@ class BrokerConfig:
     def log_dir_paths(self) -> list[Path]:
         dirs = self.values.get("broker_log_dirs") or [Path(self.broker_data_dir) / "logs"]
         return [Path(d) for d in dirs]
+
+    @property
+    def key_file_path(self) -> Path:
+        """The broker's secret key file (curve mode)."""
+        default = Path(self.broker_data_dir) / "keys" / "broker.key_secret"
+        return Path(self.security_key_file) if self.security_key_file else default
 
     @property
     def endpoint_host(self) -> str:
@@ -293,7 +347,7 @@ def parse_setting(setting: Setting, value: Any) -> Any:
     if isinstance(value, int) and value < 0:
         raise ValueError(f"{setting.name} must not be negative, not {value}")
     if isinstance(value, list) and not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{setting.name} must be a list of paths, not {value!r}")
+        raise ValueError(f"{setting.name} must be a list of strings, not {value!r}")
     return value
 
 
@@ -337,6 +391,11 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> BrokerConfig
         raise ValueError(
             f"broker_log_format must be one of {', '.join(FORMATS)}, "
             f"not {config.broker_log_format!r}"
+        )
+    if config.security_mode not in SECURITY_MODES:
+        raise ValueError(
+            f"security_mode must be one of {', '.join(SECURITY_MODES)}, "
+            f"not {config.security_mode!r}"
         )
     if config.broker_workers_per_dir < 1:
         raise ValueError("broker_workers_per_dir must be at least 1")

@@ -19,7 +19,8 @@
     │   │   └── UnsupportedVersion  a known api key with an api version it does not speak
     │   ├── UnknownTopicOrPartition the topic, or that partition of it, does not exist here
     │   ├── TopicAlreadyExists      create of a topic that exists
-    │   └── InvalidTopic            a topic name or topic setting that is not allowed
+    │   ├── InvalidTopic            a topic name or topic setting that is not allowed
+    │   └── AuthorizationFailed     no ACL grants the connection's principal the operation
     ├── Unavailable                 retriable: the same request may succeed later
     │   ├── PartitionUnavailable    the worker owning the partition is down or restarting
     │   ├── BrokerShuttingDown      the broker is stopping and accepts no new requests
@@ -41,11 +42,12 @@ succeed when retried. The broker answers every one of these with its wire error 
 (broker.protocol.broker_error), so `except TopicAlreadyExists` and `except Unavailable` catch
 what a broker answered as they catch what this process raised, and `except BrokerError` catches
 any answered error. A client-side one carries the code, name, message and retriable of
-BrokerError and, for the three codes whose replies carry fields (docs/protocol.md, "Reply
+BrokerError and, for the four codes whose replies carry fields (docs/protocol.md, "Reply
 header"), those fields as the broker-side attributes of the same name: an answered
 InvalidOffset has `message_start` and `next_offset`, FetchSizeTooSmall `needed`, CorruptSegment
-`start`, `end` and `reason`. The attributes the request holds (the offset, max_bytes, the
-partition) are not repeated in the reply, and an answered error has none of them.
+`start`, `end` and `reason`, AuthorizationFailed `operation` and `resource`. The attributes the
+request holds (the offset, max_bytes, the partition) are not repeated in the reply, and
+an answered error has none of them.
 """
 
 from __future__ import annotations
@@ -178,6 +180,21 @@ class InvalidTopic(RequestError):
     """A topic name or a topic setting is not allowed (the message says which and why)."""
 
 
+class AuthorizationFailed(RequestError):
+    """The connection's principal may not do `operation` on `resource` (a topic): no ACL
+    grants it (docs/security.md)."""
+
+    def __init__(self, principal: str, operation: str, resource: str) -> None:
+        super().__init__(
+            f"principal {principal!r} may not {operation} topic {resource!r}: no ACL grants it "
+            f"(pylogctl acl add --principal {principal} --operation {operation} "
+            f"--topic {resource})"
+        )
+        self.principal = principal
+        self.operation = operation
+        self.resource = resource
+
+
 class Unavailable(PylogError):
     """The request could not be served now but may succeed when retried."""
 
@@ -282,6 +299,10 @@ class BrokerTopicAlreadyExists(BrokerError, TopicAlreadyExists):
 
 class BrokerInvalidTopic(BrokerError, InvalidTopic):
     """A broker answered INVALID_TOPIC."""
+
+
+class BrokerAuthorizationFailed(BrokerError, AuthorizationFailed):
+    """A broker answered AUTHORIZATION_FAILED."""
 
 
 class MalformedReply(PylogError):

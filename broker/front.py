@@ -17,9 +17,11 @@ at the end of every turn (`poll_once`).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
+from typing import Final
 
 import zmq
 
@@ -29,6 +31,7 @@ from broker.errors import BrokerShuttingDown, PartitionUnavailable, PylogError, 
 from broker.log.message import Buffer
 from broker.pool import Answers, WorkerHandle, WorkerPool
 from broker.processes import port_holder
+from broker.security import Authorizer, Operation, ZapHandler
 from broker.topics import Topics
 from broker.transport import CREDIT, STATE, reply_envelope, tagged_identity
 from broker.zmqio import NOBLOCK, receive_routed, send_frames
@@ -39,6 +42,19 @@ TICK_MS = 100
 """The longest a turn of the loop waits for a message before its housekeeping."""
 DRAINED_AT_ONCE = 256
 """The messages read from one socket in a turn: so the other sockets and housekeeping get one."""
+OPERATIONS: Final[dict[int, Operation]] = {
+    protocol.Api.PRODUCE: Operation.PRODUCE,
+    protocol.Api.FETCH: Operation.FETCH,
+    protocol.Api.OFFSETS: Operation.DESCRIBE,
+    protocol.Api.DESCRIBE_PARTITION: Operation.DESCRIBE,
+    protocol.Api.METADATA: Operation.DESCRIBE,
+    protocol.Api.DESCRIBE_CONFIG: Operation.DESCRIBE,
+    protocol.Api.CREATE_TOPIC: Operation.CREATE,
+    protocol.Api.DELETE_TOPIC: Operation.DELETE,
+    protocol.Api.ALTER_CONFIG: Operation.ALTER,
+}
+"""The ACL operation each api needs on its topic (DESCRIBE_CLUSTER needs none: any principal
+let in may ask it; docs/security.md)."""
 
 
 class Front:
@@ -75,6 +91,20 @@ class Front:
         """Requests read from clients (broker.metrics)."""
         self.read_pauses = 0
         """Times the loop stopped reading requests (broker.metrics)."""
+        self.zap: ZapHandler | None = None
+        self.authorizer: Authorizer | None = None
+        """Set by `secure`: every request is then checked against the ACLs."""
+
+    def secure(self, secret_key: bytes, zap: ZapHandler, authorizer: Authorizer) -> None:
+        """Make the front socket a CurveZMQ server with the broker's `secret_key` (before
+        `bind`): every connection is authenticated by `zap` (on this loop) and every request
+        authorized by `authorizer`."""
+        self.socket.setsockopt(zmq.CURVE_SERVER, 1)
+        self.socket.setsockopt(zmq.CURVE_SECRETKEY, secret_key)
+        self.socket.setsockopt(zmq.ZAP_DOMAIN, b"pylog")
+        self.poller.register(zap.socket, zmq.POLLIN)
+        self.zap = zap
+        self.authorizer = authorizer
 
     def bind(self) -> None:
         """Listen on broker.host:broker.port (a free port if 0); OSError naming the process
@@ -101,6 +131,9 @@ class Front:
         the pool do their housekeeping, then send the replies they owe."""
         self._pace()
         for sock, _ in self.poller.poll(TICK_MS):
+            if self.zap is not None and sock is self.zap.socket:
+                self.zap.handle()
+                continue
             worker = self.pool.by_socket(sock)
             for _ in range(DRAINED_AT_ONCE):
                 try:
@@ -158,12 +191,24 @@ class Front:
             if self.stopping:
                 raise BrokerShuttingDown("the broker is shutting down")
             route = protocol.peek_route(request_frames)
+            authorizer = self.authorizer
+            principal = "" if authorizer is None else _principal(frames)
             if route is not None:  # the hot path: forwarded as it came, nothing else read
+                if authorizer is not None:
+                    api = protocol.peek_api(request_frames)
+                    authorizer.check(principal, OPERATIONS[api], route.topic)
                 self._route(tagged, request_frames[0], *route)
                 return
             header, request = protocol.decode_request(request_frames)
+            if authorizer is not None and not isinstance(
+                request, protocol.MetadataRequest | protocol.DescribeClusterRequest
+            ):
+                authorizer.check(principal, OPERATIONS[request.api], request.topic)
             if isinstance(request, protocol.MetadataRequest):
-                reply: protocol.Reply = self.topics.metadata(request.topics, self.port)
+                metadata = self.topics.metadata(request.topics, self.port)
+                if authorizer is not None:
+                    metadata = _visible(metadata, authorizer, principal, bool(request.topics))
+                reply: protocol.Reply = metadata
             elif isinstance(request, protocol.CreateTopicRequest):
                 self.topics.create(request, tagged, header.correlation_id)
                 return  # answered once every broker holding a partition serves it
@@ -198,3 +243,27 @@ class Front:
 
     def _answer(self, tagged: bytes, frames: list[Buffer]) -> None:
         send_frames(self.socket, [*reply_envelope(tagged), *frames])
+
+
+def _principal(frames: list[zmq.Frame]) -> str:
+    """The principal a Curve connection was let in as (the User-Id the ZAP handler gave it)."""
+    try:
+        return str(frames[0].get("User-Id"))
+    except zmq.ZMQError:
+        return ""  # not authenticated: no ACL names the empty principal
+
+
+def _visible(
+    reply: protocol.MetadataReply, authorizer: Authorizer, principal: str, asked: bool
+) -> protocol.MetadataReply:
+    """A METADATA reply as `principal` may see it: a topic it asked for and may not describe
+    answers AUTHORIZATION_FAILED; when it asked for every topic, those are left out."""
+    topics = []
+    for info in reply.topics:
+        if authorizer.allowed(principal, Operation.DESCRIBE, info.topic):
+            topics.append(info)
+        elif asked:
+            authorizer.denied += 1
+            code = protocol.ErrorCode.AUTHORIZATION_FAILED
+            topics.append(protocol.TopicInfo(info.topic, code, ()))
+    return dataclasses.replace(reply, topics=tuple(topics))

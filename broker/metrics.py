@@ -10,6 +10,9 @@ read at scrape time. The names follow Prometheus' conventions (`_total` counters
 - pylog_front_read_pauses_total: times the front stopped reading requests because the workers
   owed broker.queued_request_bytes (docs/protocol.md, "Flow control");
 - pylog_front_queued_request_bytes: bytes of requests the workers owe now;
+- in security.mode curve: pylog_connections_accepted_total and pylog_connections_refused_total
+  (Curve handshakes the ZAP handler let in, and refused for an unknown key), and
+  pylog_authorization_failures_total (requests answered AUTHORIZATION_FAILED);
 - pylog_worker_up{worker}: 1 while the worker is connected, 0 while it restarts;
 - pylog_worker_restarts_total;
 - pylog_partitions: the partitions this broker holds;
@@ -91,6 +94,22 @@ class SupervisorCollector(Collector):
             "Bytes of requests routed to workers and not yet served.",
             pool.queued_bytes,
         )
+        if s.zap is not None and s.authorizer is not None:  # security.mode curve
+            yield CounterMetricFamily(
+                "pylog_connections_accepted",
+                "Curve handshakes the ZAP handler let in (a known client key).",
+                s.zap.accepted,
+            )
+            yield CounterMetricFamily(
+                "pylog_connections_refused",
+                "Curve handshakes the ZAP handler refused (an unknown client key).",
+                s.zap.refused,
+            )
+            yield CounterMetricFamily(
+                "pylog_authorization_failures",
+                "Requests (and METADATA topics) answered AUTHORIZATION_FAILED.",
+                s.authorizer.denied,
+            )
         up = GaugeMetricFamily(
             "pylog_worker_up", "1 while a worker is connected.", labels=["worker"]
         )

@@ -48,6 +48,7 @@ from typing import ClassVar, Final, Literal, NamedTuple, assert_never, overload
 
 from broker import errors
 from broker.errors import (
+    AuthorizationFailed,
     BrokerError,
     BrokerShuttingDown,
     CorruptSegment,
@@ -139,6 +140,7 @@ class ErrorCode(IntEnum):
     REGISTRY_UNAVAILABLE = 16
     TOPIC_ALREADY_EXISTS = 17
     INVALID_TOPIC = 18
+    AUTHORIZATION_FAILED = 19
 
 
 # -- the error table ---------------------------------------------------------------------------
@@ -180,6 +182,7 @@ ERROR_TABLE: Final[tuple[ErrorEntry, ...]] = (
     ErrorEntry(ErrorCode.REGISTRY_UNAVAILABLE, RegistryUnavailable, True),
     ErrorEntry(ErrorCode.TOPIC_ALREADY_EXISTS, TopicAlreadyExists, False),
     ErrorEntry(ErrorCode.INVALID_TOPIC, InvalidTopic, False),
+    ErrorEntry(ErrorCode.AUTHORIZATION_FAILED, AuthorizationFailed, False),
 )
 """code <-> name <-> exception class <-> retriable, in code order."""
 
@@ -229,6 +232,7 @@ _REPLY_ERROR_BY_CODE: Final[dict[ErrorCode, type[BrokerError]]] = {
     ErrorCode.REGISTRY_UNAVAILABLE: errors.BrokerRegistryUnavailable,
     ErrorCode.TOPIC_ALREADY_EXISTS: errors.BrokerTopicAlreadyExists,
     ErrorCode.INVALID_TOPIC: errors.BrokerInvalidTopic,
+    ErrorCode.AUTHORIZATION_FAILED: errors.BrokerAuthorizationFailed,
 }
 """The class a client raises for each nonzero code: a BrokerError and the table's exception."""
 
@@ -670,6 +674,7 @@ ERROR_FIELDS: Final[Mapping[ErrorCode, ErrorFields]] = {
     ErrorCode.INVALID_OFFSET: ErrorFields(_Fields(("message_start", "Q"), ("next_offset", "Q"))),
     ErrorCode.FETCH_SIZE_TOO_SMALL: ErrorFields(_Fields(("needed", "Q"))),
     ErrorCode.CORRUPT_SEGMENT: ErrorFields(_Fields(("start", "Q"), ("end", "Q")), ("reason",)),
+    ErrorCode.AUTHORIZATION_FAILED: ErrorFields(_Fields(), ("operation", "resource")),
 }
 """The error codes whose reply carries fields after error_message (docs/protocol.md, "Reply
 header"); every other code's frame 1 ends with error_message."""
@@ -1091,6 +1096,12 @@ def peek_route(frames: Frames) -> Route | None:
     return route
 
 
+def peek_api(frames: Frames) -> int:
+    """The api_key of a request that peek_route routed (its first frame is long enough)."""
+    api: int = _U16.unpack_from(frames[0])[0]
+    return api
+
+
 def peek_produce(frames: Frames) -> tuple[int, Route, int, memoryview] | None:
     """A PRODUCE request whose prefix is known good (see above), decoded with no header or
     request object: its correlation_id, route, ack (an int, checked) and message set (a view
@@ -1355,7 +1366,8 @@ def _error_fields(reader: _Reader, header: ReplyHeader) -> dict[str, int | str]:
     fields = ERROR_FIELDS.get(header.error_code)
     if fields is not None:
         reader.enter(f"{header.error_code.name} error fields")
-        values.update(zip(fields.numbers.names, reader.fixed(fields.numbers), strict=True))
+        if fields.numbers.names:
+            values.update(zip(fields.numbers.names, reader.fixed(fields.numbers), strict=True))
         values.update((name, reader.string(name)) for name in fields.texts)
     reader.finish()
     return values

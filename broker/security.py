@@ -1,4 +1,5 @@
-"""Keys and credentials: CurveZMQ key files, and what a client presents (docs/security.md).
+"""Security: CurveZMQ key files and client credentials, the broker's ZAP handler, principals
+and ACLs (docs/security.md has the threat model and the setup).
 
 Key files are ZeroMQ certificates (the format of czmq's zcert and pyzmq's zmq.auth, so every
 binding's tools read them): `NAME.key` holds the public key, `NAME.key_secret` the public and
@@ -8,19 +9,39 @@ a private key others may read.
 
 A client of a Curve broker needs its own key pair and the broker's public key (ClientKeys); a
 client of a registry with ZooKeeper ACLs needs a ZooKeeper digest identity (ZooKeeperAuth).
+
+The broker side, all of it on the front's loop (broker.front), which never waits here:
+
+- ZapHandler answers ZeroMQ's authentication requests (ZAP, RFC 27) during each Curve
+  handshake: a client key that names a principal (Principals: in ZooKeeper, or in the
+  principals file) is let in with that principal as its ZeroMQ User-Id, any other is refused by
+  ZeroMQ itself, before a request is read, and counted.
+- Authorizer decides whether a principal may do an operation on a topic, from the ACLs (kept in
+  ZooKeeper, broker.registry.security): a super user may do anything; an ACL grants operations
+  on a topic name, a prefix (`logs.*`) or every topic (`*`). Its answers are cached per
+  (principal, operation, topic) until the ACLs change, so the hot path costs one dict lookup.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
 import zmq
 import zmq.auth
 from zmq.utils import z85
+
+from broker.errors import AuthorizationFailed, InvalidTopic
+from broker.protocol import check_topic_name
+from broker.ratelog import RateLimitedLog
+
+log = logging.getLogger("pylog.security")
 
 PUBLIC_SUFFIX: Final = ".key"
 SECRET_SUFFIX: Final = ".key_secret"
@@ -188,3 +209,288 @@ class ZooKeeperAuth:
 
     def __repr__(self) -> str:
         return f"ZooKeeperAuth(user={self.user!r})"
+
+
+# -- principals and the ZAP handler ------------------------------------------------------------
+
+ZAP_ENDPOINT: Final = "inproc://zeromq.zap.01"
+"""Where ZeroMQ sends the authentication requests of every socket of a context (RFC 27)."""
+ZAP_VERSION: Final = b"1.0"
+PRINCIPALS_FILE_CHECK_S: Final = 1.0
+"""How often the principals file is looked at for a change (its mtime and size)."""
+
+
+def check_principal_name(name: str) -> None:
+    """ValueError unless `name` is 1-249 of A-Z a-z 0-9 . _ - (a principal's name goes into
+    logs, ACLs and ZeroMQ's User-Id)."""
+    try:
+        check_topic_name(name)
+    except InvalidTopic as error:
+        raise ValueError(
+            f"principal name {name!r}: {str(error).replace('topic name', 'name')}"
+        ) from None
+
+
+def read_principals_file(path: Path) -> dict[str, bytes]:
+    """name -> public key (Z85) from a principals file: one `NAME KEY` a line, where KEY is
+    the 40 Z85 characters of a client's public key; blank lines and lines starting with `#`
+    are passed over. ValueError naming the line for anything else, and for a name or key
+    given twice."""
+    principals: dict[str, bytes] = {}
+    keys: dict[bytes, str] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        text = line.strip()
+        if not text or text.startswith("#"):  # not after a key: Z85 has "#" in its alphabet
+            continue
+        parts = text.split()
+        where = f"{path}:{number}"
+        if len(parts) != 2:
+            raise ValueError(f"{where}: write NAME KEY (the client's 40-character public key)")
+        name, key = parts[0], parts[1].encode()
+        check_principal_name(name)
+        check_key(key, f"{where} key of {name}")
+        if name in principals or key in keys:
+            raise ValueError(f"{where}: {name if name in principals else 'the key'} is given twice")
+        principals[name] = key
+        keys[key] = name
+    return principals
+
+
+class Principals:
+    """Which client key is which principal: the principals in ZooKeeper (`from_registry`,
+    called by its watch) and those of a principals file (looked at every
+    PRINCIPALS_FILE_CHECK_S by `check_file`, from the loop). A key in both is ZooKeeper's.
+    Lookups read one dict, replaced whole on a change (safe from any thread)."""
+
+    def __init__(self, file: Path | None) -> None:
+        self.file = file
+        self._file_stamp: tuple[float, int] | None = None
+        self._from_file: Mapping[str, bytes] = {}
+        self._from_registry: Mapping[str, bytes] = {}
+        self._by_key: dict[bytes, str] = {}
+        if file is not None:
+            self._from_file = read_principals_file(file)  # at start a bad file stops pylogd
+            self._file_stamp = _stamp(file)
+        self._rebuild()
+
+    def principal(self, key: bytes) -> str | None:
+        """The principal of a client's public key (Z85), None for an unknown key."""
+        return self._by_key.get(key)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def from_registry(self, principals: Mapping[str, bytes]) -> None:
+        self._from_registry = dict(principals)
+        self._rebuild()
+
+    def check_file(self) -> None:
+        """Read the principals file again if it changed; a file that cannot be read now keeps
+        the principals it gave before (logged)."""
+        if self.file is None:
+            return
+        try:
+            stamp = _stamp(self.file)
+            if stamp == self._file_stamp:
+                return
+            self._file_stamp = stamp
+            self._from_file = read_principals_file(self.file)
+        except (OSError, ValueError) as error:
+            log.error("principals file not read again, its principals so far are kept: %s", error)
+            return
+        log.info("principals file %s read again: %d principals", self.file, len(self._from_file))
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        by_key = {key: name for name, key in self._from_file.items()}
+        for name, key in self._from_registry.items():
+            if by_key.get(key, name) != name:
+                log.warning(
+                    "key of principal %r is also %r in the file: %r it is", name, by_key[key], name
+                )
+            by_key[key] = name
+        self._by_key = by_key
+
+
+def _stamp(path: Path) -> tuple[float, int]:
+    info = path.stat()
+    return info.st_mtime, info.st_size
+
+
+class ZapHandler:
+    """The broker's ZAP handler: a REP socket on ZAP_ENDPOINT of the front's context, polled by
+    the front's loop (`handle` when it is readable). A CURVE handshake whose client key names
+    a principal is accepted (status 200) with the principal as User-Id; any other is refused
+    (400), and ZeroMQ closes that connection before a request of it is read."""
+
+    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], principals: Principals) -> None:
+        self.principals = principals
+        self.socket = context.socket(zmq.REP)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(ZAP_ENDPOINT)
+        self.accepted = 0
+        """Handshakes let in (broker.metrics)."""
+        self.refused = 0
+        """Handshakes refused: an unknown key, or not CURVE (broker.metrics)."""
+        self._refusals = RateLimitedLog(log, 10.0)
+
+    def handle(self) -> None:
+        """Answer every ZAP request waiting (there is at least one when the poller says so)."""
+        while True:
+            try:
+                request = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.socket.send_multipart(self._answer(request))
+
+    def _answer(self, request: list[bytes]) -> list[bytes]:
+        if len(request) < 6 or request[0] != ZAP_VERSION:
+            request_id = request[1] if len(request) > 1 else b""
+            return [ZAP_VERSION, request_id, b"500", b"malformed ZAP request", b"", b""]
+        _, request_id, _, address, _, mechanism, *credentials = request
+        if mechanism == b"CURVE" and len(credentials) == 1 and len(credentials[0]) == 32:
+            principal = self.principals.principal(z85.encode(credentials[0]))
+            if principal is not None:
+                self.accepted += 1
+                return [ZAP_VERSION, request_id, b"200", b"OK", principal.encode(), b""]
+            reason = f"unknown client key {z85.encode(credentials[0]).decode()}"
+        else:
+            reason = f"mechanism {mechanism.decode(errors='replace')}, not CURVE"
+        self.refused += 1
+        self._refusals.log(
+            logging.WARNING,
+            "refused",
+            f"refused a connection from {address.decode(errors='replace')}: {reason}",
+        )
+        return [ZAP_VERSION, request_id, b"400", reason.encode(), b"", b""]
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+# -- ACLs --------------------------------------------------------------------------------------
+
+
+class Operation(StrEnum):
+    """What an ACL grants on a topic; DESCRIBE is implied by every other operation."""
+
+    PRODUCE = "produce"
+    FETCH = "fetch"
+    DESCRIBE = "describe"
+    CREATE = "create"
+    DELETE = "delete"
+    ALTER = "alter"
+
+
+ALL: Final = "all"
+"""In an ACL's operations: every Operation."""
+
+
+def parse_operations(names: Iterable[str]) -> frozenset[Operation]:
+    """Operations from their names ("all" for every one); ValueError naming an unknown one."""
+    operations: set[Operation] = set()
+    for name in names:
+        if name == ALL:
+            operations.update(Operation)
+            continue
+        try:
+            operations.add(Operation(name))
+        except ValueError:
+            known = ", ".join([*Operation, ALL])
+            raise ValueError(f"unknown operation {name!r}: one of {known}") from None
+    if not operations:
+        raise ValueError("an ACL grants at least one operation")
+    return frozenset(operations)
+
+
+def check_resource(resource: str) -> None:
+    """ValueError unless `resource` is a topic name, a prefix of one ending in `*` (`logs.*`),
+    or `*` (every topic)."""
+    if resource == "*":
+        return
+    name = resource[:-1] if resource.endswith("*") else resource
+    try:
+        check_topic_name(name)
+    except InvalidTopic as error:
+        raise ValueError(
+            f"resource {resource!r}: a topic name, a prefix ending in * (logs.*), or *: {error}"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Acl:
+    """`principal` may do `operations` on the topics `resource` names: a topic name, a prefix
+    ending in `*` (`logs.*` is every topic whose name starts with "logs."), or `*`."""
+
+    principal: str
+    resource: str
+    operations: frozenset[Operation]
+
+    def __post_init__(self) -> None:
+        check_principal_name(self.principal)
+        check_resource(self.resource)
+        if not self.operations:
+            raise ValueError("an ACL grants at least one operation")
+
+    def matches(self, topic: str) -> bool:
+        if self.resource.endswith("*"):
+            return topic.startswith(self.resource[:-1])
+        return topic == self.resource
+
+    def grants(self, operation: Operation) -> bool:
+        return operation in self.operations or (
+            operation is Operation.DESCRIBE and bool(self.operations)
+        )
+
+
+CACHED_DECISIONS: Final = 100_000
+"""Decisions the Authorizer remembers before it starts over (memory stays bounded whatever
+topic names clients send)."""
+
+
+class _Rules:
+    """One version of the ACLs, with the decisions made from it (so that a decision made from
+    old ACLs can never land in the cache of new ones)."""
+
+    __slots__ = ("by_principal", "decisions")
+
+    def __init__(self, acls: Iterable[Acl]) -> None:
+        self.by_principal: dict[str, list[Acl]] = {}
+        for acl in acls:
+            self.by_principal.setdefault(acl.principal, []).append(acl)
+        self.decisions: dict[tuple[str, Operation, str], bool] = {}
+
+
+class Authorizer:
+    """Whether a principal may do an operation on a topic: a super user may do anything; any
+    other principal what its ACLs grant. `update` (from any thread: the registry's watch)
+    replaces the ACLs as one; the next request is decided by the new ones."""
+
+    def __init__(self, super_users: Iterable[str]) -> None:
+        self.super_users = frozenset(super_users)
+        self._rules = _Rules(())
+        self.denied = 0
+        """Requests refused AUTHORIZATION_FAILED (broker.metrics)."""
+
+    def update(self, acls: Iterable[Acl]) -> None:
+        self._rules = _Rules(acls)
+
+    def allowed(self, principal: str, operation: Operation, topic: str) -> bool:
+        rules = self._rules
+        key = (principal, operation, topic)
+        decision = rules.decisions.get(key)
+        if decision is None:
+            decision = principal in self.super_users or any(
+                acl.grants(operation) and acl.matches(topic)
+                for acl in rules.by_principal.get(principal, ())
+            )
+            if len(rules.decisions) >= CACHED_DECISIONS:
+                rules.decisions.clear()
+            rules.decisions[key] = decision
+        return decision
+
+    def check(self, principal: str, operation: Operation, topic: str) -> None:
+        """AuthorizationFailed unless `principal` may do `operation` on `topic`."""
+        if not self.allowed(principal, operation, topic):
+            self.denied += 1
+            raise AuthorizationFailed(principal, operation.value, topic)

@@ -30,6 +30,7 @@ sends READY=1 once serving and WATCHDOG=1 every half WATCHDOG_USEC.
 from __future__ import annotations
 
 import concurrent.futures
+import ipaddress
 import logging
 import math
 import os
@@ -49,6 +50,15 @@ from broker.front import Front
 from broker.metrics import serve_metrics
 from broker.pool import Answers, WorkerPool
 from broker.registry import Registry
+from broker.security import (
+    PRINCIPALS_FILE_CHECK_S,
+    Acl,
+    Authorizer,
+    KeyFileError,
+    Principals,
+    ZapHandler,
+    load_key_pair,
+)
 from broker.topics import RegistryCalls, Topics
 from broker.zookeeper import PrivateZooKeeper
 
@@ -92,6 +102,9 @@ class Supervisor:
         self._signal_received: int | None = None
         self._watchdog_every = _watchdog_interval()
         self._watchdog_at = 0.0
+        self.zap: ZapHandler | None = None
+        self.authorizer: Authorizer | None = None
+        self._principals_check_at = 0.0
 
     # -- start -----------------------------------------------------------------------------
 
@@ -100,6 +113,8 @@ class Supervisor:
         use stops pylogd before anything is started), ZooKeeper, registry, topics, workers."""
         for directory in (self.data_dir, self.run_dir, *self.log_dirs):
             directory.mkdir(parents=True, exist_ok=True)
+        self.run_dir.chmod(0o700)  # the workers' ipc sockets: no other user may connect them
+        self._secure()
         self.front.bind()
         if self.config.metrics_enabled:  # as early: a port in use stops pylogd before anything
             self.metrics, _ = serve_metrics(
@@ -122,6 +137,7 @@ class Supervisor:
         )
         self.registry.start(timeout=max(10.0, self.config.zookeeper_session_timeout_ms / 1000))
         self.calls.registry = self.registry
+        self._watch_security(self.registry)
         self.topics.load()
         self.pool.start()
         self._wait_for_workers()
@@ -141,6 +157,69 @@ class Supervisor:
         )
         print(f"pylogd ready on {host}:{self.front.port}", flush=True)
         sd_notify(f"READY=1\nSTATUS=serving on {host}:{self.front.port}")
+
+    def _secure(self) -> None:
+        """Make the front a Curve server (security.mode curve), or check that plaintext is
+        allowed where it listens; either way, say in the log which it is."""
+        config = self.config
+        host = config.broker_host
+        if config.security_mode != "curve":
+            if _is_loopback(host):
+                log.info("security: plaintext on %s: no authentication, no ACLs", host)
+                return
+            if not config.security_allow_plaintext_remote:
+                raise OSError(
+                    f"security.mode is plaintext and broker.host {host} is not a loopback "
+                    "address: anyone who reaches it could produce, fetch and delete topics. "
+                    "Set security.mode = curve (docs/security.md), or "
+                    "security.allow_plaintext_remote = true"
+                )
+            log.warning(
+                "security: PLAINTEXT on %s, which is not loopback (allow_plaintext_remote): "
+                "anyone who reaches port %s may produce, fetch and delete topics, and read "
+                "the traffic",
+                host,
+                config.broker_port,
+            )
+            return
+        try:
+            public, secret = load_key_pair(config.key_file_path)
+            principals_file = config.security_principals_file
+            principals = Principals(Path(principals_file) if principals_file else None)
+        except (KeyFileError, OSError) as error:
+            raise OSError(f"security: {error}") from error
+        self.zap = ZapHandler(self.context, principals)
+        self.authorizer = Authorizer(config.security_super_users)
+        self.front.secure(secret, self.zap, self.authorizer)
+        log.info(
+            "security: curve on %s, broker public key %s; %d principals from %s, super users: %s",
+            host,
+            public.decode(),
+            len(principals),
+            principals_file or "no file",
+            ", ".join(config.security_super_users) or "none",
+        )
+
+    def _watch_security(self, registry: Registry) -> None:
+        """Principals and ACLs from ZooKeeper: read once (so that the first request is decided
+        by them), then watched; a change applies to the next connection (principals) or
+        request (ACLs)."""
+        zap, authorizer = self.zap, self.authorizer
+        if zap is None or authorizer is None:
+            return
+
+        def principals_changed(principals: dict[str, bytes]) -> None:
+            zap.principals.from_registry(principals)
+            log.info("principals in ZooKeeper: %d", len(principals))
+
+        def acls_changed(acls: list[Acl]) -> None:
+            authorizer.update(acls)
+            log.info("ACLs in ZooKeeper: %d", len(acls))
+
+        zap.principals.from_registry(registry.principals())
+        authorizer.update(registry.acls())
+        registry.watch_principals(principals_changed)
+        registry.watch_acls(acls_changed)
 
     def _wait_for_workers(self) -> None:
         """Until every worker has said hello (it then gets its partitions, in order)."""
@@ -193,6 +272,9 @@ class Supervisor:
         self.front.poll_once()
         self._check_zookeeper()
         self._tick_watchdog()
+        if self.zap is not None and time.monotonic() >= self._principals_check_at:
+            self.zap.principals.check_file()
+            self._principals_check_at = time.monotonic() + PRINCIPALS_FILE_CHECK_S
 
     def _check_zookeeper(self) -> None:
         """Start the private ZooKeeper again once it has died (off the loop): at once, then,
@@ -277,6 +359,17 @@ def sd_notify(state: str) -> None:
             sock.sendto(state.encode(), address)
         except OSError as error:
             log.warning("sd_notify %r failed: %s", state, error)
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether `host` (broker.host) is a loopback address; a name other than localhost, or an
+    interface, is taken as not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _watchdog_interval() -> float:

@@ -39,6 +39,7 @@ from __future__ import annotations
 from broker.registry.brokers import BrokerInfo, Brokers
 from broker.registry.groups import Groups, partition_name
 from broker.registry.nodes import FORMAT_VERSION
+from broker.registry.security import Security
 from broker.registry.session import DEFAULT_CHROOT, RegistryStatistics
 from broker.registry.topics import TopicConfig, Topics
 
@@ -53,7 +54,7 @@ __all__ = [
 ]
 
 
-class Registry(Brokers, Topics, Groups):
+class Registry(Brokers, Topics, Groups, Security):
     """A broker's (or a tool's) connection to the registry in ZooKeeper.
 
     Paths, under `chroot`:
@@ -63,6 +64,7 @@ class Registry(Brokers, Topics, Groups):
         /config/topics/<topic>                persistent  create_topic_config
         /consumers/<group>/...                both        register_consumer, claim_partition,
                                                           commit_offset
+        /security/principals, /security/acls  persistent  add_principal, add_acl, ...
 
     `connect_string` is "host:port[,host:port...]" (no chroot there: pass `chroot`).
     `session_timeout_s` is asked of the server, which clamps it to 2-20 of its ticks.

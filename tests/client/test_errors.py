@@ -11,6 +11,7 @@ import pytest
 
 from broker.client import Admin
 from broker.errors import (
+    AuthorizationFailed,
     BrokerError,
     CorruptSegment,
     FetchSizeTooSmall,
@@ -38,6 +39,7 @@ def raised_for(code: int, message: str = "text") -> BrokerError:
         ErrorCode.INVALID_OFFSET: InvalidOffset(45, 38, 76),
         ErrorCode.FETCH_SIZE_TOO_SMALL: FetchSizeTooSmall(0, 1, 38),
         ErrorCode.CORRUPT_SEGMENT: CorruptSegment("t-0", 38, 76, "why"),
+        ErrorCode.AUTHORIZATION_FAILED: AuthorizationFailed("web", "produce", "clicks"),
     }
     frames = (
         [encode_error(7, with_fields.get(code, ErrorCode(code)), message)[0]]

@@ -1,0 +1,246 @@
+"""Principals and ACLs in the registry: one node each, so that every broker of a cluster sees
+one consistent set and a change is one conditional write.
+
+    /security/principals  persistent  {"version": 1, "principals": {"alice": "<Z85 key>"}}
+    /security/acls        persistent  {"version": 1, "acls": [{"principal": "alice",
+                                       "resource": "logs.*", "operations": ["fetch"]}]}
+
+Brokers watch both (watch_principals, watch_acls) and apply a change within a second;
+`pylogctl principal` and `pylogctl acl` write them (docs/security.md)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kazoo.recipe.watchers import DataWatch
+
+from broker.errors import RegistryUnavailable
+from broker.registry.nodes import decode, encode
+from broker.registry.session import BadVersion, NodeExists, NoNode, Session
+from broker.security import Acl, check_key, check_principal_name, parse_operations
+
+log = logging.getLogger(__name__)
+
+WRITE_ATTEMPTS = 10
+"""How many times a change is read and written again when others keep changing the node."""
+
+Principals = dict[str, bytes]
+T = TypeVar("T")
+
+
+def _principals(data: bytes) -> Principals:
+    if not data:
+        return {}
+    value = decode(data).get("principals")
+    if not isinstance(value, dict):
+        raise ValueError("'principals' is not an object")
+    out: Principals = {}
+    for name, key in value.items():
+        check_principal_name(name)
+        if not isinstance(key, str):
+            raise ValueError(f"the key of principal {name!r} is not a string")
+        out[name] = check_key(key.encode(), f"key of principal {name!r}")
+    return out
+
+
+def _acls(data: bytes) -> list[Acl]:
+    if not data:
+        return []
+    value = decode(data).get("acls")
+    if not isinstance(value, list):
+        raise ValueError("'acls' is not a list")
+    out = []
+    for entry in value:
+        if not isinstance(entry, dict):
+            raise ValueError("an ACL is not an object")
+        principal, resource = entry.get("principal"), entry.get("resource")
+        operations = entry.get("operations")
+        if not isinstance(principal, str) or not isinstance(resource, str):
+            raise ValueError("an ACL's 'principal' or 'resource' is not a string")
+        if not isinstance(operations, list) or not all(isinstance(o, str) for o in operations):
+            raise ValueError("an ACL's 'operations' is not a list of names")
+        out.append(Acl(principal, resource, parse_operations(operations)))
+    return out
+
+
+def _acls_json(acls: list[Acl]) -> bytes:
+    return encode(
+        {
+            "acls": [
+                {
+                    "principal": acl.principal,
+                    "resource": acl.resource,
+                    "operations": sorted(acl.operations),
+                }
+                for acl in acls
+            ]
+        }
+    )
+
+
+class Security(Session):
+    """The registry's calls on principals and ACLs."""
+
+    @property
+    def principals_path(self) -> str:
+        return f"{self.chroot}/security/principals"
+
+    @property
+    def acls_path(self) -> str:
+        return f"{self.chroot}/security/acls"
+
+    def principals(self) -> Principals:
+        """Every principal: name -> public key (Z85)."""
+        return self._read_node(self.principals_path, _principals)[0]
+
+    def acls(self) -> list[Acl]:
+        """Every ACL, in the order they were added."""
+        return self._read_node(self.acls_path, _acls)[0]
+
+    def add_principal(self, name: str, key: bytes) -> None:
+        """Let the client with public key `key` (Z85) in as `name`. ValueError when the name
+        or the key is already another principal's (remove it first: a key is one principal)."""
+        check_principal_name(name)
+        check_key(key, "public key")
+
+        def change(principals: Principals) -> Principals:
+            for other, other_key in principals.items():
+                if other == name and other_key != key:
+                    raise ValueError(f"principal {name!r} exists with another key: remove it first")
+                if other != name and other_key == key:
+                    raise ValueError(f"that key is already principal {other!r}")
+            return {**principals, name: key}
+
+        self._change(self.principals_path, _principals, change, _principals_json)
+
+    def remove_principal(self, name: str) -> None:
+        """Stop letting `name` in (its connections already open stay open until they close).
+        KeyError when there is no such principal."""
+
+        def change(principals: Principals) -> Principals:
+            if name not in principals:
+                raise KeyError(name)
+            return {k: v for k, v in principals.items() if k != name}
+
+        self._change(self.principals_path, _principals, change, _principals_json)
+
+    def add_acl(self, acl: Acl) -> Acl:
+        """Grant `acl`; merged into the ACL of the same principal and resource if there is
+        one. Returns the ACL as stored."""
+        merged = acl
+
+        def change(acls: list[Acl]) -> list[Acl]:
+            nonlocal merged
+            out = []
+            for old in acls:
+                if (old.principal, old.resource) == (acl.principal, acl.resource):
+                    merged = Acl(acl.principal, acl.resource, old.operations | acl.operations)
+                    out.append(merged)
+                else:
+                    out.append(old)
+            if merged is acl:
+                out.append(acl)
+            return out
+
+        self._change(self.acls_path, _acls, change, _acls_json)
+        return merged
+
+    def remove_acl(self, acl: Acl) -> Acl | None:
+        """Take `acl`'s operations away from its principal on its resource. Returns what is left
+        of that ACL (None when nothing is); KeyError when no ACL of that principal and resource
+        exists."""
+        left: Acl | None = None
+
+        def change(acls: list[Acl]) -> list[Acl]:
+            nonlocal left
+            out = []
+            found = False
+            for old in acls:
+                if (old.principal, old.resource) != (acl.principal, acl.resource):
+                    out.append(old)
+                    continue
+                found = True
+                remaining = old.operations - acl.operations
+                left = Acl(old.principal, old.resource, remaining) if remaining else None
+                if left is not None:
+                    out.append(left)
+            if not found:
+                raise KeyError(f"{acl.principal} on {acl.resource}")
+            return out
+
+        self._change(self.acls_path, _acls, change, _acls_json)
+        return left
+
+    def watch_principals(self, callback: Callable[[Principals], None]) -> None:
+        """Call `callback(principals())` now and whenever they change, until stop()."""
+        self._watch_node(self.principals_path, _principals, callback)
+
+    def watch_acls(self, callback: Callable[[list[Acl]], None]) -> None:
+        """Call `callback(acls())` now and whenever they change, until stop()."""
+        self._watch_node(self.acls_path, _acls, callback)
+
+    # -- one node read, changed, watched -----------------------------------------------------
+
+    def _read_node(self, path: str, parse: Callable[[bytes], T]) -> tuple[T, int]:
+        """What `path` holds (parsed as if empty when it does not exist, version -1)."""
+        try:
+            data, stat = self._get(path)
+        except NoNode:
+            return parse(b""), -1
+        try:
+            return parse(data), stat.version
+        except ValueError as error:
+            raise RegistryUnavailable(f"{path} holds unreadable data: {error}") from None
+
+    def _change(
+        self,
+        path: str,
+        parse: Callable[[bytes], T],
+        change: Callable[[T], T],
+        to_json: Callable[[T], bytes],
+    ) -> None:
+        """Write `change(what path holds)`, a conditional write on the version read (created if
+        absent), read and tried again when another write came between."""
+        for _ in range(WRITE_ATTEMPTS):
+            value, version = self._read_node(path, parse)
+            data = to_json(change(value))
+            try:
+                if version < 0:
+                    self._create(path, data, makepath=True)
+                else:
+                    self._set(path, data, version)
+            except (BadVersion, NodeExists, NoNode):
+                continue
+            return
+        raise RegistryUnavailable(
+            f"{path} changed under each of {WRITE_ATTEMPTS} attempts to change it: try again"
+        )
+
+    def _watch_node(
+        self, path: str, parse: Callable[[bytes], T], callback: Callable[[T], None]
+    ) -> None:
+        """Call `callback(parse(data))` now and whenever the node at `path` changes (parse of
+        b"" while it does not exist), until stop(); kazoo's DataWatch keeps the watch armed
+        across reconnections. A node that cannot be parsed is logged and passed over (the
+        last good value stays in force)."""
+        self._check_open()
+        stopped = self._stopped
+
+        def changed(data: bytes | None, stat: Any) -> bool:
+            if stopped.is_set():
+                return False
+            try:
+                value = parse(data or b"")
+            except ValueError as error:
+                log.error("%s holds unreadable data, passed over: %s", path, error)
+                return True
+            callback(value)
+            return True
+
+        self._client.handler.spawn(DataWatch, self._client, path, changed)
+
+
+def _principals_json(principals: Principals) -> bytes:
+    return encode({"principals": {name: key.decode() for name, key in sorted(principals.items())}})

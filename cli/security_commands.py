@@ -1,0 +1,300 @@
+"""`pylogctl keys`, `pylogctl principal`, `pylogctl acl`: CurveZMQ key pairs, the principals a
+Curve broker lets in, and what each may do (docs/security.md). Principals and ACLs live in
+ZooKeeper (broker.registry.security), where every broker of the cluster watches them: a change
+applies within a second, with no restart."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+
+from broker.registry import Registry
+from broker.security import (
+    ALL,
+    SECRET_SUFFIX,
+    Acl,
+    KeyFileError,
+    Operation,
+    generate_keys,
+    load_public_key,
+    parse_operations,
+)
+from cli.common import EXIT_USAGE, broker_errors, usage_error
+from cli.group_commands import admin_options, fail, registry_address, table
+
+OPERATION_NAMES = [*(operation.value for operation in Operation), ALL]
+
+
+@click.group()
+def keys() -> None:
+    """CurveZMQ key pairs, for a broker (security.key_file) or a client (--key-file)."""
+
+
+@keys.command("generate")
+@click.argument("name")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=".",
+    show_default=True,
+    help="Where to write NAME.key (public) and NAME.key_secret (mode 0600).",
+)
+def keys_generate(name: str, directory: Path) -> None:
+    """Write a new key pair: NAME.key holds the public key (give it to the other side),
+    NAME.key_secret the secret key too (keep it; mode 0600). An existing pair is never
+    overwritten.
+
+    \b
+    Examples:
+      pylogctl keys generate broker --dir /var/lib/pylog/keys   # the broker's default key_file
+      pylogctl keys generate alice                              # a client's, here"""
+    try:
+        public_path, secret_path = generate_keys(directory, name)
+    except (ValueError, OSError) as error:
+        click.echo(f"pylogctl: {error}", err=True)
+        raise SystemExit(EXIT_USAGE) from None
+    click.echo(f"public key  {load_public_key(public_path).decode()}")
+    click.echo(f"wrote       {public_path} (public) and {secret_path} (secret, mode 0600)")
+
+
+@keys.command("show")
+@click.argument("path")
+def keys_show(path: str) -> None:
+    """Print the public key of a key file (either file of a pair)."""
+    try:
+        click.echo(load_public_key(path).decode())
+    except KeyFileError as error:
+        usage_error(str(error))
+
+
+@click.group()
+def principal() -> None:
+    """The principals a Curve broker lets in: a name for each client public key."""
+
+
+@contextlib.contextmanager
+def security_registry(
+    zookeeper: str | None, chroot: str | None, broker: str, timeout: float
+) -> Iterator[Registry]:
+    """The registry (registry_address) for the duration of a command; failures are one line,
+    exit 1."""
+    address = registry_address(zookeeper, chroot, broker, timeout)
+    with broker_errors(address.connect, "ZooKeeper"):
+        registry = Registry(address.connect, address.chroot, request_timeout_s=timeout)
+        registry.start(timeout=timeout)
+        try:
+            yield registry
+        finally:
+            registry.stop()
+
+
+@principal.command("add")
+@click.argument("name")
+@click.argument("key")
+@admin_options
+def principal_add(
+    name: str,
+    key: str,
+    zookeeper: str | None,
+    chroot: str | None,
+    broker: str,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Let the client whose public key is KEY (40 Z85 characters, or its NAME.key file) in as
+    principal NAME. It may do nothing until an ACL grants it (pylogctl acl add), unless it is
+    one of the brokers' security.super_users.
+
+    \b
+    Example:
+      pylogctl principal add alice alice.key"""
+    if os.fspath(key).endswith(SECRET_SUFFIX):
+        usage_error(f"{key} is a secret key file: give the public one (.key), never the secret")
+    try:
+        public = load_public_key(key)
+    except KeyFileError as error:
+        usage_error(str(error))
+    with security_registry(zookeeper, chroot, broker, timeout) as registry:
+        try:
+            registry.add_principal(name, public)
+        except ValueError as error:
+            fail(str(error))
+    _say(as_json, {"principal": name, "key": public.decode()}, f"principal {name} added")
+
+
+@principal.command("remove")
+@click.argument("name")
+@admin_options
+def principal_remove(
+    name: str,
+    zookeeper: str | None,
+    chroot: str | None,
+    broker: str,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Stop letting NAME in: new connections with its key are refused (one already open stays
+    open until it closes; remove its ACLs to stop its requests at once). Its ACLs are kept."""
+    with security_registry(zookeeper, chroot, broker, timeout) as registry:
+        try:
+            registry.remove_principal(name)
+        except KeyError:
+            fail(f"no principal {name!r}")
+    _say(as_json, {"principal": name, "removed": True}, f"principal {name} removed")
+
+
+@principal.command("list")
+@admin_options
+def principal_list(
+    zookeeper: str | None, chroot: str | None, broker: str, timeout: float, as_json: bool
+) -> None:
+    """Print every principal in ZooKeeper and its public key (a broker's principals_file adds
+    its own, not listed here)."""
+    with security_registry(zookeeper, chroot, broker, timeout) as registry:
+        principals = registry.principals()
+    if as_json:
+        for name, key in sorted(principals.items()):
+            click.echo(json.dumps({"principal": name, "key": key.decode()}))
+        return
+    table(["PRINCIPAL", "KEY"], [(name, key.decode()) for name, key in sorted(principals.items())])
+
+
+@click.group()
+def acl() -> None:
+    """What each principal may do on which topics: produce, fetch, describe, create, delete,
+    alter (describe comes with every other one)."""
+
+
+def acl_options(command: click.decorators.FC) -> click.decorators.FC:
+    command = click.option(
+        "--topic",
+        "resource",
+        required=True,
+        help="A topic name, a prefix ending in * (logs.*: every topic whose name starts with "
+        "'logs.'), or * for every topic.",
+    )(command)
+    return click.option("--principal", "principal_name", required=True)(command)
+
+
+def _acl(principal_name: str, resource: str, operations: tuple[str, ...]) -> Acl:
+    try:
+        return Acl(principal_name, resource, parse_operations(operations or (ALL,)))
+    except ValueError as error:
+        usage_error(str(error))
+
+
+@acl.command("add")
+@acl_options
+@click.option(
+    "--operation",
+    "operations",
+    multiple=True,
+    required=True,
+    type=click.Choice(OPERATION_NAMES),
+    help="An operation to grant (repeat the option for several; all: every one).",
+)
+@admin_options
+def acl_add(
+    principal_name: str,
+    resource: str,
+    operations: tuple[str, ...],
+    zookeeper: str | None,
+    chroot: str | None,
+    broker: str,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Grant PRINCIPAL the operations on the topics --topic names.
+
+    \b
+    Examples:
+      pylogctl acl add --principal loader --topic 'logs.*' --operation fetch
+      pylogctl acl add --principal web --topic clicks --operation produce"""
+    granted = _acl(principal_name, resource, operations)
+    with security_registry(zookeeper, chroot, broker, timeout) as registry:
+        stored = registry.add_acl(granted)
+    _say(as_json, _acl_record(stored), f"ACL now: {_acl_text(stored)}")
+
+
+@acl.command("remove")
+@acl_options
+@click.option(
+    "--operation",
+    "operations",
+    multiple=True,
+    type=click.Choice(OPERATION_NAMES),
+    help="An operation to take away (repeat for several); default: all of them.",
+)
+@admin_options
+def acl_remove(
+    principal_name: str,
+    resource: str,
+    operations: tuple[str, ...],
+    zookeeper: str | None,
+    chroot: str | None,
+    broker: str,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Take operations away from PRINCIPAL on --topic (exactly as it was added: removing
+    `logs.*` does not touch an ACL on `logs.web`). Applies to its next request."""
+    taken = _acl(principal_name, resource, operations)
+    with security_registry(zookeeper, chroot, broker, timeout) as registry:
+        try:
+            left = registry.remove_acl(taken)
+        except KeyError:
+            fail(f"no ACL of {principal_name} on {resource!r}: pylogctl acl list shows them")
+    if left is None:
+        _say(
+            as_json,
+            {"principal": principal_name, "resource": resource, "operations": []},
+            f"ACL removed: {principal_name} on {resource}",
+        )
+    else:
+        _say(as_json, _acl_record(left), f"ACL now: {_acl_text(left)}")
+
+
+@acl.command("list")
+@click.option("--principal", "principal_name", help="Only this principal's ACLs.")
+@admin_options
+def acl_list(
+    principal_name: str | None,
+    zookeeper: str | None,
+    chroot: str | None,
+    broker: str,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Print the ACLs: principal, topics, operations."""
+    with security_registry(zookeeper, chroot, broker, timeout) as registry:
+        acls = [a for a in registry.acls() if principal_name in (None, a.principal)]
+    if as_json:
+        for entry in acls:
+            click.echo(json.dumps(_acl_record(entry)))
+        return
+    table(
+        ["PRINCIPAL", "TOPIC", "OPERATIONS"],
+        [(a.principal, a.resource, ",".join(sorted(a.operations))) for a in acls],
+    )
+
+
+def _acl_record(entry: Acl) -> dict[str, object]:
+    return {
+        "principal": entry.principal,
+        "resource": entry.resource,
+        "operations": sorted(entry.operations),
+    }
+
+
+def _acl_text(entry: Acl) -> str:
+    return f"{entry.principal} may {','.join(sorted(entry.operations))} on {entry.resource}"
+
+
+def _say(as_json: bool, record: dict[str, object], text: str) -> None:
+    click.echo(json.dumps(record) if as_json else text)

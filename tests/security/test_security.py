@@ -1,0 +1,361 @@
+"""A Curve broker from outside, as a client in any language meets it: a ZeroMQ DEALER with the
+Curve socket options and the protocol's frames (docs/protocol.md, "Security"), real pylogd,
+real ZooKeeper. Principals and ACLs are changed the way an operator does, with pylogctl."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import zmq
+from click.testing import CliRunner
+
+from broker import protocol
+from broker.errors import BrokerError
+from broker.log.message import encode_message
+from broker.protocol import (
+    Ack,
+    AlterConfigRequest,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    DescribeClusterRequest,
+    DescribeConfigRequest,
+    DescribePartitionRequest,
+    ErrorCode,
+    FetchRequest,
+    MetadataRequest,
+    OffsetsRequest,
+    ProduceRequest,
+    Request,
+    RequestHeader,
+)
+from broker.security import ClientKeys, generate_keys
+from broker.zookeeper import PrivateZooKeeper
+from cli.pylogctl import cli
+from cli.pylogd import EXIT_CANNOT_START
+from tests.conftest import single_box_flags, wait_until
+from tests.pylogd import RunningBroker
+
+NO_REPLY_MS = 1500
+"""How long a refused client waits to see that no reply comes."""
+
+
+@dataclass
+class Secured:
+    broker: RunningBroker
+    keys: Path
+    zookeeper: str
+    chroot: str
+
+    def client(self, name: str | None) -> zmq.Socket[bytes]:
+        """A DEALER connected to the broker as `name` (its key pair under `keys`), or in
+        plaintext (None)."""
+        socket = zmq.Context.instance().socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        if name is not None:
+            ClientKeys.load(self.keys / f"{name}.key_secret", self.keys / "broker.key").apply(
+                socket
+            )
+        socket.connect(self.broker.endpoint)
+        return socket
+
+    def call(self, name: str | None, request: Request) -> protocol.Reply | Exception | None:
+        """The reply to `request` sent as `name`: a Reply, the BrokerError answered, or None
+        when no reply came in NO_REPLY_MS."""
+        socket = self.client(name)
+        try:
+            header = RequestHeader(request.api, protocol.API_VERSION, 7, "test-security")
+            socket.send_multipart(protocol.encode_request(header, request))
+            if not socket.poll(NO_REPLY_MS):
+                return None
+            frames = socket.recv_multipart()
+        finally:
+            socket.close()
+        try:
+            return protocol.decode_reply(request.api, frames)
+        except BrokerError as error:
+            return error
+
+    def pylogctl(self, *args: str) -> str:
+        result = CliRunner().invoke(
+            cli, [*args, "--zookeeper", self.zookeeper, "--chroot", self.chroot]
+        )
+        assert result.exit_code == 0, result.output
+        return result.output
+
+
+@pytest.fixture(scope="module")
+def secured(
+    zookeeper: PrivateZooKeeper, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Secured]:
+    """A Curve broker; principals admin (a super user) and alice (no ACL yet) are known,
+    mallory has keys but is no principal."""
+    root = tmp_path_factory.mktemp("secured")
+    keys = root / "keys"
+    for name in ("broker", "admin", "alice", "mallory"):
+        generate_keys(keys, name)
+    chroot = f"/test-security-{os.getpid()}-{time.monotonic_ns()}"
+    running = RunningBroker(
+        root / "broker",
+        zookeeper.connect_string,
+        chroot,
+        *single_box_flags(root),
+        "--security-mode",
+        "curve",
+        "--security-key-file",
+        str(keys / "broker.key_secret"),
+        "--security-super-users",
+        "admin",
+        "--metrics-enabled",
+        "true",
+        "--metrics-port",
+        "0",
+    ).start()
+    found = Secured(running, keys, zookeeper.connect_string, chroot)
+    for name in ("admin", "alice"):
+        found.pylogctl("principal", "add", name, str(keys / f"{name}.key"))
+    yield found
+    running.stop()
+    print(f"--- {running.log_path}:\n{running.log_tail()}")
+
+
+@pytest.fixture
+def topic(secured: Secured, request: pytest.FixtureRequest) -> str:
+    """A topic of this test's own, created by the super user."""
+    name = f"sec.{request.node.name[5:40]}"
+    assert secured.call("admin", CreateTopicRequest(name, 1, {})) == protocol.EmptyReply()
+    return name
+
+
+def one_message() -> bytes:
+    return encode_message(b"hello")
+
+
+def routed_requests(topic: str) -> dict[str, Request]:
+    return {
+        "produce": ProduceRequest(topic, 0, Ack.WRITTEN, one_message()),
+        "fetch": FetchRequest(topic, 0, 0, 1 << 16, 0, 0),
+        "offsets": OffsetsRequest(topic, 0, protocol.LATEST),
+        "describe-partition": DescribePartitionRequest(topic, 0),
+    }
+
+
+def operator_requests(topic: str) -> dict[str, Request]:
+    return {
+        "describe-config": DescribeConfigRequest(topic),
+        "alter-config": AlterConfigRequest(topic, {"retention_ms": "60000"}),
+        "delete": DeleteTopicRequest(topic),
+        "create": CreateTopicRequest(topic + ".new", 1, {}),
+    }
+
+
+NEEDS = {
+    "produce": "produce",
+    "fetch": "fetch",
+    "offsets": "describe",
+    "describe-partition": "describe",
+    "describe-config": "describe",
+    "alter-config": "alter",
+    "delete": "delete",
+    "create": "create",
+}
+
+
+def test_an_unknown_key_gets_no_reply_to_any_request(secured: Secured, topic: str) -> None:
+    before = secured.broker.metrics().get(("pylog_connections_refused_total", ()), 0.0)
+    for request in (MetadataRequest(()), *routed_requests(topic).values()):
+        assert secured.call("mallory", request) is None, request
+    assert secured.broker.metrics()[("pylog_connections_refused_total", ())] >= before + 5
+    assert "unknown client key" in secured.broker.log_path.read_text()
+
+
+def test_a_plaintext_client_gets_no_reply_from_a_curve_broker(secured: Secured) -> None:
+    assert secured.call(None, MetadataRequest(())) is None
+    assert secured.call(None, DescribeClusterRequest()) is None
+
+
+def test_a_principal_without_acls_is_refused_each_operation(secured: Secured, topic: str) -> None:
+    for name, request in {**routed_requests(topic), **operator_requests(topic)}.items():
+        reply = secured.call("alice", request)
+        assert isinstance(reply, BrokerError), (name, reply)
+        assert reply.name == "AUTHORIZATION_FAILED", (name, reply)
+        assert reply.operation == NEEDS[name], name  # type: ignore[attr-defined]
+        assert reply.resource.startswith(topic), name  # type: ignore[attr-defined]
+    asked = secured.call("alice", MetadataRequest((topic,)))
+    assert isinstance(asked, protocol.MetadataReply)
+    assert [(t.topic, t.error_code) for t in asked.topics] == [
+        (topic, ErrorCode.AUTHORIZATION_FAILED)
+    ]
+    listed = secured.call("alice", MetadataRequest(()))
+    assert isinstance(listed, protocol.MetadataReply)
+    assert topic not in [t.topic for t in listed.topics]  # left out of a listing
+    # The one api with no topic: which ZooKeeper, which brokers; any principal may ask.
+    assert isinstance(
+        secured.call("alice", DescribeClusterRequest()), protocol.DescribeClusterReply
+    )
+
+
+def test_an_acl_grants_its_operations_and_its_removal_applies_within_a_second(
+    secured: Secured, topic: str
+) -> None:
+    secured.pylogctl(
+        "acl", "add", "--principal", "alice", "--topic", topic, "--operation", "produce"
+    )
+    produce = routed_requests(topic)["produce"]
+    wait_until(
+        lambda: isinstance(secured.call("alice", produce), protocol.ProduceReply),
+        timeout=5,
+        what="the ACL to apply",
+    )
+    fetched = secured.call("alice", routed_requests(topic)["fetch"])
+    assert isinstance(fetched, BrokerError) and fetched.name == "AUTHORIZATION_FAILED"
+    # produce implies describe: METADATA, OFFSETS and DESCRIBE_PARTITION are allowed
+    for name in ("offsets", "describe-partition"):
+        assert not isinstance(secured.call("alice", routed_requests(topic)[name]), Exception)
+    asked = secured.call("alice", MetadataRequest((topic,)))
+    assert isinstance(asked, protocol.MetadataReply)
+    assert asked.topics[0].error_code == ErrorCode.NONE
+
+    secured.pylogctl("acl", "remove", "--principal", "alice", "--topic", topic)
+    removed_at = time.monotonic()
+    wait_until(
+        lambda: isinstance(secured.call("alice", produce), BrokerError),
+        timeout=1.0,
+        what="the ACL's removal to apply within a second",
+    )
+    assert time.monotonic() - removed_at < 1.0
+
+
+def test_a_prefix_acl_covers_the_topics_it_names_only(secured: Secured, topic: str) -> None:
+    other = secured.call("admin", CreateTopicRequest("other." + topic, 1, {}))
+    assert other == protocol.EmptyReply()
+    prefix = topic.rsplit("_", 1)[0] + "*"
+    secured.pylogctl(
+        "acl", "add", "--principal", "alice", "--topic", prefix, "--operation", "fetch"
+    )
+    fetch = routed_requests(topic)["fetch"]
+    wait_until(lambda: isinstance(secured.call("alice", fetch), protocol.FetchReply), timeout=5)
+    elsewhere = secured.call("alice", routed_requests("other." + topic)["fetch"])
+    assert isinstance(elsewhere, BrokerError) and elsewhere.name == "AUTHORIZATION_FAILED"
+    secured.pylogctl("acl", "remove", "--principal", "alice", "--topic", prefix)
+
+
+def test_a_super_user_may_do_anything_without_acls(secured: Secured, topic: str) -> None:
+    for name, request in {**routed_requests(topic), **operator_requests(topic)}.items():
+        assert not isinstance(secured.call("admin", request), Exception), name
+
+
+def test_a_removed_principal_is_refused_at_its_next_connection(secured: Secured) -> None:
+    generate_keys(secured.keys, "bob")
+    secured.pylogctl("principal", "add", "bob", str(secured.keys / "bob.key"))
+    wait_until(
+        lambda: isinstance(
+            secured.call("bob", DescribeClusterRequest()), protocol.DescribeClusterReply
+        ),
+        timeout=5,
+    )
+    secured.pylogctl("principal", "remove", "bob")
+    wait_until(lambda: secured.call("bob", DescribeClusterRequest()) is None, timeout=5)
+
+
+# -- starting a broker: what it refuses, and what it says --------------------------------
+
+
+def start_failure(tmp_path: Path, *flags: str) -> str:
+    """pylogd's stderr when it refuses to start with `flags` (it must exit EXIT_CANNOT_START,
+    quickly)."""
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("pylogd")),
+            "--broker-data-dir",
+            str(tmp_path / "d"),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == EXIT_CANNOT_START, result
+    return result.stderr
+
+
+def test_plaintext_on_an_address_that_is_not_loopback_is_refused(tmp_path: Path) -> None:
+    error = start_failure(tmp_path, "--broker-host", "0.0.0.0", "--broker-port", "0")
+    assert "security.mode is plaintext and broker.host 0.0.0.0 is not a loopback" in error
+
+
+def test_curve_without_a_key_file_is_refused_with_one_line(tmp_path: Path) -> None:
+    error = start_failure(tmp_path, "--security-mode", "curve", "--broker-port", "0")
+    assert "broker.key_secret" in error and "Traceback" not in error
+
+
+def test_a_secret_key_others_may_read_is_refused(tmp_path: Path) -> None:
+    _, secret = generate_keys(tmp_path / "keys", "broker")
+    secret.chmod(0o644)
+    error = start_failure(
+        tmp_path,
+        "--security-mode",
+        "curve",
+        "--security-key-file",
+        str(secret),
+        "--broker-port",
+        "0",
+    )
+    assert "chmod 600" in error
+
+
+def test_the_log_says_which_mode_a_broker_serves(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    plain = make_pylogd(*single_box_flags(tmp_path / "p"), name="plain")
+    assert (
+        "security: plaintext on 127.0.0.1: no authentication, no ACLs" in plain.log_path.read_text()
+    )
+    remote = make_pylogd(
+        *single_box_flags(tmp_path / "r"),
+        "--broker-host",
+        "0.0.0.0",
+        "--security-allow-plaintext-remote",
+        "true",
+        name="remote",
+    )
+    assert "security: PLAINTEXT on 0.0.0.0, which is not loopback" in remote.log_path.read_text()
+    assert (tmp_path / "plain" / "run").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_principals_file_lets_its_keys_in_and_is_read_again_when_changed(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys"
+    for name in ("broker", "carol", "dave"):
+        generate_keys(keys, name)
+    principals = tmp_path / "principals"
+    carol = (keys / "carol.key").read_text().split('public-key = "')[1][:40]
+    dave = (keys / "dave.key").read_text().split('public-key = "')[1][:40]
+    principals.write_text(f"# name key\ncarol {carol}\n")
+    running = make_pylogd(
+        *single_box_flags(tmp_path),
+        "--security-mode",
+        "curve",
+        "--security-key-file",
+        str(keys / "broker.key_secret"),
+        "--security-principals-file",
+        str(principals),
+        name="filed",
+    )
+    found = Secured(running, keys, "", "")
+    assert isinstance(found.call("carol", DescribeClusterRequest()), protocol.DescribeClusterReply)
+    assert found.call("dave", DescribeClusterRequest()) is None
+    principals.write_text(f"carol {carol}\ndave {dave}\n")
+    wait_until(
+        lambda: isinstance(
+            found.call("dave", DescribeClusterRequest()), protocol.DescribeClusterReply
+        ),
+        timeout=5,
+    )
