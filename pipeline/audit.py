@@ -251,6 +251,8 @@ def _hour_fields(count: HourCount, with_produced: bool) -> dict[str, object]:
 def main(
     broker: str | None,
     zookeeper: str | None,
+    key_file: str | None,
+    broker_key: str | None,
     master: str | None,
     conf: list[tuple[str, str]],
     topic: str,
@@ -286,7 +288,7 @@ def main(
     show_progress("audit")
     if end <= start:
         raise click.BadParameter(f"--end {end} is not after --start {start}")
-    cluster = cluster_options(broker, zookeeper)
+    cluster = cluster_options(broker, zookeeper, key_file, broker_key)
     try:
         with job_session("pylog-audit", master, conf) as spark:
             counts = audit(spark, cluster, topic, output, start, end, audit_topic)

@@ -8,6 +8,11 @@ chroot /pylog when none is given), from which the driver picks a live broker. Ei
 driver resolves it once to bootstrap endpoints and hands only endpoints to Spark tasks:
 executors never talk to ZooKeeper.
 
+A cluster whose brokers serve CurveZMQ is reached with `keyFile` (the client's secret key
+file) and `brokerKey` (the brokers' public key, or its key file): the driver reads the files
+once (`client_keys`) and the keys travel to Spark's tasks inside the options, so that no
+executor needs the files (docs/pipeline.md, "Curve").
+
 Which broker holds a partition comes from METADATA (broker.client.cluster, in
 `Cluster.holders`); offsets come from OFFSETS sent to the broker that holds the partition. A
 `Cluster` keeps one connection per broker for the calls of one planning step and is not shared
@@ -28,6 +33,7 @@ from broker.client.connection import Connection
 from broker.errors import BrokerError
 from broker.protocol import ErrorCode, OffsetsRequest
 from broker.registry import DEFAULT_CHROOT, Registry
+from broker.security import ClientKeys, KeyFileError
 from pipeline.errors import NotMessageBoundary, OptionError, PipelineError
 
 RETRIES: Final = 5
@@ -75,6 +81,25 @@ def bootstrap_endpoint(options: Mapping[str, str]) -> str:
     return f"tcp://{info.host}:{info.port}"
 
 
+def client_keys(options: Mapping[str, str]) -> ClientKeys | None:
+    """The Curve keys that the (lower-cased) options `keyfile` and `brokerkey` name, read now;
+    None without them. OptionError for one without the other, and for a file that cannot be
+    used (missing, malformed, or a secret file that others may read)."""
+    key_file = options.get("keyfile", "").strip()
+    broker_key = options.get("brokerkey", "").strip()
+    if bool(key_file) != bool(broker_key):
+        raise OptionError(
+            "keyFile and brokerKey go together: a Curve client presents its own key pair "
+            "(keyFile, its .key_secret file) and checks the broker's public key (brokerKey)"
+        )
+    if not key_file:
+        return None
+    try:
+        return ClientKeys.load(key_file, broker_key)
+    except KeyFileError as error:
+        raise OptionError(f"keyFile {key_file!r}, brokerKey {broker_key!r}: {error}") from None
+
+
 def message_bounds(connection: Connection, tp: TopicPartition, position: int) -> tuple[int, int]:
     """(start, next) of the message around byte `position` of the partition: (position,
     position) when a message starts there (broker.client.lag.message_bounds). BrokerError
@@ -84,10 +109,17 @@ def message_bounds(connection: Connection, tp: TopicPartition, position: int) ->
 
 class Cluster(BrokerCluster):
     """The driver's view of the cluster during one planning step: partitions, their holders
-    and their exact offsets, over one connection per broker (closed by `close`)."""
+    and their exact offsets, over one connection per broker (closed by `close`), each with
+    `keys` when the brokers serve Curve."""
 
-    def __init__(self, bootstrap: str, timeout_s: float = 10.0, retries: int = RETRIES) -> None:
-        super().__init__(bootstrap, CLIENT_ID, timeout_s, retries)
+    def __init__(
+        self,
+        bootstrap: str,
+        timeout_s: float = 10.0,
+        retries: int = RETRIES,
+        keys: ClientKeys | None = None,
+    ) -> None:
+        super().__init__(bootstrap, CLIENT_ID, timeout_s, retries, keys=keys)
 
     def holders(self, topic: str) -> dict[int, str]:
         """Partition -> endpoint of the broker holding it, for every partition of `topic`

@@ -46,7 +46,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import DateType, IntegerType, StringType, StructField, StructType
 
 from broker.errors import PylogError
-from pipeline.cluster import Cluster, bootstrap_endpoint
+from pipeline.cluster import Cluster, bootstrap_endpoint, client_keys
 from pipeline.reader import SCHEMA
 from pipeline.session import (
     cluster_options,
@@ -212,7 +212,9 @@ def _stop_between_batches(query: StreamingQuery) -> None:
 def check_cluster(cluster: Mapping[str, str], topics: Sequence[str]) -> None:
     """Fail fast, before Spark starts: Unavailable when the broker does not answer within
     PREFLIGHT_TIMEOUT_S, OptionError naming a topic that does not exist."""
-    with Cluster(bootstrap_endpoint(cluster), PREFLIGHT_TIMEOUT_S, retries=0) as brokers:
+    options = {name.lower(): value for name, value in cluster.items()}
+    keys = client_keys(options)
+    with Cluster(bootstrap_endpoint(options), PREFLIGHT_TIMEOUT_S, 0, keys) as brokers:
         for topic in topics:
             brokers.holders(topic)
 
@@ -292,6 +294,8 @@ class Progress:
 def main(
     broker: str | None,
     zookeeper: str | None,
+    key_file: str | None,
+    broker_key: str | None,
     master: str | None,
     conf: list[tuple[str, str]],
     topics: tuple[str, ...],
@@ -317,7 +321,7 @@ def main(
       {"type": "loaded", "topics": ["clicks"], "output": "./warehouse", "messages": 106, ...}
     """
     show_progress("load")
-    cluster = cluster_options(broker, zookeeper)
+    cluster = cluster_options(broker, zookeeper, key_file, broker_key)
     started = time.monotonic()
     stop = threading.Event()
     try:

@@ -21,14 +21,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from pipeline.cluster import Cluster, TopicPartition, bootstrap_endpoint
+from broker.security import ClientKeys
+from pipeline.cluster import Cluster, TopicPartition, bootstrap_endpoint, client_keys
 from pipeline.errors import OptionError
 
 EARLIEST: Final = -2
 LATEST: Final = -1
 DEFAULT_MAX_BYTES_PER_PARTITION: Final = 64 << 20
 
-CLUSTER_OPTIONS: Final = frozenset({"broker", "zookeeper.connect", "kafka.bootstrap.servers"})
+CLUSTER_OPTIONS: Final = frozenset(
+    {"broker", "zookeeper.connect", "kafka.bootstrap.servers", "keyfile", "brokerkey"}
+)
 SOURCE_OPTIONS: Final = CLUSTER_OPTIONS | {
     "subscribe",
     "subscribepattern",
@@ -247,9 +250,11 @@ class SourceOptions:
     separated (see cluster.py). A time, where one is given, decides over the offsets option
     (`starting_time` over `starting`, `ending_time` over `ending`); `time_no_match_error`
     is startingOffsetsByTimestampStrategy error: a starting time after every message of a
-    partition fails the query instead of starting at its latest offset."""
+    partition fails the query instead of starting at its latest offset. `keys`: what the
+    driver and the tasks present to brokers serving Curve (keyFile and brokerKey)."""
 
     bootstrap: str
+    keys: ClientKeys | None
     subscription: Subscription
     starting: OffsetSpec
     ending: OffsetSpec
@@ -261,6 +266,10 @@ class SourceOptions:
     max_offsets_per_trigger: int | None
     max_bytes_per_partition: int
     min_partitions: int | None
+
+    def cluster(self) -> Cluster:
+        """The driver's connections to the cluster, for one planning step."""
+        return Cluster(self.bootstrap, keys=self.keys)
 
 
 def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
@@ -299,6 +308,7 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
     min_partitions = positive_int(options, "minPartitions")
     return SourceOptions(
         bootstrap=bootstrap_endpoint(options),
+        keys=client_keys(options),
         subscription=subscription,
         starting=starting,
         ending=ending,

@@ -61,6 +61,7 @@ from broker.log.message import Message
 from broker.protocol import EARLIEST as EARLIEST_TIME
 from broker.protocol import LATEST as LATEST_TIME
 from broker.protocol import ErrorCode, FetchRequest, OffsetsRequest
+from broker.security import ClientKeys
 from pipeline.cluster import CLIENT_ID, RETRIES, Cluster, TopicPartition
 from pipeline.errors import DataLoss, NotMessageBoundary, OptionError, PipelineError
 from pipeline.options import EARLIEST, LATEST, SourceOptions
@@ -150,13 +151,16 @@ def offsets_behind_latest(end_offset: str | None, latest_offset: str | None) -> 
 # -- tasks ---------------------------------------------------------------------------------
 
 
-def read_range(rng: OffsetRange, fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
+def read_range(
+    rng: OffsetRange, fail_on_data_loss: bool, keys: ClientKeys | None = None
+) -> Iterator[pa.RecordBatch]:
     """The messages of `rng` as Arrow record batches of the source's schema (the body of a
-    Spark task). NotMessageBoundary when `rng.start` is inside a message."""
+    Spark task), fetched with `keys` from a broker serving Curve. NotMessageBoundary when
+    `rng.start` is inside a message."""
     tp = TopicPartition(rng.topic, rng.partition)
     fetch_bytes = FETCH_BYTES
     position = rng.start
-    with Connection(rng.endpoint, CLIENT_ID) as connection:
+    with Connection(rng.endpoint, CLIENT_ID, keys=keys) as connection:
         while position < rng.end:
             request = FetchRequest(rng.topic, rng.partition, position, fetch_bytes, 0, 0)
             try:
@@ -389,7 +393,7 @@ class PylogBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
         spans: list[tuple[TopicPartition, str, int, int]] = []
-        with Cluster(options.bootstrap) as cluster:
+        with options.cluster() as cluster:
             partitions = options.subscription.partitions(cluster)
             for tp, (start, log_start, high) in starting_offsets(
                 options, cluster, partitions
@@ -416,7 +420,7 @@ class PylogBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, OffsetRange):  # Spark's InputPartition(None) for no ranges
             return iter(())
-        return read_range(partition, self.options.fail_on_data_loss)
+        return read_range(partition, self.options.fail_on_data_loss, self.options.keys)
 
 
 class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -430,7 +434,7 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The high watermarks to stop at under Trigger.AvailableNow."""
 
     def initialOffset(self) -> dict[str, dict[str, int]]:
-        with Cluster(self.options.bootstrap) as cluster:
+        with self.options.cluster() as cluster:
             partitions = self.options.subscription.partitions(cluster)
             found = starting_offsets(self.options, cluster, partitions)
         return encode_offsets({tp: start for tp, (start, _, _) in found.items()})
@@ -446,11 +450,11 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        with Cluster(self.options.bootstrap) as cluster:
+        with self.options.cluster() as cluster:
             self._target = {tp: high for tp, (_, _, high) in self._current(cluster).items()}
 
     def reportLatestOffset(self) -> dict[str, dict[str, int]]:
-        with Cluster(self.options.bootstrap) as cluster:
+        with self.options.cluster() as cluster:
             return encode_offsets({tp: high for tp, (_, _, high) in self._current(cluster).items()})
 
     def _current(self, cluster: Cluster) -> dict[TopicPartition, tuple[str, int, int]]:
@@ -463,7 +467,7 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, dict[str, int]]:
         begin = decode_offsets(start)
         ends = dict(begin)  # partitions no longer listed stay where they were
-        with Cluster(self.options.bootstrap) as cluster:
+        with self.options.cluster() as cluster:
             current = self._current(cluster)
             if self._target is not None:
                 target = self._target
@@ -507,7 +511,7 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, ends = decode_offsets(start), decode_offsets(end)
         spans: list[tuple[TopicPartition, str, int, int]] = []
-        with Cluster(self.options.bootstrap) as cluster:
+        with self.options.cluster() as cluster:
             holders = self.options.subscription.partitions(cluster)
             for tp, stop in ends.items():
                 endpoint = holders.get(tp)
@@ -534,7 +538,7 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
-        return read_range(partition, self.options.fail_on_data_loss)
+        return read_range(partition, self.options.fail_on_data_loss, self.options.keys)
 
 
 def _within_count(

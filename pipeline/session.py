@@ -19,6 +19,7 @@ from typing import Final, TypeVar
 import click
 from pyspark.sql import SparkSession
 
+from broker.security import ClientKeys, KeyFileError
 from pipeline.source import register
 
 log = logging.getLogger(__name__)
@@ -76,14 +77,29 @@ def show_progress(job: str) -> None:
     logging.getLogger("pipeline").setLevel(logging.INFO)
 
 
-def cluster_options(broker: str | None, zookeeper: str | None) -> dict[str, str]:
-    """The source's cluster option from --broker / --zookeeper (the default broker when
-    neither is given)."""
+def cluster_options(
+    broker: str | None,
+    zookeeper: str | None,
+    key_file: str | None = None,
+    broker_key: str | None = None,
+) -> dict[str, str]:
+    """The source's cluster options from --broker / --zookeeper (the default broker when
+    neither is given), and keyFile and brokerKey from --key-file and --broker-key, whose files
+    are checked here (a usage error, before Spark starts)."""
     if broker and zookeeper:
         raise click.UsageError("give --broker or --zookeeper, not both")
-    if zookeeper:
-        return {"zookeeper.connect": zookeeper}
-    return {"broker": broker or DEFAULT_BROKER}
+    options = (
+        {"zookeeper.connect": zookeeper} if zookeeper else {"broker": broker or DEFAULT_BROKER}
+    )
+    if bool(key_file) != bool(broker_key):
+        raise click.UsageError("--key-file and --broker-key go together: give both, or neither")
+    if not key_file or not broker_key:
+        return options
+    try:
+        ClientKeys.load(key_file, broker_key)
+    except KeyFileError as error:
+        raise click.UsageError(str(error)) from None
+    return {**options, "keyFile": key_file, "brokerKey": broker_key}
 
 
 def _key_value(
@@ -99,7 +115,7 @@ def _key_value(
 
 
 def job_options(command: F) -> F:
-    """--broker, --zookeeper, --master and --conf, for every job."""
+    """--broker, --zookeeper, --key-file, --broker-key, --master and --conf, for every job."""
     decorators = [
         click.option(
             "--broker",
@@ -111,6 +127,21 @@ def job_options(command: F) -> F:
             "--zookeeper",
             help="Find the cluster in ZooKeeper instead: HOST:PORT[,HOST:PORT][/CHROOT] "
             "(chroot /pylog by default).",
+        ),
+        click.option(
+            "--key-file",
+            envvar="PYLOG_KEY_FILE",
+            metavar="PATH",
+            help="This client's secret key file (NAME.key_secret, mode 0600), for brokers "
+            "serving CurveZMQ (env PYLOG_KEY_FILE); with --broker-key. Read here, on the "
+            "driver: the executors get the keys with their tasks.",
+        ),
+        click.option(
+            "--broker-key",
+            envvar="PYLOG_BROKER_KEY",
+            metavar="KEY|PATH",
+            help="The brokers' public key, 40 Z85 characters or the path of its .key file "
+            "(env PYLOG_BROKER_KEY); with --key-file.",
         ),
         click.option(
             "--master",

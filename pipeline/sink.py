@@ -39,7 +39,8 @@ from pyspark.sql.types import (
 from broker.client import Ack, Producer
 from broker.client.consumer import timestamp_ms
 from broker.errors import BrokerError, Unavailable
-from pipeline.cluster import CLIENT_ID, bootstrap_endpoint
+from broker.security import ClientKeys
+from pipeline.cluster import CLIENT_ID, bootstrap_endpoint, client_keys
 from pipeline.errors import OptionError, PipelineError
 from pipeline.options import CLUSTER_OPTIONS, check_known, no_headers
 
@@ -64,6 +65,8 @@ class SinkOptions:
     bootstrap: str
     topic: str | None
     ack: Ack = Ack.FLUSHED
+    keys: ClientKeys | None = None
+    """What the tasks present to brokers serving Curve (keyFile and brokerKey)."""
 
 
 def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOptions:
@@ -97,7 +100,7 @@ def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOp
     ack = options.get("ack", "flushed").strip().lower()
     if ack not in ACKS:
         raise OptionError(f"ack {ack!r}: use {', '.join(ACKS)}")
-    return SinkOptions(bootstrap_endpoint(options), topic, ACKS[ack])
+    return SinkOptions(bootstrap_endpoint(options), topic, ACKS[ack], client_keys(options))
 
 
 @dataclass
@@ -149,6 +152,7 @@ def write_rows(options: SinkOptions, rows: Iterator[Row]) -> SinkCommit:
                             batch_messages=1000,
                             batch_bytes=1 << 20,
                             client_id=CLIENT_ID,
+                            keys=options.keys,
                         )
                     )
                 producer.send(

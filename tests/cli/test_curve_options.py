@@ -38,12 +38,15 @@ def test_commands_reach_a_curve_broker_with_the_keys_and_not_without(
     produced = run(*options, "produce", topic, input=b"a\nb\n", PYLOG_BROKER=server.endpoint)
     assert produced.output == "2 messages acknowledged (flushed)\n"
     # The environment gives them too, and the broker key as its 40 characters.
-    env = {
-        "PYLOG_BROKER": server.endpoint,
-        "PYLOG_KEY_FILE": str(secret),
-        "PYLOG_BROKER_KEY": keys.broker.decode(),
-    }
-    consumed = run("consume", topic, "--until", "end", **env)
+    consumed = run(
+        "consume",
+        topic,
+        "--until",
+        "end",
+        PYLOG_BROKER=server.endpoint,
+        PYLOG_KEY_FILE=str(secret),
+        PYLOG_BROKER_KEY=keys.broker.decode(),
+    )
     assert consumed.exit_code == 0, consumed.output
     assert consumed.stdout == "a\nb\n"
     assert server.seen and all(seen == (keys.public, True) for seen in server.seen)
@@ -87,3 +90,13 @@ def test_help_shows_the_key_options() -> None:
     shown = run("--help").output
     assert "--key-file PATH" in shown and "PYLOG_KEY_FILE" in shown
     assert "--broker-key KEY|PATH" in shown and "PYLOG_BROKER_KEY" in shown
+
+
+def test_the_spark_jobs_take_pylogctls_key_options_as_their_own(tmp_path: Path) -> None:
+    absent = tmp_path / "none.key_secret"
+    options = ("--key-file", str(absent), "--broker-key", str(tmp_path / "broker.key"))
+    window = ("--start", "2026-11-22", "--end", "2026-11-23")
+    for job, *args in (("load",), ("audit", *window)):
+        result = run(*options, job, "--topic", "t", "--output", str(tmp_path), *args)
+        assert result.exit_code == 2, result.output
+        assert f"Error: {absent}: " in result.output  # read before Spark starts
