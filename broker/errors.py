@@ -31,6 +31,7 @@
     │                               BrokerError and a TopicAlreadyExists (the class above
     │                               that the broker raised), and so on down the table
     ├── MalformedReply              client side: a reply that does not follow the protocol
+    ├── RegistryAccessDenied        a ZooKeeper ACL refused a change to a registry node
     └── ZooKeeperStartError         the private ZooKeeper could not be started
 
 InvalidMessage and MessageTooLarge are about what a producer sent; CorruptSegment is about what
@@ -303,6 +304,12 @@ class BrokerInvalidTopic(BrokerError, InvalidTopic):
 
 class BrokerAuthorizationFailed(BrokerError, AuthorizationFailed):
     """A broker answered AUTHORIZATION_FAILED."""
+
+
+class RegistryAccessDenied(PylogError):
+    """ZooKeeper refused a change to a registry node (NoAuth): an ACL on the path does not let
+    this session's identity (its `auth`, or none) make it. Nothing changed; the same identity
+    is refused again. The message names the request, the path and the identity."""
 
 
 class MalformedReply(PylogError):

@@ -57,6 +57,7 @@ from broker.security import (
     KeyFileError,
     Principals,
     ZapHandler,
+    ZooKeeperAuth,
     load_key_pair,
 )
 from broker.topics import RegistryCalls, Topics
@@ -130,12 +131,23 @@ class Supervisor:
             self.zookeeper.start()
             connect = self.zookeeper.connect_string
             log.info("private ZooKeeper on %s (pid %s)", connect, self.zookeeper.pid)
+        auth_file = self.config.zookeeper_auth_file
+        try:
+            auth = ZooKeeperAuth.load(auth_file) if auth_file else None
+        except (KeyFileError, OSError) as error:
+            raise OSError(f"zookeeper.auth_file: {error}") from error
         self.registry = Registry(
             connect,
             self.config.zookeeper_chroot,
             session_timeout_s=self.config.zookeeper_session_timeout_ms / 1000,
+            auth=auth,
         )
         self.registry.start(timeout=max(10.0, self.config.zookeeper_session_timeout_ms / 1000))
+        if auth is not None:
+            secured = self.registry.secure_tree()
+            log.info(
+                "registry: ZooKeeper digest ACLs as %r (%d nodes secured now)", auth.user, secured
+            )
         self.calls.registry = self.registry
         self._watch_security(self.registry)
         self.topics.load()

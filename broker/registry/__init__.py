@@ -66,6 +66,10 @@ class Registry(Brokers, Topics, Groups, Security):
                                                           commit_offset
         /security/principals, /security/acls  persistent  add_principal, add_acl, ...
 
+    With `auth` (a ZooKeeperAuth), the session presents that digest identity and the nodes it
+    creates carry ZooKeeper ACLs (broker.registry.session; docs/registry.md, "Who may write
+    what").
+
     `connect_string` is "host:port[,host:port...]" (no chroot there: pass `chroot`).
     `session_timeout_s` is asked of the server, which clamps it to 2-20 of its ticks.
     Every call waits at most `request_timeout_s` for a connection and an answer, then raises

@@ -57,7 +57,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, make_acl, make_digest_acl
 
-from broker.errors import PylogError, RegistryUnavailable
+from broker.errors import RegistryAccessDenied, RegistryUnavailable
 from broker.lifecycle import Running
 from broker.registry.watches import ChildrenWatch
 
@@ -113,12 +113,6 @@ _KAZOO_OUTCOMES: tuple[tuple[type[Exception], type[RegistryUnavailable]], ...] =
     (NotEmptyError, NotEmpty),
     (BadVersionError, BadVersion),
 )
-
-
-class RegistryAccessDenied(PylogError):
-    """ZooKeeper refused a change to a registry node (NoAuth): an ACL on the path does not let
-    this session's identity (its `auth`, or none) make it. Nothing changed; the same identity
-    is refused again. The message names the request, the path and the identity."""
 
 
 @dataclass(frozen=True)

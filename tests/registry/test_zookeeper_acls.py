@@ -16,8 +16,8 @@ from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL, make_acl
 
 from broker.client.group import GroupConsumer
+from broker.errors import RegistryAccessDenied
 from broker.registry import BrokerInfo, Registry, TopicConfig
-from broker.registry.session import RegistryAccessDenied
 from broker.security import ZooKeeperAuth
 from broker.zookeeper import PrivateZooKeeper
 from tests.registry.test_registry import expire_session

@@ -17,7 +17,7 @@ import zmq
 from click.testing import CliRunner
 
 from broker import protocol
-from broker.errors import BrokerError
+from broker.errors import BrokerError, RegistryAccessDenied
 from broker.log.message import encode_message
 from broker.protocol import (
     Ack,
@@ -35,7 +35,15 @@ from broker.protocol import (
     Request,
     RequestHeader,
 )
-from broker.security import ClientKeys, generate_keys
+from broker.registry import Registry
+from broker.security import (
+    Acl,
+    ClientKeys,
+    Operation,
+    ZooKeeperAuth,
+    generate_keys,
+    load_public_key,
+)
 from broker.zookeeper import PrivateZooKeeper
 from cli.pylogctl import cli
 from cli.pylogd import EXIT_CANNOT_START
@@ -359,3 +367,23 @@ def test_a_principals_file_lets_its_keys_in_and_is_read_again_when_changed(
         ),
         timeout=5,
     )
+
+
+def test_a_broker_with_a_zookeeper_identity_keeps_its_registry_to_itself(
+    make_pylogd: Callable[..., RunningBroker], zookeeper: PrivateZooKeeper, tmp_path: Path
+) -> None:
+    auth_file = tmp_path / "zookeeper-auth"
+    auth_file.write_text("pylog-brokers:s3cret\n")
+    auth_file.chmod(0o600)
+    running = make_pylogd(*single_box_flags(tmp_path), "--zookeeper-auth-file", str(auth_file))
+    assert "registry: ZooKeeper digest ACLs as 'pylog-brokers'" in running.log_path.read_text()
+    chroot = running.arguments[1]
+    with Registry(zookeeper.connect_string, chroot) as stranger:
+        assert stranger.brokers()  # anyone may read
+        with pytest.raises(RegistryAccessDenied):
+            stranger.add_principal("eve", load_public_key(generate_keys(tmp_path, "eve")[0]))
+        with pytest.raises(RegistryAccessDenied):
+            stranger.add_acl(Acl("eve", "*", frozenset(Operation)))
+    with Registry(zookeeper.connect_string, chroot, auth=ZooKeeperAuth.load(auth_file)) as own:
+        own.add_acl(Acl("eve", "*", frozenset({Operation.FETCH})))
+        assert own.acls() == [Acl("eve", "*", frozenset({Operation.FETCH}))]
