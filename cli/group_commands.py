@@ -30,6 +30,7 @@ from broker.errors import CorruptSegment, UnknownTopicOrPartition
 from broker.registry import DEFAULT_CHROOT, Registry
 from broker.registry.groups import GroupNotEmpty
 from broker.registry.nodes import check_name
+from broker.security import KeyFileError, ZooKeeperAuth
 from cli.common import (
     CLI_RETRIES,
     EXIT_BROKER,
@@ -43,6 +44,7 @@ from cli.common import (
     print_messages,
     skip_corrupt_option,
     until_interrupted,
+    usage_error,
 )
 
 
@@ -52,9 +54,40 @@ def group() -> None:
     them."""
 
 
+_ZOOKEEPER_AUTH = "pylog.zookeeper_auth"
+"""Where --zookeeper-auth-file leaves the identity read (click's Context.meta)."""
+
+
+def _read_zookeeper_auth(ctx: click.Context, param: click.Parameter, path: str | None) -> None:
+    """--zookeeper-auth-file read at once: a file that cannot be used is one line, exit 2."""
+    if path is not None:
+        try:
+            ctx.meta[_ZOOKEEPER_AUTH] = ZooKeeperAuth.load(path)
+        except KeyFileError as error:
+            usage_error(f"--zookeeper-auth-file: {error}")
+
+
+def zookeeper_auth() -> ZooKeeperAuth | None:
+    """The ZooKeeper identity --zookeeper-auth-file gave, or None."""
+    auth: ZooKeeperAuth | None = click.get_current_context().meta.get(_ZOOKEEPER_AUTH)
+    return auth
+
+
 def zookeeper_options(command: F) -> F:
-    """--zookeeper (or $PYLOG_ZOOKEEPER) and --chroot: where the group registry is, by default
-    asked of --broker (with --timeout: broker_options); see registry_address."""
+    """--zookeeper (or $PYLOG_ZOOKEEPER), --chroot and --zookeeper-auth-file (or
+    $PYLOG_ZOOKEEPER_AUTH_FILE): where the group registry is, by default asked of --broker
+    (with --timeout: broker_options; see registry_address), and the identity to present to
+    it (zookeeper_auth)."""
+    command = click.option(
+        "--zookeeper-auth-file",
+        envvar="PYLOG_ZOOKEEPER_AUTH_FILE",
+        metavar="PATH",
+        expose_value=False,
+        callback=_read_zookeeper_auth,
+        help="A file of one line user:password (mode 0600): the ZooKeeper digest identity to "
+        "present to a registry with ACLs (env PYLOG_ZOOKEEPER_AUTH_FILE). A group's nodes "
+        "belong to the identity of the member that created them: give the members' one.",
+    )(command)
     command = click.option(
         "--chroot",
         help="The registry's ZooKeeper chroot (pylogd's zookeeper.chroot); default: the "
@@ -145,6 +178,7 @@ def group_consume(
             skip_corrupt=skip_corrupt,
             timeout_s=timeout,
             keys=client_keys(),
+            zookeeper_auth=zookeeper_auth(),
         ) as consumer,
     ):
         for signum in (signal.SIGTERM, signal.SIGINT):  # leave quietly, committing: exit 0
@@ -201,7 +235,9 @@ def group_reader(
     exit 1."""
     address = registry_address(zookeeper, chroot, broker, timeout)
     with broker_errors(address.connect, "ZooKeeper"):
-        registry = Registry(address.connect, address.chroot, request_timeout_s=timeout)
+        registry = Registry(
+            address.connect, address.chroot, request_timeout_s=timeout, auth=zookeeper_auth()
+        )
         registry.start(timeout=timeout)
         try:
             with Cluster((), timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as cluster:

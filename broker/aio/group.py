@@ -53,9 +53,9 @@ class AsyncGroupConsumer(AsyncClosing):
     """Consume `topics` as a member of `group`, through the ZooKeeper ensemble `zookeeper`, on
     asyncio: `async with AsyncGroupConsumer(zookeeper, group, topics) as member: async for
     record in member: ...`. `options` are GroupConsumer's keyword arguments (chroot,
-    consumer_id, reset, auto_commit_interval_s, max_wait_ms, keys, ...), checked when the
-    member joins (`async with`, `open()`, or its first poll or step); its fetches present
-    the member's `keys`."""
+    consumer_id, reset, auto_commit_interval_s, max_wait_ms, keys, zookeeper_auth, ...),
+    checked when the member joins (`async with`, `open()`, or its first poll or step); its
+    fetches present the member's `keys`."""
 
     def __init__(self, zookeeper: str, group: str, topics: Iterable[str], **options: Any) -> None:
         self._joining = (zookeeper, group, tuple(topics), options)

@@ -84,7 +84,7 @@ from broker.protocol import (
     decode_reply,
 )
 from broker.registry import DEFAULT_CHROOT, Registry, TopicConfig, partition_name
-from broker.security import ClientKeys
+from broker.security import ClientKeys, ZooKeeperAuth
 
 log = logging.getLogger("pylog.group")
 
@@ -183,7 +183,10 @@ class GroupConsumer(Closing):
     `commit()` commits. `skip_corrupt` reads past damaged data instead of raising
     CorruptSegment (see the module's text). `keys` (broker.security.ClientKeys: the
     client's key pair and the brokers' public key) reach brokers serving CurveZMQ
-    (docs/security.md); without them the member speaks plaintext."""
+    (docs/security.md); without them the member speaks plaintext. `zookeeper_auth`
+    (broker.security.ZooKeeperAuth) is the ZooKeeper digest identity the member presents to
+    a registry with ACLs: the group's nodes are its identity's, and every member of the group
+    presents the same one (docs/registry.md, "Who may write what")."""
 
     def __init__(
         self,
@@ -206,6 +209,7 @@ class GroupConsumer(Closing):
         timeout_s: float = 10.0,
         skip_corrupt: bool = False,
         keys: ClientKeys | None = None,
+        zookeeper_auth: ZooKeeperAuth | None = None,
     ) -> None:
         if reset not in ("earliest", "latest"):
             raise ValueError(f"reset {reset!r}: use earliest or latest")
@@ -238,7 +242,9 @@ class GroupConsumer(Closing):
         self._closed = False
         self._interrupted = False
         self.cluster = Cluster((), client_id, timeout_s, keys=keys)
-        self.registry = Registry(zookeeper, chroot, session_timeout_s=session_timeout_s)
+        self.registry = Registry(
+            zookeeper, chroot, session_timeout_s=session_timeout_s, auth=zookeeper_auth
+        )
         try:
             self.registry.start(timeout=max(10.0, timeout_s))
             self.registry.register_consumer(group, self.consumer_id, self.topics)

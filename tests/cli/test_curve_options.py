@@ -100,3 +100,15 @@ def test_the_spark_jobs_take_pylogctls_key_options_as_their_own(tmp_path: Path) 
         result = run(*options, job, "--topic", "t", "--output", str(tmp_path), *args)
         assert result.exit_code == 2, result.output
         assert f"Error: {absent}: " in result.output  # read before Spark starts
+
+
+def test_a_zookeeper_auth_file_others_may_read_is_refused_in_one_line(tmp_path: Path) -> None:
+    auth = tmp_path / "loaders.auth"
+    auth.write_text("loaders:secret\n")
+    os.chmod(auth, 0o644)
+    result = run("group", "list", "--zookeeper", "127.0.0.1:9", "--zookeeper-auth-file", str(auth))
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"pylogctl: --zookeeper-auth-file: {auth} may be read by others (mode 0644): "
+        f"run chmod 600 {auth}\n"
+    )

@@ -1,21 +1,32 @@
 """Every client takes Curve keys (issue 16): through a CurveZMQ server with a ZAP handler
 (tests/client/curve.py: a Curve front relaying to a real pylogd), a client with the right keys
-gets through, and one with an unknown key, a wrong broker key or no keys gets no reply."""
+gets through, and one with an unknown key, a wrong broker key or no keys gets no reply. Against
+a real pylogd in curve mode whose registry has ZooKeeper ACLs, the group consumers (sync and
+asyncio) and pylogctl's group commands take keys and a ZooKeeper identity."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-from broker.aio import AsyncPartitionConsumer, AsyncProducer
+from broker.aio import AsyncGroupConsumer, AsyncPartitionConsumer, AsyncProducer
 from broker.client import Admin, Connection, PartitionConsumer, Producer, TopicConsumer
-from broker.errors import Unavailable
+from broker.client.group import GroupConsumer, Record
+from broker.errors import RegistryAccessDenied, Unavailable
 from broker.protocol import Api, MetadataRequest
-from broker.security import ClientKeys, generate_keys, load_key_pair
+from broker.security import ClientKeys, ZooKeeperAuth, generate_keys, load_key_pair
+from broker.zookeeper import PrivateZooKeeper
+from cli.pylogctl import cli
 from tests.client.curve import CurveRelay, curve_relay
+from tests.conftest import single_box_flags
 from tests.pylogd import RunningBroker
 
 SHORT_TIMEOUT_S = 0.5
@@ -112,3 +123,132 @@ def test_a_client_without_keys_gets_no_reply(relay: tuple[CurveRelay, ClientKeys
     ):
         producer.partitions  # noqa: B018 (METADATA, refused)
     assert server.seen == [] and server.relayed == []
+
+
+# -- a real pylogd in curve mode, its registry with ZooKeeper ACLs ------------------------------
+
+
+@dataclass(frozen=True)
+class CurveBroker:
+    broker: RunningBroker
+    keys: ClientKeys
+    """Those of principal app, a super user."""
+    key_dir: Path
+    zookeeper: str
+    chroot: str
+    member_auth: Path
+    """A ZooKeeper identity file for the group members, other than the brokers'."""
+
+
+def _secret_file(path: Path, text: str) -> Path:
+    path.write_text(text)
+    os.chmod(path, 0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def curve_broker(
+    zookeeper: PrivateZooKeeper, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CurveBroker]:
+    root = tmp_path_factory.mktemp("curve")
+    key_dir = root / "keys"
+    generate_keys(key_dir, "broker")
+    generate_keys(key_dir, "app")
+    keys = ClientKeys.load(key_dir / "app.key_secret", key_dir / "broker.key")
+    principals = _secret_file(root / "principals", f"app {keys.public.decode()}\n")
+    chroot = f"/test-curve-client-{os.getpid()}-{time.monotonic_ns()}"
+    running = RunningBroker(
+        root / "broker",
+        zookeeper.connect_string,
+        chroot,
+        *single_box_flags(root),
+        "--security-mode",
+        "curve",
+        "--security-key-file",
+        str(key_dir / "broker.key_secret"),
+        "--security-principals-file",
+        str(principals),
+        "--security-super-users",
+        "app",
+        "--zookeeper-auth-file",
+        str(_secret_file(root / "brokers.auth", "pylogd:broker-secret\n")),
+    ).start()
+    member_auth = _secret_file(root / "members.auth", "loaders:member-secret\n")
+    yield CurveBroker(running, keys, key_dir, zookeeper.connect_string, chroot, member_auth)
+    running.stop()
+    print(f"--- {running.log_path}:\n{running.log_tail()}")
+
+
+def _fill(curve: CurveBroker, topic: str, count: int) -> None:
+    with Admin(curve.broker.endpoint, keys=curve.keys) as admin:
+        admin.create_topic(topic, 2)
+    with Producer(curve.broker.endpoint, topic, keys=curve.keys) as producer:
+        for i in range(count):
+            producer.send(b"g-%d" % i, key=b"k-%d" % i)
+
+
+def test_group_members_with_keys_and_a_zookeeper_identity_consume_from_a_curve_broker(
+    curve_broker: CurveBroker, topic: str
+) -> None:
+    _fill(curve_broker, topic, 6)
+    auth = ZooKeeperAuth.load(curve_broker.member_auth)
+    options: dict[str, Any] = {
+        "chroot": curve_broker.chroot,
+        "keys": curve_broker.keys,
+        "zookeeper_auth": auth,
+    }
+    seen: list[Record] = []
+    with GroupConsumer(curve_broker.zookeeper, "loaders", [topic], **options) as member:
+        for record in member:
+            seen.append(record)
+            if len(seen) == 3:
+                break
+        member.commit()  # the three, the one in hand included
+
+    async def the_rest() -> list[Record]:
+        found: list[Record] = []
+        async with AsyncGroupConsumer(curve_broker.zookeeper, "loaders", [topic], **options) as m:
+            async for record in m:
+                found.append(record)
+                if len(seen) + len(found) == 6:
+                    break
+        return found
+
+    seen += asyncio.run(the_rest())
+    assert sorted(r.value for r in seen) == [b"g-%d" % i for i in range(6)]
+
+    # The group's nodes are the members' identity's: a member without it is refused.
+    with pytest.raises(RegistryAccessDenied):
+        GroupConsumer(curve_broker.zookeeper, "loaders", [topic], chroot=curve_broker.chroot)
+
+
+def test_pylogctl_group_commands_take_keys_and_a_zookeeper_auth_file(
+    curve_broker: CurveBroker, topic: str
+) -> None:
+    _fill(curve_broker, topic, 4)
+    env = {
+        "PYLOG_BROKER": curve_broker.broker.endpoint,
+        "PYLOG_KEY_FILE": str(curve_broker.key_dir / "app.key_secret"),
+        "PYLOG_BROKER_KEY": str(curve_broker.key_dir / "broker.key"),
+        "PYLOG_ZOOKEEPER_AUTH_FILE": str(curve_broker.member_auth),
+    }
+    group = f"g-{topic[-8:]}"
+    runner = CliRunner()
+    consumed = runner.invoke(
+        cli, ["group", "consume", group, topic, "--max-messages", "4"], env=env
+    )
+    assert consumed.exit_code == 0, consumed.output
+    values = sorted(line.split("\t")[1] for line in consumed.stdout.splitlines())
+    assert values == [f"g-{i}" for i in range(4)]
+    described = runner.invoke(cli, ["group", "describe", group, "--json"], env=env)
+    assert described.exit_code == 0, described.output
+    reset = runner.invoke(
+        cli, ["group", "reset", group, "--topic", topic, "--to", "earliest", "--execute"], env=env
+    )
+    assert reset.exit_code == 0, reset.output
+    without = {k: v for k, v in env.items() if k != "PYLOG_ZOOKEEPER_AUTH_FILE"}
+    refused = runner.invoke(
+        cli, ["group", "reset", group, "--topic", topic, "--to", "latest", "--execute"], env=without
+    )
+    assert refused.exit_code == 1
+    assert refused.stderr.startswith("pylogctl: RegistryAccessDenied: "), refused.output
