@@ -231,13 +231,12 @@ def check_principal_name(name: str) -> None:
         ) from None
 
 
-def read_principals_file(path: Path) -> dict[str, bytes]:
-    """name -> public key (Z85) from a principals file: one `NAME KEY` a line, where KEY is
-    the 40 Z85 characters of a client's public key; blank lines and lines starting with `#`
-    are passed over. ValueError naming the line for anything else, and for a name or key
-    given twice."""
-    principals: dict[str, bytes] = {}
-    keys: dict[bytes, str] = {}
+def read_principals_file(path: Path) -> dict[bytes, str]:
+    """public key (Z85) -> principal from a principals file: one `NAME KEY` a line, where KEY
+    is the 40 Z85 characters of a client's public key (a name on two lines has two keys);
+    blank lines and lines starting with `#` are passed over. ValueError naming the line for
+    anything else, and for a key given twice."""
+    principals: dict[bytes, str] = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         text = line.strip()
         if not text or text.startswith("#"):  # not after a key: Z85 has "#" in its alphabet
@@ -249,10 +248,9 @@ def read_principals_file(path: Path) -> dict[str, bytes]:
         name, key = parts[0], parts[1].encode()
         check_principal_name(name)
         check_key(key, f"{where} key of {name}")
-        if name in principals or key in keys:
-            raise ValueError(f"{where}: {name if name in principals else 'the key'} is given twice")
-        principals[name] = key
-        keys[key] = name
+        if key in principals:
+            raise ValueError(f"{where}: the key is given twice")
+        principals[key] = name
     return principals
 
 
@@ -265,8 +263,8 @@ class Principals:
     def __init__(self, file: Path | None) -> None:
         self.file = file
         self._file_stamp: tuple[float, int] | None = None
-        self._from_file: Mapping[str, bytes] = {}
-        self._from_registry: Mapping[str, bytes] = {}
+        self._from_file: dict[bytes, str] = {}
+        self._from_registry: dict[bytes, str] = {}
         self._by_key: dict[bytes, str] = {}
         if file is not None:
             self._from_file = read_principals_file(file)  # at start a bad file stops pylogd
@@ -278,10 +276,11 @@ class Principals:
         return self._by_key.get(key)
 
     def __len__(self) -> int:
+        """How many keys are let in."""
         return len(self._by_key)
 
-    def from_registry(self, principals: Mapping[str, bytes]) -> None:
-        self._from_registry = dict(principals)
+    def from_registry(self, principals: Mapping[str, Iterable[bytes]]) -> None:
+        self._from_registry = {key: name for name, keys in principals.items() for key in keys}
         self._rebuild()
 
     def check_file(self) -> None:
@@ -298,18 +297,15 @@ class Principals:
         except (OSError, ValueError) as error:
             log.error("principals file not read again, its principals so far are kept: %s", error)
             return
-        log.info("principals file %s read again: %d principals", self.file, len(self._from_file))
+        log.info("principals file %s read again: %d keys", self.file, len(self._from_file))
         self._rebuild()
 
     def _rebuild(self) -> None:
-        by_key = {key: name for name, key in self._from_file.items()}
-        for name, key in self._from_registry.items():
-            if by_key.get(key, name) != name:
-                log.warning(
-                    "key of principal %r is also %r in the file: %r it is", name, by_key[key], name
-                )
-            by_key[key] = name
-        self._by_key = by_key
+        for key, name in self._from_registry.items():
+            other = self._from_file.get(key, name)
+            if other != name:
+                log.warning("key of %r is %r's in the file: ZooKeeper's wins", name, other)
+        self._by_key = {**self._from_file, **self._from_registry}
 
 
 def _stamp(path: Path) -> tuple[float, int]:

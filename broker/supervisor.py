@@ -204,7 +204,7 @@ class Supervisor:
         self.authorizer = Authorizer(config.security_super_users)
         self.front.secure(secret, self.zap, self.authorizer)
         log.info(
-            "security: curve on %s, broker public key %s; %d principals from %s, super users: %s",
+            "security: curve on %s, broker public key %s; %d keys from %s, super users: %s",
             host,
             public.decode(),
             len(principals),
@@ -220,7 +220,7 @@ class Supervisor:
         if zap is None or authorizer is None:
             return
 
-        def principals_changed(principals: dict[str, bytes]) -> None:
+        def principals_changed(principals: dict[str, tuple[bytes, ...]]) -> None:
             zap.principals.from_registry(principals)
             log.info("principals in ZooKeeper: %d", len(principals))
 

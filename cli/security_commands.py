@@ -109,7 +109,8 @@ def principal_add(
 ) -> None:
     """Let the client whose public key is KEY (40 Z85 characters, or its NAME.key file) in as
     principal NAME. It may do nothing until an ACL grants it (pylogctl acl add), unless it is
-    one of the brokers' security.super_users.
+    one of the brokers' security.super_users. Adding a second key to a principal is how its
+    key is changed: add the new one, move its clients to it, remove the old one.
 
     \b
     Example:
@@ -122,31 +123,41 @@ def principal_add(
         usage_error(str(error))
     with security_registry(zookeeper, chroot, broker, timeout) as registry:
         try:
-            registry.add_principal(name, public)
+            added = registry.add_principal(name, public)
         except ValueError as error:
             fail(str(error))
-    _say(as_json, {"principal": name, "key": public.decode()}, f"principal {name} added")
+    text = f"principal {name}: key {public.decode()} " + ("added" if added else "was there")
+    _say(as_json, {"principal": name, "key": public.decode(), "added": added}, text)
 
 
 @principal.command("remove")
 @click.argument("name")
+@click.option("--key", help="Only this key of NAME (40 Z85 characters, or its .key file).")
 @admin_options
 def principal_remove(
     name: str,
+    key: str | None,
     zookeeper: str | None,
     chroot: str | None,
     broker: str,
     timeout: float,
     as_json: bool,
 ) -> None:
-    """Stop letting NAME in: new connections with its key are refused (one already open stays
-    open until it closes; remove its ACLs to stop its requests at once). Its ACLs are kept."""
+    """Stop letting NAME in (with --key, only with that key): new connections are refused;
+    one already open stays open until it closes (remove its ACLs to stop its requests at
+    once). Its ACLs are kept."""
+    try:
+        public = None if key is None else load_public_key(key)
+    except KeyFileError as error:
+        usage_error(str(error))
     with security_registry(zookeeper, chroot, broker, timeout) as registry:
         try:
-            registry.remove_principal(name)
+            registry.remove_principal(name, public)
         except KeyError:
-            fail(f"no principal {name!r}")
-    _say(as_json, {"principal": name, "removed": True}, f"principal {name} removed")
+            fail(f"no principal {name!r}" + ("" if public is None else " with that key"))
+    what = f"principal {name}" + ("" if public is None else f": key {public.decode()}")
+    record = {"principal": name, "key": None if public is None else public.decode()}
+    _say(as_json, {**record, "removed": True}, f"{what} removed")
 
 
 @principal.command("list")
@@ -158,11 +169,12 @@ def principal_list(
     its own, not listed here)."""
     with security_registry(zookeeper, chroot, broker, timeout) as registry:
         principals = registry.principals()
+    rows = [(name, key.decode()) for name, keys in sorted(principals.items()) for key in keys]
     if as_json:
-        for name, key in sorted(principals.items()):
-            click.echo(json.dumps({"principal": name, "key": key.decode()}))
+        for name, key in rows:
+            click.echo(json.dumps({"principal": name, "key": key}))
         return
-    table(["PRINCIPAL", "KEY"], [(name, key.decode()) for name, key in sorted(principals.items())])
+    table(["PRINCIPAL", "KEY"], rows)
 
 
 @click.group()

@@ -1,7 +1,7 @@
 """Principals and ACLs in the registry: one node each, so that every broker of a cluster sees
 one consistent set and a change is one conditional write.
 
-    /security/principals  persistent  {"version": 1, "principals": {"alice": "<Z85 key>"}}
+    /security/principals  persistent  {"version": 1, "principals": {"alice": ["<Z85 key>"]}}
     /security/acls        persistent  {"version": 1, "acls": [{"principal": "alice",
                                        "resource": "logs.*", "operations": ["fetch"]}]}
 
@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 WRITE_ATTEMPTS = 10
 """How many times a change is read and written again when others keep changing the node."""
 
-Principals = dict[str, bytes]
+Principals = dict[str, tuple[bytes, ...]]
+"""name -> its public keys (Z85): a principal has one key, or two while it changes keys."""
 T = TypeVar("T")
 
 
@@ -37,11 +38,11 @@ def _principals(data: bytes) -> Principals:
     if not isinstance(value, dict):
         raise ValueError("'principals' is not an object")
     out: Principals = {}
-    for name, key in value.items():
+    for name, keys in value.items():
         check_principal_name(name)
-        if not isinstance(key, str):
-            raise ValueError(f"the key of principal {name!r} is not a string")
-        out[name] = check_key(key.encode(), f"key of principal {name!r}")
+        if not isinstance(keys, list) or not all(isinstance(key, str) for key in keys):
+            raise ValueError(f"the keys of principal {name!r} are not a list of strings")
+        out[name] = tuple(check_key(key.encode(), f"key of principal {name!r}") for key in keys)
     return out
 
 
@@ -99,30 +100,37 @@ class Security(Session):
         """Every ACL, in the order they were added."""
         return self._read_node(self.acls_path, _acls)[0]
 
-    def add_principal(self, name: str, key: bytes) -> None:
-        """Let the client with public key `key` (Z85) in as `name`. ValueError when the name
-        or the key is already another principal's (remove it first: a key is one principal)."""
+    def add_principal(self, name: str, key: bytes) -> bool:
+        """Let the client with public key `key` (Z85) in as `name`: a new principal, or another
+        key of one (to change a principal's key: add the new one, move its clients over, remove
+        the old one). ValueError when the key is another principal's. Returns False when `name`
+        had that key already."""
         check_principal_name(name)
         check_key(key, "public key")
+        added = True
 
         def change(principals: Principals) -> Principals:
-            for other, other_key in principals.items():
-                if other == name and other_key != key:
-                    raise ValueError(f"principal {name!r} exists with another key: remove it first")
-                if other != name and other_key == key:
-                    raise ValueError(f"that key is already principal {other!r}")
-            return {**principals, name: key}
+            nonlocal added
+            for other, keys in principals.items():
+                if other != name and key in keys:
+                    raise ValueError(f"that key is already principal {other!r}'s")
+            keys = principals.get(name, ())
+            added = key not in keys
+            return {**principals, name: (*keys, key) if added else keys}
 
         self._change(self.principals_path, _principals, change, _principals_json)
+        return added
 
-    def remove_principal(self, name: str) -> None:
-        """Stop letting `name` in (its connections already open stay open until they close).
-        KeyError when there is no such principal."""
+    def remove_principal(self, name: str, key: bytes | None = None) -> None:
+        """Stop letting `name` in with `key`, or with any key (None). Its connections already
+        open stay open until they close. KeyError when there is no such principal or key."""
 
         def change(principals: Principals) -> Principals:
-            if name not in principals:
+            if name not in principals or (key is not None and key not in principals[name]):
                 raise KeyError(name)
-            return {k: v for k, v in principals.items() if k != name}
+            keys = () if key is None else tuple(k for k in principals[name] if k != key)
+            out = {k: v for k, v in principals.items() if k != name}
+            return {**out, name: keys} if keys else out
 
         self._change(self.principals_path, _principals, change, _principals_json)
 
@@ -243,4 +251,6 @@ class Security(Session):
 
 
 def _principals_json(principals: Principals) -> bytes:
-    return encode({"principals": {name: key.decode() for name, key in sorted(principals.items())}})
+    return encode(
+        {"principals": {name: [key.decode() for key in keys] for name, keys in principals.items()}}
+    )

@@ -387,3 +387,18 @@ def test_a_broker_with_a_zookeeper_identity_keeps_its_registry_to_itself(
     with Registry(zookeeper.connect_string, chroot, auth=ZooKeeperAuth.load(auth_file)) as own:
         own.add_acl(Acl("eve", "*", frozenset({Operation.FETCH})))
         assert own.acls() == [Acl("eve", "*", frozenset({Operation.FETCH}))]
+
+
+def test_a_principal_changes_its_key_without_a_gap(secured: Secured) -> None:
+    for name in ("carl-old", "carl-new"):
+        generate_keys(secured.keys, name)
+    ask = DescribeClusterRequest()
+    secured.pylogctl("principal", "add", "carl", str(secured.keys / "carl-old.key"))
+    wait_until(lambda: secured.call("carl-old", ask) is not None, timeout=5)
+    secured.pylogctl("principal", "add", "carl", str(secured.keys / "carl-new.key"))
+    wait_until(lambda: secured.call("carl-new", ask) is not None, timeout=5)
+    assert secured.call("carl-old", ask) is not None  # both keys, while clients move over
+    assert "carl" in secured.pylogctl("principal", "list")
+    secured.pylogctl("principal", "remove", "carl", "--key", str(secured.keys / "carl-old.key"))
+    wait_until(lambda: secured.call("carl-old", ask) is None, timeout=5)
+    assert secured.call("carl-new", ask) is not None
