@@ -17,6 +17,7 @@ from cli.console import consume, produce
 from cli.group_commands import group
 from cli.log_commands import log
 from cli.pipeline_commands import WithJobs
+from cli.security_commands import acl, keys, principal
 from cli.topic_commands import topic
 
 _LEVELS = {0: logging.CRITICAL + 1, 1: logging.WARNING, 2: logging.INFO}
@@ -58,7 +59,7 @@ def _quiet_libraries(ctx: click.Context, verbose: int) -> None:
     ctx.call_on_close(lambda: root.setLevel(previous))
 
 
-for command in (log, topic, broker, produce, consume, group):
+for command in (log, topic, broker, produce, consume, group, keys, principal, acl):
     cli.add_command(command)
 
 
