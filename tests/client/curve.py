@@ -1,4 +1,5 @@
-"""A CurveZMQ server for the clients' tests: a Curve front relaying to a real plaintext pylogd.
+"""CurveZMQ servers for the clients' tests: a Curve front relaying to a real plaintext pylogd,
+and a real pylogd in curve mode.
 
 `CurveRelay` is a ROUTER with curve_server on 127.0.0.1, its own key pair, and a ZAP handler
 of its own (RFC 27, on the relay's context) that lets in the client keys in `allowed` and
@@ -11,7 +12,9 @@ key, or without keys, is dropped before (`seen` stays empty), and gets no reply 
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +35,9 @@ from broker.protocol import (
     encode_reply,
 )
 from broker.security import ClientKeys, generate_keys, load_key_pair
+from broker.zookeeper import PrivateZooKeeper
+from tests.conftest import single_box_flags
+from tests.pylogd import RunningBroker
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 BROKER_REPLY_TIMEOUT_MS = 10_000
@@ -133,3 +139,55 @@ def curve_relay(broker_endpoint: str, directory: Path) -> Iterator[tuple[CurveRe
         stop.set()
         thread.join(10)
         context.term()
+
+
+@dataclass(frozen=True)
+class CurveBroker:
+    broker: RunningBroker
+    keys: ClientKeys
+    """Those of principal app, a super user."""
+    key_dir: Path
+    zookeeper: str
+    chroot: str
+    member_auth: Path
+    """A ZooKeeper identity file for the group members, other than the brokers'."""
+
+
+def _secret_file(path: Path, text: str) -> Path:
+    path.write_text(text)
+    os.chmod(path, 0o600)
+    return path
+
+
+@contextmanager
+def running_curve_broker(zookeeper: PrivateZooKeeper, root: Path) -> Iterator[CurveBroker]:
+    """A real pylogd under `root` in curve mode (principal app, from a principals file, its
+    super user), whose registry has ZooKeeper ACLs (the brokers' identity pylogd)."""
+    key_dir = root / "keys"
+    generate_keys(key_dir, "broker")
+    generate_keys(key_dir, "app")
+    keys = ClientKeys.load(key_dir / "app.key_secret", key_dir / "broker.key")
+    principals = _secret_file(root / "principals", f"app {keys.public.decode()}\n")
+    chroot = f"/test-curve-client-{os.getpid()}-{time.monotonic_ns()}"
+    running = RunningBroker(
+        root / "broker",
+        zookeeper.connect_string,
+        chroot,
+        *single_box_flags(root),
+        "--security-mode",
+        "curve",
+        "--security-key-file",
+        str(key_dir / "broker.key_secret"),
+        "--security-principals-file",
+        str(principals),
+        "--security-super-users",
+        "app",
+        "--zookeeper-auth-file",
+        str(_secret_file(root / "brokers.auth", "pylogd:broker-secret\n")),
+    ).start()
+    member_auth = _secret_file(root / "members.auth", "loaders:member-secret\n")
+    try:
+        yield CurveBroker(running, keys, key_dir, zookeeper.connect_string, chroot, member_auth)
+    finally:
+        running.stop()
+        print(f"--- {running.log_path}:\n{running.log_tail()}")

@@ -7,10 +7,8 @@ asyncio) and pylogctl's group commands take keys and a ZooKeeper identity."""
 from __future__ import annotations
 
 import asyncio
-import os
-import time
+import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +23,7 @@ from broker.protocol import Api, MetadataRequest
 from broker.security import ClientKeys, ZooKeeperAuth, generate_keys, load_key_pair
 from broker.zookeeper import PrivateZooKeeper
 from cli.pylogctl import cli
-from tests.client.curve import CurveRelay, curve_relay
-from tests.conftest import single_box_flags
+from tests.client.curve import CurveBroker, CurveRelay, curve_relay, running_curve_broker
 from tests.pylogd import RunningBroker
 
 SHORT_TIMEOUT_S = 0.5
@@ -128,55 +125,12 @@ def test_a_client_without_keys_gets_no_reply(relay: tuple[CurveRelay, ClientKeys
 # -- a real pylogd in curve mode, its registry with ZooKeeper ACLs ------------------------------
 
 
-@dataclass(frozen=True)
-class CurveBroker:
-    broker: RunningBroker
-    keys: ClientKeys
-    """Those of principal app, a super user."""
-    key_dir: Path
-    zookeeper: str
-    chroot: str
-    member_auth: Path
-    """A ZooKeeper identity file for the group members, other than the brokers'."""
-
-
-def _secret_file(path: Path, text: str) -> Path:
-    path.write_text(text)
-    os.chmod(path, 0o600)
-    return path
-
-
 @pytest.fixture(scope="module")
 def curve_broker(
     zookeeper: PrivateZooKeeper, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[CurveBroker]:
-    root = tmp_path_factory.mktemp("curve")
-    key_dir = root / "keys"
-    generate_keys(key_dir, "broker")
-    generate_keys(key_dir, "app")
-    keys = ClientKeys.load(key_dir / "app.key_secret", key_dir / "broker.key")
-    principals = _secret_file(root / "principals", f"app {keys.public.decode()}\n")
-    chroot = f"/test-curve-client-{os.getpid()}-{time.monotonic_ns()}"
-    running = RunningBroker(
-        root / "broker",
-        zookeeper.connect_string,
-        chroot,
-        *single_box_flags(root),
-        "--security-mode",
-        "curve",
-        "--security-key-file",
-        str(key_dir / "broker.key_secret"),
-        "--security-principals-file",
-        str(principals),
-        "--security-super-users",
-        "app",
-        "--zookeeper-auth-file",
-        str(_secret_file(root / "brokers.auth", "pylogd:broker-secret\n")),
-    ).start()
-    member_auth = _secret_file(root / "members.auth", "loaders:member-secret\n")
-    yield CurveBroker(running, keys, key_dir, zookeeper.connect_string, chroot, member_auth)
-    running.stop()
-    print(f"--- {running.log_path}:\n{running.log_tail()}")
+    with running_curve_broker(zookeeper, tmp_path_factory.mktemp("curve")) as running:
+        yield running
 
 
 def _fill(curve: CurveBroker, topic: str, count: int) -> None:
@@ -185,6 +139,21 @@ def _fill(curve: CurveBroker, topic: str, count: int) -> None:
     with Producer(curve.broker.endpoint, topic, keys=curve.keys) as producer:
         for i in range(count):
             producer.send(b"g-%d" % i, key=b"k-%d" % i)
+
+
+def test_a_producer_publishes_its_audit_records_to_a_curve_broker_with_its_keys(
+    curve_broker: CurveBroker, topic: str
+) -> None:
+    endpoint, keys = curve_broker.broker.endpoint, curve_broker.keys
+    with Admin(endpoint, keys=keys) as admin:
+        admin.create_topic(topic)
+        admin.create_topic(f"{topic}.audit")
+    with Producer(endpoint, topic, audit_topic=f"{topic}.audit", keys=keys) as producer:
+        for i in range(3):
+            producer.send(b"a-%d" % i)
+    with PartitionConsumer(endpoint, f"{topic}.audit", stop_at_end=True, keys=keys) as audit:
+        records = [json.loads(m.value) for m in audit]
+    assert max(r["count"] for r in records if r["topic"] == topic) == 3
 
 
 def test_group_members_with_keys_and_a_zookeeper_identity_consume_from_a_curve_broker(
