@@ -29,6 +29,7 @@ from typing import Any
 from broker.client import Admin, Connection, PartitionConsumer, Producer
 from broker.log.message import HEADER_SIZE
 from broker.protocol import LATEST, Ack, OffsetsRequest
+from broker.security import ClientKeys
 from perf.cpu import cpu_seconds, rss_bytes, tree_pids
 from perf.latency import latency_summary
 
@@ -38,18 +39,19 @@ READY_PREFIX = "pylogd ready on "
 
 
 class PrivatePylogd:
-    """pylogd with its defaults (private ZooKeeper included) on a free port under `data_dir`."""
+    """pylogd with its defaults (private ZooKeeper included) on a free port under `data_dir`;
+    `program` is the command that starts it (.venv's pylogd when empty)."""
 
-    def __init__(self, data_dir: Path, *flags: str) -> None:
+    def __init__(self, data_dir: Path, *flags: str, program: tuple[str, ...] = ()) -> None:
         self.data_dir = data_dir
         self.flags = flags
+        self.program = program or (str(Path(sys.executable).with_name("pylogd")),)
         self.process: subprocess.Popen[str] | None = None
         self.endpoint = ""
 
     def __enter__(self) -> PrivatePylogd:
-        pylogd = Path(sys.executable).with_name("pylogd")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        command = [str(pylogd), "--broker-data-dir", str(self.data_dir), "--broker-port", "0"]
+        command = [*self.program, "--broker-data-dir", str(self.data_dir), "--broker-port", "0"]
         with open(self.data_dir / "pylogd.log", "a") as log:
             self.process = subprocess.Popen(
                 [*command, *self.flags], stdout=subprocess.PIPE, stderr=log, text=True
@@ -77,8 +79,8 @@ class PrivatePylogd:
 
 
 @contextlib.contextmanager
-def fresh_topic(endpoint: str, name: str) -> Iterator[str]:
-    with Admin(endpoint) as admin:
+def fresh_topic(endpoint: str, name: str, keys: ClientKeys | None = None) -> Iterator[str]:
+    with Admin(endpoint, keys=keys) as admin:
         admin.create_topic(name, 1)
         try:
             yield name
@@ -91,16 +93,22 @@ def _value(i: int) -> bytes:
 
 
 def produce(
-    broker: PrivatePylogd, topic: str, messages: int, batch: int, ack: Ack, limit_s: float = 600
+    broker: PrivatePylogd,
+    topic: str,
+    messages: int,
+    batch: int,
+    ack: Ack,
+    limit_s: float = 600,
+    keys: ClientKeys | None = None,
 ) -> dict[str, Any]:
     """Send `messages` 200-byte messages in batches of `batch`; see the module docstring."""
     pids = broker.pids()
     expected_bytes = messages * MESSAGE_BYTES
     with (
         Producer(
-            broker.endpoint, topic, ack=ack, batch_messages=batch, linger_ms=60_000
+            broker.endpoint, topic, ack=ack, batch_messages=batch, linger_ms=60_000, keys=keys
         ) as producer,
-        Connection(broker.endpoint) as watcher,
+        Connection(broker.endpoint, keys=keys) as watcher,
     ):
         latest = OffsetsRequest(topic, 0, LATEST)
         broker_cpu = cpu_seconds(pids)
@@ -123,12 +131,22 @@ def produce(
 
 
 def consume(
-    broker: PrivatePylogd, topic: str, messages: int, fetch_bytes: int = 1000 * MESSAGE_BYTES
+    broker: PrivatePylogd,
+    topic: str,
+    messages: int,
+    fetch_bytes: int = 1000 * MESSAGE_BYTES,
+    keys: ClientKeys | None = None,
 ) -> dict[str, Any]:
     """Read `messages` stored messages, every checksum verified."""
     pids = broker.pids()
     with PartitionConsumer(
-        broker.endpoint, topic, 0, start="earliest", fetch_bytes=fetch_bytes, max_wait_ms=0
+        broker.endpoint,
+        topic,
+        0,
+        start="earliest",
+        fetch_bytes=fetch_bytes,
+        max_wait_ms=0,
+        keys=keys,
     ) as consumer:
         broker_cpu = cpu_seconds(pids)
         client_cpu = time.process_time()
