@@ -21,6 +21,7 @@ import dataclasses
 import errno
 import json
 import logging
+from collections.abc import Callable
 from typing import Final
 
 import zmq
@@ -31,7 +32,7 @@ from broker.errors import BrokerShuttingDown, PartitionUnavailable, PylogError, 
 from broker.log.message import Buffer
 from broker.pool import Answers, WorkerHandle, WorkerPool
 from broker.processes import port_holder
-from broker.security import Authorizer, Operation, ZapHandler
+from broker.security import Authorizer, HandshakeFailures, Operation, ZapHandler
 from broker.topics import Topics
 from broker.transport import CREDIT, STATE, reply_envelope, tagged_identity
 from broker.zmqio import NOBLOCK, receive_routed, send_frames
@@ -91,20 +92,29 @@ class Front:
         """Requests read from clients (broker.metrics)."""
         self.read_pauses = 0
         """Times the loop stopped reading requests (broker.metrics)."""
-        self.zap: ZapHandler | None = None
         self.authorizer: Authorizer | None = None
         """Set by `secure`: every request is then checked against the ACLs."""
+        self.handshake_failures: HandshakeFailures | None = None
+        self._handlers: dict[zmq.Socket[bytes], Callable[[], None]] = {}
+        """The sockets of `secure` this loop polls besides clients' and workers', and what
+        reads them."""
 
     def secure(self, secret_key: bytes, zap: ZapHandler, authorizer: Authorizer) -> None:
         """Make the front socket a CurveZMQ server with the broker's `secret_key` (before
-        `bind`): every connection is authenticated by `zap` (on this loop) and every request
-        authorized by `authorizer`."""
+        `bind`): every connection is authenticated by `zap` and every request authorized by
+        `authorizer`; handshakes that fail before ZAP are counted (HandshakeFailures). Both
+        sockets are read on this loop."""
         self.socket.setsockopt(zmq.CURVE_SERVER, 1)
         self.socket.setsockopt(zmq.CURVE_SECRETKEY, secret_key)
         self.socket.setsockopt(zmq.ZAP_DOMAIN, b"pylog")
-        self.poller.register(zap.socket, zmq.POLLIN)
-        self.zap = zap
+        self.handshake_failures = HandshakeFailures(self.socket)
         self.authorizer = authorizer
+        self._handlers = {
+            zap.socket: zap.handle,
+            self.handshake_failures.socket: self.handshake_failures.handle,
+        }
+        for socket in self._handlers:
+            self.poller.register(socket, zmq.POLLIN)
 
     def bind(self) -> None:
         """Listen on broker.host:broker.port (a free port if 0); OSError naming the process
@@ -131,8 +141,9 @@ class Front:
         the pool do their housekeeping, then send the replies they owe."""
         self._pace()
         for sock, _ in self.poller.poll(TICK_MS):
-            if self.zap is not None and sock is self.zap.socket:
-                self.zap.handle()
+            handler = self._handlers.get(sock)
+            if handler is not None:
+                handler()
                 continue
             worker = self.pool.by_socket(sock)
             for _ in range(DRAINED_AT_ONCE):

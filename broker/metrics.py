@@ -11,8 +11,11 @@ read at scrape time. The names follow Prometheus' conventions (`_total` counters
   owed broker.queued_request_bytes (docs/protocol.md, "Flow control");
 - pylog_front_queued_request_bytes: bytes of requests the workers owe now;
 - in security.mode curve: pylog_connections_accepted_total and pylog_connections_refused_total
-  (Curve handshakes the ZAP handler let in, and refused for an unknown key), and
-  pylog_authorization_failures_total (requests answered AUTHORIZATION_FAILED);
+  (Curve handshakes the ZAP handler let in, and refused for an unknown key),
+  pylog_handshakes_failed_total{reason} (before ZAP: not_curve, a plaintext client;
+  wrong_broker_key; other, a connection broken mid-handshake, which a plaintext client that
+  hangs up first may also be), and pylog_authorization_failures_total (requests answered
+  AUTHORIZATION_FAILED);
 - pylog_worker_up{worker}: 1 while the worker is connected, 0 while it restarts;
 - pylog_worker_restarts_total;
 - pylog_partitions: the partitions this broker holds;
@@ -105,6 +108,16 @@ class SupervisorCollector(Collector):
                 "Curve handshakes the ZAP handler refused (an unknown client key).",
                 s.zap.refused,
             )
+            failed = CounterMetricFamily(
+                "pylog_handshakes_failed",
+                "Curve handshakes that failed before the ZAP handler was asked: not_curve (a "
+                "plaintext client), wrong_broker_key, other.",
+                labels=["reason"],
+            )
+            if s.front.handshake_failures is not None:
+                for reason, count in sorted(s.front.handshake_failures.failed.items()):
+                    failed.add_metric([reason], count)
+            yield failed
             yield CounterMetricFamily(
                 "pylog_authorization_failures",
                 "Requests (and METADATA topics) answered AUTHORIZATION_FAILED.",

@@ -36,6 +36,7 @@ from typing import Final
 import zmq
 import zmq.auth
 from zmq.utils import z85
+from zmq.utils.monitor import parse_monitor_message
 
 from broker.errors import AuthorizationFailed, InvalidTopic
 from broker.protocol import check_topic_name
@@ -362,6 +363,47 @@ class ZapHandler:
 
     def close(self) -> None:
         self.socket.close(linger=0)
+
+
+class HandshakeFailures:
+    """Counts the Curve handshakes of a socket that fail before the ZAP handler is asked (read
+    from the socket's monitor, polled by the front's loop): a client that does not speak Curve
+    (plaintext), or one that holds another broker key. Refusals by the ZAP handler (an unknown
+    client key) are ZapHandler's."""
+
+    EVENTS: Final = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    REASONS: Final[dict[int, str]] = {
+        zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: "not_curve",
+        zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: "wrong_broker_key",
+    }
+    """Why, by ZeroMQ's protocol error: the `reason` label of pylog_handshakes_failed_total."""
+    TEXTS: Final = {
+        "not_curve": "the client does not speak Curve (a plaintext client?)",
+        "wrong_broker_key": "a cryptographic error (the client holds another broker key?)",
+    }
+
+    def __init__(self, socket: zmq.Socket[bytes]) -> None:
+        self.socket: zmq.Socket[bytes] = socket.get_monitor_socket(self.EVENTS)
+        self.failed: dict[str, int] = {}
+        """Failed handshakes by reason (REASONS' values, or "other")."""
+        self._log = RateLimitedLog(log, 10.0)
+
+    def handle(self) -> None:
+        """Count every event waiting."""
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = parse_monitor_message(frames)
+            value = int(event["value"])
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:  # value: an errno
+                reason, text = "other", f"the connection broke ({os.strerror(value)})"
+            else:  # value: a ZeroMQ protocol error
+                reason = self.REASONS.get(value, "other")
+                text = self.TEXTS.get(reason, f"ZeroMQ protocol error {value:#x}")
+            self.failed[reason] = self.failed.get(reason, 0) + 1
+            self._log.log(logging.WARNING, reason, f"a Curve handshake failed: {text}")
 
 
 # -- ACLs --------------------------------------------------------------------------------------

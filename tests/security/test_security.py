@@ -183,9 +183,36 @@ def test_an_unknown_key_gets_no_reply_to_any_request(secured: Secured, topic: st
     assert "unknown client key" in secured.broker.log_path.read_text()
 
 
-def test_a_plaintext_client_gets_no_reply_from_a_curve_broker(secured: Secured) -> None:
+def test_a_plaintext_client_or_a_wrong_broker_key_gets_no_reply_and_is_counted(
+    secured: Secured, tmp_path: Path
+) -> None:
+    def failed(reason: str | None = None) -> float:
+        """Failed handshakes counted, for one reason or all of them."""
+        return sum(
+            value
+            for (name, labels), value in secured.broker.metrics().items()
+            if name == "pylog_handshakes_failed_total" and reason in (None, dict(labels)["reason"])
+        )
+
+    before, wrong_key = failed(), failed("wrong_broker_key")
     assert secured.call(None, MetadataRequest(())) is None
-    assert secured.call(None, DescribeClusterRequest()) is None
+    # Each of ZeroMQ's tries (every 100 ms) fails: a mechanism mismatch (not_curve), or a
+    # broken pipe (other) when the client hangs up first; which one is a race.
+    wait_until(lambda: failed() > before, timeout=5)
+    other_broker, _ = generate_keys(tmp_path, "other-broker")
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    keys = ClientKeys.load(secured.keys / "alice.key_secret", other_broker)
+    keys.apply(socket)
+    socket.connect(secured.broker.endpoint)
+    try:
+        header = RequestHeader(protocol.Api.DESCRIBE_CLUSTER, protocol.API_VERSION, 1, "t")
+        socket.send_multipart(protocol.encode_request(header, DescribeClusterRequest()))
+        assert not socket.poll(NO_REPLY_MS)
+    finally:
+        socket.close()
+    wait_until(lambda: failed("wrong_broker_key") > wrong_key, timeout=5)
+    assert "the client holds another broker key?" in secured.broker.log_path.read_text()
 
 
 def test_a_principal_without_acls_is_refused_each_operation(secured: Secured, topic: str) -> None:
