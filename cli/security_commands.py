@@ -191,7 +191,9 @@ def acl_options(command: click.decorators.FC) -> click.decorators.FC:
         help="A topic name, a prefix ending in * (logs.*: every topic whose name starts with "
         "'logs.'), or * for every topic.",
     )(command)
-    return click.option("--principal", "principal_name", required=True)(command)
+    return click.option(
+        "--principal", "principal_name", required=True, help="The principal's name."
+    )(command)
 
 
 def _acl(principal_name: str, resource: str, operations: tuple[str, ...]) -> Acl:
@@ -222,7 +224,8 @@ def acl_add(
     timeout: float,
     as_json: bool,
 ) -> None:
-    """Grant PRINCIPAL the operations on the topics --topic names.
+    """Grant --principal the operations on the topics --topic names (added to what an ACL of
+    the same principal and --topic grants already).
 
     \b
     Examples:
@@ -254,7 +257,7 @@ def acl_remove(
     timeout: float,
     as_json: bool,
 ) -> None:
-    """Take operations away from PRINCIPAL on --topic (exactly as it was added: removing
+    """Take operations away from --principal on --topic (exactly as it was added: removing
     `logs.*` does not touch an ACL on `logs.web`). Applies to its next request."""
     taken = _acl(principal_name, resource, operations)
     with security_registry(zookeeper, chroot, broker, timeout) as registry:
