@@ -231,6 +231,8 @@ class Bench:
             "front_requests": requests,
             "front_cpu_s": round(cpu, 2),
             "front_us_per_request": round(cpu / requests * 1e6, 2),
+            "client_us_per_message": round(result["client_cpu_s"] / result["messages"] * 1e6, 2),
+            "broker_us_per_message": round(result["broker_cpu_s"] / result["messages"] * 1e6, 2),
         }
         print(json.dumps(line), flush=True)
         self.results.append(line)
@@ -244,8 +246,14 @@ class Bench:
                     self.run(system, experiment)
 
 
+FIGURES = ("msgs_per_s", "front_us_per_request", "client_us_per_message", "broker_us_per_message")
+"""A run's figures whose medians the summary gives: the rate, the supervisor's CPU a request
+read, and the client's and the broker's (supervisor, workers, ZooKeeper) CPU a message, which
+on a shared machine vary less than the rate."""
+
+
 def summarize(results: Iterable[Result]) -> Result:
-    """Medians per experiment and system, and the ratios that answer the questions: curve
+    """Medians per experiment and system (FIGURES), and the ratios that answer the questions: curve
     against plaintext (the cost of Curve and ACLs together), curve_unchecked against plaintext
     (encryption alone), curve against curve_unchecked (the ACL check alone)."""
     runs: dict[tuple[str, str], list[Result]] = {}
@@ -253,12 +261,11 @@ def summarize(results: Iterable[Result]) -> Result:
         runs.setdefault((line["experiment"], line["system"]), []).append(line)
     summary: Result = {}
     for (experiment, system), lines in runs.items():
+        medians = {name: statistics.median(line[name] for line in lines) for name in FIGURES}
         summary.setdefault(experiment, {})[system] = {
             "runs": len(lines),
-            "msgs_per_s": round(statistics.median(line["msgs_per_s"] for line in lines)),
-            "front_us_per_request": round(
-                statistics.median(line["front_us_per_request"] for line in lines), 2
-            ),
+            **{name: round(value, 2) for name, value in medians.items()},
+            "msgs_per_s": round(medians["msgs_per_s"]),
         }
     for figures in summary.values():
         for over, under in (

@@ -33,6 +33,8 @@ def line(experiment: str, system: str, rate: int, front_us: float) -> dict[str, 
         "system": system,
         "msgs_per_s": rate,
         "front_us_per_request": front_us,
+        "client_us_per_message": front_us * 2,
+        "broker_us_per_message": front_us * 3,
     }
 
 
@@ -49,8 +51,15 @@ def test_summary_gives_medians_and_the_three_ratios() -> None:
         line("consumer", "curve_unchecked", 100, 3.0),
     ]
     figures = summarize(results)["consumer"]
-    assert figures["plaintext"] == {"runs": 3, "msgs_per_s": 200, "front_us_per_request": 2.0}
-    assert figures["curve"] == {"runs": 3, "msgs_per_s": 60, "front_us_per_request": 5.0}
+    assert figures["plaintext"] == {
+        "runs": 3,
+        "msgs_per_s": 200,
+        "front_us_per_request": 2.0,
+        "client_us_per_message": 4.0,
+        "broker_us_per_message": 6.0,
+    }
+    assert figures["curve"]["msgs_per_s"] == 60
+    assert figures["curve"]["front_us_per_request"] == 5.0
     assert figures["curve/plaintext"] == 0.3
     assert figures["curve_unchecked/plaintext"] == 0.4
     assert figures["curve/curve_unchecked"] == 0.75
