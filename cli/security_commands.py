@@ -25,7 +25,7 @@ from broker.security import (
     parse_operations,
 )
 from cli.common import EXIT_USAGE, broker_errors, usage_error
-from cli.group_commands import admin_options, fail, registry_address, table
+from cli.group_commands import admin_options, fail, registry_address, table, zookeeper_auth
 
 OPERATION_NAMES = [*(operation.value for operation in Operation), ALL]
 
@@ -86,7 +86,9 @@ def security_registry(
     exit 1."""
     address = registry_address(zookeeper, chroot, broker, timeout)
     with broker_errors(address.connect, "ZooKeeper"):
-        registry = Registry(address.connect, address.chroot, request_timeout_s=timeout)
+        registry = Registry(
+            address.connect, address.chroot, request_timeout_s=timeout, auth=zookeeper_auth()
+        )
         registry.start(timeout=timeout)
         try:
             yield registry

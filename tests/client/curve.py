@@ -151,6 +151,8 @@ class CurveBroker:
     chroot: str
     member_auth: Path
     """A ZooKeeper identity file for the group members, other than the brokers'."""
+    broker_auth: Path
+    """The brokers' ZooKeeper identity file (zookeeper.auth_file)."""
 
 
 def _secret_file(path: Path, text: str) -> Path:
@@ -183,11 +185,13 @@ def running_curve_broker(zookeeper: PrivateZooKeeper, root: Path) -> Iterator[Cu
         "--security-super-users",
         "app",
         "--zookeeper-auth-file",
-        str(_secret_file(root / "brokers.auth", "pylogd:broker-secret\n")),
+        str(broker_auth := _secret_file(root / "brokers.auth", "pylogd:broker-secret\n")),
     ).start()
     member_auth = _secret_file(root / "members.auth", "loaders:member-secret\n")
     try:
-        yield CurveBroker(running, keys, key_dir, zookeeper.connect_string, chroot, member_auth)
+        yield CurveBroker(
+            running, keys, key_dir, zookeeper.connect_string, chroot, member_auth, broker_auth
+        )
     finally:
         running.stop()
         print(f"--- {running.log_path}:\n{running.log_tail()}")

@@ -221,3 +221,17 @@ def test_pylogctl_group_commands_take_keys_and_a_zookeeper_auth_file(
     )
     assert refused.exit_code == 1
     assert refused.stderr.startswith("pylogctl: RegistryAccessDenied: "), refused.output
+
+
+def test_pylogctl_principal_add_presents_the_zookeeper_auth_file(
+    curve_broker: CurveBroker, tmp_path: Path
+) -> None:
+    public, _ = generate_keys(tmp_path, "bob")
+    registry = ("--zookeeper", curve_broker.zookeeper, "--chroot", curve_broker.chroot)
+    add = ["principal", "add", "bob", str(public), *registry]
+    refused = CliRunner().invoke(cli, add)
+    assert refused.exit_code == 1
+    assert refused.stderr.startswith("pylogctl: RegistryAccessDenied: "), refused.output
+    env = {"PYLOG_ZOOKEEPER_AUTH_FILE": str(curve_broker.broker_auth)}
+    added = CliRunner().invoke(cli, add, env=env)
+    assert added.exit_code == 0, added.output
