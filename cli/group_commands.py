@@ -228,11 +228,11 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
 
 
 @contextlib.contextmanager
-def group_reader(
+def open_registry(
     zookeeper: str | None, chroot: str | None, broker: str, timeout: float
-) -> Iterator[GroupReader]:
-    """A GroupReader on the registry (registry_address), turning failures into one line,
-    exit 1."""
+) -> Iterator[Registry]:
+    """The registry (registry_address, with --zookeeper-auth-file's identity) for the duration
+    of a command, turning failures into one line, exit 1."""
     address = registry_address(zookeeper, chroot, broker, timeout)
     with broker_errors(address.connect, "ZooKeeper"):
         registry = Registry(
@@ -240,10 +240,21 @@ def group_reader(
         )
         registry.start(timeout=timeout)
         try:
-            with Cluster((), timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as cluster:
-                yield GroupReader(registry, cluster, CLI_RETRIES)
+            yield registry
         finally:
             registry.stop()
+
+
+@contextlib.contextmanager
+def group_reader(
+    zookeeper: str | None, chroot: str | None, broker: str, timeout: float
+) -> Iterator[GroupReader]:
+    """A GroupReader on the registry (open_registry)."""
+    with (
+        open_registry(zookeeper, chroot, broker, timeout) as registry,
+        Cluster((), timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as cluster,
+    ):
+        yield GroupReader(registry, cluster, CLI_RETRIES)
 
 
 @group.command("list")

@@ -5,15 +5,12 @@ applies within a second, with no restart."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
-from broker.registry import Registry
 from broker.security import (
     ALL,
     SECRET_SUFFIX,
@@ -24,8 +21,8 @@ from broker.security import (
     load_public_key,
     parse_operations,
 )
-from cli.common import EXIT_USAGE, broker_errors, usage_error
-from cli.group_commands import admin_options, fail, registry_address, table, zookeeper_auth
+from cli.common import EXIT_USAGE, usage_error
+from cli.group_commands import admin_options, fail, open_registry, table
 
 OPERATION_NAMES = [*(operation.value for operation in Operation), ALL]
 
@@ -78,24 +75,6 @@ def principal() -> None:
     """The principals a Curve broker lets in: a name for each client public key."""
 
 
-@contextlib.contextmanager
-def security_registry(
-    zookeeper: str | None, chroot: str | None, broker: str, timeout: float
-) -> Iterator[Registry]:
-    """The registry (registry_address) for the duration of a command; failures are one line,
-    exit 1."""
-    address = registry_address(zookeeper, chroot, broker, timeout)
-    with broker_errors(address.connect, "ZooKeeper"):
-        registry = Registry(
-            address.connect, address.chroot, request_timeout_s=timeout, auth=zookeeper_auth()
-        )
-        registry.start(timeout=timeout)
-        try:
-            yield registry
-        finally:
-            registry.stop()
-
-
 @principal.command("add")
 @click.argument("name")
 @click.argument("key")
@@ -123,7 +102,7 @@ def principal_add(
         public = load_public_key(key)
     except KeyFileError as error:
         usage_error(str(error))
-    with security_registry(zookeeper, chroot, broker, timeout) as registry:
+    with open_registry(zookeeper, chroot, broker, timeout) as registry:
         try:
             added = registry.add_principal(name, public)
         except ValueError as error:
@@ -152,7 +131,7 @@ def principal_remove(
         public = None if key is None else load_public_key(key)
     except KeyFileError as error:
         usage_error(str(error))
-    with security_registry(zookeeper, chroot, broker, timeout) as registry:
+    with open_registry(zookeeper, chroot, broker, timeout) as registry:
         try:
             registry.remove_principal(name, public)
         except KeyError:
@@ -169,7 +148,7 @@ def principal_list(
 ) -> None:
     """Print every principal in ZooKeeper and its public key (a broker's principals_file adds
     its own, not listed here)."""
-    with security_registry(zookeeper, chroot, broker, timeout) as registry:
+    with open_registry(zookeeper, chroot, broker, timeout) as registry:
         principals = registry.principals()
     rows = [(name, key.decode()) for name, keys in sorted(principals.items()) for key in keys]
     if as_json:
@@ -234,7 +213,7 @@ def acl_add(
       pylogctl acl add --principal loader --topic 'logs.*' --operation fetch
       pylogctl acl add --principal web --topic clicks --operation produce"""
     granted = _acl(principal_name, resource, operations)
-    with security_registry(zookeeper, chroot, broker, timeout) as registry:
+    with open_registry(zookeeper, chroot, broker, timeout) as registry:
         stored = registry.add_acl(granted)
     _say(as_json, _acl_record(stored), f"ACL now: {_acl_text(stored)}")
 
@@ -262,7 +241,7 @@ def acl_remove(
     """Take operations away from --principal on --topic (exactly as it was added: removing
     `logs.*` does not touch an ACL on `logs.web`). Applies to its next request."""
     taken = _acl(principal_name, resource, operations)
-    with security_registry(zookeeper, chroot, broker, timeout) as registry:
+    with open_registry(zookeeper, chroot, broker, timeout) as registry:
         try:
             left = registry.remove_acl(taken)
         except KeyError:
@@ -289,7 +268,7 @@ def acl_list(
     as_json: bool,
 ) -> None:
     """Print the ACLs: principal, topics, operations."""
-    with security_registry(zookeeper, chroot, broker, timeout) as registry:
+    with open_registry(zookeeper, chroot, broker, timeout) as registry:
         acls = [a for a in registry.acls() if principal_name in (None, a.principal)]
     if as_json:
         for entry in acls:
