@@ -4,17 +4,14 @@ real ZooKeeper. Principals and ACLs are changed the way an operator does, with p
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import zmq
-from click.testing import CliRunner
 
 from broker import protocol
 from broker.errors import BrokerError, RegistryAccessDenied
@@ -45,96 +42,18 @@ from broker.security import (
     load_public_key,
 )
 from broker.zookeeper import PrivateZooKeeper
-from cli.pylogctl import cli
 from cli.pylogd import EXIT_CANNOT_START
 from tests.conftest import single_box_flags, wait_until
+from tests.curve import NO_REPLY_MS, CurveBroker, curve_broker_fixture
 from tests.pylogd import RunningBroker
 
-NO_REPLY_MS = 1500
-"""How long a refused client waits to see that no reply comes."""
-
-
-@dataclass
-class Secured:
-    broker: RunningBroker
-    keys: Path
-    zookeeper: str
-    chroot: str
-
-    def client(self, name: str | None) -> zmq.Socket[bytes]:
-        """A DEALER connected to the broker as `name` (its key pair under `keys`), or in
-        plaintext (None)."""
-        socket = zmq.Context.instance().socket(zmq.DEALER)
-        socket.setsockopt(zmq.LINGER, 0)
-        if name is not None:
-            ClientKeys.load(self.keys / f"{name}.key_secret", self.keys / "broker.key").apply(
-                socket
-            )
-        socket.connect(self.broker.endpoint)
-        return socket
-
-    def call(self, name: str | None, request: Request) -> protocol.Reply | Exception | None:
-        """The reply to `request` sent as `name`: a Reply, the BrokerError answered, or None
-        when no reply came in NO_REPLY_MS."""
-        socket = self.client(name)
-        try:
-            header = RequestHeader(request.api, protocol.API_VERSION, 7, "test-security")
-            socket.send_multipart(protocol.encode_request(header, request))
-            if not socket.poll(NO_REPLY_MS):
-                return None
-            frames = socket.recv_multipart()
-        finally:
-            socket.close()
-        try:
-            return protocol.decode_reply(request.api, frames)
-        except BrokerError as error:
-            return error
-
-    def pylogctl(self, *args: str) -> str:
-        result = CliRunner().invoke(
-            cli, [*args, "--zookeeper", self.zookeeper, "--chroot", self.chroot]
-        )
-        assert result.exit_code == 0, result.output
-        return result.output
-
-
-@pytest.fixture(scope="module")
-def secured(
-    zookeeper: PrivateZooKeeper, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Secured]:
-    """A Curve broker; principals admin (a super user) and alice (no ACL yet) are known,
-    mallory has keys but is no principal."""
-    root = tmp_path_factory.mktemp("secured")
-    keys = root / "keys"
-    for name in ("broker", "admin", "alice", "mallory"):
-        generate_keys(keys, name)
-    chroot = f"/test-security-{os.getpid()}-{time.monotonic_ns()}"
-    running = RunningBroker(
-        root / "broker",
-        zookeeper.connect_string,
-        chroot,
-        *single_box_flags(root),
-        "--security-mode",
-        "curve",
-        "--security-key-file",
-        str(keys / "broker.key_secret"),
-        "--security-super-users",
-        "admin",
-        "--metrics-enabled",
-        "true",
-        "--metrics-port",
-        "0",
-    ).start()
-    found = Secured(running, keys, zookeeper.connect_string, chroot)
-    for name in ("admin", "alice"):
-        found.pylogctl("principal", "add", name, str(keys / f"{name}.key"))
-    yield found
-    running.stop()
-    print(f"--- {running.log_path}:\n{running.log_tail()}")
+secured = curve_broker_fixture("secured")
+"""A Curve broker; principals admin (a super user) and alice (no ACL yet) are known, mallory
+has keys but is no principal."""
 
 
 @pytest.fixture
-def topic(secured: Secured, request: pytest.FixtureRequest) -> str:
+def topic(secured: CurveBroker, request: pytest.FixtureRequest) -> str:
     """A topic of this test's own, created by the super user."""
     name = f"sec.{request.node.name[5:40]}"
     assert secured.call("admin", CreateTopicRequest(name, 1, {})) == protocol.EmptyReply()
@@ -175,7 +94,7 @@ NEEDS = {
 }
 
 
-def test_an_unknown_key_gets_no_reply_to_any_request(secured: Secured, topic: str) -> None:
+def test_an_unknown_key_gets_no_reply_to_any_request(secured: CurveBroker, topic: str) -> None:
     before = secured.broker.metrics().get(("pylog_connections_refused_total", ()), 0.0)
     for request in (MetadataRequest(()), *routed_requests(topic).values()):
         assert secured.call("mallory", request) is None, request
@@ -184,15 +103,12 @@ def test_an_unknown_key_gets_no_reply_to_any_request(secured: Secured, topic: st
 
 
 def test_a_plaintext_client_or_a_wrong_broker_key_gets_no_reply_and_is_counted(
-    secured: Secured, tmp_path: Path
+    secured: CurveBroker, tmp_path: Path
 ) -> None:
     def failed(reason: str | None = None) -> float:
         """Failed handshakes counted, for one reason or all of them."""
-        return sum(
-            value
-            for (name, labels), value in secured.broker.metrics().items()
-            if name == "pylog_handshakes_failed_total" and reason in (None, dict(labels)["reason"])
-        )
+        labels = {} if reason is None else {"reason": reason}
+        return secured.counted("pylog_handshakes_failed_total", **labels)
 
     before, wrong_key = failed(), failed("wrong_broker_key")
     assert secured.call(None, MetadataRequest(())) is None
@@ -200,9 +116,9 @@ def test_a_plaintext_client_or_a_wrong_broker_key_gets_no_reply_and_is_counted(
     # broken pipe (other) when the client hangs up first; which one is a race.
     wait_until(lambda: failed() > before, timeout=5)
     other_broker, _ = generate_keys(tmp_path, "other-broker")
-    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
-    keys = ClientKeys.load(secured.keys / "alice.key_secret", other_broker)
+    keys = ClientKeys.load(secured.key_dir / "alice.key_secret", other_broker)
     keys.apply(socket)
     socket.connect(secured.broker.endpoint)
     try:
@@ -215,7 +131,9 @@ def test_a_plaintext_client_or_a_wrong_broker_key_gets_no_reply_and_is_counted(
     assert "the client holds another broker key?" in secured.broker.log_path.read_text()
 
 
-def test_a_principal_without_acls_is_refused_each_operation(secured: Secured, topic: str) -> None:
+def test_a_principal_without_acls_is_refused_each_operation(
+    secured: CurveBroker, topic: str
+) -> None:
     for name, request in {**routed_requests(topic), **operator_requests(topic)}.items():
         reply = secured.call("alice", request)
         assert isinstance(reply, BrokerError), (name, reply)
@@ -237,7 +155,7 @@ def test_a_principal_without_acls_is_refused_each_operation(secured: Secured, to
 
 
 def test_an_acl_grants_its_operations_and_its_removal_applies_within_a_second(
-    secured: Secured, topic: str
+    secured: CurveBroker, topic: str
 ) -> None:
     secured.pylogctl(
         "acl", "add", "--principal", "alice", "--topic", topic, "--operation", "produce"
@@ -267,7 +185,7 @@ def test_an_acl_grants_its_operations_and_its_removal_applies_within_a_second(
     assert time.monotonic() - removed_at < 1.0
 
 
-def test_a_prefix_acl_covers_the_topics_it_names_only(secured: Secured, topic: str) -> None:
+def test_a_prefix_acl_covers_the_topics_it_names_only(secured: CurveBroker, topic: str) -> None:
     other = secured.call("admin", CreateTopicRequest("other." + topic, 1, {}))
     assert other == protocol.EmptyReply()
     prefix = topic.rsplit("_", 1)[0] + "*"
@@ -281,14 +199,14 @@ def test_a_prefix_acl_covers_the_topics_it_names_only(secured: Secured, topic: s
     secured.pylogctl("acl", "remove", "--principal", "alice", "--topic", prefix)
 
 
-def test_a_super_user_may_do_anything_without_acls(secured: Secured, topic: str) -> None:
+def test_a_super_user_may_do_anything_without_acls(secured: CurveBroker, topic: str) -> None:
     for name, request in {**routed_requests(topic), **operator_requests(topic)}.items():
         assert not isinstance(secured.call("admin", request), Exception), name
 
 
-def test_a_removed_principal_is_refused_at_its_next_connection(secured: Secured) -> None:
-    generate_keys(secured.keys, "bob")
-    secured.pylogctl("principal", "add", "bob", str(secured.keys / "bob.key"))
+def test_a_removed_principal_is_refused_at_its_next_connection(secured: CurveBroker) -> None:
+    generate_keys(secured.key_dir, "bob")
+    secured.pylogctl("principal", "add", "bob", str(secured.key_dir / "bob.key"))
     wait_until(
         lambda: isinstance(
             secured.call("bob", DescribeClusterRequest()), protocol.DescribeClusterReply
@@ -384,7 +302,7 @@ def test_a_principals_file_lets_its_keys_in_and_is_read_again_when_changed(
         str(principals),
         name="filed",
     )
-    found = Secured(running, keys, "", "")
+    found = CurveBroker(running, keys, "", "")
     assert isinstance(found.call("carol", DescribeClusterRequest()), protocol.DescribeClusterReply)
     assert found.call("dave", DescribeClusterRequest()) is None
     principals.write_text(f"carol {carol}\ndave {dave}\n")
@@ -416,16 +334,16 @@ def test_a_broker_with_a_zookeeper_identity_keeps_its_registry_to_itself(
         assert own.acls() == [Acl("eve", "*", frozenset({Operation.FETCH}))]
 
 
-def test_a_principal_changes_its_key_without_a_gap(secured: Secured) -> None:
+def test_a_principal_changes_its_key_without_a_gap(secured: CurveBroker) -> None:
     for name in ("carl-old", "carl-new"):
-        generate_keys(secured.keys, name)
+        generate_keys(secured.key_dir, name)
     ask = DescribeClusterRequest()
-    secured.pylogctl("principal", "add", "carl", str(secured.keys / "carl-old.key"))
+    secured.pylogctl("principal", "add", "carl", str(secured.key_dir / "carl-old.key"))
     wait_until(lambda: secured.call("carl-old", ask) is not None, timeout=5)
-    secured.pylogctl("principal", "add", "carl", str(secured.keys / "carl-new.key"))
+    secured.pylogctl("principal", "add", "carl", str(secured.key_dir / "carl-new.key"))
     wait_until(lambda: secured.call("carl-new", ask) is not None, timeout=5)
     assert secured.call("carl-old", ask) is not None  # both keys, while clients move over
     assert "carl" in secured.pylogctl("principal", "list")
-    secured.pylogctl("principal", "remove", "carl", "--key", str(secured.keys / "carl-old.key"))
+    secured.pylogctl("principal", "remove", "carl", "--key", str(secured.key_dir / "carl-old.key"))
     wait_until(lambda: secured.call("carl-old", ask) is None, timeout=5)
     assert secured.call("carl-new", ask) is not None
