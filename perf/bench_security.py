@@ -31,8 +31,10 @@ frames of a PRODUCE request received through a real Curve ROUTER whose ZAP handl
 client in: nanoseconds a request, each part alone and the three together, best of 5 rounds of
 `--checks`, with the loop's own cost taken off.
 
-Prints one JSON line a run, then one of medians and ratios. Run it alone: on 2 cores anything
-beside it skews the figures.
+Prints one JSON line a run (with the client's and the broker's CPU a message), one of the
+check's figures (and its share of the front's CPU a request at batch 1, curve), then one of
+medians and ratios. Run it alone: on 2 cores anything beside it skews the figures; perf/README.md
+("Security") has a run's figures and what they mean.
 """
 
 from __future__ import annotations
