@@ -42,7 +42,8 @@ def keys() -> None:
     show_default=True,
     help="Where to write NAME.key (public) and NAME.key_secret (mode 0600).",
 )
-def keys_generate(name: str, directory: Path) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+def keys_generate(name: str, directory: Path, as_json: bool) -> None:
     """Write a new key pair: NAME.key holds the public key (give it to the other side),
     NAME.key_secret the secret key too (keep it; mode 0600). An existing pair is never
     overwritten.
@@ -56,18 +57,30 @@ def keys_generate(name: str, directory: Path) -> None:
     except (ValueError, OSError) as error:
         click.echo(f"pylogctl: {error}", err=True)
         raise SystemExit(EXIT_USAGE) from None
-    click.echo(f"public key  {load_public_key(public_path).decode()}")
+    public = load_public_key(public_path).decode()
+    if as_json:
+        record = {"public_key": public, "public": str(public_path), "secret": str(secret_path)}
+        click.echo(json.dumps(record))
+        return
+    click.echo(f"public key  {public}")
     click.echo(f"wrote       {public_path} (public) and {secret_path} (secret, mode 0600)")
 
 
 @keys.command("show")
 @click.argument("path")
-def keys_show(path: str) -> None:
-    """Print the public key of a key file (either file of a pair)."""
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+def keys_show(path: str, as_json: bool) -> None:
+    """Print the public key of a key file (either file of a pair): what a principals file or
+    `pylogctl principal add` takes.
+
+    \b
+    Example:
+      pylogctl keys show alice.key"""
     try:
-        click.echo(load_public_key(path).decode())
+        public = load_public_key(path).decode()
     except KeyFileError as error:
         usage_error(str(error))
+    click.echo(json.dumps({"public_key": public}) if as_json else public)
 
 
 @click.group()
@@ -126,7 +139,12 @@ def principal_remove(
 ) -> None:
     """Stop letting NAME in (with --key, only with that key): new connections are refused;
     one already open stays open until it closes (remove its ACLs to stop its requests at
-    once). Its ACLs are kept."""
+    once). Its ACLs are kept.
+
+    \b
+    Examples:
+      pylogctl principal remove alice --key alice-old.key   # after moving to a new key
+      pylogctl principal remove alice"""
     try:
         public = None if key is None else load_public_key(key)
     except KeyFileError as error:
@@ -146,8 +164,12 @@ def principal_remove(
 def principal_list(
     zookeeper: str | None, chroot: str | None, broker: str, timeout: float, as_json: bool
 ) -> None:
-    """Print every principal in ZooKeeper and its public key (a broker's principals_file adds
-    its own, not listed here)."""
+    """Print every principal in ZooKeeper and its public keys (a broker's principals_file adds
+    its own, not listed here).
+
+    \b
+    Example:
+      pylogctl principal list --json"""
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
         principals = registry.principals()
     rows = [(name, key.decode()) for name, keys in sorted(principals.items()) for key in keys]
@@ -239,7 +261,12 @@ def acl_remove(
     as_json: bool,
 ) -> None:
     """Take operations away from --principal on --topic (exactly as it was added: removing
-    `logs.*` does not touch an ACL on `logs.web`). Applies to its next request."""
+    `logs.*` does not touch an ACL on `logs.web`). Applies to its next request.
+
+    \b
+    Examples:
+      pylogctl acl remove --principal web --topic clicks --operation produce
+      pylogctl acl remove --principal loader --topic 'logs.*'   # every operation"""
     taken = _acl(principal_name, resource, operations)
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
         try:
@@ -267,7 +294,11 @@ def acl_list(
     timeout: float,
     as_json: bool,
 ) -> None:
-    """Print the ACLs: principal, topics, operations."""
+    """Print the ACLs: principal, topics, operations.
+
+    \b
+    Example:
+      pylogctl acl list --principal web"""
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
         acls = [a for a in registry.acls() if principal_name in (None, a.principal)]
     if as_json:
