@@ -46,14 +46,27 @@ NO_REPLY_MS = 1500
 @dataclass(frozen=True)
 class CurveBroker:
     broker: RunningBroker
-    key_dir: Path
-    """`<name>.key` and `<name>.key_secret` of the broker and of each client."""
+    root: Path
     zookeeper: str
     chroot: str
-    broker_auth: Path | None = None
-    """The brokers' ZooKeeper identity file (zookeeper.auth_file), with ZooKeeper ACLs."""
-    member_auth: Path | None = None
-    """A ZooKeeper identity file for group members, other than the brokers'."""
+    zookeeper_acls: bool = False
+    """Whether its registry has ZooKeeper digest ACLs (the broker has `broker_auth`)."""
+
+    @property
+    def key_dir(self) -> Path:
+        """`<name>.key` and `<name>.key_secret` of the broker and of each client."""
+        return self.root / "keys"
+
+    @property
+    def broker_auth(self) -> Path:
+        """The brokers' ZooKeeper identity file (zookeeper.auth_file), with zookeeper_acls."""
+        return self.root / "brokers.auth"
+
+    @property
+    def member_auth(self) -> Path:
+        """A ZooKeeper identity file for group members, other than the brokers', with
+        zookeeper_acls."""
+        return self.root / "members.auth"
 
     def keys(self, name: str) -> ClientKeys:
         """The client keys of `name` (its key pair under key_dir) for this broker."""
@@ -118,47 +131,47 @@ def running_curve_broker(
 ) -> Iterator[CurveBroker]:
     """A real pylogd under `root` in curve mode, ready for PRINCIPALS (see the module's
     docstring); stopped on exit, its log's tail printed."""
-    key_dir = root / "keys"
-    for name in ("broker", *PRINCIPALS, STRANGER):
-        generate_keys(key_dir, name)
-    flags: tuple[str, ...] = ()
-    broker_auth = member_auth = None
-    if zookeeper_acls:
-        broker_auth = secret_file(root / "brokers.auth", "pylogd:broker-secret\n")
-        member_auth = secret_file(root / "members.auth", "loaders:member-secret\n")
-        flags = ("--zookeeper-auth-file", str(broker_auth))
     chroot = f"/test-curve-{os.getpid()}-{time.monotonic_ns()}"
-    running = RunningBroker(
-        root / "broker",
+    found = CurveBroker(
+        RunningBroker(
+            root / "broker",
+            zookeeper.connect_string,
+            chroot,
+            *single_box_flags(root),
+            "--security-mode",
+            "curve",
+            "--security-key-file",
+            str(root / "keys" / "broker.key_secret"),
+            "--security-super-users",
+            SUPER_USER,
+            "--metrics-enabled",
+            "true",
+            "--metrics-port",
+            "0",
+            *(("--zookeeper-auth-file", str(root / "brokers.auth")) if zookeeper_acls else ()),
+        ),
+        root,
         zookeeper.connect_string,
         chroot,
-        *single_box_flags(root),
-        "--security-mode",
-        "curve",
-        "--security-key-file",
-        str(key_dir / "broker.key_secret"),
-        "--security-super-users",
-        SUPER_USER,
-        "--metrics-enabled",
-        "true",
-        "--metrics-port",
-        "0",
-        *flags,
-    ).start()
+        zookeeper_acls,
+    )
+    for name in ("broker", *PRINCIPALS, STRANGER):
+        generate_keys(found.key_dir, name)
+    auth = None
+    if zookeeper_acls:
+        auth = ZooKeeperAuth.load(secret_file(found.broker_auth, "pylogd:broker-secret\n"))
+        secret_file(found.member_auth, "loaders:member-secret\n")
+    found.broker.start()
     try:
-        found = CurveBroker(
-            running, key_dir, zookeeper.connect_string, chroot, broker_auth, member_auth
-        )
-        auth = None if broker_auth is None else ZooKeeperAuth.load(broker_auth)
         with Registry(zookeeper.connect_string, chroot, auth=auth) as registry:
             for name in PRINCIPALS:
-                registry.add_principal(name, load_public_key(key_dir / f"{name}.key"))
+                registry.add_principal(name, load_public_key(found.key_dir / f"{name}.key"))
         for name in PRINCIPALS:  # the broker applies them from its watch
             wait_until(partial(found.call, name, DescribeClusterRequest()), what=f"{name} let in")
         yield found
     finally:
-        running.stop()
-        print(f"--- {running.log_path}:\n{running.log_tail()}")
+        found.broker.stop()
+        print(f"--- {found.broker.log_path}:\n{found.broker.log_tail()}")
 
 
 def curve_broker_fixture(

@@ -1,41 +1,37 @@
-"""pylogctl's --key-file and --broker-key (issue 16): through a CurveZMQ server
-(tests/client/curve.py, a Curve front relaying to a real pylogd) with them, not without;
-one without the other, or a secret file that others may read, is one line and exit 2."""
+"""pylogctl's --key-file and --broker-key (issue 16): a real pylogd in curve mode
+(tests/curve.py) serves commands with them, not without; one without the other, or a secret
+file that others may read, is one line and exit 2."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
-from broker.security import ClientKeys, generate_keys
+from broker.security import generate_keys
 from cli.pylogctl import cli
-from tests.client.curve import CurveRelay, curve_relay
-from tests.pylogd import RunningBroker
+from tests.conftest import wait_until
+from tests.curve import SUPER_USER, CurveBroker, curve_broker_fixture
+
+curve_broker = curve_broker_fixture()
 
 
 def run(*args: str, input: bytes | None = None, **env: str) -> Result:
     return CliRunner().invoke(cli, list(args), input=input, env=env)
 
 
-@pytest.fixture
-def relay(broker: RunningBroker, tmp_path: Path) -> Iterator[tuple[CurveRelay, ClientKeys]]:
-    with curve_relay(broker.endpoint, tmp_path / "keys") as running:
-        yield running
-
-
 def test_commands_reach_a_curve_broker_with_the_keys_and_not_without(
-    relay: tuple[CurveRelay, ClientKeys], tmp_path: Path, topic: str
+    curve_broker: CurveBroker, topic: str
 ) -> None:
-    server, keys = relay
-    secret, public = tmp_path / "keys" / "client.key_secret", tmp_path / "keys" / "broker.key"
+    endpoint, key_dir = curve_broker.broker.endpoint, curve_broker.key_dir
+    secret, public = key_dir / f"{SUPER_USER}.key_secret", key_dir / "broker.key"
+    accepted = curve_broker.counted("pylog_connections_accepted_total")
     options = ("--key-file", str(secret), "--broker-key", str(public))
-    created = run(*options, "topic", "create", topic, PYLOG_BROKER=server.endpoint)
+    created = run(*options, "topic", "create", topic, PYLOG_BROKER=endpoint)
     assert created.exit_code == 0, created.output
-    produced = run(*options, "produce", topic, input=b"a\nb\n", PYLOG_BROKER=server.endpoint)
+    produced = run(*options, "produce", topic, input=b"a\nb\n", PYLOG_BROKER=endpoint)
     assert produced.output == "2 messages acknowledged (flushed)\n"
     # The environment gives them too, and the broker key as its 40 characters.
     consumed = run(
@@ -43,17 +39,23 @@ def test_commands_reach_a_curve_broker_with_the_keys_and_not_without(
         topic,
         "--until",
         "end",
-        PYLOG_BROKER=server.endpoint,
+        PYLOG_BROKER=endpoint,
         PYLOG_KEY_FILE=str(secret),
-        PYLOG_BROKER_KEY=keys.broker.decode(),
+        PYLOG_BROKER_KEY=curve_broker.keys(SUPER_USER).broker.decode(),
     )
     assert consumed.exit_code == 0, consumed.output
     assert consumed.stdout == "a\nb\n"
-    assert server.seen and all(seen == (keys.public, True) for seen in server.seen)
+    assert curve_broker.counted("pylog_connections_accepted_total") > accepted
+    assert curve_broker.counted("pylog_connections_refused_total") == 0
 
-    plaintext = run("topic", "list", "--timeout", "0.5", PYLOG_BROKER=server.endpoint)
+    failed = curve_broker.counted("pylog_handshakes_failed_total")
+    plaintext = run("topic", "list", "--timeout", "0.5", PYLOG_BROKER=endpoint)
     assert plaintext.exit_code == 1
-    assert plaintext.stderr.startswith(f"pylogctl: broker {server.endpoint} unreachable: ")
+    assert plaintext.stderr.startswith(f"pylogctl: broker {endpoint} unreachable: ")
+    wait_until(
+        lambda: curve_broker.counted("pylog_handshakes_failed_total") > failed,
+        what="the plaintext handshake counted",
+    )
 
 
 @pytest.mark.parametrize(

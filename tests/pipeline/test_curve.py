@@ -5,7 +5,6 @@ or a secret file that others may read, is an error saying so."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -14,29 +13,22 @@ from pyspark.sql import SparkSession
 
 from broker.client import Admin, PartitionConsumer
 from broker.security import generate_keys
-from broker.zookeeper import PrivateZooKeeper
 from pipeline.cluster import client_keys
 from pipeline.errors import OptionError
 from pipeline.session import cluster_options
-from tests.client.curve import CurveBroker, running_curve_broker
+from tests.curve import SUPER_USER, CurveBroker, curve_broker_fixture
 
-
-@pytest.fixture(scope="module")
-def curve_broker(
-    zookeeper: PrivateZooKeeper, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[CurveBroker]:
-    with running_curve_broker(zookeeper, tmp_path_factory.mktemp("curve")) as running:
-        yield running
+curve_broker = curve_broker_fixture(zookeeper_acls=True)
 
 
 def test_the_sink_and_the_source_reach_a_curve_broker_with_key_file_and_broker_key(
     spark: SparkSession, curve_broker: CurveBroker, topic: str
 ) -> None:
-    endpoint, keys = curve_broker.broker.endpoint, curve_broker.keys
+    endpoint, keys = curve_broker.broker.endpoint, curve_broker.keys(SUPER_USER)
     with Admin(endpoint, keys=keys) as admin:
         admin.create_topic(topic, 2)
     curve = {
-        "keyFile": str(curve_broker.key_dir / "app.key_secret"),
+        "keyFile": str(curve_broker.key_dir / f"{SUPER_USER}.key_secret"),
         "brokerKey": str(curve_broker.key_dir / "broker.key"),
     }
     frame = spark.createDataFrame(

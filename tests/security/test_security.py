@@ -302,7 +302,7 @@ def test_a_principals_file_lets_its_keys_in_and_is_read_again_when_changed(
         str(principals),
         name="filed",
     )
-    found = CurveBroker(running, keys, "", "")
+    found = CurveBroker(running, tmp_path, "", "")
     assert isinstance(found.call("carol", DescribeClusterRequest()), protocol.DescribeClusterReply)
     assert found.call("dave", DescribeClusterRequest()) is None
     principals.write_text(f"carol {carol}\ndave {dave}\n")
