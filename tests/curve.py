@@ -101,9 +101,7 @@ class CurveBroker:
     def pylogctl(self, *args: str) -> str:
         """pylogctl's output for a registry command (principal, acl), as the brokers' identity
         when the registry has ZooKeeper ACLs; it must succeed."""
-        env = (
-            {} if self.broker_auth is None else {"PYLOG_ZOOKEEPER_AUTH_FILE": str(self.broker_auth)}
-        )
+        env = {"PYLOG_ZOOKEEPER_AUTH_FILE": str(self.broker_auth)} if self.zookeeper_acls else {}
         result = CliRunner().invoke(
             cli, [*args, "--zookeeper", self.zookeeper, "--chroot", self.chroot], env=env
         )
