@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from broker.aio import AsyncGroupConsumer, AsyncPartitionConsumer, AsyncProducer
 from broker.client import Admin, Connection, PartitionConsumer, Producer, TopicConsumer
 from broker.client.group import GroupConsumer, Record
-from broker.errors import RegistryAccessDenied, Unavailable
+from broker.errors import PylogError, RegistryAccessDenied, Unavailable
 from broker.protocol import MetadataRequest
 from broker.security import ClientKeys, ZooKeeperAuth, generate_keys, load_key_pair
 from cli.pylogctl import cli
@@ -51,6 +51,8 @@ def refused(curve: CurveBroker, counter: str, **labels: str) -> Iterator[None]:
 
 
 def request_metadata(curve: CurveBroker, keys: ClientKeys | None) -> None:
+    """A METADATA request from a Connection with `keys`. Refused, it raises a PylogError: which
+    one a refused key gets, and its message, tests/client/test_handshake_errors.py says."""
     with Connection(curve.broker.endpoint, timeout_s=SHORT_TIMEOUT_S, keys=keys) as connection:
         connection.request(MetadataRequest())
 
@@ -106,10 +108,7 @@ def test_asyncio_clients_with_keys_get_through_a_curve_broker(
 
 def test_an_unknown_client_key_is_refused_by_the_zap_handler(curve_broker: CurveBroker) -> None:
     stranger = curve_broker.keys(STRANGER)
-    with (
-        refused(curve_broker, REFUSED),
-        pytest.raises(Unavailable, match=r"within 0\.5 s .*this client's key not allowed\?"),
-    ):
+    with refused(curve_broker, REFUSED), pytest.raises(PylogError):
         request_metadata(curve_broker, stranger)
     # The one test of this module whose key is unknown: its refusal is logged, not rate-limited.
     refusal = f"refused a connection from 127.0.0.1: unknown client key {stranger.public.decode()}"
@@ -122,7 +121,7 @@ def test_a_wrong_broker_key_gets_no_reply(curve_broker: CurveBroker, tmp_path: P
     # The broker cannot read the client's HELLO: it never gets as far as asking ZAP.
     with (
         refused(curve_broker, FAILED, reason="wrong_broker_key"),
-        pytest.raises(Unavailable, match=r"within 0\.5 s"),
+        pytest.raises(PylogError),
     ):
         request_metadata(curve_broker, ClientKeys(keys.public, keys.secret, impostor))
     log = curve_broker.broker.log_path.read_text()
