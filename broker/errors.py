@@ -31,6 +31,7 @@
     │                               BrokerError and a TopicAlreadyExists (the class above
     │                               that the broker raised), and so on down the table
     ├── MalformedReply              client side: a reply that does not follow the protocol
+    ├── AuthenticationFailed        client side: the Curve handshake with a broker failed
     ├── RegistryAccessDenied        a ZooKeeper ACL refused a change to a registry node
     └── ZooKeeperStartError         the private ZooKeeper could not be started
 
@@ -315,6 +316,19 @@ class RegistryAccessDenied(PylogError):
 class MalformedReply(PylogError):
     """Client side: a reply's frames are missing, too short or too long, or not UTF-8 where
     text is due. The broker and the client disagree about the protocol; retrying will not help."""
+
+
+class AuthenticationFailed(PylogError):
+    """Client side: the Curve handshake with the broker at `endpoint` failed, so no request of
+    this client reached it: the broker refused the client's key (its ZAP handler knows no
+    principal of that key), or the handshake broke off (the client holds another broker key
+    than the broker's, or the broker does not speak Curve). The message says which. Not
+    retriable, and no BrokerError: the broker never answers, there is no wire code; the same
+    keys are refused again until an operator changes them (pylogctl principal add)."""
+
+    def __init__(self, endpoint: str, message: str) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
 
 
 class ZooKeeperStartError(PylogError):

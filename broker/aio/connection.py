@@ -11,6 +11,11 @@ Timeouts are the sync client's: a request waits `timeout_s` for its reply (a FET
 max_wait_ms), then raises broker.errors.Unavailable. Cancelling a task that waits for a reply
 (task.cancel(), asyncio.timeout) leaves the connection usable.
 
+With keys, a task of the connection's own reads the socket's handshake events (its monitor, as
+broker.client.connection's): once the Curve handshake fails, every request waiting raises
+broker.errors.AuthenticationFailed at once, and the socket is dropped, so that the next request
+makes a new handshake.
+
 Not safe to share between event loops (or threads).
 """
 
@@ -29,7 +34,9 @@ from broker.client.connection import (
     DEFAULT_CLIENT_ID,
     FIRE_AND_FORGET_LINGER_MS,
     Framing,
+    Handshakes,
     Retry,
+    monitor_handshakes,
 )
 from broker.errors import BrokerError, MalformedReply, Unavailable
 from broker.log.message import Buffer
@@ -74,6 +81,9 @@ class AsyncConnection(Framing):
         self._context = zmq.asyncio.Context() if context is None else context
         self._socket: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        """The socket's handshake events, with keys."""
+        self._watcher: asyncio.Task[None] | None = None
         self._waiting: dict[int, asyncio.Future[list[Buffer]]] = {}
         """Correlation id -> the future of its reply's frames."""
         self._closed = False
@@ -83,16 +93,51 @@ class AsyncConnection(Framing):
             raise ValueError("the connection is closed")
         if self._socket is None:
             socket = self._context.socket(zmq.DEALER)
+            monitor = None
             try:
                 socket.setsockopt(zmq.LINGER, FIRE_AND_FORGET_LINGER_MS)
                 self._secure(socket)
+                if self.keys is not None:
+                    monitor = monitor_handshakes(socket)
                 socket.connect(self.endpoint)
             except BaseException:
                 socket.close(linger=0)
+                if monitor is not None:
+                    monitor.close(linger=0)
                 raise
+            loop = asyncio.get_running_loop()
             self._socket = socket
-            self._reader = asyncio.get_running_loop().create_task(self._read(socket))
+            self._reader = loop.create_task(self._read(socket))
+            if monitor is not None:
+                self._monitor = monitor
+                self._watcher = loop.create_task(self._watch(monitor))
         return self._socket
+
+    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        """Once the socket's Curve handshake fails, drop the socket and fail every request
+        waiting with AuthenticationFailed (none of them reached the broker)."""
+        handshakes = Handshakes(self.endpoint)
+        while handshakes.failure is None:
+            handshakes.take(await monitor.recv_multipart())
+        self._watcher = None  # this task, ending: not to be cancelled
+        self._drop_socket(linger_ms=0)
+        for waiter in self._waiting.values():
+            if not waiter.done():
+                waiter.set_exception(handshakes.failure)
+
+    def _drop_socket(self, linger_ms: int | None = None) -> None:
+        """Stop the reader and the watcher, close the socket (with its own linger when
+        `linger_ms` is None) and its monitor; a next request opens them anew."""
+        for task in (self._reader, self._watcher):
+            if task is not None:
+                task.cancel()
+        self._reader = self._watcher = None
+        if self._socket is not None:
+            self._socket.close(linger_ms)
+            self._socket = None
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
 
     async def _read(self, socket: zmq.asyncio.Socket) -> None:
         """Hand every reply to the request waiting for it."""
@@ -110,7 +155,8 @@ class AsyncConnection(Framing):
     async def exchange(self, request: Request) -> list[Buffer]:
         """Send `request` and return its reply's frames (decode them with
         protocol.decode_reply). Unavailable when none comes within the timeout (plus
-        max_wait_ms for a FETCH)."""
+        max_wait_ms for a FETCH); AuthenticationFailed as soon as the Curve handshake fails
+        (keys set)."""
         timeout_s = self._reply_timeout_s(request)
         correlation_id, frames = self._frames(request)
         reply: asyncio.Future[list[Buffer]] = asyncio.get_running_loop().create_future()
@@ -163,16 +209,14 @@ class AsyncConnection(Framing):
 
     async def close(self) -> None:
         """Stop the reader, close the socket (fire-and-forget requests still queued get up to
-        FIRE_AND_FORGET_LINGER_MS to go out) and the context if it is the connection's own."""
+        FIRE_AND_FORGET_LINGER_MS to go out) and its monitor, and the context if it is the
+        connection's own."""
         if self._closed:
             return
         self._closed = True
-        if self._reader is not None:
-            self._reader.cancel()
         for waiter in self._waiting.values():
             waiter.cancel()
-        if self._socket is not None:
-            self._socket.close()
+        self._drop_socket()
         if self._own_context:
             await asyncio.to_thread(self._context.term)
 

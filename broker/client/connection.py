@@ -15,18 +15,29 @@ retriable BrokerError (the broker's Unavailable branch) with a doubling back-off
 in count and in total time. The Producer retries its batches with the same back-off, bounded
 by its delivery_timeout_s (broker.client.producer).
 
+Curve handshakes: a broker serving CurveZMQ that refuses the client's key, or cannot read its
+handshake (another broker key), never answers: ZeroMQ drops the connection. So with keys, each
+socket gets a monitor (a PAIR socket of the socket's handshake events, closed with it), polled
+with the socket while a request waits: a failed handshake ends the wait at once with
+broker.errors.AuthenticationFailed, which is not retried (`call`, the Producer and the
+consumers raise it as it is), and the socket is dropped, so that a later request makes a new
+handshake (the key may be added meanwhile). A plaintext connection has no monitor.
+
 Not safe to share between threads.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
 import time
-from typing import Any, Final, overload
+from typing import Any, Final, TypeVar, overload
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
-from broker.errors import BrokerError, MalformedReply, Unavailable
+from broker.errors import AuthenticationFailed, BrokerError, MalformedReply, Unavailable
 from broker.lifecycle import Closing
 from broker.log.message import Buffer
 from broker.protocol import (
@@ -68,6 +79,34 @@ RETRY_BACKOFF_S: Final = 0.1
 """The wait before the first retry of a request; it doubles for each next one..."""
 MAX_RETRY_BACKOFF_S: Final = 2.0
 """... up to this."""
+HANDSHAKE_EVENTS: Final = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+"""The events of a client socket's monitor (only a socket with keys has one)."""
+BROKEN_HANDSHAKES: Final = 3
+"""Handshakes in a row that the broker breaks off without a reason (what a client holding
+another broker key meets: the broker cannot read its HELLO and hangs up) before the client
+gives up; ZeroMQ tries again every 0.1 s or so. One alone may be a broker stopping."""
+ZAP_STATUS: Final = {
+    300: "a temporary error",
+    400: "the key is no principal's: pylogctl principal add",
+    500: "an internal error of the broker's",
+}
+"""What a broker's ZAP status code (RFC 27) says about a refused key."""
+PROTOCOL_ERRORS: Final[dict[int, str]] = {
+    zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: (
+        "a cryptographic error (is the broker key the broker's public key?)"
+    ),
+    zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: (
+        "the broker does not speak Curve (a plaintext broker: connect without keys)"
+    ),
+}
+"""What ZeroMQ's protocol error (ZMQ_PROTOCOL_ERROR_*) says about a failed Curve handshake."""
+_monitor_numbers = itertools.count(1)
+_Socket = TypeVar("_Socket", bound=zmq.Socket[Any])
 _ADDRESS: Final = re.compile(
     r"(?:tcp://)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})"
 )
@@ -121,6 +160,91 @@ class Retry:
         return backoff_s
 
 
+def monitor_handshakes(socket: _Socket) -> _Socket:
+    """A PAIR socket receiving `socket`'s HANDSHAKE_EVENTS (made before it connects, so that no
+    event is missed), on an inproc address of its own; close it when `socket` is closed."""
+    address = f"inproc://pylog-handshakes-{os.getpid()}-{next(_monitor_numbers)}"
+    return socket.get_monitor_socket(HANDSHAKE_EVENTS, address)
+
+
+class Handshakes:
+    """The Curve handshakes of one client socket, from its monitor's events (`take`). `failure`
+    is the AuthenticationFailed to raise when the last handshake was refused by the broker's
+    ZAP handler, failed ZeroMQ's protocol, or was broken off BROKEN_HANDSHAKES times in a row;
+    None before the first handshake and after one succeeded."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.failure: AuthenticationFailed | None = None
+        self._broken = 0
+
+    def take(self, frames: list[bytes]) -> None:
+        """Take one event of the monitor."""
+        event = parse_monitor_message(frames)
+        kind, value = event["event"], int(event["value"])
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.failure, self._broken = None, 0
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:  # value: the ZAP status code
+            cause = ZAP_STATUS.get(value, "see the broker's log")
+            self._fail(
+                f"the broker at {self.endpoint} refused this client's key (ZAP {value}: {cause})"
+            )
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:  # value: a ZMQ_PROTOCOL_ERROR_*
+            cause = PROTOCOL_ERRORS.get(
+                value, f"ZeroMQ protocol error {value:#x} (is a pylog broker at that address?)"
+            )
+            self._fail(f"the Curve handshake with {self.endpoint} failed: {cause}")
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:  # value: an errno
+            self._broken += 1
+            if self._broken >= BROKEN_HANDSHAKES:
+                self._fail(
+                    f"the Curve handshake with {self.endpoint} failed: the broker broke it off "
+                    f"{self._broken} times in a row ({os.strerror(value)}), as it does when it "
+                    "cannot read the client's hello (is the broker key the broker's public key?)"
+                )
+
+    def _fail(self, message: str) -> None:
+        self.failure = AuthenticationFailed(self.endpoint, message)
+
+
+class HandshakeMonitor(Handshakes):
+    """The Curve handshakes of a blocking client socket, read from its monitor without
+    waiting, and a poller of the socket and its monitor together."""
+
+    def __init__(self, socket: zmq.Socket[bytes], endpoint: str) -> None:
+        super().__init__(endpoint)
+        self.socket: zmq.Socket[bytes] = monitor_handshakes(socket)
+        self._watched = socket
+        self._poller = zmq.Poller()
+        self._poller.register(socket, zmq.POLLIN)
+        self._poller.register(self.socket, zmq.POLLIN)
+
+    def check(self) -> None:
+        """Take every event waiting (never waits); raise `failure` if there is one."""
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self.take(frames)
+        if self.failure is not None:
+            raise self.failure
+
+    def wait_readable(self, timeout_s: float) -> bool:
+        """Whether the socket has a message to read within `timeout_s`; AuthenticationFailed
+        as soon as a handshake fails."""
+        deadline = time.monotonic() + timeout_s
+        timeout_ms = max(1, round(timeout_s * 1000))
+        while True:
+            ready = dict(self._poller.poll(timeout_ms))
+            self.check()
+            if self._watched in ready:
+                return True
+            timeout_ms = round((deadline - time.monotonic()) * 1000)
+            if timeout_ms <= 0:
+                return False
+
+
 class Framing:
     """What a connection to one broker does without I/O (shared with broker.aio's): its
     endpoint ("host:port" or "tcp://host:port", see normalize_endpoint), client id, reply
@@ -145,14 +269,12 @@ class Framing:
             self.keys.apply(socket)
 
     def _no_reply(self, request: Request, timeout_s: float) -> Unavailable:
-        """The error of a request that got no reply within `timeout_s`. A Curve broker that
-        refuses the client's key, or a client without keys, gets silence too: ZeroMQ drops
-        the connection in its handshake and never says why to the client."""
-        cause = "broker down or unreachable?"
-        if self.keys is not None:
-            cause = "broker down or unreachable, or this client's key not allowed?"
+        """The error of a request that got no reply within `timeout_s` (a failed Curve
+        handshake is AuthenticationFailed, from the socket's monitor; a client without keys
+        to a Curve broker gets silence too, ZeroMQ never says why)."""
         return Unavailable(
-            f"no reply from {self.endpoint} within {timeout_s:g} s to {request.api.name} ({cause})"
+            f"no reply from {self.endpoint} within {timeout_s:g} s to {request.api.name} "
+            "(broker down or unreachable?)"
         )
 
     def _correlation_id(self) -> int:
@@ -204,6 +326,8 @@ class Connection(Framing, Closing):
         )
         self._req: zmq.Socket[bytes] | None = None
         self._dealer: zmq.Socket[bytes] | None = None
+        self._monitors: dict[zmq.Socket[bytes], HandshakeMonitor] = {}
+        """The monitor of each socket, with keys."""
         self._closed = False
 
     # -- sockets ---------------------------------------------------------------------------
@@ -216,23 +340,47 @@ class Connection(Framing, Closing):
         return self._req
 
     def _connected(self, kind: int, linger_ms: int) -> zmq.Socket[bytes]:
-        """A new socket of `kind` connected to the endpoint; closed again if connecting fails
-        (a socket left open would make terminating the context wait for ever)."""
+        """A new socket of `kind` connected to the endpoint, with its monitor if keys are set;
+        closed again if connecting fails (a socket left open would make terminating the
+        context wait for ever)."""
         socket = self._context.socket(kind)
         try:
             socket.setsockopt(zmq.LINGER, linger_ms)
             self._secure(socket)
+            if self.keys is not None:
+                self._monitors[socket] = HandshakeMonitor(socket, self.endpoint)
             socket.connect(self.endpoint)
         except BaseException:
-            socket.close(linger=0)
+            self._close_socket(socket, linger_ms=0)
             raise
         return socket
 
+    def _close_socket(self, socket: zmq.Socket[bytes], linger_ms: int | None = None) -> None:
+        """Close `socket` (with its own linger when `linger_ms` is None) and its monitor."""
+        socket.close(linger_ms)
+        monitor = self._monitors.pop(socket, None)
+        if monitor is not None:
+            monitor.socket.close(linger=0)
+
+    def _readable(self, socket: zmq.Socket[bytes], timeout_s: float) -> bool:
+        """Whether `socket` has a reply within `timeout_s`; with keys, AuthenticationFailed as
+        soon as its handshake fails."""
+        monitor = self._monitors.get(socket)
+        if monitor is None:
+            return bool(socket.poll(max(1, round(timeout_s * 1000)), zmq.POLLIN))
+        return monitor.wait_readable(timeout_s)
+
     def _reset_req_socket(self) -> None:
-        """Drop a REQ socket that lost its reply: it cannot send again."""
+        """Drop a REQ socket that lost its reply (it cannot send again) or its handshake."""
         if self._req is not None:
-            self._req.close(linger=0)
+            self._close_socket(self._req, linger_ms=0)
             self._req = None
+
+    def _reset_dealer_socket(self) -> None:
+        """Drop a DEALER socket whose handshake failed: what it holds can never go out."""
+        if self._dealer is not None:
+            self._close_socket(self._dealer, linger_ms=0)
+            self._dealer = None
 
     # -- requests --------------------------------------------------------------------------
 
@@ -254,25 +402,28 @@ class Connection(Framing, Closing):
         """Send `request` and wait for its reply, once.
 
         Raises BrokerError for an error the broker answered with, MalformedReply for a reply
-        that breaks the protocol or answers another request, and Unavailable when no reply came
-        within the timeout (plus max_wait_ms for a FETCH). A PRODUCE with ack NONE gets no
-        reply: send it with `send_nowait`."""
+        that breaks the protocol or answers another request, Unavailable when no reply came
+        within the timeout (plus max_wait_ms for a FETCH), and AuthenticationFailed when the
+        Curve handshake failed (keys set). A PRODUCE with ack NONE gets no reply: send it with
+        `send_nowait`."""
         return self._request_once(request)
 
     def _request_once(self, request: Request) -> Reply:
         timeout_s = self._reply_timeout_s(request)
-        timeout_ms = max(1, round(timeout_s * 1000))
         correlation_id, frames = self._frames(request)
         socket = self._req_socket()
         try:
             send_frames(socket, frames)
             # poll, not RCVTIMEO: the timeout differs per request.
-            if not socket.poll(timeout_ms, zmq.POLLIN):
+            if not self._readable(socket, timeout_s):
                 raise zmq.Again()
             reply = [frame.buffer for frame in receive_frames(socket)]
         except zmq.Again:
             self._reset_req_socket()
             raise self._no_reply(request, timeout_s) from None
+        except AuthenticationFailed:
+            self._reset_req_socket()
+            raise
         header = decode_reply_header(reply)
         if header.correlation_id != correlation_id:
             self._reset_req_socket()
@@ -319,7 +470,8 @@ class Connection(Framing, Closing):
     def call(self, request: Request, retries: int = 3, max_time_s: float | None = None) -> Reply:
         """`request`, retried up to `retries` more times after a retriable BrokerError or a
         timeout, waiting 0.1 s doubling to 2 s in between; no retry starts after `max_time_s`
-        (default: 3 x the timeout). The last error is raised as it was.
+        (default: 3 x the timeout). The last error is raised as it was; AuthenticationFailed is
+        raised at once.
 
         A PRODUCE retried after a timeout may append its messages twice (at least once)."""
         retry = Retry(retries, 3 * self.timeout_s if max_time_s is None else max_time_s)
@@ -344,17 +496,32 @@ class Connection(Framing, Closing):
 
     def send_pipelined(self, request: Request) -> int:
         """Send `request` on the DEALER socket without waiting; returns the correlation id
-        its reply will carry (see `receive_pipelined`). Any number may be in flight."""
+        its reply will carry (see `receive_pipelined`). Any number may be in flight.
+        AuthenticationFailed, nothing sent, when the socket's Curve handshake failed."""
         correlation_id, frames = self._frames(request)
-        send_frames(self._dealer_socket(), frames)  # a DEALER sends no delimiter
+        socket = self._dealer_socket()
+        monitor = self._monitors.get(socket)
+        if monitor is not None:
+            try:
+                monitor.check()
+            except AuthenticationFailed:
+                self._reset_dealer_socket()
+                raise
+        send_frames(socket, frames)  # a DEALER sends no delimiter
         return correlation_id
 
     def receive_pipelined(self, timeout_s: float) -> tuple[int, list[Buffer]]:
         """The next reply to a request sent with `send_pipelined`: its correlation id and
         frames (decode them with protocol.decode_reply). Unavailable when none comes within
-        `timeout_s`."""
+        `timeout_s`; AuthenticationFailed as soon as the socket's Curve handshake fails (the
+        requests in flight never reached the broker)."""
         socket = self._dealer_socket()
-        if not socket.poll(max(1, round(timeout_s * 1000)), zmq.POLLIN):
+        try:
+            readable = self._readable(socket, timeout_s)
+        except AuthenticationFailed:
+            self._reset_dealer_socket()
+            raise
+        if not readable:
             raise Unavailable(f"no reply from {self.endpoint} within {timeout_s:g} s")
         frames: list[Buffer] = [frame.buffer for frame in receive_frames(socket)]
         return decode_reply_header(frames).correlation_id, frames
@@ -376,7 +543,7 @@ class Connection(Framing, Closing):
         self._closed = True
         self._reset_req_socket()
         if self._dealer is not None:
-            self._dealer.close()
+            self._close_socket(self._dealer)
             self._dealer = None
         if self._own_context:
             self._context.term()

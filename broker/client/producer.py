@@ -29,7 +29,8 @@ delivery.timeout.ms) from its first sending, and at most `retries` times if that
 spans a worker's restart: pylogd restarts a worker that died after 0.1 s doubling to 2 s
 (broker.pool.MAX_BACKOFF_S; longer only in a crash loop), answering its partitions
 PARTITION_UNAVAILABLE meanwhile. A batch whose budget runs out is dropped, and the last error
-raised to the caller of `send` or `flush`.
+raised to the caller of `send` or `flush`. AuthenticationFailed (a Curve broker refused this
+client's key, broker.client.connection) is no retriable error: it fails the batches at once.
 
 Values and keys are bytes (bytearray and memoryview too): anything else, a str above all, is a
 TypeError from `send` naming the argument, unless the producer was given a `serializer` (for
@@ -80,7 +81,7 @@ from broker.client.connection import (
     retriable,
 )
 from broker.clock import SYSTEM_CLOCK, Clock
-from broker.errors import BrokerError, PylogError, Unavailable
+from broker.errors import AuthenticationFailed, BrokerError, PylogError, Unavailable
 from broker.log.message import Buffer, encode_message
 from broker.protocol import (
     Ack,
@@ -635,6 +636,9 @@ class Producer(ProducerCore):
                 return
             self._send_lost_again(error)
             return
+        except AuthenticationFailed as error:  # none reached that broker; none ever will
+            self._fail_in_flight(error)
+            raise
         if (connection, correlation_id) not in self._in_flight:
             return  # the late reply to a batch already sent again after a timeout
         entry = self._in_flight.pop((connection, correlation_id))
@@ -654,6 +658,13 @@ class Producer(ProducerCore):
                 raise
             return
         self._acked(entry, reply)
+
+    def _fail_in_flight(self, error: AuthenticationFailed) -> None:
+        """Fail every batch in flight to the broker that refused this client's handshake."""
+        for key, entry in list(self._in_flight.items()):
+            if key[0].endpoint == error.endpoint:
+                del self._in_flight[key]
+                entry.batch.settle(None, error)
 
     def _send_lost_again(self, error: Unavailable) -> None:
         """After no reply in time, send every batch in flight again (they may be lost); raise

@@ -1,0 +1,162 @@
+"""A client whose Curve handshake fails says so (issue 16): against a real pylogd in curve mode
+(tests/curve.py), a client whose key is no principal's, or that holds another broker key than
+the broker's, raises AuthenticationFailed, which nothing retries, as soon as its handshake
+fails (it timed out as Unavailable, retried for delivery_timeout_s); pylogctl shows it as one
+line. A right key still works; a plaintext connection has no monitor socket."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+import zmq
+from click.testing import CliRunner
+
+from broker.aio import AsyncProducer
+from broker.client import Connection, PartitionConsumer, Producer
+from broker.errors import AuthenticationFailed
+from broker.protocol import MetadataRequest
+from broker.security import ClientKeys, generate_keys, load_key_pair
+from cli.pylogctl import cli
+from tests.conftest import wait_until
+from tests.curve import STRANGER, SUPER_USER, CurveBroker, curve_broker_fixture
+from tests.pylogd import RunningBroker
+
+curve_broker = curve_broker_fixture()
+
+TIMEOUT_S = 3.0
+"""Reply timeouts of the clients below that do not keep the default (10 s)."""
+
+
+def refused(curve: CurveBroker) -> str:
+    """What AuthenticationFailed says when the broker's ZAP handler refuses a key."""
+    return re.escape(
+        f"the broker at {curve.broker.endpoint} refused this client's key (ZAP 400: the key "
+        "is no principal's: pylogctl principal add)"
+    )
+
+
+def wrong_broker_key(curve: CurveBroker, tmp_path: Path) -> ClientKeys:
+    """admin's key pair with the public key of another broker."""
+    keys = curve.keys(SUPER_USER)
+    impostor, _ = load_key_pair(generate_keys(tmp_path / "other", "impostor")[1])
+    return ClientKeys(keys.public, keys.secret, impostor)
+
+
+def open_sockets(context: zmq.Context[zmq.Socket[bytes]]) -> int:
+    return sum(not socket.closed for socket in context._sockets)
+
+
+def test_a_producer_with_an_unknown_key_fails_at_once(curve_broker: CurveBroker) -> None:
+    endpoint = curve_broker.broker.endpoint
+    # The defaults: a 10 s reply timeout, retried for 30 s (delivery_timeout_s).
+    with (
+        Producer(endpoint, "any", keys=curve_broker.keys(STRANGER)) as producer,
+        pytest.raises(AuthenticationFailed, match=refused(curve_broker)) as raised,
+    ):
+        producer.send(b"never")
+    assert raised.value.endpoint == endpoint
+
+
+def test_a_producer_holding_another_broker_key_fails_at_once(
+    curve_broker: CurveBroker, tmp_path: Path
+) -> None:
+    endpoint = curve_broker.broker.endpoint
+    wrong = wrong_broker_key(curve_broker, tmp_path)
+    with (
+        Producer(endpoint, "any", keys=wrong) as producer,
+        pytest.raises(
+            AuthenticationFailed,
+            match=re.escape(f"the Curve handshake with {endpoint} failed: the broker broke it off")
+            + r".*\(is the broker key the broker's public key\?\)",
+        ),
+    ):
+        producer.send(b"never")
+
+
+def test_a_partition_consumer_with_an_unknown_key_fails_at_once(
+    curve_broker: CurveBroker,
+) -> None:
+    with pytest.raises(AuthenticationFailed, match=refused(curve_broker)):
+        PartitionConsumer(
+            curve_broker.broker.endpoint,
+            "any",
+            timeout_s=TIMEOUT_S,
+            keys=curve_broker.keys(STRANGER),
+        )
+
+
+def test_an_asyncio_producer_with_an_unknown_key_fails_at_once(curve_broker: CurveBroker) -> None:
+    async def send() -> None:
+        keys = curve_broker.keys(STRANGER)
+        async with AsyncProducer(
+            curve_broker.broker.endpoint, "any", timeout_s=TIMEOUT_S, keys=keys
+        ) as producer:
+            await (await producer.send(b"never"))
+
+    with pytest.raises(AuthenticationFailed, match=refused(curve_broker)):
+        asyncio.run(send())
+
+
+def test_pylogctl_says_the_key_was_refused_in_one_line(curve_broker: CurveBroker) -> None:
+    key_dir = curve_broker.key_dir
+    result = CliRunner().invoke(
+        cli,
+        ["topic", "list", "--timeout", str(TIMEOUT_S)],
+        env={
+            "PYLOG_BROKER": curve_broker.broker.endpoint,
+            "PYLOG_KEY_FILE": str(key_dir / f"{STRANGER}.key_secret"),
+            "PYLOG_BROKER_KEY": str(key_dir / "broker.key"),
+        },
+    )
+    assert result.exit_code == 1
+    assert re.fullmatch(f"pylogctl: AuthenticationFailed: {refused(curve_broker)}\n", result.stderr)
+
+
+def test_a_connection_refused_once_gets_through_when_its_key_is_added(
+    curve_broker: CurveBroker, tmp_path: Path
+) -> None:
+    """The refused socket is dropped: the next request makes a new handshake."""
+    public, secret = generate_keys(tmp_path, "carol")
+    keys = ClientKeys.load(secret, curve_broker.key_dir / "broker.key")
+    with Connection(curve_broker.broker.endpoint, timeout_s=TIMEOUT_S, keys=keys) as connection:
+        with pytest.raises(AuthenticationFailed, match=refused(curve_broker)):
+            connection.request(MetadataRequest())
+        curve_broker.pylogctl("principal", "add", "carol", str(public))
+
+        def let_in() -> bool:
+            try:
+                connection.request(MetadataRequest())
+            except AuthenticationFailed:
+                return False
+            return True
+
+        wait_until(let_in, what="carol let in")
+
+
+def test_a_right_key_gets_through_with_a_monitor_closed_with_its_socket(
+    curve_broker: CurveBroker,
+) -> None:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        connection = Connection(
+            curve_broker.broker.endpoint, context=context, keys=curve_broker.keys(SUPER_USER)
+        )
+        assert connection.request(MetadataRequest()).brokers
+        assert open_sockets(context) == 2  # the REQ socket and its monitor
+        connection.close()
+        assert open_sockets(context) == 0
+    finally:
+        context.term()
+
+
+def test_a_plaintext_connection_has_no_monitor(broker: RunningBroker) -> None:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        with Connection(broker.endpoint, context=context) as connection:
+            assert connection.request(MetadataRequest()).brokers
+            assert open_sockets(context) == 1  # the REQ socket alone
+    finally:
+        context.term()
