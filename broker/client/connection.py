@@ -87,9 +87,10 @@ HANDSHAKE_EVENTS: Final = (
 )
 """The events of a client socket's monitor (only a socket with keys has one)."""
 BROKEN_HANDSHAKES: Final = 3
-"""Handshakes in a row that the broker breaks off without a reason (what a client holding
-another broker key meets: the broker cannot read its HELLO and hangs up) before the client
-gives up; ZeroMQ tries again every 0.1 s or so. One alone may be a broker stopping."""
+"""Handshakes in a row that the broker breaks off without a reason before the client gives up:
+what a client holding another broker key meets (the broker cannot read its HELLO and hangs up),
+and often one of a plaintext broker (which may hang up before the client has read that it
+speaks no Curve); ZeroMQ tries again every 0.1 s or so. One alone may be a broker stopping."""
 ZAP_STATUS: Final = {
     300: "a temporary error",
     400: "the key is no principal's: pylogctl principal add",
@@ -199,8 +200,9 @@ class Handshakes:
             if self._broken >= BROKEN_HANDSHAKES:
                 self._fail(
                     f"the Curve handshake with {self.endpoint} failed: the broker broke it off "
-                    f"{self._broken} times in a row ({os.strerror(value)}), as it does when it "
-                    "cannot read the client's hello (is the broker key the broker's public key?)"
+                    f"{self._broken} times in a row ({os.strerror(value)}), as one does that "
+                    "cannot read the client's hello (is the broker key the broker's public key?) "
+                    "or that serves plaintext"
                 )
 
     def _fail(self, message: str) -> None:

@@ -15,7 +15,7 @@ import zmq
 from click.testing import CliRunner
 
 from broker.aio import AsyncProducer
-from broker.client import Connection, PartitionConsumer, Producer
+from broker.client import Admin, Connection, PartitionConsumer, Producer
 from broker.errors import AuthenticationFailed
 from broker.protocol import MetadataRequest
 from broker.security import ClientKeys, generate_keys, load_key_pair
@@ -134,6 +134,62 @@ def test_a_connection_refused_once_gets_through_when_its_key_is_added(
             return True
 
         wait_until(let_in, what="carol let in")
+
+
+def test_batches_to_a_broker_that_refuses_their_socket_fail_with_their_handles(
+    curve_broker: CurveBroker, tmp_path: Path, topic: str
+) -> None:
+    """The producer's METADATA got through; its key was removed before its first batch's
+    socket (the pipelined one) made its handshake."""
+    endpoint = curve_broker.broker.endpoint
+    with Admin(endpoint, keys=curve_broker.keys(SUPER_USER)) as admin:
+        admin.create_topic(topic)
+    public, secret = generate_keys(tmp_path, "dave")
+    keys = ClientKeys.load(secret, curve_broker.key_dir / "broker.key")
+    curve_broker.pylogctl("principal", "add", "dave", str(public))
+    curve_broker.pylogctl(
+        "acl", "add", "--principal", "dave", "--topic", topic, "--operation", "produce"
+    )
+
+    def let_in(connection: Connection) -> bool:
+        try:
+            connection.request(MetadataRequest((topic,)))
+        except AuthenticationFailed:
+            return False
+        return True
+
+    with Producer(endpoint, topic, timeout_s=TIMEOUT_S, keys=keys) as producer:
+        wait_until(lambda: let_in(producer.cluster.connect(endpoint)), what="dave let in")
+        assert producer.partitions == 1
+        curve_broker.pylogctl("principal", "remove", "dave")
+        with Connection(endpoint, timeout_s=TIMEOUT_S, keys=keys) as another:
+            wait_until(lambda: not let_in(another), what="dave shut out")
+        delivery = producer.send(b"late")
+        with pytest.raises(AuthenticationFailed, match=refused(curve_broker)):
+            producer.flush()
+        assert isinstance(delivery.exception(0), AuthenticationFailed)
+
+
+def test_a_curve_client_of_a_plaintext_broker_is_told_so(
+    broker: RunningBroker, tmp_path: Path
+) -> None:
+    """ZeroMQ says the mechanisms differ, or the broker hangs up before the client reads that:
+    either way the client is told."""
+    public, secret = generate_keys(tmp_path, "client")
+    keys = ClientKeys.load(secret, public)  # any key: the broker has none
+    mismatch = re.escape(
+        "the broker does not speak Curve (a plaintext broker: connect without keys)"
+    )
+    broken = r"the broker broke it off 3 times in a row \(.+\), as one .* or that serves plaintext"
+    with (
+        Connection(broker.endpoint, timeout_s=TIMEOUT_S, keys=keys) as connection,
+        pytest.raises(
+            AuthenticationFailed,
+            match=re.escape(f"the Curve handshake with {broker.endpoint} failed: ")
+            + f"({mismatch}|{broken})$",
+        ),
+    ):
+        connection.request(MetadataRequest())
 
 
 def test_a_right_key_gets_through_with_a_monitor_closed_with_its_socket(
