@@ -162,11 +162,19 @@ class AsyncConnection(Framing):
         reply: asyncio.Future[list[Buffer]] = asyncio.get_running_loop().create_future()
         self._waiting[correlation_id] = reply
         try:
-            await self._dealer().send_multipart(frames)
             async with asyncio.timeout(timeout_s):
+                await self._dealer().send_multipart(frames)
                 return await reply
         except TimeoutError:
             raise self._no_reply(request, timeout_s) from None
+        except asyncio.CancelledError:
+            # The watcher closed the socket while this request waited to send (a DEALER whose
+            # handshake was refused has nowhere to send): pyzmq cancels the send, not the task.
+            task = asyncio.current_task()
+            failure = reply.exception() if reply.done() and not reply.cancelled() else None
+            if failure is None or (task is not None and task.cancelling()):
+                raise
+            raise failure from None
         finally:
             self._waiting.pop(correlation_id, None)
 

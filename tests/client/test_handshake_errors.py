@@ -15,6 +15,7 @@ import zmq
 from click.testing import CliRunner
 
 from broker.aio import AsyncProducer
+from broker.aio.connection import AsyncConnection
 from broker.client import Admin, Connection, PartitionConsumer, Producer
 from broker.errors import AuthenticationFailed
 from broker.protocol import MetadataRequest
@@ -98,6 +99,27 @@ def test_an_asyncio_producer_with_an_unknown_key_fails_at_once(curve_broker: Cur
 
     with pytest.raises(AuthenticationFailed, match=refused(curve_broker)):
         asyncio.run(send())
+
+
+def test_an_asyncio_request_sent_after_the_refusal_is_told_too(curve_broker: CurveBroker) -> None:
+    """Once a DEALER's handshake is refused, ZeroMQ drops its only pipe and a send on it waits
+    for ever; the connection drops that socket, and a request caught sending is told why."""
+
+    async def requests() -> None:
+        keys = curve_broker.keys(STRANGER)
+        connection = AsyncConnection(curve_broker.broker.endpoint, timeout_s=TIMEOUT_S, keys=keys)
+        try:
+            with pytest.raises(AuthenticationFailed, match=refused(curve_broker)):
+                await connection.exchange(MetadataRequest())
+            # A new socket, refused before the loop reads its monitor: nowhere to send to.
+            socket = connection._dealer()
+            wait_until(lambda: not socket.get(zmq.EVENTS) & zmq.POLLOUT, what="the pipe gone")
+            with pytest.raises(AuthenticationFailed, match=refused(curve_broker)):
+                await connection.exchange(MetadataRequest())
+        finally:
+            await connection.close()
+
+    asyncio.run(requests())
 
 
 def test_pylogctl_says_the_key_was_refused_in_one_line(curve_broker: CurveBroker) -> None:
