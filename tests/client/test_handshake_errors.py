@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from broker.aio import AsyncProducer
 from broker.aio.connection import AsyncConnection
 from broker.client import Admin, Connection, PartitionConsumer, Producer
+from broker.client.group import GroupConsumer
 from broker.errors import AuthenticationFailed
 from broker.protocol import MetadataRequest
 from broker.security import ClientKeys, generate_keys, load_key_pair
@@ -87,6 +88,26 @@ def test_a_partition_consumer_with_an_unknown_key_fails_at_once(
             timeout_s=TIMEOUT_S,
             keys=curve_broker.keys(STRANGER),
         )
+
+
+def test_a_group_member_with_an_unknown_key_fails_at_once(
+    curve_broker: CurveBroker, topic: str
+) -> None:
+    """It finds the brokers in ZooKeeper, and is refused by the one holding its partition."""
+    with Admin(curve_broker.broker.endpoint, keys=curve_broker.keys(SUPER_USER)) as admin:
+        admin.create_topic(topic)
+    with (
+        GroupConsumer(
+            curve_broker.zookeeper,
+            f"g-{topic[-8:]}",
+            [topic],
+            chroot=curve_broker.chroot,
+            timeout_s=TIMEOUT_S,
+            keys=curve_broker.keys(STRANGER),
+        ) as member,
+        pytest.raises(AuthenticationFailed, match=refused(curve_broker)),
+    ):
+        member.poll(100)
 
 
 def test_an_asyncio_producer_with_an_unknown_key_fails_at_once(curve_broker: CurveBroker) -> None:
