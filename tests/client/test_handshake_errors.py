@@ -239,16 +239,14 @@ def test_a_right_key_gets_through_with_a_monitor_closed_with_its_socket(
     curve_broker: CurveBroker,
 ) -> None:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    keys = curve_broker.keys(SUPER_USER)
     try:
-        connection = Connection(
-            curve_broker.broker.endpoint, context=context, keys=curve_broker.keys(SUPER_USER)
-        )
-        assert connection.request(MetadataRequest()).brokers
-        assert open_sockets(context) == 2  # the REQ socket and its monitor
-        connection.close()
+        with Connection(curve_broker.broker.endpoint, context=context, keys=keys) as connection:
+            assert connection.request(MetadataRequest()).brokers
+            assert open_sockets(context) == 2  # the REQ socket and its monitor
         assert open_sockets(context) == 0
     finally:
-        context.term()
+        context.destroy(linger=0)  # after a failed assertion, what was left open
 
 
 def test_a_plaintext_connection_has_no_monitor(broker: RunningBroker) -> None:
@@ -258,4 +256,4 @@ def test_a_plaintext_connection_has_no_monitor(broker: RunningBroker) -> None:
             assert connection.request(MetadataRequest()).brokers
             assert open_sockets(context) == 1  # the REQ socket alone
     finally:
-        context.term()
+        context.destroy(linger=0)
