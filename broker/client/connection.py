@@ -177,13 +177,16 @@ class Handshakes:
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
         self.failure: AuthenticationFailed | None = None
+        self.succeeded = False
+        """Whether the last handshake taken succeeded."""
         self._broken = 0
 
     def take(self, frames: list[bytes]) -> None:
         """Take one event of the monitor."""
         event = parse_monitor_message(frames)
         kind, value = event["event"], int(event["value"])
-        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+        self.succeeded = kind == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        if self.succeeded:
             self.failure, self._broken = None, 0
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:  # value: the ZAP status code
             cause = ZAP_STATUS.get(value, "see the broker's log")
@@ -496,11 +499,13 @@ class Connection(Framing, Closing):
     def send_pipelined(self, request: Request) -> int:
         """Send `request` on the DEALER socket without waiting; returns the correlation id
         its reply will carry (see `receive_pipelined`). Any number may be in flight.
-        AuthenticationFailed, nothing sent, when the socket's Curve handshake failed."""
+        AuthenticationFailed, nothing sent, when the socket's Curve handshake failed (looked
+        for until one succeeded: a send costs nothing more then; a later handshake of the
+        socket that fails is met by `receive_pipelined`)."""
         correlation_id, frames = self._frames(request)
         socket = self._dealer_socket()
         monitor = self._monitors.get(socket)
-        if monitor is not None:
+        if monitor is not None and not monitor.succeeded:
             try:
                 monitor.check()
             except AuthenticationFailed:
