@@ -539,8 +539,8 @@ class Producer(ProducerCore):
     ) -> Delivery:
         """Add a message to its partition's batch and return its Delivery; send the batch if it
         is full, and any batch whose linger has passed. Raises what sending raises (BrokerError,
-        Unavailable), and TypeError, nothing sent, for a value or key that is not bytes (nor
-        made bytes by the producer's serializer or key_serializer)."""
+        Unavailable, AuthenticationFailed), and TypeError, nothing sent, for a value or key that
+        is not bytes (nor made bytes by the producer's serializer or key_serializer)."""
         layout = self._partition_layout()
         batch, position, full = self._add(layout, value, key, timestamp_ms, partition)
         if full:
