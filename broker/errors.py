@@ -213,6 +213,12 @@ class RegistryUnavailable(Unavailable):
     """ZooKeeper cannot be reached, or the session was lost and is not yet back."""
 
 
+class RegistryAccessDenied(PylogError):
+    """ZooKeeper refused a change to a registry node (NoAuth): an ACL on the path does not let
+    this session's identity (its `auth`, or none) make it. Nothing changed; the same identity
+    is refused again. The message names the request, the path and the identity."""
+
+
 class BrokerError(PylogError):
     """Client side: the broker answered a request with an error code.
 
@@ -307,10 +313,8 @@ class BrokerAuthorizationFailed(BrokerError, AuthorizationFailed):
     """A broker answered AUTHORIZATION_FAILED."""
 
 
-class RegistryAccessDenied(PylogError):
-    """ZooKeeper refused a change to a registry node (NoAuth): an ACL on the path does not let
-    this session's identity (its `auth`, or none) make it. Nothing changed; the same identity
-    is refused again. The message names the request, the path and the identity."""
+class BrokerRegistryAccessDenied(BrokerError, RegistryAccessDenied):
+    """A broker answered REGISTRY_ACCESS_DENIED."""
 
 
 class MalformedReply(PylogError):

@@ -63,6 +63,7 @@ from broker.errors import (
     OffsetOutOfRange,
     PartitionUnavailable,
     PylogError,
+    RegistryAccessDenied,
     RegistryUnavailable,
     StorageIOError,
     TopicAlreadyExists,
@@ -141,6 +142,7 @@ class ErrorCode(IntEnum):
     TOPIC_ALREADY_EXISTS = 17
     INVALID_TOPIC = 18
     AUTHORIZATION_FAILED = 19
+    REGISTRY_ACCESS_DENIED = 20
 
 
 # -- the error table ---------------------------------------------------------------------------
@@ -183,6 +185,7 @@ ERROR_TABLE: Final[tuple[ErrorEntry, ...]] = (
     ErrorEntry(ErrorCode.TOPIC_ALREADY_EXISTS, TopicAlreadyExists, False),
     ErrorEntry(ErrorCode.INVALID_TOPIC, InvalidTopic, False),
     ErrorEntry(ErrorCode.AUTHORIZATION_FAILED, AuthorizationFailed, False),
+    ErrorEntry(ErrorCode.REGISTRY_ACCESS_DENIED, RegistryAccessDenied, False),
 )
 """code <-> name <-> exception class <-> retriable, in code order."""
 
@@ -233,6 +236,7 @@ _REPLY_ERROR_BY_CODE: Final[dict[ErrorCode, type[BrokerError]]] = {
     ErrorCode.TOPIC_ALREADY_EXISTS: errors.BrokerTopicAlreadyExists,
     ErrorCode.INVALID_TOPIC: errors.BrokerInvalidTopic,
     ErrorCode.AUTHORIZATION_FAILED: errors.BrokerAuthorizationFailed,
+    ErrorCode.REGISTRY_ACCESS_DENIED: errors.BrokerRegistryAccessDenied,
 }
 """The class a client raises for each nonzero code: a BrokerError and the table's exception."""
 

@@ -1241,7 +1241,12 @@ def test_an_error_code_from_a_newer_broker_is_a_broker_error_that_is_not_retriab
 
 ABSTRACT_ERRORS = {PylogError, StorageError, errors.RequestError, Unavailable}
 """Roots of branches of the error tree: nothing raises them as they are."""
-NOT_FROM_THE_BROKER = {BrokerError, MalformedReply, errors.ZooKeeperStartError}
+NOT_FROM_THE_BROKER = {
+    BrokerError,
+    MalformedReply,
+    errors.ZooKeeperStartError,
+    errors.AuthenticationFailed,
+}
 """Raised on the client side, or before the broker serves anything: never sent on the wire."""
 
 

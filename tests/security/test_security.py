@@ -14,6 +14,7 @@ import pytest
 import zmq
 
 from broker import protocol
+from broker.client.connection import Connection
 from broker.errors import BrokerError, RegistryAccessDenied
 from broker.log.message import encode_message
 from broker.protocol import (
@@ -332,6 +333,32 @@ def test_a_broker_with_a_zookeeper_identity_keeps_its_registry_to_itself(
     with Registry(zookeeper.connect_string, chroot, auth=ZooKeeperAuth.load(auth_file)) as own:
         own.add_acl(Acl("eve", "*", frozenset({Operation.FETCH})))
         assert own.acls() == [Acl("eve", "*", frozenset({Operation.FETCH}))]
+
+
+def test_a_broker_without_the_identity_is_told_so_by_zookeeper(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    """A broker left without zookeeper.auth_file when the others got it: its registry writes
+    answer REGISTRY_ACCESS_DENIED, and it cannot start again."""
+    auth_file = tmp_path / "zookeeper-auth"
+    auth_file.write_text("pylog-brokers:s3cret\n")
+    auth_file.chmod(0o600)
+    old = make_pylogd(*single_box_flags(tmp_path / "old"), "--broker-id", "1", name="old")
+    make_pylogd(
+        *single_box_flags(tmp_path / "new"),
+        "--broker-id",
+        "2",
+        "--zookeeper-auth-file",
+        str(auth_file),
+        name="new",
+    )  # secures the registry the old broker made
+    with Connection(old.endpoint) as connection, pytest.raises(BrokerError) as refused:
+        connection.call(CreateTopicRequest("refused", 1, {}))
+    assert refused.value.name == "REGISTRY_ACCESS_DENIED"
+    assert "refused by ZooKeeper (NoAuth)" in refused.value.message
+    old.stop()
+    with pytest.raises(RuntimeError, match=r"refused by ZooKeeper \(NoAuth\)"):
+        old.restarted()
 
 
 def test_a_principal_changes_its_key_without_a_gap(secured: CurveBroker) -> None:
