@@ -134,7 +134,7 @@ def test_an_asyncio_request_sent_after_the_refusal_is_told_too(curve_broker: Cur
                 await connection.exchange(MetadataRequest())
             # A new socket, refused before the loop reads its monitor: nowhere to send to.
             socket = connection._dealer()
-            wait_until(lambda: not socket.get(zmq.EVENTS) & zmq.POLLOUT, what="the pipe gone")
+            wait_until(lambda: not int(socket.get(zmq.EVENTS)) & zmq.POLLOUT, what="the pipe gone")
             with pytest.raises(AuthenticationFailed, match=refused(curve_broker)):
                 await connection.exchange(MetadataRequest())
         finally:

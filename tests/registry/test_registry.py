@@ -35,15 +35,6 @@ BROKER_1 = BrokerInfo(host="127.0.0.1", port=9092, workers=2, log_dirs=("/d1", "
 BROKER_2 = BrokerInfo(host="127.0.0.1", port=9093, workers=1, log_dirs=("/d3",))
 
 
-@pytest.fixture
-def observer(zookeeper: PrivateZooKeeper) -> Iterator[KazooClient]:
-    client = KazooClient(zookeeper.connect_string)
-    client.start(timeout=10)
-    yield client
-    client.stop()
-    client.close()
-
-
 def expire_session(registry: Registry, connect_string: str) -> int:
     """Expire the registry's session on the server; return the expired session's id."""
     session_id = registry.session_id

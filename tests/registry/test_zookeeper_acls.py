@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import queue
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from kazoo.client import KazooClient
@@ -39,15 +39,6 @@ def owned_by(auth: ZooKeeperAuth, **world: bool) -> set[ACL]:
 BROKERS_ACL = owned_by(BROKERS, read=True)
 CONSUMERS_ACL = owned_by(BROKERS, read=True, create=True, delete=True)
 OPEN_ACL = {make_acl("world", "anyone", all=True)}
-
-
-@pytest.fixture
-def observer(zookeeper: PrivateZooKeeper) -> Iterator[KazooClient]:
-    client = KazooClient(zookeeper.connect_string)
-    client.start(timeout=10)
-    yield client
-    client.stop()
-    client.close()
 
 
 def acl(client: KazooClient, path: str) -> set[ACL]:
