@@ -20,6 +20,7 @@ from broker.errors import InvalidTopic
 from broker.log.config import MAX_SETTING, LogConfig, bound_problem
 from broker.log.files import DEFAULT_MAX_OPEN_FILES
 from broker.logs import FORMATS
+from broker.security import check_principal_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,6 +398,11 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> BrokerConfig
             f"security_mode must be one of {', '.join(SECURITY_MODES)}, "
             f"not {config.security_mode!r}"
         )
+    for name in config.security_super_users:
+        try:
+            check_principal_name(name)
+        except ValueError as error:
+            raise ValueError(f"security_super_users: {error}") from None
     if config.broker_workers_per_dir < 1:
         raise ValueError("broker_workers_per_dir must be at least 1")
     for name in (

@@ -184,12 +184,16 @@ class InvalidTopic(RequestError):
 
 class AuthorizationFailed(RequestError):
     """The connection's principal may not do `operation` on `resource` (a topic): no ACL
-    grants it (docs/security.md)."""
+    grants it (docs/security.md); or (`message`, the others empty) the connection's key is no
+    principal's any more."""
 
-    def __init__(self, principal: str, operation: str, resource: str) -> None:
+    def __init__(
+        self, principal: str, operation: str, resource: str, message: str | None = None
+    ) -> None:
         super().__init__(
-            f"principal {principal!r} may not {operation} topic {resource!r}: no ACL grants it "
-            f"(pylogctl acl add --principal {principal} --operation {operation} "
+            message
+            or f"principal {principal!r} may not {operation} topic {resource!r}: no ACL grants "
+            f"it (pylogctl acl add --principal {principal} --operation {operation} "
             f"--topic {resource})"
         )
         self.principal = principal

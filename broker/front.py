@@ -28,11 +28,17 @@ import zmq
 
 from broker import protocol
 from broker.config import BrokerConfig
-from broker.errors import BrokerShuttingDown, PartitionUnavailable, PylogError, UnsupportedApi
+from broker.errors import (
+    AuthorizationFailed,
+    BrokerShuttingDown,
+    PartitionUnavailable,
+    PylogError,
+    UnsupportedApi,
+)
 from broker.log.message import Buffer
 from broker.pool import Answers, WorkerHandle, WorkerPool
 from broker.processes import port_holder
-from broker.security import Authorizer, HandshakeFailures, Operation, ZapHandler
+from broker.security import Authorizer, HandshakeFailures, Operation, Principals, ZapHandler
 from broker.topics import Topics
 from broker.transport import CREDIT, STATE, reply_envelope, tagged_identity
 from broker.zmqio import NOBLOCK, receive_routed, send_frames
@@ -94,6 +100,9 @@ class Front:
         """Times the loop stopped reading requests (broker.metrics)."""
         self.authorizer: Authorizer | None = None
         """Set by `secure`: every request is then checked against the ACLs."""
+        self.principals: Principals | None = None
+        """Set by `secure`: whose key each request's connection holds, looked up per request
+        (a key removed stops its open connections at their next request)."""
         self.handshake_failures: HandshakeFailures | None = None
         self._handlers: dict[zmq.Socket[bytes], Callable[[], None]] = {}
         """The sockets of `secure` this loop polls besides clients' and workers', and what
@@ -107,6 +116,9 @@ class Front:
         self.socket.setsockopt(zmq.CURVE_SERVER, 1)
         self.socket.setsockopt(zmq.CURVE_SECRETKEY, secret_key)
         self.socket.setsockopt(zmq.ZAP_DOMAIN, b"pylog")
+        # Without a ZAP handler bound, libzmq would let every key in; with this it refuses.
+        self.socket.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+        self.principals = zap.principals
         self.handshake_failures = HandshakeFailures(self.socket)
         self.authorizer = authorizer
         self._handlers = {
@@ -203,7 +215,7 @@ class Front:
                 raise BrokerShuttingDown("the broker is shutting down")
             route = protocol.peek_route(request_frames)
             authorizer = self.authorizer
-            principal = "" if authorizer is None else _principal(frames)
+            principal = "" if self.principals is None else _principal(frames, self.principals)
             if route is not None:  # the hot path: forwarded as it came, nothing else read
                 if authorizer is not None:
                     api = protocol.peek_api(request_frames)
@@ -256,12 +268,20 @@ class Front:
         send_frames(self.socket, [*reply_envelope(tagged), *frames])
 
 
-def _principal(frames: list[zmq.Frame]) -> str:
-    """The principal a Curve connection was let in as (the User-Id the ZAP handler gave it)."""
+def _principal(frames: list[zmq.Frame], principals: Principals) -> str:
+    """The principal whose key the request's connection holds: ZeroMQ's User-Id of the
+    message, which the ZAP handler set to the client's key. AuthorizationFailed when that key
+    is no principal's any more (removed since the connection was let in)."""
     try:
-        return str(frames[0].get("User-Id"))
-    except zmq.ZMQError:
-        return ""  # not authenticated: no ACL names the empty principal
+        key = str(frames[0].get("User-Id"))
+    except zmq.ZMQError:  # not authenticated: cannot happen with ZAP_ENFORCE_DOMAIN
+        key = ""
+    principal = principals.principal(key)
+    if principal is None:
+        raise AuthorizationFailed(
+            "", "", "", f"the connection's key {key or '(none)'} is no principal's (removed?)"
+        )
+    return principal
 
 
 def _visible(
@@ -274,7 +294,7 @@ def _visible(
         if authorizer.allowed(principal, Operation.DESCRIBE, info.topic):
             topics.append(info)
         elif asked:
-            authorizer.denied += 1
+            authorizer.deny()
             code = protocol.ErrorCode.AUTHORIZATION_FAILED
             topics.append(protocol.TopicInfo(info.topic, code, ()))
     return dataclasses.replace(reply, topics=tuple(topics))

@@ -1102,7 +1102,7 @@ def peek_route(frames: Frames) -> Route | None:
 
 def peek_api(frames: Frames) -> int:
     """The api_key of a request that peek_route routed (its first frame is long enough)."""
-    api: int = _U16.unpack_from(frames[0])[0]
+    api: int = _API_AND_VERSION.unpack_from(frames[0])[0]
     return api
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -97,18 +98,39 @@ def _write_new(path: Path, text: str, mode: int) -> None:
     os.chmod(path, mode)  # the umask may have narrowed it
 
 
-def check_private(path: Path) -> None:
-    """KeyFileError unless `path` is a regular file that only its owner may read."""
+def _owned_file(path: Path) -> os.stat_result:
+    """The stat of `path`, a regular file owned by this process's user or root; KeyFileError
+    if not (a file another user owns could be changed by that user)."""
     try:
         info = path.stat()
     except OSError as error:
         raise KeyFileError(f"cannot read {path}: {error.strerror}") from None
     if not stat.S_ISREG(info.st_mode):
         raise KeyFileError(f"{path} is not a file")
+    if info.st_uid not in (os.getuid(), 0):
+        raise KeyFileError(f"{path} belongs to user id {info.st_uid}, not to this one or root")
+    return info
+
+
+def check_private(path: Path) -> None:
+    """KeyFileError unless `path` is a regular file, this user's or root's, that only its
+    owner may read."""
+    info = _owned_file(path)
     if info.st_mode & 0o077:
         raise KeyFileError(
             f"{path} may be read by others (mode {stat.S_IMODE(info.st_mode):04o}): "
             f"run chmod 600 {path}"
+        )
+
+
+def check_not_writable_by_others(path: Path) -> None:
+    """KeyFileError unless `path` is a regular file, this user's or root's, that no one else
+    may write (a principals file: who may write it may let any key in)."""
+    info = _owned_file(path)
+    if info.st_mode & 0o022:
+        raise KeyFileError(
+            f"{path} may be written by others (mode {stat.S_IMODE(info.st_mode):04o}): "
+            f"run chmod go-w {path}"
         )
 
 
@@ -217,6 +239,8 @@ class ZooKeeperAuth:
 ZAP_ENDPOINT: Final = "inproc://zeromq.zap.01"
 """Where ZeroMQ sends the authentication requests of every socket of a context (RFC 27)."""
 ZAP_VERSION: Final = b"1.0"
+DRAINED_AT_ONCE: Final = 256
+"""ZAP requests, or monitor events, read in one turn of the front's loop at most."""
 PRINCIPALS_FILE_CHECK_S: Final = 1.0
 """How often the principals file is looked at for a change (its mtime and size)."""
 
@@ -232,12 +256,14 @@ def check_principal_name(name: str) -> None:
         ) from None
 
 
-def read_principals_file(path: Path) -> dict[bytes, str]:
-    """public key (Z85) -> principal from a principals file: one `NAME KEY` a line, where KEY
+def read_principals_file(path: Path) -> dict[str, str]:
+    """public key (Z85 text) -> principal from a principals file, which no one but its owner
+    (this user, or root) may write: one `NAME KEY` a line, where KEY
     is the 40 Z85 characters of a client's public key (a name on two lines has two keys);
-    blank lines and lines starting with `#` are passed over. ValueError naming the line for
+    blank lines and lines starting with `#` are passed over. KeyFileError naming the line for
     anything else, and for a key given twice."""
-    principals: dict[bytes, str] = {}
+    check_not_writable_by_others(path)
+    principals: dict[str, str] = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         text = line.strip()
         if not text or text.startswith("#"):  # not after a key: Z85 has "#" in its alphabet
@@ -245,35 +271,41 @@ def read_principals_file(path: Path) -> dict[bytes, str]:
         parts = text.split()
         where = f"{path}:{number}"
         if len(parts) != 2:
-            raise ValueError(f"{where}: write NAME KEY (the client's 40-character public key)")
-        name, key = parts[0], parts[1].encode()
-        check_principal_name(name)
-        check_key(key, f"{where} key of {name}")
+            raise KeyFileError(f"{where}: write NAME KEY (the client's 40-character public key)")
+        name, key = parts
+        try:
+            check_principal_name(name)
+        except ValueError as error:
+            raise KeyFileError(f"{where}: {error}") from None
+        check_key(key.encode(), f"{where} key of {name}")
         if key in principals:
-            raise ValueError(f"{where}: the key is given twice")
+            raise KeyFileError(f"{where}: the key is given twice")
         principals[key] = name
     return principals
 
 
 class Principals:
     """Which client key is which principal: the principals in ZooKeeper (`from_registry`,
-    called by its watch) and those of a principals file (looked at every
-    PRINCIPALS_FILE_CHECK_S by `check_file`, from the loop). A key in both is ZooKeeper's.
-    Lookups read one dict, replaced whole on a change (safe from any thread)."""
+    called by its watch, on a thread of kazoo's) and those of a principals file (looked at
+    every PRINCIPALS_FILE_CHECK_S by `check_file`, from the loop). A key in both is
+    ZooKeeper's. Keys are Z85 text, as ZeroMQ's User-Id gives them. A lookup reads one dict,
+    replaced whole on a change; changes are made under a lock (they come from two threads)."""
 
     def __init__(self, file: Path | None) -> None:
         self.file = file
+        self._lock = threading.Lock()
+        self._file_log = RateLimitedLog(log, 60.0)
         self._file_stamp: tuple[float, int] | None = None
-        self._from_file: dict[bytes, str] = {}
-        self._from_registry: dict[bytes, str] = {}
-        self._by_key: dict[bytes, str] = {}
+        self._from_file: dict[str, str] = {}
+        self._from_registry: dict[str, str] = {}
+        self._by_key: dict[str, str] = {}
         if file is not None:
             self._from_file = read_principals_file(file)  # at start a bad file stops pylogd
             self._file_stamp = _stamp(file)
         self._rebuild()
 
-    def principal(self, key: bytes) -> str | None:
-        """The principal of a client's public key (Z85), None for an unknown key."""
+    def principal(self, key: str) -> str | None:
+        """The principal of a client's public key (Z85 text), None for a key not let in."""
         return self._by_key.get(key)
 
     def __len__(self) -> int:
@@ -281,8 +313,20 @@ class Principals:
         return len(self._by_key)
 
     def from_registry(self, principals: Mapping[str, Iterable[bytes]]) -> None:
-        self._from_registry = {key: name for name, keys in principals.items() for key in keys}
-        self._rebuild()
+        by_key: dict[str, str] = {}
+        for name, keys in principals.items():
+            for key in keys:
+                text = key.decode()
+                if by_key.setdefault(text, name) != name:  # a hand edit in ZooKeeper
+                    log.warning(
+                        "a key is both %r's and %r's in ZooKeeper: %r it is",
+                        by_key[text],
+                        name,
+                        by_key[text],
+                    )
+        with self._lock:
+            self._from_registry = by_key
+            self._rebuild()
 
     def check_file(self) -> None:
         """Read the principals file again if it changed; a file that cannot be read now keeps
@@ -291,15 +335,21 @@ class Principals:
             return
         try:
             stamp = _stamp(self.file)
-            if stamp == self._file_stamp:
-                return
-            self._file_stamp = stamp
-            self._from_file = read_principals_file(self.file)
+        except OSError as error:
+            self._file_log.log(logging.ERROR, "stat", f"principals file: {error}; kept as read")
+            return
+        if stamp == self._file_stamp:  # only this thread (the loop) reads and sets it
+            return
+        self._file_stamp = stamp
+        try:
+            from_file = read_principals_file(self.file)
         except (OSError, ValueError) as error:
             log.error("principals file not read again, its principals so far are kept: %s", error)
             return
-        log.info("principals file %s read again: %d keys", self.file, len(self._from_file))
-        self._rebuild()
+        with self._lock:
+            self._from_file = from_file
+            self._rebuild()
+        log.info("principals file %s read again: %d keys", self.file, len(from_file))
 
     def _rebuild(self) -> None:
         for key, name in self._from_registry.items():
@@ -332,8 +382,9 @@ class ZapHandler:
         self._refusals = RateLimitedLog(log, 10.0)
 
     def handle(self) -> None:
-        """Answer every ZAP request waiting (there is at least one when the poller says so)."""
-        while True:
+        """Answer the ZAP requests waiting, at most DRAINED_AT_ONCE (a flood of handshakes must
+        not hold up the loop's other sockets: the rest wait for the next turn)."""
+        for _ in range(DRAINED_AT_ONCE):
             try:
                 request = self.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -346,11 +397,13 @@ class ZapHandler:
             return [ZAP_VERSION, request_id, b"500", b"malformed ZAP request", b"", b""]
         _, request_id, _, address, _, mechanism, *credentials = request
         if mechanism == b"CURVE" and len(credentials) == 1 and len(credentials[0]) == 32:
-            principal = self.principals.principal(z85.encode(credentials[0]))
-            if principal is not None:
+            key = z85.encode(credentials[0])
+            if self.principals.principal(key.decode()) is not None:
                 self.accepted += 1
-                return [ZAP_VERSION, request_id, b"200", b"OK", principal.encode(), b""]
-            reason = f"unknown client key {z85.encode(credentials[0]).decode()}"
+                # The User-Id is the key, not the principal: each request looks the key up
+                # anew, so a key removed stops its open connections too (broker.front).
+                return [ZAP_VERSION, request_id, b"200", b"OK", key, b""]
+            reason = f"unknown client key {key.decode()}"
         else:
             reason = f"mechanism {mechanism.decode(errors='replace')}, not CURVE"
         self.refused += 1
@@ -384,13 +437,14 @@ class HandshakeFailures:
 
     def __init__(self, socket: zmq.Socket[bytes]) -> None:
         self.socket: zmq.Socket[bytes] = socket.get_monitor_socket(self.EVENTS)
-        self.failed: dict[str, int] = {}
-        """Failed handshakes by reason (REASONS' values, or "other")."""
+        self.failed = dict.fromkeys([*self.REASONS.values(), "other"], 0)
+        """Failed handshakes by reason (REASONS' values, or "other"): every key there from the
+        start, so that the metrics thread never sees the dict grow."""
         self._log = RateLimitedLog(log, 10.0)
 
     def handle(self) -> None:
         """Count every event waiting."""
-        while True:
+        for _ in range(DRAINED_AT_ONCE):
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -476,9 +530,8 @@ class Acl:
         return topic == self.resource
 
     def grants(self, operation: Operation) -> bool:
-        return operation in self.operations or (
-            operation is Operation.DESCRIBE and bool(self.operations)
-        )
+        """Whether the ACL grants `operation` (DESCRIBE comes with any operation)."""
+        return operation is Operation.DESCRIBE or operation in self.operations
 
 
 CACHED_DECISIONS: Final = 100_000
@@ -532,3 +585,7 @@ class Authorizer:
         if not self.allowed(principal, operation, topic):
             self.denied += 1
             raise AuthorizationFailed(principal, operation.value, topic)
+
+    def deny(self) -> None:
+        """Count a denial answered without an exception (a topic of a METADATA reply)."""
+        self.denied += 1

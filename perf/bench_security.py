@@ -343,7 +343,8 @@ def check_cost(keys: Keys, count: int) -> Result:
     assert route is not None
     authorizer = Authorizer([ADMIN])
     authorizer.update([Acl(PRINCIPAL, RESOURCE, frozenset({Operation.PRODUCE}))])
-    principal = _principal(frames)
+    principals = Principals(keys.principals_file)
+    principal = _principal(frames, principals)
     api = protocol.peek_api(request_frames)
     authorizer.check(principal, OPERATIONS[api], route.topic)  # warms the cache
     peek_api, check = protocol.peek_api, authorizer.check
@@ -354,7 +355,7 @@ def check_cost(keys: Keys, count: int) -> Result:
 
     def user_id(times: range) -> None:
         for _ in times:
-            _principal(frames)
+            _principal(frames, principals)
 
     def api_peek(times: range) -> None:
         for _ in times:
@@ -367,7 +368,7 @@ def check_cost(keys: Keys, count: int) -> Result:
 
     def whole(times: range) -> None:  # as the front does it
         for _ in times:
-            check(_principal(frames), OPERATIONS[peek_api(request_frames)], route.topic)
+            check(_principal(frames, principals), OPERATIONS[peek_api(request_frames)], route.topic)
 
     loop_ns = _ns_per_call(empty, count)
     figures = {

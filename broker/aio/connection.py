@@ -115,7 +115,9 @@ class AsyncConnection(Framing):
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
         """Once the socket's Curve handshake fails, drop the socket and fail every request
-        waiting with AuthenticationFailed (none of them reached the broker)."""
+        waiting with AuthenticationFailed. A request sent since the last handshake did not
+        reach the broker; one sent on an earlier connection that broke (and reconnected into
+        the refusal) may have, as for any request whose reply was lost."""
         handshakes = Handshakes(self.endpoint)
         while handshakes.failure is None:
             handshakes.take(await monitor.recv_multipart())

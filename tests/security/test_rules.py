@@ -72,7 +72,7 @@ def test_a_principals_file_takes_keys_with_hashes_and_refuses_what_it_cannot_rea
     key = next(k for k, _ in (zmq.curve_keypair() for _ in range(1000)) if b"#" in k)
     path = tmp_path / "principals"
     path.write_text(f"# the web tier\nweb {key.decode()}\n\nweb {KEY_B.decode()}\n")
-    assert read_principals_file(path) == {key: "web", KEY_B: "web"}
+    assert read_principals_file(path) == {key.decode(): "web", KEY_B.decode(): "web"}
     for text, problem in (
         ("web\n", "write NAME KEY"),
         (f"web {KEY_A.decode()}\napp {KEY_A.decode()}\n", "given twice"),
@@ -95,7 +95,8 @@ def test_the_zap_handler_lets_in_known_curve_keys_only() -> None:
             return handler._answer(list(frames))
 
         request = [b"1.0", b"7", b"pylog", b"10.0.0.1", b""]
-        assert answer(*request, b"CURVE", z85.decode(KEY_A))[2:5] == [b"200", b"OK", b"web"]
+        # the User-Id is the key: each request looks it up (a key removed stops its requests)
+        assert answer(*request, b"CURVE", z85.decode(KEY_A))[2:5] == [b"200", b"OK", KEY_A]
         refused = answer(*request, b"CURVE", z85.decode(KEY_B))
         assert refused[2] == b"400" and b"unknown client key" in refused[3]
         assert answer(*request, b"NULL")[2] == b"400"

@@ -208,17 +208,33 @@ def test_a_super_user_may_do_anything_without_acls(secured: CurveBroker, topic: 
         assert not isinstance(secured.call("admin", request), Exception), name
 
 
-def test_a_removed_principal_is_refused_at_its_next_connection(secured: CurveBroker) -> None:
+def test_a_removed_principal_is_refused_at_once_even_on_its_open_connection(
+    secured: CurveBroker, topic: str
+) -> None:
     generate_keys(secured.key_dir, "bob")
     secured.pylogctl("principal", "add", "bob", str(secured.key_dir / "bob.key"))
+    secured.pylogctl("acl", "add", "--principal", "bob", "--topic", topic, "--operation", "all")
+    describe = DescribePartitionRequest(topic, 0)
     wait_until(
-        lambda: isinstance(
-            secured.call("bob", DescribeClusterRequest()), protocol.DescribeClusterReply
-        ),
+        lambda: isinstance(secured.call("bob", describe), protocol.DescribePartitionReply),
         timeout=5,
     )
-    secured.pylogctl("principal", "remove", "bob")
-    wait_until(lambda: secured.call("bob", DescribeClusterRequest()) is None, timeout=5)
+    connection = Connection(secured.broker.endpoint, timeout_s=5, keys=secured.keys("bob"))
+    with connection:
+        assert isinstance(connection.call(describe), protocol.DescribePartitionReply)
+        secured.pylogctl("principal", "remove", "bob")  # its ACLs stay
+
+        def refused() -> bool:
+            try:
+                connection.call(describe)
+            except BrokerError as error:
+                assert error.name == "AUTHORIZATION_FAILED"
+                assert "is no principal's (removed?)" in error.message
+                return True
+            return False
+
+        wait_until(refused, timeout=1.0, what="the open connection refused within a second")
+    assert secured.call("bob", DescribeClusterRequest()) is None  # and no new connection
 
 
 # -- starting a broker: what it refuses, and what it says --------------------------------
@@ -265,6 +281,39 @@ def test_a_secret_key_others_may_read_is_refused(tmp_path: Path) -> None:
         "0",
     )
     assert "chmod 600" in error
+
+
+@pytest.mark.parametrize(
+    ("text", "mode", "problem"),
+    [
+        ("alice {key}\n", 0o666, "may be written by others"),
+        ("alice\n", 0o644, "write NAME KEY"),
+        ("al/ice {key}\n", 0o644, "principal name"),
+    ],
+)
+def test_a_principals_file_others_may_write_or_that_does_not_read_is_refused(
+    tmp_path: Path, text: str, mode: int, problem: str
+) -> None:
+    _, secret = generate_keys(tmp_path / "keys", "broker")
+    key = load_public_key(generate_keys(tmp_path / "keys", "alice")[0]).decode()
+    principals = tmp_path / "principals"
+    principals.write_text(text.format(key=key))
+    principals.chmod(mode)
+    flags = ("--security-mode", "curve", "--security-key-file", str(secret))
+    error = start_failure(
+        tmp_path, *flags, "--security-principals-file", str(principals), "--broker-port", "0"
+    )
+    assert problem in error and "Traceback" not in error, error
+
+
+def test_a_super_user_that_cannot_be_a_principal_is_a_usage_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("pylogd")), "--security-super-users", "a b"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "security_super_users" in result.stderr, result
 
 
 def test_the_log_says_which_mode_a_broker_serves(
