@@ -104,9 +104,9 @@ class Front:
         """Set by `secure`: whose key each request's connection holds, looked up per request
         (a key removed stops its open connections at their next request)."""
         self.handshake_failures: HandshakeFailures | None = None
-        self._handlers: dict[zmq.Socket[bytes], Callable[[], None]] = {}
-        """The sockets of `secure` this loop polls besides clients' and workers', and what
-        reads them."""
+        self._handlers: dict[zmq.Socket[bytes], Callable[[list[bytes]], None]] = {}
+        """The sockets of `secure` this loop reads besides clients' and workers', and what
+        takes each message of theirs."""
 
     def secure(self, secret_key: bytes, zap: ZapHandler, authorizer: Authorizer) -> None:
         """Make the front socket a CurveZMQ server with the broker's `secret_key` (before
@@ -122,8 +122,8 @@ class Front:
         self.handshake_failures = HandshakeFailures(self.socket)
         self.authorizer = authorizer
         self._handlers = {
-            zap.socket: zap.handle,
-            self.handshake_failures.socket: self.handshake_failures.handle,
+            zap.socket: zap.take,
+            self.handshake_failures.socket: self.handshake_failures.take,
         }
         for socket in self._handlers:
             self.poller.register(socket, zmq.POLLIN)
@@ -153,9 +153,14 @@ class Front:
         the pool do their housekeeping, then send the replies they owe."""
         self._pace()
         for sock, _ in self.poller.poll(TICK_MS):
-            handler = self._handlers.get(sock)
-            if handler is not None:
-                handler()
+            take = self._handlers.get(sock)
+            if take is not None:  # bounded too: a flood of handshakes holds up nothing
+                for _ in range(DRAINED_AT_ONCE):
+                    try:
+                        message = sock.recv_multipart(NOBLOCK)
+                    except zmq.Again:
+                        break
+                    take(message)
                 continue
             worker = self.pool.by_socket(sock)
             for _ in range(DRAINED_AT_ONCE):

@@ -239,8 +239,6 @@ class ZooKeeperAuth:
 ZAP_ENDPOINT: Final = "inproc://zeromq.zap.01"
 """Where ZeroMQ sends the authentication requests of every socket of a context (RFC 27)."""
 ZAP_VERSION: Final = b"1.0"
-DRAINED_AT_ONCE: Final = 256
-"""ZAP requests, or monitor events, read in one turn of the front's loop at most."""
 PRINCIPALS_FILE_CHECK_S: Final = 1.0
 """How often the principals file is looked at for a change (its mtime and size)."""
 
@@ -365,8 +363,8 @@ def _stamp(path: Path) -> tuple[float, int]:
 
 
 class ZapHandler:
-    """The broker's ZAP handler: a REP socket on ZAP_ENDPOINT of the front's context, polled by
-    the front's loop (`handle` when it is readable). A CURVE handshake whose client key names
+    """The broker's ZAP handler: a REP socket on ZAP_ENDPOINT of the front's context, read by
+    the front's loop (`take` for each request). A CURVE handshake whose client key names
     a principal is accepted (status 200) with the principal as User-Id; any other is refused
     (400), and ZeroMQ closes that connection before a request of it is read."""
 
@@ -381,15 +379,9 @@ class ZapHandler:
         """Handshakes refused: an unknown key, or not CURVE (broker.metrics)."""
         self._refusals = RateLimitedLog(log, 10.0)
 
-    def handle(self) -> None:
-        """Answer the ZAP requests waiting, at most DRAINED_AT_ONCE (a flood of handshakes must
-        not hold up the loop's other sockets: the rest wait for the next turn)."""
-        for _ in range(DRAINED_AT_ONCE):
-            try:
-                request = self.socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self.socket.send_multipart(self._answer(request))
+    def take(self, request: list[bytes]) -> None:
+        """Answer one ZAP request read from `socket`."""
+        self.socket.send_multipart(self._answer(request))
 
     def _answer(self, request: list[bytes]) -> list[bytes]:
         if len(request) < 6 or request[0] != ZAP_VERSION:
@@ -442,22 +434,17 @@ class HandshakeFailures:
         start, so that the metrics thread never sees the dict grow."""
         self._log = RateLimitedLog(log, 10.0)
 
-    def handle(self) -> None:
-        """Count every event waiting."""
-        for _ in range(DRAINED_AT_ONCE):
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            event = parse_monitor_message(frames)
-            value = int(event["value"])
-            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:  # value: an errno
-                reason, text = "other", f"the connection broke ({os.strerror(value)})"
-            else:  # value: a ZeroMQ protocol error
-                reason = self.REASONS.get(value, "other")
-                text = self.TEXTS.get(reason, f"ZeroMQ protocol error {value:#x}")
-            self.failed[reason] = self.failed.get(reason, 0) + 1
-            self._log.log(logging.WARNING, reason, f"a Curve handshake failed: {text}")
+    def take(self, frames: list[bytes]) -> None:
+        """Count one event read from `socket`."""
+        event = parse_monitor_message(frames)
+        value = int(event["value"])
+        if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:  # value: an errno
+            reason, text = "other", f"the connection broke ({os.strerror(value)})"
+        else:  # value: a ZeroMQ protocol error
+            reason = self.REASONS.get(value, "other")
+            text = self.TEXTS.get(reason, f"ZeroMQ protocol error {value:#x}")
+        self.failed[reason] += 1
+        self._log.log(logging.WARNING, reason, f"a Curve handshake failed: {text}")
 
 
 # -- ACLs --------------------------------------------------------------------------------------

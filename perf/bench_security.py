@@ -309,7 +309,7 @@ def received_request(keys: Keys, topic: str) -> tuple[list[zmq.Frame], list[memo
         while time.monotonic() < deadline:
             ready = dict(poller.poll(100))
             if zap.socket in ready:
-                zap.handle()
+                zap.take(zap.socket.recv_multipart())
             if router in ready:
                 identity, frames = receive_routed(router)
                 return frames, tagged_identity(identity, frames)[1]
