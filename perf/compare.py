@@ -2,14 +2,15 @@
 before and after of a change, measured in one run.
 
     .venv/bin/python perf/compare.py REV [REV ...] [--repeat 3] [--messages 200000]
-        [--batch 1] [--ack none|written|flushed] [--consume]
+        [--batch 1] [--ack none|written|flushed] [--max-in-flight 5] [--consume]
 
 Each REV (a commit, a branch, HEAD~2; "." is the working tree as it is now) is exported with
 `git archive` into a temporary directory. Then, `--repeat` times, each revision in turn runs
 perf/pylog_runs.py's `produce` (or, with `--consume`, `consume` after a batch-50 load) in a
 process of its own whose broker, client and pylogd come from that revision's tree (the venv's
 packages are shared). Prints one JSON line per run and one line of medians per revision.
-Revisions older than perf/pylog_runs.py cannot be measured. Run it alone: on 2 cores anything
+Revisions older than perf/pylog_runs.py cannot be measured, nor, with --max-in-flight, those
+older than its `max_in_flight` parameter. Run it alone: on 2 cores anything
 beside it skews the figures.
 """
 
@@ -78,7 +79,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
             result = consume(pylogd, topic, args.messages)
         else:
             ack = Ack[args.ack.upper()]
-            result = produce(pylogd, topic, args.messages, args.batch, ack)
+            extra = {"max_in_flight": args.max_in_flight} if args.max_in_flight else {}
+            result = produce(pylogd, topic, args.messages, args.batch, ack, **extra)
     result["msgs_per_s"] = round(result["messages"] / result["seconds"])
     result["code"] = str(Path(broker.__file__).parent.parent)
     return result
@@ -91,6 +93,9 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--ack", choices=["none", "written", "flushed"], default="none")
+    parser.add_argument(
+        "--max-in-flight", type=int, default=0, help="batches awaiting acks (default: the run's)"
+    )
     parser.add_argument("--consume", action="store_true")
     parser.add_argument("--run", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -100,6 +105,7 @@ def main() -> None:
     if not args.revisions:
         parser.error("name at least one revision")
     flags = [f"--messages={args.messages}", f"--batch={args.batch}", f"--ack={args.ack}"]
+    flags += [f"--max-in-flight={args.max_in_flight}"] if args.max_in_flight else []
     flags += ["--consume"] if args.consume else []
     rates: dict[str, list[int]] = {revision: [] for revision in args.revisions}
     with tempfile.TemporaryDirectory() as work:
@@ -110,6 +116,7 @@ def main() -> None:
                 rates[revision].append(result["msgs_per_s"])
                 print(json.dumps({"revision": revision, **result}), flush=True)
     what = "consume" if args.consume else f"produce batch {args.batch} ack {args.ack}"
+    what += f", {args.max_in_flight} in flight" if args.max_in_flight else ""
     for revision, values in rates.items():
         median = round(statistics.median(values))
         print(f"{revision}: median {median:,} msg/s over {len(values)} runs ({what})")

@@ -4,7 +4,8 @@ latency runs against it through the Python client (broker.client), as a user wou
 - `produce`: one Producer sends N messages of 200 bytes, built in the timed loop (encode_message:
   header and XXH3 checksum), in batches of `batch` messages. With ack NONE (the paper's
   producer, which never waits) the run ends when the broker holds all N: its high watermark,
-  asked with OFFSETS, reaches the bytes sent. With ack FLUSHED, when the last batch is acked.
+  asked with OFFSETS, reaches the bytes sent. With ack FLUSHED, when the last batch is acked;
+  up to `max_in_flight` batches wait for their acks at once (the Producer's default is 5).
 - `consume`: one PartitionConsumer reads N stored messages with fetches of `fetch_bytes` (about
   1,000 messages), decoding every message and verifying its checksum (iter_messages).
 - `latency`: a producer thread sends at a fixed rate, each message carrying its send time; the
@@ -100,13 +101,20 @@ def produce(
     ack: Ack,
     limit_s: float = 600,
     keys: ClientKeys | None = None,
+    max_in_flight: int = 5,
 ) -> dict[str, Any]:
     """Send `messages` 200-byte messages in batches of `batch`; see the module docstring."""
     pids = broker.pids()
     expected_bytes = messages * MESSAGE_BYTES
     with (
         Producer(
-            broker.endpoint, topic, ack=ack, batch_messages=batch, linger_ms=60_000, keys=keys
+            broker.endpoint,
+            topic,
+            ack=ack,
+            batch_messages=batch,
+            linger_ms=60_000,
+            max_in_flight=max_in_flight,
+            keys=keys,
         ) as producer,
         Connection(broker.endpoint, keys=keys) as watcher,
     ):
