@@ -3,8 +3,9 @@
 pyzmq has no trio support, and its `zmq.FD` is edge-triggered: it signals that the socket's
 state changed, not that a message is waiting, and any send, receive or EVENTS read can consume
 that signal. So `TrioSocket` always tries the non-blocking call first, reads EVENTS (which
-re-arms the edge) before it waits, and any send wakes a waiting receiver so that it looks
-again. trio allows one reader per fd: one task receives, any task may send.
+re-arms the edge) before it waits, and a send made while a receiver waits reads EVENTS too, and
+wakes the receiver only if a message is waiting: the edge the send took is then re-armed, or
+the receiver looks. trio allows one reader per fd: one task receives, any task may send.
 
 Supervisor <-> worker messages travel over an ipc DEALER pair; the first byte of the first
 frame says what the message is:
@@ -37,7 +38,7 @@ at the latest), so what waits for a worker is bounded in bytes, not in messages.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 import trio
@@ -77,9 +78,10 @@ class TrioSocket(Generic[Message]):
         self._receiver_wait: trio.CancelScope | None = None
         self._received_since_checkpoint = 0
 
-    async def receive(self, on_idle: Callable[[], object] | None = None) -> Message:
-        """The next multipart message. `on_idle` is called each time the socket has nothing
-        left to read, before waiting (the worker's group commit)."""
+    async def receive(self, on_idle: Callable[[], Awaitable[object]] | None = None) -> Message:
+        """The next multipart message. `on_idle` is awaited when the socket has nothing left
+        to read, before waiting (the worker's group commit, which sends acks)."""
+        idle_done = False
         while True:
             try:
                 frames = self._receive_message(self.socket, NOBLOCK)
@@ -95,14 +97,17 @@ class TrioSocket(Generic[Message]):
             self._received_since_checkpoint = 0
             if self._events() & zmq.POLLIN:
                 continue
-            if on_idle is not None:
-                on_idle()
+            if on_idle is not None and not idle_done:
+                idle_done = True
+                await on_idle()
+                continue  # what it sent may have taken the edge: look again before waiting
             with trio.CancelScope() as scope:
                 self._receiver_wait = scope
                 try:
                     await trio.lowlevel.wait_readable(self._fd)
                 finally:
                     self._receiver_wait = None
+            idle_done = False
 
     def _events(self) -> int:
         """Reading EVENTS also re-arms the edge-triggered FD."""
@@ -110,15 +115,21 @@ class TrioSocket(Generic[Message]):
 
     async def send(self, frames: Sequence[Buffer | zmq.Frame]) -> None:
         """Send a multipart message; waits only while the peer's queue is full."""
-        while True:
-            try:
-                send_frames(self.socket, frames, NOBLOCK)
-                break
-            except zmq.Again:
-                if not self._events() & zmq.POLLOUT:
-                    await trio.lowlevel.wait_writable(self._fd)
-        # The send may have consumed the edge a waiting receive() depends on: make it look.
-        if self._receiver_wait is not None:
+        await self.send_all((frames,))
+
+    async def send_all(self, messages: Iterable[Sequence[Buffer | zmq.Frame]]) -> None:
+        """Send multipart messages in order; waits only while the peer's queue is full."""
+        for frames in messages:
+            while True:
+                try:
+                    send_frames(self.socket, frames, NOBLOCK)
+                    break
+                except zmq.Again:
+                    if not self._events() & zmq.POLLOUT:
+                        await trio.lowlevel.wait_writable(self._fd)
+        # The sends may have consumed the edge a waiting receive() depends on. Reading EVENTS
+        # re-arms it; a message already waiting is the receiver's to take at once.
+        if self._receiver_wait is not None and self._events() & zmq.POLLIN:
             self._receiver_wait.cancel()
         await trio.lowlevel.checkpoint()
 

@@ -47,9 +47,9 @@ def idle_worker(worker_end: zmq.Socket[bytes]) -> Worker:
     return Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
 
 
-def produce_frames(ack: Ack) -> list[bytes]:
+def produce_frames(ack: Ack, correlation_id: int = 7) -> list[bytes]:
     data = encode_message(b"pending", timestamp_ms=0)
-    header = protocol.RequestHeader(Api.PRODUCE, 1, 7, "tests")
+    header = protocol.RequestHeader(Api.PRODUCE, 1, correlation_id, "tests")
     request = protocol.ProduceRequest("audit", 0, ack, data)
     return [bytes(f) for f in protocol.encode_request(header, request)]
 
@@ -163,5 +163,57 @@ async def test_a_flush_that_fails_without_failing_its_log_is_retried_with_a_paus
             nursery.cancel_scope.cancel()
         assert 1 <= attempts <= 10
         assert worker.partitions[("audit", 0)].offline is None  # the log did not fail
+    finally:
+        worker.close()
+
+
+class TaskSpawns(trio.abc.Instrument):
+    """How many tasks are spawned while installed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.count += 1
+
+
+async def test_a_burst_of_acks_is_answered_by_one_flush_without_a_task_each(
+    tmp_path: Path, sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
+) -> None:
+    # A producer with 100 batches in flight at ack=flushed: the group commit after the burst
+    # flushes once and acks all 100, in order. A trio task per waiting ack (spawned, woken,
+    # each sending its reply) was a third of the worker's CPU at 100 in flight.
+    supervisor, worker_end = sockets
+    worker = idle_worker(worker_end)
+    burst = 100
+    frames: list[bytes] = [requests_frame(burst)]
+    for i in range(burst):
+        frames += [CLIENT, *produce_frames(Ack.FLUSHED, correlation_id=i)]
+    spawns = TaskSpawns()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.serve)
+            worker._open("audit", 0, tmp_path, worker.config.log_config())
+            trio.lowlevel.add_instrument(spawns)
+            supervisor.send_multipart(frames)
+            replies: list[list[bytes]] = []
+            with trio.fail_after(10):
+                while len(replies) < burst:
+                    if supervisor.poll(0):
+                        message = supervisor.recv_multipart()
+                        if message[0] != STATE:  # the worker's hello
+                            replies.append(message)
+                    else:
+                        await trio.sleep(0.01)
+            trio.lowlevel.remove_instrument(spawns)
+            nursery.cancel_scope.cancel()
+        plog = worker.partitions[("audit", 0)].log
+        assert plog.statistics().pending_messages == 0  # flushed by the group commit
+        acked = [protocol.decode_reply(Api.PRODUCE, reply[1:]) for reply in replies]
+        assert [reply.base_offset for reply in acked] == sorted(r.base_offset for r in acked)
+        assert [protocol.decode_reply_header(reply[1:]).correlation_id for reply in replies] == (
+            list(range(burst))
+        )
+        assert spawns.count == 0
     finally:
         worker.close()
