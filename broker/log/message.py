@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import struct
 import time
+from array import array
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -124,6 +125,25 @@ def scan(
     `index_interval` bytes later; `greatest` gets the greatest timestamp of each run between
     marks. Used both to validate a producer's set and to recover a segment.
     """
+    walked = scan_walk(buf, max_message_bytes, index_interval, next_mark)
+    return scan_result(buf, max_message_bytes, walked)
+
+
+Walked = tuple[int, int, list[int], list[int]]
+"""What the walk of `scan` found: valid_bytes, message_count, marks, greatest."""
+
+
+def scan_result(buf: Buffer, max_message_bytes: int, walked: Walked) -> ScanResult:
+    """The ScanResult of a walk of `buf` (`scan_walk`, or broker.log._codec's), with the reason
+    it stopped before the end, if it did."""
+    pos, count, marks, greatest = walked
+    error = None if pos == len(buf) else _diagnose(buf, pos, max_message_bytes)
+    return ScanResult(pos, count, marks, error, greatest)
+
+
+def scan_walk(buf: Buffer, max_message_bytes: int, index_interval: int, next_mark: int) -> Walked:
+    """The walk of `scan` (its arguments), without the reason it stopped: the reference of
+    broker.log._codec.scan_walk."""
     end = len(buf)
     max_length = max_message_bytes - LENGTH_SIZE
     unpack = _SCAN_HEADER.unpack_from
@@ -160,8 +180,7 @@ def scan(
     except struct.error:
         pass  # fewer than HEADER_SIZE bytes left: a cut-short message, diagnosed below
     greatest.append(top)
-    error = None if pos == end else _diagnose(buf, pos, max_message_bytes)
-    return ScanResult(pos, count, marks, error, greatest)
+    return pos, count, marks, greatest
 
 
 def validate_message_set(
@@ -169,9 +188,16 @@ def validate_message_set(
 ) -> ScanResult:
     """Check a producer's message set; raise InvalidMessage naming the first bad message, or
     MessageTooLarge when what is wrong with it is its size over `max_message_bytes`."""
+    return validated(
+        buf, max_message_bytes, scan(buf, max_message_bytes, index_interval, next_mark)
+    )
+
+
+def validated(buf: Buffer, max_message_bytes: int, result: ScanResult) -> ScanResult:
+    """`result`, a scan of a producer's set `buf`, if the set is valid; else what
+    validate_message_set raises."""
     if len(buf) == 0:
         raise InvalidMessage(0, "the message set is empty")
-    result = scan(buf, max_message_bytes, index_interval, next_mark)
     if result.error is not None:
         position = result.valid_bytes
         if len(buf) - position >= LENGTH_SIZE:
@@ -285,6 +311,113 @@ def iter_messages(buf: Buffer, base_offset: int = 0) -> Iterator[Message]:
             ),
         )
         pos = following
+
+
+def decode_set(buf: Buffer, base_offset: int) -> tuple[list[Message], int | None]:
+    """The messages of a set whose first byte is at `base_offset` (as iter_messages decodes
+    them) up to the first that fails its checks, and that one's position in `buf` (None when
+    all pass): the reference of broker.log._codec.decode_set. `decode_failure` says why."""
+    messages: list[Message] = []
+    try:
+        messages.extend(iter_messages(buf, base_offset))
+    except InvalidMessage as error:
+        return messages, error.position
+    return messages, None
+
+
+def decode_failure(buf: Buffer, pos: int) -> InvalidMessage:
+    """What iter_messages raises at the message at `pos` of `buf`, which fails its checks."""
+    left = len(buf) - pos
+    size = message_size_at(buf, pos) if left >= HEADER_SIZE else left
+    return InvalidMessage(pos, _diagnose(buf, pos, max(size, HEADER_SIZE)))
+
+
+class Columns(NamedTuple):
+    """The messages of a fetched set as Arrow buffers (native byte order), for a record batch
+    of the Spark source (pipeline.reader): `rows` rows, of which `key_nulls` have no key;
+    the keys as a nullable binary array (`key_validity` bitmap, `key_offsets` int32,
+    `key_data`), the values as a binary array without nulls, `offsets` and `timestamps_us`
+    int64. `bad` is the position in the set of the first message that failed its checks, or
+    None (`decode_failure` says why)."""
+
+    rows: int
+    key_nulls: int
+    key_validity: bytes
+    key_offsets: bytes
+    key_data: bytes
+    value_offsets: bytes
+    value_data: bytes
+    offsets: bytes
+    timestamps_us: bytes
+    bad: int | None
+
+
+MAX_COLUMNS_SET = 0x7FFF_FFFF
+"""The largest set decode_columns takes: Arrow's binary arrays have int32 offsets."""
+_MICROS_RANGE = range(-(1 << 63) // 1000 + 1, ((1 << 63) - 1) // 1000 + 1)
+"""Timestamps in ms whose microseconds fit in an int64."""
+
+
+def decode_columns(buf: Buffer, base_offset: int, end_offset: int) -> Columns:
+    """The messages of a set whose first byte is at `base_offset`, those at offsets below
+    `end_offset` up to the first that fails its checks, as the buffers of Arrow columns: the
+    reference of broker.log._codec.decode_columns. OverflowError for an offset, or a timestamp
+    in microseconds, that an int64 cannot hold."""
+    if len(buf) > MAX_COLUMNS_SET:
+        raise ValueError(
+            "decode_columns takes a set of at most 2 GiB - 1 bytes (Arrow's binary offsets are "
+            "32-bit)"
+        )
+    validity = bytearray()
+    key_offsets = array("i", [0])
+    key_data = bytearray()
+    value_offsets = array("i", [0])
+    value_data = bytearray()
+    offsets = array("q")
+    micros = array("q")
+    nulls = 0
+    bad = None
+    try:
+        for message in iter_messages(buf, base_offset):
+            if message.offset >= end_offset:
+                break
+            if not -(1 << 63) <= message.offset < 1 << 63:
+                raise OverflowError(
+                    f"the offset {message.offset} is out of the range of Arrow's int64"
+                )
+            if message.timestamp_ms not in _MICROS_RANGE:
+                raise OverflowError(
+                    f"the timestamp of the message at offset {message.offset}, "
+                    f"{message.timestamp_ms} ms, is out of the range of Arrow's timestamps in "
+                    "microseconds"
+                )
+            count = len(offsets)
+            if count % 8 == 0:
+                validity.append(0)
+            if message.key is None:
+                nulls += 1
+            else:
+                validity[count // 8] |= 1 << count % 8
+                key_data += message.key
+            key_offsets.append(len(key_data))
+            value_data += message.value
+            value_offsets.append(len(value_data))
+            offsets.append(message.offset)
+            micros.append(message.timestamp_ms * 1000)
+    except InvalidMessage as error:
+        bad = error.position
+    return Columns(
+        len(offsets),
+        nulls,
+        bytes(validity),
+        key_offsets.tobytes(),
+        bytes(key_data),
+        value_offsets.tobytes(),
+        bytes(value_data),
+        offsets.tobytes(),
+        micros.tobytes(),
+        bad,
+    )
 
 
 def valid_message_end(buf: Buffer, pos: int) -> int | None:

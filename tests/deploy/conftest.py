@@ -14,14 +14,15 @@ ROOT = Path(__file__).parents[2]
 @pytest.fixture
 def source(tmp_path: Path) -> Path:
     """A copy of the checkout's packaging inputs, so that a build's own files (build/,
-    *.egg-info) stay out of the checkout that others use."""
+    *.egg-info) stay out of the checkout that others use; without the C codec built in place
+    there, so that a build makes its own."""
     copy = tmp_path / "pylog"
     copy.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, copy / name)
     for package in ("broker", "cli", "pipeline"):
         shutil.copytree(
-            ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__")
+            ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__", "*.so")
         )
     return copy
 

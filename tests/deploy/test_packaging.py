@@ -1,4 +1,5 @@
-"""The package as pip builds it: a wheel that ships py.typed, built without setuptools warnings."""
+"""The package as pip builds it: a wheel that ships py.typed and the C codec, built without
+setuptools warnings but the notice that ext-modules is experimental."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+EXT_MODULES_NOTICE = "`[tool.setuptools.ext-modules]` in `pyproject.toml` is still *experimental*"
 
-def test_wheel_ships_py_typed_and_builds_without_warnings(source: Path, tmp_path: Path) -> None:
+
+def test_wheel_ships_py_typed_and_the_codec_and_builds_without_warnings(
+    source: Path, tmp_path: Path
+) -> None:
     wheels = tmp_path / "wheels"
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-w", str(wheels)],
@@ -17,9 +22,13 @@ def test_wheel_ships_py_typed_and_builds_without_warnings(source: Path, tmp_path
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Warning" not in result.stderr, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "Warning" in line]
+    # setuptools (84) still calls [tool.setuptools] ext-modules experimental (pypa/setuptools
+    # issue 5096): that notice, once for each time it reads the file, and nothing else.
+    assert all(EXT_MODULES_NOTICE in line for line in warnings), result.stderr
     (wheel,) = wheels.glob("pylog-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"broker/py.typed", "cli/py.typed"} <= names
+    assert {"broker/py.typed", "cli/py.typed", "broker/log/_codec.pyi"} <= names
+    assert any(name.startswith("broker/log/_codec.") and name.endswith(".so") for name in names)
     metadata = next(name for name in names if name.endswith(".dist-info/METADATA"))
     assert "License-Expression: Apache-2.0" in zipfile.ZipFile(wheel).read(metadata).decode()

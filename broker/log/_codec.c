@@ -1,0 +1,659 @@
+/* broker.log._codec: the hot loops of the message format (broker/log/message.py) in C.
+ *
+ * message.py is the reference and the fallback: every function here gives what its Python
+ * namesake there gives, exceptions included (tests/log/test_codec.py checks both on random and
+ * corrupt input); broker.log.codec picks one of the two.
+ *
+ * Why C on the raw CPython API, not Cython or mypyc: building needs gcc and the Python headers
+ * only (no compiler package from PyPI at install time, nothing that a fresh Debian machine
+ * lacks after apt-get), XXH3 is compiled inline from Debian's libxxhash-dev header (nothing to
+ * link, no call through Python per checksum), and the loops make their results the cheapest
+ * way CPython allows: Message tuples from the named tuple type's own tp_alloc, bytes objects
+ * made once at their final size, Arrow buffers filled in place. mypyc compiles typed Python
+ * but still calls xxhash and struct through Python objects a message; Cython could do all of
+ * this, at the price of a build dependency and generated code to review.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+/* The layout of message.py's docstring. */
+#define LENGTH_SIZE 4
+#define HEADER_SIZE 26
+#define MIN_LENGTH (HEADER_SIZE - LENGTH_SIZE)
+#define CHECKSUM_START 12
+#define MAGIC 1
+#define NO_TIMESTAMP INT64_MIN
+
+typedef struct {
+    PyTypeObject *message_type; /* broker.log.message.Message */
+    PyTypeObject *columns_type; /* broker.log.message.Columns */
+    PyObject *struct_error;     /* struct.error, what message.encode_message's packing raises */
+} codec_state;
+
+static inline codec_state *state_of(PyObject *module) {
+    return (codec_state *)PyModule_GetState(module);
+}
+
+static inline uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static inline uint64_t be64(const unsigned char *p) {
+    return ((uint64_t)be32(p) << 32) | be32(p + 4);
+}
+
+static inline void put32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static inline void put64(unsigned char *p, uint64_t v) {
+    put32(p, (uint32_t)(v >> 32));
+    put32(p + 4, (uint32_t)v);
+}
+
+/* One message's header fields, as the walks read them. */
+typedef struct {
+    Py_ssize_t following; /* where the next message starts */
+    uint64_t checksum;
+    int64_t timestamp;
+    int32_t key_length;
+} header;
+
+/* Where the message at `pos` of `data` (`end` bytes) ends if it passes every check of
+ * message.py's walks (whole header, length within [MIN_LENGTH, max_length], within the buffer,
+ * magic 1, attributes 0, key length in range, checksum), its fields in `h`; -1 if it fails. */
+static inline Py_ssize_t message_end(const unsigned char *data, Py_ssize_t pos, Py_ssize_t end,
+                                     int64_t max_length, header *h) {
+    if (end - pos < HEADER_SIZE)
+        return -1;
+    const unsigned char *p = data + pos;
+    int64_t length = be32(p);
+    if (length < MIN_LENGTH || length > max_length || length + LENGTH_SIZE > end - pos)
+        return -1;
+    if (p[12] != MAGIC || p[13] != 0)
+        return -1;
+    int32_t key_length = (int32_t)be32(p + 22);
+    if (key_length < -1 || key_length > length - MIN_LENGTH)
+        return -1;
+    uint64_t checksum = be64(p + 4);
+    if (XXH3_64bits(p + CHECKSUM_START, (size_t)(length + LENGTH_SIZE - CHECKSUM_START)) !=
+        checksum)
+        return -1;
+    h->following = pos + LENGTH_SIZE + (Py_ssize_t)length;
+    h->checksum = checksum;
+    h->timestamp = (int64_t)be64(p + 14);
+    h->key_length = key_length;
+    return h->following;
+}
+
+/* That a METH_FASTCALL function `name` got `expected` arguments; else a TypeError. */
+static int arguments(const char *name, Py_ssize_t nargs, Py_ssize_t expected) {
+    if (nargs == expected)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s expected %zd arguments, got %zd", name, expected, nargs);
+    return -1;
+}
+
+/* An int argument as an int64_t, saturated: the walks only compare it with buffer positions,
+ * so a value past the int64 range acts as the nearest end of it does in Python. */
+static int saturated(PyObject *value, int64_t *out) {
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = overflow > 0 ? INT64_MAX : overflow < 0 ? INT64_MIN : v;
+    return 0;
+}
+
+/* base + pos as a Python int (base_obj is base as an int object, for sums past int64). */
+static PyObject *offset_of(PyObject *base_obj, int64_t base, int base_exact, Py_ssize_t pos) {
+    int64_t sum;
+    if (base_exact && !__builtin_add_overflow(base, (int64_t)pos, &sum))
+        return PyLong_FromLongLong(sum);
+    PyObject *delta = PyLong_FromSsize_t(pos);
+    if (delta == NULL)
+        return NULL;
+    PyObject *result = PyNumber_Add(base_obj, delta);
+    Py_DECREF(delta);
+    return result;
+}
+
+static int exact_int64(PyObject *value, int64_t *out, int *exact) {
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *exact = overflow == 0;
+    *out = v;
+    return 0;
+}
+
+/* A growable array of int64, for the scan's marks and run maxima. */
+typedef struct {
+    int64_t *items;
+    Py_ssize_t size, capacity;
+} int64_list;
+
+static int push(int64_list *list, int64_t value) {
+    if (list->size == list->capacity) {
+        Py_ssize_t capacity = list->capacity ? list->capacity * 2 : 16;
+        int64_t *items = PyMem_RawRealloc(list->items, (size_t)capacity * sizeof(int64_t));
+        if (items == NULL)
+            return -1;
+        list->items = items;
+        list->capacity = capacity;
+    }
+    list->items[list->size++] = value;
+    return 0;
+}
+
+static PyObject *to_list(const int64_list *list) {
+    PyObject *result = PyList_New(list->size);
+    if (result == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < list->size; i++) {
+        PyObject *item = PyLong_FromLongLong(list->items[i]);
+        if (item == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyList_SET_ITEM(result, i, item);
+    }
+    return result;
+}
+
+/* scan_walk(buf, max_message_bytes, index_interval, next_mark)
+ *     -> (valid_bytes, message_count, marks, greatest)
+ * message.scan_walk: the walk of message.scan, without the GIL (a segment's recovery walks
+ * up to a GiB), whose error text message.scan_result makes. */
+static PyObject *scan_walk(PyObject *Py_UNUSED(module), PyObject *const *args,
+                           Py_ssize_t nargs) {
+    if (arguments("scan_walk", nargs, 4) < 0)
+        return NULL;
+    int64_t max_message_bytes, index_interval, next_mark;
+    if (saturated(args[1], &max_message_bytes) < 0 || saturated(args[2], &index_interval) < 0 ||
+        saturated(args[3], &next_mark) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *data = view.buf;
+    Py_ssize_t end = view.len;
+    int64_t max_length = max_message_bytes < INT64_MIN + LENGTH_SIZE
+                             ? INT64_MIN
+                             : max_message_bytes - LENGTH_SIZE;
+    if (index_interval <= 0)
+        next_mark = (int64_t)end + 1;
+    int64_list marks = {0}, greatest = {0};
+    int64_t top = NO_TIMESTAMP;
+    Py_ssize_t pos = 0, count = 0;
+    int failed = 0;
+    header h;
+    Py_BEGIN_ALLOW_THREADS
+    while (pos < end && message_end(data, pos, end, max_length, &h) >= 0) {
+        if (pos >= next_mark) {
+            if (push(&marks, pos) < 0 || push(&greatest, top) < 0) {
+                failed = 1;
+                break;
+            }
+            if (__builtin_add_overflow((int64_t)pos, index_interval, &next_mark))
+                next_mark = INT64_MAX;
+            top = h.timestamp;
+        } else if (h.timestamp > top) {
+            top = h.timestamp;
+        }
+        pos = h.following;
+        count++;
+    }
+    if (!failed && push(&greatest, top) < 0)
+        failed = 1;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    PyObject *result = NULL;
+    if (failed) {
+        PyErr_NoMemory();
+    } else {
+        PyObject *marks_list = to_list(&marks);
+        PyObject *greatest_list = marks_list ? to_list(&greatest) : NULL;
+        if (greatest_list != NULL)
+            result = Py_BuildValue("(nnNN)", pos, count, marks_list, greatest_list);
+        else
+            Py_XDECREF(marks_list);
+    }
+    PyMem_RawFree(marks.items);
+    PyMem_RawFree(greatest.items);
+    return result;
+}
+
+/* A new Message: a tuple of the named tuple's own type, made by its tp_alloc (what
+ * tuple.__new__(Message, ...) makes, without the intermediate tuple). Steals the references. */
+static PyObject *new_message(PyTypeObject *type, PyObject *offset, Py_ssize_t size,
+                             int64_t timestamp, PyObject *key, PyObject *value,
+                             uint64_t checksum) {
+    PyObject *size_obj = PyLong_FromSsize_t(size);
+    PyObject *timestamp_obj = PyLong_FromLongLong(timestamp);
+    PyObject *checksum_obj = PyLong_FromUnsignedLongLong(checksum);
+    PyObject *message = NULL;
+    if (size_obj && timestamp_obj && checksum_obj)
+        message = type->tp_alloc(type, 8);
+    if (message == NULL) {
+        Py_XDECREF(size_obj);
+        Py_XDECREF(timestamp_obj);
+        Py_XDECREF(checksum_obj);
+        Py_DECREF(offset);
+        Py_XDECREF(key);
+        Py_DECREF(value);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(message, 0, offset);
+    PyTuple_SET_ITEM(message, 1, size_obj);
+    PyTuple_SET_ITEM(message, 2, timestamp_obj);
+    PyTuple_SET_ITEM(message, 3, key);
+    PyTuple_SET_ITEM(message, 4, value);
+    PyTuple_SET_ITEM(message, 5, PyLong_FromLong(0)); /* attributes: only 0 passes */
+    PyTuple_SET_ITEM(message, 6, checksum_obj);
+    PyTuple_SET_ITEM(message, 7, Py_NewRef(Py_True));
+    return message;
+}
+
+/* decode_set(buf, base_offset) -> (messages, bad_position or None)
+ * message.decode_set: the Messages of a set up to the first that fails its checks. */
+static PyObject *decode_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (arguments("decode_set", nargs, 2) < 0)
+        return NULL;
+    PyTypeObject *type = state_of(module)->message_type;
+    PyObject *base_obj = args[1];
+    int64_t base;
+    int base_exact;
+    if (exact_int64(base_obj, &base, &base_exact) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *data = view.buf;
+    Py_ssize_t end = view.len, pos = 0;
+    PyObject *messages = PyList_New(0);
+    if (messages == NULL)
+        goto error;
+    header h;
+    while (pos < end && message_end(data, pos, end, INT64_MAX, &h) >= 0) {
+        PyObject *key = NULL;
+        Py_ssize_t key_end = pos + HEADER_SIZE;
+        if (h.key_length >= 0) {
+            key = PyBytes_FromStringAndSize((const char *)data + key_end, h.key_length);
+            key_end += h.key_length;
+        } else {
+            key = Py_NewRef(Py_None);
+        }
+        PyObject *value =
+            PyBytes_FromStringAndSize((const char *)data + key_end, h.following - key_end);
+        PyObject *offset = offset_of(base_obj, base, base_exact, pos);
+        if (key == NULL || value == NULL || offset == NULL) {
+            Py_XDECREF(key);
+            Py_XDECREF(value);
+            Py_XDECREF(offset);
+            goto error;
+        }
+        PyObject *message =
+            new_message(type, offset, h.following - pos, h.timestamp, key, value, h.checksum);
+        if (message == NULL)
+            goto error;
+        int appended = PyList_Append(messages, message);
+        Py_DECREF(message);
+        if (appended < 0)
+            goto error;
+        pos = h.following;
+    }
+    PyBuffer_Release(&view);
+    if (pos == end)
+        return Py_BuildValue("(NO)", messages, Py_None);
+    return Py_BuildValue("(Nn)", messages, pos);
+error:
+    Py_XDECREF(messages);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+#define MAX_COLUMN_SET 0x7FFFFFFF
+
+/* decode_columns(buf, base_offset, end_offset) -> Columns
+ * message.decode_columns: the messages of a set at offsets below end_offset, up to the first
+ * that fails its checks, as Arrow buffers (native byte order, as Arrow lays them in memory). */
+static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (arguments("decode_columns", nargs, 3) < 0)
+        return NULL;
+    PyTypeObject *type = state_of(module)->columns_type;
+    PyObject *base_obj = args[1], *end_obj = args[2];
+    PyObject *limit_obj = PyNumber_Subtract(end_obj, base_obj);
+    if (limit_obj == NULL)
+        return NULL;
+    int64_t limit; /* offsets below end_offset: positions below end_offset - base_offset */
+    int failed = saturated(limit_obj, &limit);
+    Py_DECREF(limit_obj);
+    int64_t base;
+    int base_exact;
+    if (failed < 0 || exact_int64(base_obj, &base, &base_exact) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *buffers[8] = {NULL};
+    PyObject *result = NULL;
+    if (view.len > MAX_COLUMN_SET) {
+        PyErr_SetString(PyExc_ValueError,
+                        "decode_columns takes a set of at most 2 GiB - 1 bytes (Arrow's binary "
+                        "offsets are 32-bit)");
+        goto done;
+    }
+    const unsigned char *data = view.buf;
+    Py_ssize_t end = view.len, pos = 0, count = 0, key_bytes = 0, value_bytes = 0, nulls = 0;
+    header h;
+    /* First pass: check, and size the buffers. */
+    int stopped = 0; /* at end_offset: a bad message is one that fails its checks first */
+    while (pos < end && message_end(data, pos, end, INT64_MAX, &h) >= 0) {
+        if (pos >= limit) {
+            stopped = 1;
+            break;
+        }
+        int64_t offset;
+        int offset_wide = !base_exact || __builtin_add_overflow(base, (int64_t)pos, &offset);
+        int timestamp_wide = h.timestamp > INT64_MAX / 1000 || h.timestamp < INT64_MIN / 1000;
+        if (offset_wide || timestamp_wide) {
+            PyObject *offset_obj = offset_of(base_obj, base, base_exact, pos);
+            if (offset_obj == NULL)
+                goto done;
+            if (offset_wide)
+                PyErr_Format(PyExc_OverflowError,
+                             "the offset %S is out of the range of Arrow's int64", offset_obj);
+            else
+                PyErr_Format(PyExc_OverflowError,
+                             "the timestamp of the message at offset %S, %lld ms, is out of "
+                             "the range of Arrow's timestamps in microseconds",
+                             offset_obj, (long long)h.timestamp);
+            Py_DECREF(offset_obj);
+            goto done;
+        }
+        Py_ssize_t keyed = h.key_length >= 0 ? h.key_length : 0;
+        key_bytes += keyed;
+        value_bytes += h.following - pos - HEADER_SIZE - keyed;
+        nulls += h.key_length < 0;
+        count++;
+        pos = h.following;
+    }
+    Py_ssize_t checked = pos;
+    buffers[0] = PyBytes_FromStringAndSize(NULL, (count + 7) / 8);
+    buffers[1] = PyBytes_FromStringAndSize(NULL, (count + 1) * 4);
+    buffers[2] = PyBytes_FromStringAndSize(NULL, key_bytes);
+    buffers[3] = PyBytes_FromStringAndSize(NULL, (count + 1) * 4);
+    buffers[4] = PyBytes_FromStringAndSize(NULL, value_bytes);
+    buffers[5] = PyBytes_FromStringAndSize(NULL, count * 8);
+    buffers[6] = PyBytes_FromStringAndSize(NULL, count * 8);
+    for (int i = 0; i < 7; i++)
+        if (buffers[i] == NULL)
+            goto done;
+    unsigned char *validity = (unsigned char *)PyBytes_AS_STRING(buffers[0]);
+    int32_t *key_offsets = (int32_t *)PyBytes_AS_STRING(buffers[1]);
+    char *key_data = PyBytes_AS_STRING(buffers[2]);
+    int32_t *value_offsets = (int32_t *)PyBytes_AS_STRING(buffers[3]);
+    char *value_data = PyBytes_AS_STRING(buffers[4]);
+    int64_t *offsets = (int64_t *)PyBytes_AS_STRING(buffers[5]);
+    int64_t *micros = (int64_t *)PyBytes_AS_STRING(buffers[6]);
+    memset(validity, 0, (size_t)(count + 7) / 8);
+    /* Second pass: the messages are known good; fill the buffers. */
+    int32_t key_at = 0, value_at = 0;
+    pos = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const unsigned char *p = data + pos;
+        Py_ssize_t following = pos + LENGTH_SIZE + be32(p);
+        int32_t key_length = (int32_t)be32(p + 22);
+        Py_ssize_t key_end = pos + HEADER_SIZE;
+        key_offsets[i] = key_at;
+        if (key_length >= 0) {
+            validity[i >> 3] |= (unsigned char)(1 << (i & 7));
+            memcpy(key_data + key_at, p + HEADER_SIZE, (size_t)key_length);
+            key_at += key_length;
+            key_end += key_length;
+        }
+        value_offsets[i] = value_at;
+        memcpy(value_data + value_at, data + key_end, (size_t)(following - key_end));
+        value_at += (int32_t)(following - key_end);
+        offsets[i] = base + (int64_t)pos; /* the first pass checked that it fits */
+        micros[i] = (int64_t)be64(p + 14) * 1000;
+        pos = following;
+    }
+    key_offsets[count] = key_at;
+    value_offsets[count] = value_at;
+    if (checked < end && !stopped)
+        buffers[7] = PyLong_FromSsize_t(checked);
+    else
+        buffers[7] = Py_NewRef(Py_None);
+    if (buffers[7] == NULL)
+        goto done;
+    result = type->tp_alloc(type, 10);
+    if (result == NULL)
+        goto done;
+    PyObject *count_obj = PyLong_FromSsize_t(count), *nulls_obj = PyLong_FromSsize_t(nulls);
+    if (count_obj == NULL || nulls_obj == NULL) {
+        Py_XDECREF(count_obj);
+        Py_XDECREF(nulls_obj);
+        Py_CLEAR(result);
+        goto done;
+    }
+    PyTuple_SET_ITEM(result, 0, count_obj);
+    PyTuple_SET_ITEM(result, 1, nulls_obj);
+    for (int i = 0; i < 8; i++) {
+        PyTuple_SET_ITEM(result, i + 2, buffers[i]);
+        buffers[i] = NULL;
+    }
+done:
+    for (int i = 0; i < 8; i++)
+        Py_XDECREF(buffers[i]);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* The bytes-like object `obj` as a buffer; else the TypeError of `b"" + obj`. */
+static int concat_buffer(PyObject *obj, Py_buffer *view) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) == 0)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "can't concat %.100s to bytes", Py_TYPE(obj)->tp_name);
+    return -1;
+}
+
+/* `value` as struct's "q" packs it, else struct.error as struct raises it. */
+static int pack_int64(codec_state *state, PyObject *value, int64_t *out) {
+    if (!PyLong_Check(value) && !PyIndex_Check(value)) {
+        PyErr_SetString(state->struct_error, "required argument is not an integer");
+        return -1;
+    }
+    PyObject *number = PyNumber_Index(value);
+    if (number == NULL)
+        return -1;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(number, &overflow);
+    Py_DECREF(number);
+    if (overflow) {
+        PyErr_SetString(state->struct_error, "int too large to convert");
+        return -1;
+    }
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* encode_message(value, key=None, timestamp_ms=None) -> bytes
+ * message.encode_message, the producer's encode of every message. */
+static PyObject *encode_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+    static const char *const names[] = {"value", "key", "timestamp_ms"};
+    PyObject *given[3] = {NULL, Py_None, Py_None};
+    if (nargs > 3) {
+        PyErr_Format(PyExc_TypeError,
+                     "encode_message() takes from 1 to 3 positional arguments but %zd were given",
+                     nargs);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        given[i] = args[i];
+    Py_ssize_t keywords = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < keywords; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int i = 0;
+        while (i < 3 && PyUnicode_CompareWithASCIIString(name, names[i]) != 0)
+            i++;
+        if (i == 3) {
+            PyErr_Format(PyExc_TypeError,
+                         "encode_message() got an unexpected keyword argument '%U'", name);
+            return NULL;
+        }
+        if (i < nargs) {
+            PyErr_Format(PyExc_TypeError, "encode_message() got multiple values for argument '%s'",
+                         names[i]);
+            return NULL;
+        }
+        given[i] = args[nargs + k];
+    }
+    if (given[0] == NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "encode_message() missing 1 required positional argument: 'value'");
+        return NULL;
+    }
+    codec_state *state = state_of(module);
+    PyObject *value = given[0], *key = given[1];
+    int64_t timestamp = 0;
+    if (given[2] == Py_None) {
+        struct timespec now; /* time.time_ns() // 1_000_000, as message.py takes it */
+        clock_gettime(CLOCK_REALTIME, &now);
+        timestamp = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+    }
+    /* In message.py's order: len(key), the header's packing, key, value, the prefix's. */
+    Py_buffer key_view = {0}, value_view = {0};
+    int has_key = key != Py_None;
+    if (has_key && PyObject_GetBuffer(key, &key_view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        if (PyObject_Size(key) < 0) /* the TypeError of len(key) */
+            return NULL;
+        has_key = 0; /* sized but no buffer: the concatenation below refuses it */
+    }
+    PyObject *result = NULL;
+    if (given[2] != Py_None && pack_int64(state, given[2], &timestamp) < 0)
+        goto done;
+    if (key_view.len > INT32_MAX) {
+        PyErr_SetString(state->struct_error,
+                        "'i' format requires -2147483648 <= number <= 2147483647");
+        goto done;
+    }
+    if (key != Py_None && !has_key && concat_buffer(key, &key_view) < 0)
+        goto done;
+    if (concat_buffer(value, &value_view) < 0)
+        goto done;
+    Py_ssize_t body = HEADER_SIZE - CHECKSUM_START + key_view.len + value_view.len;
+    if (body + 8 > (Py_ssize_t)UINT32_MAX) {
+        PyErr_SetString(state->struct_error, "'I' format requires 0 <= number <= 4294967295");
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, CHECKSUM_START + body);
+    if (result == NULL)
+        goto done;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    put32(out, (uint32_t)(body + 8));
+    out[12] = MAGIC;
+    out[13] = 0;
+    put64(out + 14, (uint64_t)timestamp);
+    put32(out + 22, key != Py_None ? (uint32_t)key_view.len : UINT32_MAX);
+    if (key_view.len)
+        memcpy(out + HEADER_SIZE, key_view.buf, (size_t)key_view.len);
+    if (value_view.len)
+        memcpy(out + HEADER_SIZE + key_view.len, value_view.buf, (size_t)value_view.len);
+    put64(out + 4, XXH3_64bits(out + CHECKSUM_START, (size_t)body));
+done:
+    if (key_view.obj != NULL)
+        PyBuffer_Release(&key_view);
+    if (value_view.obj != NULL)
+        PyBuffer_Release(&value_view);
+    return result;
+}
+
+static PyMethodDef codec_methods[] = {
+    {"scan_walk", (PyCFunction)(void (*)(void))scan_walk, METH_FASTCALL,
+     "scan_walk(buf, max_message_bytes, index_interval, next_mark): message.scan_walk."},
+    {"decode_set", (PyCFunction)(void (*)(void))decode_set, METH_FASTCALL,
+     "decode_set(buf, base_offset): message.decode_set."},
+    {"decode_columns", (PyCFunction)(void (*)(void))decode_columns, METH_FASTCALL,
+     "decode_columns(buf, base_offset, end_offset): message.decode_columns."},
+    {"encode_message", (PyCFunction)(void (*)(void))encode_message,
+     METH_FASTCALL | METH_KEYWORDS,
+     "encode_message(value, key=None, timestamp_ms=None): message.encode_message."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyObject *attribute_of(const char *module_name, const char *name) {
+    PyObject *module = PyImport_ImportModule(module_name);
+    if (module == NULL)
+        return NULL;
+    PyObject *attribute = PyObject_GetAttrString(module, name);
+    Py_DECREF(module);
+    return attribute;
+}
+
+static int codec_exec(PyObject *module) {
+    codec_state *state = state_of(module);
+    state->message_type = (PyTypeObject *)attribute_of("broker.log.message", "Message");
+    state->columns_type = (PyTypeObject *)attribute_of("broker.log.message", "Columns");
+    state->struct_error = attribute_of("struct", "error");
+    if (!state->message_type || !state->columns_type || !state->struct_error)
+        return -1;
+    if (!PyType_Check(state->message_type) || !PyType_Check(state->columns_type)) {
+        PyErr_SetString(PyExc_TypeError, "broker.log.message.Message and Columns must be types");
+        return -1;
+    }
+    return 0;
+}
+
+static int codec_traverse(PyObject *module, visitproc visit, void *arg) {
+    codec_state *state = state_of(module);
+    Py_VISIT(state->message_type);
+    Py_VISIT(state->columns_type);
+    Py_VISIT(state->struct_error);
+    return 0;
+}
+
+static int codec_clear(PyObject *module) {
+    codec_state *state = state_of(module);
+    Py_CLEAR(state->message_type);
+    Py_CLEAR(state->columns_type);
+    Py_CLEAR(state->struct_error);
+    return 0;
+}
+
+static void codec_free(void *module) { codec_clear((PyObject *)module); }
+
+static PyModuleDef_Slot codec_slots[] = {
+    {Py_mod_exec, codec_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef codec_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "broker.log._codec",
+    .m_doc = "The message format's hot loops in C; broker.log.message is the reference.",
+    .m_size = sizeof(codec_state),
+    .m_methods = codec_methods,
+    .m_slots = codec_slots,
+    .m_traverse = codec_traverse,
+    .m_clear = codec_clear,
+    .m_free = codec_free,
+};
+
+PyMODINIT_FUNC PyInit__codec(void) { return PyModuleDef_Init(&codec_module); }

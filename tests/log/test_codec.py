@@ -1,0 +1,319 @@
+"""The C codec (broker/log/_codec.c) against its Python references in broker.log.message: the
+same results, exceptions included, on valid and on corrupt input; and which one is in use.
+
+Both are imported directly, so this runs both whatever PYLOG_CODEC says."""
+
+from __future__ import annotations
+
+import gc
+import os
+import struct
+import subprocess
+import sys
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from xxhash import xxh3_64_intdigest
+
+from broker.errors import InvalidMessage
+from broker.log import _codec, codec, message
+from broker.log.message import (
+    HEADER_SIZE,
+    MAX_FORMAT_MESSAGE_BYTES,
+    decode_failure,
+    scan_result,
+)
+
+I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
+
+keys = st.one_of(
+    st.none(), st.just(b""), st.binary(max_size=40), st.binary(min_size=300, max_size=600)
+)
+timestamps = st.one_of(
+    st.sampled_from([I64_MIN, I64_MIN + 1, -1, 0, 1, I64_MAX - 1, I64_MAX]),
+    st.sampled_from([I64_MAX // 1000, I64_MAX // 1000 + 1, -(I64_MAX // 1000), I64_MIN // 1000]),
+    st.integers(I64_MIN, I64_MAX),
+)
+messages = st.tuples(st.binary(max_size=300), keys, timestamps)
+buffer_kinds: list[Callable[[bytes], Any]] = [bytes, bytearray, memoryview]
+
+
+def encoded(batch: list[tuple[bytes, bytes | None, int]]) -> bytes:
+    return b"".join(message.encode_message(value, key, ts) for value, key, ts in batch)
+
+
+def outcome(function: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+    """What calling `function` gives: its result, or its exception's type and text."""
+    try:
+        return "returned", function(*args)
+    except Exception as error:
+        return "raised", (type(error), str(error))
+
+
+def same(python: Callable[..., Any], c: Callable[..., Any], *args: Any) -> Any:
+    expected = outcome(python, *args)
+    assert outcome(c, *args) == expected
+    return expected
+
+
+def c_scan(buf: Any, max_message_bytes: int, interval: int, mark: int) -> message.ScanResult:
+    return scan_result(
+        buf, max_message_bytes, _codec.scan_walk(buf, max_message_bytes, interval, mark)
+    )
+
+
+def check_all(
+    data: bytes, max_message_bytes: int = 1 << 20, interval: int = 0, mark: int = 0
+) -> None:
+    """Every function of both implementations on `data` as bytes, bytearray and memoryview,
+    and with what decode_fetched and the Spark source make of a failure."""
+    for kind in buffer_kinds:
+        buf = kind(data)
+        same(message.scan_walk, _codec.scan_walk, buf, max_message_bytes, interval, mark)
+        same(message.scan, c_scan, buf, max_message_bytes, interval, mark)
+        kind_, decoded = same(message.decode_set, _codec.decode_set, buf, 1000)
+        if kind_ == "returned" and decoded[1] is not None:
+            failure = decode_failure(buf, decoded[1])
+            with pytest.raises(InvalidMessage) as raised:
+                list(message.iter_messages(buf, 1000))
+            assert (failure.position, failure.reason) == (
+                raised.value.position,
+                raised.value.reason,
+            )
+        for end in (1000, 1000 + len(data) // 2, 1000 + len(data), I64_MAX):
+            same(message.decode_columns, _codec.decode_columns, buf, 1000, end)
+
+
+@given(st.lists(messages, max_size=20), st.integers(0, 400), st.integers(-50, 400))
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+def test_valid_sets(batch: list[tuple[bytes, bytes | None, int]], interval: int, mark: int) -> None:
+    for value, key, ts in batch:
+        same(message.encode_message, _codec.encode_message, value, key, ts)
+    data = encoded(batch)
+    check_all(data, MAX_FORMAT_MESSAGE_BYTES, interval, mark)
+    _, walked = same(message.scan_walk, _codec.scan_walk, data, MAX_FORMAT_MESSAGE_BYTES, 0, 0)
+    assert walked == (len(data), len(batch), [], [max((t for _, _, t in batch), default=I64_MIN)])
+
+
+@given(st.lists(messages, min_size=1, max_size=6), st.data())
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+def test_bit_flips(batch: list[tuple[bytes, bytes | None, int]], data: st.DataObject) -> None:
+    buf = bytearray(encoded(batch))
+    for _ in range(data.draw(st.integers(1, 3))):
+        bit = data.draw(st.integers(0, len(buf) * 8 - 1))
+        buf[bit // 8] ^= 1 << (bit % 8)
+    check_all(bytes(buf))
+
+
+@given(st.lists(messages, min_size=1, max_size=3))
+@settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow])
+def test_truncation_at_every_position(batch: list[tuple[bytes, bytes | None, int]]) -> None:
+    data = encoded(batch)
+    for cut in range(len(data) + 1):
+        for kind in buffer_kinds:
+            buf = kind(data[:cut])
+            same(message.scan_walk, _codec.scan_walk, buf, 1 << 20, 0, 0)
+            same(message.decode_set, _codec.decode_set, buf, 7)
+            same(message.decode_columns, _codec.decode_columns, buf, 7, I64_MAX)
+
+
+@given(st.binary(max_size=200))
+def test_random_bytes(data: bytes) -> None:
+    check_all(data)
+
+
+@given(st.lists(messages, min_size=1, max_size=3), st.data())
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_header_fields_out_of_range(
+    batch: list[tuple[bytes, bytes | None, int]], data: st.DataObject
+) -> None:
+    """A header field of one message set to a value at or past its limits: the length below
+    the minimum or past the end, key_length out of range, magic and attributes wrong."""
+    buf = bytearray(encoded(batch))
+    starts = [0]
+    for value, key, _ in batch[:-1]:
+        starts.append(starts[-1] + HEADER_SIZE + len(key or b"") + len(value))
+    at = data.draw(st.sampled_from(starts))
+    length = struct.unpack_from(">I", buf, at)[0]
+    field = data.draw(st.sampled_from(["length", "key_length", "magic", "attributes"]))
+    if field == "length":
+        value = data.draw(st.sampled_from([0, 21, 22, length - 1, length + 1, len(buf), 2**32 - 1]))
+        struct.pack_into(">I", buf, at, value)
+    elif field == "key_length":
+        value = data.draw(
+            st.sampled_from([-2, -1, 0, length - 22, length - 21, 2**31 - 1, -(2**31)])
+        )
+        struct.pack_into(">i", buf, at + 22, value)
+    else:
+        struct.pack_into(
+            ">B", buf, at + (12 if field == "magic" else 13), data.draw(st.integers(0, 255))
+        )
+    length = struct.unpack_from(">I", buf, at)[0]
+    if data.draw(st.booleans()) and at + 4 + length <= len(buf):  # reach the checks past it
+        struct.pack_into(">Q", buf, at + 4, xxh3_64_intdigest(buf[at + 12 : at + 4 + length]))
+    check_all(bytes(buf))
+
+
+def test_lengths_below_the_minimum_with_their_checksum() -> None:
+    """A length field below MIN_LENGTH whose (short) checksummed span matches: only the
+    length check stops it."""
+    for length in range(8, message.MIN_LENGTH + 1):
+        for key_length in (-1, 0):
+            buf = bytearray(struct.pack(">IQBBqi", length, 0, 1, 0, 5, key_length) + b"v" * 8)
+            struct.pack_into(">Q", buf, 4, xxh3_64_intdigest(buf[12 : 4 + length]))
+            check_all(bytes(buf))
+
+
+@given(st.lists(messages, min_size=1, max_size=4), st.integers(-2, 3))
+def test_max_message_bytes_edges(batch: list[tuple[bytes, bytes | None, int]], delta: int) -> None:
+    data = encoded(batch)
+    largest = max(HEADER_SIZE + len(key or b"") + len(value) for value, key, _ in batch)
+    for limit in (largest + delta, 0, 3, 4, -5, I64_MIN, I64_MAX, 1 << 70, -(1 << 70)):
+        for kind in buffer_kinds:
+            same(message.scan, c_scan, kind(data), limit, 0, 0)
+            same(message.validate_message_set, codec_validate_c, kind(data), limit)
+
+
+def codec_validate_c(buf: Any, max_message_bytes: int) -> message.ScanResult:
+    return message.validated(buf, max_message_bytes, c_scan(buf, max_message_bytes, 0, 0))
+
+
+def test_marks_with_extreme_intervals() -> None:
+    data = encoded([(b"v" * 10, None, 5)] * 5)
+    for interval in (0, 1, -1, I64_MAX, 1 << 80, -(1 << 80)):
+        for mark in (I64_MIN, -1, 0, 36, I64_MAX, 1 << 80, -(1 << 80)):
+            same(message.scan_walk, _codec.scan_walk, data, 1 << 20, interval, mark)
+
+
+def test_offsets_past_int64() -> None:
+    data = encoded([(b"v", b"k", 1)] * 3)
+    for base in (I64_MAX - 10, I64_MAX, 1 << 70, I64_MIN, -(1 << 70)):
+        same(message.decode_set, _codec.decode_set, data, base)
+        for end in (base, base + 30, I64_MAX, 1 << 80):
+            same(message.decode_columns, _codec.decode_columns, data, base, end)
+
+
+@pytest.mark.parametrize(
+    ("value", "key", "ts"),
+    [
+        (b"v", b"k", 2**63),
+        (b"v", None, -(2**63) - 1),
+        (b"v", b"k", 1.5),
+        (b"v", "k", 1),
+        ("v", b"k", 1),
+        ("v", None, 1),
+        (b"v", 3, 1),
+        (b"v", b"k", "1"),
+        (3, None, None),
+        (memoryview(b"v"), bytearray(b"k"), True),
+    ],
+)
+def test_encode_refusals(value: Any, key: Any, ts: Any) -> None:
+    kind, result = same(message.encode_message, _codec.encode_message, value, key, ts)
+    if kind == "returned":
+        assert result == message.encode_message(bytes(value), bytes(key), int(ts))
+
+
+def test_encode_keywords_and_default_timestamp() -> None:
+    before = message.timestamp_at(message.encode_message(b"x"), 0)
+    made = _codec.encode_message(value=b"x", key=b"k")
+    after = message.timestamp_at(message.encode_message(b"x"), 0)
+    assert before <= message.timestamp_at(made, 0) <= after
+    assert made == message.encode_message(b"x", b"k", message.timestamp_at(made, 0))
+    assert _codec.encode_message(b"x", timestamp_ms=5) == message.encode_message(b"x", None, 5)
+    encode: Any = _codec.encode_message  # called below in ways its type refuses
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        encode(b"x", nope=1)
+    with pytest.raises(TypeError, match="multiple values for argument 'value'"):
+        encode(b"x", value=b"y")
+    with pytest.raises(TypeError, match="missing 1 required positional argument"):
+        encode()
+
+
+def test_decoded_message_is_a_message() -> None:
+    [decoded], bad = _codec.decode_set(encoded([(b"value", b"key", 42)]), 10)
+    assert bad is None
+    assert type(decoded) is message.Message
+    assert decoded.next_offset == 10 + decoded.size
+    assert decoded._replace(offset=0).offset == 0
+
+
+def test_repeated_decoding_does_not_grow_memory() -> None:
+    """Leak sanity: every object the C functions make is freed with its result."""
+    data = encoded([(b"v" * 174, None, 1)] * 1000 + [(b"v" * 100, b"key", 2)] * 100)
+    corrupt = data[:-1]
+    for _ in range(3):  # warm up: caches, free lists
+        run_everything(data, corrupt)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        run_everything(data, corrupt)
+        gc.collect()
+        first, _ = tracemalloc.get_traced_memory()
+        for _ in range(50):
+            run_everything(data, corrupt)
+        gc.collect()
+        last, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert last - first < 64 * 1024, f"grew by {last - first} bytes over 50 rounds"
+
+
+def run_everything(data: bytes, corrupt: bytes) -> None:
+    for buf in (data, corrupt, memoryview(data)):
+        _codec.scan_walk(buf, 1 << 20, 4096, 0)
+        _codec.decode_set(buf, 0)
+        _codec.decode_columns(buf, 0, I64_MAX)
+    for i in range(200):
+        _codec.encode_message(b"v" * 100, b"k" if i % 2 else None, i)
+    for bad in ((b"v", b"k", 2**63), ("v", None, 1)):
+        with pytest.raises((TypeError, struct.error)):
+            _codec.encode_message(*bad)
+
+
+def test_setup_built_the_extension() -> None:
+    """What tells that the README's setup (scripts/setup: CI runs it on a fresh clone) built
+    the C codec, and that it is in use unless PYLOG_CODEC=python says otherwise."""
+    assert _codec.__file__ is not None and _codec.__file__.endswith(".so")
+    expected = "python" if os.environ.get("PYLOG_CODEC") == "python" else "c"
+    assert expected == codec.IMPLEMENTATION
+
+
+def implementation_with(
+    environment: dict[str, str], hide_extension: bool
+) -> subprocess.CompletedProcess[str]:
+    hide = "import sys; sys.modules['broker.log._codec'] = None; " if hide_extension else ""
+    return subprocess.run(
+        [sys.executable, "-c", hide + "from broker.log import codec; print(codec.IMPLEMENTATION)"],
+        env={**os.environ, **environment},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("choice", "hidden", "expected"),
+    [("", False, "c"), ("python", False, "python"), ("c", False, "c"), ("", True, "python")],
+)
+def test_pylog_codec_chooses(choice: str, hidden: bool, expected: str) -> None:
+    result = implementation_with({"PYLOG_CODEC": choice}, hidden)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected
+
+
+def test_pylog_codec_c_without_the_extension_says_what_to_install() -> None:
+    result = implementation_with({"PYLOG_CODEC": "c"}, hide_extension=True)
+    assert result.returncode != 0
+    assert "ImportError: PYLOG_CODEC=c: the C codec broker.log._codec is not built" in result.stderr
+    assert "libxxhash-dev" in result.stderr
+
+
+def test_pylog_codec_unknown_value() -> None:
+    result = implementation_with({"PYLOG_CODEC": "rust"}, hide_extension=False)
+    assert "PYLOG_CODEC must be c or python, not 'rust'" in result.stderr
