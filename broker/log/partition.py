@@ -50,10 +50,11 @@ from typing import TypeVar
 
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import MessageTooLarge, OffsetOutOfRange, StorageError, StorageIOError
+from broker.log.codec import validate_message_set
 from broker.log.config import LogConfig
 from broker.log.fsdir import fsync_directory
 from broker.log.indexfile import IndexDamaged
-from broker.log.message import Buffer, validate_message_set
+from broker.log.message import Buffer
 from broker.log.segment import (
     INDEX_SUFFIX,
     TIME_INDEX_SUFFIX,

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from broker.errors import CorruptSegment, DiskFull, FetchSizeTooSmall, InvalidOffset, StorageIOError
+from broker.log.codec import scan
 from broker.log.files import OPEN_FILES
 from broker.log.fsdir import fsync_directory
 from broker.log.index import MappedOffsetIndex, OffsetIndex
@@ -52,7 +53,6 @@ from broker.log.message import (
     NO_TIMESTAMP,
     Buffer,
     message_size_at,
-    scan,
     timestamp_at,
     valid_message_end,
 )

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.log.codec import scan
 from broker.log.index import OffsetIndex
-from broker.log.message import MAX_FORMAT_MESSAGE_BYTES, Message, decode_message, scan
+from broker.log.message import MAX_FORMAT_MESSAGE_BYTES, Message, decode_message
 from broker.log.partition import SEGMENT_NAME
 from broker.log.segment import INDEX_SUFFIX, TIME_INDEX_SUFFIX, index_disagreement
 from broker.log.timeindex import TimeIndex

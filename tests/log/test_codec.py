@@ -317,3 +317,13 @@ def test_pylog_codec_c_without_the_extension_says_what_to_install() -> None:
 def test_pylog_codec_unknown_value() -> None:
     result = implementation_with({"PYLOG_CODEC": "rust"}, hide_extension=False)
     assert "PYLOG_CODEC must be c or python, not 'rust'" in result.stderr
+
+
+def test_storage_walks_use_the_codec() -> None:
+    """Recovery, `pylogctl log verify` and a producer's set's validation walk with the codec
+    chosen (the C one, built), not with broker.log.message's."""
+    from broker.log import partition, segment, verify
+
+    assert segment.scan is codec.scan
+    assert verify.scan is codec.scan
+    assert partition.validate_message_set is codec.validate_message_set
