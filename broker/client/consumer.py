@@ -5,7 +5,8 @@ messages flushed from now on), an int offset (used as given: the broker answers
 INVALID_OFFSET or OFFSET_OUT_OF_RANGE for a bad one), or a datetime (the first message whose
 timestamp is at or after it, by OFFSETS). Offsets are byte positions: after a fetch at
 `position` the next position is `position` plus the length of the message set returned, and
-each message's offset is computed from the fetch offset (broker.log.message.iter_messages).
+each message's offset is computed from the fetch offset (broker.log.codec.decode, in C when
+built).
 
 A message larger than `fetch_bytes` is answered FETCH_SIZE_TOO_SMALL, whose reply gives the
 message's size; the consumer then fetches again with that size (up to `max_fetch_bytes`),
@@ -44,12 +45,12 @@ from broker.errors import (
     Unavailable,
 )
 from broker.lifecycle import Closing
+from broker.log.codec import decode
 from broker.log.message import (
     HEADER_SIZE,
     LENGTH_SIZE,
     Buffer,
     Message,
-    iter_messages,
     message_size_at,
 )
 from broker.protocol import (
@@ -95,18 +96,24 @@ def decode_fetched(
     message_set: Buffer, offset: int, topic: str, partition: int
 ) -> tuple[list[Message], CorruptSegment | None]:
     """The messages of a fetched set whose first is at `offset`, up to the first that fails its
-    checks, and the damaged range there, if any: that message, when its length field stays
-    within the set (the broker walked it), else the rest of the set (the set ends at a message
-    boundary)."""
-    try:
-        return list(iter_messages(message_set, offset)), None
-    except InvalidMessage as error:
-        bad, reason = error.position, error.reason
-    good = list(iter_messages(memoryview(message_set)[:bad], offset))
+    checks, and the damaged range there, if any (`damaged_range`)."""
+    messages, failure = decode(message_set, offset)
+    if failure is None:
+        return messages, None
+    return messages, damaged_range(message_set, offset, topic, partition, failure)
+
+
+def damaged_range(
+    message_set: Buffer, offset: int, topic: str, partition: int, failure: InvalidMessage
+) -> CorruptSegment:
+    """The damaged range of a fetched set whose first message is at `offset`, where a message
+    failed its checks (`failure`): that message, when its length field stays within the set
+    (the broker walked it), else the rest of the set (the set ends at a message boundary)."""
+    bad = failure.position
     left = len(message_set) - bad
     size = message_size_at(message_set, bad) if left >= LENGTH_SIZE else 0
     end = bad + size if HEADER_SIZE <= size <= left else len(message_set)
-    return good, CorruptSegment(f"{topic}-{partition}", offset + bad, offset + end, reason)
+    return CorruptSegment(f"{topic}-{partition}", offset + bad, offset + end, failure.reason)
 
 
 def timestamp_ms(moment: datetime.datetime) -> int:

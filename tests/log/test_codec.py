@@ -327,3 +327,10 @@ def test_storage_walks_use_the_codec() -> None:
     assert vars(segment)["scan"] is codec.scan
     assert vars(verify)["scan"] is codec.scan
     assert vars(partition)["validate_message_set"] is codec.validate_message_set
+
+
+def test_consumers_decode_with_the_codec() -> None:
+    """decode_fetched (the consumers', the group's, lag's) decodes with the codec chosen."""
+    from broker.client import consumer
+
+    assert vars(consumer)["decode"] is codec.decode
