@@ -55,9 +55,10 @@ from pyspark.sql.types import (
 
 from broker.client import lag
 from broker.client.connection import Connection
-from broker.client.consumer import corrupt_segment_reply, decode_fetched, grown_fetch_bytes
+from broker.client.consumer import corrupt_segment_reply, damaged_range, grown_fetch_bytes
 from broker.errors import BrokerError, CorruptSegment
-from broker.log.message import Message
+from broker.log.codec import decode_columns
+from broker.log.message import Columns
 from broker.protocol import EARLIEST as EARLIEST_TIME
 from broker.protocol import LATEST as LATEST_TIME
 from broker.protocol import ErrorCode, FetchRequest, OffsetsRequest
@@ -84,6 +85,7 @@ none). timestampType is always 0, Kafka's CreateTime: the timestamp is the produ
 
 ARROW_SCHEMA: Final = to_arrow_schema(SCHEMA, timezone="UTC")
 CREATE_TIME: Final = 0
+_TIMESTAMP: Final = ARROW_SCHEMA.field("timestamp").type
 """timestampType of every row: Kafka's CreateTime (the producer's timestamp)."""
 FETCH_BYTES: Final = 4 << 20
 MAX_FETCH_BYTES: Final = 64 << 20
@@ -184,16 +186,16 @@ def read_range(
                 why = f"the partition now ends at {reply.high_watermark} (re-created?)"
                 _lost(tp, position, rng.end, why, fail_on_data_loss)
                 return
-            messages, damage = decode_fetched(reply.message_set, position, tp.topic, tp.partition)
-            batch = _record_batch(messages, rng.end, tp)
-            if batch.num_rows:
-                yield batch
-            if damage is None:
+            columns, failure = decode_columns(reply.message_set, position, rng.end)
+            if columns.rows:
+                yield _record_batch(columns, tp)
+            if failure is None:
                 position += len(reply.message_set)
-            elif damage.start >= rng.end:
+                continue
+            damage = damaged_range(reply.message_set, position, tp.topic, tp.partition, failure)
+            if damage.start >= rng.end:
                 return  # the next range's: its task reports it
-            else:
-                position = _skip_damaged(tp, damage, fail_on_data_loss)
+            position = _skip_damaged(tp, damage, fail_on_data_loss)
 
 
 def _not_a_boundary(tp: TopicPartition, position: int, error: BrokerError) -> PipelineError:
@@ -236,28 +238,36 @@ def _lost(tp: TopicPartition, start: int, end: int, why: str, fail: bool) -> Non
     )
 
 
-def _record_batch(messages: list[Message], end: int, tp: TopicPartition) -> pa.RecordBatch:
-    keys: list[bytes | None] = []
-    values: list[bytes] = []
-    offsets: list[int] = []
-    micros: list[int] = []
-    for message in messages:
-        if message.offset >= end:
-            break
-        keys.append(message.key)
-        values.append(message.value)
-        offsets.append(message.offset)
-        micros.append(message.timestamp_ms * 1000)
-    count = len(offsets)
+def _record_batch(columns: Columns, tp: TopicPartition) -> pa.RecordBatch:
+    """The record batch of messages decoded into Arrow buffers (broker.log.codec, in C when
+    built), used as they are; the columns that are the same in every row made by Arrow."""
+    rows = columns.rows
+    buffer = pa.py_buffer
     return pa.RecordBatch.from_arrays(
         [
-            pa.array(keys, pa.binary()),
-            pa.array(values, pa.binary()),
-            pa.array([tp.topic] * count, pa.string()),
-            pa.array([tp.partition] * count, pa.int32()),
-            pa.array(offsets, pa.int64()),
-            pa.array(micros, ARROW_SCHEMA.field("timestamp").type),
-            pa.array([CREATE_TIME] * count, pa.int32()),
+            pa.Array.from_buffers(
+                pa.binary(),
+                rows,
+                [
+                    buffer(columns.key_validity),
+                    buffer(columns.key_offsets),
+                    buffer(columns.key_data),
+                ],
+                null_count=columns.key_nulls,
+            ),
+            pa.Array.from_buffers(
+                pa.binary(),
+                rows,
+                [None, buffer(columns.value_offsets), buffer(columns.value_data)],
+                null_count=0,
+            ),
+            pa.repeat(pa.scalar(tp.topic, pa.string()), rows),
+            pa.repeat(pa.scalar(tp.partition, pa.int32()), rows),
+            pa.Array.from_buffers(pa.int64(), rows, [None, buffer(columns.offsets)], null_count=0),
+            pa.Array.from_buffers(
+                _TIMESTAMP, rows, [None, buffer(columns.timestamps_us)], null_count=0
+            ),
+            pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), rows),
         ],
         schema=ARROW_SCHEMA,
     )

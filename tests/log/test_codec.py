@@ -89,7 +89,7 @@ def check_all(
 
 
 @given(st.lists(messages, max_size=20), st.integers(0, 400), st.integers(-50, 400))
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 def test_valid_sets(batch: list[tuple[bytes, bytes | None, int]], interval: int, mark: int) -> None:
     for value, key, ts in batch:
         same(message.encode_message, _codec.encode_message, value, key, ts)
@@ -100,7 +100,7 @@ def test_valid_sets(batch: list[tuple[bytes, bytes | None, int]], interval: int,
 
 
 @given(st.lists(messages, min_size=1, max_size=6), st.data())
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 def test_bit_flips(batch: list[tuple[bytes, bytes | None, int]], data: st.DataObject) -> None:
     buf = bytearray(encoded(batch))
     for _ in range(data.draw(st.integers(1, 3))):
@@ -110,7 +110,7 @@ def test_bit_flips(batch: list[tuple[bytes, bytes | None, int]], data: st.DataOb
 
 
 @given(st.lists(messages, min_size=1, max_size=3))
-@settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])
 def test_truncation_at_every_position(batch: list[tuple[bytes, bytes | None, int]]) -> None:
     data = encoded(batch)
     for cut in range(len(data) + 1):
@@ -122,12 +122,13 @@ def test_truncation_at_every_position(batch: list[tuple[bytes, bytes | None, int
 
 
 @given(st.binary(max_size=200))
+@settings(deadline=None)
 def test_random_bytes(data: bytes) -> None:
     check_all(data)
 
 
 @given(st.lists(messages, min_size=1, max_size=3), st.data())
-@settings(suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_header_fields_out_of_range(
     batch: list[tuple[bytes, bytes | None, int]], data: st.DataObject
 ) -> None:
@@ -169,6 +170,7 @@ def test_lengths_below_the_minimum_with_their_checksum() -> None:
 
 
 @given(st.lists(messages, min_size=1, max_size=4), st.integers(-2, 3))
+@settings(deadline=None)
 def test_max_message_bytes_edges(batch: list[tuple[bytes, bytes | None, int]], delta: int) -> None:
     data = encoded(batch)
     largest = max(HEADER_SIZE + len(key or b"") + len(value) for value, key, _ in batch)
@@ -334,3 +336,42 @@ def test_consumers_decode_with_the_codec() -> None:
     from broker.client import consumer
 
     assert vars(consumer)["decode"] is codec.decode
+
+
+@given(st.lists(messages, max_size=12), st.integers(0, 2000))
+@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+def test_the_spark_sources_record_batch_is_its_messages(
+    batch: list[tuple[bytes, bytes | None, int]], cut: int
+) -> None:
+    """The Spark source's record batch, made from decode_columns' buffers (C and Python),
+    holds the rows that Arrow makes of the decoded messages below the range's end."""
+    pa = pytest.importorskip("pyarrow")
+    reader = pytest.importorskip("pipeline.reader")
+    from pipeline.cluster import TopicPartition
+
+    # timestamps / 1000, rounded toward 0: within the range of microseconds in an int64
+    batch = [(value, key, ts // 1000 if ts >= 0 else -(-ts // 1000)) for value, key, ts in batch]
+    data = encoded(batch)
+    tp = TopicPartition("clicks", 3)
+    expected_rows = [m for m in message.iter_messages(data, 100) if m.offset < 100 + cut]
+    expected = pa.RecordBatch.from_arrays(
+        [
+            pa.array([m.key for m in expected_rows], pa.binary()),
+            pa.array([m.value for m in expected_rows], pa.binary()),
+            pa.array(["clicks"] * len(expected_rows), pa.string()),
+            pa.array([3] * len(expected_rows), pa.int32()),
+            pa.array([m.offset for m in expected_rows], pa.int64()),
+            pa.array([m.timestamp_ms * 1000 for m in expected_rows], reader.ARROW_SCHEMA[5].type),
+            pa.array([0] * len(expected_rows), pa.int32()),
+        ],
+        schema=reader.ARROW_SCHEMA,
+    )
+    for decode_columns in (message.decode_columns, _codec.decode_columns):
+        made = reader._record_batch(decode_columns(data, 100, 100 + cut), tp)
+        made.validate(full=True)
+        assert made.equals(expected)
+
+
+def test_the_spark_source_decodes_with_the_codec() -> None:
+    reader = pytest.importorskip("pipeline.reader")
+    assert vars(reader)["decode_columns"] is codec.decode_columns
