@@ -177,6 +177,8 @@ class Worker:
         self.socket = socket
         self.partitions: dict[tuple[str, int], Partition] = {}
         self._deadline_changed = trio.Event()
+        self._flush_timer = trio.CancelScope()
+        """The scope _flush_when_due sleeps in, its deadline the earliest flush deadline."""
         self.nursery: trio.Nursery | None = None
         self.unanswered_errors = 0
         """Failed produce requests with ack=none, which get no reply: logged and counted."""
@@ -360,7 +362,7 @@ class Worker:
         if plog.high_watermark != high_watermark:
             partition.note_flush(self._replies)
         elif not had_deadline:
-            self._deadline_changed.set()
+            self._flush_by(plog)
         if ack == protocol.Ack.NONE:
             return
         reply = protocol.ProduceReply(offset, count)
@@ -610,6 +612,17 @@ class Worker:
                 self._flush(partition)
         await self._send_replies()
 
+    def _flush_by(self, plog: PartitionLog) -> None:
+        """Have _flush_when_due wake by `plog`'s flush deadline, which it has just been given:
+        its timer moved earlier if need be, without waking it now. (At ack=flushed every group
+        commit leaves a partition without a deadline, so each round gives it a new one.)"""
+        deadline = plog.next_flush_deadline()
+        if deadline is not None:
+            # The deadlines are on the partition logs' clock (time.monotonic), not on trio's.
+            at = trio.current_time() + deadline - SYSTEM_CLOCK.monotonic()
+            if at < self._flush_timer.deadline:
+                self._flush_timer.deadline = at
+
     async def _flush_when_due(self) -> None:
         """Flush each partition when its oldest pending message has waited flush_interval_ms."""
         failed = False
@@ -623,7 +636,7 @@ class Worker:
             # which has another origin: wait for the interval left, not until the instant.
             # After a flush that failed and stays due, not at once: a spin until it works.
             wait_s = max(FLUSH_RETRY_S if failed else 0.0, due - SYSTEM_CLOCK.monotonic())
-            with trio.move_on_after(wait_s):
+            with trio.move_on_after(wait_s) as self._flush_timer:
                 await self._deadline_changed.wait()
             flushed = [
                 self._flush(partition, if_due=True)
