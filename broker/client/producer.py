@@ -82,7 +82,8 @@ from broker.client.connection import (
 )
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import AuthenticationFailed, BrokerError, PylogError, Unavailable
-from broker.log.message import Buffer, encode_message
+from broker.log.codec import encode_message
+from broker.log.message import Buffer
 from broker.protocol import (
     Ack,
     Api,
@@ -330,39 +331,41 @@ class ProducerCore:
         """Encode a message and add it to its partition's open batch: the batch, where the
         message starts in it, and whether the batch is full now. TypeError, nothing added, for
         a value or key that is not bytes (nor made bytes by the serializers). One call on the
-        path of every message: Producer.send's cost a message is mostly this."""
-        if self.serializer is None:
-            value = require_bytes("Producer.send: value", value, _NO_SERIALIZER_FIX)
-        else:
+        path of every message: Producer.send's cost a message is mostly this (the encoding is
+        broker.log.codec's, in C when built; bytes, the usual value, skip require_bytes)."""
+        if self.serializer is not None:
             value = require_bytes("Producer.send: the serializer's result", self.serializer(value))
+        elif type(value) is not bytes:
+            value = require_bytes("Producer.send: value", value, _NO_SERIALIZER_FIX)
         if key is not None:
-            if self.key_serializer is None:
-                key = require_bytes("Producer.send: key", key, _NO_SERIALIZER_FIX)
-            else:
+            if self.key_serializer is not None:
                 key = require_bytes(
                     "Producer.send: the key_serializer's result", self.key_serializer(key)
                 )
+            elif type(key) is not bytes:
+                key = require_bytes("Producer.send: key", key, _NO_SERIALIZER_FIX)
         if partition is None:
             partition = self._place(layout, key)
         elif not 0 <= partition < len(layout):
             partition_of(layout, self.topic, partition)  # raises, naming the range
-        if self.produced is not None and timestamp_ms is None:
+        produced = self.produced
+        if produced is not None and timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000  # counted in its window, as stored
         message = encode_message(value, key, timestamp_ms)
         batch = self._batches.get(partition)
         if batch is None:
             batch = self._batches[partition] = Batch(partition, self.clock.monotonic())
             self._linger_deadline = min(self._linger_deadline, batch.started + self.linger_s)
-        if self.produced is not None:
+        if produced is not None:
             assert timestamp_ms is not None
             window = timestamp_ms // WINDOW_MS
             windows = batch.windows = batch.windows or {}
             windows[window] = windows.get(window, 0) + 1
+        messages = batch.messages
+        messages.append(message)
         position = batch.size
-        batch.messages.append(message)
-        batch.size += len(message)
-        full = len(batch.messages) >= self.batch_messages or batch.size >= self.batch_bytes
-        return batch, position, full
+        size = batch.size = position + len(message)
+        return batch, position, len(messages) >= self.batch_messages or size >= self.batch_bytes
 
     def _place(self, layout: tuple[PartitionInfo, ...], key: Buffer | None) -> int:
         """The partition of a message not sent to a given one: by key, or spread (keyless:
@@ -541,7 +544,7 @@ class Producer(ProducerCore):
         is full, and any batch whose linger has passed. Raises what sending raises (BrokerError,
         Unavailable, AuthenticationFailed), and TypeError, nothing sent, for a value or key that
         is not bytes (nor made bytes by the producer's serializer or key_serializer)."""
-        layout = self._partition_layout()
+        layout = self._layout or self._partition_layout()
         batch, position, full = self._add(layout, value, key, timestamp_ms, partition)
         if full:
             self._send_batch(batch.partition)

@@ -375,3 +375,10 @@ def test_the_spark_sources_record_batch_is_its_messages(
 def test_the_spark_source_decodes_with_the_codec() -> None:
     reader = pytest.importorskip("pipeline.reader")
     assert vars(reader)["decode_columns"] is codec.decode_columns
+
+
+def test_producers_encode_with_the_codec() -> None:
+    """Producer.send and AsyncProducer.send (ProducerCore._add) encode with the codec chosen."""
+    from broker.client import producer
+
+    assert vars(producer)["encode_message"] is codec.encode_message
