@@ -235,13 +235,25 @@ static PyObject *scan_walk(PyObject *Py_UNUSED(module), PyObject *const *args,
     return result;
 }
 
+/* An int object for `value`, the one of the message before when it had the same value (the
+ * messages of a batch mostly share their size and timestamp): a new reference. */
+static PyObject *shared_int(int64_t value, int64_t *last, PyObject **last_obj) {
+    if (*last_obj == NULL || value != *last) {
+        PyObject *made = PyLong_FromLongLong(value);
+        if (made == NULL)
+            return NULL;
+        Py_XSETREF(*last_obj, made);
+        *last = value;
+    }
+    return Py_NewRef(*last_obj);
+}
+
 /* A new Message: a tuple of the named tuple's own type, made by its tp_alloc (what
- * tuple.__new__(Message, ...) makes, without the intermediate tuple). Steals the references. */
-static PyObject *new_message(PyTypeObject *type, PyObject *offset, Py_ssize_t size,
-                             int64_t timestamp, PyObject *key, PyObject *value,
+ * tuple.__new__(Message, ...) makes, without the intermediate tuple). Steals the references
+ * (size_obj and timestamp_obj may be NULL: an error made them). */
+static PyObject *new_message(PyTypeObject *type, PyObject *offset, PyObject *size_obj,
+                             PyObject *timestamp_obj, PyObject *key, PyObject *value,
                              uint64_t checksum) {
-    PyObject *size_obj = PyLong_FromSsize_t(size);
-    PyObject *timestamp_obj = PyLong_FromLongLong(timestamp);
     PyObject *checksum_obj = PyLong_FromUnsignedLongLong(checksum);
     PyObject *message = NULL;
     if (size_obj && timestamp_obj && checksum_obj)
@@ -283,6 +295,8 @@ static PyObject *decode_set(PyObject *module, PyObject *const *args, Py_ssize_t 
     const unsigned char *data = view.buf;
     Py_ssize_t end = view.len, pos = 0;
     PyObject *messages = PyList_New(0);
+    PyObject *last_size_obj = NULL, *last_timestamp_obj = NULL;
+    int64_t last_size = 0, last_timestamp = 0;
     if (messages == NULL)
         goto error;
     header h;
@@ -304,8 +318,9 @@ static PyObject *decode_set(PyObject *module, PyObject *const *args, Py_ssize_t 
             Py_XDECREF(offset);
             goto error;
         }
-        PyObject *message =
-            new_message(type, offset, h.following - pos, h.timestamp, key, value, h.checksum);
+        PyObject *size = shared_int(h.following - pos, &last_size, &last_size_obj);
+        PyObject *timestamp = shared_int(h.timestamp, &last_timestamp, &last_timestamp_obj);
+        PyObject *message = new_message(type, offset, size, timestamp, key, value, h.checksum);
         if (message == NULL)
             goto error;
         int appended = PyList_Append(messages, message);
@@ -315,11 +330,15 @@ static PyObject *decode_set(PyObject *module, PyObject *const *args, Py_ssize_t 
         pos = h.following;
     }
     PyBuffer_Release(&view);
+    Py_XDECREF(last_size_obj);
+    Py_XDECREF(last_timestamp_obj);
     if (pos == end)
         return Py_BuildValue("(NO)", messages, Py_None);
     return Py_BuildValue("(Nn)", messages, pos);
 error:
     Py_XDECREF(messages);
+    Py_XDECREF(last_size_obj);
+    Py_XDECREF(last_timestamp_obj);
     PyBuffer_Release(&view);
     return NULL;
 }
