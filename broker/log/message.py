@@ -361,8 +361,10 @@ _MICROS_RANGE = range(-(1 << 63) // 1000 + 1, ((1 << 63) - 1) // 1000 + 1)
 def decode_columns(buf: Buffer, base_offset: int, end_offset: int) -> Columns:
     """The messages of a set whose first byte is at `base_offset`, those at offsets below
     `end_offset` up to the first that fails its checks, as the buffers of Arrow columns: the
-    reference of broker.log._codec.decode_columns. OverflowError for an offset, or a timestamp
-    in microseconds, that an int64 cannot hold."""
+    reference of broker.log._codec.decode_columns. Each message is checked before its offset
+    is compared with `end_offset`, so the first message at or past `end_offset`, where the
+    walk stops, is `bad` when it fails them. OverflowError for an offset, or a timestamp in
+    microseconds, that an int64 cannot hold."""
     if len(buf) > MAX_COLUMNS_SET:
         raise ValueError(
             "decode_columns takes a set of at most 2 GiB - 1 bytes (Arrow's binary offsets are "
