@@ -40,7 +40,7 @@ from broker.pool import Answers, WorkerHandle, WorkerPool
 from broker.processes import port_holder
 from broker.security import Authorizer, HandshakeFailures, Operation, Principals, ZapHandler
 from broker.topics import Topics
-from broker.transport import CREDIT, STATE, reply_envelope, tagged_identity
+from broker.transport import CREDIT, REPLIES, STATE, reply_envelope, tagged_identity
 from broker.zmqio import NOBLOCK, receive_routed, send_frames
 
 log = logging.getLogger("pylog.supervisor")
@@ -209,6 +209,9 @@ class Front:
                 worker.stats = state["stats"]
             else:
                 self.topics.worker_state(worker, state)
+        elif first[:1] == REPLIES:  # one-frame replies, each behind its tagged identity
+            for i in range(0, len(rest), 2):
+                send_frames(self.socket, [*reply_envelope(rest[i].bytes), rest[i + 1]])
         else:  # a reply, behind the tagged identity of its client: forwarded as zmq.Frames,
             send_frames(self.socket, [*reply_envelope(first), *rest])  # not copied
 

@@ -16,6 +16,8 @@ frame says what the message is:
                                                   client, b"Q" + identity for a REQ client, whose
                                                   replies need the empty delimiter back
     REPLY    the same tagged frame, reply frames  the worker's answer, routed back by the tag
+    REPLIES  b"P" + count (u32), then per reply:  worker to supervisor: one-frame replies made
+             the tagged frame, the reply frame    together (the acks a flush gave), `count`
     COMMAND  b"C", JSON                           supervisor to worker: open or delete partitions
     STATE    b"S", JSON                           worker to supervisor: hello, partitions opened
                                                   or failed, topic deleted
@@ -25,6 +27,7 @@ frame says what the message is:
 The supervisor passes a worker every request it drained for it in one go as one REQUESTS
 message: each ZeroMQ message costs a wake-up of the sender's I/O thread and of the receiving
 worker, so under load, when requests queue, the hand-offs per request fall by themselves. The
+acks one flush gives go back the same way, as one REPLIES message. The
 client's request frame is passed through as it came, never re-encoded. The worker knows every
 message's frame count from its first frame (receive_from_supervisor), so it reads them with no
 per-frame "more" check.
@@ -38,7 +41,7 @@ at the latest), so what waits for a worker is bounded in bytes, not in messages.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import trio
@@ -50,6 +53,7 @@ from broker.zmqio import NOBLOCK, receive_bytes, send_frames
 FROM_DEALER = b"R"
 FROM_REQ = b"Q"
 REQUESTS = b"B"
+REPLIES = b"P"
 COMMAND = b"C"
 STATE = b"S"
 CREDIT = b"K"
@@ -115,19 +119,14 @@ class TrioSocket(Generic[Message]):
 
     async def send(self, frames: Sequence[Buffer | zmq.Frame]) -> None:
         """Send a multipart message; waits only while the peer's queue is full."""
-        await self.send_all((frames,))
-
-    async def send_all(self, messages: Iterable[Sequence[Buffer | zmq.Frame]]) -> None:
-        """Send multipart messages in order; waits only while the peer's queue is full."""
-        for frames in messages:
-            while True:
-                try:
-                    send_frames(self.socket, frames, NOBLOCK)
-                    break
-                except zmq.Again:
-                    if not self._events() & zmq.POLLOUT:
-                        await trio.lowlevel.wait_writable(self._fd)
-        # The sends may have consumed the edge a waiting receive() depends on. Reading EVENTS
+        while True:
+            try:
+                send_frames(self.socket, frames, NOBLOCK)
+                break
+            except zmq.Again:
+                if not self._events() & zmq.POLLOUT:
+                    await trio.lowlevel.wait_writable(self._fd)
+        # The send may have consumed the edge a waiting receive() depends on. Reading EVENTS
         # re-arms it; a message already waiting is the receiver's to take at once.
         if self._receiver_wait is not None and self._events() & zmq.POLLIN:
             self._receiver_wait.cancel()
@@ -146,6 +145,14 @@ def credit_frames(count: int) -> list[bytes]:
 def requests_frame(count: int) -> bytes:
     """The first frame of a REQUESTS message of `count` requests."""
     return REQUESTS + count.to_bytes(4, "big")
+
+
+def replies_message(replies: Sequence[tuple[bytes, Buffer]]) -> list[Buffer]:
+    """A REPLIES message of one-frame replies, each (tagged identity, reply frame)."""
+    frames: list[Buffer] = [REPLIES + len(replies).to_bytes(4, "big")]
+    for tagged, frame in replies:
+        frames += (tagged, frame)
+    return frames
 
 
 def receive_from_supervisor(socket: zmq.Socket[bytes], flags: int = 0) -> list[bytes]:

@@ -101,6 +101,7 @@ from broker.transport import (
     credit_frames,
     json_frame,
     receive_from_supervisor,
+    replies_message,
 )
 from broker.worker_stats import STATS_EVERY_S, WorkerStats
 
@@ -117,8 +118,8 @@ DISK_ERRORS = (DiskFull, StorageIOError)
 """What the disk or the file table says (not what a request got wrong)."""
 
 
-Reply = list[Buffer]
-"""A reply as the worker sends it: the tagged identity, then the reply's frames."""
+Reply = tuple[bytes, Buffer]
+"""A one-frame reply (an ack, an error) and the tagged identity it goes to."""
 
 
 class PendingAck(NamedTuple):
@@ -164,7 +165,8 @@ class Partition:
     def fail_acks(self, error: PylogError, replies: list[Reply]) -> None:
         """Answer every waiting ack `error` instead (its messages will not be stored)."""
         for ack in self.acks:
-            replies.append([ack.reply[0], *protocol.encode_error(ack.correlation_id, error)])
+            (frame,) = protocol.encode_error(ack.correlation_id, error)
+            replies.append((ack.reply[0], frame))
         self.acks.clear()
 
 
@@ -265,10 +267,12 @@ class Worker:
         self.partitions.clear()
 
     async def _send_replies(self) -> None:
-        """Send the replies made where nothing could be sent (self._replies)."""
+        """Send the replies made where nothing could be sent (self._replies), as one REPLIES
+        message: a hundred acks of one flush cost the worker one send and the supervisor one
+        receive."""
         replies, self._replies = self._replies, []
         if replies:
-            await self.socket.send_all(replies)
+            await self.socket.send(replies_message(replies))
 
     # -- requests --------------------------------------------------------------------------
 
@@ -371,7 +375,8 @@ class Worker:
             await self._reply(tagged, frames)
             return
         # Answered by the flush that stores it (note_flush), or failed (fail_acks).
-        partition.acks.append(PendingAck(end, correlation_id, [tagged, *frames]))
+        (frame,) = frames
+        partition.acks.append(PendingAck(end, correlation_id, (tagged, frame)))
         self._flush_wanted.add(partition)
 
     async def _fetch(

@@ -17,7 +17,7 @@ from broker import protocol
 from broker.flush_waiters import FlushWaiters, FlushWaitersStatistics
 from broker.protocol import Ack, Api, ErrorCode
 from broker.transport import STATE
-from tests.broker.test_worker import CLIENT, idle_worker, produce_frames
+from tests.broker.test_worker import CLIENT, idle_worker, produce_frames, replies_in
 
 HOUR_MS = 3_600_000
 PRODUCE_ID = 7
@@ -51,10 +51,11 @@ def received(supervisor: zmq.Socket[bytes]) -> list[list[bytes]]:
     """Every reply the worker has sent so far (its routing frame stripped)."""
     replies = []
     while supervisor.poll(0):
-        tagged, *frames = supervisor.recv_multipart()
-        if tagged != STATE:  # the worker's report of a command
-            assert tagged == CLIENT
-            replies.append(frames)
+        message = supervisor.recv_multipart()
+        if message[0] != STATE:  # the worker's report of a command
+            for tagged, *frames in replies_in(message):
+                assert tagged == CLIENT
+                replies.append(frames)
     return replies
 
 
