@@ -12,11 +12,15 @@ client does):
 
 - producer: one producer sends 200-byte messages built in the timed loop, in batches of 1 and
   of 50, first without waiting for acks (the paper's producer; the run ends when the broker
-  holds them all), then waiting for acks (pylog ack=flushed, RabbitMQ publisher confirms);
+  holds them all), then waiting for acks (pylog ack=flushed, RabbitMQ publisher confirms),
+  with up to --acked-in-flight batches (100) awaiting theirs at once, as a pipelining client
+  would;
 - consumer: one consumer reads the stored messages, about 1,000 (200 KB) a fetch, checking
   each message (pylog: its XXH3 checksum; RabbitMQ: a CRC32 of the body);
 - latency: a producer at 10,000 msg/s for 10 s while a consumer records produce-to-consume
-  times: pylog with its default flush settings and with flush.messages = 1, and RabbitMQ;
+  times: pylog with its default flush settings and with flush.messages = 1, and RabbitMQ,
+  each beside a probe of the disk's own fsync latency (perf.latency.DiskProbe), so that a
+  stall shows whose it is; the table gives the worst round's p99 beside the median's;
 - memory: pylogd's RSS (supervisor and workers) sampled while --memory-gb flow through it.
 
 A system that cannot send --messages within --budget-s of a run is given fewer: a short
@@ -44,6 +48,7 @@ from typing import Any
 from broker.protocol import Ack
 from perf import peer_rabbitmq, pylog_runs
 from perf.cpu import anonymous_rss_bytes, rss_bytes
+from perf.latency import DiskProbe
 from perf.peer_rabbitmq import PrivateRabbitMQ
 from perf.pylog_runs import MESSAGE_BYTES, PrivatePylogd, fresh_topic
 
@@ -99,13 +104,27 @@ class Harness:
                 name = f"producer_batch{batch}_{'acked' if acked else 'no_ack'}"
                 ack = Ack.FLUSHED if acked else Ack.NONE
 
-                def run_pylog(n: int, batch: int = batch, ack: Ack = ack) -> Result:
-                    with fresh_topic(pylog.endpoint, self.topic()) as topic:
-                        return pylog_runs.produce(pylog, topic, n, batch, ack)
+                in_flight = self.args.acked_in_flight if acked else 1
 
-                def run_rabbit(n: int, batch: int = batch, acked: bool = acked) -> Result:
+                def run_pylog(
+                    n: int, batch: int = batch, ack: Ack = ack, in_flight: int = in_flight
+                ) -> Result:
+                    with fresh_topic(pylog.endpoint, self.topic()) as topic:
+                        return pylog_runs.produce(
+                            pylog, topic, n, batch, ack, max_in_flight=in_flight
+                        )
+
+                def run_rabbit(
+                    n: int, batch: int = batch, acked: bool = acked, in_flight: int = in_flight
+                ) -> Result:
                     return peer_rabbitmq.produce(
-                        rabbit.url, self.topic(), n, batch, acked, pids=rabbit.pids()
+                        rabbit.url,
+                        self.topic(),
+                        n,
+                        batch,
+                        acked,
+                        pids=rabbit.pids(),
+                        in_flight=in_flight,
                     )
 
                 self.alternate(name, self.sized(run_pylog), self.sized(run_rabbit))
@@ -126,12 +145,17 @@ class Harness:
         with PrivatePylogd(self.work / "pylogd-flush1", "--log-flush-messages", "1") as eager:
             for _ in range(self.args.repeat):
                 for system, broker in (("pylog", pylog), ("pylog_flush_messages_1", eager)):
-                    with fresh_topic(broker.endpoint, self.topic()) as topic:
-                        self.record(
-                            "latency", system, pylog_runs.latency(broker, topic, rate, seconds)
-                        )
-                result = peer_rabbitmq.latency(rabbit.url, self.topic(), rate, seconds)
-                self.record("latency", "rabbitmq", result)
+                    with fresh_topic(broker.endpoint, self.topic()) as topic, self.probe() as disk:
+                        result = pylog_runs.latency(broker, topic, rate, seconds)
+                    self.record("latency", system, {**result, **disk.summary()})
+                with self.probe() as disk:
+                    result = peer_rabbitmq.latency(rabbit.url, self.topic(), rate, seconds)
+                self.record("latency", "rabbitmq", {**result, **disk.summary()})
+
+    def probe(self) -> DiskProbe:
+        """The disk's own fsync latency, measured beside a latency run, on the disk that
+        holds both systems' data."""
+        return DiskProbe(self.work)
 
     def memory(self, pylog: PrivatePylogd) -> None:
         """pylogd's memory while --memory-gb of 200-byte messages flow in and are read back:
@@ -198,6 +222,9 @@ class Harness:
             numeric = {k for k, v in lines[0].items() if isinstance(v, int | float)}
             out[key] = {k: statistics.median(line[k] for line in lines) for k in numeric}
             out[key]["runs"] = len(lines)
+            for worst in ("p99_ms", "disk_max_ms"):  # latency: a stalled round is not a median's
+                if worst in numeric:
+                    out[key][f"worst_{worst}"] = max(line[worst] for line in lines)
         return out
 
 
@@ -227,13 +254,15 @@ def write_table(medians: dict[tuple[str, str], Result], command: str, path: Path
     if latency:
         lines += [
             "",
-            "| latency at 10,000 msg/s | p50 ms | p99 ms | max ms | lost (median) |",
-            "| --- | ---: | ---: | ---: | ---: |",
+            "| latency at 10,000 msg/s | p50 ms | p99 ms | p99 ms, worst round | max ms "
+            "| lost (median) | disk fsync p99 ms | disk fsync max ms, worst round |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for (_, system), m in sorted(latency.items()):
             lines.append(
-                f"| {system} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} | {m['max_ms']:.1f} "
-                f"| {m['lost']:,.0f} |"
+                f"| {system} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} | {m['worst_p99_ms']:.1f} "
+                f"| {m['max_ms']:.1f} | {m['lost']:,.0f} | {m['disk_p99_ms']:.1f} "
+                f"| {m['worst_disk_max_ms']:.1f} |"
             )
     memory = medians.get(("memory", "pylog"))
     if memory:
@@ -296,6 +325,12 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=60.0, help="time a run may take")
+    parser.add_argument(
+        "--acked-in-flight",
+        type=int,
+        default=100,
+        help="batches awaiting their acks (pylog) or confirms (RabbitMQ) in the acked runs",
+    )
     parser.add_argument("--latency-rate", type=int, default=10_000)
     parser.add_argument("--latency-s", type=float, default=10.0)
     parser.add_argument("--memory-gb", type=float, default=2.0)

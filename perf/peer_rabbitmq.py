@@ -10,10 +10,11 @@ perf/pylog_runs.py. Every body is 200 bytes, built in the timed loop.
 
 - `produce`: one connection publishes N messages, `batch` at a time. AMQP 0-9-1 has no batched
   publish: a batch is `batch` basic.publish frames written with one socket flush, then, with
-  `confirm`, a wait for the broker's publisher confirms of the whole batch (the channel is in
-  confirm mode; RabbitMQ confirms a persistent message to a durable queue once it is on disk).
-  That is the closest AMQP comes to the paper's batches of 50; batch 1 with confirms is one
-  round trip (and one wait for the disk) per message. Without `confirm` (like the paper's
+  `confirm`, a wait for the broker's publisher confirms (the channel is in confirm mode;
+  RabbitMQ confirms a persistent message to a durable queue once it is on disk) until at most
+  `in_flight` - 1 batches await theirs: with the default 1, of the whole batch. That is the
+  closest AMQP comes to the paper's batches of 50; batch 1 with confirms and one in flight is
+  one round trip (and one wait for the disk) per message. Without `confirm` (like the paper's
   producer, which never waits) the run ends when the broker holds all N: `queue.declare`
   (passive) reports N messages.
 - `consume`: the queue is filled first (untimed, confirmed batches, so everything is on disk),
@@ -489,9 +490,10 @@ class _Confirms:
         else:
             self.confirmed += len(done)
 
-    def wait_all(self, connection: Any, deadline: float) -> None:
-        _flush(connection, lambda: not self._pending or time.monotonic() > deadline)
-        if self._pending:
+    def wait(self, connection: Any, deadline: float, at_most: int = 0) -> None:
+        """Wait until at most `at_most` publishes await their confirms."""
+        _flush(connection, lambda: len(self._pending) <= at_most or time.monotonic() > deadline)
+        if len(self._pending) > at_most:
             raise TimeoutError(f"{len(self._pending)} publishes not confirmed in time")
         if self.nacked:
             raise RuntimeError(f"RabbitMQ nacked {self.nacked} messages")
@@ -507,9 +509,11 @@ def produce(
     pids: Iterable[int] = (),
     keep: bool = False,
     limit_s: float = 600.0,
+    in_flight: int = 1,
 ) -> dict[str, Any]:
     """Publish `messages` persistent 200-byte messages to a fresh durable queue, `batch` per
-    socket flush, waiting for each batch's confirms when `confirm`; see the module docstring.
+    socket flush, with `confirm` up to `in_flight` batches awaiting their confirms (waiting for
+    the oldest before the next); see the module docstring.
 
     `pids` are the broker's processes (PrivateRabbitMQ.pids()) for broker_cpu_s. The queue is
     deleted afterwards unless `keep`. Raises TimeoutError past `limit_s`."""
@@ -533,12 +537,14 @@ def produce(
                 if confirms is not None:
                     confirms.sent()
             if confirms is not None:
-                confirms.wait_all(connection, deadline)
+                confirms.wait(connection, deadline, (in_flight - 1) * batch)
             else:
                 _flush(connection)  # write the batch out
             if time.monotonic() > deadline:
                 raise TimeoutError(f"published {first + batch} of {messages} in {limit_s} s")
-        if confirms is None:
+        if confirms is not None:
+            confirms.wait(connection, deadline)
+        else:
             while (held := _held(channel, queue)) < messages:  # the broker holds all N
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"RabbitMQ held {held} of {messages} messages")

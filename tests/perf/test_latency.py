@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import time
+from pathlib import Path
 
-from perf.latency import latency_summary
+from perf.latency import DiskProbe, latency_summary
 
 
 def test_every_message_arrived() -> None:
@@ -17,3 +19,15 @@ def test_lost_messages_count_as_infinite_delays() -> None:
     assert summary["lost"] == 2
     assert summary["p50_ms"] == 1.0
     assert math.isinf(summary["p99_ms"]) and math.isinf(summary["max_ms"])
+
+
+def test_the_disk_probe_times_fsyncs_and_leaves_no_file(tmp_path: Path) -> None:
+    with DiskProbe(tmp_path, interval_s=0.001) as probe:
+        deadline = time.monotonic() + 10
+        while len(probe.fsync_ms) < 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
+    summary = probe.summary()
+    assert len(probe.fsync_ms) >= 3
+    assert 0 < summary["disk_p99_ms"] <= summary["disk_max_ms"] == round(max(probe.fsync_ms), 2)
+    assert not probe.path.exists()
+    assert all(math.isnan(value) for value in DiskProbe(tmp_path).summary().values())
