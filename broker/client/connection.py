@@ -69,7 +69,7 @@ from broker.protocol import (
     encode_request,
 )
 from broker.security import ClientKeys
-from broker.zmqio import receive_frames, send_frames
+from broker.zmqio import NOBLOCK, receive_frames, send_frames
 
 DEFAULT_CLIENT_ID: Final = "pylog-python"
 FIRE_AND_FORGET_LINGER_MS: Final = 5000
@@ -520,14 +520,18 @@ class Connection(Framing, Closing):
         `timeout_s`; AuthenticationFailed as soon as the socket's Curve handshake fails (the
         requests in flight never reached the broker)."""
         socket = self._dealer_socket()
-        try:
-            readable = self._readable(socket, timeout_s)
-        except AuthenticationFailed:
-            self._reset_dealer_socket()
-            raise
-        if not readable:
-            raise Unavailable(f"no reply from {self.endpoint} within {timeout_s:g} s")
-        frames: list[Buffer] = [frame.buffer for frame in receive_frames(socket)]
+        try:  # replies often come in bursts (the acks of one flush): no poll while they last
+            received = receive_frames(socket, NOBLOCK)
+        except zmq.Again:
+            try:
+                readable = self._readable(socket, timeout_s)
+            except AuthenticationFailed:
+                self._reset_dealer_socket()
+                raise
+            if not readable:
+                raise Unavailable(f"no reply from {self.endpoint} within {timeout_s:g} s") from None
+            received = receive_frames(socket)
+        frames: list[Buffer] = [frame.buffer for frame in received]
         return decode_reply_header(frames).correlation_id, frames
 
     def send_nowait(self, request: ProduceRequest) -> None:
