@@ -20,10 +20,13 @@ It connects a DEALER socket to the supervisor's ipc endpoint for it and serves w
   topic's settings on its open partitions (PartitionLog.reconfigure; a flush they make due
   happens at once).
 
-Flushes happen on count (in append), at each partition's flush deadline (a task sleeps until
-the earliest one), and by group commit: when producers wait for ack=flushed, the worker
+Flushes happen on count (once flush_messages are pending, after the requests the supervisor
+passed together are served: one flush for them all, so a disk slow for a moment is caught up
+with, not fallen behind by a flush per request), at each partition's flush deadline (a timer
+set to the earliest one), and by group commit: when producers wait for ack=flushed, the worker
 flushes their partitions as soon as it has served every request that has come, so one flush
-(and fsync) answers a whole burst and nobody waits flush_interval_ms on an idle disk.
+(and fsync) answers a whole burst and nobody waits flush_interval_ms on an idle disk. The acks
+a flush gives go back to the supervisor together, as one message.
 Retention runs every retention_check_interval_ms. After a change of a
 partition's log start or high watermark the worker reports them, at most every 0.2 s, so the
 supervisor can answer metadata requests.
@@ -185,6 +188,12 @@ class Worker:
         self.unanswered_errors = 0
         """Failed produce requests with ack=none, which get no reply: logged and counted."""
         self._flush_wanted: set[Partition] = set()
+        """Partitions to flush once the socket has nothing left to read: ack=flushed waits."""
+        self._flush_due: set[Partition] = set()
+        """Partitions to flush once the requests of this REQUESTS message are served: their
+        flush_messages are pending. One flush (and fsync) for the requests that came together,
+        so that a disk slower for a moment than requests come is caught up with by the next
+        flush, not fallen behind by a flush per request."""
         self._replies: list[Reply] = []
         """Replies made where nothing may be sent (acks a flush answered, or failed), sent by
         _send_replies from the loop or the task that flushed."""
@@ -224,7 +233,9 @@ class Worker:
                 for i in range(1, len(frames), 2):
                     await self._serve_request(frames[i], frames[i + 1 : i + 2])
                     self._served_bytes += len(frames[i + 1])
-                if self._replies:  # acks of flushes that appends made (flush_messages)
+                if self._flush_due:
+                    due, self._flush_due = self._flush_due, set()
+                    self._flush_partitions(due)
                     await self._send_replies()
                 if self._served_bytes >= self._credit_step:
                     await self._give_credit()
@@ -353,18 +364,17 @@ class Worker:
     ) -> None:
         partition = self._partition(*route)
         plog = partition.log
-        high_watermark = plog.high_watermark
         had_deadline = plog.next_flush_deadline() is not None
         try:
-            offset, count = plog.append_counted(message_set)
+            offset, count = plog.append_counted(message_set, flush=False)
         except DISK_ERRORS as error:
             self._on_disk_error(partition, error)
             raise
         partition.messages_in += count
         partition.bytes_in += len(message_set)
         end = plog.log_end_offset
-        if plog.high_watermark != high_watermark:
-            partition.note_flush(self._replies)
+        if plog.flush_due():  # flush_messages reached: flushed once this turn's are served
+            self._flush_due.add(partition)
         elif not had_deadline:
             self._flush_by(plog)
         if ack == protocol.Ack.NONE:
@@ -612,10 +622,14 @@ class Worker:
         that came has been served, and send their acks: one flush (and fsync) answers the
         whole burst, and a producer does not wait flush_interval_ms for a disk that is idle."""
         wanted, self._flush_wanted = self._flush_wanted, set()
-        for partition in wanted:
+        self._flush_partitions(wanted)
+        await self._send_replies()
+
+    def _flush_partitions(self, partitions: set[Partition]) -> None:
+        """Flush those of `partitions` still served and online."""
+        for partition in partitions:
             if self._still_open(partition) and partition.offline is None:
                 self._flush(partition)
-        await self._send_replies()
 
     def _flush_by(self, plog: PartitionLog) -> None:
         """Have _flush_when_due wake by `plog`'s flush deadline, which it has just been given:

@@ -232,8 +232,10 @@ class PartitionLog:
         then leaves the log's messages and offsets as they were."""
         return self.append_counted(message_set)[0]
 
-    def append_counted(self, message_set: Buffer) -> tuple[int, int]:
-        """`append`, also saying how many messages the set held."""
+    def append_counted(self, message_set: Buffer, flush: bool = True) -> tuple[int, int]:
+        """`append`, also saying how many messages the set held. With `flush` false, a flush
+        the append makes due (`flush_due`) is the caller's to make: the broker's worker makes
+        one for all the requests it was passed at once."""
         self._refuse_if_failed()
         config = self.config
         size = len(message_set)
@@ -262,9 +264,7 @@ class PartitionLog:
         if self._pending_since is None:
             self._pending_since = self._clock.monotonic()
         self._pending_messages += checked.message_count
-        if self._pending_messages >= config.flush_messages:
-            self.flush()
-        else:
+        if flush:
             self.flush_if_due()
         return offset, checked.message_count
 
@@ -301,16 +301,18 @@ class PartitionLog:
             return None
         return self._pending_since + self.config.flush_interval_ms / 1000
 
-    def flush_if_due(self) -> bool:
-        """Flush if the oldest pending message has waited flush_interval_ms, or flush_messages
-        are pending (possible only after `reconfigure` lowered it); say if it did."""
+    def flush_due(self) -> bool:
+        """Whether the oldest pending message has waited flush_interval_ms, or flush_messages
+        are pending."""
         deadline = self.next_flush_deadline()
-        if deadline is None:
-            return False
-        if (
-            self._clock.monotonic() < deadline
-            and self._pending_messages < self.config.flush_messages
-        ):
+        return deadline is not None and (
+            self._clock.monotonic() >= deadline
+            or self._pending_messages >= self.config.flush_messages
+        )
+
+    def flush_if_due(self) -> bool:
+        """Flush if `flush_due`; say if it did."""
+        if not self.flush_due():
             return False
         self.flush()
         return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -275,5 +276,52 @@ async def test_acks_one_at_a_time_do_not_wake_the_flush_timer(
             assert plog.statistics().pending_messages == 0
             nursery.cancel_scope.cancel()
         assert wake_ups.count == 0
+    finally:
+        worker.close()
+
+
+async def test_requests_passed_together_that_reach_flush_messages_get_one_flush(
+    tmp_path: Path,
+    sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # flush.messages = 1 and 50 produce requests that queued while the worker was busy (a
+    # disk slow for a moment): one flush, one fsync, for the 50. A flush (and fsync) per
+    # request, inside each append, fell further behind the slower the disk was: the stalls
+    # of seconds in the latency experiment with flush.messages = 1.
+    supervisor, worker_end = sockets
+    config = BrokerConfig({"log_flush_interval_ms": HOUR_MS, "log_flush_messages": 1})
+    worker = Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
+    fsyncs: list[int] = []
+    fsync = os.fsync
+
+    def counted_fsync(fd: int) -> None:
+        fsyncs.append(fd)
+        fsync(fd)
+
+    burst = 50
+    frames: list[bytes] = [requests_frame(burst)]
+    for i in range(burst):
+        frames += [CLIENT, *produce_frames(Ack.FLUSHED, correlation_id=i)]
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.serve)
+            worker._open("audit", 0, tmp_path, worker.config.log_config())
+            monkeypatch.setattr(os, "fsync", counted_fsync)
+            supervisor.send_multipart(frames)
+            replies: list[list[bytes]] = []
+            with trio.fail_after(10):
+                while len(replies) < burst:
+                    if supervisor.poll(0):
+                        message = supervisor.recv_multipart()
+                        if message[0] != STATE:  # the worker's hello
+                            replies += replies_in(message)
+                    else:
+                        await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        assert len(fsyncs) == 1
+        codes = {protocol.decode_reply_header(reply[1:]).error_code for reply in replies}
+        assert codes == {protocol.ErrorCode.NONE}
+        assert worker.partitions[("audit", 0)].log.statistics().pending_messages == 0
     finally:
         worker.close()
