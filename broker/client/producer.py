@@ -63,6 +63,7 @@ import logging
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -504,6 +505,9 @@ class Producer(ProducerCore):
             key_serializer,
         )
         self._in_flight: dict[tuple[Connection, int], InFlight] = {}
+        self._in_flight_on: Counter[Connection] = Counter()
+        """How many of _in_flight each connection carries (none: not there), kept as they
+        change: the connections to wait on, without a walk of _in_flight an ack."""
         metadata_retries = METADATA_RETRIES if retries is None else retries
         self.cluster = Cluster(endpoint, client_id, timeout_s, metadata_retries, keys=keys)
         self._audit: Producer | None = None
@@ -615,6 +619,7 @@ class Producer(ProducerCore):
                     error = failure
                     continue
                 self._in_flight[connection, connection.send_pipelined(entry.request)] = entry
+                self._in_flight_on[connection] += 1
                 return
         except PylogError as failure:
             entry.batch.settle(None, failure)
@@ -626,7 +631,7 @@ class Producer(ProducerCore):
         whose budget ran out is failed, and the first such error raised once every other lost
         batch is sent again. A `wait_s` shorter than the timeout that ends with no reply only
         returns (a Delivery's result(timeout) ran out, not the batch's reply)."""
-        connections = {connection for connection, _ in self._in_flight}
+        connections = self._in_flight_on.keys()
         timeout_s = (
             self.cluster.timeout_s if wait_s is None else min(wait_s, self.cluster.timeout_s)
         )
@@ -645,6 +650,7 @@ class Producer(ProducerCore):
         if (connection, correlation_id) not in self._in_flight:
             return  # the late reply to a batch already sent again after a timeout
         entry = self._in_flight.pop((connection, correlation_id))
+        self._landed(connection)
         try:
             reply = decode_reply(Api.PRODUCE, frames)
         except BrokerError as error:
@@ -662,11 +668,18 @@ class Producer(ProducerCore):
             return
         self._acked(entry, reply)
 
+    def _landed(self, connection: Connection) -> None:
+        """Count one batch in flight on `connection` less."""
+        self._in_flight_on[connection] -= 1
+        if not self._in_flight_on[connection]:
+            del self._in_flight_on[connection]
+
     def _fail_in_flight(self, error: AuthenticationFailed) -> None:
         """Fail every batch in flight to the broker that refused this client's handshake."""
         for key, entry in list(self._in_flight.items()):
             if key[0].endpoint == error.endpoint:
                 del self._in_flight[key]
+                self._landed(key[0])
                 entry.batch.settle(None, error)
 
     def _send_lost_again(self, error: Unavailable) -> None:
@@ -674,6 +687,7 @@ class Producer(ProducerCore):
         the first error of those whose budget ran out once the others are sent."""
         lost = list(self._in_flight.values())
         self._in_flight.clear()
+        self._in_flight_on.clear()
         self._layout = None  # a broker may be down: ask where partitions are again
         failure: PylogError | None = None
         for entry in lost:
