@@ -240,6 +240,7 @@ def test_decoded_message_is_a_message() -> None:
     [decoded], bad = _codec.decode_set(encoded([(b"value", b"key", 42)]), 10)
     assert bad is None
     assert type(decoded) is message.Message
+    assert not gc.is_tracked(decoded)  # it can be in no cycle: the collector need not visit it
     assert decoded.next_offset == 10 + decoded.size
     assert decoded._replace(offset=0).offset == 0
 
