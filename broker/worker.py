@@ -236,6 +236,7 @@ class Worker:
                 if self._flush_due:
                     due, self._flush_due = self._flush_due, set()
                     self._flush_partitions(due)
+                if self._replies:  # acks those flushes or a roll gave, or failed
                     await self._send_replies()
                 if self._served_bytes >= self._credit_step:
                     await self._give_credit()
@@ -364,6 +365,7 @@ class Worker:
     ) -> None:
         partition = self._partition(*route)
         plog = partition.log
+        high_watermark = plog.high_watermark
         had_deadline = plog.next_flush_deadline() is not None
         try:
             offset, count = plog.append_counted(message_set, flush=False)
@@ -373,10 +375,12 @@ class Worker:
         partition.messages_in += count
         partition.bytes_in += len(message_set)
         end = plog.log_end_offset
+        if plog.high_watermark != high_watermark:  # a roll flushed what came before
+            partition.note_flush(self._replies)
+        if not had_deadline:
+            self._flush_by(plog)
         if plog.flush_due():  # flush_messages reached: flushed once this turn's are served
             self._flush_due.add(partition)
-        elif not had_deadline:
-            self._flush_by(plog)
         if ack == protocol.Ack.NONE:
             return
         reply = protocol.ProduceReply(offset, count)
@@ -561,6 +565,10 @@ class Worker:
                 partition.log.flush()
         except DISK_ERRORS as error:
             self._on_disk_error(partition, error)
+            if partition.offline is None:  # the log did not fail (EMFILE): try again soon
+                self._flush_timer.deadline = min(
+                    self._flush_timer.deadline, trio.current_time() + FLUSH_RETRY_S
+                )
             return False
         partition.note_flush(self._replies)
         return True
@@ -657,8 +665,8 @@ class Worker:
             wait_s = max(FLUSH_RETRY_S if failed else 0.0, due - SYSTEM_CLOCK.monotonic())
             with trio.move_on_after(wait_s) as self._flush_timer:
                 await self._deadline_changed.wait()
-            flushed = [
-                self._flush(partition, if_due=True)
+            flushed = [  # and those producers wait on, whose group commit failed (EMFILE)
+                self._flush(partition, if_due=not partition.acks)
                 for partition in list(self.partitions.values())
                 if partition.offline is None
             ]

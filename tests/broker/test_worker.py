@@ -18,6 +18,7 @@ from broker.errors import StorageIOError
 from broker.log import encode_message
 from broker.protocol import Ack, Api
 from broker.transport import (
+    CREDIT,
     FROM_DEALER,
     REPLIES,
     STATE,
@@ -50,8 +51,10 @@ def idle_worker(worker_end: zmq.Socket[bytes]) -> Worker:
 
 
 def replies_in(message: list[bytes]) -> list[list[bytes]]:
-    """The replies in a message from the worker, each [tagged identity, *frames]: one, or
-    those of a REPLIES message."""
+    """The replies in a message from the worker, each [tagged identity, *frames]: one, those
+    of a REPLIES message, or none (its hello, or the credit it gives back)."""
+    if message[0] in (STATE, CREDIT):
+        return []
     if message[0][:1] == REPLIES:
         return [message[i : i + 2] for i in range(1, len(message), 2)]
     return [message]
@@ -323,5 +326,98 @@ async def test_requests_passed_together_that_reach_flush_messages_get_one_flush(
         codes = {protocol.decode_reply_header(reply[1:]).error_code for reply in replies}
         assert codes == {protocol.ErrorCode.NONE}
         assert worker.partitions[("audit", 0)].log.statistics().pending_messages == 0
+    finally:
+        worker.close()
+
+
+async def test_an_ack_whose_flush_found_no_descriptor_comes_once_the_flush_is_tried_again(
+    tmp_path: Path, sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
+) -> None:
+    # flush.messages = 1, an hour's flush interval: the flush after the request, and the group
+    # commit, find no descriptor to reopen the segment with (EMFILE), which fails nothing. The
+    # worker must try again after a pause, not leave the ack for the next append.
+    supervisor, worker_end = sockets
+    config = BrokerConfig({"log_flush_interval_ms": HOUR_MS, "log_flush_messages": 1})
+    worker = Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
+    refusals = 2
+
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.serve)
+            worker._open("audit", 0, tmp_path, worker.config.log_config())
+            plog = worker.partitions[("audit", 0)].log
+            flush = plog.flush
+
+            def flush_without_descriptors() -> None:
+                nonlocal refusals
+                if refusals:
+                    refusals -= 1
+                    raise StorageIOError("reopening 00000000000000000000.log: [Errno 24] Too many")
+                flush()
+
+            plog.flush = flush_without_descriptors  # type: ignore[method-assign]
+            supervisor.send_multipart([requests_frame(1), CLIENT, *produce_frames(Ack.FLUSHED)])
+            replies: list[list[bytes]] = []
+            with trio.fail_after(5):
+                while not replies:
+                    if supervisor.poll(0):
+                        message = supervisor.recv_multipart()
+                        if message[0] != STATE:  # the worker's hello
+                            replies += replies_in(message)
+                    else:
+                        await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        assert refusals == 0
+        assert protocol.decode_reply(Api.PRODUCE, replies[0][1:]).base_offset == 0
+        assert plog.statistics().pending_messages == 0
+    finally:
+        worker.close()
+
+
+async def test_a_roll_that_flushes_wakes_the_long_polls_it_satisfies(
+    tmp_path: Path, sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
+) -> None:
+    # A roll flushes the segment it closes: the long poll waiting for those bytes is answered
+    # then, not at its max_wait_ms (an hour here, and no other flush is due).
+    supervisor, worker_end = sockets
+    config = BrokerConfig(
+        {
+            "log_flush_interval_ms": HOUR_MS,
+            "log_flush_messages": 1_000_000,
+            "log_segment_bytes": 40,  # 33 bytes a message: the second produce rolls
+        }
+    )
+    worker = Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
+    fetch = protocol.FetchRequest("audit", 0, 0, 1 << 20, HOUR_MS, 1)
+    fetch_frames = [
+        bytes(f)
+        for f in protocol.encode_request(protocol.RequestHeader(Api.FETCH, 1, 9, "tests"), fetch)
+    ]
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.serve)
+            worker._open("audit", 0, tmp_path, worker.config.log_config())
+            frames = [requests_frame(2), CLIENT, *produce_frames(Ack.WRITTEN, correlation_id=1)]
+            frames += [CLIENT, *fetch_frames]  # waits for the first produce's flush
+            supervisor.send_multipart(frames)
+            waiters = worker.partitions[("audit", 0)].waiters
+            with trio.fail_after(5):
+                while not waiters.statistics().waiting:
+                    await trio.sleep(0.01)
+            rolls = [requests_frame(1), CLIENT, *produce_frames(Ack.WRITTEN, correlation_id=2)]
+            supervisor.send_multipart(rolls)
+            answered: set[int] = set()
+            with trio.fail_after(5):
+                while len(answered) < 3:
+                    if supervisor.poll(0):
+                        message = supervisor.recv_multipart()
+                        if message[0] != STATE:  # the worker's hello
+                            for reply in replies_in(message):
+                                answered.add(protocol.decode_reply_header(reply[1:]).correlation_id)
+                    else:
+                        await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        assert answered == {1, 2, 9}
+        assert worker.partitions[("audit", 0)].log.statistics().segments == 2
     finally:
         worker.close()
