@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import zmq
 
-from broker.client.connection import DEFAULT_CLIENT_ID, Connection, normalize_endpoint
+from broker.client.connection import DEFAULT_CLIENT_ID, Connection, normalize_endpoint, poll_ms
 from broker.errors import BrokerError, Unavailable
 from broker.lifecycle import Closing
 from broker.log.message import Buffer
@@ -180,7 +180,7 @@ class Cluster(BrokerMap, Closing):
         poller = zmq.Poller()
         for socket in by_socket:
             poller.register(socket, zmq.POLLIN)
-        ready = poller.poll(max(1, round(timeout_s * 1000)))
+        ready = poller.poll(poll_ms(timeout_s))
         if not ready:
             endpoints = ", ".join(c.endpoint for c in by_socket.values())
             raise Unavailable(f"no reply from {endpoints} within {timeout_s:g} s")

@@ -237,7 +237,7 @@ class HandshakeMonitor(Handshakes):
         as soon as a handshake fails (the monitor is read when it has events, and at the
         timeout)."""
         deadline = time.monotonic() + timeout_s
-        timeout_ms = max(1, round(timeout_s * 1000))
+        timeout_ms = poll_ms(timeout_s)
         while True:
             if self._watched in dict(self._poller.poll(timeout_ms)):
                 return True
@@ -245,6 +245,12 @@ class HandshakeMonitor(Handshakes):
             timeout_ms = round((deadline - time.monotonic()) * 1000)
             if timeout_ms <= 0:
                 return False
+
+
+def poll_ms(timeout_s: float) -> int:
+    """A poll's timeout in ms for `timeout_s`: 0 for 0 (only look), else at least 1 ms, so that
+    a wait of a fraction of a millisecond waits rather than spins."""
+    return 0 if timeout_s <= 0 else max(1, round(timeout_s * 1000))
 
 
 class Framing:
@@ -369,7 +375,7 @@ class Connection(Framing, Closing):
         soon as its handshake fails."""
         monitor = self._monitors.get(socket)
         if monitor is None:
-            return bool(socket.poll(max(1, round(timeout_s * 1000)), zmq.POLLIN))
+            return bool(socket.poll(poll_ms(timeout_s), zmq.POLLIN))
         return monitor.wait_readable(timeout_s)
 
     def _reset_req_socket(self) -> None:

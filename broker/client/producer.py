@@ -586,10 +586,22 @@ class Producer(ProducerCore):
             self._count_produced(entry.batch)
         else:
             self._dispatch(entry)
-            while len(self._in_flight) >= self.max_in_flight:
-                self._receive_ack()
+            if len(self._in_flight) >= self.max_in_flight:
+                while len(self._in_flight) >= self.max_in_flight:
+                    self._receive_ack()
+                self._take_acks_there()
         if self.clock.monotonic() >= self._audit_due:
             self._publish_audit()
+
+    def _take_acks_there(self) -> None:
+        """Take every ack already received, without waiting: the acks of one flush come
+        together, and the batches their room lets go then leave together too (one wake-up of
+        this client's, and the broker's, I/O threads for them all), not one per ack."""
+        while self._in_flight:
+            waiting = len(self._in_flight)
+            self._receive_ack(0)
+            if len(self._in_flight) >= waiting:  # none there (or a late reply, or sent again)
+                return
 
     def _publish_audit(self) -> None:
         """Send the audit records of the windows whose counts changed, acknowledged as flushed
