@@ -20,10 +20,10 @@ It connects a DEALER socket to the supervisor's ipc endpoint for it and serves w
   topic's settings on its open partitions (PartitionLog.reconfigure; a flush they make due
   happens at once).
 
-Flushes happen on count (once flush_messages are pending, after the requests the supervisor
-passed together are served: one flush for them all, so a disk slow for a moment is caught up
-with, not fallen behind by a flush per request), at each partition's flush deadline (a timer
-set to the earliest one), and by group commit: when producers wait for ack=flushed, the worker
+Flushes happen on count (once flush_messages are pending, when the worker has nothing left to
+read, or after FLUSH_DUE_MESSAGES messages from the supervisor: one flush for the requests that
+queued during the last one, not a flush each for requests to queue behind), at each
+partition's flush deadline (a timer set to the earliest one), and by group commit: when producers wait for ack=flushed, the worker
 flushes their partitions as soon as it has served every request that has come, so one flush
 (and fsync) answers a whole burst and nobody waits flush_interval_ms on an idle disk. The acks
 a flush gives go back to the supervisor together, as one message.
@@ -114,6 +114,9 @@ ANSWER_TIMEOUT_S = 5.0
 FIRST_REOPEN_DELAY_S = 0.1
 MAX_REOPEN_DELAY_S = 5.0
 STORAGE_LOG_EVERY_S = 5.0
+FLUSH_DUE_MESSAGES = 8
+"""A flush that flush_messages made due waits for the worker to have nothing left to read, but
+for at most this many messages (REQUESTS of up to a few hundred requests) from the supervisor."""
 FLUSH_RETRY_S = 0.1
 """The wait before flushes are tried again after one failed without failing its log (no
 descriptor to reopen its segment with: EMFILE)."""
@@ -190,10 +193,12 @@ class Worker:
         self._flush_wanted: set[Partition] = set()
         """Partitions to flush once the socket has nothing left to read: ack=flushed waits."""
         self._flush_due: set[Partition] = set()
-        """Partitions to flush once the requests of this REQUESTS message are served: their
-        flush_messages are pending. One flush (and fsync) for the requests that came together,
-        so that a disk slower for a moment than requests come is caught up with by the next
-        flush, not fallen behind by a flush per request."""
+        """Partitions whose appends made a flush due (flush_messages pending), flushed once the
+        socket has nothing left to read, or after FLUSH_DUE_MESSAGES messages from the
+        supervisor at the latest: one flush (and fsync) for the requests that queued during
+        the last one, so that a flush per request does not queue requests behind fsyncs."""
+        self._due_for = 0
+        """Messages from the supervisor served since _flush_due got its first partition."""
         self._replies: list[Reply] = []
         """Replies made where nothing may be sent (acks a flush answered, or failed), sent by
         _send_replies from the loop or the task that flushed."""
@@ -234,8 +239,9 @@ class Worker:
                     await self._serve_request(frames[i], frames[i + 1 : i + 2])
                     self._served_bytes += len(frames[i + 1])
                 if self._flush_due:
-                    due, self._flush_due = self._flush_due, set()
-                    self._flush_partitions(due)
+                    self._due_for += 1
+                    if self._due_for >= FLUSH_DUE_MESSAGES:  # busy: not left for the idle
+                        self._flush_partitions(self._take_due())
                 if self._replies:  # acks those flushes or a roll gave, or failed
                     await self._send_replies()
                 if self._served_bytes >= self._credit_step:
@@ -630,8 +636,13 @@ class Worker:
         that came has been served, and send their acks: one flush (and fsync) answers the
         whole burst, and a producer does not wait flush_interval_ms for a disk that is idle."""
         wanted, self._flush_wanted = self._flush_wanted, set()
-        self._flush_partitions(wanted)
+        self._flush_partitions(wanted | self._take_due())
         await self._send_replies()
+
+    def _take_due(self) -> set[Partition]:
+        """The partitions whose flush_messages are pending, now taken to be flushed."""
+        due, self._flush_due, self._due_for = self._flush_due, set(), 0
+        return due
 
     def _flush_partitions(self, partitions: set[Partition]) -> None:
         """Flush those of `partitions` still served and online."""
@@ -661,8 +672,9 @@ class Worker:
             due = min((d for d in deadlines if d is not None), default=math.inf)
             # The deadlines are on the partition logs' clock (time.monotonic), not on trio's,
             # which has another origin: wait for the interval left, not until the instant.
-            # After a flush that failed and stays due, not at once: a spin until it works.
-            wait_s = max(FLUSH_RETRY_S if failed else 0.0, due - SYSTEM_CLOCK.monotonic())
+            # After a flush that failed, FLUSH_RETRY_S: not at once (a spin until it works), and
+            # not at a deadline an hour away when producers wait for it.
+            wait_s = FLUSH_RETRY_S if failed else max(0.0, due - SYSTEM_CLOCK.monotonic())
             with trio.move_on_after(wait_s) as self._flush_timer:
                 await self._deadline_changed.wait()
             flushed = [  # and those producers wait on, whose group commit failed (EMFILE)

@@ -421,3 +421,44 @@ async def test_a_roll_that_flushes_wakes_the_long_polls_it_satisfies(
         assert worker.partitions[("audit", 0)].log.statistics().segments == 2
     finally:
         worker.close()
+
+
+async def test_requests_that_queued_behind_a_flush_get_one_flush_and_a_busy_worker_a_bounded_wait(
+    tmp_path: Path,
+    sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # flush.messages = 1 and 20 REQUESTS messages of one produce each, queued while the worker
+    # was busy (an fsync): flushed when it has nothing left to read, but at least every 8
+    # messages (FLUSH_DUE_MESSAGES): 3 flushes, not 20 (each request waiting for the fsyncs
+    # of all those before it), nor 1 (a worker that always has more to read never flushing).
+    supervisor, worker_end = sockets
+    config = BrokerConfig({"log_flush_interval_ms": HOUR_MS, "log_flush_messages": 1})
+    worker = Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
+    fsyncs: list[int] = []
+    fsync = os.fsync
+
+    def counted_fsync(fd: int) -> None:
+        fsyncs.append(fd)
+        fsync(fd)
+
+    burst = 20
+    worker._open("audit", 0, tmp_path, worker.config.log_config())
+    monkeypatch.setattr(os, "fsync", counted_fsync)
+    for i in range(burst):
+        supervisor.send_multipart([requests_frame(1), CLIENT, *produce_frames(Ack.FLUSHED, i)])
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.serve)
+            replies: list[list[bytes]] = []
+            with trio.fail_after(10):
+                while len(replies) < burst:
+                    if supervisor.poll(0):
+                        replies += replies_in(supervisor.recv_multipart())
+                    else:
+                        await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        assert len(fsyncs) == 3
+        assert worker.partitions[("audit", 0)].log.statistics().pending_messages == 0
+    finally:
+        worker.close()
