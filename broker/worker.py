@@ -24,9 +24,10 @@ Flushes happen on count (once flush_messages are pending, when the worker has no
 read, or after FLUSH_DUE_MESSAGES messages from the supervisor: one flush for the requests that
 queued during the last one, not a flush each for requests to queue behind), at each
 partition's flush deadline (a timer set to the earliest one), and by group commit: when
-producers wait for ack=flushed, the worker flushes their partitions as soon as it has served every request that has come, so one flush
-(and fsync) answers a whole burst and nobody waits flush_interval_ms on an idle disk. The acks
-a flush gives go back to the supervisor together, as one message.
+producers wait for ack=flushed, the worker flushes their partitions as soon as it has served
+every request that has come, so one flush (and fsync) answers a whole burst and nobody waits
+flush_interval_ms on an idle disk. The acks a flush gives go back to the supervisor together,
+as one message.
 Retention runs every retention_check_interval_ms. After a change of a
 partition's log start or high watermark the worker reports them, at most every 0.2 s, so the
 supervisor can answer metadata requests.
