@@ -60,6 +60,31 @@ def replies_in(message: list[bytes]) -> list[list[bytes]]:
     return [message]
 
 
+async def replies_from(supervisor: zmq.Socket[bytes], count: int) -> list[list[bytes]]:
+    """The first `count` replies the worker sends (replies_in), waiting 10 s at most."""
+    replies: list[list[bytes]] = []
+    with trio.fail_after(10):
+        while len(replies) < count:
+            if supervisor.poll(0):
+                replies += replies_in(supervisor.recv_multipart())
+            else:
+                await trio.sleep(0.01)
+    return replies
+
+
+def counted_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The descriptors os.fsync is called with from now on (the calls go through)."""
+    fsyncs: list[int] = []
+    fsync = os.fsync
+
+    def counted_fsync(fd: int) -> None:
+        fsyncs.append(fd)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counted_fsync)
+    return fsyncs
+
+
 def produce_frames(ack: Ack, correlation_id: int = 7) -> list[bytes]:
     data = encode_message(b"pending", timestamp_ms=0)
     header = protocol.RequestHeader(Api.PRODUCE, 1, correlation_id, "tests")
@@ -295,13 +320,6 @@ async def test_requests_passed_together_that_reach_flush_messages_get_one_flush(
     supervisor, worker_end = sockets
     config = BrokerConfig({"log_flush_interval_ms": HOUR_MS, "log_flush_messages": 1})
     worker = Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
-    fsyncs: list[int] = []
-    fsync = os.fsync
-
-    def counted_fsync(fd: int) -> None:
-        fsyncs.append(fd)
-        fsync(fd)
-
     burst = 50
     frames: list[bytes] = [requests_frame(burst)]
     for i in range(burst):
@@ -310,17 +328,9 @@ async def test_requests_passed_together_that_reach_flush_messages_get_one_flush(
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.serve)
             worker._open("audit", 0, tmp_path, worker.config.log_config())
-            monkeypatch.setattr(os, "fsync", counted_fsync)
+            fsyncs = counted_fsyncs(monkeypatch)
             supervisor.send_multipart(frames)
-            replies: list[list[bytes]] = []
-            with trio.fail_after(10):
-                while len(replies) < burst:
-                    if supervisor.poll(0):
-                        message = supervisor.recv_multipart()
-                        if message[0] != STATE:  # the worker's hello
-                            replies += replies_in(message)
-                    else:
-                        await trio.sleep(0.01)
+            replies = await replies_from(supervisor, burst)
             nursery.cancel_scope.cancel()
         assert len(fsyncs) == 1
         codes = {protocol.decode_reply_header(reply[1:]).error_code for reply in replies}
@@ -357,15 +367,7 @@ async def test_an_ack_whose_flush_found_no_descriptor_comes_once_the_flush_is_tr
 
             plog.flush = flush_without_descriptors  # type: ignore[method-assign]
             supervisor.send_multipart([requests_frame(1), CLIENT, *produce_frames(Ack.FLUSHED)])
-            replies: list[list[bytes]] = []
-            with trio.fail_after(5):
-                while not replies:
-                    if supervisor.poll(0):
-                        message = supervisor.recv_multipart()
-                        if message[0] != STATE:  # the worker's hello
-                            replies += replies_in(message)
-                    else:
-                        await trio.sleep(0.01)
+            replies = await replies_from(supervisor, 1)
             nursery.cancel_scope.cancel()
         assert refusals == 0
         assert protocol.decode_reply(Api.PRODUCE, replies[0][1:]).base_offset == 0
@@ -435,28 +437,15 @@ async def test_requests_that_queued_behind_a_flush_get_one_flush_and_a_busy_work
     supervisor, worker_end = sockets
     config = BrokerConfig({"log_flush_interval_ms": HOUR_MS, "log_flush_messages": 1})
     worker = Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
-    fsyncs: list[int] = []
-    fsync = os.fsync
-
-    def counted_fsync(fd: int) -> None:
-        fsyncs.append(fd)
-        fsync(fd)
-
     burst = 20
     worker._open("audit", 0, tmp_path, worker.config.log_config())
-    monkeypatch.setattr(os, "fsync", counted_fsync)
+    fsyncs = counted_fsyncs(monkeypatch)
     for i in range(burst):
         supervisor.send_multipart([requests_frame(1), CLIENT, *produce_frames(Ack.FLUSHED, i)])
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.serve)
-            replies: list[list[bytes]] = []
-            with trio.fail_after(10):
-                while len(replies) < burst:
-                    if supervisor.poll(0):
-                        replies += replies_in(supervisor.recv_multipart())
-                    else:
-                        await trio.sleep(0.01)
+            await replies_from(supervisor, burst)
             nursery.cancel_scope.cancel()
         assert len(fsyncs) == 3
         assert worker.partitions[("audit", 0)].log.statistics().pending_messages == 0
