@@ -386,7 +386,7 @@ class Worker:
             partition.note_flush(self._replies)
         if not had_deadline:
             self._flush_by(plog)
-        if plog.flush_due():  # flush_messages reached: flushed once this turn's are served
+        if plog.flush_due():  # flush_messages (or the interval) reached: see _flush_due
             self._flush_due.add(partition)
         if ack == protocol.Ack.NONE:
             return

@@ -315,8 +315,7 @@ async def test_requests_passed_together_that_reach_flush_messages_get_one_flush(
 ) -> None:
     # flush.messages = 1 and 50 produce requests that queued while the worker was busy (a
     # disk slow for a moment): one flush, one fsync, for the 50. A flush (and fsync) per
-    # request, inside each append, fell further behind the slower the disk was: the stalls
-    # of seconds in the latency experiment with flush.messages = 1.
+    # request, inside each append, had each request wait for the fsyncs of those before it.
     supervisor, worker_end = sockets
     config = BrokerConfig({"log_flush_interval_ms": HOUR_MS, "log_flush_messages": 1})
     worker = Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
