@@ -529,13 +529,15 @@ class Connection(Framing, Closing):
         try:  # replies often come in bursts (the acks of one flush): no poll while they last
             received = receive_frames(socket, NOBLOCK)
         except zmq.Again:
+            received = None
+        if received is None:  # wait outside the handler: Ctrl-C there is not chained to Again
             try:
                 readable = self._readable(socket, timeout_s)
             except AuthenticationFailed:
                 self._reset_dealer_socket()
                 raise
             if not readable:
-                raise Unavailable(f"no reply from {self.endpoint} within {timeout_s:g} s") from None
+                raise Unavailable(f"no reply from {self.endpoint} within {timeout_s:g} s")
             received = receive_frames(socket)
         frames: list[Buffer] = [frame.buffer for frame in received]
         return decode_reply_header(frames).correlation_id, frames
