@@ -1,0 +1,300 @@
+"""The leader-epoch history of one partition folder: which leader epoch its bytes came from.
+
+File `leader-epoch-checkpoint` in the partition folder (docs/storage.md, "Leader epochs";
+docs/replication.md), ASCII text, one item a line, each line ending with "\\n":
+
+    1                 format version
+    3                 entries
+    0 0               epoch, start offset (decimal, one space between)
+    2 1048576
+    5 7340032
+
+Entry (E, S) says: the bytes from offset S on, up to the next entry's start offset (or the
+log end), were first written by the leader of epoch E; and the bytes before S are those that
+leader had there. Epochs and start offsets both strictly increase: an entry for a new epoch at
+the start offset of the last one replaces it (that epoch wrote nothing; Kafka's LeaderEpochFileCache
+does the same). An epoch is 0 to 2^31 - 1, an offset 0 to 2^63 - 1.
+
+Every change is written whole: to `leader-epoch-checkpoint.tmp`, fsynced, renamed over the
+file, and the folder fsynced, so that after a crash either the old or the new history is
+there. A write that fails raises DiskFull or StorageIOError and leaves both the file and this
+object as they were. Loading a missing file gives an empty history; a file that cannot be read
+or parsed gives an empty history too, and is set aside as `leader-epoch-checkpoint.bad`
+(`.N.bad`, never over another file), as recovery sets aside damaged segments; `problems` says
+why, and PartitionLog.open reports it (its recovery report, which the broker's worker logs).
+A history without entries is safe: a replica without one truncates further, never less.
+Not safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from broker.log.fsdir import fsync_directory
+from broker.log.segment import bad_file_path, storage_error
+
+CHECKPOINT_NAME = "leader-epoch-checkpoint"
+FORMAT_VERSION = 1
+NO_EPOCH = -1
+"""The epoch of bytes this replica has no history for (and of a replica without entries)."""
+MAX_EPOCH = 2**31 - 1
+MAX_OFFSET = 2**63 - 1
+
+_NUMBER = re.compile(r"0|[1-9][0-9]*")
+
+
+class EpochEntry(NamedTuple):
+    """The leader of `epoch` wrote the bytes from `start_offset` on."""
+
+    epoch: int
+    start_offset: int
+
+
+class LeaderEpochs:
+    """The entries of one partition folder's `leader-epoch-checkpoint`, oldest first. Use
+    `load`; every method that changes them writes the file before it returns."""
+
+    def __init__(self, directory: Path, entries: Sequence[EpochEntry] = ()) -> None:
+        self.directory = directory
+        self.path = directory / CHECKPOINT_NAME
+        self._entries: list[EpochEntry] = list(entries)
+        self.problems: tuple[str, ...] = ()
+        """What `load` found wrong with the file (empty when it was fine or missing)."""
+
+    def __repr__(self) -> str:
+        return f"LeaderEpochs({self._entries})"
+
+    @classmethod
+    def load(cls, directory: Path, log_end_offset: int | None = None) -> LeaderEpochs:
+        """The history stored in `directory`: empty when the file is missing; empty, with the
+        file set aside and the reason in `problems`, when it cannot be read or parsed. A
+        leftover `leader-epoch-checkpoint.tmp` (a write a crash interrupted) is deleted.
+
+        Entries that start after `log_end_offset` (when given) are dropped, in memory only
+        (the next change writes the file without them; a load before drops them again), and
+        a line of `problems` says so: a crash between a cut of the log and the write of the
+        history leaves them (PartitionLog.truncate_to), and so does one between the write of
+        an epoch's entry and the arrival on disk of its bytes (PartitionLog.append_replicated).
+        An entry starting at the log end is kept: it describes no byte, and the bytes before
+        it are still those its leader had (see docs/storage.md, "Leader epochs")."""
+        epochs = cls(directory)
+        tmp = epochs._tmp_path()
+        if tmp.exists():
+            tmp.unlink()
+            fsync_directory(directory)
+        try:
+            data = epochs.path.read_bytes()
+        except FileNotFoundError:
+            return epochs
+        except OSError as error:
+            epochs.problems = (epochs._set_aside(f"it cannot be read: {error}"),)
+            return epochs
+        try:
+            entries = parse(data)
+        except ValueError as error:
+            epochs.problems = (epochs._set_aside(str(error)),)
+            return epochs
+        if log_end_offset is not None:
+            past = [e for e in entries if e.start_offset > log_end_offset]
+            if past:
+                entries = entries[: len(entries) - len(past)]
+                listed = ", ".join(f"({e.epoch}, {e.start_offset})" for e in past)
+                epochs.problems = (
+                    f"{CHECKPOINT_NAME}: entries starting after the log end {log_end_offset} "
+                    f"dropped: {listed}",
+                )
+        epochs._entries = entries
+        return epochs
+
+    def _set_aside(self, reason: str) -> str:
+        name = self.path.name
+        try:
+            target = bad_file_path(self.path)
+            self.path.rename(target)
+            fsync_directory(self.directory)
+        except OSError as error:
+            return f"{name}: {reason}; starting with no leader epochs (not set aside: {error})"
+        return f"{name}: {reason}; set aside as {target.name}, starting with no leader epochs"
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def entries(self) -> tuple[EpochEntry, ...]:
+        return tuple(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def latest_epoch(self) -> int:
+        """The epoch of the last entry; NO_EPOCH (-1) without entries."""
+        return self._entries[-1].epoch if self._entries else NO_EPOCH
+
+    def end_offset_for(
+        self, epoch: int, log_end_offset: int, log_start_offset: int
+    ) -> tuple[int, int]:
+        """What this replica answers OFFSET_FOR_LEADER_EPOCH for `epoch` (KIP-101, KIP-279):
+        (E', end) with E' the largest epoch of an entry at or below `epoch`, and `end` the
+        start offset of the first entry above E', or `log_end_offset` when there is none (E'
+        is the latest epoch, or `epoch` is above it). With no entry at or below `epoch` (no
+        entries at all, `epoch` -1, or `epoch` older than the first entry): (-1,
+        `log_start_offset`), so that a replica truncates to the log start at most and refetches
+        all. An `end` may lie below the log start (retention passed it)."""
+        floor: EpochEntry | None = None
+        for entry in self._entries:
+            if entry.epoch > epoch:
+                if floor is None:
+                    return NO_EPOCH, log_start_offset
+                return floor.epoch, entry.start_offset
+            floor = entry
+        if floor is None:
+            return NO_EPOCH, log_start_offset
+        return floor.epoch, log_end_offset
+
+    def epoch_at(self, offset: int) -> int:
+        """The epoch of the entry in effect at `offset` (the last starting at or before it);
+        NO_EPOCH when none is."""
+        found = NO_EPOCH
+        for entry in self._entries:
+            if entry.start_offset > offset:
+                break
+            found = entry.epoch
+        return found
+
+    # -- changing --------------------------------------------------------------------------
+
+    def assign(self, epoch: int, start_offset: int) -> bool:
+        """Add entry (epoch, start_offset) at the end and say whether anything changed: nothing
+        does when `epoch` is the latest one already. ValueError when `epoch` is below the
+        latest, or `start_offset` below the last entry's, or either is out of its range. At
+        the last entry's start offset, the new entry replaces the last (that epoch holds no
+        bytes). DiskFull or StorageIOError when the file cannot be written: nothing changed."""
+        return self.assign_all([(epoch, start_offset)])
+
+    def assign_all(self, entries: Sequence[tuple[int, int]]) -> bool:
+        """`assign` each of `entries` (epoch, start offset) in turn, with one write of the
+        file; ValueError, before anything changes, where one of them would raise it."""
+        new = list(self._entries)
+        for epoch, start_offset in entries:
+            _check(epoch, start_offset)
+            if new:
+                last = new[-1]
+                if epoch == last.epoch:
+                    continue
+                if epoch < last.epoch:
+                    raise ValueError(f"leader epoch {epoch} is below the latest, {last.epoch}")
+                if start_offset < last.start_offset:
+                    raise ValueError(
+                        f"leader epoch {epoch} cannot start at {start_offset}, before epoch "
+                        f"{last.epoch}, which starts at {last.start_offset}"
+                    )
+                if start_offset == last.start_offset:
+                    new.pop()
+            new.append(EpochEntry(epoch, start_offset))
+        if new == self._entries:
+            return False
+        self._store(new)
+        return True
+
+    def truncate_from(self, offset: int) -> bool:
+        """Drop the entries that start at or after `offset` (the log is cut there) and say
+        whether any were. DiskFull or StorageIOError when the file cannot be written: nothing
+        changed."""
+        kept = [e for e in self._entries if e.start_offset < offset]
+        if len(kept) == len(self._entries):
+            return False
+        self._store(kept)
+        return True
+
+    def clear_and_start(self, start_offset: int, epoch: int | None = None) -> None:
+        """Replace every entry: with none when `epoch` is None, else with (epoch,
+        start_offset), for a log emptied to start at `start_offset` (PartitionLog.reset_to
+        clears, and the follower then assigns what the leader sends). ValueError out of
+        range; DiskFull or StorageIOError when the file cannot be written: nothing changed."""
+        if epoch is None:
+            _check(0, start_offset)
+            self._store([])
+        else:
+            _check(epoch, start_offset)
+            self._store([EpochEntry(epoch, start_offset)])
+
+    def _tmp_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".tmp")
+
+    def _store(self, entries: list[EpochEntry]) -> None:
+        """Write `entries` (tmp, fsync, rename, fsync of the folder), then keep them."""
+        tmp = self._tmp_path()
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                data = format_entries(entries)
+                written = 0
+                while written < len(data):
+                    written += os.write(fd, data[written:])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise storage_error(error, f"writing {self.path}") from error
+        try:
+            fsync_directory(self.directory)
+        except OSError as error:
+            # the new file is in place but its name may not be durable: keep what it says,
+            # as a reload would read it, and report the failure
+            self._entries = entries
+            raise storage_error(error, f"writing {self.path}") from error
+        self._entries = entries
+
+
+def _check(epoch: int, start_offset: int) -> None:
+    if not 0 <= epoch <= MAX_EPOCH:
+        raise ValueError(f"leader epoch {epoch} is outside [0, {MAX_EPOCH}]")
+    if not 0 <= start_offset <= MAX_OFFSET:
+        raise ValueError(f"start offset {start_offset} is outside [0, {MAX_OFFSET}]")
+
+
+def format_entries(entries: Sequence[EpochEntry]) -> bytes:
+    """The file's bytes for `entries`."""
+    lines = [str(FORMAT_VERSION), str(len(entries))]
+    lines += [f"{e.epoch} {e.start_offset}" for e in entries]
+    return ("\n".join(lines) + "\n").encode("ascii")
+
+
+def parse(data: bytes) -> list[EpochEntry]:
+    """The entries of a file's bytes; ValueError saying what is wrong with them."""
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise ValueError("it is not ASCII text") from None
+    if not text.endswith("\n"):
+        raise ValueError("it does not end with a newline (cut short?)")
+    lines = text[:-1].split("\n")
+    if lines[0] != str(FORMAT_VERSION):
+        raise ValueError(f"its format version is {lines[0]!r}, not {FORMAT_VERSION}")
+    if len(lines) < 2 or not _NUMBER.fullmatch(lines[1]):
+        raise ValueError("its second line is not a count of entries")
+    count = int(lines[1])
+    if len(lines) - 2 != count:
+        raise ValueError(f"it says {count} entries but holds {len(lines) - 2} lines of them")
+    entries: list[EpochEntry] = []
+    for number, line in enumerate(lines[2:], 3):
+        fields = line.split(" ")
+        if len(fields) != 2 or not all(_NUMBER.fullmatch(f) for f in fields):
+            raise ValueError(f"line {number} is not an epoch and a start offset: {line!r}")
+        entry = EpochEntry(int(fields[0]), int(fields[1]))
+        if entry.epoch > MAX_EPOCH or entry.start_offset > MAX_OFFSET:
+            raise ValueError(f"line {number} is out of range: {line!r}")
+        if entries and (
+            entry.epoch <= entries[-1].epoch or entry.start_offset <= entries[-1].start_offset
+        ):
+            raise ValueError(f"line {number} does not follow the entry before it: {line!r}")
+        entries.append(entry)
+    return entries
