@@ -37,16 +37,28 @@ Watch callbacks run on threads of the registry, one at a time per watch.
 from __future__ import annotations
 
 from broker.registry.brokers import BrokerInfo, Brokers
+from broker.registry.controller import Controller, ControllerInfo, ControllerMoved
 from broker.registry.groups import Groups, partition_name
 from broker.registry.nodes import FORMAT_VERSION
 from broker.registry.security import Security
 from broker.registry.session import DEFAULT_CHROOT, RegistryStatistics
-from broker.registry.topics import TopicConfig, Topics
+from broker.registry.topics import (
+    NO_LEADER,
+    PartitionState,
+    PartitionStateChanged,
+    TopicConfig,
+    Topics,
+)
 
 __all__ = [
     "DEFAULT_CHROOT",
     "FORMAT_VERSION",
+    "NO_LEADER",
     "BrokerInfo",
+    "ControllerInfo",
+    "ControllerMoved",
+    "PartitionState",
+    "PartitionStateChanged",
     "Registry",
     "RegistryStatistics",
     "TopicConfig",
@@ -54,7 +66,7 @@ __all__ = [
 ]
 
 
-class Registry(Brokers, Topics, Groups, Security):
+class Registry(Brokers, Topics, Groups, Security, Controller):
     """A broker's (or a tool's) connection to the registry in ZooKeeper.
 
     Paths, under `chroot`:

@@ -12,16 +12,24 @@ from broker.registry.session import Session
 @dataclass(frozen=True)
 class BrokerInfo:
     """What /brokers/ids/<broker_id> says about a live broker: where its front socket listens,
-    how many workers (partition groups) it runs, on which log directories, and the pylog
-    version it runs ("" for a broker too old to say)."""
+    how many workers (partition groups) it runs, on which log directories, the pylog version
+    it runs ("" for a broker too old to say), and its rack (None without one: not set, or a
+    broker older than racks). ValueError when `rack` is not a non-empty string or None."""
 
     host: str
     port: int
     workers: int = 1
     log_dirs: tuple[str, ...] = ()
     software_version: str = ""
+    rack: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.rack is not None and (not isinstance(self.rack, str) or not self.rack):
+            raise ValueError(f"a rack is a non-empty string or None, not {self.rack!r}")
 
     def to_json(self) -> bytes:
+        """The node's data; `rack` is written only when there is one."""
+        rack = {} if self.rack is None else {"rack": self.rack}
         return encode(
             {
                 "host": self.host,
@@ -29,6 +37,7 @@ class BrokerInfo:
                 "workers": self.workers,
                 "log_dirs": list(self.log_dirs),
                 "pylog_version": self.software_version,
+                **rack,
             }
         )
 
@@ -44,12 +53,16 @@ class BrokerInfo:
             raise ValueError("'host' is missing or not a string")
         if not isinstance(log_dirs, list) or not all(isinstance(d, str) for d in log_dirs):
             raise ValueError("'log_dirs' is missing or not a list of strings")
+        rack = obj.get("rack")
+        if rack is not None and (not isinstance(rack, str) or not rack):
+            raise ValueError("'rack' is not a non-empty string")
         return cls(
             host=host,
             port=int_field(obj, "port"),
             workers=int_field(obj, "workers"),
             log_dirs=tuple(log_dirs),
             software_version=software_version,
+            rack=rack,
         )
 
 
@@ -72,7 +85,8 @@ class Brokers(Session):
         self._unregister(self.broker_path(broker_id))
 
     def brokers(self) -> dict[int, BrokerInfo]:
-        """The live brokers: broker id -> BrokerInfo (unreadable nodes are left out)."""
+        """The live brokers: broker id -> BrokerInfo (unreadable nodes are left out). Their
+        racks, for TopicConfig.spread: {i: b.rack for i, b in brokers().items()}."""
         return self._read_all(f"{self.chroot}/brokers/ids", BrokerInfo.from_json, int)
 
     def watch_brokers(self, callback: Callable[[dict[int, BrokerInfo]], None]) -> None:

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kazoo.client import KazooClient, KazooState
+from kazoo.client import KazooClient, KazooState, TransactionRequest
 from kazoo.exceptions import (
     BadVersionError,
     KazooException,
@@ -52,6 +52,7 @@ from kazoo.exceptions import (
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
+    RolledBackError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
@@ -113,6 +114,10 @@ _KAZOO_OUTCOMES: tuple[tuple[type[Exception], type[RegistryUnavailable]], ...] =
     (NotEmptyError, NotEmpty),
     (BadVersionError, BadVersion),
 )
+
+
+_VERBS = {"Create": "create", "Delete": "delete", "SetData": "write", "CheckVersion": "check"}
+"""How an error names each kind of operation of a transaction (kazoo.protocol.serialization)."""
 
 
 @dataclass(frozen=True)
@@ -582,18 +587,40 @@ class Session(Running):
                 f"{what}: no answer from ZooKeeper at {self.connect_string} within "
                 f"{self.request_timeout_s:g} s"
             ) from None
-        except NoAuthError:
-            raise RegistryAccessDenied(
+        except KazooException as error:
+            raise self._outcome(what, error) from None
+
+    def _outcome(
+        self, what: str, error: KazooException
+    ) -> RegistryUnavailable | RegistryAccessDenied:
+        """The error of ours that a kazoo error of the request `what` becomes."""
+        if isinstance(error, NoAuthError):
+            return RegistryAccessDenied(
                 f"{what}: refused by ZooKeeper (NoAuth): an ACL on that path does not let "
                 f"{self._identity} change it"
-            ) from None
-        except KazooException as error:
-            for kazoo_error, outcome in _KAZOO_OUTCOMES:
-                if isinstance(error, kazoo_error):
-                    raise outcome(f"{what}: {type(error).__name__}") from None
-            raise RegistryUnavailable(
-                f"{what}: ZooKeeper at {self.connect_string}: {type(error).__name__} {error}"
-            ) from error
+            )
+        for kazoo_error, outcome in _KAZOO_OUTCOMES:
+            if isinstance(error, kazoo_error):
+                return outcome(f"{what}: {type(error).__name__}")
+        return RegistryUnavailable(
+            f"{what}: ZooKeeper at {self.connect_string}: {type(error).__name__} {error}"
+        )
+
+    def _commit(self, what: str, build: Callable[[TransactionRequest], None]) -> list[Any]:
+        """Send the operations that `build` adds to a kazoo transaction as one ZooKeeper
+        multi-request, all applied or none, as _request sends one request; returns each
+        operation's result. When one fails, that operation's outcome is raised (NoNode,
+        NodeExists, BadVersion, NotEmpty, RegistryAccessDenied...), not the others'
+        "rolled back", named by that operation and its path ("create /pylog/config/...")."""
+
+        transaction = self._client.transaction()
+        build(transaction)
+        results: list[Any] = self._request(what, transaction.commit_async)
+        for operation, result in zip(transaction.operations, results, strict=False):
+            if isinstance(result, KazooException) and not isinstance(result, RolledBackError):
+                verb = _VERBS.get(type(operation).__name__, "change")
+                raise self._outcome(f"{verb} {operation.path}", result)
+        return results
 
     def _create(
         self, path: str, data: bytes, *, ephemeral: bool = False, makepath: bool = False

@@ -1,24 +1,30 @@
-"""Topics in the registry: each topic's configuration (/config/topics/<topic>, persistent)
-and the partitions each broker serves (/brokers/topics/<topic>/<broker_id>, ephemeral)."""
+"""Topics in the registry: each topic's configuration (/config/topics/<topic>, persistent),
+the partitions each broker serves (/brokers/topics/<topic>/<broker_id>, ephemeral) and each
+partition's state: its leader, leader epoch and in-sync replicas
+(/brokers/topics/<topic>/partitions/<p>/state, persistent; docs/replication.md)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kazoo.client import TransactionRequest
 from kazoo.recipe.watchers import DataWatch
 
 from broker.errors import (
     InvalidTopic,
+    PylogError,
     RegistryUnavailable,
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
+from broker.placement import assign_replicas
 from broker.protocol import check_topic_name
+from broker.registry.controller import CONTROLLER_EPOCH, ControllerMoved
 from broker.registry.nodes import (
     decode,
     encode,
@@ -35,20 +41,63 @@ ALTER_ATTEMPTS = 10
 """How many times alter_topic_settings reads and writes a configuration that others keep
 changing between its read and its write, before it gives up."""
 
+TRANSACTION_ATTEMPTS = 10
+"""How many times creating or deleting a topic's nodes (one ZooKeeper transaction) is tried
+again when the nodes it was built from changed before it was applied."""
+
+NO_LEADER = -1
+"""PartitionState.leader of a partition without a leader."""
+
 Settings = Mapping[str, int | None]
+Replicas = tuple[tuple[int, ...], ...]
+
+
+class PartitionStateChanged(PylogError):
+    """A conditional write of a partition's state node found another version of the node than
+    the one it was given: someone wrote the node since it was read (the controller choosing a
+    leader, or a leader changing the ISR). Nothing was written. The caller reads the node again
+    (Topics.partition_state) and decides anew on what it finds (a leader that finds another
+    leader or a higher leader epoch stops leading); it never repeats the same write."""
+
+    def __init__(self, topic: str, partition: int, version: int) -> None:
+        super().__init__(
+            f"the state of partition {partition} of topic {topic!r} is no longer at version "
+            f"{version}: it was written since it was read; read it again"
+        )
+        self.topic = topic
+        self.partition = partition
+        self.version = version
+
+
+def _check_partition(partitions: int, partition: int) -> None:
+    if not is_int(partition) or not 0 <= partition < partitions:
+        raise UnknownTopicOrPartition(
+            f"partition {partition!r} does not exist: the topic has partitions 0 to "
+            f"{partitions - 1}"
+        )
 
 
 @dataclass(frozen=True)
 class TopicConfig:
-    """What /config/topics/<topic> holds: the topic's partition count, the broker that holds
-    each partition (`brokers[p]` holds partition p, fixed at creation) and the topic's own
-    settings (setting name -> integer, or None to switch that limit off); a setting left out
-    takes the broker's [log] default.
+    """What /config/topics/<topic> holds: the topic's partition count, the replicas of each
+    partition (`replicas[p]`: the brokers that hold partition p, in the order fixed by its
+    assignment, the first the preferred leader), `brokers[p]` == `replicas[p][0]` (the
+    preferred leader, which names the partition's group nodes), and the topic's own settings
+    (setting name -> integer, or None to switch that limit off); a setting left out takes the
+    broker's [log] default.
+
+    `replicas` left out (or empty) is read as one replica per partition, `brokers[p]` alone:
+    a topic of a single copy, and every node written before replication had.
     """
 
     partitions: int
     brokers: tuple[int, ...]
     settings: Mapping[str, int | None] = field(default_factory=dict)
+    replicas: Replicas = ()
+
+    def __post_init__(self) -> None:
+        if not self.replicas:
+            object.__setattr__(self, "replicas", tuple((b,) for b in self.brokers))
 
     @classmethod
     def spread(
@@ -56,22 +105,46 @@ class TopicConfig:
         partitions: int,
         brokers: Iterable[int],
         settings: Mapping[str, int | None] | None = None,
+        *,
+        replication_factor: int = 1,
+        racks: Mapping[int, str | None] | None = None,
     ) -> TopicConfig:
-        """`partitions` partitions dealt round robin over `brokers` in id order: partition p
-        goes to the (p mod n)-th broker. InvalidTopic when there is no broker."""
-        ids = sorted(set(brokers))
+        """`partitions` partitions with `replication_factor` replicas each over `brokers`,
+        placed by broker.placement.assign_replicas with each broker's rack from `racks`
+        (broker id -> rack; a broker left out, or None, has no rack). With replication factor
+        1 and no racks, partition p goes to the (p mod n)-th broker by id, as before
+        replication. InvalidTopic when there is no broker, or the replication factor is not
+        between 1 and the number of brokers."""
+        ids = set(brokers)
         if not ids:
             raise InvalidTopic("no live broker to hold the topic's partitions")
-        holders = tuple(ids[p % len(ids)] for p in range(max(partitions, 0)))
-        return cls(partitions, holders, dict(settings or {}))
+        rack_of = {b: (racks or {}).get(b) for b in ids}
+        try:
+            replicas = assign_replicas(max(partitions, 0), rack_of, replication_factor)
+        except ValueError as error:
+            raise InvalidTopic(f"cannot place the topic's replicas: {error}") from None
+        return cls(partitions, tuple(r[0] for r in replicas), dict(settings or {}), replicas)
 
     def partitions_of(self, broker_id: int) -> list[int]:
-        """The partitions that `broker_id` holds, in order."""
-        return [p for p, holder in enumerate(self.brokers) if holder == broker_id]
+        """The partitions that `broker_id` holds, in order: every partition it is a replica of,
+        whether it leads it or follows."""
+        return [p for p, replicas in enumerate(self.replicas) if broker_id in replicas]
+
+    def replicas_of(self, partition: int) -> tuple[int, ...]:
+        """The replicas of `partition`, preferred leader first; UnknownTopicOrPartition when
+        the topic has no such partition."""
+        _check_partition(self.partitions, partition)
+        return self.replicas[partition]
+
+    def preferred_leader(self, partition: int) -> int:
+        """The preferred leader of `partition`: its first replica, `brokers[partition]`;
+        UnknownTopicOrPartition when the topic has no such partition."""
+        return self.replicas_of(partition)[0]
 
     def validate(self, topic: str) -> None:
         """Raise InvalidTopic when partitions is not >= 1, brokers does not name one broker
-        per partition, or a setting is not int | None."""
+        per partition, replicas does not name, for each partition, distinct brokers starting
+        with brokers[p], or a setting is not int | None."""
         if not is_int(self.partitions) or self.partitions < 1:
             raise InvalidTopic(f"topic {topic!r}: partitions must be >= 1, not {self.partitions!r}")
         if len(self.brokers) != self.partitions or not all(
@@ -81,6 +154,10 @@ class TopicConfig:
                 f"topic {topic!r}: brokers must name one broker id per partition, "
                 f"not {self.brokers!r}"
             )
+        try:
+            _check_replicas(self.brokers, self.replicas)
+        except ValueError as error:
+            raise InvalidTopic(f"topic {topic!r}: {error}") from None
         for name, value in self.settings.items():
             if not isinstance(name, str) or not (value is None or is_int(value)):
                 raise InvalidTopic(
@@ -92,13 +169,16 @@ class TopicConfig:
             {
                 "partitions": self.partitions,
                 "brokers": list(self.brokers),
+                "replicas": [list(r) for r in self.replicas],
                 "settings": dict(self.settings),
             }
         )
 
     @classmethod
     def from_json(cls, data: bytes) -> TopicConfig:
-        """Parse node data; ValueError when it is not a topic configuration."""
+        """Parse node data; ValueError when it is not a topic configuration. A node without
+        `replicas` (written before replication) reads as one replica per partition,
+        `brokers[p]`."""
         obj = decode(data)
         settings = obj.get("settings", {})
         if not isinstance(settings, dict):
@@ -109,7 +189,96 @@ class TopicConfig:
         brokers = int_list(obj, "brokers")
         if len(brokers) != partitions:
             raise ValueError(f"'brokers' names {len(brokers)} brokers for {partitions} partitions")
-        return cls(partitions, brokers, settings)
+        replicas: Replicas = tuple((b,) for b in brokers)
+        if "replicas" in obj:
+            value = obj["replicas"]
+            if not isinstance(value, list) or not all(
+                isinstance(r, list) and all(is_int(b) and b >= 0 for b in r) for r in value
+            ):
+                raise ValueError("'replicas' is not a list of lists of integers >= 0")
+            replicas = tuple(tuple(r) for r in value)
+            _check_replicas(brokers, replicas)
+        return cls(partitions, brokers, settings, replicas)
+
+
+def _check_replicas(brokers: Sequence[int], replicas: Replicas) -> None:
+    """ValueError unless `replicas` names, for each partition of `brokers`, distinct broker
+    ids >= 0, the first brokers[p]."""
+    if len(replicas) != len(brokers):
+        raise ValueError(
+            f"replicas must name the replicas of each of the {len(brokers)} partitions, "
+            f"not {len(replicas)}"
+        )
+    for p, (leader, replica) in enumerate(zip(brokers, replicas, strict=True)):
+        if (
+            not isinstance(replica, tuple)
+            or not replica
+            or not all(is_int(b) and b >= 0 for b in replica)
+            or len(set(replica)) != len(replica)
+        ):
+            raise ValueError(
+                f"the replicas of partition {p} must be distinct broker ids, not {replica!r}"
+            )
+        if replica[0] != leader:
+            raise ValueError(
+                f"partition {p}'s first replica {replica[0]} is not its broker {leader} "
+                f"(brokers[p] is the preferred leader, replicas[p][0])"
+            )
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """What /brokers/topics/<topic>/partitions/<p>/state holds: the partition's `leader`
+    (a broker id, or NO_LEADER, -1), the `leader_epoch` the controller gave it (raised at each
+    choice of a leader), the in-sync replicas `isr` (the leader among them, when there is one)
+    and the `controller_epoch` of the controller that last wrote the node (0: written when the
+    topic was created, by no controller). ValueError when a field is out of its range."""
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    controller_epoch: int
+
+    def __post_init__(self) -> None:
+        if not is_int(self.leader) or self.leader < NO_LEADER:
+            raise ValueError(f"leader must be a broker id or {NO_LEADER}, not {self.leader!r}")
+        for name in ("leader_epoch", "controller_epoch"):
+            value = getattr(self, name)
+            if not is_int(value) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, not {value!r}")
+        isr = tuple(self.isr)
+        if not all(is_int(b) and b >= 0 for b in isr) or len(set(isr)) != len(isr):
+            raise ValueError(f"isr must be distinct broker ids, not {self.isr!r}")
+        if self.leader != NO_LEADER and self.leader not in isr:
+            raise ValueError(f"the leader {self.leader} is not in the ISR {list(isr)}")
+        object.__setattr__(self, "isr", isr)
+
+    @classmethod
+    def initial(cls, replicas: Sequence[int]) -> PartitionState:
+        """A new partition's state: led by its first replica at leader epoch 0, every replica
+        in sync, controller epoch 0."""
+        return cls(replicas[0], 0, tuple(replicas), 0)
+
+    def to_json(self) -> bytes:
+        return encode(
+            {
+                "leader": self.leader,
+                "leader_epoch": self.leader_epoch,
+                "isr": list(self.isr),
+                "controller_epoch": self.controller_epoch,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes) -> PartitionState:
+        """Parse node data; ValueError when it is not a partition state."""
+        obj = decode(data)
+        return cls(
+            int_field(obj, "leader"),
+            int_field(obj, "leader_epoch"),
+            int_list(obj, "isr"),
+            int_field(obj, "controller_epoch"),
+        )
 
 
 def _partitions(data: bytes) -> tuple[int, ...]:
@@ -128,6 +297,15 @@ class Topics(Session):
 
     def topic_config_path(self, topic: str) -> str:
         return f"{self.chroot}/config/topics/{topic}"
+
+    def topic_node_path(self, topic: str) -> str:
+        return f"{self.chroot}/brokers/topics/{topic}"
+
+    def partition_states_path(self, topic: str) -> str:
+        return f"{self.topic_node_path(topic)}/partitions"
+
+    def partition_state_path(self, topic: str, partition: int) -> str:
+        return f"{self.partition_states_path(topic)}/{partition}/state"
 
     # -- topic partitions on brokers ---------------------------------------------------------
 
@@ -151,31 +329,132 @@ class Topics(Session):
         validate_broker_id(broker_id)
         self._unregister(self.topic_broker_path(topic, broker_id))
         with contextlib.suppress(NoNode, NotEmpty):
-            self._delete(f"{self.chroot}/brokers/topics/{topic}")
+            self._delete(self.topic_node_path(topic))
 
     def topic_brokers(self, topic: str) -> dict[int, tuple[int, ...]]:
-        """Broker id -> the partitions of `topic` it serves, for the live brokers holding it."""
+        """Broker id -> the partitions of `topic` it serves, for the live brokers holding it.
+        (Children of /brokers/topics/<topic> whose names are not numbers are not brokers'
+        registrations: `partitions`, the partition states, is passed over.)"""
         check_topic_name(topic)
-        return self._read_all(f"{self.chroot}/brokers/topics/{topic}", _partitions, int)
+        path = f"{self.chroot}/brokers/topics/{topic}"
+        try:
+            children = self._children(path)
+        except NoNode:
+            return {}
+        ids = [child for child in children if child.isascii() and child.isdecimal()]
+        return self._read_each(path, ids, _partitions, int)
 
     # -- topic configurations ----------------------------------------------------------------
 
     def create_topic_config(self, topic: str, config: TopicConfig) -> None:
-        """Create the persistent /config/topics/<topic>; TopicAlreadyExists if it exists."""
+        """Create the persistent /config/topics/<topic> and, in the same ZooKeeper transaction
+        (both or neither), the state node of each partition with its initial state
+        (PartitionState.initial: led by replicas[p][0] at leader epoch 0, every replica in
+        sync). TopicAlreadyExists if the configuration exists. State nodes left by a topic of
+        the same name whose deletion was cut short are overwritten (their versions go on
+        rising, so a write of the old topic's made on a version read before fails)."""
         check_topic_name(topic)
         config.validate(topic)
-        try:
-            self._create(self.topic_config_path(topic), config.to_json(), makepath=True)
-        except NodeExists:
-            raise TopicAlreadyExists(f"topic {topic!r} exists already") from None
+        states = [PartitionState.initial(replicas) for replicas in config.replicas]
+        folder = self.partition_states_path(topic)
+        for _ in range(TRANSACTION_ATTEMPTS):
+            listed = self._partition_nodes(topic)
+            parents = [] if listed is not None else [folder]
+            if listed is None and not self._exists(self.topic_node_path(topic)):
+                parents.insert(0, self.topic_node_path(topic))
+            found = listed or {}
+
+            def build(
+                transaction: TransactionRequest,
+                found: dict[int, bool] = found,
+                parents: list[str] = parents,
+            ) -> None:
+                transaction.create(self.topic_config_path(topic), config.to_json())
+                for parent in parents:
+                    transaction.create(parent)
+                for p, state in enumerate(states):
+                    path = self.partition_state_path(topic, p)
+                    if p not in found:
+                        transaction.create(f"{folder}/{p}")
+                        transaction.create(path, state.to_json())
+                    elif found[p]:
+                        transaction.set_data(path, state.to_json())
+                    else:
+                        transaction.create(path, state.to_json())
+                for p, has_state in found.items():
+                    if p >= len(states):
+                        if has_state:
+                            transaction.delete(self.partition_state_path(topic, p))
+                        transaction.delete(f"{folder}/{p}")
+
+            try:
+                self._commit(f"create topic {topic!r}", build)
+                return
+            except (NodeExists, NoNode, NotEmpty):
+                if self._exists(self.topic_config_path(topic)):
+                    raise TopicAlreadyExists(f"topic {topic!r} exists already") from None
+                continue  # partition nodes changed since listed: list them again
+        raise RegistryUnavailable(
+            f"the nodes of topic {topic!r} changed under each of {TRANSACTION_ATTEMPTS} attempts "
+            f"to create it: try again"
+        )
 
     def delete_topic_config(self, topic: str) -> None:
-        """Delete /config/topics/<topic>; UnknownTopicOrPartition if there is none."""
+        """Delete /config/topics/<topic> and, in the same ZooKeeper transaction, its partitions'
+        state nodes (then /brokers/topics/<topic> too, once no broker's node is left under it);
+        UnknownTopicOrPartition if there is no configuration."""
         check_topic_name(topic)
+        folder = self.partition_states_path(topic)
+        for _ in range(TRANSACTION_ATTEMPTS):
+            found = self._partition_nodes(topic) or {}
+
+            def build(transaction: TransactionRequest, found: dict[int, bool] = found) -> None:
+                transaction.delete(self.topic_config_path(topic))
+                for p, has_state in found.items():
+                    if has_state:
+                        transaction.delete(self.partition_state_path(topic, p))
+                    transaction.delete(f"{folder}/{p}")
+
+            try:
+                self._commit(f"delete topic {topic!r}", build)
+                break
+            except (NoNode, NotEmpty):
+                if not self._exists(self.topic_config_path(topic)):
+                    raise UnknownTopicOrPartition(f"topic {topic!r} does not exist") from None
+                continue  # partition nodes changed since listed: list them again
+        else:
+            raise RegistryUnavailable(
+                f"the nodes of topic {topic!r} changed under each of {TRANSACTION_ATTEMPTS} "
+                f"attempts to delete it: try again"
+            )
+        with contextlib.suppress(NoNode, NotEmpty):
+            self._delete(folder)
+        with contextlib.suppress(NoNode, NotEmpty):
+            self._delete(self.topic_node_path(topic))
+
+    def _exists(self, path: str) -> bool:
         try:
-            self._delete(self.topic_config_path(topic))
+            self._get(path)
         except NoNode:
-            raise UnknownTopicOrPartition(f"topic {topic!r} does not exist") from None
+            return False
+        return True
+
+    def _partition_nodes(self, topic: str) -> dict[int, bool] | None:
+        """Partition -> whether it has a state node, for each node under
+        /brokers/topics/<topic>/partitions (None without that node)."""
+        folder = self.partition_states_path(topic)
+        try:
+            children = self._children(folder)
+        except NoNode:
+            return None
+        found = {}
+        for child in children:
+            if child.isascii() and child.isdecimal():
+                try:
+                    found[int(child)] = "state" in self._children(f"{folder}/{child}")
+                except NoNode:
+                    continue
+        return found
 
     def topic_config(self, topic: str) -> TopicConfig:
         """The configuration of `topic`; UnknownTopicOrPartition if there is none."""
@@ -255,3 +534,155 @@ class Topics(Session):
         """Call `callback(topic_configs())` now and whenever a topic is created or deleted,
         until stop(). (A node's data is not watched here: watch_topic_config does that.)"""
         self._add_watch(f"{self.chroot}/config/topics", TopicConfig.from_json, str, callback)
+
+    # -- partition states --------------------------------------------------------------------
+
+    def create_partition_states(self, topic: str, config: TopicConfig) -> int:
+        """Give each partition of `config` that has no state node one with its initial state
+        (PartitionState.initial), leaving those that have one as they are: for a topic created
+        before replication (create_topic_config makes them for a new topic). Returns how many
+        were created."""
+        check_topic_name(topic)
+        config.validate(topic)
+        created = 0
+        for p, replicas in enumerate(config.replicas):
+            path = self.partition_state_path(topic, p)
+            with contextlib.suppress(NodeExists):
+                self._create(path, PartitionState.initial(replicas).to_json(), makepath=True)
+                created += 1
+        return created
+
+    def partition_state(self, topic: str, partition: int) -> tuple[PartitionState, int]:
+        """The state of `partition` of `topic` and its node's version (for
+        write_partition_state). UnknownTopicOrPartition when there is no state node: no such
+        topic or partition, or a topic created before replication that nobody gave states
+        yet (create_partition_states); RegistryUnavailable when the node holds unreadable
+        data."""
+        check_topic_name(topic)
+        if not is_int(partition) or partition < 0:
+            raise UnknownTopicOrPartition(f"partition {partition!r} does not exist")
+        path = self.partition_state_path(topic, partition)
+        try:
+            data, stat = self._get(path)
+        except NoNode:
+            raise UnknownTopicOrPartition(
+                f"partition {partition} of topic {topic!r} has no state node"
+            ) from None
+        try:
+            return PartitionState.from_json(data), stat.version
+        except ValueError as error:
+            raise RegistryUnavailable(f"{path} holds unreadable data: {error}") from None
+
+    def partition_states(self, topic: str) -> dict[int, tuple[PartitionState, int]]:
+        """Partition -> (its state, its node's version) for each partition of `topic` that has
+        a state node ({} for none); unreadable nodes are left out, with a warning."""
+        check_topic_name(topic)
+        states = {}
+        for p, has_state in sorted((self._partition_nodes(topic) or {}).items()):
+            if has_state:
+                try:
+                    states[p] = self.partition_state(topic, p)
+                except UnknownTopicOrPartition:
+                    continue  # deleted since listed
+                except RegistryUnavailable as error:
+                    if self.connected:  # unreadable data, not a lost connection
+                        log.warning("ignoring the state of %s partition %d: %s", topic, p, error)
+                        continue
+                    raise
+        return states
+
+    def write_partition_state(
+        self,
+        topic: str,
+        partition: int,
+        state: PartitionState,
+        version: int,
+        *,
+        controller_epoch: int | None = None,
+    ) -> int:
+        """Replace the state of `partition` of `topic` with `state` if its node is still at
+        `version` (as partition_state or watch_partition_state gave it); returns the node's
+        new version. PartitionStateChanged when the node was written since (nothing written:
+        read it again and decide anew); UnknownTopicOrPartition when it does not exist.
+
+        The controller passes its `controller_epoch`: the write is then made in one
+        transaction with a check that /controller_epoch is still at that epoch, and
+        ControllerMoved (nothing written) when another controller was elected since.
+
+        A request that timed out (RegistryUnavailable) may still be applied: read the node to
+        know (the new version then holds `state`)."""
+        check_topic_name(topic)
+        if not is_int(partition) or partition < 0:
+            raise UnknownTopicOrPartition(f"partition {partition!r} does not exist")
+        if not is_int(version) or version < 0:
+            raise ValueError(f"a node version is an integer >= 0, not {version!r}")
+        if controller_epoch is not None and (not is_int(controller_epoch) or controller_epoch < 1):
+            raise ValueError(f"a controller epoch is an integer >= 1, not {controller_epoch!r}")
+        path = self.partition_state_path(topic, partition)
+        data = state.to_json()
+        epoch_path = self.chroot + CONTROLLER_EPOCH
+        try:
+            if controller_epoch is None:
+                stat = self._request(
+                    f"write {path}", lambda: self._client.set_async(path, data, version)
+                )
+            else:
+
+                def build(transaction: TransactionRequest) -> None:
+                    # /controller_epoch's version is its epoch - 1 (broker.registry.controller)
+                    transaction.check(epoch_path, controller_epoch - 1)
+                    transaction.set_data(path, data, version)
+
+                stat = self._commit(f"write {path}", build)[1]
+        except (BadVersion, NoNode) as error:
+            if controller_epoch is not None and self._epoch_moved(epoch_path, controller_epoch):
+                raise ControllerMoved(controller_epoch) from None
+            if isinstance(error, BadVersion):
+                raise PartitionStateChanged(topic, partition, version) from None
+            raise UnknownTopicOrPartition(
+                f"partition {partition} of topic {topic!r} has no state node"
+            ) from None
+        new_version: int = stat.version
+        return new_version
+
+    def _epoch_moved(self, epoch_path: str, epoch: int) -> bool:
+        """Whether /controller_epoch is no longer at `epoch` (its version epoch - 1)."""
+        try:
+            return self._get(epoch_path)[1].version != epoch - 1
+        except NoNode:
+            return True
+
+    def watch_partition_state(
+        self,
+        topic: str,
+        partition: int,
+        callback: Callable[[PartitionState | None, int], bool],
+    ) -> None:
+        """Call `callback(state, version)` with the state of `partition` of `topic` and its
+        node's version now and whenever the node is written, and `callback(None, -1)` while
+        the node does not exist (now, or once deleted), until stop() or the callback returns
+        False. As watch_topic_config: kazoo's DataWatch keeps it armed across reconnections
+        and session expiries (reading the node again then), this call does not wait on
+        ZooKeeper, and the callback runs on kazoo's threads and must only hand the value on.
+        Writes close together may be seen as the last one only. A node whose data cannot be
+        read as a state is logged and passed over."""
+        check_topic_name(topic)
+        if not is_int(partition) or partition < 0:
+            raise UnknownTopicOrPartition(f"partition {partition!r} does not exist")
+        self._check_open()
+        path = self.partition_state_path(topic, partition)
+        stopped = self._stopped
+
+        def changed(data: bytes | None, stat: Any) -> bool:
+            if stopped.is_set():
+                return False
+            if stat is None:
+                return callback(None, -1)
+            try:
+                state = PartitionState.from_json(data or b"")
+            except ValueError as error:
+                log.error("%s holds unreadable data, passed over: %s", path, error)
+                return True
+            return callback(state, stat.version)
+
+        self._client.handler.spawn(DataWatch, self._client, path, changed)

@@ -226,6 +226,7 @@ def test_topic_configs_are_created_read_listed_and_deleted(
         "version": 1,
         "partitions": 4,
         "brokers": [1, 2, 1, 2],
+        "replicas": [[1], [2], [1], [2]],
         "settings": {"retention.ms": 604_800_000, "segment.ms": None},
     }
     assert owner == 0, "topic configurations are persistent"

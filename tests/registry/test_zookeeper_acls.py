@@ -63,6 +63,8 @@ def test_a_client_without_the_identity_reads_the_brokers_nodes_but_cannot_change
         f"{root}/brokers/ids/1",
         f"{root}/brokers/topics/clicks",
         f"{root}/brokers/topics/clicks/1",
+        f"{root}/brokers/topics/clicks/partitions/1",
+        f"{root}/brokers/topics/clicks/partitions/1/state",
         f"{root}/config",
         f"{root}/config/topics/clicks",
     ]
@@ -168,8 +170,9 @@ def test_a_secured_start_secures_a_registry_made_without_acls(
     assert acl(observer, f"{root}/config/topics/clicks") == OPEN_ACL
 
     secured = make_registry(auth=BROKERS)
-    # every node but the chroot's, then the chroot: 12 under it, /consumers among them
-    assert secured.secure_tree() == 13
+    # every node but the chroot's, then the chroot: 17 under it, /consumers among them, and
+    # the partitions' state nodes (partitions, 0, 0/state, 1, 1/state)
+    assert secured.secure_tree() == 18
     for path in (
         root,
         f"{root}/brokers",
@@ -178,6 +181,10 @@ def test_a_secured_start_secures_a_registry_made_without_acls(
         f"{root}/brokers/topics",
         f"{root}/brokers/topics/clicks",
         f"{root}/brokers/topics/clicks/1",
+        f"{root}/brokers/topics/clicks/partitions",
+        f"{root}/brokers/topics/clicks/partitions/0",
+        f"{root}/brokers/topics/clicks/partitions/0/state",
+        f"{root}/brokers/topics/clicks/partitions/1/state",
         f"{root}/config",
         f"{root}/config/topics",
         f"{root}/config/topics/clicks",
