@@ -8,8 +8,16 @@ that the operator chooses (default "/pylog", so one ensemble can hold several cl
         {"version": 1, "host": "10.0.0.7", "port": 9092, "workers": 2, "log_dirs": ["/d1"]}
     <chroot>/brokers/topics/<topic>/<broker_id>   ephemeral   partitions of the topic there
         {"version": 1, "partitions": [0, 3]}
+    <chroot>/brokers/topics/<topic>/partitions/<p>/state
+                                                  persistent  PartitionState as JSON
+        {"version": 1, "leader": 2, "leader_epoch": 3, "isr": [2, 3], "controller_epoch": 5}
     <chroot>/config/topics/<topic>                persistent  TopicConfig as JSON
-        {"version": 1, "partitions": 4, "brokers": [1, 2, 3, 1], "settings": {...}}
+        {"version": 1, "partitions": 4, "brokers": [1, 2, 3, 1],
+         "replicas": [[1, 2], [2, 3], [3, 1], [1, 2]], "settings": {...}}
+    <chroot>/controller                           ephemeral   ControllerInfo as JSON
+        {"version": 1, "broker_id": 2, "controller_epoch": 5}
+    <chroot>/controller_epoch                     persistent  the last controller's epoch
+        {"version": 1, "controller_epoch": 5}
     <chroot>/consumers/<group>/ids/<consumer_id>  ephemeral   a member and its topics
         {"version": 1, "topics": ["clicks"]}
     <chroot>/consumers/<group>/owners/<topic>/<broker_id>-<partition>
@@ -27,8 +35,9 @@ the session timeout, its nodes disappear and everyone watching sees it go.
 
 The parts: session (the connection, bounded requests, ephemeral nodes kept through session
 loss: what happens when the connection or the session is lost), watches
-(kazoo's ChildrenWatch, with the callbacks on threads of the registry), brokers, topics and
-groups (the calls on each), nodes (the JSON of the nodes). Registry puts them together.
+(kazoo's ChildrenWatch, with the callbacks on threads of the registry), brokers, topics,
+groups, controller (the calls on each), nodes (the JSON of the nodes). Registry puts them
+together.
 
 Thread-safety: a Registry may be used from several threads at once (trio.to_thread included).
 Watch callbacks run on threads of the registry, one at a time per watch.
@@ -73,7 +82,11 @@ class Registry(Brokers, Topics, Groups, Security, Controller):
 
         /brokers/ids/<broker_id>              ephemeral   register_broker
         /brokers/topics/<topic>/<broker_id>   ephemeral   register_topic_partitions
+        /brokers/topics/<topic>/partitions/<p>/state
+                                              persistent  create_topic_config,
+                                                          write_partition_state
         /config/topics/<topic>                persistent  create_topic_config
+        /controller, /controller_epoch        both        elect_controller
         /consumers/<group>/...                both        register_consumer, claim_partition,
                                                           commit_offset
         /security/principals, /security/acls  persistent  add_principal, add_acl, ...
