@@ -39,11 +39,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import time
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -52,11 +51,13 @@ from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import MessageTooLarge, OffsetOutOfRange, StorageError, StorageIOError
 from broker.log.codec import validate_message_set
 from broker.log.config import LogConfig
-from broker.log.fsdir import fsync_directory
+from broker.log.epochs import LeaderEpochs
+from broker.log.fsdir import fsync_directory, fsync_file
 from broker.log.indexfile import IndexDamaged
-from broker.log.message import Buffer
+from broker.log.message import Buffer, message_size_at
 from broker.log.segment import (
     INDEX_SUFFIX,
+    LOG_SUFFIX,
     TIME_INDEX_SUFFIX,
     Damage,
     FramingBroken,
@@ -106,10 +107,14 @@ class PartitionLog:
         clock: Clock,
         segments: list[Segment],
         recovery: RecoveryReport,
+        epochs: LeaderEpochs | None = None,
     ) -> None:
         self.directory = directory
         self.config = config
         self.recovery = recovery
+        self.epochs = LeaderEpochs(directory) if epochs is None else epochs
+        """The folder's leader-epoch history (broker.log.epochs), loaded by `open`, cut by
+        `truncate_to` and `reset_to`, added to by `assign_epoch` and `append_replicated`."""
         self._clock = clock
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
@@ -136,9 +141,12 @@ class PartitionLog:
         leftovers = [
             *directory.glob(f"*{INDEX_SUFFIX}.tmp"),
             *directory.glob(f"*{TIME_INDEX_SUFFIX}.tmp"),
+            *directory.glob(f"*{LOG_SUFFIX}.tmp"),
         ]
         for leftover in leftovers:
-            leftover.unlink()  # an index write that a crash interrupted; indexes are derived
+            # an index write that a crash interrupted (indexes are derived), or the copy of a
+            # segment's head that a cut makes while the segment is read (Segment.cut_file)
+            leftover.unlink()
         if leftovers:
             fsync_directory(directory)
         found = sorted(
@@ -202,8 +210,10 @@ class PartitionLog:
             note_damage(active)
         if not segments:
             segments.append(Segment.create(directory, expected_base))
+        epochs = LeaderEpochs.load(directory, segments[-1].end_offset)
+        problems += epochs.problems
         report = RecoveryReport(scanned, truncated, tuple(bad), tuple(problems), tuple(damaged))
-        return cls(directory, config, clock, segments, report)
+        return cls(directory, config, clock, segments, report, epochs)
 
     # -- offsets ---------------------------------------------------------------------------
 
@@ -236,6 +246,60 @@ class PartitionLog:
         """`append`, also saying how many messages the set held. With `flush` false, a flush
         the append makes due (`flush_due`) is the caller's to make: the broker's worker makes
         one for all the requests it was passed at once."""
+        return self._append(message_set, self.config.max_message_bytes, flush, ())
+
+    def append_replicated(
+        self,
+        message_set: Buffer,
+        offset: int,
+        epochs: Sequence[tuple[int, int]] = (),
+        flush: bool = True,
+    ) -> int:
+        """Append bytes a follower fetched from its leader, exactly at this log's end, with
+        the leader's epoch entries for them, and return how many messages they held.
+
+        `offset` is where the bytes start on the leader: ValueError unless it is the log end
+        (the follower fetches from its log end). `epochs` are the leader's entries (epoch,
+        start offset) for these bytes, oldest first: the one in effect at `offset` (its start
+        may be before `offset`: it is taken as starting at `offset`) and those that start
+        inside the bytes or at their end; entries before the last that starts at or before
+        `offset` are passed over. ValueError, before anything changes, for an entry past the
+        bytes' end or one `LeaderEpochs.assign_all` refuses (an epoch below the latest: the
+        follower did not truncate first).
+
+        The bytes are checked as a producer's are (framing and checksums, InvalidMessage),
+        but by the format's limits and `segment_bytes` only, never by `max_message_bytes`:
+        the leader stored them, and a setting lowered since must not stop a follower
+        (MessageTooLarge for a set larger than `segment_bytes`). Then the entries are written
+        (one write of the history), and only then the bytes: a crash between leaves entries
+        that start past the log end, which `open` drops, never bytes without their epoch.
+        An append that then fails (DiskFull, StorageIOError) takes the new entries back (an
+        entry at the log end stays); if that write fails too, the log fails as after a failed
+        fsync (`reopen_from_disk`). Flushes as `append_counted` does."""
+        if offset != self.log_end_offset:
+            raise ValueError(
+                f"{self.directory.name}: replicated bytes start at {offset}, not at the log "
+                f"end {self.log_end_offset}"
+            )
+        end = offset + len(message_set)
+        entries = [(epoch, max(start, offset)) for epoch, start in epochs]
+        for (epoch, start), (_, given) in zip(entries, epochs, strict=True):
+            if start > end:
+                raise ValueError(
+                    f"{self.directory.name}: leader epoch {epoch} starts at {given}, past "
+                    f"the end {end} of the bytes it came with"
+                )
+        while len(entries) > 1 and entries[1][1] == offset:
+            del entries[0]
+        return self._append(message_set, self.config.segment_bytes, flush, entries)[1]
+
+    def _append(
+        self,
+        message_set: Buffer,
+        max_message_bytes: int,
+        flush: bool,
+        epochs: Sequence[tuple[int, int]],
+    ) -> tuple[int, int]:
         self._refuse_if_failed()
         config = self.config
         size = len(message_set)
@@ -254,19 +318,34 @@ class PartitionLog:
         else:
             next_mark = max(0, active.index.last + config.index_interval_bytes - active.size)
         checked = validate_message_set(
-            message_set, config.max_message_bytes, config.index_interval_bytes, next_mark
+            message_set, max_message_bytes, config.index_interval_bytes, next_mark
         )
         if roll:
             self.roll()
             active = self._segments[-1]
         offset = active.end_offset
-        active.append(message_set, checked.marks, checked.greatest)
+        if epochs:
+            self.epochs.assign_all(epochs)  # before the bytes: never bytes without their epoch
+        try:
+            active.append(message_set, checked.marks, checked.greatest)
+        except StorageError:
+            if epochs:
+                self._take_back_epochs()
+            raise
         if self._pending_since is None:
             self._pending_since = self._clock.monotonic()
         self._pending_messages += checked.message_count
         if flush:
             self.flush_if_due()
         return offset, checked.message_count
+
+    def _take_back_epochs(self) -> None:
+        """Drop the entries that start past the log end (an append that failed after they
+        were written); a failure to write that fails the log."""
+        try:
+            self.epochs.truncate_from(self.log_end_offset + 1)
+        except StorageError as error:
+            self._failure = f"taking back leader epochs: {error}"
 
     def flush(self) -> None:
         """Make every appended message visible to reads, fsyncing first when configured.
@@ -451,6 +530,168 @@ class PartitionLog:
         """The segment holding `offset` (>= log start): the last whose base offset is <= it."""
         return self._segments[bisect_right(self._bases, offset) - 1]
 
+    # -- replication -----------------------------------------------------------------------
+
+    def assign_epoch(self, epoch: int) -> bool:
+        """A leader of `epoch` starts at this log's end: entry (epoch, log end) added to the
+        history, before anything is appended (`LeaderEpochs.assign`: nothing when `epoch` is
+        the latest; ValueError for one below it). StorageIOError for a failed log; DiskFull
+        or StorageIOError when the history cannot be written (nothing changed)."""
+        self._refuse_if_failed()
+        return self.epochs.assign(epoch, self.log_end_offset)
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """This replica's answer to OFFSET_FOR_LEADER_EPOCH for `epoch`: (the largest epoch at
+        or below it, that epoch's end offset here), or (-1, log start) when there is none
+        (`LeaderEpochs.end_offset_for`)."""
+        return self.epochs.end_offset_for(epoch, self.log_end_offset, self.log_start_offset)
+
+    def truncate_to(self, offset: int) -> int:
+        """Cut every byte at and after `offset` (a follower's truncation, docs/replication.md),
+        and the epoch entries that start there or later; return the bytes cut.
+
+        `offset` must be in [log start, log end] (ValueError else) and where a message starts
+        (InvalidOffset, naming the message around it, else); nothing changes then. At the log
+        end only the entries starting there are dropped. The high watermark becomes the lower
+        of itself and `offset`; appends not yet flushed past `offset` are dropped (those
+        before it stay pending). A cut below the high watermark (flushed bytes, as after an
+        unclean election) is logged at WARNING, any other at INFO.
+
+        Order, so that a crash anywhere leaves a log `open` reads right: the segments after the
+        one holding `offset` are deleted, newest first (the folder fsynced after each: a crash
+        leaves a shorter log, never a gap); that segment is cut (its indexes read into memory
+        first, or rebuilt by a scan when they cannot be, then cut with it; it becomes the
+        active segment) and fsynced; only then is the epoch history written without its
+        entries at or past `offset`. A crash before that leaves entries past the new log end,
+        which `open` drops, and one at it, which describes no byte and is true of the bytes
+        before it: the history never claims bytes it does not have, and no byte past the cut
+        survives while the history says it is gone. A segment a reader holds a view of is cut
+        by a copy (Segment.cut_file), so that the view stays valid.
+
+        StorageIOError at once for a failed log. DiskFull or StorageIOError once the cut has
+        begun fails the log, as a failed fsync does: `reopen_from_disk` then finishes the cut
+        down to the high watermark, which is at or below `offset` already."""
+        self._refuse_if_failed()
+        start, end = self.log_start_offset, self.log_end_offset
+        if not start <= offset <= end:
+            raise ValueError(
+                f"{self.directory.name}: cannot truncate to {offset}, outside the log "
+                f"[{start}, {end}]"
+            )
+        if offset < end:
+            self._repairing(lambda: self._check_cut(offset))
+        flushed_cut = max(0, self._high_watermark - offset)
+        self._high_watermark = min(self._high_watermark, offset)  # nothing past it is read
+        try:
+            if offset < end:
+                self._cut_segments(offset)
+            self.epochs.truncate_from(offset)
+        except StorageError as error:
+            self._failure = f"truncating to {offset}: {error}"
+            raise
+        except OSError as error:
+            failure = storage_error(error, f"truncating {self.directory} to {offset}")
+            self._failure = str(failure)
+            raise failure from error
+        self._count_pending()
+        level = logging.WARNING if flushed_cut else logging.INFO
+        log.log(
+            level,
+            "%s: truncated to %d: %d bytes cut, %d of them flushed",
+            self.directory.name,
+            offset,
+            end - offset,
+            flushed_cut,
+        )
+        return end - offset
+
+    def _check_cut(self, offset: int) -> None:
+        segment = self.segment_for(offset)
+        position = offset - segment.base_offset
+        if position < segment.size:
+            segment.check_boundary(position, segment.size)
+
+    def _cut_segments(self, offset: int) -> None:
+        """Delete the segments after the one holding `offset`, newest first, then cut that one
+        there and fsync it; it becomes the active segment. OSError and StorageError as the
+        files give them."""
+        holder = bisect_right(self._bases, offset) - 1
+        if holder < len(self._segments) - 1:
+            self._active_since_ms = self._clock.time() * 1000  # it becomes the active one
+        while len(self._segments) > holder + 1:
+            self._segments[-1].delete()
+            del self._segments[-1]
+            del self._bases[-1]
+        segment = self._segments[holder]
+        if not segment.load_indexes():  # a closed segment's, damaged: rebuilt as on open
+            result = segment.recover(self.config.index_interval_bytes)
+            if result.tail_error is not None:
+                segment.keep_damage(Damage(result.end, segment.size, result.tail_error))
+        segment.truncate_to(offset - segment.base_offset)
+        fsync_file(segment.log_path)
+
+    def _count_pending(self) -> None:
+        """Count the messages between the high watermark and the log end again (a cut dropped
+        some): they are all in the active segment (a roll flushes first)."""
+        active = self._segments[-1]
+        position = self._high_watermark - active.base_offset
+        if position >= active.size:
+            self._pending_messages = 0
+            self._pending_since = None
+            return
+        with active.view(0, active.size) as window:
+            count = 0
+            while position < active.size:
+                position += message_size_at(window, position)
+                count += 1
+        self._pending_messages = count
+
+    def reset_to(self, start_offset: int) -> None:
+        """Empty the log and start it again at `start_offset`, above or below its range (a
+        follower whose leader's log starts past its own end, or whose own log starts past the
+        leader's answer, docs/replication.md): every segment deleted, one empty segment whose
+        base offset is `start_offset` created, the epoch history cleared, the high watermark
+        and the log start `start_offset`, pending appends dropped. Logged at WARNING with the
+        bytes dropped. ValueError for a negative offset; StorageIOError at once for a failed
+        log.
+
+        Order: the history is cleared first (a log without history is safe: its replica
+        truncates further, never less), then the segments are deleted newest first (the folder
+        fsynced after each), then the new one created (and the folder fsynced). A crash leaves
+        a prefix of the old log without history, or an empty log (at offset 0 when no segment
+        was left: the follower's truncation then comes back here). DiskFull or StorageIOError
+        once it has begun fails the log, as `truncate_to` says; `reopen_from_disk` then opens
+        what is left, cut down to the old log start."""
+        self._refuse_if_failed()
+        if start_offset < 0:
+            raise ValueError(f"{self.directory.name}: cannot start at {start_offset}")
+        dropped = self.log_end_offset - self.log_start_offset
+        self._high_watermark = self.log_start_offset  # nothing is read from now on
+        try:
+            self.epochs.clear_and_start(start_offset)
+            for segment in reversed(self._segments):
+                segment.delete()
+            segment = Segment.create(self.directory, start_offset)
+        except StorageError as error:
+            self._failure = f"resetting to {start_offset}: {error}"
+            raise
+        except OSError as error:
+            failure = storage_error(error, f"resetting {self.directory} to {start_offset}")
+            self._failure = str(failure)
+            raise failure from error
+        self._segments = [segment]
+        self._bases = [start_offset]
+        self._high_watermark = start_offset
+        self._pending_messages = 0
+        self._pending_since = None
+        self._active_since_ms = self._clock.time() * 1000
+        log.warning(
+            "%s: emptied (%d bytes dropped) to start again at %d",
+            self.directory.name,
+            dropped,
+            start_offset,
+        )
+
     # -- retention -------------------------------------------------------------------------
 
     def apply_retention(self) -> list[Path]:
@@ -524,19 +765,27 @@ class PartitionLog:
         (it was never acked as flushed, and the page cache holding it cannot be trusted),
         fsyncs the newest segment (which proves the disk takes an fsync again), then `open`s
         the folder, which recovers it. StorageIOError or DiskFull while the disk still fails:
-        this log is left closed and failed, and the call can be made again later."""
+        this log is left closed and failed, and the call can be made again later.
+
+        After a failed `truncate_to` or `reset_to` it finishes the cut: segments that start
+        past the high watermark are deleted (newest first; those already gone are passed
+        over), and the one holding it is cut there."""
         self.close(flush=False)
         end = self._high_watermark
-        newest = self._segments[-1]
         try:
-            for segment in self._segments:
-                if segment.end_offset > end:
-                    segment.truncate_to(max(0, end - segment.base_offset))
-            fd = os.open(newest.log_path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            kept = self._segments
+            for segment in reversed(self._segments):
+                if segment.end_offset <= end:
+                    break
+                if segment.base_offset > end and segment is not self._segments[0]:
+                    for path in (segment.log_path, segment.index_path, segment.time_index_path):
+                        path.unlink(missing_ok=True)
+                    fsync_directory(self.directory)
+                    kept = kept[:-1]
+                elif segment.log_path.exists():
+                    segment.cut_file(max(0, end - segment.base_offset))
+            if kept and kept[-1].log_path.exists():
+                fsync_file(kept[-1].log_path)
         except OSError as error:
             raise storage_error(error, f"cutting {self.directory} back to offset {end}") from error
         reopened = PartitionLog.open(self.directory, self.config, self._clock)

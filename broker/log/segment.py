@@ -42,7 +42,7 @@ from typing import NamedTuple
 from broker.errors import CorruptSegment, DiskFull, FetchSizeTooSmall, InvalidOffset, StorageIOError
 from broker.log.codec import scan
 from broker.log.files import OPEN_FILES
-from broker.log.fsdir import fsync_directory
+from broker.log.fsdir import fsync_directory, fsync_file
 from broker.log.index import MappedOffsetIndex, OffsetIndex
 from broker.log.message import (
     CHECKSUM_START,
@@ -69,6 +69,7 @@ _LENGTH_AND_TIMESTAMP = struct.Struct(">I10xq")
 _MAGIC_V1_NO_ATTRIBUTES = bytes([1, 0])
 """What a message has at byte CHECKSUM_START: magic 1, attributes 0."""
 _RESYNC_CHUNK = 1 << 20
+_COPY_CHUNK = 1 << 20
 
 
 def segment_file_name(base_offset: int) -> str:
@@ -435,15 +436,76 @@ class Segment:
             raise storage_error(error, f"writing {path}") from error
 
     def truncate_to(self, size: int) -> None:
-        """Cut the file to `size` bytes, which must be a message boundary (only an active or
-        scanned segment is ever cut: its indexes are in memory)."""
+        """Cut the segment to `size` bytes, which must be a message boundary, with its indexes
+        and its damaged ranges (only a segment whose indexes are in memory is ever cut: the
+        active one, one just scanned, or one `load_indexes` made so). The file is not
+        fsynced (`cut_file`). OSError as the file system gives it."""
         index, times = self.index, self.time_index
         assert isinstance(index, OffsetIndex) and isinstance(times, TimeIndex)
-        os.truncate(self.log_path, size)
+        self.cut_file(size)
         self.size = size
         index.truncate_to(size)
         times.truncate_to(size)
-        self._retire_map()
+        kept = [Damage(d.start, min(d.end, size), d.reason) for d in self.damage if d.start < size]
+        if kept != self.damage:
+            self.damage, self._damage_starts, self._damage_ends = [], [], {}
+            for damage in kept:
+                self.keep_damage(damage)
+
+    def cut_file(self, size: int) -> None:
+        """Cut the `.log` file to `size` bytes, if it is longer; nothing else changes, and
+        nothing is fsynced. The write handle and the mapping are released first. A view of
+        this segment still held (a fetch reply being sent) would meet SIGBUS on a page cut
+        off: while one is, the first `size` bytes are copied to `<name>.tmp` (fsynced), which
+        is renamed over the file (the folder fsynced), so that the views keep the old file's
+        pages (PartitionLog.open deletes a leftover `.log.tmp`). OSError as the file system
+        gives it; the file is then as it was."""
+        OPEN_FILES.closed(self._write_key)
+        self._release_write_handle()
+        if os.stat(self.log_path).st_size <= size:
+            return
+        if not self.in_use():
+            os.truncate(self.log_path, size)
+            return
+        tmp = self.log_path.with_name(self.log_path.name + ".tmp")
+        try:
+            with open(self.log_path, "rb") as source, open(tmp, "wb") as copy:
+                left = size
+                while left:
+                    chunk = source.read(min(left, _COPY_CHUNK))
+                    if not chunk:
+                        raise OSError(errno.EIO, f"{self.log_path} ended before byte {size}")
+                    copy.write(chunk)
+                    left -= len(chunk)
+                copy.flush()
+                os.fsync(copy.fileno())
+            os.replace(tmp, self.log_path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_directory(self.log_path.parent)
+
+    def load_indexes(self) -> bool:
+        """Read the stored indexes of a closed segment into memory, whole and checked, so that
+        it can be cut and appended to as the active segment (PartitionLog.truncate_to); say
+        whether they were, or whether one is missing or damaged (the segment must then be
+        `recover`ed, which rebuilds both). True at once for indexes already in memory.
+        OSError as the file system gives it."""
+        index = self.index
+        if isinstance(index, MappedOffsetIndex):
+            loaded, _ = OffsetIndex.load(self.index_path, self.size)
+            if loaded is None:
+                return False
+            index = loaded
+        times = self.time_index
+        if isinstance(times, MappedTimeIndex):
+            loaded_times, _ = TimeIndex.load(self.time_index_path, self.size)
+            if loaded_times is None:
+                return False
+            times = loaded_times
+        self._unmap_indexes()
+        self.index, self.time_index = index, times
+        return True
 
     # -- recovery --------------------------------------------------------------------------
 
@@ -500,11 +562,7 @@ class Segment:
             os.fsync(kept.fileno())
         fsync_directory(self.log_path.parent)
         self.truncate_to(position)
-        fd = os.open(self.log_path, os.O_WRONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_file(self.log_path)
         return target
 
     # -- reading ---------------------------------------------------------------------------
