@@ -579,16 +579,16 @@ class Topics(Session):
         check_topic_name(topic)
         states = {}
         for p, has_state in sorted((self._partition_nodes(topic) or {}).items()):
-            if has_state:
-                try:
-                    states[p] = self.partition_state(topic, p)
-                except UnknownTopicOrPartition:
-                    continue  # deleted since listed
-                except RegistryUnavailable as error:
-                    if self.connected:  # unreadable data, not a lost connection
-                        log.warning("ignoring the state of %s partition %d: %s", topic, p, error)
-                        continue
-                    raise
+            if not has_state:
+                continue
+            path = self.partition_state_path(topic, p)
+            try:
+                data, stat = self._get(path)
+                states[p] = PartitionState.from_json(data), stat.version
+            except NoNode:
+                continue  # deleted since listed
+            except ValueError as error:
+                log.warning("ignoring unreadable %s: %s", path, error)
         return states
 
     def write_partition_state(
