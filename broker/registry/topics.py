@@ -286,7 +286,8 @@ def _partitions(data: bytes) -> tuple[int, ...]:
 
 
 class Topics(Session):
-    """The registry's calls on topics: their configurations and who serves their partitions.
+    """The registry's calls on topics: their configurations, who serves their partitions, and
+    each partition's state (leader, leader epoch, ISR).
 
     A request that timed out may still be applied by the server later: the registrations are
     idempotent, and a create_topic_config retried after a timeout may answer
@@ -336,7 +337,7 @@ class Topics(Session):
         (Children of /brokers/topics/<topic> whose names are not numbers are not brokers'
         registrations: `partitions`, the partition states, is passed over.)"""
         check_topic_name(topic)
-        path = f"{self.chroot}/brokers/topics/{topic}"
+        path = self.topic_node_path(topic)
         try:
             children = self._children(path)
         except NoNode:
