@@ -18,6 +18,13 @@ calls at `next_flush_deadline`), and on roll and close. A flush fsyncs when `fsy
 failed fsync fails the log (every later append, flush and roll raises StorageIOError) until
 `reopen_from_disk` cuts it back to the high watermark and opens it again.
 
+Replication (docs/replication.md; docs/storage.md, "Leader epochs and truncation"): the folder's
+`leader-epoch-checkpoint` (broker.log.epochs) is loaded on open as `epochs`; `assign_epoch`
+adds a leader's entry, `append_replicated` appends a leader's bytes with their entries,
+`end_offset_for_epoch` answers OFFSET_FOR_LEADER_EPOCH, `truncate_to` cuts a follower's log
+back to an offset (the bytes first, then the history) and `reset_to` empties it to start
+elsewhere. A cut that fails once begun fails the log as a failed fsync does.
+
 Crash behaviour (docs/storage.md, "Recovery"): on open, stored bytes are judged by the
 format's own limits, never by today's settings. A closed segment is trusted when its index
 describes its size (read from the index's head: neither the log nor the index's entries are

@@ -33,6 +33,27 @@ def test_the_documented_example_is_the_file_written(tmp_path: Path) -> None:
     assert not (tmp_path / f"{CHECKPOINT_NAME}.tmp").exists()
 
 
+def test_documented_format_in_storage_md_parses() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "storage.md").read_text()
+    block = doc.split("<!-- leader-epoch-checkpoint example -->\n```\n", 1)[1].split("```", 1)[0]
+    text = "".join(line.split("#", 1)[0].rstrip() + "\n" for line in block.splitlines())
+    assert parse(text.encode()) == [(0, 0), (2, 1048576), (5, 7340032)]
+    assert "it is `1\\n3\\n0 0\\n2 1048576\\n5 7340032\\n`" in doc
+    # the answers the section gives for these entries and a log end of 9437184
+    epochs = LeaderEpochs(Path("."), parse(text.encode()))
+    answers = {e: epochs.end_offset_for(e, 9437184, 17) for e in (-1, 0, 1, 2, 3, 4, 5, 9)}
+    assert answers == {
+        -1: (-1, 17),
+        0: (0, 1048576),
+        1: (0, 1048576),
+        2: (2, 7340032),
+        3: (2, 7340032),
+        4: (2, 7340032),
+        5: (5, 9437184),
+        9: (5, 9437184),
+    }
+
+
 def test_assign_same_epoch_is_nothing_and_lower_is_refused(tmp_path: Path) -> None:
     epochs = LeaderEpochs.load(tmp_path)
     epochs.assign(3, 100)
