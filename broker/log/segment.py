@@ -444,6 +444,7 @@ class Segment:
         assert isinstance(index, OffsetIndex) and isinstance(times, TimeIndex)
         self.cut_file(size)
         self.size = size
+        self._checked_to = min(self._checked_to, size)
         index.truncate_to(size)
         times.truncate_to(size)
         kept = [Damage(d.start, min(d.end, size), d.reason) for d in self.damage if d.start < size]

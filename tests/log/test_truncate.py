@@ -90,6 +90,9 @@ def test_a_cut_leaves_exactly_the_prefix_and_appends_continue_there(
                 boundaries.append(len(stream))
             if flush:
                 log.flush()
+        if data.draw(st.booleans(), "opened again before the cut"):
+            log.close()  # the closed segments then are read on their stored indexes
+            log = open_log(Path(tmp) / "t-0", clock, segment_bytes=600, index_interval_bytes=64)
         entries = log.epochs.entries
         high_watermark = log.high_watermark
         cut = data.draw(st.sampled_from(boundaries))
@@ -151,6 +154,22 @@ def test_a_cut_in_a_closed_segment_makes_it_the_active_one(
         assert again.recovery.problems == ()
         expected = [b"%08d" % i for i in (*range(15), *range(100, 106))]
         assert [m.value[:8] for m in read_all(again)] == expected
+
+
+def test_a_closed_segment_whose_time_index_is_damaged_is_scanned_before_its_cut(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    log = filled(tmp_path / "t-0", clock)
+    times = tmp_path / "t-0" / f"{1000:020d}.timeindex"
+    damaged = bytearray(times.read_bytes())
+    damaged[-1] ^= 0xFF
+    times.write_bytes(bytes(damaged))
+    log.truncate_to(1500)
+    assert log.segments[-1].framing_checked  # scanned: its indexes rebuilt, then cut
+    assert log.offset_for_timestamp(12) == 1200
+    assert log.append(make_set(15, 1)) == 1500
+    log.flush()
+    assert log_bytes(log) == b"".join(make_set(i, 1) for i in range(16))
 
 
 def test_a_cut_at_a_segment_boundary_and_at_the_log_start(tmp_path: Path, clock: FakeClock) -> None:
