@@ -84,7 +84,8 @@ _T = TypeVar("_T")
 class RecoveryReport:
     """What `PartitionLog.open` found and did. `problems` has one line per cut or renamed
     file, per index rebuilt because it was damaged (as open found it: one that fails its
-    checksum on first use is logged then), and per damaged range kept;
+    checksum on first use is logged then), per damaged range kept, and per problem with the
+    leader-epoch file (set aside, or entries past the log end dropped: broker.log.epochs);
     `damaged` holds those ranges, [start, end) offsets."""
 
     segments_scanned: int
