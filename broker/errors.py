@@ -20,11 +20,15 @@
     │   ├── UnknownTopicOrPartition the topic, or that partition of it, does not exist here
     │   ├── TopicAlreadyExists      create of a topic that exists
     │   ├── InvalidTopic            a topic name or topic setting that is not allowed
-    │   └── AuthorizationFailed     no ACL grants the connection's principal the operation
+    │   ├── AuthorizationFailed     no ACL grants the connection's principal the operation
+    │   └── FencedLeaderEpoch       a replica's leader epoch is older than the leader's
     ├── Unavailable                 retriable: the same request may succeed later
     │   ├── PartitionUnavailable    the worker owning the partition is down or restarting
     │   ├── BrokerShuttingDown      the broker is stopping and accepts no new requests
-    │   └── RegistryUnavailable     ZooKeeper cannot be reached or the session is lost
+    │   ├── RegistryUnavailable     ZooKeeper cannot be reached or the session is lost
+    │   ├── NotLeaderForPartition   this broker does not lead the partition (now)
+    │   ├── NotEnoughReplicas       ack=all, and the in-sync replicas are too few
+    │   └── UnknownLeaderEpoch      the asker's leader epoch is newer than this broker's
     ├── BrokerError                 client side: the broker answered with an error code
     │   ├── UnknownServerError      UNKNOWN_SERVER_ERROR
     │   └── Broker<Class>           every other code: BrokerTopicAlreadyExists is a
@@ -44,12 +48,22 @@ succeed when retried. The broker answers every one of these with its wire error 
 (broker.protocol.broker_error), so `except TopicAlreadyExists` and `except Unavailable` catch
 what a broker answered as they catch what this process raised, and `except BrokerError` catches
 any answered error. A client-side one carries the code, name, message and retriable of
-BrokerError and, for the four codes whose replies carry fields (docs/protocol.md, "Reply
-header"), those fields as the broker-side attributes of the same name: an answered
-InvalidOffset has `message_start` and `next_offset`, FetchSizeTooSmall `needed`, CorruptSegment
-`start`, `end` and `reason`, AuthorizationFailed `operation` and `resource`. The attributes the
-request holds (the offset, max_bytes, the partition) are not repeated in the reply, and
-an answered error has none of them.
+BrokerError and, for the codes whose replies carry fields (docs/protocol.md, "Error fields"),
+those fields as the broker-side attributes of the same name: an answered InvalidOffset has
+`message_start` and `next_offset`, FetchSizeTooSmall `needed`, CorruptSegment `start`, `end`
+and `reason`, AuthorizationFailed `operation` and `resource`, NotLeaderForPartition `leader`
+and `leader_epoch`, NotEnoughReplicas `isr_size` and `min_insync_replicas`, FencedLeaderEpoch
+and UnknownLeaderEpoch `leader_epoch`. The attributes the request holds (the offset, max_bytes,
+the partition, the epoch asked with) are not repeated in the reply, and an answered error has
+none of them.
+
+Which replication errors are retriable: NOT_LEADER_FOR_PARTITION is (leadership moves to a
+broker the client finds by METADATA, or comes back: the request itself is good),
+NOT_ENOUGH_REPLICAS is (the in-sync set grows back as followers catch up), UNKNOWN_LEADER_EPOCH
+is (the asker learnt of a new epoch before this broker did, which learns it within moments);
+FENCED_LEADER_EPOCH is not: the request carries an epoch that will never be current again, and
+only a new request, after the replica has caught up with the registry (and truncated), can
+succeed.
 """
 
 from __future__ import annotations
@@ -161,10 +175,15 @@ class UnsupportedVersion(UnsupportedApi):
     """The api key is one this broker speaks, the api version is not (UNSUPPORTED_VERSION).
     An UnsupportedApi, so code that catches that still catches this."""
 
-    def __init__(self, api_name: str, version: int, supported: int) -> None:
+    def __init__(self, api_name: str, version: int, supported: int | tuple[int, ...]) -> None:
+        versions = (supported,) if isinstance(supported, int) else supported
+        spoken = (
+            f"version {versions[0]}"
+            if len(versions) == 1
+            else f"versions {', '.join(map(str, versions[:-1]))} and {versions[-1]}"
+        )
         super().__init__(
-            f"{api_name} version {version} is not supported: this broker speaks {api_name} "
-            f"version {supported}"
+            f"{api_name} version {version} is not supported: this broker speaks {api_name} {spoken}"
         )
         self.api_name = api_name
         self.version = version
@@ -201,6 +220,22 @@ class AuthorizationFailed(RequestError):
         self.resource = resource
 
 
+class FencedLeaderEpoch(RequestError):
+    """A replica asked with leader epoch `asked`, older than this leader's, `leader_epoch`: its
+    view of partition `partition` (`<topic>-<number>`) is stale. Not retriable as sent: the
+    replica waits for the partition's state node to show the new epoch, truncates, and asks
+    again with it."""
+
+    def __init__(self, partition: str, asked: int, leader_epoch: int) -> None:
+        super().__init__(
+            f"partition {partition}: leader epoch {asked} is fenced: the leader's epoch is "
+            f"{leader_epoch}"
+        )
+        self.partition = partition
+        self.asked = asked
+        self.leader_epoch = leader_epoch
+
+
 class Unavailable(PylogError):
     """The request could not be served now but may succeed when retried."""
 
@@ -215,6 +250,55 @@ class BrokerShuttingDown(Unavailable):
 
 class RegistryUnavailable(Unavailable):
     """ZooKeeper cannot be reached, or the session was lost and is not yet back."""
+
+
+class NotLeaderForPartition(Unavailable):
+    """This broker holds partition `partition` (`<topic>-<number>`) but does not lead it, or
+    stopped leading it while the request waited (an ack=all PRODUCE; the set may have been
+    kept). `leader` is the leader as far as this broker knows, -1 for none known, and
+    `leader_epoch` the epoch of that knowledge (-1 for none). Retriable: ask METADATA again
+    and send the request to the leader."""
+
+    def __init__(self, partition: str, leader: int, leader_epoch: int) -> None:
+        where = "no leader is known" if leader < 0 else f"its leader is broker {leader}"
+        super().__init__(
+            f"partition {partition}: this broker is not its leader: {where} (leader epoch "
+            f"{leader_epoch})"
+        )
+        self.partition = partition
+        self.leader = leader
+        self.leader_epoch = leader_epoch
+
+
+class NotEnoughReplicas(Unavailable):
+    """An ack=all PRODUCE to partition `partition` (`<topic>-<number>`) while its in-sync set
+    holds `isr_size` replicas, fewer than the topic's `min_insync_replicas`: refused before
+    anything was appended, or, the set shrinking while the request waited, answered so with
+    the set possibly kept (at least once). Retriable: followers that catch up rejoin."""
+
+    def __init__(self, partition: str, isr_size: int, min_insync_replicas: int) -> None:
+        super().__init__(
+            f"partition {partition}: {isr_size} in-sync replica{'' if isr_size == 1 else 's'}, "
+            f"fewer than min_insync_replicas {min_insync_replicas}: ack=all is refused"
+        )
+        self.partition = partition
+        self.isr_size = isr_size
+        self.min_insync_replicas = min_insync_replicas
+
+
+class UnknownLeaderEpoch(Unavailable):
+    """The asker's leader epoch `asked` for partition `partition` (`<topic>-<number>`) is
+    newer than this broker's, `leader_epoch`: the controller chose a leader this broker has
+    not heard of yet. Retriable: this broker learns it from its watch within moments."""
+
+    def __init__(self, partition: str, asked: int, leader_epoch: int) -> None:
+        super().__init__(
+            f"partition {partition}: leader epoch {asked} is not known here yet: this broker "
+            f"is at epoch {leader_epoch}"
+        )
+        self.partition = partition
+        self.asked = asked
+        self.leader_epoch = leader_epoch
 
 
 class RegistryAccessDenied(PylogError):
@@ -319,6 +403,22 @@ class BrokerAuthorizationFailed(BrokerError, AuthorizationFailed):
 
 class BrokerRegistryAccessDenied(BrokerError, RegistryAccessDenied):
     """A broker answered REGISTRY_ACCESS_DENIED."""
+
+
+class BrokerNotLeaderForPartition(BrokerError, NotLeaderForPartition):
+    """A broker answered NOT_LEADER_FOR_PARTITION."""
+
+
+class BrokerNotEnoughReplicas(BrokerError, NotEnoughReplicas):
+    """A broker answered NOT_ENOUGH_REPLICAS."""
+
+
+class BrokerFencedLeaderEpoch(BrokerError, FencedLeaderEpoch):
+    """A broker answered FENCED_LEADER_EPOCH."""
+
+
+class BrokerUnknownLeaderEpoch(BrokerError, UnknownLeaderEpoch):
+    """A broker answered UNKNOWN_LEADER_EPOCH."""
 
 
 class MalformedReply(PylogError):

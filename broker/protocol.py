@@ -7,15 +7,16 @@ it, so item 0 of a frame list is "frame 1" of docs/protocol.md:
 
     request   frame 1  header       api_key u16, api_version u16, correlation_id u32,
                                     client_id string
-                       body         right after client_id: fixed per api (and api_version)
+                       body         right after client_id: fixed per api and api_version
+                                    (API_VERSIONS: FETCH and METADATA have a version 2)
                        message set  PRODUCE only: the rest of the frame, messages back to
                                     back (broker.log.message); no length field
     reply     frame 1  header       correlation_id u32, error_code i16, error_message string
                        body         right after error_message, fixed per api; absent when
                                     error_code is not 0
-                       error fields an error of INVALID_OFFSET, FETCH_SIZE_TOO_SMALL or
-                                    CORRUPT_SEGMENT only, right after error_message: the
-                                    values a client acts on (ERROR_FIELDS); no text is parsed
+                       error fields the codes of ERROR_FIELDS only (INVALID_OFFSET,
+                                    NOT_LEADER_FOR_PARTITION, ...), right after error_message:
+                                    the values a client acts on; no text is parsed
               frame 2  message set  FETCH success only: whole messages from the fetch offset
 
 All integers are big-endian; a string is a u16 byte length and that many bytes of UTF-8. A
@@ -35,6 +36,14 @@ message set, which is the partition log's job (broker.log.message.validate_messa
 topic settings, which are broker.config's.
 
 Every error has a wire code in one table, ERROR_TABLE: code, exception class, retriable.
+
+Versions: a request's header says its api_version, and decode_request reads the body of that
+version; a reply does not say it, so encode_reply and decode_reply take the version of the
+request it answers (1 by default). The dataclasses hold the fields of every version, the newer
+ones with defaults that mean "not said" (FetchRequest.replica_id -1, ...), so that code written
+for version 1 builds and reads them unchanged. Encoding a request at version 1 with a newer
+field set is a ValueError (a replica's FETCH must not go out as a consumer's); encoding a reply
+at version 1 leaves the newer fields out (the asker did not ask for them).
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from broker.errors import (
     BrokerShuttingDown,
     CorruptSegment,
     DiskFull,
+    FencedLeaderEpoch,
     FetchSizeTooSmall,
     InvalidMessage,
     InvalidOffset,
@@ -60,6 +70,8 @@ from broker.errors import (
     MalformedReply,
     MalformedRequest,
     MessageTooLarge,
+    NotEnoughReplicas,
+    NotLeaderForPartition,
     OffsetOutOfRange,
     PartitionUnavailable,
     PylogError,
@@ -67,6 +79,7 @@ from broker.errors import (
     RegistryUnavailable,
     StorageIOError,
     TopicAlreadyExists,
+    UnknownLeaderEpoch,
     UnknownTopicOrPartition,
     UnsupportedApi,
     UnsupportedVersion,
@@ -78,7 +91,7 @@ Frames = Sequence[Buffer]
 request, one or two for a reply."""
 
 API_VERSION: Final = 1
-"""The one version of every api this broker speaks."""
+"""The first version of every api, and the only one of most (API_VERSIONS)."""
 EARLIEST: Final = -2
 """OFFSETS time meaning the log start offset."""
 LATEST: Final = -1
@@ -102,6 +115,14 @@ class Api(IntEnum):
     DESCRIBE_PARTITION = 7
     DESCRIBE_CONFIG = 8
     ALTER_CONFIG = 9
+    OFFSET_FOR_LEADER_EPOCH = 10
+
+
+API_VERSIONS: Final[Mapping[Api, tuple[int, ...]]] = {api: (1,) for api in Api} | {
+    Api.FETCH: (1, 2),
+    Api.METADATA: (1, 2),
+}
+"""The api_versions this broker speaks, per api, in order."""
 
 
 class Ack(IntEnum):
@@ -112,7 +133,10 @@ class Ack(IntEnum):
     WRITTEN = 1
     """Once the message set is appended to the partition (not yet flushed nor visible)."""
     FLUSHED = 2
-    """Once the flush that made the message set durable and visible to consumers is done."""
+    """Once the flush that made the message set durable on the leader is done."""
+    ALL = 3
+    """Once every in-sync replica has flushed it (the high watermark reached the set's end),
+    the in-sync set holding at least the topic's min_insync_replicas (docs/replication.md)."""
 
 
 _ACKS: Final = tuple(Ack)
@@ -143,6 +167,10 @@ class ErrorCode(IntEnum):
     INVALID_TOPIC = 18
     AUTHORIZATION_FAILED = 19
     REGISTRY_ACCESS_DENIED = 20
+    NOT_LEADER_FOR_PARTITION = 21
+    NOT_ENOUGH_REPLICAS = 22
+    FENCED_LEADER_EPOCH = 23
+    UNKNOWN_LEADER_EPOCH = 24
 
 
 # -- the error table ---------------------------------------------------------------------------
@@ -186,6 +214,10 @@ ERROR_TABLE: Final[tuple[ErrorEntry, ...]] = (
     ErrorEntry(ErrorCode.INVALID_TOPIC, InvalidTopic, False),
     ErrorEntry(ErrorCode.AUTHORIZATION_FAILED, AuthorizationFailed, False),
     ErrorEntry(ErrorCode.REGISTRY_ACCESS_DENIED, RegistryAccessDenied, False),
+    ErrorEntry(ErrorCode.NOT_LEADER_FOR_PARTITION, NotLeaderForPartition, True),
+    ErrorEntry(ErrorCode.NOT_ENOUGH_REPLICAS, NotEnoughReplicas, True),
+    ErrorEntry(ErrorCode.FENCED_LEADER_EPOCH, FencedLeaderEpoch, False),
+    ErrorEntry(ErrorCode.UNKNOWN_LEADER_EPOCH, UnknownLeaderEpoch, True),
 )
 """code <-> name <-> exception class <-> retriable, in code order."""
 
@@ -237,6 +269,10 @@ _REPLY_ERROR_BY_CODE: Final[dict[ErrorCode, type[BrokerError]]] = {
     ErrorCode.INVALID_TOPIC: errors.BrokerInvalidTopic,
     ErrorCode.AUTHORIZATION_FAILED: errors.BrokerAuthorizationFailed,
     ErrorCode.REGISTRY_ACCESS_DENIED: errors.BrokerRegistryAccessDenied,
+    ErrorCode.NOT_LEADER_FOR_PARTITION: errors.BrokerNotLeaderForPartition,
+    ErrorCode.NOT_ENOUGH_REPLICAS: errors.BrokerNotEnoughReplicas,
+    ErrorCode.FENCED_LEADER_EPOCH: errors.BrokerFencedLeaderEpoch,
+    ErrorCode.UNKNOWN_LEADER_EPOCH: errors.BrokerUnknownLeaderEpoch,
 }
 """The class a client raises for each nonzero code: a BrokerError and the table's exception."""
 
@@ -329,7 +365,12 @@ class ProduceRequest:
 @dataclass(frozen=True, slots=True)
 class FetchRequest:
     """Whole messages from `offset`, at most `max_bytes` of them; wait up to `max_wait_ms` for
-    `min_bytes` to be readable past `offset` before answering with what there is."""
+    `min_bytes` to be readable past `offset` before answering with what there is.
+
+    Version 2 only, with these defaults at version 1: `replica_id`, the asking follower's
+    broker id (-1: a consumer); `leader_epoch`, the asker's view of the partition's leader
+    epoch (-1: not known, not checked); `flushed_offset`, where the asking replica's own
+    flushed bytes end (0 from a consumer)."""
 
     api: ClassVar[Api] = Api.FETCH
     topic: str
@@ -338,6 +379,9 @@ class FetchRequest:
     max_bytes: int
     max_wait_ms: int
     min_bytes: int
+    replica_id: int = -1
+    leader_epoch: int = -1
+    flushed_offset: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,6 +458,18 @@ class AlterConfigRequest:
     delete: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class OffsetForLeaderEpochRequest:
+    """A replica that starts following asks the leader where `leader_epoch` (its own latest,
+    -1 for a replica without history) ends on the leader: the truncation of
+    docs/replication.md."""
+
+    api: ClassVar[Api] = Api.OFFSET_FOR_LEADER_EPOCH
+    topic: str
+    partition: int
+    leader_epoch: int
+
+
 Request = (
     ProduceRequest
     | FetchRequest
@@ -425,6 +481,7 @@ Request = (
     | DescribePartitionRequest
     | DescribeConfigRequest
     | AlterConfigRequest
+    | OffsetForLeaderEpochRequest
 )
 
 
@@ -448,13 +505,27 @@ class ProduceReply:
 
 
 @dataclass(frozen=True, slots=True)
+class EpochEntry:
+    """A leader epoch and the offset where its bytes start (a leader-epoch-checkpoint line)."""
+
+    epoch: int
+    start_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class FetchReply:
     """`message_set` (frame 2) holds whole messages starting exactly at the fetch offset; it is
-    empty when nothing arrived within max_wait_ms."""
+    empty when nothing arrived within max_wait_ms.
+
+    Version 2 only (left out of a version 1 reply): `leader_epoch`, the answering leader's
+    epoch; `epochs`, the leader's epoch entries that start inside the message set (offset <=
+    start_offset < offset + its length), in order."""
 
     high_watermark: int
     log_start_offset: int
     message_set: Buffer
+    leader_epoch: int = -1
+    epochs: tuple[EpochEntry, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,22 +537,32 @@ class OffsetsReply:
 
 @dataclass(frozen=True, slots=True)
 class BrokerInfo:
-    """A broker of the cluster and where to connect to it: tcp://host:port."""
+    """A broker of the cluster and where to connect to it: tcp://host:port; its `rack`
+    (version 2 only; "" for none, and at version 1)."""
 
     broker_id: int
     host: str
     port: int
+    rack: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionInfo:
-    """A partition of a METADATA reply and the broker that holds it; error_code
-    PARTITION_UNAVAILABLE while that broker is not serving it (down, or still opening it),
-    DISK_FULL or STORAGE_ERROR when that broker could not open it."""
+    """A partition of a METADATA reply and the broker to send its requests to, `broker_id`:
+    its leader (the wire's `leader` at version 2, where -1 means none; a version 1 reply
+    carries no -1 and gives `replicas[0]`, the preferred leader, instead). error_code
+    PARTITION_UNAVAILABLE while no broker serves it (the leader down, or still opening it, or
+    none), DISK_FULL or STORAGE_ERROR when the leader could not open it.
+
+    Version 2 only (left out at version 1): `leader_epoch` (-1: none known), `replicas` (in
+    assignment order, the preferred leader first) and `isr`, the in-sync replicas."""
 
     partition: int
     broker_id: int
     error_code: int = 0
+    leader_epoch: int = -1
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -568,6 +649,17 @@ class DescribeConfigReply:
     entries: tuple[ConfigEntry, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class OffsetForLeaderEpochReply:
+    """The largest leader epoch the leader has that is <= the one asked (-1 for none) and
+    where it ends on the leader: the start offset of the leader's first entry with a larger
+    epoch, or the leader's log end offset when `epoch` is its latest (-1 included, for a
+    leader without entries)."""
+
+    epoch: int
+    end_offset: int
+
+
 Reply = (
     ProduceReply
     | FetchReply
@@ -577,6 +669,7 @@ Reply = (
     | DescribeClusterReply
     | DescribePartitionReply
     | DescribeConfigReply
+    | OffsetForLeaderEpochReply
 )
 
 
@@ -590,7 +683,15 @@ class Route(NamedTuple):
 
 # -- fixed-size field runs, and reading a frame field by field ---------------------------------
 
-_TYPE_NAMES: Final = {"B": "u8", "H": "u16", "I": "u32", "Q": "u64", "h": "i16", "q": "i64"}
+_TYPE_NAMES: Final = {
+    "B": "u8",
+    "H": "u16",
+    "I": "u32",
+    "Q": "u64",
+    "h": "i16",
+    "i": "i32",
+    "q": "i64",
+}
 
 
 class _Fields:
@@ -636,17 +737,26 @@ _FETCH: Final = _Fields(
     ("max_wait_ms", "I"),
     ("min_bytes", "I"),
 )
+_FETCH_V2: Final = _Fields(("replica_id", "i"), ("leader_epoch", "i"), ("flushed_offset", "Q"))
 _OFFSETS: Final = _Fields(("partition", "I"), ("time", "q"))
+_OFFSET_FOR_LEADER_EPOCH: Final = _Fields(("partition", "I"), ("leader_epoch", "i"))
 _TOPIC_COUNT: Final = _Fields(("topic_count", "H"))
 _CREATE_TOPIC: Final = _Fields(("partitions", "I"), ("config_count", "H"))
 _PRODUCE_REPLY: Final = _Fields(("base_offset", "Q"), ("count", "I"))
 _FETCH_REPLY: Final = _Fields(("high_watermark", "Q"), ("log_start_offset", "Q"))
+_FETCH_REPLY_V2: Final = _Fields(("leader_epoch", "i"), ("epoch_count", "H"))
+_EPOCH_ENTRY: Final = _Fields(("epoch", "i"), ("start_offset", "Q"))
+_OFFSET_FOR_LEADER_EPOCH_REPLY: Final = _Fields(("epoch", "i"), ("end_offset", "Q"))
 _OFFSETS_REPLY: Final = _Fields(("offset", "Q"))
 _BROKER_COUNT: Final = _Fields(("broker_count", "H"))
 _BROKER_ID: Final = _Fields(("broker_id", "I"))
 _PORT: Final = _Fields(("port", "H"))
 _TOPIC_ERROR: Final = _Fields(("error_code", "h"), ("partition_count", "I"))
 _PARTITION_INFO: Final = _Fields(("partition", "I"), ("broker_id", "I"), ("error_code", "h"))
+_PARTITION_LEADER: Final = _Fields(("partition", "I"), ("leader", "i"), ("leader_epoch", "i"))
+_REPLICA_COUNT: Final = _Fields(("replica_count", "H"))
+_ISR_COUNT: Final = _Fields(("isr_count", "H"))
+_PARTITION_ERROR: Final = _Fields(("error_code", "h"))
 _CONFIG_COUNT: Final = _Fields(("config_count", "H"))
 _ALTER_COUNTS: Final = _Fields(("set_count", "H"))
 _DELETE_COUNT: Final = _Fields(("delete_count", "H"))
@@ -679,6 +789,14 @@ ERROR_FIELDS: Final[Mapping[ErrorCode, ErrorFields]] = {
     ErrorCode.FETCH_SIZE_TOO_SMALL: ErrorFields(_Fields(("needed", "Q"))),
     ErrorCode.CORRUPT_SEGMENT: ErrorFields(_Fields(("start", "Q"), ("end", "Q")), ("reason",)),
     ErrorCode.AUTHORIZATION_FAILED: ErrorFields(_Fields(), ("operation", "resource")),
+    ErrorCode.NOT_LEADER_FOR_PARTITION: ErrorFields(
+        _Fields(("leader", "i"), ("leader_epoch", "i"))
+    ),
+    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorFields(
+        _Fields(("isr_size", "I"), ("min_insync_replicas", "I"))
+    ),
+    ErrorCode.FENCED_LEADER_EPOCH: ErrorFields(_Fields(("leader_epoch", "i"))),
+    ErrorCode.UNKNOWN_LEADER_EPOCH: ErrorFields(_Fields(("leader_epoch", "i"))),
 }
 """The error codes whose reply carries fields after error_message (docs/protocol.md, "Reply
 header"); every other code's frame 1 ends with error_message."""
@@ -813,10 +931,13 @@ def encode_request(header: RequestHeader, request: Request) -> list[Buffer]:
     """A request's one frame (the envelope is the transport's business): header, body and, for
     PRODUCE, the message set, back to back; the message set is copied into the frame, once.
 
-    Checks only what the wire cannot carry (an integer out of its type, a string over 65535
-    bytes), raising ValueError naming the field; the broker checks the rest."""
+    The body is laid out for header.version. Checks only what the wire cannot carry (a
+    version this module does not know, an integer out of its type, a string over 65535 bytes,
+    a FETCH field of version 2 set on a version 1 request), raising ValueError naming the
+    field; the broker checks the rest."""
     if header.api != request.api:
         raise ValueError(f"the header says {header.api.name}, the request is {request.api.name}")
+    _check_version(header.api, header.version)
     parts: list[Buffer] = [
         _REQUEST_HEADER.pack(header.api, header.version, header.correlation_id),
         _string("client_id", header.client_id),
@@ -838,6 +959,17 @@ def encode_request(header: RequestHeader, request: Request) -> list[Buffer]:
                 request.min_bytes,
             ),
         ]
+        if header.version >= 2:
+            parts.append(
+                _FETCH_V2.pack(request.replica_id, request.leader_epoch, request.flushed_offset)
+            )
+        else:
+            for name, default in _FETCH_V2_DEFAULTS.items():
+                if getattr(request, name) != default:
+                    raise ValueError(
+                        f"field {name} is {getattr(request, name)!r}: FETCH version 1 has no "
+                        "such field (send version 2)"
+                    )
     elif isinstance(request, OffsetsRequest):
         parts += [_string("topic", request.topic), _OFFSETS.pack(request.partition, request.time)]
     elif isinstance(request, MetadataRequest):
@@ -862,9 +994,26 @@ def encode_request(header: RequestHeader, request: Request) -> list[Buffer]:
             parts += [_string("key", key), _string("value", value)]
         parts.append(_DELETE_COUNT.pack(len(request.delete)))
         parts += [_string("key", key) for key in request.delete]
+    elif isinstance(request, OffsetForLeaderEpochRequest):
+        parts += [
+            _string("topic", request.topic),
+            _OFFSET_FOR_LEADER_EPOCH.pack(request.partition, request.leader_epoch),
+        ]
     else:
         assert_never(request)
     return [b"".join(parts)]
+
+
+_FETCH_V2_DEFAULTS: Final = {"replica_id": -1, "leader_epoch": -1, "flushed_offset": 0}
+"""A version 1 FETCH's values of the version 2 fields: a consumer, with no epoch."""
+
+
+def _check_version(api: Api, version: int) -> None:
+    if version not in API_VERSIONS[api]:
+        raise ValueError(
+            f"{api.name} has no version {version}: versions "
+            f"{', '.join(map(str, API_VERSIONS[api]))}"
+        )
 
 
 def _read_header(frames: Frames) -> tuple[_Reader, RequestHeader]:
@@ -884,8 +1033,8 @@ def _read_header(frames: Frames) -> tuple[_Reader, RequestHeader]:
             f"api_key {api_key} is unknown: this broker speaks api_keys "
             f"{min(Api).value} to {max(Api).value}"
         )
-    if version != API_VERSION:
-        raise UnsupportedVersion(api.name, version, API_VERSION)
+    if version not in API_VERSIONS[api]:
+        raise UnsupportedVersion(api.name, version, API_VERSIONS[api])
     client_id = reader.string("client_id")
     reader.enter(_BODY_WHERE[api])
     return reader, RequestHeader(api, version, correlation_id, client_id)
@@ -899,34 +1048,76 @@ def decode_request(frames: Frames) -> tuple[RequestHeader, Request]:
     setting given twice), each naming the field and its byte position. A PRODUCE request's
     message set is a memoryview over the rest of the frame, unchecked and uncopied."""
     reader, header = _read_header(frames)
-    request = _REQUEST_DECODERS[header.api](reader)
+    request = _REQUEST_DECODERS[header.api](reader, header.version)
     if isinstance(
-        request, ProduceRequest | FetchRequest | OffsetsRequest | DescribePartitionRequest
+        request,
+        ProduceRequest
+        | FetchRequest
+        | OffsetsRequest
+        | DescribePartitionRequest
+        | OffsetForLeaderEpochRequest,
     ):
         _remember(frames[0], header.api, Route(request.topic, request.partition))
     return header, request
 
 
-def _decode_produce(reader: _Reader) -> ProduceRequest:
+def _decode_produce(reader: _Reader, version: int) -> ProduceRequest:
     topic = reader.string("topic")
     partition, ack = reader.fixed(_PRODUCE)
     check_topic_name(topic)
-    if ack > Ack.FLUSHED:
-        raise reader.fail(f"field ack is {ack}: it must be 0 (none), 1 (written) or 2 (flushed)")
+    if ack > Ack.ALL:
+        raise reader.fail(
+            f"field ack is {ack}: it must be 0 (none), 1 (written), 2 (flushed) or 3 (all)"
+        )
     return ProduceRequest(topic, partition, _ACKS[ack], reader.rest())
 
 
-def _decode_fetch(reader: _Reader) -> FetchRequest:
+def _decode_fetch(reader: _Reader, version: int) -> FetchRequest:
     topic = reader.string("topic")
     partition, offset, max_bytes, max_wait_ms, min_bytes = reader.fixed(_FETCH)
+    replica_id, leader_epoch, flushed_offset = (
+        reader.fixed(_FETCH_V2) if version >= 2 else _FETCH_V2_DEFAULTS.values()
+    )
     reader.finish()
     check_topic_name(topic)
     if max_bytes < 1:
         raise reader.fail("field max_bytes is 0: it must be at least 1")
-    return FetchRequest(topic, partition, offset, max_bytes, max_wait_ms, min_bytes)
+    if replica_id < -1:
+        raise reader.fail(
+            f"field replica_id is {replica_id}: it must be -1 (a consumer) or a broker id"
+        )
+    if leader_epoch < -1:
+        raise reader.fail(f"field leader_epoch is {leader_epoch}: it must be -1 (unknown) or >= 0")
+    if replica_id == -1 and flushed_offset != 0:
+        raise reader.fail(
+            f"field flushed_offset is {flushed_offset}: a consumer's (replica_id -1) must be 0"
+        )
+    return FetchRequest(
+        topic,
+        partition,
+        offset,
+        max_bytes,
+        max_wait_ms,
+        min_bytes,
+        replica_id,
+        leader_epoch,
+        flushed_offset,
+    )
 
 
-def _decode_offsets(reader: _Reader) -> OffsetsRequest:
+def _decode_offset_for_leader_epoch(reader: _Reader, version: int) -> OffsetForLeaderEpochRequest:
+    topic = reader.string("topic")
+    partition, leader_epoch = reader.fixed(_OFFSET_FOR_LEADER_EPOCH)
+    reader.finish()
+    check_topic_name(topic)
+    if leader_epoch < -1:
+        raise reader.fail(
+            f"field leader_epoch is {leader_epoch}: it must be -1 (no history) or >= 0"
+        )
+    return OffsetForLeaderEpochRequest(topic, partition, leader_epoch)
+
+
+def _decode_offsets(reader: _Reader, version: int) -> OffsetsRequest:
     topic = reader.string("topic")
     partition, time = reader.fixed(_OFFSETS)
     reader.finish()
@@ -938,7 +1129,7 @@ def _decode_offsets(reader: _Reader) -> OffsetsRequest:
     return OffsetsRequest(topic, partition, time)
 
 
-def _decode_metadata(reader: _Reader) -> MetadataRequest:
+def _decode_metadata(reader: _Reader, version: int) -> MetadataRequest:
     (count,) = reader.fixed(_TOPIC_COUNT)
     topics = tuple(reader.string(f"topic[{i}]") for i in range(count))
     reader.finish()
@@ -947,7 +1138,7 @@ def _decode_metadata(reader: _Reader) -> MetadataRequest:
     return MetadataRequest(topics)
 
 
-def _decode_create_topic(reader: _Reader) -> CreateTopicRequest:
+def _decode_create_topic(reader: _Reader, version: int) -> CreateTopicRequest:
     topic = reader.string("topic")
     partitions, count = reader.fixed(_CREATE_TOPIC)
     pairs = _read_pairs(reader, count)
@@ -972,7 +1163,7 @@ def _settings(topic: str, pairs: list[tuple[str, str]]) -> dict[str, str]:
     return config
 
 
-def _decode_delete_topic(reader: _Reader) -> DeleteTopicRequest:
+def _decode_delete_topic(reader: _Reader, version: int) -> DeleteTopicRequest:
     return DeleteTopicRequest(_topic_only(reader))
 
 
@@ -983,12 +1174,12 @@ def _topic_only(reader: _Reader) -> str:
     return topic
 
 
-def _decode_describe_cluster(reader: _Reader) -> DescribeClusterRequest:
+def _decode_describe_cluster(reader: _Reader, version: int) -> DescribeClusterRequest:
     reader.finish()
     return DescribeClusterRequest()
 
 
-def _decode_describe_partition(reader: _Reader) -> DescribePartitionRequest:
+def _decode_describe_partition(reader: _Reader, version: int) -> DescribePartitionRequest:
     topic = reader.string("topic")
     (partition,) = reader.fixed(_PARTITION)
     reader.finish()
@@ -996,11 +1187,11 @@ def _decode_describe_partition(reader: _Reader) -> DescribePartitionRequest:
     return DescribePartitionRequest(topic, partition)
 
 
-def _decode_describe_config(reader: _Reader) -> DescribeConfigRequest:
+def _decode_describe_config(reader: _Reader, version: int) -> DescribeConfigRequest:
     return DescribeConfigRequest(_topic_only(reader))
 
 
-def _decode_alter_config(reader: _Reader) -> AlterConfigRequest:
+def _decode_alter_config(reader: _Reader, version: int) -> AlterConfigRequest:
     topic = reader.string("topic")
     (count,) = reader.fixed(_ALTER_COUNTS)
     pairs = _read_pairs(reader, count)
@@ -1017,7 +1208,7 @@ def _decode_alter_config(reader: _Reader) -> AlterConfigRequest:
     return AlterConfigRequest(topic, settings, deleted)
 
 
-_REQUEST_DECODERS: Final[Mapping[Api, Callable[[_Reader], Request]]] = {
+_REQUEST_DECODERS: Final[Mapping[Api, Callable[[_Reader, int], Request]]] = {
     Api.PRODUCE: _decode_produce,
     Api.FETCH: _decode_fetch,
     Api.OFFSETS: _decode_offsets,
@@ -1028,9 +1219,12 @@ _REQUEST_DECODERS: Final[Mapping[Api, Callable[[_Reader], Request]]] = {
     Api.DESCRIBE_PARTITION: _decode_describe_partition,
     Api.DESCRIBE_CONFIG: _decode_describe_config,
     Api.ALTER_CONFIG: _decode_alter_config,
+    Api.OFFSET_FOR_LEADER_EPOCH: _decode_offset_for_leader_epoch,
 }
 
-ROUTED_APIS: Final = frozenset({Api.PRODUCE, Api.FETCH, Api.OFFSETS, Api.DESCRIBE_PARTITION})
+ROUTED_APIS: Final = frozenset(
+    {Api.PRODUCE, Api.FETCH, Api.OFFSETS, Api.DESCRIBE_PARTITION, Api.OFFSET_FOR_LEADER_EPOCH}
+)
 """The apis the front sends to the worker holding the partition: their bodies begin with
 topic and partition. The front serves the others itself."""
 
@@ -1122,7 +1316,7 @@ def peek_produce(frames: Frames) -> tuple[int, Route, int, memoryview] | None:
     if prefix is None or prefix.api is not Api.PRODUCE or end >= len(view):
         return None
     ack = view[end]
-    if ack > Ack.FLUSHED:
+    if ack > Ack.ALL:
         return None
     return _CORRELATION_ID.unpack_from(view, 4)[0], prefix.route, ack, view[end + 1 :]
 
@@ -1163,36 +1357,29 @@ def is_fire_and_forget(frames: Frames) -> bool:
 _SUCCESS: Final = b"\x00\x00"  # error_message: the empty string
 
 
-def encode_reply(correlation_id: int, reply: Reply) -> list[Buffer]:
-    """The frames of a successful reply: header and body in one frame, and for FETCH the
-    message set as a second frame, the very object given (so a view of a segment is sent
-    without copying). ValueError, naming the field, for what the wire cannot carry."""
+def encode_reply(correlation_id: int, reply: Reply, version: int = API_VERSION) -> list[Buffer]:
+    """The frames of a successful reply to a request of api_version `version`: header and
+    body in one frame, and for FETCH the message set as a second frame, the very object given
+    (so a view of a segment is sent without copying). At version 1 the fields of version 2
+    are left out (a version 1 METADATA gives a partition without leader, broker_id -1, as its
+    replicas[0]). ValueError, naming the field, for what the wire cannot carry (a version the
+    reply's api does not have included)."""
+    _check_version(_REPLY_APIS[type(reply)], version)
     parts: list[Buffer] = [_REPLY_HEADER.pack(correlation_id, ErrorCode.NONE), _SUCCESS]
     if isinstance(reply, ProduceReply):
         parts.append(_PRODUCE_REPLY.pack(reply.base_offset, reply.count))
     elif isinstance(reply, FetchReply):
         parts.append(_FETCH_REPLY.pack(reply.high_watermark, reply.log_start_offset))
+        if version >= 2:
+            parts.append(_FETCH_REPLY_V2.pack(reply.leader_epoch, len(reply.epochs)))
+            parts += [_EPOCH_ENTRY.pack(e.epoch, e.start_offset) for e in reply.epochs]
         return [b"".join(parts), reply.message_set]
     elif isinstance(reply, OffsetsReply):
         parts.append(_OFFSETS_REPLY.pack(reply.offset))
     elif isinstance(reply, MetadataReply):
-        parts.append(_BROKER_COUNT.pack(len(reply.brokers)))
-        for broker in reply.brokers:
-            parts += [
-                _BROKER_ID.pack(broker.broker_id),
-                _string("host", broker.host),
-                _PORT.pack(broker.port),
-            ]
-        parts.append(_TOPIC_COUNT.pack(len(reply.topics)))
-        for topic in reply.topics:
-            parts += [
-                _string("topic", topic.topic),
-                _TOPIC_ERROR.pack(topic.error_code, len(topic.partitions)),
-            ]
-            parts += [
-                _PARTITION_INFO.pack(p.partition, p.broker_id, p.error_code)
-                for p in topic.partitions
-            ]
+        _encode_metadata_reply(parts, reply, version)
+    elif isinstance(reply, OffsetForLeaderEpochReply):
+        parts.append(_OFFSET_FOR_LEADER_EPOCH_REPLY.pack(reply.epoch, reply.end_offset))
     elif isinstance(reply, EmptyReply):
         pass
     elif isinstance(reply, DescribeClusterReply):
@@ -1237,6 +1424,58 @@ def encode_reply(correlation_id: int, reply: Reply) -> list[Buffer]:
     else:
         assert_never(reply)
     return [b"".join(parts)]
+
+
+_REPLY_APIS: Final[Mapping[type, Api]] = {
+    ProduceReply: Api.PRODUCE,
+    FetchReply: Api.FETCH,
+    OffsetsReply: Api.OFFSETS,
+    MetadataReply: Api.METADATA,
+    EmptyReply: Api.CREATE_TOPIC,  # as DELETE_TOPIC and ALTER_CONFIG: version 1 only
+    DescribeClusterReply: Api.DESCRIBE_CLUSTER,
+    DescribePartitionReply: Api.DESCRIBE_PARTITION,
+    DescribeConfigReply: Api.DESCRIBE_CONFIG,
+    OffsetForLeaderEpochReply: Api.OFFSET_FOR_LEADER_EPOCH,
+}
+"""The api a reply class answers, for its versions."""
+
+
+def _encode_metadata_reply(parts: list[Buffer], reply: MetadataReply, version: int) -> None:
+    parts.append(_BROKER_COUNT.pack(len(reply.brokers)))
+    for broker in reply.brokers:
+        parts += [
+            _BROKER_ID.pack(broker.broker_id),
+            _string("host", broker.host),
+            _PORT.pack(broker.port),
+        ]
+        if version >= 2:
+            parts.append(_string("rack", broker.rack))
+    parts.append(_TOPIC_COUNT.pack(len(reply.topics)))
+    for topic in reply.topics:
+        parts += [
+            _string("topic", topic.topic),
+            _TOPIC_ERROR.pack(topic.error_code, len(topic.partitions)),
+        ]
+        for p in topic.partitions:
+            if version < 2:
+                holder = p.broker_id
+                if holder == -1:  # no leader: version 1 names the preferred one
+                    if not p.replicas:
+                        raise ValueError(
+                            f"partition {p.partition} has broker_id -1 and no replicas: "
+                            "METADATA version 1 needs a broker id"
+                        )
+                    holder = p.replicas[0]
+                parts.append(_PARTITION_INFO.pack(p.partition, holder, p.error_code))
+                continue
+            parts += [
+                _PARTITION_LEADER.pack(p.partition, p.broker_id, p.leader_epoch),
+                _REPLICA_COUNT.pack(len(p.replicas)),
+                *(_BROKER_ID.pack(r) for r in p.replicas),
+                _ISR_COUNT.pack(len(p.isr)),
+                *(_BROKER_ID.pack(r) for r in p.isr),
+                _PARTITION_ERROR.pack(p.error_code),
+            ]
 
 
 def encode_error(
@@ -1300,33 +1539,54 @@ def decode_reply_header(frames: Frames) -> ReplyHeader:
 
 
 @overload
-def decode_reply(api: Literal[Api.PRODUCE], frames: Frames) -> ProduceReply: ...
-@overload
-def decode_reply(api: Literal[Api.FETCH], frames: Frames) -> FetchReply: ...
-@overload
-def decode_reply(api: Literal[Api.OFFSETS], frames: Frames) -> OffsetsReply: ...
-@overload
-def decode_reply(api: Literal[Api.METADATA], frames: Frames) -> MetadataReply: ...
+def decode_reply(
+    api: Literal[Api.PRODUCE], frames: Frames, version: int = API_VERSION
+) -> ProduceReply: ...
 @overload
 def decode_reply(
-    api: Literal[Api.CREATE_TOPIC, Api.DELETE_TOPIC, Api.ALTER_CONFIG], frames: Frames
+    api: Literal[Api.FETCH], frames: Frames, version: int = API_VERSION
+) -> FetchReply: ...
+@overload
+def decode_reply(
+    api: Literal[Api.OFFSETS], frames: Frames, version: int = API_VERSION
+) -> OffsetsReply: ...
+@overload
+def decode_reply(
+    api: Literal[Api.METADATA], frames: Frames, version: int = API_VERSION
+) -> MetadataReply: ...
+@overload
+def decode_reply(
+    api: Literal[Api.CREATE_TOPIC, Api.DELETE_TOPIC, Api.ALTER_CONFIG],
+    frames: Frames,
+    version: int = API_VERSION,
 ) -> EmptyReply: ...
 @overload
-def decode_reply(api: Literal[Api.DESCRIBE_CLUSTER], frames: Frames) -> DescribeClusterReply: ...
+def decode_reply(
+    api: Literal[Api.DESCRIBE_CLUSTER], frames: Frames, version: int = API_VERSION
+) -> DescribeClusterReply: ...
 @overload
 def decode_reply(
-    api: Literal[Api.DESCRIBE_PARTITION], frames: Frames
+    api: Literal[Api.DESCRIBE_PARTITION], frames: Frames, version: int = API_VERSION
 ) -> DescribePartitionReply: ...
 @overload
-def decode_reply(api: Literal[Api.DESCRIBE_CONFIG], frames: Frames) -> DescribeConfigReply: ...
+def decode_reply(
+    api: Literal[Api.DESCRIBE_CONFIG], frames: Frames, version: int = API_VERSION
+) -> DescribeConfigReply: ...
 @overload
-def decode_reply(api: Api, frames: Frames) -> Reply: ...
-def decode_reply(api: Api, frames: Frames) -> Reply:
-    """The body of a reply to a request of `api`, from its frames after the routing envelope.
+def decode_reply(
+    api: Literal[Api.OFFSET_FOR_LEADER_EPOCH], frames: Frames, version: int = API_VERSION
+) -> OffsetForLeaderEpochReply: ...
+@overload
+def decode_reply(api: Api, frames: Frames, version: int = API_VERSION) -> Reply: ...
+def decode_reply(api: Api, frames: Frames, version: int = API_VERSION) -> Reply:
+    """The body of a reply to a request of `api` at api_version `version`, from its frames
+    after the routing envelope; a field of a newer version than `version` takes its default.
 
     Raises BrokerError (code, name, message, retriable, and the code's ERROR_FIELDS) when
-    the error code is not 0, and MalformedReply when the frames do not follow the protocol. A
-    FETCH reply's message set is a memoryview over frame 2."""
+    the error code is not 0, MalformedReply when the frames do not follow the protocol, and
+    ValueError for a version `api` does not have. A FETCH reply's message set is a memoryview
+    over frame 2."""
+    _check_version(api, version)
     if api is Api.PRODUCE and len(frames) == 1 and len(frames[0]) == _PRODUCE_ACK.size:
         _, code, message_length, base_offset, count = _PRODUCE_ACK.unpack_from(frames[0])
         if code == 0 and message_length == 0:  # an ack, with one unpack: a producer's hot path
@@ -1350,11 +1610,20 @@ def decode_reply(api: Api, frames: Frames) -> Reply:
         reply = ProduceReply(*reader.fixed(_PRODUCE_REPLY))
     elif api is Api.FETCH:
         high_watermark, log_start_offset = reader.fixed(_FETCH_REPLY)
-        reply = FetchReply(high_watermark, log_start_offset, memoryview(frames[1]))
+        if version < 2:
+            reply = FetchReply(high_watermark, log_start_offset, memoryview(frames[1]))
+        else:
+            leader_epoch, epochs = _read_fetch_epochs(reader)
+            message_set = memoryview(frames[1])
+            reply = FetchReply(high_watermark, log_start_offset, message_set, leader_epoch, epochs)
     elif api is Api.OFFSETS:
         reply = OffsetsReply(*reader.fixed(_OFFSETS_REPLY))
     elif api is Api.METADATA:
-        reply = _decode_metadata_reply(reader)
+        reply = _decode_metadata_reply(reader, version)
+    elif api is Api.OFFSET_FOR_LEADER_EPOCH:
+        epoch, end_offset = reader.fixed(_OFFSET_FOR_LEADER_EPOCH_REPLY)
+        _check_epoch(reader, "epoch", epoch)
+        reply = OffsetForLeaderEpochReply(epoch, end_offset)
     elif api is Api.DESCRIBE_CLUSTER:
         reply = _decode_describe_cluster_reply(reader)
     elif api is Api.DESCRIBE_PARTITION:
@@ -1391,14 +1660,40 @@ def _error_fields(reader: _Reader, header: ReplyHeader) -> dict[str, int | str]:
     return values
 
 
-def _decode_metadata_reply(reader: _Reader) -> MetadataReply:
+def _check_epoch(reader: _Reader, name: str, epoch: int) -> None:
+    """A leader epoch is -1 (none) or more; MalformedReply below."""
+    if epoch < -1:
+        raise reader.fail(f"field {name} is {epoch}: it must be -1 (none) or >= 0")
+
+
+def _read_fetch_epochs(reader: _Reader) -> tuple[int, tuple[EpochEntry, ...]]:
+    """A version 2 FETCH reply's leader_epoch and epoch entries: epochs >= 0 and rising, start
+    offsets never falling, else MalformedReply."""
+    leader_epoch, count = reader.fixed(_FETCH_REPLY_V2)
+    _check_epoch(reader, "leader_epoch", leader_epoch)
+    entries: list[EpochEntry] = []
+    for i in range(count):
+        epoch, start = reader.fixed(_EPOCH_ENTRY)
+        if entries and (epoch <= entries[-1].epoch or start < entries[-1].start_offset):
+            raise reader.fail(
+                f"epoch entry {i}, ({epoch}, {start}), does not follow ({entries[-1].epoch}, "
+                f"{entries[-1].start_offset}): epochs must rise and start offsets never fall"
+            )
+        if epoch < 0:
+            raise reader.fail(f"epoch entry {i} has epoch {epoch}: it must be >= 0")
+        entries.append(EpochEntry(epoch, start))
+    return leader_epoch, tuple(entries)
+
+
+def _decode_metadata_reply(reader: _Reader, version: int) -> MetadataReply:
     brokers = []
     (broker_count,) = reader.fixed(_BROKER_COUNT)
     for _ in range(broker_count):
         (broker_id,) = reader.fixed(_BROKER_ID)
         host = reader.string("host")
         (port,) = reader.fixed(_PORT)
-        brokers.append(BrokerInfo(broker_id, host, port))
+        rack = reader.string("rack") if version >= 2 else ""
+        brokers.append(BrokerInfo(broker_id, host, port, rack))
     topics = []
     (topic_count,) = reader.fixed(_TOPIC_COUNT)
     for _ in range(topic_count):
@@ -1406,8 +1701,22 @@ def _decode_metadata_reply(reader: _Reader) -> MetadataReply:
         code, partition_count = reader.fixed(_TOPIC_ERROR)
         partitions = []
         for _ in range(partition_count):
-            number, holder, partition_code = reader.fixed(_PARTITION_INFO)
-            partitions.append(PartitionInfo(number, holder, _code(partition_code)))
+            if version < 2:
+                number, holder, partition_code = reader.fixed(_PARTITION_INFO)
+                partitions.append(PartitionInfo(number, holder, _code(partition_code)))
+                continue
+            number, leader, leader_epoch = reader.fixed(_PARTITION_LEADER)
+            if leader < -1:
+                raise reader.fail(f"field leader is {leader}: it must be -1 (none) or a broker id")
+            _check_epoch(reader, "leader_epoch", leader_epoch)
+            (count,) = reader.fixed(_REPLICA_COUNT)
+            replicas = tuple(reader.fixed(_BROKER_ID)[0] for _ in range(count))
+            (count,) = reader.fixed(_ISR_COUNT)
+            isr = tuple(reader.fixed(_BROKER_ID)[0] for _ in range(count))
+            (partition_code,) = reader.fixed(_PARTITION_ERROR)
+            partitions.append(
+                PartitionInfo(number, leader, _code(partition_code), leader_epoch, replicas, isr)
+            )
         topics.append(TopicInfo(topic, _code(code), tuple(partitions)))
     return MetadataReply(tuple(brokers), tuple(topics))
 

@@ -14,10 +14,14 @@ from broker.errors import (
     AuthorizationFailed,
     BrokerError,
     CorruptSegment,
+    FencedLeaderEpoch,
     FetchSizeTooSmall,
     InvalidOffset,
+    NotEnoughReplicas,
+    NotLeaderForPartition,
     TopicAlreadyExists,
     Unavailable,
+    UnknownLeaderEpoch,
     UnknownTopicOrPartition,
 )
 from broker.protocol import Api, ErrorCode, decode_reply, encode_error, error_code_for, error_entry
@@ -40,6 +44,10 @@ def raised_for(code: int, message: str = "text") -> BrokerError:
         ErrorCode.FETCH_SIZE_TOO_SMALL: FetchSizeTooSmall(0, 1, 38),
         ErrorCode.CORRUPT_SEGMENT: CorruptSegment("t-0", 38, 76, "why"),
         ErrorCode.AUTHORIZATION_FAILED: AuthorizationFailed("web", "produce", "clicks"),
+        ErrorCode.NOT_LEADER_FOR_PARTITION: NotLeaderForPartition("t-0", 2, 6),
+        ErrorCode.NOT_ENOUGH_REPLICAS: NotEnoughReplicas("t-0", 1, 2),
+        ErrorCode.FENCED_LEADER_EPOCH: FencedLeaderEpoch("t-0", 5, 6),
+        ErrorCode.UNKNOWN_LEADER_EPOCH: UnknownLeaderEpoch("t-0", 5, 4),
     }
     frames = (
         [encode_error(7, with_fields.get(code, ErrorCode(code)), message)[0]]
@@ -71,6 +79,29 @@ def test_every_documented_error_code_raises_its_own_class() -> None:
             assert isinstance(error, entry.exception)
         assert isinstance(error, Unavailable) == entry.retriable
         assert error_code_for(error) == code  # round trip: a forwarded error keeps its code
+
+
+def test_the_replication_errors_carry_their_fields_and_say_whether_to_retry() -> None:
+    not_leader = raised_for(ErrorCode.NOT_LEADER_FOR_PARTITION)
+    assert isinstance(not_leader, NotLeaderForPartition)
+    assert (not_leader.leader, not_leader.leader_epoch, not_leader.retriable) == (2, 6, True)
+    too_few = raised_for(ErrorCode.NOT_ENOUGH_REPLICAS)
+    assert isinstance(too_few, NotEnoughReplicas)
+    assert (too_few.isr_size, too_few.min_insync_replicas, too_few.retriable) == (1, 2, True)
+    fenced = raised_for(ErrorCode.FENCED_LEADER_EPOCH)
+    assert isinstance(fenced, FencedLeaderEpoch) and not isinstance(fenced, Unavailable)
+    assert (fenced.leader_epoch, fenced.retriable) == (6, False)
+    unknown = raised_for(ErrorCode.UNKNOWN_LEADER_EPOCH)
+    assert isinstance(unknown, UnknownLeaderEpoch)
+    assert (unknown.leader_epoch, unknown.retriable) == (4, True)
+
+
+def test_a_not_leader_reply_with_no_leader_known_says_minus_1() -> None:
+    frames = encode_error(7, NotLeaderForPartition("t-0", -1, -1))
+    with pytest.raises(NotLeaderForPartition) as raised:
+        decode_reply(Api.PRODUCE, frames)
+    assert (raised.value.leader, raised.value.leader_epoch) == (-1, -1)
+    assert "no leader is known" in str(raised.value)
 
 
 def test_an_unknown_code_is_a_plain_broker_error() -> None:

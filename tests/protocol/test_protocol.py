@@ -25,6 +25,7 @@ from broker.errors import (
     BrokerShuttingDown,
     CorruptSegment,
     DiskFull,
+    FencedLeaderEpoch,
     FetchSizeTooSmall,
     InvalidMessage,
     InvalidOffset,
@@ -32,6 +33,8 @@ from broker.errors import (
     MalformedReply,
     MalformedRequest,
     MessageTooLarge,
+    NotEnoughReplicas,
+    NotLeaderForPartition,
     OffsetOutOfRange,
     PartitionUnavailable,
     PylogError,
@@ -40,6 +43,7 @@ from broker.errors import (
     StorageIOError,
     TopicAlreadyExists,
     Unavailable,
+    UnknownLeaderEpoch,
     UnknownTopicOrPartition,
     UnsupportedApi,
     UnsupportedVersion,
@@ -47,6 +51,7 @@ from broker.errors import (
 from broker.log.config import BOUNDS, LogConfig
 from broker.log.message import Buffer, encode_message, iter_messages
 from broker.protocol import (
+    API_VERSIONS,
     ERROR_FIELDS,
     ERROR_TABLE,
     Ack,
@@ -64,11 +69,14 @@ from broker.protocol import (
     DescribePartitionReply,
     DescribePartitionRequest,
     EmptyReply,
+    EpochEntry,
     ErrorCode,
     FetchReply,
     FetchRequest,
     MetadataReply,
     MetadataRequest,
+    OffsetForLeaderEpochReply,
+    OffsetForLeaderEpochRequest,
     OffsetsReply,
     OffsetsRequest,
     PartitionInfo,
@@ -236,13 +244,24 @@ def field_names(section: str) -> set[str]:
 
 
 RENAMED = {"topics": "topic", "brokers": "broker", "partitions": "partition"}
-RENAMED |= {"log_dirs": "log_dir", "entries": "config"}
+RENAMED |= {"log_dirs": "log_dir", "entries": "config", "epochs": "epoch", "replicas": "replica"}
 """Python names of repeated groups -> the document's (its count field without _count)."""
 
+VERSION_2_FIELDS: dict[type, set[str]] = {
+    FetchRequest: {"replica_id", "leader_epoch", "flushed_offset"},
+    FetchReply: {"leader_epoch", "epochs"},
+    BrokerInfo: {"rack"},
+    PartitionInfo: {"leader_epoch", "replicas", "isr"},
+}
+"""The fields of each class that only version 2 carries: a version 1 vector does not show them."""
+RENAMED_AT_VERSION_2: dict[type, dict[str, str]] = {PartitionInfo: {"broker_id": "leader"}}
+"""Python names -> the document's, at version 2 only."""
 
-def plain(value: object) -> Any:
-    """A decoded value as the JSON of a vector shows it: enums by name, message sets as their
-    messages (key and value as text), records as objects, with the document's names."""
+
+def plain(value: object, version: int = 1) -> Any:
+    """A decoded value as the JSON of a vector of api_version `version` shows it: enums by
+    name, message sets as their messages (key and value as text), records as objects, with the
+    document's names, and only the fields of that version."""
     if isinstance(value, Enum):
         return value.name
     if isinstance(value, bytes | bytearray | memoryview):
@@ -256,14 +275,19 @@ def plain(value: object) -> Any:
         ]
     if is_dataclass(value) and not isinstance(value, type):
         out = {}
+        left_out = VERSION_2_FIELDS.get(type(value), set()) if version < 2 else set()
+        renamed = RENAMED_AT_VERSION_2.get(type(value), {}) if version >= 2 else {}
         for f in fields(value):
+            if f.name in left_out:
+                continue
             item = getattr(value, f.name)
-            out[RENAMED.get(f.name, f.name) if isinstance(item, tuple) else f.name] = plain(item)
+            name = RENAMED.get(f.name, f.name) if isinstance(item, tuple) else f.name
+            out[renamed.get(name, name)] = plain(item, version)
         return out
     if isinstance(value, tuple | list):
-        return [plain(item) for item in value]
+        return [plain(item, version) for item in value]
     if isinstance(value, Mapping):
-        return {key: plain(item) for key, item in value.items()}
+        return {key: plain(item, version) for key, item in value.items()}
     return value
 
 
@@ -364,7 +388,7 @@ def test_every_json_name_of_a_vector_is_a_field_of_the_document_tables() -> None
 def test_request_vector_decodes_to_its_values_and_encodes_to_its_bytes(vector: Vector) -> None:
     header, request = decode_request(vector.frames)
     assert request_header_value(header) == vector.value["header"]
-    assert plain(request) == vector.value["body"]
+    assert plain(request, header.version) == vector.value["body"]
     assert as_bytes(encode_request(header, request)) == vector.frames
     assert peek_correlation_id(vector.frames) == header.correlation_id
     assert is_fire_and_forget(vector.frames) == (vector.value["body"].get("ack") == "NONE")
@@ -372,11 +396,38 @@ def test_request_vector_decodes_to_its_values_and_encodes_to_its_bytes(vector: V
 
 @pytest.mark.parametrize("vector", vectors_of("reply"))
 def test_reply_vector_decodes_to_its_values_and_encodes_to_its_bytes(vector: Vector) -> None:
-    reply = decode_reply(Api[vector.api], vector.frames)
+    version = request_version(vector)
+    reply = decode_reply(Api[vector.api], vector.frames, version)
     assert reply_header_value(vector.frames) == vector.value["header"]
-    assert plain(reply) == vector.value["body"]
+    assert plain(reply, version) == vector.value["body"]
     correlation_id = vector.value["header"]["correlation_id"]
-    assert as_bytes(encode_reply(correlation_id, reply)) == vector.frames
+    assert as_bytes(encode_reply(correlation_id, reply, version)) == vector.frames
+
+
+def request_version(reply: Vector) -> int:
+    """The api_version of the request vector a reply vector answers: the reply's own."""
+    (request,) = [v for v in documented_vectors() if v.name == reply.request]
+    version: int = request.value["header"]["api_version"]
+    return version
+
+
+def test_the_version_2_vectors_cover_every_version_2_api() -> None:
+    versions = {
+        (v.api, request_version(v) if v.kind == "reply" else v.value["header"]["api_version"])
+        for v in documented_vectors()
+        if v.kind in ("request", "reply")
+    }
+    assert {(api.name, 2) for api, spoken in API_VERSIONS.items() if 2 in spoken} <= versions
+
+
+def test_the_version_2_metadata_vector_is_the_version_1_one_at_version_1() -> None:
+    """metadata-reply-v2 is metadata-reply's cluster: at version 1 it encodes to that vector's
+    bytes (but for the correlation id), a partition without a leader as its preferred one."""
+    by_name = {v.name: v for v in documented_vectors()}
+    v1, v2 = by_name["metadata-reply"], by_name["metadata-reply-v2"]
+    reply = decode_reply(Api.METADATA, v2.frames, 2)
+    (frame,) = encode_reply(v1.value["header"]["correlation_id"], reply, 1)
+    assert [bytes(frame)] == v1.frames
 
 
 @pytest.mark.parametrize("vector", vectors_of("error reply"))
@@ -519,7 +570,31 @@ requests: st.SearchStrategy[Request] = st.one_of(
         st.dictionaries(texts, texts, max_size=5),
         st.lists(texts, max_size=3, unique=True).map(tuple),
     ).filter(lambda request: not set(request.set) & set(request.delete)),
+    st.builds(OffsetForLeaderEpochRequest, topics, u32, st.integers(-1, 2**31 - 1)),
 )
+"""A request of every api, each at version 1."""
+
+epochs = st.integers(-1, 2**31 - 1)
+broker_ids = st.integers(-1, 2**31 - 1)
+version_2_requests: st.SearchStrategy[Request] = st.one_of(
+    st.builds(
+        FetchRequest,
+        topics,
+        u32,
+        u64,
+        st.integers(1, 2**32 - 1),
+        u32,
+        u32,
+        broker_ids,
+        epochs,
+        u64,
+    ).filter(lambda request: request.replica_id != -1 or request.flushed_offset == 0),
+    st.builds(MetadataRequest, st.lists(topics, max_size=5).map(tuple)),
+)
+versioned_requests: st.SearchStrategy[tuple[int, Request]] = st.one_of(
+    st.tuples(st.just(1), requests), st.tuples(st.just(2), version_2_requests)
+)
+"""(api_version, request) of every api and version."""
 
 metadata_replies = st.builds(
     MetadataReply,
@@ -587,26 +662,82 @@ replies: st.SearchStrategy[tuple[Api, Reply]] = st.one_of(
             st.lists(st.builds(ConfigEntry, texts, texts, st.booleans()), max_size=7).map(tuple),
         ),
     ),
+    st.tuples(
+        st.just(Api.OFFSET_FOR_LEADER_EPOCH), st.builds(OffsetForLeaderEpochReply, epochs, u64)
+    ),
+)
+"""A reply of every api, each at version 1."""
+
+
+@st.composite
+def epoch_entries(draw: st.DrawFn) -> tuple[EpochEntry, ...]:
+    """A leader-epoch checkpoint's entries: epochs rising from 0, start offsets never falling."""
+    found = sorted(set(draw(st.lists(st.integers(0, 2**31 - 1), max_size=4))))
+    starts = sorted(draw(st.lists(u64, min_size=len(found), max_size=len(found))))
+    return tuple(EpochEntry(e, s) for e, s in zip(found, starts, strict=True))
+
+
+version_2_replies: st.SearchStrategy[tuple[Api, Reply]] = st.one_of(
+    st.tuples(
+        st.just(Api.FETCH),
+        st.builds(FetchReply, u64, u64, st.binary(max_size=200), epochs, epoch_entries()),
+    ),
+    st.tuples(
+        st.just(Api.METADATA),
+        st.builds(
+            MetadataReply,
+            st.lists(st.builds(BrokerInfo, u32, texts, u16, texts), max_size=3).map(tuple),
+            st.lists(
+                st.builds(
+                    TopicInfo,
+                    topics,
+                    st.sampled_from(ErrorCode),
+                    st.lists(
+                        st.builds(
+                            PartitionInfo,
+                            u32,
+                            broker_ids,
+                            st.sampled_from(ErrorCode),
+                            epochs,
+                            st.lists(u32, max_size=4).map(tuple),
+                            st.lists(u32, max_size=4).map(tuple),
+                        ),
+                        max_size=4,
+                    ).map(tuple),
+                ),
+                max_size=3,
+            ).map(tuple),
+        ),
+    ),
 )
 
 
-@given(requests, u32, texts)
+@given(versioned_requests, u32, texts)
 def test_every_request_decodes_to_what_was_encoded(
-    request: Request, correlation_id: int, client_id: str
+    versioned: tuple[int, Request], correlation_id: int, client_id: str
 ) -> None:
-    header = RequestHeader(request.api, 1, correlation_id, client_id)
+    version, request = versioned
+    header = RequestHeader(request.api, version, correlation_id, client_id)
     frames = encode_request(header, request)
     assert len(frames) == 1
     assert decode_request(frames) == (header, request)
 
 
-@given(requests, u32)
-def test_peek_route_agrees_with_decode_request(request: Request, correlation_id: int) -> None:
-    frames = encode_request(RequestHeader(request.api, 1, correlation_id, "c"), request)
+@given(versioned_requests, u32)
+def test_peek_route_agrees_with_decode_request(
+    versioned: tuple[int, Request], correlation_id: int
+) -> None:
+    version, request = versioned
+    frames = encode_request(RequestHeader(request.api, version, correlation_id, "c"), request)
     _, decoded = decode_request(frames)
     route = peek_route(frames)
     if isinstance(
-        decoded, ProduceRequest | FetchRequest | OffsetsRequest | DescribePartitionRequest
+        decoded,
+        ProduceRequest
+        | FetchRequest
+        | OffsetsRequest
+        | DescribePartitionRequest
+        | OffsetForLeaderEpochRequest,
     ):
         assert route == Route(decoded.topic, decoded.partition)
     else:
@@ -616,12 +747,13 @@ def test_peek_route_agrees_with_decode_request(request: Request, correlation_id:
     assert is_fire_and_forget(frames) == fire_and_forget
 
 
-@given(requests, u32, u32)
+@given(versioned_requests, u32, u32)
 def test_peek_produce_decodes_a_known_prefix_as_decode_request_does(
-    request: Request, first_id: int, correlation_id: int
+    versioned: tuple[int, Request], first_id: int, correlation_id: int
 ) -> None:
-    decode_request(encode_request(RequestHeader(request.api, 1, first_id, "peek"), request))
-    frames = encode_request(RequestHeader(request.api, 1, correlation_id, "peek"), request)
+    version, request = versioned
+    decode_request(encode_request(RequestHeader(request.api, version, first_id, "peek"), request))
+    frames = encode_request(RequestHeader(request.api, version, correlation_id, "peek"), request)
     peeked = peek_produce(frames)
     if isinstance(request, ProduceRequest):
         assert peeked is not None
@@ -644,6 +776,55 @@ def test_every_reply_decodes_to_what_was_encoded(api_reply: tuple[Api, Reply], c
     assert decode_reply(api, frames) == reply
     assert decode_reply_header(frames) == decode_reply_header([frames[0]])
     assert decode_reply_header(frames).correlation_id == cid
+
+
+@given(version_2_replies, u32)
+def test_every_version_2_reply_decodes_to_what_was_encoded(
+    api_reply: tuple[Api, Reply], cid: int
+) -> None:
+    api, reply = api_reply
+    frames = encode_reply(cid, reply, 2)
+    assert decode_reply(api, frames, 2) == reply
+
+
+@given(version_2_replies, u32)
+def test_a_version_2_reply_at_version_1_leaves_the_version_2_fields_out(
+    api_reply: tuple[Api, Reply], cid: int
+) -> None:
+    """What a version 1 client gets: the version 1 fields, and for a partition without a
+    leader its preferred one (ValueError when it has no replicas to name either)."""
+    api, reply = api_reply
+    if isinstance(reply, FetchReply):
+        expected: Reply = FetchReply(reply.high_watermark, reply.log_start_offset, b"")
+    else:
+        assert isinstance(reply, MetadataReply)
+        if any(p.broker_id == -1 and not p.replicas for t in reply.topics for p in t.partitions):
+            with pytest.raises(ValueError, match="broker_id -1 and no replicas"):
+                encode_reply(cid, reply, 1)
+            return
+        expected = MetadataReply(
+            tuple(BrokerInfo(b.broker_id, b.host, b.port) for b in reply.brokers),
+            tuple(
+                TopicInfo(
+                    t.topic,
+                    t.error_code,
+                    tuple(
+                        PartitionInfo(
+                            p.partition,
+                            p.replicas[0] if p.broker_id == -1 else p.broker_id,
+                            p.error_code,
+                        )
+                        for p in t.partitions
+                    ),
+                )
+                for t in reply.topics
+            ),
+        )
+    decoded = decode_reply(api, encode_reply(cid, reply, 1), 1)
+    if isinstance(decoded, FetchReply):
+        assert bytes(decoded.message_set) == bytes(cast(FetchReply, reply).message_set)
+        decoded = FetchReply(decoded.high_watermark, decoded.log_start_offset, b"")
+    assert decoded == expected
 
 
 @given(
@@ -817,6 +998,7 @@ def valid_requests() -> list[tuple[Api, bytes]]:
         DescribePartitionRequest("clicks", 0),
         DescribeConfigRequest("clicks"),
         AlterConfigRequest("clicks", {"retention_ms": "none"}, ("segment_bytes",)),
+        OffsetForLeaderEpochRequest("clicks", 0, 3),
     ]
     valid = []
     for request in cases:
@@ -880,7 +1062,7 @@ def test_topic_that_is_not_utf8_is_malformed() -> None:
 
 
 def test_unknown_api_key_is_unsupported_api() -> None:
-    raised = rejects([header(api_key=10) + fetch_body()], UnsupportedApi, "api_key 10")
+    raised = rejects([header(api_key=11) + fetch_body()], UnsupportedApi, "api_key 11")
     assert error_code_for(raised.value) is ErrorCode.UNSUPPORTED_API
 
 
@@ -890,7 +1072,7 @@ def test_unknown_api_key_wins_over_an_unknown_version() -> None:
 
 
 def test_known_api_with_another_version_is_unsupported_version() -> None:
-    raised = rejects([header(version=2)], UnsupportedVersion, "FETCH version 2")
+    raised = rejects([header(version=3)], UnsupportedVersion, "FETCH version 3", "1 and 2")
     assert isinstance(raised.value, UnsupportedApi)
     assert error_code_for(raised.value) is ErrorCode.UNSUPPORTED_VERSION
 
@@ -959,7 +1141,148 @@ def test_fetch_request_with_max_bytes_0_is_malformed() -> None:
     rejects([header() + fetch_body(max_bytes=0)], MalformedRequest, "field max_bytes is 0")
 
 
-@pytest.mark.parametrize("ack", [3, 255])
+# -- replication: versions 2, OFFSET_FOR_LEADER_EPOCH, ack 3 ----------------------------------
+
+
+def fetch_v2_body(replica_id: int = 2, leader_epoch: int = 5, flushed_offset: int = 0) -> bytes:
+    return fetch_body() + struct.pack(">iiQ", replica_id, leader_epoch, flushed_offset)
+
+
+def test_a_version_1_fetch_has_the_version_2_defaults_of_a_consumer() -> None:
+    _, request = decode_request([header() + fetch_body()])
+    assert isinstance(request, FetchRequest)
+    assert (request.replica_id, request.leader_epoch, request.flushed_offset) == (-1, -1, 0)
+
+
+def test_a_version_2_fetch_reads_the_replica_fields() -> None:
+    header_, request = decode_request([header(version=2) + fetch_v2_body(2, 5, 76)])
+    assert header_.version == 2
+    assert request == FetchRequest("clicks", 0, 0, 1024, 100, 1, 2, 5, 76)
+
+
+def test_the_fetch_fields_are_read_by_the_version_the_header_says() -> None:
+    rejects([header(version=2) + fetch_body()], MalformedRequest, "cut short in field replica_id")
+    rejects(
+        [header(version=1) + fetch_v2_body()],
+        MalformedRequest,
+        "16 trailing bytes after the last field, min_bytes",
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ((-2, 5, 0), "field replica_id is -2"),
+        ((2, -2, 0), "field leader_epoch is -2"),
+        ((-1, -1, 38), "field flushed_offset is 38: a consumer's (replica_id -1) must be 0"),
+    ],
+)
+def test_version_2_fetch_fields_out_of_range_are_malformed(
+    fields: tuple[int, int, int], fragment: str
+) -> None:
+    rejects([header(version=2) + fetch_v2_body(*fields)], MalformedRequest, "FETCH body", fragment)
+
+
+def test_a_version_1_fetch_cannot_carry_the_replica_fields() -> None:
+    header_ = RequestHeader(Api.FETCH, 1, 1, "c")
+    for fields_ in ({"replica_id": 2}, {"leader_epoch": 0}, {"flushed_offset": 1}):
+        request = FetchRequest("clicks", 0, 0, 1, 0, 0, **fields_)
+        with pytest.raises(ValueError, match=rf"field {next(iter(fields_))} .* \(send version 2\)"):
+            encode_request(header_, request)
+
+
+@pytest.mark.parametrize(
+    ("request_", "version"),
+    [(ProduceRequest("clicks", 0, Ack.ALL, MESSAGE), 2), (FetchRequest("c", 0, 0, 1, 0, 0), 3)],
+)
+def test_encode_request_refuses_a_version_the_api_does_not_have(
+    request_: Request, version: int
+) -> None:
+    with pytest.raises(ValueError, match=f"{request_.api.name} has no version {version}"):
+        encode_request(RequestHeader(request_.api, version, 1, "c"), request_)
+
+
+def test_every_api_but_fetch_and_metadata_has_version_1_only() -> None:
+    for api in Api:
+        spoken = (1, 2) if api in (Api.FETCH, Api.METADATA) else (1,)
+        assert API_VERSIONS[api] == spoken, api
+        for version in (0, spoken[-1] + 1):
+            raised = rejects([header(api, version) + fetch_body()], UnsupportedVersion)
+            assert f"{api.name} version {version} is not supported" in str(raised.value)
+
+
+def test_offset_for_leader_epoch_below_minus_1_is_malformed() -> None:
+    body = topic(b"clicks") + struct.pack(">Ii", 0, -2)
+    rejects(
+        [header(Api.OFFSET_FOR_LEADER_EPOCH) + body],
+        MalformedRequest,
+        "OFFSET_FOR_LEADER_EPOCH body: field leader_epoch is -2",
+    )
+
+
+def test_produce_with_ack_all_is_answered_and_peeked() -> None:
+    frames = produce_frames(Ack.ALL)
+    assert not is_fire_and_forget(frames)
+    _, request = decode_request(frames)
+    assert isinstance(request, ProduceRequest) and request.ack is Ack.ALL
+    peeked = peek_produce(frames)
+    assert peeked is not None and peeked[2] == Ack.ALL
+
+
+def fetch_v2_reply(*entries: tuple[int, int], leader_epoch: int = 5) -> list[Buffer]:
+    body = struct.pack(">QQiH", 76, 0, leader_epoch, len(entries))
+    body += b"".join(struct.pack(">iQ", e, s) for e, s in entries)
+    return [struct.pack(">IhH", 1, 0, 0) + body, MESSAGE]
+
+
+def test_a_version_2_fetch_reply_reads_the_epoch_entries() -> None:
+    reply = decode_reply(Api.FETCH, fetch_v2_reply((5, 38), (6, 38), (8, 50)), 2)
+    assert reply.leader_epoch == 5
+    assert reply.epochs == (EpochEntry(5, 38), EpochEntry(6, 38), EpochEntry(8, 50))
+
+
+@pytest.mark.parametrize(
+    ("entries", "leader_epoch", "fragment"),
+    [
+        (((5, 38), (5, 40)), 5, "epoch entry 1, (5, 40), does not follow (5, 38)"),
+        (((5, 38), (6, 37)), 6, "epoch entry 1, (6, 37), does not follow (5, 38)"),
+        (((-1, 0),), 5, "epoch entry 0 has epoch -1"),
+        ((), -2, "field leader_epoch is -2"),
+    ],
+)
+def test_version_2_fetch_replies_with_epochs_out_of_order_are_malformed(
+    entries: tuple[tuple[int, int], ...], leader_epoch: int, fragment: str
+) -> None:
+    with pytest.raises(MalformedReply, match=re.escape(fragment)):
+        decode_reply(Api.FETCH, fetch_v2_reply(*entries, leader_epoch=leader_epoch), 2)
+
+
+def test_a_version_2_reply_read_as_version_1_has_trailing_bytes() -> None:
+    with pytest.raises(MalformedReply, match="6 trailing bytes after the last field"):
+        decode_reply(Api.FETCH, fetch_v2_reply(), 1)
+
+
+def test_metadata_version_2_leader_below_minus_1_is_malformed() -> None:
+    partition = struct.pack(">IiiHH", 0, -2, 0, 0, 0) + b"\x00\x00"
+    body = struct.pack(">HH", 0, 1) + topic(b"t") + struct.pack(">hI", 0, 1) + partition
+    with pytest.raises(MalformedReply, match="field leader is -2"):
+        decode_reply(Api.METADATA, [struct.pack(">IhH", 1, 0, 0) + body], 2)
+
+
+def test_offset_for_leader_epoch_reply_epoch_below_minus_1_is_malformed() -> None:
+    frame = struct.pack(">IhHiQ", 1, 0, 0, -2, 38)
+    with pytest.raises(MalformedReply, match="field epoch is -2"):
+        decode_reply(Api.OFFSET_FOR_LEADER_EPOCH, [frame])
+
+
+def test_replies_of_a_version_the_api_does_not_have_are_refused() -> None:
+    with pytest.raises(ValueError, match="PRODUCE has no version 2"):
+        encode_reply(1, ProduceReply(0, 1), 2)
+    with pytest.raises(ValueError, match="OFFSETS has no version 2"):
+        decode_reply(Api.OFFSETS, [struct.pack(">IhHQ", 1, 0, 0, 0)], 2)
+
+
+@pytest.mark.parametrize("ack", [4, 255])
 def test_produce_request_with_ack_out_of_range_is_malformed(ack: int) -> None:
     frame = produce_frame()
     bad = frame[:ACK_AT] + bytes([ack]) + frame[ACK_AT + 1 :]
@@ -983,9 +1306,9 @@ def test_a_known_prefix_does_not_pass_what_follows_it() -> None:
     frame = produce_frame()
     decode_request([frame])
     assert peek_produce([frame]) is not None
-    bad_ack = frame[:ACK_AT] + b"\x03" + frame[ACK_AT + 1 :]
+    bad_ack = frame[:ACK_AT] + b"\x04" + frame[ACK_AT + 1 :]
     assert peek_produce([bad_ack]) is None
-    rejects([bad_ack], MalformedRequest, "PRODUCE body: field ack is 3")
+    rejects([bad_ack], MalformedRequest, "PRODUCE body: field ack is 4")
     assert peek_produce([frame[:ACK_AT]]) is None
     rejects([frame[:ACK_AT]], MalformedRequest, "cut short in field ack")
     assert peek_produce([frame, b""]) is None
@@ -1141,6 +1464,7 @@ def test_peek_route_is_none_for_the_apis_the_front_serves() -> None:
         Api.DESCRIBE_PARTITION: Route("clicks", 0),
         Api.DESCRIBE_CONFIG: None,
         Api.ALTER_CONFIG: None,
+        Api.OFFSET_FOR_LEADER_EPOCH: Route("clicks", 0),
     }
 
 
@@ -1150,7 +1474,7 @@ def test_peek_route_is_none_for_the_apis_the_front_serves() -> None:
         ([], MalformedRequest),
         ([b"\x00\x01\x00"], MalformedRequest),
         ([header()[:-1]], MalformedRequest),
-        ([header(api_key=10) + fetch_body()], UnsupportedApi),
+        ([header(api_key=11) + fetch_body()], UnsupportedApi),
         ([header(version=0) + fetch_body()], UnsupportedVersion),
         ([header() + fetch_body(), b""], MalformedRequest),
         ([b"", header() + fetch_body()], MalformedRequest),
@@ -1307,6 +1631,10 @@ def test_every_error_class_the_broker_raises_has_its_own_code() -> None:
         (RegistryUnavailable("x"), ErrorCode.REGISTRY_UNAVAILABLE),
         (TopicAlreadyExists("x"), ErrorCode.TOPIC_ALREADY_EXISTS),
         (InvalidTopic("x"), ErrorCode.INVALID_TOPIC),
+        (NotLeaderForPartition("t-0", 2, 6), ErrorCode.NOT_LEADER_FOR_PARTITION),
+        (NotEnoughReplicas("t-0", 1, 2), ErrorCode.NOT_ENOUGH_REPLICAS),
+        (FencedLeaderEpoch("t-0", 5, 6), ErrorCode.FENCED_LEADER_EPOCH),
+        (UnknownLeaderEpoch("t-0", 5, 4), ErrorCode.UNKNOWN_LEADER_EPOCH),
     ],
     ids=lambda x: type(x).__name__ if isinstance(x, Exception) else x.name,
 )
@@ -1380,3 +1708,21 @@ def test_bytes_after_the_message_of_an_unknown_code_are_ignored() -> None:
     with pytest.raises(BrokerError) as raised:
         decode_reply(Api.FETCH, [frame])
     assert (raised.value.name, raised.value.message) == ("UNKNOWN_ERROR_99", "x")
+
+
+def test_the_guarantees_by_ack_are_the_design_s_table() -> None:
+    """protocol.md's PRODUCE and replication.md give the same guarantees table, and link each
+    other."""
+
+    def rows_of(text: str) -> list[list[str]]:
+        table = text[text.index("| ack | answered when | lost if |") :].split("\n\n")[0]
+        return [[cell.replace("`", "") for cell in row] for row in table_rows(table)[1:]]
+
+    design = (DOC.parent / "replication.md").read_text()
+    produce = documented_section("PRODUCE (api_key 0)")
+    rows = rows_of(produce)
+    assert rows == rows_of(design[design.index("## The guarantees, by ack") :])
+    assert [row[0] for row in rows] == ["0 none", "1 written", "2 flushed", "3 all"]
+    assert [f"{a.value} {a.name.lower()}" for a in Ack] == [row[0] for row in rows]
+    assert "replication.md#the-guarantees-by-ack" in produce
+    assert "protocol.md#produce-api_key-0" in design
