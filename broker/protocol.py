@@ -84,6 +84,7 @@ from broker.errors import (
     UnsupportedApi,
     UnsupportedVersion,
 )
+from broker.log.epochs import EpochEntry as EpochEntry  # the entries of a FETCH reply
 from broker.log.message import Buffer
 
 Frames = Sequence[Buffer]
@@ -505,21 +506,15 @@ class ProduceReply:
 
 
 @dataclass(frozen=True, slots=True)
-class EpochEntry:
-    """A leader epoch and the offset where its bytes start (a leader-epoch-checkpoint line)."""
-
-    epoch: int
-    start_offset: int
-
-
-@dataclass(frozen=True, slots=True)
 class FetchReply:
     """`message_set` (frame 2) holds whole messages starting exactly at the fetch offset; it is
     empty when nothing arrived within max_wait_ms.
 
     Version 2 only (left out of a version 1 reply): `leader_epoch`, the answering leader's
-    epoch; `epochs`, the leader's epoch entries that start inside the message set (offset <=
-    start_offset < offset + its length), in order."""
+    epoch; `epochs`, the leader's epoch entries for the message set, in order (none when it
+    is empty): the one in effect at the fetch offset (start_offset as stored, maybe below it),
+    then those whose start_offset is in (offset, offset + its length]: what
+    PartitionLog.append_replicated takes."""
 
     high_watermark: int
     log_start_offset: int
@@ -651,10 +646,10 @@ class DescribeConfigReply:
 
 @dataclass(frozen=True, slots=True)
 class OffsetForLeaderEpochReply:
-    """The largest leader epoch the leader has that is <= the one asked (-1 for none) and
-    where it ends on the leader: the start offset of the leader's first entry with a larger
-    epoch, or the leader's log end offset when `epoch` is its latest (-1 included, for a
-    leader without entries)."""
+    """The largest leader epoch the leader has that is <= the one asked and where it ends on
+    the leader: the start offset of the leader's first entry with a larger epoch, or the
+    leader's log end offset when `epoch` is its latest; (-1, the leader's log start offset)
+    when it has no epoch at or below the one asked (PartitionLog.end_offset_for_epoch)."""
 
     epoch: int
     end_offset: int
@@ -1667,17 +1662,17 @@ def _check_epoch(reader: _Reader, name: str, epoch: int) -> None:
 
 
 def _read_fetch_epochs(reader: _Reader) -> tuple[int, tuple[EpochEntry, ...]]:
-    """A version 2 FETCH reply's leader_epoch and epoch entries: epochs >= 0 and rising, start
-    offsets never falling, else MalformedReply."""
+    """A version 2 FETCH reply's leader_epoch and epoch entries: epochs >= 0, epochs and start
+    offsets rising (as in a leader-epoch-checkpoint), else MalformedReply."""
     leader_epoch, count = reader.fixed(_FETCH_REPLY_V2)
     _check_epoch(reader, "leader_epoch", leader_epoch)
     entries: list[EpochEntry] = []
     for i in range(count):
         epoch, start = reader.fixed(_EPOCH_ENTRY)
-        if entries and (epoch <= entries[-1].epoch or start < entries[-1].start_offset):
+        if entries and (epoch <= entries[-1].epoch or start <= entries[-1].start_offset):
             raise reader.fail(
                 f"epoch entry {i}, ({epoch}, {start}), does not follow ({entries[-1].epoch}, "
-                f"{entries[-1].start_offset}): epochs must rise and start offsets never fall"
+                f"{entries[-1].start_offset}): epochs and start offsets must rise"
             )
         if epoch < 0:
             raise reader.fail(f"epoch entry {i} has epoch {epoch}: it must be >= 0")

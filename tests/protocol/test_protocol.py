@@ -284,6 +284,8 @@ def plain(value: object, version: int = 1) -> Any:
             name = RENAMED.get(f.name, f.name) if isinstance(item, tuple) else f.name
             out[renamed.get(name, name)] = plain(item, version)
         return out
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):  # a NamedTuple: EpochEntry
+        return {name: plain(item, version) for name, item in value._asdict().items()}
     if isinstance(value, tuple | list):
         return [plain(item, version) for item in value]
     if isinstance(value, Mapping):
@@ -671,9 +673,9 @@ replies: st.SearchStrategy[tuple[Api, Reply]] = st.one_of(
 
 @st.composite
 def epoch_entries(draw: st.DrawFn) -> tuple[EpochEntry, ...]:
-    """A leader-epoch checkpoint's entries: epochs rising from 0, start offsets never falling."""
+    """A leader-epoch checkpoint's entries: epochs rising from 0, start offsets rising."""
     found = sorted(set(draw(st.lists(st.integers(0, 2**31 - 1), max_size=4))))
-    starts = sorted(draw(st.lists(u64, min_size=len(found), max_size=len(found))))
+    starts = sorted(draw(st.lists(u64, min_size=len(found), max_size=len(found), unique=True)))
     return tuple(EpochEntry(e, s) for e, s in zip(found, starts, strict=True))
 
 
@@ -1236,9 +1238,9 @@ def fetch_v2_reply(*entries: tuple[int, int], leader_epoch: int = 5) -> list[Buf
 
 
 def test_a_version_2_fetch_reply_reads_the_epoch_entries() -> None:
-    reply = decode_reply(Api.FETCH, fetch_v2_reply((5, 38), (6, 38), (8, 50)), 2)
+    reply = decode_reply(Api.FETCH, fetch_v2_reply((5, 38), (6, 40), (8, 50)), 2)
     assert reply.leader_epoch == 5
-    assert reply.epochs == (EpochEntry(5, 38), EpochEntry(6, 38), EpochEntry(8, 50))
+    assert reply.epochs == (EpochEntry(5, 38), EpochEntry(6, 40), EpochEntry(8, 50))
 
 
 @pytest.mark.parametrize(
@@ -1246,6 +1248,7 @@ def test_a_version_2_fetch_reply_reads_the_epoch_entries() -> None:
     [
         (((5, 38), (5, 40)), 5, "epoch entry 1, (5, 40), does not follow (5, 38)"),
         (((5, 38), (6, 37)), 6, "epoch entry 1, (6, 37), does not follow (5, 38)"),
+        (((5, 38), (6, 38)), 6, "epochs and start offsets must rise"),
         (((-1, 0),), 5, "epoch entry 0 has epoch -1"),
         ((), -2, "field leader_epoch is -2"),
     ],
