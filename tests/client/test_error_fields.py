@@ -9,23 +9,36 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
 import zmq
 
+from broker import errors
 from broker.client import PartitionConsumer
 from broker.client.connection import Connection
 from broker.client.lag import FETCH_BYTES, message_bounds, messages
-from broker.errors import CorruptSegment, FetchSizeTooSmall, InvalidOffset, OffsetOutOfRange
+from broker.errors import (
+    CorruptSegment,
+    FencedLeaderEpoch,
+    FetchSizeTooSmall,
+    InvalidOffset,
+    NotEnoughReplicas,
+    NotLeaderForPartition,
+    OffsetOutOfRange,
+    UnknownLeaderEpoch,
+)
 from broker.log.message import encode_message
 from broker.protocol import (
+    Ack,
     BrokerInfo,
     ErrorCode,
     FetchReply,
     FetchRequest,
     MetadataReply,
     PartitionInfo,
+    ProduceRequest,
     TopicInfo,
     decode_request,
     encode_error,
@@ -97,20 +110,59 @@ class FakePartition:
             socket.send_multipart([identity, *envelope, *reply])
 
 
-@pytest.fixture
-def fake() -> Iterator[FakePartition]:
+@dataclass
+class FakeFollower(FakePartition):
+    """Partition 0 of TOPIC on a broker that does not lead it (broker 2 does, at epoch 6): every
+    FETCH, and a PRODUCE of any ack but 3, is NOT_LEADER_FOR_PARTITION; a PRODUCE with ack 3
+    is NOT_ENOUGH_REPLICAS (1 in sync, 2 needed); a FETCH at offset 1 or 2 gets the epoch
+    errors (epochs 6 and 4 here). Every text is TEXT."""
+
+    def answer(self, correlation_id: int, request: object) -> list[bytes]:
+        error: Exception
+        if isinstance(request, ProduceRequest) and request.ack is Ack.ALL:
+            error = NotEnoughReplicas(f"{TOPIC}-0", 1, 2)
+        elif isinstance(request, FetchRequest) and request.offset == 1:
+            error = FencedLeaderEpoch(f"{TOPIC}-0", 5, 6)
+        elif isinstance(request, FetchRequest) and request.offset == 2:
+            error = UnknownLeaderEpoch(f"{TOPIC}-0", 5, 4)
+        elif isinstance(request, ProduceRequest | FetchRequest):
+            error = NotLeaderForPartition(f"{TOPIC}-0", 2, 6)
+        else:
+            return super().answer(correlation_id, request)
+        if isinstance(request, FetchRequest):
+            self.fetches.append(request)
+        return [bytes(f) for f in encode_error(correlation_id, error, TEXT)]
+
+
+@contextmanager
+def served(partition: FakePartition) -> Iterator[FakePartition]:
+    """`partition` answering on a ROUTER of 127.0.0.1 (its endpoint set) until the block ends."""
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     socket = context.socket(zmq.ROUTER)
     port = socket.bind_to_random_port("tcp://127.0.0.1")
-    partition = FakePartition(f"tcp://127.0.0.1:{port}")
+    partition.endpoint = f"tcp://127.0.0.1:{port}"
     stop = threading.Event()
     thread = threading.Thread(target=partition.serve, args=(socket, stop), daemon=True)
     thread.start()
-    yield partition
-    stop.set()
-    thread.join()
-    socket.close(linger=0)
-    context.term()
+    try:
+        yield partition
+    finally:
+        stop.set()
+        thread.join()
+        socket.close(linger=0)
+        context.term()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakePartition]:
+    with served(FakePartition()) as partition:
+        yield partition
+
+
+@pytest.fixture
+def follower() -> Iterator[FakePartition]:
+    with served(FakeFollower()) as partition:
+        yield partition
 
 
 def test_message_bounds_come_from_the_invalid_offset_fields(fake: FakePartition) -> None:
@@ -189,3 +241,49 @@ def test_a_message_over_max_fetch_bytes_is_raised_at_once_not_fetched_again(
         c.poll()
     assert raised.value.needed == BIG
     assert len(fake.fetches) == 1
+
+
+def test_not_leader_for_partition_gives_the_leader_and_its_epoch(follower: FakePartition) -> None:
+    with Connection(follower.endpoint, timeout_s=5) as connection:
+        with pytest.raises(errors.BrokerNotLeaderForPartition) as fetched:
+            connection.request(FetchRequest(TOPIC, 0, 0, 1000, 0, 0))
+        with pytest.raises(errors.BrokerNotLeaderForPartition) as produced:
+            connection.request(ProduceRequest(TOPIC, 0, Ack.FLUSHED, encode_message(b"v")))
+    for raised in (fetched, produced):
+        assert (raised.value.leader, raised.value.leader_epoch) == (2, 6)
+        assert raised.value.retriable
+        assert (raised.value.name, raised.value.message) == ("NOT_LEADER_FOR_PARTITION", TEXT)
+
+
+def test_not_enough_replicas_gives_the_in_sync_count_and_the_minimum(
+    follower: FakePartition,
+) -> None:
+    with (
+        Connection(follower.endpoint, timeout_s=5) as connection,
+        pytest.raises(errors.BrokerNotEnoughReplicas) as raised,
+    ):
+        connection.request(ProduceRequest(TOPIC, 0, Ack.ALL, encode_message(b"v")))
+    assert (raised.value.isr_size, raised.value.min_insync_replicas) == (1, 2)
+    assert raised.value.retriable
+
+
+def test_the_epoch_errors_give_the_answering_broker_s_epoch(follower: FakePartition) -> None:
+    with Connection(follower.endpoint, timeout_s=5) as connection:
+        with pytest.raises(errors.BrokerFencedLeaderEpoch) as fenced:
+            connection.request(FetchRequest(TOPIC, 0, 1, 1000, 0, 0))
+        with pytest.raises(errors.BrokerUnknownLeaderEpoch) as unknown:
+            connection.request(FetchRequest(TOPIC, 0, 2, 1000, 0, 0))
+    assert (fenced.value.leader_epoch, fenced.value.retriable) == (6, False)
+    assert (unknown.value.leader_epoch, unknown.value.retriable) == (4, True)
+
+
+def test_a_retried_not_leader_keeps_its_fields(follower: FakePartition) -> None:
+    """call() retries a retriable error (the same broker: no metadata refresh here) and
+    raises the last one, fields and all."""
+    with (
+        Connection(follower.endpoint, timeout_s=5) as connection,
+        pytest.raises(errors.BrokerNotLeaderForPartition) as raised,
+    ):
+        connection.call(FetchRequest(TOPIC, 0, 0, 1000, 0, 0), retries=1)
+    assert (raised.value.leader, raised.value.leader_epoch) == (2, 6)
+    assert len(follower.fetches) == 2
