@@ -75,6 +75,35 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("broker", "workers_per_dir", int, 1, "Worker processes per log directory."),
     Setting(
         "broker",
+        "rack",
+        str,
+        "",
+        "The rack (or room, or zone) of this broker: a replicated topic's replicas go to "
+        "distinct racks where it can (docs/replication.md).",
+    ),
+    Setting(
+        "broker",
+        "replica_lag_max_ms",
+        int,
+        10_000,
+        "A follower that has not caught up with its leader for this long leaves the in-sync set.",
+    ),
+    Setting(
+        "broker",
+        "replica_fetch_max_bytes",
+        int,
+        1 << 20,
+        "The most bytes a follower asks its leader for in one fetch.",
+    ),
+    Setting(
+        "broker",
+        "replica_fetch_wait_ms",
+        int,
+        500,
+        "How long a follower's fetch waits at its leader for new data.",
+    ),
+    Setting(
+        "broker",
         "shutdown_timeout_ms",
         int,
         30_000,
@@ -276,6 +305,15 @@ TOPIC_SETTINGS = (
 )
 """The LogConfig fields a topic may set for itself when it is created."""
 
+REPLICA_SETTINGS: Mapping[str, tuple[int, int]] = {
+    "replication_factor": (1, 255),
+    "min_insync_replicas": (1, 255),
+    "unclean_leader_election": (0, 1),
+}
+"""The topic settings of replication (docs/replication.md), each with its least and largest
+value; none is a LogConfig field. replication_factor is given at creation only; a setting left
+out is its least value (1, 1 and 0)."""
+
 SECURITY_MODES = ("plaintext", "curve")
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -313,7 +351,7 @@ class BrokerConfig:
     def log_config(self, topic_settings: Mapping[str, int | None] | None = None) -> LogConfig:
         """The LogConfig of a topic: the [log] defaults, then the topic's own settings."""
         values = {f.name: getattr(self, f"log_{f.name}") for f in dataclasses.fields(LogConfig)}
-        values.update(topic_settings or {})
+        values.update((k, v) for k, v in (topic_settings or {}).items() if k in values)
         return LogConfig(**values)
 
     def checked_log_config(
@@ -424,8 +462,9 @@ def topic_settings(raw: Mapping[str, str]) -> dict[str, int | None]:
     (BrokerConfig.checked_log_config)."""
     out: dict[str, int | None] = {}
     for key, text in raw.items():
-        if key not in TOPIC_SETTINGS:
-            raise InvalidTopic(f"unknown topic setting {key!r}: one of {', '.join(TOPIC_SETTINGS)}")
+        if key not in TOPIC_SETTINGS and key not in REPLICA_SETTINGS:
+            known = ", ".join((*TOPIC_SETTINGS, *REPLICA_SETTINGS))
+            raise InvalidTopic(f"unknown topic setting {key!r}: one of {known}")
         if text == "none" and key in _OPTIONAL_TOPIC:
             out[key] = None
             continue
@@ -436,8 +475,23 @@ def topic_settings(raw: Mapping[str, str]) -> dict[str, int | None]:
                 f"topic setting {key} must be decimal digits 0-9 (at most {MAX_SETTING}), "
                 f"not {text!r}"
             )
-        problem = bound_problem(key, int(text))
+        problem = replica_problem(key, int(text)) if key in REPLICA_SETTINGS else None
+        problem = problem or (bound_problem(key, int(text)) if key in TOPIC_SETTINGS else None)
         if problem is not None:
             raise InvalidTopic(f"topic setting {problem}")
         out[key] = int(text)
     return out
+
+
+def replica_problem(name: str, value: int) -> str | None:
+    """What is wrong with `value` for the replication setting `name`, or None."""
+    low, high = REPLICA_SETTINGS[name]
+    if not low <= value <= high:
+        return f"{name} must be from {low} to {high}, not {value}"
+    return None
+
+
+def replica_setting(settings: Mapping[str, int | None], name: str) -> int:
+    """A topic's replication setting `name`, its least value when the topic does not set it."""
+    value = settings.get(name)
+    return REPLICA_SETTINGS[name][0] if value is None else value

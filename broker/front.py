@@ -52,6 +52,7 @@ DRAINED_AT_ONCE = 256
 OPERATIONS: Final[dict[int, Operation]] = {
     protocol.Api.PRODUCE: Operation.PRODUCE,
     protocol.Api.FETCH: Operation.FETCH,
+    protocol.Api.OFFSET_FOR_LEADER_EPOCH: Operation.FETCH,
     protocol.Api.OFFSETS: Operation.DESCRIBE,
     protocol.Api.DESCRIBE_PARTITION: Operation.DESCRIBE,
     protocol.Api.METADATA: Operation.DESCRIBE,
@@ -256,7 +257,9 @@ class Front:
                 return  # answered once ZooKeeper has it
             else:
                 raise UnsupportedApi(f"{type(request).__name__} is not served by the front")
-            self._answer(tagged, protocol.encode_reply(header.correlation_id, reply))
+            self._answer(
+                tagged, protocol.encode_reply(header.correlation_id, reply, header.version)
+            )
         except Exception as error:
             if not isinstance(error, PylogError):
                 log.exception("unexpected error serving a request")

@@ -37,7 +37,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from broker import protocol
-from broker.config import TOPIC_SETTINGS, BrokerConfig, topic_settings
+from broker.config import (
+    REPLICA_SETTINGS,
+    TOPIC_SETTINGS,
+    BrokerConfig,
+    replica_setting,
+    topic_settings,
+)
 from broker.errors import (
     InvalidTopic,
     PylogError,
@@ -48,7 +54,13 @@ from broker.errors import (
 from broker.placement import partition_folder, place_partitions
 from broker.pool import Answers, WorkerHandle, WorkerPool
 from broker.protocol import ErrorCode
-from broker.registry import BrokerInfo, Registry, TopicConfig
+from broker.registry import (
+    BrokerInfo,
+    PartitionState,
+    PartitionStateChanged,
+    Registry,
+    TopicConfig,
+)
 from broker.transport import COMMAND, json_frame
 
 log = logging.getLogger("pylog.supervisor")
@@ -169,6 +181,12 @@ class Topics:
         self._creates_checking = False
         self._creates_checked_at = 0.0
         self._pending_creates: list[_PendingCreate] = []
+        self.states: dict[tuple[str, int], tuple[PartitionState, int]] = {}
+        """The state node (leader, epoch, ISR) and its version of each replicated partition
+        held here, as its watch last said."""
+        self._state_watches: dict[str, object] = {}
+        """The replicated topics held here whose partitions' state nodes are watched, each
+        with its watches' token."""
         self._settings_watches: dict[str, object] = {}
         """The topics held here whose node's data is watched, each with its watch's token
         (so that what a watch of a topic dropped since reports is passed over)."""
@@ -223,6 +241,8 @@ class Topics:
         )
         for topic in self.held:
             self._watch_settings(topic)
+        for topic in self.configs:
+            self._watch_states(topic)
 
     def registration(self, port: int) -> BrokerInfo:
         """What this broker registers in ZooKeeper: its front's address (`port`), workers,
@@ -233,6 +253,7 @@ class Topics:
             len(self.pool.workers),
             tuple(str(d) for d in self.log_dirs),
             VERSION,
+            self.config.broker_rack or None,
         )
 
     def _watch_settings(self, topic: str) -> None:
@@ -249,6 +270,103 @@ class Topics:
             return config is not None and self._settings_watches.get(topic) is token
 
         registry.watch_topic_config(topic, changed)
+
+    def _watch_states(self, topic: str) -> None:
+        """Watch the state nodes of the partitions of `topic`, if it is replicated (every
+        partition's: METADATA names their leaders): each change of a partition held here goes
+        to the worker holding it as its role (_send_role)."""
+        config = self.configs.get(topic)
+        if topic in self._state_watches or config is None or len(config.replicas[0]) < 2:
+            return
+        registry = self.calls.registry
+        assert registry is not None
+        token = self._state_watches[topic] = object()
+        calls = self.calls
+        for number in range(config.partitions):
+
+            def changed(state: PartitionState | None, version: int, number: int = number) -> bool:
+                calls.report(lambda: self._on_state(topic, number, token, state, version))
+                return self._state_watches.get(topic) is token
+
+            registry.watch_partition_state(topic, number, changed)
+
+    def _on_state(
+        self, topic: str, number: int, token: object, state: PartitionState | None, version: int
+    ) -> None:
+        if self._state_watches.get(topic) is not token:
+            return  # a watch of a topic dropped since
+        if state is None:
+            self.states.pop((topic, number), None)
+            return
+        old = self.states.get((topic, number))
+        self.states[(topic, number)] = (state, version)
+        if old is None or old[0] != state:
+            log.info(
+                "%s-%d: leader %d, epoch %d, ISR %s",
+                topic,
+                number,
+                state.leader,
+                state.leader_epoch,
+                list(state.isr),
+            )
+        self._send_role(topic, number)
+
+    def _send_role(self, topic: str, number: int) -> None:
+        """Tell the worker holding a replicated partition its role, from the partition's
+        state node: lead, follow the leader at its endpoint, or neither (no leader, or the
+        leader's broker not registered yet: sent again when it is)."""
+        known = self.states.get((topic, number))
+        config = self.configs.get(topic)
+        held = self.held.get(topic)
+        if known is None or config is None or held is None or number not in held.served:
+            return  # sent once all of them are known
+        w = held.workers[number]
+        state = known[0]
+        leader = self.live_brokers.get(state.leader)
+        endpoint = None if leader is None else f"tcp://{leader.host}:{leader.port}"
+        command = {
+            "op": "role",
+            "topic": topic,
+            "partition": number,
+            "leader": state.leader,
+            "leader_epoch": state.leader_epoch,
+            "isr": list(state.isr),
+            "replicas": list(config.replicas[number]),
+            "endpoint": endpoint,
+            "min_insync_replicas": replica_setting(config.settings, "min_insync_replicas"),
+        }
+        handle = self.pool.workers[w]
+        if handle.connected:
+            self.pool.send(handle, [COMMAND, json_frame(command)])
+
+    def change_isr(self, topic: str, number: int, epoch: int, isr: list[int]) -> None:
+        """A worker leading a partition asks for its ISR to be `isr`: written to the state node
+        if this broker still leads it in `epoch`, conditionally on the node's version as last
+        seen (another write since, the controller's, wins: the leader learns it from the
+        watch). The watch brings the written state back to the worker."""
+        known = self.states.get((topic, number))
+        if known is None:
+            return
+        state, version = known
+        if state.leader != self.me or state.leader_epoch != epoch or list(state.isr) == isr:
+            return
+        changed = PartitionState(
+            state.leader, state.leader_epoch, tuple(isr), state.controller_epoch
+        )
+        kind = "shrink" if len(isr) < len(state.isr) else "expand"
+
+        def written(_: int) -> None:
+            log.info("%s-%d: ISR %s -> %s (%s)", topic, number, list(state.isr), isr, kind)
+
+        def refused(error: PylogError) -> None:
+            level = logging.INFO if isinstance(error, PartitionStateChanged) else logging.ERROR
+            log.log(level, "%s-%d: ISR change to %s not made: %s", topic, number, isr, error)
+
+        self.calls.call(
+            lambda registry: registry.write_partition_state(topic, number, changed, version),
+            written,
+            refused,
+        )
 
     def _place(self, topic: str, config: TopicConfig) -> None:
         """Choose a worker for each partition of `topic` that this broker holds."""
@@ -297,9 +415,9 @@ class Topics:
         front's."""
         me = self.me
         live = dict(self.live_brokers)
-        live[me] = BrokerInfo(self.config.endpoint_host, port)
+        live[me] = BrokerInfo(self.config.endpoint_host, port, rack=self.config.broker_rack or None)
         brokers = tuple(
-            protocol.BrokerInfo(broker_id, info.host, info.port)
+            protocol.BrokerInfo(broker_id, info.host, info.port, info.rack or "")
             for broker_id, info in sorted(live.items())
         )
         infos = []
@@ -312,18 +430,26 @@ class Topics:
                 continue
             state = self.held.get(topic)
             partitions = []
-            for number, holder in enumerate(config.brokers):
+            for number, replicas in enumerate(config.replicas):
+                # A replicated partition's leader is its state node's; a partition without
+                # replicas is led by its one holder.
+                known = self.states.get((topic, number))
+                leader, epoch, isr = replicas[0], -1, replicas
+                if known is not None:
+                    leader, epoch, isr = known[0].leader, known[0].leader_epoch, known[0].isr
                 failure = self.partition_errors.get((topic, number))
-                if holder == me:
+                if leader == me:
                     w = None if state is None else state.workers.get(number)
                     serving = w is not None and self.pool.workers[w].connected
                 else:
-                    serving = holder in live
-                if failure is not None:  # its worker could not open it (disk full, EMFILE...)
+                    serving = leader in live
+                if failure is not None and leader == me:  # could not open it (disk full...)
                     code = ErrorCode(failure[0])
                 else:
                     code = ErrorCode.NONE if serving else ErrorCode.PARTITION_UNAVAILABLE
-                partitions.append(protocol.PartitionInfo(number, holder, code))
+                partitions.append(
+                    protocol.PartitionInfo(number, leader, code, epoch, replicas, isr)
+                )
             infos.append(protocol.TopicInfo(topic, protocol.ErrorCode.NONE, tuple(partitions)))
         return protocol.MetadataReply(brokers, tuple(infos))
 
@@ -335,6 +461,8 @@ class Topics:
         if "hello" in state:
             worker.connected = True
             self._open_partitions(worker)
+        if "isr" in state:
+            self.change_isr(*state["isr"])
         opened: set[str] = set()
         for topic, number in state.get("opened", []):
             self.partition_errors.pop((topic, number), None)
@@ -345,6 +473,8 @@ class Topics:
                 opened.add(topic)
         for topic in sorted(opened):
             self._register_served(topic)
+        for topic, number in state.get("opened", []):
+            self._send_role(topic, number)
         for topic, number, code, message in state.get("failed", []):
             log.error("worker %d cannot open %s-%d: %s", worker.index, topic, number, message)
             self.partition_errors[(topic, number)] = (code, message)
@@ -384,6 +514,9 @@ class Topics:
 
     def _drop_topic(self, topic: str) -> None:
         """Delete this broker's partitions of `topic`, with their data, and their registration."""
+        self._state_watches.pop(topic, None)
+        for key in [key for key in self.states if key[0] == topic]:
+            del self.states[key]
         state = self.held.pop(topic, None)
         if state is None:
             return
@@ -441,14 +574,35 @@ class Topics:
             self.config.checked_log_config(settings)  # with this broker's defaults for the rest
         except ValueError as error:
             raise InvalidTopic(f"topic {topic!r}: {error}") from None
+        replication_factor = replica_setting(settings, "replication_factor")
+        min_insync = replica_setting(settings, "min_insync_replicas")
+        if min_insync > replication_factor:
+            raise InvalidTopic(
+                f"topic {topic!r}: min_insync_replicas {min_insync} is more than its "
+                f"replication_factor {replication_factor}: ack=all could never be answered"
+            )
+        if replication_factor > 1 and self.config.security_mode != "plaintext":
+            raise InvalidTopic(
+                f"topic {topic!r}: replication_factor {replication_factor} needs "
+                "security.mode plaintext for now: followers do not yet authenticate to leaders "
+                "over CurveZMQ"
+            )
         if topic in self.configs or topic in self._creating:
             raise TopicAlreadyExists(f"topic {topic!r} exists")
         self._connected_registry()  # fail at once while ZooKeeper is away
-        me = self.me
+        me, rack = self.me, self.config.broker_rack or None
 
         def record(registry: Registry) -> TopicConfig:
-            holders = {*registry.brokers(), me}  # now, not as last watched
-            config = TopicConfig.spread(request.partitions, holders, settings)
+            live = registry.brokers()  # now, not as last watched
+            racks = {broker_id: info.rack for broker_id, info in live.items()}
+            racks[me] = rack
+            config = TopicConfig.spread(
+                request.partitions,
+                racks,
+                settings,
+                replication_factor=replication_factor,
+                racks=racks,
+            )
             registry.create_topic_config(topic, config)
             return config
 
@@ -637,8 +791,13 @@ class Topics:
         refused at once raises its error."""
         topic = request.topic
         changes = topic_settings(request.set)  # InvalidTopic for unknown keys and bad values
+        if "replication_factor" in changes or "replication_factor" in request.delete:
+            raise InvalidTopic(
+                f"topic {topic!r}: replication_factor is fixed at creation (reassign the "
+                "partitions' replicas to change it)"
+            )
         for key in request.delete:
-            if key not in TOPIC_SETTINGS:
+            if key not in TOPIC_SETTINGS and key not in REPLICA_SETTINGS:
                 raise InvalidTopic(
                     f"unknown topic setting {key!r}: one of {', '.join(TOPIC_SETTINGS)}"
                 )
@@ -652,6 +811,13 @@ class Topics:
                 log_config(altered)  # with this broker's defaults for the rest
             except ValueError as error:
                 raise InvalidTopic(f"topic {topic!r}: {error}") from None
+            min_insync = replica_setting(altered, "min_insync_replicas")
+            replication_factor = replica_setting(altered, "replication_factor")
+            if min_insync > replication_factor:
+                raise InvalidTopic(
+                    f"topic {topic!r}: min_insync_replicas {min_insync} is more than its "
+                    f"replication_factor {replication_factor}"
+                )
             return altered
 
         def altered(config: TopicConfig) -> None:
@@ -694,13 +860,19 @@ class Topics:
             handle = self.pool.workers[worker]
             if handle.connected:  # one restarting gets them when it opens its partitions
                 self.pool.send(handle, [COMMAND, command])
+        for number in state.workers:  # min_insync_replicas may have changed
+            self._send_role(topic, number)
 
     def _on_brokers(self, brokers: dict[int, BrokerInfo]) -> None:
-        self.live_brokers = brokers
+        before, self.live_brokers = self.live_brokers, brokers
+        for (topic, number), (state, _) in list(self.states.items()):
+            if state.leader != self.me and before.get(state.leader) != brokers.get(state.leader):
+                self._send_role(topic, number)  # its leader's endpoint came, went or moved
 
     def _on_topic_configs(self, configs: dict[str, TopicConfig]) -> None:
         for topic, config in configs.items():
             self.configs[topic] = config
+            self._watch_states(topic)
             self._hold_topic(topic, config)
         for topic in [t for t in self.configs if t not in configs and t not in self._creating]:
             self._drop_if_deleted(topic)

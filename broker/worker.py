@@ -79,11 +79,16 @@ from broker.clock import SYSTEM_CLOCK
 from broker.config import TOPIC_SETTINGS, BrokerConfig
 from broker.errors import (
     DiskFull,
+    FencedLeaderEpoch,
     FetchSizeTooSmall,
+    NotEnoughReplicas,
+    NotLeaderForPartition,
+    OffsetOutOfRange,
     PartitionUnavailable,
     PylogError,
     StorageError,
     StorageIOError,
+    UnknownLeaderEpoch,
     UnknownTopicOrPartition,
     UnsupportedApi,
 )
@@ -96,6 +101,8 @@ from broker.log.segment import storage_error
 from broker.logs import configure_logging
 from broker.processes import exit_with_supervisor
 from broker.ratelog import RateLimitedLog
+from broker.replication.follower import Follower, Role
+from broker.replication.leader import LeaderState, epoch_entries
 from broker.transport import (
     COMMAND,
     CREDIT_EVERY_BYTES,
@@ -151,6 +158,28 @@ class Partition:
     a task per ack was a third of the worker's CPU."""
     offline: str | None = None
     """Why the partition is offline (a flush failed), until its log is reopened from the disk."""
+    replicated: bool = False
+    """Whether it has other replicas (a role command said so): then only its leader serves
+    clients, and they see up to the high watermark the in-sync replicas agree on."""
+    leader: LeaderState | None = None
+    """Its followers, the ISR and the high watermark, while it leads here."""
+    known_leader: int = -1
+    leader_epoch: int = -1
+    """The leader and leader epoch as the partition's state node last said."""
+    min_insync: int = 1
+    follower: Follower | None = None
+    following: trio.CancelScope | None = None
+    """The copy loop from the leader, while it follows, and the scope that cancels it."""
+    high_watermark_seen: int = 0
+    """The replicated high watermark as last known here (led, or told by the leader): where
+    the high watermark starts when this replica becomes the leader."""
+    consumers: FlushWaiters = field(default_factory=FlushWaiters)
+    """The consumers' long polls on a replicated partition led here: woken by the high
+    watermark (`waiters` are woken by this log's flushes: the followers' long polls)."""
+    all_acks: deque[PendingAck] = field(default_factory=deque)
+    """The ack=all produces waiting for the high watermark, in the order of their offsets."""
+    role: dict[str, Any] | None = None
+    """The last role command (its state node as the supervisor read it)."""
     messages_in: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
@@ -160,6 +189,13 @@ class Partition:
     def name(self) -> str:
         return f"{self.topic}-{self.number}"
 
+    @property
+    def high_watermark(self) -> int:
+        """What consumers may read up to: the replicated high watermark while it leads a
+        replicated partition, else its log's flushed end."""
+        leader = self.leader
+        return self.log.high_watermark if leader is None else leader.high_watermark
+
     def note_flush(self, replies: list[Reply]) -> None:
         """Wake the long polls whose min_bytes the high watermark a flush reached brought, and
         add to `replies` the acks of the produces whose messages it stored."""
@@ -168,13 +204,39 @@ class Partition:
         acks = self.acks
         while acks and acks[0].end <= high_watermark:
             replies.append(acks.popleft().reply)
+        if self.leader is not None:
+            self.advance(replies)
+
+    def advance(self, replies: list[Reply]) -> None:
+        """Recompute the replicated high watermark (a flush here, or a follower's fetch); if
+        it moved, wake the consumers' long polls it satisfies and answer the ack=all produces
+        it covers."""
+        leader = self.leader
+        assert leader is not None
+        if not leader.advance(self.log.high_watermark):
+            return
+        high_watermark = self.high_watermark_seen = leader.high_watermark
+        self.consumers.note_high_watermark(high_watermark)
+        acks = self.all_acks
+        while acks and acks[0].end <= high_watermark:
+            replies.append(acks.popleft().reply)
 
     def fail_acks(self, error: PylogError, replies: list[Reply]) -> None:
-        """Answer every waiting ack `error` instead (its messages will not be stored)."""
-        for ack in self.acks:
+        """Answer every waiting ack (ack=flushed and ack=all) `error` instead: its messages
+        will not be stored, or not as promised."""
+        for ack in (*self.acks, *self.all_acks):
             (frame,) = protocol.encode_error(ack.correlation_id, error)
             replies.append((ack.reply[0], frame))
         self.acks.clear()
+        self.all_acks.clear()
+
+    def not_leader(self) -> NotLeaderForPartition:
+        return NotLeaderForPartition(self.name, self.known_leader, self.leader_epoch)
+
+    def check_leader(self) -> None:
+        """NotLeaderForPartition unless clients may be served here."""
+        if self.replicated and self.leader is None:
+            raise self.not_leader()
 
 
 class Worker:
@@ -200,6 +262,9 @@ class Worker:
         the last one, so that a flush per request does not queue requests behind fsyncs."""
         self._due_for = 0
         """Messages from the supervisor served since _flush_due got its first partition."""
+        self._state_messages: list[list[bytes]] = []
+        """STATE messages for the supervisor made where nothing may be sent (ISR changes to
+        ask for), sent by _send_replies."""
         self._replies: list[Reply] = []
         """Replies made where nothing may be sent (acks a flush answered, or failed), sent by
         _send_replies from the loop or the task that flushed."""
@@ -226,6 +291,7 @@ class Worker:
             nursery.start_soon(self._flush_when_due)
             nursery.start_soon(self._apply_retention)
             nursery.start_soon(self._give_credit_when_idle)
+            nursery.start_soon(self._check_isrs)
             if self.config.metrics_enabled:
                 nursery.start_soon(self._report_stats)
             await self.socket.send([STATE, json_frame({"hello": self.index})])
@@ -243,7 +309,7 @@ class Worker:
                     self._due_for += 1
                     if self._due_for >= FLUSH_DUE_MESSAGES:  # busy: not left for the idle
                         self._flush_partitions(self._take_due())
-                if self._replies:  # acks those flushes or a roll gave, or failed
+                if self._replies or self._state_messages:  # acks, failures, ISR changes
                     await self._send_replies()
                 if self._served_bytes >= self._credit_step:
                     await self._give_credit()
@@ -292,6 +358,9 @@ class Worker:
         replies, self._replies = self._replies, []
         if replies:
             await self.socket.send(replies_message(replies))
+        messages, self._state_messages = self._state_messages, []
+        for message in messages:
+            await self.socket.send(message)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -313,7 +382,13 @@ class Worker:
                 route = protocol.Route(request.topic, request.partition)
                 await self._produce(tagged, correlation_id, route, request.ack, request.message_set)
             elif isinstance(request, protocol.FetchRequest):
-                await self._fetch(tagged, correlation_id, request)
+                await self._fetch(tagged, correlation_id, request, header.version)
+            elif isinstance(request, protocol.OffsetForLeaderEpochRequest):
+                partition = self._partition(request.topic, request.partition)
+                partition.check_leader()
+                epoch, end = partition.log.end_offset_for_epoch(request.leader_epoch)
+                answer = protocol.OffsetForLeaderEpochReply(epoch, end)
+                await self._reply(tagged, protocol.encode_reply(correlation_id, answer))
             elif isinstance(request, protocol.OffsetsRequest):
                 reply = protocol.OffsetsReply(self._offset_at(request))
                 await self._reply(tagged, protocol.encode_reply(correlation_id, reply))
@@ -371,6 +446,15 @@ class Worker:
         message_set: Buffer,
     ) -> None:
         partition = self._partition(*route)
+        leader = partition.leader
+        if partition.replicated:
+            partition.check_leader()
+            if (
+                ack == protocol.Ack.ALL
+                and leader is not None
+                and len(leader.isr) < partition.min_insync
+            ):
+                raise NotEnoughReplicas(partition.name, len(leader.isr), partition.min_insync)
         plog = partition.log
         high_watermark = plog.high_watermark
         had_deadline = plog.next_flush_deadline() is not None
@@ -392,25 +476,62 @@ class Worker:
             return
         reply = protocol.ProduceReply(offset, count)
         frames = protocol.encode_reply(correlation_id, reply)
-        if ack == protocol.Ack.WRITTEN or plog.high_watermark >= end:
+        if ack == protocol.Ack.ALL and leader is not None:  # replicated: the ISR must have it
+            stored, acks = leader.high_watermark >= end, partition.all_acks
+        else:  # ack=all of a partition without replicas is ack=flushed
+            stored, acks = ack == protocol.Ack.WRITTEN or plog.high_watermark >= end, partition.acks
+        if stored:
             await self._reply(tagged, frames)
             return
-        # Answered by the flush that stores it (note_flush), or failed (fail_acks).
+        # Answered by the flush (or, at ack=all, the high watermark) that stores it
+        # (note_flush, advance), or failed (fail_acks). Flushed soon: followers copy only
+        # flushed bytes.
         (frame,) = frames
-        partition.acks.append(PendingAck(end, correlation_id, (tagged, frame)))
+        acks.append(PendingAck(end, correlation_id, (tagged, frame)))
         self._flush_wanted.add(partition)
 
     async def _fetch(
-        self, tagged: bytes, correlation_id: int, request: protocol.FetchRequest
+        self, tagged: bytes, correlation_id: int, request: protocol.FetchRequest, version: int
     ) -> None:
         partition = self._partition(request.topic, request.partition)
         plog = partition.log
-        plog.check_offset(request.offset)  # its errors come first, before any waiting
-        if self._fetch_ready(plog, request) or request.max_wait_ms == 0:
-            await self._reply(tagged, self._fetch_reply(correlation_id, partition, request))
+        if request.replica_id >= 0:
+            self._follower_fetched(partition, request)
+        else:
+            partition.check_leader()
+        if request.offset <= plog.high_watermark or request.replica_id < 0:
+            plog.check_offset(request.offset)  # its errors come first, before any waiting
+        if self._fetch_ready(partition, request) or request.max_wait_ms == 0:
+            frames = self._fetch_reply(correlation_id, partition, request, version)
+            await self._reply(tagged, frames)
             return
         assert self.nursery is not None
-        self.nursery.start_soon(self._long_poll, partition, tagged, correlation_id, request)
+        self.nursery.start_soon(
+            self._long_poll, partition, tagged, correlation_id, request, version
+        )
+
+    def _follower_fetched(self, partition: Partition, request: protocol.FetchRequest) -> None:
+        """A follower's FETCH: check that it may fetch, note where it is (the high watermark
+        may move; its ISR membership may change). A follower fetches up to the log end: its
+        offset may lie past the flushed end, where the reply waits for the flush."""
+        leader = partition.leader
+        if leader is None:
+            raise partition.not_leader()
+        replica = request.replica_id
+        if replica not in leader.followers:
+            raise UnknownTopicOrPartition(f"broker {replica} is not a replica of {partition.name}")
+        if request.leader_epoch < leader.epoch:
+            raise FencedLeaderEpoch(partition.name, request.leader_epoch, leader.epoch)
+        if request.leader_epoch > leader.epoch:
+            raise UnknownLeaderEpoch(partition.name, request.leader_epoch, leader.epoch)
+        plog = partition.log
+        if not plog.log_start_offset <= request.offset <= plog.log_end_offset:
+            raise OffsetOutOfRange(request.offset, plog.log_start_offset, plog.log_end_offset)
+        leader.record_fetch(
+            replica, request.offset, request.flushed_offset, plog.high_watermark, time.monotonic()
+        )
+        partition.advance(self._replies)
+        self._ask_isr(partition)
 
     async def _long_poll(
         self,
@@ -418,48 +539,72 @@ class Worker:
         tagged: bytes,
         correlation_id: int,
         request: protocol.FetchRequest,
+        version: int,
     ) -> None:
-        # Deleting the partition or taking it offline wakes every waiter; a flush, only those
-        # whose min_bytes it brought.
+        # Deleting the partition, taking it offline or a change of its leader wakes every
+        # waiter; a flush (or the high watermark), only those whose min_bytes it brought.
+        waiters = partition.waiters
+        if request.replica_id < 0 and partition.leader is not None:
+            waiters = partition.consumers
         with trio.move_on_after(request.max_wait_ms / 1000):
             while self._still_open(partition) and partition.offline is None:
-                if self._fetch_ready(partition.log, request):
+                if self._fetch_ready(partition, request):
                     break
-                await partition.waiters.wait_high_watermark(request.offset + request.min_bytes)
+                await waiters.wait_high_watermark(request.offset + request.min_bytes)
         try:
             if not self._still_open(partition) or partition.offline is not None:
                 self._partition(partition.topic, partition.number)  # raises: deleted or offline
-            frames = self._fetch_reply(correlation_id, partition, request)
+            frames = self._fetch_reply(correlation_id, partition, request, version)
         except PylogError as error:  # deleted, or retention moved the log start past it
             frames = protocol.encode_error(correlation_id, error)
         await self._reply(tagged, frames)
 
     @staticmethod
-    def _fetch_ready(plog: PartitionLog, request: protocol.FetchRequest) -> bool:
-        """Whether min_bytes lie past the offset (0: answer at once, even with nothing)."""
-        return plog.high_watermark - request.offset >= request.min_bytes
+    def _fetch_ready(partition: Partition, request: protocol.FetchRequest) -> bool:
+        """Whether min_bytes lie past the offset (0: answer at once, even with nothing):
+        bytes flushed here for a follower, up to the high watermark for a consumer."""
+        end = partition.log.high_watermark if request.replica_id >= 0 else partition.high_watermark
+        return end - request.offset >= request.min_bytes
 
     def _fetch_reply(
-        self, correlation_id: int, partition: Partition, request: protocol.FetchRequest
+        self,
+        correlation_id: int,
+        partition: Partition,
+        request: protocol.FetchRequest,
+        version: int,
     ) -> Sequence[Buffer]:
         """At most fetch_max_bytes of messages, but the first message whole if it fits in the
-        request's max_bytes: the cap bounds the broker's memory, never stops a consumer."""
+        request's max_bytes: the cap bounds the broker's memory, never stops a consumer. A
+        consumer reads up to the high watermark; a follower, whatever is flushed here, with
+        the epoch entries of those bytes."""
         plog = partition.log
-        cap = self._fetch_max_bytes
-        try:
-            data = plog.read(request.offset, min(request.max_bytes, cap))
-        except FetchSizeTooSmall as error:
-            if error.needed > request.max_bytes:  # named with the max_bytes asked, not the cap
-                raise FetchSizeTooSmall(error.offset, request.max_bytes, error.needed) from None
-            data = plog.read(request.offset, error.needed)  # over the cap alone: sent whole
+        replica = request.replica_id >= 0
+        if not replica:
+            partition.check_leader()  # it may have stopped leading while the fetch waited
+        end = plog.high_watermark if replica else partition.high_watermark
+        limit = min(request.max_bytes, self._fetch_max_bytes, max(0, end - request.offset))
+        data: Buffer = b""
+        if limit:
+            try:
+                data = plog.read(request.offset, limit)
+            except FetchSizeTooSmall as error:
+                if error.needed > request.max_bytes:  # named with the max_bytes asked
+                    raise FetchSizeTooSmall(error.offset, request.max_bytes, error.needed) from None
+                data = plog.read(request.offset, error.needed)  # over the cap alone: sent whole
         partition.bytes_out += len(data)
-        reply = protocol.FetchReply(plog.high_watermark, plog.log_start_offset, data)
-        return protocol.encode_reply(correlation_id, reply)
+        end = request.offset + len(data)
+        entries = epoch_entries(plog.epochs.entries, request.offset, end) if replica else ()
+        reply = protocol.FetchReply(
+            partition.high_watermark, plog.log_start_offset, data, partition.leader_epoch, entries
+        )
+        return protocol.encode_reply(correlation_id, reply, version)
 
     def _offset_at(self, request: protocol.OffsetsRequest) -> int:
-        plog = self._partition(request.topic, request.partition).log
+        partition = self._partition(request.topic, request.partition)
+        partition.check_leader()
+        plog = partition.log
         if request.time == protocol.LATEST:
-            return plog.high_watermark
+            return partition.high_watermark
         if request.time == protocol.EARLIEST:
             return plog.log_start_offset
         return plog.offset_for_timestamp(request.time)
@@ -511,9 +656,129 @@ class Worker:
             await self.socket.send([STATE, json_frame({"deleted": topic})])
         elif op == "configure":
             self._configure(command["topic"], command["settings"])
+        elif op == "role":
+            await self._take_role(command)
         else:
             log.error("worker %d: unknown command %r", self.index, command)
         await self._send_replies()  # acks that a delete failed or a new setting's flush made
+
+    async def _take_role(self, command: dict[str, Any]) -> None:
+        """A replicated partition's state node, as the supervisor read it (docs/replication.md):
+        lead it (a new term: the epoch's entry added to the log's history first), or follow
+        the leader it names (a new copy loop, which truncates first), or, with no leader,
+        neither. Waiting acks and consumers of a leader that stops leading are answered
+        NOT_LEADER_FOR_PARTITION."""
+        partition = self.partitions.get((command["topic"], command["partition"]))
+        if partition is None:
+            return  # not open: a failed open, a delete
+        partition.role = command  # taken again once an offline partition is reopened
+        me, leader, epoch = self.config.broker_id, command["leader"], command["leader_epoch"]
+        partition.replicated = True
+        partition.min_insync = command["min_insync_replicas"]
+        partition.known_leader, partition.leader_epoch = leader, epoch
+        current, follower = partition.leader, partition.follower
+        role = Role(leader, command["endpoint"], epoch) if command["endpoint"] else None
+        if follower is not None and follower.role == role:
+            return  # following that leader in that epoch already
+        if leader == me and current is not None and current.epoch == epoch:
+            current.set_isr(command["isr"])  # an ISR change in this term
+            partition.advance(self._replies)
+            return
+        self._stop_leading(partition)
+        self._stop_following(partition)
+        if leader == me:
+            plog = partition.log
+            start = plog.log_end_offset
+            try:
+                plog.assign_epoch(epoch)
+            except DISK_ERRORS as error:
+                self._on_disk_error(partition, error)
+                log.error("%s: cannot lead epoch %d: %s", partition.name, epoch, error)
+                return
+            partition.leader = LeaderState(
+                me,
+                epoch,
+                start,
+                command["replicas"],
+                command["isr"],
+                min(partition.high_watermark_seen, plog.high_watermark),
+                self.config.broker_replica_lag_max_ms / 1000,
+                time.monotonic(),
+            )
+            log.info(
+                "%s: leading in epoch %d from offset %d, ISR %s",
+                partition.name,
+                epoch,
+                start,
+                command["isr"],
+            )
+            partition.advance(self._replies)
+        elif leader >= 0 and role is not None:
+            self._follow(partition, role)
+
+    def _stop_leading(self, partition: Partition) -> None:
+        if partition.leader is None:
+            return
+        partition.leader = None
+        partition.fail_acks(partition.not_leader(), self._replies)
+        partition.consumers.wake_all()  # they find it not led here and answer so
+
+    def _stop_following(self, partition: Partition) -> None:
+        if partition.following is not None:
+            partition.following.cancel()
+        partition.following = partition.follower = None
+
+    def _follow(self, partition: Partition, role: Role) -> None:
+        config = self.config
+
+        async def copied(count: int) -> None:
+            partition.messages_in += count
+            assert partition.follower is not None
+            partition.high_watermark_seen = partition.follower.leader_high_watermark
+            if self._flush(partition):  # before the next fetch: it tells the leader
+                await self._send_replies()
+
+        follower = Follower(
+            config.broker_id,
+            partition.topic,
+            partition.number,
+            lambda: partition.log,
+            role,
+            config.broker_replica_fetch_max_bytes,
+            config.broker_replica_fetch_wait_ms,
+            copied,
+        )
+        scope = trio.CancelScope()
+        partition.follower, partition.following = follower, scope
+
+        async def run() -> None:
+            with scope:
+                await follower.run(self.socket.socket.context)
+
+        assert self.nursery is not None
+        self.nursery.start_soon(run)
+
+    def _ask_isr(self, partition: Partition) -> None:
+        """Ask the supervisor for the ISR change due (shrink or expand), if one is; it
+        writes the state node and its watch brings the new ISR back as a role command."""
+        leader = partition.leader
+        assert leader is not None
+        isr = leader.wanted_isr(time.monotonic())
+        if isr is None:
+            return
+        log.info("%s: asking for ISR %s (now %s)", partition.name, list(isr), sorted(leader.isr))
+        change = [partition.topic, partition.number, leader.epoch, list(isr)]
+        self._state_messages.append([STATE, json_frame({"isr": change})])
+
+    async def _check_isrs(self) -> None:
+        """Every quarter of replica_lag_max_ms: the followers of the partitions led here that
+        stopped catching up leave the ISR (those that fetch are checked as they fetch)."""
+        while True:
+            await trio.sleep(self.config.broker_replica_lag_max_ms / 4000)
+            for partition in list(self.partitions.values()):
+                if partition.leader is not None:
+                    self._ask_isr(partition)
+            await self._send_replies()
 
     def _open(self, topic: str, number: int, directory: Path, config: LogConfig) -> None:
         if (topic, number) in self.partitions:
@@ -628,6 +893,9 @@ class Worker:
             )
             _log_recovery(partition.name, plog)
             self._deadline_changed.set()
+            if partition.role is not None and partition.leader is None:  # it could not lead
+                await self._take_role(partition.role)
+                await self._send_replies()
             return
 
     # -- background tasks ------------------------------------------------------------------

@@ -1,0 +1,96 @@
+"""Replicated partitions on three real brokers (docs/replication.md): followers copy the
+leader's bytes, ack=all waits for every in-sync replica, the in-sync set shrinks when a
+follower dies and grows when it returns and catches up."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from broker.client import Admin, PartitionConsumer, Producer
+from broker.errors import BrokerError
+from broker.protocol import Ack
+from broker.registry import Registry
+from tests.cluster.conftest import broker_flags
+from tests.pylogd import RunningBroker
+from tests.conftest import wait_until
+
+REPLICATED = {"replication_factor": "3", "min_insync_replicas": "2"}
+
+
+@pytest.fixture
+def replicating(make_pylogd: Callable[..., RunningBroker], tmp_path: Path) -> list[RunningBroker]:
+    """Brokers 1, 2 and 3; a follower behind for 1 s leaves the ISR."""
+    flags = ("--broker-replica-lag-max-ms", "1000", "--broker-replica-fetch-wait-ms", "200")
+    return [
+        make_pylogd(*broker_flags(tmp_path, i), *flags, name=f"broker-{i}") for i in (1, 2, 3)
+    ]
+
+
+def stored(root: Path, broker_id: int, folder: str) -> bytes:
+    """The bytes of a replica's segment files, in offset order."""
+    segments = sorted((root / f"broker-{broker_id}" / "logs" / folder).glob("*.log"))
+    return b"".join(segment.read_bytes() for segment in segments)
+
+
+def isr(registry: Registry, topic: str, partition: int) -> tuple[int, ...]:
+    return tuple(sorted(registry.partition_state(topic, partition)[0].isr))
+
+
+def test_ack_all_is_answered_once_every_replica_holds_the_bytes(
+    replicating: list[RunningBroker], registry: Registry, tmp_path: Path
+) -> None:
+    one = replicating[0]
+    with Admin(one.endpoint) as admin:
+        admin.create_topic("copied", 2, REPLICATED)
+    values = [b"value-%d" % i for i in range(300)]
+    with Producer(one.endpoint, "copied", ack=Ack.ALL, batch_messages=10) as producer:
+        for value in values:
+            producer.send(value)
+        assert sum(ack.count for ack in producer.flush()) == len(values)
+    for partition in (0, 1):
+        assert isr(registry, "copied", partition) == (1, 2, 3)
+        # Acked at ack=all: every in-sync replica holds the bytes already, the same bytes.
+        copies = {stored(tmp_path, b, f"copied-{partition}") for b in (1, 2, 3)}
+        assert len(copies) == 1 and copies != {b""}
+    read = []
+    for partition in (0, 1):
+        with PartitionConsumer(one.endpoint, "copied", partition, stop_at_end=True) as consumer:
+            read += [message.value for message in consumer]
+    assert sorted(read) == sorted(values)
+
+
+def test_a_dead_follower_leaves_the_isr_and_catches_up_when_it_returns(
+    replicating: list[RunningBroker], registry: Registry, tmp_path: Path
+) -> None:
+    brokers = {b: replicating[b - 1] for b in (1, 2, 3)}
+    with Admin(brokers[1].endpoint) as admin:
+        admin.create_topic("sturdy", 1, REPLICATED)
+    leader = registry.partition_state("sturdy", 0)[0].leader
+    followers = sorted({1, 2, 3} - {leader})
+
+    def produce(count: int, tag: bytes) -> int:
+        with Producer(brokers[leader].endpoint, "sturdy", ack=Ack.ALL, retries=0) as producer:
+            for i in range(count):
+                producer.send(tag + b"-%d" % i)
+            return sum(ack.count for ack in producer.flush())
+
+    assert produce(50, b"all") == 50
+    brokers[followers[0]].kill()
+    wait_until(lambda: isr(registry, "sturdy", 0) == tuple(sorted({leader, followers[1]})))
+    assert produce(50, b"two") == 50  # two in sync: min_insync_replicas is met
+
+    brokers[followers[1]].kill()
+    wait_until(lambda: isr(registry, "sturdy", 0) == (leader,))
+    with pytest.raises(BrokerError) as refused:
+        produce(1, b"alone")
+    assert refused.value.name == "NOT_ENOUGH_REPLICAS"
+
+    for follower in followers:
+        brokers[follower] = brokers[follower].restarted()
+    wait_until(lambda: isr(registry, "sturdy", 0) == (1, 2, 3), timeout=30)
+    assert produce(50, b"back") == 50
+    copies = {stored(tmp_path, b, "sturdy-0") for b in (1, 2, 3)}
+    assert len(copies) == 1
