@@ -14,8 +14,8 @@ from broker.errors import BrokerError
 from broker.protocol import Ack
 from broker.registry import Registry
 from tests.cluster.conftest import broker_flags
-from tests.pylogd import RunningBroker
 from tests.conftest import wait_until
+from tests.pylogd import RunningBroker
 
 REPLICATED = {"replication_factor": "3", "min_insync_replicas": "2"}
 
@@ -24,9 +24,7 @@ REPLICATED = {"replication_factor": "3", "min_insync_replicas": "2"}
 def replicating(make_pylogd: Callable[..., RunningBroker], tmp_path: Path) -> list[RunningBroker]:
     """Brokers 1, 2 and 3; a follower behind for 1 s leaves the ISR."""
     flags = ("--broker-replica-lag-max-ms", "1000", "--broker-replica-fetch-wait-ms", "200")
-    return [
-        make_pylogd(*broker_flags(tmp_path, i), *flags, name=f"broker-{i}") for i in (1, 2, 3)
-    ]
+    return [make_pylogd(*broker_flags(tmp_path, i), *flags, name=f"broker-{i}") for i in (1, 2, 3)]
 
 
 def stored(root: Path, broker_id: int, folder: str) -> bytes:
