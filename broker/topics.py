@@ -772,7 +772,9 @@ class Topics:
 
         def read(config: TopicConfig) -> None:
             effective = self.config.log_config(config.settings)
-            values = protocol.settings_text({k: getattr(effective, k) for k in TOPIC_SETTINGS})
+            settings: dict[str, int | None] = {k: getattr(effective, k) for k in TOPIC_SETTINGS}
+            settings.update((k, replica_setting(config.settings, k)) for k in REPLICA_SETTINGS)
+            values = protocol.settings_text(settings)
             entries = tuple(
                 protocol.ConfigEntry(key, value, key in config.settings)
                 for key, value in values.items()

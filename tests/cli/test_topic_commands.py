@@ -157,6 +157,11 @@ DEFAULTS = {  # the cluster's brokers run with --log-flush-interval-ms 50
     "retention_bytes": "none",
     "max_message_bytes": "1048576",
 }
+DESCRIBED = DEFAULTS | {  # and the replication settings (not a partition log's)
+    "replication_factor": "1",
+    "min_insync_replicas": "1",
+    "unclean_leader_election": "0",
+}
 
 
 def at(endpoint: str, *args: str) -> Result:
@@ -197,7 +202,7 @@ def test_topic_describe_shows_every_setting_and_each_partitions_state_on_its_hol
     assert result.exit_code == 0, result.output
     settings = [
         f"setting {key} {'86400000 topic' if key == 'retention_ms' else value + ' default'}"
-        for key, value in DEFAULTS.items()
+        for key, value in DESCRIBED.items()
     ]
     assert result.output.splitlines() == [
         f"topic {topic}: 3 partitions",
@@ -288,7 +293,7 @@ def test_topic_alter_refuses_bad_settings_and_leaves_the_topic_as_it_was(
         assert problem in result.stderr, (args, result.stderr)
         assert len(result.stderr.splitlines()) == 1
     settings = described(cluster.endpoint, topic)["settings"]
-    assert {k: v["value"] for k, v in settings.items()} == DEFAULTS | {"retention_ms": "1000"}
+    assert {k: v["value"] for k, v in settings.items()} == DESCRIBED | {"retention_ms": "1000"}
 
     missing = at(cluster.endpoint, "topic", "alter", f"{topic}-none", "--set", "retention_ms=1")
     assert missing.exit_code == 1

@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker import errors
-from broker.config import TOPIC_SETTINGS
+from broker.config import REPLICA_SETTINGS, TOPIC_SETTINGS
 from broker.errors import (
     BrokerError,
     BrokerShuttingDown,
@@ -532,9 +532,13 @@ def test_the_documented_api_table_is_the_api_enum() -> None:
 def test_the_documented_topic_settings_are_log_config_fields_with_their_defaults() -> None:
     rows = table_rows(documented_section("CREATE_TOPIC (api_key 4)"))
     settings = [row for row in rows if row[1] in ("yes", "no")]
-    assert [row[0] for row in settings] == list(TOPIC_SETTINGS)
+    assert [row[0] for row in settings] == [*TOPIC_SETTINGS, *REPLICA_SETTINGS]
     config_fields = {f.name: f for f in fields(LogConfig)}
     for key, none, default, minimum, maximum, *_ in settings:
+        if key in REPLICA_SETTINGS:  # not a partition log's: least value by default
+            assert none == "no" and default == minimum, key
+            assert (int(minimum), int(maximum)) == REPLICA_SETTINGS[key], key
+            continue
         field = config_fields[key]
         assert ("None" in str(field.type)) == (none == "yes"), key
         assert default == ("none" if field.default is None else str(field.default)), key
