@@ -185,6 +185,8 @@ class Topics:
         """The state node (leader, epoch, ISR) and its version of each replicated partition
         held here, as its watch last said."""
         self._state_watches: dict[str, object] = {}
+        self._registry_connected = True
+        """Whether ZooKeeper was connected, as the workers were last told."""
         """The replicated topics held here whose partitions' state nodes are watched, each
         with its watches' token."""
         self._settings_watches: dict[str, object] = {}
@@ -460,6 +462,8 @@ class Topics:
         partitions), the partitions it opened (registered as served), those it could not."""
         if "hello" in state:
             worker.connected = True
+            if not self._registry_connected:
+                self._send_connected(worker)
             self._open_partitions(worker)
         if "isr" in state:
             self.change_isr(*state["isr"])
@@ -642,9 +646,25 @@ class Topics:
                 pending.failure = pending.failure or failure
 
     def tick(self) -> None:
-        """On every turn of the loop: apply the registry's events, then answer creates."""
+        """On every turn of the loop: apply the registry's events, tell the workers whether
+        ZooKeeper is connected, then answer creates."""
         self.calls.apply()
+        registry = self.calls.registry
+        if registry is not None and registry.connected != self._registry_connected:
+            self._registry_connected = registry.connected
+            if not self._registry_connected:
+                log.warning("ZooKeeper is away: leaders here refuse ack=all until it is back")
+            for worker in self.pool.workers:
+                if worker.connected:
+                    self._send_connected(worker)
         self._answer_creates()
+
+    def _send_connected(self, worker: WorkerHandle) -> None:
+        """Tell a worker whether ZooKeeper is connected: a leader cut off from it may have
+        been replaced (once its session expires, the controller chooses another), so it
+        answers no ack=all meanwhile (docs/replication.md, "The leader")."""
+        command = {"op": "zookeeper", "connected": self._registry_connected}
+        self.pool.send(worker, [COMMAND, json_frame(command)])
 
     def _answer_creates(self) -> None:
         """Answer CREATE_TOPIC requests whose partitions every holder now serves (asked of

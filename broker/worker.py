@@ -224,11 +224,12 @@ class Partition:
     def fail_acks(self, error: PylogError, replies: list[Reply]) -> None:
         """Answer every waiting ack (ack=flushed and ack=all) `error` instead: its messages
         will not be stored, or not as promised."""
-        for ack in (*self.acks, *self.all_acks):
-            (frame,) = protocol.encode_error(ack.correlation_id, error)
-            replies.append((ack.reply[0], frame))
-        self.acks.clear()
-        self.all_acks.clear()
+        _fail(self.acks, error, replies)
+        _fail(self.all_acks, error, replies)
+
+    def fenced(self) -> NotLeaderForPartition:
+        """What an ack=all gets from a leader cut off from ZooKeeper: another may lead now."""
+        return NotLeaderForPartition(self.name, -1, self.leader_epoch)
 
     def not_leader(self) -> NotLeaderForPartition:
         return NotLeaderForPartition(self.name, self.known_leader, self.leader_epoch)
@@ -262,6 +263,8 @@ class Worker:
         the last one, so that a flush per request does not queue requests behind fsyncs."""
         self._due_for = 0
         """Messages from the supervisor served since _flush_due got its first partition."""
+        self._fenced = False
+        """Whether ZooKeeper is away from the supervisor: leaders answer no ack=all then."""
         self._state_messages: list[list[bytes]] = []
         """STATE messages for the supervisor made where nothing may be sent (ISR changes to
         ask for), sent by _send_replies."""
@@ -449,12 +452,11 @@ class Worker:
         leader = partition.leader
         if partition.replicated:
             partition.check_leader()
-            if (
-                ack == protocol.Ack.ALL
-                and leader is not None
-                and len(leader.isr) < partition.min_insync
-            ):
-                raise NotEnoughReplicas(partition.name, len(leader.isr), partition.min_insync)
+            if ack == protocol.Ack.ALL and leader is not None:
+                if self._fenced:
+                    raise partition.fenced()
+                if len(leader.isr) < partition.min_insync:
+                    raise NotEnoughReplicas(partition.name, len(leader.isr), partition.min_insync)
         plog = partition.log
         high_watermark = plog.high_watermark
         had_deadline = plog.next_flush_deadline() is not None
@@ -658,6 +660,12 @@ class Worker:
             self._configure(command["topic"], command["settings"])
         elif op == "role":
             await self._take_role(command)
+        elif op == "zookeeper":
+            self._fenced = not command["connected"]
+            if self._fenced:  # this broker may be replaced as leader: promise nothing more
+                for partition in self.partitions.values():
+                    if partition.leader is not None:
+                        _fail(partition.all_acks, partition.fenced(), self._replies)
         else:
             log.error("worker %d: unknown command %r", self.index, command)
         await self._send_replies()  # acks that a delete failed or a new setting's flush made
@@ -991,6 +999,14 @@ class Worker:
                 if deleted:
                     names = ", ".join(p.name for p in deleted)
                     log.info("retention deleted %s", names)
+
+
+def _fail(acks: deque[PendingAck], error: PylogError, replies: list[Reply]) -> None:
+    """Answer each of `acks` `error`, and forget them."""
+    for ack in acks:
+        (frame,) = protocol.encode_error(ack.correlation_id, error)
+        replies.append((ack.reply[0], frame))
+    acks.clear()
 
 
 def _log_recovery(name: str, plog: PartitionLog) -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +22,7 @@ from broker.log.message import HEADER_SIZE
 from broker.protocol import Ack
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
-from tests.cluster.conftest import Member, broker_flags
+from tests.cluster.conftest import FreezableProxy, Member, broker_flags
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
 
@@ -252,55 +250,6 @@ def test_committed_offsets_hold_across_a_broker_restart(
         assert sorted(resumed.values()) == sorted(second)  # from the commits: nothing again
     finally:
         again.stop()
-
-
-class FreezableProxy:
-    """A TCP proxy on 127.0.0.1 to `target`; `freeze()` stops it forwarding (the connections
-    stay open), as a network partition would."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.frozen = threading.Event()
-        self.closed = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def freeze(self) -> None:
-        self.frozen.set()
-
-    def _run(self) -> None:
-        selector = selectors.DefaultSelector()
-        selector.register(self.listener, selectors.EVENT_READ)
-        peers: dict[socket.socket, socket.socket] = {}
-        while not self.closed.is_set():
-            for key, _ in selector.select(0.05):
-                sock = key.fileobj
-                assert isinstance(sock, socket.socket)
-                if sock is self.listener:
-                    client, _ = self.listener.accept()
-                    upstream = socket.create_connection(self.target)
-                    peers[client], peers[upstream] = upstream, client
-                    selector.register(client, selectors.EVENT_READ)
-                    selector.register(upstream, selectors.EVENT_READ)
-                    continue
-                if self.frozen.is_set():
-                    selector.unregister(sock)  # read nothing more: the bytes stay unsent
-                    continue
-                data = sock.recv(65536)
-                if data:
-                    peers[sock].sendall(data)
-                    continue
-                for end in (sock, peers.pop(sock)):
-                    selector.unregister(end)
-                    end.close()
-        selector.close()
-
-    def close(self) -> None:
-        self.closed.set()
-        self.thread.join(5)
-        self.listener.close()
 
 
 def test_a_member_cut_off_from_zookeeper_stops_before_another_takes_its_partitions(

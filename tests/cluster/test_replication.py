@@ -4,6 +4,8 @@ follower dies and grows when it returns and catches up."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +15,8 @@ from broker.client import Admin, PartitionConsumer, Producer
 from broker.errors import BrokerError
 from broker.protocol import Ack
 from broker.registry import Registry
-from tests.cluster.conftest import broker_flags
+from broker.zookeeper import PrivateZooKeeper
+from tests.cluster.conftest import FreezableProxy, broker_flags
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
 
@@ -92,3 +95,68 @@ def test_a_dead_follower_leaves_the_isr_and_catches_up_when_it_returns(
     assert produce(50, b"back") == 50
     copies = {stored(tmp_path, b, "sturdy-0") for b in (1, 2, 3)}
     assert len(copies) == 1
+
+
+def test_a_frozen_follower_leaves_the_isr_and_rejoins_once_it_thaws(
+    replicating: list[RunningBroker], registry: Registry, tmp_path: Path
+) -> None:
+    brokers = {b: replicating[b - 1] for b in (1, 2, 3)}
+    with Admin(brokers[1].endpoint) as admin:
+        admin.create_topic("thawed", 1, REPLICATED)
+    leader = registry.partition_state("thawed", 0)[0].leader
+    frozen = min({1, 2, 3} - {leader})
+    with Producer(brokers[leader].endpoint, "thawed", ack=Ack.ALL, retries=0) as producer:
+        for i in range(20):
+            producer.send(b"before-%d" % i)
+        producer.flush()
+        workers = brokers[frozen].worker_pids()
+        for pid in workers:  # its fetches stop; its ZooKeeper session lives on
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: frozen not in isr(registry, "thawed", 0), what="the ISR to shrink")
+            for i in range(20):
+                producer.send(b"during-%d" % i)
+            assert sum(ack.count for ack in producer.flush()) == 20  # two in sync are enough
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: isr(registry, "thawed", 0) == (1, 2, 3), what="the ISR to grow")
+        for i in range(20):
+            producer.send(b"after-%d" % i)
+        producer.flush()
+    assert len({stored(tmp_path, b, "thawed-0") for b in (1, 2, 3)}) == 1
+
+
+def test_a_leader_cut_off_from_zookeeper_refuses_ack_all_before_another_is_chosen(
+    make_pylogd: Callable[..., RunningBroker],
+    tmp_path: Path,
+    zookeeper: PrivateZooKeeper,
+    registry: Registry,
+) -> None:
+    proxy = FreezableProxy(("127.0.0.1", zookeeper.port))
+    try:
+        cut = make_pylogd(
+            *broker_flags(tmp_path, 1), name="broker-1", zookeeper=f"127.0.0.1:{proxy.port}"
+        )
+        for i in (2, 3):
+            make_pylogd(*broker_flags(tmp_path, i), name=f"broker-{i}")
+        with Admin(cut.endpoint) as admin:
+            admin.create_topic("fenced", 1, REPLICATED)
+        assert registry.partition_state("fenced", 0)[0].leader == 1
+
+        def produce() -> str:
+            with Producer(cut.endpoint, "fenced", ack=Ack.ALL, retries=0) as producer:
+                producer.send(b"value")
+                try:
+                    producer.flush()
+                except BrokerError as error:
+                    return error.name
+            return "acked"
+
+        assert produce() == "acked"
+        proxy.freeze()
+        wait_until(lambda: produce() == "NOT_LEADER_FOR_PARTITION", 30, "ack=all to be refused")
+        # Refused while the partition's state still names broker 1: before anyone else leads.
+        assert registry.partition_state("fenced", 0)[0].leader == 1
+    finally:
+        proxy.close()
