@@ -497,6 +497,7 @@ class Worker:
     ) -> None:
         partition = self._partition(request.topic, request.partition)
         plog = partition.log
+        self._check_epoch(partition, request.leader_epoch)
         if request.replica_id >= 0:
             self._follower_fetched(partition, request)
         else:
@@ -512,20 +513,29 @@ class Worker:
             self._long_poll, partition, tagged, correlation_id, request, version
         )
 
+    @staticmethod
+    def _check_epoch(partition: Partition, epoch: int) -> None:
+        """A FETCH's leader epoch (-1: not checked) against the partition's, in the order
+        docs/protocol.md gives: newer than known here, not led here, older."""
+        if epoch < 0:
+            return
+        if epoch > partition.leader_epoch:
+            raise UnknownLeaderEpoch(partition.name, epoch, partition.leader_epoch)
+        partition.check_leader()
+        if epoch < partition.leader_epoch:
+            raise FencedLeaderEpoch(partition.name, epoch, partition.leader_epoch)
+
     def _follower_fetched(self, partition: Partition, request: protocol.FetchRequest) -> None:
         """A follower's FETCH: check that it may fetch, note where it is (the high watermark
-        may move; its ISR membership may change). A follower fetches up to the log end: its
-        offset may lie past the flushed end, where the reply waits for the flush."""
+        may move; its ISR membership may change). A follower copies flushed bytes only; its
+        offset may lie past the flushed end, up to the log end, where the reply waits for
+        the flush."""
         leader = partition.leader
         if leader is None:
             raise partition.not_leader()
         replica = request.replica_id
         if replica not in leader.followers:
             raise UnknownTopicOrPartition(f"broker {replica} is not a replica of {partition.name}")
-        if request.leader_epoch < leader.epoch:
-            raise FencedLeaderEpoch(partition.name, request.leader_epoch, leader.epoch)
-        if request.leader_epoch > leader.epoch:
-            raise UnknownLeaderEpoch(partition.name, request.leader_epoch, leader.epoch)
         plog = partition.log
         if not plog.log_start_offset <= request.offset <= plog.log_end_offset:
             raise OffsetOutOfRange(request.offset, plog.log_start_offset, plog.log_end_offset)
