@@ -1,0 +1,584 @@
+"""The controller (docs/replication.md, "The controller"): the service, run in every pylogd
+supervisor, that gets itself elected controller through ZooKeeper and, while it is, chooses the
+partitions' leaders.
+
+- **Election.** The service tries `Registry.elect_controller(broker_id)`. When another broker
+  holds /controller it waits for the watch on /controller and tries again once the node goes.
+  Every time it wakes it asks again (elect_controller answers the epoch this session holds, a
+  new epoch, or None), so a session that expired (its /controller gone with it) or a newer
+  controller is noticed then; a write refused with ControllerMoved stops the acting at once.
+  Each change is logged: elected at INFO, the loss of an epoch at WARNING.
+- **Failover.** As controller, on election and on every change of the live brokers
+  (/brokers/ids), of the topics (/config/topics) and of a topic's `unclean_leader_election`
+  setting, it settles every partition (choose_leader): a partition whose leader is not alive
+  (or is -1) gets the first replica, in `replicas[p]` order, that is alive and in the ISR; with
+  none, and the topic's `unclean_leader_election` at 1, the first alive replica (an unclean
+  election: WARNING, counted); else leader -1 (ERROR, once: the partition is unavailable until
+  an ISR replica's broker returns, which is then chosen). A partition whose leader is alive
+  loses the dead brokers from its ISR. Topics made before replication get their state nodes
+  first (Registry.create_partition_states).
+- **Preferred-leader election** (ControllerService.elect_preferred): leadership goes back to
+  `replicas[p][0]` where it is alive and in the ISR.
+
+Every write is Registry.write_partition_state conditional on the node's version read and on
+/controller_epoch being at this controller's epoch: PartitionStateChanged reads the node again
+and decides again (WRITE_ATTEMPTS times at most), ControllerMoved ends this epoch's acting.
+
+All of it runs on the service's own thread: kazoo's watch callbacks only put an event on its
+queue, and a failure to reach ZooKeeper is retried with back-off on that thread. Nothing of it
+runs on the supervisor's routing loop.
+
+Not yet built: reassignment, the periodic preferred-leader election
+(`leader_rebalance_interval_ms`) and `pylogctl topic elect-preferred`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from broker.config import replica_setting
+from broker.errors import PylogError, RegistryUnavailable, Unavailable, UnknownTopicOrPartition
+from broker.registry import (
+    NO_LEADER,
+    ControllerInfo,
+    ControllerMoved,
+    PartitionState,
+    PartitionStateChanged,
+    Registry,
+    TopicConfig,
+)
+
+log = logging.getLogger("pylog.controller")
+
+WRITE_ATTEMPTS = 5
+"""How many times one partition's state is read and written again when others keep writing it
+between the controller's read and its write (PartitionStateChanged), before the controller
+leaves it for its next round (RETRY_MIN_S later)."""
+
+RETRY_MIN_S = 0.1
+RETRY_MAX_S = 2.0
+"""The wait before a round that failed (ZooKeeper unreachable, a partition left behind) is
+tried again: RETRY_MIN_S, doubling up to RETRY_MAX_S while rounds keep failing."""
+
+STOP_TIMEOUT_S = 5.0
+"""How long ControllerService.stop waits, by default, for the service's thread to end."""
+
+Kind = Literal["leader", "unclean", "offline", "isr", "preferred"]
+
+
+class NotController(Unavailable):
+    """An act of the controller (elect_preferred) asked of a service that is not the controller
+    now: ask the broker that is (Registry.controller()), or again later. Nothing was written."""
+
+    def __init__(self, broker_id: int, controller: ControllerInfo | None) -> None:
+        who = (
+            "no broker is (an election is under way)"
+            if controller is None
+            else f"broker {controller.broker_id} is, epoch {controller.epoch}"
+        )
+        super().__init__(f"broker {broker_id} is not the controller: {who}")
+        self.controller = controller
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A new state for a partition and why: `leader` (a replica of the ISR chosen), `unclean`
+    (a replica outside the ISR chosen), `offline` (no replica may lead: leader -1), `isr` (dead
+    followers removed from the ISR), `preferred` (leadership moved to the preferred leader)."""
+
+    state: PartitionState
+    kind: Kind
+
+
+def choose_leader(
+    state: PartitionState,
+    replicas: Iterable[int],
+    alive: Collection[int],
+    *,
+    unclean: bool,
+    controller_epoch: int,
+) -> Choice | None:
+    """What the controller writes for a partition in `state`, with `replicas` (preferred leader
+    first) and the live brokers `alive`; None when the state stands.
+
+    - The leader alive: the ISR without the dead brokers (`isr`), None when none is dead.
+    - The leader dead or -1: the first replica, in `replicas` order, alive and in the ISR leads,
+      with leader epoch + 1 and the ISR's alive members (`leader`); with none, and `unclean`,
+      the first alive replica leads, alone in the ISR (`unclean`); with none, leader -1 and
+      leader epoch + 1, the ISR left as it was: the replicas that may lead when their brokers
+      return (`offline`; None when the leader is -1 already).
+    """
+    if state.leader != NO_LEADER and state.leader in alive:
+        isr = tuple(b for b in state.isr if b in alive)
+        if isr == state.isr:
+            return None
+        return Choice(
+            PartitionState(state.leader, state.leader_epoch, isr, controller_epoch), "isr"
+        )
+    epoch = state.leader_epoch + 1
+    order = tuple(replicas)
+    for broker in order:
+        if broker in alive and broker in state.isr:
+            isr = tuple(b for b in state.isr if b in alive)
+            return Choice(PartitionState(broker, epoch, isr, controller_epoch), "leader")
+    if unclean:
+        for broker in order:
+            if broker in alive:
+                return Choice(PartitionState(broker, epoch, (broker,), controller_epoch), "unclean")
+    if state.leader == NO_LEADER:
+        return None
+    return Choice(PartitionState(NO_LEADER, epoch, state.isr, controller_epoch), "offline")
+
+
+def choose_preferred(
+    state: PartitionState,
+    replicas: Iterable[int],
+    alive: Collection[int],
+    *,
+    controller_epoch: int,
+) -> Choice | None:
+    """Leadership moved to the preferred leader (the first of `replicas`) with leader epoch + 1,
+    the ISR unchanged, when it does not lead and is alive and in the ISR; else None."""
+    preferred = next(iter(replicas))
+    if state.leader == preferred or preferred not in alive or preferred not in state.isr:
+        return None
+    return Choice(
+        PartitionState(preferred, state.leader_epoch + 1, state.isr, controller_epoch),
+        "preferred",
+    )
+
+
+@dataclass(frozen=True)
+class ControllerStatistics:
+    """A snapshot of a controller service. `controller_epoch`: the epoch it acts in, None when
+    it is not the controller; `elections`: the times it was elected; `leaders_chosen`: leaders
+    chosen from the ISR for a partition without a live leader; `unclean_elections`: leaders
+    chosen outside the ISR; `offline_partitions`: partitions without a leader after its last
+    round (0 when not the controller); `isr_removals`: dead brokers removed from an ISR (one per
+    partition and write); `preferred_moves`: leaderships moved to the preferred leader."""
+
+    controller_epoch: int | None
+    elections: int
+    leaders_chosen: int
+    unclean_elections: int
+    offline_partitions: int
+    isr_removals: int
+    preferred_moves: int
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.elections = 0
+        self.leaders_chosen = 0
+        self.unclean_elections = 0
+        self.offline_partitions = 0
+        self.isr_removals = 0
+        self.preferred_moves = 0
+
+
+Outcome = Literal["unchanged", "written", "left"]
+Decide = Callable[[PartitionState], Choice | None]
+
+
+class _Acting:
+    """The controller's acts in one controller epoch, on the calling thread."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        epoch: int,
+        counters: _Counters,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.registry = registry
+        self.epoch = epoch
+        self.counters = counters
+        self.stopping = stopping
+
+    def settle(self) -> tuple[bool, list[str]]:
+        """Settle every partition of every topic (choose_leader). Returns whether every one is
+        settled (False: some left for the next round, or stopped meanwhile) and the topics
+        seen. RegistryUnavailable and ControllerMoved as they come."""
+        registry = self.registry
+        alive = set(registry.brokers())
+        configs = registry.topic_configs()
+        settled, offline = True, 0
+        for topic, config in sorted(configs.items()):
+            if self.stopping():
+                return False, []
+            unclean = replica_setting(config.settings, "unclean_leader_election") == 1
+            states = registry.partition_states(topic)
+            if len(states) < config.partitions:
+                created = registry.create_partition_states(topic, config)
+                if created:
+                    log.info("topic %r: %d partition state node(s) created", topic, created)
+                states = registry.partition_states(topic)
+            for partition, (state, version) in sorted(states.items()):
+                if partition >= config.partitions:
+                    continue
+                decide = functools.partial(
+                    choose_leader,
+                    replicas=config.replicas[partition],
+                    alive=alive,
+                    unclean=unclean,
+                    controller_epoch=self.epoch,
+                )
+                outcome, final = self._settle_one(topic, partition, state, version, decide)
+                settled = settled and outcome != "left"
+                offline += final.leader == NO_LEADER
+        self.counters.offline_partitions = offline
+        return settled, list(configs)
+
+    def elect_preferred(self, topics: Iterable[str] | None) -> int:
+        """Move leadership to each partition's preferred leader where choose_preferred says so;
+        how many moved. UnknownTopicOrPartition for a topic of `topics` that does not exist
+        (nothing moved then)."""
+        registry = self.registry
+        if isinstance(topics, str):
+            raise TypeError("topics is a collection of topic names, not one name")
+        if topics is None:
+            configs = registry.topic_configs()
+        else:
+            configs = {topic: registry.topic_config(topic) for topic in topics}
+        alive = set(registry.brokers())
+        moved = 0
+        for topic, config in sorted(configs.items()):
+            for partition, (state, version) in sorted(registry.partition_states(topic).items()):
+                if partition >= config.partitions:
+                    continue
+                decide = functools.partial(
+                    choose_preferred,
+                    replicas=config.replicas[partition],
+                    alive=alive,
+                    controller_epoch=self.epoch,
+                )
+                moved += self._settle_one(topic, partition, state, version, decide)[0] == "written"
+        return moved
+
+    def _settle_one(
+        self, topic: str, partition: int, state: PartitionState, version: int, decide: Decide
+    ) -> tuple[Outcome, PartitionState]:
+        """Write what `decide` chooses for the partition, conditionally; on PartitionStateChanged
+        read the node again and decide again, WRITE_ATTEMPTS times at most. Returns what came
+        of it and the state the partition is left in."""
+        registry = self.registry
+        for _ in range(WRITE_ATTEMPTS):
+            choice = decide(state)
+            if choice is None:
+                return "unchanged", state
+            try:
+                registry.write_partition_state(
+                    topic, partition, choice.state, version, controller_epoch=self.epoch
+                )
+            except PartitionStateChanged:
+                try:
+                    state, version = registry.partition_state(topic, partition)
+                except UnknownTopicOrPartition:
+                    return "unchanged", state  # deleted meanwhile
+                continue
+            except UnknownTopicOrPartition:
+                return "unchanged", state  # deleted meanwhile
+            self._report(topic, partition, state, choice)
+            return "written", choice.state
+        log.warning(
+            "%s-%d: its state changed under each of %d attempts to write it; tried again in the "
+            "next round",
+            topic,
+            partition,
+            WRITE_ATTEMPTS,
+        )
+        return "left", state
+
+    def _report(self, topic: str, partition: int, old: PartitionState, choice: Choice) -> None:
+        """Log and count a state written."""
+        new, counters = choice.state, self.counters
+        if choice.kind == "leader":
+            counters.leaders_chosen += 1
+            log.info(
+                "%s-%d: leader %d -> %d, leader epoch %d, ISR %s (controller epoch %d)",
+                topic,
+                partition,
+                old.leader,
+                new.leader,
+                new.leader_epoch,
+                list(new.isr),
+                self.epoch,
+            )
+        elif choice.kind == "unclean":
+            counters.unclean_elections += 1
+            log.warning(
+                "%s-%d: UNCLEAN leader election: no replica of the ISR %s is alive, so broker "
+                "%d, outside it, leads (leader epoch %d): what only the ISR held is lost",
+                topic,
+                partition,
+                list(old.isr),
+                new.leader,
+                new.leader_epoch,
+            )
+        elif choice.kind == "offline":
+            log.error(
+                "%s-%d: no replica of the ISR %s is alive (leader %d gone): the partition has "
+                "no leader until one of them returns (unclean_leader_election is off)",
+                topic,
+                partition,
+                list(old.isr),
+                old.leader,
+            )
+        elif choice.kind == "isr":
+            gone = sorted(set(old.isr) - set(new.isr))
+            counters.isr_removals += 1
+            log.info(
+                "%s-%d: dead broker(s) %s leave the ISR, now %s",
+                topic,
+                partition,
+                gone,
+                list(new.isr),
+            )
+        else:
+            counters.preferred_moves += 1
+            log.info(
+                "%s-%d: leadership back to the preferred leader %d (from %d), leader epoch %d",
+                topic,
+                partition,
+                new.leader,
+                old.leader,
+                new.leader_epoch,
+            )
+
+
+_STOP = "stop"
+_WAKE = "wake"
+
+
+class ControllerService:
+    """The controller service of one broker: start(registry, broker_id) once the broker is
+    registered, stop() before the registry stops. See the module's docstring for what it does.
+
+    Thread-safety: start, stop, elect_preferred and statistics may be called from any thread.
+    """
+
+    def __init__(self) -> None:
+        self._events: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        """Held by whoever acts as controller: the service's thread, or elect_preferred."""
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._registry: Registry | None = None
+        self._broker_id = -1
+        self._epoch: int | None = None
+        self._counters = _Counters()
+        self._setting_watches: dict[str, bool | None] = {}
+        """Topics whose node's data is watched, each with its unclean_leader_election as the
+        watch last saw it (None before its first call)."""
+        self._watches_lock = threading.Lock()
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    def start(self, registry: Registry, broker_id: int) -> None:
+        """Watch /controller, the live brokers and the topics, and start the service's thread,
+        which tries to be elected at once. Does not wait on ZooKeeper. RuntimeError when
+        started already; RegistryUnavailable when the registry is not started."""
+        if self._thread is not None:
+            raise RuntimeError("a ControllerService is started once; make a new one")
+        self._registry, self._broker_id = registry, broker_id
+        registry.watch_controller(self._on_controller)
+        registry.watch_brokers(lambda _: self._wake())
+        registry.watch_topic_configs(lambda _: self._wake())
+        self._thread = threading.Thread(
+            target=self._run, name=f"controller-{broker_id}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> bool:
+        """Stop acting, resign as controller if this service is (so that another broker is
+        elected at once, not when this session ends) and wait at most `timeout` seconds for
+        the thread to end; False when it did not end in time (it ends after its ZooKeeper
+        request in flight, which waits at most the registry's request_timeout_s).
+        Idempotent."""
+        self._stopping.set()
+        self._events.put(_STOP)
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return True
+        thread.join(timeout)
+        if thread.is_alive():
+            log.warning("the controller's thread did not end within %.1f s", timeout)
+            return False
+        return True
+
+    @property
+    def controller_epoch(self) -> int | None:
+        """The controller epoch this service acts in; None when it is not the controller."""
+        return self._epoch
+
+    def statistics(self) -> ControllerStatistics:
+        c = self._counters
+        return ControllerStatistics(
+            controller_epoch=self._epoch,
+            elections=c.elections,
+            leaders_chosen=c.leaders_chosen,
+            unclean_elections=c.unclean_elections,
+            offline_partitions=c.offline_partitions if self._epoch is not None else 0,
+            isr_removals=c.isr_removals,
+            preferred_moves=c.preferred_moves,
+        )
+
+    # -- acts asked from outside ------------------------------------------------------------
+
+    def elect_preferred(self, topics: Iterable[str] | None = None) -> int:
+        """Preferred-leader election over `topics` (default: every topic), on the calling
+        thread (it waits while the service's thread is in a round): for each partition whose
+        leader is not its preferred leader `replicas[p][0]` while that broker is alive and in
+        the ISR, leadership moves to it (leader epoch + 1, the ISR as it is), by the same
+        conditional writes as failover. Returns how many partitions moved.
+
+        NotController when this service is not the controller; ControllerMoved when it was
+        but another controller was elected meanwhile (it then stops acting);
+        UnknownTopicOrPartition for a topic that does not exist (nothing moved);
+        RegistryUnavailable when ZooKeeper cannot be reached (some may have moved)."""
+        registry = self._registry
+        if registry is None:
+            raise NotController(self._broker_id, None)
+        with self._lock:
+            epoch = self._epoch
+            if epoch is None or self._stopping.is_set():
+                raise NotController(self._broker_id, registry.controller())
+            acting = _Acting(registry, epoch, self._counters, self._stopping.is_set)
+            try:
+                return acting.elect_preferred(topics)
+            except ControllerMoved:
+                self._lose(epoch, "a newer controller refused its write")
+                self._wake()
+                raise
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if not self._stopping.is_set():
+            self._events.put(_WAKE)
+
+    def _on_controller(self, _: ControllerInfo | None) -> bool:
+        """/controller changed (on kazoo's thread): wake the service, which asks again."""
+        self._wake()
+        return not self._stopping.is_set()
+
+    def _run(self) -> None:
+        delay = RETRY_MIN_S
+        retry_at: float | None = time.monotonic()  # the first round at once
+        try:
+            while True:
+                timeout = None if retry_at is None else max(0.0, retry_at - time.monotonic())
+                try:
+                    event = self._events.get(timeout=timeout)
+                except queue.Empty:
+                    event = _WAKE
+                events = [event]
+                while True:  # what came meanwhile is seen by this one round
+                    try:
+                        events.append(self._events.get_nowait())
+                    except queue.Empty:
+                        break
+                if _STOP in events or self._stopping.is_set():
+                    return
+                try:
+                    with self._lock:
+                        done = self._round()
+                except RegistryUnavailable as error:
+                    log.warning("controller round failed, retrying in %.1f s: %s", delay, error)
+                    done = False
+                except PylogError as error:  # an ACL refusing a write, say: logged, retried
+                    log.error("controller round failed, retrying in %.1f s: %s", delay, error)
+                    done = False
+                except Exception:
+                    log.exception("controller round failed unexpectedly; retrying")
+                    done = False
+                if done:
+                    delay, retry_at = RETRY_MIN_S, None
+                else:
+                    retry_at = time.monotonic() + delay
+                    delay = min(delay * 2, RETRY_MAX_S)
+        finally:
+            with self._lock:  # not under an elect_preferred under way
+                self._resign()
+
+    def _round(self) -> bool:
+        """Be the controller, or learn that another broker is; as controller, settle every
+        partition. True when nothing is left to retry."""
+        registry = self._registry
+        assert registry is not None
+        epoch = registry.elect_controller(self._broker_id)
+        if epoch != self._epoch:
+            if self._epoch is not None:
+                self._lose(self._epoch, "its session expired or it resigned")
+            if epoch is None:
+                return True  # another broker is: its /controller's watch wakes us
+            self._epoch = epoch
+            self._counters.elections += 1
+            log.info(
+                "broker %d acts as the controller, controller epoch %d", self._broker_id, epoch
+            )
+        if epoch is None:
+            return True
+        acting = _Acting(registry, epoch, self._counters, self._stopping.is_set)
+        try:
+            settled, topics = acting.settle()
+        except ControllerMoved:
+            self._lose(epoch, "a newer controller refused its write")
+            registry.resign_controller()  # /controller is not ours now, unless set by hand
+            return False
+        self._watch_settings(registry, topics)
+        return settled
+
+    def _lose(self, epoch: int, why: str) -> None:
+        if self._epoch == epoch:
+            self._epoch = None
+            log.warning(
+                "broker %d is no longer the controller of epoch %d: %s", self._broker_id, epoch, why
+            )
+
+    def _resign(self) -> None:
+        """On the way out: give /controller up, if held, so another broker is elected now."""
+        registry, epoch = self._registry, self._epoch
+        self._epoch = None
+        if registry is None or epoch is None:
+            return
+        try:
+            if registry.resign_controller():
+                log.info("broker %d resigned as the controller of epoch %d", self._broker_id, epoch)
+        except PylogError as error:
+            log.info("could not resign as controller (its session ending does it): %s", error)
+
+    def _watch_settings(self, registry: Registry, topics: list[str]) -> None:
+        """Watch the node of each topic not watched yet: a change of its
+        unclean_leader_election wakes the service (it is a live setting)."""
+        for topic in topics:
+            with self._watches_lock:
+                if topic in self._setting_watches:
+                    continue
+                self._setting_watches[topic] = None
+
+            def changed(config: TopicConfig | None, topic: str = topic) -> bool:
+                with self._watches_lock:
+                    if config is None or self._stopping.is_set():
+                        self._setting_watches.pop(topic, None)
+                        return False
+                    unclean = replica_setting(config.settings, "unclean_leader_election") == 1
+                    before = self._setting_watches.get(topic)
+                    self._setting_watches[topic] = unclean
+                if before is not None and before != unclean:
+                    self._wake()
+                return True
+
+            try:
+                registry.watch_topic_config(topic, changed)
+            except (PylogError, ValueError) as error:
+                with self._watches_lock:
+                    self._setting_watches.pop(topic, None)
+                log.warning("cannot watch the settings of topic %r: %s", topic, error)

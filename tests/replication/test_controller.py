@@ -1,0 +1,370 @@
+"""The controller's failover (docs/replication.md, "The controller") against a real ZooKeeper.
+
+Each broker is a registry session of its own that registers the broker (closing the session is
+the broker dying; a new session registering the id is it coming back); a ControllerService runs
+on a session as its broker's supervisor runs one. Every wait is on a condition, bounded."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kazoo.client import KazooClient
+
+from broker.errors import UnknownTopicOrPartition
+from broker.registry import NO_LEADER, BrokerInfo, PartitionState, Registry, TopicConfig
+from broker.replication.controller import (
+    ControllerService,
+    NotController,
+    choose_leader,
+    choose_preferred,
+)
+from broker.zookeeper import PrivateZooKeeper
+from tests.conftest import wait_until
+from tests.registry.test_registry import expire_session
+
+TOPIC = "clicks"
+
+Broker = Callable[[int], Registry]
+Service = Callable[[Registry, int], ControllerService]
+
+
+@pytest.fixture
+def make_broker(make_registry: Callable[..., Registry]) -> Broker:
+    """A broker: a registry session of its own with the broker's id registered."""
+
+    def make(broker_id: int) -> Registry:
+        registry = make_registry()
+        registry.register_broker(broker_id, BrokerInfo("127.0.0.1", 9000 + broker_id))
+        return registry
+
+    return make
+
+
+@pytest.fixture
+def service(make_registry: Callable[..., Registry]) -> Iterator[Service]:
+    """Start controller services; each is stopped (within its bound) before the registries."""
+    started: list[ControllerService] = []
+
+    def start(registry: Registry, broker_id: int) -> ControllerService:
+        controller = ControllerService()
+        controller.start(registry, broker_id)
+        started.append(controller)
+        return controller
+
+    yield start
+    for controller in started:
+        assert controller.stop(), "the controller's thread did not end in time"
+
+
+def wait_state(registry: Registry, partition: int, expected: PartitionState, what: str) -> None:
+    wait_until(lambda: registry.partition_state(TOPIC, partition)[0] == expected, what=what)
+
+
+def wait_controller(controller: ControllerService, epoch: int) -> None:
+    wait_until(lambda: controller.controller_epoch == epoch, what=f"controller epoch {epoch}")
+
+
+def messages(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "pylog.controller" and r.levelno == level
+    ]
+
+
+# -- the choices, as pure functions ------------------------------------------------------------
+
+
+def test_choose_leader_takes_the_first_alive_isr_replica_in_replicas_order() -> None:
+    state = PartitionState(1, 4, (1, 3, 2), 2)
+    choice = choose_leader(state, (1, 2, 3), {2, 3}, unclean=False, controller_epoch=5)
+    assert choice is not None and choice.kind == "leader"
+    assert choice.state == PartitionState(2, 5, (3, 2), 5)  # replicas' order, the ISR's order kept
+
+
+def test_choose_leader_without_an_alive_isr_replica_goes_offline_once_or_unclean() -> None:
+    state = PartitionState(1, 4, (1,), 2)
+    offline = choose_leader(state, (1, 2, 3), {3, 2}, unclean=False, controller_epoch=5)
+    assert offline is not None and offline.kind == "offline"
+    assert offline.state == PartitionState(NO_LEADER, 5, (1,), 5)  # the ISR kept: who may lead
+    assert (
+        choose_leader(offline.state, (1, 2, 3), {3, 2}, unclean=False, controller_epoch=5) is None
+    )
+    unclean = choose_leader(offline.state, (1, 2, 3), {3, 2}, unclean=True, controller_epoch=6)
+    assert unclean is not None and unclean.kind == "unclean"
+    assert unclean.state == PartitionState(2, 6, (2,), 6)
+    back = choose_leader(offline.state, (1, 2, 3), {1}, unclean=False, controller_epoch=5)
+    assert back is not None and back.state == PartitionState(1, 6, (1,), 5)
+
+
+broker_ids = st.integers(0, 5)
+
+
+@given(
+    replicas=st.lists(broker_ids, min_size=1, max_size=4, unique=True),
+    data=st.data(),
+    alive=st.sets(broker_ids),
+    unclean=st.booleans(),
+)
+def test_choose_leader_properties(
+    replicas: list[int], data: st.DataObject, alive: set[int], unclean: bool
+) -> None:
+    isr = data.draw(st.lists(st.sampled_from(replicas), min_size=1, unique=True), label="isr")
+    leader = data.draw(st.sampled_from([NO_LEADER, *isr]), label="leader")
+    state = PartitionState(leader, 3, tuple(isr), 1)
+    choice = choose_leader(state, replicas, alive, unclean=unclean, controller_epoch=2)
+    if choice is None:  # nothing to do: a live leader with a live ISR, or offline already
+        assert (leader in alive and set(isr) <= alive) or (
+            leader == NO_LEADER
+            and not (set(isr) & alive)
+            and not (unclean and set(replicas) & alive)
+        )
+        return
+    new = choice.state
+    assert new.controller_epoch == 2
+    if leader in alive:  # only dead followers leave
+        assert choice.kind == "isr" and new.leader == leader and new.leader_epoch == 3
+        assert new.isr == tuple(b for b in isr if b in alive)
+        return
+    assert new.leader_epoch == 4
+    if new.leader == NO_LEADER:
+        assert choice.kind == "offline" and new.isr == state.isr and not (set(isr) & alive)
+        assert not unclean or not (set(replicas) & alive)
+    else:
+        assert new.leader in alive and new.leader in replicas and new.leader in new.isr
+        assert set(new.isr) <= alive
+        if choice.kind == "leader":
+            candidates = [b for b in replicas if b in alive and b in isr]
+            assert new.leader == candidates[0]
+        else:
+            assert choice.kind == "unclean" and unclean and new.isr == (new.leader,)
+            assert not (set(isr) & alive)
+            assert new.leader == next(b for b in replicas if b in alive)
+
+
+def test_choose_preferred_moves_only_to_an_alive_in_sync_preferred_leader() -> None:
+    state = PartitionState(2, 3, (2, 1), 1)
+    choice = choose_preferred(state, (1, 2), {1, 2}, controller_epoch=4)
+    assert choice is not None and choice.state == PartitionState(1, 4, (2, 1), 4)
+    assert choose_preferred(state, (1, 2), {2}, controller_epoch=4) is None  # 1 is dead
+    assert (
+        choose_preferred(PartitionState(2, 3, (2,), 1), (1, 2), {1, 2}, controller_epoch=4) is None
+    )
+    assert (
+        choose_preferred(PartitionState(1, 3, (1, 2), 1), (1, 2), {1, 2}, controller_epoch=4)
+        is None
+    )
+
+
+# -- failover against ZooKeeper ----------------------------------------------------------------
+
+
+def test_a_dead_leaders_partitions_go_to_the_next_isr_replica_and_it_leaves_every_isr(
+    make_broker: Broker, service: Service, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pylog.controller")
+    one, two, three, four = make_broker(1), make_broker(2), make_broker(3), make_broker(4)
+    four.create_topic_config(TOPIC, TopicConfig.spread(3, [1, 2, 3], replication_factor=3))
+    assert [four.partition_state(TOPIC, p)[0].isr for p in range(3)] == [
+        (1, 2, 3),
+        (2, 3, 1),
+        (3, 1, 2),
+    ]
+    controller = service(four, 4)
+    wait_controller(controller, 1)
+    one.stop()  # broker 1 dies
+    wait_state(four, 0, PartitionState(2, 1, (2, 3), 1), "broker 2 leading partition 0")
+    wait_state(four, 1, PartitionState(2, 0, (2, 3), 1), "broker 1 out of partition 1's ISR")
+    wait_state(four, 2, PartitionState(3, 0, (3, 2), 1), "broker 1 out of partition 2's ISR")
+    # counted and logged once written: wait for the last write's count
+    wait_until(lambda: controller.statistics().isr_removals == 2, what="2 ISR removals counted")
+    stats = controller.statistics()
+    assert (stats.leaders_chosen, stats.unclean_elections, stats.offline_partitions) == (1, 0, 0)
+    assert stats.elections == 1
+    assert any("clicks-0: leader 1 -> 2" in m for m in messages(caplog, logging.INFO))
+    assert two.partition_state(TOPIC, 0)[1] == 1 and three.partition_state(TOPIC, 1)[1] == 1
+
+
+def test_without_an_alive_isr_replica_a_partition_has_no_leader_until_one_returns(
+    make_broker: Broker,
+    service: Service,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    one, _two, three = make_broker(1), make_broker(2), make_broker(3)
+    three.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
+    three.write_partition_state(TOPIC, 0, PartitionState(1, 0, (1,), 0), 0)  # 2 fell behind
+    controller = service(three, 3)
+    wait_controller(controller, 1)
+    one.stop()
+    offline = PartitionState(NO_LEADER, 1, (1,), 1)
+    wait_state(three, 0, offline, "partition 0 without a leader")
+    wait_until(lambda: controller.statistics().offline_partitions == 1, what="counted offline")
+    errors = messages(caplog, logging.ERROR)
+    assert len(errors) == 1 and "clicks-0: no replica of the ISR [1] is alive" in errors[0]
+    assert three.partition_state(TOPIC, 0) == (offline, 2)  # broker 2, not in sync, is not chosen
+
+    make_broker(1)  # broker 1 comes back
+    wait_state(three, 0, PartitionState(1, 2, (1,), 1), "broker 1 leading again")
+    wait_until(lambda: controller.statistics().offline_partitions == 0, what="none offline")
+    assert len(messages(caplog, logging.ERROR)) == 1
+
+
+def test_with_unclean_election_allowed_an_alive_replica_outside_the_isr_leads(
+    make_broker: Broker, service: Service, caplog: pytest.LogCaptureFixture
+) -> None:
+    one, _two, three = make_broker(1), make_broker(2), make_broker(3)
+    config = TopicConfig.spread(1, [1, 2], {"unclean_leader_election": 1}, replication_factor=2)
+    three.create_topic_config(TOPIC, config)
+    three.write_partition_state(TOPIC, 0, PartitionState(1, 0, (1,), 0), 0)
+    controller = service(three, 3)
+    wait_controller(controller, 1)
+    one.stop()
+    wait_state(three, 0, PartitionState(2, 1, (2,), 1), "broker 2 leading, uncleanly")
+    wait_until(lambda: controller.statistics().unclean_elections == 1, what="counted unclean")
+    warnings = messages(caplog, logging.WARNING)
+    assert any("clicks-0: UNCLEAN leader election" in m and "broker 2" in m for m in warnings)
+
+
+def test_allowing_unclean_election_live_brings_an_offline_partition_back(
+    make_broker: Broker, service: Service
+) -> None:
+    one, _two, three = make_broker(1), make_broker(2), make_broker(3)
+    three.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
+    three.write_partition_state(TOPIC, 0, PartitionState(1, 0, (1,), 0), 0)
+    controller = service(three, 3)
+    wait_controller(controller, 1)
+    one.stop()
+    wait_state(three, 0, PartitionState(NO_LEADER, 1, (1,), 1), "partition 0 without a leader")
+    three.alter_topic_settings(TOPIC, lambda s: {**s, "unclean_leader_election": 1})
+    wait_state(three, 0, PartitionState(2, 2, (2,), 1), "broker 2 leading, uncleanly")
+
+
+def test_when_the_controllers_session_closes_another_service_takes_over_and_acts(
+    make_broker: Broker, service: Service
+) -> None:
+    registries = {b: make_broker(b) for b in (1, 2, 3)}
+    registries[1].create_topic_config(TOPIC, TopicConfig.spread(3, [1, 2, 3], replication_factor=2))
+    services = {b: service(r, b) for b, r in registries.items()}
+    wait_until(
+        lambda: [s.controller_epoch for s in services.values()].count(1) == 1,
+        what="one controller",
+    )
+    first = next(b for b, s in services.items() if s.controller_epoch == 1)
+    registries[first].stop()  # the controller's broker dies
+    others = [b for b in services if b != first]
+    wait_until(
+        lambda: [services[b].controller_epoch for b in others].count(2) == 1,
+        what="another controller, epoch 2",
+    )
+    second = next(b for b in others if services[b].controller_epoch == 2)
+    reader = registries[second]
+    config = reader.topic_config(TOPIC)
+    for p, replicas in enumerate(config.replicas):
+        if replicas[0] == first:  # it led: its follower leads now
+            follower = replicas[1]
+            expected = PartitionState(follower, 1, (follower,), 2)
+        elif first in replicas:  # it followed: it left the ISR
+            expected = PartitionState(replicas[0], 0, (replicas[0],), 2)
+        else:
+            expected = PartitionState(replicas[0], 0, replicas, 0)
+        wait_state(reader, p, expected, f"partition {p} settled by the new controller")
+    info = reader.controller()
+    assert info is not None and info.broker_id == second
+
+
+def test_a_controller_whose_session_expired_is_elected_again_with_a_new_epoch(
+    make_broker: Broker,
+    service: Service,
+    zookeeper: PrivateZooKeeper,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    one, _two = make_broker(1), make_broker(2)
+    one.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
+    controller = service(one, 1)
+    wait_controller(controller, 1)
+    expire_session(one, zookeeper.connect_string)
+    wait_controller(controller, 2)
+    assert any(
+        "no longer the controller of epoch 1" in m for m in messages(caplog, logging.WARNING)
+    )
+    assert one.controller_epoch() == 2
+
+
+def test_a_stale_controllers_write_is_refused_and_it_stops_acting_in_that_epoch(
+    make_broker: Broker,
+    service: Service,
+    observer: KazooClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    one, _two, three = make_broker(1), make_broker(2), make_broker(3)
+    three.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
+    controller = service(three, 3)
+    wait_controller(controller, 1)
+    # Another controller was elected (epoch 2) without this one hearing of it: /controller_epoch
+    # moves past its epoch while its /controller stays (set by hand: no election does that).
+    epoch_path = f"{three.chroot}/controller_epoch"
+    observer.set(epoch_path, json.dumps({"version": 1, "controller_epoch": 2}).encode(), 0)
+    one.stop()
+    # its write in epoch 1 is refused; it stops acting, resigns, and is elected anew (epoch 3)
+    wait_state(three, 0, PartitionState(2, 1, (2,), 3), "broker 2 leading, by epoch 3")
+    wait_controller(controller, 3)
+    assert three.partition_state(TOPIC, 0)[1] == 1  # one write: epoch 1's never landed
+    warnings = messages(caplog, logging.WARNING)
+    assert any("no longer the controller of epoch 1: a newer controller" in m for m in warnings)
+
+
+def test_a_topic_made_before_replication_gets_its_state_nodes(
+    make_broker: Broker, service: Service, observer: KazooClient
+) -> None:
+    one = make_broker(1)
+    old = {"version": 1, "partitions": 2, "brokers": [1, 1], "settings": {}}
+    observer.create(f"{one.chroot}/config/topics/{TOPIC}", json.dumps(old).encode(), makepath=True)
+    service(one, 1)
+    wait_until(lambda: len(one.partition_states(TOPIC)) == 2, what="the state nodes")
+    assert one.partition_state(TOPIC, 1) == (PartitionState(1, 0, (1,), 0), 0)
+
+
+# -- preferred-leader election, stop -----------------------------------------------------------
+
+
+def test_preferred_leader_election_moves_leadership_back_to_the_first_replica(
+    make_broker: Broker, service: Service
+) -> None:
+    one, two, three = make_broker(1), make_broker(2), make_broker(3)
+    three.create_topic_config(TOPIC, TopicConfig.spread(2, [1, 2], replication_factor=2))
+    controller = service(three, 3)
+    wait_controller(controller, 1)
+    one.stop()
+    wait_state(three, 0, PartitionState(2, 1, (2,), 1), "broker 2 leading partition 0")
+    make_broker(1)  # back, but not in sync yet: nothing moves
+    assert controller.elect_preferred() == 0
+    # broker 2, leading, takes 1 back into the ISR (its own conditional write)
+    two.write_partition_state(TOPIC, 0, PartitionState(2, 1, (2, 1), 1), 1)
+    with pytest.raises(UnknownTopicOrPartition):
+        controller.elect_preferred(["nope"])
+    assert controller.elect_preferred([TOPIC]) == 1
+    assert three.partition_state(TOPIC, 0) == (PartitionState(1, 2, (2, 1), 1), 3)
+    assert three.partition_state(TOPIC, 1)[0].leader == 2  # its preferred leader already
+    assert controller.elect_preferred() == 0
+    assert controller.statistics().preferred_moves == 1
+
+
+def test_a_service_that_is_not_the_controller_refuses_acts_and_a_stopped_one_resigns(
+    make_broker: Broker, service: Service
+) -> None:
+    one, two = make_broker(1), make_broker(2)
+    first = service(one, 1)
+    wait_controller(first, 1)
+    second = service(two, 2)
+    with pytest.raises(NotController, match="broker 2 is not the controller: broker 1 is"):
+        second.elect_preferred()
+    assert first.stop(timeout=5)
+    assert first.controller_epoch is None
+    wait_controller(second, 2)  # resigned: the other is elected at once, not at session end
+    with pytest.raises(NotController):
+        first.elect_preferred()
