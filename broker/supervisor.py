@@ -11,7 +11,9 @@ pool, placement, registry):
   restarts with back-off;
 - broker.topics: this broker's view of the cluster's topics (ZooKeeper's watches), topic
   creation and deletion, and every registry call after start, made off the loop;
-- broker.placement: which worker holds each partition here (a pure function).
+- broker.placement: which worker holds each partition here (a pure function);
+- broker.replication.controller: the controller service, on a thread of its own (started once
+  the broker is registered, stopped before the registry).
 
 With no zookeeper.connect, a private standalone ZooKeeper runs as a supervised child under
 <data_dir>/zookeeper. One that dies is started again at once, then after 0.5 s doubling while
@@ -50,6 +52,7 @@ from broker.front import Front
 from broker.metrics import serve_metrics
 from broker.pool import Answers, WorkerPool
 from broker.registry import Registry
+from broker.replication.controller import ControllerService
 from broker.security import (
     PRINCIPALS_FILE_CHECK_S,
     Acl,
@@ -99,6 +102,8 @@ class Supervisor:
         """Failed starts of the private ZooKeeper since it last ran."""
         self._zookeeper_start_at = 0.0
         self.registry: Registry | None = None
+        self.controller = ControllerService()
+        """The controller service (docs/replication.md): started once registered."""
         self.metrics: WSGIServer | None = None
         self._signal_received: int | None = None
         self._watchdog_every = _watchdog_interval()
@@ -158,6 +163,7 @@ class Supervisor:
             self.config.broker_id, self.topics.registration(self.front.port)
         )
         self.topics.watch()
+        self.controller.start(self.registry, self.config.broker_id)
         host = self.config.broker_host
         log.info(
             "pylogd %d serving on %s:%d with %d workers over %d log dirs",
@@ -349,6 +355,7 @@ class Supervisor:
         if self.metrics is not None:
             self.metrics.shutdown()
         self.calls.shutdown()
+        self.controller.stop()  # resigns, if the controller, before the session ends
         if self.registry is not None:
             self.registry.stop()
         if self.zookeeper is not None:
