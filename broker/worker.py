@@ -76,7 +76,7 @@ import zmq
 
 from broker import protocol
 from broker.clock import SYSTEM_CLOCK
-from broker.config import TOPIC_SETTINGS, BrokerConfig
+from broker.config import TOPIC_SETTINGS, BrokerConfig, replica_setting
 from broker.errors import (
     DiskFull,
     FencedLeaderEpoch,
@@ -227,6 +227,12 @@ class Partition:
         _fail(self.acks, error, replies)
         _fail(self.all_acks, error, replies)
 
+    def wake_all(self) -> None:
+        """Wake every long poll (followers' and consumers'): the partition is deleted, offline,
+        or closing."""
+        self.waiters.wake_all()
+        self.consumers.wake_all()
+
     def fenced(self) -> NotLeaderForPartition:
         """What an ack=all gets from a leader cut off from ZooKeeper: another may lead now."""
         return NotLeaderForPartition(self.name, -1, self.leader_epoch)
@@ -351,7 +357,7 @@ class Worker:
                 partition.log.close()
             except PylogError as error:
                 log.error("closing %s-%d: %s", partition.topic, partition.number, error)
-            partition.waiters.wake_all()
+            partition.wake_all()
         self.partitions.clear()
 
     async def _send_replies(self) -> None:
@@ -653,6 +659,9 @@ class Worker:
             for topic, number, directory, settings in command["partitions"]:
                 try:
                     self._open(topic, number, Path(directory), self.config.log_config(settings))
+                    # Replicated: it serves no client until its role says it leads.
+                    replicated = replica_setting(settings, "replication_factor") > 1
+                    self.partitions[(topic, number)].replicated = replicated
                     opened.append([topic, number])
                 except (PylogError, OSError, ValueError) as error:
                     if isinstance(error, OSError):
@@ -828,11 +837,12 @@ class Worker:
         without writing anything, so that a full or failing disk cannot stop a delete."""
         partition = self.partitions.pop((topic, number), None)
         if partition is not None:
+            self._stop_following(partition)
             try:
                 partition.log.close(flush=False)
             except PylogError as error:
                 log.error("closing %s for its delete: %s", partition.name, error)
-            partition.waiters.wake_all()  # they see it gone and answer
+            partition.wake_all()  # they see it gone and answer
             deleted = UnknownTopicOrPartition(f"{partition.name} was deleted before its flush")
             partition.fail_acks(deleted, self._replies)  # never acked
         try:
@@ -875,7 +885,7 @@ class Worker:
             return
         partition.offline = f"a failed flush ({partition.log.failure})"
         log.error("%s is offline: %s", partition.name, error)
-        partition.waiters.wake_all()
+        partition.wake_all()
         lost = StorageIOError(
             f"{partition.name}: offline after {partition.offline}: the messages were not "
             "stored (send them again once it is back)"
