@@ -24,7 +24,7 @@ from broker.replication.controller import (
     choose_preferred,
 )
 from broker.zookeeper import PrivateZooKeeper
-from tests.conftest import wait_until
+from tests.conftest import REQUEST_TIMEOUT_S, SESSION_TIMEOUT_S, wait_until
 from tests.registry.test_registry import expire_session
 
 TOPIC = "clicks"
@@ -242,6 +242,55 @@ def test_allowing_unclean_election_live_brings_an_offline_partition_back(
     wait_state(three, 0, PartitionState(NO_LEADER, 1, (1,), 1), "partition 0 without a leader")
     three.alter_topic_settings(TOPIC, lambda s: {**s, "unclean_leader_election": 1})
     wait_state(three, 0, PartitionState(2, 2, (2,), 1), "broker 2 leading, uncleanly")
+
+
+class Interfering(Registry):
+    """A registry on which another writer's write lands between the controller's read of a
+    state node and its first write of it, once: what a leader changing the ISR meanwhile does."""
+
+    interference: Callable[[], object] | None = None
+
+    def write_partition_state(
+        self,
+        topic: str,
+        partition: int,
+        state: PartitionState,
+        version: int,
+        *,
+        controller_epoch: int | None = None,
+    ) -> int:
+        interference, self.interference = self.interference, None
+        if interference is not None and controller_epoch is not None:
+            interference()
+        return super().write_partition_state(
+            topic, partition, state, version, controller_epoch=controller_epoch
+        )
+
+
+def test_a_state_written_since_it_was_read_is_read_again_and_decided_anew(
+    make_broker: Broker, service: Service, zookeeper: PrivateZooKeeper, registry_chroot: str
+) -> None:
+    one, two, _three = make_broker(1), make_broker(2), make_broker(3)
+    one.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2, 3], replication_factor=3))
+    registry = Interfering(
+        zookeeper.connect_string,
+        registry_chroot,
+        session_timeout_s=SESSION_TIMEOUT_S,
+        request_timeout_s=REQUEST_TIMEOUT_S,
+    )
+    registry.start(timeout=10)
+    try:
+        controller = service(registry, 4)
+        wait_controller(controller, 1)
+        # the leader drops 3 from the ISR just before the controller's write that drops 2
+        shrunk = PartitionState(1, 0, (1, 2), 0)
+        registry.interference = lambda: one.write_partition_state(TOPIC, 0, shrunk, 0)
+        two.stop()
+        wait_state(one, 0, PartitionState(1, 0, (1,), 1), "broker 2 out of the ISR too")
+        assert one.partition_state(TOPIC, 0)[1] == 2  # the leader's write, then the controller's
+        assert controller.stop()
+    finally:
+        registry.stop()
 
 
 def test_when_the_controllers_session_closes_another_service_takes_over_and_acts(
