@@ -29,7 +29,7 @@ from typing import overload
 import zmq
 import zmq.asyncio
 
-from broker.client.cluster import BrokerMap, partition_of, topic_partitions
+from broker.client.cluster import BrokerMap, PartitionRequest, topic_partitions
 from broker.client.connection import (
     DEFAULT_CLIENT_ID,
     FIRE_AND_FORGET_LINGER_MS,
@@ -41,7 +41,10 @@ from broker.client.connection import (
 from broker.errors import BrokerError, MalformedReply, Unavailable
 from broker.log.message import Buffer
 from broker.protocol import (
+    API_VERSION,
     Ack,
+    DescribePartitionReply,
+    DescribePartitionRequest,
     FetchReply,
     FetchRequest,
     MetadataReply,
@@ -154,13 +157,13 @@ class AsyncConnection(Framing):
             if waiter is not None and not waiter.done():
                 waiter.set_result(frames)
 
-    async def exchange(self, request: Request) -> list[Buffer]:
-        """Send `request` and return its reply's frames (decode them with
-        protocol.decode_reply). Unavailable when none comes within the timeout (plus
-        max_wait_ms for a FETCH); AuthenticationFailed as soon as the Curve handshake fails
-        (keys set)."""
+    async def exchange(self, request: Request, version: int = API_VERSION) -> list[Buffer]:
+        """Send `request`, asked at api_version `version`, and return its reply's frames
+        (decode them with protocol.decode_reply at that version). Unavailable when none comes
+        within the timeout (plus max_wait_ms for a FETCH); AuthenticationFailed as soon as the
+        Curve handshake fails (keys set)."""
         timeout_s = self._reply_timeout_s(request)
-        correlation_id, frames = self._frames(request)
+        correlation_id, frames = self._frames(request, version)
         reply: asyncio.Future[list[Buffer]] = asyncio.get_running_loop().create_future()
         self._waiting[correlation_id] = reply
         try:
@@ -198,14 +201,21 @@ class AsyncConnection(Framing):
     @overload
     async def call(self, request: OffsetsRequest, retries: int = ...) -> OffsetsReply: ...
     @overload
-    async def call(self, request: MetadataRequest, retries: int = ...) -> MetadataReply: ...
-    async def call(self, request: Request, retries: int = 3) -> Reply:
-        """`request`, retried after a retriable error or a timeout as
-        broker.client.Connection.call retries it (Retry), within 3 x the timeout."""
+    async def call(
+        self, request: MetadataRequest, retries: int = ..., version: int = ...
+    ) -> MetadataReply: ...
+    @overload
+    async def call(
+        self, request: DescribePartitionRequest, retries: int = ...
+    ) -> DescribePartitionReply: ...
+    async def call(self, request: Request, retries: int = 3, version: int = API_VERSION) -> Reply:
+        """`request`, asked at api_version `version`, retried after a retriable error or a
+        timeout as broker.client.Connection.call retries it (Retry), within 3 x the
+        timeout."""
         retry = Retry(retries, 3 * self.timeout_s)
         while True:
             try:
-                return decode_reply(request.api, await self.exchange(request))
+                return decode_reply(request.api, await self.exchange(request, version), version)
             except (BrokerError, Unavailable) as error:
                 wait_s = retry.wait_after(error)
             await asyncio.sleep(wait_s)
@@ -276,8 +286,16 @@ class AsyncCluster(BrokerMap):
         request = MetadataRequest(tuple(topics))
         error: BrokerError | Unavailable | None = None
         for endpoint in self._metadata_candidates():
+            connection = self.connect(endpoint)
+            retries = self.retries if not error else 0
             try:
-                reply = await self.connect(endpoint).call(request, self.retries if not error else 0)
+                try:
+                    version = self._metadata_version(endpoint)
+                    reply = await connection.call(request, retries, version=version)
+                except BrokerError as failure:
+                    if not self._older_broker(endpoint, failure):
+                        raise
+                    reply = await connection.call(request, retries, version=1)
             except (BrokerError, Unavailable) as failure:
                 if isinstance(failure, BrokerError) and not failure.retriable:
                     raise
@@ -291,9 +309,38 @@ class AsyncCluster(BrokerMap):
         return topic_partitions(await self.metadata([topic]), topic)
 
     async def connection_for(self, topic: str, partition: int) -> AsyncConnection:
-        """The connection to the broker holding `partition` of `topic`."""
-        info = partition_of(await self.partitions(topic), topic, partition)
-        return await self.connection(info.broker_id)
+        """The connection to the leader of `partition` of `topic`, from METADATA asked now."""
+        partitions = await self.partitions(topic)
+        return await self.connection(self._leader_of(partitions, topic, partition))
+
+    async def leader_connection(self, topic: str, partition: int) -> AsyncConnection:
+        """The connection to the leader of `partition` of `topic` as last heard of
+        (broker.client.Cluster.leader_connection)."""
+        leader = self._known_leader(topic, partition)
+        if leader is None:
+            return await self.connection_for(topic, partition)
+        return await self.connection(leader)
+
+    @overload
+    async def call_leader(self, request: FetchRequest, retries: int) -> FetchReply: ...
+    @overload
+    async def call_leader(self, request: OffsetsRequest, retries: int) -> OffsetsReply: ...
+    @overload
+    async def call_leader(
+        self, request: DescribePartitionRequest, retries: int
+    ) -> DescribePartitionReply: ...
+    async def call_leader(self, request: PartitionRequest, retries: int) -> Reply:
+        """`request` sent to its partition's leader, following leadership as
+        broker.client.Cluster.call_leader does."""
+        retry = Retry(retries, 3 * self.timeout_s)
+        while True:
+            try:
+                connection = await self.leader_connection(request.topic, request.partition)
+                return decode_reply(request.api, await connection.exchange(request))
+            except (BrokerError, Unavailable) as error:
+                wait_s = retry.wait_after(error)
+                self.learn_from(request.topic, request.partition, error)
+            await asyncio.sleep(wait_s)
 
     async def close(self) -> None:
         """Close every connection and the context."""

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import cast
 
-from broker.aio.connection import AsyncCluster, AsyncConnection
+from broker.aio.connection import AsyncCluster
+from broker.client.cluster import partition_of
 from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.client.consumer import (
     DEFAULT_FETCH_BYTES,
@@ -75,35 +76,39 @@ class AsyncPartitionConsumer(PartitionReader, AsyncClosing):
             if cluster is None
             else cluster
         )
-        self._connection: AsyncConnection | None = None
+        self._opened = False
 
-    async def _connected(self) -> AsyncConnection:
-        """The connection to the partition's broker, and the start found, on first use."""
-        if self._connection is None:
-            connection = await self.cluster.connection_for(self.topic, self.partition)
+    async def _connected(self) -> None:
+        """On first use: check that the partition exists, and find the start."""
+        if not self._opened:
+            partition_of(await self.cluster.partitions(self.topic), self.topic, self.partition)
             if self._start_at is None:
                 self._position = cast(int, self._start)
             else:
-                self._position = await self._offset_for_time(connection, self._start_at)
-            self._connection = connection
-        return self._connection
+                self._position = await self._offset_for_time(self._start_at)
+            self._opened = True
 
     async def offset_for_time(self, time: int) -> int:
-        """OFFSETS: the offset for `time` (EARLIEST, LATEST, or ms since the epoch)."""
-        return await self._offset_for_time(await self._connected(), time)
+        """OFFSETS: the offset for `time` (EARLIEST, LATEST, or ms since the epoch), from the
+        partition's leader (AsyncCluster.call_leader)."""
+        await self._connected()
+        return await self._offset_for_time(time)
 
-    async def _offset_for_time(self, connection: AsyncConnection, time: int) -> int:
+    async def _offset_for_time(self, time: int) -> int:
         request = OffsetsRequest(self.topic, self.partition, time)
-        return (await connection.call(request, self.retries)).offset
+        return (await self.cluster.call_leader(request, self.retries)).offset
 
     async def poll(self, max_wait_ms: int | None = None) -> list[Message]:
         """One fetch from the position: the messages there, waiting up to `max_wait_ms`
-        (default the consumer's) for one to arrive; advances the position past them."""
+        (default the consumer's) for one to arrive; advances the position past them. The
+        fetch goes to the partition's leader and follows leadership when it moves
+        (AsyncCluster.call_leader)."""
         wait_ms = self.max_wait_ms if max_wait_ms is None else max_wait_ms
-        connection = await self._connected()
+        await self._connected()
         while True:
             try:
-                reply = await connection.call(self._request(self._position, wait_ms), self.retries)
+                request = self._request(self._position, wait_ms)
+                reply = await self.cluster.call_leader(request, self.retries)
             except BrokerError as error:
                 skipped = self._fetch_failed(error)
                 if skipped is not None:

@@ -12,7 +12,12 @@ broker.client.producer's (ProducerCore), so are the settings and their defaults.
   `retries`), so batches of different partitions wait in parallel; a batch's outcome is set on
   its messages' handles when the task ends.
 - Linger is a timer: an open batch is sent `linger_ms` after its first message even if nothing
-  else is sent (the sync producer checks linger on each send and flush).
+  else is sent (the sync producer checks linger on each send and flush); it waits for room
+  while `max_in_flight` batches are in flight, so that max_in_flight=1 keeps the order of a
+  partition's batches, as the sync producer's does.
+- Each batch goes to its partition's leader as last heard of (AsyncCluster.leader_connection);
+  NOT_LEADER_FOR_PARTITION naming a known broker sends it there next, any other retriable
+  error (NOT_ENOUGH_REPLICAS, no reply in time, ...) asks METADATA again first.
 - `send` (when it waits for room) and `flush` raise the error of a failed batch, once, as the
   sync producer raises what it meets; the handles of that batch hold it too. Cancelling a
   `send`, `flush` or `await delivery` cancels the wait only, never a batch in flight.
@@ -122,6 +127,10 @@ class AsyncProducer(ProducerCore):
         self.cluster = AsyncCluster(endpoint, client_id, timeout_s, metadata_retries, keys=keys)
         self._sending: dict[Batch, asyncio.Task[None]] = {}
         """Each batch sent and not yet reaped (its error raised), in the order sent."""
+        self._room = asyncio.Semaphore(max_in_flight)
+        """Taken by a batch's task while it is in flight, first come first served: a batch
+        sent by its linger waits for room too, so max_in_flight=1 keeps a partition's batches
+        in order even when one is sent again (after NOT_LEADER_FOR_PARTITION, ...)."""
 
     async def partitions(self) -> int:
         """How many partitions the topic has (asked once, then again after errors)."""
@@ -183,6 +192,10 @@ class AsyncProducer(ProducerCore):
     async def _deliver(self, entry: InFlight) -> None:
         """Send a batch until acknowledged, or its budget is spent; its outcome on its
         handles."""
+        async with self._room:
+            await self._deliver_in_room(entry)
+
+    async def _deliver_in_room(self, entry: InFlight) -> None:
         batch, request = entry.batch, entry.request
         try:
             if self.ack is Ack.NONE:
@@ -193,6 +206,7 @@ class AsyncProducer(ProducerCore):
             while True:
                 if error is not None:
                     await asyncio.sleep(self._retry_wait(entry, error))
+                    self.cluster.learn_from(self.topic, request.partition, error)
                 try:
                     connection = await self._holder(request.partition)
                     reply: ProduceReply = decode_reply(
@@ -216,7 +230,9 @@ class AsyncProducer(ProducerCore):
             raise
 
     async def _holder(self, partition: int) -> AsyncConnection:
-        return await self.cluster.connection((await self._partition_layout())[partition].broker_id)
+        """The connection to `partition`'s leader as last heard of
+        (AsyncCluster.leader_connection)."""
+        return await self.cluster.leader_connection(self.topic, partition)
 
     async def flush(self) -> list[ProduceAck]:
         """Send every open batch, wait for every acknowledgement, and return those received

@@ -2,7 +2,8 @@
 delete, list, describe) and their settings (describe, alter live).
 
 Any broker of the cluster takes the calls about the whole cluster (the first bootstrap endpoint
-that answers is asked); describe asks each partition's state of the broker holding it.
+that answers is asked); describe asks each partition's state of its leader, and follows
+leadership when it moves meanwhile (NOT_LEADER_FOR_PARTITION: Cluster.call_leader).
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class PartitionOffsets:
-    """A partition of a topic, the broker holding it, and its exact offsets (from OFFSETS);
-    the offsets are None while the partition is not served (its broker down)."""
+    """A partition of a topic, its leader (the broker holding it), and its exact offsets (from
+    OFFSETS, asked of that leader); the offsets are None while the partition is not served
+    (its broker down, or no leader)."""
 
     partition: int
     broker_id: int
@@ -63,12 +65,18 @@ class ZooKeeperAddress:
 
 @dataclass(frozen=True, slots=True)
 class PartitionState:
-    """A partition of a topic, the broker holding it, and its state on that broker (from
-    DESCRIBE_PARTITION); `state` is None while the partition is not served (its broker down)."""
+    """A partition of a topic, its leader `broker_id` (-1: none), and its state on that
+    leader (from DESCRIBE_PARTITION); `state` is None while the partition is not served (its
+    broker down, or no leader). From METADATA version 2: `leader_epoch` (-1: none known),
+    `replicas` (the preferred leader first) and `isr`; -1 and empty from a broker that speaks
+    only version 1."""
 
     partition: int
     broker_id: int
     state: DescribePartitionReply | None
+    leader_epoch: int = -1
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
 
 
 class Admin(Closing):
@@ -165,27 +173,38 @@ class Admin(Closing):
         self._admin_request(AlterConfigRequest(topic, dict(set or {}), tuple(delete)))
 
     def describe_partition(self, topic: str, partition: int) -> DescribePartitionReply:
-        """The state of a partition, asked of the broker holding it: offsets, size on disk,
-        segments, oldest timestamp and the settings in effect."""
-        connection = self.cluster.connection_for(topic, partition)
-        return connection.call(DescribePartitionRequest(topic, partition), self.retries)
+        """The state of a partition, asked of its leader (followed when it moves:
+        Cluster.call_leader): offsets, size on disk, segments, oldest timestamp and the
+        settings in effect."""
+        self.cluster.partitions(topic)  # the leaders, fresh
+        return self.cluster.call_leader(DescribePartitionRequest(topic, partition), self.retries)
 
     def describe_partitions(self, topic: str) -> list[PartitionState]:
-        """The state of every partition of `topic`, each asked of its holder (None for one that
-        is not served)."""
+        """The state of every partition of `topic`, each asked of its leader (None for one
+        that is not served), with its leader, epoch, replicas and ISR from METADATA (the
+        leader as found by the DESCRIBE_PARTITION when leadership moved meanwhile)."""
         described = []
         for partition in self.cluster.partitions(topic):
-            number, holder = partition.partition, partition.broker_id
+            number = partition.partition
             state = None
             if partition.error_code == ErrorCode.NONE:
                 try:
-                    connection = self.cluster.connection(holder)
                     request = DescribePartitionRequest(topic, number)
-                    state = connection.call(request, self.retries)
+                    state = self.cluster.call_leader(request, self.retries)
                 except (BrokerError, Unavailable) as error:
                     if isinstance(error, BrokerError) and not error.retriable:
                         raise
-            described.append(PartitionState(number, holder, state))
+            now = self.cluster.leaders.get((topic, number), partition)
+            described.append(
+                PartitionState(
+                    number,
+                    now.broker_id,
+                    state,
+                    now.leader_epoch,
+                    partition.replicas,
+                    partition.isr,
+                )
+            )
         return described
 
     def metadata(self, topics: Iterable[str] = ()) -> MetadataReply:
@@ -209,23 +228,23 @@ class Admin(Closing):
 
     def describe(self, topic: str) -> list[PartitionOffsets]:
         """Every partition of `topic`, with exact log start offsets and high watermarks asked
-        of the broker holding each (None for a partition that is not served)."""
+        of its leader (followed when it moves: Cluster.call_leader; None for a partition that
+        is not served)."""
         described = []
         for partition in self.cluster.partitions(topic):
-            number, holder = partition.partition, partition.broker_id
+            number = partition.partition
             offsets: tuple[int | None, int | None] = (None, None)
             if partition.error_code == ErrorCode.NONE:
                 try:
-                    connection = self.cluster.connection(holder)
+                    call = self.cluster.call_leader
                     offsets = (
-                        connection.call(
-                            OffsetsRequest(topic, number, EARLIEST), self.retries
-                        ).offset,
-                        connection.call(OffsetsRequest(topic, number, LATEST), self.retries).offset,
+                        call(OffsetsRequest(topic, number, EARLIEST), self.retries).offset,
+                        call(OffsetsRequest(topic, number, LATEST), self.retries).offset,
                     )
                 except (BrokerError, Unavailable) as error:
                     if isinstance(error, BrokerError) and not error.retriable:
                         raise
+            holder = self.cluster.leaders.get((topic, number), partition).broker_id
             described.append(PartitionOffsets(number, holder, *offsets))
         return described
 

@@ -2,32 +2,70 @@
 
 A cluster is reached through one or more bootstrap endpoints ("host:port" or
 "tcp://host:port", several separated by commas); METADATA from any broker names every broker
-and, for each partition of a topic, the broker that holds it (docs/protocol.md, "Transport").
-Requests for a partition go to that broker's connection, opened on first use and kept. When a
-broker cannot be reached, METADATA is asked of the other brokers last heard of, then of the
-bootstrap endpoints.
+and, for each partition of a topic, its leader, leader epoch, replicas and in-sync replicas
+(version 2; a broker that answers UNSUPPORTED_VERSION is asked version 1 from then on, which
+names one broker per partition and no replicas: docs/protocol.md, "METADATA"). Requests for a
+partition go to its leader's connection, opened on first use and kept. When a broker cannot be
+reached, METADATA is asked of the other brokers last heard of, then of the bootstrap
+endpoints.
+
+Leadership moves (docs/replication.md): `call_leader` sends a partition's request (FETCH,
+OFFSETS, DESCRIBE_PARTITION) to the leader last heard of, and after a retriable error
+(NOT_LEADER_FOR_PARTITION above all, or no reply in time) learns where the leader is now and
+sends it again, waiting 0.1 s doubling to 2 s in between, bounded as Connection.call is
+(`retries`, and 3 x the timeout). A NOT_LEADER_FOR_PARTITION naming a broker this client
+knows, with a leader epoch at least that of the leader last heard of, is taken as it is (the
+next attempt goes there); any other error makes the next attempt ask METADATA first.
 
 Not safe to share between threads.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Final, overload
 
 import zmq
 
-from broker.client.connection import DEFAULT_CLIENT_ID, Connection, normalize_endpoint, poll_ms
-from broker.errors import BrokerError, Unavailable
+from broker.client.connection import (
+    DEFAULT_CLIENT_ID,
+    Connection,
+    Retry,
+    normalize_endpoint,
+    poll_ms,
+)
+from broker.errors import (
+    BrokerError,
+    BrokerUnsupportedVersion,
+    NotLeaderForPartition,
+    PylogError,
+    Unavailable,
+)
 from broker.lifecycle import Closing
 from broker.log.message import Buffer
 from broker.protocol import (
+    DescribePartitionReply,
+    DescribePartitionRequest,
     ErrorCode,
+    FetchReply,
+    FetchRequest,
     MetadataReply,
     MetadataRequest,
+    OffsetsReply,
+    OffsetsRequest,
     PartitionInfo,
+    Reply,
     broker_error,
 )
 from broker.security import ClientKeys
+
+METADATA_VERSION: Final = 2
+"""The METADATA version asked first (leaders, epochs, replicas, ISR); 1 of a broker that
+answered it UNSUPPORTED_VERSION."""
+PartitionRequest = FetchRequest | OffsetsRequest | DescribePartitionRequest
+"""The requests that go to a partition's leader by `call_leader`."""
 
 
 def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
@@ -84,14 +122,76 @@ class BrokerMap:
         """What every connection presents to brokers serving CurveZMQ (None: plaintext)."""
         self.endpoints: dict[int, str] = {}
         """Broker id -> endpoint, from the last METADATA reply."""
+        self.leaders: dict[tuple[str, int], PartitionInfo] = {}
+        """(topic, partition) -> the partition as last heard of: from METADATA, its leader
+        (broker_id) changed by a NOT_LEADER_FOR_PARTITION that named one (`learn_from`)."""
+        self.metadata_v1: set[str] = set()
+        """The endpoints that answered METADATA version 2 UNSUPPORTED_VERSION: asked version 1."""
 
     def _metadata_candidates(self) -> list[str]:
         """Whom to ask METADATA, in order: the brokers last heard of, then the bootstrap."""
         return list(dict.fromkeys([*self.endpoints.values(), *self.bootstrap]))
 
+    def _metadata_version(self, endpoint: str) -> int:
+        return 1 if endpoint in self.metadata_v1 else METADATA_VERSION
+
+    def _older_broker(self, endpoint: str, error: BrokerError | Unavailable) -> bool:
+        """Whether `error`, answered by `endpoint` to METADATA version 2, says that it speaks
+        only version 1 (then noted: it is asked version 1 from now on)."""
+        if isinstance(error, BrokerUnsupportedVersion) and endpoint not in self.metadata_v1:
+            self.metadata_v1.add(endpoint)
+            return True
+        return False
+
     def _learn(self, reply: MetadataReply) -> MetadataReply:
         self.endpoints = {b.broker_id: f"tcp://{b.host}:{b.port}" for b in reply.brokers}
+        for topic in reply.topics:
+            for info in topic.partitions:
+                self.leaders[topic.topic, info.partition] = info
         return reply
+
+    def _known_leader(self, topic: str, partition: int) -> int | None:
+        """The leader of `partition` of `topic` as last heard of, if it is served by a known
+        broker; None: ask METADATA."""
+        info = self.leaders.get((topic, partition))
+        if info is None or info.error_code != ErrorCode.NONE:
+            return None
+        if info.broker_id not in self.endpoints:
+            return None
+        return info.broker_id
+
+    def _leader_of(self, partitions: Sequence[PartitionInfo], topic: str, partition: int) -> int:
+        """The leader of `partition` among a topic's fresh `partitions`: BrokerError
+        UNKNOWN_TOPIC_OR_PARTITION for no such partition, the partition's error (retriable
+        PARTITION_UNAVAILABLE, ...) while it is not served, PARTITION_UNAVAILABLE for a leader
+        not registered."""
+        info = partition_of(partitions, topic, partition)
+        if info.error_code != ErrorCode.NONE:
+            raise broker_error(
+                info.error_code, f"partition {partition} of {topic!r} is not served now"
+            )
+        if info.broker_id not in self.endpoints:
+            raise self._no_broker(info.broker_id)
+        return info.broker_id
+
+    def learn_from(self, topic: str, partition: int, error: PylogError) -> None:
+        """What a request for `partition` of `topic` that failed with `error` tells of its
+        leader: a NOT_LEADER_FOR_PARTITION naming a known broker, with a leader epoch not older
+        than the one last heard of, moves the partition's leader there; any other error
+        forgets the partition (the next request for it asks METADATA)."""
+        key = (topic, partition)
+        info = self.leaders.get(key)
+        if (
+            isinstance(error, NotLeaderForPartition)
+            and error.leader in self.endpoints
+            and (info is None or error.leader_epoch >= info.leader_epoch)
+        ):
+            base = info if info is not None else PartitionInfo(partition, error.leader)
+            self.leaders[key] = replace(
+                base, broker_id=error.leader, leader_epoch=error.leader_epoch, error_code=0
+            )
+        else:
+            self.leaders.pop(key, None)
 
     def _no_broker(self, broker_id: int) -> BrokerError:
         return broker_error(
@@ -142,13 +242,21 @@ class Cluster(BrokerMap, Closing):
 
     def metadata(self, topics: Iterable[str]) -> MetadataReply:
         """METADATA for `topics` (every topic when empty), from the first broker that answers:
-        those last heard of, then the bootstrap endpoints. Raises the last error when none
-        does."""
+        those last heard of, then the bootstrap endpoints; version 2, or 1 of a broker that
+        answered version 2 UNSUPPORTED_VERSION. Raises the last error when none does."""
         request = MetadataRequest(tuple(topics))
         error: BrokerError | Unavailable | None = None
         for endpoint in self._metadata_candidates():
+            connection = self.connect(endpoint)
+            retries = self.retries if not error else 0
             try:
-                reply = self.connect(endpoint).call(request, self.retries if not error else 0)
+                try:
+                    version = self._metadata_version(endpoint)
+                    reply = connection.call(request, retries, version=version)
+                except BrokerError as failure:
+                    if not self._older_broker(endpoint, failure):
+                        raise
+                    reply = connection.call(request, retries, version=1)
             except (BrokerError, Unavailable) as failure:
                 if isinstance(failure, BrokerError) and not failure.retriable:
                     raise
@@ -165,9 +273,42 @@ class Cluster(BrokerMap, Closing):
         return topic_partitions(self.metadata([topic]), topic)
 
     def connection_for(self, topic: str, partition: int) -> Connection:
-        """The connection to the broker holding `partition` of `topic`."""
-        info = partition_of(self.partitions(topic), topic, partition)
-        return self.connection(info.broker_id)
+        """The connection to the leader of `partition` of `topic`, from METADATA asked now."""
+        return self.connection(self._leader_of(self.partitions(topic), topic, partition))
+
+    def leader_connection(self, topic: str, partition: int) -> Connection:
+        """The connection to the leader of `partition` of `topic` as last heard of (METADATA
+        is asked when none is known). Raises as `connection_for`."""
+        leader = self._known_leader(topic, partition)
+        if leader is None:
+            return self.connection_for(topic, partition)
+        return self.connection(leader)
+
+    @overload
+    def call_leader(self, request: FetchRequest, retries: int) -> FetchReply: ...
+    @overload
+    def call_leader(self, request: OffsetsRequest, retries: int) -> OffsetsReply: ...
+    @overload
+    def call_leader(
+        self, request: DescribePartitionRequest, retries: int
+    ) -> DescribePartitionReply: ...
+    def call_leader(self, request: PartitionRequest, retries: int) -> Reply:
+        """`request` sent to its partition's leader, and after a retriable error (the broker
+        is not the leader any more, is down, the partition not served yet) sent again to the
+        leader found then (`learn_from`), up to `retries` more times within 3 x the timeout,
+        waiting 0.1 s doubling to 2 s in between (Retry). Raises the last error as it was,
+        and a non-retriable one at once (UNKNOWN_TOPIC_OR_PARTITION for a partition that does
+        not exist, ...)."""
+        retry = Retry(retries, 3 * self.timeout_s)
+        while True:
+            try:
+                connection = self.leader_connection(request.topic, request.partition)
+                reply: Reply = connection.call(request, 0)
+                return reply
+            except (BrokerError, Unavailable) as error:
+                wait_s = retry.wait_after(error)
+                self.learn_from(request.topic, request.partition, error)
+            time.sleep(wait_s)
 
     def receive_pipelined(
         self, connections: Iterable[Connection], timeout_s: float

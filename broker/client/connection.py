@@ -290,11 +290,12 @@ class Framing:
         self._next_correlation_id = correlation_id % _MAX_CORRELATION_ID + 1
         return correlation_id
 
-    def _frames(self, request: Request) -> tuple[int, list[Buffer]]:
+    def _frames(self, request: Request, version: int = API_VERSION) -> tuple[int, list[Buffer]]:
+        """The correlation id and frames of `request`, asked at api_version `version`."""
         if isinstance(request, ProduceRequest):
             require_bytes("ProduceRequest.message_set", request.message_set)
         correlation_id = self._correlation_id()
-        header = RequestHeader(request.api, API_VERSION, correlation_id, self.client_id)
+        header = RequestHeader(request.api, version, correlation_id, self.client_id)
         return correlation_id, encode_request(header, request)
 
     def _reply_timeout_s(self, request: Request) -> float:
@@ -416,9 +417,9 @@ class Connection(Framing, Closing):
         `send_nowait`."""
         return self._request_once(request)
 
-    def _request_once(self, request: Request) -> Reply:
+    def _request_once(self, request: Request, version: int = API_VERSION) -> Reply:
         timeout_s = self._reply_timeout_s(request)
-        correlation_id, frames = self._frames(request)
+        correlation_id, frames = self._frames(request, version)
         socket = self._req_socket()
         try:
             send_frames(socket, frames)
@@ -438,7 +439,7 @@ class Connection(Framing, Closing):
             raise MalformedReply(
                 f"reply for correlation id {header.correlation_id}, expected {correlation_id}"
             )
-        return decode_reply(request.api, reply)
+        return decode_reply(request.api, reply, version)
 
     @overload
     def call(
@@ -454,7 +455,11 @@ class Connection(Framing, Closing):
     ) -> OffsetsReply: ...
     @overload
     def call(
-        self, request: MetadataRequest, retries: int = ..., max_time_s: float | None = ...
+        self,
+        request: MetadataRequest,
+        retries: int = ...,
+        max_time_s: float | None = ...,
+        version: int = ...,
     ) -> MetadataReply: ...
     @overload
     def call(
@@ -475,17 +480,23 @@ class Connection(Framing, Closing):
     def call(
         self, request: DescribeConfigRequest, retries: int = ..., max_time_s: float | None = ...
     ) -> DescribeConfigReply: ...
-    def call(self, request: Request, retries: int = 3, max_time_s: float | None = None) -> Reply:
-        """`request`, retried up to `retries` more times after a retriable BrokerError or a
-        timeout, waiting 0.1 s doubling to 2 s in between; no retry starts after `max_time_s`
-        (default: 3 x the timeout). The last error is raised as it was; AuthenticationFailed is
-        raised at once.
+    def call(
+        self,
+        request: Request,
+        retries: int = 3,
+        max_time_s: float | None = None,
+        version: int = API_VERSION,
+    ) -> Reply:
+        """`request`, asked at api_version `version` (METADATA has a version 2), retried up to
+        `retries` more times after a retriable BrokerError or a timeout, waiting 0.1 s doubling
+        to 2 s in between; no retry starts after `max_time_s` (default: 3 x the timeout). The
+        last error is raised as it was; AuthenticationFailed is raised at once.
 
         A PRODUCE retried after a timeout may append its messages twice (at least once)."""
         retry = Retry(retries, 3 * self.timeout_s if max_time_s is None else max_time_s)
         while True:
             try:
-                return self._request_once(request)
+                return self._request_once(request, version)
             except (BrokerError, Unavailable) as error:
                 wait_s = retry.wait_after(error)
             time.sleep(wait_s)

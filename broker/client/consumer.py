@@ -23,6 +23,11 @@ before it, then raises CorruptSegment (broker.errors) naming the range, at every
 the consumer is moved past it (`seek(error.end)`); with `skip_corrupt` it logs the range, adds
 it to `skipped` and reads on from `end` by itself.
 
+Leadership: fetches and OFFSETS go to the partition's leader as last heard of, and follow it
+when it moves (NOT_LEADER_FOR_PARTITION, or no reply: Cluster.call_leader), within `retries`
+with a growing back-off; the position is kept, so nothing is skipped or read twice (the new
+leader holds every message below the high watermark the old one let consumers read).
+
 Not safe to share between threads.
 """
 
@@ -34,8 +39,8 @@ import time
 from collections.abc import Iterator
 from typing import Final, Literal, cast
 
-from broker.client.cluster import Cluster
-from broker.client.connection import DEFAULT_CLIENT_ID
+from broker.client.cluster import Cluster, partition_of
+from broker.client.connection import DEFAULT_CLIENT_ID, Connection
 from broker.errors import (
     BrokerCorruptSegment,
     BrokerError,
@@ -280,20 +285,27 @@ class PartitionConsumer(PartitionReader, Closing):
             if cluster is None
             else cluster
         )
-        self._prefetch: tuple[FetchRequest, int] | None = None
-        """The fetch sent ahead, and its correlation id."""
+        self._prefetch: tuple[Connection, FetchRequest, int] | None = None
+        """The fetch sent ahead, the connection it went on, and its correlation id."""
         try:
             time = self._start_time(start)
-            self.connection = self.cluster.connection_for(topic, partition)
+            partition_of(self.cluster.partitions(topic), topic, partition)  # it exists
             self._position = cast(int, start) if time is None else self.offset_for_time(time)
         except BaseException:
             self.close()
             raise
 
+    @property
+    def connection(self) -> Connection:
+        """The connection to the partition's leader as last heard of (it follows leadership:
+        Cluster.call_leader)."""
+        return self.cluster.leader_connection(self.topic, self.partition)
+
     def offset_for_time(self, time: int) -> int:
-        """OFFSETS: the offset for `time` (EARLIEST, LATEST, or ms since the epoch)."""
+        """OFFSETS: the offset for `time` (EARLIEST, LATEST, or ms since the epoch), from the
+        partition's leader (Cluster.call_leader)."""
         request = OffsetsRequest(self.topic, self.partition, time)
-        return self.connection.call(request, self.retries).offset
+        return self.cluster.call_leader(request, self.retries).offset
 
     def poll(self, max_wait_ms: int | None = None) -> list[Message]:
         """One fetch from the position: the messages there, waiting up to `max_wait_ms`
@@ -306,7 +318,8 @@ class PartitionConsumer(PartitionReader, Closing):
         reply = self._prefetched(wait_ms)
         while reply is None:
             try:
-                reply = self.connection.call(self._request(self._position, wait_ms), self.retries)
+                request = self._request(self._position, wait_ms)
+                reply = self.cluster.call_leader(request, self.retries)
             except BrokerError as error:
                 skipped = self._fetch_failed(error)
                 if skipped is not None:
@@ -314,7 +327,8 @@ class PartitionConsumer(PartitionReader, Closing):
         following = self._position + len(reply.message_set)
         if reply.message_set and following < reply.high_watermark:
             request = self._request(following, wait_ms)
-            self._prefetch = (request, self.connection.send_pipelined(request))
+            connection = self.connection
+            self._prefetch = (connection, request, connection.send_pipelined(request))
         return self._take(reply)
 
     def _prefetched(self, wait_ms: int) -> FetchReply | None:
@@ -323,14 +337,14 @@ class PartitionConsumer(PartitionReader, Closing):
         retries, and raises what it meets). Replies to fetches left unused are skipped."""
         if self._prefetch is None:
             return None
-        (request, correlation_id), self._prefetch = self._prefetch, None
+        (connection, request, correlation_id), self._prefetch = self._prefetch, None
         if request != self._request(self._position, wait_ms):
             return None  # a seek, another wait or another fetch size since it was sent
-        deadline = time.monotonic() + self.connection.timeout_s + wait_ms / 1000
+        deadline = time.monotonic() + connection.timeout_s + wait_ms / 1000
         try:
             while True:
                 left = max(0.001, deadline - time.monotonic())
-                answered, frames = self.connection.receive_pipelined(left)
+                answered, frames = connection.receive_pipelined(left)
                 if answered == correlation_id:
                     return decode_reply(Api.FETCH, frames)
         except (BrokerError, Unavailable):

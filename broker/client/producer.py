@@ -7,9 +7,14 @@ round robin; "round_robin" and "random" spread every message that way, keys igno
 messages go to the partitions being served (METADATA error_code NONE) while there are any, so
 a broker that is down does not stop keyless sends.
 
-Brokers: `endpoint` bootstraps (broker.client.cluster): each batch goes to the broker that
-holds its partition, over that broker's connection. UNKNOWN_TOPIC_OR_PARTITION, a retriable
-error or a timeout makes the producer ask METADATA again before it resends.
+Brokers: `endpoint` bootstraps (broker.client.cluster): each batch goes to its partition's
+leader as last heard of, over that broker's connection. NOT_LEADER_FOR_PARTITION naming a
+broker the producer knows (leadership moved: docs/replication.md) sends the batch there next;
+UNKNOWN_TOPIC_OR_PARTITION, any other retriable error (NOT_ENOUGH_REPLICAS with ack ALL: the
+in-sync set is smaller than min_insync_replicas for now) or a timeout makes the producer ask
+METADATA again before it resends. Either way after the back-off below, within the batch's
+budget. With ack ALL a batch the old leader stored before it lost leadership may be stored
+twice (at least once, never lost once acknowledged); max_in_flight=1 keeps the order.
 
 Batching: each partition has one open batch (a message set being built with encode_message). A
 batch is sent once it holds `batch_messages` messages or `batch_bytes` bytes, or when
@@ -613,7 +618,10 @@ class Producer(ProducerCore):
         self._audit_due = self.clock.monotonic() + self._audit_interval_s
 
     def _holder(self, partition: int) -> Connection:
-        return self.cluster.connection(self._partition_layout()[partition].broker_id)
+        """The connection to `partition`'s leader as last heard of (Cluster.leader_connection:
+        a NOT_LEADER_FOR_PARTITION naming the new leader moves it there, any other error makes
+        it ask METADATA)."""
+        return self.cluster.leader_connection(self.topic, partition)
 
     def _dispatch(self, entry: InFlight, error: PylogError | None = None) -> None:
         """Send `entry` to the broker holding its partition. After `error`, or while that
@@ -623,6 +631,7 @@ class Producer(ProducerCore):
             while True:
                 if error is not None:
                     time.sleep(self._retry_wait(entry, error))
+                    self.cluster.learn_from(self.topic, entry.request.partition, error)
                 try:
                     connection = self._holder(entry.request.partition)
                 except (BrokerError, Unavailable) as failure:

@@ -63,6 +63,8 @@ class FakePartition:
 
     endpoint: str = ""
     fetches: list[FetchRequest] = field(default_factory=list)
+    version: int = 1
+    """The api_version of the request being answered (METADATA is asked version 2)."""
 
     def answer(self, correlation_id: int, request: object) -> list[bytes]:
         if not isinstance(request, FetchRequest):  # METADATA: this broker holds partition 0
@@ -70,7 +72,7 @@ class FakePartition:
             partition = PartitionInfo(0, 1, ErrorCode.NONE)
             topic = TopicInfo(TOPIC, ErrorCode.NONE, (partition,))
             reply = MetadataReply((BrokerInfo(1, host, int(port)),), (topic,))
-            return [bytes(f) for f in encode_reply(correlation_id, reply)]
+            return [bytes(f) for f in encode_reply(correlation_id, reply, self.version)]
         self.fetches.append(request)
         error = self.error_for(request)
         if error is not None:
@@ -106,6 +108,7 @@ class FakePartition:
             identity, *envelope_and_frames = socket.recv_multipart()
             envelope, frames = envelope_and_frames[:-1], envelope_and_frames[-1:]
             header, request = decode_request(frames)
+            self.version = header.version
             reply = self.answer(header.correlation_id, request)
             socket.send_multipart([identity, *envelope, *reply])
 

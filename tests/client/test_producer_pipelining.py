@@ -58,7 +58,8 @@ class HoldingBroker:
                 itself = BrokerInfo(0, "127.0.0.1", int(self.endpoint.rpartition(":")[2]))
                 partition = PartitionInfo(0, itself.broker_id)
                 reply = MetadataReply((itself,), (TopicInfo(TOPIC, 0, (partition,)),))
-                socket.send_multipart([*envelope, *encode_reply(header.correlation_id, reply)])
+                frames = encode_reply(header.correlation_id, reply, header.version)
+                socket.send_multipart([*envelope, *frames])
                 continue
             assert isinstance(request, ProduceRequest)
             self.produced.append([m.value for m in iter_messages(request.message_set)])
