@@ -54,6 +54,7 @@ from broker.registry import (
     Registry,
     TopicConfig,
 )
+from broker.registry.nodes import validate_broker_id
 
 log = logging.getLogger("pylog.controller")
 
@@ -384,9 +385,11 @@ class ControllerService:
     def start(self, registry: Registry, broker_id: int) -> None:
         """Watch /controller, the live brokers and the topics, and start the service's thread,
         which tries to be elected at once. Does not wait on ZooKeeper. RuntimeError when
-        started already; RegistryUnavailable when the registry is not started."""
+        started already; ValueError for a broker id that is not an integer >= 0;
+        RegistryUnavailable when the registry is not started."""
         if self._thread is not None:
             raise RuntimeError("a ControllerService is started once; make a new one")
+        validate_broker_id(broker_id)
         self._registry, self._broker_id = registry, broker_id
         registry.watch_controller(self._on_controller)
         registry.watch_brokers(lambda _: self._wake())
@@ -419,6 +422,7 @@ class ControllerService:
         return self._epoch
 
     def statistics(self) -> ControllerStatistics:
+        """What the service did so far (ControllerStatistics)."""
         c = self._counters
         return ControllerStatistics(
             controller_epoch=self._epoch,

@@ -417,3 +417,9 @@ def test_a_service_that_is_not_the_controller_refuses_acts_and_a_stopped_one_res
     wait_controller(second, 2)  # resigned: the other is elected at once, not at session end
     with pytest.raises(NotController):
         first.elect_preferred()
+    with pytest.raises(RuntimeError, match="started once"):
+        first.start(one, 1)
+    with pytest.raises(ValueError, match="a broker id is an integer >= 0"):
+        ControllerService().start(one, -1)
+    with pytest.raises(TypeError, match="not one name"):
+        second.elect_preferred(TOPIC)
