@@ -19,6 +19,9 @@ read at scrape time. The names follow Prometheus' conventions (`_total` counters
 - pylog_worker_up{worker}: 1 while the worker is connected, 0 while it restarts;
 - pylog_worker_restarts_total;
 - pylog_partitions: the partitions this broker holds;
+- pylog_isr_changes_total{kind}: changes of a partition's in-sync set this broker made as its
+  leader (shrink, expand; docs/replication.md), and pylog_partitions_under_replicated: the
+  replicated partitions it leads whose in-sync set lacks a replica;
 - pylog_zookeeper_connected: 1 while the registry's ZooKeeper session is connected;
 - process_*: the supervisor process's CPU, memory and open files (prometheus-client's);
 
@@ -134,6 +137,19 @@ class SupervisorCollector(Collector):
         )
         held = sum(len(state.workers) for state in list(s.topics.held.values()))
         yield GaugeMetricFamily("pylog_partitions", "Partitions this broker holds.", held)
+        changes = CounterMetricFamily(
+            "pylog_isr_changes",
+            "In-sync set changes this broker made as a leader: shrink, expand.",
+            labels=["kind"],
+        )
+        for kind in ("shrink", "expand"):
+            changes.add_metric([kind], s.topics.isr_changes[kind])
+        yield changes
+        yield GaugeMetricFamily(
+            "pylog_partitions_under_replicated",
+            "Replicated partitions led here whose in-sync set is smaller than their replicas.",
+            s.topics.under_replicated(),
+        )
         yield from _worker_metrics(pool.workers)
         connected = s.registry is not None and s.registry.connected
         yield GaugeMetricFamily(

@@ -185,6 +185,8 @@ class Topics:
         """The state node (leader, epoch, ISR) and its version of each replicated partition
         held here, as its watch last said."""
         self._state_watches: dict[str, object] = {}
+        self.isr_changes: Counter[str] = Counter()
+        """ISR changes written as a leader, by kind: shrink, expand (broker.metrics)."""
         self._registry_connected = True
         """Whether ZooKeeper was connected, as the workers were last told."""
         """The replicated topics held here whose partitions' state nodes are watched, each
@@ -341,6 +343,18 @@ class Topics:
         if handle.connected:
             self.pool.send(handle, [COMMAND, json_frame(command)])
 
+    def under_replicated(self) -> int:
+        """How many replicated partitions led here have an ISR smaller than their replicas
+        (read by the metrics thread: a copy of the states is taken first)."""
+        me, configs = self.me, self.configs
+        return sum(
+            1
+            for (topic, number), (state, _) in list(self.states.items())
+            if state.leader == me
+            and topic in configs
+            and len(state.isr) < len(configs[topic].replicas[number])
+        )
+
     def change_isr(self, topic: str, number: int, epoch: int, isr: list[int]) -> None:
         """A worker leading a partition asks for its ISR to be `isr`: written to the state node
         if this broker still leads it in `epoch`, conditionally on the node's version as last
@@ -358,6 +372,7 @@ class Topics:
         kind = "shrink" if len(isr) < len(state.isr) else "expand"
 
         def written(_: int) -> None:
+            self.isr_changes[kind] += 1
             log.info("%s-%d: ISR %s -> %s (%s)", topic, number, list(state.isr), isr, kind)
 
         def refused(error: PylogError) -> None:

@@ -26,7 +26,10 @@ REPLICATED = {"replication_factor": "3", "min_insync_replicas": "2"}
 @pytest.fixture
 def replicating(make_pylogd: Callable[..., RunningBroker], tmp_path: Path) -> list[RunningBroker]:
     """Brokers 1, 2 and 3; a follower behind for 1 s leaves the ISR."""
-    flags = ("--broker-replica-lag-max-ms", "1000", "--broker-replica-fetch-wait-ms", "200")
+    flags = (
+        *("--broker-replica-lag-max-ms", "1000", "--broker-replica-fetch-wait-ms", "200"),
+        *("--metrics-enabled", "true", "--metrics-port", "0"),
+    )
     return [make_pylogd(*broker_flags(tmp_path, i), *flags, name=f"broker-{i}") for i in (1, 2, 3)]
 
 
@@ -114,6 +117,8 @@ def test_a_frozen_follower_leaves_the_isr_and_rejoins_once_it_thaws(
             os.kill(pid, signal.SIGSTOP)
         try:
             wait_until(lambda: frozen not in isr(registry, "thawed", 0), what="the ISR to shrink")
+            under = ("pylog_partitions_under_replicated", ())
+            wait_until(lambda: brokers[leader].metrics()[under] == 1)  # read from the watch
             for i in range(20):
                 producer.send(b"during-%d" % i)
             assert sum(ack.count for ack in producer.flush()) == 20  # two in sync are enough
@@ -121,6 +126,10 @@ def test_a_frozen_follower_leaves_the_isr_and_rejoins_once_it_thaws(
             for pid in workers:
                 os.kill(pid, signal.SIGCONT)
         wait_until(lambda: isr(registry, "thawed", 0) == (1, 2, 3), what="the ISR to grow")
+        expanded = ("pylog_isr_changes_total", (("kind", "expand"),))
+        wait_until(lambda: brokers[leader].metrics()[expanded] == 1)  # counted once written
+        wait_until(lambda: brokers[leader].metrics()[under] == 0)
+        assert brokers[leader].metrics()[("pylog_isr_changes_total", (("kind", "shrink"),))] == 1
         for i in range(20):
             producer.send(b"after-%d" % i)
         producer.flush()
