@@ -95,10 +95,13 @@ def topic_list(as_json: bool, broker: str, timeout: float) -> None:
 @broker_options
 def topic_describe(name: str, as_json: bool, broker: str, timeout: float) -> None:
     """Print every setting of topic NAME, the topic's own or the broker's default, then each
-    partition: the broker holding it, its log start offset and high watermark (offsets are
-    byte positions), the bytes of its segment files, how many segments, and the timestamp of
-    its oldest message (UTC); or that it is unavailable (its broker down). A partition whose
-    broker has not applied a changed setting yet (topic alter) says which.
+    partition: its leader (the broker serving it), the leader's epoch, its replicas (the
+    preferred leader first) and in-sync replicas, then as its leader has it: its log start
+    offset and high watermark (offsets are byte positions), the bytes of its segment files, how
+    many segments, and the timestamp of its oldest message (UTC); or that it is unavailable
+    (its leader down, or none: broker -1). A partition whose leader has not applied a changed
+    setting yet (topic alter) says which. A broker older than replication gives no epoch,
+    replicas nor ISR: those are left out.
 
     \b
     Example:
@@ -107,8 +110,8 @@ def topic_describe(name: str, as_json: bool, broker: str, timeout: float) -> Non
       setting flush_messages 10000 default
       setting retention_ms 86400000 topic
       ...
-      partition 0 broker 1 log_start 0 high_watermark 0 size_bytes 0 segments 1 oldest -
-      partition 1 broker 2 unavailable (broker down)
+      partition 0 broker 1 epoch 2 replicas 1,2,3 isr 1,3 log_start 0 high_watermark 0 ...
+      partition 1 broker -1 epoch 4 replicas 2,3,1 isr 2 unavailable (no leader)
     """
     with (
         broker_errors(broker),
@@ -129,19 +132,32 @@ def topic_describe(name: str, as_json: bool, broker: str, timeout: float) -> Non
         source = "topic" if entry.overridden else "default"
         click.echo(f"setting {entry.key} {entry.value} {source}")
     for p in partitions:
+        where = f"partition {p.partition} broker {p.broker_id}{_replication_text(p)}"
         if p.state is None:
-            click.echo(f"partition {p.partition} broker {p.broker_id} unavailable (broker down)")
+            why = "no leader" if p.broker_id < 0 else "broker down"
+            click.echo(f"{where} unavailable ({why})")
             continue
         state = p.state
         oldest = "-" if state.oldest_timestamp < 0 else timestamp(state.oldest_timestamp)
         line = (
-            f"partition {p.partition} broker {p.broker_id} log_start {state.log_start_offset} "
+            f"{where} log_start {state.log_start_offset} "
             f"high_watermark {state.high_watermark} size_bytes {state.size_bytes} "
             f"segments {state.segments} oldest {oldest}"
         )
         if pending := _not_applied(p, settings):
             line += f" (applying {', '.join(pending)})"
         click.echo(line)
+
+
+def _replication_text(partition: PartitionState) -> str:
+    """ " epoch E replicas 1,2,3 isr 1,3" (METADATA version 2; epoch "-" for none known, as a
+    partition without a state node has; isr "-" for none), or "" from an older broker."""
+    if not partition.replicas:
+        return ""
+    replicas = ",".join(map(str, partition.replicas))
+    isr = ",".join(map(str, partition.isr)) or "-"
+    epoch = partition.leader_epoch if partition.leader_epoch >= 0 else "-"  # none known
+    return f" epoch {epoch} replicas {replicas} isr {isr}"
 
 
 def _not_applied(partition: PartitionState, settings: tuple[ConfigEntry, ...]) -> list[str]:
@@ -158,6 +174,9 @@ def _partition_json(
     described: dict[str, object] = {
         "partition": partition.partition,
         "broker_id": partition.broker_id,
+        "leader_epoch": None if partition.leader_epoch < 0 else partition.leader_epoch,
+        "replicas": list(partition.replicas),
+        "isr": list(partition.isr),
         "available": partition.state is not None,
     }
     if partition.state is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from click.testing import CliRunner, Result
 from broker.client import Cluster
 from broker.log.message import encode_message
 from broker.protocol import Ack, ProduceRequest
+from broker.registry import PartitionState, Registry
 from cli.pylogctl import cli
 from tests.cli.conftest import Cluster as ThreeBrokers
 from tests.conftest import single_box_flags, wait_until
@@ -43,11 +45,13 @@ def test_create_list_describe_and_delete_a_topic(broker: RunningBroker, topic: s
     assert lines[0] == f"topic {topic}: 3 partitions"
     assert "setting retention_ms 86400000 topic" in lines
     assert lines[-3:-1] == [
-        f"partition {p} broker 0 log_start 0 high_watermark 0 size_bytes 0 segments 1 oldest -"
+        f"partition {p} broker 0 epoch - replicas 0 isr 0 log_start 0 high_watermark 0 "
+        "size_bytes 0 segments 1 oldest -"
         for p in (0, 1)
     ]
     assert lines[-1].startswith(  # a 26-byte header + "hello"
-        "partition 2 broker 0 log_start 0 high_watermark 31 size_bytes 31 segments 1 oldest 20"
+        "partition 2 broker 0 epoch - replicas 0 isr 0 log_start 0 high_watermark 31 "
+        "size_bytes 31 segments 1 oldest 20"
     )
 
     again = run(broker, "topic", "create", topic)
@@ -207,10 +211,12 @@ def test_topic_describe_shows_every_setting_and_each_partitions_state_on_its_hol
     assert result.output.splitlines() == [
         f"topic {topic}: 3 partitions",
         *settings,
-        "partition 0 broker 1 log_start 0 high_watermark 0 size_bytes 0 segments 1 oldest -",
-        "partition 1 broker 2 log_start 0 high_watermark 62 size_bytes 62 segments 1 "
-        "oldest 2023-11-14T22:13:20.000+00:00",  # two messages of 26 + 5 bytes
-        "partition 2 broker 3 log_start 0 high_watermark 0 size_bytes 0 segments 1 oldest -",
+        "partition 0 broker 1 epoch - replicas 1 isr 1 log_start 0 high_watermark 0 "
+        "size_bytes 0 segments 1 oldest -",
+        "partition 1 broker 2 epoch - replicas 2 isr 2 log_start 0 high_watermark 62 "
+        "size_bytes 62 segments 1 oldest 2023-11-14T22:13:20.000+00:00",  # 2 x (26 + 5 bytes)
+        "partition 2 broker 3 epoch - replicas 3 isr 3 log_start 0 high_watermark 0 "
+        "size_bytes 0 segments 1 oldest -",
     ]
     as_json = described(cluster.endpoint, topic)
     assert as_json["settings"]["retention_ms"] == {"value": "86400000", "overridden": True}
@@ -218,6 +224,9 @@ def test_topic_describe_shows_every_setting_and_each_partitions_state_on_its_hol
     assert as_json["partitions"][1] == {
         "partition": 1,
         "broker_id": 2,
+        "leader_epoch": None,  # no state node: the one replica leads, no epoch
+        "replicas": [2],
+        "isr": [2],
         "available": True,
         "log_start_offset": 0,
         "high_watermark": 62,
@@ -371,7 +380,12 @@ def test_a_broker_down_while_a_topic_is_altered_applies_the_change_when_it_start
         "max_message_bytes=100",
     )
     unavailable = at(first.endpoint, "topic", "describe", topic).output.splitlines()[-2]
-    assert unavailable == "partition 1 broker 2 unavailable (broker down)"
+    # Its one replica down: down as the leader (no controller), or no leader (a controller).
+    assert re.fullmatch(
+        r"partition 1 broker (2|-1) epoch (-|\d+) replicas 2 isr (2|-) "
+        r"unavailable \((broker down|no leader)\)",
+        unavailable,
+    ), unavailable
     again = second.restarted()
     try:
         wait_until(
@@ -382,3 +396,60 @@ def test_a_broker_down_while_a_topic_is_altered_applies_the_change_when_it_start
         assert in_effect["segment_bytes"] == "100"
     finally:
         again.stop()
+
+
+def test_topic_describe_names_each_partitions_leader_replicas_and_isr_as_leadership_moves(
+    cluster: ThreeBrokers, topic: str
+) -> None:
+    """A replicated topic: every line names the leader, its epoch, the replicas and the ISR;
+    after leadership moves (the state node written as the controller writes it) describe shows
+    the new leader and epoch, and the partition's state asked of it."""
+    config = ("--config", "replication_factor=3", "--config", "min_insync_replicas=2")
+    ok(cluster.endpoint, "topic", "create", topic, "--partitions", "2", *config)
+    produce(cluster.endpoint, topic, 0, b"hello", time_ms=1_700_000_000_000)
+    registry = Registry(cluster.zookeeper, cluster.chroot)
+    registry.start(timeout=10)
+    try:
+        describe_across_a_move(cluster, topic, registry)
+    finally:
+        registry.stop()
+
+
+def describe_across_a_move(cluster: ThreeBrokers, topic: str, registry: Registry) -> None:
+    wait_until(
+        lambda: described(cluster.endpoint, topic)["partitions"][0]["high_watermark"] == 31,
+        what="every replica flushed the message",  # a 26-byte header + "hello"
+    )
+    state, version = registry.partition_state(topic, 0)
+    line = re.compile(
+        r"partition (\d) broker ([123]) epoch (\d+) replicas ([123],[123],[123]) isr ([123,]+) "
+        r"log_start 0 high_watermark (\d+) "
+    )
+    shown = [
+        line.match(text)
+        for text in ok(cluster.endpoint, "topic", "describe", topic).output.splitlines()[-2:]
+    ]
+    assert all(shown), shown
+    first = shown[0]
+    assert first is not None
+    assert int(first[2]) == state.leader and int(first[3]) == state.leader_epoch
+    assert sorted(map(int, first[4].split(","))) == [1, 2, 3]
+    assert sorted(map(int, first[5].split(","))) == sorted(state.isr)
+    assert first[6] == "31"
+
+    wait_until(lambda: len(registry.partition_state(topic, 0)[0].isr) == 3, what="ISR of 3")
+    state, version = registry.partition_state(topic, 0)
+    leader = next(b for b in sorted(state.isr) if b != state.leader)
+    moved = PartitionState(leader, state.leader_epoch + 1, state.isr, state.controller_epoch)
+    registry.write_partition_state(topic, 0, moved, version)
+
+    def leader_shown() -> bool:
+        partition = described(cluster.endpoint, topic)["partitions"][0]
+        return partition["broker_id"] == leader and partition["available"] is True
+
+    wait_until(leader_shown, what=f"broker {leader} described as the leader")
+    partition = described(cluster.endpoint, topic)["partitions"][0]
+    assert partition["leader_epoch"] == state.leader_epoch + 1
+    assert sorted(partition["replicas"]) == [1, 2, 3]
+    assert sorted(partition["isr"]) == sorted(state.isr)
+    assert partition["high_watermark"] == 31
