@@ -34,7 +34,7 @@ from cli.common import (
     usage_error,
 )
 
-_ACKS = {"none": Ack.NONE, "written": Ack.WRITTEN, "flushed": Ack.FLUSHED}
+_ACKS = {"none": Ack.NONE, "written": Ack.WRITTEN, "flushed": Ack.FLUSHED, "all": Ack.ALL}
 
 
 @click.command()
