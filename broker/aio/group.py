@@ -195,6 +195,8 @@ class AsyncGroupConsumer(AsyncClosing):
         for owned in current:
             if owned in self._fetching or owned.rest_until > now:
                 continue
+            if not owned.located and not await self._in_thread(member._locate, owned):
+                continue
             request = fetch_request(owned, wait_s)
             exchange = self._cluster.connect(owned.endpoint).exchange(request)
             self._fetching[owned] = (request.offset, asyncio.ensure_future(exchange))
@@ -212,6 +214,7 @@ class AsyncGroupConsumer(AsyncClosing):
                 frames = task.result()
             except Unavailable:
                 owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+                owned.located = False  # the broker may be down: another may lead now
                 log.warning("no reply to a fetch of %s from %s", owned.tp, owned.endpoint)
                 continue
             if owned.fetch_offset != offset:

@@ -7,11 +7,12 @@ groups are independent of each other. A member:
 - registers itself (ephemeral /consumers/<group>/ids/<consumer_id>) and watches the group's
   members, the brokers and the topics; any change triggers a rebalance;
 - rebalances in the thread that calls `poll`: it stops its fetches, calls `on_revoked`, commits
-  (with auto-commit), releases its owner nodes, sorts the topic's partitions (those whose broker
-  is live, by broker id and partition) and the members subscribed to the topic, takes its
-  contiguous range (the first len(P) % len(C) members take one more), and claims each partition
-  with an ephemeral owner node. A partition still owned by another member makes it release all
-  it claimed, back off and start again, at most `rebalance_retries` times; then RebalanceFailed;
+  (with auto-commit), releases its owner nodes, sorts the topic's partitions (those with a
+  replica on a live broker, by preferred leader's id and partition) and the members subscribed
+  to the topic, takes its contiguous range (the first len(P) % len(C) members take one more),
+  and claims each partition with an ephemeral owner node. A partition still owned by another
+  member makes it release all it claimed, back off and start again, at most
+  `rebalance_retries` times; then RebalanceFailed;
 - reads each partition from the group's committed offset, or, when none is committed, from the
   earliest or latest offset (`reset`). A committed offset that retention has deleted (the
   broker answers OFFSET_OUT_OF_RANGE) is reset the same way, logged and counted
@@ -39,7 +40,14 @@ its offsets, after the records before it, at every poll until it is read past; w
 PartitionConsumer does.
 
 Fetches are pipelined: one FETCH in flight per owned partition, each on the connection to the
-broker that holds the partition, so an idle partition's long poll never holds up a busy one.
+partition's leader, so an idle partition's long poll never holds up a busy one. Leadership
+moves (docs/replication.md): the leaders are asked by METADATA (version 2) when partitions are
+claimed; a fetch answered NOT_LEADER_FOR_PARTITION naming a broker this member knows goes
+there next, and after any other retriable error or no reply the partition's leader is asked
+again by METADATA before its next fetch (each after the partition's rest, RETRY_BACKOFF_S).
+A partition whose preferred leader is down is assigned as long as one of its replicas is
+registered (another one may lead it); its node under /consumers keeps the preferred leader's
+id.
 
 Not safe to share between threads (the watches only set a flag that `poll` reads).
 """
@@ -142,6 +150,9 @@ class _Owned:
     in_flight: tuple[Connection, int] | None = None
     sent_at: float = 0.0
     rest_until: float = 0.0
+    located: bool = True
+    """False after a fetch error that did not say where the leader is: METADATA is asked before
+    the next fetch (GroupConsumer._locate)."""
 
 
 def fetch_request(owned: _Owned, wait_s: float) -> FetchRequest:
@@ -390,6 +401,8 @@ class GroupConsumer(Closing):
         for owned in self._owned.values():
             if owned.in_flight is not None or owned.rest_until > now:
                 continue
+            if not owned.located and not self._locate(owned):
+                continue
             request = fetch_request(owned, wait_s)
             connection = self.cluster.connect(owned.endpoint)
             key = (connection, connection.send_pipelined(request))
@@ -428,7 +441,43 @@ class GroupConsumer(Closing):
                 del self._in_flight[key]
                 owned.in_flight = None
                 owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+                owned.located = False  # the broker may be down: another may lead now
                 log.warning("no reply to a fetch of %s from %s", owned.tp, owned.endpoint)
+
+    def _follow_leader(self, owned: _Owned, error: PylogError) -> None:
+        """After a fetch of `owned` failed with a retriable `error` (or none came): fetch next
+        from the leader a NOT_LEADER_FOR_PARTITION names (a broker known, epoch not older),
+        else ask METADATA first (`_locate`)."""
+        tp = owned.tp
+        self.cluster.learn_from(tp.topic, tp.partition, error)
+        info = self.cluster.leaders.get((tp.topic, tp.partition))
+        endpoint = None if info is None else self.cluster.endpoints.get(info.broker_id)
+        if endpoint is None:
+            owned.located = False
+        else:
+            owned.endpoint, owned.located = endpoint, True
+
+    def _locate(self, owned: _Owned) -> bool:
+        """Ask METADATA where `owned`'s partition is led now and fetch from there; False (the
+        partition rests again) when no broker answers, or it has no leader yet."""
+        tp = owned.tp
+        try:
+            self.cluster.metadata([tp.topic])
+        except (BrokerError, Unavailable) as error:
+            if isinstance(error, BrokerError) and not error.retriable:
+                raise
+            log.warning("group %s: where is %s led? %s", self.group, tp, error)
+            owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+            return False
+        info = self.cluster.leaders.get((tp.topic, tp.partition))
+        endpoint = None
+        if info is not None and info.error_code == ErrorCode.NONE:
+            endpoint = self.cluster.endpoints.get(info.broker_id)
+        if endpoint is None:
+            owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+            return False
+        owned.endpoint, owned.located = endpoint, True
+        return True
 
     def _on_fetch_reply(self, owned: _Owned, frames: list[Any]) -> bool:
         """Take a fetch reply: its records buffered, or its error acted on. True when the
@@ -448,6 +497,7 @@ class GroupConsumer(Closing):
                 owned.fetch_bytes = grown
             elif error.retriable or error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                 owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+                self._follow_leader(owned, error)
             else:
                 raise
             return False
@@ -470,7 +520,7 @@ class GroupConsumer(Closing):
         partition rests a moment when the broker cannot say where that is now)."""
         tp = owned.tp
         try:
-            offset = self._reset_offset(tp, owned.endpoint)
+            offset = self._reset_offset(tp)
         except (Unavailable, BrokerError) as failure:
             if isinstance(failure, BrokerError) and not failure.retriable:
                 raise
@@ -598,7 +648,7 @@ class GroupConsumer(Closing):
             live = [
                 TopicPartition(topic, holder, number)
                 for number, holder in enumerate(config.brokers)
-                if holder in brokers
+                if any(replica in brokers for replica in config.replicas[number])
             ]
             subscribed = [member for member, topics in members.items() if topic in topics]
             wanted += assign_range(live, subscribed, self.consumer_id)
@@ -613,19 +663,49 @@ class GroupConsumer(Closing):
             log.warning("group %s: topic %r: %s", self.group, topic, error)
             return None
 
-    def _start(self, claimed: Iterable[TopicPartition]) -> None:
+    def _leaders(self, claimed: Iterable[TopicPartition]) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> its leader, by METADATA, for the partitions of `claimed` that
+        are led by a registered broker now (the others: fetched from their preferred leader,
+        which answers where the leader is, or rest until METADATA knows)."""
+        topics = sorted({tp.topic for tp in claimed})
+        if not topics:
+            return {}
+        try:
+            self.cluster.metadata(topics)
+        except (BrokerError, Unavailable) as error:
+            if isinstance(error, BrokerError) and not error.retriable:
+                raise
+            log.warning("group %s: no METADATA for the leaders: %s", self.group, error)
+            return {}
+        leaders = {}
         for tp in claimed:
-            endpoint = self.cluster.endpoints[tp.broker_id]
+            info = self.cluster.leaders.get((tp.topic, tp.partition))
+            if info is None or info.error_code != ErrorCode.NONE:
+                continue
+            if info.broker_id in self.cluster.endpoints:
+                leaders[tp.topic, tp.partition] = info.broker_id
+        return leaders
+
+    def _start(self, claimed: Iterable[TopicPartition]) -> None:
+        claimed = list(claimed)
+        leaders = self._leaders(claimed)
+        for tp in claimed:
+            leader = leaders.get((tp.topic, tp.partition), tp.broker_id)
+            endpoint = self.cluster.endpoints.get(leader)
+            if endpoint is None:  # the rebalance is tried again (_rebalanced)
+                raise Unavailable(f"{tp.topic}-{tp.partition}: no leader registered now")
             committed = self.registry.committed_offset(self.group, tp.topic, tp.name)
-            position = self._reset_offset(tp, endpoint) if committed is None else committed
+            position = self._reset_offset(tp) if committed is None else committed
             self._owned[tp] = _Owned(
                 tp, endpoint, position, position, committed, position, fetch_bytes=self.fetch_bytes
             )
 
-    def _reset_offset(self, tp: TopicPartition, endpoint: str) -> int:
+    def _reset_offset(self, tp: TopicPartition) -> int:
+        """The earliest or latest offset (`reset`) of `tp`, asked of its leader
+        (Cluster.call_leader: followed when it moves)."""
         time_ = EARLIEST if self.reset == "earliest" else LATEST
         request = OffsetsRequest(tp.topic, tp.partition, time_)
-        return self.cluster.connect(endpoint).call(request).offset
+        return self.cluster.call_leader(request, 3).offset
 
     # -- offsets -----------------------------------------------------------------------------
 

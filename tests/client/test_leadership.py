@@ -11,18 +11,29 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import pytest
 
-from broker.aio import AsyncPartitionConsumer, AsyncProducer
-from broker.client import Admin, Cluster, PartitionConsumer, Producer
+from broker.aio import AsyncGroupConsumer, AsyncPartitionConsumer, AsyncProducer
+from broker.client import Admin, Cluster, PartitionConsumer, Producer, TopicConsumer
+from broker.client.group import GroupConsumer
 from broker.client.producer import Delivery
 from broker.errors import NotLeaderForPartition
 from broker.log.message import Message
-from broker.protocol import Ack, FetchRequest, MetadataReply
+from broker.protocol import (
+    Ack,
+    ErrorCode,
+    FetchRequest,
+    MetadataReply,
+    MetadataRequest,
+    encode_error,
+)
 from broker.registry import PartitionState, Registry
+from broker.zookeeper import PrivateZooKeeper
+from tests.client.test_error_fields import TOPIC, FakePartition, served
 from tests.cluster.conftest import broker_flags
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
@@ -65,18 +76,70 @@ def values(count: int) -> list[bytes]:
     return [b"message-%06d" % i for i in range(count)]
 
 
-def check_read(read: list[Message], sent: list[bytes]) -> None:
-    """Everything sent read, in the order sent, offsets without a gap (each message read once);
-    a message read twice only as a copy stored again (a batch sent again), after its first."""
-    for before, after in itertools.pairwise(read):
-        assert after.offset == before.next_offset, "a gap, or a message read twice"
+Read = list[tuple[int, bytes]]
+"""What a consumer read: (offset, value) pairs, in the order read."""
+
+
+def check_read(read: Read, sent: list[bytes], sizes: list[int] | None = None) -> None:
+    """Everything sent read, in the order sent, offsets rising (without a gap when `sizes`,
+    each message's size, are given); a message read twice only as a copy stored again (a batch
+    sent again), after its first."""
+    for i, ((before, _), (after, _)) in enumerate(itertools.pairwise(read)):
+        assert after > before, "read twice, or out of offset order"
+        if sizes is not None:
+            assert after == before + sizes[i], "a gap"
     new = 0
-    for message in read:
-        if new < len(sent) and message.value == sent[new]:
+    for _, value in read:
+        if new < len(sent) and value == sent[new]:
             new += 1
         else:
-            assert message.value in sent[:new], f"{message.value!r} out of order"
+            assert value in sent[:new], f"{value!r} out of order"
     assert new == len(sent)
+
+
+def produce_and_read_across_moves(
+    endpoints: dict[int, str], registry: Registry, topic: str, poll: Callable[[], Read]
+) -> tuple[list[int], Read]:
+    """Send MESSAGES messages to partition 0 of `topic` at ack=all from a thread, one batch in
+    flight, while `poll` reads in this one; move the partition's leadership after a third and
+    after two thirds were read. The offsets acknowledged, and what was read."""
+    sent = values(MESSAGES)
+    deliveries: list[Delivery] = []
+    failure: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with Producer(
+                endpoints[1], topic, ack=Ack.ALL, batch_messages=10, max_in_flight=1
+            ) as producer:
+                for value in sent:
+                    deliveries.append(producer.send(value, partition=0))
+                    time.sleep(0.002)  # spread the sends over the moves
+        except BaseException as error:  # the test thread raises it
+            failure.append(error)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    read: Read = []
+    moves: list[int] = []
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while len({value for _, value in read}) < MESSAGES and time.monotonic() < deadline:
+            read += poll()
+            if len(moves) < 2 and len(read) >= (len(moves) + 1) * MESSAGES // 3:
+                leader = move_leadership(registry, topic, 0)
+                moves.append(leader)
+                wait_until(partial(answers_as_leader, endpoints[leader], topic, 0))
+            assert not failure, failure
+    finally:
+        producer.join(DEADLINE_S)
+    assert not producer.is_alive() and not failure, failure
+    assert len(moves) == 2
+    offsets = [d.result(0) for d in deliveries]
+    assert len(offsets) == MESSAGES
+    check_read(read, sent)
+    assert set(offsets) <= {offset for offset, _ in read}  # each ack names a message read
+    return offsets, read
 
 
 def test_metadata_version_2_names_leader_epoch_replicas_and_isr(
@@ -94,62 +157,81 @@ def test_metadata_version_2_names_leader_epoch_replicas_and_isr(
         assert cluster.metadata_v1 == set()
 
 
-def test_producer_at_ack_all_and_consumer_follow_leadership_moves(
+def test_producer_at_ack_all_and_partition_consumer_follow_leadership_moves(
     replicating: list[RunningBroker], registry: Registry
 ) -> None:
     endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
     with Admin(endpoints[1]) as admin:
         admin.create_topic("moving", 1, REPLICATED)
-    sent = values(MESSAGES)
-    deliveries: list[Delivery] = []
-    failure: list[BaseException] = []
+    with PartitionConsumer(endpoints[2], "moving", 0, max_wait_ms=100) as consumer:
+        messages: list[Message] = []
 
-    def produce() -> None:
-        try:
-            with Producer(
-                endpoints[1], "moving", ack=Ack.ALL, batch_messages=10, max_in_flight=1
-            ) as producer:
-                for value in sent:
-                    deliveries.append(producer.send(value))
-                    time.sleep(0.002)  # spread the sends over the moves
-        except BaseException as error:  # the test thread raises it
-            failure.append(error)
+        def poll() -> Read:
+            got = consumer.poll()
+            messages.extend(got)
+            return [(m.offset, m.value) for m in got]
 
-    producer = threading.Thread(target=produce)
-    producer.start()
-    read: list[Message] = []
-    moves: list[int] = []
-    try:
-        with PartitionConsumer(endpoints[2], "moving", 0, max_wait_ms=100) as consumer:
-            deadline = time.monotonic() + DEADLINE_S
-            while len(set(m.value for m in read)) < MESSAGES and time.monotonic() < deadline:
-                read += consumer.poll()
-                if len(moves) < 2 and len(read) >= (len(moves) + 1) * MESSAGES // 3:
-                    leader = move_leadership(registry, "moving", 0)
-                    moves.append(leader)
-                    wait_until(partial(answers_as_leader, endpoints[leader], "moving", 0))
-                assert not failure, failure
-    finally:
-        producer.join(DEADLINE_S)
-    assert not producer.is_alive() and not failure, failure
-    assert len(moves) == 2
-    offsets = [d.result(0) for d in deliveries]
-    assert len(offsets) == MESSAGES
-    check_read(read, sent)
-    stored = {m.offset for m in read}
-    assert set(offsets) <= stored  # every ack names a message read at that offset
+        _, read = produce_and_read_across_moves(endpoints, registry, "moving", poll)
+    check_read(read, values(MESSAGES), [m.size for m in messages])
 
 
-def test_async_producer_and_consumer_follow_leadership_moves(
+def test_topic_consumer_follows_leadership_moves(
     replicating: list[RunningBroker], registry: Registry
 ) -> None:
+    endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
+    with Admin(endpoints[1]) as admin:
+        admin.create_topic("moving-topic", 2, REPLICATED)
+    with TopicConsumer(endpoints[3], "moving-topic", [0], follow=True, max_wait_ms=100) as c:
+        records = iter(c)
+
+        def poll() -> Read:
+            record = next(records)
+            return [(record.offset, record.value)]
+
+        produce_and_read_across_moves(endpoints, registry, "moving-topic", poll)
+
+
+def test_group_member_follows_leadership_moves(
+    replicating: list[RunningBroker],
+    registry: Registry,
+    zookeeper: PrivateZooKeeper,
+    registry_chroot: str,
+) -> None:
+    endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
+    with Admin(endpoints[1]) as admin:
+        admin.create_topic("moving-group", 1, REPLICATED)
+    member = GroupConsumer(
+        zookeeper.connect_string,
+        "followers",
+        ["moving-group"],
+        chroot=registry_chroot,
+        max_wait_ms=100,
+        session_timeout_s=2.0,
+    )
+    with member:
+
+        def poll() -> Read:
+            return [(r.offset, r.value) for r in member.poll()]
+
+        produce_and_read_across_moves(endpoints, registry, "moving-group", poll)
+
+
+def test_async_producer_and_consumers_follow_leadership_moves(
+    replicating: list[RunningBroker],
+    registry: Registry,
+    zookeeper: PrivateZooKeeper,
+    registry_chroot: str,
+) -> None:
+    """AsyncProducer at ack=all, with an AsyncPartitionConsumer and an AsyncGroupConsumer
+    reading, across two moves."""
     endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
     with Admin(endpoints[1]) as admin:
         admin.create_topic("moving-aio", 1, REPLICATED)
     sent = values(MESSAGES)
 
-    async def run() -> tuple[list[int], list[Message], list[int]]:
+    async def run() -> tuple[list[int], list[Message], Read, list[int]]:
         read: list[Message] = []
+        grouped: Read = []
         moves: list[int] = []
         producer = AsyncProducer(
             endpoints[1], "moving-aio", ack=Ack.ALL, batch_messages=10, max_in_flight=1
@@ -163,12 +245,24 @@ def test_async_producer_and_consumer_follow_leadership_moves(
             await producer.flush()
             return [await d.result(0) for d in deliveries]
 
+        def done() -> bool:
+            return len({m.value for m in read}) == len({v for _, v in grouped}) == MESSAGES
+
         sending = asyncio.create_task(produce())
         consumer = AsyncPartitionConsumer(endpoints[3], "moving-aio", 0, max_wait_ms=100)
+        member = AsyncGroupConsumer(
+            zookeeper.connect_string,
+            "async-followers",
+            ["moving-aio"],
+            chroot=registry_chroot,
+            max_wait_ms=100,
+            session_timeout_s=2.0,
+        )
         try:
             deadline = time.monotonic() + DEADLINE_S
-            while len(set(m.value for m in read)) < MESSAGES and time.monotonic() < deadline:
+            while not done() and time.monotonic() < deadline:
                 read += await consumer.poll()
+                grouped += [(r.offset, r.value) for r in await member.poll()]
                 if len(moves) < 2 and len(read) >= (len(moves) + 1) * MESSAGES // 3:
                     leader = await asyncio.to_thread(move_leadership, registry, "moving-aio", 0)
                     moves.append(leader)
@@ -183,14 +277,16 @@ def test_async_producer_and_consumer_follow_leadership_moves(
             offsets = await asyncio.wait_for(sending, DEADLINE_S)
         finally:
             sending.cancel()
+            await member.close()
             await consumer.close()
             await producer.close()
-        return offsets, read, moves
+        return offsets, read, grouped, moves
 
-    offsets, read, moves = asyncio.run(run())
+    offsets, read, grouped, moves = asyncio.run(run())
     assert len(moves) == 2
     assert len(offsets) == MESSAGES
-    check_read(read, sent)
+    check_read([(m.offset, m.value) for m in read], sent, [m.size for m in read])
+    check_read(grouped, sent)
     assert set(offsets) <= {m.offset for m in read}
 
 
@@ -221,3 +317,32 @@ def test_a_not_leader_naming_a_known_broker_is_followed_without_metadata(
         assert reply.message_set and asked == []
         assert cluster.leaders["hinted", 0].broker_id == new
         assert cluster.leaders["hinted", 0].leader_epoch == old.leader_epoch + 1
+
+
+@dataclass
+class OldBroker(FakePartition):
+    """Partition 0 of TOPIC on a broker older than replication: it answers METADATA version 2
+    UNSUPPORTED_VERSION, version 1 as before."""
+
+    asked: list[int] = field(default_factory=list)
+    """The api_version of each METADATA asked."""
+
+    def answer(self, correlation_id: int, request: object) -> list[bytes]:
+        if isinstance(request, MetadataRequest):
+            self.asked.append(self.version)
+            if self.version != 1:
+                error = encode_error(correlation_id, ErrorCode.UNSUPPORTED_VERSION, "x")
+                return [bytes(f) for f in error]
+        return super().answer(correlation_id, request)
+
+
+def test_a_broker_without_metadata_version_2_is_asked_version_1() -> None:
+    old = OldBroker()
+    with served(old), Cluster(old.endpoint) as cluster:
+        (partition,) = cluster.partitions(TOPIC)
+        assert (partition.broker_id, partition.leader_epoch, partition.replicas) == (1, -1, ())
+        assert old.asked == [2, 1] and cluster.metadata_v1 == {old.endpoint}
+        cluster.partitions(TOPIC)
+        assert old.asked == [2, 1, 1]  # noted: version 1 at once
+        reply = cluster.call_leader(FetchRequest(TOPIC, 0, 0, 1 << 20, 0, 0), 0)
+        assert reply.message_set  # routed by the version 1 holder
