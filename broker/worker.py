@@ -709,6 +709,9 @@ class Worker:
             return  # following that leader in that epoch already
         if leader == me and current is not None and current.epoch == epoch:
             current.set_isr(command["isr"])  # an ISR change in this term
+            if len(current.isr) < partition.min_insync:  # what waits was promised more
+                error = NotEnoughReplicas(partition.name, len(current.isr), partition.min_insync)
+                _fail(partition.all_acks, error, self._replies)
             partition.advance(self._replies)
             return
         self._stop_leading(partition)

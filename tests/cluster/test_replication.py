@@ -169,3 +169,28 @@ def test_a_leader_cut_off_from_zookeeper_refuses_ack_all_before_another_is_chose
         assert registry.partition_state("fenced", 0)[0].leader == 1
     finally:
         proxy.close()
+
+
+def test_an_ack_all_waiting_when_the_isr_shrinks_below_its_minimum_is_refused(
+    replicating: list[RunningBroker], registry: Registry
+) -> None:
+    brokers = {b: replicating[b - 1] for b in (1, 2, 3)}
+    with Admin(brokers[1].endpoint) as admin:
+        admin.create_topic("strict", 1, {"replication_factor": "2", "min_insync_replicas": "2"})
+    state = registry.partition_state("strict", 0)[0]
+    (follower,) = set(state.isr) - {state.leader}
+    workers = brokers[follower].worker_pids()
+    with Producer(brokers[state.leader].endpoint, "strict", ack=Ack.ALL, retries=0) as producer:
+        producer.send(b"both")
+        producer.flush()
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            waiting = producer.send(b"one copy only")  # the follower never copies it
+            with pytest.raises(BrokerError) as refused:
+                waiting.result(timeout=30)
+            assert refused.value.name == "NOT_ENOUGH_REPLICAS"  # not acked by the leader alone
+            assert isr(registry, "strict", 0) == (state.leader,)
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
