@@ -34,6 +34,7 @@ def checkout(source: Path) -> Path:
     return source
 
 
+@pytest.mark.slow  # ~35 s: two runs of scripts/setup in a copy of the checkout
 def test_broker_only_installs_no_extras_and_skips_pip_when_nothing_changed(checkout: Path) -> None:
     source = checkout
     python = source / ".venv" / "bin" / "python"

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
@@ -144,6 +145,7 @@ def test_a_load_of_an_unknown_topic_or_from_a_down_broker_is_one_line_before_spa
     assert "\n" not in output  # one line: Spark never started
 
 
+@pytest.mark.slow  # ~40 s: a following load through several batches, then a rerun
 def test_a_following_load_shows_its_batches_goes_on_until_sigterm_and_a_rerun_loads_nothing_twice(
     spark: SparkSession, broker: RunningBroker, topic: str, tmp_path: Path
 ) -> None:
