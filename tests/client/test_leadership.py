@@ -21,7 +21,7 @@ from broker.aio import AsyncGroupConsumer, AsyncPartitionConsumer, AsyncProducer
 from broker.client import Admin, Cluster, PartitionConsumer, Producer, TopicConsumer
 from broker.client.group import GroupConsumer
 from broker.client.producer import Delivery
-from broker.errors import NotLeaderForPartition
+from broker.errors import NotLeaderForPartition, UnknownTopicOrPartition
 from broker.log.message import Message
 from broker.protocol import (
     Ack,
@@ -48,6 +48,24 @@ def replicating(make_pylogd: Callable[..., RunningBroker], tmp_path: Path) -> li
     """Brokers 1, 2 and 3; followers long-poll 200 ms, and one behind for 2 s leaves the ISR."""
     flags = ("--broker-replica-lag-max-ms", "2000", "--broker-replica-fetch-wait-ms", "200")
     return [make_pylogd(*broker_flags(tmp_path, i), *flags, name=f"broker-{i}") for i in (1, 2, 3)]
+
+
+def create_replicated(endpoints: dict[int, str], topic: str, partitions: int) -> None:
+    """Create `topic` at replication factor 3, and wait until every broker's METADATA lists
+    it (CREATE_TOPIC returns once the leaders serve it: a follower's watch may be later)."""
+    with Admin(endpoints[1]) as admin:
+        admin.create_topic(topic, partitions, REPLICATED)
+
+    def everywhere() -> bool:
+        for endpoint in endpoints.values():
+            with Cluster(endpoint) as cluster:
+                try:
+                    cluster.partitions(topic)
+                except UnknownTopicOrPartition:
+                    return False
+        return True
+
+    wait_until(everywhere, what=f"every broker lists {topic}")
 
 
 def move_leadership(registry: Registry, topic: str, partition: int) -> int:
@@ -145,8 +163,7 @@ def produce_and_read_across_moves(
 def test_metadata_version_2_names_leader_epoch_replicas_and_isr(
     replicating: list[RunningBroker], registry: Registry
 ) -> None:
-    with Admin(replicating[0].endpoint) as admin:
-        admin.create_topic("described", 2, REPLICATED)
+    create_replicated({b: replicating[b - 1].endpoint for b in (1, 2, 3)}, "described", 2)
     with Cluster(replicating[1].endpoint) as cluster:
         for info in cluster.partitions("described"):
             state, _ = registry.partition_state("described", info.partition)
@@ -161,8 +178,7 @@ def test_producer_at_ack_all_and_partition_consumer_follow_leadership_moves(
     replicating: list[RunningBroker], registry: Registry
 ) -> None:
     endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
-    with Admin(endpoints[1]) as admin:
-        admin.create_topic("moving", 1, REPLICATED)
+    create_replicated(endpoints, "moving", 1)
     with PartitionConsumer(endpoints[2], "moving", 0, max_wait_ms=100) as consumer:
         messages: list[Message] = []
 
@@ -179,8 +195,7 @@ def test_topic_consumer_follows_leadership_moves(
     replicating: list[RunningBroker], registry: Registry
 ) -> None:
     endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
-    with Admin(endpoints[1]) as admin:
-        admin.create_topic("moving-topic", 2, REPLICATED)
+    create_replicated(endpoints, "moving-topic", 2)
     with TopicConsumer(endpoints[3], "moving-topic", [0], follow=True, max_wait_ms=100) as c:
         records = iter(c)
 
@@ -198,8 +213,7 @@ def test_group_member_follows_leadership_moves(
     registry_chroot: str,
 ) -> None:
     endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
-    with Admin(endpoints[1]) as admin:
-        admin.create_topic("moving-group", 1, REPLICATED)
+    create_replicated(endpoints, "moving-group", 1)
     member = GroupConsumer(
         zookeeper.connect_string,
         "followers",
@@ -225,8 +239,7 @@ def test_async_producer_and_consumers_follow_leadership_moves(
     """AsyncProducer at ack=all, with an AsyncPartitionConsumer and an AsyncGroupConsumer
     reading, across two moves."""
     endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
-    with Admin(endpoints[1]) as admin:
-        admin.create_topic("moving-aio", 1, REPLICATED)
+    create_replicated(endpoints, "moving-aio", 1)
     sent = values(MESSAGES)
 
     async def run() -> tuple[list[int], list[Message], Read, list[int]]:
@@ -296,8 +309,7 @@ def test_a_not_leader_naming_a_known_broker_is_followed_without_metadata(
     """A request sent to the old leader answers NOT_LEADER_FOR_PARTITION with the new leader:
     the cluster connection sends it there next (no METADATA asked meanwhile)."""
     endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
-    with Admin(endpoints[1]) as admin:
-        admin.create_topic("hinted", 1, REPLICATED)
+    create_replicated(endpoints, "hinted", 1)
     with Producer(endpoints[1], "hinted", ack=Ack.ALL) as producer:
         producer.send(b"before the move").result()
     with Cluster(endpoints[1]) as cluster:
