@@ -2,8 +2,9 @@
 `pylogctl group describe` and `pylogctl group reset`.
 
 A group's state is in ZooKeeper (members, owners, committed offsets: docs/registry.md); the
-partitions' offsets and messages come from the brokers holding them, reached at the endpoints
-they register. Offsets are byte positions, so a lag in messages is found by reading the
+partitions' offsets and messages come from each partition's leader (METADATA, asked of the
+brokers registered; the preferred leader when none answers), reached at the endpoints they
+register. Offsets are byte positions, so a lag in messages is found by reading the
 messages: `backlog` counts them exactly up to `count_bytes` past the committed offset and
 estimates the rest from the average size of those counted (and says so). The lag in seconds is
 the age of the next unread message: now minus the timestamp of the message at the committed
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 from broker.client.cluster import Cluster
-from broker.client.connection import Connection
+from broker.client.connection import Connection, Retry
 from broker.client.consumer import (
     MAX_FETCH_BYTES,
     corrupt_segment_reply,
@@ -288,8 +289,7 @@ class GroupReader:
 
     def _partition_lag(self, lag: PartitionLag, count_bytes: int, now_ms: float) -> PartitionLag:
         try:
-            connection = self._connection(lag.broker)
-            start, end = log_range(connection, lag.topic, lag.partition, self.retries)
+            connection, (start, end) = self._leader_range(lag.topic, lag.partition, lag.broker)
         except (BrokerError, Unavailable) as error:
             return replace(lag, note=f"broker {lag.broker} unavailable: {error}")
         offsets = replace(lag, log_start=start, high_watermark=end)
@@ -323,12 +323,39 @@ class GroupReader:
     def _refresh_endpoints(self) -> None:
         brokers = self.registry.brokers()
         self.cluster.endpoints = {b: f"tcp://{i.host}:{i.port}" for b, i in brokers.items()}
+        self.cluster.leaders.clear()  # asked again: leadership may have moved since
 
     def _connection(self, broker: int) -> Connection:
         endpoint = self.cluster.endpoints.get(broker)
         if endpoint is None:
             raise Unavailable("not registered in ZooKeeper (down?)")
         return self.cluster.connect(endpoint)
+
+    def _leader(self, topic: str, partition: int, holder: int) -> Connection:
+        """The connection to the partition's leader (METADATA version 2, asked of the brokers
+        registered; Cluster.leader_connection), or to `holder`, its preferred leader, when
+        no broker says."""
+        try:
+            return self.cluster.leader_connection(topic, partition)
+        except (BrokerError, Unavailable):
+            return self._connection(holder)
+
+    def _leader_range(
+        self, topic: str, partition: int, holder: int
+    ) -> tuple[Connection, tuple[int, int]]:
+        """The partition's leader and its `log_range`, asked again after a retriable error
+        (NOT_LEADER_FOR_PARTITION: the broker asked had not heard of a move yet, or has) of the
+        leader found then (Cluster.learn_from), up to `retries` more times, 0.1 s doubling
+        apart (Retry); raises the last error."""
+        retry = Retry(self.retries, 3 * self.cluster.timeout_s)
+        while True:
+            try:
+                connection = self._leader(topic, partition, holder)
+                return connection, log_range(connection, topic, partition, 0)
+            except (BrokerError, Unavailable) as error:
+                wait_s = retry.wait_after(error)
+                self.cluster.learn_from(topic, partition, error)
+            time.sleep(wait_s)
 
     # -- resets ------------------------------------------------------------------------------
 
@@ -374,8 +401,7 @@ class GroupReader:
         step = ResetStep(topic, number, name, before, None)
         if isinstance(target, tuple) and before is None:
             return replace(step, note="no committed offset to shift")
-        connection = self._connection(holder)
-        start, end = log_range(connection, topic, number, self.retries)
+        connection, (start, end) = self._leader_range(topic, number, holder)
         if target == "earliest":
             return replace(step, after=start)
         if target == "latest":

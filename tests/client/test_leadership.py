@@ -20,15 +20,18 @@ import pytest
 from broker.aio import AsyncGroupConsumer, AsyncPartitionConsumer, AsyncProducer
 from broker.client import Admin, Cluster, PartitionConsumer, Producer, TopicConsumer
 from broker.client.group import GroupConsumer
+from broker.client.lag import GroupReader
 from broker.client.producer import Delivery
 from broker.errors import NotLeaderForPartition, UnknownTopicOrPartition
 from broker.log.message import Message
 from broker.protocol import (
+    LATEST,
     Ack,
     ErrorCode,
     FetchRequest,
     MetadataReply,
     MetadataRequest,
+    OffsetsRequest,
     encode_error,
 )
 from broker.registry import PartitionState, Registry
@@ -358,3 +361,29 @@ def test_a_broker_without_metadata_version_2_is_asked_version_1() -> None:
         assert old.asked == [2, 1, 1]  # noted: version 1 at once
         reply = cluster.call_leader(FetchRequest(TOPIC, 0, 0, 1 << 20, 0, 0), 0)
         assert reply.message_set  # routed by the version 1 holder
+
+
+def test_group_lag_reads_offsets_of_the_leader_after_a_move(
+    replicating: list[RunningBroker], registry: Registry
+) -> None:
+    """`pylogctl group describe`'s reader asks the partition's leader, not its preferred one
+    (a follower after the move, which answers NOT_LEADER_FOR_PARTITION)."""
+    endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
+    create_replicated(endpoints, "lagging", 1)
+    with Producer(endpoints[1], "lagging", ack=Ack.ALL) as producer:
+        offsets = [producer.send(value).result() for value in values(10)]
+    end = offsets[-1] + offsets[1] - offsets[0]  # ten messages of one size
+    registry.commit_offset("lagging-group", "lagging", "1-0", offsets[4])
+    new = move_leadership(registry, "lagging", 0)
+    wait_until(partial(answers_as_leader, endpoints[new], "lagging", 0))
+
+    def high_watermark() -> int:  # the new leader's starts at what it had heard, then catches up
+        with Cluster(endpoints[new]) as cluster:
+            return cluster.call_leader(OffsetsRequest("lagging", 0, LATEST), 3).offset
+
+    wait_until(lambda: high_watermark() == end, what="the new leader's high watermark")
+    with Cluster((), retries=1) as cluster:
+        (lag,) = GroupReader(registry, cluster).describe("lagging-group", ["lagging"]).partitions
+    assert (lag.broker, lag.note) == (1, None)  # the preferred leader names the partition
+    assert (lag.log_start, lag.high_watermark, lag.committed) == (0, end, offsets[4])
+    assert lag.lag_messages == 6  # messages 4 to 9
