@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -53,11 +55,13 @@ def replicating(make_pylogd: Callable[..., RunningBroker], tmp_path: Path) -> li
     return [make_pylogd(*broker_flags(tmp_path, i), *flags, name=f"broker-{i}") for i in (1, 2, 3)]
 
 
-def create_replicated(endpoints: dict[int, str], topic: str, partitions: int) -> None:
+def create_replicated(
+    endpoints: dict[int, str], topic: str, partitions: int, config: dict[str, str] = REPLICATED
+) -> None:
     """Create `topic` at replication factor 3, and wait until every broker's METADATA lists
     it (CREATE_TOPIC returns once the leaders serve it: a follower's watch may be later)."""
     with Admin(endpoints[1]) as admin:
-        admin.create_topic(topic, partitions, REPLICATED)
+        admin.create_topic(topic, partitions, config)
 
     def everywhere() -> bool:
         for endpoint in endpoints.values():
@@ -387,3 +391,37 @@ def test_group_lag_reads_offsets_of_the_leader_after_a_move(
     assert (lag.broker, lag.note) == (1, None)  # the preferred leader names the partition
     assert (lag.log_start, lag.high_watermark, lag.committed) == (0, end, offsets[4])
     assert lag.lag_messages == 6  # messages 4 to 9
+
+
+def test_the_producer_sends_again_after_not_enough_replicas_until_the_isr_grows_back(
+    replicating: list[RunningBroker], registry: Registry
+) -> None:
+    """min_insync_replicas 3 and a follower frozen out of the ISR: an ack=all batch is refused
+    NOT_ENOUGH_REPLICAS and sent again (0.1 s doubling to 2 s) until the follower is back in
+    the ISR, within the producer's delivery_timeout_s; then acknowledged."""
+    endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
+    config = {"replication_factor": "3", "min_insync_replicas": "3"}
+    create_replicated(endpoints, "strict", 1, config)
+    leader = registry.partition_state("strict", 0)[0].leader
+    frozen = min({1, 2, 3} - {leader})
+    with Producer(endpoints[leader], "strict", ack=Ack.ALL, batch_messages=1) as producer:
+        assert producer.send(b"before").result(10) == 0
+        workers = replicating[frozen - 1].worker_pids()
+        for pid in workers:  # its fetches stop; its ZooKeeper session lives on
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: frozen not in registry.partition_state("strict", 0)[0].isr)
+            delivery = producer.send(b"during")
+            with pytest.raises(TimeoutError):  # refused, and sent again, while the ISR is 2
+                delivery.result(1.0)
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
+        assert delivery.result(30) > 0
+    with PartitionConsumer(endpoints[frozen], "strict", 0, stop_at_end=True) as consumer:
+        wait_until(lambda: consumer.offset_for_time(LATEST) > delivery.result(0))
+        read = [(m.offset, m.value) for m in consumer]
+    # Sent before the leader applied the shrink, the set is appended, then answered
+    # NOT_ENOUGH_REPLICAS as the ISR shrinks under it (kept: at least once), and stored again.
+    assert read[0] == (0, b"before") and {v for _, v in read[1:]} == {b"during"}
+    assert len(read) in (2, 3) and (delivery.result(0), b"during") in read
