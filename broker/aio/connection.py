@@ -284,25 +284,27 @@ class AsyncCluster(BrokerMap):
         """METADATA for `topics` (every topic when empty), from the first broker that answers,
         as broker.client.Cluster.metadata asks."""
         request = MetadataRequest(tuple(topics))
-        error: BrokerError | Unavailable | None = None
-        for endpoint in self._metadata_candidates():
-            connection = self.connect(endpoint)
-            retries = self.retries if not error else 0
-            try:
+        retry = Retry(self.retries, 3 * self.timeout_s)
+        while True:  # each round asks each broker once, as broker.client.Cluster.metadata
+            error: BrokerError | Unavailable | None = None
+            for endpoint in self._metadata_candidates():
+                connection = self.connect(endpoint)
                 try:
-                    version = self._metadata_version(endpoint)
-                    reply = await connection.call(request, retries, version=version)
-                except BrokerError as failure:
-                    if not self._older_broker(endpoint, failure):
-                        raise
-                    reply = await connection.call(request, retries, version=1)
-            except (BrokerError, Unavailable) as failure:
-                if isinstance(failure, BrokerError) and not failure.retriable:
-                    raise
-                error = failure
-                continue
-            return self._learn(reply)
-        raise error or Unavailable("no broker endpoint known to ask METADATA of")
+                    try:
+                        version = self._metadata_version(endpoint)
+                        reply = await connection.call(request, 0, version=version)
+                    except BrokerError as failure:
+                        if not self._older_broker(endpoint, failure):
+                            raise
+                        reply = await connection.call(request, 0, version=1)
+                except (BrokerError, Unavailable) as failure:
+                    error = self._no_metadata(endpoint, failure)
+                    continue
+                self.silent.pop(endpoint, None)
+                return self._learn(reply)
+            if error is None:
+                raise Unavailable("no broker endpoint known to ask METADATA of")
+            await asyncio.sleep(retry.wait_after(error))
 
     async def partitions(self, topic: str) -> tuple[PartitionInfo, ...]:
         """Every partition of `topic`, in order (broker.client.Cluster.partitions)."""
@@ -334,12 +336,14 @@ class AsyncCluster(BrokerMap):
         broker.client.Cluster.call_leader does."""
         retry = Retry(retries, 3 * self.timeout_s)
         while True:
+            endpoint = None
             try:
                 connection = await self.leader_connection(request.topic, request.partition)
+                endpoint = connection.endpoint
                 return decode_reply(request.api, await connection.exchange(request))
             except (BrokerError, Unavailable) as error:
                 wait_s = retry.wait_after(error)
-                self.learn_from(request.topic, request.partition, error)
+                self.learn_from(request.topic, request.partition, error, endpoint)
             await asyncio.sleep(wait_s)
 
     async def close(self) -> None:

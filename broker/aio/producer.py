@@ -207,6 +207,7 @@ class AsyncProducer(ProducerCore):
                 if error is not None:
                     await asyncio.sleep(self._retry_wait(entry, error))
                     self.cluster.learn_from(self.topic, request.partition, error)
+                connection: AsyncConnection | None = None
                 try:
                     connection = await self._holder(request.partition)
                     reply: ProduceReply = decode_reply(
@@ -221,6 +222,8 @@ class AsyncProducer(ProducerCore):
                     error = failure
                     continue
                 except Unavailable as failure:
+                    if connection is not None:  # no reply: ask METADATA of others first
+                        self.cluster.note_silent(connection.endpoint)
                     error = failure
                     continue
                 self._acked(entry, reply)

@@ -78,6 +78,10 @@ def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
     return found
 
 
+SILENT_S: Final = 30.0
+"""How long a broker that gave no reply is asked METADATA after the others."""
+
+
 def topic_partitions(reply: MetadataReply, topic: str) -> tuple[PartitionInfo, ...]:
     """Every partition of `topic` in a METADATA reply, in order. BrokerError
     UNKNOWN_TOPIC_OR_PARTITION when the topic does not exist."""
@@ -127,10 +131,32 @@ class BrokerMap:
         (broker_id) changed by a NOT_LEADER_FOR_PARTITION that named one (`learn_from`)."""
         self.metadata_v1: set[str] = set()
         """The endpoints that answered METADATA version 2 UNSUPPORTED_VERSION: asked version 1."""
+        self.silent: dict[str, float] = {}
+        """The endpoints that last gave no reply (a broker down), and when (time.monotonic())."""
 
     def _metadata_candidates(self) -> list[str]:
-        """Whom to ask METADATA, in order: the brokers last heard of, then the bootstrap."""
-        return list(dict.fromkeys([*self.endpoints.values(), *self.bootstrap]))
+        """Whom to ask METADATA, in order: the brokers last heard of, then the bootstrap; those
+        silent within the last SILENT_S last, so that a dead broker costs one timeout, not one
+        each time."""
+        candidates = list(dict.fromkeys([*self.endpoints.values(), *self.bootstrap]))
+        now = time.monotonic()
+        silent = {e for e, at in self.silent.items() if now - at < SILENT_S}
+        return sorted(candidates, key=lambda endpoint: endpoint in silent)
+
+    def note_silent(self, endpoint: str) -> None:
+        """`endpoint` gave no reply in time: a broker down, as far as METADATA goes."""
+        self.silent[endpoint] = time.monotonic()
+
+    def _no_metadata(
+        self, endpoint: str, failure: BrokerError | Unavailable
+    ) -> BrokerError | Unavailable:
+        """Note that `endpoint` did not answer METADATA (`failure`); raise it unless retriable
+        (another broker may answer), else return it."""
+        if isinstance(failure, BrokerError) and not failure.retriable:
+            raise failure
+        if not isinstance(failure, BrokerError):
+            self.note_silent(endpoint)
+        return failure
 
     def _metadata_version(self, endpoint: str) -> int:
         return 1 if endpoint in self.metadata_v1 else METADATA_VERSION
@@ -174,11 +200,16 @@ class BrokerMap:
             raise self._no_broker(info.broker_id)
         return info.broker_id
 
-    def learn_from(self, topic: str, partition: int, error: PylogError) -> None:
+    def learn_from(
+        self, topic: str, partition: int, error: PylogError, endpoint: str | None = None
+    ) -> None:
         """What a request for `partition` of `topic` that failed with `error` tells of its
         leader: a NOT_LEADER_FOR_PARTITION naming a known broker, with a leader epoch not older
         than the one last heard of, moves the partition's leader there; any other error
-        forgets the partition (the next request for it asks METADATA)."""
+        forgets the partition (the next request for it asks METADATA). No reply at all from
+        `endpoint` (the broker asked) makes it silent: asked METADATA after the others."""
+        if endpoint is not None and isinstance(error, Unavailable):
+            self.note_silent(endpoint)
         key = (topic, partition)
         info = self.leaders.get(key)
         if (
@@ -245,27 +276,27 @@ class Cluster(BrokerMap, Closing):
         those last heard of, then the bootstrap endpoints; version 2, or 1 of a broker that
         answered version 2 UNSUPPORTED_VERSION. Raises the last error when none does."""
         request = MetadataRequest(tuple(topics))
-        error: BrokerError | Unavailable | None = None
-        for endpoint in self._metadata_candidates():
-            connection = self.connect(endpoint)
-            retries = self.retries if not error else 0
-            try:
+        retry = Retry(self.retries, 3 * self.timeout_s)
+        while True:  # each round asks each broker once: a dead one is not asked again at once
+            error: BrokerError | Unavailable | None = None
+            for endpoint in self._metadata_candidates():
+                connection = self.connect(endpoint)
                 try:
-                    version = self._metadata_version(endpoint)
-                    reply = connection.call(request, retries, version=version)
-                except BrokerError as failure:
-                    if not self._older_broker(endpoint, failure):
-                        raise
-                    reply = connection.call(request, retries, version=1)
-            except (BrokerError, Unavailable) as failure:
-                if isinstance(failure, BrokerError) and not failure.retriable:
-                    raise
-                error = failure
-                continue
-            return self._learn(reply)
-        if error is None:
-            raise Unavailable("no broker endpoint known to ask METADATA of")
-        raise error
+                    try:
+                        version = self._metadata_version(endpoint)
+                        reply = connection.call(request, 0, version=version)
+                    except BrokerError as failure:
+                        if not self._older_broker(endpoint, failure):
+                            raise
+                        reply = connection.call(request, 0, version=1)
+                except (BrokerError, Unavailable) as failure:
+                    error = self._no_metadata(endpoint, failure)
+                    continue
+                self.silent.pop(endpoint, None)
+                return self._learn(reply)
+            if error is None:
+                raise Unavailable("no broker endpoint known to ask METADATA of")
+            time.sleep(retry.wait_after(error))
 
     def partitions(self, topic: str) -> tuple[PartitionInfo, ...]:
         """Every partition of `topic`, in order, with its holder and whether it is served
@@ -301,13 +332,15 @@ class Cluster(BrokerMap, Closing):
         not exist, ...)."""
         retry = Retry(retries, 3 * self.timeout_s)
         while True:
+            endpoint = None
             try:
                 connection = self.leader_connection(request.topic, request.partition)
+                endpoint = connection.endpoint
                 reply: Reply = connection.call(request, 0)
                 return reply
             except (BrokerError, Unavailable) as error:
                 wait_s = retry.wait_after(error)
-                self.learn_from(request.topic, request.partition, error)
+                self.learn_from(request.topic, request.partition, error, endpoint)
             time.sleep(wait_s)
 
     def receive_pipelined(

@@ -663,6 +663,8 @@ class Producer(ProducerCore):
         except Unavailable as error:  # no reply in time: every batch in flight may be lost
             if timeout_s < self.cluster.timeout_s:
                 return
+            for connection in list(connections):  # ask METADATA of others first
+                self.cluster.note_silent(connection.endpoint)
             self._send_lost_again(error)
             return
         except AuthenticationFailed as error:  # none reached that broker; none ever will

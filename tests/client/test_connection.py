@@ -5,6 +5,7 @@ or with a METADATA body), so timeouts and retries can be provoked on purpose."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 import zmq
 
-from broker.client import Admin, Connection, Producer
+from broker.client import Admin, Cluster, Connection, Producer
 from broker.errors import BrokerError, Unavailable
 from broker.protocol import (
     ErrorCode,
@@ -55,20 +56,29 @@ class ScriptedBroker:
             socket.send_multipart([identity, empty, *reply])
 
 
-@pytest.fixture
-def scripted() -> Iterator[ScriptedBroker]:
+@contextlib.contextmanager
+def serving(broker: ScriptedBroker) -> Iterator[ScriptedBroker]:
+    """`broker` serving on a free loopback port (its endpoint set) until the block ends."""
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     socket = context.socket(zmq.ROUTER)
     port = socket.bind_to_random_port("tcp://127.0.0.1")
-    broker = ScriptedBroker([], f"tcp://127.0.0.1:{port}")
+    broker.endpoint = f"tcp://127.0.0.1:{port}"
     stop = threading.Event()
     thread = threading.Thread(target=broker.serve, args=(socket, stop), daemon=True)
     thread.start()
-    yield broker
-    stop.set()
-    thread.join()
-    socket.close(linger=0)
-    context.term()
+    try:
+        yield broker
+    finally:
+        stop.set()
+        thread.join()
+        socket.close(linger=0)
+        context.term()
+
+
+@pytest.fixture
+def scripted() -> Iterator[ScriptedBroker]:
+    with serving(ScriptedBroker([])) as broker:
+        yield broker
 
 
 def test_lost_reply_raises_unavailable_and_the_next_request_gets_a_fresh_socket(
@@ -162,6 +172,23 @@ def test_ctrl_c_while_waiting_for_a_pipelined_reply_is_one_keyboard_interrupt() 
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert raised.value.__context__ is None
+
+
+def test_metadata_asks_a_silent_broker_once_a_round_and_then_after_the_others(
+    scripted: ScriptedBroker,
+) -> None:
+    """A broker that answers nothing (down) costs one timeout, not one per retry, and is asked
+    last from then on."""
+    scripted.script += ["ok"] * 3
+    with (
+        serving(ScriptedBroker([DROP] * 5)) as silent,
+        Cluster(f"{silent.endpoint},{scripted.endpoint}", timeout_s=0.3, retries=3) as cluster,
+    ):
+        assert cluster.metadata([]) == EMPTY_METADATA
+        assert len(silent.correlation_ids) == 1  # asked once, then the next broker
+        assert cluster.metadata([]) == EMPTY_METADATA
+        assert len(silent.correlation_ids) == 1  # the others first now
+    assert len(scripted.correlation_ids) == 2
 
 
 def unused_endpoint() -> str:

@@ -136,10 +136,10 @@ def run_kills(
         assert copies[-1].startswith(copy)
 
 
-def test_the_leader_killed_three_times_loses_nothing_acknowledged(
+def test_the_leader_killed_loses_nothing_acknowledged(
     make_pylogd: Callable[..., RunningBroker], registry: Registry, tmp_path: Path
 ) -> None:
-    run_kills(make_pylogd, registry, tmp_path, kills=3)
+    run_kills(make_pylogd, registry, tmp_path, kills=1)
 
 
 @pytest.mark.slow  # ~3 minutes: 20 failovers and as many restarts
