@@ -18,7 +18,9 @@ partitions' leaders.
   loses the dead brokers from its ISR. Topics made before replication get their state nodes
   first (Registry.create_partition_states).
 - **Preferred-leader election** (ControllerService.elect_preferred): leadership goes back to
-  `replicas[p][0]` where it is alive and in the ISR.
+  `replicas[p][0]` where it is alive and in the ISR. The service runs it by itself over every
+  topic every `leader_rebalance_interval_ms` while it is the controller (the first run that
+  long after its election; 0: never), so leadership spreads back after a broker restarts.
 
 Every write is Registry.write_partition_state conditional on the node's version read and on
 /controller_epoch being at this controller's epoch: PartitionStateChanged reads the node again
@@ -28,12 +30,12 @@ All of it runs on the service's own thread: kazoo's watch callbacks only put an 
 queue, and a failure to reach ZooKeeper is retried with back-off on that thread. Nothing of it
 runs on the supervisor's routing loop.
 
-Not yet built: reassignment, the periodic preferred-leader election
-(`leader_rebalance_interval_ms`) and `pylogctl topic elect-preferred`.
+Not yet built: reassignment and `pylogctl topic elect-preferred`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import queue
@@ -69,6 +71,10 @@ RETRY_MAX_S = 2.0
 tried again: RETRY_MIN_S, doubling up to RETRY_MAX_S while rounds keep failing."""
 
 STOP_TIMEOUT_S = 5.0
+
+LEADER_REBALANCE_INTERVAL_MS = 30_000
+"""The default of ControllerService.start's leader_rebalance_interval_ms, as the broker setting
+`broker.leader_rebalance_interval_ms`'s."""
 """How long ControllerService.stop waits, by default, for the service's thread to end."""
 
 Kind = Literal["leader", "unclean", "offline", "isr", "preferred"]
@@ -163,7 +169,9 @@ class ControllerStatistics:
     chosen from the ISR for a partition without a live leader; `unclean_elections`: leaders
     chosen outside the ISR; `offline_partitions`: partitions without a leader after its last
     round (0 when not the controller); `isr_removals`: dead brokers removed from an ISR (one per
-    partition and write); `preferred_moves`: leaderships moved to the preferred leader."""
+    partition and write); `preferred_moves`: leaderships moved to the preferred leader (by
+    elect_preferred and by the periodic runs); `preferred_runs`: periodic preferred-leader
+    elections run to their end (every `leader_rebalance_interval_ms` while the controller)."""
 
     controller_epoch: int | None
     elections: int
@@ -172,6 +180,7 @@ class ControllerStatistics:
     offline_partitions: int
     isr_removals: int
     preferred_moves: int
+    preferred_runs: int = 0
 
 
 class _Counters:
@@ -182,6 +191,7 @@ class _Counters:
         self.offline_partitions = 0
         self.isr_removals = 0
         self.preferred_moves = 0
+        self.preferred_runs = 0
 
 
 Outcome = Literal["unchanged", "written", "left"]
@@ -240,7 +250,7 @@ class _Acting:
     def elect_preferred(self, topics: Iterable[str] | None) -> int:
         """Move leadership to each partition's preferred leader where choose_preferred says so;
         how many moved. UnknownTopicOrPartition for a topic of `topics` that does not exist
-        (nothing moved then)."""
+        (nothing moved then). Stops between topics once the service is stopping."""
         registry = self.registry
         if isinstance(topics, str):
             raise TypeError("topics is a collection of topic names, not one name")
@@ -251,6 +261,8 @@ class _Acting:
         alive = set(registry.brokers())
         moved = 0
         for topic, config in sorted(configs.items()):
+            if self.stopping():
+                break
             for partition, (state, version) in sorted(registry.partition_states(topic).items()):
                 if partition >= config.partitions:
                     continue
@@ -375,6 +387,8 @@ class ControllerService:
         self._broker_id = -1
         self._epoch: int | None = None
         self._counters = _Counters()
+        self._rebalance_interval_s = 0.0
+        """Seconds between periodic preferred-leader elections; 0: none (set by start)."""
         self._setting_watches: dict[str, bool | None] = {}
         """Topics whose node's data is watched, each with its unclean_leader_election as the
         watch last saw it (None before its first call)."""
@@ -382,14 +396,34 @@ class ControllerService:
 
     # -- lifetime --------------------------------------------------------------------------
 
-    def start(self, registry: Registry, broker_id: int) -> None:
+    def start(
+        self,
+        registry: Registry,
+        broker_id: int,
+        *,
+        leader_rebalance_interval_ms: int = LEADER_REBALANCE_INTERVAL_MS,
+    ) -> None:
         """Watch /controller, the live brokers and the topics, and start the service's thread,
-        which tries to be elected at once. Does not wait on ZooKeeper. RuntimeError when
-        started already; ValueError for a broker id that is not an integer >= 0;
-        RegistryUnavailable when the registry is not started."""
+        which tries to be elected at once. Does not wait on ZooKeeper.
+
+        While it is the controller, the thread runs a preferred-leader election over every
+        topic (as elect_preferred) every `leader_rebalance_interval_ms`: the first that long
+        after its election, each next that long after the previous one ended (never more
+        often); 0 switches it off. Each run that moves a partition logs it at INFO; moves and
+        runs are counted (statistics()).
+
+        RuntimeError when started already; ValueError for a broker id that is not an integer
+        >= 0 or an interval that is not an integer >= 0; RegistryUnavailable when the
+        registry is not started."""
         if self._thread is not None:
             raise RuntimeError("a ControllerService is started once; make a new one")
         validate_broker_id(broker_id)
+        interval = leader_rebalance_interval_ms
+        if not isinstance(interval, int) or isinstance(interval, bool) or interval < 0:
+            raise ValueError(
+                f"leader_rebalance_interval_ms is an integer >= 0 (0: off), not {interval!r}"
+            )
+        self._rebalance_interval_s = interval / 1000
         self._registry, self._broker_id = registry, broker_id
         registry.watch_controller(self._on_controller)
         registry.watch_brokers(lambda _: self._wake())
@@ -432,6 +466,7 @@ class ControllerService:
             offline_partitions=c.offline_partitions if self._epoch is not None else 0,
             isr_removals=c.isr_removals,
             preferred_moves=c.preferred_moves,
+            preferred_runs=c.preferred_runs,
         )
 
     # -- acts asked from outside ------------------------------------------------------------
@@ -476,14 +511,17 @@ class ControllerService:
     def _run(self) -> None:
         delay = RETRY_MIN_S
         retry_at: float | None = time.monotonic()  # the first round at once
+        rebalance_at: float | None = None
+        """When the next periodic preferred-leader election is due (None: not the controller,
+        or switched off), and the controller epoch it was set in."""
+        rebalance_epoch: int | None = None
         try:
             while True:
-                timeout = None if retry_at is None else max(0.0, retry_at - time.monotonic())
-                try:
-                    event = self._events.get(timeout=timeout)
-                except queue.Empty:
-                    event = _WAKE
-                events = [event]
+                due = [at for at in (retry_at, rebalance_at) if at is not None]
+                timeout = None if not due else max(0.0, min(due) - time.monotonic())
+                events = []
+                with contextlib.suppress(queue.Empty):  # none: a retry or a run is due
+                    events.append(self._events.get(timeout=timeout))
                 while True:  # what came meanwhile is seen by this one round
                     try:
                         events.append(self._events.get_nowait())
@@ -491,26 +529,66 @@ class ControllerService:
                         break
                 if _STOP in events or self._stopping.is_set():
                     return
-                try:
-                    with self._lock:
-                        done = self._round()
-                except RegistryUnavailable as error:
-                    log.warning("controller round failed, retrying in %.1f s: %s", delay, error)
-                    done = False
-                except PylogError as error:  # an ACL refusing a write, say: logged, retried
-                    log.error("controller round failed, retrying in %.1f s: %s", delay, error)
-                    done = False
-                except Exception:
-                    log.exception("controller round failed unexpectedly; retrying")
-                    done = False
-                if done:
-                    delay, retry_at = RETRY_MIN_S, None
-                else:
-                    retry_at = time.monotonic() + delay
-                    delay = min(delay * 2, RETRY_MAX_S)
+                now = time.monotonic()
+                if events or (retry_at is not None and now >= retry_at):
+                    if self._attempt(self._round, "controller round", delay):
+                        delay, retry_at = RETRY_MIN_S, None
+                    else:
+                        retry_at = time.monotonic() + delay
+                        delay = min(delay * 2, RETRY_MAX_S)
+                epoch = self._epoch
+                if epoch is None or self._rebalance_interval_s <= 0:
+                    rebalance_at = rebalance_epoch = None
+                    continue
+                if rebalance_epoch != epoch:  # elected (again): the first run an interval on
+                    rebalance_at, rebalance_epoch = now + self._rebalance_interval_s, epoch
+                    continue
+                if rebalance_at is not None and time.monotonic() >= rebalance_at:
+                    if not self._attempt(self._rebalance, "preferred-leader election", delay):
+                        retry_at = time.monotonic() if retry_at is None else retry_at
+                    # never more often than the interval, whatever came of it
+                    rebalance_at = time.monotonic() + self._rebalance_interval_s
         finally:
             with self._lock:  # not under an elect_preferred under way
                 self._resign()
+
+    def _attempt(self, act: Callable[[], bool], what: str, delay: float) -> bool:
+        """Run `act` under the acting lock; False when it failed or left something to retry
+        (logged: the retry comes `delay` seconds later)."""
+        try:
+            with self._lock:
+                return act()
+        except RegistryUnavailable as error:
+            log.warning("%s failed, retrying in %.1f s: %s", what, delay, error)
+        except PylogError as error:  # an ACL refusing a write, say: logged, retried
+            log.error("%s failed, retrying in %.1f s: %s", what, delay, error)
+        except Exception:
+            log.exception("%s failed unexpectedly; retrying", what)
+        return False
+
+    def _rebalance(self) -> bool:
+        """The periodic preferred-leader election over every topic, as the controller. False
+        when it stopped acting (ControllerMoved: a round then asks again who is)."""
+        registry, epoch = self._registry, self._epoch
+        assert registry is not None
+        if epoch is None or self._stopping.is_set():
+            return True
+        acting = _Acting(registry, epoch, self._counters, self._stopping.is_set)
+        try:
+            moved = acting.elect_preferred(None)
+        except ControllerMoved:
+            self._lose(epoch, "a newer controller refused its write")
+            registry.resign_controller()  # /controller is not ours now, unless set by hand
+            return False
+        self._counters.preferred_runs += 1
+        if moved:
+            log.info(
+                "preferred-leader election: %d partition(s) led by their preferred leader again",
+                moved,
+            )
+        else:
+            log.debug("preferred-leader election: every partition that can be is so led")
+        return True
 
     def _round(self) -> bool:
         """Be the controller, or learn that another broker is; as controller, settle every

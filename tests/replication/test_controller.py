@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -30,7 +31,8 @@ from tests.registry.test_registry import expire_session
 TOPIC = "clicks"
 
 Broker = Callable[[int], Registry]
-Service = Callable[[Registry, int], ControllerService]
+Service = Callable[..., ControllerService]
+"""service(registry, broker_id, **start's keywords): a started ControllerService."""
 
 
 @pytest.fixture
@@ -50,9 +52,9 @@ def service(make_registry: Callable[..., Registry]) -> Iterator[Service]:
     """Start controller services; each is stopped (within its bound) before the registries."""
     started: list[ControllerService] = []
 
-    def start(registry: Registry, broker_id: int) -> ControllerService:
+    def start(registry: Registry, broker_id: int, **options: int) -> ControllerService:
         controller = ControllerService()
-        controller.start(registry, broker_id)
+        controller.start(registry, broker_id, **options)
         started.append(controller)
         return controller
 
@@ -423,3 +425,71 @@ def test_a_service_that_is_not_the_controller_refuses_acts_and_a_stopped_one_res
         ControllerService().start(one, -1)
     with pytest.raises(TypeError, match="not one name"):
         second.elect_preferred(TOPIC)
+
+
+# -- the periodic preferred-leader election ----------------------------------------------------
+
+INTERVAL_MS = 100
+
+
+def test_the_controller_moves_leadership_back_by_itself_once_the_preferred_leader_is_in_sync(
+    make_broker: Broker, service: Service, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pylog.controller")
+    one, two, three = make_broker(1), make_broker(2), make_broker(3)
+    three.create_topic_config(TOPIC, TopicConfig.spread(2, [1, 2], replication_factor=2))
+    began = time.monotonic()
+    controller = service(three, 3, leader_rebalance_interval_ms=INTERVAL_MS)
+    wait_controller(controller, 1)
+    one.stop()
+    wait_state(three, 0, PartitionState(2, 1, (2,), 1), "broker 2 leading partition 0")
+    make_broker(1)  # back, but out of the ISR: two whole runs later, nothing moved
+    runs = controller.statistics().preferred_runs
+    wait_until(lambda: controller.statistics().preferred_runs >= runs + 2, what="two more runs")
+    assert three.partition_state(TOPIC, 0) == (PartitionState(2, 1, (2,), 1), 1)
+    assert controller.statistics().preferred_moves == 0
+
+    # broker 2, leading, takes 1 back into the ISR: the next run gives it leadership back
+    two.write_partition_state(TOPIC, 0, PartitionState(2, 1, (2, 1), 1), 1)
+    wait_state(three, 0, PartitionState(1, 2, (2, 1), 1), "broker 1 leading again")
+    wait_until(lambda: controller.statistics().preferred_moves == 1, what="the move counted")
+    assert three.partition_state(TOPIC, 1)[0].leader == 2  # its preferred leader all along
+    infos = messages(caplog, logging.INFO)
+    assert any("clicks-0: leadership back to the preferred leader 1 (from 2)" in m for m in infos)
+    assert any("preferred-leader election: 1 partition(s)" in m for m in infos)
+    # never more often than the interval: the first an interval after election, each next one
+    # an interval after the previous
+    stats = controller.statistics()
+    assert stats.preferred_runs <= (time.monotonic() - began) * 1000 / INTERVAL_MS
+    assert stats.elections == 1 and stats.leaders_chosen == 1
+
+
+def test_a_rebalance_interval_of_0_switches_the_periodic_election_off(
+    make_broker: Broker, service: Service
+) -> None:
+    one, two, three, four = make_broker(1), make_broker(2), make_broker(3), make_broker(4)
+    one.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2, 3], replication_factor=3))
+    # broker 2 leads; 1, the preferred leader, is alive and in the ISR
+    two.write_partition_state(TOPIC, 0, PartitionState(2, 1, (1, 2, 3), 0), 0)
+    controller = service(four, 4, leader_rebalance_interval_ms=0)
+    wait_controller(controller, 1)
+    three.stop()  # a round, seen done: the service acts, yet leaves leadership where it is
+    wait_state(two, 0, PartitionState(2, 1, (1, 2), 1), "broker 3 out of the ISR")
+    # An absence is only seen over time: five times the interval the other test runs at.
+    time.sleep(5 * INTERVAL_MS / 1000)
+    assert two.partition_state(TOPIC, 0)[0] == PartitionState(2, 1, (1, 2), 1)
+    stats = controller.statistics()
+    assert (stats.preferred_runs, stats.preferred_moves) == (0, 0)
+    assert controller.elect_preferred() == 1  # asked, it moves
+    assert one.partition_state(TOPIC, 0)[0] == PartitionState(1, 2, (1, 2), 1)
+
+
+@pytest.mark.parametrize("interval", [-1, 1.5, True, "100"])
+def test_a_bad_rebalance_interval_is_refused_at_start(
+    make_broker: Broker, interval: object
+) -> None:
+    registry = make_broker(1)
+    controller = ControllerService()
+    with pytest.raises(ValueError, match="leader_rebalance_interval_ms is an integer >= 0"):
+        controller.start(registry, 1, leader_rebalance_interval_ms=interval)  # type: ignore[arg-type]
+    assert controller.stop()  # never started: nothing to stop
