@@ -104,6 +104,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "broker",
+        "leader_rebalance_interval_ms",
+        int,
+        30_000,
+        "How often the controller moves leadership back to each partition's preferred leader "
+        "where it is alive and in sync (docs/replication.md); 0 switches it off.",
+    ),
+    Setting(
+        "broker",
         "shutdown_timeout_ms",
         int,
         30_000,

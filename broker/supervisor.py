@@ -163,7 +163,11 @@ class Supervisor:
             self.config.broker_id, self.topics.registration(self.front.port)
         )
         self.topics.watch()
-        self.controller.start(self.registry, self.config.broker_id)
+        self.controller.start(
+            self.registry,
+            self.config.broker_id,
+            leader_rebalance_interval_ms=self.config.broker_leader_rebalance_interval_ms,
+        )
         host = self.config.broker_host
         log.info(
             "pylogd %d serving on %s:%d with %d workers over %d log dirs",
