@@ -2,13 +2,14 @@
 and the time a partition takes to accept ack=all writes again after its leader is killed.
 
     flock /tmp/bench.lock .venv/bin/python -m perf.bench_replication [--messages 20000]
-        [--repeat 1] [--kills 10] [--session-timeout-ms 6000]
+        [--repeat 1] [--kills 10] [--session-timeout-ms 6000] [--tick-time-ms 2000]
 
 One cluster of three pylogd on 127.0.0.1 under a temporary folder, for the whole run: broker 1
 runs the private ZooKeeper on a fixed free port (`--zookeeper-port`), brokers 2 and 3 connect to
 it (`--zookeeper-connect`), as README.md's two-broker section does; every broker otherwise has
 pylogd's defaults (one worker, flush every 1,000 ms or 10,000 messages, fsync on), a fixed
-client port (so a restarted broker comes back at the same address) and `--session-timeout-ms`.
+client port (so a restarted broker comes back at the same address), `--session-timeout-ms`
+(every broker's ZooKeeper session) and `--tick-time-ms` (the ZooKeeper's tickTime).
 
 1. **The producer** (perf/pylog_runs.py's `produce`, as `scripts/perf` runs it): `--messages`
    messages of 200 bytes built in the timed loop, at batch 1 and batch 50, with ack none (the
@@ -16,7 +17,7 @@ client port (so a restarted broker comes back at the same address) and `--sessio
    flushed, holds them all) and ack=all (the run ends with the last ack; 100 batches awaiting
    acks, as the harness's acked runs). Each run gets a fresh topic of one partition (led by
    broker 1, its first replica) with replication factor 1, 2 or 3 and min_insync_replicas 1;
-   the factors alternate round by round (`--repeat` rounds), so that one run gives them all.
+   each (ack, batch) runs `--repeat` rounds of the factors in turn, so one run gives them all.
    A run's brokers' CPU is that of all three process trees (supervisors, workers and the
    ZooKeeper), read from /proc (perf/cpu.py) around the timed part.
 2. **Failover.** A topic of two partitions at replication factor 3, min_insync_replicas 2:
@@ -24,19 +25,23 @@ client port (so a restarted broker comes back at the same address) and `--sessio
    its ISR, which each round waits for: broker 1, which holds ZooKeeper (and, being started
    first, the controller), is never killed. A producer thread sends one message at a time at
    ack=all to partition 1's leader, each message a distinct value (at most `FAILOVER_MESSAGES`
-   and for a bounded time); on an error or no reply within `REQUEST_TIMEOUT_S` it reads the
-   partition's state in ZooKeeper every 5 ms until it names a live leader, and sends the same
-   value again there (at least once: duplicates are possible, losses are not). Each of
-   `--kills` rounds kills the leader's pylogd with SIGKILL (its whole process tree: supervisor
-   and workers), measures the time from the kill to the first ack=all answered by another
-   broker, restarts the killed broker on its data and waits for it to rejoin the ISR. At the
-   end every stored message of the partition is read back from its leader: every acked value
-   must be there (`lost` counts those missing) and `duplicates` counts extra copies.
+   and for a bounded time). After an error answered (NOT_LEADER_FOR_PARTITION, ...) it waits
+   10 ms, asks ZooKeeper who leads and sends the same value there; after no reply within
+   `REQUEST_TIMEOUT_S` it reads the partition's state every 5 ms until it names another broker
+   (for at most two session timeouts) and sends the same value there (at least once:
+   duplicates are possible, losses are not). Each of `--kills` rounds kills the leader's
+   pylogd with SIGKILL (its whole process tree: supervisor and workers), measures the time
+   from the kill to the first ack=all answered by another broker (and to ZooKeeper naming
+   another leader, polled every 5 ms), restarts the killed broker on its data and waits for
+   it to rejoin the ISR (each kill's line names the controller of the moment). At the end
+   every stored message of the partition is read back from its leader: every acked value must
+   be there (`lost` counts those missing) and `duplicates` counts extra copies.
 
 The failover time is bounded below by the ZooKeeper session timeout: the controller learns of a
-killed broker only when its session expires.
+killed broker only when its session expires (on a tick boundary: up to a tickTime later).
 
-Prints a JSON line a producer run and a line a kill, then one of medians. Run it alone: on 2
+Prints a JSON line a producer run and one a kill (with the producer's errors between the kill
+and the first ack), then a summary line (medians; main() returns it too). Run it alone: on 2
 cores anything beside it skews the figures; perf/README.md ("Replication") has a run's figures.
 """
 
@@ -359,6 +364,7 @@ def one_kill(cluster: Cluster, registry: Registry, producer: AckedProducer) -> R
     leader = leader_of(registry)
     if leader == 1:
         raise RuntimeError("broker 1 (ZooKeeper) leads the failover partition")
+    controller = registry.controller()
     before = len(producer.acks)
     killed = cluster.kill(leader)
     elected = wait_for(lambda: leader_of(registry) not in (leader, NO_LEADER), "a new leader")
@@ -373,6 +379,7 @@ def one_kill(cluster: Cluster, registry: Registry, producer: AckedProducer) -> R
     rejoined = wait_for(lambda: isr(registry) == BROKERS, "the ISR to grow back")
     return {
         "killed": leader,
+        "controller": controller.broker_id if controller is not None else None,
         "new_leader": first[1],
         "failover_ms": round((first[0] - killed) * 1000, 1),  # the ack's own time
         "elected_ms": round((elected - killed) * 1000, 1),  # seen in ZooKeeper (5 ms polls)

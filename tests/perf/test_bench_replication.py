@@ -62,7 +62,7 @@ def test_a_killed_and_reaped_process_has_ended() -> None:
         if child.poll() is None:
             child.kill()
             child.wait()
-    assert ended(os.getpid()) is False
+    assert not ended(os.getpid())
 
 
 def test_bad_options_are_refused() -> None:
