@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 SINK_OPTIONS: Final = CLUSTER_OPTIONS | {"topic", "ack", "includeheaders"}
 ACKS: Final = {ack.name.lower(): ack for ack in Ack}
-"""The `ack` option's values: none, written, flushed (as pylogctl produce --ack)."""
+"""The `ack` option's values: none, written, flushed, all (as pylogctl produce --ack)."""
 SPARK_OPTIONS: Final = frozenset({"checkpointlocation", "path"})
 """Options Spark itself may pass along to a sink; they mean nothing to pylog."""
 _COLUMN_TYPES: Final = {

@@ -357,7 +357,7 @@ def test_the_sink_writes_with_the_ack_mode_asked(
 @pytest.mark.parametrize(
     ("schema", "options", "message"),
     [
-        ("value string", {"ack": "all"}, "ack 'all': use none, written, flushed"),
+        ("value string", {"ack": "most"}, "ack 'most': use none, written, flushed, all"),
         ("value string", {"includeHeaders": "true"}, "pylog messages have no headers"),
         ("value string, headers array<int>", {}, "has no headers column"),
     ],
