@@ -5,6 +5,7 @@ disappears, and the replicas hold the same bytes wherever they overlap."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -76,6 +77,11 @@ def stored(root: Path, broker_id: int, folder: str) -> bytes:
     return b"".join(segment.read_bytes() for segment in segments)
 
 
+def led_by_another(registry: Registry, old: int) -> bool:
+    """Whether the controller has given the partition to a broker other than `old`."""
+    return registry.partition_state("durable", 0)[0].leader not in (old, -1)
+
+
 def run_kills(
     make_pylogd: Callable[..., RunningBroker], registry: Registry, root: Path, kills: int
 ) -> None:
@@ -98,7 +104,7 @@ def run_kills(
             brokers[old].kill()
             killed = time.monotonic()
             wait_until(
-                lambda old=old: registry.partition_state("durable", 0)[0].leader not in (old, -1),
+                functools.partial(led_by_another, registry, old),
                 60,
                 "the controller to choose another leader",
             )
