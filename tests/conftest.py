@@ -118,10 +118,13 @@ def make_pylogd(
         return broker.start()
 
     yield make
-    for broker in started:
-        if broker.process is not None and broker.process.poll() is None:
-            broker.stop()
-        print(f"--- {broker.log_path}:\n{broker.log_tail()}")
+    for first in started:
+        broker: RunningBroker | None = first
+        while broker is not None:  # and each restarted in its place
+            if broker.process is not None and broker.process.poll() is None:
+                broker.stop()
+            broker = broker.successor
+        print(f"--- {first.log_path}:\n{first.log_tail()}")
 
 
 def single_box_flags(root: Path) -> tuple[str, ...]:

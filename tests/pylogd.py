@@ -43,6 +43,8 @@ class RunningBroker:
         ]
         self.process: subprocess.Popen[str] | None = None
         self.endpoint = ""
+        self.successor: RunningBroker | None = None
+        """The broker `restarted` started in its place, stopped with it at a test's end."""
 
     def start(self, timeout: float = 30.0, own_session: bool = False) -> RunningBroker:
         """own_session: in a process group of its own, as a shell runs a command (the group
@@ -72,8 +74,10 @@ class RunningBroker:
         raise RuntimeError(f"pylogd did not start:\n{self.log_tail()}")
 
     def restarted(self) -> RunningBroker:
-        """A new broker process on the same data dir, ZooKeeper chroot and flags, started."""
-        return RunningBroker(self.data_dir, *self.arguments).start()
+        """A new broker process on the same data dir, ZooKeeper chroot and flags, started (and
+        its `successor`, so that the fixture that started this one stops it too)."""
+        self.successor = RunningBroker(self.data_dir, *self.arguments)
+        return self.successor.start()
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """Every sample of its metrics endpoint (started with --metrics-enabled true), by name
