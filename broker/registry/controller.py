@@ -19,10 +19,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from kazoo.client import TransactionRequest
-from kazoo.recipe.watchers import DataWatch
 
 from broker.errors import PylogError, RegistryUnavailable
 from broker.registry.nodes import decode, encode, int_field, validate_broker_id
@@ -191,20 +189,6 @@ class Controller(Session):
         reconnections and session expiries, this call does not wait on ZooKeeper, and the
         callback runs on kazoo's threads and must only hand the value on. A node whose data
         cannot be read is logged and passed over."""
-        self._check_open()
-        path = self.controller_path
-        stopped = self._stopped
-
-        def changed(data: bytes | None, stat: Any) -> bool:
-            if stopped.is_set():
-                return False
-            if stat is None:
-                return callback(None)
-            try:
-                info = ControllerInfo.from_json(data or b"")
-            except ValueError as error:
-                log.error("%s holds unreadable data, passed over: %s", path, error)
-                return True
-            return callback(info)
-
-        self._client.handler.spawn(DataWatch, self._client, path, changed)
+        self._watch_data(
+            self.controller_path, ControllerInfo.from_json, lambda info, _: callback(info)
+        )

@@ -55,6 +55,7 @@ from kazoo.exceptions import (
     RolledBackError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.recipe.watchers import DataWatch
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, make_acl, make_digest_acl
 
@@ -380,6 +381,33 @@ class Session(Running):
             except ValueError as error:
                 log.warning("ignoring unreadable %s/%s: %s", path, child, error)
         return result
+
+    def _watch_data(
+        self, path: str, parse: Callable[[bytes], T], callback: Callable[[T | None, int], bool]
+    ) -> None:
+        """Call `callback(parse(data), version)` with the data of the node at `path` now and
+        whenever it is written, and `callback(None, -1)` while the node does not exist, until
+        stop() or the callback returns False. kazoo's DataWatch keeps the watch armed across
+        reconnections and session expiries (it reads the node again then, and calls back if it
+        changed meanwhile); it is armed on a thread of kazoo's, so this call does not wait on
+        ZooKeeper. The callback runs on kazoo's threads: it must only hand the value on. Data
+        that `parse` refuses (ValueError) is logged and passed over."""
+        self._check_open()
+        stopped = self._stopped
+
+        def changed(data: bytes | None, stat: Any) -> bool:
+            if stopped.is_set():
+                return False
+            if stat is None:
+                return callback(None, -1)
+            try:
+                value = parse(data or b"")
+            except ValueError as error:
+                log.error("%s holds unreadable data, passed over: %s", path, error)
+                return True
+            return callback(value, stat.version)
+
+        self._client.handler.spawn(DataWatch, self._client, path, changed)
 
     def _add_watch(
         self,

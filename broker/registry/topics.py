@@ -10,10 +10,8 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from kazoo.client import TransactionRequest
-from kazoo.recipe.watchers import DataWatch
 
 from broker.errors import (
     InvalidTopic,
@@ -509,23 +507,8 @@ class Topics(Session):
         runs on kazoo's threads: it must only hand the value on. A node whose data cannot be
         read as a configuration is logged and passed over."""
         check_topic_name(topic)
-        self._check_open()
         path = self.topic_config_path(topic)
-        stopped = self._stopped
-
-        def changed(data: bytes | None, stat: Any) -> bool:
-            if stopped.is_set():
-                return False
-            if stat is None:
-                return callback(None)
-            try:
-                config = TopicConfig.from_json(data or b"")
-            except ValueError as error:
-                log.error("%s holds unreadable data, passed over: %s", path, error)
-                return True
-            return callback(config)
-
-        self._client.handler.spawn(DataWatch, self._client, path, changed)
+        self._watch_data(path, TopicConfig.from_json, lambda config, _: callback(config))
 
     def topic_configs(self) -> dict[str, TopicConfig]:
         """Every topic's configuration: name -> TopicConfig (unreadable nodes are left out)."""
@@ -670,20 +653,6 @@ class Topics(Session):
         check_topic_name(topic)
         if not is_int(partition) or partition < 0:
             raise UnknownTopicOrPartition(f"partition {partition!r} does not exist")
-        self._check_open()
-        path = self.partition_state_path(topic, partition)
-        stopped = self._stopped
-
-        def changed(data: bytes | None, stat: Any) -> bool:
-            if stopped.is_set():
-                return False
-            if stat is None:
-                return callback(None, -1)
-            try:
-                state = PartitionState.from_json(data or b"")
-            except ValueError as error:
-                log.error("%s holds unreadable data, passed over: %s", path, error)
-                return True
-            return callback(state, stat.version)
-
-        self._client.handler.spawn(DataWatch, self._client, path, changed)
+        self._watch_data(
+            self.partition_state_path(topic, partition), PartitionState.from_json, callback
+        )
