@@ -589,17 +589,7 @@ class Topics:
             )
         settings = topic_settings(dict(request.config))
         topic = request.topic
-        try:
-            self.config.checked_log_config(settings)  # with this broker's defaults for the rest
-        except ValueError as error:
-            raise InvalidTopic(f"topic {topic!r}: {error}") from None
-        replication_factor = replica_setting(settings, "replication_factor")
-        min_insync = replica_setting(settings, "min_insync_replicas")
-        if min_insync > replication_factor:
-            raise InvalidTopic(
-                f"topic {topic!r}: min_insync_replicas {min_insync} is more than its "
-                f"replication_factor {replication_factor}: ack=all could never be answered"
-            )
+        replication_factor = _checked(self.config, topic, settings)
         if replication_factor > 1 and self.config.security_mode != "plaintext":
             raise InvalidTopic(
                 f"topic {topic!r}: replication_factor {replication_factor} needs "
@@ -839,22 +829,12 @@ class Topics:
                     f"unknown topic setting {key!r}: one of {', '.join(TOPIC_SETTINGS)}"
                 )
         self._connected_registry()  # fail at once while ZooKeeper is away
-        log_config = self.config.checked_log_config
+        broker_config = self.config
 
         def change(settings: Mapping[str, int | None]) -> dict[str, int | None]:
             altered = {k: v for k, v in settings.items() if k not in request.delete}
             altered.update(changes)
-            try:
-                log_config(altered)  # with this broker's defaults for the rest
-            except ValueError as error:
-                raise InvalidTopic(f"topic {topic!r}: {error}") from None
-            min_insync = replica_setting(altered, "min_insync_replicas")
-            replication_factor = replica_setting(altered, "replication_factor")
-            if min_insync > replication_factor:
-                raise InvalidTopic(
-                    f"topic {topic!r}: min_insync_replicas {min_insync} is more than its "
-                    f"replication_factor {replication_factor}"
-                )
+            _checked(broker_config, topic, altered)
             return altered
 
         def altered(config: TopicConfig) -> None:
@@ -928,6 +908,24 @@ class Topics:
                 log.info("topic %r was deleted through another broker", topic)
 
         self.calls.call(lambda registry: registry.topic_config(topic), lambda _: None, gone)
+
+
+def _checked(config: BrokerConfig, topic: str, settings: Mapping[str, int | None]) -> int:
+    """The replication factor of `topic`, whose own `settings` must fit together with this
+    broker's defaults for the rest (LogConfig.check_relations) and min_insync_replicas be at
+    most replication_factor; InvalidTopic else."""
+    try:
+        config.checked_log_config(settings)
+    except ValueError as error:
+        raise InvalidTopic(f"topic {topic!r}: {error}") from None
+    replication_factor = replica_setting(settings, "replication_factor")
+    min_insync = replica_setting(settings, "min_insync_replicas")
+    if min_insync > replication_factor:
+        raise InvalidTopic(
+            f"topic {topic!r}: min_insync_replicas {min_insync} is more than its "
+            f"replication_factor {replication_factor}: ack=all could never be answered"
+        )
+    return replication_factor
 
 
 def _log_registry_failure(what: str) -> Callable[[PylogError], None]:

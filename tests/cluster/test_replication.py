@@ -194,3 +194,27 @@ def test_an_ack_all_waiting_when_the_isr_shrinks_below_its_minimum_is_refused(
         finally:
             for pid in workers:
                 os.kill(pid, signal.SIGCONT)
+
+
+def test_replication_settings_that_cannot_hold_are_refused_with_their_reason(
+    replicating: list[RunningBroker],
+) -> None:
+    with Admin(replicating[0].endpoint) as admin:
+        for config, reason in (
+            ({"replication_factor": "4"}, "replication factor 4"),  # three brokers live
+            ({"replication_factor": "0"}, "replication_factor must be from 1 to 255"),
+            ({"replication_factor": "2", "min_insync_replicas": "3"}, "ack=all could never"),
+            ({"unclean_leader_election": "2"}, "unclean_leader_election must be from 0 to 1"),
+        ):
+            with pytest.raises(BrokerError) as refused:
+                admin.create_topic("refused", 1, config)
+            assert refused.value.name == "INVALID_TOPIC" and reason in refused.value.message
+        admin.create_topic("pair", 1, {"replication_factor": "2"})
+        for change, reason in (
+            ({"min_insync_replicas": "3"}, "more than its replication_factor 2"),
+            ({"replication_factor": "3"}, "fixed at creation"),
+        ):
+            with pytest.raises(BrokerError) as refused:
+                admin.alter_topic_config("pair", change)
+            assert refused.value.name == "INVALID_TOPIC" and reason in refused.value.message
+        assert "refused" not in admin.list_topics()
