@@ -338,6 +338,7 @@ class Topics:
             "replicas": list(config.replicas[number]),
             "endpoint": endpoint,
             "min_insync_replicas": replica_setting(config.settings, "min_insync_replicas"),
+            "version": known[1],
         }
         handle = self.pool.workers[w]
         if handle.connected:

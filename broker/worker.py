@@ -566,7 +566,9 @@ class Worker:
             waiters = partition.consumers
         with trio.move_on_after(request.max_wait_ms / 1000):
             while self._still_open(partition) and partition.offline is None:
-                if self._fetch_ready(partition, request):
+                if self._fetch_ready(partition, request) or (
+                    partition.replicated and partition.leader is None  # answered NOT_LEADER
+                ):
                     break
                 await waiters.wait_high_watermark(request.offset + request.min_bytes)
         try:
@@ -597,8 +599,9 @@ class Worker:
         the epoch entries of those bytes."""
         plog = partition.log
         replica = request.replica_id >= 0
-        if not replica:
-            partition.check_leader()  # it may have stopped leading while the fetch waited
+        # It may have stopped leading (or a newer epoch come) while the fetch waited.
+        self._check_epoch(partition, request.leader_epoch)
+        partition.check_leader()
         end = plog.high_watermark if replica else partition.high_watermark
         limit = min(request.max_bytes, self._fetch_max_bytes, max(0, end - request.offset))
         data: Buffer = b""
@@ -606,7 +609,8 @@ class Worker:
             try:
                 data = plog.read(request.offset, limit)
             except FetchSizeTooSmall as error:
-                if error.needed > request.max_bytes:  # named with the max_bytes asked
+                # A follower gets the message whole whatever its max_bytes: it must copy it.
+                if error.needed > request.max_bytes and not replica:  # named as asked
                     raise FetchSizeTooSmall(error.offset, request.max_bytes, error.needed) from None
                 data = plog.read(request.offset, error.needed)  # over the cap alone: sent whole
         partition.bytes_out += len(data)
@@ -708,7 +712,7 @@ class Worker:
         if follower is not None and follower.role == role:
             return  # following that leader in that epoch already
         if leader == me and current is not None and current.epoch == epoch:
-            current.set_isr(command["isr"])  # an ISR change in this term
+            current.set_isr(command["isr"], command["version"])  # an ISR change in this term
             if len(current.isr) < partition.min_insync:  # what waits was promised more
                 error = NotEnoughReplicas(partition.name, len(current.isr), partition.min_insync)
                 _fail(partition.all_acks, error, self._replies)
@@ -721,9 +725,11 @@ class Worker:
             start = plog.log_end_offset
             try:
                 plog.assign_epoch(epoch)
-            except DISK_ERRORS as error:
-                self._on_disk_error(partition, error)
-                log.error("%s: cannot lead epoch %d: %s", partition.name, epoch, error)
+            except (*DISK_ERRORS, ValueError) as error:  # tried again by _check_isrs
+                if not isinstance(error, ValueError):
+                    self._on_disk_error(partition, error)
+                message = f"{partition.name}: cannot lead epoch {epoch} yet: {error}"
+                self._storage_log.log(logging.ERROR, "lead", message)
                 return
             partition.leader = LeaderState(
                 me,
@@ -734,6 +740,7 @@ class Worker:
                 min(partition.high_watermark_seen, plog.high_watermark),
                 self.config.broker_replica_lag_max_ms / 1000,
                 time.monotonic(),
+                command["version"],
             )
             log.info(
                 "%s: leading in epoch %d from offset %d, ISR %s",
@@ -751,7 +758,7 @@ class Worker:
             return
         partition.leader = None
         partition.fail_acks(partition.not_leader(), self._replies)
-        partition.consumers.wake_all()  # they find it not led here and answer so
+        partition.wake_all()  # consumers and followers find it not led here and answer so
 
     def _stop_following(self, partition: Partition) -> None:
         if partition.following is not None:
@@ -802,12 +809,21 @@ class Worker:
 
     async def _check_isrs(self) -> None:
         """Every quarter of replica_lag_max_ms: the followers of the partitions led here that
-        stopped catching up leave the ISR (those that fetch are checked as they fetch)."""
+        stopped catching up leave the ISR (those that fetch are checked as they fetch), and a
+        partition this broker should lead but could not start to (its leader epoch could not
+        be written) tries again."""
         while True:
             await trio.sleep(self.config.broker_replica_lag_max_ms / 4000)
+            me = self.config.broker_id
             for partition in list(self.partitions.values()):
                 if partition.leader is not None:
                     self._ask_isr(partition)
+                elif (
+                    partition.role is not None
+                    and partition.role["leader"] == me
+                    and partition.offline is None
+                ):
+                    await self._take_role(partition.role)
             await self._send_replies()
 
     def _open(self, topic: str, number: int, directory: Path, config: LogConfig) -> None:

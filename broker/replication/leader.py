@@ -7,14 +7,20 @@ Pure bookkeeping, no I/O: the worker feeds it each follower's fetch and its own 
 asks it for the high watermark and for the ISR change to ask the supervisor for.
 
 - A follower is **caught up** when it fetches from the leader's flushed end or past it (it has
-  every byte the leader can give it; followers copy flushed bytes only).
+  every byte the leader can give it; followers copy flushed bytes only), or, under steady
+  load, as of its previous fetch when it now fetches from where the leader's flushed end was
+  then (Kafka's lastFetchLeaderLogEndOffset): a leader that flushes during every round trip
+  never sees a follower at its flushed end of the moment.
 - **Shrink**: an ISR follower not caught up for `lag_max_s` leaves the ISR.
 - **Expand**: a follower outside the ISR whose flushed offset has reached the high watermark,
   fetching at or past the start of the leader's epoch (so it has truncated to the leader's
   history), joins it.
-- **The high watermark** is the lowest flushed offset over the ISR that ZooKeeper holds (the
-  leader's own included) and never moves back. A shrink counts only once ZooKeeper has it, so
-  no ack=all is answered for bytes a replica that is still in the ISR lacks.
+- **The high watermark** is the lowest flushed offset over the ISR (the leader's own included)
+  and never moves back. The ISR it counts is the largest ZooKeeper may hold (Kafka's "maximal
+  ISR", KIP-497): a shrink counts once ZooKeeper has it, an expansion from the moment it is
+  asked until a state node newer than the one it was asked from says how it ended. So no
+  ack=all is answered for bytes that a replica ZooKeeper may list as in sync (and the
+  controller may choose) lacks.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ class Follower:
     fetch_offset: int
     flushed: int
     caught_up_at: float
+    fetched_at: float = 0.0
+    leader_flushed_then: int = 0
+    """When it last fetched, and the leader's flushed end at that moment."""
 
 
 class LeaderState:
@@ -51,6 +60,7 @@ class LeaderState:
         high_watermark: int,
         lag_max_s: float,
         now: float,
+        version: int = 0,
     ) -> None:
         self.me = me
         self.epoch = epoch
@@ -59,6 +69,8 @@ class LeaderState:
         truncated to this leader's history."""
         self.replicas = tuple(replicas)
         self.isr = frozenset(isr)
+        self.version = version
+        """The version of the state node that said `isr`."""
         self.lag_max_s = lag_max_s
         self.high_watermark = high_watermark
         # Every follower starts as caught up now: it gets lag_max_s to show itself.
@@ -70,6 +82,11 @@ class LeaderState:
         self.asked: tuple[int, ...] | None = None
         """The ISR asked of the supervisor, until ZooKeeper's answer (or ISR_RETRY_S)."""
         self.asked_at = 0.0
+        self.joining: frozenset[int] = frozenset()
+        """Followers asked into the ISR whose outcome no state node has told yet: counted in
+        the high watermark meanwhile (ZooKeeper may list them already)."""
+        self.joining_from = version
+        """The state node version those were asked from: a newer one tells the outcome."""
 
     def record_fetch(
         self, replica: int, offset: int, flushed: int, leader_flushed: int, now: float
@@ -81,16 +98,24 @@ class LeaderState:
         follower.flushed = min(flushed, offset)
         if offset >= leader_flushed:
             follower.caught_up_at = now
+        elif offset >= follower.leader_flushed_then:  # it had all there was at its last fetch
+            follower.caught_up_at = max(follower.caught_up_at, follower.fetched_at)
+        follower.fetched_at, follower.leader_flushed_then = now, leader_flushed
 
-    def set_isr(self, isr: Iterable[int]) -> None:
-        """The ISR as ZooKeeper now holds it (the asked change made, or someone else's)."""
+    def set_isr(self, isr: Iterable[int], version: int) -> None:
+        """The ISR as the state node of `version` holds it (the asked change made, or someone
+        else's)."""
         self.isr = frozenset(isr)
+        self.version = version
         self.asked = None
+        if version > self.joining_from:  # the asked expansion was made, or lost to another
+            self.joining = frozenset()
 
     def advance(self, leader_flushed: int) -> bool:
         """Recompute the high watermark with the leader's flushed end; whether it moved."""
+        counted = self.isr | self.joining
         ends = [leader_flushed]
-        ends.extend(f.flushed for r, f in self.followers.items() if r in self.isr)
+        ends.extend(f.flushed for r, f in self.followers.items() if r in counted)
         high_watermark = max(self.high_watermark, min(ends))
         moved = high_watermark != self.high_watermark
         self.high_watermark = high_watermark
@@ -114,6 +139,9 @@ class LeaderState:
                 isr.add(replica)
         if isr == self.isr:
             return None
+        if joining := isr - self.isr:
+            self.joining |= joining
+            self.joining_from = self.version
         self.asked = tuple(sorted(isr))
         self.asked_at = now
         return self.asked

@@ -20,9 +20,9 @@ def test_the_high_watermark_is_the_lowest_flushed_offset_in_the_isr_and_never_mo
     assert state.advance(500) and state.high_watermark == 300
     state.record_fetch(2, offset=500, flushed=500, leader_flushed=500, now=2.0)
     assert state.advance(500) and state.high_watermark == 450
-    state.set_isr((1, 2))  # 3 left: only 1 and 2 count
+    state.set_isr((1, 2), version=1)  # 3 left: only 1 and 2 count
     assert state.advance(500) and state.high_watermark == 500
-    state.set_isr((1, 2, 3))  # 3 back, behind: the high watermark stays
+    state.set_isr((1, 2, 3), version=2)  # 3 back, behind: the high watermark stays
     assert not state.advance(500) and state.high_watermark == 500
 
 
@@ -40,7 +40,7 @@ def test_a_lagging_follower_is_asked_out_and_a_caught_up_one_asked_in_once() -> 
     assert state.wanted_isr(now=10.5) == (1, 2)  # 3 last caught up at 0: 10.5 s ago
     assert state.wanted_isr(now=11.0) is None  # asked: not again while awaited
     assert state.wanted_isr(now=10.5 + ISR_RETRY_S + 0.1) == (1, 2)  # asked again
-    state.set_isr((1, 2))
+    state.set_isr((1, 2), version=1)
     state.advance(500)
     state.record_fetch(2, offset=500, flushed=500, leader_flushed=500, now=20.0)
     state.record_fetch(3, offset=500, flushed=500, leader_flushed=500, now=20.0)
@@ -61,3 +61,26 @@ def test_a_fetch_carries_the_entry_in_effect_and_those_starting_in_its_bytes() -
     assert epoch_entries(entries, 50, 300) == tuple(entries)  # the end included
     assert epoch_entries(entries, 300, 300) == (EpochEntry(5, 300),)
     assert epoch_entries([], 0, 10) == ()
+
+
+def test_a_follower_asked_into_the_isr_counts_until_a_newer_state_tells_the_outcome() -> None:
+    """ZooKeeper may list it as soon as the supervisor writes it: the high watermark must wait
+    for it from the moment it is asked (the controller may choose it), not from the answer."""
+    state = leader(isr=(1, 2), high_watermark=100)
+    state.record_fetch(2, offset=300, flushed=300, leader_flushed=300, now=1.0)
+    state.record_fetch(3, offset=100, flushed=100, leader_flushed=300, now=1.0)
+    state.record_fetch(3, offset=100, flushed=100, leader_flushed=100, now=1.0)  # caught up
+    assert state.wanted_isr(now=1.0) == (1, 2, 3)
+    assert not state.advance(300)  # 3 has flushed only 100: the watermark waits for it
+    state.set_isr((1, 2), version=0)  # an older state node (the one it was asked from)
+    assert not state.advance(300)
+    state.set_isr((1, 2), version=1)  # the write lost to another: 3 is not in ZooKeeper
+    assert state.advance(300) and state.high_watermark == 300
+
+
+def test_a_follower_behind_a_leader_that_flushes_all_the_time_is_still_caught_up() -> None:
+    state = leader()
+    for i in range(1, 30):  # each fetch reaches the leader's flushed end of the fetch before
+        state.record_fetch(2, offset=100 * i, flushed=100 * i, leader_flushed=100 * i + 50, now=i)
+    assert state.followers[2].caught_up_at == 28
+    assert state.wanted_isr(now=29.0) == (1, 2)  # 3 never fetched: out; 2 stays

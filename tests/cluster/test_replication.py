@@ -218,3 +218,17 @@ def test_replication_settings_that_cannot_hold_are_refused_with_their_reason(
                 admin.alter_topic_config("pair", change)
             assert refused.value.name == "INVALID_TOPIC" and reason in refused.value.message
         assert "refused" not in admin.list_topics()
+
+
+def test_a_message_larger_than_a_followers_fetch_is_copied_whole(
+    make_pylogd: Callable[..., RunningBroker], registry: Registry, tmp_path: Path
+) -> None:
+    flags = ("--broker-replica-fetch-max-bytes", "1024")  # below the topic's message size
+    brokers = [make_pylogd(*broker_flags(tmp_path, i), *flags, name=f"broker-{i}") for i in (1, 2)]
+    with Admin(brokers[0].endpoint) as admin:
+        admin.create_topic("large", 1, {"replication_factor": "2", "min_insync_replicas": "2"})
+    leader = registry.partition_state("large", 0)[0].leader
+    with Producer(brokers[leader - 1].endpoint, "large", ack=Ack.ALL, retries=0) as producer:
+        producer.send(b"x" * 10_000)  # acked only once the follower holds it too
+        producer.flush()
+    assert stored(tmp_path, 1, "large-0") == stored(tmp_path, 2, "large-0") != b""
