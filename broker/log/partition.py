@@ -49,7 +49,7 @@ import logging
 import re
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -450,6 +450,21 @@ class PartitionLog:
         nothing."""
         self._repairing(lambda: self._locate(offset))
 
+    @contextlib.contextmanager
+    def _failing_on(self, what: str) -> Iterator[None]:
+        """A change to the files (a cut, a reset) that leaves the log failed if it fails
+        midway: a StorageError as it is, an OSError as the StorageError it means, each named
+        with `what`; reopen_from_disk finishes it."""
+        try:
+            yield
+        except StorageError as error:
+            self._failure = f"{what}: {error}"
+            raise
+        except OSError as error:
+            failure = storage_error(error, f"{self.directory}: {what}")
+            self._failure = str(failure)
+            raise failure from error
+
     def _repairing(self, operation: Callable[[], _T]) -> _T:
         """`operation`, run again after each segment it met that had to be scanned again
         (`_rescan`) or had an index rebuilt (`_rebuild_index`); each segment needs it once, so
@@ -590,17 +605,10 @@ class PartitionLog:
             self._repairing(lambda: self._check_cut(offset))
         flushed_cut = max(0, self._high_watermark - offset)
         self._high_watermark = min(self._high_watermark, offset)  # nothing past it is read
-        try:
+        with self._failing_on(f"truncating to {offset}"):
             if offset < end:
                 self._cut_segments(offset)
             self.epochs.truncate_from(offset)
-        except StorageError as error:
-            self._failure = f"truncating to {offset}: {error}"
-            raise
-        except OSError as error:
-            failure = storage_error(error, f"truncating {self.directory} to {offset}")
-            self._failure = str(failure)
-            raise failure from error
         self._count_pending()
         level = logging.WARNING if flushed_cut else logging.INFO
         log.log(
@@ -675,18 +683,11 @@ class PartitionLog:
             raise ValueError(f"{self.directory.name}: cannot start at {start_offset}")
         dropped = self.log_end_offset - self.log_start_offset
         self._high_watermark = self.log_start_offset  # nothing is read from now on
-        try:
+        with self._failing_on(f"resetting to {start_offset}"):
             self.epochs.clear_and_start(start_offset)
             for segment in reversed(self._segments):
                 segment.delete()
             segment = Segment.create(self.directory, start_offset)
-        except StorageError as error:
-            self._failure = f"resetting to {start_offset}: {error}"
-            raise
-        except OSError as error:
-            failure = storage_error(error, f"resetting {self.directory} to {start_offset}")
-            self._failure = str(failure)
-            raise failure from error
         self._segments = [segment]
         self._bases = [start_offset]
         self._high_watermark = start_offset
