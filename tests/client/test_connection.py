@@ -5,7 +5,6 @@ or with a METADATA body), so timeouts and retries can be provoked on purpose."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
 import time
@@ -25,6 +24,7 @@ from broker.protocol import (
     encode_error,
     encode_reply,
 )
+from tests.client.router import serving
 
 DROP = "drop"
 EMPTY_METADATA = MetadataReply((), ())
@@ -54,25 +54,6 @@ class ScriptedBroker:
             else:
                 reply = encode_reply(header.correlation_id, EMPTY_METADATA)
             socket.send_multipart([identity, empty, *reply])
-
-
-@contextlib.contextmanager
-def serving(broker: ScriptedBroker) -> Iterator[ScriptedBroker]:
-    """`broker` serving on a free loopback port (its endpoint set) until the block ends."""
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    socket = context.socket(zmq.ROUTER)
-    port = socket.bind_to_random_port("tcp://127.0.0.1")
-    broker.endpoint = f"tcp://127.0.0.1:{port}"
-    stop = threading.Event()
-    thread = threading.Thread(target=broker.serve, args=(socket, stop), daemon=True)
-    thread.start()
-    try:
-        yield broker
-    finally:
-        stop.set()
-        thread.join()
-        socket.close(linger=0)
-        context.term()
 
 
 @pytest.fixture

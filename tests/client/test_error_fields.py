@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
@@ -44,6 +43,7 @@ from broker.protocol import (
     encode_error,
     encode_reply,
 )
+from tests.client.router import serving
 
 TOPIC = "t"
 VALUES = [b"a" * 10, b"b" * 10, b"c" * 70_000, b"d" * 10]
@@ -137,34 +137,15 @@ class FakeFollower(FakePartition):
         return [bytes(f) for f in encode_error(correlation_id, error, TEXT)]
 
 
-@contextmanager
-def served(partition: FakePartition) -> Iterator[FakePartition]:
-    """`partition` answering on a ROUTER of 127.0.0.1 (its endpoint set) until the block ends."""
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    socket = context.socket(zmq.ROUTER)
-    port = socket.bind_to_random_port("tcp://127.0.0.1")
-    partition.endpoint = f"tcp://127.0.0.1:{port}"
-    stop = threading.Event()
-    thread = threading.Thread(target=partition.serve, args=(socket, stop), daemon=True)
-    thread.start()
-    try:
-        yield partition
-    finally:
-        stop.set()
-        thread.join()
-        socket.close(linger=0)
-        context.term()
-
-
 @pytest.fixture
 def fake() -> Iterator[FakePartition]:
-    with served(FakePartition()) as partition:
+    with serving(FakePartition()) as partition:
         yield partition
 
 
 @pytest.fixture
 def follower() -> Iterator[FakePartition]:
-    with served(FakeFollower()) as partition:
+    with serving(FakeFollower()) as partition:
         yield partition
 
 

@@ -38,7 +38,8 @@ from broker.protocol import (
 )
 from broker.registry import PartitionState, Registry
 from broker.zookeeper import PrivateZooKeeper
-from tests.client.test_error_fields import TOPIC, FakePartition, served
+from tests.client.router import serving
+from tests.client.test_error_fields import TOPIC, FakePartition
 from tests.cluster.conftest import broker_flags
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
@@ -357,7 +358,7 @@ class OldBroker(FakePartition):
 
 def test_a_broker_without_metadata_version_2_is_asked_version_1() -> None:
     old = OldBroker()
-    with served(old), Cluster(old.endpoint) as cluster:
+    with serving(old), Cluster(old.endpoint) as cluster:
         (partition,) = cluster.partitions(TOPIC)
         assert (partition.broker_id, partition.leader_epoch, partition.replicas) == (1, -1, ())
         assert old.asked == [2, 1] and cluster.metadata_v1 == {old.endpoint}
