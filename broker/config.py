@@ -58,6 +58,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "broker",
+        "advertised_port",
+        int,
+        0,
+        "Port clients and followers are told to connect to, for a broker reached through a "
+        "port forward or a proxy (0: broker.port as bound).",
+    ),
+    Setting(
+        "broker",
         "data_dir",
         str,
         "/var/lib/pylog",
@@ -356,6 +364,11 @@ class BrokerConfig:
     def endpoint_host(self) -> str:
         return str(self.broker_advertised_host or self.broker_host)
 
+    def endpoint_port(self, bound: int) -> int:
+        """The port this broker registers for others to connect to: broker.advertised_port,
+        or `bound`, the front's port as bound, when that is 0."""
+        return int(self.broker_advertised_port or bound)
+
     def log_config(self, topic_settings: Mapping[str, int | None] | None = None) -> LogConfig:
         """The LogConfig of a topic: the [log] defaults, then the topic's own settings."""
         values = {f.name: getattr(self, f"log_{f.name}") for f in dataclasses.fields(LogConfig)}
@@ -451,6 +464,11 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> BrokerConfig
             raise ValueError(f"security_super_users: {error}") from None
     if config.broker_workers_per_dir < 1:
         raise ValueError("broker_workers_per_dir must be at least 1")
+    if config.broker_advertised_port > 65535:
+        raise ValueError(
+            f"broker_advertised_port must be a TCP port (1 to 65535, 0: broker.port), not "
+            f"{config.broker_advertised_port}"
+        )
     for name in (
         "log_max_open_files",
         "broker_queued_request_bytes",

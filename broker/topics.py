@@ -249,11 +249,11 @@ class Topics:
             self._watch_states(topic)
 
     def registration(self, port: int) -> BrokerInfo:
-        """What this broker registers in ZooKeeper: its front's address (`port`), workers,
-        log dirs and version."""
+        """What this broker registers in ZooKeeper: its front's address (`port` as bound, or
+        broker.advertised_port), workers, log dirs and version."""
         return BrokerInfo(
             self.config.endpoint_host,
-            port,
+            self.config.endpoint_port(port),
             len(self.pool.workers),
             tuple(str(d) for d in self.log_dirs),
             VERSION,
@@ -433,7 +433,11 @@ class Topics:
         front's."""
         me = self.me
         live = dict(self.live_brokers)
-        live[me] = BrokerInfo(self.config.endpoint_host, port, rack=self.config.broker_rack or None)
+        live[me] = BrokerInfo(
+            self.config.endpoint_host,
+            self.config.endpoint_port(port),
+            rack=self.config.broker_rack or None,
+        )
         brokers = tuple(
             protocol.BrokerInfo(broker_id, info.host, info.port, info.rack or "")
             for broker_id, info in sorted(live.items())

@@ -229,6 +229,27 @@ def test_metadata_names_the_broker_and_topics_and_zookeeper_has_them(
     assert registry.topic_brokers("metrics") == {0: (0, 1, 2)}
 
 
+def test_advertised_port_is_what_zookeeper_and_metadata_give_others(
+    make_pylogd: Callable[..., RunningBroker],
+    tmp_path: Path,
+    make_registry: Callable[..., Registry],
+) -> None:
+    """A broker behind a port forward or a proxy registers and answers the port others reach
+    it by (broker.advertised_port), not the one it binds."""
+    advertised = free_port()
+    pylogd = make_pylogd(*single_box_flags(tmp_path), "--broker-advertised-port", str(advertised))
+    bound = int(pylogd.endpoint.rsplit(":", 1)[1])
+    assert bound != advertised
+    client = RawClient(pylogd.endpoint)
+    try:
+        reply = client.call(Api.METADATA, protocol.MetadataRequest(()))
+    finally:
+        client.close()
+    assert isinstance(reply, protocol.MetadataReply)
+    assert [(b.host, b.port) for b in reply.brokers] == [("127.0.0.1", advertised)]
+    assert make_registry().brokers()[0].port == advertised
+
+
 def test_deleted_topic_is_gone_from_disk_and_zookeeper(
     pylogd: RunningBroker, client: RawClient, make_registry: Callable[..., Registry]
 ) -> None:
