@@ -18,6 +18,10 @@ that the operator chooses (default "/pylog", so one ensemble can hold several cl
         {"version": 1, "broker_id": 2, "controller_epoch": 5}
     <chroot>/controller_epoch                     persistent  the last controller's epoch
         {"version": 1, "controller_epoch": 5}
+    <chroot>/admin/reassign/<topic>-<p>           persistent  a reassignment under way
+        {"version": 1, "replicas": [4, 2, 3], "from": [1, 2, 3]}
+    <chroot>/admin/preferred_election             persistent  a preferred-leader election asked
+        {"version": 1, "topics": ["clicks"]}
     <chroot>/consumers/<group>/ids/<consumer_id>  ephemeral   a member and its topics
         {"version": 1, "topics": ["clicks"]}
     <chroot>/consumers/<group>/owners/<topic>/<broker_id>-<partition>
@@ -36,7 +40,8 @@ the session timeout, its nodes disappear and everyone watching sees it go.
 The parts: session (the connection, bounded requests, ephemeral nodes kept through session
 loss: what happens when the connection or the session is lost), watches
 (kazoo's ChildrenWatch, with the callbacks on threads of the registry), brokers, topics,
-groups, controller (the calls on each), nodes (the JSON of the nodes). Registry puts them
+admin (reassignments and preferred-leader elections asked), groups, controller (the calls on
+each), nodes (the JSON of the nodes). Registry puts them
 together.
 
 Thread-safety: a Registry may be used from several threads at once (trio.to_thread included).
@@ -45,6 +50,12 @@ Watch callbacks run on threads of the registry, one at a time per watch.
 
 from __future__ import annotations
 
+from broker.registry.admin import (
+    Admin,
+    ElectionInProgress,
+    Reassignment,
+    ReassignmentInProgress,
+)
 from broker.registry.brokers import BrokerInfo, Brokers
 from broker.registry.controller import Controller, ControllerInfo, ControllerMoved
 from broker.registry.groups import Groups, partition_name
@@ -56,7 +67,6 @@ from broker.registry.topics import (
     PartitionState,
     PartitionStateChanged,
     TopicConfig,
-    Topics,
 )
 
 __all__ = [
@@ -66,8 +76,11 @@ __all__ = [
     "BrokerInfo",
     "ControllerInfo",
     "ControllerMoved",
+    "ElectionInProgress",
     "PartitionState",
     "PartitionStateChanged",
+    "Reassignment",
+    "ReassignmentInProgress",
     "Registry",
     "RegistryStatistics",
     "TopicConfig",
@@ -75,7 +88,7 @@ __all__ = [
 ]
 
 
-class Registry(Brokers, Topics, Groups, Security, Controller):
+class Registry(Brokers, Admin, Groups, Security, Controller):
     """A broker's (or a tool's) connection to the registry in ZooKeeper.
 
     Paths, under `chroot`:
@@ -87,6 +100,8 @@ class Registry(Brokers, Topics, Groups, Security, Controller):
                                                           write_partition_state
         /config/topics/<topic>                persistent  create_topic_config
         /controller, /controller_epoch        both        elect_controller
+        /admin/reassign/<topic>-<p>,          persistent  start_reassignment,
+        /admin/preferred_election                         ask_preferred_election
         /consumers/<group>/...                both        register_consumer, claim_partition,
                                                           commit_offset
         /security/principals, /security/acls  persistent  add_principal, add_acl, ...

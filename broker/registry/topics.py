@@ -79,8 +79,10 @@ def _check_partition(partitions: int, partition: int) -> None:
 class TopicConfig:
     """What /config/topics/<topic> holds: the topic's partition count, the replicas of each
     partition (`replicas[p]`: the brokers that hold partition p, in the order fixed by its
-    assignment, the first the preferred leader), `brokers[p]` == `replicas[p][0]` (the
-    preferred leader, which names the partition's group nodes), and the topic's own settings
+    assignment, the first the preferred leader), `brokers[p]` (the partition's name broker:
+    its first replica at creation, fixed for ever after, since it names the partition's group
+    nodes, `<brokers[p]>-<p>`; a reassignment changes `replicas[p]` only), and the topic's own
+    settings
     (setting name -> integer, or None to switch that limit off); a setting left out takes the
     broker's [log] default.
 
@@ -135,14 +137,14 @@ class TopicConfig:
         return self.replicas[partition]
 
     def preferred_leader(self, partition: int) -> int:
-        """The preferred leader of `partition`: its first replica, `brokers[partition]`;
-        UnknownTopicOrPartition when the topic has no such partition."""
+        """The preferred leader of `partition`: its first replica (`brokers[partition]` until
+        a reassignment changes it); UnknownTopicOrPartition when the topic has no such partition."""
         return self.replicas_of(partition)[0]
 
     def validate(self, topic: str) -> None:
         """Raise InvalidTopic when partitions is not >= 1, brokers does not name one broker
-        per partition, replicas does not name, for each partition, distinct brokers starting
-        with brokers[p], or a setting is not int | None."""
+        per partition, replicas does not name distinct brokers for each partition, or a
+        setting is not int | None."""
         if not is_int(self.partitions) or self.partitions < 1:
             raise InvalidTopic(f"topic {topic!r}: partitions must be >= 1, not {self.partitions!r}")
         if len(self.brokers) != self.partitions or not all(
@@ -201,13 +203,13 @@ class TopicConfig:
 
 def _check_replicas(brokers: Sequence[int], replicas: Replicas) -> None:
     """ValueError unless `replicas` names, for each partition of `brokers`, distinct broker
-    ids >= 0, the first brokers[p]."""
+    ids >= 0. (The first is brokers[p] at creation; a reassignment changes replicas only.)"""
     if len(replicas) != len(brokers):
         raise ValueError(
             f"replicas must name the replicas of each of the {len(brokers)} partitions, "
             f"not {len(replicas)}"
         )
-    for p, (leader, replica) in enumerate(zip(brokers, replicas, strict=True)):
+    for p, replica in enumerate(replicas):
         if (
             not isinstance(replica, tuple)
             or not replica
@@ -216,11 +218,6 @@ def _check_replicas(brokers: Sequence[int], replicas: Replicas) -> None:
         ):
             raise ValueError(
                 f"the replicas of partition {p} must be distinct broker ids, not {replica!r}"
-            )
-        if replica[0] != leader:
-            raise ValueError(
-                f"partition {p}'s first replica {replica[0]} is not its broker {leader} "
-                f"(brokers[p] is the preferred leader, replicas[p][0])"
             )
 
 
