@@ -30,7 +30,13 @@ All of it runs on the service's own thread: kazoo's watch callbacks only put an 
 queue, and a failure to reach ZooKeeper is retried with back-off on that thread. Nothing of it
 runs on the supervisor's routing loop.
 
-Not yet built: reassignment and `pylogctl topic elect-preferred`.
+- **Reassignment** (broker.replication.reassign): a partition asked to move
+  (/admin/reassign/<topic>-<p>, `pylogctl topic reassign`) gets the wanted replicas added, then,
+  once they are all in the ISR, the old ones removed and leadership moved if its leader goes,
+  in one transaction that also deletes the request. Looked at in every round and every
+  REASSIGN_CHECK_S while one waits.
+- **Asked preferred-leader election** (/admin/preferred_election, `pylogctl topic
+  elect-preferred`): run in the next round, then its node deleted.
 """
 
 from __future__ import annotations
@@ -53,10 +59,12 @@ from broker.registry import (
     ControllerMoved,
     PartitionState,
     PartitionStateChanged,
+    Reassignment,
     Registry,
     TopicConfig,
 )
 from broker.registry.nodes import validate_broker_id
+from broker.replication.reassign import next_step
 
 log = logging.getLogger("pylog.controller")
 
@@ -71,11 +79,15 @@ RETRY_MAX_S = 2.0
 tried again: RETRY_MIN_S, doubling up to RETRY_MAX_S while rounds keep failing."""
 
 STOP_TIMEOUT_S = 5.0
+"""How long ControllerService.stop waits, by default, for the service's thread to end."""
 
 LEADER_REBALANCE_INTERVAL_MS = 30_000
 """The default of ControllerService.start's leader_rebalance_interval_ms, as the broker setting
 `broker.leader_rebalance_interval_ms`'s."""
-"""How long ControllerService.stop waits, by default, for the service's thread to end."""
+
+REASSIGN_CHECK_S = 0.5
+"""How often the controller looks again at reassignments waiting for their new replicas to
+join the ISR (it is not told when an ISR changes)."""
 
 Kind = Literal["leader", "unclean", "offline", "isr", "preferred"]
 
@@ -115,25 +127,26 @@ def choose_leader(
     """What the controller writes for a partition in `state`, with `replicas` (preferred leader
     first) and the live brokers `alive`; None when the state stands.
 
-    - The leader alive: the ISR without the dead brokers (`isr`), None when none is dead.
+    - The leader alive: the ISR without the dead brokers and those no longer replicas (a
+      reassignment removed them; `isr`), None when there are none.
     - The leader dead or -1: the first replica, in `replicas` order, alive and in the ISR leads,
       with leader epoch + 1 and the ISR's alive members (`leader`); with none, and `unclean`,
       the first alive replica leads, alone in the ISR (`unclean`); with none, leader -1 and
       leader epoch + 1, the ISR left as it was: the replicas that may lead when their brokers
       return (`offline`; None when the leader is -1 already).
     """
+    order = tuple(replicas)
     if state.leader != NO_LEADER and state.leader in alive:
-        isr = tuple(b for b in state.isr if b in alive)
+        isr = tuple(b for b in state.isr if b in alive and (b in order or b == state.leader))
         if isr == state.isr:
             return None
         return Choice(
             PartitionState(state.leader, state.leader_epoch, isr, controller_epoch), "isr"
         )
     epoch = state.leader_epoch + 1
-    order = tuple(replicas)
     for broker in order:
         if broker in alive and broker in state.isr:
-            isr = tuple(b for b in state.isr if b in alive)
+            isr = tuple(b for b in state.isr if b in alive and b in order)
             return Choice(PartitionState(broker, epoch, isr, controller_epoch), "leader")
     if unclean:
         for broker in order:
@@ -171,7 +184,10 @@ class ControllerStatistics:
     round (0 when not the controller); `isr_removals`: dead brokers removed from an ISR (one per
     partition and write); `preferred_moves`: leaderships moved to the preferred leader (by
     elect_preferred and by the periodic runs); `preferred_runs`: periodic preferred-leader
-    elections run to their end (every `leader_rebalance_interval_ms` while the controller)."""
+    elections run to their end (every `leader_rebalance_interval_ms` while the controller);
+    `reassign_steps`: reassignment steps written (expand, finish); `reassignments_done`:
+    reassignments finished; `reassignments_waiting`: those waiting for their new replicas
+    after its last look (0 when not the controller)."""
 
     controller_epoch: int | None
     elections: int
@@ -181,6 +197,9 @@ class ControllerStatistics:
     isr_removals: int
     preferred_moves: int
     preferred_runs: int = 0
+    reassign_steps: int = 0
+    reassignments_done: int = 0
+    reassignments_waiting: int = 0
 
 
 class _Counters:
@@ -192,6 +211,10 @@ class _Counters:
         self.isr_removals = 0
         self.preferred_moves = 0
         self.preferred_runs = 0
+        self.reassign_steps = 0
+        self.reassignments_done = 0
+        self.reassignments_waiting: dict[tuple[str, int], tuple[int, ...]] = {}
+        """The reassignments waiting, each with what it waited for when last logged."""
 
 
 Outcome = Literal["unchanged", "written", "left"]
@@ -275,6 +298,100 @@ class _Acting:
                 moved += self._settle_one(topic, partition, state, version, decide)[0] == "written"
         return moved
 
+    def reassign(self) -> bool:
+        """Take the next step of every reassignment under way (broker.replication.reassign);
+        whether any waits for its new replicas (to be looked at again REASSIGN_CHECK_S
+        later). RegistryUnavailable and ControllerMoved as they come."""
+        registry = self.registry
+        pending = registry.reassignments()
+        waiting = self.counters.reassignments_waiting
+        for key in [key for key in waiting if key not in pending]:
+            del waiting[key]
+        if not pending:
+            return False
+        alive = set(registry.brokers())
+        for _, reassignment in sorted(pending.items()):
+            if self.stopping():
+                return True
+            self._reassign_one(reassignment, alive)
+        return bool(waiting)
+
+    def _reassign_one(self, reassignment: Reassignment, alive: set[int]) -> None:
+        """Take the steps of one reassignment that can be taken now."""
+        registry, counters = self.registry, self.counters
+        topic, partition = reassignment.topic, reassignment.partition
+        key = (topic, partition)
+        for _ in range(WRITE_ATTEMPTS + 2):  # an expand, then a finish, each maybe raced
+            try:
+                config, version, (state, state_version) = registry.reassignment_view(
+                    topic, partition
+                )
+            except UnknownTopicOrPartition as error:
+                log.warning("%s-%d: reassignment dropped: %s", topic, partition, error)
+                with contextlib.suppress(UnknownTopicOrPartition):
+                    registry.cancel_reassignment(topic, partition)
+                counters.reassignments_waiting.pop(key, None)
+                return
+            current = config.replicas[partition]
+            step = next_step(reassignment.replicas, current, state, alive, self.epoch)
+            if step.kind == "wait":
+                missing = step.waiting_for
+                if counters.reassignments_waiting.get(key) != missing:
+                    down = sorted(b for b in missing if b not in alive)
+                    log.info(
+                        "%s-%d: reassignment to %s waits for %s to join the ISR %s%s",
+                        topic,
+                        partition,
+                        list(reassignment.replicas),
+                        list(missing) or "a leader",
+                        list(state.isr),
+                        f" (broker(s) {down} not up)" if down else "",
+                    )
+                counters.reassignments_waiting[key] = missing
+                return
+            final = None if step.state is None else (step.state, state_version)
+            try:
+                registry.write_reassignment_step(
+                    reassignment, config, version, step.replicas, self.epoch, final
+                )
+            except PartitionStateChanged:
+                continue  # read again
+            except UnknownTopicOrPartition:
+                continue  # gone: the next read drops it
+            counters.reassign_steps += 1
+            if step.kind == "expand":
+                log.info(
+                    "%s-%d: reassignment to %s: replicas %s -> %s, new ones copying",
+                    topic,
+                    partition,
+                    list(reassignment.replicas),
+                    list(current),
+                    list(step.replicas),
+                )
+                continue
+            assert step.state is not None
+            counters.reassignments_done += 1
+            counters.reassignments_waiting.pop(key, None)
+            log.info(
+                "%s-%d: reassigned: replicas %s -> %s, leader %d -> %d, leader epoch %d, ISR %s",
+                topic,
+                partition,
+                list(current),
+                list(step.replicas),
+                state.leader,
+                step.state.leader,
+                step.state.leader_epoch,
+                list(step.state.isr),
+            )
+            return
+        log.warning(
+            "%s-%d: its configuration or state changed under each attempt at its reassignment; "
+            "tried again shortly",
+            topic,
+            partition,
+        )
+        counters.reassignments_waiting[key] = ()
+
     def _settle_one(
         self, topic: str, partition: int, state: PartitionState, version: int, decide: Decide
     ) -> tuple[Outcome, PartitionState]:
@@ -348,7 +465,7 @@ class _Acting:
             gone = sorted(set(old.isr) - set(new.isr))
             counters.isr_removals += 1
             log.info(
-                "%s-%d: dead broker(s) %s leave the ISR, now %s",
+                "%s-%d: broker(s) %s, dead or no longer replicas, leave the ISR, now %s",
                 topic,
                 partition,
                 gone,
@@ -428,6 +545,8 @@ class ControllerService:
         registry.watch_controller(self._on_controller)
         registry.watch_brokers(lambda _: self._wake())
         registry.watch_topic_configs(lambda _: self._wake())
+        registry.watch_reassignments(lambda _: self._wake())
+        registry.watch_preferred_election(self._on_preferred_election)
         self._thread = threading.Thread(
             target=self._run, name=f"controller-{broker_id}", daemon=True
         )
@@ -467,6 +586,9 @@ class ControllerService:
             isr_removals=c.isr_removals,
             preferred_moves=c.preferred_moves,
             preferred_runs=c.preferred_runs,
+            reassign_steps=c.reassign_steps,
+            reassignments_done=c.reassignments_done,
+            reassignments_waiting=len(c.reassignments_waiting) if self._epoch is not None else 0,
         )
 
     # -- acts asked from outside ------------------------------------------------------------
@@ -503,6 +625,12 @@ class ControllerService:
         if not self._stopping.is_set():
             self._events.put(_WAKE)
 
+    def _on_preferred_election(self, asked: bool) -> bool:
+        """/admin/preferred_election was created or deleted (on kazoo's thread)."""
+        if asked:
+            self._wake()
+        return not self._stopping.is_set()
+
     def _on_controller(self, _: ControllerInfo | None) -> bool:
         """/controller changed (on kazoo's thread): wake the service, which asks again."""
         self._wake()
@@ -515,9 +643,11 @@ class ControllerService:
         """When the next periodic preferred-leader election is due (None: not the controller,
         or switched off), and the controller epoch it was set in."""
         rebalance_epoch: int | None = None
+        reassign_at: float | None = None
+        """When reassignments waiting for their new replicas are looked at again."""
         try:
             while True:
-                due = [at for at in (retry_at, rebalance_at) if at is not None]
+                due = [at for at in (retry_at, rebalance_at, reassign_at) if at is not None]
                 timeout = None if not due else max(0.0, min(due) - time.monotonic())
                 events = []
                 with contextlib.suppress(queue.Empty):  # none: a retry or a run is due
@@ -536,6 +666,13 @@ class ControllerService:
                     else:
                         retry_at = time.monotonic() + delay
                         delay = min(delay * 2, RETRY_MAX_S)
+                elif reassign_at is not None and now >= reassign_at:
+                    self._attempt(self._reassign, "reassignment", REASSIGN_CHECK_S)
+                reassign_at = (
+                    time.monotonic() + REASSIGN_CHECK_S
+                    if self._epoch is not None and self._counters.reassignments_waiting
+                    else None
+                )
                 epoch = self._epoch
                 if epoch is None or self._rebalance_interval_s <= 0:
                     rebalance_at = rebalance_epoch = None
@@ -590,6 +727,21 @@ class ControllerService:
             log.debug("preferred-leader election: every partition that can be is so led")
         return True
 
+    def _reassign(self) -> bool:
+        """The reassignments under way, looked at again as the controller. False when it
+        stopped acting (ControllerMoved: a round then asks again who is)."""
+        registry, epoch = self._registry, self._epoch
+        assert registry is not None
+        if epoch is None or self._stopping.is_set():
+            return True
+        try:
+            _Acting(registry, epoch, self._counters, self._stopping.is_set).reassign()
+        except ControllerMoved:
+            self._lose(epoch, "a newer controller refused its write")
+            registry.resign_controller()
+            return False
+        return True
+
     def _round(self) -> bool:
         """Be the controller, or learn that another broker is; as controller, settle every
         partition. True when nothing is left to retry."""
@@ -611,12 +763,34 @@ class ControllerService:
         acting = _Acting(registry, epoch, self._counters, self._stopping.is_set)
         try:
             settled, topics = acting.settle()
+            acting.reassign()
+            self._run_asked_election(acting)
         except ControllerMoved:
             self._lose(epoch, "a newer controller refused its write")
             registry.resign_controller()  # /controller is not ours now, unless set by hand
             return False
         self._watch_settings(registry, topics)
         return settled
+
+    def _run_asked_election(self, acting: _Acting) -> None:
+        """Run the preferred-leader election an operator asked for
+        (/admin/preferred_election, `pylogctl topic elect-preferred`), if one is asked, then
+        delete its node. A topic of it deleted since is passed over."""
+        registry = acting.registry
+        asked, topics = registry.preferred_election_asked()
+        if not asked:
+            return
+        known = set(registry.topic_configs())
+        if topics is not None and (gone := sorted(set(topics) - known)):
+            log.warning("preferred-leader election asked: topic(s) %s do not exist", gone)
+            topics = [t for t in topics if t in known]
+        moved = acting.elect_preferred(topics)
+        registry.end_preferred_election()
+        log.info(
+            "preferred-leader election asked over %s: %d partition(s) moved",
+            "every topic" if topics is None else f"topic(s) {topics}",
+            moved,
+        )
 
     def _lose(self, epoch: int, why: str) -> None:
         if self._epoch == epoch:

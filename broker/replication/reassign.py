@@ -1,0 +1,65 @@
+"""Reassignment's steps (docs/replication.md, "Reassignment"): how the controller moves a
+partition's replicas to the brokers an operator asked for, without a moment where fewer
+replicas than the ISR hold it.
+
+1. **expand**: the partition's replicas become the old ones followed by the wanted ones not
+   among them (one conditional write of the topic's configuration). The brokers added open the
+   partition and follow its leader, copying from its log start.
+2. **wait**: until every wanted replica is in the ISR (the leader takes each in once caught
+   up) and the partition has a leader.
+3. **finish**, in one ZooKeeper transaction: the replicas become the wanted ones, in their
+   order; the state node keeps its leader if wanted, else the first wanted replica, alive and
+   in the ISR, leads (leader epoch + 1); the ISR loses the brokers removed; the reassignment's
+   node is deleted. The brokers removed delete their copies when they see the configuration.
+
+Each step is decided from what ZooKeeper holds when it is taken (next_step), so a controller
+that dies between two steps leaves nothing its successor cannot go on from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Literal
+
+from broker.registry import NO_LEADER, PartitionState
+
+StepKind = Literal["expand", "wait", "finish"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """The next step of a reassignment: `replicas` to write as the partition's (expand,
+    finish), the `state` to write with them (finish), and what it waits for (wait)."""
+
+    kind: StepKind
+    replicas: tuple[int, ...]
+    state: PartitionState | None = None
+    waiting_for: tuple[int, ...] = ()
+    """The wanted replicas not in the ISR yet (wait; empty while the partition has no
+    leader)."""
+
+
+def next_step(
+    wanted: tuple[int, ...],
+    current: tuple[int, ...],
+    state: PartitionState,
+    alive: Collection[int],
+    controller_epoch: int,
+) -> Step:
+    """The step a reassignment of a partition with replicas `current` and state `state` to
+    `wanted` takes now, with the live brokers `alive`."""
+    if not set(wanted) <= set(current):
+        return Step("expand", (*current, *(b for b in wanted if b not in current)))
+    missing = tuple(b for b in wanted if b not in state.isr)
+    if state.leader == NO_LEADER or missing:
+        return Step("wait", current, waiting_for=missing)
+    leader = state.leader
+    if leader not in wanted:
+        choices = [b for b in wanted if b in alive]  # all in the ISR: none missing
+        if not choices:
+            return Step("wait", current, waiting_for=wanted)
+        leader = choices[0]
+    epoch = state.leader_epoch + (leader != state.leader)
+    isr = tuple(b for b in state.isr if b in wanted)
+    return Step("finish", wanted, PartitionState(leader, epoch, isr, controller_epoch))
