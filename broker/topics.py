@@ -191,9 +191,10 @@ class Topics:
         """Whether ZooKeeper was connected, as the workers were last told."""
         """The replicated topics held here whose partitions' state nodes are watched, each
         with its watches' token."""
-        self._settings_watches: dict[str, object] = {}
-        """The topics held here whose node's data is watched, each with its watch's token
-        (so that what a watch of a topic dropped since reports is passed over)."""
+        self._config_watches: dict[str, object] = {}
+        """The topics whose node's data is watched (every topic: a reassignment may give this
+        broker partitions of any), each with its watch's token (so that what a watch of a
+        topic dropped since reports is passed over)."""
 
     # -- start -----------------------------------------------------------------------------
 
@@ -231,8 +232,8 @@ class Topics:
                 )
         self.configs = configs
         for topic, config in configs.items():
-            if config.partitions_of(me):
-                self._place(topic, config)
+            if mine := config.partitions_of(me):
+                self._place(topic, config, mine)
 
     def watch(self) -> None:
         """Keep the view of brokers and topics current from ZooKeeper's watches."""
@@ -243,9 +244,8 @@ class Topics:
         registry.watch_topic_configs(
             lambda configs: calls.report(lambda: self._on_topic_configs(configs))
         )
-        for topic in self.held:
-            self._watch_settings(topic)
         for topic in self.configs:
+            self._watch_config(topic)
             self._watch_states(topic)
 
     def registration(self, port: int) -> BrokerInfo:
@@ -260,18 +260,19 @@ class Topics:
             self.config.broker_rack or None,
         )
 
-    def _watch_settings(self, topic: str) -> None:
-        """Watch the data of the node of `topic` (held here): its settings change live."""
-        if topic in self._settings_watches:
+    def _watch_config(self, topic: str) -> None:
+        """Watch the data of the node of `topic`: its settings change live, its partitions'
+        replicas by reassignment."""
+        if topic in self._config_watches:
             return
         registry = self.calls.registry
         assert registry is not None
-        token = self._settings_watches[topic] = object()
+        token = self._config_watches[topic] = object()
         calls = self.calls
 
         def changed(config: TopicConfig | None) -> bool:  # on kazoo's thread: hand it on
-            calls.report(lambda: self._on_settings(topic, token, config))
-            return config is not None and self._settings_watches.get(topic) is token
+            calls.report(lambda: self._on_config(topic, token, config))
+            return config is not None and self._config_watches.get(topic) is token
 
         registry.watch_topic_config(topic, changed)
 
@@ -280,7 +281,7 @@ class Topics:
         partition's: METADATA names their leaders): each change of a partition held here goes
         to the worker holding it as its role (_send_role)."""
         config = self.configs.get(topic)
-        if topic in self._state_watches or config is None or len(config.replicas[0]) < 2:
+        if topic in self._state_watches or config is None or not _replicated(config):
             return
         registry = self.calls.registry
         assert registry is not None
@@ -386,14 +387,14 @@ class Topics:
             refused,
         )
 
-    def _place(self, topic: str, config: TopicConfig) -> None:
-        """Choose a worker for each partition of `topic` that this broker holds."""
+    def _place(self, topic: str, config: TopicConfig, numbers: list[int]) -> None:
+        """Choose a worker for each of `numbers`, partitions of `topic` that this broker
+        holds (added to those it holds already)."""
         per_dir = self.config.broker_workers_per_dir
         held = [0] * len(self.log_dirs)
         for state in self.held.values():
             for w in state.workers.values():
                 held[w // per_dir] += 1
-        numbers = config.partitions_of(self.me)
         found = {}
         for number in numbers:
             folder = partition_folder(topic, number)
@@ -402,7 +403,8 @@ class Topics:
                     found[number] = d
                     break
         workers = place_partitions(topic, numbers, held, found, per_dir)
-        self.held[topic] = TopicState(dict(config.settings), workers)
+        state = self.held.setdefault(topic, TopicState(dict(config.settings), {}))
+        state.workers.update(workers)
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -505,13 +507,19 @@ class Topics:
             self._note_opened(topic, number, (code, message))
 
     def _open_partitions(self, worker: WorkerHandle, topics: list[str] | None = None) -> None:
-        """Tell a connected worker to open its partitions (of `topics`, default all)."""
+        """Tell a connected worker to open its partitions (of `topics`, default all; those
+        open already stay as they are). A partition of a topic whose states are watched
+        opens replicated: it serves no client until its role says it leads."""
         entries = []
         for topic in topics or list(self.held):
             state = self.held[topic]
+            config = self.configs.get(topic)
+            replicated = topic in self._state_watches or (
+                config is not None and _replicated(config)
+            )
             for number, w in state.workers.items():
                 if w == worker.index:
-                    entries.append([topic, number, str(worker.log_dir), state.settings])
+                    entries.append([topic, number, str(worker.log_dir), state.settings, replicated])
         if entries:  # a worker that is gone gets them all when it says hello again
             self.pool.send(worker, [COMMAND, json_frame({"op": "open", "partitions": entries})])
 
@@ -528,10 +536,15 @@ class Topics:
     def _hold_topic(self, topic: str, config: TopicConfig) -> None:
         """Open this broker's partitions of a topic (nothing if none); each is registered as
         served once its worker says it opened it."""
-        if topic in self.held or not config.partitions_of(self.me):
+        if topic not in self.held:
+            self._hold_partitions(topic, config, config.partitions_of(self.me))
+
+    def _hold_partitions(self, topic: str, config: TopicConfig, numbers: list[int]) -> None:
+        """Open partitions `numbers` of `topic` here (placed on workers first), as at the
+        topic's creation or when a reassignment adds this broker to their replicas."""
+        if not numbers:
             return
-        self._place(topic, config)
-        self._watch_settings(topic)
+        self._place(topic, config, numbers)
         for worker in self.pool.workers:
             if worker.connected:
                 self._open_partitions(worker, [topic])
@@ -539,24 +552,36 @@ class Topics:
     def _drop_topic(self, topic: str) -> None:
         """Delete this broker's partitions of `topic`, with their data, and their registration."""
         self._state_watches.pop(topic, None)
+        self._config_watches.pop(topic, None)
         for key in [key for key in self.states if key[0] == topic]:
             del self.states[key]
-        state = self.held.pop(topic, None)
-        if state is None:
-            return
-        self._settings_watches.pop(topic, None)
-        for number in state.workers:
+        state = self.held.get(topic)
+        if state is not None:
+            self._drop_partitions(topic, list(state.workers))
+
+    def _drop_partitions(self, topic: str, numbers: list[int]) -> None:
+        """Delete partitions `numbers` of `topic` here, with their data, and register what
+        is left of the topic here (or unregister it when nothing is): at the topic's deletion,
+        or when a reassignment removed this broker from their replicas."""
+        state = self.held[topic]
+        workers = {number: state.workers.pop(number) for number in numbers}
+        for number in numbers:
+            state.served.discard(number)
             self.partition_errors.pop((topic, number), None)
         me = self.me
-        self.calls.call(  # on RegistryUnavailable: deleted at the next reconnection
-            lambda registry: registry.unregister_topic(topic, me),
-            lambda _: None,
-            _log_registry_failure(f"topic {topic!r}: unregistration deferred"),
-        )
+        if not state.workers:
+            del self.held[topic]
+            self.calls.call(  # on RegistryUnavailable: deleted at the next reconnection
+                lambda registry: registry.unregister_topic(topic, me),
+                lambda _: None,
+                _log_registry_failure(f"topic {topic!r}: unregistration deferred"),
+            )
+        else:
+            self._register_served(topic)
         for worker in self.pool.workers:
             folders = {
                 number: worker.log_dir / partition_folder(topic, number)
-                for number, w in state.workers.items()
+                for number, w in workers.items()
                 if w == worker.index
             }
             if not folders:
@@ -862,19 +887,25 @@ class Topics:
 
     # -- what the watches saw --------------------------------------------------------------
 
-    def _on_settings(self, topic: str, token: object, config: TopicConfig | None) -> None:
-        """What the watch on the node of `topic` saw: new settings go to the workers holding
-        its partitions here; a deleted node ends the watch (the topic is dropped through
+    def _on_config(self, topic: str, token: object, config: TopicConfig | None) -> None:
+        """What the watch on the node of `topic` saw: changed replicas open or delete
+        partitions here (_on_replicas); new settings go to the workers holding its partitions
+        here; a deleted node ends the watch (the topic is dropped through
         `_on_topic_configs`)."""
-        if self._settings_watches.get(topic) is not token:
+        if self._config_watches.get(topic) is not token:
             return  # a watch of a topic dropped since
         if config is None:
-            del self._settings_watches[topic]
+            del self._config_watches[topic]
             return
+        old = self.configs.get(topic)
+        if old is None:
+            return  # dropped meanwhile
+        self.configs[topic] = config
+        if old.replicas != config.replicas:
+            self._on_replicas(topic, old, config)
         state = self.held.get(topic)
         if state is None or state.settings == dict(config.settings):
             return
-        self.configs[topic] = config
         state.settings = dict(config.settings)
         log.info("topic %r: applying settings %s", topic, state.settings)
         command = json_frame({"op": "configure", "topic": topic, "settings": state.settings})
@@ -885,6 +916,24 @@ class Topics:
         for number in state.workers:  # min_insync_replicas may have changed
             self._send_role(topic, number)
 
+    def _on_replicas(self, topic: str, old: TopicConfig, new: TopicConfig) -> None:
+        """A reassignment changed the replicas of partitions of `topic`
+        (docs/replication.md, "Reassignment"): those this broker became a replica of open here
+        and follow their leader; those it no longer is are deleted here, with their data; the
+        leaders here learn their partitions' new replicas."""
+        self._watch_states(topic)
+        me = self.me
+        before, now = set(old.partitions_of(me)), set(new.partitions_of(me))
+        if added := sorted(now - before):
+            log.info("topic %r: partitions %s reassigned here: copying them", topic, added)
+            self._hold_partitions(topic, new, added)
+        if removed := sorted(p for p in before - now if p in self.held.get(topic, _NONE).workers):
+            log.info("topic %r: partitions %s reassigned away: deleting them here", topic, removed)
+            self._drop_partitions(topic, removed)
+        for number in sorted(before & now):
+            if old.replicas[number] != new.replicas[number]:
+                self._send_role(topic, number)
+
     def _on_brokers(self, brokers: dict[int, BrokerInfo]) -> None:
         before, self.live_brokers = self.live_brokers, brokers
         for (topic, number), (state, _) in list(self.states.items()):
@@ -892,10 +941,14 @@ class Topics:
                 self._send_role(topic, number)  # its leader's endpoint came, went or moved
 
     def _on_topic_configs(self, configs: dict[str, TopicConfig]) -> None:
+        """Topics created or deleted. A topic known already keeps the configuration its own
+        watch last gave (_on_config): this one may be older."""
         for topic, config in configs.items():
-            self.configs[topic] = config
+            if topic not in self.configs:
+                self.configs[topic] = config
+            self._watch_config(topic)
             self._watch_states(topic)
-            self._hold_topic(topic, config)
+            self._hold_topic(topic, self.configs[topic])
         for topic in [t for t in self.configs if t not in configs and t not in self._creating]:
             self._drop_if_deleted(topic)
 
@@ -913,6 +966,18 @@ class Topics:
                 log.info("topic %r was deleted through another broker", topic)
 
         self.calls.call(lambda registry: registry.topic_config(topic), lambda _: None, gone)
+
+
+_NONE = TopicState({}, {})
+"""The TopicState of a topic with no partition here."""
+
+
+def _replicated(config: TopicConfig) -> bool:
+    """Whether a partition of the topic has, or had when created, more than one replica: its
+    brokers then follow its partitions' state nodes."""
+    return replica_setting(config.settings, "replication_factor") > 1 or any(
+        len(replicas) > 1 for replicas in config.replicas
+    )
 
 
 def _checked(config: BrokerConfig, topic: str, settings: Mapping[str, int | None]) -> int:

@@ -76,7 +76,7 @@ import zmq
 
 from broker import protocol
 from broker.clock import SYSTEM_CLOCK
-from broker.config import TOPIC_SETTINGS, BrokerConfig, replica_setting
+from broker.config import TOPIC_SETTINGS, BrokerConfig
 from broker.errors import (
     DiskFull,
     FencedLeaderEpoch,
@@ -660,12 +660,12 @@ class Worker:
         op = command.get("op")
         if op == "open":
             opened, failed = [], []
-            for topic, number, directory, settings in command["partitions"]:
+            for topic, number, directory, settings, replicated in command["partitions"]:
                 try:
-                    self._open(topic, number, Path(directory), self.config.log_config(settings))
-                    # Replicated: it serves no client until its role says it leads.
-                    replicated = replica_setting(settings, "replication_factor") > 1
-                    self.partitions[(topic, number)].replicated = replicated
+                    config = self.config.log_config(settings)
+                    if self._open(topic, number, Path(directory), config):
+                        # Replicated: it serves no client until its role says it leads.
+                        self.partitions[(topic, number)].replicated = replicated
                     opened.append([topic, number])
                 except (PylogError, OSError, ValueError) as error:
                     if isinstance(error, OSError):
@@ -713,6 +713,8 @@ class Worker:
             return  # following that leader in that epoch already
         if leader == me and current is not None and current.epoch == epoch:
             current.set_isr(command["isr"], command["version"])  # an ISR change in this term
+            if tuple(command["replicas"]) != current.replicas:  # a reassignment's
+                current.set_replicas(command["replicas"], time.monotonic())
             if len(current.isr) < partition.min_insync:  # what waits was promised more
                 error = NotEnoughReplicas(partition.name, len(current.isr), partition.min_insync)
                 _fail(partition.all_acks, error, self._replies)
@@ -826,14 +828,16 @@ class Worker:
                     await self._take_role(partition.role)
             await self._send_replies()
 
-    def _open(self, topic: str, number: int, directory: Path, config: LogConfig) -> None:
+    def _open(self, topic: str, number: int, directory: Path, config: LogConfig) -> bool:
+        """Open a partition's log; False when it is open already."""
         if (topic, number) in self.partitions:
-            return
+            return False
         plog = PartitionLog.open(directory / f"{topic}-{number}", config)
         plog.on_flush = self.stats.flush_seconds.observe
         _log_recovery(f"{topic}-{number}", plog)
         self.partitions[(topic, number)] = Partition(topic, number, plog)
         self._deadline_changed.set()
+        return True
 
     def _configure(self, topic: str, settings: dict[str, int | None]) -> None:
         """Apply a topic's new settings to its partitions open here, and flush those that

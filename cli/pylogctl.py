@@ -17,6 +17,7 @@ from cli.console import consume, produce
 from cli.group_commands import group
 from cli.log_commands import log
 from cli.pipeline_commands import WithJobs
+from cli.reassign_commands import elect_preferred, reassign
 from cli.security_commands import acl, keys, principal
 from cli.topic_commands import topic
 
@@ -61,6 +62,8 @@ def _quiet_libraries(ctx: click.Context, verbose: int) -> None:
 
 for command in (log, topic, broker, produce, consume, group, keys, principal, acl):
     cli.add_command(command)
+topic.add_command(reassign)  # they speak to the controller through ZooKeeper, as group does
+topic.add_command(elect_preferred)
 
 
 def main() -> None:

@@ -111,6 +111,17 @@ class LeaderState:
         if version > self.joining_from:  # the asked expansion was made, or lost to another
             self.joining = frozenset()
 
+    def set_replicas(self, replicas: Iterable[int], now: float) -> None:
+        """The partition's replicas as changed within this term by a reassignment: a follower
+        added is known from its first fetch on (it joins the ISR as any other, once caught
+        up), one removed is forgotten."""
+        self.replicas = tuple(replicas)
+        for replica in self.replicas:
+            if replica != self.me and replica not in self.followers:
+                self.followers[replica] = Follower(-1, 0, now)  # no fetch yet: not joining
+        for replica in [r for r in self.followers if r not in self.replicas]:
+            del self.followers[replica]
+
     def advance(self, leader_flushed: int) -> bool:
         """Recompute the high watermark with the leader's flushed end; whether it moved."""
         counted = self.isr | self.joining

@@ -1,0 +1,308 @@
+"""`pylogctl topic reassign` and `pylogctl topic elect-preferred`: what an operator asks of the
+controller, through the registry (docs/replication.md, "Reassignment" and "Preferred-leader
+election"). Both write a node under /admin in ZooKeeper, which the controller acts on, and
+follow what it does until it is done."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+import click
+
+from broker.placement import assign_replicas
+from broker.registry import Reassignment, Registry, TopicConfig
+from broker.registry.topics import PartitionState
+from cli.common import EXIT_BROKER, until_interrupted, usage_error
+from cli.group_commands import admin_options, open_registry
+
+POLL_S = 0.5
+"""How often the registry is read while a command follows the controller's work."""
+
+
+def _broker_list(ctx: click.Context, param: click.Parameter, text: str | None) -> tuple[int, ...]:
+    if text is None:
+        return ()
+    try:
+        replicas = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not broker ids separated by commas", ctx, param
+        ) from None
+    if any(b < 0 for b in replicas):
+        raise click.BadParameter(f"{text!r}: broker ids are >= 0", ctx, param)
+    return replicas
+
+
+def _ids(brokers: Sequence[int]) -> str:
+    return ",".join(map(str, brokers)) or "-"
+
+
+def spread_plan(config: TopicConfig, racks: dict[int, str | None]) -> dict[int, tuple[int, ...]]:
+    """The partitions whose replicas the placement of a new topic over the brokers of `racks`
+    would choose otherwise (broker.placement.assign_replicas, each partition keeping its
+    number of replicas), with those replicas. ValueError when a partition has more replicas
+    than there are brokers."""
+    plan = {}
+    for count in sorted({len(replicas) for replicas in config.replicas}):
+        placed = assign_replicas(config.partitions, racks, count)
+        for p, replicas in enumerate(config.replicas):
+            if len(replicas) == count and placed[p] != replicas:
+                plan[p] = placed[p]
+    return plan
+
+
+@click.command("reassign")
+@click.argument("name", required=False)
+@click.option("--partition", type=click.IntRange(min=0), help="The partition to move.")
+@click.option(
+    "--replicas",
+    callback=_broker_list,
+    metavar="ID,ID,...",
+    help="The brokers to hold --partition, the first its preferred leader; brokers that are up.",
+)
+@click.option(
+    "--spread",
+    is_flag=True,
+    help="Move every partition of NAME to where a new topic's would go over the brokers up "
+    "now (a broker that joined gets its share), each keeping its number of replicas.",
+)
+@click.option("--dry-run", is_flag=True, help="Print what would move; move nothing.")
+@click.option("--status", is_flag=True, help="Print the reassignments under way (of NAME).")
+@click.option("--cancel", is_flag=True, help="Stop the reassignment of NAME's --partition.")
+@click.option("--no-wait", is_flag=True, help="Ask, and return without following it.")
+@click.option(
+    "--wait-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Give up following after this many seconds (exit 1; the reassignment goes on).",
+)
+@admin_options
+def reassign(
+    name: str | None,
+    partition: int | None,
+    replicas: tuple[int, ...],
+    spread: bool,
+    dry_run: bool,
+    status: bool,
+    cancel: bool,
+    no_wait: bool,
+    wait_timeout: float | None,
+    as_json: bool,
+    zookeeper: str | None,
+    chroot: str | None,
+    broker: str,
+    timeout: float,
+) -> None:
+    """Move partitions of topic NAME to other brokers, while they go on serving: the brokers
+    added copy each partition from its leader; once they are all in sync, leadership moves to
+    the first of them if its leader is removed, and the brokers removed delete their copies.
+    Nothing acknowledged is lost. The controller does the work; this command asks it (through
+    ZooKeeper: --zookeeper-auth-file gives the brokers' identity when the registry has ACLs)
+    and prints each partition's progress until it is done (Ctrl-C stops following, not the
+    move). A move waits for a broker that is down until it is back (--cancel stops it; the
+    brokers added stay replicas).
+
+    \b
+    Examples:
+      $ pylogctl topic reassign clicks --partition 0 --replicas 4,2,3
+      clicks-0: replicas 1,2,3 -> 4,2,3
+      clicks-0: copying to 4 (replicas 1,2,3,4 isr 1,2,3)
+      clicks-0: done: replicas 4,2,3 leader 4 isr 2,3,4
+      $ pylogctl topic reassign clicks --spread --dry-run
+      clicks-1: replicas 2,3 -> 2,4
+      $ pylogctl topic reassign --status
+      clicks-0: replicas 1,2,3 -> 4,2,3: copying to 4 (isr 1,2,3)
+    """
+    if status:
+        if partition is not None or replicas or spread or cancel:
+            usage_error("--status takes no --partition, --replicas, --spread nor --cancel")
+        with open_registry(zookeeper, chroot, broker, timeout) as registry:
+            _print_status(registry, name, as_json)
+        return
+    if name is None:
+        usage_error("give the topic NAME (or --status)")
+    if cancel:
+        if partition is None or replicas or spread:
+            usage_error("--cancel takes --partition only")
+        with open_registry(zookeeper, chroot, broker, timeout) as registry:
+            registry.cancel_reassignment(name, partition)
+        click.echo(
+            json.dumps({"topic": name, "partition": partition, "cancelled": True})
+            if as_json
+            else f"{name}-{partition}: reassignment cancelled (its replicas stay as they are now)"
+        )
+        return
+    if spread == bool(replicas or partition is not None):
+        usage_error("give --partition and --replicas, or --spread")
+    if not spread and (partition is None or not replicas):
+        usage_error("--partition and --replicas go together")
+    with open_registry(zookeeper, chroot, broker, timeout) as registry:
+        live = registry.brokers()
+        config = registry.topic_config(name)
+        if spread:
+            try:
+                plan = spread_plan(config, {b: info.rack for b, info in live.items()})
+            except ValueError as error:
+                usage_error(f"--spread: {error}")
+        else:
+            assert partition is not None
+            plan = {partition: replicas}
+        for p, wanted in sorted(plan.items()):
+            _echo(as_json, name, p, f"replicas {_ids(config.replicas_of(p))} -> {_ids(wanted)}")
+        if not plan:
+            _echo(as_json, name, None, "nothing to move")
+        if dry_run or not plan:
+            return
+        started = []
+        for p, wanted in sorted(plan.items()):
+            if registry.start_reassignment(name, p, wanted, list(live)) is not None:
+                started.append(p)
+            else:
+                _echo(as_json, name, p, "has those replicas already")
+        if no_wait or not started:
+            return
+        _follow(registry, name, started, wait_timeout, as_json)
+
+
+def _echo(as_json: bool, topic: str, partition: int | None, text: str, **fields: object) -> None:
+    if as_json:
+        click.echo(json.dumps({"topic": topic, "partition": partition, "event": text, **fields}))
+    else:
+        click.echo(f"{topic}-{partition}: {text}" if partition is not None else f"{topic}: {text}")
+
+
+def _progress(reassignment: Reassignment, replicas: Sequence[int], state: PartitionState) -> str:
+    added = [b for b in reassignment.replicas if b not in reassignment.original]
+    behind = [b for b in reassignment.replicas if b not in state.isr]
+    if not set(reassignment.replicas) <= set(replicas):
+        return f"adding {_ids(added)}"
+    if behind:
+        return f"copying to {_ids(behind)} (replicas {_ids(replicas)} isr {_ids(state.isr)})"
+    return f"switching (replicas {_ids(replicas)} isr {_ids(state.isr)} leader {state.leader})"
+
+
+def _follow(
+    registry: Registry,
+    topic: str,
+    partitions: list[int],
+    wait_timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Print each partition's progress as it changes until every one is done."""
+    deadline = None if wait_timeout is None else time.monotonic() + wait_timeout
+    said: dict[int, str] = {}
+    left = set(partitions)
+    with until_interrupted():
+        while left:
+            pending = registry.reassignments()
+            for p in sorted(left):
+                config = registry.topic_config(topic)
+                state = registry.partition_state(topic, p)[0]
+                reassignment = pending.get((topic, p))
+                if reassignment is None:
+                    left.discard(p)
+                    text = (
+                        f"done: replicas {_ids(config.replicas_of(p))} leader {state.leader} "
+                        f"isr {_ids(state.isr)}"
+                    )
+                    _echo(as_json, topic, p, text, done=True)
+                    continue
+                text = _progress(reassignment, config.replicas_of(p), state)
+                if said.get(p) != text:
+                    said[p] = text
+                    _echo(as_json, topic, p, text)
+            if not left:
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                click.echo(
+                    f"pylogctl: {len(left)} partition(s) not moved after {wait_timeout:g} s: the "
+                    "reassignment goes on (pylogctl topic reassign --status follows it)",
+                    err=True,
+                )
+                sys.exit(EXIT_BROKER)
+            time.sleep(POLL_S)
+        return
+    click.echo(  # Ctrl-C
+        "pylogctl: stopped following: the reassignment goes on (pylogctl topic reassign "
+        "--status follows it)",
+        err=True,
+    )
+
+
+def _print_status(registry: Registry, topic: str | None, as_json: bool) -> None:
+    pending = registry.reassignments()
+    shown = 0
+    for (name, p), reassignment in sorted(pending.items()):
+        if topic is not None and name != topic:
+            continue
+        shown += 1
+        config = registry.topic_config(name)
+        state = registry.partition_state(name, p)[0]
+        progress = _progress(reassignment, config.replicas_of(p), state)
+        moving = f"replicas {_ids(reassignment.original)} -> {_ids(reassignment.replicas)}"
+        _echo(as_json, name, p, f"{moving}: {progress}")
+    if not shown and not as_json:
+        click.echo("no reassignment under way" + (f" for topic {topic}" if topic else ""))
+
+
+@click.command("elect-preferred")
+@click.argument("names", metavar="[NAME...]", nargs=-1)
+@click.option("--no-wait", is_flag=True, help="Ask, and return without waiting for it.")
+@admin_options
+def elect_preferred(
+    names: tuple[str, ...],
+    no_wait: bool,
+    as_json: bool,
+    zookeeper: str | None,
+    chroot: str | None,
+    broker: str,
+    timeout: float,
+) -> None:
+    """Move each partition's leadership back to its preferred leader (its first replica)
+    where that broker is up and in sync, for topics NAME... (default: every topic); the
+    controller also does so by itself every broker.leader_rebalance_interval_ms. Then print
+    the partitions still led by another broker, and why.
+
+    \b
+    Example:
+      $ pylogctl topic elect-preferred clicks
+      clicks: 4 partitions led by their preferred leader
+      clicks-2: led by 3, preferred leader 1 is not in sync (isr 2,3)
+    """
+    with open_registry(zookeeper, chroot, broker, timeout) as registry:
+        registry.ask_preferred_election(list(names) or None)
+        if no_wait:
+            return
+        deadline = time.monotonic() + max(timeout, 1.0) * 6
+        while registry.preferred_election_asked()[0]:
+            if time.monotonic() > deadline:
+                click.echo(
+                    "pylogctl: the controller has not run the election yet (is a broker up?); "
+                    "it stays asked",
+                    err=True,
+                )
+                sys.exit(EXIT_BROKER)
+            time.sleep(POLL_S / 5)
+        live = set(registry.brokers())
+        configs = registry.topic_configs()
+        for name in names or sorted(configs):
+            config = configs.get(name)
+            if config is None:
+                continue
+            preferred = 0
+            for p, (state, _) in sorted(registry.partition_states(name).items()):
+                first = config.replicas_of(p)[0]
+                if state.leader == first:
+                    preferred += 1
+                    continue
+                why = (
+                    "is down"
+                    if first not in live
+                    else f"is not in sync (isr {_ids(state.isr)})"
+                    if first not in state.isr
+                    else "was not moved (try again)"
+                )
+                _echo(as_json, name, p, f"led by {state.leader}, preferred leader {first} {why}")
+            _echo(as_json, name, None, f"{preferred} partitions led by their preferred leader")
