@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ import pytest
 
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
-from tests.pylogd import RunningBroker
+from tests.pylogd import RunningBroker, ThreeBrokers, broker_flags, start_all, stop_all
 
 
 @dataclass
@@ -167,3 +168,75 @@ def broker(
 def topic(request: pytest.FixtureRequest) -> str:
     """A topic name of this test's own (not created)."""
     return f"{request.node.name[:40]}-{uuid.uuid4().hex[:8]}".replace("[", "-").replace("]", "")
+
+
+# -- three brokers of one cluster ------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def running_three(
+    zookeeper: PrivateZooKeeper, root: Path, chroot: str, *flags: str
+) -> Iterator[ThreeBrokers]:
+    """Brokers 1, 2 and 3 with broker_flags(root, i) and `flags`, started side by side; at
+    the end all stopped side by side (those restarted in their place too), logs shown."""
+    connect = zookeeper.connect_string
+    brokers = [
+        RunningBroker(root / f"broker-{i}", connect, chroot, *broker_flags(root, i), *flags)
+        for i in (1, 2, 3)
+    ]
+    registry = Registry(
+        connect, chroot, session_timeout_s=SESSION_TIMEOUT_S, request_timeout_s=REQUEST_TIMEOUT_S
+    )
+    try:
+        start_all(brokers)
+        registry.start(timeout=10)
+        yield ThreeBrokers(root, chroot, registry, dict(zip((1, 2, 3), brokers, strict=True)))
+    finally:
+        registry.stop()
+        stop_all(brokers)
+        for broker in brokers:
+            print(f"--- {broker.log_path}:\n{broker.log_tail()}")
+
+
+def three_brokers_flags(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """The test module's THREE_BROKERS_FLAGS: its brokers' flags besides broker_flags."""
+    return tuple(getattr(request.module, "THREE_BROKERS_FLAGS", ()))
+
+
+@pytest.fixture(scope="module")
+def module_three_brokers(
+    request: pytest.FixtureRequest,
+    zookeeper: PrivateZooKeeper,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ThreeBrokers]:
+    """Three brokers shared by the tests of one module (three take seconds to start and
+    stop), with the module's THREE_BROKERS_FLAGS, on a chroot of their own. Tests take
+    `shared_three_brokers`."""
+    root = tmp_path_factory.mktemp("three-brokers")
+    chroot = f"/test-{uuid.uuid4().hex[:16]}"
+    with running_three(zookeeper, root, chroot, *three_brokers_flags(request)) as three:
+        yield three
+
+
+@pytest.fixture
+def shared_three_brokers(module_three_brokers: ThreeBrokers) -> ThreeBrokers:
+    """The module's three brokers, each one running. A test that shares them uses topic and
+    group names of its own, leaves every broker serving (restarts one it killed with
+    `restart`, resumes one it stopped with SIGSTOP), and reads a broker's counters only as
+    changes."""
+    module_three_brokers.heal()
+    return module_three_brokers
+
+
+@pytest.fixture
+def own_three_brokers(
+    request: pytest.FixtureRequest,
+    zookeeper: PrivateZooKeeper,
+    tmp_path: Path,
+    registry_chroot: str,
+) -> Iterator[ThreeBrokers]:
+    """Three brokers of this test's own (under tmp_path, on registry_chroot: `registry` and
+    `make_member` see them), with the module's THREE_BROKERS_FLAGS, started side by side."""
+    flags = three_brokers_flags(request)
+    with running_three(zookeeper, tmp_path, registry_chroot, *flags) as three:
+        yield three

@@ -11,9 +11,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from broker.registry import Registry
 
 READY_PREFIX = "pylogd ready on "
 
@@ -49,6 +52,11 @@ class RunningBroker:
     def start(self, timeout: float = 30.0, own_session: bool = False) -> RunningBroker:
         """own_session: in a process group of its own, as a shell runs a command (the group
         then gets a Ctrl-C's SIGINT: os.killpg(broker.pid, SIGINT))."""
+        return self.launch(own_session).wait_ready(timeout)
+
+    def launch(self, own_session: bool = False) -> RunningBroker:
+        """The process started, not waited for: `wait_ready` next (several brokers launched
+        first start side by side: see start_all)."""
         with open(self.log_path, "a") as log:
             self.process = subprocess.Popen(
                 self.command,
@@ -57,7 +65,12 @@ class RunningBroker:
                 text=True,
                 start_new_session=own_session,
             )
-        assert self.process.stdout is not None
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> RunningBroker:
+        """Until the launched process says it is ready (its endpoint then set); killed, and a
+        RuntimeError, if it exits or stays silent `timeout` seconds."""
+        assert self.process is not None and self.process.stdout is not None
         deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as selector:
             selector.register(self.process.stdout, selectors.EVENT_READ)
@@ -138,3 +151,67 @@ class RunningBroker:
                 os.kill(pid, signal.SIGKILL)
         assert self.process is not None
         self.process.wait()
+
+
+def start_all(brokers: list[RunningBroker], timeout: float = 30.0) -> list[RunningBroker]:
+    """Start `brokers` side by side (each one's start is mostly its own imports and its
+    workers' on a core of their own: three take little longer than one), every one ready."""
+    for broker in brokers:
+        broker.launch()
+    return [broker.wait_ready(timeout) for broker in brokers]
+
+
+def stop_all(brokers: list[RunningBroker], timeout: float = 60.0) -> None:
+    """SIGTERM every broker still running among `brokers` and those restarted in their place
+    (`successor`), all at once, then wait for each (SIGKILL after `timeout`)."""
+    running = []
+    for first in brokers:
+        broker: RunningBroker | None = first
+        while broker is not None:
+            if broker.process is not None and broker.process.poll() is None:
+                broker.process.send_signal(signal.SIGTERM)
+                running.append(broker)
+            broker = broker.successor
+    for broker in running:
+        broker.stop(timeout)
+
+
+def broker_flags(root: Path, broker_id: int) -> tuple[str, ...]:
+    """One log dir (one worker) per broker, 50 ms flushes: three brokers fit on two cores."""
+    return (
+        "--broker-id",
+        str(broker_id),
+        "--broker-log-dirs",
+        str(root / f"broker-{broker_id}" / "logs"),
+        "--log-flush-interval-ms",
+        "50",
+    )
+
+
+@dataclass
+class ThreeBrokers:
+    """Brokers 1, 2 and 3 of one cluster (data dirs <root>/broker-<id>, broker_flags under
+    `root`, one ZooKeeper chroot), and a registry on that chroot to read and write what the
+    controller would. See tests/conftest.py: running_three and its fixtures."""
+
+    root: Path
+    chroot: str
+    registry: Registry
+    brokers: dict[int, RunningBroker]
+    """By broker id: the one running now (`restart` puts a restarted one in its place)."""
+
+    @property
+    def endpoints(self) -> dict[int, str]:
+        return {i: broker.endpoint for i, broker in self.brokers.items()}
+
+    def restart(self, broker_id: int) -> RunningBroker:
+        """Broker `broker_id` started again on its data dir (after a kill, say), in its place."""
+        self.brokers[broker_id] = self.brokers[broker_id].restarted()
+        return self.brokers[broker_id]
+
+    def heal(self) -> None:
+        """Restart each broker whose process has exited (a test that failed before it
+        restarted the one it killed), so that the next test finds all three serving."""
+        for broker_id, broker in self.brokers.items():
+            if broker.process is not None and broker.process.poll() is not None:
+                self.restart(broker_id)

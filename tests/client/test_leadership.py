@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 
 import pytest
 
@@ -40,20 +39,22 @@ from broker.registry import PartitionState, Registry
 from broker.zookeeper import PrivateZooKeeper
 from tests.client.router import serving
 from tests.client.test_error_fields import TOPIC, FakePartition
-from tests.cluster.conftest import broker_flags
 from tests.conftest import wait_until
-from tests.pylogd import RunningBroker
+from tests.pylogd import ThreeBrokers
 
 REPLICATED = {"replication_factor": "3", "min_insync_replicas": "2"}
 MESSAGES = 600
 DEADLINE_S = 60.0
 
 
-@pytest.fixture
-def replicating(make_pylogd: Callable[..., RunningBroker], tmp_path: Path) -> list[RunningBroker]:
-    """Brokers 1, 2 and 3; followers long-poll 200 ms, and one behind for 2 s leaves the ISR."""
-    flags = ("--broker-replica-lag-max-ms", "2000", "--broker-replica-fetch-wait-ms", "200")
-    return [make_pylogd(*broker_flags(tmp_path, i), *flags, name=f"broker-{i}") for i in (1, 2, 3)]
+THREE_BROKERS_FLAGS = (
+    "--broker-replica-lag-max-ms",
+    "2000",
+    "--broker-replica-fetch-wait-ms",
+    "200",
+)
+"""Followers long-poll 200 ms, and one behind for 2 s leaves the ISR. The three brokers are
+shared by the module's tests (shared_three_brokers): each uses topics and groups of its own."""
 
 
 def create_replicated(
@@ -169,10 +170,11 @@ def produce_and_read_across_moves(
 
 
 def test_metadata_version_2_names_leader_epoch_replicas_and_isr(
-    replicating: list[RunningBroker], registry: Registry
+    shared_three_brokers: ThreeBrokers,
 ) -> None:
-    create_replicated({b: replicating[b - 1].endpoint for b in (1, 2, 3)}, "described", 2)
-    with Cluster(replicating[1].endpoint) as cluster:
+    endpoints, registry = shared_three_brokers.endpoints, shared_three_brokers.registry
+    create_replicated(endpoints, "described", 2)
+    with Cluster(endpoints[2]) as cluster:
         for info in cluster.partitions("described"):
             state, _ = registry.partition_state("described", info.partition)
             assert info.broker_id == state.leader
@@ -183,9 +185,9 @@ def test_metadata_version_2_names_leader_epoch_replicas_and_isr(
 
 
 def test_producer_at_ack_all_and_partition_consumer_follow_leadership_moves(
-    replicating: list[RunningBroker], registry: Registry
+    shared_three_brokers: ThreeBrokers,
 ) -> None:
-    endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
+    endpoints, registry = shared_three_brokers.endpoints, shared_three_brokers.registry
     create_replicated(endpoints, "moving", 1)
     with PartitionConsumer(endpoints[2], "moving", 0, max_wait_ms=100) as consumer:
         messages: list[Message] = []
@@ -200,9 +202,9 @@ def test_producer_at_ack_all_and_partition_consumer_follow_leadership_moves(
 
 
 def test_topic_consumer_follows_leadership_moves(
-    replicating: list[RunningBroker], registry: Registry
+    shared_three_brokers: ThreeBrokers,
 ) -> None:
-    endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
+    endpoints, registry = shared_three_brokers.endpoints, shared_three_brokers.registry
     create_replicated(endpoints, "moving-topic", 2)
     with TopicConsumer(endpoints[3], "moving-topic", [0], follow=True, max_wait_ms=100) as c:
         records = iter(c)
@@ -215,18 +217,15 @@ def test_topic_consumer_follows_leadership_moves(
 
 
 def test_group_member_follows_leadership_moves(
-    replicating: list[RunningBroker],
-    registry: Registry,
-    zookeeper: PrivateZooKeeper,
-    registry_chroot: str,
+    shared_three_brokers: ThreeBrokers, zookeeper: PrivateZooKeeper
 ) -> None:
-    endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
+    endpoints, registry = shared_three_brokers.endpoints, shared_three_brokers.registry
     create_replicated(endpoints, "moving-group", 1)
     member = GroupConsumer(
         zookeeper.connect_string,
         "followers",
         ["moving-group"],
-        chroot=registry_chroot,
+        chroot=shared_three_brokers.chroot,
         max_wait_ms=100,
         session_timeout_s=2.0,
     )
@@ -239,14 +238,11 @@ def test_group_member_follows_leadership_moves(
 
 
 def test_async_producer_and_consumers_follow_leadership_moves(
-    replicating: list[RunningBroker],
-    registry: Registry,
-    zookeeper: PrivateZooKeeper,
-    registry_chroot: str,
+    shared_three_brokers: ThreeBrokers, zookeeper: PrivateZooKeeper
 ) -> None:
     """AsyncProducer at ack=all, with an AsyncPartitionConsumer and an AsyncGroupConsumer
     reading, across two moves."""
-    endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
+    endpoints, registry = shared_three_brokers.endpoints, shared_three_brokers.registry
     create_replicated(endpoints, "moving-aio", 1)
     sent = values(MESSAGES)
 
@@ -275,7 +271,7 @@ def test_async_producer_and_consumers_follow_leadership_moves(
             zookeeper.connect_string,
             "async-followers",
             ["moving-aio"],
-            chroot=registry_chroot,
+            chroot=shared_three_brokers.chroot,
             max_wait_ms=100,
             session_timeout_s=2.0,
         )
@@ -312,11 +308,11 @@ def test_async_producer_and_consumers_follow_leadership_moves(
 
 
 def test_a_not_leader_naming_a_known_broker_is_followed_without_metadata(
-    replicating: list[RunningBroker], registry: Registry
+    shared_three_brokers: ThreeBrokers,
 ) -> None:
     """A request sent to the old leader answers NOT_LEADER_FOR_PARTITION with the new leader:
     the cluster connection sends it there next (no METADATA asked meanwhile)."""
-    endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
+    endpoints, registry = shared_three_brokers.endpoints, shared_three_brokers.registry
     create_replicated(endpoints, "hinted", 1)
     with Producer(endpoints[1], "hinted", ack=Ack.ALL) as producer:
         producer.send(b"before the move").result()
@@ -369,11 +365,11 @@ def test_a_broker_without_metadata_version_2_is_asked_version_1() -> None:
 
 
 def test_group_lag_reads_offsets_of_the_leader_after_a_move(
-    replicating: list[RunningBroker], registry: Registry
+    shared_three_brokers: ThreeBrokers,
 ) -> None:
     """`pylogctl group describe`'s reader asks the partition's leader, not its preferred one
     (a follower after the move, which answers NOT_LEADER_FOR_PARTITION)."""
-    endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
+    endpoints, registry = shared_three_brokers.endpoints, shared_three_brokers.registry
     create_replicated(endpoints, "lagging", 1)
     with Producer(endpoints[1], "lagging", ack=Ack.ALL) as producer:
         offsets = [producer.send(value).result() for value in values(10)]
@@ -395,19 +391,19 @@ def test_group_lag_reads_offsets_of_the_leader_after_a_move(
 
 
 def test_the_producer_sends_again_after_not_enough_replicas_until_the_isr_grows_back(
-    replicating: list[RunningBroker], registry: Registry
+    shared_three_brokers: ThreeBrokers,
 ) -> None:
     """min_insync_replicas 3 and a follower frozen out of the ISR: an ack=all batch is refused
     NOT_ENOUGH_REPLICAS and sent again (0.1 s doubling to 2 s) until the follower is back in
     the ISR, within the producer's delivery_timeout_s; then acknowledged."""
-    endpoints = {b: replicating[b - 1].endpoint for b in (1, 2, 3)}
+    endpoints, registry = shared_three_brokers.endpoints, shared_three_brokers.registry
     config = {"replication_factor": "3", "min_insync_replicas": "3"}
     create_replicated(endpoints, "strict", 1, config)
     leader = registry.partition_state("strict", 0)[0].leader
     frozen = min({1, 2, 3} - {leader})
     with Producer(endpoints[leader], "strict", ack=Ack.ALL, batch_messages=1) as producer:
         assert producer.send(b"before").result(10) == 0
-        workers = replicating[frozen - 1].worker_pids()
+        workers = shared_three_brokers.brokers[frozen].worker_pids()
         for pid in workers:  # its fetches stop; its ZooKeeper session lives on
             os.kill(pid, signal.SIGSTOP)
         try:

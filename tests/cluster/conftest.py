@@ -16,18 +16,7 @@ import pytest
 from broker.client.group import GroupConsumer, Record, TopicPartition
 from broker.zookeeper import PrivateZooKeeper
 from tests.pylogd import RunningBroker
-
-
-def broker_flags(root: Path, broker_id: int) -> tuple[str, ...]:
-    """One log dir (one worker) per broker, 50 ms flushes: three brokers fit on two cores."""
-    return (
-        "--broker-id",
-        str(broker_id),
-        "--broker-log-dirs",
-        str(root / f"broker-{broker_id}" / "logs"),
-        "--log-flush-interval-ms",
-        "50",
-    )
+from tests.pylogd import broker_flags as broker_flags  # imported from here too
 
 
 @pytest.fixture

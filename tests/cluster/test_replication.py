@@ -18,19 +18,17 @@ from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
 from tests.cluster.conftest import FreezableProxy, broker_flags
 from tests.conftest import wait_until
-from tests.pylogd import RunningBroker
+from tests.pylogd import RunningBroker, ThreeBrokers
 
 REPLICATED = {"replication_factor": "3", "min_insync_replicas": "2"}
 
 
-@pytest.fixture
-def replicating(make_pylogd: Callable[..., RunningBroker], tmp_path: Path) -> list[RunningBroker]:
-    """Brokers 1, 2 and 3; a follower behind for 1 s leaves the ISR."""
-    flags = (
-        *("--broker-replica-lag-max-ms", "1000", "--broker-replica-fetch-wait-ms", "200"),
-        *("--metrics-enabled", "true", "--metrics-port", "0"),
-    )
-    return [make_pylogd(*broker_flags(tmp_path, i), *flags, name=f"broker-{i}") for i in (1, 2, 3)]
+THREE_BROKERS_FLAGS = (
+    *("--broker-replica-lag-max-ms", "1000", "--broker-replica-fetch-wait-ms", "200"),
+    *("--metrics-enabled", "true", "--metrics-port", "0"),
+)
+"""Of brokers 1, 2 and 3 (shared_three_brokers: shared by the module's tests, each with topics
+of its own; own_three_brokers: a test's own): a follower behind for 1 s leaves the ISR."""
 
 
 def stored(root: Path, broker_id: int, folder: str) -> bytes:
@@ -44,9 +42,9 @@ def isr(registry: Registry, topic: str, partition: int) -> tuple[int, ...]:
 
 
 def test_ack_all_is_answered_once_every_replica_holds_the_bytes(
-    replicating: list[RunningBroker], registry: Registry, tmp_path: Path
+    shared_three_brokers: ThreeBrokers,
 ) -> None:
-    one = replicating[0]
+    registry, one = shared_three_brokers.registry, shared_three_brokers.brokers[1]
     with Admin(one.endpoint) as admin:
         admin.create_topic("copied", 2, REPLICATED)
     values = [b"value-%d" % i for i in range(300)]
@@ -57,7 +55,7 @@ def test_ack_all_is_answered_once_every_replica_holds_the_bytes(
     for partition in (0, 1):
         assert isr(registry, "copied", partition) == (1, 2, 3)
         # Acked at ack=all: every in-sync replica holds the bytes already, the same bytes.
-        copies = {stored(tmp_path, b, f"copied-{partition}") for b in (1, 2, 3)}
+        copies = {stored(shared_three_brokers.root, b, f"copied-{partition}") for b in (1, 2, 3)}
         assert len(copies) == 1 and copies != {b""}
     read = []
     for partition in (0, 1):
@@ -67,9 +65,9 @@ def test_ack_all_is_answered_once_every_replica_holds_the_bytes(
 
 
 def test_a_dead_follower_leaves_the_isr_and_catches_up_when_it_returns(
-    replicating: list[RunningBroker], registry: Registry, tmp_path: Path
+    shared_three_brokers: ThreeBrokers,
 ) -> None:
-    brokers = {b: replicating[b - 1] for b in (1, 2, 3)}
+    registry, brokers = shared_three_brokers.registry, shared_three_brokers.brokers
     with Admin(brokers[1].endpoint) as admin:
         admin.create_topic("sturdy", 1, REPLICATED)
     leader = registry.partition_state("sturdy", 0)[0].leader
@@ -93,17 +91,17 @@ def test_a_dead_follower_leaves_the_isr_and_catches_up_when_it_returns(
     assert refused.value.name == "NOT_ENOUGH_REPLICAS"
 
     for follower in followers:
-        brokers[follower] = brokers[follower].restarted()
+        shared_three_brokers.restart(follower)
     wait_until(lambda: isr(registry, "sturdy", 0) == (1, 2, 3), timeout=30)
     assert produce(50, b"back") == 50
-    copies = {stored(tmp_path, b, "sturdy-0") for b in (1, 2, 3)}
+    copies = {stored(shared_three_brokers.root, b, "sturdy-0") for b in (1, 2, 3)}
     assert len(copies) == 1
 
 
 def test_a_frozen_follower_leaves_the_isr_and_rejoins_once_it_thaws(
-    replicating: list[RunningBroker], registry: Registry, tmp_path: Path
+    own_three_brokers: ThreeBrokers, registry: Registry, tmp_path: Path
 ) -> None:
-    brokers = {b: replicating[b - 1] for b in (1, 2, 3)}
+    brokers = own_three_brokers.brokers  # its own: the leader's counters are this test's alone
     with Admin(brokers[1].endpoint) as admin:
         admin.create_topic("thawed", 1, REPLICATED)
     leader = registry.partition_state("thawed", 0)[0].leader
@@ -143,6 +141,7 @@ def test_a_leader_cut_off_from_zookeeper_refuses_ack_all_before_another_is_chose
     registry: Registry,
 ) -> None:
     proxy = FreezableProxy(("127.0.0.1", zookeeper.port))
+    cut: RunningBroker | None = None
     try:
         cut = make_pylogd(
             *broker_flags(tmp_path, 1), name="broker-1", zookeeper=f"127.0.0.1:{proxy.port}"
@@ -168,13 +167,15 @@ def test_a_leader_cut_off_from_zookeeper_refuses_ack_all_before_another_is_chose
         # Refused while the partition's state still names broker 1: before anyone else leads.
         assert registry.partition_state("fenced", 0)[0].leader == 1
     finally:
+        if cut is not None and cut.process is not None:
+            cut.kill()  # cut off, it would stop only once its ZooKeeper connection timed out
         proxy.close()
 
 
 def test_an_ack_all_waiting_when_the_isr_shrinks_below_its_minimum_is_refused(
-    replicating: list[RunningBroker], registry: Registry
+    shared_three_brokers: ThreeBrokers,
 ) -> None:
-    brokers = {b: replicating[b - 1] for b in (1, 2, 3)}
+    registry, brokers = shared_three_brokers.registry, shared_three_brokers.brokers
     with Admin(brokers[1].endpoint) as admin:
         admin.create_topic("strict", 1, {"replication_factor": "2", "min_insync_replicas": "2"})
     state = registry.partition_state("strict", 0)[0]
@@ -197,9 +198,9 @@ def test_an_ack_all_waiting_when_the_isr_shrinks_below_its_minimum_is_refused(
 
 
 def test_replication_settings_that_cannot_hold_are_refused_with_their_reason(
-    replicating: list[RunningBroker],
+    shared_three_brokers: ThreeBrokers,
 ) -> None:
-    with Admin(replicating[0].endpoint) as admin:
+    with Admin(shared_three_brokers.endpoints[1]) as admin:
         for config, reason in (
             ({"replication_factor": "4"}, "replication factor 4"),  # three brokers live
             ({"replication_factor": "0"}, "replication_factor must be from 1 to 255"),
