@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,13 +18,19 @@ from broker.client.admin import Admin
 from broker.errors import PylogError
 from broker.protocol import Ack
 from broker.registry import Registry
-from tests.cluster.conftest import broker_flags
 from tests.conftest import wait_until
-from tests.pylogd import RunningBroker
+from tests.pylogd import ThreeBrokers
 
-FAILOVER_FLAGS = ("--broker-replica-lag-max-ms", "1000", "--broker-replica-fetch-wait-ms", "200")
-"""A follower behind for 1 s leaves the ISR. (A dead leader's session expires after 2 s, the
-test brokers' session timeout: then the controller chooses another.)"""
+THREE_BROKERS_FLAGS = (
+    *("--broker-replica-lag-max-ms", "1000", "--broker-replica-fetch-wait-ms", "200"),
+)
+"""Of each test's own three brokers: a follower behind for 1 s leaves the ISR. (A dead leader's
+session expires after 2 s, the test brokers' session timeout: then the controller chooses
+another.)"""
+
+REQUEST_TIMEOUT_S = 2.0
+"""The clients' wait for a reply (10 s by default): a request the killed leader never answers
+is sent again after it (the new leader is chosen about 2 s after the kill)."""
 
 
 @dataclass
@@ -43,7 +48,12 @@ class Traffic:
 
     def produce(self) -> None:
         with Producer(
-            self.bootstrap, self.topic, ack=Ack.ALL, retries=None, delivery_timeout_s=60
+            self.bootstrap,
+            self.topic,
+            ack=Ack.ALL,
+            retries=None,
+            delivery_timeout_s=60,
+            timeout_s=REQUEST_TIMEOUT_S,
         ) as producer:
             for i in range(100_000):  # bounded; stopped long before
                 if self.stop.is_set():
@@ -61,7 +71,9 @@ class Traffic:
         wait_until(lambda: len(self.acked) >= wanted, 60, f"{more} more acks")
 
     def consume(self) -> None:
-        with PartitionConsumer(self.bootstrap, self.topic, 0, max_wait_ms=200) as consumer:
+        with PartitionConsumer(
+            self.bootstrap, self.topic, 0, max_wait_ms=200, timeout_s=REQUEST_TIMEOUT_S
+        ) as consumer:
             while not self.stop.is_set():
                 try:
                     self.seen += [(m.offset, m.value) for m in consumer.poll()]
@@ -80,13 +92,8 @@ def led_by_another(registry: Registry, old: int) -> bool:
     return registry.partition_state("durable", 0)[0].leader not in (old, -1)
 
 
-def run_kills(
-    make_pylogd: Callable[..., RunningBroker], registry: Registry, root: Path, kills: int
-) -> None:
-    brokers = {
-        i: make_pylogd(*broker_flags(root, i), *FAILOVER_FLAGS, name=f"broker-{i}")
-        for i in (1, 2, 3)
-    }
+def run_kills(three: ThreeBrokers, kills: int) -> None:
+    registry, root, brokers = three.registry, three.root, three.brokers
     with Admin(brokers[1].endpoint) as admin:
         admin.create_topic("durable", 1, {"replication_factor": "3", "min_insync_replicas": "2"})
     bootstrap = ",".join(b.endpoint.removeprefix("tcp://") for b in brokers.values())
@@ -109,7 +116,7 @@ def run_kills(
             chosen = time.monotonic()
             traffic.wait_for_acks(20)
             acked = time.monotonic()
-            brokers[old] = brokers[old].restarted()
+            three.restart(old)
             wait_until(
                 lambda: len(registry.partition_state("durable", 0)[0].isr) == 3,
                 60,
@@ -140,14 +147,12 @@ def run_kills(
         assert copies[-1].startswith(copy)
 
 
-def test_the_leader_killed_loses_nothing_acknowledged(
-    make_pylogd: Callable[..., RunningBroker], registry: Registry, tmp_path: Path
-) -> None:
-    run_kills(make_pylogd, registry, tmp_path, kills=1)
+def test_the_leader_killed_loses_nothing_acknowledged(own_three_brokers: ThreeBrokers) -> None:
+    run_kills(own_three_brokers, kills=1)
 
 
 @pytest.mark.slow  # ~3 minutes: 20 failovers and as many restarts
 def test_the_leader_killed_twenty_times_loses_nothing_acknowledged(
-    make_pylogd: Callable[..., RunningBroker], registry: Registry, tmp_path: Path
+    own_three_brokers: ThreeBrokers,
 ) -> None:
-    run_kills(make_pylogd, registry, tmp_path, kills=20)
+    run_kills(own_three_brokers, kills=20)
