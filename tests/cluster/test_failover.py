@@ -151,7 +151,7 @@ def test_the_leader_killed_loses_nothing_acknowledged(own_three_brokers: ThreeBr
     run_kills(own_three_brokers, kills=1)
 
 
-@pytest.mark.slow  # ~3 minutes: 20 failovers and as many restarts
+@pytest.mark.slow  # ~75 s: 20 failovers and as many restarts
 def test_the_leader_killed_twenty_times_loses_nothing_acknowledged(
     own_three_brokers: ThreeBrokers,
 ) -> None:
