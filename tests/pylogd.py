@@ -89,8 +89,12 @@ class RunningBroker:
     def restarted(self) -> RunningBroker:
         """A new broker process on the same data dir, ZooKeeper chroot and flags, started (and
         its `successor`, so that the fixture that started this one stops it too)."""
+        return self.relaunched().wait_ready()
+
+    def relaunched(self) -> RunningBroker:
+        """As `restarted`, but launched only: `wait_ready` next."""
         self.successor = RunningBroker(self.data_dir, *self.arguments)
-        return self.successor.start()
+        return self.successor.launch()
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """Every sample of its metrics endpoint (started with --metrics-enabled true), by name
@@ -204,14 +208,16 @@ class ThreeBrokers:
     def endpoints(self) -> dict[int, str]:
         return {i: broker.endpoint for i, broker in self.brokers.items()}
 
-    def restart(self, broker_id: int) -> RunningBroker:
-        """Broker `broker_id` started again on its data dir (after a kill, say), in its place."""
-        self.brokers[broker_id] = self.brokers[broker_id].restarted()
-        return self.brokers[broker_id]
+    def restart(self, *broker_ids: int) -> None:
+        """Brokers `broker_ids` started again (side by side) on their data dirs, after a kill,
+        say, each in its place."""
+        for broker_id in broker_ids:
+            self.brokers[broker_id] = self.brokers[broker_id].relaunched()
+        for broker_id in broker_ids:
+            self.brokers[broker_id].wait_ready()
 
     def heal(self) -> None:
         """Restart each broker whose process has exited (a test that failed before it
         restarted the one it killed), so that the next test finds all three serving."""
-        for broker_id, broker in self.brokers.items():
-            if broker.process is not None and broker.process.poll() is not None:
-                self.restart(broker_id)
+        exited = [i for i, b in self.brokers.items() if b.process and b.process.poll() is not None]
+        self.restart(*exited)
