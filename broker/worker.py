@@ -549,7 +549,7 @@ class Worker:
             replica, request.offset, request.flushed_offset, plog.high_watermark, time.monotonic()
         )
         partition.advance(self._replies)
-        self._ask_isr(partition)
+        self._ask_isr(partition, replica)
 
     async def _long_poll(
         self,
@@ -797,12 +797,13 @@ class Worker:
         assert self.nursery is not None
         self.nursery.start_soon(run)
 
-    def _ask_isr(self, partition: Partition) -> None:
-        """Ask the supervisor for the ISR change due (shrink or expand), if one is; it
-        writes the state node and its watch brings the new ISR back as a role command."""
+    def _ask_isr(self, partition: Partition, fetched: int | None = None) -> None:
+        """Ask the supervisor for the ISR change due (shrink, or expand by `fetched`, the
+        follower whose fetch this is), if one is; it writes the state node and its watch
+        brings the new ISR back as a role command."""
         leader = partition.leader
         assert leader is not None
-        isr = leader.wanted_isr(time.monotonic())
+        isr = leader.wanted_isr(time.monotonic(), fetched)
         if isr is None:
             return
         log.info("%s: asking for ISR %s (now %s)", partition.name, list(isr), sorted(leader.isr))

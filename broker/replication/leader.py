@@ -132,9 +132,11 @@ class LeaderState:
         self.high_watermark = high_watermark
         return moved
 
-    def wanted_isr(self, now: float) -> tuple[int, ...] | None:
+    def wanted_isr(self, now: float, fetched: int | None = None) -> tuple[int, ...] | None:
         """The ISR to ask the supervisor for now (sorted), or None: no change is due, or one
-        asked is still awaited."""
+        asked is still awaited. Only `fetched`, the follower whose fetch this is, may join
+        (Kafka's rule): a follower that stopped fetching, whom the controller took out of the
+        ISR when its broker died, is not taken back in on its last fetch."""
         if self.asked is not None and now - self.asked_at < ISR_RETRY_S:
             return None
         isr = set(self.isr)
@@ -142,7 +144,8 @@ class LeaderState:
             if replica in isr and now - follower.caught_up_at > self.lag_max_s:
                 isr.discard(replica)
             elif (
-                replica not in isr
+                replica == fetched
+                and replica not in isr
                 and follower.flushed >= self.high_watermark
                 and follower.fetch_offset >= self.epoch_start
                 and now - follower.caught_up_at <= self.lag_max_s

@@ -44,15 +44,15 @@ def test_a_lagging_follower_is_asked_out_and_a_caught_up_one_asked_in_once() -> 
     state.advance(500)
     state.record_fetch(2, offset=500, flushed=500, leader_flushed=500, now=20.0)
     state.record_fetch(3, offset=500, flushed=500, leader_flushed=500, now=20.0)
-    assert state.wanted_isr(now=20.5) == (1, 2, 3)  # 3 caught up and flushed the watermark
+    assert state.wanted_isr(now=20.5, fetched=3) == (1, 2, 3)  # caught up, flushed the HW
 
 
 def test_a_follower_below_the_leaders_epoch_start_is_not_asked_in() -> None:
     state = leader(isr=(1, 2), high_watermark=50)
     state.record_fetch(3, offset=80, flushed=80, leader_flushed=80, now=1.0)  # before 100
-    assert state.wanted_isr(now=1.0) is None
+    assert state.wanted_isr(now=1.0, fetched=3) is None
     state.record_fetch(3, offset=100, flushed=100, leader_flushed=100, now=2.0)
-    assert state.wanted_isr(now=2.0) == (1, 2, 3)
+    assert state.wanted_isr(now=2.0, fetched=3) == (1, 2, 3)
 
 
 def test_a_fetch_carries_the_entry_in_effect_and_those_starting_in_its_bytes() -> None:
@@ -70,7 +70,7 @@ def test_a_follower_asked_into_the_isr_counts_until_a_newer_state_tells_the_outc
     state.record_fetch(2, offset=300, flushed=300, leader_flushed=300, now=1.0)
     state.record_fetch(3, offset=100, flushed=100, leader_flushed=300, now=1.0)
     state.record_fetch(3, offset=100, flushed=100, leader_flushed=100, now=1.0)  # caught up
-    assert state.wanted_isr(now=1.0) == (1, 2, 3)
+    assert state.wanted_isr(now=1.0, fetched=3) == (1, 2, 3)
     assert not state.advance(300)  # 3 has flushed only 100: the watermark waits for it
     state.set_isr((1, 2), version=0)  # an older state node (the one it was asked from)
     assert not state.advance(300)
@@ -84,3 +84,17 @@ def test_a_follower_behind_a_leader_that_flushes_all_the_time_is_still_caught_up
         state.record_fetch(2, offset=100 * i, flushed=100 * i, leader_flushed=100 * i + 50, now=i)
     assert state.followers[2].caught_up_at == 28
     assert state.wanted_isr(now=29.0) == (1, 2)  # 3 never fetched: out; 2 stays
+
+
+def test_a_follower_that_stopped_fetching_is_not_taken_back_into_the_isr() -> None:
+    """Its broker died: the controller took it out of the ISR at its session's end, within
+    the lag window of its last fetch. The leader's own checks must not take it back in (ack=all
+    would wait for it until the lag rule took it out again); its next fetch may."""
+    state = leader(isr=(1, 2, 3), high_watermark=100)
+    state.record_fetch(2, offset=100, flushed=100, leader_flushed=100, now=1.0)
+    state.record_fetch(3, offset=100, flushed=100, leader_flushed=100, now=1.0)
+    state.set_isr((1, 2), version=1)  # the controller: broker 3 is dead
+    assert state.wanted_isr(now=2.0) is None
+    assert state.wanted_isr(now=2.0, fetched=2) is None
+    state.record_fetch(3, offset=100, flushed=100, leader_flushed=100, now=3.0)  # back
+    assert state.wanted_isr(now=3.0, fetched=3) == (1, 2, 3)
