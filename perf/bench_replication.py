@@ -27,8 +27,9 @@ client port (so a restarted broker comes back at the same address), `--session-t
    ack=all to partition 1's leader, each message a distinct value (at most `FAILOVER_MESSAGES`
    and for a bounded time). After an error answered (NOT_LEADER_FOR_PARTITION, ...) it waits
    10 ms, asks ZooKeeper who leads and sends the same value there; after no reply within
-   `REQUEST_TIMEOUT_S` it reads the partition's state every 5 ms until it names another broker
-   (for at most two session timeouts) and sends the same value there (at least once:
+   `REQUEST_TIMEOUT_S` it reads the partition's state every 5 ms until it changes from the one
+   that named that leader (another leader, or the ISR an ack=all waited on; for at most two
+   session timeouts) and sends the same value there (at least once:
    duplicates are possible, losses are not). Each of `--kills` rounds kills the leader's
    pylogd with SIGKILL (its whole process tree: supervisor and workers), measures the time
    from the kill to the first ack=all answered by another broker (and to ZooKeeper naming
@@ -67,7 +68,7 @@ from broker.client import Admin, Connection, PartitionConsumer
 from broker.errors import BrokerError, Unavailable
 from broker.log.message import encode_message
 from broker.protocol import Ack, ProduceRequest
-from broker.registry import NO_LEADER, Registry
+from broker.registry import NO_LEADER, PartitionState, Registry
 from broker.zookeeper import free_port
 from perf.cpu import cpu_seconds
 from perf.pylog_runs import VALUE_BYTES, PrivatePylogd, produce
@@ -271,6 +272,8 @@ class AckedProducer:
     failure: BaseException | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    named_by: PartitionState | None = None
+    """The partition's state that named the leader last returned by _leader."""
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._guarded, daemon=True)
@@ -292,14 +295,21 @@ class AckedProducer:
     def _leader(self, registry: Registry, unanswered: int | None) -> int | None:
         """Partition FAILOVER_PARTITION's leader as ZooKeeper names it (None if stopped).
 
-        After no answer from `unanswered`, wait for ZooKeeper to name another broker, up to
-        `patience_s` (two session timeouts: a dead broker is replaced by then), so that no
-        request waits on a dead broker while the new leader is known; after patience the same
-        broker is tried again (it was alive, only slow)."""
+        After no answer from `unanswered`, wait for ZooKeeper's state of the partition to
+        change from the one that named it (another leader, or the ISR changed: the in-sync
+        replica an ack=all waited for left it), up to `patience_s` (two session timeouts: a
+        dead broker is replaced by then), so that no request waits on a dead broker while the
+        new leader is known, and a live leader whose ack waited for a dead follower is asked
+        again once ZooKeeper drops that follower; after patience the same broker is tried
+        again (it was alive, only slow)."""
         patience = time.monotonic() + (self.patience_s if unanswered is not None else 0.0)
+        named_by = self.named_by
         while not self.stop.is_set():
-            leader = registry.partition_state(FAILOVER_TOPIC, FAILOVER_PARTITION)[0].leader
-            if leader > 0 and (leader != unanswered or time.monotonic() > patience):
+            state = registry.partition_state(FAILOVER_TOPIC, FAILOVER_PARTITION)[0]
+            leader = state.leader
+            changed = named_by is None or state != named_by
+            if leader > 0 and (leader != unanswered or changed or time.monotonic() > patience):
+                self.named_by = state
                 return leader
             time.sleep(0.005)
         return None

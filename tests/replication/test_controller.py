@@ -561,13 +561,6 @@ PATIENCE_S = 8.0
 """The benchmark producer's patience in the test below (6 s sessions: 12 s in the benchmark)."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="perf/bench_replication.py's producer, after no reply from the new leader (its "
-    "ack=all waits for the dying broker in the ISR), waits for ZooKeeper to name ANOTHER "
-    "leader for patience_s (12 s) and ignores the ISR change that lets that leader ack: "
-    "4.2 s election + 1 s request timeout + 12 s = the 17.2 s outlier (/tmp/brief/outlier19.patch)",
-)
 def test_the_benchmark_producer_goes_again_to_a_leader_once_the_isr_it_waited_on_changes(
     make_broker: Broker,
     service: Service,
