@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import click
 
 from broker.placement import assign_replicas
-from broker.registry import Reassignment, Registry, TopicConfig
+from broker.registry import Reassignment, ReassignmentInProgress, Registry, TopicConfig
 from broker.registry.topics import PartitionState
 from cli.common import EXIT_BROKER, until_interrupted, usage_error
 from cli.group_commands import admin_options, open_registry
@@ -155,12 +155,17 @@ def reassign(
             _echo(as_json, name, None, "nothing to move")
         if dry_run or not plan:
             return
-        started = []
+        started = {}
         for p, wanted in sorted(plan.items()):
-            if registry.start_reassignment(name, p, wanted, list(live)) is not None:
-                started.append(p)
-            else:
-                _echo(as_json, name, p, "has those replicas already")
+            try:
+                if registry.start_reassignment(name, p, wanted, list(live)) is not None:
+                    started[p] = wanted
+                else:
+                    _echo(as_json, name, p, "has those replicas already")
+            except ReassignmentInProgress as error:
+                if not spread:
+                    raise
+                _echo(as_json, name, p, f"not moved: {error}")
         if no_wait or not started:
             return
         _follow(registry, name, started, wait_timeout, as_json)
@@ -186,13 +191,15 @@ def _progress(reassignment: Reassignment, replicas: Sequence[int], state: Partit
 def _follow(
     registry: Registry,
     topic: str,
-    partitions: list[int],
+    partitions: dict[int, tuple[int, ...]],
     wait_timeout: float | None,
     as_json: bool,
 ) -> None:
-    """Print each partition's progress as it changes until every one is done."""
+    """Print each partition's progress as it changes until every one is done (exit 1 when
+    one ended elsewhere than asked: cancelled, or its topic deleted)."""
     deadline = None if wait_timeout is None else time.monotonic() + wait_timeout
     said: dict[int, str] = {}
+    failed = False
     left = set(partitions)
     with until_interrupted():
         while left:
@@ -203,8 +210,17 @@ def _follow(
                 reassignment = pending.get((topic, p))
                 if reassignment is None:
                     left.discard(p)
+                    replicas = config.replicas_of(p)
+                    if replicas != partitions[p]:
+                        click.echo(
+                            f"pylogctl: {topic}-{p}: the reassignment ended without the move "
+                            f"(cancelled?): replicas {_ids(replicas)}",
+                            err=True,
+                        )
+                        failed = True
+                        continue
                     text = (
-                        f"done: replicas {_ids(config.replicas_of(p))} leader {state.leader} "
+                        f"done: replicas {_ids(replicas)} leader {state.leader} "
                         f"isr {_ids(state.isr)}"
                     )
                     _echo(as_json, topic, p, text, done=True)
@@ -214,6 +230,8 @@ def _follow(
                     said[p] = text
                     _echo(as_json, topic, p, text)
             if not left:
+                if failed:
+                    sys.exit(EXIT_BROKER)
                 return
             if deadline is not None and time.monotonic() > deadline:
                 click.echo(

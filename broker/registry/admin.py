@@ -45,8 +45,9 @@ class ReassignmentInProgress(PylogError):
 
     def __init__(self, topic: str, partition: int, wanted: tuple[int, ...]) -> None:
         super().__init__(
-            f"partition {partition} of topic {topic!r} is being reassigned already, to "
-            f"replicas {list(wanted)}: wait for that to end"
+            f"partition {partition} of topic {topic!r} is being reassigned already"
+            + (f", to replicas {list(wanted)}" if wanted else "")
+            + ": wait for that to end"
         )
 
 
@@ -128,17 +129,22 @@ class Admin(Topics):
         current = config.replicas_of(partition)
         if current == wanted:
             return None
+        min_insync = config.settings.get("min_insync_replicas") or 1
+        if len(wanted) < min_insync:
+            raise InvalidTopic(
+                f"{len(wanted)} replica(s) for partition {partition} of topic {topic!r}, below "
+                f"its min_insync_replicas {min_insync}: ack=all could never be answered"
+            )
         reassignment = Reassignment(topic, partition, wanted, current)
         path = self.reassign_path(topic, partition)
         try:
             self._create(path, reassignment.to_json(), makepath=True)
         except NodeExists:
-            raise ReassignmentInProgress(topic, partition, self._reassignment(path)[0]) from None
+            under_way = self.reassignments().get((topic, partition))
+            raise ReassignmentInProgress(
+                topic, partition, () if under_way is None else under_way.replicas
+            ) from None
         return reassignment
-
-    def _reassignment(self, path: str) -> tuple[tuple[int, ...], int]:
-        data, stat = self._get(path)
-        return Reassignment.parse(path.rpartition("/")[2], data).replicas, stat.version
 
     def reassignments(self) -> dict[tuple[str, int], Reassignment]:
         """Every reassignment under way: (topic, partition) -> Reassignment (unreadable nodes

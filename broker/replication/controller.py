@@ -358,6 +358,12 @@ class _Acting:
                 continue  # read again
             except UnknownTopicOrPartition:
                 continue  # gone: the next read drops it
+            except (ControllerMoved, RegistryUnavailable):
+                raise
+            except PylogError as error:  # this one only: the others and the rounds go on
+                log.error("%s-%d: reassignment step refused: %s", topic, partition, error)
+                counters.reassignments_waiting[key] = ()
+                return
             counters.reassign_steps += 1
             if step.kind == "expand":
                 log.info(

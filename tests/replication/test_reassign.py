@@ -131,6 +131,9 @@ def test_reassignments_and_elections_asked_are_checked_first(make_broker: Broker
     ]:
         with pytest.raises(InvalidTopic, match=message):
             one.start_reassignment(TOPIC, 0, replicas, live)
+    one.create_topic_config("strict", TopicConfig(1, (1,), {"min_insync_replicas": 2}, ((1, 2),)))
+    with pytest.raises(InvalidTopic, match="below its min_insync_replicas 2"):
+        one.start_reassignment("strict", 0, (1,), live)
     with pytest.raises(UnknownTopicOrPartition, match="partition 2 does not exist"):
         one.start_reassignment(TOPIC, 2, (1,), live)
     with pytest.raises(UnknownTopicOrPartition, match="no reassignment of partition 0"):
