@@ -435,11 +435,7 @@ class Topics:
         front's."""
         me = self.me
         live = dict(self.live_brokers)
-        live[me] = BrokerInfo(
-            self.config.endpoint_host,
-            self.config.endpoint_port(port),
-            rack=self.config.broker_rack or None,
-        )
+        live[me] = self.registration(port)
         brokers = tuple(
             protocol.BrokerInfo(broker_id, info.host, info.port, info.rack or "")
             for broker_id, info in sorted(live.items())
@@ -927,7 +923,8 @@ class Topics:
         if added := sorted(now - before):
             log.info("topic %r: partitions %s reassigned here: copying them", topic, added)
             self._hold_partitions(topic, new, added)
-        if removed := sorted(p for p in before - now if p in self.held.get(topic, _NONE).workers):
+        held = self.held.get(topic)
+        if held is not None and (removed := sorted(p for p in before - now if p in held.workers)):
             log.info("topic %r: partitions %s reassigned away: deleting them here", topic, removed)
             self._drop_partitions(topic, removed)
         for number in sorted(before & now):
@@ -966,10 +963,6 @@ class Topics:
                 log.info("topic %r was deleted through another broker", topic)
 
         self.calls.call(lambda registry: registry.topic_config(topic), lambda _: None, gone)
-
-
-_NONE = TopicState({}, {})
-"""The TopicState of a topic with no partition here."""
 
 
 def _replicated(config: TopicConfig) -> bool:
