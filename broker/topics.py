@@ -25,6 +25,7 @@ its loop; workers get their commands through the pool.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import importlib.metadata
 import logging
@@ -368,9 +369,7 @@ class Topics:
         state, version = known
         if state.leader != self.me or state.leader_epoch != epoch or list(state.isr) == isr:
             return
-        changed = PartitionState(
-            state.leader, state.leader_epoch, tuple(isr), state.controller_epoch
-        )
+        changed = dataclasses.replace(state, isr=tuple(isr))
         kind = "shrink" if len(isr) < len(state.isr) else "expand"
 
         def written(_: int) -> None:

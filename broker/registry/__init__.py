@@ -56,7 +56,7 @@ from broker.registry.admin import (
     Reassignment,
     ReassignmentInProgress,
 )
-from broker.registry.brokers import BrokerInfo, Brokers
+from broker.registry.brokers import BrokerInfo
 from broker.registry.controller import Controller, ControllerInfo, ControllerMoved
 from broker.registry.groups import Groups, partition_name
 from broker.registry.nodes import FORMAT_VERSION
@@ -88,7 +88,7 @@ __all__ = [
 ]
 
 
-class Registry(Brokers, Admin, Groups, Security, Controller):
+class Registry(Admin, Groups, Security, Controller):
     """A broker's (or a tool's) connection to the registry in ZooKeeper.
 
     Paths, under `chroot`:

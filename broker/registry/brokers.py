@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.registry.nodes import decode, encode, int_field, validate_broker_id
-from broker.registry.session import Session
+from broker.registry.session import NoNode, Session
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,37 @@ class Brokers(Session):
         """The live brokers: broker id -> BrokerInfo (unreadable nodes are left out). Their
         racks, for TopicConfig.spread: {i: b.rack for i, b in brokers().items()}."""
         return self._read_all(f"{self.chroot}/brokers/ids", BrokerInfo.from_json, int)
+
+    def broker_epochs(self) -> dict[int, int]:
+        """The live brokers and the epoch of each (after Kafka's KIP-380): the zxid that created
+        its registration node. A broker that registers again, after a restart (even one within
+        its old session, whose node it replaces) or a session expiry, has a later epoch: a new
+        incarnation, which the controller tells from the old one."""
+        path = f"{self.chroot}/brokers/ids"
+        try:
+            children = self._children(path)
+        except NoNode:
+            return {}
+        epochs = {}
+        for child in children:
+            if child.isascii() and child.isdecimal():
+                try:
+                    epochs[int(child)] = self._get(f"{path}/{child}")[1].czxid
+                except NoNode:
+                    continue  # gone since listed
+        return epochs
+
+    def registered_epoch(self, broker_id: int) -> int | None:
+        """The broker epoch of `broker_id`'s registration if it belongs to this session: the
+        server has this session alive as it answers. None when it does not (not registered
+        yet in this session, or another's). RegistryUnavailable as every call."""
+        validate_broker_id(broker_id)
+        try:
+            _, stat = self._get(self.broker_path(broker_id))
+        except NoNode:
+            return None
+        session = self.session_id
+        return stat.czxid if session is not None and stat.ephemeral_owner == session else None
 
     def watch_brokers(self, callback: Callable[[dict[int, BrokerInfo]], None]) -> None:
         """Call `callback(brokers())` now and whenever a broker comes or goes, until stop()."""

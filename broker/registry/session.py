@@ -125,6 +125,9 @@ _VERBS = {"Create": "create", "Delete": "delete", "SetData": "write", "CheckVers
 class Stat:
     version: int
     ephemeral_owner: int
+    czxid: int = 0
+    """The transaction id that created the node: a node created anew (a broker's
+    registration after a restart) has another, a later one."""
 
 
 class Session(Running):
@@ -660,7 +663,7 @@ class Session(Running):
 
     def _get(self, path: str) -> tuple[bytes, Stat]:
         data, stat = self._request(f"read {path}", lambda: self._client.get_async(path))
-        return bytes(data or b""), Stat(version=stat.version, ephemeral_owner=stat.ephemeralOwner)
+        return bytes(data or b""), Stat(stat.version, stat.ephemeralOwner, stat.czxid)
 
     def _children(self, path: str) -> list[str]:
         children = self._request(f"list {path}", lambda: self._client.get_children_async(path))

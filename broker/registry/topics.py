@@ -22,6 +22,7 @@ from broker.errors import (
 )
 from broker.placement import assign_replicas
 from broker.protocol import check_topic_name
+from broker.registry.brokers import Brokers
 from broker.registry.controller import CONTROLLER_EPOCH, ControllerMoved
 from broker.registry.nodes import (
     decode,
@@ -31,7 +32,7 @@ from broker.registry.nodes import (
     is_int,
     validate_broker_id,
 )
-from broker.registry.session import BadVersion, NodeExists, NoNode, NotEmpty, Session
+from broker.registry.session import BadVersion, NodeExists, NoNode, NotEmpty
 
 log = logging.getLogger(__name__)
 
@@ -227,12 +228,16 @@ class PartitionState:
     (a broker id, or NO_LEADER, -1), the `leader_epoch` the controller gave it (raised at each
     choice of a leader), the in-sync replicas `isr` (the leader among them, when there is one)
     and the `controller_epoch` of the controller that last wrote the node (0: written when the
-    topic was created, by no controller). ValueError when a field is out of its range."""
+    topic was created, by no controller); `leader_broker_epoch`, the broker epoch of the
+    leader's incarnation that was chosen (Brokers.broker_epochs; -1: not known, a node written
+    before broker epochs): a leader whose broker registered again since (a restart) is not
+    this one, and the controller chooses anew. ValueError when a field is out of its range."""
 
     leader: int
     leader_epoch: int
     isr: tuple[int, ...]
     controller_epoch: int
+    leader_broker_epoch: int = -1
 
     def __post_init__(self) -> None:
         if not is_int(self.leader) or self.leader < NO_LEADER:
@@ -244,15 +249,20 @@ class PartitionState:
         isr = tuple(self.isr)
         if not all(is_int(b) and b >= 0 for b in isr) or len(set(isr)) != len(isr):
             raise ValueError(f"isr must be distinct broker ids, not {self.isr!r}")
+        if not is_int(self.leader_broker_epoch) or self.leader_broker_epoch < -1:
+            raise ValueError(
+                f"leader_broker_epoch must be an integer >= -1, not {self.leader_broker_epoch!r}"
+            )
         if self.leader != NO_LEADER and self.leader not in isr:
             raise ValueError(f"the leader {self.leader} is not in the ISR {list(isr)}")
         object.__setattr__(self, "isr", isr)
 
     @classmethod
-    def initial(cls, replicas: Sequence[int]) -> PartitionState:
-        """A new partition's state: led by its first replica at leader epoch 0, every replica
-        in sync, controller epoch 0."""
-        return cls(replicas[0], 0, tuple(replicas), 0)
+    def initial(cls, replicas: Sequence[int], broker_epochs: Mapping[int, int]) -> PartitionState:
+        """A new partition's state: led by its first replica (in its incarnation of
+        `broker_epochs`, -1 when it is not registered) at leader epoch 0, every replica in
+        sync, controller epoch 0."""
+        return cls(replicas[0], 0, tuple(replicas), 0, broker_epochs.get(replicas[0], -1))
 
     def to_json(self) -> bytes:
         return encode(
@@ -261,6 +271,7 @@ class PartitionState:
                 "leader_epoch": self.leader_epoch,
                 "isr": list(self.isr),
                 "controller_epoch": self.controller_epoch,
+                "leader_broker_epoch": self.leader_broker_epoch,
             }
         )
 
@@ -273,6 +284,7 @@ class PartitionState:
             int_field(obj, "leader_epoch"),
             int_list(obj, "isr"),
             int_field(obj, "controller_epoch"),
+            int_field(obj, "leader_broker_epoch") if "leader_broker_epoch" in obj else -1,
         )
 
 
@@ -280,7 +292,7 @@ def _partitions(data: bytes) -> tuple[int, ...]:
     return int_list(decode(data), "partitions")
 
 
-class Topics(Session):
+class Topics(Brokers):
     """The registry's calls on topics: their configurations, who serves their partitions, and
     each partition's state (leader, leader epoch, ISR).
 
@@ -351,7 +363,8 @@ class Topics(Session):
         rising, so a write of the old topic's made on a version read before fails)."""
         check_topic_name(topic)
         config.validate(topic)
-        states = [PartitionState.initial(replicas) for replicas in config.replicas]
+        epochs = self.broker_epochs()
+        states = [PartitionState.initial(replicas, epochs) for replicas in config.replicas]
         folder = self.partition_states_path(topic)
         for _ in range(TRANSACTION_ATTEMPTS):
             listed = self._partition_nodes(topic)
@@ -525,11 +538,12 @@ class Topics(Session):
         were created."""
         check_topic_name(topic)
         config.validate(topic)
-        created = 0
+        created, epochs = 0, self.broker_epochs()
         for p, replicas in enumerate(config.replicas):
             path = self.partition_state_path(topic, p)
+            initial = PartitionState.initial(replicas, epochs)
             with contextlib.suppress(NodeExists):
-                self._create(path, PartitionState.initial(replicas).to_json(), makepath=True)
+                self._create(path, initial.to_json(), makepath=True)
                 created += 1
         return created
 

@@ -42,12 +42,13 @@ runs on the supervisor's routing loop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -119,7 +120,7 @@ class Choice:
 def choose_leader(
     state: PartitionState,
     replicas: Iterable[int],
-    alive: Collection[int],
+    alive: Mapping[int, int],
     *,
     unclean: bool,
     controller_epoch: int,
@@ -136,31 +137,38 @@ def choose_leader(
       return (`offline`; None when the leader is -1 already).
     """
     order = tuple(replicas)
-    if state.leader != NO_LEADER and state.leader in alive:
+    if leads(state, alive):
         isr = tuple(b for b in state.isr if b in alive and (b in order or b == state.leader))
         if isr == state.isr:
             return None
-        return Choice(
-            PartitionState(state.leader, state.leader_epoch, isr, controller_epoch), "isr"
-        )
+        return Choice(dataclasses.replace(state, isr=isr, controller_epoch=controller_epoch), "isr")
     epoch = state.leader_epoch + 1
     for broker in order:
         if broker in alive and broker in state.isr:
             isr = tuple(b for b in state.isr if b in alive and b in order)
-            return Choice(PartitionState(broker, epoch, isr, controller_epoch), "leader")
+            chosen = PartitionState(broker, epoch, isr, controller_epoch, alive[broker])
+            return Choice(chosen, "leader")
     if unclean:
         for broker in order:
             if broker in alive:
-                return Choice(PartitionState(broker, epoch, (broker,), controller_epoch), "unclean")
+                chosen = PartitionState(broker, epoch, (broker,), controller_epoch, alive[broker])
+                return Choice(chosen, "unclean")
     if state.leader == NO_LEADER:
         return None
     return Choice(PartitionState(NO_LEADER, epoch, state.isr, controller_epoch), "offline")
 
 
+def leads(state: PartitionState, alive: Mapping[int, int]) -> bool:
+    """Whether the partition's leader is alive in the incarnation that was chosen (its broker
+    epoch in `alive`, live broker -> broker epoch, the one the state names): a leader whose
+    broker restarted since, even within its ZooKeeper session, does not lead (KIP-380)."""
+    return state.leader in alive and alive[state.leader] == state.leader_broker_epoch
+
+
 def choose_preferred(
     state: PartitionState,
     replicas: Iterable[int],
-    alive: Collection[int],
+    alive: Mapping[int, int],
     *,
     controller_epoch: int,
 ) -> Choice | None:
@@ -169,10 +177,9 @@ def choose_preferred(
     preferred = next(iter(replicas))
     if state.leader == preferred or preferred not in alive or preferred not in state.isr:
         return None
-    return Choice(
-        PartitionState(preferred, state.leader_epoch + 1, state.isr, controller_epoch),
-        "preferred",
-    )
+    epoch = state.leader_epoch + 1
+    moved = PartitionState(preferred, epoch, state.isr, controller_epoch, alive[preferred])
+    return Choice(moved, "preferred")
 
 
 @dataclass(frozen=True)
@@ -241,7 +248,7 @@ class _Acting:
         settled (False: some left for the next round, or stopped meanwhile) and the topics
         seen. RegistryUnavailable and ControllerMoved as they come."""
         registry = self.registry
-        alive = set(registry.brokers())
+        alive = registry.broker_epochs()
         configs = registry.topic_configs()
         settled, offline = True, 0
         for topic, config in sorted(configs.items()):
@@ -281,7 +288,7 @@ class _Acting:
             configs = registry.topic_configs()
         else:
             configs = {topic: registry.topic_config(topic) for topic in topics}
-        alive = set(registry.brokers())
+        alive = registry.broker_epochs()
         moved = 0
         for topic, config in sorted(configs.items()):
             if self.stopping():
@@ -309,14 +316,14 @@ class _Acting:
             del waiting[key]
         if not pending:
             return False
-        alive = set(registry.brokers())
+        alive = registry.broker_epochs()
         for _, reassignment in sorted(pending.items()):
             if self.stopping():
                 return True
             self._reassign_one(reassignment, alive)
         return bool(waiting)
 
-    def _reassign_one(self, reassignment: Reassignment, alive: set[int]) -> None:
+    def _reassign_one(self, reassignment: Reassignment, alive: Mapping[int, int]) -> None:
         """Take the steps of one reassignment that can be taken now."""
         registry, counters = self.registry, self.counters
         topic, partition = reassignment.topic, reassignment.partition

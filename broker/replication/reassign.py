@@ -18,7 +18,7 @@ that dies between two steps leaves nothing its successor cannot go on from.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,22 +44,23 @@ def next_step(
     wanted: tuple[int, ...],
     current: tuple[int, ...],
     state: PartitionState,
-    alive: Collection[int],
+    alive: Mapping[int, int],
     controller_epoch: int,
 ) -> Step:
     """The step a reassignment of a partition with replicas `current` and state `state` to
-    `wanted` takes now, with the live brokers `alive`."""
+    `wanted` takes now, with the live brokers `alive` (broker id -> broker epoch)."""
     if not set(wanted) <= set(current):
         return Step("expand", (*current, *(b for b in wanted if b not in current)))
     missing = tuple(b for b in wanted if b not in state.isr)
     if state.leader == NO_LEADER or missing:
         return Step("wait", current, waiting_for=missing)
-    leader = state.leader
+    leader, broker_epoch = state.leader, state.leader_broker_epoch
     if leader not in wanted:
         choices = [b for b in wanted if b in alive]  # all in the ISR: none missing
         if not choices:
             return Step("wait", current, waiting_for=wanted)
-        leader = choices[0]
+        leader, broker_epoch = choices[0], alive[choices[0]]
     epoch = state.leader_epoch + (leader != state.leader)
     isr = tuple(b for b in state.isr if b in wanted)
-    return Step("finish", wanted, PartitionState(leader, epoch, isr, controller_epoch))
+    finished = PartitionState(leader, epoch, isr, controller_epoch, broker_epoch)
+    return Step("finish", wanted, finished)

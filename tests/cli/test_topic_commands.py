@@ -440,7 +440,10 @@ def describe_across_a_move(cluster: ThreeBrokers, topic: str, registry: Registry
     wait_until(lambda: len(registry.partition_state(topic, 0)[0].isr) == 3, what="ISR of 3")
     state, version = registry.partition_state(topic, 0)
     leader = next(b for b in sorted(state.isr) if b != state.leader)
-    moved = PartitionState(leader, state.leader_epoch + 1, state.isr, state.controller_epoch)
+    incarnation = registry.broker_epochs()[leader]
+    moved = PartitionState(
+        leader, state.leader_epoch + 1, state.isr, state.controller_epoch, incarnation
+    )
     registry.write_partition_state(topic, 0, moved, version)
 
     def leader_shown() -> bool:

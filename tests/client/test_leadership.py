@@ -84,7 +84,10 @@ def move_leadership(registry: Registry, topic: str, partition: int) -> int:
     isr = sorted(state.isr)
     assert len(isr) > 1, f"no other in-sync replica to lead: {state}"
     leader = isr[(isr.index(state.leader) + 1) % len(isr)] if state.leader in isr else isr[0]
-    moved = PartitionState(leader, state.leader_epoch + 1, state.isr, state.controller_epoch)
+    incarnation = registry.broker_epochs()[leader]
+    moved = PartitionState(
+        leader, state.leader_epoch + 1, state.isr, state.controller_epoch, incarnation
+    )
     registry.write_partition_state(topic, partition, moved, version)
     return leader
 

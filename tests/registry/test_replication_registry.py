@@ -8,6 +8,7 @@ import json
 import queue
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -134,13 +135,23 @@ def test_creating_a_topic_writes_each_partitions_initial_state_with_its_config(
     registry: Registry, observer: KazooClient
 ) -> None:
     config = TopicConfig.spread(2, [1, 2, 3], replication_factor=3)
+    registry.register_broker(2, BrokerInfo("127.0.0.1", 9002))  # broker 1 is not registered
+    incarnation = registry.broker_epochs()[2]
     registry.create_topic_config("clicks", config)
     root = f"{registry.chroot}/brokers/topics/clicks/partitions"
     assert node(observer, f"{root}/1/state") == (
-        {"version": 1, "leader": 2, "leader_epoch": 0, "isr": [2, 3, 1], "controller_epoch": 0},
+        {
+            "version": 1,
+            "leader": 2,
+            "leader_epoch": 0,
+            "isr": [2, 3, 1],
+            "controller_epoch": 0,
+            "leader_broker_epoch": incarnation,
+        },
         0,
     )
-    assert registry.partition_state("clicks", 0) == (PartitionState(1, 0, (1, 2, 3), 0), 0)
+    # the leader's incarnation: its broker epoch, or -1 when it is not registered
+    assert registry.partition_state("clicks", 0) == (PartitionState(1, 0, (1, 2, 3), 0, -1), 0)
     assert json.loads(observer.get(f"{registry.chroot}/config/topics/clicks")[0])["replicas"] == [
         [1, 2, 3],
         [2, 3, 1],
@@ -203,14 +214,13 @@ def test_writing_a_state_of_a_missing_partition_or_with_a_bad_version_is_a_clear
         ((1, -1, (1,), 0), "leader_epoch must be an integer >= 0"),
         ((1, 0, (1, 1), 0), "isr must be distinct"),
         ((1, 0, (1,), -1), "controller_epoch must be"),
+        ((1, 0, (1,), 0, -2), "leader_broker_epoch must be an integer >= -1"),
     ],
 )
-def test_a_state_out_of_range_is_refused(
-    fields: tuple[int, int, tuple[int, ...], int], message: str
-) -> None:
+def test_a_state_out_of_range_is_refused(fields: tuple[Any, ...], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PartitionState(*fields)
-    leader, epoch, isr, controller_epoch = fields
+    leader, epoch, isr, controller_epoch, *broker_epoch = fields
     data = json.dumps(
         {
             "version": 1,
@@ -218,6 +228,7 @@ def test_a_state_out_of_range_is_refused(
             "leader_epoch": epoch,
             "isr": list(isr),
             "controller_epoch": controller_epoch,
+            **({"leader_broker_epoch": broker_epoch[0]} if broker_epoch else {}),
         }
     ).encode()
     with pytest.raises(ValueError):

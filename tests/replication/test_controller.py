@@ -6,6 +6,7 @@ on a session as its broker's supervisor runs one. Every wait is on a condition, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -66,8 +67,34 @@ def service(make_registry: Callable[..., Registry]) -> Iterator[Service]:
         assert controller.stop(), "the controller's thread did not end in time"
 
 
+def plain(state: PartitionState) -> PartitionState:
+    """`state` without the leader's broker epoch (a zxid: not known in advance)."""
+    return dataclasses.replace(state, leader_broker_epoch=-1)
+
+
+def plained(found: tuple[PartitionState, int]) -> tuple[PartitionState, int]:
+    """A state and its version, the state `plain`."""
+    return plain(found[0]), found[1]
+
+
+def incarnate(registry: Registry, state: PartitionState) -> PartitionState:
+    """`state` with its leader in the incarnation registered now: what a controller writes."""
+    epoch = registry.broker_epochs().get(state.leader, -1)
+    return dataclasses.replace(state, leader_broker_epoch=epoch)
+
+
 def wait_state(registry: Registry, partition: int, expected: PartitionState, what: str) -> None:
-    wait_until(lambda: registry.partition_state(TOPIC, partition)[0] == expected, what=what)
+    """Until the partition's state is `expected`, its leader's broker epoch aside (checked: the
+    incarnation registered now, when it is alive)."""
+
+    def reached() -> bool:
+        state = registry.partition_state(TOPIC, partition)[0]
+        alive = registry.broker_epochs()
+        if state.leader in alive and state.leader_broker_epoch != alive[state.leader]:
+            return False
+        return plain(state) == expected
+
+    wait_until(reached, what=what)
 
 
 def wait_controller(controller: ControllerService, epoch: int) -> None:
@@ -85,26 +112,50 @@ def messages(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
 # -- the choices, as pure functions ------------------------------------------------------------
 
 
+def up(*broker_ids: int) -> dict[int, int]:
+    """Live brokers, each in its incarnation (broker epoch) 10 + its id."""
+    return {b: 10 + b for b in broker_ids}
+
+
 def test_choose_leader_takes_the_first_alive_isr_replica_in_replicas_order() -> None:
-    state = PartitionState(1, 4, (1, 3, 2), 2)
-    choice = choose_leader(state, (1, 2, 3), {2, 3}, unclean=False, controller_epoch=5)
+    state = PartitionState(1, 4, (1, 3, 2), 2, 11)
+    choice = choose_leader(state, (1, 2, 3), up(2, 3), unclean=False, controller_epoch=5)
     assert choice is not None and choice.kind == "leader"
-    assert choice.state == PartitionState(2, 5, (3, 2), 5)  # replicas' order, the ISR's order kept
+    # replicas' order, the ISR's order kept, the chosen leader's incarnation named
+    assert choice.state == PartitionState(2, 5, (3, 2), 5, 12)
 
 
 def test_choose_leader_without_an_alive_isr_replica_goes_offline_once_or_unclean() -> None:
-    state = PartitionState(1, 4, (1,), 2)
-    offline = choose_leader(state, (1, 2, 3), {3, 2}, unclean=False, controller_epoch=5)
+    state = PartitionState(1, 4, (1,), 2, 11)
+    offline = choose_leader(state, (1, 2, 3), up(3, 2), unclean=False, controller_epoch=5)
     assert offline is not None and offline.kind == "offline"
     assert offline.state == PartitionState(NO_LEADER, 5, (1,), 5)  # the ISR kept: who may lead
     assert (
-        choose_leader(offline.state, (1, 2, 3), {3, 2}, unclean=False, controller_epoch=5) is None
+        choose_leader(offline.state, (1, 2, 3), up(3, 2), unclean=False, controller_epoch=5) is None
     )
-    unclean = choose_leader(offline.state, (1, 2, 3), {3, 2}, unclean=True, controller_epoch=6)
+    unclean = choose_leader(offline.state, (1, 2, 3), up(3, 2), unclean=True, controller_epoch=6)
     assert unclean is not None and unclean.kind == "unclean"
-    assert unclean.state == PartitionState(2, 6, (2,), 6)
-    back = choose_leader(offline.state, (1, 2, 3), {1}, unclean=False, controller_epoch=5)
-    assert back is not None and back.state == PartitionState(1, 6, (1,), 5)
+    assert unclean.state == PartitionState(2, 6, (2,), 6, 12)
+    back = choose_leader(offline.state, (1, 2, 3), up(1), unclean=False, controller_epoch=5)
+    assert back is not None and back.state == PartitionState(1, 6, (1,), 5, 11)
+
+
+def test_a_leader_whose_broker_registered_again_is_chosen_anew_in_a_new_epoch() -> None:
+    """A restart within the ZooKeeper session (KIP-380): the broker is alive, but in another
+    incarnation than the one chosen; it may lead again, never in the old epoch."""
+    state = PartitionState(1, 4, (1, 2, 3), 2, 11)
+    restarted = {1: 17, 2: 12, 3: 13}
+    choice = choose_leader(state, (1, 2, 3), restarted, unclean=False, controller_epoch=5)
+    assert choice is not None and choice.kind == "leader"
+    assert choice.state == PartitionState(1, 5, (1, 2, 3), 5, 17)
+    alone = PartitionState(1, 0, (1,), 0, 11)  # replication factor 1
+    again = choose_leader(alone, (1,), {1: 17}, unclean=False, controller_epoch=5)
+    assert again is not None and again.state == PartitionState(1, 1, (1,), 5, 17)
+    # A node written before broker epochs (-1) is settled the same way, once.
+    legacy = PartitionState(1, 4, (1, 2), 2)
+    settled = choose_leader(legacy, (1, 2), up(1, 2), unclean=False, controller_epoch=5)
+    assert settled is not None and settled.state == PartitionState(1, 5, (1, 2), 5, 11)
+    assert choose_leader(settled.state, (1, 2), up(1, 2), unclean=False, controller_epoch=5) is None
 
 
 broker_ids = st.integers(0, 5)
@@ -113,55 +164,66 @@ broker_ids = st.integers(0, 5)
 @given(
     replicas=st.lists(broker_ids, min_size=1, max_size=4, unique=True),
     data=st.data(),
-    alive=st.sets(broker_ids),
+    alive_ids=st.sets(broker_ids),
+    restarted=st.booleans(),
     unclean=st.booleans(),
 )
 def test_choose_leader_properties(
-    replicas: list[int], data: st.DataObject, alive: set[int], unclean: bool
+    replicas: list[int],
+    data: st.DataObject,
+    alive_ids: set[int],
+    restarted: bool,
+    unclean: bool,
 ) -> None:
     isr = data.draw(st.lists(st.sampled_from(replicas), min_size=1, unique=True), label="isr")
     leader = data.draw(st.sampled_from([NO_LEADER, *isr]), label="leader")
-    state = PartitionState(leader, 3, tuple(isr), 1)
+    alive = up(*alive_ids)
+    chosen_incarnation = -1 if leader == NO_LEADER else 10 + leader - restarted
+    state = PartitionState(leader, 3, tuple(isr), 1, chosen_incarnation)
+    current = leader in alive and not restarted
     choice = choose_leader(state, replicas, alive, unclean=unclean, controller_epoch=2)
     if choice is None:  # nothing to do: a live leader with a live ISR, or offline already
-        assert (leader in alive and set(isr) <= alive) or (
+        assert (current and set(isr) <= set(alive)) or (
             leader == NO_LEADER
-            and not (set(isr) & alive)
-            and not (unclean and set(replicas) & alive)
+            and not (set(isr) & set(alive))
+            and not (unclean and set(replicas) & set(alive))
         )
         return
     new = choice.state
     assert new.controller_epoch == 2
-    if leader in alive:  # only dead followers leave
+    if current:  # only dead followers leave
         assert choice.kind == "isr" and new.leader == leader and new.leader_epoch == 3
         assert new.isr == tuple(b for b in isr if b in alive)
+        assert new.leader_broker_epoch == state.leader_broker_epoch
         return
     assert new.leader_epoch == 4
     if new.leader == NO_LEADER:
-        assert choice.kind == "offline" and new.isr == state.isr and not (set(isr) & alive)
-        assert not unclean or not (set(replicas) & alive)
+        assert choice.kind == "offline" and new.isr == state.isr and not (set(isr) & set(alive))
+        assert not unclean or not (set(replicas) & set(alive))
     else:
         assert new.leader in alive and new.leader in replicas and new.leader in new.isr
-        assert set(new.isr) <= alive
+        assert new.leader_broker_epoch == alive[new.leader]
+        assert set(new.isr) <= set(alive)
         if choice.kind == "leader":
             candidates = [b for b in replicas if b in alive and b in isr]
             assert new.leader == candidates[0]
         else:
             assert choice.kind == "unclean" and unclean and new.isr == (new.leader,)
-            assert not (set(isr) & alive)
+            assert not (set(isr) & set(alive))
             assert new.leader == next(b for b in replicas if b in alive)
 
 
 def test_choose_preferred_moves_only_to_an_alive_in_sync_preferred_leader() -> None:
-    state = PartitionState(2, 3, (2, 1), 1)
-    choice = choose_preferred(state, (1, 2), {1, 2}, controller_epoch=4)
-    assert choice is not None and choice.state == PartitionState(1, 4, (2, 1), 4)
-    assert choose_preferred(state, (1, 2), {2}, controller_epoch=4) is None  # 1 is dead
+    state = PartitionState(2, 3, (2, 1), 1, 12)
+    choice = choose_preferred(state, (1, 2), up(1, 2), controller_epoch=4)
+    assert choice is not None and choice.state == PartitionState(1, 4, (2, 1), 4, 11)
+    assert choose_preferred(state, (1, 2), up(2), controller_epoch=4) is None  # 1 is dead
     assert (
-        choose_preferred(PartitionState(2, 3, (2,), 1), (1, 2), {1, 2}, controller_epoch=4) is None
+        choose_preferred(PartitionState(2, 3, (2,), 1, 12), (1, 2), up(1, 2), controller_epoch=4)
+        is None
     )
     assert (
-        choose_preferred(PartitionState(1, 3, (1, 2), 1), (1, 2), {1, 2}, controller_epoch=4)
+        choose_preferred(PartitionState(1, 3, (1, 2), 1, 11), (1, 2), up(1, 2), controller_epoch=4)
         is None
     )
 
@@ -202,7 +264,9 @@ def test_without_an_alive_isr_replica_a_partition_has_no_leader_until_one_return
 ) -> None:
     one, _two, three = make_broker(1), make_broker(2), make_broker(3)
     three.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
-    three.write_partition_state(TOPIC, 0, PartitionState(1, 0, (1,), 0), 0)  # 2 fell behind
+    three.write_partition_state(
+        TOPIC, 0, incarnate(three, PartitionState(1, 0, (1,), 0)), 0
+    )  # 2 fell behind
     controller = service(three, 3)
     wait_controller(controller, 1)
     one.stop()
@@ -211,7 +275,10 @@ def test_without_an_alive_isr_replica_a_partition_has_no_leader_until_one_return
     wait_until(lambda: controller.statistics().offline_partitions == 1, what="counted offline")
     errors = messages(caplog, logging.ERROR)
     assert len(errors) == 1 and "clicks-0: no replica of the ISR [1] is alive" in errors[0]
-    assert three.partition_state(TOPIC, 0) == (offline, 2)  # broker 2, not in sync, is not chosen
+    assert plained(three.partition_state(TOPIC, 0)) == (
+        offline,
+        2,
+    )  # broker 2, not in sync, is not chosen
 
     make_broker(1)  # broker 1 comes back
     wait_state(three, 0, PartitionState(1, 2, (1,), 1), "broker 1 leading again")
@@ -225,7 +292,7 @@ def test_with_unclean_election_allowed_an_alive_replica_outside_the_isr_leads(
     one, _two, three = make_broker(1), make_broker(2), make_broker(3)
     config = TopicConfig.spread(1, [1, 2], {"unclean_leader_election": 1}, replication_factor=2)
     three.create_topic_config(TOPIC, config)
-    three.write_partition_state(TOPIC, 0, PartitionState(1, 0, (1,), 0), 0)
+    three.write_partition_state(TOPIC, 0, incarnate(three, PartitionState(1, 0, (1,), 0)), 0)
     controller = service(three, 3)
     wait_controller(controller, 1)
     one.stop()
@@ -240,7 +307,7 @@ def test_allowing_unclean_election_live_brings_an_offline_partition_back(
 ) -> None:
     one, _two, three = make_broker(1), make_broker(2), make_broker(3)
     three.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
-    three.write_partition_state(TOPIC, 0, PartitionState(1, 0, (1,), 0), 0)
+    three.write_partition_state(TOPIC, 0, incarnate(three, PartitionState(1, 0, (1,), 0)), 0)
     controller = service(three, 3)
     wait_controller(controller, 1)
     one.stop()
@@ -289,7 +356,9 @@ def test_a_state_written_since_it_was_read_is_read_again_and_decided_anew(
         wait_controller(controller, 1)
         # the leader drops 3 from the ISR just before the controller's write that drops 2
         shrunk = PartitionState(1, 0, (1, 2), 0)
-        registry.interference = lambda: one.write_partition_state(TOPIC, 0, shrunk, 0)
+        registry.interference = lambda: one.write_partition_state(
+            TOPIC, 0, incarnate(one, shrunk), 0
+        )
         two.stop()
         wait_state(one, 0, PartitionState(1, 0, (1,), 1), "broker 2 out of the ISR too")
         assert one.partition_state(TOPIC, 0)[1] == 2  # the leader's write, then the controller's
@@ -380,7 +449,7 @@ def test_a_topic_made_before_replication_gets_its_state_nodes(
     observer.create(f"{one.chroot}/config/topics/{TOPIC}", json.dumps(old).encode(), makepath=True)
     service(one, 1)
     wait_until(lambda: len(one.partition_states(TOPIC)) == 2, what="the state nodes")
-    assert one.partition_state(TOPIC, 1) == (PartitionState(1, 0, (1,), 0), 0)
+    assert plained(one.partition_state(TOPIC, 1)) == (PartitionState(1, 0, (1,), 0), 0)
 
 
 # -- preferred-leader election, stop -----------------------------------------------------------
@@ -398,11 +467,11 @@ def test_preferred_leader_election_moves_leadership_back_to_the_first_replica(
     make_broker(1)  # back, but not in sync yet: nothing moves
     assert controller.elect_preferred() == 0
     # broker 2, leading, takes 1 back into the ISR (its own conditional write)
-    two.write_partition_state(TOPIC, 0, PartitionState(2, 1, (2, 1), 1), 1)
+    two.write_partition_state(TOPIC, 0, incarnate(two, PartitionState(2, 1, (2, 1), 1)), 1)
     with pytest.raises(UnknownTopicOrPartition):
         controller.elect_preferred(["nope"])
     assert controller.elect_preferred([TOPIC]) == 1
-    assert three.partition_state(TOPIC, 0) == (PartitionState(1, 2, (2, 1), 1), 3)
+    assert plained(three.partition_state(TOPIC, 0)) == (PartitionState(1, 2, (2, 1), 1), 3)
     assert three.partition_state(TOPIC, 1)[0].leader == 2  # its preferred leader already
     assert controller.elect_preferred() == 0
     assert controller.statistics().preferred_moves == 1
@@ -449,11 +518,11 @@ def test_the_controller_moves_leadership_back_by_itself_once_the_preferred_leade
     make_broker(1)  # back, but out of the ISR: two whole runs later, nothing moved
     runs = controller.statistics().preferred_runs
     wait_until(lambda: controller.statistics().preferred_runs >= runs + 2, what="two more runs")
-    assert three.partition_state(TOPIC, 0) == (PartitionState(2, 1, (2,), 1), 1)
+    assert plained(three.partition_state(TOPIC, 0)) == (PartitionState(2, 1, (2,), 1), 1)
     assert controller.statistics().preferred_moves == 0
 
     # broker 2, leading, takes 1 back into the ISR: the next run gives it leadership back
-    two.write_partition_state(TOPIC, 0, PartitionState(2, 1, (2, 1), 1), 1)
+    two.write_partition_state(TOPIC, 0, incarnate(two, PartitionState(2, 1, (2, 1), 1)), 1)
     wait_state(three, 0, PartitionState(1, 2, (2, 1), 1), "broker 1 leading again")
     wait_until(lambda: controller.statistics().preferred_moves == 1, what="the move counted")
     assert three.partition_state(TOPIC, 1)[0].leader == 2  # its preferred leader all along
@@ -473,18 +542,18 @@ def test_a_rebalance_interval_of_0_switches_the_periodic_election_off(
     one, two, three, four = make_broker(1), make_broker(2), make_broker(3), make_broker(4)
     one.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2, 3], replication_factor=3))
     # broker 2 leads; 1, the preferred leader, is alive and in the ISR
-    two.write_partition_state(TOPIC, 0, PartitionState(2, 1, (1, 2, 3), 0), 0)
+    two.write_partition_state(TOPIC, 0, incarnate(two, PartitionState(2, 1, (1, 2, 3), 0)), 0)
     controller = service(four, 4, leader_rebalance_interval_ms=0)
     wait_controller(controller, 1)
     three.stop()  # a round, seen done: the service acts, yet leaves leadership where it is
     wait_state(two, 0, PartitionState(2, 1, (1, 2), 1), "broker 3 out of the ISR")
     # An absence is only seen over time: five times the interval the other test runs at.
     time.sleep(5 * INTERVAL_MS / 1000)
-    assert two.partition_state(TOPIC, 0)[0] == PartitionState(2, 1, (1, 2), 1)
+    assert plain(two.partition_state(TOPIC, 0)[0]) == PartitionState(2, 1, (1, 2), 1)
     stats = controller.statistics()
     assert (stats.preferred_runs, stats.preferred_moves) == (0, 0)
     assert controller.elect_preferred() == 1  # asked, it moves
-    assert one.partition_state(TOPIC, 0)[0] == PartitionState(1, 2, (1, 2), 1)
+    assert plain(one.partition_state(TOPIC, 0)[0]) == PartitionState(1, 2, (1, 2), 1)
 
 
 @pytest.mark.parametrize("interval", [-1, 1.5, True, "100"])
@@ -520,10 +589,12 @@ def lead_moved_off_a_dying_broker(
     config = TopicConfig.spread(2, [1, 2, 3], replication_factor=3)
     assert config.replicas[FAILOVER_PARTITION] == (2, 3, 1)
     one.create_topic_config("failover", config)
-    one.write_partition_state("failover", FAILOVER_PARTITION, PartitionState(3, 1, (2, 3, 1), 0), 0)
+    one.write_partition_state(
+        "failover", FAILOVER_PARTITION, incarnate(one, PartitionState(3, 1, (2, 3, 1), 0)), 0
+    )
     controller = service(one, 1, leader_rebalance_interval_ms=INTERVAL_MS)
     wait_until(
-        lambda: one.partition_state("failover", FAILOVER_PARTITION)[0] == MOVED,
+        lambda: plain(one.partition_state("failover", FAILOVER_PARTITION)[0]) == MOVED,
         what="the periodic election moving leadership to broker 2, broker 3 still in the ISR",
     )
     return one, three, controller
@@ -542,7 +613,7 @@ def test_a_dying_broker_that_lost_leadership_to_the_preferred_election_leaves_th
     three.stop()  # its session ends: /brokers/ids/3 goes
     wait_until(
         lambda: (
-            one.partition_state("failover", FAILOVER_PARTITION)[0]
+            plain(one.partition_state("failover", FAILOVER_PARTITION)[0])
             == PartitionState(2, 2, (2, 1), 1)
         ),
         timeout=5.0,

@@ -21,27 +21,28 @@ from tests.replication.test_controller import TOPIC, Broker, Service
 
 
 def test_next_step_adds_the_wanted_replicas_then_waits_then_finishes_in_one_step() -> None:
-    state = PartitionState(1, 4, (1, 2), 7)
-    assert next_step((3, 2), (1, 2), state, {1, 2, 3}, 9) == Step("expand", (1, 2, 3))
-    assert next_step((3, 2), (1, 2, 3), state, {1, 2, 3}, 9) == Step(
+    alive = {1: 11, 2: 12, 3: 13}
+    state = PartitionState(1, 4, (1, 2), 7, 11)
+    assert next_step((3, 2), (1, 2), state, alive, 9) == Step("expand", (1, 2, 3))
+    assert next_step((3, 2), (1, 2, 3), state, alive, 9) == Step(
         "wait", (1, 2, 3), waiting_for=(3,)
     )
-    caught_up = PartitionState(1, 4, (1, 2, 3), 7)
+    caught_up = PartitionState(1, 4, (1, 2, 3), 7, 11)
     # the leader is removed: the first wanted replica in sync leads, in a new epoch
-    assert next_step((3, 2), (1, 2, 3), caught_up, {1, 2, 3}, 9) == Step(
-        "finish", (3, 2), PartitionState(3, 5, (2, 3), 9)
+    assert next_step((3, 2), (1, 2, 3), caught_up, alive, 9) == Step(
+        "finish", (3, 2), PartitionState(3, 5, (2, 3), 9, 13)
     )
-    # the leader stays: same epoch, the ISR loses the removed broker
-    assert next_step((2, 1), (1, 2, 3), caught_up, {1, 2, 3}, 9) == Step(
-        "finish", (2, 1), PartitionState(1, 4, (1, 2), 9)
+    # the leader stays: same epoch and incarnation, the ISR loses the removed broker
+    assert next_step((2, 1), (1, 2, 3), caught_up, alive, 9) == Step(
+        "finish", (2, 1), PartitionState(1, 4, (1, 2), 9, 11)
     )
     # the first wanted replica is dead: the next alive one leads
-    assert next_step((3, 2), (1, 2, 3), caught_up, {1, 2}, 9).state == PartitionState(
-        2, 5, (2, 3), 9
+    assert next_step((3, 2), (1, 2, 3), caught_up, {1: 11, 2: 12}, 9).state == PartitionState(
+        2, 5, (2, 3), 9, 12
     )
     # no leader now: wait for one
     offline = PartitionState(-1, 5, (1, 2, 3), 7)
-    assert next_step((3, 2), (1, 2, 3), offline, {2, 3}, 9) == Step("wait", (1, 2, 3))
+    assert next_step((3, 2), (1, 2, 3), offline, {2: 12, 3: 13}, 9) == Step("wait", (1, 2, 3))
 
 
 def start_topic(registry: Registry, replicas: tuple[tuple[int, ...], ...]) -> None:
