@@ -52,6 +52,7 @@ from broker.front import Front
 from broker.metrics import serve_metrics
 from broker.pool import Answers, WorkerPool
 from broker.registry import Registry
+from broker.registry_calls import RegistryCalls
 from broker.replication.controller import ControllerService
 from broker.security import (
     PRINCIPALS_FILE_CHECK_S,
@@ -63,7 +64,7 @@ from broker.security import (
     ZooKeeperAuth,
     load_key_pair,
 )
-from broker.topics import RegistryCalls, Topics
+from broker.topics import Topics
 from broker.zookeeper import PrivateZooKeeper
 
 log = logging.getLogger("pylog.supervisor")
@@ -359,6 +360,7 @@ class Supervisor:
         if self.metrics is not None:
             self.metrics.shutdown()
         self.calls.shutdown()
+        self.topics.leases.shutdown()
         self.controller.stop()  # resigns, if the controller, before the session ends
         if self.registry is not None:
             self.registry.stop()

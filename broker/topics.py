@@ -24,12 +24,9 @@ its loop; workers get their commands through the pool.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import functools
 import importlib.metadata
 import logging
-import queue
 import shutil
 import time
 from collections import Counter
@@ -62,6 +59,8 @@ from broker.registry import (
     Registry,
     TopicConfig,
 )
+from broker.registry_calls import RegistryCalls
+from broker.replication.lease import Lease, LeaseKeeper
 from broker.transport import COMMAND, json_frame
 
 log = logging.getLogger("pylog.supervisor")
@@ -75,61 +74,6 @@ CREATE_CHECK_S = 0.1
 """How often, at most, ZooKeeper is asked whether pending CREATE_TOPICs are served."""
 VERSION = importlib.metadata.version("pylog")
 """The pylog version this broker runs, registered for DESCRIBE_CLUSTER."""
-
-
-class RegistryCalls:
-    """Registry calls made off the loop, and the events that bring back their results and what
-    the watches saw; the loop applies them with `apply()`. `registry` is set once started."""
-
-    def __init__(self) -> None:
-        self.registry: Registry | None = None
-        self._events: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="registry")
-        """The one thread that makes registry calls for the loop."""
-
-    def call(
-        self,
-        call: Callable[[Registry], T],
-        done: Callable[[T], None],
-        failed: Callable[[PylogError], None],
-        thread: concurrent.futures.Executor | None = None,
-    ) -> None:
-        """Run `call(registry)` on the registry thread (or `thread`), then `done(result)` or,
-        if it raised a PylogError, `failed(error)` on the loop (as an event)."""
-        registry = self.registry
-        assert registry is not None
-        events = self._events
-
-        def run() -> None:
-            try:
-                result = call(registry)
-            except PylogError as error:
-                events.put(functools.partial(failed, error))
-            except Exception as error:  # a bug: logged, and the caller told it failed
-                log.exception("registry call failed")
-                unexpected = RegistryUnavailable(f"registry call failed: {error}")
-                events.put(functools.partial(failed, unexpected))
-            else:
-                events.put(functools.partial(done, result))
-
-        (thread or self._thread).submit(run)
-
-    def report(self, event: Callable[[], None]) -> None:
-        """Have the loop run `event` (from any thread: a watch's)."""
-        self._events.put(event)
-
-    def apply(self) -> None:
-        """Run the events reported so far, in order, on the calling (the loop's) thread."""
-        while True:
-            try:
-                apply = self._events.get_nowait()
-            except queue.Empty:
-                return
-            apply()
-
-    def shutdown(self) -> None:
-        """Wait for the call under way; drop those not started."""
-        self._thread.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclass
@@ -188,8 +132,10 @@ class Topics:
         self._state_watches: dict[str, object] = {}
         self.isr_changes: Counter[str] = Counter()
         """ISR changes written as a leader, by kind: shrink, expand (broker.metrics)."""
-        self._registry_connected = True
-        """Whether ZooKeeper was connected, as the workers were last told."""
+        self.leases = LeaseKeeper(
+            calls, self.me, config.zookeeper_session_timeout_ms / 1000, self._send_lease
+        )
+        """The leaders' lease, renewed from ZooKeeper and sent to every worker."""
         """The replicated topics held here whose partitions' state nodes are watched, each
         with its watches' token."""
         self._config_watches: dict[str, object] = {}
@@ -336,6 +282,7 @@ class Topics:
             "partition": number,
             "leader": state.leader,
             "leader_epoch": state.leader_epoch,
+            "leader_broker_epoch": state.leader_broker_epoch,
             "isr": list(state.isr),
             "replicas": list(config.replicas[number]),
             "endpoint": endpoint,
@@ -479,8 +426,7 @@ class Topics:
         partitions), the partitions it opened (registered as served), those it could not."""
         if "hello" in state:
             worker.connected = True
-            if not self._registry_connected:
-                self._send_connected(worker)
+            self.pool.send(worker, _lease_command(self.leases.lease))
             self._open_partitions(worker)
         if "isr" in state:
             self.change_isr(*state["isr"])
@@ -676,25 +622,19 @@ class Topics:
                 pending.failure = pending.failure or failure
 
     def tick(self) -> None:
-        """On every turn of the loop: apply the registry's events, tell the workers whether
-        ZooKeeper is connected, then answer creates."""
+        """On every turn of the loop: apply the registry's events, renew the leaders' lease
+        when due, then answer creates."""
         self.calls.apply()
-        registry = self.calls.registry
-        if registry is not None and registry.connected != self._registry_connected:
-            self._registry_connected = registry.connected
-            if not self._registry_connected:
-                log.warning("ZooKeeper is away: leaders here refuse ack=all until it is back")
-            for worker in self.pool.workers:
-                if worker.connected:
-                    self._send_connected(worker)
+        if self.calls.registry is not None:
+            self.leases.tick()
         self._answer_creates()
 
-    def _send_connected(self, worker: WorkerHandle) -> None:
-        """Tell a worker whether ZooKeeper is connected: a leader cut off from it may have
-        been replaced (once its session expires, the controller chooses another), so it
-        answers no ack=all meanwhile (docs/replication.md, "The leader")."""
-        command = {"op": "zookeeper", "connected": self._registry_connected}
-        self.pool.send(worker, [COMMAND, json_frame(command)])
+    def _send_lease(self, lease: Lease) -> None:
+        """Give every worker the lease just renewed (broker.replication.lease)."""
+        command = _lease_command(lease)
+        for worker in self.pool.workers:
+            if worker.connected:
+                self.pool.send(worker, command)
 
     def _answer_creates(self) -> None:
         """Answer CREATE_TOPIC requests whose partitions every holder now serves (asked of
@@ -962,6 +902,11 @@ class Topics:
                 log.info("topic %r was deleted through another broker", topic)
 
         self.calls.call(lambda registry: registry.topic_config(topic), lambda _: None, gone)
+
+
+def _lease_command(lease: Lease) -> list[bytes]:
+    command = {"op": "lease", "until": lease.until, "broker_epoch": lease.broker_epoch}
+    return [COMMAND, json_frame(command)]
 
 
 def _replicated(config: TopicConfig) -> bool:

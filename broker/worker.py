@@ -96,6 +96,7 @@ from broker.flush_waiters import FlushWaiters
 from broker.log import PartitionLog
 from broker.log.config import LogConfig
 from broker.log.files import OPEN_FILES
+from broker.log.hwcheckpoint import HighWatermarkCheckpoint
 from broker.log.message import HEADER_SIZE, Buffer, timestamp_at
 from broker.log.segment import storage_error
 from broker.logs import configure_logging
@@ -103,6 +104,7 @@ from broker.processes import exit_with_supervisor
 from broker.ratelog import RateLimitedLog
 from broker.replication.follower import Follower, Role
 from broker.replication.leader import LeaderState, epoch_entries
+from broker.replication.lease import Lease
 from broker.transport import (
     COMMAND,
     CREDIT_EVERY_BYTES,
@@ -130,6 +132,7 @@ FLUSH_RETRY_S = 0.1
 descriptor to reopen its segment with: EMFILE)."""
 DISK_ERRORS = (DiskFull, StorageIOError)
 """What the disk or the file table says (not what a request got wrong)."""
+_checkpoint_log = RateLimitedLog(log, STORAGE_LOG_EVERY_S)
 
 
 Reply = tuple[bytes, Buffer]
@@ -165,14 +168,20 @@ class Partition:
     """Its followers, the ISR and the high watermark, while it leads here."""
     known_leader: int = -1
     leader_epoch: int = -1
-    """The leader and leader epoch as the partition's state node last said."""
+    leader_broker_epoch: int = -1
+    """The leader, leader epoch and the leader's broker epoch (its incarnation) as the
+    partition's state node last said."""
+    lease: Lease = field(default_factory=Lease)
+    """The worker's lease: a leader here acts only while it covers its incarnation."""
     min_insync: int = 1
     follower: Follower | None = None
     following: trio.CancelScope | None = None
     """The copy loop from the leader, while it follows, and the scope that cancels it."""
+    checkpoint: HighWatermarkCheckpoint | None = None
+    """Where `high_watermark_seen` is kept across restarts (broker.log.hwcheckpoint)."""
     high_watermark_seen: int = 0
-    """The replicated high watermark as last known here (led, or told by the leader): where
-    the high watermark starts when this replica becomes the leader."""
+    """The replicated high watermark as last known here (led, or told by the leader), kept in
+    `checkpoint`: where the high watermark starts when this replica becomes the leader."""
     consumers: FlushWaiters = field(default_factory=FlushWaiters)
     """The consumers' long polls on a replicated partition led here: woken by the high
     watermark (`waiters` are woken by this log's flushes: the followers' long polls)."""
@@ -202,6 +211,8 @@ class Partition:
         high_watermark = self.log.high_watermark
         self.waiters.note_high_watermark(high_watermark)
         acks = self.acks
+        if acks and acks[0].end <= high_watermark and self.replicated and not self.leads():
+            _fail(acks, self.fenced(), replies)  # it may have been replaced: no ack
         while acks and acks[0].end <= high_watermark:
             replies.append(acks.popleft().reply)
         if self.leader is not None:
@@ -215,11 +226,25 @@ class Partition:
         assert leader is not None
         if not leader.advance(self.log.high_watermark):
             return
-        high_watermark = self.high_watermark_seen = leader.high_watermark
+        high_watermark = leader.high_watermark
+        self.see_high_watermark(high_watermark)  # kept before anyone is told of it
         self.consumers.note_high_watermark(high_watermark)
         acks = self.all_acks
+        if acks and acks[0].end <= high_watermark and not self.leads():
+            _fail(acks, self.fenced(), replies)  # it may have been replaced: no ack
         while acks and acks[0].end <= high_watermark:
             replies.append(acks.popleft().reply)
+
+    def see_high_watermark(self, high_watermark: int) -> None:
+        """Note the replicated high watermark (led here, or told by the leader) and keep it in
+        the checkpoint; a checkpoint the disk refuses is logged (a restart may then start the
+        high watermark lower: it rises as followers fetch)."""
+        self.high_watermark_seen = high_watermark
+        if self.checkpoint is not None:
+            try:
+                self.checkpoint.write(high_watermark)
+            except OSError as error:
+                _checkpoint_log.log(logging.ERROR, "checkpoint", f"{self.name}: {error}")
 
     def fail_acks(self, error: PylogError, replies: list[Reply]) -> None:
         """Answer every waiting ack (ack=flushed and ack=all) `error` instead: its messages
@@ -233,17 +258,26 @@ class Partition:
         self.waiters.wake_all()
         self.consumers.wake_all()
 
+    def leads(self) -> bool:
+        """Whether it leads here now: a leader's term, and the lease covering the incarnation
+        it was given to (broker.replication.lease)."""
+        return self.leader is not None and self.lease.covers(
+            self.leader_broker_epoch, time.monotonic()
+        )
+
     def fenced(self) -> NotLeaderForPartition:
-        """What an ack=all gets from a leader cut off from ZooKeeper: another may lead now."""
+        """What a leader whose lease does not cover it answers: another may lead now, for all
+        it can tell (leader -1: not known)."""
         return NotLeaderForPartition(self.name, -1, self.leader_epoch)
 
     def not_leader(self) -> NotLeaderForPartition:
         return NotLeaderForPartition(self.name, self.known_leader, self.leader_epoch)
 
     def check_leader(self) -> None:
-        """NotLeaderForPartition unless clients may be served here."""
-        if self.replicated and self.leader is None:
-            raise self.not_leader()
+        """NotLeaderForPartition unless clients (and followers) may be served here: a
+        replicated partition only by its leader, under its lease."""
+        if self.replicated and not self.leads():
+            raise self.not_leader() if self.leader is None else self.fenced()
 
 
 class Worker:
@@ -269,8 +303,9 @@ class Worker:
         the last one, so that a flush per request does not queue requests behind fsyncs."""
         self._due_for = 0
         """Messages from the supervisor served since _flush_due got its first partition."""
-        self._fenced = False
-        """Whether ZooKeeper is away from the supervisor: leaders answer no ack=all then."""
+        self.lease = Lease()
+        """The lease the supervisor last renewed, shared by every partition here."""
+        self._lease_renewed = trio.Event()
         self._state_messages: list[list[bytes]] = []
         """STATE messages for the supervisor made where nothing may be sent (ISR changes to
         ask for), sent by _send_replies."""
@@ -301,6 +336,7 @@ class Worker:
             nursery.start_soon(self._apply_retention)
             nursery.start_soon(self._give_credit_when_idle)
             nursery.start_soon(self._check_isrs)
+            nursery.start_soon(self._lapse_leaders)
             if self.config.metrics_enabled:
                 nursery.start_soon(self._report_stats)
             await self.socket.send([STATE, json_frame({"hello": self.index})])
@@ -457,12 +493,10 @@ class Worker:
         partition = self._partition(*route)
         leader = partition.leader
         if partition.replicated:
-            partition.check_leader()
-            if ack == protocol.Ack.ALL and leader is not None:
-                if self._fenced:
-                    raise partition.fenced()
-                if len(leader.isr) < partition.min_insync:
-                    raise NotEnoughReplicas(partition.name, len(leader.isr), partition.min_insync)
+            partition.check_leader()  # led here, under the lease
+            assert leader is not None
+            if ack == protocol.Ack.ALL and len(leader.isr) < partition.min_insync:
+                raise NotEnoughReplicas(partition.name, len(leader.isr), partition.min_insync)
         plog = partition.log
         high_watermark = plog.high_watermark
         had_deadline = plog.next_flush_deadline() is not None
@@ -536,11 +570,10 @@ class Worker:
         may move; its ISR membership may change). A follower copies flushed bytes only; its
         offset may lie past the flushed end, up to the log end, where the reply waits for
         the flush."""
-        leader = partition.leader
-        if leader is None:
-            raise partition.not_leader()
         replica = request.replica_id
-        if replica not in leader.followers:
+        partition.check_leader()
+        leader = partition.leader
+        if leader is None or replica not in leader.followers:  # (None: one replica, this one)
             raise UnknownTopicOrPartition(f"broker {replica} is not a replica of {partition.name}")
         plog = partition.log
         if not plog.log_start_offset <= request.offset <= plog.log_end_offset:
@@ -683,12 +716,8 @@ class Worker:
             self._configure(command["topic"], command["settings"])
         elif op == "role":
             await self._take_role(command)
-        elif op == "zookeeper":
-            self._fenced = not command["connected"]
-            if self._fenced:  # this broker may be replaced as leader: promise nothing more
-                for partition in self.partitions.values():
-                    if partition.leader is not None:
-                        _fail(partition.all_acks, partition.fenced(), self._replies)
+        elif op == "lease":
+            await self._renew_lease(command["until"], command["broker_epoch"])
         else:
             log.error("worker %d: unknown command %r", self.index, command)
         await self._send_replies()  # acks that a delete failed or a new setting's flush made
@@ -707,11 +736,12 @@ class Worker:
         partition.replicated = True
         partition.min_insync = command["min_insync_replicas"]
         partition.known_leader, partition.leader_epoch = leader, epoch
+        partition.leader_broker_epoch = command["leader_broker_epoch"]
         current, follower = partition.leader, partition.follower
         role = Role(leader, command["endpoint"], epoch) if command["endpoint"] else None
         if follower is not None and follower.role == role:
             return  # following that leader in that epoch already
-        if leader == me and current is not None and current.epoch == epoch:
+        if current is not None and current.epoch == epoch and self._mine(command):
             current.set_isr(command["isr"], command["version"])  # an ISR change in this term
             if tuple(command["replicas"]) != current.replicas:  # a reassignment's
                 current.set_replicas(command["replicas"], time.monotonic())
@@ -723,6 +753,8 @@ class Worker:
         self._stop_leading(partition)
         self._stop_following(partition)
         if leader == me:
+            if not self._mine(command):
+                return  # taken again if the lease comes for that incarnation (_renew_lease)
             plog = partition.log
             start = plog.log_end_offset
             try:
@@ -755,6 +787,28 @@ class Worker:
         elif leader >= 0 and role is not None:
             self._follow(partition, role)
 
+    def _mine(self, role: dict[str, Any]) -> bool:
+        """Whether `role` names this broker the leader, in the incarnation the lease was last
+        renewed for: a leadership given to an earlier one (before a restart, or a session
+        that expired) is not taken; the controller chooses anew once it sees the broker's new
+        epoch."""
+        return bool(
+            role["leader"] == self.config.broker_id
+            and role["leader_broker_epoch"] == self.lease.broker_epoch
+        )
+
+    async def _renew_lease(self, until: float, broker_epoch: int) -> None:
+        """A lease the supervisor renewed. In a new incarnation (the first lease, or one after
+        the session expired), each partition's role is taken again: leaderships of the old
+        one end, and one given to the new one, read before the lease came, begins."""
+        incarnation = broker_epoch != self.lease.broker_epoch
+        self.lease.until, self.lease.broker_epoch = until, broker_epoch
+        self._lease_renewed.set()
+        if incarnation:
+            for partition in list(self.partitions.values()):
+                if partition.role is not None and partition.offline is None:
+                    await self._take_role(partition.role)
+
     def _stop_leading(self, partition: Partition) -> None:
         if partition.leader is None:
             return
@@ -773,7 +827,7 @@ class Worker:
         async def copied(count: int) -> None:
             partition.messages_in += count
             assert partition.follower is not None
-            partition.high_watermark_seen = partition.follower.leader_high_watermark
+            partition.see_high_watermark(partition.follower.leader_high_watermark)
             if self._flush(partition):  # before the next fetch: it tells the leader
                 await self._send_replies()
 
@@ -803,6 +857,8 @@ class Worker:
         brings the new ISR back as a role command."""
         leader = partition.leader
         assert leader is not None
+        if not partition.leads():  # a leader that may have been replaced changes nothing
+            return
         isr = leader.wanted_isr(time.monotonic(), fetched)
         if isr is None:
             return
@@ -817,17 +873,42 @@ class Worker:
         be written) tries again."""
         while True:
             await trio.sleep(self.config.broker_replica_lag_max_ms / 4000)
-            me = self.config.broker_id
             for partition in list(self.partitions.values()):
                 if partition.leader is not None:
                     self._ask_isr(partition)
                 elif (
                     partition.role is not None
-                    and partition.role["leader"] == me
+                    and self._mine(partition.role)
                     and partition.offline is None
                 ):
                     await self._take_role(partition.role)
             await self._send_replies()
+
+    async def _lapse_leaders(self) -> None:
+        """When the lease runs out without a renewal: the partitions led here answer their
+        waiting acks NOT_LEADER_FOR_PARTITION (leader -1) and wake their long polls, which
+        answer so; until a renewal, they serve nothing (Partition.check_leader)."""
+        while True:
+            renewed = self._lease_renewed = trio.Event()
+            left = self.lease.until - time.monotonic()
+            if left > 0:
+                with trio.move_on_after(left):
+                    await renewed.wait()
+                if renewed.is_set():
+                    continue
+            led = [p for p in self.partitions.values() if p.leader is not None]
+            if led:
+                log.warning(
+                    "worker %d: the lease ran out (ZooKeeper has not confirmed this broker): "
+                    "its %d led partitions answer NOT_LEADER_FOR_PARTITION until it does",
+                    self.index,
+                    len(led),
+                )
+            for partition in led:
+                partition.fail_acks(partition.fenced(), self._replies)
+                partition.wake_all()
+            await self._send_replies()
+            await renewed.wait()
 
     def _open(self, topic: str, number: int, directory: Path, config: LogConfig) -> bool:
         """Open a partition's log; False when it is open already."""
@@ -836,7 +917,17 @@ class Worker:
         plog = PartitionLog.open(directory / f"{topic}-{number}", config)
         plog.on_flush = self.stats.flush_seconds.observe
         _log_recovery(f"{topic}-{number}", plog)
-        self.partitions[(topic, number)] = Partition(topic, number, plog)
+        checkpoint = HighWatermarkCheckpoint(plog.directory)
+        if checkpoint.problem is not None:
+            log.warning("%s-%d: %s", topic, number, checkpoint.problem)
+        self.partitions[(topic, number)] = Partition(
+            topic,
+            number,
+            plog,
+            lease=self.lease,
+            checkpoint=checkpoint,
+            high_watermark_seen=checkpoint.value,
+        )
         self._deadline_changed.set()
         return True
 

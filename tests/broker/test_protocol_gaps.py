@@ -13,7 +13,14 @@ from broker.client import Admin
 from broker.client.connection import Connection
 from broker.errors import BrokerError
 from broker.log.message import encode_message
-from broker.protocol import FetchRequest, MetadataRequest, RequestHeader, encode_request
+from broker.protocol import (
+    ErrorCode,
+    FetchRequest,
+    MetadataRequest,
+    RequestHeader,
+    decode_reply_header,
+    encode_request,
+)
 from cli.pylogd import main as pylogd_main
 from tests.client.test_consumer import SIZE, TEN, first_segment, flip_value_byte, produce
 from tests.pylogd import RunningBroker
@@ -158,3 +165,20 @@ def test_fetch_size_too_small_over_the_fetch_cap_names_the_max_bytes_asked(
     code, text, fields = raw_fetch(broker.endpoint, topic, 0, 2 << 20)
     assert (code, struct.unpack(">Q", fields)) == (10, (len(encode_message(big)),))
     assert f"larger than max_bytes {2 << 20}:" in text
+
+
+def test_a_replica_fetch_of_a_partition_of_one_replica_is_unknown_topic_or_partition(
+    broker: RunningBroker, topic: str
+) -> None:
+    """docs/protocol.md, FETCH: `replica_id` must be one of the partition's replicas other than
+    the leader, else UNKNOWN_TOPIC_OR_PARTITION; a partition of one replica has no other."""
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic)
+    request = FetchRequest(topic, 0, 0, 1000, 0, 0, replica_id=7)
+    with zmq.Context() as context, context.socket(zmq.DEALER) as dealer:
+        dealer.connect(broker.endpoint)
+        dealer.send_multipart(encode_request(RequestHeader(request.api, 2, 9, "raw"), request))
+        assert dealer.poll(10_000), "no reply"
+        header = decode_reply_header(dealer.recv_multipart())
+    assert ErrorCode(header.error_code).name == "UNKNOWN_TOPIC_OR_PARTITION"
+    assert "broker 7 is not a replica" in header.error_message

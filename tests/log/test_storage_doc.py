@@ -7,7 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
+from xxhash import xxh3_64_intdigest
 
+from broker.log import hwcheckpoint
 from broker.log.message import encode_message, iter_messages
 
 DOC = Path(__file__).parents[2] / "docs" / "storage.md"
@@ -47,3 +49,33 @@ def test_documented_offsets_of_the_two_message_set() -> None:
     offsets = [m.offset for m in iter_messages(first + second)]
     assert offsets == [0, 38]
     assert len(first + second) == 69
+
+
+def test_the_documented_high_watermark_checkpoint_is_what_the_code_writes(tmp_path: Path) -> None:
+    marker = "<!-- high-watermark-checkpoint example -->\n```\n"
+    block = DOC.read_text().split(marker, 1)[1].split("```", 1)[0]
+    documented = bytes.fromhex(block)
+    assert hwcheckpoint.encode(6922) == documented
+    assert hwcheckpoint.decode(documented) == 6922
+    checkpoint = hwcheckpoint.HighWatermarkCheckpoint(tmp_path)
+    assert (checkpoint.value, checkpoint.problem) == (0, None)  # missing: 0
+    checkpoint.write(6922)
+    assert (tmp_path / "high-watermark-checkpoint").read_bytes() == documented
+    assert hwcheckpoint.HighWatermarkCheckpoint(tmp_path).value == 6922
+
+
+def test_a_torn_or_foreign_high_watermark_checkpoint_reads_as_0_and_says_why(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "high-watermark-checkpoint"
+    good = hwcheckpoint.encode(1 << 40)
+    foreign = b"XXXX" + good[4:16]
+    for damaged, why in [
+        (good[:-1] + bytes([good[-1] ^ 1]), "checksum does not match"),
+        (good[:12], "12 bytes, not 24"),
+        (foreign + xxh3_64_intdigest(foreign).to_bytes(8, "big"), "not a format this broker"),
+    ]:
+        path.write_bytes(damaged)
+        checkpoint = hwcheckpoint.HighWatermarkCheckpoint(tmp_path)
+        assert checkpoint.value == 0
+        assert checkpoint.problem is not None and why in checkpoint.problem

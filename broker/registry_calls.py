@@ -1,0 +1,74 @@
+"""Registry calls made off the supervisor's loop (broker.front): each runs on a thread that may
+wait on ZooKeeper, and its result, like what a watch saw, comes back as an event that the loop
+applies (`apply`, from Topics.tick), never on kazoo's threads."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import logging
+import queue
+from collections.abc import Callable
+from typing import TypeVar
+
+from broker.errors import PylogError, RegistryUnavailable
+from broker.registry import Registry
+
+log = logging.getLogger("pylog.supervisor")
+
+T = TypeVar("T")
+
+
+class RegistryCalls:
+    """Registry calls made off the loop, and the events that bring back their results and what
+    the watches saw; the loop applies them with `apply()`. `registry` is set once started."""
+
+    def __init__(self) -> None:
+        self.registry: Registry | None = None
+        self._events: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="registry")
+        """The one thread that makes registry calls for the loop."""
+
+    def call(
+        self,
+        call: Callable[[Registry], T],
+        done: Callable[[T], None],
+        failed: Callable[[PylogError], None],
+        thread: concurrent.futures.Executor | None = None,
+    ) -> None:
+        """Run `call(registry)` on the registry thread (or `thread`), then `done(result)` or,
+        if it raised a PylogError, `failed(error)` on the loop (as an event)."""
+        registry = self.registry
+        assert registry is not None
+        events = self._events
+
+        def run() -> None:
+            try:
+                result = call(registry)
+            except PylogError as error:
+                events.put(functools.partial(failed, error))
+            except Exception as error:  # a bug: logged, and the caller told it failed
+                log.exception("registry call failed")
+                unexpected = RegistryUnavailable(f"registry call failed: {error}")
+                events.put(functools.partial(failed, unexpected))
+            else:
+                events.put(functools.partial(done, result))
+
+        (thread or self._thread).submit(run)
+
+    def report(self, event: Callable[[], None]) -> None:
+        """Have the loop run `event` (from any thread: a watch's)."""
+        self._events.put(event)
+
+    def apply(self) -> None:
+        """Run the events reported so far, in order, on the calling (the loop's) thread."""
+        while True:
+            try:
+                apply = self._events.get_nowait()
+            except queue.Empty:
+                return
+            apply()
+
+    def shutdown(self) -> None:
+        """Wait for the call under way; drop those not started."""
+        self._thread.shutdown(wait=True, cancel_futures=True)
