@@ -55,6 +55,7 @@ from broker.config import replica_setting
 from broker.errors import PylogError, RegistryUnavailable, Unavailable, UnknownTopicOrPartition
 from broker.registry import (
     NO_LEADER,
+    BrokerInfo,
     ControllerInfo,
     ControllerMoved,
     PartitionState,
@@ -64,7 +65,7 @@ from broker.registry import (
     TopicConfig,
 )
 from broker.registry.nodes import validate_broker_id
-from broker.replication.reassign import next_step
+from broker.replication.reassign import next_step, why_waiting
 
 log = logging.getLogger("pylog.controller")
 
@@ -309,16 +310,17 @@ class _Acting:
             del waiting[key]
         if not pending:
             return False
-        alive = set(registry.brokers())
+        brokers = registry.brokers()
         for _, reassignment in sorted(pending.items()):
             if self.stopping():
                 return True
-            self._reassign_one(reassignment, alive)
+            self._reassign_one(reassignment, brokers)
         return bool(waiting)
 
-    def _reassign_one(self, reassignment: Reassignment, alive: set[int]) -> None:
-        """Take the steps of one reassignment that can be taken now."""
+    def _reassign_one(self, reassignment: Reassignment, brokers: dict[int, BrokerInfo]) -> None:
+        """Take the steps of one reassignment that can be taken now (`brokers`: those up)."""
         registry, counters = self.registry, self.counters
+        alive = set(brokers)
         topic, partition = reassignment.topic, reassignment.partition
         key = (topic, partition)
         for _ in range(WRITE_ATTEMPTS + 2):  # an expand, then a finish, each maybe raced
@@ -338,14 +340,17 @@ class _Acting:
                 missing = step.waiting_for
                 if counters.reassignments_waiting.get(key) != missing:
                     down = sorted(b for b in missing if b not in alive)
-                    log.info(
-                        "%s-%d: reassignment to %s waits for %s to join the ISR %s%s",
+                    why = why_waiting([b for b in missing if b in alive], state.leader, brokers)
+                    log.log(
+                        logging.WARNING if why else logging.INFO,
+                        "%s-%d: reassignment to %s waits for %s to join the ISR %s%s%s",
                         topic,
                         partition,
                         list(reassignment.replicas),
                         list(missing) or "a leader",
                         list(state.isr),
                         f" (broker(s) {down} not up)" if down else "",
+                        "".join(f"; it cannot end while {reason}" for reason in why),
                     )
                 counters.reassignments_waiting[key] = missing
                 return

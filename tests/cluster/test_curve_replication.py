@@ -12,15 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 
 from broker.client import Admin, PartitionConsumer, Producer
 from broker.protocol import Ack
 from broker.registry import Registry
 from broker.security import Acl, ClientKeys, generate_keys, load_public_key, parse_operations
 from broker.zookeeper import PrivateZooKeeper
-from tests.cluster.test_failover import THREE_BROKERS_FLAGS
+from cli.pylogctl import cli
+from tests.cluster.test_failover import THREE_BROKERS_FLAGS, run_kills
 from tests.conftest import running_three, wait_until
-from tests.pylogd import ThreeBrokers
+from tests.pylogd import RunningBroker, ThreeBrokers, broker_flags
 
 OPERATOR = "ops"
 """The super user's principal."""
@@ -97,3 +99,117 @@ def test_a_curve_cluster_creates_a_topic_at_replication_factor_3_and_copies_it(
 
 def _stored(folder: Path) -> bytes:
     return b"".join(segment.read_bytes() for segment in sorted(folder.glob("*.log")))
+
+
+def test_the_leader_of_a_curve_cluster_killed_twice_loses_nothing_acknowledged(
+    curve_cluster: ThreeBrokers,
+) -> None:
+    run_kills(curve_cluster, kills=2, keys=keys(curve_cluster))
+
+
+@pytest.mark.slow  # ~40 s: 10 failovers and as many restarts
+def test_the_leader_of_a_curve_cluster_killed_ten_times_loses_nothing_acknowledged(
+    curve_cluster: ThreeBrokers,
+) -> None:
+    run_kills(curve_cluster, kills=10, keys=keys(curve_cluster))
+
+
+def pylogctl(three: ThreeBrokers, zookeeper: PrivateZooKeeper, *args: str) -> Result:
+    options = ("--zookeeper", zookeeper.connect_string, "--chroot", three.chroot)
+    return CliRunner().invoke(cli, [*args, *options], catch_exceptions=False)
+
+
+def test_a_reassignment_in_a_curve_cluster_completes(
+    curve_cluster: ThreeBrokers, zookeeper: PrivateZooKeeper
+) -> None:
+    """A single-copy partition moved to another broker, which copies it over Curve first (the
+    move that printed "copying to ..." forever before curve followers)."""
+    three = curve_cluster
+    with Admin(three.brokers[1].endpoint, keys=keys(three)) as admin:
+        admin.create_topic("moved", 1)
+    (first,) = three.registry.topic_config("moved").replicas[0]
+    other = first % 3 + 1
+    with Producer(
+        three.brokers[first].endpoint, "moved", ack=Ack.FLUSHED, keys=keys(three, CLIENT)
+    ) as producer:
+        for i in range(100):
+            producer.send(b"m-%d" % i)
+        producer.flush()
+
+    result = pylogctl(
+        three,
+        zookeeper,
+        *("topic", "reassign", "moved", "--partition", "0"),
+        *("--replicas", str(other), "--wait-timeout", "30"),
+    )
+    assert result.exit_code == 0, result.output
+    assert f"moved-0: done: replicas {other} leader {other}" in result.output
+    with PartitionConsumer(
+        three.brokers[other].endpoint, "moved", 0, stop_at_end=True, keys=keys(three, CLIENT)
+    ) as consumer:
+        assert [m.value for m in consumer] == [b"m-%d" % i for i in range(100)]
+
+
+def test_a_broker_without_the_cluster_key_never_follows_says_why_and_a_cancel_removes_it(
+    curve_cluster: ThreeBrokers, zookeeper: PrivateZooKeeper
+) -> None:
+    """Broker 4 holds a key pair of its own (it trusts the cluster's key, so it does connect):
+    the leader refuses its handshakes, it never joins the ISR, the leader's log, its own,
+    the controller's and `--status` say why; `--cancel` takes it out of the replicas again,
+    which leaves the ISR whole."""
+    three = curve_cluster
+    key_dir = three.root / "keys"
+    rogue = RunningBroker(
+        three.root / "broker-4",
+        zookeeper.connect_string,
+        three.chroot,
+        *broker_flags(three.root, 4),
+        *curve_flags(three.root),
+        *("--security-key-file", str(key_dir / "rogue.key_secret")),
+        *("--security-broker-keys", str(key_dir / "broker.key")),
+    )
+    try:
+        rogue.start()
+        with Admin(three.brokers[1].endpoint, keys=keys(three)) as admin:
+            admin.create_topic("kept", 1, {"replication_factor": "3", "min_insync_replicas": "2"})
+        wait_until(lambda: isr(three.registry, "kept") == (1, 2, 3), 30, "in sync")
+        leader = three.registry.partition_state("kept", 0)[0].leader
+        wanted = (leader, next(b for b in (1, 2, 3) if b != leader), 4)
+        result = pylogctl(
+            three,
+            zookeeper,
+            *("topic", "reassign", "kept", "--partition", "0", "--no-wait"),
+            *("--replicas", ",".join(map(str, wanted))),
+        )
+        assert result.exit_code == 0, result.output
+        wait_until(lambda: 4 in three.registry.topic_config("kept").replicas[0], 30, "expand")
+
+        refused = "refused this broker's key (ZAP 400)"
+        wait_until(lambda: refused in rogue.log_path.read_text(), 30, "broker 4's warning")
+        assert "unknown client key" in three.brokers[leader].log_path.read_text()
+        why = f"leader {leader} refuses broker 4's key"
+        status = pylogctl(three, zookeeper, "topic", "reassign", "--status")
+        assert status.exit_code == 0, status.output
+        assert why in status.output and "copying to 4" in status.output
+        logs = "".join(b.log_path.read_text() for b in three.brokers.values())
+        assert why in logs  # the controller's, wherever it runs
+        assert 4 not in isr(three.registry, "kept")
+
+        cancel = pylogctl(
+            three, zookeeper, "topic", "reassign", "kept", "--partition", "0", "--cancel"
+        )
+        assert cancel.exit_code == 0, cancel.output
+        assert "broker(s) 4, added and not in sync, leave its replicas again" in cancel.output
+        wait_until(
+            lambda: (
+                three.registry.topic_config("kept").replicas[0] == (1, 2, 3)
+                and not three.registry.reassignments()
+            ),
+            30,
+            "broker 4 removed",
+        )
+        assert isr(three.registry, "kept") == (1, 2, 3)  # whole: no replica out of sync
+        wait_until(lambda: not (three.root / "broker-4" / "logs" / "kept-0").exists())
+    finally:
+        rogue.stop()
+        print(f"--- {rogue.log_path}:\n{rogue.log_tail()}")
