@@ -649,7 +649,7 @@ class Authorizer:
             self.denied += 1
             raise AuthorizationFailed(
                 principal,
-                "fetch as a replica",
+                "replica",
                 topic,
                 f"principal {principal!r} may not fetch topic {topic!r} as a replica "
                 f"(replica_id {replica_id}): only brokers may, with the cluster's key "
