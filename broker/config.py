@@ -266,6 +266,15 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "security",
+        "broker_keys",
+        list,
+        [],
+        "Other public keys (or key files) of the cluster's brokers besides key_file's own, "
+        "while the brokers' key pair changes: a broker presenting one is let in as a broker "
+        "(its followers replicate), and followers trust a leader holding one (docs/security.md).",
+    ),
+    Setting(
+        "security",
         "allow_plaintext_remote",
         bool,
         False,

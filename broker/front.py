@@ -229,6 +229,8 @@ class Front:
                 if authorizer is not None:
                     api = protocol.peek_api(request_frames)
                     authorizer.check(principal, OPERATIONS[api], route.topic)
+                    if api == protocol.Api.FETCH and (replica := _replica_id(request_frames)) >= 0:
+                        authorizer.check_replica(principal, route.topic, replica)
                 self._route(tagged, request_frames[0], *route)
                 return
             header, request = protocol.decode_request(request_frames)
@@ -277,6 +279,24 @@ class Front:
 
     def _answer(self, tagged: bytes, frames: list[Buffer]) -> None:
         send_frames(self.socket, [*reply_envelope(tagged), *frames])
+
+
+_VERSION_AT: Final = 2
+"""The request header's api_version: after api_key (docs/protocol.md)."""
+_REPLICA_ID_FROM_END: Final = 16
+"""FETCH version 2 ends with replica_id (int32), leader_epoch (int32) and flushed_offset
+(uint64): replica_id starts this many bytes before the frame's end."""
+
+
+def _replica_id(frames: list[memoryview]) -> int:
+    """The replica_id of a FETCH request that peek_route routed (-1, a consumer's, before
+    version 2), read from its place without decoding the request; a frame too short to hold
+    one reads -1 (the worker's decoding refuses it)."""
+    frame = frames[0]
+    if int.from_bytes(frame[_VERSION_AT : _VERSION_AT + 2], "big") < 2 or len(frame) < 32:
+        return -1
+    at = len(frame) - _REPLICA_ID_FROM_END
+    return int.from_bytes(frame[at : at + 4], "big", signed=True)
 
 
 def _principal(frames: list[zmq.Frame], principals: Principals) -> str:

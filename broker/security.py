@@ -15,11 +15,15 @@ The broker side, all of it on the front's loop (broker.front), which never waits
 - ZapHandler answers ZeroMQ's authentication requests (ZAP, RFC 27) during each Curve
   handshake: a client key that names a principal (Principals: in ZooKeeper, or in the
   principals file) is let in with that principal as its ZeroMQ User-Id, any other is refused by
-  ZeroMQ itself, before a request is read, and counted.
+  ZeroMQ itself, before a request is read, and counted. A key of the cluster (BrokerKeys: the
+  brokers' own key pair, and security.broker_keys) is the cluster principal, CLUSTER_PRINCIPAL:
+  another broker, whose followers fetch as replicas.
 - Authorizer decides whether a principal may do an operation on a topic, from the ACLs (kept in
   ZooKeeper, broker.registry.security): a super user may do anything; an ACL grants operations
   on a topic name, a prefix (`logs.*`) or every topic (`*`). Its answers are cached per
   (principal, operation, topic) until the ACLs change, so the hot path costs one dict lookup.
+  The cluster principal may fetch and describe every topic, nothing else; it alone may fetch
+  as a replica (`check_replica`), whatever the ACLs say, a super user's included.
 """
 
 from __future__ import annotations
@@ -207,6 +211,47 @@ class ClientKeys:
 
 
 @dataclass(frozen=True, slots=True)
+class BrokerKeys:
+    """A broker's Curve identity among the brokers of its cluster: its key pair
+    (security.key_file, the pair every broker of a cluster holds), and the cluster's keys, the
+    public keys it takes for a broker's: its own and those of security.broker_keys (the other
+    pair while the brokers' keys change). A connection whose client key is one of them is the
+    cluster principal (ZapHandler); a follower connects to a leader only if the leader's key
+    (from its registration in ZooKeeper) is one of them (`to_leader`), so a registration
+    written by someone else can send it nowhere but to a broker."""
+
+    public: bytes
+    secret: bytes
+    cluster: frozenset[bytes]
+
+    @classmethod
+    def load(
+        cls, key_file: str | os.PathLike[str], broker_keys: Iterable[str | bytes] = ()
+    ) -> BrokerKeys:
+        """From the broker's secret key file and the other keys of the cluster (each a public
+        key or the path of a key file); KeyFileError for a file or key that is not one."""
+        public, secret = load_key_pair(key_file)
+        others = {load_public_key(key) for key in broker_keys}
+        return cls(public, secret, frozenset({public, *others}))
+
+    def to_leader(self, leader_key: bytes | None) -> ClientKeys:
+        """The keys a follower's socket presents to a leader whose front has `leader_key` (None:
+        a leader that registered none, taken to hold this broker's pair); KeyFileError when
+        that key is none of the cluster's."""
+        server = self.public if leader_key is None else leader_key
+        if server not in self.cluster:
+            raise KeyFileError(
+                f"the leader's public key {server.decode()} (its registration in ZooKeeper) is "
+                "none of this broker's cluster keys (security.key_file, security.broker_keys)"
+            )
+        return ClientKeys(self.public, self.secret, server)
+
+    def __repr__(self) -> str:  # never the secret key
+        keys = ", ".join(sorted(k.decode() for k in self.cluster))
+        return f"BrokerKeys(public={self.public.decode()!r}, cluster=[{keys}])"
+
+
+@dataclass(frozen=True, slots=True)
 class ZooKeeperAuth:
     """A ZooKeeper digest identity, "user:password": what pylog's processes present to a
     registry whose nodes carry digest ACLs (the zookeeper.auth_file setting)."""
@@ -241,6 +286,9 @@ ZAP_ENDPOINT: Final = "inproc://zeromq.zap.01"
 ZAP_VERSION: Final = b"1.0"
 PRINCIPALS_FILE_CHECK_S: Final = 1.0
 """How often the principals file is looked at for a change (its mtime and size)."""
+CLUSTER_PRINCIPAL: Final = "pylog:brokers"
+"""The principal of the cluster's keys (BrokerKeys): the brokers. Its name is no principal
+name (a colon), so no client principal, ACL or super user can name it."""
 
 
 def check_principal_name(name: str) -> None:
@@ -286,11 +334,15 @@ class Principals:
     """Which client key is which principal: the principals in ZooKeeper (`from_registry`,
     called by its watch, on a thread of kazoo's) and those of a principals file (looked at
     every PRINCIPALS_FILE_CHECK_S by `check_file`, from the loop). A key in both is
-    ZooKeeper's. Keys are Z85 text, as ZeroMQ's User-Id gives them. A lookup reads one dict,
-    replaced whole on a change; changes are made under a lock (they come from two threads)."""
+    ZooKeeper's. The cluster's keys (`cluster_keys`, BrokerKeys.cluster) are CLUSTER_PRINCIPAL,
+    whatever else names them. Keys are Z85 text, as ZeroMQ's User-Id gives them. A lookup reads
+    one dict, replaced whole on a change; changes are made under a lock (they come from two
+    threads)."""
 
-    def __init__(self, file: Path | None) -> None:
+    def __init__(self, file: Path | None, cluster_keys: Iterable[bytes] = ()) -> None:
         self.file = file
+        self._cluster = {key.decode(): CLUSTER_PRINCIPAL for key in cluster_keys}
+        self._clients = 0
         self._lock = threading.Lock()
         self._file_log = RateLimitedLog(log, 60.0)
         self._file_stamp: tuple[float, int] | None = None
@@ -307,8 +359,8 @@ class Principals:
         return self._by_key.get(key)
 
     def __len__(self) -> int:
-        """How many keys are let in."""
-        return len(self._by_key)
+        """How many client keys are let in (the cluster's keys aside)."""
+        return self._clients
 
     def from_registry(self, principals: Mapping[str, Iterable[bytes]]) -> None:
         by_key: dict[str, str] = {}
@@ -354,7 +406,16 @@ class Principals:
             other = self._from_file.get(key, name)
             if other != name:
                 log.warning("key of %r is %r's in the file: ZooKeeper's wins", name, other)
-        self._by_key = {**self._from_file, **self._from_registry}
+        clients = {**self._from_file, **self._from_registry}
+        for key in clients.keys() & self._cluster.keys():
+            log.warning(
+                "principal %r names a key of the cluster (the brokers' own): it is taken for a "
+                "broker's, and %r gets nothing by it",
+                clients[key],
+                clients[key],
+            )
+        self._clients = len(clients.keys() - self._cluster.keys())
+        self._by_key = {**clients, **self._cluster}
 
 
 def _stamp(path: Path) -> tuple[float, int]:
@@ -521,6 +582,10 @@ class Acl:
         return operation is Operation.DESCRIBE or operation in self.operations
 
 
+CLUSTER_OPERATIONS: Final = frozenset({Operation.FETCH, Operation.DESCRIBE})
+"""What the cluster principal may do on every topic: a follower's FETCH,
+OFFSET_FOR_LEADER_EPOCH and OFFSETS."""
+
 CACHED_DECISIONS: Final = 100_000
 """Decisions the Authorizer remembers before it starts over (memory stays bounded whatever
 topic names clients send)."""
@@ -554,6 +619,8 @@ class Authorizer:
         self._rules = _Rules(acls)
 
     def allowed(self, principal: str, operation: Operation, topic: str) -> bool:
+        if principal == CLUSTER_PRINCIPAL:  # a broker: its followers fetch every topic
+            return operation in CLUSTER_OPERATIONS
         rules = self._rules
         key = (principal, operation, topic)
         decision = rules.decisions.get(key)
@@ -572,6 +639,22 @@ class Authorizer:
         if not self.allowed(principal, operation, topic):
             self.denied += 1
             raise AuthorizationFailed(principal, operation.value, topic)
+
+    def check_replica(self, principal: str, topic: str, replica_id: int) -> None:
+        """AuthorizationFailed unless `principal` is the cluster principal: only a broker may
+        FETCH as a replica (`replica_id` >= 0), whatever the ACLs grant, since a replica's
+        fetch moves the leader's high watermark and ISR (ack=all would be answered for copies
+        no broker holds). A super user may not either: no operator's tool needs it."""
+        if principal != CLUSTER_PRINCIPAL:
+            self.denied += 1
+            raise AuthorizationFailed(
+                principal,
+                "replica",
+                topic,
+                f"principal {principal!r} may not fetch topic {topic!r} as a replica "
+                f"(replica_id {replica_id}): only brokers may, with the cluster's key "
+                "(docs/security.md); a consumer's FETCH says replica_id -1",
+            )
 
     def deny(self) -> None:
         """Count a denial answered without an exception (a topic of a METADATA reply)."""

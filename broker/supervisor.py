@@ -32,6 +32,7 @@ sends READY=1 once serving and WATCHDOG=1 every half WATCHDOG_USEC.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import ipaddress
 import logging
 import math
@@ -51,18 +52,18 @@ from broker.errors import PylogError, ZooKeeperStartError
 from broker.front import Front
 from broker.metrics import serve_metrics
 from broker.pool import Answers, WorkerPool
-from broker.registry import Registry
+from broker.registry import BrokerInfo, Registry
 from broker.registry_calls import RegistryCalls
 from broker.replication.controller import ControllerService
 from broker.security import (
     PRINCIPALS_FILE_CHECK_S,
     Acl,
     Authorizer,
+    BrokerKeys,
     KeyFileError,
     Principals,
     ZapHandler,
     ZooKeeperAuth,
-    load_key_pair,
 )
 from broker.topics import Topics
 from broker.zookeeper import PrivateZooKeeper
@@ -110,6 +111,8 @@ class Supervisor:
         self._watchdog_every = _watchdog_interval()
         self._watchdog_at = 0.0
         self.zap: ZapHandler | None = None
+        self.broker_keys: BrokerKeys | None = None
+        """This broker's keys among brokers (curve mode)."""
         self.authorizer: Authorizer | None = None
         self._principals_check_at = 0.0
 
@@ -160,9 +163,7 @@ class Supervisor:
         self.pool.start()
         self._wait_for_workers()
         self.front.open()
-        self.registry.register_broker(
-            self.config.broker_id, self.topics.registration(self.front.port)
-        )
+        self.registry.register_broker(self.config.broker_id, self._registration())
         self.topics.watch()
         self.controller.start(
             self.registry,
@@ -206,22 +207,38 @@ class Supervisor:
             )
             return
         try:
-            public, secret = load_key_pair(config.key_file_path)
+            keys = BrokerKeys.load(config.key_file_path, config.security_broker_keys)
             principals_file = config.security_principals_file
-            principals = Principals(Path(principals_file) if principals_file else None)
+            principals = Principals(
+                Path(principals_file) if principals_file else None, keys.cluster
+            )
         except (KeyFileError, OSError) as error:
             raise OSError(f"security: {error}") from error
+        self.broker_keys = keys
         self.zap = ZapHandler(self.context, principals)
         self.authorizer = Authorizer(config.security_super_users)
-        self.front.secure(secret, self.zap, self.authorizer)
+        self.front.secure(keys.secret, self.zap, self.authorizer)
         log.info(
-            "security: curve on %s, broker public key %s; %d keys from %s, super users: %s",
+            "security: curve on %s, broker public key %s; %d keys from %s, super users: %s; "
+            "%d cluster key(s) let in as brokers",
             host,
-            public.decode(),
+            keys.public.decode(),
             len(principals),
             principals_file or "no file",
             ", ".join(config.security_super_users) or "none",
+            len(keys.cluster),
         )
+
+    def _registration(self) -> BrokerInfo:
+        """What this broker registers in ZooKeeper (broker.topics), with, in curve mode, its
+        public key and the cluster's keys it lets in: public data, which followers and
+        `pylogctl topic reassign --status` read."""
+        info = self.topics.registration(self.front.port)
+        keys = self.broker_keys
+        if keys is None:
+            return info
+        cluster = tuple(sorted(key.decode() for key in keys.cluster))
+        return dataclasses.replace(info, curve_key=keys.public.decode(), cluster_keys=cluster)
 
     def _watch_security(self, registry: Registry) -> None:
         """Principals and ACLs from ZooKeeper: read once (so that the first request is decided

@@ -286,6 +286,7 @@ class Topics:
             "isr": list(state.isr),
             "replicas": list(config.replicas[number]),
             "endpoint": endpoint,
+            "curve_key": None if leader is None else leader.curve_key,
             "min_insync_replicas": replica_setting(config.settings, "min_insync_replicas"),
             "version": known[1],
         }
@@ -561,12 +562,6 @@ class Topics:
         settings = topic_settings(dict(request.config))
         topic = request.topic
         replication_factor = _checked(self.config, topic, settings)
-        if replication_factor > 1 and self.config.security_mode != "plaintext":
-            raise InvalidTopic(
-                f"topic {topic!r}: replication_factor {replication_factor} needs "
-                "security.mode plaintext for now: followers do not yet authenticate to leaders "
-                "over CurveZMQ"
-            )
         if topic in self.configs or topic in self._creating:
             raise TopicAlreadyExists(f"topic {topic!r} exists")
         self._connected_registry()  # fail at once while ZooKeeper is away

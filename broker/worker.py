@@ -102,7 +102,7 @@ from broker.log.segment import storage_error
 from broker.logs import configure_logging
 from broker.processes import exit_with_supervisor
 from broker.ratelog import RateLimitedLog
-from broker.replication.follower import Follower, Role
+from broker.replication.follower import Follower, Role, replica_keys
 from broker.replication.leader import LeaderState, epoch_entries
 from broker.replication.lease import Lease
 from broker.transport import (
@@ -738,7 +738,8 @@ class Worker:
         partition.known_leader, partition.leader_epoch = leader, epoch
         partition.leader_broker_epoch = command["leader_broker_epoch"]
         current, follower = partition.leader, partition.follower
-        role = Role(leader, command["endpoint"], epoch) if command["endpoint"] else None
+        endpoint, key = command["endpoint"], command.get("curve_key")
+        role = Role(leader, endpoint, epoch, key) if endpoint else None
         if follower is not None and follower.role == role:
             return  # following that leader in that epoch already
         if current is not None and current.epoch == epoch and self._mine(command):
@@ -840,6 +841,7 @@ class Worker:
             config.broker_replica_fetch_max_bytes,
             config.broker_replica_fetch_wait_ms,
             copied,
+            lambda: replica_keys(config),
         )
         scope = trio.CancelScope()
         partition.follower, partition.following = follower, scope

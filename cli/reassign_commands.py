@@ -8,13 +8,21 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import click
 
+from broker.errors import PylogError
 from broker.placement import assign_replicas
-from broker.registry import Reassignment, ReassignmentInProgress, Registry, TopicConfig
+from broker.registry import (
+    BrokerInfo,
+    Reassignment,
+    ReassignmentInProgress,
+    Registry,
+    TopicConfig,
+)
 from broker.registry.topics import PartitionState
+from broker.replication.reassign import why_waiting
 from cli.common import EXIT_BROKER, until_interrupted, usage_error
 from cli.group_commands import admin_options, open_registry
 
@@ -71,7 +79,12 @@ def spread_plan(config: TopicConfig, racks: dict[int, str | None]) -> dict[int, 
 )
 @click.option("--dry-run", is_flag=True, help="Print what would move; move nothing.")
 @click.option("--status", is_flag=True, help="Print the reassignments under way (of NAME).")
-@click.option("--cancel", is_flag=True, help="Stop the reassignment of NAME's --partition.")
+@click.option(
+    "--cancel",
+    is_flag=True,
+    help="Stop the reassignment of NAME's --partition; the brokers added and not in sync leave "
+    "its replicas again.",
+)
 @click.option("--no-wait", is_flag=True, help="Ask, and return without following it.")
 @click.option(
     "--wait-timeout",
@@ -101,8 +114,10 @@ def reassign(
     Nothing acknowledged is lost. The controller does the work; this command asks it (through
     ZooKeeper: --zookeeper-auth-file gives the brokers' identity when the registry has ACLs)
     and prints each partition's progress until it is done (Ctrl-C stops following, not the
-    move). A move waits for a broker that is down until it is back (--cancel stops it; the
-    brokers added stay replicas).
+    move). A move waits for a broker that is down until it is back, and --status says what
+    keeps a broker out of sync where the registry tells (down, or in a curve cluster a key
+    the leader refuses). --cancel stops a move; the brokers it added that are not in sync
+    leave the replicas again, so the partition is not left under-replicated.
 
     \b
     Examples:
@@ -127,11 +142,15 @@ def reassign(
         if partition is None or replicas or spread:
             usage_error("--cancel takes --partition only")
         with open_registry(zookeeper, chroot, broker, timeout) as registry:
+            cancelled = registry.reassignments().get((name, partition))
             registry.cancel_reassignment(name, partition)
+            removed, text = _remove_behind(registry, name, partition, cancelled)
         click.echo(
-            json.dumps({"topic": name, "partition": partition, "cancelled": True})
+            json.dumps(
+                {"topic": name, "partition": partition, "cancelled": True, "removed": removed}
+            )
             if as_json
-            else f"{name}-{partition}: reassignment cancelled (its replicas stay as they are now)"
+            else f"{name}-{partition}: reassignment cancelled: {text}"
         )
         return
     if spread == bool(replicas or partition is not None):
@@ -171,6 +190,38 @@ def reassign(
         _follow(registry, name, started, wait_timeout, as_json)
 
 
+def _remove_behind(
+    registry: Registry, topic: str, partition: int, cancelled: Reassignment | None
+) -> tuple[list[int], str]:
+    """After a cancel: the brokers the move added that are not in the ISR (they may never
+    catch up: down, or refused by the leader) leave the partition's replicas again, by a
+    reassignment to the others, which are all in sync, so the controller finishes it at its
+    next round and the partition is not left under-replicated. Those removed, and what was
+    done."""
+    config = registry.topic_config(topic)
+    replicas = config.replicas_of(partition)
+    state = registry.partition_state(topic, partition)[0]
+    now = f"replicas {_ids(replicas)} isr {_ids(state.isr)}"
+    original = replicas if cancelled is None else cancelled.original
+    behind = [b for b in replicas if b not in original and b not in state.isr]
+    if not behind:
+        return [], f"its replicas stay as they are ({now})"
+    keep = tuple(b for b in replicas if b not in behind)
+    if out := [b for b in keep if b not in state.isr]:
+        return [], (
+            f"broker(s) {_ids(behind)}, added and not in sync, stay replicas while "
+            f"{_ids(out)} are out of the ISR too ({now}): ask another move to remove them"
+        )
+    try:
+        registry.start_reassignment(topic, partition, keep, list(registry.brokers()))
+    except PylogError as error:
+        return [], f"broker(s) {_ids(behind)}, added and not in sync, stay replicas: {error}"
+    return behind, (
+        f"broker(s) {_ids(behind)}, added and not in sync, leave its replicas again: "
+        f"{_ids(replicas)} -> {_ids(keep)} (the controller's next round)"
+    )
+
+
 def _echo(as_json: bool, topic: str, partition: int | None, text: str, **fields: object) -> None:
     if as_json:
         click.echo(json.dumps({"topic": topic, "partition": partition, "event": text, **fields}))
@@ -178,14 +229,24 @@ def _echo(as_json: bool, topic: str, partition: int | None, text: str, **fields:
         click.echo(f"{topic}-{partition}: {text}" if partition is not None else f"{topic}: {text}")
 
 
-def _progress(reassignment: Reassignment, replicas: Sequence[int], state: PartitionState) -> str:
+def _progress(
+    reassignment: Reassignment,
+    replicas: Sequence[int],
+    state: PartitionState,
+    brokers: Mapping[int, BrokerInfo],
+) -> tuple[str, list[str]]:
+    """What the move is doing, and what keeps it from going on where the registrations of the
+    live `brokers` tell (broker.replication.reassign.why_waiting)."""
     added = [b for b in reassignment.replicas if b not in reassignment.original]
     behind = [b for b in reassignment.replicas if b not in state.isr]
     if not set(reassignment.replicas) <= set(replicas):
-        return f"adding {_ids(added)}"
+        return f"adding {_ids(added)}", []
     if behind:
-        return f"copying to {_ids(behind)} (replicas {_ids(replicas)} isr {_ids(state.isr)})"
-    return f"switching (replicas {_ids(replicas)} isr {_ids(state.isr)} leader {state.leader})"
+        why = why_waiting(behind, state.leader, brokers)
+        text = f"copying to {_ids(behind)} (replicas {_ids(replicas)} isr {_ids(state.isr)})"
+        return text + "".join(f": stuck, {reason}" for reason in why), why
+    text = f"switching (replicas {_ids(replicas)} isr {_ids(state.isr)} leader {state.leader})"
+    return text, []
 
 
 def _follow(
@@ -204,6 +265,7 @@ def _follow(
     with until_interrupted():
         while left:
             pending = registry.reassignments()
+            brokers = registry.brokers()
             for p in sorted(left):
                 config = registry.topic_config(topic)
                 state = registry.partition_state(topic, p)[0]
@@ -225,10 +287,10 @@ def _follow(
                     )
                     _echo(as_json, topic, p, text, done=True)
                     continue
-                text = _progress(reassignment, config.replicas_of(p), state)
+                text, why = _progress(reassignment, config.replicas_of(p), state, brokers)
                 if said.get(p) != text:
                     said[p] = text
-                    _echo(as_json, topic, p, text)
+                    _echo(as_json, topic, p, text, **({"why": why} if why else {}))
             if not left:
                 if failed:
                     sys.exit(EXIT_BROKER)
@@ -251,6 +313,7 @@ def _follow(
 
 def _print_status(registry: Registry, topic: str | None, as_json: bool) -> None:
     pending = registry.reassignments()
+    brokers = registry.brokers()
     shown = 0
     for (name, p), reassignment in sorted(pending.items()):
         if topic is not None and name != topic:
@@ -258,9 +321,9 @@ def _print_status(registry: Registry, topic: str | None, as_json: bool) -> None:
         shown += 1
         config = registry.topic_config(name)
         state = registry.partition_state(name, p)[0]
-        progress = _progress(reassignment, config.replicas_of(p), state)
+        progress, why = _progress(reassignment, config.replicas_of(p), state, brokers)
         moving = f"replicas {_ids(reassignment.original)} -> {_ids(reassignment.replicas)}"
-        _echo(as_json, name, p, f"{moving}: {progress}")
+        _echo(as_json, name, p, f"{moving}: {progress}", **({"why": why} if why else {}))
     if not shown and not as_json:
         click.echo("no reassignment under way" + (f" for topic {topic}" if topic else ""))
 

@@ -14,7 +14,13 @@ class BrokerInfo:
     """What /brokers/ids/<broker_id> says about a live broker: where its front socket listens,
     how many workers (partition groups) it runs, on which log directories, the pylog version
     it runs ("" for a broker too old to say), and its rack (None without one: not set, or a
-    broker older than racks). ValueError when `rack` is not a non-empty string or None."""
+    broker older than racks). ValueError when `rack` is not a non-empty string or None.
+
+    In security.mode curve, public data for the other brokers (docs/security.md): `curve_key`,
+    the public key of its front (Z85), which a follower of it presents as the server key; and
+    `cluster_keys`, the keys it lets in as the cluster principal (a broker's), by which
+    `pylogctl topic reassign --status` and the controller tell why a replica cannot follow.
+    None and () for a plaintext broker, or one older than curve followers."""
 
     host: str
     port: int
@@ -22,14 +28,19 @@ class BrokerInfo:
     log_dirs: tuple[str, ...] = ()
     software_version: str = ""
     rack: str | None = None
+    curve_key: str | None = None
+    cluster_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.rack is not None and (not isinstance(self.rack, str) or not self.rack):
             raise ValueError(f"a rack is a non-empty string or None, not {self.rack!r}")
 
     def to_json(self) -> bytes:
-        """The node's data; `rack` is written only when there is one."""
-        rack = {} if self.rack is None else {"rack": self.rack}
+        """The node's data; `rack`, `curve_key` and `cluster_keys` are written only when there
+        are some."""
+        extra: dict[str, object] = {} if self.rack is None else {"rack": self.rack}
+        if self.curve_key is not None:
+            extra |= {"curve_key": self.curve_key, "cluster_keys": list(self.cluster_keys)}
         return encode(
             {
                 "host": self.host,
@@ -37,7 +48,7 @@ class BrokerInfo:
                 "workers": self.workers,
                 "log_dirs": list(self.log_dirs),
                 "pylog_version": self.software_version,
-                **rack,
+                **extra,
             }
         )
 
@@ -56,6 +67,11 @@ class BrokerInfo:
         rack = obj.get("rack")
         if rack is not None and (not isinstance(rack, str) or not rack):
             raise ValueError("'rack' is not a non-empty string")
+        curve_key, cluster_keys = obj.get("curve_key"), obj.get("cluster_keys", [])
+        if curve_key is not None and not isinstance(curve_key, str):
+            raise ValueError("'curve_key' is not a string")
+        if not isinstance(cluster_keys, list) or not all(isinstance(k, str) for k in cluster_keys):
+            raise ValueError("'cluster_keys' is not a list of strings")
         return cls(
             host=host,
             port=int_field(obj, "port"),
@@ -63,6 +79,8 @@ class BrokerInfo:
             log_dirs=tuple(log_dirs),
             software_version=software_version,
             rack=rack,
+            curve_key=curve_key,
+            cluster_keys=tuple(cluster_keys),
         )
 
 

@@ -56,6 +56,7 @@ from broker.config import replica_setting
 from broker.errors import PylogError, RegistryUnavailable, Unavailable, UnknownTopicOrPartition
 from broker.registry import (
     NO_LEADER,
+    BrokerInfo,
     ControllerInfo,
     ControllerMoved,
     PartitionState,
@@ -65,7 +66,7 @@ from broker.registry import (
     TopicConfig,
 )
 from broker.registry.nodes import validate_broker_id
-from broker.replication.reassign import next_step
+from broker.replication.reassign import next_step, why_waiting
 
 log = logging.getLogger("pylog.controller")
 
@@ -316,15 +317,21 @@ class _Acting:
             del waiting[key]
         if not pending:
             return False
-        alive = registry.broker_epochs()
+        brokers, alive = registry.brokers(), registry.broker_epochs()
         for _, reassignment in sorted(pending.items()):
             if self.stopping():
                 return True
-            self._reassign_one(reassignment, alive)
+            self._reassign_one(reassignment, brokers, alive)
         return bool(waiting)
 
-    def _reassign_one(self, reassignment: Reassignment, alive: Mapping[int, int]) -> None:
-        """Take the steps of one reassignment that can be taken now."""
+    def _reassign_one(
+        self,
+        reassignment: Reassignment,
+        brokers: dict[int, BrokerInfo],
+        alive: Mapping[int, int],
+    ) -> None:
+        """Take the steps of one reassignment that can be taken now (`brokers`: those up,
+        `alive`: their broker epochs)."""
         registry, counters = self.registry, self.counters
         topic, partition = reassignment.topic, reassignment.partition
         key = (topic, partition)
@@ -345,14 +352,17 @@ class _Acting:
                 missing = step.waiting_for
                 if counters.reassignments_waiting.get(key) != missing:
                     down = sorted(b for b in missing if b not in alive)
-                    log.info(
-                        "%s-%d: reassignment to %s waits for %s to join the ISR %s%s",
+                    why = why_waiting([b for b in missing if b in alive], state.leader, brokers)
+                    log.log(
+                        logging.WARNING if why else logging.INFO,
+                        "%s-%d: reassignment to %s waits for %s to join the ISR %s%s%s",
                         topic,
                         partition,
                         list(reassignment.replicas),
                         list(missing) or "a leader",
                         list(state.isr),
                         f" (broker(s) {down} not up)" if down else "",
+                        "".join(f"; it cannot end while {reason}" for reason in why),
                     )
                 counters.reassignments_waiting[key] = missing
                 return

@@ -12,6 +12,13 @@ cancels it and starts another when the partition's state node names a new leader
    copied before the next fetch asks for more: the leader learns the new flushed offset from
    that fetch, and its high watermark moves.
 
+In security.mode curve the follower's socket is a Curve client of the leader's front: it
+presents this broker's key pair (a key of the cluster, which the leader lets in as the cluster
+principal, broker.security) and takes the leader for the holder of the public key the leader
+registered in ZooKeeper, provided that key is one of the cluster's (BrokerKeys.to_leader). A
+handshake the leader refuses is told in the warning of the retry, with its cause, as the
+socket's monitor saw it.
+
 A fetch answered OFFSET_OUT_OF_RANGE (the leader's log moved, or this replica holds bytes the
 leader does not) goes back to 1. Errors that the leader's state will mend (NOT_LEADER, an epoch
 that is fenced or not yet known, a leader that does not answer) are retried with back-off,
@@ -27,12 +34,16 @@ from dataclasses import dataclass
 
 import trio
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from broker import protocol
+from broker.client.connection import monitor_handshakes
+from broker.config import BrokerConfig
 from broker.errors import OffsetOutOfRange, PartitionUnavailable, PylogError
 from broker.log import PartitionLog
 from broker.log.message import Buffer
 from broker.ratelog import RateLimitedLog
+from broker.security import BrokerKeys
 from broker.transport import TrioSocket
 from broker.zmqio import receive_frames
 
@@ -48,11 +59,67 @@ LOG_EVERY_S = 5.0
 @dataclass(frozen=True)
 class Role:
     """Whom a follower copies from: the leader's broker id, its front's endpoint and its
-    leader epoch."""
+    leader epoch, and in curve mode the public key the leader registered (None: none)."""
 
     leader: int
     endpoint: str
     epoch: int
+    key: str | None = None
+
+
+def replica_keys(config: BrokerConfig) -> BrokerKeys | None:
+    """This broker's keys for its followers in security.mode curve (read when a follower starts,
+    so a file changed is read at the next one), None in plaintext; KeyFileError as loading
+    raises it."""
+    if config.security_mode != "curve":
+        return None
+    return BrokerKeys.load(config.key_file_path, config.security_broker_keys)
+
+
+class _Handshakes:
+    """The handshakes of a follower's socket with the leader, from the socket's monitor: why
+    the last one failed (`failure`), None once one succeeded."""
+
+    EVENTS = (
+        zmq.EVENT_HANDSHAKE_SUCCEEDED
+        | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    )
+
+    def __init__(self, socket: zmq.Socket[bytes], role: Role) -> None:
+        self.monitor: zmq.Socket[bytes] = monitor_handshakes(socket)
+        self.role = role
+        self._failure: str | None = None
+
+    def failure(self) -> str | None:
+        """Why the last handshake failed, after reading every event waiting (never waits)."""
+        leader = f"leader {self.role.leader} ({self.role.endpoint})"
+        while int(self.monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            event = parse_monitor_message(self.monitor.recv_multipart())
+            kind, value = event["event"], int(event["value"])
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._failure = None
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:  # value: the ZAP status code
+                self._failure = (
+                    f"{leader} refused this broker's key (ZAP {value}): it is none of the "
+                    "leader's cluster keys (security.key_file, security.broker_keys), so the "
+                    "leader does not take this broker for one of its cluster"
+                )
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                self._failure = (
+                    f"the handshake with {leader} failed (ZeroMQ protocol error {value:#x}): "
+                    "one of the two serves plaintext, or the leader holds another key than "
+                    "it registered"
+                )
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                self._failure = (
+                    f"{leader} broke the handshake off: does it serve the other security.mode?"
+                )
+        return self._failure
+
+    def close(self) -> None:
+        self.monitor.close(linger=0)
 
 
 class Follower:
@@ -68,6 +135,7 @@ class Follower:
         fetch_max_bytes: int,
         fetch_wait_ms: int,
         copied: Callable[[int], Awaitable[None]],
+        keys: Callable[[], BrokerKeys | None] = lambda: None,
     ) -> None:
         self.me = me
         self.topic = topic
@@ -79,6 +147,8 @@ class Follower:
         self.fetch_wait_ms = fetch_wait_ms
         self._copied = copied
         """Called with the count of messages after each append: the worker flushes them."""
+        self._keys = keys
+        """This broker's keys among brokers (curve mode), None in plaintext."""
         self.leader_high_watermark = 0
         """The leader's high watermark, as its last FETCH reply said."""
         self._ids = itertools.count(1)
@@ -90,10 +160,6 @@ class Follower:
 
     async def run(self, context: zmq.Context[zmq.Socket[bytes]]) -> None:
         """Copy until cancelled."""
-        socket = context.socket(zmq.DEALER)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.connect(self.role.endpoint)
-        channel = TrioSocket(socket, receive_frames)
         backoff = FIRST_BACKOFF_S
         log.info(
             "%s: following broker %d (%s), leader epoch %d",
@@ -102,19 +168,48 @@ class Follower:
             self.role.endpoint,
             self.role.epoch,
         )
+        socket: zmq.Socket[bytes] | None = None
+        handshakes: _Handshakes | None = None
         try:
             while True:
                 try:
+                    if socket is None:
+                        socket, handshakes = self._connect(context)
+                        channel = TrioSocket(socket, receive_frames)
                     await self._truncate(channel)
                     await self._copy(channel)  # returns when the log must be truncated again
                     backoff = FIRST_BACKOFF_S
                 except (PylogError, OSError, ValueError) as error:
-                    kind = type(error).__name__
-                    self._log.log(logging.WARNING, kind, f"{self.name}: {error}; retrying")
+                    failure = None if handshakes is None else handshakes.failure()
+                    kind = "handshake" if failure else type(error).__name__
+                    cause = f"{failure} ({error})" if failure else str(error)
+                    self._log.log(logging.WARNING, kind, f"{self.name}: {cause}; retrying")
                     await trio.sleep(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF_S)
         finally:
-            socket.close()
+            if handshakes is not None:
+                handshakes.close()
+            if socket is not None:
+                socket.close()
+
+    def _connect(
+        self, context: zmq.Context[zmq.Socket[bytes]]
+    ) -> tuple[zmq.Socket[bytes], _Handshakes]:
+        """A DEALER connected to the leader's front: a Curve client with this broker's keys
+        in curve mode (KeyFileError when they cannot be read, or the leader's registered key
+        is none of the cluster's), plaintext else; and its handshakes' monitor."""
+        keys = self._keys()
+        client_keys = None
+        if keys is not None:
+            leader_key = None if self.role.key is None else self.role.key.encode()
+            client_keys = keys.to_leader(leader_key)
+        socket = context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        if client_keys is not None:
+            client_keys.apply(socket)
+        handshakes = _Handshakes(socket, self.role)  # before connecting: no event missed
+        socket.connect(self.role.endpoint)
+        return socket, handshakes
 
     async def _request(
         self, channel: TrioSocket[list[zmq.Frame]], request: protocol.Request, version: int

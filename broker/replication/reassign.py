@@ -14,15 +14,20 @@ replicas than the ISR hold it.
 
 Each step is decided from what ZooKeeper holds when it is taken (next_step), so a controller
 that dies between two steps leaves nothing its successor cannot go on from.
+
+A wait that cannot end says why where it can tell (cannot_follow): in security.mode curve a
+wanted broker whose key its leader does not let in, or that does not trust the leader's key,
+never joins the ISR; their registrations (public keys, broker.registry.brokers) show it, so the
+controller's log and `pylogctl topic reassign --status` name it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from broker.registry import NO_LEADER, PartitionState
+from broker.registry import NO_LEADER, BrokerInfo, PartitionState
 
 StepKind = Literal["expand", "wait", "finish"]
 
@@ -64,3 +69,45 @@ def next_step(
     isr = tuple(b for b in state.isr if b in wanted)
     finished = PartitionState(leader, epoch, isr, controller_epoch, broker_epoch)
     return Step("finish", wanted, finished)
+
+
+def cannot_follow(
+    replica: int, follower: BrokerInfo, leader_id: int, leader: BrokerInfo
+) -> str | None:
+    """Why broker `replica` cannot copy from leader `leader_id`, as their registrations show
+    (their security modes and keys), None when nothing in them stops it (it may still be
+    copying, or stopped for a reason its own log tells)."""
+    if follower.curve_key is None and leader.curve_key is None:
+        return None  # plaintext both
+    if leader.curve_key is None:
+        return f"broker {replica} serves curve and leader {leader_id} plaintext"
+    if follower.curve_key is None:
+        return f"broker {replica} serves plaintext and leader {leader_id} curve: it has no key"
+    if follower.curve_key not in leader.cluster_keys:
+        return (
+            f"leader {leader_id} refuses broker {replica}'s key {follower.curve_key}: it is "
+            "none of the leader's cluster keys (security.key_file, security.broker_keys)"
+        )
+    if leader.curve_key not in follower.cluster_keys:
+        return (
+            f"broker {replica} does not take leader {leader_id}'s key {leader.curve_key} for a "
+            "broker's: it is none of its cluster keys (security.key_file, security.broker_keys)"
+        )
+    return None
+
+
+def why_waiting(
+    waiting_for: Collection[int], leader_id: int, brokers: Mapping[int, BrokerInfo]
+) -> list[str]:
+    """What keeps the brokers of `waiting_for` out of the ISR of a partition led by
+    `leader_id`, as far as the registrations of the live `brokers` tell: down, or unable to
+    follow (cannot_follow). Empty when nothing is known to stop them."""
+    reasons = []
+    leader = brokers.get(leader_id)
+    for replica in waiting_for:
+        info = brokers.get(replica)
+        if info is None:
+            reasons.append(f"broker {replica} is down")
+        elif leader is not None and (why := cannot_follow(replica, info, leader_id, leader)):
+            reasons.append(why)
+    return reasons

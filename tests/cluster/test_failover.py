@@ -18,6 +18,7 @@ from broker.client.admin import Admin
 from broker.errors import PylogError
 from broker.protocol import Ack
 from broker.registry import Registry
+from broker.security import ClientKeys
 from tests.conftest import wait_until
 from tests.pylogd import ThreeBrokers
 
@@ -45,6 +46,8 @@ class Traffic:
     """What the consumer read, (offset, value), in order."""
     errors: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
+    keys: ClientKeys | None = None
+    """The clients' keys, for a curve cluster."""
 
     def produce(self) -> None:
         with Producer(
@@ -54,6 +57,7 @@ class Traffic:
             retries=None,
             delivery_timeout_s=60,
             timeout_s=REQUEST_TIMEOUT_S,
+            keys=self.keys,
         ) as producer:
             for i in range(100_000):  # bounded; stopped long before
                 if self.stop.is_set():
@@ -72,7 +76,12 @@ class Traffic:
 
     def consume(self) -> None:
         with PartitionConsumer(
-            self.bootstrap, self.topic, 0, max_wait_ms=200, timeout_s=REQUEST_TIMEOUT_S
+            self.bootstrap,
+            self.topic,
+            0,
+            max_wait_ms=200,
+            timeout_s=REQUEST_TIMEOUT_S,
+            keys=self.keys,
         ) as consumer:
             while not self.stop.is_set():
                 try:
@@ -92,12 +101,15 @@ def led_by_another(registry: Registry, old: int) -> bool:
     return registry.partition_state("durable", 0)[0].leader not in (old, -1)
 
 
-def run_kills(three: ThreeBrokers, kills: int) -> None:
+def run_kills(three: ThreeBrokers, kills: int, keys: ClientKeys | None = None) -> None:
+    """`kills` times: the leader killed, a new one chosen, acks from it, the old one back in
+    the ISR; then nothing acknowledged lost. `keys`: the clients' (a super user's), for a
+    curve cluster."""
     registry, root, brokers = three.registry, three.root, three.brokers
-    with Admin(brokers[1].endpoint) as admin:
+    with Admin(brokers[1].endpoint, keys=keys) as admin:
         admin.create_topic("durable", 1, {"replication_factor": "3", "min_insync_replicas": "2"})
     bootstrap = ",".join(b.endpoint.removeprefix("tcp://") for b in brokers.values())
-    traffic = Traffic(bootstrap, "durable")
+    traffic = Traffic(bootstrap, "durable", keys=keys)
     threads = [threading.Thread(target=f, daemon=True) for f in (traffic.produce, traffic.consume)]
     for thread in threads:
         thread.start()
@@ -132,7 +144,9 @@ def run_kills(three: ThreeBrokers, kills: int) -> None:
         for thread in threads:
             thread.join(90)
     leader = registry.partition_state("durable", 0)[0].leader
-    with PartitionConsumer(brokers[leader].endpoint, "durable", 0, stop_at_end=True) as reader:
+    with PartitionConsumer(
+        brokers[leader].endpoint, "durable", 0, stop_at_end=True, keys=keys
+    ) as reader:
         final = {m.offset: m.value for m in reader}
     kept = set(final.values())
     lost = [value for value in traffic.acked if value not in kept]
