@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import json
 import logging
 from collections.abc import Callable
 from typing import Final
 
 import zmq
 
-from broker import protocol
+from broker import control, protocol
 from broker.config import BrokerConfig
 from broker.errors import (
     AuthorizationFailed,
@@ -205,11 +204,15 @@ class Front:
         if first == CREDIT:
             self.pool.credit(worker, int.from_bytes(rest[0].bytes, "big"))
         elif first == STATE:
-            state = json.loads(rest[0].bytes)
-            if "stats" in state:  # broker.worker_stats, for broker.metrics
-                worker.stats = state["stats"]
+            try:
+                report = control.decode_report(rest[0].bytes)
+            except ValueError as error:  # a bug: the two sides are one program
+                log.error("worker %d: %s", worker.index, error)
+                return
+            if isinstance(report, control.WorkerStats):  # for broker.metrics
+                worker.stats = report.snapshot
             else:
-                self.topics.worker_state(worker, state)
+                self.topics.worker_report(worker, report)
         elif first[:1] == REPLIES:  # one-frame replies, each behind its tagged identity
             for i in range(0, len(rest), 2):
                 send_frames(self.socket, [*reply_envelope(rest[i].bytes), rest[i + 1]])

@@ -30,11 +30,11 @@ import logging
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from broker import protocol
+from broker import control, protocol
 from broker.config import (
     REPLICA_SETTINGS,
     TOPIC_SETTINGS,
@@ -61,7 +61,6 @@ from broker.registry import (
 )
 from broker.registry_calls import RegistryCalls
 from broker.replication.lease import Lease, LeaseKeeper
-from broker.transport import COMMAND, json_frame
 
 log = logging.getLogger("pylog.supervisor")
 
@@ -276,23 +275,22 @@ class Topics:
         state = known[0]
         leader = self.live_brokers.get(state.leader)
         endpoint = None if leader is None else f"tcp://{leader.host}:{leader.port}"
-        command = {
-            "op": "role",
-            "topic": topic,
-            "partition": number,
-            "leader": state.leader,
-            "leader_epoch": state.leader_epoch,
-            "leader_broker_epoch": state.leader_broker_epoch,
-            "isr": list(state.isr),
-            "replicas": list(config.replicas[number]),
-            "endpoint": endpoint,
-            "curve_key": None if leader is None else leader.curve_key,
-            "min_insync_replicas": replica_setting(config.settings, "min_insync_replicas"),
-            "version": known[1],
-        }
+        role = control.PartitionRole(
+            topic,
+            number,
+            state.leader,
+            state.leader_epoch,
+            state.leader_broker_epoch,
+            state.isr,
+            config.replicas[number],
+            endpoint,
+            None if leader is None else leader.curve_key,
+            replica_setting(config.settings, "min_insync_replicas"),
+            known[1],
+        )
         handle = self.pool.workers[w]
         if handle.connected:
-            self.pool.send(handle, [COMMAND, json_frame(command)])
+            self.pool.send(handle, control.encode(role))
 
     def under_replicated(self) -> int:
         """How many replicated partitions led here have an ISR smaller than their replicas
@@ -422,28 +420,43 @@ class Topics:
 
     # -- workers ---------------------------------------------------------------------------
 
-    def worker_state(self, worker: WorkerHandle, state: dict[str, Any]) -> None:
-        """A worker's STATE message (broker.transport): hello (it is connected, and gets its
-        partitions), the partitions it opened (registered as served), those it could not."""
-        if "hello" in state:
-            worker.connected = True
-            self.pool.send(worker, _lease_command(self.leases.lease))
-            self._open_partitions(worker)
-        if "isr" in state:
-            self.change_isr(*state["isr"])
-        opened: set[str] = set()
-        for topic, number in state.get("opened", []):
+    def worker_report(self, worker: WorkerHandle, report: control.Report) -> None:
+        """A worker's report (broker.control) but its statistics (the front keeps those)."""
+        match report:
+            case control.WorkerHello():  # connected: the lease, then its partitions
+                worker.connected = True
+                self.pool.send(worker, _lease_command(self.leases.lease))
+                self._open_partitions(worker)
+            case control.AskIsr(topic, number, leader_epoch, isr):
+                self.change_isr(topic, number, leader_epoch, list(isr))
+            case control.PartitionsOpened(opened, failed):
+                self._opened(worker, opened, failed)
+            case control.PartitionsDeleted():
+                pass  # its folders are gone: nothing waits for it
+            case control.WorkerStats():
+                pass  # kept by the front
+
+    def _opened(
+        self,
+        worker: WorkerHandle,
+        opened: Sequence[tuple[str, int]],
+        failed: Sequence[tuple[str, int, int, str]],
+    ) -> None:
+        """The partitions a worker opened (registered as served, and given their roles), and
+        those it could not."""
+        registered: set[str] = set()
+        for topic, number in opened:
             self.partition_errors.pop((topic, number), None)
             self._note_opened(topic, number, None)
             held = self.held.get(topic)
             if held is not None and number not in held.served:
                 held.served.add(number)
-                opened.add(topic)
-        for topic in sorted(opened):
+                registered.add(topic)
+        for topic in sorted(registered):
             self._register_served(topic)
-        for topic, number in state.get("opened", []):
+        for topic, number in opened:
             self._send_role(topic, number)
-        for topic, number, code, message in state.get("failed", []):
+        for topic, number, code, message in failed:
             log.error("worker %d cannot open %s-%d: %s", worker.index, topic, number, message)
             self.partition_errors[(topic, number)] = (code, message)
             self._note_opened(topic, number, (code, message))
@@ -452,7 +465,7 @@ class Topics:
         """Tell a connected worker to open its partitions (of `topics`, default all; those
         open already stay as they are). A partition of a topic whose states are watched
         opens replicated: it serves no client until its role says it leads."""
-        entries = []
+        entries: list[control.PartitionToOpen] = []
         for topic in topics or list(self.held):
             state = self.held[topic]
             config = self.configs.get(topic)
@@ -461,9 +474,13 @@ class Topics:
             )
             for number, w in state.workers.items():
                 if w == worker.index:
-                    entries.append([topic, number, str(worker.log_dir), state.settings, replicated])
+                    entries.append(
+                        control.PartitionToOpen(
+                            topic, number, str(worker.log_dir), state.settings, replicated
+                        )
+                    )
         if entries:  # a worker that is gone gets them all when it says hello again
-            self.pool.send(worker, [COMMAND, json_frame({"op": "open", "partitions": entries})])
+            self.pool.send(worker, control.encode(control.OpenPartitions(tuple(entries))))
 
     def _register_served(self, topic: str) -> None:
         """Register in ZooKeeper the partitions of `topic` that are open here."""
@@ -528,9 +545,9 @@ class Topics:
             }
             if not folders:
                 continue
-            partitions = [[number, str(folder)] for number, folder in folders.items()]
-            command = {"op": "delete", "topic": topic, "partitions": partitions}
-            if not self.pool.send(worker, [COMMAND, json_frame(command)]):
+            partitions = tuple((number, str(folder)) for number, folder in folders.items())
+            command = control.encode(control.DeletePartitions(topic, partitions))
+            if not self.pool.send(worker, command):
                 for folder in folders.values():  # not running: nobody has the folders open
                     shutil.rmtree(folder, True)
 
@@ -838,11 +855,11 @@ class Topics:
             return
         state.settings = dict(config.settings)
         log.info("topic %r: applying settings %s", topic, state.settings)
-        command = json_frame({"op": "configure", "topic": topic, "settings": state.settings})
+        command = control.encode(control.ConfigureTopic(topic, state.settings))
         for worker in set(state.workers.values()):
             handle = self.pool.workers[worker]
             if handle.connected:  # one restarting gets them when it opens its partitions
-                self.pool.send(handle, [COMMAND, command])
+                self.pool.send(handle, command)
         for number in state.workers:  # min_insync_replicas may have changed
             self._send_role(topic, number)
 
@@ -900,8 +917,7 @@ class Topics:
 
 
 def _lease_command(lease: Lease) -> list[bytes]:
-    command = {"op": "lease", "until": lease.until, "broker_epoch": lease.broker_epoch}
-    return [COMMAND, json_frame(command)]
+    return control.encode(control.RenewLease(lease.until, lease.broker_epoch))
 
 
 def _replicated(config: TopicConfig) -> bool:

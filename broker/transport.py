@@ -18,9 +18,10 @@ frame says what the message is:
     REPLY    the same tagged frame, reply frames  the worker's answer, routed back by the tag
     REPLIES  b"P" + count (u32), then per reply:  worker to supervisor: one-frame replies made
              the tagged frame, the reply frame    together (the acks a flush gave), `count`
-    COMMAND  b"C", JSON                           supervisor to worker: open or delete partitions
-    STATE    b"S", JSON                           worker to supervisor: hello, partitions opened
-                                                  or failed, topic deleted
+    COMMAND  b"C", JSON                           supervisor to worker: a broker.control Command
+                                                  (open, delete, configure, role, lease)
+    STATE    b"S", JSON                           worker to supervisor: a broker.control Report
+                                                  (hello, opened, deleted, ISR asked, stats)
     CREDIT   b"K", count (u64)                    worker to supervisor: it has served `count`
                                                   more bytes of request frames (flow control)
 

@@ -41,6 +41,9 @@ LEASE_FRACTION = 2 / 3
 """The lease's length, as a fraction of the ZooKeeper session timeout."""
 RENEW_FRACTION = 1 / 4
 """How often the lease is renewed, as a fraction of its length."""
+UNREGISTERED_RETRY_S = 0.02
+"""How soon the registration is read again when it was not this session's: at start, or after
+a session expired, the broker registers within moments, and leads nothing until then."""
 
 
 @dataclass
@@ -100,9 +103,10 @@ class LeaseKeeper:
     def _answered(self, result: tuple[float, int | None]) -> None:
         sent, broker_epoch = result
         self._asking = False
-        self._next_at = time.monotonic() + self.every
-        if broker_epoch is None:
+        if broker_epoch is None:  # not registered (yet, or again): soon registered
+            self._next_at = time.monotonic() + min(self.every, UNREGISTERED_RETRY_S)
             return
+        self._next_at = time.monotonic() + self.every
         self.lease = Lease(sent + self.length, broker_epoch)
         self._renewed(self.lease)
 

@@ -14,6 +14,7 @@ import trio.testing
 import zmq
 
 from broker import protocol
+from broker.control import DeletePartitions
 from broker.flush_waiters import FlushWaiters, FlushWaitersStatistics
 from broker.protocol import Ack, Api, ErrorCode
 from broker.transport import STATE
@@ -180,8 +181,8 @@ async def test_a_flush_wakes_only_the_long_polls_it_satisfies(
             try:
                 for _ in range(3):
                     await worker._serve_request(CLIENT, produce_frames(Ack.WRITTEN))
-                    await worker._group_commit()
-                    worker._flush(worker.partitions[("audit", 0)])
+                    await worker.flusher.group_commit()
+                    worker.flusher.flush(worker.partitions[("audit", 0)])
                     await trio.testing.wait_all_tasks_blocked()
             finally:
                 trio.lowlevel.remove_instrument(wake_ups)
@@ -240,12 +241,10 @@ async def test_deleting_a_partition_answers_every_waiter(
                 await worker._serve_request(CLIENT, fetch_frames(1 << 20, correlation_id=i))
             await worker._serve_request(CLIENT, produce_frames(Ack.FLUSHED))
             await trio.testing.wait_all_tasks_blocked()
-            assert waiters.statistics().waiting == 100 and len(partition.acks) == 1
+            assert waiters.statistics().waiting == 100 and len(partition.replica.acks) == 1
 
             folder = str(tmp_path / "audit-0")
-            await worker._run_command(
-                {"op": "delete", "topic": "audit", "partitions": [[0, folder]]}
-            )
+            await worker._run_command(DeletePartitions("audit", ((0, folder),)))
             await trio.testing.wait_all_tasks_blocked()
             replies = received(supervisor)
             nursery.cancel_scope.cancel()
@@ -279,10 +278,12 @@ async def test_a_failed_fsync_answers_waiting_producers_and_long_polls(
                 await worker._serve_request(CLIENT, fetch_frames(1 << 20, correlation_id=i))
             await worker._serve_request(CLIENT, produce_frames(Ack.FLUSHED))
             await trio.testing.wait_all_tasks_blocked()
-            assert partition.waiters.statistics().waiting == 100 and len(partition.acks) == 1
+            assert (
+                partition.waiters.statistics().waiting == 100 and len(partition.replica.acks) == 1
+            )
 
             monkeypatch.setattr(os, "fsync", failing_fsync)
-            await worker._group_commit()  # the produce waits for it
+            await worker.flusher.group_commit()  # the produce waits for it
             await trio.testing.wait_all_tasks_blocked()
             replies = received(supervisor)
             assert partition.offline is not None
@@ -329,7 +330,7 @@ async def test_replies_sent_by_other_tasks_do_not_wake_the_idle_receive_loop(
             await trio.testing.wait_all_tasks_blocked()
             trio.lowlevel.add_instrument(wake_ups)
             try:
-                worker._flush(worker.partitions[("audit", 0)])
+                worker.flusher.flush(worker.partitions[("audit", 0)])
                 await trio.testing.wait_all_tasks_blocked()
             finally:
                 trio.lowlevel.remove_instrument(wake_ups)

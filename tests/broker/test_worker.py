@@ -197,7 +197,7 @@ async def test_a_flush_that_fails_without_failing_its_log_is_retried_with_a_paus
             plog = worker.partitions[("audit", 0)].log
             plog.flush_if_due = no_descriptor  # type: ignore[method-assign]
             with trio.move_on_after(0.5):
-                await worker._flush_when_due()
+                await worker.flusher.run()
             nursery.cancel_scope.cancel()
         assert 1 <= attempts <= 10
         assert worker.partitions[("audit", 0)].offline is None  # the log did not fail

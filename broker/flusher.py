@@ -1,0 +1,226 @@
+"""How a worker flushes its partitions (broker.worker; docs/storage.md, "Flush, roll and
+retention"), and what a failed flush does.
+
+Flushes happen on count (once flush_messages are pending, when the worker has nothing left to
+read, or after FLUSH_DUE_MESSAGES messages from the supervisor: one flush for the requests that
+queued during the last one, not a flush each for requests to queue behind), at each
+partition's flush deadline (a timer set to the earliest one: `run`), and by group commit: when
+producers wait for ack=flushed, the worker flushes their partitions as soon as it has served
+every request that has come (`group_commit`), so one flush (and fsync) answers a whole burst and
+nobody waits flush_interval_ms on an idle disk. The acks a flush gives go back to the
+supervisor together, as one message.
+
+A failed flush (fsync) takes its partition offline: the page cache can no longer be trusted
+(PostgreSQL's fsync lesson), so every producer waiting on that partition's flush is answered
+STORAGE_ERROR, never acked; requests for the partition are answered PARTITION_UNAVAILABLE
+(retriable) naming the failure; and a task reopens the log from the disk, cut back to its high
+watermark (PartitionLog.reopen_from_disk), retrying with back-off (0.1 s doubling to 5 s, each
+failed attempt logged) while the disk keeps failing; `reopened` then lets the partition's
+role be taken again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from broker.clock import SYSTEM_CLOCK
+from broker.errors import DiskFull, PylogError, StorageError, StorageIOError
+from broker.log import PartitionLog
+from broker.partition import Partition
+from broker.served import Served
+
+log = logging.getLogger("pylog.worker")
+
+FIRST_REOPEN_DELAY_S = 0.1
+MAX_REOPEN_DELAY_S = 5.0
+FLUSH_DUE_MESSAGES = 8
+"""A flush that flush_messages made due waits for the worker to have nothing left to read, but
+for at most this many messages (REQUESTS of up to a few hundred requests) from the supervisor."""
+FLUSH_RETRY_S = 0.1
+"""The wait before flushes are tried again after one failed without failing its log (no
+descriptor to reopen its segment with: EMFILE)."""
+DISK_ERRORS = (DiskFull, StorageIOError)
+"""What the disk or the file table says (not what a request got wrong)."""
+
+
+class Flusher:
+    """The flushes of the partitions of `served`. `reopened(partition)` is awaited once an
+    offline partition's log is reopened from the disk."""
+
+    def __init__(self, served: Served, reopened: Callable[[Partition], Awaitable[None]]) -> None:
+        self.served = served
+        self.reopened = reopened
+        self.deadline_changed = trio.Event()
+        """Set when a partition's flush deadline may have moved earlier: `run` looks again."""
+        self.timer = trio.CancelScope()
+        """The scope `run` sleeps in, its deadline the earliest flush deadline."""
+        self.wanted: set[Partition] = set()
+        """Partitions to flush once the socket has nothing left to read: ack=flushed waits."""
+        self.due: set[Partition] = set()
+        """Partitions whose appends made a flush due (flush_messages pending), flushed once the
+        socket has nothing left to read, or after FLUSH_DUE_MESSAGES messages from the
+        supervisor at the latest: one flush (and fsync) for the requests that queued during
+        the last one, so that a flush per request does not queue requests behind fsyncs."""
+        self.due_for = 0
+        """Messages from the supervisor served since `due` got its first partition."""
+
+    def appended(self, partition: Partition, had_deadline: bool) -> None:
+        """After an append to `partition` (whose log had a flush deadline before it, or not):
+        the timer set by its new deadline, a flush made due by flush_messages noted."""
+        plog = partition.log
+        if not had_deadline:
+            self.flush_by(plog)
+        if plog.flush_due():  # flush_messages (or the interval) reached
+            self.due.add(partition)
+
+    def served_message(self) -> None:
+        """After a message of requests from the supervisor: a flush made due waits no longer
+        than FLUSH_DUE_MESSAGES of them (busy: not left for the idle)."""
+        if self.due:
+            self.due_for += 1
+            if self.due_for >= FLUSH_DUE_MESSAGES:
+                self.flush_partitions(self.take_due())
+
+    def flush(self, partition: Partition, if_due: bool = False) -> bool:
+        """Flush a partition (only if due, with `if_due`) and wake those waiting for it; a
+        failed flush takes it offline (see _on_disk_error). Whether it did not fail."""
+        try:
+            if if_due:
+                if not partition.log.flush_if_due():
+                    return True
+            else:
+                partition.log.flush()
+        except DISK_ERRORS as error:
+            self.on_disk_error(partition, error)
+            if partition.offline is None:  # the log did not fail (EMFILE): try again soon
+                self.timer.deadline = min(self.timer.deadline, trio.current_time() + FLUSH_RETRY_S)
+            return False
+        partition.note_flush(self.served.replies)
+        return True
+
+    def on_disk_error(self, partition: Partition, error: StorageError) -> None:
+        """After a disk error from a partition's log: if its log failed (a flush did), take the
+        partition offline, answer every producer waiting on its flush (STORAGE_ERROR: their
+        messages are not stored) and start reopening it from the disk."""
+        if partition.log.failure is None:  # nothing was written wrong: tried again later
+            kind = type(error).__name__
+            self.served.storage_log.log(logging.ERROR, kind, f"{partition.name}: {error}")
+            return
+        if partition.offline is not None:
+            return
+        partition.offline = f"a failed flush ({partition.log.failure})"
+        log.error("%s is offline: %s", partition.name, error)
+        partition.wake_all()
+        lost = StorageIOError(
+            f"{partition.name}: offline after {partition.offline}: the messages were not "
+            "stored (send them again once it is back)"
+        )
+        partition.replica.fail_acks(lost, self.served.replies)  # never acked
+        assert self.served.nursery is not None
+        self.served.nursery.start_soon(self._reopen, partition)
+
+    async def _reopen(self, partition: Partition) -> None:
+        """Reopen an offline partition's log from the disk (cut back to its high watermark),
+        backing off while the disk keeps failing; then serve it again."""
+        delay = FIRST_REOPEN_DELAY_S
+        for attempt in itertools.count(1):
+            if not self.served.still_open(partition):  # deleted meanwhile
+                return
+            try:
+                plog = partition.log.reopen_from_disk()
+            except (PylogError, OSError) as error:
+                log.error(
+                    "recovery of %s failed (attempt %d): %s; next attempt in %.1f s",
+                    partition.name,
+                    attempt,
+                    error,
+                    delay,
+                )
+                await trio.sleep(delay)
+                delay = min(delay * 2, MAX_REOPEN_DELAY_S)
+                continue
+            partition.log = plog
+            partition.offline = None
+            log.info(
+                "%s reopened from the disk, its log ends at %d", partition.name, plog.log_end_offset
+            )
+            log_recovery(partition.name, plog)
+            self.deadline_changed.set()
+            await self.reopened(partition)
+            return
+
+    async def group_commit(self) -> None:
+        """Flush the partitions that producers wait on (ack=flushed), now that every request
+        that came has been served, and send their acks: one flush (and fsync) answers the
+        whole burst, and a producer does not wait flush_interval_ms for a disk that is idle."""
+        wanted, self.wanted = self.wanted, set()
+        self.flush_partitions(wanted | self.take_due())
+        await self.served.send_owed()
+
+    def take_due(self) -> set[Partition]:
+        """The partitions whose flush_messages are pending, now taken to be flushed."""
+        due, self.due, self.due_for = self.due, set(), 0
+        return due
+
+    def flush_partitions(self, partitions: set[Partition]) -> None:
+        """Flush those of `partitions` still served and online."""
+        for partition in partitions:
+            if self.served.still_open(partition) and partition.offline is None:
+                self.flush(partition)
+
+    def flush_by(self, plog: PartitionLog) -> None:
+        """Have _flush_when_due wake by `plog`'s flush deadline, which it has just been given:
+        its timer moved earlier if need be, without waking it now. (At ack=flushed every group
+        commit leaves a partition without a deadline, so each round gives it a new one.)"""
+        deadline = plog.next_flush_deadline()
+        if deadline is not None:
+            # The deadlines are on the partition logs' clock (time.monotonic), not on trio's.
+            at = trio.current_time() + deadline - SYSTEM_CLOCK.monotonic()
+            if at < self.timer.deadline:
+                self.timer.deadline = at
+
+    async def run(self) -> None:
+        """Flush each partition when its oldest pending message has waited flush_interval_ms."""
+        failed = False
+        while True:
+            self.deadline_changed = trio.Event()
+            deadlines = [
+                p.log.next_flush_deadline()
+                for p in self.served.partitions.values()
+                if p.offline is None
+            ]
+            due = min((d for d in deadlines if d is not None), default=math.inf)
+            # The deadlines are on the partition logs' clock (time.monotonic), not on trio's,
+            # which has another origin: wait for the interval left, not until the instant.
+            # After a flush that failed, FLUSH_RETRY_S: not at once (a spin until it works), and
+            # not at a deadline an hour away when producers wait for it.
+            wait_s = FLUSH_RETRY_S if failed else max(0.0, due - SYSTEM_CLOCK.monotonic())
+            with trio.move_on_after(wait_s) as self.timer:
+                await self.deadline_changed.wait()
+            flushed = [  # and those producers wait on, whose group commit failed (EMFILE)
+                self.flush(partition, if_due=not partition.replica.acks)
+                for partition in list(self.served.partitions.values())
+                if partition.offline is None
+            ]
+            failed = not all(flushed)
+            await self.served.send_owed()
+
+
+def log_recovery(name: str, plog: PartitionLog) -> None:
+    """Log what opening a partition's log found (PartitionLog.recovery)."""
+    report = plog.recovery
+    for problem in report.problems:
+        log.warning("recovery of %s: %s", name, problem)
+    if report.segments_scanned:
+        log.info(
+            "opened %s: scanned %d segments, truncated %d bytes, set aside %d files",
+            name,
+            report.segments_scanned,
+            report.bytes_truncated,
+            len(report.bad_files),
+        )

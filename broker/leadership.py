@@ -1,0 +1,201 @@
+"""How a worker leads and follows its replicated partitions (docs/replication.md): the roles
+the supervisor sends (control.PartitionRole) taken by each partition's Replica
+(broker.replication.replica: the rules), then acted on here: a term started (the epoch's entry
+in the log first), a copy loop from the leader (broker.replication.follower), the ISR changes
+a leader asks the supervisor for, and the lease (broker.replication.lease) that every
+leadership here acts under: renewed by the supervisor, and when it runs out, the acks waiting
+on the partitions led here are failed and their long polls answered.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import trio
+
+from broker import control
+from broker.config import BrokerConfig
+from broker.flusher import DISK_ERRORS, Flusher
+from broker.partition import Partition
+from broker.replication.follower import Follower, Role, replica_keys
+from broker.replication.lease import Lease
+from broker.served import Served
+
+log = logging.getLogger("pylog.worker")
+
+
+class Leadership:
+    """The roles of the partitions of `served`, under one lease."""
+
+    def __init__(self, served: Served, config: BrokerConfig, flusher: Flusher) -> None:
+        self.served = served
+        self.config = config
+        self.flusher = flusher
+        self.lease = Lease()
+        """The lease the supervisor last renewed, shared by every partition's Replica."""
+        self.lease_renewed = trio.Event()
+
+    async def take_role(self, command: control.PartitionRole) -> None:
+        """A replicated partition's state node, as the supervisor read it (docs/replication.md,
+        Replica.adopt): lead it (a new term: the epoch's entry added to the log's history
+        first), or follow the leader it names (a new copy loop, which truncates first), or
+        neither. Waiting acks and long polls of a leader that stops leading are answered
+        NOT_LEADER_FOR_PARTITION."""
+        partition = self.served.partitions.get((command.topic, command.partition))
+        if partition is None:
+            return  # not open: a failed open, a delete
+        replica, follower = partition.replica, partition.follower
+        endpoint, epoch = command.endpoint, command.leader_epoch
+        role = Role(command.leader, endpoint, epoch, command.curve_key) if endpoint else None
+        following = follower is not None and follower.role == role
+        led = replica.leader is not None
+        adoption = replica.adopt(command, following, time.monotonic(), self.served.replies)
+        if adoption == "kept":
+            if replica.leader is not None:
+                partition.advance(self.served.replies)
+            return
+        if led and replica.leader is None:
+            partition.wake_all()  # consumers and followers find it not led here and answer so
+        self.stop_following(partition)
+        if adoption == "lead":
+            self._lead(partition, epoch)
+        elif adoption == "follow":
+            assert role is not None  # adopt follows only a leader with an endpoint
+            self._follow(partition, role)
+
+    def _lead(self, partition: Partition, epoch: int) -> None:
+        """Start a term as the leader in `epoch`: its entry in the log's history first (a
+        failure is tried again by _check_isrs)."""
+        plog = partition.log
+        start = plog.log_end_offset
+        try:
+            plog.assign_epoch(epoch)
+        except (*DISK_ERRORS, ValueError) as error:
+            if not isinstance(error, ValueError):
+                self.flusher.on_disk_error(partition, error)
+            message = f"{partition.name}: cannot lead epoch {epoch} yet: {error}"
+            self.served.storage_log.log(logging.ERROR, "lead", message)
+            return
+        lag_max_s = self.config.broker_replica_lag_max_ms / 1000
+        replica = partition.replica
+        term = replica.start_term(start, plog.high_watermark, lag_max_s, time.monotonic())
+        isr = sorted(term.isr)
+        log.info(
+            "%s: leading in epoch %d from offset %d, ISR %s", partition.name, epoch, start, isr
+        )
+        partition.advance(self.served.replies)
+
+    async def renew_lease(self, until: float, broker_epoch: int) -> None:
+        """A lease the supervisor renewed. In a new incarnation (the first lease, or one after
+        the session expired), each partition's role is taken again: leaderships of the old
+        one end, and one given to the new one, read before the lease came, begins."""
+        incarnation = broker_epoch != self.lease.broker_epoch
+        self.lease.until, self.lease.broker_epoch = until, broker_epoch
+        self.lease_renewed.set()
+        if incarnation:
+            for partition in list(self.served.partitions.values()):
+                role = partition.replica.role
+                if role is not None and partition.offline is None:
+                    await self.take_role(role)
+
+    def stop_following(self, partition: Partition) -> None:
+        if partition.following is not None:
+            partition.following.cancel()
+        partition.following = partition.follower = None
+
+    def _follow(self, partition: Partition, role: Role) -> None:
+        config = self.config
+
+        async def copied(count: int) -> None:
+            partition.messages_in += count
+            assert partition.follower is not None
+            partition.see_high_watermark(partition.follower.leader_high_watermark)
+            if self.flusher.flush(partition):  # before the next fetch: it tells the leader
+                await self.served.send_owed()
+
+        follower = Follower(
+            config.broker_id,
+            partition.topic,
+            partition.number,
+            lambda: partition.log,
+            role,
+            config.broker_replica_fetch_max_bytes,
+            config.broker_replica_fetch_wait_ms,
+            copied,
+            lambda: replica_keys(config),
+        )
+        scope = trio.CancelScope()
+        partition.follower, partition.following = follower, scope
+
+        async def run() -> None:
+            with scope:
+                await follower.run(self.served.socket.socket.context)
+
+        assert self.served.nursery is not None
+        self.served.nursery.start_soon(run)
+
+    def ask_isr(self, partition: Partition, fetched: int | None = None) -> None:
+        """Ask the supervisor for the ISR change due (shrink, or expand by `fetched`, the
+        follower whose fetch this is), if one is; it writes the state node and its watch
+        brings the new ISR back as a role command."""
+        leader = partition.replica.leader
+        isr = partition.replica.isr_to_ask(time.monotonic(), fetched)
+        if leader is None or isr is None:
+            return
+        log.info("%s: asking for ISR %s (now %s)", partition.name, list(isr), sorted(leader.isr))
+        change = control.AskIsr(partition.topic, partition.number, leader.epoch, isr)
+        self.served.state_messages.append(control.encode(change))
+
+    async def check_isrs(self) -> None:
+        """Every quarter of replica_lag_max_ms: the followers of the partitions led here that
+        stopped catching up leave the ISR (those that fetch are checked as they fetch), and a
+        partition this broker should lead but could not start to (its leader epoch could not
+        be written) tries again."""
+        while True:
+            await trio.sleep(self.config.broker_replica_lag_max_ms / 4000)
+            for partition in list(self.served.partitions.values()):
+                replica = partition.replica
+                if replica.leader is not None:
+                    self.ask_isr(partition)
+                elif (
+                    replica.role is not None
+                    and replica.mine(replica.role)
+                    and partition.offline is None
+                ):
+                    await self.take_role(replica.role)
+            await self.served.send_owed()
+
+    async def lapse_leaders(self) -> None:
+        """When the lease runs out without a renewal: the partitions led here answer their
+        waiting acks NOT_LEADER_FOR_PARTITION (leader -1) and wake their long polls, which
+        answer so; until a renewal, they serve nothing (Partition.check_leader)."""
+        while True:
+            renewed = self.lease_renewed = trio.Event()
+            left = self.lease.until - time.monotonic()
+            if left > 0:
+                with trio.move_on_after(left):
+                    await renewed.wait()
+                if renewed.is_set():
+                    continue
+            led = [p for p in self.served.partitions.values() if p.replica.leader is not None]
+            if led:
+                log.warning(
+                    "worker %d: the lease ran out (ZooKeeper has not confirmed this broker): "
+                    "its %d led partitions answer NOT_LEADER_FOR_PARTITION until it does",
+                    self.served.index,
+                    len(led),
+                )
+            for partition in led:
+                partition.replica.fail_acks(partition.replica.fenced(), self.served.replies)
+                partition.wake_all()
+            await self.served.send_owed()
+            await renewed.wait()
+
+    async def reopened(self, partition: Partition) -> None:
+        """An offline partition's log reopened from the disk: lead it now if its role said so
+        and it could not."""
+        role = partition.replica.role
+        if role is not None and partition.replica.leader is None:
+            await self.take_role(role)
+            await self.served.send_owed()

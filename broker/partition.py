@@ -1,0 +1,103 @@
+"""A partition as a worker serves it (broker.worker): its log, its replication state (a Replica,
+broker.replication.replica: the rules, without I/O), the long polls waiting on it, its copy
+loop while it follows, and the checkpoint its high watermark is kept in across restarts.
+Not safe to share between threads: the worker's trio loop owns it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+from broker.flush_waiters import FlushWaiters
+from broker.log import PartitionLog
+from broker.log.hwcheckpoint import HighWatermarkCheckpoint
+from broker.ratelog import RateLimitedLog
+from broker.replication.follower import Follower
+from broker.replication.replica import Replica, Reply
+
+log = logging.getLogger("pylog.worker")
+
+CHECKPOINT_LOG_EVERY_S = 5.0
+_checkpoint_log = RateLimitedLog(log, CHECKPOINT_LOG_EVERY_S)
+
+
+@dataclass(eq=False)
+class Partition:
+    """One open partition log, its Replica, the long polls waiting on it, and its copy loop."""
+
+    topic: str
+    number: int
+    log: PartitionLog
+    replica: Replica
+    checkpoint: HighWatermarkCheckpoint
+    """Where `replica.high_watermark_seen` is kept across restarts."""
+    waiters: FlushWaiters = field(default_factory=FlushWaiters)
+    """The long polls woken by this log's flushes (followers', and consumers' of a partition
+    of one replica)."""
+    consumers: FlushWaiters = field(default_factory=FlushWaiters)
+    """The consumers' long polls on a replicated partition led here: woken by the high
+    watermark."""
+    offline: str | None = None
+    """Why the partition is offline (a flush failed), until its log is reopened from the disk."""
+    follower: Follower | None = None
+    following: trio.CancelScope | None = None
+    """The copy loop from the leader, while it follows, and the scope that cancels it."""
+    messages_in: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    """Messages and bytes appended, and bytes of messages fetched (broker.worker_stats)."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.number}"
+
+    @property
+    def high_watermark(self) -> int:
+        """What consumers may read up to (Replica.high_watermark)."""
+        return self.replica.high_watermark(self.log.high_watermark)
+
+    def check_leader(self) -> None:
+        """NotLeaderForPartition unless clients may be served here now (Replica.check_serving)."""
+        self.replica.check_serving(time.monotonic())
+
+    def note_flush(self, replies: list[Reply]) -> None:
+        """Wake the long polls whose min_bytes the flushed end reached brought, and add to
+        `replies` the acks the flush gives (or fails)."""
+        flushed = self.log.high_watermark
+        self.waiters.note_high_watermark(flushed)
+        replica = self.replica
+        replica.answer_flushed(flushed, time.monotonic(), replies)
+        if replica.leader is not None:
+            self.advance(replies)
+
+    def advance(self, replies: list[Reply]) -> None:
+        """Recompute the replicated high watermark (a flush here, a follower's fetch, an ISR
+        change); if it moved, keep it, then wake the consumers' long polls it satisfies (the
+        ack=all produces it covers are in `replies`, sent after: kept before anyone is told)."""
+        high_watermark = self.replica.advance(self.log.high_watermark, time.monotonic(), replies)
+        if high_watermark is not None:
+            self._keep(high_watermark)
+            self.consumers.note_high_watermark(high_watermark)
+
+    def see_high_watermark(self, high_watermark: int) -> None:
+        """The high watermark the leader sent (while it follows): noted and kept."""
+        self.replica.high_watermark_seen = high_watermark
+        self._keep(high_watermark)
+
+    def _keep(self, high_watermark: int) -> None:
+        """Into the checkpoint; one the disk refuses is logged (a restart may then start the
+        high watermark lower: it rises as the followers fetch)."""
+        try:
+            self.checkpoint.write(high_watermark)
+        except OSError as error:
+            _checkpoint_log.log(logging.ERROR, "checkpoint", f"{self.name}: {error}")
+
+    def wake_all(self) -> None:
+        """Wake every long poll (followers' and consumers'): the partition is deleted, offline,
+        closing, or no longer led here."""
+        self.waiters.wake_all()
+        self.consumers.wake_all()
