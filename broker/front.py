@@ -247,18 +247,18 @@ class Front:
                     metadata = _visible(metadata, authorizer, principal, bool(request.topics))
                 reply: protocol.Reply = metadata
             elif isinstance(request, protocol.CreateTopicRequest):
-                self.topics.create(request, tagged, header.correlation_id)
+                self.topics.admin.create(request, tagged, header.correlation_id)
                 return  # answered once every broker holding a partition serves it
             elif isinstance(request, protocol.DeleteTopicRequest):
-                self.topics.delete(request.topic, tagged, header.correlation_id)
+                self.topics.admin.delete(request.topic, tagged, header.correlation_id)
                 return  # answered once ZooKeeper has deleted it
             elif isinstance(request, protocol.DescribeClusterRequest):
                 reply = self.topics.describe_cluster(self.port)
             elif isinstance(request, protocol.DescribeConfigRequest):
-                self.topics.describe_config(request.topic, tagged, header.correlation_id)
+                self.topics.admin.describe_config(request.topic, tagged, header.correlation_id)
                 return  # answered once read from ZooKeeper
             elif isinstance(request, protocol.AlterConfigRequest):
-                self.topics.alter_config(request, tagged, header.correlation_id)
+                self.topics.admin.alter_config(request, tagged, header.correlation_id)
                 return  # answered once ZooKeeper has it
             else:
                 raise UnsupportedApi(f"{type(request).__name__} is not served by the front")

@@ -143,12 +143,12 @@ class SupervisorCollector(Collector):
             labels=["kind"],
         )
         for kind in ("shrink", "expand"):
-            changes.add_metric([kind], s.topics.isr_changes[kind])
+            changes.add_metric([kind], s.topics.roles.isr_changes[kind])
         yield changes
         yield GaugeMetricFamily(
             "pylog_partitions_under_replicated",
             "Replicated partitions led here whose in-sync set is smaller than their replicas.",
-            s.topics.under_replicated(),
+            s.topics.roles.under_replicated(),
         )
         yield from _worker_metrics(pool.workers)
         connected = s.registry is not None and s.registry.connected

@@ -377,7 +377,7 @@ class Supervisor:
         if self.metrics is not None:
             self.metrics.shutdown()
         self.calls.shutdown()
-        self.topics.leases.shutdown()
+        self.topics.roles.leases.shutdown()
         self.controller.stop()  # resigns, if the controller, before the session ends
         if self.registry is not None:
             self.registry.stop()

@@ -16,61 +16,36 @@ elsewhere get UNKNOWN_TOPIC_OR_PARTITION naming the holder. A topic's settings c
 any broker (ALTER_CONFIG) reach this broker through a watch on the data of the topic's node,
 one per topic held here, and go to the workers holding its partitions, which apply them live.
 
-It also answers DESCRIBE_CLUSTER (from what the watches said) and DESCRIBE_CONFIG (reading
-the topic's node). Topic management never calls into the front: replies it owes (CREATE_TOPIC,
-DELETE_TOPIC, DESCRIBE_CONFIG, ALTER_CONFIG) go to `answers`, the queue the front sends from on
-its loop; workers get their commands through the pool.
+It answers METADATA and DESCRIBE_CLUSTER from what the watches said. Its parts: `admin`
+(broker.topics.admin: CREATE_TOPIC, DELETE_TOPIC, DESCRIBE_CONFIG, ALTER_CONFIG) and `roles`
+(broker.topics.roles: the replicated partitions' state nodes, their roles, ISR changes, the
+leaders' lease). Topic management never calls into the front: replies it owes go to
+`answers`, the queue the front sends from on its loop; workers get their commands
+(broker.control) through the pool.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import logging
 import shutil
-import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from broker import control, protocol
-from broker.config import (
-    REPLICA_SETTINGS,
-    TOPIC_SETTINGS,
-    BrokerConfig,
-    replica_setting,
-    topic_settings,
-)
-from broker.errors import (
-    InvalidTopic,
-    PylogError,
-    RegistryUnavailable,
-    TopicAlreadyExists,
-    UnknownTopicOrPartition,
-)
+from broker.config import BrokerConfig
+from broker.errors import PylogError, UnknownTopicOrPartition
 from broker.placement import partition_folder, place_partitions
 from broker.pool import Answers, WorkerHandle, WorkerPool
 from broker.protocol import ErrorCode
-from broker.registry import (
-    BrokerInfo,
-    PartitionState,
-    PartitionStateChanged,
-    Registry,
-    TopicConfig,
-)
+from broker.registry import BrokerInfo, TopicConfig
 from broker.registry_calls import RegistryCalls
-from broker.replication.lease import Lease, LeaseKeeper
+from broker.topics.admin import TopicAdmin
+from broker.topics.roles import Roles, replicated
 
 log = logging.getLogger("pylog.supervisor")
 
-T = TypeVar("T")
-
-MAX_PARTITIONS = 10_000
-CREATE_WAIT_S = 10.0
-"""How long CREATE_TOPIC waits for every broker holding a partition to serve it."""
-CREATE_CHECK_S = 0.1
-"""How often, at most, ZooKeeper is asked whether pending CREATE_TOPICs are served."""
 VERSION = importlib.metadata.version("pylog")
 """The pylog version this broker runs, registered for DESCRIBE_CLUSTER."""
 
@@ -83,21 +58,6 @@ class TopicState:
     workers: dict[int, int]
     served: set[int] = field(default_factory=set)
     """The partitions here that their worker has opened: those registered as served."""
-
-
-@dataclass
-class _PendingCreate:
-    """A CREATE_TOPIC to answer once every holder serves its partitions."""
-
-    topic: str
-    config: TopicConfig
-    tagged: bytes
-    correlation_id: int
-    deadline: float
-    opening: set[int]
-    """Its partitions held here that their worker has not yet opened nor failed to open."""
-    failure: tuple[int, str] | None = None
-    """The error code and message of a partition here that could not be created."""
 
 
 class Topics:
@@ -120,23 +80,8 @@ class Topics:
         """The registered brokers, as ZooKeeper last said (kept by a watch)."""
         self.partition_errors: dict[tuple[str, int], tuple[int, str]] = {}
         """Partitions held here that their worker could not open: error code and message."""
-        self._creating: set[str] = set()
-        """Topics whose CREATE_TOPIC is being recorded in ZooKeeper."""
-        self._creates_checking = False
-        self._creates_checked_at = 0.0
-        self._pending_creates: list[_PendingCreate] = []
-        self.states: dict[tuple[str, int], tuple[PartitionState, int]] = {}
-        """The state node (leader, epoch, ISR) and its version of each replicated partition
-        held here, as its watch last said."""
-        self._state_watches: dict[str, object] = {}
-        self.isr_changes: Counter[str] = Counter()
-        """ISR changes written as a leader, by kind: shrink, expand (broker.metrics)."""
-        self.leases = LeaseKeeper(
-            calls, self.me, config.zookeeper_session_timeout_ms / 1000, self._send_lease
-        )
-        """The leaders' lease, renewed from ZooKeeper and sent to every worker."""
-        """The replicated topics held here whose partitions' state nodes are watched, each
-        with its watches' token."""
+        self.admin = TopicAdmin(self, config, calls, answers)
+        self.roles = Roles(self, config, calls)
         self._config_watches: dict[str, object] = {}
         """The topics whose node's data is watched (every topic: a reassignment may give this
         broker partitions of any), each with its watch's token (so that what a watch of a
@@ -192,7 +137,7 @@ class Topics:
         )
         for topic in self.configs:
             self._watch_config(topic)
-            self._watch_states(topic)
+            self.roles.watch_states(topic)
 
     def registration(self, port: int) -> BrokerInfo:
         """What this broker registers in ZooKeeper: its front's address (`port` as bound, or
@@ -221,116 +166,6 @@ class Topics:
             return config is not None and self._config_watches.get(topic) is token
 
         registry.watch_topic_config(topic, changed)
-
-    def _watch_states(self, topic: str) -> None:
-        """Watch the state nodes of the partitions of `topic`, if it is replicated (every
-        partition's: METADATA names their leaders): each change of a partition held here goes
-        to the worker holding it as its role (_send_role)."""
-        config = self.configs.get(topic)
-        if topic in self._state_watches or config is None or not _replicated(config):
-            return
-        registry = self.calls.registry
-        assert registry is not None
-        token = self._state_watches[topic] = object()
-        calls = self.calls
-        for number in range(config.partitions):
-
-            def changed(state: PartitionState | None, version: int, number: int = number) -> bool:
-                calls.report(lambda: self._on_state(topic, number, token, state, version))
-                return self._state_watches.get(topic) is token
-
-            registry.watch_partition_state(topic, number, changed)
-
-    def _on_state(
-        self, topic: str, number: int, token: object, state: PartitionState | None, version: int
-    ) -> None:
-        if self._state_watches.get(topic) is not token:
-            return  # a watch of a topic dropped since
-        if state is None:
-            self.states.pop((topic, number), None)
-            return
-        old = self.states.get((topic, number))
-        self.states[(topic, number)] = (state, version)
-        if old is None or old[0] != state:
-            log.info(
-                "%s-%d: leader %d, epoch %d, ISR %s",
-                topic,
-                number,
-                state.leader,
-                state.leader_epoch,
-                list(state.isr),
-            )
-        self._send_role(topic, number)
-
-    def _send_role(self, topic: str, number: int) -> None:
-        """Tell the worker holding a replicated partition its role, from the partition's
-        state node: lead, follow the leader at its endpoint, or neither (no leader, or the
-        leader's broker not registered yet: sent again when it is)."""
-        known = self.states.get((topic, number))
-        config = self.configs.get(topic)
-        held = self.held.get(topic)
-        if known is None or config is None or held is None or number not in held.served:
-            return  # sent once all of them are known
-        w = held.workers[number]
-        state = known[0]
-        leader = self.live_brokers.get(state.leader)
-        endpoint = None if leader is None else f"tcp://{leader.host}:{leader.port}"
-        role = control.PartitionRole(
-            topic,
-            number,
-            state.leader,
-            state.leader_epoch,
-            state.leader_broker_epoch,
-            state.isr,
-            config.replicas[number],
-            endpoint,
-            None if leader is None else leader.curve_key,
-            replica_setting(config.settings, "min_insync_replicas"),
-            known[1],
-        )
-        handle = self.pool.workers[w]
-        if handle.connected:
-            self.pool.send(handle, control.encode(role))
-
-    def under_replicated(self) -> int:
-        """How many replicated partitions led here have an ISR smaller than their replicas
-        (read by the metrics thread: a copy of the states is taken first)."""
-        me, configs = self.me, self.configs
-        return sum(
-            1
-            for (topic, number), (state, _) in list(self.states.items())
-            if state.leader == me
-            and topic in configs
-            and len(state.isr) < len(configs[topic].replicas[number])
-        )
-
-    def change_isr(self, topic: str, number: int, epoch: int, isr: list[int]) -> None:
-        """A worker leading a partition asks for its ISR to be `isr`: written to the state node
-        if this broker still leads it in `epoch`, conditionally on the node's version as last
-        seen (another write since, the controller's, wins: the leader learns it from the
-        watch). The watch brings the written state back to the worker."""
-        known = self.states.get((topic, number))
-        if known is None:
-            return
-        state, version = known
-        if state.leader != self.me or state.leader_epoch != epoch or list(state.isr) == isr:
-            return
-        changed = dataclasses.replace(state, isr=tuple(isr))
-        kind = "shrink" if len(isr) < len(state.isr) else "expand"
-
-        def written(_: int) -> None:
-            self.isr_changes[kind] += 1
-            log.info("%s-%d: ISR %s -> %s (%s)", topic, number, list(state.isr), isr, kind)
-
-        def refused(error: PylogError) -> None:
-            level = logging.INFO if isinstance(error, PartitionStateChanged) else logging.ERROR
-            log.log(level, "%s-%d: ISR change to %s not made: %s", topic, number, isr, error)
-
-        self.calls.call(
-            lambda registry: registry.write_partition_state(topic, number, changed, version),
-            written,
-            refused,
-        )
 
     def _place(self, topic: str, config: TopicConfig, numbers: list[int]) -> None:
         """Choose a worker for each of `numbers`, partitions of `topic` that this broker
@@ -398,7 +233,7 @@ class Topics:
             for number, replicas in enumerate(config.replicas):
                 # A replicated partition's leader is its state node's; a partition without
                 # replicas is led by its one holder.
-                known = self.states.get((topic, number))
+                known = self.roles.states.get((topic, number))
                 leader, epoch, isr = replicas[0], -1, replicas
                 if known is not None:
                     leader, epoch, isr = known[0].leader, known[0].leader_epoch, known[0].isr
@@ -425,10 +260,10 @@ class Topics:
         match report:
             case control.WorkerHello():  # connected: the lease, then its partitions
                 worker.connected = True
-                self.pool.send(worker, _lease_command(self.leases.lease))
+                self.pool.send(worker, self.roles.lease_command())
                 self._open_partitions(worker)
             case control.AskIsr(topic, number, leader_epoch, isr):
-                self.change_isr(topic, number, leader_epoch, list(isr))
+                self.roles.change_isr(topic, number, leader_epoch, list(isr))
             case control.PartitionsOpened(opened, failed):
                 self._opened(worker, opened, failed)
             case control.PartitionsDeleted():
@@ -447,7 +282,7 @@ class Topics:
         registered: set[str] = set()
         for topic, number in opened:
             self.partition_errors.pop((topic, number), None)
-            self._note_opened(topic, number, None)
+            self.admin.note_opened(topic, number, None)
             held = self.held.get(topic)
             if held is not None and number not in held.served:
                 held.served.add(number)
@@ -455,11 +290,11 @@ class Topics:
         for topic in sorted(registered):
             self._register_served(topic)
         for topic, number in opened:
-            self._send_role(topic, number)
+            self.roles.send_role(topic, number)
         for topic, number, code, message in failed:
             log.error("worker %d cannot open %s-%d: %s", worker.index, topic, number, message)
             self.partition_errors[(topic, number)] = (code, message)
-            self._note_opened(topic, number, (code, message))
+            self.admin.note_opened(topic, number, (code, message))
 
     def _open_partitions(self, worker: WorkerHandle, topics: list[str] | None = None) -> None:
         """Tell a connected worker to open its partitions (of `topics`, default all; those
@@ -469,14 +304,14 @@ class Topics:
         for topic in topics or list(self.held):
             state = self.held[topic]
             config = self.configs.get(topic)
-            replicated = topic in self._state_watches or (
-                config is not None and _replicated(config)
+            is_replicated = topic in self.roles.state_watches or (
+                config is not None and replicated(config)
             )
             for number, w in state.workers.items():
                 if w == worker.index:
                     entries.append(
                         control.PartitionToOpen(
-                            topic, number, str(worker.log_dir), state.settings, replicated
+                            topic, number, str(worker.log_dir), state.settings, is_replicated
                         )
                     )
         if entries:  # a worker that is gone gets them all when it says hello again
@@ -492,7 +327,7 @@ class Topics:
             _log_registry_failure(f"topic {topic!r}: registration deferred"),
         )
 
-    def _hold_topic(self, topic: str, config: TopicConfig) -> None:
+    def hold_topic(self, topic: str, config: TopicConfig) -> None:
         """Open this broker's partitions of a topic (nothing if none); each is registered as
         served once its worker says it opened it."""
         if topic not in self.held:
@@ -508,12 +343,10 @@ class Topics:
             if worker.connected:
                 self._open_partitions(worker, [topic])
 
-    def _drop_topic(self, topic: str) -> None:
+    def drop_topic(self, topic: str) -> None:
         """Delete this broker's partitions of `topic`, with their data, and their registration."""
-        self._state_watches.pop(topic, None)
+        self.roles.forget(topic)
         self._config_watches.pop(topic, None)
-        for key in [key for key in self.states if key[0] == topic]:
-            del self.states[key]
         state = self.held.get(topic)
         if state is not None:
             self._drop_partitions(topic, list(state.workers))
@@ -553,188 +386,13 @@ class Topics:
 
     # -- create and delete -----------------------------------------------------------------
 
-    def _connected_registry(self) -> Registry:
-        """The registry, if connected now. Its calls wait for a connection, and the loop
-        routes every request: while ZooKeeper is away, fail at once instead."""
-        registry = self.calls.registry
-        assert registry is not None
-        if not registry.connected:
-            raise RegistryUnavailable(
-                "ZooKeeper is not connected: topics can be created and deleted once it is back"
-            )
-        return registry
-
-    def create(
-        self, request: protocol.CreateTopicRequest, tagged: bytes, correlation_id: int
-    ) -> None:
-        """Record the topic in ZooKeeper with its partitions dealt over the live brokers, open
-        the ones held here, and answer once every holder has registered its partitions (or
-        after CREATE_WAIT_S: a holder that died meanwhile leaves its partitions unavailable).
-        A request refused at once raises its error."""
-        protocol.check_topic_name(request.topic)
-        if not 1 <= request.partitions <= MAX_PARTITIONS:
-            raise InvalidTopic(
-                f"partitions must be from 1 to {MAX_PARTITIONS}, not {request.partitions}"
-            )
-        settings = topic_settings(dict(request.config))
-        topic = request.topic
-        replication_factor = _checked(self.config, topic, settings)
-        if topic in self.configs or topic in self._creating:
-            raise TopicAlreadyExists(f"topic {topic!r} exists")
-        self._connected_registry()  # fail at once while ZooKeeper is away
-        me, rack = self.me, self.config.broker_rack or None
-
-        def record(registry: Registry) -> TopicConfig:
-            live = registry.brokers()  # now, not as last watched
-            racks = {broker_id: info.rack for broker_id, info in live.items()}
-            racks[me] = rack
-            config = TopicConfig.spread(
-                request.partitions,
-                racks,
-                settings,
-                replication_factor=replication_factor,
-                racks=racks,
-            )
-            registry.create_topic_config(topic, config)
-            return config
-
-        def refused(error: PylogError) -> None:
-            self._creating.discard(topic)
-            self.answers.append((tagged, protocol.encode_error(correlation_id, error)))
-
-        self._creating.add(topic)
-        self.calls.call(
-            record, lambda config: self._created(topic, config, tagged, correlation_id), refused
-        )
-
-    def _created(self, topic: str, config: TopicConfig, tagged: bytes, correlation_id: int) -> None:
-        """A new topic is recorded in ZooKeeper: open its partitions here and answer once every
-        holder serves its own (see _answer_creates)."""
-        self._creating.discard(topic)
-        self.configs[topic] = config
-        self._hold_topic(topic, config)
-        here = set(config.partitions_of(self.me))
-        log.info(
-            "created topic %r with %d partitions over brokers %s",
-            topic,
-            config.partitions,
-            sorted(set(config.brokers)),
-        )
-        deadline = time.monotonic() + CREATE_WAIT_S
-        self._pending_creates.append(
-            _PendingCreate(topic, config, tagged, correlation_id, deadline, here)
-        )
-
-    def _note_opened(self, topic: str, number: int, failure: tuple[int, str] | None) -> None:
-        """A worker opened a partition here (failure None) or could not (its error code and
-        message): the CREATE_TOPIC waiting for it learns so."""
-        for pending in self._pending_creates:
-            if pending.topic == topic:
-                pending.opening.discard(number)
-                pending.failure = pending.failure or failure
-
     def tick(self) -> None:
         """On every turn of the loop: apply the registry's events, renew the leaders' lease
         when due, then answer creates."""
         self.calls.apply()
         if self.calls.registry is not None:
-            self.leases.tick()
-        self._answer_creates()
-
-    def _send_lease(self, lease: Lease) -> None:
-        """Give every worker the lease just renewed (broker.replication.lease)."""
-        command = _lease_command(lease)
-        for worker in self.pool.workers:
-            if worker.connected:
-                self.pool.send(worker, command)
-
-    def _answer_creates(self) -> None:
-        """Answer CREATE_TOPIC requests whose partitions every holder now serves (asked of
-        ZooKeeper on the registry thread, every CREATE_CHECK_S at most), and those that failed
-        here."""
-        for pending in [p for p in self._pending_creates if p.failure is not None]:
-            self._pending_creates.remove(pending)
-            self._undo_create(pending)
-        now = time.monotonic()
-        if (
-            not self._pending_creates
-            or self._creates_checking
-            or now < self._creates_checked_at + CREATE_CHECK_S
-        ):
-            return
-        self._creates_checked_at = now
-        self._creates_checking = True
-        topics = [pending.topic for pending in self._pending_creates]
-        self.calls.call(
-            lambda registry: {topic: registry.topic_brokers(topic) for topic in topics},
-            self._on_served,
-            lambda _: self._on_served({}),
-        )
-
-    def _on_served(self, registered: dict[str, dict[int, tuple[int, ...]]]) -> None:
-        """What ZooKeeper says each pending CREATE_TOPIC's holders serve: answer those served
-        (or past CREATE_WAIT_S)."""
-        self._creates_checking = False
-        now = time.monotonic()
-        waiting = []
-        for pending in self._pending_creates:
-            served = {
-                p for partitions in registered.get(pending.topic, {}).values() for p in partitions
-            }
-            unserved = len(served) < pending.config.partitions or pending.opening
-            if pending.failure is not None or (unserved and now < pending.deadline):
-                waiting.append(pending)
-                continue
-            if len(served) < pending.config.partitions:
-                log.warning(
-                    "topic %r: partitions %s not served yet after %.0f s (their broker down?)",
-                    pending.topic,
-                    sorted(set(range(pending.config.partitions)) - served),
-                    CREATE_WAIT_S,
-                )
-            reply = protocol.encode_reply(pending.correlation_id, protocol.EmptyReply())
-            self.answers.append((pending.tagged, reply))
-        self._pending_creates = waiting
-
-    def _undo_create(self, pending: _PendingCreate) -> None:
-        """A topic one of whose partitions here could not be created is not created: its
-        config is deleted from ZooKeeper and its partitions (and folders) here are dropped, then
-        the CREATE_TOPIC is answered with the partition's error. If ZooKeeper cannot be
-        reached, the topic stays, with that partition's error in METADATA."""
-        topic = pending.topic
-        assert pending.failure is not None
-        code, message = pending.failure
-        log.error("topic %r is not created: %s", topic, message)
-        error = protocol.encode_error(pending.correlation_id, ErrorCode(code), message)
-
-        def undone(_: None) -> None:
-            self.configs.pop(topic, None)
-            self._drop_topic(topic)
-            self.answers.append((pending.tagged, error))
-
-        def not_undone(failure: PylogError) -> None:
-            log.error("topic %r: cannot undo its creation: %s", topic, failure)
-            self.answers.append((pending.tagged, error))
-
-        self.calls.call(lambda registry: registry.delete_topic_config(topic), undone, not_undone)
-
-    def delete(self, topic: str, tagged: bytes, correlation_id: int) -> None:
-        """Delete the topic's config in ZooKeeper, then its partitions here (every holder
-        deletes its own when its watch sees the config gone), then answer. A request refused
-        at once raises its error."""
-        if topic not in self.configs:
-            raise UnknownTopicOrPartition(f"unknown topic {topic!r}")
-        self._connected_registry()  # fail at once while ZooKeeper is away
-
-        def deleted(_: None) -> None:
-            if self.configs.pop(topic, None) is not None:
-                self._drop_topic(topic)
-                log.info("deleted topic %r", topic)
-            reply = protocol.encode_reply(correlation_id, protocol.EmptyReply())
-            self.answers.append((tagged, reply))
-
-        refused = self._refuse(tagged, correlation_id)
-        self.calls.call(lambda registry: registry.delete_topic_config(topic), deleted, refused)
+            self.roles.leases.tick()
+        self.admin.answer_creates()
 
     # -- describe and alter ----------------------------------------------------------------
 
@@ -767,71 +425,6 @@ class Topics:
         chroot = registry.chroot or "/"
         return protocol.DescribeClusterReply(registry.connect_string, chroot, tuple(brokers))
 
-    def describe_config(self, topic: str, tagged: bytes, correlation_id: int) -> None:
-        """Answer with every setting of `topic`: its own, read from ZooKeeper now (off the
-        loop), or this broker's default."""
-        self._connected_registry()  # fail at once while ZooKeeper is away
-
-        def read(config: TopicConfig) -> None:
-            effective = self.config.log_config(config.settings)
-            settings: dict[str, int | None] = {k: getattr(effective, k) for k in TOPIC_SETTINGS}
-            settings.update((k, replica_setting(config.settings, k)) for k in REPLICA_SETTINGS)
-            values = protocol.settings_text(settings)
-            entries = tuple(
-                protocol.ConfigEntry(key, value, key in config.settings)
-                for key, value in values.items()
-            )
-            reply = protocol.DescribeConfigReply(entries)
-            self.answers.append((tagged, protocol.encode_reply(correlation_id, reply)))
-
-        refused = self._refuse(tagged, correlation_id)
-        self.calls.call(lambda registry: registry.topic_config(topic), read, refused)
-
-    def alter_config(
-        self, request: protocol.AlterConfigRequest, tagged: bytes, correlation_id: int
-    ) -> None:
-        """Change the settings of a topic in ZooKeeper, then answer; the brokers holding its
-        partitions apply them when their watch sees the change (this one too). A request
-        refused at once raises its error."""
-        topic = request.topic
-        changes = topic_settings(request.set)  # InvalidTopic for unknown keys and bad values
-        if "replication_factor" in changes or "replication_factor" in request.delete:
-            raise InvalidTopic(
-                f"topic {topic!r}: replication_factor is fixed at creation (reassign the "
-                "partitions' replicas to change it)"
-            )
-        for key in request.delete:
-            if key not in TOPIC_SETTINGS and key not in REPLICA_SETTINGS:
-                raise InvalidTopic(
-                    f"unknown topic setting {key!r}: one of {', '.join(TOPIC_SETTINGS)}"
-                )
-        self._connected_registry()  # fail at once while ZooKeeper is away
-        broker_config = self.config
-
-        def change(settings: Mapping[str, int | None]) -> dict[str, int | None]:
-            altered = {k: v for k, v in settings.items() if k not in request.delete}
-            altered.update(changes)
-            _checked(broker_config, topic, altered)
-            return altered
-
-        def altered(config: TopicConfig) -> None:
-            log.info("topic %r: settings changed to %s", topic, dict(config.settings))
-            self.answers.append(
-                (tagged, protocol.encode_reply(correlation_id, protocol.EmptyReply()))
-            )
-
-        self.calls.call(
-            lambda registry: registry.alter_topic_settings(topic, change),
-            altered,
-            self._refuse(tagged, correlation_id),
-        )
-
-    def _refuse(self, tagged: bytes, correlation_id: int) -> Callable[[PylogError], None]:
-        """Answer a request with the error a registry call failed with."""
-        return lambda error: self.answers.append(
-            (tagged, protocol.encode_error(correlation_id, error))
-        )
-
     # -- what the watches saw --------------------------------------------------------------
 
     def _on_config(self, topic: str, token: object, config: TopicConfig | None) -> None:
@@ -861,14 +454,14 @@ class Topics:
             if handle.connected:  # one restarting gets them when it opens its partitions
                 self.pool.send(handle, command)
         for number in state.workers:  # min_insync_replicas may have changed
-            self._send_role(topic, number)
+            self.roles.send_role(topic, number)
 
     def _on_replicas(self, topic: str, old: TopicConfig, new: TopicConfig) -> None:
         """A reassignment changed the replicas of partitions of `topic`
         (docs/replication.md, "Reassignment"): those this broker became a replica of open here
         and follow their leader; those it no longer is are deleted here, with their data; the
         leaders here learn their partitions' new replicas."""
-        self._watch_states(topic)
+        self.roles.watch_states(topic)
         me = self.me
         before, now = set(old.partitions_of(me)), set(new.partitions_of(me))
         if added := sorted(now - before):
@@ -880,13 +473,13 @@ class Topics:
             self._drop_partitions(topic, removed)
         for number in sorted(before & now):
             if old.replicas[number] != new.replicas[number]:
-                self._send_role(topic, number)
+                self.roles.send_role(topic, number)
 
     def _on_brokers(self, brokers: dict[int, BrokerInfo]) -> None:
         before, self.live_brokers = self.live_brokers, brokers
-        for (topic, number), (state, _) in list(self.states.items()):
+        for (topic, number), (state, _) in list(self.roles.states.items()):
             if state.leader != self.me and before.get(state.leader) != brokers.get(state.leader):
-                self._send_role(topic, number)  # its leader's endpoint came, went or moved
+                self.roles.send_role(topic, number)  # its leader's endpoint came, went or moved
 
     def _on_topic_configs(self, configs: dict[str, TopicConfig]) -> None:
         """Topics created or deleted. A topic known already keeps the configuration its own
@@ -895,9 +488,9 @@ class Topics:
             if topic not in self.configs:
                 self.configs[topic] = config
             self._watch_config(topic)
-            self._watch_states(topic)
-            self._hold_topic(topic, self.configs[topic])
-        for topic in [t for t in self.configs if t not in configs and t not in self._creating]:
+            self.roles.watch_states(topic)
+            self.hold_topic(topic, self.configs[topic])
+        for topic in [t for t in self.configs if t not in configs and t not in self.admin.creating]:
             self._drop_if_deleted(topic)
 
     def _drop_if_deleted(self, topic: str) -> None:
@@ -910,40 +503,10 @@ class Topics:
                     "topic %r missing from a watch but not confirmed gone: %s", topic, error
                 )
             elif self.configs.pop(topic, None) is not None:
-                self._drop_topic(topic)
+                self.drop_topic(topic)
                 log.info("topic %r was deleted through another broker", topic)
 
         self.calls.call(lambda registry: registry.topic_config(topic), lambda _: None, gone)
-
-
-def _lease_command(lease: Lease) -> list[bytes]:
-    return control.encode(control.RenewLease(lease.until, lease.broker_epoch))
-
-
-def _replicated(config: TopicConfig) -> bool:
-    """Whether a partition of the topic has, or had when created, more than one replica: its
-    brokers then follow its partitions' state nodes."""
-    return replica_setting(config.settings, "replication_factor") > 1 or any(
-        len(replicas) > 1 for replicas in config.replicas
-    )
-
-
-def _checked(config: BrokerConfig, topic: str, settings: Mapping[str, int | None]) -> int:
-    """The replication factor of `topic`, whose own `settings` must fit together with this
-    broker's defaults for the rest (LogConfig.check_relations) and min_insync_replicas be at
-    most replication_factor; InvalidTopic else."""
-    try:
-        config.checked_log_config(settings)
-    except ValueError as error:
-        raise InvalidTopic(f"topic {topic!r}: {error}") from None
-    replication_factor = replica_setting(settings, "replication_factor")
-    min_insync = replica_setting(settings, "min_insync_replicas")
-    if min_insync > replication_factor:
-        raise InvalidTopic(
-            f"topic {topic!r}: min_insync_replicas {min_insync} is more than its "
-            f"replication_factor {replication_factor}: ack=all could never be answered"
-        )
-    return replication_factor
 
 
 def _log_registry_failure(what: str) -> Callable[[PylogError], None]:
