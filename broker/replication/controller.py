@@ -24,7 +24,8 @@ partitions' leaders.
 
 Every write is Registry.write_partition_state conditional on the node's version read and on
 /controller_epoch being at this controller's epoch: PartitionStateChanged reads the node again
-and decides again (WRITE_ATTEMPTS times at most), ControllerMoved ends this epoch's acting.
+and decides again (broker.replication.acting: WRITE_ATTEMPTS times at most), ControllerMoved
+ends this epoch's acting. The choices themselves are pure functions: broker.replication.election.
 
 All of it runs on the service's own thread: kazoo's watch callbacks only put an event on its
 queue, and a failure to reach ZooKeeper is retried with back-off on that thread. Nothing of it
@@ -42,38 +43,25 @@ runs on the supervisor's routing loop.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
 
 from broker.config import replica_setting
-from broker.errors import PylogError, RegistryUnavailable, Unavailable, UnknownTopicOrPartition
+from broker.errors import PylogError, RegistryUnavailable, Unavailable
 from broker.registry import (
-    NO_LEADER,
-    BrokerInfo,
     ControllerInfo,
     ControllerMoved,
-    PartitionState,
-    PartitionStateChanged,
-    Reassignment,
     Registry,
     TopicConfig,
 )
 from broker.registry.nodes import validate_broker_id
-from broker.replication.reassign import next_step, why_waiting
+from broker.replication.acting import Acting, Counters
 
 log = logging.getLogger("pylog.controller")
-
-WRITE_ATTEMPTS = 5
-"""How many times one partition's state is read and written again when others keep writing it
-between the controller's read and its write (PartitionStateChanged), before the controller
-leaves it for its next round (RETRY_MIN_S later)."""
 
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 2.0
@@ -91,8 +79,6 @@ REASSIGN_CHECK_S = 0.5
 """How often the controller looks again at reassignments waiting for their new replicas to
 join the ISR (it is not told when an ISR changes)."""
 
-Kind = Literal["leader", "unclean", "offline", "isr", "preferred"]
-
 
 class NotController(Unavailable):
     """An act of the controller (elect_preferred) asked of a service that is not the controller
@@ -106,81 +92,6 @@ class NotController(Unavailable):
         )
         super().__init__(f"broker {broker_id} is not the controller: {who}")
         self.controller = controller
-
-
-@dataclass(frozen=True)
-class Choice:
-    """A new state for a partition and why: `leader` (a replica of the ISR chosen), `unclean`
-    (a replica outside the ISR chosen), `offline` (no replica may lead: leader -1), `isr` (dead
-    followers removed from the ISR), `preferred` (leadership moved to the preferred leader)."""
-
-    state: PartitionState
-    kind: Kind
-
-
-def choose_leader(
-    state: PartitionState,
-    replicas: Iterable[int],
-    alive: Mapping[int, int],
-    *,
-    unclean: bool,
-    controller_epoch: int,
-) -> Choice | None:
-    """What the controller writes for a partition in `state`, with `replicas` (preferred leader
-    first) and the live brokers `alive`; None when the state stands.
-
-    - The leader alive: the ISR without the dead brokers and those no longer replicas (a
-      reassignment removed them; `isr`), None when there are none.
-    - The leader dead or -1: the first replica, in `replicas` order, alive and in the ISR leads,
-      with leader epoch + 1 and the ISR's alive members (`leader`); with none, and `unclean`,
-      the first alive replica leads, alone in the ISR (`unclean`); with none, leader -1 and
-      leader epoch + 1, the ISR left as it was: the replicas that may lead when their brokers
-      return (`offline`; None when the leader is -1 already).
-    """
-    order = tuple(replicas)
-    if leads(state, alive):
-        isr = tuple(b for b in state.isr if b in alive and (b in order or b == state.leader))
-        if isr == state.isr:
-            return None
-        return Choice(dataclasses.replace(state, isr=isr, controller_epoch=controller_epoch), "isr")
-    epoch = state.leader_epoch + 1
-    for broker in order:
-        if broker in alive and broker in state.isr:
-            isr = tuple(b for b in state.isr if b in alive and b in order)
-            chosen = PartitionState(broker, epoch, isr, controller_epoch, alive[broker])
-            return Choice(chosen, "leader")
-    if unclean:
-        for broker in order:
-            if broker in alive:
-                chosen = PartitionState(broker, epoch, (broker,), controller_epoch, alive[broker])
-                return Choice(chosen, "unclean")
-    if state.leader == NO_LEADER:
-        return None
-    return Choice(PartitionState(NO_LEADER, epoch, state.isr, controller_epoch), "offline")
-
-
-def leads(state: PartitionState, alive: Mapping[int, int]) -> bool:
-    """Whether the partition's leader is alive in the incarnation that was chosen (its broker
-    epoch in `alive`, live broker -> broker epoch, the one the state names): a leader whose
-    broker restarted since, even within its ZooKeeper session, does not lead (KIP-380)."""
-    return state.leader in alive and alive[state.leader] == state.leader_broker_epoch
-
-
-def choose_preferred(
-    state: PartitionState,
-    replicas: Iterable[int],
-    alive: Mapping[int, int],
-    *,
-    controller_epoch: int,
-) -> Choice | None:
-    """Leadership moved to the preferred leader (the first of `replicas`) with leader epoch + 1,
-    the ISR unchanged, when it does not lead and is alive and in the ISR; else None."""
-    preferred = next(iter(replicas))
-    if state.leader == preferred or preferred not in alive or preferred not in state.isr:
-        return None
-    epoch = state.leader_epoch + 1
-    moved = PartitionState(preferred, epoch, state.isr, controller_epoch, alive[preferred])
-    return Choice(moved, "preferred")
 
 
 @dataclass(frozen=True)
@@ -210,302 +121,6 @@ class ControllerStatistics:
     reassignments_waiting: int = 0
 
 
-class _Counters:
-    def __init__(self) -> None:
-        self.elections = 0
-        self.leaders_chosen = 0
-        self.unclean_elections = 0
-        self.offline_partitions = 0
-        self.isr_removals = 0
-        self.preferred_moves = 0
-        self.preferred_runs = 0
-        self.reassign_steps = 0
-        self.reassignments_done = 0
-        self.reassignments_waiting: dict[tuple[str, int], tuple[int, ...]] = {}
-        """The reassignments waiting, each with what it waited for when last logged."""
-
-
-Outcome = Literal["unchanged", "written", "left"]
-Decide = Callable[[PartitionState], Choice | None]
-
-
-class _Acting:
-    """The controller's acts in one controller epoch, on the calling thread."""
-
-    def __init__(
-        self,
-        registry: Registry,
-        epoch: int,
-        counters: _Counters,
-        stopping: Callable[[], bool],
-    ) -> None:
-        self.registry = registry
-        self.epoch = epoch
-        self.counters = counters
-        self.stopping = stopping
-
-    def settle(self) -> tuple[bool, list[str]]:
-        """Settle every partition of every topic (choose_leader). Returns whether every one is
-        settled (False: some left for the next round, or stopped meanwhile) and the topics
-        seen. RegistryUnavailable and ControllerMoved as they come."""
-        registry = self.registry
-        alive = registry.broker_epochs()
-        configs = registry.topic_configs()
-        settled, offline = True, 0
-        for topic, config in sorted(configs.items()):
-            if self.stopping():
-                return False, []
-            unclean = replica_setting(config.settings, "unclean_leader_election") == 1
-            states = registry.partition_states(topic)
-            if len(states) < config.partitions:
-                created = registry.create_partition_states(topic, config)
-                if created:
-                    log.info("topic %r: %d partition state node(s) created", topic, created)
-                states = registry.partition_states(topic)
-            for partition, (state, version) in sorted(states.items()):
-                if partition >= config.partitions:
-                    continue
-                decide = functools.partial(
-                    choose_leader,
-                    replicas=config.replicas[partition],
-                    alive=alive,
-                    unclean=unclean,
-                    controller_epoch=self.epoch,
-                )
-                outcome, final = self._settle_one(topic, partition, state, version, decide)
-                settled = settled and outcome != "left"
-                offline += final.leader == NO_LEADER
-        self.counters.offline_partitions = offline
-        return settled, list(configs)
-
-    def elect_preferred(self, topics: Iterable[str] | None) -> int:
-        """Move leadership to each partition's preferred leader where choose_preferred says so;
-        how many moved. UnknownTopicOrPartition for a topic of `topics` that does not exist
-        (nothing moved then). Stops between topics once the service is stopping."""
-        registry = self.registry
-        if isinstance(topics, str):
-            raise TypeError("topics is a collection of topic names, not one name")
-        if topics is None:
-            configs = registry.topic_configs()
-        else:
-            configs = {topic: registry.topic_config(topic) for topic in topics}
-        alive = registry.broker_epochs()
-        moved = 0
-        for topic, config in sorted(configs.items()):
-            if self.stopping():
-                break
-            for partition, (state, version) in sorted(registry.partition_states(topic).items()):
-                if partition >= config.partitions:
-                    continue
-                decide = functools.partial(
-                    choose_preferred,
-                    replicas=config.replicas[partition],
-                    alive=alive,
-                    controller_epoch=self.epoch,
-                )
-                moved += self._settle_one(topic, partition, state, version, decide)[0] == "written"
-        return moved
-
-    def reassign(self) -> bool:
-        """Take the next step of every reassignment under way (broker.replication.reassign);
-        whether any waits for its new replicas (to be looked at again REASSIGN_CHECK_S
-        later). RegistryUnavailable and ControllerMoved as they come."""
-        registry = self.registry
-        pending = registry.reassignments()
-        waiting = self.counters.reassignments_waiting
-        for key in [key for key in waiting if key not in pending]:
-            del waiting[key]
-        if not pending:
-            return False
-        brokers, alive = registry.brokers(), registry.broker_epochs()
-        for _, reassignment in sorted(pending.items()):
-            if self.stopping():
-                return True
-            self._reassign_one(reassignment, brokers, alive)
-        return bool(waiting)
-
-    def _reassign_one(
-        self,
-        reassignment: Reassignment,
-        brokers: dict[int, BrokerInfo],
-        alive: Mapping[int, int],
-    ) -> None:
-        """Take the steps of one reassignment that can be taken now (`brokers`: those up,
-        `alive`: their broker epochs)."""
-        registry, counters = self.registry, self.counters
-        topic, partition = reassignment.topic, reassignment.partition
-        key = (topic, partition)
-        for _ in range(WRITE_ATTEMPTS + 2):  # an expand, then a finish, each maybe raced
-            try:
-                config, version, (state, state_version) = registry.reassignment_view(
-                    topic, partition
-                )
-            except UnknownTopicOrPartition as error:
-                log.warning("%s-%d: reassignment dropped: %s", topic, partition, error)
-                with contextlib.suppress(UnknownTopicOrPartition):
-                    registry.cancel_reassignment(topic, partition)
-                counters.reassignments_waiting.pop(key, None)
-                return
-            current = config.replicas[partition]
-            step = next_step(reassignment.replicas, current, state, alive, self.epoch)
-            if step.kind == "wait":
-                missing = step.waiting_for
-                if counters.reassignments_waiting.get(key) != missing:
-                    down = sorted(b for b in missing if b not in alive)
-                    why = why_waiting([b for b in missing if b in alive], state.leader, brokers)
-                    log.log(
-                        logging.WARNING if why else logging.INFO,
-                        "%s-%d: reassignment to %s waits for %s to join the ISR %s%s%s",
-                        topic,
-                        partition,
-                        list(reassignment.replicas),
-                        list(missing) or "a leader",
-                        list(state.isr),
-                        f" (broker(s) {down} not up)" if down else "",
-                        "".join(f"; it cannot end while {reason}" for reason in why),
-                    )
-                counters.reassignments_waiting[key] = missing
-                return
-            final = None if step.state is None else (step.state, state_version)
-            try:
-                registry.write_reassignment_step(
-                    reassignment, config, version, step.replicas, self.epoch, final
-                )
-            except PartitionStateChanged:
-                continue  # read again
-            except UnknownTopicOrPartition:
-                continue  # gone: the next read drops it
-            except (ControllerMoved, RegistryUnavailable):
-                raise
-            except PylogError as error:  # this one only: the others and the rounds go on
-                log.error("%s-%d: reassignment step refused: %s", topic, partition, error)
-                counters.reassignments_waiting[key] = ()
-                return
-            counters.reassign_steps += 1
-            if step.kind == "expand":
-                log.info(
-                    "%s-%d: reassignment to %s: replicas %s -> %s, new ones copying",
-                    topic,
-                    partition,
-                    list(reassignment.replicas),
-                    list(current),
-                    list(step.replicas),
-                )
-                continue
-            assert step.state is not None
-            counters.reassignments_done += 1
-            counters.reassignments_waiting.pop(key, None)
-            log.info(
-                "%s-%d: reassigned: replicas %s -> %s, leader %d -> %d, leader epoch %d, ISR %s",
-                topic,
-                partition,
-                list(current),
-                list(step.replicas),
-                state.leader,
-                step.state.leader,
-                step.state.leader_epoch,
-                list(step.state.isr),
-            )
-            return
-        log.warning(
-            "%s-%d: its configuration or state changed under each attempt at its reassignment; "
-            "tried again shortly",
-            topic,
-            partition,
-        )
-        counters.reassignments_waiting[key] = ()
-
-    def _settle_one(
-        self, topic: str, partition: int, state: PartitionState, version: int, decide: Decide
-    ) -> tuple[Outcome, PartitionState]:
-        """Write what `decide` chooses for the partition, conditionally; on PartitionStateChanged
-        read the node again and decide again, WRITE_ATTEMPTS times at most. Returns what came
-        of it and the state the partition is left in."""
-        registry = self.registry
-        for _ in range(WRITE_ATTEMPTS):
-            choice = decide(state)
-            if choice is None:
-                return "unchanged", state
-            try:
-                registry.write_partition_state(
-                    topic, partition, choice.state, version, controller_epoch=self.epoch
-                )
-            except PartitionStateChanged:
-                try:
-                    state, version = registry.partition_state(topic, partition)
-                except UnknownTopicOrPartition:
-                    return "unchanged", state  # deleted meanwhile
-                continue
-            except UnknownTopicOrPartition:
-                return "unchanged", state  # deleted meanwhile
-            self._report(topic, partition, state, choice)
-            return "written", choice.state
-        log.warning(
-            "%s-%d: its state changed under each of %d attempts to write it; tried again in the "
-            "next round",
-            topic,
-            partition,
-            WRITE_ATTEMPTS,
-        )
-        return "left", state
-
-    def _report(self, topic: str, partition: int, old: PartitionState, choice: Choice) -> None:
-        """Log and count a state written."""
-        new, counters = choice.state, self.counters
-        if choice.kind == "leader":
-            counters.leaders_chosen += 1
-            log.info(
-                "%s-%d: leader %d -> %d, leader epoch %d, ISR %s (controller epoch %d)",
-                topic,
-                partition,
-                old.leader,
-                new.leader,
-                new.leader_epoch,
-                list(new.isr),
-                self.epoch,
-            )
-        elif choice.kind == "unclean":
-            counters.unclean_elections += 1
-            log.warning(
-                "%s-%d: UNCLEAN leader election: no replica of the ISR %s is alive, so broker "
-                "%d, outside it, leads (leader epoch %d): what only the ISR held is lost",
-                topic,
-                partition,
-                list(old.isr),
-                new.leader,
-                new.leader_epoch,
-            )
-        elif choice.kind == "offline":
-            log.error(
-                "%s-%d: no replica of the ISR %s is alive (leader %d gone): the partition has "
-                "no leader until one of them returns (unclean_leader_election is off)",
-                topic,
-                partition,
-                list(old.isr),
-                old.leader,
-            )
-        elif choice.kind == "isr":
-            gone = sorted(set(old.isr) - set(new.isr))
-            counters.isr_removals += 1
-            log.info(
-                "%s-%d: broker(s) %s, dead or no longer replicas, leave the ISR, now %s",
-                topic,
-                partition,
-                gone,
-                list(new.isr),
-            )
-        else:
-            counters.preferred_moves += 1
-            log.info(
-                "%s-%d: leadership back to the preferred leader %d (from %d), leader epoch %d",
-                topic,
-                partition,
-                new.leader,
-                old.leader,
-                new.leader_epoch,
-            )
-
-
 _STOP = "stop"
 _WAKE = "wake"
 
@@ -526,7 +141,7 @@ class ControllerService:
         self._registry: Registry | None = None
         self._broker_id = -1
         self._epoch: int | None = None
-        self._counters = _Counters()
+        self._counters = Counters()
         self._rebalance_interval_s = 0.0
         """Seconds between periodic preferred-leader elections; 0: none (set by start)."""
         self._setting_watches: dict[str, bool | None] = {}
@@ -634,7 +249,7 @@ class ControllerService:
             epoch = self._epoch
             if epoch is None or self._stopping.is_set():
                 raise NotController(self._broker_id, registry.controller())
-            acting = _Acting(registry, epoch, self._counters, self._stopping.is_set)
+            acting = Acting(registry, epoch, self._counters, self._stopping.is_set)
             try:
                 return acting.elect_preferred(topics)
             except ControllerMoved:
@@ -733,7 +348,7 @@ class ControllerService:
         assert registry is not None
         if epoch is None or self._stopping.is_set():
             return True
-        acting = _Acting(registry, epoch, self._counters, self._stopping.is_set)
+        acting = Acting(registry, epoch, self._counters, self._stopping.is_set)
         try:
             moved = acting.elect_preferred(None)
         except ControllerMoved:
@@ -758,7 +373,7 @@ class ControllerService:
         if epoch is None or self._stopping.is_set():
             return True
         try:
-            _Acting(registry, epoch, self._counters, self._stopping.is_set).reassign()
+            Acting(registry, epoch, self._counters, self._stopping.is_set).reassign()
         except ControllerMoved:
             self._lose(epoch, "a newer controller refused its write")
             registry.resign_controller()
@@ -783,7 +398,7 @@ class ControllerService:
             )
         if epoch is None:
             return True
-        acting = _Acting(registry, epoch, self._counters, self._stopping.is_set)
+        acting = Acting(registry, epoch, self._counters, self._stopping.is_set)
         try:
             settled, topics = acting.settle()
             acting.reassign()
@@ -795,7 +410,7 @@ class ControllerService:
         self._watch_settings(registry, topics)
         return settled
 
-    def _run_asked_election(self, acting: _Acting) -> None:
+    def _run_asked_election(self, acting: Acting) -> None:
         """Run the preferred-leader election an operator asked for
         (/admin/preferred_election, `pylogctl topic elect-preferred`), if one is asked, then
         delete its node. A topic of it deleted since is passed over."""

@@ -21,12 +21,8 @@ from kazoo.client import KazooClient
 
 from broker.errors import UnknownTopicOrPartition
 from broker.registry import NO_LEADER, BrokerInfo, PartitionState, Registry, TopicConfig
-from broker.replication.controller import (
-    ControllerService,
-    NotController,
-    choose_leader,
-    choose_preferred,
-)
+from broker.replication.controller import ControllerService, NotController
+from broker.replication.election import choose_leader, choose_preferred
 from broker.zookeeper import PrivateZooKeeper
 from perf.bench_replication import AckedProducer, Cluster
 from tests.conftest import REQUEST_TIMEOUT_S, SESSION_TIMEOUT_S, wait_until

@@ -1,0 +1,335 @@
+"""The controller's acts in one controller epoch (docs/replication.md, "The controller"), on the
+calling thread (the controller service's): settling every partition after a change of the live
+brokers or the topics (choose_leader), preferred-leader elections (choose_preferred) and the
+steps of reassignments (broker.replication.reassign). Every write is
+Registry.write_partition_state conditional on the node's version read and on /controller_epoch
+being at this controller's epoch: PartitionStateChanged reads the node again and decides again
+(WRITE_ATTEMPTS times at most), ControllerMoved ends the acting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Literal
+
+from broker.config import replica_setting
+from broker.errors import PylogError, RegistryUnavailable, UnknownTopicOrPartition
+from broker.registry import (
+    NO_LEADER,
+    BrokerInfo,
+    ControllerMoved,
+    PartitionState,
+    PartitionStateChanged,
+    Reassignment,
+    Registry,
+)
+from broker.replication.election import Choice, choose_leader, choose_preferred
+from broker.replication.reassign import next_step, why_waiting
+
+log = logging.getLogger("pylog.controller")
+
+WRITE_ATTEMPTS = 5
+"""How many times one partition's state is read and written again when others keep writing it
+between the controller's read and its write (PartitionStateChanged), before the controller
+leaves it for its next round (RETRY_MIN_S later)."""
+
+
+class Counters:
+    """What a controller service counts, across its epochs (ControllerStatistics)."""
+
+    def __init__(self) -> None:
+        self.elections = 0
+        self.leaders_chosen = 0
+        self.unclean_elections = 0
+        self.offline_partitions = 0
+        self.isr_removals = 0
+        self.preferred_moves = 0
+        self.preferred_runs = 0
+        self.reassign_steps = 0
+        self.reassignments_done = 0
+        self.reassignments_waiting: dict[tuple[str, int], tuple[int, ...]] = {}
+        """The reassignments waiting, each with what it waited for when last logged."""
+
+
+Outcome = Literal["unchanged", "written", "left"]
+Decide = Callable[[PartitionState], Choice | None]
+
+
+class Acting:
+    """The controller's acts in one controller epoch, on the calling thread."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        epoch: int,
+        counters: Counters,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.registry = registry
+        self.epoch = epoch
+        self.counters = counters
+        self.stopping = stopping
+
+    def settle(self) -> tuple[bool, list[str]]:
+        """Settle every partition of every topic (choose_leader). Returns whether every one is
+        settled (False: some left for the next round, or stopped meanwhile) and the topics
+        seen. RegistryUnavailable and ControllerMoved as they come."""
+        registry = self.registry
+        alive = registry.broker_epochs()
+        configs = registry.topic_configs()
+        settled, offline = True, 0
+        for topic, config in sorted(configs.items()):
+            if self.stopping():
+                return False, []
+            unclean = replica_setting(config.settings, "unclean_leader_election") == 1
+            states = registry.partition_states(topic)
+            if len(states) < config.partitions:
+                created = registry.create_partition_states(topic, config)
+                if created:
+                    log.info("topic %r: %d partition state node(s) created", topic, created)
+                states = registry.partition_states(topic)
+            for partition, (state, version) in sorted(states.items()):
+                if partition >= config.partitions:
+                    continue
+                decide = functools.partial(
+                    choose_leader,
+                    replicas=config.replicas[partition],
+                    alive=alive,
+                    unclean=unclean,
+                    controller_epoch=self.epoch,
+                )
+                outcome, final = self._settle_one(topic, partition, state, version, decide)
+                settled = settled and outcome != "left"
+                offline += final.leader == NO_LEADER
+        self.counters.offline_partitions = offline
+        return settled, list(configs)
+
+    def elect_preferred(self, topics: Iterable[str] | None) -> int:
+        """Move leadership to each partition's preferred leader where choose_preferred says so;
+        how many moved. UnknownTopicOrPartition for a topic of `topics` that does not exist
+        (nothing moved then). Stops between topics once the service is stopping."""
+        registry = self.registry
+        if isinstance(topics, str):
+            raise TypeError("topics is a collection of topic names, not one name")
+        if topics is None:
+            configs = registry.topic_configs()
+        else:
+            configs = {topic: registry.topic_config(topic) for topic in topics}
+        alive = registry.broker_epochs()
+        moved = 0
+        for topic, config in sorted(configs.items()):
+            if self.stopping():
+                break
+            for partition, (state, version) in sorted(registry.partition_states(topic).items()):
+                if partition >= config.partitions:
+                    continue
+                decide = functools.partial(
+                    choose_preferred,
+                    replicas=config.replicas[partition],
+                    alive=alive,
+                    controller_epoch=self.epoch,
+                )
+                moved += self._settle_one(topic, partition, state, version, decide)[0] == "written"
+        return moved
+
+    def reassign(self) -> bool:
+        """Take the next step of every reassignment under way (broker.replication.reassign);
+        whether any waits for its new replicas (to be looked at again REASSIGN_CHECK_S
+        later). RegistryUnavailable and ControllerMoved as they come."""
+        registry = self.registry
+        pending = registry.reassignments()
+        waiting = self.counters.reassignments_waiting
+        for key in [key for key in waiting if key not in pending]:
+            del waiting[key]
+        if not pending:
+            return False
+        brokers, alive = registry.brokers(), registry.broker_epochs()
+        for _, reassignment in sorted(pending.items()):
+            if self.stopping():
+                return True
+            self._reassign_one(reassignment, brokers, alive)
+        return bool(waiting)
+
+    def _reassign_one(
+        self,
+        reassignment: Reassignment,
+        brokers: dict[int, BrokerInfo],
+        alive: Mapping[int, int],
+    ) -> None:
+        """Take the steps of one reassignment that can be taken now (`brokers`: those up,
+        `alive`: their broker epochs)."""
+        registry, counters = self.registry, self.counters
+        topic, partition = reassignment.topic, reassignment.partition
+        key = (topic, partition)
+        for _ in range(WRITE_ATTEMPTS + 2):  # an expand, then a finish, each maybe raced
+            try:
+                config, version, (state, state_version) = registry.reassignment_view(
+                    topic, partition
+                )
+            except UnknownTopicOrPartition as error:
+                log.warning("%s-%d: reassignment dropped: %s", topic, partition, error)
+                with contextlib.suppress(UnknownTopicOrPartition):
+                    registry.cancel_reassignment(topic, partition)
+                counters.reassignments_waiting.pop(key, None)
+                return
+            current = config.replicas[partition]
+            step = next_step(reassignment.replicas, current, state, alive, self.epoch)
+            if step.kind == "wait":
+                missing = step.waiting_for
+                if counters.reassignments_waiting.get(key) != missing:
+                    down = sorted(b for b in missing if b not in alive)
+                    why = why_waiting([b for b in missing if b in alive], state.leader, brokers)
+                    log.log(
+                        logging.WARNING if why else logging.INFO,
+                        "%s-%d: reassignment to %s waits for %s to join the ISR %s%s%s",
+                        topic,
+                        partition,
+                        list(reassignment.replicas),
+                        list(missing) or "a leader",
+                        list(state.isr),
+                        f" (broker(s) {down} not up)" if down else "",
+                        "".join(f"; it cannot end while {reason}" for reason in why),
+                    )
+                counters.reassignments_waiting[key] = missing
+                return
+            final = None if step.state is None else (step.state, state_version)
+            try:
+                registry.write_reassignment_step(
+                    reassignment, config, version, step.replicas, self.epoch, final
+                )
+            except PartitionStateChanged:
+                continue  # read again
+            except UnknownTopicOrPartition:
+                continue  # gone: the next read drops it
+            except (ControllerMoved, RegistryUnavailable):
+                raise
+            except PylogError as error:  # this one only: the others and the rounds go on
+                log.error("%s-%d: reassignment step refused: %s", topic, partition, error)
+                counters.reassignments_waiting[key] = ()
+                return
+            counters.reassign_steps += 1
+            if step.kind == "expand":
+                log.info(
+                    "%s-%d: reassignment to %s: replicas %s -> %s, new ones copying",
+                    topic,
+                    partition,
+                    list(reassignment.replicas),
+                    list(current),
+                    list(step.replicas),
+                )
+                continue
+            assert step.state is not None
+            counters.reassignments_done += 1
+            counters.reassignments_waiting.pop(key, None)
+            log.info(
+                "%s-%d: reassigned: replicas %s -> %s, leader %d -> %d, leader epoch %d, ISR %s",
+                topic,
+                partition,
+                list(current),
+                list(step.replicas),
+                state.leader,
+                step.state.leader,
+                step.state.leader_epoch,
+                list(step.state.isr),
+            )
+            return
+        log.warning(
+            "%s-%d: its configuration or state changed under each attempt at its reassignment; "
+            "tried again shortly",
+            topic,
+            partition,
+        )
+        counters.reassignments_waiting[key] = ()
+
+    def _settle_one(
+        self, topic: str, partition: int, state: PartitionState, version: int, decide: Decide
+    ) -> tuple[Outcome, PartitionState]:
+        """Write what `decide` chooses for the partition, conditionally; on PartitionStateChanged
+        read the node again and decide again, WRITE_ATTEMPTS times at most. Returns what came
+        of it and the state the partition is left in."""
+        registry = self.registry
+        for _ in range(WRITE_ATTEMPTS):
+            choice = decide(state)
+            if choice is None:
+                return "unchanged", state
+            try:
+                registry.write_partition_state(
+                    topic, partition, choice.state, version, controller_epoch=self.epoch
+                )
+            except PartitionStateChanged:
+                try:
+                    state, version = registry.partition_state(topic, partition)
+                except UnknownTopicOrPartition:
+                    return "unchanged", state  # deleted meanwhile
+                continue
+            except UnknownTopicOrPartition:
+                return "unchanged", state  # deleted meanwhile
+            self._report(topic, partition, state, choice)
+            return "written", choice.state
+        log.warning(
+            "%s-%d: its state changed under each of %d attempts to write it; tried again in the "
+            "next round",
+            topic,
+            partition,
+            WRITE_ATTEMPTS,
+        )
+        return "left", state
+
+    def _report(self, topic: str, partition: int, old: PartitionState, choice: Choice) -> None:
+        """Log and count a state written."""
+        new, counters = choice.state, self.counters
+        if choice.kind == "leader":
+            counters.leaders_chosen += 1
+            log.info(
+                "%s-%d: leader %d -> %d, leader epoch %d, ISR %s (controller epoch %d)",
+                topic,
+                partition,
+                old.leader,
+                new.leader,
+                new.leader_epoch,
+                list(new.isr),
+                self.epoch,
+            )
+        elif choice.kind == "unclean":
+            counters.unclean_elections += 1
+            log.warning(
+                "%s-%d: UNCLEAN leader election: no replica of the ISR %s is alive, so broker "
+                "%d, outside it, leads (leader epoch %d): what only the ISR held is lost",
+                topic,
+                partition,
+                list(old.isr),
+                new.leader,
+                new.leader_epoch,
+            )
+        elif choice.kind == "offline":
+            log.error(
+                "%s-%d: no replica of the ISR %s is alive (leader %d gone): the partition has "
+                "no leader until one of them returns (unclean_leader_election is off)",
+                topic,
+                partition,
+                list(old.isr),
+                old.leader,
+            )
+        elif choice.kind == "isr":
+            gone = sorted(set(old.isr) - set(new.isr))
+            counters.isr_removals += 1
+            log.info(
+                "%s-%d: broker(s) %s, dead or no longer replicas, leave the ISR, now %s",
+                topic,
+                partition,
+                gone,
+                list(new.isr),
+            )
+        else:
+            counters.preferred_moves += 1
+            log.info(
+                "%s-%d: leadership back to the preferred leader %d (from %d), leader epoch %d",
+                topic,
+                partition,
+                new.leader,
+                old.leader,
+                new.leader_epoch,
+            )
