@@ -21,7 +21,7 @@ from broker.registry import (
     Registry,
     TopicConfig,
 )
-from broker.registry.topics import PartitionState
+from broker.registry.states import PartitionState
 from broker.replication.reassign import why_waiting
 from cli.common import EXIT_BROKER, until_interrupted, usage_error
 from cli.group_commands import admin_options, open_registry

@@ -39,8 +39,8 @@ the session timeout, its nodes disappear and everyone watching sees it go.
 
 The parts: session (the connection, bounded requests, ephemeral nodes kept through session
 loss: what happens when the connection or the session is lost), watches
-(kazoo's ChildrenWatch, with the callbacks on threads of the registry), brokers, topics,
-admin (reassignments and preferred-leader elections asked), groups, controller (the calls on
+(kazoo's ChildrenWatch, with the callbacks on threads of the registry), brokers (and their
+epochs), states (the partitions' state nodes), topics, admin (reassignments and preferred-leader elections asked), groups, controller (the calls on
 each), nodes (the JSON of the nodes). Registry puts them
 together.
 
@@ -62,12 +62,8 @@ from broker.registry.groups import Groups, partition_name
 from broker.registry.nodes import FORMAT_VERSION
 from broker.registry.security import Security
 from broker.registry.session import DEFAULT_CHROOT, RegistryStatistics
-from broker.registry.topics import (
-    NO_LEADER,
-    PartitionState,
-    PartitionStateChanged,
-    TopicConfig,
-)
+from broker.registry.states import NO_LEADER, PartitionState, PartitionStateChanged
+from broker.registry.topics import TopicConfig
 
 __all__ = [
     "DEFAULT_CHROOT",

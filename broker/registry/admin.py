@@ -26,12 +26,8 @@ from broker.protocol import check_topic_name
 from broker.registry.controller import CONTROLLER_EPOCH, ControllerMoved
 from broker.registry.nodes import decode, encode, int_list, validate_broker_id
 from broker.registry.session import BadVersion, NodeExists, NoNode
-from broker.registry.topics import (
-    PartitionState,
-    PartitionStateChanged,
-    TopicConfig,
-    Topics,
-)
+from broker.registry.states import PartitionState, PartitionStateChanged
+from broker.registry.topics import TopicConfig, Topics
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,282 @@
+"""Partition states in the registry: each partition's leader, leader epoch, in-sync replicas
+and leader incarnation (/brokers/topics/<topic>/partitions/<p>/state, persistent;
+docs/registry.md, docs/replication.md), written conditionally on their versions, the
+controller's also on its epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kazoo.client import TransactionRequest
+
+from broker.errors import PylogError, RegistryUnavailable, UnknownTopicOrPartition
+from broker.protocol import check_topic_name
+from broker.registry.brokers import Brokers
+from broker.registry.controller import CONTROLLER_EPOCH, ControllerMoved
+from broker.registry.nodes import decode, encode, int_field, int_list, is_int
+from broker.registry.session import BadVersion, NodeExists, NoNode
+
+if TYPE_CHECKING:
+    from broker.registry.topics import TopicConfig
+
+log = logging.getLogger(__name__)
+
+NO_LEADER = -1
+"""PartitionState.leader of a partition without a leader."""
+
+
+class PartitionStateChanged(PylogError):
+    """A conditional write of a partition's state node found another version of the node than
+    the one it was given: someone wrote the node since it was read (the controller choosing a
+    leader, or a leader changing the ISR). Nothing was written. The caller reads the node again
+    (Topics.partition_state) and decides anew on what it finds (a leader that finds another
+    leader or a higher leader epoch stops leading); it never repeats the same write."""
+
+    def __init__(self, topic: str, partition: int, version: int) -> None:
+        super().__init__(
+            f"the state of partition {partition} of topic {topic!r} is no longer at version "
+            f"{version}: it was written since it was read; read it again"
+        )
+        self.topic = topic
+        self.partition = partition
+        self.version = version
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """What /brokers/topics/<topic>/partitions/<p>/state holds: the partition's `leader`
+    (a broker id, or NO_LEADER, -1), the `leader_epoch` the controller gave it (raised at each
+    choice of a leader), the in-sync replicas `isr` (the leader among them, when there is one)
+    and the `controller_epoch` of the controller that last wrote the node (0: written when the
+    topic was created, by no controller); `leader_broker_epoch`, the broker epoch of the
+    leader's incarnation that was chosen (Brokers.broker_epochs; -1: not known, a node written
+    before broker epochs): a leader whose broker registered again since (a restart) is not
+    this one, and the controller chooses anew. ValueError when a field is out of its range."""
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    controller_epoch: int
+    leader_broker_epoch: int = -1
+
+    def __post_init__(self) -> None:
+        if not is_int(self.leader) or self.leader < NO_LEADER:
+            raise ValueError(f"leader must be a broker id or {NO_LEADER}, not {self.leader!r}")
+        for name in ("leader_epoch", "controller_epoch"):
+            value = getattr(self, name)
+            if not is_int(value) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, not {value!r}")
+        isr = tuple(self.isr)
+        if not all(is_int(b) and b >= 0 for b in isr) or len(set(isr)) != len(isr):
+            raise ValueError(f"isr must be distinct broker ids, not {self.isr!r}")
+        if not is_int(self.leader_broker_epoch) or self.leader_broker_epoch < -1:
+            raise ValueError(
+                f"leader_broker_epoch must be an integer >= -1, not {self.leader_broker_epoch!r}"
+            )
+        if self.leader != NO_LEADER and self.leader not in isr:
+            raise ValueError(f"the leader {self.leader} is not in the ISR {list(isr)}")
+        object.__setattr__(self, "isr", isr)
+
+    @classmethod
+    def initial(cls, replicas: Sequence[int], broker_epochs: Mapping[int, int]) -> PartitionState:
+        """A new partition's state: led by its first replica (in its incarnation of
+        `broker_epochs`, -1 when it is not registered) at leader epoch 0, every replica in
+        sync, controller epoch 0."""
+        return cls(replicas[0], 0, tuple(replicas), 0, broker_epochs.get(replicas[0], -1))
+
+    def to_json(self) -> bytes:
+        return encode(
+            {
+                "leader": self.leader,
+                "leader_epoch": self.leader_epoch,
+                "isr": list(self.isr),
+                "controller_epoch": self.controller_epoch,
+                "leader_broker_epoch": self.leader_broker_epoch,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes) -> PartitionState:
+        """Parse node data; ValueError when it is not a partition state."""
+        obj = decode(data)
+        return cls(
+            int_field(obj, "leader"),
+            int_field(obj, "leader_epoch"),
+            int_list(obj, "isr"),
+            int_field(obj, "controller_epoch"),
+            int_field(obj, "leader_broker_epoch") if "leader_broker_epoch" in obj else -1,
+        )
+
+
+class PartitionStates(Brokers):
+    """The registry's calls on partition states."""
+
+    def topic_node_path(self, topic: str) -> str:
+        return f"{self.chroot}/brokers/topics/{topic}"
+
+    def partition_states_path(self, topic: str) -> str:
+        return f"{self.topic_node_path(topic)}/partitions"
+
+    def partition_state_path(self, topic: str, partition: int) -> str:
+        return f"{self.partition_states_path(topic)}/{partition}/state"
+
+    def _partition_nodes(self, topic: str) -> dict[int, bool] | None:
+        """Partition -> whether it has a state node, for each node under
+        /brokers/topics/<topic>/partitions (None without that node)."""
+        folder = self.partition_states_path(topic)
+        try:
+            children = self._children(folder)
+        except NoNode:
+            return None
+        found = {}
+        for child in children:
+            if child.isascii() and child.isdecimal():
+                try:
+                    found[int(child)] = "state" in self._children(f"{folder}/{child}")
+                except NoNode:
+                    continue
+        return found
+
+    # -- partition states --------------------------------------------------------------------
+
+    def create_partition_states(self, topic: str, config: TopicConfig) -> int:
+        """Give each partition of `config` that has no state node one with its initial state
+        (PartitionState.initial), leaving those that have one as they are: for a topic created
+        before replication (create_topic_config makes them for a new topic). Returns how many
+        were created."""
+        check_topic_name(topic)
+        config.validate(topic)
+        created, epochs = 0, self.broker_epochs()
+        for p, replicas in enumerate(config.replicas):
+            path = self.partition_state_path(topic, p)
+            initial = PartitionState.initial(replicas, epochs)
+            with contextlib.suppress(NodeExists):
+                self._create(path, initial.to_json(), makepath=True)
+                created += 1
+        return created
+
+    def partition_state(self, topic: str, partition: int) -> tuple[PartitionState, int]:
+        """The state of `partition` of `topic` and its node's version (for
+        write_partition_state). UnknownTopicOrPartition when there is no state node: no such
+        topic or partition, or a topic created before replication that nobody gave states
+        yet (create_partition_states); RegistryUnavailable when the node holds unreadable
+        data."""
+        check_topic_name(topic)
+        if not is_int(partition) or partition < 0:
+            raise UnknownTopicOrPartition(f"partition {partition!r} does not exist")
+        path = self.partition_state_path(topic, partition)
+        try:
+            data, stat = self._get(path)
+        except NoNode:
+            raise UnknownTopicOrPartition(
+                f"partition {partition} of topic {topic!r} has no state node"
+            ) from None
+        try:
+            return PartitionState.from_json(data), stat.version
+        except ValueError as error:
+            raise RegistryUnavailable(f"{path} holds unreadable data: {error}") from None
+
+    def partition_states(self, topic: str) -> dict[int, tuple[PartitionState, int]]:
+        """Partition -> (its state, its node's version) for each partition of `topic` that has
+        a state node ({} for none); unreadable nodes are left out, with a warning."""
+        check_topic_name(topic)
+        states = {}
+        for p, has_state in sorted((self._partition_nodes(topic) or {}).items()):
+            if not has_state:
+                continue
+            path = self.partition_state_path(topic, p)
+            try:
+                data, stat = self._get(path)
+                states[p] = PartitionState.from_json(data), stat.version
+            except NoNode:
+                continue  # deleted since listed
+            except ValueError as error:
+                log.warning("ignoring unreadable %s: %s", path, error)
+        return states
+
+    def write_partition_state(
+        self,
+        topic: str,
+        partition: int,
+        state: PartitionState,
+        version: int,
+        *,
+        controller_epoch: int | None = None,
+    ) -> int:
+        """Replace the state of `partition` of `topic` with `state` if its node is still at
+        `version` (as partition_state or watch_partition_state gave it); returns the node's
+        new version. PartitionStateChanged when the node was written since (nothing written:
+        read it again and decide anew); UnknownTopicOrPartition when it does not exist.
+
+        The controller passes its `controller_epoch`: the write is then made in one
+        transaction with a check that /controller_epoch is still at that epoch, and
+        ControllerMoved (nothing written) when another controller was elected since.
+
+        A request that timed out (RegistryUnavailable) may still be applied: read the node to
+        know (the new version then holds `state`)."""
+        check_topic_name(topic)
+        if not is_int(partition) or partition < 0:
+            raise UnknownTopicOrPartition(f"partition {partition!r} does not exist")
+        if not is_int(version) or version < 0:
+            raise ValueError(f"a node version is an integer >= 0, not {version!r}")
+        if controller_epoch is not None and (not is_int(controller_epoch) or controller_epoch < 1):
+            raise ValueError(f"a controller epoch is an integer >= 1, not {controller_epoch!r}")
+        path = self.partition_state_path(topic, partition)
+        data = state.to_json()
+        epoch_path = self.chroot + CONTROLLER_EPOCH
+        try:
+            if controller_epoch is None:
+                stat = self._request(
+                    f"write {path}", lambda: self._client.set_async(path, data, version)
+                )
+            else:
+
+                def build(transaction: TransactionRequest) -> None:
+                    # /controller_epoch's version is its epoch - 1 (broker.registry.controller)
+                    transaction.check(epoch_path, controller_epoch - 1)
+                    transaction.set_data(path, data, version)
+
+                stat = self._commit(f"write {path}", build)[1]
+        except (BadVersion, NoNode) as error:
+            if controller_epoch is not None and self._epoch_moved(epoch_path, controller_epoch):
+                raise ControllerMoved(controller_epoch) from None
+            if isinstance(error, BadVersion):
+                raise PartitionStateChanged(topic, partition, version) from None
+            raise UnknownTopicOrPartition(
+                f"partition {partition} of topic {topic!r} has no state node"
+            ) from None
+        new_version: int = stat.version
+        return new_version
+
+    def _epoch_moved(self, epoch_path: str, epoch: int) -> bool:
+        """Whether /controller_epoch is no longer at `epoch` (its version epoch - 1)."""
+        try:
+            return self._get(epoch_path)[1].version != epoch - 1
+        except NoNode:
+            return True
+
+    def watch_partition_state(
+        self,
+        topic: str,
+        partition: int,
+        callback: Callable[[PartitionState | None, int], bool],
+    ) -> None:
+        """Call `callback(state, version)` with the state of `partition` of `topic` and its
+        node's version now and whenever the node is written, and `callback(None, -1)` while
+        the node does not exist (now, or once deleted), until stop() or the callback returns
+        False. As watch_topic_config: kazoo's DataWatch keeps it armed across reconnections
+        and session expiries (reading the node again then), this call does not wait on
+        ZooKeeper, and the callback runs on kazoo's threads and must only hand the value on.
+        Writes close together may be seen as the last one only. A node whose data cannot be
+        read as a state is logged and passed over."""
+        check_topic_name(topic)
+        if not is_int(partition) or partition < 0:
+            raise UnknownTopicOrPartition(f"partition {partition!r} does not exist")
+        self._watch_data(
+            self.partition_state_path(topic, partition), PartitionState.from_json, callback
+        )
