@@ -18,7 +18,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from broker.client import Admin, Producer
+from broker.client.connection import Connection
 from broker.client.group import GroupConsumer
+from broker.protocol import MetadataRequest
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
 from cli.pylogctl import cli
@@ -397,6 +399,12 @@ def test_the_group_commands_find_zookeeper_through_the_broker(
     assert registry.committed_offset(group, topic, "1-0") == 2 * SIZE
 
 
+def live_brokers(broker: RunningBroker) -> set[int]:
+    """The brokers `broker` names in METADATA: those it has seen registered."""
+    with Connection(broker.endpoint) as connection:
+        return {b.broker_id for b in connection.request(MetadataRequest(())).brokers}
+
+
 def test_a_broker_down_leaves_its_partitions_unknown_and_a_reset_undone(
     three_brokers: list[RunningBroker], zookeeper: PrivateZooKeeper, registry_chroot: str
 ) -> None:
@@ -406,6 +414,9 @@ def test_a_broker_down_leaves_its_partitions_unknown_and_a_reset_undone(
         for name in ("1-0", "2-1", "3-2"):
             registry.commit_offset("loaders", "events", name, SIZE)
         assert three_brokers[1].stop() == 0  # broker 2, holding partition 1
+        # Down once the others have seen it go (their watch on /brokers/ids: milliseconds).
+        others = (three_brokers[0], three_brokers[2])
+        wait_until(lambda: all(2 not in live_brokers(b) for b in others), what="broker 2 gone")
         described = json_lines(run(down, "describe", "loaders", "--json"))
         assert [p["lag_bytes"] for p in described[:3]] == [SIZE, None, SIZE]
         assert described[1]["note"] == "broker 2 unavailable: not registered in ZooKeeper (down?)"

@@ -19,6 +19,7 @@ from broker.client.connection import Connection
 from broker.errors import BrokerError, PylogError
 from broker.log.message import encode_message
 from broker.protocol import Ack, ErrorCode
+from broker.registry import PartitionState
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker, ThreeBrokers
 
@@ -40,6 +41,17 @@ def leader_acks(endpoint: str, topic: str) -> bool:
         except PylogError:
             return False
     return True
+
+
+def led_topic(three: ThreeBrokers, topic: str) -> tuple[PartitionState, RunningBroker]:
+    """`topic` created with one partition at REPLICATED, once its leader acks: its first
+    state and its leader."""
+    with Admin(three.brokers[1].endpoint) as admin:
+        admin.create_topic(topic, 1, REPLICATED)
+    state = three.registry.partition_state(topic, 0)[0]
+    leader = three.brokers[state.leader]
+    wait_until(lambda: leader_acks(leader.endpoint, topic), 30, "the leader's first ack")
+    return state, leader
 
 
 @contextlib.contextmanager
@@ -90,11 +102,7 @@ def test_a_leader_frozen_past_its_session_acks_nothing_and_serves_no_fetch_once_
     own_three_brokers: ThreeBrokers,
 ) -> None:
     three, registry = own_three_brokers, own_three_brokers.registry
-    with Admin(three.brokers[1].endpoint) as admin:
-        admin.create_topic("deposed", 1, REPLICATED)
-    old = registry.partition_state("deposed", 0)[0]
-    leader = three.brokers[old.leader]
-    wait_until(lambda: leader_acks(leader.endpoint, "deposed"), 30, "the leader's first ack")
+    old, leader = led_topic(three, "deposed")
     message_set = encode_message(b"lost if acked")
     fetch = protocol.FetchRequest("deposed", 0, 0, 1 << 20, 0, 0)
     requests: list[protocol.Request] = [
@@ -146,11 +154,7 @@ def test_a_leader_restarted_within_its_session_gets_a_new_epoch_and_keeps_its_hi
     own_three_brokers: ThreeBrokers,
 ) -> None:
     three, registry = own_three_brokers, own_three_brokers.registry
-    with Admin(three.brokers[1].endpoint) as admin:
-        admin.create_topic("reborn", 1, REPLICATED)
-    old = registry.partition_state("reborn", 0)[0]
-    leader = three.brokers[old.leader]
-    wait_until(lambda: leader_acks(leader.endpoint, "reborn"), 30, "the leader's first ack")
+    old, leader = led_topic(three, "reborn")
     with Producer(leader.endpoint, "reborn", ack=Ack.ALL, batch_messages=10) as producer:
         for i in range(200):
             producer.send(b"value-%d" % i)
