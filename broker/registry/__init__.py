@@ -38,11 +38,11 @@ the ZooKeeper session that created it: when a broker stops, dies or is cut off f
 the session timeout, its nodes disappear and everyone watching sees it go.
 
 The parts: session (the connection, bounded requests, ephemeral nodes kept through session
-loss: what happens when the connection or the session is lost), watches
-(kazoo's ChildrenWatch, with the callbacks on threads of the registry), brokers (and their
-epochs), states (the partitions' state nodes), topics, admin (reassignments and preferred-leader elections asked), groups, controller (the calls on
-each), nodes (the JSON of the nodes). Registry puts them
-together.
+loss: what happens when the connection or the session is lost), watches (kazoo's
+ChildrenWatch, with the callbacks on threads of the registry), brokers (and their epochs),
+states (the partitions' state nodes), topics, admin (reassignments and preferred-leader
+elections asked), groups, controller (the calls on each), nodes (the JSON of the nodes).
+Registry puts them together.
 
 Thread-safety: a Registry may be used from several threads at once (trio.to_thread included).
 Watch callbacks run on threads of the registry, one at a time per watch.
