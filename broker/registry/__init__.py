@@ -50,6 +50,7 @@ Watch callbacks run on threads of the registry, one at a time per watch.
 
 from __future__ import annotations
 
+from broker.registry.acls import ZooKeeperAcls
 from broker.registry.admin import (
     Admin,
     ElectionInProgress,
@@ -84,7 +85,7 @@ __all__ = [
 ]
 
 
-class Registry(Admin, Groups, Security, Controller):
+class Registry(Admin, Groups, Security, Controller, ZooKeeperAcls):
     """A broker's (or a tool's) connection to the registry in ZooKeeper.
 
     Paths, under `chroot`:

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.registry.nodes import decode, encode, int_field, validate_broker_id
-from broker.registry.session import NoNode, Session
+from broker.registry.reading import NodeReads
+from broker.registry.session import NoNode
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class BrokerInfo:
         )
 
 
-class Brokers(Session):
+class Brokers(NodeReads):
     """The registry's calls on brokers."""
 
     def broker_path(self, broker_id: int) -> str:

@@ -24,7 +24,8 @@ from kazoo.client import TransactionRequest
 
 from broker.errors import PylogError, RegistryUnavailable
 from broker.registry.nodes import decode, encode, int_field, validate_broker_id
-from broker.registry.session import ATTEMPTS, BadVersion, NodeExists, NoNode, Session
+from broker.registry.reading import NodeReads
+from broker.registry.session import ATTEMPTS, BadVersion, NodeExists, NoNode
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def _epoch(data: bytes) -> int:
     return epoch
 
 
-class Controller(Session):
+class Controller(NodeReads):
     """The registry's calls on the controller's election."""
 
     @property

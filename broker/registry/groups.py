@@ -10,7 +10,8 @@ from typing import TypeVar
 from broker.errors import PylogError, RegistryUnavailable
 from broker.protocol import check_topic_name
 from broker.registry.nodes import check_name, decode, encode, int_field, is_int
-from broker.registry.session import ATTEMPTS, NodeExists, NoNode, NotEmpty, Session
+from broker.registry.reading import NodeReads
+from broker.registry.session import ATTEMPTS, NodeExists, NoNode, NotEmpty
 
 
 class GroupNotEmpty(PylogError):
@@ -48,7 +49,7 @@ def _consumer(data: bytes) -> str:
     return owner
 
 
-class Groups(Session):
+class Groups(NodeReads):
     """The registry's calls on consumer groups.
 
     With `auth`, /consumers lets any member create its group's node (and delete it once

@@ -18,7 +18,8 @@ from kazoo.recipe.watchers import DataWatch
 
 from broker.errors import RegistryUnavailable
 from broker.registry.nodes import decode, encode
-from broker.registry.session import BadVersion, NodeExists, NoNode, Session
+from broker.registry.reading import NodeReads
+from broker.registry.session import BadVersion, NodeExists, NoNode
 from broker.security import Acl, check_key, check_principal_name, parse_operations
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def _acls_json(acls: list[Acl]) -> bytes:
     )
 
 
-class Security(Session):
+class Security(NodeReads):
     """The registry's calls on principals and ACLs."""
 
     @property

@@ -26,8 +26,9 @@ ZooKeeper ACLs (`auth`, docs/registry.md "Who may write what"): a session given 
 identity presents it (again at every reconnection) and creates every node with the ACL
 [digest(identity): ALL, world: READ], so that anyone reads the registry and only holders of
 the identity change those nodes; the SHARED_PATHS (/consumers) let anyone create a node there
-(and delete an empty one), which is then its creator's. secure_tree() gives the nodes of a
-registry made without ACLs the brokers' ACL.
+(and delete an empty one), which is then its creator's. secure_tree() (broker.registry.acls)
+gives the nodes of a registry made without ACLs the brokers' ACL. Reading nodes and watching
+them: broker.registry.reading.
 
 Every kazoo error, including timeouts, becomes broker.errors.RegistryUnavailable (retriable),
 but for ZooKeeper's NoAuth, an ACL refusing the change: RegistryAccessDenied (not retriable).
@@ -40,7 +41,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -55,7 +56,6 @@ from kazoo.exceptions import (
     RolledBackError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.recipe.watchers import DataWatch
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, make_acl, make_digest_acl
 
@@ -147,7 +147,7 @@ class Session(Running):
     SHARED_PATHS: tuple[str, ...] = ()
     """Paths under the chroot whose children are not the brokers' but each their creator's:
     with `auth` they are created at start with the ACL [digest(identity): ALL, world: READ,
-    CREATE, DELETE], and secure_tree() leaves their subtrees alone."""
+    CREATE, DELETE], and secure_tree() (broker.registry.acls) leaves their subtrees alone."""
 
     def __init__(
         self,
@@ -295,144 +295,11 @@ class Session(Running):
             registered=registered,
         )
 
-    # -- ACLs --------------------------------------------------------------------------------
-
-    def secure_tree(self) -> int:
-        """Give the brokers' nodes this session's ACL where they lack it (a registry made before
-        its brokers had an identity): every node under the chroot, the SHARED_PATHS the shared
-        ACL and their subtrees left to their creators, a parent before its children are
-        listed, and the chroot itself last. Returns how many nodes' ACLs were changed; 0 at
-        once when the chroot has the ACL already (a run cut short did not reach it, so is done
-        again whole). A broker calls it after start().
-
-        RegistryAccessDenied when a node's ACL does not let this identity change it (a node
-        made with another identity); RuntimeError for a session without `auth`."""
-        acl = self._acl
-        if acl is None:
-            raise RuntimeError("secure_tree needs a session with a ZooKeeper identity (auth)")
-        if self._has_acl(self.chroot, acl):
-            return 0
-        children = self._children(self.chroot)
-        changed = sum(self._secure(f"{self.chroot}/{child}", acl) for child in children)
-        if self._set_acl(self.chroot, acl):
-            changed += 1
-        log.info("secured %d registry node(s) with the ACL of %s", changed, self._identity)
-        return changed
-
-    def _secure(self, path: str, acl: list[ACL]) -> int:
-        """Give `path` and everything under it `acl` (a SHARED_PATH the shared ACL, and not
-        what is under it); how many nodes changed."""
-        if path[len(self.chroot) :] in self.SHARED_PATHS:
-            return int(self._set_acl(path, self._shared_acl))
-        changed = int(self._set_acl(path, acl))
-        try:
-            children = self._children(path)
-        except NoNode:
-            return changed
-        return changed + sum(self._secure(f"{path}/{child}", acl) for child in children)
-
-    def _has_acl(self, path: str, acl: list[ACL]) -> bool:
-        found, _ = self._request(
-            f"read the ACL of {path}", lambda: self._client.get_acls_async(path)
-        )
-        return set(found) == set(acl)
-
-    def _set_acl(self, path: str, acl: list[ACL]) -> bool:
-        """Give `path` the ACL `acl`: False when it had it already or is gone."""
-        try:
-            if self._has_acl(path, acl):
-                return False
-            self._request(f"set the ACL of {path}", lambda: self._client.set_acls_async(path, acl))
-        except NoNode:
-            return False
-        return True
-
     @property
     def _identity(self) -> str:
         if self.auth is None:
             return "a session without a ZooKeeper identity"
         return f"digest identity {self.auth.user!r}"
-
-    # -- reading the nodes under a path ------------------------------------------------------
-
-    def _read_all(
-        self, path: str, parse: Callable[[bytes], T], key: Callable[[str], K]
-    ) -> dict[K, T]:
-        """_read_each of every child of `path` now ({} when `path` does not exist)."""
-        try:
-            children = self._children(path)
-        except NoNode:
-            return {}
-        return self._read_each(path, children, parse, key)
-
-    def _read_each(
-        self,
-        path: str,
-        children: Iterable[str],
-        parse: Callable[[bytes], T],
-        key: Callable[[str], K],
-    ) -> dict[K, T]:
-        """`key(child)` -> `parse(data of path/child)` for each child. A child gone since it
-        was listed is left out, as is one whose name or data is refused by ValueError (with
-        a warning)."""
-        result: dict[K, T] = {}
-        for child in children:
-            try:
-                result[key(child)] = parse(self._get(f"{path}/{child}")[0])
-            except NoNode:
-                continue  # went away between the listing and the read
-            except ValueError as error:
-                log.warning("ignoring unreadable %s/%s: %s", path, child, error)
-        return result
-
-    def _watch_data(
-        self, path: str, parse: Callable[[bytes], T], callback: Callable[[T | None, int], bool]
-    ) -> None:
-        """Call `callback(parse(data), version)` with the data of the node at `path` now and
-        whenever it is written, and `callback(None, -1)` while the node does not exist, until
-        stop() or the callback returns False. kazoo's DataWatch keeps the watch armed across
-        reconnections and session expiries (it reads the node again then, and calls back if it
-        changed meanwhile); it is armed on a thread of kazoo's, so this call does not wait on
-        ZooKeeper. The callback runs on kazoo's threads: it must only hand the value on. Data
-        that `parse` refuses (ValueError) is logged and passed over."""
-        self._check_open()
-        stopped = self._stopped
-
-        def changed(data: bytes | None, stat: Any) -> bool:
-            if stopped.is_set():
-                return False
-            if stat is None:
-                return callback(None, -1)
-            try:
-                value = parse(data or b"")
-            except ValueError as error:
-                log.error("%s holds unreadable data, passed over: %s", path, error)
-                return True
-            return callback(value, stat.version)
-
-        self._client.handler.spawn(DataWatch, self._client, path, changed)
-
-    def _add_watch(
-        self,
-        path: str,
-        parse: Callable[[bytes], T],
-        key: Callable[[str], K],
-        callback: Callable[[dict[K, T]], None],
-    ) -> None:
-        """Call `callback` with what _read_all(path, parse, key) reads now, whenever the
-        children change and after every reconnection, until stop() (broker.registry.watches).
-        `path` is created if it does not exist."""
-        self._check_open()
-        watch = ChildrenWatch(
-            self._client,
-            path,
-            lambda children: self._read_each(path, children, parse, key),
-            callback,
-            connected=lambda: self.connected,
-            stopped=self._stopped,
-        )
-        self._watches.append(watch)
-        watch.start()
 
     # -- ephemeral registrations -------------------------------------------------------------
 

@@ -1,0 +1,102 @@
+"""Reading the nodes under a path of the registry, now and as they change (kazoo's DataWatch,
+and ChildrenWatch: broker.registry.watches): what the registry's parts (brokers, topics, states,
+groups, admin, controller) are read with."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from kazoo.recipe.watchers import DataWatch
+
+from broker.registry.session import NoNode, Session
+from broker.registry.watches import ChildrenWatch
+
+log = logging.getLogger("broker.registry.session")
+
+K = TypeVar("K")
+T = TypeVar("T")
+
+
+class NodeReads(Session):
+    """The reads and watches of node data and children."""
+
+    def _read_all(
+        self, path: str, parse: Callable[[bytes], T], key: Callable[[str], K]
+    ) -> dict[K, T]:
+        """_read_each of every child of `path` now ({} when `path` does not exist)."""
+        try:
+            children = self._children(path)
+        except NoNode:
+            return {}
+        return self._read_each(path, children, parse, key)
+
+    def _read_each(
+        self,
+        path: str,
+        children: Iterable[str],
+        parse: Callable[[bytes], T],
+        key: Callable[[str], K],
+    ) -> dict[K, T]:
+        """`key(child)` -> `parse(data of path/child)` for each child. A child gone since it
+        was listed is left out, as is one whose name or data is refused by ValueError (with
+        a warning)."""
+        result: dict[K, T] = {}
+        for child in children:
+            try:
+                result[key(child)] = parse(self._get(f"{path}/{child}")[0])
+            except NoNode:
+                continue  # went away between the listing and the read
+            except ValueError as error:
+                log.warning("ignoring unreadable %s/%s: %s", path, child, error)
+        return result
+
+    def _watch_data(
+        self, path: str, parse: Callable[[bytes], T], callback: Callable[[T | None, int], bool]
+    ) -> None:
+        """Call `callback(parse(data), version)` with the data of the node at `path` now and
+        whenever it is written, and `callback(None, -1)` while the node does not exist, until
+        stop() or the callback returns False. kazoo's DataWatch keeps the watch armed across
+        reconnections and session expiries (it reads the node again then, and calls back if it
+        changed meanwhile); it is armed on a thread of kazoo's, so this call does not wait on
+        ZooKeeper. The callback runs on kazoo's threads: it must only hand the value on. Data
+        that `parse` refuses (ValueError) is logged and passed over."""
+        self._check_open()
+        stopped = self._stopped
+
+        def changed(data: bytes | None, stat: Any) -> bool:
+            if stopped.is_set():
+                return False
+            if stat is None:
+                return callback(None, -1)
+            try:
+                value = parse(data or b"")
+            except ValueError as error:
+                log.error("%s holds unreadable data, passed over: %s", path, error)
+                return True
+            return callback(value, stat.version)
+
+        self._client.handler.spawn(DataWatch, self._client, path, changed)
+
+    def _add_watch(
+        self,
+        path: str,
+        parse: Callable[[bytes], T],
+        key: Callable[[str], K],
+        callback: Callable[[dict[K, T]], None],
+    ) -> None:
+        """Call `callback` with what _read_all(path, parse, key) reads now, whenever the
+        children change and after every reconnection, until stop() (broker.registry.watches).
+        `path` is created if it does not exist."""
+        self._check_open()
+        watch = ChildrenWatch(
+            self._client,
+            path,
+            lambda children: self._read_each(path, children, parse, key),
+            callback,
+            connected=lambda: self.connected,
+            stopped=self._stopped,
+        )
+        self._watches.append(watch)
+        watch.start()
