@@ -68,6 +68,10 @@ left to read, which at one request a time cost a message a request (~6 µs of CP
 Message = TypeVar("Message")
 
 
+RECEIVE_RECHECK_S = 0.1
+"""The longest TrioSocket.receive waits on the socket's FD before it looks for a message again."""
+
+
 class TrioSocket(Generic[Message]):
     """Receive and send multipart messages on a zmq socket from trio tasks. `receive_message`
     reads one message without blocking when given NOBLOCK (one of broker.zmqio's)."""
@@ -106,7 +110,9 @@ class TrioSocket(Generic[Message]):
                 idle_done = True
                 await on_idle()
                 continue  # what it sent may have taken the edge: look again before waiting
-            with trio.CancelScope() as scope:
+            # Bounded: zmq.FD is edge-triggered, and an edge another task's send or EVENTS read
+            # took is seen by looking again at the latest RECEIVE_RECHECK_S later, not never.
+            with trio.move_on_after(RECEIVE_RECHECK_S) as scope:
                 self._receiver_wait = scope
                 try:
                     await trio.lowlevel.wait_readable(self._fd)
