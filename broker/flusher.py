@@ -88,7 +88,7 @@ class Flusher:
 
     def flush(self, partition: Partition, if_due: bool = False) -> bool:
         """Flush a partition (only if due, with `if_due`) and wake those waiting for it; a
-        failed flush takes it offline (see _on_disk_error). Whether it did not fail."""
+        failed flush takes it offline (see on_disk_error). Whether it did not fail."""
         try:
             if if_due:
                 if not partition.log.flush_if_due():
@@ -174,7 +174,7 @@ class Flusher:
                 self.flush(partition)
 
     def flush_by(self, plog: PartitionLog) -> None:
-        """Have _flush_when_due wake by `plog`'s flush deadline, which it has just been given:
+        """Have `run` wake by `plog`'s flush deadline, which it has just been given:
         its timer moved earlier if need be, without waking it now. (At ack=flushed every group
         commit leaves a partition without a deadline, so each round gives it a new one.)"""
         deadline = plog.next_flush_deadline()

@@ -66,7 +66,7 @@ class Leadership:
 
     def _lead(self, partition: Partition, epoch: int) -> None:
         """Start a term as the leader in `epoch`: its entry in the log's history first (a
-        failure is tried again by _check_isrs)."""
+        failure is tried again by check_isrs)."""
         plog = partition.log
         start = plog.log_end_offset
         try:

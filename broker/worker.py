@@ -18,7 +18,7 @@ Flushes, by count, by time and by group commit, and what a failed flush does: br
 Retention runs every retention_check_interval_ms. Deleting a topic releases its logs without
 writing anything (no flush, no index), so a full disk cannot stop it, and removes their folders.
 Storage errors answered to requests (DISK_FULL, STORAGE_ERROR, an OSError such as EMFILE turned
-into the latter) are logged at most once per STORAGE_LOG_EVERY_S per kind.
+into the latter) are logged at most once per broker.served.STORAGE_LOG_EVERY_S per kind.
 
 On SIGTERM or SIGINT it flushes every log and answers the producers waiting for that flush,
 then stops, closes every log and exits 0. A supervisor that dies, even by SIGKILL, has the
