@@ -26,6 +26,7 @@ from typing import Final
 import zmq
 
 from broker import control, protocol
+from broker.client.connection import close_monitored
 from broker.config import BrokerConfig
 from broker.errors import (
     AuthorizationFailed,
@@ -194,6 +195,16 @@ class Front:
         for worker, first, rest in self.pool.drained():
             self._from_worker(worker, first, rest)
         self._send_answers()
+
+    def close(self) -> None:
+        """Close the front socket (with its linger: replies still queued go out), and its
+        monitor in curve mode."""
+        if self.socket.closed:
+            return
+        if self.handshake_failures is None:
+            self.socket.close()
+        else:
+            close_monitored(self.socket, self.handshake_failures.socket)
 
     def _send_answers(self) -> None:
         """Send the replies the pool and topic management owe."""

@@ -490,6 +490,7 @@ class HandshakeFailures:
 
     def __init__(self, socket: zmq.Socket[bytes]) -> None:
         self.socket: zmq.Socket[bytes] = socket.get_monitor_socket(self.EVENTS)
+        """The monitor of the front's socket: closed with it (broker.client.close_monitored)."""
         self.failed = dict.fromkeys([*self.REASONS.values(), "other"], 0)
         """Failed handshakes by reason (REASONS' values, or "other"): every key there from the
         start, so that the metrics thread never sees the dict grow."""

@@ -385,6 +385,7 @@ class Supervisor:
             self._zookeeper_starts.shutdown(wait=True, cancel_futures=True)  # a start ends first
             self.zookeeper.stop()
         self._zookeeper_starts.shutdown(wait=True)
+        self.front.close()
         self.context.destroy(linger=1000)
         self.pool.remove_endpoints()
 

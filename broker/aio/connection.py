@@ -36,6 +36,7 @@ from broker.client.connection import (
     Framing,
     Handshakes,
     Retry,
+    close_monitored,
     monitor_handshakes,
 )
 from broker.errors import BrokerError, MalformedReply, Unavailable
@@ -104,9 +105,10 @@ class AsyncConnection(Framing):
                     monitor = monitor_handshakes(socket)
                 socket.connect(self.endpoint)
             except BaseException:
-                socket.close(linger=0)
-                if monitor is not None:
-                    monitor.close(linger=0)
+                if monitor is None:
+                    socket.close(linger=0)
+                else:
+                    close_monitored(socket, monitor, linger_ms=0)
                 raise
             loop = asyncio.get_running_loop()
             self._socket = socket
@@ -137,12 +139,11 @@ class AsyncConnection(Framing):
             if task is not None:
                 task.cancel()
         self._reader = self._watcher = None
-        if self._socket is not None:
+        if self._socket is not None and self._monitor is not None:
+            close_monitored(self._socket, self._monitor, linger_ms)
+        elif self._socket is not None:
             self._socket.close(linger_ms)
-            self._socket = None
-        if self._monitor is not None:
-            self._monitor.close(linger=0)
-            self._monitor = None
+        self._socket = self._monitor = None
 
     async def _read(self, socket: zmq.asyncio.Socket) -> None:
         """Hand every reply to the request waiting for it."""

@@ -168,6 +168,17 @@ def monitor_handshakes(socket: _Socket) -> _Socket:
     return socket.get_monitor_socket(HANDSHAKE_EVENTS, address)
 
 
+def close_monitored(socket: _Socket, monitor: _Socket, linger_ms: int | None = None) -> None:
+    """Close `socket` (with its own linger when `linger_ms` is None) and `monitor`, its monitor
+    (monitor_handshakes), the monitoring stopped first. libzmq's I/O thread hands a socket's
+    events to its monitor with a blocking send: an event after the monitor's PAIR is closed (a
+    handshake that ends while the socket is closed, or lingers) would block that thread for
+    ever, and with it every socket of the context."""
+    socket.disable_monitor()
+    monitor.close(linger=0)
+    socket.close(linger_ms)
+
+
 class Handshakes:
     """The Curve handshakes of one client socket, from its monitor's events (`take`). `failure`
     is the AuthenticationFailed to raise when the last handshake was refused by the broker's
@@ -366,10 +377,11 @@ class Connection(Framing, Closing):
 
     def _close_socket(self, socket: zmq.Socket[bytes], linger_ms: int | None = None) -> None:
         """Close `socket` (with its own linger when `linger_ms` is None) and its monitor."""
-        socket.close(linger_ms)
         monitor = self._monitors.pop(socket, None)
-        if monitor is not None:
-            monitor.socket.close(linger=0)
+        if monitor is None:
+            socket.close(linger_ms)
+        else:
+            close_monitored(socket, monitor.socket, linger_ms)
 
     def _readable(self, socket: zmq.Socket[bytes], timeout_s: float) -> bool:
         """Whether `socket` has a reply within `timeout_s`; with keys, AuthenticationFailed as
