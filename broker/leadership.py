@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 import trio
 
@@ -18,6 +19,7 @@ from broker import control
 from broker.config import BrokerConfig
 from broker.flusher import DISK_ERRORS, Flusher
 from broker.partition import Partition
+from broker.replication.fetcher import Fetchers
 from broker.replication.follower import Follower, Role, replica_keys
 from broker.replication.lease import Lease
 from broker.served import Served
@@ -35,6 +37,8 @@ class Leadership:
         self.lease = Lease()
         """The lease the supervisor last renewed, shared by every partition's Replica."""
         self.lease_renewed = trio.Event()
+        self.fetchers: Fetchers | None = None
+        """The worker's connections to the leaders it follows partitions of."""
 
     async def take_role(self, command: control.PartitionRole) -> None:
         """A replicated partition's state node, as the supervisor read it (docs/replication.md,
@@ -123,17 +127,27 @@ class Leadership:
             config.broker_replica_fetch_max_bytes,
             config.broker_replica_fetch_wait_ms,
             copied,
-            lambda: replica_keys(config),
+            self._fetchers(),
         )
         scope = trio.CancelScope()
         partition.follower, partition.following = follower, scope
 
         async def run() -> None:
             with scope:
-                await follower.run(self.served.socket.socket.context)
+                await follower.run()
 
         assert self.served.nursery is not None
         self.served.nursery.start_soon(run)
+
+    def _fetchers(self) -> Fetchers:
+        """The worker's fetchers (one per leader broker), made when it first follows."""
+        if self.fetchers is None:
+            assert self.served.nursery is not None
+            context = self.served.socket.socket.context
+            config = self.config
+            keys = partial(replica_keys, config)
+            self.fetchers = Fetchers(config.broker_id, context, self.served.nursery, keys)
+        return self.fetchers
 
     def ask_isr(self, partition: Partition, fetched: int | None = None) -> None:
         """Ask the supervisor for the ISR change due (shrink, or expand by `fetched`, the

@@ -1,0 +1,224 @@
+"""A worker's replica fetchers (docs/replication.md, "The follower"): one connection to each
+leader broker it follows partitions of, shared by all of them (Kafka's replica fetcher per
+source broker), not a socket per followed partition.
+
+A `Fetcher` is a DEALER connected to one leader's front. The copy loop of each partition
+followed from that leader (broker.replication.follower) sends its requests on it as it makes
+them, and one receiving task hands each reply to the request waiting for it by correlation id
+(the fetcher's own count): a reply to a request that gave up waiting is passed over. The
+leader's long polls run side by side, one per partition, as they did on sockets of their own.
+
+`Fetchers` holds the fetchers of a worker, one per leader broker, front endpoint and Curve
+key, counted by the copy loops that use each: the first loop to follow a leader connects it
+(reading this broker's keys then, in curve mode), and the last to stop closes it.
+
+In security.mode curve the socket is a Curve client of the leader's front: it presents this
+broker's key pair (a key of the cluster, which the leader lets in as the cluster principal,
+broker.security) and takes the leader for the holder of the public key the leader registered
+in ZooKeeper, provided that key is one of the cluster's (BrokerKeys.to_leader). Why the last
+handshake failed, as the socket's monitor saw it, is told with a request that got no reply.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from broker import protocol
+from broker.client.connection import close_monitored, monitor_handshakes
+from broker.errors import MalformedReply, PartitionUnavailable
+from broker.log.message import Buffer
+from broker.security import BrokerKeys
+from broker.transport import TrioSocket
+from broker.zmqio import receive_frames
+
+log = logging.getLogger("pylog.follower")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A leader broker as its followers reach it (Kafka's source broker): its id, its front's
+    endpoint and, in curve mode, the public key it registered (None: none)."""
+
+    broker: int
+    endpoint: str
+    key: str | None = None
+
+    def __str__(self) -> str:
+        return f"leader {self.broker} ({self.endpoint})"
+
+
+class _Handshakes:
+    """The handshakes of a fetcher's socket with the leader, from the socket's monitor: why
+    the last one failed (`failure`), None once one succeeded."""
+
+    EVENTS = (
+        zmq.EVENT_HANDSHAKE_SUCCEEDED
+        | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    )
+
+    def __init__(self, socket: zmq.Socket[bytes], leader: Source) -> None:
+        self.monitor: zmq.Socket[bytes] = monitor_handshakes(socket)
+        self.leader = leader
+        self._failure: str | None = None
+
+    def failure(self) -> str | None:
+        """Why the last handshake failed, after reading every event waiting (never waits)."""
+        leader = self.leader
+        while int(self.monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            event = parse_monitor_message(self.monitor.recv_multipart())
+            kind, value = event["event"], int(event["value"])
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._failure = None
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:  # value: the ZAP status code
+                self._failure = (
+                    f"{leader} refused this broker's key (ZAP {value}): it is none of the "
+                    "leader's cluster keys (security.key_file, security.broker_keys), so the "
+                    "leader does not take this broker for one of its cluster"
+                )
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                self._failure = (
+                    f"the handshake with {leader} failed (ZeroMQ protocol error {value:#x}): "
+                    "one of the two serves plaintext, or the leader holds another key than "
+                    "it registered"
+                )
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                self._failure = (
+                    f"{leader} broke the handshake off: does it serve the other security.mode?"
+                )
+        return self._failure
+
+
+@dataclass
+class _Waiting:
+    """A request sent, until its reply comes (`frames`) or it gives up."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    frames: list[Buffer] | None = None
+
+
+class Fetcher:
+    """The connection of replica `me` to `leader`, on `socket` (connected, with its monitor
+    `handshakes`), shared by the copy loops of every partition followed from it."""
+
+    def __init__(
+        self, me: int, leader: Source, socket: zmq.Socket[bytes], handshakes: _Handshakes
+    ) -> None:
+        self.me = me
+        self.leader = leader
+        self._socket = socket
+        self._handshakes = handshakes
+        self._channel = TrioSocket(socket, receive_frames)
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, _Waiting] = {}
+        """Correlation id -> the request waiting for its reply."""
+        self.users = 0
+        """The copy loops using this fetcher (Fetchers)."""
+        self.scope = trio.CancelScope()
+        """The receiving task's: cancelled when the last user is gone, which closes the
+        socket."""
+
+    async def receive(self) -> None:
+        """Hand each reply to the request waiting for it, until cancelled; then close the
+        socket."""
+        try:
+            with self.scope:
+                while True:
+                    frames: list[Buffer] = [f.buffer for f in await self._channel.receive()]
+                    try:
+                        correlation_id = protocol.decode_reply_header(frames).correlation_id
+                    except MalformedReply as error:
+                        log.warning("%s: a reply with no header read: %s", self.leader, error)
+                        continue
+                    waiting = self._waiting.pop(correlation_id, None)
+                    if waiting is not None:  # None: the request gave up waiting for it
+                        waiting.frames = frames
+                        waiting.done.set()
+        finally:
+            close_monitored(self._socket, self._handshakes.monitor)
+
+    async def request(
+        self, request: protocol.Request, version: int, wait_s: float, name: str
+    ) -> protocol.Reply:
+        """Send `request` for partition `name` to the leader and return its reply (raising its
+        error); PartitionUnavailable when none comes within `wait_s`, with why the handshake
+        failed if it did."""
+        correlation_id = next(self._ids) % (1 << 32)
+        header = protocol.RequestHeader(request.api, version, correlation_id, f"replica-{self.me}")
+        waiting = self._waiting[correlation_id] = _Waiting()
+        try:
+            await self._channel.send(protocol.encode_request(header, request))
+            with trio.move_on_after(wait_s):
+                await waiting.done.wait()
+        finally:
+            self._waiting.pop(correlation_id, None)
+        if waiting.frames is None:
+            failure = self._handshakes.failure()
+            cause = f": {failure}" if failure else ""
+            raise PartitionUnavailable(
+                f"{name}: no reply from {self.leader} within {wait_s:g} s{cause}"
+            )
+        return protocol.decode_reply(request.api, waiting.frames, version)
+
+
+class Fetchers:
+    """The fetchers of replica `me`'s worker, one per leader, made in `context`, with their
+    receiving tasks in `nursery`; `keys` reads this broker's keys among brokers (curve mode),
+    None in plaintext."""
+
+    def __init__(
+        self,
+        me: int,
+        context: zmq.Context[zmq.Socket[bytes]],
+        nursery: trio.Nursery,
+        keys: Callable[[], BrokerKeys | None] = lambda: None,
+    ) -> None:
+        self.me = me
+        self.context = context
+        self.nursery = nursery
+        self._keys = keys
+        self._fetchers: dict[Source, Fetcher] = {}
+
+    def __len__(self) -> int:
+        return len(self._fetchers)
+
+    def acquire(self, leader: Source) -> Fetcher:
+        """The fetcher of `leader`, connected on first use (KeyFileError, nothing connected,
+        when this broker's keys cannot be read or the leader's registered key is none of the
+        cluster's); give it back with `release`."""
+        fetcher = self._fetchers.get(leader)
+        if fetcher is None:
+            fetcher = self._fetchers[leader] = self._connect(leader)
+            self.nursery.start_soon(fetcher.receive)
+        fetcher.users += 1
+        return fetcher
+
+    def release(self, fetcher: Fetcher) -> None:
+        """A copy loop done with `fetcher`: the last one closes it."""
+        fetcher.users -= 1
+        if fetcher.users == 0:
+            del self._fetchers[fetcher.leader]
+            fetcher.scope.cancel()
+
+    def _connect(self, leader: Source) -> Fetcher:
+        """A DEALER connected to the leader's front: a Curve client with this broker's keys in
+        curve mode, plaintext else; with its handshakes' monitor."""
+        keys = self._keys()
+        client_keys = None
+        if keys is not None:
+            client_keys = keys.to_leader(None if leader.key is None else leader.key.encode())
+        socket = self.context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        if client_keys is not None:
+            client_keys.apply(socket)
+        handshakes = _Handshakes(socket, leader)  # before connecting: no event missed
+        socket.connect(leader.endpoint)
+        return Fetcher(self.me, leader, socket, handshakes)

@@ -1,0 +1,141 @@
+"""A worker's replica fetchers (broker.replication.fetcher; docs/replication.md, "The
+follower"): the partitions followed from one leader broker share one connection to it, each
+gets its own replies whatever order they come in, and the connection closes with the last of
+them. Real follower copy loops and real logs, against a leader played on a ROUTER socket of
+127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from broker import protocol
+from broker.log import PartitionLog
+from broker.log.epochs import EpochEntry
+from broker.log.message import encode_message, iter_messages
+from broker.replication.fetcher import Fetchers
+from broker.replication.follower import Follower, Role
+from broker.transport import TrioSocket
+from tests.sockets import LiveContext
+
+PARTITIONS = 3
+
+
+def stored(plog: PartitionLog) -> list[bytes]:
+    plog.flush()
+    data = b"".join(bytes(s.view(0, s.size)) for s in plog.segments)
+    return [message.value for message in iter_messages(data)]
+
+
+@dataclass
+class PlayedLeader:
+    """Broker 1 leading partitions 0.. of "clicks" in epoch 0, each holding one message, on
+    `live`'s ROUTER: it answers OFFSET_FOR_LEADER_EPOCH at once, holds the first FETCH of
+    every partition until all have come and then answers them last first, and leaves later
+    FETCHes waiting (long polls that nothing ends). Records each request's connection."""
+
+    live: LiveContext
+    identities: list[bytes] = field(default_factory=list)
+    held: list[tuple[bytes, int, int]] = field(default_factory=list)
+    """(identity, correlation id, partition) of the first FETCHes not answered yet."""
+    answered: set[int] = field(default_factory=set)
+
+    async def serve(self) -> None:
+        channel = TrioSocket(self.live.server, lambda socket, flags: socket.recv_multipart(flags))
+        while True:
+            identity, *frames = await channel.receive()
+            self.identities.append(identity)
+            header, request = protocol.decode_request(frames)
+            if isinstance(request, protocol.OffsetForLeaderEpochRequest):
+                reply: protocol.Reply = protocol.OffsetForLeaderEpochReply(-1, 0)
+                await channel.send([identity, *protocol.encode_reply(header.correlation_id, reply)])
+            elif (
+                isinstance(request, protocol.FetchRequest)
+                and request.partition not in self.answered
+            ):
+                self.answered.add(request.partition)
+                self.held.append((identity, header.correlation_id, request.partition))
+                if len(self.held) == PARTITIONS:
+                    for identity, correlation_id, number in reversed(self.held):
+                        data = encode_message(b"partition %d" % number, timestamp_ms=0)
+                        fetched = protocol.FetchReply(len(data), 0, data, 0, (EpochEntry(0, 0),))
+                        answer = protocol.encode_reply(correlation_id, fetched, 2)
+                        await channel.send([identity, *answer])
+
+
+@pytest.fixture
+async def live() -> AsyncIterator[LiveContext]:
+    live = LiveContext()
+    yield live
+    live.close()
+
+
+def follower(
+    number: int, plogs: dict[int, PartitionLog], fetchers: Fetchers, endpoint: str, epoch: int = 0
+) -> Follower:
+    async def copied(count: int) -> None:
+        plogs[number].flush()
+
+    role = Role(1, endpoint, epoch)
+    plog = plogs[number]
+    return Follower(2, "clicks", number, lambda: plog, role, 1 << 20, 60_000, copied, fetchers)
+
+
+async def test_the_partitions_followed_from_one_leader_share_one_connection(
+    live: LiveContext, tmp_path: Path
+) -> None:
+    plogs = {n: PartitionLog.open(tmp_path / f"clicks-{n}") for n in range(PARTITIONS)}
+    leader = PlayedLeader(live)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(leader.serve)
+        fetchers = Fetchers(2, live.context, nursery)
+        for number in range(PARTITIONS):
+            nursery.start_soon(follower(number, plogs, fetchers, live.endpoint).run)
+        with trio.fail_after(10):
+            while any(p.high_watermark == 0 for p in plogs.values()):
+                await trio.sleep(0.01)
+        assert len(fetchers) == 1
+        assert len(set(leader.identities)) == 1  # every request on one connection
+        # Answered last first: each reply reached the partition that asked for it.
+        assert {n: stored(p) for n, p in plogs.items()} == {
+            n: [b"partition %d" % n] for n in range(PARTITIONS)
+        }
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_fetcher_closes_with_the_last_partition_that_follows_from_it(
+    live: LiveContext, tmp_path: Path
+) -> None:
+    plogs = {n: PartitionLog.open(tmp_path / f"clicks-{n}") for n in range(2)}
+    leader = PlayedLeader(live)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(leader.serve)
+        fetchers = Fetchers(2, live.context, nursery)
+        scopes = [trio.CancelScope() for _ in range(2)]
+
+        async def run(number: int) -> None:
+            with scopes[number]:
+                await follower(number, plogs, fetchers, live.endpoint).run()
+
+        for number in range(2):
+            nursery.start_soon(run, number)
+        with trio.fail_after(10):
+            while len(leader.identities) < 4:  # both partitions' OFFSET_FOR_LEADER_EPOCH and FETCH
+                await trio.sleep(0.01)
+        scopes[0].cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(fetchers) == 1  # partition 1 still follows broker 1
+        scopes[1].cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(fetchers) == 0
+        # A partition that follows broker 1 again connects anew.
+        nursery.start_soon(follower(0, plogs, fetchers, live.endpoint, epoch=1).run)
+        with trio.fail_after(10):
+            while len(set(leader.identities)) < 2:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
