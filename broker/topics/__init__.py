@@ -229,14 +229,17 @@ class Topics:
                 )
                 continue
             state = self.held.get(topic)
+            led_by_state = replicated(config)
             partitions = []
             for number, replicas in enumerate(config.replicas):
-                # A replicated partition's leader is its state node's; a partition without
-                # replicas is led by its one holder.
+                # A replicated partition's leader is its state node's (none while the node is
+                # not read yet); a partition of one replica is led by it.
                 known = self.roles.states.get((topic, number))
                 leader, epoch, isr = replicas[0], -1, replicas
                 if known is not None:
                     leader, epoch, isr = known[0].leader, known[0].leader_epoch, known[0].isr
+                elif led_by_state:
+                    leader, isr = -1, ()
                 failure = self.partition_errors.get((topic, number))
                 if leader == me:
                     w = None if state is None else state.workers.get(number)

@@ -1,0 +1,65 @@
+"""METADATA as a broker answers it from its view of the cluster (broker.topics.Topics.metadata),
+on the view alone: a replicated partition whose state node this broker has not read yet (a
+topic just created elsewhere: its watch on the topics fired, the one on the state node not yet)
+has no leader known, as docs/protocol.md says: not its first replica at epoch -1 with every
+replica in sync."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from broker import protocol
+from broker.config import BrokerConfig
+from broker.pool import WorkerPool
+from broker.registry import BrokerInfo, PartitionState, TopicConfig
+from broker.registry_calls import RegistryCalls
+from broker.topics import Topics
+
+ME = 1
+PORT = 9092
+
+
+@pytest.fixture
+def topics(tmp_path: Path) -> Iterator[Topics]:
+    config = BrokerConfig({"broker_id": ME, "broker_data_dir": str(tmp_path)})
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pool = WorkerPool(config, context, zmq.Poller(), tmp_path, deque())
+    calls = RegistryCalls()
+    view = Topics(config, pool, calls, deque())
+    view.live_brokers = {b: BrokerInfo("127.0.0.1", PORT + b, 1, ("/logs",)) for b in (2, 3)}
+    yield view
+    calls.shutdown()
+    context.destroy(linger=0)
+
+
+def partition(topics: Topics, topic: str) -> protocol.PartitionInfo:
+    (info,) = topics.metadata((topic,), PORT).topics
+    (answer,) = info.partitions
+    return answer
+
+
+def test_a_replicated_partition_whose_state_is_not_read_yet_has_no_leader(topics: Topics) -> None:
+    topics.configs["clicks"] = TopicConfig(
+        1, (2,), {"replication_factor": 3}, replicas=((2, 3, ME),)
+    )
+    answer = partition(topics, "clicks")
+    assert (answer.broker_id, answer.leader_epoch, answer.isr) == (-1, -1, ())
+    assert answer.error_code == protocol.ErrorCode.PARTITION_UNAVAILABLE
+    assert answer.replicas == (2, 3, ME)
+    # Once read, the state node's leader, epoch and ISR.
+    topics.roles.states[("clicks", 0)] = (PartitionState(2, 0, (2, 3), 0), 0)
+    answer = partition(topics, "clicks")
+    assert (answer.broker_id, answer.leader_epoch, answer.isr) == (2, 0, (2, 3))
+    assert answer.error_code == protocol.ErrorCode.NONE
+
+
+def test_a_partition_of_one_replica_is_led_by_it_with_no_epoch(topics: Topics) -> None:
+    topics.configs["single"] = TopicConfig(1, (2,))
+    answer = partition(topics, "single")
+    assert (answer.broker_id, answer.leader_epoch, answer.isr) == (2, -1, (2,))
+    assert answer.error_code == protocol.ErrorCode.NONE
