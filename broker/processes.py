@@ -16,6 +16,11 @@ ends only after that ZooKeeper is stopped).
 
 `port_holder(port)` names the process listening on a TCP port, for errors that say who holds
 it; `listening_pids(port)` tells whether that is the process meant to.
+
+`ensure_file_limit(max_open_files)`, at start, before any worker is forked (they inherit it):
+the process's limit of open files (RLIMIT_NOFILE, `ulimit -n`) must hold a worker's segment
+files (log.max_open_files) and FDS_BESIDES_SEGMENTS more. A soft limit below that is raised to
+the hard limit; a hard limit below it stops pylogd with one line that says what to change.
 """
 
 from __future__ import annotations
@@ -24,12 +29,19 @@ import contextlib
 import ctypes
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["exit_with_supervisor", "listening_pids", "orphan_proof", "port_holder"]
+__all__ = [
+    "ensure_file_limit",
+    "exit_with_supervisor",
+    "listening_pids",
+    "orphan_proof",
+    "port_holder",
+]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +102,41 @@ def port_holder(port: int) -> str:
             command = command[: _COMMAND_LINE_CHARS - 3] + "..."
         holders.append(f"pid {pid} ({command})")
     return ", ".join(holders) or "a process this one cannot see"
+
+
+FDS_BESIDES_SEGMENTS = 128
+"""File descriptors a pylogd process needs besides its segment files: its ZeroMQ sockets and
+their mailboxes, the supervisor's client connections, checkpoint and epoch files being written,
+mappings kept open while a reply still sends them (broker.log.files), its log."""
+UNLIMITED_SOFT_LIMIT = 1 << 20
+"""The soft limit set when the hard one is unlimited (systemd's LimitNOFILE=1048576)."""
+
+
+def ensure_file_limit(max_open_files: int) -> None:
+    """Make sure this process (and the workers it forks) may open `max_open_files` segment
+    files and FDS_BESIDES_SEGMENTS more: a lower soft limit is raised to the hard limit (and
+    logged); OSError, saying what to change, when the hard limit is lower too."""
+    needed = max_open_files + FDS_BESIDES_SEGMENTS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise OSError(
+            f"log.max_open_files is {max_open_files}: a worker needs up to {needed} file "
+            f"descriptors, but this process may open {soft} (ulimit -n; hard limit {hard}). "
+            f"Raise the limit (LimitNOFILE= in the systemd unit, or ulimit -n {needed} before "
+            "starting pylogd), or lower log.max_open_files to at most "
+            f"{max(1, hard - FDS_BESIDES_SEGMENTS)}"
+        )
+    target = UNLIMITED_SOFT_LIMIT if hard == resource.RLIM_INFINITY else hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(target, needed), hard))
+    log.info(
+        "open files: soft limit raised from %d to %d (log.max_open_files %d needs %d)",
+        soft,
+        max(target, needed),
+        max_open_files,
+        needed,
+    )
 
 
 def main(argv: Sequence[str]) -> None:

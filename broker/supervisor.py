@@ -52,6 +52,7 @@ from broker.errors import PylogError, ZooKeeperStartError
 from broker.front import Front
 from broker.metrics import serve_metrics
 from broker.pool import Answers, WorkerPool
+from broker.processes import ensure_file_limit
 from broker.registry import BrokerInfo, Registry
 from broker.registry_calls import RegistryCalls
 from broker.replication.controller import ControllerService
@@ -121,6 +122,7 @@ class Supervisor:
     def start(self) -> None:
         """Everything up to READY: front socket and metrics endpoint (first, so that a port in
         use stops pylogd before anything is started), ZooKeeper, registry, topics, workers."""
+        ensure_file_limit(self.config.log_max_open_files)
         for directory in (self.data_dir, self.run_dir, *self.log_dirs):
             directory.mkdir(parents=True, exist_ok=True)
         self.run_dir.chmod(0o700)  # the workers' ipc sockets: no other user may connect them
