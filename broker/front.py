@@ -279,7 +279,7 @@ class Front:
         except Exception as error:
             if not isinstance(error, PylogError):
                 log.exception("unexpected error serving a request")
-            if not protocol.is_fire_and_forget(request_frames):
+            if self.pool.errors.refused(request_frames, error):
                 correlation_id = protocol.peek_correlation_id(request_frames)
                 self._answer(tagged, protocol.encode_error(correlation_id, error))
 

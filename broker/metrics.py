@@ -28,7 +28,8 @@ read at scrape time. The names follow Prometheus' conventions (`_total` counters
 and from each worker's last snapshot (broker.worker_stats, sent every STATS_EVERY_S):
 
 - pylog_requests_total{worker, api}, pylog_request_errors_total{worker, api, error} (the
-  error code's name), pylog_request_seconds{worker, api} (a histogram: the time the worker
+  error code's name; worker "supervisor" counts those the supervisor refused before any worker,
+  broker.pool.RequestErrors), pylog_request_seconds{worker, api} (a histogram: the time the worker
   took up to its reply, or to parking a long poll or an ack=flushed producer);
 - pylog_flush_seconds{worker}: flushes (write, and fsync if configured), a histogram;
 - per partition {topic, partition}: pylog_partition_messages_in_total,
@@ -58,7 +59,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from broker.pool import WorkerHandle
+from broker.pool import RequestErrors, WorkerHandle
 from broker.processes import port_holder
 from broker.worker_stats import LATENCY_BUCKETS_S
 
@@ -150,7 +151,7 @@ class SupervisorCollector(Collector):
             "Replicated partitions led here whose in-sync set is smaller than their replicas.",
             s.topics.roles.under_replicated(),
         )
-        yield from _worker_metrics(pool.workers)
+        yield from _worker_metrics(pool.workers, pool.errors)
         connected = s.registry is not None and s.registry.connected
         yield GaugeMetricFamily(
             "pylog_zookeeper_connected",
@@ -172,15 +173,17 @@ _PARTITION_FIGURES = (
 partition (broker.worker_stats)."""
 
 
-def _worker_metrics(workers: list[WorkerHandle]) -> Iterator[Metric]:
+def _worker_metrics(workers: list[WorkerHandle], refused: RequestErrors) -> Iterator[Metric]:
     """The figures of the workers' last snapshots (broker.worker_stats): requests, errors and
-    their time by api, flush time, and each partition's traffic and log."""
+    their time by api, flush time, and each partition's traffic and log; and the errors the
+    supervisor answered itself (`refused`, worker "supervisor")."""
     requests = CounterMetricFamily(
         "pylog_requests", "Requests a worker served.", labels=["worker", "api"]
     )
     errors = CounterMetricFamily(
         "pylog_request_errors",
-        "Requests a worker answered with an error (or, ack none, could not store).",
+        "Requests a worker answered with an error (or, ack none, could not store); worker "
+        '"supervisor": those the supervisor refused before any worker (or, ack none, dropped).',
         labels=["worker", "api", "error"],
     )
     seconds = HistogramMetricFamily(
@@ -214,6 +217,9 @@ def _worker_metrics(workers: list[WorkerHandle]) -> Iterator[Metric]:
         for topic, number, *figures in stats["partitions"]:
             for family, value in zip(partitions, figures, strict=True):
                 family.add_metric([topic, str(number)], value)
+    for api, by_error in list(refused.counts.items()):  # copied: the loop may add to them
+        for error, count in list(by_error.items()):
+            errors.add_metric(["supervisor", api, error], count)
     yield from (requests, errors, seconds, flush, *partitions)
 
 

@@ -38,6 +38,7 @@ from broker import protocol
 from broker.config import BrokerConfig
 from broker.errors import PartitionUnavailable
 from broker.log.message import Buffer
+from broker.ratelog import RateLimitedLog
 from broker.transport import requests_frame
 from broker.zmqio import NOBLOCK, receive_routed, send_frames
 
@@ -55,6 +56,38 @@ HEALTHY_AFTER_S = 10.0
 
 Answers = deque[tuple[bytes, list[Buffer]]]
 """Replies for the front to send on its loop: the tagged identity of a client, the frames."""
+
+
+REFUSED_LOG_EVERY_S = 5.0
+
+
+class RequestErrors:
+    """The requests the supervisor answers with an error itself, before any worker serves
+    them (the front: an unknown topic or partition, an ACL, a malformed request, a shutdown;
+    the pool: a worker gone), by api and error code name, for broker.metrics
+    (pylog_request_errors_total{worker="supervisor"}). A PRODUCE with ack none is never
+    answered: it is counted the same, and logged (at most once per error code every
+    REFUSED_LOG_EVERY_S, with the count left out), since its producer learns of it no other
+    way (docs/protocol.md)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, dict[str, int]] = {}
+        """api -> error code name -> requests: read by the metrics thread (copied whole)."""
+        self._log = RateLimitedLog(log, REFUSED_LOG_EVERY_S)
+
+    def refused(self, frames: Sequence[Buffer], error: BaseException) -> bool:
+        """Count `error` as the answer to the request of `frames`; whether to answer it
+        (False: a PRODUCE with ack none, logged instead)."""
+        code = protocol.error_code_for(error).name
+        api = protocol.peek_api_name(frames)
+        by_code = self.counts.get(api)
+        if by_code is None:
+            by_code = self.counts[api] = {}
+        by_code[code] = by_code.get(code, 0) + 1
+        if not protocol.is_fire_and_forget(frames):
+            return True
+        self._log.log(logging.WARNING, code, f"a produce with ack=none was refused: {error}")
+        return False
 
 
 @dataclass
@@ -108,6 +141,7 @@ class WorkerPool:
             for d, log_dir in enumerate(config.log_dir_paths)
             for k in range(per_dir)
         ]
+        self.errors = RequestErrors()
         self.restarts = 0
         self.stopping = False
         self.queued_bytes = 0
@@ -186,7 +220,7 @@ class WorkerPool:
     def flush(self, worker: WorkerHandle) -> None:
         """Send the requests routed to `worker` since the last flush as one REQUESTS message
         (broker.transport). If the worker is gone, answer each PARTITION_UNAVAILABLE (but those
-        with ack none, which get no answer)."""
+        with ack none, which get no answer: counted and logged, RequestErrors)."""
         outbox = worker.outbox
         if not outbox:
             return
@@ -195,7 +229,7 @@ class WorkerPool:
             return
         error = PartitionUnavailable(f"worker {worker.index} is restarting; retry shortly")
         for tagged, request in zip(outbox[::2], outbox[1::2], strict=True):
-            if not protocol.is_fire_and_forget([request]):
+            if self.errors.refused([request], error):
                 correlation_id = protocol.peek_correlation_id([request])
                 self.answers.append((bytes(tagged), protocol.encode_error(correlation_id, error)))
 

@@ -1295,6 +1295,17 @@ def peek_api(frames: Frames) -> int:
     return api
 
 
+def peek_api_name(frames: Frames) -> str:
+    """The name of a request's api in lower case ("produce"), read from its first frame
+    without decoding the request: "unknown" for a frame too short or an api_key unknown."""
+    if len(frames) < 1 or len(frames[0]) < _API_AND_VERSION.size:
+        return "unknown"
+    try:
+        return Api(_API_AND_VERSION.unpack_from(frames[0])[0]).name.lower()
+    except ValueError:
+        return "unknown"
+
+
 def peek_produce(frames: Frames) -> tuple[int, Route, int, memoryview] | None:
     """A PRODUCE request whose prefix is known good (see above), decoded with no header or
     request object: its correlation_id, route, ack (an int, checked) and message set (a view

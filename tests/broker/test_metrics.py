@@ -179,3 +179,25 @@ def test_a_metrics_port_in_use_stops_pylogd_naming_it(
                 "--metrics-port",
                 str(port),
             )
+
+
+def test_a_produce_with_ack_none_the_broker_refuses_is_counted_and_logged(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    """Refused before any worker serves it (an unknown topic): no reply, as docs/protocol.md
+    says, but counted under worker "supervisor" and logged, the producer's only way to learn
+    its messages went nowhere. A refused request that is answered is counted the same."""
+    broker = make_pylogd(*single_box_flags(tmp_path), *METRICS)
+    with Connection(broker.endpoint, timeout_s=10.0) as connection:
+        for _ in range(3):
+            connection.send_nowait(ProduceRequest("nowhere", 0, Ack.NONE, encode_message(b"x")))
+        with pytest.raises(BrokerError, match="UNKNOWN_TOPIC_OR_PARTITION"):
+            connection.request(ProduceRequest("nowhere", 0, Ack.WRITTEN, encode_message(b"y")))
+    refused = (
+        "pylog_request_errors_total",
+        (("api", "produce"), ("error", "UNKNOWN_TOPIC_OR_PARTITION"), ("worker", "supervisor")),
+    )
+    wait_until(lambda: broker.metrics().get(refused) == 4)
+    log = broker.log_path.read_text()
+    assert log.count("a produce with ack=none was refused: ") == 1  # the others left out
+    assert "'nowhere'" in log.split("a produce with ack=none was refused: ")[1].splitlines()[0]
