@@ -283,6 +283,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "security",
+        "allow_open_registry",
+        bool,
+        False,
+        "In curve mode, start with an external ZooKeeper and no zookeeper.auth_file: anyone who "
+        "reaches ZooKeeper may then add a principal, grant it every ACL and delete topics.",
+    ),
+    Setting(
+        "security",
         "principals_file",
         str,
         "",

@@ -71,6 +71,10 @@ from broker.zookeeper import PrivateZooKeeper
 
 log = logging.getLogger("pylog.supervisor")
 
+PRIVATE_REGISTRY_AUTH = "zookeeper.auth"
+"""In <data_dir>: the brokers' ZooKeeper identity for a private ZooKeeper in curve mode."""
+PRIVATE_REGISTRY_USER = "pylog-brokers"
+
 WORKER_START_TIMEOUT_S = 60.0
 ZOOKEEPER_BACKOFF_S = 0.5
 """The wait before the second start of a dead private ZooKeeper, doubling for each next one."""
@@ -142,11 +146,7 @@ class Supervisor:
             self.zookeeper.start()
             connect = self.zookeeper.connect_string
             log.info("private ZooKeeper on %s (pid %s)", connect, self.zookeeper.pid)
-        auth_file = self.config.zookeeper_auth_file
-        try:
-            auth = ZooKeeperAuth.load(auth_file) if auth_file else None
-        except (KeyFileError, OSError) as error:
-            raise OSError(f"zookeeper.auth_file: {error}") from error
+        auth = self._registry_auth(connect)
         self.registry = Registry(
             connect,
             self.config.zookeeper_chroot,
@@ -183,6 +183,42 @@ class Supervisor:
         )
         print(f"pylogd ready on {host}:{self.front.port}", flush=True)
         sd_notify(f"READY=1\nSTATUS=serving on {host}:{self.front.port}")
+
+    def _registry_auth(self, connect: str) -> ZooKeeperAuth | None:
+        """The brokers' ZooKeeper identity (docs/security.md, "The registry"): zookeeper.
+        auth_file's; in curve mode without one, that of the private ZooKeeper (made on first
+        start, PRIVATE_REGISTRY_AUTH), so that a stranger cannot write the registry. An
+        external ZooKeeper without one stops a curve broker (OSError) unless
+        security.allow_open_registry, which starts it with a warning."""
+        config = self.config
+        auth_file = config.zookeeper_auth_file
+        try:
+            if auth_file:
+                return ZooKeeperAuth.load(auth_file)
+            if config.security_mode != "curve":
+                return None
+            if not config.zookeeper_connect:
+                path = self.data_dir / PRIVATE_REGISTRY_AUTH
+                auth, created = ZooKeeperAuth.load_or_create(path, PRIVATE_REGISTRY_USER)
+                if created:
+                    log.info("registry: the brokers' ZooKeeper identity written to %s", path)
+                return auth
+        except (KeyFileError, OSError) as error:
+            raise OSError(f"zookeeper.auth_file: {error}") from error
+        if not config.security_allow_open_registry:
+            raise OSError(
+                f"security.mode is curve but the registry at {connect} is open: anyone who "
+                "reaches ZooKeeper could add a principal, grant it every ACL and delete topics. "
+                "Give the brokers a ZooKeeper identity, zookeeper.auth_file = a file of one "
+                "line user:password, mode 0600 (docs/security.md, step 2), or set "
+                "security.allow_open_registry = true to start anyway"
+            )
+        log.warning(
+            "security: the registry at %s is OPEN (allow_open_registry, no zookeeper.auth_file): "
+            "anyone who reaches ZooKeeper may add principals, grant ACLs and delete topics",
+            connect,
+        )
+        return None
 
     def _secure(self) -> None:
         """Make the front a Curve server (security.mode curve), or check that plaintext is

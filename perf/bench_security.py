@@ -68,6 +68,7 @@ from broker.security import (
     Operation,
     Principals,
     ZapHandler,
+    ZooKeeperAuth,
     generate_keys,
     load_key_pair,
     load_public_key,
@@ -154,7 +155,8 @@ def start_curve(
         *("--security-super-users", ADMIN, "--zookeeper-port", str(zookeeper_port)),
     )
     pylogd = stack.enter_context(PrivatePylogd(work / name, *flags, *METRICS, program=program))
-    with Registry(f"127.0.0.1:{zookeeper_port}", "/pylog") as registry:
+    auth = ZooKeeperAuth.load(pylogd.data_dir / "zookeeper.auth")  # the registry is closed
+    with Registry(f"127.0.0.1:{zookeeper_port}", "/pylog", auth=auth) as registry:
         registry.add_acl(Acl(PRINCIPAL, RESOURCE, frozenset({Operation.PRODUCE, Operation.FETCH})))
     _wait_for(lambda: "ACLs in ZooKeeper: 1" in _log(pylogd), f"{name}: the ACL to apply")
     return System(name, pylogd, keys.client(PRINCIPAL), keys.client(ADMIN))

@@ -146,7 +146,11 @@ def running_curve_broker(
             "true",
             "--metrics-port",
             "0",
-            *(("--zookeeper-auth-file", str(root / "brokers.auth")) if zookeeper_acls else ()),
+            *(
+                ("--zookeeper-auth-file", str(root / "brokers.auth"))
+                if zookeeper_acls
+                else ("--security-allow-open-registry", "true")
+            ),
         ),
         root,
         zookeeper.connect_string,

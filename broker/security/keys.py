@@ -14,6 +14,7 @@ client of a registry with ZooKeeper ACLs a ZooKeeper digest identity (ZooKeeperA
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -244,6 +245,16 @@ class ZooKeeperAuth:
         if not colon or not user or not password or "\n" in text:
             raise KeyFileError(f"{path}: write one line, user:password")
         return cls(user, password)
+
+    @classmethod
+    def load_or_create(cls, path: Path, user: str) -> tuple[ZooKeeperAuth, bool]:
+        """The identity in `path`, written first (`user`, a random password, mode 0600) when
+        there is no such file; and whether it was written now."""
+        try:
+            _write_new(path, f"{user}:{secrets.token_urlsafe(24)}\n", 0o600)
+        except FileExistsError:
+            return cls.load(path), False
+        return cls.load(path), True
 
     @property
     def credential(self) -> str:

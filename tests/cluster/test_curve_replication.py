@@ -32,9 +32,10 @@ CLIENT = "app"
 
 def curve_flags(root: Path) -> tuple[str, ...]:
     """The flags of a curve broker of the cluster under `root`: the cluster's key pair, ops as
-    the super user."""
+    the super user; the registry open (the test writes its principals)."""
     return (
         *THREE_BROKERS_FLAGS,
+        *("--security-allow-open-registry", "true"),
         "--security-mode",
         "curve",
         "--security-key-file",

@@ -353,6 +353,7 @@ def test_a_principals_file_lets_its_keys_in_and_is_read_again_when_changed(
         str(keys / "broker.key_secret"),
         "--security-principals-file",
         str(principals),
+        *("--security-allow-open-registry", "true"),
         name="filed",
     )
     found = CurveBroker(running, tmp_path, "", "")
