@@ -323,7 +323,8 @@ SETTINGS: tuple[Setting, ...] = (
         str,
         "",
         "A file of one line user:password: the brokers' ZooKeeper digest identity; when set, "
-        "pylog's znodes are created with digest ACLs (docs/security.md).",
+        "pylog's znodes are created with digest ACLs (docs/security.md). In curve mode with the "
+        "private ZooKeeper, <data_dir>/zookeeper.auth, made on first start, when not set.",
     ),
 )
 
