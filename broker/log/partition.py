@@ -55,13 +55,19 @@ from pathlib import Path
 from typing import TypeVar
 
 from broker.clock import SYSTEM_CLOCK, Clock
-from broker.errors import MessageTooLarge, OffsetOutOfRange, StorageError, StorageIOError
+from broker.errors import (
+    CorruptSegment,
+    MessageTooLarge,
+    OffsetOutOfRange,
+    StorageError,
+    StorageIOError,
+)
 from broker.log.codec import validate_message_set
 from broker.log.config import LogConfig
 from broker.log.epochs import LeaderEpochs
 from broker.log.fsdir import fsync_directory, fsync_file
 from broker.log.indexfile import IndexDamaged
-from broker.log.message import Buffer, message_size_at
+from broker.log.message import Buffer, message_size_at, valid_message_end
 from broker.log.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -170,6 +176,8 @@ class PartitionLog:
         damaged: list[tuple[int, int]] = []
         expected_base = found[0][0] if found else 0
         ended: str | None = None  # why the log ended before the file at hand
+        beyond = 0  # where the files set aside for a mismatched start ended
+        gaps: list[tuple[int, int]] = []  # offsets no segment holds, between two segments
 
         def note_damage(segment: Segment) -> None:
             for damage in segment.damage:
@@ -182,8 +190,23 @@ class PartitionLog:
 
         for i, (base, path) in enumerate(found):
             newest = i == len(found) - 1
+            if ended is None and base != expected_base and segments:
+                # the segment before lost bytes, or gained some, or a segment went missing
+                before = segments[-1]
+                restored = _restore_length(before, base, config.index_interval_bytes, problems)
+                if restored is not None:
+                    segments[-1] = restored
+                    expected_base = base
+                elif base > expected_base:  # a gap, kept: reads there say so (_locate)
+                    gaps.append((expected_base, base))
+                    problems.append(
+                        f"{path.name}: offsets [{expected_base}, {base}) missing: no segment "
+                        f"holds them ({before.log_path.name} ends at {expected_base})"
+                    )
+                    expected_base = base
             if ended is None and base != expected_base:
                 ended = f"it starts at {base}, but the log before it ends at {expected_base}"
+                beyond = max(beyond, max(b + p.stat().st_size for b, p in found[i:]))
             if ended is not None:
                 problems.append(f"{path.name}: set aside: {ended}")
                 bad.append(_set_aside(path))
@@ -204,7 +227,6 @@ class PartitionLog:
                 bad.append(_set_aside(path))
                 ended = f"it follows {path.name}, which cannot be read"
                 continue
-            note_damage(segment)
             segments.append(segment)
             expected_base = segment.end_offset
         if segments and segments[-1].stored:
@@ -215,9 +237,16 @@ class PartitionLog:
             result = active.recover(config.index_interval_bytes)
             if result.tail_error is not None:
                 active.keep_damage(Damage(result.end, active.size, result.tail_error))
-            note_damage(active)
+        for segment in segments:
+            note_damage(segment)
+        damaged = sorted(damaged + gaps)
+        if segments and beyond > segments[-1].end_offset:
+            # past what was set aside too: no offset it held is ever handed out again
+            gaps.append((segments[-1].end_offset, beyond))
+            damaged.append(gaps[-1])
+            segments.append(Segment.create(directory, beyond))
         if not segments:
-            segments.append(Segment.create(directory, expected_base))
+            segments.append(Segment.create(directory, max(expected_base, beyond)))
         epochs = LeaderEpochs.load(directory, segments[-1].end_offset)
         problems += epochs.problems
         report = RecoveryReport(scanned, truncated, tuple(bad), tuple(problems), tuple(damaged))
@@ -526,6 +555,14 @@ class PartitionLog:
         position = offset - segment.base_offset
         if position < limit:
             segment.check_boundary(position, limit)
+        elif position >= segment.size and segment is not self._segments[-1]:
+            following = self._bases[bisect_right(self._bases, offset)]
+            raise CorruptSegment(
+                self.directory.name,
+                segment.end_offset,
+                following,
+                "missing: no segment holds these offsets (recovery found them gone)",
+            )
         return segment, position, limit
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
@@ -838,6 +875,71 @@ def _recover(
         f"{result.tail_error}"
     )
     return cut, [kept]
+
+
+def _restore_length(
+    segment: Segment, end: int, index_interval: int, problems: list[str]
+) -> Segment | None:
+    """A closed segment that ends short of `end`, where the next segment starts (bytes went
+    missing), or past it (bytes were added): put its file back to its length, so that the
+    messages after the change, and every later segment, keep their offsets. The bytes change
+    at the end of its last damaged range (where the framing that the change broke found a
+    valid message again): zeros put in, the range growing by as many; or bytes taken out of
+    the range (the file first kept whole in a *.bad file), when the range is long enough.
+    Returns the segment opened again on the new file, or None when it has no damage (bytes
+    lost at its end, or whole segments missing: a gap) or too little to take out (the later
+    segments are then set aside). Adds a line to `problems`."""
+    name = segment.log_path.name
+    if not segment.framing_checked:
+        _recover(segment, index_interval, False, problems)
+    if not segment.damage:  # no framing broke: nothing says where bytes would have been
+        return None
+    change = end - segment.end_offset
+    path = segment.log_path
+    data = path.read_bytes()
+    at = _change_position(data, segment.damage, change)
+    if at is None:
+        return None
+    if change > 0:
+        data = data[:at] + bytes(change) + data[at:]
+        what = f"{change} bytes missing before {end}: put back as zeros at position {at}"
+    else:
+        kept = bad_file_path(path)
+        kept.write_bytes(data)
+        fsync_file(kept)
+        data = data[: at + change] + data[at:]
+        what = (
+            f"{-change} bytes too many before {end}: taken out at position {at + change}, "
+            f"the file kept whole in {kept.name}"
+        )
+    segment.close()
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_bytes(data)
+    fsync_file(temporary)
+    temporary.rename(path)
+    fsync_directory(path.parent)
+    restored = Segment.open_existing(path, segment.base_offset)[0]
+    _recover(restored, index_interval, False, problems)
+    problems.append(f"{name}: {what}; the messages after it keep their offsets")
+    return restored
+
+
+def _change_position(data: bytes, damage: list[Damage], change: int) -> int | None:
+    """Where `change` bytes (missing: > 0; too many: < 0) are to be put back or taken out of
+    segment bytes `data`, so that what follows is where it was: in the damaged range whose
+    first message's length field, moved by `change`, leads to a valid message (that message's
+    start), or else at the end of the last range (which, to take bytes out, must be long
+    enough). None when it cannot be."""
+    for start, end, _ in damage:
+        if start + 4 > len(data):
+            continue
+        following = start + message_size_at(data, start) - change
+        if start < following <= end and valid_message_end(data, following) is not None:
+            return following
+    last = damage[-1]
+    if change < 0 and last.end - last.start < -change:
+        return None
+    return last.end
 
 
 def _walk_time_index(segment: Segment, index_interval: int, problems: list[str]) -> bool:

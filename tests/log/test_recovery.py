@@ -134,12 +134,35 @@ def test_newest_segment_without_any_valid_message_is_moved_to_a_bad_file(
     assert (crashed / NEWEST).stat().st_size == 100
 
 
-def test_gap_between_segments_sets_aside_the_later_ones(crashed: Path, clock: FakeClock) -> None:
+def test_a_missing_segment_leaves_a_gap_and_the_later_ones_are_kept(
+    crashed: Path, clock: FakeClock
+) -> None:
     (crashed / f"{1000:020d}.log").rename(crashed / "moved-away")
     log = reopen(crashed, clock)
-    assert log.recovery.bad_files == (crashed / (NEWEST + ".bad"),)
-    assert "starts at 2000, but the log before it ends at 1000" in log.recovery.problems[0]
-    assert values(log) == numbered(10)
+    assert log.recovery.bad_files == ()
+    assert log.recovery.damaged == ((1000, 2000),)
+    assert (
+        f"{NEWEST}: offsets [1000, 2000) missing: no segment holds them"
+        in (log.recovery.problems[0])
+    )
+    assert [m.value[:8] for m in iter_messages(log.read(0, 4096), 0)] == numbered(10)
+    with pytest.raises(CorruptSegment, match=r"offsets \[1000, 2000\) are damaged \(missing"):
+        log.read(1000, 4096)
+    assert [m.value[:8] for m in read_all(log, 2000)] == numbered(30)[20:]
+    assert log.append(make_set(30, 1)) == 3000
+
+
+def test_a_segment_inside_the_one_before_it_is_set_aside_and_its_offsets_never_reused(
+    closed: Path, clock: FakeClock
+) -> None:
+    insert_bytes(closed / MIDDLE, 1000, make_set(99, 1))  # a valid message too many at its end
+    log = reopen(closed, clock)
+    assert log.recovery.bad_files == (closed / (NEWEST + ".bad"),)
+    assert "starts at 2000, but the log before it ends at 2100" in log.recovery.problems[0]
+    assert each_message(log, [100 * i for i in range(20)]) == numbered(20)
+    with pytest.raises(CorruptSegment, match=r"offsets \[2100, 3000\)"):
+        log.read(2100, 4096)  # what was set aside: said so, not an empty partition
+    assert log.append(make_set(30, 1)) == 3000  # past every offset handed out before
 
 
 def test_second_bad_file_for_the_same_segment_does_not_overwrite_the_first(
@@ -316,9 +339,9 @@ def test_directories_are_fsynced_after_files_are_created_renamed_or_deleted(
     assert synced == [folder]
     log.close()
     synced.clear()
-    (folder / f"{5000:020d}.log").write_bytes(make_set(0, 1))  # after a gap: set aside
+    (folder / f"{1050:020d}.log").write_bytes(make_set(0, 1))  # inside the last: set aside
     reopened = open_log(folder, clock, segment_bytes=1000)
-    assert reopened.recovery.bad_files == (folder / f"{5000:020d}.log.bad",)
+    assert reopened.recovery.bad_files == (folder / f"{1050:020d}.log.bad",)
     assert folder in synced
     reopened.close()
 
@@ -345,3 +368,66 @@ def test_the_scan_resyncs_at_the_first_valid_message_after_zeroed_bytes(gap: int
     assert (result.end, result.tail_error) == (len(data), None)
     assert result.marks == [0, 100 + gap]
     assert scan_segment(first + bytes(gap), 300).tail_error is not None  # nothing after: torn
+
+
+def remove_bytes(path: Path, position: int, count: int) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:position] + data[position + count :])
+
+
+def insert_bytes(path: Path, position: int, extra: bytes) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:position] + extra + data[position:])
+
+
+def test_bytes_missing_in_a_closed_segment_are_put_back_and_every_offset_kept(
+    closed: Path, clock: FakeClock
+) -> None:
+    remove_bytes(closed / MIDDLE, 430, 7)  # inside the value of [1400, 1500)
+    for restart in range(2):  # and the same after a second restart
+        log = reopen(closed, clock)
+        assert log.recovery.bad_files == ()
+        if restart == 0:  # then closed cleanly: the damage is found again by the read
+            assert log.recovery.damaged == ((1400, 1500),)
+            assert any("7 bytes missing" in problem for problem in log.recovery.problems)
+        assert (closed / MIDDLE).stat().st_size == 1000
+        offsets = [100 * i for i in range(30)]
+        assert each_message(log, offsets[:14]) == numbered(14)
+        assert each_message(log, offsets[15:]) == numbered(30)[15:]  # at their old offsets
+        if restart == 0:  # (its framing whole, the damage is a checksum the client checks)
+            with pytest.raises(CorruptSegment, match=r"offsets \[1400, 1500\)"):
+                log.read(1400, 4096)
+        assert [m.value[:8] for m in read_all(log, 1500)] == numbered(30)[15:]
+        log.close()
+    log = reopen(closed, clock)
+    assert log.append(make_set(30, 1)) == 3000  # no offset handed out before is reused
+
+
+def test_a_message_missing_at_the_end_of_a_closed_segment_is_a_gap_readers_are_told_of(
+    closed: Path, clock: FakeClock
+) -> None:
+    remove_bytes(closed / MIDDLE, 900, 100)  # its last message, whole: no framing breaks
+    log = reopen(closed, clock)
+    assert log.recovery.damaged == ((1900, 2000),)
+    assert each_message(log, [100 * i for i in range(19)]) == numbered(19)
+    with pytest.raises(CorruptSegment, match=r"offsets \[1900, 2000\) are damaged \(missing"):
+        log.read(1900, 4096)  # not an empty read: a consumer there would wait for ever
+    assert [m.value[:8] for m in read_all(log, 2000)] == numbered(30)[20:]
+    assert log.append(make_set(30, 1)) == 3000
+
+
+def test_bytes_added_inside_a_closed_segment_are_taken_out_and_every_offset_kept(
+    closed: Path, clock: FakeClock
+) -> None:
+    original = (closed / MIDDLE).read_bytes()
+    insert_bytes(closed / MIDDLE, 450, b"x" * 7)  # inside the value of [1400, 1500)
+    log = reopen(closed, clock)
+    assert log.recovery.bad_files == ()
+    assert (closed / (MIDDLE + ".bad")).read_bytes()[450:457] == b"x" * 7  # kept whole
+    assert (closed / MIDDLE).stat().st_size == 1000
+    assert any("7 bytes too many" in problem for problem in log.recovery.problems)
+    offsets = [100 * i for i in range(30)]
+    assert each_message(log, offsets[:14]) == numbered(14)
+    assert each_message(log, offsets[15:]) == numbered(30)[15:]
+    assert (closed / MIDDLE).read_bytes()[500:] == original[500:]
+    assert log.append(make_set(30, 1)) == 3000
