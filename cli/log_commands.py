@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from broker.errors import InvalidMessage
-from broker.log.partition import SEGMENT_NAME
+from broker.log.recovery import SEGMENT_NAME
 from broker.log.verify import (
     base_offset_of,
     check_partition,

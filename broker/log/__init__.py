@@ -2,7 +2,8 @@
 
 from broker.log.config import LogConfig
 from broker.log.message import Message, encode_message, iter_messages, validate_message_set
-from broker.log.partition import LogStatistics, PartitionLog, RecoveryReport
+from broker.log.partition import LogStatistics, PartitionLog
+from broker.log.recovery import RecoveryReport
 
 __all__ = [
     "LogConfig",

@@ -2,9 +2,10 @@
 
 Folder `<topic>-<partition>/` holds `<base offset, 20 digits>.log` segments and their `.index`
 and `.timeindex` files (broker.log.segment, broker.log.index, broker.log.timeindex). Offsets
-are byte positions in the partition's stream of all bytes ever appended: the segments are
-contiguous, each starting where the previous one ends, and a sorted list of their base
-offsets is bisected to find the segment holding an offset.
+are byte positions in the partition's stream of all bytes ever appended: each segment starts
+where the previous one ends (but after a gap recovery found: offsets no segment holds, which
+reads answer CorruptSegment), and a sorted list of their base offsets is bisected to find the
+segment holding an offset.
 
 Three offsets describe the log:
 
@@ -25,28 +26,20 @@ adds a leader's entry, `append_replicated` appends a leader's bytes with their e
 back to an offset (the bytes first, then the history) and `reset_to` empties it to start
 elsewhere. A cut that fails once begun fails the log as a failed fsync does.
 
-Crash behaviour (docs/storage.md, "Recovery"): on open, stored bytes are judged by the
-format's own limits, never by today's settings. A closed segment is trusted when its index
-describes its size (read from the index's head: neither the log nor the index's entries are
-read, so opening costs what the segment count needs, whatever the segments hold; but a
-trusted segment without a time index for its size has its headers walked to build one, once);
-the newest segment, and any other segment, is scanned, checksums and all. A closed segment's
-indexes are checked (checksum) when a read or a lookup first uses them, and one that fails
-then is rebuilt from the log as on open, before that request is answered. Reads of a closed
-segment walk the headers they serve, and one that meets broken framing scans that segment
-then. Where the framing holds nothing is cut: a damaged message stays in
-place, is reported, and reads of it raise CorruptSegment naming its offsets, which readers may
-skip. Only a torn tail of the newest segment is cut, its bytes moved to a
-`*.bad` file. A segment after a gap in the offsets, or one that cannot be read, is renamed
-`*.bad` with every segment after it: recovery never simply deletes anything. The folder is
-fsynced after every file created, renamed or deleted. Not safe to share between threads.
+Crash behaviour (docs/storage.md, "Recovery"): `open` recovers the folder first
+(broker.log.recovery: what is trusted, scanned, put back, cut or set aside). A closed segment's
+indexes are checked (checksum) when a read or a lookup first uses them, and one that fails then
+is rebuilt from the log as on open, before that request is answered. Reads of a closed segment
+walk the headers they serve, and one that meets broken framing scans that segment then; reads
+of a damaged range raise CorruptSegment naming its offsets, which readers may skip. Not safe to
+share between threads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
-import re
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
@@ -67,38 +60,18 @@ from broker.log.config import LogConfig
 from broker.log.epochs import LeaderEpochs
 from broker.log.fsdir import fsync_directory, fsync_file
 from broker.log.indexfile import IndexDamaged
-from broker.log.message import Buffer, message_size_at, valid_message_end
+from broker.log.message import Buffer, message_size_at
+from broker.log.recovery import RecoveryReport, build_time_index, recover_folder, scan_untrusted
 from broker.log.segment import (
-    INDEX_SUFFIX,
-    LOG_SUFFIX,
-    TIME_INDEX_SUFFIX,
     Damage,
     FramingBroken,
     Segment,
-    bad_file_path,
     storage_error,
 )
-
-SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryReport:
-    """What `PartitionLog.open` found and did. `problems` has one line per cut or renamed
-    file, per index rebuilt because it was damaged (as open found it: one that fails its
-    checksum on first use is logged then), per damaged range kept, and per problem with the
-    leader-epoch file (set aside, or entries past the log end dropped: broker.log.epochs);
-    `damaged` holds those ranges, [start, end) offsets."""
-
-    segments_scanned: int
-    bytes_truncated: int
-    bad_files: tuple[Path, ...]
-    problems: tuple[str, ...]
-    damaged: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,104 +125,9 @@ class PartitionLog:
         if not directory.is_dir():
             directory.mkdir(parents=True, exist_ok=True)
             fsync_directory(directory.parent)
-        leftovers = [
-            *directory.glob(f"*{INDEX_SUFFIX}.tmp"),
-            *directory.glob(f"*{TIME_INDEX_SUFFIX}.tmp"),
-            *directory.glob(f"*{LOG_SUFFIX}.tmp"),
-        ]
-        for leftover in leftovers:
-            # an index write that a crash interrupted (indexes are derived), or the copy of a
-            # segment's head that a cut makes while the segment is read (Segment.cut_file)
-            leftover.unlink()
-        if leftovers:
-            fsync_directory(directory)
-        found = sorted(
-            (int(m.group(1)), p)
-            for p in directory.iterdir()
-            if (m := SEGMENT_NAME.match(p.name)) and p.is_file()
-        )
-        segments: list[Segment] = []
-        scanned = 0
-        truncated = 0
-        bad: list[Path] = []
-        problems: list[str] = []
-        damaged: list[tuple[int, int]] = []
-        expected_base = found[0][0] if found else 0
-        ended: str | None = None  # why the log ended before the file at hand
-        beyond = 0  # where the files set aside for a mismatched start ended
-        gaps: list[tuple[int, int]] = []  # offsets no segment holds, between two segments
-
-        def note_damage(segment: Segment) -> None:
-            for damage in segment.damage:
-                start, end = segment.base_offset + damage.start, segment.base_offset + damage.end
-                damaged.append((start, end))
-                problems.append(
-                    f"{segment.log_path.name}: offsets [{start}, {end}) damaged, kept in place: "
-                    f"{damage.reason}"
-                )
-
-        for i, (base, path) in enumerate(found):
-            newest = i == len(found) - 1
-            if ended is None and base != expected_base and segments:
-                # the segment before lost bytes, or gained some, or a segment went missing
-                before = segments[-1]
-                restored = _restore_length(before, base, config.index_interval_bytes, problems)
-                if restored is not None:
-                    segments[-1] = restored
-                    expected_base = base
-                elif base > expected_base:  # a gap, kept: reads there say so (_locate)
-                    gaps.append((expected_base, base))
-                    problems.append(
-                        f"{path.name}: offsets [{expected_base}, {base}) missing: no segment "
-                        f"holds them ({before.log_path.name} ends at {expected_base})"
-                    )
-                    expected_base = base
-            if ended is None and base != expected_base:
-                ended = f"it starts at {base}, but the log before it ends at {expected_base}"
-                beyond = max(beyond, max(b + p.stat().st_size for b, p in found[i:]))
-            if ended is not None:
-                problems.append(f"{path.name}: set aside: {ended}")
-                bad.append(_set_aside(path))
-                continue
-            try:
-                segment, trusted, timed, damaged_index = Segment.open_existing(path, base)
-                if damaged_index is not None:
-                    problems.append(f"{path.name}: {damaged_index}; rebuilt from the log")
-                if trusted and not timed and not newest:
-                    trusted = _walk_time_index(segment, config.index_interval_bytes, problems)
-                if newest or not trusted:
-                    scanned += 1
-                    cut, kept = _recover(segment, config.index_interval_bytes, newest, problems)
-                    truncated += cut
-                    bad += kept
-            except OSError as error:
-                problems.append(f"{path.name}: set aside: cannot be read: {error}")
-                bad.append(_set_aside(path))
-                ended = f"it follows {path.name}, which cannot be read"
-                continue
-            segments.append(segment)
-            expected_base = segment.end_offset
-        if segments and segments[-1].stored:
-            # the newest kept after newer ones were set aside: it becomes the active segment,
-            # whose indexes live in memory, so it is scanned as the newest is, cutting nothing
-            active = segments[-1]
-            scanned += 1
-            result = active.recover(config.index_interval_bytes)
-            if result.tail_error is not None:
-                active.keep_damage(Damage(result.end, active.size, result.tail_error))
-        for segment in segments:
-            note_damage(segment)
-        damaged = sorted(damaged + gaps)
-        if segments and beyond > segments[-1].end_offset:
-            # past what was set aside too: no offset it held is ever handed out again
-            gaps.append((segments[-1].end_offset, beyond))
-            damaged.append(gaps[-1])
-            segments.append(Segment.create(directory, beyond))
-        if not segments:
-            segments.append(Segment.create(directory, max(expected_base, beyond)))
+        segments, report = recover_folder(directory, config)
         epochs = LeaderEpochs.load(directory, segments[-1].end_offset)
-        problems += epochs.problems
-        report = RecoveryReport(scanned, truncated, tuple(bad), tuple(problems), tuple(damaged))
+        report = dataclasses.replace(report, problems=report.problems + tuple(epochs.problems))
         return cls(directory, config, clock, segments, report, epochs)
 
     # -- offsets ---------------------------------------------------------------------------
@@ -519,8 +397,8 @@ class PartitionLog:
         kind = "index" if damaged.path == segment.index_path else "time index"
         problems = [f"{name}: {kind} {damaged}; rebuilt from the log"]
         interval = self.config.index_interval_bytes
-        if kind == "index" or not _walk_time_index(segment, interval, problems):
-            _recover(segment, interval, False, problems)
+        if kind == "index" or not build_time_index(segment, interval, problems):
+            scan_untrusted(segment, interval, False, problems)
             problems += [
                 f"{name}: offsets [{segment.base_offset + d.start}, {segment.base_offset + d.end})"
                 f" damaged, kept in place: {d.reason}"
@@ -843,125 +721,3 @@ class PartitionLog:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _recover(
-    segment: Segment, index_interval: int, newest: bool, problems: list[str]
-) -> tuple[int, list[Path]]:
-    """Scan a segment whose index cannot be trusted (Segment.recover) and deal with a torn
-    tail: the newest segment's is cut, its bytes moved to a *.bad file; an older segment's is
-    kept as damage, as the next segment starts where the file ends. Returns the bytes cut and
-    the files that keep them; adds a line to `problems` for what it did."""
-    name = segment.log_path.name
-    result = segment.recover(index_interval)
-    if not newest:
-        if result.tail_error is not None:
-            segment.keep_damage(Damage(result.end, segment.size, result.tail_error))
-        try:
-            segment.store_indexes()
-        except StorageError as error:
-            problems.append(f"{name}: the rebuilt indexes cannot be stored: {error}")
-    if result.tail_error is None or not newest:
-        return 0, []
-    cut = segment.size - result.end
-    try:
-        kept = segment.cut_tail(result.end)
-    except OSError as error:
-        problems.append(f"{name}: a torn tail of {cut} bytes cannot be moved aside: {error}")
-        segment.keep_damage(Damage(result.end, segment.size, result.tail_error))
-        return 0, []
-    problems.append(
-        f"{name}: truncated {cut} bytes at position {result.end}, kept in {kept.name}: "
-        f"{result.tail_error}"
-    )
-    return cut, [kept]
-
-
-def _restore_length(
-    segment: Segment, end: int, index_interval: int, problems: list[str]
-) -> Segment | None:
-    """A closed segment that ends short of `end`, where the next segment starts (bytes went
-    missing), or past it (bytes were added): put its file back to its length, so that the
-    messages after the change, and every later segment, keep their offsets. The bytes change
-    at the end of its last damaged range (where the framing that the change broke found a
-    valid message again): zeros put in, the range growing by as many; or bytes taken out of
-    the range (the file first kept whole in a *.bad file), when the range is long enough.
-    Returns the segment opened again on the new file, or None when it has no damage (bytes
-    lost at its end, or whole segments missing: a gap) or too little to take out (the later
-    segments are then set aside). Adds a line to `problems`."""
-    name = segment.log_path.name
-    if not segment.framing_checked:
-        _recover(segment, index_interval, False, problems)
-    if not segment.damage:  # no framing broke: nothing says where bytes would have been
-        return None
-    change = end - segment.end_offset
-    path = segment.log_path
-    data = path.read_bytes()
-    at = _change_position(data, segment.damage, change)
-    if at is None:
-        return None
-    if change > 0:
-        data = data[:at] + bytes(change) + data[at:]
-        what = f"{change} bytes missing before {end}: put back as zeros at position {at}"
-    else:
-        kept = bad_file_path(path)
-        kept.write_bytes(data)
-        fsync_file(kept)
-        data = data[: at + change] + data[at:]
-        what = (
-            f"{-change} bytes too many before {end}: taken out at position {at + change}, "
-            f"the file kept whole in {kept.name}"
-        )
-    segment.close()
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_bytes(data)
-    fsync_file(temporary)
-    temporary.rename(path)
-    fsync_directory(path.parent)
-    restored = Segment.open_existing(path, segment.base_offset)[0]
-    _recover(restored, index_interval, False, problems)
-    problems.append(f"{name}: {what}; the messages after it keep their offsets")
-    return restored
-
-
-def _change_position(data: bytes, damage: list[Damage], change: int) -> int | None:
-    """Where `change` bytes (missing: > 0; too many: < 0) are to be put back or taken out of
-    segment bytes `data`, so that what follows is where it was: in the damaged range whose
-    first message's length field, moved by `change`, leads to a valid message (that message's
-    start), or else at the end of the last range (which, to take bytes out, must be long
-    enough). None when it cannot be."""
-    for start, end, _ in damage:
-        if start + 4 > len(data):
-            continue
-        following = start + message_size_at(data, start) - change
-        if start < following <= end and valid_message_end(data, following) is not None:
-            return following
-    last = damage[-1]
-    if change < 0 and last.end - last.start < -change:
-        return None
-    return last.end
-
-
-def _walk_time_index(segment: Segment, index_interval: int, problems: list[str]) -> bool:
-    """Build and store the time index of a closed segment opened on a trusted offset index
-    (Segment.walk_time_index); False when its framing breaks and it must be recovered."""
-    if not segment.walk_time_index(index_interval):
-        return False
-    try:
-        segment.store_time_index()
-    except StorageError as error:
-        name = segment.log_path.name
-        problems.append(f"{name}: the rebuilt time index cannot be stored: {error}")
-    return True
-
-
-def _set_aside(path: Path) -> Path:
-    """Rename an untrusted segment to *.bad (never over another file), drop its indexes and
-    fsync the folder."""
-    target = bad_file_path(path)
-    path.rename(target)
-    for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-        with contextlib.suppress(FileNotFoundError):
-            path.with_suffix(suffix).unlink()
-    fsync_directory(path.parent)
-    return target

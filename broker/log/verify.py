@@ -15,7 +15,7 @@ from pathlib import Path
 from broker.log.codec import scan
 from broker.log.index import OffsetIndex
 from broker.log.message import MAX_FORMAT_MESSAGE_BYTES, Message, decode_message
-from broker.log.partition import SEGMENT_NAME
+from broker.log.recovery import SEGMENT_NAME
 from broker.log.segment import INDEX_SUFFIX, TIME_INDEX_SUFFIX, index_disagreement
 from broker.log.timeindex import TimeIndex
 
