@@ -185,7 +185,7 @@ class Supervisor:
         sd_notify(f"READY=1\nSTATUS=serving on {host}:{self.front.port}")
 
     def _registry_auth(self, connect: str) -> ZooKeeperAuth | None:
-        """The brokers' ZooKeeper identity (docs/security.md, "The registry"): zookeeper.
+        """The brokers' ZooKeeper identity (docs/security.md, step 2): zookeeper.
         auth_file's; in curve mode without one, that of the private ZooKeeper (made on first
         start, PRIVATE_REGISTRY_AUTH), so that a stranger cannot write the registry. An
         external ZooKeeper without one stops a curve broker (OSError) unless
