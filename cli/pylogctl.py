@@ -1,13 +1,14 @@
 """`pylogctl`: the admin command line of pylog.
 
-Exit codes: 0 success (Ctrl-C ends a long-running command with 0 too), 1 the data checked is
-corrupt, or the broker answered with an error or could not be reached, 2 bad usage or a path
-that cannot be used (cli/common.py).
+Exit codes: 0 success (Ctrl-C, or SIGTERM, ends a long-running command with 0 too), 1 the
+data checked is corrupt, or the broker answered with an error or could not be reached, 2 bad
+usage or a path that cannot be used (cli/common.py).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 
 import click
 
@@ -67,4 +68,15 @@ topic.add_command(elect_preferred)
 
 
 def main() -> None:
+    _interruptible()
     cli()
+
+
+def _interruptible() -> None:
+    """SIGINT and SIGTERM end pylogctl as Ctrl-C does (KeyboardInterrupt: a long-running
+    command stops quietly with exit 0), whatever dispositions it inherited: a background job
+    of a script or nohup starts with SIGINT ignored, and Python then installs no handler for
+    it, so `consume --follow` could be stopped by SIGKILL only; SIGTERM killed it without
+    its ending. A command may still take them for itself (group consume commits first)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.default_int_handler)

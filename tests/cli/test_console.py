@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner, Result
 
 from broker.client import Producer
@@ -320,3 +321,33 @@ def test_produce_file_and_log_verify_show_progress_on_a_terminal_only(
     assert last_progress(shown) == ("126.0 kB", "126.0 kB")  # 1,000 messages of 126 bytes
     piped = CliRunner().invoke(cli, ["log", "verify", str(tmp_path / "logs")])
     assert piped.stdout == out and piped.stderr == ""
+
+
+def ignoring_sigint() -> None:
+    """As a shell starts a background job of a script (`cmd &`, nohup): SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_consume_follow_ends_on_sigint_or_sigterm_whatever_it_inherited(
+    cluster: Cluster, topic: str, signum: signal.Signals
+) -> None:
+    """Started with SIGINT ignored, pylogctl still ends on SIGINT (Python installs no handler
+    for a signal ignored at start), and SIGTERM ends it as Ctrl-C does: exit 0, quietly."""
+    endpoint = cluster.endpoint
+    assert run(endpoint, "topic", "create", topic).exit_code == 0
+    assert run(endpoint, "produce", topic, input=b"one\n").exit_code == 0
+    consumer = subprocess.Popen(
+        [PYLOGCTL, "consume", topic, "--follow", "--broker", endpoint],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ignoring_sigint,
+    )
+    assert read_lines(consumer, 1) == {"one\n"}
+    consumer.send_signal(signum)
+    try:
+        out, err = consumer.communicate(timeout=30)
+    finally:
+        consumer.kill()
+    assert (consumer.returncode, out, err) == (0, "", "")
