@@ -182,6 +182,12 @@ def until_interrupted() -> Iterator[None]:
         yield
 
 
+def say_none(what: str) -> None:
+    """An empty listing says so ("no topics"), on stderr: stdout stays the listing, empty, for
+    scripts (--json prints nothing)."""
+    click.echo(f"no {what}", err=True)
+
+
 @contextlib.contextmanager
 def broker_errors(broker: str, what: str = "broker") -> Iterator[None]:
     """Turn what the broker answered, or its silence, into `pylogctl: ...` and exit 1

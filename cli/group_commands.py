@@ -42,6 +42,7 @@ from cli.common import (
     output_options,
     position,
     print_messages,
+    say_none,
     skip_corrupt_option,
     until_interrupted,
     usage_error,
@@ -218,8 +219,12 @@ def members_text(members: Sequence[str], what: str = "member") -> str:
     return _count(len(members), what) + (f" ({', '.join(members)})" if members else "")
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    """Print aligned columns (None as "-"), the last one unpadded."""
+def table(header: Sequence[str], rows: Sequence[Sequence[object]], none: str = "") -> None:
+    """Print aligned columns (None as "-"), the last one unpadded; with no rows and `none`
+    given, say so instead (say_none)."""
+    if not rows and none:
+        say_none(none)
+        return
     cells = [list(header)] + [["-" if c is None else str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header) - 1)]
     for row in cells:
@@ -281,7 +286,7 @@ def group_list(
             click.echo(json.dumps({"group": name, "members": members, "topics": topics}))
         return
     rows = [(name, len(members), ",".join(topics) or "-") for name, members, topics in groups]
-    table(("GROUP", "MEMBERS", "TOPICS"), rows)
+    table(("GROUP", "MEMBERS", "TOPICS"), rows, "consumer groups")
 
 
 @group.command("describe")

@@ -177,7 +177,7 @@ def principal_list(
         for name, key in rows:
             click.echo(json.dumps({"principal": name, "key": key}))
         return
-    table(["PRINCIPAL", "KEY"], rows)
+    table(["PRINCIPAL", "KEY"], rows, "principals")
 
 
 @click.group()
@@ -308,6 +308,7 @@ def acl_list(
     table(
         ["PRINCIPAL", "TOPIC", "OPERATIONS"],
         [(a.principal, a.resource, ",".join(sorted(a.operations))) for a in acls],
+        "ACLs" if principal_name is None else f"ACLs of {principal_name}",
     )
 
 

@@ -15,6 +15,7 @@ from cli.common import (
     broker_options,
     client_keys,
     config_pair,
+    say_none,
     timestamp,
 )
 
@@ -82,6 +83,8 @@ def topic_list(as_json: bool, broker: str, timeout: float) -> None:
         Admin(broker, timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as admin,
     ):
         topics = sorted(admin.metadata().topics, key=lambda t: t.topic)
+    if not topics and not as_json:
+        say_none("topics")
     for info in topics:
         if as_json:
             click.echo(json.dumps({"topic": info.topic, "partitions": len(info.partitions)}))
