@@ -146,7 +146,7 @@ class Topics:
             self.config.endpoint_host,
             self.config.endpoint_port(port),
             len(self.pool.workers),
-            tuple(str(d) for d in self.log_dirs),
+            tuple(str(d.absolute()) for d in self.log_dirs),  # not relative to where it started
             VERSION,
             self.config.broker_rack or None,
         )

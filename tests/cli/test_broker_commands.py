@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from importlib.metadata import version
+from pathlib import Path
 
 from click.testing import CliRunner, Result
+from pytest import MonkeyPatch
 
 from broker.client import Admin
+from broker.zookeeper import PrivateZooKeeper
 from cli.pylogctl import cli
 from tests.cli.conftest import Cluster
 from tests.conftest import wait_until
@@ -95,3 +98,17 @@ def test_broker_list_of_an_unreachable_broker_is_one_line_and_exit_1() -> None:
     assert listed.exit_code == 1
     assert listed.stderr.startswith("pylogctl: broker ")
     assert "unreachable" in listed.stderr and len(listed.stderr.splitlines()) == 1
+
+
+def test_broker_list_shows_absolute_log_dirs_of_a_broker_started_with_a_relative_data_dir(
+    zookeeper: PrivateZooKeeper, registry_chroot: str, tmp_path: Path, monkeypatch: MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # as `pylogd --broker-data-dir ./data-2` from a clone
+    broker = RunningBroker(Path("data-2"), zookeeper.connect_string, registry_chroot).start()
+    try:
+        listed = run(broker.endpoint, "broker", "list", "--json")
+        assert listed.exit_code == 0, listed.output
+        (record,) = [json.loads(line) for line in listed.output.splitlines()][:1]
+        assert record["log_dirs"] == [str(tmp_path / "data-2" / "logs")]
+    finally:
+        broker.stop()
