@@ -164,11 +164,17 @@ def _replication_text(partition: PartitionState) -> str:
 
 
 def _not_applied(partition: PartitionState, settings: tuple[ConfigEntry, ...]) -> list[str]:
-    """The topic's own settings that the partition's broker does not use yet."""
+    """The topic's own log settings that the partition's broker does not use yet (those it
+    reports in effect: replication_factor and min_insync_replicas are the cluster's, never a
+    partition's, and so never pending)."""
     if partition.state is None:
         return []
     in_effect = partition.state.config
-    return [e.key for e in settings if e.overridden and in_effect.get(e.key) != e.value]
+    return [
+        e.key
+        for e in settings
+        if e.overridden and e.key in in_effect and in_effect[e.key] != e.value
+    ]
 
 
 def _partition_json(

@@ -456,3 +456,21 @@ def describe_across_a_move(cluster: ThreeBrokers, topic: str, registry: Registry
     assert sorted(partition["replicas"]) == [1, 2, 3]
     assert sorted(partition["isr"]) == sorted(state.isr)
     assert partition["high_watermark"] == 31
+
+
+def test_describe_shows_no_pending_change_for_replication_settings(
+    broker: RunningBroker, topic: str
+) -> None:
+    """replication_factor and min_insync_replicas are the cluster's, not a partition's log
+    settings: a partition never reports them in effect, and describe said "(applying
+    replication_factor, min_insync_replicas)" for ever."""
+    settings = ("--config", "replication_factor=1", "--config", "min_insync_replicas=1")
+    created = run(broker, "topic", "create", topic, *settings, "--config", "retention_ms=60000")
+    assert created.exit_code == 0, created.output
+    described = run(broker, "topic", "describe", topic)
+    assert described.exit_code == 0, described.output
+    partition = described.output.splitlines()[-1]
+    assert partition.startswith("partition 0 broker 0") and "applying" not in partition
+    as_json = json.loads(run(broker, "topic", "describe", topic, "--json").output)
+    assert as_json["partitions"][0]["applying"] == []
+    assert as_json["partitions"][0]["settings_in_effect"]["retention_ms"] == "60000"
