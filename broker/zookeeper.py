@@ -25,7 +25,9 @@ its timeout expires.
 Crash behaviour: the server writes its transaction log before it answers, so a killed server
 loses nothing it acknowledged. The JVM is started through broker.processes.orphan_proof: if
 this (parent) process dies without calling stop(), even by SIGKILL, the kernel sends the JVM
-SIGTERM, so no server is left behind holding the port and the data directory. The kernel does
+SIGTERM, so no server is left behind holding the port and the data directory; and it runs in
+a process group of its own, so that a Ctrl-C meant for pylogd does not stop it before pylogd
+has left the registry (the next start would find the old session's nodes). The kernel does
 so when the thread that started it ends: call start() from a thread that lasts as long as the
 process (pylogd's main thread, or the thread that restarts it, which ends after stop()).
 `poll()` and `alive` tell a supervisor that the child died, `start()` runs it again. Not safe
@@ -351,6 +353,10 @@ class PrivateZooKeeper(Running):
                 stdout=self._log_file,
                 stderr=subprocess.STDOUT,
                 cwd=self.directory,
+                # A group of its own: a Ctrl-C in pylogd's terminal reaches pylogd's group
+                # only, and pylogd stops ZooKeeper once it has left the registry (it still
+                # dies with pylogd: orphan_proof).
+                process_group=0,
             )
         except OSError as error:
             self._forget_process()

@@ -22,6 +22,7 @@ import pytest
 import zmq
 
 from broker import protocol
+from broker.client import Admin, Producer
 from broker.errors import BrokerError, Unavailable
 from broker.log import encode_message
 from broker.protocol import Ack, Api
@@ -636,3 +637,33 @@ def test_a_zookeeper_that_cannot_restart_is_retried_with_back_off_then_pylogd_st
         assert RawClient(again.endpoint).read_all("kept", 0) == data
     finally:
         again.stop()
+
+
+def test_ctrl_c_on_a_broker_with_its_private_zookeeper_leaves_nothing_to_warn_about(
+    tmp_path: Path, registry_chroot: str
+) -> None:
+    """Ctrl-C reaches the whole process group: the private ZooKeeper, when it shared the group,
+    died under pylogd while it shut down (kazoo's "Connection dropped" warnings), before
+    pylogd left the registry, so the next start replaced the partitions' nodes of the old
+    session, each with a warning. In a group of its own, it is stopped after pylogd has left."""
+    first = RunningBroker(tmp_path / "b", "", registry_chroot).start(own_session=True)
+    try:
+        with Admin(first.endpoint) as admin:
+            admin.create_topic("clicks", 2)
+        with Producer(first.endpoint, "clicks") as producer:
+            producer.send(b"one")
+        os.killpg(first.pid, signal.SIGINT)
+        assert first.process is not None
+        assert first.process.wait(60) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+    second = first.restarted()
+    try:
+        with Admin(second.endpoint) as admin:
+            assert admin.metadata(["clicks"]).topics[0].error_code == 0
+    finally:
+        assert second.stop() == 0
+    log = first.log_path.read_text()  # both runs: the same data dir, the same log
+    assert "SIGINT: shutting down" in log
+    assert " WARNING " not in log, log
