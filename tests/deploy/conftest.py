@@ -18,7 +18,7 @@ def source(tmp_path: Path) -> Path:
     there, so that a build makes its own."""
     copy = tmp_path / "pylog"
     copy.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, copy / name)
     for package in ("broker", "cli", "pipeline"):
         shutil.copytree(

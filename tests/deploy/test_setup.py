@@ -1,5 +1,6 @@
 """scripts/setup --broker-only (what scripts/start runs): the broker's dependencies alone, and no
-pip at all when pyproject.toml has not changed, nor over a venv that holds more extras."""
+pip at all when pyproject.toml and setup.py have not changed, nor over a venv that holds more
+extras."""
 
 from __future__ import annotations
 
@@ -67,6 +68,11 @@ def test_broker_only_installs_no_extras_and_skips_pip_when_nothing_changed(check
     stamp.write_text(f"{pyproject_hash} \n")
     assert "setup: installing pylog into .venv" in run_setup(source, "--broker-only")
     assert stamp.read_text().split()[0] != pyproject_hash
+
+    # And a changed setup.py (the C codec's build).
+    with (source / "setup.py").open("a") as setup:
+        setup.write("# changed\n")
+    assert "setup: installing pylog into .venv" in run_setup(source, "--broker-only")
 
 
 def test_system_only_installs_no_venv_when_the_system_has_every_package(checkout: Path) -> None:
