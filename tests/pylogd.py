@@ -148,6 +148,17 @@ class RunningBroker:
             self.process.wait()
             raise
 
+    def ctrl_c(self, timeout: float = 60.0) -> int:
+        """SIGINT to its process group (started with own_session), as Ctrl-C in its terminal;
+        the exit code once it has exited (the group SIGKILLed after `timeout`, and raised)."""
+        assert self.process is not None
+        try:
+            os.killpg(self.pid, signal.SIGINT)
+            return self.process.wait(timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+
     def kill(self) -> None:
         """SIGKILL the supervisor and its workers, as a crash would."""
         for pid in [*self.worker_pids(), self.pid]:

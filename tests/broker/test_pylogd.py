@@ -328,13 +328,7 @@ def test_ctrl_c_stops_pylogd_cleanly_and_logs_no_error(
     broker = RunningBroker(
         tmp_path / "b", zookeeper.connect_string, registry_chroot, *single_box_flags(tmp_path)
     ).start(own_session=True)
-    try:
-        os.killpg(broker.pid, signal.SIGINT)
-        assert broker.process is not None
-        assert broker.process.wait(60) == 0
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(broker.pid, signal.SIGKILL)
+    assert broker.ctrl_c() == 0
     log = broker.log_path.read_text()
     assert "SIGINT: shutting down" in log
     assert ": ERROR " not in log, log
@@ -652,12 +646,9 @@ def test_ctrl_c_on_a_broker_with_its_private_zookeeper_leaves_nothing_to_warn_ab
             admin.create_topic("clicks", 2)
         with Producer(first.endpoint, "clicks") as producer:
             producer.send(b"one")
-        os.killpg(first.pid, signal.SIGINT)
-        assert first.process is not None
-        assert first.process.wait(60) == 0
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(first.pid, signal.SIGKILL)
+        stopped = first.ctrl_c()
+    assert stopped == 0
     second = first.restarted()
     try:
         with Admin(second.endpoint) as admin:
