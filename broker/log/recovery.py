@@ -151,8 +151,7 @@ def recover_folder(directory: Path, config: LogConfig) -> tuple[list[Segment], R
     damaged = sorted(damaged + gaps)
     if segments and beyond > segments[-1].end_offset:
         # past what was set aside too: no offset it held is ever handed out again
-        gaps.append((segments[-1].end_offset, beyond))
-        damaged.append(gaps[-1])
+        damaged.append((segments[-1].end_offset, beyond))
         segments.append(Segment.create(directory, beyond))
     if not segments:
         segments.append(Segment.create(directory, max(expected_base, beyond)))
