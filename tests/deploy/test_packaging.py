@@ -35,9 +35,9 @@ def test_an_editable_install_prints_no_setuptools_banner(source: Path, tmp_path:
     # hook; pyproject.toml's package-dir makes the install a plain .pth file, without one.
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
-        + ["install", "--disable-pip-version-check", "--no-deps", "-e", str(source)],
+        [*pip, "install", "--disable-pip-version-check", "--no-deps", "-e", str(source)],
         capture_output=True,
         text=True,
         timeout=300,
