@@ -165,6 +165,23 @@ SETTINGS: tuple[Setting, ...] = (
         "SNDHWM); beyond this, ZeroMQ drops them.",
     ),
     Setting(
+        "broker",
+        "queued_reply_bytes",
+        int,
+        128 << 20,
+        "Bytes of replies the broker holds for all its clients together; at this, every "
+        "connection that holds any is muted (its requests wait, its large replies are "
+        "refused REPLIES_NOT_READ) until it reads them.",
+    ),
+    Setting(
+        "broker",
+        "queued_reply_bytes_per_client",
+        int,
+        16 << 20,
+        "Bytes of replies the broker holds for one connection that has not taken them; at "
+        "this, the connection is muted until it reads them.",
+    ),
+    Setting(
         "log",
         "flush_messages",
         int,
@@ -492,6 +509,8 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> BrokerConfig
         "broker_queued_request_bytes",
         "broker_queued_requests_per_client",
         "broker_queued_replies_per_client",
+        "broker_queued_reply_bytes",
+        "broker_queued_reply_bytes_per_client",
         "broker_fetch_max_bytes",
     ):
         if config.values.get(name, 1) < 1:

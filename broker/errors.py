@@ -28,7 +28,8 @@
     │   ├── RegistryUnavailable     ZooKeeper cannot be reached or the session is lost
     │   ├── NotLeaderForPartition   this broker does not lead the partition (now)
     │   ├── NotEnoughReplicas       ack=all, and the in-sync replicas are too few
-    │   └── UnknownLeaderEpoch      the asker's leader epoch is newer than this broker's
+    │   ├── UnknownLeaderEpoch      the asker's leader epoch is newer than this broker's
+    │   └── RepliesNotRead          the connection does not take its replies: one not kept
     ├── BrokerError                 client side: the broker answered with an error code
     │   ├── UnknownServerError      UNKNOWN_SERVER_ERROR
     │   └── Broker<Class>           every other code: BrokerTopicAlreadyExists is a
@@ -301,6 +302,13 @@ class UnknownLeaderEpoch(Unavailable):
         self.leader_epoch = leader_epoch
 
 
+class RepliesNotRead(Unavailable):
+    """The connection holds as many bytes of replies it has not taken as the broker keeps for
+    one connection (or any, while the broker holds its ceiling for all), and this request
+    could not wait, or this reply was not kept (broker.replies). Retriable: read the replies,
+    then send the request again."""
+
+
 class RegistryAccessDenied(PylogError):
     """ZooKeeper refused a change to a registry node (NoAuth): an ACL on the path does not let
     this session's identity (its `auth`, or none) make it. Nothing changed; the same identity
@@ -419,6 +427,10 @@ class BrokerFencedLeaderEpoch(BrokerError, FencedLeaderEpoch):
 
 class BrokerUnknownLeaderEpoch(BrokerError, UnknownLeaderEpoch):
     """A broker answered UNKNOWN_LEADER_EPOCH."""
+
+
+class BrokerRepliesNotRead(BrokerError, RepliesNotRead):
+    """A broker answered REPLIES_NOT_READ."""
 
 
 class MalformedReply(PylogError):

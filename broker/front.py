@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import zmq
@@ -33,11 +33,13 @@ from broker.errors import (
     BrokerShuttingDown,
     PartitionUnavailable,
     PylogError,
+    RepliesNotRead,
     UnsupportedApi,
 )
 from broker.log.message import Buffer
 from broker.pool import Answers, WorkerHandle, WorkerPool
 from broker.processes import port_holder
+from broker.replies import HeldReplies
 from broker.security import Authorizer, HandshakeFailures, Operation, Principals, ZapHandler
 from broker.topics import Topics
 from broker.transport import CREDIT, REPLIES, STATE, reply_envelope, tagged_identity
@@ -91,6 +93,12 @@ class Front:
         self.stopping = False
         """Set on shutdown: new requests are answered BROKER_SHUTTING_DOWN."""
         self.queue_limit = int(config.broker_queued_request_bytes)
+        self.held = HeldReplies(
+            config.broker_queued_reply_bytes,
+            config.broker_queued_reply_bytes_per_client,
+            config.broker_queued_requests_per_client,
+        )
+        """The bytes of replies ZeroMQ holds for clients, and the connections muted for them."""
         self.opened = False
         self.reading = False
         """Whether the loop reads clients' requests: from `open()` on, while the workers owe
@@ -177,6 +185,8 @@ class Front:
                     break  # the workers owe enough: no more requests until they serve them
             if worker is None:
                 self.pool.flush_all()
+        for tagged, frames in self.held.release():  # the requests of unmuted connections
+            self._serve(tagged, *tagged_identity(tagged[1:], frames)[1:], frames)
         self.topics.tick()
         self.pool.check()
         self._send_answers()
@@ -228,11 +238,22 @@ class Front:
             for i in range(0, len(rest), 2):
                 send_frames(self.socket, [*reply_envelope(rest[i].bytes), rest[i + 1]])
         else:  # a reply, behind the tagged identity of its client: forwarded as zmq.Frames,
-            send_frames(self.socket, [*reply_envelope(first), *rest])  # not copied
+            self._answer(first, rest)  # not copied
 
     def _from_client(self, identity: bytes, frames: list[zmq.Frame]) -> None:
         self.requests += 1
         tagged, request_frames = tagged_identity(identity, frames)
+        if self.held.muted(tagged):  # it does not read its replies: its requests wait
+            try:
+                self.held.park(tagged, frames)
+            except RepliesNotRead as error:
+                self._refuse(tagged, request_frames, error)
+            return
+        self._serve(tagged, request_frames, frames)
+
+    def _serve(
+        self, tagged: bytes, request_frames: list[memoryview], frames: list[zmq.Frame]
+    ) -> None:
         try:
             if self.stopping:
                 raise BrokerShuttingDown("the broker is shutting down")
@@ -279,9 +300,13 @@ class Front:
         except Exception as error:
             if not isinstance(error, PylogError):
                 log.exception("unexpected error serving a request")
-            if self.pool.errors.refused(request_frames, error):
-                correlation_id = protocol.peek_correlation_id(request_frames)
-                self._answer(tagged, protocol.encode_error(correlation_id, error))
+            self._refuse(tagged, request_frames, error)
+
+    def _refuse(self, tagged: bytes, request_frames: list[memoryview], error: Exception) -> None:
+        """Answer a request with `error` (counted; a PRODUCE with ack none gets no answer)."""
+        if self.pool.errors.refused(request_frames, error):
+            correlation_id = protocol.peek_correlation_id(request_frames)
+            self._answer(tagged, protocol.encode_error(correlation_id, error))
 
     def _route(self, tagged: bytes, request: memoryview, topic: str, number: int) -> None:
         worker = self.topics.route(topic, number)
@@ -291,8 +316,9 @@ class Front:
             )
         self.pool.queue(worker, tagged, request)
 
-    def _answer(self, tagged: bytes, frames: list[Buffer]) -> None:
-        send_frames(self.socket, [*reply_envelope(tagged), *frames])
+    def _answer(self, tagged: bytes, frames: Sequence[Buffer | zmq.Frame]) -> None:
+        """Send a reply, counted in `held` from broker.replies.TRACK_AT bytes on."""
+        send_frames(self.socket, [*reply_envelope(tagged), *self.held.send(tagged, frames)])
 
 
 _VERSION_AT: Final = 2

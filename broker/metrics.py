@@ -10,6 +10,12 @@ read at scrape time. The names follow Prometheus' conventions (`_total` counters
 - pylog_front_read_pauses_total: times the front stopped reading requests because the workers
   owed broker.queued_request_bytes (docs/protocol.md, "Flow control");
 - pylog_front_queued_request_bytes: bytes of requests the workers owe now;
+- pylog_front_queued_reply_bytes: bytes of replies held for clients that have not taken them
+  (those of broker.replies.TRACK_AT bytes or more), pylog_front_muted_connections: the
+  connections whose requests wait until they read their replies, pylog_front_parked_requests:
+  those requests, and
+  pylog_front_replies_refused_total: replies answered REPLIES_NOT_READ in their place
+  (broker.replies; docs/protocol.md, "Flow control");
 - in security.mode curve: pylog_connections_accepted_total and pylog_connections_refused_total
   (Curve handshakes the ZAP handler let in, and refused for an unknown key),
   pylog_handshakes_failed_total{reason} (before ZAP: not_curve, a plaintext client;
@@ -100,6 +106,27 @@ class SupervisorCollector(Collector):
             "pylog_front_queued_request_bytes",
             "Bytes of requests routed to workers and not yet served.",
             pool.queued_bytes,
+        )
+        yield GaugeMetricFamily(
+            "pylog_front_queued_reply_bytes",
+            "Bytes of replies held for clients that have not taken them (replies of 4 KiB or "
+            "more).",
+            front.held.held_bytes,
+        )
+        yield GaugeMetricFamily(
+            "pylog_front_muted_connections",
+            "Connections whose requests wait until they read the replies held for them.",
+            front.held.muted_connections,
+        )
+        yield GaugeMetricFamily(
+            "pylog_front_parked_requests",
+            "Requests of muted connections waiting for them to read their replies.",
+            front.held.parked_requests,
+        )
+        yield CounterMetricFamily(
+            "pylog_front_replies_refused",
+            "Replies answered REPLIES_NOT_READ in their place: their connection was muted.",
+            front.held.replies_refused,
         )
         if s.zap is not None and s.authorizer is not None:  # security.mode curve
             yield CounterMetricFamily(

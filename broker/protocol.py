@@ -77,6 +77,7 @@ from broker.errors import (
     PylogError,
     RegistryAccessDenied,
     RegistryUnavailable,
+    RepliesNotRead,
     StorageIOError,
     TopicAlreadyExists,
     UnknownLeaderEpoch,
@@ -172,6 +173,7 @@ class ErrorCode(IntEnum):
     NOT_ENOUGH_REPLICAS = 22
     FENCED_LEADER_EPOCH = 23
     UNKNOWN_LEADER_EPOCH = 24
+    REPLIES_NOT_READ = 25
 
 
 # -- the error table ---------------------------------------------------------------------------
@@ -219,6 +221,7 @@ ERROR_TABLE: Final[tuple[ErrorEntry, ...]] = (
     ErrorEntry(ErrorCode.NOT_ENOUGH_REPLICAS, NotEnoughReplicas, True),
     ErrorEntry(ErrorCode.FENCED_LEADER_EPOCH, FencedLeaderEpoch, False),
     ErrorEntry(ErrorCode.UNKNOWN_LEADER_EPOCH, UnknownLeaderEpoch, True),
+    ErrorEntry(ErrorCode.REPLIES_NOT_READ, RepliesNotRead, True),
 )
 """code <-> name <-> exception class <-> retriable, in code order."""
 
@@ -274,6 +277,7 @@ _REPLY_ERROR_BY_CODE: Final[dict[ErrorCode, type[BrokerError]]] = {
     ErrorCode.NOT_ENOUGH_REPLICAS: errors.BrokerNotEnoughReplicas,
     ErrorCode.FENCED_LEADER_EPOCH: errors.BrokerFencedLeaderEpoch,
     ErrorCode.UNKNOWN_LEADER_EPOCH: errors.BrokerUnknownLeaderEpoch,
+    ErrorCode.REPLIES_NOT_READ: errors.BrokerRepliesNotRead,
 }
 """The class a client raises for each nonzero code: a BrokerError and the table's exception."""
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import tempfile
 import threading
 import time
@@ -176,41 +175,26 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("revisions", nargs="*")
     parser.add_argument("--gigabytes", type=float, default=2.0)
     parser.add_argument("--readers", type=int, default=100)
     parser.add_argument("--long-polls", type=int, default=5_000)
     parser.add_argument("--batch1-messages", type=int, default=1_000_000)
     parser.add_argument("--batch50-messages", type=int, default=2_000_000)
     parser.add_argument("--hold-s", type=float, default=10.0)
-    parser.add_argument("--run", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.run:
-        print(json.dumps(run_one(args)))
-        return
-    if not args.revisions:
-        parser.error("name at least one revision")
-    from perf.compare import export, run_in_tree
+    from perf.compare import each_revision, revisions_or_run
 
-    flags = [
-        f"--gigabytes={args.gigabytes}",
-        f"--readers={args.readers}",
-        f"--long-polls={args.long_polls}",
-        f"--batch1-messages={args.batch1_messages}",
-        f"--batch50-messages={args.batch50_messages}",
-        f"--hold-s={args.hold_s}",
-    ]
-    with tempfile.TemporaryDirectory() as work:
-        for i, revision in enumerate(args.revisions):
-            tree = export(revision, Path(work) / f"tree{i}")
-            result = run_in_tree(revision, tree, __file__, flags)
-            print(json.dumps({"revision": revision, **result}), flush=True)
-            print(
-                f"{revision}: pylogd's own memory {result['start_mib']} MiB at start, "
-                f"{result['min_mib']}-{result['max_mib']} MiB through every phase, "
-                f"{result['end_mib']} MiB at the end",
-                flush=True,
-            )
+    args = revisions_or_run(parser, run_one)
+    if args is None:
+        return
+
+    options = ("gigabytes", "readers", "long_polls", "batch1_messages", "batch50_messages")
+    for revision, result in each_revision(args.revisions, __file__, args, *options, "hold_s"):
+        print(
+            f"{revision}: pylogd's own memory {result['start_mib']} MiB at start, "
+            f"{result['min_mib']}-{result['max_mib']} MiB through every phase, "
+            f"{result['end_mib']} MiB at the end",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

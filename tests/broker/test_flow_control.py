@@ -109,6 +109,79 @@ def test_a_client_that_never_takes_its_replies_does_not_grow_the_broker(
         assert most < most_mib * MIB, f"the supervisor grew by {most / MIB:.0f} MiB"
 
 
+def test_clients_that_never_read_are_muted_under_one_ceiling_and_memory_returns(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    """Four clients that read nothing, each pipelining 100 FETCHes of 16 MiB, against a broker
+    that holds 4 MiB of replies for one connection and 8 MiB for all: each was allowed up to
+    1000 replies of 1 MiB (~400 MiB in all). Now each is muted at its share, or at the
+    ceiling: its requests wait (parked) or are refused REPLIES_NOT_READ, as are the replies
+    beyond; another client is served meanwhile; and once they hang up, the broker holds
+    nothing and its memory is back near where it was."""
+    broker = make_pylogd(
+        *single_box_flags(tmp_path),
+        *("--metrics-enabled", "true", "--metrics-port", "0"),
+        *("--broker-queued-reply-bytes", str(8 * MIB)),
+        *("--broker-queued-reply-bytes-per-client", str(4 * MIB)),
+    )
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic("big", 1)
+    fill(broker.endpoint, "big", 32)
+    before = own_memory(broker.pid)
+    fetch = FetchRequest("big", 0, 0, 16 * MIB, 0, 0)
+    most = 0
+
+    def gauge(name: str) -> float:
+        return broker.metrics()[(name, ())]
+
+    with contextlib.ExitStack() as stack:
+        clients = [
+            stack.enter_context(dealer(broker.endpoint, RCVHWM=1, RCVBUF=64 * 1024))
+            for _ in range(4)
+        ]
+        for i in range(100):
+            for client in clients:
+                client.send(request_frame(Api.FETCH, i + 1, fetch))
+
+        def all_taken() -> bool:
+            """Every request served by the worker, refused or parked in the front."""
+            nonlocal most
+            most = max(most, own_memory(broker.pid) - before)
+            metrics = broker.metrics()
+            handled = metrics[("pylog_front_parked_requests", ())] + sum(
+                value
+                for (name, labels), value in metrics.items()
+                if (name == "pylog_requests_total" and ("api", "fetch") in labels)
+                or (name == "pylog_request_errors_total" and ("worker", "supervisor") in labels)
+            )
+            return handled >= 400
+
+        wait_until(all_taken, timeout=60, what="the 400 fetches to be served, refused or parked")
+        held = gauge("pylog_front_queued_reply_bytes")
+        # The ceiling, and at most one reply (1 MiB) over it for a connection that held none.
+        assert 0 < held <= 8 * MIB + 4 * MIB
+        assert gauge("pylog_front_muted_connections") == 4
+        assert gauge("pylog_front_replies_refused_total") > 0
+        with Connection(broker.endpoint, timeout_s=10.0) as other:  # others are still served
+            assert 0 < len(other.request(fetch).message_set) <= MIB
+        all_taken()
+        assert most < 48 * MIB, f"the supervisor grew by {most / MIB:.0f} MiB"
+
+    def let_go() -> bool:
+        return (
+            gauge("pylog_front_queued_reply_bytes") == 0
+            and gauge("pylog_front_muted_connections") == 0
+            and gauge("pylog_front_parked_requests") == 0
+        )
+
+    wait_until(let_go, timeout=30, what="the replies of the clients gone to be let go")
+    wait_until(
+        lambda: own_memory(broker.pid) - before < 20 * MIB,
+        timeout=30,
+        what="the supervisor's memory to come back within 20 MiB of where it was",
+    )
+
+
 def test_a_producer_faster_than_its_worker_is_held_back_and_loses_nothing(
     make_pylogd: Callable[..., RunningBroker], tmp_path: Path
 ) -> None:
