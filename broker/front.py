@@ -181,20 +181,28 @@ class Front:
                     self._from_worker(worker, first, rest)
                     continue
                 self._from_client(first, rest)
-                if self.pool.queued_bytes >= self.queue_limit:
+                if not self._room():
                     break  # the workers owe enough: no more requests until they serve them
             if worker is None:
                 self.pool.flush_all()
-        for tagged, frames in self.held.release():  # the requests of unmuted connections
+        resumed = False
+        for tagged, frames in self.held.release(self._room):  # of unmuted connections
             self._serve(tagged, *tagged_identity(tagged[1:], frames)[1:], frames)
+            resumed = True
+        if resumed:  # sent now, not with the next client's request
+            self.pool.flush_all()
         self.topics.tick()
         self.pool.check()
         self._send_answers()
 
+    def _room(self) -> bool:
+        """Whether the workers owe less than queue_limit bytes of requests."""
+        return self.pool.queued_bytes < self.queue_limit
+
     def _pace(self) -> None:
         """Read clients' requests only while the workers owe less than queue_limit bytes of
         them: what is not read waits in ZeroMQ and TCP, and blocks the senders."""
-        reading = self.pool.queued_bytes < self.queue_limit
+        reading = self._room()
         if reading != self.reading and self.opened:
             self.poller.register(self.socket, zmq.POLLIN if reading else 0)  # 0: unregister
             self.reading = reading

@@ -11,8 +11,9 @@ even when it is killed (broker.processes).
 
 Requests routed to a worker wait in its outbox until the front has drained its client socket,
 then go as one REQUESTS message (broker.transport). The pool counts the bytes of the requests
-routed to each worker until the worker gives them back (CREDIT, once served): `queued_bytes`,
-what the front weighs against broker.queued_request_bytes before it reads more requests. The
+routed to each worker until the worker gives them back (CREDIT, once served), a FETCH as the
+reply it may bring (broker.transport.request_weight): `queued_bytes`, what the front weighs
+against broker.queued_request_bytes before it reads more requests. The
 pool never calls into the front: what it must answer itself (the requests of a worker that has
 gone, PARTITION_UNAVAILABLE) it puts in `answers`, a queue the front sends from on its loop.
 """
@@ -39,7 +40,7 @@ from broker.config import BrokerConfig
 from broker.errors import PartitionUnavailable
 from broker.log.message import Buffer
 from broker.ratelog import RateLimitedLog
-from broker.transport import requests_frame
+from broker.transport import request_weight, requests_frame
 from broker.zmqio import NOBLOCK, receive_routed, send_frames
 
 log = logging.getLogger("pylog.supervisor")
@@ -109,7 +110,7 @@ class WorkerHandle:
     outbox: list[Buffer] = field(default_factory=list)
     """Requests routed to it and not sent yet: tagged identity, request frame, ..."""
     queued_bytes: int = 0
-    """Bytes of request frames routed to it that it has not given back (CREDIT) yet."""
+    """Bytes of requests routed to it (request_weight) that it has not given back (CREDIT)."""
     stats: dict[str, Any] | None = None
     """Its last snapshot of figures (broker.worker_stats), for broker.metrics."""
 
@@ -135,6 +136,7 @@ class WorkerPool:
         self.poller = poller
         self.run_dir = run_dir
         self.answers = answers
+        self.fetch_max_bytes = config.broker_fetch_max_bytes
         per_dir = config.broker_workers_per_dir
         self.workers = [
             WorkerHandle(d * per_dir + k, log_dir)
@@ -192,7 +194,7 @@ class WorkerPool:
     def queue(self, worker: WorkerHandle, tagged: bytes, request: Buffer) -> None:
         """Route a request to `worker`: sent with the others drained in this turn (flush)."""
         worker.outbox += (tagged, request)
-        size = len(request)
+        size = request_weight(request, self.fetch_max_bytes)
         worker.queued_bytes += size
         self.queued_bytes += size
 

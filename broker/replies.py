@@ -146,9 +146,10 @@ class HeldReplies:
         self.held_bytes += size
         return [*frames[:at], tracked, *frames[at + 1 :]]
 
-    def release(self) -> Iterator[tuple[bytes, list[zmq.Frame]]]:
+    def release(self, room: Callable[[], bool]) -> Iterator[tuple[bytes, list[zmq.Frame]]]:
         """Once a turn: forget the replies ZeroMQ let go of, then yield the parked requests of
-        the connections no longer muted, in order (tagged identity, frames as received)."""
+        the connections no longer muted, in order (tagged identity, frames as received), while
+        `room()` says the workers may take more (the rest wait for the next turn)."""
         muted = 0
         for tagged, connection in list(self._connections.items()):
             held = connection.held
@@ -157,7 +158,7 @@ class HeldReplies:
                 connection.held_bytes -= size
                 self.held_bytes -= size
             parked = connection.parked
-            while parked and not self._over(connection.held_bytes):
+            while parked and not self._over(connection.held_bytes) and room():
                 self.parked_requests -= 1
                 yield tagged, parked.popleft()
             if parked or self._over(connection.held_bytes):

@@ -33,17 +33,20 @@ client's request frame is passed through as it came, never re-encoded. The worke
 message's frame count from its first frame (receive_from_supervisor), so it reads them with no
 per-frame "more" check.
 
-Flow control: the supervisor counts the bytes of the request frames it has passed a worker,
-and the worker gives them back in CREDIT messages once served (every CREDIT_EVERY_BYTES, or
-less when the front's `queued_request_bytes` is small, and CREDIT_IDLE_S after it served them
-at the latest), so what waits for a worker is bounded in bytes, not in messages.
+Flow control: the supervisor counts the bytes of the requests it has passed a worker, and
+the worker gives them back in CREDIT messages once served (every CREDIT_EVERY_BYTES, or less
+when the front's `queued_request_bytes` is small, and CREDIT_IDLE_S after it served them at the
+latest), so what waits for a worker is bounded in bytes, not in messages. A request counts its
+frame's bytes, but a FETCH counts the most its reply may carry, `fetch_max_bytes`
+(`request_weight`): what waits for a worker is also what it will send back, so that clients
+pipelining FETCHes cannot queue gigabytes of replies-to-be ahead of everyone else's requests.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import trio
 import zmq
@@ -66,6 +69,18 @@ left to read, which at one request a time cost a message a request (~6 µs of CP
 
 
 Message = TypeVar("Message")
+
+_FETCH_KEY: Final = 1
+"""A FETCH request's api_key, the u16 its frame starts with (docs/protocol.md)."""
+
+
+def request_weight(frame: Buffer, fetch_max_bytes: int) -> int:
+    """What a request frame passed to a worker counts for in the flow control: a FETCH the
+    most its reply may carry (`fetch_max_bytes`, the broker's), any other its length. The front
+    and the worker count the same frames, so each gives back what the other took."""
+    if len(frame) > 1 and frame[1] == _FETCH_KEY and frame[0] == 0:
+        return fetch_max_bytes
+    return len(frame)
 
 
 RECEIVE_RECHECK_S = 0.1

@@ -76,6 +76,7 @@ from broker.transport import (
     TrioSocket,
     credit_frames,
     receive_from_supervisor,
+    request_weight,
 )
 from broker.worker_stats import STATS_EVERY_S, WorkerStats
 
@@ -99,7 +100,9 @@ class Worker:
         self.unanswered_errors = 0
         """Failed produce requests with ack=none, which get no reply: logged and counted."""
         self._served_bytes = 0
-        """Bytes of request frames served and not yet given back to the supervisor (CREDIT)."""
+        """Bytes of requests served (request_weight) and not yet given back to the supervisor
+        (CREDIT)."""
+        self._fetch_max_bytes = config.broker_fetch_max_bytes
         workers = len(config.log_dir_paths) * config.broker_workers_per_dir
         self._credit_step = min(
             CREDIT_EVERY_BYTES, max(1, config.broker_queued_request_bytes // (2 * workers))
@@ -146,7 +149,7 @@ class Worker:
                 # requests, each a client's tagged identity and its frame
                 for i in range(1, len(frames), 2):
                     await self._serve_request(frames[i], frames[i + 1 : i + 2])
-                    self._served_bytes += len(frames[i + 1])
+                    self._served_bytes += request_weight(frames[i + 1], self._fetch_max_bytes)
                 self.flusher.served_message()
                 if self.served.replies or self.served.state_messages:  # acks, ISR changes
                     await self.served.send_owed()

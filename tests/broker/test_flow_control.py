@@ -59,6 +59,18 @@ def fill(endpoint: str, topic: str, megabytes: int) -> int:
         return connection.call(OffsetsRequest(topic, 0, protocol.LATEST)).offset
 
 
+def fetches_taken(broker: RunningBroker) -> float:
+    """The FETCHes the broker has taken: served by a worker, refused by the supervisor
+    (REPLIES_NOT_READ) or parked in the front until their client reads its replies."""
+    metrics = broker.metrics()
+    return metrics[("pylog_front_parked_requests", ())] + sum(
+        value
+        for (name, labels), value in metrics.items()
+        if (name == "pylog_requests_total" and ("api", "fetch") in labels)
+        or (name == "pylog_request_errors_total" and ("worker", "supervisor") in labels)
+    )
+
+
 def request_frame(api: Api, correlation_id: int, body: protocol.Request) -> bytes:
     frames = protocol.encode_request(protocol.RequestHeader(api, 1, correlation_id, "t"), body)
     return b"".join(bytes(f) for f in frames)
@@ -94,14 +106,9 @@ def test_a_client_that_never_takes_its_replies_does_not_grow_the_broker(
         def all_served() -> bool:
             nonlocal most
             most = max(most, own_memory(broker.pid) - before)
-            fetches = sum(
-                value
-                for (name, labels), value in broker.metrics().items()
-                if name == "pylog_requests_total" and ("api", "fetch") in labels
-            )
-            return fetches >= 60
+            return fetches_taken(broker) >= 60
 
-        wait_until(all_served, timeout=30, what="the worker to serve the 60 fetches")
+        wait_until(all_served, timeout=30, what="the 60 fetches to be served, refused or parked")
         with Connection(broker.endpoint, timeout_s=10.0) as other:  # others are still served
             reply = other.request(FetchRequest("big", 0, 0, 16 * MIB, 0, 0))
             assert 0 < len(reply.message_set) <= MIB  # fetch_max_bytes, 1 MiB by default
@@ -144,17 +151,9 @@ def test_clients_that_never_read_are_muted_under_one_ceiling_and_memory_returns(
                 client.send(request_frame(Api.FETCH, i + 1, fetch))
 
         def all_taken() -> bool:
-            """Every request served by the worker, refused or parked in the front."""
             nonlocal most
             most = max(most, own_memory(broker.pid) - before)
-            metrics = broker.metrics()
-            handled = metrics[("pylog_front_parked_requests", ())] + sum(
-                value
-                for (name, labels), value in metrics.items()
-                if (name == "pylog_requests_total" and ("api", "fetch") in labels)
-                or (name == "pylog_request_errors_total" and ("worker", "supervisor") in labels)
-            )
-            return handled >= 400
+            return fetches_taken(broker) >= 400
 
         wait_until(all_taken, timeout=60, what="the 400 fetches to be served, refused or parked")
         held = gauge("pylog_front_queued_reply_bytes")
@@ -180,6 +179,48 @@ def test_clients_that_never_read_are_muted_under_one_ceiling_and_memory_returns(
         timeout=30,
         what="the supervisor's memory to come back within 20 MiB of where it was",
     )
+
+
+def test_a_muted_client_that_reads_again_gets_every_parked_request_answered(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    """A client that stops reading is muted at its share (4 MiB here); the requests it sends
+    then wait in the broker. Once it reads again, every one of them is served, with no other
+    traffic to move the broker along (they were once kept until a request or a command came
+    for the worker: a lease renewal, every 2/3 of the ZooKeeper session, made long here)."""
+    broker = make_pylogd(
+        *single_box_flags(tmp_path),
+        *("--zookeeper-session-timeout-ms", "60000"),
+        *("--metrics-enabled", "true", "--metrics-port", "0"),
+        *("--broker-queued-reply-bytes-per-client", str(4 * MIB)),
+    )
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic("big", 1)
+    fill(broker.endpoint, "big", 32)
+
+    def gauge(name: str) -> float:
+        return broker.metrics()[(name, ())]
+
+    fetch = FetchRequest("big", 0, 0, 16 * MIB, 0, 0)
+    with dealer(broker.endpoint, RCVHWM=1, RCVBUF=64 * 1024) as client:
+        for i in range(30):
+            client.send(request_frame(Api.FETCH, i, fetch))
+        wait_until(lambda: gauge("pylog_front_muted_connections") == 1, what="the mute")
+        for i in range(30, 60):
+            client.send(request_frame(Api.FETCH, i, fetch))
+        # The second 30 wait (with those of the first the workers had not taken yet).
+        wait_until(lambda: gauge("pylog_front_parked_requests") >= 30, what="30 parked")
+        answered: dict[int, int] = {}
+        for _ in range(60):
+            assert client.poll(10_000), f"no reply after {len(answered)} of 60"
+            header = protocol.decode_reply_header(client.recv_multipart())
+            answered[header.correlation_id] = header.error_code
+        assert sorted(answered) == list(range(60))
+        assert set(answered.values()) <= {
+            protocol.ErrorCode.NONE,
+            protocol.ErrorCode.REPLIES_NOT_READ,
+        }
+    assert gauge("pylog_front_parked_requests") == 0
 
 
 def test_a_producer_faster_than_its_worker_is_held_back_and_loses_nothing(
