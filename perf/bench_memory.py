@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import tempfile
 import threading
 import time
@@ -175,17 +176,21 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("revisions", nargs="*")
     parser.add_argument("--gigabytes", type=float, default=2.0)
     parser.add_argument("--readers", type=int, default=100)
     parser.add_argument("--long-polls", type=int, default=5_000)
     parser.add_argument("--batch1-messages", type=int, default=1_000_000)
     parser.add_argument("--batch50-messages", type=int, default=2_000_000)
     parser.add_argument("--hold-s", type=float, default=10.0)
-    from perf.compare import each_revision, revisions_or_run
-
-    args = revisions_or_run(parser, run_one)
-    if args is None:
+    parser.add_argument("--run", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:  # in a revision's tree, whose perf/ may predate perf.compare's helpers
+        print(json.dumps(run_one(args)))
         return
+    if not args.revisions:
+        parser.error("name at least one revision")
+    from perf.compare import each_revision
 
     options = ("gigabytes", "readers", "long_polls", "batch1_messages", "batch50_messages")
     for revision, result in each_revision(args.revisions, __file__, args, *options, "hold_s"):

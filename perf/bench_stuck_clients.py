@@ -23,6 +23,7 @@ on 2 cores anything beside it skews the figures.
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import threading
 import time
@@ -125,16 +126,20 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("revisions", nargs="*")
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--fetches", type=int, default=500)
     parser.add_argument("--hold-s", type=float, default=10.0)
     parser.add_argument("--after-s", type=float, default=10.0)
     parser.add_argument("--abort-mib", type=int, default=8192)
-    from perf.compare import each_revision, revisions_or_run
-
-    args = revisions_or_run(parser, run_one)
-    if args is None:
+    parser.add_argument("--run", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:  # in a revision's tree, whose perf/ may predate perf.compare's helpers
+        print(json.dumps(run_one(args)))
         return
+    if not args.revisions:
+        parser.error("name at least one revision")
+    from perf.compare import each_revision
 
     options = ("clients", "fetches", "hold_s", "after_s", "abort_mib")
     for revision, result in each_revision(args.revisions, __file__, args, *options):

@@ -23,7 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,28 +64,12 @@ def run_in_tree(revision: str, tree: Path, script: str, flags: list[str]) -> dic
     return result
 
 
-def revisions_or_run(
-    parser: argparse.ArgumentParser, run_one: Callable[[argparse.Namespace], dict[str, Any]]
-) -> argparse.Namespace | None:
-    """The command line of a benchmark of revisions: with --run (the process run_in_tree
-    starts), one run of `run_one`, its result printed as a JSON line, and None; else the
-    arguments, with at least one revision."""
-    parser.add_argument("revisions", nargs="*")
-    parser.add_argument("--run", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.run:
-        print(json.dumps(run_one(args)))
-        return None
-    if not args.revisions:
-        parser.error("name at least one revision")
-    return args
-
-
 def each_revision(
     revisions: list[str], script: str, args: argparse.Namespace, *names: str
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """Each revision's run of `script` (run_in_tree, in an export of the revision), with the
-    options `names` of `args` passed on; each result printed as a JSON line as it comes."""
+    options `names` of `args` passed on; each result printed as a JSON line as it comes. (For
+    the driving process only: the `--run` process imports the revision's own perf/.)"""
     flags = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in names]
     with tempfile.TemporaryDirectory() as work:
         for i, revision in enumerate(revisions):
@@ -120,6 +104,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("revisions", nargs="*")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=1)
@@ -128,9 +113,13 @@ def main() -> None:
         "--max-in-flight", type=int, default=0, help="batches awaiting acks (default: the run's)"
     )
     parser.add_argument("--consume", action="store_true")
-    args = revisions_or_run(parser, run_one)
-    if args is None:
+    parser.add_argument("--run", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        print(json.dumps(run_one(args)))
         return
+    if not args.revisions:
+        parser.error("name at least one revision")
     flags = [f"--messages={args.messages}", f"--batch={args.batch}", f"--ack={args.ack}"]
     flags += [f"--max-in-flight={args.max_in_flight}"] if args.max_in_flight else []
     flags += ["--consume"] if args.consume else []
