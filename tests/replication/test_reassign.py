@@ -4,6 +4,8 @@ sessions (tests/replication/test_controller.py) and the leader's ISR changes wri
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from broker.errors import InvalidTopic, UnknownTopicOrPartition
@@ -52,9 +54,12 @@ def start_topic(registry: Registry, replicas: tuple[tuple[int, ...], ...]) -> No
 
 
 def join_isr(registry: Registry, partition: int, broker_id: int) -> None:
-    """What the leader does once a follower has caught up."""
+    """What the leader does once a follower has caught up: the ISR grows, the leader, its
+    epoch and its incarnation (broker epoch) stay. (A state without the incarnation, as this
+    wrote before, is a leader no longer alive to the controller, which chose it again in a new
+    epoch whenever its round came before the reassignment's end.)"""
     state, version = registry.partition_state(TOPIC, partition)
-    joined = PartitionState(state.leader, state.leader_epoch, (*state.isr, broker_id), 0)
+    joined = dataclasses.replace(state, isr=(*state.isr, broker_id), controller_epoch=0)
     registry.write_partition_state(TOPIC, partition, joined, version)
 
 
