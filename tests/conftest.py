@@ -5,16 +5,37 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
 from tests.pylogd import RunningBroker, ThreeBrokers, broker_flags, start_all, stop_all
+
+_LEFT_TO_THE_COLLECTOR: list[zmq.Context[Any]] = []
+
+
+def _keep_unterminated(context: zmq.Context[Any]) -> None:
+    """zmq.Context.__del__ for the test run. A test that fails leaves its clients to the
+    garbage collector (its traceback's frames hold them in a cycle), and CPython clears a
+    context's weak set of sockets before finalizers run: pyzmq's __del__ then closes no socket
+    and terminates the context, which waits for ever for the sockets collected with it. The
+    run hung so, instead of reporting the failure. Such a context is kept instead, never
+    terminated (pyzmq does not at exit), its sockets closed by their own finalizers."""
+    if not context._shadow and not context.closed:
+        _LEFT_TO_THE_COLLECTOR.append(context)
+        warnings.warn(
+            f"{context!r} was left to the garbage collector", ResourceWarning, stacklevel=2
+        )
+
+
+zmq.Context.__del__ = _keep_unterminated  # type: ignore[method-assign]
 
 
 @dataclass
