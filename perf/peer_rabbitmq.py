@@ -29,8 +29,9 @@ perf/pylog_runs.py. Every body is 200 bytes, built in the timed loop.
 
 Each result is a dict: messages, seconds, client_cpu_s (this process during the timed part,
 time.process_time(): pika runs in this thread) and broker_cpu_s (the node's beam.smp and its
-helpers, perf/cpu.py; None when no pids are given); latency gives messages, p50_ms, p99_ms,
-max_ms.
+helpers, perf/cpu.py; None when no pids are given); `produce` adds visible_after_s, the time
+from the last publish to the end (all held, or all confirmed); latency gives messages, p50_ms,
+p99_ms, max_ms.
 
 The node (`PrivateRabbitMQ`) runs as a child process with everything private: a free AMQP port
 on 127.0.0.1, its own epmd on a free port (127.0.0.1), its own distribution port, data, logs,
@@ -542,6 +543,7 @@ def produce(
                 _flush(connection)  # write the batch out
             if time.monotonic() > deadline:
                 raise TimeoutError(f"published {first + batch} of {messages} in {limit_s} s")
+        sent = time.perf_counter()
         if confirms is not None:
             confirms.wait(connection, deadline)
         else:
@@ -549,10 +551,11 @@ def produce(
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"RabbitMQ held {held} of {messages} messages")
                 time.sleep(0.001)
-        seconds = time.perf_counter() - start
+        end = time.perf_counter()
         result = {
             "messages": messages,
-            "seconds": seconds,
+            "seconds": end - start,
+            "visible_after_s": end - sent,
             "client_cpu_s": time.process_time() - client_cpu,
             "broker_cpu_s": cpu_seconds(pids) - broker_cpu if pids else None,
         }
