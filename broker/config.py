@@ -204,6 +204,15 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "log",
+        "flush_when_idle",
+        bool,
+        True,
+        "Flush new messages as soon as their worker has served every request that has come, "
+        "besides by flush_messages and flush_interval_ms: consumers see them within "
+        "milliseconds, and under load the flushes batch by themselves (group commit).",
+    ),
+    Setting(
+        "log",
         "segment_bytes",
         int,
         _LOG.segment_bytes,

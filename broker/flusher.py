@@ -52,9 +52,16 @@ class Flusher:
     """The flushes of the partitions of `served`. `reopened(partition)` is awaited once an
     offline partition's log is reopened from the disk."""
 
-    def __init__(self, served: Served, reopened: Callable[[Partition], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        served: Served,
+        reopened: Callable[[Partition], Awaitable[None]],
+        when_idle: bool = False,
+    ) -> None:
         self.served = served
         self.reopened = reopened
+        self.when_idle = when_idle
+        """log.flush_when_idle: every append is flushed by the next group commit."""
         self.deadline_changed = trio.Event()
         """Set when a partition's flush deadline may have moved earlier: `run` looks again."""
         self.timer = trio.CancelScope()
@@ -75,6 +82,8 @@ class Flusher:
         plog = partition.log
         if not had_deadline:
             self.flush_by(plog)
+        if self.when_idle:
+            self.wanted.add(partition)
         if plog.flush_due():  # flush_messages (or the interval) reached
             self.due.add(partition)
 

@@ -94,7 +94,11 @@ class Worker:
         self.socket = socket
         self.served = Served(index, socket)
         self.partitions = self.served.partitions
-        self.flusher = Flusher(self.served, lambda partition: self.leadership.reopened(partition))
+        self.flusher = Flusher(
+            self.served,
+            lambda partition: self.leadership.reopened(partition),
+            config.log_flush_when_idle,
+        )
         self.leadership = Leadership(self.served, config, self.flusher)
         self.reads = Reads(self.served, self.leadership, config.broker_fetch_max_bytes)
         self.unanswered_errors = 0

@@ -302,7 +302,10 @@ def test_killed_worker_is_restarted_and_every_flushed_ack_survives_in_order(
 def test_sigterm_flushes_everything_and_exits_0(
     make_pylogd: Callable[..., RunningBroker],
 ) -> None:
-    flags = ("--log-flush-interval-ms", "3600000", "--log-flush-messages", "1000000")
+    flags = (
+        *("--log-flush-interval-ms", "3600000", "--log-flush-messages", "1000000"),
+        *("--log-flush-when-idle", "false"),
+    )
     broker = make_pylogd(*flags, name="b1")
     client = RawClient(broker.endpoint)
     client.create("audit", 1)
@@ -365,7 +368,10 @@ def test_an_unknown_log_format_is_a_usage_error(tmp_path: Path) -> None:
 def test_ack_flushed_is_answered_by_group_commit_not_after_the_flush_interval(
     make_pylogd: Callable[..., RunningBroker],
 ) -> None:
-    flags = ("--log-flush-interval-ms", "3600000", "--log-flush-messages", "1000000")
+    flags = (
+        *("--log-flush-interval-ms", "3600000", "--log-flush-messages", "1000000"),
+        *("--log-flush-when-idle", "false"),
+    )
     client = RawClient(make_pylogd(*flags).endpoint)
     client.create("orders", 1)
     written = message_set(0, 3)

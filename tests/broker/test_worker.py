@@ -45,8 +45,15 @@ def sockets() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
 
 
 def idle_worker(worker_end: zmq.Socket[bytes]) -> Worker:
-    """A worker whose partitions flush only on the hour (or on a group commit)."""
-    config = BrokerConfig({"log_flush_interval_ms": HOUR_MS, "log_flush_messages": 1_000_000})
+    """A worker whose partitions flush only on the hour (or on a group commit for producers
+    waiting on ack=flushed: not whenever it is idle)."""
+    config = BrokerConfig(
+        {
+            "log_flush_interval_ms": HOUR_MS,
+            "log_flush_messages": 1_000_000,
+            "log_flush_when_idle": False,
+        }
+    )
     return Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
 
 
@@ -137,6 +144,39 @@ async def test_unflushed_data_does_not_keep_the_flush_timer_spinning(
             nursery.cancel_scope.cancel()
         assert worker.partitions[("audit", 0)].log.statistics().pending_messages == 1
         assert busy < 0.1, f"the worker used {busy:.2f} s of CPU in 0.5 s of idling"
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize("when_idle", [True, False])
+async def test_an_idle_worker_flushes_new_messages_at_once_with_flush_when_idle(
+    tmp_path: Path, sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]], when_idle: bool
+) -> None:
+    # An hour's flush interval, a million messages' flush count, nobody waiting on ack=flushed:
+    # with log.flush_when_idle (the default) the worker flushes the message once it has served
+    # every request that came, so that consumers see it at once; without, it stays pending.
+    supervisor, worker_end = sockets
+    config = BrokerConfig(
+        {
+            "log_flush_interval_ms": HOUR_MS,
+            "log_flush_messages": 1_000_000,
+            "log_flush_when_idle": when_idle,
+        }
+    )
+    worker = Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.serve)
+            worker._open("audit", 0, tmp_path, worker.config.log_config())
+            supervisor.send_multipart([requests_frame(1), CLIENT, *produce_frames(Ack.WRITTEN)])
+            with trio.fail_after(10):
+                while not supervisor.poll(0):  # hello, then the produce reply
+                    await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()  # the worker idle, waiting to read
+            nursery.cancel_scope.cancel()
+        log = worker.partitions[("audit", 0)].log
+        assert log.log_end_offset > 0
+        assert (log.high_watermark == log.log_end_offset) is when_idle
     finally:
         worker.close()
 
@@ -385,6 +425,7 @@ async def test_a_roll_that_flushes_wakes_the_long_polls_it_satisfies(
         {
             "log_flush_interval_ms": HOUR_MS,
             "log_flush_messages": 1_000_000,
+            "log_flush_when_idle": False,
             "log_segment_bytes": 40,  # 33 bytes a message: the second produce rolls
         }
     )

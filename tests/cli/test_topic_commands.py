@@ -321,6 +321,8 @@ def test_topic_alter_retention_and_flush_apply_to_data_already_there(
         "100",
         "--log-flush-interval-ms",
         "600000",  # nothing flushes by time while the test runs
+        "--log-flush-when-idle",
+        "false",  # nor when the worker is idle
     )
     ok(
         broker.endpoint,
