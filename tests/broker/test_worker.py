@@ -44,14 +44,17 @@ def sockets() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
     context.destroy(linger=0)
 
 
-def idle_worker(worker_end: zmq.Socket[bytes]) -> Worker:
+def idle_worker(
+    worker_end: zmq.Socket[bytes], when_idle: bool = False, **settings: object
+) -> Worker:
     """A worker whose partitions flush only on the hour (or on a group commit for producers
-    waiting on ack=flushed: not whenever it is idle)."""
+    waiting on ack=flushed; whenever it is idle only `when_idle`), with `settings` besides."""
     config = BrokerConfig(
         {
             "log_flush_interval_ms": HOUR_MS,
             "log_flush_messages": 1_000_000,
-            "log_flush_when_idle": False,
+            "log_flush_when_idle": when_idle,
+            **settings,
         }
     )
     return Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
@@ -156,14 +159,7 @@ async def test_an_idle_worker_flushes_new_messages_at_once_with_flush_when_idle(
     # with log.flush_when_idle (the default) the worker flushes the message once it has served
     # every request that came, so that consumers see it at once; without, it stays pending.
     supervisor, worker_end = sockets
-    config = BrokerConfig(
-        {
-            "log_flush_interval_ms": HOUR_MS,
-            "log_flush_messages": 1_000_000,
-            "log_flush_when_idle": when_idle,
-        }
-    )
-    worker = Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
+    worker = idle_worker(worker_end, when_idle)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.serve)
@@ -421,15 +417,7 @@ async def test_a_roll_that_flushes_wakes_the_long_polls_it_satisfies(
     # A roll flushes the segment it closes: the long poll waiting for those bytes is answered
     # then, not at its max_wait_ms (an hour here, and no other flush is due).
     supervisor, worker_end = sockets
-    config = BrokerConfig(
-        {
-            "log_flush_interval_ms": HOUR_MS,
-            "log_flush_messages": 1_000_000,
-            "log_flush_when_idle": False,
-            "log_segment_bytes": 40,  # 33 bytes a message: the second produce rolls
-        }
-    )
-    worker = Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
+    worker = idle_worker(worker_end, log_segment_bytes=40)  # 33 bytes a message: 2nd rolls
     fetch = protocol.FetchRequest("audit", 0, 0, 1 << 20, HOUR_MS, 1)
     fetch_frames = [
         bytes(f)
