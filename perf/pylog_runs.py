@@ -4,7 +4,7 @@ latency runs against it through the Python client (broker.client), as a user wou
 - `produce`: one Producer sends N messages of 200 bytes, built in the timed loop (encode_message:
   header and XXH3 checksum), in batches of `batch` messages. With ack NONE (the paper's
   producer, which never waits) the run ends when the broker holds all N for consumers: its
-  high watermark, asked with OFFSETS, reaches the bytes sent (`held_all`: empty ack=flushed
+  high watermark, asked with OFFSETS, reaches the bytes sent (`held_all`: empty ack=all
   markers after them make the flush, so the flush timer is never waited for). With ack
   FLUSHED, when the last batch is acked; up to `max_in_flight` batches wait for their acks at
   once (the Producer's default is 5). `visible_after_s` is the time from the last send to
@@ -144,14 +144,18 @@ def produce(
 def held_all(watcher: Connection, topic: str, sent_bytes: int, deadline: float) -> None:
     """Return once partition 0 of `topic` holds `sent_bytes` for consumers (its high watermark
     reaches them), without waiting for the broker's flush timer: each time it does not yet,
-    an empty message is produced at ack=flushed, and its flush takes what has come before it.
-    Raises TimeoutError past `deadline` (time.monotonic)."""
+    an empty message is produced at ack=all, and its flush takes what has come before it.
+    Its ack waits for the high watermark to pass it (every in-sync replica flushed it, one
+    replica or three), so it is asked for again only for messages that reached the leader
+    after it (on the producer's own connection). At ack=flushed, a replicated partition's
+    markers chased its followers: each was asked for before they had copied the last, and
+    each added bytes to wait for. Raises TimeoutError past `deadline` (time.monotonic)."""
     marker = encode_message(b"")
     latest = OffsetsRequest(topic, 0, LATEST)
     while (held := watcher.call(latest).offset) < sent_bytes:
         if time.monotonic() > deadline:
             raise TimeoutError(f"pylog held {held} of {sent_bytes} bytes")
-        watcher.call(ProduceRequest(topic, 0, Ack.FLUSHED, marker))
+        watcher.call(ProduceRequest(topic, 0, Ack.ALL, marker))
         sent_bytes += len(marker)
 
 
