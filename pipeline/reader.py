@@ -162,11 +162,17 @@ def read_range(
     tp = TopicPartition(rng.topic, rng.partition)
     fetch_bytes = FETCH_BYTES
     position = rng.start
+    ahead: tuple[FetchRequest, int] | None = None  # the fetch sent before a batch was yielded
     with Connection(rng.endpoint, CLIENT_ID, keys=keys) as connection:
         while position < rng.end:
             request = FetchRequest(rng.topic, rng.partition, position, fetch_bytes, 0, 0)
             try:
-                reply = connection.call(request, RETRIES)
+                reply = None
+                if ahead is not None and ahead[0] == request:
+                    reply = connection.fetched_ahead(ahead[1], connection.timeout_s)
+                ahead = None
+                if reply is None:
+                    reply = connection.call(request, RETRIES)
             except BrokerError as error:
                 grown = grown_fetch_bytes(error, MAX_FETCH_BYTES)
                 if grown is not None:
@@ -186,11 +192,15 @@ def read_range(
                 why = f"the partition now ends at {reply.high_watermark} (re-created?)"
                 _lost(tp, position, rng.end, why, fail_on_data_loss)
                 return
+            following = position + len(reply.message_set)
+            if following < rng.end:  # the broker reads it while Spark takes this batch
+                request = FetchRequest(rng.topic, rng.partition, following, fetch_bytes, 0, 0)
+                ahead = request, connection.send_pipelined(request)
             columns, failure = decode_columns(reply.message_set, position, rng.end)
             if columns.rows:
                 yield _record_batch(columns, tp)
             if failure is None:
-                position += len(reply.message_set)
+                position = following
                 continue
             damage = damaged_range(reply.message_set, position, tp.topic, tp.partition, failure)
             if damage.start >= rng.end:

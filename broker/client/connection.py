@@ -44,6 +44,7 @@ from broker.protocol import (
     API_VERSION,
     Ack,
     AlterConfigRequest,
+    Api,
     CreateTopicRequest,
     DeleteTopicRequest,
     DescribeClusterReply,
@@ -564,6 +565,21 @@ class Connection(Framing, Closing):
             received = receive_frames(socket)
         frames: list[Buffer] = [frame.buffer for frame in received]
         return decode_reply_header(frames).correlation_id, frames
+
+    def fetched_ahead(self, correlation_id: int, timeout_s: float) -> FetchReply | None:
+        """The reply to the FETCH sent with `send_pipelined` as `correlation_id` (the replies
+        to pipelined requests sent before it are skipped), or None when it failed or did not
+        come within `timeout_s`: then send the fetch again the usual way (`call`), which
+        retries and raises what it meets."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                left = max(0.001, deadline - time.monotonic())
+                answered, frames = self.receive_pipelined(left)
+                if answered == correlation_id:
+                    return decode_reply(Api.FETCH, frames)
+        except (BrokerError, Unavailable):
+            return None
 
     def send_nowait(self, request: ProduceRequest) -> None:
         """Send a PRODUCE with ack NONE on the DEALER socket and return at once: the broker

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import time
 from collections.abc import Iterator
 from typing import Final, Literal, cast
 
@@ -47,7 +46,6 @@ from broker.errors import (
     BrokerFetchSizeTooSmall,
     CorruptSegment,
     InvalidMessage,
-    Unavailable,
 )
 from broker.lifecycle import Closing
 from broker.log.codec import decode
@@ -61,11 +59,9 @@ from broker.log.message import (
 from broker.protocol import (
     EARLIEST,
     LATEST,
-    Api,
     FetchReply,
     FetchRequest,
     OffsetsRequest,
-    decode_reply,
 )
 from broker.security import ClientKeys
 
@@ -340,15 +336,7 @@ class PartitionConsumer(PartitionReader, Closing):
         (connection, request, correlation_id), self._prefetch = self._prefetch, None
         if request != self._request(self._position, wait_ms):
             return None  # a seek, another wait or another fetch size since it was sent
-        deadline = time.monotonic() + connection.timeout_s + wait_ms / 1000
-        try:
-            while True:
-                left = max(0.001, deadline - time.monotonic())
-                answered, frames = connection.receive_pipelined(left)
-                if answered == correlation_id:
-                    return decode_reply(Api.FETCH, frames)
-        except (BrokerError, Unavailable):
-            return None
+        return connection.fetched_ahead(correlation_id, connection.timeout_s + wait_ms / 1000)
 
     def __iter__(self) -> Iterator[Message]:
         """Messages from the position on, blocking for new ones; with `stop_at_end`, until
