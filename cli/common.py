@@ -112,6 +112,22 @@ def broker_options(command: F) -> F:
     )(command)
 
 
+def watch_options(watch_help: str) -> Callable[[F], F]:
+    """--watch (helped by `watch_help`) and --interval, the seconds between its rounds."""
+
+    def decorate(command: F) -> F:
+        command = click.option(
+            "--interval",
+            type=click.FloatRange(min=0.1),
+            default=2.0,
+            show_default=True,
+            help="Seconds between rounds, with --watch.",
+        )(command)
+        return click.option("--watch", is_flag=True, help=watch_help)(command)
+
+    return decorate
+
+
 _KEYS: Final = "pylog.client_keys"
 """Where the root command leaves --key-file and --broker-key (click's Context.meta, which
 every subcommand's context shares), and client_keys the keys loaded from them."""

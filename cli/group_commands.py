@@ -46,6 +46,7 @@ from cli.common import (
     skip_corrupt_option,
     until_interrupted,
     usage_error,
+    watch_options,
 )
 
 
@@ -300,14 +301,7 @@ def group_list(
     help="Count the unread messages of a partition exactly up to this many bytes past the "
     "committed offset; estimate the rest from their average size (shown as ~N).",
 )
-@click.option("--watch", is_flag=True, help="Print it again every --interval until Ctrl-C.")
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.1),
-    default=2.0,
-    show_default=True,
-    help="Seconds between refreshes with --watch.",
-)
+@watch_options("Print it again every --interval until Ctrl-C.")
 @admin_options
 def group_describe(
     group_name: str,

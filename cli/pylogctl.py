@@ -13,6 +13,7 @@ import signal
 import click
 
 from cli.broker_commands import broker
+from cli.cluster_commands import cluster
 from cli.common import key_options, remember_keys
 from cli.console import consume, produce
 from cli.group_commands import group
@@ -61,7 +62,7 @@ def _quiet_libraries(ctx: click.Context, verbose: int) -> None:
     ctx.call_on_close(lambda: root.setLevel(previous))
 
 
-for command in (log, topic, broker, produce, consume, group, keys, principal, acl):
+for command in (log, topic, broker, cluster, produce, consume, group, keys, principal, acl):
     cli.add_command(command)
 topic.add_command(reassign)  # they speak to the controller through ZooKeeper, as group does
 topic.add_command(elect_preferred)
