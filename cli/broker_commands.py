@@ -7,7 +7,7 @@ import json
 import click
 
 from broker.client import Admin
-from cli.common import CLI_RETRIES, broker_errors, broker_options, client_keys
+from cli.common import CLI_RETRIES, broker_errors, broker_options, client_keys, json_option
 
 
 @click.group()
@@ -16,7 +16,7 @@ def broker() -> None:
 
 
 @broker.command("list")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+@json_option("One JSON object a line.")
 @broker_options
 def broker_list(as_json: bool, broker: str, timeout: float) -> None:
     """Print every broker of the cluster: id, endpoint, up or down, the pylog version it runs,

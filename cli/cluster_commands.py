@@ -21,7 +21,14 @@ import click
 from broker.client import Admin
 from broker.errors import PylogError, Unavailable
 from broker.registry import NO_LEADER, Registry, TopicConfig
-from cli.common import CLI_RETRIES, EXIT_BROKER, client_keys, until_interrupted, watch_options
+from cli.common import (
+    CLI_RETRIES,
+    EXIT_BROKER,
+    client_keys,
+    json_option,
+    until_interrupted,
+    watch_options,
+)
 from cli.group_commands import open_registry, zookeeper_options
 
 
@@ -172,7 +179,7 @@ def report(health: Health) -> list[str]:
     return lines
 
 
-def as_json(health: Health) -> dict[str, Any]:
+def json_record(health: Health) -> dict[str, Any]:
     fields = asdict(health)
     fields["healthy"] = health.healthy
     return fields
@@ -184,14 +191,14 @@ def cluster() -> None:
 
 
 @cluster.command("health")
-@click.option("--json", "json_output", is_flag=True, help="One JSON object a report.")
+@json_option("One JSON object a report.")
 @watch_options(
     "Check again every --interval seconds and print the report each time it changes, until "
     "Ctrl-C (exit 0)."
 )
 @zookeeper_options
 def health(
-    json_output: bool,
+    as_json: bool,
     watch: bool,
     interval: float,
     zookeeper: str | None,
@@ -226,10 +233,10 @@ def health(
         if watch:
             with until_interrupted():
                 _print_changes(
-                    (check(registry, admin, *address) for _ in _every(interval)), json_output
+                    (check(registry, admin, *address) for _ in _every(interval)), as_json
                 )
             return
-        if not _print_changes(iter([check(registry, admin, *address)]), json_output):
+        if not _print_changes(iter([check(registry, admin, *address)]), as_json):
             sys.exit(EXIT_BROKER)
 
 
@@ -240,7 +247,7 @@ def _every(interval: float) -> Iterator[None]:
         time.sleep(interval)
 
 
-def _print_changes(checks: Iterator[Health], json_output: bool) -> bool:
+def _print_changes(checks: Iterator[Health], as_json: bool) -> bool:
     """Print each report that differs from the one before (the first always; with several,
     each after a line with the time); whether the last was healthy."""
     last: Health | None = None
@@ -248,8 +255,8 @@ def _print_changes(checks: Iterator[Health], json_output: bool) -> bool:
         if found == last:
             continue
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        if json_output:
-            click.echo(json.dumps({**as_json(found), "time": now}))
+        if as_json:
+            click.echo(json.dumps({**json_record(found), "time": now}))
         else:
             if last is not None:
                 click.echo(f"--- {now}")

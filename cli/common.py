@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Final, NoReturn, TypeVar
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -83,7 +84,19 @@ def usage_error(message: str) -> NoReturn:
     sys.exit(EXIT_USAGE)
 
 
-def _broker_address(ctx: click.Context, param: click.Parameter, value: str) -> str:
+_GIVEN_FIRST: Final = "pylog.given_first"
+"""Where the root command leaves the --broker and --json given before the subcommand (click's
+Context.meta, which every subcommand's context shares): global_options."""
+_KEY_OPTIONS: Final = "pylog.key_options"
+"""--key-file and --broker-key as given (before or after the subcommand, or in the
+environment), until client_keys loads them."""
+BROKER_HELP: Final = (
+    "The broker's address, HOST:PORT or tcp://HOST:PORT; several, comma-separated, for when "
+    "one is down (env PYLOG_BROKER)."
+)
+
+
+def _normalized(value: str) -> str:
     """--broker as tcp://HOST:PORT[,...]; a bad address is a one-line usage error at once."""
     try:
         return ",".join(split_endpoints(value))
@@ -91,8 +104,82 @@ def _broker_address(ctx: click.Context, param: click.Parameter, value: str) -> s
         usage_error(f"--broker {value!r}: {error}")
 
 
+def _broker_address(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """The command's --broker: as given after the command, else as given before it (which
+    beats $PYLOG_BROKER), else $PYLOG_BROKER or the default."""
+    assert param.name is not None
+    if ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+        value = ctx.meta.get(_GIVEN_FIRST, {}).get("broker", value)
+    return _normalized(value)
+
+
+def _given_first(ctx: click.Context, param: click.Parameter, value: object) -> None:
+    """Keep a global option given before the subcommand for the subcommand's own."""
+    if value is not None and value is not False:
+        assert param.name is not None
+        given = _normalized(str(value)) if param.name == "broker" else value
+        ctx.meta.setdefault(_GIVEN_FIRST, {})[param.name] = given
+
+
+def _json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    return value or bool(ctx.meta.get(_GIVEN_FIRST, {}).get("json"))
+
+
+def json_option(help: str) -> Callable[[F], F]:
+    """--json (helped by `help`), on for the command when given before it too."""
+    return click.option("--json", "as_json", is_flag=True, callback=_json, help=help)
+
+
+def _key_option(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """--key-file or --broker-key as given after the command (or before it, or in the
+    environment, for the root's): kept for client_keys."""
+    if value is not None:
+        assert param.name is not None
+        ctx.meta.setdefault(_KEY_OPTIONS, {})[param.name] = value
+
+
+_KEY_FLAGS: Final = (
+    (
+        "--key-file",
+        "PATH",
+        "PYLOG_KEY_FILE",
+        "This client's secret key file (NAME.key_secret, mode 0600, from pylogctl keys "
+        "generate), for a broker serving CurveZMQ (env PYLOG_KEY_FILE); with --broker-key.",
+    ),
+    (
+        "--broker-key",
+        "KEY|PATH",
+        "PYLOG_BROKER_KEY",
+        "The broker's public key, its 40 Z85 characters or the path of its .key file "
+        "(env PYLOG_BROKER_KEY); with --key-file.",
+    ),
+)
+
+
+def _key_options(root: bool) -> Callable[[F], F]:
+    """--key-file and --broker-key: the root's read their environment variables and are
+    passed to it (remember_keys); a command's are kept for client_keys when given."""
+
+    def decorate(command: F) -> F:
+        for flag, metavar, envvar, help in reversed(_KEY_FLAGS):
+            command = click.option(
+                flag,
+                envvar=envvar if root else None,
+                metavar=metavar,
+                expose_value=root,
+                callback=None if root else _key_option,
+                help=help,
+            )(command)
+        return command
+
+    return decorate
+
+
 def broker_options(command: F) -> F:
-    """--broker (or $PYLOG_BROKER) and --timeout, on every command that talks to a broker."""
+    """--broker or -b (or $PYLOG_BROKER), --timeout, and the key options, on every command
+    that talks to a broker. --broker, --json and the key options may come before the command
+    too (global_options); given after it, they win."""
+    command = _key_options(root=False)(command)
     command = click.option(
         "--timeout",
         type=click.FloatRange(min=0, min_open=True),
@@ -102,13 +189,35 @@ def broker_options(command: F) -> F:
         "the whole wait when it does not answer.",
     )(command)
     return click.option(
+        "-b",
         "--broker",
         envvar="PYLOG_BROKER",
         default=DEFAULT_BROKER,
         show_default=True,
         callback=_broker_address,
-        help="The broker's address, HOST:PORT or tcp://HOST:PORT; several, comma-separated, "
-        "for when one is down (env PYLOG_BROKER).",
+        help=BROKER_HELP,
+    )(command)
+
+
+def global_options(command: F) -> F:
+    """pylogctl's options before the command: --broker or -b and --json, taken by the
+    command as if given after it (the command's own win), and --key-file and --broker-key
+    (or their environment variables: see remember_keys)."""
+    command = _key_options(root=True)(command)
+    command = click.option(
+        "--json",
+        is_flag=True,
+        expose_value=False,
+        callback=_given_first,
+        help="JSON output, for every command that has it.",
+    )(command)
+    return click.option(
+        "-b",
+        "--broker",
+        metavar="TEXT",
+        expose_value=False,
+        callback=_given_first,
+        help=BROKER_HELP,
     )(command)
 
 
@@ -129,45 +238,19 @@ def watch_options(watch_help: str) -> Callable[[F], F]:
 
 
 _KEYS: Final = "pylog.client_keys"
-"""Where the root command leaves --key-file and --broker-key (click's Context.meta, which
-every subcommand's context shares), and client_keys the keys loaded from them."""
-
-
-def key_options(command: F) -> F:
-    """--key-file (or $PYLOG_KEY_FILE) and --broker-key (or $PYLOG_BROKER_KEY): pylogctl's
-    global options for a broker serving CurveZMQ (docs/security.md). See remember_keys."""
-    command = click.option(
-        "--broker-key",
-        envvar="PYLOG_BROKER_KEY",
-        metavar="KEY|PATH",
-        help="The broker's public key, its 40 Z85 characters or the path of its .key file "
-        "(env PYLOG_BROKER_KEY); with --key-file.",
-    )(command)
-    return click.option(
-        "--key-file",
-        envvar="PYLOG_KEY_FILE",
-        metavar="PATH",
-        help="This client's secret key file (NAME.key_secret, mode 0600, from pylogctl keys "
-        "generate), for a broker serving CurveZMQ (env PYLOG_KEY_FILE); with --broker-key.",
-    )(command)
+"""Where client_keys keeps the keys it loaded (click's Context.meta)."""
 
 
 def remember_keys(ctx: click.Context, key_file: str | None, broker_key: str | None) -> None:
-    """Keep --key-file and --broker-key for the subcommand (client_keys reads the files when
-    a command talks to a broker, so that a command that does not, such as pylogctl keys
-    generate, works with them set in the environment). One of the two without the other is a
-    usage error (exit 2). The Spark jobs (pylogctl load, audit) take them as their own
-    --key-file and --broker-key."""
-    if (key_file is None) != (broker_key is None):
-        given, missing = (
-            ("--key-file", "--broker-key") if key_file else ("--broker-key", "--key-file")
-        )
-        usage_error(
-            f"{given} needs {missing} too: a Curve client presents its own key pair and "
-            "checks the broker's public key"
-        )
+    """Keep the root's --key-file and --broker-key (or their environment variables) for the
+    command, which may give its own after it (client_keys reads the files when a command
+    talks to a broker, so that a command that does not, such as pylogctl keys generate,
+    works with them set in the environment). The Spark jobs (pylogctl load, audit) take them
+    as their own --key-file and --broker-key."""
+    for name, value in (("key_file", key_file), ("broker_key", broker_key)):
+        if value is not None:
+            ctx.meta.setdefault(_KEY_OPTIONS, {})[name] = value
     if key_file is not None and broker_key is not None:
-        ctx.meta[_KEYS] = (key_file, broker_key)
         ctx.default_map = {
             **(ctx.default_map or {}),
             **{job: {"key_file": key_file, "broker_key": broker_key} for job in JOBS},
@@ -176,12 +259,25 @@ def remember_keys(ctx: click.Context, key_file: str | None, broker_key: str | No
 
 def client_keys() -> ClientKeys | None:
     """The keys that --key-file and --broker-key name (None without them), read on first use;
-    a file that cannot be used (missing, malformed, readable by others) is one line, exit 2."""
+    one without the other is a usage error, and so is a file that cannot be used (missing,
+    malformed, readable by others): one line, exit 2."""
     ctx = click.get_current_context()
-    given = ctx.meta.get(_KEYS)
-    if given is None or isinstance(given, ClientKeys):
-        return given
-    key_file, broker_key = given
+    loaded = ctx.meta.get(_KEYS)
+    if loaded is not None:
+        assert isinstance(loaded, ClientKeys)
+        return loaded
+    options = ctx.meta.get(_KEY_OPTIONS, {})
+    key_file, broker_key = options.get("key_file"), options.get("broker_key")
+    if key_file is None and broker_key is None:
+        return None
+    if key_file is None or broker_key is None:
+        given, missing = (
+            ("--key-file", "--broker-key") if key_file else ("--broker-key", "--key-file")
+        )
+        usage_error(
+            f"{given} needs {missing} too: a Curve client presents its own key pair and "
+            "checks the broker's public key"
+        )
     try:
         keys = ClientKeys.load(key_file, broker_key)
     except KeyFileError as error:

@@ -25,6 +25,7 @@ from cli.common import (
     broker_errors,
     broker_options,
     client_keys,
+    json_option,
     output_options,
     position,
     print_messages,
@@ -53,9 +54,7 @@ _ACKS = {"none": Ack.NONE, "written": Ack.WRITTEN, "flushed": Ack.FLUSHED, "all"
 )
 @click.option("--partition", type=click.IntRange(min=0), help="Send every message here.")
 @click.option("--ack", type=click.Choice(list(_ACKS)), default="flushed", show_default=True)
-@click.option(
-    "--json", "as_json", is_flag=True, help='The count as JSON: {"topic", "messages", "ack"}.'
-)
+@json_option('The count as JSON: {"topic", "messages", "ack"}.')
 @broker_options
 def produce(
     topic_name: str,
@@ -186,7 +185,7 @@ def _start(text: str) -> Start | Last:
     help="At the end, wait for new messages instead of exiting, through broker restarts (a "
     "topic keeps the partitions it was created with); Ctrl-C exits 0.",
 )
-@click.option("--json", "as_json", is_flag=True, help="--format json.")
+@json_option("--format json.")
 @skip_corrupt_option
 @output_options
 @broker_options

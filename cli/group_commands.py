@@ -39,6 +39,7 @@ from cli.common import (
     broker_errors,
     broker_options,
     client_keys,
+    json_option,
     output_options,
     position,
     print_messages,
@@ -137,7 +138,7 @@ def registry_address(
     show_default=True,
     help="Seconds between auto-commits (also at rebalances and on exit).",
 )
-@click.option("--json", "as_json", is_flag=True, help="--format json.")
+@json_option("--format json.")
 @skip_corrupt_option
 @output_options
 @zookeeper_options
@@ -195,9 +196,7 @@ def group_consume(
 
 def admin_options(command: F) -> F:
     """zookeeper_options and --json, on the commands that administer groups."""
-    command = click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")(
-        command
-    )
+    command = json_option("One JSON object a line.")(command)
     return zookeeper_options(command)
 
 

@@ -17,7 +17,15 @@ from broker.log.verify import (
     partition_dirs,
     set_aside_files,
 )
-from cli.common import EXIT_CORRUPT, PREVIEW_BYTES, message_record, progress, text, timestamp
+from cli.common import (
+    EXIT_CORRUPT,
+    PREVIEW_BYTES,
+    json_option,
+    message_record,
+    progress,
+    text,
+    timestamp,
+)
 
 
 @click.group()
@@ -27,7 +35,7 @@ def log() -> None:
 
 @log.command()
 @click.argument("segment", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@json_option("One JSON object per line.")
 def dump(segment: Path, as_json: bool) -> None:
     """Print every message of a SEGMENT file: offset, size, timestamp, key, value preview and
     whether its checksum is right. Offsets come from the file's 20-digit name.
@@ -68,7 +76,7 @@ def dump(segment: Path, as_json: bool) -> None:
 
 @log.command()
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@json_option("One JSON object per line.")
 def verify(path: Path, as_json: bool) -> None:
     """Check every segment of a partition folder, or of every partition under a log dir:
     framing, checksums, that each segment starts where the one before it ended, and that each

@@ -14,7 +14,7 @@ import click
 
 from cli.broker_commands import broker
 from cli.cluster_commands import cluster
-from cli.common import key_options, remember_keys
+from cli.common import global_options, remember_keys
 from cli.console import consume, produce
 from cli.group_commands import group
 from cli.log_commands import log
@@ -35,13 +35,15 @@ _LEVELS = {0: logging.CRITICAL + 1, 1: logging.WARNING, 2: logging.INFO}
     help="Show the logs of pylog's client and its libraries (kazoo, ...) on stderr: -v "
     "warnings, -vv information, -vvv everything.",
 )
-@key_options
+@global_options
 @click.pass_context
 def cli(ctx: click.Context, verbose: int, key_file: str | None, broker_key: str | None) -> None:
     """Administer pylog brokers and their data.
 
+    --broker (-b), --json and the key options may be given before the command or after it
+    (after it, they win): pylogctl -b 10.0.0.7:9092 topic list is topic list -b 10.0.0.7:9092.
     A broker serving CurveZMQ is reached with --key-file and --broker-key (or
-    $PYLOG_KEY_FILE and $PYLOG_BROKER_KEY), given before the command:
+    $PYLOG_KEY_FILE and $PYLOG_BROKER_KEY):
     pylogctl --key-file alice.key_secret --broker-key broker.key topic list."""
     _quiet_libraries(ctx, verbose)
     remember_keys(ctx, key_file, broker_key)

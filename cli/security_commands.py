@@ -21,7 +21,7 @@ from broker.security import (
     load_public_key,
     parse_operations,
 )
-from cli.common import EXIT_USAGE, usage_error
+from cli.common import EXIT_USAGE, json_option, usage_error
 from cli.group_commands import admin_options, fail, open_registry, table
 
 OPERATION_NAMES = [*(operation.value for operation in Operation), ALL]
@@ -42,7 +42,7 @@ def keys() -> None:
     show_default=True,
     help="Where to write NAME.key (public) and NAME.key_secret (mode 0600).",
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@json_option("One JSON object.")
 def keys_generate(name: str, directory: Path, as_json: bool) -> None:
     """Write a new key pair: NAME.key holds the public key (give it to the other side),
     NAME.key_secret the secret key too (keep it; mode 0600). An existing pair is never
@@ -68,7 +68,7 @@ def keys_generate(name: str, directory: Path, as_json: bool) -> None:
 
 @keys.command("show")
 @click.argument("path")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@json_option("One JSON object.")
 def keys_show(path: str, as_json: bool) -> None:
     """Print the public key of a key file (either file of a pair): what a principals file or
     `pylogctl principal add` takes.

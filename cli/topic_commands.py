@@ -15,11 +15,12 @@ from cli.common import (
     broker_options,
     client_keys,
     config_pair,
+    json_option,
     say_none,
     timestamp,
 )
 
-JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+JSON_OPTION = json_option("One JSON object a line.")
 
 
 @click.group()
@@ -94,7 +95,7 @@ def topic_list(as_json: bool, broker: str, timeout: float) -> None:
 
 @topic.command("describe")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="The whole description as one JSON object.")
+@json_option("The whole description as one JSON object.")
 @broker_options
 def topic_describe(name: str, as_json: bool, broker: str, timeout: float) -> None:
     """Print every setting of topic NAME, the topic's own or the broker's default, then each

@@ -45,6 +45,11 @@ def test_commands_reach_a_curve_broker_with_the_keys_and_not_without(
     )
     assert consumed.exit_code == 0, consumed.output
     assert consumed.stdout == "a\nb\n"
+    # After the command, and one before it with the other after it (issue 30).
+    after = run("topic", "list", *options, PYLOG_BROKER=endpoint)
+    assert after.exit_code == 0 and topic in after.stdout.splitlines(), after.output
+    split = run(*options[:2], "topic", "list", *options[2:], "-b", endpoint)
+    assert split.exit_code == 0 and topic in split.stdout.splitlines(), split.output
     assert curve_broker.counted("pylog_connections_accepted_total") > accepted
     assert curve_broker.counted("pylog_connections_refused_total") == 0
 
@@ -114,3 +119,30 @@ def test_a_zookeeper_auth_file_others_may_read_is_refused_in_one_line(tmp_path: 
         f"pylogctl: --zookeeper-auth-file: {auth} may be read by others (mode 0644): "
         f"run chmod 600 {auth}\n"
     )
+
+
+def test_broker_json_and_keys_are_taken_before_or_after_the_command_the_commands_winning(
+    tmp_path: Path,
+) -> None:
+    """--broker (-b) before the command beats $PYLOG_BROKER; after it, it beats the one
+    before; --json before the command turns the command's on (issue 30). Unreachable
+    addresses: the error names the one used."""
+    quick = ("--timeout", "0.2")
+
+    def used(*args: str) -> str:
+        result = run(*args, PYLOG_BROKER="127.0.0.1:1")
+        assert result.exit_code == 1, result.output
+        return result.stderr.split()[2]  # "pylogctl: broker tcp://... unreachable: ..."
+
+    assert used("topic", "list", *quick) == "tcp://127.0.0.1:1"
+    assert used("-b", "127.0.0.1:2", "topic", "list", *quick) == "tcp://127.0.0.1:2"
+    assert used("--broker", "127.0.0.1:2", "topic", "list", *quick) == "tcp://127.0.0.1:2"
+    assert used("-b", "127.0.0.1:2", "topic", "list", "-b", "127.0.0.1:3", *quick) == (
+        "tcp://127.0.0.1:3"
+    )
+    assert used("group", "list", "-b", "127.0.0.1:4", *quick) == "tcp://127.0.0.1:4"
+    bad = run("-b", "127.0.0.1:notaport", "topic", "list")
+    assert bad.exit_code == 2 and bad.stderr.startswith("pylogctl: --broker '127.0.0.1:notaport'")
+    # A key option after the command still needs the other, wherever that one is.
+    lone = run("topic", "list", "--key-file", str(tmp_path / "any"))
+    assert lone.exit_code == 2 and "--key-file needs --broker-key too" in lone.stderr

@@ -361,6 +361,9 @@ def test_topic_create_list_and_delete_print_json(cluster: ThreeBrokers, topic: s
     assert json.loads(created.output) == {"topic": topic, "partitions": 2, "config": {}}
     listed = ok(cluster.endpoint, "topic", "list", "--json").output.splitlines()
     assert {"topic": topic, "partitions": 2} in [json.loads(line) for line in listed]
+    # --json and --broker before the command, as pylogctl's global options (issue 30).
+    first = CliRunner().invoke(cli, ["--json", "-b", cluster.endpoint, "topic", "list"])
+    assert first.exit_code == 0 and first.output.splitlines() == listed, first.output
     deleted = ok(cluster.endpoint, "topic", "delete", topic, "--json")
     assert json.loads(deleted.output) == {"topic": topic, "deleted": True}
 
