@@ -46,6 +46,7 @@ from broker.zookeeper import PrivateZooKeeper
 from cli.pylogd import EXIT_CANNOT_START
 from tests.conftest import single_box_flags, wait_until
 from tests.curve import NO_REPLY_MS, CurveBroker, curve_broker_fixture
+from tests.dashboard import CURVE_ONLY, queried_metrics
 from tests.pylogd import RunningBroker
 
 secured = curve_broker_fixture("secured")
@@ -133,6 +134,13 @@ def test_a_plaintext_client_or_a_wrong_broker_key_gets_no_reply_and_is_counted(
         socket.close()
     wait_until(lambda: failed("wrong_broker_key") > wrong_key, timeout=5)
     assert "the client holds another broker key?" in secured.broker.log_path.read_text()
+
+
+def test_the_dashboards_security_panels_query_what_a_curve_broker_serves(
+    secured: CurveBroker,
+) -> None:
+    served = {name for name, _ in secured.broker.metrics()}
+    assert queried_metrics() >= CURVE_ONLY and served >= CURVE_ONLY, CURVE_ONLY - served
 
 
 def test_a_principal_without_acls_is_refused_each_operation(

@@ -1,0 +1,32 @@
+"""The metrics the example Grafana dashboard (deploy/grafana/pylog.json) queries: every one
+must be served by a broker (tests/broker/test_metrics.py), the Curve ones by a Curve broker
+(tests/security/test_security.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Final
+
+DASHBOARD: Final = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "pylog.json"
+CURVE_ONLY: Final = frozenset(
+    {
+        "pylog_connections_accepted_total",
+        "pylog_connections_refused_total",
+        "pylog_handshakes_failed_total",
+        "pylog_authorization_failures_total",
+    }
+)
+"""Served by a broker in security.mode curve only (broker/metrics.py)."""
+
+
+def queried_metrics() -> set[str]:
+    """The metric names the dashboard's panels query."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    return {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\b((?:pylog|process)_\w+)", target["expr"])
+    }
