@@ -11,10 +11,10 @@ Timeouts are the sync client's: a request waits `timeout_s` for its reply (a FET
 max_wait_ms), then raises broker.errors.Unavailable. Cancelling a task that waits for a reply
 (task.cancel(), asyncio.timeout) leaves the connection usable.
 
-With keys, a task of the connection's own reads the socket's handshake events (its monitor, as
-broker.client.connection's): once the Curve handshake fails, every request waiting raises
-broker.errors.AuthenticationFailed at once, and the socket is dropped, so that the next request
-makes a new handshake.
+A task of the connection's own reads the socket's handshake events (its monitor, as
+broker.client.connection's): once the Curve handshake fails (or, without keys, the broker turns
+out to serve Curve), every request waiting raises broker.errors.AuthenticationFailed at once,
+and the socket is dropped, so that the next request makes a new handshake.
 
 Not safe to share between event loops (or threads).
 """
@@ -86,7 +86,7 @@ class AsyncConnection(Framing):
         self._socket: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task[None] | None = None
         self._monitor: zmq.asyncio.Socket | None = None
-        """The socket's handshake events, with keys."""
+        """The socket's handshake events (without keys, only a mechanism mismatch fails)."""
         self._watcher: asyncio.Task[None] | None = None
         self._waiting: dict[int, asyncio.Future[list[Buffer]]] = {}
         """Correlation id -> the future of its reply's frames."""
@@ -101,8 +101,7 @@ class AsyncConnection(Framing):
             try:
                 socket.setsockopt(zmq.LINGER, FIRE_AND_FORGET_LINGER_MS)
                 self._secure(socket)
-                if self.keys is not None:
-                    monitor = monitor_handshakes(socket)
+                monitor = monitor_handshakes(socket)
                 socket.connect(self.endpoint)
             except BaseException:
                 if monitor is None:
@@ -119,11 +118,11 @@ class AsyncConnection(Framing):
         return self._socket
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
-        """Once the socket's Curve handshake fails, drop the socket and fail every request
+        """Once the socket's handshake fails, drop the socket and fail every request
         waiting with AuthenticationFailed. A request sent since the last handshake did not
         reach the broker; one sent on an earlier connection that broke (and reconnected into
         the refusal) may have, as for any request whose reply was lost."""
-        handshakes = Handshakes(self.endpoint)
+        handshakes = Handshakes(self.endpoint, curve=self.keys is not None)
         while handshakes.failure is None:
             handshakes.take(await monitor.recv_multipart())
         self._watcher = None  # this task, ending: not to be cancelled

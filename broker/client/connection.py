@@ -86,7 +86,8 @@ HANDSHAKE_EVENTS: Final = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
-"""The events of a client socket's monitor (only a socket with keys has one)."""
+"""The events of a client socket's monitor (a socket without keys has one until its first
+handshake succeeds: Connection._checked)."""
 BROKEN_HANDSHAKES: Final = 3
 """Handshakes in a row that the broker breaks off without a reason before the client gives up:
 what a client holding another broker key meets (the broker cannot read its HELLO and hangs up),
@@ -107,6 +108,12 @@ PROTOCOL_ERRORS: Final[dict[int, str]] = {
     ),
 }
 """What ZeroMQ's protocol error (ZMQ_PROTOCOL_ERROR_*) says about a failed Curve handshake."""
+NO_KEYS: Final = (
+    "the broker at {endpoint} serves CurveZMQ (encrypted and authenticated) and this client "
+    "has no keys: give it its secret key file and the broker's public key (Python: "
+    "keys=ClientKeys.load(...); pylogctl: --key-file and --broker-key; docs/security.md)"
+)
+"""A client without keys at a broker serving Curve (Handshakes, curve False)."""
 _monitor_numbers = itertools.count(1)
 _Socket = TypeVar("_Socket", bound=zmq.Socket[Any])
 _ADDRESS: Final = re.compile(
@@ -181,13 +188,16 @@ def close_monitored(socket: _Socket, monitor: _Socket, linger_ms: int | None = N
 
 
 class Handshakes:
-    """The Curve handshakes of one client socket, from its monitor's events (`take`). `failure`
-    is the AuthenticationFailed to raise when the last handshake was refused by the broker's
-    ZAP handler, failed ZeroMQ's protocol, or was broken off BROKEN_HANDSHAKES times in a row;
-    None before the first handshake and after one succeeded."""
+    """The handshakes of one client socket, from its monitor's events (`take`). `failure` is
+    the AuthenticationFailed to raise when the last handshake was refused by the broker's ZAP
+    handler, failed ZeroMQ's protocol, or was broken off BROKEN_HANDSHAKES times in a row;
+    None before the first handshake and after one succeeded. A client without keys (`curve`
+    False) learns only that the broker serves Curve: its handshake fails at once on the
+    mechanism, and the broker never answers it otherwise."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, curve: bool = True) -> None:
         self.endpoint = endpoint
+        self.curve = curve
         self.failure: AuthenticationFailed | None = None
         self.succeeded = False
         """Whether the last handshake taken succeeded."""
@@ -205,6 +215,11 @@ class Handshakes:
             self._fail(
                 f"the broker at {self.endpoint} refused this client's key (ZAP {value}: {cause})"
             )
+        elif not self.curve:
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and (
+                value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+            ):
+                self._fail(NO_KEYS.format(endpoint=self.endpoint))
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:  # value: a ZMQ_PROTOCOL_ERROR_*
             cause = PROTOCOL_ERRORS.get(
                 value, f"ZeroMQ protocol error {value:#x} (is a pylog broker at that address?)"
@@ -225,11 +240,11 @@ class Handshakes:
 
 
 class HandshakeMonitor(Handshakes):
-    """The Curve handshakes of a blocking client socket, read from its monitor without
-    waiting, and a poller of the socket and its monitor together."""
+    """The handshakes of a blocking client socket, read from its monitor without waiting, and
+    a poller of the socket and its monitor together."""
 
-    def __init__(self, socket: zmq.Socket[bytes], endpoint: str) -> None:
-        super().__init__(endpoint)
+    def __init__(self, socket: zmq.Socket[bytes], endpoint: str, curve: bool = True) -> None:
+        super().__init__(endpoint, curve)
         self.socket: zmq.Socket[bytes] = monitor_handshakes(socket)
         self._watched = socket
         self._poller = zmq.Poller()
@@ -289,9 +304,9 @@ class Framing:
             self.keys.apply(socket)
 
     def _no_reply(self, request: Request, timeout_s: float) -> Unavailable:
-        """The error of a request that got no reply within `timeout_s` (a failed Curve
-        handshake is AuthenticationFailed, from the socket's monitor; a client without keys
-        to a Curve broker gets silence too, ZeroMQ never says why)."""
+        """The error of a request that got no reply within `timeout_s` (a failed handshake
+        is AuthenticationFailed, from the socket's monitor, a client without keys at a Curve
+        broker's too)."""
         return Unavailable(
             f"no reply from {self.endpoint} within {timeout_s:g} s to {request.api.name} "
             "(broker down or unreachable?)"
@@ -361,15 +376,16 @@ class Connection(Framing, Closing):
         return self._req
 
     def _connected(self, kind: int, linger_ms: int) -> zmq.Socket[bytes]:
-        """A new socket of `kind` connected to the endpoint, with its monitor if keys are set;
-        closed again if connecting fails (a socket left open would make terminating the
-        context wait for ever)."""
+        """A new socket of `kind` connected to the endpoint, with its handshakes' monitor
+        (without keys, until its first handshake succeeds: `_readable`); closed again if
+        connecting fails (a socket left open would make terminating the context wait for
+        ever)."""
         socket = self._context.socket(kind)
         try:
             socket.setsockopt(zmq.LINGER, linger_ms)
             self._secure(socket)
-            if self.keys is not None:
-                self._monitors[socket] = HandshakeMonitor(socket, self.endpoint)
+            curve = self.keys is not None
+            self._monitors[socket] = HandshakeMonitor(socket, self.endpoint, curve)
             socket.connect(self.endpoint)
         except BaseException:
             self._close_socket(socket, linger_ms=0)
@@ -385,12 +401,26 @@ class Connection(Framing, Closing):
             close_monitored(socket, monitor.socket, linger_ms)
 
     def _readable(self, socket: zmq.Socket[bytes], timeout_s: float) -> bool:
-        """Whether `socket` has a reply within `timeout_s`; with keys, AuthenticationFailed as
-        soon as its handshake fails."""
+        """Whether `socket` has a reply within `timeout_s`; AuthenticationFailed as soon as its
+        handshake fails. Without keys the monitor goes once a handshake has succeeded (all
+        that could fail is the mechanism, and the socket is then polled alone)."""
         monitor = self._monitors.get(socket)
         if monitor is None:
             return bool(socket.poll(poll_ms(timeout_s), zmq.POLLIN))
-        return monitor.wait_readable(timeout_s)
+        readable = monitor.wait_readable(timeout_s)
+        if not monitor.curve:
+            self._checked(socket, monitor)
+        return readable
+
+    def _checked(self, socket: zmq.Socket[bytes], monitor: HandshakeMonitor) -> None:
+        """Take `socket`'s handshake events (AuthenticationFailed on a failure); the monitor
+        of a socket without keys goes once a handshake has succeeded (unread, its events
+        would pile up at each reconnection)."""
+        monitor.check()
+        if monitor.succeeded and not monitor.curve:
+            del self._monitors[socket]
+            socket.disable_monitor()
+            monitor.socket.close(linger=0)
 
     def _reset_req_socket(self) -> None:
         """Drop a REQ socket that lost its reply (it cannot send again) or its handshake."""
@@ -537,7 +567,7 @@ class Connection(Framing, Closing):
         monitor = self._monitors.get(socket)
         if monitor is not None and not monitor.succeeded:
             try:
-                monitor.check()
+                self._checked(socket, monitor)
             except AuthenticationFailed:
                 self._reset_dealer_socket()
                 raise

@@ -1,8 +1,9 @@
 """A client whose Curve handshake fails says so (issue 16): against a real pylogd in curve mode
 (tests/curve.py), a client whose key is no principal's, or that holds another broker key than
 the broker's, raises AuthenticationFailed, which nothing retries, as soon as its handshake
-fails (it timed out as Unavailable, retried for delivery_timeout_s); pylogctl shows it as one
-line. A right key still works; a plaintext connection has no monitor socket."""
+fails (it timed out as Unavailable, retried for delivery_timeout_s); so does a client without
+keys; pylogctl shows it as one line. A right key still works; a plaintext connection keeps no
+monitor socket once its handshake succeeded."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 from broker.aio import AsyncProducer
 from broker.aio.connection import AsyncConnection
 from broker.client import Admin, Connection, PartitionConsumer, Producer
+from broker.client.connection import NO_KEYS
 from broker.client.group import GroupConsumer
 from broker.errors import AuthenticationFailed
 from broker.protocol import MetadataRequest
@@ -235,6 +237,44 @@ def test_a_curve_client_of_a_plaintext_broker_is_told_so(
         connection.request(MetadataRequest())
 
 
+def no_keys(curve: CurveBroker) -> str:
+    """What AuthenticationFailed says to a client without keys at a Curve broker."""
+    return re.escape(NO_KEYS.format(endpoint=curve.broker.endpoint))
+
+
+def test_clients_without_keys_at_a_curve_broker_are_told_to_give_keys_at_once(
+    curve_broker: CurveBroker,
+) -> None:
+    """ZeroMQ tells a plaintext client at once that the mechanisms differ (issue 32: it waited
+    for its reply timeout and was told the broker was unreachable): every client raises
+    AuthenticationFailed, not Unavailable after the default 10 s, and pylogctl says it in one
+    line."""
+    endpoint = curve_broker.broker.endpoint
+    with (
+        Connection(endpoint) as connection,
+        pytest.raises(AuthenticationFailed, match=no_keys(curve_broker)),
+    ):
+        connection.request(MetadataRequest())
+    with (
+        Producer(endpoint, "any") as producer,
+        pytest.raises(AuthenticationFailed, match=no_keys(curve_broker)),
+    ):
+        producer.send(b"never")  # its METADATA, for the partition, is refused
+
+    async def exchange() -> None:
+        connection = AsyncConnection(endpoint)
+        try:
+            await connection.exchange(MetadataRequest())
+        finally:
+            await connection.close()
+
+    with pytest.raises(AuthenticationFailed, match=no_keys(curve_broker)):
+        asyncio.run(exchange())
+    result = CliRunner().invoke(cli, ["topic", "list"], env={"PYLOG_BROKER": endpoint})
+    assert result.exit_code == 1
+    assert re.fullmatch(f"pylogctl: AuthenticationFailed: {no_keys(curve_broker)}\n", result.stderr)
+
+
 def test_a_right_key_gets_through_with_a_monitor_closed_with_its_socket(
     curve_broker: CurveBroker,
 ) -> None:
@@ -249,11 +289,16 @@ def test_a_right_key_gets_through_with_a_monitor_closed_with_its_socket(
         context.destroy(linger=0)  # after a failed assertion, what was left open
 
 
-def test_a_plaintext_connection_has_no_monitor(broker: RunningBroker) -> None:
+def test_a_plaintext_connection_has_no_monitor_once_its_handshake_succeeded(
+    broker: RunningBroker,
+) -> None:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         with Connection(broker.endpoint, context=context) as connection:
             assert connection.request(MetadataRequest()).brokers
             assert open_sockets(context) == 1  # the REQ socket alone
+            correlation_id = connection.send_pipelined(MetadataRequest())
+            assert connection.receive_pipelined(10)[0] == correlation_id
+            assert open_sockets(context) == 2  # and the DEALER, its monitor gone too
     finally:
         context.destroy(linger=0)
