@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from broker.client.cluster import Cluster
+from broker.client.cluster import Cluster, topic_info
 from broker.client.connection import DEFAULT_CLIENT_ID, Connection
 from broker.errors import BrokerError, Unavailable
 from broker.lifecycle import Closing
@@ -34,7 +34,6 @@ from broker.protocol import (
     MetadataReply,
     OffsetsRequest,
     TopicInfo,
-    broker_error,
 )
 from broker.security import ClientKeys
 
@@ -218,13 +217,8 @@ class Admin(Closing):
 
     def topic(self, topic: str) -> TopicInfo:
         """`topic` and its partitions; BrokerError UNKNOWN_TOPIC_OR_PARTITION when it does not
-        exist."""
-        for info in self.metadata([topic]).topics:
-            if info.topic == topic:
-                if info.error_code != ErrorCode.NONE:
-                    raise broker_error(info.error_code, f"topic {topic!r} does not exist")
-                return info
-        raise broker_error(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no metadata for {topic!r}")
+        exist, AUTHORIZATION_FAILED when this client may not see it (topic_info)."""
+        return topic_info(self.metadata([topic]), topic)
 
     def describe(self, topic: str) -> list[PartitionOffsets]:
         """Every partition of `topic`, with exact log start offsets and high watermarks asked

@@ -57,6 +57,7 @@ from broker.protocol import (
     OffsetsRequest,
     PartitionInfo,
     Reply,
+    TopicInfo,
     broker_error,
 )
 from broker.security import ClientKeys
@@ -82,15 +83,32 @@ SILENT_S: Final = 30.0
 """How long a broker that gave no reply is asked METADATA after the others."""
 
 
-def topic_partitions(reply: MetadataReply, topic: str) -> tuple[PartitionInfo, ...]:
-    """Every partition of `topic` in a METADATA reply, in order. BrokerError
-    UNKNOWN_TOPIC_OR_PARTITION when the topic does not exist."""
+def topic_info(reply: MetadataReply, topic: str) -> TopicInfo:
+    """`topic` in a METADATA reply. Its error code, if it has one, as the BrokerError it names,
+    with a message that says what it means for this topic: UNKNOWN_TOPIC_OR_PARTITION when it
+    does not exist, AUTHORIZATION_FAILED when this client's principal may not see it."""
     for info in reply.topics:
         if info.topic == topic:
             if info.error_code != ErrorCode.NONE:
-                raise broker_error(info.error_code, f"topic {topic!r} does not exist")
-            return tuple(sorted(info.partitions, key=lambda p: p.partition))
+                known = _TOPIC_ERRORS.get(info.error_code, "topic {topic!r}")
+                raise broker_error(info.error_code, known.format(topic=topic))
+            return info
     raise broker_error(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no metadata for {topic!r}")
+
+
+_TOPIC_ERRORS: Final[dict[int, str]] = {
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: "topic {topic!r} does not exist",
+    ErrorCode.AUTHORIZATION_FAILED: (
+        "topic {topic!r}: this client's principal is not authorized to see it (describe, "
+        "which every operation grants: pylogctl acl add; docs/security.md)"
+    ),
+}
+"""What a topic's error code in a METADATA reply means for the topic (topic_info)."""
+
+
+def topic_partitions(reply: MetadataReply, topic: str) -> tuple[PartitionInfo, ...]:
+    """Every partition of `topic` in a METADATA reply, in order; topic_info's errors."""
+    return tuple(sorted(topic_info(reply, topic).partitions, key=lambda p: p.partition))
 
 
 def partition_of(partitions: Sequence[PartitionInfo], topic: str, partition: int) -> PartitionInfo:

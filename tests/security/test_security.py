@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 import zmq
+from click.testing import CliRunner
 
 from broker import protocol
+from broker.client import Admin, Producer
 from broker.client.connection import Connection
 from broker.errors import BrokerError, RegistryAccessDenied
 from broker.log.message import encode_message
@@ -43,6 +45,7 @@ from broker.security import (
     load_public_key,
 )
 from broker.zookeeper import PrivateZooKeeper
+from cli.pylogctl import cli
 from cli.pylogd import EXIT_CANNOT_START
 from tests.conftest import single_box_flags, wait_until
 from tests.curve import NO_REPLY_MS, CurveBroker, curve_broker_fixture
@@ -164,6 +167,29 @@ def test_a_principal_without_acls_is_refused_each_operation(
     assert isinstance(
         secured.call("alice", DescribeClusterRequest()), protocol.DescribeClusterReply
     )
+
+
+def test_the_clients_say_not_authorized_not_does_not_exist_for_a_topic_refused(
+    secured: CurveBroker, topic: str
+) -> None:
+    """Topic names are no secret from principals (docs/security.md): a client refused a topic
+    that exists is told it is not authorized (issue 32: it was told the topic did not
+    exist); pylogctl says so in its one line."""
+    keys = secured.keys("alice")
+    endpoint = secured.broker.endpoint
+    with Producer(endpoint, topic, keys=keys) as producer, pytest.raises(BrokerError) as refused:
+        producer.send(b"never")
+    assert refused.value.name == "AUTHORIZATION_FAILED"
+    assert f"topic {topic!r}: this client's principal is not authorized to see it" in str(
+        refused.value
+    )
+    with Admin(endpoint, keys=keys) as admin, pytest.raises(BrokerError) as described:
+        admin.topic(topic)
+    assert "not authorized to see it" in str(described.value)
+    key_options = ["--key-file", str(secured.key_dir / "alice.key_secret")]
+    key_options += ["--broker-key", str(secured.key_dir / "broker.key")]
+    shown = CliRunner().invoke(cli, ["consume", topic, "-b", endpoint, *key_options])
+    assert shown.exit_code == 1 and "not authorized to see it" in shown.stderr, shown.output
 
 
 def test_an_acl_grants_its_operations_and_its_removal_applies_within_a_second(
