@@ -109,11 +109,12 @@ PROTOCOL_ERRORS: Final[dict[int, str]] = {
 }
 """What ZeroMQ's protocol error (ZMQ_PROTOCOL_ERROR_*) says about a failed Curve handshake."""
 NO_KEYS: Final = (
-    "the broker at {endpoint} serves CurveZMQ (encrypted and authenticated) and this client "
-    "has no keys: give it its secret key file and the broker's public key (Python: "
+    "the broker at {endpoint} serves CurveZMQ (encrypted and authenticated){how} and this "
+    "client has no keys: give it its secret key file and the broker's public key (Python: "
     "keys=ClientKeys.load(...); pylogctl: --key-file and --broker-key; docs/security.md)"
 )
-"""A client without keys at a broker serving Curve (Handshakes, curve False)."""
+"""A client without keys at a broker serving Curve (Handshakes, curve False); `how` is empty
+when ZeroMQ said the mechanisms differ, else how the broker's hanging up showed it."""
 _monitor_numbers = itertools.count(1)
 _Socket = TypeVar("_Socket", bound=zmq.Socket[Any])
 _ADDRESS: Final = re.compile(
@@ -215,25 +216,29 @@ class Handshakes:
             self._fail(
                 f"the broker at {self.endpoint} refused this client's key (ZAP {value}: {cause})"
             )
-        elif not self.curve:
-            if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and (
-                value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
-            ):
-                self._fail(NO_KEYS.format(endpoint=self.endpoint))
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:  # value: a ZMQ_PROTOCOL_ERROR_*
+            if not self.curve:
+                if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                    self._fail(NO_KEYS.format(endpoint=self.endpoint, how=""))
+                return
             cause = PROTOCOL_ERRORS.get(
                 value, f"ZeroMQ protocol error {value:#x} (is a pylog broker at that address?)"
             )
             self._fail(f"the Curve handshake with {self.endpoint} failed: {cause}")
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:  # value: an errno
             self._broken += 1
-            if self._broken >= BROKEN_HANDSHAKES:
-                self._fail(
-                    f"the Curve handshake with {self.endpoint} failed: the broker broke it off "
-                    f"{self._broken} times in a row ({os.strerror(value)}), as one does that "
-                    "cannot read the client's hello (is the broker key the broker's public key?) "
-                    "or that serves plaintext"
-                )
+            if self._broken < BROKEN_HANDSHAKES:
+                return
+            broken = f"{self._broken} times in a row ({os.strerror(value)})"
+            if not self.curve:  # the broker hung up before this client read its greeting
+                how = f" (it broke off the handshake {broken})"
+                self._fail(NO_KEYS.format(endpoint=self.endpoint, how=how))
+                return
+            self._fail(
+                f"the Curve handshake with {self.endpoint} failed: the broker broke it off "
+                f"{broken}, as one does that cannot read the client's hello (is the broker key "
+                "the broker's public key?) or that serves plaintext"
+            )
 
     def _fail(self, message: str) -> None:
         self.failure = AuthenticationFailed(self.endpoint, message)

@@ -238,8 +238,11 @@ def test_a_curve_client_of_a_plaintext_broker_is_told_so(
 
 
 def no_keys(curve: CurveBroker) -> str:
-    """What AuthenticationFailed says to a client without keys at a Curve broker."""
-    return re.escape(NO_KEYS.format(endpoint=curve.broker.endpoint))
+    """What AuthenticationFailed says to a client without keys at a Curve broker: ZeroMQ says
+    the mechanisms differ, or the broker hangs up before the client reads that."""
+    told, broken = NO_KEYS.format(endpoint=curve.broker.endpoint, how="@").split("@")
+    how = r"( \(it broke off the handshake 3 times in a row \(.+\)\))?"
+    return re.escape(told) + how + re.escape(broken)
 
 
 def test_clients_without_keys_at_a_curve_broker_are_told_to_give_keys_at_once(
