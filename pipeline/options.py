@@ -16,6 +16,7 @@ picklable value: the readers carry it to Spark's tasks.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from typing import Final
 from broker.security import ClientKeys
 from pipeline.cluster import Cluster, TopicPartition, bootstrap_endpoint, client_keys
 from pipeline.errors import OptionError
+
+log = logging.getLogger("pylog.pipeline")
 
 EARLIEST: Final = -2
 LATEST: Final = -1
@@ -297,13 +300,15 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
             raise OptionError("startingOffsets latest (-1) reads nothing in a batch query")
         if EARLIEST in (ending.default, *ending.given.values()):
             raise OptionError("endingOffsets earliest (-2) reads nothing in a batch query")
-        for name in ("maxBytesPerTrigger", "maxOffsetsPerTrigger"):
-            if name.lower() in options:
-                raise OptionError(f"{name} is for streaming reads")
     no_headers(options)
     fail_on_data_loss = boolean(options, "failOnDataLoss", True)
     max_bytes_per_trigger = positive_int(options, "maxBytesPerTrigger")
     max_offsets_per_trigger = positive_int(options, "maxOffsetsPerTrigger")
+    if not streaming:
+        for name in ("maxBytesPerTrigger", "maxOffsetsPerTrigger"):
+            if name.lower() in options:  # Spark's Kafka source ignores them there too
+                log.warning("%s is for streaming reads: ignored in a batch read", name)
+        max_bytes_per_trigger = max_offsets_per_trigger = None
     max_bytes_per_partition = positive_int(options, "maxBytesPerPartition")
     min_partitions = positive_int(options, "minPartitions")
     return SourceOptions(

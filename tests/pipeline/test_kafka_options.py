@@ -263,6 +263,19 @@ def test_include_headers_true_is_refused_saying_why(
         _read(spark, broker=broker.endpoint, subscribe=topic, includeHeaders="true")
 
 
+def test_a_batch_read_ignores_the_stream_only_limits_as_kafkas_source_does(
+    spark: SparkSession, broker: RunningBroker, topic: str
+) -> None:
+    """maxOffsetsPerTrigger and maxBytesPerTrigger limit a stream's micro-batches; a batch read
+    given them (a job written for streaming, or for Kafka) reads everything (issue 32: it was
+    refused)."""
+    create_topic(broker.endpoint, topic, 1)
+    produce(broker.endpoint, topic, 1, 4)
+    limits = {"maxOffsetsPerTrigger": "1", "maxBytesPerTrigger": "10"}
+
+    assert len(_read(spark, broker=broker.endpoint, subscribe=topic, **limits)) == 4
+
+
 # -- the cluster ----------------------------------------------------------------------------
 
 
@@ -284,7 +297,6 @@ def test_kafka_bootstrap_servers_names_the_cluster(
     [
         ({"subscribePattern": "(unclosed"}, "subscribePattern '\\(unclosed'"),
         ({"subscribe": "{topic}", "subscribePattern": "x"}, "exactly one of the options"),
-        ({"subscribe": "{topic}", "maxOffsetsPerTrigger": "5"}, "is for streaming reads"),
         ({"subscribe": "{topic}", "minPartitions": "0"}, "minPartitions is 0"),
         (
             {"subscribe": "{topic}", "startingTimestamp": "1", "startingOffsets": "earliest"},

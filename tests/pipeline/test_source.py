@@ -119,7 +119,6 @@ def test_an_offset_inside_a_message_is_a_clear_error(
         ({"subscribe": "{topic}", "startingOffsets": '{"other": {"0": 0}}'}, "does not read"),
         ({"subscribe": "{topic}", "startingOffsets": "latest"}, "reads nothing in a batch"),
         ({"subscribe": "{topic}", "failOnDataLoss": "maybe"}, "use true or false"),
-        ({"subscribe": "{topic}", "maxBytesPerTrigger": "10"}, "is for streaming reads"),
         ({"assign": '{"{topic}": [7]}'}, "has no partition 7"),
     ],
 )
