@@ -83,10 +83,7 @@ def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOp
                 "a key, a value and a timestamp); drop the column"
             )
         if allowed is None:
-            raise OptionError(
-                f"the sink takes the columns value, key, topic, partition and timestamp, not "
-                f"{name!r}: select the columns to write"
-            )
+            continue  # not written, as Spark's Kafka sink ignores them (a read's offset, ...)
         if not isinstance(data_type, allowed):
             raise OptionError(
                 f"column {name!r} is {data_type.simpleString()}; it must be one of "
