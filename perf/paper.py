@@ -26,7 +26,7 @@ client does):
 A system that cannot send --messages (the paper's 10 million) within --budget-s of a run is
 given fewer: a calibration run of 100,000 messages estimates its rate first. A producer run's
 rate counts from the first send to all messages held (pylog: visible to consumers, a flush
-made by ack=flushed markers rather than waited for from the flush timer, perf/pylog_runs.py);
+made by ack=all markers rather than waited for from the flush timer, perf/pylog_runs.py);
 the time from the last send to that point is its own column, "visible after". Each run prints
 one JSON line; the medians go to perf/paper.md (a table) and perf/paper.png (a chart like the
 paper's figures 4 and 5). Every loop is bounded in count and time. Run it alone: anything

@@ -125,6 +125,16 @@ async def test_shutdown_acks_producers_still_waiting_for_a_flush(
         worker.close()
 
 
+async def answer_one_produce(worker: Worker, supervisor: zmq.Socket[bytes], tmp_path: Path) -> None:
+    """Have the serving `worker` open partition audit-0 under `tmp_path` and answer one
+    ack=written PRODUCE to it (the reply left unread on `supervisor`)."""
+    worker._open("audit", 0, tmp_path, worker.config.log_config())
+    supervisor.send_multipart([requests_frame(1), CLIENT, *produce_frames(Ack.WRITTEN)])
+    with trio.fail_after(10):
+        while not supervisor.poll(0):  # hello, then the produce reply
+            await trio.sleep(0.01)
+
+
 async def test_unflushed_data_does_not_keep_the_flush_timer_spinning(
     tmp_path: Path, sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
 ) -> None:
@@ -136,11 +146,7 @@ async def test_unflushed_data_does_not_keep_the_flush_timer_spinning(
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.serve)
-            worker._open("audit", 0, tmp_path, worker.config.log_config())
-            supervisor.send_multipart([requests_frame(1), CLIENT, *produce_frames(Ack.WRITTEN)])
-            with trio.fail_after(10):
-                while not supervisor.poll(0):  # hello, then the produce reply
-                    await trio.sleep(0.01)
+            await answer_one_produce(worker, supervisor, tmp_path)
             cpu = time.process_time()
             await trio.sleep(0.5)  # an hour from its flush, the worker has nothing to do
             busy = time.process_time() - cpu
@@ -163,11 +169,7 @@ async def test_an_idle_worker_flushes_new_messages_at_once_with_flush_when_idle(
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.serve)
-            worker._open("audit", 0, tmp_path, worker.config.log_config())
-            supervisor.send_multipart([requests_frame(1), CLIENT, *produce_frames(Ack.WRITTEN)])
-            with trio.fail_after(10):
-                while not supervisor.poll(0):  # hello, then the produce reply
-                    await trio.sleep(0.01)
+            await answer_one_produce(worker, supervisor, tmp_path)
             await trio.testing.wait_all_tasks_blocked()  # the worker idle, waiting to read
             nursery.cancel_scope.cancel()
         log = worker.partitions[("audit", 0)].log
