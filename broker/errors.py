@@ -21,7 +21,9 @@
     │   ├── TopicAlreadyExists      create of a topic that exists
     │   ├── InvalidTopic            a topic name or topic setting that is not allowed
     │   ├── AuthorizationFailed     no ACL grants the connection's principal the operation
-    │   └── FencedLeaderEpoch       a replica's leader epoch is older than the leader's
+    │   ├── FencedLeaderEpoch       a replica's leader epoch is older than the leader's
+    │   └── UnsupportedFormat       a FETCH of a version that cannot read what lies at its
+    │                               offset (a compressed set): the client is to be upgraded
     ├── Unavailable                 retriable: the same request may succeed later
     │   ├── PartitionUnavailable    the worker owning the partition is down or restarting
     │   ├── BrokerShuttingDown      the broker is stopping and accepts no new requests
@@ -219,6 +221,21 @@ class AuthorizationFailed(RequestError):
         self.principal = principal
         self.operation = operation
         self.resource = resource
+
+
+class UnsupportedFormat(RequestError):
+    """A FETCH of version 1 or 2 reached a compressed set in partition `partition`
+    (`<topic>-<number>`), at offset `offset`: those versions cannot read one, and are served
+    each segment only up to its first (docs/protocol.md, FETCH)."""
+
+    def __init__(self, partition: str, offset: int) -> None:
+        super().__init__(
+            f"partition {partition}: the data from offset {offset} on in its segment holds "
+            "compressed sets, which this FETCH version cannot read: upgrade the client to one "
+            "that sends FETCH version 3"
+        )
+        self.partition = partition
+        self.offset = offset
 
 
 class FencedLeaderEpoch(RequestError):
@@ -431,6 +448,10 @@ class BrokerUnknownLeaderEpoch(BrokerError, UnknownLeaderEpoch):
 
 class BrokerRepliesNotRead(BrokerError, RepliesNotRead):
     """A broker answered REPLIES_NOT_READ."""
+
+
+class BrokerUnsupportedFormat(BrokerError, UnsupportedFormat):
+    """A broker answered UNSUPPORTED_FORMAT."""
 
 
 class MalformedReply(PylogError):

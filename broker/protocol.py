@@ -8,7 +8,7 @@ it, so item 0 of a frame list is "frame 1" of docs/protocol.md:
     request   frame 1  header       api_key u16, api_version u16, correlation_id u32,
                                     client_id string
                        body         right after client_id: fixed per api and api_version
-                                    (API_VERSIONS: FETCH and METADATA have a version 2)
+                                    (API_VERSIONS: FETCH has versions 2 and 3, METADATA a version 2)
                        message set  PRODUCE only: the rest of the frame, messages back to
                                     back (broker.log.message); no length field
     reply     frame 1  header       correlation_id u32, error_code i16, error_message string
@@ -83,6 +83,7 @@ from broker.errors import (
     UnknownLeaderEpoch,
     UnknownTopicOrPartition,
     UnsupportedApi,
+    UnsupportedFormat,
     UnsupportedVersion,
 )
 from broker.log.epochs import EpochEntry as EpochEntry  # the entries of a FETCH reply
@@ -94,6 +95,9 @@ request, one or two for a reply."""
 
 API_VERSION: Final = 1
 """The first version of every api, and the only one of most (API_VERSIONS)."""
+SETS_FETCH_VERSION: Final = 3
+"""The FETCH version from which a reader reads compressed sets; older ones are served each
+segment up to its first, and UNSUPPORTED_FORMAT at or past it."""
 EARLIEST: Final = -2
 """OFFSETS time meaning the log start offset."""
 LATEST: Final = -1
@@ -121,10 +125,17 @@ class Api(IntEnum):
 
 
 API_VERSIONS: Final[Mapping[Api, tuple[int, ...]]] = {api: (1,) for api in Api} | {
-    Api.FETCH: (1, 2),
+    Api.FETCH: (1, 2, 3),
     Api.METADATA: (1, 2),
 }
 """The api_versions this broker speaks, per api, in order."""
+
+
+def request_version(api: Api) -> int:
+    """The api_version this package's clients ask `api` at unless told: FETCH's newest (it
+    reads compressed sets), version 1 of the others (a METADATA of version 2 is asked for
+    where a client needs what it adds)."""
+    return SETS_FETCH_VERSION if api is Api.FETCH else API_VERSION
 
 
 class Ack(IntEnum):
@@ -174,6 +185,7 @@ class ErrorCode(IntEnum):
     FENCED_LEADER_EPOCH = 23
     UNKNOWN_LEADER_EPOCH = 24
     REPLIES_NOT_READ = 25
+    UNSUPPORTED_FORMAT = 26
 
 
 # -- the error table ---------------------------------------------------------------------------
@@ -222,6 +234,7 @@ ERROR_TABLE: Final[tuple[ErrorEntry, ...]] = (
     ErrorEntry(ErrorCode.FENCED_LEADER_EPOCH, FencedLeaderEpoch, False),
     ErrorEntry(ErrorCode.UNKNOWN_LEADER_EPOCH, UnknownLeaderEpoch, True),
     ErrorEntry(ErrorCode.REPLIES_NOT_READ, RepliesNotRead, True),
+    ErrorEntry(ErrorCode.UNSUPPORTED_FORMAT, UnsupportedFormat, False),
 )
 """code <-> name <-> exception class <-> retriable, in code order."""
 
@@ -278,6 +291,7 @@ _REPLY_ERROR_BY_CODE: Final[dict[ErrorCode, type[BrokerError]]] = {
     ErrorCode.FENCED_LEADER_EPOCH: errors.BrokerFencedLeaderEpoch,
     ErrorCode.UNKNOWN_LEADER_EPOCH: errors.BrokerUnknownLeaderEpoch,
     ErrorCode.REPLIES_NOT_READ: errors.BrokerRepliesNotRead,
+    ErrorCode.UNSUPPORTED_FORMAT: errors.BrokerUnsupportedFormat,
 }
 """The class a client raises for each nonzero code: a BrokerError and the table's exception."""
 

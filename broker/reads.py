@@ -152,7 +152,8 @@ class Reads:
         """At most fetch_max_bytes of messages, but the first message whole if it fits in the
         request's max_bytes: the cap bounds the broker's memory, never stops a consumer. A
         consumer reads up to the high watermark; a follower, whatever is flushed here, with
-        the epoch entries of those bytes."""
+        the epoch entries of those bytes. A FETCH older than version 3 is served a segment up
+        to its first compressed set, and UNSUPPORTED_FORMAT at or past it."""
         plog = partition.log
         replica = request.replica_id >= 0
         # It may have stopped leading (or a newer epoch come) while the fetch waited.
@@ -160,15 +161,16 @@ class Reads:
         partition.check_leader()
         end = plog.high_watermark if replica else partition.high_watermark
         limit = min(request.max_bytes, self.fetch_max_bytes, max(0, end - request.offset))
+        sets = version >= protocol.SETS_FETCH_VERSION  # else UnsupportedFormat at a set
         data: Buffer = b""
         if limit:
             try:
-                data = plog.read(request.offset, limit)
+                data = plog.read(request.offset, limit, sets)
             except FetchSizeTooSmall as error:
                 # A follower gets the message whole whatever its max_bytes: it must copy it.
                 if error.needed > request.max_bytes and not replica:  # named as asked
                     raise FetchSizeTooSmall(error.offset, request.max_bytes, error.needed) from None
-                data = plog.read(request.offset, error.needed)  # over the cap alone: sent whole
+                data = plog.read(request.offset, error.needed, sets)  # over the cap: sent whole
         partition.bytes_out += len(data)
         end = request.offset + len(data)
         entries = epoch_entries(plog.epochs.entries, request.offset, end) if replica else ()

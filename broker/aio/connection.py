@@ -42,7 +42,6 @@ from broker.client.connection import (
 from broker.errors import BrokerError, MalformedReply, Unavailable
 from broker.log.message import Buffer
 from broker.protocol import (
-    API_VERSION,
     Ack,
     DescribePartitionReply,
     DescribePartitionRequest,
@@ -59,6 +58,7 @@ from broker.protocol import (
     Request,
     decode_reply,
     decode_reply_header,
+    request_version,
 )
 from broker.security import ClientKeys
 
@@ -157,11 +157,11 @@ class AsyncConnection(Framing):
             if waiter is not None and not waiter.done():
                 waiter.set_result(frames)
 
-    async def exchange(self, request: Request, version: int = API_VERSION) -> list[Buffer]:
-        """Send `request`, asked at api_version `version`, and return its reply's frames
-        (decode them with protocol.decode_reply at that version). Unavailable when none comes
-        within the timeout (plus max_wait_ms for a FETCH); AuthenticationFailed as soon as the
-        Curve handshake fails (keys set)."""
+    async def exchange(self, request: Request, version: int | None = None) -> list[Buffer]:
+        """Send `request`, asked at api_version `version` (default: protocol.request_version),
+        and return its reply's frames (decode them with protocol.decode_reply at that
+        version). Unavailable when none comes within the timeout (plus max_wait_ms for a
+        FETCH); AuthenticationFailed as soon as the Curve handshake fails (keys set)."""
         timeout_s = self._reply_timeout_s(request)
         correlation_id, frames = self._frames(request, version)
         reply: asyncio.Future[list[Buffer]] = asyncio.get_running_loop().create_future()
@@ -194,7 +194,7 @@ class AsyncConnection(Framing):
     async def request(self, request: Request) -> Reply:
         """Send `request` and wait for its reply, once: raises what
         broker.client.Connection.request raises."""
-        return decode_reply(request.api, await self.exchange(request))
+        return decode_reply(request.api, await self.exchange(request), request_version(request.api))
 
     @overload
     async def call(self, request: FetchRequest, retries: int = ...) -> FetchReply: ...
@@ -208,11 +208,13 @@ class AsyncConnection(Framing):
     async def call(
         self, request: DescribePartitionRequest, retries: int = ...
     ) -> DescribePartitionReply: ...
-    async def call(self, request: Request, retries: int = 3, version: int = API_VERSION) -> Reply:
-        """`request`, asked at api_version `version`, retried after a retriable error or a
-        timeout as broker.client.Connection.call retries it (Retry), within 3 x the
-        timeout."""
+    async def call(self, request: Request, retries: int = 3, version: int | None = None) -> Reply:
+        """`request`, asked at api_version `version` (default: protocol.request_version),
+        retried after a retriable error or a timeout as broker.client.Connection.call retries
+        it (Retry), within 3 x the timeout."""
         retry = Retry(retries, 3 * self.timeout_s)
+        if version is None:
+            version = request_version(request.api)
         while True:
             try:
                 return decode_reply(request.api, await self.exchange(request, version), version)
@@ -340,7 +342,8 @@ class AsyncCluster(BrokerMap):
             try:
                 connection = await self.leader_connection(request.topic, request.partition)
                 endpoint = connection.endpoint
-                return decode_reply(request.api, await connection.exchange(request))
+                frames = await connection.exchange(request)
+                return decode_reply(request.api, frames, request_version(request.api))
             except (BrokerError, Unavailable) as error:
                 wait_s = retry.wait_after(error)
                 self.learn_from(request.topic, request.partition, error, endpoint)

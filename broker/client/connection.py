@@ -41,7 +41,6 @@ from broker.errors import AuthenticationFailed, BrokerError, MalformedReply, Una
 from broker.lifecycle import Closing
 from broker.log.message import Buffer
 from broker.protocol import (
-    API_VERSION,
     Ack,
     AlterConfigRequest,
     Api,
@@ -68,6 +67,7 @@ from broker.protocol import (
     decode_reply,
     decode_reply_header,
     encode_request,
+    request_version,
 )
 from broker.security import ClientKeys
 from broker.zmqio import NOBLOCK, receive_frames, send_frames
@@ -322,8 +322,11 @@ class Framing:
         self._next_correlation_id = correlation_id % _MAX_CORRELATION_ID + 1
         return correlation_id
 
-    def _frames(self, request: Request, version: int = API_VERSION) -> tuple[int, list[Buffer]]:
-        """The correlation id and frames of `request`, asked at api_version `version`."""
+    def _frames(self, request: Request, version: int | None = None) -> tuple[int, list[Buffer]]:
+        """The correlation id and frames of `request`, asked at api_version `version`
+        (default: protocol.request_version)."""
+        if version is None:
+            version = request_version(request.api)
         if isinstance(request, ProduceRequest):
             require_bytes("ProduceRequest.message_set", request.message_set)
         correlation_id = self._correlation_id()
@@ -465,7 +468,9 @@ class Connection(Framing, Closing):
         `send_nowait`."""
         return self._request_once(request)
 
-    def _request_once(self, request: Request, version: int = API_VERSION) -> Reply:
+    def _request_once(self, request: Request, version: int | None = None) -> Reply:
+        if version is None:
+            version = request_version(request.api)
         timeout_s = self._reply_timeout_s(request)
         correlation_id, frames = self._frames(request, version)
         socket = self._req_socket()
@@ -533,9 +538,10 @@ class Connection(Framing, Closing):
         request: Request,
         retries: int = 3,
         max_time_s: float | None = None,
-        version: int = API_VERSION,
+        version: int | None = None,
     ) -> Reply:
-        """`request`, asked at api_version `version` (METADATA has a version 2), retried up to
+        """`request`, asked at api_version `version` (default: protocol.request_version; METADATA
+        has a version 2), retried up to
         `retries` more times after a retriable BrokerError or a timeout, waiting 0.1 s doubling
         to 2 s in between; no retry starts after `max_time_s` (default: 3 x the timeout). The
         last error is raised as it was; AuthenticationFailed is raised at once.
@@ -612,7 +618,7 @@ class Connection(Framing, Closing):
                 left = max(0.001, deadline - time.monotonic())
                 answered, frames = self.receive_pipelined(left)
                 if answered == correlation_id:
-                    return decode_reply(Api.FETCH, frames)
+                    return decode_reply(Api.FETCH, frames, request_version(Api.FETCH))
         except (BrokerError, Unavailable):
             return None
 

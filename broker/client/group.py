@@ -90,6 +90,7 @@ from broker.protocol import (
     FetchRequest,
     OffsetsRequest,
     decode_reply,
+    request_version,
 )
 from broker.registry import DEFAULT_CHROOT, Registry, TopicConfig, partition_name
 from broker.security import ClientKeys, ZooKeeperAuth
@@ -485,7 +486,7 @@ class GroupConsumer(Closing):
         `_reset_out_of_range`, which asks the broker (I/O of its own)."""
         tp = owned.tp
         try:
-            reply = decode_reply(Api.FETCH, frames)
+            reply = decode_reply(Api.FETCH, frames, request_version(Api.FETCH))
         except BrokerError as error:
             damage = corrupt_segment_reply(error, tp.topic, tp.partition)
             grown = grown_fetch_bytes(error, MAX_FETCH_BYTES)

@@ -30,6 +30,9 @@
 #define CHECKSUM_START 12
 #define MAGIC 1
 #define NO_TIMESTAMP INT64_MIN
+/* The attributes of a compressed set: bits 0-2 gzip (1), lz4 (3) or zstd (4), the rest zero
+ * (message.SET_CODECS). */
+#define SET_CODEC(attributes) ((attributes) == 1 || (attributes) == 3 || (attributes) == 4)
 
 typedef struct {
     PyTypeObject *message_type; /* broker.log.message.Message */
@@ -67,20 +70,22 @@ typedef struct {
     uint64_t checksum;
     int64_t timestamp;
     int32_t key_length;
+    unsigned char attributes;
 } header;
 
 /* Where the message at `pos` of `data` (`end` bytes) ends if it passes every check of
  * message.py's walks (whole header, length within [MIN_LENGTH, max_length], within the buffer,
- * magic 1, attributes 0, key length in range, checksum), its fields in `h`; -1 if it fails. */
+ * magic 1, attributes 0 or, with `sets`, a compressed set's codec, key length in range,
+ * checksum), its fields in `h`; -1 if it fails. */
 static inline Py_ssize_t message_end(const unsigned char *data, Py_ssize_t pos, Py_ssize_t end,
-                                     int64_t max_length, header *h) {
+                                     int64_t max_length, int sets, header *h) {
     if (end - pos < HEADER_SIZE)
         return -1;
     const unsigned char *p = data + pos;
     int64_t length = be32(p);
     if (length < MIN_LENGTH || length > max_length || length + LENGTH_SIZE > end - pos)
         return -1;
-    if (p[12] != MAGIC || p[13] != 0)
+    if (p[12] != MAGIC || (p[13] != 0 && !(sets && SET_CODEC(p[13]))))
         return -1;
     int32_t key_length = (int32_t)be32(p + 22);
     if (key_length < -1 || key_length > length - MIN_LENGTH)
@@ -93,6 +98,7 @@ static inline Py_ssize_t message_end(const unsigned char *data, Py_ssize_t pos, 
     h->checksum = checksum;
     h->timestamp = (int64_t)be64(p + 14);
     h->key_length = key_length;
+    h->attributes = p[13];
     return h->following;
 }
 
@@ -173,7 +179,7 @@ static PyObject *to_list(const int64_list *list) {
 }
 
 /* scan_walk(buf, max_message_bytes, index_interval, next_mark)
- *     -> (valid_bytes, message_count, marks, greatest)
+ *     -> (valid_bytes, message_count, marks, greatest, first_set)
  * message.scan_walk: the walk of message.scan, without the GIL (a segment's recovery walks
  * up to a GiB), whose error text message.scan_result makes. */
 static PyObject *scan_walk(PyObject *Py_UNUSED(module), PyObject *const *args,
@@ -196,11 +202,13 @@ static PyObject *scan_walk(PyObject *Py_UNUSED(module), PyObject *const *args,
         next_mark = (int64_t)end + 1;
     int64_list marks = {0}, greatest = {0};
     int64_t top = NO_TIMESTAMP;
-    Py_ssize_t pos = 0, count = 0;
+    Py_ssize_t pos = 0, count = 0, first_set = -1;
     int failed = 0;
     header h;
     Py_BEGIN_ALLOW_THREADS
-    while (pos < end && message_end(data, pos, end, max_length, &h) >= 0) {
+    while (pos < end && message_end(data, pos, end, max_length, 1, &h) >= 0) {
+        if (h.attributes && first_set < 0)
+            first_set = pos;
         if (pos >= next_mark) {
             if (push(&marks, pos) < 0 || push(&greatest, top) < 0) {
                 failed = 1;
@@ -226,7 +234,7 @@ static PyObject *scan_walk(PyObject *Py_UNUSED(module), PyObject *const *args,
         PyObject *marks_list = to_list(&marks);
         PyObject *greatest_list = marks_list ? to_list(&greatest) : NULL;
         if (greatest_list != NULL)
-            result = Py_BuildValue("(nnNN)", pos, count, marks_list, greatest_list);
+            result = Py_BuildValue("(nnNNn)", pos, count, marks_list, greatest_list, first_set);
         else
             Py_XDECREF(marks_list);
     }
@@ -286,10 +294,12 @@ static PyObject *new_message(PyTypeObject *type, PyObject *offset, PyObject *siz
     return message;
 }
 
-/* decode_set(buf, base_offset) -> (messages, bad_position or None)
- * message.decode_set: the Messages of a set up to the first that fails its checks. */
+/* decode_set(buf, base_offset, start, set_size) -> (messages, bad_position or None)
+ * message.decode_set: the Messages of a set from `start` up to the first that fails its checks
+ * (or is a compressed set); with set_size >= 0, the inner set of a compressed set at
+ * base_offset, whose size on disk is set_size. */
 static PyObject *decode_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (arguments("decode_set", nargs, 2) < 0)
+    if (arguments("decode_set", nargs, 4) < 0)
         return NULL;
     PyTypeObject *type = state_of(module)->message_type;
     PyObject *base_obj = args[1];
@@ -297,18 +307,33 @@ static PyObject *decode_set(PyObject *module, PyObject *const *args, Py_ssize_t 
     int base_exact;
     if (exact_int64(base_obj, &base, &base_exact) < 0)
         return NULL;
+    Py_ssize_t pos = PyLong_AsSsize_t(args[2]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t set_size = PyLong_AsSsize_t(args[3]);
+    if (set_size == -1 && PyErr_Occurred())
+        return NULL;
+    int wrapped = set_size >= 0;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
     const unsigned char *data = view.buf;
-    Py_ssize_t end = view.len, pos = 0;
+    Py_ssize_t end = view.len;
+    if (pos < 0 || pos > end) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "start %zd is outside the set of %zd bytes", pos, end);
+        return NULL;
+    }
     PyObject *messages = PyList_New(0);
     PyObject *last_size_obj = NULL, *last_timestamp_obj = NULL;
+    PyObject *set_offset = NULL;
     int64_t last_size = 0, last_timestamp = 0;
     if (messages == NULL)
         goto error;
+    if (wrapped && (set_offset = offset_of(base_obj, base, base_exact, 0)) == NULL)
+        goto error;
     header h;
-    while (pos < end && message_end(data, pos, end, INT64_MAX, &h) >= 0) {
+    while (pos < end && message_end(data, pos, end, INT64_MAX, 0, &h) >= 0) {
         PyObject *key = NULL;
         Py_ssize_t key_end = pos + HEADER_SIZE;
         if (h.key_length >= 0) {
@@ -319,14 +344,17 @@ static PyObject *decode_set(PyObject *module, PyObject *const *args, Py_ssize_t 
         }
         PyObject *value =
             PyBytes_FromStringAndSize((const char *)data + key_end, h.following - key_end);
-        PyObject *offset = offset_of(base_obj, base, base_exact, pos);
+        PyObject *offset =
+            wrapped ? Py_NewRef(set_offset) : offset_of(base_obj, base, base_exact, pos);
         if (key == NULL || value == NULL || offset == NULL) {
             Py_XDECREF(key);
             Py_XDECREF(value);
             Py_XDECREF(offset);
             goto error;
         }
-        PyObject *size = shared_int(h.following - pos, &last_size, &last_size_obj);
+        /* In a set, each message but the last has size 0 (message.decode_set). */
+        int64_t size_value = !wrapped ? h.following - pos : h.following == end ? set_size : 0;
+        PyObject *size = shared_int(size_value, &last_size, &last_size_obj);
         PyObject *timestamp = shared_int(h.timestamp, &last_timestamp, &last_timestamp_obj);
         PyObject *message = new_message(type, offset, size, timestamp, key, value, h.checksum);
         if (message == NULL)
@@ -340,6 +368,7 @@ static PyObject *decode_set(PyObject *module, PyObject *const *args, Py_ssize_t 
     PyBuffer_Release(&view);
     Py_XDECREF(last_size_obj);
     Py_XDECREF(last_timestamp_obj);
+    Py_XDECREF(set_offset);
     if (pos == end)
         return Py_BuildValue("(NO)", messages, Py_None);
     return Py_BuildValue("(Nn)", messages, pos);
@@ -347,77 +376,146 @@ error:
     Py_XDECREF(messages);
     Py_XDECREF(last_size_obj);
     Py_XDECREF(last_timestamp_obj);
+    Py_XDECREF(set_offset);
     PyBuffer_Release(&view);
     return NULL;
 }
 
 #define MAX_COLUMN_SET 0x7FFFFFFF
 
-/* decode_columns(buf, base_offset, end_offset) -> Columns
- * message.decode_columns: the messages of a set at offsets below end_offset, up to the first
- * that fails its checks, as Arrow buffers (native byte order, as Arrow lays them in memory). */
-static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (arguments("decode_columns", nargs, 3) < 0)
-        return NULL;
-    PyTypeObject *type = state_of(module)->columns_type;
-    PyObject *base_obj = args[1], *end_obj = args[2];
-    PyObject *limit_obj = PyNumber_Subtract(end_obj, base_obj);
-    if (limit_obj == NULL)
-        return NULL;
-    int64_t limit; /* offsets below end_offset: positions below end_offset - base_offset */
-    int failed = saturated(limit_obj, &limit);
-    Py_DECREF(limit_obj);
+/* One piece of what decode_columns decodes: a run of messages, or a compressed set's inner
+ * set (set_size >= 0: every message has the set's offset, base). */
+typedef struct {
+    Py_buffer view;
+    PyObject *base_obj; /* borrowed from the pieces */
     int64_t base;
     int base_exact;
-    if (failed < 0 || exact_int64(base_obj, &base, &base_exact) < 0)
+    Py_ssize_t set_size;
+    Py_ssize_t count; /* the messages the first pass took from it */
+} piece;
+
+/* Fill `p` from item (buf, base_offset, set_size) of decode_columns's pieces. */
+static int piece_of(PyObject *item, piece *p) {
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3) {
+        PyErr_SetString(PyExc_TypeError,
+                        "decode_columns: each piece is a tuple (buf, base_offset, set_size)");
+        return -1;
+    }
+    p->base_obj = PyTuple_GET_ITEM(item, 1);
+    if (exact_int64(p->base_obj, &p->base, &p->base_exact) < 0)
+        return -1;
+    p->set_size = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 2));
+    if (p->set_size == -1 && PyErr_Occurred())
+        return -1;
+    return PyObject_GetBuffer(PyTuple_GET_ITEM(item, 0), &p->view, PyBUF_SIMPLE);
+}
+
+/* decode_columns(pieces, end_offset) -> Columns
+ * message.decode_columns: the messages of pieces (buf, base_offset, set_size) at offsets below
+ * end_offset, up to the first that fails its checks, as Arrow buffers (native byte order, as
+ * Arrow lays them in memory). */
+static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (arguments("decode_columns", nargs, 2) < 0)
         return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+    PyTypeObject *type = state_of(module)->columns_type;
+    PyObject *end_obj = args[1];
+    PyObject *sequence = PySequence_Fast(args[0], "decode_columns takes a sequence of pieces");
+    if (sequence == NULL)
         return NULL;
+    Py_ssize_t npieces = PySequence_Fast_GET_SIZE(sequence), acquired = 0;
+    piece *pieces = PyMem_Calloc((size_t)(npieces ? npieces : 1), sizeof(piece));
     PyObject *buffers[8] = {NULL};
-    PyObject *result = NULL;
-    if (view.len > MAX_COLUMN_SET) {
-        PyErr_SetString(PyExc_ValueError,
-                        "decode_columns takes a set of at most 2 GiB - 1 bytes (Arrow's binary "
-                        "offsets are 32-bit)");
+    PyObject *result = NULL, *bad = NULL;
+    if (pieces == NULL) {
+        PyErr_NoMemory();
         goto done;
     }
-    const unsigned char *data = view.buf;
-    Py_ssize_t end = view.len, pos = 0, count = 0, key_bytes = 0, value_bytes = 0, nulls = 0;
-    header h;
-    /* First pass: check, and size the buffers. */
-    int stopped = 0; /* at end_offset: a bad message is one that fails its checks first */
-    while (pos < end && message_end(data, pos, end, INT64_MAX, &h) >= 0) {
-        if (pos >= limit) {
-            stopped = 1;
-            break;
-        }
-        int64_t offset;
-        int offset_wide = !base_exact || __builtin_add_overflow(base, (int64_t)pos, &offset);
-        int timestamp_wide = h.timestamp > INT64_MAX / 1000 || h.timestamp < INT64_MIN / 1000;
-        if (offset_wide || timestamp_wide) {
-            PyObject *offset_obj = offset_of(base_obj, base, base_exact, pos);
-            if (offset_obj == NULL)
-                goto done;
-            if (offset_wide)
-                PyErr_Format(PyExc_OverflowError,
-                             "the offset %S is out of the range of Arrow's int64", offset_obj);
-            else
-                PyErr_Format(PyExc_OverflowError,
-                             "the timestamp of the message at offset %S, %lld ms, is out of "
-                             "the range of Arrow's timestamps in microseconds",
-                             offset_obj, (long long)h.timestamp);
-            Py_DECREF(offset_obj);
+    Py_ssize_t total = 0;
+    for (; acquired < npieces; acquired++) {
+        if (piece_of(PySequence_Fast_GET_ITEM(sequence, acquired), &pieces[acquired]) < 0)
+            goto done;
+        total += pieces[acquired].view.len;
+        if (total > MAX_COLUMN_SET) {
+            acquired++;
+            PyErr_SetString(PyExc_ValueError,
+                            "decode_columns takes a set of at most 2 GiB - 1 bytes (Arrow's "
+                            "binary offsets are 32-bit)");
             goto done;
         }
-        Py_ssize_t keyed = h.key_length >= 0 ? h.key_length : 0;
-        key_bytes += keyed;
-        value_bytes += h.following - pos - HEADER_SIZE - keyed;
-        nulls += h.key_length < 0;
-        count++;
-        pos = h.following;
     }
-    Py_ssize_t checked = pos;
+    Py_ssize_t count = 0, key_bytes = 0, value_bytes = 0, nulls = 0, used = 0;
+    header h;
+    /* First pass: check, and size the buffers. */
+    for (Py_ssize_t i = 0; i < npieces; i++) {
+        piece *p = &pieces[i];
+        const unsigned char *data = p->view.buf;
+        Py_ssize_t end = p->view.len, pos = 0;
+        int wrapped = p->set_size >= 0;
+        PyObject *limit_obj = PyNumber_Subtract(end_obj, p->base_obj);
+        int64_t limit; /* offsets below end_offset: positions below end_offset - base_offset */
+        int failed = limit_obj == NULL || saturated(limit_obj, &limit) < 0;
+        Py_XDECREF(limit_obj);
+        if (failed)
+            goto done;
+        used = i + 1;
+        if (wrapped && limit <= 0) /* the set's offset is at or past end_offset */
+            break;
+        Py_ssize_t before[4] = {count, key_bytes, value_bytes, nulls};
+        int stopped = 0; /* at end_offset: a bad message is one that fails its checks first */
+        while (pos < end && message_end(data, pos, end, INT64_MAX, 0, &h) >= 0) {
+            if (!wrapped && pos >= limit) {
+                stopped = 1;
+                break;
+            }
+            Py_ssize_t at = wrapped ? 0 : pos;
+            int64_t offset;
+            int offset_wide =
+                !p->base_exact || __builtin_add_overflow(p->base, (int64_t)at, &offset);
+            int timestamp_wide =
+                h.timestamp > INT64_MAX / 1000 || h.timestamp < INT64_MIN / 1000;
+            if (offset_wide || timestamp_wide) {
+                PyObject *offset_obj = offset_of(p->base_obj, p->base, p->base_exact, at);
+                if (offset_obj == NULL)
+                    goto done;
+                if (offset_wide)
+                    PyErr_Format(PyExc_OverflowError,
+                                 "the offset %S is out of the range of Arrow's int64",
+                                 offset_obj);
+                else
+                    PyErr_Format(PyExc_OverflowError,
+                                 "the timestamp of the message at offset %S, %lld ms, is out "
+                                 "of the range of Arrow's timestamps in microseconds",
+                                 offset_obj, (long long)h.timestamp);
+                Py_DECREF(offset_obj);
+                goto done;
+            }
+            Py_ssize_t keyed = h.key_length >= 0 ? h.key_length : 0;
+            key_bytes += keyed;
+            value_bytes += h.following - pos - HEADER_SIZE - keyed;
+            nulls += h.key_length < 0;
+            count++;
+            pos = h.following;
+        }
+        if (!stopped && pos < end) {
+            /* A message failed: the set it is in is damaged whole; a run keeps what came
+             * before it. `bad` is its position counted from the first piece's base. */
+            if (wrapped) {
+                count = before[0], key_bytes = before[1], value_bytes = before[2];
+                nulls = before[3];
+                pos = 0;
+            }
+            PyObject *at = offset_of(p->base_obj, p->base, p->base_exact, pos);
+            if (at == NULL)
+                goto done;
+            bad = PyNumber_Subtract(at, pieces[0].base_obj);
+            Py_DECREF(at);
+            if (bad == NULL)
+                goto done;
+        }
+        p->count = count - before[0];
+        if (stopped || bad != NULL)
+            break;
+    }
     buffers[0] = PyBytes_FromStringAndSize(NULL, (count + 7) / 8);
     buffers[1] = PyBytes_FromStringAndSize(NULL, (count + 1) * 4);
     buffers[2] = PyBytes_FromStringAndSize(NULL, key_bytes);
@@ -438,34 +536,37 @@ static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssiz
     memset(validity, 0, (size_t)(count + 7) / 8);
     /* Second pass: the messages are known good; fill the buffers. */
     int32_t key_at = 0, value_at = 0;
-    pos = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        const unsigned char *p = data + pos;
-        Py_ssize_t following = pos + LENGTH_SIZE + be32(p);
-        int32_t key_length = (int32_t)be32(p + 22);
-        Py_ssize_t key_end = pos + HEADER_SIZE;
-        key_offsets[i] = key_at;
-        if (key_length >= 0) {
-            validity[i >> 3] |= (unsigned char)(1 << (i & 7));
-            memcpy(key_data + key_at, p + HEADER_SIZE, (size_t)key_length);
-            key_at += key_length;
-            key_end += key_length;
+    Py_ssize_t i = 0;
+    for (Py_ssize_t k = 0; k < used; k++) {
+        const piece *q = &pieces[k];
+        const unsigned char *data = q->view.buf;
+        int wrapped = q->set_size >= 0;
+        Py_ssize_t pos = 0;
+        for (Py_ssize_t n = 0; n < q->count; n++, i++) {
+            const unsigned char *p = data + pos;
+            Py_ssize_t following = pos + LENGTH_SIZE + be32(p);
+            int32_t key_length = (int32_t)be32(p + 22);
+            Py_ssize_t key_end = pos + HEADER_SIZE;
+            key_offsets[i] = key_at;
+            if (key_length >= 0) {
+                validity[i >> 3] |= (unsigned char)(1 << (i & 7));
+                memcpy(key_data + key_at, p + HEADER_SIZE, (size_t)key_length);
+                key_at += key_length;
+                key_end += key_length;
+            }
+            value_offsets[i] = value_at;
+            memcpy(value_data + value_at, data + key_end, (size_t)(following - key_end));
+            value_at += (int32_t)(following - key_end);
+            /* the first pass checked that it fits */
+            offsets[i] = q->base + (wrapped ? 0 : (int64_t)pos);
+            micros[i] = (int64_t)be64(p + 14) * 1000;
+            pos = following;
         }
-        value_offsets[i] = value_at;
-        memcpy(value_data + value_at, data + key_end, (size_t)(following - key_end));
-        value_at += (int32_t)(following - key_end);
-        offsets[i] = base + (int64_t)pos; /* the first pass checked that it fits */
-        micros[i] = (int64_t)be64(p + 14) * 1000;
-        pos = following;
     }
     key_offsets[count] = key_at;
     value_offsets[count] = value_at;
-    if (checked < end && !stopped)
-        buffers[7] = PyLong_FromSsize_t(checked);
-    else
-        buffers[7] = Py_NewRef(Py_None);
-    if (buffers[7] == NULL)
-        goto done;
+    buffers[7] = bad != NULL ? bad : Py_NewRef(Py_None);
+    bad = NULL;
     result = type->tp_alloc(type, 10);
     if (result == NULL)
         goto done;
@@ -478,14 +579,19 @@ static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssiz
     }
     PyTuple_SET_ITEM(result, 0, count_obj);
     PyTuple_SET_ITEM(result, 1, nulls_obj);
-    for (int i = 0; i < 8; i++) {
-        PyTuple_SET_ITEM(result, i + 2, buffers[i]);
-        buffers[i] = NULL;
+    for (int j = 0; j < 8; j++) {
+        PyTuple_SET_ITEM(result, j + 2, buffers[j]);
+        buffers[j] = NULL;
     }
 done:
-    for (int i = 0; i < 8; i++)
-        Py_XDECREF(buffers[i]);
-    PyBuffer_Release(&view);
+    for (int j = 0; j < 8; j++)
+        Py_XDECREF(buffers[j]);
+    Py_XDECREF(bad);
+    for (Py_ssize_t j = 0; j < acquired; j++)
+        if (pieces[j].view.obj != NULL)
+            PyBuffer_Release(&pieces[j].view);
+    PyMem_Free(pieces);
+    Py_DECREF(sequence);
     return result;
 }
 
@@ -616,9 +722,9 @@ static PyMethodDef codec_methods[] = {
     {"scan_walk", (PyCFunction)(void (*)(void))scan_walk, METH_FASTCALL,
      "scan_walk(buf, max_message_bytes, index_interval, next_mark): message.scan_walk."},
     {"decode_set", (PyCFunction)(void (*)(void))decode_set, METH_FASTCALL,
-     "decode_set(buf, base_offset): message.decode_set."},
+     "decode_set(buf, base_offset, start, set_size): message.decode_set."},
     {"decode_columns", (PyCFunction)(void (*)(void))decode_columns, METH_FASTCALL,
-     "decode_columns(buf, base_offset, end_offset): message.decode_columns."},
+     "decode_columns(pieces, end_offset): message.decode_columns."},
     {"encode_message", (PyCFunction)(void (*)(void))encode_message,
      METH_FASTCALL | METH_KEYWORDS,
      "encode_message(value, key=None, timestamp_ms=None): message.encode_message."},

@@ -14,7 +14,23 @@ from typing import Final
 
 from broker.errors import InvalidMessage
 from broker.log import message
-from broker.log.message import Buffer, Columns, Message, ScanResult, decode_failure, validated
+from broker.log.compression import MAX_INNER_SET_BYTES, expand, inner_set
+from broker.log.message import (
+    ATTRIBUTES_AT,
+    CODEC_MASK,
+    HEADER_SIZE,
+    NESTED_SET,
+    SET_CODECS,
+    Buffer,
+    Columns,
+    Message,
+    Piece,
+    ScanResult,
+    decode_failure,
+    message_size_at,
+    valid_message_end,
+    validated,
+)
 
 _CHOICE = os.environ.get("PYLOG_CODEC", "")
 if _CHOICE not in ("", "c", "python"):
@@ -61,18 +77,136 @@ def validate_message_set(
     )
 
 
+def check_sets(buf: Buffer, result: ScanResult) -> int:
+    """How many messages a producer's set `buf` holds, counting the inner messages of each
+    compressed set, once each set is checked: it decompresses (compression.inner_set) into
+    plain messages that pass every check. `result` is the set's scan, which passed.
+    InvalidMessage at the first compressed set that fails, saying why."""
+    if result.first_set < 0:
+        return result.message_count
+    count = result.message_count
+    pos = result.first_set
+    while pos < len(buf):
+        following = pos + message_size_at(buf, pos)
+        if is_set(buf, pos):
+            inner = scan(inner_set(buf, pos), MAX_INNER_SET_BYTES)
+            if inner.error is None and inner.first_set >= 0:
+                inner = inner._replace(valid_bytes=inner.first_set, error=NESTED_SET)
+            if inner.error is not None:
+                raise InvalidMessage(
+                    pos,
+                    f"compressed set: message at byte {inner.valid_bytes} of the set: "
+                    f"{inner.error}",
+                )
+            count += inner.message_count - 1
+        pos = following
+    return count
+
+
 def decode(buf: Buffer, base_offset: int) -> tuple[list[Message], InvalidMessage | None]:
     """The messages of a set whose first byte is at `base_offset`, as iter_messages gives
-    them, up to the first that fails its checks, and what iter_messages raises there (None
-    when all pass)."""
-    messages, bad = _decode_set(buf, base_offset)
-    return messages, None if bad is None else decode_failure(buf, bad)
+    them, each compressed set's inner messages in its place (with the set's offset, and size
+    0 but the last: docs/storage.md), up to the first message or set that fails its checks,
+    and what is wrong there (None when all pass): a set that fails gives none of its
+    messages."""
+    messages, bad = _decode_set(buf, base_offset, 0, -1)
+    while bad is not None:
+        if not is_set(buf, bad):
+            return messages, decode_failure(buf, bad)
+        following = bad + message_size_at(buf, bad)
+        try:
+            inner = inner_set(buf, bad)
+        except InvalidMessage as error:
+            return messages, error
+        expanded, inner_bad = _decode_set(inner, base_offset + bad, 0, following - bad)
+        if inner_bad is not None:
+            return messages, _inner_failure(inner, inner_bad, bad)
+        messages += expanded
+        more, bad = _decode_set(buf, base_offset, following, -1)
+        messages += more
+    return messages, None
 
 
 def decode_columns(
     buf: Buffer, base_offset: int, end_offset: int
 ) -> tuple[Columns, InvalidMessage | None]:
-    """broker.log.message.decode_columns, and what iter_messages raises at the message where
-    it stopped, if one failed its checks."""
-    columns = _decode_columns(buf, base_offset, end_offset)
-    return columns, None if columns.bad is None else decode_failure(buf, columns.bad)
+    """broker.log.message.decode_columns of the messages of a set whose first byte is at
+    `base_offset` (its compressed sets expanded, as `decode` does), and what is wrong at the
+    message or set where it stopped, if one failed its checks."""
+    pieces: list[Piece] = [(buf, base_offset, -1)]
+    columns = _decode_columns(pieces, end_offset)
+    if columns.bad is None or not is_set(buf, columns.bad):
+        return columns, None if columns.bad is None else decode_failure(buf, columns.bad)
+    pieces, failure = _pieces(buf, base_offset, columns.bad, end_offset)
+    columns = _decode_columns(pieces, end_offset)
+    if columns.bad is not None:
+        bad = columns.bad
+        if is_set(buf, bad):  # a message of its inner set failed
+            inner = inner_set(buf, bad)
+            return columns, _inner_failure(inner, _decode_set(inner, 0, 0, -1)[1] or 0, bad)
+        return columns, decode_failure(buf, bad)
+    return columns, failure
+
+
+def _pieces(
+    buf: Buffer, base_offset: int, first_set: int, end_offset: int
+) -> tuple[list[Piece], InvalidMessage | None]:
+    """The pieces of `buf` for decode_columns, whose first compressed set is at `first_set`:
+    the runs of plain messages, and the inner sets of the compressed sets below `end_offset`
+    expanded; and the failure of a set that does not expand, where they stop."""
+    view = memoryview(buf)
+    pieces: list[Piece] = [(view[:first_set], base_offset, -1)]
+    pos = first_set
+    run = -1  # where the current run of plain messages started
+    end = len(buf)
+    while pos < end and base_offset + pos < end_offset:
+        if len(buf) - pos < HEADER_SIZE or not is_set(buf, pos):
+            if run < 0:
+                run = pos
+            if len(buf) - pos < HEADER_SIZE:
+                break
+            pos += message_size_at(buf, pos)
+            continue
+        if run >= 0:
+            pieces.append((view[run:pos], base_offset + run, -1))
+            run = -1
+        following = pos + message_size_at(buf, pos)
+        try:
+            pieces.append((inner_set(buf, pos), base_offset + pos, following - pos))
+        except InvalidMessage as error:
+            return pieces, error
+        pos = following
+    if run >= 0:
+        pieces.append((view[run:], base_offset + run, -1))
+    return pieces, None
+
+
+def set_messages(wrapper: Message) -> tuple[list[Message], InvalidMessage | None]:
+    """The inner messages of the compressed set `wrapper` (a Message as decode_message gives
+    it, its value the compressed bytes), as `decode` gives them, or none and what is wrong
+    with it (InvalidMessage at position 0 of the set)."""
+    try:
+        inner = expand(wrapper.attributes & CODEC_MASK, wrapper.value)
+    except ValueError as error:
+        return [], InvalidMessage(0, f"compressed set: {error}")
+    messages, bad = _decode_set(inner, wrapper.offset, 0, wrapper.size)
+    if bad is not None:
+        return [], _inner_failure(inner, bad, 0)
+    return messages, None
+
+
+def is_set(buf: Buffer, pos: int) -> bool:
+    """Whether a compressed set that passes every check of `scan` starts at `pos` of `buf`."""
+    return (
+        len(buf) - pos >= HEADER_SIZE
+        and buf[pos + ATTRIBUTES_AT] in SET_CODECS
+        and valid_message_end(buf, pos) is not None
+    )
+
+
+def _inner_failure(inner: bytes, bad: int, pos: int) -> InvalidMessage:
+    """The failure of the compressed set at `pos` whose inner set `inner` fails at `bad`."""
+    return InvalidMessage(
+        pos,
+        f"compressed set: message at byte {bad} of the set: {decode_failure(inner, bad).reason}",
+    )

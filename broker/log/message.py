@@ -7,8 +7,9 @@ Layout of one message (all integers big-endian; docs/storage.md has a worked hex
     4       8     checksum    u64, XXH3-64 (seed 0) of bytes [12, 4 + length): everything after
                               the checksum field
     12      1     magic       u8, format version, 1
-    13      1     attributes  u8, bits 0-2 compression codec (0 = none; no other is accepted
-                              yet), bits 3-7 reserved and zero
+    13      1     attributes  u8, bits 0-2 compression codec (0 = none, 1 gzip, 3 lz4,
+                              4 zstd: a compressed set, broker.log.compression), bits 3-7
+                              reserved and zero
     14      8     timestamp   i64, milliseconds since the Unix epoch, set by the producer
     22      4     key_length  i32, -1 for a message without a key
     26      k     key         key_length bytes (none when key_length is -1)
@@ -18,6 +19,11 @@ A message set is messages back to back with nothing between them. A message's of
 position of its first byte in its partition's stream of all bytes ever appended, so the next
 message's offset is this offset + 4 + length. The format carries no offsets: a set is appended
 exactly as the producer built it.
+
+A compressed set is one message (the wrapper) whose codec is not 0 and whose value is the
+compressed bytes of an inner set of plain messages (broker.log.compression). The walks of the
+broker (`scan`) take it as one message; the decoders (`decode_set`, `decode_columns`) stop at
+it, and broker.log.codec expands it and decodes its inner set with the set's offset.
 """
 
 from __future__ import annotations
@@ -40,7 +46,14 @@ MIN_LENGTH = HEADER_SIZE - LENGTH_SIZE
 """The smallest valid value of the length field: no key, empty value."""
 CHECKSUM_START = 12
 """The checksum covers the message from this byte to its end."""
+ATTRIBUTES_AT = 13
+"""The attributes byte: 0 in a plain message, a compressed set's codec in its wrapper."""
 CODEC_MASK = 0x07
+SET_CODECS = frozenset({1, 3, 4})
+"""The codecs of a compressed set: gzip, lz4 and zstd (Kafka's numbers; 2, snappy, is not
+taken)."""
+NESTED_SET = "a compressed set inside a compressed set"
+"""What is wrong with a valid compressed set where only plain messages may be."""
 MAX_FORMAT_MESSAGE_BYTES = LENGTH_SIZE + 0xFFFF_FFFF
 """The largest message the format can describe (a u32 length field): what stored bytes are
 judged by. max_message_bytes is a limit on what producers send, and may change."""
@@ -52,9 +65,11 @@ _PREFIX = struct.Struct(">IQ")
 _BODY_HEADER = struct.Struct(">BBqi")
 _TIMESTAMP = struct.Struct(">q")
 TIMESTAMP_START = 14
-# The hot loop reads magic and attributes as one u16: version 1, attributes 0.
+# The hot loop reads magic and attributes as one u16: version 1, attributes 0 (a plain
+# message) or a compressed set's codec.
 _SCAN_HEADER = struct.Struct(">IQHqi")
 _MAGIC_ATTRIBUTES = MAGIC << 8
+_STORED_MAGIC_ATTRIBUTES = frozenset({_MAGIC_ATTRIBUTES} | {MAGIC << 8 | c for c in SET_CODECS})
 NO_TIMESTAMP = -(1 << 63)
 """The smallest i64: the greatest timestamp of no messages at all."""
 
@@ -88,7 +103,9 @@ class ScanResult(NamedTuple):
     None. `greatest` holds the greatest timestamp of each run of valid messages between
     marks (for the time index, broker.log.timeindex): `greatest[0]` of those before the first
     mark, `greatest[k + 1]` of those from `marks[k]` to the next mark; NO_TIMESTAMP for a run
-    of none. A named tuple: one is made for every message set appended.
+    of none. `first_set` is the position of the first compressed set among the valid
+    messages, or -1 (broker.log.codec.check_sets looks inside). A named tuple: one is made
+    for every message set appended.
     """
 
     valid_bytes: int
@@ -96,6 +113,7 @@ class ScanResult(NamedTuple):
     marks: list[int]
     error: str | None
     greatest: list[int]
+    first_set: int
 
 
 def encode_message(
@@ -120,25 +138,26 @@ def scan(
     """Walk `buf` from its start, checking every message's framing and checksum.
 
     Stops at the first message that is cut short, malformed, over `max_message_bytes` in size
-    on disk, or whose checksum does not match. With `index_interval` > 0, every message that
-    starts at or after `next_mark` is recorded in `marks`, and the next mark is then due
-    `index_interval` bytes later; `greatest` gets the greatest timestamp of each run between
-    marks. Used both to validate a producer's set and to recover a segment.
+    on disk, or whose checksum does not match; a compressed set is one message here. With
+    `index_interval` > 0, every message that starts at or after `next_mark` is recorded in
+    `marks`, and the next mark is then due `index_interval` bytes later; `greatest` gets the
+    greatest timestamp of each run between marks. Used both to validate a producer's set and
+    to recover a segment.
     """
     walked = scan_walk(buf, max_message_bytes, index_interval, next_mark)
     return scan_result(buf, max_message_bytes, walked)
 
 
-Walked = tuple[int, int, list[int], list[int]]
-"""What the walk of `scan` found: valid_bytes, message_count, marks, greatest."""
+Walked = tuple[int, int, list[int], list[int], int]
+"""What the walk of `scan` found: valid_bytes, message_count, marks, greatest, first_set."""
 
 
 def scan_result(buf: Buffer, max_message_bytes: int, walked: Walked) -> ScanResult:
     """The ScanResult of a walk of `buf` (`scan_walk`, or broker.log._codec's), with the reason
     it stopped before the end, if it did."""
-    pos, count, marks, greatest = walked
+    pos, count, marks, greatest, first_set = walked
     error = None if pos == len(buf) else _diagnose(buf, pos, max_message_bytes)
-    return ScanResult(pos, count, marks, error, greatest)
+    return ScanResult(pos, count, marks, error, greatest, first_set)
 
 
 def scan_walk(buf: Buffer, max_message_bytes: int, index_interval: int, next_mark: int) -> Walked:
@@ -151,10 +170,12 @@ def scan_walk(buf: Buffer, max_message_bytes: int, index_interval: int, next_mar
     marks: list[int] = []
     greatest: list[int] = []
     top = NO_TIMESTAMP
+    stored = _STORED_MAGIC_ATTRIBUTES
     if index_interval <= 0:
         next_mark = end + 1
     pos = 0
     count = 0
+    first_set = -1
     try:
         while pos < end:
             length, checksum, magic_attributes, timestamp, key_length = unpack(buf, pos)
@@ -163,11 +184,13 @@ def scan_walk(buf: Buffer, max_message_bytes: int, index_interval: int, next_mar
                 following > end
                 or length > max_length
                 or length < MIN_LENGTH
-                or magic_attributes != _MAGIC_ATTRIBUTES
+                or magic_attributes not in stored
                 or not -1 <= key_length <= length - MIN_LENGTH
                 or checksum_of(buf[pos + CHECKSUM_START : following]) != checksum
             ):
                 break
+            if magic_attributes != _MAGIC_ATTRIBUTES and first_set < 0:
+                first_set = pos
             if pos >= next_mark:
                 marks.append(pos)
                 next_mark = pos + index_interval
@@ -180,7 +203,7 @@ def scan_walk(buf: Buffer, max_message_bytes: int, index_interval: int, next_mar
     except struct.error:
         pass  # fewer than HEADER_SIZE bytes left: a cut-short message, diagnosed below
     greatest.append(top)
-    return pos, count, marks, greatest
+    return pos, count, marks, greatest, first_set
 
 
 def validate_message_set(
@@ -224,14 +247,18 @@ def _diagnose(buf: Buffer, pos: int, max_message_bytes: int) -> str:
         return f"cut short: the message needs {length + LENGTH_SIZE} bytes, {left} are left"
     if magic != MAGIC:
         return f"unknown format version (magic) {magic}"
-    if attributes & CODEC_MASK:
-        return f"unsupported compression codec {attributes & CODEC_MASK}"
-    if attributes:
+    codec = attributes & CODEC_MASK
+    if codec and codec not in SET_CODECS:
+        named = " (snappy, which pylog does not take)" if codec == 2 else ""
+        return f"unsupported compression codec {codec}{named}"
+    if attributes & ~CODEC_MASK:
         return f"reserved attribute bits set: {attributes:#04x}"
     if not -1 <= key_length <= length - MIN_LENGTH:
         return f"key length {key_length} does not fit in a message of length {length}"
     actual = xxh3_64_intdigest(buf[pos + CHECKSUM_START : pos + LENGTH_SIZE + length])
-    return f"checksum mismatch: stored {checksum:#018x}, computed {actual:#018x}"
+    if actual != checksum:
+        return f"checksum mismatch: stored {checksum:#018x}, computed {actual:#018x}"
+    return NESTED_SET
 
 
 def decode_message(buf: Buffer, pos: int, offset: int) -> Message:
@@ -313,16 +340,29 @@ def iter_messages(buf: Buffer, base_offset: int = 0) -> Iterator[Message]:
         pos = following
 
 
-def decode_set(buf: Buffer, base_offset: int) -> tuple[list[Message], int | None]:
-    """The messages of a set whose first byte is at `base_offset` (as iter_messages decodes
-    them) up to the first that fails its checks, and that one's position in `buf` (None when
-    all pass): the reference of broker.log._codec.decode_set. `decode_failure` says why."""
+def decode_set(
+    buf: Buffer, base_offset: int, start: int = 0, set_size: int = -1
+) -> tuple[list[Message], int | None]:
+    """The messages of a set whose first byte is at `base_offset`, from position `start`, up
+    to the first that fails its checks (a compressed set among them), and that one's position
+    in `buf` (None when all pass): the reference of broker.log._codec.decode_set.
+    `decode_failure` says why. With `set_size` >= 0, `buf` is the inner set of a compressed
+    set at `base_offset` whose size on disk is `set_size`: every message has the set's offset,
+    and size 0 but the last, whose size is `set_size` (docs/storage.md)."""
+    if not 0 <= start <= len(buf):
+        raise ValueError(f"start {start} is outside the set of {len(buf)} bytes")
     messages: list[Message] = []
     try:
-        messages.extend(iter_messages(buf, base_offset))
+        messages.extend(iter_messages(buf[start:], base_offset + start))
     except InvalidMessage as error:
-        return messages, error.position
-    return messages, None
+        bad: int | None = error.position + start
+    else:
+        bad = None
+    if set_size >= 0:
+        messages = [m._replace(offset=base_offset, size=0) for m in messages]
+        if messages and bad is None:
+            messages[-1] = messages[-1]._replace(size=set_size)
+    return messages, bad
 
 
 def decode_failure(buf: Buffer, pos: int) -> InvalidMessage:
@@ -337,8 +377,8 @@ class Columns(NamedTuple):
     of the Spark source (pipeline.reader): `rows` rows, of which `key_nulls` have no key;
     the keys as a nullable binary array (`key_validity` bitmap, `key_offsets` int32,
     `key_data`), the values as a binary array without nulls, `offsets` and `timestamps_us`
-    int64. `bad` is the position in the set of the first message that failed its checks, or
-    None (`decode_failure` says why)."""
+    int64. `bad` is the position (from the first message's offset) of the first message that
+    failed its checks, or of the compressed set it is in, or None."""
 
     rows: int
     key_nulls: int
@@ -358,66 +398,93 @@ _MICROS_RANGE = range(-(1 << 63) // 1000 + 1, ((1 << 63) - 1) // 1000 + 1)
 """Timestamps in ms whose microseconds fit in an int64."""
 
 
-def decode_columns(buf: Buffer, base_offset: int, end_offset: int) -> Columns:
-    """The messages of a set whose first byte is at `base_offset`, those at offsets below
-    `end_offset` up to the first that fails its checks, as the buffers of Arrow columns: the
-    reference of broker.log._codec.decode_columns. Each message is checked before its offset
-    is compared with `end_offset`, so the first message at or past `end_offset`, where the
-    walk stops, is `bad` when it fails them. OverflowError for an offset, or a timestamp in
-    microseconds, that an int64 cannot hold."""
-    if len(buf) > MAX_COLUMNS_SET:
+Piece = tuple[Buffer, int, int]
+"""What decode_columns decodes: (buf, base_offset, set_size), a run of messages whose first
+byte is at base_offset (set_size -1), or the inner set of a compressed set at base_offset whose
+size on disk is set_size (decode_set)."""
+
+
+def decode_columns(pieces: list[Piece], end_offset: int) -> Columns:
+    """The messages of `pieces`, in order, those at offsets below `end_offset` up to the first
+    that fails its checks, as the buffers of Arrow columns: the reference of
+    broker.log._codec.decode_columns. Each message is checked before its offset is compared
+    with `end_offset`, so the first message at or past `end_offset`, where the walk stops, is
+    `bad` when it fails them; a compressed set's inner set is taken whole or not at all (its
+    offset below `end_offset` or not), and a message in it that fails makes the set `bad`.
+    `bad` is a position counted from the first piece's base_offset. OverflowError for an
+    offset, or a timestamp in microseconds, that an int64 cannot hold."""
+    if sum(len(buf) for buf, _, _ in pieces) > MAX_COLUMNS_SET:
         raise ValueError(
             "decode_columns takes a set of at most 2 GiB - 1 bytes (Arrow's binary offsets are "
             "32-bit)"
         )
+    taken: list[Message] = []
+    bad = None
+    for buf, base_offset, set_size in pieces:
+        if set_size >= 0 and base_offset >= end_offset:
+            break
+        messages, failed = decode_set(buf, base_offset, 0, set_size)
+        if set_size >= 0:
+            _check_int64(messages)
+            if failed is not None:
+                bad = base_offset - pieces[0][1]
+                break
+            taken += messages
+            continue
+        for message in messages:
+            if message.offset >= end_offset:
+                return _columns(taken, None)
+            _check_int64([message])
+            taken.append(message)
+        if failed is not None:
+            bad = base_offset + failed - pieces[0][1]
+            break
+    return _columns(taken, bad)
+
+
+def _check_int64(messages: list[Message]) -> None:
+    """OverflowError for a message whose offset, or timestamp in microseconds, an Arrow int64
+    cannot hold."""
+    for message in messages:
+        if not -(1 << 63) <= message.offset < 1 << 63:
+            raise OverflowError(f"the offset {message.offset} is out of the range of Arrow's int64")
+        if message.timestamp_ms not in _MICROS_RANGE:
+            raise OverflowError(
+                f"the timestamp of the message at offset {message.offset}, "
+                f"{message.timestamp_ms} ms, is out of the range of Arrow's timestamps in "
+                "microseconds"
+            )
+
+
+def _columns(messages: list[Message], bad: int | None) -> Columns:
+    """The Arrow buffers of `messages`, and `bad`."""
     validity = bytearray()
     key_offsets = array("i", [0])
     key_data = bytearray()
     value_offsets = array("i", [0])
     value_data = bytearray()
-    offsets = array("q")
-    micros = array("q")
     nulls = 0
-    bad = None
-    try:
-        for message in iter_messages(buf, base_offset):
-            if message.offset >= end_offset:
-                break
-            if not -(1 << 63) <= message.offset < 1 << 63:
-                raise OverflowError(
-                    f"the offset {message.offset} is out of the range of Arrow's int64"
-                )
-            if message.timestamp_ms not in _MICROS_RANGE:
-                raise OverflowError(
-                    f"the timestamp of the message at offset {message.offset}, "
-                    f"{message.timestamp_ms} ms, is out of the range of Arrow's timestamps in "
-                    "microseconds"
-                )
-            count = len(offsets)
-            if count % 8 == 0:
-                validity.append(0)
-            if message.key is None:
-                nulls += 1
-            else:
-                validity[count // 8] |= 1 << count % 8
-                key_data += message.key
-            key_offsets.append(len(key_data))
-            value_data += message.value
-            value_offsets.append(len(value_data))
-            offsets.append(message.offset)
-            micros.append(message.timestamp_ms * 1000)
-    except InvalidMessage as error:
-        bad = error.position
+    for count, message in enumerate(messages):
+        if count % 8 == 0:
+            validity.append(0)
+        if message.key is None:
+            nulls += 1
+        else:
+            validity[count // 8] |= 1 << count % 8
+            key_data += message.key
+        key_offsets.append(len(key_data))
+        value_data += message.value
+        value_offsets.append(len(value_data))
     return Columns(
-        len(offsets),
+        len(messages),
         nulls,
         bytes(validity),
         key_offsets.tobytes(),
         bytes(key_data),
         value_offsets.tobytes(),
         bytes(value_data),
-        offsets.tobytes(),
-        micros.tobytes(),
+        array("q", [m.offset for m in messages]).tobytes(),
+        array("q", [m.timestamp_ms * 1000 for m in messages]).tobytes(),
         bad,
     )
 
@@ -433,7 +500,7 @@ def valid_message_end(buf: Buffer, pos: int) -> int | None:
     if (
         following > len(buf)
         or length < MIN_LENGTH
-        or magic_attributes != _MAGIC_ATTRIBUTES
+        or magic_attributes not in _STORED_MAGIC_ATTRIBUTES
         or not -1 <= key_length <= length - MIN_LENGTH
         or xxh3_64_intdigest(buf[pos + CHECKSUM_START : following]) != checksum
     ):

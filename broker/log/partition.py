@@ -54,8 +54,9 @@ from broker.errors import (
     OffsetOutOfRange,
     StorageError,
     StorageIOError,
+    UnsupportedFormat,
 )
-from broker.log.codec import validate_message_set
+from broker.log.codec import check_sets, validate_message_set
 from broker.log.config import LogConfig
 from broker.log.epochs import LeaderEpochs
 from broker.log.fsdir import fsync_directory, fsync_file
@@ -158,10 +159,12 @@ class PartitionLog:
         return self.append_counted(message_set)[0]
 
     def append_counted(self, message_set: Buffer, flush: bool = True) -> tuple[int, int]:
-        """`append`, also saying how many messages the set held. With `flush` false, a flush
+        """`append`, also saying how many messages the set held (the inner messages of a
+        compressed set, each of its sets checked: broker.log.codec.check_sets). With `flush`
+        false, a flush
         the append makes due (`flush_due`) is the caller's to make: the broker's worker makes
         one for all the requests it was passed at once."""
-        return self._append(message_set, self.config.max_message_bytes, flush, ())
+        return self._append(message_set, self.config.max_message_bytes, flush, (), True)
 
     def append_replicated(
         self,
@@ -206,7 +209,7 @@ class PartitionLog:
                 )
         while len(entries) > 1 and entries[1][1] == offset:
             del entries[0]
-        return self._append(message_set, self.config.segment_bytes, flush, entries)[1]
+        return self._append(message_set, self.config.segment_bytes, flush, entries, False)[1]
 
     def _append(
         self,
@@ -214,6 +217,7 @@ class PartitionLog:
         max_message_bytes: int,
         flush: bool,
         epochs: Sequence[tuple[int, int]],
+        producer: bool,
     ) -> tuple[int, int]:
         self._refuse_if_failed()
         config = self.config
@@ -235,6 +239,8 @@ class PartitionLog:
         checked = validate_message_set(
             message_set, max_message_bytes, config.index_interval_bytes, next_mark
         )
+        # A producer's compressed sets are opened and checked; a leader's bytes were.
+        count = check_sets(message_set, checked) if producer else checked.message_count
         if roll:
             self.roll()
             active = self._segments[-1]
@@ -242,17 +248,17 @@ class PartitionLog:
         if epochs:
             self.epochs.assign_all(epochs)  # before the bytes: never bytes without their epoch
         try:
-            active.append(message_set, checked.marks, checked.greatest)
+            active.append(message_set, checked.marks, checked.greatest, checked.first_set)
         except StorageError:
             if epochs:
                 self._take_back_epochs()
             raise
         if self._pending_since is None:
             self._pending_since = self._clock.monotonic()
-        self._pending_messages += checked.message_count
+        self._pending_messages += count
         if flush:
             self.flush_if_due()
-        return offset, checked.message_count
+        return offset, count
 
     def _take_back_epochs(self) -> None:
         """Drop the entries that start past the log end (an append that failed after they
@@ -335,21 +341,29 @@ class PartitionLog:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int) -> memoryview:
+    def read(self, offset: int, max_bytes: int, sets: bool = True) -> memoryview:
         """Whole flushed messages from `offset`, at most `max_bytes` of them, from one segment.
 
         Empty at the high watermark. OffsetOutOfRange outside [log start, high watermark],
         InvalidOffset inside a message, FetchSizeTooSmall when the first message is larger than
         max_bytes. The view stays valid for as long as it is held, even past retention.
+        Without `sets` (a reader that cannot read compressed sets), a segment is read only up
+        to its first compressed set, and UnsupportedFormat raised at or past it.
         """
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be at least 1, not {max_bytes}")
-        return self._repairing(lambda: self._read(offset, max_bytes))
+        return self._repairing(lambda: self._read(offset, max_bytes, sets))
 
-    def _read(self, offset: int, max_bytes: int) -> memoryview:
+    def _read(self, offset: int, max_bytes: int, sets: bool) -> memoryview:
         segment, position, limit = self._locate(offset)
         if position == limit:
             return memoryview(b"")
+        if not sets:
+            first = segment.first_set()
+            if 0 <= first <= position:
+                raise UnsupportedFormat(self.directory.name, segment.base_offset + first)
+            if first >= 0:
+                limit = min(limit, first)
         return segment.read(position, max_bytes, limit)
 
     def check_offset(self, offset: int) -> None:

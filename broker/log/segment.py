@@ -32,6 +32,7 @@ import contextlib
 import errno
 import mmap
 import os
+import re
 import shutil
 import struct
 from bisect import bisect_left
@@ -45,12 +46,14 @@ from broker.log.files import OPEN_FILES
 from broker.log.fsdir import fsync_directory, fsync_file
 from broker.log.index import MappedOffsetIndex, OffsetIndex
 from broker.log.message import (
+    ATTRIBUTES_AT,
     CHECKSUM_START,
     HEADER_SIZE,
     LENGTH_SIZE,
     MAX_FORMAT_MESSAGE_BYTES,
     MIN_LENGTH,
     NO_TIMESTAMP,
+    SET_CODECS,
     Buffer,
     message_size_at,
     timestamp_at,
@@ -66,8 +69,9 @@ _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 _LENGTH = struct.Struct(">I")
 _LENGTH_AND_TIMESTAMP = struct.Struct(">I10xq")
-_MAGIC_V1_NO_ATTRIBUTES = bytes([1, 0])
-"""What a message has at byte CHECKSUM_START: magic 1, attributes 0."""
+_STORED_HEADS = re.compile(b"\\x01[" + re.escape(bytes([0, *sorted(SET_CODECS)])) + b"]")
+"""What a message has at byte CHECKSUM_START: magic 1, and attributes 0 or a compressed
+set's codec."""
 _RESYNC_CHUNK = 1 << 20
 _COPY_CHUNK = 1 << 20
 
@@ -185,17 +189,17 @@ def _resume_point(data: Buffer, pos: int) -> int | None:
             following == size or valid_message_end(data, following) is not None
         ):
             return following
-    # Search for magic 1 and attributes 0 at CHECKSUM_START, then make the full checks there,
-    # copying _RESYNC_CHUNK bytes at a time.
+    # Search for magic 1 and the attributes of a plain message or a compressed set at
+    # CHECKSUM_START, then make the full checks there, copying _RESYNC_CHUNK bytes at a time.
     begin = pos + 1
     while begin < size:
         stop = min(size, begin + _RESYNC_CHUNK)
         window = bytes(data[begin + CHECKSUM_START : stop + CHECKSUM_START + 1])
-        hit = window.find(_MAGIC_V1_NO_ATTRIBUTES)
-        while 0 <= hit < stop - begin:
-            if valid_message_end(data, begin + hit) is not None:
-                return begin + hit
-            hit = window.find(_MAGIC_V1_NO_ATTRIBUTES, hit + 1)
+        for hit in _STORED_HEADS.finditer(window, 0, stop - begin + 1):
+            if hit.start() >= stop - begin:
+                break
+            if valid_message_end(data, begin + hit.start()) is not None:
+                return begin + hit.start()
         begin = stop
     return None
 
@@ -281,6 +285,9 @@ class Segment:
         self._damage_starts: list[int] = []
         self._damage_ends: dict[int, int] = {}
         self._retired_maps: list[mmap.mmap] = []
+        self._first_set: int | None = None
+        """Where its first compressed set starts, -1 for none; None until `first_set` walks
+        a segment opened from disk (one this process created knows it from its appends)."""
 
     def __repr__(self) -> str:
         return f"Segment({self.log_path.name}, size={self.size})"
@@ -308,7 +315,9 @@ class Segment:
             fsync_directory(directory)
         except OSError as error:
             raise storage_error(error, f"creating {path}") from error
-        return cls(path, base_offset, 0, OffsetIndex([]), TimeIndex())
+        segment = cls(path, base_offset, 0, OffsetIndex([]), TimeIndex())
+        segment._first_set = -1
+        return segment
 
     @classmethod
     def open_existing(
@@ -345,10 +354,13 @@ class Segment:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def append(self, data: Buffer, marks: list[int], greatest: list[int]) -> None:
+    def append(
+        self, data: Buffer, marks: list[int], greatest: list[int], first_set: int = -1
+    ) -> None:
         """Write `data` (validated whole messages) at the end; `marks` are index entries
-        relative to its start, `greatest` the greatest timestamps of the runs between them
-        (ScanResult). On any error the file is truncated back and nothing changes."""
+        relative to its start, `greatest` the greatest timestamps of the runs between them,
+        `first_set` where its first compressed set starts, -1 for none (ScanResult). On any
+        error the file is truncated back and nothing changes."""
         index, times = self.index, self.time_index
         assert isinstance(index, OffsetIndex) and isinstance(times, TimeIndex)  # active: in memory
         fd = self._write_handle()
@@ -365,6 +377,8 @@ class Segment:
         self.size = start + len(data)
         times.extend(start, index.last, marks, greatest)
         index.extend(start, marks)
+        if first_set >= 0 and self._first_set == -1:
+            self._first_set = start + first_set
 
     def _write_handle(self) -> int:
         """The write handle, opened again if OPEN_FILES released it (StorageIOError, EMFILE
@@ -445,6 +459,8 @@ class Segment:
         self.cut_file(size)
         self.size = size
         self._checked_to = min(self._checked_to, size)
+        if self._first_set is not None and self._first_set >= size:
+            self._first_set = -1
         index.truncate_to(size)
         times.truncate_to(size)
         kept = [Damage(d.start, min(d.end, size), d.reason) for d in self.damage if d.start < size]
@@ -631,6 +647,23 @@ class Segment:
             needed = message_size_at(window, position)
             raise FetchSizeTooSmall(self.base_offset + position, max_bytes, needed)
         return window[position:end]
+
+    def first_set(self) -> int:
+        """Where the first compressed set of the segment starts, -1 for none: what a FETCH of
+        version 1 or 2 may be served up to (broker.reads). A segment opened from disk learns it
+        by one walk of its message headers, the first time it is asked."""
+        if self._first_set is None:
+            limit = self.size
+            window = self.view(0, limit)
+            step = self._next_start if not self.damage else self._next_start_over_damage
+            position = 0
+            while position < limit:
+                following = step(window, position, limit)
+                if position not in self._damage_ends and window[position + ATTRIBUTES_AT]:
+                    break
+                position = following
+            self._first_set = position if position < limit else -1
+        return self._first_set
 
     def first_at_or_after(self, timestamp_ms: int, limit: int) -> int | None:
         """The position of the first message before `limit` whose timestamp is at or after

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.log.codec import scan
+from broker.errors import InvalidMessage
+from broker.log.codec import check_sets, scan
 from broker.log.index import OffsetIndex
 from broker.log.message import MAX_FORMAT_MESSAGE_BYTES, Message, decode_message
 from broker.log.recovery import SEGMENT_NAME
@@ -52,12 +53,14 @@ def map_file(path: Path) -> memoryview:
         return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
 
-def check_segment(path: Path, expected_base: int | None = None) -> SegmentCheck:
+def check_segment(path: Path, expected_base: int | None = None, deep: bool = False) -> SegmentCheck:
     """Check every message's framing and checksum, that the segment starts at
     `expected_base` (where the previous segment of its partition ended), if given, and that
     its index, if one describes a file of this size (it was closed cleanly), agrees with it:
     an index written for another size is stale, and recovery rebuilds it. A time index that
-    describes a file of this size must pass its checksum."""
+    describes a file of this size must pass its checksum. With `deep`, every compressed set is
+    also decompressed and its inner set checked (as PRODUCE checks it), and `messages` counts
+    the inner messages; else a set counts as one message."""
     base = base_offset_of(path)
     try:
         data = map_file(path)
@@ -73,22 +76,28 @@ def check_segment(path: Path, expected_base: int | None = None) -> SegmentCheck:
         return SegmentCheck(
             path, base, size, result.message_count, result.error, result.valid_bytes
         )
+    count = result.message_count
+    if deep:
+        try:
+            count = check_sets(data, result)
+        except InvalidMessage as error:
+            return SegmentCheck(path, base, size, count, error.reason, error.position)
     index_path = path.with_suffix(INDEX_SUFFIX)
     index, damaged = OffsetIndex.load(index_path, size)
     if damaged is not None:
         problem = f"index {index_path.name} is damaged: {damaged}"
-        return SegmentCheck(path, base, size, result.message_count, problem, 0)
+        return SegmentCheck(path, base, size, count, problem, 0)
     if index is not None:
         wrong = index_disagreement(data, index.entries())
         if wrong is not None:
             problem = f"index {index_path.name} disagrees with the log: {wrong[1]}"
-            return SegmentCheck(path, base, size, result.message_count, problem, wrong[0])
+            return SegmentCheck(path, base, size, count, problem, wrong[0])
     time_index_path = path.with_suffix(TIME_INDEX_SUFFIX)
     _, damaged = TimeIndex.load(time_index_path, size)
     if damaged is not None:
         problem = f"time index {time_index_path.name} is damaged: {damaged}"
-        return SegmentCheck(path, base, size, result.message_count, problem, 0)
-    return SegmentCheck(path, base, size, result.message_count, None, None)
+        return SegmentCheck(path, base, size, count, problem, 0)
+    return SegmentCheck(path, base, size, count, None, None)
 
 
 def partition_dirs(path: Path) -> list[Path]:
@@ -98,12 +107,13 @@ def partition_dirs(path: Path) -> list[Path]:
     return sorted(p for p in path.iterdir() if p.is_dir() and any(p.glob("*.log")))
 
 
-def check_partition(directory: Path) -> Iterator[SegmentCheck]:
-    """Check a partition folder's segments in offset order, one verdict as each is done."""
+def check_partition(directory: Path, deep: bool = False) -> Iterator[SegmentCheck]:
+    """Check a partition folder's segments in offset order, one verdict as each is done
+    (`check_segment`, `deep` or not)."""
     segments = sorted(p for p in directory.iterdir() if SEGMENT_NAME.match(p.name))
     expected: int | None = None
     for path in segments:
-        verdict = check_segment(path, expected)
+        verdict = check_segment(path, expected, deep)
         expected = verdict.base_offset + verdict.size
         yield verdict
 

@@ -185,7 +185,7 @@ class Follower:
                 flushed_offset=plog.high_watermark,
             )
             try:
-                reply = await self._request(fetcher, request, 2)
+                reply = await self._request(fetcher, request, protocol.SETS_FETCH_VERSION)
             except OffsetOutOfRange as error:
                 log.info("%s: fetch at %d out of range (%s)", self.name, offset, error)
                 earliest = protocol.OffsetsRequest(self.topic, self.number, protocol.EARLIEST)

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from broker.log import encode_message
+from broker.log.compression import Codec, Compressor
 from broker.log.index import OffsetIndex
 from cli.pylogctl import cli
 from tests.conftest import FakeClock
@@ -167,3 +168,51 @@ def test_verify_checks_each_index_against_its_log(tmp_path: Path, damage: str, e
     assert records[0]["ok"] is False
     assert records[0]["error"] == f"index {index.name} {error}"
     assert records[-1]["summary"]["corrupt_segments"] == 1
+
+
+def write_compressed(directory: Path, damaged: bool) -> Path:
+    """A segment of a plain message, then a zstd set of 3 messages whose inner set is
+    damaged (its checksum made good: what a broken producer that got past no check would
+    leave) when `damaged`, then a plain message."""
+    inner = bytearray(make_set(1, 3))
+    if damaged:
+        inner[-1] ^= 0x01  # the last inner message's value: its own checksum fails
+    wrapper = Compressor(Codec.ZSTD).wrap(bytes(inner))
+    path = directory / f"{0:020d}.log"
+    directory.mkdir()
+    path.write_bytes(make_set(0, 1) + wrapper + make_set(4, 1))
+    return path
+
+
+def test_dump_shows_a_compressed_set_and_its_messages(tmp_path: Path) -> None:
+    path = write_compressed(tmp_path / "t-0", damaged=False)
+    code, out = run("log", "dump", str(path))
+    lines = out.splitlines()
+    assert code == 0
+    assert lines[1].startswith("offset 100 size ") and "compressed set: zstd" in lines[1]
+    assert lines[1].endswith(", 3 messages")
+    assert [line.split()[1] for line in lines[2:5]] == ["100"] * 3
+    assert all(line.startswith("    offset 100 ") for line in lines[2:5])
+    assert "value '00000003" in lines[4] and not lines[5].startswith(" ")
+    code, out = run("log", "dump", "--json", str(path))
+    records = [json.loads(line) for line in out.splitlines()]
+    assert records[1]["compression"] == "zstd" and records[1]["messages"] == 3
+    assert [r.get("in_set") for r in records] == [None, None, 100, 100, 100, None]
+    assert records[4]["size"] == records[1]["size"] and records[2]["size"] == 0
+
+
+def test_verify_deep_opens_the_sets_and_finds_damage_inside(tmp_path: Path) -> None:
+    write_compressed(tmp_path / "t-0", damaged=True)
+    code, out = run("log", "verify", str(tmp_path / "t-0"))
+    assert code == 0 and "(3 messages," in out  # the wrapper's own checksum holds
+    code, out = run("log", "verify", "--deep", str(tmp_path / "t-0"))
+    assert code == 1
+    assert "at byte 100: compressed set: message at byte 200 of the set: checksum mismatch" in out
+    code, out = run("log", "dump", str(tmp_path / "t-0" / f"{0:020d}.log"))
+    assert code == 1 and "compressed set: zstd" in out and ": BAD: compressed set: " in out
+
+
+def test_verify_deep_counts_the_messages_inside_sets(tmp_path: Path) -> None:
+    write_compressed(tmp_path / "t-0", damaged=False)
+    code, out = run("log", "verify", "--deep", str(tmp_path / "t-0"))
+    assert code == 0 and "(5 messages," in out

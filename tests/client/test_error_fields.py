@@ -84,7 +84,8 @@ class FakePartition:
             if OFFSETS[end] == DAMAGED[0]:  # a read stops before damage the broker knows
                 break
         data = b"".join(encode_message(v) for v in VALUES[start:end])
-        return [bytes(f) for f in encode_reply(correlation_id, FetchReply(OFFSETS[-1], 0, data))]
+        fetched = FetchReply(OFFSETS[-1], 0, data)
+        return [bytes(f) for f in encode_reply(correlation_id, fetched, self.version)]
 
     @staticmethod
     def error_for(request: FetchRequest) -> Exception | None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from xxhash import xxh3_64_intdigest
 
 from broker.errors import InvalidMessage
-from broker.log import _codec, codec, message
+from broker.log import _codec, codec, compression, message
 from broker.log.message import (
     HEADER_SIZE,
     MAX_FORMAT_MESSAGE_BYTES,
@@ -75,7 +75,7 @@ def check_all(
         buf = kind(data)
         same(message.scan_walk, _codec.scan_walk, buf, max_message_bytes, interval, mark)
         same(message.scan, c_scan, buf, max_message_bytes, interval, mark)
-        kind_, decoded = same(message.decode_set, _codec.decode_set, buf, 1000)
+        kind_, decoded = same(message.decode_set, _codec.decode_set, buf, 1000, 0, -1)
         if kind_ == "returned" and decoded[1] is not None:
             failure = decode_failure(buf, decoded[1])
             with pytest.raises(InvalidMessage) as raised:
@@ -85,7 +85,7 @@ def check_all(
                 raised.value.reason,
             )
         for end in (1000, 1000 + len(data) // 2, 1000 + len(data), I64_MAX):
-            same(message.decode_columns, _codec.decode_columns, buf, 1000, end)
+            same(message.decode_columns, _codec.decode_columns, [(buf, 1000, -1)], end)
 
 
 @given(st.lists(messages, max_size=20), st.integers(0, 400), st.integers(-50, 400))
@@ -96,7 +96,8 @@ def test_valid_sets(batch: list[tuple[bytes, bytes | None, int]], interval: int,
     data = encoded(batch)
     check_all(data, MAX_FORMAT_MESSAGE_BYTES, interval, mark)
     _, walked = same(message.scan_walk, _codec.scan_walk, data, MAX_FORMAT_MESSAGE_BYTES, 0, 0)
-    assert walked == (len(data), len(batch), [], [max((t for _, _, t in batch), default=I64_MIN)])
+    greatest = [max((t for _, _, t in batch), default=I64_MIN)]
+    assert walked == (len(data), len(batch), [], greatest, -1)
 
 
 @given(st.lists(messages, min_size=1, max_size=6), st.data())
@@ -117,8 +118,8 @@ def test_truncation_at_every_position(batch: list[tuple[bytes, bytes | None, int
         for kind in buffer_kinds:
             buf = kind(data[:cut])
             same(message.scan_walk, _codec.scan_walk, buf, 1 << 20, 0, 0)
-            same(message.decode_set, _codec.decode_set, buf, 7)
-            same(message.decode_columns, _codec.decode_columns, buf, 7, I64_MAX)
+            same(message.decode_set, _codec.decode_set, buf, 7, 0, -1)
+            same(message.decode_columns, _codec.decode_columns, [(buf, 7, -1)], I64_MAX)
 
 
 @given(st.binary(max_size=200))
@@ -194,9 +195,11 @@ def test_marks_with_extreme_intervals() -> None:
 def test_offsets_past_int64() -> None:
     data = encoded([(b"v", b"k", 1)] * 3)
     for base in (I64_MAX - 10, I64_MAX, 1 << 70, I64_MIN, -(1 << 70)):
-        same(message.decode_set, _codec.decode_set, data, base)
+        same(message.decode_set, _codec.decode_set, data, base, 0, -1)
+        same(message.decode_set, _codec.decode_set, data, base, 0, 99)
         for end in (base, base + 30, I64_MAX, 1 << 80):
-            same(message.decode_columns, _codec.decode_columns, data, base, end)
+            for size in (-1, 99):
+                same(message.decode_columns, _codec.decode_columns, [(data, base, size)], end)
 
 
 @pytest.mark.parametrize(
@@ -237,7 +240,7 @@ def test_encode_keywords_and_default_timestamp() -> None:
 
 
 def test_decoded_message_is_a_message() -> None:
-    [decoded], bad = _codec.decode_set(encoded([(b"value", b"key", 42)]), 10)
+    [decoded], bad = _codec.decode_set(encoded([(b"value", b"key", 42)]), 10, 0, -1)
     assert bad is None
     assert type(decoded) is message.Message
     assert not gc.is_tracked(decoded)  # it can be in no cycle: the collector need not visit it
@@ -269,8 +272,9 @@ def test_repeated_decoding_does_not_grow_memory() -> None:
 def run_everything(data: bytes, corrupt: bytes) -> None:
     for buf in (data, corrupt, memoryview(data)):
         _codec.scan_walk(buf, 1 << 20, 4096, 0)
-        _codec.decode_set(buf, 0)
-        _codec.decode_columns(buf, 0, I64_MAX)
+        _codec.decode_set(buf, 0, 0, -1)
+        _codec.decode_set(buf, 0, 0, 40)
+        _codec.decode_columns([(buf, 0, -1), (buf, 10, 40)], I64_MAX)
     for i in range(200):
         _codec.encode_message(b"v" * 100, b"k" if i % 2 else None, i)
     for bad in ((b"v", b"k", 2**63), ("v", None, 1)):
@@ -368,7 +372,7 @@ def test_the_spark_sources_record_batch_is_its_messages(
         schema=reader.ARROW_SCHEMA,
     )
     for decode_columns in (message.decode_columns, _codec.decode_columns):
-        made = reader._record_batch(decode_columns(data, 100, 100 + cut), tp)
+        made = reader._record_batch(decode_columns([(data, 100, -1)], 100 + cut), tp)
         made.validate(full=True)
         assert made.equals(expected)
 
@@ -383,3 +387,61 @@ def test_producers_encode_with_the_codec() -> None:
     from broker.client import producer
 
     assert vars(producer)["encode_message"] is codec.encode_message
+
+
+@given(
+    st.lists(messages, max_size=4),
+    st.lists(messages, min_size=1, max_size=4),
+    st.lists(messages, max_size=4),
+    st.data(),
+)
+@settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+def test_pieces_with_an_inner_set(
+    before: list[tuple[bytes, bytes | None, int]],
+    inner: list[tuple[bytes, bytes | None, int]],
+    after: list[tuple[bytes, bytes | None, int]],
+    data: st.DataObject,
+) -> None:
+    """decode_set of an inner set (every message at the set's offset, size 0 but the last)
+    and decode_columns of pieces holding one, both implementations alike, whole and with a
+    bit of the inner set flipped (the set then gives no row)."""
+    first, middle, last = encoded(before), bytearray(encoded(inner)), encoded(after)
+    if data.draw(st.booleans()):
+        bit = data.draw(st.integers(0, len(middle) * 8 - 1))
+        middle[bit // 8] ^= 1 << (bit % 8)
+    size = len(middle) // 2 + 30
+    for kind in buffer_kinds:
+        buf = kind(bytes(middle))
+        same(message.decode_set, _codec.decode_set, buf, 500, 0, size)
+        pieces = [(kind(first), 0, -1), (buf, 500, size), (kind(last), 500 + size, -1)]
+        for end in (0, 1, 500, 501, 500 + size + len(last) // 2, I64_MAX):
+            same(message.decode_columns, _codec.decode_columns, pieces, end)
+    decoded, bad = _codec.decode_set(bytes(middle), 500, 0, size)
+    if bad is None:
+        assert [(m.offset, m.size) for m in decoded] == [(500, 0)] * (len(inner) - 1) + [
+            (500, size)
+        ]
+
+
+@given(st.lists(messages, min_size=1, max_size=6), st.data())
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_decode_from_a_start(
+    batch: list[tuple[bytes, bytes | None, int]], data: st.DataObject
+) -> None:
+    buf = encoded(batch)
+    start = data.draw(st.integers(-1, len(buf) + 1))
+    same(message.decode_set, _codec.decode_set, buf, 40, start, -1)
+
+
+def test_a_compressed_set_is_one_message_to_the_walk_and_stops_the_decoders() -> None:
+    plain = encoded([(b"a", None, 1), (b"b", b"k", 2)])
+    wrapper = compression.Compressor(compression.Codec.ZSTD).wrap(plain)
+    data = plain + wrapper + plain
+    _, walked = same(message.scan_walk, _codec.scan_walk, data, 1 << 20, 0, 0)
+    assert walked == (len(data), 5, [], [2], len(plain))
+    _, (decoded, bad) = same(message.decode_set, _codec.decode_set, data, 0, 0, -1)
+    assert (len(decoded), bad) == (2, len(plain))
+    check_all(data)
+    nested = compression.Compressor(compression.Codec.LZ4).wrap(wrapper)
+    _, (decoded, bad) = same(message.decode_set, _codec.decode_set, nested, 0, 0, -1)
+    assert (decoded, bad) == ([], 0)

@@ -1078,7 +1078,7 @@ def test_unknown_api_key_wins_over_an_unknown_version() -> None:
 
 
 def test_known_api_with_another_version_is_unsupported_version() -> None:
-    raised = rejects([header(version=3)], UnsupportedVersion, "FETCH version 3", "1 and 2")
+    raised = rejects([header(version=4)], UnsupportedVersion, "FETCH version 4", "1, 2 and 3")
     assert isinstance(raised.value, UnsupportedApi)
     assert error_code_for(raised.value) is ErrorCode.UNSUPPORTED_VERSION
 
@@ -1199,7 +1199,7 @@ def test_a_version_1_fetch_cannot_carry_the_replica_fields() -> None:
 
 @pytest.mark.parametrize(
     ("request_", "version"),
-    [(ProduceRequest("clicks", 0, Ack.ALL, MESSAGE), 2), (FetchRequest("c", 0, 0, 1, 0, 0), 3)],
+    [(ProduceRequest("clicks", 0, Ack.ALL, MESSAGE), 2), (FetchRequest("c", 0, 0, 1, 0, 0), 4)],
 )
 def test_encode_request_refuses_a_version_the_api_does_not_have(
     request_: Request, version: int
@@ -1210,7 +1210,7 @@ def test_encode_request_refuses_a_version_the_api_does_not_have(
 
 def test_every_api_but_fetch_and_metadata_has_version_1_only() -> None:
     for api in Api:
-        spoken = (1, 2) if api in (Api.FETCH, Api.METADATA) else (1,)
+        spoken = {Api.FETCH: (1, 2, 3), Api.METADATA: (1, 2)}.get(api, (1,))
         assert API_VERSIONS[api] == spoken, api
         for version in (0, spoken[-1] + 1):
             raised = rejects([header(api, version) + fetch_body()], UnsupportedVersion)

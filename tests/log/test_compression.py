@@ -1,0 +1,219 @@
+"""Compressed sets (broker.log.compression, docs/storage.md): round trips through every codec,
+the checks a producer's set passes on PRODUCE, damage found and reported whole, and what the
+partition log does with sets: counts, reads for readers that cannot read them, recovery."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import lz4.frame
+import pytest
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from xxhash import xxh3_64_intdigest
+
+from broker.errors import InvalidMessage, UnsupportedFormat
+from broker.log import codec, compression, message
+from broker.log.compression import Codec, Compressor
+from tests.conftest import FakeClock
+from tests.log.test_partition import make_set, open_log
+
+CODECS = [Codec.GZIP, Codec.LZ4, Codec.ZSTD]
+inner_messages = st.lists(
+    st.tuples(st.binary(max_size=200), st.none() | st.binary(max_size=12), st.integers(0, 2**40)),
+    min_size=1,
+    max_size=30,
+)
+
+
+def encoded(batch: list[tuple[bytes, bytes | None, int]]) -> bytes:
+    return b"".join(message.encode_message(value, key, ts) for value, key, ts in batch)
+
+
+def rewrapped(wrapper: bytes, payload: bytes, attributes: int | None = None) -> bytes:
+    """`wrapper` with `payload` for its value (and `attributes`), its framing and checksum made
+    good again: what a producer that compressed wrongly would send."""
+    head = bytearray(wrapper[: message.HEADER_SIZE])
+    struct.pack_into(">I", head, 0, message.HEADER_SIZE - 4 + len(payload))
+    if attributes is not None:
+        head[message.ATTRIBUTES_AT] = attributes
+    body = bytes(head[12:]) + payload
+    struct.pack_into(">Q", head, 4, xxh3_64_intdigest(body))
+    return bytes(head[:12]) + body
+
+
+@given(inner_messages, st.sampled_from(CODECS), st.data())
+@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+def test_every_codec_round_trips(
+    batch: list[tuple[bytes, bytes | None, int]], codec_: Codec, data: st.DataObject
+) -> None:
+    level = data.draw(st.none() | st.sampled_from(list(compression.LEVELS[codec_])))
+    plain = encoded(batch)
+    wrapper = Compressor(codec_, level).wrap(plain)
+    assert message.timestamp_at(wrapper, 0) == max(ts for _, _, ts in batch)
+    before = encoded([(b"first", None, 1)])
+    buf = before + wrapper + before
+    result = codec.scan(buf, 1 << 20)
+    assert (result.error, result.message_count, result.first_set) == (None, 3, len(before))
+    assert codec.check_sets(buf, result) == len(batch) + 2
+    decoded, failure = codec.decode(buf, 1000)
+    assert failure is None
+    set_offset = 1000 + len(before)
+    expected = [m._replace(offset=set_offset, size=0) for m in message.iter_messages(plain)]
+    expected[-1] = expected[-1]._replace(size=len(wrapper))
+    assert decoded[1:-1] == expected
+    assert decoded[-1].offset == set_offset + len(wrapper) == decoded[-2].next_offset
+    columns, failure = codec.decode_columns(buf, 1000, 1 << 60)
+    assert (columns.rows, failure) == (len(batch) + 2, None)
+    assert struct.unpack(f"={columns.rows}q", columns.offsets) == tuple(m.offset for m in decoded)
+    # A read that ends at the set leaves it out whole; one that ends inside it takes it whole.
+    assert codec.decode_columns(buf, 1000, set_offset)[0].rows == 1
+    assert codec.decode_columns(buf, 1000, set_offset + 1)[0].rows == len(batch) + 1
+
+
+@given(inner_messages, st.sampled_from(CODECS), st.data())
+@settings(deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+def test_a_damaged_set_is_found_and_never_half_delivered(
+    batch: list[tuple[bytes, bytes | None, int]], codec_: Codec, data: st.DataObject
+) -> None:
+    """Bits flipped in a set's compressed bytes, its checksum made good (damage before the
+    checksum was computed: a broken producer): PRODUCE refuses it, and a reader gets either
+    the set's messages exactly or none of them, and the failure at the set."""
+    plain = encoded(batch)
+    wrapper = Compressor(codec_).wrap(plain)
+    payload = bytearray(wrapper[message.HEADER_SIZE :])
+    for _ in range(data.draw(st.integers(1, 3))):
+        bit = data.draw(st.integers(0, len(payload) * 8 - 1))
+        payload[bit // 8] ^= 1 << (bit % 8)
+    before = encoded([(b"first", None, 1)])
+    buf = before + rewrapped(wrapper, bytes(payload))
+    decoded, failure = codec.decode(buf, 0)
+    intact = [m.value for m in message.iter_messages(plain)]
+    if failure is None:
+        assert [m.value for m in decoded[1:]] == intact
+        return
+    assert failure.position == len(before)
+    assert [m.value for m in decoded] == [b"first"]
+    columns, column_failure = codec.decode_columns(buf, 0, 1 << 60)
+    assert columns.rows == 1
+    assert column_failure is not None and column_failure.position == len(before)
+    with pytest.raises(InvalidMessage) as refused:
+        codec.check_sets(buf, codec.scan(buf, 1 << 20))
+    assert refused.value.position == len(before)
+
+
+def refusal(buf: bytes) -> str:
+    """Why PRODUCE refuses `buf`: the scan's error, else check_sets's."""
+    result = codec.scan(buf, 1 << 20)
+    if result.error is not None:
+        return result.error
+    with pytest.raises(InvalidMessage) as refused:
+        codec.check_sets(buf, result)
+    return refused.value.reason
+
+
+def test_sets_producers_must_not_send_are_refused_with_the_reason() -> None:
+    plain = encoded([(b"a", None, 1), (b"b", None, 2)])
+    zstd = Compressor(Codec.ZSTD).wrap(plain)
+    nested = Compressor(Codec.GZIP).wrap(plain + zstd)
+    assert "message at byte 54 of the set: a compressed set inside" in refusal(nested)
+    assert "the inner set is empty" in refusal(rewrapped(zstd, zstandard.compress(b"")))
+    no_size = zstandard.ZstdCompressor(write_content_size=False).compress(plain)
+    assert "does not give its content size" in refusal(rewrapped(zstd, no_size))
+    extra = zstandard.compress(plain) + b"junk"
+    assert "unused data" in refusal(rewrapped(zstd, extra))
+    lz4_extra = lz4.frame.compress(plain) + b"junk"
+    assert "4 bytes follow the lz4 data" in refusal(rewrapped(zstd, lz4_extra, Codec.LZ4))
+    gzip_cut = zlib.compress(plain, wbits=31)[:-5]
+    assert "cut short or damaged" in refusal(rewrapped(zstd, gzip_cut, Codec.GZIP))
+    assert "unsupported compression codec 2 (snappy" in refusal(rewrapped(zstd, b"x", 2))
+    assert "unsupported compression codec 5" in refusal(rewrapped(zstd, b"x", 5))
+    assert "reserved attribute bits set: 0x14" in refusal(rewrapped(zstd, b"x", 0x14))
+    not_plain = rewrapped(zstd, zstandard.compress(b"not a message set"))
+    assert "message at byte 0 of the set: cut short" in refusal(not_plain)
+
+
+def test_an_inner_set_over_the_bound_is_refused_before_it_is_decompressed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plain = encoded([(b"v" * 500, None, 1)] * 4)
+    monkeypatch.setattr(compression, "MAX_INNER_SET_BYTES", len(plain) - 1)
+    for codec_ in CODECS:
+        assert "over the bound" in refusal(Compressor(codec_).wrap(plain)) or "more than" in (
+            refusal(Compressor(codec_).wrap(plain))
+        )
+    monkeypatch.setattr(compression, "MAX_INNER_SET_BYTES", len(plain))
+    for codec_ in CODECS:
+        assert codec.check_sets(*_scanned(Compressor(codec_).wrap(plain))) == 4
+
+
+def _scanned(buf: bytes) -> tuple[bytes, message.ScanResult]:
+    return buf, codec.scan(buf, 1 << 20)
+
+
+def test_compressor_levels_and_names() -> None:
+    assert compression.codec_named("ZSTD") is Codec.ZSTD
+    with pytest.raises(ValueError, match="unknown compression 'snappy': choose one of none"):
+        compression.codec_named("snappy")
+    with pytest.raises(ValueError, match="zstd takes levels -7 to 22, not 23"):
+        Compressor(Codec.ZSTD, 23)
+    with pytest.raises(ValueError, match="gzip takes levels 0 to 9, not -1"):
+        Compressor(Codec.GZIP, -1)
+    with pytest.raises(ValueError, match="needs a codec other than none"):
+        Compressor(Codec.NONE)
+
+
+def test_the_log_counts_inner_messages_and_old_readers_stop_at_the_first_set(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    log = open_log(tmp_path / "t-0", clock)
+    log.append(make_set(0, 3))
+    inner = make_set(3, 5)
+    offset, count = log.append_counted(Compressor(Codec.LZ4).wrap(inner))
+    assert (offset, count) == (300, 5)
+    log.append(make_set(8, 2))  # plain again after the set: still past it for old readers
+    log.flush()
+    assert len(log.read(0, 1 << 20, sets=False)) == 300
+    assert len(log.read(100, 150, sets=False)) == 100
+    with pytest.raises(UnsupportedFormat, match="t-0: the data from offset 300 on"):
+        log.read(300, 1 << 20, sets=False)
+    end = log.high_watermark
+    with pytest.raises(UnsupportedFormat):
+        log.read(end - 100, 1 << 20, sets=False)
+    assert len(log.read(0, 1 << 20)) == end
+    log.close()
+    log = open_log(tmp_path / "t-0", clock)  # the position is found again, by a walk
+    assert len(log.read(0, 1 << 20, sets=False)) == 300
+    with pytest.raises(UnsupportedFormat):
+        log.read(300, 1 << 20, sets=False)
+    log.truncate_to(300)  # the set cut off: old readers read the whole segment again
+    log.append(make_set(3, 1))
+    log.flush()
+    assert len(log.read(0, 1 << 20, sets=False)) == 400
+    log.close()
+
+
+def test_recovery_keeps_the_sets_after_damage(tmp_path: Path, clock: FakeClock) -> None:
+    """A length field broken before a run of compressed sets: recovery finds the next set by
+    its magic and attributes, and keeps every set after the damage."""
+    log = open_log(tmp_path / "t-0", clock)
+    log.append(make_set(0, 2))
+    sets = [Compressor(Codec.ZSTD).wrap(make_set(2 + 3 * i, 3)) for i in range(3)]
+    for wrapper in sets:
+        log.append(wrapper)
+    log.flush()
+    log.close()
+    path = tmp_path / "t-0" / f"{0:020d}.log"
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0x40  # the length field of the second plain message leads nowhere
+    path.write_bytes(bytes(data))
+    log = open_log(tmp_path / "t-0", clock)
+    assert log.recovery.damaged == ((100, 200),)
+    assert log.recovery.bytes_truncated == 0
+    decoded, failure = codec.decode(log.read(200, 1 << 20), 200)
+    assert failure is None
+    assert [m.value[:8] for m in decoded] == [b"%08d" % i for i in range(2, 11)]
+    log.close()
