@@ -19,6 +19,7 @@ from broker.client.consumer import Start, timestamp_ms
 from broker.client.group import Record
 from broker.client.topic_consumer import Last, TopicConsumer
 from broker.errors import CorruptSegment
+from broker.log.compression import CODECS, compressor_for
 from cli.common import (
     CLI_RETRIES,
     EXIT_CORRUPT,
@@ -54,6 +55,18 @@ _ACKS = {"none": Ack.NONE, "written": Ack.WRITTEN, "flushed": Ack.FLUSHED, "all"
 )
 @click.option("--partition", type=click.IntRange(min=0), help="Send every message here.")
 @click.option("--ack", type=click.Choice(list(_ACKS)), default="flushed", show_default=True)
+@click.option(
+    "--compression",
+    type=click.Choice(list(CODECS)),
+    default="none",
+    show_default=True,
+    help='Send each batch as one compressed set (docs/storage.md, "Compressed sets").',
+)
+@click.option(
+    "--compression-level",
+    type=int,
+    help="The codec's level (zstd -7 to 22, lz4 0 to 16, gzip 0 to 9); default: the codec's.",
+)
 @json_option('The count as JSON: {"topic", "messages", "ack"}.')
 @broker_options
 def produce(
@@ -62,6 +75,8 @@ def produce(
     key_separator: str | None,
     partition: int | None,
     ack: str,
+    compression: str,
+    compression_level: int | None,
     as_json: bool,
     broker: str,
     timeout: float,
@@ -75,10 +90,15 @@ def produce(
     Examples:
       printf 'user-1:hello\\nuser-2:world\\n' | pylogctl produce clicks --key-separator :
       pylogctl produce clicks --file events.txt --ack written
+      pylogctl produce clicks --file access.log --compression zstd
     """
     separator = None if key_separator is None else key_separator.encode()
     if separator == b"":
         raise click.BadParameter("must not be empty", param_hint="--key-separator")
+    try:
+        compressor_for(compression, compression_level)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--compression-level") from None
     with broker_errors(broker):
         producer = Producer(
             broker,
@@ -87,6 +107,8 @@ def produce(
             retries=CLI_RETRIES,
             timeout_s=timeout,
             keys=client_keys(),
+            compression=compression,
+            compression_level=compression_level,
         )
         with producer, progress(f"produce {topic_name}", _file_size(source)) as done:
             for line in _lines_until_interrupted(source):

@@ -88,7 +88,8 @@ class AsyncProducer(ProducerCore):
     """Send messages to `topic` on the cluster that `endpoint` (one or more, comma-separated)
     belongs to, on asyncio: `async with AsyncProducer(...) as producer: delivery = await
     producer.send(b"x")`. Settings as broker.client.Producer's (linger is a timer of the event
-    loop; `keys` reach brokers serving CurveZMQ)."""
+    loop; `keys` reach brokers serving CurveZMQ; `compression` and `compression_level` make
+    each batch one compressed set)."""
 
     def __init__(
         self,
@@ -108,6 +109,8 @@ class AsyncProducer(ProducerCore):
         key_serializer: Serializer | None = None,
         *,
         keys: ClientKeys | None = None,
+        compression: str = "none",
+        compression_level: int | None = None,
     ) -> None:
         super().__init__(
             topic,
@@ -122,6 +125,8 @@ class AsyncProducer(ProducerCore):
             SYSTEM_CLOCK,
             serializer,
             key_serializer,
+            compression,
+            compression_level,
         )
         metadata_retries = METADATA_RETRIES if retries is None else retries
         self.cluster = AsyncCluster(endpoint, client_id, timeout_s, metadata_retries, keys=keys)

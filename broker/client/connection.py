@@ -500,7 +500,11 @@ class Connection(Framing, Closing):
     ) -> ProduceReply: ...
     @overload
     def call(
-        self, request: FetchRequest, retries: int = ..., max_time_s: float | None = ...
+        self,
+        request: FetchRequest,
+        retries: int = ...,
+        max_time_s: float | None = ...,
+        version: int | None = ...,
     ) -> FetchReply: ...
     @overload
     def call(
@@ -512,7 +516,7 @@ class Connection(Framing, Closing):
         request: MetadataRequest,
         retries: int = ...,
         max_time_s: float | None = ...,
-        version: int = ...,
+        version: int | None = ...,
     ) -> MetadataReply: ...
     @overload
     def call(

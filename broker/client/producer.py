@@ -88,7 +88,8 @@ from broker.client.connection import (
 )
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import AuthenticationFailed, BrokerError, PylogError, Unavailable
-from broker.log.codec import encode_message
+from broker.log.codec import encode_message, greatest_timestamp
+from broker.log.compression import MAX_INNER_SET_BYTES, compressor_for
 from broker.log.message import Buffer
 from broker.protocol import (
     Ack,
@@ -277,7 +278,10 @@ class ProducerCore:
         clock: Clock,
         serializer: Serializer | None,
         key_serializer: Serializer | None,
+        compression: str = "none",
+        compression_level: int | None = None,
     ) -> None:
+        self._compressor = compressor_for(compression, compression_level)
         if partitioner not in ("hash", "round_robin", "random"):
             raise ValueError(f"partitioner {partitioner!r}: use hash, round_robin or random")
         if batch_messages < 1 or batch_bytes < 1 or linger_ms < 0 or max_in_flight < 1:
@@ -371,6 +375,8 @@ class ProducerCore:
         messages.append(message)
         position = batch.size
         size = batch.size = position + len(message)
+        if self._compressor is not None:
+            position = 0  # each message of a compressed set has the set's offset
         return batch, position, len(messages) >= self.batch_messages or size >= self.batch_bytes
 
     def _place(self, layout: tuple[PartitionInfo, ...], key: Buffer | None) -> int:
@@ -398,7 +404,10 @@ class ProducerCore:
         """Take `partition`'s open batch out, as the request that sends it, its retry budget
         starting now."""
         batch = self._batches.pop(partition)
-        request = ProduceRequest(self.topic, partition, self.ack, b"".join(batch.messages))
+        message_set = b"".join(batch.messages)
+        if self._compressor is not None and len(message_set) <= MAX_INNER_SET_BYTES:
+            message_set = self._compressor.wrap(message_set, greatest_timestamp(message_set))
+        request = ProduceRequest(self.topic, partition, self.ack, message_set)
         self._sent += len(batch.messages)
         batch.messages = []  # the request holds them now; handles keep only the outcome
         deadline = time.monotonic() + self.delivery_timeout_s
@@ -471,7 +480,13 @@ class Producer(ProducerCore):
 
     `keys` (broker.security.ClientKeys: the client's key pair and the broker's public key)
     reach brokers serving CurveZMQ (docs/security.md), the audit topic's too; without them
-    the producer speaks plaintext."""
+    the producer speaks plaintext.
+
+    `compression` ("none", "gzip", "lz4" or "zstd", at `compression_level`, None for the
+    codec's default: zstd 3, lz4 0, gzip 6) sends each batch as one compressed set
+    (docs/storage.md, "Compressed sets"): every message of it then has the set's offset, which
+    is what `Delivery.result()` gives. `batch_bytes` counts the bytes before compression. A
+    batch over the 64 MiB bound of a set goes uncompressed."""
 
     def __init__(
         self,
@@ -494,6 +509,8 @@ class Producer(ProducerCore):
         audit_interval_s: float = 60.0,
         *,
         keys: ClientKeys | None = None,
+        compression: str = "none",
+        compression_level: int | None = None,
     ) -> None:
         super().__init__(
             topic,
@@ -508,6 +525,8 @@ class Producer(ProducerCore):
             clock,
             serializer,
             key_serializer,
+            compression,
+            compression_level,
         )
         self._in_flight: dict[tuple[Connection, int], InFlight] = {}
         self._in_flight_on: Counter[Connection] = Counter()

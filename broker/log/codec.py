@@ -77,6 +77,12 @@ def validate_message_set(
     )
 
 
+def greatest_timestamp(buf: Buffer) -> int:
+    """The greatest timestamp of the messages of a set that passes every check (the
+    timestamp of a compressed set of them: broker.log.compression.Compressor.wrap)."""
+    return _scan_walk(buf, len(buf), 0, 0)[3][0]
+
+
 def check_sets(buf: Buffer, result: ScanResult) -> int:
     """How many messages a producer's set `buf` holds, counting the inner messages of each
     compressed set, once each set is checked: it decompresses (compression.inner_set) into

@@ -34,10 +34,8 @@ from broker.log.message import (
     LENGTH_SIZE,
     MAGIC,
     MAX_FORMAT_MESSAGE_BYTES,
-    NO_TIMESTAMP,
     Buffer,
     message_size_at,
-    timestamp_at,
 )
 
 MAX_INNER_SET_BYTES: Final = 64 << 20
@@ -72,6 +70,17 @@ def codec_named(name: str) -> Codec:
     return codec
 
 
+def compressor_for(name: str, level: int | None = None) -> Compressor | None:
+    """The Compressor of the codec called `name` at `level` (None: the codec's default), None
+    for "none"; ValueError naming the choices, or the levels the codec takes."""
+    codec = codec_named(name)
+    if codec is Codec.NONE:
+        if level is not None:
+            raise ValueError("a compression level is for a compression other than none")
+        return None
+    return Compressor(codec, level)
+
+
 class Compressor:
     """Compresses a producer's sets with one codec at one level (None: the codec's default),
     keeping the codec's context from one set to the next."""
@@ -104,9 +113,10 @@ class Compressor:
             )
         return zlib.compress(data, 6 if self.level is None else self.level, wbits=31)
 
-    def wrap(self, message_set: Buffer) -> bytes:
-        """The compressed set of plain messages `message_set`: one wrapper message."""
-        return encode_wrapper(self.codec, self.compress(bytes(message_set)), greatest(message_set))
+    def wrap(self, message_set: Buffer, timestamp_ms: int) -> bytes:
+        """The compressed set of plain messages `message_set`, whose greatest timestamp is
+        `timestamp_ms` (broker.log.codec.greatest_timestamp): one wrapper message."""
+        return encode_wrapper(self.codec, self.compress(bytes(message_set)), timestamp_ms)
 
 
 def encode_wrapper(codec: Codec, compressed: bytes, timestamp_ms: int) -> bytes:
@@ -118,16 +128,6 @@ def encode_wrapper(codec: Codec, compressed: bytes, timestamp_ms: int) -> bytes:
     body = bytes(head[CHECKSUM_START:]) + compressed
     struct.pack_into(">Q", head, 4, xxh3_64_intdigest(body))
     return bytes(head[:CHECKSUM_START]) + body
-
-
-def greatest(message_set: Buffer) -> int:
-    """The greatest timestamp of the messages of a set, from their headers."""
-    top = NO_TIMESTAMP
-    pos = 0
-    while pos < len(message_set):
-        top = max(top, timestamp_at(message_set, pos))
-        pos += message_size_at(message_set, pos)
-    return top
 
 
 def inner_set(buf: Buffer, pos: int) -> bytes:

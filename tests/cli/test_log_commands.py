@@ -15,6 +15,7 @@ from broker.log.compression import Codec, Compressor
 from broker.log.index import OffsetIndex
 from cli.pylogctl import cli
 from tests.conftest import FakeClock
+from tests.log.test_compression import wrapped
 from tests.log.test_partition import make_set, open_log
 
 
@@ -177,7 +178,7 @@ def write_compressed(directory: Path, damaged: bool) -> Path:
     inner = bytearray(make_set(1, 3))
     if damaged:
         inner[-1] ^= 0x01  # the last inner message's value: its own checksum fails
-    wrapper = Compressor(Codec.ZSTD).wrap(bytes(inner))
+    wrapper = wrapped(Compressor(Codec.ZSTD), bytes(inner))
     path = directory / f"{0:020d}.log"
     directory.mkdir()
     path.write_bytes(make_set(0, 1) + wrapper + make_set(4, 1))

@@ -27,6 +27,7 @@ from broker.log.message import (
     decode_failure,
     scan_result,
 )
+from tests.log.test_compression import wrapped
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -435,13 +436,13 @@ def test_decode_from_a_start(
 
 def test_a_compressed_set_is_one_message_to_the_walk_and_stops_the_decoders() -> None:
     plain = encoded([(b"a", None, 1), (b"b", b"k", 2)])
-    wrapper = compression.Compressor(compression.Codec.ZSTD).wrap(plain)
+    wrapper = wrapped(compression.Compressor(compression.Codec.ZSTD), plain)
     data = plain + wrapper + plain
     _, walked = same(message.scan_walk, _codec.scan_walk, data, 1 << 20, 0, 0)
     assert walked == (len(data), 5, [], [2], len(plain))
     _, (decoded, bad) = same(message.decode_set, _codec.decode_set, data, 0, 0, -1)
     assert (len(decoded), bad) == (2, len(plain))
     check_all(data)
-    nested = compression.Compressor(compression.Codec.LZ4).wrap(wrapper)
+    nested = wrapped(compression.Compressor(compression.Codec.LZ4), wrapper)
     _, (decoded, bad) = same(message.decode_set, _codec.decode_set, nested, 0, 0, -1)
     assert (decoded, bad) == ([], 0)

@@ -29,6 +29,11 @@ inner_messages = st.lists(
 )
 
 
+def wrapped(compressor: Compressor, message_set: bytes) -> bytes:
+    """The compressed set of `message_set`, as a producer makes it."""
+    return compressor.wrap(message_set, codec.greatest_timestamp(message_set))
+
+
 def encoded(batch: list[tuple[bytes, bytes | None, int]]) -> bytes:
     return b"".join(message.encode_message(value, key, ts) for value, key, ts in batch)
 
@@ -52,7 +57,7 @@ def test_every_codec_round_trips(
 ) -> None:
     level = data.draw(st.none() | st.sampled_from(list(compression.LEVELS[codec_])))
     plain = encoded(batch)
-    wrapper = Compressor(codec_, level).wrap(plain)
+    wrapper = wrapped(Compressor(codec_, level), plain)
     assert message.timestamp_at(wrapper, 0) == max(ts for _, _, ts in batch)
     before = encoded([(b"first", None, 1)])
     buf = before + wrapper + before
@@ -83,7 +88,7 @@ def test_a_damaged_set_is_found_and_never_half_delivered(
     checksum was computed: a broken producer): PRODUCE refuses it, and a reader gets either
     the set's messages exactly or none of them, and the failure at the set."""
     plain = encoded(batch)
-    wrapper = Compressor(codec_).wrap(plain)
+    wrapper = wrapped(Compressor(codec_), plain)
     payload = bytearray(wrapper[message.HEADER_SIZE :])
     for _ in range(data.draw(st.integers(1, 3))):
         bit = data.draw(st.integers(0, len(payload) * 8 - 1))
@@ -117,8 +122,8 @@ def refusal(buf: bytes) -> str:
 
 def test_sets_producers_must_not_send_are_refused_with_the_reason() -> None:
     plain = encoded([(b"a", None, 1), (b"b", None, 2)])
-    zstd = Compressor(Codec.ZSTD).wrap(plain)
-    nested = Compressor(Codec.GZIP).wrap(plain + zstd)
+    zstd = wrapped(Compressor(Codec.ZSTD), plain)
+    nested = wrapped(Compressor(Codec.GZIP), plain + zstd)
     assert "message at byte 54 of the set: a compressed set inside" in refusal(nested)
     assert "the inner set is empty" in refusal(rewrapped(zstd, zstandard.compress(b"")))
     no_size = zstandard.ZstdCompressor(write_content_size=False).compress(plain)
@@ -142,12 +147,12 @@ def test_an_inner_set_over_the_bound_is_refused_before_it_is_decompressed(
     plain = encoded([(b"v" * 500, None, 1)] * 4)
     monkeypatch.setattr(compression, "MAX_INNER_SET_BYTES", len(plain) - 1)
     for codec_ in CODECS:
-        assert "over the bound" in refusal(Compressor(codec_).wrap(plain)) or "more than" in (
-            refusal(Compressor(codec_).wrap(plain))
+        assert "over the bound" in refusal(wrapped(Compressor(codec_), plain)) or "more than" in (
+            refusal(wrapped(Compressor(codec_), plain))
         )
     monkeypatch.setattr(compression, "MAX_INNER_SET_BYTES", len(plain))
     for codec_ in CODECS:
-        assert codec.check_sets(*_scanned(Compressor(codec_).wrap(plain))) == 4
+        assert codec.check_sets(*_scanned(wrapped(Compressor(codec_), plain))) == 4
 
 
 def _scanned(buf: bytes) -> tuple[bytes, message.ScanResult]:
@@ -172,7 +177,7 @@ def test_the_log_counts_inner_messages_and_old_readers_stop_at_the_first_set(
     log = open_log(tmp_path / "t-0", clock)
     log.append(make_set(0, 3))
     inner = make_set(3, 5)
-    offset, count = log.append_counted(Compressor(Codec.LZ4).wrap(inner))
+    offset, count = log.append_counted(wrapped(Compressor(Codec.LZ4), inner))
     assert (offset, count) == (300, 5)
     log.append(make_set(8, 2))  # plain again after the set: still past it for old readers
     log.flush()
@@ -201,7 +206,7 @@ def test_recovery_keeps_the_sets_after_damage(tmp_path: Path, clock: FakeClock) 
     its magic and attributes, and keeps every set after the damage."""
     log = open_log(tmp_path / "t-0", clock)
     log.append(make_set(0, 2))
-    sets = [Compressor(Codec.ZSTD).wrap(make_set(2 + 3 * i, 3)) for i in range(3)]
+    sets = [wrapped(Compressor(Codec.ZSTD), make_set(2 + 3 * i, 3)) for i in range(3)]
     for wrapper in sets:
         log.append(wrapper)
     log.flush()

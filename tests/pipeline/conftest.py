@@ -53,11 +53,12 @@ def produce(
     first: int = 0,
     timestamp_ms: int | None = None,
     value_bytes: int = 0,
+    compression: str = "none",
 ) -> list[Sent]:
     """Send messages first .. first+count-1 to `topic`, spread over its partitions by number,
-    acknowledged as flushed; every third one has no key."""
+    acknowledged as flushed, compressed with `compression`; every third one has no key."""
     sent = []
-    with Producer(endpoint, topic) as producer:
+    with Producer(endpoint, topic, compression=compression) as producer:
         for number in range(first, first + count):
             key = None if number % 3 == 0 else f"key-{number}".encode()
             value = f"value-{number}".encode().ljust(value_bytes, b".")

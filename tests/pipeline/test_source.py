@@ -49,6 +49,24 @@ def test_batch_read_of_a_multi_partition_topic_is_what_was_produced(
         assert sorted(r.offset for r in rows if r.partition == partition) == offsets
 
 
+def test_a_topic_of_plain_messages_then_compressed_sets_reads_whole(
+    spark: SparkSession, broker: RunningBroker, topic: str
+) -> None:
+    """Sets are expanded into rows, each with its set's offset; ranges are cut at set
+    boundaries, so no row is read twice or lost."""
+    create_topic(broker.endpoint, topic, 2)
+    sent = produce(broker.endpoint, topic, 2, 100, value_bytes=60)
+    sent += produce(broker.endpoint, topic, 2, 400, first=100, value_bytes=60, compression="zstd")
+    rows = _rows(spark, broker=broker.endpoint, subscribe=topic, maxBytesPerPartition="1024")
+    got = sorted((r.partition, r.value, r.key, int(r.timestamp.timestamp() * 1000)) for r in rows)
+    assert got == sorted((s.partition, s.value, s.key, s.timestamp_ms) for s in sent)
+    for partition in range(2):
+        with PartitionConsumer(broker.endpoint, topic, partition, stop_at_end=True) as consumer:
+            read = [(m.offset, m.value) for m in consumer]
+        assert sorted((r.offset, r.value) for r in rows if r.partition == partition) == sorted(read)
+        assert len({offset for offset, _ in read}) < len(read)  # sets: shared offsets
+
+
 def test_offsets_json_bounds_a_batch_read(
     spark: SparkSession, broker: RunningBroker, topic: str
 ) -> None:

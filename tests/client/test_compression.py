@@ -1,0 +1,106 @@
+"""Compressed sets end to end on a real broker: producers (sync and asyncio) that compress,
+consumers that read them as plain messages, a log that mixes plain messages and sets read
+whole by a new reader, and an old reader (FETCH version 1) served up to the first set and
+told UNSUPPORTED_FORMAT there."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broker.aio import AsyncPartitionConsumer, AsyncProducer
+from broker.client import Ack, Admin, Connection, PartitionConsumer, Producer
+from broker.errors import BrokerError, UnsupportedFormat
+from broker.log.message import Message, iter_messages
+from broker.protocol import ErrorCode, FetchRequest
+from tests.pylogd import RunningBroker
+
+
+def read_all(broker: RunningBroker, topic: str) -> list[Message]:
+    with PartitionConsumer(broker.endpoint, topic, 0, stop_at_end=True) as consumer:
+        return list(consumer)
+
+
+@pytest.mark.parametrize("compression", ["gzip", "lz4", "zstd"])
+def test_a_compressing_producer_is_read_back_whole_in_order(
+    broker: RunningBroker, topic: str, compression: str
+) -> None:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic)
+    sent = [(None if i % 3 else b"k%d" % i, b"line %d " % i * 20) for i in range(23)]
+    with Producer(
+        broker.endpoint, topic, ack=Ack.FLUSHED, batch_messages=10, compression=compression
+    ) as producer:
+        deliveries = [producer.send(value, key=key) for key, value in sent]
+        acks = producer.flush()
+    assert [a.count for a in acks] == [10, 10, 3]  # each set counted by what it holds
+    assert acks[0].base_offset == 0
+    offsets = [d.result() for d in deliveries]
+    assert offsets == [acks[i // 10].base_offset for i in range(23)]  # a message: its set's
+    read = read_all(broker, topic)
+    assert [(m.key, m.value) for m in read] == sent
+    assert [m.offset for m in read] == offsets
+    ends = [m.next_offset for m in read]
+    assert ends[9] == ends[10] == acks[1].base_offset  # the last of a set ends it; the rest: 0
+    assert read[-1].next_offset < sum(len(v) + 30 for _, v in sent) // 3  # compressed on disk
+
+
+def test_an_old_reader_is_served_up_to_the_first_set_and_a_new_one_reads_all(
+    broker: RunningBroker, topic: str
+) -> None:
+    """A mixed log: plain messages, then compressed sets, then plain again, in one segment."""
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic)
+    for compression, first in (("none", 0), ("zstd", 5), ("none", 10)):
+        with Producer(
+            broker.endpoint, topic, batch_messages=5, compression=compression
+        ) as producer:
+            for i in range(first, first + 5):
+                producer.send(b"message %d" % i)
+    read = read_all(broker, topic)
+    assert [m.value for m in read] == [b"message %d" % i for i in range(15)]
+    first_set = read[5].offset
+    with Connection(broker.endpoint) as connection:
+        old = connection.call(FetchRequest(topic, 0, 0, 1 << 20, 0, 0), version=1)
+        assert len(old.message_set) == first_set
+        assert [m.value for m in iter_messages(old.message_set)][-1] == b"message 4"
+        for offset in (first_set, read[-1].offset):
+            with pytest.raises(BrokerError) as refused:
+                connection.call(FetchRequest(topic, 0, offset, 1 << 20, 0, 0), version=2)
+            assert refused.value.code == ErrorCode.UNSUPPORTED_FORMAT
+            assert isinstance(refused.value, UnsupportedFormat)
+            assert f"from offset {first_set} on" in refused.value.message
+        new = connection.call(FetchRequest(topic, 0, 0, 1 << 20, 0, 0))
+        assert len(new.message_set) == read[-1].next_offset
+
+
+def test_the_asyncio_producer_and_consumer_compress_and_expand(
+    broker: RunningBroker, topic: str
+) -> None:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic)
+
+    async def run() -> list[bytes]:
+        async with AsyncProducer(
+            broker.endpoint, topic, batch_messages=4, compression="lz4", compression_level=9
+        ) as producer:
+            deliveries = [await producer.send(b"async %d" % i) for i in range(9)]
+            await producer.flush()
+            offsets = [await d for d in deliveries]
+        assert len(set(offsets)) == 3
+        async with AsyncPartitionConsumer(broker.endpoint, topic, 0, stop_at_end=True) as consumer:
+            return [m.value async for m in consumer]
+
+    assert asyncio.run(run()) == [b"async %d" % i for i in range(9)]
+
+
+def test_a_bad_compression_setting_is_refused_before_anything_is_sent(
+    broker: RunningBroker, topic: str
+) -> None:
+    with pytest.raises(ValueError, match="unknown compression 'snappy'"):
+        Producer(broker.endpoint, topic, compression="snappy")
+    with pytest.raises(ValueError, match="zstd takes levels -7 to 22, not 40"):
+        Producer(broker.endpoint, topic, compression="zstd", compression_level=40)
+    with pytest.raises(ValueError, match="a compression level is for a compression other"):
+        AsyncProducer(broker.endpoint, topic, compression_level=3)
