@@ -68,8 +68,9 @@ import logging
 import math
 import random
 import time
+from bisect import bisect_right
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -88,8 +89,8 @@ from broker.client.connection import (
 )
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import AuthenticationFailed, BrokerError, PylogError, Unavailable
-from broker.log.codec import encode_message, greatest_timestamp
-from broker.log.compression import MAX_INNER_SET_BYTES, compressor_for
+from broker.log.codec import encode_message, set_timestamp
+from broker.log.compression import MAX_INNER_SET_BYTES, compressor_for, plain_message
 from broker.log.message import Buffer
 from broker.protocol import (
     Ack,
@@ -145,6 +146,7 @@ class Batch:
         "error",
         "messages",
         "partition",
+        "sets",
         "size",
         "started",
         "windows",
@@ -161,6 +163,9 @@ class Batch:
         self.callbacks: list[Callable[[], object]] | None = None
         self.windows: dict[int, int] | None = None
         """With auditing: the batch's messages per audit window (broker.client.audit)."""
+        self.sets: tuple[list[int], list[int]] | None = None
+        """Sent compressed: where each set's messages start in the batch, and where the set
+        starts in the message set sent (`offset`)."""
 
     def settle(self, base_offset: int | None, error: PylogError | None = None) -> None:
         """Set the outcome and run the callbacks added meanwhile (one raising is logged, as a
@@ -184,6 +189,9 @@ class Batch:
                 "sent with ack NONE: the broker does not say where the message landed "
                 "(use ack WRITTEN or FLUSHED to know)"
             )
+        if self.sets is not None:  # a message of a compressed set has the set's offset
+            starts, sent_at = self.sets
+            return self.base_offset + sent_at[bisect_right(starts, position) - 1]
         return self.base_offset + position
 
 
@@ -361,7 +369,7 @@ class ProducerCore:
         produced = self.produced
         if produced is not None and timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000  # counted in its window, as stored
-        message = encode_message(value, key, timestamp_ms)
+        message = encode_message(value, key, timestamp_ms, self._compressor is not None)
         batch = self._batches.get(partition)
         if batch is None:
             batch = self._batches[partition] = Batch(partition, self.clock.monotonic())
@@ -375,8 +383,6 @@ class ProducerCore:
         messages.append(message)
         position = batch.size
         size = batch.size = position + len(message)
-        if self._compressor is not None:
-            position = 0  # each message of a compressed set has the set's offset
         return batch, position, len(messages) >= self.batch_messages or size >= self.batch_bytes
 
     def _place(self, layout: tuple[PartitionInfo, ...], key: Buffer | None) -> int:
@@ -404,14 +410,38 @@ class ProducerCore:
         """Take `partition`'s open batch out, as the request that sends it, its retry budget
         starting now."""
         batch = self._batches.pop(partition)
-        message_set = b"".join(batch.messages)
-        if self._compressor is not None and len(message_set) <= MAX_INNER_SET_BYTES:
-            message_set = self._compressor.wrap(message_set, greatest_timestamp(message_set))
+        if self._compressor is None:
+            message_set = b"".join(batch.messages)
+        else:
+            message_set = self._compressed(batch)
         request = ProduceRequest(self.topic, partition, self.ack, message_set)
         self._sent += len(batch.messages)
         batch.messages = []  # the request holds them now; handles keep only the outcome
         deadline = time.monotonic() + self.delivery_timeout_s
         return InFlight(request, batch, next(self._batches_sent), deadline)
+
+    def _compressed(self, batch: Batch) -> bytes:
+        """The message set of `batch`, whose messages were encoded for a compressed set: one
+        set, or several when they hold more than a set's bound; a message over the bound
+        alone goes as a plain message (its checksum computed). Notes where each set starts."""
+        assert self._compressor is not None
+        starts: list[int] = []
+        sent_at: list[int] = []
+        parts: list[bytes] = []
+        sent = position = 0
+        for group in _groups(batch.messages, MAX_INNER_SET_BYTES):
+            inner = b"".join(group)
+            if len(inner) > MAX_INNER_SET_BYTES:  # one message: as a plain one
+                part = plain_message(inner)
+            else:
+                part = self._compressor.wrap(inner, set_timestamp(inner))
+            starts.append(position)
+            sent_at.append(sent)
+            parts.append(part)
+            position += len(inner)
+            sent += len(part)
+        batch.sets = starts, sent_at
+        return b"".join(parts)
 
     def _retry_wait(self, entry: InFlight, error: PylogError) -> float:
         """The back-off before sending `entry` again after `error` (0.1 s doubling to 2 s),
@@ -773,3 +803,17 @@ class Producer(ProducerCore):
             self.close()
         else:
             self.cluster.close()
+
+
+def _groups(messages: list[bytes], bound: int) -> Iterator[list[bytes]]:
+    """`messages` in runs of at most `bound` bytes each (a longer message alone)."""
+    group: list[bytes] = []
+    size = 0
+    for message in messages:
+        if group and size + len(message) > bound:
+            yield group
+            group, size = [], 0
+        group.append(message)
+        size += len(message)
+    if group:
+        yield group

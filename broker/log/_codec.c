@@ -76,9 +76,10 @@ typedef struct {
 /* Where the message at `pos` of `data` (`end` bytes) ends if it passes every check of
  * message.py's walks (whole header, length within [MIN_LENGTH, max_length], within the buffer,
  * magic 1, attributes 0 or, with `sets`, a compressed set's codec, key length in range,
- * checksum), its fields in `h`; -1 if it fails. */
+ * checksum; in an `inner` set, the checksum field 0 instead), its fields in `h`; -1 if it
+ * fails. */
 static inline Py_ssize_t message_end(const unsigned char *data, Py_ssize_t pos, Py_ssize_t end,
-                                     int64_t max_length, int sets, header *h) {
+                                     int64_t max_length, int sets, int inner, header *h) {
     if (end - pos < HEADER_SIZE)
         return -1;
     const unsigned char *p = data + pos;
@@ -91,8 +92,9 @@ static inline Py_ssize_t message_end(const unsigned char *data, Py_ssize_t pos, 
     if (key_length < -1 || key_length > length - MIN_LENGTH)
         return -1;
     uint64_t checksum = be64(p + 4);
-    if (XXH3_64bits(p + CHECKSUM_START, (size_t)(length + LENGTH_SIZE - CHECKSUM_START)) !=
-        checksum)
+    if (inner ? checksum != 0
+              : XXH3_64bits(p + CHECKSUM_START,
+                            (size_t)(length + LENGTH_SIZE - CHECKSUM_START)) != checksum)
         return -1;
     h->following = pos + LENGTH_SIZE + (Py_ssize_t)length;
     h->checksum = checksum;
@@ -178,17 +180,20 @@ static PyObject *to_list(const int64_list *list) {
     return result;
 }
 
-/* scan_walk(buf, max_message_bytes, index_interval, next_mark)
+/* scan_walk(buf, max_message_bytes, index_interval, next_mark, inner)
  *     -> (valid_bytes, message_count, marks, greatest, first_set)
  * message.scan_walk: the walk of message.scan, without the GIL (a segment's recovery walks
  * up to a GiB), whose error text message.scan_result makes. */
 static PyObject *scan_walk(PyObject *Py_UNUSED(module), PyObject *const *args,
                            Py_ssize_t nargs) {
-    if (arguments("scan_walk", nargs, 4) < 0)
+    if (arguments("scan_walk", nargs, 5) < 0)
         return NULL;
     int64_t max_message_bytes, index_interval, next_mark;
     if (saturated(args[1], &max_message_bytes) < 0 || saturated(args[2], &index_interval) < 0 ||
         saturated(args[3], &next_mark) < 0)
+        return NULL;
+    int inner = PyObject_IsTrue(args[4]);
+    if (inner < 0)
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
@@ -206,7 +211,7 @@ static PyObject *scan_walk(PyObject *Py_UNUSED(module), PyObject *const *args,
     int failed = 0;
     header h;
     Py_BEGIN_ALLOW_THREADS
-    while (pos < end && message_end(data, pos, end, max_length, 1, &h) >= 0) {
+    while (pos < end && message_end(data, pos, end, max_length, 1, inner, &h) >= 0) {
         if (h.attributes && first_set < 0)
             first_set = pos;
         if (pos >= next_mark) {
@@ -333,7 +338,7 @@ static PyObject *decode_set(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (wrapped && (set_offset = offset_of(base_obj, base, base_exact, 0)) == NULL)
         goto error;
     header h;
-    while (pos < end && message_end(data, pos, end, INT64_MAX, 0, &h) >= 0) {
+    while (pos < end && message_end(data, pos, end, INT64_MAX, 0, wrapped, &h) >= 0) {
         PyObject *key = NULL;
         Py_ssize_t key_end = pos + HEADER_SIZE;
         if (h.key_length >= 0) {
@@ -462,7 +467,7 @@ static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssiz
             break;
         Py_ssize_t before[4] = {count, key_bytes, value_bytes, nulls};
         int stopped = 0; /* at end_offset: a bad message is one that fails its checks first */
-        while (pos < end && message_end(data, pos, end, INT64_MAX, 0, &h) >= 0) {
+        while (pos < end && message_end(data, pos, end, INT64_MAX, 0, wrapped, &h) >= 0) {
             if (!wrapped && pos >= limit) {
                 stopped = 1;
                 break;
@@ -629,11 +634,11 @@ static int pack_int64(codec_state *state, PyObject *value, int64_t *out) {
  * message.encode_message, the producer's encode of every message. */
 static PyObject *encode_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames) {
-    static const char *const names[] = {"value", "key", "timestamp_ms"};
-    PyObject *given[3] = {NULL, Py_None, Py_None};
-    if (nargs > 3) {
+    static const char *const names[] = {"value", "key", "timestamp_ms", "inner"};
+    PyObject *given[4] = {NULL, Py_None, Py_None, Py_False};
+    if (nargs > 4) {
         PyErr_Format(PyExc_TypeError,
-                     "encode_message() takes from 1 to 3 positional arguments but %zd were given",
+                     "encode_message() takes from 1 to 4 positional arguments but %zd were given",
                      nargs);
         return NULL;
     }
@@ -643,9 +648,9 @@ static PyObject *encode_message(PyObject *module, PyObject *const *args, Py_ssiz
     for (Py_ssize_t k = 0; k < keywords; k++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, k);
         int i = 0;
-        while (i < 3 && PyUnicode_CompareWithASCIIString(name, names[i]) != 0)
+        while (i < 4 && PyUnicode_CompareWithASCIIString(name, names[i]) != 0)
             i++;
-        if (i == 3) {
+        if (i == 4) {
             PyErr_Format(PyExc_TypeError,
                          "encode_message() got an unexpected keyword argument '%U'", name);
             return NULL;
@@ -664,6 +669,9 @@ static PyObject *encode_message(PyObject *module, PyObject *const *args, Py_ssiz
     }
     codec_state *state = state_of(module);
     PyObject *value = given[0], *key = given[1];
+    int inner = PyObject_IsTrue(given[3]);
+    if (inner < 0)
+        return NULL;
     int64_t timestamp = 0;
     if (given[2] == Py_None) {
         struct timespec now; /* time.time_ns() // 1_000_000, as message.py takes it */
@@ -709,7 +717,7 @@ static PyObject *encode_message(PyObject *module, PyObject *const *args, Py_ssiz
         memcpy(out + HEADER_SIZE, key_view.buf, (size_t)key_view.len);
     if (value_view.len)
         memcpy(out + HEADER_SIZE + key_view.len, value_view.buf, (size_t)value_view.len);
-    put64(out + 4, XXH3_64bits(out + CHECKSUM_START, (size_t)body));
+    put64(out + 4, inner ? 0 : XXH3_64bits(out + CHECKSUM_START, (size_t)body));
 done:
     if (key_view.obj != NULL)
         PyBuffer_Release(&key_view);
@@ -720,14 +728,16 @@ done:
 
 static PyMethodDef codec_methods[] = {
     {"scan_walk", (PyCFunction)(void (*)(void))scan_walk, METH_FASTCALL,
-     "scan_walk(buf, max_message_bytes, index_interval, next_mark): message.scan_walk."},
+     "scan_walk(buf, max_message_bytes, index_interval, next_mark, inner): "
+     "message.scan_walk."},
     {"decode_set", (PyCFunction)(void (*)(void))decode_set, METH_FASTCALL,
      "decode_set(buf, base_offset, start, set_size): message.decode_set."},
     {"decode_columns", (PyCFunction)(void (*)(void))decode_columns, METH_FASTCALL,
      "decode_columns(pieces, end_offset): message.decode_columns."},
     {"encode_message", (PyCFunction)(void (*)(void))encode_message,
      METH_FASTCALL | METH_KEYWORDS,
-     "encode_message(value, key=None, timestamp_ms=None): message.encode_message."},
+     "encode_message(value, key=None, timestamp_ms=None, inner=False): "
+     "message.encode_message."},
     {NULL, NULL, 0, NULL},
 };
 

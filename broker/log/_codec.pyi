@@ -2,12 +2,12 @@
 from broker.log.message import Buffer, Columns, Message, Piece, Walked
 
 def scan_walk(
-    buf: Buffer, max_message_bytes: int, index_interval: int, next_mark: int
+    buf: Buffer, max_message_bytes: int, index_interval: int, next_mark: int, inner: bool
 ) -> Walked: ...
 def decode_set(
     buf: Buffer, base_offset: int, start: int, set_size: int
 ) -> tuple[list[Message], int | None]: ...
 def decode_columns(pieces: list[Piece], end_offset: int) -> Columns: ...
 def encode_message(
-    value: bytes, key: bytes | None = None, timestamp_ms: int | None = None
+    value: bytes, key: bytes | None = None, timestamp_ms: int | None = None, inner: bool = False
 ) -> bytes: ...

@@ -61,11 +61,15 @@ _decode_columns: Final = _impl.decode_columns
 
 
 def scan(
-    buf: Buffer, max_message_bytes: int, index_interval: int = 0, next_mark: int = 0
+    buf: Buffer,
+    max_message_bytes: int,
+    index_interval: int = 0,
+    next_mark: int = 0,
+    inner: bool = False,
 ) -> ScanResult:
     """broker.log.message.scan."""
-    walked = _scan_walk(buf, max_message_bytes, index_interval, next_mark)
-    return message.scan_result(buf, max_message_bytes, walked)
+    walked = _scan_walk(buf, max_message_bytes, index_interval, next_mark, inner)
+    return message.scan_result(buf, max_message_bytes, walked, inner)
 
 
 def validate_message_set(
@@ -77,10 +81,10 @@ def validate_message_set(
     )
 
 
-def greatest_timestamp(buf: Buffer) -> int:
-    """The greatest timestamp of the messages of a set that passes every check (the
-    timestamp of a compressed set of them: broker.log.compression.Compressor.wrap)."""
-    return _scan_walk(buf, len(buf), 0, 0)[3][0]
+def set_timestamp(inner: Buffer) -> int:
+    """The timestamp of a compressed set of `inner` (a valid inner set: its messages'
+    checksum fields 0), the greatest of its messages' (broker.log.compression.Compressor.wrap)."""
+    return _scan_walk(inner, len(inner), 0, 0, True)[3][0]
 
 
 def check_sets(buf: Buffer, result: ScanResult) -> int:
@@ -95,7 +99,7 @@ def check_sets(buf: Buffer, result: ScanResult) -> int:
     while pos < len(buf):
         following = pos + message_size_at(buf, pos)
         if is_set(buf, pos):
-            inner = scan(inner_set(buf, pos), MAX_INNER_SET_BYTES)
+            inner = scan(inner_set(buf, pos), MAX_INNER_SET_BYTES, inner=True)
             if inner.error is None and inner.first_set >= 0:
                 inner = inner._replace(valid_bytes=inner.first_set, error=NESTED_SET)
             if inner.error is not None:
@@ -149,7 +153,7 @@ def decode_columns(
         bad = columns.bad
         if is_set(buf, bad):  # a message of its inner set failed
             inner = inner_set(buf, bad)
-            return columns, _inner_failure(inner, _decode_set(inner, 0, 0, -1)[1] or 0, bad)
+            return columns, _inner_failure(inner, _decode_set(inner, 0, 0, 0)[1] or 0, bad)
         return columns, decode_failure(buf, bad)
     return columns, failure
 
@@ -214,5 +218,6 @@ def _inner_failure(inner: bytes, bad: int, pos: int) -> InvalidMessage:
     """The failure of the compressed set at `pos` whose inner set `inner` fails at `bad`."""
     return InvalidMessage(
         pos,
-        f"compressed set: message at byte {bad} of the set: {decode_failure(inner, bad).reason}",
+        "compressed set: message at byte "
+        f"{bad} of the set: {decode_failure(inner, bad, True).reason}",
     )

@@ -117,16 +117,18 @@ class ScanResult(NamedTuple):
 
 
 def encode_message(
-    value: bytes, key: bytes | None = None, timestamp_ms: int | None = None
+    value: bytes, key: bytes | None = None, timestamp_ms: int | None = None, inner: bool = False
 ) -> bytes:
-    """Encode one message, ready to be appended or joined into a message set."""
+    """Encode one message, ready to be appended or joined into a message set; `inner`, one
+    for the inner set of a compressed set, whose checksum field is 0 (docs/storage.md)."""
+    inner = bool(inner)
     if timestamp_ms is None:
         timestamp_ms = time.time_ns() // 1_000_000
     if key is None:
         body = _BODY_HEADER.pack(MAGIC, 0, timestamp_ms, -1) + value
     else:
         body = _BODY_HEADER.pack(MAGIC, 0, timestamp_ms, len(key)) + key + value
-    return _PREFIX.pack(len(body) + 8, xxh3_64_intdigest(body)) + body
+    return _PREFIX.pack(len(body) + 8, 0 if inner else xxh3_64_intdigest(body)) + body
 
 
 def scan(
@@ -134,6 +136,7 @@ def scan(
     max_message_bytes: int,
     index_interval: int = 0,
     next_mark: int = 0,
+    inner: bool = False,
 ) -> ScanResult:
     """Walk `buf` from its start, checking every message's framing and checksum.
 
@@ -142,25 +145,30 @@ def scan(
     `index_interval` > 0, every message that starts at or after `next_mark` is recorded in
     `marks`, and the next mark is then due `index_interval` bytes later; `greatest` gets the
     greatest timestamp of each run between marks. Used both to validate a producer's set and
-    to recover a segment.
+    to recover a segment. With `inner`, `buf` is the inner set of a compressed set: each
+    checksum field must be 0 instead of matching.
     """
-    walked = scan_walk(buf, max_message_bytes, index_interval, next_mark)
-    return scan_result(buf, max_message_bytes, walked)
+    walked = scan_walk(buf, max_message_bytes, index_interval, next_mark, inner)
+    return scan_result(buf, max_message_bytes, walked, inner)
 
 
 Walked = tuple[int, int, list[int], list[int], int]
 """What the walk of `scan` found: valid_bytes, message_count, marks, greatest, first_set."""
 
 
-def scan_result(buf: Buffer, max_message_bytes: int, walked: Walked) -> ScanResult:
+def scan_result(
+    buf: Buffer, max_message_bytes: int, walked: Walked, inner: bool = False
+) -> ScanResult:
     """The ScanResult of a walk of `buf` (`scan_walk`, or broker.log._codec's), with the reason
     it stopped before the end, if it did."""
     pos, count, marks, greatest, first_set = walked
-    error = None if pos == len(buf) else _diagnose(buf, pos, max_message_bytes)
+    error = None if pos == len(buf) else _diagnose(buf, pos, max_message_bytes, inner)
     return ScanResult(pos, count, marks, error, greatest, first_set)
 
 
-def scan_walk(buf: Buffer, max_message_bytes: int, index_interval: int, next_mark: int) -> Walked:
+def scan_walk(
+    buf: Buffer, max_message_bytes: int, index_interval: int, next_mark: int, inner: bool
+) -> Walked:
     """The walk of `scan` (its arguments), without the reason it stopped: the reference of
     broker.log._codec.scan_walk."""
     end = len(buf)
@@ -171,6 +179,7 @@ def scan_walk(buf: Buffer, max_message_bytes: int, index_interval: int, next_mar
     greatest: list[int] = []
     top = NO_TIMESTAMP
     stored = _STORED_MAGIC_ATTRIBUTES
+    inner = bool(inner)
     if index_interval <= 0:
         next_mark = end + 1
     pos = 0
@@ -186,7 +195,11 @@ def scan_walk(buf: Buffer, max_message_bytes: int, index_interval: int, next_mar
                 or length < MIN_LENGTH
                 or magic_attributes not in stored
                 or not -1 <= key_length <= length - MIN_LENGTH
-                or checksum_of(buf[pos + CHECKSUM_START : following]) != checksum
+                or (
+                    checksum != 0
+                    if inner
+                    else checksum_of(buf[pos + CHECKSUM_START : following]) != checksum
+                )
             ):
                 break
             if magic_attributes != _MAGIC_ATTRIBUTES and first_set < 0:
@@ -233,7 +246,7 @@ def validated(buf: Buffer, max_message_bytes: int, result: ScanResult) -> ScanRe
     return result
 
 
-def _diagnose(buf: Buffer, pos: int, max_message_bytes: int) -> str:
+def _diagnose(buf: Buffer, pos: int, max_message_bytes: int, inner: bool = False) -> str:
     """Say why the message at `pos` failed the checks in `scan` (the slow path)."""
     left = len(buf) - pos
     if left < HEADER_SIZE:
@@ -255,6 +268,13 @@ def _diagnose(buf: Buffer, pos: int, max_message_bytes: int) -> str:
         return f"reserved attribute bits set: {attributes:#04x}"
     if not -1 <= key_length <= length - MIN_LENGTH:
         return f"key length {key_length} does not fit in a message of length {length}"
+    if inner:
+        if checksum:
+            return (
+                f"checksum field {checksum:#018x} is not 0 (the set's own checksum covers the "
+                "messages of a compressed set)"
+            )
+        return NESTED_SET
     actual = xxh3_64_intdigest(buf[pos + CHECKSUM_START : pos + LENGTH_SIZE + length])
     if actual != checksum:
         return f"checksum mismatch: stored {checksum:#018x}, computed {actual:#018x}"
@@ -289,9 +309,11 @@ def decode_message(buf: Buffer, pos: int, offset: int) -> Message:
     )
 
 
-def iter_messages(buf: Buffer, base_offset: int = 0) -> Iterator[Message]:
+def iter_messages(buf: Buffer, base_offset: int = 0, inner: bool = False) -> Iterator[Message]:
     """Decode a message set of whole messages whose first byte is at `base_offset`, checking
     every message's framing and checksum.
+
+    With `inner`, `buf` is a compressed set's inner set, whose checksum fields must be 0.
 
     Raises InvalidMessage at the first message whose framing or checksum is wrong. This is the
     consumer's hot loop: one header unpack, one checksum and two slices a message. It works on
@@ -307,7 +329,7 @@ def iter_messages(buf: Buffer, base_offset: int = 0) -> Iterator[Message]:
         try:
             length, checksum, magic, attributes, timestamp_ms, key_length = unpack(data, pos)
         except struct.error:
-            raise InvalidMessage(pos, _diagnose(data, pos, end - pos)) from None
+            raise InvalidMessage(pos, _diagnose(data, pos, end - pos, inner)) from None
         following = pos + LENGTH_SIZE + length
         if (
             following > end
@@ -315,9 +337,15 @@ def iter_messages(buf: Buffer, base_offset: int = 0) -> Iterator[Message]:
             or magic != MAGIC
             or attributes
             or not -1 <= key_length <= length - MIN_LENGTH
-            or checksum_of(data[pos + CHECKSUM_START : following]) != checksum
+            or (
+                checksum != 0
+                if inner
+                else checksum_of(data[pos + CHECKSUM_START : following]) != checksum
+            )
         ):
-            raise InvalidMessage(pos, _diagnose(data, pos, max(following - pos, HEADER_SIZE)))
+            raise InvalidMessage(
+                pos, _diagnose(data, pos, max(following - pos, HEADER_SIZE), inner)
+            )
         if key_length < 0:
             key = None
             key_end = pos + HEADER_SIZE
@@ -353,7 +381,7 @@ def decode_set(
         raise ValueError(f"start {start} is outside the set of {len(buf)} bytes")
     messages: list[Message] = []
     try:
-        messages.extend(iter_messages(buf[start:], base_offset + start))
+        messages.extend(iter_messages(buf[start:], base_offset + start, set_size >= 0))
     except InvalidMessage as error:
         bad: int | None = error.position + start
     else:
@@ -365,11 +393,12 @@ def decode_set(
     return messages, bad
 
 
-def decode_failure(buf: Buffer, pos: int) -> InvalidMessage:
-    """What iter_messages raises at the message at `pos` of `buf`, which fails its checks."""
+def decode_failure(buf: Buffer, pos: int, inner: bool = False) -> InvalidMessage:
+    """What iter_messages raises at the message at `pos` of `buf` (an inner set's, with
+    `inner`), which fails its checks."""
     left = len(buf) - pos
     size = message_size_at(buf, pos) if left >= HEADER_SIZE else left
-    return InvalidMessage(pos, _diagnose(buf, pos, max(size, HEADER_SIZE)))
+    return InvalidMessage(pos, _diagnose(buf, pos, max(size, HEADER_SIZE), inner))
 
 
 class Columns(NamedTuple):

@@ -15,7 +15,7 @@ from broker.log.compression import Codec, Compressor
 from broker.log.index import OffsetIndex
 from cli.pylogctl import cli
 from tests.conftest import FakeClock
-from tests.log.test_compression import wrapped
+from tests.log.test_compression import as_inner
 from tests.log.test_partition import make_set, open_log
 
 
@@ -173,12 +173,12 @@ def test_verify_checks_each_index_against_its_log(tmp_path: Path, damage: str, e
 
 def write_compressed(directory: Path, damaged: bool) -> Path:
     """A segment of a plain message, then a zstd set of 3 messages whose inner set is
-    damaged (its checksum made good: what a broken producer that got past no check would
-    leave) when `damaged`, then a plain message."""
-    inner = bytearray(make_set(1, 3))
+    damaged when `damaged` (the last message's length field past the set's end: what a broken
+    producer whose set got past no check would leave), then a plain message."""
+    inner = bytearray(as_inner(make_set(1, 3)))
     if damaged:
-        inner[-1] ^= 0x01  # the last inner message's value: its own checksum fails
-    wrapper = wrapped(Compressor(Codec.ZSTD), bytes(inner))
+        inner[200 + 3] += 1  # the last inner message's length field
+    wrapper = Compressor(Codec.ZSTD).wrap(bytes(inner), 4)
     path = directory / f"{0:020d}.log"
     directory.mkdir()
     path.write_bytes(make_set(0, 1) + wrapper + make_set(4, 1))
@@ -208,7 +208,7 @@ def test_verify_deep_opens_the_sets_and_finds_damage_inside(tmp_path: Path) -> N
     assert code == 0 and "(3 messages," in out  # the wrapper's own checksum holds
     code, out = run("log", "verify", "--deep", str(tmp_path / "t-0"))
     assert code == 1
-    assert "at byte 100: compressed set: message at byte 200 of the set: checksum mismatch" in out
+    assert "at byte 100: compressed set: message at byte 200 of the set: cut short" in out
     code, out = run("log", "dump", str(tmp_path / "t-0" / f"{0:020d}.log"))
     assert code == 1 and "compressed set: zstd" in out and ": BAD: compressed set: " in out
 

@@ -43,8 +43,8 @@ messages = st.tuples(st.binary(max_size=300), keys, timestamps)
 buffer_kinds: list[Callable[[bytes], Any]] = [bytes, bytearray, memoryview]
 
 
-def encoded(batch: list[tuple[bytes, bytes | None, int]]) -> bytes:
-    return b"".join(message.encode_message(value, key, ts) for value, key, ts in batch)
+def encoded(batch: list[tuple[bytes, bytes | None, int]], inner: bool = False) -> bytes:
+    return b"".join(message.encode_message(value, key, ts, inner) for value, key, ts in batch)
 
 
 def outcome(function: Callable[..., Any], *args: Any) -> tuple[str, Any]:
@@ -63,7 +63,7 @@ def same(python: Callable[..., Any], c: Callable[..., Any], *args: Any) -> Any:
 
 def c_scan(buf: Any, max_message_bytes: int, interval: int, mark: int) -> message.ScanResult:
     return scan_result(
-        buf, max_message_bytes, _codec.scan_walk(buf, max_message_bytes, interval, mark)
+        buf, max_message_bytes, _codec.scan_walk(buf, max_message_bytes, interval, mark, False)
     )
 
 
@@ -74,8 +74,10 @@ def check_all(
     and with what decode_fetched and the Spark source make of a failure."""
     for kind in buffer_kinds:
         buf = kind(data)
-        same(message.scan_walk, _codec.scan_walk, buf, max_message_bytes, interval, mark)
+        for inner in (False, True):
+            same(message.scan_walk, _codec.scan_walk, buf, max_message_bytes, interval, mark, inner)
         same(message.scan, c_scan, buf, max_message_bytes, interval, mark)
+        same(message.decode_set, _codec.decode_set, buf, 1000, 0, 7)  # as an inner set
         kind_, decoded = same(message.decode_set, _codec.decode_set, buf, 1000, 0, -1)
         if kind_ == "returned" and decoded[1] is not None:
             failure = decode_failure(buf, decoded[1])
@@ -94,9 +96,15 @@ def check_all(
 def test_valid_sets(batch: list[tuple[bytes, bytes | None, int]], interval: int, mark: int) -> None:
     for value, key, ts in batch:
         same(message.encode_message, _codec.encode_message, value, key, ts)
+        _, made = same(message.encode_message, _codec.encode_message, value, key, ts, True)
+        assert made[4:12] == bytes(8)
+    inner = encoded(batch, True)
+    _, walked = same(message.scan_walk, _codec.scan_walk, inner, len(inner), 0, 0, True)
+    assert walked[:2] == (len(inner), len(batch))
     data = encoded(batch)
     check_all(data, MAX_FORMAT_MESSAGE_BYTES, interval, mark)
-    _, walked = same(message.scan_walk, _codec.scan_walk, data, MAX_FORMAT_MESSAGE_BYTES, 0, 0)
+    walk = (data, MAX_FORMAT_MESSAGE_BYTES, 0, 0, False)
+    _, walked = same(message.scan_walk, _codec.scan_walk, *walk)
     greatest = [max((t for _, _, t in batch), default=I64_MIN)]
     assert walked == (len(data), len(batch), [], greatest, -1)
 
@@ -118,7 +126,7 @@ def test_truncation_at_every_position(batch: list[tuple[bytes, bytes | None, int
     for cut in range(len(data) + 1):
         for kind in buffer_kinds:
             buf = kind(data[:cut])
-            same(message.scan_walk, _codec.scan_walk, buf, 1 << 20, 0, 0)
+            same(message.scan_walk, _codec.scan_walk, buf, 1 << 20, 0, 0, False)
             same(message.decode_set, _codec.decode_set, buf, 7, 0, -1)
             same(message.decode_columns, _codec.decode_columns, [(buf, 7, -1)], I64_MAX)
 
@@ -190,7 +198,7 @@ def test_marks_with_extreme_intervals() -> None:
     data = encoded([(b"v" * 10, None, 5)] * 5)
     for interval in (0, 1, -1, I64_MAX, 1 << 80, -(1 << 80)):
         for mark in (I64_MIN, -1, 0, 36, I64_MAX, 1 << 80, -(1 << 80)):
-            same(message.scan_walk, _codec.scan_walk, data, 1 << 20, interval, mark)
+            same(message.scan_walk, _codec.scan_walk, data, 1 << 20, interval, mark, False)
 
 
 def test_offsets_past_int64() -> None:
@@ -272,7 +280,8 @@ def test_repeated_decoding_does_not_grow_memory() -> None:
 
 def run_everything(data: bytes, corrupt: bytes) -> None:
     for buf in (data, corrupt, memoryview(data)):
-        _codec.scan_walk(buf, 1 << 20, 4096, 0)
+        _codec.scan_walk(buf, 1 << 20, 4096, 0, False)
+        _codec.scan_walk(buf, 1 << 20, 4096, 0, True)
         _codec.decode_set(buf, 0, 0, -1)
         _codec.decode_set(buf, 0, 0, 40)
         _codec.decode_columns([(buf, 0, -1), (buf, 10, 40)], I64_MAX)
@@ -406,7 +415,7 @@ def test_pieces_with_an_inner_set(
     """decode_set of an inner set (every message at the set's offset, size 0 but the last)
     and decode_columns of pieces holding one, both implementations alike, whole and with a
     bit of the inner set flipped (the set then gives no row)."""
-    first, middle, last = encoded(before), bytearray(encoded(inner)), encoded(after)
+    first, middle, last = encoded(before), bytearray(encoded(inner, True)), encoded(after)
     if data.draw(st.booleans()):
         bit = data.draw(st.integers(0, len(middle) * 8 - 1))
         middle[bit // 8] ^= 1 << (bit % 8)
@@ -438,7 +447,7 @@ def test_a_compressed_set_is_one_message_to_the_walk_and_stops_the_decoders() ->
     plain = encoded([(b"a", None, 1), (b"b", b"k", 2)])
     wrapper = wrapped(compression.Compressor(compression.Codec.ZSTD), plain)
     data = plain + wrapper + plain
-    _, walked = same(message.scan_walk, _codec.scan_walk, data, 1 << 20, 0, 0)
+    _, walked = same(message.scan_walk, _codec.scan_walk, data, 1 << 20, 0, 0, False)
     assert walked == (len(data), 5, [], [2], len(plain))
     _, (decoded, bad) = same(message.decode_set, _codec.decode_set, data, 0, 0, -1)
     assert (len(decoded), bad) == (2, len(plain))

@@ -29,9 +29,20 @@ inner_messages = st.lists(
 )
 
 
+def as_inner(message_set: bytes) -> bytes:
+    """`message_set` with every checksum field 0: an inner set."""
+    data = bytearray(message_set)
+    pos = 0
+    while pos < len(data):
+        data[pos + 4 : pos + 12] = bytes(8)
+        pos += message.message_size_at(data, pos)
+    return bytes(data)
+
+
 def wrapped(compressor: Compressor, message_set: bytes) -> bytes:
-    """The compressed set of `message_set`, as a producer makes it."""
-    return compressor.wrap(message_set, codec.greatest_timestamp(message_set))
+    """The compressed set of the messages of `message_set`, as a producer makes it."""
+    inner = as_inner(message_set)
+    return compressor.wrap(inner, codec.set_timestamp(inner))
 
 
 def encoded(batch: list[tuple[bytes, bytes | None, int]]) -> bytes:
@@ -67,7 +78,8 @@ def test_every_codec_round_trips(
     decoded, failure = codec.decode(buf, 1000)
     assert failure is None
     set_offset = 1000 + len(before)
-    expected = [m._replace(offset=set_offset, size=0) for m in message.iter_messages(plain)]
+    inner = message.iter_messages(as_inner(plain), 0, inner=True)
+    expected = [m._replace(offset=set_offset, size=0) for m in inner]
     expected[-1] = expected[-1]._replace(size=len(wrapper))
     assert decoded[1:-1] == expected
     assert decoded[-1].offset == set_offset + len(wrapper) == decoded[-2].next_offset
@@ -122,22 +134,33 @@ def refusal(buf: bytes) -> str:
 
 def test_sets_producers_must_not_send_are_refused_with_the_reason() -> None:
     plain = encoded([(b"a", None, 1), (b"b", None, 2)])
+    inner = as_inner(plain)
     zstd = wrapped(Compressor(Codec.ZSTD), plain)
     nested = wrapped(Compressor(Codec.GZIP), plain + zstd)
     assert "message at byte 54 of the set: a compressed set inside" in refusal(nested)
-    assert "the inner set is empty" in refusal(rewrapped(zstd, zstandard.compress(b"")))
-    no_size = zstandard.ZstdCompressor(write_content_size=False).compress(plain)
+    checked = zstandard.ZstdCompressor(write_checksum=True)
+    assert "the inner set is empty" in refusal(rewrapped(zstd, checked.compress(b"")))
+    no_size = zstandard.ZstdCompressor(write_content_size=False).compress(inner)
     assert "does not give its content size" in refusal(rewrapped(zstd, no_size))
-    extra = zstandard.compress(plain) + b"junk"
+    no_checksum = zstandard.compress(inner)
+    assert "the zstd frame has no content checksum" in refusal(rewrapped(zstd, no_checksum))
+    extra = checked.compress(inner) + b"junk"
     assert "unused data" in refusal(rewrapped(zstd, extra))
-    lz4_extra = lz4.frame.compress(plain) + b"junk"
+    assert "message at byte 0 of the set: checksum field 0x" in refusal(
+        rewrapped(zstd, checked.compress(plain))
+    )  # messages with their own checksums: not an inner set
+    no_size = lz4.frame.compress(inner, store_size=False, content_checksum=True)
+    assert "lz4 frame does not give its content size" in refusal(rewrapped(zstd, no_size, 3))
+    no_sum = lz4.frame.compress(inner)
+    assert "the lz4 frame has no content checksum" in refusal(rewrapped(zstd, no_sum, 3))
+    lz4_extra = lz4.frame.compress(inner, content_checksum=True) + b"junk"
     assert "4 bytes follow the lz4 data" in refusal(rewrapped(zstd, lz4_extra, Codec.LZ4))
-    gzip_cut = zlib.compress(plain, wbits=31)[:-5]
+    gzip_cut = zlib.compress(inner, wbits=31)[:-5]
     assert "cut short or damaged" in refusal(rewrapped(zstd, gzip_cut, Codec.GZIP))
     assert "unsupported compression codec 2 (snappy" in refusal(rewrapped(zstd, b"x", 2))
     assert "unsupported compression codec 5" in refusal(rewrapped(zstd, b"x", 5))
     assert "reserved attribute bits set: 0x14" in refusal(rewrapped(zstd, b"x", 0x14))
-    not_plain = rewrapped(zstd, zstandard.compress(b"not a message set"))
+    not_plain = rewrapped(zstd, checked.compress(b"not a message set"))
     assert "message at byte 0 of the set: cut short" in refusal(not_plain)
 
 

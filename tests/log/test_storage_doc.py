@@ -12,6 +12,7 @@ from xxhash import xxh3_64_intdigest
 
 from broker.log import codec, hwcheckpoint
 from broker.log.message import encode_message, iter_messages
+from tests.log.test_compression import as_inner
 
 DOC = Path(__file__).parents[2] / "docs" / "storage.md"
 EXAMPLE = re.compile(r"<!-- example: (?P<call>.+?) -->\n```\n(?P<dump>.*?)```", re.DOTALL)
@@ -82,21 +83,29 @@ def test_a_torn_or_foreign_high_watermark_checkpoint_reads_as_0_and_says_why(
         assert checkpoint.problem is not None and why in checkpoint.problem
 
 
-COMPRESSED = re.compile(r"<!-- compressed set: (?P<what>.+?) -->\n```\n(?P<dump>.*?)```", re.DOTALL)
+COMPRESSED = re.compile(
+    r"<!-- (?P<what>inner set|compressed set): .+? -->\n```\n(?P<dump>.*?)```", re.DOTALL
+)
 
 
 def test_the_documented_compressed_set_reads_as_the_two_messages() -> None:
-    """The compressed set of docs/storage.md: a valid set, whose zstd frame holds the two
-    worked examples, read at offset 0 with sizes 0 and the set's."""
-    (match,) = COMPRESSED.finditer(DOC.read_text())
-    lines = match.group("dump").splitlines()
-    data = bytes.fromhex("".join(line.split(maxsplit=1)[1] for line in lines))
+    """The inner set and compressed set of docs/storage.md: the two worked examples with
+    checksum fields 0, and a valid set whose zstd frame holds them, read at offset 0 with
+    sizes 0 and the set's."""
+    dumps = {}
+    for match in COMPRESSED.finditer(DOC.read_text()):
+        lines = match.group("dump").splitlines()
+        dumps[match.group("what")] = bytes.fromhex(
+            "".join(line.split(maxsplit=1)[1] for line in lines)
+        )
+    inner, data = dumps["inner set"], dumps["compressed set"]
     (_, first), (_, second) = documented_examples()
-    assert len(data) == 104
+    assert inner == as_inner(first + second)
+    assert len(data) == 92
     result = codec.scan(data, 1 << 20)
     assert (result.error, result.first_set, codec.check_sets(data, result)) == (None, 0, 2)
-    assert zstandard.decompress(data[26:]) == first + second
+    assert zstandard.decompress(data[26:]) == inner
     messages, failure = codec.decode(data, 0)
     assert failure is None
-    assert [(m.value, m.offset, m.size) for m in messages] == [(b"hello", 0, 0), (b"world", 0, 104)]
+    assert [(m.value, m.offset, m.size) for m in messages] == [(b"hello", 0, 0), (b"world", 0, 92)]
     assert messages[0].key == b"user-42"
