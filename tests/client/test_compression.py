@@ -11,6 +11,7 @@ import pytest
 
 from broker.aio import AsyncPartitionConsumer, AsyncProducer
 from broker.client import Ack, Admin, Connection, PartitionConsumer, Producer
+from broker.client import producer as producer_module
 from broker.errors import BrokerError, UnsupportedFormat
 from broker.log.message import Message, iter_messages
 from broker.protocol import ErrorCode, FetchRequest
@@ -104,3 +105,27 @@ def test_a_bad_compression_setting_is_refused_before_anything_is_sent(
         Producer(broker.endpoint, topic, compression="zstd", compression_level=40)
     with pytest.raises(ValueError, match="a compression level is for a compression other"):
         AsyncProducer(broker.endpoint, topic, compression_level=3)
+
+
+def test_a_batch_over_the_bound_of_a_set_goes_as_several_sets(
+    broker: RunningBroker, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the bound made small: a batch that holds more goes as several sets in one
+    request, each message at its own set's offset; a message over the bound alone goes
+    plain (its checksum computed)."""
+    monkeypatch.setattr(producer_module, "MAX_INNER_SET_BYTES", 500)
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic)
+    values = [b"v%03d" % i + b"." * 90 for i in range(10)] + [b"big" * 300]
+    with Producer(
+        broker.endpoint, topic, batch_messages=len(values), compression="zstd"
+    ) as producer:
+        deliveries = [producer.send(value) for value in values]
+        (ack,) = producer.flush()
+    assert ack.count == len(values)
+    offsets = [d.result() for d in deliveries]
+    read = read_all(broker, topic)
+    assert [m.value for m in read] == values
+    assert [m.offset for m in read] == offsets
+    assert offsets[0] == ack.base_offset and len(set(offsets)) == 4  # 4 + 4 + 2 + the big one
+    assert read[-1].size == len(values[-1]) + 26  # plain: a message of its own size
