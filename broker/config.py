@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import InvalidTopic
-from broker.log.config import MAX_SETTING, LogConfig, bound_problem
+from broker.log.config import (
+    CHOICES,
+    MAX_SETTING,
+    LogConfig,
+    SettingValue,
+    bound_problem,
+    choice_problem,
+)
 from broker.log.files import DEFAULT_MAX_OPEN_FILES
 from broker.logs import FORMATS
 from broker.security import check_principal_name
@@ -256,6 +263,14 @@ SETTINGS: tuple[Setting, ...] = (
         _LOG.index_interval_bytes,
         "Bytes between sparse index entries.",
     ),
+    Setting(
+        "log",
+        "compression",
+        str,
+        _LOG.compression,
+        "How a topic stores producers' sets unless it says otherwise: producer (as they come), "
+        "or none, gzip, lz4 or zstd (every set stored so: docs/storage.md, Compressed sets).",
+    ),
     Setting("log", "retention_check_interval_ms", int, 60_000, "How often retention runs."),
     Setting(
         "log",
@@ -362,6 +377,7 @@ TOPIC_SETTINGS = (
     "retention_ms",
     "retention_bytes",
     "max_message_bytes",
+    "compression",
 )
 """The LogConfig fields a topic may set for itself when it is created."""
 
@@ -413,14 +429,14 @@ class BrokerConfig:
         or `bound`, the front's port as bound, when that is 0."""
         return int(self.broker_advertised_port or bound)
 
-    def log_config(self, topic_settings: Mapping[str, int | None] | None = None) -> LogConfig:
+    def log_config(self, topic_settings: Mapping[str, SettingValue] | None = None) -> LogConfig:
         """The LogConfig of a topic: the [log] defaults, then the topic's own settings."""
         values = {f.name: getattr(self, f"log_{f.name}") for f in dataclasses.fields(LogConfig)}
         values.update((k, v) for k, v in (topic_settings or {}).items() if k in values)
         return LogConfig(**values)
 
     def checked_log_config(
-        self, topic_settings: Mapping[str, int | None] | None = None
+        self, topic_settings: Mapping[str, SettingValue] | None = None
     ) -> LogConfig:
         """log_config, and ValueError unless its settings fit together (LogConfig.
         check_relations): for the defaults at start and a topic's settings on create and alter.
@@ -527,16 +543,22 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> BrokerConfig
     return config
 
 
-def topic_settings(raw: Mapping[str, str]) -> dict[str, int | None]:
+def topic_settings(raw: Mapping[str, str]) -> dict[str, SettingValue]:
     """A topic's own settings from their text form ("none" switches a limit off); InvalidTopic
-    names anything unknown or out of its bounds (broker.log.config.BOUNDS). Whether they fit
-    together is the caller's to check, with the broker's defaults for the rest
-    (BrokerConfig.checked_log_config)."""
-    out: dict[str, int | None] = {}
+    names anything unknown or out of its bounds (broker.log.config.BOUNDS) or choices
+    (CHOICES). Whether they fit together is the caller's to check, with the broker's defaults
+    for the rest (BrokerConfig.checked_log_config)."""
+    out: dict[str, SettingValue] = {}
     for key, text in raw.items():
         if key not in TOPIC_SETTINGS and key not in REPLICA_SETTINGS:
             known = ", ".join((*TOPIC_SETTINGS, *REPLICA_SETTINGS))
             raise InvalidTopic(f"unknown topic setting {key!r}: one of {known}")
+        if key in CHOICES:
+            problem = choice_problem(key, text)
+            if problem is not None:
+                raise InvalidTopic(f"topic setting {problem}")
+            out[key] = text
+            continue
         if text == "none" and key in _OPTIONAL_TOPIC:
             out[key] = None
             continue
@@ -563,7 +585,7 @@ def replica_problem(name: str, value: int) -> str | None:
     return None
 
 
-def replica_setting(settings: Mapping[str, int | None], name: str) -> int:
+def replica_setting(settings: Mapping[str, SettingValue], name: str) -> int:
     """A topic's replication setting `name`, its least value when the topic does not set it."""
     value = settings.get(name)
-    return REPLICA_SETTINGS[name][0] if value is None else value
+    return REPLICA_SETTINGS[name][0] if value is None else int(value)

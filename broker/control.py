@@ -36,9 +36,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from broker.log.config import SettingValue
 from broker.transport import COMMAND, STATE, json_frame
 
-Settings = dict[str, int | None]
+Settings = dict[str, SettingValue]
 
 
 @dataclass(frozen=True)

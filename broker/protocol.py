@@ -86,6 +86,7 @@ from broker.errors import (
     UnsupportedFormat,
     UnsupportedVersion,
 )
+from broker.log.config import SettingValue
 from broker.log.epochs import EpochEntry as EpochEntry  # the entries of a FETCH reply
 from broker.log.message import Buffer
 
@@ -349,8 +350,9 @@ def check_topic_name(topic: str) -> None:
     )
 
 
-def settings_text(settings: Mapping[str, int | None]) -> dict[str, str]:
-    """Topic settings as the wire spells them: decimal text, or "none" for a limit off."""
+def settings_text(settings: Mapping[str, SettingValue]) -> dict[str, str]:
+    """Topic settings as the wire spells them: decimal text, a word, or "none" for a limit
+    off."""
     return {key: "none" if value is None else str(value) for key, value in settings.items()}
 
 

@@ -58,7 +58,7 @@ from broker.errors import (
 from broker.flusher import DISK_ERRORS, Flusher, log_recovery
 from broker.leadership import Leadership
 from broker.log import PartitionLog
-from broker.log.config import LogConfig
+from broker.log.config import LogConfig, SettingValue
 from broker.log.files import OPEN_FILES
 from broker.log.hwcheckpoint import HighWatermarkCheckpoint
 from broker.log.message import Buffer
@@ -351,7 +351,7 @@ class Worker:
         self.flusher.deadline_changed.set()
         return True
 
-    def _configure(self, topic: str, settings: dict[str, int | None]) -> None:
+    def _configure(self, topic: str, settings: dict[str, SettingValue]) -> None:
         """Apply a topic's new settings to its partitions open here, and flush those that
         they make due (a lower flush_messages or flush_interval_ms)."""
         try:

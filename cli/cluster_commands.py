@@ -135,7 +135,7 @@ def _min_insync_replicas(admin: Admin, configs: dict[str, TopicConfig]) -> dict[
     for topic, config in configs.items():
         own = config.settings.get("min_insync_replicas")
         if own is not None:
-            found[topic] = own
+            found[topic] = int(own)
             continue
         if not reachable:
             continue

@@ -70,7 +70,7 @@ import random
 import time
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -89,8 +89,8 @@ from broker.client.connection import (
 )
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import AuthenticationFailed, BrokerError, PylogError, Unavailable
-from broker.log.codec import encode_message, set_timestamp
-from broker.log.compression import MAX_INNER_SET_BYTES, compressor_for, plain_message
+from broker.log.codec import compressed_sets, encode_message
+from broker.log.compression import compressor_for
 from broker.log.message import Buffer
 from broker.protocol import (
     Ack,
@@ -422,26 +422,12 @@ class ProducerCore:
 
     def _compressed(self, batch: Batch) -> bytes:
         """The message set of `batch`, whose messages were encoded for a compressed set: one
-        set, or several when they hold more than a set's bound; a message over the bound
-        alone goes as a plain message (its checksum computed). Notes where each set starts."""
+        set, or several when they hold more than a set's bound (codec.compressed_sets),
+        noting where each starts."""
         assert self._compressor is not None
-        starts: list[int] = []
-        sent_at: list[int] = []
-        parts: list[bytes] = []
-        sent = position = 0
-        for group in _groups(batch.messages, MAX_INNER_SET_BYTES):
-            inner = b"".join(group)
-            if len(inner) > MAX_INNER_SET_BYTES:  # one message: as a plain one
-                part = plain_message(inner)
-            else:
-                part = self._compressor.wrap(inner, set_timestamp(inner))
-            starts.append(position)
-            sent_at.append(sent)
-            parts.append(part)
-            position += len(inner)
-            sent += len(part)
+        message_set, starts, sent_at = compressed_sets(self._compressor, batch.messages)
         batch.sets = starts, sent_at
-        return b"".join(parts)
+        return message_set
 
     def _retry_wait(self, entry: InFlight, error: PylogError) -> float:
         """The back-off before sending `entry` again after `error` (0.1 s doubling to 2 s),
@@ -803,17 +789,3 @@ class Producer(ProducerCore):
             self.close()
         else:
             self.cluster.close()
-
-
-def _groups(messages: list[bytes], bound: int) -> Iterator[list[bytes]]:
-    """`messages` in runs of at most `bound` bytes each (a longer message alone)."""
-    group: list[bytes] = []
-    size = 0
-    for message in messages:
-        if group and size + len(message) > bound:
-            yield group
-            group, size = [], 0
-        group.append(message)
-        size += len(message)
-    if group:
-        yield group

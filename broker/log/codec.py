@@ -10,11 +10,19 @@ misbehave); `PYLOG_CODEC=c` makes a missing extension an ImportError that says h
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Final
 
 from broker.errors import InvalidMessage
 from broker.log import message
-from broker.log.compression import MAX_INNER_SET_BYTES, expand, inner_set
+from broker.log.compression import (
+    MAX_INNER_SET_BYTES,
+    Compressor,
+    expand,
+    inner_message,
+    inner_set,
+    plain_message,
+)
 from broker.log.message import (
     ATTRIBUTES_AT,
     CODEC_MASK,
@@ -111,6 +119,84 @@ def check_sets(buf: Buffer, result: ScanResult) -> int:
             count += inner.message_count - 1
         pos = following
     return count
+
+
+def converted(buf: Buffer, result: ScanResult, compressor: Compressor | None) -> bytes | None:
+    """A producer's set `buf` (its scan `result`; check_sets passed) as a topic whose
+    `compression` is a codec (`compressor`) or none (None) stores it, or None when it already
+    is: every message a set of that codec, or no set at all. With a codec, the messages are
+    put into as few sets as the bound allows (a plain message over it stays plain); with none,
+    each set's messages become plain messages, their checksums computed."""
+    pieces: list[tuple[bytes, bool]] = []  # an inner set or a plain message; whether inner
+    pos = 0
+    kept = True
+    while pos < len(buf):
+        following = pos + message_size_at(buf, pos)
+        codec = buf[pos + ATTRIBUTES_AT]
+        if codec:
+            pieces.append((inner_set(buf, pos), True))
+        else:
+            pieces.append((bytes(buf[pos:following]), False))
+        kept = kept and (codec != 0 if compressor is None else codec == compressor.codec)
+        pos = following
+    if compressor is None:
+        if result.first_set < 0:
+            return None
+        return b"".join(_plain_messages(data) if inner else data for data, inner in pieces)
+    if kept:
+        return None
+    units = [data if inner else inner_message(data) for data, inner in pieces]
+    return compressed_sets(compressor, units)[0]
+
+
+def compressed_sets(
+    compressor: Compressor, units: list[bytes]
+) -> tuple[bytes, list[int], list[int]]:
+    """`units` (inner messages or whole inner sets, in order) as compressed sets of at most
+    MAX_INNER_SET_BYTES each; a unit over it (one message) as a plain message, its checksum
+    computed. The bytes, where each set's units start in the units' bytes joined, and where
+    each set starts in the bytes."""
+    starts: list[int] = []
+    sent_at: list[int] = []
+    parts: list[bytes] = []
+    sent = position = 0
+    for group in _groups(units, MAX_INNER_SET_BYTES):
+        inner = b"".join(group)
+        if len(inner) > MAX_INNER_SET_BYTES:
+            part = plain_message(inner)
+        else:
+            part = compressor.wrap(inner, set_timestamp(inner))
+        starts.append(position)
+        sent_at.append(sent)
+        parts.append(part)
+        position += len(inner)
+        sent += len(part)
+    return b"".join(parts), starts, sent_at
+
+
+def _groups(units: list[bytes], bound: int) -> Iterator[list[bytes]]:
+    """`units` in runs of at most `bound` bytes each (a longer unit alone)."""
+    group: list[bytes] = []
+    size = 0
+    for unit in units:
+        if group and size + len(unit) > bound:
+            yield group
+            group, size = [], 0
+        group.append(unit)
+        size += len(unit)
+    if group:
+        yield group
+
+
+def _plain_messages(inner: bytes) -> bytes:
+    """The messages of inner set `inner` as plain messages, their checksums computed."""
+    parts = []
+    pos = 0
+    while pos < len(inner):
+        following = pos + message_size_at(inner, pos)
+        parts.append(plain_message(inner[pos:following]))
+        pos = following
+    return b"".join(parts)
 
 
 def decode(buf: Buffer, base_offset: int) -> tuple[list[Message], InvalidMessage | None]:

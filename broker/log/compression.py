@@ -146,6 +146,11 @@ def plain_message(inner: bytes) -> bytes:
     )
 
 
+def inner_message(plain: bytes) -> bytes:
+    """The plain message `plain` as a message of an inner set: its checksum field 0."""
+    return plain[:4] + bytes(8) + plain[CHECKSUM_START:]
+
+
 def inner_set(buf: Buffer, pos: int) -> bytes:
     """The decompressed inner set of the compressed set at `pos` of `buf`, whose framing and
     checksum passed; InvalidMessage at `pos` when it does not decompress whole, within

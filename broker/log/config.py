@@ -30,6 +30,23 @@ message, for the byte sizes a message must fit in; MAX_SEGMENT_BYTES for those w
 segment. docs/protocol.md (CREATE_TOPIC) gives them to clients."""
 
 
+COMPRESSIONS: Final = ("producer", "none", "gzip", "lz4", "zstd")
+"""A topic's `compression`: keep what producers send, or store every set as that codec (as
+Kafka's compression.type)."""
+CHOICES: Final[Mapping[str, tuple[str, ...]]] = {"compression": COMPRESSIONS}
+"""The settings whose value is one of a few words, and the words."""
+
+SettingValue = int | str | None
+"""A topic setting's value: a number, a word of CHOICES, or None for a limit switched off."""
+
+
+def choice_problem(name: str, value: object) -> str | None:
+    """What is wrong with `value` for the setting `name` of CHOICES, or None."""
+    if value in CHOICES[name]:
+        return None
+    return f"{name} must be one of {', '.join(CHOICES[name])}, not {value!r}"
+
+
 def bound_problem(name: str, value: int) -> str | None:
     """What is wrong with `value` for setting `name` by its BOUNDS, or None."""
     low, high = BOUNDS[name]
@@ -66,6 +83,9 @@ class LogConfig:
     """The largest message accepted, counted on disk (header, key and value)."""
     index_interval_bytes: int = 4096
     """Bytes between sparse index entries: the most a boundary check walks."""
+    compression: str = "producer"
+    """`producer`: store producers' sets as they come; `none`, `gzip`, `lz4` or `zstd`: store
+    every producer's set so (broker.log.codec.converted)."""
 
     def __post_init__(self) -> None:
         problems = [
@@ -73,6 +93,11 @@ class LogConfig:
             for name in BOUNDS
             if (value := getattr(self, name)) is not None
             and (problem := bound_problem(name, value)) is not None
+        ]
+        problems += [
+            problem
+            for name in CHOICES
+            if (problem := choice_problem(name, getattr(self, name))) is not None
         ]
         if problems:
             raise ValueError("; ".join(problems))

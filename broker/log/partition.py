@@ -56,12 +56,13 @@ from broker.errors import (
     StorageIOError,
     UnsupportedFormat,
 )
-from broker.log.codec import check_sets, validate_message_set
+from broker.log.codec import check_sets, converted, validate_message_set
+from broker.log.compression import Compressor, compressor_for
 from broker.log.config import LogConfig
 from broker.log.epochs import LeaderEpochs
 from broker.log.fsdir import fsync_directory, fsync_file
 from broker.log.indexfile import IndexDamaged
-from broker.log.message import Buffer, message_size_at
+from broker.log.message import Buffer, ScanResult, message_size_at
 from broker.log.recovery import RecoveryReport, build_time_index, recover_folder, scan_untrusted
 from broker.log.segment import (
     Damage,
@@ -111,6 +112,8 @@ class PartitionLog:
         self._pending_since: float | None = None
         self._active_since_ms = clock.time() * 1000
         self._failure: str | None = None
+        self._compressors: dict[str, Compressor | None] = {}
+        """The compressor of the topic's `compression` (None for none), made when first used."""
         self.on_flush: Callable[[float], object] | None = None
         """Told how long each flush that made messages visible took, in seconds (for the
         broker's metrics); carried over by reopen_from_disk."""
@@ -218,6 +221,7 @@ class PartitionLog:
         flush: bool,
         epochs: Sequence[tuple[int, int]],
         producer: bool,
+        count: int | None = None,
     ) -> tuple[int, int]:
         self._refuse_if_failed()
         config = self.config
@@ -239,8 +243,15 @@ class PartitionLog:
         checked = validate_message_set(
             message_set, max_message_bytes, config.index_interval_bytes, next_mark
         )
-        # A producer's compressed sets are opened and checked; a leader's bytes were.
-        count = check_sets(message_set, checked) if producer else checked.message_count
+        if producer:
+            # A producer's compressed sets are opened and checked (a leader's bytes were), and
+            # the set is stored as the topic's compression says; `count`: its messages.
+            count = check_sets(message_set, checked)
+            stored = self._as_topic_stores(message_set, checked)
+            if stored is not None:
+                return self._append(stored, config.segment_bytes, flush, epochs, False, count)
+        elif count is None:
+            count = checked.message_count
         if roll:
             self.roll()
             active = self._segments[-1]
@@ -259,6 +270,16 @@ class PartitionLog:
         if flush:
             self.flush_if_due()
         return offset, count
+
+    def _as_topic_stores(self, message_set: Buffer, checked: ScanResult) -> bytes | None:
+        """A producer's set as the topic's `compression` has it stored, or None when it is
+        stored as it came (broker.log.codec.converted); the topic's compressor is kept."""
+        wanted = self.config.compression
+        if wanted == "producer":
+            return None
+        if wanted not in self._compressors:
+            self._compressors = {wanted: compressor_for(wanted)}
+        return converted(message_set, checked, self._compressors[wanted])
 
     def _take_back_epochs(self) -> None:
         """Drop the entries that start past the log end (an append that failed after they
@@ -322,7 +343,7 @@ class PartitionLog:
         setting is read when it is used, so flush_messages and flush_interval_ms count from
         the next `flush_if_due` (the messages already pending included), segment_bytes and
         segment_ms from the next append's roll check, retention_ms and retention_bytes from
-        the next `apply_retention`, max_message_bytes from the next append."""
+        the next `apply_retention`, max_message_bytes and compression from the next append."""
         self.config = config
 
     def roll(self) -> None:

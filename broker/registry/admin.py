@@ -125,7 +125,7 @@ class Admin(Topics):
         current = config.replicas_of(partition)
         if current == wanted:
             return None
-        min_insync = config.settings.get("min_insync_replicas") or 1
+        min_insync = int(config.settings.get("min_insync_replicas") or 1)
         if len(wanted) < min_insync:
             raise InvalidTopic(
                 f"{len(wanted)} replica(s) for partition {partition} of topic {topic!r}, below "

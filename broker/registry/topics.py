@@ -19,6 +19,7 @@ from broker.errors import (
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
+from broker.log.config import SettingValue
 from broker.placement import assign_replicas
 from broker.protocol import check_topic_name
 from broker.registry.nodes import (
@@ -42,8 +43,13 @@ TRANSACTION_ATTEMPTS = 10
 """How many times creating or deleting a topic's nodes (one ZooKeeper transaction) is tried
 again when the nodes it was built from changed before it was applied."""
 
-Settings = Mapping[str, int | None]
+Settings = Mapping[str, SettingValue]
 Replicas = tuple[tuple[int, ...], ...]
+
+
+def _is_word(value: object) -> bool:
+    """Whether `value` is a setting's word (compression's choices): lowercase ASCII letters."""
+    return isinstance(value, str) and value.isascii() and value.isalpha() and value.islower()
 
 
 def _check_partition(partitions: int, partition: int) -> None:
@@ -61,9 +67,8 @@ class TopicConfig:
     assignment, the first the preferred leader), `brokers[p]` (the partition's name broker:
     its first replica at creation, fixed for ever after, since it names the partition's group
     nodes, `<brokers[p]>-<p>`; a reassignment changes `replicas[p]` only), and the topic's own
-    settings
-    (setting name -> integer, or None to switch that limit off); a setting left out takes the
-    broker's [log] default.
+    settings (setting name -> integer, a word for a setting of choices such as compression,
+    or None to switch that limit off); a setting left out takes the broker's [log] default.
 
     `replicas` left out (or empty) is read as one replica per partition, `brokers[p]` alone:
     a topic of a single copy, and every node written before replication had.
@@ -71,7 +76,7 @@ class TopicConfig:
 
     partitions: int
     brokers: tuple[int, ...]
-    settings: Mapping[str, int | None] = field(default_factory=dict)
+    settings: Mapping[str, SettingValue] = field(default_factory=dict)
     replicas: Replicas = ()
 
     def __post_init__(self) -> None:
@@ -83,7 +88,7 @@ class TopicConfig:
         cls,
         partitions: int,
         brokers: Iterable[int],
-        settings: Mapping[str, int | None] | None = None,
+        settings: Mapping[str, SettingValue] | None = None,
         *,
         replication_factor: int = 1,
         racks: Mapping[int, str | None] | None = None,
@@ -138,9 +143,10 @@ class TopicConfig:
         except ValueError as error:
             raise InvalidTopic(f"topic {topic!r}: {error}") from None
         for name, value in self.settings.items():
-            if not isinstance(name, str) or not (value is None or is_int(value)):
+            if not isinstance(name, str) or not (value is None or is_int(value) or _is_word(value)):
                 raise InvalidTopic(
-                    f"topic {topic!r}: setting {name!r} must be an integer or None, not {value!r}"
+                    f"topic {topic!r}: setting {name!r} must be an integer, a word or None, "
+                    f"not {value!r}"
                 )
 
     def to_json(self) -> bytes:
@@ -162,8 +168,8 @@ class TopicConfig:
         settings = obj.get("settings", {})
         if not isinstance(settings, dict):
             raise ValueError("'settings' is not an object")
-        if not all(v is None or is_int(v) for v in settings.values()):
-            raise ValueError("a setting is not an integer or null")
+        if not all(v is None or is_int(v) or _is_word(v) for v in settings.values()):
+            raise ValueError("a setting is not an integer, a word or null")
         partitions = int_field(obj, "partitions")
         brokers = int_list(obj, "brokers")
         if len(brokers) != partitions:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from broker import control, protocol
 from broker.config import BrokerConfig
 from broker.errors import PylogError, UnknownTopicOrPartition
+from broker.log.config import SettingValue
 from broker.placement import partition_folder, place_partitions
 from broker.pool import Answers, WorkerHandle, WorkerPool
 from broker.protocol import ErrorCode
@@ -54,7 +55,7 @@ VERSION = importlib.metadata.version("pylog")
 class TopicState:
     """A topic with partitions here: its settings, and the worker of each partition held here."""
 
-    settings: dict[str, int | None]
+    settings: dict[str, SettingValue]
     workers: dict[int, int]
     served: set[int] = field(default_factory=set)
     """The partitions here that their worker has opened: those registered as served."""

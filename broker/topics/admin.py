@@ -32,6 +32,7 @@ from broker.errors import (
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
+from broker.log.config import SettingValue
 from broker.pool import Answers
 from broker.protocol import ErrorCode
 from broker.registry import Registry, TopicConfig
@@ -255,7 +256,7 @@ class TopicAdmin:
 
         def read(config: TopicConfig) -> None:
             effective = self.config.log_config(config.settings)
-            settings: dict[str, int | None] = {k: getattr(effective, k) for k in TOPIC_SETTINGS}
+            settings: dict[str, SettingValue] = {k: getattr(effective, k) for k in TOPIC_SETTINGS}
             settings.update((k, replica_setting(config.settings, k)) for k in REPLICA_SETTINGS)
             values = protocol.settings_text(settings)
             entries = tuple(
@@ -289,7 +290,7 @@ class TopicAdmin:
         self._connected_registry()  # fail at once while ZooKeeper is away
         broker_config = self.config
 
-        def change(settings: Mapping[str, int | None]) -> dict[str, int | None]:
+        def change(settings: Mapping[str, SettingValue]) -> dict[str, SettingValue]:
             altered = {k: v for k, v in settings.items() if k not in request.delete}
             altered.update(changes)
             _checked(broker_config, topic, altered)
@@ -314,7 +315,7 @@ class TopicAdmin:
         )
 
 
-def _checked(config: BrokerConfig, topic: str, settings: Mapping[str, int | None]) -> int:
+def _checked(config: BrokerConfig, topic: str, settings: Mapping[str, SettingValue]) -> int:
     """The replication factor of `topic`, whose own `settings` must fit together with this
     broker's defaults for the rest (LogConfig.check_relations) and min_insync_replicas be at
     most replication_factor; InvalidTopic else."""

@@ -160,6 +160,7 @@ DEFAULTS = {  # the cluster's brokers run with --log-flush-interval-ms 50
     "retention_ms": "604800000",
     "retention_bytes": "none",
     "max_message_bytes": "1048576",
+    "compression": "producer",
 }
 DESCRIBED = DEFAULTS | {  # and the replication settings (not a partition log's)
     "replication_factor": "1",
@@ -293,6 +294,7 @@ def test_topic_alter_refuses_bad_settings_and_leaves_the_topic_as_it_was(
         (["--set", "segment_bytes=0"], "segment_bytes must be at least 26"),
         (["--set", "segment_bytes=many"], "segment_bytes must be decimal digits 0-9"),
         (["--set", "flush_messages=none"], "flush_messages must be decimal digits 0-9"),
+        (["--set", "compression=snappy"], "compression must be one of producer, none, gzip"),
         (["--delete", "no_such_setting"], "unknown topic setting 'no_such_setting'"),
         (["--set", "retention_ms=5", "--delete", "retention_ms"], "both set and deleted"),
     ):

@@ -11,10 +11,11 @@ import pytest
 
 from broker.aio import AsyncPartitionConsumer, AsyncProducer
 from broker.client import Ack, Admin, Connection, PartitionConsumer, Producer
-from broker.client import producer as producer_module
 from broker.errors import BrokerError, UnsupportedFormat
+from broker.log import codec
 from broker.log.message import Message, iter_messages
 from broker.protocol import ErrorCode, FetchRequest
+from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
 
 
@@ -113,7 +114,7 @@ def test_a_batch_over_the_bound_of_a_set_goes_as_several_sets(
     """With the bound made small: a batch that holds more goes as several sets in one
     request, each message at its own set's offset; a message over the bound alone goes
     plain (its checksum computed)."""
-    monkeypatch.setattr(producer_module, "MAX_INNER_SET_BYTES", 500)
+    monkeypatch.setattr(codec, "MAX_INNER_SET_BYTES", 500)
     with Admin(broker.endpoint) as admin:
         admin.create_topic(topic)
     values = [b"v%03d" % i + b"." * 90 for i in range(10)] + [b"big" * 300]
@@ -129,3 +130,35 @@ def test_a_batch_over_the_bound_of_a_set_goes_as_several_sets(
     assert [m.offset for m in read] == offsets
     assert offsets[0] == ack.base_offset and len(set(offsets)) == 4  # 4 + 4 + 2 + the big one
     assert read[-1].size == len(values[-1]) + 26  # plain: a message of its own size
+
+
+def test_a_topic_whose_compression_is_zstd_stores_a_plain_producers_sets_compressed(
+    broker: RunningBroker, topic: str
+) -> None:
+    """The topic setting, set at creation and altered live: a producer that does not
+    compress is stored compressed, its acks and offsets those of what was stored."""
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, 1, {"compression": "zstd"})
+        entries = {e.key: (e.value, e.overridden) for e in admin.topic_config(topic)}
+        assert entries["compression"] == ("zstd", True)
+    with Producer(broker.endpoint, topic, batch_messages=10) as producer:
+        deliveries = [producer.send(b"line %d " % i * 20) for i in range(20)]
+        acks = producer.flush()
+    assert [a.count for a in acks] == [10, 10]
+    read = read_all(broker, topic)
+    assert [m.value for m in read] == [b"line %d " % i * 20 for i in range(20)]
+    assert [m.offset for m in read] == [a.base_offset for a in acks for _ in range(10)]
+    assert read[-1].next_offset < sum(len(m.value) + 26 for m in read) // 4
+    assert deliveries[0].result() == 0
+    with Connection(broker.endpoint) as connection, pytest.raises(UnsupportedFormat):
+        connection.call(FetchRequest(topic, 0, 0, 1 << 20, 0, 0), version=1)
+    with Admin(broker.endpoint) as admin:
+        admin.alter_topic_config(topic, {"compression": "none"})
+        wait_until(
+            lambda: admin.describe_partition(topic, 0).config["compression"] == "none",
+            what="compression none in effect",
+        )
+    with Producer(broker.endpoint, topic) as producer:
+        producer.send(b"after")
+    last = read_all(broker, topic)[-1]
+    assert (last.value, last.size, last.offset) == (b"after", 26 + 5, read[-1].next_offset)

@@ -4,6 +4,7 @@ partition log does with sets: counts, reads for readers that cannot read them, r
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import zlib
 from pathlib import Path
@@ -15,9 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from xxhash import xxh3_64_intdigest
 
-from broker.errors import InvalidMessage, UnsupportedFormat
+from broker.config import topic_settings
+from broker.errors import InvalidMessage, InvalidTopic, UnsupportedFormat
 from broker.log import codec, compression, message
 from broker.log.compression import Codec, Compressor
+from broker.log.config import LogConfig
 from tests.conftest import FakeClock
 from tests.log.test_partition import make_set, open_log
 
@@ -245,3 +248,56 @@ def test_recovery_keeps_the_sets_after_damage(tmp_path: Path, clock: FakeClock) 
     assert failure is None
     assert [m.value[:8] for m in decoded] == [b"%08d" % i for i in range(2, 11)]
     log.close()
+
+
+def stored_kinds(log_dir: Path) -> list[int]:
+    """The attributes of every message stored in the partition folder's first segment."""
+    data = (log_dir / f"{0:020d}.log").read_bytes()
+    kinds = []
+    pos = 0
+    while pos < len(data):
+        kinds.append(data[pos + message.ATTRIBUTES_AT])
+        pos += message.message_size_at(data, pos)
+    return kinds
+
+
+def test_a_topic_of_a_codec_stores_every_set_so(tmp_path: Path, clock: FakeClock) -> None:
+    """compression zstd: plain messages and sets of another codec are stored as zstd sets,
+    a zstd set as it came; counts and contents stay; compression none: sets become plain
+    messages whose checksums pass."""
+    log = open_log(tmp_path / "t-0", clock, compression="zstd")
+    zstd_set = wrapped(Compressor(Codec.ZSTD, 19), make_set(5, 3))
+    assert log.append_counted(make_set(0, 3))[1] == 3
+    assert log.append_counted(wrapped(Compressor(Codec.GZIP), make_set(3, 2)))[1] == 2
+    start = log.log_end_offset
+    assert log.append_counted(zstd_set)[1] == 3
+    log.flush()
+    assert bytes(log.read(start, 1 << 20)) == zstd_set  # kept as it came: its level too
+    assert stored_kinds(tmp_path / "t-0") == [Codec.ZSTD] * 3
+    decoded, failure = codec.decode(log.read(0, 1 << 20), 0)
+    assert failure is None
+    assert [m.value[:8] for m in decoded] == [b"%08d" % i for i in range(8)]
+    log.reconfigure(dataclasses.replace(log.config, compression="none"))
+    mixed = make_set(8, 1) + wrapped(Compressor(Codec.LZ4), make_set(9, 2))
+    assert log.append_counted(mixed)[1] == 3
+    log.flush()
+    assert stored_kinds(tmp_path / "t-0")[3:] == [0, 0, 0]
+    result = codec.scan(log.read(0, 1 << 20), 1 << 20)
+    assert (result.error, result.message_count) == (None, 6)
+    everything = []
+    offset = 0
+    while offset < log.high_watermark:
+        decoded, failure = codec.decode(log.read(offset, 1 << 20), offset)
+        assert failure is None
+        everything += decoded
+        offset = decoded[-1].next_offset
+    assert [m.value[:8] for m in everything] == [b"%08d" % i for i in range(11)]
+    log.close()
+
+
+def test_a_topic_setting_of_compression_takes_its_choices_only() -> None:
+    assert topic_settings({"compression": "lz4"}) == {"compression": "lz4"}
+    with pytest.raises(InvalidTopic, match="compression must be one of producer, none, gzip"):
+        topic_settings({"compression": "snappy"})
+    with pytest.raises(ValueError, match="compression must be one of"):
+        LogConfig(compression="ZSTD")

@@ -48,7 +48,7 @@ from broker.errors import (
     UnsupportedApi,
     UnsupportedVersion,
 )
-from broker.log.config import BOUNDS, LogConfig
+from broker.log.config import BOUNDS, CHOICES, LogConfig
 from broker.log.message import Buffer, encode_message, iter_messages
 from broker.protocol import (
     API_VERSIONS,
@@ -534,7 +534,12 @@ def test_the_documented_topic_settings_are_log_config_fields_with_their_defaults
     settings = [row for row in rows if row[1] in ("yes", "no")]
     assert [row[0] for row in settings] == [*TOPIC_SETTINGS, *REPLICA_SETTINGS]
     config_fields = {f.name: f for f in fields(LogConfig)}
-    for key, none, default, minimum, maximum, *_ in settings:
+    for key, none, default, minimum, maximum, meaning in settings:
+        if key in CHOICES:  # words, not numbers: the meaning names every one
+            assert (none, minimum, maximum) == ("no", "", "")
+            assert default == getattr(LogConfig(), key) and default in CHOICES[key]
+            assert meaning.startswith("one of " + ", ".join(f"`{w}`" for w in CHOICES[key]))
+            continue
         if key in REPLICA_SETTINGS:  # not a partition log's: least value by default
             assert none == "no" and default == minimum, key
             assert (int(minimum), int(maximum)) == REPLICA_SETTINGS[key], key

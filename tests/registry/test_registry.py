@@ -24,6 +24,7 @@ from broker.errors import (
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
+from broker.log.config import SettingValue
 from broker.registry import BrokerInfo, Registry, TopicConfig
 from broker.zookeeper import PrivateZooKeeper, free_port
 from tests.broker.test_front import paused
@@ -265,9 +266,9 @@ def test_alter_topic_settings_loses_no_change_written_between_its_read_and_its_w
 ) -> None:
     registry.create_topic_config("clicks", TopicConfig.spread(2, [1], {"retention_ms": 1000}))
     path = registry.topic_config_path("clicks")
-    seen: list[dict[str, int | None]] = []
+    seen: list[dict[str, SettingValue]] = []
 
-    def change(settings: Mapping[str, int | None]) -> dict[str, int | None]:
+    def change(settings: Mapping[str, SettingValue]) -> dict[str, SettingValue]:
         seen.append(dict(settings))
         if len(seen) == 1:  # another writer gets in first
             other = TopicConfig.spread(2, [1], {**settings, "segment_ms": 5})
@@ -314,7 +315,7 @@ def test_invalid_topic_configs_are_rejected(registry: Registry) -> None:
     with pytest.raises(InvalidTopic, match="partitions"):
         registry.create_topic_config("clicks", TopicConfig.spread(0, [1]))
     with pytest.raises(InvalidTopic, match=r"retention\.ms"):
-        registry.create_topic_config("clicks", TopicConfig(1, (1,), {"retention.ms": "7d"}))  # type: ignore[dict-item]
+        registry.create_topic_config("clicks", TopicConfig(1, (1,), {"retention.ms": "7d"}))
     assert registry.topic_configs() == {}
 
 
