@@ -7,7 +7,9 @@ offset order within a partition; partitions interleave.
 Where each partition starts: as PartitionConsumer's `start` (earliest, latest, an offset, a
 time), or `Last(n)`: its last n messages. Offsets are byte positions, so the n-th message from
 the end can only be found by walking the partition's messages once, from its log start to its
-high watermark (no more is kept than the n offsets).
+high watermark (no more is kept than the n offsets). When it is inside a compressed set (whose
+messages share its offset), the set is read from its start and its messages before the n-th
+are passed over.
 
 Where each stops: without `follow`, at the high watermark of its last fetch; with `until_ms`,
 before its first message whose timestamp is at or after it (the rest of that partition is not
@@ -60,6 +62,8 @@ class _Partition:
     retry_at: float = 0.0
     backoff_s: float = RETRY_BACKOFF_S
     done: bool = False
+    skip: int = 0
+    """Messages to pass over first: those of a compressed set before where Last starts."""
 
 
 class TopicConsumer(Closing):
@@ -123,19 +127,29 @@ class TopicConsumer(Closing):
 
     def _add(self, number: int, start: Start | Last) -> None:
         consumer = self._consumer(number, "earliest" if isinstance(start, Last) else start)
+        skip = 0
         if isinstance(start, Last):
-            consumer.seek(self._last(consumer, start.count))
-        self._partitions[number] = _Partition(number, consumer.position, consumer)
+            offset, skip = self._last(consumer, start.count)
+            consumer.seek(offset)
+        self._partitions[number] = _Partition(number, consumer.position, consumer, skip=skip)
 
-    def _last(self, consumer: PartitionConsumer, count: int) -> int:
+    def _last(self, consumer: PartitionConsumer, count: int) -> tuple[int, int]:
         """The offset of the count-th message before the high watermark (read from the
-        consumer's position, the log start), or the high watermark."""
+        consumer's position, the log start), or the high watermark; and how many messages at
+        that offset come before it (those of its compressed set)."""
         end = consumer.offset_for_time(LATEST)
         offsets: collections.deque[int] = collections.deque(maxlen=count)
+        earlier: collections.deque[int] = collections.deque(maxlen=count)
+        before = 0  # the messages before this one that have its offset (in its set)
         while consumer.position < end:
-            offsets.extend(m.offset for m in consumer.poll(0) if m.offset < end)
+            for message in consumer.poll(0):
+                if message.offset < end:
+                    same = bool(offsets) and offsets[-1] == message.offset
+                    before = before + 1 if same else 0
+                    offsets.append(message.offset)
+                    earlier.append(before)
             self._note_skipped(consumer)
-        return offsets[0] if offsets else end
+        return (offsets[0], earlier[0]) if offsets else (end, 0)
 
     def _note_skipped(self, consumer: PartitionConsumer) -> None:
         self.skipped += [(consumer.partition, start, end) for start, end in consumer.skipped]
@@ -158,6 +172,9 @@ class TopicConsumer(Closing):
             for partition in waiting:
                 for message in self._poll(partition, wait_ms):
                     got = True
+                    if partition.skip:
+                        partition.skip -= 1
+                        continue
                     if self.until_ms is not None and message.timestamp_ms >= self.until_ms:
                         partition.done = True
                         break

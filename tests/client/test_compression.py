@@ -11,6 +11,7 @@ import pytest
 
 from broker.aio import AsyncPartitionConsumer, AsyncProducer
 from broker.client import Ack, Admin, Connection, PartitionConsumer, Producer
+from broker.client.topic_consumer import Last, TopicConsumer
 from broker.errors import BrokerError, UnsupportedFormat
 from broker.log import codec
 from broker.log.message import Message, iter_messages
@@ -162,3 +163,19 @@ def test_a_topic_whose_compression_is_zstd_stores_a_plain_producers_sets_compres
         producer.send(b"after")
     last = read_all(broker, topic)[-1]
     assert (last.value, last.size, last.offset) == (b"after", 26 + 5, read[-1].next_offset)
+
+
+def test_the_last_n_messages_of_a_compressed_topic_are_n_messages(
+    broker: RunningBroker, topic: str
+) -> None:
+    """`pylogctl consume --from -N` (TopicConsumer's Last): inside a set, its messages before
+    the n-th from the end are passed over."""
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic)
+    with Producer(broker.endpoint, topic, batch_messages=10, compression="lz4") as producer:
+        for i in range(25):
+            producer.send(b"m%d" % i)
+    for count, first in ((3, 22), (10, 15), (15, 10), (25, 0), (40, 0)):
+        with TopicConsumer(broker.endpoint, topic, start=Last(count)) as consumer:
+            values = [record.value for record in consumer]
+        assert values == [b"m%d" % i for i in range(first, 25)], count
