@@ -23,7 +23,8 @@
     │   ├── AuthorizationFailed     no ACL grants the connection's principal the operation
     │   ├── FencedLeaderEpoch       a replica's leader epoch is older than the leader's
     │   └── UnsupportedFormat       a FETCH of a version that cannot read what lies at its
-    │                               offset (a compressed set): the client is to be upgraded
+    │                               offset (a compressed set, headers): the client is to be
+    │                               upgraded
     ├── Unavailable                 retriable: the same request may succeed later
     │   ├── PartitionUnavailable    the worker owning the partition is down or restarting
     │   ├── BrokerShuttingDown      the broker is stopping and accepts no new requests
@@ -224,15 +225,15 @@ class AuthorizationFailed(RequestError):
 
 
 class UnsupportedFormat(RequestError):
-    """A FETCH of version 1 or 2 reached a compressed set in partition `partition`
-    (`<topic>-<number>`), at offset `offset`: those versions cannot read one, and are served
-    each segment only up to its first (docs/protocol.md, FETCH)."""
+    """A FETCH of version 1 or 2 reached a compressed set or a message with headers (format 2)
+    in partition `partition` (`<topic>-<number>`), at offset `offset`: those versions cannot
+    read one, and are served each segment only up to its first (docs/protocol.md, FETCH)."""
 
     def __init__(self, partition: str, offset: int) -> None:
         super().__init__(
             f"partition {partition}: the data from offset {offset} on in its segment holds "
-            "compressed sets, which this FETCH version cannot read: upgrade the client to one "
-            "that sends FETCH version 3"
+            "compressed sets or messages with headers, which this FETCH version cannot read: "
+            "upgrade the client to one that sends FETCH version 3"
         )
         self.partition = partition
         self.offset = offset

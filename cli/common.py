@@ -65,6 +65,7 @@ def message_record(message: Message) -> dict[str, object]:
         "key": text(message.key),
         "value_size": len(message.value),
         "value_preview": text(message.value, PREVIEW_BYTES),
+        "headers": [[k, text(v)] for k, v in message.headers],
         "checksum_ok": message.checksum_ok,
     }
 
@@ -371,6 +372,7 @@ _FIELDS: dict[str, Callable[[Record], object]] = {
     "T": lambda r: r.timestamp_ms,
     "t": lambda r: r.topic,
     "s": lambda r: len(r.value),
+    "h": lambda r: ",".join(k if v is None else f"{k}={text(v)}" for k, v in r.headers),
 }
 _FORMAT_PART = re.compile(r"%(.)|\\(.)|[^%\\]+|(.)", re.DOTALL)
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -390,7 +392,7 @@ def _format_parts(output: str) -> list[str | Callable[[Record], object]]:
             parts.append(match[0])
         else:
             raise click.BadParameter(
-                f"{match[0]!r} in {output!r} is not a field (%k %v %p %o %T %t %s %%) nor an "
+                f"{match[0]!r} in {output!r} is not a field (%k %v %p %o %T %t %s %h %%) nor an "
                 "escape (\\n \\t \\\\)",
                 param_hint="--format",
             )
@@ -413,10 +415,11 @@ def output_options(command: F) -> F:
         callback=_output_format,
         metavar="text|json|FORMAT",
         help="text: each message on a line, its key and a tab before the value when it has a "
-        "key; json: an object a line (topic, partition, offset, timestamp, key, value); or a "
-        "FORMAT after kcat's -f: %k key, %v value, %p partition, %o offset, %T timestamp "
-        "(ms), %t topic, %s value size (bytes), %% a %, \\n newline, \\t tab (put \\n "
-        "where a message ends).",
+        "key; json: an object a line (topic, partition, offset, timestamp, key, value, headers "
+        "as [key, value] pairs); or a FORMAT after kcat's -f: %k key, %v value, %p partition, "
+        "%o offset, %T timestamp (ms), %t topic, %s value size (bytes), %h headers "
+        "(key=value,... ; a key alone for a null value), %% a %, \\n newline, \\t tab (put "
+        "\\n where a message ends).",
     )(command)
     return click.option("--max-messages", type=click.IntRange(min=1), help="Exit after this many.")(
         command
@@ -439,6 +442,7 @@ def print_messages(records: Iterable[Record], output: str, max_messages: int | N
                 "timestamp": record.timestamp_ms,
                 "key": text(record.key),
                 "value": text(record.value),
+                "headers": [[k, text(v)] for k, v in record.headers],
             }
             click.echo(json.dumps(line))
         elif record.key is None:

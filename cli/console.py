@@ -26,6 +26,7 @@ from cli.common import (
     broker_errors,
     broker_options,
     client_keys,
+    config_pair,
     json_option,
     output_options,
     position,
@@ -56,6 +57,14 @@ _ACKS = {"none": Ack.NONE, "written": Ack.WRITTEN, "flushed": Ack.FLUSHED, "all"
 @click.option("--partition", type=click.IntRange(min=0), help="Send every message here.")
 @click.option("--ack", type=click.Choice(list(_ACKS)), default="flushed", show_default=True)
 @click.option(
+    "--header",
+    "headers",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=config_pair,
+    help="A header (KEY=VALUE, the value as UTF-8) on every message sent; repeat for more.",
+)
+@click.option(
     "--compression",
     type=click.Choice(list(CODECS)),
     default="none",
@@ -75,6 +84,7 @@ def produce(
     key_separator: str | None,
     partition: int | None,
     ack: str,
+    headers: dict[str, str],
     compression: str,
     compression_level: int | None,
     as_json: bool,
@@ -91,10 +101,12 @@ def produce(
       printf 'user-1:hello\\nuser-2:world\\n' | pylogctl produce clicks --key-separator :
       pylogctl produce clicks --file events.txt --ack written
       pylogctl produce clicks --file access.log --compression zstd
+      pylogctl produce clicks --header source=web --header schema=7
     """
     separator = None if key_separator is None else key_separator.encode()
     if separator == b"":
         raise click.BadParameter("must not be empty", param_hint="--key-separator")
+    sent_headers = [(k, v.encode()) for k, v in headers.items()] or None
     try:
         compressor_for(compression, compression_level)
     except ValueError as error:
@@ -117,7 +129,7 @@ def produce(
                 key = None
                 if separator is not None and separator in value:
                     key, _, value = value.partition(separator)
-                producer.send(value, key=key, partition=partition)
+                producer.send(value, key=key, partition=partition, headers=sent_headers)
         sent = producer.messages_sent
     if as_json:
         click.echo(json.dumps({"topic": topic_name, "messages": sent, "ack": ack}))

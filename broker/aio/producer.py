@@ -28,7 +28,7 @@ Not safe to share between event loops (or threads).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -47,6 +47,7 @@ from broker.client.producer import (
 )
 from broker.clock import SYSTEM_CLOCK
 from broker.errors import BrokerError, PylogError, Unavailable
+from broker.log.message import HeaderItems
 from broker.protocol import Ack, Api, PartitionInfo, ProduceReply, decode_reply
 from broker.security import ClientKeys
 
@@ -152,13 +153,14 @@ class AsyncProducer(ProducerCore):
         key: Any = None,
         timestamp_ms: int | None = None,
         partition: int | None = None,
+        headers: HeaderItems | Mapping[str, bytes | None] | None = None,
     ) -> AsyncDelivery:
         """Add a message to its partition's batch and return its AsyncDelivery; send the batch
         if it is full, then wait while `max_in_flight` batches are in flight. Raises the error
         of a failed batch met while waiting, and TypeError, nothing sent, for a value or key
-        that is not bytes (nor made bytes by the serializers)."""
+        that is not bytes (nor made bytes by the serializers). `headers` as Producer.send's."""
         layout = await self._partition_layout()
-        batch, position, full = self._add(layout, value, key, timestamp_ms, partition)
+        batch, position, full = self._add(layout, value, key, timestamp_ms, partition, headers)
         if full:
             self._launch(batch.partition)
             await self._reap(self.max_in_flight - 1)

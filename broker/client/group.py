@@ -82,6 +82,7 @@ from broker.errors import (
     Unavailable,
 )
 from broker.lifecycle import Closing
+from broker.log.message import Headers
 from broker.protocol import (
     EARLIEST,
     LATEST,
@@ -130,6 +131,8 @@ class Record(NamedTuple):
     timestamp_ms: int
     key: bytes | None
     value: bytes
+    headers: Headers = ()
+    """(key, value or None) pairs, in order; () for a message without."""
 
 
 @dataclass(eq=False)
@@ -505,7 +508,7 @@ class GroupConsumer(Closing):
         base = owned.fetch_offset
         messages, damage = decode_fetched(reply.message_set, base, tp.topic, tp.partition)
         owned.buffered = deque(
-            Record(tp.topic, tp.partition, m.offset, m.timestamp_ms, m.key, m.value)
+            Record(tp.topic, tp.partition, m.offset, m.timestamp_ms, m.key, m.value, m.headers)
             for m in messages
         )
         if damage is None:

@@ -70,7 +70,7 @@ import random
 import time
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -91,7 +91,7 @@ from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import AuthenticationFailed, BrokerError, PylogError, Unavailable
 from broker.log.codec import compressed_sets, encode_message
 from broker.log.compression import compressor_for
-from broker.log.message import Buffer
+from broker.log.message import Buffer, HeaderItems, encode_with_headers
 from broker.protocol import (
     Ack,
     Api,
@@ -345,6 +345,7 @@ class ProducerCore:
         key: Any,
         timestamp_ms: int | None,
         partition: int | None,
+        headers: HeaderItems | Mapping[str, bytes | None] | None = None,
     ) -> tuple[Batch, int, bool]:
         """Encode a message and add it to its partition's open batch: the batch, where the
         message starts in it, and whether the batch is full now. TypeError, nothing added, for
@@ -369,7 +370,12 @@ class ProducerCore:
         produced = self.produced
         if produced is not None and timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000  # counted in its window, as stored
-        message = encode_message(value, key, timestamp_ms, self._compressor is not None)
+        inner = self._compressor is not None
+        if headers is None:
+            message = encode_message(value, key, timestamp_ms, inner)
+        else:  # format 2 (docs/storage.md)
+            items = headers.items() if isinstance(headers, Mapping) else headers
+            message = encode_with_headers(value, key, timestamp_ms, inner, items)
         batch = self._batches.get(partition)
         if batch is None:
             batch = self._batches[partition] = Batch(partition, self.clock.monotonic())
@@ -583,13 +589,16 @@ class Producer(ProducerCore):
         key: Any = None,
         timestamp_ms: int | None = None,
         partition: int | None = None,
+        headers: HeaderItems | Mapping[str, bytes | None] | None = None,
     ) -> Delivery:
         """Add a message to its partition's batch and return its Delivery; send the batch if it
         is full, and any batch whose linger has passed. Raises what sending raises (BrokerError,
         Unavailable, AuthenticationFailed), and TypeError, nothing sent, for a value or key that
-        is not bytes (nor made bytes by the producer's serializer or key_serializer)."""
+        is not bytes (nor made bytes by the producer's serializer or key_serializer).
+        `headers`: (key, value) pairs, keys str and values bytes or None, in order (a mapping
+        gives its items), stored with the message (format 2: docs/storage.md)."""
         layout = self._layout or self._partition_layout()
-        batch, position, full = self._add(layout, value, key, timestamp_ms, partition)
+        batch, position, full = self._add(layout, value, key, timestamp_ms, partition, headers)
         if full:
             self._send_batch(batch.partition)
         if self._batches and self.clock.monotonic() >= self._linger_deadline:

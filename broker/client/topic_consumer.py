@@ -185,6 +185,7 @@ class TopicConsumer(Closing):
                         message.timestamp_ms,
                         message.key,
                         message.value,
+                        message.headers,
                     )
 
     def _poll(self, partition: _Partition, wait_ms: int) -> list[Message]:

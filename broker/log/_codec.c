@@ -29,6 +29,8 @@
 #define MIN_LENGTH (HEADER_SIZE - LENGTH_SIZE)
 #define CHECKSUM_START 12
 #define MAGIC 1
+#define MAGIC_V2 2
+#define HEADERS_MIN 6 /* format 2's headers_length and an empty block's u16 count */
 #define NO_TIMESTAMP INT64_MIN
 /* The attributes of a compressed set: bits 0-2 gzip (1), lz4 (3) or zstd (4), the rest zero
  * (message.SET_CODECS). */
@@ -71,7 +73,82 @@ typedef struct {
     int64_t timestamp;
     int32_t key_length;
     unsigned char attributes;
+    Py_ssize_t headers;  /* format 2: how many headers; -1 for format 1 */
+    Py_ssize_t value_at; /* where the value starts */
 } header;
+
+/* Whether bytes [p, p + n) are UTF-8 as Python's strict decoder takes it (no overlong forms,
+ * no surrogates, nothing past U+10FFFF). */
+static int utf8_valid(const unsigned char *p, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = p[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int more;
+        uint32_t cp;
+        if (c >= 0xC2 && c <= 0xDF)
+            more = 1, cp = c & 0x1F;
+        else if (c >= 0xE0 && c <= 0xEF)
+            more = 2, cp = c & 0x0F;
+        else if (c >= 0xF0 && c <= 0xF4)
+            more = 3, cp = c & 0x07;
+        else
+            return 0;
+        if (n - i <= more)
+            return 0;
+        for (int k = 1; k <= more; k++) {
+            if ((p[i + k] & 0xC0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (p[i + k] & 0x3F);
+        }
+        if ((more == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+            (more == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+            return 0;
+        i += more + 1;
+    }
+    return 1;
+}
+
+/* Where the value of a format 2 message starts: after its header block at `at`, which must
+ * lie within [at, end) and be whole (its length, a u16 count, each header's u16 key length,
+ * UTF-8 key, i32 value length >= -1 and value, nothing left over); -1 if it is not. `count`
+ * gets the number of headers. */
+static Py_ssize_t header_block_end(const unsigned char *data, Py_ssize_t at, Py_ssize_t end,
+                                   Py_ssize_t *count) {
+    if (end - at < 4)
+        return -1;
+    int64_t block = be32(data + at);
+    at += 4;
+    if (block < 2 || block > end - at)
+        return -1;
+    Py_ssize_t stop = at + (Py_ssize_t)block;
+    Py_ssize_t n = ((Py_ssize_t)data[at] << 8) | data[at + 1];
+    at += 2;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (stop - at < 2)
+            return -1;
+        Py_ssize_t key = ((Py_ssize_t)data[at] << 8) | data[at + 1];
+        at += 2;
+        if (stop - at < key || !utf8_valid(data + at, key))
+            return -1;
+        at += key;
+        if (stop - at < 4)
+            return -1;
+        int32_t value = (int32_t)be32(data + at);
+        at += 4;
+        if (value < -1 || stop - at < value)
+            return -1;
+        if (value > 0)
+            at += value;
+    }
+    if (at != stop)
+        return -1;
+    *count = n;
+    return stop;
+}
 
 /* Where the message at `pos` of `data` (`end` bytes) ends if it passes every check of
  * message.py's walks (whole header, length within [MIN_LENGTH, max_length], within the buffer,
@@ -86,11 +163,20 @@ static inline Py_ssize_t message_end(const unsigned char *data, Py_ssize_t pos, 
     int64_t length = be32(p);
     if (length < MIN_LENGTH || length > max_length || length + LENGTH_SIZE > end - pos)
         return -1;
-    if (p[12] != MAGIC || (p[13] != 0 && !(sets && SET_CODEC(p[13]))))
+    int v2 = p[12] == MAGIC_V2;
+    if (v2 ? p[13] != 0 : p[12] != MAGIC || (p[13] != 0 && !(sets && SET_CODEC(p[13]))))
         return -1;
     int32_t key_length = (int32_t)be32(p + 22);
-    if (key_length < -1 || key_length > length - MIN_LENGTH)
+    if (key_length < -1 || key_length > length - MIN_LENGTH - (v2 ? HEADERS_MIN : 0))
         return -1;
+    Py_ssize_t key_end = pos + HEADER_SIZE + (key_length > 0 ? key_length : 0);
+    h->headers = -1;
+    h->value_at = key_end;
+    if (v2) {
+        h->value_at = header_block_end(data, key_end, pos + LENGTH_SIZE + length, &h->headers);
+        if (h->value_at < 0)
+            return -1;
+    }
     uint64_t checksum = be64(p + 4);
     if (inner ? checksum != 0
               : XXH3_64bits(p + CHECKSUM_START,
@@ -181,7 +267,7 @@ static PyObject *to_list(const int64_list *list) {
 }
 
 /* scan_walk(buf, max_message_bytes, index_interval, next_mark, inner)
- *     -> (valid_bytes, message_count, marks, greatest, first_set)
+ *     -> (valid_bytes, message_count, marks, greatest, first_new, first_set)
  * message.scan_walk: the walk of message.scan, without the GIL (a segment's recovery walks
  * up to a GiB), whose error text message.scan_result makes. */
 static PyObject *scan_walk(PyObject *Py_UNUSED(module), PyObject *const *args,
@@ -207,11 +293,13 @@ static PyObject *scan_walk(PyObject *Py_UNUSED(module), PyObject *const *args,
         next_mark = (int64_t)end + 1;
     int64_list marks = {0}, greatest = {0};
     int64_t top = NO_TIMESTAMP;
-    Py_ssize_t pos = 0, count = 0, first_set = -1;
+    Py_ssize_t pos = 0, count = 0, first_new = -1, first_set = -1;
     int failed = 0;
     header h;
     Py_BEGIN_ALLOW_THREADS
     while (pos < end && message_end(data, pos, end, max_length, 1, inner, &h) >= 0) {
+        if ((h.attributes || h.headers >= 0) && first_new < 0)
+            first_new = pos;
         if (h.attributes && first_set < 0)
             first_set = pos;
         if (pos >= next_mark) {
@@ -239,7 +327,8 @@ static PyObject *scan_walk(PyObject *Py_UNUSED(module), PyObject *const *args,
         PyObject *marks_list = to_list(&marks);
         PyObject *greatest_list = marks_list ? to_list(&greatest) : NULL;
         if (greatest_list != NULL)
-            result = Py_BuildValue("(nnNNn)", pos, count, marks_list, greatest_list, first_set);
+            result = Py_BuildValue("(nnNNnn)", pos, count, marks_list, greatest_list, first_new,
+                                   first_set);
         else
             Py_XDECREF(marks_list);
     }
@@ -267,11 +356,11 @@ static PyObject *shared_int(int64_t value, int64_t *last, PyObject **last_obj) {
  * (size_obj and timestamp_obj may be NULL: an error made them). */
 static PyObject *new_message(PyTypeObject *type, PyObject *offset, PyObject *size_obj,
                              PyObject *timestamp_obj, PyObject *key, PyObject *value,
-                             uint64_t checksum) {
+                             uint64_t checksum, PyObject *headers) {
     PyObject *checksum_obj = PyLong_FromUnsignedLongLong(checksum);
     PyObject *message = NULL;
-    if (size_obj && timestamp_obj && checksum_obj)
-        message = type->tp_alloc(type, 8);
+    if (size_obj && timestamp_obj && checksum_obj && headers)
+        message = type->tp_alloc(type, 9);
     if (message == NULL) {
         Py_XDECREF(size_obj);
         Py_XDECREF(timestamp_obj);
@@ -279,6 +368,7 @@ static PyObject *new_message(PyTypeObject *type, PyObject *offset, PyObject *siz
         Py_DECREF(offset);
         Py_XDECREF(key);
         Py_DECREF(value);
+        Py_XDECREF(headers);
         return NULL;
     }
     PyTuple_SET_ITEM(message, 0, offset);
@@ -289,7 +379,9 @@ static PyObject *new_message(PyTypeObject *type, PyObject *offset, PyObject *siz
     PyTuple_SET_ITEM(message, 5, PyLong_FromLong(0)); /* attributes: only 0 passes */
     PyTuple_SET_ITEM(message, 6, checksum_obj);
     PyTuple_SET_ITEM(message, 7, Py_NewRef(Py_True));
-    /* Out of the cyclic GC's lists: it holds ints, bytes, None and True only, and a tuple
+    PyTuple_SET_ITEM(message, 8, headers);
+    /* Out of the cyclic GC's lists: it holds ints, bytes, str, None, True and tuples of them
+     * only, and a tuple
      * (no __dict__: a named tuple's __slots__ is empty) never changes, so it can be in no
      * cycle. CPython untracks such plain tuples itself, never a subclass's; tracked, a
      * consumer's Messages cost each collection a visit: 225-300 ns a message decoded against
@@ -297,6 +389,37 @@ static PyObject *new_message(PyTypeObject *type, PyObject *offset, PyObject *siz
      * measured here). */
     PyObject_GC_UnTrack(message);
     return message;
+}
+
+/* The headers of a format 2 message, `count` of them in its (valid) header block at `at`, as a
+ * tuple of (key, value or None) tuples; the empty tuple for -1 (format 1). */
+static PyObject *headers_of(const unsigned char *data, Py_ssize_t at, Py_ssize_t count) {
+    if (count <= 0)
+        return PyTuple_New(0);
+    PyObject *headers = PyTuple_New(count);
+    if (headers == NULL)
+        return NULL;
+    at += 4 + 2; /* headers_length, count */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t key_length = ((Py_ssize_t)data[at] << 8) | data[at + 1];
+        PyObject *key = PyUnicode_DecodeUTF8((const char *)data + at + 2, key_length, NULL);
+        at += 2 + key_length;
+        int32_t value_length = (int32_t)be32(data + at);
+        at += 4;
+        PyObject *value = value_length < 0 ? Py_NewRef(Py_None)
+                                           : PyBytes_FromStringAndSize((const char *)data + at,
+                                                                       value_length);
+        at += value_length > 0 ? value_length : 0;
+        PyObject *pair = key && value ? PyTuple_Pack(2, key, value) : NULL;
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        if (pair == NULL) {
+            Py_DECREF(headers);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(headers, i, pair);
+    }
+    return headers;
 }
 
 /* decode_set(buf, base_offset, start, set_size) -> (messages, bad_position or None)
@@ -348,7 +471,7 @@ static PyObject *decode_set(PyObject *module, PyObject *const *args, Py_ssize_t 
             key = Py_NewRef(Py_None);
         }
         PyObject *value =
-            PyBytes_FromStringAndSize((const char *)data + key_end, h.following - key_end);
+            PyBytes_FromStringAndSize((const char *)data + h.value_at, h.following - h.value_at);
         PyObject *offset =
             wrapped ? Py_NewRef(set_offset) : offset_of(base_obj, base, base_exact, pos);
         if (key == NULL || value == NULL || offset == NULL) {
@@ -361,7 +484,9 @@ static PyObject *decode_set(PyObject *module, PyObject *const *args, Py_ssize_t 
         int64_t size_value = !wrapped ? h.following - pos : h.following == end ? set_size : 0;
         PyObject *size = shared_int(size_value, &last_size, &last_size_obj);
         PyObject *timestamp = shared_int(h.timestamp, &last_timestamp, &last_timestamp_obj);
-        PyObject *message = new_message(type, offset, size, timestamp, key, value, h.checksum);
+        PyObject *headers = headers_of(data, key_end, h.headers);
+        PyObject *message =
+            new_message(type, offset, size, timestamp, key, value, h.checksum, headers);
         if (message == NULL)
             goto error;
         int appended = PyList_Append(messages, message);
@@ -387,6 +512,10 @@ error:
 }
 
 #define MAX_COLUMN_SET 0x7FFFFFFF
+/* The buffers of a Columns, in its order after rows and key_nulls; BAD, `bad`, is not one but
+ * sits among them. */
+#define BUFFERS 15
+#define BAD 7
 
 /* One piece of what decode_columns decodes: a run of messages, or a compressed set's inner
  * set (set_size >= 0: every message has the set's offset, base). */
@@ -429,7 +558,7 @@ static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssiz
         return NULL;
     Py_ssize_t npieces = PySequence_Fast_GET_SIZE(sequence), acquired = 0;
     piece *pieces = PyMem_Calloc((size_t)(npieces ? npieces : 1), sizeof(piece));
-    PyObject *buffers[8] = {NULL};
+    PyObject *buffers[BUFFERS] = {NULL};
     PyObject *result = NULL, *bad = NULL;
     if (pieces == NULL) {
         PyErr_NoMemory();
@@ -448,7 +577,11 @@ static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssiz
             goto done;
         }
     }
-    Py_ssize_t count = 0, key_bytes = 0, value_bytes = 0, nulls = 0, used = 0;
+    /* Counters of what the buffers hold: rows, key bytes, value bytes, keyless rows, header
+     * entries, header key bytes, header value bytes, null header values, rows without
+     * headers. */
+    enum { ROWS, KEYS, VALUES, KEYLESS, ENTRIES, HKEYS, HVALUES, HNULLS, HEADERLESS, COUNTERS };
+    Py_ssize_t n[COUNTERS] = {0}, used = 0;
     header h;
     /* First pass: check, and size the buffers. */
     for (Py_ssize_t i = 0; i < npieces; i++) {
@@ -465,7 +598,8 @@ static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssiz
         used = i + 1;
         if (wrapped && limit <= 0) /* the set's offset is at or past end_offset */
             break;
-        Py_ssize_t before[4] = {count, key_bytes, value_bytes, nulls};
+        Py_ssize_t before[COUNTERS];
+        memcpy(before, n, sizeof n);
         int stopped = 0; /* at end_offset: a bad message is one that fails its checks first */
         while (pos < end && message_end(data, pos, end, INT64_MAX, 0, wrapped, &h) >= 0) {
             if (!wrapped && pos >= limit) {
@@ -494,19 +628,30 @@ static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssiz
                 Py_DECREF(offset_obj);
                 goto done;
             }
-            Py_ssize_t keyed = h.key_length >= 0 ? h.key_length : 0;
-            key_bytes += keyed;
-            value_bytes += h.following - pos - HEADER_SIZE - keyed;
-            nulls += h.key_length < 0;
-            count++;
+            n[KEYS] += h.key_length >= 0 ? h.key_length : 0;
+            n[VALUES] += h.following - h.value_at;
+            n[KEYLESS] += h.key_length < 0;
+            n[HEADERLESS] += h.headers <= 0;
+            if (h.headers > 0) {
+                Py_ssize_t q = pos + HEADER_SIZE + (h.key_length > 0 ? h.key_length : 0) + 6;
+                for (Py_ssize_t e = 0; e < h.headers; e++) {
+                    Py_ssize_t key_length = ((Py_ssize_t)data[q] << 8) | data[q + 1];
+                    int32_t value_length = (int32_t)be32(data + q + 2 + key_length);
+                    n[HKEYS] += key_length;
+                    n[HVALUES] += value_length > 0 ? value_length : 0;
+                    n[HNULLS] += value_length < 0;
+                    q += 2 + key_length + 4 + (value_length > 0 ? value_length : 0);
+                }
+                n[ENTRIES] += h.headers;
+            }
+            n[ROWS]++;
             pos = h.following;
         }
         if (!stopped && pos < end) {
             /* A message failed: the set it is in is damaged whole; a run keeps what came
              * before it. `bad` is its position counted from the first piece's base. */
             if (wrapped) {
-                count = before[0], key_bytes = before[1], value_bytes = before[2];
-                nulls = before[3];
+                memcpy(n, before, sizeof n);
                 pos = 0;
             }
             PyObject *at = offset_of(p->base_obj, p->base, p->base_exact, pos);
@@ -517,19 +662,20 @@ static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssiz
             if (bad == NULL)
                 goto done;
         }
-        p->count = count - before[0];
+        p->count = n[ROWS] - before[ROWS];
         if (stopped || bad != NULL)
             break;
     }
-    buffers[0] = PyBytes_FromStringAndSize(NULL, (count + 7) / 8);
-    buffers[1] = PyBytes_FromStringAndSize(NULL, (count + 1) * 4);
-    buffers[2] = PyBytes_FromStringAndSize(NULL, key_bytes);
-    buffers[3] = PyBytes_FromStringAndSize(NULL, (count + 1) * 4);
-    buffers[4] = PyBytes_FromStringAndSize(NULL, value_bytes);
-    buffers[5] = PyBytes_FromStringAndSize(NULL, count * 8);
-    buffers[6] = PyBytes_FromStringAndSize(NULL, count * 8);
-    for (int i = 0; i < 7; i++)
-        if (buffers[i] == NULL)
+    Py_ssize_t count = n[ROWS], entries = n[ENTRIES];
+    Py_ssize_t sizes[BUFFERS] = {
+        (count + 7) / 8,   (count + 1) * 4,   n[KEYS],
+        (count + 1) * 4,   n[VALUES],         count * 8,
+        count * 8,         0 /* bad */,       (count + 7) / 8,
+        (count + 1) * 4,   (entries + 1) * 4, n[HKEYS],
+        (entries + 7) / 8, (entries + 1) * 4, n[HVALUES],
+    };
+    for (int j = 0; j < BUFFERS; j++)
+        if (j != BAD && (buffers[j] = PyBytes_FromStringAndSize(NULL, sizes[j])) == NULL)
             goto done;
     unsigned char *validity = (unsigned char *)PyBytes_AS_STRING(buffers[0]);
     int32_t *key_offsets = (int32_t *)PyBytes_AS_STRING(buffers[1]);
@@ -538,20 +684,29 @@ static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssiz
     char *value_data = PyBytes_AS_STRING(buffers[4]);
     int64_t *offsets = (int64_t *)PyBytes_AS_STRING(buffers[5]);
     int64_t *micros = (int64_t *)PyBytes_AS_STRING(buffers[6]);
-    memset(validity, 0, (size_t)(count + 7) / 8);
+    unsigned char *header_validity = (unsigned char *)PyBytes_AS_STRING(buffers[8]);
+    int32_t *header_offsets = (int32_t *)PyBytes_AS_STRING(buffers[9]);
+    int32_t *hkey_offsets = (int32_t *)PyBytes_AS_STRING(buffers[10]);
+    char *hkey_data = PyBytes_AS_STRING(buffers[11]);
+    unsigned char *hvalue_validity = (unsigned char *)PyBytes_AS_STRING(buffers[12]);
+    int32_t *hvalue_offsets = (int32_t *)PyBytes_AS_STRING(buffers[13]);
+    char *hvalue_data = PyBytes_AS_STRING(buffers[14]);
+    memset(validity, 0, (size_t)sizes[0]);
+    memset(header_validity, 0, (size_t)sizes[8]);
+    memset(hvalue_validity, 0, (size_t)sizes[12]);
     /* Second pass: the messages are known good; fill the buffers. */
-    int32_t key_at = 0, value_at = 0;
-    Py_ssize_t i = 0;
+    int32_t key_at = 0, value_at = 0, hkey_at = 0, hvalue_at = 0;
+    Py_ssize_t i = 0, e = 0;
     for (Py_ssize_t k = 0; k < used; k++) {
         const piece *q = &pieces[k];
         const unsigned char *data = q->view.buf;
         int wrapped = q->set_size >= 0;
         Py_ssize_t pos = 0;
-        for (Py_ssize_t n = 0; n < q->count; n++, i++) {
+        for (Py_ssize_t m = 0; m < q->count; m++, i++) {
             const unsigned char *p = data + pos;
             Py_ssize_t following = pos + LENGTH_SIZE + be32(p);
             int32_t key_length = (int32_t)be32(p + 22);
-            Py_ssize_t key_end = pos + HEADER_SIZE;
+            Py_ssize_t key_end = pos + HEADER_SIZE, value_start;
             key_offsets[i] = key_at;
             if (key_length >= 0) {
                 validity[i >> 3] |= (unsigned char)(1 << (i & 7));
@@ -559,9 +714,34 @@ static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssiz
                 key_at += key_length;
                 key_end += key_length;
             }
+            header_offsets[i] = (int32_t)e;
+            value_start = key_end;
+            if (p[12] == MAGIC_V2) {
+                value_start = key_end + 4 + (Py_ssize_t)be32(data + key_end);
+                Py_ssize_t headers = ((Py_ssize_t)data[key_end + 4] << 8) | data[key_end + 5];
+                Py_ssize_t r = key_end + 6;
+                if (headers > 0)
+                    header_validity[i >> 3] |= (unsigned char)(1 << (i & 7));
+                for (Py_ssize_t x = 0; x < headers; x++, e++) {
+                    Py_ssize_t hkey = ((Py_ssize_t)data[r] << 8) | data[r + 1];
+                    hkey_offsets[e] = hkey_at;
+                    memcpy(hkey_data + hkey_at, data + r + 2, (size_t)hkey);
+                    hkey_at += (int32_t)hkey;
+                    r += 2 + hkey;
+                    int32_t hvalue = (int32_t)be32(data + r);
+                    r += 4;
+                    hvalue_offsets[e] = hvalue_at;
+                    if (hvalue >= 0) {
+                        hvalue_validity[e >> 3] |= (unsigned char)(1 << (e & 7));
+                        memcpy(hvalue_data + hvalue_at, data + r, (size_t)hvalue);
+                        hvalue_at += hvalue;
+                        r += hvalue;
+                    }
+                }
+            }
             value_offsets[i] = value_at;
-            memcpy(value_data + value_at, data + key_end, (size_t)(following - key_end));
-            value_at += (int32_t)(following - key_end);
+            memcpy(value_data + value_at, data + value_start, (size_t)(following - value_start));
+            value_at += (int32_t)(following - value_start);
             /* the first pass checked that it fits */
             offsets[i] = q->base + (wrapped ? 0 : (int64_t)pos);
             micros[i] = (int64_t)be64(p + 14) * 1000;
@@ -570,26 +750,33 @@ static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssiz
     }
     key_offsets[count] = key_at;
     value_offsets[count] = value_at;
-    buffers[7] = bad != NULL ? bad : Py_NewRef(Py_None);
+    header_offsets[count] = (int32_t)e;
+    hkey_offsets[entries] = hkey_at;
+    hvalue_offsets[entries] = hvalue_at;
+    buffers[BAD] = bad != NULL ? bad : Py_NewRef(Py_None);
     bad = NULL;
-    result = type->tp_alloc(type, 10);
+    result = type->tp_alloc(type, 2 + BUFFERS + 3);
     if (result == NULL)
         goto done;
-    PyObject *count_obj = PyLong_FromSsize_t(count), *nulls_obj = PyLong_FromSsize_t(nulls);
-    if (count_obj == NULL || nulls_obj == NULL) {
-        Py_XDECREF(count_obj);
-        Py_XDECREF(nulls_obj);
+    PyObject *numbers[5] = {PyLong_FromSsize_t(count), PyLong_FromSsize_t(n[KEYLESS]),
+                            PyLong_FromSsize_t(n[HEADERLESS]), PyLong_FromSsize_t(entries),
+                            PyLong_FromSsize_t(n[HNULLS])};
+    if (!numbers[0] || !numbers[1] || !numbers[2] || !numbers[3] || !numbers[4]) {
+        for (int j = 0; j < 5; j++)
+            Py_XDECREF(numbers[j]);
         Py_CLEAR(result);
         goto done;
     }
-    PyTuple_SET_ITEM(result, 0, count_obj);
-    PyTuple_SET_ITEM(result, 1, nulls_obj);
-    for (int j = 0; j < 8; j++) {
+    PyTuple_SET_ITEM(result, 0, numbers[0]);
+    PyTuple_SET_ITEM(result, 1, numbers[1]);
+    for (int j = 0; j < BUFFERS; j++) {
         PyTuple_SET_ITEM(result, j + 2, buffers[j]);
         buffers[j] = NULL;
     }
+    for (int j = 2; j < 5; j++)
+        PyTuple_SET_ITEM(result, 2 + BUFFERS + j - 2, numbers[j]);
 done:
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < BUFFERS; j++)
         Py_XDECREF(buffers[j]);
     Py_XDECREF(bad);
     for (Py_ssize_t j = 0; j < acquired; j++)

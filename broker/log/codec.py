@@ -106,7 +106,7 @@ def check_sets(buf: Buffer, result: ScanResult) -> int:
     pos = result.first_set
     while pos < len(buf):
         following = pos + message_size_at(buf, pos)
-        if is_set(buf, pos):
+        if buf[pos + ATTRIBUTES_AT]:  # the walk took it: a set's codec
             inner = scan(inner_set(buf, pos), MAX_INNER_SET_BYTES, inner=True)
             if inner.error is None and inner.first_set >= 0:
                 inner = inner._replace(valid_bytes=inner.first_set, error=NESTED_SET)
@@ -127,25 +127,25 @@ def converted(buf: Buffer, result: ScanResult, compressor: Compressor | None) ->
     is: every message a set of that codec, or no set at all. With a codec, the messages are
     put into as few sets as the bound allows (a plain message over it stays plain); with none,
     each set's messages become plain messages, their checksums computed."""
-    pieces: list[tuple[bytes, bool]] = []  # an inner set or a plain message; whether inner
+    if compressor is None and result.first_set < 0:
+        return None
+    spans = []  # each message: where it starts and ends, its codec (0: plain)
     pos = 0
-    kept = True
     while pos < len(buf):
         following = pos + message_size_at(buf, pos)
-        codec = buf[pos + ATTRIBUTES_AT]
-        if codec:
-            pieces.append((inner_set(buf, pos), True))
-        else:
-            pieces.append((bytes(buf[pos:following]), False))
-        kept = kept and (codec != 0 if compressor is None else codec == compressor.codec)
+        spans.append((pos, following, buf[pos + ATTRIBUTES_AT]))
         pos = following
-    if compressor is None:
-        if result.first_set < 0:
-            return None
-        return b"".join(_plain_messages(data) if inner else data for data, inner in pieces)
-    if kept:
+    if compressor is not None and all(codec == compressor.codec for _, _, codec in spans):
         return None
-    units = [data if inner else inner_message(data) for data, inner in pieces]
+    if compressor is None:
+        return b"".join(
+            _plain_messages(inner_set(buf, start)) if codec else bytes(buf[start:end])
+            for start, end, codec in spans
+        )
+    units = [
+        inner_set(buf, start) if codec else inner_message(bytes(buf[start:end]))
+        for start, end, codec in spans
+    ]
     return compressed_sets(compressor, units)[0]
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import struct
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from xxhash import xxh3_64_intdigest
@@ -39,6 +39,10 @@ from xxhash import xxh3_64_intdigest
 from broker.errors import InvalidMessage, MessageTooLarge
 
 MAGIC = 1
+MAGIC_V2 = 2
+"""Format 2: format 1 with a header block between the key and the value (docs/storage.md)."""
+HEADERS_MIN = 6
+"""The least a format 2 message adds: headers_length (u32) and a header count (u16) of 0."""
 LENGTH_SIZE = 4
 HEADER_SIZE = 26
 """Bytes before the key: length, checksum, magic, attributes, timestamp, key_length."""
@@ -46,6 +50,8 @@ MIN_LENGTH = HEADER_SIZE - LENGTH_SIZE
 """The smallest valid value of the length field: no key, empty value."""
 CHECKSUM_START = 12
 """The checksum covers the message from this byte to its end."""
+MAGIC_AT = 12
+"""The magic byte: the message's format, 1 or 2."""
 ATTRIBUTES_AT = 13
 """The attributes byte: 0 in a plain message, a compressed set's codec in its wrapper."""
 CODEC_MASK = 0x07
@@ -69,7 +75,67 @@ TIMESTAMP_START = 14
 # message) or a compressed set's codec.
 _SCAN_HEADER = struct.Struct(">IQHqi")
 _MAGIC_ATTRIBUTES = MAGIC << 8
-_STORED_MAGIC_ATTRIBUTES = frozenset({_MAGIC_ATTRIBUTES} | {MAGIC << 8 | c for c in SET_CODECS})
+_STORED_MAGIC_ATTRIBUTES = frozenset(
+    {_MAGIC_ATTRIBUTES, MAGIC_V2 << 8} | {MAGIC << 8 | c for c in SET_CODECS}
+)
+"""A message's magic and attributes, as one u16: format 1 plain or a compressed set's wrapper,
+or format 2 (whose attributes are 0: a wrapper is of format 1)."""
+_MAGIC_V2_ATTRIBUTES = MAGIC_V2 << 8
+_U16 = struct.Struct(">H")
+_I32 = struct.Struct(">i")
+
+Headers = tuple[tuple[str, bytes | None], ...]
+"""A message's headers: (key, value or None) pairs, in order; () for format 1."""
+
+
+def header_block(buf: Buffer, at: int, end: int) -> tuple[int, Headers]:
+    """The header block of a format 2 message at `at` (its headers_length field), which must
+    end by `end`: where the value starts, and the headers. ValueError saying what is wrong."""
+    if end - at < 4:
+        raise ValueError("cut short: no room for headers_length")
+    block = int.from_bytes(buf[at : at + 4], "big")
+    at += 4
+    if block < 2 or block > end - at:
+        raise ValueError(f"headers_length {block} does not fit in the message")
+    stop = at + block
+    (count,) = _U16.unpack_from(buf, at)
+    at += 2
+    headers = []
+    for number in range(count):
+        if stop - at < 2:
+            raise ValueError(f"header {number} is cut short")
+        (key_length,) = _U16.unpack_from(buf, at)
+        at += 2
+        if stop - at < key_length:
+            raise ValueError(f"header {number}: its key is cut short")
+        try:
+            key = bytes(buf[at : at + key_length]).decode()
+        except UnicodeDecodeError:
+            raise ValueError(f"header {number}: its key is not UTF-8") from None
+        at += key_length
+        if stop - at < 4:
+            raise ValueError(f"header {number} is cut short")
+        (value_length,) = _I32.unpack_from(buf, at)
+        at += 4
+        if value_length < -1 or stop - at < value_length:
+            raise ValueError(f"header {number}: value length {value_length} does not fit")
+        value = None if value_length < 0 else bytes(buf[at : at + value_length])
+        at += max(value_length, 0)
+        headers.append((key, value))
+    if at != stop:
+        raise ValueError(f"{stop - at} bytes follow the headers in their block")
+    return stop, tuple(headers)
+
+
+def _headers_fit(buf: Buffer, at: int, end: int) -> bool:
+    """Whether a whole header block lies at `at` of a format 2 message ending at `end`."""
+    try:
+        header_block(buf, at, end)
+    except ValueError:
+        return False
+    return True
+
+
 NO_TIMESTAMP = -(1 << 63)
 """The smallest i64: the greatest timestamp of no messages at all."""
 
@@ -88,6 +154,8 @@ class Message(NamedTuple):
     attributes: int
     checksum: int
     checksum_ok: bool
+    headers: Headers = ()
+    """Its headers (format 2), in order: (key, value or None) pairs; () for format 1."""
 
     @property
     def next_offset(self) -> int:
@@ -103,9 +171,10 @@ class ScanResult(NamedTuple):
     None. `greatest` holds the greatest timestamp of each run of valid messages between
     marks (for the time index, broker.log.timeindex): `greatest[0]` of those before the first
     mark, `greatest[k + 1]` of those from `marks[k]` to the next mark; NO_TIMESTAMP for a run
-    of none. `first_set` is the position of the first compressed set among the valid
-    messages, or -1 (broker.log.codec.check_sets looks inside). A named tuple: one is made
-    for every message set appended.
+    of none. `first_new` is the position of the first compressed set or message of format 2
+    among the valid messages (what FETCH versions 1 and 2 cannot read), or -1
+    and `first_set` that of the first compressed set (broker.log.codec.check_sets looks inside
+    the sets). A named tuple: one is made for every message set appended.
     """
 
     valid_bytes: int
@@ -113,6 +182,7 @@ class ScanResult(NamedTuple):
     marks: list[int]
     error: str | None
     greatest: list[int]
+    first_new: int
     first_set: int
 
 
@@ -128,6 +198,60 @@ def encode_message(
         body = _BODY_HEADER.pack(MAGIC, 0, timestamp_ms, -1) + value
     else:
         body = _BODY_HEADER.pack(MAGIC, 0, timestamp_ms, len(key)) + key + value
+    return _PREFIX.pack(len(body) + 8, 0 if inner else xxh3_64_intdigest(body)) + body
+
+
+HeaderItems = Iterable[tuple[str, bytes | bytearray | memoryview | None]]
+"""Headers as a producer gives them: (key, value or None) pairs (or a mapping's items)."""
+
+
+def encode_with_headers(
+    value: bytes,
+    key: bytes | None,
+    timestamp_ms: int | None,
+    inner: bool,
+    headers: HeaderItems,
+) -> bytes:
+    """A message of format 2 with `headers` (encode_message's other arguments): keys str,
+    at most 65535 bytes of UTF-8 each; values bytes or None; at most 65535 of them. TypeError
+    or ValueError naming what is wrong."""
+    block = bytearray(2)
+    count = 0
+    for item in headers:
+        try:
+            name, data = item
+        except (TypeError, ValueError):
+            raise TypeError(f"a header is a (key, value) pair, not {item!r}") from None
+        if not isinstance(name, str):
+            raise TypeError(f"a header's key is a str, not {type(name).__name__}")
+        encoded = name.encode()
+        if len(encoded) > 0xFFFF:
+            raise ValueError(f"header key {name[:40]!r}... is over 65535 bytes of UTF-8")
+        block += _U16.pack(len(encoded)) + encoded
+        if data is None:
+            block += _I32.pack(-1)
+        elif isinstance(data, bytes | bytearray | memoryview):
+            if len(data) > 0x7FFF_FFFF:
+                raise ValueError(f"the value of header {name!r} is over 2 GiB")
+            block += _I32.pack(len(data)) + bytes(data)
+        else:
+            raise TypeError(
+                f"the value of header {name!r} is bytes or None, not {type(data).__name__}"
+            )
+        count += 1
+    if count > 0xFFFF:
+        raise ValueError(f"{count} headers: a message holds at most 65535")
+    block[0:2] = _U16.pack(count)
+    if timestamp_ms is None:
+        timestamp_ms = time.time_ns() // 1_000_000
+    key_part = b"" if key is None else bytes(key)
+    body = (
+        _BODY_HEADER.pack(MAGIC_V2, 0, timestamp_ms, -1 if key is None else len(key_part))
+        + key_part
+        + _LENGTH.pack(len(block))
+        + bytes(block)
+        + bytes(value)
+    )
     return _PREFIX.pack(len(body) + 8, 0 if inner else xxh3_64_intdigest(body)) + body
 
 
@@ -152,8 +276,9 @@ def scan(
     return scan_result(buf, max_message_bytes, walked, inner)
 
 
-Walked = tuple[int, int, list[int], list[int], int]
-"""What the walk of `scan` found: valid_bytes, message_count, marks, greatest, first_set."""
+Walked = tuple[int, int, list[int], list[int], int, int]
+"""What the walk of `scan` found: valid_bytes, message_count, marks, greatest, first_new,
+first_set."""
 
 
 def scan_result(
@@ -161,9 +286,9 @@ def scan_result(
 ) -> ScanResult:
     """The ScanResult of a walk of `buf` (`scan_walk`, or broker.log._codec's), with the reason
     it stopped before the end, if it did."""
-    pos, count, marks, greatest, first_set = walked
+    pos, count, marks, greatest, first_new, first_set = walked
     error = None if pos == len(buf) else _diagnose(buf, pos, max_message_bytes, inner)
-    return ScanResult(pos, count, marks, error, greatest, first_set)
+    return ScanResult(pos, count, marks, error, greatest, first_new, first_set)
 
 
 def scan_walk(
@@ -184,17 +309,19 @@ def scan_walk(
         next_mark = end + 1
     pos = 0
     count = 0
-    first_set = -1
+    first_new = first_set = -1
     try:
         while pos < end:
             length, checksum, magic_attributes, timestamp, key_length = unpack(buf, pos)
             following = pos + 4 + length
+            v2 = magic_attributes == _MAGIC_V2_ATTRIBUTES
             if (
                 following > end
                 or length > max_length
                 or length < MIN_LENGTH
                 or magic_attributes not in stored
-                or not -1 <= key_length <= length - MIN_LENGTH
+                or not -1 <= key_length <= length - MIN_LENGTH - (HEADERS_MIN if v2 else 0)
+                or (v2 and not _headers_fit(buf, pos + HEADER_SIZE + max(key_length, 0), following))
                 or (
                     checksum != 0
                     if inner
@@ -202,7 +329,9 @@ def scan_walk(
                 )
             ):
                 break
-            if magic_attributes != _MAGIC_ATTRIBUTES and first_set < 0:
+            if magic_attributes != _MAGIC_ATTRIBUTES and first_new < 0:
+                first_new = pos
+            if magic_attributes & CODEC_MASK and first_set < 0:
                 first_set = pos
             if pos >= next_mark:
                 marks.append(pos)
@@ -216,7 +345,7 @@ def scan_walk(
     except struct.error:
         pass  # fewer than HEADER_SIZE bytes left: a cut-short message, diagnosed below
     greatest.append(top)
-    return pos, count, marks, greatest, first_set
+    return pos, count, marks, greatest, first_new, first_set
 
 
 def validate_message_set(
@@ -258,16 +387,26 @@ def _diagnose(buf: Buffer, pos: int, max_message_bytes: int, inner: bool = False
         return f"message size {length + LENGTH_SIZE} is over max.message.bytes {max_message_bytes}"
     if length + LENGTH_SIZE > left:
         return f"cut short: the message needs {length + LENGTH_SIZE} bytes, {left} are left"
-    if magic != MAGIC:
+    if magic not in (MAGIC, MAGIC_V2):
         return f"unknown format version (magic) {magic}"
+    if magic == MAGIC_V2 and attributes:
+        return (
+            f"attributes {attributes:#04x} in a message of format 2 (a compressed set is of "
+            "format 1)"
+        )
     codec = attributes & CODEC_MASK
     if codec and codec not in SET_CODECS:
         named = " (snappy, which pylog does not take)" if codec == 2 else ""
         return f"unsupported compression codec {codec}{named}"
     if attributes & ~CODEC_MASK:
         return f"reserved attribute bits set: {attributes:#04x}"
-    if not -1 <= key_length <= length - MIN_LENGTH:
+    if not -1 <= key_length <= length - MIN_LENGTH - (HEADERS_MIN if magic == MAGIC_V2 else 0):
         return f"key length {key_length} does not fit in a message of length {length}"
+    if magic == MAGIC_V2:
+        try:
+            header_block(buf, pos + HEADER_SIZE + max(key_length, 0), pos + LENGTH_SIZE + length)
+        except ValueError as error:
+            return f"header block: {error}"
     if inner:
         if checksum:
             return (
@@ -292,20 +431,28 @@ def decode_message(buf: Buffer, pos: int, offset: int) -> Message:
         raise InvalidMessage(pos, f"cut short: {left} bytes left, a header needs {HEADER_SIZE}")
     length, checksum, magic, attributes, timestamp_ms, key_length = _HEADER.unpack_from(buf, pos)
     following = pos + LENGTH_SIZE + length
-    if length < MIN_LENGTH or following > len(buf) or magic != MAGIC:
+    if length < MIN_LENGTH or following > len(buf) or magic not in (MAGIC, MAGIC_V2):
         raise InvalidMessage(pos, _diagnose(buf, pos, following - pos))
-    if not -1 <= key_length <= length - MIN_LENGTH:
+    extra = HEADERS_MIN if magic == MAGIC_V2 else 0
+    if not -1 <= key_length <= length - MIN_LENGTH - extra:
         raise InvalidMessage(pos, f"key length {key_length} does not fit in length {length}")
-    key_end = pos + HEADER_SIZE + max(key_length, 0)
+    key_end = value_start = pos + HEADER_SIZE + max(key_length, 0)
+    headers: Headers = ()
+    if magic == MAGIC_V2:
+        try:
+            value_start, headers = header_block(buf, key_end, following)
+        except ValueError as error:
+            raise InvalidMessage(pos, f"header block: {error}") from None
     return Message(
         offset=offset,
         size=LENGTH_SIZE + length,
         timestamp_ms=timestamp_ms,
         key=None if key_length < 0 else bytes(buf[pos + HEADER_SIZE : key_end]),
-        value=bytes(buf[key_end:following]),
+        value=bytes(buf[value_start:following]),
         attributes=attributes,
         checksum=checksum,
         checksum_ok=xxh3_64_intdigest(buf[pos + CHECKSUM_START : following]) == checksum,
+        headers=headers,
     )
 
 
@@ -331,27 +478,31 @@ def iter_messages(buf: Buffer, base_offset: int = 0, inner: bool = False) -> Ite
         except struct.error:
             raise InvalidMessage(pos, _diagnose(data, pos, end - pos, inner)) from None
         following = pos + LENGTH_SIZE + length
-        if (
-            following > end
-            or length < MIN_LENGTH
-            or magic != MAGIC
-            or attributes
-            or not -1 <= key_length <= length - MIN_LENGTH
-            or (
-                checksum != 0
-                if inner
-                else checksum_of(data[pos + CHECKSUM_START : following]) != checksum
+        v2 = magic == MAGIC_V2
+        headers: Headers = ()
+        value_start = pos + HEADER_SIZE + max(key_length, 0)
+        try:
+            if v2 and following <= end and -1 <= key_length <= length - MIN_LENGTH - HEADERS_MIN:
+                value_start, headers = header_block(data, value_start, following)
+            bad = (
+                following > end
+                or length < MIN_LENGTH
+                or magic not in (MAGIC, MAGIC_V2)
+                or attributes
+                or not -1 <= key_length <= length - MIN_LENGTH - (HEADERS_MIN if v2 else 0)
+                or (
+                    checksum != 0
+                    if inner
+                    else checksum_of(data[pos + CHECKSUM_START : following]) != checksum
+                )
             )
-        ):
+        except ValueError:
+            bad = True
+        if bad:
             raise InvalidMessage(
                 pos, _diagnose(data, pos, max(following - pos, HEADER_SIZE), inner)
             )
-        if key_length < 0:
-            key = None
-            key_end = pos + HEADER_SIZE
-        else:
-            key_end = pos + HEADER_SIZE + key_length
-            key = data[pos + HEADER_SIZE : key_end]
+        key = None if key_length < 0 else data[pos + HEADER_SIZE : pos + HEADER_SIZE + key_length]
         yield make(
             Message,
             (
@@ -359,10 +510,11 @@ def iter_messages(buf: Buffer, base_offset: int = 0, inner: bool = False) -> Ite
                 following - pos,
                 timestamp_ms,
                 key,
-                data[key_end:following],
+                data[value_start:following],
                 attributes,
                 checksum,
                 True,
+                headers,
             ),
         )
         pos = following
@@ -407,7 +559,12 @@ class Columns(NamedTuple):
     the keys as a nullable binary array (`key_validity` bitmap, `key_offsets` int32,
     `key_data`), the values as a binary array without nulls, `offsets` and `timestamps_us`
     int64. `bad` is the position (from the first message's offset) of the first message that
-    failed its checks, or of the compressed set it is in, or None."""
+    failed its checks, or of the compressed set it is in, or None. The headers as a list of
+    (key, value) structs, spark-sql-kafka's `headers` column: null for a row without any
+    (`header_validity` bitmap, `header_nulls` of them), `header_offsets` int32 into its
+    `header_entries` entries, their keys a string array (`header_key_offsets`,
+    `header_key_data`), their values a nullable binary array (`header_value_validity`,
+    `header_value_offsets`, `header_value_data`, `header_value_nulls` nulls)."""
 
     rows: int
     key_nulls: int
@@ -419,6 +576,16 @@ class Columns(NamedTuple):
     offsets: bytes
     timestamps_us: bytes
     bad: int | None
+    header_validity: bytes
+    header_offsets: bytes
+    header_key_offsets: bytes
+    header_key_data: bytes
+    header_value_validity: bytes
+    header_value_offsets: bytes
+    header_value_data: bytes
+    header_nulls: int
+    header_entries: int
+    header_value_nulls: int
 
 
 MAX_COLUMNS_SET = 0x7FFF_FFFF
@@ -487,35 +654,63 @@ def _check_int64(messages: list[Message]) -> None:
 
 def _columns(messages: list[Message], bad: int | None) -> Columns:
     """The Arrow buffers of `messages`, and `bad`."""
-    validity = bytearray()
-    key_offsets = array("i", [0])
-    key_data = bytearray()
-    value_offsets = array("i", [0])
-    value_data = bytearray()
-    nulls = 0
-    for count, message in enumerate(messages):
-        if count % 8 == 0:
-            validity.append(0)
-        if message.key is None:
-            nulls += 1
-        else:
-            validity[count // 8] |= 1 << count % 8
-            key_data += message.key
-        key_offsets.append(len(key_data))
-        value_data += message.value
-        value_offsets.append(len(value_data))
+    keys = _BinaryArray()
+    values = _BinaryArray()
+    headed = _BinaryArray()  # only its validity: which rows have headers
+    header_keys = _BinaryArray()
+    header_values = _BinaryArray()
+    header_offsets = array("i", [0])
+    for message in messages:
+        keys.add(message.key)
+        values.add(message.value)
+        headed.add(b"" if message.headers else None)
+        for key, value in message.headers:
+            header_keys.add(key.encode())
+            header_values.add(value)
+        header_offsets.append(len(header_keys.offsets) - 1)
     return Columns(
         len(messages),
-        nulls,
-        bytes(validity),
-        key_offsets.tobytes(),
-        bytes(key_data),
-        value_offsets.tobytes(),
-        bytes(value_data),
+        keys.nulls,
+        bytes(keys.validity),
+        keys.offsets.tobytes(),
+        bytes(keys.data),
+        values.offsets.tobytes(),
+        bytes(values.data),
         array("q", [m.offset for m in messages]).tobytes(),
         array("q", [m.timestamp_ms * 1000 for m in messages]).tobytes(),
         bad,
+        bytes(headed.validity),
+        header_offsets.tobytes(),
+        header_keys.offsets.tobytes(),
+        bytes(header_keys.data),
+        bytes(header_values.validity),
+        header_values.offsets.tobytes(),
+        bytes(header_values.data),
+        headed.nulls,
+        len(header_keys.offsets) - 1,
+        header_values.nulls,
     )
+
+
+class _BinaryArray:
+    """The buffers of an Arrow binary array being built: validity bitmap, int32 offsets, data."""
+
+    def __init__(self) -> None:
+        self.validity = bytearray()
+        self.offsets = array("i", [0])
+        self.data = bytearray()
+        self.nulls = 0
+
+    def add(self, item: bytes | None) -> None:
+        count = len(self.offsets) - 1
+        if count % 8 == 0:
+            self.validity.append(0)
+        if item is None:
+            self.nulls += 1
+        else:
+            self.validity[count // 8] |= 1 << count % 8
+            self.data += item
+        self.offsets.append(len(self.data))
 
 
 def valid_message_end(buf: Buffer, pos: int) -> int | None:
@@ -526,11 +721,13 @@ def valid_message_end(buf: Buffer, pos: int) -> int | None:
     except struct.error:
         return None
     following: int = pos + LENGTH_SIZE + length
+    v2 = magic_attributes == _MAGIC_V2_ATTRIBUTES
     if (
         following > len(buf)
         or length < MIN_LENGTH
         or magic_attributes not in _STORED_MAGIC_ATTRIBUTES
-        or not -1 <= key_length <= length - MIN_LENGTH
+        or not -1 <= key_length <= length - MIN_LENGTH - (HEADERS_MIN if v2 else 0)
+        or (v2 and not _headers_fit(buf, pos + HEADER_SIZE + max(key_length, 0), following))
         or xxh3_64_intdigest(buf[pos + CHECKSUM_START : following]) != checksum
     ):
         return None

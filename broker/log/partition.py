@@ -259,7 +259,7 @@ class PartitionLog:
         if epochs:
             self.epochs.assign_all(epochs)  # before the bytes: never bytes without their epoch
         try:
-            active.append(message_set, checked.marks, checked.greatest, checked.first_set)
+            active.append(message_set, checked.marks, checked.greatest, checked.first_new)
         except StorageError:
             if epochs:
                 self._take_back_epochs()
@@ -380,7 +380,7 @@ class PartitionLog:
         if position == limit:
             return memoryview(b"")
         if not sets:
-            first = segment.first_set()
+            first = segment.first_new()
             if 0 <= first <= position:
                 raise UnsupportedFormat(self.directory.name, segment.base_offset + first)
             if first >= 0:

@@ -50,6 +50,8 @@ from broker.log.message import (
     CHECKSUM_START,
     HEADER_SIZE,
     LENGTH_SIZE,
+    MAGIC,
+    MAGIC_AT,
     MAX_FORMAT_MESSAGE_BYTES,
     MIN_LENGTH,
     NO_TIMESTAMP,
@@ -69,9 +71,9 @@ _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 _LENGTH = struct.Struct(">I")
 _LENGTH_AND_TIMESTAMP = struct.Struct(">I10xq")
-_STORED_HEADS = re.compile(b"\\x01[" + re.escape(bytes([0, *sorted(SET_CODECS)])) + b"]")
+_STORED_HEADS = re.compile(b"\\x01[" + re.escape(bytes([0, *sorted(SET_CODECS)])) + b"]|\\x02\\x00")
 """What a message has at byte CHECKSUM_START: magic 1, and attributes 0 or a compressed
-set's codec."""
+set's codec; or magic 2 and attributes 0."""
 _RESYNC_CHUNK = 1 << 20
 _COPY_CHUNK = 1 << 20
 
@@ -285,8 +287,9 @@ class Segment:
         self._damage_starts: list[int] = []
         self._damage_ends: dict[int, int] = {}
         self._retired_maps: list[mmap.mmap] = []
-        self._first_set: int | None = None
-        """Where its first compressed set starts, -1 for none; None until `first_set` walks
+        self._first_new: int | None = None
+        """Where its first compressed set or message of format 2 starts (what FETCH versions 1
+        and 2 cannot read), -1 for none; None until `first_new` walks
         a segment opened from disk (one this process created knows it from its appends)."""
 
     def __repr__(self) -> str:
@@ -316,7 +319,7 @@ class Segment:
         except OSError as error:
             raise storage_error(error, f"creating {path}") from error
         segment = cls(path, base_offset, 0, OffsetIndex([]), TimeIndex())
-        segment._first_set = -1
+        segment._first_new = -1
         return segment
 
     @classmethod
@@ -355,11 +358,12 @@ class Segment:
     # -- writing ---------------------------------------------------------------------------
 
     def append(
-        self, data: Buffer, marks: list[int], greatest: list[int], first_set: int = -1
+        self, data: Buffer, marks: list[int], greatest: list[int], first_new: int = -1
     ) -> None:
         """Write `data` (validated whole messages) at the end; `marks` are index entries
         relative to its start, `greatest` the greatest timestamps of the runs between them,
-        `first_set` where its first compressed set starts, -1 for none (ScanResult). On any
+        `first_new` where its first set or message of format 2 starts, -1 for none
+        (ScanResult). On any
         error the file is truncated back and nothing changes."""
         index, times = self.index, self.time_index
         assert isinstance(index, OffsetIndex) and isinstance(times, TimeIndex)  # active: in memory
@@ -377,8 +381,8 @@ class Segment:
         self.size = start + len(data)
         times.extend(start, index.last, marks, greatest)
         index.extend(start, marks)
-        if first_set >= 0 and self._first_set == -1:
-            self._first_set = start + first_set
+        if first_new >= 0 and self._first_new == -1:
+            self._first_new = start + first_new
 
     def _write_handle(self) -> int:
         """The write handle, opened again if OPEN_FILES released it (StorageIOError, EMFILE
@@ -459,8 +463,8 @@ class Segment:
         self.cut_file(size)
         self.size = size
         self._checked_to = min(self._checked_to, size)
-        if self._first_set is not None and self._first_set >= size:
-            self._first_set = -1
+        if self._first_new is not None and self._first_new >= size:
+            self._first_new = -1
         index.truncate_to(size)
         times.truncate_to(size)
         kept = [Damage(d.start, min(d.end, size), d.reason) for d in self.damage if d.start < size]
@@ -648,22 +652,25 @@ class Segment:
             raise FetchSizeTooSmall(self.base_offset + position, max_bytes, needed)
         return window[position:end]
 
-    def first_set(self) -> int:
-        """Where the first compressed set of the segment starts, -1 for none: what a FETCH of
-        version 1 or 2 may be served up to (broker.reads). A segment opened from disk learns it
-        by one walk of its message headers, the first time it is asked."""
-        if self._first_set is None:
+    def first_new(self) -> int:
+        """Where the first compressed set or message of format 2 of the segment starts, -1 for
+        none: what a FETCH of version 1 or 2 may be served up to (broker.reads). A segment
+        opened from disk learns it by one walk of its message headers, the first time it is
+        asked."""
+        if self._first_new is None:
             limit = self.size
             window = self.view(0, limit)
             step = self._next_start if not self.damage else self._next_start_over_damage
             position = 0
             while position < limit:
                 following = step(window, position, limit)
-                if position not in self._damage_ends and window[position + ATTRIBUTES_AT]:
+                if position not in self._damage_ends and (
+                    window[position + ATTRIBUTES_AT] or window[position + MAGIC_AT] != MAGIC
+                ):
                     break
                 position = following
-            self._first_set = position if position < limit else -1
-        return self._first_set
+            self._first_new = position if position < limit else -1
+        return self._first_new
 
     def first_at_or_after(self, timestamp_ms: int, limit: int) -> int | None:
         """The position of the first message before `limit` whose timestamp is at or after

@@ -106,7 +106,7 @@ def test_valid_sets(batch: list[tuple[bytes, bytes | None, int]], interval: int,
     walk = (data, MAX_FORMAT_MESSAGE_BYTES, 0, 0, False)
     _, walked = same(message.scan_walk, _codec.scan_walk, *walk)
     greatest = [max((t for _, _, t in batch), default=I64_MIN)]
-    assert walked == (len(data), len(batch), [], greatest, -1)
+    assert walked == (len(data), len(batch), [], greatest, -1, -1)
 
 
 @given(st.lists(messages, min_size=1, max_size=6), st.data())
@@ -448,10 +448,81 @@ def test_a_compressed_set_is_one_message_to_the_walk_and_stops_the_decoders() ->
     wrapper = wrapped(compression.Compressor(compression.Codec.ZSTD), plain)
     data = plain + wrapper + plain
     _, walked = same(message.scan_walk, _codec.scan_walk, data, 1 << 20, 0, 0, False)
-    assert walked == (len(data), 5, [], [2], len(plain))
+    assert walked == (len(data), 5, [], [2], len(plain), len(plain))
     _, (decoded, bad) = same(message.decode_set, _codec.decode_set, data, 0, 0, -1)
     assert (len(decoded), bad) == (2, len(plain))
     check_all(data)
     nested = wrapped(compression.Compressor(compression.Codec.LZ4), wrapper)
     _, (decoded, bad) = same(message.decode_set, _codec.decode_set, nested, 0, 0, -1)
     assert (decoded, bad) == ([], 0)
+
+
+header_lists = st.lists(
+    st.tuples(
+        st.text(max_size=8),
+        st.none() | st.binary(max_size=20),
+    ),
+    max_size=4,
+)
+messages_v2 = st.tuples(st.binary(max_size=100), keys, timestamps, st.none() | header_lists)
+
+
+def encoded_v2(batch: list[tuple[bytes, bytes | None, int, Any]], inner: bool = False) -> bytes:
+    """Messages of format 2 where headers are given (an empty list too), else format 1."""
+    return b"".join(
+        message.encode_message(value, key, ts, inner)
+        if headers is None
+        else message.encode_with_headers(value, key, ts, inner, headers)
+        for value, key, ts, headers in batch
+    )
+
+
+@given(st.lists(messages_v2, max_size=8), st.data())
+@settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+def test_format_2_messages_alike_valid_and_damaged(
+    batch: list[tuple[bytes, bytes | None, int, Any]], data: st.DataObject
+) -> None:
+    """Messages with headers among plain ones: both implementations read the same headers,
+    stop at the same damaged one (a flipped bit, its checksum made good: damage the framing
+    and header block checks must find), and give the same Arrow buffers."""
+    buf = bytearray(encoded_v2(batch))
+    check_all(bytes(buf))
+    decoded = message.decode_set(bytes(buf), 0, 0, -1)[0]
+    assert [m.headers for m in decoded] == [tuple(h or ()) for _, _, _, h in batch]
+    if buf:
+        bit = data.draw(st.integers(0, len(buf) * 8 - 1))
+        buf[bit // 8] ^= 1 << (bit % 8)
+        pos = 0
+        while pos + 26 <= len(buf):  # checksums made good where the framing still leads
+            length = struct.unpack_from(">I", buf, pos)[0]
+            if pos + 4 + length > len(buf):
+                break
+            struct.pack_into(
+                ">Q", buf, pos + 4, xxh3_64_intdigest(buf[pos + 12 : pos + 4 + length])
+            )
+            pos += 4 + length
+        check_all(bytes(buf))
+    inner = encoded_v2(batch, True)
+    same(message.decode_set, _codec.decode_set, inner, 10, 0, len(inner) + 40)
+
+
+def test_header_keys_must_be_strict_utf8() -> None:
+    """The C walk takes a header key as Python's strict UTF-8 decoder does: no overlong forms,
+    surrogates or code points past U+10FFFF."""
+    for key in (
+        b"\xc0\xaf",
+        b"\xed\xa0\x80",
+        b"\xf4\x90\x80\x80",
+        b"\xe0\x80\xaf",
+        b"\xff",
+        b"\xc3",
+        b"ok\xe2\x82",
+        "é€😀".encode(),
+    ):
+        body = bytearray(message.encode_with_headers(b"v", None, 1, False, [("x" * len(key), b"")]))
+        at = body.index(b"x" * len(key))
+        body[at : at + len(key)] = key
+        struct.pack_into(">Q", body, 4, xxh3_64_intdigest(body[12:]))
+        check_all(bytes(body))
+        valid = message.scan(bytes(body), 1 << 20).error is None
+        assert valid == (key == "é€😀".encode()), key

@@ -76,7 +76,7 @@ def test_every_codec_round_trips(
     before = encoded([(b"first", None, 1)])
     buf = before + wrapper + before
     result = codec.scan(buf, 1 << 20)
-    assert (result.error, result.message_count, result.first_set) == (None, 3, len(before))
+    assert (result.error, result.message_count, result.first_new) == (None, 3, len(before))
     assert codec.check_sets(buf, result) == len(batch) + 2
     decoded, failure = codec.decode(buf, 1000)
     assert failure is None

@@ -96,7 +96,8 @@ def test_unknown_version_and_compression_and_reserved_bits_are_rejected() -> Non
     """Codecs 1, 3 and 4 make a compressed set, whose inner set broker.log.codec.check_sets
     checks (tests/log/test_compression.py); the others are refused by the walk."""
     for byte, value, expected in (
-        (12, 2, "unknown format version (magic) 2"),
+        (12, 3, "unknown format version (magic) 3"),
+        (12, 2, "header block: headers_length 1718186611 does not fit in the message"),
         (13, 2, "unsupported compression codec 2 (snappy, which pylog does not take)"),
         (13, 7, "unsupported compression codec 7"),
         (13, 0x80, "reserved attribute bits set: 0x80"),
