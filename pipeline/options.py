@@ -76,15 +76,6 @@ def positive_int(options: Mapping[str, str], name: str) -> int | None:
     return value
 
 
-def no_headers(options: Mapping[str, str]) -> None:
-    """includeHeaders: false is what pylog does anyway; true cannot be honoured."""
-    if boolean(options, "includeHeaders", False):
-        raise OptionError(
-            "includeHeaders true: pylog messages have no headers (a message is a key, a value "
-            "and a timestamp), so there are none to include; leave it false"
-        )
-
-
 def boolean(options: Mapping[str, str], name: str, default: bool) -> bool:
     text = options.get(name.lower())
     if text is None:
@@ -269,6 +260,8 @@ class SourceOptions:
     max_offsets_per_trigger: int | None
     max_bytes_per_partition: int
     min_partitions: int | None
+    headers: bool = False
+    """includeHeaders: the rows have a headers column."""
 
     def cluster(self) -> Cluster:
         """The driver's connections to the cluster, for one planning step."""
@@ -300,7 +293,7 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
             raise OptionError("startingOffsets latest (-1) reads nothing in a batch query")
         if EARLIEST in (ending.default, *ending.given.values()):
             raise OptionError("endingOffsets earliest (-2) reads nothing in a batch query")
-    no_headers(options)
+    headers = boolean(options, "includeHeaders", False)
     fail_on_data_loss = boolean(options, "failOnDataLoss", True)
     max_bytes_per_trigger = positive_int(options, "maxBytesPerTrigger")
     max_offsets_per_trigger = positive_int(options, "maxOffsetsPerTrigger")
@@ -325,4 +318,5 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         max_offsets_per_trigger=max_offsets_per_trigger,
         max_bytes_per_partition=max_bytes_per_partition or DEFAULT_MAX_BYTES_PER_PARTITION,
         min_partitions=min_partitions,
+        headers=headers,
     )

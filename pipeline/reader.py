@@ -44,6 +44,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
     IntegerType,
     LongType,
@@ -80,10 +81,20 @@ SCHEMA: Final = StructType(
         StructField("timestampType", IntegerType(), True),
     ]
 )
-"""The rows of the source, as in Spark's Kafka source (without headers: pylog messages have
-none). timestampType is always 0, Kafka's CreateTime: the timestamp is the producer's."""
+"""The rows of the source, as in Spark's Kafka source without includeHeaders. timestampType
+is always 0, Kafka's CreateTime: the timestamp is the producer's."""
+
+HEADERS_TYPE: Final = ArrayType(
+    StructType([StructField("key", StringType(), True), StructField("value", BinaryType(), True)])
+)
+"""The headers column, as spark-sql-kafka types it: null for a message without headers."""
+SCHEMA_WITH_HEADERS: Final = StructType(
+    [*SCHEMA.fields, StructField("headers", HEADERS_TYPE, True)]
+)
+"""The rows of the source with includeHeaders true."""
 
 ARROW_SCHEMA: Final = to_arrow_schema(SCHEMA, timezone="UTC")
+ARROW_SCHEMA_WITH_HEADERS: Final = to_arrow_schema(SCHEMA_WITH_HEADERS, timezone="UTC")
 CREATE_TIME: Final = 0
 _TIMESTAMP: Final = ARROW_SCHEMA.field("timestamp").type
 """timestampType of every row: Kafka's CreateTime (the producer's timestamp)."""
@@ -154,11 +165,14 @@ def offsets_behind_latest(end_offset: str | None, latest_offset: str | None) -> 
 
 
 def read_range(
-    rng: OffsetRange, fail_on_data_loss: bool, keys: ClientKeys | None = None
+    rng: OffsetRange,
+    fail_on_data_loss: bool,
+    keys: ClientKeys | None = None,
+    include_headers: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """The messages of `rng` as Arrow record batches of the source's schema (the body of a
-    Spark task), fetched with `keys` from a broker serving Curve. NotMessageBoundary when
-    `rng.start` is inside a message."""
+    Spark task; its headers column too with `include_headers`), fetched with `keys` from a
+    broker serving Curve. NotMessageBoundary when `rng.start` is inside a message."""
     tp = TopicPartition(rng.topic, rng.partition)
     fetch_bytes = FETCH_BYTES
     position = rng.start
@@ -198,7 +212,7 @@ def read_range(
                 ahead = request, connection.send_pipelined(request)
             columns, failure = decode_columns(reply.message_set, position, rng.end)
             if columns.rows:
-                yield _record_batch(columns, tp)
+                yield _record_batch(columns, tp, include_headers)
             if failure is None:
                 position = following
                 continue
@@ -248,11 +262,14 @@ def _lost(tp: TopicPartition, start: int, end: int, why: str, fail: bool) -> Non
     )
 
 
-def _record_batch(columns: Columns, tp: TopicPartition) -> pa.RecordBatch:
+def _record_batch(
+    columns: Columns, tp: TopicPartition, include_headers: bool = False
+) -> pa.RecordBatch:
     """The record batch of messages decoded into Arrow buffers (broker.log.codec, in C when
     built), used as they are; the columns that are the same in every row made by Arrow."""
     rows = columns.rows
     buffer = pa.py_buffer
+    headers = [_headers_array(columns)] if include_headers else []
     return pa.RecordBatch.from_arrays(
         [
             pa.Array.from_buffers(
@@ -278,8 +295,41 @@ def _record_batch(columns: Columns, tp: TopicPartition) -> pa.RecordBatch:
                 _TIMESTAMP, rows, [None, buffer(columns.timestamps_us)], null_count=0
             ),
             pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), rows),
+            *headers,
         ],
-        schema=ARROW_SCHEMA,
+        schema=ARROW_SCHEMA_WITH_HEADERS if include_headers else ARROW_SCHEMA,
+    )
+
+
+def _headers_array(columns: Columns) -> pa.Array:
+    """The headers column of `columns`: a list of (key, value) structs a row, null for a row
+    without headers, from the buffers the codec filled."""
+    buffer = pa.py_buffer
+    entries = columns.header_entries
+    keys = pa.Array.from_buffers(
+        pa.string(),
+        entries,
+        [None, buffer(columns.header_key_offsets), buffer(columns.header_key_data)],
+        null_count=0,
+    )
+    values = pa.Array.from_buffers(
+        pa.binary(),
+        entries,
+        [
+            buffer(columns.header_value_validity),
+            buffer(columns.header_value_offsets),
+            buffer(columns.header_value_data),
+        ],
+        null_count=columns.header_value_nulls,
+    )
+    entry_type = ARROW_SCHEMA_WITH_HEADERS.field("headers").type.value_type
+    pairs = pa.StructArray.from_arrays([keys, values], fields=list(entry_type))
+    return pa.Array.from_buffers(
+        ARROW_SCHEMA_WITH_HEADERS.field("headers").type,
+        columns.rows,
+        [buffer(columns.header_validity), buffer(columns.header_offsets)],
+        null_count=columns.header_nulls,
+        children=[pairs],
     )
 
 
@@ -440,7 +490,8 @@ class PylogBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, OffsetRange):  # Spark's InputPartition(None) for no ranges
             return iter(())
-        return read_range(partition, self.options.fail_on_data_loss, self.options.keys)
+        options = self.options
+        return read_range(partition, options.fail_on_data_loss, options.keys, options.headers)
 
 
 class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -558,7 +609,8 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
-        return read_range(partition, self.options.fail_on_data_loss, self.options.keys)
+        options = self.options
+        return read_range(partition, options.fail_on_data_loss, options.keys, options.headers)
 
 
 def _within_count(

@@ -3,8 +3,9 @@
 Columns: `value` (binary or string, not null) and, optionally, `key` (binary or string),
 `topic` (string; the `topic` option, when given, overrides it), `partition` (an integer; without
 it a keyed row goes to xxh32(key) % partitions and a keyless one round robin, as the Python
-producer places them) and `timestamp` (the message's timestamp; the time of sending without
-it). Any other column is an error: select the ones to write.
+producer places them), `timestamp` (the message's timestamp; the time of sending without
+it) and `headers` (array<struct<key: string, value: binary>>, as spark-sql-kafka's; null or
+empty for none). Other columns are not written, as Spark's Kafka sink ignores them.
 
 Delivery is at least once: each task sends its rows with ack FLUSHED (the `ack` option) and
 returns only when every batch is acknowledged as flushed (durable and readable); a batch is
@@ -26,7 +27,9 @@ from typing import Final
 
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
+    DataType,
     IntegerType,
     LongType,
     Row,
@@ -42,7 +45,7 @@ from broker.errors import BrokerError, Unavailable
 from broker.security import ClientKeys
 from pipeline.cluster import CLIENT_ID, bootstrap_endpoint, client_keys
 from pipeline.errors import OptionError, PipelineError
-from pipeline.options import CLUSTER_OPTIONS, check_known, no_headers
+from pipeline.options import CLUSTER_OPTIONS, check_known
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +77,16 @@ def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOp
     options = {key.lower(): value for key, value in options.items()}
     check_known(options, SINK_OPTIONS | SPARK_OPTIONS, "sink")
     columns = {f.name.lower(): f.dataType for f in schema.fields}
-    no_headers(options)
     for name, data_type in columns.items():
         allowed = _COLUMN_TYPES.get(name)
         if name == "headers":
-            raise OptionError(
-                "the sink has no headers column: pylog messages have no headers (a message is "
-                "a key, a value and a timestamp); drop the column"
-            )
+            if not _headers_type(data_type):
+                raise OptionError(
+                    f"column 'headers' is {data_type.simpleString()}; it must be "
+                    "array<struct<key:string,value:binary>> (value may be a string too), as "
+                    "Spark's Kafka sink takes it"
+                )
+            continue
         if allowed is None:
             continue  # not written, as Spark's Kafka sink ignores them (a read's offset, ...)
         if not isinstance(data_type, allowed):
@@ -105,6 +110,32 @@ class SinkCommit(WriterCommitMessage):
     """What one task wrote: topic -> messages sent and acknowledged as the ack option asks."""
 
     messages: dict[str, int] = field(default_factory=dict)
+
+
+def _headers_type(data_type: DataType) -> bool:
+    """Whether a headers column's type is spark-sql-kafka's (a string value taken as UTF-8)."""
+    if not isinstance(data_type, ArrayType) or not isinstance(data_type.elementType, StructType):
+        return False
+    fields = {f.name.lower(): f.dataType for f in data_type.elementType.fields}
+    return (
+        len(fields) == 2
+        and isinstance(fields.get("key"), StringType)
+        and isinstance(fields.get("value"), BinaryType | StringType)
+    )
+
+
+def _headers(column: list[Row] | None) -> list[tuple[str, bytes | None]] | None:
+    """A row's headers column as Producer.send takes it; None for no headers."""
+    if not column:
+        return None
+    pairs = []
+    for entry in column:
+        fields = {name.lower(): value for name, value in entry.asDict().items()}
+        key = fields["key"]
+        if key is None:
+            raise OptionError("a row has a header with a null key")
+        pairs.append((key, _bytes(fields["value"])))
+    return pairs
 
 
 def _bytes(value: bytes | bytearray | str | None) -> bytes | None:
@@ -157,6 +188,7 @@ def write_rows(options: SinkOptions, rows: Iterator[Row]) -> SinkCommit:
                     _bytes(fields.get("key")),
                     _ms(fields.get("timestamp")),
                     fields.get("partition"),
+                    _headers(fields.get("headers")),
                 )
                 sent[topic] = sent.get(topic, 0) + 1
             for producer in producers.values():

@@ -16,8 +16,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from pipeline.errors import OptionError
-from pipeline.options import parse_source_options
-from pipeline.reader import SCHEMA, PylogBatchReader, PylogStreamReader
+from pipeline.options import boolean, parse_source_options
+from pipeline.reader import SCHEMA, SCHEMA_WITH_HEADERS, PylogBatchReader, PylogStreamReader
 from pipeline.sink import PylogStreamWriter, PylogWriter, parse_sink_options
 
 
@@ -30,15 +30,19 @@ class PylogDataSource(DataSource):
         return "pylog"
 
     def schema(self) -> StructType:
-        return SCHEMA
+        """The source's rows: SCHEMA, with its headers column with includeHeaders true."""
+        options = {key.lower(): value for key, value in self.options.items()}
+        return _schema(boolean(options, "includeHeaders", False))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        _check_schema(schema)
-        return PylogBatchReader(parse_source_options(self.options, streaming=False))
+        options = parse_source_options(self.options, streaming=False)
+        _check_schema(schema, _schema(options.headers))
+        return PylogBatchReader(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        _check_schema(schema)
-        return PylogStreamReader(parse_source_options(self.options, streaming=True))
+        options = parse_source_options(self.options, streaming=True)
+        _check_schema(schema, _schema(options.headers))
+        return PylogStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         _check_append(overwrite)
@@ -49,11 +53,15 @@ class PylogDataSource(DataSource):
         return PylogStreamWriter(parse_sink_options(self.options, schema))
 
 
-def _check_schema(schema: StructType) -> None:
-    if schema != SCHEMA:
+def _schema(headers: bool) -> StructType:
+    return SCHEMA_WITH_HEADERS if headers else SCHEMA
+
+
+def _check_schema(schema: StructType, expected: StructType) -> None:
+    if schema != expected:
         raise OptionError(
-            f"the pylog source has a fixed schema, {SCHEMA.simpleString()}; do not give "
-            f"another ({schema.simpleString()})"
+            f"the pylog source has a fixed schema, {expected.simpleString()} (includeHeaders "
+            f"true adds headers); do not give another ({schema.simpleString()})"
         )
 
 

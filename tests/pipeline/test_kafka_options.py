@@ -12,7 +12,7 @@ import pytest
 from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, Row, SparkSession
 
-from broker.client import PartitionConsumer
+from broker.client import PartitionConsumer, Producer
 from pipeline.reader import offsets_behind_latest
 from tests.conftest import wait_until
 from tests.pipeline.conftest import Sent, create_topic, produce
@@ -254,13 +254,47 @@ def test_code_written_for_the_kafka_schema_runs_unchanged(
     ]
 
 
-def test_include_headers_true_is_refused_saying_why(
+def test_include_headers_gives_the_headers_column_as_kafkas_source_types_it(
     spark: SparkSession, broker: RunningBroker, topic: str
 ) -> None:
+    """array<struct<key:string,value:binary>>, null for a message without headers, through a
+    compressed set too; and written back by the sink as it was read."""
     create_topic(broker.endpoint, topic, 1)
-
-    with pytest.raises(PySparkException, match="pylog messages have no headers"):
-        _read(spark, broker=broker.endpoint, subscribe=topic, includeHeaders="true")
+    with Producer(broker.endpoint, topic, compression="lz4") as producer:
+        producer.send(b"plain")
+        producer.send(b"traced", headers=[("trace", b"t1"), ("null", None), ("trace", b"t2")])
+        producer.send(b"empty", headers=[])
+    frame = (
+        spark.read.format("pylog")
+        .options(broker=broker.endpoint, subscribe=topic, includeHeaders="true")
+        .load()
+    )
+    assert frame.schema["headers"].dataType.simpleString() == (
+        "array<struct<key:string,value:binary>>"
+    )
+    rows = {r.value: r.headers for r in frame.collect()}
+    assert rows[b"plain"] is None and rows[b"empty"] is None
+    assert [(h.key, h.value) for h in rows[b"traced"]] == [
+        ("trace", bytearray(b"t1")),
+        ("null", None),
+        ("trace", bytearray(b"t2")),
+    ]
+    copy = f"{topic}-copy"
+    create_topic(broker.endpoint, copy, 1)
+    frame.select("value", "headers").write.format("pylog").options(
+        broker=broker.endpoint, topic=copy
+    ).mode("append").save()
+    with PartitionConsumer(broker.endpoint, copy, 0, stop_at_end=True) as consumer:
+        copied = {m.value: m.headers for m in consumer}
+    assert copied == {
+        b"plain": (),
+        b"traced": (("trace", b"t1"), ("null", None), ("trace", b"t2")),
+        b"empty": (),
+    }
+    with pytest.raises(PySparkException, match="includeHeaders true adds headers"):
+        spark.read.format("pylog").schema(KAFKA_SCHEMA).options(
+            broker=broker.endpoint, subscribe=topic, includeHeaders="true"
+        ).load().collect()
 
 
 def test_a_batch_read_ignores_the_stream_only_limits_as_kafkas_source_does(
@@ -370,8 +404,7 @@ def test_the_sink_writes_with_the_ack_mode_asked(
     ("schema", "options", "message"),
     [
         ("value string", {"ack": "most"}, "ack 'most': use none, written, flushed, all"),
-        ("value string", {"includeHeaders": "true"}, "pylog messages have no headers"),
-        ("value string, headers array<int>", {}, "has no headers column"),
+        ("value string, headers array<int>", {}, "column 'headers' is array<int>"),
     ],
 )
 def test_bad_sink_options_are_clear_errors(
