@@ -91,7 +91,7 @@ from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import AuthenticationFailed, BrokerError, PylogError, Unavailable
 from broker.log.codec import compressed_sets, encode_message
 from broker.log.compression import compressor_for
-from broker.log.message import Buffer, HeaderItems, encode_with_headers
+from broker.log.message import Buffer, HeaderItems
 from broker.protocol import (
     Ack,
     Api,
@@ -370,12 +370,9 @@ class ProducerCore:
         produced = self.produced
         if produced is not None and timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000  # counted in its window, as stored
-        inner = self._compressor is not None
-        if headers is None:
-            message = encode_message(value, key, timestamp_ms, inner)
-        else:  # format 2 (docs/storage.md)
-            items = headers.items() if isinstance(headers, Mapping) else headers
-            message = encode_with_headers(value, key, timestamp_ms, inner, items)
+        if isinstance(headers, Mapping):
+            headers = headers.items()
+        message = encode_message(value, key, timestamp_ms, self._compressor is not None, headers)
         batch = self._batches.get(partition)
         if batch is None:
             batch = self._batches[partition] = Batch(partition, self.clock.monotonic())

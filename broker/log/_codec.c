@@ -819,13 +819,120 @@ static int pack_int64(codec_state *state, PyObject *value, int64_t *out) {
 
 /* encode_message(value, key=None, timestamp_ms=None) -> bytes
  * message.encode_message, the producer's encode of every message. */
+/* Append `n` bytes at `p` to the growable buffer `out` (its `size` used, `capacity` held). */
+static int grow_append(unsigned char **out, Py_ssize_t *size, Py_ssize_t *capacity,
+                       const void *p, Py_ssize_t n) {
+    if (*size + n > *capacity) {
+        Py_ssize_t capacity_ = (*capacity ? *capacity : 64);
+        while (capacity_ < *size + n)
+            capacity_ *= 2;
+        unsigned char *grown = PyMem_Realloc(*out, (size_t)capacity_);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        *out = grown;
+        *capacity = capacity_;
+    }
+    if (n)
+        memcpy(*out + *size, p, (size_t)n);
+    *size += n;
+    return 0;
+}
+
+/* message.header_block_bytes: the header block (headers_length included) of `headers`, an
+ * iterable of (key, value or None) pairs, as new bytes; NULL with message.py's error set. */
+static PyObject *header_block_bytes(PyObject *headers) {
+    PyObject *iterator = PyObject_GetIter(headers), *item, *result = NULL;
+    if (iterator == NULL)
+        return NULL;
+    unsigned char *out = NULL, field[4];
+    Py_ssize_t size = 0, capacity = 0, count = 0;
+    if (grow_append(&out, &size, &capacity, "\0\0\0\0\0\0", 6) < 0)
+        goto done;
+    while ((item = PyIter_Next(iterator)) != NULL) {
+        PyObject *pair = PySequence_Check(item) ? PySequence_Tuple(item) : NULL;
+        if (pair == NULL || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "a header is a (key, value) pair, not %R", item);
+            Py_XDECREF(pair);
+            Py_DECREF(item);
+            goto done;
+        }
+        Py_DECREF(item);
+        PyObject *name = PyTuple_GET_ITEM(pair, 0), *data = PyTuple_GET_ITEM(pair, 1);
+        int failed = 0;
+        if (!PyUnicode_Check(name)) {
+            PyErr_Format(PyExc_TypeError, "a header's key is a str, not %s",
+                         Py_TYPE(name)->tp_name);
+            failed = 1;
+        }
+        Py_ssize_t key_length = 0;
+        const char *key = failed ? NULL : PyUnicode_AsUTF8AndSize(name, &key_length);
+        if (!failed && key == NULL)
+            failed = 1;
+        if (!failed && key_length > 0xFFFF) {
+            PyObject *start = PyUnicode_Substring(name, 0, 40);
+            if (start != NULL)
+                PyErr_Format(PyExc_ValueError, "header key %R... is over 65535 bytes of UTF-8",
+                             start);
+            Py_XDECREF(start);
+            failed = 1;
+        }
+        if (!failed) {
+            field[0] = (unsigned char)(key_length >> 8), field[1] = (unsigned char)key_length;
+            failed = grow_append(&out, &size, &capacity, field, 2) < 0 ||
+                     grow_append(&out, &size, &capacity, key, key_length) < 0;
+        }
+        if (!failed && data == Py_None) {
+            put32(field, UINT32_MAX);
+            failed = grow_append(&out, &size, &capacity, field, 4) < 0;
+        } else if (!failed && (PyBytes_Check(data) || PyByteArray_Check(data) ||
+                               PyMemoryView_Check(data))) {
+            Py_buffer view;
+            failed = PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0;
+            if (!failed && view.len > INT32_MAX) {
+                PyErr_Format(PyExc_ValueError, "the value of header %R is over 2 GiB", name);
+                failed = 1;
+            }
+            if (!failed) {
+                put32(field, (uint32_t)view.len);
+                failed = grow_append(&out, &size, &capacity, field, 4) < 0 ||
+                         grow_append(&out, &size, &capacity, view.buf, view.len) < 0;
+            }
+            if (view.obj != NULL)
+                PyBuffer_Release(&view);
+        } else if (!failed) {
+            PyErr_Format(PyExc_TypeError, "the value of header %R is bytes or None, not %s",
+                         name, Py_TYPE(data)->tp_name);
+            failed = 1;
+        }
+        Py_DECREF(pair);
+        if (failed)
+            goto done;
+        if (++count > 0xFFFF) {
+            PyErr_SetString(PyExc_ValueError, "a message holds at most 65535 headers");
+            goto done;
+        }
+    }
+    if (PyErr_Occurred())
+        goto done;
+    put32(out, (uint32_t)(size - 4));
+    out[4] = (unsigned char)(count >> 8), out[5] = (unsigned char)count;
+    result = PyBytes_FromStringAndSize((const char *)out, size);
+done:
+    PyMem_Free(out);
+    Py_DECREF(iterator);
+    return result;
+}
+
 static PyObject *encode_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames) {
-    static const char *const names[] = {"value", "key", "timestamp_ms", "inner"};
-    PyObject *given[4] = {NULL, Py_None, Py_None, Py_False};
-    if (nargs > 4) {
+    static const char *const names[] = {"value", "key", "timestamp_ms", "inner", "headers"};
+    PyObject *given[5] = {NULL, Py_None, Py_None, Py_False, Py_None};
+    if (nargs > 5) {
         PyErr_Format(PyExc_TypeError,
-                     "encode_message() takes from 1 to 4 positional arguments but %zd were given",
+                     "encode_message() takes from 1 to 5 positional arguments but %zd were given",
                      nargs);
         return NULL;
     }
@@ -835,9 +942,9 @@ static PyObject *encode_message(PyObject *module, PyObject *const *args, Py_ssiz
     for (Py_ssize_t k = 0; k < keywords; k++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, k);
         int i = 0;
-        while (i < 4 && PyUnicode_CompareWithASCIIString(name, names[i]) != 0)
+        while (i < 5 && PyUnicode_CompareWithASCIIString(name, names[i]) != 0)
             i++;
-        if (i == 4) {
+        if (i == 5) {
             PyErr_Format(PyExc_TypeError,
                          "encode_message() got an unexpected keyword argument '%U'", name);
             return NULL;
@@ -859,6 +966,10 @@ static PyObject *encode_message(PyObject *module, PyObject *const *args, Py_ssiz
     int inner = PyObject_IsTrue(given[3]);
     if (inner < 0)
         return NULL;
+    PyObject *block = given[4] == Py_None ? NULL : header_block_bytes(given[4]);
+    if (given[4] != Py_None && block == NULL)
+        return NULL;
+    Py_ssize_t block_length = block ? PyBytes_GET_SIZE(block) : 0;
     int64_t timestamp = 0;
     if (given[2] == Py_None) {
         struct timespec now; /* time.time_ns() // 1_000_000, as message.py takes it */
@@ -870,8 +981,10 @@ static PyObject *encode_message(PyObject *module, PyObject *const *args, Py_ssiz
     int has_key = key != Py_None;
     if (has_key && PyObject_GetBuffer(key, &key_view, PyBUF_SIMPLE) < 0) {
         PyErr_Clear();
-        if (PyObject_Size(key) < 0) /* the TypeError of len(key) */
+        if (PyObject_Size(key) < 0) { /* the TypeError of len(key) */
+            Py_XDECREF(block);
             return NULL;
+        }
         has_key = 0; /* sized but no buffer: the concatenation below refuses it */
     }
     PyObject *result = NULL;
@@ -886,7 +999,7 @@ static PyObject *encode_message(PyObject *module, PyObject *const *args, Py_ssiz
         goto done;
     if (concat_buffer(value, &value_view) < 0)
         goto done;
-    Py_ssize_t body = HEADER_SIZE - CHECKSUM_START + key_view.len + value_view.len;
+    Py_ssize_t body = HEADER_SIZE - CHECKSUM_START + key_view.len + block_length + value_view.len;
     if (body + 8 > (Py_ssize_t)UINT32_MAX) {
         PyErr_SetString(state->struct_error, "'I' format requires 0 <= number <= 4294967295");
         goto done;
@@ -896,16 +1009,20 @@ static PyObject *encode_message(PyObject *module, PyObject *const *args, Py_ssiz
         goto done;
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
     put32(out, (uint32_t)(body + 8));
-    out[12] = MAGIC;
+    out[12] = block ? MAGIC_V2 : MAGIC;
     out[13] = 0;
     put64(out + 14, (uint64_t)timestamp);
     put32(out + 22, key != Py_None ? (uint32_t)key_view.len : UINT32_MAX);
     if (key_view.len)
         memcpy(out + HEADER_SIZE, key_view.buf, (size_t)key_view.len);
+    if (block_length)
+        memcpy(out + HEADER_SIZE + key_view.len, PyBytes_AS_STRING(block), (size_t)block_length);
     if (value_view.len)
-        memcpy(out + HEADER_SIZE + key_view.len, value_view.buf, (size_t)value_view.len);
+        memcpy(out + HEADER_SIZE + key_view.len + block_length, value_view.buf,
+               (size_t)value_view.len);
     put64(out + 4, inner ? 0 : XXH3_64bits(out + CHECKSUM_START, (size_t)body));
 done:
+    Py_XDECREF(block);
     if (key_view.obj != NULL)
         PyBuffer_Release(&key_view);
     if (value_view.obj != NULL)
@@ -923,7 +1040,7 @@ static PyMethodDef codec_methods[] = {
      "decode_columns(pieces, end_offset): message.decode_columns."},
     {"encode_message", (PyCFunction)(void (*)(void))encode_message,
      METH_FASTCALL | METH_KEYWORDS,
-     "encode_message(value, key=None, timestamp_ms=None, inner=False): "
+     "encode_message(value, key=None, timestamp_ms=None, inner=False, headers=None): "
      "message.encode_message."},
     {NULL, NULL, 0, NULL},
 };

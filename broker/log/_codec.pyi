@@ -1,5 +1,5 @@
 # The C functions of broker/log/_codec.c; broker.log.message has their Python references.
-from broker.log.message import Buffer, Columns, Message, Piece, Walked
+from broker.log.message import Buffer, Columns, HeaderItems, Message, Piece, Walked
 
 def scan_walk(
     buf: Buffer, max_message_bytes: int, index_interval: int, next_mark: int, inner: bool
@@ -9,5 +9,9 @@ def decode_set(
 ) -> tuple[list[Message], int | None]: ...
 def decode_columns(pieces: list[Piece], end_offset: int) -> Columns: ...
 def encode_message(
-    value: bytes, key: bytes | None = None, timestamp_ms: int | None = None, inner: bool = False
+    value: bytes,
+    key: bytes | None = None,
+    timestamp_ms: int | None = None,
+    inner: bool = False,
+    headers: HeaderItems | None = None,
 ) -> bytes: ...

@@ -186,35 +186,41 @@ class ScanResult(NamedTuple):
     first_set: int
 
 
+HeaderItems = Iterable[tuple[str, bytes | bytearray | memoryview | None]]
+"""Headers as a producer gives them: (key, value or None) pairs (or a mapping's items)."""
+
+
 def encode_message(
-    value: bytes, key: bytes | None = None, timestamp_ms: int | None = None, inner: bool = False
+    value: bytes,
+    key: bytes | None = None,
+    timestamp_ms: int | None = None,
+    inner: bool = False,
+    headers: HeaderItems | None = None,
 ) -> bytes:
     """Encode one message, ready to be appended or joined into a message set; `inner`, one
-    for the inner set of a compressed set, whose checksum field is 0 (docs/storage.md)."""
+    for the inner set of a compressed set, whose checksum field is 0 (docs/storage.md). With
+    `headers` (an empty list too), a message of format 2 (`header_block_bytes` says what it
+    takes)."""
     inner = bool(inner)
+    block = None if headers is None else header_block_bytes(headers)
     if timestamp_ms is None:
         timestamp_ms = time.time_ns() // 1_000_000
-    if key is None:
+    if block is not None:
+        if key is None:
+            body = _BODY_HEADER.pack(MAGIC_V2, 0, timestamp_ms, -1) + block + value
+        else:
+            body = _BODY_HEADER.pack(MAGIC_V2, 0, timestamp_ms, len(key)) + key + block + value
+    elif key is None:
         body = _BODY_HEADER.pack(MAGIC, 0, timestamp_ms, -1) + value
     else:
         body = _BODY_HEADER.pack(MAGIC, 0, timestamp_ms, len(key)) + key + value
     return _PREFIX.pack(len(body) + 8, 0 if inner else xxh3_64_intdigest(body)) + body
 
 
-HeaderItems = Iterable[tuple[str, bytes | bytearray | memoryview | None]]
-"""Headers as a producer gives them: (key, value or None) pairs (or a mapping's items)."""
-
-
-def encode_with_headers(
-    value: bytes,
-    key: bytes | None,
-    timestamp_ms: int | None,
-    inner: bool,
-    headers: HeaderItems,
-) -> bytes:
-    """A message of format 2 with `headers` (encode_message's other arguments): keys str,
-    at most 65535 bytes of UTF-8 each; values bytes or None; at most 65535 of them. TypeError
-    or ValueError naming what is wrong."""
+def header_block_bytes(headers: HeaderItems) -> bytes:
+    """The header block of format 2 (headers_length included) for `headers`: keys str, at most
+    65535 bytes of UTF-8 each; values bytes, bytearray, memoryview or None, at most 2 GiB - 1;
+    at most 65535 of them. TypeError or ValueError naming what is wrong."""
     block = bytearray(2)
     count = 0
     for item in headers:
@@ -231,28 +237,19 @@ def encode_with_headers(
         if data is None:
             block += _I32.pack(-1)
         elif isinstance(data, bytes | bytearray | memoryview):
-            if len(data) > 0x7FFF_FFFF:
+            raw = bytes(data)
+            if len(raw) > 0x7FFF_FFFF:
                 raise ValueError(f"the value of header {name!r} is over 2 GiB")
-            block += _I32.pack(len(data)) + bytes(data)
+            block += _I32.pack(len(raw)) + raw
         else:
             raise TypeError(
                 f"the value of header {name!r} is bytes or None, not {type(data).__name__}"
             )
         count += 1
-    if count > 0xFFFF:
-        raise ValueError(f"{count} headers: a message holds at most 65535")
+        if count > 0xFFFF:
+            raise ValueError("a message holds at most 65535 headers")
     block[0:2] = _U16.pack(count)
-    if timestamp_ms is None:
-        timestamp_ms = time.time_ns() // 1_000_000
-    key_part = b"" if key is None else bytes(key)
-    body = (
-        _BODY_HEADER.pack(MAGIC_V2, 0, timestamp_ms, -1 if key is None else len(key_part))
-        + key_part
-        + _LENGTH.pack(len(block))
-        + bytes(block)
-        + bytes(value)
-    )
-    return _PREFIX.pack(len(body) + 8, 0 if inner else xxh3_64_intdigest(body)) + body
+    return _LENGTH.pack(len(block)) + bytes(block)
 
 
 def scan(

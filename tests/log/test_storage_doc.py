@@ -11,7 +11,7 @@ import zstandard
 from xxhash import xxh3_64_intdigest
 
 from broker.log import codec, hwcheckpoint
-from broker.log.message import encode_message, encode_with_headers, iter_messages
+from broker.log.message import encode_message, iter_messages
 from tests.log.test_compression import as_inner
 
 DOC = Path(__file__).parents[2] / "docs" / "storage.md"
@@ -114,14 +114,14 @@ def test_the_documented_compressed_set_reads_as_the_two_messages() -> None:
 HEADERS = re.compile(r"<!-- headers: (?P<call>.+?) -->\n```\n(?P<dump>.*?)```", re.DOTALL)
 
 
-def test_the_documented_message_with_headers_is_what_encode_with_headers_makes() -> None:
+def test_the_documented_message_with_headers_is_what_encode_message_makes() -> None:
     (match,) = HEADERS.finditer(DOC.read_text())
     lines = match.group("dump").splitlines()
     dump = bytes.fromhex("".join(line.split(maxsplit=1)[1] for line in lines))
     node = ast.parse(match.group("call"), mode="eval").body
     assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-    assert node.func.id == "encode_with_headers"
-    assert encode_with_headers(*[ast.literal_eval(a) for a in node.args]) == dump
+    assert node.func.id == "encode_message"
+    assert encode_message(*[ast.literal_eval(a) for a in node.args]) == dump
     (decoded,) = codec.decode(dump, 0)[0]
     assert (decoded.key, decoded.value) == (b"user-42", b"hello")
     assert decoded.headers == (("trace-id", b"4bf92f35"), ("gone", None))
