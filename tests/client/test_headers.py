@@ -65,15 +65,27 @@ def test_bad_headers_are_refused_before_anything_is_sent(broker: RunningBroker, 
         assert producer.flush() == []
 
 
-def test_an_old_reader_stops_at_the_first_message_with_headers(
+def test_a_mixed_log_is_read_whole_by_a_new_reader_and_to_its_first_new_message_by_an_old(
     broker: RunningBroker, topic: str
 ) -> None:
+    """Format 1 messages, one with headers, then compressed sets of messages with headers."""
     with Admin(broker.endpoint) as admin:
         admin.create_topic(topic)
     with Producer(broker.endpoint, topic) as producer:
         producer.send(b"one")
         producer.send(b"two")
         producer.send(b"three", headers=[("h", b"v")])
+    with Producer(broker.endpoint, topic, batch_messages=3, compression="gzip") as producer:
+        for i in range(6):
+            producer.send(b"set %d" % i, headers=[("i", b"%d" % i)])
+    with PartitionConsumer(broker.endpoint, topic, 0, stop_at_end=True) as consumer:
+        read = [(m.value, m.headers) for m in consumer]
+    assert read == [
+        (b"one", ()),
+        (b"two", ()),
+        (b"three", (("h", b"v"),)),
+        *[(b"set %d" % i, (("i", b"%d" % i),)) for i in range(6)],
+    ]
     with Connection(broker.endpoint) as connection:
         old = connection.call(FetchRequest(topic, 0, 0, 1 << 20, 0, 0), version=1)
         assert [m.value for m in iter_messages(old.message_set)] == [b"one", b"two"]

@@ -301,3 +301,31 @@ def test_a_topic_setting_of_compression_takes_its_choices_only() -> None:
         topic_settings({"compression": "snappy"})
     with pytest.raises(ValueError, match="compression must be one of"):
         LogConfig(compression="ZSTD")
+
+
+def test_recovery_cuts_a_torn_set_and_the_time_index_finds_sets(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A crash that tore the last compressed set: recovery keeps the sets before it whole and
+    cuts only the torn one; a lookup by time lands on the set holding the first message at or
+    after the time (a set's timestamp is its greatest)."""
+    log = open_log(tmp_path / "t-0", clock, index_interval_bytes=64)
+    sets = [wrapped(Compressor(Codec.ZSTD), make_set(10 * i, 10)) for i in range(4)]
+    for each in sets:
+        log.append(each)
+    log.flush()
+    starts = [sum(len(s) for s in sets[:i]) for i in range(4)]
+    assert log.offset_for_timestamp(0) == 0
+    assert log.offset_for_timestamp(15) == starts[1]  # messages 10-19: the second set
+    assert log.offset_for_timestamp(19) == starts[1]
+    assert log.offset_for_timestamp(20) == starts[2]
+    assert log.offset_for_timestamp(1000) == log.high_watermark
+    path = tmp_path / "t-0" / f"{0:020d}.log"
+    log.close()
+    path.write_bytes(path.read_bytes()[: starts[3] + len(sets[3]) // 2])  # a torn last set
+    log = open_log(tmp_path / "t-0", clock, index_interval_bytes=64)
+    assert (log.high_watermark, log.recovery.bytes_truncated) == (starts[3], len(sets[3]) // 2)
+    decoded, failure = codec.decode(log.read(0, 1 << 20), 0)
+    assert failure is None
+    assert [m.value[:8] for m in decoded] == [b"%08d" % i for i in range(30)]
+    log.close()
