@@ -370,7 +370,7 @@ class ProducerCore:
         produced = self.produced
         if produced is not None and timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000  # counted in its window, as stored
-        if isinstance(headers, Mapping):
+        if headers is not None and isinstance(headers, Mapping):  # (isinstance costs ~10%)
             headers = headers.items()
         message = encode_message(value, key, timestamp_ms, self._compressor is not None, headers)
         batch = self._batches.get(partition)
