@@ -101,6 +101,7 @@ def test_consume_reads_every_partition_from_where_it_is_told_until_where_it_is_t
             "timestamp": base + 3,
             "key": "k2",
             "value": "p2-3",
+            "headers": [],
         }
     ]
     produced = run(endpoint, "produce", topic, "--json", "--ack", "written", input=b"a\nb\n")

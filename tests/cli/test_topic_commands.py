@@ -85,7 +85,15 @@ def test_produce_from_stdin_with_a_key_separator_then_consume_as_json(
     for record in records:
         if record["key"] is not None:
             assert record["partition"] == xxhash.xxh32_intdigest(record["key"].encode()) % 2
-        assert set(record) == {"topic", "offset", "partition", "timestamp", "key", "value"}
+        assert set(record) == {
+            "topic",
+            "offset",
+            "partition",
+            "timestamp",
+            "key",
+            "value",
+            "headers",
+        }
 
     user_1 = xxhash.xxh32_intdigest(b"user-1") % 2
     text = run(broker, "consume", topic, "--partition", str(user_1), "--max-messages", "1")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from click.testing import CliRunner
 
 from broker.aio import AsyncPartitionConsumer, AsyncProducer
 from broker.client import Ack, Admin, Connection, PartitionConsumer, Producer
@@ -15,7 +16,8 @@ from broker.client.topic_consumer import Last, TopicConsumer
 from broker.errors import BrokerError, UnsupportedFormat
 from broker.log import codec
 from broker.log.message import Message, iter_messages
-from broker.protocol import ErrorCode, FetchRequest
+from broker.protocol import LATEST, ErrorCode, FetchRequest, OffsetsRequest
+from cli.pylogctl import cli
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
 
@@ -179,3 +181,29 @@ def test_the_last_n_messages_of_a_compressed_topic_are_n_messages(
         with TopicConsumer(broker.endpoint, topic, start=Last(count)) as consumer:
             values = [record.value for record in consumer]
         assert values == [b"m%d" % i for i in range(first, 25)], count
+
+
+@pytest.mark.parametrize("compression", ["gzip", "lz4", "zstd"])
+def test_pylogctl_produce_compresses_and_consume_reads_back(
+    broker: RunningBroker, topic: str, compression: str
+) -> None:
+    env = {"PYLOG_BROKER": broker.endpoint}
+    runner = CliRunner()
+    assert runner.invoke(cli, ["topic", "create", topic], env=env).exit_code == 0
+    lines = "".join(f"GET /products/{i} HTTP/1.1 200\n" for i in range(300))
+    sent = runner.invoke(
+        cli, ["produce", topic, "--compression", compression], input=lines, env=env
+    )
+    assert sent.exit_code == 0, sent.output
+    read = runner.invoke(cli, ["consume", topic], env=env)
+    assert read.output == lines
+    with Connection(broker.endpoint) as connection:
+        stored = connection.call(OffsetsRequest(topic, 0, LATEST)).offset
+    assert stored < len(lines) // 2  # 300 plain messages would be 300 x 26 bytes more
+    level = runner.invoke(
+        cli,
+        ["produce", topic, "--compression", compression, "--compression-level", "99"],
+        input="x\n",
+        env=env,
+    )
+    assert level.exit_code == 2 and "takes levels" in level.output

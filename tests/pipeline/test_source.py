@@ -49,14 +49,17 @@ def test_batch_read_of_a_multi_partition_topic_is_what_was_produced(
         assert sorted(r.offset for r in rows if r.partition == partition) == offsets
 
 
+@pytest.mark.parametrize("compression", ["gzip", "lz4", "zstd"])
 def test_a_topic_of_plain_messages_then_compressed_sets_reads_whole(
-    spark: SparkSession, broker: RunningBroker, topic: str
+    spark: SparkSession, broker: RunningBroker, topic: str, compression: str
 ) -> None:
     """Sets are expanded into rows, each with its set's offset; ranges are cut at set
     boundaries, so no row is read twice or lost."""
     create_topic(broker.endpoint, topic, 2)
     sent = produce(broker.endpoint, topic, 2, 100, value_bytes=60)
-    sent += produce(broker.endpoint, topic, 2, 400, first=100, value_bytes=60, compression="zstd")
+    sent += produce(
+        broker.endpoint, topic, 2, 400, first=100, value_bytes=60, compression=compression
+    )
     rows = _rows(spark, broker=broker.endpoint, subscribe=topic, maxBytesPerPartition="1024")
     got = sorted((r.partition, r.value, r.key, int(r.timestamp.timestamp() * 1000)) for r in rows)
     assert got == sorted((s.partition, s.value, s.key, s.timestamp_ms) for s in sent)
