@@ -370,7 +370,8 @@ class ProducerCore:
         produced = self.produced
         if produced is not None and timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000  # counted in its window, as stored
-        if headers is not None and isinstance(headers, Mapping):  # (isinstance costs ~10%)
+        # (isinstance of Mapping on every message cost 10% of the producer's rate at batch 50)
+        if headers is not None and isinstance(headers, Mapping):
             headers = headers.items()
         message = encode_message(value, key, timestamp_ms, self._compressor is not None, headers)
         batch = self._batches.get(partition)
@@ -505,7 +506,8 @@ class Producer(ProducerCore):
     codec's default: zstd 3, lz4 0, gzip 6) sends each batch as one compressed set
     (docs/storage.md, "Compressed sets"): every message of it then has the set's offset, which
     is what `Delivery.result()` gives. `batch_bytes` counts the bytes before compression. A
-    batch over the 64 MiB bound of a set goes uncompressed."""
+    batch over the 64 MiB bound of a set goes as several sets (a message over it alone, as a
+    plain message)."""
 
     def __init__(
         self,

@@ -164,9 +164,8 @@ class PartitionLog:
     def append_counted(self, message_set: Buffer, flush: bool = True) -> tuple[int, int]:
         """`append`, also saying how many messages the set held (the inner messages of a
         compressed set, each of its sets checked: broker.log.codec.check_sets). With `flush`
-        false, a flush
-        the append makes due (`flush_due`) is the caller's to make: the broker's worker makes
-        one for all the requests it was passed at once."""
+        false, a flush the append makes due (`flush_due`) is the caller's to make: the broker's
+        worker makes one for all the requests it was passed at once."""
         return self._append(message_set, self.config.max_message_bytes, flush, (), True)
 
     def append_replicated(
@@ -368,8 +367,9 @@ class PartitionLog:
         Empty at the high watermark. OffsetOutOfRange outside [log start, high watermark],
         InvalidOffset inside a message, FetchSizeTooSmall when the first message is larger than
         max_bytes. The view stays valid for as long as it is held, even past retention.
-        Without `sets` (a reader that cannot read compressed sets), a segment is read only up
-        to its first compressed set, and UnsupportedFormat raised at or past it.
+        Without `sets` (a reader of FETCH version 1 or 2), a segment is read only up to its
+        first compressed set or message of format 2, and UnsupportedFormat raised at or past
+        it.
         """
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be at least 1, not {max_bytes}")

@@ -191,8 +191,8 @@ def _resume_point(data: Buffer, pos: int) -> int | None:
             following == size or valid_message_end(data, following) is not None
         ):
             return following
-    # Search for magic 1 and the attributes of a plain message or a compressed set at
-    # CHECKSUM_START, then make the full checks there, copying _RESYNC_CHUNK bytes at a time.
+    # Search for the magic and attributes of a message (_STORED_HEADS) at CHECKSUM_START, then
+    # make the full checks there, copying _RESYNC_CHUNK bytes at a time.
     begin = pos + 1
     while begin < size:
         stop = min(size, begin + _RESYNC_CHUNK)

@@ -329,3 +329,27 @@ def test_recovery_cuts_a_torn_set_and_the_time_index_finds_sets(
     assert failure is None
     assert [m.value[:8] for m in decoded] == [b"%08d" % i for i in range(30)]
     log.close()
+
+
+def test_recovery_keeps_the_messages_with_headers_after_damage(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """As for sets: recovery finds the next message of format 2 by its magic and attributes."""
+    log = open_log(tmp_path / "t-0", clock)
+    log.append(make_set(0, 2))
+    for i in range(3):
+        log.append(message.encode_message(b"h%d" % i, None, i, False, [("n", b"%d" % i)]))
+    log.flush()
+    log.close()
+    path = tmp_path / "t-0" / f"{0:020d}.log"
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0x40  # the length field of the second plain message leads nowhere
+    path.write_bytes(bytes(data))
+    log = open_log(tmp_path / "t-0", clock)
+    assert (log.recovery.damaged, log.recovery.bytes_truncated) == (((100, 200),), 0)
+    decoded, failure = codec.decode(log.read(200, 1 << 20), 200)
+    assert failure is None
+    assert [(m.value, m.headers) for m in decoded] == [
+        (b"h%d" % i, (("n", b"%d" % i),)) for i in range(3)
+    ]
+    log.close()
