@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
@@ -12,7 +14,9 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
+    InputPartition,
 )
+from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import StructType
 
 from pipeline.errors import OptionError
@@ -40,8 +44,11 @@ class PylogDataSource(DataSource):
         return PylogBatchReader(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        options = parse_source_options(self.options, streaming=True)
-        _check_schema(schema, _schema(options.headers))
+        try:
+            options = parse_source_options(self.options, streaming=True)
+            _check_schema(schema, _schema(options.headers))
+        except OptionError as error:
+            return RefusedStreamReader(error)
         return PylogStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -51,6 +58,28 @@ class PylogDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         _check_append(overwrite)
         return PylogStreamWriter(parse_sink_options(self.options, schema))
+
+
+class RefusedStreamReader(DataSourceStreamReader):
+    """The reader of a stream whose options were refused: it raises their OptionError when
+    Spark first asks it for anything. streamReader cannot raise it itself: PySpark 4's stream
+    runner then stops a reader it never made, and reports an UnboundLocalError of its own after
+    the error (issue 32)."""
+
+    def __init__(self, error: OptionError) -> None:
+        self.error = error
+
+    def initialOffset(self) -> dict[str, Any]:
+        raise self.error
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        raise self.error
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        raise self.error
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        raise self.error
 
 
 def _schema(headers: bool) -> StructType:

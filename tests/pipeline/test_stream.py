@@ -204,3 +204,27 @@ def test_a_starting_offset_inside_a_message_is_a_clear_error(
             subscribe=topic,
             startingOffsets=json.dumps({topic: {"0": 7}}),
         )
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"bogus": "1"}, "unknown source option(s) bogus"),
+        ({"endingOffsets": "latest"}, "endingOffsets is for batch reads; a stream has no end"),
+    ],
+)
+def test_a_streams_bad_option_fails_the_query_with_its_own_error_alone(
+    spark: SparkSession,
+    broker: RunningBroker,
+    topic: str,
+    tmp_path: Path,
+    options: dict[str, str],
+    problem: str,
+) -> None:
+    """Refused when PySpark's stream runner asks for the reader: it reports the error, and not
+    an UnboundLocalError of its own after it (PySpark 4's runner stops a reader that was never
+    made when making it fails; issue 32)."""
+    with pytest.raises(StreamingQueryException) as failed:
+        run_available_now(spark, tmp_path, broker=broker.endpoint, subscribe=topic, **options)
+    assert problem in str(failed.value)
+    assert "UnboundLocalError" not in str(failed.value)
