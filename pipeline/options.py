@@ -35,6 +35,9 @@ DEFAULT_MAX_BYTES_PER_PARTITION: Final = 64 << 20
 CLUSTER_OPTIONS: Final = frozenset(
     {"broker", "zookeeper.connect", "kafka.bootstrap.servers", "keyfile", "brokerkey"}
 )
+CLUSTER_KAFKA_OPTIONS: Final = frozenset({"kafka.bootstrap.servers", "kafka.security.protocol"})
+"""The kafka.* options that mean something to both the source and the sink."""
+SOURCE_KAFKA_OPTIONS: Final = CLUSTER_KAFKA_OPTIONS
 SOURCE_OPTIONS: Final = CLUSTER_OPTIONS | {
     "subscribe",
     "subscribepattern",
@@ -55,11 +58,52 @@ SOURCE_OPTIONS: Final = CLUSTER_OPTIONS | {
 }
 
 
-def check_known(options: Mapping[str, str], known: frozenset[str], what: str) -> None:
-    unknown = sorted(set(options) - known)
+SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SPARK_KAFKA_IGNORED: Final = frozenset({"groupidprefix"})
+"""Options of Spark's Kafka source that pylog has no use for and accepts (logged): its
+source reads by offset and keeps its offsets in Spark's checkpoint, without a group."""
+
+
+def check_known(
+    options: Mapping[str, str], known: frozenset[str], what: str, kafka: frozenset[str]
+) -> None:
+    """OptionError for an option neither `known` nor a `kafka.*` one. The `kafka.*` options
+    are accepted, as Spark's Kafka connector takes them: those in `kafka` mean something to
+    pylog and are read where they do, the rest are logged (once, on the driver) as ignored;
+    kafka.security.protocol is checked against the Curve options."""
+    kafka_like = {k for k in options if k.startswith("kafka.") or k in SPARK_KAFKA_IGNORED}
+    ignored = sorted(kafka_like - kafka)
+    if ignored:
+        log.warning("%s options with no meaning to pylog, ignored: %s", what, ", ".join(ignored))
+    _check_security_protocol(options)
+    unknown = sorted(set(options) - known - kafka_like)
     if unknown:
         raise OptionError(
             f"unknown {what} option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+
+
+def _check_security_protocol(options: Mapping[str, str]) -> None:
+    """kafka.security.protocol: PLAINTEXT without keys; SSL or SASL_* with the Curve options
+    (keyFile and brokerKey), pylog's encryption and authentication."""
+    text = options.get("kafka.security.protocol")
+    if text is None:
+        return
+    protocol = text.strip().upper()
+    if protocol not in SECURITY_PROTOCOLS:
+        raise OptionError(
+            f"kafka.security.protocol {text!r}: use one of {', '.join(SECURITY_PROTOCOLS)}"
+        )
+    curve = bool(options.get("keyfile", "").strip())
+    if protocol == "PLAINTEXT" and curve:
+        raise OptionError(
+            "kafka.security.protocol PLAINTEXT with keyFile: a client with keys speaks CurveZMQ; "
+            "drop one or the other"
+        )
+    if protocol != "PLAINTEXT" and not curve:
+        raise OptionError(
+            f"kafka.security.protocol {protocol}: pylog's encryption and authentication are "
+            "CurveZMQ, not TLS or SASL: give keyFile and brokerKey (docs/pipeline.md, Curve)"
         )
 
 
@@ -273,7 +317,7 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
     cluster (asking ZooKeeper when `zookeeper.connect` names it); OptionError names the first
     problem."""
     options = {key.lower(): value for key, value in options.items()}
-    check_known(options, SOURCE_OPTIONS, "source")
+    check_known(options, SOURCE_OPTIONS, "source", SOURCE_KAFKA_OPTIONS)
     subscription = _subscription(options)
     starting = _offset_spec(
         options, "startingOffsets", LATEST if streaming else EARLIEST, subscription

@@ -42,16 +42,26 @@ from pyspark.sql.types import (
 from broker.client import Ack, Producer
 from broker.client.consumer import timestamp_ms
 from broker.errors import BrokerError, Unavailable
+from broker.log.compression import CODECS
 from broker.security import ClientKeys
 from pipeline.cluster import CLIENT_ID, bootstrap_endpoint, client_keys
 from pipeline.errors import OptionError, PipelineError
-from pipeline.options import CLUSTER_OPTIONS, check_known
+from pipeline.options import CLUSTER_KAFKA_OPTIONS, CLUSTER_OPTIONS, check_known, positive_int
 
 log = logging.getLogger(__name__)
 
 SINK_OPTIONS: Final = CLUSTER_OPTIONS | {"topic", "ack", "includeheaders"}
 ACKS: Final = {ack.name.lower(): ack for ack in Ack}
 """The `ack` option's values: none, written, flushed, all (as pylogctl produce --ack)."""
+KAFKA_ACKS: Final = {"0": Ack.NONE, "1": Ack.WRITTEN, "all": Ack.ALL, "-1": Ack.ALL}
+"""kafka.acks, as pylog's nearest ack modes: 1, the leader appended it, is `written`."""
+SINK_KAFKA_OPTIONS: Final = CLUSTER_KAFKA_OPTIONS | {
+    "kafka.acks",
+    "kafka.compression.type",
+    "kafka.linger.ms",
+    "kafka.batch.size",
+}
+"""The kafka.* options that mean something to the sink; the rest are logged and ignored."""
 SPARK_OPTIONS: Final = frozenset({"checkpointlocation", "path"})
 """Options Spark itself may pass along to a sink; they mean nothing to pylog."""
 _COLUMN_TYPES: Final = {
@@ -70,12 +80,18 @@ class SinkOptions:
     ack: Ack = Ack.FLUSHED
     keys: ClientKeys | None = None
     """What the tasks present to brokers serving Curve (keyFile and brokerKey)."""
+    compression: str = "none"
+    """kafka.compression.type: each batch a compressed set (docs/storage.md)."""
+    linger_ms: float = 10
+    """kafka.linger.ms."""
+    batch_bytes: int = 1 << 20
+    """kafka.batch.size."""
 
 
 def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOptions:
     """Check the sink's options and the DataFrame's columns; OptionError names the problem."""
     options = {key.lower(): value for key, value in options.items()}
-    check_known(options, SINK_OPTIONS | SPARK_OPTIONS, "sink")
+    check_known(options, SINK_OPTIONS | SPARK_OPTIONS, "sink", SINK_KAFKA_OPTIONS)
     columns = {f.name.lower(): f.dataType for f in schema.fields}
     for name, data_type in columns.items():
         allowed = _COLUMN_TYPES.get(name)
@@ -102,7 +118,31 @@ def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOp
     ack = options.get("ack", "flushed").strip().lower()
     if ack not in ACKS:
         raise OptionError(f"ack {ack!r}: use {', '.join(ACKS)}")
-    return SinkOptions(bootstrap_endpoint(options), topic, ACKS[ack], client_keys(options))
+    if "kafka.acks" in options:
+        kafka_ack = options["kafka.acks"].strip().lower()
+        if kafka_ack not in KAFKA_ACKS:
+            raise OptionError(f"kafka.acks {kafka_ack!r}: use 0, 1, all or -1")
+        if "ack" in options and ACKS[ack] is not KAFKA_ACKS[kafka_ack]:
+            raise OptionError(f"ack {ack} and kafka.acks {kafka_ack} say different things")
+        ack = KAFKA_ACKS[kafka_ack].name.lower()
+    compression = options.get("kafka.compression.type", "none").strip().lower()
+    if compression not in CODECS:
+        raise OptionError(
+            f"kafka.compression.type {compression!r}: pylog takes {', '.join(CODECS)}"
+            + (" (snappy's nearest equal here is lz4)" if compression == "snappy" else "")
+        )
+    linger = options.get("kafka.linger.ms", "10").strip()
+    if not linger.isdigit():
+        raise OptionError(f"kafka.linger.ms {linger!r}: a whole number of ms, 0 or more")
+    return SinkOptions(
+        bootstrap_endpoint(options),
+        topic,
+        ACKS[ack],
+        client_keys(options),
+        compression,
+        int(linger),
+        positive_int(options, "kafka.batch.size") or 1 << 20,
+    )
 
 
 @dataclass
@@ -178,9 +218,11 @@ def write_rows(options: SinkOptions, rows: Iterator[Row]) -> SinkCommit:
                             topic,
                             ack=options.ack,
                             batch_messages=1000,
-                            batch_bytes=1 << 20,
+                            batch_bytes=options.batch_bytes,
+                            linger_ms=options.linger_ms,
                             client_id=CLIENT_ID,
                             keys=options.keys,
+                            compression=options.compression,
                         )
                     )
                 producer.send(

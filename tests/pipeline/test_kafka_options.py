@@ -11,9 +11,12 @@ from typing import Any
 import pytest
 from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql.types import StringType, StructField, StructType
 
-from broker.client import PartitionConsumer, Producer
+from broker.client import Ack, PartitionConsumer, Producer
+from pipeline.options import parse_source_options
 from pipeline.reader import offsets_behind_latest
+from pipeline.sink import parse_sink_options
 from tests.conftest import wait_until
 from tests.pipeline.conftest import Sent, create_topic, produce
 from tests.pipeline.test_stream import QUERY_TIMEOUT_S, run_available_now, values
@@ -405,6 +408,13 @@ def test_the_sink_writes_with_the_ack_mode_asked(
     [
         ("value string", {"ack": "most"}, "ack 'most': use none, written, flushed, all"),
         ("value string, headers array<int>", {}, "column 'headers' is array<int>"),
+        ("value string", {"kafka.security.protocol": "SSL"}, "authentication are CurveZMQ"),
+        ("value string", {"kafka.security.protocol": "TLS"}, "use one of PLAINTEXT, SSL"),
+        ("value string", {"kafka.acks": "2"}, "kafka.acks '2': use 0, 1, all or -1"),
+        ("value string", {"kafka.acks": "1", "ack": "all"}, "ack all and kafka.acks 1 say"),
+        ("value string", {"kafka.compression.type": "snappy"}, "nearest equal here is lz4"),
+        ("value string", {"kafka.linger.ms": "soon"}, "kafka.linger.ms 'soon'"),
+        ("value string", {"kafka.batch.size": "0"}, "kafka.batch.size is 0: it must be"),
     ],
 )
 def test_bad_sink_options_are_clear_errors(
@@ -458,3 +468,69 @@ def test_offsets_behind_latest_come_from_the_progress_not_from_source_metrics(
         "maxOffsetsBehindLatest": behind,
         "avgOffsetsBehindLatest": behind,
     }
+
+
+# -- kafka.* options ---------------------------------------------------------------------------
+
+SINK_SCHEMA = StructType([StructField("value", StringType())])
+KAFKA_JOB_SOURCE = {
+    "kafka.group.id": "reporting",
+    "groupIdPrefix": "spark-kafka-source",
+    "kafka.security.protocol": "PLAINTEXT",
+    "kafka.auto.offset.reset": "earliest",
+    "kafka.max.poll.records": "500",
+    "kafka.session.timeout.ms": "30000",
+}
+"""A typical spark-sql-kafka job's source options beyond the cluster and the topic."""
+KAFKA_JOB_SINK = {
+    "kafka.acks": "all",
+    "kafka.compression.type": "zstd",
+    "kafka.linger.ms": "5",
+    "kafka.batch.size": "65536",
+    "kafka.key.serializer": "org.apache.kafka.common.serialization.ByteArraySerializer",
+    "kafka.enable.idempotence": "true",
+}
+
+
+def test_a_kafka_jobs_options_are_taken_mapped_or_ignored(
+    spark: SparkSession, broker: RunningBroker, topic: str
+) -> None:
+    """Every kafka.* option is accepted (issue 32): kafka.acks, kafka.compression.type,
+    kafka.linger.ms and kafka.batch.size are the sink's ack, compression and batching,
+    kafka.security.protocol PLAINTEXT matches a client without keys, and the rest (group ids,
+    consumer and producer settings) are ignored."""
+    create_topic(broker.endpoint, topic, 1)
+    frame = spark.createDataFrame([(f"line {i} " * 8,) for i in range(300)], "value string")
+    cluster = {"kafka.bootstrap.servers": broker.endpoint.removeprefix("tcp://")}
+    frame.write.format("pylog").options(**cluster, topic=topic, **KAFKA_JOB_SINK).mode(
+        "append"
+    ).save()
+    rows = _read(spark, **cluster, subscribe=topic, **KAFKA_JOB_SOURCE)
+    assert sorted(r.value.decode() for r in rows) == sorted(f"line {i} " * 8 for i in range(300))
+    with PartitionConsumer(broker.endpoint, topic, 0, stop_at_end=True) as consumer:
+        stored = list(consumer)
+    assert len({m.offset for m in stored}) < len(stored) // 10  # stored as compressed sets
+    assert stored[-1].next_offset < sum(len(m.value) + 26 for m in stored) // 4
+
+
+def test_the_kafka_options_pylog_ignores_are_logged_naming_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cluster = {"kafka.bootstrap.servers": "127.0.0.1:9"}
+    with caplog.at_level("WARNING", logger="pylog.pipeline"):
+        parse_source_options({**cluster, "subscribe": "t", **KAFKA_JOB_SOURCE}, streaming=False)
+        options = parse_sink_options({**cluster, "topic": "t", **KAFKA_JOB_SINK}, SINK_SCHEMA)
+    logged = [r.getMessage() for r in caplog.records]
+    assert logged == [
+        "source options with no meaning to pylog, ignored: groupidprefix, "
+        "kafka.auto.offset.reset, kafka.group.id, kafka.max.poll.records, "
+        "kafka.session.timeout.ms",
+        "sink options with no meaning to pylog, ignored: kafka.enable.idempotence, "
+        "kafka.key.serializer",
+    ]
+    assert (options.ack, options.compression, options.linger_ms, options.batch_bytes) == (
+        Ack.ALL,
+        "zstd",
+        5,
+        65536,
+    )

@@ -1,6 +1,7 @@
 """docs/pipeline.md's table of every spark-sql-kafka option against the code: each option the
-source or sink knows is in a supported row, each supported row names tests that exist, and each
-option a row says is not supported is refused (no Spark needed)."""
+source or sink knows is in a supported row, each supported row names tests that exist, each
+option a row says is accepted and ignored is accepted, and each a row says is not supported is
+refused (no Spark needed)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from pyspark.sql.types import StringType, StructField, StructType
 
 from pipeline.errors import OptionError
-from pipeline.options import SOURCE_OPTIONS, parse_source_options
-from pipeline.sink import SINK_OPTIONS, parse_sink_options
+from pipeline.options import SOURCE_KAFKA_OPTIONS, SOURCE_OPTIONS, parse_source_options
+from pipeline.sink import SINK_KAFKA_OPTIONS, SINK_OPTIONS, parse_sink_options
 
 ROOT = Path(__file__).resolve().parents[2]
 PYLOG_ONLY = {"broker", "zookeeper.connect", "maxbytespertrigger", "maxbytesperpartition", "ack"}
@@ -47,7 +48,8 @@ def test_every_option_the_code_knows_is_a_supported_row_with_tests_that_exist() 
         if meaning.startswith("**supported**")
         for name in names
     }
-    known = {o for o in SOURCE_OPTIONS | SINK_OPTIONS if o not in PYLOG_ONLY}
+    every = SOURCE_OPTIONS | SINK_OPTIONS | SOURCE_KAFKA_OPTIONS | SINK_KAFKA_OPTIONS
+    known = {o for o in every if o not in PYLOG_ONLY}
     assert known == supported
     tests = _test_names()
     for names, _, meaning, named in rows:
@@ -57,23 +59,39 @@ def test_every_option_the_code_knows_is_a_supported_row_with_tests_that_exist() 
             assert cited, f"{names} is supported but names no test"
 
 
-UNSUPPORTED = sorted(
-    (name, side)
-    for names, side, meaning, _ in _rows()
-    if not meaning.startswith("**supported**")
-    for name in names
-    if "*" not in name and side
-)
+def _said(start: str) -> list[tuple[str, str]]:
+    """(option, side) of each row whose meaning starts with `start` (wildcards left out)."""
+    return sorted(
+        (name, side)
+        for names, side, meaning, _ in _rows()
+        if meaning.startswith(start)
+        for name in names
+        if "*" not in name and side
+    )
+
+
+UNSUPPORTED = _said("not supported")
+IGNORED = _said("accepted and ignored")
+
+
+def _parse(option: str, side: str) -> None:
+    given = {option: "1", "subscribe": "t", "broker": "tcp://127.0.0.1:9", "topic": "t"}
+    if side == "source":
+        given.pop("topic")
+        parse_source_options(given, streaming=True)
+    else:
+        given.pop("subscribe")
+        parse_sink_options(given, StructType([StructField("value", StringType())]))
 
 
 @pytest.mark.parametrize(("option", "side"), UNSUPPORTED)
 def test_each_option_said_unsupported_is_refused(option: str, side: str) -> None:
     assert UNSUPPORTED  # the table was found
-    given = {option: "1", "subscribe": "t", "broker": "tcp://127.0.0.1:9", "topic": "t"}
     with pytest.raises(OptionError, match=f"unknown {side} option"):
-        if side == "source":
-            given.pop("topic")
-            parse_source_options(given, streaming=True)
-        else:
-            given.pop("subscribe")
-            parse_sink_options(given, StructType([StructField("value", StringType())]))
+        _parse(option, side)
+
+
+@pytest.mark.parametrize(("option", "side"), IGNORED)
+def test_each_option_said_accepted_and_ignored_is_accepted(option: str, side: str) -> None:
+    assert IGNORED  # the table was found
+    _parse(option, side)
