@@ -22,14 +22,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from broker.protocol import EARLIEST, LATEST  # Spark's offsets JSON takes them as OFFSETS does
 from broker.security import ClientKeys
 from pipeline.cluster import Cluster, TopicPartition, bootstrap_endpoint, client_keys
 from pipeline.errors import OptionError
 
 log = logging.getLogger("pylog.pipeline")
 
-EARLIEST: Final = -2
-LATEST: Final = -1
 DEFAULT_MAX_BYTES_PER_PARTITION: Final = 64 << 20
 
 CLUSTER_OPTIONS: Final = frozenset(

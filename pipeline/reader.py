@@ -60,13 +60,11 @@ from broker.client.consumer import corrupt_segment_reply, damaged_range, grown_f
 from broker.errors import BrokerError, CorruptSegment
 from broker.log.codec import decode_columns
 from broker.log.message import Columns
-from broker.protocol import EARLIEST as EARLIEST_TIME
-from broker.protocol import LATEST as LATEST_TIME
-from broker.protocol import ErrorCode, FetchRequest, OffsetsRequest
+from broker.protocol import EARLIEST, LATEST, ErrorCode, FetchRequest, OffsetsRequest
 from broker.security import ClientKeys
 from pipeline.cluster import CLIENT_ID, RETRIES, Cluster, TopicPartition
 from pipeline.errors import DataLoss, NotMessageBoundary, OptionError, PipelineError
-from pipeline.options import EARLIEST, LATEST, SourceOptions
+from pipeline.options import SourceOptions
 
 log = logging.getLogger(__name__)
 
@@ -231,8 +229,8 @@ def _skip_lost(
 ) -> int:
     """Where to read on after OFFSET_OUT_OF_RANGE at `position`: the log start, once the
     loss is reported (DataLoss) or logged."""
-    log_start = connection.call(OffsetsRequest(tp.topic, tp.partition, EARLIEST_TIME), RETRIES)
-    high = connection.call(OffsetsRequest(tp.topic, tp.partition, LATEST_TIME), RETRIES)
+    log_start = connection.call(OffsetsRequest(tp.topic, tp.partition, EARLIEST), RETRIES)
+    high = connection.call(OffsetsRequest(tp.topic, tp.partition, LATEST), RETRIES)
     if position < log_start.offset:
         why = f"deleted by retention: the log now starts at {log_start.offset}"
         _lost(tp, position, min(log_start.offset, end), why, fail)
