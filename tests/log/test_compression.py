@@ -23,6 +23,7 @@ from broker.log.compression import Codec, Compressor
 from broker.log.config import LogConfig
 from tests.conftest import FakeClock
 from tests.log.test_partition import make_set, open_log
+from tests.log.test_recovery import flip
 
 CODECS = [Codec.GZIP, Codec.LZ4, Codec.ZSTD]
 inner_messages = st.lists(
@@ -227,27 +228,33 @@ def test_the_log_counts_inner_messages_and_old_readers_stop_at_the_first_set(
     log.close()
 
 
+def recovered_after_damage(
+    tmp_path: Path, clock: FakeClock, appended: list[bytes]
+) -> list[message.Message]:
+    """A log of two plain messages of 100 bytes then `appended`, the second message's length
+    field broken (it leads nowhere) and the log opened again: the damage is that message alone,
+    nothing is cut; the messages read after it."""
+    log = open_log(tmp_path / "t-0", clock)
+    log.append(make_set(0, 2))
+    for each in appended:
+        log.append(each)
+    log.flush()
+    log.close()
+    flip(tmp_path / "t-0" / f"{0:020d}.log", 100, 0x40)
+    log = open_log(tmp_path / "t-0", clock)
+    assert (log.recovery.damaged, log.recovery.bytes_truncated) == (((100, 200),), 0)
+    decoded, failure = codec.decode(log.read(200, 1 << 20), 200)
+    assert failure is None
+    log.close()
+    return decoded
+
+
 def test_recovery_keeps_the_sets_after_damage(tmp_path: Path, clock: FakeClock) -> None:
     """A length field broken before a run of compressed sets: recovery finds the next set by
     its magic and attributes, and keeps every set after the damage."""
-    log = open_log(tmp_path / "t-0", clock)
-    log.append(make_set(0, 2))
     sets = [wrapped(Compressor(Codec.ZSTD), make_set(2 + 3 * i, 3)) for i in range(3)]
-    for wrapper in sets:
-        log.append(wrapper)
-    log.flush()
-    log.close()
-    path = tmp_path / "t-0" / f"{0:020d}.log"
-    data = bytearray(path.read_bytes())
-    data[100] ^= 0x40  # the length field of the second plain message leads nowhere
-    path.write_bytes(bytes(data))
-    log = open_log(tmp_path / "t-0", clock)
-    assert log.recovery.damaged == ((100, 200),)
-    assert log.recovery.bytes_truncated == 0
-    decoded, failure = codec.decode(log.read(200, 1 << 20), 200)
-    assert failure is None
+    decoded = recovered_after_damage(tmp_path, clock, sets)
     assert [m.value[:8] for m in decoded] == [b"%08d" % i for i in range(2, 11)]
-    log.close()
 
 
 def stored_kinds(log_dir: Path) -> list[int]:
@@ -335,21 +342,10 @@ def test_recovery_keeps_the_messages_with_headers_after_damage(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     """As for sets: recovery finds the next message of format 2 by its magic and attributes."""
-    log = open_log(tmp_path / "t-0", clock)
-    log.append(make_set(0, 2))
-    for i in range(3):
-        log.append(message.encode_message(b"h%d" % i, None, i, False, [("n", b"%d" % i)]))
-    log.flush()
-    log.close()
-    path = tmp_path / "t-0" / f"{0:020d}.log"
-    data = bytearray(path.read_bytes())
-    data[100] ^= 0x40  # the length field of the second plain message leads nowhere
-    path.write_bytes(bytes(data))
-    log = open_log(tmp_path / "t-0", clock)
-    assert (log.recovery.damaged, log.recovery.bytes_truncated) == (((100, 200),), 0)
-    decoded, failure = codec.decode(log.read(200, 1 << 20), 200)
-    assert failure is None
+    headed = [
+        message.encode_message(b"h%d" % i, None, i, False, [("n", b"%d" % i)]) for i in range(3)
+    ]
+    decoded = recovered_after_damage(tmp_path, clock, headed)
     assert [(m.value, m.headers) for m in decoded] == [
         (b"h%d" % i, (("n", b"%d" % i),)) for i in range(3)
     ]
-    log.close()
