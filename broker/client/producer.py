@@ -290,6 +290,8 @@ class ProducerCore:
         compression_level: int | None = None,
     ) -> None:
         self._compressor = compressor_for(compression, compression_level)
+        self._inner = self._compressor is not None
+        """Whether messages are encoded for a compressed set (checksum field 0)."""
         if partitioner not in ("hash", "round_robin", "random"):
             raise ValueError(f"partitioner {partitioner!r}: use hash, round_robin or random")
         if batch_messages < 1 or batch_bytes < 1 or linger_ms < 0 or max_in_flight < 1:
@@ -370,10 +372,11 @@ class ProducerCore:
         produced = self.produced
         if produced is not None and timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000  # counted in its window, as stored
-        # (isinstance of Mapping on every message cost 10% of the producer's rate at batch 50)
-        if headers is not None and isinstance(headers, Mapping):
-            headers = headers.items()
-        message = encode_message(value, key, timestamp_ms, self._compressor is not None, headers)
+        if headers is None:  # the path of every message without headers: nothing more
+            message = encode_message(value, key, timestamp_ms, self._inner)
+        else:
+            items = headers.items() if isinstance(headers, Mapping) else headers
+            message = encode_message(value, key, timestamp_ms, self._inner, items)
         batch = self._batches.get(partition)
         if batch is None:
             batch = self._batches[partition] = Batch(partition, self.clock.monotonic())
