@@ -39,10 +39,19 @@ from broker.errors import (
 from broker.log.message import Buffer
 from broker.pool import Answers, WorkerHandle, WorkerPool
 from broker.processes import port_holder
+from broker.quotas import Direction, Kind, Throttle
 from broker.replies import HeldReplies
 from broker.security import Authorizer, HandshakeFailures, Operation, Principals, ZapHandler
 from broker.topics import Topics
-from broker.transport import CREDIT, REPLIES, STATE, reply_envelope, tagged_identity
+from broker.transport import (
+    CREDIT,
+    REPLIES,
+    STATE,
+    connection_of,
+    reply_envelope,
+    tagged_identity,
+    throttled,
+)
 from broker.zmqio import NOBLOCK, receive_routed, send_frames
 
 log = logging.getLogger("pylog.supervisor")
@@ -99,6 +108,8 @@ class Front:
             config.broker_queued_requests_per_client,
         )
         """The bytes of replies ZeroMQ holds for clients, and the connections muted for them."""
+        self.throttle = Throttle(config.broker_queued_requests_per_client)
+        """The quotas (broker.quotas): the requests of clients over theirs wait here."""
         self.opened = False
         self.reading = False
         """Whether the loop reads clients' requests: from `open()` on, while the workers owe
@@ -161,7 +172,7 @@ class Front:
         """One turn: serve what the sockets hold (a bounded amount of each), let the topics and
         the pool do their housekeeping, then send the replies they owe."""
         self._pace()
-        for sock, _ in self.poller.poll(TICK_MS):
+        for sock, _ in self.poller.poll(self.throttle.timeout_ms(TICK_MS)):
             take = self._handlers.get(sock)
             if take is not None:  # bounded too: a flood of handshakes holds up nothing
                 for _ in range(DRAINED_AT_ONCE):
@@ -188,6 +199,9 @@ class Front:
         resumed = False
         for tagged, frames in self.held.release(self._room):  # of unmuted connections
             self._serve(tagged, *tagged_identity(tagged[1:], frames)[1:], frames)
+            resumed = True
+        for tagged, frames, arrived in self.throttle.due():  # held back for a quota
+            self._serve(tagged, *tagged_identity(tagged[1:], frames)[1:], frames, arrived)
             resumed = True
         if resumed:  # sent now, not with the next client's request
             self.pool.flush_all()
@@ -246,6 +260,8 @@ class Front:
             for i in range(0, len(rest), 2):
                 send_frames(self.socket, [*reply_envelope(rest[i].bytes), rest[i + 1]])
         else:  # a reply, behind the tagged identity of its client: forwarded as zmq.Frames,
+            if len(rest) == 2 and self.throttle.active:  # a FETCH's: its messages count
+                self.throttle.fetched(first, len(rest[1]))
             self._answer(first, rest)  # not copied
 
     def _from_client(self, identity: bytes, frames: list[zmq.Frame]) -> None:
@@ -260,11 +276,20 @@ class Front:
         self._serve(tagged, request_frames, frames)
 
     def _serve(
-        self, tagged: bytes, request_frames: list[memoryview], frames: list[zmq.Frame]
+        self,
+        tagged: bytes,
+        request_frames: list[memoryview],
+        frames: list[zmq.Frame],
+        arrived: float | None = None,
     ) -> None:
+        """Serve a request of connection `tagged`: route it to its worker, or answer it here.
+        `arrived`: when it arrived, for one that a quota held back (Throttle.due)."""
         try:
             if self.stopping:
                 raise BrokerShuttingDown("the broker is shutting down")
+            if arrived is None and tagged in self.throttle.held:  # in order, behind those
+                self.throttle.hold(tagged, frames, self.throttle.clock(), 0.0)
+                return
             route = protocol.peek_route(request_frames)
             authorizer = self.authorizer
             principal = "" if self.principals is None else _principal(frames, self.principals)
@@ -274,6 +299,11 @@ class Front:
                     authorizer.check(principal, OPERATIONS[api], route.topic)
                     if api == protocol.Api.FETCH and (replica := _replica_id(request_frames)) >= 0:
                         authorizer.check_replica(principal, route.topic, replica)
+                if self.throttle.active:
+                    admitted = self._admitted(tagged, request_frames, frames, principal, arrived)
+                    if admitted is None:
+                        return  # held back: served by a later turn
+                    tagged = admitted
                 self._route(tagged, request_frames[0], *route)
                 return
             header, request = protocol.decode_request(request_frames)
@@ -310,6 +340,39 @@ class Front:
                 log.exception("unexpected error serving a request")
             self._refuse(tagged, request_frames, error)
 
+    def _admitted(
+        self,
+        tagged: bytes,
+        request_frames: list[memoryview],
+        frames: list[zmq.Frame],
+        principal: str,
+        arrived: float | None,
+    ) -> bytes | None:
+        """A routed request under the quotas: the tagged identity to send it to its worker
+        with (saying how long it was held back, if it was), or None when its client is over
+        its quota and the request is held back (Throttle.hold). PRODUCE counts its frame;
+        a consumer's FETCH is held back by what its client's replies counted; a follower's
+        FETCH and the other apis are neither."""
+        api = protocol.peek_api(request_frames)
+        if api == protocol.Api.PRODUCE:
+            direction, size = Direction.PRODUCE, len(request_frames[0])
+        elif api == protocol.Api.FETCH and _replica_id(request_frames) < 0:
+            direction, size = Direction.FETCH, 0
+        else:
+            return tagged
+        if self.principals is not None:
+            client = (Kind.PRINCIPAL, principal)
+        else:
+            client = (Kind.CLIENT, protocol.peek_client_id(request_frames))
+        throttle = self.throttle
+        wait_s = throttle.admit(tagged, client, direction, size, arrived)
+        if wait_s > 0:
+            throttle.hold(tagged, frames, throttle.clock() if arrived is None else arrived, wait_s)
+            return None
+        if arrived is None:
+            return tagged
+        return throttled(tagged, round((throttle.clock() - arrived) * 1000))
+
     def _refuse(self, tagged: bytes, request_frames: list[memoryview], error: Exception) -> None:
         """Answer a request with `error` (counted; a PRODUCE with ack none gets no answer)."""
         if self.pool.errors.refused(request_frames, error):
@@ -326,7 +389,8 @@ class Front:
 
     def _answer(self, tagged: bytes, frames: Sequence[Buffer | zmq.Frame]) -> None:
         """Send a reply, counted in `held` from broker.replies.TRACK_AT bytes on."""
-        send_frames(self.socket, [*reply_envelope(tagged), *self.held.send(tagged, frames)])
+        held = self.held.send(connection_of(tagged), frames)
+        send_frames(self.socket, [*reply_envelope(tagged), *held])
 
 
 _VERSION_AT: Final = 2

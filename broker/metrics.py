@@ -16,6 +16,11 @@ read at scrape time. The names follow Prometheus' conventions (`_total` counters
   those requests, and
   pylog_front_replies_refused_total: replies answered REPLIES_NOT_READ in their place
   (broker.replies; docs/protocol.md, "Flow control");
+- quotas (broker.quotas), per client with a quota {kind, name, direction}: kind principal or
+  client, direction produce or fetch: pylog_quota_bytes_total (bytes counted to the quota),
+  pylog_quota_throttle_seconds_total (how long its requests were held back, in all),
+  pylog_quota_bytes_per_second (the quota); and pylog_quota_held_requests, the requests held
+  back now. A client idle for broker.quotas.FORGET_AFTER_S drops out (its counters too);
 - in security.mode curve: pylog_connections_accepted_total and pylog_connections_refused_total
   (Curve handshakes the ZAP handler let in, and refused for an unknown key),
   pylog_handshakes_failed_total{reason} (before ZAP: not_curve, a plaintext client;
@@ -67,6 +72,7 @@ from prometheus_client.registry import Collector
 
 from broker.pool import RequestErrors, WorkerHandle
 from broker.processes import port_holder
+from broker.quotas import Throttle
 from broker.worker_stats import LATENCY_BUCKETS_S
 
 if TYPE_CHECKING:
@@ -128,6 +134,7 @@ class SupervisorCollector(Collector):
             "Replies answered REPLIES_NOT_READ in their place: their connection was muted.",
             front.held.replies_refused,
         )
+        yield from _quota_metrics(front.throttle)
         if s.zap is not None and s.authorizer is not None:  # security.mode curve
             yield CounterMetricFamily(
                 "pylog_connections_accepted",
@@ -198,6 +205,37 @@ _PARTITION_FIGURES = (
 )
 """The figures of a partition, in the order of a snapshot's partition rows after topic and
 partition (broker.worker_stats)."""
+
+
+def _quota_metrics(throttle: Throttle) -> Iterator[Metric]:
+    labels = ["kind", "name", "direction"]
+    counted = CounterMetricFamily(
+        "pylog_quota_bytes", "Bytes counted to a client's quota.", labels=labels
+    )
+    throttled = CounterMetricFamily(
+        "pylog_quota_throttle_seconds",
+        "How long a client's requests were held back for its quota, in all.",
+        labels=labels,
+    )
+    quotas = GaugeMetricFamily(
+        "pylog_quota_bytes_per_second", "A client's quota, bytes a second.", labels=labels
+    )
+    for c in throttle.statistics():
+        for direction, size, seconds, quota in (
+            ("produce", c.produce_bytes, c.produce_throttled_s, c.produce_quota),
+            ("fetch", c.fetch_bytes, c.fetch_throttled_s, c.fetch_quota),
+        ):
+            if quota is not None:
+                values = [c.kind.value, c.name, direction]
+                counted.add_metric(values, size)
+                throttled.add_metric(values, seconds)
+                quotas.add_metric(values, quota)
+    yield from (counted, throttled, quotas)
+    yield GaugeMetricFamily(
+        "pylog_quota_held_requests",
+        "Requests held back now because their client is over its quota.",
+        throttle.held_requests,
+    )
 
 
 def _worker_metrics(workers: list[WorkerHandle], refused: RequestErrors) -> Iterator[Metric]:

@@ -8,7 +8,8 @@ it, so item 0 of a frame list is "frame 1" of docs/protocol.md:
     request   frame 1  header       api_key u16, api_version u16, correlation_id u32,
                                     client_id string
                        body         right after client_id: fixed per api and api_version
-                                    (API_VERSIONS: FETCH has versions 2 and 3, METADATA a version 2)
+                                    (API_VERSIONS: FETCH has versions 2 to 4, PRODUCE and
+                                    METADATA a version 2)
                        message set  PRODUCE only: the rest of the frame, messages back to
                                     back (broker.log.message); no length field
     reply     frame 1  header       correlation_id u32, error_code i16, error_message string
@@ -126,17 +127,26 @@ class Api(IntEnum):
 
 
 API_VERSIONS: Final[Mapping[Api, tuple[int, ...]]] = {api: (1,) for api in Api} | {
-    Api.FETCH: (1, 2, 3),
+    Api.PRODUCE: (1, 2),
+    Api.FETCH: (1, 2, 3, 4),
     Api.METADATA: (1, 2),
 }
 """The api_versions this broker speaks, per api, in order."""
+PRODUCE_THROTTLE_VERSION: Final = 2
+"""The PRODUCE version whose reply says how long a quota held the request back (throttle_ms,
+docs/protocol.md "Quotas"); a request of an older version is held back the same."""
+FETCH_THROTTLE_VERSION: Final = 4
+"""The FETCH version whose reply says how long a quota held the request back."""
 
 
 def request_version(api: Api) -> int:
-    """The api_version this package's clients ask `api` at unless told: FETCH's newest (it
-    reads compressed sets), version 1 of the others (a METADATA of version 2 is asked for
-    where a client needs what it adds)."""
-    return SETS_FETCH_VERSION if api is Api.FETCH else API_VERSION
+    """The api_version this package's clients ask `api` at unless told: the newest of PRODUCE
+    and FETCH (their replies say how long a quota held them back; FETCH's reads compressed
+    sets), version 1 of the others (a METADATA of version 2 is asked for where a client needs
+    what it adds)."""
+    if api is Api.FETCH:
+        return FETCH_THROTTLE_VERSION
+    return PRODUCE_THROTTLE_VERSION if api is Api.PRODUCE else API_VERSION
 
 
 class Ack(IntEnum):
@@ -519,10 +529,13 @@ class ReplyHeader:
 
 @dataclass(frozen=True, slots=True)
 class ProduceReply:
-    """`base_offset` is the offset of the first message appended, `count` how many were."""
+    """`base_offset` is the offset of the first message appended, `count` how many were.
+    Version 2 only (0 at version 1): `throttle_ms`, how long the broker held the request back
+    before serving it, its client being over a quota."""
 
     base_offset: int
     count: int
+    throttle_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,13 +547,17 @@ class FetchReply:
     epoch; `epochs`, the leader's epoch entries for the message set, in order (none when it
     is empty): the one in effect at the fetch offset (start_offset as stored, maybe below it),
     then those whose start_offset is in (offset, offset + its length]: what
-    PartitionLog.append_replicated takes."""
+    PartitionLog.append_replicated takes.
+
+    Version 4 only (0 before): `throttle_ms`, how long the broker held the request back
+    before serving it, its client being over a quota."""
 
     high_watermark: int
     log_start_offset: int
     message_set: Buffer
     leader_epoch: int = -1
     epochs: tuple[EpochEntry, ...] = ()
+    throttle_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -760,6 +777,7 @@ _CREATE_TOPIC: Final = _Fields(("partitions", "I"), ("config_count", "H"))
 _PRODUCE_REPLY: Final = _Fields(("base_offset", "Q"), ("count", "I"))
 _FETCH_REPLY: Final = _Fields(("high_watermark", "Q"), ("log_start_offset", "Q"))
 _FETCH_REPLY_V2: Final = _Fields(("leader_epoch", "i"), ("epoch_count", "H"))
+_THROTTLE: Final = _Fields(("throttle_ms", "I"))
 _EPOCH_ENTRY: Final = _Fields(("epoch", "i"), ("start_offset", "Q"))
 _OFFSET_FOR_LEADER_EPOCH_REPLY: Final = _Fields(("epoch", "i"), ("end_offset", "Q"))
 _OFFSETS_REPLY: Final = _Fields(("offset", "Q"))
@@ -1072,7 +1090,7 @@ def decode_request(frames: Frames) -> tuple[RequestHeader, Request]:
         | DescribePartitionRequest
         | OffsetForLeaderEpochRequest,
     ):
-        _remember(frames[0], header.api, Route(request.topic, request.partition))
+        _remember(frames[0], header.api, header.version, Route(request.topic, request.partition))
     return header, request
 
 
@@ -1256,6 +1274,7 @@ topic and partition. The front serves the others itself."""
 
 class _Prefix(NamedTuple):
     api: Api
+    version: int
     route: Route
 
 
@@ -1278,13 +1297,13 @@ def _prefix_key(frame: memoryview) -> tuple[bytes, int] | None:
     return frame[:4].tobytes() + frame[8:end].tobytes(), end
 
 
-def _remember(frame: Buffer, api: Api, route: Route) -> None:
+def _remember(frame: Buffer, api: Api, version: int, route: Route) -> None:
     """Remember the prefix of `frame`, a request to `route` that passed every check."""
     known = _prefix_key(memoryview(frame))
     if known is not None:
         if len(_prefixes) >= _PREFIXES_MAX:
             _prefixes.clear()
-        _prefixes[known[0]] = _Prefix(api, route)
+        _prefixes[known[0]] = _Prefix(api, version, route)
 
 
 def peek_route(frames: Frames) -> Route | None:
@@ -1305,8 +1324,16 @@ def peek_route(frames: Frames) -> Route | None:
     (partition,) = reader.fixed(_PARTITION)
     check_topic_name(topic)
     route = Route(topic, partition)
-    _remember(frames[0], api, route)
+    _remember(frames[0], api, header.version, route)
     return route
+
+
+def peek_client_id(frames: Frames) -> str:
+    """The client_id of a request that peek_route routed (its header was read whole once):
+    read from its place, undecodable bytes replaced."""
+    frame = frames[0]
+    (length,) = _U16.unpack_from(frame, 8)
+    return bytes(frame[10 : 10 + length]).decode("utf-8", "replace")
 
 
 def peek_api(frames: Frames) -> int:
@@ -1326,11 +1353,12 @@ def peek_api_name(frames: Frames) -> str:
         return "unknown"
 
 
-def peek_produce(frames: Frames) -> tuple[int, Route, int, memoryview] | None:
+def peek_produce(frames: Frames) -> tuple[int, int, Route, int, memoryview] | None:
     """A PRODUCE request whose prefix is known good (see above), decoded with no header or
-    request object: its correlation_id, route, ack (an int, checked) and message set (a view
-    of the rest of the frame, unchecked). None for any other request, and for one whose prefix
-    is not known yet: decode_request then decodes it (and, if it passes, remembers it)."""
+    request object: its correlation_id, api_version, route, ack (an int, checked) and message
+    set (a view of the rest of the frame, unchecked). None for any other request, and for one
+    whose prefix is not known yet: decode_request then decodes it (and, if it passes,
+    remembers it)."""
     if len(frames) != 1:
         return None
     view = memoryview(frames[0])
@@ -1344,7 +1372,8 @@ def peek_produce(frames: Frames) -> tuple[int, Route, int, memoryview] | None:
     ack = view[end]
     if ack > Ack.ALL:
         return None
-    return _CORRELATION_ID.unpack_from(view, 4)[0], prefix.route, ack, view[end + 1 :]
+    correlation_id = _CORRELATION_ID.unpack_from(view, 4)[0]
+    return correlation_id, prefix.version, prefix.route, ack, view[end + 1 :]
 
 
 def peek_correlation_id(frames: Frames) -> int:
@@ -1358,14 +1387,14 @@ def peek_correlation_id(frames: Frames) -> int:
 
 def is_fire_and_forget(frames: Frames) -> bool:
     """Whether the broker must not answer this request, not even with an error: true for a
-    one-frame PRODUCE version 1 request whose frame reaches its ack field (client_id and
+    one-frame PRODUCE request (of a version spoken) whose frame reaches its ack field (client_id and
     topic whole by their lengths, then partition and ack) and has ack 0 (Ack.NONE), however
     malformed the rest. Never raises."""
     if len(frames) != 1 or len(frames[0]) < _REQUEST_HEADER.size:
         return False
     frame = frames[0]
     api_key, version = _API_AND_VERSION.unpack_from(frame)
-    if api_key != Api.PRODUCE or version != API_VERSION:
+    if api_key != Api.PRODUCE or version not in API_VERSIONS[Api.PRODUCE]:
         return False
     reader = _Reader(frame, _HEADER_WHERE, MalformedRequest)
     try:
@@ -1394,11 +1423,15 @@ def encode_reply(correlation_id: int, reply: Reply, version: int = API_VERSION) 
     parts: list[Buffer] = [_REPLY_HEADER.pack(correlation_id, ErrorCode.NONE), _SUCCESS]
     if isinstance(reply, ProduceReply):
         parts.append(_PRODUCE_REPLY.pack(reply.base_offset, reply.count))
+        if version >= PRODUCE_THROTTLE_VERSION:
+            parts.append(_THROTTLE.pack(reply.throttle_ms))
     elif isinstance(reply, FetchReply):
         parts.append(_FETCH_REPLY.pack(reply.high_watermark, reply.log_start_offset))
         if version >= 2:
             parts.append(_FETCH_REPLY_V2.pack(reply.leader_epoch, len(reply.epochs)))
             parts += [_EPOCH_ENTRY.pack(e.epoch, e.start_offset) for e in reply.epochs]
+        if version >= FETCH_THROTTLE_VERSION:
+            parts.append(_THROTTLE.pack(reply.throttle_ms))
         return [b"".join(parts), reply.message_set]
     elif isinstance(reply, OffsetsReply):
         parts.append(_OFFSETS_REPLY.pack(reply.offset))
@@ -1541,8 +1574,9 @@ def _describe(error: BaseException) -> str:
 
 _SUCCESS_START: Final = struct.Struct(">IhH")
 """A reply's correlation id, error code and error message length: (id, 0, 0) is a success."""
-_PRODUCE_ACK: Final = struct.Struct(">IhHQI")
-"""The whole frame of a successful PRODUCE reply: header, empty message, body."""
+_PRODUCE_ACKS: Final = {1: struct.Struct(">IhHQI"), 2: struct.Struct(">IhHQII")}
+"""A successful PRODUCE reply of each version as one struct: header with an empty
+error_message, then the body."""
 
 
 def _read_reply_header(frames: Frames) -> tuple[_Reader, ReplyHeader]:
@@ -1613,10 +1647,10 @@ def decode_reply(api: Api, frames: Frames, version: int = API_VERSION) -> Reply:
     ValueError for a version `api` does not have. A FETCH reply's message set is a memoryview
     over frame 2."""
     _check_version(api, version)
-    if api is Api.PRODUCE and len(frames) == 1 and len(frames[0]) == _PRODUCE_ACK.size:
-        _, code, message_length, base_offset, count = _PRODUCE_ACK.unpack_from(frames[0])
+    if api is Api.PRODUCE and len(frames) == 1 and len(frames[0]) == _PRODUCE_ACKS[version].size:
+        _, code, message_length, *fields = _PRODUCE_ACKS[version].unpack_from(frames[0])
         if code == 0 and message_length == 0:  # an ack, with one unpack: a producer's hot path
-            return ProduceReply(base_offset, count)
+            return ProduceReply(*fields)
     reader, header = _read_reply_header(frames)
     if header.error_code != ErrorCode.NONE:
         if len(frames) != 1:
@@ -1633,15 +1667,20 @@ def decode_reply(api: Api, frames: Frames, version: int = API_VERSION) -> Reply:
     reader.enter(_REPLY_BODY_WHERE[api])
     reply: Reply
     if api is Api.PRODUCE:
-        reply = ProduceReply(*reader.fixed(_PRODUCE_REPLY))
+        base_offset, count = reader.fixed(_PRODUCE_REPLY)
+        throttle_ms = _read_throttle(reader, version >= PRODUCE_THROTTLE_VERSION)
+        reply = ProduceReply(base_offset, count, throttle_ms)
     elif api is Api.FETCH:
         high_watermark, log_start_offset = reader.fixed(_FETCH_REPLY)
         if version < 2:
             reply = FetchReply(high_watermark, log_start_offset, memoryview(frames[1]))
         else:
             leader_epoch, epochs = _read_fetch_epochs(reader)
+            throttle_ms = _read_throttle(reader, version >= FETCH_THROTTLE_VERSION)
             message_set = memoryview(frames[1])
-            reply = FetchReply(high_watermark, log_start_offset, message_set, leader_epoch, epochs)
+            reply = FetchReply(
+                high_watermark, log_start_offset, message_set, leader_epoch, epochs, throttle_ms
+            )
     elif api is Api.OFFSETS:
         reply = OffsetsReply(*reader.fixed(_OFFSETS_REPLY))
     elif api is Api.METADATA:
@@ -1690,6 +1729,11 @@ def _check_epoch(reader: _Reader, name: str, epoch: int) -> None:
     """A leader epoch is -1 (none) or more; MalformedReply below."""
     if epoch < -1:
         raise reader.fail(f"field {name} is {epoch}: it must be -1 (none) or >= 0")
+
+
+def _read_throttle(reader: _Reader, present: bool) -> int:
+    """A reply's throttle_ms when its version has one (PRODUCE 2, FETCH 4), else 0."""
+    return int(reader.fixed(_THROTTLE)[0]) if present else 0
 
 
 def _read_fetch_epochs(reader: _Reader) -> tuple[int, tuple[EpochEntry, ...]]:

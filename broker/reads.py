@@ -35,6 +35,7 @@ from broker.log.message import HEADER_SIZE, Buffer, timestamp_at
 from broker.partition import Partition
 from broker.replication.leader import epoch_entries
 from broker.served import Served
+from broker.transport import throttle_of
 
 
 class Reads:
@@ -67,7 +68,7 @@ class Reads:
         if request.offset <= plog.high_watermark or request.replica_id < 0:
             plog.check_offset(request.offset)  # its errors come first, before any waiting
         if self._fetch_ready(partition, request) or request.max_wait_ms == 0:
-            frames = self._fetch_reply(correlation_id, partition, request, version)
+            frames = self._fetch_reply(tagged, correlation_id, partition, request, version)
             await self.served.reply(tagged, frames)
             return
         assert self.served.nursery is not None
@@ -130,7 +131,7 @@ class Reads:
         try:
             if not self.served.still_open(partition) or partition.offline is not None:
                 self.served.get(partition.topic, partition.number)  # raises: deleted or offline
-            frames = self._fetch_reply(correlation_id, partition, request, version)
+            frames = self._fetch_reply(tagged, correlation_id, partition, request, version)
         except PylogError as error:  # deleted, or retention moved the log start past it
             frames = protocol.encode_error(correlation_id, error)
         await self.served.reply(tagged, frames)
@@ -144,6 +145,7 @@ class Reads:
 
     def _fetch_reply(
         self,
+        tagged: bytes,
         correlation_id: int,
         partition: Partition,
         request: protocol.FetchRequest,
@@ -180,6 +182,7 @@ class Reads:
             data,
             partition.replica.leader_epoch,
             entries,
+            throttle_of(tagged),
         )
         return protocol.encode_reply(correlation_id, reply, version)
 

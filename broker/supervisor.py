@@ -53,6 +53,7 @@ from broker.front import Front
 from broker.metrics import serve_metrics
 from broker.pool import Answers, WorkerPool
 from broker.processes import ensure_file_limit
+from broker.quotas import QuotaConfig, describe_quotas
 from broker.registry import BrokerInfo, Registry
 from broker.registry_calls import RegistryCalls
 from broker.replication.controller import ControllerService
@@ -161,6 +162,7 @@ class Supervisor:
             )
         self.calls.registry = self.registry
         self._watch_security(self.registry)
+        self._watch_quotas(self.registry)
         self.topics.load()
         self.pool.start()
         self._wait_for_workers()
@@ -277,6 +279,18 @@ class Supervisor:
             return info
         cluster = tuple(sorted(key.decode() for key in keys.cluster))
         return dataclasses.replace(info, curve_key=keys.public.decode(), cluster_keys=cluster)
+
+    def _watch_quotas(self, registry: Registry) -> None:
+        """Quotas from ZooKeeper: read once (so that the first request is held to them), then
+        watched; a change applies from the front's next turn."""
+        throttle = self.front.throttle
+
+        def quotas_changed(config: QuotaConfig) -> None:
+            throttle.update(config)
+            log.info("quotas in ZooKeeper: %s", describe_quotas(config))
+
+        throttle.update(registry.quotas())  # said in the log by the watch's first call
+        registry.watch_quotas(quotas_changed)
 
     def _watch_security(self, registry: Registry) -> None:
         """Principals and ACLs from ZooKeeper: read once (so that the first request is decided

@@ -14,7 +14,10 @@ frame says what the message is:
              then per request: the tagged         behind its client's identity as the ROUTER
              identity, the request frame          gave it, tagged: b"R" + identity for a DEALER
                                                   client, b"Q" + identity for a REQ client, whose
-                                                  replies need the empty delimiter back
+                                                  replies need the empty delimiter back; b"r" or
+                                                  b"q" + throttle_ms (u32) + identity for a
+                                                  request a quota held back that long
+                                                  (broker.quotas), which its reply says
     REPLY    the same tagged frame, reply frames  the worker's answer, routed back by the tag
     REPLIES  b"P" + count (u32), then per reply:  worker to supervisor: one-frame replies made
              the tagged frame, the reply frame    together (the acks a flush gave), `count`
@@ -56,6 +59,8 @@ from broker.zmqio import NOBLOCK, receive_bytes, send_frames
 
 FROM_DEALER = b"R"
 FROM_REQ = b"Q"
+_THROTTLED_TAGS: Final = (b"r", b"q")
+"""FROM_DEALER and FROM_REQ of a request a quota held back: the tag, then throttle_ms."""
 REQUESTS = b"B"
 REPLIES = b"P"
 COMMAND = b"C"
@@ -196,8 +201,27 @@ def tagged_identity(identity: bytes, frames: list[zmq.Frame]) -> tuple[bytes, li
     return FROM_DEALER + identity, [frame.buffer for frame in frames]
 
 
+def throttled(tagged: bytes, throttle_ms: int) -> bytes:
+    """The tagged identity of a connection's request that a quota held back `throttle_ms`
+    (at most 2^32 - 1): what the worker puts in the reply (throttle_of)."""
+    return tagged[:1].lower() + min(throttle_ms, 0xFFFFFFFF).to_bytes(4, "big") + tagged[1:]
+
+
+def throttle_of(tagged: bytes) -> int:
+    """How long a quota held back the request of this tagged identity, in ms (0: not)."""
+    return int.from_bytes(tagged[1:5], "big") if tagged[:1] in _THROTTLED_TAGS else 0
+
+
+def connection_of(tagged: bytes) -> bytes:
+    """The tagged identity of the connection, without a throttle (throttled)."""
+    return tagged[:1].upper() + tagged[5:] if tagged[:1] in _THROTTLED_TAGS else tagged
+
+
 def reply_envelope(tagged: bytes) -> list[bytes]:
     """The frames that route a reply back to the client a tagged identity names."""
-    if tagged[:1] == FROM_REQ:
+    tag = tagged[:1]
+    if tag == FROM_DEALER:
+        return [tagged[1:]]
+    if tag == FROM_REQ:
         return [tagged[1:], b""]
-    return [tagged[1:]]
+    return reply_envelope(connection_of(tagged))

@@ -77,6 +77,7 @@ from broker.transport import (
     credit_frames,
     receive_from_supervisor,
     request_weight,
+    throttle_of,
 )
 from broker.worker_stats import STATS_EVERY_S, WorkerStats
 
@@ -207,15 +208,17 @@ class Worker:
             produce = protocol.peek_produce(request_frames)  # the hot path: no objects made
             if produce is not None:
                 api = "produce"
-                correlation_id, route, ack, message_set = produce
-                await self._produce(tagged, correlation_id, route, ack, message_set)
+                correlation_id, version, route, ack, message_set = produce
+                await self._produce(tagged, correlation_id, version, route, ack, message_set)
                 return
             header, request = protocol.decode_request(request_frames)
             api = header.api.name.lower()
             correlation_id = header.correlation_id
             if isinstance(request, protocol.ProduceRequest):
                 route = protocol.Route(request.topic, request.partition)
-                await self._produce(tagged, correlation_id, route, request.ack, request.message_set)
+                await self._produce(
+                    tagged, correlation_id, header.version, route, request.ack, request.message_set
+                )
             elif isinstance(request, protocol.FetchRequest):
                 await self.reads.fetch(tagged, correlation_id, request, header.version)
             elif isinstance(request, protocol.OffsetForLeaderEpochRequest):
@@ -252,6 +255,7 @@ class Worker:
         self,
         tagged: bytes,
         correlation_id: int,
+        version: int,
         route: protocol.Route,
         ack: int,
         message_set: Buffer,
@@ -280,8 +284,8 @@ class Worker:
         self.flusher.appended(partition, had_deadline)
         if ack == protocol.Ack.NONE:
             return
-        reply = protocol.ProduceReply(offset, count)
-        frames = protocol.encode_reply(correlation_id, reply)
+        reply = protocol.ProduceReply(offset, count, throttle_of(tagged))
+        frames = protocol.encode_reply(correlation_id, reply, version)
         if ack == protocol.Ack.ALL and leader is not None:  # replicated: the ISR must have it
             stored, acks = leader.high_watermark >= end, replica.all_acks
         else:  # ack=all of a partition without replicas is ack=flushed

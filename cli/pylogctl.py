@@ -19,6 +19,7 @@ from cli.console import consume, produce
 from cli.group_commands import group
 from cli.log_commands import log
 from cli.pipeline_commands import WithJobs
+from cli.quota_commands import quota
 from cli.reassign_commands import elect_preferred, reassign
 from cli.security_commands import acl, keys, principal
 from cli.topic_commands import topic
@@ -64,7 +65,7 @@ def _quiet_libraries(ctx: click.Context, verbose: int) -> None:
     ctx.call_on_close(lambda: root.setLevel(previous))
 
 
-for command in (log, topic, broker, cluster, produce, consume, group, keys, principal, acl):
+for command in (log, topic, broker, cluster, produce, consume, group, keys, principal, acl, quota):
     cli.add_command(command)
 topic.add_command(reassign)  # they speak to the controller through ZooKeeper, as group does
 topic.add_command(elect_preferred)

@@ -167,17 +167,21 @@ def pylogd(make_pylogd: Callable[..., RunningBroker], tmp_path: Path) -> Running
 
 @pytest.fixture(scope="module")
 def broker(
-    zookeeper: PrivateZooKeeper, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    zookeeper: PrivateZooKeeper,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RunningBroker]:
     """A running broker shared by the tests of one module (starting one takes seconds), with
-    single_box_flags and a ZooKeeper chroot of its own; each test uses topics of its own
-    (see `topic`). Tests that stop, kill or restart a broker use `pylogd` instead."""
+    single_box_flags, the module's BROKER_FLAGS if it has any, and a ZooKeeper chroot of its
+    own; each test uses topics of its own (see `topic`). Tests that stop, kill or restart a
+    broker use `pylogd` instead."""
     data_dir = tmp_path_factory.mktemp("pylogd")
     running = RunningBroker(
         data_dir / "broker",
         zookeeper.connect_string,
         f"/test-{uuid.uuid4().hex[:16]}",
         *single_box_flags(data_dir),
+        *getattr(request.module, "BROKER_FLAGS", ()),
     )
     running.start()
     yield running

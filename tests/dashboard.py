@@ -1,6 +1,7 @@
 """The metrics the example Grafana dashboard (deploy/grafana/pylog.json) queries: every one
 must be served by a broker (tests/broker/test_metrics.py), the Curve ones by a Curve broker
-(tests/security/test_security.py)."""
+(tests/security/test_security.py), the quota ones by a broker once a client with a quota sent
+(tests/broker/test_quota_enforcement.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,15 @@ CURVE_ONLY: Final = frozenset(
     }
 )
 """Served by a broker in security.mode curve only (broker/metrics.py)."""
+QUOTA_ONLY: Final = frozenset(
+    {
+        "pylog_quota_bytes_total",
+        "pylog_quota_throttle_seconds_total",
+        "pylog_quota_bytes_per_second",
+    }
+)
+"""Served once a client with a quota has sent (broker/metrics.py;
+tests/broker/test_quota_enforcement.py)."""
 
 
 def queried_metrics() -> set[str]:

@@ -38,6 +38,7 @@ from broker.client.connection import (
     Retry,
     close_monitored,
     monitor_handshakes,
+    noted,
 )
 from broker.errors import BrokerError, MalformedReply, Unavailable
 from broker.log.message import Buffer
@@ -194,7 +195,8 @@ class AsyncConnection(Framing):
     async def request(self, request: Request) -> Reply:
         """Send `request` and wait for its reply, once: raises what
         broker.client.Connection.request raises."""
-        return decode_reply(request.api, await self.exchange(request), request_version(request.api))
+        frames = await self.exchange(request)
+        return noted(decode_reply(request.api, frames, request_version(request.api)))
 
     @overload
     async def call(self, request: FetchRequest, retries: int = ...) -> FetchReply: ...
@@ -217,7 +219,8 @@ class AsyncConnection(Framing):
             version = request_version(request.api)
         while True:
             try:
-                return decode_reply(request.api, await self.exchange(request, version), version)
+                frames = await self.exchange(request, version)
+                return noted(decode_reply(request.api, frames, version))
             except (BrokerError, Unavailable) as error:
                 wait_s = retry.wait_after(error)
             await asyncio.sleep(wait_s)
@@ -343,7 +346,7 @@ class AsyncCluster(BrokerMap):
                 connection = await self.leader_connection(request.topic, request.partition)
                 endpoint = connection.endpoint
                 frames = await connection.exchange(request)
-                return decode_reply(request.api, frames, request_version(request.api))
+                return noted(decode_reply(request.api, frames, request_version(request.api)))
             except (BrokerError, Unavailable) as error:
                 wait_s = retry.wait_after(error)
                 self.learn_from(request.topic, request.partition, error, endpoint)

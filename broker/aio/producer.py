@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from broker.aio.connection import AsyncCluster, AsyncConnection
-from broker.client.connection import DEFAULT_CLIENT_ID
+from broker.client.connection import DEFAULT_CLIENT_ID, noted
 from broker.client.producer import (
     DELIVERY_TIMEOUT_S,
     METADATA_RETRIES,
@@ -48,7 +48,14 @@ from broker.client.producer import (
 from broker.clock import SYSTEM_CLOCK
 from broker.errors import BrokerError, PylogError, Unavailable
 from broker.log.message import HeaderItems
-from broker.protocol import Ack, Api, PartitionInfo, ProduceReply, decode_reply
+from broker.protocol import (
+    Ack,
+    Api,
+    PartitionInfo,
+    ProduceReply,
+    decode_reply,
+    request_version,
+)
 from broker.security import ClientKeys
 
 
@@ -217,8 +224,9 @@ class AsyncProducer(ProducerCore):
                 connection: AsyncConnection | None = None
                 try:
                     connection = await self._holder(request.partition)
-                    reply: ProduceReply = decode_reply(
-                        Api.PRODUCE, await connection.exchange(request)
+                    frames = await connection.exchange(request)
+                    reply: ProduceReply = noted(
+                        decode_reply(Api.PRODUCE, frames, request_version(Api.PRODUCE))
                     )
                 except BrokerError as failure:
                     if self._look_again_after(entry, failure):

@@ -29,6 +29,7 @@ Not safe to share between threads.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import re
 import time
@@ -69,10 +70,32 @@ from broker.protocol import (
     encode_request,
     request_version,
 )
+from broker.ratelog import RateLimitedLog
 from broker.security import ClientKeys
 from broker.zmqio import NOBLOCK, receive_frames, send_frames
 
 DEFAULT_CLIENT_ID: Final = "pylog-python"
+THROTTLE_LOG_EVERY_S: Final = 10.0
+"""A client says that a broker held its requests back for a quota at most this often."""
+_throttle_log: Final = RateLimitedLog(logging.getLogger("pylog.client"), THROTTLE_LOG_EVERY_S)
+ReplyT = TypeVar("ReplyT", bound=Reply)
+
+
+def noted(reply: ReplyT) -> ReplyT:
+    """`reply`, said in the log (WARNING, at most once every THROTTLE_LOG_EVERY_S) when it is
+    a PRODUCE or FETCH reply whose broker held its request back for a quota (throttle_ms):
+    this client sends more than its operator's quota allows, and is slowed to it."""
+    throttle_ms = getattr(reply, "throttle_ms", 0)
+    if throttle_ms:
+        _throttle_log.log(
+            logging.WARNING,
+            "throttled",
+            f"the broker held a request back {throttle_ms} ms: this client is over its quota "
+            "of bytes a second (pylogctl quota describe), and is slowed to it",
+        )
+    return reply
+
+
 FIRE_AND_FORGET_LINGER_MS: Final = 5000
 """How long closing waits for fire-and-forget requests still queued to go out."""
 _MAX_CORRELATION_ID: Final = 0xFFFFFFFF
@@ -492,7 +515,7 @@ class Connection(Framing, Closing):
             raise MalformedReply(
                 f"reply for correlation id {header.correlation_id}, expected {correlation_id}"
             )
-        return decode_reply(request.api, reply, version)
+        return noted(decode_reply(request.api, reply, version))
 
     @overload
     def call(
@@ -622,7 +645,7 @@ class Connection(Framing, Closing):
                 left = max(0.001, deadline - time.monotonic())
                 answered, frames = self.receive_pipelined(left)
                 if answered == correlation_id:
-                    return decode_reply(Api.FETCH, frames, request_version(Api.FETCH))
+                    return noted(decode_reply(Api.FETCH, frames, request_version(Api.FETCH)))
         except (BrokerError, Unavailable):
             return None
 

@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from broker.client.cluster import Cluster
-from broker.client.connection import DEFAULT_CLIENT_ID, Connection
+from broker.client.connection import DEFAULT_CLIENT_ID, Connection, noted
 from broker.client.consumer import (
     DEFAULT_FETCH_BYTES,
     MAX_FETCH_BYTES,
@@ -489,7 +489,7 @@ class GroupConsumer(Closing):
         `_reset_out_of_range`, which asks the broker (I/O of its own)."""
         tp = owned.tp
         try:
-            reply = decode_reply(Api.FETCH, frames, request_version(Api.FETCH))
+            reply = noted(decode_reply(Api.FETCH, frames, request_version(Api.FETCH)))
         except BrokerError as error:
             damage = corrupt_segment_reply(error, tp.topic, tp.partition)
             grown = grown_fetch_bytes(error, MAX_FETCH_BYTES)

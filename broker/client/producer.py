@@ -84,6 +84,7 @@ from broker.client.connection import (
     MAX_RETRY_BACKOFF_S,
     RETRY_BACKOFF_S,
     Connection,
+    noted,
     require_bytes,
     retriable,
 )
@@ -101,6 +102,7 @@ from broker.protocol import (
     ProduceRequest,
     broker_error,
     decode_reply,
+    request_version,
 )
 from broker.security import ClientKeys
 
@@ -721,7 +723,7 @@ class Producer(ProducerCore):
         entry = self._in_flight.pop((connection, correlation_id))
         self._landed(connection)
         try:
-            reply = decode_reply(Api.PRODUCE, frames)
+            reply = noted(decode_reply(Api.PRODUCE, frames, request_version(Api.PRODUCE)))
         except BrokerError as error:
             try:
                 if self._look_again_after(entry, error):

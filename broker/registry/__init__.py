@@ -14,6 +14,8 @@ that the operator chooses (default "/pylog", so one ensemble can hold several cl
     <chroot>/config/topics/<topic>                persistent  TopicConfig as JSON
         {"version": 1, "partitions": 4, "brokers": [1, 2, 3, 1],
          "replicas": [[1, 2], [2, 3], [3, 1], [1, 2]], "settings": {...}}
+    <chroot>/config/quotas                        persistent  quotas (broker.registry.quotas)
+        {"version": 1, "quotas": {"client": {"<default>": {"produce_bytes_per_s": 1048576}}}}
     <chroot>/controller                           ephemeral   ControllerInfo as JSON
         {"version": 1, "broker_id": 2, "controller_epoch": 5}
     <chroot>/controller_epoch                     persistent  the last controller's epoch
@@ -61,6 +63,7 @@ from broker.registry.brokers import BrokerInfo
 from broker.registry.controller import Controller, ControllerInfo, ControllerMoved
 from broker.registry.groups import Groups, partition_name
 from broker.registry.nodes import FORMAT_VERSION
+from broker.registry.quotas import Quotas
 from broker.registry.security import Security
 from broker.registry.session import DEFAULT_CHROOT, RegistryStatistics
 from broker.registry.states import NO_LEADER, PartitionState, PartitionStateChanged
@@ -85,7 +88,7 @@ __all__ = [
 ]
 
 
-class Registry(Admin, Groups, Security, Controller, ZooKeeperAcls):
+class Registry(Admin, Groups, Security, Quotas, Controller, ZooKeeperAcls):
     """A broker's (or a tool's) connection to the registry in ZooKeeper.
 
     Paths, under `chroot`:
@@ -102,6 +105,7 @@ class Registry(Admin, Groups, Security, Controller, ZooKeeperAcls):
         /consumers/<group>/...                both        register_consumer, claim_partition,
                                                           commit_offset
         /security/principals, /security/acls  persistent  add_principal, add_acl, ...
+        /config/quotas                        persistent  set_quota, delete_quota
 
     With `auth` (a ZooKeeperAuth), the session presents that digest identity and the nodes it
     creates carry ZooKeeper ACLs (broker.registry.session; docs/registry.md, "Who may write

@@ -10,11 +10,14 @@ from typing import Any, TypeVar
 
 from kazoo.recipe.watchers import DataWatch
 
-from broker.registry.session import NoNode, Session
+from broker.errors import RegistryUnavailable
+from broker.registry.session import BadVersion, NodeExists, NoNode, Session
 from broker.registry.watches import ChildrenWatch
 
 log = logging.getLogger("broker.registry.session")
 
+WRITE_ATTEMPTS = 10
+"""How many times a change is read and written again when others keep changing the node."""
 K = TypeVar("K")
 T = TypeVar("T")
 
@@ -100,3 +103,63 @@ class NodeReads(Session):
         )
         self._watches.append(watch)
         watch.start()
+
+    # -- one node read, changed, watched -----------------------------------------------------
+
+    def _read_node(self, path: str, parse: Callable[[bytes], T]) -> tuple[T, int]:
+        """What `path` holds (parsed as if empty when it does not exist, version -1)."""
+        try:
+            data, stat = self._get(path)
+        except NoNode:
+            return parse(b""), -1
+        try:
+            return parse(data), stat.version
+        except ValueError as error:
+            raise RegistryUnavailable(f"{path} holds unreadable data: {error}") from None
+
+    def _change(
+        self,
+        path: str,
+        parse: Callable[[bytes], T],
+        change: Callable[[T], T],
+        to_json: Callable[[T], bytes],
+    ) -> None:
+        """Write `change(what path holds)`, a conditional write on the version read (created if
+        absent), read and tried again when another write came between."""
+        for _ in range(WRITE_ATTEMPTS):
+            value, version = self._read_node(path, parse)
+            data = to_json(change(value))
+            try:
+                if version < 0:
+                    self._create(path, data, makepath=True)
+                else:
+                    self._set(path, data, version)
+            except (BadVersion, NodeExists, NoNode):
+                continue
+            return
+        raise RegistryUnavailable(
+            f"{path} changed under each of {WRITE_ATTEMPTS} attempts to change it: try again"
+        )
+
+    def _watch_node(
+        self, path: str, parse: Callable[[bytes], T], callback: Callable[[T], None]
+    ) -> None:
+        """Call `callback(parse(data))` now and whenever the node at `path` changes (parse of
+        b"" while it does not exist), until stop(); kazoo's DataWatch keeps the watch armed
+        across reconnections. A node that cannot be parsed is logged and passed over (the
+        last good value stays in force)."""
+        self._check_open()
+        stopped = self._stopped
+
+        def changed(data: bytes | None, stat: Any) -> bool:
+            if stopped.is_set():
+                return False
+            try:
+                value = parse(data or b"")
+            except ValueError as error:
+                log.error("%s holds unreadable data, passed over: %s", path, error)
+                return True
+            callback(value)
+            return True
+
+        self._client.handler.spawn(DataWatch, self._client, path, changed)

@@ -21,6 +21,7 @@ from broker.protocol import (
     PartitionInfo,
     ProduceReply,
     ProduceRequest,
+    RequestHeader,
     TopicInfo,
     decode_request,
     encode_error,
@@ -43,7 +44,7 @@ class HoldingBroker:
     most_waiting: int = 0
 
     def serve(self, socket: zmq.Socket[bytes], stop: threading.Event) -> None:
-        waiting: list[tuple[list[bytes], int, ProduceRequest]] = []
+        waiting: list[tuple[list[bytes], RequestHeader, ProduceRequest]] = []
         offset = 0
         while not stop.is_set():
             if not socket.poll(20):
@@ -63,7 +64,7 @@ class HoldingBroker:
                 continue
             assert isinstance(request, ProduceRequest)
             self.produced.append([m.value for m in iter_messages(request.message_set)])
-            waiting.append((envelope, header.correlation_id, request))
+            waiting.append((envelope, header, request))
             if len(waiting) >= self.hold:
                 self.most_waiting = max(self.most_waiting, len(waiting))
                 offset = self._answer(socket, waiting, offset)
@@ -71,16 +72,19 @@ class HoldingBroker:
     def _answer(
         self,
         socket: zmq.Socket[bytes],
-        waiting: list[tuple[list[bytes], int, ProduceRequest]],
+        waiting: list[tuple[list[bytes], RequestHeader, ProduceRequest]],
         offset: int,
     ) -> int:
-        for envelope, correlation_id, request in waiting:
+        for envelope, header, request in waiting:
             if self.fail_first > 0:
                 self.fail_first -= 1
-                frames = encode_error(correlation_id, ErrorCode.PARTITION_UNAVAILABLE, "later")
+                frames = encode_error(
+                    header.correlation_id, ErrorCode.PARTITION_UNAVAILABLE, "later"
+                )
             else:
                 count = sum(1 for _ in iter_messages(request.message_set))
-                frames = encode_reply(correlation_id, ProduceReply(offset, count))
+                reply = ProduceReply(offset, count)
+                frames = encode_reply(header.correlation_id, reply, header.version)
                 offset += len(request.message_set)
             socket.send_multipart([*envelope, *frames])
         waiting.clear()

@@ -247,13 +247,15 @@ RENAMED = {"topics": "topic", "brokers": "broker", "partitions": "partition"}
 RENAMED |= {"log_dirs": "log_dir", "entries": "config", "epochs": "epoch", "replicas": "replica"}
 """Python names of repeated groups -> the document's (its count field without _count)."""
 
-VERSION_2_FIELDS: dict[type, set[str]] = {
-    FetchRequest: {"replica_id", "leader_epoch", "flushed_offset"},
-    FetchReply: {"leader_epoch", "epochs"},
-    BrokerInfo: {"rack"},
-    PartitionInfo: {"leader_epoch", "replicas", "isr"},
+FIELD_VERSIONS: dict[type, dict[str, int]] = {
+    FetchRequest: dict.fromkeys(("replica_id", "leader_epoch", "flushed_offset"), 2),
+    FetchReply: {"leader_epoch": 2, "epochs": 2, "throttle_ms": 4},
+    ProduceReply: {"throttle_ms": 2},
+    BrokerInfo: {"rack": 2},
+    PartitionInfo: dict.fromkeys(("leader_epoch", "replicas", "isr"), 2),
 }
-"""The fields of each class that only version 2 carries: a version 1 vector does not show them."""
+"""The fields of each class that only a later version carries, and the first version that
+does: a vector of an older version does not show them."""
 RENAMED_AT_VERSION_2: dict[type, dict[str, str]] = {PartitionInfo: {"broker_id": "leader"}}
 """Python names -> the document's, at version 2 only."""
 
@@ -275,7 +277,8 @@ def plain(value: object, version: int = 1) -> Any:
         ]
     if is_dataclass(value) and not isinstance(value, type):
         out = {}
-        left_out = VERSION_2_FIELDS.get(type(value), set()) if version < 2 else set()
+        since = FIELD_VERSIONS.get(type(value), {})
+        left_out = {name for name, first in since.items() if version < first}
         renamed = RENAMED_AT_VERSION_2.get(type(value), {}) if version >= 2 else {}
         for f in fields(value):
             if f.name in left_out:
@@ -413,13 +416,13 @@ def request_version(reply: Vector) -> int:
     return version
 
 
-def test_the_version_2_vectors_cover_every_version_2_api() -> None:
+def test_the_vectors_cover_every_version_of_every_api() -> None:
     versions = {
         (v.api, request_version(v) if v.kind == "reply" else v.value["header"]["api_version"])
         for v in documented_vectors()
         if v.kind in ("request", "reply")
     }
-    assert {(api.name, 2) for api, spoken in API_VERSIONS.items() if 2 in spoken} <= versions
+    assert {(api.name, v) for api, spoken in API_VERSIONS.items() for v in spoken} <= versions
 
 
 def test_the_version_2_metadata_vector_is_the_version_1_one_at_version_1() -> None:
@@ -768,9 +771,10 @@ def test_peek_produce_decodes_a_known_prefix_as_decode_request_does(
     peeked = peek_produce(frames)
     if isinstance(request, ProduceRequest):
         assert peeked is not None
-        cid, route, ack, message_set = peeked
-        assert (cid, route, ack) == (
+        cid, peeked_version, route, ack, message_set = peeked
+        assert (cid, peeked_version, route, ack) == (
             correlation_id,
+            version,
             Route(request.topic, request.partition),
             request.ack,
         )
@@ -1083,7 +1087,7 @@ def test_unknown_api_key_wins_over_an_unknown_version() -> None:
 
 
 def test_known_api_with_another_version_is_unsupported_version() -> None:
-    raised = rejects([header(version=4)], UnsupportedVersion, "FETCH version 4", "1, 2 and 3")
+    raised = rejects([header(version=5)], UnsupportedVersion, "FETCH version 5", "1, 2, 3 and 4")
     assert isinstance(raised.value, UnsupportedApi)
     assert error_code_for(raised.value) is ErrorCode.UNSUPPORTED_VERSION
 
@@ -1204,7 +1208,7 @@ def test_a_version_1_fetch_cannot_carry_the_replica_fields() -> None:
 
 @pytest.mark.parametrize(
     ("request_", "version"),
-    [(ProduceRequest("clicks", 0, Ack.ALL, MESSAGE), 2), (FetchRequest("c", 0, 0, 1, 0, 0), 4)],
+    [(ProduceRequest("clicks", 0, Ack.ALL, MESSAGE), 3), (FetchRequest("c", 0, 0, 1, 0, 0), 5)],
 )
 def test_encode_request_refuses_a_version_the_api_does_not_have(
     request_: Request, version: int
@@ -1213,9 +1217,9 @@ def test_encode_request_refuses_a_version_the_api_does_not_have(
         encode_request(RequestHeader(request_.api, version, 1, "c"), request_)
 
 
-def test_every_api_but_fetch_and_metadata_has_version_1_only() -> None:
+def test_every_api_but_produce_fetch_and_metadata_has_version_1_only() -> None:
     for api in Api:
-        spoken = {Api.FETCH: (1, 2, 3), Api.METADATA: (1, 2)}.get(api, (1,))
+        spoken = {Api.PRODUCE: (1, 2), Api.FETCH: (1, 2, 3, 4), Api.METADATA: (1, 2)}.get(api, (1,))
         assert API_VERSIONS[api] == spoken, api
         for version in (0, spoken[-1] + 1):
             raised = rejects([header(api, version) + fetch_body()], UnsupportedVersion)
@@ -1237,7 +1241,7 @@ def test_produce_with_ack_all_is_answered_and_peeked() -> None:
     _, request = decode_request(frames)
     assert isinstance(request, ProduceRequest) and request.ack is Ack.ALL
     peeked = peek_produce(frames)
-    assert peeked is not None and peeked[2] == Ack.ALL
+    assert peeked is not None and peeked[3] == Ack.ALL
 
 
 def fetch_v2_reply(*entries: tuple[int, int], leader_epoch: int = 5) -> list[Buffer]:
@@ -1288,8 +1292,8 @@ def test_offset_for_leader_epoch_reply_epoch_below_minus_1_is_malformed() -> Non
 
 
 def test_replies_of_a_version_the_api_does_not_have_are_refused() -> None:
-    with pytest.raises(ValueError, match="PRODUCE has no version 2"):
-        encode_reply(1, ProduceReply(0, 1), 2)
+    with pytest.raises(ValueError, match="PRODUCE has no version 3"):
+        encode_reply(1, ProduceReply(0, 1), 3)
     with pytest.raises(ValueError, match="OFFSETS has no version 2"):
         decode_reply(Api.OFFSETS, [struct.pack(">IhHQ", 1, 0, 0, 0)], 2)
 
@@ -1310,8 +1314,8 @@ def test_peek_produce_knows_a_prefix_only_once_decode_request_passed_it() -> Non
     decode_request([frame])
     peeked = peek_produce([frame])
     assert peeked is not None
-    assert peeked[:3] == (1, Route("clicks", 3), Ack.NONE)
-    assert peeked[3] == memoryview(MESSAGE)
+    assert peeked[:4] == (1, 1, Route("clicks", 3), Ack.NONE)
+    assert peeked[4] == memoryview(MESSAGE)
 
 
 def test_a_known_prefix_does_not_pass_what_follows_it() -> None:
@@ -1460,7 +1464,8 @@ def test_other_apis_and_versions_are_answered() -> None:
     body = produce_frame(Ack.NONE)[14:]  # after produce_frame's 14-byte header
     assert is_fire_and_forget([header(Api.PRODUCE) + body])
     assert not is_fire_and_forget([header(Api.FETCH) + body])
-    assert not is_fire_and_forget([header(Api.PRODUCE, version=2) + body])
+    assert is_fire_and_forget([header(Api.PRODUCE, version=2) + body])
+    assert not is_fire_and_forget([header(Api.PRODUCE, version=3) + body])
 
 
 def test_peek_route_is_none_for_the_apis_the_front_serves() -> None:
