@@ -102,14 +102,14 @@ class System:
     admin: ClientKeys | None = None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
 
 
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
+def wait_for(condition: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while not condition():
         if time.monotonic() > deadline:
@@ -117,7 +117,7 @@ def _wait_for(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.05)
 
 
-def _log(pylogd: PrivatePylogd) -> str:
+def broker_log(pylogd: PrivatePylogd) -> str:
     return (pylogd.data_dir / "pylogd.log").read_text(errors="replace")
 
 
@@ -148,7 +148,7 @@ def start_curve(
     stack: ExitStack, name: str, work: Path, keys: Keys, program: tuple[str, ...] = ()
 ) -> System:
     """A Curve pylogd whose principal `bench` has the ACL (in its private ZooKeeper)."""
-    zookeeper_port = _free_port()
+    zookeeper_port = free_port()
     flags = (
         *("--security-mode", "curve", "--security-key-file", str(keys.broker_secret)),
         *("--security-principals-file", str(keys.principals_file)),
@@ -158,7 +158,7 @@ def start_curve(
     auth = ZooKeeperAuth.load(pylogd.data_dir / "zookeeper.auth")  # the registry is closed
     with Registry(f"127.0.0.1:{zookeeper_port}", "/pylog", auth=auth) as registry:
         registry.add_acl(Acl(PRINCIPAL, RESOURCE, frozenset({Operation.PRODUCE, Operation.FETCH})))
-    _wait_for(lambda: "ACLs in ZooKeeper: 1" in _log(pylogd), f"{name}: the ACL to apply")
+    wait_for(lambda: "ACLs in ZooKeeper: 1" in broker_log(pylogd), f"{name}: the ACL to apply")
     return System(name, pylogd, keys.client(PRINCIPAL), keys.client(ADMIN))
 
 
@@ -192,7 +192,7 @@ def supervisor_cpu_s(pylogd: PrivatePylogd) -> float:
 
 def front_requests(pylogd: PrivatePylogd) -> int:
     """Requests the front has read from clients (pylog_front_requests_total)."""
-    found = re.findall(r"metrics on (http://\S+/metrics)", _log(pylogd))
+    found = re.findall(r"metrics on (http://\S+/metrics)", broker_log(pylogd))
     if not found:
         raise RuntimeError(f"{pylogd.data_dir}: pylogd did not say where its metrics are")
     with urllib.request.urlopen(found[-1], timeout=10) as response:
@@ -323,7 +323,7 @@ def received_request(keys: Keys, topic: str) -> tuple[list[zmq.Frame], list[memo
         context.term()
 
 
-def _ns_per_call(loop: Callable[[range], None], count: int, rounds: int = 5) -> float:
+def ns_per_call(loop: Callable[[range], None], count: int, rounds: int = 5) -> float:
     """The best of `rounds` timings of `loop` over `count` iterations, in ns an iteration."""
     best = float("inf")
     for _ in range(rounds):
@@ -372,9 +372,9 @@ def check_cost(keys: Keys, count: int) -> Result:
         for _ in times:
             check(_principal(frames, principals), OPERATIONS[peek_api(request_frames)], route.topic)
 
-    loop_ns = _ns_per_call(empty, count)
+    loop_ns = ns_per_call(empty, count)
     figures = {
-        name: round(_ns_per_call(loop, count) - loop_ns)
+        name: round(ns_per_call(loop, count) - loop_ns)
         for name, loop in (
             ("user_id_ns", user_id),
             ("peek_api_ns", api_peek),
