@@ -17,6 +17,8 @@ Supervisor to worker (Command):
   settings; `replicated` ones serve no client until a PartitionRole says they lead.
 - DeletePartitions: stop serving them and remove their folders.
 - ConfigureTopic: a topic's settings changed live.
+- MoveLogStarts: records of a topic's partitions deleted (`pylogctl topic delete-records`):
+  their log starts, as the registry asks them.
 - PartitionRole: a replicated partition's state node as read (docs/replication.md): lead it,
   follow the leader at `endpoint`, or neither.
 - RenewLease: the leaders' lease, renewed (broker.replication.lease).
@@ -50,6 +52,8 @@ class PartitionToOpen:
     """The log directory holding the partition's folder."""
     settings: Settings
     replicated: bool
+    log_start: int = 0
+    """Where the registry asks its log to start (records before it deleted)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,17 @@ class DeletePartitions:
 class ConfigureTopic:
     topic: str
     settings: Settings
+
+
+@dataclass(frozen=True)
+class MoveLogStarts:
+    topic: str
+    starts: tuple[tuple[int, int], ...]
+    """Partition, the log start the registry asks."""
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any]) -> MoveLogStarts:
+        return cls(fields["topic"], tuple((p, start) for p, start in fields["starts"]))
 
 
 @dataclass(frozen=True)
@@ -149,12 +164,21 @@ class WorkerStats:
     snapshot: dict[str, Any] = field(default_factory=dict)
 
 
-Command = OpenPartitions | DeletePartitions | ConfigureTopic | PartitionRole | RenewLease
+Command = (
+    OpenPartitions | DeletePartitions | ConfigureTopic | MoveLogStarts | PartitionRole | RenewLease
+)
 Report = WorkerHello | PartitionsOpened | PartitionsDeleted | AskIsr | WorkerStats
 
 _COMMANDS: dict[str, type[Command]] = {
     c.__name__: c
-    for c in (OpenPartitions, DeletePartitions, ConfigureTopic, PartitionRole, RenewLease)
+    for c in (
+        OpenPartitions,
+        DeletePartitions,
+        ConfigureTopic,
+        MoveLogStarts,
+        PartitionRole,
+        RenewLease,
+    )
 }
 _REPORTS: dict[str, type[Report]] = {
     r.__name__: r for r in (WorkerHello, PartitionsOpened, PartitionsDeleted, AskIsr, WorkerStats)

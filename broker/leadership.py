@@ -113,6 +113,7 @@ class Leadership:
 
         async def copied(count: int) -> None:
             partition.messages_in += count
+            partition.move_start()  # a log start asked past this log's end is reached now
             assert partition.follower is not None
             partition.see_high_watermark(partition.follower.leader_high_watermark)
             if self.flusher.flush(partition):  # before the next fetch: it tells the leader

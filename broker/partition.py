@@ -50,6 +50,8 @@ class Partition:
     bytes_in: int = 0
     bytes_out: int = 0
     """Messages and bytes appended, and bytes of messages fetched (broker.worker_stats)."""
+    log_start_asked: int = 0
+    """Where the registry asks the log to start (records before it deleted: `move_start`)."""
 
     @property
     def name(self) -> str:
@@ -63,6 +65,15 @@ class Partition:
     def check_leader(self) -> None:
         """NotLeaderForPartition unless clients may be served here now (Replica.check_serving)."""
         self.replica.check_serving(time.monotonic())
+
+    def move_start(self, asked: int | None = None) -> None:
+        """Take `asked` (if given) as the log start the registry asks, and move the log's start
+        there as far as its log reaches (a follower behind it gets there as it copies: call
+        this again after appending)."""
+        if asked is not None:
+            self.log_start_asked = max(self.log_start_asked, asked)
+        if self.log_start_asked > self.log.log_start_offset and self.offline is None:
+            self.log.advance_start(self.log_start_asked)
 
     def note_flush(self, replies: list[Reply]) -> None:
         """Wake the long polls whose min_bytes the flushed end reached brought, and add to

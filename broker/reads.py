@@ -202,8 +202,10 @@ class Reads:
         plog = self.served.get(request.topic, request.partition).log
         stats = plog.statistics()
         oldest = -1
-        if stats.high_watermark > stats.log_start_offset:  # the first segment holds a message
-            oldest = timestamp_at(plog.segments[0].view(0, HEADER_SIZE), 0)
+        if stats.high_watermark > stats.log_start_offset:  # a message at the log start
+            segment = plog.segment_for(stats.log_start_offset)
+            position = stats.log_start_offset - segment.base_offset
+            oldest = timestamp_at(segment.view(position, position + HEADER_SIZE), 0)
         config = plog.config
         settings = protocol.settings_text({key: getattr(config, key) for key in TOPIC_SETTINGS})
         return protocol.DescribePartitionReply(

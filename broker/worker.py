@@ -312,6 +312,8 @@ class Worker:
                 await self.socket.send(control.encode(control.PartitionsDeleted(topic)))
             case control.ConfigureTopic(topic, settings):
                 self._configure(topic, settings)
+            case control.MoveLogStarts(topic, starts):
+                self._move_starts(topic, starts)
             case control.PartitionRole():
                 await self.leadership.take_role(command)
             case control.RenewLease(until, broker_epoch):
@@ -329,6 +331,7 @@ class Worker:
                 config = self.config.log_config(p.settings)
                 if self._open(p.topic, p.partition, Path(p.directory), config):
                     self.partitions[(p.topic, p.partition)].replica.replicated = p.replicated
+                self.partitions[(p.topic, p.partition)].move_start(p.log_start)
                 opened.append((p.topic, p.partition))
             except (PylogError, OSError, ValueError) as error:
                 if isinstance(error, OSError):
@@ -370,6 +373,27 @@ class Worker:
                     self.flusher.flush(partition, if_due=True)
         self.flusher.deadline_changed.set()
         log.info("worker %d: topic %s now uses %s", self.index, topic, settings)
+
+    def _move_starts(self, topic: str, starts: Sequence[tuple[int, int]]) -> None:
+        """Records of `topic` deleted: each partition open here starts where the registry asks
+        (Partition.move_start)."""
+        for number, start in starts:
+            partition = self.partitions.get((topic, number))
+            if partition is None:
+                continue
+            before = partition.log.log_start_offset
+            try:
+                partition.move_start(start)
+            except (PylogError, OSError) as error:
+                log.error("%s: cannot move its log start to %d: %s", partition.name, start, error)
+                continue
+            if partition.log.log_start_offset != before:
+                log.info(
+                    "%s: log start %d -> %d (records before it deleted)",
+                    partition.name,
+                    before,
+                    partition.log.log_start_offset,
+                )
 
     def _delete(self, topic: str, number: int, folder: Path) -> None:
         """Stop serving a partition (if open here) and remove its folder. Its log is released

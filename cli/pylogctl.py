@@ -21,6 +21,7 @@ from cli.log_commands import log
 from cli.pipeline_commands import WithJobs
 from cli.quota_commands import quota
 from cli.reassign_commands import elect_preferred, reassign
+from cli.records_commands import delete_records
 from cli.security_commands import acl, keys, principal
 from cli.topic_commands import topic
 
@@ -69,6 +70,7 @@ for command in (log, topic, broker, cluster, produce, consume, group, keys, prin
     cli.add_command(command)
 topic.add_command(reassign)  # they speak to the controller through ZooKeeper, as group does
 topic.add_command(elect_preferred)
+topic.add_command(delete_records)
 
 
 def main() -> None:

@@ -107,6 +107,9 @@ class PartitionLog:
         self._clock = clock
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
+        self._start = self._bases[0]
+        """The log start offset: the first segment's base, or past it once records before
+        were deleted (`advance_start`)."""
         self._high_watermark = segments[-1].end_offset
         self._pending_messages = 0
         self._pending_since: float | None = None
@@ -138,7 +141,7 @@ class PartitionLog:
 
     @property
     def log_start_offset(self) -> int:
-        return self._bases[0]
+        return self._start
 
     @property
     def high_watermark(self) -> int:
@@ -491,13 +494,14 @@ class PartitionLog:
 
     def _offset_for_timestamp(self, timestamp_ms: int) -> int:
         for segment in self._segments:
-            if segment.time_index.greatest < timestamp_ms:
+            if segment.time_index.greatest < timestamp_ms or segment.end_offset <= self._start:
                 continue
             limit = min(self._high_watermark, segment.end_offset) - segment.base_offset
-            position = segment.first_at_or_after(timestamp_ms, limit)
+            start = max(0, self._start - segment.base_offset)
+            position = segment.first_at_or_after(timestamp_ms, limit, start)
             if position is not None:
                 return segment.base_offset + position
-        return self._high_watermark
+        return max(self._high_watermark, self._start)
 
     def segment_for(self, offset: int) -> Segment:
         """The segment holding `offset` (>= log start): the last whose base offset is <= it."""
@@ -640,7 +644,7 @@ class PartitionLog:
             segment = Segment.create(self.directory, start_offset)
         self._segments = [segment]
         self._bases = [start_offset]
-        self._high_watermark = start_offset
+        self._start = self._high_watermark = start_offset
         self._pending_messages = 0
         self._pending_since = None
         self._active_since_ms = self._clock.time() * 1000
@@ -651,16 +655,61 @@ class PartitionLog:
             start_offset,
         )
 
+    def advance_start(self, offset: int) -> int:
+        """Delete the records before `offset`: the log start moves there (never back; at most
+        to the log end), reads below it are OFFSET_OUT_OF_RANGE from now on, and the segments
+        wholly below it are deleted (those a reader holds a view of by the next retention
+        pass). An offset inside a message moves the start to the message after it (the bytes
+        asked gone stay gone; logged). Returns the log start. Nothing is written here: the
+        start is kept in the registry (broker.registry.topics, `log_starts`), which every
+        replica applies when it opens the partition, and again as it grows (a follower's start
+        past its end is reached as it copies). StorageIOError for a failed log."""
+        self._refuse_if_failed()
+        offset = min(offset, self.log_end_offset)
+        if offset <= self._start:
+            return self._start
+        segment = self.segment_for(offset)
+        position = offset - segment.base_offset
+        if position < segment.size:
+            start, following = segment.message_bounds(position, segment.size)
+            if start != position:
+                log.warning(
+                    "%s: log start %d is inside the message [%d, %d): moved to %d",
+                    self.directory.name,
+                    offset,
+                    segment.base_offset + start,
+                    segment.base_offset + following,
+                    segment.base_offset + following,
+                )
+                offset = segment.base_offset + following
+        self._start = offset
+        self._delete_below_start()
+        return offset
+
+    def _delete_below_start(self) -> list[Path]:
+        """Delete the oldest segments wholly below the log start that no reader holds; the
+        files deleted."""
+        deleted: list[Path] = []
+        while len(self._segments) > 1 and self._bases[1] <= self._start:
+            oldest = self._segments[0]
+            if oldest.in_use():
+                break
+            oldest.delete()
+            del self._segments[0]
+            del self._bases[0]
+            deleted.append(oldest.log_path)
+        return deleted
+
     # -- retention -------------------------------------------------------------------------
 
     def apply_retention(self) -> list[Path]:
-        """Delete the oldest closed segments that are past retention_ms or beyond
-        retention_bytes; never the active one, never one a reader still holds a view of.
-        Returns the files deleted."""
+        """Delete the segments wholly below the log start, and the oldest closed segments that
+        are past retention_ms or beyond retention_bytes; never the active one, never one a
+        reader still holds a view of. Returns the files deleted."""
         config = self.config
         now = self._clock.time()
+        deleted = self._delete_below_start()
         total = sum(s.size for s in self._segments)
-        deleted: list[Path] = []
         while len(self._segments) > 1:
             oldest = self._segments[0]
             too_old = (
@@ -675,6 +724,7 @@ class PartitionLog:
             oldest.delete()
             del self._segments[0]
             del self._bases[0]
+            self._start = max(self._start, self._bases[0])
             total -= oldest.size
             deleted.append(oldest.log_path)
         return deleted
@@ -749,6 +799,7 @@ class PartitionLog:
             raise storage_error(error, f"cutting {self.directory} back to offset {end}") from error
         reopened = PartitionLog.open(self.directory, self.config, self._clock)
         reopened.on_flush = self.on_flush
+        reopened.advance_start(self._start)
         return reopened
 
     def __enter__(self) -> PartitionLog:

@@ -672,12 +672,16 @@ class Segment:
             self._first_new = position if position < limit else -1
         return self._first_new
 
-    def first_at_or_after(self, timestamp_ms: int, limit: int) -> int | None:
-        """The position of the first message before `limit` whose timestamp is at or after
-        `timestamp_ms`, or None: a bisect of the time index, then a walk of the headers from
-        the start of the run it names (one run, unless `limit` cuts it short)."""
+    def first_at_or_after(self, timestamp_ms: int, limit: int, start: int = 0) -> int | None:
+        """The position of the first message from `start` (a message's) up to `limit` whose
+        timestamp is at or after `timestamp_ms`, or None: a bisect of the time index, then a
+        walk of the headers from the start of the run it names, or `start` if later (one run,
+        unless `limit` cuts it short)."""
         position = self.time_index.start_for(timestamp_ms)
-        if position is None or position >= limit:
+        if position is None:
+            return None
+        position = max(position, start)
+        if position >= limit:
             return None
         window = self.view(0, limit)
         damaged = self._damage_ends

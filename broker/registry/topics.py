@@ -72,12 +72,16 @@ class TopicConfig:
 
     `replicas` left out (or empty) is read as one replica per partition, `brokers[p]` alone:
     a topic of a single copy, and every node written before replication had.
+
+    `log_starts`: partition -> the offset its log starts at, for the partitions whose records
+    before it were deleted (`pylogctl topic delete-records`): every replica applies it.
     """
 
     partitions: int
     brokers: tuple[int, ...]
     settings: Mapping[str, SettingValue] = field(default_factory=dict)
     replicas: Replicas = ()
+    log_starts: Mapping[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.replicas:
@@ -148,16 +152,21 @@ class TopicConfig:
                     f"topic {topic!r}: setting {name!r} must be an integer, a word or None, "
                     f"not {value!r}"
                 )
+        try:
+            _check_log_starts(self.partitions, self.log_starts)
+        except ValueError as error:
+            raise InvalidTopic(f"topic {topic!r}: {error}") from None
 
     def to_json(self) -> bytes:
-        return encode(
-            {
-                "partitions": self.partitions,
-                "brokers": list(self.brokers),
-                "replicas": [list(r) for r in self.replicas],
-                "settings": dict(self.settings),
-            }
-        )
+        obj: dict[str, object] = {
+            "partitions": self.partitions,
+            "brokers": list(self.brokers),
+            "replicas": [list(r) for r in self.replicas],
+            "settings": dict(self.settings),
+        }
+        if self.log_starts:
+            obj["log_starts"] = {str(p): start for p, start in sorted(self.log_starts.items())}
+        return encode(obj)
 
     @classmethod
     def from_json(cls, data: bytes) -> TopicConfig:
@@ -183,7 +192,23 @@ class TopicConfig:
                 raise ValueError("'replicas' is not a list of lists of integers >= 0")
             replicas = tuple(tuple(r) for r in value)
             _check_replicas(brokers, replicas)
-        return cls(partitions, brokers, settings, replicas)
+        starts = obj.get("log_starts", {})
+        if not isinstance(starts, dict) or not all(
+            isinstance(p, str) and p.isdigit() for p in starts
+        ):
+            raise ValueError("'log_starts' is not an object of partition numbers")
+        log_starts = {int(p): start for p, start in starts.items()}
+        _check_log_starts(partitions, log_starts)
+        return cls(partitions, brokers, settings, replicas, log_starts)
+
+
+def _check_log_starts(partitions: int, starts: Mapping[int, int]) -> None:
+    """ValueError unless each of `starts` is a partition of the topic and an offset >= 0."""
+    for partition, start in starts.items():
+        if not is_int(partition) or not 0 <= partition < partitions:
+            raise ValueError(f"a log start names partition {partition!r}, not one of the topic's")
+        if not is_int(start) or start < 0:
+            raise ValueError(f"the log start of partition {partition} is {start!r}, not >= 0")
 
 
 def _check_replicas(brokers: Sequence[int], replicas: Replicas) -> None:
@@ -384,11 +409,41 @@ class Topics(PartitionStates):
         version read, so that two changes at once both count (read again and retried, up to
         ALTER_ATTEMPTS times, when another write came between). Returns the new configuration.
         UnknownTopicOrPartition if there is none; what `change` raises, as it is."""
+        return self._rewrite_config(
+            topic,
+            lambda config: dataclasses.replace(config, settings=dict(change(config.settings))),
+        )
+
+    def move_log_starts(self, topic: str, starts: Mapping[int, int]) -> TopicConfig:
+        """Ask the partitions of `topic` in `starts` to start at those offsets (records before
+        them deleted), each only forward: a start at or below the one asked already changes
+        nothing. A conditional write on the version read, retried as alter_topic_settings
+        does. Returns the new configuration; UnknownTopicOrPartition if there is none,
+        InvalidTopic for a partition it does not have or an offset below 0."""
+
+        def move(config: TopicConfig) -> TopicConfig:
+            try:
+                _check_log_starts(config.partitions, starts)
+            except ValueError as error:
+                raise InvalidTopic(f"topic {topic!r}: {error}") from None
+            moved = dict(config.log_starts)
+            for partition, start in starts.items():
+                moved[partition] = max(start, moved.get(partition, 0))
+            return dataclasses.replace(config, log_starts=moved)
+
+        return self._rewrite_config(topic, move)
+
+    def _rewrite_config(
+        self, topic: str, change: Callable[[TopicConfig], TopicConfig]
+    ) -> TopicConfig:
+        """Write `change(the configuration of topic)`, checked, as a conditional write on the
+        version read (read again and retried, up to ALTER_ATTEMPTS times, when another write
+        came between). UnknownTopicOrPartition if there is none; what `change` raises."""
         check_topic_name(topic)
         path = self.topic_config_path(topic)
         for _ in range(ALTER_ATTEMPTS):
             config, version = self._read_config(topic)
-            altered = dataclasses.replace(config, settings=dict(change(config.settings)))
+            altered = change(config)
             altered.validate(topic)
             try:
                 self._set(path, altered.to_json(), version)
@@ -398,7 +453,7 @@ class Topics(PartitionStates):
                 raise UnknownTopicOrPartition(f"topic {topic!r} does not exist") from None
             return altered
         raise RegistryUnavailable(
-            f"{path} changed under each of {ALTER_ATTEMPTS} attempts to alter it: try again"
+            f"{path} changed under each of {ALTER_ATTEMPTS} attempts to change it: try again"
         )
 
     def watch_topic_config(

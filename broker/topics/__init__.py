@@ -311,11 +311,17 @@ class Topics:
             is_replicated = topic in self.roles.state_watches or (
                 config is not None and replicated(config)
             )
+            starts = {} if config is None else config.log_starts
             for number, w in state.workers.items():
                 if w == worker.index:
                     entries.append(
                         control.PartitionToOpen(
-                            topic, number, str(worker.log_dir), state.settings, is_replicated
+                            topic,
+                            number,
+                            str(worker.log_dir),
+                            state.settings,
+                            is_replicated,
+                            starts.get(number, 0),
                         )
                     )
         if entries:  # a worker that is gone gets them all when it says hello again
@@ -448,6 +454,8 @@ class Topics:
         if old.replicas != config.replicas:
             self._on_replicas(topic, old, config)
         state = self.held.get(topic)
+        if state is not None and old.log_starts != config.log_starts:
+            self._move_starts(topic, state, config)
         if state is None or state.settings == dict(config.settings):
             return
         state.settings = dict(config.settings)
@@ -459,6 +467,20 @@ class Topics:
                 self.pool.send(handle, command)
         for number in state.workers:  # min_insync_replicas may have changed
             self.roles.send_role(topic, number)
+
+    def _move_starts(self, topic: str, state: TopicState, config: TopicConfig) -> None:
+        """Records of `topic` deleted: the workers holding its partitions here move their log
+        starts (a worker restarting gets them when it opens its partitions)."""
+        log.info("topic %r: log starts asked %s", topic, dict(config.log_starts))
+        for worker in set(state.workers.values()):
+            starts = tuple(
+                (number, config.log_starts[number])
+                for number, holder in sorted(state.workers.items())
+                if holder == worker and number in config.log_starts
+            )
+            handle = self.pool.workers[worker]
+            if starts and handle.connected:
+                self.pool.send(handle, control.encode(control.MoveLogStarts(topic, starts)))
 
     def _on_replicas(self, topic: str, old: TopicConfig, new: TopicConfig) -> None:
         """A reassignment changed the replicas of partitions of `topic`

@@ -284,6 +284,25 @@ def test_alter_topic_settings_loses_no_change_written_between_its_read_and_its_w
         registry.alter_topic_settings("nope", dict)
 
 
+def test_log_starts_move_forward_only_and_keep_the_settings(registry: Registry) -> None:
+    registry.create_topic_config("clicks", TopicConfig.spread(3, [1], {"retention_ms": 1000}))
+    assert b"log_starts" not in registry.topic_config("clicks").to_json()  # none asked yet
+    moved = registry.move_log_starts("clicks", {0: 500, 2: 70})
+    assert moved.log_starts == {0: 500, 2: 70} and moved.settings == {"retention_ms": 1000}
+    moved = registry.move_log_starts("clicks", {0: 100, 2: 90})  # 0 never moves back
+    assert moved.log_starts == {0: 500, 2: 90}
+    assert registry.topic_config("clicks") == moved
+    assert TopicConfig.from_json(moved.to_json()) == moved
+    altered = registry.alter_topic_settings("clicks", lambda _: {"segment_ms": 5})
+    assert altered.log_starts == {0: 500, 2: 90}  # a settings change keeps them
+    with pytest.raises(InvalidTopic, match="partition 3, not one of the topic's"):
+        registry.move_log_starts("clicks", {3: 10})
+    with pytest.raises(InvalidTopic, match="is -1, not >= 0"):
+        registry.move_log_starts("clicks", {1: -1})
+    with pytest.raises(ValueError, match="'log_starts' is not an object of partition numbers"):
+        TopicConfig.from_json(moved.to_json().replace(b'"0":', b'"x":'))
+
+
 def test_watch_topic_config_sees_each_change_of_its_data_and_its_deletion(
     registry: Registry,
 ) -> None:
