@@ -19,8 +19,10 @@ from typing import Final
 import click
 
 from broker.client import Admin
+from broker.client.connection import Connection, Retry
 from broker.client.consumer import Start, timestamp_ms
 from broker.client.lag import log_range, message_bounds
+from broker.errors import BrokerError, Unavailable
 from broker.protocol import OffsetsRequest
 from cli.common import CLI_RETRIES, broker_errors, client_keys, position, usage_error
 from cli.group_commands import admin_options, fail, open_registry
@@ -41,21 +43,35 @@ class Trim:
 
 
 def _plan(admin: Admin, topic: str, number: int, before: Start) -> Trim:
-    """Where partition `number` of `topic` is to start: `before` resolved at its leader."""
-    connection = admin.cluster.leader_connection(topic, number)
-    start, end = log_range(connection, topic, number, CLI_RETRIES)
+    """Where partition `number` of `topic` is to start: `before` resolved at its leader, asked
+    again of the leader found then after a retriable error (its leader moved, say), 0.1 s
+    doubling apart, within 3 x the timeout (Retry)."""
+    cluster = admin.cluster
+    retry = Retry(CLI_RETRIES, 3 * cluster.timeout_s)
+    while True:
+        try:
+            return _plan_at(cluster.leader_connection(topic, number), topic, number, before)
+        except (BrokerError, Unavailable) as error:
+            wait_s = retry.wait_after(error)
+            cluster.learn_from(topic, number, error)
+        time.sleep(wait_s)
+
+
+def _plan_at(connection: Connection, topic: str, number: int, before: Start) -> Trim:
+    """_plan at the partition's leader, reached at `connection`."""
+    start, end = log_range(connection, topic, number, 0)
     if before == "latest":
         target = end
     elif isinstance(before, datetime.datetime):
         request = OffsetsRequest(topic, number, timestamp_ms(before))
-        target = connection.call(request, CLI_RETRIES).offset
+        target = connection.call(request, 0).offset
     elif isinstance(before, int):
         if before > end:
             usage_error(
                 f"partition {number}: offset {before} is past its high watermark {end}: "
                 f"at most {end} (delete every record: --before latest)"
             )
-        around, following = message_bounds(connection, topic, number, before, CLI_RETRIES)
+        around, following = message_bounds(connection, topic, number, before, 0)
         if before >= start and around != before:
             usage_error(
                 f"partition {number}: offset {before} is inside the message [{around}, "
