@@ -18,6 +18,7 @@ from cli.common import global_options, remember_keys
 from cli.console import consume, produce
 from cli.group_commands import group
 from cli.log_commands import log
+from cli.partition_commands import add_partitions
 from cli.pipeline_commands import WithJobs
 from cli.quota_commands import quota
 from cli.reassign_commands import elect_preferred, reassign
@@ -70,6 +71,7 @@ for command in (log, topic, broker, cluster, produce, consume, group, keys, prin
     cli.add_command(command)
 topic.add_command(reassign)  # they speak to the controller through ZooKeeper, as group does
 topic.add_command(elect_preferred)
+topic.add_command(add_partitions)
 topic.add_command(delete_records)
 
 

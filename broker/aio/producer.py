@@ -36,6 +36,7 @@ from broker.aio.connection import AsyncCluster, AsyncConnection
 from broker.client.connection import DEFAULT_CLIENT_ID, noted
 from broker.client.producer import (
     DELIVERY_TIMEOUT_S,
+    METADATA_MAX_AGE_S,
     METADATA_RETRIES,
     Batch,
     Handle,
@@ -119,6 +120,7 @@ class AsyncProducer(ProducerCore):
         keys: ClientKeys | None = None,
         compression: str = "none",
         compression_level: int | None = None,
+        metadata_max_age_s: float = METADATA_MAX_AGE_S,
     ) -> None:
         super().__init__(
             topic,
@@ -135,6 +137,7 @@ class AsyncProducer(ProducerCore):
             key_serializer,
             compression,
             compression_level,
+            metadata_max_age_s,
         )
         metadata_retries = METADATA_RETRIES if retries is None else retries
         self.cluster = AsyncCluster(endpoint, client_id, timeout_s, metadata_retries, keys=keys)
@@ -150,9 +153,10 @@ class AsyncProducer(ProducerCore):
         return len(await self._partition_layout())
 
     async def _partition_layout(self) -> tuple[PartitionInfo, ...]:
-        if self._layout is None:
+        layout = self._fresh_layout()
+        if layout is None:
             return self._learn_layout(await self.cluster.partitions(self.topic))
-        return self._layout
+        return layout
 
     async def send(
         self,

@@ -188,6 +188,22 @@ def assign_range(
     return ordered[start : start + share + (1 if i < extra else 0)]
 
 
+def _on_partition_count(wanted: threading.Event) -> Callable[[TopicConfig | None], bool]:
+    """A watch of a topic's node that asks for a rebalance when its partition count changes
+    (partitions added: `pylogctl topic add-partitions`), not when its settings do."""
+    seen: list[int] = []
+
+    def changed(config: TopicConfig | None) -> bool:
+        if config is not None:
+            if seen and seen[-1] != config.partitions:
+                wanted.set()
+            seen.append(config.partitions)
+            del seen[:-1]
+        return True  # watched as long as the registry runs
+
+    return changed
+
+
 class GroupConsumer(Closing):
     """Consume `topics` as member `consumer_id` of `group`, through the ZooKeeper ensemble
     `zookeeper` ("host:port[,...]") and registry `chroot`.
@@ -267,6 +283,8 @@ class GroupConsumer(Closing):
             self.registry.watch_consumers(group, lambda _: wanted.set())
             self.registry.watch_brokers(lambda _: wanted.set())
             self.registry.watch_topic_configs(lambda _: wanted.set())
+            for topic in self.topics:
+                self.registry.watch_topic_config(topic, _on_partition_count(wanted))
         except BaseException:
             self.registry.stop()
             self.cluster.close()

@@ -111,6 +111,9 @@ DELIVERY_TIMEOUT_S = 30.0
 of pylogd before it restarts a worker (2 s, but in a crash loop) plus the worker's start."""
 METADATA_RETRIES = 5
 """Retries of a METADATA request when `retries` is not given."""
+METADATA_MAX_AGE_S = 60.0
+"""How long a producer uses what METADATA said of its topic's partitions before it asks again
+(Kafka's metadata.max.age.ms): partitions added to the topic are written to within this."""
 
 Partitioner = Literal["hash", "round_robin", "random"]
 Serializer = Callable[[Any], Buffer]
@@ -290,6 +293,7 @@ class ProducerCore:
         key_serializer: Serializer | None,
         compression: str = "none",
         compression_level: int | None = None,
+        metadata_max_age_s: float = METADATA_MAX_AGE_S,
     ) -> None:
         self._compressor = compressor_for(compression, compression_level)
         self._inner = self._compressor is not None
@@ -302,6 +306,8 @@ class ProducerCore:
             )
         if delivery_timeout_s < 0 or (retries is not None and retries < 0):
             raise ValueError("delivery_timeout_s and retries must be >= 0")
+        if not metadata_max_age_s > 0:
+            raise ValueError(f"metadata_max_age_s must be > 0, not {metadata_max_age_s!r}")
         self.topic = topic
         self.ack = ack
         self.partitioner: Partitioner = partitioner
@@ -314,7 +320,10 @@ class ProducerCore:
         self.serializer = serializer
         self.key_serializer = key_serializer
         self.clock = clock
+        self.metadata_max_age_s = metadata_max_age_s
         self._layout: tuple[PartitionInfo, ...] | None = None
+        self._layout_expires = math.inf
+        """When the layout is to be asked again (clock.monotonic), checked as batches close."""
         self._served: list[int] = []
         """The partitions being served at the last look: where spread messages go."""
         self._round_robin = itertools.count()
@@ -339,8 +348,15 @@ class ProducerCore:
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no partitions of {self.topic!r}"
             )
         self._layout = layout
+        self._layout_expires = self.clock.monotonic() + self.metadata_max_age_s
         self._served = [p.partition for p in layout if p.error_code == ErrorCode.NONE]
         return layout
+
+    def _fresh_layout(self) -> tuple[PartitionInfo, ...] | None:
+        """The layout METADATA gave, or None once it is metadata_max_age_s old (forgotten)."""
+        if self._layout_expires <= self.clock.monotonic():
+            self._layout = None
+        return self._layout
 
     def _add(
         self,
@@ -419,6 +435,7 @@ class ProducerCore:
         """Take `partition`'s open batch out, as the request that sends it, its retry budget
         starting now."""
         batch = self._batches.pop(partition)
+        self._fresh_layout()  # asked again by the next message once old: partitions may be added
         if self._compressor is None:
             message_set = b"".join(batch.messages)
         else:
@@ -512,7 +529,11 @@ class Producer(ProducerCore):
     (docs/storage.md, "Compressed sets"): every message of it then has the set's offset, which
     is what `Delivery.result()` gives. `batch_bytes` counts the bytes before compression. A
     batch over the 64 MiB bound of a set goes as several sets (a message over it alone, as a
-    plain message)."""
+    plain message).
+
+    `metadata_max_age_s`: how long what METADATA said of the topic's partitions is used before
+    it is asked again (partitions added to the topic are written to within it; a key's
+    partition then changes, docs/replication.md "Placement")."""
 
     def __init__(
         self,
@@ -537,6 +558,7 @@ class Producer(ProducerCore):
         keys: ClientKeys | None = None,
         compression: str = "none",
         compression_level: int | None = None,
+        metadata_max_age_s: float = METADATA_MAX_AGE_S,
     ) -> None:
         super().__init__(
             topic,
@@ -553,6 +575,7 @@ class Producer(ProducerCore):
             key_serializer,
             compression,
             compression_level,
+            metadata_max_age_s,
         )
         self._in_flight: dict[tuple[Connection, int], InFlight] = {}
         self._in_flight_on: Counter[Connection] = Counter()
@@ -578,9 +601,10 @@ class Producer(ProducerCore):
         return len(self._partition_layout())
 
     def _partition_layout(self) -> tuple[PartitionInfo, ...]:
-        if self._layout is None:
+        layout = self._fresh_layout()
+        if layout is None:
             return self._learn_layout(self.cluster.partitions(self.topic))
-        return self._layout
+        return layout
 
     def partition_for(self, key: bytes | None) -> int:
         """The partition a message with `key` goes to (keyless ones: the next of the spread,

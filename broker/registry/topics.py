@@ -345,6 +345,77 @@ class Topics(PartitionStates):
             f"to create it: try again"
         )
 
+    def add_partitions(
+        self, topic: str, count: int, racks: Mapping[int, str | None]
+    ) -> TopicConfig:
+        """Give `topic` `count` partitions in all: the new ones placed over the brokers of
+        `racks` (broker id -> rack, None for none: the live ones) as they would be in a new
+        topic of `count` partitions (assign_replicas, so leadership goes on round robin), with
+        the topic's replication factor (its partitions' largest number of replicas), and
+        their state nodes created, all in one ZooKeeper transaction, conditional on the
+        configuration's version (read again and retried when another write came between).
+        Returns the new configuration. UnknownTopicOrPartition if there is none; InvalidTopic
+        when `count` is not above the partitions it has, or there are fewer brokers than the
+        replication factor."""
+        check_topic_name(topic)
+        for _ in range(TRANSACTION_ATTEMPTS):
+            config, version = self._read_config(topic)
+            grown = self._grow(topic, config, version, count, racks)
+            if grown is not None:
+                return grown
+        raise RegistryUnavailable(
+            f"the nodes of topic {topic!r} changed under each of {TRANSACTION_ATTEMPTS} attempts "
+            f"to add partitions to it: try again"
+        )
+
+    def _grow(
+        self,
+        topic: str,
+        config: TopicConfig,
+        version: int,
+        count: int,
+        racks: Mapping[int, str | None],
+    ) -> TopicConfig | None:
+        """One attempt of add_partitions on `config` as read at `version`: the new
+        configuration, or None when another write came between."""
+        if count <= config.partitions:
+            raise InvalidTopic(
+                f"topic {topic!r} has {config.partitions} partitions: partitions are only "
+                f"added (ask for more than {config.partitions}), never taken away"
+            )
+        factor = max(len(replicas) for replicas in config.replicas)
+        try:
+            added = assign_replicas(count, racks, factor)[config.partitions :]
+        except ValueError as error:
+            raise InvalidTopic(f"topic {topic!r}: {error}") from None
+        grown = dataclasses.replace(
+            config,
+            partitions=count,
+            brokers=config.brokers + tuple(replicas[0] for replicas in added),
+            replicas=config.replicas + added,
+        )
+        grown.validate(topic)
+        epochs = self.broker_epochs()
+        folder = self.partition_states_path(topic)
+        found = self._partition_nodes(topic) or {}
+
+        def build(transaction: TransactionRequest) -> None:
+            transaction.set_data(self.topic_config_path(topic), grown.to_json(), version)
+            for p, replicas in enumerate(added, start=config.partitions):
+                state = PartitionState.initial(replicas, epochs).to_json()
+                if p not in found:
+                    transaction.create(f"{folder}/{p}")
+                if found.get(p):  # left by a deletion cut short: its version goes on
+                    transaction.set_data(self.partition_state_path(topic, p), state)
+                else:
+                    transaction.create(self.partition_state_path(topic, p), state)
+
+        try:
+            self._commit(f"add partitions to topic {topic!r}", build)
+        except (BadVersion, NodeExists, NoNode):
+            return None  # another write came between, or the partition nodes changed
+        return grown
+
     def delete_topic_config(self, topic: str) -> None:
         """Delete /config/topics/<topic> and, in the same ZooKeeper transaction, its partitions'
         state nodes (then /brokers/topics/<topic> too, once no broker's node is left under it);

@@ -38,6 +38,9 @@ class Roles:
         self.state_watches: dict[str, object] = {}
         """The replicated topics held here whose partitions' state nodes are watched, each
         with its watches' token."""
+        self._watched: dict[str, int] = {}
+        """How many partitions of each topic of state_watches are watched (partitions added
+        to a topic are watched as they come)."""
         self.isr_changes: Counter[str] = Counter()
         """ISR changes written as a leader, by kind: shrink, expand (broker.metrics)."""
         self.leases = LeaseKeeper(
@@ -52,21 +55,27 @@ class Roles:
     def forget(self, topic: str) -> None:
         """A topic dropped here: its state watches end, its states are forgotten."""
         self.state_watches.pop(topic, None)
+        self._watched.pop(topic, None)
         for key in [key for key in self.states if key[0] == topic]:
             del self.states[key]
 
     def watch_states(self, topic: str) -> None:
         """Watch the state nodes of the partitions of `topic`, if it is replicated (every
-        partition's: METADATA names their leaders): each change of a partition held here goes
-        to the worker holding it as its role (_send_role)."""
+        partition's: METADATA names their leaders), those of partitions added since too: each
+        change of a partition held here goes to the worker holding it as its role
+        (_send_role)."""
         config = self.view.configs.get(topic)
-        if topic in self.state_watches or config is None or not replicated(config):
+        if config is None or not replicated(config):
+            return
+        first = self._watched.get(topic, 0)
+        if first >= config.partitions:
             return
         registry = self.calls.registry
         assert registry is not None
-        token = self.state_watches[topic] = object()
+        token = self.state_watches.setdefault(topic, object())
+        self._watched[topic] = config.partitions
         calls = self.calls
-        for number in range(config.partitions):
+        for number in range(first, config.partitions):
 
             def changed(state: PartitionState | None, version: int, number: int = number) -> bool:
                 calls.report(lambda: self._on_state(topic, number, token, state, version))

@@ -11,7 +11,11 @@ from dataclasses import dataclass
 import pytest
 
 from broker.zookeeper import PrivateZooKeeper
-from tests.cluster.conftest import broker_flags, three_brokers  # noqa: F401 (a fixture)
+from tests.cluster.conftest import (  # noqa: F401 (fixtures)
+    broker_flags,
+    make_member,
+    three_brokers,
+)
 from tests.pylogd import RunningBroker
 
 

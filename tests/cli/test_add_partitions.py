@@ -1,0 +1,94 @@
+"""`pylogctl topic add-partitions` against three real brokers, one of them down during the
+change: the new partitions are placed over the brokers up, served, written to by a keyed
+producer once its metadata ages, and shared out by a group that rebalances at once."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from click.testing import CliRunner, Result
+
+from broker.client import Admin, Producer
+from broker.protocol import Ack
+from cli.pylogctl import cli
+from tests.cluster.conftest import Member
+from tests.conftest import wait_until
+from tests.pylogd import RunningBroker
+
+TOPIC = "grown"
+
+
+def pylogctl(endpoint: str, *args: str) -> Result:
+    return CliRunner().invoke(cli, ["topic", *args], env={"PYLOG_BROKER": endpoint})
+
+
+def ok(endpoint: str, *args: str) -> str:
+    result = pylogctl(endpoint, *args)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_partitions_added_are_placed_on_brokers_up_served_written_and_consumed(
+    three_brokers: list[RunningBroker], make_member: Callable[..., Member]
+) -> None:
+    endpoint = three_brokers[0].endpoint
+    ok(endpoint, "create", TOPIC, "--partitions", "2", "--config", "replication_factor=2")
+    member = make_member("growers", [TOPIC])
+    wait_until(lambda: len(member.consumer.assignment) == 2, 30, "the member owns both")
+    producer = Producer(endpoint, TOPIC, ack=Ack.ALL, metadata_max_age_s=0.5)
+    keys = [b"key-%d" % i for i in range(40)]
+    for key in keys:
+        producer.send(b"before", key=key)
+    producer.flush()
+
+    three_brokers[2].stop()  # broker 3 down: the new partitions go to brokers 1 and 2
+    said = ok(endpoint, "add-partitions", TOPIC, "--partitions", "4")
+    lines = said.splitlines()
+    assert lines[0] == f"topic {TOPIC}: 2 -> 4 partitions"
+    assert sorted(lines[1:]) == [
+        "partition 2 replicas 1,2 (leader 1)",
+        "partition 3 replicas 2,1 (leader 2)",
+    ]
+    with Admin(endpoint) as admin:
+        partitions = admin.topic(TOPIC).partitions
+    assert [p.partition for p in partitions] == [0, 1, 2, 3]
+    assert {p.broker_id for p in partitions[2:]} == {1, 2}
+
+    # The producer's metadata ages: keys now spread over four partitions.
+    wait_until(lambda: producer.partitions == 4, 10, "the producer to see four partitions")
+    placed = {key: producer.send(b"after", key=key) for key in keys}
+    producer.flush()
+    landed = {delivery.partition for delivery in placed.values()}
+    producer.close()
+    assert landed & {2, 3}, "no key went to a new partition"
+    # The member rebalances at once, and reads what the new partitions got.
+    wait_until(lambda: len(member.consumer.assignment) == 4, 30, "the member owns all four")
+    wait_until(
+        lambda: {r.partition for _, r in member.records if r.value == b"after"} == landed,
+        30,
+        "the member to read every partition written after",
+    )
+
+    three_brokers[2] = three_brokers[2].restarted()
+    again = json.loads(ok(endpoint, "add-partitions", TOPIC, "--partitions", "5", "--json"))
+    assert again["partitions_before"] == 4 and again["partitions"] == 5
+    assert again["added"] == {"4": [2, 3]}  # round robin over the three brokers up again
+
+
+def test_add_partitions_refuses_fewer_partitions_and_too_few_brokers(
+    three_brokers: list[RunningBroker],
+) -> None:
+    endpoint = three_brokers[0].endpoint
+    ok(endpoint, "create", TOPIC, "--partitions", "2", "--config", "replication_factor=3")
+    fewer = pylogctl(endpoint, "add-partitions", TOPIC, "--partitions", "2")
+    assert fewer.exit_code == 2
+    assert "has 2 partitions: partitions are only added (ask for more than 2)" in fewer.output
+    missing = pylogctl(endpoint, "add-partitions", "nope", "--partitions", "3")
+    assert missing.exit_code == 1 and "'nope' does not exist" in missing.output
+    three_brokers[2].stop()
+    short = pylogctl(endpoint, "add-partitions", TOPIC, "--partitions", "3")
+    assert short.exit_code == 2
+    assert "replication factor 3 is not between 1 and the 2 broker(s)" in short.output
+    with Admin(endpoint) as admin:
+        assert len(admin.topic(TOPIC).partitions) == 2
