@@ -141,6 +141,13 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "broker",
+        "log_level",
+        str,
+        "info",
+        "The least level pylogd logs: debug, info, warning or error (-v: debug).",
+    ),
+    Setting(
+        "broker",
         "queued_request_bytes",
         int,
         8 << 20,
@@ -391,6 +398,22 @@ value; none is a LogConfig field. replication_factor is given at creation only; 
 out is its least value (1, 1 and 0)."""
 
 SECURITY_MODES = ("plaintext", "curve")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+LIVE_SETTINGS: frozenset[str] = frozenset(
+    {
+        *(f"log_{name}" for name in TOPIC_SETTINGS),
+        "log_flush_when_idle",
+        "log_retention_check_interval_ms",
+        "broker_queued_request_bytes",
+        "broker_queued_reply_bytes",
+        "broker_queued_reply_bytes_per_client",
+        "broker_log_level",
+    }
+)
+"""The settings a running broker takes from ZooKeeper (`pylogctl broker config set`): the
+topics' defaults, how often retention runs, the front's ceilings on what it holds for clients
+(docs/protocol.md, "Flow control"), the log level. Every other one is read at start only."""
 
 _BY_NAME = {s.name: s for s in SETTINGS}
 _DIGITS = re.compile("[0-9]+")
@@ -408,6 +431,20 @@ class BrokerConfig:
             return self.values[name] if name in self.values else _BY_NAME[name].default
         except KeyError:
             raise AttributeError(name) from None
+
+    def take_live(self, changed: BrokerConfig) -> dict[str, Any]:
+        """Take `changed`'s LIVE_SETTINGS in place: every part of the process holding this
+        config reads them from its next use (those that copied a value at start are told:
+        broker.supervisor, broker.worker). Returns the settings that changed, by flat name."""
+        values = self.values
+        assert isinstance(values, dict)  # made by load_config, or from JSON: a dict
+        taken = {
+            name: getattr(changed, name)
+            for name in sorted(LIVE_SETTINGS)
+            if getattr(changed, name) != getattr(self, name)
+        }
+        values.update(taken)
+        return taken
 
     @property
     def log_dir_paths(self) -> list[Path]:
@@ -504,9 +541,56 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> BrokerConfig
     values.update(check_values(overrides))
     config = BrokerConfig(values)
     try:
+        check_config(config)
+    except ValueError as error:
+        raise ValueError(f"{f'{path}: ' if path else ''}{error}") from None
+    return config
+
+
+def setting_name(flat: str) -> str:
+    """A setting's dotted name (`log.flush_interval_ms`) from its flat one."""
+    setting = _BY_NAME[flat]
+    return f"{setting.section}.{setting.key}"
+
+
+def setting_named(name: str) -> Setting:
+    """The setting of a dotted name, as the TOML file and the settings table give it
+    (`log.flush_interval_ms`); ValueError for an unknown one."""
+    setting = _BY_NAME.get(name.replace(".", "_", 1)) if "." in name else None
+    if setting is None:
+        raise ValueError(f"unknown setting {name!r}: a [section] key as pylogd.toml has it")
+    return setting
+
+
+def with_live(config: BrokerConfig, changes: Mapping[str, str]) -> BrokerConfig:
+    """`config` with live settings changed, each given by its dotted name and its text as a
+    flag takes it; ValueError naming the first that is unknown, read at start only, out of
+    range, or that does not fit with the rest."""
+    values = dict(config.values)
+    for name, text in changes.items():
+        setting = setting_named(name)
+        if setting.name not in LIVE_SETTINGS:
+            raise ValueError(
+                f"{name} is read at start only: change it in pylogd.toml (or its flag "
+                f"{setting.flag}) and restart the broker"
+            )
+        values[setting.name] = parse_setting(setting, text)
+    changed = BrokerConfig(values)
+    check_config(changed)
+    return changed
+
+
+def check_config(config: BrokerConfig) -> None:
+    """ValueError naming the first setting out of its range or not fitting with the others."""
+    try:
         config.checked_log_config()  # the [log] values, each and together
     except ValueError as error:
-        raise ValueError(f"{f'{path}: ' if path else ''}[log] {error}") from None
+        raise ValueError(f"[log] {error}") from None
+    if config.broker_log_level not in LOG_LEVELS:
+        raise ValueError(
+            f"broker_log_level must be one of {', '.join(LOG_LEVELS)}, "
+            f"not {config.broker_log_level!r}"
+        )
     if config.broker_log_format not in FORMATS:
         raise ValueError(
             f"broker_log_format must be one of {', '.join(FORMATS)}, "
@@ -540,7 +624,6 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> BrokerConfig
     ):
         if config.values.get(name, 1) < 1:
             raise ValueError(f"{name} must be at least 1")
-    return config
 
 
 def topic_settings(raw: Mapping[str, str]) -> dict[str, SettingValue]:

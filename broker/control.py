@@ -17,6 +17,8 @@ Supervisor to worker (Command):
   settings; `replicated` ones serve no client until a PartitionRole says they lead.
 - DeletePartitions: stop serving them and remove their folders.
 - ConfigureTopic: a topic's settings changed live.
+- ReconfigureBroker: live broker settings changed (broker.config.LIVE_SETTINGS): the topics'
+  defaults, how often retention runs, the log level.
 - MoveLogStarts: records of a topic's partitions deleted (`pylogctl topic delete-records`):
   their log starts, as the registry asks them.
 - PartitionRole: a replicated partition's state node as read (docs/replication.md): lead it,
@@ -80,6 +82,12 @@ class DeletePartitions:
 class ConfigureTopic:
     topic: str
     settings: Settings
+
+
+@dataclass(frozen=True)
+class ReconfigureBroker:
+    values: dict[str, Any]
+    """The live settings that changed, by flat name (broker.config.BrokerConfig)."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +173,13 @@ class WorkerStats:
 
 
 Command = (
-    OpenPartitions | DeletePartitions | ConfigureTopic | MoveLogStarts | PartitionRole | RenewLease
+    OpenPartitions
+    | DeletePartitions
+    | ConfigureTopic
+    | ReconfigureBroker
+    | MoveLogStarts
+    | PartitionRole
+    | RenewLease
 )
 Report = WorkerHello | PartitionsOpened | PartitionsDeleted | AskIsr | WorkerStats
 
@@ -175,6 +189,7 @@ _COMMANDS: dict[str, type[Command]] = {
         OpenPartitions,
         DeletePartitions,
         ConfigureTopic,
+        ReconfigureBroker,
         MoveLogStarts,
         PartitionRole,
         RenewLease,

@@ -163,6 +163,13 @@ class Front:
                 reason = f"port {self.port} is already in use by {port_holder(self.port)}"
             raise OSError(f"cannot listen on {host}:{self.port}: {reason}") from error
 
+    def take_limits(self) -> None:
+        """The ceilings of flow control as the config has them now (live settings)."""
+        config = self.config
+        self.queue_limit = int(config.broker_queued_request_bytes)
+        self.held.ceiling = config.broker_queued_reply_bytes
+        self.held.per_client = config.broker_queued_reply_bytes_per_client
+
     def open(self) -> None:
         """Start reading clients' requests (until now a turn reads only the workers)."""
         self.poller.register(self.socket, zmq.POLLIN)

@@ -36,10 +36,15 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(event)
 
 
-def configure_logging(log_format: str, verbose: bool = False) -> None:
-    """Log INFO and up (DEBUG too when `verbose`) to stderr in `log_format`."""
+def configure_logging(log_format: str, level: str = "info") -> None:
+    """Log `level` (debug, info, warning, error) and up to stderr in `log_format`."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
     )
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+
+
+def set_log_level(level: str) -> None:
+    """Log `level` and up from now on (broker.log_level changed live)."""
+    logging.getLogger().setLevel(level.upper())

@@ -47,14 +47,17 @@ from wsgiref.simple_server import WSGIServer
 
 import zmq
 
-from broker.config import BrokerConfig
+from broker import control
+from broker.config import BrokerConfig, with_live
 from broker.errors import PylogError, ZooKeeperStartError
 from broker.front import Front
+from broker.logs import set_log_level
 from broker.metrics import serve_metrics
 from broker.pool import Answers, WorkerPool
 from broker.processes import ensure_file_limit
 from broker.quotas import QuotaConfig, describe_quotas
 from broker.registry import BrokerInfo, Registry
+from broker.registry.settings import BrokerSettings, settings_for
 from broker.registry_calls import RegistryCalls
 from broker.replication.controller import ControllerService
 from broker.security import (
@@ -163,6 +166,7 @@ class Supervisor:
         self.calls.registry = self.registry
         self._watch_security(self.registry)
         self._watch_quotas(self.registry)
+        self._watch_broker_settings(self.registry)
         self.topics.load()
         self.pool.start()
         self._wait_for_workers()
@@ -279,6 +283,39 @@ class Supervisor:
             return info
         cluster = tuple(sorted(key.decode() for key in keys.cluster))
         return dataclasses.replace(info, curve_key=keys.public.decode(), cluster_keys=cluster)
+
+    def _watch_broker_settings(self, registry: Registry) -> None:
+        """The live settings ZooKeeper gives this broker (`pylogctl broker config`), over the
+        file's and the flags': read once before the workers start (they start with them),
+        then watched; a change is applied on the loop (_apply_live). A set that does not check
+        is logged and passed over, the settings in force kept."""
+        base = BrokerConfig(dict(self.config.values))
+        me = self.config.broker_id
+
+        def changed(node: BrokerSettings) -> None:
+            try:
+                live = with_live(base, settings_for(node, me))
+            except ValueError as error:
+                log.error("live settings in ZooKeeper refused, those in force kept: %s", error)
+                return
+            self._apply_live(live)
+
+        changed(registry.broker_settings())
+        registry.watch_broker_settings(lambda node: self.calls.report(lambda: changed(node)))
+
+    def _apply_live(self, live: BrokerConfig) -> None:
+        """Take the live settings of `live`: into the config every part reads, the front's
+        ceilings, the log level here and in every worker (with the topics' new defaults)."""
+        taken = self.config.take_live(live)
+        if not taken:
+            return
+        log.info("live settings now: %s", ", ".join(f"{k}={v}" for k, v in taken.items()))
+        set_log_level(self.config.broker_log_level)
+        self.front.take_limits()
+        command = control.encode(control.ReconfigureBroker(taken))
+        for worker in self.pool.workers:
+            if worker.connected:  # one starting later is forked with the config as it is now
+                self.pool.send(worker, command)
 
     def _watch_quotas(self, registry: Registry) -> None:
         """Quotas from ZooKeeper: read once (so that the first request is held to them), then

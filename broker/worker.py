@@ -43,6 +43,7 @@ import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 import zmq
@@ -63,7 +64,7 @@ from broker.log.files import OPEN_FILES
 from broker.log.hwcheckpoint import HighWatermarkCheckpoint
 from broker.log.message import Buffer
 from broker.log.segment import storage_error
-from broker.logs import configure_logging
+from broker.logs import configure_logging, set_log_level
 from broker.partition import Partition
 from broker.processes import exit_with_supervisor
 from broker.reads import Reads
@@ -92,6 +93,9 @@ class Worker:
     def __init__(self, index: int, config: BrokerConfig, socket: TrioSocket[list[bytes]]) -> None:
         self.index = index
         self.config = config
+        self.topic_settings: dict[str, dict[str, SettingValue]] = {}
+        """Each topic's own settings, as the supervisor last gave them (over the [log]
+        defaults, which may change live)."""
         self.socket = socket
         self.served = Served(index, socket)
         self.partitions = self.served.partitions
@@ -312,6 +316,8 @@ class Worker:
                 await self.socket.send(control.encode(control.PartitionsDeleted(topic)))
             case control.ConfigureTopic(topic, settings):
                 self._configure(topic, settings)
+            case control.ReconfigureBroker(values):
+                self._reconfigure(values)
             case control.MoveLogStarts(topic, starts):
                 self._move_starts(topic, starts)
             case control.PartitionRole():
@@ -328,6 +334,7 @@ class Worker:
         for p in partitions:
             name = f"{p.topic}-{p.partition}"
             try:
+                self.topic_settings[p.topic] = p.settings
                 config = self.config.log_config(p.settings)
                 if self._open(p.topic, p.partition, Path(p.directory), config):
                     self.partitions[(p.topic, p.partition)].replica.replicated = p.replicated
@@ -359,20 +366,36 @@ class Worker:
         return True
 
     def _configure(self, topic: str, settings: dict[str, SettingValue]) -> None:
-        """Apply a topic's new settings to its partitions open here, and flush those that
-        they make due (a lower flush_messages or flush_interval_ms)."""
+        """Apply a topic's new settings to its partitions open here."""
+        if self._apply_settings(topic, settings):
+            log.info("worker %d: topic %s now uses %s", self.index, topic, settings)
+
+    def _apply_settings(self, topic: str, settings: dict[str, SettingValue]) -> bool:
+        """The topic's own settings over the broker's [log] defaults, to its partitions open
+        here, and a flush of those they make due (a lower flush_messages or
+        flush_interval_ms); False, logged, for settings that do not check."""
+        self.topic_settings[topic] = settings
         try:
             config = self.config.log_config(settings)
         except ValueError as error:  # checked against the defaults of the broker that took it
             log.error("topic %s: settings %s refused: %s", topic, settings, error)
-            return
+            return False
         for partition in list(self.partitions.values()):
             if partition.topic == topic:
                 partition.log.reconfigure(config)
                 if partition.offline is None:
                     self.flusher.flush(partition, if_due=True)
         self.flusher.deadline_changed.set()
-        log.info("worker %d: topic %s now uses %s", self.index, topic, settings)
+        return True
+
+    def _reconfigure(self, values: dict[str, Any]) -> None:
+        """Live broker settings changed: the topics' defaults (every topic's partitions here
+        get their settings again over them), how often retention runs, the log level."""
+        self.config.take_live(BrokerConfig({**self.config.values, **values}))
+        set_log_level(self.config.broker_log_level)
+        for topic, settings in list(self.topic_settings.items()):
+            self._apply_settings(topic, settings)
+        log.info("worker %d: live settings now %s", self.index, values)
 
     def _move_starts(self, topic: str, starts: Sequence[tuple[int, int]]) -> None:
         """Records of `topic` deleted: each partition open here starts where the registry asks
@@ -495,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     exit_with_supervisor(args.supervisor_pid)
     config = BrokerConfig(json.loads(args.config))
-    configure_logging(config.broker_log_format)
+    configure_logging(config.broker_log_format, config.broker_log_level)
     trio.run(run_worker, args.index, args.endpoint, config)
 
 

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from broker.client import Admin
-from cli.common import CLI_RETRIES, broker_errors, broker_options, client_keys, json_option
+from broker.config import LIVE_SETTINGS, setting_name
+from broker.registry.settings import DEFAULT
+from cli.common import (
+    CLI_RETRIES,
+    broker_errors,
+    broker_options,
+    client_keys,
+    json_option,
+    usage_error,
+)
+from cli.group_commands import admin_options, fail, open_registry
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.group()
@@ -58,3 +72,124 @@ def broker_list(as_json: bool, broker: str, timeout: float) -> None:
             click.echo(f"broker {b.broker_id} down partitions {b.partitions}")
     if not as_json:
         click.echo(f"zookeeper {cluster.zookeeper_connect} chroot {cluster.zookeeper_chroot}")
+
+
+@broker.group("config")
+def broker_config() -> None:
+    """Broker settings changed live, through ZooKeeper, for every broker or one: the topics'
+    defaults ([log] flush_messages, retention_ms, ...), how often retention runs, flow
+    control's ceilings, the log level. Every other setting is read at start only (pylogd.toml,
+    whose comments say which are live)."""
+
+
+def entry_option(command: F) -> F:
+    return click.option(
+        "--broker-id",
+        type=click.IntRange(min=0),
+        help="Only this broker (its own settings win over those for every broker); default: "
+        "every broker.",
+    )(command)
+
+
+@broker_config.command("set")
+@click.argument("pairs", nargs=-1, required=True, metavar="NAME=VALUE...")
+@entry_option
+@admin_options
+def broker_config_set(
+    pairs: tuple[str, ...],
+    broker_id: int | None,
+    zookeeper: str | None,
+    chroot: str | None,
+    broker: str,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Set live settings (NAME as pylogd.toml names it, section.key): every broker (or the
+    one of --broker-id) applies them within a second, over its file and flags, and keeps them
+    through restarts.
+
+    \b
+    Examples:
+      pylogctl broker config set log.retention_ms=86400000 log.flush_interval_ms=200
+      pylogctl broker config set broker.log_level=debug --broker-id 2"""
+    changes: dict[str, str] = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        if not equals or not name:
+            usage_error(f"{pair!r}: give NAME=VALUE, as log.retention_ms=86400000")
+        changes[name] = value
+    entry = DEFAULT if broker_id is None else str(broker_id)
+    with open_registry(zookeeper, chroot, broker, timeout) as registry:
+        try:
+            stored = registry.set_broker_settings(entry, changes)
+        except ValueError as error:
+            usage_error(str(error))
+    _say_entry(entry, stored, as_json)
+
+
+@broker_config.command("delete")
+@click.argument("names", nargs=-1, metavar="[NAME...]")
+@entry_option
+@admin_options
+def broker_config_delete(
+    names: tuple[str, ...],
+    broker_id: int | None,
+    zookeeper: str | None,
+    chroot: str | None,
+    broker: str,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Take live settings away (all of the entry's without NAME): the brokers go back to their
+    file's and flags' values within a second.
+
+    \b
+    Example:
+      pylogctl broker config delete log.flush_interval_ms"""
+    entry = DEFAULT if broker_id is None else str(broker_id)
+    with open_registry(zookeeper, chroot, broker, timeout) as registry:
+        try:
+            left = registry.delete_broker_settings(entry, names)
+        except KeyError as error:
+            name, whom = error.args[0], _entry_text(entry)
+            fail(f"{name} is not set for {whom}: pylogctl broker config describe shows what is")
+    _say_entry(entry, left, as_json)
+
+
+@broker_config.command("describe")
+@admin_options
+def broker_config_describe(
+    zookeeper: str | None, chroot: str | None, broker: str, timeout: float, as_json: bool
+) -> None:
+    """Print the live settings set in ZooKeeper, for every broker and for each one; then every
+    setting that can be changed live (the others are read at start only)."""
+    with open_registry(zookeeper, chroot, broker, timeout) as registry:
+        node = registry.broker_settings()
+    entries = sorted(node, key=lambda e: (e != DEFAULT, int(e) if e.isdecimal() else -1))
+    if as_json:
+        for entry in entries:
+            click.echo(json.dumps({"broker": _entry_json(entry), "settings": node[entry]}))
+        return
+    for entry in entries:
+        for name, value in sorted(node[entry].items()):
+            click.echo(f"{_entry_text(entry)}: {name}={value}")
+    if not entries:
+        click.echo("no live settings set: every broker uses its file's and flags'")
+    live = ", ".join(sorted(setting_name(name) for name in LIVE_SETTINGS))
+    click.echo(f"live settings: {live}")
+
+
+def _entry_text(entry: str) -> str:
+    return "every broker" if entry == DEFAULT else f"broker {entry}"
+
+
+def _entry_json(entry: str) -> int | None:
+    return None if entry == DEFAULT else int(entry)
+
+
+def _say_entry(entry: str, settings: dict[str, str], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"broker": _entry_json(entry), "settings": settings}))
+        return
+    text = ", ".join(f"{k}={v}" for k, v in sorted(settings.items())) or "none"
+    click.echo(f"live settings of {_entry_text(entry)}: {text}")

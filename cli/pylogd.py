@@ -53,11 +53,13 @@ def _setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def main(config_path: Path | None, verbose: bool, **flags: str | None) -> None:
     """Run a pylog broker until SIGTERM or SIGINT."""
     overrides = {name: value for name, value in flags.items() if value is not None}
+    if verbose:
+        overrides["broker_log_level"] = "debug"
     try:
         config = load_config(config_path, overrides)
     except ValueError as error:
         raise click.UsageError(str(error)) from error
-    configure_logging(config.broker_log_format, verbose)
+    configure_logging(config.broker_log_format, config.broker_log_level)
     try:
         code = run_pylogd(config)
     except ZooKeeperStartError as error:  # at start, or later after failed restarts

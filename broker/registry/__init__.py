@@ -16,6 +16,8 @@ that the operator chooses (default "/pylog", so one ensemble can hold several cl
          "replicas": [[1, 2], [2, 3], [3, 1], [1, 2]], "settings": {...}}
     <chroot>/config/quotas                        persistent  quotas (broker.registry.quotas)
         {"version": 1, "quotas": {"client": {"<default>": {"produce_bytes_per_s": 1048576}}}}
+    <chroot>/config/brokers                       persistent  live broker settings
+        {"version": 1, "brokers": {"default": {"log.flush_interval_ms": "200"}}}
     <chroot>/controller                           ephemeral   ControllerInfo as JSON
         {"version": 1, "broker_id": 2, "controller_epoch": 5}
     <chroot>/controller_epoch                     persistent  the last controller's epoch
@@ -66,6 +68,7 @@ from broker.registry.nodes import FORMAT_VERSION
 from broker.registry.quotas import Quotas
 from broker.registry.security import Security
 from broker.registry.session import DEFAULT_CHROOT, RegistryStatistics
+from broker.registry.settings import BrokerSettingsNode
 from broker.registry.states import NO_LEADER, PartitionState, PartitionStateChanged
 from broker.registry.topics import TopicConfig
 
@@ -88,7 +91,7 @@ __all__ = [
 ]
 
 
-class Registry(Admin, Groups, Security, Quotas, Controller, ZooKeeperAcls):
+class Registry(Admin, Groups, Security, Quotas, BrokerSettingsNode, Controller, ZooKeeperAcls):
     """A broker's (or a tool's) connection to the registry in ZooKeeper.
 
     Paths, under `chroot`:
@@ -105,6 +108,7 @@ class Registry(Admin, Groups, Security, Quotas, Controller, ZooKeeperAcls):
         /consumers/<group>/...                both        register_consumer, claim_partition,
                                                           commit_offset
         /security/principals, /security/acls  persistent  add_principal, add_acl, ...
+        /config/brokers                       persistent  set_broker_settings, ...
         /config/quotas                        persistent  set_quota, delete_quota
 
     With `auth` (a ZooKeeperAuth), the session presents that digest identity and the nodes it

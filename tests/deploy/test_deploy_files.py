@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import itertools
 import re
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import SETTINGS, load_config
+from broker.config import LIVE_SETTINGS, SETTINGS, load_config
 from tests.deploy.conftest import verify_unit
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
@@ -80,3 +81,16 @@ def test_example_config_names_every_setting_and_loads(tmp_path: Path) -> None:
     config = load_config(example, {})
     assert config.broker_port == 9092
     assert config.log_retention_ms == 7 * 24 * 3600 * 1000
+
+
+def test_example_config_marks_the_live_settings_and_only_them() -> None:
+    section, marked = "", set()
+    lines = (DEPLOY / "pylogd.toml").read_text().splitlines()
+    for line, following in itertools.pairwise(lines):
+        if line.startswith("["):
+            section = line.strip("[]")
+        if line.startswith("# Live (on running brokers): pylogctl broker config set "):
+            key = following.lstrip("#").split(" = ")[0]
+            assert line.endswith(f" {section}.{key}=VALUE"), line
+            marked.add(f"{section}_{key}")
+    assert marked == LIVE_SETTINGS
