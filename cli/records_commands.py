@@ -27,6 +27,9 @@ from broker.protocol import OffsetsRequest
 from cli.common import CLI_RETRIES, broker_errors, client_keys, position, usage_error
 from cli.group_commands import admin_options, fail, open_registry
 
+LEADER_RETRIES: Final = 10
+"""How often a partition's offsets are asked again after a retriable error (within --timeout):
+a leader that just moved answers NOT_LEADER_FOR_PARTITION until every broker has heard."""
 APPLIED_WITHIN_S: Final = 30.0
 """How long the command waits for the leaders to move their log starts."""
 
@@ -44,10 +47,11 @@ class Trim:
 
 def _plan(admin: Admin, topic: str, number: int, before: Start) -> Trim:
     """Where partition `number` of `topic` is to start: `before` resolved at its leader, asked
-    again of the leader found then after a retriable error (its leader moved, say), 0.1 s
-    doubling apart, within 3 x the timeout (Retry)."""
+    again of the leader found then after a retriable error (its leader moved, and the broker
+    asked has not heard yet, say), 0.1 s doubling apart, none starting after the timeout
+    (Retry)."""
     cluster = admin.cluster
-    retry = Retry(CLI_RETRIES, 3 * cluster.timeout_s)
+    retry = Retry(LEADER_RETRIES, cluster.timeout_s)
     while True:
         try:
             return _plan_at(cluster.leader_connection(topic, number), topic, number, before)

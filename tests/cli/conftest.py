@@ -9,8 +9,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from click.testing import CliRunner, Result
 
 from broker.zookeeper import PrivateZooKeeper
+from cli.pylogctl import cli
 from tests.cluster.conftest import (  # noqa: F401 (fixtures)
     broker_flags,
     make_member,
@@ -54,3 +56,15 @@ def cluster(
             if broker.process is not None and broker.process.poll() is None:
                 broker.stop()
             print(f"--- {broker.log_path}:\n{broker.log_tail()}")
+
+
+def pylogctl(endpoint: str, *args: str) -> Result:
+    """`pylogctl ARGS` run in-process against the broker at `endpoint` (PYLOG_BROKER)."""
+    return CliRunner().invoke(cli, list(args), env={"PYLOG_BROKER": endpoint})
+
+
+def ok(endpoint: str, *args: str) -> str:
+    """pylogctl's output, which must exit 0."""
+    result = pylogctl(endpoint, *args)
+    assert result.exit_code == 0, result.output
+    return result.output

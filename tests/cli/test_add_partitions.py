@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from click.testing import CliRunner, Result
-
 from broker.client import Admin, Producer
 from broker.protocol import Ack
-from cli.pylogctl import cli
+from tests.cli.conftest import ok, pylogctl
 from tests.cluster.conftest import Member
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
@@ -19,21 +17,11 @@ from tests.pylogd import RunningBroker
 TOPIC = "grown"
 
 
-def pylogctl(endpoint: str, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["topic", *args], env={"PYLOG_BROKER": endpoint})
-
-
-def ok(endpoint: str, *args: str) -> str:
-    result = pylogctl(endpoint, *args)
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
 def test_partitions_added_are_placed_on_brokers_up_served_written_and_consumed(
     three_brokers: list[RunningBroker], make_member: Callable[..., Member]
 ) -> None:
     endpoint = three_brokers[0].endpoint
-    ok(endpoint, "create", TOPIC, "--partitions", "2", "--config", "replication_factor=2")
+    ok(endpoint, "topic", "create", TOPIC, "--partitions", "2", "--config", "replication_factor=2")
     member = make_member("growers", [TOPIC])
     wait_until(lambda: len(member.consumer.assignment) == 2, 30, "the member owns both")
     producer = Producer(endpoint, TOPIC, ack=Ack.ALL, metadata_max_age_s=0.5)
@@ -43,7 +31,7 @@ def test_partitions_added_are_placed_on_brokers_up_served_written_and_consumed(
     producer.flush()
 
     three_brokers[2].stop()  # broker 3 down: the new partitions go to brokers 1 and 2
-    said = ok(endpoint, "add-partitions", TOPIC, "--partitions", "4")
+    said = ok(endpoint, "topic", "add-partitions", TOPIC, "--partitions", "4")
     lines = said.splitlines()
     assert lines[0] == f"topic {TOPIC}: 2 -> 4 partitions"
     assert sorted(lines[1:]) == [
@@ -71,7 +59,9 @@ def test_partitions_added_are_placed_on_brokers_up_served_written_and_consumed(
     )
 
     three_brokers[2] = three_brokers[2].restarted()
-    again = json.loads(ok(endpoint, "add-partitions", TOPIC, "--partitions", "5", "--json"))
+    again = json.loads(
+        ok(endpoint, "topic", "add-partitions", TOPIC, "--partitions", "5", "--json")
+    )
     assert again["partitions_before"] == 4 and again["partitions"] == 5
     assert again["added"] == {"4": [2, 3]}  # round robin over the three brokers up again
 
@@ -80,14 +70,14 @@ def test_add_partitions_refuses_fewer_partitions_and_too_few_brokers(
     three_brokers: list[RunningBroker],
 ) -> None:
     endpoint = three_brokers[0].endpoint
-    ok(endpoint, "create", TOPIC, "--partitions", "2", "--config", "replication_factor=3")
-    fewer = pylogctl(endpoint, "add-partitions", TOPIC, "--partitions", "2")
+    ok(endpoint, "topic", "create", TOPIC, "--partitions", "2", "--config", "replication_factor=3")
+    fewer = pylogctl(endpoint, "topic", "add-partitions", TOPIC, "--partitions", "2")
     assert fewer.exit_code == 2
     assert "has 2 partitions: partitions are only added (ask for more than 2)" in fewer.output
-    missing = pylogctl(endpoint, "add-partitions", "nope", "--partitions", "3")
+    missing = pylogctl(endpoint, "topic", "add-partitions", "nope", "--partitions", "3")
     assert missing.exit_code == 1 and "'nope' does not exist" in missing.output
     three_brokers[2].stop()
-    short = pylogctl(endpoint, "add-partitions", TOPIC, "--partitions", "3")
+    short = pylogctl(endpoint, "topic", "add-partitions", TOPIC, "--partitions", "3")
     assert short.exit_code == 2
     assert "replication factor 3 is not between 1 and the 2 broker(s)" in short.output
     with Admin(endpoint) as admin:

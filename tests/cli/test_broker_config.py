@@ -7,23 +7,11 @@ from __future__ import annotations
 import json
 from functools import partial
 
-from click.testing import CliRunner, Result
-
 from broker.client.connection import Connection
 from broker.protocol import DescribePartitionRequest
-from cli.pylogctl import cli
+from tests.cli.conftest import ok, pylogctl
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
-
-
-def pylogctl(endpoint: str, *args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), env={"PYLOG_BROKER": endpoint})
-
-
-def ok(endpoint: str, *args: str) -> str:
-    result = pylogctl(endpoint, *args)
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def in_effect(broker: RunningBroker, topic: str, setting: str) -> str | None:

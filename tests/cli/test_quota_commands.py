@@ -7,24 +7,12 @@ import json
 import time
 from functools import partial
 
-from click.testing import CliRunner, Result
-
 from broker.client import Producer
 from broker.client.connection import Connection
 from broker.protocol import Ack, FetchRequest
-from cli.pylogctl import cli
+from tests.cli.conftest import ok, pylogctl
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
-
-
-def pylogctl(endpoint: str, *args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), env={"PYLOG_BROKER": endpoint})
-
-
-def ok(endpoint: str, *args: str) -> str:
-    result = pylogctl(endpoint, *args)
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def applied(broker: RunningBroker, described: str) -> bool:
