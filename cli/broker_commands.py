@@ -162,7 +162,17 @@ def broker_config_describe(
     zookeeper: str | None, chroot: str | None, broker: str, timeout: float, as_json: bool
 ) -> None:
     """Print the live settings set in ZooKeeper, for every broker and for each one; then every
-    setting that can be changed live (the others are read at start only)."""
+    setting that can be changed live (the others are read at start only).
+
+    \b
+    Examples:
+      $ pylogctl broker config describe
+      every broker: log.retention_ms=86400000
+      broker 2: broker.log_level=debug
+      live settings: broker.log_level, broker.queued_reply_bytes, ...
+      $ pylogctl broker config describe --json
+      {"broker": null, "settings": {"log.retention_ms": "86400000"}}
+      {"broker": 2, "settings": {"broker.log_level": "debug"}}"""
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
         node = registry.broker_settings()
     entries = sorted(node, key=lambda e: (e != DEFAULT, int(e) if e.isdecimal() else -1))
