@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from broker.client.connection import Connection
 from broker.errors import BrokerError
 from broker.log import encode_message
 from broker.protocol import Ack, Api, FetchRequest, OffsetsRequest, ProduceRequest
+from broker.registry import Registry
 from tests.conftest import single_box_flags, wait_until
 from tests.pylogd import RunningBroker
 
@@ -282,3 +284,49 @@ def test_a_fetch_reply_holds_at_most_fetch_max_bytes_but_a_whole_first_message(
         assert bytes(whole.message_set) == large  # larger than the cap, and not refused
         with pytest.raises(BrokerError, match="larger than max_bytes"):
             connection.request(FetchRequest("capped", 0, at_large, 1000, 0, 0))
+
+
+def test_a_ceiling_changed_live_mutes_at_the_new_share(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path, registry: Registry
+) -> None:
+    """broker.queued_reply_bytes_per_client set live (pylogctl broker config set): 8 fetches
+    of 1 MiB that a client does not read mute it at 4 MiB, not at the 16 MiB it started with."""
+    broker = make_pylogd(
+        *single_box_flags(tmp_path),
+        *("--zookeeper-session-timeout-ms", "60000"),
+        *("--metrics-enabled", "true", "--metrics-port", "0"),
+    )
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic("big", 1)
+    fill(broker.endpoint, "big", 16)
+
+    def gauge(name: str) -> float:
+        return broker.metrics()[(name, ())]
+
+    def muted_is(count: int) -> bool:
+        return gauge("pylog_front_muted_connections") == count
+
+    fetch = FetchRequest("big", 0, 0, MIB, 0, 0)
+    for muted in (0, 1):
+        if muted:
+            registry.set_broker_settings(
+                "default", {"broker.queued_reply_bytes_per_client": str(4 * MIB)}
+            )
+            wait_until(
+                lambda: (
+                    "live settings now: broker_queued_reply_bytes_per_client=4194304"
+                    in broker.log_path.read_text()
+                ),
+                what="the new share in force",
+            )
+        with dealer(broker.endpoint, RCVHWM=1, RCVBUF=64 * 1024) as client:
+            for i in range(8):
+                client.send(request_frame(Api.FETCH, i, fetch))
+            wait_until(
+                lambda: gauge("pylog_front_queued_reply_bytes") >= 4 * MIB, what="replies held"
+            )
+            wait_until(partial(muted_is, muted), what="muted at the share in force")
+            for _ in range(8):
+                assert client.poll(10_000)
+                client.recv_multipart()
+        wait_until(lambda: gauge("pylog_front_queued_reply_bytes") == 0, what="all taken")
