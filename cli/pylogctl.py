@@ -12,6 +12,7 @@ import signal
 
 import click
 
+from broker.client.connection import THROTTLE_LOGGER
 from cli.broker_commands import broker
 from cli.cluster_commands import cluster
 from cli.common import global_options, remember_keys
@@ -54,10 +55,14 @@ def cli(ctx: click.Context, verbose: int, key_file: str | None, broker_key: str 
 
 def _quiet_libraries(ctx: click.Context, verbose: int) -> None:
     """Without -v no library logs a line (kazoo logs every failed attempt to reach
-    ZooKeeper): errors reach the user as the one `pylogctl: ...` line of the command. The
-    root logger's level is put back when the command ends (tests run commands in-process)."""
+    ZooKeeper): errors reach the user as the one `pylogctl: ...` line of the command; but that
+    a broker slowed this client for its quota is said (`pylogctl: the broker held a request
+    back ...`, at most every 10 s: broker.client.connection.noted). The loggers are put back
+    as they were when the command ends (tests run commands in-process)."""
     root = logging.getLogger()
     previous = root.level
+    if not verbose:
+        _say_throttling(ctx)
     if verbose and not root.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("pylogctl: %(levelname)s %(name)s: %(message)s"))
@@ -65,6 +70,25 @@ def _quiet_libraries(ctx: click.Context, verbose: int) -> None:
         ctx.call_on_close(lambda: root.removeHandler(handler))
     root.setLevel(_LEVELS.get(verbose, logging.DEBUG))
     ctx.call_on_close(lambda: root.setLevel(previous))
+
+
+def _say_throttling(ctx: click.Context) -> None:
+    """The client's quota warnings on stderr, as `pylogctl: ...` lines, for this command."""
+    throttling = logging.getLogger(THROTTLE_LOGGER)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("pylogctl: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    throttling.addHandler(handler)
+    level, propagate = throttling.level, throttling.propagate
+    throttling.setLevel(logging.WARNING)
+    throttling.propagate = False
+
+    def put_back() -> None:
+        throttling.removeHandler(handler)
+        throttling.setLevel(level)
+        throttling.propagate = propagate
+
+    ctx.call_on_close(put_back)
 
 
 for command in (log, topic, broker, cluster, produce, consume, group, keys, principal, acl, quota):

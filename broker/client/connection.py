@@ -77,7 +77,9 @@ from broker.zmqio import NOBLOCK, receive_frames, send_frames
 DEFAULT_CLIENT_ID: Final = "pylog-python"
 THROTTLE_LOG_EVERY_S: Final = 10.0
 """A client says that a broker held its requests back for a quota at most this often."""
-_throttle_log: Final = RateLimitedLog(logging.getLogger("pylog.client"), THROTTLE_LOG_EVERY_S)
+THROTTLE_LOGGER: Final = "pylog.client.quota"
+"""The logger that says a broker held this client's requests back for its quota."""
+_throttle_log: Final = RateLimitedLog(logging.getLogger(THROTTLE_LOGGER), THROTTLE_LOG_EVERY_S)
 ReplyT = TypeVar("ReplyT", bound=Reply)
 
 

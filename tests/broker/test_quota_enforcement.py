@@ -11,15 +11,24 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from click.testing import CliRunner
 
 from broker import protocol
 from broker.client import Admin
-from broker.client.connection import Connection
+from broker.client import connection as client_connection
+from broker.client.connection import (
+    DEFAULT_CLIENT_ID,
+    THROTTLE_LOG_EVERY_S,
+    THROTTLE_LOGGER,
+    Connection,
+)
 from broker.log import encode_message
 from broker.protocol import Ack, FetchRequest, ProduceReply, ProduceRequest
 from broker.quotas import WINDOW_S, Kind, Quota, QuotaConfig, describe_quotas
+from broker.ratelog import RateLimitedLog
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
+from cli.pylogctl import cli
 from tests.broker.test_flow_control import fill
 from tests.conftest import wait_until
 from tests.dashboard import QUOTA_ONLY, queried_metrics
@@ -111,7 +120,7 @@ def test_a_producer_over_its_quota_is_slowed_to_it_and_others_are_not(
     set_quota(broker, quotas, name, Quota(produce_bytes_per_s=1_000_000))
     alone = latencies(broker.endpoint, topic, 1.0)
     hog = FlatOut(broker.endpoint, topic, name, seconds=seconds)
-    with caplog.at_level(logging.WARNING, "pylog.client"):
+    with caplog.at_level(logging.WARNING, "pylog.client.quota"):
         started = time.monotonic()
         hog.start()
         beside = latencies(broker.endpoint, topic, 3.0)
@@ -195,3 +204,26 @@ def test_an_old_client_is_held_back_the_same_without_being_told(
             assert isinstance(reply, ProduceReply) and reply.throttle_ms == 0
         took = time.monotonic() - started
     assert (200_000 / 100_000 - WINDOW_S) * 0.9 < took < 5.0
+
+
+def test_pylogctl_says_that_the_broker_slowed_it(
+    broker: RunningBroker, quotas: Registry, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without -v pylogctl shows no library's log, but a quota's slowing it is said."""
+    monkeypatch.setattr(  # a warning said by another test of this process within 10 s
+        client_connection,
+        "_throttle_log",
+        RateLimitedLog(logging.getLogger(THROTTLE_LOGGER), THROTTLE_LOG_EVERY_S),
+    )
+    create(broker, topic, 1)
+    set_quota(broker, quotas, DEFAULT_CLIENT_ID, Quota(produce_bytes_per_s=100_000))
+    try:
+        lines = b"".join(b"%0999d\n" % i for i in range(300))  # 300 KB, 100 KB ahead allowed
+        result = CliRunner().invoke(
+            cli, ["produce", topic, "--ack", "written", "-b", broker.endpoint], input=lines
+        )
+    finally:
+        quotas.delete_quota(Kind.CLIENT, DEFAULT_CLIENT_ID)
+    assert result.exit_code == 0, result.output
+    assert "pylogctl: the broker held a request back" in result.stderr
+    assert "this client is over its quota" in result.stderr
