@@ -80,6 +80,7 @@ from broker.errors import (
     PylogError,
     RegistryUnavailable,
     Unavailable,
+    UnknownTopicOrPartition,
 )
 from broker.lifecycle import Closing
 from broker.log.message import Headers
@@ -374,13 +375,17 @@ class GroupConsumer(Closing):
         return any(owned.buffered for owned in self._owned.values())
 
     def _rebalanced(self) -> bool:
-        """Rebalance; False when ZooKeeper or a broker went away meanwhile (the next poll
-        tries again)."""
+        """Rebalance; False when ZooKeeper or a broker went away meanwhile, or a broker has
+        not heard yet of a partition the registry gave this member (partitions just added):
+        the next poll tries again, METADATA asked again."""
         try:
             self._rebalance()
         except (Unavailable, BrokerError) as error:
-            if isinstance(error, BrokerError) and not error.retriable:
+            lagging = isinstance(error, UnknownTopicOrPartition)
+            if isinstance(error, BrokerError) and not error.retriable and not lagging:
                 raise
+            if lagging:
+                self.cluster.leaders.clear()
             log.warning("group %s: rebalance interrupted, will retry: %s", self.group, error)
             self._rebalance_wanted.set()
             return False
