@@ -200,15 +200,16 @@ class Throttle:
         self._next_sweep = 0.0
         self.held_requests = 0
         """Requests held back now, for all connections (broker.metrics)."""
-
-    @property
-    def active(self) -> bool:
-        return (self._pending or self.config).active
+        self.active = False
+        """Whether any quota is set: read for every request and FETCH reply, so kept as a
+        plain attribute (the configuration's `active` walks its quotas)."""
 
     def update(self, config: QuotaConfig) -> None:
         """Quotas as the registry now has them: in force for the next request the loop
         admits, or its next turn."""
         self._pending = config
+        if config.active:  # admitted from now on (a quota set); cleared by _take
+            self.active = True
 
     def admit(
         self,
@@ -334,6 +335,7 @@ class Throttle:
         if self._pending is config:  # not replaced since by a newer one
             self._pending = None
         self.config = config
+        self.active = config.active
         for client in self._clients.values():
             for direction in Direction:
                 rate = config.rate(client.kind, client.name, direction)

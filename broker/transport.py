@@ -59,8 +59,9 @@ from broker.zmqio import NOBLOCK, receive_bytes, send_frames
 
 FROM_DEALER = b"R"
 FROM_REQ = b"Q"
-_THROTTLED_TAGS: Final = (b"r", b"q")
-"""FROM_DEALER and FROM_REQ of a request a quota held back: the tag, then throttle_ms."""
+_THROTTLED_TAGS: Final = frozenset(b"rq")
+"""FROM_DEALER and FROM_REQ of a request a quota held back (the tag's byte, compared without
+slicing: every reply is looked at), then throttle_ms."""
 REQUESTS = b"B"
 REPLIES = b"P"
 COMMAND = b"C"
@@ -209,12 +210,12 @@ def throttled(tagged: bytes, throttle_ms: int) -> bytes:
 
 def throttle_of(tagged: bytes) -> int:
     """How long a quota held back the request of this tagged identity, in ms (0: not)."""
-    return int.from_bytes(tagged[1:5], "big") if tagged[:1] in _THROTTLED_TAGS else 0
+    return int.from_bytes(tagged[1:5], "big") if tagged[0] in _THROTTLED_TAGS else 0
 
 
 def connection_of(tagged: bytes) -> bytes:
     """The tagged identity of the connection, without a throttle (throttled)."""
-    return tagged[:1].upper() + tagged[5:] if tagged[:1] in _THROTTLED_TAGS else tagged
+    return tagged[:1].upper() + tagged[5:] if tagged[0] in _THROTTLED_TAGS else tagged
 
 
 def reply_envelope(tagged: bytes) -> list[bytes]:
