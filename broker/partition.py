@@ -73,7 +73,10 @@ class Partition:
         if asked is not None:
             self.log_start_asked = max(self.log_start_asked, asked)
         if self.log_start_asked > self.log.log_start_offset and self.offline is None:
-            self.log.advance_start(self.log_start_asked)
+            high_watermark = self.replica.start_at(self.log.advance_start(self.log_start_asked))
+            if high_watermark is not None:
+                self._keep(high_watermark)
+                self.consumers.note_high_watermark(high_watermark)
 
     def note_flush(self, replies: list[Reply]) -> None:
         """Wake the long polls whose min_bytes the flushed end reached brought, and add to

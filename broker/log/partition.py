@@ -59,7 +59,7 @@ from broker.errors import (
 from broker.log.codec import check_sets, converted, validate_message_set
 from broker.log.compression import Compressor, compressor_for
 from broker.log.config import LogConfig
-from broker.log.epochs import LeaderEpochs
+from broker.log.epochs import NO_EPOCH, LeaderEpochs
 from broker.log.fsdir import fsync_directory, fsync_file
 from broker.log.indexfile import IndexDamaged
 from broker.log.message import Buffer, ScanResult, message_size_at
@@ -616,14 +616,15 @@ class PartitionLog:
                 count += 1
         self._pending_messages = count
 
-    def reset_to(self, start_offset: int) -> None:
+    def reset_to(self, start_offset: int, epoch: int | None = None) -> None:
         """Empty the log and start it again at `start_offset`, above or below its range (a
         follower whose leader's log starts past its own end, or whose own log starts past the
-        leader's answer, docs/replication.md): every segment deleted, one empty segment whose
-        base offset is `start_offset` created, the epoch history cleared, the high watermark
-        and the log start `start_offset`, pending appends dropped. Logged at WARNING with the
-        bytes dropped. ValueError for a negative offset; StorageIOError at once for a failed
-        log.
+        leader's answer, docs/replication.md; an empty log asked to start past its end,
+        `advance_start`): every segment deleted, one empty segment whose base offset is
+        `start_offset` created, the epoch history cleared (or, given `epoch`, that epoch
+        alone, from `start_offset`), the high watermark and the log start `start_offset`,
+        pending appends dropped. Logged at WARNING with the bytes dropped (at INFO when none
+        were). ValueError for a negative offset; StorageIOError at once for a failed log.
 
         Order: the history is cleared first (a log without history is safe: its replica
         truncates further, never less), then the segments are deleted newest first (the folder
@@ -638,7 +639,7 @@ class PartitionLog:
         dropped = self.log_end_offset - self.log_start_offset
         self._high_watermark = self.log_start_offset  # nothing is read from now on
         with self._failing_on(f"resetting to {start_offset}"):
-            self.epochs.clear_and_start(start_offset)
+            self.epochs.clear_and_start(start_offset, epoch)
             for segment in reversed(self._segments):
                 segment.delete()
             segment = Segment.create(self.directory, start_offset)
@@ -648,7 +649,8 @@ class PartitionLog:
         self._pending_messages = 0
         self._pending_since = None
         self._active_since_ms = self._clock.time() * 1000
-        log.warning(
+        log.log(
+            logging.WARNING if dropped else logging.INFO,
             "%s: emptied (%d bytes dropped) to start again at %d",
             self.directory.name,
             dropped,
@@ -663,8 +665,16 @@ class PartitionLog:
         asked gone stay gone; logged). Returns the log start. Nothing is written here: the
         start is kept in the registry (broker.registry.topics, `log_starts`), which every
         replica applies when it opens the partition, and again as it grows (a follower's start
-        past its end is reached as it copies). StorageIOError for a failed log."""
+        past its end is reached as it copies). StorageIOError for a failed log.
+
+        An empty log asked to start past its end starts there (`reset_to`, its latest leader
+        epoch kept from there): a mirrored partition begins at the source's log start, so
+        that each message lands at the source's offset (docs/mirror.md)."""
         self._refuse_if_failed()
+        if self.log_start_offset == self.log_end_offset < offset:
+            latest = self.epochs.latest_epoch
+            self.reset_to(offset, latest if latest != NO_EPOCH else None)
+            return offset
         offset = min(offset, self.log_end_offset)
         if offset <= self._start:
             return self._start

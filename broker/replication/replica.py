@@ -109,6 +109,18 @@ class Replica:
         leader = self.leader
         return flushed if leader is None else leader.high_watermark
 
+    def start_at(self, log_start: int) -> int | None:
+        """The log now starts at `log_start` (an empty log started past its end: nothing lies
+        below it): the high watermark raised there if it was below, in the term and as seen;
+        the new one (the caller keeps it and wakes the consumers), or None if none moved."""
+        moved = None
+        leader = self.leader
+        if leader is not None and leader.high_watermark < log_start:
+            leader.high_watermark = moved = log_start
+        if self.high_watermark_seen < log_start:
+            self.high_watermark_seen = moved = log_start
+        return moved
+
     # -- acks ----------------------------------------------------------------------------
 
     def answer_flushed(self, flushed: int, now: float, replies: list[Reply]) -> None:

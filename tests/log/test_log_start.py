@@ -104,3 +104,24 @@ def test_a_reset_log_starts_where_it_was_reset(tmp_path: Path, clock: FakeClock)
     log.advance_start(1200)
     log.reset_to(700)  # a follower whose leader starts past its end, say
     assert log.log_start_offset == log.log_end_offset == 700
+
+
+def test_an_empty_log_asked_to_start_past_its_end_starts_there(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A mirrored topic's partition (docs/mirror.md): created empty on the target, it starts
+    where the source's log starts, so that every message lands at the source's offset; the
+    epoch the leader began with is kept, at the new start."""
+    log = open_log(tmp_path / "t-0", clock, segment_bytes=500)
+    log.assign_epoch(3)
+    assert log.advance_start(4200) == 4200
+    assert log.log_start_offset == log.log_end_offset == log.high_watermark == 4200
+    assert [(e.epoch, e.start_offset) for e in log.epochs.entries] == [(3, 4200)]
+    assert log.advance_start(100) == 4200  # never back
+    log.append(make_set(0, 2))
+    log.flush()
+    assert [m.offset for m in read_all(log)] == [4200, 4300]
+    assert log.advance_start(10**9) == 4400  # a log that holds bytes stops at its end
+    reopened = log.reopen_from_disk()
+    assert reopened.log_start_offset == reopened.log_end_offset == 4400
+    reopened.close()
