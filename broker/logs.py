@@ -1,7 +1,8 @@
-"""How pylogd's processes log: to stderr (journald under systemd), one event a line.
+"""How pylogd's processes (and pylog-mirror) log: to stderr (journald under systemd), one event
+a line.
 
 `broker.log_format` picks the form:
-- "text" (the default), for people: `pylogd: LEVEL logger: message`;
+- "text" (the default), for people: `pylogd: LEVEL logger: message` (`pylog-mirror: ...`);
 - "json", for log shippers: one JSON object a line with `time` (ISO 8601, UTC), `level`,
   `logger`, `pid`, `message`, and `exception` (the traceback, as one string) when there is one,
   so that even an error with a traceback stays one line.
@@ -15,7 +16,8 @@ import logging
 import sys
 
 FORMATS = ("text", "json")
-TEXT_FORMAT = "pylogd: %(levelname)s %(name)s: %(message)s"
+TEXT_FORMAT = "%(levelname)s %(name)s: %(message)s"
+"""A text line after the program's name and a colon."""
 
 
 class JsonFormatter(logging.Formatter):
@@ -36,12 +38,12 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(event)
 
 
-def configure_logging(log_format: str, level: str = "info") -> None:
-    """Log `level` (debug, info, warning, error) and up to stderr in `log_format`."""
+def configure_logging(log_format: str, level: str = "info", program: str = "pylogd") -> None:
+    """Log `level` (debug, info, warning, error) and up to stderr in `log_format`, each text
+    line after `program`'s name."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
-    )
+    text = logging.Formatter(f"{program}: {TEXT_FORMAT}")
+    handler.setFormatter(JsonFormatter() if log_format == "json" else text)
     logging.basicConfig(level=level.upper(), handlers=[handler])
 
 

@@ -297,10 +297,18 @@ def _buckets(histogram: list[float]) -> tuple[list[tuple[str, float]], float]:
 
 
 def serve_metrics(supervisor: Supervisor, host: str, port: int) -> tuple[WSGIServer, int]:
-    """Start the endpoint on its own thread: the server and the port it listens on. OSError
-    naming the process that holds the port if it is in use."""
+    """Start the broker's endpoint on its own thread (serve_collector)."""
+    return serve_collector(SupervisorCollector(supervisor), host, port)
+
+
+def serve_collector(
+    collector: Collector, host: str, port: int, logger: logging.Logger = log
+) -> tuple[WSGIServer, int]:
+    """Start an endpoint of `collector`'s figures and the process's own on its own thread (its
+    address logged by `logger`): the server and the port it listens on. OSError naming the
+    process that holds the port if it is in use."""
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(SupervisorCollector(supervisor))
+    registry.register(collector)
     registry.register(ProcessCollector(registry=None))
     try:
         server, _ = start_http_server(port, host, registry)
@@ -310,5 +318,5 @@ def serve_metrics(supervisor: Supervisor, host: str, port: int) -> tuple[WSGISer
             reason = f"port {port} is already in use by {port_holder(port)}"
         raise OSError(f"cannot serve metrics on {host}:{port}: {reason}") from error
     bound = int(server.server_address[1])
-    log.info("metrics on http://%s:%d/metrics", host, bound)
+    logger.info("metrics on http://%s:%d/metrics", host, bound)
     return server, bound

@@ -3,7 +3,8 @@
 # /opt/pylog/.venv with pylog (from SOURCE: this checkout by default, or a wheel built with
 # `pip wheel . --no-deps -w dist`), /etc/pylog/pylogd.toml from deploy/pylogd.toml (kept if it
 # exists: edit it there), /var/lib/pylog, the README and docs/ in /opt/pylog (the unit's
-# Documentation=), and the systemd unit, installed and enabled. Start it with
+# Documentation=), and the systemd unit, installed and enabled; pylog-mirror's unit and
+# /etc/pylog/pylog-mirror.toml (kept if it exists) too, not enabled. Start it with
 # `systemctl start pylogd`. Safe to run again: it upgrades pylog and keeps the config.
 #
 #   deploy/install.sh [SOURCE]
@@ -39,11 +40,17 @@ if [ -e "$root/etc/pylog/pylogd.toml" ]; then
 else
     install -D -m 0644 "$deploy/pylogd.toml" "$root/etc/pylog/pylogd.toml"
 fi
+if [ ! -e "$root/etc/pylog/pylog-mirror.toml" ]; then
+    install -D -m 0644 "$deploy/pylog-mirror.toml" "$root/etc/pylog/pylog-mirror.toml"
+fi
 owner=()
 [ -n "$root" ] || owner=(-o pylog -g pylog)
 install -d -m 0750 "${owner[@]}" "$root/var/lib/pylog"
 
 install -D -m 0644 "$deploy/systemd/pylogd.service" "$root/etc/systemd/system/pylogd.service"
+# The mirror's unit, not enabled (docs/mirror.md): edit /etc/pylog/pylog-mirror.toml first.
+install -D -m 0644 "$deploy/systemd/pylog-mirror.service" \
+    "$root/etc/systemd/system/pylog-mirror.service"
 if [ -n "$root" ]; then
     systemctl --root="$root" enable pylogd.service
 else

@@ -47,6 +47,15 @@ def test_install_into_a_root_then_again_keeps_the_config(source: Path, tmp_path:
         # verify checks that ExecStart exists: point it at the pylogd installed in the root.
         assert verify_unit(unit, INSTALLED_PYLOGD, pylogd, tmp_path) == (0, "")
 
+    mirror_unit = root / "etc" / "systemd" / "system" / "pylog-mirror.service"
+    assert mirror_unit.read_text() == (DEPLOY / "systemd" / "pylog-mirror.service").read_text()
+    assert not (wanted.parent / "pylog-mirror.service").exists()  # not enabled: edit it first
+    mirror_config = root / "etc" / "pylog" / "pylog-mirror.toml"
+    assert mirror_config.read_text() == (DEPLOY / "pylog-mirror.toml").read_text()
+    mirror = root / "opt" / "pylog" / ".venv" / "bin" / "pylog-mirror"
+    subprocess.run([str(mirror), "--help"], check=True, capture_output=True, timeout=60)
+    assert (root / "opt" / "pylog" / "docs" / "mirror.md").is_file()
+
     config.write_text("[broker]\nport = 9099\n")
     install(source, root)
     assert config.read_text() == "[broker]\nport = 9099\n"

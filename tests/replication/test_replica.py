@@ -136,7 +136,6 @@ def test_a_term_starts_its_high_watermark_at_the_one_seen_before_but_not_past_th
     assert other.start_term(5000, 5000, LAG_S, 0.0).high_watermark == 5000
 
 
-
 def test_a_log_started_past_the_high_watermark_raises_it_there() -> None:
     """An empty log asked to start at a mirrored partition's source start (docs/mirror.md):
     nothing lies below its start, so consumers and OFFSETS LATEST see the high watermark
@@ -148,6 +147,7 @@ def test_a_log_started_past_the_high_watermark_raises_it_there() -> None:
     assert replica.start_at(100) is None  # never back
     follower = Replica("clicks-0", 2, Lease(100.0, INCARNATION))
     assert follower.start_at(4200) == 4200 and follower.high_watermark_seen == 4200
+
 
 def test_in_the_same_term_only_the_isr_changes_and_below_min_insync_ack_all_is_failed() -> None:
     replica = leased()

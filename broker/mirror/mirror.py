@@ -1,0 +1,279 @@
+"""`Mirror`: the topics of a source cluster copied to a target cluster (docs/mirror.md).
+
+It lists the source's topics every `discover_interval_s` (METADATA); each one that the
+configuration names or matches is prepared on the target (`_prepare`: created with the source's
+partition count and settings, the [target.settings] over them, sets stored as they come; an
+existing one checked, and grown to the source's partition count) and each of its partitions
+copied by a `PartitionCopy` task of its own. A topic the target cannot mirror (its partitions
+more than the source's, its sets converted, its messages smaller) is refused: logged at ERROR
+and shown by the metrics, asked again at each listing.
+
+Administration (topic settings, creation, the target's registry) goes through the sync
+clients in worker threads (asyncio.to_thread), one call at a time; the copies are on the event
+loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from broker.aio.connection import AsyncCluster
+from broker.client.admin import Admin
+from broker.config import REPLICA_SETTINGS, TOPIC_SETTINGS
+from broker.errors import BrokerError, TopicAlreadyExists, Unavailable, UnknownTopicOrPartition
+from broker.mirror.config import FORCED_SETTINGS, ClusterAddress, MirrorConfig
+from broker.mirror.copy import PartitionCopy, Progress
+from broker.registry import Registry
+
+log = logging.getLogger(__name__)
+
+CREATABLE_SETTINGS = frozenset({*TOPIC_SETTINGS, *REPLICA_SETTINGS})
+"""The settings a new topic takes (CREATE_TOPIC): those the target's topic copies from the
+source's where the source's topic sets them itself."""
+
+
+class TopicRefused(Exception):
+    """The target's topic cannot hold the source's at the same offsets (the message says
+    why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPlan:
+    """A topic ready on the target: its partitions, and the most bytes a copied set holds."""
+
+    partitions: int
+    fetch_max_bytes: int
+
+
+class Mirror:
+    """Copies the topics `config` names from its source to its target while `run` runs."""
+
+    def __init__(self, config: MirrorConfig) -> None:
+        self.config = config
+        self.copies: dict[tuple[str, int], PartitionCopy] = {}
+        self.refused: dict[str, str] = {}
+        """Topic -> why the target cannot mirror it (as last found)."""
+        self.plans: dict[str, TopicPlan] = {}
+        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._admin_lock = asyncio.Lock()
+        self._registry: Registry | None = None
+        self._source_admin = self._admin(config.source)
+        self._target_admin = self._admin(config.target)
+        self.source = self._cluster(config.source)
+        self.target = self._cluster(config.target)
+
+    def _admin(self, cluster: ClusterAddress) -> Admin:
+        settings = self.config.mirror
+        return Admin(cluster.bootstrap, settings.client_id, settings.timeout_s, keys=cluster.keys)
+
+    def _cluster(self, cluster: ClusterAddress) -> AsyncCluster:
+        settings = self.config.mirror
+        return AsyncCluster(
+            cluster.bootstrap, settings.client_id, settings.timeout_s, keys=cluster.keys
+        )
+
+    def progress(self) -> list[Progress]:
+        """Every partition copied, in topic and partition order."""
+        return [self.copies[key].progress for key in sorted(self.copies)]
+
+    async def run(self) -> None:
+        """Discover and copy until cancelled (SIGTERM / Ctrl-C in pylog-mirror)."""
+        settings = self.config.mirror
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._log_progress())
+                while True:
+                    await self.discover(tasks)
+                    await asyncio.sleep(settings.discover_interval_s)
+        finally:
+            await self.close()
+
+    async def discover(self, tasks: asyncio.TaskGroup) -> None:
+        """List the source's topics; prepare those newly named (or grown) on the target and
+        start copying their partitions."""
+        try:
+            reply = await self.source.metadata(())
+        except (BrokerError, Unavailable) as error:
+            log.warning("listing the source's topics: %s", error)
+            return
+        listed = {info.topic for info in reply.topics}
+        for gone in sorted({topic for topic, _ in self.copies} - listed):
+            self._forget(gone)
+        for info in reply.topics:
+            topic, count = info.topic, len(info.partitions)
+            if info.error_code or not self.config.mirror.mirrors(topic):
+                continue
+            plan = self.plans.get(topic)
+            if plan is None or plan.partitions < count:
+                plan = await self._prepared(topic, count)
+                if plan is None:
+                    continue
+            for number in range(plan.partitions):
+                if (topic, number) not in self.copies:
+                    self._start_copy(tasks, topic, number, plan)
+
+    def _forget(self, topic: str) -> None:
+        """`topic` is gone from the source: its copies stop (the target keeps what it holds)."""
+        log.warning("topic %r is gone from the source: its copy stops", topic)
+        for key in [key for key in self.copies if key[0] == topic]:
+            self._tasks.pop(key).cancel()
+            del self.copies[key]
+        self.plans.pop(topic, None)
+
+    def _start_copy(
+        self, tasks: asyncio.TaskGroup, topic: str, number: int, plan: TopicPlan
+    ) -> None:
+        async def start_target(offset: int) -> None:
+            registry = await self._target_registry()
+            async with self._admin_lock:
+                await asyncio.to_thread(registry.move_log_starts, topic, {number: offset})
+
+        copy = PartitionCopy(
+            self.source,
+            self.target,
+            topic,
+            number,
+            self.config.mirror,
+            plan.fetch_max_bytes,
+            start_target,
+        )
+        self.copies[topic, number] = copy
+        self._tasks[topic, number] = tasks.create_task(copy.run())
+
+    async def _prepared(self, topic: str, partitions: int) -> TopicPlan | None:
+        try:
+            async with self._admin_lock:
+                plan = await asyncio.to_thread(self._prepare, topic, partitions)
+        except (TopicRefused, BrokerError, Unavailable) as error:
+            why = str(error)
+            if self.refused.get(topic) != why:
+                log.error("topic %r is not mirrored: %s", topic, why)
+            self.refused[topic] = why
+            return None
+        if self.refused.pop(topic, None) is not None or topic not in self.plans:
+            log.info("topic %r: mirrored (partitions: %d)", topic, plan.partitions)
+        self.plans[topic] = plan
+        return plan
+
+    def _prepare(self, topic: str, partitions: int) -> TopicPlan:
+        """The target's `topic` made ready to hold the source's `partitions` partitions at
+        the source's offsets (in a worker thread). TopicRefused when it cannot be."""
+        source = {e.key: e for e in self._source_admin.topic_config(topic)}
+        try:
+            target = self._target_admin.topic_config(topic)
+        except UnknownTopicOrPartition:
+            settings = {
+                key: entry.value
+                for key, entry in source.items()
+                if entry.overridden and key in CREATABLE_SETTINGS
+            }
+            settings["max_message_bytes"] = source["max_message_bytes"].value
+            settings |= {**self.config.target_settings, **FORCED_SETTINGS}
+            with contextlib.suppress(TopicAlreadyExists):  # another mirror of the group did
+                self._target_admin.create_topic(topic, partitions, settings)
+                log.info("topic %r: created on the target with %s", topic, settings)
+            target = self._target_admin.topic_config(topic)
+        held = {e.key: e.value for e in target}
+        if held["compression"] != FORCED_SETTINGS["compression"]:
+            raise TopicRefused(
+                f"the target's topic stores sets as {held['compression']!r}: copied sets "
+                "would change size and offsets (compression=producer needed)"
+            )
+        if int(held["max_message_bytes"]) < int(source["max_message_bytes"].value):
+            raise TopicRefused(
+                f"the target's max_message_bytes {held['max_message_bytes']} is below the "
+                f"source's {source['max_message_bytes'].value}"
+            )
+        count = len(self._target_admin.topic(topic).partitions)
+        if count > partitions:
+            raise TopicRefused(
+                f"the target's topic has {count} partitions, the source's {partitions}"
+            )
+        if count < partitions:
+            registry = self._open_registry()
+            racks = {broker: info.rack for broker, info in registry.brokers().items()}
+            registry.add_partitions(topic, partitions, racks)
+            log.info("topic %r: grown to %d partitions on the target", topic, partitions)
+        fetch_max_bytes = min(self.config.mirror.fetch_max_bytes, int(held["segment_bytes"]))
+        return TopicPlan(partitions, fetch_max_bytes)
+
+    async def _target_registry(self) -> Registry:
+        async with self._admin_lock:
+            return await asyncio.to_thread(self._open_registry)
+
+    def _open_registry(self) -> Registry:
+        """The target's registry (where its topics' log starts are asked), found from one of
+        its brokers (DESCRIBE_CLUSTER), opened on first use."""
+        if self._registry is None:
+            address = self._target_admin.zookeeper()
+            registry = Registry(
+                address.connect, address.chroot, auth=self.config.target.zookeeper_auth
+            )
+            registry.start(timeout=self.config.mirror.timeout_s)
+            self._registry = registry
+        return self._registry
+
+    async def _log_progress(self) -> None:
+        interval_s = self.config.mirror.progress_interval_s
+        before = (0, 0)
+        while True:
+            await asyncio.sleep(interval_s)
+            now = progress_totals(self.progress())
+            log.info("%s", progress_line(self.progress(), before, interval_s, self.refused))
+            before = now
+
+    async def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        await self.source.close()
+        await self.target.close()
+        await asyncio.to_thread(self._close_sync)
+
+    def _close_sync(self) -> None:
+        self._source_admin.close()
+        self._target_admin.close()
+        if self._registry is not None:
+            self._registry.stop()
+
+
+def progress_totals(progress: list[Progress]) -> tuple[int, int]:
+    """(messages, bytes) copied so far by the copies of `progress`."""
+    return (
+        sum(p.copied_messages for p in progress),
+        sum(p.copied_bytes for p in progress),
+    )
+
+
+def progress_line(
+    progress: list[Progress],
+    before: tuple[int, int],
+    interval_s: float,
+    refused: Mapping[str, str],
+) -> str:
+    """The line a minute: partitions copying and stopped, what was copied since `before`
+    (the totals a line ago) and in all, the lag."""
+    messages, copied = progress_totals(progress)
+    stopped = [p.name for p in progress if p.stopped is not None]
+    lags = [p.lag_bytes for p in progress if p.lag_bytes is not None]
+    now_ms = time.time() * 1000
+    oldest = max((p.lag_seconds(now_ms) for p in progress), default=0.0)
+    line = (
+        f"mirror: {len(progress) - len(stopped)} partitions copying; "
+        f"{messages - before[0]:,} messages ({_megabytes(copied - before[1])}) in the last "
+        f"{interval_s:g} s, {messages:,} ({_megabytes(copied)}) in all; "
+        f"lag {sum(lags):,} bytes, oldest message not copied {oldest:.1f} s"
+    )
+    if stopped:
+        line += f"; stopped: {', '.join(stopped)}"
+    if refused:
+        line += f"; topics refused: {', '.join(sorted(refused))}"
+    return line
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:,.1f} MB"

@@ -1,0 +1,161 @@
+"""`pylog-mirror` between two clusters on one machine, each with its own ZooKeeper: partitions
+copied byte for byte at the source's offsets (from the source's log start), consumers moving
+over at their offset, new topics picked up, a second writer on the target stopping the copy."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from broker.client import Admin, PartitionConsumer, Producer
+from broker.errors import BrokerError
+from broker.protocol import Ack
+from tests.cli.conftest import ok
+from tests.conftest import single_box_flags, wait_until
+from tests.mirror.conftest import MirrorProcess, log_bytes, log_range, mirror_config
+from tests.pylogd import RunningBroker
+
+Clusters = tuple[RunningBroker, RunningBroker]
+SMALL_SEGMENTS = {"segment_bytes": "4096", "max_message_bytes": "1024"}
+
+
+def produce(endpoint: str, topic: str, count: int, partitions: int = 2, round_: int = 0) -> None:
+    """`count` messages over `partitions` partitions, the round_'th `count` of them."""
+    first = round_ * count
+    with Producer(endpoint, topic, ack=Ack.ALL) as producer:
+        for i in range(first, first + count):
+            producer.send(b"message %06d" % i, key=b"%d" % i, partition=i % partitions)
+        producer.flush()
+
+
+def caught_up(source: str, target: str, topic: str, partition: int) -> bool:
+    try:
+        return log_range(target, topic, partition) == log_range(source, topic, partition)
+    except Exception:  # the target's topic not there yet
+        return False
+
+
+def identical(source: str, target: str, topic: str, partition: int) -> None:
+    start, end = log_range(source, topic, partition)
+    assert log_range(target, topic, partition) == (start, end)
+    assert log_bytes(target, topic, partition, start, end) == log_bytes(
+        source, topic, partition, start, end
+    )
+
+
+def test_a_topic_is_copied_at_the_source_offsets_from_its_log_start_and_consumers_move_over(
+    clusters: Clusters, make_mirror: Callable[..., MirrorProcess]
+) -> None:
+    source, target = clusters
+    with Admin(source.endpoint) as admin:
+        admin.create_topic("clicks", 2, SMALL_SEGMENTS)
+    produce(source.endpoint, "clicks", 200)
+    with Admin(source.endpoint) as admin:  # the source's head deleted: it starts past 0
+        half = {p: admin.describe_partition("clicks", p).high_watermark for p in (0, 1)}
+    produce(source.endpoint, "clicks", 200, round_=1)
+    for p in (0, 1):
+        before = ("--partition", str(p), "--before", str(half[p]))
+        ok(source.endpoint, "topic", "delete-records", "clicks", *before)
+    mirror = make_mirror(mirror_config(source.endpoint, target.endpoint, ["clicks"]))
+    for p in (0, 1):
+        wait_until(partial(caught_up, source.endpoint, target.endpoint, "clicks", p), 30, "copied")
+        identical(source.endpoint, target.endpoint, "clicks", p)
+        assert log_range(target.endpoint, "clicks", p)[0] == half[p]
+
+    # a consumer reads half of what is left on the source, then goes on at the target
+    with PartitionConsumer(source.endpoint, "clicks", 0, start="earliest", stop_at_end=True) as c:
+        read = [m for _, m in zip(range(50), c, strict=False)]
+    produce(source.endpoint, "clicks", 100, round_=4)  # more while it moves over
+    wait_until(partial(caught_up, source.endpoint, target.endpoint, "clicks", 0), 30, "copied")
+    moved = PartitionConsumer(
+        target.endpoint, "clicks", 0, start=read[-1].next_offset, stop_at_end=True
+    )
+    with moved as consumer:
+        rest = list(consumer)
+    with PartitionConsumer(source.endpoint, "clicks", 0, start="earliest", stop_at_end=True) as c:
+        everything = [(m.offset, m.value) for m in c]
+    assert [(m.offset, m.value) for m in read + rest] == everything
+    assert mirror.stop() == 0
+
+
+def test_ten_sigkills_under_load_leave_the_target_byte_identical(
+    three_brokers: list[RunningBroker],
+    make_pylogd: Callable[..., RunningBroker],
+    tmp_path: Path,
+    make_mirror: Callable[..., MirrorProcess],
+) -> None:
+    """A source of three brokers (replication factor 3, the session's ZooKeeper) and a target
+    of one (its private ZooKeeper, replication factor 1 by [target.settings]); a producer at
+    ack all meanwhile; the mirror SIGKILLed each time it has copied more, ten times."""
+    source = three_brokers[0].endpoint
+    target = make_pylogd(*single_box_flags(tmp_path / "t"), name="target", zookeeper="").endpoint
+    with Admin(source) as admin:
+        admin.create_topic("events", 3, {**SMALL_SEGMENTS, "replication_factor": "3"})
+    config = mirror_config(
+        source, target, ["events"], "\n[target.settings]\nreplication_factor = 1\n"
+    )
+    mirror = make_mirror(config)
+    for round_ in range(10):  # each round, new messages copied as the mirror is killed
+        producing = threading.Thread(target=produce, args=(source, "events", 3000, 3, round_))
+        producing.start()
+        try:
+            wait_until(partial(copied_more, target, sum_ends(target)), 30, "more copied")
+            mirror.kill()
+            mirror.start()
+        finally:
+            producing.join(timeout=60)
+        assert not producing.is_alive()
+    for p in range(3):
+        wait_until(partial(caught_up, source, target, "events", p), 60, "copied")
+        identical(source, target, "events", p)
+    assert mirror.stop() == 0
+    assert "stopped" not in mirror.log()
+
+
+def sum_ends(target: str) -> int:
+    """The high watermarks of the target's "events" partitions, summed (0 while the topic is
+    not there yet)."""
+    try:
+        return sum(log_range(target, "events", p)[1] for p in range(3))
+    except BrokerError:
+        return 0
+
+
+def copied_more(target: str, before: int) -> bool:
+    return sum_ends(target) > before
+
+
+def test_new_topics_and_partitions_are_picked_up_and_a_second_writer_stops_the_copy(
+    clusters: Clusters, make_mirror: Callable[..., MirrorProcess]
+) -> None:
+    source, target = clusters
+    extra = "metrics_port = 0\n"
+    mirror = make_mirror(mirror_config(source.endpoint, target.endpoint, ["logs-*"], extra))
+    with Admin(source.endpoint) as admin:
+        admin.create_topic("logs-web", 1, SMALL_SEGMENTS)
+        admin.create_topic("other", 1, SMALL_SEGMENTS)
+    produce(source.endpoint, "logs-web", 50, partitions=1)
+    wait_until(partial(caught_up, source.endpoint, target.endpoint, "logs-web", 0), 30, "copied")
+    ok(source.endpoint, "topic", "add-partitions", "logs-web", "--partitions", "2")
+    produce(source.endpoint, "logs-web", 50, round_=1)
+    for p in (0, 1):
+        wait_until(partial(caught_up, source.endpoint, target.endpoint, "logs-web", p), 30, "grown")
+        identical(source.endpoint, target.endpoint, "logs-web", p)
+    with Admin(target.endpoint) as admin:
+        assert "other" not in admin.list_topics()
+
+    with Producer(target.endpoint, "logs-web", ack=Ack.ALL) as intruder:  # a second writer
+        intruder.send(b"not from the source", partition=0)
+        intruder.flush()
+    produce(source.endpoint, "logs-web", 50, round_=2)
+    wait_until(lambda: "logs-web-0: copy stopped" in mirror.log(), 30, "the copy stopped")
+    assert "something else writes to the target partition" in mirror.log()
+    wait_until(partial(caught_up, source.endpoint, target.endpoint, "logs-web", 1), 30, "copied")
+    metrics = mirror.metrics()
+    p0, p1 = ((("partition", p), ("topic", "logs-web")) for p in "01")
+    assert metrics["pylog_mirror_stopped", p0] == 1 and metrics["pylog_mirror_stopped", p1] == 0
+    assert metrics["pylog_mirror_copied_messages_total", p1] == 50  # 25 a round
+    assert metrics["pylog_mirror_lag_bytes", p1] == 0
+    wait_until(lambda: "stopped: logs-web-0" in mirror.log(), 10, "the progress line")
