@@ -60,6 +60,13 @@ class MirrorSettings:
     created later included (`discover_interval_s`)."""
     client_id: str = "pylog-mirror"
     """The client id of its requests on both clusters (quotas by client id apply to it)."""
+    group: str = "pylog-mirror"
+    """The group its processes form in the target's registry: they share the partitions."""
+    member_id: str | None = None
+    """This process's id in the group (default: host-pid-random)."""
+    session_timeout_s: float = 6.0
+    """Its ZooKeeper session's timeout: how long the partitions of a process that died (or
+    lost ZooKeeper) wait before the others take them over."""
     ack: str = "all"
     """When the target acknowledges a copied set: "all" (every in-sync replica holds it) or
     "flushed" (the leader's disk does)."""
@@ -88,7 +95,12 @@ class MirrorSettings:
         for name in ("fetch_max_bytes", "fetch_wait_ms"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be at least 1")
-        for name in ("timeout_s", "discover_interval_s", "progress_interval_s"):
+        for name in (
+            "timeout_s",
+            "session_timeout_s",
+            "discover_interval_s",
+            "progress_interval_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be above 0")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
@@ -160,10 +172,13 @@ class MirrorConfig:
 _TYPES: Final[Mapping[str, type | tuple[type, ...]]] = {
     "topics": list,
     "client_id": str,
+    "group": str,
+    "member_id": str,
     "ack": str,
     "fetch_max_bytes": int,
     "fetch_wait_ms": int,
     "timeout_s": (int, float),
+    "session_timeout_s": (int, float),
     "discover_interval_s": (int, float),
     "progress_interval_s": (int, float),
     "metrics_port": int,

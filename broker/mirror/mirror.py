@@ -24,14 +24,26 @@ from dataclasses import dataclass
 
 from broker.aio.connection import AsyncCluster
 from broker.client.admin import Admin
+from broker.client.group import default_consumer_id
 from broker.config import REPLICA_SETTINGS, TOPIC_SETTINGS
-from broker.errors import BrokerError, TopicAlreadyExists, Unavailable, UnknownTopicOrPartition
+from broker.errors import (
+    BrokerError,
+    PylogError,
+    TopicAlreadyExists,
+    Unavailable,
+    UnknownTopicOrPartition,
+)
 from broker.mirror.config import FORCED_SETTINGS, ClusterAddress, MirrorConfig
 from broker.mirror.copy import PartitionCopy, Progress
+from broker.mirror.group import MirrorGroup
 from broker.registry import Registry
 
 log = logging.getLogger(__name__)
 
+TICK_S = 0.5
+"""How often the group's state is looked at between listings (a lost ZooKeeper connection
+stops the copies within it: kazoo notices the loss two thirds into the session timeout,
+before the session can expire and another member claim the partitions)."""
 CREATABLE_SETTINGS = frozenset({*TOPIC_SETTINGS, *REPLICA_SETTINGS})
 """The settings a new topic takes (CREATE_TOPIC): those the target's topic copies from the
 source's where the source's topic sets them itself."""
@@ -59,9 +71,17 @@ class Mirror:
         self.refused: dict[str, str] = {}
         """Topic -> why the target cannot mirror it (as last found)."""
         self.plans: dict[str, TopicPlan] = {}
+        self.member = config.mirror.member_id or default_consumer_id()
+        """This process's id in its group."""
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._admin_lock = asyncio.Lock()
+        """One call at a time through the sync clients and the registry."""
+        self._changed = asyncio.Event()
+        self._noted: set[str] = set()
         self._registry: Registry | None = None
+        self._group: MirrorGroup | None = None
+        self._paused = False
+        """Copies stopped while ZooKeeper was not reachable: started again once it is."""
         self._source_admin = self._admin(config.source)
         self._target_admin = self._admin(config.target)
         self.source = self._cluster(config.source)
@@ -78,59 +98,132 @@ class Mirror:
         )
 
     def progress(self) -> list[Progress]:
-        """Every partition copied, in topic and partition order."""
+        """Every partition this process copies, in topic and partition order."""
         return [self.copies[key].progress for key in sorted(self.copies)]
 
     async def run(self) -> None:
-        """Discover and copy until cancelled (SIGTERM / Ctrl-C in pylog-mirror)."""
-        settings = self.config.mirror
+        """List, share and copy until cancelled (SIGTERM / Ctrl-C in pylog-mirror)."""
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._log_progress())
+                next_listing = loop.time()
                 while True:
-                    await self.discover(tasks)
-                    await asyncio.sleep(settings.discover_interval_s)
+                    due = self._changed.is_set()  # a member came or went
+                    self._changed.clear()
+                    if loop.time() >= next_listing:
+                        await self.discover()
+                        next_listing = loop.time() + self.config.mirror.discover_interval_s
+                        due = True
+                    await self._balance(tasks, loop, due)
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(TICK_S):
+                            await self._changed.wait()
         finally:
             await self.close()
 
-    async def discover(self, tasks: asyncio.TaskGroup) -> None:
-        """List the source's topics; prepare those newly named (or grown) on the target and
-        start copying their partitions."""
+    async def discover(self) -> None:
+        """List the source's topics; prepare those newly named (or grown) on the target."""
         try:
             reply = await self.source.metadata(())
         except (BrokerError, Unavailable) as error:
             log.warning("listing the source's topics: %s", error)
             return
         listed = {info.topic for info in reply.topics}
-        for gone in sorted({topic for topic, _ in self.copies} - listed):
-            self._forget(gone)
+        for gone in sorted(set(self.plans) - listed):
+            log.warning("topic %r is gone from the source: its copy stops", gone)
+            del self.plans[gone]
         for info in reply.topics:
             topic, count = info.topic, len(info.partitions)
             if info.error_code or not self.config.mirror.mirrors(topic):
                 continue
             plan = self.plans.get(topic)
             if plan is None or plan.partitions < count:
-                plan = await self._prepared(topic, count)
-                if plan is None:
-                    continue
-            for number in range(plan.partitions):
-                if (topic, number) not in self.copies:
-                    self._start_copy(tasks, topic, number, plan)
+                await self._prepared(topic, count)
 
-    def _forget(self, topic: str) -> None:
-        """`topic` is gone from the source: its copies stop (the target keeps what it holds)."""
-        log.warning("topic %r is gone from the source: its copy stops", topic)
-        for key in [key for key in self.copies if key[0] == topic]:
-            self._tasks.pop(key).cancel()
-            del self.copies[key]
-        self.plans.pop(topic, None)
-
-    def _start_copy(
-        self, tasks: asyncio.TaskGroup, topic: str, number: int, plan: TopicPlan
+    async def _balance(
+        self, tasks: asyncio.TaskGroup, loop: asyncio.AbstractEventLoop, due: bool
     ) -> None:
-        async def start_target(offset: int) -> None:
-            registry = await self._target_registry()
+        """Copy only while the ZooKeeper session that claimed the partitions holds them (this
+        is looked at every tick, without a request); when `due` (a listing, a member come or
+        gone) or back in session, share the partitions again: stop those that went to others
+        (or whose topic is gone), claim and start the new ones."""
+        try:
+            if self._group is None or due:
+                await self._joined(loop)
+            assert self._group is not None
+            group, registry = self._group, self._group.registry
+            if not registry.connected:
+                self._paused = True
+                await self._stop_all("the target's ZooKeeper is not reachable: copies paused")
+                return
+            if group.claim_session != registry.session_id:
+                await self._stop_all(
+                    "ZooKeeper session expired: its partitions went back to the group"
+                )
+                group.claim_session = registry.session_id
+                due = True
+            if not (due or self._paused):
+                return
+            self._paused = False
+            counts = {topic: plan.partitions for topic, plan in self.plans.items()}
             async with self._admin_lock:
+                wanted = await asyncio.to_thread(group.wanted, counts)
+            for key in sorted(set(self.copies) - wanted):
+                await self._stop_copy(key)
+                async with self._admin_lock:
+                    await asyncio.to_thread(group.release, *key)
+            for key in sorted(wanted - set(self.copies)):
+                async with self._admin_lock:
+                    owner = await asyncio.to_thread(group.claim, *key)
+                if owner is None:
+                    self._start_copy(tasks, *key)
+                else:
+                    self._note(
+                        f"{key[0]}-{key[1]}: owned by {owner}; taken once it lets go", logging.INFO
+                    )
+        except PylogError as error:
+            self._paused = True  # tried again at the next tick
+            self._note(f"sharing the partitions: {error}; trying again", logging.WARNING)
+
+    def _note(self, what: str, level: int) -> None:
+        """Log `what` once, not at every tick while it holds."""
+        if what not in self._noted:
+            self._noted.add(what)
+            log.log(level, "%s", what)
+
+    async def _joined(self, loop: asyncio.AbstractEventLoop) -> MirrorGroup:
+        """The group, joined with the topics prepared now (the target's registry opened on
+        first use)."""
+        async with self._admin_lock:
+            registry = await asyncio.to_thread(self._open_registry)
+            if self._group is None:
+                self._group = MirrorGroup(registry, self.config.mirror.group, self.member)
+
+            def changed() -> None:  # from kazoo's thread
+                loop.call_soon_threadsafe(self._changed.set)
+
+            await asyncio.to_thread(self._group.join, frozenset(self.plans), changed)
+            return self._group
+
+    async def _stop_all(self, why: str) -> None:
+        if self.copies:
+            log.warning("%s", why)
+        for key in sorted(self.copies):
+            await self._stop_copy(key)
+
+    async def _stop_copy(self, key: tuple[str, int]) -> None:
+        task = self._tasks.pop(key)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        del self.copies[key]
+        self._noted.clear()
+        log.info("%s-%d: no longer copied here", *key)
+
+    def _start_copy(self, tasks: asyncio.TaskGroup, topic: str, number: int) -> None:
+        async def start_target(offset: int) -> None:
+            async with self._admin_lock:
+                registry = await asyncio.to_thread(self._open_registry)
                 await asyncio.to_thread(registry.move_log_starts, topic, {number: offset})
 
         copy = PartitionCopy(
@@ -139,11 +232,13 @@ class Mirror:
             topic,
             number,
             self.config.mirror,
-            plan.fetch_max_bytes,
+            self.plans[topic].fetch_max_bytes,
             start_target,
         )
         self.copies[topic, number] = copy
         self._tasks[topic, number] = tasks.create_task(copy.run())
+        self._noted.clear()
+        log.info("%s-%d: copied here", topic, number)
 
     async def _prepared(self, topic: str, partitions: int) -> TopicPlan | None:
         try:
@@ -202,17 +297,16 @@ class Mirror:
         fetch_max_bytes = min(self.config.mirror.fetch_max_bytes, int(held["segment_bytes"]))
         return TopicPlan(partitions, fetch_max_bytes)
 
-    async def _target_registry(self) -> Registry:
-        async with self._admin_lock:
-            return await asyncio.to_thread(self._open_registry)
-
     def _open_registry(self) -> Registry:
         """The target's registry (where its topics' log starts are asked), found from one of
         its brokers (DESCRIBE_CLUSTER), opened on first use."""
         if self._registry is None:
             address = self._target_admin.zookeeper()
             registry = Registry(
-                address.connect, address.chroot, auth=self.config.target.zookeeper_auth
+                address.connect,
+                address.chroot,
+                self.config.mirror.session_timeout_s,
+                auth=self.config.target.zookeeper_auth,
             )
             registry.start(timeout=self.config.mirror.timeout_s)
             self._registry = registry
@@ -228,8 +322,11 @@ class Mirror:
             before = now
 
     async def close(self) -> None:
+        """Stop every copy, leave the group (its partitions go to the others at once) and
+        close the connections."""
         for task in self._tasks.values():
             task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         await self.source.close()
         await self.target.close()
         await asyncio.to_thread(self._close_sync)

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker.client import Admin
 from broker.protocol import FetchRequest
 from tests.cluster.conftest import three_brokers  # noqa: F401 (a fixture)
-from tests.conftest import single_box_flags
+from tests.conftest import single_box_flags, wait_until
 from tests.pylogd import RunningBroker
 
 
@@ -56,8 +56,8 @@ class MirrorProcess:
         return self.log_path.read_text(errors="replace")
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        wait_until(lambda: "metrics on http" in self.log(), 30, "the mirror's metrics")
         found = re.findall(r"metrics on (http://\S+/metrics)", self.log())
-        assert found, "pylog-mirror did not say where its metrics are"
         with urllib.request.urlopen(found[-1], timeout=10) as response:
             text = response.read().decode()
         return {
@@ -72,6 +72,7 @@ def mirror_config(source: str, target: str, topics: list[str], extra: str = "") 
     return (
         f'[source]\nbootstrap = "{source}"\n\n[target]\nbootstrap = "{target}"\n\n'
         f"[mirror]\ntopics = [{quoted}]\ndiscover_interval_s = 0.5\nprogress_interval_s = 2\n"
+        "session_timeout_s = 2.0\n"
         f"{extra}"
     )
 

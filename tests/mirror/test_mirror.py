@@ -9,6 +9,8 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import pytest
+
 from broker.client import Admin, PartitionConsumer, Producer
 from broker.errors import BrokerError
 from broker.protocol import Ack
@@ -80,7 +82,9 @@ def test_a_topic_is_copied_at_the_source_offsets_from_its_log_start_and_consumer
     assert mirror.stop() == 0
 
 
-def test_ten_sigkills_under_load_leave_the_target_byte_identical(
+@pytest.mark.parametrize("kills", [3, pytest.param(10, marks=pytest.mark.slow)])
+def test_sigkills_under_load_leave_the_target_byte_identical(
+    kills: int,
     three_brokers: list[RunningBroker],
     make_pylogd: Callable[..., RunningBroker],
     tmp_path: Path,
@@ -88,7 +92,8 @@ def test_ten_sigkills_under_load_leave_the_target_byte_identical(
 ) -> None:
     """A source of three brokers (replication factor 3, the session's ZooKeeper) and a target
     of one (its private ZooKeeper, replication factor 1 by [target.settings]); a producer at
-    ack all meanwhile; the mirror SIGKILLed each time it has copied more, ten times."""
+    ack all meanwhile; the mirror SIGKILLed each time it has copied more, `kills` times (each
+    restart waits for the killed process's ZooKeeper session to expire: about 5 s a kill)."""
     source = three_brokers[0].endpoint
     target = make_pylogd(*single_box_flags(tmp_path / "t"), name="target", zookeeper="").endpoint
     with Admin(source) as admin:
@@ -97,7 +102,7 @@ def test_ten_sigkills_under_load_leave_the_target_byte_identical(
         source, target, ["events"], "\n[target.settings]\nreplication_factor = 1\n"
     )
     mirror = make_mirror(config)
-    for round_ in range(10):  # each round, new messages copied as the mirror is killed
+    for round_ in range(kills):  # each round, new messages copied as the mirror is killed
         producing = threading.Thread(target=produce, args=(source, "events", 3000, 3, round_))
         producing.start()
         try:
@@ -159,3 +164,40 @@ def test_new_topics_and_partitions_are_picked_up_and_a_second_writer_stops_the_c
     assert metrics["pylog_mirror_copied_messages_total", p1] == 50  # 25 a round
     assert metrics["pylog_mirror_lag_bytes", p1] == 0
     wait_until(lambda: "stopped: logs-web-0" in mirror.log(), 10, "the progress line")
+
+
+def copied_here(mirror: MirrorProcess) -> set[str]:
+    """The partitions the mirror process copies now, by its metrics."""
+    return {
+        f"{dict(labels)['topic']}-{dict(labels)['partition']}"
+        for (name, labels) in mirror.metrics()
+        if name == "pylog_mirror_stopped"
+    }
+
+
+def test_mirrors_of_one_group_share_the_partitions_and_take_over_from_one_that_dies(
+    clusters: Clusters, make_mirror: Callable[..., MirrorProcess]
+) -> None:
+    source, target = clusters
+    with Admin(source.endpoint) as admin:
+        admin.create_topic("shared", 4, SMALL_SEGMENTS)
+    produce(source.endpoint, "shared", 200, partitions=4)
+    config = mirror_config(source.endpoint, target.endpoint, ["shared"], "metrics_port = 0\n")
+    first = make_mirror(config.replace("[mirror]\n", '[mirror]\nmember_id = "a"\n'), "a")
+    second = make_mirror(config.replace("[mirror]\n", '[mirror]\nmember_id = "b"\n'), "b")
+    everything = {f"shared-{p}" for p in range(4)}
+
+    def shared() -> bool:  # two partitions each (the range assignment), none twice
+        here = [copied_here(first), copied_here(second)]
+        return [len(h) for h in here] == [2, 2] and here[0] | here[1] == everything
+
+    wait_until(shared, 30, "the partitions shared")
+    for p in range(4):
+        wait_until(partial(caught_up, source.endpoint, target.endpoint, "shared", p), 30, "copied")
+    first.kill()
+    produce(source.endpoint, "shared", 200, partitions=4, round_=1)
+    wait_until(lambda: copied_here(second) == everything, 30, "the partitions taken over")
+    for p in range(4):
+        wait_until(partial(caught_up, source.endpoint, target.endpoint, "shared", p), 30, "copied")
+        identical(source.endpoint, target.endpoint, "shared", p)
+    assert second.stop() == 0

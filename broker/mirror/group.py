@@ -1,0 +1,76 @@
+"""Mirror processes sharing the work (docs/mirror.md, "Several mirrors"): a group in the
+target's registry, as consumer groups are (docs/registry.md, /consumers), with the paper's range
+assignment (broker.client.group.assign_range).
+
+Each process registers as a member of the group (ephemeral /consumers/<group>/ids/<id>,
+listing the topics it mirrors) and copies a partition only while it holds the partition's
+ephemeral owner node. A member that dies loses its nodes with its ZooKeeper session; the
+others see the group change and take its partitions over, each copy going on from the target's
+log end. A member whose ZooKeeper connection is lost stops copying at once (kazoo notices it
+well before the session can expire and others claim its partitions), so two processes never
+copy one partition at the same time.
+
+Sync (kazoo): the Mirror calls it from worker threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from broker.client.group import TopicPartition, assign_range
+from broker.registry import Registry
+
+
+class MirrorGroup:
+    """Member `member` of mirror group `group` in `registry` (the target's)."""
+
+    def __init__(self, registry: Registry, group: str, member: str) -> None:
+        self.registry = registry
+        self.group = group
+        self.member = member
+        self._topics: frozenset[str] | None = None
+        self.claim_session: int | None = None
+        """The ZooKeeper session the partitions owned were claimed in."""
+
+    def join(self, topics: frozenset[str], on_change: Callable[[], None]) -> None:
+        """Be a member mirroring `topics` (registered again when they change); `on_change` is
+        called (from kazoo's thread) whenever a member joins or leaves."""
+        if topics == self._topics:
+            return
+        first = self._topics is None
+        self.registry.register_consumer(self.group, self.member, topics)
+        self._topics = topics
+        if first:
+            self.registry.watch_consumers(self.group, lambda _members: on_change())
+
+    def wanted(self, partitions: Mapping[str, int]) -> set[tuple[str, int]]:
+        """This member's range of each topic's partitions (topic -> count) among the members
+        mirroring it."""
+        members = self.registry.consumers(self.group)
+        wanted: set[tuple[str, int]] = set()
+        for topic, count in partitions.items():
+            brokers = self.registry.topic_config(topic).brokers
+            named = [TopicPartition(topic, brokers[p], p) for p in range(count)]
+            mirroring = [member for member, topics in members.items() if topic in topics]
+            wanted |= {
+                (tp.topic, tp.partition) for tp in assign_range(named, mirroring, self.member)
+            }
+        return wanted
+
+    def claim(self, topic: str, partition: int) -> str | None:
+        """Own the partition (None), or the member that owns it now."""
+        return self.registry.claim_partition(
+            self.group, topic, self._name(topic, partition), self.member
+        )
+
+    def release(self, topic: str, partition: int) -> None:
+        self.registry.release_partition(self.group, topic, self._name(topic, partition))
+
+    def _name(self, topic: str, partition: int) -> str:
+        brokers = self.registry.topic_config(topic).brokers
+        return TopicPartition(topic, brokers[partition], partition).name
+
+    def leave(self) -> None:
+        if self._topics is not None:
+            self.registry.unregister_consumer(self.group, self.member)
+            self._topics = None
