@@ -19,6 +19,7 @@ from cli.common import global_options, remember_keys
 from cli.console import consume, produce
 from cli.group_commands import group
 from cli.log_commands import log
+from cli.mirror_commands import mirror
 from cli.partition_commands import add_partitions
 from cli.pipeline_commands import WithJobs
 from cli.quota_commands import quota
@@ -91,7 +92,10 @@ def _say_throttling(ctx: click.Context) -> None:
     ctx.call_on_close(put_back)
 
 
-for command in (log, topic, broker, cluster, produce, consume, group, keys, principal, acl, quota):
+for command in (
+    *(log, topic, broker, cluster, produce, consume, group),
+    *(keys, principal, acl, quota, mirror),
+):
     cli.add_command(command)
 topic.add_command(reassign)  # they speak to the controller through ZooKeeper, as group does
 topic.add_command(elect_preferred)

@@ -6,8 +6,8 @@ commands start.
 A README that drifts from the code fails here. The few lines that are not run say why in
 NOT_RUN; lines that run until stopped (brokers, `--follow`, `&` jobs, an endless loop) are
 started, awaited on what they print or register, and stopped as the README says (Ctrl-C, kill),
-each then checked for a clean exit. The README's ports are fixed (9092-9097, 2181): they must be
-free.
+each then checked for a clean exit. The README's ports are fixed (9092-9097, 19092, 2181, 2182):
+they must be free.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
-PORTS = (9092, 9093, 9094, 9095, 9096, 9097, 2181)
+PORTS = (9092, 9093, 9094, 9095, 9096, 9097, 19092, 2181, 2182)
 COMMAND_TIMEOUT_S = 180
 READY_TIMEOUT_S = 120
 
@@ -270,11 +270,20 @@ class Reader:
 @pytest.fixture
 def clone(tmp_path: Path) -> Iterator[Path]:
     """A folder that looks like a clone: every top-level entry of the checkout linked in, but
-    none of what the README's commands write (data, data-2, data-3, secure, warehouse)."""
+    none of what the README's commands write (data, data-2, data-3, data-target, secure,
+    warehouse)."""
     folder = tmp_path / "pylog"
     folder.mkdir()
     for entry in ROOT.iterdir():
-        if entry.name not in ("data", "data-2", "data-3", "secure", "warehouse", ".git"):
+        if entry.name not in (
+            "data",
+            "data-2",
+            "data-3",
+            "data-target",
+            "secure",
+            "warehouse",
+            ".git",
+        ):
             (folder / entry.name).symlink_to(entry)
     yield folder
 

@@ -4,10 +4,12 @@ over at their offset, new topics picked up, a second writer on the target stoppi
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +32,14 @@ def produce(endpoint: str, topic: str, count: int, partitions: int = 2, round_: 
         for i in range(first, first + count):
             producer.send(b"message %06d" % i, key=b"%d" % i, partition=i % partitions)
         producer.flush()
+
+
+def describe(endpoint: str, mirror: MirrorProcess) -> list[dict[str, Any]]:
+    """`pylogctl mirror describe --config <its file> --json`: its partitions' lines."""
+    said = ok(endpoint, "mirror", "describe", "--config", str(mirror.config_path), "--json")
+    lines = [json.loads(line) for line in said.splitlines()]
+    assert lines[-1]["type"] == "mirror"
+    return lines[:-1]
 
 
 def caught_up(source: str, target: str, topic: str, partition: int) -> bool:
@@ -79,7 +89,21 @@ def test_a_topic_is_copied_at_the_source_offsets_from_its_log_start_and_consumer
     with PartitionConsumer(source.endpoint, "clicks", 0, start="earliest", stop_at_end=True) as c:
         everything = [(m.offset, m.value) for m in c]
     assert [(m.offset, m.value) for m in read + rest] == everything
+
+    described = describe(source.endpoint, mirror)
+    assert [(d["lag_bytes"], d["lag_messages"], d["lag_seconds"]) for d in described] == [
+        (0, 0, 0.0),
+        (0, 0, 0.0),
+    ]
+    assert described[0]["owner"] and described[0]["owner"] == described[1]["owner"]
     assert mirror.stop() == 0
+    produce(source.endpoint, "clicks", 30, round_=5)  # 15 a partition, not copied
+    described = describe(source.endpoint, mirror)
+    assert [(d["lag_messages"], d["owner"]) for d in described] == [(15, None), (15, None)]
+    assert all(
+        d["lag_bytes"] == d["source_high_watermark"] - d["target_high_watermark"] > 0
+        for d in described
+    )
 
 
 @pytest.mark.parametrize("kills", [3, pytest.param(10, marks=pytest.mark.slow)])

@@ -1,0 +1,122 @@
+"""How far a mirror's target is behind its source, read from the two clusters themselves (what
+`pylogctl mirror describe` prints): right whether the mirror runs or not, since the target's
+log end is the mirror's position (docs/mirror.md, "Watching it").
+
+Per partition of each mirrored topic: the source's log start and high watermark, the target's
+high watermark, the lag in bytes (the source's high watermark minus the target's), in messages
+(counted by reading the source from the target's high watermark, as `pylogctl group describe`
+counts them: exact up to `count_bytes`, estimated past it) and in seconds (the age of the first
+message not copied yet), and the mirror process that copies it (its owner node in the target's
+registry).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from broker.client.admin import Admin, PartitionOffsets
+from broker.client.group import TopicPartition
+from broker.client.lag import COUNT_BYTES, backlog
+from broker.errors import BrokerError, Unavailable, UnknownTopicOrPartition
+from broker.mirror.config import MirrorConfig
+from broker.registry import Registry
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorLag:
+    """One partition of a mirrored topic (None where unknown: `note` says why)."""
+
+    topic: str
+    partition: int
+    source_log_start: int | None
+    source_high_watermark: int | None
+    target_high_watermark: int | None
+    owner: str | None
+    lag_bytes: int | None = None
+    lag_messages: int | None = None
+    lag_messages_estimated: bool = False
+    lag_seconds: float | None = None
+    note: str | None = None
+
+
+def describe_mirror(
+    config: MirrorConfig,
+    source: Admin,
+    target: Admin,
+    registry: Registry,
+    topics: Sequence[str] = (),
+    count_bytes: int = COUNT_BYTES,
+) -> list[MirrorLag]:
+    """The lag of every partition of `topics` (default: the source's topics that `config`
+    mirrors), in topic and partition order; `registry` is the target's."""
+    names = sorted(topics) or [t for t in source.list_topics() if config.mirror.mirrors(t)]
+    return [
+        lag
+        for topic in names
+        for lag in _topic_lag(config, source, target, registry, topic, count_bytes)
+    ]
+
+
+def _topic_lag(
+    config: MirrorConfig,
+    source: Admin,
+    target: Admin,
+    registry: Registry,
+    topic: str,
+    count_bytes: int,
+) -> list[MirrorLag]:
+    copied: dict[int, PartitionOffsets] = {}
+    owners: dict[str, str] = {}
+    names: dict[int, str] = {}
+    try:
+        copied = {p.partition: p for p in target.describe(topic)}
+        brokers = registry.topic_config(topic).brokers
+        names = {p: TopicPartition(topic, b, p).name for p, b in enumerate(brokers)}
+        owners = registry.partition_owners(config.mirror.group, topic)
+    except UnknownTopicOrPartition:
+        pass
+    now_ms = time.time() * 1000
+    lags = []
+    for offsets in source.describe(topic):
+        number = offsets.partition
+        held = copied.get(number)
+        lag = MirrorLag(
+            topic,
+            number,
+            offsets.log_start_offset,
+            offsets.high_watermark,
+            held.high_watermark if held else None,
+            owners.get(names.get(number, "")),
+        )
+        lags.append(_counted(lag, source, count_bytes, now_ms))
+    return lags
+
+
+def _counted(lag: MirrorLag, source: Admin, count_bytes: int, now_ms: float) -> MirrorLag:
+    start, end, copied = lag.source_log_start, lag.source_high_watermark, lag.target_high_watermark
+    if start is None or end is None:
+        return replace(lag, note="the source's partition is not served now")
+    if copied is None:
+        return replace(lag, note="not on the target (yet)")
+    if copied > end:
+        return replace(lag, note=f"the target holds more than the source ({copied} > {end})")
+    if 0 < copied < start:
+        return replace(lag, note=f"the source deleted [{copied}, {start}) before it was copied")
+    position = max(copied, start)  # an empty target starts at the source's log start
+    try:
+        connection = source.cluster.leader_connection(lag.topic, lag.partition)
+        found = backlog(connection, lag.topic, lag.partition, position, end, count_bytes)
+    except (BrokerError, Unavailable) as error:
+        return replace(lag, lag_bytes=end - position, note=f"cannot count: {error}")
+    age = None
+    if found.first_timestamp_ms is not None:
+        age = round(max(0.0, now_ms - found.first_timestamp_ms) / 1000, 1)
+    return replace(
+        lag,
+        lag_bytes=end - position,
+        lag_messages=found.messages,
+        lag_messages_estimated=found.estimated,
+        lag_seconds=0.0 if position == end else age,
+    )

@@ -1,0 +1,164 @@
+"""`pylogctl mirror describe`: how far pylog-mirror's target is behind its source, read from
+both clusters with the mirror's own file (broker.mirror.lag; docs/mirror.md, "Watching it")."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from broker.client import Admin
+from broker.client.lag import COUNT_BYTES
+from broker.mirror import MirrorConfig, MirrorConfigError
+from broker.mirror.lag import MirrorLag, describe_mirror
+from broker.registry import Registry
+from cli.common import (
+    CLI_RETRIES,
+    broker_errors,
+    json_option,
+    until_interrupted,
+    usage_error,
+    watch_options,
+)
+from cli.group_commands import table
+
+
+@click.group()
+def mirror() -> None:
+    """pylog-mirror: how far its target is behind its source."""
+
+
+@mirror.command("describe")
+@click.argument("topics", metavar="[TOPIC]...", nargs=-1)
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The mirror's file (its [source], [target] and topics).",
+)
+@click.option(
+    "--count-bytes",
+    type=click.IntRange(min=1),
+    default=COUNT_BYTES,
+    show_default=True,
+    help="Count the messages not copied yet exactly up to this many bytes; estimate the rest "
+    "from their average size (shown as ~N).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait for each cluster's reply.",
+)
+@watch_options("Print it again every --interval until Ctrl-C.")
+@json_option("One JSON object a line.")
+def mirror_describe(
+    topics: tuple[str, ...],
+    config_path: Path,
+    count_bytes: int,
+    timeout: float,
+    watch: bool,
+    interval: float,
+    as_json: bool,
+) -> None:
+    """Print, for each partition of the topics the mirror's file names (or of TOPIC...), the
+    source's log start and high watermark, the target's high watermark, the lag in bytes, in
+    messages and in seconds (the age of the first message not copied yet), and the mirror
+    process that copies it; then a summary line. Read from the clusters: true whether the
+    mirror runs or not.
+
+    \b
+    Example:
+        pylogctl mirror describe --config /etc/pylog/pylog-mirror.toml
+        TOPIC   PARTITION  SOURCE_START  SOURCE_HW  TARGET_HW  LAG_BYTES  LAG_MESSAGES  ...
+        clicks  0          0             4200       3500       700        20            ...
+        mirror: 1 partition of 1 topic, lag 700 bytes, 20 messages, 1.5 s"""
+    try:
+        config = MirrorConfig.load(config_path)
+    except MirrorConfigError as error:
+        usage_error(str(error))
+    source_address, target_address = config.source, config.target
+    with (
+        until_interrupted(),
+        broker_errors(f"{source_address.bootstrap} or {target_address.bootstrap}"),
+        Admin(
+            source_address.bootstrap,
+            timeout_s=timeout,
+            retries=CLI_RETRIES,
+            keys=source_address.keys,
+        ) as source,
+        Admin(
+            target_address.bootstrap,
+            timeout_s=timeout,
+            retries=CLI_RETRIES,
+            keys=target_address.keys,
+        ) as target,
+    ):
+        found = target.zookeeper()
+        with Registry(
+            found.connect,
+            found.chroot,
+            request_timeout_s=timeout,
+            auth=target_address.zookeeper_auth,
+        ) as registry:
+            while True:
+                lags = describe_mirror(config, source, target, registry, topics, count_bytes)
+                if watch and not as_json and sys.stdout.isatty():
+                    click.clear()
+                _print(lags, as_json)
+                if not watch:
+                    return
+                time.sleep(interval)  # the refresh period, not a wait for a condition
+
+
+def _print(lags: list[MirrorLag], as_json: bool) -> None:
+    if as_json:
+        for lag in lags:
+            click.echo(json.dumps({"type": "partition", **asdict(lag)}))
+    else:
+        table(
+            (
+                *("TOPIC", "PARTITION", "SOURCE_START", "SOURCE_HW", "TARGET_HW", "LAG_BYTES"),
+                *("LAG_MESSAGES", "LAG_SECONDS", "COPIED_BY", "NOTE"),
+            ),
+            [
+                (
+                    *(lag.topic, lag.partition, lag.source_log_start, lag.source_high_watermark),
+                    *(lag.target_high_watermark, lag.lag_bytes),
+                    *(_messages(lag), lag.lag_seconds, lag.owner, lag.note or ""),
+                )
+                for lag in lags
+            ],
+        )
+    topics = len({lag.topic for lag in lags})
+    lag_bytes = sum(lag.lag_bytes or 0 for lag in lags)
+    messages = sum(lag.lag_messages or 0 for lag in lags)
+    seconds = max((lag.lag_seconds for lag in lags if lag.lag_seconds is not None), default=None)
+    if as_json:
+        summary = {
+            "type": "mirror",
+            "partitions": len(lags),
+            "topics": topics,
+            "lag_bytes": lag_bytes,
+            "lag_messages": messages,
+            "lag_seconds": seconds,
+        }
+        click.echo(json.dumps(summary))
+        return
+    click.echo(
+        f"mirror: {len(lags)} partitions of {topics} topics, lag {lag_bytes} bytes, "
+        f"{'~' if any(lag.lag_messages_estimated for lag in lags) else ''}{messages} messages, "
+        f"{'-' if seconds is None else f'{seconds:.1f}'} s"
+    )
+
+
+def _messages(lag: MirrorLag) -> str | None:
+    if lag.lag_messages is None:
+        return None
+    return f"~{lag.lag_messages}" if lag.lag_messages_estimated else str(lag.lag_messages)
