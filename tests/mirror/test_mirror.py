@@ -225,3 +225,29 @@ def test_mirrors_of_one_group_share_the_partitions_and_take_over_from_one_that_d
         wait_until(partial(caught_up, source.endpoint, target.endpoint, "shared", p), 30, "copied")
         identical(source.endpoint, target.endpoint, "shared", p)
     assert second.stop() == 0
+
+
+def test_compressed_sets_and_headers_are_copied_as_they_are(
+    clusters: Clusters, make_mirror: Callable[..., MirrorProcess]
+) -> None:
+    """A gzip set is one message on disk whatever it holds: copied whole, its inner messages
+    keep their offsets on the target, headers included."""
+    source, target = clusters
+    with Admin(source.endpoint) as admin:
+        admin.create_topic("packed", 1)
+    with Producer(source.endpoint, "packed", ack=Ack.ALL, compression="gzip") as producer:
+        for i in range(300):
+            producer.send(b"packed %d" % i, headers={"n": b"%d" % i}, partition=0)
+        producer.flush()
+    mirror = make_mirror(mirror_config(source.endpoint, target.endpoint, ["packed"]))
+    wait_until(partial(caught_up, source.endpoint, target.endpoint, "packed", 0), 30, "copied")
+    identical(source.endpoint, target.endpoint, "packed", 0)
+
+    def read(endpoint: str) -> list[tuple[int, bytes, object]]:
+        with PartitionConsumer(endpoint, "packed", 0, start="earliest", stop_at_end=True) as c:
+            return [(m.offset, m.value, m.headers) for m in c]
+
+    copied = read(target.endpoint)
+    assert copied == read(source.endpoint) and len(copied) == 300
+    assert copied[7][1:] == (b"packed 7", (("n", b"7"),))
+    assert mirror.stop() == 0
