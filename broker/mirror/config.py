@@ -71,8 +71,8 @@ class MirrorSettings:
     """When the target acknowledges a copied set: "all" (every in-sync replica holds it) or
     "flushed" (the leader's disk does)."""
     fetch_max_bytes: int = 1 << 20
-    """The most bytes a copied set holds (one FETCH, then one PRODUCE); at most the target
-    topic's segment_bytes in any case."""
+    """The most bytes a copied set holds (one FETCH, then one PRODUCE): at least the topic's
+    max_message_bytes, at most the target topic's segment_bytes."""
     fetch_wait_ms: int = 500
     """How long a FETCH of a caught-up partition waits for new messages at the source."""
     timeout_s: float = 30.0

@@ -130,6 +130,7 @@ class PartitionCopy:
         """Copy until cancelled or stopped (`progress.stopped` says why: logged at ERROR)."""
         backoff_s = RETRY_BACKOFF_S
         while True:
+            before = self.progress.copied_bytes
             try:
                 await self._copy()
             except Diverged as error:
@@ -143,6 +144,8 @@ class PartitionCopy:
                 if not (retriable(error) or isinstance(error, _ASKED_AGAIN)):
                     self._stop(f"{type(error).__name__}: {error}")
                     return
+                if self.progress.copied_bytes != before:  # it went on a while: a new failure
+                    backoff_s = RETRY_BACKOFF_S
                 log.warning(
                     "%s: %s: reading where the target stands again in %.1f s",
                     self.progress.name,

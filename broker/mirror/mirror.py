@@ -294,7 +294,9 @@ class Mirror:
             racks = {broker: info.rack for broker, info in registry.brokers().items()}
             registry.add_partitions(topic, partitions, racks)
             log.info("topic %r: grown to %d partitions on the target", topic, partitions)
-        fetch_max_bytes = min(self.config.mirror.fetch_max_bytes, int(held["segment_bytes"]))
+        # A message of max_message_bytes is fetched whole; a set never outgrows a segment.
+        largest = max(self.config.mirror.fetch_max_bytes, int(source["max_message_bytes"].value))
+        fetch_max_bytes = min(largest, int(held["segment_bytes"]))
         return TopicPlan(partitions, fetch_max_bytes)
 
     def _open_registry(self) -> Registry:
