@@ -230,8 +230,9 @@ def test_mirrors_of_one_group_share_the_partitions_and_take_over_from_one_that_d
 def test_compressed_sets_and_headers_are_copied_as_they_are(
     clusters: Clusters, make_mirror: Callable[..., MirrorProcess]
 ) -> None:
-    """A gzip set is one message on disk whatever it holds: copied whole, its inner messages
-    keep their offsets on the target, headers included."""
+    """A gzip set is one message on disk whatever it holds: copied whole (even with a
+    fetch_max_bytes below its size), its inner messages keep their offsets on the target,
+    headers included."""
     source, target = clusters
     with Admin(source.endpoint) as admin:
         admin.create_topic("packed", 1)
@@ -239,7 +240,9 @@ def test_compressed_sets_and_headers_are_copied_as_they_are(
         for i in range(300):
             producer.send(b"packed %d" % i, headers={"n": b"%d" % i}, partition=0)
         producer.flush()
-    mirror = make_mirror(mirror_config(source.endpoint, target.endpoint, ["packed"]))
+    # fetch_max_bytes below a set: the set is fetched whole all the same (max_message_bytes)
+    small = "fetch_max_bytes = 64\n"
+    mirror = make_mirror(mirror_config(source.endpoint, target.endpoint, ["packed"], small))
     wait_until(partial(caught_up, source.endpoint, target.endpoint, "packed", 0), 30, "copied")
     identical(source.endpoint, target.endpoint, "packed", 0)
 
