@@ -68,7 +68,7 @@ def mirror_describe(
     as_json: bool,
 ) -> None:
     """Print, for each partition of the topics the mirror's file names (or of TOPIC...), the
-    source's log start and high watermark, the target's high watermark, the lag in bytes, in
+    log start and high watermark on each side, the lag in bytes, in
     messages and in seconds (the age of the first message not copied yet), and the mirror
     process that copies it; then a summary line. Read from the clusters: true whether the
     mirror runs or not.
@@ -76,8 +76,8 @@ def mirror_describe(
     \b
     Example:
         pylogctl mirror describe --config /etc/pylog/pylog-mirror.toml
-        TOPIC   PARTITION  SOURCE_START  SOURCE_HW  TARGET_HW  LAG_BYTES  LAG_MESSAGES  ...
-        clicks  0          0             4200       3500       700        20            ...
+        TOPIC   PARTITION  SOURCE_START  SOURCE_HW  TARGET_START  TARGET_HW  LAG_BYTES  ...
+        clicks  0          0             4200       0             3500       700        ...
         mirror: 1 partition of 1 topic, lag 700 bytes, 20 messages, 1.5 s"""
     try:
         config = MirrorConfig.load(config_path)
@@ -124,13 +124,14 @@ def _print(lags: list[MirrorLag], as_json: bool) -> None:
     else:
         table(
             (
-                *("TOPIC", "PARTITION", "SOURCE_START", "SOURCE_HW", "TARGET_HW", "LAG_BYTES"),
+                *("TOPIC", "PARTITION", "SOURCE_START", "SOURCE_HW", "TARGET_START"),
+                *("TARGET_HW", "LAG_BYTES"),
                 *("LAG_MESSAGES", "LAG_SECONDS", "COPIED_BY", "NOTE"),
             ),
             [
                 (
                     *(lag.topic, lag.partition, lag.source_log_start, lag.source_high_watermark),
-                    *(lag.target_high_watermark, lag.lag_bytes),
+                    *(lag.target_log_start, lag.target_high_watermark, lag.lag_bytes),
                     *(_messages(lag), lag.lag_seconds, lag.owner, lag.note or ""),
                 )
                 for lag in lags

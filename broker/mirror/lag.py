@@ -32,6 +32,7 @@ class MirrorLag:
     partition: int
     source_log_start: int | None
     source_high_watermark: int | None
+    target_log_start: int | None
     target_high_watermark: int | None
     owner: str | None
     lag_bytes: int | None = None
@@ -87,6 +88,7 @@ def _topic_lag(
             number,
             offsets.log_start_offset,
             offsets.high_watermark,
+            held.log_start_offset if held else None,
             held.high_watermark if held else None,
             owners.get(names.get(number, "")),
         )
@@ -105,6 +107,9 @@ def _counted(lag: MirrorLag, source: Admin, count_bytes: int, now_ms: float) -> 
     if 0 < copied < start:
         return replace(lag, note=f"the source deleted [{copied}, {start}) before it was copied")
     position = max(copied, start)  # an empty target starts at the source's log start
+    note = None
+    if lag.target_log_start is not None and start < lag.target_log_start < copied:
+        note = f"[{start}, {lag.target_log_start}) of the source is not on the target (deleted?)"
     try:
         connection = source.cluster.leader_connection(lag.topic, lag.partition)
         found = backlog(connection, lag.topic, lag.partition, position, end, count_bytes)
@@ -119,4 +124,5 @@ def _counted(lag: MirrorLag, source: Admin, count_bytes: int, now_ms: float) -> 
         lag_messages=found.messages,
         lag_messages_estimated=found.estimated,
         lag_seconds=0.0 if position == end else age,
+        note=note,
     )

@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 
 from broker.client import Admin, Producer
 from pipeline import register
+from tests.mirror.conftest import clusters, make_mirror  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,114 @@
+"""The audit across clusters (issue 31): what producers counted, what the source stored, what
+pylog-mirror's target stored and what was loaded into Parquet from the target, hour by hour; a
+segment deleted on the target shows as lost at the mirror stage."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from click.testing import CliRunner
+from pyspark.sql import SparkSession
+
+from broker.client import Admin, Producer
+from pipeline import audit, load
+from tests.cli.conftest import ok
+from tests.conftest import wait_until
+from tests.mirror.conftest import MirrorProcess, log_range, mirror_config
+from tests.pipeline.conftest import create_topic
+from tests.pylogd import RunningBroker
+
+TEN = datetime.datetime(2026, 11, 22, 10, 5, tzinfo=datetime.UTC)
+ELEVEN = datetime.datetime(2026, 11, 22, 11, 5, tzinfo=datetime.UTC)
+TOPIC = "visits"
+AUDIT_TOPIC = "_audit"
+
+
+def ms(moment: datetime.datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def same_high_watermark(source: str, target: str) -> bool:
+    try:
+        return log_range(target, TOPIC, 0)[1] == log_range(source, TOPIC, 0)[1]
+    except Exception:  # not on the target yet
+        return False
+
+
+def stored(endpoint: str) -> int:
+    with Admin(endpoint) as admin:
+        return admin.describe_partition(TOPIC, 0).high_watermark
+
+
+def test_the_audit_follows_a_topic_across_the_mirror_and_names_the_stage_that_lost(
+    spark: SparkSession,
+    clusters: tuple[RunningBroker, RunningBroker],
+    make_mirror: Callable[..., MirrorProcess],
+    tmp_path: Path,
+) -> None:
+    source, target = clusters
+    create_topic(source.endpoint, TOPIC, 1, segment_bytes="2048", max_message_bytes="512")
+    create_topic(source.endpoint, AUDIT_TOPIC, 1)
+    with Producer(source.endpoint, TOPIC, audit_topic=AUDIT_TOPIC) as producer:
+        for n in range(120):  # a segment of hour 10 first, then hours 10 and 11
+            producer.send(b"visit %03d" % n, timestamp_ms=ms(TEN if n < 80 else ELEVEN) + n)
+    mirror = make_mirror(mirror_config(source.endpoint, target.endpoint, [TOPIC]))
+    wait_until(partial(same_high_watermark, source.endpoint, target.endpoint), 30, "copied")
+    assert mirror.stop() == 0
+
+    # A segment of the target deleted: the broker stopped, its oldest segment of the topic's
+    # partition removed with its indexes, the broker started again.
+    target.stop()
+    (folder,) = [f for f in (target.data_dir).rglob(f"{TOPIC}-0") if f.is_dir()]
+    oldest = min(folder.glob("*.log"))
+    for path in folder.glob(oldest.stem + ".*"):
+        path.unlink()
+    target = target.restarted()
+    assert stored(target.endpoint) == stored(source.endpoint)  # its start moved, not its end
+    mirror.config_path.write_text(mirror_config(source.endpoint, target.endpoint, [TOPIC]))
+    said = ok(source.endpoint, "mirror", "describe", "--config", str(mirror.config_path), "--json")
+    (described, _) = [json.loads(line) for line in said.splitlines()]
+    start = described["target_log_start"]
+    assert start > 0 and described["lag_bytes"] == 0
+    assert described["note"] == f"[0, {start}) of the source is not on the target (deleted?)"
+
+    output = str(tmp_path / "warehouse")
+    load.load(spark, {"broker": target.endpoint}, [TOPIC], output)  # from the target
+    arguments = [
+        *("--broker", source.endpoint, "--topic", TOPIC, "--output", output),
+        *("--audit-topic", AUDIT_TOPIC, "--mirror-broker", target.endpoint),
+        *("--start", "2026-11-22T10:00", "--end", "2026-11-22T12:00"),
+    ]
+    report = CliRunner().invoke(audit.main, arguments)
+    assert report.exit_code == 1, report.output
+    lines = report.output.splitlines()
+    assert lines[0].split() == [
+        *("hour", "(UTC)", "produced", "in", "source", "mirrored", "loaded", "lost", "at")
+    ]
+    hour_10, hour_11, total, verdict = (line.split() for line in lines[1:])
+    lost = 80 - int(hour_10[4])
+    assert lost > 0
+    assert hour_10[2:] == [
+        "80",
+        "80",
+        *[str(80 - lost)] * 2,
+        "mirror",
+        str(lost),
+        "lost",
+        "<--",
+        "differs",
+    ]
+    assert hour_11[2:] == ["40", "40", "40", "40"]
+    assert total[1:] == ["120", "120", *[str(120 - lost)] * 2, "mirror", str(lost), "lost"]
+    assert (
+        " ".join(verdict)
+        == f"{TOPIC}: 1 hour(s) differ: the mirror (source -> mirror target) {lost} lost"
+    )
+
+    as_json = CliRunner().invoke(audit.main, [*arguments, "--json"])
+    summary = json.loads(as_json.stdout.splitlines()[-1])
+    assert summary["lost"] == {"source": 0, "mirror": lost, "load": 0}
+    assert (summary["produced"], summary["in_pylog"], summary["mirrored"]) == (120, 120, 120 - lost)
