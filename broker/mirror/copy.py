@@ -152,6 +152,9 @@ class PartitionCopy:
                     error,
                     backoff_s,
                 )
+            except PylogError as error:  # refused keys, a malformed reply: no retry mends it
+                self._stop(f"{type(error).__name__}: {error}")
+                return
             await asyncio.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, MAX_RETRY_BACKOFF_S)
 

@@ -27,10 +27,8 @@ from broker.client.admin import Admin
 from broker.client.group import default_consumer_id
 from broker.config import REPLICA_SETTINGS, TOPIC_SETTINGS
 from broker.errors import (
-    BrokerError,
     PylogError,
     TopicAlreadyExists,
-    Unavailable,
     UnknownTopicOrPartition,
 )
 from broker.mirror.config import FORCED_SETTINGS, ClusterAddress, MirrorConfig
@@ -49,7 +47,7 @@ CREATABLE_SETTINGS = frozenset({*TOPIC_SETTINGS, *REPLICA_SETTINGS})
 source's where the source's topic sets them itself."""
 
 
-class TopicRefused(Exception):
+class TopicRefused(PylogError):
     """The target's topic cannot hold the source's at the same offsets (the message says
     why)."""
 
@@ -82,6 +80,8 @@ class Mirror:
         self._group: MirrorGroup | None = None
         self._paused = False
         """Copies stopped while ZooKeeper was not reachable: started again once it is."""
+        self._retired = (0, 0)
+        """(messages, bytes) copied by the copies stopped here (handed to other members)."""
         self._source_admin = self._admin(config.source)
         self._target_admin = self._admin(config.target)
         self.source = self._cluster(config.source)
@@ -126,8 +126,8 @@ class Mirror:
         """List the source's topics; prepare those newly named (or grown) on the target."""
         try:
             reply = await self.source.metadata(())
-        except (BrokerError, Unavailable) as error:
-            log.warning("listing the source's topics: %s", error)
+        except PylogError as error:  # no reply, or refused (keys, ACLs)
+            log.warning("listing the source's topics: %s: %s", type(error).__name__, error)
             return
         listed = {info.topic for info in reply.topics}
         for gone in sorted(set(self.plans) - listed):
@@ -216,7 +216,11 @@ class Mirror:
         task = self._tasks.pop(key)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        del self.copies[key]
+        done = self.copies.pop(key).progress
+        self._retired = (
+            self._retired[0] + done.copied_messages,
+            self._retired[1] + done.copied_bytes,
+        )
         self._noted.clear()
         log.info("%s-%d: no longer copied here", *key)
 
@@ -244,7 +248,7 @@ class Mirror:
         try:
             async with self._admin_lock:
                 plan = await asyncio.to_thread(self._prepare, topic, partitions)
-        except (TopicRefused, BrokerError, Unavailable) as error:
+        except PylogError as error:  # refused, or a cluster or ZooKeeper not answering
             why = str(error)
             if self.refused.get(topic) != why:
                 log.error("topic %r is not mirrored: %s", topic, why)
@@ -319,9 +323,16 @@ class Mirror:
         before = (0, 0)
         while True:
             await asyncio.sleep(interval_s)
-            now = progress_totals(self.progress())
-            log.info("%s", progress_line(self.progress(), before, interval_s, self.refused))
+            progress = self.progress()
+            now = self.totals()
+            log.info("%s", progress_line(progress, now, before, interval_s, self.refused))
             before = now
+
+    def totals(self) -> tuple[int, int]:
+        """(messages, bytes) this process has copied, its copies handed to others included."""
+        messages = sum(p.copied_messages for p in self.progress())
+        copied = sum(p.copied_bytes for p in self.progress())
+        return self._retired[0] + messages, self._retired[1] + copied
 
     async def close(self) -> None:
         """Stop every copy, leave the group (its partitions go to the others at once) and
@@ -340,23 +351,16 @@ class Mirror:
             self._registry.stop()
 
 
-def progress_totals(progress: list[Progress]) -> tuple[int, int]:
-    """(messages, bytes) copied so far by the copies of `progress`."""
-    return (
-        sum(p.copied_messages for p in progress),
-        sum(p.copied_bytes for p in progress),
-    )
-
-
 def progress_line(
     progress: list[Progress],
+    totals: tuple[int, int],
     before: tuple[int, int],
     interval_s: float,
     refused: Mapping[str, str],
 ) -> str:
     """The line a minute: partitions copying and stopped, what was copied since `before`
-    (the totals a line ago) and in all, the lag."""
-    messages, copied = progress_totals(progress)
+    (the `totals`, messages and bytes, a line ago) and in all, the lag."""
+    messages, copied = totals
     stopped = [p.name for p in progress if p.stopped is not None]
     lags = [p.lag_bytes for p in progress if p.lag_bytes is not None]
     now_ms = time.time() * 1000

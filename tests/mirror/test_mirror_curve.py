@@ -81,3 +81,14 @@ def test_a_mirror_copies_between_curve_clusters_with_its_own_principal(
             wait_until(partial(copied, partition), 30, f"payments-{partition} copied")
         assert "copy stopped" not in mirror.log() and "not mirrored" not in mirror.log()
         assert mirror.stop() == 0
+
+        # The target's broker key wrong (the source's given): said, and the process goes on.
+        wrong = config(source, target).replace(
+            f'broker_key = "{target.key_dir / "broker.key"}"',
+            f'broker_key = "{source.key_dir / "broker.key"}"',
+        )
+        confused = make_mirror(wrong, "wrong-key")
+        wait_until(lambda: "topic 'payments' is not mirrored" in confused.log(), 30, "refused")
+        assert "AuthenticationFailed" in confused.log() or "handshake" in confused.log()
+        assert confused.process is not None and confused.process.poll() is None
+        assert confused.stop() == 0
