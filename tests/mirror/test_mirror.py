@@ -254,3 +254,33 @@ def test_compressed_sets_and_headers_are_copied_as_they_are(
     assert copied == read(source.endpoint) and len(copied) == 300
     assert copied[7][1:] == (b"packed 7", (("n", b"7"),))
     assert mirror.stop() == 0
+
+
+def test_a_target_topic_that_cannot_hold_the_source_offsets_is_refused_with_the_reason(
+    clusters: Clusters, make_mirror: Callable[..., MirrorProcess]
+) -> None:
+    """Sets converted on the target would change sizes and every offset after them; more
+    partitions on the target than the source cannot be the source's: refused, said, counted,
+    and nothing written to them."""
+    source, target = clusters
+    with Admin(source.endpoint) as admin:
+        admin.create_topic("zipped", 1)
+        admin.create_topic("wider", 1)
+    produce(source.endpoint, "zipped", 10, partitions=1)
+    with Admin(target.endpoint) as admin:
+        admin.create_topic("zipped", 1, {"compression": "gzip"})
+        admin.create_topic("wider", 2)
+    extra = "metrics_port = 0\n"
+    mirror = make_mirror(
+        mirror_config(source.endpoint, target.endpoint, ["zipped", "wider"], extra)
+    )
+    wait_until(lambda: mirror.log().count("is not mirrored") == 2, 30, "both refused")
+    assert (
+        "topic 'zipped' is not mirrored: the target's topic stores sets as 'gzip'" in mirror.log()
+    )
+    assert "topic 'wider' is not mirrored: the target's topic has 2 partitions, the source's 1" in (
+        mirror.log()
+    )
+    assert mirror.metrics()["pylog_mirror_topics_refused", ()] == 2
+    assert log_range(target.endpoint, "zipped", 0) == (0, 0)
+    assert mirror.stop() == 0
