@@ -389,7 +389,7 @@ def main(
       2026-11-22 10:00            12           12           12           +0
       total                       12           12           12           +0
       clicks: OK, every hour matches
-      $ pylogctl audit --topic clicks --output ./warehouse --mirror-broker 10.0.2.5:9092 \
+      $ pylogctl audit --topic clicks --output ./warehouse --mirror-broker 10.0.2.5:9092 \\
             --start 2026-11-22T10:00 --end 2026-11-22T12:00
       hour (UTC)           in source     mirrored       loaded  lost at
       2026-11-22 10:00            12           12           12
