@@ -404,10 +404,12 @@ def main(
     mirror = None
     if mirror_broker or mirror_zookeeper:
         mirror = cluster_options(
-            mirror_broker, mirror_zookeeper, mirror_key_file, mirror_broker_key
+            mirror_broker, mirror_zookeeper, mirror_key_file, mirror_broker_key, "mirror-"
         )
     elif mirror_key_file or mirror_broker_key:
-        raise click.UsageError("--mirror-key-file and --mirror-broker-key need --mirror-broker")
+        raise click.UsageError(
+            "--mirror-key-file and --mirror-broker-key need --mirror-broker or --mirror-zookeeper"
+        )
     try:
         with job_session("pylog-audit", master, conf) as spark:
             counts = audit(spark, cluster, topic, output, start, end, audit_topic, mirror)

@@ -82,17 +82,21 @@ def cluster_options(
     zookeeper: str | None,
     key_file: str | None = None,
     broker_key: str | None = None,
+    prefix: str = "",
 ) -> dict[str, str]:
-    """The source's cluster options from --broker / --zookeeper (the default broker when
+    """A cluster's options from --broker / --zookeeper (the default broker when
     neither is given), and keyFile and brokerKey from --key-file and --broker-key, whose files
-    are checked here (a usage error, before Spark starts)."""
+    are checked here (a usage error, before Spark starts). The errors name the options with
+    `prefix` after the dashes: "mirror-" for the audit's --mirror-broker and its kin."""
     if broker and zookeeper:
-        raise click.UsageError("give --broker or --zookeeper, not both")
+        raise click.UsageError(f"give --{prefix}broker or --{prefix}zookeeper, not both")
     options = (
         {"zookeeper.connect": zookeeper} if zookeeper else {"broker": broker or DEFAULT_BROKER}
     )
     if bool(key_file) != bool(broker_key):
-        raise click.UsageError("--key-file and --broker-key go together: give both, or neither")
+        raise click.UsageError(
+            f"--{prefix}key-file and --{prefix}broker-key go together: give both, or neither"
+        )
     if not key_file or not broker_key:
         return options
     try:

@@ -10,10 +10,12 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
 from broker.client import Admin, Producer
+from cli.pylogctl import cli
 from pipeline import audit, load
 from tests.cli.conftest import ok
 from tests.conftest import wait_until
@@ -112,3 +114,31 @@ def test_the_audit_follows_a_topic_across_the_mirror_and_names_the_stage_that_lo
     summary = json.loads(as_json.stdout.splitlines()[-1])
     assert summary["lost"] == {"source": 0, "mirror": lost, "load": 0}
     assert (summary["produced"], summary["in_pylog"], summary["mirrored"]) == (120, 120, 120 - lost)
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        (
+            ("--mirror-broker", "tcp://127.0.0.1:1", "--mirror-zookeeper", "127.0.0.1:1"),
+            "give --mirror-broker or --mirror-zookeeper, not both",
+        ),
+        (
+            ("--mirror-broker", "tcp://127.0.0.1:1", "--mirror-broker-key", "x" * 40),
+            "--mirror-key-file and --mirror-broker-key go together",
+        ),
+        (
+            ("--mirror-key-file", "secret.key_secret"),
+            "need --mirror-broker or --mirror-zookeeper",
+        ),
+    ],
+)
+def test_the_mirror_options_are_checked_before_spark_and_named_in_their_errors(
+    options: tuple[str, ...], error: str
+) -> None:
+    arguments = ["audit", "--topic", TOPIC, "--output", "warehouse", *options]
+    result = CliRunner().invoke(
+        cli, [*arguments, "--start", "2026-11-22T10:00", "--end", "2026-11-22T12:00"]
+    )
+    assert result.exit_code == 2
+    assert error in result.output
