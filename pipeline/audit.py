@@ -55,7 +55,7 @@ _DATE_FORMATS: Final = ["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M",
 STAGES: Final = {
     "source": "producers -> source",
     "mirror": "source -> mirror target",
-    "load": "-> Parquet",
+    "load": "mirror target -> Parquet",
 }
 """The stages a message passes, as the report names them."""
 
@@ -281,11 +281,22 @@ def format_stages(topic: str, counts: list[HourCount], with_produced: bool = Fal
     if not differing:
         lines.append(f"{topic}: OK, every stage holds every message of every hour")
     else:
-        losses = [
-            f"the {stage} ({STAGES[stage]}) {_lost_text(n)}" for stage, n in total.lost.items() if n
-        ]
+        losses = [f"the {stage} ({STAGES[stage]}) {said}" for stage, said in _losses(counts)]
         lines.append(f"{topic}: {differing} hour(s) differ: " + "; ".join(losses))
     return "\n".join(lines)
+
+
+def _losses(counts: list[HourCount]) -> list[tuple[str, str]]:
+    """(stage, what it lost and what it added over the hours) for each stage that did: one
+    hour's loss and another hour's extra messages are both said, not netted out."""
+    losses = []
+    for stage in STAGES:
+        per_hour = [count.lost.get(stage, 0) for count in counts]
+        lost, extra = sum(n for n in per_hour if n > 0), sum(n for n in per_hour if n < 0)
+        said = [_lost_text(n) for n in (lost, extra) if n]
+        if said:
+            losses.append((stage, " and ".join(said)))
+    return losses
 
 
 def _stage_cells(count: HourCount, with_produced: bool) -> str:

@@ -116,6 +116,24 @@ def test_the_audit_follows_a_topic_across_the_mirror_and_names_the_stage_that_lo
     assert (summary["produced"], summary["in_pylog"], summary["mirrored"]) == (120, 120, 120 - lost)
 
 
+def test_a_stage_that_lost_in_one_hour_and_added_in_another_is_named_with_both() -> None:
+    hour_10 = datetime.datetime(2026, 11, 22, 10, tzinfo=datetime.UTC)
+    counts = [
+        audit.HourCount(hour_10, 20, 17, None, 17),  # the mirror lost 3
+        audit.HourCount(hour_10 + datetime.timedelta(hours=1), 10, 13, None, 13),  # 3 more
+        audit.HourCount(hour_10 + datetime.timedelta(hours=2), 10, 9, None, 10),  # 1 not loaded
+    ]
+    assert audit.format_stages(TOPIC, counts).splitlines() == [
+        "hour (UTC)           in source     mirrored       loaded  lost at",
+        "2026-11-22 10:00            20           17           17  mirror 3 lost  <-- differs",
+        "2026-11-22 11:00            10           13           13  mirror 3 extra  <-- differs",
+        "2026-11-22 12:00            10           10            9  load 1 lost  <-- differs",
+        "total                       40           40           39  load 1 lost",
+        f"{TOPIC}: 3 hour(s) differ: the mirror (source -> mirror target) 3 lost and 3 extra; "
+        "the load (mirror target -> Parquet) 1 lost",
+    ]
+
+
 @pytest.mark.parametrize(
     ("options", "error"),
     [
