@@ -1,6 +1,7 @@
 """The audit across clusters (issue 31): what producers counted, what the source stored, what
-pylog-mirror's target stored and what was loaded into Parquet from the target, hour by hour; a
-segment deleted on the target shows as lost at the mirror stage."""
+pylog-mirror's target stored and what was loaded into Parquet from the target, hour by hour:
+every stage matches when nothing was lost, and a segment deleted on the target shows as lost at
+the mirror stage."""
 
 from __future__ import annotations
 
@@ -33,9 +34,12 @@ def ms(moment: datetime.datetime) -> int:
     return int(moment.timestamp() * 1000)
 
 
-def same_high_watermark(source: str, target: str) -> bool:
+def same_high_watermark(source: str, target: str, partitions: int = 1) -> bool:
     try:
-        return log_range(target, TOPIC, 0)[1] == log_range(source, TOPIC, 0)[1]
+        return all(
+            log_range(target, TOPIC, p)[1] == log_range(source, TOPIC, p)[1]
+            for p in range(partitions)
+        )
     except Exception:  # not on the target yet
         return False
 
@@ -43,6 +47,68 @@ def same_high_watermark(source: str, target: str) -> bool:
 def stored(endpoint: str) -> int:
     with Admin(endpoint) as admin:
         return admin.describe_partition(TOPIC, 0).high_watermark
+
+
+def test_pylogctl_audit_across_the_mirror_passes_when_every_stage_holds_every_message(
+    spark: SparkSession,
+    clusters: tuple[RunningBroker, RunningBroker],
+    make_mirror: Callable[..., MirrorProcess],
+    tmp_path: Path,
+) -> None:
+    source, target = clusters
+    create_topic(source.endpoint, TOPIC, 2)
+    create_topic(source.endpoint, AUDIT_TOPIC, 1)
+    with Producer(source.endpoint, TOPIC, audit_topic=AUDIT_TOPIC) as producer:
+        for n in range(30):
+            producer.send(b"visit %03d" % n, None, ms(TEN if n < 20 else ELEVEN) + n, n % 2)
+    mirror = make_mirror(mirror_config(source.endpoint, target.endpoint, [TOPIC]))
+    wait_until(partial(same_high_watermark, source.endpoint, target.endpoint, 2), 30, "copied")
+    assert mirror.stop() == 0
+    output = str(tmp_path / "warehouse")
+    load.load(spark, {"broker": target.endpoint}, [TOPIC], output)
+    arguments = [
+        *("audit", "--broker", source.endpoint, "--topic", TOPIC, "--output", output),
+        *("--audit-topic", AUDIT_TOPIC, "--mirror-broker", target.endpoint),
+        *("--start", "2026-11-22T10:00", "--end", "2026-11-22T12:00"),
+    ]
+    runner = CliRunner()
+
+    report = runner.invoke(cli, arguments)
+    assert report.exit_code == 0, report.output
+    assert report.output.splitlines() == [
+        "hour (UTC)            produced    in source     mirrored       loaded  lost at",
+        "2026-11-22 10:00            20           20           20           20",
+        "2026-11-22 11:00            10           10           10           10",
+        "total                       30           30           30           30",
+        f"{TOPIC}: OK, every stage holds every message of every hour",
+    ]
+
+    as_json = runner.invoke(cli, [*arguments, "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    hour_10, hour_11, total = [json.loads(line) for line in as_json.stdout.splitlines()]
+    nothing_lost = {"source": 0, "mirror": 0, "load": 0}
+    assert hour_10 == {
+        "type": "hour",
+        "topic": TOPIC,
+        "hour": "2026-11-22T10:00:00+00:00",
+        "produced": 20,
+        "in_pylog": 20,
+        "mirrored": 20,
+        "lost": nothing_lost,
+        "loaded": 20,
+        "difference": 0,
+    }
+    assert (hour_11["produced"], hour_11["mirrored"], hour_11["lost"]) == (10, 10, nothing_lost)
+    assert total == {
+        "type": "audit",
+        "topic": TOPIC,
+        "produced": 30,
+        "in_pylog": 30,
+        "mirrored": 30,
+        "lost": nothing_lost,
+        "loaded": 30,
+        "differing_hours": 0,
+    }
 
 
 def test_the_audit_follows_a_topic_across_the_mirror_and_names_the_stage_that_lost(
