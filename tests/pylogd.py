@@ -101,13 +101,7 @@ class RunningBroker:
         and sorted labels, scraped over HTTP and parsed as Prometheus would."""
         found = re.findall(r"metrics on (http://\S+/metrics)", self.log_path.read_text())
         assert found, "pylogd did not say where its metrics are"
-        with urllib.request.urlopen(found[-1], timeout=10) as response:
-            text = response.read().decode()
-        return {
-            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-        }
+        return scrape(found[-1])
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -166,6 +160,18 @@ class RunningBroker:
                 os.kill(pid, signal.SIGKILL)
         assert self.process is not None
         self.process.wait()
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the metrics endpoint at `url`, by name and sorted labels, parsed as
+    Prometheus would."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def start_all(brokers: list[RunningBroker], timeout: float = 30.0) -> list[RunningBroker]:

@@ -149,6 +149,13 @@ class Backlog:
     first_timestamp_ms: int | None
     damaged: tuple[tuple[int, int], ...] = ()
 
+    def age_s(self, now_ms: float) -> float | None:
+        """The first message's age at `now_ms` in seconds (by its producer's timestamp), to
+        0.1 s; None when there is none."""
+        if self.first_timestamp_ms is None:
+            return None
+        return round(max(0.0, now_ms - self.first_timestamp_ms) / 1000, 1)
+
 
 def backlog(
     connection: Connection,
@@ -306,9 +313,6 @@ class GroupReader:
             )
         except (BrokerError, Unavailable) as error:
             return replace(offsets, lag_bytes=end - position, note=f"cannot count: {error}")
-        age = None
-        if found.first_timestamp_ms is not None:
-            age = round(max(0.0, now_ms - found.first_timestamp_ms) / 1000, 1)
         notes = [note] if note else []
         notes += [f"damaged offsets [{a}, {b}) are no messages" for a, b in found.damaged]
         return replace(
@@ -316,7 +320,7 @@ class GroupReader:
             lag_bytes=end - position,
             lag_messages=found.messages,
             lag_messages_estimated=found.estimated,
-            lag_seconds=0.0 if position == end else age,
+            lag_seconds=0.0 if position == end else found.age_s(now_ms),
             note="; ".join(notes) or None,
         )
 

@@ -115,14 +115,11 @@ def _counted(lag: MirrorLag, source: Admin, count_bytes: int, now_ms: float) -> 
         found = backlog(connection, lag.topic, lag.partition, position, end, count_bytes)
     except (BrokerError, Unavailable) as error:
         return replace(lag, lag_bytes=end - position, note=f"cannot count: {error}")
-    age = None
-    if found.first_timestamp_ms is not None:
-        age = round(max(0.0, now_ms - found.first_timestamp_ms) / 1000, 1)
     return replace(
         lag,
         lag_bytes=end - position,
         lag_messages=found.messages,
         lag_messages_estimated=found.estimated,
-        lag_seconds=0.0 if position == end else age,
+        lag_seconds=0.0 if position == end else found.age_s(now_ms),
         note=note,
     )

@@ -7,18 +7,16 @@ import re
 import signal
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from broker.client import Admin
 from broker.protocol import FetchRequest
 from tests.cluster.conftest import three_brokers  # noqa: F401 (a fixture)
 from tests.conftest import single_box_flags, wait_until
-from tests.pylogd import RunningBroker
+from tests.pylogd import RunningBroker, scrape
 
 
 class MirrorProcess:
@@ -58,13 +56,7 @@ class MirrorProcess:
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         wait_until(lambda: "metrics on http" in self.log(), 30, "the mirror's metrics")
         found = re.findall(r"metrics on (http://\S+/metrics)", self.log())
-        with urllib.request.urlopen(found[-1], timeout=10) as response:
-            text = response.read().decode()
-        return {
-            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-        }
+        return scrape(found[-1])
 
 
 def mirror_config(source: str, target: str, topics: list[str], extra: str = "") -> str:
