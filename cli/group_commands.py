@@ -15,8 +15,8 @@ from typing import NoReturn
 
 import click
 
-from broker.client import Admin, Cluster
-from broker.client.admin import ZooKeeperAddress
+from broker.client import Cluster
+from broker.client.admin import ZooKeeperAddress, zookeeper_of
 from broker.client.group import GroupConsumer, Reset
 from broker.client.lag import (
     COUNT_BYTES,
@@ -112,11 +112,8 @@ def registry_address(
     /pylog), or else those --broker's cluster uses (DESCRIBE_CLUSTER), --chroot overriding."""
     if zookeeper is not None:
         return ZooKeeperAddress(zookeeper, chroot or DEFAULT_CHROOT)
-    with (
-        broker_errors(broker),
-        Admin(broker, timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as admin,
-    ):
-        found = admin.zookeeper()
+    with broker_errors(broker):
+        found = zookeeper_of(broker, timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys())
     return ZooKeeperAddress(found.connect, chroot or found.chroot)
 
 

@@ -50,14 +50,17 @@ T = TypeVar("T")
 
 
 class AsyncGroupConsumer(AsyncClosing):
-    """Consume `topics` as a member of `group`, through the ZooKeeper ensemble `zookeeper`, on
+    """Consume `topics` as a member of `group`, through the ZooKeeper ensemble `zookeeper` (or,
+    with `zookeeper` None and the option `broker`, the one that broker's cluster uses), on
     asyncio: `async with AsyncGroupConsumer(zookeeper, group, topics) as member: async for
-    record in member: ...`. `options` are GroupConsumer's keyword arguments (chroot,
+    record in member: ...`. `options` are GroupConsumer's keyword arguments (broker, chroot,
     consumer_id, reset, auto_commit_interval_s, max_wait_ms, keys, zookeeper_auth, ...),
     checked when the member joins (`async with`, `open()`, or its first poll or step); its
     fetches present the member's `keys`."""
 
-    def __init__(self, zookeeper: str, group: str, topics: Iterable[str], **options: Any) -> None:
+    def __init__(
+        self, zookeeper: str | None, group: str, topics: Iterable[str], **options: Any
+    ) -> None:
         self._joining = (zookeeper, group, tuple(topics), options)
         self._member: GroupConsumer | None = None
         self._cluster: AsyncCluster | None = None

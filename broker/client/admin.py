@@ -62,6 +62,20 @@ class ZooKeeperAddress:
     """The znode the registry lives under, such as "/pylog"."""
 
 
+def zookeeper_of(
+    broker: str,
+    *,
+    client_id: str = DEFAULT_CLIENT_ID,
+    timeout_s: float = 10.0,
+    retries: int = 3,
+    keys: ClientKeys | None = None,
+) -> ZooKeeperAddress:
+    """The ZooKeeper ensemble and chroot of the cluster `broker` (one or more, comma-separated)
+    belongs to, asked of it (`Admin.zookeeper`)."""
+    with Admin(broker, client_id, timeout_s, retries, keys=keys) as admin:
+        return admin.zookeeper()
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionState:
     """A partition of a topic, its leader `broker_id` (-1: none), and its state on that

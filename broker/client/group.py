@@ -6,7 +6,8 @@ groups are independent of each other. A member:
 
 - registers itself (ephemeral /consumers/<group>/ids/<consumer_id>) and watches the group's
   members, the brokers and the topics; any change triggers a rebalance;
-- rebalances in the thread that calls `poll`: it stops its fetches, calls `on_revoked`, commits
+- rebalances in the thread that calls `poll`: unless its range is what it owns already (then
+  it reads on from where it is), it stops its fetches, calls `on_revoked`, commits
   (with auto-commit), releases its owner nodes, sorts the topic's partitions (those with a
   replica on a live broker, by preferred leader's id and partition) and the members subscribed
   to the topic, takes its contiguous range (the first len(P) % len(C) members take one more),
@@ -61,10 +62,11 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from broker.client.admin import zookeeper_of
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID, Connection, noted
 from broker.client.consumer import (
@@ -134,6 +136,11 @@ class Record(NamedTuple):
     value: bytes
     headers: Headers = ()
     """(key, value or None) pairs, in order; () for a message without."""
+    next_offset: int = -1
+    """Where the next message starts: what to commit to have read this one (the offset of
+    the message after it, or of the set after it for the last message of a compressed set;
+    a message of a set before its last has its own offset here: committed, the whole set is
+    read again). -1 only in a Record made by hand."""
 
 
 @dataclass(eq=False)
@@ -207,7 +214,10 @@ def _on_partition_count(wanted: threading.Event) -> Callable[[TopicConfig | None
 
 class GroupConsumer(Closing):
     """Consume `topics` as member `consumer_id` of `group`, through the ZooKeeper ensemble
-    `zookeeper` ("host:port[,...]") and registry `chroot`.
+    `zookeeper` ("host:port[,...]") and registry `chroot` (default /pylog), or, with `broker`
+    ("host:port", several comma-separated) and `zookeeper` None, through the ensemble and
+    chroot that broker's cluster uses (asked of it by DESCRIBE_CLUSTER, as `pylogctl group`
+    does; `chroot` given overrides it): a member then needs only a broker's address.
 
     `on_assigned(partitions)` runs after a rebalance claimed them, `on_revoked(partitions)`
     before they are committed and released (both in the thread calling `poll`), so a user can
@@ -222,16 +232,17 @@ class GroupConsumer(Closing):
 
     def __init__(
         self,
-        zookeeper: str,
+        zookeeper: str | None,
         group: str,
         topics: Iterable[str],
         *,
-        chroot: str = DEFAULT_CHROOT,
+        broker: str | None = None,
+        chroot: str | None = None,
         consumer_id: str | None = None,
         reset: Reset = "earliest",
         auto_commit_interval_s: float | None = 5.0,
-        on_assigned: Callable[[frozenset[TopicPartition]], None] | None = None,
-        on_revoked: Callable[[frozenset[TopicPartition]], None] | None = None,
+        on_assigned: Callable[[frozenset[TopicPartition]], object] | None = None,
+        on_revoked: Callable[[frozenset[TopicPartition]], object] | None = None,
         max_wait_ms: int = 500,
         fetch_bytes: int = DEFAULT_FETCH_BYTES,
         session_timeout_s: float = 6.0,
@@ -273,12 +284,22 @@ class GroupConsumer(Closing):
         self._next_commit = time.monotonic() + (auto_commit_interval_s or 0)
         self._closed = False
         self._interrupted = False
+        if zookeeper is None:
+            if broker is None:
+                raise ValueError("a group consumer needs a broker's address or ZooKeeper's")
+            found = zookeeper_of(broker, client_id=client_id, timeout_s=timeout_s, keys=keys)
+            zookeeper, chroot = found.connect, chroot or found.chroot
+        elif broker is not None:
+            raise ValueError("give a group consumer a broker's address or ZooKeeper's, not both")
         self.cluster = Cluster((), client_id, timeout_s, keys=keys)
         self.registry = Registry(
-            zookeeper, chroot, session_timeout_s=session_timeout_s, auth=zookeeper_auth
+            zookeeper,
+            chroot or DEFAULT_CHROOT,
+            session_timeout_s=session_timeout_s,
+            auth=zookeeper_auth,
         )
         try:
-            self.registry.start(timeout=max(10.0, timeout_s))
+            self._start_registry(broker is None, max(10.0, timeout_s))
             self.registry.register_consumer(group, self.consumer_id, self.topics)
             wanted = self._rebalance_wanted
             self.registry.watch_consumers(group, lambda _: wanted.set())
@@ -290,6 +311,21 @@ class GroupConsumer(Closing):
             self.registry.stop()
             self.cluster.close()
             raise
+
+    def _start_registry(self, given: bool, timeout_s: float) -> None:
+        """Connect to ZooKeeper; when the ensemble was `given` and cannot be reached, say that
+        a broker's address is taken as `broker` (a pylog broker does not speak ZooKeeper's
+        protocol, so the address of one given as `zookeeper` is never reached)."""
+        try:
+            self.registry.start(timeout=timeout_s)
+        except RegistryUnavailable as error:
+            if not given:
+                raise
+            raise RegistryUnavailable(
+                f"{error}; if {self.registry.connect_string} is a pylog broker, give it as "
+                f"broker={self.registry.connect_string!r} and zookeeper None: the member "
+                "asks the broker where ZooKeeper is"
+            ) from None
 
     # -- what the member holds ---------------------------------------------------------------
 
@@ -324,12 +360,42 @@ class GroupConsumer(Closing):
             self._processed_all()
             if self._closed or self._interrupted:
                 return
-            self._auto_commit()
-            record = self._hand_out()
-            if record is None:
-                self._fill(None)
-            else:
+            record = self._next_record(None)
+            if record is not None:
                 yield record
+
+    def poll_record(self, max_wait_ms: int | None = None) -> Record | None:
+        """The next message, one at a time, waiting up to `max_wait_ms` (default the
+        member's) for one; None when none came. Calling it counts the record it returned
+        before as processed, as a step of `for record in member` does."""
+        self._processed_all()
+        return self._next_record(max_wait_ms)
+
+    def _next_record(self, max_wait_ms: int | None) -> Record | None:
+        """Hand out the next record fetched, or fetch (up to `max_wait_ms`) and hand out the
+        first that came; auto-commit when due either way."""
+        self._auto_commit()
+        record = self._hand_out()
+        if record is None:
+            self._fill(max_wait_ms)
+            record = self._hand_out()
+        return record
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Read `partition` of `topic` from `offset` next (a message boundary: else the
+        broker answers INVALID_OFFSET at the next fetch, raised by `poll`): the records
+        fetched and not handed out are dropped, a fetch in flight is forgotten, and the
+        position, what a commit records, becomes `offset`. ValueError when this member does
+        not own the partition (now: a rebalance may take it)."""
+        owned = self._owned_by_number().get((topic, partition))
+        if owned is None:
+            raise ValueError(f"{topic}/{partition} is not assigned to this member")
+        if owned.in_flight is not None:
+            del self._in_flight[owned.in_flight]  # its reply, if it comes, is dropped
+            owned.in_flight = None
+        owned.buffered.clear()
+        owned.position = owned.delivered = owned.fetch_offset = offset
+        owned.rest_until = 0.0
 
     def _hand_out(self) -> Record | None:
         """The next record fetched and not handed out, now in hand (delivered); None when
@@ -531,7 +597,16 @@ class GroupConsumer(Closing):
         base = owned.fetch_offset
         messages, damage = decode_fetched(reply.message_set, base, tp.topic, tp.partition)
         owned.buffered = deque(
-            Record(tp.topic, tp.partition, m.offset, m.timestamp_ms, m.key, m.value, m.headers)
+            Record(
+                tp.topic,
+                tp.partition,
+                m.offset,
+                m.timestamp_ms,
+                m.key,
+                m.value,
+                m.headers,
+                m.next_offset,
+            )
             for m in messages
         )
         if damage is None:
@@ -594,6 +669,8 @@ class GroupConsumer(Closing):
         backoff_s = self.rebalance_backoff_s
         for attempt in range(self.rebalance_retries + 1):
             self._rebalance_wanted.clear()
+            if attempt == 0 and self._keeps_its_range():
+                return
             self._revoke()
             wanted = self._wanted()
             claimed: list[TopicPartition] = []
@@ -661,6 +738,16 @@ class GroupConsumer(Closing):
     def _release(self, partitions: Iterable[TopicPartition]) -> None:
         for tp in partitions:
             self.registry.release_partition(self.group, tp.topic, tp.name)
+
+    def _keeps_its_range(self) -> bool:
+        """Whether this member's range is what it owns already, in the session that claimed
+        it (its owner nodes stand): a change that moves none of its partitions (another
+        member's range, a broker that holds none of them, a watch that fires twice at the
+        start) then keeps each partition where it is read, the records not yet committed
+        included, instead of sending it back to its committed offset."""
+        if not self._owned or self._claim_session != self.registry.session_id:
+            return False
+        return set(self._wanted()) == set(self._owned)
 
     def _wanted(self) -> list[TopicPartition]:
         """This member's range of each subscribed topic's live partitions."""
@@ -736,12 +823,29 @@ class GroupConsumer(Closing):
 
     # -- offsets -----------------------------------------------------------------------------
 
-    def commit(self) -> None:
+    def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
         """Count every record handed out as processed (the one in hand included) and record
         in ZooKeeper, for every owned partition, the position after it (only where it
-        moved)."""
-        self._processed_all()
-        self._commit_positions()
+        moved). With `offsets` ((topic, partition) -> the offset to read next), record those
+        instead, for those partitions alone (each becomes the partition's position; the
+        others are left as they are); ValueError, nothing committed, for a partition this
+        member does not own."""
+        if offsets is None:
+            self._processed_all()
+            self._commit_positions()
+            return
+        owned = self._owned_by_number()
+        strangers = sorted(f"{t}/{p}" for t, p in offsets if (t, p) not in owned)
+        if strangers:
+            raise ValueError(f"not assigned to this member: {', '.join(strangers)}")
+        for key, offset in offsets.items():
+            partition = owned[key]
+            self.registry.commit_offset(self.group, key[0], partition.tp.name, offset)
+            partition.position = partition.committed = offset
+
+    def _owned_by_number(self) -> dict[tuple[str, int], _Owned]:
+        """The owned partitions by (topic, partition number)."""
+        return {(tp.topic, tp.partition): owned for tp, owned in self._owned.items()}
 
     def _commit_positions(self) -> None:
         """Record each owned partition's position (after its last processed record) where it

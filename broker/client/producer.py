@@ -629,10 +629,14 @@ class Producer(ProducerCore):
         batch, position, full = self._add(layout, value, key, timestamp_ms, partition, headers)
         if full:
             self._send_batch(batch.partition)
+        self._send_lingering()
+        return Delivery(self, batch, position)
+
+    def _send_lingering(self) -> None:
+        """Send every batch whose linger has passed."""
         if self._batches and self.clock.monotonic() >= self._linger_deadline:
             for lingering in self._lingering():
                 self._send_batch(lingering)
-        return Delivery(self, batch, position)
 
     def _settle(self, batch: Batch, timeout: float | None) -> None:
         """Send `batch` if still open, and any whose linger has passed, then take replies until
@@ -642,9 +646,7 @@ class Producer(ProducerCore):
         with contextlib.suppress(PylogError):
             if self._batches.get(batch.partition) is batch:
                 self._send_batch(batch.partition)
-            if self._batches and self.clock.monotonic() >= self._linger_deadline:
-                for lingering in self._lingering():
-                    self._send_batch(lingering)
+            self._send_lingering()
             while not batch.done and self._in_flight:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -793,13 +795,38 @@ class Producer(ProducerCore):
         if failure is not None:
             raise failure
 
-    def flush(self) -> list[ProduceAck]:
-        """Send every open batch, wait for every acknowledgement, and return those received
-        since the last flush, in the order their batches were sent."""
+    @property
+    def in_flight(self) -> int:
+        """How many batches are sent and not yet acknowledged."""
+        return len(self._in_flight)
+
+    def poll(self, timeout_s: float = 0.0) -> list[ProduceAck]:
+        """Send the batches whose linger has passed, take the acknowledgements that came
+        (waiting up to `timeout_s` for one when none has and a batch is in flight), and return
+        those received since the last poll or flush, in the order their batches were sent: a
+        loop that sends and polls runs the Deliveries' done callbacks without waiting on any.
+        Raises what sending raises (the batches it failed have the error too)."""
+        self._send_lingering()
+        waiting = len(self._in_flight)
+        if waiting:
+            self._take_acks_there()
+            if len(self._in_flight) == waiting and timeout_s > 0:
+                self._receive_ack(timeout_s)
+                self._take_acks_there()
+        return self._take_acks()
+
+    def flush(self, timeout_s: float | None = None) -> list[ProduceAck]:
+        """Send every open batch, wait for every acknowledgement (for at most `timeout_s`,
+        when given: batches still in flight then are left in flight), and return those
+        received since the last poll or flush, in the order their batches were sent."""
+        deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
         for partition in list(self._batches):
             self._send_batch(partition)
         while self._in_flight:
-            self._receive_ack()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self._take_acks()
+            self._receive_ack(None if left == math.inf else left)
         if self._audit is not None:
             self._publish_audit()
         return self._take_acks()

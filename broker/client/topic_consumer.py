@@ -186,6 +186,7 @@ class TopicConsumer(Closing):
                         message.key,
                         message.value,
                         message.headers,
+                        message.next_offset,
                     )
 
     def _poll(self, partition: _Partition, wait_ms: int) -> list[Message]:

@@ -1,0 +1,100 @@
+"""A group member as Kafka users expect one: it needs only a broker's address (it asks the
+broker where ZooKeeper is), a rebalance that moves none of its partitions keeps its positions,
+and it seeks and commits chosen offsets."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from broker.client import Admin, GroupConsumer, Producer, Record
+from broker.errors import RegistryUnavailable
+from tests.pylogd import RunningBroker
+
+
+@pytest.fixture
+def kafka_topic(broker: RunningBroker, topic: str) -> str:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, partitions=2)
+    return topic
+
+
+def produce(broker: RunningBroker, topic: str, values: list[str], partition: int = 0) -> list[int]:
+    """Produce `values` to `partition`; their offsets."""
+    with Producer(broker.endpoint, topic) as producer:
+        sent = [producer.send(value.encode(), partition=partition) for value in values]
+        return [delivery.result(30) for delivery in sent]
+
+
+def test_a_group_member_finds_zookeeper_through_a_broker(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    produce(broker, kafka_topic, ["through a broker"], partition=1)
+    with GroupConsumer(None, "by-broker", [kafka_topic], broker=broker.endpoint) as member:
+        records: list[Record] = []
+        deadline = time.monotonic() + 30
+        while not records and time.monotonic() < deadline:  # bounded: one message
+            records = member.poll(500)
+    assert [r.value for r in records] == [b"through a broker"]
+    with pytest.raises(ValueError, match="not both"):
+        GroupConsumer("127.0.0.1:1", "g", [kafka_topic], broker=broker.endpoint)
+
+
+@pytest.mark.slow
+def test_a_brokers_address_given_as_zookeepers_is_named_in_the_error(
+    broker: RunningBroker,
+) -> None:
+    address = broker.endpoint.removeprefix("tcp://")
+    with pytest.raises(RegistryUnavailable, match=f"give it as broker='{address}'"):
+        GroupConsumer(address, "g", ["t"], timeout_s=1)
+
+
+def test_a_member_without_auto_commit_is_not_sent_back_by_a_rebalance_that_moves_nothing(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    """Each start of a member sees its watches fire more than once; a rebalance that leaves its
+    range as it is keeps its positions (before, it went back to the committed offsets, and a
+    member without auto-commit read its first messages twice)."""
+    produce(broker, kafka_topic, [f"m{i}" for i in range(20)])
+    with GroupConsumer(
+        None, "no-auto", [kafka_topic], broker=broker.endpoint, auto_commit_interval_s=None
+    ) as member:
+        values: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(values) < 20 and time.monotonic() < deadline:  # bounded: 20 messages
+            values += [r.value for r in member.poll(200)]
+        for _ in range(5):  # what a rebalance would send back comes within these
+            values += [r.value for r in member.poll(200)]
+    assert sorted(values) == sorted(b"m%d" % i for i in range(20))
+
+
+def test_seek_and_commit_of_chosen_offsets(broker: RunningBroker, kafka_topic: str) -> None:
+    offsets = produce(broker, kafka_topic, [f"m{i}" for i in range(6)])
+
+    def member_of_chosen() -> GroupConsumer:
+        return GroupConsumer(
+            None, "chosen", [kafka_topic], broker=broker.endpoint, auto_commit_interval_s=None
+        )
+
+    with member_of_chosen() as member:
+        first = None
+        deadline = time.monotonic() + 30
+        while first is None and time.monotonic() < deadline:  # bounded: one message
+            first = member.poll_record(200)
+        assert first is not None and first.value == b"m0"
+        assert first.next_offset == offsets[1]
+        member.seek(kafka_topic, 0, offsets[4])
+        again = member.poll_record(5000)
+        assert again is not None and (again.value, again.offset) == (b"m4", offsets[4])
+        member.commit({(kafka_topic, 0): offsets[2]})
+        with pytest.raises(ValueError, match="not assigned"):
+            member.commit({(kafka_topic, 9): 0})
+        with pytest.raises(ValueError, match="not assigned"):
+            member.seek(kafka_topic, 9, 0)
+    with member_of_chosen() as member:
+        resumed = None
+        deadline = time.monotonic() + 30
+        while resumed is None and time.monotonic() < deadline:  # bounded: one message
+            resumed = member.poll_record(200)
+        assert resumed is not None and resumed.value == b"m2"
