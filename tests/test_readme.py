@@ -40,7 +40,7 @@ NOT_RUN = {"scripts/test": "the test command itself: it is running this test"}
 NOT_COMMANDS = {"Layout"}
 # The one Python block that loops until stopped: the member joins the group "loaders" (the
 # `group consume` members share the partitions with it), then gets Ctrl-C.
-ENDLESS_PYTHON = "for record in member:"
+ENDLESS_PYTHON = "while True:"
 
 
 @dataclass

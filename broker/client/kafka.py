@@ -1,0 +1,812 @@
+"""The Python client in the shape of confluent-kafka-python, for programs written for Kafka.
+
+A program that uses confluent-kafka's common subset runs against pylog with its import changed
+to `from broker.client.kafka import Consumer, KafkaError, KafkaException, Producer,
+TopicPartition` (docs/clients.md): the dictionary configuration, `Producer.produce / poll /
+flush`, `Consumer.subscribe / poll / consume / commit / seek / assignment / position`, the
+delivery callback `on_delivery(err, msg)` and messages read with `msg.value()`,
+`msg.offset()`, `msg.error()`. Underneath are this package's Producer and GroupConsumer, with
+their rules (at-least-once delivery, offsets as byte positions).
+
+Configuration keys keep Kafka's meaning where pylog has the same concept; any other key is
+refused at construction with KafkaException naming it and the keys taken (a key with no
+pylog meaning is never silently dropped). The differences a Kafka user meets:
+
+- Offsets are byte positions, not consecutive numbers: commit `msg.offset()` + 1 is wrong;
+  commit the message (`commit(message=msg)`) or `TopicPartition(topic, partition,
+  offset_after)` where `offset_after` is `position()`'s answer, or the next message's offset.
+- The producer sends keyless messages to partitions in turn and keyed ones by their key's
+  hash (pylog's partitioner, not Kafka's murmur2: the same key does not land on the
+  partition Kafka would choose).
+- `enable.idempotence` true is refused: pylog's producer does not yet number its sets, so a
+  batch sent again after a lost reply may be stored twice (at least once).
+- Each topic produced to has connections of its own; callbacks run in `poll()` and `flush()`,
+  in the calling thread, as in confluent-kafka.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from broker.client.connection import DEFAULT_CLIENT_ID
+from broker.client.group import GroupConsumer, Record
+from broker.client.group import TopicPartition as GroupPartition
+from broker.client.producer import DELIVERY_TIMEOUT_S, Delivery
+from broker.client.producer import Producer as _Producer
+from broker.errors import (
+    AuthenticationFailed,
+    AuthorizationFailed,
+    BrokerError,
+    CorruptSegment,
+    InvalidMessage,
+    MessageTooLarge,
+    NotEnoughReplicas,
+    NotLeaderForPartition,
+    OffsetOutOfRange,
+    PylogError,
+    Unavailable,
+    UnknownTopicOrPartition,
+)
+from broker.log.compression import compressor_for
+from broker.protocol import Ack
+from broker.security import ClientKeys, KeyFileError, ZooKeeperAuth
+
+OFFSET_INVALID: Final = -1001
+"""The offset of a message whose offset is not known (confluent-kafka's value): acks 0."""
+TIMESTAMP_CREATE_TIME: Final = 1
+"""A message's timestamp type (confluent-kafka's value): pylog timestamps are the producer's."""
+
+
+class KafkaError:
+    """An error as confluent-kafka reports one: `code()`, `name()`, `str()`, `retriable()`,
+    `fatal()`. Codes are Kafka's where pylog's error means the same, else _FAIL (the pylog
+    error it stands for is `error`, its class names it)."""
+
+    _FAIL: Final = -150
+    _PARTITION_EOF: Final = -191
+    _MSG_TIMED_OUT: Final = -192
+    _TRANSPORT: Final = -195
+    _AUTHENTICATION: Final = -169
+    _INVALID_ARG: Final = -186
+    _UNKNOWN_PARTITION: Final = -190
+    OFFSET_OUT_OF_RANGE: Final = 1
+    CORRUPT_MESSAGE: Final = 2
+    UNKNOWN_TOPIC_OR_PART: Final = 3
+    NOT_LEADER_FOR_PARTITION: Final = 6
+    MSG_SIZE_TOO_LARGE: Final = 10
+    NOT_ENOUGH_REPLICAS: Final = 19
+    TOPIC_AUTHORIZATION_FAILED: Final = 29
+
+    def __init__(
+        self, code: int, reason: str, retriable: bool = False, error: PylogError | None = None
+    ) -> None:
+        self._code = code
+        self._reason = reason
+        self._retriable = retriable
+        self.error = error
+        """The pylog error reported, or None."""
+
+    @classmethod
+    def of(cls, error: PylogError) -> KafkaError:
+        """`error` as Kafka would report it."""
+        code = next((code for kind, code in _CODES if isinstance(error, kind)), cls._FAIL)
+        retriable = (
+            error.retriable if isinstance(error, BrokerError) else isinstance(error, Unavailable)
+        )
+        return cls(code, str(error), retriable, error)
+
+    def code(self) -> int:
+        return self._code
+
+    def name(self) -> str:
+        for attribute, value in vars(KafkaError).items():
+            if attribute.lstrip("_").isupper() and value == self._code:
+                return attribute
+        return str(self._code)
+
+    def str(self) -> str:
+        return self._reason
+
+    def retriable(self) -> bool:
+        return self._retriable
+
+    def fatal(self) -> bool:
+        return False
+
+    def __str__(self) -> builtins.str:
+        return self._reason
+
+    def __repr__(self) -> builtins.str:
+        return f'KafkaError{{code={self.name()},val={self._code},str="{self._reason}"}}'
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, KafkaError):
+            return self._code == other._code
+        if isinstance(other, int):
+            return self._code == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._code)
+
+
+_CODES: Final[tuple[tuple[type[PylogError], int], ...]] = (
+    (OffsetOutOfRange, KafkaError.OFFSET_OUT_OF_RANGE),
+    (CorruptSegment, KafkaError.CORRUPT_MESSAGE),
+    (InvalidMessage, KafkaError.CORRUPT_MESSAGE),
+    (UnknownTopicOrPartition, KafkaError.UNKNOWN_TOPIC_OR_PART),
+    (NotLeaderForPartition, KafkaError.NOT_LEADER_FOR_PARTITION),
+    (MessageTooLarge, KafkaError.MSG_SIZE_TOO_LARGE),
+    (NotEnoughReplicas, KafkaError.NOT_ENOUGH_REPLICAS),
+    (AuthorizationFailed, KafkaError.TOPIC_AUTHORIZATION_FAILED),
+    (AuthenticationFailed, KafkaError._AUTHENTICATION),
+    (Unavailable, KafkaError._TRANSPORT),
+)
+"""Kafka's code for each kind of pylog error that has one, the first match taken."""
+
+
+class KafkaException(Exception):
+    """What confluent-kafka raises: `args[0]` is the KafkaError."""
+
+    def __init__(self, error: KafkaError | PylogError | str) -> None:
+        if isinstance(error, PylogError):
+            error = KafkaError.of(error)
+        elif isinstance(error, str):
+            error = KafkaError(KafkaError._INVALID_ARG, error)
+        super().__init__(error)
+
+
+class TopicPartition:
+    """A partition of a topic, with an offset where one is meant (the offset to read next),
+    as confluent-kafka's: `topic`, `partition`, `offset`, `error`."""
+
+    __slots__ = ("error", "offset", "partition", "topic")
+
+    def __init__(self, topic: str, partition: int = -1, offset: int = OFFSET_INVALID) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.error: KafkaError | None = None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TopicPartition):
+            return NotImplemented
+        return (self.topic, self.partition) == (other.topic, other.partition)
+
+    def __hash__(self) -> int:
+        return hash((self.topic, self.partition))
+
+    def __lt__(self, other: TopicPartition) -> bool:
+        return (self.topic, self.partition) < (other.topic, other.partition)
+
+    def __repr__(self) -> str:
+        return (
+            f"TopicPartition{{topic={self.topic},partition={self.partition},offset={self.offset}}}"
+        )
+
+
+class Message:
+    """A message read or delivered, with confluent-kafka's accessors."""
+
+    __slots__ = (
+        "_error",
+        "_headers",
+        "_key",
+        "_next",
+        "_offset",
+        "_partition",
+        "_timestamp",
+        "_topic",
+        "_value",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: Any,
+        value: Any,
+        timestamp_ms: int,
+        headers: list[tuple[str, bytes | None]] | None,
+        error: KafkaError | None = None,
+        next_offset: int = OFFSET_INVALID,
+    ) -> None:
+        self._topic = topic
+        self._partition = partition
+        self._offset = offset
+        self._key = key
+        self._value = value
+        self._timestamp = timestamp_ms
+        self._headers = headers
+        self._error = error
+        self._next = next_offset
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        """The message's offset: its byte position in the partition (not a count)."""
+        return self._offset
+
+    def next_offset(self) -> int:
+        """Where the next message starts: the offset to commit to have read this one (pylog's
+        own; Kafka's is offset() + 1)."""
+        return self._next
+
+    def key(self) -> Any:
+        return self._key
+
+    def value(self) -> Any:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return TIMESTAMP_CREATE_TIME, self._timestamp
+
+    def error(self) -> KafkaError | None:
+        return self._error
+
+    def __len__(self) -> int:
+        return 0 if self._value is None else len(self._value)
+
+    def __repr__(self) -> str:
+        return f"Message(topic={self._topic!r}, partition={self._partition}, offset={self._offset})"
+
+
+DeliveryCallback = Callable[[KafkaError | None, Message], object]
+
+_ACKS: Final = {"0": Ack.NONE, "1": Ack.WRITTEN, "-1": Ack.ALL, "all": Ack.ALL}
+_TRUE: Final = frozenset({"true", "1", "yes"})
+_FALSE: Final = frozenset({"false", "0", "no"})
+_RESETS: Final = {
+    "earliest": "earliest",
+    "smallest": "earliest",
+    "beginning": "earliest",
+    "latest": "latest",
+    "largest": "latest",
+    "end": "latest",
+}
+
+
+def _flag(key: str, value: Any) -> bool:
+    text = str(value).lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise KafkaException(f"{key}: {value!r} is not a boolean (true or false)")
+
+
+def _number(key: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not number >= 0:
+        raise KafkaException(f"{key}: {value!r} is not a number of 0 or more")
+    return number
+
+
+def _choice(key: str, value: Any, choices: Mapping[str, Any]) -> Any:
+    chosen = choices.get(str(value).lower())
+    if chosen is None:
+        raise KafkaException(f"{key}: {value!r} is not one of {', '.join(choices)}")
+    return chosen
+
+
+def _settings(conf: Mapping[str, Any], known: Iterable[str], kind: str) -> dict[str, Any]:
+    """`conf` checked: every key one of `known`, `bootstrap.servers` given."""
+    if not isinstance(conf, Mapping):
+        raise TypeError(f"a {kind} takes its configuration as a dict, not {type(conf).__name__}")
+    taken = set(known)
+    unknown = sorted(set(conf) - taken)
+    if unknown:
+        raise KafkaException(
+            f"{', '.join(map(repr, unknown))}: not a pylog {kind} setting (taken: "
+            f"{', '.join(sorted(taken))}; docs/clients.md says why the others are not)"
+        )
+    if not conf.get("bootstrap.servers"):
+        raise KafkaException("bootstrap.servers: a broker's host:port (several, comma-separated)")
+    return dict(conf)
+
+
+def _keys(conf: Mapping[str, Any]) -> ClientKeys | None:
+    """The Curve keys of `pylog.key.file` and `pylog.broker.key`, checked against
+    `security.protocol`: PLAINTEXT without them, CURVE (or SSL / SASL_SSL, taken as asking
+    for encryption) with them."""
+    key_file, broker_key = conf.get("pylog.key.file"), conf.get("pylog.broker.key")
+    protocol = str(conf.get("security.protocol", "")).upper()
+    if (key_file is None) != (broker_key is None):
+        raise KafkaException(
+            "pylog.key.file and pylog.broker.key go together: the client's secret key file and "
+            "the brokers' public key (or its file)"
+        )
+    if key_file is None:
+        if protocol not in ("", "PLAINTEXT"):
+            raise KafkaException(
+                f"security.protocol {protocol}: pylog encrypts with CurveZMQ; give "
+                "pylog.key.file and pylog.broker.key (docs/security.md), or PLAINTEXT"
+            )
+        return None
+    if protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
+        raise KafkaException(
+            f"security.protocol {protocol} with Curve keys: say CURVE, or leave it out"
+        )
+    try:
+        return ClientKeys.load(str(key_file), str(broker_key))
+    except KeyFileError as error:
+        raise KafkaException(f"pylog.key.file / pylog.broker.key: {error}") from None
+
+
+_COMMON: Final = (
+    "bootstrap.servers",
+    "client.id",
+    "security.protocol",
+    "pylog.key.file",
+    "pylog.broker.key",
+    "request.timeout.ms",
+)
+PRODUCER_KEYS: Final = (
+    *_COMMON,
+    "acks",
+    "request.required.acks",
+    "enable.idempotence",
+    "compression.type",
+    "compression.codec",
+    "compression.level",
+    "linger.ms",
+    "queue.buffering.max.ms",
+    "batch.num.messages",
+    "batch.size",
+    "delivery.timeout.ms",
+    "message.timeout.ms",
+    "retries",
+    "max.in.flight.requests.per.connection",
+    "max.in.flight",
+    "on_delivery",
+)
+"""The keys a Producer takes (docs/clients.md has what each maps to)."""
+CONSUMER_KEYS: Final = (
+    *_COMMON,
+    "group.id",
+    "group.instance.id",
+    "auto.offset.reset",
+    "enable.auto.commit",
+    "auto.commit.interval.ms",
+    "session.timeout.ms",
+    "fetch.wait.max.ms",
+    "fetch.max.bytes",
+    "max.partition.fetch.bytes",
+    "enable.partition.eof",
+    "key.deserializer",
+    "value.deserializer",
+    "pylog.zookeeper.auth.file",
+)
+"""The keys a Consumer takes."""
+
+
+def _encoded(what: str, data: Any) -> bytes | None:
+    """A value, key or header value as confluent-kafka takes it: bytes as they are, str as
+    UTF-8, None as None."""
+    if data is None or isinstance(data, bytes):
+        return data
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    raise TypeError(f"{what} is bytes or str, not {type(data).__name__}")
+
+
+class Producer:
+    """confluent_kafka.Producer's shape over pylog's Producer: not bound to a topic."""
+
+    def __init__(self, conf: Mapping[str, Any], **kwargs: Any) -> None:
+        conf = _settings({**conf, **kwargs}, PRODUCER_KEYS, "producer")
+        if _flag("enable.idempotence", conf.get("enable.idempotence", False)):
+            raise KafkaException(
+                "enable.idempotence: pylog's producer does not number its sets yet, so a batch "
+                "sent again after a lost reply may be stored twice; leave it out (at least once)"
+            )
+        acks = conf.get("acks", conf.get("request.required.acks", "all"))
+        compression = str(conf.get("compression.type", conf.get("compression.codec", "none")))
+        if compression.lower() == "snappy":
+            raise KafkaException("compression.type snappy: pylog has none, gzip, lz4 and zstd")
+        linger = conf.get("linger.ms", conf.get("queue.buffering.max.ms", 5))
+        timeout = conf.get("delivery.timeout.ms", conf.get("message.timeout.ms"))
+        level = conf.get("compression.level")
+        self._options: dict[str, Any] = {
+            "ack": _choice("acks", acks, _ACKS),
+            "linger_ms": _number("linger.ms", linger),
+            "batch_messages": int(
+                _number("batch.num.messages", conf.get("batch.num.messages", 10_000))
+            ),
+            "batch_bytes": int(_number("batch.size", conf.get("batch.size", 1_000_000))),
+            "delivery_timeout_s": (
+                DELIVERY_TIMEOUT_S
+                if timeout is None
+                else _number("delivery.timeout.ms", timeout) / 1000
+            ),
+            "retries": None if "retries" not in conf else int(_number("retries", conf["retries"])),
+            "max_in_flight": int(
+                _number(
+                    "max.in.flight.requests.per.connection",
+                    conf.get("max.in.flight.requests.per.connection", conf.get("max.in.flight", 5)),
+                )
+            ),
+            "client_id": str(conf.get("client.id", DEFAULT_CLIENT_ID)),
+            "timeout_s": _number("request.timeout.ms", conf.get("request.timeout.ms", 10_000))
+            / 1000,
+            "compression": compression.lower(),
+            "compression_level": None if level is None or int(level) == -1 else int(level),
+            "keys": _keys(conf),
+        }
+        if self._options["batch_messages"] < 1 or self._options["max_in_flight"] < 1:
+            raise KafkaException("batch.num.messages and max.in.flight take 1 or more")
+        try:
+            compressor_for(self._options["compression"], self._options["compression_level"])
+        except ValueError as error:
+            raise KafkaException(f"compression.type: {error}") from None
+        self._endpoint = str(conf["bootstrap.servers"])
+        self._on_delivery: DeliveryCallback | None = conf.get("on_delivery")
+        self._producers: dict[str, _Producer] = {}
+        self._reports: deque[tuple[DeliveryCallback, Delivery, Message]] = deque()
+        self._waiting = 0
+
+    def _producer(self, topic: str) -> _Producer:
+        producer = self._producers.get(topic)
+        if producer is None:
+            try:
+                producer = _Producer(self._endpoint, topic, **self._options)
+            except PylogError as error:
+                raise KafkaException(error) from None
+            self._producers[topic] = producer
+        return producer
+
+    def produce(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int = -1,
+        on_delivery: DeliveryCallback | None = None,
+        timestamp: int = 0,
+        headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
+        *,
+        callback: DeliveryCallback | None = None,
+    ) -> None:
+        """Send a message to `topic` (batched: it leaves with its batch, by `linger.ms` or
+        `batch.num.messages`); `on_delivery(err, msg)` (or `callback`, or the configuration's
+        `on_delivery`) runs in a later `poll()` or `flush()` with its offset or its error.
+        `value` and `key` are bytes or str (UTF-8); a value of None (Kafka's tombstone) is
+        refused: a pylog message always has a value (b"" is empty). `partition` -1 lets the
+        partitioner choose; `timestamp` 0 is now; `headers` a dict or (key, value) pairs.
+        KafkaException for a broker's error met while sending (the messages of the batches
+        it failed are reported to their callbacks too)."""
+        data = _encoded("value", value)
+        if data is None:
+            raise TypeError("value: a pylog message has a value (no tombstones): give b'' for none")
+        pairs = None
+        if headers is not None:
+            items = headers.items() if isinstance(headers, Mapping) else headers
+            pairs = [(name, _encoded(f"header {name!r}", item)) for name, item in items]
+        producer = self._producer(topic)
+        try:
+            delivery = producer.send(
+                data,
+                _encoded("key", key),
+                timestamp or None,
+                None if partition == -1 else partition,
+                pairs,
+            )
+        except PylogError as error:
+            raise KafkaException(error) from None
+        report = on_delivery or callback or self._on_delivery
+        self._waiting += 1
+        message = Message(topic, delivery.partition, OFFSET_INVALID, key, value, timestamp, pairs)
+        delivery.add_done_callback(lambda done: self._delivered(report, done, message))
+
+    def _delivered(self, report: DeliveryCallback | None, done: Delivery, message: Message) -> None:
+        self._waiting -= 1
+        if report is not None:
+            self._reports.append((report, done, message))
+
+    def poll(self, timeout: float | None = None) -> int:
+        """Send what lingered, take the acknowledgements that came (waiting up to `timeout`
+        seconds for one, None or -1: until one comes) and run the delivery callbacks of the
+        messages they settled; returns how many ran. Errors go to the callbacks."""
+        wait = math.inf if timeout is None or timeout < 0 else timeout
+        deadline = time.monotonic() + wait
+        while True:
+            for producer in self._producers.values():
+                with contextlib.suppress(PylogError):  # the batches it failed carry it
+                    producer.poll(0.0)
+            if self._reports or not self._waiting:
+                return self._report()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return 0
+            busy = next((p for p in self._producers.values() if p.in_flight), None)
+            if busy is None:  # only batches lingering: the next turn sends them
+                time.sleep(min(left, self._options["linger_ms"] / 1000))
+                continue
+            with contextlib.suppress(PylogError):
+                busy.poll(min(left, 0.1))
+
+    def _report(self) -> int:
+        ran = 0
+        while self._reports:
+            report, done, message = self._reports.popleft()
+            error = done.exception(0)
+            with contextlib.suppress(PylogError):  # DeliveryUnknown with acks 0: no offset
+                message._offset = done.result(0)
+            report(None if error is None else KafkaError.of(error), message)
+            ran += 1
+        return ran
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Send every message, wait for their acknowledgements (up to `timeout` seconds; None
+        or -1: until all came), run their callbacks; returns how many are still waiting."""
+        wait = None if timeout is None or timeout < 0 else timeout
+        deadline = math.inf if wait is None else time.monotonic() + wait
+        for producer in list(self._producers.values()):
+            while True:  # each error raised failed (settled) a batch: the next call goes on
+                left = None if wait is None else max(0.0, deadline - time.monotonic())
+                try:
+                    producer.flush(left)
+                    break
+                except PylogError:  # reported to the callbacks of that batch's messages
+                    if left == 0.0:
+                        break
+        self._report()
+        return self._waiting
+
+    def __len__(self) -> int:
+        """How many messages produced are not yet delivered (nor failed)."""
+        return self._waiting
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        raise KafkaException("list_topics: use broker.client.Admin (pylogctl topic list)")
+
+    def close(self) -> None:
+        """Close every connection (what is not flushed is not sent)."""
+        for producer in self._producers.values():
+            producer.cluster.close()
+        self._producers.clear()
+
+
+def _partitions(owned: Iterable[GroupPartition]) -> list[TopicPartition]:
+    return sorted(TopicPartition(tp.topic, tp.partition) for tp in owned)
+
+
+class Consumer:
+    """confluent_kafka.Consumer's shape over pylog's GroupConsumer: a member of `group.id`,
+    found through `bootstrap.servers` (the member asks a broker where ZooKeeper is)."""
+
+    def __init__(self, conf: Mapping[str, Any], **kwargs: Any) -> None:
+        conf = _settings({**conf, **kwargs}, CONSUMER_KEYS, "consumer")
+        if not conf.get("group.id"):
+            raise KafkaException("group.id: a consumer reads as a member of a group; name it")
+        if _flag("enable.partition.eof", conf.get("enable.partition.eof", False)):
+            raise KafkaException(
+                "enable.partition.eof: pylog's group consumer has no end-of-partition event"
+            )
+        self._conf = conf
+        self._reset = _choice("auto.offset.reset", conf.get("auto.offset.reset", "latest"), _RESETS)
+        self._auto_commit_s: float | None = None
+        if _flag("enable.auto.commit", conf.get("enable.auto.commit", True)):
+            self._auto_commit_s = (
+                _number("auto.commit.interval.ms", conf.get("auto.commit.interval.ms", 5000)) / 1000
+            )
+        self._session_s = _number("session.timeout.ms", conf.get("session.timeout.ms", 6000)) / 1000
+        self._wait_ms = int(_number("fetch.wait.max.ms", conf.get("fetch.wait.max.ms", 500)))
+        fetch = conf.get("max.partition.fetch.bytes", conf.get("fetch.max.bytes"))
+        self._fetch_bytes = None if fetch is None else int(_number("fetch.max.bytes", fetch))
+        self._timeout_s = (
+            _number("request.timeout.ms", conf.get("request.timeout.ms", 10_000)) / 1000
+        )
+        self._keys = _keys(conf)
+        self._deserializers = (conf.get("key.deserializer"), conf.get("value.deserializer"))
+        self._zookeeper_auth = None
+        if conf.get("pylog.zookeeper.auth.file"):
+            try:
+                self._zookeeper_auth = ZooKeeperAuth.load(str(conf["pylog.zookeeper.auth.file"]))
+            except KeyFileError as error:
+                raise KafkaException(f"pylog.zookeeper.auth.file: {error}") from None
+        self._member: GroupConsumer | None = None
+        self._closed = False
+
+    def subscribe(
+        self,
+        topics: list[str],
+        on_assign: Callable[[Consumer, list[TopicPartition]], object] | None = None,
+        on_revoke: Callable[[Consumer, list[TopicPartition]], object] | None = None,
+        on_lost: Callable[[Consumer, list[TopicPartition]], object] | None = None,
+    ) -> None:
+        """Join the group for `topics` (whole names; a name starting with ^ is a pattern in
+        Kafka, refused here), leaving any subscription before. `on_assign(consumer,
+        partitions)` and `on_revoke(consumer, partitions)` run in poll() around rebalances."""
+        if isinstance(topics, str):
+            raise TypeError("subscribe takes a list of topics, not a str")
+        patterns = [topic for topic in topics if topic.startswith("^")]
+        if patterns:
+            raise KafkaException(f"{', '.join(patterns)}: pylog groups subscribe to topics by name")
+        self._check_open()
+        self.unsubscribe()
+        member_options: dict[str, Any] = {}
+        if self._fetch_bytes is not None:
+            member_options["fetch_bytes"] = self._fetch_bytes
+        revoked = on_revoke or on_lost
+        try:
+            self._member = GroupConsumer(
+                None,
+                str(self._conf["group.id"]),
+                topics,
+                broker=str(self._conf["bootstrap.servers"]),
+                consumer_id=self._conf.get("group.instance.id"),
+                reset=self._reset,
+                auto_commit_interval_s=self._auto_commit_s,
+                on_assigned=None
+                if on_assign is None
+                else lambda owned: on_assign(self, _partitions(owned)),
+                on_revoked=None
+                if revoked is None
+                else lambda owned: revoked(self, _partitions(owned)),
+                max_wait_ms=self._wait_ms,
+                session_timeout_s=self._session_s,
+                client_id=str(self._conf.get("client.id", DEFAULT_CLIENT_ID)),
+                timeout_s=self._timeout_s,
+                keys=self._keys,
+                zookeeper_auth=self._zookeeper_auth,
+                **member_options,
+            )
+        except PylogError as error:
+            raise KafkaException(error) from None
+
+    def _joined(self) -> GroupConsumer:
+        self._check_open()
+        if self._member is None:
+            raise KafkaException("not subscribed: call subscribe(topics) first")
+        return self._member
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("Consumer closed")
+
+    def poll(self, timeout: float | None = None) -> Message | None:
+        """The next message, waiting up to `timeout` seconds (None or -1: until one comes);
+        None when none came. The message returned before counts as processed (auto-commit
+        commits it). KafkaException for an error that stops reading (damaged data,
+        authorization)."""
+        member = self._joined()
+        deadline = math.inf if timeout is None or timeout < 0 else time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            wait_ms = (
+                self._wait_ms
+                if left == math.inf
+                else max(0, min(self._wait_ms, round(left * 1000)))
+            )
+            try:
+                record = member.poll_record(wait_ms)
+            except PylogError as error:
+                raise KafkaException(error) from None
+            if record is not None:
+                return self._message(record)
+            if time.monotonic() >= deadline:
+                return None
+
+    def consume(self, num_messages: int = 1, timeout: float | None = -1) -> list[Message]:
+        """Up to `num_messages` messages, waiting up to `timeout` seconds (-1 or None: until
+        that many came) in all."""
+        if num_messages < 1:
+            raise ValueError("num_messages is 1 or more")
+        deadline = math.inf if timeout is None or timeout < 0 else time.monotonic() + timeout
+        messages: list[Message] = []
+        while len(messages) < num_messages:
+            left = deadline - time.monotonic()
+            message = self.poll(None if left == math.inf else max(0.0, left))
+            if message is None:
+                break
+            messages.append(message)
+        return messages
+
+    def _message(self, record: Record) -> Message:
+        key_deserializer, value_deserializer = self._deserializers
+        key, value = record.key, record.value
+        if key_deserializer is not None and key is not None:
+            key = key_deserializer(key)
+        if value_deserializer is not None:
+            value = value_deserializer(value)
+        headers = list(record.headers) if record.headers else None
+        return Message(
+            record.topic,
+            record.partition,
+            record.offset,
+            key,
+            value,
+            record.timestamp_ms,
+            headers,
+            next_offset=record.next_offset,
+        )
+
+    def commit(
+        self,
+        message: Message | None = None,
+        offsets: list[TopicPartition] | None = None,
+        asynchronous: bool = True,
+    ) -> list[TopicPartition] | None:
+        """Commit, in ZooKeeper, every message returned so far (no argument); or `message`
+        (the offset after it); or `offsets` (each the offset to read next). The commit is
+        made before this returns, whatever `asynchronous` says; it returns the partitions
+        committed when `asynchronous` is False, as confluent-kafka does."""
+        member = self._joined()
+        if message is not None and offsets is not None:
+            raise ValueError("commit takes a message or offsets, not both")
+        try:
+            if message is not None:
+                chosen = {(message.topic(), message.partition()): message.next_offset()}
+                member.commit(chosen)
+                committed = [
+                    TopicPartition(message.topic(), message.partition(), message.next_offset())
+                ]
+            elif offsets is not None:
+                member.commit({(tp.topic, tp.partition): tp.offset for tp in offsets})
+                committed = list(offsets)
+            else:
+                member.commit()
+                committed = self.position(self.assignment())
+        except PylogError as error:
+            raise KafkaException(error) from None
+        except ValueError as error:
+            raise KafkaException(str(error)) from None
+        return None if asynchronous else committed
+
+    def assignment(self) -> list[TopicPartition]:
+        """The partitions this member owns now."""
+        if self._member is None:
+            return []
+        return _partitions(self._member.assignment)
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """`partitions` with the offset each is read from next (OFFSET_INVALID for one not
+        owned)."""
+        member = self._joined()
+        positions = {(tp.topic, tp.partition): offset for tp, offset in member.positions().items()}
+        return [
+            TopicPartition(
+                tp.topic, tp.partition, positions.get((tp.topic, tp.partition), OFFSET_INVALID)
+            )
+            for tp in partitions
+        ]
+
+    def seek(self, partition: TopicPartition) -> None:
+        """Read `partition.partition` of `partition.topic` from `partition.offset` next (an
+        offset where a message starts); KafkaException when not owned."""
+        try:
+            self._joined().seek(partition.topic, partition.partition, partition.offset)
+        except ValueError as error:
+            raise KafkaException(str(error)) from None
+
+    def unsubscribe(self) -> None:
+        """Leave the group (committing with auto-commit)."""
+        if self._member is not None:
+            member, self._member = self._member, None
+            member.close()
+
+    def close(self) -> None:
+        """Leave the group and close; poll() raises RuntimeError after."""
+        if not self._closed:
+            self.unsubscribe()
+            self._closed = True

@@ -1,0 +1,328 @@
+"""The client in confluent-kafka-python's shape (broker.client.kafka) against a real broker: a
+program written for confluent-kafka runs with only its import changed, and each call Kafka
+users lean on behaves as there (poll's timeout in seconds, commits of a message or offsets,
+seek, position, deserializers, group members that need only a broker's address)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.client import Admin, PartitionConsumer
+from broker.client.kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from tests.pylogd import RunningBroker
+
+CONFLUENT_IMPORT = "from confluent_kafka import Consumer, KafkaError, KafkaException, Producer"
+PYLOG_IMPORT = "from broker.client.kafka import Consumer, KafkaError, KafkaException, Producer"
+
+PROGRAM = f"""
+import sys
+
+{CONFLUENT_IMPORT}
+
+bootstrap, topic, group, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+delivered, failed = [], []
+
+
+def on_delivery(err, msg):
+    if err is not None:
+        failed.append(err)
+    else:
+        delivered.append((msg.topic(), msg.partition(), msg.offset()))
+
+
+producer = Producer({{
+    "bootstrap.servers": bootstrap,
+    "client.id": "kafka-program",
+    "acks": "all",
+    "linger.ms": 5,
+    "compression.type": "lz4",
+}})
+for i in range(count):
+    producer.produce(topic, value=f"message {{i}}", key=str(i % 7), on_delivery=on_delivery,
+                     headers={{"n": str(i)}})
+    producer.poll(0)
+remaining = producer.flush(30)
+print("produced", len(delivered), "failed", len(failed), "remaining", remaining, flush=True)
+
+consumer = Consumer({{
+    "bootstrap.servers": bootstrap,
+    "group.id": group,
+    "auto.offset.reset": "earliest",
+    "enable.auto.commit": False,
+}})
+consumer.subscribe([topic])
+seen = set()
+try:
+    while len(seen) < count:
+        msg = consumer.poll(timeout=1.0)
+        if msg is None:
+            continue
+        if msg.error():
+            if msg.error().code() == KafkaError._PARTITION_EOF:
+                continue
+            raise KafkaException(msg.error())
+        assert msg.headers() == [("n", msg.value().decode().split()[1].encode())]
+        seen.add(msg.value().decode())
+        if len(seen) % 100 == 0:
+            consumer.commit(asynchronous=False)
+    consumer.commit(asynchronous=False)
+finally:
+    consumer.close()
+print("consumed", len(seen), flush=True)
+
+producer.produce(topic, value="after the commit", key="0")
+producer.flush()
+consumer = Consumer({{"bootstrap.servers": bootstrap, "group.id": group,
+                      "auto.offset.reset": "earliest"}})
+consumer.subscribe([topic])
+try:
+    msg = None
+    while msg is None:
+        msg = consumer.poll(1.0)
+    print("next", msg.value().decode(), flush=True)
+finally:
+    consumer.close()
+"""
+
+
+def test_a_confluent_kafka_program_runs_with_only_its_import_changed(
+    broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, partitions=3)
+    program = PROGRAM.replace(CONFLUENT_IMPORT, PYLOG_IMPORT)
+    changed = [
+        (old, new)
+        for old, new in zip(PROGRAM.splitlines(), program.splitlines(), strict=True)
+        if old != new
+    ]
+    assert changed == [(CONFLUENT_IMPORT, PYLOG_IMPORT)]
+    script = tmp_path / "kafka_program.py"
+    script.write_text(program)
+    address = broker.endpoint.removeprefix("tcp://")
+    done = subprocess.run(
+        [sys.executable, str(script), address, topic, "program-readers", "500"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "produced 500 failed 0 remaining 0",
+        "consumed 500",
+        "next after the commit",
+    ]
+
+
+@pytest.fixture
+def kafka_topic(broker: RunningBroker, topic: str) -> str:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, partitions=2)
+    return topic
+
+
+def bootstrap(broker: RunningBroker) -> dict[str, Any]:
+    return {"bootstrap.servers": broker.endpoint.removeprefix("tcp://")}
+
+
+def produce(broker: RunningBroker, topic: str, values: list[str], partition: int = 0) -> list[int]:
+    """Produce `values` to `partition`; their offsets, from the delivery callbacks."""
+    offsets: list[int] = []
+    errors: list[KafkaError] = []
+
+    def report(err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            offsets.append(msg.offset())
+        else:
+            errors.append(err)
+
+    producer = Producer({**bootstrap(broker), "on_delivery": report})
+    for value in values:
+        producer.produce(topic, value, partition=partition)
+    assert producer.flush(30) == 0
+    assert len(producer) == 0
+    producer.close()
+    assert errors == []
+    return sorted(offsets)
+
+
+def test_delivery_callbacks_run_in_poll_with_each_offset(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    reports: list[tuple[str, int, int, bytes]] = []
+    producer = Producer({**bootstrap(broker), "linger.ms": 0, "acks": 1, "batch.num.messages": 1})
+    for i in range(5):
+        producer.produce(
+            kafka_topic,
+            b"v%d" % i,
+            partition=1,
+            callback=lambda err, msg: reports.append(
+                (msg.topic(), msg.partition(), msg.offset(), msg.value())
+            ),
+        )
+    deadline = time.monotonic() + 30
+    while len(reports) < 5 and time.monotonic() < deadline:  # bounded: five acks
+        producer.poll(1.0)
+    producer.close()
+    assert [r[3] for r in reports] == [b"v%d" % i for i in range(5)]
+    with PartitionConsumer(broker.endpoint, kafka_topic, 1, stop_at_end=True) as consumer:
+        stored = [(m.offset, m.value) for m in consumer]
+    assert [(r[2], r[3]) for r in reports] == stored
+
+
+def test_a_delivery_that_fails_reports_its_error_to_the_callback(
+    broker: RunningBroker, topic: str
+) -> None:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, config={"max_message_bytes": "1024"})
+    reports: list[tuple[KafkaError | None, bytes]] = []
+    producer = Producer({**bootstrap(broker), "linger.ms": 0})
+    producer.produce(topic, b"x" * 2000, on_delivery=lambda e, m: reports.append((e, m.value())))
+    producer.produce(topic, b"small", on_delivery=lambda e, m: reports.append((e, m.value())))
+    assert producer.flush(30) == 0
+    errors = {len(value): error for error, value in reports}
+    assert errors[len(b"small")] is None  # a batch of its own, stored
+    error = errors[2000]
+    assert error is not None and error.code() == KafkaError.MSG_SIZE_TOO_LARGE
+    assert not error.retriable() and "1024" in error.str()
+    with pytest.raises(KafkaException) as raised:
+        producer.produce("no-such-topic-here", b"x")
+    assert raised.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    producer.close()
+
+
+def test_poll_waits_its_timeout_in_seconds_and_returns_one_message(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    consumer = Consumer({**bootstrap(broker), "group.id": "poll-seconds"})  # reset latest
+    consumer.subscribe([kafka_topic])
+    try:
+        started = time.monotonic()
+        assert consumer.poll(1.5) is None
+        assert time.monotonic() - started >= 1.4  # seconds, not milliseconds
+        assert sorted(tp.partition for tp in consumer.assignment()) == [0, 1]
+        produce(broker, kafka_topic, ["one", "two"])
+        first = consumer.poll(30)
+        second = consumer.poll(30)
+        assert first is not None and second is not None
+        assert (first.value(), second.value()) == (b"one", b"two")
+        assert first.error() is None and first.timestamp()[0] == 1
+    finally:
+        consumer.close()
+    with pytest.raises(RuntimeError):
+        consumer.poll(0)
+
+
+def test_commit_of_a_message_or_offsets_and_seek_and_position(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    offsets = produce(broker, kafka_topic, [f"m{i}" for i in range(6)])
+    settings = {
+        **bootstrap(broker),
+        "group.id": "commits",
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "value.deserializer": lambda data: data.decode().upper(),
+    }
+    consumer = Consumer(settings)
+    consumer.subscribe([kafka_topic])
+    try:
+        got = consumer.consume(3, timeout=30)
+        assert [m.value() for m in got] == ["M0", "M1", "M2"]
+        assert got[1].next_offset() == offsets[2]
+        consumer.commit(message=got[1])  # the message after it is read next by the group
+        [position] = consumer.position([TopicPartition(kafka_topic, 0)])
+        assert position.offset == offsets[2]
+        consumer.seek(TopicPartition(kafka_topic, 0, offsets[4]))
+        [again] = consumer.consume(1, timeout=30)
+        assert (again.value(), again.offset()) == ("M4", offsets[4])
+        with pytest.raises(KafkaException, match="not assigned"):
+            consumer.seek(TopicPartition(kafka_topic, 7, 0))
+    finally:
+        consumer.close()
+    consumer = Consumer(settings)
+    consumer.subscribe([kafka_topic])
+    try:
+        [resumed] = consumer.consume(1, timeout=30)
+        assert resumed.value() == "M2"  # from the committed message
+        committed = consumer.commit(
+            offsets=[TopicPartition(kafka_topic, 0, offsets[5])], asynchronous=False
+        )
+        assert committed == [TopicPartition(kafka_topic, 0)]
+    finally:
+        consumer.close()
+    consumer = Consumer(settings)
+    consumer.subscribe([kafka_topic])
+    try:
+        [last] = consumer.consume(1, timeout=30)
+        assert last.value() == "M5"
+        assert consumer.position([TopicPartition("elsewhere", 0)])[0].offset == OFFSET_INVALID
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"group.id": "g", "fetch.min.bytes": 1}, "'fetch.min.bytes': not a pylog consumer"),
+        ({}, "group.id"),
+        ({"group.id": "g", "auto.offset.reset": "none"}, "auto.offset.reset"),
+        ({"group.id": "g", "enable.partition.eof": True}, "enable.partition.eof"),
+        ({"group.id": "g", "security.protocol": "SASL_SSL"}, "CurveZMQ"),
+    ],
+)
+def test_consumer_settings_without_a_pylog_meaning_are_refused_by_name(
+    settings: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(KafkaException, match=said) as raised:
+        Consumer({"bootstrap.servers": "127.0.0.1:1", **settings})
+    assert raised.value.args[0].code() == KafkaError._INVALID_ARG
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"queue.buffering.max.kbytes": 10}, "'queue.buffering.max.kbytes': not a pylog"),
+        ({"enable.idempotence": True}, "stored twice"),
+        ({"compression.type": "snappy"}, "snappy"),
+        ({"compression.type": "brotli"}, "compression.type"),
+        ({"acks": 2}, "acks"),
+        ({"linger.ms": -1}, "linger.ms"),
+        ({"pylog.key.file": "/nowhere"}, "go together"),
+    ],
+)
+def test_producer_settings_without_a_pylog_meaning_are_refused_by_name(
+    settings: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(KafkaException, match=said):
+        Producer({"bootstrap.servers": "127.0.0.1:1", **settings})
+
+
+def test_values_and_keys_are_bytes_or_str_and_a_tombstone_is_refused(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    producer = Producer(bootstrap(broker))
+    with pytest.raises(TypeError, match="no tombstones"):
+        producer.produce(kafka_topic, None, key="k")
+    with pytest.raises(TypeError, match="value is bytes or str"):
+        producer.produce(kafka_topic, 7)
+    producer.produce(kafka_topic, "café", key="k", partition=0)
+    assert producer.flush(30) == 0
+    producer.close()
+    with PartitionConsumer(broker.endpoint, kafka_topic, 0, stop_at_end=True) as consumer:
+        assert [(m.key, m.value) for m in consumer] == [(b"k", "café".encode())]
