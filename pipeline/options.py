@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -36,7 +37,7 @@ CLUSTER_OPTIONS: Final = frozenset(
 )
 CLUSTER_KAFKA_OPTIONS: Final = frozenset({"kafka.bootstrap.servers", "kafka.security.protocol"})
 """The kafka.* options that mean something to both the source and the sink."""
-SOURCE_KAFKA_OPTIONS: Final = CLUSTER_KAFKA_OPTIONS
+SOURCE_KAFKA_OPTIONS: Final = CLUSTER_KAFKA_OPTIONS | {"kafka.group.id"}
 SOURCE_OPTIONS: Final = CLUSTER_OPTIONS | {
     "subscribe",
     "subscribepattern",
@@ -51,16 +52,36 @@ SOURCE_OPTIONS: Final = CLUSTER_OPTIONS | {
     "failondataloss",
     "maxbytespertrigger",
     "maxoffsetspertrigger",
+    "minoffsetspertrigger",
+    "maxtriggerdelay",
     "maxbytesperpartition",
     "minpartitions",
     "includeheaders",
+    "groupidprefix",
+}
+STREAM_ONLY: Final = (
+    "maxBytesPerTrigger",
+    "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
+    "kafka.group.id",
+    "groupIdPrefix",
+)
+"""The source options a batch read ignores (logged), as Spark's Kafka source does."""
+DEFAULT_MAX_TRIGGER_DELAY_S: Final = 15 * 60.0
+"""maxTriggerDelay's default, Spark's: 15 minutes."""
+_DURATION_UNITS: Final = {
+    "us": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
 }
 
 
 SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SPARK_KAFKA_IGNORED: Final = frozenset({"groupidprefix"})
-"""Options of Spark's Kafka source that pylog has no use for and accepts (logged): its
-source reads by offset and keeps its offsets in Spark's checkpoint, without a group."""
 
 
 def check_known(
@@ -70,7 +91,7 @@ def check_known(
     are accepted, as Spark's Kafka connector takes them: those in `kafka` mean something to
     pylog and are read where they do, the rest are logged (once, on the driver) as ignored;
     kafka.security.protocol is checked against the Curve options."""
-    kafka_like = {k for k in options if k.startswith("kafka.") or k in SPARK_KAFKA_IGNORED}
+    kafka_like = {k for k in options if k.startswith("kafka.")}
     ignored = sorted(kafka_like - kafka)
     if ignored:
         log.warning("%s options with no meaning to pylog, ignored: %s", what, ", ".join(ignored))
@@ -117,6 +138,37 @@ def positive_int(options: Mapping[str, str], name: str) -> int | None:
     if value < 1:
         raise OptionError(f"{name} is {value}: it must be at least 1")
     return value
+
+
+def duration_s(options: Mapping[str, str], name: str, default: float) -> float:
+    """The option `name` as a duration in seconds, written as Spark writes them: a number
+    and a unit (us, ms, s, m or min, h, d; none: milliseconds), "15m", "30s", "500". OptionError
+    for anything else."""
+    text = options.get(name.lower())
+    if text is None:
+        return default
+    found = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    if found is None or found.group(2) not in (*_DURATION_UNITS, ""):
+        raise OptionError(
+            f"{name} {text!r}: a duration such as 15m, 30s or 500ms (units "
+            f"{', '.join(_DURATION_UNITS)}; none is ms)"
+        )
+    return int(found.group(1)) * _DURATION_UNITS[found.group(2) or "ms"]
+
+
+def read_only_group(options: Mapping[str, str]) -> str | None:
+    """The group a stream commits its progress to, for lag reporting (`pylogctl group
+    describe`): kafka.group.id, or groupIdPrefix followed by a random suffix (one per query
+    start, as Spark's Kafka source names its groups), or None."""
+    group = options.get("kafka.group.id", "").strip()
+    if group:
+        return group
+    prefix = options.get("groupidprefix", "").strip()
+    if prefix:
+        group = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        log.info("groupIdPrefix %s: the stream's read-only group is %s", prefix, group)
+        return group
+    return None
 
 
 def boolean(options: Mapping[str, str], name: str, default: bool) -> bool:
@@ -301,6 +353,12 @@ class SourceOptions:
     fail_on_data_loss: bool
     max_bytes_per_trigger: int | None
     max_offsets_per_trigger: int | None
+    min_offsets_per_trigger: int | None
+    """A micro-batch waits until that many messages are there, or maxTriggerDelay passed."""
+    max_trigger_delay_s: float
+    group: str | None
+    """The read-only group the stream commits its progress to (kafka.group.id,
+    groupIdPrefix), or None."""
     max_bytes_per_partition: int
     min_partitions: int | None
     headers: bool = False
@@ -340,11 +398,24 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
     fail_on_data_loss = boolean(options, "failOnDataLoss", True)
     max_bytes_per_trigger = positive_int(options, "maxBytesPerTrigger")
     max_offsets_per_trigger = positive_int(options, "maxOffsetsPerTrigger")
+    min_offsets_per_trigger = positive_int(options, "minOffsetsPerTrigger")
+    max_trigger_delay_s = duration_s(options, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY_S)
+    if (
+        min_offsets_per_trigger is not None
+        and max_offsets_per_trigger is not None
+        and min_offsets_per_trigger > max_offsets_per_trigger
+    ):
+        raise OptionError(
+            f"minOffsetsPerTrigger {min_offsets_per_trigger} is over maxOffsetsPerTrigger "
+            f"{max_offsets_per_trigger}"
+        )
+    group = read_only_group(options)
     if not streaming:
-        for name in ("maxBytesPerTrigger", "maxOffsetsPerTrigger"):
+        for name in STREAM_ONLY:
             if name.lower() in options:  # Spark's Kafka source ignores them there too
                 log.warning("%s is for streaming reads: ignored in a batch read", name)
-        max_bytes_per_trigger = max_offsets_per_trigger = None
+        max_bytes_per_trigger = max_offsets_per_trigger = min_offsets_per_trigger = None
+        group = None
     max_bytes_per_partition = positive_int(options, "maxBytesPerPartition")
     min_partitions = positive_int(options, "minPartitions")
     return SourceOptions(
@@ -359,6 +430,9 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         fail_on_data_loss=fail_on_data_loss,
         max_bytes_per_trigger=max_bytes_per_trigger,
         max_offsets_per_trigger=max_offsets_per_trigger,
+        min_offsets_per_trigger=min_offsets_per_trigger,
+        max_trigger_delay_s=max_trigger_delay_s,
+        group=group,
         max_bytes_per_partition=max_bytes_per_partition or DEFAULT_MAX_BYTES_PER_PARTITION,
         min_partitions=min_partitions,
         headers=headers,

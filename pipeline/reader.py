@@ -55,12 +55,15 @@ from pyspark.sql.types import (
 )
 
 from broker.client import lag
+from broker.client.admin import zookeeper_of
 from broker.client.connection import Connection
 from broker.client.consumer import corrupt_segment_reply, damaged_range, grown_fetch_bytes
-from broker.errors import BrokerError, CorruptSegment
+from broker.clock import SYSTEM_CLOCK, Clock
+from broker.errors import BrokerError, CorruptSegment, PylogError
 from broker.log.codec import decode_columns
-from broker.log.message import Columns
+from broker.log.message import HEADER_SIZE, Columns
 from broker.protocol import EARLIEST, LATEST, ErrorCode, FetchRequest, OffsetsRequest
+from broker.registry import Registry, partition_name
 from broker.security import ClientKeys
 from pipeline.cluster import CLIENT_ID, RETRIES, Cluster, TopicPartition
 from pipeline.errors import DataLoss, NotMessageBoundary, OptionError, PipelineError
@@ -497,10 +500,20 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     maxBytesPerTrigger bytes each when set; Trigger.AvailableNow reads up to the high
     watermarks seen when the query started."""
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, clock: Clock = SYSTEM_CLOCK) -> None:
         self.options = options
         self._target: Offsets | None = None
         """The high watermarks to stop at under Trigger.AvailableNow."""
+        self._clock = clock
+        self._last_trigger: float | None = None
+        """When the last micro-batch was let go (clock.monotonic), for maxTriggerDelay."""
+        self._group: GroupCommits | None = None
+        """The read-only group's commits (options.group), made on first use."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What Spark's tasks get: the options and target, not the driver's ZooKeeper
+        session."""
+        return {**self.__dict__, "_group": None}
 
     def initialOffset(self) -> dict[str, dict[str, int]]:
         with self.options.cluster() as cluster:
@@ -535,6 +548,7 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, dict[str, int]]:
         begin = decode_offsets(start)
+        self._report_progress(begin)
         ends = dict(begin)  # partitions no longer listed stay where they were
         with self.options.cluster() as cluster:
             current = self._current(cluster)
@@ -545,6 +559,8 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     for tp, (endpoint, log_start, high) in current.items()
                     if tp in target
                 }
+            if self._waits(cluster, begin, current):
+                return encode_offsets(begin)
             if isinstance(limit, ReadAllAvailable):
                 ends.update({tp: high for tp, (_, _, high) in current.items()})
             elif isinstance(limit, (ReadMaxBytes, ReadMaxRows)):
@@ -555,6 +571,53 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "maxOffsetsPerTrigger"
                 )
         return encode_offsets(ends)
+
+    def _waits(
+        self,
+        cluster: Cluster,
+        begin: Offsets,
+        current: Mapping[TopicPartition, tuple[str, int, int]],
+    ) -> bool:
+        """Whether this trigger makes no micro-batch (minOffsetsPerTrigger): fewer messages
+        than that are there and maxTriggerDelay has not passed since the last batch was let
+        go, as Spark's Kafka source has it (the first trigger goes; Trigger.AvailableNow never
+        waits). The messages are counted by reading them, up to the minimum."""
+        wanted = self.options.min_offsets_per_trigger
+        if wanted is None or self._target is not None:
+            return False
+        now = self._clock.monotonic()
+        last = self._last_trigger
+        if last is None or now - last >= self.options.max_trigger_delay_s:
+            self._last_trigger = now
+            return False
+        if _count_up_to(cluster, begin, current, wanted) < wanted:
+            return True
+        self._last_trigger = now
+        return False
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """A micro-batch up to `end` is done (Spark says so when it plans the next one)."""
+        self._report_progress(decode_offsets(end))
+
+    def _report_progress(self, processed: Offsets) -> None:
+        """With a read-only group (kafka.group.id, groupIdPrefix), commit `processed` as its
+        offsets where they moved, for lag reporting: at each trigger (`latestOffset` is given
+        the end of the last batch done) and each `commit`. A commit that fails is logged and
+        the stream goes on (its own offsets are in Spark's checkpoint)."""
+        group = self.options.group
+        if group is None:
+            return
+        try:
+            if self._group is None:
+                self._group = GroupCommits(self.options.bootstrap, group, self.options.keys)
+            self._group.commit(processed)
+        except PylogError as error:
+            log.warning("group %s: offsets not committed (lag reporting only): %s", group, error)
+
+    def stop(self) -> None:
+        if self._group is not None:
+            group, self._group = self._group, None
+            group.close()
 
     def _limited(
         self,
@@ -649,6 +712,66 @@ def _within_count(
         else:
             ends[tp] = start
     return ends
+
+
+def _count_up_to(
+    cluster: Cluster,
+    begin: Offsets,
+    current: Mapping[TopicPartition, tuple[str, int, int]],
+    wanted: int,
+) -> int:
+    """How many readable messages wait after `begin`, counted by reading them, partition
+    by partition, until `wanted` are found (no read when the bytes waiting cannot hold that
+    many: a message is at least HEADER_SIZE bytes)."""
+    waiting = {
+        tp: (endpoint, max(begin.get(tp, log_start), log_start), high)
+        for tp, (endpoint, log_start, high) in current.items()
+    }
+    if sum(max(0, high - first) for _, first, high in waiting.values()) < wanted * HEADER_SIZE:
+        return 0
+    found = 0
+    for tp, (endpoint, first, high) in waiting.items():
+        if high <= first:
+            continue
+        connection = cluster.connect(endpoint)
+        try:
+            for _ in lag.messages(connection, tp.topic, tp.partition, first, high, RETRIES):
+                found += 1
+                if found >= wanted:
+                    return found
+        except BrokerError as error:
+            if error.code != ErrorCode.OFFSET_OUT_OF_RANGE:  # retention moved past `first`
+                raise
+    return found
+
+
+class GroupCommits:
+    """A stream's read-only group: its offsets committed in the cluster's registry (found
+    through a broker, as group members do), under the partitions' names there, with no member
+    and no owner: `pylogctl group describe` reads its lag."""
+
+    def __init__(self, bootstrap: str, group: str, keys: ClientKeys | None) -> None:
+        address = zookeeper_of(bootstrap, client_id=CLIENT_ID, retries=RETRIES, keys=keys)
+        self.group = group
+        self.registry = Registry(address.connect, address.chroot)
+        self.registry.start(timeout=10.0)
+        self._names: dict[TopicPartition, str] = {}
+        self._committed: dict[TopicPartition, int] = {}
+
+    def commit(self, offsets: Offsets) -> None:
+        """Commit each partition's offset that moved since the last commit."""
+        for tp, offset in offsets.items():
+            if self._committed.get(tp) == offset:
+                continue
+            name = self._names.get(tp)
+            if name is None:
+                holders = self.registry.topic_config(tp.topic).brokers
+                name = self._names[tp] = partition_name(holders[tp.partition], tp.partition)
+            self.registry.commit_offset(self.group, tp.topic, name, offset)
+            self._committed[tp] = offset
+
+    def close(self) -> None:
+        self.registry.stop()
 
 
 def _after_messages(

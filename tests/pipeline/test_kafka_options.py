@@ -14,12 +14,13 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.types import StringType, StructField, StructType
 
 from broker.client import Ack, PartitionConsumer, Producer
+from pipeline.errors import OptionError
 from pipeline.options import parse_source_options
 from pipeline.reader import offsets_behind_latest
 from pipeline.sink import parse_sink_options
 from tests.conftest import wait_until
 from tests.pipeline.conftest import Sent, create_topic, produce
-from tests.pipeline.test_stream import QUERY_TIMEOUT_S, run_available_now, values
+from tests.pipeline.test_stream import QUERY_TIMEOUT_S, run_available_now, start_stream, values
 from tests.pylogd import RunningBroker
 
 KAFKA_SCHEMA = (
@@ -444,19 +445,15 @@ def test_offsets_behind_latest_come_from_the_progress_not_from_source_metrics(
     with PartitionConsumer(broker.endpoint, topic, 0, stop_at_end=True) as consumer:
         offsets = [m.offset for m in consumer] + [consumer.position]
 
-    query = (
-        spark.readStream.format("pylog")
-        .options(
-            broker=broker.endpoint,
-            subscribe=topic,
-            startingOffsets="earliest",
-            maxOffsetsPerTrigger="4",
-        )
-        .load()
-        .writeStream.foreachBatch(lambda frame, batch_id: None)
-        .option("checkpointLocation", str(tmp_path))
-        .trigger(availableNow=True)
-        .start()
+    query = start_stream(
+        spark,
+        tmp_path,
+        lambda frame, batch_id: None,
+        {"availableNow": True},
+        broker=broker.endpoint,
+        subscribe=topic,
+        startingOffsets="earliest",
+        maxOffsetsPerTrigger="4",
     )
     assert query.awaitTermination(QUERY_TIMEOUT_S)
 
@@ -497,8 +494,9 @@ def test_a_kafka_jobs_options_are_taken_mapped_or_ignored(
 ) -> None:
     """Every kafka.* option is accepted (issue 32): kafka.acks, kafka.compression.type,
     kafka.linger.ms and kafka.batch.size are the sink's ack, compression and batching,
-    kafka.security.protocol PLAINTEXT matches a client without keys, and the rest (group ids,
-    consumer and producer settings) are ignored."""
+    kafka.security.protocol PLAINTEXT matches a client without keys, the group ids are for
+    streams (ignored by this batch read), and the rest (consumer and producer settings) are
+    ignored."""
     create_topic(broker.endpoint, topic, 1)
     frame = spark.createDataFrame([(f"line {i} " * 8,) for i in range(300)], "value string")
     cluster = {"kafka.bootstrap.servers": broker.endpoint.removeprefix("tcp://")}
@@ -522,12 +520,39 @@ def test_the_kafka_options_pylog_ignores_are_logged_naming_them(
         options = parse_sink_options({**cluster, "topic": "t", **KAFKA_JOB_SINK}, SINK_SCHEMA)
     logged = [r.getMessage() for r in caplog.records]
     assert logged == [
-        "source options with no meaning to pylog, ignored: groupidprefix, "
-        "kafka.auto.offset.reset, kafka.group.id, kafka.max.poll.records, "
-        "kafka.session.timeout.ms",
+        "source options with no meaning to pylog, ignored: kafka.auto.offset.reset, "
+        "kafka.max.poll.records, kafka.session.timeout.ms",
+        "kafka.group.id is for streaming reads: ignored in a batch read",
+        "groupIdPrefix is for streaming reads: ignored in a batch read",
         "sink options with no meaning to pylog, ignored: kafka.enable.idempotence, "
         "kafka.key.serializer",
     ]
+    stream = {"minOffsetsPerTrigger": "5", "maxTriggerDelay": "2m", **KAFKA_JOB_SOURCE}
+    parsed = parse_source_options({**cluster, "subscribe": "t", **stream}, streaming=True)
+    assert (parsed.group, parsed.min_offsets_per_trigger, parsed.max_trigger_delay_s) == (
+        "reporting",
+        5,
+        120.0,
+    )
+    prefixed = parse_source_options(
+        {**cluster, "subscribe": "t", "groupIdPrefix": "etl"}, streaming=True
+    )
+    assert prefixed.group is not None and re.fullmatch(r"etl-[0-9a-f]{12}", prefixed.group)
+    for bad in ("soon", "5 weeks", "-1s"):
+        with pytest.raises(OptionError, match="maxTriggerDelay"):
+            parse_source_options(
+                {**cluster, "subscribe": "t", "maxTriggerDelay": bad}, streaming=True
+            )
+    with pytest.raises(OptionError, match="minOffsetsPerTrigger 9 is over maxOffsetsPerTrigger 4"):
+        parse_source_options(
+            {
+                **cluster,
+                "subscribe": "t",
+                "minOffsetsPerTrigger": "9",
+                "maxOffsetsPerTrigger": "4",
+            },
+            streaming=True,
+        )
     assert (options.ack, options.compression, options.linger_ms, options.batch_bytes) == (
         Ack.ALL,
         "zstd",

@@ -10,12 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+from pyspark.sql.streaming.query import StreamingQuery
 
 from broker.client import Admin
+from cli.pylogctl import cli
 from pipeline.cluster import Cluster, TopicPartition
-from tests.conftest import single_box_flags, wait_until
+from pipeline.options import parse_source_options
+from pipeline.reader import PylogStreamReader
+from tests.conftest import FakeClock, single_box_flags, wait_until
 from tests.pipeline.conftest import create_topic, produce
 from tests.pylogd import RunningBroker
 
@@ -29,17 +35,28 @@ def run_available_now(spark: SparkSession, checkpoint: Path, **options: str) -> 
     def collect(frame: DataFrame, _batch_id: int) -> None:
         batches.append(frame.collect())
 
-    query = (
+    query = start_stream(spark, checkpoint, collect, {"availableNow": True}, **options)
+    assert query.awaitTermination(QUERY_TIMEOUT_S), "the query did not finish"
+    return batches
+
+
+def start_stream(
+    spark: SparkSession,
+    checkpoint: Path,
+    on_batch: Callable[[DataFrame, int], None],
+    trigger: dict[str, Any],
+    **options: str,
+) -> StreamingQuery:
+    """A streaming query of the pylog source, each micro-batch given to `on_batch`."""
+    return (
         spark.readStream.format("pylog")
         .options(**options)
         .load()
-        .writeStream.foreachBatch(collect)
+        .writeStream.foreachBatch(on_batch)
         .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
+        .trigger(**trigger)
         .start()
     )
-    assert query.awaitTermination(QUERY_TIMEOUT_S), "the query did not finish"
-    return batches
 
 
 def values(batches: list[list[Row]]) -> list[bytes]:
@@ -228,3 +245,88 @@ def test_a_streams_bad_option_fails_the_query_with_its_own_error_alone(
         run_available_now(spark, tmp_path, broker=broker.endpoint, subscribe=topic, **options)
     assert problem in str(failed.value)
     assert "UnboundLocalError" not in str(failed.value)
+
+
+def test_min_offsets_per_trigger_waits_for_that_many_messages(
+    spark: SparkSession, broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    """minOffsetsPerTrigger as Spark's Kafka source has it: the first trigger goes; then a
+    micro-batch waits until that many messages are there (maxTriggerDelay, an hour here, has
+    not passed)."""
+    create_topic(broker.endpoint, topic, 2)
+    produce(broker.endpoint, topic, 2, 3)
+    sizes: list[int] = []
+    query = start_stream(
+        spark,
+        tmp_path,
+        lambda frame, _: sizes.append(frame.count()),
+        {"processingTime": "200 milliseconds"},
+        broker=broker.endpoint,
+        subscribe=topic,
+        startingOffsets="earliest",
+        minOffsetsPerTrigger="5",
+        maxTriggerDelay="1h",
+    )
+    try:
+        query.processAllAvailable()
+        produce(broker.endpoint, topic, 2, 3, first=3)  # 3 waiting: fewer than 5
+        query.processAllAvailable()
+        assert sizes == [3]
+        produce(broker.endpoint, topic, 2, 2, first=6)  # 5 waiting
+        wait_until(lambda: sizes == [3, 5], QUERY_TIMEOUT_S, "a batch of the 5 messages")
+    finally:
+        query.stop()
+
+
+def test_max_trigger_delay_lets_a_smaller_batch_go(
+    broker: RunningBroker, topic: str, clock: FakeClock
+) -> None:
+    create_topic(broker.endpoint, topic, 1)
+    options = parse_source_options(
+        {
+            "broker": broker.endpoint,
+            "subscribe": topic,
+            "startingOffsets": "earliest",
+            "minOffsetsPerTrigger": "10",
+            "maxTriggerDelay": "30s",
+        },
+        streaming=True,
+    )
+    reader = PylogStreamReader(options, clock)
+    start = reader.initialOffset()
+    assert reader.latestOffset(start, ReadAllAvailable()) == start  # the first: nothing there
+    produce(broker.endpoint, topic, 1, 4)
+    clock.advance(29.0)
+    assert reader.latestOffset(start, ReadAllAvailable()) == start  # 4 < 10, 29 s < 30 s
+    clock.advance(1.0)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    high = Cluster(broker.endpoint).offsets(TopicPartition(topic, 0), broker.endpoint)[1]
+    assert end == {topic: {"0": high}}
+    produce(broker.endpoint, topic, 1, 10, first=4)
+    clock.advance(1.0)
+    assert reader.latestOffset(end, ReadAllAvailable()) != end  # 10 there: no wait
+
+
+def test_kafka_group_id_names_a_read_only_group_that_reports_the_streams_lag(
+    spark: SparkSession, broker: RunningBroker, topic: str, tmp_path: Path
+) -> None:
+    create_topic(broker.endpoint, topic, 2)
+    produce(broker.endpoint, topic, 2, 20)
+    group = f"reporting-{topic[-8:]}"
+    options = {"broker": broker.endpoint, "subscribe": topic, "startingOffsets": "earliest"}
+    run_available_now(spark, tmp_path, **options, **{"kafka.group.id": group})
+    with Cluster(broker.endpoint) as cluster:
+        ends = {
+            tp.partition: cluster.offsets(tp, endpoint)[1]
+            for tp, endpoint in cluster.matching(re.compile(re.escape(topic))).items()
+        }
+    runner = CliRunner()
+    described = runner.invoke(
+        cli, ["group", "describe", group, "--broker", broker.endpoint, "--json"]
+    )
+    assert described.exit_code == 0, described.output
+    lines = [json.loads(line) for line in described.output.splitlines()]
+    rows = [line for line in lines if line["type"] == "partition"]
+    assert {row["partition"]: row["committed"] for row in rows} == ends
+    assert all(row["lag_bytes"] == 0 and row["owner"] is None for row in rows)
+    assert [line["lag_bytes"] for line in lines if line["type"] == "group"] == [0]
