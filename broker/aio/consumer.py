@@ -19,7 +19,7 @@ from typing import cast
 
 from broker.aio.connection import AsyncCluster
 from broker.client.cluster import partition_of
-from broker.client.connection import DEFAULT_CLIENT_ID
+from broker.client.connection import DEFAULT_CLIENT_ID, wait_ms
 from broker.client.consumer import (
     DEFAULT_FETCH_BYTES,
     MAX_FETCH_BYTES,
@@ -102,12 +102,12 @@ class AsyncPartitionConsumer(PartitionReader, AsyncClosing):
         """One fetch from the position: the messages there, waiting up to `max_wait_ms`
         (default the consumer's) for one to arrive; advances the position past them. The
         fetch goes to the partition's leader and follows leadership when it moves
-        (AsyncCluster.call_leader)."""
-        wait_ms = self.max_wait_ms if max_wait_ms is None else max_wait_ms
+        (AsyncCluster.call_leader). TypeError for a float `max_wait_ms`."""
+        wait = wait_ms(max_wait_ms, self.max_wait_ms)
         await self._connected()
         while True:
             try:
-                request = self._request(self._position, wait_ms)
+                request = self._request(self._position, wait)
                 reply = await self.cluster.call_leader(request, self.retries)
             except BrokerError as error:
                 skipped = self._fetch_failed(error)
@@ -120,8 +120,8 @@ class AsyncPartitionConsumer(PartitionReader, AsyncClosing):
         """Messages from the position on, waiting for new ones; with `stop_at_end`, until the
         position reaches the high watermark (fetches then do not wait)."""
         while True:
-            wait_ms = 0 if self.stop_at_end else self.max_wait_ms
-            for message in await self.poll(wait_ms):
+            wait = 0 if self.stop_at_end else self.max_wait_ms
+            for message in await self.poll(wait):
                 yield message
             if self.stop_at_end and self.at_end:
                 return

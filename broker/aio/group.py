@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Self, TypeVar
 
 from broker.aio.connection import AsyncCluster
+from broker.client.connection import wait_ms
 from broker.client.group import (
     RETRY_BACKOFF_S,
     GroupConsumer,
@@ -130,11 +131,11 @@ class AsyncGroupConsumer(AsyncClosing):
     async def poll(self, max_wait_ms: int | None = None) -> list[Record]:
         """GroupConsumer.poll, awaited: the next records of the owned partitions, waiting up
         to `max_wait_ms` for some. Calling it counts every record returned before as
-        processed."""
+        processed. TypeError for a float `max_wait_ms`."""
         await self.open()
         member = self.member
         member._processed_all()
-        await self._fill(max_wait_ms)
+        await self._fill(wait_ms(max_wait_ms, member.max_wait_ms))
         return member._take_buffered()
 
     def __aiter__(self) -> Self:

@@ -169,6 +169,19 @@ def require_bytes(what: str, value: object, fix: str = "encode it (.encode()) fi
     raise TypeError(f"{what} must be bytes, not {type(value).__name__}{hint}")
 
 
+def wait_ms(given: int | None, default: int) -> int:
+    """A poll's `max_wait_ms`: `given` (milliseconds, an int), or `default` for None. A float
+    is a TypeError: `poll(1.0)`, written as a timeout in seconds, would wait 1 ms."""
+    if given is None:
+        return default
+    if type(given) is not int:
+        raise TypeError(
+            f"max_wait_ms is milliseconds, an int, not {given!r}: poll(1000) waits up to a "
+            "second (broker.client.kafka's Consumer.poll takes seconds)"
+        )
+    return given
+
+
 def retriable(error: BrokerError | Unavailable) -> bool:
     """Whether a request that met `error` may succeed when sent again: no reply in time, or a
     retriable code answered."""

@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from typing import Final, Literal, cast
 
 from broker.client.cluster import Cluster, partition_of
-from broker.client.connection import DEFAULT_CLIENT_ID, Connection
+from broker.client.connection import DEFAULT_CLIENT_ID, Connection, wait_ms
 from broker.errors import (
     BrokerCorruptSegment,
     BrokerError,
@@ -309,12 +309,13 @@ class PartitionConsumer(PartitionReader, Closing):
 
         While more is stored past what a fetch returned, the next fetch is sent before this
         one's messages are decoded (on the connection's pipelined socket), so the broker reads
-        it while the consumer decodes; a `seek`, or another wait, leaves that reply unused."""
-        wait_ms = self.max_wait_ms if max_wait_ms is None else max_wait_ms
-        reply = self._prefetched(wait_ms)
+        it while the consumer decodes; a `seek`, or another wait, leaves that reply unused.
+        TypeError for a float `max_wait_ms` (connection.wait_ms)."""
+        wait = wait_ms(max_wait_ms, self.max_wait_ms)
+        reply = self._prefetched(wait)
         while reply is None:
             try:
-                request = self._request(self._position, wait_ms)
+                request = self._request(self._position, wait)
                 reply = self.cluster.call_leader(request, self.retries)
             except BrokerError as error:
                 skipped = self._fetch_failed(error)
@@ -322,28 +323,28 @@ class PartitionConsumer(PartitionReader, Closing):
                     return skipped
         following = self._position + len(reply.message_set)
         if reply.message_set and following < reply.high_watermark:
-            request = self._request(following, wait_ms)
+            request = self._request(following, wait)
             connection = self.connection
             self._prefetch = (connection, request, connection.send_pipelined(request))
         return self._take(reply)
 
-    def _prefetched(self, wait_ms: int) -> FetchReply | None:
+    def _prefetched(self, wait: int) -> FetchReply | None:
         """The reply to the fetch sent ahead, if it is for the fetch `poll` would send now and
         came without error in time; else None, and the fetch is sent the usual way (which
         retries, and raises what it meets). Replies to fetches left unused are skipped."""
         if self._prefetch is None:
             return None
         (connection, request, correlation_id), self._prefetch = self._prefetch, None
-        if request != self._request(self._position, wait_ms):
+        if request != self._request(self._position, wait):
             return None  # a seek, another wait or another fetch size since it was sent
-        return connection.fetched_ahead(correlation_id, connection.timeout_s + wait_ms / 1000)
+        return connection.fetched_ahead(correlation_id, connection.timeout_s + wait / 1000)
 
     def __iter__(self) -> Iterator[Message]:
         """Messages from the position on, blocking for new ones; with `stop_at_end`, until
         the position reaches the high watermark (fetches then do not wait)."""
         while True:
-            wait_ms = 0 if self.stop_at_end else self.max_wait_ms
-            yield from self.poll(wait_ms)
+            wait = 0 if self.stop_at_end else self.max_wait_ms
+            yield from self.poll(wait)
             if self.stop_at_end and self.at_end:
                 return
 

@@ -68,7 +68,7 @@ from typing import Any, Literal, NamedTuple
 
 from broker.client.admin import zookeeper_of
 from broker.client.cluster import Cluster
-from broker.client.connection import DEFAULT_CLIENT_ID, Connection, noted
+from broker.client.connection import DEFAULT_CLIENT_ID, Connection, noted, wait_ms
 from broker.client.consumer import (
     DEFAULT_FETCH_BYTES,
     MAX_FETCH_BYTES,
@@ -344,9 +344,10 @@ class GroupConsumer(Closing):
         """The next messages of the owned partitions, waiting up to `max_wait_ms` (default
         the member's) for some; rebalances first when the group, the brokers or the topics
         changed. Returns nothing while ZooKeeper is unreachable. Calling it counts every record
-        returned before as processed."""
+        returned before as processed. TypeError for a float `max_wait_ms` (poll(1.0) would
+        wait 1 ms)."""
         self._processed_all()
-        self._fill(max_wait_ms)
+        self._fill(wait_ms(max_wait_ms, self.max_wait_ms))
         return self._take_buffered()
 
     def __iter__(self) -> Iterator[Record]:
@@ -367,9 +368,10 @@ class GroupConsumer(Closing):
     def poll_record(self, max_wait_ms: int | None = None) -> Record | None:
         """The next message, one at a time, waiting up to `max_wait_ms` (default the
         member's) for one; None when none came. Calling it counts the record it returned
-        before as processed, as a step of `for record in member` does."""
+        before as processed, as a step of `for record in member` does. TypeError for a float
+        `max_wait_ms`."""
         self._processed_all()
-        return self._next_record(max_wait_ms)
+        return self._next_record(wait_ms(max_wait_ms, self.max_wait_ms))
 
     def _next_record(self, max_wait_ms: int | None) -> Record | None:
         """Hand out the next record fetched, or fetch (up to `max_wait_ms`) and hand out the

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from broker.client import Admin, GroupConsumer, Producer, Record
+from broker.client import Admin, GroupConsumer, PartitionConsumer, Producer, Record
 from broker.errors import RegistryUnavailable
 from tests.pylogd import RunningBroker
 
@@ -98,3 +98,19 @@ def test_seek_and_commit_of_chosen_offsets(broker: RunningBroker, kafka_topic: s
         while resumed is None and time.monotonic() < deadline:  # bounded: one message
             resumed = member.poll_record(200)
         assert resumed is not None and resumed.value == b"m2"
+
+
+def test_a_wait_given_in_seconds_is_refused_not_taken_as_milliseconds(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    """poll(1.0), written as a timeout in seconds, was a wait of 1 ms (issue 32)."""
+    with GroupConsumer(None, "seconds", [kafka_topic], broker=broker.endpoint) as member:
+        with pytest.raises(TypeError, match=r"milliseconds, an int, not 1\.0: poll\(1000\)"):
+            member.poll(1.0)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="milliseconds"):
+            member.poll_record(0.5)  # type: ignore[arg-type]
+        assert member.poll(10) == []
+    with PartitionConsumer(broker.endpoint, kafka_topic, 0) as consumer:
+        with pytest.raises(TypeError, match="milliseconds"):
+            consumer.poll(1.0)  # type: ignore[arg-type]
+        assert consumer.poll(0) == []
