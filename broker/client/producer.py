@@ -629,7 +629,8 @@ class Producer(ProducerCore):
         batch, position, full = self._add(layout, value, key, timestamp_ms, partition, headers)
         if full:
             self._send_batch(batch.partition)
-        self._send_lingering()
+        if self._batches and self.clock.monotonic() >= self._linger_deadline:
+            self._send_lingering()  # the check inline: it runs for every message
         return Delivery(self, batch, position)
 
     def _send_lingering(self) -> None:
