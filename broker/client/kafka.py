@@ -501,11 +501,12 @@ class Producer:
         if headers is not None:
             items = headers.items() if isinstance(headers, Mapping) else headers
             pairs = [(name, _encoded(f"header {name!r}", item)) for name, item in items]
+        key_bytes = _encoded("key", key)
         producer = self._producer(topic)
         try:
             delivery = producer.send(
                 data,
-                _encoded("key", key),
+                key_bytes,
                 timestamp or None,
                 None if partition == -1 else partition,
                 pairs,
@@ -514,7 +515,9 @@ class Producer:
             raise KafkaException(error) from None
         report = on_delivery or callback or self._on_delivery
         self._waiting += 1
-        message = Message(topic, delivery.partition, OFFSET_INVALID, key, value, timestamp, pairs)
+        message = Message(
+            topic, delivery.partition, OFFSET_INVALID, key_bytes, data, timestamp, pairs
+        )
         delivery.add_done_callback(lambda done: self._delivered(report, done, message))
 
     def _delivered(self, report: DeliveryCallback | None, done: Delivery, message: Message) -> None:
@@ -575,9 +578,6 @@ class Producer:
     def __len__(self) -> int:
         """How many messages produced are not yet delivered (nor failed)."""
         return self._waiting
-
-    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
-        raise KafkaException("list_topics: use broker.client.Admin (pylogctl topic list)")
 
     def close(self) -> None:
         """Close every connection (what is not flushed is not sent)."""

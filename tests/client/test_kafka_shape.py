@@ -321,8 +321,16 @@ def test_values_and_keys_are_bytes_or_str_and_a_tombstone_is_refused(
         producer.produce(kafka_topic, None, key="k")
     with pytest.raises(TypeError, match="value is bytes or str"):
         producer.produce(kafka_topic, 7)
-    producer.produce(kafka_topic, "café", key="k", partition=0)
+    delivered: list[tuple[bytes, bytes]] = []
+    producer.produce(
+        kafka_topic,
+        "café",
+        key="k",
+        partition=0,
+        on_delivery=lambda err, msg: delivered.append((msg.key(), msg.value())),
+    )
     assert producer.flush(30) == 0
+    assert delivered == [(b"k", "café".encode())]  # as stored, as confluent-kafka reports it
     producer.close()
     with PartitionConsumer(broker.endpoint, kafka_topic, 0, stop_at_end=True) as consumer:
         assert [(m.key, m.value) for m in consumer] == [(b"k", "café".encode())]
