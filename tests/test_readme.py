@@ -43,6 +43,14 @@ NOT_COMMANDS = {"Layout"}
 ENDLESS_PYTHON = "while True:"
 
 
+def _interruptible() -> None:
+    """In a child before it runs: SIGINT's default disposition, as a terminal's foreground
+    job has it, whatever this test run was started with. A run started as a background job
+    (`cmd &`, nohup) ignores SIGINT, its children inherit that, and a Python program started
+    so never raises KeyboardInterrupt: the README's Ctrl-C would not reach it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @dataclass
 class Block:
     section: str
@@ -152,7 +160,12 @@ class Running:
         return all it printed."""
         if sig is not None and self.process.poll() is None:
             self.process.send_signal(sig)
-        self.process.wait(timeout=timeout_s)
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()  # reaped, not left running after the test
+            self.process.wait()
+            pytest.fail(f"{self.command!r} did not exit within {timeout_s} s of its signal: killed")
         while (line := self.lines.get(timeout=timeout_s)) is not None:
             self.output.append(line)
         self.lines.put(None)  # a second stop finds the end again
@@ -167,8 +180,10 @@ class Reader:
         self.env = _clean_env()
         self.servers: list[Running] = []
         self.jobs: list[Running] = []  # the shell's `&` jobs: %1 is jobs[0]
+        self.members: list[Running] = []  # the Python group members
 
     def spawn(self, argv: list[str]) -> Running:
+        """`argv` started as from a terminal, to be stopped by Ctrl-C (SIGINT) later."""
         process = subprocess.Popen(
             argv,
             cwd=self.folder,
@@ -177,6 +192,7 @@ class Reader:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=_interruptible,
         )
         return Running(" ".join(argv), process)
 
@@ -238,6 +254,7 @@ class Reader:
             return
         before = self.group_members()
         member = self.spawn([python, "-c", code])
+        self.members.append(member)  # stopped by stop_all if this fails on the way
         deadline = time.monotonic() + COMMAND_TIMEOUT_S
         while self.group_members() <= before:  # it joined the group and was given partitions
             assert member.process.poll() is None, member.stop(signal.SIGINT)
@@ -255,11 +272,16 @@ class Reader:
         return {row["owner"] for row in rows if row.get("owner")}
 
     def stop_all(self) -> list[str]:
-        """Ctrl-C every broker and job still running; what each that did not exit 0 printed."""
+        """Ctrl-C every broker, job and group member still running (killed if it does not
+        end); what each that did not exit 0 printed."""
         failed = []
-        for running in [*self.jobs, *reversed(self.servers)]:
+        for running in [*self.members, *self.jobs, *reversed(self.servers)]:
             if running.process.poll() is None or running in self.servers:
-                output = running.stop(signal.SIGINT)
+                try:
+                    output = running.stop(signal.SIGINT)
+                except pytest.fail.Exception as killed:  # reaped; the others are stopped too
+                    failed.append(str(killed))
+                    continue
                 if running.process.returncode != 0:
                     failed.append(
                         f"{running.command} exited {running.process.returncode}:\n{output}"
