@@ -69,6 +69,15 @@ def test_a_member_without_auto_commit_is_not_sent_back_by_a_rebalance_that_moves
     assert sorted(values) == sorted(b"m%d" % i for i in range(20))
 
 
+def next_record(member: GroupConsumer) -> Record | None:
+    """The member's next record, polled for up to 30 s (it joins and claims first)."""
+    record = None
+    deadline = time.monotonic() + 30
+    while record is None and time.monotonic() < deadline:  # bounded: one message
+        record = member.poll_record(200)
+    return record
+
+
 def test_seek_and_commit_of_chosen_offsets(broker: RunningBroker, kafka_topic: str) -> None:
     offsets = produce(broker, kafka_topic, [f"m{i}" for i in range(6)])
 
@@ -78,10 +87,7 @@ def test_seek_and_commit_of_chosen_offsets(broker: RunningBroker, kafka_topic: s
         )
 
     with member_of_chosen() as member:
-        first = None
-        deadline = time.monotonic() + 30
-        while first is None and time.monotonic() < deadline:  # bounded: one message
-            first = member.poll_record(200)
+        first = next_record(member)
         assert first is not None and first.value == b"m0"
         assert first.next_offset == offsets[1]
         member.seek(kafka_topic, 0, offsets[4])
@@ -93,10 +99,7 @@ def test_seek_and_commit_of_chosen_offsets(broker: RunningBroker, kafka_topic: s
         with pytest.raises(ValueError, match="not assigned"):
             member.seek(kafka_topic, 9, 0)
     with member_of_chosen() as member:
-        resumed = None
-        deadline = time.monotonic() + 30
-        while resumed is None and time.monotonic() < deadline:  # bounded: one message
-            resumed = member.poll_record(200)
+        resumed = next_record(member)
         assert resumed is not None and resumed.value == b"m2"
 
 

@@ -5,9 +5,11 @@ seek, position, deserializers, group members that need only a broker's address).
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -228,6 +230,17 @@ def test_poll_waits_its_timeout_in_seconds_and_returns_one_message(
         consumer.poll(0)
 
 
+@contextlib.contextmanager
+def subscribed(settings: dict[str, Any], topic: str) -> Iterator[Consumer]:
+    """A Consumer of `settings` subscribed to `topic`, closed after."""
+    consumer = Consumer(settings)
+    consumer.subscribe([topic])
+    try:
+        yield consumer
+    finally:
+        consumer.close()
+
+
 def test_commit_of_a_message_or_offsets_and_seek_and_position(
     broker: RunningBroker, kafka_topic: str
 ) -> None:
@@ -239,9 +252,7 @@ def test_commit_of_a_message_or_offsets_and_seek_and_position(
         "enable.auto.commit": False,
         "value.deserializer": lambda data: data.decode().upper(),
     }
-    consumer = Consumer(settings)
-    consumer.subscribe([kafka_topic])
-    try:
+    with subscribed(settings, kafka_topic) as consumer:
         got = consumer.consume(3, timeout=30)
         assert [m.value() for m in got] == ["M0", "M1", "M2"]
         assert got[1].next_offset() == offsets[2]
@@ -253,27 +264,17 @@ def test_commit_of_a_message_or_offsets_and_seek_and_position(
         assert (again.value(), again.offset()) == ("M4", offsets[4])
         with pytest.raises(KafkaException, match="not assigned"):
             consumer.seek(TopicPartition(kafka_topic, 7, 0))
-    finally:
-        consumer.close()
-    consumer = Consumer(settings)
-    consumer.subscribe([kafka_topic])
-    try:
+    with subscribed(settings, kafka_topic) as consumer:
         [resumed] = consumer.consume(1, timeout=30)
         assert resumed.value() == "M2"  # from the committed message
         committed = consumer.commit(
             offsets=[TopicPartition(kafka_topic, 0, offsets[5])], asynchronous=False
         )
         assert committed == [TopicPartition(kafka_topic, 0)]
-    finally:
-        consumer.close()
-    consumer = Consumer(settings)
-    consumer.subscribe([kafka_topic])
-    try:
+    with subscribed(settings, kafka_topic) as consumer:
         [last] = consumer.consume(1, timeout=30)
         assert last.value() == "M5"
         assert consumer.position([TopicPartition("elsewhere", 0)])[0].offset == OFFSET_INVALID
-    finally:
-        consumer.close()
 
 
 @pytest.mark.parametrize(
