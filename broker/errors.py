@@ -22,9 +22,12 @@
     │   ├── InvalidTopic            a topic name or topic setting that is not allowed
     │   ├── AuthorizationFailed     no ACL grants the connection's principal the operation
     │   ├── FencedLeaderEpoch       a replica's leader epoch is older than the leader's
-    │   └── UnsupportedFormat       a FETCH of a version that cannot read what lies at its
-    │                               offset (a compressed set, headers): the client is to be
-    │                               upgraded
+    │   ├── UnsupportedFormat       a FETCH of a version that cannot read what lies at its
+    │   │                           offset (a compressed set, headers): the client is to be
+    │   │                           upgraded
+    │   ├── DuplicateSequence       an idempotent producer's set stored already, whose offset
+    │   │                           is no longer known (its segment was deleted)
+    │   └── InvalidProducerEpoch    an idempotent producer's epoch older than the partition's
     ├── Unavailable                 retriable: the same request may succeed later
     │   ├── PartitionUnavailable    the worker owning the partition is down or restarting
     │   ├── BrokerShuttingDown      the broker is stopping and accepts no new requests
@@ -32,6 +35,7 @@
     │   ├── NotLeaderForPartition   this broker does not lead the partition (now)
     │   ├── NotEnoughReplicas       ack=all, and the in-sync replicas are too few
     │   ├── UnknownLeaderEpoch      the asker's leader epoch is newer than this broker's
+    │   ├── OutOfOrderSequence      an idempotent producer's set arrived before one it follows
     │   └── RepliesNotRead          the connection does not take its replies: one not kept
     ├── BrokerError                 client side: the broker answered with an error code
     │   ├── UnknownServerError      UNKNOWN_SERVER_ERROR
@@ -255,6 +259,39 @@ class FencedLeaderEpoch(RequestError):
         self.leader_epoch = leader_epoch
 
 
+class DuplicateSequence(RequestError):
+    """A set of idempotent producer `producer_id` (epoch `epoch`) with sequence `sequence`
+    that partition `partition` (`<topic>-<number>`) stored already, but whose offset it no
+    longer knows: the segment that held the set, and its producer entries, were deleted
+    (retention). The set is stored once; sending it again gets the same answer."""
+
+    def __init__(self, partition: str, producer_id: int, epoch: int, sequence: int) -> None:
+        super().__init__(
+            f"partition {partition}: the set of sequence {sequence} of producer {producer_id} "
+            f"(epoch {epoch}) was stored already (not again); its offset is no longer known"
+        )
+        self.partition = partition
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.sequence = sequence
+
+
+class InvalidProducerEpoch(RequestError):
+    """A set of idempotent producer `producer_id` with epoch `epoch`, older than
+    `current_epoch`, the newest the partition `partition` (`<topic>-<number>`) has stored for
+    that producer id: another producer took the id over (fenced). Not retriable."""
+
+    def __init__(self, partition: str, producer_id: int, epoch: int, current_epoch: int) -> None:
+        super().__init__(
+            f"partition {partition}: producer {producer_id} is fenced: its epoch {epoch} is "
+            f"older than the partition's {current_epoch} for that producer id"
+        )
+        self.partition = partition
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
 class Unavailable(PylogError):
     """The request could not be served now but may succeed when retried."""
 
@@ -318,6 +355,26 @@ class UnknownLeaderEpoch(Unavailable):
         self.partition = partition
         self.asked = asked
         self.leader_epoch = leader_epoch
+
+
+class OutOfOrderSequence(Unavailable):
+    """A set of idempotent producer `producer_id` (epoch `epoch`) with sequence `sequence`
+    while partition `partition` (`<topic>-<number>`) expects `expected` next from it: a set
+    before it has not arrived (it failed, or is still on its way). Nothing was appended.
+    Retriable: the client sends its sets again in order, the missing one first."""
+
+    def __init__(
+        self, partition: str, producer_id: int, epoch: int, sequence: int, expected: int
+    ) -> None:
+        super().__init__(
+            f"partition {partition}: the set of sequence {sequence} of producer {producer_id} "
+            f"(epoch {epoch}) is out of order: sequence {expected} is expected next"
+        )
+        self.partition = partition
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.sequence = sequence
+        self.expected = expected
 
 
 class RepliesNotRead(Unavailable):
@@ -453,6 +510,18 @@ class BrokerRepliesNotRead(BrokerError, RepliesNotRead):
 
 class BrokerUnsupportedFormat(BrokerError, UnsupportedFormat):
     """A broker answered UNSUPPORTED_FORMAT."""
+
+
+class BrokerOutOfOrderSequence(BrokerError, OutOfOrderSequence):
+    """A broker answered OUT_OF_ORDER_SEQUENCE."""
+
+
+class BrokerDuplicateSequence(BrokerError, DuplicateSequence):
+    """A broker answered DUPLICATE_SEQUENCE."""
+
+
+class BrokerInvalidProducerEpoch(BrokerError, InvalidProducerEpoch):
+    """A broker answered INVALID_PRODUCER_EPOCH."""
 
 
 class MalformedReply(PylogError):

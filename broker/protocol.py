@@ -63,10 +63,12 @@ from broker.errors import (
     BrokerShuttingDown,
     CorruptSegment,
     DiskFull,
+    DuplicateSequence,
     FencedLeaderEpoch,
     FetchSizeTooSmall,
     InvalidMessage,
     InvalidOffset,
+    InvalidProducerEpoch,
     InvalidTopic,
     MalformedReply,
     MalformedRequest,
@@ -74,6 +76,7 @@ from broker.errors import (
     NotEnoughReplicas,
     NotLeaderForPartition,
     OffsetOutOfRange,
+    OutOfOrderSequence,
     PartitionUnavailable,
     PylogError,
     RegistryAccessDenied,
@@ -127,7 +130,7 @@ class Api(IntEnum):
 
 
 API_VERSIONS: Final[Mapping[Api, tuple[int, ...]]] = {api: (1,) for api in Api} | {
-    Api.PRODUCE: (1, 2),
+    Api.PRODUCE: (1, 2, 3),
     Api.FETCH: (1, 2, 3, 4),
     Api.METADATA: (1, 2),
 }
@@ -135,18 +138,21 @@ API_VERSIONS: Final[Mapping[Api, tuple[int, ...]]] = {api: (1,) for api in Api} 
 PRODUCE_THROTTLE_VERSION: Final = 2
 """The PRODUCE version whose reply says how long a quota held the request back (throttle_ms,
 docs/protocol.md "Quotas"); a request of an older version is held back the same."""
+PRODUCE_IDEMPOTENT_VERSION: Final = 3
+"""The PRODUCE version whose request carries an idempotent producer's id, epoch and sequence
+(docs/protocol.md, PRODUCE); its reply is version 2's."""
 FETCH_THROTTLE_VERSION: Final = 4
 """The FETCH version whose reply says how long a quota held the request back."""
 
 
 def request_version(api: Api) -> int:
     """The api_version this package's clients ask `api` at unless told: the newest of PRODUCE
-    and FETCH (their replies say how long a quota held them back; FETCH's reads compressed
-    sets), version 1 of the others (a METADATA of version 2 is asked for where a client needs
-    what it adds)."""
+    and FETCH (PRODUCE's carries the idempotent producer's sequence, and its reply, as FETCH's,
+    says how long a quota held it back; FETCH's reads compressed sets), version 1 of the others
+    (a METADATA of version 2 is asked for where a client needs what it adds)."""
     if api is Api.FETCH:
         return FETCH_THROTTLE_VERSION
-    return PRODUCE_THROTTLE_VERSION if api is Api.PRODUCE else API_VERSION
+    return PRODUCE_IDEMPOTENT_VERSION if api is Api.PRODUCE else API_VERSION
 
 
 class Ack(IntEnum):
@@ -197,6 +203,9 @@ class ErrorCode(IntEnum):
     UNKNOWN_LEADER_EPOCH = 24
     REPLIES_NOT_READ = 25
     UNSUPPORTED_FORMAT = 26
+    OUT_OF_ORDER_SEQUENCE = 27
+    DUPLICATE_SEQUENCE = 28
+    INVALID_PRODUCER_EPOCH = 29
 
 
 # -- the error table ---------------------------------------------------------------------------
@@ -246,6 +255,9 @@ ERROR_TABLE: Final[tuple[ErrorEntry, ...]] = (
     ErrorEntry(ErrorCode.UNKNOWN_LEADER_EPOCH, UnknownLeaderEpoch, True),
     ErrorEntry(ErrorCode.REPLIES_NOT_READ, RepliesNotRead, True),
     ErrorEntry(ErrorCode.UNSUPPORTED_FORMAT, UnsupportedFormat, False),
+    ErrorEntry(ErrorCode.OUT_OF_ORDER_SEQUENCE, OutOfOrderSequence, True),
+    ErrorEntry(ErrorCode.DUPLICATE_SEQUENCE, DuplicateSequence, False),
+    ErrorEntry(ErrorCode.INVALID_PRODUCER_EPOCH, InvalidProducerEpoch, False),
 )
 """code <-> name <-> exception class <-> retriable, in code order."""
 
@@ -303,6 +315,9 @@ _REPLY_ERROR_BY_CODE: Final[dict[ErrorCode, type[BrokerError]]] = {
     ErrorCode.UNKNOWN_LEADER_EPOCH: errors.BrokerUnknownLeaderEpoch,
     ErrorCode.REPLIES_NOT_READ: errors.BrokerRepliesNotRead,
     ErrorCode.UNSUPPORTED_FORMAT: errors.BrokerUnsupportedFormat,
+    ErrorCode.OUT_OF_ORDER_SEQUENCE: errors.BrokerOutOfOrderSequence,
+    ErrorCode.DUPLICATE_SEQUENCE: errors.BrokerDuplicateSequence,
+    ErrorCode.INVALID_PRODUCER_EPOCH: errors.BrokerInvalidProducerEpoch,
 }
 """The class a client raises for each nonzero code: a BrokerError and the table's exception."""
 
@@ -383,14 +398,21 @@ class RequestHeader:
 
 @dataclass(frozen=True, slots=True)
 class ProduceRequest:
-    """Append `message_set` (messages back to back: the rest of the frame after `ack`) to a
-    partition."""
+    """Append `message_set` (messages back to back: the rest of the frame after the body) to a
+    partition.
+
+    Version 3 only (0 before): an idempotent producer's `producer_id` (0: none, the set is
+    not deduplicated), `producer_epoch` and `sequence`, the set's number among that producer's
+    sets to this partition (docs/protocol.md, PRODUCE)."""
 
     api: ClassVar[Api] = Api.PRODUCE
     topic: str
     partition: int
     ack: Ack
     message_set: Buffer
+    producer_id: int = 0
+    producer_epoch: int = 0
+    sequence: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -762,6 +784,7 @@ _REQUEST_HEADER: Final = _Fields(("api_key", "H"), ("api_version", "H"), ("corre
 _REPLY_HEADER: Final = _Fields(("correlation_id", "I"), ("error_code", "h"))
 _PARTITION: Final = _Fields(("partition", "I"))
 _PRODUCE: Final = _Fields(("partition", "I"), ("ack", "B"))
+_PRODUCE_V3: Final = _Fields(("producer_id", "Q"), ("producer_epoch", "H"), ("sequence", "I"))
 _FETCH: Final = _Fields(
     ("partition", "I"),
     ("offset", "Q"),
@@ -830,6 +853,8 @@ ERROR_FIELDS: Final[Mapping[ErrorCode, ErrorFields]] = {
     ),
     ErrorCode.FENCED_LEADER_EPOCH: ErrorFields(_Fields(("leader_epoch", "i"))),
     ErrorCode.UNKNOWN_LEADER_EPOCH: ErrorFields(_Fields(("leader_epoch", "i"))),
+    ErrorCode.OUT_OF_ORDER_SEQUENCE: ErrorFields(_Fields(("expected", "I"))),
+    ErrorCode.INVALID_PRODUCER_EPOCH: ErrorFields(_Fields(("current_epoch", "H"))),
 }
 """The error codes whose reply carries fields after error_message (docs/protocol.md, "Reply
 header"); every other code's frame 1 ends with error_message."""
@@ -979,8 +1004,17 @@ def encode_request(header: RequestHeader, request: Request) -> list[Buffer]:
         parts += [
             _string("topic", request.topic),
             _PRODUCE.pack(request.partition, request.ack),
-            request.message_set,
         ]
+        if header.version >= PRODUCE_IDEMPOTENT_VERSION:
+            parts.append(
+                _PRODUCE_V3.pack(request.producer_id, request.producer_epoch, request.sequence)
+            )
+        elif request.producer_id:
+            raise ValueError(
+                f"producer_id is a field of PRODUCE version {PRODUCE_IDEMPOTENT_VERSION}, "
+                f"not of version {header.version}"
+            )
+        parts.append(request.message_set)
     elif isinstance(request, FetchRequest):
         parts += [
             _string("topic", request.topic),
@@ -1102,7 +1136,15 @@ def _decode_produce(reader: _Reader, version: int) -> ProduceRequest:
         raise reader.fail(
             f"field ack is {ack}: it must be 0 (none), 1 (written), 2 (flushed) or 3 (all)"
         )
-    return ProduceRequest(topic, partition, _ACKS[ack], reader.rest())
+    if version < PRODUCE_IDEMPOTENT_VERSION:
+        return ProduceRequest(topic, partition, _ACKS[ack], reader.rest())
+    producer_id, epoch, sequence = reader.fixed(_PRODUCE_V3)
+    if not producer_id and (epoch or sequence):
+        raise reader.fail(
+            f"producer_id is 0 (no idempotent producer) but producer_epoch is {epoch} and "
+            f"sequence {sequence}: both must be 0 then"
+        )
+    return ProduceRequest(topic, partition, _ACKS[ack], reader.rest(), producer_id, epoch, sequence)
 
 
 def _decode_fetch(reader: _Reader, version: int) -> FetchRequest:
@@ -1353,12 +1395,15 @@ def peek_api_name(frames: Frames) -> str:
         return "unknown"
 
 
-def peek_produce(frames: Frames) -> tuple[int, int, Route, int, memoryview] | None:
+def peek_produce(
+    frames: Frames,
+) -> tuple[int, int, Route, int, int, int, int, memoryview] | None:
     """A PRODUCE request whose prefix is known good (see above), decoded with no header or
-    request object: its correlation_id, api_version, route, ack (an int, checked) and message
-    set (a view of the rest of the frame, unchecked). None for any other request, and for one
-    whose prefix is not known yet: decode_request then decodes it (and, if it passes,
-    remembers it)."""
+    request object: its correlation_id, api_version, route, ack (an int, checked),
+    producer_id, producer_epoch and sequence (0 before version 3; checked) and message set (a
+    view of the rest of the frame, unchecked). None for any other request, and for one whose
+    prefix is not known yet: decode_request then decodes it (and, if it passes, remembers it)
+    or refuses it."""
     if len(frames) != 1:
         return None
     view = memoryview(frames[0])
@@ -1373,7 +1418,15 @@ def peek_produce(frames: Frames) -> tuple[int, int, Route, int, memoryview] | No
     if ack > Ack.ALL:
         return None
     correlation_id = _CORRELATION_ID.unpack_from(view, 4)[0]
-    return correlation_id, prefix.version, prefix.route, ack, view[end + 1 :]
+    if prefix.version < PRODUCE_IDEMPOTENT_VERSION:
+        return correlation_id, prefix.version, prefix.route, ack, 0, 0, 0, view[end + 1 :]
+    start = end + 1 + _PRODUCE_V3.size
+    if start > len(view):
+        return None
+    producer_id, epoch, sequence = _PRODUCE_V3.struct.unpack_from(view, end + 1)
+    if not producer_id and (epoch or sequence):
+        return None
+    return correlation_id, 3, prefix.route, ack, producer_id, epoch, sequence, view[start:]
 
 
 def peek_correlation_id(frames: Frames) -> int:
@@ -1574,7 +1627,11 @@ def _describe(error: BaseException) -> str:
 
 _SUCCESS_START: Final = struct.Struct(">IhH")
 """A reply's correlation id, error code and error message length: (id, 0, 0) is a success."""
-_PRODUCE_ACKS: Final = {1: struct.Struct(">IhHQI"), 2: struct.Struct(">IhHQII")}
+_PRODUCE_ACKS: Final = {
+    1: struct.Struct(">IhHQI"),
+    2: struct.Struct(">IhHQII"),
+    3: struct.Struct(">IhHQII"),
+}
 """A successful PRODUCE reply of each version as one struct: header with an empty
 error_message, then the body."""
 

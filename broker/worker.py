@@ -212,8 +212,10 @@ class Worker:
             produce = protocol.peek_produce(request_frames)  # the hot path: no objects made
             if produce is not None:
                 api = "produce"
-                correlation_id, version, route, ack, message_set = produce
-                await self._produce(tagged, correlation_id, version, route, ack, message_set)
+                correlation_id, version, route, ack, *stamp, message_set = produce
+                await self._produce(
+                    tagged, correlation_id, version, route, ack, message_set, *stamp
+                )
                 return
             header, request = protocol.decode_request(request_frames)
             api = header.api.name.lower()
@@ -221,7 +223,15 @@ class Worker:
             if isinstance(request, protocol.ProduceRequest):
                 route = protocol.Route(request.topic, request.partition)
                 await self._produce(
-                    tagged, correlation_id, header.version, route, request.ack, request.message_set
+                    tagged,
+                    correlation_id,
+                    header.version,
+                    route,
+                    request.ack,
+                    request.message_set,
+                    request.producer_id,
+                    request.producer_epoch,
+                    request.sequence,
                 )
             elif isinstance(request, protocol.FetchRequest):
                 await self.reads.fetch(tagged, correlation_id, request, header.version)
@@ -263,6 +273,9 @@ class Worker:
         route: protocol.Route,
         ack: int,
         message_set: Buffer,
+        producer_id: int = 0,
+        epoch: int = 0,
+        sequence: int = 0,
     ) -> None:
         partition = self.served.get(*route)
         replica = partition.replica
@@ -276,16 +289,23 @@ class Worker:
         high_watermark = plog.high_watermark
         had_deadline = plog.next_flush_deadline() is not None
         try:
-            offset, count = plog.append_counted(message_set, flush=False)
+            if producer_id:  # an idempotent producer's: stored once, however often sent
+                kept, appended = plog.append_idempotent(
+                    message_set, producer_id, epoch, sequence, flush=False
+                )
+                offset, count, end = kept.offset, kept.message_count, kept.end
+            else:
+                offset, count = plog.append_counted(message_set, flush=False)
+                appended, end = True, plog.log_end_offset
         except DISK_ERRORS as error:
             self.flusher.on_disk_error(partition, error)
             raise
-        partition.messages_in += count
-        partition.bytes_in += len(message_set)
-        end = plog.log_end_offset
-        if plog.high_watermark != high_watermark:  # a roll flushed what came before
-            partition.note_flush(self.served.replies)
-        self.flusher.appended(partition, had_deadline)
+        if appended:  # not a set sent again
+            partition.messages_in += count
+            partition.bytes_in += len(message_set)
+            if plog.high_watermark != high_watermark:  # a roll flushed what came before
+                partition.note_flush(self.served.replies)
+            self.flusher.appended(partition, had_deadline)
         if ack == protocol.Ack.NONE:
             return
         reply = protocol.ProduceReply(offset, count, throttle_of(tagged))

@@ -121,6 +121,7 @@ class AsyncProducer(ProducerCore):
         compression: str = "none",
         compression_level: int | None = None,
         metadata_max_age_s: float = METADATA_MAX_AGE_S,
+        idempotence: bool = True,
     ) -> None:
         super().__init__(
             topic,
@@ -138,6 +139,7 @@ class AsyncProducer(ProducerCore):
             compression,
             compression_level,
             metadata_max_age_s,
+            idempotence,
         )
         metadata_retries = METADATA_RETRIES if retries is None else retries
         self.cluster = AsyncCluster(endpoint, client_id, timeout_s, metadata_retries, keys=keys)
@@ -248,7 +250,7 @@ class AsyncProducer(ProducerCore):
                 self._acked(entry, reply)
                 return
         except PylogError as failure:
-            batch.settle(None, failure)
+            self._give_up(entry, failure)
             raise
 
     async def _holder(self, partition: int) -> AsyncConnection:

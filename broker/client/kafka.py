@@ -18,8 +18,9 @@ pylog meaning is never silently dropped). The differences a Kafka user meets:
 - The producer sends keyless messages to partitions in turn and keyed ones by their key's
   hash (pylog's partitioner, not Kafka's murmur2: the same key does not land on the
   partition Kafka would choose).
-- `enable.idempotence` true is refused: pylog's producer does not yet number its sets, so a
-  batch sent again after a lost reply may be stored twice (at least once).
+- `enable.idempotence` is true by default (as in Kafka's Java client since 3.0; librdkafka's
+  default is false): a batch sent again is stored once while its partition's leader stays
+  (docs/protocol.md, PRODUCE version 3). With `acks` 0 it is off, and true is refused.
 - Each topic produced to has connections of its own; callbacks run in `poll()` and `flush()`,
   in the calling thread, as in confluent-kafka.
 """
@@ -414,12 +415,15 @@ class Producer:
 
     def __init__(self, conf: Mapping[str, Any], **kwargs: Any) -> None:
         conf = _settings({**conf, **kwargs}, PRODUCER_KEYS, "producer")
-        if _flag("enable.idempotence", conf.get("enable.idempotence", False)):
-            raise KafkaException(
-                "enable.idempotence: pylog's producer does not number its sets yet, so a batch "
-                "sent again after a lost reply may be stored twice; leave it out (at least once)"
-            )
         acks = conf.get("acks", conf.get("request.required.acks", "all"))
+        idempotence = _flag("enable.idempotence", conf.get("enable.idempotence", True))
+        if idempotence and _choice("acks", acks, _ACKS) is Ack.NONE:
+            if "enable.idempotence" in conf:
+                raise KafkaException(
+                    "enable.idempotence: acks 0 is never answered, so a batch is never sent "
+                    "again: set acks to 1 or all, or enable.idempotence to false"
+                )
+            idempotence = False
         compression = str(conf.get("compression.type", conf.get("compression.codec", "none")))
         if compression.lower() == "snappy":
             raise KafkaException("compression.type snappy: pylog has none, gzip, lz4 and zstd")
@@ -451,6 +455,7 @@ class Producer:
             "compression": compression.lower(),
             "compression_level": None if level is None or int(level) == -1 else int(level),
             "keys": _keys(conf),
+            "idempotence": idempotence,
         }
         if self._options["batch_messages"] < 1 or self._options["max_in_flight"] < 1:
             raise KafkaException("batch.num.messages and max.in.flight take 1 or more")

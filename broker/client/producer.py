@@ -13,8 +13,19 @@ broker the producer knows (leadership moved: docs/replication.md) sends the batc
 UNKNOWN_TOPIC_OR_PARTITION, any other retriable error (NOT_ENOUGH_REPLICAS with ack ALL: the
 in-sync set is smaller than min_insync_replicas for now) or a timeout makes the producer ask
 METADATA again before it resends. Either way after the back-off below, within the batch's
-budget. With ack ALL a batch the old leader stored before it lost leadership may be stored
-twice (at least once, never lost once acknowledged); max_in_flight=1 keeps the order.
+budget; max_in_flight=1 keeps the order.
+
+Idempotence (`idempotence=True`, the default, with any ack but NONE): the producer draws a
+random 63-bit producer id when it starts and numbers its batches to each partition 0, 1, 2,
+...; each goes as PRODUCE version 3 with its number, kept when it is sent again, and the
+partition stores it once: a batch whose reply was lost, or that a worker or broker restart
+left unanswered, gets its first offset again (docs/protocol.md, PRODUCE). A batch that arrives
+before one it follows is OUT_OF_ORDER_SEQUENCE, sent again within its budget like any
+retriable error; once a batch fails for good, the batches in flight after it fail when told so,
+and the next ones go under a new producer id. The partition's leader keeps the state beside
+the log; followers do not copy it yet, so after a leader change (ack ALL) a batch the old
+leader stored may be stored twice (at least once, never lost once acknowledged), as without
+idempotence.
 
 Batching: each partition has one open batch (a message set being built with encode_message). A
 batch is sent once it holds `batch_messages` messages or `batch_bytes` bytes, or when
@@ -67,6 +78,7 @@ import itertools
 import logging
 import math
 import random
+import secrets
 import time
 from bisect import bisect_right
 from collections import Counter
@@ -115,12 +127,22 @@ METADATA_MAX_AGE_S = 60.0
 """How long a producer uses what METADATA said of its topic's partitions before it asks again
 (Kafka's metadata.max.age.ms): partitions added to the topic are written to within this."""
 
+_SEQUENCES = 2**32
+"""A batch's sequence is a u32: after the last comes 0."""
+_GAPS_KEPT = 1024
+"""How many (producer id, partition) with a batch failed for good are remembered."""
+
 Partitioner = Literal["hash", "round_robin", "random"]
 Serializer = Callable[[Any], Buffer]
 """Turns what is given to Producer.send as a value (or key) into its bytes."""
 _NO_SERIALIZER_FIX = "encode it (.encode()), or give the Producer a serializer"
 
 log = logging.getLogger(__name__)
+
+
+def _new_producer_id() -> int:
+    """A random idempotent producer id, 1 to 2**63 - 1 (0 means none)."""
+    return secrets.randbits(63) or 1
 
 
 class DeliveryUnknown(PylogError):
@@ -294,6 +316,7 @@ class ProducerCore:
         compression: str = "none",
         compression_level: int | None = None,
         metadata_max_age_s: float = METADATA_MAX_AGE_S,
+        idempotence: bool = True,
     ) -> None:
         self._compressor = compressor_for(compression, compression_level)
         self._inner = self._compressor is not None
@@ -336,6 +359,15 @@ class ProducerCore:
         self._sent = 0
         self.produced: ProducedCounts | None = None
         """With auditing, what was acknowledged per window (set by the producer)."""
+        self.idempotence = idempotence and ack is not Ack.NONE
+        """Whether each set carries this producer's id and its sequence (PRODUCE version 3),
+        so that a set sent again is stored once (never with ack NONE: nothing is sent again)."""
+        self._producer_id = _new_producer_id() if self.idempotence else 0
+        self._sequences: dict[int, int] = {}
+        """The sequence of the next set to each partition under _producer_id."""
+        self._gaps: dict[tuple[int, int], None] = {}
+        """(producer id, partition) whose sets failed for good, the latest last: the sets sent
+        after one under that id can never be stored (OUT_OF_ORDER_SEQUENCE) and fail at once."""
 
     @property
     def messages_sent(self) -> int:
@@ -440,7 +472,15 @@ class ProducerCore:
             message_set = b"".join(batch.messages)
         else:
             message_set = self._compressed(batch)
-        request = ProduceRequest(self.topic, partition, self.ack, message_set)
+        producer_id = self._producer_id
+        if producer_id:
+            sequence = self._sequences.get(partition, 0)
+            self._sequences[partition] = (sequence + 1) % _SEQUENCES
+            request = ProduceRequest(
+                self.topic, partition, self.ack, message_set, producer_id, 0, sequence
+            )
+        else:
+            request = ProduceRequest(self.topic, partition, self.ack, message_set)
         self._sent += len(batch.messages)
         batch.messages = []  # the request holds them now; handles keep only the outcome
         deadline = time.monotonic() + self.delivery_timeout_s
@@ -475,9 +515,25 @@ class ProducerCore:
             entry.looked_again = True
             self._layout = None
             return True
-        if not error.retriable:
+        request = entry.request
+        gap = (request.producer_id, request.partition) in self._gaps
+        if not error.retriable or (error.code == ErrorCode.OUT_OF_ORDER_SEQUENCE and gap):
             raise error
         return False
+
+    def _give_up(self, entry: InFlight, error: PylogError) -> None:
+        """Fail `entry`'s batch with `error`, for good. The sets after it under the same
+        producer id can no longer be stored in order: those in flight fail when told so
+        (OUT_OF_ORDER_SEQUENCE), and the next ones go under a new producer id."""
+        entry.batch.settle(None, error)
+        producer_id = entry.request.producer_id
+        if producer_id:
+            self._gaps[producer_id, entry.request.partition] = None
+            if len(self._gaps) > _GAPS_KEPT:
+                del self._gaps[next(iter(self._gaps))]
+            if producer_id == self._producer_id:
+                self._producer_id = _new_producer_id()
+                self._sequences.clear()
 
     def _acked(self, entry: InFlight, reply: ProduceReply) -> None:
         ack = ProduceAck(entry.request.partition, reply.base_offset, reply.count)
@@ -533,7 +589,11 @@ class Producer(ProducerCore):
 
     `metadata_max_age_s`: how long what METADATA said of the topic's partitions is used before
     it is asked again (partitions added to the topic are written to within it; a key's
-    partition then changes, docs/replication.md "Placement")."""
+    partition then changes, docs/replication.md "Placement").
+
+    `idempotence` (on by default): each batch carries this producer's id and its number, so
+    that a batch sent again is stored once (see the module's text); False sends PRODUCE as
+    before it (version 3 without a producer id)."""
 
     def __init__(
         self,
@@ -559,6 +619,7 @@ class Producer(ProducerCore):
         compression: str = "none",
         compression_level: int | None = None,
         metadata_max_age_s: float = METADATA_MAX_AGE_S,
+        idempotence: bool = True,
     ) -> None:
         super().__init__(
             topic,
@@ -576,6 +637,7 @@ class Producer(ProducerCore):
             compression,
             compression_level,
             metadata_max_age_s,
+            idempotence,
         )
         self._in_flight: dict[tuple[Connection, int], InFlight] = {}
         self._in_flight_on: Counter[Connection] = Counter()
@@ -718,7 +780,7 @@ class Producer(ProducerCore):
                 self._in_flight_on[connection] += 1
                 return
         except PylogError as failure:
-            entry.batch.settle(None, failure)
+            self._give_up(entry, failure)
             raise
 
     def _receive_ack(self, wait_s: float | None = None) -> None:
@@ -761,7 +823,7 @@ class Producer(ProducerCore):
                 self._dispatch(entry, error)
             except PylogError as failure:
                 if not entry.batch.done:
-                    entry.batch.settle(None, failure)
+                    self._give_up(entry, failure)
                 raise
             return
         self._acked(entry, reply)
@@ -778,7 +840,7 @@ class Producer(ProducerCore):
             if key[0].endpoint == error.endpoint:
                 del self._in_flight[key]
                 self._landed(key[0])
-                entry.batch.settle(None, error)
+                self._give_up(entry, error)
 
     def _send_lost_again(self, error: Unavailable) -> None:
         """After no reply in time, send every batch in flight again (they may be lost); raise

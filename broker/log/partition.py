@@ -63,6 +63,7 @@ from broker.log.epochs import NO_EPOCH, LeaderEpochs
 from broker.log.fsdir import fsync_directory, fsync_file
 from broker.log.indexfile import IndexDamaged
 from broker.log.message import Buffer, ScanResult, message_size_at
+from broker.log.producers import ProducerStates, StoredSet
 from broker.log.recovery import RecoveryReport, build_time_index, recover_folder, scan_untrusted
 from broker.log.segment import (
     Damage,
@@ -97,6 +98,7 @@ class PartitionLog:
         segments: list[Segment],
         recovery: RecoveryReport,
         epochs: LeaderEpochs | None = None,
+        producers: ProducerStates | None = None,
     ) -> None:
         self.directory = directory
         self.config = config
@@ -104,6 +106,11 @@ class PartitionLog:
         self.epochs = LeaderEpochs(directory) if epochs is None else epochs
         """The folder's leader-epoch history (broker.log.epochs), loaded by `open`, cut by
         `truncate_to` and `reset_to`, added to by `assign_epoch` and `append_replicated`."""
+        self.producers = producers or ProducerStates(
+            directory, segments[-1].base_offset, directory.name
+        )
+        """The idempotent producers' last sets (broker.log.producers), loaded by `open`,
+        added to by `append_idempotent`, cut by `truncate_to` and `reset_to`."""
         self._clock = clock
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
@@ -135,7 +142,10 @@ class PartitionLog:
         segments, report = recover_folder(directory, config)
         epochs = LeaderEpochs.load(directory, segments[-1].end_offset)
         report = dataclasses.replace(report, problems=report.problems + tuple(epochs.problems))
-        return cls(directory, config, clock, segments, report, epochs)
+        end = segments[-1].end_offset
+        bases = [s.base_offset for s in segments]
+        producers = ProducerStates.load(directory, bases, end, directory.name)
+        return cls(directory, config, clock, segments, report, epochs, producers)
 
     # -- offsets ---------------------------------------------------------------------------
 
@@ -170,6 +180,32 @@ class PartitionLog:
         false, a flush the append makes due (`flush_due`) is the caller's to make: the broker's
         worker makes one for all the requests it was passed at once."""
         return self._append(message_set, self.config.max_message_bytes, flush, (), True)
+
+    def append_idempotent(
+        self,
+        message_set: Buffer,
+        producer_id: int,
+        epoch: int,
+        sequence: int,
+        flush: bool = True,
+    ) -> tuple[StoredSet, bool]:
+        """`append_counted` for a set of an idempotent producer (`producer_id` > 0), checked
+        first by `producers` (broker.log.producers): the set as stored, and whether it was
+        appended now; a set stored already is not appended again, and its stored set is
+        returned. Raises what `append_counted` raises, and OutOfOrderSequence,
+        InvalidProducerEpoch or DuplicateSequence (nothing appended). The set's entry is
+        written before its bytes; an append that then fails takes it back."""
+        self._refuse_if_failed()
+        repeated = self.producers.check(producer_id, epoch, sequence)
+        if repeated is not None:
+            return repeated, False
+        stamp = (producer_id, epoch, sequence)
+        offset, count = self._append(
+            message_set, self.config.max_message_bytes, flush, (), True, None, stamp
+        )
+        stored = self.producers.last(producer_id)
+        assert stored is not None and stored.offset == offset and stored.message_count == count
+        return stored, True
 
     def append_replicated(
         self,
@@ -224,6 +260,7 @@ class PartitionLog:
         epochs: Sequence[tuple[int, int]],
         producer: bool,
         count: int | None = None,
+        stamp: tuple[int, int, int] | None = None,
     ) -> tuple[int, int]:
         self._refuse_if_failed()
         config = self.config
@@ -251,7 +288,9 @@ class PartitionLog:
             count = check_sets(message_set, checked)
             stored = self._as_topic_stores(message_set, checked)
             if stored is not None:
-                return self._append(stored, config.segment_bytes, flush, epochs, False, count)
+                return self._append(
+                    stored, config.segment_bytes, flush, epochs, False, count, stamp
+                )
         elif count is None:
             count = checked.message_count
         if roll:
@@ -260,11 +299,18 @@ class PartitionLog:
         offset = active.end_offset
         if epochs:
             self.epochs.assign_all(epochs)  # before the bytes: never bytes without their epoch
+        entry = before = None
+        if stamp is not None:  # before the bytes too: never a set without its entry
+            entry = StoredSet(*stamp, offset, offset + size, count)
+            before = self.producers.last(entry.producer_id)
+            self.producers.record(entry)
         try:
             active.append(message_set, checked.marks, checked.greatest, checked.first_new)
         except StorageError:
             if epochs:
                 self._take_back_epochs()
+            if entry is not None:
+                self._take_back_entry(entry, before)
             raise
         if self._pending_since is None:
             self._pending_since = self._clock.monotonic()
@@ -291,6 +337,13 @@ class PartitionLog:
         except StorageError as error:
             self._failure = f"taking back leader epochs: {error}"
 
+    def _take_back_entry(self, stored: StoredSet, before: StoredSet | None) -> None:
+        """Cut the entry of a set whose append failed; a failure to cut fails the log."""
+        try:
+            self.producers.take_back(stored, before)
+        except StorageError as error:
+            self._failure = f"taking back a producer entry: {error}"
+
     def flush(self) -> None:
         """Make every appended message visible to reads, fsyncing first when configured.
 
@@ -308,6 +361,7 @@ class PartitionLog:
         if self.config.fsync:
             active.open_to_sync()
             try:
+                self.producers.sync()  # before the bytes: never a durable set without its entry
                 active.sync()
             except StorageError as error:
                 self._failure = str(error)
@@ -361,6 +415,7 @@ class PartitionLog:
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
         self._active_since_ms = self._clock.time() * 1000
+        self.producers.roll(segment.base_offset)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -562,6 +617,7 @@ class PartitionLog:
         with self._failing_on(f"truncating to {offset}"):
             if offset < end:
                 self._cut_segments(offset)
+                self.producers.truncate(self.segment_for(offset).base_offset, offset)
             self.epochs.truncate_from(offset)
         self._count_pending()
         level = logging.WARNING if flushed_cut else logging.INFO
@@ -642,6 +698,7 @@ class PartitionLog:
             self.epochs.clear_and_start(start_offset, epoch)
             for segment in reversed(self._segments):
                 segment.delete()
+            self.producers.reset(start_offset)
             segment = Segment.create(self.directory, start_offset)
         self._segments = [segment]
         self._bases = [start_offset]
@@ -774,6 +831,7 @@ class PartitionLog:
                 self.flush()
                 self._segments[-1].seal()
         finally:
+            self.producers.close()
             for segment in self._segments:
                 segment.close()
 

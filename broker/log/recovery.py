@@ -30,6 +30,7 @@ from broker.log.message import message_size_at, valid_message_end
 from broker.log.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
+    PRODUCERS_SUFFIX,
     TIME_INDEX_SUFFIX,
     Damage,
     Segment,
@@ -290,7 +291,7 @@ def _set_aside(path: Path) -> Path:
     fsync the folder."""
     target = bad_file_path(path)
     path.rename(target)
-    for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+    for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, PRODUCERS_SUFFIX):
         with contextlib.suppress(FileNotFoundError):
             path.with_suffix(suffix).unlink()
     fsync_directory(path.parent)

@@ -66,6 +66,8 @@ from broker.log.timeindex import MappedTimeIndex, TimeIndex
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+PRODUCERS_SUFFIX = ".producers"
+"""A segment's idempotent producer entries (broker.log.producers)."""
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
@@ -787,9 +789,10 @@ class Segment:
                 index.close()
 
     def delete(self) -> None:
-        """Close and remove the segment and its indexes from disk."""
+        """Close and remove the segment, its indexes and its producer entries from disk."""
         self.close()
         self.log_path.unlink()
         self.index_path.unlink(missing_ok=True)
         self.time_index_path.unlink(missing_ok=True)
+        self.log_path.with_suffix(PRODUCERS_SUFFIX).unlink(missing_ok=True)
         fsync_directory(self.log_path.parent)

@@ -17,8 +17,10 @@ from broker.errors import (
     FencedLeaderEpoch,
     FetchSizeTooSmall,
     InvalidOffset,
+    InvalidProducerEpoch,
     NotEnoughReplicas,
     NotLeaderForPartition,
+    OutOfOrderSequence,
     TopicAlreadyExists,
     Unavailable,
     UnknownLeaderEpoch,
@@ -48,6 +50,8 @@ def raised_for(code: int, message: str = "text") -> BrokerError:
         ErrorCode.NOT_ENOUGH_REPLICAS: NotEnoughReplicas("t-0", 1, 2),
         ErrorCode.FENCED_LEADER_EPOCH: FencedLeaderEpoch("t-0", 5, 6),
         ErrorCode.UNKNOWN_LEADER_EPOCH: UnknownLeaderEpoch("t-0", 5, 4),
+        ErrorCode.OUT_OF_ORDER_SEQUENCE: OutOfOrderSequence("t-0", 9, 0, 7, 5),
+        ErrorCode.INVALID_PRODUCER_EPOCH: InvalidProducerEpoch("t-0", 9, 0, 1),
     }
     frames = (
         [encode_error(7, with_fields.get(code, ErrorCode(code)), message)[0]]

@@ -299,7 +299,7 @@ def test_consumer_settings_without_a_pylog_meaning_are_refused_by_name(
     ("settings", "said"),
     [
         ({"queue.buffering.max.kbytes": 10}, "'queue.buffering.max.kbytes': not a pylog"),
-        ({"enable.idempotence": True}, "stored twice"),
+        ({"enable.idempotence": True, "acks": 0}, "acks 0 is never answered"),
         ({"compression.type": "snappy"}, "snappy"),
         ({"compression.type": "brotli"}, "compression.type"),
         ({"acks": 2}, "acks"),

@@ -54,6 +54,7 @@ from broker.protocol import (
     API_VERSIONS,
     ERROR_FIELDS,
     ERROR_TABLE,
+    PRODUCE_IDEMPOTENT_VERSION,
     Ack,
     AlterConfigRequest,
     Api,
@@ -250,6 +251,7 @@ RENAMED |= {"log_dirs": "log_dir", "entries": "config", "epochs": "epoch", "repl
 FIELD_VERSIONS: dict[type, dict[str, int]] = {
     FetchRequest: dict.fromkeys(("replica_id", "leader_epoch", "flushed_offset"), 2),
     FetchReply: {"leader_epoch": 2, "epochs": 2, "throttle_ms": 4},
+    ProduceRequest: dict.fromkeys(("producer_id", "producer_epoch", "sequence"), 3),
     ProduceReply: {"throttle_ms": 2},
     BrokerInfo: {"rack": 2},
     PartitionInfo: dict.fromkeys(("leader_epoch", "replicas", "isr"), 2),
@@ -492,6 +494,9 @@ def test_the_byte_positions_the_document_gives_hold_for_every_request_vector() -
     )
     assert rule, "PRODUCE's ack rule is not where the test looks for it"
     c_at, c_end, t_at, t_end, ack_at, least = map(int, rule.groups())
+    before_set = [int(n) for n in re.findall(r"length minus \((\d+) \+ c \+ t\)", produce)]
+    assert len(before_set) == 2, "PRODUCE's message set rules (versions 1 and 3) are not found"
+    assert before_set[0] == least  # version 1's set starts right after ack
     for vector in documented_vectors():
         if vector.kind != "request":
             continue
@@ -509,7 +514,8 @@ def test_the_byte_positions_the_document_gives_hold_for_every_request_vector() -
             assert struct.unpack(">H", frame[c_at : c_end + 1]) == (c,), vector.name
             assert struct.unpack(">H", frame[t_at + c : t_end + c + 1]) == (t,), vector.name
             assert frame[ack_at + c + t] == request.ack, vector.name
-            assert len(frame) - len(request.message_set) == least + c + t, vector.name
+            rest = before_set[header.version >= PRODUCE_IDEMPOTENT_VERSION]
+            assert len(frame) - len(request.message_set) == rest + c + t, vector.name
 
 
 def test_documented_message_sets_are_what_encode_message_builds() -> None:
@@ -605,8 +611,25 @@ version_2_requests: st.SearchStrategy[Request] = st.one_of(
     ).filter(lambda request: request.replica_id != -1 or request.flushed_offset == 0),
     st.builds(MetadataRequest, st.lists(topics, max_size=5).map(tuple)),
 )
+idempotent_produce_requests: st.SearchStrategy[Request] = st.one_of(
+    st.builds(
+        ProduceRequest,
+        topics,
+        u32,
+        st.sampled_from(Ack),
+        st.binary(max_size=200),
+        st.integers(1, 2**64 - 1),
+        u16,
+        u32,
+    ),
+    st.builds(ProduceRequest, topics, u32, st.sampled_from(Ack), st.binary(max_size=200)),
+)
+"""PRODUCE version 3's: an idempotent producer's (id above 0), or none's (id, epoch and
+sequence 0)."""
 versioned_requests: st.SearchStrategy[tuple[int, Request]] = st.one_of(
-    st.tuples(st.just(1), requests), st.tuples(st.just(2), version_2_requests)
+    st.tuples(st.just(1), requests),
+    st.tuples(st.just(2), version_2_requests),
+    st.tuples(st.just(PRODUCE_IDEMPOTENT_VERSION), idempotent_produce_requests),
 )
 """(api_version, request) of every api and version."""
 
@@ -771,12 +794,15 @@ def test_peek_produce_decodes_a_known_prefix_as_decode_request_does(
     peeked = peek_produce(frames)
     if isinstance(request, ProduceRequest):
         assert peeked is not None
-        cid, peeked_version, route, ack, message_set = peeked
-        assert (cid, peeked_version, route, ack) == (
+        cid, peeked_version, route, ack, producer_id, epoch, sequence, message_set = peeked
+        assert (cid, peeked_version, route, ack, producer_id, epoch, sequence) == (
             correlation_id,
             version,
             Route(request.topic, request.partition),
             request.ack,
+            request.producer_id,
+            request.producer_epoch,
+            request.sequence,
         )
         assert bytes(message_set) == bytes(request.message_set)
     else:
@@ -1208,7 +1234,7 @@ def test_a_version_1_fetch_cannot_carry_the_replica_fields() -> None:
 
 @pytest.mark.parametrize(
     ("request_", "version"),
-    [(ProduceRequest("clicks", 0, Ack.ALL, MESSAGE), 3), (FetchRequest("c", 0, 0, 1, 0, 0), 5)],
+    [(ProduceRequest("clicks", 0, Ack.ALL, MESSAGE), 4), (FetchRequest("c", 0, 0, 1, 0, 0), 5)],
 )
 def test_encode_request_refuses_a_version_the_api_does_not_have(
     request_: Request, version: int
@@ -1219,7 +1245,9 @@ def test_encode_request_refuses_a_version_the_api_does_not_have(
 
 def test_every_api_but_produce_fetch_and_metadata_has_version_1_only() -> None:
     for api in Api:
-        spoken = {Api.PRODUCE: (1, 2), Api.FETCH: (1, 2, 3, 4), Api.METADATA: (1, 2)}.get(api, (1,))
+        spoken = {Api.PRODUCE: (1, 2, 3), Api.FETCH: (1, 2, 3, 4), Api.METADATA: (1, 2)}.get(
+            api, (1,)
+        )
         assert API_VERSIONS[api] == spoken, api
         for version in (0, spoken[-1] + 1):
             raised = rejects([header(api, version) + fetch_body()], UnsupportedVersion)
@@ -1292,8 +1320,8 @@ def test_offset_for_leader_epoch_reply_epoch_below_minus_1_is_malformed() -> Non
 
 
 def test_replies_of_a_version_the_api_does_not_have_are_refused() -> None:
-    with pytest.raises(ValueError, match="PRODUCE has no version 3"):
-        encode_reply(1, ProduceReply(0, 1), 3)
+    with pytest.raises(ValueError, match="PRODUCE has no version 4"):
+        encode_reply(1, ProduceReply(0, 1), 4)
     with pytest.raises(ValueError, match="OFFSETS has no version 2"):
         decode_reply(Api.OFFSETS, [struct.pack(">IhHQ", 1, 0, 0, 0)], 2)
 
@@ -1315,7 +1343,8 @@ def test_peek_produce_knows_a_prefix_only_once_decode_request_passed_it() -> Non
     peeked = peek_produce([frame])
     assert peeked is not None
     assert peeked[:4] == (1, 1, Route("clicks", 3), Ack.NONE)
-    assert peeked[4] == memoryview(MESSAGE)
+    assert peeked[4:7] == (0, 0, 0)  # no idempotent producer before version 3
+    assert peeked[7] == memoryview(MESSAGE)
 
 
 def test_a_known_prefix_does_not_pass_what_follows_it() -> None:
@@ -1465,7 +1494,8 @@ def test_other_apis_and_versions_are_answered() -> None:
     assert is_fire_and_forget([header(Api.PRODUCE) + body])
     assert not is_fire_and_forget([header(Api.FETCH) + body])
     assert is_fire_and_forget([header(Api.PRODUCE, version=2) + body])
-    assert not is_fire_and_forget([header(Api.PRODUCE, version=3) + body])
+    assert is_fire_and_forget([header(Api.PRODUCE, version=3) + body])
+    assert not is_fire_and_forget([header(Api.PRODUCE, version=4) + body])
 
 
 def test_peek_route_is_none_for_the_apis_the_front_serves() -> None:

@@ -1,0 +1,250 @@
+"""The idempotent producers of one partition: which sets each has stored, so that a set sent
+again is stored once (docs/storage.md, "Producer state"; docs/protocol.md, PRODUCE version 3).
+
+An idempotent producer numbers its sets to each partition 0, 1, 2, ... (`sequence`, a u32
+that wraps) under its `producer_id` and `epoch`. For each producer the partition remembers the
+last set it stored: a set of the next sequence is appended, the last one again is answered
+with its offset and count (a duplicate), one further back is looked up in the files below
+(`DuplicateSequence` when its segment is gone), one further on is `OutOfOrderSequence` (a set
+before it is missing), and one of an older epoch is `InvalidProducerEpoch`. A producer id
+not known here (new, or forgotten) starts at any sequence; so does a newer epoch.
+
+Each segment `<base>.log` has a file `<base>.producers` of fixed-size entries, 34 bytes each,
+big-endian:
+
+    producer_id u64, epoch u16, sequence u32, offset u64, end u64, count u32
+
+one for each idempotent set stored in the segment (`offset` and `end` where its bytes start
+and end, `count` its messages, as PRODUCE answered), in the order stored; a segment started by
+a roll begins with a snapshot, the last entry of every producer known then. So the last
+segment's file alone holds the state, and a segment deleted (retention, truncation) takes its
+entries with it. An entry is written before its set's bytes, and the file is fsynced before
+the segment at each flush, so no stored byte survives a crash without its entry; an entry
+whose set did not survive (its end past the log end) is dropped when the log is opened, and
+a torn entry at the file's end is cut. At most MAX_PRODUCERS producers are remembered per
+partition, the one that stored least recently forgotten first. Not safe to share between
+threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+from broker.errors import DuplicateSequence, InvalidProducerEpoch, OutOfOrderSequence
+from broker.log.segment import PRODUCERS_SUFFIX, segment_file_name, storage_error
+
+ENTRY = struct.Struct(">QHIQQI")
+"""producer_id, epoch, sequence, offset, end, count."""
+_KEY = struct.Struct(">QHI")
+"""The start of an entry: producer_id, epoch, sequence, what a set is looked up by."""
+MAX_PRODUCERS = 4096
+"""Producers remembered per partition; past it, the one that stored least recently is
+forgotten (a set it sends again after that is stored again)."""
+_SEQUENCES = 2**32
+
+
+class StoredSet(NamedTuple):
+    """An idempotent producer's set as stored: what PRODUCE answered, and where it ends."""
+
+    producer_id: int
+    epoch: int
+    sequence: int
+    offset: int
+    end: int
+    message_count: int
+
+
+def producers_path(directory: Path, base_offset: int) -> Path:
+    """The producer entries of the segment at `base_offset`."""
+    return (directory / segment_file_name(base_offset)).with_suffix(PRODUCERS_SUFFIX)
+
+
+class ProducerStates:
+    """The last set stored by each idempotent producer of one partition folder, and the
+    active segment's entries file. Use `load`."""
+
+    def __init__(self, directory: Path, base_offset: int, name: str) -> None:
+        self._directory = directory
+        self._name = name
+        """The partition's name (`<topic>-<number>`), for errors."""
+        self._base = base_offset
+        """The base offset of the segment the next entry goes to."""
+        self._last: dict[int, StoredSet] = {}
+        """Each producer's last set, the least recently stored first."""
+        self._fd: int | None = None
+        self._unsynced = False
+
+    @classmethod
+    def load(cls, directory: Path, bases: Iterable[int], log_end: int, name: str) -> ProducerStates:
+        """The state of the folder whose segments start at `bases` and whose log ends at
+        `log_end`: the last segment's entries, those past the log end (and a torn one) cut
+        from its file. Files of no segment (left by a crash as segments were deleted, or by
+        segments recovery set aside) are deleted."""
+        bases = sorted(bases)
+        states = cls(directory, bases[-1], name)
+        known = {producers_path(directory, base) for base in bases}
+        for path in directory.glob(f"*{PRODUCERS_SUFFIX}"):
+            if path not in known:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        states._reload(log_end)
+        return states
+
+    @property
+    def producers(self) -> int:
+        """How many producers are remembered."""
+        return len(self._last)
+
+    def last(self, producer_id: int) -> StoredSet | None:
+        """The last set stored of `producer_id`, if it is remembered."""
+        return self._last.get(producer_id)
+
+    # -- the rules ---------------------------------------------------------------------------
+
+    def check(self, producer_id: int, epoch: int, sequence: int) -> StoredSet | None:
+        """The stored set that a set of (`producer_id`, `epoch`, `sequence`) repeats, or None
+        when it is to be appended. Raises OutOfOrderSequence, InvalidProducerEpoch and
+        DuplicateSequence as the module says."""
+        last = self._last.get(producer_id)
+        if last is None or epoch > last.epoch:
+            return None
+        if epoch < last.epoch:
+            raise InvalidProducerEpoch(self._name, producer_id, epoch, last.epoch)
+        ahead = (sequence - last.sequence) % _SEQUENCES
+        if ahead == 1:
+            return None
+        if ahead == 0:
+            return last
+        expected = (last.sequence + 1) % _SEQUENCES
+        if ahead < _SEQUENCES // 2:
+            raise OutOfOrderSequence(self._name, producer_id, epoch, sequence, expected)
+        found = self._find(producer_id, epoch, sequence)
+        if found is None:
+            raise DuplicateSequence(self._name, producer_id, epoch, sequence)
+        return found
+
+    def _find(self, producer_id: int, epoch: int, sequence: int) -> StoredSet | None:
+        """The entry of an older set, looked up in the entries files, newest first."""
+        key = _KEY.pack(producer_id, epoch, sequence)
+        paths = sorted(self._directory.glob(f"*{PRODUCERS_SUFFIX}"), reverse=True)
+        for path in paths:
+            try:
+                data = path.read_bytes()
+            except OSError as error:
+                raise storage_error(error, f"reading {path}") from error
+            at = data.rfind(key)
+            while at >= 0 and at % ENTRY.size:
+                at = data.rfind(key, 0, at + _KEY.size - 1)
+            if at >= 0 and at + ENTRY.size <= len(data):
+                return StoredSet(*ENTRY.unpack_from(data, at))
+        return None
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def record(self, stored: StoredSet) -> None:
+        """Write `stored`'s entry (before its bytes are appended) and remember it as its
+        producer's last. DiskFull or StorageIOError, nothing remembered, when the write
+        fails."""
+        self._write(ENTRY.pack(*stored))
+        self._remember(stored)
+
+    def take_back(self, stored: StoredSet, before: StoredSet | None) -> None:
+        """Undo `record(stored)`, its bytes not appended: the entry cut from the file, the
+        producer's last set `before` again. DiskFull or StorageIOError when the cut fails."""
+        path = producers_path(self._directory, self._base)
+        try:
+            size = os.stat(path).st_size
+            os.truncate(path, max(0, size - ENTRY.size))
+        except OSError as error:
+            raise storage_error(error, f"taking back an entry of {path}") from error
+        del self._last[stored.producer_id]
+        if before is not None:
+            self._last[before.producer_id] = before
+
+    def _remember(self, stored: StoredSet) -> None:
+        last = self._last
+        last.pop(stored.producer_id, None)
+        last[stored.producer_id] = stored
+        if len(last) > MAX_PRODUCERS:
+            del last[next(iter(last))]
+
+    def _write(self, data: bytes) -> None:
+        path = producers_path(self._directory, self._base)
+        try:
+            if self._fd is None:
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            written = os.write(self._fd, data)
+            if written != len(data):  # a full disk mid-entry: the torn entry is cut
+                os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
+                raise OSError(28, "No space left on device")
+        except OSError as error:
+            raise storage_error(error, f"writing {path}") from error
+        self._unsynced = True
+
+    def sync(self) -> None:
+        """Make the entries written so far durable (before the segment's bytes are synced)."""
+        if self._unsynced and self._fd is not None:
+            try:
+                os.fdatasync(self._fd)
+            except OSError as error:
+                path = producers_path(self._directory, self._base)
+                raise storage_error(error, f"syncing {path}") from error
+            self._unsynced = False
+
+    def roll(self, base_offset: int) -> None:
+        """A new segment starts at `base_offset`: its file begins with the snapshot (every
+        producer's last set), written when there is one."""
+        self.sync()
+        self.close()
+        self._base = base_offset
+        if self._last:
+            self._write(b"".join(ENTRY.pack(*stored) for stored in self._last.values()))
+
+    def truncate(self, base_offset: int, end: int) -> None:
+        """The log was cut to `end`, in the segment at `base_offset`, the later segments
+        deleted (their files with them): that segment's entries past `end` are cut and the
+        state is read again from them."""
+        self.close()
+        self._base = base_offset
+        self._reload(end)
+
+    def reset(self, base_offset: int) -> None:
+        """The log was emptied to start at `base_offset` (its files deleted): nothing is
+        remembered."""
+        self.close()
+        self._base = base_offset
+        self._last.clear()
+
+    def _reload(self, log_end: int) -> None:
+        """Remember what the active segment's file holds up to `log_end`, cutting the rest."""
+        self._last.clear()
+        path = producers_path(self._directory, self._base)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            raise storage_error(error, f"reading {path}") from error
+        kept = 0
+        for entry in ENTRY.iter_unpack(data[: len(data) - len(data) % ENTRY.size]):
+            stored = StoredSet(*entry)
+            if stored.end > log_end:
+                break
+            self._remember(stored)
+            kept += ENTRY.size
+        if kept < len(data):
+            try:
+                os.truncate(path, kept)
+            except OSError as error:
+                raise storage_error(error, f"cutting {path}") from error
+
+    def close(self) -> None:
+        """Release the file (written entries stay; `sync` first to make them durable)."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)

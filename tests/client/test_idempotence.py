@@ -1,0 +1,120 @@
+"""The idempotent producer against a real pylogd (docs/protocol.md, PRODUCE version 3): a set
+sent again, after a lost reply or a worker's restart, is stored once and answered with its
+first offset; the Producer's batches are stored exactly once while its worker is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+
+import pytest
+
+from broker.client import Ack, Admin, PartitionConsumer, Producer
+from broker.client.connection import Connection
+from broker.errors import BrokerError, PartitionUnavailable, Unavailable
+from broker.log.message import encode_message
+from broker.protocol import (
+    PRODUCE_IDEMPOTENT_VERSION,
+    Api,
+    ErrorCode,
+    ProduceReply,
+    ProduceRequest,
+    decode_reply,
+)
+from tests.conftest import wait_until
+from tests.pylogd import RunningBroker
+
+PRODUCER = 0x2F1E5D4C3B2A1908
+
+
+def create(broker: RunningBroker, topic: str) -> None:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, 1)
+
+
+def stored(broker: RunningBroker, topic: str) -> list[bytes]:
+    with PartitionConsumer(broker.endpoint, topic, 0, stop_at_end=True) as consumer:
+        return [bytes(message.value) for message in consumer]
+
+
+def produce_once_served(connection: Connection, request: ProduceRequest) -> ProduceReply:
+    """The reply to `request`, sent again while its worker restarts."""
+    replies: list[ProduceReply] = []
+
+    def answered() -> bool:
+        try:
+            replies.append(connection.request(request))
+        except (PartitionUnavailable, Unavailable):
+            return False
+        return True
+
+    wait_until(answered, timeout=30, what="the restarted worker to serve the partition")
+    return replies[-1]
+
+
+def test_a_set_sent_again_is_stored_once_even_after_its_worker_restarts(
+    broker: RunningBroker, topic: str
+) -> None:
+    create(broker, topic)
+    first = ProduceRequest(topic, 0, Ack.FLUSHED, encode_message(b"first"), PRODUCER, 0, 0)
+    second = ProduceRequest(topic, 0, Ack.FLUSHED, encode_message(b"second"), PRODUCER, 0, 1)
+    with Connection(broker.endpoint) as connection:
+        # the first reply "lost": its client sends the set again, then the next one
+        lost, again = connection.send_pipelined(first), connection.send_pipelined(first)
+        answers = {
+            correlation_id: decode_reply(Api.PRODUCE, frames, PRODUCE_IDEMPOTENT_VERSION)
+            for correlation_id, frames in (connection.receive_pipelined(10) for _ in range(2))
+        }
+        assert answers.keys() == {lost, again}
+        assert answers[lost] == answers[again]
+        reply = connection.request(first)
+        assert (reply.base_offset, reply.count) == (0, 1)
+        for worker in broker.worker_pids():
+            os.kill(worker, signal.SIGKILL)
+        after_restart = produce_once_served(connection, first)
+        assert (after_restart.base_offset, after_restart.count) == (0, 1)
+        assert connection.request(second).base_offset > 0
+        with pytest.raises(BrokerError) as out_of_order:
+            connection.request(
+                ProduceRequest(topic, 0, Ack.FLUSHED, encode_message(b"x"), PRODUCER, 0, 5)
+            )
+        assert out_of_order.value.code == ErrorCode.OUT_OF_ORDER_SEQUENCE
+        assert out_of_order.value.retriable and out_of_order.value.expected == 2  # type: ignore[attr-defined]
+        epoch_1 = ProduceRequest(topic, 0, Ack.FLUSHED, encode_message(b"x"), PRODUCER, 1, 0)
+        assert connection.request(epoch_1).count == 1  # a new epoch starts anywhere
+        with pytest.raises(BrokerError) as fenced:
+            connection.request(
+                ProduceRequest(topic, 0, Ack.FLUSHED, encode_message(b"y"), PRODUCER, 0, 2)
+            )
+        assert fenced.value.code == ErrorCode.INVALID_PRODUCER_EPOCH
+        assert fenced.value.current_epoch == 1  # type: ignore[attr-defined]
+    assert stored(broker, topic) == [b"first", b"second", b"x"]
+
+
+def test_every_batch_is_stored_exactly_once_while_the_worker_is_killed_again_and_again(
+    make_pylogd: Callable[..., RunningBroker], topic: str
+) -> None:
+    """As test_producer's kill test, with batches in flight when the worker dies: up to 4 of
+    5 messages, ack ALL (flushed here), the kill after the 18th message of each round (3
+    batches sent, their replies not all in)."""
+    broker = make_pylogd("--log-flush-interval-ms", "50")
+    create(broker, topic)
+    values: list[bytes] = []
+    with Producer(
+        broker.endpoint, topic, ack=Ack.ALL, batch_messages=5, max_in_flight=4, timeout_s=2
+    ) as producer:
+        for kill in range(6):
+            for n in range(40):
+                values.append(b"kill %d message %d" % (kill, n))
+                producer.send(values[-1])
+                if n == 17:
+                    (worker,) = broker.worker_pids()
+                    os.kill(worker, signal.SIGKILL)
+            producer.flush()
+
+            def restarted(killed: int = worker) -> bool:
+                return broker.worker_pids() not in ([], [killed])
+
+            wait_until(restarted, what="the worker's restart")
+    assert stored(broker, topic) == values  # each once, in order

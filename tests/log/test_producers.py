@@ -1,0 +1,133 @@
+"""The idempotent producers' state of a partition log (broker.log.producers): a set sent again
+is stored once, across reopening, rolls, truncation and a crash between entry and bytes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from broker.errors import DuplicateSequence, InvalidProducerEpoch, OutOfOrderSequence
+from broker.log.config import LogConfig
+from broker.log.message import encode_message, iter_messages
+from broker.log.partition import PartitionLog
+from broker.log.producers import ENTRY, MAX_PRODUCERS, producers_path
+
+PRODUCER = 0x2F1E5D4C3B2A1908
+
+
+def one(value: bytes) -> bytes:
+    return encode_message(value, timestamp_ms=1_700_000_000_000)
+
+
+def stored_values(plog: PartitionLog) -> list[bytes]:
+    plog.flush()
+    values = []
+    offset = plog.log_start_offset
+    while offset < plog.high_watermark:
+        chunk = plog.read(offset, 1 << 20)
+        values += [bytes(m.value) for m in iter_messages(chunk)]
+        offset += len(chunk)
+    return values
+
+
+def test_a_set_sent_again_is_stored_once_and_answered_with_its_first_offset(
+    tmp_path: Path,
+) -> None:
+    with PartitionLog.open(tmp_path / "t-0") as plog:
+        first, appended = plog.append_idempotent(one(b"a"), PRODUCER, 0, 0)
+        assert appended
+        again, appended = plog.append_idempotent(one(b"a"), PRODUCER, 0, 0)
+        assert not appended and again == first
+        second, appended = plog.append_idempotent(one(b"b"), PRODUCER, 0, 1)
+        assert appended and second.offset == first.end
+        older, appended = plog.append_idempotent(one(b"a"), PRODUCER, 0, 0)  # two back: on disk
+        assert not appended and older == first
+        assert stored_values(plog) == [b"a", b"b"]
+
+
+def test_out_of_order_and_fenced_sets_are_refused_and_nothing_is_appended(
+    tmp_path: Path,
+) -> None:
+    with PartitionLog.open(tmp_path / "t-0") as plog:
+        plog.append_idempotent(one(b"a"), PRODUCER, 1, 4)
+        end = plog.log_end_offset
+        with pytest.raises(OutOfOrderSequence, match="sequence 5 is expected next") as gap:
+            plog.append_idempotent(one(b"c"), PRODUCER, 1, 6)
+        assert gap.value.expected == 5
+        with pytest.raises(InvalidProducerEpoch, match="fenced") as fenced:
+            plog.append_idempotent(one(b"c"), PRODUCER, 0, 5)
+        assert fenced.value.current_epoch == 1
+        assert plog.log_end_offset == end
+        # a new epoch, and a producer not seen before, start at any sequence
+        assert plog.append_idempotent(one(b"d"), PRODUCER, 2, 9)[1]
+        assert plog.append_idempotent(one(b"e"), PRODUCER + 1, 0, 77)[1]
+        # the sequence wraps after 2**32 - 1
+        assert plog.append_idempotent(one(b"f"), PRODUCER + 2, 0, 2**32 - 1)[1]
+        assert plog.append_idempotent(one(b"g"), PRODUCER + 2, 0, 0)[1]
+        assert stored_values(plog) == [b"a", b"d", b"e", b"f", b"g"]
+
+
+def test_the_state_survives_reopening_and_rolls_and_goes_with_deleted_segments(
+    tmp_path: Path,
+) -> None:
+    config = LogConfig(segment_bytes=200)
+    folder = tmp_path / "t-0"
+    with PartitionLog.open(folder, config) as plog:
+        firsts = [plog.append_idempotent(one(b"x" * 40), PRODUCER, 0, s)[0] for s in range(6)]
+        plog.append_idempotent(one(b"other"), PRODUCER + 1, 0, 0)
+        assert len(plog.segments) > 2
+    with PartitionLog.open(folder, config) as plog:  # the last segment's file alone: snapshot
+        assert plog.append_idempotent(one(b"x" * 40), PRODUCER, 0, 5) == (firsts[5], False)
+        assert plog.append_idempotent(one(b"other"), PRODUCER + 1, 0, 0)[1] is False
+        assert plog.append_idempotent(one(b"x" * 40), PRODUCER, 0, 1) == (firsts[1], False)
+        plog.advance_start(plog.segments[-1].base_offset)  # the old segments go, entries too
+        plog.apply_retention()
+        with pytest.raises(DuplicateSequence, match="stored already"):
+            plog.append_idempotent(one(b"x" * 40), PRODUCER, 0, 1)
+        assert sorted(p.name for p in folder.glob("*.producers")) == [
+            producers_path(folder, s.base_offset).name for s in plog.segments
+        ]
+
+
+def test_a_cut_log_forgets_the_sets_it_cut(tmp_path: Path) -> None:
+    with PartitionLog.open(tmp_path / "t-0") as plog:
+        first = plog.append_idempotent(one(b"a"), PRODUCER, 0, 0)[0]
+        plog.append_idempotent(one(b"b"), PRODUCER, 0, 1)
+        plog.flush()
+        plog.truncate_to(first.end)
+        assert plog.producers.last(PRODUCER) == first
+        assert plog.append_idempotent(one(b"b"), PRODUCER, 0, 1)[1]  # stored again, once
+        plog.reset_to(1000)
+        assert plog.producers.last(PRODUCER) is None
+        assert plog.append_idempotent(one(b"c"), PRODUCER, 0, 7)[1]
+        assert stored_values(plog) == [b"c"]
+
+
+def test_an_entry_whose_bytes_did_not_survive_is_dropped_and_a_torn_one_cut(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "t-0"
+    with PartitionLog.open(folder) as plog:
+        kept = plog.append_idempotent(one(b"a"), PRODUCER, 0, 0)[0]
+        plog.append_idempotent(one(b"b"), PRODUCER, 0, 1)
+        base = plog.segments[-1].base_offset
+        log_path = plog.segments[-1].log_path
+    entries = producers_path(folder, base)
+    os.truncate(log_path, kept.end)  # a crash took the second set's bytes, not its entry
+    with open(entries, "ab") as file:
+        file.write(ENTRY.pack(PRODUCER + 5, 0, 0, 0, 1, 1)[:20])  # and tore a third entry
+    with PartitionLog.open(folder) as plog:
+        assert plog.producers.last(PRODUCER) == kept
+        assert entries.stat().st_size == ENTRY.size
+        assert plog.append_idempotent(one(b"b"), PRODUCER, 0, 1)[1]
+
+
+def test_the_producers_remembered_are_bounded(tmp_path: Path) -> None:
+    with PartitionLog.open(tmp_path / "t-0") as plog:
+        for producer in range(1, MAX_PRODUCERS + 2):
+            plog.append_idempotent(one(b"v"), producer, 0, 0)
+        assert plog.producers.producers == MAX_PRODUCERS
+        assert plog.producers.last(1) is None  # the least recent, forgotten
+        assert plog.producers.last(MAX_PRODUCERS + 1) is not None
