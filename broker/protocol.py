@@ -93,6 +93,7 @@ from broker.errors import (
 from broker.log.config import SettingValue
 from broker.log.epochs import EpochEntry as EpochEntry  # the entries of a FETCH reply
 from broker.log.message import Buffer
+from broker.log.producers import StoredSet as StoredSet  # the producers of a FETCH reply
 
 Frames = Sequence[Buffer]
 """The frames of a request or reply after the routing envelope (item 0 is frame 1): one for a
@@ -131,7 +132,7 @@ class Api(IntEnum):
 
 API_VERSIONS: Final[Mapping[Api, tuple[int, ...]]] = {api: (1,) for api in Api} | {
     Api.PRODUCE: (1, 2, 3),
-    Api.FETCH: (1, 2, 3, 4),
+    Api.FETCH: (1, 2, 3, 4, 5),
     Api.METADATA: (1, 2),
 }
 """The api_versions this broker speaks, per api, in order."""
@@ -143,6 +144,9 @@ PRODUCE_IDEMPOTENT_VERSION: Final = 3
 (docs/protocol.md, PRODUCE); its reply is version 2's."""
 FETCH_THROTTLE_VERSION: Final = 4
 """The FETCH version whose reply says how long a quota held the request back."""
+PRODUCERS_FETCH_VERSION: Final = 5
+"""The FETCH version whose reply to a replica carries the idempotent producers' entries of
+the sets it returns (docs/protocol.md, FETCH), which a follower stores with them."""
 
 
 def request_version(api: Api) -> int:
@@ -572,7 +576,11 @@ class FetchReply:
     PartitionLog.append_replicated takes.
 
     Version 4 only (0 before): `throttle_ms`, how long the broker held the request back
-    before serving it, its client being over a quota."""
+    before serving it, its client being over a quota.
+
+    Version 5 only (none before): `producers`, the idempotent producers' entries of the sets
+    in the message set, in offset order, for a replica (none for a consumer): what
+    PartitionLog.append_replicated takes."""
 
     high_watermark: int
     log_start_offset: int
@@ -580,6 +588,7 @@ class FetchReply:
     leader_epoch: int = -1
     epochs: tuple[EpochEntry, ...] = ()
     throttle_ms: int = 0
+    producers: tuple[StoredSet, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -802,6 +811,15 @@ _FETCH_REPLY: Final = _Fields(("high_watermark", "Q"), ("log_start_offset", "Q")
 _FETCH_REPLY_V2: Final = _Fields(("leader_epoch", "i"), ("epoch_count", "H"))
 _THROTTLE: Final = _Fields(("throttle_ms", "I"))
 _EPOCH_ENTRY: Final = _Fields(("epoch", "i"), ("start_offset", "Q"))
+_PRODUCER_COUNT: Final = _Fields(("producer_count", "I"))
+_PRODUCER_ENTRY: Final = _Fields(
+    ("producer_id", "Q"),
+    ("producer_epoch", "H"),
+    ("sequence", "I"),
+    ("offset", "Q"),
+    ("end", "Q"),
+    ("message_count", "I"),
+)
 _OFFSET_FOR_LEADER_EPOCH_REPLY: Final = _Fields(("epoch", "i"), ("end_offset", "Q"))
 _OFFSETS_REPLY: Final = _Fields(("offset", "Q"))
 _BROKER_COUNT: Final = _Fields(("broker_count", "H"))
@@ -1485,6 +1503,14 @@ def encode_reply(correlation_id: int, reply: Reply, version: int = API_VERSION) 
             parts += [_EPOCH_ENTRY.pack(e.epoch, e.start_offset) for e in reply.epochs]
         if version >= FETCH_THROTTLE_VERSION:
             parts.append(_THROTTLE.pack(reply.throttle_ms))
+        if version >= PRODUCERS_FETCH_VERSION:
+            parts.append(_PRODUCER_COUNT.pack(len(reply.producers)))
+            parts += [_PRODUCER_ENTRY.pack(*entry) for entry in reply.producers]
+        elif reply.producers:
+            raise ValueError(
+                f"producers is a field of FETCH version {PRODUCERS_FETCH_VERSION}, not of "
+                f"version {version}"
+            )
         return [b"".join(parts), reply.message_set]
     elif isinstance(reply, OffsetsReply):
         parts.append(_OFFSETS_REPLY.pack(reply.offset))
@@ -1734,9 +1760,16 @@ def decode_reply(api: Api, frames: Frames, version: int = API_VERSION) -> Reply:
         else:
             leader_epoch, epochs = _read_fetch_epochs(reader)
             throttle_ms = _read_throttle(reader, version >= FETCH_THROTTLE_VERSION)
+            producers = _read_fetch_producers(reader) if version >= PRODUCERS_FETCH_VERSION else ()
             message_set = memoryview(frames[1])
             reply = FetchReply(
-                high_watermark, log_start_offset, message_set, leader_epoch, epochs, throttle_ms
+                high_watermark,
+                log_start_offset,
+                message_set,
+                leader_epoch,
+                epochs,
+                throttle_ms,
+                producers,
             )
     elif api is Api.OFFSETS:
         reply = OffsetsReply(*reader.fixed(_OFFSETS_REPLY))
@@ -1810,6 +1843,27 @@ def _read_fetch_epochs(reader: _Reader) -> tuple[int, tuple[EpochEntry, ...]]:
             raise reader.fail(f"epoch entry {i} has epoch {epoch}: it must be >= 0")
         entries.append(EpochEntry(epoch, start))
     return leader_epoch, tuple(entries)
+
+
+def _read_fetch_producers(reader: _Reader) -> tuple[StoredSet, ...]:
+    """A version 5 FETCH reply's producer entries: producer_id > 0, each set's end past its
+    offset, offsets rising, else MalformedReply."""
+    (count,) = reader.fixed(_PRODUCER_COUNT)
+    entries: list[StoredSet] = []
+    for i in range(count):
+        entry = StoredSet(*reader.fixed(_PRODUCER_ENTRY))
+        if not entry.producer_id or entry.end <= entry.offset:
+            raise reader.fail(
+                f"producer entry {i} has producer_id {entry.producer_id} and [offset, end) "
+                f"[{entry.offset}, {entry.end}): the id must be > 0 and the range not empty"
+            )
+        if entries and entry.offset < entries[-1].end:
+            raise reader.fail(
+                f"producer entry {i} starts at {entry.offset}, before the end "
+                f"{entries[-1].end} of the one before: entries must follow each other"
+            )
+        entries.append(entry)
+    return tuple(entries)
 
 
 def _decode_metadata_reply(reader: _Reader, version: int) -> MetadataReply:

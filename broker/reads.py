@@ -176,6 +176,9 @@ class Reads:
         partition.bytes_out += len(data)
         end = request.offset + len(data)
         entries = epoch_entries(plog.epochs.entries, request.offset, end) if replica else ()
+        producers: tuple[protocol.StoredSet, ...] = ()
+        if replica and version >= protocol.PRODUCERS_FETCH_VERSION and len(data):
+            producers = plog.producer_sets(request.offset, end)
         reply = protocol.FetchReply(
             partition.high_watermark,
             plog.log_start_offset,
@@ -183,6 +186,7 @@ class Reads:
             partition.replica.leader_epoch,
             entries,
             throttle_of(tagged),
+            producers,
         )
         return protocol.encode_reply(correlation_id, reply, version)
 

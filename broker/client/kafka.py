@@ -19,7 +19,7 @@ pylog meaning is never silently dropped). The differences a Kafka user meets:
   hash (pylog's partitioner, not Kafka's murmur2: the same key does not land on the
   partition Kafka would choose).
 - `enable.idempotence` is true by default (as in Kafka's Java client since 3.0; librdkafka's
-  default is false): a batch sent again is stored once while its partition's leader stays
+  default is false): a batch sent again is stored once, across leader changes too
   (docs/protocol.md, PRODUCE version 3). With `acks` 0 it is off, and true is refused.
 - Each topic produced to has connections of its own; callbacks run in `poll()` and `flush()`,
   in the calling thread, as in confluent-kafka.

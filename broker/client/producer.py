@@ -22,10 +22,10 @@ partition stores it once: a batch whose reply was lost, or that a worker or brok
 left unanswered, gets its first offset again (docs/protocol.md, PRODUCE). A batch that arrives
 before one it follows is OUT_OF_ORDER_SEQUENCE, sent again within its budget like any
 retriable error; once a batch fails for good, the batches in flight after it fail when told so,
-and the next ones go under a new producer id. The partition's leader keeps the state beside
-the log; followers do not copy it yet, so after a leader change (ack ALL) a batch the old
-leader stored may be stored twice (at least once, never lost once acknowledged), as without
-idempotence.
+and the next ones go under a new producer id. The partition keeps the state beside the log
+and its followers copy it, so a batch sent again after a leader change is stored once too.
+Without idempotence a batch the old leader stored may be stored twice (at least once, never
+lost once acknowledged).
 
 Batching: each partition has one open batch (a message set being built with encode_message). A
 batch is sent once it holds `batch_messages` messages or `batch_bytes` bytes, or when

@@ -213,9 +213,15 @@ class PartitionLog:
         offset: int,
         epochs: Sequence[tuple[int, int]] = (),
         flush: bool = True,
+        producers: Sequence[StoredSet] = (),
     ) -> int:
         """Append bytes a follower fetched from its leader, exactly at this log's end, with
         the leader's epoch entries for them, and return how many messages they held.
+
+        `producers` are the leader's entries of the idempotent sets among the bytes (FETCH
+        version 5), written with the bytes as the leader wrote them, before them: ValueError,
+        before anything changes, for one outside the bytes or one that overlaps the one
+        before.
 
         `offset` is where the bytes start on the leader: ValueError unless it is the log end
         (the follower fetches from its log end). `epochs` are the leader's entries (epoch,
@@ -250,7 +256,17 @@ class PartitionLog:
                 )
         while len(entries) > 1 and entries[1][1] == offset:
             del entries[0]
-        return self._append(message_set, self.config.segment_bytes, flush, entries, False)[1]
+        at = offset
+        for entry in producers:
+            if not offset <= at <= entry.offset < entry.end <= end:
+                raise ValueError(
+                    f"{self.directory.name}: producer entry [{entry.offset}, {entry.end}) is "
+                    f"not a set of the bytes [{offset}, {end}) after {at}"
+                )
+            at = entry.end
+        return self._append(
+            message_set, self.config.segment_bytes, flush, entries, False, producers=producers
+        )[1]
 
     def _append(
         self,
@@ -261,6 +277,7 @@ class PartitionLog:
         producer: bool,
         count: int | None = None,
         stamp: tuple[int, int, int] | None = None,
+        producers: Sequence[StoredSet] = (),
     ) -> tuple[int, int]:
         self._refuse_if_failed()
         config = self.config
@@ -299,18 +316,16 @@ class PartitionLog:
         offset = active.end_offset
         if epochs:
             self.epochs.assign_all(epochs)  # before the bytes: never bytes without their epoch
-        entry = before = None
-        if stamp is not None:  # before the bytes too: never a set without its entry
-            entry = StoredSet(*stamp, offset, offset + size, count)
-            before = self.producers.last(entry.producer_id)
-            self.producers.record(entry)
+        if stamp is not None:
+            producers = (StoredSet(*stamp, offset, offset + size, count),)
+        before = self.producers.record(producers) if producers else {}  # never bytes without
         try:
             active.append(message_set, checked.marks, checked.greatest, checked.first_new)
         except StorageError:
             if epochs:
                 self._take_back_epochs()
-            if entry is not None:
-                self._take_back_entry(entry, before)
+            if producers:
+                self._take_back_entries(producers, before)
             raise
         if self._pending_since is None:
             self._pending_since = self._clock.monotonic()
@@ -337,12 +352,14 @@ class PartitionLog:
         except StorageError as error:
             self._failure = f"taking back leader epochs: {error}"
 
-    def _take_back_entry(self, stored: StoredSet, before: StoredSet | None) -> None:
-        """Cut the entry of a set whose append failed; a failure to cut fails the log."""
+    def _take_back_entries(
+        self, entries: Sequence[StoredSet], before: dict[int, StoredSet | None]
+    ) -> None:
+        """Cut the entries of sets whose append failed; a failure to cut fails the log."""
         try:
-            self.producers.take_back(stored, before)
+            self.producers.take_back(entries, before)
         except StorageError as error:
-            self._failure = f"taking back a producer entry: {error}"
+            self._failure = f"taking back producer entries: {error}"
 
     def flush(self) -> None:
         """Make every appended message visible to reads, fsyncing first when configured.
@@ -557,6 +574,11 @@ class PartitionLog:
             if position is not None:
                 return segment.base_offset + position
         return max(self._high_watermark, self._start)
+
+    def producer_sets(self, start: int, end: int) -> tuple[StoredSet, ...]:
+        """The idempotent producers' entries of the sets in [`start`, `end`), bytes of one
+        segment that a follower fetches (FETCH version 5)."""
+        return self.producers.sets_between(self.segment_for(start).base_offset, start, end)
 
     def segment_for(self, offset: int) -> Segment:
         """The segment holding `offset` (>= log start): the last whose base offset is <= it."""

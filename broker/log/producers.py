@@ -12,7 +12,7 @@ not known here (new, or forgotten) starts at any sequence; so does a newer epoch
 Each segment `<base>.log` has a file `<base>.producers` of fixed-size entries, 34 bytes each,
 big-endian:
 
-    producer_id u64, epoch u16, sequence u32, offset u64, end u64, count u32
+    producer_id u64, producer_epoch u16, sequence u32, offset u64, end u64, message_count u32
 
 one for each idempotent set stored in the segment (`offset` and `end` where its bytes start
 and end, `count` its messages, as PRODUCE answered), in the order stored; a segment started by
@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -52,7 +52,7 @@ class StoredSet(NamedTuple):
     """An idempotent producer's set as stored: what PRODUCE answered, and where it ends."""
 
     producer_id: int
-    epoch: int
+    producer_epoch: int
     sequence: int
     offset: int
     end: int
@@ -111,10 +111,10 @@ class ProducerStates:
         when it is to be appended. Raises OutOfOrderSequence, InvalidProducerEpoch and
         DuplicateSequence as the module says."""
         last = self._last.get(producer_id)
-        if last is None or epoch > last.epoch:
+        if last is None or epoch > last.producer_epoch:
             return None
-        if epoch < last.epoch:
-            raise InvalidProducerEpoch(self._name, producer_id, epoch, last.epoch)
+        if epoch < last.producer_epoch:
+            raise InvalidProducerEpoch(self._name, producer_id, epoch, last.producer_epoch)
         ahead = (sequence - last.sequence) % _SEQUENCES
         if ahead == 1:
             return None
@@ -144,27 +144,51 @@ class ProducerStates:
                 return StoredSet(*ENTRY.unpack_from(data, at))
         return None
 
+    def sets_between(self, base_offset: int, start: int, end: int) -> tuple[StoredSet, ...]:
+        """The entries of the sets in [`start`, `end`) of the segment at `base_offset` (`start`
+        at or past it), in offset order, for a follower that copies those bytes: found by
+        a binary search of its file (its snapshot entries all lie below the segment)."""
+        path = producers_path(self._directory, base_offset)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return ()
+        except OSError as error:
+            raise storage_error(error, f"reading {path}") from error
+        try:
+            return _sets_between(fd, start, end)
+        except OSError as error:
+            raise storage_error(error, f"reading {path}") from error
+        finally:
+            os.close(fd)
+
     # -- writing -----------------------------------------------------------------------------
 
-    def record(self, stored: StoredSet) -> None:
-        """Write `stored`'s entry (before its bytes are appended) and remember it as its
-        producer's last. DiskFull or StorageIOError, nothing remembered, when the write
-        fails."""
-        self._write(ENTRY.pack(*stored))
-        self._remember(stored)
+    def record(self, entries: Sequence[StoredSet]) -> dict[int, StoredSet | None]:
+        """Write the entries of sets about to be appended, in one write (before their bytes),
+        and remember each as its producer's last; return what each producer's last set was
+        before (for `take_back`). DiskFull or StorageIOError, nothing remembered, when the
+        write fails."""
+        before = {entry.producer_id: self._last.get(entry.producer_id) for entry in entries}
+        self._write(b"".join(ENTRY.pack(*entry) for entry in entries))
+        for entry in entries:
+            self._remember(entry)
+        return before
 
-    def take_back(self, stored: StoredSet, before: StoredSet | None) -> None:
-        """Undo `record(stored)`, its bytes not appended: the entry cut from the file, the
-        producer's last set `before` again. DiskFull or StorageIOError when the cut fails."""
+    def take_back(self, entries: Sequence[StoredSet], before: dict[int, StoredSet | None]) -> None:
+        """Undo `record(entries)`, their bytes not appended: the entries cut from the file,
+        each producer's last set as it was `before`. DiskFull or StorageIOError when the cut
+        fails."""
         path = producers_path(self._directory, self._base)
         try:
             size = os.stat(path).st_size
-            os.truncate(path, max(0, size - ENTRY.size))
+            os.truncate(path, max(0, size - ENTRY.size * len(entries)))
         except OSError as error:
-            raise storage_error(error, f"taking back an entry of {path}") from error
-        del self._last[stored.producer_id]
-        if before is not None:
-            self._last[before.producer_id] = before
+            raise storage_error(error, f"taking back entries of {path}") from error
+        for producer_id, last in before.items():
+            self._last.pop(producer_id, None)
+            if last is not None:
+                self._last[producer_id] = last
 
     def _remember(self, stored: StoredSet) -> None:
         last = self._last
@@ -248,3 +272,32 @@ class ProducerStates:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
+
+
+_SEARCH_CHUNK = 64 * 1024 // ENTRY.size * ENTRY.size
+"""How many bytes of entries are read at once once the first one is found."""
+
+
+def _sets_between(fd: int, start: int, end: int) -> tuple[StoredSet, ...]:
+    """The entries in the file `fd` whose set lies in [start, end): the first at or past
+    `start` found by bisection (offsets rise through the file, its snapshot below them all),
+    then read in chunks while they start before `end`."""
+    low, high = 0, os.fstat(fd).st_size // ENTRY.size
+    while low < high:
+        middle = (low + high) // 2
+        if ENTRY.unpack(os.pread(fd, ENTRY.size, middle * ENTRY.size))[3] < start:
+            low = middle + 1
+        else:
+            high = middle
+    found: list[StoredSet] = []
+    position = low * ENTRY.size
+    while True:
+        data = os.pread(fd, _SEARCH_CHUNK, position)
+        for entry in ENTRY.iter_unpack(data[: len(data) - len(data) % ENTRY.size]):
+            stored = StoredSet(*entry)
+            if stored.end > end:
+                return tuple(found)
+            found.append(stored)
+        if len(data) < _SEARCH_CHUNK:
+            return tuple(found)
+        position += len(data)

@@ -185,7 +185,7 @@ class Follower:
                 flushed_offset=plog.high_watermark,
             )
             try:
-                reply = await self._request(fetcher, request, protocol.SETS_FETCH_VERSION)
+                reply = await self._request(fetcher, request, protocol.PRODUCERS_FETCH_VERSION)
             except OffsetOutOfRange as error:
                 log.info("%s: fetch at %d out of range (%s)", self.name, offset, error)
                 earliest = protocol.OffsetsRequest(self.topic, self.number, protocol.EARLIEST)
@@ -199,5 +199,7 @@ class Follower:
             self.leader_high_watermark = reply.high_watermark
             if len(reply.message_set):
                 plog = self._plog()
-                count = plog.append_replicated(reply.message_set, offset, reply.epochs, flush=False)
+                count = plog.append_replicated(
+                    reply.message_set, offset, reply.epochs, flush=False, producers=reply.producers
+                )
                 await self._copied(count)

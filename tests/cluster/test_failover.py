@@ -1,7 +1,8 @@
 """Leader failover on three real brokers (docs/replication.md, "The controller"): the leader of
 a partition is killed with SIGKILL again and again while a producer sends at ack=all and a
-consumer reads; nothing acknowledged is lost, no consumer sees a message that later
-disappears, and the replicas hold the same bytes wherever they overlap."""
+consumer reads; nothing acknowledged is lost, nothing is stored twice (the producer is
+idempotent), no consumer sees a message that later disappears, and the replicas hold the same
+bytes wherever they overlap."""
 
 from __future__ import annotations
 
@@ -151,6 +152,8 @@ def run_kills(three: ThreeBrokers, kills: int, keys: ClientKeys | None = None) -
     kept = set(final.values())
     lost = [value for value in traffic.acked if value not in kept]
     assert not lost, f"{len(lost)} acknowledged values lost, e.g. {lost[:5]}"
+    twice = len(final) - len(kept)  # each value is sent once: the producer is idempotent
+    assert not twice, f"{twice} values stored twice"
     for value, offset in traffic.acked.items():
         assert final.get(offset) == value  # where the ack said, too
     vanished = [(offset, v) for offset, v in traffic.seen if final.get(offset) != v]

@@ -50,11 +50,13 @@ from broker.errors import (
 )
 from broker.log.config import BOUNDS, CHOICES, LogConfig
 from broker.log.message import Buffer, encode_message, iter_messages
+from broker.log.producers import StoredSet
 from broker.protocol import (
     API_VERSIONS,
     ERROR_FIELDS,
     ERROR_TABLE,
     PRODUCE_IDEMPOTENT_VERSION,
+    PRODUCERS_FETCH_VERSION,
     Ack,
     AlterConfigRequest,
     Api,
@@ -246,11 +248,12 @@ def field_names(section: str) -> set[str]:
 
 RENAMED = {"topics": "topic", "brokers": "broker", "partitions": "partition"}
 RENAMED |= {"log_dirs": "log_dir", "entries": "config", "epochs": "epoch", "replicas": "replica"}
+RENAMED |= {"producers": "producer"}
 """Python names of repeated groups -> the document's (its count field without _count)."""
 
 FIELD_VERSIONS: dict[type, dict[str, int]] = {
     FetchRequest: dict.fromkeys(("replica_id", "leader_epoch", "flushed_offset"), 2),
-    FetchReply: {"leader_epoch": 2, "epochs": 2, "throttle_ms": 4},
+    FetchReply: {"leader_epoch": 2, "epochs": 2, "throttle_ms": 4, "producers": 5},
     ProduceRequest: dict.fromkeys(("producer_id", "producer_epoch", "sequence"), 3),
     ProduceReply: {"throttle_ms": 2},
     BrokerInfo: {"rack": 2},
@@ -1113,7 +1116,7 @@ def test_unknown_api_key_wins_over_an_unknown_version() -> None:
 
 
 def test_known_api_with_another_version_is_unsupported_version() -> None:
-    raised = rejects([header(version=5)], UnsupportedVersion, "FETCH version 5", "1, 2, 3 and 4")
+    raised = rejects([header(version=6)], UnsupportedVersion, "FETCH version 6", "3, 4 and 5")
     assert isinstance(raised.value, UnsupportedApi)
     assert error_code_for(raised.value) is ErrorCode.UNSUPPORTED_VERSION
 
@@ -1234,7 +1237,7 @@ def test_a_version_1_fetch_cannot_carry_the_replica_fields() -> None:
 
 @pytest.mark.parametrize(
     ("request_", "version"),
-    [(ProduceRequest("clicks", 0, Ack.ALL, MESSAGE), 4), (FetchRequest("c", 0, 0, 1, 0, 0), 5)],
+    [(ProduceRequest("clicks", 0, Ack.ALL, MESSAGE), 4), (FetchRequest("c", 0, 0, 1, 0, 0), 6)],
 )
 def test_encode_request_refuses_a_version_the_api_does_not_have(
     request_: Request, version: int
@@ -1245,7 +1248,7 @@ def test_encode_request_refuses_a_version_the_api_does_not_have(
 
 def test_every_api_but_produce_fetch_and_metadata_has_version_1_only() -> None:
     for api in Api:
-        spoken = {Api.PRODUCE: (1, 2, 3), Api.FETCH: (1, 2, 3, 4), Api.METADATA: (1, 2)}.get(
+        spoken = {Api.PRODUCE: (1, 2, 3), Api.FETCH: (1, 2, 3, 4, 5), Api.METADATA: (1, 2)}.get(
             api, (1,)
         )
         assert API_VERSIONS[api] == spoken, api
@@ -1773,3 +1776,37 @@ def test_the_guarantees_by_ack_are_the_design_s_table() -> None:
     assert [f"{a.value} {a.name.lower()}" for a in Ack] == [row[0] for row in rows]
     assert "replication.md#the-guarantees-by-ack" in produce
     assert "protocol.md#produce-api_key-0" in design
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 2**64 - 1), u16, u32, st.integers(0, 100), st.integers(1, 100)),
+        max_size=5,
+    )
+)
+def test_a_version_5_fetch_reply_carries_its_producer_entries(
+    sets: list[tuple[int, int, int, int, int]],
+) -> None:
+    entries, at = [], 0
+    for producer_id, epoch, sequence, gap, size in sets:
+        entries.append(StoredSet(producer_id, epoch, sequence, at + gap, at + gap + size, 1))
+        at += gap + size
+    reply = FetchReply(at, 0, b"", 3, (EpochEntry(3, 0),), 0, tuple(entries))
+    frames = encode_reply(7, reply, PRODUCERS_FETCH_VERSION)
+    assert decode_reply(Api.FETCH, frames, PRODUCERS_FETCH_VERSION) == reply
+    if entries:  # a version 4 reply cannot carry them
+        with pytest.raises(ValueError, match="producers is a field of FETCH version 5"):
+            encode_reply(7, reply, 4)
+
+
+def test_a_version_5_fetch_reply_with_overlapping_or_empty_entries_is_malformed() -> None:
+    first = StoredSet(9, 0, 0, 0, 38, 1)
+    for second, said in [
+        (StoredSet(9, 0, 1, 20, 58, 1), "before the end 38"),
+        (StoredSet(9, 0, 1, 38, 38, 1), "the range not empty"),
+        (StoredSet(0, 0, 1, 38, 76, 1), "producer_id 0"),
+    ]:
+        reply = FetchReply(76, 0, b"", 3, (), 0, (first, second))
+        frames = encode_reply(7, reply, PRODUCERS_FETCH_VERSION)
+        with pytest.raises(MalformedReply, match=said):
+            decode_reply(Api.FETCH, frames, PRODUCERS_FETCH_VERSION)

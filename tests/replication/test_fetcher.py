@@ -64,7 +64,7 @@ class PlayedLeader:
                     for identity, correlation_id, number in reversed(self.held):
                         data = encode_message(b"partition %d" % number, timestamp_ms=0)
                         fetched = protocol.FetchReply(len(data), 0, data, 0, (EpochEntry(0, 0),))
-                        answer = protocol.encode_reply(correlation_id, fetched, 2)
+                        answer = protocol.encode_reply(correlation_id, fetched, header.version)
                         await channel.send([identity, *answer])
 
 
