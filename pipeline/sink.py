@@ -60,6 +60,7 @@ SINK_KAFKA_OPTIONS: Final = CLUSTER_KAFKA_OPTIONS | {
     "kafka.compression.type",
     "kafka.linger.ms",
     "kafka.batch.size",
+    "kafka.enable.idempotence",
 }
 """The kafka.* options that mean something to the sink; the rest are logged and ignored."""
 SPARK_OPTIONS: Final = frozenset({"checkpointlocation", "path"})
@@ -86,6 +87,9 @@ class SinkOptions:
     """kafka.linger.ms."""
     batch_bytes: int = 1 << 20
     """kafka.batch.size."""
+    idempotence: bool = True
+    """kafka.enable.idempotence: each batch stored once however often it is sent (not with
+    ack none)."""
 
 
 def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOptions:
@@ -134,6 +138,14 @@ def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOp
     linger = options.get("kafka.linger.ms", "10").strip()
     if not linger.isdigit():
         raise OptionError(f"kafka.linger.ms {linger!r}: a whole number of ms, 0 or more")
+    idempotence = options.get("kafka.enable.idempotence", "true").strip().lower()
+    if idempotence not in ("true", "false"):
+        raise OptionError(f"kafka.enable.idempotence {idempotence!r}: use true or false")
+    if idempotence == "true" and "kafka.enable.idempotence" in options and ack == "none":
+        raise OptionError(
+            "kafka.enable.idempotence true with ack none: a batch never answered is never "
+            "sent again; use kafka.acks 1 or all, or kafka.enable.idempotence false"
+        )
     return SinkOptions(
         bootstrap_endpoint(options),
         topic,
@@ -142,6 +154,7 @@ def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOp
         compression,
         int(linger),
         positive_int(options, "kafka.batch.size") or 1 << 20,
+        idempotence == "true",
     )
 
 
@@ -223,6 +236,7 @@ def write_rows(options: SinkOptions, rows: Iterator[Row]) -> SinkCommit:
                             client_id=CLIENT_ID,
                             keys=options.keys,
                             compression=options.compression,
+                            idempotence=options.idempotence,
                         )
                     )
                 producer.send(

@@ -416,6 +416,12 @@ def test_the_sink_writes_with_the_ack_mode_asked(
         ("value string", {"kafka.compression.type": "snappy"}, "nearest equal here is lz4"),
         ("value string", {"kafka.linger.ms": "soon"}, "kafka.linger.ms 'soon'"),
         ("value string", {"kafka.batch.size": "0"}, "kafka.batch.size is 0: it must be"),
+        ("value string", {"kafka.enable.idempotence": "yes"}, "use true or false"),
+        (
+            "value string",
+            {"kafka.enable.idempotence": "true", "kafka.acks": "0"},
+            "true with ack none",
+        ),
     ],
 )
 def test_bad_sink_options_are_clear_errors(
@@ -493,7 +499,8 @@ def test_a_kafka_jobs_options_are_taken_mapped_or_ignored(
     spark: SparkSession, broker: RunningBroker, topic: str
 ) -> None:
     """Every kafka.* option is accepted (issue 32): kafka.acks, kafka.compression.type,
-    kafka.linger.ms and kafka.batch.size are the sink's ack, compression and batching,
+    kafka.linger.ms, kafka.batch.size and kafka.enable.idempotence are the sink's ack,
+    compression, batching and idempotence,
     kafka.security.protocol PLAINTEXT matches a client without keys, the group ids are for
     streams (ignored by this batch read), and the rest (consumer and producer settings) are
     ignored."""
@@ -524,8 +531,7 @@ def test_the_kafka_options_pylog_ignores_are_logged_naming_them(
         "kafka.max.poll.records, kafka.session.timeout.ms",
         "kafka.group.id is for streaming reads: ignored in a batch read",
         "groupIdPrefix is for streaming reads: ignored in a batch read",
-        "sink options with no meaning to pylog, ignored: kafka.enable.idempotence, "
-        "kafka.key.serializer",
+        "sink options with no meaning to pylog, ignored: kafka.key.serializer",
     ]
     stream = {"minOffsetsPerTrigger": "5", "maxTriggerDelay": "2m", **KAFKA_JOB_SOURCE}
     parsed = parse_source_options({**cluster, "subscribe": "t", **stream}, streaming=True)
@@ -553,9 +559,12 @@ def test_the_kafka_options_pylog_ignores_are_logged_naming_them(
             },
             streaming=True,
         )
-    assert (options.ack, options.compression, options.linger_ms, options.batch_bytes) == (
-        Ack.ALL,
-        "zstd",
-        5,
-        65536,
-    )
+    assert (
+        options.ack,
+        options.compression,
+        options.linger_ms,
+        options.batch_bytes,
+        options.idempotence,
+    ) == (Ack.ALL, "zstd", 5, 65536, True)
+    off = {**KAFKA_JOB_SINK, "kafka.enable.idempotence": "false"}
+    assert not parse_sink_options({**cluster, "topic": "t", **off}, SINK_SCHEMA).idempotence
