@@ -47,7 +47,7 @@ from broker.client.producer import (
     Serializer,
 )
 from broker.clock import SYSTEM_CLOCK
-from broker.errors import BrokerError, PylogError, Unavailable
+from broker.errors import BrokerError, OutOfOrderSequence, PylogError, Unavailable
 from broker.log.message import HeaderItems
 from broker.protocol import (
     Ack,
@@ -216,14 +216,16 @@ class AsyncProducer(ProducerCore):
             await self._deliver_in_room(entry)
 
     async def _deliver_in_room(self, entry: InFlight) -> None:
-        batch, request = entry.batch, entry.request
+        batch = entry.batch
         try:
             if self.ack is Ack.NONE:
+                request = entry.request
                 await (await self._holder(request.partition)).send_nowait(request)
                 batch.settle(None)
                 return
             error: PylogError | None = None
             while True:
+                request = entry.request  # numbered again after OUT_OF_ORDER_SEQUENCE, maybe
                 if error is not None:
                     await asyncio.sleep(self._retry_wait(entry, error))
                     self.cluster.learn_from(self.topic, request.partition, error)
@@ -240,7 +242,12 @@ class AsyncProducer(ProducerCore):
                             error = None  # still there: send once more
                             continue
                         raise
-                    error = failure
+                    if isinstance(failure, OutOfOrderSequence) and not self._out_of_order(
+                        entry, failure
+                    ):
+                        error = None  # numbered again: it goes at once
+                        continue
+                    error = failure  # the batches it follows are being sent again
                     continue
                 except Unavailable as failure:
                     if connection is not None:  # no reply: ask METADATA of others first

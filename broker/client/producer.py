@@ -74,6 +74,7 @@ Not safe to share between threads.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import math
@@ -101,7 +102,13 @@ from broker.client.connection import (
     retriable,
 )
 from broker.clock import SYSTEM_CLOCK, Clock
-from broker.errors import AuthenticationFailed, BrokerError, PylogError, Unavailable
+from broker.errors import (
+    AuthenticationFailed,
+    BrokerError,
+    OutOfOrderSequence,
+    PylogError,
+    Unavailable,
+)
 from broker.log.codec import compressed_sets, encode_message
 from broker.log.compression import compressor_for
 from broker.log.message import Buffer, HeaderItems
@@ -129,8 +136,6 @@ METADATA_MAX_AGE_S = 60.0
 
 _SEQUENCES = 2**32
 """A batch's sequence is a u32: after the last comes 0."""
-_GAPS_KEPT = 1024
-"""How many (producer id, partition) with a batch failed for good are remembered."""
 
 Partitioner = Literal["hash", "round_robin", "random"]
 Serializer = Callable[[Any], Buffer]
@@ -365,9 +370,9 @@ class ProducerCore:
         self._producer_id = _new_producer_id() if self.idempotence else 0
         self._sequences: dict[int, int] = {}
         """The sequence of the next set to each partition under _producer_id."""
-        self._gaps: dict[tuple[int, int], None] = {}
-        """(producer id, partition) whose sets failed for good, the latest last: the sets sent
-        after one under that id can never be stored (OUT_OF_ORDER_SEQUENCE) and fail at once."""
+        self._unsettled: dict[tuple[int, int], dict[int, InFlight]] = {}
+        """The batches sent and not yet acknowledged nor failed, by (producer id, partition)
+        and sequence: those a partition may say it misses (OUT_OF_ORDER_SEQUENCE)."""
 
     @property
     def messages_sent(self) -> int:
@@ -472,19 +477,62 @@ class ProducerCore:
             message_set = b"".join(batch.messages)
         else:
             message_set = self._compressed(batch)
-        producer_id = self._producer_id
-        if producer_id:
-            sequence = self._sequences.get(partition, 0)
-            self._sequences[partition] = (sequence + 1) % _SEQUENCES
-            request = ProduceRequest(
-                self.topic, partition, self.ack, message_set, producer_id, 0, sequence
-            )
-        else:
-            request = ProduceRequest(self.topic, partition, self.ack, message_set)
+        request = ProduceRequest(self.topic, partition, self.ack, message_set)
         self._sent += len(batch.messages)
         batch.messages = []  # the request holds them now; handles keep only the outcome
         deadline = time.monotonic() + self.delivery_timeout_s
-        return InFlight(request, batch, next(self._batches_sent), deadline)
+        entry = InFlight(request, batch, next(self._batches_sent), deadline)
+        if self._producer_id:
+            self._number(entry)
+        return entry
+
+    def _number(self, entry: InFlight) -> None:
+        """Give `entry` this producer's id and its partition's next sequence, and count it
+        unsettled."""
+        producer_id, partition = self._producer_id, entry.request.partition
+        sequence = self._sequences.get(partition, 0)
+        self._sequences[partition] = (sequence + 1) % _SEQUENCES
+        entry.request = dataclasses.replace(
+            entry.request, producer_id=producer_id, sequence=sequence
+        )
+        self._unsettled.setdefault((producer_id, partition), {})[sequence] = entry
+
+    def _settled(self, entry: InFlight) -> None:
+        """`entry` is acknowledged or failed: no longer one a partition may miss."""
+        request = entry.request
+        if request.producer_id:
+            key = (request.producer_id, request.partition)
+            waiting = self._unsettled.get(key)
+            if waiting is not None:
+                waiting.pop(request.sequence, None)
+                if not waiting:
+                    del self._unsettled[key]
+
+    def _out_of_order(self, entry: InFlight, error: OutOfOrderSequence) -> list[InFlight]:
+        """After OUT_OF_ORDER_SEQUENCE for `entry`: the batches not yet settled that its
+        partition misses before it (from `error.expected` on), in their order, to be sent
+        again first (their replies lost: to a worker that died, say). When none is, the
+        partition will never get what it expects (the batch failed for good, or the partition
+        forgot this producer id): `entry` is numbered again, under a new producer id, and
+        goes alone (it was not stored: an out-of-order batch never is)."""
+        request = entry.request
+        waiting = self._unsettled.get((request.producer_id, request.partition), {})
+        behind = (request.sequence - error.expected) % _SEQUENCES
+        missing = sorted(
+            (
+                ((sequence - error.expected) % _SEQUENCES, other)
+                for sequence, other in waiting.items()
+                if (sequence - error.expected) % _SEQUENCES < behind
+            ),
+            key=lambda pair: pair[0],
+        )
+        if not missing:
+            self._settled(entry)
+            if request.producer_id == self._producer_id:
+                self._producer_id = _new_producer_id()
+                self._sequences.clear()
+            self._number(entry)
+        return [other for _, other in missing]
 
     def _compressed(self, batch: Batch) -> bytes:
         """The message set of `batch`, whose messages were encoded for a compressed set: one
@@ -515,27 +563,22 @@ class ProducerCore:
             entry.looked_again = True
             self._layout = None
             return True
-        request = entry.request
-        gap = (request.producer_id, request.partition) in self._gaps
-        if not error.retriable or (error.code == ErrorCode.OUT_OF_ORDER_SEQUENCE and gap):
+        if not error.retriable:
             raise error
         return False
 
     def _give_up(self, entry: InFlight, error: PylogError) -> None:
-        """Fail `entry`'s batch with `error`, for good. The sets after it under the same
-        producer id can no longer be stored in order: those in flight fail when told so
-        (OUT_OF_ORDER_SEQUENCE), and the next ones go under a new producer id."""
+        """Fail `entry`'s batch with `error`, for good. Its partition may never get it: the
+        next batches go under a new producer id (those in flight after it are numbered again
+        when the partition says it misses it, `_out_of_order`)."""
         entry.batch.settle(None, error)
-        producer_id = entry.request.producer_id
-        if producer_id:
-            self._gaps[producer_id, entry.request.partition] = None
-            if len(self._gaps) > _GAPS_KEPT:
-                del self._gaps[next(iter(self._gaps))]
-            if producer_id == self._producer_id:
-                self._producer_id = _new_producer_id()
-                self._sequences.clear()
+        self._settled(entry)
+        if entry.request.producer_id == self._producer_id:
+            self._producer_id = _new_producer_id()
+            self._sequences.clear()
 
     def _acked(self, entry: InFlight, reply: ProduceReply) -> None:
+        self._settled(entry)
         ack = ProduceAck(entry.request.partition, reply.base_offset, reply.count)
         self._acks.append((entry.sequence, ack))
         batch = entry.batch
@@ -820,6 +863,12 @@ class Producer(ProducerCore):
                         self._dispatch(entry)
                         return
                     raise error from None
+                if isinstance(error, OutOfOrderSequence):
+                    missing = self._out_of_order(entry, error)
+                    for lost in missing:  # first, at once
+                        self._dispatch(self._take_in_flight(lost))
+                    self._dispatch(entry, error if missing else None)
+                    return
                 self._dispatch(entry, error)
             except PylogError as failure:
                 if not entry.batch.done:
@@ -827,6 +876,15 @@ class Producer(ProducerCore):
                 raise
             return
         self._acked(entry, reply)
+
+    def _take_in_flight(self, entry: InFlight) -> InFlight:
+        """Take `entry` out of the batches awaiting a reply (to send it again)."""
+        for key, waiting in self._in_flight.items():
+            if waiting is entry:
+                del self._in_flight[key]
+                self._landed(key[0])
+                break
+        return entry
 
     def _landed(self, connection: Connection) -> None:
         """Count one batch in flight on `connection` less."""

@@ -7,7 +7,9 @@ last set it stored: a set of the next sequence is appended, the last one again i
 with its offset and count (a duplicate), one further back is looked up in the files below
 (`DuplicateSequence` when its segment is gone), one further on is `OutOfOrderSequence` (a set
 before it is missing), and one of an older epoch is `InvalidProducerEpoch`. A producer id
-not known here (new, or forgotten) starts at any sequence; so does a newer epoch.
+not known here (new, or forgotten) starts at sequence 0, as does a newer epoch: a first set of
+another sequence is `OutOfOrderSequence` too (the sets before it are missing, or the partition
+forgot the producer, which then numbers its sets again under a new id).
 
 Each segment `<base>.log` has a file `<base>.producers` of fixed-size entries, 34 bytes each,
 big-endian:
@@ -111,7 +113,9 @@ class ProducerStates:
         when it is to be appended. Raises OutOfOrderSequence, InvalidProducerEpoch and
         DuplicateSequence as the module says."""
         last = self._last.get(producer_id)
-        if last is None or epoch > last.producer_epoch:
+        if last is None or epoch > last.producer_epoch:  # a producer (or epoch) starts at 0
+            if sequence:
+                raise OutOfOrderSequence(self._name, producer_id, epoch, sequence, 0)
             return None
         if epoch < last.producer_epoch:
             raise InvalidProducerEpoch(self._name, producer_id, epoch, last.producer_epoch)

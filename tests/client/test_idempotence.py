@@ -118,3 +118,20 @@ def test_every_batch_is_stored_exactly_once_while_the_worker_is_killed_again_and
 
             wait_until(restarted, what="the worker's restart")
     assert stored(broker, topic) == values  # each once, in order
+
+
+def test_a_batch_after_one_the_partition_never_got_is_numbered_again_and_stored_once(
+    broker: RunningBroker, topic: str
+) -> None:
+    """The partition expects a batch the producer no longer has (it failed for good, or the
+    partition forgot the producer): told OUT_OF_ORDER_SEQUENCE, the producer numbers the
+    batch again under a new producer id, and it is stored, once."""
+    create(broker, topic)
+    with Producer(broker.endpoint, topic, ack=Ack.FLUSHED, batch_messages=1) as producer:
+        producer.send(b"first").result(10)
+        first_id = producer._producer_id
+        producer._sequences[0] = 7  # as if sets 1 to 6 had failed for good
+        assert producer.send(b"second").result(10) > 0
+        assert producer._producer_id != first_id
+        producer.send(b"third").result(10)
+    assert stored(broker, topic) == [b"first", b"second", b"third"]

@@ -12,7 +12,7 @@ from broker.errors import DuplicateSequence, InvalidProducerEpoch, OutOfOrderSeq
 from broker.log.config import LogConfig
 from broker.log.message import encode_message, iter_messages
 from broker.log.partition import PartitionLog
-from broker.log.producers import ENTRY, MAX_PRODUCERS, producers_path
+from broker.log.producers import ENTRY, MAX_PRODUCERS, StoredSet, producers_path
 
 PRODUCER = 0x2F1E5D4C3B2A1908
 
@@ -51,7 +51,8 @@ def test_out_of_order_and_fenced_sets_are_refused_and_nothing_is_appended(
     tmp_path: Path,
 ) -> None:
     with PartitionLog.open(tmp_path / "t-0") as plog:
-        plog.append_idempotent(one(b"a"), PRODUCER, 1, 4)
+        for sequence in range(5):
+            plog.append_idempotent(one(b"a%d" % sequence), PRODUCER, 1, sequence)
         end = plog.log_end_offset
         with pytest.raises(OutOfOrderSequence, match="sequence 5 is expected next") as gap:
             plog.append_idempotent(one(b"c"), PRODUCER, 1, 6)
@@ -60,13 +61,18 @@ def test_out_of_order_and_fenced_sets_are_refused_and_nothing_is_appended(
             plog.append_idempotent(one(b"c"), PRODUCER, 0, 5)
         assert fenced.value.current_epoch == 1
         assert plog.log_end_offset == end
-        # a new epoch, and a producer not seen before, start at any sequence
-        assert plog.append_idempotent(one(b"d"), PRODUCER, 2, 9)[1]
-        assert plog.append_idempotent(one(b"e"), PRODUCER + 1, 0, 77)[1]
+        # a new epoch, and a producer not seen before (or forgotten), start at 0
+        for producer, epoch in ((PRODUCER, 2), (PRODUCER + 1, 0)):
+            with pytest.raises(OutOfOrderSequence) as first:
+                plog.append_idempotent(one(b"c"), producer, epoch, 9)
+            assert first.value.expected == 0
+        assert plog.append_idempotent(one(b"d"), PRODUCER, 2, 0)[1]
+        assert plog.append_idempotent(one(b"e"), PRODUCER + 1, 0, 0)[1]
         # the sequence wraps after 2**32 - 1
+        plog.producers.record([StoredSet(PRODUCER + 2, 0, 2**32 - 2, 0, 0, 0)])
         assert plog.append_idempotent(one(b"f"), PRODUCER + 2, 0, 2**32 - 1)[1]
         assert plog.append_idempotent(one(b"g"), PRODUCER + 2, 0, 0)[1]
-        assert stored_values(plog) == [b"a", b"d", b"e", b"f", b"g"]
+        assert stored_values(plog) == [b"a0", b"a1", b"a2", b"a3", b"a4", b"d", b"e", b"f", b"g"]
 
 
 def test_the_state_survives_reopening_and_rolls_and_goes_with_deleted_segments(
@@ -101,7 +107,7 @@ def test_a_cut_log_forgets_the_sets_it_cut(tmp_path: Path) -> None:
         assert plog.append_idempotent(one(b"b"), PRODUCER, 0, 1)[1]  # stored again, once
         plog.reset_to(1000)
         assert plog.producers.last(PRODUCER) is None
-        assert plog.append_idempotent(one(b"c"), PRODUCER, 0, 7)[1]
+        assert plog.append_idempotent(one(b"c"), PRODUCER, 0, 0)[1]
         assert stored_values(plog) == [b"c"]
 
 
