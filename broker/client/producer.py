@@ -477,25 +477,24 @@ class ProducerCore:
             message_set = b"".join(batch.messages)
         else:
             message_set = self._compressed(batch)
-        request = ProduceRequest(self.topic, partition, self.ack, message_set)
+        producer_id = self._producer_id
+        sequence = self._next_sequence(partition) if producer_id else 0
+        request = ProduceRequest(
+            self.topic, partition, self.ack, message_set, producer_id, 0, sequence
+        )
         self._sent += len(batch.messages)
         batch.messages = []  # the request holds them now; handles keep only the outcome
         deadline = time.monotonic() + self.delivery_timeout_s
         entry = InFlight(request, batch, next(self._batches_sent), deadline)
-        if self._producer_id:
-            self._number(entry)
+        if producer_id:
+            self._unsettled.setdefault((producer_id, partition), {})[sequence] = entry
         return entry
 
-    def _number(self, entry: InFlight) -> None:
-        """Give `entry` this producer's id and its partition's next sequence, and count it
-        unsettled."""
-        producer_id, partition = self._producer_id, entry.request.partition
+    def _next_sequence(self, partition: int) -> int:
+        """The sequence of the next batch to `partition` under this producer's id."""
         sequence = self._sequences.get(partition, 0)
         self._sequences[partition] = (sequence + 1) % _SEQUENCES
-        entry.request = dataclasses.replace(
-            entry.request, producer_id=producer_id, sequence=sequence
-        )
-        self._unsettled.setdefault((producer_id, partition), {})[sequence] = entry
+        return sequence
 
     def _settled(self, entry: InFlight) -> None:
         """`entry` is acknowledged or failed: no longer one a partition may miss."""
@@ -531,7 +530,10 @@ class ProducerCore:
             if request.producer_id == self._producer_id:
                 self._producer_id = _new_producer_id()
                 self._sequences.clear()
-            self._number(entry)
+            producer_id, partition = self._producer_id, request.partition
+            sequence = self._next_sequence(partition)
+            entry.request = dataclasses.replace(request, producer_id=producer_id, sequence=sequence)
+            self._unsettled.setdefault((producer_id, partition), {})[sequence] = entry
         return [other for _, other in missing]
 
     def _compressed(self, batch: Batch) -> bytes:

@@ -378,7 +378,6 @@ class PartitionLog:
         if self.config.fsync:
             active.open_to_sync()
             try:
-                self.producers.sync()  # before the bytes: never a durable set without its entry
                 active.sync()
             except StorageError as error:
                 self._failure = str(error)
@@ -432,6 +431,8 @@ class PartitionLog:
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
         self._active_since_ms = self._clock.time() * 1000
+        if self.config.fsync:
+            self.producers.sync()  # the closed segment's entries, as its bytes were
         self.producers.roll(segment.base_offset)
 
     # -- reading ---------------------------------------------------------------------------
@@ -852,6 +853,8 @@ class PartitionLog:
             if flush and self._failure is None:
                 self.flush()
                 self._segments[-1].seal()
+                if self.config.fsync:
+                    self.producers.sync()
         finally:
             self.producers.close()
             for segment in self._segments:

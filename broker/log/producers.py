@@ -17,13 +17,16 @@ big-endian:
     producer_id u64, producer_epoch u16, sequence u32, offset u64, end u64, message_count u32
 
 one for each idempotent set stored in the segment (`offset` and `end` where its bytes start
-and end, `count` its messages, as PRODUCE answered), in the order stored; a segment started by
-a roll begins with a snapshot, the last entry of every producer known then. So the last
-segment's file alone holds the state, and a segment deleted (retention, truncation) takes its
-entries with it. An entry is written before its set's bytes, and the file is fsynced before
-the segment at each flush, so no stored byte survives a crash without its entry; an entry
-whose set did not survive (its end past the log end) is dropped when the log is opened, and
-a torn entry at the file's end is cut. At most MAX_PRODUCERS producers are remembered per
+and end, `message_count` its messages, as PRODUCE answered), in the order stored; a segment
+started by a roll begins with a snapshot, the last entry of every producer known then. So the
+last segment's file alone holds the state, and a segment deleted (retention, truncation)
+takes its entries with it. An entry is written before its set's bytes, so no set survives a
+crash of the broker without its entry (the page cache keeps both); the file is fsynced at
+each roll and clean close, not at each flush (that would be a second fsync each flush,
+docs/storage.md), so a power loss may lose the entries of the sets stored since the kernel
+last wrote the file back (30 s by default) while their bytes survive. An entry whose set did
+not survive (its end past the log end) is dropped when the log is opened, and a torn entry at
+the file's end is cut. At most MAX_PRODUCERS producers are remembered per
 partition, the one that stored least recently forgotten first. Not safe to share between
 threads.
 """
@@ -173,8 +176,14 @@ class ProducerStates:
         and remember each as its producer's last; return what each producer's last set was
         before (for `take_back`). DiskFull or StorageIOError, nothing remembered, when the
         write fails."""
-        before = {entry.producer_id: self._last.get(entry.producer_id) for entry in entries}
-        self._write(b"".join(ENTRY.pack(*entry) for entry in entries))
+        last = self._last
+        if len(entries) == 1:  # a producer's set: once a PRODUCE
+            (entry,) = entries
+            before = {entry.producer_id: last.get(entry.producer_id)}
+            self._write(ENTRY.pack(*entry))
+        else:
+            before = {entry.producer_id: last.get(entry.producer_id) for entry in entries}
+            self._write(b"".join(ENTRY.pack(*entry) for entry in entries))
         for entry in entries:
             self._remember(entry)
         return before
@@ -202,20 +211,22 @@ class ProducerStates:
             del last[next(iter(last))]
 
     def _write(self, data: bytes) -> None:
-        path = producers_path(self._directory, self._base)
+        fd = self._fd
         try:
-            if self._fd is None:
-                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            written = os.write(self._fd, data)
+            if fd is None:
+                path = producers_path(self._directory, self._base)
+                fd = self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            written = os.write(fd, data)
             if written != len(data):  # a full disk mid-entry: the torn entry is cut
-                os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
+                os.ftruncate(fd, os.fstat(fd).st_size - written)
                 raise OSError(28, "No space left on device")
         except OSError as error:
+            path = producers_path(self._directory, self._base)
             raise storage_error(error, f"writing {path}") from error
         self._unsynced = True
 
     def sync(self) -> None:
-        """Make the entries written so far durable (before the segment's bytes are synced)."""
+        """Make the entries written so far durable (at a roll and a clean close)."""
         if self._unsynced and self._fd is not None:
             try:
                 os.fdatasync(self._fd)
@@ -227,7 +238,6 @@ class ProducerStates:
     def roll(self, base_offset: int) -> None:
         """A new segment starts at `base_offset`: its file begins with the snapshot (every
         producer's last set), written when there is one."""
-        self.sync()
         self.close()
         self._base = base_offset
         if self._last:
