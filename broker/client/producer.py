@@ -20,10 +20,12 @@ random 63-bit producer id when it starts and numbers its batches to each partiti
 ...; each goes as PRODUCE version 3 with its number, kept when it is sent again, and the
 partition stores it once: a batch whose reply was lost, or that a worker or broker restart
 left unanswered, gets its first offset again (docs/protocol.md, PRODUCE). A batch that arrives
-before one it follows is OUT_OF_ORDER_SEQUENCE, sent again within its budget like any
-retriable error; once a batch fails for good, the batches in flight after it fail when told so,
-and the next ones go under a new producer id. The partition keeps the state beside the log
-and its followers copy it, so a batch sent again after a leader change is stored once too.
+before one it follows is OUT_OF_ORDER_SEQUENCE, nothing stored: the producer sends the batches
+the partition misses again first (their replies were lost), or, when it has none of them (one
+failed for good, or the partition forgot this producer id), numbers the batch again under a
+new producer id; after a batch fails for good, the next ones go under a new id too. The
+partition keeps the state beside the log and its followers copy it, so a batch sent again
+after a leader change is stored once too.
 Without idempotence a batch the old leader stored may be stored twice (at least once, never
 lost once acknowledged).
 
