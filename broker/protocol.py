@@ -1444,7 +1444,16 @@ def peek_produce(
     producer_id, epoch, sequence = _PRODUCE_V3.struct.unpack_from(view, end + 1)
     if not producer_id and (epoch or sequence):
         return None
-    return correlation_id, 3, prefix.route, ack, producer_id, epoch, sequence, view[start:]
+    return (
+        correlation_id,
+        prefix.version,
+        prefix.route,
+        ack,
+        producer_id,
+        epoch,
+        sequence,
+        view[start:],
+    )
 
 
 def peek_correlation_id(frames: Frames) -> int:
@@ -1653,11 +1662,8 @@ def _describe(error: BaseException) -> str:
 
 _SUCCESS_START: Final = struct.Struct(">IhH")
 """A reply's correlation id, error code and error message length: (id, 0, 0) is a success."""
-_PRODUCE_ACKS: Final = {
-    1: struct.Struct(">IhHQI"),
-    2: struct.Struct(">IhHQII"),
-    3: struct.Struct(">IhHQII"),
-}
+_PRODUCE_ACK_V2: Final = struct.Struct(">IhHQII")
+_PRODUCE_ACKS: Final = {1: struct.Struct(">IhHQI"), 2: _PRODUCE_ACK_V2, 3: _PRODUCE_ACK_V2}
 """A successful PRODUCE reply of each version as one struct: header with an empty
 error_message, then the body."""
 

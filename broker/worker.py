@@ -212,10 +212,8 @@ class Worker:
             produce = protocol.peek_produce(request_frames)  # the hot path: no objects made
             if produce is not None:
                 api = "produce"
-                correlation_id, version, route, ack, *stamp, message_set = produce
-                await self._produce(
-                    tagged, correlation_id, version, route, ack, message_set, *stamp
-                )
+                correlation_id = produce[0]
+                await self._produce(tagged, *produce)  # its fields in _produce's order
                 return
             header, request = protocol.decode_request(request_frames)
             api = header.api.name.lower()
@@ -228,10 +226,10 @@ class Worker:
                     header.version,
                     route,
                     request.ack,
-                    request.message_set,
                     request.producer_id,
                     request.producer_epoch,
                     request.sequence,
+                    request.message_set,
                 )
             elif isinstance(request, protocol.FetchRequest):
                 await self.reads.fetch(tagged, correlation_id, request, header.version)
@@ -272,10 +270,10 @@ class Worker:
         version: int,
         route: protocol.Route,
         ack: int,
+        producer_id: int,
+        epoch: int,
+        sequence: int,
         message_set: Buffer,
-        producer_id: int = 0,
-        epoch: int = 0,
-        sequence: int = 0,
     ) -> None:
         partition = self.served.get(*route)
         replica = partition.replica

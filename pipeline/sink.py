@@ -46,7 +46,13 @@ from broker.log.compression import CODECS
 from broker.security import ClientKeys
 from pipeline.cluster import CLIENT_ID, bootstrap_endpoint, client_keys
 from pipeline.errors import OptionError, PipelineError
-from pipeline.options import CLUSTER_KAFKA_OPTIONS, CLUSTER_OPTIONS, check_known, positive_int
+from pipeline.options import (
+    CLUSTER_KAFKA_OPTIONS,
+    CLUSTER_OPTIONS,
+    boolean,
+    check_known,
+    positive_int,
+)
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +144,8 @@ def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOp
     linger = options.get("kafka.linger.ms", "10").strip()
     if not linger.isdigit():
         raise OptionError(f"kafka.linger.ms {linger!r}: a whole number of ms, 0 or more")
-    idempotence = options.get("kafka.enable.idempotence", "true").strip().lower()
-    if idempotence not in ("true", "false"):
-        raise OptionError(f"kafka.enable.idempotence {idempotence!r}: use true or false")
-    if idempotence == "true" and "kafka.enable.idempotence" in options and ack == "none":
+    idempotence = boolean(options, "kafka.enable.idempotence", True)
+    if idempotence and "kafka.enable.idempotence" in options and ack == "none":
         raise OptionError(
             "kafka.enable.idempotence true with ack none: a batch never answered is never "
             "sent again; use kafka.acks 1 or all, or kafka.enable.idempotence false"
@@ -154,7 +158,7 @@ def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOp
         compression,
         int(linger),
         positive_int(options, "kafka.batch.size") or 1 << 20,
-        idempotence == "true",
+        idempotence,
     )
 
 

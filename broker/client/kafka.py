@@ -415,9 +415,9 @@ class Producer:
 
     def __init__(self, conf: Mapping[str, Any], **kwargs: Any) -> None:
         conf = _settings({**conf, **kwargs}, PRODUCER_KEYS, "producer")
-        acks = conf.get("acks", conf.get("request.required.acks", "all"))
+        ack = _choice("acks", conf.get("acks", conf.get("request.required.acks", "all")), _ACKS)
         idempotence = _flag("enable.idempotence", conf.get("enable.idempotence", True))
-        if idempotence and _choice("acks", acks, _ACKS) is Ack.NONE:
+        if idempotence and ack is Ack.NONE:
             if "enable.idempotence" in conf:
                 raise KafkaException(
                     "enable.idempotence: acks 0 is never answered, so a batch is never sent "
@@ -431,7 +431,7 @@ class Producer:
         timeout = conf.get("delivery.timeout.ms", conf.get("message.timeout.ms"))
         level = conf.get("compression.level")
         self._options: dict[str, Any] = {
-            "ack": _choice("acks", acks, _ACKS),
+            "ack": ack,
             "linger_ms": _number("linger.ms", linger),
             "batch_messages": int(
                 _number("batch.num.messages", conf.get("batch.num.messages", 10_000))

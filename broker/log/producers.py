@@ -44,7 +44,7 @@ from broker.errors import DuplicateSequence, InvalidProducerEpoch, OutOfOrderSeq
 from broker.log.segment import PRODUCERS_SUFFIX, segment_file_name, storage_error
 
 ENTRY = struct.Struct(">QHIQQI")
-"""producer_id, epoch, sequence, offset, end, count."""
+"""producer_id, producer_epoch, sequence, offset, end, message_count: StoredSet's fields."""
 _KEY = struct.Struct(">QHI")
 """The start of an entry: producer_id, epoch, sequence, what a set is looked up by."""
 MAX_PRODUCERS = 4096
