@@ -599,7 +599,7 @@ class OffsetsReply:
 
 
 @dataclass(frozen=True, slots=True)
-class BrokerInfo:
+class MetadataBroker:
     """A broker of the cluster and where to connect to it: tcp://host:port; its `rack`
     (version 2 only; "" for none, and at version 1)."""
 
@@ -642,7 +642,7 @@ class TopicInfo:
 class MetadataReply:
     """The brokers of the cluster, and the topics asked for (all when none was)."""
 
-    brokers: tuple[BrokerInfo, ...]
+    brokers: tuple[MetadataBroker, ...]
     topics: tuple[TopicInfo, ...]
 
 
@@ -1880,7 +1880,7 @@ def _decode_metadata_reply(reader: _Reader, version: int) -> MetadataReply:
         host = reader.string("host")
         (port,) = reader.fixed(_PORT)
         rack = reader.string("rack") if version >= 2 else ""
-        brokers.append(BrokerInfo(broker_id, host, port, rack))
+        brokers.append(MetadataBroker(broker_id, host, port, rack))
     topics = []
     (topic_count,) = reader.fixed(_TOPIC_COUNT)
     for _ in range(topic_count):

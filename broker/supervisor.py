@@ -56,7 +56,7 @@ from broker.metrics import serve_metrics
 from broker.pool import Answers, WorkerPool
 from broker.processes import ensure_file_limit
 from broker.quotas import QuotaConfig, describe_quotas
-from broker.registry import BrokerInfo, Registry
+from broker.registry import BrokerRegistration, Registry
 from broker.registry.settings import BrokerSettings, settings_for
 from broker.registry_calls import RegistryCalls
 from broker.replication.controller import ControllerService
@@ -273,7 +273,7 @@ class Supervisor:
             len(keys.cluster),
         )
 
-    def _registration(self) -> BrokerInfo:
+    def _registration(self) -> BrokerRegistration:
         """What this broker registers in ZooKeeper (broker.topics), with, in curve mode, its
         public key and the cluster's keys it lets in: public data, which followers and
         `pylogctl topic reassign --status` read."""

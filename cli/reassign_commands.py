@@ -15,7 +15,7 @@ import click
 from broker.errors import PylogError
 from broker.placement import assign_replicas
 from broker.registry import (
-    BrokerInfo,
+    BrokerRegistration,
     Reassignment,
     ReassignmentInProgress,
     Registry,
@@ -233,7 +233,7 @@ def _progress(
     reassignment: Reassignment,
     replicas: Sequence[int],
     state: PartitionState,
-    brokers: Mapping[int, BrokerInfo],
+    brokers: Mapping[int, BrokerRegistration],
 ) -> tuple[str, list[str]]:
     """What the move is doing, and what keeps it from going on where the registrations of the
     live `brokers` tell (broker.replication.reassign.why_waiting)."""

@@ -7,7 +7,7 @@ import json
 import click
 
 from broker.client import Admin
-from broker.client.admin import PartitionState
+from broker.client.admin import PartitionDescription
 from broker.protocol import ConfigEntry
 from cli.common import (
     CLI_RETRIES,
@@ -153,7 +153,7 @@ def topic_describe(name: str, as_json: bool, broker: str, timeout: float) -> Non
         click.echo(line)
 
 
-def _replication_text(partition: PartitionState) -> str:
+def _replication_text(partition: PartitionDescription) -> str:
     """ " epoch E replicas 1,2,3 isr 1,3" (METADATA version 2; epoch "-" for none known, as a
     partition without a state node has; isr "-" for none), or "" from an older broker."""
     if not partition.replicas:
@@ -164,7 +164,7 @@ def _replication_text(partition: PartitionState) -> str:
     return f" epoch {epoch} replicas {replicas} isr {isr}"
 
 
-def _not_applied(partition: PartitionState, settings: tuple[ConfigEntry, ...]) -> list[str]:
+def _not_applied(partition: PartitionDescription, settings: tuple[ConfigEntry, ...]) -> list[str]:
     """The topic's own log settings that the partition's broker does not use yet (those it
     reports in effect: replication_factor and min_insync_replicas are the cluster's, never a
     partition's, and so never pending)."""
@@ -179,7 +179,7 @@ def _not_applied(partition: PartitionState, settings: tuple[ConfigEntry, ...]) -
 
 
 def _partition_json(
-    partition: PartitionState, settings: tuple[ConfigEntry, ...]
+    partition: PartitionDescription, settings: tuple[ConfigEntry, ...]
 ) -> dict[str, object]:
     described: dict[str, object] = {
         "partition": partition.partition,

@@ -112,7 +112,7 @@ def ended(pid: int) -> bool:
     return stat[stat.rindex(")") + 2 :].startswith("Z")
 
 
-class Cluster:
+class BenchCluster:
     """Brokers 1, 2 and 3 under `root`; broker 1 runs the private ZooKeeper."""
 
     def __init__(self, root: Path, session_timeout_ms: int, tick_time_ms: int) -> None:
@@ -164,9 +164,11 @@ class Cluster:
 
 
 @contextmanager
-def running_cluster(root: Path, session_timeout_ms: int, tick_time_ms: int) -> Iterator[Cluster]:
+def running_cluster(
+    root: Path, session_timeout_ms: int, tick_time_ms: int
+) -> Iterator[BenchCluster]:
     """Brokers 1, 2 and 3 started (and registered); all stopped (SIGTERM) at the end."""
-    cluster = Cluster(root, session_timeout_ms, tick_time_ms)
+    cluster = BenchCluster(root, session_timeout_ms, tick_time_ms)
     try:
         for broker_id in BROKERS:
             cluster.start(broker_id)
@@ -181,7 +183,7 @@ def running_cluster(root: Path, session_timeout_ms: int, tick_time_ms: int) -> I
 
 
 def produce_run(
-    cluster: Cluster, name: str, factor: int, batch: int, ack: Ack, messages: int
+    cluster: BenchCluster, name: str, factor: int, batch: int, ack: Ack, messages: int
 ) -> Result:
     """One timed producer run on a fresh topic of replication factor `factor`."""
     config = {"replication_factor": str(factor), "min_insync_replicas": "1"}
@@ -209,7 +211,7 @@ def produce_run(
     }
 
 
-def producer_runs(cluster: Cluster, messages: int, repeat: int) -> list[Result]:
+def producer_runs(cluster: BenchCluster, messages: int, repeat: int) -> list[Result]:
     """Every (ack, batch) `repeat` rounds, each round running replication factors 1, 2, 3."""
     results: list[Result] = []
     for ack in ACKS:
@@ -262,7 +264,7 @@ class AckedProducer:
     FAILOVER_PARTITION, until stopped, `limit` values are acked or `limit_s` passes; see the
     module docstring. `acks` holds (time.monotonic(), the answering broker, i) for each ack."""
 
-    cluster: Cluster
+    cluster: BenchCluster
     limit: int = FAILOVER_MESSAGES
     limit_s: float = 3600.0
     patience_s: float = 12.0
@@ -353,7 +355,7 @@ def isr(registry: Registry) -> tuple[int, ...]:
     return tuple(sorted(registry.partition_state(FAILOVER_TOPIC, FAILOVER_PARTITION)[0].isr))
 
 
-def read_back(cluster: Cluster, registry: Registry) -> list[bytes]:
+def read_back(cluster: BenchCluster, registry: Registry) -> list[bytes]:
     """Every message of FAILOVER_PARTITION, read from its leader."""
     leader = registry.partition_state(FAILOVER_TOPIC, FAILOVER_PARTITION)[0].leader
     with PartitionConsumer(
@@ -366,7 +368,7 @@ def leader_of(registry: Registry) -> int:
     return registry.partition_state(FAILOVER_TOPIC, FAILOVER_PARTITION)[0].leader
 
 
-def one_kill(cluster: Cluster, registry: Registry, producer: AckedProducer) -> Result:
+def one_kill(cluster: BenchCluster, registry: Registry, producer: AckedProducer) -> Result:
     """Kill the leader once the producer is acked; time the first ack from another broker;
     restart the killed broker and wait until it is back in the ISR."""
     steady = len(producer.acks)  # the ISR is full: an ack from now on
@@ -403,7 +405,7 @@ def one_kill(cluster: Cluster, registry: Registry, producer: AckedProducer) -> R
     }
 
 
-def failover_runs(cluster: Cluster, kills: int, limit_s: float, patience_s: float) -> Result:
+def failover_runs(cluster: BenchCluster, kills: int, limit_s: float, patience_s: float) -> Result:
     """`kills` rounds of one_kill on a fresh topic, then every message read back: losses
     (acked values not stored) and duplicates (values stored more than once) counted."""
     config = {"replication_factor": "3", "min_insync_replicas": "2"}

@@ -32,7 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from broker.client import Ack, Admin, Producer
 from broker.log.message import HEADER_SIZE
 from pipeline import register
-from pipeline.cluster import Cluster, TopicPartition
+from pipeline.cluster import DriverView, SourcePartition
 
 MESSAGE_BYTES = 200
 
@@ -70,11 +70,11 @@ def fill(endpoint: str, messages: int, partitions: int) -> float:
     rate = messages / (time.perf_counter() - started)
     # Acked as written: wait until the flushes make every message readable.
     deadline = time.monotonic() + 60
-    with Cluster(endpoint) as cluster:
+    with DriverView(endpoint) as cluster:
         while True:
             holders = cluster.holders("bench")
             readable = sum(
-                cluster.offsets(TopicPartition("bench", p), e)[1] for p, e in holders.items()
+                cluster.offsets(SourcePartition("bench", p), e)[1] for p, e in holders.items()
             )
             if readable == messages * MESSAGE_BYTES:
                 return rate

@@ -14,8 +14,8 @@ once (`client_keys`) and the keys travel to Spark's tasks inside the options, so
 executor needs the files (docs/pipeline.md, "Curve").
 
 Which broker holds a partition comes from METADATA (broker.client.cluster, in
-`Cluster.holders`); offsets come from OFFSETS sent to the broker that holds the partition. A
-`Cluster` keeps one connection per broker for the calls of one planning step and is not shared
+`DriverView.holders`); offsets come from OFFSETS sent to the broker that holds the partition. A
+`DriverView` keeps one connection per broker for the calls of one planning step and is not shared
 between threads.
 """
 
@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from broker.client import lag
-from broker.client.cluster import Cluster as BrokerCluster
-from broker.client.cluster import split_endpoints
+from broker.client.cluster import Cluster, split_endpoints
 from broker.client.connection import Connection
 from broker.errors import BrokerError
 from broker.protocol import ErrorCode, OffsetsRequest
@@ -41,7 +40,7 @@ CLIENT_ID: Final = "pylog-spark"
 
 
 @dataclass(frozen=True, slots=True, order=True)
-class TopicPartition:
+class SourcePartition:
     topic: str
     partition: int
 
@@ -100,14 +99,14 @@ def client_keys(options: Mapping[str, str]) -> ClientKeys | None:
         raise OptionError(f"keyFile {key_file!r}, brokerKey {broker_key!r}: {error}") from None
 
 
-def message_bounds(connection: Connection, tp: TopicPartition, position: int) -> tuple[int, int]:
+def message_bounds(connection: Connection, tp: SourcePartition, position: int) -> tuple[int, int]:
     """(start, next) of the message around byte `position` of the partition: (position,
     position) when a message starts there (broker.client.lag.message_bounds). BrokerError
     OFFSET_OUT_OF_RANGE outside [log start, high watermark]."""
     return lag.message_bounds(connection, tp.topic, tp.partition, position, RETRIES)
 
 
-class Cluster(BrokerCluster):
+class DriverView(Cluster):
     """The driver's view of the cluster during one planning step: partitions, their holders
     and their exact offsets, over one connection per broker (closed by `close`), each with
     `keys` when the brokers serve Curve."""
@@ -132,30 +131,30 @@ class Cluster(BrokerCluster):
             raise
         return {p.partition: self.endpoints[p.broker_id] for p in partitions}
 
-    def matching(self, pattern: re.Pattern[str]) -> dict[TopicPartition, str]:
+    def matching(self, pattern: re.Pattern[str]) -> dict[SourcePartition, str]:
         """Each partition of every topic whose whole name `pattern` matches -> the endpoint of
         the broker holding it, from one METADATA of every topic."""
-        found: dict[TopicPartition, str] = {}
+        found: dict[SourcePartition, str] = {}
         for info in self.metadata(()).topics:
             if info.error_code == ErrorCode.NONE and pattern.fullmatch(info.topic):
                 for p in info.partitions:
-                    found[TopicPartition(info.topic, p.partition)] = self.endpoints[p.broker_id]
+                    found[SourcePartition(info.topic, p.partition)] = self.endpoints[p.broker_id]
         return found
 
-    def offsets(self, tp: TopicPartition, endpoint: str) -> tuple[int, int]:
+    def offsets(self, tp: SourcePartition, endpoint: str) -> tuple[int, int]:
         """(log start offset, high watermark) of the partition, by OFFSETS."""
         return lag.log_range(self.connect(endpoint), tp.topic, tp.partition, RETRIES)
 
-    def offset_for_time(self, tp: TopicPartition, endpoint: str, time_ms: int) -> int:
+    def offset_for_time(self, tp: SourcePartition, endpoint: str, time_ms: int) -> int:
         """The first offset whose message's timestamp is >= time_ms (the high watermark if
         none): every message before it is older than time_ms."""
         request = OffsetsRequest(tp.topic, tp.partition, time_ms)
         return self.connect(endpoint).call(request, RETRIES).offset
 
-    def message_bounds(self, tp: TopicPartition, endpoint: str, position: int) -> tuple[int, int]:
+    def message_bounds(self, tp: SourcePartition, endpoint: str, position: int) -> tuple[int, int]:
         return message_bounds(self.connect(endpoint), tp, position)
 
-    def check_boundary(self, tp: TopicPartition, endpoint: str, offset: int) -> None:
+    def check_boundary(self, tp: SourcePartition, endpoint: str, offset: int) -> None:
         """NotMessageBoundary unless a message starts at `offset` (or it is the high
         watermark); offsets outside the readable range are left to the caller."""
         start, following = self.message_bounds(tp, endpoint, offset)

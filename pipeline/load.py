@@ -46,7 +46,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import DateType, IntegerType, StringType, StructField, StructType
 
 from broker.errors import PylogError
-from pipeline.cluster import Cluster, bootstrap_endpoint, client_keys
+from pipeline.cluster import DriverView, bootstrap_endpoint, client_keys
 from pipeline.reader import SCHEMA
 from pipeline.session import (
     cluster_options,
@@ -108,7 +108,7 @@ class LoadResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Batch:
+class MicroBatch:
     """One micro-batch written, from Spark's progress report: its rows, and the source's byte
     offsets summed over partitions where it started and ended and the latest the partitions
     had when it was planned (so `latest - end` bytes were still to load)."""
@@ -128,9 +128,9 @@ def _offset_sum(offsets: str | None) -> int | None:
     return sum(int(o) for partitions in parsed.values() for o in partitions.values())
 
 
-def _batch(progress: StreamingQueryProgress) -> Batch:
+def _batch(progress: StreamingQueryProgress) -> MicroBatch:
     (source,) = progress.sources
-    return Batch(
+    return MicroBatch(
         progress.batchId,
         progress.numInputRows,
         _offset_sum(source.startOffset),
@@ -148,7 +148,7 @@ def load(
     max_bytes_per_trigger: int | None = None,
     fail_on_data_loss: bool = True,
     follow_interval_s: float | None = None,
-    on_batch: Callable[[Batch], None] = lambda batch: None,
+    on_batch: Callable[[MicroBatch], None] = lambda batch: None,
     stop: threading.Event | None = None,
 ) -> LoadResult:
     """Load what `topics` hold now and was not loaded yet into `output` (see the module doc),
@@ -214,7 +214,7 @@ def check_cluster(cluster: Mapping[str, str], topics: Sequence[str]) -> None:
     PREFLIGHT_TIMEOUT_S, OptionError naming a topic that does not exist."""
     options = {name.lower(): value for name, value in cluster.items()}
     keys = client_keys(options)
-    with Cluster(bootstrap_endpoint(options), PREFLIGHT_TIMEOUT_S, 0, keys) as brokers:
+    with DriverView(bootstrap_endpoint(options), PREFLIGHT_TIMEOUT_S, 0, keys) as brokers:
         for topic in topics:
             brokers.holders(topic)
 
@@ -238,7 +238,7 @@ class Progress:
         if self.bar is not None:
             self.bar.render_finish()
 
-    def batch(self, batch: Batch) -> None:
+    def batch(self, batch: MicroBatch) -> None:
         if self.first is None:
             self.first = batch.start if batch.start is not None else 0
         to_load = batch.latest - batch.end

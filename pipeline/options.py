@@ -25,7 +25,7 @@ from typing import Final
 
 from broker.protocol import EARLIEST, LATEST  # Spark's offsets JSON takes them as OFFSETS does
 from broker.security import ClientKeys
-from pipeline.cluster import Cluster, TopicPartition, bootstrap_endpoint, client_keys
+from pipeline.cluster import DriverView, SourcePartition, bootstrap_endpoint, client_keys
 from pipeline.errors import OptionError
 
 log = logging.getLogger("pylog.pipeline")
@@ -188,22 +188,22 @@ class Subscription:
     {"topic": [0, 1]})."""
 
     topics: tuple[str, ...]
-    assigned: tuple[TopicPartition, ...] = ()
+    assigned: tuple[SourcePartition, ...] = ()
     pattern: re.Pattern[str] | None = None
 
-    def includes(self, tp: TopicPartition) -> bool:
+    def includes(self, tp: SourcePartition) -> bool:
         if self.pattern is not None:
             return self.pattern.fullmatch(tp.topic) is not None
         return tp in self.assigned if self.assigned else tp.topic in self.topics
 
-    def partitions(self, cluster: Cluster) -> dict[TopicPartition, str]:
+    def partitions(self, cluster: DriverView) -> dict[SourcePartition, str]:
         """Each partition to read now -> the endpoint of the broker holding it."""
         if self.pattern is not None:
             return dict(sorted(cluster.matching(self.pattern).items()))
-        found: dict[TopicPartition, str] = {}
+        found: dict[SourcePartition, str] = {}
         for topic in self.topics:
             for number, endpoint in cluster.holders(topic).items():
-                found[TopicPartition(topic, number)] = endpoint
+                found[SourcePartition(topic, number)] = endpoint
         for tp in self.assigned:
             if tp not in found:
                 raise OptionError(f"assign: topic {tp.topic!r} has no partition {tp.partition}")
@@ -229,14 +229,14 @@ def _subscription(options: Mapping[str, str]) -> Subscription:
         return Subscription(topics)
     assert assign is not None
     parsed = _json(assign, "assign")
-    assigned: list[TopicPartition] = []
+    assigned: list[SourcePartition] = []
     for topic, numbers in parsed.items():
         if not isinstance(numbers, list) or not numbers:
             raise OptionError(f"assign: topic {topic!r} needs a list of partitions, like [0, 1]")
         for number in numbers:
             if not isinstance(number, int) or isinstance(number, bool) or number < 0:
                 raise OptionError(f"assign: topic {topic!r}: {number!r} is not a partition")
-            assigned.append(TopicPartition(topic, number))
+            assigned.append(SourcePartition(topic, number))
     if not assigned:
         raise OptionError("assign names no partition")
     return Subscription(tuple(parsed), tuple(dict.fromkeys(assigned)))
@@ -257,9 +257,9 @@ class OffsetSpec:
     """Where to start or end in each partition: an offset, EARLIEST or LATEST."""
 
     default: int
-    given: Mapping[TopicPartition, int] = field(default_factory=dict)
+    given: Mapping[SourcePartition, int] = field(default_factory=dict)
 
-    def get(self, tp: TopicPartition) -> int:
+    def get(self, tp: SourcePartition) -> int:
         return self.given.get(tp, self.default)
 
 
@@ -270,17 +270,17 @@ class TimeSpec:
     None where the offsets option decides."""
 
     default: int | None = None
-    given: Mapping[TopicPartition, int] = field(default_factory=dict)
+    given: Mapping[SourcePartition, int] = field(default_factory=dict)
 
-    def get(self, tp: TopicPartition) -> int | None:
+    def get(self, tp: SourcePartition) -> int | None:
         return self.given.get(tp, self.default)
 
 
 def _per_partition(
     text: str, name: str, subscription: Subscription, least: int, what: str
-) -> dict[TopicPartition, int]:
+) -> dict[SourcePartition, int]:
     """JSON {"topic": {"0": value}} with integer values of at least `least`."""
-    given: dict[TopicPartition, int] = {}
+    given: dict[SourcePartition, int] = {}
     for topic, partitions in _json(text, name).items():
         if not isinstance(partitions, dict):
             raise OptionError(f'{name}: topic {topic!r} needs an object like {{"0": 1234}}')
@@ -289,7 +289,7 @@ def _per_partition(
                 raise OptionError(f"{name}: topic {topic!r}: {key!r} is not a partition number")
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise OptionError(f"{name}: {topic}-{key}: {value!r} is not {what}")
-            tp = TopicPartition(topic, int(key))
+            tp = SourcePartition(topic, int(key))
             if not subscription.includes(tp):
                 raise OptionError(f"{name} names {tp}, which the query does not read")
             given[tp] = value
@@ -364,9 +364,9 @@ class SourceOptions:
     headers: bool = False
     """includeHeaders: the rows have a headers column."""
 
-    def cluster(self) -> Cluster:
+    def cluster(self) -> DriverView:
         """The driver's connections to the cluster, for one planning step."""
-        return Cluster(self.bootstrap, keys=self.keys)
+        return DriverView(self.bootstrap, keys=self.keys)
 
 
 def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:

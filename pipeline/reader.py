@@ -65,7 +65,7 @@ from broker.log.message import HEADER_SIZE, Columns
 from broker.protocol import EARLIEST, LATEST, ErrorCode, FetchRequest, OffsetsRequest
 from broker.registry import Registry, partition_name
 from broker.security import ClientKeys
-from pipeline.cluster import CLIENT_ID, RETRIES, Cluster, TopicPartition
+from pipeline.cluster import CLIENT_ID, RETRIES, DriverView, SourcePartition
 from pipeline.errors import DataLoss, NotMessageBoundary, OptionError, PipelineError
 from pipeline.options import SourceOptions
 
@@ -102,7 +102,7 @@ _TIMESTAMP: Final = ARROW_SCHEMA.field("timestamp").type
 FETCH_BYTES: Final = 4 << 20
 MAX_FETCH_BYTES: Final = 64 << 20
 
-Offsets = dict[TopicPartition, int]
+Offsets = dict[SourcePartition, int]
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class OffsetRange(InputPartition):
     end: int
 
 
-def encode_offsets(offsets: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
+def encode_offsets(offsets: Mapping[SourcePartition, int]) -> dict[str, dict[str, int]]:
     """Offsets as Spark keeps them: {"topic": {"partition": offset}}, sorted."""
     encoded: dict[str, dict[str, int]] = {}
     for tp in sorted(offsets):
@@ -135,7 +135,7 @@ def decode_offsets(encoded: Mapping[str, Any]) -> Offsets:
         for number, offset in partitions.items():
             if not str(number).isdigit() or not isinstance(offset, int) or offset < 0:
                 raise PipelineError(f"not pylog offsets: {dict(encoded)!r}")
-            offsets[TopicPartition(topic, int(number))] = offset
+            offsets[SourcePartition(topic, int(number))] = offset
     return offsets
 
 
@@ -174,7 +174,7 @@ def read_range(
     """The messages of `rng` as Arrow record batches of the source's schema (the body of a
     Spark task; its headers column too with `include_headers`), fetched with `keys` from a
     broker serving Curve. NotMessageBoundary when `rng.start` is inside a message."""
-    tp = TopicPartition(rng.topic, rng.partition)
+    tp = SourcePartition(rng.topic, rng.partition)
     fetch_bytes = FETCH_BYTES
     position = rng.start
     ahead: tuple[FetchRequest, int] | None = None  # the fetch sent before a batch was yielded
@@ -223,12 +223,12 @@ def read_range(
             position = _skip_damaged(tp, damage, fail_on_data_loss)
 
 
-def _not_a_boundary(tp: TopicPartition, position: int, error: BrokerError) -> PipelineError:
+def _not_a_boundary(tp: SourcePartition, position: int, error: BrokerError) -> PipelineError:
     return NotMessageBoundary(tp.topic, tp.partition, position, error.message)
 
 
 def _skip_lost(
-    connection: Connection, tp: TopicPartition, position: int, end: int, fail: bool
+    connection: Connection, tp: SourcePartition, position: int, end: int, fail: bool
 ) -> int:
     """Where to read on after OFFSET_OUT_OF_RANGE at `position`: the log start, once the
     loss is reported (DataLoss) or logged."""
@@ -243,14 +243,14 @@ def _skip_lost(
     return end
 
 
-def _skip_damaged(tp: TopicPartition, damage: CorruptSegment, fail: bool) -> int:
+def _skip_damaged(tp: SourcePartition, damage: CorruptSegment, fail: bool) -> int:
     """Where to read on past damaged data, once the loss is reported (DataLoss) or logged."""
     why = f"damaged on the broker's disk: {damage.reason}"
     _lost(tp, damage.start, damage.end, why, fail)
     return damage.end
 
 
-def _lost(tp: TopicPartition, start: int, end: int, why: str, fail: bool) -> None:
+def _lost(tp: SourcePartition, start: int, end: int, why: str, fail: bool) -> None:
     if fail:
         raise DataLoss(tp.topic, tp.partition, start, end, why)
     log.warning(
@@ -264,7 +264,7 @@ def _lost(tp: TopicPartition, start: int, end: int, why: str, fail: bool) -> Non
 
 
 def _record_batch(
-    columns: Columns, tp: TopicPartition, include_headers: bool = False
+    columns: Columns, tp: SourcePartition, include_headers: bool = False
 ) -> pa.RecordBatch:
     """The record batch of messages decoded into Arrow buffers (broker.log.codec, in C when
     built), used as they are; the columns that are the same in every row made by Arrow."""
@@ -338,8 +338,8 @@ def _headers_array(columns: Columns) -> pa.Array:
 
 
 def split_range(
-    cluster: Cluster,
-    tp: TopicPartition,
+    cluster: DriverView,
+    tp: SourcePartition,
     endpoint: str,
     start: int,
     end: int,
@@ -377,7 +377,9 @@ def split_range(
 
 
 def plan(
-    cluster: Cluster, spans: Sequence[tuple[TopicPartition, str, int, int]], options: SourceOptions
+    cluster: DriverView,
+    spans: Sequence[tuple[SourcePartition, str, int, int]],
+    options: SourceOptions,
 ) -> list[OffsetRange]:
     """The input partitions that read [start, end) of each (partition, endpoint, start, end):
     ranges of at most maxBytesPerPartition bytes, cut at message boundaries. When minPartitions
@@ -399,8 +401,8 @@ def plan(
 
 
 def _resolve(
-    cluster: Cluster,
-    tp: TopicPartition,
+    cluster: DriverView,
+    tp: SourcePartition,
     endpoint: str,
     wanted: int,
     bounds: tuple[int, int],
@@ -425,8 +427,8 @@ def _resolve(
 
 
 def starting_offsets(
-    options: SourceOptions, cluster: Cluster, partitions: Mapping[TopicPartition, str]
-) -> dict[TopicPartition, tuple[int, int, int]]:
+    options: SourceOptions, cluster: DriverView, partitions: Mapping[SourcePartition, str]
+) -> dict[SourcePartition, tuple[int, int, int]]:
     """For each partition: (start per the options, log start, high watermark)."""
     found = {}
     for tp, endpoint in partitions.items():
@@ -463,7 +465,7 @@ class PylogBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
-        spans: list[tuple[TopicPartition, str, int, int]] = []
+        spans: list[tuple[SourcePartition, str, int, int]] = []
         with options.cluster() as cluster:
             partitions = options.subscription.partitions(cluster)
             for tp, (start, log_start, high) in starting_offsets(
@@ -539,7 +541,7 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self.options.cluster() as cluster:
             return encode_offsets({tp: high for tp, (_, _, high) in self._current(cluster).items()})
 
-    def _current(self, cluster: Cluster) -> dict[TopicPartition, tuple[str, int, int]]:
+    def _current(self, cluster: DriverView) -> dict[SourcePartition, tuple[str, int, int]]:
         """Each partition read now: (endpoint, log start, high watermark)."""
         return {
             tp: (endpoint, *cluster.offsets(tp, endpoint))
@@ -574,9 +576,9 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _waits(
         self,
-        cluster: Cluster,
+        cluster: DriverView,
         begin: Offsets,
-        current: Mapping[TopicPartition, tuple[str, int, int]],
+        current: Mapping[SourcePartition, tuple[str, int, int]],
     ) -> bool:
         """Whether this trigger makes no micro-batch (minOffsetsPerTrigger): fewer messages
         than that are there and maxTriggerDelay has not passed since the last batch was let
@@ -621,9 +623,9 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _limited(
         self,
-        cluster: Cluster,
+        cluster: DriverView,
         begin: Offsets,
-        current: Mapping[TopicPartition, tuple[str, int, int]],
+        current: Mapping[SourcePartition, tuple[str, int, int]],
     ) -> Offsets:
         """The ends of a batch within maxBytesPerTrigger and maxOffsetsPerTrigger."""
         max_bytes, max_messages = (
@@ -642,7 +644,7 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, ends = decode_offsets(start), decode_offsets(end)
-        spans: list[tuple[TopicPartition, str, int, int]] = []
+        spans: list[tuple[SourcePartition, str, int, int]] = []
         with self.options.cluster() as cluster:
             holders = self.options.subscription.partitions(cluster)
             for tp, stop in ends.items():
@@ -675,9 +677,9 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def _within_count(
-    cluster: Cluster,
+    cluster: DriverView,
     begin: Offsets,
-    current: Mapping[TopicPartition, tuple[str, int, int]],
+    current: Mapping[SourcePartition, tuple[str, int, int]],
     max_messages: int,
 ) -> Offsets:
     """End offsets that read at most `max_messages` messages in all (at least one when there
@@ -715,9 +717,9 @@ def _within_count(
 
 
 def _count_up_to(
-    cluster: Cluster,
+    cluster: DriverView,
     begin: Offsets,
-    current: Mapping[TopicPartition, tuple[str, int, int]],
+    current: Mapping[SourcePartition, tuple[str, int, int]],
     wanted: int,
 ) -> int:
     """How many readable messages wait after `begin`, counted by reading them, partition
@@ -755,8 +757,8 @@ class GroupCommits:
         self.group = group
         self.registry = Registry(address.connect, address.chroot)
         self.registry.start(timeout=10.0)
-        self._names: dict[TopicPartition, str] = {}
-        self._committed: dict[TopicPartition, int] = {}
+        self._names: dict[SourcePartition, str] = {}
+        self._committed: dict[SourcePartition, int] = {}
 
     def commit(self, offsets: Offsets) -> None:
         """Commit each partition's offset that moved since the last commit."""
@@ -775,7 +777,7 @@ class GroupCommits:
 
 
 def _after_messages(
-    cluster: Cluster, tp: TopicPartition, endpoint: str, start: int, end: int, count: int
+    cluster: DriverView, tp: SourcePartition, endpoint: str, start: int, end: int, count: int
 ) -> int:
     """The offset after the first `count` readable messages of [start, end) (damaged ranges
     count as no message), or `end` when there are fewer; `start` when retention has just
@@ -797,9 +799,9 @@ def _after_messages(
 
 
 def _within_budget(
-    cluster: Cluster,
+    cluster: DriverView,
     begin: Offsets,
-    current: Mapping[TopicPartition, tuple[str, int, int]],
+    current: Mapping[SourcePartition, tuple[str, int, int]],
     max_bytes: int,
 ) -> Offsets:
     """End offsets that read at most `max_bytes` bytes in all (at least one message when

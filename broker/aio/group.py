@@ -35,9 +35,9 @@ from broker.aio.connection import AsyncCluster
 from broker.client.connection import wait_ms
 from broker.client.group import (
     RETRY_BACKOFF_S,
+    BrokerPartition,
     GroupConsumer,
     Record,
-    TopicPartition,
     _Owned,
     fetch_request,
 )
@@ -80,11 +80,11 @@ class AsyncGroupConsumer(AsyncClosing):
         return self._member
 
     @property
-    def assignment(self) -> frozenset[TopicPartition]:
+    def assignment(self) -> frozenset[BrokerPartition]:
         """The partitions this member owns now."""
         return self.member.assignment
 
-    def positions(self) -> dict[TopicPartition, int]:
+    def positions(self) -> dict[BrokerPartition, int]:
         """Each owned partition's position: the offset after the last processed record."""
         return self.member.positions()
 

@@ -77,7 +77,7 @@ def zookeeper_of(
 
 
 @dataclass(frozen=True, slots=True)
-class PartitionState:
+class PartitionDescription:
     """A partition of a topic, its leader `broker_id` (-1: none), and its state on that
     leader (from DESCRIBE_PARTITION); `state` is None while the partition is not served (its
     broker down, or no leader). From METADATA version 2: `leader_epoch` (-1: none known),
@@ -192,7 +192,7 @@ class Admin(Closing):
         self.cluster.partitions(topic)  # the leaders, fresh
         return self.cluster.call_leader(DescribePartitionRequest(topic, partition), self.retries)
 
-    def describe_partitions(self, topic: str) -> list[PartitionState]:
+    def describe_partitions(self, topic: str) -> list[PartitionDescription]:
         """The state of every partition of `topic`, each asked of its leader (None for one
         that is not served), with its leader, epoch, replicas and ISR from METADATA (the
         leader as found by the DESCRIBE_PARTITION when leadership moved meanwhile)."""
@@ -209,7 +209,7 @@ class Admin(Closing):
                         raise
             now = self.cluster.leaders.get((topic, number), partition)
             described.append(
-                PartitionState(
+                PartitionDescription(
                     number,
                     now.broker_id,
                     state,

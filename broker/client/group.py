@@ -112,7 +112,7 @@ class RebalanceFailed(PylogError):
 
 
 @dataclass(frozen=True, order=True, slots=True)
-class TopicPartition:
+class BrokerPartition:
     """A partition of a topic and the broker that holds it."""
 
     topic: str
@@ -147,7 +147,7 @@ class Record(NamedTuple):
 class _Owned:
     """An owned partition: what was handed out, what is fetched next, what is in flight."""
 
-    tp: TopicPartition
+    tp: BrokerPartition
     endpoint: str
     position: int
     """The offset after the last processed record: what a commit records."""
@@ -182,8 +182,8 @@ def default_consumer_id() -> str:
 
 
 def assign_range(
-    partitions: Sequence[TopicPartition], members: Sequence[str], me: str
-) -> list[TopicPartition]:
+    partitions: Sequence[BrokerPartition], members: Sequence[str], me: str
+) -> list[BrokerPartition]:
     """The paper's range assignment: `me`'s contiguous share of the sorted `partitions` among
     the sorted `members` (the first len(partitions) % len(members) members take one more)."""
     ordered = sorted(partitions, key=lambda tp: (tp.broker_id, tp.partition))
@@ -241,8 +241,8 @@ class GroupConsumer(Closing):
         consumer_id: str | None = None,
         reset: Reset = "earliest",
         auto_commit_interval_s: float | None = 5.0,
-        on_assigned: Callable[[frozenset[TopicPartition]], object] | None = None,
-        on_revoked: Callable[[frozenset[TopicPartition]], object] | None = None,
+        on_assigned: Callable[[frozenset[BrokerPartition]], object] | None = None,
+        on_revoked: Callable[[frozenset[BrokerPartition]], object] | None = None,
         max_wait_ms: int = 500,
         fetch_bytes: int = DEFAULT_FETCH_BYTES,
         session_timeout_s: float = 6.0,
@@ -271,12 +271,12 @@ class GroupConsumer(Closing):
         self.rebalance_backoff_s = rebalance_backoff_s
         self.timeout_s = timeout_s
         self.skip_corrupt = skip_corrupt
-        self.skipped: list[tuple[TopicPartition, int, int]] = []
+        self.skipped: list[tuple[BrokerPartition, int, int]] = []
         """The damaged ranges read past with `skip_corrupt`: partition, [start, end) offsets."""
         self.offset_resets = 0
         """Partitions read from `reset` because their committed offset was out of range."""
         self.rebalances = 0
-        self._owned: dict[TopicPartition, _Owned] = {}
+        self._owned: dict[BrokerPartition, _Owned] = {}
         self._claim_session: int | None = None
         self._in_flight: dict[tuple[Connection, int], _Owned] = {}
         self._rebalance_wanted = threading.Event()
@@ -330,11 +330,11 @@ class GroupConsumer(Closing):
     # -- what the member holds ---------------------------------------------------------------
 
     @property
-    def assignment(self) -> frozenset[TopicPartition]:
+    def assignment(self) -> frozenset[BrokerPartition]:
         """The partitions this member owns now."""
         return frozenset(self._owned)
 
-    def positions(self) -> dict[TopicPartition, int]:
+    def positions(self) -> dict[BrokerPartition, int]:
         """Each owned partition's position: the offset after the last processed record."""
         return {tp: owned.position for tp, owned in self._owned.items()}
 
@@ -675,7 +675,7 @@ class GroupConsumer(Closing):
                 return
             self._revoke()
             wanted = self._wanted()
-            claimed: list[TopicPartition] = []
+            claimed: list[BrokerPartition] = []
             conflict = None
             try:
                 for tp in wanted:
@@ -737,7 +737,7 @@ class GroupConsumer(Closing):
         self._release(self._owned)
         self._owned.clear()
 
-    def _release(self, partitions: Iterable[TopicPartition]) -> None:
+    def _release(self, partitions: Iterable[BrokerPartition]) -> None:
         for tp in partitions:
             self.registry.release_partition(self.group, tp.topic, tp.name)
 
@@ -751,18 +751,18 @@ class GroupConsumer(Closing):
             return False
         return set(self._wanted()) == set(self._owned)
 
-    def _wanted(self) -> list[TopicPartition]:
+    def _wanted(self) -> list[BrokerPartition]:
         """This member's range of each subscribed topic's live partitions."""
         members = self.registry.consumers(self.group)
         brokers = self.registry.brokers()
         self.cluster.endpoints = {b: f"tcp://{i.host}:{i.port}" for b, i in brokers.items()}
-        wanted: list[TopicPartition] = []
+        wanted: list[BrokerPartition] = []
         for topic in self.topics:
             config = self._topic_config(topic)
             if config is None:
                 continue
             live = [
-                TopicPartition(topic, holder, number)
+                BrokerPartition(topic, holder, number)
                 for number, holder in enumerate(config.brokers)
                 if any(replica in brokers for replica in config.replicas[number])
             ]
@@ -779,7 +779,7 @@ class GroupConsumer(Closing):
             log.warning("group %s: topic %r: %s", self.group, topic, error)
             return None
 
-    def _leaders(self, claimed: Iterable[TopicPartition]) -> dict[tuple[str, int], int]:
+    def _leaders(self, claimed: Iterable[BrokerPartition]) -> dict[tuple[str, int], int]:
         """(topic, partition) -> its leader, by METADATA, for the partitions of `claimed` that
         are led by a registered broker now (the others: fetched from their preferred leader,
         which answers where the leader is, or rest until METADATA knows)."""
@@ -802,7 +802,7 @@ class GroupConsumer(Closing):
                 leaders[tp.topic, tp.partition] = info.broker_id
         return leaders
 
-    def _start(self, claimed: Iterable[TopicPartition]) -> None:
+    def _start(self, claimed: Iterable[BrokerPartition]) -> None:
         claimed = list(claimed)
         leaders = self._leaders(claimed)
         for tp in claimed:
@@ -816,7 +816,7 @@ class GroupConsumer(Closing):
                 tp, endpoint, position, position, committed, position, fetch_bytes=self.fetch_bytes
             )
 
-    def _reset_offset(self, tp: TopicPartition) -> int:
+    def _reset_offset(self, tp: BrokerPartition) -> int:
         """The earliest or latest offset (`reset`) of `tp`, asked of its leader
         (Cluster.call_leader: followed when it moves)."""
         time_ = EARLIEST if self.reset == "earliest" else LATEST

@@ -36,8 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from broker.client.connection import DEFAULT_CLIENT_ID
-from broker.client.group import GroupConsumer, Record
-from broker.client.group import TopicPartition as GroupPartition
+from broker.client.group import BrokerPartition, GroupConsumer, Record
 from broker.client.producer import DELIVERY_TIMEOUT_S, Delivery
 from broker.client.producer import Producer as _Producer
 from broker.errors import (
@@ -591,7 +590,7 @@ class Producer:
         self._producers.clear()
 
 
-def _partitions(owned: Iterable[GroupPartition]) -> list[TopicPartition]:
+def _partitions(owned: Iterable[BrokerPartition]) -> list[TopicPartition]:
     return sorted(TopicPartition(tp.topic, tp.partition) for tp in owned)
 
 

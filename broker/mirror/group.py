@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from broker.client.group import TopicPartition, assign_range
+from broker.client.group import BrokerPartition, assign_range
 from broker.registry import Registry
 
 
@@ -50,7 +50,7 @@ class MirrorGroup:
         wanted: set[tuple[str, int]] = set()
         for topic, count in partitions.items():
             brokers = self.registry.topic_config(topic).brokers
-            named = [TopicPartition(topic, brokers[p], p) for p in range(count)]
+            named = [BrokerPartition(topic, brokers[p], p) for p in range(count)]
             mirroring = [member for member, topics in members.items() if topic in topics]
             wanted |= {
                 (tp.topic, tp.partition) for tp in assign_range(named, mirroring, self.member)
@@ -68,7 +68,7 @@ class MirrorGroup:
 
     def _name(self, topic: str, partition: int) -> str:
         brokers = self.registry.topic_config(topic).brokers
-        return TopicPartition(topic, brokers[partition], partition).name
+        return BrokerPartition(topic, brokers[partition], partition).name
 
     def leave(self) -> None:
         if self._topics is not None:

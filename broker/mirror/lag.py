@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from broker.client.admin import Admin, PartitionOffsets
-from broker.client.group import TopicPartition
+from broker.client.group import BrokerPartition
 from broker.client.lag import COUNT_BYTES, backlog
 from broker.errors import BrokerError, Unavailable, UnknownTopicOrPartition
 from broker.mirror.config import MirrorConfig
@@ -74,7 +74,7 @@ def _topic_lag(
     try:
         copied = {p.partition: p for p in target.describe(topic)}
         brokers = registry.topic_config(topic).brokers
-        names = {p: TopicPartition(topic, b, p).name for p, b in enumerate(brokers)}
+        names = {p: BrokerPartition(topic, b, p).name for p, b in enumerate(brokers)}
         owners = registry.partition_owners(config.mirror.group, topic)
     except UnknownTopicOrPartition:
         pass

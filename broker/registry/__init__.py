@@ -4,7 +4,7 @@ consumer groups.
 This is the only package of pylog that imports kazoo. Paths follow Kafka 0.7, under a chroot
 that the operator chooses (default "/pylog", so one ensemble can hold several clusters):
 
-    <chroot>/brokers/ids/<broker_id>              ephemeral   BrokerInfo as JSON
+    <chroot>/brokers/ids/<broker_id>              ephemeral   BrokerRegistration as JSON
         {"version": 1, "host": "10.0.0.7", "port": 9092, "workers": 2, "log_dirs": ["/d1"]}
     <chroot>/brokers/topics/<topic>/<broker_id>   ephemeral   partitions of the topic there
         {"version": 1, "partitions": [0, 3]}
@@ -56,12 +56,12 @@ from __future__ import annotations
 
 from broker.registry.acls import ZooKeeperAcls
 from broker.registry.admin import (
-    Admin,
     ElectionInProgress,
     Reassignment,
     ReassignmentInProgress,
+    ReassignmentNodes,
 )
-from broker.registry.brokers import BrokerInfo
+from broker.registry.brokers import BrokerRegistration
 from broker.registry.controller import Controller, ControllerInfo, ControllerMoved
 from broker.registry.groups import Groups, partition_name
 from broker.registry.nodes import FORMAT_VERSION
@@ -76,7 +76,7 @@ __all__ = [
     "DEFAULT_CHROOT",
     "FORMAT_VERSION",
     "NO_LEADER",
-    "BrokerInfo",
+    "BrokerRegistration",
     "ControllerInfo",
     "ControllerMoved",
     "ElectionInProgress",
@@ -91,7 +91,9 @@ __all__ = [
 ]
 
 
-class Registry(Admin, Groups, Security, Quotas, BrokerSettingsNode, Controller, ZooKeeperAcls):
+class Registry(
+    ReassignmentNodes, Groups, Security, Quotas, BrokerSettingsNode, Controller, ZooKeeperAcls
+):
     """A broker's (or a tool's) connection to the registry in ZooKeeper.
 
     Paths, under `chroot`:

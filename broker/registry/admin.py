@@ -27,7 +27,7 @@ from broker.registry.controller import CONTROLLER_EPOCH, ControllerMoved
 from broker.registry.nodes import decode, encode, int_list, validate_broker_id
 from broker.registry.session import BadVersion, NodeExists, NoNode
 from broker.registry.states import PartitionState, PartitionStateChanged
-from broker.registry.topics import TopicConfig, Topics
+from broker.registry.topics import TopicConfig, TopicNodes
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def check_replicas(replicas: Sequence[int], live: Sequence[int]) -> tuple[int, .
     return wanted
 
 
-class Admin(Topics):
+class ReassignmentNodes(TopicNodes):
     """The registry's calls on reassignments and preferred-leader elections."""
 
     def reassign_path(self, topic: str, partition: int) -> str:

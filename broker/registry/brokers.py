@@ -11,7 +11,7 @@ from broker.registry.session import NoNode
 
 
 @dataclass(frozen=True)
-class BrokerInfo:
+class BrokerRegistration:
     """What /brokers/ids/<broker_id> says about a live broker: where its front socket listens,
     how many workers (partition groups) it runs, on which log directories, the pylog version
     it runs ("" for a broker too old to say), and its rack (None without one: not set, or a
@@ -54,7 +54,7 @@ class BrokerInfo:
         )
 
     @classmethod
-    def from_json(cls, data: bytes) -> BrokerInfo:
+    def from_json(cls, data: bytes) -> BrokerRegistration:
         """Parse node data; ValueError when it is not a broker registration."""
         obj = decode(data)
         host, log_dirs = obj.get("host"), obj.get("log_dirs")
@@ -91,7 +91,7 @@ class Brokers(NodeReads):
     def broker_path(self, broker_id: int) -> str:
         return f"{self.chroot}/brokers/ids/{broker_id}"
 
-    def register_broker(self, broker_id: int, info: BrokerInfo) -> None:
+    def register_broker(self, broker_id: int, info: BrokerRegistration) -> None:
         """Create (or update) the ephemeral /brokers/ids/<broker_id>, kept until stop().
 
         On RegistryUnavailable the registration is remembered and made once connected."""
@@ -103,10 +103,10 @@ class Brokers(NodeReads):
         validate_broker_id(broker_id)
         self._unregister(self.broker_path(broker_id))
 
-    def brokers(self) -> dict[int, BrokerInfo]:
-        """The live brokers: broker id -> BrokerInfo (unreadable nodes are left out). Their
+    def brokers(self) -> dict[int, BrokerRegistration]:
+        """The live brokers: broker id -> BrokerRegistration (unreadable nodes are left out). Their
         racks, for TopicConfig.spread: {i: b.rack for i, b in brokers().items()}."""
-        return self._read_all(f"{self.chroot}/brokers/ids", BrokerInfo.from_json, int)
+        return self._read_all(f"{self.chroot}/brokers/ids", BrokerRegistration.from_json, int)
 
     def broker_epochs(self) -> dict[int, int]:
         """The live brokers and the epoch of each (after Kafka's KIP-380): the zxid that created
@@ -139,6 +139,6 @@ class Brokers(NodeReads):
         session = self.session_id
         return stat.czxid if session is not None and stat.ephemeral_owner == session else None
 
-    def watch_brokers(self, callback: Callable[[dict[int, BrokerInfo]], None]) -> None:
+    def watch_brokers(self, callback: Callable[[dict[int, BrokerRegistration]], None]) -> None:
         """Call `callback(brokers())` now and whenever a broker comes or goes, until stop()."""
-        self._add_watch(f"{self.chroot}/brokers/ids", BrokerInfo.from_json, int, callback)
+        self._add_watch(f"{self.chroot}/brokers/ids", BrokerRegistration.from_json, int, callback)

@@ -10,7 +10,7 @@ the same ZooKeeper transaction (both or neither), and stays so while its session
 node is not re-created after a session expiry, as registrations are; the broker must be
 elected again, with a new epoch. /controller_epoch is written by elections only, created
 holding 1 and raised by one each time, so its node version is always its epoch minus one: a
-controller's writes made conditional on that version (Topics.write_partition_state with
+controller's writes made conditional on that version (PartitionStates.write_partition_state with
 `controller_epoch`) are refused once another controller was elected.
 """
 
@@ -186,7 +186,7 @@ class Controller(NodeReads):
         """Call `callback(controller)` with who is the controller now and whenever /controller
         is created or deleted, and None while there is none, until stop() or the callback
         returns False: a broker that is not the controller calls elect_controller when it
-        gets None. As Topics.watch_topic_config: kazoo's DataWatch keeps it armed across
+        gets None. As TopicNodes.watch_topic_config: kazoo's DataWatch keeps it armed across
         reconnections and session expiries, this call does not wait on ZooKeeper, and the
         callback runs on kazoo's threads and must only hand the value on. A node whose data
         cannot be read is logged and passed over."""

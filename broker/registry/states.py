@@ -34,7 +34,7 @@ class PartitionStateChanged(PylogError):
     """A conditional write of a partition's state node found another version of the node than
     the one it was given: someone wrote the node since it was read (the controller choosing a
     leader, or a leader changing the ISR). Nothing was written. The caller reads the node again
-    (Topics.partition_state) and decides anew on what it finds (a leader that finds another
+    (PartitionStates.partition_state) and decides anew on what it finds (a leader that finds another
     leader or a higher leader epoch stops leading); it never repeats the same write."""
 
     def __init__(self, topic: str, partition: int, version: int) -> None:

@@ -235,7 +235,7 @@ def _partitions(data: bytes) -> tuple[int, ...]:
     return int_list(decode(data), "partitions")
 
 
-class Topics(PartitionStates):
+class TopicNodes(PartitionStates):
     """The registry's calls on topics: their configurations, who serves their partitions, and
     (PartitionStates) each partition's state (leader, leader epoch, ISR).
 

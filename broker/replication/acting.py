@@ -19,7 +19,7 @@ from broker.config import replica_setting
 from broker.errors import PylogError, RegistryUnavailable, UnknownTopicOrPartition
 from broker.registry import (
     NO_LEADER,
-    BrokerInfo,
+    BrokerRegistration,
     ControllerMoved,
     PartitionState,
     PartitionStateChanged,
@@ -156,7 +156,7 @@ class Acting:
     def _reassign_one(
         self,
         reassignment: Reassignment,
-        brokers: dict[int, BrokerInfo],
+        brokers: dict[int, BrokerRegistration],
         alive: Mapping[int, int],
     ) -> None:
         """Take the steps of one reassignment that can be taken now (`brokers`: those up,

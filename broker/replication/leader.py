@@ -36,7 +36,7 @@ answer, the state node's new data, may have been lost with a ZooKeeper session).
 
 
 @dataclass
-class Follower:
+class FollowerProgress:
     """One follower as its fetches show it."""
 
     fetch_offset: int
@@ -75,7 +75,7 @@ class LeaderState:
         self.high_watermark = high_watermark
         # Every follower starts as caught up now: it gets lag_max_s to show itself.
         self.followers = {
-            r: Follower(high_watermark, high_watermark if r in self.isr else 0, now)
+            r: FollowerProgress(high_watermark, high_watermark if r in self.isr else 0, now)
             for r in self.replicas
             if r != me
         }
@@ -118,7 +118,7 @@ class LeaderState:
         self.replicas = tuple(replicas)
         for replica in self.replicas:
             if replica != self.me and replica not in self.followers:
-                self.followers[replica] = Follower(-1, 0, now)  # no fetch yet: not joining
+                self.followers[replica] = FollowerProgress(-1, 0, now)  # no fetch yet: not joining
         for replica in [r for r in self.followers if r not in self.replicas]:
             del self.followers[replica]
 

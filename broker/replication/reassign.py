@@ -27,7 +27,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from broker.registry import NO_LEADER, BrokerInfo, PartitionState
+from broker.registry import NO_LEADER, BrokerRegistration, PartitionState
 
 StepKind = Literal["expand", "wait", "finish"]
 
@@ -72,7 +72,7 @@ def next_step(
 
 
 def cannot_follow(
-    replica: int, follower: BrokerInfo, leader_id: int, leader: BrokerInfo
+    replica: int, follower: BrokerRegistration, leader_id: int, leader: BrokerRegistration
 ) -> str | None:
     """Why broker `replica` cannot copy from leader `leader_id`, as their registrations show
     (their security modes and keys), None when nothing in them stops it (it may still be
@@ -97,7 +97,7 @@ def cannot_follow(
 
 
 def why_waiting(
-    waiting_for: Collection[int], leader_id: int, brokers: Mapping[int, BrokerInfo]
+    waiting_for: Collection[int], leader_id: int, brokers: Mapping[int, BrokerRegistration]
 ) -> list[str]:
     """What keeps the brokers of `waiting_for` out of the ISR of a partition led by
     `leader_id`, as far as the registrations of the live `brokers` tell: down, or unable to

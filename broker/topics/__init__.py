@@ -40,7 +40,7 @@ from broker.log.config import SettingValue
 from broker.placement import partition_folder, place_partitions
 from broker.pool import Answers, WorkerHandle, WorkerPool
 from broker.protocol import ErrorCode
-from broker.registry import BrokerInfo, TopicConfig
+from broker.registry import BrokerRegistration, TopicConfig
 from broker.registry_calls import RegistryCalls
 from broker.topics.admin import TopicAdmin
 from broker.topics.roles import Roles, replicated
@@ -77,7 +77,7 @@ class Topics:
         """The topics with partitions on this broker."""
         self.configs: dict[str, TopicConfig] = {}
         """Every topic of the cluster, as ZooKeeper last said (kept by a watch)."""
-        self.live_brokers: dict[int, BrokerInfo] = {}
+        self.live_brokers: dict[int, BrokerRegistration] = {}
         """The registered brokers, as ZooKeeper last said (kept by a watch)."""
         self.partition_errors: dict[tuple[str, int], tuple[int, str]] = {}
         """Partitions held here that their worker could not open: error code and message."""
@@ -140,10 +140,10 @@ class Topics:
             self._watch_config(topic)
             self.roles.watch_states(topic)
 
-    def registration(self, port: int) -> BrokerInfo:
+    def registration(self, port: int) -> BrokerRegistration:
         """What this broker registers in ZooKeeper: its front's address (`port` as bound, or
         broker.advertised_port), workers, log dirs and version."""
-        return BrokerInfo(
+        return BrokerRegistration(
             self.config.endpoint_host,
             self.config.endpoint_port(port),
             len(self.pool.workers),
@@ -218,7 +218,7 @@ class Topics:
         live = dict(self.live_brokers)
         live[me] = self.registration(port)
         brokers = tuple(
-            protocol.BrokerInfo(broker_id, info.host, info.port, info.rack or "")
+            protocol.MetadataBroker(broker_id, info.host, info.port, info.rack or "")
             for broker_id, info in sorted(live.items())
         )
         infos = []
@@ -501,7 +501,7 @@ class Topics:
             if old.replicas[number] != new.replicas[number]:
                 self.roles.send_role(topic, number)
 
-    def _on_brokers(self, brokers: dict[int, BrokerInfo]) -> None:
+    def _on_brokers(self, brokers: dict[int, BrokerRegistration]) -> None:
         before, self.live_brokers = self.live_brokers, brokers
         for (topic, number), (state, _) in list(self.roles.states.items()):
             if state.leader != self.me and before.get(state.leader) != brokers.get(state.leader):

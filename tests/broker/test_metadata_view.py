@@ -16,7 +16,7 @@ import zmq
 from broker import protocol
 from broker.config import BrokerConfig
 from broker.pool import WorkerPool
-from broker.registry import BrokerInfo, PartitionState, TopicConfig
+from broker.registry import BrokerRegistration, PartitionState, TopicConfig
 from broker.registry_calls import RegistryCalls
 from broker.topics import Topics
 
@@ -31,7 +31,9 @@ def topics(tmp_path: Path) -> Iterator[Topics]:
     pool = WorkerPool(config, context, zmq.Poller(), tmp_path, deque())
     calls = RegistryCalls()
     view = Topics(config, pool, calls, deque())
-    view.live_brokers = {b: BrokerInfo("127.0.0.1", PORT + b, 1, ("/logs",)) for b in (2, 3)}
+    view.live_brokers = {
+        b: BrokerRegistration("127.0.0.1", PORT + b, 1, ("/logs",)) for b in (2, 3)
+    }
     yield view
     calls.shutdown()
     context.destroy(linger=0)

@@ -31,10 +31,10 @@ from broker.errors import (
 from broker.log.message import encode_message
 from broker.protocol import (
     Ack,
-    BrokerInfo,
     ErrorCode,
     FetchReply,
     FetchRequest,
+    MetadataBroker,
     MetadataReply,
     PartitionInfo,
     ProduceRequest,
@@ -71,7 +71,7 @@ class FakePartition:
             host, port = self.endpoint.removeprefix("tcp://").split(":")
             partition = PartitionInfo(0, 1, ErrorCode.NONE)
             topic = TopicInfo(TOPIC, ErrorCode.NONE, (partition,))
-            reply = MetadataReply((BrokerInfo(1, host, int(port)),), (topic,))
+            reply = MetadataReply((MetadataBroker(1, host, int(port)),), (topic,))
             return [bytes(f) for f in encode_reply(correlation_id, reply, self.version)]
         self.fetches.append(request)
         error = self.error_for(request)

@@ -14,8 +14,8 @@ from broker.client import Producer
 from broker.log import iter_messages
 from broker.protocol import (
     Ack,
-    BrokerInfo,
     ErrorCode,
+    MetadataBroker,
     MetadataReply,
     MetadataRequest,
     PartitionInfo,
@@ -56,7 +56,7 @@ class HoldingBroker:
             envelope = [identity, b""] if rest[0] == b"" else [identity]
             header, request = decode_request(rest[len(envelope) - 1 :])
             if isinstance(request, MetadataRequest):
-                itself = BrokerInfo(0, "127.0.0.1", int(self.endpoint.rpartition(":")[2]))
+                itself = MetadataBroker(0, "127.0.0.1", int(self.endpoint.rpartition(":")[2]))
                 partition = PartitionInfo(0, itself.broker_id)
                 reply = MetadataReply((itself,), (TopicInfo(TOPIC, 0, (partition,)),))
                 frames = encode_reply(header.correlation_id, reply, header.version)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from broker.client.group import GroupConsumer, Record, TopicPartition
+from broker.client.group import BrokerPartition, GroupConsumer, Record
 from broker.zookeeper import PrivateZooKeeper
 from tests.pylogd import RunningBroker
 from tests.pylogd import broker_flags as broker_flags  # imported from here too
@@ -32,8 +32,8 @@ class Member:
 
     consumer: GroupConsumer
     records: list[tuple[float, Record]] = field(default_factory=list)
-    assigned: list[tuple[float, frozenset[TopicPartition]]] = field(default_factory=list)
-    revoked: list[tuple[float, frozenset[TopicPartition]]] = field(default_factory=list)
+    assigned: list[tuple[float, frozenset[BrokerPartition]]] = field(default_factory=list)
+    revoked: list[tuple[float, frozenset[BrokerPartition]]] = field(default_factory=list)
     polls_started: list[float] = field(default_factory=list)
     """When each completed poll started."""
     error: BaseException | None = None

@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from broker.client import Admin, Producer
-from broker.client.group import GroupConsumer, TopicPartition
+from broker.client.group import BrokerPartition, GroupConsumer
 from broker.errors import CorruptSegment
 from broker.protocol import Ack
 from broker.zookeeper import PrivateZooKeeper
@@ -247,7 +247,7 @@ def test_damaged_data_stops_a_member_by_name_and_skip_corrupt_reads_past_it(
                 consumer.commit()
                 break
         assert got == TEN[:4] + TEN[5:]
-        assert consumer.skipped == [(TopicPartition(topic, 0, 0), 4 * SIZE, 5 * SIZE)]
+        assert consumer.skipped == [(BrokerPartition(topic, 0, 0), 4 * SIZE, 5 * SIZE)]
 
     def group_consume(group: str, *flags: str) -> Result:
         return CliRunner().invoke(

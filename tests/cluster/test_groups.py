@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 
 from broker.client import Admin, Producer
-from broker.client.group import GroupConsumer, RebalanceFailed, Record, TopicPartition, assign_range
+from broker.client.group import (
+    BrokerPartition,
+    GroupConsumer,
+    RebalanceFailed,
+    Record,
+    assign_range,
+)
 from broker.log.message import HEADER_SIZE
 from broker.protocol import Ack
 from broker.registry import Registry
@@ -40,7 +46,7 @@ def owners(registry: Registry, group: str, topic: str) -> Counter[str]:
 
 
 def test_the_range_assignment_is_the_papers() -> None:
-    partitions = [TopicPartition("t", 1 + p % 3, p) for p in range(10)]
+    partitions = [BrokerPartition("t", 1 + p % 3, p) for p in range(10)]
     shares = {m: assign_range(partitions, ["c", "a", "b"], m) for m in "abc"}
     # sorted by (broker, partition); the first 10 % 3 = 1 member takes one more
     ordered = sorted(partitions, key=lambda tp: (tp.broker_id, tp.partition))

@@ -362,12 +362,12 @@ def test_the_spark_sources_record_batch_is_its_messages(
     holds the rows that Arrow makes of the decoded messages below the range's end."""
     pa = pytest.importorskip("pyarrow")
     reader = pytest.importorskip("pipeline.reader")
-    from pipeline.cluster import TopicPartition
+    from pipeline.cluster import SourcePartition
 
     # timestamps / 1000, rounded toward 0: within the range of microseconds in an int64
     batch = [(value, key, ts // 1000 if ts >= 0 else -(-ts // 1000)) for value, key, ts in batch]
     data = encoded(batch)
-    tp = TopicPartition("clicks", 3)
+    tp = SourcePartition("clicks", 3)
     expected_rows = [m for m in message.iter_messages(data, 100) if m.offset < 100 + cut]
     expected = pa.RecordBatch.from_arrays(
         [

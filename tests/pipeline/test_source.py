@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 
 from broker.client import PartitionConsumer
 from broker.client.connection import Connection
-from pipeline.cluster import TopicPartition, message_bounds
+from pipeline.cluster import SourcePartition, message_bounds
 from pipeline.errors import DataLoss
 from pipeline.reader import OffsetRange, read_range
 from tests.pipeline.conftest import create_topic, produce
@@ -214,7 +214,7 @@ def test_a_task_meets_the_brokers_corrupt_segment_as_data_loss(
         got = [v.as_py() for b in batches for v in b.column("value")]
         assert got == [s.value for i, s in enumerate(sent) if i != 1]
         with Connection(broker.endpoint, "test") as connection:  # the planner's boundaries
-            tp = TopicPartition(topic, 0)
+            tp = SourcePartition(topic, 0)
             assert message_bounds(connection, tp, offsets[1]) == (offsets[1], offsets[1])
             assert message_bounds(connection, tp, offsets[1] + 1) == (offsets[1], offsets[2])
     finally:

@@ -18,7 +18,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from broker.client import Admin
 from cli.pylogctl import cli
-from pipeline.cluster import Cluster, TopicPartition
+from pipeline.cluster import DriverView, SourcePartition
 from pipeline.options import parse_source_options
 from pipeline.reader import PylogStreamReader
 from tests.conftest import FakeClock, single_box_flags, wait_until
@@ -147,8 +147,8 @@ def retention_broker(make_pylogd: Callable[..., RunningBroker], tmp_path: Path) 
 
 
 def log_start(endpoint: str, topic: str) -> int:
-    with Cluster(endpoint) as cluster:
-        return cluster.offsets(TopicPartition(topic, 0), endpoint)[0]
+    with DriverView(endpoint) as cluster:
+        return cluster.offsets(SourcePartition(topic, 0), endpoint)[0]
 
 
 def test_data_deleted_by_retention_before_it_was_read_fails_the_query_by_name(
@@ -300,7 +300,7 @@ def test_max_trigger_delay_lets_a_smaller_batch_go(
     assert reader.latestOffset(start, ReadAllAvailable()) == start  # 4 < 10, 29 s < 30 s
     clock.advance(1.0)
     end = reader.latestOffset(start, ReadAllAvailable())
-    high = Cluster(broker.endpoint).offsets(TopicPartition(topic, 0), broker.endpoint)[1]
+    high = DriverView(broker.endpoint).offsets(SourcePartition(topic, 0), broker.endpoint)[1]
     assert end == {topic: {"0": high}}
     produce(broker.endpoint, topic, 1, 10, first=4)
     clock.advance(1.0)
@@ -315,7 +315,7 @@ def test_kafka_group_id_names_a_read_only_group_that_reports_the_streams_lag(
     group = f"reporting-{topic[-8:]}"
     options = {"broker": broker.endpoint, "subscribe": topic, "startingOffsets": "earliest"}
     run_available_now(spark, tmp_path, **options, **{"kafka.group.id": group})
-    with Cluster(broker.endpoint) as cluster:
+    with DriverView(broker.endpoint) as cluster:
         ends = {
             tp.partition: cluster.offsets(tp, endpoint)[1]
             for tp, endpoint in cluster.matching(re.compile(re.escape(topic))).items()

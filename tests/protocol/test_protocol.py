@@ -60,7 +60,6 @@ from broker.protocol import (
     Ack,
     AlterConfigRequest,
     Api,
-    BrokerInfo,
     ClusterBroker,
     ConfigEntry,
     CreateTopicRequest,
@@ -76,6 +75,7 @@ from broker.protocol import (
     ErrorCode,
     FetchReply,
     FetchRequest,
+    MetadataBroker,
     MetadataReply,
     MetadataRequest,
     OffsetForLeaderEpochReply,
@@ -256,7 +256,7 @@ FIELD_VERSIONS: dict[type, dict[str, int]] = {
     FetchReply: {"leader_epoch": 2, "epochs": 2, "throttle_ms": 4, "producers": 5},
     ProduceRequest: dict.fromkeys(("producer_id", "producer_epoch", "sequence"), 3),
     ProduceReply: {"throttle_ms": 2},
-    BrokerInfo: {"rack": 2},
+    MetadataBroker: {"rack": 2},
     PartitionInfo: dict.fromkeys(("leader_epoch", "replicas", "isr"), 2),
 }
 """The fields of each class that only a later version carries, and the first version that
@@ -638,7 +638,7 @@ versioned_requests: st.SearchStrategy[tuple[int, Request]] = st.one_of(
 
 metadata_replies = st.builds(
     MetadataReply,
-    st.lists(st.builds(BrokerInfo, u32, texts, u16), max_size=3).map(tuple),
+    st.lists(st.builds(MetadataBroker, u32, texts, u16), max_size=3).map(tuple),
     st.lists(
         st.builds(
             TopicInfo,
@@ -726,7 +726,7 @@ version_2_replies: st.SearchStrategy[tuple[Api, Reply]] = st.one_of(
         st.just(Api.METADATA),
         st.builds(
             MetadataReply,
-            st.lists(st.builds(BrokerInfo, u32, texts, u16, texts), max_size=3).map(tuple),
+            st.lists(st.builds(MetadataBroker, u32, texts, u16, texts), max_size=3).map(tuple),
             st.lists(
                 st.builds(
                     TopicInfo,
@@ -847,7 +847,7 @@ def test_a_version_2_reply_at_version_1_leaves_the_version_2_fields_out(
                 encode_reply(cid, reply, 1)
             return
         expected = MetadataReply(
-            tuple(BrokerInfo(b.broker_id, b.host, b.port) for b in reply.brokers),
+            tuple(MetadataBroker(b.broker_id, b.host, b.port) for b in reply.brokers),
             tuple(
                 TopicInfo(
                     t.topic,

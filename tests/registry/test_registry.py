@@ -25,15 +25,15 @@ from broker.errors import (
     UnknownTopicOrPartition,
 )
 from broker.log.config import SettingValue
-from broker.registry import BrokerInfo, Registry, TopicConfig
+from broker.registry import BrokerRegistration, Registry, TopicConfig
 from broker.zookeeper import PrivateZooKeeper, free_port
 from tests.broker.test_front import paused
 from tests.conftest import wait_until
 
 T = TypeVar("T")
 
-BROKER_1 = BrokerInfo(host="127.0.0.1", port=9092, workers=2, log_dirs=("/d1", "/d2"))
-BROKER_2 = BrokerInfo(host="127.0.0.1", port=9093, workers=1, log_dirs=("/d3",))
+BROKER_1 = BrokerRegistration(host="127.0.0.1", port=9092, workers=2, log_dirs=("/d1", "/d2"))
+BROKER_2 = BrokerRegistration(host="127.0.0.1", port=9093, workers=1, log_dirs=("/d3",))
 
 
 def expire_session(registry: Registry, connect_string: str) -> int:
@@ -111,7 +111,7 @@ def test_registering_again_updates_the_broker_node(registry: Registry) -> None:
 
 def test_watch_brokers_sees_brokers_come_and_go(make_registry: Callable[..., Registry]) -> None:
     tool, broker = make_registry(), make_registry()
-    seen: queue.Queue[dict[int, BrokerInfo]] = queue.Queue()
+    seen: queue.Queue[dict[int, BrokerRegistration]] = queue.Queue()
     tool.watch_brokers(seen.put)
     next_value(seen, {})
 
@@ -128,11 +128,11 @@ def test_watch_callbacks_run_off_kazoos_threads_and_one_slow_callback_holds_up_n
     # waits there (on ZooKeeper, or on the application) would stall every other watch.
     tool, broker = make_registry(), make_registry()
     release = threading.Event()
-    brokers_seen: queue.Queue[dict[int, BrokerInfo]] = queue.Queue()
+    brokers_seen: queue.Queue[dict[int, BrokerRegistration]] = queue.Queue()
     topics_seen: queue.Queue[dict[str, TopicConfig]] = queue.Queue()
     threads: set[threading.Thread] = set()
 
-    def slow(brokers: dict[int, BrokerInfo]) -> None:
+    def slow(brokers: dict[int, BrokerRegistration]) -> None:
         threads.add(threading.current_thread())
         brokers_seen.put(brokers)
         release.wait(30)
@@ -163,7 +163,7 @@ def test_watch_callbacks_are_called_again_after_a_session_expiry(
     # again under the same name): the callback gets the state read anew, names changed or not.
     tool, broker = make_registry(), make_registry()
     broker.register_broker(3, BROKER_2)
-    seen: queue.Queue[dict[int, BrokerInfo]] = queue.Queue()
+    seen: queue.Queue[dict[int, BrokerRegistration]] = queue.Queue()
     tool.watch_brokers(seen.put)
     next_value(seen, {3: BROKER_2})
 

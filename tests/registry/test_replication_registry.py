@@ -21,7 +21,7 @@ from broker.errors import (
 )
 from broker.registry import (
     NO_LEADER,
-    BrokerInfo,
+    BrokerRegistration,
     ControllerInfo,
     ControllerMoved,
     PartitionState,
@@ -135,7 +135,7 @@ def test_creating_a_topic_writes_each_partitions_initial_state_with_its_config(
     registry: Registry, observer: KazooClient
 ) -> None:
     config = TopicConfig.spread(2, [1, 2, 3], replication_factor=3)
-    registry.register_broker(2, BrokerInfo("127.0.0.1", 9002))  # broker 1 is not registered
+    registry.register_broker(2, BrokerRegistration("127.0.0.1", 9002))  # broker 1 is not registered
     incarnation = registry.broker_epochs()[2]
     registry.create_topic_config("clicks", config)
     root = f"{registry.chroot}/brokers/topics/clicks/partitions"
@@ -372,13 +372,13 @@ def test_a_stale_controllers_state_writes_are_refused(
 def test_a_brokers_rack_is_registered_and_a_node_without_one_reads_as_none(
     registry: Registry, observer: KazooClient
 ) -> None:
-    registry.register_broker(1, BrokerInfo("127.0.0.1", 9092, rack="eu-1a"))
-    registry.register_broker(2, BrokerInfo("127.0.0.1", 9093))
+    registry.register_broker(1, BrokerRegistration("127.0.0.1", 9092, rack="eu-1a"))
+    registry.register_broker(2, BrokerRegistration("127.0.0.1", 9093))
     assert node(observer, f"{registry.chroot}/brokers/ids/1")[0]["rack"] == "eu-1a"
     assert "rack" not in node(observer, f"{registry.chroot}/brokers/ids/2")[0]
     assert {i: b.rack for i, b in registry.brokers().items()} == {1: "eu-1a", 2: None}
     with pytest.raises(ValueError, match="rack"):
-        BrokerInfo("127.0.0.1", 9092, rack="")
+        BrokerRegistration("127.0.0.1", 9092, rack="")
 
 
 # -- ZooKeeper ACLs ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from kazoo.security import ACL, make_acl
 
 from broker.client.group import GroupConsumer
 from broker.errors import RegistryAccessDenied
-from broker.registry import BrokerInfo, Registry, TopicConfig
+from broker.registry import BrokerRegistration, Registry, TopicConfig
 from broker.security import ZooKeeperAuth
 from broker.zookeeper import PrivateZooKeeper
 from tests.registry.test_registry import expire_session
@@ -26,7 +26,7 @@ BROKERS = ZooKeeperAuth("pylog", "brokers-secret")
 ALICE = ZooKeeperAuth("alice", "alice-secret")
 BOB = ZooKeeperAuth("bob", "bob-secret")
 
-BROKER = BrokerInfo(host="127.0.0.1", port=9092)
+BROKER = BrokerRegistration(host="127.0.0.1", port=9092)
 CONFIG = TopicConfig(partitions=2, brokers=(1, 1))
 
 
@@ -206,7 +206,7 @@ def test_a_secured_start_secures_a_registry_made_without_acls(
 
     # once its session expires, its registrations are refused: given up, loudly, and the
     # rest of the registry (the watches) goes on
-    seen: queue.Queue[dict[int, BrokerInfo]] = queue.Queue()
+    seen: queue.Queue[dict[int, BrokerRegistration]] = queue.Queue()
     old.watch_brokers(seen.put)
     assert seen.get(timeout=5) == {1: BROKER}
     with caplog.at_level(logging.ERROR, logger="broker.registry.session"):

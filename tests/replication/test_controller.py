@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from kazoo.client import KazooClient
 
 from broker.errors import UnknownTopicOrPartition
-from broker.registry import NO_LEADER, BrokerInfo, PartitionState, Registry, TopicConfig
+from broker.registry import NO_LEADER, BrokerRegistration, PartitionState, Registry, TopicConfig
 from broker.replication.controller import ControllerService, NotController
 from broker.replication.election import choose_leader, choose_preferred
 from broker.zookeeper import PrivateZooKeeper
-from perf.bench_replication import AckedProducer, Cluster
+from perf.bench_replication import AckedProducer, BenchCluster
 from tests.conftest import REQUEST_TIMEOUT_S, SESSION_TIMEOUT_S, wait_until
 from tests.registry.test_registry import expire_session
 
@@ -41,7 +41,7 @@ def make_broker(make_registry: Callable[..., Registry]) -> Broker:
 
     def make(broker_id: int) -> Registry:
         registry = make_registry()
-        registry.register_broker(broker_id, BrokerInfo("127.0.0.1", 9000 + broker_id))
+        registry.register_broker(broker_id, BrokerRegistration("127.0.0.1", 9000 + broker_id))
         return registry
 
     return make
@@ -640,7 +640,7 @@ def test_the_benchmark_producer_goes_again_to_a_leader_once_the_isr_it_waited_on
     (broker 3's session ended), the producer must send to broker 2 again, not wait out its
     patience for a leader other than broker 2, which never comes."""
     _one, three, _controller = lead_moved_off_a_dying_broker(make_broker, service)
-    producer = AckedProducer(Cluster(tmp_path, 6000, 2000), patience_s=PATIENCE_S)
+    producer = AckedProducer(BenchCluster(tmp_path, 6000, 2000), patience_s=PATIENCE_S)
     client = make_registry()
     assert producer._leader(client, None) == 2  # the request to broker 2 goes under MOVED
     answers: list[tuple[int | None, float]] = []

@@ -11,7 +11,7 @@ import zmq
 from zmq.utils import z85
 
 from broker.errors import AuthorizationFailed
-from broker.registry import BrokerInfo
+from broker.registry import BrokerRegistration
 from broker.replication.reassign import cannot_follow, why_waiting
 from broker.security import (
     CLUSTER_PRINCIPAL,
@@ -85,13 +85,13 @@ def test_a_follower_connects_only_to_a_leader_whose_key_is_the_clusters(tmp_path
 
 def test_the_registrations_tell_why_a_broker_cannot_follow() -> None:
     cluster, other = CLUSTER_KEY.decode(), CLIENT_KEY.decode()
-    leader = BrokerInfo("h", 1, curve_key=cluster, cluster_keys=(cluster,))
-    good = BrokerInfo("h", 2, curve_key=cluster, cluster_keys=(cluster,))
-    rogue = BrokerInfo("h", 4, curve_key=other, cluster_keys=(cluster, other))
-    distrusting = BrokerInfo("h", 5, curve_key=cluster, cluster_keys=(other,))
-    plaintext = BrokerInfo("h", 6)
+    leader = BrokerRegistration("h", 1, curve_key=cluster, cluster_keys=(cluster,))
+    good = BrokerRegistration("h", 2, curve_key=cluster, cluster_keys=(cluster,))
+    rogue = BrokerRegistration("h", 4, curve_key=other, cluster_keys=(cluster, other))
+    distrusting = BrokerRegistration("h", 5, curve_key=cluster, cluster_keys=(other,))
+    plaintext = BrokerRegistration("h", 6)
     assert cannot_follow(2, good, 1, leader) is None
-    assert cannot_follow(6, plaintext, 1, BrokerInfo("h", 1)) is None
+    assert cannot_follow(6, plaintext, 1, BrokerRegistration("h", 1)) is None
     assert "leader 1 refuses broker 4's key" in (cannot_follow(4, rogue, 1, leader) or "")
     assert "broker 5 does not take leader 1's key" in (
         cannot_follow(5, distrusting, 1, leader) or ""
@@ -102,5 +102,5 @@ def test_the_registrations_tell_why_a_broker_cannot_follow() -> None:
         "broker 3 is down",
         cannot_follow(4, rogue, 1, leader),
     ]
-    assert BrokerInfo.from_json(rogue.to_json()) == rogue
+    assert BrokerRegistration.from_json(rogue.to_json()) == rogue
     assert b"curve_key" not in plaintext.to_json()
