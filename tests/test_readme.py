@@ -6,8 +6,11 @@ commands start.
 A README that drifts from the code fails here. The few lines that are not run say why in
 NOT_RUN; lines that run until stopped (brokers, `--follow`, `&` jobs, an endless loop) are
 started, awaited on what they print or register, and stopped as the README says (Ctrl-C, kill),
-each then checked for a clean exit. The README's ports are fixed (9092-9097, 19092, 2181, 2182):
-they must be free.
+each then checked for a clean exit. The README's ports (9092-9097, 19092, 2181, 2182) are
+replaced by free ones this test chooses, in every command and Python block and in the mirror's
+deploy/pylog-mirror.toml, the broker port a command implies written out first
+(IMPLIED_BROKER_PORT), so that the test runs beside a broker started from the README, and beside
+itself.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import queue
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -28,9 +30,15 @@ from pathlib import Path
 
 import pytest
 
+from broker.zookeeper import free_port
+
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
 PORTS = (9092, 9093, 9094, 9095, 9096, 9097, 19092, 2181, 2182)
+PORT_IN_TEXT = re.compile(r"(?<!\d)(" + "|".join(map(str, PORTS)) + r")(?!\d)")
+# The README's broker port that its commands imply without writing it: scripts/start's front
+# socket, and pylogctl's --broker ($PYLOG_BROKER). Written out, then substituted.
+IMPLIED_BROKER_PORT = 9092
 COMMAND_TIMEOUT_S = 180
 READY_TIMEOUT_S = 120
 
@@ -107,14 +115,40 @@ def test_readme_blocks_are_found() -> None:
     assert any(c == "scripts/start" for b in blocks if b.kind == "shell" for c in commands(b))
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+def test_every_port_the_readme_names_is_substituted() -> None:
+    text = README.read_text()
+    named = {int(port) for port in re.findall(r"(?:127\.0\.0\.1:|-port )(\d+)", text)}
+    assert named <= set(PORTS), f"ports {sorted(named - set(PORTS))} are missing from PORTS"
+    ports = {port: 40000 + i for i, port in enumerate(PORTS)}
+    assert not PORT_IN_TEXT.search(substituted(text, ports))
+    assert implied("scripts/start --zookeeper-port 2181  # terminal 1") == (
+        "scripts/start --broker-port 9092 --zookeeper-port 2181  # terminal 1"
+    )
+    assert implied(".venv/bin/pylogd --broker-port 9093") == ".venv/bin/pylogd --broker-port 9093"
+
+
+def free_ports() -> dict[int, int]:
+    """A port of 127.0.0.1 that was free a moment ago for each of the README's, all distinct."""
+    chosen: dict[int, int] = {}
+    while len(chosen) < len(PORTS):
+        port = free_port()
+        if port not in chosen.values() and port not in PORTS:
+            chosen[PORTS[len(chosen)]] = port
+    return chosen
+
+
+def substituted(text: str, ports: dict[int, int]) -> str:
+    """`text` with each of the README's ports replaced by its substitute in `ports`."""
+    return PORT_IN_TEXT.sub(lambda found: str(ports[int(found.group())]), text)
+
+
+def implied(command: str) -> str:
+    """`command` with the broker port it implies written out: scripts/start's front socket."""
+    if command.startswith("scripts/start") and "--broker-port" not in command:
+        return command.replace(
+            "scripts/start", f"scripts/start --broker-port {IMPLIED_BROKER_PORT}", 1
+        )
+    return command
 
 
 def _clean_env() -> dict[str, str]:
@@ -175,9 +209,12 @@ class Running:
 class Reader:
     """Runs the README's blocks in a folder laid out like a clone."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, ports: dict[int, int]) -> None:
         self.folder = folder
+        self.ports = ports
         self.env = _clean_env()
+        # pylogctl's default broker, written out (the README's commands without --broker).
+        self.env["PYLOG_BROKER"] = f"tcp://127.0.0.1:{ports[IMPLIED_BROKER_PORT]}"
         self.servers: list[Running] = []
         self.jobs: list[Running] = []  # the shell's `&` jobs: %1 is jobs[0]
         self.members: list[Running] = []  # the Python group members
@@ -214,6 +251,7 @@ class Reader:
     def shell(self, command: str) -> None:
         if command in NOT_RUN:
             return
+        command = substituted(implied(command), self.ports)
         words = shlex.split(command, comments=True)
         if words[0] in ("scripts/start", ".venv/bin/pylogd"):
             self.start_broker(command)
@@ -249,6 +287,7 @@ class Reader:
 
     def python(self, code: str) -> None:
         python = str(self.folder / ".venv" / "bin" / "python")
+        code = substituted(code, self.ports)
         if ENDLESS_PYTHON not in code:
             self.run([python, "-"], "Python block", stdin=code)
             return
@@ -290,10 +329,15 @@ class Reader:
 
 
 @pytest.fixture
-def clone(tmp_path: Path) -> Iterator[Path]:
+def ports() -> dict[int, int]:
+    return free_ports()
+
+
+@pytest.fixture
+def clone(tmp_path: Path, ports: dict[int, int]) -> Iterator[Path]:
     """A folder that looks like a clone: every top-level entry of the checkout linked in, but
     none of what the README's commands write (data, data-2, data-3, data-target, secure,
-    warehouse)."""
+    warehouse), and deploy/pylog-mirror.toml with the ports substituted."""
     folder = tmp_path / "pylog"
     folder.mkdir()
     for entry in ROOT.iterdir():
@@ -305,15 +349,21 @@ def clone(tmp_path: Path) -> Iterator[Path]:
             "secure",
             "warehouse",
             ".git",
+            "deploy",
         ):
             (folder / entry.name).symlink_to(entry)
+    (folder / "deploy").mkdir()
+    for entry in (ROOT / "deploy").iterdir():
+        if entry.name == "pylog-mirror.toml":
+            (folder / "deploy" / entry.name).write_text(substituted(entry.read_text(), ports))
+        else:
+            (folder / "deploy" / entry.name).symlink_to(entry)
     yield folder
 
 
-def test_readme_runs_as_written(clone: Path) -> None:
-    busy = [port for port in PORTS if not _port_free(port)]
-    assert not busy, f"the README's ports {busy} are in use on 127.0.0.1: stop what holds them"
-    reader = Reader(clone)
+@pytest.mark.broker
+def test_readme_runs_as_written(clone: Path, ports: dict[int, int]) -> None:
+    reader = Reader(clone, ports)
     try:
         for block in readme_blocks(README.read_text()):
             if block.kind == "python":
