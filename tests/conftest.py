@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,128 @@ def _keep_unterminated(context: zmq.Context[Any]) -> None:
 
 
 zmq.Context.__del__ = _keep_unterminated  # type: ignore[method-assign]
+
+
+# -- tiers and where xdist runs each test ---------------------------------------------------
+
+TIERS = ("unit", "broker", "cluster", "spark")
+"""The markers of the suite's tiers, each test in exactly one, given by the fixtures it uses
+(see `tier`) unless its module says otherwise (`pytestmark = pytest.mark.broker`)."""
+
+CLUSTER_FIXTURES = frozenset(
+    {"three_brokers", "module_three_brokers", "own_three_brokers", "curve_cluster", "cluster"}
+)
+"""Fixtures that start several brokers: tests/cluster's three, the CLI's, Curve's."""
+
+PROCESS_FIXTURES = frozenset({"zookeeper", "make_pylogd", "clusters", "make_mirror"})
+"""Fixtures that start a process: ZooKeeper (every broker fixture uses it), a broker or a
+mirror of their own ZooKeeper."""
+
+
+def tier(fixtures: Iterable[str]) -> str:
+    """A test's tier from the names of the fixtures it uses (all of them, those fixtures use
+    included): `spark` with a SparkSession, `cluster` with several brokers, `broker` with any
+    process, `unit` with none."""
+    names = set(fixtures)
+    if "spark" in names:
+        return "spark"
+    if names & CLUSTER_FIXTURES:
+        return "cluster"
+    if names & PROCESS_FIXTURES:
+        return "broker"
+    return "unit"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "unit: starts no process (scripts/test --fast runs these)")
+    config.addinivalue_line("markers", "broker: starts processes: ZooKeeper, pylogd, tools")
+    config.addinivalue_line("markers", "cluster: starts several brokers of one cluster")
+    config.addinivalue_line("markers", "spark: uses the session's SparkSession")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give each test its tier marker, and its xdist group (`--dist loadgroup`): the tests of
+    Spark share one worker (one SparkSession, 10-25 s to start, per worker), the tests of a
+    module that shares a module-scoped fixture (a broker, three brokers) share a worker (so
+    it starts once); the rest go wherever a worker is free."""
+    for item in items:
+        marked = {mark.name for mark in item.iter_markers()} & set(TIERS)
+        if len(marked) > 1:
+            raise pytest.UsageError(f"{item.nodeid} is in several tiers: {sorted(marked)}")
+        name = marked.pop() if marked else tier(getattr(item, "fixturenames", ()))
+        if not marked:
+            item.add_marker(name)
+        info = getattr(item, "_fixtureinfo", None)
+        scopes = {d.scope for ds in info.name2fixturedefs.values() for d in ds} if info else set()
+        if name == "spark":
+            item.add_marker(pytest.mark.xdist_group("spark"))
+        elif "module" in scopes:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test of the unit tier that starts a process fails, naming the command: its module is
+    to say its tier (`pytestmark = pytest.mark.broker`), so that the unit tier stays fast."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    nodeid = request.node.nodeid
+
+    def refused(self: subprocess.Popen[Any], args: Any, *rest: Any, **options: Any) -> None:
+        raise AssertionError(
+            f"{nodeid} is in the unit tier but starts a process ({args!r}): mark its module "
+            "pytestmark = pytest.mark.broker"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refused)
+
+
+# -- no process outlives the run ------------------------------------------------------------
+
+RUN_VARIABLE = "TEST_RUN_OF_PYLOG"
+"""Set to an id of this test process's own when its first test starts: every process its tests
+start inherits it (tests/test_readme.py's clean environment drops PYLOG_* only), orphans too, so
+that the end of the session finds those still running however they were started."""
+
+LEFT_RUNNING_GRACE_S = 5.0
+"""How long the end of the session waits for processes that are still exiting."""
+
+
+def processes_of_this_run() -> dict[int, str]:
+    """pid -> command line of the running processes started with this process's RUN_VARIABLE."""
+    wanted = f"{RUN_VARIABLE}={os.environ[RUN_VARIABLE]}".encode()
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if wanted in (entry / "environ").read_bytes().split(b"\0"):  # a zombie's is empty
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                found[int(entry.name)] = command.decode(errors="replace").strip()
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_outlives_the_run() -> Iterator[None]:
+    """At the end of the session (after every other fixture's end: this one starts first),
+    kill (SIGKILL) each process the tests started that is still running, and fail naming
+    them: a test stops what it starts, even when it fails, and a process left behind holds
+    ports, files and the next run's CPU. Each xdist worker checks its own."""
+    os.environ[RUN_VARIABLE] = uuid.uuid4().hex
+    yield
+    deadline = time.monotonic() + LEFT_RUNNING_GRACE_S
+    while (left := processes_of_this_run()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        named = "\n".join(f"  {pid}: {command[:300]}" for pid, command in sorted(left.items()))
+        pytest.fail(f"killed {len(left)} process(es) the tests left running:\n{named}")
 
 
 @dataclass

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import gc
+import os
+import re
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import zmq
+
+ROOT = Path(__file__).parents[1]
 
 
 def test_a_context_collected_with_its_open_socket_does_not_hang_the_run() -> None:
@@ -23,3 +30,29 @@ def test_a_context_collected_with_its_open_socket_does_not_hang_the_run() -> Non
         collected.start()
         collected.join(10)
     assert not collected.is_alive(), "the garbage collector is stuck terminating the context"
+
+
+@pytest.mark.broker
+def test_a_process_a_test_leaves_running_is_killed_and_named(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(
+        "from tests.conftest import _no_process_outlives_the_run  # noqa: F401\n"
+    )
+    (tmp_path / "test_leaves.py").write_text(
+        "import subprocess\n\n\n"
+        "def test_forgets_its_process() -> None:\n"
+        "    subprocess.Popen(['sleep', '613'])\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert "1 passed, 1 error" in ran.stdout, ran.stdout
+    named = re.search(r"left running:\nE? +(\d+): sleep 613\n", ran.stdout)
+    assert named, ran.stdout
+    stat = Path(f"/proc/{named[1]}/stat")  # gone, or a zombie for its new parent to reap
+    assert not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z"

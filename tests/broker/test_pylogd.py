@@ -353,6 +353,7 @@ def test_json_logs_are_one_object_a_line_from_every_process(
     assert any("created topic 'logged'" in event["message"] for event in events)
 
 
+@pytest.mark.broker
 def test_an_unknown_log_format_is_a_usage_error(tmp_path: Path) -> None:
     pylogd = Path(sys.executable).with_name("pylogd")
     done = subprocess.run(
@@ -547,6 +548,7 @@ def test_private_zookeeper_exits_when_the_supervisor_is_killed(
         kill_left_behind(broker.data_dir)
 
 
+@pytest.mark.broker
 def test_front_port_in_use_stops_pylogd_at_once_naming_its_holder(tmp_path: Path) -> None:
     with held_port() as holder:
         port = holder.getsockname()[1]
@@ -560,6 +562,7 @@ def test_front_port_in_use_stops_pylogd_at_once_naming_its_holder(tmp_path: Path
     assert seconds < 10
 
 
+@pytest.mark.broker
 def test_zookeeper_port_in_use_stops_pylogd_at_once_naming_its_holder(tmp_path: Path) -> None:
     with held_port() as holder:
         port = holder.getsockname()[1]
@@ -573,6 +576,7 @@ def test_zookeeper_port_in_use_stops_pylogd_at_once_naming_its_holder(tmp_path: 
     assert seconds < 10
 
 
+@pytest.mark.broker
 def test_a_zookeeper_left_on_the_port_is_not_taken_for_pylogd_own(tmp_path: Path) -> None:
     """A JVM left behind by a killed pylogd answers on the port, from the same data dir: today
     it passed for the new one, which died on the port it held and was relaunched again and
@@ -639,6 +643,7 @@ def test_a_zookeeper_that_cannot_restart_is_retried_with_back_off_then_pylogd_st
         again.stop()
 
 
+@pytest.mark.broker
 def test_ctrl_c_on_a_broker_with_its_private_zookeeper_leaves_nothing_to_warn_about(
     tmp_path: Path, registry_chroot: str
 ) -> None:

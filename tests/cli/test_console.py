@@ -250,6 +250,7 @@ def test_follow_reads_on_through_a_broker_restart(
     assert consumer.returncode == 0, err
 
 
+@pytest.mark.broker
 def test_no_library_logs_on_the_console_unless_verbose() -> None:
     command = [PYLOGCTL, "group", "describe", "g", "t", "--zookeeper", unused_endpoint()[6:]]
     quiet = subprocess.run(command, capture_output=True, text=True, timeout=60)

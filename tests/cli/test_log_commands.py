@@ -135,6 +135,7 @@ def test_verify_a_folder_without_segments_is_a_usage_error(tmp_path: Path) -> No
     assert "holds no segment files" in out
 
 
+@pytest.mark.broker
 def test_installed_pylogctl_command_runs(tmp_path: Path) -> None:
     write_partition(tmp_path / "t-0")
     pylogctl = Path(sys.executable).with_name("pylogctl")

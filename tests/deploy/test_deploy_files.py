@@ -16,6 +16,8 @@ import pytest
 from broker.config import LIVE_SETTINGS, SETTINGS, load_config
 from tests.deploy.conftest import verify_unit
 
+pytestmark = pytest.mark.broker
+
 DEPLOY = Path(__file__).parents[2] / "deploy"
 UNIT = DEPLOY / "systemd" / "pylogd.service"
 INSTALLED_PYLOGD = "/opt/pylog/.venv/bin/pylogd"

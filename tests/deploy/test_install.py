@@ -14,6 +14,8 @@ import pytest
 from tests.deploy.conftest import verify_unit
 from tests.deploy.test_deploy_files import DEPLOY, INSTALLED_PYLOGD, UNIT, unit_directives
 
+pytestmark = pytest.mark.broker
+
 
 def install(source: Path, root: Path) -> None:
     subprocess.run(

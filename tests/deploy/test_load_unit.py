@@ -14,6 +14,8 @@ from pipeline import load
 from tests.deploy.conftest import verify_unit
 from tests.deploy.test_deploy_files import DEPLOY, unit_directives
 
+pytestmark = pytest.mark.broker
+
 UNIT = DEPLOY / "systemd" / "pylog-load.service"
 INSTALLED_PYTHON = "/opt/pylog/.venv/bin/python"
 

@@ -17,6 +17,8 @@ from broker.mirror import MirrorConfig, MirrorSettings
 from tests.deploy.conftest import verify_unit
 from tests.deploy.test_deploy_files import DEPLOY, unit_directives
 
+pytestmark = pytest.mark.broker
+
 UNIT = DEPLOY / "systemd" / "pylog-mirror.service"
 EXAMPLE = DEPLOY / "pylog-mirror.toml"
 INSTALLED = "/opt/pylog/.venv/bin/pylog-mirror"

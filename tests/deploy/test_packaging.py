@@ -8,6 +8,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.broker
+
 
 def test_wheel_ships_py_typed_and_the_codec_and_builds_without_warnings(
     source: Path, tmp_path: Path

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.broker
+
 ROOT = Path(__file__).parents[2]
 
 

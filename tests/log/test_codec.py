@@ -314,6 +314,7 @@ def implementation_with(
     )
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize(
     ("choice", "hidden", "expected"),
     [("", False, "c"), ("python", False, "python"), ("c", False, "c"), ("", True, "python")],
@@ -324,6 +325,7 @@ def test_pylog_codec_chooses(choice: str, hidden: bool, expected: str) -> None:
     assert result.stdout.strip() == expected
 
 
+@pytest.mark.broker
 def test_pylog_codec_c_without_the_extension_says_what_to_install() -> None:
     result = implementation_with({"PYLOG_CODEC": "c"}, hide_extension=True)
     assert result.returncode != 0
@@ -331,6 +333,7 @@ def test_pylog_codec_c_without_the_extension_says_what_to_install() -> None:
     assert "libxxhash-dev" in result.stderr
 
 
+@pytest.mark.broker
 def test_pylog_codec_unknown_value() -> None:
     result = implementation_with({"PYLOG_CODEC": "rust"}, hide_extension=False)
     assert "PYLOG_CODEC must be c or python, not 'rust'" in result.stderr

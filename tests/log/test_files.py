@@ -69,6 +69,7 @@ def fsynced_files(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize(
     ("descriptors", "max_open_files"), [(256, 128), (1024, 0)], ids=["limit-256", "defaults"]
 )

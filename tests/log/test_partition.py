@@ -331,6 +331,7 @@ def test_close_and_reopen_keeps_offsets_and_data(tmp_path: Path, clock: FakeCloc
     assert reopened.append(make_set(20, 1)) == 2000
 
 
+@pytest.mark.broker
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_full_disk_is_an_error_that_leaves_the_log_intact(tmp_path: Path, clock: FakeClock) -> None:
     mount_point = tmp_path / "small"

@@ -85,6 +85,7 @@ def test_missing_sections_and_unreadable_keys_are_refused(tmp_path: Path) -> Non
         )
 
 
+@pytest.mark.broker
 def test_the_command_exits_2_with_the_reason(tmp_path: Path) -> None:
     path = tmp_path / "mirror.toml"
     path.write_text(GOOD.replace('ack = "flushed"', "ack = 3"))

@@ -7,7 +7,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from perf.bench_compression import corpus
+
+pytestmark = pytest.mark.broker
 
 
 def test_the_corpus_is_the_same_every_run_and_looks_like_log_lines() -> None:

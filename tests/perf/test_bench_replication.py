@@ -12,6 +12,8 @@ import pytest
 
 from perf.bench_replication import ACKS, BATCHES, FACTORS, ended, main, summarize
 
+pytestmark = pytest.mark.broker
+
 
 def line(ack: str, batch: int, factor: int, rate: int) -> dict[str, object]:
     return {

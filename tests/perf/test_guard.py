@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from perf.guard import FIGURES, run_one, verdict
+
+pytestmark = pytest.mark.broker
 
 
 def runs(*rates: int) -> list[dict[str, object]]:

@@ -257,6 +257,7 @@ def test_pylogctl_load_and_audit_are_the_jobs_with_their_options_and_json(
     ]
 
 
+@pytest.mark.broker
 def test_pylogctl_load_without_pyspark_says_how_to_install_it() -> None:
     without_pyspark = (
         "import sys; sys.modules['pyspark'] = None; sys.argv = ['pylogctl', 'load', '--help']; "

@@ -455,6 +455,7 @@ def registry_on_own_zookeeper(
             yield server, registry
 
 
+@pytest.mark.broker
 def test_lost_connection_fails_calls_quickly_and_the_registry_recovers(tmp_path: Path) -> None:
     # This test stops and starts its ZooKeeper. The session outlives a slow restart of the
     # JVM (20 s, the most 1 s ticks allow), so the session surviving is certain.
@@ -481,6 +482,7 @@ def test_lost_connection_fails_calls_quickly_and_the_registry_recovers(tmp_path:
         registry.create_topic_config("views", TopicConfig.spread(1, [1]))
 
 
+@pytest.mark.broker
 def test_a_request_cut_off_by_a_lost_connection_fails_at_once(tmp_path: Path) -> None:
     # The read is sent, then kazoo finds the paused server silent and drops the connection.
     # The call fails then, not request_timeout_s later after sending it again (as kazoo's

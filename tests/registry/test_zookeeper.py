@@ -73,6 +73,7 @@ def test_missing_java_is_a_clear_error(tmp_path: Path) -> None:
     assert server.pid is None
 
 
+@pytest.mark.broker
 def test_server_that_exits_during_start_is_reported_with_its_log(tmp_path: Path) -> None:
     server = PrivateZooKeeper(tmp_path, jvm_options=["-XX:+NoSuchJvmOption"])
     with pytest.raises(ZooKeeperStartError, match=r"(?s)exited with status 1.*NoSuchJvmOption"):
@@ -81,6 +82,7 @@ def test_server_that_exits_during_start_is_reported_with_its_log(tmp_path: Path)
     assert not server.alive
 
 
+@pytest.mark.broker
 def test_restart_keeps_the_port_and_stop_leaves_no_process(tmp_path: Path) -> None:
     server = PrivateZooKeeper(tmp_path, tick_time_ms=ZOOKEEPER_TICK_MS)
     with server:
@@ -100,6 +102,7 @@ def test_restart_keeps_the_port_and_stop_leaves_no_process(tmp_path: Path) -> No
     assert (tmp_path / "zookeeper.log").stat().st_size > 0
 
 
+@pytest.mark.broker
 def test_poll_tells_a_supervisor_that_the_server_died(tmp_path: Path) -> None:
     server = PrivateZooKeeper(tmp_path, tick_time_ms=ZOOKEEPER_TICK_MS)
     with server:
@@ -132,6 +135,7 @@ def test_a_port_in_use_is_one_clear_error_naming_its_holder_and_nothing_is_launc
     assert not (tmp_path / "zookeeper.log").exists()  # no JVM was launched
 
 
+@pytest.mark.broker
 def test_the_server_exits_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
     starter = subprocess.Popen(
         [sys.executable, "-c", STARTER, str(tmp_path)],

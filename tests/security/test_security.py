@@ -292,16 +292,19 @@ def start_failure(tmp_path: Path, *flags: str) -> str:
     return result.stderr
 
 
+@pytest.mark.broker
 def test_plaintext_on_an_address_that_is_not_loopback_is_refused(tmp_path: Path) -> None:
     error = start_failure(tmp_path, "--broker-host", "0.0.0.0", "--broker-port", "0")
     assert "security.mode is plaintext and broker.host 0.0.0.0 is not a loopback" in error
 
 
+@pytest.mark.broker
 def test_curve_without_a_key_file_is_refused_with_one_line(tmp_path: Path) -> None:
     error = start_failure(tmp_path, "--security-mode", "curve", "--broker-port", "0")
     assert "broker.key_secret" in error and "Traceback" not in error
 
 
+@pytest.mark.broker
 def test_a_secret_key_others_may_read_is_refused(tmp_path: Path) -> None:
     _, secret = generate_keys(tmp_path / "keys", "broker")
     secret.chmod(0o644)
@@ -317,6 +320,7 @@ def test_a_secret_key_others_may_read_is_refused(tmp_path: Path) -> None:
     assert "chmod 600" in error
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize(
     ("text", "mode", "problem"),
     [
@@ -340,6 +344,7 @@ def test_a_principals_file_others_may_write_or_that_does_not_read_is_refused(
     assert problem in error and "Traceback" not in error, error
 
 
+@pytest.mark.broker
 def test_a_super_user_that_cannot_be_a_principal_is_a_usage_error(tmp_path: Path) -> None:
     result = subprocess.run(
         [str(Path(sys.executable).with_name("pylogd")), "--security-super-users", "a b"],
