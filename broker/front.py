@@ -39,7 +39,7 @@ from broker.errors import (
 from broker.log.message import Buffer
 from broker.pool import Answers, WorkerHandle, WorkerPool
 from broker.processes import port_holder
-from broker.quotas import Direction, Kind, Throttle
+from broker.quotas import Direction, Kind, QuotaStatistics, Throttle
 from broker.replies import HeldReplies
 from broker.security import Authorizer, HandshakeFailures, Operation, Principals, ZapHandler
 from broker.topics import Topics
@@ -74,6 +74,33 @@ OPERATIONS: Final[dict[int, Operation]] = {
 }
 """The ACL operation each api needs on its topic (DESCRIBE_CLUSTER needs none: any principal
 let in may ask it; docs/security.md)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SecurityStatistics:
+    """Security's figures (broker.metrics), in security.mode curve: handshakes the ZAP handler
+    let in and refused, those that failed before it was asked (by reason), and requests
+    answered AUTHORIZATION_FAILED."""
+
+    accepted: int
+    refused: int
+    handshakes_failed: tuple[tuple[str, int], ...]
+    authorization_failures: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FrontStatistics:
+    """The front's figures (broker.metrics): requests read, pauses of reading, the replies
+    held for clients (HeldReplies), the quotas', and security's (None: plaintext)."""
+
+    requests: int
+    read_pauses: int
+    queued_reply_bytes: int
+    muted_connections: int
+    parked_requests: int
+    replies_refused: int
+    quotas: QuotaStatistics
+    security: SecurityStatistics | None
 
 
 class Front:
@@ -124,6 +151,7 @@ class Front:
         """Set by `secure`: whose key each request's connection holds, looked up per request
         (a key removed stops its open connections at their next request)."""
         self.handshake_failures: HandshakeFailures | None = None
+        self.zap: ZapHandler | None = None
         self._handlers: dict[zmq.Socket[bytes], Callable[[list[bytes]], None]] = {}
         """The sockets of `secure` this loop reads besides clients' and workers', and what
         takes each message of theirs."""
@@ -138,6 +166,7 @@ class Front:
         self.socket.setsockopt(zmq.ZAP_DOMAIN, b"pylog")
         # Without a ZAP handler bound, libzmq would let every key in; with this it refuses.
         self.socket.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+        self.zap = zap
         self.principals = zap.principals
         self.handshake_failures = HandshakeFailures(self.socket)
         self.authorizer = authorizer
@@ -147,6 +176,27 @@ class Front:
         }
         for socket in self._handlers:
             self.poller.register(socket, zmq.POLLIN)
+
+    def statistics(self) -> FrontStatistics:
+        """The front's figures now (read by the metrics thread)."""
+        held = self.held
+        return FrontStatistics(
+            self.requests,
+            self.read_pauses,
+            held.held_bytes,
+            held.muted_connections,
+            held.parked_requests,
+            held.replies_refused,
+            self.throttle.statistics(),
+            self._security_statistics(),
+        )
+
+    def _security_statistics(self) -> SecurityStatistics | None:
+        zap, authorizer, failures = self.zap, self.authorizer, self.handshake_failures
+        if zap is None or authorizer is None or failures is None:
+            return None
+        failed = tuple(sorted(failures.failed.items()))
+        return SecurityStatistics(zap.accepted, zap.refused, failed, authorizer.denied)
 
     def bind(self) -> None:
         """Listen on broker.host:broker.port (a free port if 0); OSError naming the process

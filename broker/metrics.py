@@ -1,9 +1,12 @@
 """pylogd's Prometheus endpoint: `[metrics] enabled = true` serves http://HOST:PORT/metrics
 (127.0.0.1:9097 by default; port 0 picks a free one, named in the log).
 
-What it shows is what the supervisor knows, read on the HTTP server's thread when scraped:
-plain counters the loop keeps (no lock, no cost on the loop beyond an increment), and gauges
-read at scrape time. The names follow Prometheus' conventions (`_total` counters, `_bytes`):
+What it shows is what the supervisor knows, read on the HTTP server's thread when scraped: a
+BrokerStatistics record that Supervisor.statistics builds from each part's own frozen record
+(Front, WorkerPool, Topics; trio's habit), of plain counters the loop keeps (no lock, no cost
+on the loop beyond an increment) and gauges read at scrape time. This module reads no part's
+insides and imports no supervisor. The names follow Prometheus' conventions (`_total`
+counters, `_bytes`):
 
 - pylog_info{broker_id, version} 1
 - pylog_front_requests_total: requests the front read from clients;
@@ -57,7 +60,8 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING
 
@@ -70,34 +74,46 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from broker.pool import RequestErrors, WorkerHandle
+from broker.front import FrontStatistics, SecurityStatistics
+from broker.pool import PoolStatistics, WorkerStatistics
 from broker.processes import port_holder
-from broker.quotas import Throttle
+from broker.quotas import QuotaStatistics
+from broker.topics import TopicsStatistics
 from broker.worker_stats import LATENCY_BUCKETS_S
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from broker.supervisor import Supervisor
-
 log = logging.getLogger("pylog.supervisor")
 
 
-class SupervisorCollector(Collector):
-    """The supervisor's figures, read when scraped."""
+@dataclass(frozen=True, slots=True)
+class BrokerStatistics:
+    """What a broker's endpoint shows (Supervisor.statistics): its id, and the figures of its
+    front, workers and partitions, and its ZooKeeper session."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
-        self.supervisor = supervisor
+    broker_id: int
+    front: FrontStatistics
+    pool: PoolStatistics
+    topics: TopicsStatistics
+    zookeeper_connected: bool
+
+
+class BrokerCollector(Collector):
+    """A broker's figures, read from `statistics` when scraped."""
+
+    def __init__(self, statistics: Callable[[], BrokerStatistics]) -> None:
+        self.statistics = statistics
         try:
             self.version = metadata.version("pylog")
         except metadata.PackageNotFoundError:
             self.version = "unknown"
 
     def collect(self) -> Iterator[Metric]:
-        s = self.supervisor
-        front, pool = s.front, s.pool
+        s = self.statistics()
+        front, pool, topics = s.front, s.pool, s.topics
         info = GaugeMetricFamily("pylog_info", "This broker.", labels=["broker_id", "version"])
-        info.add_metric([str(s.config.broker_id), self.version], 1)
+        info.add_metric([str(s.broker_id), self.version], 1)
         yield info
         yield CounterMetricFamily(
             "pylog_front_requests", "Requests the front read from clients.", front.requests
@@ -117,50 +133,26 @@ class SupervisorCollector(Collector):
             "pylog_front_queued_reply_bytes",
             "Bytes of replies held for clients that have not taken them (replies of 4 KiB or "
             "more).",
-            front.held.held_bytes,
+            front.queued_reply_bytes,
         )
         yield GaugeMetricFamily(
             "pylog_front_muted_connections",
             "Connections whose requests wait until they read the replies held for them.",
-            front.held.muted_connections,
+            front.muted_connections,
         )
         yield GaugeMetricFamily(
             "pylog_front_parked_requests",
             "Requests of muted connections waiting for them to read their replies.",
-            front.held.parked_requests,
+            front.parked_requests,
         )
         yield CounterMetricFamily(
             "pylog_front_replies_refused",
             "Replies answered REPLIES_NOT_READ in their place: their connection was muted.",
-            front.held.replies_refused,
+            front.replies_refused,
         )
-        yield from _quota_metrics(front.throttle)
-        if s.zap is not None and s.authorizer is not None:  # security.mode curve
-            yield CounterMetricFamily(
-                "pylog_connections_accepted",
-                "Curve handshakes the ZAP handler let in (a known client key).",
-                s.zap.accepted,
-            )
-            yield CounterMetricFamily(
-                "pylog_connections_refused",
-                "Curve handshakes the ZAP handler refused (an unknown client key).",
-                s.zap.refused,
-            )
-            failed = CounterMetricFamily(
-                "pylog_handshakes_failed",
-                "Curve handshakes that failed before the ZAP handler was asked: not_curve (a "
-                "plaintext client), wrong_broker_key, other.",
-                labels=["reason"],
-            )
-            if s.front.handshake_failures is not None:
-                for reason, count in sorted(s.front.handshake_failures.failed.items()):
-                    failed.add_metric([reason], count)
-            yield failed
-            yield CounterMetricFamily(
-                "pylog_authorization_failures",
-                "Requests (and METADATA topics) answered AUTHORIZATION_FAILED.",
-                s.authorizer.denied,
-            )
+        yield from _quota_metrics(front.quotas)
+        if front.security is not None:  # security.mode curve
+            yield from _security_metrics(front.security)
         up = GaugeMetricFamily(
             "pylog_worker_up", "1 while a worker is connected.", labels=["worker"]
         )
@@ -170,28 +162,55 @@ class SupervisorCollector(Collector):
         yield CounterMetricFamily(
             "pylog_worker_restarts", "Workers restarted after they exited.", pool.restarts
         )
-        held = sum(len(state.workers) for state in list(s.topics.held.values()))
-        yield GaugeMetricFamily("pylog_partitions", "Partitions this broker holds.", held)
+        yield GaugeMetricFamily(
+            "pylog_partitions", "Partitions this broker holds.", topics.partitions
+        )
         changes = CounterMetricFamily(
             "pylog_isr_changes",
             "In-sync set changes this broker made as a leader: shrink, expand.",
             labels=["kind"],
         )
-        for kind in ("shrink", "expand"):
-            changes.add_metric([kind], s.topics.roles.isr_changes[kind])
+        changes.add_metric(["shrink"], topics.isr_shrinks)
+        changes.add_metric(["expand"], topics.isr_expands)
         yield changes
         yield GaugeMetricFamily(
             "pylog_partitions_under_replicated",
             "Replicated partitions led here whose in-sync set is smaller than their replicas.",
-            s.topics.roles.under_replicated(),
+            topics.under_replicated,
         )
-        yield from _worker_metrics(pool.workers, pool.errors)
-        connected = s.registry is not None and s.registry.connected
+        yield from _worker_metrics(pool.workers, pool.refused)
         yield GaugeMetricFamily(
             "pylog_zookeeper_connected",
             "1 while the registry's ZooKeeper session is connected.",
-            float(connected),
+            float(s.zookeeper_connected),
         )
+
+
+def _security_metrics(security: SecurityStatistics) -> Iterator[Metric]:
+    yield CounterMetricFamily(
+        "pylog_connections_accepted",
+        "Curve handshakes the ZAP handler let in (a known client key).",
+        security.accepted,
+    )
+    yield CounterMetricFamily(
+        "pylog_connections_refused",
+        "Curve handshakes the ZAP handler refused (an unknown client key).",
+        security.refused,
+    )
+    failed = CounterMetricFamily(
+        "pylog_handshakes_failed",
+        "Curve handshakes that failed before the ZAP handler was asked: not_curve (a "
+        "plaintext client), wrong_broker_key, other.",
+        labels=["reason"],
+    )
+    for reason, count in security.handshakes_failed:
+        failed.add_metric([reason], count)
+    yield failed
+    yield CounterMetricFamily(
+        "pylog_authorization_failures",
+        "Requests (and METADATA topics) answered AUTHORIZATION_FAILED.",
+        security.authorization_failures,
+    )
 
 
 _PARTITION_FIGURES = (
@@ -207,7 +226,7 @@ _PARTITION_FIGURES = (
 partition (broker.worker_stats)."""
 
 
-def _quota_metrics(throttle: Throttle) -> Iterator[Metric]:
+def _quota_metrics(statistics: QuotaStatistics) -> Iterator[Metric]:
     labels = ["kind", "name", "direction"]
     counted = CounterMetricFamily(
         "pylog_quota_bytes", "Bytes counted to a client's quota.", labels=labels
@@ -220,7 +239,7 @@ def _quota_metrics(throttle: Throttle) -> Iterator[Metric]:
     quotas = GaugeMetricFamily(
         "pylog_quota_bytes_per_second", "A client's quota, bytes a second.", labels=labels
     )
-    for c in throttle.statistics():
+    for c in statistics.clients:
         for direction, size, seconds, quota in (
             ("produce", c.produce_bytes, c.produce_throttled_s, c.produce_quota),
             ("fetch", c.fetch_bytes, c.fetch_throttled_s, c.fetch_quota),
@@ -234,11 +253,13 @@ def _quota_metrics(throttle: Throttle) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "pylog_quota_held_requests",
         "Requests held back now because their client is over its quota.",
-        throttle.held_requests,
+        statistics.held_requests,
     )
 
 
-def _worker_metrics(workers: list[WorkerHandle], refused: RequestErrors) -> Iterator[Metric]:
+def _worker_metrics(
+    workers: tuple[WorkerStatistics, ...], refused: tuple[tuple[str, str, int], ...]
+) -> Iterator[Metric]:
     """The figures of the workers' last snapshots (broker.worker_stats): requests, errors and
     their time by api, flush time, and each partition's traffic and log; and the errors the
     supervisor answered itself (`refused`, worker "supervisor")."""
@@ -267,7 +288,7 @@ def _worker_metrics(workers: list[WorkerHandle], refused: RequestErrors) -> Iter
         for name, text, kind in _PARTITION_FIGURES
     ]
     for worker in workers:
-        stats = worker.stats
+        stats = worker.snapshot
         if stats is None:
             continue
         index = str(worker.index)
@@ -282,9 +303,8 @@ def _worker_metrics(workers: list[WorkerHandle], refused: RequestErrors) -> Iter
         for topic, number, *figures in stats["partitions"]:
             for family, value in zip(partitions, figures, strict=True):
                 family.add_metric([topic, str(number)], value)
-    for api, by_error in list(refused.counts.items()):  # copied: the loop may add to them
-        for error, count in list(by_error.items()):
-            errors.add_metric(["supervisor", api, error], count)
+    for api, error, count in refused:
+        errors.add_metric(["supervisor", api, error], count)
     yield from (requests, errors, seconds, flush, *partitions)
 
 
@@ -296,9 +316,11 @@ def _buckets(histogram: list[float]) -> tuple[list[tuple[str, float]], float]:
     return list(zip(bounds, itertools.accumulate(counts), strict=True)), total
 
 
-def serve_metrics(supervisor: Supervisor, host: str, port: int) -> tuple[WSGIServer, int]:
+def serve_metrics(
+    statistics: Callable[[], BrokerStatistics], host: str, port: int
+) -> tuple[WSGIServer, int]:
     """Start the broker's endpoint on its own thread (serve_collector)."""
-    return serve_collector(SupervisorCollector(supervisor), host, port)
+    return serve_collector(BrokerCollector(statistics), host, port)
 
 
 def serve_collector(

@@ -91,6 +91,28 @@ class RequestErrors:
         return False
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerStatistics:
+    """A worker as the metrics show it: whether it is connected, and its last snapshot of
+    figures (broker.worker_stats; None before its first)."""
+
+    index: int
+    connected: bool
+    snapshot: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    """The pool's figures (broker.metrics): bytes of requests the workers owe, restarts, each
+    worker's, and the requests the supervisor answered with an error itself (api, error
+    code name, count)."""
+
+    queued_bytes: int
+    restarts: int
+    workers: tuple[WorkerStatistics, ...]
+    refused: tuple[tuple[str, str, int], ...]
+
+
 @dataclass
 class WorkerHandle:
     """A worker process, the DEALER that talks to it, and its restart state."""
@@ -272,6 +294,17 @@ class WorkerPool:
             if worker.start_at > 0 and now >= worker.start_at and not self.stopping:
                 worker.start_at = 0.0
                 self._start(worker)
+
+    def statistics(self) -> PoolStatistics:
+        """The pool's figures now (read by the metrics thread: the counts are copied whole,
+        the loop may add to them meanwhile)."""
+        refused = tuple(
+            (api, error, count)
+            for api, by_error in list(self.errors.counts.items())
+            for error, count in list(by_error.items())
+        )
+        workers = tuple(WorkerStatistics(w.index, w.connected, w.stats) for w in self.workers)
+        return PoolStatistics(self.queued_bytes, self.restarts, workers, refused)
 
     def all_connected(self) -> bool:
         return all(w.connected for w in self.workers)

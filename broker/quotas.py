@@ -170,6 +170,15 @@ class ClientStatistics:
     fetch_quota: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaStatistics:
+    """The quotas' figures (broker.metrics): every client known now, and the requests held
+    back now, for all connections."""
+
+    clients: tuple[ClientStatistics, ...]
+    held_requests: int
+
+
 @dataclass(slots=True)
 class _Held:
     """A connection's requests held back, oldest first, each with the time it arrived, and
@@ -295,8 +304,9 @@ class Throttle:
         first = min(held.until for held in self.held.values())
         return max(0, min(longest, math.ceil((first - self.clock()) * 1000)))
 
-    def statistics(self) -> list[ClientStatistics]:
-        """Every client known now (those with a quota that sent in the last FORGET_AFTER_S)."""
+    def statistics(self) -> QuotaStatistics:
+        """Every client known now (those with a quota that sent in the last FORGET_AFTER_S),
+        and the requests held now."""
         out = []
         for client in list(self._clients.values()):
             produce, fetch = client.produce, client.fetch
@@ -312,7 +322,7 @@ class Throttle:
                     None if fetch is None else fetch.rate,
                 )
             )
-        return out
+        return QuotaStatistics(tuple(out), self.held_requests)
 
     def _new_client(self, client_name: tuple[Kind, str]) -> _Client:
         kind, name = client_name

@@ -52,7 +52,7 @@ from broker.config import BrokerConfig, with_live
 from broker.errors import PylogError, ZooKeeperStartError
 from broker.front import Front
 from broker.logs import set_log_level
-from broker.metrics import serve_metrics
+from broker.metrics import BrokerStatistics, serve_metrics
 from broker.pool import Answers, WorkerPool
 from broker.processes import ensure_file_limit
 from broker.quotas import QuotaConfig, describe_quotas
@@ -127,6 +127,17 @@ class Supervisor:
 
     # -- start -----------------------------------------------------------------------------
 
+    def statistics(self) -> BrokerStatistics:
+        """The broker's figures now, for its metrics endpoint (read on the endpoint's thread)."""
+        registry = self.registry
+        return BrokerStatistics(
+            self.config.broker_id,
+            self.front.statistics(),
+            self.pool.statistics(),
+            self.topics.statistics(),
+            registry is not None and registry.connected,
+        )
+
     def start(self) -> None:
         """Everything up to READY: front socket and metrics endpoint (first, so that a port in
         use stops pylogd before anything is started), ZooKeeper, registry, topics, workers."""
@@ -138,7 +149,7 @@ class Supervisor:
         self.front.bind()
         if self.config.metrics_enabled:  # as early: a port in use stops pylogd before anything
             self.metrics, _ = serve_metrics(
-                self, self.config.metrics_host, self.config.metrics_port
+                self.statistics, self.config.metrics_host, self.config.metrics_port
             )
         connect = self.config.zookeeper_connect
         if not connect:

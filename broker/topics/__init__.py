@@ -61,6 +61,18 @@ class TopicState:
     """The partitions here that their worker has opened: those registered as served."""
 
 
+@dataclass(frozen=True, slots=True)
+class TopicsStatistics:
+    """The partitions' figures (broker.metrics): those this broker holds, the in-sync set
+    changes it made as a leader, and the replicated partitions it leads whose in-sync set is
+    smaller than their replicas."""
+
+    partitions: int
+    isr_shrinks: int
+    isr_expands: int
+    under_replicated: int
+
+
 class Topics:
     """The topics of the cluster as this broker sees them, and those it holds."""
 
@@ -139,6 +151,14 @@ class Topics:
         for topic in self.configs:
             self._watch_config(topic)
             self.roles.watch_states(topic)
+
+    def statistics(self) -> TopicsStatistics:
+        """The figures now (read by the metrics thread: the states are copied first)."""
+        held = sum(len(state.workers) for state in list(self.held.values()))
+        changes = self.roles.isr_changes
+        return TopicsStatistics(
+            held, changes["shrink"], changes["expand"], self.roles.under_replicated()
+        )
 
     def registration(self, port: int) -> BrokerRegistration:
         """What this broker registers in ZooKeeper: its front's address (`port` as bound, or

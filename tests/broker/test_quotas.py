@@ -115,7 +115,7 @@ def test_fetch_replies_count_to_the_connection_that_fetched() -> None:
     throttle.fetched(throttled(CONNECTION, 5), 3000)  # the reply's tag may carry a throttle
     assert throttle.admit(CONNECTION, ALICE, FETCH, 0, None) == pytest.approx(2.0)
     throttle.fetched(b"R\x00\x02", 10**9)  # another connection's: no client of a quota
-    (stats,) = throttle.statistics()
+    (stats,) = throttle.statistics().clients
     assert (stats.kind, stats.name, stats.fetch_bytes, stats.fetch_quota) == (
         Kind.CLIENT,
         "alice",
@@ -144,7 +144,7 @@ def test_held_requests_come_back_in_order_when_due_and_count_their_wait() -> Non
     assert {(tagged, at) for tagged, _, at in due} == {(CONNECTION, arrived)}
     assert not throttle.held and throttle.held_requests == 0
     assert throttle.admit(CONNECTION, ALICE, PRODUCE, 10, arrived) == 0
-    (stats,) = throttle.statistics()
+    (stats,) = throttle.statistics().clients
     assert stats.produce_throttled_s == pytest.approx(2.0)
 
 
@@ -183,7 +183,7 @@ def test_a_quota_changed_applies_to_what_is_owed_and_releases_what_waits() -> No
     throttle.update(QuotaConfig())
     list(throttle.due())
     assert not throttle.active
-    assert throttle.statistics()[0].produce_quota is None
+    assert throttle.statistics().clients[0].produce_quota is None
 
 
 def test_clients_idle_and_owing_nothing_are_forgotten() -> None:
@@ -193,9 +193,9 @@ def test_clients_idle_and_owing_nothing_are_forgotten() -> None:
     throttle.fetched(CONNECTION, 10_000)
     clock.now += 301  # owes nothing after 10 s; idle for longer than FORGET_AFTER_S
     list(throttle.due())
-    assert throttle.statistics() == []
+    assert throttle.statistics().clients == ()
     throttle.fetched(CONNECTION, 10)  # its connection is forgotten too: nothing to count to
-    assert throttle.statistics() == []
+    assert throttle.statistics().clients == ()
 
 
 def test_a_throttle_travels_in_the_tagged_identity() -> None:
