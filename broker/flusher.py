@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from broker.backoff import Backoff
 from broker.clock import SYSTEM_CLOCK
 from broker.errors import DiskFull, PylogError, StorageError, StorageIOError
 from broker.log import PartitionLog
@@ -136,13 +137,14 @@ class Flusher:
     async def _reopen(self, partition: Partition) -> None:
         """Reopen an offline partition's log from the disk (cut back to its high watermark),
         backing off while the disk keeps failing; then serve it again."""
-        delay = FIRST_REOPEN_DELAY_S
+        backoff = Backoff(FIRST_REOPEN_DELAY_S, MAX_REOPEN_DELAY_S)
         for attempt in itertools.count(1):
             if not self.served.still_open(partition):  # deleted meanwhile
                 return
             try:
                 plog = partition.log.reopen_from_disk()
             except (PylogError, OSError) as error:
+                delay = backoff.next()
                 log.error(
                     "recovery of %s failed (attempt %d): %s; next attempt in %.1f s",
                     partition.name,
@@ -151,7 +153,6 @@ class Flusher:
                     delay,
                 )
                 await trio.sleep(delay)
-                delay = min(delay * 2, MAX_REOPEN_DELAY_S)
                 continue
             partition.log = plog
             partition.offline = None

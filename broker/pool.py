@@ -36,6 +36,7 @@ from typing import Any
 import zmq
 
 from broker import protocol
+from broker.backoff import Backoff
 from broker.config import BrokerConfig
 from broker.errors import PartitionUnavailable
 from broker.log.message import Buffer
@@ -126,7 +127,7 @@ class WorkerHandle:
     restarts: int = 0
     crashes: int = 0
     """Restarts in a row, since it last ran HEALTHY_AFTER_S."""
-    backoff_s: float = FIRST_BACKOFF_S
+    backoff: Backoff = field(default_factory=lambda: Backoff(FIRST_BACKOFF_S, MAX_BACKOFF_S))
     start_at: float = 0.0
     started_at: float = 0.0
     outbox: list[Buffer] = field(default_factory=list)
@@ -276,21 +277,21 @@ class WorkerPool:
                     continue
                 self.restarts += 1
                 if now - worker.started_at > HEALTHY_AFTER_S:
-                    worker.backoff_s = FIRST_BACKOFF_S
+                    worker.backoff.reset()
                     worker.crashes = 0
                 worker.crashes += 1
-                worker.start_at = now + worker.backoff_s
+                crash_loop = worker.crashes >= CRASH_LOOP_RESTARTS
+                worker.backoff.max_s = CRASH_LOOP_MAX_BACKOFF_S if crash_loop else MAX_BACKOFF_S
+                wait_s = worker.backoff.next()
+                worker.start_at = now + wait_s
                 log.error(
                     "worker %d (pid %d) exited with %s; restarting in %.1f s (restart %d)",
                     worker.index,
                     process.pid,
                     process.returncode,
-                    worker.backoff_s,
+                    wait_s,
                     self.restarts,
                 )
-                crash_loop = worker.crashes >= CRASH_LOOP_RESTARTS
-                longest = CRASH_LOOP_MAX_BACKOFF_S if crash_loop else MAX_BACKOFF_S
-                worker.backoff_s = min(worker.backoff_s * 2, longest)
             if worker.start_at > 0 and now >= worker.start_at and not self.stopping:
                 worker.start_at = 0.0
                 self._start(worker)

@@ -48,6 +48,7 @@ from wsgiref.simple_server import WSGIServer
 import zmq
 
 from broker import control
+from broker.backoff import Backoff
 from broker.config import BrokerConfig, with_live
 from broker.errors import PylogError, ZooKeeperStartError
 from broker.front import Front
@@ -80,8 +81,9 @@ PRIVATE_REGISTRY_AUTH = "zookeeper.auth"
 PRIVATE_REGISTRY_USER = "pylog-brokers"
 
 WORKER_START_TIMEOUT_S = 60.0
-ZOOKEEPER_BACKOFF_S = 0.5
-"""The wait before the second start of a dead private ZooKeeper, doubling for each next one."""
+ZOOKEEPER_BACKOFF = Backoff(0.5)
+"""The wait before the second start of a dead private ZooKeeper, doubling for each next one
+(its delay(n) only is used: no state)."""
 ZOOKEEPER_START_ATTEMPTS = 5
 """Failed starts in a row after which pylogd stops."""
 
@@ -418,7 +420,7 @@ class Supervisor:
 
     def _check_zookeeper(self) -> None:
         """Start the private ZooKeeper again once it has died (off the loop): at once, then,
-        while its starts fail, after ZOOKEEPER_BACKOFF_S doubling; ZooKeeperStartError (pylogd
+        while its starts fail, after ZOOKEEPER_BACKOFF; ZooKeeperStartError (pylogd
         stops) after ZOOKEEPER_START_ATTEMPTS failed starts in a row."""
         zk = self.zookeeper
         if zk is None or self._zookeeper_starting or zk.alive or self.front.stopping:
@@ -451,12 +453,12 @@ class Supervisor:
         self._zookeeper_failures += 1
         failures = self._zookeeper_failures
         if failures >= ZOOKEEPER_START_ATTEMPTS:
-            waited_s = ZOOKEEPER_BACKOFF_S * (2 ** (failures - 1) - 1)
+            waited_s = ZOOKEEPER_BACKOFF.waited(failures - 1)
             raise ZooKeeperStartError(
                 f"the private ZooKeeper could not be restarted ({failures} failed starts "
                 f"in a row over {waited_s:g} s), so pylogd stops: {error}"
             ) from error
-        wait_s = ZOOKEEPER_BACKOFF_S * 2 ** (failures - 1)
+        wait_s = ZOOKEEPER_BACKOFF.delay(failures - 1)
         self._zookeeper_start_at = time.monotonic() + wait_s
         log.error(
             "cannot restart the private ZooKeeper (failed start %d of %d; next in %.1f s): %s",

@@ -38,6 +38,7 @@ from typing import Any, Final, TypeVar, overload
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from broker.backoff import Backoff
 from broker.errors import AuthenticationFailed, BrokerError, MalformedReply, Unavailable
 from broker.lifecycle import Closing
 from broker.log.message import Buffer
@@ -195,17 +196,19 @@ class Retry:
     def __init__(self, retries: int, max_time_s: float) -> None:
         self.left = retries
         self.deadline = time.monotonic() + max_time_s
-        self.backoff_s = RETRY_BACKOFF_S
+        self.backoff = Backoff(RETRY_BACKOFF_S, MAX_RETRY_BACKOFF_S)
 
     def wait_after(self, error: BrokerError | Unavailable) -> float:
         """How long to wait before trying again after `error`; raises `error` itself when it
         is not retriable or the budget is spent."""
-        backoff_s = self.backoff_s
-        if not retriable(error) or self.left <= 0 or time.monotonic() + backoff_s > self.deadline:
+        if (
+            not retriable(error)
+            or self.left <= 0
+            or time.monotonic() + self.backoff.current_s > self.deadline
+        ):
             raise error
         self.left -= 1
-        self.backoff_s = min(backoff_s * 2, MAX_RETRY_BACKOFF_S)
-        return backoff_s
+        return self.backoff.next()
 
 
 def monitor_handshakes(socket: _Socket) -> _Socket:

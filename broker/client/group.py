@@ -66,6 +66,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from broker.backoff import Backoff
 from broker.client.admin import zookeeper_of
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID, Connection, noted, wait_ms
@@ -104,6 +105,8 @@ log = logging.getLogger("pylog.group")
 Reset = Literal["earliest", "latest"]
 RETRY_BACKOFF_S = 0.5
 """How long a partition rests after a retriable fetch error before it is fetched again."""
+REBALANCE_MAX_BACKOFF_S = 2.0
+"""The longest wait between a rebalance's attempts (from rebalance_backoff_s, doubling)."""
 
 
 class RebalanceFailed(PylogError):
@@ -668,7 +671,7 @@ class GroupConsumer(Closing):
     # -- rebalancing -------------------------------------------------------------------------
 
     def _rebalance(self) -> None:
-        backoff_s = self.rebalance_backoff_s
+        backoff = Backoff(self.rebalance_backoff_s, REBALANCE_MAX_BACKOFF_S)
         for attempt in range(self.rebalance_retries + 1):
             self._rebalance_wanted.clear()
             if attempt == 0 and self._keeps_its_range():
@@ -712,11 +715,10 @@ class GroupConsumer(Closing):
                 conflict[0].topic,
                 conflict[0].name,
                 conflict[1],
-                backoff_s,
+                backoff.current_s,
                 attempt + 1,
             )
-            time.sleep(backoff_s)  # a back-off between attempts, not a wait for a condition
-            backoff_s = min(backoff_s * 2, 2.0)
+            time.sleep(backoff.next())  # a back-off between attempts, not a wait for a condition
         assert conflict is not None
         tp, owner = conflict
         raise RebalanceFailed(

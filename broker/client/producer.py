@@ -92,6 +92,7 @@ from typing import Any, Literal, Self
 
 import xxhash
 
+from broker.backoff import Backoff
 from broker.client.audit import WINDOW_MS, ProducedCounts
 from broker.client.cluster import Cluster, partition_of
 from broker.client.connection import (
@@ -551,7 +552,7 @@ class ProducerCore:
         """The back-off before sending `entry` again after `error` (0.1 s doubling to 2 s),
         counted as an attempt, the partition's holder to be looked up again; raises `error`
         when the batch's budget (retries, delivery_timeout_s) is spent."""
-        backoff_s = min(RETRY_BACKOFF_S * 2.0**entry.attempts, MAX_RETRY_BACKOFF_S)
+        backoff_s = Backoff(RETRY_BACKOFF_S, MAX_RETRY_BACKOFF_S).delay(entry.attempts)
         spent = self.retries is not None and entry.attempts >= self.retries
         if spent or time.monotonic() + backoff_s > entry.deadline:
             raise error

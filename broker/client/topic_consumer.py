@@ -27,8 +27,9 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from broker.backoff import Backoff
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID, MAX_RETRY_BACKOFF_S, RETRY_BACKOFF_S
 from broker.client.consumer import PartitionConsumer, Start
@@ -60,7 +61,7 @@ class _Partition:
     position: int
     consumer: PartitionConsumer | None
     retry_at: float = 0.0
-    backoff_s: float = RETRY_BACKOFF_S
+    backoff: Backoff = field(default_factory=lambda: Backoff(RETRY_BACKOFF_S, MAX_RETRY_BACKOFF_S))
     done: bool = False
     skip: int = 0
     """Messages to pass over first: those of a compressed set before where Last starts."""
@@ -202,12 +203,11 @@ class TopicConsumer(Closing):
             if partition.consumer is not None:
                 partition.consumer.close()
                 partition.consumer = None
-            partition.retry_at = time.monotonic() + partition.backoff_s
-            partition.backoff_s = min(partition.backoff_s * 2, MAX_RETRY_BACKOFF_S)
+            partition.retry_at = time.monotonic() + partition.backoff.next()
             return []
         consumer = partition.consumer
         partition.position = consumer.position
-        partition.backoff_s = RETRY_BACKOFF_S
+        partition.backoff.reset()
         self._note_skipped(consumer)
         partition.done = not self.follow and consumer.at_end
         return messages

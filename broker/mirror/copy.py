@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from broker.aio.connection import AsyncCluster
+from broker.backoff import Backoff
 from broker.client.connection import retriable
 from broker.errors import (
     BrokerError,
@@ -128,7 +129,7 @@ class PartitionCopy:
 
     async def run(self) -> None:
         """Copy until cancelled or stopped (`progress.stopped` says why: logged at ERROR)."""
-        backoff_s = RETRY_BACKOFF_S
+        backoff = Backoff(RETRY_BACKOFF_S, MAX_RETRY_BACKOFF_S)
         while True:
             before = self.progress.copied_bytes
             try:
@@ -145,18 +146,17 @@ class PartitionCopy:
                     self._stop(f"{type(error).__name__}: {error}")
                     return
                 if self.progress.copied_bytes != before:  # it went on a while: a new failure
-                    backoff_s = RETRY_BACKOFF_S
+                    backoff.reset()
                 log.warning(
                     "%s: %s: reading where the target stands again in %.1f s",
                     self.progress.name,
                     error,
-                    backoff_s,
+                    backoff.current_s,
                 )
             except PylogError as error:  # refused keys, a malformed reply: no retry mends it
                 self._stop(f"{type(error).__name__}: {error}")
                 return
-            await asyncio.sleep(backoff_s)
-            backoff_s = min(backoff_s * 2, MAX_RETRY_BACKOFF_S)
+            await asyncio.sleep(backoff.next())
 
     def _stop(self, why: str) -> None:
         self.progress.stopped = why

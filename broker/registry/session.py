@@ -59,6 +59,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, make_acl, make_digest_acl
 
+from broker.backoff import Backoff
 from broker.errors import RegistryAccessDenied, RegistryUnavailable
 from broker.lifecycle import Running
 from broker.registry.watches import ChildrenWatch
@@ -71,6 +72,9 @@ log = logging.getLogger(__name__)
 DEFAULT_CHROOT = "/pylog"
 
 ATTEMPTS = 5  # tries of a create/check/delete cycle that other clients keep racing
+RESTORE_RETRY_FIRST_S = 0.1
+RESTORE_RETRY_MAX_S = 2.0
+"""A re-registration that failed is tried again after RESTORE_RETRY_FIRST_S, doubling up to this."""
 
 K = TypeVar("K")
 T = TypeVar("T")
@@ -407,7 +411,7 @@ class Session(Running):
         the watches again. Runs on its own thread; retries while the same connection lasts.
         (A loop of our own rather than a KazooRetry: it retries our RegistryUnavailable, which
         KazooRetry does not know, and ends when the connection it was started for ends.)"""
-        delay = 0.1
+        backoff = Backoff(RESTORE_RETRY_FIRST_S, RESTORE_RETRY_MAX_S)
         while True:
             try:
                 restored = self._restore_once()
@@ -416,10 +420,10 @@ class Session(Running):
                     same_connection = generation == self._generation and not self._stopping
                 if not same_connection:
                     return  # a later state change has its own _restore
+                delay = backoff.next()
                 log.warning("re-registration failed, retrying in %.1f s: %s", delay, error)
                 if self._stopped.wait(delay):
                     return
-                delay = min(delay * 2, 2.0)
                 continue
             except Exception:
                 log.exception("re-registration failed unexpectedly")

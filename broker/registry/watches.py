@@ -33,9 +33,14 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionClosedError
 from kazoo.recipe.watchers import ChildrenWatch as KazooChildrenWatch
 
+from broker.backoff import Backoff
 from broker.errors import RegistryUnavailable
 
 log = logging.getLogger(__name__)
+
+READ_RETRY_FIRST_S = 0.1
+READ_RETRY_MAX_S = 2.0
+"""A watch's read that failed is tried again after READ_RETRY_FIRST_S, doubling up to this."""
 
 T = TypeVar("T")
 
@@ -103,7 +108,7 @@ class ChildrenWatch(Generic[T]):
         return True
 
     def _run(self) -> None:
-        delay = 0.1
+        backoff = Backoff(READ_RETRY_FIRST_S, READ_RETRY_MAX_S)
         while True:
             with self._lock:
                 if not self._dirty or self._stopped.is_set():
@@ -120,16 +125,15 @@ class ChildrenWatch(Generic[T]):
                         return  # the (re)connection triggers us again
                     self._dirty = True
                 log.warning("reading %s for a watch failed, retrying: %s", self.path, error)
-                if self._stopped.wait(delay):
+                if self._stopped.wait(backoff.next()):
                     return
-                delay = min(delay * 2, 2.0)
                 continue
             except Exception:
                 log.exception("reading %s for a watch failed unexpectedly", self.path)
                 with self._lock:
                     self._running = False
                 return
-            delay = 0.1
+            backoff.reset()
             try:
                 self._callback(value)
             except Exception:

@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from broker.backoff import Backoff
 from broker.config import replica_setting
 from broker.errors import PylogError, RegistryUnavailable, Unavailable
 from broker.registry import (
@@ -275,7 +276,7 @@ class ControllerService:
         return not self._stopping.is_set()
 
     def _run(self) -> None:
-        delay = RETRY_MIN_S
+        backoff = Backoff(RETRY_MIN_S, RETRY_MAX_S)
         retry_at: float | None = time.monotonic()  # the first round at once
         rebalance_at: float | None = None
         """When the next periodic preferred-leader election is due (None: not the controller,
@@ -299,11 +300,11 @@ class ControllerService:
                     return
                 now = time.monotonic()
                 if events or (retry_at is not None and now >= retry_at):
-                    if self._attempt(self._round, "controller round", delay):
-                        delay, retry_at = RETRY_MIN_S, None
+                    if self._attempt(self._round, "controller round", backoff.current_s):
+                        backoff.reset()
+                        retry_at = None
                     else:
-                        retry_at = time.monotonic() + delay
-                        delay = min(delay * 2, RETRY_MAX_S)
+                        retry_at = time.monotonic() + backoff.next()
                 elif reassign_at is not None and now >= reassign_at:
                     self._attempt(self._reassign, "reassignment", REASSIGN_CHECK_S)
                 reassign_at = (
@@ -319,7 +320,8 @@ class ControllerService:
                     rebalance_at, rebalance_epoch = now + self._rebalance_interval_s, epoch
                     continue
                 if rebalance_at is not None and time.monotonic() >= rebalance_at:
-                    if not self._attempt(self._rebalance, "preferred-leader election", delay):
+                    elect = self._rebalance
+                    if not self._attempt(elect, "preferred-leader election", backoff.current_s):
                         retry_at = time.monotonic() if retry_at is None else retry_at
                     # never more often than the interval, whatever came of it
                     rebalance_at = time.monotonic() + self._rebalance_interval_s

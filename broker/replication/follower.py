@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import trio
 
 from broker import protocol
+from broker.backoff import Backoff
 from broker.config import BrokerConfig
 from broker.errors import OffsetOutOfRange, PylogError
 from broker.log import PartitionLog
@@ -109,7 +110,7 @@ class Follower:
 
     async def run(self) -> None:
         """Copy until cancelled."""
-        backoff = FIRST_BACKOFF_S
+        backoff = Backoff(FIRST_BACKOFF_S, MAX_BACKOFF_S)
         log.info(
             "%s: following broker %d (%s), leader epoch %d",
             self.name,
@@ -125,12 +126,11 @@ class Follower:
                         fetcher = self._fetchers.acquire(self.role.source)
                     await self._truncate(fetcher)
                     await self._copy(fetcher)  # returns when the log must be truncated again
-                    backoff = FIRST_BACKOFF_S
+                    backoff.reset()
                 except (PylogError, OSError, ValueError) as error:
                     kind = type(error).__name__
                     self._log.log(logging.WARNING, kind, f"{self.name}: {error}; retrying")
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, MAX_BACKOFF_S)
+                    await trio.sleep(backoff.next())
         finally:
             if fetcher is not None:
                 self._fetchers.release(fetcher)

@@ -27,7 +27,7 @@ from broker.errors import BrokerError, Unavailable
 from broker.log import encode_message
 from broker.protocol import Ack, Api
 from broker.registry import Registry
-from broker.supervisor import ZOOKEEPER_BACKOFF_S, ZOOKEEPER_START_ATTEMPTS
+from broker.supervisor import ZOOKEEPER_BACKOFF, ZOOKEEPER_START_ATTEMPTS
 from broker.zookeeper import PrivateZooKeeper, free_port
 from tests.conftest import single_box_flags, wait_until
 from tests.pylogd import RunningBroker
@@ -633,7 +633,7 @@ def test_a_zookeeper_that_cannot_restart_is_retried_with_back_off_then_pylogd_st
         log.count(f"port {port} is already in use by pid {os.getpid()} ")
         == ZOOKEEPER_START_ATTEMPTS
     )
-    assert seconds >= sum(ZOOKEEPER_BACKOFF_S * 2**n for n in range(ZOOKEEPER_START_ATTEMPTS - 1))
+    assert seconds >= ZOOKEEPER_BACKOFF.waited(ZOOKEEPER_START_ATTEMPTS - 1)
     last = log.splitlines()[-1]
     assert last.startswith("pylogd: the private ZooKeeper could not be restarted"), log
     again = broker.restarted()  # it stopped cleanly: what it had written was flushed
