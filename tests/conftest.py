@@ -47,6 +47,8 @@ TIERS = ("unit", "broker", "cluster", "spark")
 """The markers of the suite's tiers, each test in exactly one, given by the fixtures it uses
 (see `tier`) unless its module says otherwise (`pytestmark = pytest.mark.broker`)."""
 
+TIERS_HEAVIEST_FIRST = ("spark", "cluster", "broker", "unit")
+
 CLUSTER_FIXTURES = frozenset(
     {"three_brokers", "module_three_brokers", "own_three_brokers", "curve_cluster", "cluster"}
 )
@@ -96,6 +98,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("spark"))
         elif "module" in scopes:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    # The heaviest tiers first (stable: a module's tests of one tier stay together): xdist
+    # hands out work in this order, and Spark's minutes on one worker must not start last.
+    items.sort(key=lambda item: TIERS_HEAVIEST_FIRST.index(tier_of(item)))
+
+
+def tier_of(item: pytest.Item) -> str:
+    return next(mark.name for mark in item.iter_markers() if mark.name in TIERS)
 
 
 @pytest.fixture(autouse=True)
