@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.errors import InvalidTopic
 from broker.log.config import (
@@ -420,17 +420,80 @@ _DIGITS = re.compile("[0-9]+")
 _OPTIONAL_TOPIC = {"segment_ms", "retention_ms", "retention_bytes"}
 
 
+class SettingTypes:
+    """The type of each setting of SETTINGS by its flat name, as BrokerConfig gives it: for type
+    checkers, and checked against SETTINGS (kind, and None where "none" switches a limit off)
+    by tests/broker/test_config.py, so that the two cannot drift."""
+
+    __slots__ = ()
+
+    broker_id: int
+    broker_host: str
+    broker_port: int
+    broker_advertised_host: str
+    broker_advertised_port: int
+    broker_data_dir: str
+    broker_log_dirs: list[str]
+    broker_workers_per_dir: int
+    broker_rack: str
+    broker_replica_lag_max_ms: int
+    broker_replica_fetch_max_bytes: int
+    broker_replica_fetch_wait_ms: int
+    broker_leader_rebalance_interval_ms: int
+    broker_shutdown_timeout_ms: int
+    broker_log_format: str
+    broker_log_level: str
+    broker_queued_request_bytes: int
+    broker_queued_requests_per_client: int
+    broker_fetch_max_bytes: int
+    broker_queued_replies_per_client: int
+    broker_queued_reply_bytes: int
+    broker_queued_reply_bytes_per_client: int
+    log_flush_messages: int
+    log_flush_interval_ms: int
+    log_fsync: bool
+    log_flush_when_idle: bool
+    log_segment_bytes: int
+    log_segment_ms: int | None
+    log_retention_ms: int | None
+    log_retention_bytes: int | None
+    log_max_message_bytes: int
+    log_index_interval_bytes: int
+    log_compression: str
+    log_retention_check_interval_ms: int
+    log_max_open_files: int
+    metrics_enabled: bool
+    metrics_host: str
+    metrics_port: int
+    security_mode: str
+    security_key_file: str
+    security_broker_keys: list[str]
+    security_allow_plaintext_remote: bool
+    security_allow_open_registry: bool
+    security_principals_file: str
+    security_super_users: list[str]
+    zookeeper_connect: str
+    zookeeper_chroot: str
+    zookeeper_session_timeout_ms: int
+    zookeeper_port: int
+    zookeeper_tick_time_ms: int
+    zookeeper_auth_file: str
+
+
 @dataclass(frozen=True, slots=True)
-class BrokerConfig:
-    """Every setting by its flat name (`log_flush_messages`); see SETTINGS for their meaning."""
+class BrokerConfig(SettingTypes):
+    """Every setting by its flat name (`log_flush_messages`), typed as SettingTypes says; see
+    SETTINGS for their meaning, defaults and bounds, LIVE_SETTINGS for those taken live."""
 
     values: Mapping[str, Any] = field(default_factory=dict)
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.values[name] if name in self.values else _BY_NAME[name].default
-        except KeyError:
-            raise AttributeError(name) from None
+    if not TYPE_CHECKING:  # type checkers see SettingTypes, and a name not there is an error
+
+        def __getattr__(self, name: str) -> Any:
+            try:
+                return self.values[name] if name in self.values else _BY_NAME[name].default
+            except KeyError:
+                raise AttributeError(name) from None
 
     def take_live(self, changed: BrokerConfig) -> dict[str, Any]:
         """Take `changed`'s LIVE_SETTINGS in place: every part of the process holding this
