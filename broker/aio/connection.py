@@ -29,7 +29,7 @@ from typing import overload
 import zmq
 import zmq.asyncio
 
-from broker.client.cluster import BrokerMap, PartitionRequest, topic_partitions
+from broker.client.cluster import BrokerMap, PartitionRequest, Pause, topic_partitions
 from broker.client.connection import (
     DEFAULT_CLIENT_ID,
     FIRE_AND_FORGET_LINGER_MS,
@@ -286,30 +286,28 @@ class AsyncCluster(BrokerMap):
         return self.connect(endpoint)
 
     async def metadata(self, topics: Iterable[str]) -> MetadataReply:
-        """METADATA for `topics` (every topic when empty), from the first broker that answers,
-        as broker.client.Cluster.metadata asks."""
-        request = MetadataRequest(tuple(topics))
-        retry = Retry(self.retries, 3 * self.timeout_s)
-        while True:  # each round asks each broker once, as broker.client.Cluster.metadata
-            error: BrokerError | Unavailable | None = None
-            for endpoint in self._metadata_candidates():
-                connection = self.connect(endpoint)
-                try:
-                    try:
-                        version = self._metadata_version(endpoint)
-                        reply = await connection.call(request, 0, version=version)
-                    except BrokerError as failure:
-                        if not self._older_broker(endpoint, failure):
-                            raise
-                        reply = await connection.call(request, 0, version=1)
-                except (BrokerError, Unavailable) as failure:
-                    error = self._no_metadata(endpoint, failure)
-                    continue
-                self.silent.pop(endpoint, None)
-                return self._learn(reply)
-            if error is None:
-                raise Unavailable("no broker endpoint known to ask METADATA of")
-            await asyncio.sleep(retry.wait_after(error))
+        """METADATA for `topics` (every topic when empty), as BrokerMap.metadata_steps asks
+        it (and broker.client.Cluster.metadata)."""
+        steps = self.metadata_steps(topics)
+        answer: MetadataReply | None = None
+        failure: BrokerError | Unavailable | None = None
+        while True:
+            try:
+                step = steps.send(answer) if failure is None else steps.throw(failure)
+            except StopIteration as done:
+                learnt: MetadataReply = done.value
+                return learnt
+            answer, failure = None, None
+            if isinstance(step, Pause):
+                await asyncio.sleep(step.seconds)
+                continue
+            connection = self.connect(step.endpoint)
+            try:
+                reply = await connection.call(step.request, 0, version=step.version)
+            except (BrokerError, Unavailable) as error:
+                failure = error
+            else:
+                answer = reply
 
     async def partitions(self, topic: str) -> tuple[PartitionInfo, ...]:
         """Every partition of `topic`, in order (broker.client.Cluster.partitions)."""

@@ -23,8 +23,8 @@ Not safe to share between threads.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Final, overload
 
 import zmq
@@ -122,9 +122,31 @@ def partition_of(partitions: Sequence[PartitionInfo], topic: str, partition: int
     return partitions[partition]
 
 
+@dataclass(frozen=True, slots=True)
+class MetadataCall:
+    """A step of BrokerMap.metadata_steps: send `request` at `version` to `endpoint`, and
+    send the reply back in (or throw the BrokerError or Unavailable it raised)."""
+
+    endpoint: str
+    request: MetadataRequest
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A step of BrokerMap.metadata_steps: wait `seconds` (a back-off), then send None in."""
+
+    seconds: float
+
+
+MetadataSteps = Generator[MetadataCall | Pause, MetadataReply | None, MetadataReply]
+"""The METADATA rules as steps, without I/O: the sync and asyncio clusters each drive them with
+their own sends and sleeps (as h11 leaves the sockets to its users)."""
+
+
 class BrokerMap:
     """What a cluster knows without I/O (shared with broker.aio's): the bootstrap endpoints,
-    the brokers last heard of, and whom to ask METADATA next."""
+    the brokers last heard of, and whom to ask METADATA next (`metadata_steps`)."""
 
     def __init__(
         self,
@@ -151,6 +173,35 @@ class BrokerMap:
         """The endpoints that answered METADATA version 2 UNSUPPORTED_VERSION: asked version 1."""
         self.silent: dict[str, float] = {}
         """The endpoints that last gave no reply (a broker down), and when (time.monotonic())."""
+
+    def metadata_steps(self, topics: Iterable[str]) -> MetadataSteps:
+        """METADATA for `topics` (every topic when empty), from the first broker that answers:
+        those last heard of, then the bootstrap endpoints; version 2, or 1 of a broker that
+        answered version 2 UNSUPPORTED_VERSION. Each round asks each broker once (a dead one is
+        not asked again at once), then pauses as Retry says; raises the last error when the
+        budget is spent, Unavailable when no endpoint is known."""
+        request = MetadataRequest(tuple(topics))
+        retry = Retry(self.retries, 3 * self.timeout_s)
+        while True:
+            error: BrokerError | Unavailable | None = None
+            for endpoint in self._metadata_candidates():
+                try:
+                    try:
+                        version = self._metadata_version(endpoint)
+                        reply = yield MetadataCall(endpoint, request, version)
+                    except BrokerError as failure:
+                        if not self._older_broker(endpoint, failure):
+                            raise
+                        reply = yield MetadataCall(endpoint, request, 1)
+                except (BrokerError, Unavailable) as failure:
+                    error = self._no_metadata(endpoint, failure)
+                    continue
+                assert reply is not None
+                self.silent.pop(endpoint, None)
+                return self._learn(reply)
+            if error is None:
+                raise Unavailable("no broker endpoint known to ask METADATA of")
+            yield Pause(retry.wait_after(error))
 
     def _metadata_candidates(self) -> list[str]:
         """Whom to ask METADATA, in order: the brokers last heard of, then the bootstrap; those
@@ -290,31 +341,27 @@ class Cluster(BrokerMap, Closing):
         return self.connect(endpoint)
 
     def metadata(self, topics: Iterable[str]) -> MetadataReply:
-        """METADATA for `topics` (every topic when empty), from the first broker that answers:
-        those last heard of, then the bootstrap endpoints; version 2, or 1 of a broker that
-        answered version 2 UNSUPPORTED_VERSION. Raises the last error when none does."""
-        request = MetadataRequest(tuple(topics))
-        retry = Retry(self.retries, 3 * self.timeout_s)
-        while True:  # each round asks each broker once: a dead one is not asked again at once
-            error: BrokerError | Unavailable | None = None
-            for endpoint in self._metadata_candidates():
-                connection = self.connect(endpoint)
-                try:
-                    try:
-                        version = self._metadata_version(endpoint)
-                        reply = connection.call(request, 0, version=version)
-                    except BrokerError as failure:
-                        if not self._older_broker(endpoint, failure):
-                            raise
-                        reply = connection.call(request, 0, version=1)
-                except (BrokerError, Unavailable) as failure:
-                    error = self._no_metadata(endpoint, failure)
-                    continue
-                self.silent.pop(endpoint, None)
-                return self._learn(reply)
-            if error is None:
-                raise Unavailable("no broker endpoint known to ask METADATA of")
-            time.sleep(retry.wait_after(error))
+        """METADATA for `topics` (every topic when empty), as BrokerMap.metadata_steps asks
+        it. Raises the last error when no broker answers."""
+        steps = self.metadata_steps(topics)
+        answer: MetadataReply | None = None
+        failure: BrokerError | Unavailable | None = None
+        while True:
+            try:
+                step = steps.send(answer) if failure is None else steps.throw(failure)
+            except StopIteration as done:
+                learnt: MetadataReply = done.value
+                return learnt
+            answer, failure = None, None
+            if isinstance(step, Pause):
+                time.sleep(step.seconds)
+                continue
+            try:
+                reply = self.connect(step.endpoint).call(step.request, 0, version=step.version)
+            except (BrokerError, Unavailable) as error:
+                failure = error
+            else:
+                answer = reply
 
     def partitions(self, topic: str) -> tuple[PartitionInfo, ...]:
         """Every partition of `topic`, in order, with its holder and whether it is served
