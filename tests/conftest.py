@@ -81,26 +81,37 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Give each test its tier marker, and its xdist group (`--dist loadgroup`): the tests of
-    Spark share one worker (one SparkSession, 10-25 s to start, per worker), the tests of a
-    module that shares a module-scoped fixture (a broker, three brokers) share a worker (so
-    it starts once); the rest go wherever a worker is free."""
+    """Give each test its tier marker, and order the tests heaviest tier first (stably: a
+    module's tests of one tier stay together): xdist hands out work in this order, and
+    Spark's minutes on one worker must not start last."""
     for item in items:
         marked = {mark.name for mark in item.iter_markers()} & set(TIERS)
         if len(marked) > 1:
             raise pytest.UsageError(f"{item.nodeid} is in several tiers: {sorted(marked)}")
-        name = marked.pop() if marked else tier(getattr(item, "fixturenames", ()))
         if not marked:
-            item.add_marker(name)
-        info = getattr(item, "_fixtureinfo", None)
-        scopes = {d.scope for ds in info.name2fixturedefs.values() for d in ds} if info else set()
-        if name == "spark":
-            item.add_marker(pytest.mark.xdist_group("spark"))
-        elif "module" in scopes:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    # The heaviest tiers first (stable: a module's tests of one tier stay together): xdist
-    # hands out work in this order, and Spark's minutes on one worker must not start last.
+            item.add_marker(tier(getattr(item, "fixturenames", ())))
     items.sort(key=lambda item: TIERS_HEAVIEST_FIRST.index(tier_of(item)))
+
+
+SPARK_TESTS = "tests/pipeline/"
+"""Where the tests of the Spark tier are (with a few of the pipeline's that need no Spark)."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With `--dist loadscope` (scripts/test): xdist's scheduling by module (so that a module's
+    shared broker or brokers start once), except that the Spark tests are one scope, so that
+    one worker starts a SparkSession (10-25 s and a JVM of 1 GiB each), not every worker."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SparkOnOneWorker(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return SPARK_TESTS if module.startswith(SPARK_TESTS) else module
+
+    return SparkOnOneWorker(config, log)
 
 
 def tier_of(item: pytest.Item) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from broker.client import Admin, Producer
@@ -33,6 +34,15 @@ def spark() -> Iterator[SparkSession]:
     register(session)
     yield session
     session.stop()
+    # and the JVM: session.stop() leaves pyspark's gateway running until this process exits;
+    # it ends when its stdin closes (pyspark.java_gateway)
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        gateway.shutdown()
+        gateway.proc.stdin.close()
+        gateway.proc.wait(60)
+        SparkContext._gateway = None
+        SparkContext._jvm = None
 
 
 @dataclass(frozen=True)

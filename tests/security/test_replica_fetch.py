@@ -9,6 +9,7 @@ import pytest
 from broker import protocol
 from broker.errors import BrokerError
 from broker.protocol import CreateTopicRequest, ErrorCode, FetchRequest, RequestHeader
+from tests.conftest import wait_until
 from tests.curve import NO_REPLY_MS, CurveBroker, curve_broker_fixture
 
 replicated = curve_broker_fixture("replicated")
@@ -34,6 +35,12 @@ def topic(replicated: CurveBroker) -> str:
     name = "sec.replica-fetch"
     assert replicated.call("admin", CreateTopicRequest(name, 1, {})) == protocol.EmptyReply()
     replicated.pylogctl("acl", "add", "--principal", "alice", "--topic", "*", "--operation", "all")
+    # the broker takes the ACL from ZooKeeper by a watch: wait until it lets alice consume
+    as_consumer = FetchRequest(name, 0, 0, 1 << 16, 0, 0)
+    wait_until(
+        lambda: isinstance(fetch_v2(replicated, "alice", as_consumer), protocol.FetchReply),
+        what="alice's ACL taken by the broker",
+    )
     return name
 
 
