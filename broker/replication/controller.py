@@ -46,11 +46,11 @@ import contextlib
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from broker.backoff import Backoff
+from broker.clock import SYSTEM_CLOCK, Clock
 from broker.config import replica_setting
 from broker.errors import PylogError, RegistryUnavailable, Unavailable
 from broker.registry import (
@@ -105,6 +105,8 @@ class ControllerStatistics:
     partition and write); `preferred_moves`: leaderships moved to the preferred leader (by
     elect_preferred and by the periodic runs); `preferred_runs`: periodic preferred-leader
     elections run to their end (every `leader_rebalance_interval_ms` while the controller);
+    `preferred_run_due`: when the next is due, on the service's clock (None: not the controller,
+    or the periodic election switched off);
     `reassign_steps`: reassignment steps written (expand, finish); `reassignments_done`:
     reassignments finished; `reassignments_waiting`: those waiting for their new replicas
     after its last look (0 when not the controller)."""
@@ -117,6 +119,7 @@ class ControllerStatistics:
     isr_removals: int
     preferred_moves: int
     preferred_runs: int = 0
+    preferred_run_due: float | None = None
     reassign_steps: int = 0
     reassignments_done: int = 0
     reassignments_waiting: int = 0
@@ -133,7 +136,9 @@ class ControllerService:
     Thread-safety: start, stop, elect_preferred and statistics may be called from any thread.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
+        """Its timers' clock (retries, the periodic election, reassignments): its monotonic()."""
         self._events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._lock = threading.Lock()
         """Held by whoever acts as controller: the service's thread, or elect_preferred."""
@@ -145,6 +150,9 @@ class ControllerService:
         self._counters = Counters()
         self._rebalance_interval_s = 0.0
         """Seconds between periodic preferred-leader elections; 0: none (set by start)."""
+        self._rebalance_at: float | None = None
+        """When the next periodic preferred-leader election is due, on the clock (None: not the
+        controller, or switched off)."""
         self._setting_watches: dict[str, bool | None] = {}
         """Topics whose node's data is watched, each with its unclean_leader_election as the
         watch last saw it (None before its first call)."""
@@ -225,6 +233,7 @@ class ControllerService:
             isr_removals=c.isr_removals,
             preferred_moves=c.preferred_moves,
             preferred_runs=c.preferred_runs,
+            preferred_run_due=self._rebalance_at,
             reassign_steps=c.reassign_steps,
             reassignments_done=c.reassignments_done,
             reassignments_waiting=len(c.reassignments_waiting) if self._epoch is not None else 0,
@@ -277,17 +286,16 @@ class ControllerService:
 
     def _run(self) -> None:
         backoff = Backoff(RETRY_MIN_S, RETRY_MAX_S)
-        retry_at: float | None = time.monotonic()  # the first round at once
-        rebalance_at: float | None = None
-        """When the next periodic preferred-leader election is due (None: not the controller,
-        or switched off), and the controller epoch it was set in."""
+        retry_at: float | None = self._clock.monotonic()  # the first round at once
+        self._rebalance_at = None
         rebalance_epoch: int | None = None
+        """The controller epoch _rebalance_at was set in."""
         reassign_at: float | None = None
         """When reassignments waiting for their new replicas are looked at again."""
         try:
             while True:
-                due = [at for at in (retry_at, rebalance_at, reassign_at) if at is not None]
-                timeout = None if not due else max(0.0, min(due) - time.monotonic())
+                due = [at for at in (retry_at, self._rebalance_at, reassign_at) if at is not None]
+                timeout = None if not due else max(0.0, min(due) - self._clock.monotonic())
                 events = []
                 with contextlib.suppress(queue.Empty):  # none: a retry or a run is due
                     events.append(self._events.get(timeout=timeout))
@@ -298,33 +306,33 @@ class ControllerService:
                         break
                 if _STOP in events or self._stopping.is_set():
                     return
-                now = time.monotonic()
+                now = self._clock.monotonic()
                 if events or (retry_at is not None and now >= retry_at):
                     if self._attempt(self._round, "controller round", backoff.current_s):
                         backoff.reset()
                         retry_at = None
                     else:
-                        retry_at = time.monotonic() + backoff.next()
+                        retry_at = self._clock.monotonic() + backoff.next()
                 elif reassign_at is not None and now >= reassign_at:
                     self._attempt(self._reassign, "reassignment", REASSIGN_CHECK_S)
                 reassign_at = (
-                    time.monotonic() + REASSIGN_CHECK_S
+                    self._clock.monotonic() + REASSIGN_CHECK_S
                     if self._epoch is not None and self._counters.reassignments_waiting
                     else None
                 )
                 epoch = self._epoch
                 if epoch is None or self._rebalance_interval_s <= 0:
-                    rebalance_at = rebalance_epoch = None
+                    self._rebalance_at = rebalance_epoch = None
                     continue
                 if rebalance_epoch != epoch:  # elected (again): the first run an interval on
-                    rebalance_at, rebalance_epoch = now + self._rebalance_interval_s, epoch
+                    self._rebalance_at, rebalance_epoch = now + self._rebalance_interval_s, epoch
                     continue
-                if rebalance_at is not None and time.monotonic() >= rebalance_at:
+                if self._rebalance_at is not None and self._clock.monotonic() >= self._rebalance_at:
                     elect = self._rebalance
                     if not self._attempt(elect, "preferred-leader election", backoff.current_s):
-                        retry_at = time.monotonic() if retry_at is None else retry_at
+                        retry_at = self._clock.monotonic() if retry_at is None else retry_at
                     # never more often than the interval, whatever came of it
-                    rebalance_at = time.monotonic() + self._rebalance_interval_s
+                    self._rebalance_at = self._clock.monotonic() + self._rebalance_interval_s
         finally:
             with self._lock:  # not under an elect_preferred under way
                 self._resign()

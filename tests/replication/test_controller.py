@@ -19,13 +19,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kazoo.client import KazooClient
 
+from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import UnknownTopicOrPartition
 from broker.registry import NO_LEADER, BrokerRegistration, PartitionState, Registry, TopicConfig
 from broker.replication.controller import ControllerService, NotController
 from broker.replication.election import choose_leader, choose_preferred
 from broker.zookeeper import PrivateZooKeeper
 from perf.bench_replication import AckedProducer, BenchCluster
-from tests.conftest import REQUEST_TIMEOUT_S, SESSION_TIMEOUT_S, wait_until
+from tests.conftest import REQUEST_TIMEOUT_S, SESSION_TIMEOUT_S, FakeClock, wait_until
 from tests.registry.test_registry import expire_session
 
 TOPIC = "clicks"
@@ -52,8 +53,10 @@ def service(make_registry: Callable[..., Registry]) -> Iterator[Service]:
     """Start controller services; each is stopped (within its bound) before the registries."""
     started: list[ControllerService] = []
 
-    def start(registry: Registry, broker_id: int, **options: int) -> ControllerService:
-        controller = ControllerService()
+    def start(
+        registry: Registry, broker_id: int, clock: Clock = SYSTEM_CLOCK, **options: int
+    ) -> ControllerService:
+        controller = ControllerService(clock)
         controller.start(registry, broker_id, **options)
         started.append(controller)
         return controller
@@ -532,6 +535,24 @@ def test_the_controller_moves_leadership_back_by_itself_once_the_preferred_leade
     assert stats.elections == 1 and stats.leaders_chosen == 1
 
 
+def test_the_periodic_election_runs_an_interval_after_election_then_after_each_run(
+    make_broker: Broker, service: Service, clock: FakeClock
+) -> None:
+    # on the service's clock, which moves only when the test says so
+    one, two = make_broker(1), make_broker(2)
+    one.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
+    two.write_partition_state(TOPIC, 0, incarnate(two, PartitionState(2, 1, (1, 2), 0)), 0)
+    controller = service(two, 2, clock=clock, leader_rebalance_interval_ms=INTERVAL_MS)
+    wait_until(lambda: controller.statistics().preferred_run_due is not None, what="scheduled")
+    elected_at = clock.now_monotonic
+    assert controller.statistics().preferred_run_due == elected_at + INTERVAL_MS / 1000
+    assert controller.statistics().preferred_runs == 0  # its thread looks every 0.1 s meanwhile
+    clock.advance(INTERVAL_MS / 1000)
+    wait_until(lambda: controller.statistics().preferred_runs == 1, what="the periodic run")
+    wait_state(two, 0, PartitionState(1, 2, (1, 2), 1), "broker 1, preferred, leading")
+    assert controller.statistics().preferred_run_due == clock.now_monotonic + INTERVAL_MS / 1000
+
+
 def test_a_rebalance_interval_of_0_switches_the_periodic_election_off(
     make_broker: Broker, service: Service
 ) -> None:
@@ -543,11 +564,10 @@ def test_a_rebalance_interval_of_0_switches_the_periodic_election_off(
     wait_controller(controller, 1)
     three.stop()  # a round, seen done: the service acts, yet leaves leadership where it is
     wait_state(two, 0, PartitionState(2, 1, (1, 2), 1), "broker 3 out of the ISR")
-    # An absence is only seen over time: five times the interval the other test runs at.
-    time.sleep(5 * INTERVAL_MS / 1000)
+    # that round came after the one that elected it: no periodic election was scheduled then
     assert plain(two.partition_state(TOPIC, 0)[0]) == PartitionState(2, 1, (1, 2), 1)
     stats = controller.statistics()
-    assert (stats.preferred_runs, stats.preferred_moves) == (0, 0)
+    assert (stats.preferred_runs, stats.preferred_moves, stats.preferred_run_due) == (0, 0, None)
     assert controller.elect_preferred() == 1  # asked, it moves
     assert plain(one.partition_state(TOPIC, 0)[0]) == PartitionState(1, 2, (1, 2), 1)
 
