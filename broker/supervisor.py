@@ -57,6 +57,7 @@ from broker.metrics import BrokerStatistics, serve_metrics
 from broker.pool import Answers, WorkerPool
 from broker.processes import ensure_file_limit
 from broker.quotas import QuotaConfig, describe_quotas
+from broker.ratelog import RateLimitedLog
 from broker.registry import BrokerRegistration, Registry
 from broker.registry.settings import BrokerSettings, settings_for
 from broker.registry_calls import RegistryCalls
@@ -492,8 +493,13 @@ class Supervisor:
         self.pool.remove_endpoints()
 
 
+_NOTIFY_LOG = RateLimitedLog(log, 60.0)
+
+
 def sd_notify(state: str) -> None:
-    """Send a state line to systemd when NOTIFY_SOCKET is set (Type=notify); else nothing."""
+    """Send a state line to systemd when NOTIFY_SOCKET is set (Type=notify); else nothing.
+    Never waits: a line the receiver has no room for (it is not reading) is dropped, and said
+    (once a minute at most), so that pylogd's loop never stops on it."""
     address = os.environ.get("NOTIFY_SOCKET")
     if not address:
         return
@@ -501,7 +507,10 @@ def sd_notify(state: str) -> None:
         address = "\0" + address[1:]
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         try:
-            sock.sendto(state.encode(), address)
+            sock.sendto(state.encode(), socket.MSG_DONTWAIT, address)
+        except BlockingIOError:
+            why = "the receiver is not reading"
+            _NOTIFY_LOG.log(logging.WARNING, "full", f"sd_notify {state!r} dropped: {why}")
         except OSError as error:
             log.warning("sd_notify %r failed: %s", state, error)
 
