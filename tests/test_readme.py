@@ -361,7 +361,7 @@ def clone(tmp_path: Path, ports: dict[int, int]) -> Iterator[Path]:
     yield folder
 
 
-@pytest.mark.broker
+@pytest.mark.cluster  # the README starts brokers of three clusters: scheduled early
 def test_readme_runs_as_written(clone: Path, ports: dict[int, int]) -> None:
     reader = Reader(clone, ports)
     try:
