@@ -29,7 +29,13 @@ from typing import overload
 import zmq
 import zmq.asyncio
 
-from broker.client.cluster import BrokerMap, PartitionRequest, Pause, topic_partitions
+from broker.client.cluster import (
+    BrokerMap,
+    Connections,
+    PartitionRequest,
+    Pause,
+    topic_partitions,
+)
 from broker.client.connection import (
     DEFAULT_CLIENT_ID,
     FIRE_AND_FORGET_LINGER_MS,
@@ -261,20 +267,15 @@ class AsyncCluster(BrokerMap):
     ) -> None:
         super().__init__(bootstrap, client_id, timeout_s, retries, keys)
         self.context = zmq.asyncio.Context()
-        self._by_endpoint: dict[str, AsyncConnection] = {}
-        self._closed = False
+        self._connections = Connections(
+            lambda endpoint: AsyncConnection(
+                endpoint, self.client_id, self.timeout_s, self.context, keys=self.keys
+            )
+        )
 
     def connect(self, endpoint: str) -> AsyncConnection:
         """The connection to `endpoint`, opened on first use."""
-        connection = self._by_endpoint.get(endpoint)
-        if connection is None:
-            if self._closed:
-                raise ValueError("the cluster connection is closed")
-            connection = AsyncConnection(
-                endpoint, self.client_id, self.timeout_s, self.context, keys=self.keys
-            )
-            self._by_endpoint[endpoint] = connection
-        return connection
+        return self._connections.get(endpoint)
 
     async def connection(self, broker_id: int) -> AsyncConnection:
         """The connection to broker `broker_id` (known from METADATA)."""
@@ -352,9 +353,8 @@ class AsyncCluster(BrokerMap):
 
     async def close(self) -> None:
         """Close every connection and the context."""
-        if self._closed:
+        if self._connections.closed:
             return
-        self._closed = True
-        for connection in self._by_endpoint.values():
+        for connection in self._connections.close():
             await connection.close()
         await asyncio.to_thread(self.context.term)

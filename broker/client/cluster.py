@@ -23,9 +23,9 @@ Not safe to share between threads.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Final, overload
+from typing import Final, Generic, TypeVar, overload
 
 import zmq
 
@@ -67,6 +67,9 @@ METADATA_VERSION: Final = 2
 answered it UNSUPPORTED_VERSION."""
 PartitionRequest = FetchRequest | OffsetsRequest | DescribePartitionRequest
 """The requests that go to a partition's leader by `call_leader`."""
+
+
+C = TypeVar("C")
 
 
 def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
@@ -120,6 +123,29 @@ def partition_of(partitions: Sequence[PartitionInfo], topic: str, partition: int
             f"topic {topic!r} has partitions 0 to {len(partitions) - 1}, not {partition}",
         )
     return partitions[partition]
+
+
+class Connections(Generic[C]):
+    """A cluster's connections (shared with broker.aio's): one per endpoint, made by `open` on
+    first use, until `close` hands them all over to be closed (ValueError after that)."""
+
+    def __init__(self, open: Callable[[str], C]) -> None:
+        self._open = open
+        self._by_endpoint: dict[str, C] = {}
+        self.closed = False
+
+    def get(self, endpoint: str) -> C:
+        connection = self._by_endpoint.get(endpoint)
+        if connection is None:
+            if self.closed:
+                raise ValueError("the cluster connection is closed")
+            connection = self._by_endpoint[endpoint] = self._open(endpoint)
+        return connection
+
+    def close(self) -> list[C]:
+        """Every connection made, to be closed by the caller; none after this."""
+        self.closed = True
+        return list(self._by_endpoint.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,20 +341,15 @@ class Cluster(BrokerMap, Closing):
     ) -> None:
         super().__init__(bootstrap, client_id, timeout_s, retries, keys)
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._by_endpoint: dict[str, Connection] = {}
-        self._closed = False
+        self._connections = Connections(
+            lambda endpoint: Connection(
+                endpoint, self.client_id, self.timeout_s, self.context, keys=self.keys
+            )
+        )
 
     def connect(self, endpoint: str) -> Connection:
         """The connection to `endpoint`, opened on first use."""
-        connection = self._by_endpoint.get(endpoint)
-        if connection is None:
-            if self._closed:
-                raise ValueError("the cluster connection is closed")
-            connection = Connection(
-                endpoint, self.client_id, self.timeout_s, self.context, keys=self.keys
-            )
-            self._by_endpoint[endpoint] = connection
-        return connection
+        return self._connections.get(endpoint)
 
     def connection(self, broker_id: int) -> Connection:
         """The connection to broker `broker_id` (known from METADATA)."""
@@ -428,9 +449,8 @@ class Cluster(BrokerMap, Closing):
 
     def close(self) -> None:
         """Close every connection (fire-and-forget requests get their linger) and the context."""
-        if self._closed:
+        if self._connections.closed:
             return
-        self._closed = True
-        for connection in self._by_endpoint.values():
+        for connection in self._connections.close():
             connection.close()
         self.context.term()
