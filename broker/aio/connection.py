@@ -45,6 +45,7 @@ from broker.client.connection import (
     close_monitored,
     monitor_handshakes,
     noted,
+    terminate_unblocked,
 )
 from broker.errors import BrokerError, MalformedReply, Unavailable
 from broker.log.message import Buffer
@@ -72,6 +73,14 @@ from broker.security import ClientKeys
 log = logging.getLogger(__name__)
 
 
+class AsyncClientContext(zmq.asyncio.Context):
+    """The ZeroMQ context of the asyncio clients: collected unclosed, it does not block
+    (broker.client.connection.terminate_unblocked)."""
+
+    def __del__(self) -> None:
+        terminate_unblocked(self)
+
+
 class AsyncConnection(Framing):
     """Requests to the broker at `endpoint` ("host:port" or "tcp://host:port"), any number at
     once. `context` defaults to one of the connection's own, terminated by `close()`. `keys`
@@ -89,7 +98,7 @@ class AsyncConnection(Framing):
     ) -> None:
         super().__init__(endpoint, client_id, timeout_s, keys)
         self._own_context = context is None
-        self._context = zmq.asyncio.Context() if context is None else context
+        self._context = AsyncClientContext() if context is None else context
         self._socket: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task[None] | None = None
         self._monitor: zmq.asyncio.Socket | None = None
@@ -266,7 +275,7 @@ class AsyncCluster(BrokerMap):
         keys: ClientKeys | None = None,
     ) -> None:
         super().__init__(bootstrap, client_id, timeout_s, retries, keys)
-        self.context = zmq.asyncio.Context()
+        self.context = AsyncClientContext()
         self._connections = Connections(
             lambda endpoint: AsyncConnection(
                 endpoint, self.client_id, self.timeout_s, self.context, keys=self.keys

@@ -31,6 +31,7 @@ import zmq
 
 from broker.client.connection import (
     DEFAULT_CLIENT_ID,
+    ClientContext,
     Connection,
     Retry,
     normalize_endpoint,
@@ -340,7 +341,7 @@ class Cluster(BrokerMap, Closing):
         keys: ClientKeys | None = None,
     ) -> None:
         super().__init__(bootstrap, client_id, timeout_s, retries, keys)
-        self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.context: zmq.Context[zmq.Socket[bytes]] = ClientContext()
         self._connections = Connections(
             lambda endpoint: Connection(
                 endpoint, self.client_id, self.timeout_s, self.context, keys=self.keys

@@ -28,10 +28,13 @@ Not safe to share between threads.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import itertools
 import logging
 import os
 import re
+import threading
 import time
 from typing import Any, Final, TypeVar, overload
 
@@ -74,6 +77,38 @@ from broker.protocol import (
 from broker.ratelog import RateLimitedLog
 from broker.security import ClientKeys
 from broker.zmqio import NOBLOCK, receive_frames, send_frames
+
+
+def terminate_unblocked(context: zmq.Context[Any]) -> None:
+    """What a client's context does when the garbage collector takes it unclosed (a client
+    left unclosed, as `Admin(...).create_topic(...)` under an `except` leaves one in a cycle):
+    it terminates on a thread of its own. pyzmq's own finalizer terminates it on the spot,
+    and CPython has cleared the context's weak set of sockets by then when they are garbage
+    together: it waited for ever for sockets it no longer knew, and the program hung. Their
+    own finalizers close them next; the termination then ends."""
+    if context.closed or _exiting:  # at exit, as pyzmq: the process's end frees it
+        return
+    terminating = threading.Thread(target=context.term, name="pylog-context-term", daemon=True)
+    with contextlib.suppress(RuntimeError):  # the interpreter is shutting down
+        terminating.start()
+
+
+_exiting = False
+
+
+@atexit.register
+def _at_exit() -> None:
+    global _exiting
+    _exiting = True
+
+
+class ClientContext(zmq.Context[zmq.Socket[bytes]]):
+    """The ZeroMQ context of the clients: a zmq.Context whose collection never blocks
+    (terminate_unblocked)."""
+
+    def __del__(self) -> None:
+        terminate_unblocked(self)
+
 
 DEFAULT_CLIENT_ID: Final = "pylog-python"
 THROTTLE_LOG_EVERY_S: Final = 10.0
@@ -407,7 +442,7 @@ class Connection(Framing, Closing):
         super().__init__(endpoint, client_id, timeout_s, keys)
         self._own_context = context is None
         self._context: zmq.Context[zmq.Socket[bytes]] = (
-            zmq.Context() if context is None else context
+            ClientContext() if context is None else context
         )
         self._req: zmq.Socket[bytes] | None = None
         self._dealer: zmq.Socket[bytes] | None = None

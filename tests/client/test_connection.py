@@ -6,6 +6,8 @@ or with a METADATA body), so timeouts and retries can be provoked on purpose."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -180,3 +182,71 @@ def unused_endpoint() -> str:
     socket.close(linger=0)
     context.term()
     return f"tcp://127.0.0.1:{port}"
+
+
+LEFT_TO_THE_COLLECTOR = """
+import gc, sys
+from {module} import {cls}
+
+client = {cls}("tcp://127.0.0.1:9")  # a broker that never answers: its socket stays open
+{use}
+cycle = [client]
+cycle.append(cycle)  # as a traceback's frames hold an Admin whose call raised
+del client, cycle
+gc.collect()
+print("collected")
+"""
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize(
+    ("module", "cls", "use"),
+    [
+        ("broker.client.connection", "Connection", "client.send_pipelined(MetadataRequest())"),
+        (
+            "broker.client",
+            "Cluster",
+            "client.connect('tcp://127.0.0.1:9').send_pipelined(MetadataRequest())",
+        ),
+        (
+            "broker.aio.connection",
+            "AsyncConnection",
+            "import asyncio\nasync def use(): client._dealer()\nasyncio.run(use())",
+        ),
+    ],
+    ids=["Connection", "Cluster", "AsyncConnection"],
+)
+def test_a_client_left_to_the_garbage_collector_does_not_hang_the_program(
+    module: str, cls: str, use: str
+) -> None:
+    # pyzmq's Context.__del__ terminates the context, and CPython clears its weak set of
+    # sockets first when they are garbage together: it waited for ever for the socket it no
+    # longer knew. The README's `Admin(...).create_topic(...)` under `except TopicAlreadyExists`
+    # left such a cycle, and the program hung when the collector ran (seen under xdist).
+    program = "from broker.protocol import MetadataRequest\n" + LEFT_TO_THE_COLLECTOR.format(
+        module=module, cls=cls, use=use
+    )
+    ran = subprocess.run(
+        [sys.executable, "-W", "ignore::ResourceWarning", "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert ran.stdout == "collected\n" and ran.returncode == 0, ran.stderr
+
+
+@pytest.mark.broker
+def test_a_program_that_never_closes_its_client_exits() -> None:
+    program = (
+        "from broker.client import Admin\n"
+        "from broker.protocol import MetadataRequest\n"
+        "admin = Admin('tcp://127.0.0.1:9')\n"
+        "admin.cluster.connect('tcp://127.0.0.1:9').send_pipelined(MetadataRequest())\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-W", "ignore::ResourceWarning", "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert ran.returncode == 0, ran.stderr
