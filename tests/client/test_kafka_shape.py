@@ -167,7 +167,11 @@ def test_delivery_callbacks_run_in_poll_with_each_offset(
     broker: RunningBroker, kafka_topic: str
 ) -> None:
     reports: list[tuple[str, int, int, bytes]] = []
-    producer = Producer({**bootstrap(broker), "linger.ms": 0, "acks": 1, "batch.num.messages": 1})
+    # acks all: what is acknowledged is flushed, so visible to the consumer below (acks 1 is
+    # an ack of the write: a consumer stopping at the high watermark could read it or not)
+    producer = Producer(
+        {**bootstrap(broker), "linger.ms": 0, "acks": "all", "batch.num.messages": 1}
+    )
     for i in range(5):
         producer.produce(
             kafka_topic,
