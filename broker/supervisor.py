@@ -37,8 +37,10 @@ import ipaddress
 import logging
 import math
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from collections import deque
 from pathlib import Path
@@ -95,7 +97,7 @@ class Supervisor:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.data_dir = Path(config.broker_data_dir)
-        self.run_dir = self.data_dir / "run"
+        self.run_dir = run_dir_for(self.data_dir)
         self.log_dirs = config.log_dir_paths
         self.context = zmq.Context()
         poller = zmq.Poller()
@@ -491,9 +493,25 @@ class Supervisor:
         self.front.close()
         self.context.destroy(linger=1000)
         self.pool.remove_endpoints()
+        if self.run_dir != self.data_dir / "run":  # a folder of its own in the temp dir
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 _NOTIFY_LOG = RateLimitedLog(log, 60.0)
+
+
+IPC_PATH_MAX = 107
+"""The longest path of a unix socket (sizeof(sockaddr_un.sun_path) less its NUL, on Linux)."""
+
+
+def run_dir_for(data_dir: Path) -> Path:
+    """Where the workers' ipc sockets go: <data_dir>/run; or, when a socket's path there would
+    be longer than a unix socket's may be (a deep data dir), a new folder of the system's temp
+    dir that only this user may enter (made by mkdtemp; removed at shutdown)."""
+    run_dir = data_dir.absolute() / "run"
+    if len(f"{run_dir}/worker-999-999999.sock") <= IPC_PATH_MAX:  # 1,000 workers, 1e6 restarts
+        return data_dir / "run"
+    return Path(tempfile.mkdtemp(prefix="pylog-run-"))
 
 
 def sd_notify(state: str) -> None:
