@@ -26,8 +26,9 @@ from broker.errors import (
 )
 from broker.log.config import SettingValue
 from broker.registry import BrokerRegistration, Registry, TopicConfig
-from broker.zookeeper import PrivateZooKeeper, free_port
+from broker.zookeeper import PrivateZooKeeper
 from tests.broker.test_front import paused
+from tests.client.test_connection import UNUSED_PORT
 from tests.conftest import wait_until
 
 T = TypeVar("T")
@@ -418,7 +419,9 @@ def test_unregistered_nodes_stay_away_after_session_expiry(
 
 
 def test_start_without_zookeeper_raises_registry_unavailable() -> None:
-    registry = Registry(f"127.0.0.1:{free_port()}", "/pylog", session_timeout_s=2.0)
+    # a port nobody listens on, that no other test's server can take meanwhile (port 0 is
+    # never given below 1024): a random free one could be another xdist worker's ZooKeeper
+    registry = Registry(f"127.0.0.1:{UNUSED_PORT}", "/pylog", session_timeout_s=2.0)
     started = time.monotonic()
     with pytest.raises(RegistryUnavailable, match="cannot connect to ZooKeeper"):
         registry.start(timeout=0.5)
