@@ -34,6 +34,7 @@ from broker.client.cluster import (
     Connections,
     PartitionRequest,
     Pause,
+    advance,
     topic_partitions,
 )
 from broker.client.connection import (
@@ -299,25 +300,20 @@ class AsyncCluster(BrokerMap):
         """METADATA for `topics` (every topic when empty), as BrokerMap.metadata_steps asks
         it (and broker.client.Cluster.metadata)."""
         steps = self.metadata_steps(topics)
-        answer: MetadataReply | None = None
-        failure: BrokerError | Unavailable | None = None
-        while True:
-            try:
-                step = steps.send(answer) if failure is None else steps.throw(failure)
-            except StopIteration as done:
-                learnt: MetadataReply = done.value
-                return learnt
-            answer, failure = None, None
+        step = advance(steps)
+        while not isinstance(step, MetadataReply):
             if isinstance(step, Pause):
                 await asyncio.sleep(step.seconds)
+                step = advance(steps)
                 continue
             connection = self.connect(step.endpoint)
             try:
                 reply = await connection.call(step.request, 0, version=step.version)
             except (BrokerError, Unavailable) as error:
-                failure = error
+                step = advance(steps, failure=error)
             else:
-                answer = reply
+                step = advance(steps, reply)
+        return step
 
     async def partitions(self, topic: str) -> tuple[PartitionInfo, ...]:
         """Every partition of `topic`, in order (broker.client.Cluster.partitions)."""

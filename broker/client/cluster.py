@@ -171,6 +171,20 @@ MetadataSteps = Generator[MetadataCall | Pause, MetadataReply | None, MetadataRe
 their own sends and sleeps (as h11 leaves the sockets to its users)."""
 
 
+def advance(
+    steps: MetadataSteps,
+    answer: MetadataReply | None = None,
+    failure: BrokerError | Unavailable | None = None,
+) -> MetadataCall | Pause | MetadataReply:
+    """The next step of `steps`, given the last one's outcome (its reply, or the error it
+    raised, thrown in), or the reply they end with."""
+    try:
+        return steps.send(answer) if failure is None else steps.throw(failure)
+    except StopIteration as done:
+        learnt: MetadataReply = done.value
+        return learnt
+
+
 class BrokerMap:
     """What a cluster knows without I/O (shared with broker.aio's): the bootstrap endpoints,
     the brokers last heard of, and whom to ask METADATA next (`metadata_steps`)."""
@@ -366,24 +380,20 @@ class Cluster(BrokerMap, Closing):
         """METADATA for `topics` (every topic when empty), as BrokerMap.metadata_steps asks
         it. Raises the last error when no broker answers."""
         steps = self.metadata_steps(topics)
-        answer: MetadataReply | None = None
-        failure: BrokerError | Unavailable | None = None
-        while True:
-            try:
-                step = steps.send(answer) if failure is None else steps.throw(failure)
-            except StopIteration as done:
-                learnt: MetadataReply = done.value
-                return learnt
-            answer, failure = None, None
+        step = advance(steps)
+        while not isinstance(step, MetadataReply):
             if isinstance(step, Pause):
                 time.sleep(step.seconds)
+                step = advance(steps)
                 continue
+            connection = self.connect(step.endpoint)
             try:
-                reply = self.connect(step.endpoint).call(step.request, 0, version=step.version)
+                reply = connection.call(step.request, 0, version=step.version)
             except (BrokerError, Unavailable) as error:
-                failure = error
+                step = advance(steps, failure=error)
             else:
-                answer = reply
+                step = advance(steps, reply)
+        return step
 
     def partitions(self, topic: str) -> tuple[PartitionInfo, ...]:
         """Every partition of `topic`, in order, with its holder and whether it is served
