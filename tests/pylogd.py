@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import selectors
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.registry import Registry
+from tests.pipes import PipeLines
 
 READY_PREFIX = "pylogd ready on "
 
@@ -71,17 +71,12 @@ class RunningBroker:
         """Until the launched process says it is ready (its endpoint then set); killed, and a
         RuntimeError, if it exits or stays silent `timeout` seconds."""
         assert self.process is not None and self.process.stdout is not None
+        printed = PipeLines(self.process.stdout)
         deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.process.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if selector.select(deadline - time.monotonic()):
-                    line = self.process.stdout.readline()
-                    if line.startswith(READY_PREFIX):
-                        self.endpoint = "tcp://" + line[len(READY_PREFIX) :].strip()
-                        return self
-                    if not line:
-                        break
+        while line := printed.next_line(deadline):
+            if line.startswith(READY_PREFIX):
+                self.endpoint = "tcp://" + line[len(READY_PREFIX) :].strip()
+                return self
         self.process.kill()
         self.process.wait()
         raise RuntimeError(f"pylogd did not start:\n{self.log_tail()}")

@@ -8,10 +8,13 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import zmq
+
+from tests.pipes import PipeLines
 
 ROOT = Path(__file__).parents[1]
 
@@ -62,3 +65,18 @@ def test_a_process_a_test_leaves_running_is_killed_and_named(tmp_path: Path) -> 
     assert named, ran.stdout
     stat = Path(f"/proc/{named[1]}/stat")  # gone, or a zombie for its new parent to reap
     assert not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z"
+
+
+@pytest.mark.broker
+def test_lines_printed_together_are_each_read_as_they_come() -> None:
+    # A file object's readline would keep "b" in its buffer, unseen by select, until the deadline.
+    program = "import sys; print('a\\nb', flush=True); sys.stdin.read(); print('c', end='')"
+    with subprocess.Popen(
+        [sys.executable, "-c", program], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as process:
+        assert process.stdin is not None and process.stdout is not None
+        printed = PipeLines(process.stdout)
+        assert printed.lines(2, 30) == ["a\n", "b\n"]
+        process.stdin.close()
+        assert printed.lines(2, 30) == ["c"]  # the pipe ended: the last bytes, no newline
+        assert printed.next_line(time.monotonic() + 30) == ""

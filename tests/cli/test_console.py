@@ -9,7 +9,6 @@ import os
 import pty
 import re
 import select
-import selectors
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from cli.pylogctl import cli
 from tests.cli.conftest import Cluster
 from tests.client.test_connection import unused_endpoint
 from tests.conftest import wait_until
+from tests.pipes import PipeLines
 from tests.pylogd import RunningBroker
 
 PYLOGCTL = str(Path(sys.executable).with_name("pylogctl"))
@@ -204,21 +204,6 @@ def reading_stdin(pid: int) -> bool:
     return Path(f"/proc/{pid}/syscall").read_text().startswith("0 0x0 ")
 
 
-def read_lines(process: subprocess.Popen[str], count: int, timeout: float = 30) -> set[str]:
-    """The next `count` lines `process` prints, waiting at most `timeout` seconds for them."""
-    assert process.stdout is not None
-    got: set[str] = set()
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        while len(got) < count and selector.select(max(0, deadline - time.monotonic())):
-            line = process.stdout.readline()
-            if not line:
-                break
-            got.add(line)
-    return got
-
-
 def test_follow_reads_on_through_a_broker_restart(
     three_brokers: list[RunningBroker], topic: str
 ) -> None:
@@ -232,19 +217,22 @@ def test_follow_reads_on_through_a_broker_restart(
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert consumer.stdout is not None
+    printed = PipeLines(consumer.stdout)
     holder = three_brokers[1]  # holds a partition (dealt over the three brokers)
     try:
-        seen = {(r["partition"], r["value"]) for r in map(json.loads, read_lines(consumer, 3))}
+        seen = {(r["partition"], r["value"]) for r in map(json.loads, printed.lines(3, 30))}
         assert seen == {(p, f"before-{p}") for p in range(3)}
         assert holder.stop() == 0
         three_brokers[1] = holder.restarted()
         produce(endpoint, topic, [(p, b"after-%d" % p, 2) for p in range(3)])
-        seen = {(r["partition"], r["value"]) for r in map(json.loads, read_lines(consumer, 3))}
+        seen = {(r["partition"], r["value"]) for r in map(json.loads, printed.lines(3, 30))}
         assert seen == {(p, f"after-{p}") for p in range(3)}
         assert consumer.poll() is None
     finally:
         consumer.send_signal(signal.SIGINT)
         _, err = consumer.communicate(timeout=30)
+        print(f"pylogctl consume's stderr: {err!r}")
         if three_brokers[1] is not holder:  # the fixture stops the brokers it started only
             three_brokers[1].stop()
     assert consumer.returncode == 0, err
@@ -347,7 +335,8 @@ def test_consume_follow_ends_on_sigint_or_sigterm_whatever_it_inherited(
         text=True,
         preexec_fn=ignoring_sigint,
     )
-    assert read_lines(consumer, 1) == {"one\n"}
+    assert consumer.stdout is not None
+    assert PipeLines(consumer.stdout).lines(1, 30) == ["one\n"]
     consumer.send_signal(signum)
     try:
         out, err = consumer.communicate(timeout=30)
