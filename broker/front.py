@@ -3,7 +3,7 @@
     clients --tcp--> front ROUTER --(route by topic, partition)--> DEALER --ipc--> worker N
 
 The front binds the ROUTER socket clients talk to. It reads only a request's header and the
-start of its body (protocol.peek_route) and forwards the request frame as it came, behind the
+start of its body (KnownPrefixes.route) and forwards the request frame as it came, behind the
 ROUTER's identity (tagged, see broker.transport), to the worker that holds the partition
 (broker.topics says which); replies come back the same way. It answers METADATA from the
 topics' view, and hands CREATE_TOPIC and DELETE_TOPIC to topic management, which answers them
@@ -136,6 +136,8 @@ class Front:
         )
         """The bytes of replies ZeroMQ holds for clients, and the connections muted for them."""
         self.throttle = Throttle(config.broker_queued_requests_per_client)
+        self.prefixes = protocol.KnownPrefixes()
+        """The prefixes of routed requests found good: the next ones are routed unread."""
         """The quotas (broker.quotas): the requests of clients over theirs wait here."""
         self.opened = False
         self.reading = False
@@ -347,7 +349,7 @@ class Front:
             if arrived is None and tagged in self.throttle.held:  # in order, behind those
                 self.throttle.hold(tagged, frames, self.throttle.clock(), 0.0)
                 return
-            route = protocol.peek_route(request_frames)
+            route = self.prefixes.route(request_frames)
             authorizer = self.authorizer
             principal = "" if self.principals is None else _principal(frames, self.principals)
             if route is not None:  # the hot path: forwarded as it came, nothing else read
@@ -458,7 +460,7 @@ _REPLICA_ID_FROM_END: Final = 16
 
 
 def _replica_id(frames: list[memoryview]) -> int:
-    """The replica_id of a FETCH request that peek_route routed (-1, a consumer's, before
+    """The replica_id of a FETCH request that KnownPrefixes.route routed (-1, a consumer's, before
     version 2), read from its place without decoding the request; a frame too short to hold
     one reads -1 (the worker's decoding refuses it)."""
     frame = frames[0]

@@ -106,6 +106,8 @@ class Worker:
         )
         self.leadership = Leadership(self.served, config, self.flusher)
         self.reads = Reads(self.served, self.leadership, config.broker_fetch_max_bytes)
+        self.prefixes = protocol.KnownPrefixes()
+        """The prefixes of requests found good: the next PRODUCE ones are decoded by it."""
         self.unanswered_errors = 0
         """Failed produce requests with ack=none, which get no reply: logged and counted."""
         self._served_bytes = 0
@@ -209,13 +211,13 @@ class Worker:
         api = "unknown"
         correlation_id: int | None = None
         try:
-            produce = protocol.peek_produce(request_frames)  # the hot path: no objects made
+            produce = self.prefixes.produce(request_frames)  # the hot path: no objects made
             if produce is not None:
                 api = "produce"
                 correlation_id = produce[0]
                 await self._produce(tagged, *produce)  # its fields in _produce's order
                 return
-            header, request = protocol.decode_request(request_frames)
+            header, request = self.prefixes.decode(request_frames)
             api = header.api.name.lower()
             correlation_id = header.correlation_id
             if isinstance(request, protocol.ProduceRequest):

@@ -338,10 +338,7 @@ def check_cost(keys: Keys, count: int) -> Result:
     three steps, on real frames), in ns, less an empty loop's cost."""
     topic = "sec.check"
     frames, request_frames = received_request(keys, topic)
-    route = protocol.peek_route(request_frames)
-    if route is None:  # a prefix is routed by peek_route once decode_request has passed it
-        protocol.decode_request(request_frames)
-        route = protocol.peek_route(request_frames)
+    route = protocol.KnownPrefixes().route(request_frames)
     assert route is not None
     authorizer = Authorizer([ADMIN])
     authorizer.update([Acl(PRINCIPAL, RESOURCE, frozenset({Operation.PRODUCE}))])

@@ -75,6 +75,7 @@ from broker.protocol import (
     ErrorCode,
     FetchReply,
     FetchRequest,
+    KnownPrefixes,
     MetadataBroker,
     MetadataReply,
     MetadataRequest,
@@ -103,8 +104,6 @@ from broker.protocol import (
     error_entry,
     is_fire_and_forget,
     peek_correlation_id,
-    peek_produce,
-    peek_route,
 )
 
 DOC = Path(__file__).parents[2] / "docs" / "protocol.md"
@@ -467,7 +466,7 @@ def test_rejected_request_vector_is_refused_with_its_reply(vector: Vector) -> No
     correlation_id = peek_correlation_id(vector.frames)
     assert as_bytes(encode_error(correlation_id, raised.value)) == vector.reply_frames
     with pytest.raises(PylogError):
-        peek_route(vector.frames)
+        KnownPrefixes().route(vector.frames)
     api_key = struct.unpack_from(">H", vector.frames[0])[0]
     assert vector.api == (Api(api_key).name if api_key in set(Api) else str(api_key))
 
@@ -770,7 +769,7 @@ def test_peek_route_agrees_with_decode_request(
     version, request = versioned
     frames = encode_request(RequestHeader(request.api, version, correlation_id, "c"), request)
     _, decoded = decode_request(frames)
-    route = peek_route(frames)
+    route = KnownPrefixes().route(frames)
     if isinstance(
         decoded,
         ProduceRequest
@@ -792,9 +791,10 @@ def test_peek_produce_decodes_a_known_prefix_as_decode_request_does(
     versioned: tuple[int, Request], first_id: int, correlation_id: int
 ) -> None:
     version, request = versioned
-    decode_request(encode_request(RequestHeader(request.api, version, first_id, "peek"), request))
+    prefixes = KnownPrefixes()
+    prefixes.decode(encode_request(RequestHeader(request.api, version, first_id, "peek"), request))
     frames = encode_request(RequestHeader(request.api, version, correlation_id, "peek"), request)
-    peeked = peek_produce(frames)
+    peeked = prefixes.produce(frames)
     if isinstance(request, ProduceRequest):
         assert peeked is not None
         cid, peeked_version, route, ack, producer_id, epoch, sequence, message_set = peeked
@@ -980,7 +980,7 @@ def test_decoders_take_zmq_frames() -> None:
     header, request = decode_request(frames)
     assert isinstance(request, ProduceRequest)
     assert (header.client_id, request.topic, request.message_set) == ("test", "clicks", MESSAGE)
-    assert peek_route(frames) == Route("clicks", 3)
+    assert KnownPrefixes().route(frames) == Route("clicks", 3)
     assert (peek_correlation_id(frames), is_fire_and_forget(frames)) == (7, False)
     reply_frames = cast(
         list[Buffer], [zmq.Frame(bytes(f)) for f in encode_reply(2, FetchReply(38, 0, MESSAGE))]
@@ -991,7 +991,7 @@ def test_decoders_take_zmq_frames() -> None:
 def test_peek_route_never_touches_the_message_set() -> None:
     garbage = b"\xff" * 5  # not even a message length: any read of it as messages fails
     frames: list[Buffer] = [produce_frame(Ack.NONE)[: ACK_AT + 1] + garbage]
-    assert peek_route(frames) == Route("clicks", 3)
+    assert KnownPrefixes().route(frames) == Route("clicks", 3)
     assert is_fire_and_forget(frames)
     _, request = decode_request(frames)  # nor does decode_request check it: the log does
     assert isinstance(request, ProduceRequest)
@@ -1129,7 +1129,7 @@ def test_request_of_other_than_one_frame_is_malformed(api: Api, frame: bytes) ->
     for frames in wrong_counts:
         rejects(frames, MalformedRequest, "a request is 1 frame", f"this one has {len(frames)}")
         with pytest.raises(MalformedRequest):
-            peek_route(frames)
+            KnownPrefixes().route(frames)
         assert not is_fire_and_forget(frames)
     assert peek_correlation_id([frame, b""]) == 5  # the first frame's, as long as it has one
     assert peek_correlation_id([b"", frame]) == 0
@@ -1269,9 +1269,10 @@ def test_offset_for_leader_epoch_below_minus_1_is_malformed() -> None:
 def test_produce_with_ack_all_is_answered_and_peeked() -> None:
     frames = produce_frames(Ack.ALL)
     assert not is_fire_and_forget(frames)
-    _, request = decode_request(frames)
+    prefixes = KnownPrefixes()
+    _, request = prefixes.decode(frames)
     assert isinstance(request, ProduceRequest) and request.ack is Ack.ALL
-    peeked = peek_produce(frames)
+    peeked = prefixes.produce(frames)
     assert peeked is not None and peeked[3] == Ack.ALL
 
 
@@ -1341,9 +1342,12 @@ def test_peek_produce_knows_a_prefix_only_once_decode_request_passed_it() -> Non
         RequestHeader(Api.PRODUCE, 1, 1, "first-seen"),
         ProduceRequest("clicks", 3, Ack.NONE, MESSAGE),
     )
-    assert peek_produce([frame]) is None
-    decode_request([frame])
-    peeked = peek_produce([frame])
+    prefixes = KnownPrefixes()
+    assert prefixes.produce([frame]) is None
+    decode_request([frame])  # decoded, not remembered: the prefixes' user remembers
+    assert prefixes.produce([frame]) is None
+    prefixes.decode([frame])
+    peeked = prefixes.produce([frame])
     assert peeked is not None
     assert peeked[:4] == (1, 1, Route("clicks", 3), Ack.NONE)
     assert peeked[4:7] == (0, 0, 0)  # no idempotent producer before version 3
@@ -1352,30 +1356,33 @@ def test_peek_produce_knows_a_prefix_only_once_decode_request_passed_it() -> Non
 
 def test_a_known_prefix_does_not_pass_what_follows_it() -> None:
     frame = produce_frame()
-    decode_request([frame])
-    assert peek_produce([frame]) is not None
+    prefixes = KnownPrefixes()
+    prefixes.decode([frame])
+    assert prefixes.produce([frame]) is not None
     bad_ack = frame[:ACK_AT] + b"\x04" + frame[ACK_AT + 1 :]
-    assert peek_produce([bad_ack]) is None
+    assert prefixes.produce([bad_ack]) is None
     rejects([bad_ack], MalformedRequest, "PRODUCE body: field ack is 4")
-    assert peek_produce([frame[:ACK_AT]]) is None
+    assert prefixes.produce([frame[:ACK_AT]]) is None
     rejects([frame[:ACK_AT]], MalformedRequest, "cut short in field ack")
-    assert peek_produce([frame, b""]) is None
+    assert prefixes.produce([frame, b""]) is None
     with pytest.raises(MalformedRequest, match="this one has 2"):
-        peek_route([frame, b""])
+        prefixes.route([frame, b""])
 
 
 def test_a_refused_prefix_is_refused_every_time() -> None:
     frame = header(Api.FETCH) + fetch_body(name=b"bad name")
+    prefixes = KnownPrefixes()
     for _ in range(2):
         with pytest.raises(InvalidTopic):
-            peek_route([frame])
+            prefixes.route([frame])
         rejects([frame], InvalidTopic)
 
 
 def test_peek_produce_is_none_for_requests_other_than_produce() -> None:
+    prefixes = KnownPrefixes()
     for _, frame in valid_requests():
-        decode_request([frame])
-    assert [api for api, frame in valid_requests() if peek_produce([frame])] == [Api.PRODUCE]
+        prefixes.decode([frame])
+    assert [api for api, frame in valid_requests() if prefixes.produce([frame])] == [Api.PRODUCE]
 
 
 def test_offsets_request_with_time_below_earliest_is_malformed() -> None:
@@ -1502,7 +1509,7 @@ def test_other_apis_and_versions_are_answered() -> None:
 
 
 def test_peek_route_is_none_for_the_apis_the_front_serves() -> None:
-    routes = {api: peek_route([frame]) for api, frame in valid_requests()}
+    routes = {api: KnownPrefixes().route([frame]) for api, frame in valid_requests()}
     assert routes == {
         Api.PRODUCE: Route("clicks", 0),
         Api.FETCH: Route("clicks", 0),
@@ -1536,7 +1543,7 @@ def test_peek_route_refuses_what_decode_request_refuses_in_what_it_reads(
     frames: list[Buffer], error: type[PylogError]
 ) -> None:
     with pytest.raises(error):
-        peek_route(frames)
+        KnownPrefixes().route(frames)
     with pytest.raises(error):
         decode_request(frames)
 

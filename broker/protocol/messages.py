@@ -1,0 +1,381 @@
+"""The requests and replies of every api as values: what encode_request and decode_request,
+encode_reply and decode_reply turn into frames and back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+from broker.log.epochs import EpochEntry as EpochEntry  # the entries of a FETCH reply
+from broker.log.message import Buffer
+from broker.log.producers import StoredSet as StoredSet  # the producers of a FETCH reply
+from broker.protocol.apis import Ack, Api
+
+# -- requests and replies ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    """The start of a request's frame; the body follows right after client_id. `version` is
+    the api_version; `correlation_id` comes back in the
+    reply; `client_id` names the client in the broker's logs."""
+
+    api: Api
+    version: int
+    correlation_id: int
+    client_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRequest:
+    """Append `message_set` (messages back to back: the rest of the frame after the body) to a
+    partition.
+
+    Version 3 only (0 before): an idempotent producer's `producer_id` (0: none, the set is
+    not deduplicated), `producer_epoch` and `sequence`, the set's number among that producer's
+    sets to this partition (docs/protocol.md, PRODUCE)."""
+
+    api: ClassVar[Api] = Api.PRODUCE
+    topic: str
+    partition: int
+    ack: Ack
+    message_set: Buffer
+    producer_id: int = 0
+    producer_epoch: int = 0
+    sequence: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest:
+    """Whole messages from `offset`, at most `max_bytes` of them; wait up to `max_wait_ms` for
+    `min_bytes` to be readable past `offset` before answering with what there is.
+
+    Version 2 only, with these defaults at version 1: `replica_id`, the asking follower's
+    broker id (-1: a consumer); `leader_epoch`, the asker's view of the partition's leader
+    epoch (-1: not known, not checked); `flushed_offset`, where the asking replica's own
+    flushed bytes end (0 from a consumer)."""
+
+    api: ClassVar[Api] = Api.FETCH
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int
+    max_wait_ms: int
+    min_bytes: int
+    replica_id: int = -1
+    leader_epoch: int = -1
+    flushed_offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsRequest:
+    """`time` is LATEST (-1), EARLIEST (-2) or a timestamp in ms since the Unix epoch."""
+
+    api: ClassVar[Api] = Api.OFFSETS
+    topic: str
+    partition: int
+    time: int
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataRequest:
+    """Brokers and the partitions of `topics`; of every topic when `topics` is empty."""
+
+    api: ClassVar[Api] = Api.METADATA
+    topics: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicRequest:
+    """Create a topic of `partitions` partitions. `config` maps topic settings (LogConfig field
+    names: flush_messages, segment_bytes, retention_ms, ...) to decimal text, or "none" for no
+    limit, in wire order; the broker checks keys and values (broker.config), not this module."""
+
+    api: ClassVar[Api] = Api.CREATE_TOPIC
+    topic: str
+    partitions: int
+    config: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopicRequest:
+    """Delete a topic's partitions, with their data, and its registration."""
+
+    api: ClassVar[Api] = Api.DELETE_TOPIC
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeClusterRequest:
+    """Every broker of the cluster, up or down, and the ZooKeeper that holds its registry."""
+
+    api: ClassVar[Api] = Api.DESCRIBE_CLUSTER
+
+
+@dataclass(frozen=True, slots=True)
+class DescribePartitionRequest:
+    """The state of one partition on the broker that holds it: offsets, size on disk,
+    segments, oldest timestamp and the settings in effect."""
+
+    api: ClassVar[Api] = Api.DESCRIBE_PARTITION
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeConfigRequest:
+    """Every setting of a topic: its own value, or the answering broker's default."""
+
+    api: ClassVar[Api] = Api.DESCRIBE_CONFIG
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigRequest:
+    """Change a topic's settings live: `set` maps settings to decimal text or "none" (as for
+    CREATE_TOPIC), `delete` names settings that go back to the brokers' defaults."""
+
+    api: ClassVar[Api] = Api.ALTER_CONFIG
+    topic: str
+    set: Mapping[str, str]
+    delete: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetForLeaderEpochRequest:
+    """A replica that starts following asks the leader where `leader_epoch` (its own latest,
+    -1 for a replica without history) ends on the leader: the truncation of
+    docs/replication.md."""
+
+    api: ClassVar[Api] = Api.OFFSET_FOR_LEADER_EPOCH
+    topic: str
+    partition: int
+    leader_epoch: int
+
+
+Request = (
+    ProduceRequest
+    | FetchRequest
+    | OffsetsRequest
+    | MetadataRequest
+    | CreateTopicRequest
+    | DeleteTopicRequest
+    | DescribeClusterRequest
+    | DescribePartitionRequest
+    | DescribeConfigRequest
+    | AlterConfigRequest
+    | OffsetForLeaderEpochRequest
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyHeader:
+    """The start of a reply's first frame; a success's body follows right after error_message.
+    `error_code` is an ErrorCode, or a plain int for a code from a newer
+    broker; `error_message` is for people, empty on success."""
+
+    correlation_id: int
+    error_code: int
+    error_message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceReply:
+    """`base_offset` is the offset of the first message appended, `count` how many were.
+    Version 2 only (0 at version 1): `throttle_ms`, how long the broker held the request back
+    before serving it, its client being over a quota."""
+
+    base_offset: int
+    count: int
+    throttle_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FetchReply:
+    """`message_set` (frame 2) holds whole messages starting exactly at the fetch offset; it is
+    empty when nothing arrived within max_wait_ms.
+
+    Version 2 only (left out of a version 1 reply): `leader_epoch`, the answering leader's
+    epoch; `epochs`, the leader's epoch entries for the message set, in order (none when it
+    is empty): the one in effect at the fetch offset (start_offset as stored, maybe below it),
+    then those whose start_offset is in (offset, offset + its length]: what
+    PartitionLog.append_replicated takes.
+
+    Version 4 only (0 before): `throttle_ms`, how long the broker held the request back
+    before serving it, its client being over a quota.
+
+    Version 5 only (none before): `producers`, the idempotent producers' entries of the sets
+    in the message set, in offset order, for a replica (none for a consumer): what
+    PartitionLog.append_replicated takes."""
+
+    high_watermark: int
+    log_start_offset: int
+    message_set: Buffer
+    leader_epoch: int = -1
+    epochs: tuple[EpochEntry, ...] = ()
+    throttle_ms: int = 0
+    producers: tuple[StoredSet, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsReply:
+    """The offset an OffsetsRequest asked for."""
+
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataBroker:
+    """A broker of the cluster and where to connect to it: tcp://host:port; its `rack`
+    (version 2 only; "" for none, and at version 1)."""
+
+    broker_id: int
+    host: str
+    port: int
+    rack: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """A partition of a METADATA reply and the broker to send its requests to, `broker_id`:
+    its leader (the wire's `leader` at version 2, where -1 means none; a version 1 reply
+    carries no -1 and gives `replicas[0]`, the preferred leader, instead). error_code
+    PARTITION_UNAVAILABLE while no broker serves it (the leader down, or still opening it, or
+    none), DISK_FULL or STORAGE_ERROR when the leader could not open it.
+
+    Version 2 only (left out at version 1): `leader_epoch` (-1: none known), `replicas` (in
+    assignment order, the preferred leader first) and `isr`, the in-sync replicas."""
+
+    partition: int
+    broker_id: int
+    error_code: int = 0
+    leader_epoch: int = -1
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """A topic of a METADATA reply; error_code UNKNOWN_TOPIC_OR_PARTITION (and no partitions)
+    for a topic asked for that does not exist."""
+
+    topic: str
+    error_code: int
+    partitions: tuple[PartitionInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataReply:
+    """The brokers of the cluster, and the topics asked for (all when none was)."""
+
+    brokers: tuple[MetadataBroker, ...]
+    topics: tuple[TopicInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyReply:
+    """The reply to CREATE_TOPIC, DELETE_TOPIC and ALTER_CONFIG: success, and a body of zero
+    bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterBroker:
+    """A broker of a DESCRIBE_CLUSTER reply. A broker that is down (it holds partitions but is
+    not registered) has host "", port 0, version "" and no log dirs."""
+
+    broker_id: int
+    up: bool
+    host: str
+    port: int
+    version: str
+    """The pylog version it runs."""
+    log_dirs: tuple[str, ...]
+    partitions: int
+    """How many partitions of all topics it holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeClusterReply:
+    """Where the cluster's registry lives (a client needs it for consumer groups) and every
+    broker, by id."""
+
+    zookeeper_connect: str
+    """host:port[,host:port...], as the answering broker connects to it."""
+    zookeeper_chroot: str
+    """The znode under which the registry lives, "/" for the root."""
+    brokers: tuple[ClusterBroker, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribePartitionReply:
+    """A partition's offsets, the bytes of its segment files, how many there are, the
+    timestamp of its oldest message (the one at the log start; -1 when it holds none) and
+    the settings in effect on it (every topic setting, as CREATE_TOPIC spells them)."""
+
+    log_start_offset: int
+    high_watermark: int
+    log_end_offset: int
+    size_bytes: int
+    segments: int
+    oldest_timestamp: int
+    config: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """A topic setting, its value as text, and whether the topic sets it itself (else it is
+    the broker's default)."""
+
+    key: str
+    value: str
+    overridden: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeConfigReply:
+    """Every topic setting, in the order of the CREATE_TOPIC table."""
+
+    entries: tuple[ConfigEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetForLeaderEpochReply:
+    """The largest leader epoch the leader has that is <= the one asked and where it ends on
+    the leader: the start offset of the leader's first entry with a larger epoch, or the
+    leader's log end offset when `epoch` is its latest; (-1, the leader's log start offset)
+    when it has no epoch at or below the one asked (PartitionLog.end_offset_for_epoch)."""
+
+    epoch: int
+    end_offset: int
+
+
+RoutedRequest = (
+    ProduceRequest
+    | FetchRequest
+    | OffsetsRequest
+    | DescribePartitionRequest
+    | OffsetForLeaderEpochRequest
+)
+"""The requests of ROUTED_APIS: their bodies begin with topic and partition."""
+
+
+Reply = (
+    ProduceReply
+    | FetchReply
+    | OffsetsReply
+    | MetadataReply
+    | EmptyReply
+    | DescribeClusterReply
+    | DescribePartitionReply
+    | DescribeConfigReply
+    | OffsetForLeaderEpochReply
+)
+
+
+class Route(NamedTuple):
+    """The partition a PRODUCE, FETCH or OFFSETS request is for: what the supervisor routes by
+    to the worker that owns it."""
+
+    topic: str
+    partition: int
