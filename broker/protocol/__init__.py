@@ -1,9 +1,12 @@
 """The wire protocol of the pylog broker: frames in, values out, and back. No sockets here.
 
-The package's modules: apis (the apis, their versions), messages (every request and reply as a
-value), requests and replies (their frames, both ways), codes (error codes, ERROR_TABLE),
-names (topic names), wire (fields and the frame reader), prefixes (KnownPrefixes, the hot
-path's shortcut past decoding a routed request's header). Import from the package.
+The package's modules: tables (one table per api: its versions, its request and reply bodies
+field by field, its errors, the checks its values pass), schema (the tables' language, and
+the encoders and readers generated from them), messages (every request and reply as a value),
+requests and replies (their frames, both ways, through the tables), codes (error codes,
+ERROR_TABLE), apis (the api keys), names (topic names), wire (fields and the frame reader),
+prefixes (KnownPrefixes, the hot path's shortcut past decoding a routed request's header).
+Import from the package.
 
 A request is one ZeroMQ frame and a reply one or two. The routing envelope (the ROUTER's
 identity frame, and the empty delimiter a REQ socket adds and strips by itself; a DEALER client
@@ -13,8 +16,7 @@ it, so item 0 of a frame list is "frame 1" of docs/protocol.md:
     request   frame 1  header       api_key u16, api_version u16, correlation_id u32,
                                     client_id string
                        body         right after client_id: fixed per api and api_version
-                                    (API_VERSIONS: FETCH has versions 2 to 4, PRODUCE and
-                                    METADATA a version 2)
+                                    (the api's table in broker.protocol.tables; API_VERSIONS)
                        message set  PRODUCE only: the rest of the frame, messages back to
                                     back (broker.log.message); no length field
     reply     frame 1  header       correlation_id u32, error_code i16, error_message string
@@ -30,7 +32,8 @@ frame that ends inside a field, or has bytes left over after the body's last fie
 PRODUCE request there are none: the message set runs to the end), is malformed; error messages
 name the part ("request header", "FETCH body", "reply header", ...), the field and its byte
 position counted from the start of the frame. docs/protocol.md is the full description, with
-test vectors that tests/protocol checks against this package.
+test vectors that tests/protocol checks against this package, and field tables that
+tests/protocol/test_tables.py checks against the api tables.
 
 Message sets are copied at most once: a PRODUCE request's is joined into its one frame by
 encode_request (and read back by decode_request as a memoryview over that frame's tail), a
@@ -60,13 +63,7 @@ from broker.protocol.apis import (
     API_VERSION as API_VERSION,
 )
 from broker.protocol.apis import (
-    API_VERSIONS as API_VERSIONS,
-)
-from broker.protocol.apis import (
     EARLIEST as EARLIEST,
-)
-from broker.protocol.apis import (
-    FETCH_THROTTLE_VERSION as FETCH_THROTTLE_VERSION,
 )
 from broker.protocol.apis import (
     LATEST as LATEST,
@@ -78,18 +75,6 @@ from broker.protocol.apis import (
     MAX_TOPIC_LENGTH as MAX_TOPIC_LENGTH,
 )
 from broker.protocol.apis import (
-    PRODUCE_IDEMPOTENT_VERSION as PRODUCE_IDEMPOTENT_VERSION,
-)
-from broker.protocol.apis import (
-    PRODUCE_THROTTLE_VERSION as PRODUCE_THROTTLE_VERSION,
-)
-from broker.protocol.apis import (
-    PRODUCERS_FETCH_VERSION as PRODUCERS_FETCH_VERSION,
-)
-from broker.protocol.apis import (
-    SETS_FETCH_VERSION as SETS_FETCH_VERSION,
-)
-from broker.protocol.apis import (
     Ack as Ack,
 )
 from broker.protocol.apis import (
@@ -97,9 +82,6 @@ from broker.protocol.apis import (
 )
 from broker.protocol.apis import (
     Frames as Frames,
-)
-from broker.protocol.apis import (
-    request_version as request_version,
 )
 from broker.protocol.codes import (
     ERROR_FIELDS as ERROR_FIELDS,
@@ -262,4 +244,70 @@ from broker.protocol.requests import (
 )
 from broker.protocol.requests import (
     peek_correlation_id as peek_correlation_id,
+)
+from broker.protocol.tables import (
+    ALTER_CONFIG as ALTER_CONFIG,
+)
+from broker.protocol.tables import (
+    API_VERSIONS as API_VERSIONS,
+)
+from broker.protocol.tables import (
+    CREATE_TOPIC as CREATE_TOPIC,
+)
+from broker.protocol.tables import (
+    DELETE_TOPIC as DELETE_TOPIC,
+)
+from broker.protocol.tables import (
+    DESCRIBE_CLUSTER as DESCRIBE_CLUSTER,
+)
+from broker.protocol.tables import (
+    DESCRIBE_CONFIG as DESCRIBE_CONFIG,
+)
+from broker.protocol.tables import (
+    DESCRIBE_PARTITION as DESCRIBE_PARTITION,
+)
+from broker.protocol.tables import (
+    FETCH as FETCH,
+)
+from broker.protocol.tables import (
+    FETCH_THROTTLE_VERSION as FETCH_THROTTLE_VERSION,
+)
+from broker.protocol.tables import (
+    METADATA as METADATA,
+)
+from broker.protocol.tables import (
+    METADATA_LEADERS_VERSION as METADATA_LEADERS_VERSION,
+)
+from broker.protocol.tables import (
+    OFFSET_FOR_LEADER_EPOCH as OFFSET_FOR_LEADER_EPOCH,
+)
+from broker.protocol.tables import (
+    OFFSETS as OFFSETS,
+)
+from broker.protocol.tables import (
+    PRODUCE as PRODUCE,
+)
+from broker.protocol.tables import (
+    PRODUCE_IDEMPOTENT_VERSION as PRODUCE_IDEMPOTENT_VERSION,
+)
+from broker.protocol.tables import (
+    PRODUCE_THROTTLE_VERSION as PRODUCE_THROTTLE_VERSION,
+)
+from broker.protocol.tables import (
+    PRODUCERS_FETCH_VERSION as PRODUCERS_FETCH_VERSION,
+)
+from broker.protocol.tables import (
+    REPLICA_FETCH_VERSION as REPLICA_FETCH_VERSION,
+)
+from broker.protocol.tables import (
+    SETS_FETCH_VERSION as SETS_FETCH_VERSION,
+)
+from broker.protocol.tables import (
+    TABLES as TABLES,
+)
+from broker.protocol.tables import (
+    ApiTable as ApiTable,
+)
+from broker.protocol.tables import (
+    request_version as request_version,
 )

@@ -41,8 +41,6 @@ from broker.errors import (
     UnsupportedFormat,
     UnsupportedVersion,
 )
-from broker.log.epochs import EpochEntry as EpochEntry  # the entries of a FETCH reply
-from broker.log.producers import StoredSet as StoredSet  # the producers of a FETCH reply
 from broker.protocol.wire import Fields
 
 

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-from broker.log.epochs import EpochEntry as EpochEntry  # the entries of a FETCH reply
+from broker.log.epochs import EpochEntry
 from broker.log.message import Buffer
-from broker.log.producers import StoredSet as StoredSet  # the producers of a FETCH reply
+from broker.log.producers import StoredSet
 from broker.protocol.apis import Ack, Api
 
 # -- requests and replies ----------------------------------------------------------------------

@@ -11,8 +11,6 @@ from broker.errors import (
     InvalidTopic,
 )
 from broker.log.config import SettingValue
-from broker.log.epochs import EpochEntry as EpochEntry  # the entries of a FETCH reply
-from broker.log.producers import StoredSet as StoredSet  # the producers of a FETCH reply
 from broker.protocol.apis import MAX_TOPIC_LENGTH
 
 # -- topic names and settings ------------------------------------------------------------------

@@ -6,14 +6,13 @@ from __future__ import annotations
 import struct
 from typing import Final, NamedTuple
 
-from broker.log.epochs import EpochEntry as EpochEntry  # the entries of a FETCH reply
 from broker.log.message import Buffer
-from broker.log.producers import StoredSet as StoredSet  # the producers of a FETCH reply
-from broker.protocol.apis import PRODUCE_IDEMPOTENT_VERSION, Ack, Api, Frames
+from broker.protocol.apis import Ack, Api, Frames
 from broker.protocol.messages import Request, RequestHeader, Route, RoutedRequest
 from broker.protocol.names import check_topic_name
 from broker.protocol.requests import ROUTED_APIS, decode_request, read_request_header
-from broker.protocol.wire import PARTITION_FIELD, PRODUCE_BODY_V3, U16
+from broker.protocol.tables import FETCH, PRODUCE, PRODUCE_IDEMPOTENT_VERSION
+from broker.protocol.wire import U16
 
 
 class _Prefix(NamedTuple):
@@ -23,6 +22,9 @@ class _Prefix(NamedTuple):
 
 
 _CORRELATION_ID: Final = struct.Struct(">I")
+_PARTITION: Final = FETCH.request.run("partition")
+"""A routed request's partition, right after its topic (as in every api of ROUTED_APIS)."""
+_PRODUCER: Final = PRODUCE.request.run("producer_id", "producer_epoch", "sequence")
 
 
 def _prefix_key(frame: memoryview) -> tuple[bytes, int] | None:
@@ -85,7 +87,7 @@ class KnownPrefixes:
         if api not in ROUTED_APIS:
             return None
         topic = reader.string("topic")
-        (partition,) = reader.fixed(PARTITION_FIELD)
+        (partition,) = reader.fixed(_PARTITION)
         check_topic_name(topic)
         route = Route(topic, partition)
         self.remember(frames[0], api, header.version, route)
@@ -116,10 +118,10 @@ class KnownPrefixes:
         correlation_id = _CORRELATION_ID.unpack_from(view, 4)[0]
         if prefix.version < PRODUCE_IDEMPOTENT_VERSION:
             return correlation_id, prefix.version, prefix.route, ack, 0, 0, 0, view[end + 1 :]
-        start = end + 1 + PRODUCE_BODY_V3.size
+        start = end + 1 + _PRODUCER.size
         if start > len(view):
             return None
-        producer_id, epoch, sequence = PRODUCE_BODY_V3.struct.unpack_from(view, end + 1)
+        producer_id, epoch, sequence = _PRODUCER.struct.unpack_from(view, end + 1)
         if not producer_id and (epoch or sequence):
             return None
         return (

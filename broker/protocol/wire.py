@@ -9,22 +9,22 @@ from typing import Final
 from broker.errors import (
     PylogError,
 )
-from broker.log.epochs import EpochEntry as EpochEntry  # the entries of a FETCH reply
 from broker.log.message import Buffer
-from broker.log.producers import StoredSet as StoredSet  # the producers of a FETCH reply
 from broker.protocol.apis import MAX_STRING_BYTES
 
 # -- fixed-size field runs, and reading a frame field by field ---------------------------------
 
-_TYPE_NAMES: Final = {
-    "B": "u8",
-    "H": "u16",
-    "I": "u32",
-    "Q": "u64",
-    "h": "i16",
-    "i": "i32",
-    "q": "i64",
+INT_CODES: Final = {
+    "u8": "B",
+    "u16": "H",
+    "u32": "I",
+    "u64": "Q",
+    "i16": "h",
+    "i32": "i",
+    "i64": "q",
 }
+"""The fixed-size types, by their names in docs/protocol.md, and their struct codes."""
+_TYPE_NAMES: Final = {code: name for name, code in INT_CODES.items()}
 
 
 class Fields:
@@ -61,61 +61,6 @@ _STRING_LENGTH: Final = 2
 
 REQUEST_HEADER: Final = Fields(("api_key", "H"), ("api_version", "H"), ("correlation_id", "I"))
 REPLY_HEADER: Final = Fields(("correlation_id", "I"), ("error_code", "h"))
-PARTITION_FIELD: Final = Fields(("partition", "I"))
-PRODUCE_BODY: Final = Fields(("partition", "I"), ("ack", "B"))
-PRODUCE_BODY_V3: Final = Fields(("producer_id", "Q"), ("producer_epoch", "H"), ("sequence", "I"))
-FETCH_BODY: Final = Fields(
-    ("partition", "I"),
-    ("offset", "Q"),
-    ("max_bytes", "I"),
-    ("max_wait_ms", "I"),
-    ("min_bytes", "I"),
-)
-FETCH_BODY_V2: Final = Fields(("replica_id", "i"), ("leader_epoch", "i"), ("flushed_offset", "Q"))
-OFFSETS_BODY: Final = Fields(("partition", "I"), ("time", "q"))
-OFFSET_FOR_LEADER_EPOCH_BODY: Final = Fields(("partition", "I"), ("leader_epoch", "i"))
-TOPIC_COUNT: Final = Fields(("topic_count", "H"))
-CREATE_TOPIC_BODY: Final = Fields(("partitions", "I"), ("config_count", "H"))
-PRODUCE_REPLY: Final = Fields(("base_offset", "Q"), ("count", "I"))
-FETCH_REPLY: Final = Fields(("high_watermark", "Q"), ("log_start_offset", "Q"))
-FETCH_REPLY_V2: Final = Fields(("leader_epoch", "i"), ("epoch_count", "H"))
-THROTTLE: Final = Fields(("throttle_ms", "I"))
-EPOCH_ENTRY: Final = Fields(("epoch", "i"), ("start_offset", "Q"))
-PRODUCER_COUNT: Final = Fields(("producer_count", "I"))
-PRODUCER_ENTRY: Final = Fields(
-    ("producer_id", "Q"),
-    ("producer_epoch", "H"),
-    ("sequence", "I"),
-    ("offset", "Q"),
-    ("end", "Q"),
-    ("message_count", "I"),
-)
-OFFSET_FOR_LEADER_EPOCH_REPLY: Final = Fields(("epoch", "i"), ("end_offset", "Q"))
-OFFSETS_REPLY: Final = Fields(("offset", "Q"))
-BROKER_COUNT: Final = Fields(("broker_count", "H"))
-BROKER_ID: Final = Fields(("broker_id", "I"))
-PORT: Final = Fields(("port", "H"))
-TOPIC_ERROR: Final = Fields(("error_code", "h"), ("partition_count", "I"))
-PARTITION_INFO: Final = Fields(("partition", "I"), ("broker_id", "I"), ("error_code", "h"))
-PARTITION_LEADER: Final = Fields(("partition", "I"), ("leader", "i"), ("leader_epoch", "i"))
-REPLICA_COUNT: Final = Fields(("replica_count", "H"))
-ISR_COUNT: Final = Fields(("isr_count", "H"))
-PARTITION_ERROR: Final = Fields(("error_code", "h"))
-CONFIG_COUNT: Final = Fields(("config_count", "H"))
-ALTER_COUNTS: Final = Fields(("set_count", "H"))
-DELETE_COUNT: Final = Fields(("delete_count", "H"))
-UP: Final = Fields(("up", "B"))
-LOG_DIR_COUNT: Final = Fields(("log_dir_count", "H"))
-BROKER_PARTITIONS: Final = Fields(("partitions", "I"))
-PARTITION_STATE: Final = Fields(
-    ("log_start_offset", "Q"),
-    ("high_watermark", "Q"),
-    ("log_end_offset", "Q"),
-    ("size_bytes", "Q"),
-    ("segments", "I"),
-    ("oldest_timestamp", "q"),
-)
-OVERRIDDEN: Final = Fields(("overridden", "B"))
 
 
 class Reader:
@@ -223,8 +168,3 @@ def encode_string(name: str, text: str, truncate: bool = False) -> bytes:
             )
         data = data[:MAX_STRING_BYTES].decode(errors="ignore").encode()
     return U16.pack(len(data)) + data
-
-
-def read_pairs(reader: Reader, count: int) -> list[tuple[str, str]]:
-    """`count` key and value strings, in order (settings)."""
-    return [(reader.string(f"key[{i}]"), reader.string(f"value[{i}]")) for i in range(count)]

@@ -1,0 +1,696 @@
+"""One table per api: its versions, its request and reply bodies field by field (names and
+types as docs/protocol.md gives them, which tests/protocol checks), the errors particular to
+it, and the checks its values pass once read (each body's `make`). broker.protocol.schema
+compiles the bodies; requests and replies encode and decode every api through them.
+
+A new api, or a new version of one, is a change here (and its message class, if new, in
+messages), its section in docs/protocol.md and its vectors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from broker.errors import InvalidTopic
+from broker.log.epochs import EpochEntry
+from broker.log.producers import StoredSet
+from broker.protocol.apis import ACKS, API_VERSION, EARLIEST, Ack, Api
+from broker.protocol.codes import ErrorCode
+from broker.protocol.messages import (
+    AlterConfigRequest,
+    ClusterBroker,
+    ConfigEntry,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    DescribeClusterReply,
+    DescribeClusterRequest,
+    DescribeConfigReply,
+    DescribeConfigRequest,
+    DescribePartitionReply,
+    DescribePartitionRequest,
+    EmptyReply,
+    FetchReply,
+    FetchRequest,
+    MetadataBroker,
+    MetadataReply,
+    MetadataRequest,
+    OffsetForLeaderEpochReply,
+    OffsetForLeaderEpochRequest,
+    OffsetsReply,
+    OffsetsRequest,
+    PartitionInfo,
+    ProduceReply,
+    ProduceRequest,
+    TopicInfo,
+)
+from broker.protocol.schema import Body, Field, Many, Pair
+from broker.protocol.wire import Reader
+
+Values = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ApiTable:
+    """An api: its `versions` (in order), its request and reply bodies, what frames its reply
+    has on success, and the error codes particular to it (docs/protocol.md's "Errors:"; any
+    request may also get those of the "Apis" section)."""
+
+    api: Api
+    versions: tuple[int, ...]
+    request: Body
+    reply: Body
+    errors: frozenset[ErrorCode] = frozenset()
+    reply_frames: tuple[str, ...] = ("header and body",)
+
+
+def _topic() -> Field:
+    return Field("topic", "string")
+
+
+def _settings_many(attr: str, count: str) -> Many:
+    return Many(attr, Field(count, "u16"), _PAIR, pairs=True)
+
+
+_PAIR: Final = Body("", Pair, (Field("key", "string"), Field("value", "string")))
+
+
+def _check_epoch(reader: Reader, name: str, epoch: int, none: str = "none") -> None:
+    """A leader epoch is -1 (`none`) or more."""
+    if epoch < -1:
+        raise reader.fail(f"field {name} is {epoch}: it must be -1 ({none}) or >= 0")
+
+
+def settings(topic: str, pairs: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """Settings by key, in wire order; InvalidTopic for a key given twice."""
+    config: dict[str, str] = {}
+    for key, value in pairs:
+        if key in config:
+            raise InvalidTopic(f"topic {topic}: setting {key!r} is given twice")
+        config[key] = value
+    return config
+
+
+# -- PRODUCE -----------------------------------------------------------------------------------
+
+PRODUCE_THROTTLE_VERSION: Final = 2
+"""The PRODUCE version whose reply says how long a quota held the request back (throttle_ms,
+docs/protocol.md "Quotas"); a request of an older version is held back the same."""
+PRODUCE_IDEMPOTENT_VERSION: Final = 3
+"""The PRODUCE version whose request carries an idempotent producer's id, epoch and sequence
+(docs/protocol.md, PRODUCE); its reply is version 2's."""
+
+
+def _make_produce(reader: Reader, values: Values, version: int) -> ProduceRequest:
+    ack = values["ack"]
+    if ack > Ack.ALL:
+        raise reader.fail(
+            f"field ack is {ack}: it must be 0 (none), 1 (written), 2 (flushed) or 3 (all)"
+        )
+    values["ack"] = ACKS[ack]
+    if not values.get("producer_id") and (values.get("producer_epoch") or values.get("sequence")):
+        raise reader.fail(
+            f"producer_id is 0 (no idempotent producer) but producer_epoch is "
+            f"{values['producer_epoch']} and sequence {values['sequence']}: both must be 0 then"
+        )
+    return ProduceRequest(**values)
+
+
+PRODUCE: Final = ApiTable(
+    Api.PRODUCE,
+    (1, 2, 3),
+    Body(
+        "PRODUCE",
+        ProduceRequest,
+        (
+            _topic(),
+            Field("partition", "u32"),
+            Field("ack", "u8"),
+            Field("producer_id", "u64", since=PRODUCE_IDEMPOTENT_VERSION),
+            Field("producer_epoch", "u16", since=PRODUCE_IDEMPOTENT_VERSION),
+            Field("sequence", "u32", since=PRODUCE_IDEMPOTENT_VERSION),
+        ),
+        _make_produce,
+        strict=True,
+        rest="message_set",
+    ),
+    Body(
+        "PRODUCE",
+        ProduceReply,
+        (
+            Field("base_offset", "u64"),
+            Field("count", "u32"),
+            Field("throttle_ms", "u32", since=PRODUCE_THROTTLE_VERSION),
+        ),
+    ),
+    frozenset(
+        {
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            ErrorCode.INVALID_MESSAGE,
+            ErrorCode.MESSAGE_TOO_LARGE,
+            ErrorCode.DISK_FULL,
+            ErrorCode.STORAGE_ERROR,
+            ErrorCode.PARTITION_UNAVAILABLE,
+            ErrorCode.NOT_LEADER_FOR_PARTITION,
+            ErrorCode.NOT_ENOUGH_REPLICAS,
+            ErrorCode.OUT_OF_ORDER_SEQUENCE,
+            ErrorCode.DUPLICATE_SEQUENCE,
+            ErrorCode.INVALID_PRODUCER_EPOCH,
+        }
+    ),
+)
+
+# -- FETCH -------------------------------------------------------------------------------------
+
+REPLICA_FETCH_VERSION: Final = 2
+"""The FETCH version of replication: a follower's replica_id, leader epochs both ways."""
+SETS_FETCH_VERSION: Final = 3
+"""The FETCH version from which a reader reads compressed sets; older ones are served each
+segment up to its first, and UNSUPPORTED_FORMAT at or past it."""
+FETCH_THROTTLE_VERSION: Final = 4
+"""The FETCH version whose reply says how long a quota held the request back."""
+PRODUCERS_FETCH_VERSION: Final = 5
+"""The FETCH version whose reply to a replica carries the idempotent producers' entries of
+the sets it returns (docs/protocol.md, FETCH), which a follower stores with them."""
+
+
+def _make_fetch(reader: Reader, values: Values, version: int) -> FetchRequest:
+    if values["max_bytes"] < 1:
+        raise reader.fail("field max_bytes is 0: it must be at least 1")
+    replica_id = values.get("replica_id", -1)
+    if replica_id < -1:
+        raise reader.fail(
+            f"field replica_id is {replica_id}: it must be -1 (a consumer) or a broker id"
+        )
+    _check_epoch(reader, "leader_epoch", values.get("leader_epoch", -1), "unknown")
+    flushed_offset = values.get("flushed_offset", 0)
+    if replica_id == -1 and flushed_offset != 0:
+        raise reader.fail(
+            f"field flushed_offset is {flushed_offset}: a consumer's (replica_id -1) must be 0"
+        )
+    return FetchRequest(**values)
+
+
+def _make_fetch_reply(reader: Reader, values: Values, version: int) -> FetchReply:
+    _check_epoch(reader, "leader_epoch", values.get("leader_epoch", -1))
+    epochs: tuple[EpochEntry, ...] = values.get("epochs", ())
+    for i, (epoch, start) in enumerate(epochs):
+        if i and (epoch <= epochs[i - 1].epoch or start <= epochs[i - 1].start_offset):
+            raise reader.fail(
+                f"epoch entry {i}, ({epoch}, {start}), does not follow ({epochs[i - 1].epoch}, "
+                f"{epochs[i - 1].start_offset}): epochs and start offsets must rise"
+            )
+        if epoch < 0:
+            raise reader.fail(f"epoch entry {i} has epoch {epoch}: it must be >= 0")
+    producers: tuple[StoredSet, ...] = values.get("producers", ())
+    for i, entry in enumerate(producers):
+        if not entry.producer_id or entry.end <= entry.offset:
+            raise reader.fail(
+                f"producer entry {i} has producer_id {entry.producer_id} and [offset, end) "
+                f"[{entry.offset}, {entry.end}): the id must be > 0 and the range not empty"
+            )
+        if i and entry.offset < producers[i - 1].end:
+            raise reader.fail(
+                f"producer entry {i} starts at {entry.offset}, before the end "
+                f"{producers[i - 1].end} of the one before: entries must follow each other"
+            )
+    return FetchReply(**values)
+
+
+FETCH: Final = ApiTable(
+    Api.FETCH,
+    (1, 2, 3, 4, 5),
+    Body(
+        "FETCH",
+        FetchRequest,
+        (
+            _topic(),
+            Field("partition", "u32"),
+            Field("offset", "u64"),
+            Field("max_bytes", "u32"),
+            Field("max_wait_ms", "u32"),
+            Field("min_bytes", "u32"),
+            Field("replica_id", "i32", since=REPLICA_FETCH_VERSION),
+            Field("leader_epoch", "i32", since=REPLICA_FETCH_VERSION),
+            Field("flushed_offset", "u64", since=REPLICA_FETCH_VERSION),
+        ),
+        _make_fetch,
+        strict=True,
+    ),
+    Body(
+        "FETCH",
+        FetchReply,
+        (
+            Field("high_watermark", "u64"),
+            Field("log_start_offset", "u64"),
+            Field("leader_epoch", "i32", since=REPLICA_FETCH_VERSION),
+            Many(
+                "epochs",
+                Field("epoch_count", "u16"),
+                Body(
+                    "FETCH",
+                    EpochEntry,
+                    (Field("epoch", "i32"), Field("start_offset", "u64")),
+                ),
+                since=REPLICA_FETCH_VERSION,
+            ),
+            Field("throttle_ms", "u32", since=FETCH_THROTTLE_VERSION),
+            Many(
+                "producers",
+                Field("producer_count", "u32"),
+                Body(
+                    "FETCH",
+                    StoredSet,
+                    (
+                        Field("producer_id", "u64"),
+                        Field("producer_epoch", "u16"),
+                        Field("sequence", "u32"),
+                        Field("offset", "u64"),
+                        Field("end", "u64"),
+                        Field("message_count", "u32"),
+                    ),
+                ),
+                since=PRODUCERS_FETCH_VERSION,
+                strict=True,
+            ),
+        ),
+        _make_fetch_reply,
+        frame="message_set",
+    ),
+    frozenset(
+        {
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            ErrorCode.OFFSET_OUT_OF_RANGE,
+            ErrorCode.INVALID_OFFSET,
+            ErrorCode.FETCH_SIZE_TOO_SMALL,
+            ErrorCode.CORRUPT_SEGMENT,
+            ErrorCode.STORAGE_ERROR,
+            ErrorCode.PARTITION_UNAVAILABLE,
+            ErrorCode.NOT_LEADER_FOR_PARTITION,
+            ErrorCode.FENCED_LEADER_EPOCH,
+            ErrorCode.UNKNOWN_LEADER_EPOCH,
+            ErrorCode.UNSUPPORTED_FORMAT,
+        }
+    ),
+    ("header and body", "message set"),
+)
+
+# -- OFFSETS -----------------------------------------------------------------------------------
+
+
+def _make_offsets(reader: Reader, values: Values, version: int) -> OffsetsRequest:
+    if values["time"] < EARLIEST:
+        raise reader.fail(
+            f"field time is {values['time']}: it must be -2 (earliest), -1 (latest) or a "
+            "timestamp >= 0"
+        )
+    return OffsetsRequest(**values)
+
+
+OFFSETS: Final = ApiTable(
+    Api.OFFSETS,
+    (1,),
+    Body(
+        "OFFSETS",
+        OffsetsRequest,
+        (_topic(), Field("partition", "u32"), Field("time", "i64")),
+        _make_offsets,
+        strict=True,
+    ),
+    Body("OFFSETS", OffsetsReply, (Field("offset", "u64"),)),
+    frozenset(
+        {
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            ErrorCode.CORRUPT_SEGMENT,
+            ErrorCode.STORAGE_ERROR,
+            ErrorCode.PARTITION_UNAVAILABLE,
+            ErrorCode.NOT_LEADER_FOR_PARTITION,
+        }
+    ),
+)
+
+# -- METADATA ----------------------------------------------------------------------------------
+
+METADATA_LEADERS_VERSION: Final = 2
+"""The METADATA version whose reply gives each partition's leader, epoch, replicas and ISR."""
+
+
+def _partition_at(partition: PartitionInfo, version: int) -> PartitionInfo:
+    """A partition as a version 1 reply gives it: no -1 leader, the preferred one instead."""
+    if version >= METADATA_LEADERS_VERSION or partition.broker_id != -1:
+        return partition
+    if not partition.replicas:
+        raise ValueError(
+            f"partition {partition.partition} has broker_id -1 and no replicas: METADATA "
+            "version 1 needs a broker id"
+        )
+    return PartitionInfo(partition.partition, partition.replicas[0], partition.error_code)
+
+
+def _make_partition(reader: Reader, values: Values, version: int) -> PartitionInfo:
+    if values["broker_id"] < -1:
+        raise reader.fail(
+            f"field leader is {values['broker_id']}: it must be -1 (none) or a broker id"
+        )
+    _check_epoch(reader, "leader_epoch", values.get("leader_epoch", -1))
+    return PartitionInfo(**values)
+
+
+METADATA: Final = ApiTable(
+    Api.METADATA,
+    (1, 2),
+    Body(
+        "METADATA",
+        MetadataRequest,
+        (Many("topics", Field("topic_count", "u16"), _topic()),),
+        strict=True,
+    ),
+    Body(
+        "METADATA",
+        MetadataReply,
+        (
+            Many(
+                "brokers",
+                Field("broker_count", "u16"),
+                Body(
+                    "METADATA",
+                    MetadataBroker,
+                    (
+                        Field("broker_id", "u32"),
+                        Field("host", "string"),
+                        Field("port", "u16"),
+                        Field("rack", "string", since=METADATA_LEADERS_VERSION),
+                    ),
+                ),
+            ),
+            Many(
+                "topics",
+                Field("topic_count", "u16"),
+                Body(
+                    "METADATA",
+                    TopicInfo,
+                    (
+                        _topic(),
+                        Field("error_code", "code"),
+                        Many(
+                            "partitions",
+                            Field("partition_count", "u32"),
+                            Body(
+                                "METADATA",
+                                PartitionInfo,
+                                (
+                                    Field("partition", "u32"),
+                                    Field("broker_id", "u32", until=METADATA_LEADERS_VERSION - 1),
+                                    Field(
+                                        "leader",
+                                        "i32",
+                                        since=METADATA_LEADERS_VERSION,
+                                        attr="broker_id",
+                                    ),
+                                    Field("leader_epoch", "i32", since=METADATA_LEADERS_VERSION),
+                                    Many(
+                                        "replicas",
+                                        Field("replica_count", "u16"),
+                                        Field("replica", "u32"),
+                                        since=METADATA_LEADERS_VERSION,
+                                    ),
+                                    Many(
+                                        "isr",
+                                        Field("isr_count", "u16"),
+                                        Field("isr", "u32"),
+                                        since=METADATA_LEADERS_VERSION,
+                                    ),
+                                    Field("error_code", "code"),
+                                ),
+                                _make_partition,
+                                prepare=_partition_at,
+                            ),
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    ),
+)
+
+# -- topics: CREATE_TOPIC, DELETE_TOPIC, DESCRIBE_CONFIG, ALTER_CONFIG -------------------------
+
+
+def _make_create_topic(reader: Reader, values: Values, version: int) -> CreateTopicRequest:
+    topic = values["topic"]
+    if values["partitions"] < 1:
+        raise InvalidTopic(f"topic {topic}: partitions is 0, a topic needs at least 1")
+    return CreateTopicRequest(topic, values["partitions"], settings(topic, values["config"]))
+
+
+CREATE_TOPIC: Final = ApiTable(
+    Api.CREATE_TOPIC,
+    (1,),
+    Body(
+        "CREATE_TOPIC",
+        CreateTopicRequest,
+        (_topic(), Field("partitions", "u32"), _settings_many("config", "config_count")),
+        _make_create_topic,
+        strict=True,
+    ),
+    Body("CREATE_TOPIC", EmptyReply, ()),
+    frozenset(
+        {
+            ErrorCode.TOPIC_ALREADY_EXISTS,
+            ErrorCode.REGISTRY_UNAVAILABLE,
+            ErrorCode.DISK_FULL,
+            ErrorCode.STORAGE_ERROR,
+        }
+    ),
+)
+
+DELETE_TOPIC: Final = ApiTable(
+    Api.DELETE_TOPIC,
+    (1,),
+    Body("DELETE_TOPIC", DeleteTopicRequest, (_topic(),), strict=True),
+    Body("DELETE_TOPIC", EmptyReply, ()),
+    frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.REGISTRY_UNAVAILABLE}),
+)
+
+DESCRIBE_CONFIG: Final = ApiTable(
+    Api.DESCRIBE_CONFIG,
+    (1,),
+    Body("DESCRIBE_CONFIG", DescribeConfigRequest, (_topic(),), strict=True),
+    Body(
+        "DESCRIBE_CONFIG",
+        DescribeConfigReply,
+        (
+            Many(
+                "entries",
+                Field("config_count", "u16"),
+                Body(
+                    "DESCRIBE_CONFIG",
+                    ConfigEntry,
+                    (
+                        Field("key", "string"),
+                        Field("value", "string"),
+                        Field("overridden", "flag"),
+                    ),
+                ),
+            ),
+        ),
+    ),
+    frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.REGISTRY_UNAVAILABLE}),
+)
+
+
+def _make_alter_config(reader: Reader, values: Values, version: int) -> AlterConfigRequest:
+    topic, deleted = values["topic"], values["delete"]
+    changed = settings(topic, values["set"])
+    for key in deleted:
+        if key in changed:
+            raise InvalidTopic(f"topic {topic}: setting {key!r} is both set and deleted")
+    if len(set(deleted)) != len(deleted):
+        raise InvalidTopic(f"topic {topic}: a setting is deleted twice")
+    return AlterConfigRequest(topic, changed, deleted)
+
+
+ALTER_CONFIG: Final = ApiTable(
+    Api.ALTER_CONFIG,
+    (1,),
+    Body(
+        "ALTER_CONFIG",
+        AlterConfigRequest,
+        (
+            _topic(),
+            _settings_many("set", "set_count"),
+            Many("delete", Field("delete_count", "u16"), Field("key", "string")),
+        ),
+        _make_alter_config,
+        strict=True,
+    ),
+    Body("ALTER_CONFIG", EmptyReply, ()),
+    frozenset(
+        {
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            ErrorCode.INVALID_TOPIC,
+            ErrorCode.REGISTRY_UNAVAILABLE,
+        }
+    ),
+)
+
+# -- DESCRIBE_CLUSTER, DESCRIBE_PARTITION ------------------------------------------------------
+
+DESCRIBE_CLUSTER: Final = ApiTable(
+    Api.DESCRIBE_CLUSTER,
+    (1,),
+    Body("DESCRIBE_CLUSTER", DescribeClusterRequest, (), strict=True),
+    Body(
+        "DESCRIBE_CLUSTER",
+        DescribeClusterReply,
+        (
+            Field("zookeeper_connect", "string"),
+            Field("zookeeper_chroot", "string"),
+            Many(
+                "brokers",
+                Field("broker_count", "u16"),
+                Body(
+                    "DESCRIBE_CLUSTER",
+                    ClusterBroker,
+                    (
+                        Field("broker_id", "u32"),
+                        Field("up", "flag"),
+                        Field("host", "string"),
+                        Field("port", "u16"),
+                        Field("version", "string"),
+                        Many("log_dirs", Field("log_dir_count", "u16"), Field("log_dir", "string")),
+                        Field("partitions", "u32"),
+                    ),
+                ),
+            ),
+        ),
+    ),
+)
+
+
+def _make_describe_partition_reply(
+    reader: Reader, values: Values, version: int
+) -> DescribePartitionReply:
+    values["config"] = dict(values["config"])
+    return DescribePartitionReply(**values)
+
+
+DESCRIBE_PARTITION: Final = ApiTable(
+    Api.DESCRIBE_PARTITION,
+    (1,),
+    Body(
+        "DESCRIBE_PARTITION",
+        DescribePartitionRequest,
+        (_topic(), Field("partition", "u32")),
+        strict=True,
+    ),
+    Body(
+        "DESCRIBE_PARTITION",
+        DescribePartitionReply,
+        (
+            Field("log_start_offset", "u64"),
+            Field("high_watermark", "u64"),
+            Field("log_end_offset", "u64"),
+            Field("size_bytes", "u64"),
+            Field("segments", "u32"),
+            Field("oldest_timestamp", "i64"),
+            _settings_many("config", "config_count"),
+        ),
+        _make_describe_partition_reply,
+    ),
+    frozenset(
+        {
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            ErrorCode.PARTITION_UNAVAILABLE,
+            ErrorCode.STORAGE_ERROR,
+        }
+    ),
+)
+
+# -- OFFSET_FOR_LEADER_EPOCH -------------------------------------------------------------------
+
+
+def _make_offset_for_leader_epoch(
+    reader: Reader, values: Values, version: int
+) -> OffsetForLeaderEpochRequest:
+    _check_epoch(reader, "leader_epoch", values["leader_epoch"], "no history")
+    return OffsetForLeaderEpochRequest(**values)
+
+
+def _make_offset_for_leader_epoch_reply(
+    reader: Reader, values: Values, version: int
+) -> OffsetForLeaderEpochReply:
+    _check_epoch(reader, "epoch", values["epoch"])
+    return OffsetForLeaderEpochReply(**values)
+
+
+OFFSET_FOR_LEADER_EPOCH: Final = ApiTable(
+    Api.OFFSET_FOR_LEADER_EPOCH,
+    (1,),
+    Body(
+        "OFFSET_FOR_LEADER_EPOCH",
+        OffsetForLeaderEpochRequest,
+        (_topic(), Field("partition", "u32"), Field("leader_epoch", "i32")),
+        _make_offset_for_leader_epoch,
+        strict=True,
+    ),
+    Body(
+        "OFFSET_FOR_LEADER_EPOCH",
+        OffsetForLeaderEpochReply,
+        (Field("epoch", "i32"), Field("end_offset", "u64")),
+        _make_offset_for_leader_epoch_reply,
+    ),
+    frozenset(
+        {
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            ErrorCode.PARTITION_UNAVAILABLE,
+            ErrorCode.NOT_LEADER_FOR_PARTITION,
+            ErrorCode.STORAGE_ERROR,
+        }
+    ),
+)
+
+TABLES: Final[Mapping[Api, ApiTable]] = {
+    table.api: table
+    for table in (
+        PRODUCE,
+        FETCH,
+        OFFSETS,
+        METADATA,
+        CREATE_TOPIC,
+        DELETE_TOPIC,
+        DESCRIBE_CLUSTER,
+        DESCRIBE_PARTITION,
+        DESCRIBE_CONFIG,
+        ALTER_CONFIG,
+        OFFSET_FOR_LEADER_EPOCH,
+    )
+}
+"""Every api's table, by api."""
+API_VERSIONS: Final[Mapping[Api, tuple[int, ...]]] = {
+    api: table.versions for api, table in TABLES.items()
+}
+"""The api_versions this broker speaks, per api, in order."""
+REPLY_CLASSES: Final[Mapping[type, ApiTable]] = {
+    table.reply.cls: table for table in TABLES.values() if table.reply.cls is not EmptyReply
+} | {EmptyReply: CREATE_TOPIC}
+"""The table of a reply class, for its versions (EmptyReply answers CREATE_TOPIC,
+DELETE_TOPIC and ALTER_CONFIG, all of version 1 only)."""
+
+
+def request_version(api: Api) -> int:
+    """The api_version this package's clients ask `api` at unless told: the newest of PRODUCE
+    and FETCH (PRODUCE's carries the idempotent producer's sequence, and its reply, as FETCH's,
+    says how long a quota held it back; FETCH's reads compressed sets), version 1 of the others
+    (a METADATA of version 2 is asked for where a client needs what it adds)."""
+    if api is Api.FETCH:
+        return FETCH_THROTTLE_VERSION
+    return PRODUCE_IDEMPOTENT_VERSION if api is Api.PRODUCE else API_VERSION
+
+
+def check_version(api: Api, version: int) -> None:
+    if version not in API_VERSIONS[api]:
+        raise ValueError(
+            f"{api.name} has no version {version}: versions "
+            f"{', '.join(map(str, API_VERSIONS[api]))}"
+        )
