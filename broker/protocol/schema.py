@@ -105,13 +105,16 @@ class Body:
     strict: bool = False
     rest: str = ""
     frame: str = ""
+    layouts: dict[int, Layout] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """The body compiled, by version, as `at` compiles it."""
 
     def at(self, version: int) -> Layout:
-        """This body compiled for `version` (cached)."""
-        key = (id(self), version)
-        layout = _LAYOUTS.get(key)
+        """This body compiled for `version` (once)."""
+        layout = self.layouts.get(version)
         if layout is None:
-            layout = _LAYOUTS[key] = Layout(self, version)
+            layout = self.layouts[version] = Layout(self, version)
         return layout
 
     def run(self, *names: str) -> Fields:
@@ -139,9 +142,6 @@ class Body:
                 yield field.item.name, field.item.wire_type
             else:
                 yield from field.item.rows(version)
-
-
-_LAYOUTS: dict[tuple[int, int], Layout] = {}
 
 
 def _defaults(cls: type) -> dict[str, Any]:
