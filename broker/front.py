@@ -26,7 +26,6 @@ from typing import Final
 import zmq
 
 from broker import control, protocol
-from broker.client.connection import close_monitored
 from broker.config import BrokerConfig
 from broker.errors import (
     AuthorizationFailed,
@@ -42,6 +41,7 @@ from broker.processes import port_holder
 from broker.quotas import Direction, Kind, QuotaStatistics, Throttle
 from broker.replies import HeldReplies
 from broker.security import Authorizer, HandshakeFailures, Operation, Principals, ZapHandler
+from broker.security.monitor import close_monitored
 from broker.topics import Topics
 from broker.transport import (
     CREDIT,

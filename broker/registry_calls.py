@@ -9,10 +9,12 @@ import functools
 import logging
 import queue
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from broker.errors import PylogError, RegistryUnavailable
-from broker.registry import Registry
+
+if TYPE_CHECKING:  # annotations only: a worker imports this module, and no kazoo
+    from broker.registry import Registry
 
 log = logging.getLogger("pylog.supervisor")
 

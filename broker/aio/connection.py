@@ -43,8 +43,6 @@ from broker.client.connection import (
     Framing,
     Handshakes,
     Retry,
-    close_monitored,
-    monitor_handshakes,
     noted,
     terminate_unblocked,
 )
@@ -70,6 +68,7 @@ from broker.protocol import (
     request_version,
 )
 from broker.security import ClientKeys
+from broker.security.monitor import close_monitored, monitor_handshakes
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import logging
 import os
 import re
@@ -76,6 +75,7 @@ from broker.protocol import (
 )
 from broker.ratelog import RateLimitedLog
 from broker.security import ClientKeys
+from broker.security.monitor import close_monitored, monitor_handshakes
 from broker.zmqio import NOBLOCK, receive_frames, send_frames
 
 
@@ -141,14 +141,6 @@ RETRY_BACKOFF_S: Final = 0.1
 """The wait before the first retry of a request; it doubles for each next one..."""
 MAX_RETRY_BACKOFF_S: Final = 2.0
 """... up to this."""
-HANDSHAKE_EVENTS: Final = (
-    zmq.EVENT_HANDSHAKE_SUCCEEDED
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-)
-"""The events of a client socket's monitor (a socket without keys has one until its first
-handshake succeeds: Connection._checked)."""
 BROKEN_HANDSHAKES: Final = 3
 """Handshakes in a row that the broker breaks off without a reason before the client gives up:
 what a client holding another broker key meets (the broker cannot read its HELLO and hangs up),
@@ -176,7 +168,6 @@ NO_KEYS: Final = (
 )
 """A client without keys at a broker serving Curve (Handshakes, curve False); `how` is empty
 when ZeroMQ said the mechanisms differ, else how the broker's hanging up showed it."""
-_monitor_numbers = itertools.count(1)
 _Socket = TypeVar("_Socket", bound=zmq.Socket[Any])
 _ADDRESS: Final = re.compile(
     r"(?:tcp://)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})"
@@ -244,24 +235,6 @@ class Retry:
             raise error
         self.left -= 1
         return self.backoff.next()
-
-
-def monitor_handshakes(socket: _Socket) -> _Socket:
-    """A PAIR socket receiving `socket`'s HANDSHAKE_EVENTS (made before it connects, so that no
-    event is missed), on an inproc address of its own; close it when `socket` is closed."""
-    address = f"inproc://pylog-handshakes-{os.getpid()}-{next(_monitor_numbers)}"
-    return socket.get_monitor_socket(HANDSHAKE_EVENTS, address)
-
-
-def close_monitored(socket: _Socket, monitor: _Socket, linger_ms: int | None = None) -> None:
-    """Close `socket` (with its own linger when `linger_ms` is None) and `monitor`, its monitor
-    (monitor_handshakes), the monitoring stopped first. libzmq's I/O thread hands a socket's
-    events to its monitor with a blocking send: an event after the monitor's PAIR is closed (a
-    handshake that ends while the socket is closed, or lingers) would block that thread for
-    ever, and with it every socket of the context."""
-    socket.disable_monitor()
-    monitor.close(linger=0)
-    socket.close(linger_ms)
 
 
 class Handshakes:

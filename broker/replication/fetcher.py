@@ -31,10 +31,10 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from broker import protocol
-from broker.client.connection import close_monitored, monitor_handshakes
 from broker.errors import MalformedReply, PartitionUnavailable
 from broker.log.message import Buffer
 from broker.security import BrokerKeys
+from broker.security.monitor import close_monitored, monitor_handshakes
 from broker.transport import TrioSocket
 from broker.zmqio import receive_frames
 

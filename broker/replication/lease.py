@@ -32,10 +32,13 @@ import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from broker.errors import PylogError
-from broker.registry import Registry
 from broker.registry_calls import RegistryCalls
+
+if TYPE_CHECKING:  # annotations only: a worker imports this module, and no kazoo
+    from broker.registry import Registry
 
 LEASE_FRACTION = 2 / 3
 """The lease's length, as a fraction of the ZooKeeper session timeout."""
