@@ -6,12 +6,14 @@ field, then that many items, each one field or a body of its own. Each has the v
 carry it, [since, until]. The names are the wire's, as docs/protocol.md spells them (a test
 reads its tables against these); `attr` names the value's attribute when it differs.
 
-Bodies are compiled once per version (`Body.at`) into steps: runs of consecutive fixed-size
-fields packed with one struct, strings, arrays. Encoding reads each field from the value's
+Bodies are compiled once per version (`Body.at`, a Layout) into an encoder and a reader,
+written as Python source from the fields and compiled: consecutive fixed-size fields are one
+struct, then strings and arrays in order. Encoding reads each field from the value's
 attribute; a field the version lacks must hold its default in a request (a ValueError names
 it; a reply leaves it out unless the field is `strict`). Decoding reads the fields with a
 Reader (whose errors name the field and its byte), then calls the body's `make` with the
-values by attribute: it checks what the layout cannot (ranges, order) and builds the value.
+values by attribute: it checks what the layout cannot (ranges, order) and builds the value;
+a body without one is built straight from its fields.
 """
 
 from __future__ import annotations
