@@ -52,9 +52,6 @@ class KnownPrefixes:
         self._capacity = capacity
         self._prefixes: dict[bytes, _Prefix] = {}
 
-    def __len__(self) -> int:
-        return len(self._prefixes)
-
     def remember(self, frame: Buffer, api: Api, version: int, route: Route) -> None:
         """Remember the prefix of `frame`, a request to `route` that passed every check."""
         known = _prefix_key(memoryview(frame))
