@@ -194,12 +194,17 @@ def decode_reply(api: Api, frames: Frames, version: int = API_VERSION) -> Reply:
             f"this one has {len(frames)}"
         )
     reader.enter(_REPLY_BODY_WHERE[api])
-    layout = table.reply.at(version)
+    body = table.reply
+    layout = body.at(version)
+    reply: Reply
+    if body.make is None:
+        reply = layout.build(reader, memoryview(frames[1]) if body.frame else None)
+        reader.finish()
+        layout.check(reader, reply)
+        return reply
     values = layout.read(reader)
     reader.finish()
-    if table.reply.frame:
-        values[table.reply.frame] = memoryview(frames[1])
-    reply: Reply = layout.make(reader, values, version)
+    reply = layout.make(reader, values)
     return reply
 
 

@@ -94,16 +94,28 @@ def decode_request(frames: Frames) -> tuple[RequestHeader, Request]:
     reader, header = read_request_header(frames)
     body = TABLES[header.api].request
     layout = body.at(header.version)
+    if body.make is None:
+        request = layout.build(reader)
+        if not body.rest:
+            reader.finish()
+        _check_topics(getattr(request, "topic", None), getattr(request, "topics", ()))
+        layout.check(reader, request)
+        return header, request
     values = layout.read(reader)
     if body.rest:
         values[body.rest] = reader.rest()
     else:
         reader.finish()
-    if "topic" in values:
-        check_topic_name(values["topic"])
-    for topic in values.get("topics", ()):
+    _check_topics(values.get("topic"), values.get("topics", ()))
+    return header, layout.make(reader, values)
+
+
+def _check_topics(topic: str | None, topics: tuple[str, ...]) -> None:
+    """InvalidTopic for a request's topic name (or one of its names) that breaks the rules."""
+    if topic is not None:
         check_topic_name(topic)
-    return header, layout.make(reader, values, header.version)
+    for name in topics:
+        check_topic_name(name)
 
 
 ROUTED_APIS: Final = frozenset(

@@ -13,7 +13,7 @@ attribute; a field the version lacks must hold its default in a request (a Value
 it; a reply leaves it out unless the field is `strict`). Decoding reads the fields with a
 Reader (whose errors name the field and its byte), then calls the body's `make` with the
 values by attribute: it checks what the layout cannot (ranges, order) and builds the value;
-a body without one is built straight from its fields.
+a body without one is built straight from its fields, and its `check` checks the value.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ LAST: Final = 0xFFFF
 Make = Callable[[Reader, dict[str, Any], int], Any]
 """A body's maker: checks the values read (by attribute), raising reader.fail(...), and builds
 the value; given the reader, the values and the version."""
+Check = Callable[[Reader, Any, int], None]
+"""A body's check of a value built straight from its fields, raising reader.fail(...); given
+the reader, the value and the version."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,16 +96,18 @@ class Many:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Body:
     """A body of api `api` (its name, for errors): the value class `cls` and its `fields` in
-    wire order. `make` checks the values read and builds the value (default:
-    cls(**values)); `prepare` gives the value to write at a version (default: the value as it
-    is); `strict`: any field the version lacks must hold its default (requests). `rest`: the
-    attribute that is the rest of the frame after the fields (PRODUCE's message set);
-    `frame`: the attribute that is a frame of its own after this one (FETCH's)."""
+    wire order. `make` checks the values read and builds the value; without one, the value is
+    built straight from the fields (faster) and `check`, if any, checks it. `prepare` gives
+    the value to write at a version (default: the value as it is); `strict`: any field the
+    version lacks must hold its default (requests). `rest`: the attribute that is the rest of
+    the frame after the fields (PRODUCE's message set); `frame`: the attribute that is a frame
+    of its own after this one (FETCH's)."""
 
     api: str
     cls: type
     fields: tuple[Field | Many, ...]
     make: Make | None = None
+    check: Check | None = None
     prepare: Callable[[Any, int], Any] | None = None
     strict: bool = False
     rest: str = ""
@@ -181,12 +186,11 @@ class Layout:
     (Python source, compiled once: as fast as one written by hand, as Kafka generates its
     message classes from its JSON schemas), and the fields it lacks that encoding checks."""
 
-    __slots__ = ("body", "decode_from", "encode_into", "lacks", "make", "read", "version")
+    __slots__ = ("body", "build", "decode_from", "encode_into", "lacks", "read", "version")
 
     def __init__(self, body: Body, version: int) -> None:
         self.body = body
         self.version = version
-        self.make: Make = body.make or (lambda reader, values, version: body.cls(**values))
         defaults = _defaults(body.cls)
         self.lacks = tuple(
             (field, defaults.get(field.key))
@@ -200,12 +204,21 @@ class Layout:
         the version lacks that holds other than its default (see Body), or a value its type
         cannot carry (Fields.pack, encode_string)."""
         self.read: Callable[[Reader], dict[str, Any]] = source.reader(present)
-        """The values of the fields at this version, read from a Reader, by attribute."""
+        """The values of the fields at this version, read from a Reader, by attribute (and
+        the rest of the frame, for a body with `rest`): what `make` takes."""
+        self.build: Callable[..., Any] = source.reader(present, body)
+        """The value of a body without `make`, built straight from the fields read from a
+        Reader (and the rest of the frame, for a body with `rest`; the frame after this one,
+        given, for one with `frame`), unchecked."""
         self.decode_from: Callable[[Reader], Any] = (
-            self._made if body.make is not None else source.reader(present, body.cls)
+            self._made
+            if body.make is not None
+            else self.build
+            if body.check is None
+            else self._checked
         )
-        """The value read from a Reader at this version, checked and built by `make` (built
-        straight from the fields by a body without one)."""
+        """The value read from a Reader at this version, made by `make`, or built and checked
+        (an item of an array)."""
 
     def refuse(self, value: Any) -> None:
         """ValueError naming the first field this version lacks that `value` sets."""
@@ -217,8 +230,23 @@ class Layout:
                     f"version {self.version} has no such field (send version {send})"
                 )
 
+    def make(self, reader: Reader, values: dict[str, Any]) -> Any:
+        """The value `make` builds from `values` (read by `read`), checked."""
+        assert self.body.make is not None
+        return self.body.make(reader, values, self.version)
+
+    def check(self, reader: Reader, value: Any) -> None:
+        """Check a value that `build` built (the body's `check`)."""
+        if self.body.check is not None:
+            self.body.check(reader, value, self.version)
+
     def _made(self, reader: Reader) -> Any:
-        return self.make(reader, self.read(reader), self.version)
+        return self.make(reader, self.read(reader))
+
+    def _checked(self, reader: Reader) -> Any:
+        value = self.build(reader)
+        self.check(reader, value)
+        return value
 
 
 class _Source:
@@ -282,10 +310,15 @@ class _Source:
             lines.append(f"    parts += [encode_string({item.name!r}, item) for item in items]")
         return lines
 
-    def reader(self, fields: list[Field | Many], cls: type | None = None) -> Any:
-        """A function of a Reader that reads `fields`: into a dict by attribute, or into a
-        `cls` built by keyword."""
-        lines = ["def read(reader):", "    fixed = reader.fixed", "    string = reader.string"]
+    def reader(self, fields: list[Field | Many], body: Body | None = None) -> Any:
+        """A function of a Reader that reads `fields` (and the rest of the frame when they are
+        a body's with `rest`): into a dict by attribute, or, given their `body`, into its class
+        built by keyword (its `frame` given as the function's second argument)."""
+        lines = [
+            "def read(reader, frame=None):",
+            "    fixed = reader.fixed",
+            "    string = reader.string",
+        ]
         keys: list[str] = []
         for group in _groups(fields):
             if isinstance(group, list):
@@ -304,11 +337,16 @@ class _Source:
             else:
                 lines += self.many_reader(group)
                 keys.append(group.attr)
-        if cls is None:
+        if body is None:
             lines.append("    return {" + ", ".join(f"{k!r}: v_{k}" for k in keys) + "}")
-        else:
-            arguments = ", ".join(f"{k}=v_{k}" for k in keys)
-            lines.append(f"    return {self.name(cls)}({arguments})")
+            return self.compile(lines, "read")
+        if body.rest:
+            lines.append(f"    v_{body.rest} = reader.rest()")
+            keys.append(body.rest)
+        if body.frame:
+            lines.append(f"    v_{body.frame} = frame")
+            keys.append(body.frame)
+        lines.append(f"    return {self.name(body.cls)}({_arguments(body.cls, keys)})")
         return self.compile(lines, "read")
 
     def many_reader(self, many: Many) -> list[str]:
@@ -329,6 +367,25 @@ class _Source:
             each = f'string(f"{item.name}[{{i}}]")'
             lines.append(f"    {target} = tuple([{each} for i in range(count)])")
         return lines
+
+
+def _arguments(cls: type, keys: list[str]) -> str:
+    """The arguments that build `cls` from the variables v_<key> of `keys`: by position while
+    the class's fields come in its order (faster), then by keyword."""
+    order = (
+        [f.name for f in dataclasses.fields(cls) if f.init]
+        if dataclasses.is_dataclass(cls)
+        else list(getattr(cls, "_fields", ()))
+    )
+    given = set(keys)
+    arguments: list[str] = []
+    for name in order:
+        if name not in given:
+            break
+        arguments.append(f"v_{name}")
+        given.discard(name)
+    arguments += [f"{key}=v_{key}" for key in keys if key in given]
+    return ", ".join(arguments)
 
 
 def _groups(fields: list[Field | Many]) -> Iterator[list[Field] | Field | Many]:

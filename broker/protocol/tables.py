@@ -174,26 +174,25 @@ PRODUCERS_FETCH_VERSION: Final = 5
 the sets it returns (docs/protocol.md, FETCH), which a follower stores with them."""
 
 
-def _make_fetch(reader: Reader, values: Values, version: int) -> FetchRequest:
-    if values["max_bytes"] < 1:
+def _check_fetch(reader: Reader, request: FetchRequest, version: int) -> None:
+    if request.max_bytes < 1:
         raise reader.fail("field max_bytes is 0: it must be at least 1")
-    replica_id = values.get("replica_id", -1)
+    replica_id = request.replica_id
     if replica_id < -1:
         raise reader.fail(
             f"field replica_id is {replica_id}: it must be -1 (a consumer) or a broker id"
         )
-    _check_epoch(reader, "leader_epoch", values.get("leader_epoch", -1), "unknown")
-    flushed_offset = values.get("flushed_offset", 0)
-    if replica_id == -1 and flushed_offset != 0:
+    _check_epoch(reader, "leader_epoch", request.leader_epoch, "unknown")
+    if replica_id == -1 and request.flushed_offset != 0:
         raise reader.fail(
-            f"field flushed_offset is {flushed_offset}: a consumer's (replica_id -1) must be 0"
+            f"field flushed_offset is {request.flushed_offset}: a consumer's (replica_id -1) "
+            "must be 0"
         )
-    return FetchRequest(**values)
 
 
-def _make_fetch_reply(reader: Reader, values: Values, version: int) -> FetchReply:
-    _check_epoch(reader, "leader_epoch", values.get("leader_epoch", -1))
-    epochs: tuple[EpochEntry, ...] = values.get("epochs", ())
+def _check_fetch_reply(reader: Reader, reply: FetchReply, version: int) -> None:
+    _check_epoch(reader, "leader_epoch", reply.leader_epoch)
+    epochs = reply.epochs
     for i, (epoch, start) in enumerate(epochs):
         if i and (epoch <= epochs[i - 1].epoch or start <= epochs[i - 1].start_offset):
             raise reader.fail(
@@ -202,7 +201,7 @@ def _make_fetch_reply(reader: Reader, values: Values, version: int) -> FetchRepl
             )
         if epoch < 0:
             raise reader.fail(f"epoch entry {i} has epoch {epoch}: it must be >= 0")
-    producers: tuple[StoredSet, ...] = values.get("producers", ())
+    producers = reply.producers
     for i, entry in enumerate(producers):
         if not entry.producer_id or entry.end <= entry.offset:
             raise reader.fail(
@@ -214,7 +213,6 @@ def _make_fetch_reply(reader: Reader, values: Values, version: int) -> FetchRepl
                 f"producer entry {i} starts at {entry.offset}, before the end "
                 f"{producers[i - 1].end} of the one before: entries must follow each other"
             )
-    return FetchReply(**values)
 
 
 FETCH: Final = ApiTable(
@@ -234,7 +232,7 @@ FETCH: Final = ApiTable(
             Field("leader_epoch", "i32", since=REPLICA_FETCH_VERSION),
             Field("flushed_offset", "u64", since=REPLICA_FETCH_VERSION),
         ),
-        _make_fetch,
+        check=_check_fetch,
         strict=True,
     ),
     Body(
@@ -274,7 +272,7 @@ FETCH: Final = ApiTable(
                 strict=True,
             ),
         ),
-        _make_fetch_reply,
+        check=_check_fetch_reply,
         frame="message_set",
     ),
     frozenset(
@@ -298,13 +296,12 @@ FETCH: Final = ApiTable(
 # -- OFFSETS -----------------------------------------------------------------------------------
 
 
-def _make_offsets(reader: Reader, values: Values, version: int) -> OffsetsRequest:
-    if values["time"] < EARLIEST:
+def _check_offsets(reader: Reader, request: OffsetsRequest, version: int) -> None:
+    if request.time < EARLIEST:
         raise reader.fail(
-            f"field time is {values['time']}: it must be -2 (earliest), -1 (latest) or a "
+            f"field time is {request.time}: it must be -2 (earliest), -1 (latest) or a "
             "timestamp >= 0"
         )
-    return OffsetsRequest(**values)
 
 
 OFFSETS: Final = ApiTable(
@@ -314,7 +311,7 @@ OFFSETS: Final = ApiTable(
         "OFFSETS",
         OffsetsRequest,
         (_topic(), Field("partition", "u32"), Field("time", "i64")),
-        _make_offsets,
+        check=_check_offsets,
         strict=True,
     ),
     Body("OFFSETS", OffsetsReply, (Field("offset", "u64"),)),
@@ -347,13 +344,12 @@ def _partition_at(partition: PartitionInfo, version: int) -> PartitionInfo:
     return PartitionInfo(partition.partition, partition.replicas[0], partition.error_code)
 
 
-def _make_partition(reader: Reader, values: Values, version: int) -> PartitionInfo:
-    if values["broker_id"] < -1:
+def _check_partition(reader: Reader, partition: PartitionInfo, version: int) -> None:
+    if partition.broker_id < -1:
         raise reader.fail(
-            f"field leader is {values['broker_id']}: it must be -1 (none) or a broker id"
+            f"field leader is {partition.broker_id}: it must be -1 (none) or a broker id"
         )
-    _check_epoch(reader, "leader_epoch", values.get("leader_epoch", -1))
-    return PartitionInfo(**values)
+    _check_epoch(reader, "leader_epoch", partition.leader_epoch)
 
 
 METADATA: Final = ApiTable(
@@ -422,7 +418,7 @@ METADATA: Final = ApiTable(
                                     ),
                                     Field("error_code", "code"),
                                 ),
-                                _make_partition,
+                                check=_check_partition,
                                 prepare=_partition_at,
                             ),
                         ),
@@ -610,18 +606,16 @@ DESCRIBE_PARTITION: Final = ApiTable(
 # -- OFFSET_FOR_LEADER_EPOCH -------------------------------------------------------------------
 
 
-def _make_offset_for_leader_epoch(
-    reader: Reader, values: Values, version: int
-) -> OffsetForLeaderEpochRequest:
-    _check_epoch(reader, "leader_epoch", values["leader_epoch"], "no history")
-    return OffsetForLeaderEpochRequest(**values)
+def _check_offset_for_leader_epoch(
+    reader: Reader, request: OffsetForLeaderEpochRequest, version: int
+) -> None:
+    _check_epoch(reader, "leader_epoch", request.leader_epoch, "no history")
 
 
-def _make_offset_for_leader_epoch_reply(
-    reader: Reader, values: Values, version: int
-) -> OffsetForLeaderEpochReply:
-    _check_epoch(reader, "epoch", values["epoch"])
-    return OffsetForLeaderEpochReply(**values)
+def _check_offset_for_leader_epoch_reply(
+    reader: Reader, reply: OffsetForLeaderEpochReply, version: int
+) -> None:
+    _check_epoch(reader, "epoch", reply.epoch)
 
 
 OFFSET_FOR_LEADER_EPOCH: Final = ApiTable(
@@ -631,14 +625,14 @@ OFFSET_FOR_LEADER_EPOCH: Final = ApiTable(
         "OFFSET_FOR_LEADER_EPOCH",
         OffsetForLeaderEpochRequest,
         (_topic(), Field("partition", "u32"), Field("leader_epoch", "i32")),
-        _make_offset_for_leader_epoch,
+        check=_check_offset_for_leader_epoch,
         strict=True,
     ),
     Body(
         "OFFSET_FOR_LEADER_EPOCH",
         OffsetForLeaderEpochReply,
         (Field("epoch", "i32"), Field("end_offset", "u64")),
-        _make_offset_for_leader_epoch_reply,
+        check=_check_offset_for_leader_epoch_reply,
     ),
     frozenset(
         {
