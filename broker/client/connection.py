@@ -168,7 +168,6 @@ NO_KEYS: Final = (
 )
 """A client without keys at a broker serving Curve (Handshakes, curve False); `how` is empty
 when ZeroMQ said the mechanisms differ, else how the broker's hanging up showed it."""
-_Socket = TypeVar("_Socket", bound=zmq.Socket[Any])
 _ADDRESS: Final = re.compile(
     r"(?:tcp://)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})"
 )

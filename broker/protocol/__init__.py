@@ -57,257 +57,176 @@ at version 1 leaves the newer fields out (the asker did not ask for them).
 
 from __future__ import annotations
 
-from broker.log.epochs import EpochEntry as EpochEntry  # the entries of a FETCH reply
-from broker.log.producers import StoredSet as StoredSet  # the producers of a FETCH reply
-from broker.protocol.apis import (
-    API_VERSION as API_VERSION,
+from broker.log.epochs import (
+    EpochEntry,
+)
+from broker.log.producers import (
+    StoredSet,
 )
 from broker.protocol.apis import (
-    EARLIEST as EARLIEST,
-)
-from broker.protocol.apis import (
-    LATEST as LATEST,
-)
-from broker.protocol.apis import (
-    MAX_STRING_BYTES as MAX_STRING_BYTES,
-)
-from broker.protocol.apis import (
-    MAX_TOPIC_LENGTH as MAX_TOPIC_LENGTH,
-)
-from broker.protocol.apis import (
-    Ack as Ack,
-)
-from broker.protocol.apis import (
-    Api as Api,
-)
-from broker.protocol.apis import (
-    Frames as Frames,
+    API_VERSION,
+    EARLIEST,
+    LATEST,
+    MAX_STRING_BYTES,
+    MAX_TOPIC_LENGTH,
+    Ack,
+    Api,
+    Frames,
 )
 from broker.protocol.codes import (
-    ERROR_FIELDS as ERROR_FIELDS,
-)
-from broker.protocol.codes import (
-    ERROR_TABLE as ERROR_TABLE,
-)
-from broker.protocol.codes import (
-    ErrorCode as ErrorCode,
-)
-from broker.protocol.codes import (
-    ErrorEntry as ErrorEntry,
-)
-from broker.protocol.codes import (
-    ErrorFields as ErrorFields,
-)
-from broker.protocol.codes import (
-    broker_error as broker_error,
-)
-from broker.protocol.codes import (
-    error_code_for as error_code_for,
-)
-from broker.protocol.codes import (
-    error_entry as error_entry,
+    ERROR_FIELDS,
+    ERROR_TABLE,
+    ErrorCode,
+    ErrorEntry,
+    ErrorFields,
+    broker_error,
+    error_code_for,
+    error_entry,
 )
 from broker.protocol.messages import (
-    AlterConfigRequest as AlterConfigRequest,
-)
-from broker.protocol.messages import (
-    ClusterBroker as ClusterBroker,
-)
-from broker.protocol.messages import (
-    ConfigEntry as ConfigEntry,
-)
-from broker.protocol.messages import (
-    CreateTopicRequest as CreateTopicRequest,
-)
-from broker.protocol.messages import (
-    DeleteTopicRequest as DeleteTopicRequest,
-)
-from broker.protocol.messages import (
-    DescribeClusterReply as DescribeClusterReply,
-)
-from broker.protocol.messages import (
-    DescribeClusterRequest as DescribeClusterRequest,
-)
-from broker.protocol.messages import (
-    DescribeConfigReply as DescribeConfigReply,
-)
-from broker.protocol.messages import (
-    DescribeConfigRequest as DescribeConfigRequest,
-)
-from broker.protocol.messages import (
-    DescribePartitionReply as DescribePartitionReply,
-)
-from broker.protocol.messages import (
-    DescribePartitionRequest as DescribePartitionRequest,
-)
-from broker.protocol.messages import (
-    EmptyReply as EmptyReply,
-)
-from broker.protocol.messages import (
-    FetchReply as FetchReply,
-)
-from broker.protocol.messages import (
-    FetchRequest as FetchRequest,
-)
-from broker.protocol.messages import (
-    MetadataBroker as MetadataBroker,
-)
-from broker.protocol.messages import (
-    MetadataReply as MetadataReply,
-)
-from broker.protocol.messages import (
-    MetadataRequest as MetadataRequest,
-)
-from broker.protocol.messages import (
-    OffsetForLeaderEpochReply as OffsetForLeaderEpochReply,
-)
-from broker.protocol.messages import (
-    OffsetForLeaderEpochRequest as OffsetForLeaderEpochRequest,
-)
-from broker.protocol.messages import (
-    OffsetsReply as OffsetsReply,
-)
-from broker.protocol.messages import (
-    OffsetsRequest as OffsetsRequest,
-)
-from broker.protocol.messages import (
-    PartitionInfo as PartitionInfo,
-)
-from broker.protocol.messages import (
-    ProduceReply as ProduceReply,
-)
-from broker.protocol.messages import (
-    ProduceRequest as ProduceRequest,
-)
-from broker.protocol.messages import (
-    Reply as Reply,
-)
-from broker.protocol.messages import (
-    ReplyHeader as ReplyHeader,
-)
-from broker.protocol.messages import (
-    Request as Request,
-)
-from broker.protocol.messages import (
-    RequestHeader as RequestHeader,
-)
-from broker.protocol.messages import (
-    Route as Route,
-)
-from broker.protocol.messages import (
-    RoutedRequest as RoutedRequest,
-)
-from broker.protocol.messages import (
-    TopicInfo as TopicInfo,
+    AlterConfigRequest,
+    ClusterBroker,
+    ConfigEntry,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    DescribeClusterReply,
+    DescribeClusterRequest,
+    DescribeConfigReply,
+    DescribeConfigRequest,
+    DescribePartitionReply,
+    DescribePartitionRequest,
+    EmptyReply,
+    FetchReply,
+    FetchRequest,
+    MetadataBroker,
+    MetadataReply,
+    MetadataRequest,
+    OffsetForLeaderEpochReply,
+    OffsetForLeaderEpochRequest,
+    OffsetsReply,
+    OffsetsRequest,
+    PartitionInfo,
+    ProduceReply,
+    ProduceRequest,
+    Reply,
+    ReplyHeader,
+    Request,
+    RequestHeader,
+    Route,
+    RoutedRequest,
+    TopicInfo,
 )
 from broker.protocol.names import (
-    check_topic_name as check_topic_name,
-)
-from broker.protocol.names import (
-    settings_text as settings_text,
+    check_topic_name,
+    settings_text,
 )
 from broker.protocol.prefixes import (
-    KnownPrefixes as KnownPrefixes,
+    KnownPrefixes,
 )
 from broker.protocol.replies import (
-    decode_reply as decode_reply,
-)
-from broker.protocol.replies import (
-    decode_reply_header as decode_reply_header,
-)
-from broker.protocol.replies import (
-    encode_error as encode_error,
-)
-from broker.protocol.replies import (
-    encode_reply as encode_reply,
+    decode_reply,
+    decode_reply_header,
+    encode_error,
+    encode_reply,
 )
 from broker.protocol.requests import (
-    ROUTED_APIS as ROUTED_APIS,
-)
-from broker.protocol.requests import (
-    decode_request as decode_request,
-)
-from broker.protocol.requests import (
-    encode_request as encode_request,
-)
-from broker.protocol.requests import (
-    is_fire_and_forget as is_fire_and_forget,
-)
-from broker.protocol.requests import (
-    peek_api as peek_api,
-)
-from broker.protocol.requests import (
-    peek_api_name as peek_api_name,
-)
-from broker.protocol.requests import (
-    peek_client_id as peek_client_id,
-)
-from broker.protocol.requests import (
-    peek_correlation_id as peek_correlation_id,
+    ROUTED_APIS,
+    decode_request,
+    encode_request,
+    is_fire_and_forget,
+    peek_api,
+    peek_api_name,
+    peek_client_id,
+    peek_correlation_id,
 )
 from broker.protocol.tables import (
-    ALTER_CONFIG as ALTER_CONFIG,
+    API_VERSIONS,
+    FETCH_THROTTLE_VERSION,
+    METADATA_LEADERS_VERSION,
+    PRODUCE_IDEMPOTENT_VERSION,
+    PRODUCE_THROTTLE_VERSION,
+    PRODUCERS_FETCH_VERSION,
+    REPLICA_FETCH_VERSION,
+    SETS_FETCH_VERSION,
+    TABLES,
+    ApiTable,
+    request_version,
 )
-from broker.protocol.tables import (
-    API_VERSIONS as API_VERSIONS,
-)
-from broker.protocol.tables import (
-    CREATE_TOPIC as CREATE_TOPIC,
-)
-from broker.protocol.tables import (
-    DELETE_TOPIC as DELETE_TOPIC,
-)
-from broker.protocol.tables import (
-    DESCRIBE_CLUSTER as DESCRIBE_CLUSTER,
-)
-from broker.protocol.tables import (
-    DESCRIBE_CONFIG as DESCRIBE_CONFIG,
-)
-from broker.protocol.tables import (
-    DESCRIBE_PARTITION as DESCRIBE_PARTITION,
-)
-from broker.protocol.tables import (
-    FETCH as FETCH,
-)
-from broker.protocol.tables import (
-    FETCH_THROTTLE_VERSION as FETCH_THROTTLE_VERSION,
-)
-from broker.protocol.tables import (
-    METADATA as METADATA,
-)
-from broker.protocol.tables import (
-    METADATA_LEADERS_VERSION as METADATA_LEADERS_VERSION,
-)
-from broker.protocol.tables import (
-    OFFSET_FOR_LEADER_EPOCH as OFFSET_FOR_LEADER_EPOCH,
-)
-from broker.protocol.tables import (
-    OFFSETS as OFFSETS,
-)
-from broker.protocol.tables import (
-    PRODUCE as PRODUCE,
-)
-from broker.protocol.tables import (
-    PRODUCE_IDEMPOTENT_VERSION as PRODUCE_IDEMPOTENT_VERSION,
-)
-from broker.protocol.tables import (
-    PRODUCE_THROTTLE_VERSION as PRODUCE_THROTTLE_VERSION,
-)
-from broker.protocol.tables import (
-    PRODUCERS_FETCH_VERSION as PRODUCERS_FETCH_VERSION,
-)
-from broker.protocol.tables import (
-    REPLICA_FETCH_VERSION as REPLICA_FETCH_VERSION,
-)
-from broker.protocol.tables import (
-    SETS_FETCH_VERSION as SETS_FETCH_VERSION,
-)
-from broker.protocol.tables import (
-    TABLES as TABLES,
-)
-from broker.protocol.tables import (
-    ApiTable as ApiTable,
-)
-from broker.protocol.tables import (
-    request_version as request_version,
-)
+
+__all__ = [
+    "API_VERSION",
+    "API_VERSIONS",
+    "EARLIEST",
+    "ERROR_FIELDS",
+    "ERROR_TABLE",
+    "FETCH_THROTTLE_VERSION",
+    "LATEST",
+    "MAX_STRING_BYTES",
+    "MAX_TOPIC_LENGTH",
+    "METADATA_LEADERS_VERSION",
+    "PRODUCERS_FETCH_VERSION",
+    "PRODUCE_IDEMPOTENT_VERSION",
+    "PRODUCE_THROTTLE_VERSION",
+    "REPLICA_FETCH_VERSION",
+    "ROUTED_APIS",
+    "SETS_FETCH_VERSION",
+    "TABLES",
+    "Ack",
+    "AlterConfigRequest",
+    "Api",
+    "ApiTable",
+    "ClusterBroker",
+    "ConfigEntry",
+    "CreateTopicRequest",
+    "DeleteTopicRequest",
+    "DescribeClusterReply",
+    "DescribeClusterRequest",
+    "DescribeConfigReply",
+    "DescribeConfigRequest",
+    "DescribePartitionReply",
+    "DescribePartitionRequest",
+    "EmptyReply",
+    "EpochEntry",
+    "ErrorCode",
+    "ErrorEntry",
+    "ErrorFields",
+    "FetchReply",
+    "FetchRequest",
+    "Frames",
+    "KnownPrefixes",
+    "MetadataBroker",
+    "MetadataReply",
+    "MetadataRequest",
+    "OffsetForLeaderEpochReply",
+    "OffsetForLeaderEpochRequest",
+    "OffsetsReply",
+    "OffsetsRequest",
+    "PartitionInfo",
+    "ProduceReply",
+    "ProduceRequest",
+    "Reply",
+    "ReplyHeader",
+    "Request",
+    "RequestHeader",
+    "Route",
+    "RoutedRequest",
+    "StoredSet",
+    "TopicInfo",
+    "broker_error",
+    "check_topic_name",
+    "decode_reply",
+    "decode_reply_header",
+    "decode_request",
+    "encode_error",
+    "encode_reply",
+    "encode_request",
+    "error_code_for",
+    "error_entry",
+    "is_fire_and_forget",
+    "peek_api",
+    "peek_api_name",
+    "peek_client_id",
+    "peek_correlation_id",
+    "request_version",
+    "settings_text",
+]

@@ -133,7 +133,7 @@ class Body:
         first = self.fields.index(fields[0])
         if self.fields[first : first + len(fields)] != tuple(fields):
             raise ValueError(f"{names} do not follow each other in {self.cls.__name__}")
-        return Fields(*((f.name, f.code or "") for f in fields))
+        return _run(fields)
 
     def rows(self, version: int) -> Iterator[tuple[str, str]]:
         """Its fields at `version`, (name, type) in wire order, the items of an array after
@@ -257,7 +257,6 @@ class _Source:
         self.names: dict[str, Any] = {
             "encode_string": encode_string,
             "convert": _convert,
-            "Pair": Pair,
         }
 
     def name(self, thing: Any) -> str:

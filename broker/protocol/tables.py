@@ -64,8 +64,7 @@ class ApiTable:
     reply_frames: tuple[str, ...] = ("header and body",)
 
 
-def _topic() -> Field:
-    return Field("topic", "string")
+_TOPIC: Final = Field("topic", "string")
 
 
 def _settings_many(attr: str, count: str) -> Many:
@@ -123,7 +122,7 @@ PRODUCE: Final = ApiTable(
         "PRODUCE",
         ProduceRequest,
         (
-            _topic(),
+            _TOPIC,
             Field("partition", "u32"),
             Field("ack", "u8"),
             Field("producer_id", "u64", since=PRODUCE_IDEMPOTENT_VERSION),
@@ -222,7 +221,7 @@ FETCH: Final = ApiTable(
         "FETCH",
         FetchRequest,
         (
-            _topic(),
+            _TOPIC,
             Field("partition", "u32"),
             Field("offset", "u64"),
             Field("max_bytes", "u32"),
@@ -310,7 +309,7 @@ OFFSETS: Final = ApiTable(
     Body(
         "OFFSETS",
         OffsetsRequest,
-        (_topic(), Field("partition", "u32"), Field("time", "i64")),
+        (_TOPIC, Field("partition", "u32"), Field("time", "i64")),
         check=_check_offsets,
         strict=True,
     ),
@@ -358,7 +357,7 @@ METADATA: Final = ApiTable(
     Body(
         "METADATA",
         MetadataRequest,
-        (Many("topics", Field("topic_count", "u16"), _topic()),),
+        (Many("topics", Field("topic_count", "u16"), _TOPIC),),
         strict=True,
     ),
     Body(
@@ -386,7 +385,7 @@ METADATA: Final = ApiTable(
                     "METADATA",
                     TopicInfo,
                     (
-                        _topic(),
+                        _TOPIC,
                         Field("error_code", "code"),
                         Many(
                             "partitions",
@@ -445,7 +444,7 @@ CREATE_TOPIC: Final = ApiTable(
     Body(
         "CREATE_TOPIC",
         CreateTopicRequest,
-        (_topic(), Field("partitions", "u32"), _settings_many("config", "config_count")),
+        (_TOPIC, Field("partitions", "u32"), _settings_many("config", "config_count")),
         _make_create_topic,
         strict=True,
     ),
@@ -463,7 +462,7 @@ CREATE_TOPIC: Final = ApiTable(
 DELETE_TOPIC: Final = ApiTable(
     Api.DELETE_TOPIC,
     (1,),
-    Body("DELETE_TOPIC", DeleteTopicRequest, (_topic(),), strict=True),
+    Body("DELETE_TOPIC", DeleteTopicRequest, (_TOPIC,), strict=True),
     Body("DELETE_TOPIC", EmptyReply, ()),
     frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.REGISTRY_UNAVAILABLE}),
 )
@@ -471,7 +470,7 @@ DELETE_TOPIC: Final = ApiTable(
 DESCRIBE_CONFIG: Final = ApiTable(
     Api.DESCRIBE_CONFIG,
     (1,),
-    Body("DESCRIBE_CONFIG", DescribeConfigRequest, (_topic(),), strict=True),
+    Body("DESCRIBE_CONFIG", DescribeConfigRequest, (_TOPIC,), strict=True),
     Body(
         "DESCRIBE_CONFIG",
         DescribeConfigReply,
@@ -513,7 +512,7 @@ ALTER_CONFIG: Final = ApiTable(
         "ALTER_CONFIG",
         AlterConfigRequest,
         (
-            _topic(),
+            _TOPIC,
             _settings_many("set", "set_count"),
             Many("delete", Field("delete_count", "u16"), Field("key", "string")),
         ),
@@ -577,7 +576,7 @@ DESCRIBE_PARTITION: Final = ApiTable(
     Body(
         "DESCRIBE_PARTITION",
         DescribePartitionRequest,
-        (_topic(), Field("partition", "u32")),
+        (_TOPIC, Field("partition", "u32")),
         strict=True,
     ),
     Body(
@@ -624,7 +623,7 @@ OFFSET_FOR_LEADER_EPOCH: Final = ApiTable(
     Body(
         "OFFSET_FOR_LEADER_EPOCH",
         OffsetForLeaderEpochRequest,
-        (_topic(), Field("partition", "u32"), Field("leader_epoch", "i32")),
+        (_TOPIC, Field("partition", "u32"), Field("leader_epoch", "i32")),
         check=_check_offset_for_leader_epoch,
         strict=True,
     ),
