@@ -149,19 +149,37 @@ LEFT_RUNNING_GRACE_S = 5.0
 
 
 def processes_of_this_run() -> dict[int, str]:
-    """pid -> command line of the running processes started with this process's RUN_VARIABLE."""
-    wanted = f"{RUN_VARIABLE}={os.environ[RUN_VARIABLE]}".encode()
+    """pid -> command line of each running process of this run (see process_of_this_run)."""
     found: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if wanted in (entry / "environ").read_bytes().split(b"\0"):  # a zombie's is empty
-                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-                found[int(entry.name)] = command.decode(errors="replace").strip()
-        except OSError:  # ended meanwhile, or not ours to read
-            continue
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            command = process_of_this_run(int(entry.name))
+            if command is not None:
+                found[int(entry.name)] = command
     return found
+
+
+def process_of_this_run(pid: int) -> str | None:
+    """The command line of process `pid` if it runs with this process's RUN_VARIABLE or is
+    this process's own running child, else None. A child can be caught in its exec: Popen
+    returns once the old program is gone, before the kernel has set the new one's environment
+    (/proc/<pid>/environ reads empty until then: seen after a third of Popen calls here)."""
+    wanted = f"{RUN_VARIABLE}={os.environ[RUN_VARIABLE]}".encode()
+    entry = Path(f"/proc/{pid}")
+    try:
+        state, parent = (entry / "stat").read_text().rpartition(")")[2].split()[:2]
+        running_child = int(parent) == os.getpid() and state != "Z"
+        if running_child or wanted in (entry / "environ").read_bytes().split(b"\0"):
+            return (
+                (entry / "cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode(errors="replace")
+                .strip()
+            )
+    except OSError:  # ended meanwhile, or not ours to read
+        pass
+    return None
 
 
 @pytest.fixture(scope="session", autouse=True)

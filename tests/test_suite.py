@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import zmq
 
+from tests.conftest import process_of_this_run
 from tests.pipes import PipeLines
 
 ROOT = Path(__file__).parents[1]
@@ -65,6 +66,19 @@ def test_a_process_a_test_leaves_running_is_killed_and_named(tmp_path: Path) -> 
     assert named, ran.stdout
     stat = Path(f"/proc/{named[1]}/stat")  # gone, or a zombie for its new parent to reap
     assert not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z"
+
+
+@pytest.mark.broker
+def test_a_child_is_found_though_its_environment_reads_empty() -> None:
+    # As the kernel shows a child in its exec: Popen returns before the new program's
+    # environment is set, and /proc/<pid>/environ reads empty until it is (a session that
+    # ended then missed the sleep it was to name). An empty environment stands for that here.
+    with subprocess.Popen(["sleep", "613"], env={}) as child:
+        try:
+            assert Path(f"/proc/{child.pid}/environ").read_bytes() == b""
+            assert process_of_this_run(child.pid) == "sleep 613"
+        finally:
+            child.kill()
 
 
 @pytest.mark.broker
