@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from broker.backoff import Backoff
-from broker.clock import SYSTEM_CLOCK
+from broker.clock import Clock
 from broker.errors import DiskFull, PylogError, StorageError, StorageIOError
 from broker.log import PartitionLog
 from broker.partition import Partition
@@ -57,10 +57,13 @@ class Flusher:
         self,
         served: Served,
         reopened: Callable[[Partition], Awaitable[None]],
+        clock: Clock,
         when_idle: bool = False,
     ) -> None:
         self.served = served
         self.reopened = reopened
+        self.clock = clock
+        """The partition logs' clock, which their flush deadlines are on."""
         self.when_idle = when_idle
         """log.flush_when_idle: every append is flushed by the next group commit."""
         self.deadline_changed = trio.Event()
@@ -189,8 +192,8 @@ class Flusher:
         commit leaves a partition without a deadline, so each round gives it a new one.)"""
         deadline = plog.next_flush_deadline()
         if deadline is not None:
-            # The deadlines are on the partition logs' clock (time.monotonic), not on trio's.
-            at = trio.current_time() + deadline - SYSTEM_CLOCK.monotonic()
+            # The deadlines are on the partition logs' clock, not on trio's.
+            at = trio.current_time() + deadline - self.clock.monotonic()
             if at < self.timer.deadline:
                 self.timer.deadline = at
 
@@ -205,11 +208,11 @@ class Flusher:
                 if p.offline is None
             ]
             due = min((d for d in deadlines if d is not None), default=math.inf)
-            # The deadlines are on the partition logs' clock (time.monotonic), not on trio's,
+            # The deadlines are on the partition logs' clock, not on trio's,
             # which has another origin: wait for the interval left, not until the instant.
             # After a flush that failed, FLUSH_RETRY_S: not at once (a spin until it works), and
             # not at a deadline an hour away when producers wait for it.
-            wait_s = FLUSH_RETRY_S if failed else max(0.0, due - SYSTEM_CLOCK.monotonic())
+            wait_s = FLUSH_RETRY_S if failed else max(0.0, due - self.clock.monotonic())
             with trio.move_on_after(wait_s) as self.timer:
                 await self.deadline_changed.wait()
             flushed = [  # and those producers wait on, whose group commit failed (EMFILE)

@@ -49,6 +49,7 @@ import trio
 import zmq
 
 from broker import control, protocol
+from broker.clock import SYSTEM_CLOCK, Clock
 from broker.config import BrokerConfig
 from broker.errors import (
     NotEnoughReplicas,
@@ -90,9 +91,17 @@ ANSWER_TIMEOUT_S = 5.0
 class Worker:
     """The partitions of one group and the loop that serves them."""
 
-    def __init__(self, index: int, config: BrokerConfig, socket: TrioSocket[list[bytes]]) -> None:
+    def __init__(
+        self,
+        index: int,
+        config: BrokerConfig,
+        socket: TrioSocket[list[bytes]],
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.index = index
         self.config = config
+        self.clock = clock
+        """The partition logs' clock (flush deadlines, segment ages, retention)."""
         self.topic_settings: dict[str, dict[str, SettingValue]] = {}
         """Each topic's own settings, as the supervisor last gave them (over the [log]
         defaults, which may change live)."""
@@ -102,6 +111,7 @@ class Worker:
         self.flusher = Flusher(
             self.served,
             lambda partition: self.leadership.reopened(partition),
+            clock,
             config.log_flush_when_idle,
         )
         self.leadership = Leadership(self.served, config, self.flusher)
@@ -372,7 +382,7 @@ class Worker:
         """Open a partition's log; False when it is open already."""
         if (topic, number) in self.partitions:
             return False
-        plog = PartitionLog.open(directory / f"{topic}-{number}", config)
+        plog = PartitionLog.open(directory / f"{topic}-{number}", config, self.clock)
         plog.on_flush = self.stats.flush_seconds.observe
         log_recovery(f"{topic}-{number}", plog)
         checkpoint = HighWatermarkCheckpoint(plog.directory)

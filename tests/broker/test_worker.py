@@ -12,8 +12,10 @@ import trio.testing
 import zmq
 
 from broker import protocol
+from broker.clock import SYSTEM_CLOCK, Clock
 from broker.config import BrokerConfig
 from broker.errors import StorageIOError
+from broker.flusher import FLUSH_RETRY_S
 from broker.log import encode_message
 from broker.partition import Partition
 from broker.protocol import Ack, Api
@@ -44,8 +46,22 @@ def sockets() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
     context.destroy(linger=0)
 
 
+class TrioClock:
+    """broker.clock.Clock read off trio's clock (a MockClock in the tests that use it), with
+    an origin of its own, as time.monotonic's differs from trio's."""
+
+    def monotonic(self) -> float:
+        return trio.current_time() - 10_000.0
+
+    def time(self) -> float:
+        return trio.current_time() + 1_700_000_000.0
+
+
 def idle_worker(
-    worker_end: zmq.Socket[bytes], when_idle: bool = False, **settings: object
+    worker_end: zmq.Socket[bytes],
+    when_idle: bool = False,
+    clock: Clock = SYSTEM_CLOCK,
+    **settings: object,
 ) -> Worker:
     """A worker whose partitions flush only on the hour (or on a group commit for producers
     waiting on ack=flushed; whenever it is idle only `when_idle`), with `settings` besides."""
@@ -57,7 +73,7 @@ def idle_worker(
             **settings,
         }
     )
-    return Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
+    return Worker(0, config, TrioSocket(worker_end, receive_from_supervisor), clock)
 
 
 def replies_in(message: list[bytes]) -> list[list[bytes]]:
@@ -135,21 +151,24 @@ async def answer_one_produce(worker: Worker, supervisor: zmq.Socket[bytes], tmp_
             await trio.sleep(0.01)
 
 
-async def test_unflushed_data_does_not_keep_the_flush_timer_spinning(
-    tmp_path: Path, sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
+async def test_a_partition_is_flushed_at_its_deadline_and_the_timer_rests_until_then(
+    tmp_path: Path,
+    sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # The flush deadline is on time.monotonic's clock; trio's has another origin. Waiting
-    # "until" it on trio's clock woke the timer at once, over and over: a core burnt while
-    # any partition held unflushed data.
-    # Judged by the timer's turns (each looks at every partition), not by the CPU it took.
+    # The flush deadline is on the partition logs' clock; trio's has another origin. Waiting
+    # "until" it on trio's clock woke the timer at once, over and over (a core burnt while
+    # any partition held unflushed data), or late, by the difference of the origins.
+    # Judged on trio's MockClock, by the timer's turns (each looks at every partition).
     supervisor, worker_end = sockets
-    worker = idle_worker(worker_end)
+    worker = idle_worker(worker_end, clock=TrioClock())
     looks = 0
     flush = worker.flusher.flush
 
     def counted(partition: Partition, if_due: bool = False) -> bool:
         nonlocal looks
         looks += 1
+        assert looks <= 10, "the flush timer spins"
         return flush(partition, if_due)
 
     worker.flusher.flush = counted  # type: ignore[method-assign]
@@ -157,11 +176,14 @@ async def test_unflushed_data_does_not_keep_the_flush_timer_spinning(
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.serve)
             await answer_one_produce(worker, supervisor, tmp_path)
+            log = worker.partitions[("audit", 0)].log
             looks = 0
-            await trio.sleep(0.5)  # an hour from its flush, the worker has nothing to do
+            await trio.sleep(HOUR_MS / 1000 - 1)  # the worker has nothing to do meanwhile
+            assert log.statistics().pending_messages == 1
+            assert looks <= 1, f"the flush timer turned {looks} times in an idle hour"
+            await trio.sleep(2)
+            assert log.statistics().pending_messages == 0
             nursery.cancel_scope.cancel()
-        assert worker.partitions[("audit", 0)].log.statistics().pending_messages == 1
-        assert looks <= 1, f"the flush timer turned {looks} times in 0.5 s of idling"
     finally:
         worker.close()
 
@@ -221,14 +243,15 @@ async def test_every_request_of_a_requests_message_is_served_in_order(
 
 
 async def test_a_flush_that_fails_without_failing_its_log_is_retried_with_a_pause(
-    tmp_path: Path, sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
+    tmp_path: Path,
+    sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     # A flush that finds no descriptor to reopen its segment with (EMFILE) raises
     # StorageIOError but leaves the log good and the flush due: tried again after a pause,
     # not in a loop that burns a core until descriptors free up.
     _, worker_end = sockets
-    config = BrokerConfig({"log_flush_interval_ms": 1, "log_flush_messages": 1_000_000})
-    worker = Worker(0, config, TrioSocket(worker_end, receive_from_supervisor))
+    worker = idle_worker(worker_end, clock=TrioClock(), log_flush_interval_ms=1)
     attempts = 0
 
     def no_descriptor() -> bool:
@@ -246,7 +269,8 @@ async def test_a_flush_that_fails_without_failing_its_log_is_retried_with_a_paus
             with trio.move_on_after(0.5):
                 await worker.flusher.run()
             nursery.cancel_scope.cancel()
-        assert 1 <= attempts <= 10
+        # At the deadline (1 ms), then each FLUSH_RETRY_S: 0.001, 0.101, ..., 0.401 s.
+        assert attempts == 1 + int((0.5 - 0.001) / FLUSH_RETRY_S)
         assert worker.partitions[("audit", 0)].offline is None  # the log did not fail
     finally:
         worker.close()
