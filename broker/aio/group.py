@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, Self, TypeVar
 
@@ -195,7 +194,7 @@ class AsyncGroupConsumer(AsyncClosing):
         current = set(member._owned.values())
         for owned in [owned for owned in self._fetching if owned not in current]:
             self._fetching.pop(owned)[1].cancel()  # a partition lost (session expired)
-        now = time.monotonic()
+        now = member.clock.monotonic()
         for owned in current:
             if owned in self._fetching or owned.rest_until > now:
                 continue
@@ -217,7 +216,7 @@ class AsyncGroupConsumer(AsyncClosing):
             try:
                 frames = task.result()
             except Unavailable:
-                owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+                owned.rest_until = member.clock.monotonic() + RETRY_BACKOFF_S
                 owned.located = False  # the broker may be down: another may lead now
                 log.warning("no reply to a fetch of %s from %s", owned.tp, owned.endpoint)
                 continue

@@ -77,6 +77,7 @@ from broker.client.consumer import (
     decode_fetched,
     grown_fetch_bytes,
 )
+from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import (
     BrokerError,
     CorruptSegment,
@@ -231,7 +232,8 @@ class GroupConsumer(Closing):
     (docs/security.md); without them the member speaks plaintext. `zookeeper_auth`
     (broker.security.ZooKeeperAuth) is the ZooKeeper digest identity the member presents to
     a registry with ACLs: the group's nodes are its identity's, and every member of the group
-    presents the same one (docs/registry.md, "Who may write what")."""
+    presents the same one (docs/registry.md, "Who may write what"). `clock` (broker.clock)
+    times auto-commits, the rests of partitions after errors and the fetches overdue."""
 
     def __init__(
         self,
@@ -256,6 +258,7 @@ class GroupConsumer(Closing):
         skip_corrupt: bool = False,
         keys: ClientKeys | None = None,
         zookeeper_auth: ZooKeeperAuth | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if reset not in ("earliest", "latest"):
             raise ValueError(f"reset {reset!r}: use earliest or latest")
@@ -264,6 +267,7 @@ class GroupConsumer(Closing):
         if not self.topics:
             raise ValueError("a group consumer needs at least one topic")
         self.consumer_id = consumer_id or default_consumer_id()
+        self.clock = clock
         self.reset: Reset = reset
         self.auto_commit_interval_s = auto_commit_interval_s
         self.on_assigned = on_assigned
@@ -284,7 +288,7 @@ class GroupConsumer(Closing):
         self._in_flight: dict[tuple[Connection, int], _Owned] = {}
         self._rebalance_wanted = threading.Event()
         self._rebalance_wanted.set()  # the first poll joins
-        self._next_commit = time.monotonic() + (auto_commit_interval_s or 0)
+        self._next_commit = self.clock.monotonic() + (auto_commit_interval_s or 0)
         self._closed = False
         self._interrupted = False
         if zookeeper is None:
@@ -495,7 +499,7 @@ class GroupConsumer(Closing):
         return records
 
     def _send_fetches(self, wait_s: float) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for owned in self._owned.values():
             if owned.in_flight is not None or owned.rest_until > now:
                 continue
@@ -511,12 +515,12 @@ class GroupConsumer(Closing):
         """Wait up to `wait_s` for a first reply, then take every reply already there."""
         if not self._in_flight:
             return
-        deadline = time.monotonic() + wait_s
+        deadline = self.clock.monotonic() + wait_s
         while self._in_flight:
             if any(o.buffered for o in self._owned.values()):
                 timeout_s = 0.0  # data to hand out: take only the replies already here
             else:
-                timeout_s = max(0.0, deadline - time.monotonic())
+                timeout_s = max(0.0, deadline - self.clock.monotonic())
             connections = {connection for connection, _ in self._in_flight}
             try:
                 connection, correlation_id, frames = self.cluster.receive_pipelined(
@@ -533,12 +537,12 @@ class GroupConsumer(Closing):
 
     def _expire_fetches(self, wait_s: float) -> None:
         """Forget fetches whose reply is overdue (broker down): they are sent again later."""
-        overdue = time.monotonic() - wait_s - self.timeout_s
+        overdue = self.clock.monotonic() - wait_s - self.timeout_s
         for key, owned in list(self._in_flight.items()):
             if owned.sent_at < overdue:
                 del self._in_flight[key]
                 owned.in_flight = None
-                owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+                owned.rest_until = self.clock.monotonic() + RETRY_BACKOFF_S
                 owned.located = False  # the broker may be down: another may lead now
                 log.warning("no reply to a fetch of %s from %s", owned.tp, owned.endpoint)
 
@@ -565,14 +569,14 @@ class GroupConsumer(Closing):
             if isinstance(error, BrokerError) and not error.retriable:
                 raise
             log.warning("group %s: where is %s led? %s", self.group, tp, error)
-            owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+            owned.rest_until = self.clock.monotonic() + RETRY_BACKOFF_S
             return False
         info = self.cluster.leaders.get((tp.topic, tp.partition))
         endpoint = None
         if info is not None and info.error_code == ErrorCode.NONE:
             endpoint = self.cluster.endpoints.get(info.broker_id)
         if endpoint is None:
-            owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+            owned.rest_until = self.clock.monotonic() + RETRY_BACKOFF_S
             return False
         owned.endpoint, owned.located = endpoint, True
         return True
@@ -594,7 +598,7 @@ class GroupConsumer(Closing):
             elif grown is not None:
                 owned.fetch_bytes = grown
             elif error.retriable or error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+                owned.rest_until = self.clock.monotonic() + RETRY_BACKOFF_S
                 self._follow_leader(owned, error)
             else:
                 raise
@@ -631,7 +635,7 @@ class GroupConsumer(Closing):
         except (Unavailable, BrokerError) as failure:
             if isinstance(failure, BrokerError) and not failure.retriable:
                 raise
-            owned.rest_until = time.monotonic() + RETRY_BACKOFF_S
+            owned.rest_until = self.clock.monotonic() + RETRY_BACKOFF_S
             return
         self.offset_resets += 1
         log.warning(
@@ -860,12 +864,14 @@ class GroupConsumer(Closing):
                 owned.committed = owned.position
 
     def _commit_due(self) -> bool:
-        return self.auto_commit_interval_s is not None and time.monotonic() >= self._next_commit
+        return (
+            self.auto_commit_interval_s is not None and self.clock.monotonic() >= self._next_commit
+        )
 
     def _auto_commit(self) -> None:
         if self.auto_commit_interval_s is None or not self._commit_due():
             return
-        self._next_commit = time.monotonic() + self.auto_commit_interval_s
+        self._next_commit = self.clock.monotonic() + self.auto_commit_interval_s
         try:
             self._commit_positions()
         except RegistryUnavailable as error:  # the next interval tries again

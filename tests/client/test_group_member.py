@@ -10,6 +10,7 @@ import pytest
 
 from broker.client import Admin, GroupConsumer, PartitionConsumer, Producer, Record
 from broker.errors import RegistryUnavailable
+from tests.conftest import FakeClock
 from tests.pylogd import RunningBroker
 
 
@@ -76,6 +77,26 @@ def next_record(member: GroupConsumer) -> Record | None:
     while record is None and time.monotonic() < deadline:  # bounded: one message
         record = member.poll_record(200)
     return record
+
+
+def test_auto_commit_waits_for_its_interval_on_the_members_clock(
+    broker: RunningBroker, kafka_topic: str, clock: FakeClock
+) -> None:
+    offsets = produce(broker, kafka_topic, ["a", "b", "c"])
+    with GroupConsumer(
+        None, "timed", [kafka_topic], broker=broker.endpoint, auto_commit_interval_s=5, clock=clock
+    ) as member:
+        first = next_record(member)
+        [partition] = [tp for tp in member.assignment if tp.partition == 0]
+        second = member.poll_record(5000)  # "a" is processed: its position could be committed
+        assert first is not None and second is not None
+        assert (first.value, second.value) == (b"a", b"b")
+        assert member.registry.committed_offset("timed", kafka_topic, partition.name) is None
+        clock.advance(5)  # the interval is up: the next step commits what was processed
+        third = member.poll_record(5000)
+        assert third is not None and third.value == b"c"
+        committed = member.registry.committed_offset("timed", kafka_topic, partition.name)
+        assert committed == offsets[2]  # after "b", which the step took as processed
 
 
 def test_seek_and_commit_of_chosen_offsets(broker: RunningBroker, kafka_topic: str) -> None:
