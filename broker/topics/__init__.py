@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from broker import control, protocol
+from broker.clock import SYSTEM_CLOCK, Clock
 from broker.config import BrokerConfig
 from broker.errors import PylogError, UnknownTopicOrPartition
 from broker.log.config import SettingValue
@@ -77,9 +78,16 @@ class Topics:
     """The topics of the cluster as this broker sees them, and those it holds."""
 
     def __init__(
-        self, config: BrokerConfig, pool: WorkerPool, calls: RegistryCalls, answers: Answers
+        self,
+        config: BrokerConfig,
+        pool: WorkerPool,
+        calls: RegistryCalls,
+        answers: Answers,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config
+        self.clock = clock
+        """The timers' clock (how long a CREATE_TOPIC waits for its partitions' holders)."""
         self.me = config.broker_id
         self.log_dirs = config.log_dir_paths
         self.pool = pool

@@ -12,7 +12,6 @@ created (a full disk) undoes the creation and answers its error.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -148,7 +147,7 @@ class TopicAdmin:
             config.partitions,
             sorted(set(config.brokers)),
         )
-        deadline = time.monotonic() + CREATE_WAIT_S
+        deadline = self.view.clock.monotonic() + CREATE_WAIT_S
         self._pending_creates.append(
             _PendingCreate(topic, config, tagged, correlation_id, deadline, here)
         )
@@ -168,7 +167,7 @@ class TopicAdmin:
         for pending in [p for p in self._pending_creates if p.failure is not None]:
             self._pending_creates.remove(pending)
             self._undo_create(pending)
-        now = time.monotonic()
+        now = self.view.clock.monotonic()
         if (
             not self._pending_creates
             or self._creates_checking
@@ -188,7 +187,7 @@ class TopicAdmin:
         """What ZooKeeper says each pending CREATE_TOPIC's holders serve: answer those served
         (or past CREATE_WAIT_S)."""
         self._creates_checking = False
-        now = time.monotonic()
+        now = self.view.clock.monotonic()
         waiting = []
         for pending in self._pending_creates:
             served = {

@@ -2,7 +2,8 @@
 on the view alone: a replicated partition whose state node this broker has not read yet (a
 topic just created elsewhere: its watch on the topics fired, the one on the state node not yet)
 has no leader known, as docs/protocol.md says: not its first replica at epoch -1 with every
-replica in sync."""
+replica in sync. And the view's timer: how long a CREATE_TOPIC waits for its partitions'
+holders, on the view's clock."""
 
 from __future__ import annotations
 
@@ -19,18 +20,20 @@ from broker.pool import WorkerPool
 from broker.registry import BrokerRegistration, PartitionState, TopicConfig
 from broker.registry_calls import RegistryCalls
 from broker.topics import Topics
+from broker.topics.admin import CREATE_WAIT_S
+from tests.conftest import FakeClock
 
 ME = 1
 PORT = 9092
 
 
 @pytest.fixture
-def topics(tmp_path: Path) -> Iterator[Topics]:
+def topics(tmp_path: Path, clock: FakeClock) -> Iterator[Topics]:
     config = BrokerConfig({"broker_id": ME, "broker_data_dir": str(tmp_path)})
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     pool = WorkerPool(config, context, zmq.Poller(), tmp_path, deque())
     calls = RegistryCalls()
-    view = Topics(config, pool, calls, deque())
+    view = Topics(config, pool, calls, deque(), clock)
     view.live_brokers = {
         b: BrokerRegistration("127.0.0.1", PORT + b, 1, ("/logs",)) for b in (2, 3)
     }
@@ -65,3 +68,20 @@ def test_a_partition_of_one_replica_is_led_by_it_with_no_epoch(topics: Topics) -
     answer = partition(topics, "single")
     assert (answer.broker_id, answer.leader_epoch, answer.isr) == (2, -1, (2,))
     assert answer.error_code == protocol.ErrorCode.NONE
+
+
+def test_a_create_topic_whose_holder_never_serves_is_answered_after_the_wait(
+    topics: Topics, clock: FakeClock
+) -> None:
+    # The topic's one partition is broker 2's, which never registers it (it died meanwhile).
+    topics.admin._created("clicks", TopicConfig(1, (2,)), b"client", 7)
+    topics.admin._on_served({})  # ZooKeeper: nothing served yet
+    clock.advance(CREATE_WAIT_S - 0.1)
+    topics.admin._on_served({})
+    assert not topics.answers
+    clock.advance(0.1)
+    topics.admin._on_served({})
+    [(tagged, reply)] = topics.answers
+    assert tagged == b"client"
+    header = protocol.decode_reply_header(reply)
+    assert (header.correlation_id, header.error_code) == (7, protocol.ErrorCode.NONE)
