@@ -31,7 +31,7 @@ Worker to supervisor (Report):
 - PartitionsOpened: the partitions opened, those that could not be (error code, message).
 - PartitionsDeleted: a topic's partitions deleted.
 - AskIsr: a leader asks for the ISR of a partition it leads in `leader_epoch` to become `isr`.
-- WorkerStats: the figures for the metrics endpoint (broker.worker_stats).
+- StatsReport: the figures for the metrics endpoint (broker.worker_stats).
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ class AskIsr:
 
 
 @dataclass(frozen=True)
-class WorkerStats:
+class StatsReport:
     snapshot: dict[str, Any] = field(default_factory=dict)
 
 
@@ -181,7 +181,7 @@ Command = (
     | PartitionRole
     | RenewLease
 )
-Report = WorkerHello | PartitionsOpened | PartitionsDeleted | AskIsr | WorkerStats
+Report = WorkerHello | PartitionsOpened | PartitionsDeleted | AskIsr | StatsReport
 
 _COMMANDS: dict[str, type[Command]] = {
     c.__name__: c
@@ -196,7 +196,7 @@ _COMMANDS: dict[str, type[Command]] = {
     )
 }
 _REPORTS: dict[str, type[Report]] = {
-    r.__name__: r for r in (WorkerHello, PartitionsOpened, PartitionsDeleted, AskIsr, WorkerStats)
+    r.__name__: r for r in (WorkerHello, PartitionsOpened, PartitionsDeleted, AskIsr, StatsReport)
 }
 
 

@@ -311,7 +311,7 @@ class Front:
             except ValueError as error:  # a bug: the two sides are one program
                 log.error("worker %d: %s", worker.index, error)
                 return
-            if isinstance(report, control.WorkerStats):  # for broker.metrics
+            if isinstance(report, control.StatsReport):  # for broker.metrics
                 worker.stats = report.snapshot
             else:
                 self.topics.worker_report(worker, report)

@@ -494,7 +494,7 @@ class Worker:
                     ]
                 )
             snapshot = self.stats.snapshot(partitions)
-            await self.socket.send(control.encode(control.WorkerStats(snapshot)))
+            await self.socket.send(control.encode(control.StatsReport(snapshot)))
 
     async def _apply_retention(self) -> None:
         while True:

@@ -219,7 +219,7 @@ def check_cluster(cluster: Mapping[str, str], topics: Sequence[str]) -> None:
             brokers.holders(topic)
 
 
-class Progress:
+class LoadProgress:
     """What the load tells its user: a line per micro-batch (logged), and on a terminal a bar
     of bytes loaded out of those to load, drawn on stderr below the lines (with --follow, until
     the load has caught up)."""
@@ -231,7 +231,7 @@ class Progress:
         self.bar: ProgressBar[int] | None = None
         self.first: int | None = None  # the byte offsets (summed) the run started from
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> LoadProgress:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -328,7 +328,7 @@ def main(
         check_cluster(cluster, topics)
         with (
             job_session("pylog-load", master, conf) as spark,
-            Progress(follow, as_json) as progress,
+            LoadProgress(follow, as_json) as progress,
             _stopped_by_signals(stop),
         ):
             result = load(

@@ -5,16 +5,17 @@ it writes, so that every message has the same offset on both clusters.
     MirrorConfig    the TOML file's settings, checked (config.py)
     Mirror          discovers the source's topics, prepares them on the target, runs a copy
                     per partition (mirror.py)
-    PartitionCopy   one partition's copy loop, its Progress, Diverged (copy.py)
+    PartitionCopy   one partition's copy loop, its CopyProgress, Diverged (copy.py)
     MirrorCollector its figures for Prometheus (metrics.py)
 """
 
 from broker.mirror.config import MirrorConfig, MirrorConfigError, MirrorSettings
-from broker.mirror.copy import Diverged, PartitionCopy, Progress
+from broker.mirror.copy import CopyProgress, Diverged, PartitionCopy
 from broker.mirror.metrics import MirrorCollector
 from broker.mirror.mirror import Mirror
 
 __all__ = [
+    "CopyProgress",
     "Diverged",
     "Mirror",
     "MirrorCollector",
@@ -22,5 +23,4 @@ __all__ = [
     "MirrorConfigError",
     "MirrorSettings",
     "PartitionCopy",
-    "Progress",
 ]

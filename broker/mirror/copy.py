@@ -64,7 +64,7 @@ class Diverged(PylogError):
 
 
 @dataclass(slots=True)
-class Progress:
+class CopyProgress:
     """Where one partition's copy stands (what the progress line, `pylogctl mirror describe`
     and the metrics read)."""
 
@@ -117,7 +117,7 @@ class PartitionCopy:
         self.settings = settings
         self.fetch_max_bytes = fetch_max_bytes
         self.start_target = start_target
-        self.progress = Progress(topic, partition)
+        self.progress = CopyProgress(topic, partition)
 
     @property
     def topic(self) -> str:

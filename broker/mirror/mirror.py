@@ -32,7 +32,7 @@ from broker.errors import (
     UnknownTopicOrPartition,
 )
 from broker.mirror.config import FORCED_SETTINGS, ClusterAddress, MirrorConfig
-from broker.mirror.copy import PartitionCopy, Progress
+from broker.mirror.copy import CopyProgress, PartitionCopy
 from broker.mirror.group import MirrorGroup
 from broker.registry import Registry
 
@@ -97,7 +97,7 @@ class Mirror:
             cluster.bootstrap, settings.client_id, settings.timeout_s, keys=cluster.keys
         )
 
-    def progress(self) -> list[Progress]:
+    def progress(self) -> list[CopyProgress]:
         """Every partition this process copies, in topic and partition order."""
         return [self.copies[key].progress for key in sorted(self.copies)]
 
@@ -352,7 +352,7 @@ class Mirror:
 
 
 def progress_line(
-    progress: list[Progress],
+    progress: list[CopyProgress],
     totals: tuple[int, int],
     before: tuple[int, int],
     interval_s: float,

@@ -300,7 +300,7 @@ class Topics:
                 self._opened(worker, opened, failed)
             case control.PartitionsDeleted():
                 pass  # its folders are gone: nothing waits for it
-            case control.WorkerStats():
+            case control.StatsReport():
                 pass  # kept by the front
 
     def _opened(

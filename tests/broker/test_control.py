@@ -28,7 +28,7 @@ REPORTS: list[control.Report] = [
     control.PartitionsOpened((("clicks", 0),), (("clicks", 3, 55, "clicks-3: disk full"),)),
     control.PartitionsDeleted("clicks"),
     control.AskIsr("clicks", 2, 7, (1, 3)),
-    control.WorkerStats({"requests": {"produce": 3}}),
+    control.StatsReport({"requests": {"produce": 3}}),
 ]
 
 
