@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -134,9 +135,14 @@ def test_an_asyncio_request_sent_after_the_refusal_is_told_too(curve_broker: Cur
         try:
             with pytest.raises(AuthenticationFailed, match=refused(curve_broker)):
                 await connection.exchange(MetadataRequest())
-            # A new socket, refused before the loop reads its monitor: nowhere to send to.
+            # A new socket, refused before the loop reads its monitor: nowhere to send to. In
+            # most runs, not all: after a refusal ZeroMQ sometimes keeps the pipe, its engine
+            # gone (zeromq/libzmq#3519; seen once in a loaded run): the request is told then
+            # too, by the monitor's event alone.
             socket = connection._dealer()
-            wait_until(lambda: not int(socket.get(zmq.EVENTS)) & zmq.POLLOUT, what="the pipe gone")
+            deadline = time.monotonic() + 10
+            while int(socket.get(zmq.EVENTS)) & zmq.POLLOUT and time.monotonic() < deadline:
+                time.sleep(0.01)  # the loop must not run meanwhile: it would read the monitor
             with pytest.raises(AuthenticationFailed, match=refused(curve_broker)):
                 await connection.exchange(MetadataRequest())
         finally:
