@@ -23,9 +23,10 @@ from broker.client.connection import Connection
 from broker.protocol import Ack, MetadataRequest
 from broker.registry import Registry
 from broker.zookeeper import free_port
-from tests.cluster.conftest import FreezableProxy, broker_flags
+from tests.cluster.conftest import broker_flags
 from tests.cluster.test_replication import REPLICATED, isr, stored
 from tests.conftest import wait_until
+from tests.proxies import FreezableProxy
 from tests.pylogd import RunningBroker
 
 FLAGS = ("--broker-replica-lag-max-ms", "1000", "--broker-replica-fetch-wait-ms", "200")

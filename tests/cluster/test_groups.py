@@ -28,8 +28,9 @@ from broker.log.message import HEADER_SIZE
 from broker.protocol import Ack
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
-from tests.cluster.conftest import FreezableProxy, Member, broker_flags
+from tests.cluster.conftest import Member, broker_flags
 from tests.conftest import wait_until
+from tests.proxies import FreezableProxy
 from tests.pylogd import RunningBroker
 
 

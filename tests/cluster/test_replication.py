@@ -16,8 +16,9 @@ from broker.errors import BrokerError
 from broker.protocol import Ack
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
-from tests.cluster.conftest import FreezableProxy, broker_flags
+from tests.cluster.conftest import broker_flags
 from tests.conftest import wait_until
+from tests.proxies import FreezableProxy
 from tests.pylogd import RunningBroker, ThreeBrokers
 
 REPLICATED = {"replication_factor": "3", "min_insync_replicas": "2"}
