@@ -426,10 +426,12 @@ class Topics:
 
     def tick(self) -> None:
         """On every turn of the loop: apply the registry's events, renew the leaders' lease
-        when due, then answer creates."""
+        when due, send (or refuse) the topic requests waiting for ZooKeeper, then answer
+        creates."""
         self.calls.apply()
         if self.calls.registry is not None:
             self.roles.leases.tick()
+            self.admin.resume_awaiting()
         self.admin.answer_creates()
 
     # -- describe and alter ----------------------------------------------------------------

@@ -7,6 +7,12 @@ A CREATE_TOPIC records the topic in ZooKeeper with its partitions dealt over the
 its partitions (asked of ZooKeeper every CREATE_CHECK_S at most), or after CREATE_WAIT_S: a
 holder that died meanwhile leaves its partitions unavailable. A partition here that cannot be
 created (a full disk) undoes the creation and answers its error.
+
+A request that comes while the connection to ZooKeeper is down waits for it, up to the session
+timeout, and is refused with REGISTRY_UNAVAILABLE if it is not back by then. A connection
+drops when one ping goes unanswered for 2/3 of the session timeout (a busy machine, a paused
+server) and kazoo reconnects at once to the same session: that is no outage, and such a
+request is sent when it is back. A longer absence is answered at the deadline, never later.
 """
 
 from __future__ import annotations
@@ -64,6 +70,16 @@ class _PendingCreate:
     """The error code and message of a partition here that could not be created."""
 
 
+@dataclass
+class _AwaitingRegistry:
+    """A request that waits for the connection to ZooKeeper to come back."""
+
+    what: str
+    send: Callable[[], None]
+    refuse: Callable[[PylogError], None]
+    deadline: float
+
+
 class TopicAdmin:
     """The topic administration requests taken by this broker, on `view`'s topics."""
 
@@ -79,17 +95,50 @@ class TopicAdmin:
         self._creates_checking = False
         self._creates_checked_at = 0.0
         self._pending_creates: list[_PendingCreate] = []
+        self._awaiting: list[_AwaitingRegistry] = []
+        """Requests waiting for the connection to ZooKeeper, in the order they came."""
 
-    def _connected_registry(self) -> Registry:
-        """The registry, if connected now. Its calls wait for a connection, and the loop
-        routes every request: while ZooKeeper is away, fail at once instead."""
+    def _connected(self) -> bool:
         registry = self.calls.registry
         assert registry is not None
-        if not registry.connected:
-            raise RegistryUnavailable(
-                "ZooKeeper is not connected: topics can be created and deleted once it is back"
+        return registry.connected
+
+    def _when_connected(
+        self, what: str, send: Callable[[], None], refuse: Callable[[PylogError], None]
+    ) -> None:
+        """`send()` now if ZooKeeper is connected (and no request waits before this one),
+        else once it is (`resume_awaiting`), or `refuse` REGISTRY_UNAVAILABLE if it is not
+        within the session timeout. (Not a registry call that waits: the registry thread
+        would hold the calls behind it, and a request would be sent after its client has
+        given up.)"""
+        if not self._awaiting and self._connected():
+            send()
+            return
+        wait_s = self.config.zookeeper_session_timeout_ms / 1000
+        log.info("%s waits up to %g s for the connection to ZooKeeper", what, wait_s)
+        deadline = self.view.clock.monotonic() + wait_s
+        self._awaiting.append(_AwaitingRegistry(what, send, refuse, deadline))
+
+    def resume_awaiting(self) -> None:
+        """Send the requests waiting for ZooKeeper once it is connected again; refuse those
+        whose wait is over."""
+        if not self._awaiting:
+            return
+        if self._connected():
+            awaiting, self._awaiting = self._awaiting, []
+            for request in awaiting:
+                request.send()
+            return
+        now = self.view.clock.monotonic()
+        for request in [r for r in self._awaiting if now >= r.deadline]:
+            self._awaiting.remove(request)
+            request.refuse(
+                RegistryUnavailable(
+                    f"{request.what}: ZooKeeper is not connected (waited "
+                    f"{self.config.zookeeper_session_timeout_ms / 1000:g} s): topics can be "
+                    "created, deleted and configured once it is back"
+                )
             )
-        return registry
 
     def create(
         self, request: protocol.CreateTopicRequest, tagged: bytes, correlation_id: int
@@ -108,7 +157,6 @@ class TopicAdmin:
         replication_factor = _checked(self.config, topic, settings)
         if topic in self.view.configs or topic in self.creating:
             raise TopicAlreadyExists(f"topic {topic!r} exists")
-        self._connected_registry()  # fail at once while ZooKeeper is away
         me, rack = self.view.me, self.config.broker_rack or None
 
         def record(registry: Registry) -> TopicConfig:
@@ -130,8 +178,12 @@ class TopicAdmin:
             self.answers.append((tagged, protocol.encode_error(correlation_id, error)))
 
         self.creating.add(topic)
-        self.calls.call(
-            record, lambda config: self._created(topic, config, tagged, correlation_id), refused
+        self._when_connected(
+            f"create topic {topic!r}",
+            lambda: self.calls.call(
+                record, lambda config: self._created(topic, config, tagged, correlation_id), refused
+            ),
+            refused,
         )
 
     def _created(self, topic: str, config: TopicConfig, tagged: bytes, correlation_id: int) -> None:
@@ -236,7 +288,6 @@ class TopicAdmin:
         at once raises its error."""
         if topic not in self.view.configs:
             raise UnknownTopicOrPartition(f"unknown topic {topic!r}")
-        self._connected_registry()  # fail at once while ZooKeeper is away
 
         def deleted(_: None) -> None:
             if self.view.configs.pop(topic, None) is not None:
@@ -246,12 +297,17 @@ class TopicAdmin:
             self.answers.append((tagged, reply))
 
         refused = self._refuse(tagged, correlation_id)
-        self.calls.call(lambda registry: registry.delete_topic_config(topic), deleted, refused)
+        self._when_connected(
+            f"delete topic {topic!r}",
+            lambda: self.calls.call(
+                lambda registry: registry.delete_topic_config(topic), deleted, refused
+            ),
+            refused,
+        )
 
     def describe_config(self, topic: str, tagged: bytes, correlation_id: int) -> None:
         """Answer with every setting of `topic`: its own, read from ZooKeeper now (off the
         loop), or this broker's default."""
-        self._connected_registry()  # fail at once while ZooKeeper is away
 
         def read(config: TopicConfig) -> None:
             effective = self.config.log_config(config.settings)
@@ -266,7 +322,11 @@ class TopicAdmin:
             self.answers.append((tagged, protocol.encode_reply(correlation_id, reply)))
 
         refused = self._refuse(tagged, correlation_id)
-        self.calls.call(lambda registry: registry.topic_config(topic), read, refused)
+        self._when_connected(
+            f"describe the config of topic {topic!r}",
+            lambda: self.calls.call(lambda registry: registry.topic_config(topic), read, refused),
+            refused,
+        )
 
     def alter_config(
         self, request: protocol.AlterConfigRequest, tagged: bytes, correlation_id: int
@@ -286,7 +346,6 @@ class TopicAdmin:
                 raise InvalidTopic(
                     f"unknown topic setting {key!r}: one of {', '.join(TOPIC_SETTINGS)}"
                 )
-        self._connected_registry()  # fail at once while ZooKeeper is away
         broker_config = self.config
 
         def change(settings: Mapping[str, SettingValue]) -> dict[str, SettingValue]:
@@ -301,10 +360,13 @@ class TopicAdmin:
                 (tagged, protocol.encode_reply(correlation_id, protocol.EmptyReply()))
             )
 
-        self.calls.call(
-            lambda registry: registry.alter_topic_settings(topic, change),
-            altered,
-            self._refuse(tagged, correlation_id),
+        refused = self._refuse(tagged, correlation_id)
+        self._when_connected(
+            f"alter the config of topic {topic!r}",
+            lambda: self.calls.call(
+                lambda registry: registry.alter_topic_settings(topic, change), altered, refused
+            ),
+            refused,
         )
 
     def _refuse(self, tagged: bytes, correlation_id: int) -> Callable[[PylogError], None]:

@@ -2,8 +2,8 @@
 on the view alone: a replicated partition whose state node this broker has not read yet (a
 topic just created elsewhere: its watch on the topics fired, the one on the state node not yet)
 has no leader known, as docs/protocol.md says: not its first replica at epoch -1 with every
-replica in sync. And the view's timer: how long a CREATE_TOPIC waits for its partitions'
-holders, on the view's clock."""
+replica in sync. And the view's timers: how long a CREATE_TOPIC waits for its partitions'
+holders, and a topic request for ZooKeeper's connection, on the view's clock."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import zmq
 
 from broker import protocol
 from broker.config import BrokerConfig
+from broker.errors import TopicAlreadyExists
 from broker.pool import WorkerPool
-from broker.registry import BrokerRegistration, PartitionState, TopicConfig
+from broker.registry import BrokerRegistration, PartitionState, Registry, TopicConfig
 from broker.registry_calls import RegistryCalls
 from broker.topics import Topics
 from broker.topics.admin import CREATE_WAIT_S
@@ -85,3 +86,25 @@ def test_a_create_topic_whose_holder_never_serves_is_answered_after_the_wait(
     assert tagged == b"client"
     header = protocol.decode_reply_header(reply)
     assert (header.correlation_id, header.error_code) == (7, protocol.ErrorCode.NONE)
+
+
+def test_a_topic_request_while_zookeeper_is_away_is_refused_at_the_session_timeout(
+    topics: Topics, clock: FakeClock
+) -> None:
+    topics.calls.registry = Registry("127.0.0.1:1", "/unreached")  # never started: not connected
+    wait_s = topics.config.zookeeper_session_timeout_ms / 1000
+    topics.admin.create(protocol.CreateTopicRequest("clicks", 1, {}), b"client", 7)
+    clock.advance(wait_s - 0.1)
+    topics.admin.resume_awaiting()
+    assert not topics.answers
+    with pytest.raises(TopicAlreadyExists):  # still on its way: the name is taken
+        topics.admin.create(protocol.CreateTopicRequest("clicks", 1, {}), b"other", 8)
+    clock.advance(0.1)
+    topics.admin.resume_awaiting()
+    [(tagged, reply)] = topics.answers
+    assert tagged == b"client"
+    header = protocol.decode_reply_header(reply)
+    assert header.correlation_id == 7
+    assert header.error_code == protocol.ErrorCode.REGISTRY_UNAVAILABLE
+    assert f"waited {wait_s:g} s" in header.error_message
+    assert "clicks" not in topics.admin.creating
