@@ -22,7 +22,8 @@ from broker.log.message import Buffer
 from broker.partition import Partition
 from broker.ratelog import RateLimitedLog
 from broker.replication.replica import Reply
-from broker.transport import TrioSocket, replies_message
+from broker.transport import replies_message
+from broker.trio_socket import TrioSocket
 
 log = logging.getLogger("pylog.worker")
 

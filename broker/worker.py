@@ -75,12 +75,12 @@ from broker.transport import (
     COMMAND,
     CREDIT_EVERY_BYTES,
     CREDIT_IDLE_S,
-    TrioSocket,
     credit_frames,
     receive_from_supervisor,
     request_weight,
     throttle_of,
 )
+from broker.trio_socket import TrioSocket
 from broker.worker_stats import STATS_EVERY_S, WorkerStats
 
 log = logging.getLogger("pylog.worker")

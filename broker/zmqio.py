@@ -16,10 +16,15 @@ helpers call the backend's `send` and `recv` directly with int flags, and read a
 - `receive_frames` receives one whole message of any shape, every frame a `zmq.Frame`.
 - `receive_bytes` receives one frame as bytes, with no "more" check at all: for a peer of ours
   whose messages say how many frames they have (supervisor to worker).
+- `monitor_event` reads an event of a socket monitor (zmq_socket_monitor: a frame of a u16
+  event and a u32 value, native byte order, then the endpoint's frame). pyzmq's
+  parse_monitor_message does the same, but its module imports asyncio (through zmq.asyncio),
+  20 ms at every start of every process that reads events: pylogd, its workers, the clients.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Final
 
@@ -32,6 +37,7 @@ NOBLOCK: Final = int(zmq.NOBLOCK)
 _SNDMORE: Final = int(zmq.SNDMORE)
 _send = _BackendSocket.send
 _recv = _BackendSocket.recv
+_MONITOR_EVENT: Final = struct.Struct("=HI")
 
 
 def send_frames(
@@ -72,3 +78,12 @@ def receive_bytes(socket: zmq.Socket[bytes], flags: int = 0) -> bytes:
     knows (broker.transport.receive_from_supervisor)."""
     frame: bytes = _recv(socket, flags, True)
     return frame
+
+
+def monitor_event(frames: Sequence[Buffer]) -> tuple[int, int]:
+    """The event (a zmq.EVENT_* number) and its value from the frames a monitor socket gave.
+    Raises ValueError for frames that are not a monitor event."""
+    if len(frames) != 2 or len(frames[0]) != _MONITOR_EVENT.size:
+        raise ValueError(f"not a ZeroMQ monitor event: {len(frames)} frames")
+    event, value = _MONITOR_EVENT.unpack(frames[0])
+    return event, value

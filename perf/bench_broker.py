@@ -11,7 +11,7 @@ PRODUCE requests of 50 messages, one at a time on a REQ socket and pipelined on 
   validates and appends it;
 - `hop_pyzmq`: a bare middle hop written like the supervisor (blocking pyzmq, poller) in front
   of an echo process: the cost of the topology alone;
-- `hop_trio`: the same middle hop written on broker.transport.TrioSocket, the adapter workers
+- `hop_trio`: the same middle hop written on broker.trio_socket.TrioSocket, the adapter workers
   use: what the supervisor would cost if it ran on trio.
 
 Prints one JSON line with requests/s (and messages/s for the 50-message sets). Run it alone:
@@ -38,7 +38,7 @@ import zmq
 from broker import protocol
 from broker.log import encode_message
 from broker.protocol import Ack, Api
-from broker.transport import TrioSocket
+from broker.trio_socket import TrioSocket
 from broker.zmqio import receive_frames
 
 MESSAGE_BYTES = 200
@@ -129,7 +129,7 @@ def run_hop_pyzmq(front: str, backend: str) -> None:
 
 
 def run_hop_trio(front: str, backend: str) -> None:
-    """The same hop on broker.transport.TrioSocket, one task per direction."""
+    """The same hop on broker.trio_socket.TrioSocket, one task per direction."""
 
     async def forward(
         source: TrioSocket[list[zmq.Frame]], target: TrioSocket[list[zmq.Frame]]

@@ -38,7 +38,6 @@ import time
 from typing import Any, Final, TypeVar, overload
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from broker.backoff import Backoff
 from broker.errors import AuthenticationFailed, BrokerError, MalformedReply, Unavailable
@@ -76,7 +75,7 @@ from broker.protocol import (
 from broker.ratelog import RateLimitedLog
 from broker.security import ClientKeys
 from broker.security.monitor import close_monitored, monitor_handshakes
-from broker.zmqio import NOBLOCK, receive_frames, send_frames
+from broker.zmqio import NOBLOCK, monitor_event, receive_frames, send_frames
 
 
 def terminate_unblocked(context: zmq.Context[Any]) -> None:
@@ -254,8 +253,7 @@ class Handshakes:
 
     def take(self, frames: list[bytes]) -> None:
         """Take one event of the monitor."""
-        event = parse_monitor_message(frames)
-        kind, value = event["event"], int(event["value"])
+        kind, value = monitor_event(frames)
         self.succeeded = kind == zmq.EVENT_HANDSHAKE_SUCCEEDED
         if self.succeeded:
             self.failure, self._broken = None, 0

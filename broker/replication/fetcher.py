@@ -28,15 +28,14 @@ from dataclasses import dataclass, field
 
 import trio
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from broker import protocol
 from broker.errors import MalformedReply, PartitionUnavailable
 from broker.log.message import Buffer
 from broker.security import BrokerKeys
 from broker.security.monitor import close_monitored, monitor_handshakes
-from broker.transport import TrioSocket
-from broker.zmqio import receive_frames
+from broker.trio_socket import TrioSocket
+from broker.zmqio import monitor_event, receive_frames
 
 log = logging.getLogger("pylog.follower")
 
@@ -74,8 +73,7 @@ class _Handshakes:
         """Why the last handshake failed, after reading every event waiting (never waits)."""
         leader = self.leader
         while int(self.monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            event = parse_monitor_message(self.monitor.recv_multipart())
-            kind, value = event["event"], int(event["value"])
+            kind, value = monitor_event(self.monitor.recv_multipart())
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._failure = None
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:  # value: the ZAP status code

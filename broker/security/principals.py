@@ -23,7 +23,6 @@ from typing import Final
 import zmq
 import zmq.auth
 from zmq.utils import z85
-from zmq.utils.monitor import parse_monitor_message
 
 from broker.errors import InvalidTopic
 from broker.protocol import check_topic_name
@@ -33,6 +32,7 @@ from broker.security.keys import (
     check_key,
     check_not_writable_by_others,
 )
+from broker.zmqio import monitor_event
 
 log = logging.getLogger("pylog.security")
 
@@ -253,9 +253,8 @@ class HandshakeFailures:
 
     def take(self, frames: list[bytes]) -> None:
         """Count one event read from `socket`."""
-        event = parse_monitor_message(frames)
-        value = int(event["value"])
-        if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:  # value: an errno
+        event, value = monitor_event(frames)
+        if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:  # value: an errno
             reason, text = "other", f"the connection broke ({os.strerror(value)})"
         else:  # value: a ZeroMQ protocol error
             reason = self.REASONS.get(value, "other")

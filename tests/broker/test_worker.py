@@ -24,10 +24,10 @@ from broker.transport import (
     FROM_DEALER,
     REPLIES,
     STATE,
-    TrioSocket,
     receive_from_supervisor,
     requests_frame,
 )
+from broker.trio_socket import TrioSocket
 from broker.worker import Worker
 
 HOUR_MS = 3_600_000

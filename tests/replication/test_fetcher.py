@@ -20,7 +20,7 @@ from broker.log.epochs import EpochEntry
 from broker.log.message import encode_message, iter_messages
 from broker.replication.fetcher import Fetchers
 from broker.replication.follower import Follower, Role
-from broker.transport import TrioSocket
+from broker.trio_socket import TrioSocket
 from tests.sockets import LiveContext
 
 PARTITIONS = 3
