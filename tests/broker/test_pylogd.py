@@ -528,6 +528,7 @@ def test_a_topic_request_waits_for_a_dropped_zookeeper_connection_to_come_back(
         finally:
             creating.join(15)
         assert outcomes == ["created"]
+        assert broker.stop() == 0  # while ZooKeeper is reachable: it leaves the registry
     finally:
         proxy.close()
 
