@@ -121,13 +121,13 @@ class FreezableProxy:
                         selector.register(client, selectors.EVENT_READ)
                         selector.register(upstream, selectors.EVENT_READ)
                     continue
-                try:
-                    data = sock.recv(65536)
-                except OSError:
-                    data = b""
-                if data:
-                    peers[sock].sendall(data)
+                if sock not in peers:  # closed with its peer earlier in this round
                     continue
+                with contextlib.suppress(OSError):  # a reset, either way: closed
+                    data = sock.recv(65536)
+                    if data:
+                        peers[sock].sendall(data)
+                        continue
                 other = peers.pop(sock)
                 del peers[other]
                 for end in (sock, other):
