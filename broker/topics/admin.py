@@ -8,11 +8,14 @@ its partitions (asked of ZooKeeper every CREATE_CHECK_S at most), or after CREAT
 holder that died meanwhile leaves its partitions unavailable. A partition here that cannot be
 created (a full disk) undoes the creation and answers its error.
 
-A request that comes while the connection to ZooKeeper is down waits for it, up to the session
-timeout, and is refused with REGISTRY_UNAVAILABLE if it is not back by then. A connection
-drops when one ping goes unanswered for 2/3 of the session timeout (a busy machine, a paused
-server) and kazoo reconnects at once to the same session: that is no outage, and such a
-request is sent when it is back. A longer absence is answered at the deadline, never later.
+A request that comes while the connection to ZooKeeper is down waits for it, up to half the
+session timeout (`registry_wait_s`), and is refused with REGISTRY_UNAVAILABLE if it is not back
+by then. A connection drops when one ping goes unanswered for 2/3 of the session timeout (a
+busy machine, a paused server), and once the server answers again kazoo is back on the same
+session in milliseconds: that is no outage, and such a request is sent when it is back. A
+longer absence is answered at the deadline, never later; half the session timeout (3 s by
+default) keeps that deadline inside the clients' default timeouts (pylogctl's 5 s), so that a
+client that gave up is never followed by its request being sent.
 """
 
 from __future__ import annotations
@@ -80,6 +83,12 @@ class _AwaitingRegistry:
     deadline: float
 
 
+def registry_wait_s(config: BrokerConfig) -> float:
+    """How long a topic request waits for the connection to ZooKeeper: half the session
+    timeout."""
+    return config.zookeeper_session_timeout_ms / 2000
+
+
 class TopicAdmin:
     """The topic administration requests taken by this broker, on `view`'s topics."""
 
@@ -108,13 +117,13 @@ class TopicAdmin:
     ) -> None:
         """`send()` now if ZooKeeper is connected (and no request waits before this one),
         else once it is (`resume_awaiting`), or `refuse` REGISTRY_UNAVAILABLE if it is not
-        within the session timeout. (Not a registry call that waits: the registry thread
+        within `registry_wait_s`. (Not a registry call that waits: the registry thread
         would hold the calls behind it, and a request would be sent after its client has
         given up.)"""
         if not self._awaiting and self._connected():
             send()
             return
-        wait_s = self.config.zookeeper_session_timeout_ms / 1000
+        wait_s = registry_wait_s(self.config)
         log.info("%s waits up to %g s for the connection to ZooKeeper", what, wait_s)
         deadline = self.view.clock.monotonic() + wait_s
         self._awaiting.append(_AwaitingRegistry(what, send, refuse, deadline))
@@ -135,7 +144,7 @@ class TopicAdmin:
             request.refuse(
                 RegistryUnavailable(
                     f"{request.what}: ZooKeeper is not connected (waited "
-                    f"{self.config.zookeeper_session_timeout_ms / 1000:g} s): topics can be "
+                    f"{registry_wait_s(self.config):g} s): topics can be "
                     "created, deleted and configured once it is back"
                 )
             )

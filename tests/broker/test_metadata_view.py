@@ -21,7 +21,7 @@ from broker.pool import WorkerPool
 from broker.registry import BrokerRegistration, PartitionState, Registry, TopicConfig
 from broker.registry_calls import RegistryCalls
 from broker.topics import Topics
-from broker.topics.admin import CREATE_WAIT_S
+from broker.topics.admin import CREATE_WAIT_S, registry_wait_s
 from tests.conftest import FakeClock
 
 ME = 1
@@ -88,11 +88,12 @@ def test_a_create_topic_whose_holder_never_serves_is_answered_after_the_wait(
     assert (header.correlation_id, header.error_code) == (7, protocol.ErrorCode.NONE)
 
 
-def test_a_topic_request_while_zookeeper_is_away_is_refused_at_the_session_timeout(
+def test_a_topic_request_while_zookeeper_is_away_is_refused_after_half_the_session_timeout(
     topics: Topics, clock: FakeClock
 ) -> None:
     topics.calls.registry = Registry("127.0.0.1:1", "/unreached")  # never started: not connected
-    wait_s = topics.config.zookeeper_session_timeout_ms / 1000
+    wait_s = registry_wait_s(topics.config)
+    assert wait_s == 3.0  # the default session timeout's half
     topics.admin.create(protocol.CreateTopicRequest("clicks", 1, {}), b"client", 7)
     clock.advance(wait_s - 0.1)
     topics.admin.resume_awaiting()
