@@ -1,13 +1,14 @@
 """The worker pool: pylogd's worker processes, the DEALER that talks to each, their restarts.
 
-Workers are child processes (`python -m broker.worker`), `workers_per_dir` of them for each log
-dir, numbered log dir by log dir (broker.placement). Each has a DEALER bound on an ipc endpoint
-under <data_dir>/run, registered in the front's poller; the front reads it (the pool only
-sends). One that dies is restarted, logged and counted, after a back-off of 0.1 s doubling to
-2 s (MAX_BACKOFF_S); only a crash loop, more than CRASH_LOOP_RESTARTS restarts in a row, waits
-longer, doubling to 30 s; 10 s of good health start it again from 0.1 s. Requests in flight at
-the moment a worker dies get no reply: clients time out and retry. Children die with pylogd,
-even when it is killed (broker.processes).
+Workers are child processes the supervisor forks (broker.worker.run_forked: no new interpreter,
+so no 0.2 s of imports a start), `workers_per_dir` of them for each log dir, numbered log dir by
+log dir (broker.placement); `ps` names them pylog-worker-<index>. Each has a DEALER bound on an
+ipc endpoint under <data_dir>/run, registered in the front's poller; the front reads it (the
+pool only sends). One that dies is restarted, logged and counted, after a back-off of 0.1 s
+doubling to 2 s (MAX_BACKOFF_S); only a crash loop, more than CRASH_LOOP_RESTARTS restarts in a
+row, waits longer, doubling to 30 s; 10 s of good health start it again from 0.1 s. Requests in
+flight at the moment a worker dies get no reply: clients time out and retry. Children die with
+pylogd, even when it is killed (broker.processes).
 
 Requests routed to a worker wait in its outbox until the front has drained its client socket,
 then go as one REQUESTS message (broker.transport). The pool counts the bytes of the requests
@@ -20,12 +21,11 @@ gone, PARTITION_UNAVAILABLE) it puts in `answers`, a queue the front sends from 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import select
 import signal
 import subprocess
-import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -114,6 +114,41 @@ class PoolStatistics:
     refused: tuple[tuple[str, str, int], ...]
 
 
+class ForkedProcess:
+    """A worker process the pool forked: what the pool asks of it, as of a subprocess.Popen
+    (pid, poll, returncode, send_signal, kill, wait)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        """Its exit code once it has exited and been reaped (-N: killed by signal N)."""
+
+    def poll(self) -> int | None:
+        """The exit code if it has exited (reaping it), else None."""
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        """Its exit code once it has exited; subprocess.TimeoutExpired after `timeout_s`."""
+        if self.poll() is None:
+            with os.fdopen(os.pidfd_open(self.pid), "rb", buffering=0) as exited:
+                if not select.select([exited], [], [], timeout_s)[0]:
+                    raise subprocess.TimeoutExpired(f"worker pid {self.pid}", timeout_s or 0)
+        code = self.poll()
+        assert code is not None
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:  # not a pid reused since it was reaped
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 @dataclass
 class WorkerHandle:
     """A worker process, the DEALER that talks to it, and its restart state."""
@@ -122,7 +157,7 @@ class WorkerHandle:
     log_dir: Path
     socket: zmq.Socket[bytes] | None = None
     endpoint: str = ""
-    process: subprocess.Popen[bytes] | None = None
+    process: ForkedProcess | None = None
     connected: bool = False
     restarts: int = 0
     crashes: int = 0
@@ -192,22 +227,14 @@ class WorkerPool:
         self.poller.register(worker.socket, zmq.POLLIN)
         worker.connected = False
         worker.started_at = time.monotonic()
-        worker.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "broker.worker",
-                "--index",
-                str(worker.index),
-                "--endpoint",
-                worker.endpoint,
-                "--config",
-                json.dumps(dict(self.config.values)),
-                "--supervisor-pid",
-                str(os.getpid()),
-            ],
-            start_new_session=False,
-        )
+        # Imported at the first start, not with the pool: the supervisor itself runs no trio.
+        from broker.worker import run_forked
+
+        supervisor_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            run_forked(worker.index, worker.endpoint, self.config, supervisor_pid)
+        worker.process = ForkedProcess(pid)
         log.info("started worker %d (pid %d)", worker.index, worker.process.pid)
 
     def by_socket(self, sock: zmq.Socket[bytes]) -> WorkerHandle | None:

@@ -39,6 +39,7 @@ __all__ = [
     "ensure_file_limit",
     "exit_with_supervisor",
     "listening_pids",
+    "name_process",
     "orphan_proof",
     "port_holder",
 ]
@@ -46,6 +47,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+_NAME_BYTES = 15
+"""The kernel keeps a process name (comm) of at most 15 bytes."""
 _TCP_LISTEN = "0A"
 _COMMAND_LINE_CHARS = 120
 """How much of a holder's command line an error shows."""
@@ -55,12 +59,23 @@ def exit_with_supervisor(supervisor_pid: int) -> None:
     """Have the kernel send this process SIGTERM when the supervisor dies (Linux), so that a
     supervisor killed with SIGKILL leaves no child behind; and exit at once if it died before
     this call."""
-    if sys.platform == "linux":
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-            log.warning("prctl(PR_SET_PDEATHSIG): %s", os.strerror(ctypes.get_errno()))
+    _prctl("PR_SET_PDEATHSIG", PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != supervisor_pid:
         sys.exit(f"the supervisor (pid {supervisor_pid}) is gone")
+
+
+def name_process(name: str) -> None:
+    """Give this process the name `ps`, `top` and /proc/<pid>/comm show (Linux; its first 15
+    bytes): a forked worker's command line is its supervisor's."""
+    _prctl("PR_SET_NAME", PR_SET_NAME, ctypes.c_char_p(name.encode()[:_NAME_BYTES]))
+
+
+def _prctl(what: str, option: int, argument: object) -> None:
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, argument, 0, 0, 0) != 0:
+        log.warning("prctl(%s): %s", what, os.strerror(ctypes.get_errno()))
 
 
 def orphan_proof(command: Sequence[str]) -> list[str]:

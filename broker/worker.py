@@ -1,5 +1,5 @@
 """A worker: one process, one trio loop, owning a partition group (the partitions of one log
-directory, or a share of them with `workers_per_dir`).
+directory, or a share of them with `workers_per_dir`). The supervisor forks it (`run_forked`).
 
 It connects a DEALER socket to the supervisor's ipc endpoint for it and serves what arrives
 (see broker.transport for the frames; broker.control for the supervisor's commands):
@@ -35,15 +35,19 @@ as the one before it.
 
 from __future__ import annotations
 
-import argparse
-import json
+import contextlib
+import gc
 import logging
+import os
+import resource
 import shutil
 import signal
+import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 import zmq
@@ -67,7 +71,7 @@ from broker.log.message import Buffer
 from broker.log.segment import storage_error
 from broker.logs import configure_logging, set_log_level
 from broker.partition import Partition
-from broker.processes import exit_with_supervisor
+from broker.processes import exit_with_supervisor, name_process
 from broker.reads import Reads
 from broker.replication.replica import PendingAck, Replica
 from broker.served import Served
@@ -539,18 +543,39 @@ async def run_worker(index: int, endpoint: str, config: BrokerConfig) -> None:
         context.term()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="A pylog worker (started by pylogd).")
-    parser.add_argument("--index", type=int, required=True)
-    parser.add_argument("--endpoint", required=True)
-    parser.add_argument("--config", required=True, help="the broker settings as JSON")
-    parser.add_argument("--supervisor-pid", type=int, required=True)
-    args = parser.parse_args(argv)
-    exit_with_supervisor(args.supervisor_pid)
-    config = BrokerConfig(json.loads(args.config))
-    configure_logging(config.broker_log_format, config.broker_log_level)
-    trio.run(run_worker, args.index, args.endpoint, config)
+def run_forked(index: int, endpoint: str, config: BrokerConfig, supervisor_pid: int) -> NoReturn:
+    """Worker `index`, in the child the supervisor has just forked (broker.pool); never
+    returns: exits 0 after a SIGTERM or SIGINT, 1 with the traceback on stderr after an error.
 
-
-if __name__ == "__main__":
-    main()
+    The child leaves what it inherited alone. The supervisor's objects are never collected
+    (gc.freeze: their finalizers would close the supervisor's sockets, or ZeroMQ's, whose
+    threads are not in this process) and its descriptors are closed, but stdin, stdout and
+    stderr, which it writes through new file objects (a thread of the supervisor may have held
+    the old ones' locks at the fork). Its signal handlers are the defaults again, and its
+    name (ps, top) pylog-worker-<index>: its command line is the supervisor's."""
+    code = 1
+    try:
+        gc.freeze()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (never closed)
+        sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+        logging.root.handlers.clear()
+        name_process(f"pylog-worker-{index}")
+        exit_with_supervisor(supervisor_pid)
+        configure_logging(config.broker_log_format, config.broker_log_level)
+        trio.run(run_worker, index, endpoint, config)
+        code = 0
+    except SystemExit as exit_:
+        if isinstance(exit_.code, str):
+            print(exit_.code, file=sys.stderr)
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)

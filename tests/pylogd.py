@@ -119,7 +119,13 @@ class RunningBroker:
         return {pid: cmdline.decode(errors="replace") for pid, cmdline in out.items()}
 
     def worker_pids(self) -> list[int]:
-        return sorted(pid for pid, cmd in self.children().items() if "broker.worker" in cmd)
+        """Its workers: the children it forked, named pylog-worker-<index> (broker.pool)."""
+        pids = []
+        for pid in self.children():
+            with contextlib.suppress(FileNotFoundError):
+                if Path(f"/proc/{pid}/comm").read_text().startswith("pylog-worker-"):
+                    pids.append(pid)
+        return sorted(pids)
 
     def zookeeper_pid(self) -> int | None:
         """The private ZooKeeper's pid, if pylogd runs one."""

@@ -405,6 +405,35 @@ def test_workers_exit_when_the_supervisor_is_killed(pylogd: RunningBroker) -> No
     wait_until(lambda: not any(running(pid) for pid in workers), 10, "orphaned workers to exit")
 
 
+def shared_objects(pid: int) -> set[str]:
+    """The sockets and pipes process `pid` holds beyond stdin, stdout and stderr."""
+    held = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            target = os.readlink(fd)
+            if int(fd.name) > 2 and target.startswith(("socket:", "pipe:")):
+                held.add(target)
+    return held
+
+
+def test_workers_are_forks_named_for_ps_holding_none_of_the_supervisors_sockets(
+    pylogd: RunningBroker,
+) -> None:
+    """A worker is a fork of the supervisor (no interpreter of its own to start), named for ps
+    and top, that keeps none of the descriptors it inherited: the front's listening socket and
+    the ZooKeeper connection among them, which a worker flushing for the last time after its
+    supervisor was killed would otherwise hold."""
+    workers = pylogd.worker_pids()
+    names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in workers}
+    assert names == {"pylog-worker-0", "pylog-worker-1"}
+    supervisor_command = Path(f"/proc/{pylogd.pid}/cmdline").read_bytes()
+    supervisor_holds = shared_objects(pylogd.pid)
+    assert len(supervisor_holds) > 2  # the front's socket, ZooKeeper's, the workers' ipc...
+    for pid in workers:
+        assert Path(f"/proc/{pid}/cmdline").read_bytes() == supervisor_command  # a fork
+        assert not shared_objects(pid) & supervisor_holds
+
+
 def test_pylogd_tells_systemd_ready_watchdog_and_stopping(
     make_pylogd: Callable[..., RunningBroker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
