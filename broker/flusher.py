@@ -7,8 +7,9 @@ queued during the last one, not a flush each for requests to queue behind), at e
 partition's flush deadline (a timer set to the earliest one: `run`), and by group commit: when
 producers wait for ack=flushed, the worker flushes their partitions as soon as it has served
 every request that has come (`group_commit`), so one flush (and fsync) answers a whole burst and
-nobody waits flush_interval_ms on an idle disk. The acks a flush gives go back to the
-supervisor together, as one message.
+nobody waits flush_interval_ms on an idle disk. The partitions flushed at one moment are one
+round (broker.log.flush_round): their segments synced by one syncfs of the disk, not an fsync
+each. The acks a flush gives go back to the supervisor together, as one message.
 
 A failed flush (fsync) takes its partition offline: the page cache can no longer be trusted
 (PostgreSQL's fsync lesson), so every producer waiting on that partition's flush is answered
@@ -24,7 +25,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import trio
 
@@ -32,6 +33,7 @@ from broker.backoff import Backoff
 from broker.clock import Clock
 from broker.errors import DiskFull, PylogError, StorageError, StorageIOError
 from broker.log import PartitionLog
+from broker.log.flush_round import FlushRound
 from broker.partition import Partition
 from broker.served import Served
 
@@ -79,6 +81,8 @@ class Flusher:
         the last one, so that a flush per request does not queue requests behind fsyncs."""
         self.due_for = 0
         """Messages from the supervisor served since `due` got its first partition."""
+        self.round = FlushRound()
+        """Syncs the partitions of a flush round together; `watch` each log dir first."""
 
     def appended(self, partition: Partition, had_deadline: bool) -> None:
         """After an append to `partition` (whose log had a flush deadline before it, or not):
@@ -100,21 +104,33 @@ class Flusher:
                 self.flush_partitions(self.take_due())
 
     def flush(self, partition: Partition, if_due: bool = False) -> bool:
-        """Flush a partition (only if due, with `if_due`) and wake those waiting for it; a
-        failed flush takes it offline (see on_disk_error). Whether it did not fail."""
-        try:
-            if if_due:
-                if not partition.log.flush_if_due():
-                    return True
-            else:
-                partition.log.flush()
-        except DISK_ERRORS as error:
+        """Flush a partition (only if due, with `if_due`): `flush_round` of it alone. Whether
+        it did not fail."""
+        if if_due and not partition.log.flush_due():
+            return True
+        return self.flush_round([partition])
+
+    def flush_round(self, partitions: Iterable[Partition]) -> bool:
+        """Flush `partitions` together (broker.log.flush_round: one syncfs of the disk for all
+        their segments), then wake those waiting for each; a partition whose flush failed goes
+        offline (see on_disk_error). Whether none failed."""
+        of_log = {partition.log: partition for partition in partitions}
+        result = self.round.flush(of_log)
+        for plog in result.flushed:
+            of_log[plog].note_flush(self.served.replies)
+        for plog, error in result.failed.items():
+            partition = of_log[plog]
             self.on_disk_error(partition, error)
             if partition.offline is None:  # the log did not fail (EMFILE): try again soon
                 self.timer.deadline = min(self.timer.deadline, trio.current_time() + FLUSH_RETRY_S)
-            return False
-        partition.note_flush(self.served.replies)
-        return True
+        for unowned in result.file_system_errors:
+            self.served.storage_log.log(
+                logging.WARNING,
+                "syncfs",
+                f"syncing the log dir's file system failed ({unowned}), but no partition flushed "
+                "reports it: another file there (one not fsynced, or not pylog's) lost data",
+            )
+        return not result.failed
 
     def on_disk_error(self, partition: Partition, error: StorageError) -> None:
         """After a disk error from a partition's log: if its log failed (a flush did), take the
@@ -181,10 +197,8 @@ class Flusher:
         return due
 
     def flush_partitions(self, partitions: set[Partition]) -> None:
-        """Flush those of `partitions` still served and online."""
-        for partition in partitions:
-            if self.served.still_open(partition) and partition.offline is None:
-                self.flush(partition)
+        """Flush those of `partitions` still served and online, in one round."""
+        self.flush_round(p for p in partitions if self.served.still_open(p) and p.offline is None)
 
     def flush_by(self, plog: PartitionLog) -> None:
         """Have `run` wake by `plog`'s flush deadline, which it has just been given:
@@ -215,12 +229,11 @@ class Flusher:
             wait_s = FLUSH_RETRY_S if failed else max(0.0, due - self.clock.monotonic())
             with trio.move_on_after(wait_s) as self.timer:
                 await self.deadline_changed.wait()
-            flushed = [  # and those producers wait on, whose group commit failed (EMFILE)
-                self.flush(partition, if_due=not partition.replica.acks)
-                for partition in list(self.served.partitions.values())
-                if partition.offline is None
-            ]
-            failed = not all(flushed)
+            failed = not self.flush_round(  # with those producers wait on (EMFILE before)
+                p
+                for p in list(self.served.partitions.values())
+                if p.offline is None and (p.replica.acks or p.log.flush_due())
+            )
             await self.served.send_owed()
 
 

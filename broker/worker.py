@@ -202,9 +202,7 @@ class Worker:
         clean shutdown: their messages are durable, so they are told so; if the flush fails,
         that they were not stored), waiting at most `timeout_s` for the supervisor to take
         them."""
-        for partition in list(self.partitions.values()):
-            if partition.offline is None:
-                self.flusher.flush(partition)
+        self.flusher.flush_round(p for p in list(self.partitions.values()) if p.offline is None)
         with trio.move_on_after(timeout_s):
             await self.served.send_owed()
 
@@ -217,6 +215,7 @@ class Worker:
                 log.error("closing %s-%d: %s", partition.topic, partition.number, error)
             partition.wake_all()
         self.partitions.clear()
+        self.flusher.round.close()
 
     # -- requests --------------------------------------------------------------------------
 
@@ -386,6 +385,7 @@ class Worker:
         """Open a partition's log; False when it is open already."""
         if (topic, number) in self.partitions:
             return False
+        self.flusher.round.watch(directory)  # before the partition is written to
         plog = PartitionLog.open(directory / f"{topic}-{number}", config, self.clock)
         plog.on_flush = self.stats.flush_seconds.observe
         log_recovery(f"{topic}-{number}", plog)

@@ -4,6 +4,7 @@ fsync of a file by its path."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
@@ -25,3 +26,18 @@ def fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def syncfs(fd: int) -> None:
+    """syncfs(2): write back and flush every dirty page and inode of the file system that holds
+    `fd` (one journal commit for all, where fdatasync of each file makes one per file). Since
+    Linux 5.8 it reports a writeback error of any file there that came after `fd` was opened or
+    last syncfs'd through; it cannot say which file's it was (that file's next fsync says so:
+    each file's own error state is kept apart, and reported once to each descriptor that has
+    not yet seen it). Raises OSError as os.fsync does."""
+    if _libc.syncfs(fd) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))

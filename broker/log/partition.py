@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
@@ -103,6 +104,9 @@ class PartitionLog:
         self.directory = directory
         self.config = config
         self.recovery = recovery
+        self.device = os.stat(directory).st_dev
+        """The file system holding the folder (st_dev): the flushes of the logs on one are
+        synced together (broker.log.flush_round)."""
         self.epochs = LeaderEpochs(directory) if epochs is None else epochs
         """The folder's leader-epoch history (broker.log.epochs), loaded by `open`, cut by
         `truncate_to` and `reset_to`, added to by `assign_epoch` and `append_replicated`."""
@@ -369,24 +373,50 @@ class PartitionLog:
         trusted. The high watermark stays where it was, and every later append, flush and roll
         raises StorageIOError until `reopen_from_disk`. A flush that cannot open the segment
         again to fsync it (EMFILE...) raises StorageIOError too, but fails nothing: no fsync
-        was made, and a later flush tries again."""
+        was made, and a later flush tries again. (broker.log.flush_round flushes many logs
+        with these steps, syncing their segments together.)"""
         self._refuse_if_failed()
-        active = self._segments[-1]
-        if self._high_watermark == active.end_offset:
+        if not self.flush_pending:
             return
         started = time.perf_counter()
-        if self.config.fsync:
-            active.open_to_sync()
+        segment = self.segment_to_sync()
+        if segment is not None:
             try:
-                active.sync()
+                segment.sync()
             except StorageError as error:
-                self._failure = str(error)
+                self.fail_flush(error)
                 raise
-        self._high_watermark = active.end_offset
+        self.complete_flush(time.perf_counter() - started)
+
+    @property
+    def flush_pending(self) -> bool:
+        """Whether messages were appended since the last flush (not yet visible)."""
+        return self._high_watermark != self._segments[-1].end_offset
+
+    def segment_to_sync(self) -> Segment | None:
+        """The first step of a flush: the active segment, its write handle open, when the
+        topic fsyncs (its written bytes must be synced before `complete_flush`); None when it
+        does not. StorageIOError when the log has failed, or when the handle cannot be
+        opened again (EMFILE...: that fails nothing)."""
+        self._refuse_if_failed()
+        if not self.config.fsync:
+            return None
+        active = self._segments[-1]
+        active.open_to_sync()
+        return active
+
+    def fail_flush(self, error: StorageError) -> None:
+        """The sync of `segment_to_sync` failed: the log fails (see `flush`)."""
+        self._failure = str(error)
+
+    def complete_flush(self, seconds: float) -> None:
+        """The last step of a flush, once `segment_to_sync` is synced (or was None): every
+        appended message becomes visible to reads. `seconds`: how long the flush took."""
+        self._high_watermark = self._segments[-1].end_offset
         self._pending_messages = 0
         self._pending_since = None
         if self.on_flush is not None:
-            self.on_flush(time.perf_counter() - started)
+            self.on_flush(seconds)
 
     def next_flush_deadline(self) -> float | None:
         """When (clock.monotonic) the pending messages are due to be flushed, or None."""

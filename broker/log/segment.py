@@ -416,6 +416,12 @@ class Segment:
                 raise storage_error(error, f"fsync of {self.log_path}") from error
             self._unsynced = False
 
+    def synced_by_file_system(self) -> None:
+        """What was written so far was made durable by a syncfs of the file system holding the
+        file (broker.log.flush_round), one that reported no error: `sync` has nothing left to
+        do."""
+        self._unsynced = False
+
     def seal(self) -> None:
         """Stop writing and store the indexes: the time index, then the offset index, which
         marks a clean close. The caller has fsynced the data first (PartitionLog.flush): an

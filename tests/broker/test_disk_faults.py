@@ -1,7 +1,7 @@
 """Acks tell the truth about the disk: a real pylogd against disks that fail on purpose.
 
-- fsync fails (EIO): an LD_PRELOAD shim, compiled here with gcc, makes fsync and fdatasync fail
-  while a control file exists;
+- fsync fails (EIO): an LD_PRELOAD shim, compiled here with gcc, makes syncfs, and fsync and
+  fdatasync of every file or of those the control file names, fail while it exists;
 - the disk is full: the log dir is a small tmpfs (mounted here: the tests run as root, as CI
   does) with few bytes and few inodes;
 - file descriptors run out: the worker's RLIMIT_NOFILE is lowered with prlimit.
@@ -36,26 +36,53 @@ SHIM = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
-/* fsync and fdatasync fail with EIO while the file named by PYLOG_FAULT_FSYNC exists. */
-static int failing(void) {
+/* While the file named by PYLOG_FAULT_FSYNC exists, the disk fails as the kernel reports a lost
+   writeback: syncfs fails with EIO (some file of the file system lost data), and so do fsync
+   and fdatasync of the files concerned: every file when the control file is empty, else those
+   whose path holds the control file's first line. */
+static int failing(int fd) {
     const char *control = getenv("PYLOG_FAULT_FSYNC");
-    return control != NULL && access(control, F_OK) == 0;
+    if (control == NULL || access(control, F_OK) != 0) return 0;
+    if (fd < 0) return 1;
+    char pattern[256] = "", link[64], path[PATH_MAX];
+    FILE *f = fopen(control, "r");
+    if (f != NULL) {
+        if (fgets(pattern, sizeof pattern, f) == NULL) pattern[0] = 0;
+        fclose(f);
+    }
+    pattern[strcspn(pattern, "\n")] = 0;
+    if (pattern[0] == 0) return 1;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    if (n < 0) return 0;
+    path[n] = 0;
+    return strstr(path, pattern) != NULL;
 }
 
 int fsync(int fd) {
     static int (*real)(int);
-    if (failing()) { errno = EIO; return -1; }
+    if (failing(fd)) { errno = EIO; return -1; }
     if (real == NULL) real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
     return real(fd);
 }
 
 int fdatasync(int fd) {
     static int (*real)(int);
-    if (failing()) { errno = EIO; return -1; }
+    if (failing(fd)) { errno = EIO; return -1; }
     if (real == NULL) real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
+    return real(fd);
+}
+
+int syncfs(int fd) {
+    static int (*real)(int);
+    if (failing(-1)) { errno = EIO; return -1; }
+    if (real == NULL) real = (int (*)(int))dlsym(RTLD_NEXT, "syncfs");
     return real(fd);
 }
 """
@@ -72,18 +99,22 @@ def send_async(
     return dealer
 
 
-def produce_frames(topic: str, data: bytes, ack: Ack, correlation_id: int) -> list[bytes]:
+def produce_frames(
+    topic: str, data: bytes, ack: Ack, correlation_id: int, partition: int = 0
+) -> list[bytes]:
     header = protocol.RequestHeader(Api.PRODUCE, 1, correlation_id, "tests")
-    request = protocol.ProduceRequest(topic, 0, ack, data)
+    request = protocol.ProduceRequest(topic, partition, ack, data)
     return [bytes(f) for f in protocol.encode_request(header, request)]
 
 
-def produce_when_back(client: RawClient, topic: str, data: bytes) -> protocol.ProduceReply:
+def produce_when_back(
+    client: RawClient, topic: str, data: bytes, partition: int = 0
+) -> protocol.ProduceReply:
     """Produce with ack=flushed, retrying while the partition is unavailable (bounded)."""
     deadline = time.monotonic() + 30
     while True:
         try:
-            return client.produce(topic, 0, data, Ack.FLUSHED)
+            return client.produce(topic, partition, data, Ack.FLUSHED)
         except BrokerError as error:
             if not error.retriable or time.monotonic() > deadline:
                 raise
@@ -95,8 +126,9 @@ def produce_when_back(client: RawClient, topic: str, data: bytes) -> protocol.Pr
 
 @pytest.fixture
 def fsync_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The control file: while it exists, fsync fails with EIO in processes started after this
-    (LD_PRELOAD is set in the environment the test's pylogd inherits)."""
+    """The control file: while it exists, syncfs and fsync fail with EIO in processes started
+    after this (LD_PRELOAD is set in the environment the test's pylogd inherits); fsync of
+    the files whose path holds its first line only, if it has one (SHIM)."""
     gcc = shutil.which("gcc")
     if gcc is None:
         pytest.skip("gcc is needed to build the fsync fault shim")
@@ -165,6 +197,52 @@ def test_a_failed_fsync_answers_storage_error_and_the_partition_recovers_from_di
         broker = broker.restarted()
         client = RawClient(broker.endpoint)
         assert client.read_all("fsynced", 0) == kept + after
+    finally:
+        client.close()
+        with contextlib.suppress(Exception):
+            broker.stop()
+
+
+def test_a_flush_round_whose_sync_fails_on_one_partition_fails_that_one_alone(
+    fsync_shim: Path, make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    # Two partitions of one worker flushed in a round (one syncfs); the disk loses split-1's
+    # writeback: its producer is told STORAGE_ERROR and it goes offline, while split-0's
+    # producer is acked and split-0 goes on serving (its own fsync reports no loss).
+    broker = make_pylogd("--broker-log-dirs", str(tmp_path / "logs"))
+    client = RawClient(broker.endpoint)
+    try:
+        client.create("split", 2)
+        kept = [message_set(0, 2), message_set(10, 2)]
+        for partition in (0, 1):
+            assert client.produce("split", partition, kept[partition], Ack.FLUSHED).base_offset == 0
+        fsync_shim.write_text("split-1\n")  # the disk starts losing split-1's writes
+        waiting = [
+            send_async(
+                broker.endpoint,
+                client.context,
+                produce_frames("split", message_set(20 + p, 1), Ack.FLUSHED, 80 + p, p),
+            )
+            for p in (0, 1)
+        ]
+        answers = {}
+        for dealer in waiting:
+            assert dealer.poll(10_000), "a producer waiting on ack=flushed got no reply"
+            header = protocol.decode_reply_header(dealer.recv_multipart())
+            answers[header.correlation_id] = protocol.ErrorCode(header.error_code).name
+            dealer.close()
+        assert answers == {80: "NONE", 81: "STORAGE_ERROR"}
+        more = message_set(30, 3)
+        assert client.produce("split", 0, more, Ack.FLUSHED).base_offset > 0  # still served
+        assert client.read_all("split", 0) == kept[0] + message_set(20, 1) + more
+        with pytest.raises(BrokerError) as raised:
+            client.fetch("split", 1, 0)
+        assert raised.value.name == "PARTITION_UNAVAILABLE"
+
+        fsync_shim.unlink()  # the disk works again: split-1 comes back, without the lost set
+        after = message_set(40, 1)
+        assert produce_when_back(client, "split", after, 1).base_offset == len(kept[1])
+        assert client.read_all("split", 1) == kept[1] + after
     finally:
         client.close()
         with contextlib.suppress(Exception):

@@ -17,6 +17,7 @@ from broker.config import BrokerConfig
 from broker.errors import StorageIOError
 from broker.flusher import FLUSH_RETRY_S
 from broker.log import encode_message
+from broker.log.segment import Segment
 from broker.partition import Partition
 from broker.protocol import Ack, Api
 from broker.transport import (
@@ -254,7 +255,7 @@ async def test_a_flush_that_fails_without_failing_its_log_is_retried_with_a_paus
     worker = idle_worker(worker_end, clock=TrioClock(), log_flush_interval_ms=1)
     attempts = 0
 
-    def no_descriptor() -> bool:
+    def no_descriptor() -> None:
         nonlocal attempts
         attempts += 1
         raise StorageIOError("reopening 00000000000000000000.log: [Errno 24] Too many open files")
@@ -265,7 +266,7 @@ async def test_a_flush_that_fails_without_failing_its_log_is_retried_with_a_paus
             worker._open("audit", 0, tmp_path, worker.config.log_config())
             await worker._serve_request(CLIENT, produce_frames(Ack.WRITTEN))
             plog = worker.partitions[("audit", 0)].log
-            plog.flush_if_due = no_descriptor  # type: ignore[method-assign]
+            plog.segment_to_sync = no_descriptor  # type: ignore[method-assign]
             with trio.move_on_after(0.5):
                 await worker.flusher.run()
             nursery.cancel_scope.cancel()
@@ -426,16 +427,16 @@ async def test_an_ack_whose_flush_found_no_descriptor_comes_once_the_flush_is_tr
             await nursery.start(worker.serve)
             worker._open("audit", 0, tmp_path, worker.config.log_config())
             plog = worker.partitions[("audit", 0)].log
-            flush = plog.flush
+            segment_to_sync = plog.segment_to_sync
 
-            def flush_without_descriptors() -> None:
+            def no_descriptor_at_first() -> Segment | None:
                 nonlocal refusals
                 if refusals:
                     refusals -= 1
                     raise StorageIOError("reopening 00000000000000000000.log: [Errno 24] Too many")
-                flush()
+                return segment_to_sync()
 
-            plog.flush = flush_without_descriptors  # type: ignore[method-assign]
+            plog.segment_to_sync = no_descriptor_at_first  # type: ignore[method-assign]
             supervisor.send_multipart([requests_frame(1), CLIENT, *produce_frames(Ack.FLUSHED)])
             replies = await replies_from(supervisor, 1)
             nursery.cancel_scope.cancel()
