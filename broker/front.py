@@ -35,6 +35,7 @@ from broker.errors import (
     RepliesNotRead,
     UnsupportedApi,
 )
+from broker.joins import JOINED, Joins
 from broker.log.message import Buffer
 from broker.pool import Answers, WorkerHandle, WorkerPool
 from broker.processes import port_holder
@@ -50,6 +51,7 @@ from broker.transport import (
     connection_of,
     reply_envelope,
     tagged_identity,
+    throttle_of,
     throttled,
 )
 from broker.zmqio import NOBLOCK, receive_routed, send_frames
@@ -62,6 +64,7 @@ DRAINED_AT_ONCE = 256
 """The messages read from one socket in a turn: so the other sockets and housekeeping get one."""
 OPERATIONS: Final[dict[int, Operation]] = {
     protocol.Api.PRODUCE: Operation.PRODUCE,
+    protocol.Api.MULTI_PRODUCE: Operation.PRODUCE,
     protocol.Api.FETCH: Operation.FETCH,
     protocol.Api.OFFSET_FOR_LEADER_EPOCH: Operation.FETCH,
     protocol.Api.OFFSETS: Operation.DESCRIBE,
@@ -154,6 +157,10 @@ class Front:
         (a key removed stops its open connections at their next request)."""
         self.handshake_failures: HandshakeFailures | None = None
         self.zap: ZapHandler | None = None
+        self.joins = Joins()
+        """The MULTI_PRODUCE requests whose parts the workers have not all answered."""
+        self._restarts_seen = 0
+        """The pool's restarts when `joins` were last checked for parts a worker took with it."""
         self._handlers: dict[zmq.Socket[bytes], Callable[[list[bytes]], None]] = {}
         """The sockets of `secure` this loop reads besides clients' and workers', and what
         takes each message of theirs."""
@@ -266,6 +273,11 @@ class Front:
             self.pool.flush_all()
         self.topics.tick()
         self.pool.check()
+        if self.pool.restarts != self._restarts_seen:
+            self._restarts_seen = self.pool.restarts
+            if self.joins:
+                running = {w.index: w.restarts for w in self.pool.workers if w.connected}
+                self.joins.worker_gone(running)
         self._send_answers()
 
     def _room(self) -> bool:
@@ -298,9 +310,16 @@ class Front:
             close_monitored(self.socket, self.handshake_failures.socket)
 
     def _send_answers(self) -> None:
-        """Send the replies the pool and topic management owe."""
+        """Send the replies the pool and topic management owe (a part's, to its join), then
+        those of the MULTI_PRODUCE requests whose parts are all answered."""
         while self.answers:
-            self._answer(*self.answers.popleft())
+            tagged, frames = self.answers.popleft()
+            if tagged[:1] == JOINED:
+                self.joins.answered(tagged, frames[0])
+            else:
+                self._answer(tagged, frames)
+        for tagged, frames in self.joins.take_done():
+            self._answer(tagged, frames)
 
     def _from_worker(self, worker: WorkerHandle, first: bytes, rest: list[zmq.Frame]) -> None:
         if first == CREDIT:
@@ -317,7 +336,13 @@ class Front:
                 self.topics.worker_report(worker, report)
         elif first[:1] == REPLIES:  # one-frame replies, each behind its tagged identity
             for i in range(0, len(rest), 2):
-                send_frames(self.socket, [*reply_envelope(rest[i].bytes), rest[i + 1]])
+                tagged = rest[i].bytes
+                if tagged[:1] == JOINED:  # a part's: its join takes it
+                    self.joins.answered(tagged, rest[i + 1].buffer)
+                    continue
+                send_frames(self.socket, [*reply_envelope(tagged), rest[i + 1]])
+        elif first[:1] == JOINED:
+            self.joins.answered(first, rest[0].buffer)
         else:  # a reply, behind the tagged identity of its client: forwarded as zmq.Frames,
             if len(rest) == 2 and self.throttle.active:  # a FETCH's: its messages count
                 self.throttle.fetched(first, len(rest[1]))
@@ -366,6 +391,14 @@ class Front:
                 self._route(tagged, request_frames[0], *route)
                 return
             header, request = protocol.decode_request(request_frames)
+            if isinstance(request, protocol.MultiProduceRequest):
+                if self.throttle.active:
+                    admitted = self._admitted(tagged, request_frames, frames, principal, arrived)
+                    if admitted is None:
+                        return  # held back: served by a later turn
+                    tagged = admitted
+                self._multi_produce(tagged, header, request, request_frames, principal)
+                return
             if authorizer is not None and not isinstance(
                 request, protocol.MetadataRequest | protocol.DescribeClusterRequest
             ):
@@ -413,7 +446,7 @@ class Front:
         a consumer's FETCH is held back by what its client's replies counted; a follower's
         FETCH and the other apis are neither."""
         api = protocol.peek_api(request_frames)
-        if api == protocol.Api.PRODUCE:
+        if api == protocol.Api.PRODUCE or api == protocol.Api.MULTI_PRODUCE:
             direction, size = Direction.PRODUCE, len(request_frames[0])
         elif api == protocol.Api.FETCH and _replica_id(request_frames) < 0:
             direction, size = Direction.FETCH, 0
@@ -431,6 +464,56 @@ class Front:
         if arrived is None:
             return tagged
         return throttled(tagged, round((throttle.clock() - arrived) * 1000))
+
+    def _multi_produce(
+        self,
+        tagged: bytes,
+        header: protocol.RequestHeader,
+        request: protocol.MultiProduceRequest,
+        request_frames: list[memoryview],
+        principal: str,
+    ) -> None:
+        """Split a MULTI_PRODUCE into one PRODUCE of version 3 a part, each routed to the worker
+        holding its partition behind its join's tag (broker.joins); a part refused here (an ACL,
+        an unknown partition, a worker restarting) is answered at once. With ack none nothing
+        is joined: the parts go behind the client's tag, and none is answered."""
+        join = None
+        part_tag = tagged
+        if request.ack is not protocol.Ack.NONE:
+            part_tag, join = self.joins.open(
+                tagged, header.correlation_id, request.parts, throttle_of(tagged)
+            )
+        version = protocol.PRODUCE_IDEMPOTENT_VERSION
+        for index, part in enumerate(request.parts):
+            try:
+                if self.authorizer is not None:
+                    self.authorizer.check(principal, Operation.PRODUCE, part.topic)
+                worker = self.topics.route(part.topic, part.partition)
+                if not worker.connected:
+                    raise PartitionUnavailable(
+                        f"the worker for {part.topic}-{part.partition} is restarting; retry shortly"
+                    )
+            except Exception as error:
+                if not isinstance(error, PylogError):
+                    log.exception("unexpected error routing a part of a MULTI_PRODUCE")
+                if self.pool.errors.refused(request_frames, error) and join is not None:
+                    self.joins.answer_error(join, index, error)
+                continue
+            (frame,) = protocol.encode_request(
+                protocol.RequestHeader(protocol.Api.PRODUCE, version, index, header.client_id),
+                protocol.ProduceRequest(
+                    part.topic,
+                    part.partition,
+                    request.ack,
+                    part.message_set,
+                    request.producer_id,
+                    request.producer_epoch,
+                    part.sequence,
+                ),
+            )
+            self.pool.queue(worker, part_tag, frame)
+            if join is not None:
+                self.joins.routed(join, index, worker.index, worker.restarts)
 
     def _refuse(self, tagged: bytes, request_frames: list[memoryview], error: Exception) -> None:
         """Answer a request with `error` (counted; a PRODUCE with ack none gets no answer)."""

@@ -38,6 +38,7 @@ class Api(IntEnum):
     DESCRIBE_CONFIG = 8
     ALTER_CONFIG = 9
     OFFSET_FOR_LEADER_EPOCH = 10
+    MULTI_PRODUCE = 11
 
 
 class Ack(IntEnum):

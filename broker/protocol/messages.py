@@ -154,6 +154,31 @@ class OffsetForLeaderEpochRequest:
     leader_epoch: int
 
 
+@dataclass(frozen=True, slots=True)
+class ProducePart:
+    """One partition's part of a MULTI_PRODUCE: its message set and, from an idempotent
+    producer, the set's `sequence` among that producer's sets to the partition (0 else)."""
+
+    topic: str
+    partition: int
+    message_set: Buffer
+    sequence: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MultiProduceRequest:
+    """Append a message set to each of several partitions of this broker (`parts`, in order:
+    two parts of one partition are appended in the order they come), each part answered apart
+    as a PRODUCE of version 3 to its partition would be (docs/protocol.md, MULTI_PRODUCE).
+    `producer_id` and `producer_epoch`: an idempotent producer's, for every part (0: none)."""
+
+    api: ClassVar[Api] = Api.MULTI_PRODUCE
+    ack: Ack
+    parts: tuple[ProducePart, ...]
+    producer_id: int = 0
+    producer_epoch: int = 0
+
+
 Request = (
     ProduceRequest
     | FetchRequest
@@ -166,6 +191,7 @@ Request = (
     | DescribeConfigRequest
     | AlterConfigRequest
     | OffsetForLeaderEpochRequest
+    | MultiProduceRequest
 )
 
 
@@ -188,6 +214,25 @@ class ProduceReply:
 
     base_offset: int
     count: int
+    throttle_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PartReply:
+    """One part's answer in a MULTI_PRODUCE reply: `reply` is the frame a PRODUCE of version 3
+    to the part's partition would have been answered with, after its correlation_id (error_code,
+    error_message, then the body or the error's fields); protocol.decode_part_reply reads it."""
+
+    topic: str
+    partition: int
+    reply: Buffer
+
+
+@dataclass(frozen=True, slots=True)
+class MultiProduceReply:
+    """Each part's answer, in the request's order; `throttle_ms` as in ProduceReply."""
+
+    parts: tuple[PartReply, ...]
     throttle_ms: int = 0
 
 
@@ -362,6 +407,7 @@ RoutedRequest = (
 
 Reply = (
     ProduceReply
+    | MultiProduceReply
     | FetchReply
     | OffsetsReply
     | MetadataReply

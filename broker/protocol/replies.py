@@ -20,13 +20,21 @@ from broker.protocol.messages import (
     EmptyReply,
     FetchReply,
     MetadataReply,
+    MultiProduceReply,
     OffsetForLeaderEpochReply,
     OffsetsReply,
+    PartReply,
     ProduceReply,
     Reply,
     ReplyHeader,
 )
-from broker.protocol.tables import PRODUCE, REPLY_CLASSES, TABLES, check_version
+from broker.protocol.tables import (
+    PRODUCE,
+    PRODUCE_IDEMPOTENT_VERSION,
+    REPLY_CLASSES,
+    TABLES,
+    check_version,
+)
 from broker.protocol.wire import (
     REPLY_HEADER,
     Reader,
@@ -165,6 +173,10 @@ def decode_reply(
     api: Literal[Api.OFFSET_FOR_LEADER_EPOCH], frames: Frames, version: int = API_VERSION
 ) -> OffsetForLeaderEpochReply: ...
 @overload
+def decode_reply(
+    api: Literal[Api.MULTI_PRODUCE], frames: Frames, version: int = API_VERSION
+) -> MultiProduceReply: ...
+@overload
 def decode_reply(api: Api, frames: Frames, version: int = API_VERSION) -> Reply: ...
 def decode_reply(api: Api, frames: Frames, version: int = API_VERSION) -> Reply:
     """The body of a reply to a request of `api` at api_version `version`, from its frames
@@ -222,3 +234,23 @@ def _error_fields(reader: Reader, header: ReplyHeader) -> dict[str, int | str]:
         values.update((name, reader.string(name)) for name in fields.texts)
     reader.finish()
     return values
+
+
+_NO_CORRELATION_ID: Final = bytes(REPLY_HEADER.offsets[1])
+"""Where a part's reply (MULTI_PRODUCE) starts in the PRODUCE reply frame it is made from: the
+correlation_id left out."""
+
+
+def part_reply(frame: Buffer) -> memoryview:
+    """A MULTI_PRODUCE part's `reply` from the one frame of a PRODUCE reply of version 3 (or of
+    encode_error) for its partition: the frame after its correlation_id, uncopied."""
+    return memoryview(frame)[len(_NO_CORRELATION_ID) :]
+
+
+def decode_part_reply(part: PartReply) -> ProduceReply:
+    """A MULTI_PRODUCE part's answer, as decode_reply reads a PRODUCE reply of version 3: the
+    ProduceReply of its ack, or BrokerError (with the code's fields) for its error, or
+    MalformedReply."""
+    return decode_reply(
+        Api.PRODUCE, [_NO_CORRELATION_ID + bytes(part.reply)], PRODUCE_IDEMPOTENT_VERSION
+    )

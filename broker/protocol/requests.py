@@ -17,7 +17,7 @@ from broker.protocol.messages import (
     RequestHeader,
 )
 from broker.protocol.names import check_topic_name
-from broker.protocol.tables import API_VERSIONS, PRODUCE, TABLES, check_version
+from broker.protocol.tables import API_VERSIONS, MULTI_PRODUCE, PRODUCE, TABLES, check_version
 from broker.protocol.wire import (
     API_AND_VERSION,
     REQUEST_HEADER,
@@ -30,6 +30,9 @@ from broker.protocol.wire import (
 
 _APIS: Final = {api.value: api for api in Api}
 _PARTITION_AND_ACK: Final = PRODUCE.request.run("partition", "ack")
+_MULTI_ACK: Final = MULTI_PRODUCE.request.run("ack")
+_FIRE_AND_FORGET: Final = frozenset({Api.PRODUCE, Api.MULTI_PRODUCE})
+"""The apis whose requests with ack 0 get no reply."""
 _HEADER_WHERE: Final = "request header"
 _BODY_WHERE: Final = {api: f"{api.name} body" for api in Api}
 
@@ -164,19 +167,23 @@ def is_fire_and_forget(frames: Frames) -> bool:
     """Whether the broker must not answer this request, not even with an error: true for a
     one-frame PRODUCE request (of a version spoken) whose frame reaches its ack field (client_id
     and topic whole by their lengths, then partition and ack) and has ack 0 (Ack.NONE), however
-    malformed the rest. Never raises."""
+    malformed the rest; likewise for a MULTI_PRODUCE, whose ack is its body's first field.
+    Never raises."""
     if len(frames) != 1 or len(frames[0]) < REQUEST_HEADER.size:
         return False
     frame = frames[0]
     api_key, version = API_AND_VERSION.unpack_from(frame)
-    if api_key != Api.PRODUCE or version not in API_VERSIONS[Api.PRODUCE]:
+    if api_key not in _FIRE_AND_FORGET or version not in API_VERSIONS[_APIS[api_key]]:
         return False
     reader = Reader(frame, _HEADER_WHERE, MalformedRequest)
     try:
         reader.fixed(REQUEST_HEADER)
         reader.skip_string()  # client_id
-        reader.skip_string()  # topic
-        _, ack = reader.fixed(_PARTITION_AND_ACK)
+        if api_key == Api.PRODUCE:
+            reader.skip_string()  # topic
+            _, ack = reader.fixed(_PARTITION_AND_ACK)
+        else:
+            (ack,) = reader.fixed(_MULTI_ACK)
     except MalformedRequest:
         return False
     return int(ack) == Ack.NONE

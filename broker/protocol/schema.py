@@ -1,10 +1,11 @@
 """The language of the api tables (broker.protocol.tables), and the codec they drive.
 
 A body is a `Body`: the value class it is read into and written from, and its fields in wire
-order. A field is a `Field` (an integer type, "string", "flag" or "code"), or a `Many`: a count
-field, then that many items, each one field or a body of its own. Each has the versions that
-carry it, [since, until]. The names are the wire's, as docs/protocol.md spells them (a test
-reads its tables against these); `attr` names the value's attribute when it differs.
+order. A field is a `Field` (an integer type, "string", "bytes", "flag" or "code"), or a
+`Many`: a count field, then that many items, each one field or a body of its own. Each has the
+versions that carry it, [since, until]. The names are the wire's, as docs/protocol.md spells
+them (a test reads its tables against these); `attr` names the value's attribute when it
+differs.
 
 Bodies are compiled once per version (`Body.at`, a Layout) into an encoder and a reader,
 written as Python source from the fields and compiled: consecutive fixed-size fields are one
@@ -24,7 +25,7 @@ from typing import Any, Final
 
 from broker.log.message import Buffer
 from broker.protocol.codes import known_code
-from broker.protocol.wire import INT_CODES, Fields, Reader, encode_string
+from broker.protocol.wire import INT_CODES, Fields, Reader, encode_bytes_length, encode_string
 
 WIRE_TYPES: Final = {"flag": "u8", "code": "i16"}
 """Types read as integers of another type: a flag is a u8 of 0 or 1 (a bool), a code an i16
@@ -64,7 +65,7 @@ class Field:
 
     @property
     def code(self) -> str | None:
-        """Its struct code, None for a string."""
+        """Its struct code, None for a string or bytes."""
         return INT_CODES.get(self.wire_type)
 
     def has(self, version: int) -> bool:
@@ -256,6 +257,7 @@ class _Source:
         self.version = version
         self.names: dict[str, Any] = {
             "encode_string": encode_string,
+            "encode_bytes_length": encode_bytes_length,
             "convert": _convert,
         }
 
@@ -281,6 +283,11 @@ class _Source:
             if isinstance(group, list):
                 pack = self.name(_run(group).pack)
                 lines.append(f"    append({pack}({', '.join(f'value.{f.key}' for f in group)}))")
+            elif isinstance(group, Field) and group.type == "bytes":
+                lines += [
+                    f"    append(encode_bytes_length({group.name!r}, value.{group.key}))",
+                    f"    append(value.{group.key})",
+                ]
             elif isinstance(group, Field):
                 lines.append(f"    append(encode_string({group.name!r}, value.{group.key}))")
             else:
@@ -331,7 +338,8 @@ class _Source:
                         )
                 keys += [f.key for f in group]
             elif isinstance(group, Field):
-                lines.append(f"    v_{group.key} = string({group.name!r})")
+                read = "reader.bytes" if group.type == "bytes" else "string"
+                lines.append(f"    v_{group.key} = {read}({group.name!r})")
                 keys.append(group.key)
             else:
                 lines += self.many_reader(group)

@@ -35,15 +35,20 @@ from broker.protocol.messages import (
     MetadataBroker,
     MetadataReply,
     MetadataRequest,
+    MultiProduceReply,
+    MultiProduceRequest,
     OffsetForLeaderEpochReply,
     OffsetForLeaderEpochRequest,
     OffsetsReply,
     OffsetsRequest,
     PartitionInfo,
+    PartReply,
+    ProducePart,
     ProduceReply,
     ProduceRequest,
     TopicInfo,
 )
+from broker.protocol.names import check_topic_name
 from broker.protocol.schema import Body, Field, Many, Pair
 from broker.protocol.wire import Reader
 
@@ -100,13 +105,16 @@ PRODUCE_IDEMPOTENT_VERSION: Final = 3
 (docs/protocol.md, PRODUCE); its reply is version 2's."""
 
 
-def _make_produce(reader: Reader, values: Values, version: int) -> ProduceRequest:
-    ack = values["ack"]
+def _check_ack(reader: Reader, ack: int) -> Ack:
     if ack > Ack.ALL:
         raise reader.fail(
             f"field ack is {ack}: it must be 0 (none), 1 (written), 2 (flushed) or 3 (all)"
         )
-    values["ack"] = ACKS[ack]
+    return ACKS[ack]
+
+
+def _make_produce(reader: Reader, values: Values, version: int) -> ProduceRequest:
+    values["ack"] = _check_ack(reader, values["ack"])
     if not values.get("producer_id") and (values.get("producer_epoch") or values.get("sequence")):
         raise reader.fail(
             f"producer_id is 0 (no idempotent producer) but producer_epoch is "
@@ -156,6 +164,76 @@ PRODUCE: Final = ApiTable(
             ErrorCode.DUPLICATE_SEQUENCE,
             ErrorCode.INVALID_PRODUCER_EPOCH,
         }
+    ),
+)
+
+# -- MULTI_PRODUCE -----------------------------------------------------------------------------
+
+MAX_PARTS: Final = 10_000
+"""The most parts a MULTI_PRODUCE carries (a broker holds at most this many partitions)."""
+
+
+def _make_multi_produce(reader: Reader, values: Values, version: int) -> MultiProduceRequest:
+    values["ack"] = _check_ack(reader, values["ack"])
+    parts = values["parts"]
+    if not 1 <= len(parts) <= MAX_PARTS:
+        raise reader.fail(f"part_count is {len(parts)}: it must be from 1 to {MAX_PARTS}")
+    for part in parts:
+        check_topic_name(part.topic)
+    if not values["producer_id"]:
+        sequenced = next((p for p in parts if p.sequence), None)
+        if values["producer_epoch"] or sequenced is not None:
+            raise reader.fail(
+                f"producer_id is 0 (no idempotent producer) but producer_epoch is "
+                f"{values['producer_epoch']} and a part's sequence "
+                f"{0 if sequenced is None else sequenced.sequence}: both must be 0 then"
+            )
+    return MultiProduceRequest(**values)
+
+
+MULTI_PRODUCE: Final = ApiTable(
+    Api.MULTI_PRODUCE,
+    (1,),
+    Body(
+        "MULTI_PRODUCE",
+        MultiProduceRequest,
+        (
+            Field("ack", "u8"),
+            Field("producer_id", "u64"),
+            Field("producer_epoch", "u16"),
+            Many(
+                "parts",
+                Field("part_count", "u32"),
+                Body(
+                    "MULTI_PRODUCE",
+                    ProducePart,
+                    (
+                        _TOPIC,
+                        Field("partition", "u32"),
+                        Field("sequence", "u32"),
+                        Field("message_set", "bytes"),
+                    ),
+                ),
+            ),
+        ),
+        _make_multi_produce,
+        strict=True,
+    ),
+    Body(
+        "MULTI_PRODUCE",
+        MultiProduceReply,
+        (
+            Field("throttle_ms", "u32"),
+            Many(
+                "parts",
+                Field("part_count", "u32"),
+                Body(
+                    "MULTI_PRODUCE",
+                    PartReply,
+                    (_TOPIC, Field("partition", "u32"), Field("reply", "bytes")),
+                ),
+            ),
+        ),
     ),
 )
 
@@ -657,6 +735,7 @@ TABLES: Final[Mapping[Api, ApiTable]] = {
         DESCRIBE_CONFIG,
         ALTER_CONFIG,
         OFFSET_FOR_LEADER_EPOCH,
+        MULTI_PRODUCE,
     )
 }
 """Every api's table, by api."""

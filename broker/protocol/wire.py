@@ -56,6 +56,7 @@ class Fields:
 
 
 U16: Final = struct.Struct(">H")
+U32: Final = struct.Struct(">I")
 API_AND_VERSION: Final = struct.Struct(">HH")
 _STRING_LENGTH: Final = 2
 
@@ -136,6 +137,23 @@ class Reader:
         self._last = name
         return text
 
+    def bytes(self, name: str) -> memoryview:
+        """A `bytes` field: its u32 length, then that many bytes, returned uncopied."""
+        pos = self._pos
+        if pos + U32.size > self._end:
+            raise self._cut_short(f"{name} (its length)", pos, U32.size)
+        (size,) = U32.unpack_from(self._buf, pos)
+        start = pos + U32.size
+        end = start + size
+        if end > self._end:
+            raise self.fail(
+                f"cut short in field {name}: its length says {plural(size, 'byte')} from byte "
+                f"{start}, the frame has {plural(self._end, 'byte')}"
+            )
+        self._pos = end
+        self._last = name
+        return self._buf[start:end]
+
     def finish(self) -> None:
         left = self._end - self._pos
         if left == 0:
@@ -168,3 +186,11 @@ def encode_string(name: str, text: str, truncate: bool = False) -> bytes:
             )
         data = data[:MAX_STRING_BYTES].decode(errors="ignore").encode()
     return U16.pack(len(data)) + data
+
+
+def encode_bytes_length(name: str, data: Buffer) -> bytes:
+    """The u32 length that starts a `bytes` field holding `data` (ValueError past 2^32 - 1)."""
+    size = memoryview(data).nbytes
+    if size > 0xFFFFFFFF:
+        raise ValueError(f"field {name} is {size} bytes, over the 4 GiB a bytes field holds")
+    return U32.pack(size)

@@ -19,9 +19,10 @@ MESSAGE = encode_message(b"x" * 74, timestamp_ms=1)
 
 
 class Syncs:
-    """The fsyncs of segment files (by partition folder name) and the syncfs calls made, and the faults to make:
-    `failing` folder names whose fsyncs fail with EIO, `syncfs_fails` for a syncfs that fails
-    as the kernel's does when a file of the file system lost its writeback."""
+    """The fsyncs of segment files (by partition folder name) and the syncfs calls made, and
+    the faults to make: `failing` folder names whose fsyncs fail with EIO, `syncfs_fails` for
+    a syncfs that fails as the kernel's does when a file of the file system lost its
+    writeback."""
 
     def __init__(self) -> None:
         self.fsyncs: list[str] = []

@@ -79,11 +79,15 @@ from broker.protocol import (
     MetadataBroker,
     MetadataReply,
     MetadataRequest,
+    MultiProduceReply,
+    MultiProduceRequest,
     OffsetForLeaderEpochReply,
     OffsetForLeaderEpochRequest,
     OffsetsReply,
     OffsetsRequest,
     PartitionInfo,
+    PartReply,
+    ProducePart,
     ProduceReply,
     ProduceRequest,
     Reply,
@@ -247,7 +251,7 @@ def field_names(section: str) -> set[str]:
 
 RENAMED = {"topics": "topic", "brokers": "broker", "partitions": "partition"}
 RENAMED |= {"log_dirs": "log_dir", "entries": "config", "epochs": "epoch", "replicas": "replica"}
-RENAMED |= {"producers": "producer"}
+RENAMED |= {"producers": "producer", "parts": "part"}
 """Python names of repeated groups -> the document's (its count field without _count)."""
 
 FIELD_VERSIONS: dict[type, dict[str, int]] = {
@@ -270,6 +274,12 @@ def plain(value: object, version: int = 1) -> Any:
     document's names, and only the fields of that version."""
     if isinstance(value, Enum):
         return value.name
+    if isinstance(value, PartReply):  # its reply as hex (the document's vectors say so)
+        return {
+            "topic": value.topic,
+            "partition": value.partition,
+            "reply": bytes(value.reply).hex(),
+        }
     if isinstance(value, bytes | bytearray | memoryview):
         return [
             {
@@ -593,6 +603,26 @@ requests: st.SearchStrategy[Request] = st.one_of(
         st.lists(texts, max_size=3, unique=True).map(tuple),
     ).filter(lambda request: not set(request.set) & set(request.delete)),
     st.builds(OffsetForLeaderEpochRequest, topics, u32, st.integers(-1, 2**31 - 1)),
+    st.one_of(
+        st.builds(
+            MultiProduceRequest,
+            st.sampled_from(Ack),
+            st.lists(
+                st.builds(ProducePart, topics, u32, st.binary(max_size=60)), min_size=1, max_size=4
+            ).map(tuple),
+        ),
+        st.builds(
+            MultiProduceRequest,
+            st.sampled_from(Ack),
+            st.lists(
+                st.builds(ProducePart, topics, u32, st.binary(max_size=60), u32),
+                min_size=1,
+                max_size=4,
+            ).map(tuple),
+            st.integers(1, 2**64 - 1),
+            u16,
+        ),
+    ),
 )
 """A request of every api, each at version 1."""
 
@@ -704,6 +734,16 @@ replies: st.SearchStrategy[tuple[Api, Reply]] = st.one_of(
     st.tuples(
         st.just(Api.OFFSET_FOR_LEADER_EPOCH), st.builds(OffsetForLeaderEpochReply, epochs, u64)
     ),
+    st.tuples(
+        st.just(Api.MULTI_PRODUCE),
+        st.builds(
+            MultiProduceReply,
+            st.lists(st.builds(PartReply, topics, u32, st.binary(max_size=40)), max_size=4).map(
+                tuple
+            ),
+            u32,
+        ),
+    ),
 )
 """A reply of every api, each at version 1."""
 
@@ -782,7 +822,9 @@ def test_peek_route_agrees_with_decode_request(
     else:
         assert route is None
     assert peek_correlation_id(frames) == correlation_id
-    fire_and_forget = isinstance(decoded, ProduceRequest) and decoded.ack is Ack.NONE
+    fire_and_forget = (
+        isinstance(decoded, ProduceRequest | MultiProduceRequest) and decoded.ack is Ack.NONE
+    )
     assert is_fire_and_forget(frames) == fire_and_forget
 
 
@@ -1106,7 +1148,7 @@ def test_topic_that_is_not_utf8_is_malformed() -> None:
 
 
 def test_unknown_api_key_is_unsupported_api() -> None:
-    raised = rejects([header(api_key=11) + fetch_body()], UnsupportedApi, "api_key 11")
+    raised = rejects([header(api_key=12) + fetch_body()], UnsupportedApi, "api_key 12")
     assert error_code_for(raised.value) is ErrorCode.UNSUPPORTED_API
 
 
@@ -1531,7 +1573,7 @@ def test_peek_route_is_none_for_the_apis_the_front_serves() -> None:
         ([], MalformedRequest),
         ([b"\x00\x01\x00"], MalformedRequest),
         ([header()[:-1]], MalformedRequest),
-        ([header(api_key=11) + fetch_body()], UnsupportedApi),
+        ([header(api_key=12) + fetch_body()], UnsupportedApi),
         ([header(version=0) + fetch_body()], UnsupportedVersion),
         ([header() + fetch_body(), b""], MalformedRequest),
         ([b"", header() + fetch_body()], MalformedRequest),

@@ -14,7 +14,7 @@ from broker.protocol.wire import INT_CODES
 
 DOC = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
 SECTION = re.compile(r"^### ([A-Z_]+) \(api_key (\d+)\)\n(.*?)(?=^###? )", re.DOTALL | re.MULTILINE)
-TYPES = "|".join([*INT_CODES, "string"])
+TYPES = "|".join([*INT_CODES, "string", "bytes"])
 ROW = re.compile(rf"^\|(?:[^|\n]*\|){{1,2}} *`({TYPES})` *\| *`(\w+)` *\|", re.MULTILINE)
 
 Rows = list[tuple[str, str]]
