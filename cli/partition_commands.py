@@ -2,9 +2,10 @@
 --partitions`, `rpk topic add-partitions`).
 
 The new partitions are placed over the brokers up now, racks included, as a new topic's would
-be (broker.placement), and written to the topic's node in ZooKeeper with their state nodes in
-one transaction (broker.registry.topics); every broker watches the node and opens those it
-holds. Producers and group members pick them up (docs/replication.md, "Placement")."""
+be (broker.placement): their state nodes written to ZooKeeper first, then the topic's node,
+which publishes them (broker.registry.topics; docs/registry.md, "Writing a topic"); every
+broker watches the node and opens those it holds. Producers and group members pick them up
+(docs/replication.md, "Placement")."""
 
 from __future__ import annotations
 
