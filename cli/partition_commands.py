@@ -18,8 +18,7 @@ import click
 from broker.client import Admin
 from broker.errors import InvalidTopic
 from broker.protocol import ErrorCode
-from broker.registry import TopicConfig
-from broker.topics.admin import MAX_PARTITIONS
+from broker.registry import MAX_PARTITIONS, TopicConfig
 from cli.common import CLI_RETRIES, broker_errors, client_keys, usage_error
 from cli.group_commands import admin_options, fail, open_registry
 
@@ -34,7 +33,8 @@ SERVED_WITHIN_S: Final = 30.0
     "count",
     type=click.IntRange(min=2, max=MAX_PARTITIONS),
     required=True,
-    help="How many partitions the topic is to have in all: more than it has.",
+    help=f"How many partitions the topic is to have in all: more than it has, at most "
+    f"{MAX_PARTITIONS:,}.",
 )
 @admin_options
 def add_partitions(

@@ -43,6 +43,11 @@ TRANSACTION_ATTEMPTS = 10
 """How many times creating, growing or deleting a topic's nodes is tried again when the nodes
 it was built from changed before it was applied."""
 
+MAX_PARTITIONS = 10_000
+"""The most partitions a topic may have. Its configuration is one ZooKeeper node, under
+jute.maxbuffer (1 MiB) as every request is: 220 KB at this many partitions of 3 replicas, about
+430 KB with every partition's log start (docs/registry.md, "Writing a topic")."""
+
 Settings = Mapping[str, SettingValue]
 Replicas = tuple[tuple[int, ...], ...]
 
@@ -130,11 +135,14 @@ class TopicConfig:
         return self.replicas_of(partition)[0]
 
     def validate(self, topic: str) -> None:
-        """Raise InvalidTopic when partitions is not >= 1, brokers does not name one broker
-        per partition, replicas does not name distinct brokers for each partition, or a
-        setting is not int | None."""
-        if not is_int(self.partitions) or self.partitions < 1:
-            raise InvalidTopic(f"topic {topic!r}: partitions must be >= 1, not {self.partitions!r}")
+        """Raise InvalidTopic when partitions is not from 1 to MAX_PARTITIONS, brokers does
+        not name one broker per partition, replicas does not name distinct brokers for each
+        partition, or a setting is not int | None."""
+        if not is_int(self.partitions) or not 1 <= self.partitions <= MAX_PARTITIONS:
+            raise InvalidTopic(
+                f"topic {topic!r}: partitions must be from 1 to {MAX_PARTITIONS}, "
+                f"not {self.partitions!r}"
+            )
         if len(self.brokers) != self.partitions or not all(
             is_int(b) and b >= 0 for b in self.brokers
         ):

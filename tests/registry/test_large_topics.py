@@ -12,8 +12,13 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient, TransactionRequest
 
-from broker.errors import RegistryUnavailable, TopicAlreadyExists, UnknownTopicOrPartition
-from broker.registry import PartitionState, Registry, TopicConfig
+from broker.errors import (
+    InvalidTopic,
+    RegistryUnavailable,
+    TopicAlreadyExists,
+    UnknownTopicOrPartition,
+)
+from broker.registry import MAX_PARTITIONS, PartitionState, Registry, TopicConfig
 from broker.zookeeper import PrivateZooKeeper
 from tests.conftest import REQUEST_TIMEOUT_S, SESSION_TIMEOUT_S
 
@@ -173,3 +178,16 @@ def test_a_deletion_cut_short_after_its_first_chunk_leaves_no_topic_and_a_new_on
     assert states(registry, "big") == initial_states(small)
     folder = f"{registry.chroot}/brokers/topics/big/partitions"
     assert sorted(observer.get_children(folder)) == ["0", "1", "2"]
+
+
+def test_more_partitions_than_the_maximum_are_refused_before_anything_is_written(
+    registry: Registry, observer: KazooClient
+) -> None:
+    too_many = TopicConfig.spread(MAX_PARTITIONS + 1, [1])
+    with pytest.raises(InvalidTopic, match="partitions must be from 1 to 10000, not 10001"):
+        registry.create_topic_config("big", too_many)
+    assert observer.exists(f"{registry.chroot}/brokers/topics/big") is None
+    registry.create_topic_config("big", TopicConfig.spread(2, [1]))
+    with pytest.raises(InvalidTopic, match="from 1 to 10000"):
+        registry.add_partitions("big", MAX_PARTITIONS + 1, {1: None})
+    assert registry.topic_config("big").partitions == 2
