@@ -2,9 +2,10 @@
 --partitions`, `rpk topic add-partitions`).
 
 The new partitions are placed over the brokers up now, racks included, as a new topic's would
-be (broker.placement), and written to the topic's node in ZooKeeper with their state nodes in
-one transaction (broker.registry.topics); every broker watches the node and opens those it
-holds. Producers and group members pick them up (docs/replication.md, "Placement")."""
+be (broker.placement): their state nodes written to ZooKeeper first, then the topic's node,
+which publishes them (broker.registry.topics; docs/registry.md, "Writing a topic"); every
+broker watches the node and opens those it holds. Producers and group members pick them up
+(docs/replication.md, "Placement")."""
 
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ import click
 from broker.client import Admin
 from broker.errors import InvalidTopic
 from broker.protocol import ErrorCode
-from broker.registry import TopicConfig
-from broker.topics.admin import MAX_PARTITIONS
+from broker.registry import MAX_PARTITIONS, TopicConfig
 from cli.common import CLI_RETRIES, broker_errors, client_keys, usage_error
 from cli.group_commands import admin_options, fail, open_registry
 
@@ -33,7 +33,8 @@ SERVED_WITHIN_S: Final = 30.0
     "count",
     type=click.IntRange(min=2, max=MAX_PARTITIONS),
     required=True,
-    help="How many partitions the topic is to have in all: more than it has.",
+    help=f"How many partitions the topic is to have in all: more than it has, at most "
+    f"{MAX_PARTITIONS:,}.",
 )
 @admin_options
 def add_partitions(

@@ -9,6 +9,7 @@ import click
 from broker.client import Admin
 from broker.client.admin import PartitionDescription
 from broker.protocol import ConfigEntry
+from broker.registry import MAX_PARTITIONS
 from cli.common import (
     CLI_RETRIES,
     broker_errors,
@@ -30,7 +31,13 @@ def topic() -> None:
 
 @topic.command("create")
 @click.argument("name")
-@click.option("--partitions", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--partitions",
+    type=click.IntRange(min=1, max=MAX_PARTITIONS),
+    default=1,
+    show_default=True,
+    help=f'How many partitions: 1 to {MAX_PARTITIONS:,} (docs/registry.md, "Writing a topic").',
+)
 @click.option(
     "--config",
     "config",

@@ -68,13 +68,21 @@ def from_big_endian(typecode: str, data: bytes) -> array[int]:
 def write_index_file(path: Path, segment_size: int, body: bytes) -> os.stat_result:
     """Store `body` for a segment of `segment_size` bytes: tmp file, fsync, rename, fsync of
     the folder; returns the file's status as written (`IndexFile` trusts a file that still has
-    it). OSError as the file system gives it; the old file is then left as it was."""
+    it). A file that holds exactly these bytes already is left as it is, and its status
+    returned: the close of a partition that took no message since it was opened writes
+    nothing (a file so found was stored the same way, fsynced before its rename; a crash
+    between its rename and the folder's fsync, then a power loss, can at worst leave the old
+    file or none, which open rebuilds from the log). OSError as the file system gives it; the
+    old file is then left as it was."""
     size = _SIZE.pack(segment_size)
-    checksum = xxh3_64_intdigest(size + body)
+    data = HEAD.pack(segment_size, xxh3_64_intdigest(size + body)) + body
+    stored = _stored(path, data)
+    if stored is not None:
+        return stored
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, HEAD.pack(segment_size, checksum) + body)
+        os.write(fd, data)
         os.fsync(fd)
         written = os.fstat(fd)
     finally:
@@ -82,6 +90,21 @@ def write_index_file(path: Path, segment_size: int, body: bytes) -> os.stat_resu
     os.replace(tmp, path)
     fsync_directory(path.parent)
     return written
+
+
+def _stored(path: Path, data: bytes) -> os.stat_result | None:
+    """The status of the file at `path` if it holds exactly `data`, else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        status = os.fstat(fd)
+        if status.st_size != len(data) or os.pread(fd, len(data), 0) != data:
+            return None
+        return status
+    finally:
+        os.close(fd)
 
 
 def _head_fault(head: bytes, length: int, segment_size: int, entry_bytes: int) -> str | None:

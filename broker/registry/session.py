@@ -72,6 +72,13 @@ log = logging.getLogger(__name__)
 DEFAULT_CHROOT = "/pylog"
 
 ATTEMPTS = 5  # tries of a create/check/delete cycle that other clients keep racing
+TRANSACTION_BYTES = 256 * 1024
+"""The most one transaction of _commit_in_chunks carries, its operations as serialized: a
+quarter of ZooKeeper's jute.maxbuffer (1 MiB, 1048575 bytes, by default). The server refuses a
+larger packet and drops the connection that sent it ("Len error"): a transaction creating the
+state nodes of 4,000 partitions was 1,158,102 bytes. About 1,500 state nodes' creations fit."""
+_OPERATION_HEADER_BYTES = 9
+"""What a transaction adds before each operation (type, done flag, error: 4 + 1 + 4 bytes)."""
 RESTORE_RETRY_FIRST_S = 0.1
 RESTORE_RETRY_MAX_S = 2.0
 """A re-registration that failed is tried again after RESTORE_RETRY_FIRST_S, doubling up to this."""
@@ -524,6 +531,41 @@ class Session(Running):
                 raise self._outcome(f"{verb} {operation.path}", result)
         return results
 
+    def _commit_in_chunks(
+        self,
+        what: str,
+        build: Callable[[TransactionRequest], None],
+        guard: Callable[[TransactionRequest], None],
+    ) -> int:
+        """Send the operations that `build` adds, in their order, as consecutive transactions
+        (_commit) of at most TRANSACTION_BYTES each, every one beginning with the operations
+        `guard` adds (checks of a node's version, which fence a writer that another has
+        overtaken). Each transaction is applied whole or not at all; the first that fails
+        raises its outcome as _commit does, and none after it is sent, while those before it
+        stay applied: the caller orders its writes so that readers never take a part for the
+        whole (broker.registry.topics). Returns how many transactions were sent."""
+        operations = self._client.transaction()
+        build(operations)
+        head = self._client.transaction()
+        guard(head)
+        budget = TRANSACTION_BYTES - sum(_serialized_bytes(op) for op in head.operations)
+        chunks: list[list[Any]] = []
+        used = budget
+        for operation in operations.operations:
+            size = _serialized_bytes(operation)
+            if used + size > budget:
+                chunks.append([*head.operations])
+                used = 0
+            chunks[-1].append(operation)
+            used += size
+        for chunk in chunks:
+
+            def fill(transaction: TransactionRequest, chunk: list[Any] = chunk) -> None:
+                transaction.operations.extend(chunk)
+
+            self._commit(what, fill)
+        return len(chunks)
+
     def _create(
         self, path: str, data: bytes, *, ephemeral: bool = False, makepath: bool = False
     ) -> None:
@@ -540,8 +582,11 @@ class Session(Running):
         children = self._request(f"list {path}", lambda: self._client.get_children_async(path))
         return sorted(str(child) for child in children)
 
-    def _set(self, path: str, data: bytes, version: int) -> None:
-        self._request(f"write {path}", lambda: self._client.set_async(path, data, version))
+    def _set(self, path: str, data: bytes, version: int) -> int:
+        """Write `path` if it is at `version` (-1: any); returns its new version."""
+        stat = self._request(f"write {path}", lambda: self._client.set_async(path, data, version))
+        new_version: int = stat.version
+        return new_version
 
     def _delete(self, path: str, version: int = -1) -> None:
         self._request(f"delete {path}", lambda: self._client.delete_async(path, version))
@@ -549,3 +594,8 @@ class Session(Running):
     def _ensure_path(self, path: str, acl: list[ACL] | None = None) -> None:
         """Create `path` and its missing parents, with `acl` (default: the session's)."""
         self._request(f"create {path}", lambda: self._client.ensure_path_async(path, acl))
+
+
+def _serialized_bytes(operation: Any) -> int:
+    """How many bytes a transaction's operation (kazoo's Create, SetData...) takes in it."""
+    return _OPERATION_HEADER_BYTES + len(operation.serialize())

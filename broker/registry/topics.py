@@ -40,8 +40,13 @@ ALTER_ATTEMPTS = 10
 changing between its read and its write, before it gives up."""
 
 TRANSACTION_ATTEMPTS = 10
-"""How many times creating or deleting a topic's nodes (one ZooKeeper transaction) is tried
-again when the nodes it was built from changed before it was applied."""
+"""How many times creating, growing or deleting a topic's nodes is tried again when the nodes
+it was built from changed before it was applied."""
+
+MAX_PARTITIONS = 10_000
+"""The most partitions a topic may have. Its configuration is one ZooKeeper node, under
+jute.maxbuffer (1 MiB) as every request is: 220 KB at this many partitions of 3 replicas, about
+430 KB with every partition's log start (docs/registry.md, "Writing a topic")."""
 
 Settings = Mapping[str, SettingValue]
 Replicas = tuple[tuple[int, ...], ...]
@@ -130,11 +135,14 @@ class TopicConfig:
         return self.replicas_of(partition)[0]
 
     def validate(self, topic: str) -> None:
-        """Raise InvalidTopic when partitions is not >= 1, brokers does not name one broker
-        per partition, replicas does not name distinct brokers for each partition, or a
-        setting is not int | None."""
-        if not is_int(self.partitions) or self.partitions < 1:
-            raise InvalidTopic(f"topic {topic!r}: partitions must be >= 1, not {self.partitions!r}")
+        """Raise InvalidTopic when partitions is not from 1 to MAX_PARTITIONS, brokers does
+        not name one broker per partition, replicas does not name distinct brokers for each
+        partition, or a setting is not int | None."""
+        if not is_int(self.partitions) or not 1 <= self.partitions <= MAX_PARTITIONS:
+            raise InvalidTopic(
+                f"topic {topic!r}: partitions must be from 1 to {MAX_PARTITIONS}, "
+                f"not {self.partitions!r}"
+            )
         if len(self.brokers) != self.partitions or not all(
             is_int(b) and b >= 0 for b in self.brokers
         ):
@@ -292,57 +300,95 @@ class TopicNodes(PartitionStates):
     # -- topic configurations ----------------------------------------------------------------
 
     def create_topic_config(self, topic: str, config: TopicConfig) -> None:
-        """Create the persistent /config/topics/<topic> and, in the same ZooKeeper transaction
-        (both or neither), the state node of each partition with its initial state
+        """Create the topic: the state node of each partition with its initial state
         (PartitionState.initial: led by replicas[p][0] at leader epoch 0, every replica in
-        sync). TopicAlreadyExists if the configuration exists. State nodes left by a topic of
-        the same name whose deletion was cut short are overwritten (their versions go on
-        rising, so a write of the old topic's made on a version read before fails)."""
+        sync), in transactions of at most TRANSACTION_BYTES, then the persistent
+        /config/topics/<topic>, which publishes them (docs/registry.md, "Writing a topic":
+        no reader looks at the state nodes of a topic without a configuration, so none sees
+        a part of them). TopicAlreadyExists if the configuration exists, or another request
+        is creating the topic now (it took the state nodes over from this one).
+
+        State nodes left by a topic of the same name whose creation or deletion was cut
+        short are taken over: overwritten (their versions go on rising, so a write of the
+        old topic's made on a version read before fails), those past the new topic's
+        partitions deleted. Cut short itself (a crash, a lost connection), it leaves such
+        nodes and no configuration: the topic does not exist, and creating it again
+        completes it."""
         check_topic_name(topic)
         config.validate(topic)
         epochs = self.broker_epochs()
-        states = [PartitionState.initial(replicas, epochs) for replicas in config.replicas]
+        states = [
+            PartitionState.initial(replicas, epochs).to_json() for replicas in config.replicas
+        ]
         folder = self.partition_states_path(topic)
+        what = f"create topic {topic!r}"
         for _ in range(TRANSACTION_ATTEMPTS):
-            listed = self._partition_nodes(topic)
-            parents = [] if listed is not None else [folder]
-            if listed is None and not self._exists(self.topic_node_path(topic)):
-                parents.insert(0, self.topic_node_path(topic))
-            found = listed or {}
+            try:
+                claim = self._claim_states(topic, lambda: self._refuse_existing(topic))
+            except BadVersion:
+                raise self._being_created(topic) from None
+            found = self._partition_nodes(topic) or {}
 
-            def build(
-                transaction: TransactionRequest,
-                found: dict[int, bool] = found,
-                parents: list[str] = parents,
-            ) -> None:
-                transaction.create(self.topic_config_path(topic), config.to_json())
-                for parent in parents:
-                    transaction.create(parent)
+            def build(transaction: TransactionRequest, found: dict[int, bool] = found) -> None:
                 for p, state in enumerate(states):
                     path = self.partition_state_path(topic, p)
                     if p not in found:
                         transaction.create(f"{folder}/{p}")
-                        transaction.create(path, state.to_json())
+                        transaction.create(path, state)
                     elif found[p]:
-                        transaction.set_data(path, state.to_json())
+                        transaction.set_data(path, state)
                     else:
-                        transaction.create(path, state.to_json())
+                        transaction.create(path, state)
                 for p, has_state in found.items():
                     if p >= len(states):
                         if has_state:
                             transaction.delete(self.partition_state_path(topic, p))
                         transaction.delete(f"{folder}/{p}")
 
+            def fence(transaction: TransactionRequest, claim: int = claim) -> None:
+                transaction.check(folder, claim)
+
+            def publish(transaction: TransactionRequest, claim: int = claim) -> None:
+                transaction.set_data(folder, b"", claim)
+                transaction.create(self.topic_config_path(topic), config.to_json())
+
             try:
-                self._commit(f"create topic {topic!r}", build)
+                self._commit_in_chunks(what, build, fence)
+                self._commit(what, publish)
                 return
+            except BadVersion:
+                self._refuse_existing(topic)
+                raise self._being_created(topic) from None
             except (NodeExists, NoNode, NotEmpty):
-                if self._exists(self.topic_config_path(topic)):
-                    raise TopicAlreadyExists(f"topic {topic!r} exists already") from None
+                self._refuse_existing(topic)
                 continue  # partition nodes changed since listed: list them again
         raise RegistryUnavailable(
             f"the nodes of topic {topic!r} changed under each of {TRANSACTION_ATTEMPTS} attempts "
             f"to create it: try again"
+        )
+
+    def _claim_states(self, topic: str, check: Callable[[], None]) -> int:
+        """Make this call the one writer of the partition state nodes of `topic` that are not
+        published yet (docs/registry.md, "Writing a topic"): read the version of
+        /brokers/topics/<topic>/partitions (created if missing), call `check()` (which raises
+        when there is nothing to write), then write the node at the version read. Returns its
+        new version, the claim, which each of this writer's transactions checks: a writer that
+        claims after it, or a publication, fences it. BadVersion when another writer claimed
+        between the read and the write."""
+        folder = self.partition_states_path(topic)
+        self._ensure_path(folder)
+        version = self._get(folder)[1].version
+        check()
+        return self._set(folder, b"", version)
+
+    def _refuse_existing(self, topic: str) -> None:
+        if self._exists(self.topic_config_path(topic)):
+            raise TopicAlreadyExists(f"topic {topic!r} exists already")
+
+    @staticmethod
+    def _being_created(topic: str) -> TopicAlreadyExists:
+        return TopicAlreadyExists(
+            f"topic {topic!r} is being created by another request at the same time"
         )
 
     def add_partitions(
@@ -351,12 +397,15 @@ class TopicNodes(PartitionStates):
         """Give `topic` `count` partitions in all: the new ones placed over the brokers of
         `racks` (broker id -> rack, None for none: the live ones) as they would be in a new
         topic of `count` partitions (assign_replicas, so leadership goes on round robin), with
-        the topic's replication factor (its partitions' largest number of replicas), and
-        their state nodes created, all in one ZooKeeper transaction, conditional on the
-        configuration's version (read again and retried when another write came between).
-        Returns the new configuration. UnknownTopicOrPartition if there is none; InvalidTopic
-        when `count` is not above the partitions it has, or there are fewer brokers than the
-        replication factor."""
+        the topic's replication factor (its partitions' largest number of replicas). Their
+        state nodes are written first, in transactions of at most TRANSACTION_BYTES (past the
+        configuration's partition count, no reader looks at them), then the configuration,
+        conditionally on its version (read again and retried when another write came
+        between), which publishes them. Returns the new configuration.
+        UnknownTopicOrPartition if there is none; InvalidTopic when `count` is not above the
+        partitions it has, is above MAX_PARTITIONS, or there are fewer brokers than the
+        replication factor. Cut short, it leaves state nodes past the partition count, which
+        the next add_partitions (or creation) takes over."""
         check_topic_name(topic)
         for _ in range(TRANSACTION_ATTEMPTS):
             config, version = self._read_config(topic)
@@ -397,55 +446,98 @@ class TopicNodes(PartitionStates):
         grown.validate(topic)
         epochs = self.broker_epochs()
         folder = self.partition_states_path(topic)
+        what = f"add partitions to topic {topic!r}"
+        try:
+            claim = self._claim_states(topic, lambda: None)
+        except BadVersion:
+            return None  # another writer claimed them meanwhile
         found = self._partition_nodes(topic) or {}
 
         def build(transaction: TransactionRequest) -> None:
-            transaction.set_data(self.topic_config_path(topic), grown.to_json(), version)
             for p, replicas in enumerate(added, start=config.partitions):
                 state = PartitionState.initial(replicas, epochs).to_json()
                 if p not in found:
                     transaction.create(f"{folder}/{p}")
-                if found.get(p):  # left by a deletion cut short: its version goes on
+                if found.get(p):  # left by a deletion or an addition cut short
                     transaction.set_data(self.partition_state_path(topic, p), state)
                 else:
                     transaction.create(self.partition_state_path(topic, p), state)
 
+        def publish(transaction: TransactionRequest) -> None:
+            transaction.set_data(folder, b"", claim)
+            transaction.set_data(self.topic_config_path(topic), grown.to_json(), version)
+
         try:
-            self._commit(f"add partitions to topic {topic!r}", build)
+            self._commit_in_chunks(what, build, lambda t: t.check(folder, claim))
+            self._commit(what, publish)
         except (BadVersion, NodeExists, NoNode):
             return None  # another write came between, or the partition nodes changed
         return grown
 
     def delete_topic_config(self, topic: str) -> None:
-        """Delete /config/topics/<topic> and, in the same ZooKeeper transaction, its partitions'
-        state nodes (then /brokers/topics/<topic> too, once no broker's node is left under it);
-        UnknownTopicOrPartition if there is no configuration."""
+        """Delete /config/topics/<topic>, which unpublishes the topic (every reader sees it
+        gone at once), with, in the same transaction, a claim on its partition state nodes
+        (_claim_states); then those nodes, in transactions of at most TRANSACTION_BYTES,
+        each fenced by that claim; then /brokers/topics/<topic>/partitions, and
+        /brokers/topics/<topic> once no broker's node is left under it.
+        UnknownTopicOrPartition if there is no configuration.
+
+        Cut short (a crash, a lost connection), the topic is deleted all the same: the state
+        nodes left are read by no one (no configuration names them), and the next creation
+        of a topic of that name takes them over. A creation that claims them while this
+        deletion runs fences it: the rest is left to that creation."""
         check_topic_name(topic)
         folder = self.partition_states_path(topic)
+        path = self.topic_config_path(topic)
+        if not self._exists(path):
+            raise UnknownTopicOrPartition(f"topic {topic!r} does not exist")
+        self._ensure_path(folder)  # a topic created before replication may have none
+
+        def unpublish(transaction: TransactionRequest) -> None:
+            transaction.delete(path)
+            transaction.set_data(folder, b"")
+
+        try:
+            claim: int = self._commit(f"delete topic {topic!r}", unpublish)[1].version
+        except NoNode:
+            if not self._exists(path):
+                raise UnknownTopicOrPartition(f"topic {topic!r} does not exist") from None
+            raise
         for _ in range(TRANSACTION_ATTEMPTS):
             found = self._partition_nodes(topic) or {}
 
             def build(transaction: TransactionRequest, found: dict[int, bool] = found) -> None:
-                transaction.delete(self.topic_config_path(topic))
                 for p, has_state in found.items():
                     if has_state:
                         transaction.delete(self.partition_state_path(topic, p))
                     transaction.delete(f"{folder}/{p}")
 
             try:
-                self._commit(f"delete topic {topic!r}", build)
+                self._commit_in_chunks(
+                    f"delete topic {topic!r}", build, lambda t: t.check(folder, claim)
+                )
+                self._delete(folder, claim)
                 break
+            except BadVersion:
+                return  # a creation of the same name took the nodes over
             except (NoNode, NotEmpty):
-                if not self._exists(self.topic_config_path(topic)):
-                    raise UnknownTopicOrPartition(f"topic {topic!r} does not exist") from None
                 continue  # partition nodes changed since listed: list them again
+            except RegistryUnavailable as error:
+                log.warning(
+                    "topic %r is deleted, but not all its partition state nodes: left to the "
+                    "next creation of that name (%s)",
+                    topic,
+                    error,
+                )
+                return
         else:
-            raise RegistryUnavailable(
-                f"the nodes of topic {topic!r} changed under each of {TRANSACTION_ATTEMPTS} "
-                f"attempts to delete it: try again"
+            log.warning(
+                "topic %r is deleted, but its partition state nodes changed under each of %d "
+                "attempts to delete them: left to the next creation of that name",
+                topic,
+                TRANSACTION_ATTEMPTS,
             )
-        with contextlib.suppress(NoNode, NotEmpty):
-            self._delete(folder)
+            return
         with contextlib.suppress(NoNode, NotEmpty):
             self._delete(self.topic_node_path(topic))
 

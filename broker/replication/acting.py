@@ -75,8 +75,9 @@ class Acting:
 
     def settle(self) -> tuple[bool, list[str]]:
         """Settle every partition of every topic (choose_leader). Returns whether every one is
-        settled (False: some left for the next round, or stopped meanwhile) and the topics
-        seen. RegistryUnavailable and ControllerMoved as they come."""
+        settled (False: some left for the next round, or stopped meanwhile, which it looks at
+        before each partition) and the topics seen. RegistryUnavailable and ControllerMoved
+        as they come."""
         registry = self.registry
         alive = registry.broker_epochs()
         configs = registry.topic_configs()
@@ -92,6 +93,8 @@ class Acting:
                     log.info("topic %r: %d partition state node(s) created", topic, created)
                 states = registry.partition_states(topic)
             for partition, (state, version) in sorted(states.items()):
+                if self.stopping():  # a topic may have 10,000 partitions: seconds of writes
+                    return False, []
                 if partition >= config.partitions:
                     continue
                 decide = functools.partial(
@@ -110,7 +113,7 @@ class Acting:
     def elect_preferred(self, topics: Iterable[str] | None) -> int:
         """Move leadership to each partition's preferred leader where choose_preferred says so;
         how many moved. UnknownTopicOrPartition for a topic of `topics` that does not exist
-        (nothing moved then). Stops between topics once the service is stopping."""
+        (nothing moved then). Stops before the next partition once the service is stopping."""
         registry = self.registry
         if isinstance(topics, str):
             raise TypeError("topics is a collection of topic names, not one name")
@@ -124,6 +127,8 @@ class Acting:
             if self.stopping():
                 break
             for partition, (state, version) in sorted(registry.partition_states(topic).items()):
+                if self.stopping():
+                    return moved
                 if partition >= config.partitions:
                     continue
                 decide = functools.partial(

@@ -43,7 +43,7 @@ from broker.errors import (
 from broker.log.config import SettingValue
 from broker.pool import Answers
 from broker.protocol import ErrorCode
-from broker.registry import Registry, TopicConfig
+from broker.registry import MAX_PARTITIONS, Registry, TopicConfig
 from broker.registry_calls import RegistryCalls
 
 if TYPE_CHECKING:
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pylog.supervisor")
 
-MAX_PARTITIONS = 10_000
 CREATE_WAIT_S = 10.0
 """How long CREATE_TOPIC waits for every broker holding a partition to serve it."""
 CREATE_CHECK_S = 0.1

@@ -242,7 +242,8 @@ def test_a_session_without_the_identity_gets_a_clear_error_on_writes(
     with pytest.raises(RegistryAccessDenied) as denied:
         plain.create_topic_config("clicks", CONFIG)
     assert str(denied.value) == (
-        f"create {registry_chroot}/config/topics/clicks: refused by ZooKeeper (NoAuth): "
+        f"create {registry_chroot}/brokers/topics/clicks/partitions: refused by ZooKeeper "
+        "(NoAuth): "
         "an ACL on that path does not let a session without a ZooKeeper identity change it"
     )
     with pytest.raises(RegistryAccessDenied):
