@@ -404,6 +404,12 @@ class Cluster(BrokerMap, Closing):
         """The connection to the leader of `partition` of `topic`, from METADATA asked now."""
         return self.connection(self._leader_of(self.partitions(topic), topic, partition))
 
+    def known_leader_connection(self, topic: str, partition: int) -> Connection | None:
+        """The connection to the leader of `partition` of `topic` as last heard of; None when
+        none is known (no METADATA is asked)."""
+        leader = self._known_leader(topic, partition)
+        return None if leader is None else self.connection(leader)
+
     def leader_connection(self, topic: str, partition: int) -> Connection:
         """The connection to the leader of `partition` of `topic` as last heard of (METADATA
         is asked when none is known). Raises as `connection_for`."""

@@ -60,6 +60,7 @@ from broker.protocol import (
     FetchRequest,
     MetadataReply,
     MetadataRequest,
+    MultiProduceRequest,
     OffsetsReply,
     OffsetsRequest,
     ProduceReply,
@@ -672,9 +673,10 @@ class Connection(Framing, Closing):
         except (BrokerError, Unavailable):
             return None
 
-    def send_nowait(self, request: ProduceRequest) -> None:
-        """Send a PRODUCE with ack NONE on the DEALER socket and return at once: the broker
-        never answers it, not even on error. Queued while the broker is unreachable."""
+    def send_nowait(self, request: ProduceRequest | MultiProduceRequest) -> None:
+        """Send a PRODUCE (or MULTI_PRODUCE) with ack NONE on the DEALER socket and return at
+        once: the broker never answers it, not even on error. Queued while the broker is
+        unreachable."""
         if request.ack is not Ack.NONE:
             raise ValueError("send_nowait is for ack NONE only: the reply would be left unread")
         self.send_pipelined(request)

@@ -8,7 +8,12 @@ messages go to the partitions being served (METADATA error_code NONE) while ther
 a broker that is down does not stop keyless sends.
 
 Brokers: `endpoint` bootstraps (broker.client.cluster): each batch goes to its partition's
-leader as last heard of, over that broker's connection. NOT_LEADER_FOR_PARTITION naming a
+leader as last heard of, over that broker's connection. Once a batch is ready (full, or
+lingered), every open batch whose partition the same broker leads goes with it, ready or not,
+in one MULTI_PRODUCE (docs/protocol.md; Kafka's drain per broker): keys spread over many
+partitions cost a request per broker a round, not one per partition. Each part is answered,
+retried and deduplicated as its own PRODUCE would be; a broker that speaks no MULTI_PRODUCE
+gets a PRODUCE a batch. NOT_LEADER_FOR_PARTITION naming a
 broker the producer knows (leadership moved: docs/replication.md) sends the batch there next;
 UNKNOWN_TOPIC_OR_PARTITION, any other retriable error (NOT_ENOUGH_REPLICAS with ack ALL: the
 in-sync set is smaller than min_insync_replicas for now) or a timeout makes the producer ask
@@ -34,8 +39,8 @@ batch is sent once it holds `batch_messages` messages or `batch_bytes` bytes, or
 `linger_ms` have passed since its first message; linger is checked on every `send` and on
 `flush`, there is no background thread.
 
-Acknowledgements (ack WRITTEN or FLUSHED): up to `max_in_flight` batches are sent before the
-producer waits for the oldest reply (pipelining, on the connection's DEALER socket); `flush`
+Acknowledgements (ack WRITTEN or FLUSHED): up to `max_in_flight` requests (a PRODUCE of one
+batch or a MULTI_PRODUCE of several) are sent before the producer waits for the oldest reply (pipelining, on the connection's DEALER socket); `flush`
 waits for all. A batch that meets a retriable error or no reply in time is sent again, so
 delivery is at least once; with more than one batch in flight a batch sent again may land
 after batches sent later (max_in_flight=1 keeps the order of a partition's batches). With
@@ -108,6 +113,7 @@ from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import (
     AuthenticationFailed,
     BrokerError,
+    MalformedReply,
     OutOfOrderSequence,
     PylogError,
     Unavailable,
@@ -116,13 +122,17 @@ from broker.log.codec import compressed_sets, encode_message
 from broker.log.compression import compressor_for
 from broker.log.message import Buffer, HeaderItems
 from broker.protocol import (
+    MAX_PARTS,
     Ack,
     Api,
     ErrorCode,
+    MultiProduceRequest,
     PartitionInfo,
+    ProducePart,
     ProduceReply,
     ProduceRequest,
     broker_error,
+    decode_part_reply,
     decode_reply,
     request_version,
 )
@@ -136,6 +146,10 @@ METADATA_RETRIES = 5
 METADATA_MAX_AGE_S = 60.0
 """How long a producer uses what METADATA said of its topic's partitions before it asks again
 (Kafka's metadata.max.age.ms): partitions added to the topic are written to within this."""
+
+MULTI_PRODUCE_BYTES = 1 << 20
+"""The most bytes of message sets one MULTI_PRODUCE carries (Kafka's max.request.size): a
+batch that would take a request past it waits for the next (the first always goes)."""
 
 _SEQUENCES = 2**32
 """A batch's sequence is a u32: after the last comes 0."""
@@ -688,9 +702,16 @@ class Producer(ProducerCore):
             idempotence,
         )
         self._in_flight: dict[tuple[Connection, int], InFlight] = {}
+        self._sent_together: dict[tuple[Connection, int], list[InFlight | None]] = {}
+        """MULTI_PRODUCE requests awaiting their reply: their batches in their parts' order
+        (None for one taken out to be sent again alone)."""
         self._in_flight_on: Counter[Connection] = Counter()
-        """How many of _in_flight each connection carries (none: not there), kept as they
-        change: the connections to wait on, without a walk of _in_flight an ack."""
+        """How many requests of _in_flight and _sent_together each connection carries (none:
+        not there), kept as they change: the connections to wait on, without a walk of
+        _in_flight an ack."""
+        self._one_by_one: set[str] = set()
+        """The endpoints of brokers that answered a MULTI_PRODUCE UNSUPPORTED_API (older):
+        they get a PRODUCE a batch."""
         metadata_retries = METADATA_RETRIES if retries is None else retries
         self.cluster = Cluster(endpoint, client_id, timeout_s, metadata_retries, keys=keys)
         self._audit: Producer | None = None
@@ -747,7 +768,8 @@ class Producer(ProducerCore):
         """Send every batch whose linger has passed."""
         if self._batches and self.clock.monotonic() >= self._linger_deadline:
             for lingering in self._lingering():
-                self._send_batch(lingering)
+                if lingering in self._batches:  # not sent with another's already
+                    self._send_batch(lingering)
 
     def _settle(self, batch: Batch, timeout: float | None) -> None:
         """Send `batch` if still open, and any whose linger has passed, then take replies until
@@ -758,39 +780,108 @@ class Producer(ProducerCore):
             if self._batches.get(batch.partition) is batch:
                 self._send_batch(batch.partition)
             self._send_lingering()
-            while not batch.done and self._in_flight:
+            while not batch.done and self._requests_in_flight():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
                 self._receive_ack(left)
 
     def _send_batch(self, partition: int) -> None:
-        entry = self._close_batch(partition)
-        if self.ack is Ack.NONE:
-            try:
-                self._holder(partition).send_nowait(entry.request)
-            except PylogError as error:
-                entry.batch.settle(None, error)
-                raise
-            entry.batch.settle(None)
-            self._count_produced(entry.batch)
+        """Send `partition`'s batch: with the open batches of the other partitions its leader
+        leads, in one MULTI_PRODUCE, when there are any (_drained_with); else alone."""
+        drained = self._drained_with(partition)
+        if drained is not None:
+            self._send_together(*drained)
         else:
-            self._dispatch(entry)
-            if len(self._in_flight) >= self.max_in_flight:
-                while len(self._in_flight) >= self.max_in_flight:
-                    self._receive_ack()
-                self._take_acks_there()
+            entry = self._close_batch(partition)
+            if self.ack is Ack.NONE:
+                try:
+                    self._holder(partition).send_nowait(entry.request)
+                except PylogError as error:
+                    entry.batch.settle(None, error)
+                    raise
+                entry.batch.settle(None)
+                self._count_produced(entry.batch)
+            else:
+                self._dispatch(entry)
+                self._wait_for_room()
         if self.clock.monotonic() >= self._audit_due:
             self._publish_audit()
+
+    def _drained_with(self, partition: int) -> tuple[Connection, list[int]] | None:
+        """The connection to `partition`'s leader and the partitions to send it together:
+        `partition`, then each other partition with an open batch that the same broker leads as
+        last heard of (Kafka's drain per broker: once one batch is ready, every batch for that
+        broker goes, full or not), within MULTI_PRODUCE_BYTES and MAX_PARTS. None when there is
+        no other, or the leader is not known now, or speaks no MULTI_PRODUCE."""
+        if len(self._batches) < 2:
+            return None
+        topic, cluster = self.topic, self.cluster
+        holder = cluster.known_leader_connection(topic, partition)
+        if holder is None or holder.endpoint in self._one_by_one:
+            return None
+        group, size = [partition], self._batches[partition].size
+        for other, batch in self._batches.items():
+            if len(group) >= MAX_PARTS:
+                break
+            if other == partition or size + batch.size > MULTI_PRODUCE_BYTES:
+                continue
+            if cluster.known_leader_connection(topic, other) is holder:
+                group.append(other)
+                size += batch.size
+        return (holder, group) if len(group) > 1 else None
+
+    def _send_together(self, connection: Connection, partitions: list[int]) -> None:
+        """Send the batches of `partitions` to `connection`, their leader, in one MULTI_PRODUCE
+        (docs/protocol.md): each part is answered as its PRODUCE would be (_answered_together)."""
+        entries = [self._close_batch(p) for p in partitions]
+        request = MultiProduceRequest(
+            self.ack,
+            tuple(
+                ProducePart(r.topic, r.partition, r.message_set, r.sequence)
+                for r in (entry.request for entry in entries)
+            ),
+            entries[0].request.producer_id,
+        )
+        if self.ack is Ack.NONE:
+            try:
+                connection.send_nowait(request)
+            except PylogError as error:
+                for entry in entries:
+                    entry.batch.settle(None, error)
+                raise
+            for entry in entries:
+                entry.batch.settle(None)
+                self._count_produced(entry.batch)
+            return
+        try:
+            correlation_id = connection.send_pipelined(request)
+        except PylogError as error:  # AuthenticationFailed: none ever will reach that broker
+            for entry in entries:
+                self._give_up(entry, error)
+            raise
+        self._sent_together[connection, correlation_id] = list(entries)
+        self._in_flight_on[connection] += 1
+        self._wait_for_room()
+
+    def _requests_in_flight(self) -> int:
+        """How many requests (PRODUCE and MULTI_PRODUCE) await their reply."""
+        return len(self._in_flight) + len(self._sent_together)
+
+    def _wait_for_room(self) -> None:
+        """With max_in_flight requests awaiting replies, take replies until one fewer does."""
+        if self._requests_in_flight() >= self.max_in_flight:
+            while self._requests_in_flight() >= self.max_in_flight:
+                self._receive_ack()
+            self._take_acks_there()
 
     def _take_acks_there(self) -> None:
         """Take every ack already received, without waiting: the acks of one flush come
         together, and the batches their room lets go then leave together too (one wake-up of
         this client's, and the broker's, I/O threads for them all), not one per ack."""
-        while self._in_flight:
-            waiting = len(self._in_flight)
+        while waiting := self._requests_in_flight():
             self._receive_ack(0)
-            if len(self._in_flight) >= waiting:  # none there (or a late reply, or sent again)
+            if self._requests_in_flight() >= waiting:  # none there (a late reply, sent again)
                 return
 
     def _publish_audit(self) -> None:
@@ -855,6 +946,11 @@ class Producer(ProducerCore):
         except AuthenticationFailed as error:  # none reached that broker; none ever will
             self._fail_in_flight(error)
             raise
+        together = self._sent_together.pop((connection, correlation_id), None)
+        if together is not None:
+            self._landed(connection)
+            self._answered_together(connection, together, frames)
+            return
         if (connection, correlation_id) not in self._in_flight:
             return  # the late reply to a batch already sent again after a timeout
         entry = self._in_flight.pop((connection, correlation_id))
@@ -862,25 +958,73 @@ class Producer(ProducerCore):
         try:
             reply = noted(decode_reply(Api.PRODUCE, frames, request_version(Api.PRODUCE)))
         except BrokerError as error:
-            try:
-                if self._look_again_after(entry, error):
-                    if entry.request.partition < self.partitions:  # still there: send once more
-                        self._dispatch(entry)
-                        return
-                    raise error from None
-                if isinstance(error, OutOfOrderSequence):
-                    missing = self._out_of_order(entry, error)
-                    for lost in missing:  # first, at once
-                        self._dispatch(self._take_in_flight(lost))
-                    self._dispatch(entry, error if missing else None)
-                    return
-                self._dispatch(entry, error)
-            except PylogError as failure:
-                if not entry.batch.done:
-                    self._give_up(entry, failure)
-                raise
+            self._refused(entry, error)
             return
         self._acked(entry, reply)
+
+    def _refused(self, entry: InFlight, error: BrokerError) -> None:
+        """After `entry`'s partition answered `error`: send it again (where its partition is
+        now, the batches its partition misses first), or fail it and raise."""
+        try:
+            if self._look_again_after(entry, error):
+                if entry.request.partition < self.partitions:  # still there: send once more
+                    self._dispatch(entry)
+                    return
+                raise error from None
+            if isinstance(error, OutOfOrderSequence):
+                missing = self._out_of_order(entry, error)
+                for lost in missing:  # first, at once
+                    self._dispatch(self._take_in_flight(lost))
+                self._dispatch(entry, error if missing else None)
+                return
+            self._dispatch(entry, error)
+        except PylogError as failure:
+            if not entry.batch.done:
+                self._give_up(entry, failure)
+            raise
+
+    def _answered_together(
+        self, connection: Connection, entries: list[InFlight | None], frames: list[Buffer]
+    ) -> None:
+        """Take the reply to a MULTI_PRODUCE: each part's answer is its batch's, as a PRODUCE's
+        reply would be. A broker that speaks no MULTI_PRODUCE gets the batches again one
+        PRODUCE each, from now on; an error of the whole request is each batch's. Raises the
+        first error that failed a batch for good, once every part is taken."""
+        answers: list[ProduceReply | BrokerError]
+        try:
+            reply = noted(decode_reply(Api.MULTI_PRODUCE, frames))
+        except BrokerError as error:
+            if error.code == ErrorCode.UNSUPPORTED_API:  # an older broker: nothing was stored
+                self._one_by_one.add(connection.endpoint)
+                for entry in entries:
+                    if entry is not None:
+                        self._dispatch(entry)
+                return
+            answers = [error] * len(entries)
+        else:
+            if len(reply.parts) != len(entries):
+                raise MalformedReply(
+                    f"a MULTI_PRODUCE of {len(entries)} parts was answered {len(reply.parts)}"
+                )
+            answers = []
+            for part in reply.parts:
+                try:
+                    answers.append(decode_part_reply(part))
+                except BrokerError as error:
+                    answers.append(error)
+        failure: PylogError | None = None
+        for entry, answer in zip(entries, answers, strict=True):
+            if entry is None:  # taken out and sent again alone (it missed a sequence)
+                continue
+            if isinstance(answer, ProduceReply):
+                self._acked(entry, answer)
+                continue
+            try:
+                self._refused(entry, answer)
+            except PylogError as error:
+                failure = failure or error
+        if failure is not None:
+            raise failure
 
     def _take_in_flight(self, entry: InFlight) -> InFlight:
         """Take `entry` out of the batches awaiting a reply (to send it again)."""
@@ -888,7 +1032,12 @@ class Producer(ProducerCore):
             if waiting is entry:
                 del self._in_flight[key]
                 self._landed(key[0])
-                break
+                return entry
+        for entries in self._sent_together.values():
+            for i, together in enumerate(entries):
+                if together is entry:
+                    entries[i] = None  # its part's answer, when it comes, is passed over
+                    return entry
         return entry
 
     def _landed(self, connection: Connection) -> None:
@@ -904,12 +1053,21 @@ class Producer(ProducerCore):
                 del self._in_flight[key]
                 self._landed(key[0])
                 self._give_up(entry, error)
+        for key, entries in list(self._sent_together.items()):
+            if key[0].endpoint == error.endpoint:
+                del self._sent_together[key]
+                self._landed(key[0])
+                for together in entries:
+                    if together is not None:
+                        self._give_up(together, error)
 
     def _send_lost_again(self, error: Unavailable) -> None:
         """After no reply in time, send every batch in flight again (they may be lost); raise
         the first error of those whose budget ran out once the others are sent."""
         lost = list(self._in_flight.values())
+        lost += [e for entries in self._sent_together.values() for e in entries if e is not None]
         self._in_flight.clear()
+        self._sent_together.clear()
         self._in_flight_on.clear()
         self._layout = None  # a broker may be down: ask where partitions are again
         failure: PylogError | None = None
@@ -924,7 +1082,8 @@ class Producer(ProducerCore):
     @property
     def in_flight(self) -> int:
         """How many batches are sent and not yet acknowledged."""
-        return len(self._in_flight)
+        together = sum(e is not None for entries in self._sent_together.values() for e in entries)
+        return len(self._in_flight) + together
 
     def poll(self, timeout_s: float = 0.0) -> list[ProduceAck]:
         """Send the batches whose linger has passed, take the acknowledgements that came
@@ -933,10 +1092,10 @@ class Producer(ProducerCore):
         loop that sends and polls runs the Deliveries' done callbacks without waiting on any.
         Raises what sending raises (the batches it failed have the error too)."""
         self._send_lingering()
-        waiting = len(self._in_flight)
+        waiting = self._requests_in_flight()
         if waiting:
             self._take_acks_there()
-            if len(self._in_flight) == waiting and timeout_s > 0:
+            if self._requests_in_flight() == waiting and timeout_s > 0:
                 self._receive_ack(timeout_s)
                 self._take_acks_there()
         return self._take_acks()
@@ -947,8 +1106,9 @@ class Producer(ProducerCore):
         received since the last poll or flush, in the order their batches were sent."""
         deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
         for partition in list(self._batches):
-            self._send_batch(partition)
-        while self._in_flight:
+            if partition in self._batches:  # not sent with another's already
+                self._send_batch(partition)
+        while self._requests_in_flight():
             left = deadline - time.monotonic()
             if left <= 0:
                 return self._take_acks()

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import xxhash
 
+from broker import protocol
 from broker.client import Ack, Admin, PartitionConsumer, ProduceAck, Producer
-from broker.client.connection import MAX_RETRY_BACKOFF_S
+from broker.client.connection import MAX_RETRY_BACKOFF_S, Connection
 from broker.errors import BrokerError
 from broker.log.message import Message, encode_message
 from broker.protocol import ErrorCode
@@ -118,13 +119,46 @@ def test_a_batch_is_sent_once_its_first_message_has_lingered_linger_ms(
     with Producer(broker.endpoint, topic, ack=Ack.WRITTEN, linger_ms=100, clock=clock) as producer:
         producer.send(b"a", partition=0)
         clock.advance(0.099)
-        producer.send(b"b", partition=1)
         assert producer.messages_sent == 0
         clock.advance(0.001)
-        producer.send(b"c", partition=1)  # partition 0's batch has lingered 100 ms now
+        producer.send(b"b", partition=0)  # partition 0's batch has lingered 100 ms now
+        assert producer.messages_sent == 2
+        producer.send(b"c", partition=0)
+        clock.advance(0.099)
+        producer.send(b"d", partition=0)
+        assert producer.messages_sent == 2
+        two = 2 * len(encode_message(b"a"))
+        assert producer.flush() == [ProduceAck(0, 0, 2), ProduceAck(0, two, 2)]
+
+
+def test_a_ready_batch_takes_along_every_open_batch_of_its_broker_in_one_request(
+    broker: RunningBroker, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Kafka's drain per broker: partition 0's batch has lingered, partition 1's has not, and
+    # both go in one MULTI_PRODUCE, each acked as its own PRODUCE would be.
+    create(broker, topic, partitions=3)
+    clock = FakeClock()
+    sent: list[str] = []
+    with Producer(broker.endpoint, topic, ack=Ack.WRITTEN, linger_ms=100, clock=clock) as producer:
+        producer.send(b"warm up", partition=2)
+        producer.flush()
+        real = Connection.send_pipelined
+
+        def spy(connection: Connection, request: protocol.Request) -> int:
+            sent.append(type(request).__name__)
+            return real(connection, request)
+
+        monkeypatch.setattr(Connection, "send_pipelined", spy)
+        producer.send(b"a", partition=0)
+        clock.advance(0.099)
+        producer.send(b"b", partition=1)
+        producer.send(b"c", partition=1)
         assert producer.messages_sent == 1
-        clock.advance(0.1)
-        assert producer.flush() == [ProduceAck(0, 0, 1), ProduceAck(1, 0, 2)]
+        clock.advance(0.001)
+        producer.send(b"d", partition=0)  # partition 0's batch has lingered: it goes, with 1's
+        assert producer.messages_sent == 5
+        assert sent == ["MultiProduceRequest"]
+        assert producer.flush() == [ProduceAck(0, 0, 2), ProduceAck(1, 0, 2)]
 
 
 def test_producing_to_a_missing_topic_or_partition_is_unknown_topic_or_partition(
