@@ -765,11 +765,21 @@ class Producer(ProducerCore):
         return Delivery(self, batch, position)
 
     def _send_lingering(self) -> None:
-        """Send every batch whose linger has passed."""
-        if self._batches and self.clock.monotonic() >= self._linger_deadline:
-            for lingering in self._lingering():
-                if lingering in self._batches:  # not sent with another's already
-                    self._send_batch(lingering)
+        """Send every batch whose linger has passed, if a request may go: with max_in_flight
+        awaiting replies (none of them there yet), the batches go on filling instead, and
+        are looked at again a linger later, or when a batch is full (Kafka's accumulator:
+        under load, batches grow while the broker is busy, and each request carries more)."""
+        now = self.clock.monotonic()
+        if not self._batches or now < self._linger_deadline:
+            return
+        if self.ack is not Ack.NONE and self._requests_in_flight() >= self.max_in_flight:
+            self._take_acks_there()
+            if self._requests_in_flight() >= self.max_in_flight:
+                self._linger_deadline = now + self.linger_s
+                return
+        for lingering in self._lingering():
+            if lingering in self._batches:  # not sent with another's already
+                self._send_batch(lingering)
 
     def _settle(self, batch: Batch, timeout: float | None) -> None:
         """Send `batch` if still open, and any whose linger has passed, then take replies until
@@ -789,6 +799,8 @@ class Producer(ProducerCore):
     def _send_batch(self, partition: int) -> None:
         """Send `partition`'s batch: with the open batches of the other partitions its leader
         leads, in one MULTI_PRODUCE, when there are any (_drained_with); else alone."""
+        if self.ack is not Ack.NONE:
+            self._wait_for_room()
         drained = self._drained_with(partition)
         if drained is not None:
             self._send_together(*drained)
@@ -804,7 +816,6 @@ class Producer(ProducerCore):
                 self._count_produced(entry.batch)
             else:
                 self._dispatch(entry)
-                self._wait_for_room()
         if self.clock.monotonic() >= self._audit_due:
             self._publish_audit()
 
@@ -862,14 +873,14 @@ class Producer(ProducerCore):
             raise
         self._sent_together[connection, correlation_id] = list(entries)
         self._in_flight_on[connection] += 1
-        self._wait_for_room()
 
     def _requests_in_flight(self) -> int:
         """How many requests (PRODUCE and MULTI_PRODUCE) await their reply."""
         return len(self._in_flight) + len(self._sent_together)
 
     def _wait_for_room(self) -> None:
-        """With max_in_flight requests awaiting replies, take replies until one fewer does."""
+        """Before a request goes: while max_in_flight await their replies, take replies (a
+        full batch waits so; a lingered one does not come here: _send_lingering)."""
         if self._requests_in_flight() >= self.max_in_flight:
             while self._requests_in_flight() >= self.max_in_flight:
                 self._receive_ack()

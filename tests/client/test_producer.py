@@ -173,6 +173,44 @@ def test_producing_to_a_missing_topic_or_partition_is_unknown_topic_or_partition
     assert raised.value.name == "UNKNOWN_TOPIC_OR_PARTITION"
 
 
+def test_with_no_room_in_flight_a_lingered_batch_keeps_filling_instead_of_waiting(
+    pylogd: RunningBroker, topic: str
+) -> None:
+    # max_in_flight requests await replies (the worker is stopped: none comes). A batch whose
+    # linger has passed goes on taking messages, and send() returns at once; it went and
+    # waited for room before (here, for the stopped worker: timeout after timeout).
+    create(pylogd, topic)
+    clock = FakeClock()
+    (worker,) = [pid for pid in pylogd.worker_pids() if worker_holds(pylogd, pid, topic)]
+    with Producer(
+        pylogd.endpoint, topic, ack=Ack.FLUSHED, linger_ms=100, max_in_flight=1, clock=clock
+    ) as producer:
+        producer.send(b"warm up").result(timeout=10)
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            producer.send(b"first")
+            clock.advance(0.1)
+            producer.send(b"second")  # lingered: sent, the one request allowed in flight
+            assert (producer.messages_sent, producer.in_flight) == (3, 1)
+            clock.advance(0.1)
+            started = time.monotonic()
+            for i in range(10):
+                producer.send(b"more %d" % i)  # lingered, but no room: the batch fills
+            assert time.monotonic() - started < 1.0
+            assert (producer.messages_sent, producer.in_flight) == (3, 1)
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        acks = producer.flush()
+    assert [ack.count for ack in acks] == [1, 2, 10]
+    assert [m.value for m in read_all(pylogd, topic)][-10:] == [b"more %d" % i for i in range(10)]
+
+
+def worker_holds(broker: RunningBroker, pid: int, topic: str) -> bool:
+    """Whether worker `pid` holds partition 0 of `topic`: its log dir holds the folder."""
+    index = int(Path(f"/proc/{pid}/comm").read_text().strip().rsplit("-", 1)[1])
+    return (broker.data_dir.parent / ("logs-a", "logs-b")[index] / f"{topic}-0").is_dir()
+
+
 def test_no_send_is_lost_while_the_worker_is_killed_again_and_again(
     make_pylogd: Callable[..., RunningBroker], topic: str
 ) -> None:
