@@ -40,11 +40,13 @@ batch is sent once it holds `batch_messages` messages or `batch_bytes` bytes, or
 `flush`, there is no background thread.
 
 Acknowledgements (ack WRITTEN or FLUSHED): up to `max_in_flight` requests (a PRODUCE of one
-batch or a MULTI_PRODUCE of several) are sent before the producer waits for the oldest reply (pipelining, on the connection's DEALER socket); `flush`
-waits for all. A batch that meets a retriable error or no reply in time is sent again, so
-delivery is at least once; with more than one batch in flight a batch sent again may land
-after batches sent later (max_in_flight=1 keeps the order of a partition's batches). With
-ack NONE nothing is awaited and no error is ever seen.
+batch or a MULTI_PRODUCE of several) await their replies at once (pipelining, on the
+connection's DEALER socket). A full batch waits for the oldest reply while that many do; a
+lingered one does not go then, and goes on filling (looked at again a linger later), so that
+batches grow while the broker is busy. `flush` waits for all. A batch that meets a retriable
+error or no reply in time is sent again, so delivery is at least once; with more than one batch
+in flight a batch sent again may land after batches sent later (max_in_flight=1 keeps the order
+of a partition's batches). With ack NONE nothing is awaited and no error is ever seen.
 
 Retry budget: a batch is sent again after each retriable error or lost reply, waiting 0.1 s
 doubling to 2 s in between, for up to `delivery_timeout_s` (30 s by default, after Kafka's
