@@ -264,13 +264,14 @@ def make_registry(
     zookeeper: PrivateZooKeeper, registry_chroot: str
 ) -> Iterator[Callable[..., Registry]]:
     """Start registries on this test's chroot (several act as several brokers); all are
-    stopped when the test ends. Keyword arguments go to Registry."""
+    stopped when the test ends. Keyword arguments go to Registry (`of`: a subclass of it to
+    start instead)."""
     started: list[Registry] = []
 
-    def make(**options: Any) -> Registry:
+    def make(of: type[Registry] = Registry, **options: Any) -> Registry:
         options.setdefault("session_timeout_s", SESSION_TIMEOUT_S)
         options.setdefault("request_timeout_s", REQUEST_TIMEOUT_S)
-        registry = Registry(zookeeper.connect_string, registry_chroot, **options)
+        registry = of(zookeeper.connect_string, registry_chroot, **options)
         started.append(registry)
         registry.start(timeout=10)
         return registry

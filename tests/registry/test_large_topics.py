@@ -6,7 +6,7 @@ leaves nothing a reader takes for a topic, and the next writer completes it."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,8 +19,6 @@ from broker.errors import (
     UnknownTopicOrPartition,
 )
 from broker.registry import MAX_PARTITIONS, PartitionState, Registry, TopicConfig
-from broker.zookeeper import PrivateZooKeeper
-from tests.conftest import REQUEST_TIMEOUT_S, SESSION_TIMEOUT_S
 
 PARTITIONS = 4_000
 """More state nodes than one transaction can create: 4,000 took 1,158,102 bytes, past
@@ -56,26 +54,13 @@ class CutShort(Registry):
 
 
 @pytest.fixture
-def make_cut_short(
-    zookeeper: PrivateZooKeeper, registry_chroot: str
-) -> Iterator[Callable[..., CutShort]]:
-    started: list[CutShort] = []
-
+def make_cut_short(make_registry: Callable[..., Registry]) -> Callable[..., CutShort]:
     def make(**options: Any) -> CutShort:
-        registry = CutShort(
-            zookeeper.connect_string,
-            registry_chroot,
-            session_timeout_s=SESSION_TIMEOUT_S,
-            request_timeout_s=REQUEST_TIMEOUT_S,
-            **options,
-        )
-        started.append(registry)
-        registry.start(timeout=10)
+        registry = make_registry(of=CutShort, **options)
+        assert isinstance(registry, CutShort)
         return registry
 
-    yield make
-    for registry in started:
-        registry.stop()
+    return make
 
 
 def initial_states(config: TopicConfig) -> dict[int, PartitionState]:
