@@ -19,7 +19,7 @@ from broker.protocol import check_topic_name
 from broker.registry.brokers import Brokers
 from broker.registry.controller import CONTROLLER_EPOCH, ControllerMoved
 from broker.registry.nodes import decode, encode, int_field, int_list, is_int
-from broker.registry.session import BadVersion, NodeExists, NoNode
+from broker.registry.session import FAILED, BadVersion, NodeExists, NoNode
 
 if TYPE_CHECKING:
     from broker.registry.topics import TopicConfig
@@ -133,13 +133,15 @@ class PartitionStates(Brokers):
             children = self._children(folder)
         except NoNode:
             return None
+        numbers = [child for child in children if child.isascii() and child.isdecimal()]
+        listed = self._children_many(f"list {folder}/*", [f"{folder}/{n}" for n in numbers])
         found = {}
-        for child in children:
-            if child.isascii() and child.isdecimal():
-                try:
-                    found[int(child)] = "state" in self._children(f"{folder}/{child}")
-                except NoNode:
-                    continue
+        for number, below in zip(numbers, listed, strict=True):
+            if isinstance(below, NoNode):
+                continue  # deleted since listed
+            if isinstance(below, FAILED):
+                raise below
+            found[int(number)] = "state" in below
         return found
 
     # -- partition states --------------------------------------------------------------------
@@ -185,16 +187,17 @@ class PartitionStates(Brokers):
         """Partition -> (its state, its node's version) for each partition of `topic` that has
         a state node ({} for none); unreadable nodes are left out, with a warning."""
         check_topic_name(topic)
+        numbers = [p for p, has in sorted((self._partition_nodes(topic) or {}).items()) if has]
+        paths = [self.partition_state_path(topic, p) for p in numbers]
         states = {}
-        for p, has_state in sorted((self._partition_nodes(topic) or {}).items()):
-            if not has_state:
-                continue
-            path = self.partition_state_path(topic, p)
-            try:
-                data, stat = self._get(path)
-                states[p] = PartitionState.from_json(data), stat.version
-            except NoNode:
+        read = self._get_many(f"read {self.partition_states_path(topic)}/*/state", paths)
+        for p, path, answer in zip(numbers, paths, read, strict=True):
+            if isinstance(answer, NoNode):
                 continue  # deleted since listed
+            if isinstance(answer, FAILED):
+                raise answer
+            try:
+                states[p] = PartitionState.from_json(answer[0]), answer[1].version
             except ValueError as error:
                 log.warning("ignoring unreadable %s: %s", path, error)
         return states
