@@ -19,21 +19,37 @@ messages acknowledged over the whole time, flush included:
 Prints one JSON line a case (messages, seconds, msg/s, ratio to the same client's one
 partition, and for `kafka` on one partition its ratio to `native` on one), then one line of
 the targets and whether each holds. Run it alone: on 2 cores anything beside it skews it.
+
+`--only scale [--scale 10000]`: a broker of two workers (two log dirs) on a ZooKeeper of its
+own, as an operator would drive it: `pylogctl topic create big --partitions N`, then `pylogctl
+topic create grown --partitions 1` and `pylogctl topic add-partitions grown --partitions N`,
+each timed; pylogd's memory (supervisor and workers, RSS) before and with them idle, per 1,000
+partitions; SIGTERM until it exits; a restart until every partition of both topics answers
+OFFSETS; SIGTERM again; and the ZooKeeper connections pylogd lost meanwhile (its log) and the
+packets ZooKeeper refused as too large ("Len error" in its log). Issue 48's targets: 0
+connections lost, stops <= 5 s, the restart <= 10 s.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.client import Admin, Producer, kafka
+from broker.client import Admin, Connection, Producer, kafka
+from broker.errors import BrokerError
 from broker.log.message import HEADER_SIZE
-from broker.protocol import Ack
+from broker.protocol import LATEST, Ack, Api, OffsetsRequest, decode_reply
+from broker.zookeeper import PrivateZooKeeper
+from perf.cpu import tree_pids
 from perf.pylog_runs import PrivatePylogd
 
 MESSAGE_BYTES = 100
@@ -100,13 +116,150 @@ TARGETS = {("native", 100): 0.8, ("native", 1000): 0.5, ("kafka", 100): 0.8}
 KAFKA_TO_NATIVE = 0.9
 
 
+def rss_mib(pid: int) -> float:
+    """The resident memory of pylogd `pid` and its workers (not its private ZooKeeper)."""
+    pids = tree_pids(pid)
+    total_kib = 0
+    for each in set(pids):
+        with contextlib.suppress(FileNotFoundError):
+            if b"QuorumPeerMain" in Path(f"/proc/{each}/cmdline").read_bytes():
+                continue
+            status = Path(f"/proc/{each}/status").read_text()
+            total_kib += int(
+                next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]
+            )
+    return total_kib / 1024
+
+
+def every_partition_answers(
+    endpoint: str, partitions: list[tuple[str, int]], limit_s: float
+) -> bool:
+    """OFFSETS to every partition, 200 in flight at most, again for those refused (not
+    served yet), until each answered or `limit_s` passed."""
+    pending = list(partitions)
+    deadline = time.monotonic() + limit_s
+    with Connection(endpoint, timeout_s=30) as connection:
+        while pending and time.monotonic() < deadline:
+            refused: list[tuple[str, int]] = []
+            sent: dict[int, tuple[str, int]] = {}
+            queue = list(pending)
+            while queue or sent:
+                while queue and len(sent) < 200:
+                    topic, partition = queue.pop()
+                    request = OffsetsRequest(topic, partition, LATEST)
+                    sent[connection.send_pipelined(request)] = (topic, partition)
+                correlation_id, frames = connection.receive_pipelined(30)
+                asked = sent.pop(correlation_id, None)
+                if asked is None:
+                    continue
+                try:
+                    decode_reply(Api.OFFSETS, frames)
+                except BrokerError:
+                    refused.append(asked)
+            pending = refused
+    return not pending
+
+
+def scale(partitions: int, directory: Path) -> None:
+    """The `scale` run of the module's text."""
+    zookeeper = PrivateZooKeeper(directory / "zookeeper")
+    zookeeper.start()
+    log_path = directory / "pylogd.log"
+    command = [
+        str(Path(sys.executable).with_name("pylogd")),
+        "--broker-data-dir",
+        str(directory / "data"),
+        "--broker-port",
+        "0",
+        "--zookeeper-connect",
+        zookeeper.connect_string,
+        "--broker-log-dirs",
+        f"{directory / 'logs-a'},{directory / 'logs-b'}",
+    ]
+    pylogctl = str(Path(sys.executable).with_name("pylogctl"))
+
+    def start() -> tuple[subprocess.Popen[str], str, float]:
+        with log_path.open("a") as log:
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+        started = time.monotonic()
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line.startswith("pylogd ready on "):
+            raise RuntimeError(f"pylogd did not start: see {log_path}")
+        return process, line.split()[-1], started
+
+    def ctl(*arguments: str) -> float:
+        started = time.monotonic()
+        run = [pylogctl, "--broker", endpoint, *arguments]
+        done = subprocess.run(run, capture_output=True, text=True, timeout=600)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(arguments)}: {done.stderr.strip()}")
+        return time.monotonic() - started
+
+    def stop(process: subprocess.Popen[str]) -> float:
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(600)
+        return time.monotonic() - started
+
+    try:
+        process, endpoint, _ = start()
+        time.sleep(2)  # settled: its ZooKeeper session, the controller's first round
+        base_mib = rss_mib(process.pid)
+        created_s = ctl("topic", "create", "big", "--partitions", str(partitions))
+        ctl("topic", "create", "grown", "--partitions", "1")
+        grown_s = ctl("topic", "add-partitions", "grown", "--partitions", str(partitions))
+        every = [(t, p) for t in ("big", "grown") for p in range(partitions)]
+        if not every_partition_answers("tcp://" + endpoint, every, 300):
+            raise RuntimeError("not every partition answered after its creation")
+        time.sleep(5)  # idle
+        idle_mib = rss_mib(process.pid)
+        first_stop_s = stop(process)
+        process, endpoint, started = start()
+        answered = every_partition_answers("tcp://" + endpoint, every, 300)
+        restart_s = time.monotonic() - started
+        second_stop_s = stop(process)
+    finally:
+        with contextlib.suppress(Exception):
+            process.kill()
+        zookeeper.stop()
+    lost = log_path.read_text().count("registry lost its ZooKeeper connection")
+    too_large = zookeeper.log_path.read_text().count("Len error")
+    line = {
+        "partitions_per_topic": partitions,
+        "create_s": round(created_s, 2),
+        "add_partitions_s": round(grown_s, 2),
+        "memory_mib_before": round(base_mib),
+        "memory_mib_idle": round(idle_mib),
+        "memory_mib_per_1000_partitions": round((idle_mib - base_mib) / (2 * partitions) * 1000, 1),
+        "stop_s": round(first_stop_s, 2),
+        "restart_until_every_partition_answers_s": round(restart_s, 2),
+        "every_partition_answered": answered,
+        "stop_after_restart_s": round(second_stop_s, 2),
+        "zookeeper_connections_lost": lost,
+        "zookeeper_len_errors": too_large,
+    }
+    print(json.dumps(line), flush=True)
+    held = {
+        "0 connections lost": lost == 0 and too_large == 0,
+        "stops <= 5 s": max(first_stop_s, second_stop_s) <= 5,
+        "restart <= 10 s": answered and restart_s <= 10,
+    }
+    print(json.dumps({"targets_held": held}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--partitions", default="1,100,1000")
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--only", choices=sorted(CLIENTS))
+    parser.add_argument("--only", choices=[*sorted(CLIENTS), "scale"])
+    parser.add_argument("--scale", type=int, default=10_000)
     parser.add_argument("--dir", type=Path)
     args = parser.parse_args()
+    if args.only == "scale":
+        with tempfile.TemporaryDirectory(dir=args.dir) as data:
+            scale(args.scale, Path(data))
+        return
     counts = [int(p) for p in args.partitions.split(",")]
     rates: dict[tuple[str, int], float] = {}
     with tempfile.TemporaryDirectory(dir=args.dir) as data, PrivatePylogd(Path(data)) as broker:

@@ -44,6 +44,7 @@ from broker.errors import AuthenticationFailed, BrokerError, MalformedReply, Una
 from broker.lifecycle import Closing
 from broker.log.message import Buffer
 from broker.protocol import (
+    CREATE_WAIT_S,
     Ack,
     AlterConfigRequest,
     Api,
@@ -381,12 +382,16 @@ class Framing:
         return correlation_id, encode_request(header, request)
 
     def _reply_timeout_s(self, request: Request) -> float:
-        """How long to wait for the reply to `request`: the timeout, plus a FETCH's
-        max_wait_ms. ValueError for a PRODUCE with ack NONE, which gets none."""
+        """How long to wait for the reply to `request`: the timeout, plus what the broker may
+        hold it by design: a FETCH's max_wait_ms, a CREATE_TOPIC's CREATE_WAIT_S (the broker
+        answers once every partition is served: 10,000 new partitions took it 10 s). ValueError
+        for a PRODUCE with ack NONE, which gets none."""
         if isinstance(request, ProduceRequest) and request.ack is Ack.NONE:
             raise ValueError("a PRODUCE with ack NONE gets no reply: use send_nowait")
         if isinstance(request, FetchRequest):
             return self.timeout_s + request.max_wait_ms / 1000
+        if isinstance(request, CreateTopicRequest):
+            return self.timeout_s + CREATE_WAIT_S
         return self.timeout_s
 
 

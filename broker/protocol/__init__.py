@@ -65,6 +65,7 @@ from broker.log.producers import (
 )
 from broker.protocol.apis import (
     API_VERSION,
+    CREATE_WAIT_S,
     EARLIEST,
     LATEST,
     MAX_STRING_BYTES,
@@ -163,6 +164,7 @@ from broker.protocol.tables import (
 __all__ = [
     "API_VERSION",
     "API_VERSIONS",
+    "CREATE_WAIT_S",
     "EARLIEST",
     "ERROR_FIELDS",
     "ERROR_TABLE",

@@ -18,6 +18,10 @@ EARLIEST: Final = -2
 """OFFSETS time meaning the log start offset."""
 LATEST: Final = -1
 """OFFSETS time meaning the high watermark: the next offset to be written and visible."""
+CREATE_WAIT_S: Final = 10.0
+"""The longest a broker holds a CREATE_TOPIC before it answers: until every broker holding a
+partition serves it, or this long (docs/protocol.md, CREATE_TOPIC). A client waits for the
+reply this long past its own timeout, as for a FETCH's max_wait_ms."""
 MAX_STRING_BYTES: Final = 0xFFFF
 """The most UTF-8 bytes a string field holds (its length is a u16)."""
 MAX_TOPIC_LENGTH: Final = 249

@@ -42,7 +42,7 @@ from broker.errors import (
 )
 from broker.log.config import SettingValue
 from broker.pool import Answers
-from broker.protocol import ErrorCode
+from broker.protocol import CREATE_WAIT_S, ErrorCode
 from broker.registry import MAX_PARTITIONS, Registry, TopicConfig
 from broker.registry_calls import RegistryCalls
 
@@ -51,8 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pylog.supervisor")
 
-CREATE_WAIT_S = 10.0
-"""How long CREATE_TOPIC waits for every broker holding a partition to serve it."""
 CREATE_CHECK_S = 0.1
 """How often, at most, ZooKeeper is asked whether pending CREATE_TOPICs are served."""
 

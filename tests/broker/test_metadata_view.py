@@ -18,10 +18,11 @@ from broker import protocol
 from broker.config import BrokerConfig
 from broker.errors import TopicAlreadyExists
 from broker.pool import WorkerPool
+from broker.protocol import CREATE_WAIT_S
 from broker.registry import BrokerRegistration, PartitionState, Registry, TopicConfig
 from broker.registry_calls import RegistryCalls
 from broker.topics import Topics
-from broker.topics.admin import CREATE_WAIT_S, registry_wait_s
+from broker.topics.admin import registry_wait_s
 from tests.conftest import FakeClock
 
 ME = 1

@@ -19,6 +19,9 @@ import zmq
 from broker.client import Admin, Cluster, Connection, Producer
 from broker.errors import BrokerError, Unavailable
 from broker.protocol import (
+    CREATE_WAIT_S,
+    CreateTopicRequest,
+    EmptyReply,
     ErrorCode,
     MetadataReply,
     MetadataRequest,
@@ -251,3 +254,38 @@ def test_a_program_that_never_closes_its_client_exits() -> None:
         timeout=20,
     )
     assert ran.returncode == 0, ran.stderr
+
+
+@dataclass
+class SlowCreator:
+    """A broker that answers a CREATE_TOPIC `hold_s` after it came: as pylogd does once every
+    partition is served, up to CREATE_WAIT_S (10,000 new partitions took it 10 s)."""
+
+    hold_s: float
+    endpoint: str = ""
+
+    def serve(self, socket: zmq.Socket[bytes], stop: threading.Event) -> None:
+        while not stop.is_set():
+            if not socket.poll(20):
+                continue
+            identity, empty, *frames = socket.recv_multipart()
+            header, _ = decode_request(frames)
+            if stop.wait(self.hold_s):
+                return
+            socket.send_multipart(
+                [identity, empty, *encode_reply(header.correlation_id, EmptyReply())]
+            )
+
+
+def test_a_create_topic_is_waited_for_as_long_as_the_broker_may_hold_it() -> None:
+    # The timeout (0.2 s) is for a broker that does not answer; a CREATE_TOPIC may be held up
+    # to CREATE_WAIT_S on top of it, as a FETCH its max_wait_ms: pylogctl's 5 s timeout
+    # called a broker creating 10,000 partitions unreachable.
+    with (
+        serving(SlowCreator(hold_s=0.6)) as creator,
+        Connection(creator.endpoint, timeout_s=0.2) as c,
+    ):
+        started = time.monotonic()
+        assert c.request(CreateTopicRequest("big", 10_000, {})) == EmptyReply()
+        assert time.monotonic() - started >= 0.6
+    assert CREATE_WAIT_S >= 10
