@@ -160,8 +160,8 @@ def every_partition_answers(
     return not pending
 
 
-def scale(partitions: int, directory: Path) -> None:
-    """The `scale` run of the module's text."""
+def scale(partitions: int, directory: Path) -> dict[str, Any]:
+    """The `scale` run of the module's text: its figures, and `targets_held`."""
     zookeeper = PrivateZooKeeper(directory / "zookeeper")
     zookeeper.start()
     log_path = directory / "pylogd.log"
@@ -225,7 +225,7 @@ def scale(partitions: int, directory: Path) -> None:
         zookeeper.stop()
     lost = log_path.read_text().count("registry lost its ZooKeeper connection")
     too_large = zookeeper.log_path.read_text().count("Len error")
-    line = {
+    line: dict[str, Any] = {
         "partitions_per_topic": partitions,
         "create_s": round(created_s, 2),
         "add_partitions_s": round(grown_s, 2),
@@ -239,13 +239,12 @@ def scale(partitions: int, directory: Path) -> None:
         "zookeeper_connections_lost": lost,
         "zookeeper_len_errors": too_large,
     }
-    print(json.dumps(line), flush=True)
-    held = {
+    line["targets_held"] = {
         "0 connections lost": lost == 0 and too_large == 0,
         "stops <= 5 s": max(first_stop_s, second_stop_s) <= 5,
         "restart <= 10 s": answered and restart_s <= 10,
     }
-    print(json.dumps({"targets_held": held}), flush=True)
+    return line
 
 
 def main() -> None:
@@ -258,7 +257,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.only == "scale":
         with tempfile.TemporaryDirectory(dir=args.dir) as data:
-            scale(args.scale, Path(data))
+            print(json.dumps(scale(args.scale, Path(data))), flush=True)
         return
     counts = [int(p) for p in args.partitions.split(",")]
     rates: dict[tuple[str, int], float] = {}
