@@ -266,6 +266,15 @@ class Message:
 
 
 DeliveryCallback = Callable[[KafkaError | None, Message], object]
+_Pending = tuple[
+    DeliveryCallback | None,
+    Delivery,
+    bytes | None,
+    bytes,
+    int,
+    list[tuple[str, bytes | None]] | None,
+]
+"""A message produced, until reported: its callback, delivery, key, value, timestamp, headers."""
 
 _ACKS: Final = {"0": Ack.NONE, "1": Ack.WRITTEN, "-1": Ack.ALL, "all": Ack.ALL}
 _TRUE: Final = frozenset({"true", "1", "yes"})
@@ -465,7 +474,12 @@ class Producer:
         self._endpoint = str(conf["bootstrap.servers"])
         self._on_delivery: DeliveryCallback | None = conf.get("on_delivery")
         self._producers: dict[str, _Producer] = {}
-        self._reports: deque[tuple[DeliveryCallback, Delivery, Message]] = deque()
+        self._pending: dict[tuple[str, int], deque[_Pending]] = {}
+        """The messages produced and not yet reported, by partition, in the order produced:
+        a partition's are settled in that order (its batches are acknowledged in order), so
+        `_report` takes each partition's settled ones from the front. No Message or callback
+        is made before then: one tuple a message (a Message and a closure each cost the
+        producer 40% of its rate)."""
         self._waiting = 0
 
     def _producer(self, topic: str) -> _Producer:
@@ -519,15 +533,11 @@ class Producer:
             raise KafkaException(error) from None
         report = on_delivery or callback or self._on_delivery
         self._waiting += 1
-        message = Message(
-            topic, delivery.partition, OFFSET_INVALID, key_bytes, data, timestamp, pairs
-        )
-        delivery.add_done_callback(lambda done: self._delivered(report, done, message))
-
-    def _delivered(self, report: DeliveryCallback | None, done: Delivery, message: Message) -> None:
-        self._waiting -= 1
-        if report is not None:
-            self._reports.append((report, done, message))
+        placed = (topic, delivery.partition)
+        pending = self._pending.get(placed)
+        if pending is None:
+            pending = self._pending[placed] = deque()
+        pending.append((report, delivery, key_bytes, data, timestamp, pairs))
 
     def poll(self, timeout: float | None = None) -> int:
         """Send what lingered, take the acknowledgements that came (waiting up to `timeout`
@@ -539,8 +549,9 @@ class Producer:
             for producer in self._producers.values():
                 with contextlib.suppress(PylogError):  # the batches it failed carry it
                     producer.poll(0.0)
-            if self._reports or not self._waiting:
-                return self._report()
+            ran = self._report()
+            if ran or not self._waiting:
+                return ran
             left = deadline - time.monotonic()
             if left <= 0:
                 return 0
@@ -552,14 +563,27 @@ class Producer:
                 busy.poll(min(left, 0.1))
 
     def _report(self) -> int:
+        """Run the delivery callbacks of the messages settled (each partition's, in the order
+        produced); returns how many ran. A callback may produce again."""
         ran = 0
-        while self._reports:
-            report, done, message = self._reports.popleft()
-            error = done.exception(0)
-            with contextlib.suppress(PylogError):  # DeliveryUnknown with acks 0: no offset
-                message._offset = done.result(0)
-            report(None if error is None else KafkaError.of(error), message)
-            ran += 1
+        for (topic, partition), pending in list(self._pending.items()):
+            while pending and pending[0][1].done():
+                report, done, key, value, timestamp, headers = pending.popleft()
+                self._waiting -= 1
+                if report is None:
+                    continue
+                offset, error = done.outcome()  # no offset with acks 0: OFFSET_INVALID
+                message = Message(
+                    topic,
+                    partition,
+                    OFFSET_INVALID if offset is None else offset,
+                    key,
+                    value,
+                    timestamp,
+                    headers,
+                )
+                report(None if error is None else KafkaError.of(error), message)
+                ran += 1
         return ran
 
     def flush(self, timeout: float | None = None) -> int:

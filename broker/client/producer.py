@@ -265,6 +265,14 @@ class Handle:
         """Whether the outcome is known (for ack NONE: the message was handed to the socket)."""
         return self._batch.done
 
+    def outcome(self) -> tuple[int | None, PylogError | None]:
+        """A done handle's offset, or the error that failed its batch: (None, None) with ack
+        NONE (the broker does not say where it landed). Not done: (None, None) too."""
+        batch = self._batch
+        if batch.error is not None or batch.base_offset is None:
+            return None, batch.error
+        return batch.offset(self._position), None
+
     def add_done_callback(self, fn: Callable[[Self], object]) -> None:
         """Call `fn(self)` once done: now if done already, else when the outcome arrives, in
         whatever drives the producer then (a send, flush or another handle's result)."""
