@@ -191,6 +191,32 @@ def test_delivery_callbacks_run_in_poll_with_each_offset(
     assert [(r[2], r[3]) for r in reports] == stored
 
 
+def test_a_delivery_callback_may_produce_again_and_each_partition_reports_in_order(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    # A callback that produces (a follow-up message, as programs do) while reports run, to a
+    # partition the producer had not sent to: its report comes too, in its order.
+    reports: list[tuple[int, bytes]] = []
+    producer = Producer({**bootstrap(broker), "linger.ms": 0, "acks": "all"})
+
+    def report(err: KafkaError | None, msg: Message) -> None:
+        assert err is None, err
+        reports.append((msg.partition(), msg.value()))
+        if msg.partition() == 0:
+            follow_up = b"then" + msg.value()[5:]
+            producer.produce(kafka_topic, follow_up, partition=1, on_delivery=report)
+
+    for i in range(5):
+        producer.produce(kafka_topic, b"first%d" % i, partition=0, on_delivery=report)
+    deadline = time.monotonic() + 30
+    while len(reports) < 10 and time.monotonic() < deadline:  # bounded: ten acks
+        producer.poll(1.0)
+    assert producer.flush(30) == 0
+    producer.close()
+    assert [v for p, v in reports if p == 0] == [b"first%d" % i for i in range(5)]
+    assert [v for p, v in reports if p == 1] == [b"then%d" % i for i in range(5)]
+
+
 def test_a_delivery_that_fails_reports_its_error_to_the_callback(
     broker: RunningBroker, topic: str
 ) -> None:
