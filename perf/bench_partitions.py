@@ -20,6 +20,12 @@ Prints one JSON line a case (messages, seconds, msg/s, ratio to the same client'
 partition, and for `kafka` on one partition its ratio to `native` on one), then one line of
 the targets and whether each holds. Run it alone: on 2 cores anything beside it skews it.
 
+`--only consumers`: 500,000 messages stored in a topic of 1 partition and one of 100, then
+read by PartitionConsumer (partition 0 of the first), by the Kafka-shaped Consumer
+(`consume(1000)`, timed from its first message) and by a group member over each topic
+(`poll()`, its joining included). Issue 48's targets: the Kafka-shaped consumer >= 0.9x of
+PartitionConsumer, the member over 100 partitions >= 0.8x of the one over one.
+
 `--only scale [--scale 10000]`: a broker of two workers (two log dirs) on a ZooKeeper of its
 own, as an operator would drive it: `pylogctl topic create big --partitions N`, then `pylogctl
 topic create grown --partitions 1` and `pylogctl topic add-partitions grown --partitions N`,
@@ -44,7 +50,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.client import Admin, Connection, Producer, kafka
+from broker.client import (
+    Admin,
+    Connection,
+    GroupConsumer,
+    PartitionConsumer,
+    Producer,
+    kafka,
+)
 from broker.errors import BrokerError
 from broker.log.message import HEADER_SIZE
 from broker.protocol import LATEST, Ack, Api, OffsetsRequest, decode_reply
@@ -247,17 +260,116 @@ def scale(partitions: int, directory: Path) -> dict[str, Any]:
     return line
 
 
+READ_MESSAGES = 500_000
+"""The messages each consumer case reads (stored first by the native producer)."""
+
+
+def fill(endpoint: str, topic: str, messages: int) -> None:
+    """Store `messages` keyed messages in `topic`, acknowledged as flushed."""
+    with Producer(endpoint, topic, ack=Ack.FLUSHED, linger_ms=5, max_in_flight=100) as producer:
+        for i in range(messages):
+            producer.send(VALUE, key=_key(i))
+
+
+def read_partition(endpoint: str, topic: str, messages: int) -> float:
+    """Seconds for a PartitionConsumer to read partition 0's `messages` (each checked)."""
+    with PartitionConsumer(endpoint, topic, 0, start="earliest", max_wait_ms=0) as consumer:
+        started = time.perf_counter()
+        count = 0
+        while count < messages:
+            batch = consumer.poll()
+            if not batch:
+                raise RuntimeError(f"only {count} of {messages} messages stored")
+            count += len(batch)
+        return time.perf_counter() - started
+
+
+def read_as_kafka(endpoint: str, topic: str, messages: int) -> float:
+    """Seconds for the Kafka-shaped Consumer to read `messages` with consume(1000) (its
+    joining the group not counted: timed from its first message)."""
+    consumer = kafka.Consumer(
+        {
+            "bootstrap.servers": endpoint,
+            "group.id": f"bench-{topic}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        count, started = 0, 0.0
+        deadline = time.monotonic() + 120
+        while count < messages and time.monotonic() < deadline:
+            got = consumer.consume(1000, 1.0)
+            if got and not started:
+                started = time.perf_counter()
+            count += len(got)
+        if count < messages:
+            raise RuntimeError(f"the Kafka-shaped consumer read {count} of {messages}")
+        return time.perf_counter() - started
+    finally:
+        consumer.close()
+
+
+def read_as_member(endpoint: str, topic: str, messages: int) -> float:
+    """Seconds for a group member to read `messages` over every partition of `topic` with
+    poll(), its joining the group included (from one partition's first records to the
+    last would leave out the fetches that brought them)."""
+    started = time.perf_counter()
+    with GroupConsumer(None, f"member-{topic}", [topic], broker=endpoint, reset="earliest") as m:
+        count = 0
+        deadline = time.monotonic() + 120
+        while count < messages and time.monotonic() < deadline:
+            count += len(m.poll(1000))
+        if count < messages:
+            raise RuntimeError(f"the group member read {count} of {messages}")
+        return time.perf_counter() - started
+
+
+def consumers(endpoint: str, messages: int) -> dict[str, Any]:
+    """The consumer cases: the Kafka-shaped consumer against PartitionConsumer on one
+    partition, a group member over 100 partitions against one over one (issue 48: >= 0.9x,
+    >= 0.8x). Each read of the messages first stored, msg/s: the Kafka-shaped consumer's
+    from its first message, the members' with their joining."""
+    with Admin(endpoint) as admin:
+        admin.create_topic("read-1", 1)
+        admin.create_topic("read-100", 100)
+    fill(endpoint, "read-1", messages)
+    fill(endpoint, "read-100", messages)
+    rates = {
+        "partition_consumer": messages / read_partition(endpoint, "read-1", messages),
+        "kafka_consumer": messages / read_as_kafka(endpoint, "read-1", messages),
+        "member_1": messages / read_as_member(endpoint, "read-1", messages),
+        "member_100": messages / read_as_member(endpoint, "read-100", messages),
+    }
+    kafka_ratio = rates["kafka_consumer"] / rates["partition_consumer"]
+    member_ratio = rates["member_100"] / rates["member_1"]
+    return {
+        "messages": messages,
+        **{f"{name}_msg_per_s": round(rate) for name, rate in rates.items()},
+        "kafka_to_partition_consumer": round(kafka_ratio, 3),
+        "member_100_to_member_1": round(member_ratio, 3),
+        "targets_held": {
+            "kafka consumer >= 0.9x of PartitionConsumer": kafka_ratio >= 0.9,
+            "member over 100 >= 0.8x of over 1": member_ratio >= 0.8,
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--partitions", default="1,100,1000")
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--only", choices=[*sorted(CLIENTS), "scale"])
+    parser.add_argument("--only", choices=[*sorted(CLIENTS), "consumers", "scale"])
     parser.add_argument("--scale", type=int, default=10_000)
     parser.add_argument("--dir", type=Path)
     args = parser.parse_args()
     if args.only == "scale":
         with tempfile.TemporaryDirectory(dir=args.dir) as data:
             print(json.dumps(scale(args.scale, Path(data))), flush=True)
+        return
+    if args.only == "consumers":
+        with tempfile.TemporaryDirectory(dir=args.dir) as data, PrivatePylogd(Path(data)) as b:
+            print(json.dumps(consumers(b.endpoint, READ_MESSAGES)), flush=True)
         return
     counts = [int(p) for p in args.partitions.split(",")]
     rates: dict[tuple[str, int], float] = {}

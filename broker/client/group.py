@@ -380,6 +380,40 @@ class GroupConsumer(Closing):
         self._processed_all()
         return self._next_record(wait_ms(max_wait_ms, self.max_wait_ms))
 
+    def poll_records(self, limit: int, max_wait_ms: int | None = None) -> list[Record]:
+        """Up to `limit` records, as that many `poll_record` calls would hand them out, in one
+        call: the bookkeeping (processed, auto-commit) once, not once a record; waiting up to
+        `max_wait_ms` (default the member's) only when none is fetched yet. The records it
+        returned before count as processed. ValueError for a `limit` under 1."""
+        if limit < 1:
+            raise ValueError(f"limit is {limit}: 1 or more")
+        self._processed_all()
+        self._auto_commit()
+        records = self._hand_out_many(limit)
+        if not records:
+            self._fill(wait_ms(max_wait_ms, self.max_wait_ms))
+            records = self._hand_out_many(limit)
+        return records
+
+    def _hand_out_many(self, limit: int) -> list[Record]:
+        """Up to `limit` records fetched and not handed out, now in hand (delivered), each
+        partition's in order."""
+        records: list[Record] = []
+        for owned in self._owned.values():
+            buffered = owned.buffered
+            if not buffered:
+                continue
+            take = min(limit - len(records), len(buffered))
+            if take == len(buffered):
+                records += buffered
+                buffered.clear()
+            else:
+                records += [buffered.popleft() for _ in range(take)]
+            owned.delivered = buffered[0].offset if buffered else owned.fetch_offset
+            if len(records) >= limit:
+                break
+        return records
+
     def _next_record(self, max_wait_ms: int | None) -> Record | None:
         """Hand out the next record fetched, or fetch (up to `max_wait_ms`) and hand out the
         first that came; auto-commit when due either way."""

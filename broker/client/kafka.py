@@ -740,14 +740,23 @@ class Consumer:
         that many came) in all."""
         if num_messages < 1:
             raise ValueError("num_messages is 1 or more")
+        member = self._joined()
         deadline = math.inf if timeout is None or timeout < 0 else time.monotonic() + timeout
         messages: list[Message] = []
         while len(messages) < num_messages:
             left = deadline - time.monotonic()
-            message = self.poll(None if left == math.inf else max(0.0, left))
-            if message is None:
+            wait_ms = (
+                self._wait_ms
+                if left == math.inf
+                else max(0, min(self._wait_ms, round(left * 1000)))
+            )
+            try:  # what a fetch brought, at once: the group's bookkeeping once, not a message
+                records = member.poll_records(num_messages - len(messages), wait_ms)
+            except PylogError as error:
+                raise KafkaException(error) from None
+            messages += [self._message(record) for record in records]
+            if time.monotonic() >= deadline:
                 break
-            messages.append(message)
         return messages
 
     def _message(self, record: Record) -> Message:

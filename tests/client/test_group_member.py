@@ -99,6 +99,35 @@ def test_auto_commit_waits_for_its_interval_on_the_members_clock(
         assert committed == offsets[2]  # after "b", which the step took as processed
 
 
+def test_poll_records_hands_out_up_to_its_limit_in_order_and_counts_them_processed_next(
+    broker: RunningBroker, kafka_topic: str, clock: FakeClock
+) -> None:
+    # What Consumer.consume(n) takes in one call: the records poll_record would hand out one by
+    # one, each partition's in order, those of a call processed (auto-committed) at the next.
+    offsets = produce(broker, kafka_topic, [f"m{i}" for i in range(7)])
+    with GroupConsumer(
+        None,
+        "batched",
+        [kafka_topic],
+        broker=broker.endpoint,
+        auto_commit_interval_s=5,
+        clock=clock,
+    ) as member:
+        first: list[Record] = []
+        deadline = time.monotonic() + 30
+        while not first and time.monotonic() < deadline:  # bounded: it joins, then fetches
+            first = member.poll_records(3, 200)
+        [partition] = [tp for tp in member.assignment if tp.partition == 0]
+        clock.advance(5)  # the interval is up: the next call commits what was processed
+        rest = member.poll_records(10, 5000)
+        assert [r.value for r in first] == [b"m0", b"m1", b"m2"]
+        assert [r.value for r in rest] == [b"m3", b"m4", b"m5", b"m6"]
+        committed = member.registry.committed_offset("batched", kafka_topic, partition.name)
+        assert committed == offsets[3]  # after the first call's three, not the second's
+        with pytest.raises(ValueError, match="1 or more"):
+            member.poll_records(0)
+
+
 def test_seek_and_commit_of_chosen_offsets(broker: RunningBroker, kafka_topic: str) -> None:
     offsets = produce(broker, kafka_topic, [f"m{i}" for i in range(6)])
 
