@@ -30,7 +30,9 @@ from broker.protocol import (
     ErrorCode,
     FetchRequest,
     MetadataRequest,
+    MultiProduceRequest,
     OffsetsRequest,
+    ProducePart,
     ProduceRequest,
     Request,
     RequestHeader,
@@ -235,6 +237,30 @@ def test_a_prefix_acl_covers_the_topics_it_names_only(secured: CurveBroker, topi
     elsewhere = secured.call("alice", routed_requests("other." + topic)["fetch"])
     assert isinstance(elsewhere, BrokerError) and elsewhere.name == "AUTHORIZATION_FAILED"
     secured.pylogctl("acl", "remove", "--principal", "alice", "--topic", prefix)
+
+
+def test_a_multi_produce_is_authorized_part_by_part(secured: CurveBroker, topic: str) -> None:
+    # alice may produce to `topic` but not to `other`: her MULTI_PRODUCE to both is stored
+    # where she may, and the part she may not is answered AUTHORIZATION_FAILED alone.
+    other = "other." + topic
+    assert secured.call("admin", CreateTopicRequest(other, 1, {})) == protocol.EmptyReply()
+    secured.pylogctl(
+        "acl", "add", "--principal", "alice", "--topic", topic, "--operation", "produce"
+    )
+    produce = routed_requests(topic)["produce"]
+    wait_until(lambda: isinstance(secured.call("alice", produce), protocol.ProduceReply), 5)
+    parts = (ProducePart(topic, 0, one_message()), ProducePart(other, 0, one_message()))
+    reply = secured.call("alice", MultiProduceRequest(Ack.FLUSHED, parts))
+    assert isinstance(reply, protocol.MultiProduceReply), reply
+    assert isinstance(protocol.decode_part_reply(reply.parts[0]), protocol.ProduceReply)
+    with pytest.raises(BrokerError) as raised:
+        protocol.decode_part_reply(reply.parts[1])
+    assert raised.value.name == "AUTHORIZATION_FAILED"
+    assert (getattr(raised.value, "operation", None), getattr(raised.value, "resource", None)) == (
+        "produce",
+        other,
+    )
+    secured.pylogctl("acl", "remove", "--principal", "alice", "--topic", topic)
 
 
 def test_a_super_user_may_do_anything_without_acls(secured: CurveBroker, topic: str) -> None:
