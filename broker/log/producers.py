@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from broker.errors import DuplicateSequence, InvalidProducerEpoch, OutOfOrderSequence
+from broker.log.files import OPEN_FILES
 from broker.log.segment import PRODUCERS_SUFFIX, segment_file_name, storage_error
 
 ENTRY = struct.Struct(">QHIQQI")
@@ -82,6 +83,10 @@ class ProducerStates:
         self._last: dict[int, StoredSet] = {}
         """Each producer's last set, the least recently stored first."""
         self._fd: int | None = None
+        """The entries file's write handle, registered in OPEN_FILES (broker.log.files), which
+        may release it: a worker of 10,000 partitions written by idempotent producers held
+        10,000 otherwise, whatever max_open_files said."""
+        self._key = (self, "producers")
         self._unsynced = False
 
     @classmethod
@@ -210,12 +215,27 @@ class ProducerStates:
         if len(last) > MAX_PRODUCERS:
             del last[next(iter(last))]
 
-    def _write(self, data: bytes) -> None:
+    def _handle(self) -> int:
+        """The write handle, opened (the file created) if need be. OSError as os.open's."""
         fd = self._fd
+        if fd is None:
+            path = producers_path(self._directory, self._base)
+            fd = self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        OPEN_FILES.used(self._key, self._release)
+        return fd
+
+    def _release(self) -> None:
+        """Close the write handle for OPEN_FILES: what it wrote is synced by the next `sync`
+        through a handle opened again (an fsync covers the file, whichever descriptor wrote;
+        an error of close(2) is that fsync's to report)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _write(self, data: bytes) -> None:
         try:
-            if fd is None:
-                path = producers_path(self._directory, self._base)
-                fd = self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = self._handle()
             written = os.write(fd, data)
             if written != len(data):  # a full disk mid-entry: the torn entry is cut
                 os.ftruncate(fd, os.fstat(fd).st_size - written)
@@ -226,10 +246,11 @@ class ProducerStates:
         self._unsynced = True
 
     def sync(self) -> None:
-        """Make the entries written so far durable (at a roll and a clean close)."""
-        if self._unsynced and self._fd is not None:
+        """Make the entries written so far durable (at a roll and a clean close), through a
+        handle opened again if OPEN_FILES released it."""
+        if self._unsynced:
             try:
-                os.fdatasync(self._fd)
+                os.fdatasync(self._handle())
             except OSError as error:
                 path = producers_path(self._directory, self._base)
                 raise storage_error(error, f"syncing {path}") from error
@@ -238,8 +259,7 @@ class ProducerStates:
     def roll(self, base_offset: int) -> None:
         """A new segment starts at `base_offset`: its file begins with the snapshot (every
         producer's last set), written when there is one."""
-        self.close()
-        self._base = base_offset
+        self._leave_file(base_offset)
         if self._last:
             self._write(b"".join(ENTRY.pack(*stored) for stored in self._last.values()))
 
@@ -247,16 +267,22 @@ class ProducerStates:
         """The log was cut to `end`, in the segment at `base_offset`, the later segments
         deleted (their files with them): that segment's entries past `end` are cut and the
         state is read again from them."""
-        self.close()
-        self._base = base_offset
+        self._leave_file(base_offset)
         self._reload(end)
 
     def reset(self, base_offset: int) -> None:
         """The log was emptied to start at `base_offset` (its files deleted): nothing is
         remembered."""
+        self._leave_file(base_offset)
+        self._last.clear()
+
+    def _leave_file(self, base_offset: int) -> None:
+        """Write the segment at `base_offset`'s file from now on: the current one is closed, and
+        what it holds unsynced is no `sync`'s any more (a roll synced it first when the topic
+        fsyncs; a cut or an emptying deleted or cut it)."""
         self.close()
         self._base = base_offset
-        self._last.clear()
+        self._unsynced = False
 
     def _reload(self, log_end: int) -> None:
         """Remember what the active segment's file holds up to `log_end`, cutting the rest."""
@@ -283,6 +309,7 @@ class ProducerStates:
 
     def close(self) -> None:
         """Release the file (written entries stay; `sync` first to make them durable)."""
+        OPEN_FILES.closed(self._key)
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)

@@ -16,6 +16,7 @@ import pytest
 from broker.errors import StorageIOError
 from broker.log import iter_messages
 from broker.log.files import DEFAULT_MAX_OPEN_FILES, OpenFiles
+from broker.log.producers import producers_path
 from tests.conftest import FakeClock
 from tests.log.test_partition import make_set, open_log, read_all
 
@@ -229,3 +230,34 @@ def test_a_flush_that_cannot_open_its_file_again_does_not_fail_the_log(
     assert first.high_watermark == 100
     first.close()
     second.close()
+
+
+def test_idempotent_appends_to_many_partitions_hold_no_more_descriptors_than_the_limit(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each partition's producer-state file took a descriptor of its own for good: 10,000
+    # partitions written by idempotent producers needed 10,000, whatever max_open_files said.
+    files = OpenFiles(limit=4)
+    monkeypatch.setattr("broker.log.segment.OPEN_FILES", files)
+    monkeypatch.setattr("broker.log.producers.OPEN_FILES", files)
+    logs = [open_log(tmp_path / f"t-{i}", clock, fsync=True) for i in range(40)]
+    before = len(os.listdir("/proc/self/fd"))
+    for turn in range(2):
+        for log in logs:
+            log.append_idempotent(make_set(turn, 1), 7, 0, turn)
+    assert len(os.listdir("/proc/self/fd")) - before <= files.limit + 2
+    synced: list[str] = []
+    real_fdatasync = os.fdatasync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", spy)
+    for log in logs:  # a roll syncs the closed segment's entries, through a handle reopened
+        log.roll()
+    states = sorted(path for path in synced if path.endswith(".producers"))
+    assert states == sorted(str(producers_path(log.directory, 0)) for log in logs)
+    for log in logs:
+        assert len(log.producer_sets(0, log.log_end_offset)) == 2
+        log.close()
