@@ -54,7 +54,6 @@ from broker.client import (
     Admin,
     Connection,
     GroupConsumer,
-    PartitionConsumer,
     Producer,
     kafka,
 )
@@ -63,7 +62,7 @@ from broker.log.message import HEADER_SIZE
 from broker.protocol import LATEST, Ack, Api, OffsetsRequest, decode_reply
 from broker.zookeeper import PrivateZooKeeper
 from perf.cpu import tree_pids
-from perf.pylog_runs import PrivatePylogd
+from perf.pylog_runs import PrivatePylogd, consume
 
 MESSAGE_BYTES = 100
 MAX_MESSAGES = 2_000_000
@@ -271,19 +270,6 @@ def fill(endpoint: str, topic: str, messages: int) -> None:
             producer.send(VALUE, key=_key(i))
 
 
-def read_partition(endpoint: str, topic: str, messages: int) -> float:
-    """Seconds for a PartitionConsumer to read partition 0's `messages` (each checked)."""
-    with PartitionConsumer(endpoint, topic, 0, start="earliest", max_wait_ms=0) as consumer:
-        started = time.perf_counter()
-        count = 0
-        while count < messages:
-            batch = consumer.poll()
-            if not batch:
-                raise RuntimeError(f"only {count} of {messages} messages stored")
-            count += len(batch)
-        return time.perf_counter() - started
-
-
 def read_as_kafka(endpoint: str, topic: str, messages: int) -> float:
     """Seconds for the Kafka-shaped Consumer to read `messages` with consume(1000) (its
     joining the group not counted: timed from its first message)."""
@@ -325,18 +311,20 @@ def read_as_member(endpoint: str, topic: str, messages: int) -> float:
         return time.perf_counter() - started
 
 
-def consumers(endpoint: str, messages: int) -> dict[str, Any]:
+def consumers(broker: PrivatePylogd, messages: int) -> dict[str, Any]:
     """The consumer cases: the Kafka-shaped consumer against PartitionConsumer on one
     partition, a group member over 100 partitions against one over one (issue 48: >= 0.9x,
     >= 0.8x). Each read of the messages first stored, msg/s: the Kafka-shaped consumer's
     from its first message, the members' with their joining."""
+    endpoint = broker.endpoint
     with Admin(endpoint) as admin:
         admin.create_topic("read-1", 1)
         admin.create_topic("read-100", 100)
     fill(endpoint, "read-1", messages)
     fill(endpoint, "read-100", messages)
     rates = {
-        "partition_consumer": messages / read_partition(endpoint, "read-1", messages),
+        # partition 0 with pylog_runs' PartitionConsumer run: the paper's consumer experiment
+        "partition_consumer": messages / consume(broker, "read-1", messages)["seconds"],
         "kafka_consumer": messages / read_as_kafka(endpoint, "read-1", messages),
         "member_1": messages / read_as_member(endpoint, "read-1", messages),
         "member_100": messages / read_as_member(endpoint, "read-100", messages),
@@ -369,7 +357,7 @@ def main() -> None:
         return
     if args.only == "consumers":
         with tempfile.TemporaryDirectory(dir=args.dir) as data, PrivatePylogd(Path(data)) as b:
-            print(json.dumps(consumers(b.endpoint, READ_MESSAGES)), flush=True)
+            print(json.dumps(consumers(b, READ_MESSAGES)), flush=True)
         return
     counts = [int(p) for p in args.partitions.split(",")]
     rates: dict[tuple[str, int], float] = {}

@@ -488,6 +488,17 @@ class Session(Running):
         after its partitions were taken (tests/cluster/test_groups.py, a member cut off from
         ZooKeeper). Nor kazoo's plain calls: they do not bound their wait, and one made
         while disconnected waits in kazoo's queue to be sent whenever the connection is back."""
+        deadline = self._ready(what)
+        try:
+            return send().get(timeout=max(0.0, deadline - time.monotonic()))
+        except KazooTimeoutError:
+            raise self._no_answer(what) from None
+        except KazooException as error:
+            raise self._outcome(what, error) from None
+
+    def _ready(self, what: str) -> float:
+        """Before requests are sent: the session is open and connected (waited for up to
+        request_timeout_s, else RegistryUnavailable). Returns by when their answers are due."""
         self._check_open()
         deadline = time.monotonic() + self.request_timeout_s
         if not self._connected.wait(self.request_timeout_s):
@@ -495,15 +506,13 @@ class Session(Running):
                 f"{what}: not connected to ZooKeeper at {self.connect_string} "
                 f"(waited {self.request_timeout_s:g} s)"
             )
-        try:
-            return send().get(timeout=max(0.0, deadline - time.monotonic()))
-        except KazooTimeoutError:
-            raise RegistryUnavailable(
-                f"{what}: no answer from ZooKeeper at {self.connect_string} within "
-                f"{self.request_timeout_s:g} s"
-            ) from None
-        except KazooException as error:
-            raise self._outcome(what, error) from None
+        return deadline
+
+    def _no_answer(self, what: str) -> RegistryUnavailable:
+        return RegistryUnavailable(
+            f"{what}: no answer from ZooKeeper at {self.connect_string} within "
+            f"{self.request_timeout_s:g} s"
+        )
 
     def _request_many(self, what: str, sends: Sequence[Callable[[], Any]]) -> list[Any]:
         """As _request, for many requests: up to REQUESTS_AT_ONCE sent before their answers
@@ -514,22 +523,13 @@ class Session(Running):
         answered in time, raises RegistryUnavailable."""
         answers: list[Any] = []
         for start in range(0, len(sends), REQUESTS_AT_ONCE):
-            self._check_open()
-            deadline = time.monotonic() + self.request_timeout_s
-            if not self._connected.wait(self.request_timeout_s):
-                raise RegistryUnavailable(
-                    f"{what}: not connected to ZooKeeper at {self.connect_string} "
-                    f"(waited {self.request_timeout_s:g} s)"
-                )
+            deadline = self._ready(what)
             pending = [send() for send in sends[start : start + REQUESTS_AT_ONCE]]
             for result in pending:
                 try:
                     answers.append(result.get(timeout=max(0.0, deadline - time.monotonic())))
                 except KazooTimeoutError:
-                    raise RegistryUnavailable(
-                        f"{what}: no answer from ZooKeeper at {self.connect_string} within "
-                        f"{self.request_timeout_s:g} s"
-                    ) from None
+                    raise self._no_answer(what) from None
                 except KazooException as error:
                     answers.append(self._outcome(what, error))
         return answers

@@ -38,24 +38,28 @@ EMPTY_METADATA = MetadataReply((), ())
 @dataclass
 class ScriptedBroker:
     """A ROUTER that answers the n-th request with script[n]: DROP (no reply), an ErrorCode,
-    or success with an empty METADATA body. Records each request's correlation id."""
+    or success with an empty body (METADATA's, or a CREATE_TOPIC's), `hold_s` after it came.
+    Records each request's correlation id."""
 
     script: list[str | ErrorCode]
     endpoint: str = ""
     correlation_ids: list[int] = field(default_factory=list)
+    hold_s: float = 0.0
 
     def serve(self, socket: zmq.Socket[bytes], stop: threading.Event) -> None:
         while not stop.is_set():
             if not socket.poll(20):
                 continue
             identity, empty, *frames = socket.recv_multipart()
-            header, _ = decode_request(frames)
+            header, request = decode_request(frames)
             self.correlation_ids.append(header.correlation_id)
             step = self.script[len(self.correlation_ids) - 1]
-            if step == DROP:
+            if step == DROP or stop.wait(self.hold_s):
                 continue
             if isinstance(step, ErrorCode):
                 reply = encode_error(header.correlation_id, step, "scripted")
+            elif isinstance(request, CreateTopicRequest):
+                reply = encode_reply(header.correlation_id, EmptyReply())
             else:
                 reply = encode_reply(header.correlation_id, EMPTY_METADATA)
             socket.send_multipart([identity, empty, *reply])
@@ -256,33 +260,12 @@ def test_a_program_that_never_closes_its_client_exits() -> None:
     assert ran.returncode == 0, ran.stderr
 
 
-@dataclass
-class SlowCreator:
-    """A broker that answers a CREATE_TOPIC `hold_s` after it came: as pylogd does once every
-    partition is served, up to CREATE_WAIT_S (10,000 new partitions took it 10 s)."""
-
-    hold_s: float
-    endpoint: str = ""
-
-    def serve(self, socket: zmq.Socket[bytes], stop: threading.Event) -> None:
-        while not stop.is_set():
-            if not socket.poll(20):
-                continue
-            identity, empty, *frames = socket.recv_multipart()
-            header, _ = decode_request(frames)
-            if stop.wait(self.hold_s):
-                return
-            socket.send_multipart(
-                [identity, empty, *encode_reply(header.correlation_id, EmptyReply())]
-            )
-
-
 def test_a_create_topic_is_waited_for_as_long_as_the_broker_may_hold_it() -> None:
     # The timeout (0.2 s) is for a broker that does not answer; a CREATE_TOPIC may be held up
     # to CREATE_WAIT_S on top of it, as a FETCH its max_wait_ms: pylogctl's 5 s timeout
     # called a broker creating 10,000 partitions unreachable.
     with (
-        serving(SlowCreator(hold_s=0.6)) as creator,
+        serving(ScriptedBroker(["ok"], hold_s=0.6)) as creator,
         Connection(creator.endpoint, timeout_s=0.2) as c,
     ):
         started = time.monotonic()
