@@ -24,6 +24,8 @@ Supervisor to worker (Command):
 - PartitionRole: a replicated partition's state node as read (docs/replication.md): lead it,
   follow the leader at `endpoint`, or neither.
 - RenewLease: the leaders' lease, renewed (broker.replication.lease).
+- WakeFetch: answer now the MULTI_FETCH share behind this tag (broker.fetch_joins: another
+  worker's share of the request brought data).
 
 Worker to supervisor (Report):
 
@@ -132,6 +134,12 @@ class RenewLease:
 
 
 @dataclass(frozen=True)
+class WakeFetch:
+    tag: str
+    """The share's tag (FETCH_JOINED and its join's id), in hexadecimal."""
+
+
+@dataclass(frozen=True)
 class WorkerHello:
     index: int
 
@@ -180,6 +188,7 @@ Command = (
     | MoveLogStarts
     | PartitionRole
     | RenewLease
+    | WakeFetch
 )
 Report = WorkerHello | PartitionsOpened | PartitionsDeleted | AskIsr | StatsReport
 
@@ -193,6 +202,7 @@ _COMMANDS: dict[str, type[Command]] = {
         MoveLogStarts,
         PartitionRole,
         RenewLease,
+        WakeFetch,
     )
 }
 _REPORTS: dict[str, type[Report]] = {

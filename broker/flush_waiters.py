@@ -25,11 +25,15 @@ class FlushWaitersStatistics:
 
 
 class _Waiter:
-    __slots__ = ("cancelled", "event")
+    """An entry of one heap: the event it sets (a MULTI_FETCH's long poll shares one among the
+    heaps of its partitions), and whether it left the heap (woken) or is to be skipped."""
 
-    def __init__(self) -> None:
-        self.event = trio.Event()
+    __slots__ = ("cancelled", "event", "popped")
+
+    def __init__(self, event: trio.Event) -> None:
+        self.event = event
         self.cancelled = False
+        self.popped = False
 
 
 class FlushWaiters:
@@ -53,18 +57,31 @@ class FlushWaiters:
     async def wait_high_watermark(self, offset: int) -> None:
         """Wait until `note_high_watermark` passes `offset` or more, or `wake_all`: the caller
         checks which (a deleted or offline partition is woken too)."""
-        waiter = _Waiter()
-        heapq.heappush(self._heap, (offset, next(self._order), waiter))
+        event = trio.Event()
+        waiter = self.enter(offset, event)
         try:
-            await waiter.event.wait()
+            await event.wait()
         finally:
-            if not waiter.event.is_set():  # cancelled: leave nothing behind
-                waiter.cancelled = True
-                self._cancelled += 1
-                if self._cancelled * 2 > len(self._heap):
-                    self._heap = [entry for entry in self._heap if not entry[2].cancelled]
-                    heapq.heapify(self._heap)
-                    self._cancelled = 0
+            self.leave(waiter)
+
+    def enter(self, offset: int, event: trio.Event) -> _Waiter:
+        """Set `event` once `note_high_watermark` passes `offset` or more, or `wake_all`, unless
+        `leave` comes first: for a task that waits on several partitions at once."""
+        waiter = _Waiter(event)
+        heapq.heappush(self._heap, (offset, next(self._order), waiter))
+        return waiter
+
+    def leave(self, waiter: _Waiter) -> None:
+        """Forget `waiter` if it is still in the heap (its wait is over: leave nothing
+        behind)."""
+        if waiter.popped or waiter.cancelled:
+            return
+        waiter.cancelled = True
+        self._cancelled += 1
+        if self._cancelled * 2 > len(self._heap):
+            self._heap = [entry for entry in self._heap if not entry[2].cancelled]
+            heapq.heapify(self._heap)
+            self._cancelled = 0
 
     def note_high_watermark(self, high_watermark: int) -> int:
         """Wake the waiters for offsets up to `high_watermark`; returns how many."""
@@ -75,6 +92,7 @@ class FlushWaiters:
             if waiter.cancelled:
                 self._cancelled -= 1
             else:
+                waiter.popped = True
                 waiter.event.set()
                 woken += 1
         self._woken += woken
@@ -86,6 +104,7 @@ class FlushWaiters:
         woken = 0
         for _, _, waiter in heap:
             if not waiter.cancelled:
+                waiter.popped = True
                 waiter.event.set()
                 woken += 1
         self._woken += woken

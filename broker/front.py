@@ -35,6 +35,7 @@ from broker.errors import (
     RepliesNotRead,
     UnsupportedApi,
 )
+from broker.fetch_joins import FetchJoins
 from broker.joins import JOINED, Joins
 from broker.log.message import Buffer
 from broker.pool import Answers, WorkerHandle, WorkerPool
@@ -46,6 +47,7 @@ from broker.security.monitor import close_monitored
 from broker.topics import Topics
 from broker.transport import (
     CREDIT,
+    FETCH_JOINED,
     REPLIES,
     STATE,
     connection_of,
@@ -65,6 +67,7 @@ DRAINED_AT_ONCE = 256
 OPERATIONS: Final[dict[int, Operation]] = {
     protocol.Api.PRODUCE: Operation.PRODUCE,
     protocol.Api.MULTI_PRODUCE: Operation.PRODUCE,
+    protocol.Api.MULTI_FETCH: Operation.FETCH,
     protocol.Api.FETCH: Operation.FETCH,
     protocol.Api.OFFSET_FOR_LEADER_EPOCH: Operation.FETCH,
     protocol.Api.OFFSETS: Operation.DESCRIBE,
@@ -159,6 +162,8 @@ class Front:
         self.zap: ZapHandler | None = None
         self.joins = Joins()
         """The MULTI_PRODUCE requests whose parts the workers have not all answered."""
+        self.fetch_joins = FetchJoins()
+        """The MULTI_FETCH requests split over workers whose shares are not all answered."""
         self._restarts_seen = 0
         """The pool's restarts when `joins` were last checked for parts a worker took with it."""
         self._handlers: dict[zmq.Socket[bytes], Callable[[list[bytes]], None]] = {}
@@ -275,9 +280,11 @@ class Front:
         self.pool.check()
         if self.pool.restarts != self._restarts_seen:
             self._restarts_seen = self.pool.restarts
+            running = {w.index: w.restarts for w in self.pool.workers if w.connected}
             if self.joins:
-                running = {w.index: w.restarts for w in self.pool.workers if w.connected}
                 self.joins.worker_gone(running)
+            if self.fetch_joins:
+                self.fetch_joins.worker_gone(running)
         self._send_answers()
 
     def _room(self) -> bool:
@@ -311,15 +318,28 @@ class Front:
 
     def _send_answers(self) -> None:
         """Send the replies the pool and topic management owe (a part's, to its join), then
-        those of the MULTI_PRODUCE requests whose parts are all answered."""
+        those of the MULTI_PRODUCE and MULTI_FETCH requests whose parts are all answered."""
         while self.answers:
             tagged, frames = self.answers.popleft()
             if tagged[:1] == JOINED:
                 self.joins.answered(tagged, frames[0])
+            elif tagged[:1] == FETCH_JOINED:
+                self._share_answered(tagged, frames[0])
             else:
                 self._answer(tagged, frames)
         for tagged, frames in self.joins.take_done():
             self._answer(tagged, frames)
+        for tagged, frames, size in self.fetch_joins.take_done():
+            if self.throttle.active:
+                self.throttle.fetched(tagged, size)
+            self._answer(tagged, frames)
+
+    def _share_answered(self, tag: bytes, frame: Buffer) -> None:
+        """A worker answered a MULTI_FETCH share: the workers of the request's other shares
+        are asked to answer theirs now (broker.fetch_joins)."""
+        for index in self.fetch_joins.answered(tag, frame):
+            command = control.encode(control.WakeFetch(tag.hex()))
+            self.pool.send(self.pool.workers[index], command)
 
     def _from_worker(self, worker: WorkerHandle, first: bytes, rest: list[zmq.Frame]) -> None:
         if first == CREDIT:
@@ -343,6 +363,8 @@ class Front:
                 send_frames(self.socket, [*reply_envelope(tagged), rest[i + 1]])
         elif first[:1] == JOINED:
             self.joins.answered(first, rest[0].buffer)
+        elif first[:1] == FETCH_JOINED:
+            self._share_answered(first, rest[0].buffer)
         else:  # a reply, behind the tagged identity of its client: forwarded as zmq.Frames,
             if len(rest) == 2 and self.throttle.active:  # a FETCH's: its messages count
                 self.throttle.fetched(first, len(rest[1]))
@@ -399,6 +421,17 @@ class Front:
                     tagged = admitted
                 self._multi_produce(tagged, header, request, request_frames, principal)
                 return
+            if isinstance(request, protocol.MultiFetchRequest):
+                consumer = request.replica_id < 0
+                if self.throttle.active and consumer:
+                    admitted = self._admitted(
+                        tagged, request_frames, frames, principal, arrived, fetching=True
+                    )
+                    if admitted is None:
+                        return  # held back: served by a later turn
+                    tagged = admitted
+                self._multi_fetch(tagged, header, request, request_frames, principal)
+                return
             if authorizer is not None and not isinstance(
                 request, protocol.MetadataRequest | protocol.DescribeClusterRequest
             ):
@@ -439,16 +472,17 @@ class Front:
         frames: list[zmq.Frame],
         principal: str,
         arrived: float | None,
+        fetching: bool = False,
     ) -> bytes | None:
         """A routed request under the quotas: the tagged identity to send it to its worker
         with (saying how long it was held back, if it was), or None when its client is over
         its quota and the request is held back (Throttle.hold). PRODUCE counts its frame;
-        a consumer's FETCH is held back by what its client's replies counted; a follower's
-        FETCH and the other apis are neither."""
+        a consumer's FETCH (or MULTI_FETCH: `fetching`) is held back by what its client's
+        replies counted; a follower's FETCH and the other apis are neither."""
         api = protocol.peek_api(request_frames)
         if api == protocol.Api.PRODUCE or api == protocol.Api.MULTI_PRODUCE:
             direction, size = Direction.PRODUCE, len(request_frames[0])
-        elif api == protocol.Api.FETCH and _replica_id(request_frames) < 0:
+        elif fetching or (api == protocol.Api.FETCH and _replica_id(request_frames) < 0):
             direction, size = Direction.FETCH, 0
         else:
             return tagged
@@ -514,6 +548,57 @@ class Front:
             self.pool.queue(worker, part_tag, frame)
             if join is not None:
                 self.joins.routed(join, index, worker.index, worker.restarts)
+
+    def _multi_fetch(
+        self,
+        tagged: bytes,
+        header: protocol.RequestHeader,
+        request: protocol.MultiFetchRequest,
+        request_frames: list[memoryview],
+        principal: str,
+    ) -> None:
+        """Route a MULTI_FETCH: as it came to the worker that holds all its parts, else split
+        into one share a worker (broker.fetch_joins), a part refused here (an ACL, an unknown
+        partition, a worker restarting) answered by the front. A consumer's reply under a
+        fetch quota is always joined here, so that its messages are counted."""
+        authorizer = self.authorizer
+        workers: list[WorkerHandle | Exception] = []
+        for part in request.parts:
+            try:
+                if authorizer is not None:
+                    authorizer.check(principal, Operation.FETCH, part.topic)
+                    if request.replica_id >= 0:
+                        authorizer.check_replica(principal, part.topic, request.replica_id)
+                worker = self.topics.route(part.topic, part.partition)
+                if not worker.connected:
+                    raise PartitionUnavailable(
+                        f"the worker for {part.topic}-{part.partition} is restarting; retry shortly"
+                    )
+                workers.append(worker)
+            except Exception as error:
+                if not isinstance(error, PylogError):
+                    log.exception("unexpected error routing a part of a MULTI_FETCH")
+                self.pool.errors.refused(request_frames, error)  # counted
+                workers.append(error)
+        first = workers[0]
+        counted = self.throttle.active and request.replica_id < 0
+        if isinstance(first, WorkerHandle) and not counted and all(w is first for w in workers):
+            self.pool.queue(first, tagged, request_frames[0])
+            return
+        join = self.fetch_joins.open(tagged, header.correlation_id, request, throttle_of(tagged))
+        for index, routed in enumerate(workers):
+            if isinstance(routed, WorkerHandle):
+                share = self.fetch_joins.share(join, routed.index, routed.restarts)
+                share.indexes.append(index)
+            else:
+                self.fetch_joins.answer_error(join, index, routed)
+        for number, (share, part_request) in enumerate(self.fetch_joins.requests(join)):
+            (frame,) = protocol.encode_request(
+                protocol.RequestHeader(protocol.Api.MULTI_FETCH, 1, number, header.client_id),
+                part_request,
+            )
+            self.pool.queue(self.pool.workers[share.worker], join.tag, frame)
+        self.fetch_joins.close(join)
 
     def _refuse(self, tagged: bytes, request_frames: list[memoryview], error: Exception) -> None:
         """Answer a request with `error` (counted; a PRODUCE with ack none gets no answer)."""

@@ -1,5 +1,5 @@
-"""How a worker serves reads (broker.worker): FETCH, OFFSETS, DESCRIBE_PARTITION and
-OFFSET_FOR_LEADER_EPOCH.
+"""How a worker serves reads (broker.worker): FETCH, MULTI_FETCH, OFFSETS, DESCRIBE_PARTITION
+and OFFSET_FOR_LEADER_EPOCH.
 
 FETCH reads whole flushed messages from the page cache (an mmap view, sent without copying),
 at most broker.fetch_max_bytes of them (but the first message whole, when it fits in the
@@ -8,9 +8,16 @@ than min_bytes lie past the offset it waits, up to max_wait_ms, for the flush th
 (a follower's) or the high watermark (a consumer's of a replicated partition): a long poll
 woken by that, not by polling, and not by the flushes before it (FlushWaiters). A follower's
 FETCH (replica_id set) tells the leader where the follower is (broker.leadership: the high
-watermark and the ISR). OFFSETS answers earliest, latest (the high watermark) or the first
-offset at a time; DESCRIBE_PARTITION a partition's offsets, size, segments, oldest timestamp
-and the settings in effect.
+watermark and the ISR).
+
+A MULTI_FETCH serves each of its parts as that FETCH, one reply for all and one long poll:
+woken by a flush (or the high watermark) of any of its partitions, it answers once min_bytes
+are readable over all of them, or any part fails, or the front asks it to (`wake`: the
+request's other parts, on another worker, were answered).
+
+OFFSETS answers earliest, latest (the high watermark) or the first offset at a time;
+DESCRIBE_PARTITION a partition's offsets, size, segments, oldest timestamp and the settings in
+effect.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from broker.log.message import HEADER_SIZE, Buffer, timestamp_at
 from broker.partition import Partition
 from broker.replication.leader import epoch_entries
 from broker.served import Served
-from broker.transport import throttle_of
+from broker.transport import FETCH_JOINED, throttle_of
 
 
 class Reads:
@@ -45,6 +52,11 @@ class Reads:
         self.served = served
         self.leadership = leadership
         self.fetch_max_bytes = fetch_max_bytes
+        self.polls: dict[bytes, trio.Event] = {}
+        """The long polls of MULTI_FETCH shares the front may wake (tag FETCH_JOINED), by tag:
+        the event their round waits on..."""
+        self.woken: set[bytes] = set()
+        """... and those the front woke (`wake`)."""
 
     async def offset_for_leader_epoch(
         self, tagged: bytes, correlation_id: int, request: protocol.OffsetForLeaderEpochRequest
@@ -68,8 +80,9 @@ class Reads:
         if request.offset <= plog.high_watermark or request.replica_id < 0:
             plog.check_offset(request.offset)  # its errors come first, before any waiting
         if self._fetch_ready(partition, request) or request.max_wait_ms == 0:
-            frames = self._fetch_reply(tagged, correlation_id, partition, request, version)
-            await self.served.reply(tagged, frames)
+            await self.served.reply(
+                tagged, self._fetch_reply(tagged, correlation_id, partition, request, version)
+            )
             return
         assert self.served.nursery is not None
         self.served.nursery.start_soon(
@@ -151,18 +164,31 @@ class Reads:
         request: protocol.FetchRequest,
         version: int,
     ) -> Sequence[Buffer]:
-        """At most fetch_max_bytes of messages, but the first message whole if it fits in the
-        request's max_bytes: the cap bounds the broker's memory, never stops a consumer. A
-        consumer reads up to the high watermark; a follower, whatever is flushed here, with
-        the epoch entries of those bytes. A FETCH older than version 3 is served a segment up
-        to its first compressed set, and UNSUPPORTED_FORMAT at or past it."""
+        reply = self._read(partition, request, version, self.fetch_max_bytes, throttle_of(tagged))
+        return protocol.encode_reply(correlation_id, reply, version)
+
+    def _read(
+        self,
+        partition: Partition,
+        request: protocol.FetchRequest,
+        version: int,
+        cap: int,
+        throttle_ms: int = 0,
+        whole: bool = True,
+    ) -> protocol.FetchReply:
+        """At most `cap` bytes of messages (fetch_max_bytes for a FETCH: the cap bounds the
+        broker's memory, never stops a consumer), but the first message whole if it fits in
+        the request's max_bytes and `whole` (nothing taken yet for the reply: else it comes
+        next time). A consumer reads up to the high watermark; a follower, whatever is flushed
+        here, with the epoch entries of those bytes. A FETCH older than version 3 is served a
+        segment up to its first compressed set, and UNSUPPORTED_FORMAT at or past it."""
         plog = partition.log
         replica = request.replica_id >= 0
         # It may have stopped leading (or a newer epoch come) while the fetch waited.
         self._check_epoch(partition, request.leader_epoch)
         partition.check_leader()
         end = plog.high_watermark if replica else partition.high_watermark
-        limit = min(request.max_bytes, self.fetch_max_bytes, max(0, end - request.offset))
+        limit = min(request.max_bytes, cap, max(0, end - request.offset))
         sets = version >= protocol.SETS_FETCH_VERSION  # else UnsupportedFormat at a set
         data: Buffer = b""
         if limit:
@@ -172,23 +198,169 @@ class Reads:
                 # A follower gets the message whole whatever its max_bytes: it must copy it.
                 if error.needed > request.max_bytes and not replica:  # named as asked
                     raise FetchSizeTooSmall(error.offset, request.max_bytes, error.needed) from None
-                data = plog.read(request.offset, error.needed, sets)  # over the cap: sent whole
+                if whole:
+                    data = plog.read(request.offset, error.needed, sets)  # over the cap: whole
         partition.bytes_out += len(data)
         end = request.offset + len(data)
         entries = epoch_entries(plog.epochs.entries, request.offset, end) if replica else ()
         producers: tuple[protocol.StoredSet, ...] = ()
         if replica and version >= protocol.PRODUCERS_FETCH_VERSION and len(data):
             producers = plog.producer_sets(request.offset, end)
-        reply = protocol.FetchReply(
+        return protocol.FetchReply(
             partition.high_watermark,
             plog.log_start_offset,
             data,
             partition.replica.leader_epoch,
             entries,
-            throttle_of(tagged),
+            throttle_ms,
             producers,
         )
-        return protocol.encode_reply(correlation_id, reply, version)
+
+    # -- MULTI_FETCH -----------------------------------------------------------------------
+
+    async def multi_fetch(
+        self, tagged: bytes, correlation_id: int, request: protocol.MultiFetchRequest
+    ) -> None:
+        """Serve each part as a FETCH of version 5, checked first (an error answers the
+        request at once); answer at once when max_wait_ms is 0 or min_bytes are readable over
+        all the parts, else wait for that in one long poll (`_multi_poll`)."""
+        fetches = [request.part_request(part) for part in request.parts]
+        checked = [self._check_part(fetch) for fetch in fetches]
+        if (
+            request.max_wait_ms == 0
+            or any(not isinstance(c, Partition) for c in checked)
+            or self._readable(checked, fetches) >= request.min_bytes
+        ):
+            await self.served.reply(
+                tagged, self._multi_reply(tagged, correlation_id, request, checked)
+            )
+            return
+        assert self.served.nursery is not None
+        if tagged[:1] == FETCH_JOINED:  # before the task runs: a wake may come first
+            self.polls[tagged] = trio.Event()
+        self.served.nursery.start_soon(
+            self._multi_poll, tagged, correlation_id, request, fetches, checked
+        )
+
+    def _check_part(self, request: protocol.FetchRequest) -> Partition | PylogError:
+        """The checks a FETCH passes before any waiting, for a part: its partition, or the
+        error it is answered with."""
+        try:
+            partition = self.served.get(request.topic, request.partition)
+            self._check_epoch(partition, request.leader_epoch)
+            if request.replica_id >= 0:
+                self._follower_fetched(partition, request)
+            else:
+                partition.check_leader()
+            if request.offset <= partition.log.high_watermark or request.replica_id < 0:
+                partition.log.check_offset(request.offset)
+        except PylogError as error:
+            return error
+        return partition
+
+    @staticmethod
+    def _readable(
+        checked: Sequence[Partition | PylogError], fetches: Sequence[protocol.FetchRequest]
+    ) -> int:
+        """The bytes readable past the parts' offsets, over all of them."""
+        readable = 0
+        for partition, request in zip(checked, fetches, strict=True):
+            if isinstance(partition, Partition):
+                replica = request.replica_id >= 0
+                end = partition.log.high_watermark if replica else partition.high_watermark
+                readable += max(0, end - request.offset)
+        return readable
+
+    async def _multi_poll(
+        self,
+        tagged: bytes,
+        correlation_id: int,
+        request: protocol.MultiFetchRequest,
+        fetches: Sequence[protocol.FetchRequest],
+        checked: Sequence[Partition | PylogError],
+    ) -> None:
+        """Wait until min_bytes are readable over the parts, a part's partition is deleted,
+        offline or no longer led here, the front wakes the request (`wake`), or max_wait_ms
+        pass; then answer. Each round waits on every part's waiters for one byte past its
+        offset, with one event."""
+        partitions = [p for p in checked if isinstance(p, Partition)]
+        wakeable = tagged in self.polls
+        with trio.move_on_after(request.max_wait_ms / 1000):
+            while self._multi_waiting(tagged, partitions, checked, fetches, request):
+                event = trio.Event()
+                if wakeable:
+                    self.polls[tagged] = event
+                entered = []
+                for partition, fetch in zip(checked, fetches, strict=True):
+                    if isinstance(partition, Partition):
+                        waiters = partition.waiters
+                        if fetch.replica_id < 0 and partition.replica.leader is not None:
+                            waiters = partition.consumers
+                        entered.append((waiters, waiters.enter(fetch.offset + 1, event)))
+                try:
+                    await event.wait()
+                finally:
+                    for waiters, waiter in entered:
+                        waiters.leave(waiter)
+        self.polls.pop(tagged, None)
+        self.woken.discard(tagged)
+        await self.served.reply(tagged, self._multi_reply(tagged, correlation_id, request, checked))
+
+    def _multi_waiting(
+        self,
+        tagged: bytes,
+        partitions: Sequence[Partition],
+        checked: Sequence[Partition | PylogError],
+        fetches: Sequence[protocol.FetchRequest],
+        request: protocol.MultiFetchRequest,
+    ) -> bool:
+        """Whether a MULTI_FETCH's long poll waits on (see _multi_poll)."""
+        if tagged in self.woken:
+            return False  # by the front (wake): answer now
+        for partition in partitions:
+            if not self.served.still_open(partition) or partition.offline is not None:
+                return False
+            if partition.replica.replicated and partition.replica.leader is None:
+                return False
+        return self._readable(checked, fetches) < request.min_bytes
+
+    def wake(self, tagged: bytes) -> None:
+        """The front asks the MULTI_FETCH share of tag `tagged` to be answered now (another
+        worker answered the request's other parts with data); nothing if it was answered."""
+        event = self.polls.get(tagged)
+        if event is not None:
+            self.woken.add(tagged)
+            event.set()
+
+    def _multi_reply(
+        self,
+        tagged: bytes,
+        correlation_id: int,
+        request: protocol.MultiFetchRequest,
+        checked: Sequence[Partition | PylogError],
+    ) -> Sequence[Buffer]:
+        """Each part's answer, in order, at most min(max_bytes, fetch_max_bytes) of messages
+        in all, but the first message read whole (as a FETCH's)."""
+        cap = min(request.max_bytes, self.fetch_max_bytes)
+        taken = 0
+        version = protocol.PRODUCERS_FETCH_VERSION
+        parts = []
+        for part, partition in zip(request.parts, checked, strict=True):
+            frames: Sequence[Buffer]
+            try:
+                if not isinstance(partition, Partition):
+                    raise partition
+                if not self.served.still_open(partition) or partition.offline is not None:
+                    self.served.get(partition.topic, partition.number)  # raises: gone, offline
+                fetch = request.part_request(part)
+                read = self._read(partition, fetch, version, max(0, cap - taken), 0, not taken)
+                taken += len(read.message_set)
+                frames = protocol.encode_reply(0, read, version)
+            except PylogError as error:
+                frames = protocol.encode_error(0, error)
+            parts.append(protocol.fetch_part_reply(part.topic, part.partition, frames))
+        reply = protocol.MultiFetchReply(tuple(parts), throttle_of(tagged))
+        return protocol.encode_reply(correlation_id, reply)
 
     def offset_at(self, request: protocol.OffsetsRequest) -> int:
         partition = self.served.get(request.topic, request.partition)

@@ -67,15 +67,20 @@ CREDIT_IDLE_S = 0.05
 left to read, which at one request a time cost a message a request (~6 µs of CPU each)."""
 
 
-_FETCH_KEY: Final = 1
-"""A FETCH request's api_key, the u16 its frame starts with (docs/protocol.md)."""
+_FETCH_KEYS: Final = frozenset({1, 12})
+"""The api_keys of FETCH and MULTI_FETCH, the u16 a request frame starts with
+(docs/protocol.md)."""
+FETCH_JOINED: Final = b"F"
+"""The first byte of the tag a MULTI_FETCH's share of a worker goes behind when its parts
+span workers (broker.fetch_joins): the front may ask the worker to answer it at once."""
 
 
 def request_weight(frame: Buffer, fetch_max_bytes: int) -> int:
-    """What a request frame passed to a worker counts for in the flow control: a FETCH the
-    most its reply may carry (`fetch_max_bytes`, the broker's), any other its length. The front
-    and the worker count the same frames, so each gives back what the other took."""
-    if len(frame) > 1 and frame[1] == _FETCH_KEY and frame[0] == 0:
+    """What a request frame passed to a worker counts for in the flow control: a FETCH or a
+    MULTI_FETCH the most its reply may carry (`fetch_max_bytes`, the broker's), any other its
+    length. The front and the worker count the same frames, so each gives back what the other
+    took."""
+    if len(frame) > 1 and frame[1] in _FETCH_KEYS and frame[0] == 0:
         return fetch_max_bytes
     return len(frame)
 

@@ -248,6 +248,8 @@ class Worker:
                 )
             elif isinstance(request, protocol.FetchRequest):
                 await self.reads.fetch(tagged, correlation_id, request, header.version)
+            elif isinstance(request, protocol.MultiFetchRequest):
+                await self.reads.multi_fetch(tagged, correlation_id, request)
             elif isinstance(request, protocol.OffsetForLeaderEpochRequest):
                 await self.reads.offset_for_leader_epoch(tagged, correlation_id, request)
             elif isinstance(request, protocol.OffsetsRequest):
@@ -357,6 +359,8 @@ class Worker:
                 await self.leadership.take_role(command)
             case control.RenewLease(until, broker_epoch):
                 await self.leadership.renew_lease(until, broker_epoch)
+            case control.WakeFetch(tag):
+                self.reads.wake(bytes.fromhex(tag))
         await self.served.send_owed()  # acks that a delete failed or a new setting's flush made
 
     def _open_all(self, partitions: Sequence[control.PartitionToOpen]) -> control.PartitionsOpened:

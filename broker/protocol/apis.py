@@ -43,6 +43,7 @@ class Api(IntEnum):
     ALTER_CONFIG = 9
     OFFSET_FOR_LEADER_EPOCH = 10
     MULTI_PRODUCE = 11
+    MULTI_FETCH = 12
 
 
 class Ack(IntEnum):

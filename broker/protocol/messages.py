@@ -179,6 +179,48 @@ class MultiProduceRequest:
     producer_epoch: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class FetchPart:
+    """One partition's part of a MULTI_FETCH: where to read from, at most `max_bytes` of it;
+    `leader_epoch` and `flushed_offset` as in a FetchRequest of version 2."""
+
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int
+    leader_epoch: int = -1
+    flushed_offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MultiFetchRequest:
+    """Read from each of several partitions of this broker (`parts`), each part served as a
+    FetchRequest of version 5 to its partition would be, at most `max_bytes` in all (but a
+    first message whole), waiting up to `max_wait_ms` for `min_bytes` to be readable over
+    all the parts (docs/protocol.md, MULTI_FETCH). `replica_id` as in FetchRequest."""
+
+    api: ClassVar[Api] = Api.MULTI_FETCH
+    replica_id: int
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    parts: tuple[FetchPart, ...]
+
+    def part_request(self, part: FetchPart) -> FetchRequest:
+        """The FETCH that `part` is served as."""
+        return FetchRequest(
+            part.topic,
+            part.partition,
+            part.offset,
+            part.max_bytes,
+            self.max_wait_ms,
+            self.min_bytes,
+            self.replica_id,
+            part.leader_epoch,
+            part.flushed_offset,
+        )
+
+
 Request = (
     ProduceRequest
     | FetchRequest
@@ -192,6 +234,7 @@ Request = (
     | AlterConfigRequest
     | OffsetForLeaderEpochRequest
     | MultiProduceRequest
+    | MultiFetchRequest
 )
 
 
@@ -233,6 +276,27 @@ class MultiProduceReply:
     """Each part's answer, in the request's order; `throttle_ms` as in ProduceReply."""
 
     parts: tuple[PartReply, ...]
+    throttle_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPartReply:
+    """One part's answer in a MULTI_FETCH reply: `reply` is the first frame a FETCH of version 5
+    to the part's partition would have been answered with, after its correlation_id, and
+    `message_set` its second frame (empty with an error); protocol.decode_fetch_part reads
+    them."""
+
+    topic: str
+    partition: int
+    reply: Buffer
+    message_set: Buffer
+
+
+@dataclass(frozen=True, slots=True)
+class MultiFetchReply:
+    """Each part's answer, in the request's order; `throttle_ms` as in FetchReply."""
+
+    parts: tuple[FetchPartReply, ...]
     throttle_ms: int = 0
 
 
@@ -408,6 +472,7 @@ RoutedRequest = (
 Reply = (
     ProduceReply
     | MultiProduceReply
+    | MultiFetchReply
     | FetchReply
     | OffsetsReply
     | MetadataReply

@@ -18,8 +18,10 @@ from broker.protocol.messages import (
     DescribeConfigReply,
     DescribePartitionReply,
     EmptyReply,
+    FetchPartReply,
     FetchReply,
     MetadataReply,
+    MultiFetchReply,
     MultiProduceReply,
     OffsetForLeaderEpochReply,
     OffsetsReply,
@@ -31,6 +33,7 @@ from broker.protocol.messages import (
 from broker.protocol.tables import (
     PRODUCE,
     PRODUCE_IDEMPOTENT_VERSION,
+    PRODUCERS_FETCH_VERSION,
     REPLY_CLASSES,
     TABLES,
     check_version,
@@ -177,6 +180,10 @@ def decode_reply(
     api: Literal[Api.MULTI_PRODUCE], frames: Frames, version: int = API_VERSION
 ) -> MultiProduceReply: ...
 @overload
+def decode_reply(
+    api: Literal[Api.MULTI_FETCH], frames: Frames, version: int = API_VERSION
+) -> MultiFetchReply: ...
+@overload
 def decode_reply(api: Api, frames: Frames, version: int = API_VERSION) -> Reply: ...
 def decode_reply(api: Api, frames: Frames, version: int = API_VERSION) -> Reply:
     """The body of a reply to a request of `api` at api_version `version`, from its frames
@@ -254,3 +261,27 @@ def decode_part_reply(part: PartReply) -> ProduceReply:
     return decode_reply(
         Api.PRODUCE, [_NO_CORRELATION_ID + bytes(part.reply)], PRODUCE_IDEMPOTENT_VERSION
     )
+
+
+def fetch_part_reply(topic: str, partition: int, frames: Frames) -> FetchPartReply:
+    """A MULTI_FETCH part's answer from the frames of a FETCH reply of version 5 (or of
+    encode_error) for its partition: the first after its correlation_id, the message set (empty
+    for an error)."""
+    return FetchPartReply(
+        topic, partition, part_reply(frames[0]), frames[1] if len(frames) > 1 else b""
+    )
+
+
+def decode_fetch_part(part: FetchPartReply) -> FetchReply:
+    """A MULTI_FETCH part's answer, as decode_reply reads a FETCH reply of version 5: its
+    FetchReply (the message set a view of the part's), or BrokerError (with the code's fields)
+    for its error, or MalformedReply (an error's message set must be empty)."""
+    frames: list[Buffer] = [_NO_CORRELATION_ID + bytes(part.reply)]
+    if part.reply[:2] == _SUCCESS:  # error_code 0: a FETCH success has its message set
+        frames.append(part.message_set)
+    elif len(part.message_set):
+        raise MalformedReply(
+            f"part {part.topic}-{part.partition} is an error with a message set of "
+            f"{len(part.message_set)} bytes: an error's must be empty"
+        )
+    return decode_reply(Api.FETCH, frames, PRODUCERS_FETCH_VERSION)

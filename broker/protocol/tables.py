@@ -30,11 +30,15 @@ from broker.protocol.messages import (
     DescribePartitionReply,
     DescribePartitionRequest,
     EmptyReply,
+    FetchPart,
+    FetchPartReply,
     FetchReply,
     FetchRequest,
     MetadataBroker,
     MetadataReply,
     MetadataRequest,
+    MultiFetchReply,
+    MultiFetchRequest,
     MultiProduceReply,
     MultiProduceRequest,
     OffsetForLeaderEpochReply,
@@ -170,7 +174,8 @@ PRODUCE: Final = ApiTable(
 # -- MULTI_PRODUCE -----------------------------------------------------------------------------
 
 MAX_PARTS: Final = 10_000
-"""The most parts a MULTI_PRODUCE carries (a broker holds at most this many partitions)."""
+"""The most parts a MULTI_PRODUCE or a MULTI_FETCH carries (a broker holds at most this many
+partitions)."""
 
 
 def _make_multi_produce(reader: Reader, values: Values, version: int) -> MultiProduceRequest:
@@ -721,6 +726,76 @@ OFFSET_FOR_LEADER_EPOCH: Final = ApiTable(
     ),
 )
 
+# -- MULTI_FETCH -------------------------------------------------------------------------------
+
+
+def _make_multi_fetch(reader: Reader, values: Values, version: int) -> MultiFetchRequest:
+    parts = values["parts"]
+    if not 1 <= len(parts) <= MAX_PARTS:
+        raise reader.fail(f"part_count is {len(parts)}: it must be from 1 to {MAX_PARTS}")
+    request = MultiFetchRequest(**values)
+    if request.max_bytes < 1:
+        raise reader.fail("field max_bytes is 0: it must be at least 1")
+    for part in parts:
+        check_topic_name(part.topic)
+        _check_fetch(reader, request.part_request(part), PRODUCERS_FETCH_VERSION)
+    return request
+
+
+MULTI_FETCH: Final = ApiTable(
+    Api.MULTI_FETCH,
+    (1,),
+    Body(
+        "MULTI_FETCH",
+        MultiFetchRequest,
+        (
+            Field("replica_id", "i32"),
+            Field("max_wait_ms", "u32"),
+            Field("min_bytes", "u32"),
+            Field("max_bytes", "u32"),
+            Many(
+                "parts",
+                Field("part_count", "u32"),
+                Body(
+                    "MULTI_FETCH",
+                    FetchPart,
+                    (
+                        _TOPIC,
+                        Field("partition", "u32"),
+                        Field("offset", "u64"),
+                        Field("max_bytes", "u32"),
+                        Field("leader_epoch", "i32"),
+                        Field("flushed_offset", "u64"),
+                    ),
+                ),
+            ),
+        ),
+        _make_multi_fetch,
+        strict=True,
+    ),
+    Body(
+        "MULTI_FETCH",
+        MultiFetchReply,
+        (
+            Field("throttle_ms", "u32"),
+            Many(
+                "parts",
+                Field("part_count", "u32"),
+                Body(
+                    "MULTI_FETCH",
+                    FetchPartReply,
+                    (
+                        _TOPIC,
+                        Field("partition", "u32"),
+                        Field("reply", "bytes"),
+                        Field("message_set", "bytes"),
+                    ),
+                ),
+            ),
+        ),
+    ),
+)
+
 TABLES: Final[Mapping[Api, ApiTable]] = {
     table.api: table
     for table in (
@@ -736,6 +811,7 @@ TABLES: Final[Mapping[Api, ApiTable]] = {
         ALTER_CONFIG,
         OFFSET_FOR_LEADER_EPOCH,
         MULTI_PRODUCE,
+        MULTI_FETCH,
     )
 }
 """Every api's table, by api."""

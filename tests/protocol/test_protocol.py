@@ -73,6 +73,7 @@ from broker.protocol import (
     EmptyReply,
     EpochEntry,
     ErrorCode,
+    FetchPartReply,
     FetchReply,
     FetchRequest,
     KnownPrefixes,
@@ -279,6 +280,13 @@ def plain(value: object, version: int = 1) -> Any:
             "topic": value.topic,
             "partition": value.partition,
             "reply": bytes(value.reply).hex(),
+        }
+    if isinstance(value, FetchPartReply):  # a MULTI_FETCH part: its reply as hex, as above
+        return {
+            "topic": value.topic,
+            "partition": value.partition,
+            "reply": bytes(value.reply).hex(),
+            "message_set": plain(value.message_set, version),
         }
     if isinstance(value, bytes | bytearray | memoryview):
         return [
@@ -1148,7 +1156,7 @@ def test_topic_that_is_not_utf8_is_malformed() -> None:
 
 
 def test_unknown_api_key_is_unsupported_api() -> None:
-    raised = rejects([header(api_key=12) + fetch_body()], UnsupportedApi, "api_key 12")
+    raised = rejects([header(api_key=99) + fetch_body()], UnsupportedApi, "api_key 99")
     assert error_code_for(raised.value) is ErrorCode.UNSUPPORTED_API
 
 
@@ -1573,7 +1581,7 @@ def test_peek_route_is_none_for_the_apis_the_front_serves() -> None:
         ([], MalformedRequest),
         ([b"\x00\x01\x00"], MalformedRequest),
         ([header()[:-1]], MalformedRequest),
-        ([header(api_key=12) + fetch_body()], UnsupportedApi),
+        ([header(api_key=99) + fetch_body()], UnsupportedApi),
         ([header(version=0) + fetch_body()], UnsupportedVersion),
         ([header() + fetch_body(), b""], MalformedRequest),
         ([b"", header() + fetch_body()], MalformedRequest),
