@@ -38,6 +38,7 @@ from broker.client.group import (
     GroupConsumer,
     Record,
     _Owned,
+    fetch_replies,
     fetch_request,
 )
 from broker.errors import PylogError, Unavailable
@@ -200,9 +201,9 @@ class AsyncGroupConsumer(AsyncClosing):
                 continue
             if not owned.located and not await self._in_thread(member._locate, owned):
                 continue
-            request = fetch_request(owned, wait_s)
+            request = fetch_request([owned], wait_s)
             exchange = self._cluster.connect(owned.endpoint).exchange(request)
-            self._fetching[owned] = (request.offset, asyncio.ensure_future(exchange))
+            self._fetching[owned] = (owned.fetch_offset, asyncio.ensure_future(exchange))
         if not self._fetching:  # every partition rests after an error
             rest_s = min(owned.rest_until for owned in member._owned.values()) - now
             await asyncio.sleep(min(max(rest_s, 0.0), wait_s))
@@ -222,7 +223,7 @@ class AsyncGroupConsumer(AsyncClosing):
                 continue
             if owned.fetch_offset != offset:
                 continue  # fetching started again elsewhere meanwhile: a stale reply
-            if member._on_fetch_reply(owned, frames):
+            if member._on_fetch_reply(owned, fetch_replies([owned], frames)[0]):
                 await self._in_thread(member._reset_out_of_range, owned)
 
     def _drop_fetches(self) -> None:

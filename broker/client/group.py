@@ -81,6 +81,7 @@ from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import (
     BrokerError,
     CorruptSegment,
+    MalformedReply,
     PylogError,
     RegistryUnavailable,
     Unavailable,
@@ -93,8 +94,12 @@ from broker.protocol import (
     LATEST,
     Api,
     ErrorCode,
+    FetchPart,
+    FetchReply,
     FetchRequest,
+    MultiFetchRequest,
     OffsetsRequest,
+    decode_fetch_part,
     decode_reply,
     request_version,
 )
@@ -171,12 +176,44 @@ class _Owned:
     the next fetch (GroupConsumer._locate)."""
 
 
-def fetch_request(owned: _Owned, wait_s: float) -> FetchRequest:
-    """The next fetch of an owned partition: a long poll of up to `wait_s`."""
-    tp = owned.tp
-    return FetchRequest(
-        tp.topic, tp.partition, owned.fetch_offset, owned.fetch_bytes, round(wait_s * 1000), 1
+def fetch_request(owned: Sequence[_Owned], wait_s: float) -> FetchRequest | MultiFetchRequest:
+    """The next fetch of owned partitions led by one broker: a long poll of up to `wait_s`, one
+    FETCH for one partition, a MULTI_FETCH for more (its limit the sum of theirs)."""
+    wait_ms = round(wait_s * 1000)
+    if len(owned) == 1:
+        tp = owned[0].tp
+        return FetchRequest(
+            tp.topic, tp.partition, owned[0].fetch_offset, owned[0].fetch_bytes, wait_ms, 1
+        )
+    parts = tuple(
+        FetchPart(o.tp.topic, o.tp.partition, o.fetch_offset, o.fetch_bytes) for o in owned
     )
+    return MultiFetchRequest(-1, wait_ms, 1, sum(o.fetch_bytes for o in owned), parts)
+
+
+def fetch_replies(fetched: Sequence[_Owned], frames: list[Any]) -> list[FetchReply | BrokerError]:
+    """Each partition's answer in the reply to `fetch_request(fetched, ...)`: its FetchReply, or
+    the BrokerError it was answered (a MULTI_FETCH refused whole: each part that error).
+    MalformedReply for a reply that is not one, or whose parts are not those asked for."""
+    if len(fetched) == 1:
+        try:
+            return [noted(decode_reply(Api.FETCH, frames, request_version(Api.FETCH)))]
+        except BrokerError as error:
+            return [error]
+    try:
+        parts = noted(decode_reply(Api.MULTI_FETCH, frames)).parts
+    except BrokerError as error:
+        return [error] * len(fetched)
+    asked = [(o.tp.topic, o.tp.partition) for o in fetched]
+    if [(p.topic, p.partition) for p in parts] != asked:
+        raise MalformedReply(f"a MULTI_FETCH reply's parts are not those asked for, {asked}")
+    replies: list[FetchReply | BrokerError] = []
+    for part in parts:
+        try:
+            replies.append(decode_fetch_part(part))
+        except BrokerError as error:
+            replies.append(error)
+    return replies
 
 
 def default_consumer_id() -> str:
@@ -285,7 +322,12 @@ class GroupConsumer(Closing):
         self.rebalances = 0
         self._owned: dict[BrokerPartition, _Owned] = {}
         self._claim_session: int | None = None
-        self._in_flight: dict[tuple[Connection, int], _Owned] = {}
+        self._in_flight: dict[tuple[Connection, int], list[_Owned]] = {}
+        """The fetches in flight, each of one partition (FETCH) or of several at one broker
+        (MULTI_FETCH), by connection and correlation id."""
+        self._rotation = 0
+        """Where a MULTI_FETCH's parts start among a broker's partitions: moved on each time,
+        so that a reply full of the first parts' messages starves none of the others."""
         self._rebalance_wanted = threading.Event()
         self._rebalance_wanted.set()  # the first poll joins
         self._next_commit = self.clock.monotonic() + (auto_commit_interval_s or 0)
@@ -434,7 +476,9 @@ class GroupConsumer(Closing):
         if owned is None:
             raise ValueError(f"{topic}/{partition} is not assigned to this member")
         if owned.in_flight is not None:
-            del self._in_flight[owned.in_flight]  # its reply, if it comes, is dropped
+            fetched = self._in_flight.pop(owned.in_flight)  # its reply, if it comes, is dropped
+            for other in fetched:  # the broker's other partitions of it: fetched again
+                other.in_flight = None
             owned.in_flight = None
         owned.buffered.clear()
         owned.position = owned.delivered = owned.fetch_offset = offset
@@ -533,17 +577,26 @@ class GroupConsumer(Closing):
         return records
 
     def _send_fetches(self, wait_s: float) -> None:
+        """Fetch every owned partition not in flight nor resting: one request a broker, a
+        MULTI_FETCH for two partitions or more there, a FETCH for one."""
         now = self.clock.monotonic()
+        by_endpoint: dict[str, list[_Owned]] = {}
         for owned in self._owned.values():
             if owned.in_flight is not None or owned.rest_until > now:
                 continue
             if not owned.located and not self._locate(owned):
                 continue
-            request = fetch_request(owned, wait_s)
-            connection = self.cluster.connect(owned.endpoint)
+            by_endpoint.setdefault(owned.endpoint, []).append(owned)
+        self._rotation += 1
+        for endpoint, owned_there in by_endpoint.items():
+            start = self._rotation % len(owned_there)
+            owned_there = owned_there[start:] + owned_there[:start]
+            request = fetch_request(owned_there, wait_s)
+            connection = self.cluster.connect(endpoint)
             key = (connection, connection.send_pipelined(request))
-            owned.in_flight, owned.sent_at = key, now
-            self._in_flight[key] = owned
+            for owned in owned_there:
+                owned.in_flight, owned.sent_at = key, now
+            self._in_flight[key] = owned_there
 
     def _receive_fetches(self, wait_s: float) -> None:
         """Wait up to `wait_s` for a first reply, then take every reply already there."""
@@ -562,23 +615,26 @@ class GroupConsumer(Closing):
                 )
             except Unavailable:
                 break
-            owned = self._in_flight.pop((connection, correlation_id), None)
-            if owned is not None:
+            fetched = self._in_flight.pop((connection, correlation_id), None)
+            if fetched is None:
+                continue
+            for owned, reply in zip(fetched, fetch_replies(fetched, frames), strict=True):
                 owned.in_flight = None
-                if self._on_fetch_reply(owned, frames):
+                if self._on_fetch_reply(owned, reply):
                     self._reset_out_of_range(owned)
         self._expire_fetches(wait_s)
 
     def _expire_fetches(self, wait_s: float) -> None:
         """Forget fetches whose reply is overdue (broker down): they are sent again later."""
         overdue = self.clock.monotonic() - wait_s - self.timeout_s
-        for key, owned in list(self._in_flight.items()):
-            if owned.sent_at < overdue:
+        for key, fetched in list(self._in_flight.items()):
+            if fetched[0].sent_at < overdue:
                 del self._in_flight[key]
-                owned.in_flight = None
-                owned.rest_until = self.clock.monotonic() + RETRY_BACKOFF_S
-                owned.located = False  # the broker may be down: another may lead now
-                log.warning("no reply to a fetch of %s from %s", owned.tp, owned.endpoint)
+                for owned in fetched:
+                    owned.in_flight = None
+                    owned.rest_until = self.clock.monotonic() + RETRY_BACKOFF_S
+                    owned.located = False  # the broker may be down: another may lead now
+                    log.warning("no reply to a fetch of %s from %s", owned.tp, owned.endpoint)
 
     def _follow_leader(self, owned: _Owned, error: PylogError) -> None:
         """After a fetch of `owned` failed with a retriable `error` (or none came): fetch next
@@ -615,13 +671,15 @@ class GroupConsumer(Closing):
         owned.endpoint, owned.located = endpoint, True
         return True
 
-    def _on_fetch_reply(self, owned: _Owned, frames: list[Any]) -> bool:
-        """Take a fetch reply: its records buffered, or its error acted on. True when the
-        fetch offset is out of range (deleted by retention?): the caller then calls
-        `_reset_out_of_range`, which asks the broker (I/O of its own)."""
+    def _on_fetch_reply(self, owned: _Owned, fetched: FetchReply | BrokerError) -> bool:
+        """Take a fetch reply of `owned`'s partition: its records buffered, or its error acted
+        on. True when the fetch offset is out of range (deleted by retention?): the caller
+        then calls `_reset_out_of_range`, which asks the broker (I/O of its own)."""
         tp = owned.tp
         try:
-            reply = noted(decode_reply(Api.FETCH, frames, request_version(Api.FETCH)))
+            if isinstance(fetched, BrokerError):
+                raise fetched
+            reply = fetched
         except BrokerError as error:
             damage = corrupt_segment_reply(error, tp.topic, tp.partition)
             grown = grown_fetch_bytes(error, MAX_FETCH_BYTES)

@@ -5,12 +5,14 @@ and it seeks and commits chosen offsets."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from broker.client import Admin, GroupConsumer, PartitionConsumer, Producer, Record
 from broker.errors import RegistryUnavailable
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, single_box_flags, wait_until
 from tests.pylogd import RunningBroker
 
 
@@ -167,3 +169,37 @@ def test_a_wait_given_in_seconds_is_refused_not_taken_as_milliseconds(
         with pytest.raises(TypeError, match="milliseconds"):
             consumer.poll(1.0)  # type: ignore[arg-type]
         assert consumer.poll(0) == []
+
+
+def test_a_member_fetches_its_partitions_of_a_broker_in_one_request(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    """A member owning six partitions of one broker (over its two workers) sends it one
+    MULTI_FETCH a round, not a FETCH a partition (docs/protocol.md, MULTI_FETCH), and reads
+    every message of each."""
+    broker = make_pylogd(
+        *single_box_flags(tmp_path), "--metrics-enabled", "true", "--metrics-port", "0"
+    )
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic("spread", partitions=6)
+    expected = set()
+    for partition in range(6):
+        values = [f"p{partition}-{i}" for i in range(10)]
+        produce(broker, "spread", values, partition=partition)
+        expected |= {v.encode() for v in values}
+    with GroupConsumer(None, "by-broker", ["spread"], broker=broker.endpoint) as member:
+        seen: set[bytes] = set()
+        deadline = time.monotonic() + 30
+        while seen != expected and time.monotonic() < deadline:  # bounded: 60 messages
+            seen |= {r.value for r in member.poll(200)}
+    assert seen == expected
+
+    def requests() -> dict[str, float]:  # by api, as the workers last reported them
+        return {
+            dict(labels)["api"]: value
+            for (name, labels), value in broker.metrics().items()
+            if name == "pylog_requests_total"
+        }
+
+    wait_until(lambda: requests().get("multi_fetch", 0) > 0, 30, "MULTI_FETCH counted")
+    assert requests().get("fetch", 0) == 0
