@@ -5,8 +5,11 @@ source broker), not a socket per followed partition.
 A `Fetcher` is a DEALER connected to one leader's front. The copy loop of each partition
 followed from that leader (broker.replication.follower) sends its requests on it as it makes
 them, and one receiving task hands each reply to the request waiting for it by correlation id
-(the fetcher's own count): a reply to a request that gave up waiting is passed over. The
-leader's long polls run side by side, one per partition, as they did on sockets of their own.
+(the fetcher's own count): a reply to a request that gave up waiting is passed over. The copy
+loops' fetches go together (`fetch`): those asked for in one turn of the worker's loop leave
+as one MULTI_FETCH, one long poll on the leader for all of them (Kafka's fetcher sends a
+broker one fetch request for all its partitions), and each loop is handed its part's answer.
+A thousand partitions followed idle from a leader cost it one long poll, not a thousand.
 
 `Fetchers` holds the fetchers of a worker, one per leader broker, front endpoint and Curve
 key, counted by the copy loops that use each: the first loop to follow a leader connects it
@@ -30,7 +33,7 @@ import trio
 import zmq
 
 from broker import protocol
-from broker.errors import MalformedReply, PartitionUnavailable
+from broker.errors import MalformedReply, PartitionUnavailable, PylogError
 from broker.log.message import Buffer
 from broker.security import BrokerKeys
 from broker.security.monitor import close_monitored, monitor_handshakes
@@ -103,12 +106,26 @@ class _Waiting:
     frames: list[Buffer] | None = None
 
 
+@dataclass
+class _Part:
+    """A copy loop's fetch of one partition, until the MULTI_FETCH it went in is answered."""
+
+    part: protocol.FetchPart
+    done: trio.Event = field(default_factory=trio.Event)
+    reply: protocol.FetchReply | PylogError | None = None
+
+
 class Fetcher:
     """The connection of replica `me` to `leader`, on `socket` (connected, with its monitor
     `handshakes`), shared by the copy loops of every partition followed from it."""
 
     def __init__(
-        self, me: int, leader: Source, socket: zmq.Socket[bytes], handshakes: _Handshakes
+        self,
+        me: int,
+        leader: Source,
+        socket: zmq.Socket[bytes],
+        handshakes: _Handshakes,
+        nursery: trio.Nursery,
     ) -> None:
         self.me = me
         self.leader = leader
@@ -118,6 +135,9 @@ class Fetcher:
         self._ids = itertools.count(1)
         self._waiting: dict[int, _Waiting] = {}
         """Correlation id -> the request waiting for its reply."""
+        self._nursery = nursery
+        self._parts: list[_Part] = []
+        """The fetches asked for in this turn, to leave together (`_send_parts`)."""
         self.users = 0
         """The copy loops using this fetcher (Fetchers)."""
         self.scope = trio.CancelScope()
@@ -165,6 +185,55 @@ class Fetcher:
                 f"{name}: no reply from {self.leader} within {wait_s:g} s{cause}"
             )
         return protocol.decode_reply(request.api, waiting.frames, version)
+
+    async def fetch(
+        self, part: protocol.FetchPart, wait_ms: int, wait_s: float, name: str
+    ) -> protocol.FetchReply:
+        """A follower's fetch of partition `name` (`part`), long polling up to `wait_ms`: sent
+        with every other fetch asked for in this turn as one MULTI_FETCH; its answer (raising
+        its error). PartitionUnavailable when none comes within `wait_s`."""
+        waiting = _Part(part)
+        if not self._parts:
+            self._nursery.start_soon(self._send_parts, wait_ms, wait_s)  # once this turn ends
+        self._parts.append(waiting)
+        with trio.move_on_after(wait_s):
+            await waiting.done.wait()
+        reply = waiting.reply
+        if reply is None:
+            raise PartitionUnavailable(f"{name}: no reply from {self.leader} within {wait_s:g} s")
+        if isinstance(reply, PylogError):
+            raise reply
+        return reply
+
+    async def _send_parts(self, wait_ms: int, wait_s: float) -> None:
+        """Send the fetches asked for since the last call as one MULTI_FETCH, and hand each
+        its part's answer (each the request's error, if it failed whole)."""
+        parts, self._parts = self._parts, []
+        request = protocol.MultiFetchRequest(
+            self.me,
+            wait_ms,
+            1,
+            sum(p.part.max_bytes for p in parts),
+            tuple(p.part for p in parts),
+        )
+        answers: list[protocol.FetchReply | PylogError]
+        try:
+            reply = await self.request(request, 1, wait_s, f"{len(parts)} partitions")
+            assert isinstance(reply, protocol.MultiFetchReply)
+            if len(reply.parts) != len(parts):
+                raise MalformedReply(f"{len(reply.parts)} parts answer {len(parts)}")
+            answers = []
+            for part_reply in reply.parts:
+                try:
+                    answers.append(protocol.decode_fetch_part(part_reply))
+                except PylogError as error:
+                    answers.append(error)
+        except (PylogError, zmq.ZMQError) as error:
+            failed = error if isinstance(error, PylogError) else PartitionUnavailable(str(error))
+            answers = [failed] * len(parts)
+        for waiting, answer in zip(parts, answers, strict=True):
+            waiting.reply = answer
+            waiting.done.set()
 
 
 class Fetchers:
@@ -219,4 +288,4 @@ class Fetchers:
             client_keys.apply(socket)
         handshakes = _Handshakes(socket, leader)  # before connecting: no event missed
         socket.connect(leader.endpoint)
-        return Fetcher(self.me, leader, socket, handshakes)
+        return Fetcher(self.me, leader, socket, handshakes, self.nursery)

@@ -6,11 +6,12 @@ cancels it and starts another when the partition's state node names a new leader
    latest epoch, and cut the log to the lower of the leader's answer and this replica's own end
    of that epoch; a replica without history, or whose answer lies outside its log, starts again
    empty at the leader's offset.
-2. **Copy**: FETCH version 2 from the log end, saying the replica's flushed offset, long polling
-   `replica_fetch_wait_ms`; append the bytes exactly as they came, with the leader's epoch
-   entries for them, then hand the partition to the worker (`copied`), which flushes what was
-   copied before the next fetch asks for more: the leader learns the new flushed offset from
-   that fetch, and its high watermark moves.
+2. **Copy**: fetch from the log end, saying the replica's flushed offset, long polling
+   `replica_fetch_wait_ms` (a part of the MULTI_FETCH its fetcher sends for the partitions
+   followed from that leader, served as a FETCH of version 5); append the bytes exactly as
+   they came, with the leader's epoch entries for them, then hand the partition to the worker
+   (`copied`), which flushes what was copied before the next fetch asks for more: the leader
+   learns the new flushed offset from that fetch, and its high watermark moves.
 
 The requests go to the leader on the worker's fetcher of that leader broker, which every
 partition followed from it shares (broker.replication.fetcher: one connection per leader
@@ -173,19 +174,17 @@ class Follower:
         while True:
             plog = self._plog()
             offset = plog.log_end_offset
-            request = protocol.FetchRequest(
+            part = protocol.FetchPart(
                 self.topic,
                 self.number,
                 offset,
                 self.fetch_max_bytes,
-                self.fetch_wait_ms,
-                1,
-                replica_id=self.me,
-                leader_epoch=self.role.epoch,
-                flushed_offset=plog.high_watermark,
+                self.role.epoch,
+                plog.high_watermark,
             )
             try:
-                reply = await self._request(fetcher, request, protocol.PRODUCERS_FETCH_VERSION)
+                wait_s = self.fetch_wait_ms / 1000 + REPLY_GRACE_S
+                reply = await fetcher.fetch(part, self.fetch_wait_ms, wait_s, self.name)
             except OffsetOutOfRange as error:
                 log.info("%s: fetch at %d out of range (%s)", self.name, offset, error)
                 earliest = protocol.OffsetsRequest(self.topic, self.number, protocol.EARLIEST)
@@ -195,7 +194,6 @@ class Follower:
                     self._plog().reset_to(start.offset)
                     continue
                 return  # this log holds bytes the leader does not: truncate again
-            assert isinstance(reply, protocol.FetchReply)
             self.leader_high_watermark = reply.high_watermark
             if len(reply.message_set):
                 plog = self._plog()

@@ -1,8 +1,8 @@
 """A worker's replica fetchers (broker.replication.fetcher; docs/replication.md, "The
-follower"): the partitions followed from one leader broker share one connection to it, each
-gets its own replies whatever order they come in, and the connection closes with the last of
-them. Real follower copy loops and real logs, against a leader played on a ROUTER socket of
-127.0.0.1."""
+follower"): the partitions followed from one leader broker share one connection to it, their
+fetches asked for together leave as one MULTI_FETCH, each gets its own replies whatever order
+they come in, and the connection closes with the last of them. Real follower copy loops and
+real logs, against a leader played on a ROUTER socket of 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -35,14 +35,17 @@ def stored(plog: PartitionLog) -> list[bytes]:
 @dataclass
 class PlayedLeader:
     """Broker 1 leading partitions 0.. of "clicks" in epoch 0, each holding one message, on
-    `live`'s ROUTER: it answers OFFSET_FOR_LEADER_EPOCH at once, holds the first FETCH of
-    every partition until all have come and then answers them last first, and leaves later
-    FETCHes waiting (long polls that nothing ends). Records each request's connection."""
+    `live`'s ROUTER: it answers OFFSET_FOR_LEADER_EPOCH at once, holds the MULTI_FETCHes of
+    the first fetch of every partition until all have come and then answers them last first,
+    and leaves later ones waiting (long polls that nothing ends). Records each request's
+    connection, and the parts of each MULTI_FETCH."""
 
     live: LiveContext
     identities: list[bytes] = field(default_factory=list)
-    held: list[tuple[bytes, int, int]] = field(default_factory=list)
-    """(identity, correlation id, partition) of the first FETCHes not answered yet."""
+    fetches: list[list[int]] = field(default_factory=list)
+    """The partitions of each MULTI_FETCH, in the order they came."""
+    held: list[tuple[bytes, int, tuple[protocol.FetchPart, ...]]] = field(default_factory=list)
+    """(identity, correlation id, parts) of the first fetches not answered yet."""
     answered: set[int] = field(default_factory=set)
 
     async def serve(self) -> None:
@@ -54,18 +57,28 @@ class PlayedLeader:
             if isinstance(request, protocol.OffsetForLeaderEpochRequest):
                 reply: protocol.Reply = protocol.OffsetForLeaderEpochReply(-1, 0)
                 await channel.send([identity, *protocol.encode_reply(header.correlation_id, reply)])
-            elif (
-                isinstance(request, protocol.FetchRequest)
-                and request.partition not in self.answered
-            ):
-                self.answered.add(request.partition)
-                self.held.append((identity, header.correlation_id, request.partition))
-                if len(self.held) == PARTITIONS:
-                    for identity, correlation_id, number in reversed(self.held):
-                        data = encode_message(b"partition %d" % number, timestamp_ms=0)
-                        fetched = protocol.FetchReply(len(data), 0, data, 0, (EpochEntry(0, 0),))
-                        answer = protocol.encode_reply(correlation_id, fetched, header.version)
+            elif isinstance(request, protocol.MultiFetchRequest):
+                numbers = [part.partition for part in request.parts]
+                self.fetches.append(numbers)
+                if self.answered.isdisjoint(numbers):  # first fetches (the copy loops start)
+                    self.answered.update(numbers)
+                    self.held.append((identity, header.correlation_id, request.parts))
+                if len(self.answered) == PARTITIONS:
+                    for identity, correlation_id, parts in reversed(self.held):
+                        answer = protocol.encode_reply(correlation_id, first_data(parts))
                         await channel.send([identity, *answer])
+                    self.held.clear()
+
+
+def first_data(parts: tuple[protocol.FetchPart, ...]) -> protocol.MultiFetchReply:
+    """Each part answered with one message naming its partition."""
+    answers = []
+    for part in parts:
+        data = encode_message(b"partition %d" % part.partition, timestamp_ms=0)
+        fetched = protocol.FetchReply(len(data), 0, data, 0, (EpochEntry(0, 0),))
+        frames = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
+        answers.append(protocol.fetch_part_reply(part.topic, part.partition, frames))
+    return protocol.MultiFetchReply(tuple(answers))
 
 
 @pytest.fixture
@@ -125,7 +138,7 @@ async def test_a_fetcher_closes_with_the_last_partition_that_follows_from_it(
         for number in range(2):
             nursery.start_soon(run, number)
         with trio.fail_after(10):
-            while len(leader.identities) < 4:  # both partitions' OFFSET_FOR_LEADER_EPOCH and FETCH
+            while len(leader.answered) < 2:  # both partitions' first fetch came
                 await trio.sleep(0.01)
         scopes[0].cancel()
         await trio.testing.wait_all_tasks_blocked()
@@ -138,4 +151,30 @@ async def test_a_fetcher_closes_with_the_last_partition_that_follows_from_it(
         with trio.fail_after(10):
             while len(set(leader.identities)) < 2:
                 await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+
+
+async def test_fetches_asked_for_in_one_turn_leave_as_one_multi_fetch(
+    live: LiveContext,
+) -> None:
+    leader = PlayedLeader(live)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(leader.serve)
+        fetchers = Fetchers(2, live.context, nursery)
+        fetcher = fetchers.acquire(Role(1, live.endpoint, 0).source)
+        got: dict[int, bytes] = {}
+
+        async def fetch(number: int) -> None:
+            part = protocol.FetchPart("clicks", number, 0, 1 << 20, 0, 0)
+            reply = await fetcher.fetch(part, 60_000, 10, f"clicks-{number}")
+            got[number] = bytes(reply.message_set)
+
+        async with trio.open_nursery() as loops:
+            for number in range(PARTITIONS):
+                loops.start_soon(fetch, number)
+        assert [sorted(numbers) for numbers in leader.fetches] == [list(range(PARTITIONS))]
+        assert got == {
+            n: encode_message(b"partition %d" % n, timestamp_ms=0) for n in range(PARTITIONS)
+        }
+        fetchers.release(fetcher)
         nursery.cancel_scope.cancel()
