@@ -508,8 +508,10 @@ class GroupConsumer(Closing):
 
     def _fill(self, max_wait_ms: int | None) -> None:
         """Rebalance when wanted, auto-commit when due, and unless records are buffered fetch,
-        waiting up to `max_wait_ms` (default the member's) for some; positions are left to
-        the caller."""
+        waiting up to `max_wait_ms` (default the member's) for some, then send the next
+        fetches at once (as PartitionConsumer does: a broker reads them while the records
+        are handed out and processed; their replies are taken once every record in hand is
+        handed out); positions are left to the caller."""
         wait_s = (self.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1000
         if not self._in_session(wait_s):
             return
@@ -523,6 +525,8 @@ class GroupConsumer(Closing):
             return
         self._send_fetches(wait_s)
         self._receive_fetches(wait_s)
+        if self._buffered():  # the next fetches, read by the brokers while these are processed
+            self._send_fetches(wait_s)
 
     def _buffered(self) -> bool:
         return any(owned.buffered for owned in self._owned.values())

@@ -12,6 +12,7 @@ import pytest
 
 from broker.client import Admin, GroupConsumer, PartitionConsumer, Producer, Record
 from broker.errors import RegistryUnavailable
+from broker.log.message import encode_message
 from tests.conftest import FakeClock, single_box_flags, wait_until
 from tests.pylogd import RunningBroker
 
@@ -203,3 +204,30 @@ def test_a_member_fetches_its_partitions_of_a_broker_in_one_request(
 
     wait_until(lambda: requests().get("multi_fetch", 0) > 0, 30, "MULTI_FETCH counted")
     assert requests().get("fetch", 0) == 0
+
+
+def test_a_member_sends_its_next_fetch_before_handing_out_what_it_fetched(
+    broker: RunningBroker, topic: str
+) -> None:
+    """As PartitionConsumer does: the broker reads the next records while the application
+    processes these."""
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, partitions=1)
+    names = [f"m{i}" for i in range(5)]
+    produce(broker, topic, names)
+    size = len(encode_message(b"m0"))
+    with GroupConsumer(
+        None, "ahead", [topic], broker=broker.endpoint, fetch_bytes=size, max_wait_ms=0
+    ) as member:
+        first: list[Record] = []
+        deadline = time.monotonic() + 30
+        while not first and time.monotonic() < deadline:  # bounded: it joins first
+            first = member.poll(200)
+        assert [r.value for r in first] == [b"m0"]
+        (owned,) = member._owned.values()
+        # The fetch of m1 went out before m0 was handed out: its reply is waiting.
+        assert member.cluster.connect(owned.endpoint).pipelined_socket.poll(5000)
+        rest: list[bytes] = []
+        while len(rest) < 4 and time.monotonic() < deadline:  # bounded: 4 messages
+            rest += [r.value for r in member.poll(200)]
+        assert rest == [b"m1", b"m2", b"m3", b"m4"]
