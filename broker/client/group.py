@@ -781,14 +781,13 @@ class GroupConsumer(Closing):
             claimed: list[BrokerPartition] = []
             conflict = None
             try:
-                for tp in wanted:
-                    owner = self.registry.claim_partition(
-                        self.group, tp.topic, tp.name, self.consumer_id
-                    )
-                    if owner is not None:
+                names = [(tp.topic, tp.name) for tp in wanted]
+                owners = self.registry.claim_partitions(self.group, names, self.consumer_id)
+                for tp, owner in zip(wanted, owners, strict=True):
+                    if owner is None:
+                        claimed.append(tp)
+                    elif conflict is None:
                         conflict = (tp, owner)
-                        break
-                    claimed.append(tp)
                 if conflict is None:
                     self._start(claimed)
             except BaseException:
@@ -907,16 +906,63 @@ class GroupConsumer(Closing):
     def _start(self, claimed: Iterable[BrokerPartition]) -> None:
         claimed = list(claimed)
         leaders = self._leaders(claimed)
+        offsets = self.registry.committed_offsets(self.group) if claimed else {}
+        endpoints: dict[BrokerPartition, str] = {}
         for tp in claimed:
             leader = leaders.get((tp.topic, tp.partition), tp.broker_id)
             endpoint = self.cluster.endpoints.get(leader)
             if endpoint is None:  # the rebalance is tried again (_rebalanced)
                 raise Unavailable(f"{tp.topic}-{tp.partition}: no leader registered now")
-            committed = self.registry.committed_offset(self.group, tp.topic, tp.name)
-            position = self._reset_offset(tp) if committed is None else committed
+            endpoints[tp] = endpoint
+        uncommitted = [tp for tp in claimed if offsets.get(tp.topic, {}).get(tp.name) is None]
+        resets = self._reset_offsets(uncommitted, endpoints)
+        for tp in claimed:
+            committed = offsets.get(tp.topic, {}).get(tp.name)
+            position = resets[tp] if committed is None else committed
             self._owned[tp] = _Owned(
-                tp, endpoint, position, position, committed, position, fetch_bytes=self.fetch_bytes
+                tp,
+                endpoints[tp],
+                position,
+                position,
+                committed,
+                position,
+                fetch_bytes=self.fetch_bytes,
             )
+
+    def _reset_offsets(
+        self, partitions: Sequence[BrokerPartition], endpoints: Mapping[BrokerPartition, str]
+    ) -> dict[BrokerPartition, int]:
+        """_reset_offset of each of `partitions`, the OFFSETS requests sent to their leaders
+        (`endpoints`) together, one round trip for them all; one not answered so (an error, a
+        leader moved) is asked again alone, as _reset_offset asks."""
+        time_ = EARLIEST if self.reset == "earliest" else LATEST
+        asked: dict[tuple[Connection, int], BrokerPartition] = {}
+        for tp in partitions:
+            connection = self.cluster.connect(endpoints[tp])
+            request = OffsetsRequest(tp.topic, tp.partition, time_)
+            asked[connection, connection.send_pipelined(request)] = tp
+        offsets: dict[BrokerPartition, int] = {}
+        deadline = self.clock.monotonic() + self.timeout_s
+        while asked:
+            try:
+                connection, correlation_id, frames = self.cluster.receive_pipelined(
+                    {connection for connection, _ in asked},
+                    max(0.0, deadline - self.clock.monotonic()),
+                )
+            except Unavailable:
+                break  # those left are asked alone
+            key = (connection, correlation_id)
+            if key not in asked:
+                continue
+            tp = asked.pop(key)
+            try:
+                offsets[tp] = decode_reply(Api.OFFSETS, frames).offset
+            except BrokerError:
+                continue  # asked alone below: it follows the leader, retries, raises
+        for tp in partitions:
+            if tp not in offsets:
+                offsets[tp] = self._reset_offset(tp)
+        return offsets
 
     def _reset_offset(self, tp: BrokerPartition) -> int:
         """The earliest or latest offset (`reset`) of `tp`, asked of its leader

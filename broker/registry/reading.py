@@ -42,15 +42,20 @@ class NodeReads(Session):
         parse: Callable[[bytes], T],
         key: Callable[[str], K],
     ) -> dict[K, T]:
-        """`key(child)` -> `parse(data of path/child)` for each child. A child gone since it
-        was listed is left out, as is one whose name or data is refused by ValueError (with
-        a warning)."""
+        """`key(child)` -> `parse(data of path/child)` for each child, the children read
+        together (Session._get_many: one round trip, not one each). A child gone since it was
+        listed is left out, as is one whose name or data is refused by ValueError (with a
+        warning)."""
+        children = list(children)
+        answers = self._get_many(f"read {path}", [f"{path}/{child}" for child in children])
         result: dict[K, T] = {}
-        for child in children:
-            try:
-                result[key(child)] = parse(self._get(f"{path}/{child}")[0])
-            except NoNode:
+        for child, answer in zip(children, answers, strict=True):
+            if isinstance(answer, NoNode):
                 continue  # went away between the listing and the read
+            if isinstance(answer, Exception):
+                raise answer
+            try:
+                result[key(child)] = parse(answer[0])
             except ValueError as error:
                 log.warning("ignoring unreadable %s/%s: %s", path, child, error)
         return result
