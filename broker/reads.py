@@ -38,6 +38,7 @@ from broker.errors import (
     UnknownTopicOrPartition,
 )
 from broker.leadership import Leadership
+from broker.log.epochs import EpochEntry
 from broker.log.message import HEADER_SIZE, Buffer, timestamp_at
 from broker.partition import Partition
 from broker.replication.leader import epoch_entries
@@ -202,7 +203,9 @@ class Reads:
                     data = plog.read(request.offset, error.needed, sets)  # over the cap: whole
         partition.bytes_out += len(data)
         end = request.offset + len(data)
-        entries = epoch_entries(plog.epochs.entries, request.offset, end) if replica else ()
+        entries: tuple[EpochEntry, ...] = ()
+        if replica and len(data):  # none for no bytes (docs/protocol.md, FETCH version 2)
+            entries = epoch_entries(plog.epochs.entries, request.offset, end)
         producers: tuple[protocol.StoredSet, ...] = ()
         if replica and version >= protocol.PRODUCERS_FETCH_VERSION and len(data):
             producers = plog.producer_sets(request.offset, end)
@@ -232,7 +235,7 @@ class Reads:
             or self._readable(checked, fetches) >= request.min_bytes
         ):
             await self.served.reply(
-                tagged, self._multi_reply(tagged, correlation_id, request, checked)
+                tagged, self._multi_reply(tagged, correlation_id, request, fetches, checked)
             )
             return
         assert self.served.nursery is not None
@@ -304,7 +307,9 @@ class Reads:
                         waiters.leave(waiter)
         self.polls.pop(tagged, None)
         self.woken.discard(tagged)
-        await self.served.reply(tagged, self._multi_reply(tagged, correlation_id, request, checked))
+        await self.served.reply(
+            tagged, self._multi_reply(tagged, correlation_id, request, fetches, checked)
+        )
 
     def _multi_waiting(
         self,
@@ -337,6 +342,7 @@ class Reads:
         tagged: bytes,
         correlation_id: int,
         request: protocol.MultiFetchRequest,
+        fetches: Sequence[protocol.FetchRequest],
         checked: Sequence[Partition | PylogError],
     ) -> Sequence[Buffer]:
         """Each part's answer, in order, at most min(max_bytes, fetch_max_bytes) of messages
@@ -345,20 +351,19 @@ class Reads:
         taken = 0
         version = protocol.PRODUCERS_FETCH_VERSION
         parts = []
-        for part, partition in zip(request.parts, checked, strict=True):
-            frames: Sequence[Buffer]
+        for fetch, partition in zip(fetches, checked, strict=True):
             try:
                 if not isinstance(partition, Partition):
                     raise partition
                 if not self.served.still_open(partition) or partition.offline is not None:
                     self.served.get(partition.topic, partition.number)  # raises: gone, offline
-                fetch = request.part_request(part)
                 read = self._read(partition, fetch, version, max(0, cap - taken), 0, not taken)
                 taken += len(read.message_set)
-                frames = protocol.encode_reply(0, read, version)
+                answer = protocol.fetch_part(fetch.topic, fetch.partition, read)
             except PylogError as error:
                 frames = protocol.encode_error(0, error)
-            parts.append(protocol.fetch_part_reply(part.topic, part.partition, frames))
+                answer = protocol.fetch_part_reply(fetch.topic, fetch.partition, frames)
+            parts.append(answer)
         reply = protocol.MultiFetchReply(tuple(parts), throttle_of(tagged))
         return protocol.encode_reply(correlation_id, reply)
 

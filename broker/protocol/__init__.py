@@ -139,6 +139,7 @@ from broker.protocol.replies import (
     decode_reply_header,
     encode_error,
     encode_reply,
+    fetch_part,
     fetch_part_reply,
     part_reply,
 )
@@ -248,6 +249,7 @@ __all__ = [
     "encode_request",
     "error_code_for",
     "error_entry",
+    "fetch_part",
     "fetch_part_reply",
     "is_fire_and_forget",
     "part_reply",

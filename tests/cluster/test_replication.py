@@ -4,16 +4,20 @@ follower dies and grows when it returns and catches up."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import zmq
 
+from broker import protocol
 from broker.client import Admin, PartitionConsumer, Producer
 from broker.errors import BrokerError
-from broker.protocol import Ack
+from broker.log.message import encode_message
+from broker.protocol import Ack, Api
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
 from tests.cluster.conftest import broker_flags
@@ -235,3 +239,49 @@ def test_a_message_larger_than_a_followers_fetch_is_copied_whole(
         producer.send(b"x" * 10_000)  # acked only once the follower holds it too
         producer.flush()
     assert stored(tmp_path, 1, "large-0") == stored(tmp_path, 2, "large-0") != b""
+
+
+def test_a_followers_fetch_with_nothing_to_copy_carries_no_epoch_entries(
+    shared_three_brokers: ThreeBrokers,
+) -> None:
+    """docs/protocol.md, FETCH version 2: a follower is sent the leader's epoch entries for the
+    bytes returned, none when there are none (the entry in effect came with every empty reply,
+    and a follower reads entries only with bytes). The same for a MULTI_FETCH's part."""
+    with Admin(shared_three_brokers.endpoints[1]) as admin:
+        admin.create_topic("idle-follower", 1, {"replication_factor": "2"})
+    registry = shared_three_brokers.registry
+    state = registry.partition_state("idle-follower", 0)[0]
+    wait_until(
+        lambda: len(registry.partition_state("idle-follower", 0)[0].isr) == 2, 30, "ISR of 2"
+    )
+    state = registry.partition_state("idle-follower", 0)[0]
+    follower = next(b for b in state.isr if b != state.leader)
+    with Producer(shared_three_brokers.endpoints[state.leader], "idle-follower") as producer:
+        end = producer.send(b"one message").result(30) + len(encode_message(b"one message"))
+    context = zmq.Context()
+    try:
+        socket = context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(shared_three_brokers.endpoints[state.leader])
+
+        def call(api: Api, request: protocol.Request, version: int) -> list[bytes]:
+            header = protocol.RequestHeader(api, version, 9, "tests")
+            socket.send_multipart([bytes(f) for f in protocol.encode_request(header, request)])
+            assert socket.poll(10_000), f"no reply to {api.name}"
+            return socket.recv_multipart()
+
+        at_end = protocol.FetchRequest(
+            "idle-follower", 0, 0, 1 << 20, 0, 0, follower, state.leader_epoch, 0
+        )
+        copied = protocol.decode_reply(Api.FETCH, call(Api.FETCH, at_end, 5), 5)
+        assert len(copied.message_set) == end and len(copied.epochs) == 1
+        at_end = dataclasses.replace(at_end, offset=end, flushed_offset=end)
+        nothing = protocol.decode_reply(Api.FETCH, call(Api.FETCH, at_end, 5), 5)
+        assert (len(nothing.message_set), nothing.epochs) == (0, ())
+        part = protocol.FetchPart("idle-follower", 0, end, 1 << 20, state.leader_epoch, end)
+        request = protocol.MultiFetchRequest(follower, 0, 0, 1 << 20, (part,))
+        reply = protocol.decode_reply(Api.MULTI_FETCH, call(Api.MULTI_FETCH, request, 1))
+        answered = protocol.decode_fetch_part(reply.parts[0])
+        assert (len(answered.message_set), answered.epochs) == (0, ())
+    finally:
+        context.destroy(linger=0)

@@ -18,7 +18,7 @@ import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker import errors
+from broker import errors, protocol
 from broker.config import REPLICA_SETTINGS, TOPIC_SETTINGS
 from broker.errors import (
     BrokerError,
@@ -1869,3 +1869,32 @@ def test_a_version_5_fetch_reply_with_overlapping_or_empty_entries_is_malformed(
         frames = encode_reply(7, reply, PRODUCERS_FETCH_VERSION)
         with pytest.raises(MalformedReply, match=said):
             decode_reply(Api.FETCH, frames, PRODUCERS_FETCH_VERSION)
+
+
+@given(
+    high_watermark=st.integers(0, 2**64 - 1),
+    log_start=st.integers(0, 2**64 - 1),
+    epoch=st.integers(-1, 2**31 - 1),
+    throttle_ms=st.integers(0, 2**32 - 1),
+    data=st.binary(max_size=64),
+    entries=st.booleans(),
+)
+def test_a_multi_fetch_part_packed_at_once_is_the_fetch_reply_it_stands_for(
+    high_watermark: int, log_start: int, epoch: int, throttle_ms: int, data: bytes, entries: bool
+) -> None:
+    """protocol.fetch_part (one pack without entries) gives the bytes encode_reply gives a
+    FETCH reply of version 5, and decode_fetch_part (one unpack) reads them back."""
+    epochs = (protocol.EpochEntry(max(epoch, 0), 0),) if entries else ()
+    reply = protocol.FetchReply(high_watermark, log_start, data, epoch, epochs, throttle_ms)
+    part = protocol.fetch_part("clicks", 3, reply)
+    frames = protocol.encode_reply(0, reply, protocol.PRODUCERS_FETCH_VERSION)
+    assert bytes(part.reply) == bytes(protocol.fetch_part_reply("clicks", 3, frames).reply)
+    decoded = protocol.decode_fetch_part(part)
+    assert dataclass_values(decoded) == dataclass_values(reply)
+
+
+def dataclass_values(reply: protocol.FetchReply) -> tuple[Any, ...]:
+    return (
+        *(getattr(reply, f.name) for f in fields(reply) if f.name != "message_set"),
+        bytes(reply.message_set),
+    )
