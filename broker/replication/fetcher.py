@@ -108,11 +108,15 @@ class _Waiting:
 
 @dataclass
 class _Part:
-    """A copy loop's fetch of one partition, until the MULTI_FETCH it went in is answered."""
+    """A copy loop's fetch of one partition, until a MULTI_FETCH brings it something."""
 
     part: protocol.FetchPart
+    high_watermark: int
+    """The leader's high watermark as the copy loop last heard it."""
     done: trio.Event = field(default_factory=trio.Event)
     reply: protocol.FetchReply | PylogError | None = None
+    abandoned: bool = False
+    """Its copy loop stopped waiting (cancelled): it is sent no more."""
 
 
 class Fetcher:
@@ -187,28 +191,40 @@ class Fetcher:
         return protocol.decode_reply(request.api, waiting.frames, version)
 
     async def fetch(
-        self, part: protocol.FetchPart, wait_ms: int, wait_s: float, name: str
+        self, part: protocol.FetchPart, high_watermark: int, wait_ms: int, wait_s: float
     ) -> protocol.FetchReply:
-        """A follower's fetch of partition `name` (`part`), long polling up to `wait_ms`: sent
-        with every other fetch asked for in this turn as one MULTI_FETCH; its answer (raising
-        its error). PartitionUnavailable when none comes within `wait_s`."""
-        waiting = _Part(part)
-        if not self._parts:
-            self._nursery.start_soon(self._send_parts, wait_ms, wait_s)  # once this turn ends
-        self._parts.append(waiting)
-        with trio.move_on_after(wait_s):
+        """A follower's fetch of one partition (`part`), long polling up to `wait_ms`, the
+        leader's high watermark last heard `high_watermark`: its answer (raising its error).
+        It goes with every other fetch asked for in this turn as one MULTI_FETCH; an answer
+        that brings nothing new (no bytes, the same high watermark) is not handed back, the
+        part goes again in the next MULTI_FETCH, so that a partition followed idle costs its
+        copy loop nothing. PartitionUnavailable when a MULTI_FETCH it went in gets no reply
+        within `wait_s`."""
+        waiting = _Part(part, high_watermark)
+        self._queue(waiting, wait_ms, wait_s)
+        try:
             await waiting.done.wait()
+        finally:
+            waiting.abandoned = not waiting.done.is_set()
         reply = waiting.reply
-        if reply is None:
-            raise PartitionUnavailable(f"{name}: no reply from {self.leader} within {wait_s:g} s")
+        assert reply is not None
         if isinstance(reply, PylogError):
             raise reply
         return reply
 
+    def _queue(self, waiting: _Part, wait_ms: int, wait_s: float) -> None:
+        if not self._parts:
+            self._nursery.start_soon(self._send_parts, wait_ms, wait_s)  # once this turn ends
+        self._parts.append(waiting)
+
     async def _send_parts(self, wait_ms: int, wait_s: float) -> None:
         """Send the fetches asked for since the last call as one MULTI_FETCH, and hand each
-        its part's answer (each the request's error, if it failed whole)."""
-        parts, self._parts = self._parts, []
+        its part's answer (each the request's error, if it failed whole), or queue it again
+        when its answer brings nothing new."""
+        parts = [waiting for waiting in self._parts if not waiting.abandoned]
+        self._parts = []
+        if not parts:
+            return
         request = protocol.MultiFetchRequest(
             self.me,
             wait_ms,
@@ -232,6 +248,15 @@ class Fetcher:
             failed = error if isinstance(error, PylogError) else PartitionUnavailable(str(error))
             answers = [failed] * len(parts)
         for waiting, answer in zip(parts, answers, strict=True):
+            if waiting.abandoned:
+                continue
+            if (
+                isinstance(answer, protocol.FetchReply)
+                and not len(answer.message_set)
+                and answer.high_watermark == waiting.high_watermark
+            ):
+                self._queue(waiting, wait_ms, wait_s)  # nothing new: asked again as it was
+                continue
             waiting.reply = answer
             waiting.done.set()
 

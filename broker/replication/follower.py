@@ -184,7 +184,8 @@ class Follower:
             )
             try:
                 wait_s = self.fetch_wait_ms / 1000 + REPLY_GRACE_S
-                reply = await fetcher.fetch(part, self.fetch_wait_ms, wait_s, self.name)
+                hwm = self.leader_high_watermark
+                reply = await fetcher.fetch(part, hwm, self.fetch_wait_ms, wait_s)
             except OffsetOutOfRange as error:
                 log.info("%s: fetch at %d out of range (%s)", self.name, offset, error)
                 earliest = protocol.OffsetsRequest(self.topic, self.number, protocol.EARLIEST)

@@ -166,7 +166,7 @@ async def test_fetches_asked_for_in_one_turn_leave_as_one_multi_fetch(
 
         async def fetch(number: int) -> None:
             part = protocol.FetchPart("clicks", number, 0, 1 << 20, 0, 0)
-            reply = await fetcher.fetch(part, 60_000, 10, f"clicks-{number}")
+            reply = await fetcher.fetch(part, 0, 60_000, 10)
             got[number] = bytes(reply.message_set)
 
         async with trio.open_nursery() as loops:
@@ -176,5 +176,43 @@ async def test_fetches_asked_for_in_one_turn_leave_as_one_multi_fetch(
         assert got == {
             n: encode_message(b"partition %d" % n, timestamp_ms=0) for n in range(PARTITIONS)
         }
+        fetchers.release(fetcher)
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_answer_with_nothing_new_is_asked_again_without_waking_the_copy_loop(
+    live: LiveContext,
+) -> None:
+    """A partition followed idle: its part answered empty at the same high watermark goes
+    again in the next MULTI_FETCH, and its copy loop is handed only what is new."""
+    requests: list[tuple[int, ...]] = []
+
+    async def serve() -> None:  # empty at high watermark 38 twice, then a message
+        channel = TrioSocket(live.server, lambda socket, flags: socket.recv_multipart(flags))
+        data = encode_message(b"new", timestamp_ms=0)
+        while True:
+            identity, *frames = await channel.receive()
+            header, request = protocol.decode_request(frames)
+            assert isinstance(request, protocol.MultiFetchRequest)
+            requests.append(tuple(part.offset for part in request.parts))
+            answers = []
+            for part in request.parts:
+                fetched = protocol.FetchReply(38, 0, b"", 0)
+                if len(requests) == 3:
+                    fetched = protocol.FetchReply(38 + len(data), 0, data, 0, (EpochEntry(0, 38),))
+                encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
+                answers.append(protocol.fetch_part_reply(part.topic, part.partition, encoded))
+            reply = protocol.MultiFetchReply(tuple(answers))
+            await channel.send([identity, *protocol.encode_reply(header.correlation_id, reply)])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        fetchers = Fetchers(2, live.context, nursery)
+        fetcher = fetchers.acquire(Role(1, live.endpoint, 0).source)
+        part = protocol.FetchPart("clicks", 0, 38, 1 << 20, 0, 38)
+        with trio.fail_after(10):
+            reply = await fetcher.fetch(part, 38, 100, 10)
+        assert requests == [(38,), (38,), (38,)]  # asked three times, handed back once
+        assert bytes(reply.message_set) == encode_message(b"new", timestamp_ms=0)
         fetchers.release(fetcher)
         nursery.cancel_scope.cancel()
