@@ -34,6 +34,15 @@ partitions; SIGTERM until it exits; a restart until every partition of both topi
 OFFSETS; SIGTERM again; and the ZooKeeper connections pylogd lost meanwhile (its log) and the
 packets ZooKeeper refused as too large ("Len error" in its log). Issue 48's targets: 0
 connections lost, stops <= 5 s, the restart <= 10 s.
+
+`--only replicated [--replicated 1000]`: three pylogd (perf/bench_replication.py's cluster:
+broker 1 runs the private ZooKeeper), a topic of 1 partition and one of 1,000 at replication
+factor 3 (min_insync_replicas 2), every ISR full first; then, `SETTLE_S` later, each broker's
+CPU (its supervisor and workers, ZooKeeper's JVM left out) over `IDLE_S` of nothing sent, as a
+share of one core;
+then the native producer at ack=all (batches of 50, 100 in flight) for --seconds on each topic.
+Issue 48's targets: every broker (each leads a third of the partitions) <= 5% of a core idle,
+the producer over 1,000 partitions >= 0.5x of over one.
 """
 
 from __future__ import annotations
@@ -61,7 +70,8 @@ from broker.errors import BrokerError
 from broker.log.message import HEADER_SIZE
 from broker.protocol import LATEST, Ack, Api, OffsetsRequest, decode_reply
 from broker.zookeeper import PrivateZooKeeper
-from perf.cpu import tree_pids
+from perf.bench_replication import running_cluster, wait_for
+from perf.cpu import cpu_seconds, tree_pids
 from perf.pylog_runs import PrivatePylogd, consume
 
 MESSAGE_BYTES = 100
@@ -343,17 +353,95 @@ def consumers(broker: PrivatePylogd, messages: int) -> dict[str, Any]:
     }
 
 
+IDLE_S = 10.0
+"""How long the replicated case watches its idle brokers' CPU..."""
+SETTLE_S = 10.0
+"""... after this long for the topics' creation to settle (the controller's state nodes, every
+broker's watches reading them, the followers catching up)."""
+IDLE_CPU_SHARE = 0.05
+ACK_ALL_RATIO = 0.5
+
+
+def acked_all(endpoint: str, topic: str, seconds: float) -> tuple[int, float]:
+    """Messages acked and the seconds they took: the topic-bound Producer at ack=all."""
+    with Producer(
+        endpoint, topic, ack=Ack.ALL, batch_messages=50, linger_ms=5, max_in_flight=100
+    ) as producer:
+        start = time.perf_counter()
+        stop = start + seconds
+        sent = 0
+        while sent < MAX_MESSAGES and (sent % 1000 or time.perf_counter() < stop):
+            producer.send(VALUE, key=_key(sent))
+            sent += 1
+        producer.flush()
+        return sent, time.perf_counter() - start
+
+
+def broker_pids(pylogd: PrivatePylogd) -> list[int]:
+    """pylogd's supervisor and workers, without the private ZooKeeper's JVM."""
+    return [pid for pid in pylogd.pids() if Path(f"/proc/{pid}/comm").read_text().strip() != "java"]
+
+
+def replicated(partitions: int, seconds: float, directory: Path) -> dict[str, Any]:
+    """Three brokers, `partitions` partitions at factor 3: the idle brokers' CPU, and ack=all
+    keyed traffic over them against one partition at factor 3."""
+    config = {"replication_factor": "3", "min_insync_replicas": "2"}
+    with running_cluster(directory, 6000, 2000) as cluster:
+        endpoint = cluster.endpoint(1)
+        with Admin(endpoint, timeout_s=120) as admin:
+            admin.create_topic("rf3-1", 1, config)
+            admin.create_topic(f"rf3-{partitions}", partitions, config)
+
+            def in_sync() -> bool:
+                return all(
+                    len(p.isr) == 3
+                    for topic in ("rf3-1", f"rf3-{partitions}")
+                    for p in admin.cluster.partitions(topic)
+                )
+
+            waited = time.monotonic()
+            wait_for(in_sync, "every ISR to fill")
+            in_sync_s = time.monotonic() - waited
+        time.sleep(SETTLE_S)  # a settling time, not a wait for a condition
+        pids = {b: broker_pids(pylogd) for b, pylogd in cluster.brokers.items()}
+        before = {b: cpu_seconds(p) for b, p in pids.items()}
+        time.sleep(IDLE_S)  # what is measured: the brokers doing nothing but following
+        idle = {b: round((cpu_seconds(p) - before[b]) / IDLE_S, 4) for b, p in pids.items()}
+        rates = {}
+        for count in (1, partitions):
+            messages, taken = acked_all(endpoint, f"rf3-{count}", seconds)
+            rates[count] = messages / taken
+    ratio = rates[partitions] / rates[1]
+    return {
+        "case": "replicated",
+        "partitions": partitions,
+        "isr_full_after_s": round(in_sync_s, 2),
+        "idle_cpu_share_of_a_core": {str(b): share for b, share in idle.items()},
+        "ack_all_msg_per_s": {str(count): round(rate) for count, rate in rates.items()},
+        "ack_all_ratio": round(ratio, 3),
+        "targets_held": {
+            f"idle brokers <= {IDLE_CPU_SHARE:.0%} of a core": max(idle.values()) <= IDLE_CPU_SHARE,
+            f"ack=all over {partitions} >= {ACK_ALL_RATIO}x of one": ratio >= ACK_ALL_RATIO,
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--partitions", default="1,100,1000")
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--only", choices=[*sorted(CLIENTS), "consumers", "scale"])
+    parser.add_argument("--only", choices=[*sorted(CLIENTS), "consumers", "scale", "replicated"])
     parser.add_argument("--scale", type=int, default=10_000)
+    parser.add_argument("--replicated", type=int, default=1000)
     parser.add_argument("--dir", type=Path)
     args = parser.parse_args()
     if args.only == "scale":
         with tempfile.TemporaryDirectory(dir=args.dir) as data:
             print(json.dumps(scale(args.scale, Path(data))), flush=True)
+        return
+    if args.only == "replicated":
+        with tempfile.TemporaryDirectory(dir=args.dir) as data:
+            print(json.dumps(replicated(args.replicated, args.seconds, Path(data))), flush=True)
         return
     if args.only == "consumers":
         with tempfile.TemporaryDirectory(dir=args.dir) as data, PrivatePylogd(Path(data)) as b:
