@@ -38,6 +38,9 @@ class Leadership:
         """The lease the supervisor last renewed, shared by every partition's Replica."""
         self.lease_renewed = trio.Event()
         self.fetchers: Fetchers | None = None
+        self._copies: tuple[set[Partition], trio.Event] | None = None
+        """The partitions copy loops appended to in this turn, and the event their flush
+        round sets (_flush_copied)."""
         """The worker's connections to the leaders it follows partitions of."""
 
     async def take_role(self, command: control.PartitionRole) -> None:
@@ -67,6 +70,29 @@ class Leadership:
         elif adoption == "follow":
             assert role is not None  # adopt follows only a leader with an endpoint
             self._follow(partition, role)
+
+    async def _flush_copied(self, partition: Partition) -> None:
+        """Flush what a copy loop appended to `partition`, with what the others appended in
+        this turn of the loop (the parts of one MULTI_FETCH reply): one flush round for them
+        all (broker.log.flush_round: one syncfs), not an fsync a partition one after another;
+        returns once it is done (or failed: the partition goes offline, Flusher.flush_round)."""
+        if self._copies is None:
+            self._copies = (set(), trio.Event())
+            assert self.served.nursery is not None
+            self.served.nursery.start_soon(self._flush_copies)  # once this turn ends
+        partitions, flushed = self._copies
+        partitions.add(partition)
+        await flushed.wait()
+
+    async def _flush_copies(self) -> None:
+        assert self._copies is not None
+        (partitions, flushed), self._copies = self._copies, None
+        try:
+            still = [p for p in partitions if self.served.still_open(p) and p.offline is None]
+            self.flusher.flush_round(still)
+            await self.served.send_owed()
+        finally:
+            flushed.set()
 
     def _lead(self, partition: Partition, epoch: int) -> None:
         """Start a term as the leader in `epoch`: its entry in the log's history first (a
@@ -116,8 +142,7 @@ class Leadership:
             partition.move_start()  # a log start asked past this log's end is reached now
             assert partition.follower is not None
             partition.see_high_watermark(partition.follower.leader_high_watermark)
-            if self.flusher.flush(partition):  # before the next fetch: it tells the leader
-                await self.served.send_owed()
+            await self._flush_copied(partition)  # before the next fetch: it tells the leader
 
         follower = Follower(
             config.broker_id,

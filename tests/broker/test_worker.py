@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,7 @@ from broker import protocol
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.config import BrokerConfig
 from broker.errors import StorageIOError
-from broker.flusher import FLUSH_RETRY_S
+from broker.flusher import FLUSH_RETRY_S, Flusher
 from broker.log import encode_message
 from broker.log.segment import Segment
 from broker.partition import Partition
@@ -513,5 +513,43 @@ async def test_requests_that_queued_behind_a_flush_get_one_flush_and_a_busy_work
             nursery.cancel_scope.cancel()
         assert len(fsyncs) == 3
         assert worker.partitions[("audit", 0)].log.statistics().pending_messages == 0
+    finally:
+        worker.close()
+
+
+async def test_what_copy_loops_append_in_one_turn_is_flushed_in_one_round(
+    tmp_path: Path,
+    sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The parts of one MULTI_FETCH reply a follower appends are flushed together, one flush
+    round (one syncfs) for them all before their next fetch, not an fsync each in turn."""
+    _, worker_end = sockets
+    worker = idle_worker(worker_end)
+    rounds: list[list[str]] = []
+    flush_round = Flusher.flush_round
+
+    def counted(flusher: Flusher, partitions: Iterable[Partition]) -> bool:
+        partitions = list(partitions)
+        if partitions:  # (the worker's group commits with nothing to flush are not counted)
+            rounds.append(sorted(p.name for p in partitions))
+        return flush_round(flusher, partitions)
+
+    monkeypatch.setattr(Flusher, "flush_round", counted)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.serve)
+            for number in range(3):
+                worker._open("copied", number, tmp_path, worker.config.log_config())
+            partitions = [worker.partitions[("copied", n)] for n in range(3)]
+            for partition in partitions:  # what a copy loop does with a reply's bytes
+                partition.log.append(encode_message(b"copied"))
+            with trio.fail_after(10):
+                async with trio.open_nursery() as loops:
+                    for partition in partitions:
+                        loops.start_soon(worker.leadership._flush_copied, partition)
+            nursery.cancel_scope.cancel()
+        assert rounds == [["copied-0", "copied-1", "copied-2"]]
+        assert all(p.log.statistics().pending_messages == 0 for p in partitions)
     finally:
         worker.close()
