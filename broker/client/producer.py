@@ -36,8 +36,10 @@ lost once acknowledged).
 
 Batching: each partition has one open batch (a message set being built with encode_message). A
 batch is sent once it holds `batch_messages` messages or `batch_bytes` bytes, or when
-`linger_ms` have passed since its first message; linger is checked on every `send` and on
-`flush`, there is no background thread.
+`linger_ms` have passed since its first message, but that a batch not full whose partition's
+last batch still awaits its ack goes on filling until that ack (Nagle's rule: over many
+partitions each gets a message or two a linger, and would send them so); linger is checked on
+every `send` and on `flush`, there is no background thread.
 
 Acknowledgements (ack WRITTEN or FLUSHED): up to `max_in_flight` requests (a PRODUCE of one
 batch or a MULTI_PRODUCE of several) await their replies at once (pipelining, on the
@@ -383,6 +385,8 @@ class ProducerCore:
         """The partitions being served at the last look: where spread messages go."""
         self._round_robin = itertools.count()
         self._batches: dict[int, Batch] = {}
+        self._sent_last: dict[int, Batch] = {}
+        """Each partition's last batch sent (_busy while it awaits its ack)."""
         self._linger_deadline = math.inf
         """When the oldest open batch's linger ends (clock.monotonic), checked on each send."""
         self._acks: list[tuple[int, ProduceAck]] = []
@@ -485,20 +489,34 @@ class ProducerCore:
         return spread[next(self._round_robin) % len(spread)]
 
     def _lingering(self) -> list[int]:
-        """The partitions whose open batch's linger has passed (noting when the next one's
-        will)."""
+        """The partitions whose open batch's linger has passed and whose last batch sent is
+        not awaiting its ack (`_busy`), noting when to look again: at the next one's linger,
+        or a linger from now for one that waits on its ack."""
         now = self.clock.monotonic()
-        due = [p for p, batch in self._batches.items() if now - batch.started >= self.linger_s]
-        self._linger_deadline = min(
-            (b.started + self.linger_s for p, b in self._batches.items() if p not in due),
-            default=math.inf,
-        )
+        due, waiting = [], []
+        for p, batch in self._batches.items():
+            if now - batch.started < self.linger_s:
+                waiting.append(batch.started + self.linger_s)
+            elif self._busy(p):
+                waiting.append(now + self.linger_s)
+            else:
+                due.append(p)
+        self._linger_deadline = min(waiting, default=math.inf)
         return due
+
+    def _busy(self, partition: int) -> bool:
+        """Whether `partition`'s last batch sent awaits its ack: its next batch, not full,
+        goes on filling until then (Nagle's rule for small segments): over many partitions
+        with acks that take a flush, a partition's batches grow to what it is sent in a round
+        trip instead of leaving with a message or two each."""
+        last = self._sent_last.get(partition)
+        return last is not None and not last.done
 
     def _close_batch(self, partition: int) -> InFlight:
         """Take `partition`'s open batch out, as the request that sends it, its retry budget
         starting now."""
         batch = self._batches.pop(partition)
+        self._sent_last[partition] = batch
         self._fresh_layout()  # asked again by the next message once old: partitions may be added
         if self._compressor is None:
             message_set = b"".join(batch.messages)
@@ -782,8 +800,8 @@ class Producer(ProducerCore):
         now = self.clock.monotonic()
         if not self._batches or now < self._linger_deadline:
             return
-        if self.ack is not Ack.NONE and self._requests_in_flight() >= self.max_in_flight:
-            self._take_acks_there()
+        if self.ack is not Ack.NONE and self._requests_in_flight():
+            self._take_acks_there()  # which batches are answered: _busy
             if self._requests_in_flight() >= self.max_in_flight:
                 self._linger_deadline = now + self.linger_s
                 return
@@ -806,12 +824,13 @@ class Producer(ProducerCore):
                     return
                 self._receive_ack(left)
 
-    def _send_batch(self, partition: int) -> None:
+    def _send_batch(self, partition: int, every: bool = False) -> None:
         """Send `partition`'s batch: with the open batches of the other partitions its leader
-        leads, in one MULTI_PRODUCE, when there are any (_drained_with); else alone."""
+        leads, in one MULTI_PRODUCE, when there are any (_drained_with; `every`: those of busy
+        partitions too); else alone."""
         if self.ack is not Ack.NONE:
             self._wait_for_room()
-        drained = self._drained_with(partition)
+        drained = self._drained_with(partition, every)
         if drained is not None:
             self._send_together(*drained)
         else:
@@ -829,12 +848,15 @@ class Producer(ProducerCore):
         if self.clock.monotonic() >= self._audit_due:
             self._publish_audit()
 
-    def _drained_with(self, partition: int) -> tuple[Connection, list[int]] | None:
+    def _drained_with(
+        self, partition: int, every: bool = False
+    ) -> tuple[Connection, list[int]] | None:
         """The connection to `partition`'s leader and the partitions to send it together:
         `partition`, then each other partition with an open batch that the same broker leads as
         last heard of (Kafka's drain per broker: once one batch is ready, every batch for that
-        broker goes, full or not), within MULTI_PRODUCE_BYTES and MAX_PARTS. None when there is
-        no other, or the leader is not known now, or speaks no MULTI_PRODUCE."""
+        broker goes, full or not), but those whose last batch awaits its ack (`_busy`; all of
+        them with `every`: flush), within MULTI_PRODUCE_BYTES and MAX_PARTS. None when there
+        is no other, or the leader is not known now, or speaks no MULTI_PRODUCE."""
         if len(self._batches) < 2:
             return None
         topic, cluster = self.topic, self.cluster
@@ -846,6 +868,8 @@ class Producer(ProducerCore):
             if len(group) >= MAX_PARTS:
                 break
             if other == partition or size + batch.size > MULTI_PRODUCE_BYTES:
+                continue
+            if not every and self._busy(other):
                 continue
             if cluster.known_leader_connection(topic, other) is holder:
                 group.append(other)
@@ -1128,7 +1152,7 @@ class Producer(ProducerCore):
         deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
         for partition in list(self._batches):
             if partition in self._batches:  # not sent with another's already
-                self._send_batch(partition)
+                self._send_batch(partition, every=True)
         while self._requests_in_flight():
             left = deadline - time.monotonic()
             if left <= 0:

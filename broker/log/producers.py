@@ -79,7 +79,9 @@ class ProducerStates:
         self._name = name
         """The partition's name (`<topic>-<number>`), for errors."""
         self._base = base_offset
-        """The base offset of the segment the next entry goes to."""
+        """The base offset of the segment the next entry goes to..."""
+        self._path = producers_path(directory, base_offset)
+        """... and its entries file (made once: each reopen of a released handle built it)."""
         self._last: dict[int, StoredSet] = {}
         """Each producer's last set, the least recently stored first."""
         self._fd: int | None = None
@@ -197,7 +199,7 @@ class ProducerStates:
         """Undo `record(entries)`, their bytes not appended: the entries cut from the file,
         each producer's last set as it was `before`. DiskFull or StorageIOError when the cut
         fails."""
-        path = producers_path(self._directory, self._base)
+        path = self._path
         try:
             size = os.stat(path).st_size
             os.truncate(path, max(0, size - ENTRY.size * len(entries)))
@@ -219,8 +221,7 @@ class ProducerStates:
         """The write handle, opened (the file created) if need be. OSError as os.open's."""
         fd = self._fd
         if fd is None:
-            path = producers_path(self._directory, self._base)
-            fd = self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         OPEN_FILES.used(self._key, self._release)
         return fd
 
@@ -241,7 +242,7 @@ class ProducerStates:
                 os.ftruncate(fd, os.fstat(fd).st_size - written)
                 raise OSError(28, "No space left on device")
         except OSError as error:
-            path = producers_path(self._directory, self._base)
+            path = self._path
             raise storage_error(error, f"writing {path}") from error
         self._unsynced = True
 
@@ -252,7 +253,7 @@ class ProducerStates:
             try:
                 os.fdatasync(self._handle())
             except OSError as error:
-                path = producers_path(self._directory, self._base)
+                path = self._path
                 raise storage_error(error, f"syncing {path}") from error
             self._unsynced = False
 
@@ -282,12 +283,13 @@ class ProducerStates:
         fsyncs; a cut or an emptying deleted or cut it)."""
         self.close()
         self._base = base_offset
+        self._path = producers_path(self._directory, base_offset)
         self._unsynced = False
 
     def _reload(self, log_end: int) -> None:
         """Remember what the active segment's file holds up to `log_end`, cutting the rest."""
         self._last.clear()
-        path = producers_path(self._directory, self._base)
+        path = self._path
         try:
             data = path.read_bytes()
         except FileNotFoundError:

@@ -34,11 +34,12 @@ TOPIC = "pipelined"
 @dataclass
 class HoldingBroker:
     """Answers METADATA with one partition; holds PRODUCE replies until `hold` requests are
-    waiting, then answers them all (the first `fail_first` with PARTITION_UNAVAILABLE).
-    Records the values of every PRODUCE it saw, in order."""
+    waiting (or none came for `quiet_ms`), then answers them all (the first `fail_first` with
+    PARTITION_UNAVAILABLE). Records the values of every PRODUCE it saw, in order."""
 
     hold: int
     fail_first: int = 0
+    quiet_ms: int = 20
     endpoint: str = ""
     produced: list[list[bytes]] = field(default_factory=list)
     most_waiting: int = 0
@@ -47,7 +48,7 @@ class HoldingBroker:
         waiting: list[tuple[list[bytes], RequestHeader, ProduceRequest]] = []
         offset = 0
         while not stop.is_set():
-            if not socket.poll(20):
+            if not socket.poll(self.quiet_ms):
                 if waiting:  # nothing more is coming: answer what waits
                     self.most_waiting = max(self.most_waiting, len(waiting))
                     offset = self._answer(socket, waiting, offset)
@@ -133,3 +134,18 @@ def test_a_batch_refused_with_a_retriable_error_is_sent_again(holding: HoldingBr
     assert sum(a.count for a in acks) == 4  # every message acknowledged once
     # both batches went out before the first reply; the refused one went out again after
     assert holding.produced == [[b"m0", b"m1"], [b"m2", b"m3"], [b"m0", b"m1"]]
+
+
+def test_a_partitions_next_batch_fills_while_its_last_awaits_its_ack(
+    holding: HoldingBroker,
+) -> None:
+    """Nagle's rule (Producer._busy): with linger 0 every message would leave alone; while the
+    first batch awaits its ack, the next ones fill one batch, which flush sends."""
+    holding.hold, holding.quiet_ms = 100, 2000  # answered 2 s after the last request
+    with Producer(
+        holding.endpoint, TOPIC, ack=Ack.WRITTEN, linger_ms=0, max_in_flight=5, timeout_s=10
+    ) as producer:
+        for i in range(4):
+            producer.send(b"m%d" % i)
+        producer.flush()
+    assert holding.produced == [[b"m0"], [b"m1", b"m2", b"m3"]]
