@@ -39,7 +39,8 @@ batch is sent once it holds `batch_messages` messages or `batch_bytes` bytes, or
 `linger_ms` have passed since its first message, but that a batch not full whose partition's
 last batch still awaits its ack goes on filling until that ack (Nagle's rule: over many
 partitions each gets a message or two a linger, and would send them so); linger is checked on
-every `send` and on `flush`, there is no background thread.
+`send` (at most every half linger: a batch leaves within half a linger after its own ended)
+and on `flush`, there is no background thread.
 
 Acknowledgements (ack WRITTEN or FLUSHED): up to `max_in_flight` requests (a PRODUCE of one
 batch or a MULTI_PRODUCE of several) await their replies at once (pipelining, on the
@@ -491,17 +492,20 @@ class ProducerCore:
     def _lingering(self) -> list[int]:
         """The partitions whose open batch's linger has passed and whose last batch sent is
         not awaiting its ack (`_busy`), noting when to look again: at the next one's linger,
-        or a linger from now for one that waits on its ack."""
+        or a linger from now for one that waits on its ack, but not within half a linger (a
+        look goes over every open batch: over many partitions their lingers end one after
+        another, and it ran every few messages)."""
         now = self.clock.monotonic()
+        linger_s = self.linger_s
         due, waiting = [], []
         for p, batch in self._batches.items():
-            if now - batch.started < self.linger_s:
-                waiting.append(batch.started + self.linger_s)
+            if now - batch.started < linger_s:
+                waiting.append(batch.started + linger_s)
             elif self._busy(p):
-                waiting.append(now + self.linger_s)
+                waiting.append(now + linger_s)
             else:
                 due.append(p)
-        self._linger_deadline = min(waiting, default=math.inf)
+        self._linger_deadline = max(min(waiting, default=math.inf), now + linger_s / 2)
         return due
 
     def _busy(self, partition: int) -> bool:
