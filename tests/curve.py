@@ -75,6 +75,9 @@ class CurveBroker:
         """A DEALER connected to the broker as `name`, or in plaintext (None)."""
         socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
+        # A DEALER with no connection up blocks its send (a handshake the broker refused can
+        # leave it so): bounded like the wait for the reply.
+        socket.setsockopt(zmq.SNDTIMEO, NO_REPLY_MS)
         if name is not None:
             self.keys(name).apply(socket)
         socket.connect(self.broker.endpoint)
@@ -86,7 +89,10 @@ class CurveBroker:
         socket = self.client(name)
         try:
             header = RequestHeader(request.api, protocol.API_VERSION, 7, "test-security")
-            socket.send_multipart(protocol.encode_request(header, request))
+            try:
+                socket.send_multipart(protocol.encode_request(header, request))
+            except zmq.Again:  # no connection to send on: no reply either
+                return None
             if not socket.poll(NO_REPLY_MS):
                 return None
             frames = socket.recv_multipart()
