@@ -45,6 +45,7 @@ from broker.lifecycle import Closing
 from broker.log.message import Buffer
 from broker.protocol import (
     CREATE_WAIT_S,
+    PRODUCE_IDEMPOTENT_VERSION,
     Ack,
     AlterConfigRequest,
     Api,
@@ -71,6 +72,7 @@ from broker.protocol import (
     RequestHeader,
     decode_reply,
     decode_reply_header,
+    encode_produce,
     encode_request,
     request_version,
 )
@@ -375,9 +377,11 @@ class Framing:
         (default: protocol.request_version)."""
         if version is None:
             version = request_version(request.api)
+        correlation_id = self._correlation_id()
         if isinstance(request, ProduceRequest):
             require_bytes("ProduceRequest.message_set", request.message_set)
-        correlation_id = self._correlation_id()
+            if version == PRODUCE_IDEMPOTENT_VERSION:  # a producer's every batch: one join
+                return correlation_id, encode_produce(correlation_id, self.client_id, request)
         header = RequestHeader(request.api, version, correlation_id, self.client_id)
         return correlation_id, encode_request(header, request)
 

@@ -146,6 +146,7 @@ from broker.protocol.replies import (
 from broker.protocol.requests import (
     ROUTED_APIS,
     decode_request,
+    encode_produce,
     encode_request,
     is_fire_and_forget,
     peek_api,
@@ -245,6 +246,7 @@ __all__ = [
     "decode_reply_header",
     "decode_request",
     "encode_error",
+    "encode_produce",
     "encode_reply",
     "encode_request",
     "error_code_for",

@@ -3,6 +3,7 @@ without decoding it (peek_*)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
 from broker.errors import (
@@ -13,11 +14,19 @@ from broker.errors import (
 from broker.log.message import Buffer
 from broker.protocol.apis import Ack, Api, Frames
 from broker.protocol.messages import (
+    ProduceRequest,
     Request,
     RequestHeader,
 )
 from broker.protocol.names import check_topic_name
-from broker.protocol.tables import API_VERSIONS, MULTI_PRODUCE, PRODUCE, TABLES, check_version
+from broker.protocol.tables import (
+    API_VERSIONS,
+    MULTI_PRODUCE,
+    PRODUCE,
+    PRODUCE_IDEMPOTENT_VERSION,
+    TABLES,
+    check_version,
+)
 from broker.protocol.wire import (
     API_AND_VERSION,
     REQUEST_HEADER,
@@ -58,6 +67,43 @@ def encode_request(header: RequestHeader, request: Request) -> list[Buffer]:
     if body.rest:
         parts.append(getattr(request, body.rest))
     return [b"".join(parts)]
+
+
+_PRODUCE_V3: Final = PRODUCE.request.run(
+    "partition", "ack", "producer_id", "producer_epoch", "sequence"
+)
+"""A PRODUCE of version 3's body after its topic, as one struct."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _name(name: str, text: str) -> bytes:
+    """A client id or a topic as the wire's `string`, made once."""
+    return encode_string(name, text)
+
+
+def encode_produce(correlation_id: int, client_id: str, request: ProduceRequest) -> list[Buffer]:
+    """encode_request of a PRODUCE of version 3 (a producer's every batch), byte for byte, in
+    one join: no header object, the client id and topic encoded once (a third of the
+    producer's cost a message at batch 1 went to encoding its request)."""
+    if not 0 < correlation_id < 1 << 32:
+        raise ValueError(f"correlation_id {correlation_id} is out of range")
+    return [
+        b"".join(
+            (
+                REQUEST_HEADER.pack(Api.PRODUCE, PRODUCE_IDEMPOTENT_VERSION, correlation_id),
+                _name("client_id", client_id),
+                _name("topic", request.topic),
+                _PRODUCE_V3.pack(
+                    request.partition,
+                    request.ack,
+                    request.producer_id,
+                    request.producer_epoch,
+                    request.sequence,
+                ),
+                request.message_set,
+            )
+        )
+    ]
 
 
 def read_request_header(frames: Frames) -> tuple[Reader, RequestHeader]:

@@ -1898,3 +1898,38 @@ def dataclass_values(reply: protocol.FetchReply) -> tuple[Any, ...]:
         *(getattr(reply, f.name) for f in fields(reply) if f.name != "message_set"),
         bytes(reply.message_set),
     )
+
+
+@given(
+    correlation_id=st.integers(1, 2**32 - 1),
+    client_id=st.text(max_size=40),
+    topic=st.from_regex(r"[a-z0-9._-]{1,40}", fullmatch=True),
+    partition=st.integers(0, 2**32 - 1),
+    ack=st.sampled_from(list(Ack)),
+    producer_id=st.integers(0, 2**64 - 1),
+    epoch=st.integers(0, 2**16 - 1),
+    sequence=st.integers(0, 2**32 - 1),
+    message_set=st.binary(max_size=64),
+)
+def test_a_produce_encoded_in_one_join_is_the_request_encode_request_makes(
+    correlation_id: int,
+    client_id: str,
+    topic: str,
+    partition: int,
+    ack: Ack,
+    producer_id: int,
+    epoch: int,
+    sequence: int,
+    message_set: bytes,
+) -> None:
+    """protocol.encode_produce (the producer's path) against the table-driven encode_request."""
+    request = protocol.ProduceRequest(
+        topic, partition, ack, message_set, producer_id, epoch, sequence
+    )
+    header = protocol.RequestHeader(
+        Api.PRODUCE, protocol.PRODUCE_IDEMPOTENT_VERSION, correlation_id, client_id
+    )
+    encoded = protocol.encode_produce(correlation_id, client_id, request)
+    assert [bytes(f) for f in encoded] == [
+        bytes(f) for f in protocol.encode_request(header, request)
+    ]
