@@ -19,20 +19,17 @@ threads: the front's loop alone uses it.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Final
 
 from broker import protocol
 from broker.errors import BrokerError, MalformedReply, PartitionUnavailable
+from broker.joins import OpenJoins
 from broker.log.message import Buffer
 from broker.transport import FETCH_JOINED
 
 log = logging.getLogger("pylog.front")
-
-_ID_BYTES: Final = 8
 
 
 @dataclass(slots=True)
@@ -61,22 +58,12 @@ class FetchJoin:
     waiting: int = 0
     """Shares not answered yet."""
 
-    @property
-    def tag(self) -> bytes:
-        """The tag its shares go to their workers behind."""
-        return FETCH_JOINED + self.join_id.to_bytes(_ID_BYTES, "big")
 
-
-class FetchJoins:
+class FetchJoins(OpenJoins[FetchJoin]):
     """The MULTI_FETCH requests whose shares the workers have not all answered."""
 
     def __init__(self) -> None:
-        self._joins: dict[int, FetchJoin] = {}
-        self._ids = itertools.count(1)
-        self._done: list[FetchJoin] = []
-
-    def __len__(self) -> int:
-        return len(self._joins)
+        super().__init__(FETCH_JOINED)
 
     def open(
         self,
@@ -87,14 +74,14 @@ class FetchJoins:
     ) -> FetchJoin:
         """A new join for `request`, with no shares yet (`share`, then `close`)."""
         join = FetchJoin(
-            next(self._ids),
+            self._new_id(),
             tagged,
             correlation_id,
             request,
             throttle_ms,
             [None] * len(request.parts),
         )
-        self._joins[join.join_id] = join
+        self._add(join)
         return join
 
     def share(self, join: FetchJoin, worker: int, restarts: int) -> Share:
@@ -126,7 +113,7 @@ class FetchJoins:
     def close(self, join: FetchJoin) -> None:
         """Every part is routed or answered: a join with no share left is done."""
         if not join.waiting:
-            self._done.append(join)
+            self._finished(join)
 
     def answer_error(self, join: FetchJoin, index: int, error: Exception) -> None:
         """Part `index` is answered with `error`, as a FETCH would be."""
@@ -139,7 +126,7 @@ class FetchJoins:
         """A worker's reply (one frame) to a share of tag `tag` (FETCH_JOINED + id): its
         correlation_id is the share's number. The workers whose shares are still waiting:
         the front wakes them. Dropped when the join is gone (answered already)."""
-        join = self._joins.get(int.from_bytes(tag[1 : 1 + _ID_BYTES], "big"))
+        join = self._by_tag(tag)
         if join is None:
             return []
         reply = bytes(frame)
@@ -167,7 +154,7 @@ class FetchJoins:
         share.answered = True
         join.waiting -= 1
         if not join.waiting:
-            self._done.append(join)
+            self._finished(join)
             return []
         return [s.worker for s in join.shares if not s.answered]
 
@@ -191,9 +178,7 @@ class FetchJoins:
     def take_done(self) -> Iterator[tuple[bytes, list[Buffer], int]]:
         """The joins whose every part is answered, each as (tagged identity, reply frames,
         bytes of messages in it), forgotten from then on."""
-        done, self._done = self._done, []
-        for join in done:
-            del self._joins[join.join_id]
+        for join in self._take_finished():
             parts = tuple(answer for answer in join.answers if answer is not None)
             reply = protocol.MultiFetchReply(parts, join.throttle_ms)
             size = sum(len(part.message_set) for part in parts)

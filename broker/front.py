@@ -597,7 +597,7 @@ class Front:
                 protocol.RequestHeader(protocol.Api.MULTI_FETCH, 1, number, header.client_id),
                 part_request,
             )
-            self.pool.queue(self.pool.workers[share.worker], join.tag, frame)
+            self.pool.queue(self.pool.workers[share.worker], self.fetch_joins.tag(join), frame)
         self.fetch_joins.close(join)
 
     def _refuse(self, tagged: bytes, request_frames: list[memoryview], error: Exception) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Generic, Protocol, TypeVar
 
 from broker import protocol
 from broker.errors import PartitionUnavailable
@@ -31,6 +31,55 @@ JOINED: Final = b"J"
 """The first byte of the tag a part's request goes to its worker behind (broker.transport's
 tags of clients are R, Q, r and q)."""
 _ID_BYTES: Final = 8
+
+
+class _Joined(Protocol):
+    @property
+    def join_id(self) -> int: ...
+
+
+J = TypeVar("J", bound=_Joined)
+
+
+class OpenJoins(Generic[J]):
+    """Requests split over the workers whose answers are not all in (MULTI_PRODUCE's here,
+    MULTI_FETCH's in broker.fetch_joins), by id; each is found by the tag its parts go to the
+    workers behind, `prefix` and its id (u64), and is forgotten once taken done."""
+
+    def __init__(self, prefix: bytes) -> None:
+        self._prefix = prefix
+        self._joins: dict[int, J] = {}
+        self._ids = itertools.count(1)
+        self._done: list[J] = []
+
+    def __len__(self) -> int:
+        return len(self._joins)
+
+    def _new_id(self) -> int:
+        return next(self._ids)
+
+    def _add(self, join: J) -> bytes:
+        """Hold `join` until it is done; the tag of its parts."""
+        self._joins[join.join_id] = join
+        return self.tag(join)
+
+    def tag(self, join: J) -> bytes:
+        """The tag `join`'s parts go to the workers behind."""
+        return self._prefix + join.join_id.to_bytes(_ID_BYTES, "big")
+
+    def _by_tag(self, tag: bytes) -> J | None:
+        """The join of a part's tag; None once it is done (a late answer)."""
+        return self._joins.get(int.from_bytes(tag[1 : 1 + _ID_BYTES], "big"))
+
+    def _finished(self, join: J) -> None:
+        self._done.append(join)
+
+    def _take_finished(self) -> list[J]:
+        """The joins done since the last call, forgotten from now on."""
+        done, self._done = self._done, []
+        for join in done:
+            del self._joins[join.join_id]
+        return done
 
 
 @dataclass(slots=True)
@@ -49,16 +98,11 @@ class Join:
     """Part index -> (worker index, its restarts when the part was routed), until answered."""
 
 
-class Joins:
+class Joins(OpenJoins[Join]):
     """The MULTI_PRODUCE requests whose parts the workers have not all answered."""
 
     def __init__(self) -> None:
-        self._joins: dict[int, Join] = {}
-        self._ids = itertools.count(1)
-        self._done: list[Join] = []
-
-    def __len__(self) -> int:
-        return len(self._joins)
+        super().__init__(JOINED)
 
     def open(
         self,
@@ -68,12 +112,16 @@ class Joins:
         throttle_ms: int,
     ) -> tuple[bytes, Join]:
         """A new join for a request's `parts`: the tag its parts' requests go behind, and it."""
-        join_id = next(self._ids)
         join = Join(
-            join_id, tagged, correlation_id, parts, throttle_ms, [None] * len(parts), len(parts)
+            self._new_id(),
+            tagged,
+            correlation_id,
+            parts,
+            throttle_ms,
+            [None] * len(parts),
+            len(parts),
         )
-        self._joins[join_id] = join
-        return JOINED + join_id.to_bytes(_ID_BYTES, "big"), join
+        return self._add(join), join
 
     def routed(self, join: Join, index: int, worker: int, restarts: int) -> None:
         """Part `index` went to worker `worker` (of `restarts` restarts then)."""
@@ -88,7 +136,7 @@ class Joins:
         join.workers.pop(index, None)
         join.waiting -= 1
         if not join.waiting:
-            self._done.append(join)
+            self._finished(join)
 
     def answer_error(self, join: Join, index: int, error: Exception) -> None:
         """Part `index` is answered with `error`, as a PRODUCE would be."""
@@ -97,7 +145,7 @@ class Joins:
     def answered(self, tag: bytes, frame: Buffer) -> None:
         """A worker's reply (one frame) to a part's request of tag `tag` (JOINED + id): its
         correlation_id is the part's index. Dropped when the join is gone (answered already)."""
-        join = self._joins.get(int.from_bytes(tag[1 : 1 + _ID_BYTES], "big"))
+        join = self._by_tag(tag)
         if join is None:
             return
         reply = bytes(frame)
@@ -125,9 +173,7 @@ class Joins:
     def take_done(self) -> Iterator[tuple[bytes, list[Buffer]]]:
         """The joins whose every part is answered, each as (tagged identity, reply frames),
         forgotten from then on."""
-        done, self._done = self._done, []
-        for join in done:
-            del self._joins[join.join_id]
+        for join in self._take_finished():
             parts = tuple(
                 protocol.PartReply(part.topic, part.partition, answer or b"")
                 for part, answer in zip(join.parts, join.answers, strict=True)

@@ -84,10 +84,10 @@ def _key(i: int) -> bytes:
     return i.to_bytes(KEY_BYTES, "big")
 
 
-def native(endpoint: str, topic: str, seconds: float) -> tuple[int, float]:
-    """Messages acked and the seconds they took: the topic-bound Producer at ack=flushed."""
+def native(endpoint: str, topic: str, seconds: float, ack: Ack = Ack.FLUSHED) -> tuple[int, float]:
+    """Messages acked and the seconds they took: the topic-bound Producer at `ack`."""
     with Producer(
-        endpoint, topic, ack=Ack.FLUSHED, batch_messages=50, linger_ms=5, max_in_flight=100
+        endpoint, topic, ack=ack, batch_messages=50, linger_ms=5, max_in_flight=100
     ) as producer:
         start = time.perf_counter()
         stop = start + seconds
@@ -362,21 +362,6 @@ IDLE_CPU_SHARE = 0.05
 ACK_ALL_RATIO = 0.5
 
 
-def acked_all(endpoint: str, topic: str, seconds: float) -> tuple[int, float]:
-    """Messages acked and the seconds they took: the topic-bound Producer at ack=all."""
-    with Producer(
-        endpoint, topic, ack=Ack.ALL, batch_messages=50, linger_ms=5, max_in_flight=100
-    ) as producer:
-        start = time.perf_counter()
-        stop = start + seconds
-        sent = 0
-        while sent < MAX_MESSAGES and (sent % 1000 or time.perf_counter() < stop):
-            producer.send(VALUE, key=_key(sent))
-            sent += 1
-        producer.flush()
-        return sent, time.perf_counter() - start
-
-
 def broker_pids(pylogd: PrivatePylogd) -> list[int]:
     """pylogd's supervisor and workers, without the private ZooKeeper's JVM."""
     return [pid for pid in pylogd.pids() if Path(f"/proc/{pid}/comm").read_text().strip() != "java"]
@@ -409,7 +394,7 @@ def replicated(partitions: int, seconds: float, directory: Path) -> dict[str, An
         idle = {b: round((cpu_seconds(p) - before[b]) / IDLE_S, 4) for b, p in pids.items()}
         rates = {}
         for count in (1, partitions):
-            messages, taken = acked_all(endpoint, f"rf3-{count}", seconds)
+            messages, taken = native(endpoint, f"rf3-{count}", seconds, Ack.ALL)
             rates[count] = messages / taken
     ratio = rates[partitions] / rates[1]
     return {
