@@ -62,6 +62,8 @@ from broker.protocol import (
     FetchRequest,
     MetadataReply,
     MetadataRequest,
+    MultiFetchReply,
+    MultiFetchRequest,
     MultiProduceRequest,
     OffsetsReply,
     OffsetsRequest,
@@ -387,12 +389,12 @@ class Framing:
 
     def _reply_timeout_s(self, request: Request) -> float:
         """How long to wait for the reply to `request`: the timeout, plus what the broker may
-        hold it by design: a FETCH's max_wait_ms, a CREATE_TOPIC's CREATE_WAIT_S (the broker
-        answers once every partition is served: 10,000 new partitions took it 10 s). ValueError
-        for a PRODUCE with ack NONE, which gets none."""
+        hold it by design: a FETCH's or MULTI_FETCH's max_wait_ms, a CREATE_TOPIC's
+        CREATE_WAIT_S (the broker answers once every partition is served: 10,000 new partitions
+        took it 10 s). ValueError for a PRODUCE with ack NONE, which gets none."""
         if isinstance(request, ProduceRequest) and request.ack is Ack.NONE:
             raise ValueError("a PRODUCE with ack NONE gets no reply: use send_nowait")
-        if isinstance(request, FetchRequest):
+        if isinstance(request, FetchRequest | MultiFetchRequest):
             return self.timeout_s + request.max_wait_ms / 1000
         if isinstance(request, CreateTopicRequest):
             return self.timeout_s + CREATE_WAIT_S
@@ -504,6 +506,8 @@ class Connection(Framing, Closing):
     def request(self, request: ProduceRequest) -> ProduceReply: ...
     @overload
     def request(self, request: FetchRequest) -> FetchReply: ...
+    @overload
+    def request(self, request: MultiFetchRequest) -> MultiFetchReply: ...
     @overload
     def request(self, request: OffsetsRequest) -> OffsetsReply: ...
     @overload

@@ -23,8 +23,11 @@ from broker.protocol import (
     CreateTopicRequest,
     EmptyReply,
     ErrorCode,
+    FetchPart,
     MetadataReply,
     MetadataRequest,
+    MultiFetchReply,
+    MultiFetchRequest,
     decode_request,
     encode_error,
     encode_reply,
@@ -38,7 +41,8 @@ EMPTY_METADATA = MetadataReply((), ())
 @dataclass
 class ScriptedBroker:
     """A ROUTER that answers the n-th request with script[n]: DROP (no reply), an ErrorCode,
-    or success with an empty body (METADATA's, or a CREATE_TOPIC's), `hold_s` after it came.
+    or success with an empty body (METADATA's, a CREATE_TOPIC's, a MULTI_FETCH's of no parts),
+    `hold_s` after it came.
     Records each request's correlation id."""
 
     script: list[str | ErrorCode]
@@ -60,6 +64,8 @@ class ScriptedBroker:
                 reply = encode_error(header.correlation_id, step, "scripted")
             elif isinstance(request, CreateTopicRequest):
                 reply = encode_reply(header.correlation_id, EmptyReply())
+            elif isinstance(request, MultiFetchRequest):  # nothing came within its wait
+                reply = encode_reply(header.correlation_id, MultiFetchReply(()))
             else:
                 reply = encode_reply(header.correlation_id, EMPTY_METADATA)
             socket.send_multipart([identity, empty, *reply])
@@ -272,3 +278,15 @@ def test_a_create_topic_is_waited_for_as_long_as_the_broker_may_hold_it() -> Non
         assert c.request(CreateTopicRequest("big", 10_000, {})) == EmptyReply()
         assert time.monotonic() - started >= 0.6
     assert CREATE_WAIT_S >= 10
+
+
+def test_a_multi_fetch_is_waited_for_as_long_as_its_long_poll() -> None:
+    # As a FETCH: a broker holds a MULTI_FETCH up to its max_wait_ms, on top of the timeout.
+    with (
+        serving(ScriptedBroker(["ok"], hold_s=0.6)) as poller,
+        Connection(poller.endpoint, timeout_s=0.2) as c,
+    ):
+        request = MultiFetchRequest(-1, 1000, 1, 1 << 20, (FetchPart("t", 0, 0, 1 << 20),))
+        started = time.monotonic()
+        assert c.request(request) == MultiFetchReply(())
+        assert time.monotonic() - started >= 0.6
