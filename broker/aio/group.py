@@ -50,6 +50,9 @@ log = logging.getLogger("pylog.group")
 T = TypeVar("T")
 
 
+_Fetching = tuple[list[_Owned], list[int], asyncio.Task[list[Buffer]]]
+
+
 class AsyncGroupConsumer(AsyncClosing):
     """Consume `topics` as a member of `group`, through the ZooKeeper ensemble `zookeeper` (or,
     with `zookeeper` None and the option `broker`, the one that broker's cluster uses), on
@@ -65,8 +68,9 @@ class AsyncGroupConsumer(AsyncClosing):
         self._joining = (zookeeper, group, tuple(topics), options)
         self._member: GroupConsumer | None = None
         self._cluster: AsyncCluster | None = None
-        self._fetching: dict[_Owned, tuple[int, asyncio.Task[list[Buffer]]]] = {}
-        """Each owned partition's fetch in flight: the offset it fetches from, and its task."""
+        self._fetching: dict[str, _Fetching] = {}
+        """The request in flight to each broker (by endpoint): the partitions it fetches,
+        their fetch offsets then, and its task."""
         self._joined: asyncio.Future[GroupConsumer] | None = None
         """Joining, in a worker thread (a cancelled `open` leaves it running)."""
         self._thread: asyncio.Future[Any] | None = None
@@ -188,47 +192,56 @@ class AsyncGroupConsumer(AsyncClosing):
         await self._fetch(wait_s)
 
     async def _fetch(self, wait_s: float) -> None:
-        """Send a long poll for each owned partition with none in flight (unless it rests
-        after an error), wait up to `wait_s` for a first reply, and take every reply there."""
+        """Send a long poll to each broker with none in flight, for its owned partitions (one
+        MULTI_FETCH, or a FETCH for one; but those resting after an error), wait up to `wait_s`
+        for a first reply, and take every reply there."""
         member = self.member
         assert self._cluster is not None
         current = set(member._owned.values())
-        for owned in [owned for owned in self._fetching if owned not in current]:
-            self._fetching.pop(owned)[1].cancel()  # a partition lost (session expired)
+        for endpoint, (fetched, _, task) in list(self._fetching.items()):
+            if not current.issuperset(fetched):  # a partition lost (session expired)
+                task.cancel()
+                del self._fetching[endpoint]
         now = member.clock.monotonic()
-        for owned in current:
-            if owned in self._fetching or owned.rest_until > now:
+        by_endpoint: dict[str, list[_Owned]] = {}
+        for owned in member._owned.values():
+            if owned.rest_until > now:
                 continue
             if not owned.located and not await self._in_thread(member._locate, owned):
                 continue
-            request = fetch_request([owned], wait_s)
-            exchange = self._cluster.connect(owned.endpoint).exchange(request)
-            self._fetching[owned] = (owned.fetch_offset, asyncio.ensure_future(exchange))
+            if owned.endpoint not in self._fetching:  # else it goes with that broker's next
+                by_endpoint.setdefault(owned.endpoint, []).append(owned)
+        for endpoint, owned_there in member._rotated(by_endpoint).items():
+            exchange = self._cluster.connect(endpoint).exchange(fetch_request(owned_there, wait_s))
+            offsets = [owned.fetch_offset for owned in owned_there]
+            self._fetching[endpoint] = (owned_there, offsets, asyncio.ensure_future(exchange))
         if not self._fetching:  # every partition rests after an error
             rest_s = min(owned.rest_until for owned in member._owned.values()) - now
             await asyncio.sleep(min(max(rest_s, 0.0), wait_s))
             return
-        tasks = [task for _, task in self._fetching.values()]
+        tasks = [task for _, _, task in self._fetching.values()]
         await asyncio.wait(tasks, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
-        for owned, (offset, task) in list(self._fetching.items()):
+        for endpoint, (fetched, offsets, task) in list(self._fetching.items()):
             if not task.done():
                 continue
-            del self._fetching[owned]
+            del self._fetching[endpoint]
             try:
-                frames = task.result()
+                replies = fetch_replies(fetched, task.result())
             except Unavailable:
-                owned.rest_until = member.clock.monotonic() + RETRY_BACKOFF_S
-                owned.located = False  # the broker may be down: another may lead now
-                log.warning("no reply to a fetch of %s from %s", owned.tp, owned.endpoint)
+                for owned in fetched:
+                    owned.rest_until = member.clock.monotonic() + RETRY_BACKOFF_S
+                    owned.located = False  # the broker may be down: another may lead now
+                    log.warning("no reply to a fetch of %s from %s", owned.tp, endpoint)
                 continue
-            if owned.fetch_offset != offset:
-                continue  # fetching started again elsewhere meanwhile: a stale reply
-            if member._on_fetch_reply(owned, fetch_replies([owned], frames)[0]):
-                await self._in_thread(member._reset_out_of_range, owned)
+            for owned, offset, reply in zip(fetched, offsets, replies, strict=True):
+                if owned.fetch_offset != offset:
+                    continue  # fetching started again elsewhere meanwhile: a stale reply
+                if member._on_fetch_reply(owned, reply):
+                    await self._in_thread(member._reset_out_of_range, owned)
 
     def _drop_fetches(self) -> None:
         """Forget the fetches in flight (the member's partitions change or pause)."""
-        for _, task in self._fetching.values():
+        for _, _, task in self._fetching.values():
             task.cancel()
         self._fetching.clear()
 

@@ -591,16 +591,23 @@ class GroupConsumer(Closing):
             if not owned.located and not self._locate(owned):
                 continue
             by_endpoint.setdefault(owned.endpoint, []).append(owned)
-        self._rotation += 1
-        for endpoint, owned_there in by_endpoint.items():
-            start = self._rotation % len(owned_there)
-            owned_there = owned_there[start:] + owned_there[:start]
+        for endpoint, owned_there in self._rotated(by_endpoint).items():
             request = fetch_request(owned_there, wait_s)
             connection = self.cluster.connect(endpoint)
             key = (connection, connection.send_pipelined(request))
             for owned in owned_there:
                 owned.in_flight, owned.sent_at = key, now
             self._in_flight[key] = owned_there
+
+    def _rotated(self, by_endpoint: dict[str, list[_Owned]]) -> dict[str, list[_Owned]]:
+        """Each broker's partitions to fetch, their order moved on by one from the last
+        round's (`_rotation`)."""
+        self._rotation += 1
+        rotated = {}
+        for endpoint, owned_there in by_endpoint.items():
+            start = self._rotation % len(owned_there)
+            rotated[endpoint] = owned_there[start:] + owned_there[:start]
+        return rotated
 
     def _receive_fetches(self, wait_s: float) -> None:
         """Wait up to `wait_s` for a first reply, then take every reply already there."""

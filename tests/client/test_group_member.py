@@ -4,12 +4,14 @@ and it seeks and commits chosen offsets."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from broker.aio import AsyncGroupConsumer
 from broker.client import Admin, GroupConsumer, PartitionConsumer, Producer, Record
 from broker.errors import RegistryUnavailable
 from broker.log.message import encode_message
@@ -172,12 +174,13 @@ def test_a_wait_given_in_seconds_is_refused_not_taken_as_milliseconds(
         assert consumer.poll(0) == []
 
 
+@pytest.mark.parametrize("kind", ["GroupConsumer", "AsyncGroupConsumer"])
 def test_a_member_fetches_its_partitions_of_a_broker_in_one_request(
-    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path, kind: str
 ) -> None:
     """A member owning six partitions of one broker (over its two workers) sends it one
     MULTI_FETCH a round, not a FETCH a partition (docs/protocol.md, MULTI_FETCH), and reads
-    every message of each."""
+    every message of each; broker.aio's member as well."""
     broker = make_pylogd(
         *single_box_flags(tmp_path), "--metrics-enabled", "true", "--metrics-port", "0"
     )
@@ -188,11 +191,25 @@ def test_a_member_fetches_its_partitions_of_a_broker_in_one_request(
         values = [f"p{partition}-{i}" for i in range(10)]
         produce(broker, "spread", values, partition=partition)
         expected |= {v.encode() for v in values}
-    with GroupConsumer(None, "by-broker", ["spread"], broker=broker.endpoint) as member:
-        seen: set[bytes] = set()
-        deadline = time.monotonic() + 30
-        while seen != expected and time.monotonic() < deadline:  # bounded: 60 messages
-            seen |= {r.value for r in member.poll(200)}
+    seen: set[bytes] = set()
+    deadline = time.monotonic() + 30
+    if kind == "GroupConsumer":
+        with GroupConsumer(None, "by-broker", ["spread"], broker=broker.endpoint) as member:
+            while seen != expected and time.monotonic() < deadline:  # bounded: 60 messages
+                seen |= {r.value for r in member.poll(200)}
+    else:
+
+        async def consume() -> None:
+            async with AsyncGroupConsumer(
+                None, "by-broker-aio", ["spread"], broker=broker.endpoint, max_wait_ms=200
+            ) as member:
+                async with asyncio.timeout(30):
+                    async for record in member:  # bounded: 60 messages, 30 s
+                        seen.add(record.value)
+                        if seen == expected:
+                            break
+
+        asyncio.run(consume())
     assert seen == expected
 
     def requests() -> dict[str, float]:  # by api, as the workers last reported them
