@@ -413,24 +413,21 @@ class Front:
                 self._route(tagged, request_frames[0], *route)
                 return
             header, request = protocol.decode_request(request_frames)
-            if isinstance(request, protocol.MultiProduceRequest):
+            if isinstance(request, protocol.MultiProduceRequest | protocol.MultiFetchRequest):
                 if self.throttle.active:
-                    admitted = self._admitted(tagged, request_frames, frames, principal, arrived)
-                    if admitted is None:
-                        return  # held back: served by a later turn
-                    tagged = admitted
-                self._multi_produce(tagged, header, request, request_frames, principal)
-                return
-            if isinstance(request, protocol.MultiFetchRequest):
-                consumer = request.replica_id < 0
-                if self.throttle.active and consumer:
+                    fetching = (
+                        isinstance(request, protocol.MultiFetchRequest) and request.replica_id < 0
+                    )
                     admitted = self._admitted(
-                        tagged, request_frames, frames, principal, arrived, fetching=True
+                        tagged, request_frames, frames, principal, arrived, fetching
                     )
                     if admitted is None:
                         return  # held back: served by a later turn
                     tagged = admitted
-                self._multi_fetch(tagged, header, request, request_frames, principal)
+                if isinstance(request, protocol.MultiProduceRequest):
+                    self._multi_produce(tagged, header, request, request_frames, principal)
+                else:
+                    self._multi_fetch(tagged, header, request, request_frames, principal)
                 return
             if authorizer is not None and not isinstance(
                 request, protocol.MetadataRequest | protocol.DescribeClusterRequest
@@ -522,11 +519,7 @@ class Front:
             try:
                 if self.authorizer is not None:
                     self.authorizer.check(principal, Operation.PRODUCE, part.topic)
-                worker = self.topics.route(part.topic, part.partition)
-                if not worker.connected:
-                    raise PartitionUnavailable(
-                        f"the worker for {part.topic}-{part.partition} is restarting; retry shortly"
-                    )
+                worker = self._worker_for(part.topic, part.partition)
             except Exception as error:
                 if not isinstance(error, PylogError):
                     log.exception("unexpected error routing a part of a MULTI_PRODUCE")
@@ -569,12 +562,7 @@ class Front:
                     authorizer.check(principal, Operation.FETCH, part.topic)
                     if request.replica_id >= 0:
                         authorizer.check_replica(principal, part.topic, request.replica_id)
-                worker = self.topics.route(part.topic, part.partition)
-                if not worker.connected:
-                    raise PartitionUnavailable(
-                        f"the worker for {part.topic}-{part.partition} is restarting; retry shortly"
-                    )
-                workers.append(worker)
+                workers.append(self._worker_for(part.topic, part.partition))
             except Exception as error:
                 if not isinstance(error, PylogError):
                     log.exception("unexpected error routing a part of a MULTI_FETCH")
@@ -607,12 +595,17 @@ class Front:
             self._answer(tagged, protocol.encode_error(correlation_id, error))
 
     def _route(self, tagged: bytes, request: memoryview, topic: str, number: int) -> None:
+        self.pool.queue(self._worker_for(topic, number), tagged, request)
+
+    def _worker_for(self, topic: str, number: int) -> WorkerHandle:
+        """The worker holding partition `number` of `topic`; PartitionUnavailable while it
+        restarts (and the errors of Topics.route)."""
         worker = self.topics.route(topic, number)
         if not worker.connected:
             raise PartitionUnavailable(
                 f"the worker for {topic}-{number} is restarting; retry shortly"
             )
-        self.pool.queue(worker, tagged, request)
+        return worker
 
     def _answer(self, tagged: bytes, frames: Sequence[Buffer | zmq.Frame]) -> None:
         """Send a reply, counted in `held` from broker.replies.TRACK_AT bytes on."""

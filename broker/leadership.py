@@ -88,8 +88,7 @@ class Leadership:
         assert self._copies is not None
         (partitions, flushed), self._copies = self._copies, None
         try:
-            still = [p for p in partitions if self.served.still_open(p) and p.offline is None]
-            self.flusher.flush_round(still)
+            self.flusher.flush_partitions(partitions)
             await self.served.send_owed()
         finally:
             flushed.set()

@@ -37,6 +37,7 @@ from broker.errors import (
     UnknownLeaderEpoch,
     UnknownTopicOrPartition,
 )
+from broker.flush_waiters import FlushWaiters
 from broker.leadership import Leadership
 from broker.log.epochs import EpochEntry
 from broker.log.message import HEADER_SIZE, Buffer, timestamp_at
@@ -71,15 +72,7 @@ class Reads:
     async def fetch(
         self, tagged: bytes, correlation_id: int, request: protocol.FetchRequest, version: int
     ) -> None:
-        partition = self.served.get(request.topic, request.partition)
-        plog = partition.log
-        self._check_epoch(partition, request.leader_epoch)
-        if request.replica_id >= 0:
-            self._follower_fetched(partition, request)
-        else:
-            partition.check_leader()
-        if request.offset <= plog.high_watermark or request.replica_id < 0:
-            plog.check_offset(request.offset)  # its errors come first, before any waiting
+        partition = self._checked(request)
         if self._fetch_ready(partition, request) or request.max_wait_ms == 0:
             await self.served.reply(
                 tagged, self._fetch_reply(tagged, correlation_id, partition, request, version)
@@ -89,6 +82,20 @@ class Reads:
         self.served.nursery.start_soon(
             self._long_poll, partition, tagged, correlation_id, request, version
         )
+
+    def _checked(self, request: protocol.FetchRequest) -> Partition:
+        """The checks a FETCH (or a MULTI_FETCH's part) passes before any waiting: its
+        partition, or the error it is answered with, raised."""
+        partition = self.served.get(request.topic, request.partition)
+        plog = partition.log
+        self._check_epoch(partition, request.leader_epoch)
+        if request.replica_id >= 0:
+            self._follower_fetched(partition, request)
+        else:
+            partition.check_leader()
+        if request.offset <= plog.high_watermark or request.replica_id < 0:
+            plog.check_offset(request.offset)  # its errors come first, before any waiting
+        return partition
 
     @staticmethod
     def _check_epoch(partition: Partition, epoch: int) -> None:
@@ -132,30 +139,51 @@ class Reads:
     ) -> None:
         # Deleting the partition, taking it offline or a change of its leader wakes every
         # waiter; a flush (or the high watermark), only those whose min_bytes it brought.
-        waiters = partition.waiters
-        if request.replica_id < 0 and partition.replica.leader is not None:
-            waiters = partition.consumers
+        waiters = self._waiters(partition, request)
         with trio.move_on_after(request.max_wait_ms / 1000):
-            while self.served.still_open(partition) and partition.offline is None:
-                if self._fetch_ready(partition, request) or (
-                    partition.replica.replicated and partition.replica.leader is None
-                ):
-                    break
+            while not self._poll_ended(partition) and not self._fetch_ready(partition, request):
                 await waiters.wait_high_watermark(request.offset + request.min_bytes)
         try:
-            if not self.served.still_open(partition) or partition.offline is not None:
-                self.served.get(partition.topic, partition.number)  # raises: deleted or offline
+            self._still_served(partition)
             frames = self._fetch_reply(tagged, correlation_id, partition, request, version)
         except PylogError as error:  # deleted, or retention moved the log start past it
             frames = protocol.encode_error(correlation_id, error)
         await self.served.reply(tagged, frames)
 
     @staticmethod
-    def _fetch_ready(partition: Partition, request: protocol.FetchRequest) -> bool:
-        """Whether min_bytes lie past the offset (0: answer at once, even with nothing):
-        bytes flushed here for a follower, up to the high watermark for a consumer."""
-        end = partition.log.high_watermark if request.replica_id >= 0 else partition.high_watermark
-        return end - request.offset >= request.min_bytes
+    def _waiters(partition: Partition, request: protocol.FetchRequest) -> FlushWaiters:
+        """What a long poll of `request` waits on: the consumers' (woken by the high
+        watermark) on a replicated partition led here, else the flushes'."""
+        if request.replica_id < 0 and partition.replica.leader is not None:
+            return partition.consumers
+        return partition.waiters
+
+    def _poll_ended(self, partition: Partition) -> bool:
+        """Whether a long poll on `partition` ends whatever it waits for: the partition is
+        deleted, offline, or no longer led here."""
+        return (
+            not self.served.still_open(partition)
+            or partition.offline is not None
+            or (partition.replica.replicated and partition.replica.leader is None)
+        )
+
+    def _still_served(self, partition: Partition) -> None:
+        """After a wait: the error of a partition deleted or taken offline meanwhile."""
+        if not self.served.still_open(partition) or partition.offline is not None:
+            self.served.get(partition.topic, partition.number)  # raises: deleted or offline
+
+    @staticmethod
+    def _readable_end(partition: Partition, request: protocol.FetchRequest) -> int:
+        """Where what `request` may read ends: the bytes flushed here for a follower, the
+        high watermark for a consumer."""
+        if request.replica_id >= 0:
+            return partition.log.high_watermark
+        return partition.high_watermark
+
+    @classmethod
+    def _fetch_ready(cls, partition: Partition, request: protocol.FetchRequest) -> bool:
+        """Whether min_bytes lie past the offset (0: answer at once, even with nothing)."""
+        return cls._readable_end(partition, request) - request.offset >= request.min_bytes
 
     def _fetch_reply(
         self,
@@ -188,7 +216,7 @@ class Reads:
         # It may have stopped leading (or a newer epoch come) while the fetch waited.
         self._check_epoch(partition, request.leader_epoch)
         partition.check_leader()
-        end = plog.high_watermark if replica else partition.high_watermark
+        end = self._readable_end(partition, request)
         limit = min(request.max_bytes, cap, max(0, end - request.offset))
         sets = version >= protocol.SETS_FETCH_VERSION  # else UnsupportedFormat at a set
         data: Buffer = b""
@@ -249,30 +277,20 @@ class Reads:
         """The checks a FETCH passes before any waiting, for a part: its partition, or the
         error it is answered with."""
         try:
-            partition = self.served.get(request.topic, request.partition)
-            self._check_epoch(partition, request.leader_epoch)
-            if request.replica_id >= 0:
-                self._follower_fetched(partition, request)
-            else:
-                partition.check_leader()
-            if request.offset <= partition.log.high_watermark or request.replica_id < 0:
-                partition.log.check_offset(request.offset)
+            return self._checked(request)
         except PylogError as error:
             return error
-        return partition
 
-    @staticmethod
+    @classmethod
     def _readable(
-        checked: Sequence[Partition | PylogError], fetches: Sequence[protocol.FetchRequest]
+        cls, checked: Sequence[Partition | PylogError], fetches: Sequence[protocol.FetchRequest]
     ) -> int:
         """The bytes readable past the parts' offsets, over all of them."""
-        readable = 0
-        for partition, request in zip(checked, fetches, strict=True):
-            if isinstance(partition, Partition):
-                replica = request.replica_id >= 0
-                end = partition.log.high_watermark if replica else partition.high_watermark
-                readable += max(0, end - request.offset)
-        return readable
+        return sum(
+            max(0, cls._readable_end(partition, request) - request.offset)
+            for partition, request in zip(checked, fetches, strict=True)
+            if isinstance(partition, Partition)
+        )
 
     async def _multi_poll(
         self,
@@ -296,9 +314,7 @@ class Reads:
                 entered = []
                 for partition, fetch in zip(checked, fetches, strict=True):
                     if isinstance(partition, Partition):
-                        waiters = partition.waiters
-                        if fetch.replica_id < 0 and partition.replica.leader is not None:
-                            waiters = partition.consumers
+                        waiters = self._waiters(partition, fetch)
                         entered.append((waiters, waiters.enter(fetch.offset + 1, event)))
                 try:
                     await event.wait()
@@ -322,11 +338,8 @@ class Reads:
         """Whether a MULTI_FETCH's long poll waits on (see _multi_poll)."""
         if tagged in self.woken:
             return False  # by the front (wake): answer now
-        for partition in partitions:
-            if not self.served.still_open(partition) or partition.offline is not None:
-                return False
-            if partition.replica.replicated and partition.replica.leader is None:
-                return False
+        if any(self._poll_ended(partition) for partition in partitions):
+            return False
         return self._readable(checked, fetches) < request.min_bytes
 
     def wake(self, tagged: bytes) -> None:
@@ -355,8 +368,7 @@ class Reads:
             try:
                 if not isinstance(partition, Partition):
                     raise partition
-                if not self.served.still_open(partition) or partition.offline is not None:
-                    self.served.get(partition.topic, partition.number)  # raises: gone, offline
+                self._still_served(partition)
                 read = self._read(partition, fetch, version, max(0, cap - taken), 0, not taken)
                 taken += len(read.message_set)
                 answer = protocol.fetch_part(fetch.topic, fetch.partition, read)

@@ -687,11 +687,8 @@ class GroupConsumer(Closing):
         on. True when the fetch offset is out of range (deleted by retention?): the caller
         then calls `_reset_out_of_range`, which asks the broker (I/O of its own)."""
         tp = owned.tp
-        try:
-            if isinstance(fetched, BrokerError):
-                raise fetched
-            reply = fetched
-        except BrokerError as error:
+        if isinstance(fetched, BrokerError):
+            error = fetched
             damage = corrupt_segment_reply(error, tp.topic, tp.partition)
             grown = grown_fetch_bytes(error, MAX_FETCH_BYTES)
             if damage is not None:
@@ -704,10 +701,10 @@ class GroupConsumer(Closing):
                 owned.rest_until = self.clock.monotonic() + RETRY_BACKOFF_S
                 self._follow_leader(owned, error)
             else:
-                raise
+                raise error
             return False
         base = owned.fetch_offset
-        messages, damage = decode_fetched(reply.message_set, base, tp.topic, tp.partition)
+        messages, damage = decode_fetched(fetched.message_set, base, tp.topic, tp.partition)
         owned.buffered = deque(
             Record(
                 tp.topic,
@@ -722,7 +719,7 @@ class GroupConsumer(Closing):
             for m in messages
         )
         if damage is None:
-            owned.fetch_offset = base + len(reply.message_set)
+            owned.fetch_offset = base + len(fetched.message_set)
         elif messages:  # these first; the next fetch meets the damage
             owned.fetch_offset = damage.start
         else:

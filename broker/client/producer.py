@@ -840,17 +840,29 @@ class Producer(ProducerCore):
         else:
             entry = self._close_batch(partition)
             if self.ack is Ack.NONE:
-                try:
-                    self._holder(partition).send_nowait(entry.request)
-                except PylogError as error:
-                    entry.batch.settle(None, error)
-                    raise
-                entry.batch.settle(None)
-                self._count_produced(entry.batch)
+                self._sent_unanswered(self._holder(partition), entry.request, [entry])
             else:
                 self._dispatch(entry)
         if self.clock.monotonic() >= self._audit_due:
             self._publish_audit()
+
+    def _sent_unanswered(
+        self,
+        connection: Connection,
+        request: ProduceRequest | MultiProduceRequest,
+        entries: list[InFlight],
+    ) -> None:
+        """Send `request`, of ack NONE, and settle its batches: done once sent (the broker
+        answers none), or failed with the error that kept it from going, raised."""
+        try:
+            connection.send_nowait(request)
+        except PylogError as error:
+            for entry in entries:
+                entry.batch.settle(None, error)
+            raise
+        for entry in entries:
+            entry.batch.settle(None)
+            self._count_produced(entry.batch)
 
     def _drained_with(
         self, partition: int, every: bool = False
@@ -893,15 +905,7 @@ class Producer(ProducerCore):
             entries[0].request.producer_id,
         )
         if self.ack is Ack.NONE:
-            try:
-                connection.send_nowait(request)
-            except PylogError as error:
-                for entry in entries:
-                    entry.batch.settle(None, error)
-                raise
-            for entry in entries:
-                entry.batch.settle(None)
-                self._count_produced(entry.batch)
+            self._sent_unanswered(connection, request, entries)
             return
         try:
             correlation_id = connection.send_pipelined(request)

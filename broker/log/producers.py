@@ -78,10 +78,9 @@ class ProducerStates:
         self._directory = directory
         self._name = name
         """The partition's name (`<topic>-<number>`), for errors."""
-        self._base = base_offset
-        """The base offset of the segment the next entry goes to..."""
         self._path = producers_path(directory, base_offset)
-        """... and its entries file (made once: each reopen of a released handle built it)."""
+        """The entries file of the segment the next entry goes to (made once: each reopen of
+        a released handle built it)."""
         self._last: dict[int, StoredSet] = {}
         """Each producer's last set, the least recently stored first."""
         self._fd: int | None = None
@@ -242,8 +241,7 @@ class ProducerStates:
                 os.ftruncate(fd, os.fstat(fd).st_size - written)
                 raise OSError(28, "No space left on device")
         except OSError as error:
-            path = self._path
-            raise storage_error(error, f"writing {path}") from error
+            raise storage_error(error, f"writing {self._path}") from error
         self._unsynced = True
 
     def sync(self) -> None:
@@ -253,8 +251,7 @@ class ProducerStates:
             try:
                 os.fdatasync(self._handle())
             except OSError as error:
-                path = self._path
-                raise storage_error(error, f"syncing {path}") from error
+                raise storage_error(error, f"syncing {self._path}") from error
             self._unsynced = False
 
     def roll(self, base_offset: int) -> None:
@@ -282,7 +279,6 @@ class ProducerStates:
         what it holds unsynced is no `sync`'s any more (a roll synced it first when the topic
         fsyncs; a cut or an emptying deleted or cut it)."""
         self.close()
-        self._base = base_offset
         self._path = producers_path(self._directory, base_offset)
         self._unsynced = False
 
