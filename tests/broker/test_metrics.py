@@ -30,7 +30,7 @@ METRICS = ("--metrics-enabled", "true", "--metrics-port", "0")
 def test_the_endpoint_shows_the_broker_its_workers_partitions_and_traffic(
     make_pylogd: Callable[..., RunningBroker], tmp_path: Path
 ) -> None:
-    broker = make_pylogd(*single_box_flags(tmp_path), *METRICS, "--log-flush-messages", "1")
+    broker = make_pylogd(*single_box_flags(tmp_path), *METRICS)
     assert "metrics on http://127.0.0.1:" in broker.log_path.read_text()
     first = broker.metrics()
     assert first[("pylog_worker_up", (("worker", "0"),))] == 1
@@ -44,8 +44,8 @@ def test_the_endpoint_shows_the_broker_its_workers_partitions_and_traffic(
     with Admin(broker.endpoint) as admin:
         admin.create_topic("counted", 2)
     with Connection(broker.endpoint, timeout_s=10.0) as connection:
-        for i in range(10):
-            request = ProduceRequest("counted", i % 2, Ack.WRITTEN, encode_message(b"m%d" % i))
+        for i in range(10):  # ack=flushed: visible once acked (ack=written: once flushed)
+            request = ProduceRequest("counted", i % 2, Ack.FLUSHED, encode_message(b"m%d" % i))
             connection.request(request)
         sizes = [len(encode_message(b"m%d" % i)) for i in range(10)]
         fetched = connection.request(FetchRequest("counted", 0, 0, 1 << 20, 0, 0))
