@@ -97,7 +97,9 @@ class AsyncGroupConsumer(AsyncClosing):
         if self._member is None:
             if self._joined is None:
                 zookeeper, group, topics, options = self._joining
-                joining = asyncio.to_thread(GroupConsumer, zookeeper, group, topics, **options)
+                joining = asyncio.to_thread(
+                    GroupConsumer[Record], zookeeper, group, topics, **options
+                )
                 self._joined = asyncio.ensure_future(joining)
             member = await asyncio.shield(self._joined)
             if self._member is None:

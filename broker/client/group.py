@@ -64,7 +64,9 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Final, Generic, Literal, NamedTuple, cast
+
+from typing_extensions import TypeVar
 
 from broker.backoff import Backoff
 from broker.client.admin import zookeeper_of
@@ -74,7 +76,7 @@ from broker.client.consumer import (
     DEFAULT_FETCH_BYTES,
     MAX_FETCH_BYTES,
     corrupt_segment_reply,
-    decode_fetched,
+    damaged_range,
     grown_fetch_bytes,
 )
 from broker.clock import SYSTEM_CLOCK, Clock
@@ -88,6 +90,7 @@ from broker.errors import (
     UnknownTopicOrPartition,
 )
 from broker.lifecycle import Closing
+from broker.log.codec import decode_records
 from broker.log.message import Headers
 from broker.protocol import (
     EARLIEST,
@@ -152,6 +155,14 @@ class Record(NamedTuple):
     read again). -1 only in a Record made by hand."""
 
 
+R = TypeVar("R", bound=tuple[Any, ...], default=Record)
+"""What a member hands out: Records, or records of another tuple type of Record's layout
+(the Kafka-shaped consumer's Messages, broker.client.kafka), made straight from the fetched
+bytes (broker.log.codec.decode_records)."""
+OFFSET_AT: Final = Record._fields.index("offset")
+"""Where a record of any record type holds its offset."""
+
+
 @dataclass(eq=False)
 class _Owned:
     """An owned partition: what was handed out, what is fetched next, what is in flight."""
@@ -166,8 +177,8 @@ class _Owned:
     committed: int | None
     fetch_offset: int = 0
     fetch_bytes: int = DEFAULT_FETCH_BYTES
-    buffered: deque[Record] = field(default_factory=deque)
-    """Records of the last fetch reply not handed out yet."""
+    buffered: deque[Any] = field(default_factory=deque)
+    """Records (of the member's record type) of the last fetch reply not handed out yet."""
     in_flight: tuple[Connection, int] | None = None
     sent_at: float = 0.0
     rest_until: float = 0.0
@@ -253,7 +264,7 @@ def _on_partition_count(wanted: threading.Event) -> Callable[[TopicConfig | None
     return changed
 
 
-class GroupConsumer(Closing):
+class GroupConsumer(Closing, Generic[R]):
     """Consume `topics` as member `consumer_id` of `group`, through the ZooKeeper ensemble
     `zookeeper` ("host:port[,...]") and registry `chroot` (default /pylog), or, with `broker`
     ("host:port", several comma-separated) and `zookeeper` None, through the ensemble and
@@ -270,7 +281,9 @@ class GroupConsumer(Closing):
     (broker.security.ZooKeeperAuth) is the ZooKeeper digest identity the member presents to
     a registry with ACLs: the group's nodes are its identity's, and every member of the group
     presents the same one (docs/registry.md, "Who may write what"). `clock` (broker.clock)
-    times auto-commits, the rests of partitions after errors and the fetches overdue."""
+    times auto-commits, the rests of partitions after errors and the fetches overdue.
+    `record_type` (default Record) is what it hands out: a tuple type of Record's layout
+    without a __dict__, each made from the fetched bytes, no Record between."""
 
     def __init__(
         self,
@@ -296,6 +309,7 @@ class GroupConsumer(Closing):
         keys: ClientKeys | None = None,
         zookeeper_auth: ZooKeeperAuth | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        record_type: type[R] | None = None,
     ) -> None:
         if reset not in ("earliest", "latest"):
             raise ValueError(f"reset {reset!r}: use earliest or latest")
@@ -305,6 +319,7 @@ class GroupConsumer(Closing):
             raise ValueError("a group consumer needs at least one topic")
         self.consumer_id = consumer_id or default_consumer_id()
         self.clock = clock
+        self.record_type = record_type if record_type is not None else cast("type[R]", Record)
         self.reset: Reset = reset
         self.auto_commit_interval_s = auto_commit_interval_s
         self.on_assigned = on_assigned
@@ -389,7 +404,7 @@ class GroupConsumer(Closing):
 
     # -- consuming ---------------------------------------------------------------------------
 
-    def poll(self, max_wait_ms: int | None = None) -> list[Record]:
+    def poll(self, max_wait_ms: int | None = None) -> list[R]:
         """The next messages of the owned partitions, waiting up to `max_wait_ms` (default
         the member's) for some; rebalances first when the group, the brokers or the topics
         changed. Returns nothing while ZooKeeper is unreachable. Calling it counts every record
@@ -399,7 +414,7 @@ class GroupConsumer(Closing):
         self._fill(wait_ms(max_wait_ms, self.max_wait_ms))
         return self._take_buffered()
 
-    def __iter__(self) -> Iterator[Record]:
+    def __iter__(self) -> Iterator[R]:
         """Messages for ever (until close or interrupt), one at a time: each counts as
         processed when the next one is asked for. Records fetched and not handed out stay
         with the member, so a loop left (break, an exception) and entered again goes on
@@ -414,7 +429,7 @@ class GroupConsumer(Closing):
             if record is not None:
                 yield record
 
-    def poll_record(self, max_wait_ms: int | None = None) -> Record | None:
+    def poll_record(self, max_wait_ms: int | None = None) -> R | None:
         """The next message, one at a time, waiting up to `max_wait_ms` (default the
         member's) for one; None when none came. Calling it counts the record it returned
         before as processed, as a step of `for record in member` does. TypeError for a float
@@ -422,7 +437,7 @@ class GroupConsumer(Closing):
         self._processed_all()
         return self._next_record(wait_ms(max_wait_ms, self.max_wait_ms))
 
-    def poll_records(self, limit: int, max_wait_ms: int | None = None) -> list[Record]:
+    def poll_records(self, limit: int, max_wait_ms: int | None = None) -> list[R]:
         """Up to `limit` records, as that many `poll_record` calls would hand them out, in one
         call: the bookkeeping (processed, auto-commit) once, not once a record; waiting up to
         `max_wait_ms` (default the member's) only when none is fetched yet. The records it
@@ -437,10 +452,10 @@ class GroupConsumer(Closing):
             records = self._hand_out_many(limit)
         return records
 
-    def _hand_out_many(self, limit: int) -> list[Record]:
+    def _hand_out_many(self, limit: int) -> list[R]:
         """Up to `limit` records fetched and not handed out, now in hand (delivered), each
         partition's in order."""
-        records: list[Record] = []
+        records: list[R] = []
         for owned in self._owned.values():
             buffered = owned.buffered
             if not buffered:
@@ -451,12 +466,12 @@ class GroupConsumer(Closing):
                 buffered.clear()
             else:
                 records += [buffered.popleft() for _ in range(take)]
-            owned.delivered = buffered[0].offset if buffered else owned.fetch_offset
+            owned.delivered = buffered[0][OFFSET_AT] if buffered else owned.fetch_offset
             if len(records) >= limit:
                 break
         return records
 
-    def _next_record(self, max_wait_ms: int | None) -> Record | None:
+    def _next_record(self, max_wait_ms: int | None) -> R | None:
         """Hand out the next record fetched, or fetch (up to `max_wait_ms`) and hand out the
         first that came; auto-commit when due either way."""
         self._auto_commit()
@@ -484,13 +499,14 @@ class GroupConsumer(Closing):
         owned.position = owned.delivered = owned.fetch_offset = offset
         owned.rest_until = 0.0
 
-    def _hand_out(self) -> Record | None:
+    def _hand_out(self) -> R | None:
         """The next record fetched and not handed out, now in hand (delivered); None when
         there is none."""
         for owned in self._owned.values():
             if owned.buffered:
-                record = owned.buffered.popleft()
-                owned.delivered = owned.buffered[0].offset if owned.buffered else owned.fetch_offset
+                record: R = owned.buffered.popleft()
+                buffered = owned.buffered
+                owned.delivered = buffered[0][OFFSET_AT] if buffered else owned.fetch_offset
                 return record
         return None
 
@@ -570,9 +586,9 @@ class GroupConsumer(Closing):
             self._rebalance_wanted.set()
         return True
 
-    def _take_buffered(self) -> list[Record]:
+    def _take_buffered(self) -> list[R]:
         """Every record fetched and not handed out, now handed out (delivered)."""
-        records: list[Record] = []
+        records: list[R] = []
         for owned in self._owned.values():
             if owned.buffered:
                 records += owned.buffered
@@ -704,23 +720,16 @@ class GroupConsumer(Closing):
                 raise error
             return False
         base = owned.fetch_offset
-        messages, damage = decode_fetched(fetched.message_set, base, tp.topic, tp.partition)
-        owned.buffered = deque(
-            Record(
-                tp.topic,
-                tp.partition,
-                m.offset,
-                m.timestamp_ms,
-                m.key,
-                m.value,
-                m.headers,
-                m.next_offset,
-            )
-            for m in messages
+        message_set = fetched.message_set
+        records, failure = decode_records(
+            message_set, base, self.record_type, tp.topic, tp.partition
         )
-        if damage is None:
-            owned.fetch_offset = base + len(fetched.message_set)
-        elif messages:  # these first; the next fetch meets the damage
+        owned.buffered = deque(records)
+        if failure is None:
+            owned.fetch_offset = base + len(message_set)
+            return False
+        damage = damaged_range(message_set, base, tp.topic, tp.partition, failure)
+        if records:  # these first; the next fetch meets the damage
             owned.fetch_offset = damage.start
         else:
             self._damaged(owned, damage)

@@ -33,10 +33,10 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from broker.client.connection import DEFAULT_CLIENT_ID
-from broker.client.group import BrokerPartition, GroupConsumer, Record
+from broker.client.group import BrokerPartition, GroupConsumer
 from broker.client.producer import DELIVERY_TIMEOUT_S, Delivery
 from broker.client.producer import Producer as _Producer
 from broker.errors import (
@@ -191,78 +191,66 @@ class TopicPartition:
         )
 
 
-class Message:
-    """A message read or delivered, with confluent-kafka's accessors."""
+class Message(tuple[Any, ...]):
+    """A message read or delivered, with confluent-kafka's accessors. A tuple underneath, of a
+    group member's Record's layout (topic, partition, offset, timestamp_ms, key, value,
+    headers, next_offset), so that a consumer's are made straight from the fetched bytes
+    (broker.log.codec.decode_records) with nothing between; read it through its accessors."""
 
-    __slots__ = (
-        "_error",
-        "_headers",
-        "_key",
-        "_next",
-        "_offset",
-        "_partition",
-        "_timestamp",
-        "_topic",
-        "_value",
-    )
+    __slots__ = ()
 
-    def __init__(
-        self,
+    @classmethod
+    def of(
+        cls,
         topic: str,
         partition: int,
         offset: int,
         key: Any,
         value: Any,
         timestamp_ms: int,
-        headers: list[tuple[str, bytes | None]] | None,
-        error: KafkaError | None = None,
+        headers: Iterable[tuple[str, bytes | None]] | None,
         next_offset: int = OFFSET_INVALID,
-    ) -> None:
-        self._topic = topic
-        self._partition = partition
-        self._offset = offset
-        self._key = key
-        self._value = value
-        self._timestamp = timestamp_ms
-        self._headers = headers
-        self._error = error
-        self._next = next_offset
+    ) -> Message:
+        fields = (topic, partition, offset, timestamp_ms, key, value, tuple(headers or ()))
+        return tuple.__new__(cls, (*fields, next_offset))
 
     def topic(self) -> str:
-        return self._topic
+        return cast(str, self[0])
 
     def partition(self) -> int:
-        return self._partition
+        return cast(int, self[1])
 
     def offset(self) -> int:
         """The message's offset: its byte position in the partition (not a count)."""
-        return self._offset
+        return cast(int, self[2])
 
     def next_offset(self) -> int:
         """Where the next message starts: the offset to commit to have read this one (pylog's
         own; Kafka's is offset() + 1)."""
-        return self._next
+        return cast(int, self[7])
 
     def key(self) -> Any:
-        return self._key
+        return self[4]
 
     def value(self) -> Any:
-        return self._value
+        return self[5]
 
     def headers(self) -> list[tuple[str, bytes | None]] | None:
-        return self._headers
+        return list(self[6]) or None
 
     def timestamp(self) -> tuple[int, int]:
-        return TIMESTAMP_CREATE_TIME, self._timestamp
+        return TIMESTAMP_CREATE_TIME, self[3]
 
     def error(self) -> KafkaError | None:
-        return self._error
+        return None
 
     def __len__(self) -> int:
-        return 0 if self._value is None else len(self._value)
+        """The value's length, as confluent-kafka's (not the tuple's)."""
+        value = self[5]
+        return 0 if value is None else len(value)
 
     def __repr__(self) -> str:
-        return f"Message(topic={self._topic!r}, partition={self._partition}, offset={self._offset})"
+        return f"Message(topic={self[0]!r}, partition={self[1]}, offset={self[2]})"
 
 
 DeliveryCallback = Callable[[KafkaError | None, Message], object]
@@ -573,7 +561,7 @@ class Producer:
                 if report is None:
                     continue
                 offset, error = done.outcome()  # no offset with acks 0: OFFSET_INVALID
-                message = Message(
+                message = Message.of(
                     topic,
                     partition,
                     OFFSET_INVALID if offset is None else offset,
@@ -652,7 +640,7 @@ class Consumer:
                 self._zookeeper_auth = ZooKeeperAuth.load(str(conf["pylog.zookeeper.auth.file"]))
             except KeyFileError as error:
                 raise KafkaException(f"pylog.zookeeper.auth.file: {error}") from None
-        self._member: GroupConsumer | None = None
+        self._member: GroupConsumer[Message] | None = None
         self._closed = False
 
     def subscribe(
@@ -697,12 +685,13 @@ class Consumer:
                 timeout_s=self._timeout_s,
                 keys=self._keys,
                 zookeeper_auth=self._zookeeper_auth,
+                record_type=Message,
                 **member_options,
             )
         except PylogError as error:
             raise KafkaException(error) from None
 
-    def _joined(self) -> GroupConsumer:
+    def _joined(self) -> GroupConsumer[Message]:
         self._check_open()
         if self._member is None:
             raise KafkaException("not subscribed: call subscribe(topics) first")
@@ -731,7 +720,7 @@ class Consumer:
             except PylogError as error:
                 raise KafkaException(error) from None
             if record is not None:
-                return self._message(record)
+                return self._deserialized(record)
             if time.monotonic() >= deadline:
                 return None
 
@@ -754,28 +743,33 @@ class Consumer:
                 records = member.poll_records(num_messages - len(messages), wait_ms)
             except PylogError as error:
                 raise KafkaException(error) from None
-            messages += [self._message(record) for record in records]
+            if self._deserializers != (None, None):
+                records = [self._deserialized(record) for record in records]
+            messages += records
             if time.monotonic() >= deadline:
                 break
         return messages
 
-    def _message(self, record: Record) -> Message:
+    def _deserialized(self, message: Message) -> Message:
+        """`message` with its key and value through `key.deserializer` and
+        `value.deserializer`, when the consumer has them."""
         key_deserializer, value_deserializer = self._deserializers
-        key, value = record.key, record.value
+        if key_deserializer is None and value_deserializer is None:
+            return message
+        key, value = message.key(), message.value()
         if key_deserializer is not None and key is not None:
             key = key_deserializer(key)
         if value_deserializer is not None:
             value = value_deserializer(value)
-        headers = list(record.headers) if record.headers else None
-        return Message(
-            record.topic,
-            record.partition,
-            record.offset,
+        return Message.of(
+            message.topic(),
+            message.partition(),
+            message.offset(),
             key,
             value,
-            record.timestamp_ms,
-            headers,
-            next_offset=record.next_offset,
+            message.timestamp()[1],
+            message.headers(),
+            message.next_offset(),
         )
 
     def commit(

@@ -422,13 +422,50 @@ static PyObject *headers_of(const unsigned char *data, Py_ssize_t at, Py_ssize_t
     return headers;
 }
 
+/* A new record of `target` (decode_records): a tuple of `target->type`, made by its tp_alloc as
+ * new_message makes a Message, of (topic, partition, offset, timestamp_ms, key, value, headers,
+ * next_offset). Steals the references but topic's and partition's (timestamp_obj and next may
+ * be NULL: an error made them). */
+typedef struct {
+    PyTypeObject *type;
+    PyObject *topic, *partition;
+} record_target;
+
+static PyObject *new_record(const record_target *target, PyObject *offset, PyObject *timestamp_obj,
+                            PyObject *key, PyObject *value, PyObject *headers, PyObject *next) {
+    PyObject *record = NULL;
+    if (timestamp_obj && headers && next)
+        record = target->type->tp_alloc(target->type, 8);
+    if (record == NULL) {
+        Py_DECREF(offset);
+        Py_XDECREF(timestamp_obj);
+        Py_XDECREF(key);
+        Py_DECREF(value);
+        Py_XDECREF(headers);
+        Py_XDECREF(next);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(record, 0, Py_NewRef(target->topic));
+    PyTuple_SET_ITEM(record, 1, Py_NewRef(target->partition));
+    PyTuple_SET_ITEM(record, 2, offset);
+    PyTuple_SET_ITEM(record, 3, timestamp_obj);
+    PyTuple_SET_ITEM(record, 4, key);
+    PyTuple_SET_ITEM(record, 5, value);
+    PyTuple_SET_ITEM(record, 6, headers);
+    PyTuple_SET_ITEM(record, 7, next);
+    /* As a Message (new_message): its items are str, int, bytes, None and tuples of them, and
+     * the type has no __dict__ (decode_records checks), so it can be in no cycle. */
+    PyObject_GC_UnTrack(record);
+    return record;
+}
+
 /* decode_set(buf, base_offset, start, set_size) -> (messages, bad_position or None)
  * message.decode_set: the Messages of a set from `start` up to the first that fails its checks
  * (or is a compressed set); with set_size >= 0, the inner set of a compressed set at
- * base_offset, whose size on disk is set_size. */
-static PyObject *decode_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (arguments("decode_set", nargs, 4) < 0)
-        return NULL;
+ * base_offset, whose size on disk is set_size. With a `target`, records of it instead
+ * (decode_records). */
+static PyObject *decode_into(PyObject *module, PyObject *const *args,
+                              const record_target *target) {
     PyTypeObject *type = state_of(module)->message_type;
     PyObject *base_obj = args[1];
     int64_t base;
@@ -485,8 +522,14 @@ static PyObject *decode_set(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyObject *size = shared_int(size_value, &last_size, &last_size_obj);
         PyObject *timestamp = shared_int(h.timestamp, &last_timestamp, &last_timestamp_obj);
         PyObject *headers = headers_of(data, key_end, h.headers);
-        PyObject *message =
-            new_message(type, offset, size, timestamp, key, value, h.checksum, headers);
+        PyObject *message;
+        if (target == NULL) {
+            message = new_message(type, offset, size, timestamp, key, value, h.checksum, headers);
+        } else { /* next_offset: offset + size, the size a Message would have */
+            PyObject *next = size == NULL ? NULL : PyNumber_Add(offset, size);
+            Py_XDECREF(size);
+            message = new_record(target, offset, timestamp, key, value, headers, next);
+        }
         if (message == NULL)
             goto error;
         int appended = PyList_Append(messages, message);
@@ -509,6 +552,34 @@ error:
     Py_XDECREF(set_offset);
     PyBuffer_Release(&view);
     return NULL;
+}
+
+static PyObject *decode_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (arguments("decode_set", nargs, 4) < 0)
+        return NULL;
+    return decode_into(module, args, NULL);
+}
+
+/* decode_records(buf, base_offset, start, set_size, type, topic, partition)
+ * -> (records, bad_position or None)
+ * message.decode_records: decode_set's messages as records of `type`, a subtype of tuple without
+ * a __dict__, each (topic, partition, offset, timestamp_ms, key, value, headers, next_offset). */
+static PyObject *decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (arguments("decode_records", nargs, 7) < 0)
+        return NULL;
+    PyObject *type = args[4];
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type) ||
+        ((PyTypeObject *)type)->tp_dictoffset != 0 ||
+        ((PyTypeObject *)type)->tp_basicsize != PyTuple_Type.tp_basicsize) {
+        PyErr_SetString(PyExc_TypeError, "decode_records: type is a tuple type without __dict__");
+        return NULL;
+    }
+    if (!PyUnicode_CheckExact(args[5]) || !PyLong_CheckExact(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "decode_records: topic is a str, partition an int");
+        return NULL;
+    }
+    record_target target = {(PyTypeObject *)type, args[5], args[6]};
+    return decode_into(module, args, &target);
 }
 
 #define MAX_COLUMN_SET 0x7FFFFFFF
@@ -1036,6 +1107,9 @@ static PyMethodDef codec_methods[] = {
      "message.scan_walk."},
     {"decode_set", (PyCFunction)(void (*)(void))decode_set, METH_FASTCALL,
      "decode_set(buf, base_offset, start, set_size): message.decode_set."},
+    {"decode_records", (PyCFunction)(void (*)(void))decode_records, METH_FASTCALL,
+     "decode_records(buf, base_offset, start, set_size, type, topic, partition): "
+     "message.decode_records."},
     {"decode_columns", (PyCFunction)(void (*)(void))decode_columns, METH_FASTCALL,
      "decode_columns(pieces, end_offset): message.decode_columns."},
     {"encode_message", (PyCFunction)(void (*)(void))encode_message,

@@ -1,5 +1,5 @@
 # The C functions of broker/log/_codec.c; broker.log.message has their Python references.
-from broker.log.message import Buffer, Columns, HeaderItems, Message, Piece, Walked
+from broker.log.message import Buffer, Columns, HeaderItems, Message, Piece, R, Walked
 
 def scan_walk(
     buf: Buffer, max_message_bytes: int, index_interval: int, next_mark: int, inner: bool
@@ -7,6 +7,15 @@ def scan_walk(
 def decode_set(
     buf: Buffer, base_offset: int, start: int, set_size: int
 ) -> tuple[list[Message], int | None]: ...
+def decode_records(
+    buf: Buffer,
+    base_offset: int,
+    start: int,
+    set_size: int,
+    record_type: type[R],
+    topic: str,
+    partition: int,
+) -> tuple[list[R], int | None]: ...
 def decode_columns(pieces: list[Piece], end_offset: int) -> Columns: ...
 def encode_message(
     value: bytes,

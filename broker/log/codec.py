@@ -10,8 +10,8 @@ misbehave); `PYLOG_CODEC=c` makes a missing extension an ImportError that says h
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from typing import Final
+from collections.abc import Callable, Iterator
+from typing import Final, TypeVar
 
 from broker.errors import InvalidMessage
 from broker.log import message
@@ -33,6 +33,7 @@ from broker.log.message import (
     Columns,
     Message,
     Piece,
+    R,
     ScanResult,
     decode_failure,
     message_size_at,
@@ -60,11 +61,13 @@ else:
         from broker.log import message as _impl
 
 IMPLEMENTATION: Final = "c" if _impl is not message else "python"
+T = TypeVar("T")
 
 encode_message: Final = _impl.encode_message
 """encode_message(value, key=None, timestamp_ms=None): broker.log.message.encode_message."""
 _scan_walk: Final = _impl.scan_walk
 _decode_set: Final = _impl.decode_set
+_decode_records: Final = _impl.decode_records
 _decode_columns: Final = _impl.decode_columns
 
 
@@ -205,22 +208,43 @@ def decode(buf: Buffer, base_offset: int) -> tuple[list[Message], InvalidMessage
     0 but the last: docs/storage.md), up to the first message or set that fails its checks,
     and what is wrong there (None when all pass): a set that fails gives none of its
     messages."""
-    messages, bad = _decode_set(buf, base_offset, 0, -1)
+    return _expanded(buf, base_offset, _decode_set)
+
+
+def decode_records(
+    buf: Buffer, base_offset: int, record_type: type[R], topic: str, partition: int
+) -> tuple[list[R], InvalidMessage | None]:
+    """`decode`'s messages as records of `record_type` (message.decode_records), made from
+    the bytes with no Message between: what a consumer hands out, at the cost of decoding."""
+
+    def records(inner: Buffer, base: int, start: int, set_size: int) -> tuple[list[R], int | None]:
+        return _decode_records(inner, base, start, set_size, record_type, topic, partition)
+
+    return _expanded(buf, base_offset, records)
+
+
+def _expanded(
+    buf: Buffer,
+    base_offset: int,
+    decode_set: Callable[[Buffer, int, int, int], tuple[list[T], int | None]],
+) -> tuple[list[T], InvalidMessage | None]:
+    """What `decode_set` gives of the set, each compressed set expanded in its place: `decode`."""
+    decoded, bad = decode_set(buf, base_offset, 0, -1)
     while bad is not None:
         if not is_set(buf, bad):
-            return messages, decode_failure(buf, bad)
+            return decoded, decode_failure(buf, bad)
         following = bad + message_size_at(buf, bad)
         try:
             inner = inner_set(buf, bad)
         except InvalidMessage as error:
-            return messages, error
-        expanded, inner_bad = _decode_set(inner, base_offset + bad, 0, following - bad)
+            return decoded, error
+        expanded, inner_bad = decode_set(inner, base_offset + bad, 0, following - bad)
         if inner_bad is not None:
-            return messages, _inner_failure(inner, inner_bad, bad)
-        messages += expanded
-        more, bad = _decode_set(buf, base_offset, following, -1)
-        messages += more
-    return messages, None
+            return decoded, _inner_failure(inner, inner_bad, bad)
+        decoded += expanded
+        more, bad = decode_set(buf, base_offset, following, -1)
+        decoded += more
+    return decoded, None
 
 
 def decode_columns(

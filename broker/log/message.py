@@ -32,7 +32,7 @@ import struct
 import time
 from array import array
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from xxhash import xxh3_64_intdigest
 
@@ -140,6 +140,8 @@ NO_TIMESTAMP = -(1 << 63)
 """The smallest i64: the greatest timestamp of no messages at all."""
 
 Buffer = bytes | bytearray | memoryview
+R = TypeVar("R", bound=tuple[object, ...])
+"""A record type of decode_records."""
 
 
 class Message(NamedTuple):
@@ -540,6 +542,34 @@ def decode_set(
         if messages and bad is None:
             messages[-1] = messages[-1]._replace(size=set_size)
     return messages, bad
+
+
+def decode_records(
+    buf: Buffer,
+    base_offset: int,
+    start: int,
+    set_size: int,
+    record_type: type[R],
+    topic: str,
+    partition: int,
+) -> tuple[list[R], int | None]:
+    """decode_set's messages as records of `record_type` (a tuple type without a __dict__,
+    such as a named tuple), each (topic, partition, offset, timestamp_ms, key, value, headers,
+    next_offset), next_offset the offset plus the message's size: the reference of
+    broker.log._codec.decode_records, which makes them without a Message between."""
+    if not (
+        issubclass(record_type, tuple)
+        and record_type.__dictoffset__ == 0
+        and record_type.__basicsize__ == tuple.__basicsize__
+    ):
+        raise TypeError("decode_records: type is a tuple type without __dict__")
+    if type(topic) is not str or type(partition) is not int:
+        raise TypeError("decode_records: topic is a str, partition an int")
+    messages, bad = decode_set(buf, base_offset, start, set_size)
+    fields = (
+        (m.offset, m.timestamp_ms, m.key, m.value, m.headers, m.next_offset) for m in messages
+    )
+    return [tuple.__new__(record_type, (topic, partition, *f)) for f in fields], bad
 
 
 def decode_failure(buf: Buffer, pos: int, inner: bool = False) -> InvalidMessage:

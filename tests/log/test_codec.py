@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from xxhash import xxh3_64_intdigest
 
+from broker.client.group import Record
 from broker.errors import InvalidMessage
 from broker.log import _codec, codec, compression, message
 from broker.log.message import (
@@ -40,6 +41,8 @@ timestamps = st.one_of(
     st.integers(I64_MIN, I64_MAX),
 )
 messages = st.tuples(st.binary(max_size=300), keys, timestamps)
+RECORD = (Record, "topic", 7)
+"""decode_records' record type, topic and partition in these checks."""
 buffer_kinds: list[Callable[[bytes], Any]] = [bytes, bytearray, memoryview]
 
 
@@ -79,6 +82,8 @@ def check_all(
         same(message.scan, c_scan, buf, max_message_bytes, interval, mark)
         same(message.decode_set, _codec.decode_set, buf, 1000, 0, 7)  # as an inner set
         kind_, decoded = same(message.decode_set, _codec.decode_set, buf, 1000, 0, -1)
+        for set_size in (7, -1):
+            same(message.decode_records, _codec.decode_records, buf, 1000, 0, set_size, *RECORD)
         if kind_ == "returned" and decoded[1] is not None:
             failure = decode_failure(buf, decoded[1])
             with pytest.raises(InvalidMessage) as raised:
@@ -206,6 +211,8 @@ def test_offsets_past_int64() -> None:
     for base in (I64_MAX - 10, I64_MAX, 1 << 70, I64_MIN, -(1 << 70)):
         same(message.decode_set, _codec.decode_set, data, base, 0, -1)
         same(message.decode_set, _codec.decode_set, data, base, 0, 99)
+        for set_size in (-1, 99):
+            same(message.decode_records, _codec.decode_records, data, base, 0, set_size, *RECORD)
         for end in (base, base + 30, I64_MAX, 1 << 80):
             for size in (-1, 99):
                 same(message.decode_columns, _codec.decode_columns, [(data, base, size)], end)
@@ -257,6 +264,45 @@ def test_decoded_message_is_a_message() -> None:
     assert decoded._replace(offset=0).offset == 0
 
 
+def test_decoded_records_are_the_decoded_messages_as_records() -> None:
+    """decode_records makes, from the bytes, what a group member hands out: each message's
+    Record, the next offset its offset plus its size (an inner set's: the set's offset, and
+    past the set for its last message)."""
+    batch: list[tuple[bytes, bytes | None, int]] = [(b"value", b"key", 42), (b"other", None, 43)]
+    for set_size in (-1, 99):  # plain, and an inner set's
+        data = encoded(batch, inner=set_size >= 0)
+        messages, _ = _codec.decode_set(data, 10, 0, set_size)
+        records, bad = _codec.decode_records(data, 10, 0, set_size, Record, "t", 3)
+        assert bad is None
+        expected = [
+            Record("t", 3, m.offset, m.timestamp_ms, m.key, m.value, m.headers, m.next_offset)
+            for m in messages
+        ]
+        assert records == expected and all(type(r) is Record for r in records)
+        assert not any(gc.is_tracked(r) for r in records)
+    assert [r.next_offset for r in records] == [10, 10 + 99]
+
+
+@pytest.mark.parametrize(
+    ("record_type", "topic", "partition", "refused"),
+    [
+        (list, "t", 0, "a tuple type without __dict__"),
+        (type("WithDict", (tuple,), {}), "t", 0, "a tuple type without __dict__"),
+        (Record, b"t", 0, "topic is a str"),
+        (Record, "t", 0.0, "partition an int"),
+        (Record, "t", True, "partition an int"),
+    ],
+)
+def test_decode_records_refuses_what_it_cannot_make(
+    record_type: Any, topic: Any, partition: Any, refused: str
+) -> None:
+    data = encoded([(b"v", None, 1)])
+    kind, (error, text) = same(
+        message.decode_records, _codec.decode_records, data, 0, 0, -1, record_type, topic, partition
+    )
+    assert (kind, error) == ("raised", TypeError) and refused in text
+
+
 def test_repeated_decoding_does_not_grow_memory() -> None:
     """Leak sanity: every object the C functions make is freed with its result."""
     data = encoded([(b"v" * 174, None, 1)] * 1000 + [(b"v" * 100, b"key", 2)] * 100)
@@ -284,6 +330,8 @@ def run_everything(data: bytes, corrupt: bytes) -> None:
         _codec.scan_walk(buf, 1 << 20, 4096, 0, True)
         _codec.decode_set(buf, 0, 0, -1)
         _codec.decode_set(buf, 0, 0, 40)
+        _codec.decode_records(buf, 0, 0, -1, *RECORD)
+        _codec.decode_records(buf, 0, 0, 40, *RECORD)
         _codec.decode_columns([(buf, 0, -1), (buf, 10, 40)], I64_MAX)
     for i in range(200):
         _codec.encode_message(b"v" * 100, b"k" if i % 2 else None, i)
