@@ -25,7 +25,6 @@ from broker.log.config import (
     bound_problem,
     choice_problem,
 )
-from broker.log.files import DEFAULT_MAX_OPEN_FILES
 from broker.logs import FORMATS
 from broker.security import check_principal_name
 
@@ -283,9 +282,11 @@ SETTINGS: tuple[Setting, ...] = (
         "log",
         "max_open_files",
         int,
-        DEFAULT_MAX_OPEN_FILES,
+        None,
         "Segment files (write handles and read mappings) a worker keeps open at most; the least "
-        "recently used are closed and opened again when next used.",
+        "recently used are closed and opened again when next used. none: as many as the "
+        "process's limits allow (its open-file limit less 128, at most half vm.max_map_count).",
+        optional=True,
     ),
     Setting(
         "metrics",
@@ -461,7 +462,7 @@ class SettingTypes:
     log_index_interval_bytes: int
     log_compression: str
     log_retention_check_interval_ms: int
-    log_max_open_files: int
+    log_max_open_files: int | None
     metrics_enabled: bool
     metrics_host: str
     metrics_port: int
@@ -685,7 +686,8 @@ def check_config(config: BrokerConfig) -> None:
         "broker_queued_reply_bytes_per_client",
         "broker_fetch_max_bytes",
     ):
-        if config.values.get(name, 1) < 1:
+        value = config.values.get(name)
+        if value is not None and value < 1:
             raise ValueError(f"{name} must be at least 1")
 
 

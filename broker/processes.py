@@ -21,6 +21,8 @@ it; `listening_pids(port)` tells whether that is the process meant to.
 the process's limit of open files (RLIMIT_NOFILE, `ulimit -n`) must hold a worker's segment
 files (log.max_open_files) and FDS_BESIDES_SEGMENTS more. A soft limit below that is raised to
 the hard limit; a hard limit below it stops pylogd with one line that says what to change.
+`segment_file_limit(max_open_files)` is the number of segment files a worker keeps open:
+log.max_open_files, or without one (none, the default) as many as the limits allow.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "name_process",
     "orphan_proof",
     "port_holder",
+    "segment_file_limit",
 ]
 
 log = logging.getLogger(__name__)
@@ -125,6 +128,28 @@ their mailboxes, the supervisor's client connections, checkpoint and epoch files
 mappings kept open while a reply still sends them (broker.log.files), its log."""
 UNLIMITED_SOFT_LIMIT = 1 << 20
 """The soft limit set when the hard one is unlimited (systemd's LimitNOFILE=1048576)."""
+
+
+MAP_COUNT_PATH = Path("/proc/sys/vm/max_map_count")
+DEFAULT_MAP_COUNT = 65_530
+"""Linux's default vm.max_map_count, taken where /proc does not say."""
+
+
+def segment_file_limit(max_open_files: int | None) -> int:
+    """The segment files a worker keeps open at most: `max_open_files` (log.max_open_files)
+    when set; without one (none), what the process's limits allow: its hard limit of open files
+    (which ensure_file_limit raises the soft one to) less FDS_BESIDES_SEGMENTS, and at most half
+    of vm.max_map_count, the mappings a process may hold (each open segment or index file is
+    one, and the rest are the interpreter's, ZeroMQ's and the kept-aside mappings'); at least 1."""
+    if max_open_files is not None:
+        return max_open_files
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    allowed = UNLIMITED_SOFT_LIMIT if hard == resource.RLIM_INFINITY else hard
+    try:
+        map_count = int(MAP_COUNT_PATH.read_text())
+    except (OSError, ValueError):
+        map_count = DEFAULT_MAP_COUNT
+    return max(1, min(allowed - FDS_BESIDES_SEGMENTS, map_count // 2))
 
 
 def ensure_file_limit(max_open_files: int) -> None:

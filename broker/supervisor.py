@@ -57,7 +57,7 @@ from broker.front import Front
 from broker.logs import set_log_level
 from broker.metrics import BrokerStatistics, serve_metrics
 from broker.pool import Answers, WorkerPool
-from broker.processes import ensure_file_limit
+from broker.processes import ensure_file_limit, segment_file_limit
 from broker.quotas import QuotaConfig, describe_quotas
 from broker.ratelog import RateLimitedLog
 from broker.registry import BrokerRegistration, Registry
@@ -146,7 +146,10 @@ class Supervisor:
     def start(self) -> None:
         """Everything up to READY: front socket and metrics endpoint (first, so that a port in
         use stops pylogd before anything is started), ZooKeeper, registry, topics, workers."""
-        ensure_file_limit(self.config.log_max_open_files)
+        open_files = segment_file_limit(self.config.log_max_open_files)
+        ensure_file_limit(open_files)
+        if self.config.log_max_open_files is None:
+            log.info("a worker keeps up to %d segment files open (the limits')", open_files)
         for directory in (self.data_dir, self.run_dir, *self.log_dirs):
             directory.mkdir(parents=True, exist_ok=True)
         self.run_dir.chmod(0o700)  # the workers' ipc sockets: no other user may connect them

@@ -71,7 +71,7 @@ from broker.log.message import Buffer
 from broker.log.segment import storage_error
 from broker.logs import configure_logging, set_log_level
 from broker.partition import Partition
-from broker.processes import exit_with_supervisor, name_process
+from broker.processes import exit_with_supervisor, name_process, segment_file_limit
 from broker.reads import Reads
 from broker.replication.replica import PendingAck, Replica
 from broker.served import Served
@@ -522,7 +522,7 @@ class Worker:
 
 async def run_worker(index: int, endpoint: str, config: BrokerConfig) -> None:
     """Serve until SIGTERM or SIGINT, then flush and close every log."""
-    OPEN_FILES.limit = config.log_max_open_files
+    OPEN_FILES.limit = segment_file_limit(config.log_max_open_files)
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 5000)
