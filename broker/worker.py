@@ -213,6 +213,7 @@ class Worker:
                 partition.log.close()
             except PylogError as error:
                 log.error("closing %s-%d: %s", partition.topic, partition.number, error)
+            partition.checkpoint.close()
             partition.wake_all()
         self.partitions.clear()
         self.flusher.round.close()
@@ -466,6 +467,7 @@ class Worker:
                 partition.log.close(flush=False)
             except PylogError as error:
                 log.error("closing %s for its delete: %s", partition.name, error)
+            partition.checkpoint.close()
             partition.wake_all()  # they see it gone and answer
             deleted = UnknownTopicOrPartition(f"{partition.name} was deleted before its flush")
             partition.replica.fail_acks(deleted, self.served.replies)  # never acked

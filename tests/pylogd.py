@@ -127,6 +127,16 @@ class RunningBroker:
                     pids.append(pid)
         return sorted(pids)
 
+    def workers_open_files(self) -> list[str]:
+        """What its workers' open file descriptors point at."""
+        targets = []
+        for pid in self.worker_pids():
+            with contextlib.suppress(FileNotFoundError):  # a process or descriptor gone meanwhile
+                for fd in Path(f"/proc/{pid}/fd").iterdir():
+                    with contextlib.suppress(FileNotFoundError):
+                        targets.append(os.readlink(fd))
+        return targets
+
     def zookeeper_pid(self) -> int | None:
         """The private ZooKeeper's pid, if pylogd runs one."""
         return next((p for p, cmd in self.children().items() if "QuorumPeerMain" in cmd), None)

@@ -69,6 +69,27 @@ def test_ack_all_is_answered_once_every_replica_holds_the_bytes(
     assert sorted(read) == sorted(values)
 
 
+def test_a_deleted_replicated_topic_leaves_no_file_open_on_any_broker(
+    shared_three_brokers: ThreeBrokers,
+) -> None:
+    """Its segments', producer state's and high-watermark checkpoint's handles (this one kept
+    open between writes) are closed when its partitions are deleted."""
+    one = shared_three_brokers.brokers[1]
+    with Admin(one.endpoint) as admin:
+        admin.create_topic("dropped", 2, REPLICATED)
+        with Producer(one.endpoint, "dropped", ack=Ack.ALL, batch_messages=10) as producer:
+            for i in range(100):
+                producer.send(b"value-%d" % i)
+            producer.flush()
+        root = shared_three_brokers.root
+        checkpoints = list(root.glob("broker-*/logs/dropped-*/high-watermark-checkpoint"))
+        assert len(checkpoints) == 6  # written by every replica: the handles held were opened
+        admin.delete_topic("dropped")
+    wait_until(lambda: not list(root.glob("broker-*/logs/dropped-*")), what="the deletes")
+    for broker in shared_three_brokers.brokers.values():
+        assert [f for f in broker.workers_open_files() if "/dropped-" in f] == []
+
+
 def test_a_dead_follower_leaves_the_isr_and_catches_up_when_it_returns(
     shared_three_brokers: ThreeBrokers,
 ) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import os
 import re
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import zstandard
 from xxhash import xxh3_64_intdigest
 
 from broker.log import codec, hwcheckpoint
+from broker.log.files import OPEN_FILES
 from broker.log.message import encode_message, iter_messages
 from tests.log.test_compression import as_inner
 
@@ -64,6 +67,39 @@ def test_the_documented_high_watermark_checkpoint_is_what_the_code_writes(tmp_pa
     checkpoint.write(6922)
     assert (tmp_path / "high-watermark-checkpoint").read_bytes() == documented
     assert hwcheckpoint.HighWatermarkCheckpoint(tmp_path).value == 6922
+
+
+def test_a_checkpoint_keeps_its_handle_between_writes_within_max_open_files(
+    tmp_path: Path,
+) -> None:
+    """One open(2) for many writes, the handle counted in OPEN_FILES: released when more than
+    its limit are open (the next write opens the file again), and by close()."""
+
+    def handles() -> int:
+        path, targets = str(tmp_path / "high-watermark-checkpoint"), []
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(FileNotFoundError):  # the listing's own descriptor
+                targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return targets.count(path)
+
+    checkpoint = hwcheckpoint.HighWatermarkCheckpoint(tmp_path)
+    before = len(OPEN_FILES)
+    for high_watermark in range(1, 50):
+        checkpoint.write(high_watermark)
+    assert handles() == 1 and len(OPEN_FILES) == before + 1
+    limit, newer = OPEN_FILES.limit, object()
+    try:
+        OPEN_FILES.limit = 1
+        OPEN_FILES.used(newer, lambda: None)  # a newer handle: the checkpoint's goes
+        assert handles() == 0
+        checkpoint.write(50)
+        assert handles() == 1
+    finally:
+        OPEN_FILES.closed(newer)
+        OPEN_FILES.limit = limit
+    checkpoint.close()
+    assert handles() == 0
+    assert hwcheckpoint.HighWatermarkCheckpoint(tmp_path).value == 50
 
 
 def test_a_torn_or_foreign_high_watermark_checkpoint_reads_as_0_and_says_why(
