@@ -77,6 +77,10 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
+KNOWN_STARTS = 64
+"""How many message starts a log remembers as known (`_known`): the ends of its recent flushes
+and reads, where followers and consumers fetch next."""
+
 
 @dataclass(frozen=True, slots=True)
 class LogStatistics:
@@ -122,6 +126,11 @@ class PartitionLog:
         """The log start offset: the first segment's base, or past it once records before
         were deleted (`advance_start`)."""
         self._high_watermark = segments[-1].end_offset
+        self._known: dict[int, None] = {}
+        """Offsets known to be message starts, most recent last, at most KNOWN_STARTS: the ends
+        of recent flushes and reads and the offsets checked, where the next fetches come, so
+        that `_locate` need not walk the headers from an index entry to check them again. Cleared
+        when bytes are cut or scanned again."""
         self._pending_messages = 0
         self._pending_since: float | None = None
         self._active_since_ms = clock.time() * 1000
@@ -413,6 +422,7 @@ class PartitionLog:
         """The last step of a flush, once `segment_to_sync` is synced (or was None): every
         appended message becomes visible to reads. `seconds`: how long the flush took."""
         self._high_watermark = self._segments[-1].end_offset
+        self._note_start(self._high_watermark)
         self._pending_messages = 0
         self._pending_since = None
         if self.on_flush is not None:
@@ -491,7 +501,9 @@ class PartitionLog:
                 raise UnsupportedFormat(self.directory.name, segment.base_offset + first)
             if first >= 0:
                 limit = min(limit, first)
-        return segment.read(position, max_bytes, limit)
+        view = segment.read(position, max_bytes, limit)
+        self._note_start(offset + len(view))  # whole messages: the next one starts there
+        return view
 
     def check_offset(self, offset: int) -> None:
         """Raise what `read` would for `offset` (OffsetOutOfRange, InvalidOffset), reading
@@ -552,6 +564,7 @@ class PartitionLog:
         """A read met framing that breaks where no damage was known: the file changed after
         it was opened. Scan that segment again as recovery does, cutting nothing: what fails
         the checks becomes damage that reads report (CorruptSegment), and the rest is served."""
+        self._known.clear()
         segment = self.segment_for(broken.start)
         result = segment.recover(self.config.index_interval_bytes)
         if result.tail_error is not None:
@@ -564,6 +577,13 @@ class PartitionLog:
             ", ".join(f"[{d.start}, {d.end})" for d in segment.damage) or "nothing",
         )
 
+    def _note_start(self, offset: int) -> None:
+        """`offset` is where a message starts (or will: the end of the bytes written)."""
+        known = self._known
+        known[offset] = None
+        if len(known) > KNOWN_STARTS:
+            del known[next(iter(known))]
+
     def _locate(self, offset: int) -> tuple[Segment, int, int]:
         """The segment of a readable message start (or the high watermark), the position in
         it, and where its readable bytes end."""
@@ -572,8 +592,9 @@ class PartitionLog:
         segment = self.segment_for(offset)
         limit = min(self._high_watermark, segment.end_offset) - segment.base_offset
         position = offset - segment.base_offset
-        if position < limit:
+        if position < limit and offset not in self._known:
             segment.check_boundary(position, limit)
+            self._note_start(offset)
         elif position >= segment.size and segment is not self._segments[-1]:
             following = self._bases[bisect_right(self._bases, offset)]
             raise CorruptSegment(
@@ -667,6 +688,7 @@ class PartitionLog:
             self._repairing(lambda: self._check_cut(offset))
         flushed_cut = max(0, self._high_watermark - offset)
         self._high_watermark = min(self._high_watermark, offset)  # nothing past it is read
+        self._known.clear()
         with self._failing_on(f"truncating to {offset}"):
             if offset < end:
                 self._cut_segments(offset)
@@ -747,6 +769,7 @@ class PartitionLog:
             raise ValueError(f"{self.directory.name}: cannot start at {start_offset}")
         dropped = self.log_end_offset - self.log_start_offset
         self._high_watermark = self.log_start_offset  # nothing is read from now on
+        self._known.clear()
         with self._failing_on(f"resetting to {start_offset}"):
             self.epochs.clear_and_start(start_offset, epoch)
             for segment in reversed(self._segments):

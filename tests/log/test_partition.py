@@ -23,6 +23,7 @@ from broker.errors import (
     StorageIOError,
 )
 from broker.log import LogConfig, Message, PartitionLog, encode_message, iter_messages
+from broker.log.segment import Segment
 from tests.conftest import FakeClock
 
 NO_TIME_LIMITS = {"segment_ms": None, "retention_ms": None}
@@ -180,6 +181,58 @@ def test_offset_inside_a_message_is_invalid_naming_its_neighbours(
             log.read(offset, 10_000)
         assert (caught.value.message_start, caught.value.next_offset) == (previous, previous + 100)
         assert f"offset {offset} is not a message boundary" in str(caught.value)
+
+
+def test_where_the_last_read_or_flush_ended_is_not_walked_to_again(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch from where the previous read, or the flush before it, ended (a follower's and a
+    consumer's next fetch) is served without walking the headers from an index entry to check
+    its offset; an offset of no read is checked as ever."""
+    log = open_log(tmp_path / "t-0", clock, index_interval_bytes=1_000_000)
+    walks: list[int] = []
+    check = Segment.check_boundary
+
+    def counted(segment: Segment, position: int, limit: int) -> None:
+        walks.append(position)
+        check(segment, position, limit)
+
+    monkeypatch.setattr(Segment, "check_boundary", counted)
+    log.append(make_set(0, 10))
+    log.flush()  # ends at 1000
+    log.append(make_set(10, 10))
+    log.flush()
+    assert len(log.read(0, 300)) == 300  # the log start: walked to, as an offset of no read
+    assert len(log.read(300, 400)) == 400  # where that read ended
+    log.check_offset(700)  # where that one ended, as a fetch's check before its read
+    assert len(log.read(700, 100_000)) == 1300
+    assert len(log.read(1000, 100)) == 100  # where the first flush ended
+    assert walks == [0]
+    with pytest.raises(InvalidOffset):
+        log.read(750, 100)
+    assert walks == [0, 750]
+
+
+@pytest.mark.parametrize("how", ["truncate", "reset"])
+def test_a_start_known_before_bytes_are_cut_is_checked_again_after(
+    tmp_path: Path, clock: FakeClock, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Offsets known as message starts are forgotten when bytes are cut (a follower's
+    truncation or reset): one inside a message written since is refused by the check, not
+    read as framing that breaks (which would scan the segment again)."""
+    log = open_log(tmp_path / "t-0", clock)
+    log.append(make_set(0, 3))  # messages at 0, 100, 200
+    log.flush()
+    assert len(log.read(0, 200)) == 200  # 200 known as a start
+    if how == "truncate":
+        log.truncate_to(100)
+    else:
+        log.reset_to(100)
+    log.append(make_set(3, 1, size=150))  # [100, 250): 200 is inside it
+    log.flush()
+    with pytest.raises(InvalidOffset):
+        log.read(200, 100)
+    assert "scanned again" not in caplog.text
 
 
 def test_offset_outside_the_log_names_both_bounds(tmp_path: Path, clock: FakeClock) -> None:

@@ -201,8 +201,10 @@ def flip(path: Path, position: int, mask: int = 0x10) -> None:
 
 
 def each_message(log: PartitionLog, offsets: list[int]) -> list[bytes]:
-    """Read every message at `offsets` one by one (each read walks from its own index entry)."""
-    return [next(iter_messages(log.read(o, 100), o)).value[:8] for o in offsets]
+    """Read every message at `offsets` one by one, last first, so that each read walks from its
+    own index entry (a read from where another ended need not: PartitionLog's known starts)."""
+    read = [next(iter_messages(log.read(o, 100), o)).value[:8] for o in reversed(offsets)]
+    return read[::-1]
 
 
 def test_lowering_max_message_bytes_keeps_every_stored_message(
