@@ -43,6 +43,7 @@ import logging
 import os
 import time
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,7 +127,7 @@ class PartitionLog:
         """The log start offset: the first segment's base, or past it once records before
         were deleted (`advance_start`)."""
         self._high_watermark = segments[-1].end_offset
-        self._known: dict[int, None] = {}
+        self._known: OrderedDict[int, None] = OrderedDict()
         """Offsets known to be message starts, most recent last, at most KNOWN_STARTS: the ends
         of recent flushes and reads and the offsets checked, where the next fetches come, so
         that `_locate` need not walk the headers from an index entry to check them again. Cleared
@@ -582,7 +583,7 @@ class PartitionLog:
         known = self._known
         known[offset] = None
         if len(known) > KNOWN_STARTS:
-            del known[next(iter(known))]
+            known.popitem(last=False)  # O(1), where a dict's oldest key is found by a scan
 
     def _locate(self, offset: int) -> tuple[Segment, int, int]:
         """The segment of a readable message start (or the high watermark), the position in
