@@ -37,7 +37,7 @@ from typing import Any, Final, cast
 
 from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.client.group import BrokerPartition, GroupConsumer
-from broker.client.producer import DELIVERY_TIMEOUT_S, Delivery
+from broker.client.producer import DELIVERY_TIMEOUT_S, Batch
 from broker.client.producer import Producer as _Producer
 from broker.errors import (
     AuthenticationFailed,
@@ -256,13 +256,15 @@ class Message(tuple[Any, ...]):
 DeliveryCallback = Callable[[KafkaError | None, Message], object]
 _Pending = tuple[
     DeliveryCallback | None,
-    Delivery,
+    Batch,
+    int,
     bytes | None,
     bytes,
     int,
     list[tuple[str, bytes | None]] | None,
 ]
-"""A message produced, until reported: its callback, delivery, key, value, timestamp, headers."""
+"""A message produced, until reported: its callback, its batch and where it starts in it (its
+delivery's parts: broker.client.producer.Handle), key, value, timestamp, headers."""
 
 _ACKS: Final = {"0": Ack.NONE, "1": Ack.WRITTEN, "-1": Ack.ALL, "all": Ack.ALL}
 _TRUE: Final = frozenset({"true", "1", "yes"})
@@ -500,17 +502,17 @@ class Producer:
         partitioner choose; `timestamp` 0 is now; `headers` a dict or (key, value) pairs.
         KafkaException for a broker's error met while sending (the messages of the batches
         it failed are reported to their callbacks too)."""
-        data = _encoded("value", value)
+        data = value if type(value) is bytes else _encoded("value", value)
         if data is None:
             raise TypeError("value: a pylog message has a value (no tombstones): give b'' for none")
         pairs = None
         if headers is not None:
             items = headers.items() if isinstance(headers, Mapping) else headers
             pairs = [(name, _encoded(f"header {name!r}", item)) for name, item in items]
-        key_bytes = _encoded("key", key)
-        producer = self._producer(topic)
+        key_bytes = key if key is None or type(key) is bytes else _encoded("key", key)
+        producer = self._producers.get(topic) or self._producer(topic)
         try:
-            delivery = producer.send(
+            batch, position = producer.add(
                 data,
                 key_bytes,
                 timestamp or None,
@@ -521,11 +523,11 @@ class Producer:
             raise KafkaException(error) from None
         report = on_delivery or callback or self._on_delivery
         self._waiting += 1
-        placed = (topic, delivery.partition)
+        placed = (topic, batch.partition)
         pending = self._pending.get(placed)
         if pending is None:
             pending = self._pending[placed] = deque()
-        pending.append((report, delivery, key_bytes, data, timestamp, pairs))
+        pending.append((report, batch, position, key_bytes, data, timestamp, pairs))
 
     def poll(self, timeout: float | None = None) -> int:
         """Send what lingered, take the acknowledgements that came (waiting up to `timeout`
@@ -555,21 +557,18 @@ class Producer:
         produced); returns how many ran. A callback may produce again."""
         ran = 0
         for (topic, partition), pending in list(self._pending.items()):
-            while pending and pending[0][1].done():
-                report, done, key, value, timestamp, headers = pending.popleft()
+            while pending and pending[0][1].done:
+                report, batch, position, key, value, timestamp, headers = pending.popleft()
                 self._waiting -= 1
                 if report is None:
                     continue
-                offset, error = done.outcome()  # no offset with acks 0: OFFSET_INVALID
-                message = Message.of(
-                    topic,
-                    partition,
-                    OFFSET_INVALID if offset is None else offset,
-                    key,
-                    value,
-                    timestamp,
-                    headers,
+                error = batch.error
+                offset = (  # none with acks 0, nor for an error: OFFSET_INVALID
+                    OFFSET_INVALID
+                    if error is not None or batch.base_offset is None
+                    else batch.offset(position)
                 )
+                message = Message.of(topic, partition, offset, key, value, timestamp, headers)
                 report(None if error is None else KafkaError.of(error), message)
                 ran += 1
         return ran

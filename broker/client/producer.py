@@ -788,13 +788,26 @@ class Producer(ProducerCore):
         is not bytes (nor made bytes by the producer's serializer or key_serializer).
         `headers`: (key, value) pairs, keys str and values bytes or None, in order (a mapping
         gives its items), stored with the message (format 2: docs/storage.md)."""
+        return Delivery(self, *self.add(value, key, timestamp_ms, partition, headers))
+
+    def add(
+        self,
+        value: Any,
+        key: Any = None,
+        timestamp_ms: int | None = None,
+        partition: int | None = None,
+        headers: HeaderItems | Mapping[str, bytes | None] | None = None,
+    ) -> tuple[Batch, int]:
+        """`send` without its Delivery: the message's batch and where it starts in it (its
+        Handle's parts), for a caller that keeps them itself (broker.client.kafka, whose
+        callbacks need no handle a message)."""
         layout = self._layout or self._partition_layout()
         batch, position, full = self._add(layout, value, key, timestamp_ms, partition, headers)
         if full:
             self._send_batch(batch.partition)
         if self._batches and self.clock.monotonic() >= self._linger_deadline:
             self._send_lingering()  # the check inline: it runs for every message
-        return Delivery(self, batch, position)
+        return batch, position
 
     def _send_lingering(self) -> None:
         """Send every batch whose linger has passed, if a request may go: with max_in_flight
