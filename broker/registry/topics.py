@@ -53,8 +53,15 @@ Replicas = tuple[tuple[int, ...], ...]
 
 
 def _is_word(value: object) -> bool:
-    """Whether `value` is a setting's word (compression's choices): lowercase ASCII letters."""
-    return isinstance(value, str) and value.isascii() and value.isalpha() and value.islower()
+    """Whether `value` is a setting's word (compression's choices, lz4 among them): lowercase
+    ASCII letters and digits, a letter first."""
+    return (
+        isinstance(value, str)
+        and value.isascii()
+        and value[:1].isalpha()
+        and value.isalnum()
+        and value == value.lower()
+    )
 
 
 def _check_partition(partitions: int, partition: int) -> None:

@@ -135,15 +135,16 @@ def test_a_batch_over_the_bound_of_a_set_goes_as_several_sets(
     assert read[-1].size == len(values[-1]) + 26  # plain: a message of its own size
 
 
-def test_a_topic_whose_compression_is_zstd_stores_a_plain_producers_sets_compressed(
-    broker: RunningBroker, topic: str
+@pytest.mark.parametrize("codec", ["gzip", "lz4", "zstd"])  # every codec docs/storage.md lists
+def test_a_topic_whose_compression_is_a_codec_stores_a_plain_producers_sets_compressed(
+    broker: RunningBroker, topic: str, codec: str
 ) -> None:
     """The topic setting, set at creation and altered live: a producer that does not
     compress is stored compressed, its acks and offsets those of what was stored."""
     with Admin(broker.endpoint) as admin:
-        admin.create_topic(topic, 1, {"compression": "zstd"})
+        admin.create_topic(topic, 1, {"compression": codec})
         entries = {e.key: (e.value, e.overridden) for e in admin.topic_config(topic)}
-        assert entries["compression"] == ("zstd", True)
+        assert entries["compression"] == (codec, True)
     with Producer(broker.endpoint, topic, batch_messages=10) as producer:
         deliveries = [producer.send(b"line %d " % i * 20) for i in range(20)]
         acks = producer.flush()
