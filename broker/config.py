@@ -557,10 +557,15 @@ def parse_setting(setting: Setting, value: Any) -> Any:
             raise ValueError(f"{setting.name} must be true or false, not {value!r}")
         return value.lower() == "true"
     if kind is int and isinstance(value, str):
-        try:
-            value = int(value)
-        except ValueError:
-            raise ValueError(f"{setting.name} must be a whole number, not {value!r}") from None
+        # ASCII digits only, as a topic setting's text: int() would also take "+5", " 5", "5_0"
+        # and other scripts' digits
+        if not _DIGITS.fullmatch(value):
+            raise ValueError(
+                f"{setting.name} must be a whole number in decimal digits 0-9, not {value!r}"
+            )
+        value = int(value)
+    if kind is int and isinstance(value, int) and value > MAX_SETTING:
+        raise ValueError(f"{setting.name} must be at most {MAX_SETTING}, not {value}")
     if kind is list and isinstance(value, str):
         value = [v for v in value.split(",") if v]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
@@ -710,8 +715,7 @@ def topic_settings(raw: Mapping[str, str]) -> dict[str, SettingValue]:
         if text == "none" and key in _OPTIONAL_TOPIC:
             out[key] = None
             continue
-        # ASCII digits only, as docs/protocol.md says: int() would also take "+5", " 5", "5_0"
-        # and other scripts' digits.
+        # ASCII digits only, as docs/protocol.md says (parse_setting's rule too)
         if not _DIGITS.fullmatch(text) or int(text) > MAX_SETTING:
             raise InvalidTopic(
                 f"topic setting {key} must be decimal digits 0-9 (at most {MAX_SETTING}), "

@@ -27,7 +27,16 @@ def test_live_settings_are_checked_as_the_file_is_and_taken_in_place() -> None:
     [
         ({"broker.port": "1"}, "broker.port is read at start only"),
         ({"zookeeper.connect": "x:1"}, "zookeeper.connect is read at start only"),
-        ({"log.flush_messages": "many"}, "must be a whole number, not 'many'"),
+        (
+            {"log.flush_messages": "many"},
+            "must be a whole number in decimal digits 0-9, not 'many'",
+        ),
+        # as topic settings are read (issue 50, 10): decimal digits 0-9 only, at most 2^63 - 1
+        ({"broker.queued_reply_bytes": "1_000"}, "decimal digits 0-9"),
+        ({"broker.queued_reply_bytes": " 1000"}, "decimal digits 0-9"),
+        ({"broker.queued_reply_bytes": "+1000"}, "decimal digits 0-9"),
+        ({"broker.queued_reply_bytes": "\u0661\u0662"}, "decimal digits 0-9"),
+        ({"broker.queued_reply_bytes": "99999999999999999999999"}, "at most 9223372036854775807"),
         ({"log.segment_bytes": "10"}, "segment_bytes"),
         ({"broker.log_level": "loud"}, "must be one of debug, info, warning, error"),
         ({"flush_messages": "1"}, "unknown setting 'flush_messages'"),

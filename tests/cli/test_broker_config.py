@@ -82,7 +82,10 @@ def test_values_are_checked_before_they_are_written(three_brokers: list[RunningB
     for pair, reason in [
         ("nonsense", "'nonsense': give NAME=VALUE"),
         ("broker.port=9999", "broker.port is read at start only: change it in pylogd.toml"),
-        ("log.retention_ms=soon", "log_retention_ms must be a whole number, not 'soon'"),
+        (
+            "log.retention_ms=soon",
+            "log_retention_ms must be a whole number in decimal digits 0-9, not 'soon'",
+        ),
         ("log.nonsense=1", "unknown setting 'log.nonsense'"),
         ("broker.log_level=loud", "broker_log_level must be one of debug, info"),
         ("log.segment_bytes=10", "segment_bytes"),
