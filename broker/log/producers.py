@@ -5,8 +5,10 @@ An idempotent producer numbers its sets to each partition 0, 1, 2, ... (`sequenc
 that wraps) under its `producer_id` and `epoch`. For each producer the partition remembers the
 last set it stored: a set of the next sequence is appended, the last one again is answered
 with its offset and count (a duplicate), one further back is looked up in the files below
-(`DuplicateSequence` when its segment is gone), one further on is `OutOfOrderSequence` (a set
-before it is missing), and one of an older epoch is `InvalidProducerEpoch`. A producer id
+(`DuplicateSequence` when its segment is gone; but one back only through the wrap, 2^32 - 1
+after 0, is `OutOfOrderSequence` unless the files show the producer's sequences wrapped: it
+was never sent), one further on is `OutOfOrderSequence` (a set before it is missing), and one
+of an older epoch is `InvalidProducerEpoch`. A producer id
 not known here (new, or forgotten) starts at sequence 0, as does a newer epoch: a first set of
 another sequence is `OutOfOrderSequence` too (the sets before it are missing, or the partition
 forgot the producer, which then numbers its sets again under a new id).
@@ -137,9 +139,30 @@ class ProducerStates:
         if ahead < _SEQUENCES // 2:
             raise OutOfOrderSequence(self._name, producer_id, epoch, sequence, expected)
         found = self._find(producer_id, epoch, sequence)
-        if found is None:
-            raise DuplicateSequence(self._name, producer_id, epoch, sequence)
-        return found
+        if found is not None:
+            return found
+        if sequence > last.sequence and not self._wrapped(producer_id, epoch, last.sequence):
+            # before the last only modulo 2^32 (2^32 - 1 after 0): never sent, as the
+            # producer's sequences have not wrapped
+            raise OutOfOrderSequence(self._name, producer_id, epoch, sequence, expected)
+        raise DuplicateSequence(self._name, producer_id, epoch, sequence)
+
+    def _wrapped(self, producer_id: int, epoch: int, last: int) -> bool:
+        """Whether the sequences of `producer_id` at `epoch` have wrapped, as far as the
+        entries files (snapshots included) tell: their earliest entry of it is above `last`,
+        the producer's last sequence (a set sent before 2^32 - 1 came and 0 again)."""
+        prefix = _KEY.pack(producer_id, epoch, 0)[:-4]
+        for path in sorted(self._directory.glob(f"*{PRODUCERS_SUFFIX}")):
+            try:
+                data = path.read_bytes()
+            except OSError as error:
+                raise storage_error(error, f"reading {path}") from error
+            at = data.find(prefix)
+            while at >= 0 and at % ENTRY.size:
+                at = data.find(prefix, at + 1)
+            if at >= 0 and at + ENTRY.size <= len(data):
+                return int(ENTRY.unpack_from(data, at)[2]) > last
+        return False
 
     def _find(self, producer_id: int, epoch: int, sequence: int) -> StoredSet | None:
         """The entry of an older set, looked up in the entries files, newest first."""

@@ -75,6 +75,29 @@ def test_out_of_order_and_fenced_sets_are_refused_and_nothing_is_appended(
         assert stored_values(plog) == [b"a0", b"a1", b"a2", b"a3", b"a4", b"d", b"e", b"f", b"g"]
 
 
+def test_a_sequence_before_a_producers_first_set_was_never_stored(tmp_path: Path) -> None:
+    """Counted modulo 2^32, 2^32 - 1 comes before 0; but a producer whose first set of the
+    epoch (sequence 0) the partition still has sent nothing before it: such a set is out of
+    order, not DUPLICATE_SEQUENCE ("stored already", which a client drops as stored)."""
+    with PartitionLog.open(tmp_path / "t-0") as plog:
+        plog.append_idempotent(one(b"a"), PRODUCER, 0, 0)
+        plog.append_idempotent(one(b"b"), PRODUCER, 0, 1)
+        end = plog.log_end_offset
+        for sequence in (2**32 - 1, 2**31 + 5):
+            with pytest.raises(OutOfOrderSequence, match="sequence 2 is expected next") as gap:
+                plog.append_idempotent(one(b"c"), PRODUCER, 0, sequence)
+            assert gap.value.expected == 2
+        assert plog.log_end_offset == end
+        assert stored_values(plog) == [b"a", b"b"]
+        # a producer whose sequences wrapped (its entry of 2^32 - 2 on file) may have sent
+        # 2^32 - 3, its segment gone since: stored already
+        plog.producers.record([StoredSet(PRODUCER + 1, 0, 2**32 - 2, 0, 0, 0)])
+        assert plog.append_idempotent(one(b"c"), PRODUCER + 1, 0, 2**32 - 1)[1]
+        assert plog.append_idempotent(one(b"d"), PRODUCER + 1, 0, 0)[1]
+        with pytest.raises(DuplicateSequence, match="stored already"):
+            plog.append_idempotent(one(b"x"), PRODUCER + 1, 0, 2**32 - 3)
+
+
 def test_the_state_survives_reopening_and_rolls_and_goes_with_deleted_segments(
     tmp_path: Path,
 ) -> None:
