@@ -10,6 +10,7 @@ misbehave); `PYLOG_CODEC=c` makes a missing extension an ImportError that says h
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Callable, Iterator
 from typing import Final, TypeVar
 
@@ -27,6 +28,7 @@ from broker.log.message import (
     ATTRIBUTES_AT,
     CODEC_MASK,
     HEADER_SIZE,
+    KEY_LENGTH_AT,
     NESTED_SET,
     SET_CODECS,
     Buffer,
@@ -62,6 +64,7 @@ else:
 
 IMPLEMENTATION: Final = "c" if _impl is not message else "python"
 T = TypeVar("T")
+_KEY_LENGTH = struct.Struct(">i")
 
 encode_message: Final = _impl.encode_message
 """encode_message(value, key=None, timestamp_ms=None): broker.log.message.encode_message."""
@@ -110,6 +113,13 @@ def check_sets(buf: Buffer, result: ScanResult) -> int:
     while pos < len(buf):
         following = pos + message_size_at(buf, pos)
         if buf[pos + ATTRIBUTES_AT]:  # the walk took it: a set's codec
+            (key_length,) = _KEY_LENGTH.unpack_from(buf, pos + KEY_LENGTH_AT)
+            if key_length != -1:  # readers decompress from where a key would be
+                raise InvalidMessage(
+                    pos,
+                    f"compressed set: its wrapper has a key ({key_length} bytes): a compressed "
+                    "set's has none",
+                )
             inner = scan(inner_set(buf, pos), MAX_INNER_SET_BYTES, inner=True)
             if inner.error is None and inner.first_set >= 0:
                 inner = inner._replace(valid_bytes=inner.first_set, error=NESTED_SET)

@@ -54,6 +54,8 @@ MAGIC_AT = 12
 """The magic byte: the message's format, 1 or 2."""
 ATTRIBUTES_AT = 13
 """The attributes byte: 0 in a plain message, a compressed set's codec in its wrapper."""
+KEY_LENGTH_AT = 22
+"""Where a message's key_length (i32) is."""
 CODEC_MASK = 0x07
 SET_CODECS = frozenset({1, 3, 4})
 """The codecs of a compressed set: gzip, lz4 and zstd (Kafka's numbers; 2, snappy, is not

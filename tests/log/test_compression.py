@@ -166,6 +166,16 @@ def test_sets_producers_must_not_send_are_refused_with_the_reason() -> None:
     assert "reserved attribute bits set: 0x14" in refusal(rewrapped(zstd, b"x", 0x14))
     not_plain = rewrapped(zstd, checked.compress(b"not a message set"))
     assert "message at byte 0 of the set: cut short" in refusal(not_plain)
+    # a wrapper has no key (docs/protocol.md): one with a key is refused as that, whatever
+    # its value holds (issue 50, 8: it was stored, and readers decompressed from the key on)
+    payload = zstd[message.HEADER_SIZE :]
+    for key in (b"k", b"\x28\xb5\x2f\xfd"):  # the second: zstd's magic number
+        keyed = bytearray(rewrapped(zstd, key + payload))
+        struct.pack_into(">i", keyed, message.HEADER_SIZE - 4, len(key))
+        body = bytes(keyed[12:])
+        struct.pack_into(">Q", keyed, 4, xxh3_64_intdigest(body))
+        reason = refusal(bytes(keyed))
+        assert f"its wrapper has a key ({len(key)} bytes): a compressed set's has none" in reason
 
 
 def test_an_inner_set_over_the_bound_is_refused_before_it_is_decompressed(
