@@ -14,11 +14,12 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Final, TypeVar
 
-from broker.errors import InvalidMessage
-from broker.log import message
+from broker.errors import InvalidMessage, MessageTooLarge
+from broker.log import compression, message
 from broker.log.compression import (
     MAX_INNER_SET_BYTES,
     Compressor,
+    InnerSetOverBound,
     expand,
     inner_message,
     inner_set,
@@ -105,10 +106,14 @@ def check_sets(buf: Buffer, result: ScanResult) -> int:
     """How many messages a producer's set `buf` holds, counting the inner messages of each
     compressed set, once each set is checked: it decompresses (compression.inner_set) into
     plain messages that pass every check. `result` is the set's scan, which passed.
-    InvalidMessage at the first compressed set that fails, saying why."""
+    InvalidMessage at the first compressed set that fails, saying why; MessageTooLarge once
+    the inner sets would hold more than compression.MAX_EXPANDED_BYTES together (each set is
+    decompressed within what the ones before it left, so no more is ever decompressed)."""
     if result.first_set < 0:
         return result.message_count
     count = result.message_count
+    budget = compression.MAX_EXPANDED_BYTES
+    left = budget
     pos = result.first_set
     while pos < len(buf):
         following = pos + message_size_at(buf, pos)
@@ -120,7 +125,20 @@ def check_sets(buf: Buffer, result: ScanResult) -> int:
                     f"compressed set: its wrapper has a key ({key_length} bytes): a compressed "
                     "set's has none",
                 )
-            inner = scan(inner_set(buf, pos), MAX_INNER_SET_BYTES, inner=True)
+            bound = min(compression.MAX_INNER_SET_BYTES, left)
+            try:
+                expanded = inner_set(buf, pos, bound)
+            except InnerSetOverBound as over:
+                if bound == compression.MAX_INNER_SET_BYTES:
+                    raise  # over the format's bound for one set
+                raise MessageTooLarge(
+                    "the message set, its compressed sets decompressed,",
+                    budget - left + over.size,
+                    budget,
+                ) from None
+            left -= len(expanded)
+            inner = scan(expanded, MAX_INNER_SET_BYTES, inner=True)
+            del expanded  # one inner set held at a time
             if inner.error is None and inner.first_set >= 0:
                 inner = inner._replace(valid_bytes=inner.first_set, error=NESTED_SET)
             if inner.error is not None:

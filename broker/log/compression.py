@@ -42,6 +42,28 @@ from broker.log.message import (
 MAX_INNER_SET_BYTES: Final = 64 << 20
 """The most bytes an inner set holds once decompressed: a rule of the format, so that the
 broker that checks a set and every reader that expands it agree on it."""
+MAX_EXPANDED_BYTES: Final = 64 << 20
+"""The most bytes the inner sets of one producer's message set (a PRODUCE's, or a part's of a
+MULTI_PRODUCE) hold together once decompressed: what the broker decompresses, and converts to
+the topic's compression, for one, each set within what the ones before it left
+(broker.log.codec.check_sets)."""
+
+
+class OverBound(ValueError):
+    """An inner set larger than the bound it is decompressed within: `size` is what its frame
+    says (lz4, zstd), or the bound + 1 (gzip, stopped there)."""
+
+    def __init__(self, message: str, size: int) -> None:
+        super().__init__(message)
+        self.size = size
+
+
+class InnerSetOverBound(InvalidMessage):
+    """inner_set's InvalidMessage for an OverBound: `size` as its."""
+
+    def __init__(self, position: int, reason: str, size: int) -> None:
+        super().__init__(position, reason)
+        self.size = size
 
 
 class Codec(IntEnum):
@@ -151,24 +173,27 @@ def inner_message(plain: bytes) -> bytes:
     return plain[:4] + bytes(8) + plain[CHECKSUM_START:]
 
 
-def inner_set(buf: Buffer, pos: int) -> bytes:
+def inner_set(buf: Buffer, pos: int, bound: int | None = None) -> bytes:
     """The decompressed inner set of the compressed set at `pos` of `buf`, whose framing and
-    checksum passed; InvalidMessage at `pos` when it does not decompress whole, within
-    MAX_INNER_SET_BYTES, into exactly one frame."""
+    checksum passed; InvalidMessage at `pos` when it does not decompress whole, within `bound`
+    (default MAX_INNER_SET_BYTES; InnerSetOverBound past it), into exactly one frame."""
     codec = buf[pos + ATTRIBUTES_AT] & CODEC_MASK
     end = pos + message_size_at(buf, pos)
     try:
-        return expand(codec, bytes(buf[pos + HEADER_SIZE : end]))  # a wrapper has no key
+        return expand(codec, bytes(buf[pos + HEADER_SIZE : end]), bound)  # a wrapper has no key
+    except OverBound as over:
+        raise InnerSetOverBound(pos, f"compressed set: {over}", over.size) from None
     except ValueError as error:
         raise InvalidMessage(pos, f"compressed set: {error}") from None
 
 
-def expand(codec: int, compressed: bytes) -> bytes:
+def expand(codec: int, compressed: bytes, bound: int | None = None) -> bytes:
     """The inner set of a compressed set of `codec` whose value is `compressed`; ValueError
-    saying why when it does not decompress whole, within MAX_INNER_SET_BYTES, into exactly
-    one frame, or is empty."""
+    saying why when it does not decompress whole, within `bound` (default
+    MAX_INNER_SET_BYTES; OverBound past it, a frame that says its size not decompressed at
+    all), into exactly one frame, or is empty."""
     try:
-        data = _decompress(codec, compressed)
+        data = _decompress(codec, compressed, MAX_INNER_SET_BYTES if bound is None else bound)
     except (RuntimeError, zlib.error, zstandard.ZstdError) as error:
         raise ValueError(str(error)) from None
     if not data:
@@ -181,8 +206,7 @@ _contexts = threading.local()
 log lines ~5 µs to decompress; a context is not to be shared by threads)."""
 
 
-def _decompress(codec: int, compressed: bytes) -> bytes:
-    bound = MAX_INNER_SET_BYTES
+def _decompress(codec: int, compressed: bytes, bound: int) -> bytes:
     if codec == Codec.ZSTD:
         frame = zstandard.get_frame_parameters(compressed)
         size = frame.content_size
@@ -217,7 +241,7 @@ def _decompress(codec: int, compressed: bytes) -> bytes:
     gzip = zlib.decompressobj(wbits=31)
     data = gzip.decompress(compressed, bound + 1)
     if len(data) > bound:
-        raise ValueError(f"the gzip data holds more than the bound {bound} bytes")
+        raise OverBound(f"the gzip data holds more than the bound {bound} bytes", bound + 1)
     if not gzip.eof:
         raise ValueError("the gzip data is cut short or damaged")
     unused = gzip.unused_data or gzip.unconsumed_tail
@@ -228,4 +252,4 @@ def _decompress(codec: int, compressed: bytes) -> bytes:
 
 def _check_size(name: str, size: int, bound: int) -> None:
     if size > bound:
-        raise ValueError(f"the {name} frame holds {size} bytes, over the bound {bound}")
+        raise OverBound(f"the {name} frame holds {size} bytes, over the bound {bound}", size)

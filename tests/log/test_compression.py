@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import tracemalloc
 import zlib
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from xxhash import xxh3_64_intdigest
 
 from broker.config import topic_settings
-from broker.errors import InvalidMessage, InvalidTopic, UnsupportedFormat
+from broker.errors import InvalidMessage, InvalidTopic, MessageTooLarge, UnsupportedFormat
 from broker.log import codec, compression, message
 from broker.log.compression import Codec, Compressor
 from broker.log.config import LogConfig
@@ -190,6 +191,53 @@ def test_an_inner_set_over_the_bound_is_refused_before_it_is_decompressed(
     monkeypatch.setattr(compression, "MAX_INNER_SET_BYTES", len(plain))
     for codec_ in CODECS:
         assert codec.check_sets(*_scanned(wrapped(Compressor(codec_), plain))) == 4
+
+
+def test_a_producers_sets_expand_within_one_budget_each_checked_before_it_is_opened(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The compressed sets of one producer's message set are decompressed within
+    MAX_EXPANDED_BYTES in all (issue 50, 1: 16 sets of 64 MiB each took a worker to 2 GiB):
+    past it MessageTooLarge, each set's inner set decompressed within what is left (a frame
+    that says its size, lz4's and zstd's, not at all when it does not fit)."""
+    plain = encoded([(b"\0" * 3000, None, 1)])
+    sizes: list[int] = []
+    expand = compression.expand
+
+    def counted(codec_: int, compressed: bytes, bound: int | None = None) -> bytes:
+        sizes.append(bound or 0)
+        return expand(codec_, compressed, bound)
+
+    monkeypatch.setattr(compression, "expand", counted)
+    monkeypatch.setattr(compression, "MAX_EXPANDED_BYTES", 2 * len(plain))
+    for last in CODECS:
+        sets = [wrapped(Compressor(c), plain) for c in (Codec.GZIP, Codec.ZSTD, last)]
+        assert codec.check_sets(*_scanned(b"".join(sets[:2]))) == 2  # the budget, exactly
+        sizes.clear()
+        with pytest.raises(MessageTooLarge, match=f"limit of {2 * len(plain)} bytes"):
+            codec.check_sets(*_scanned(b"".join(sets)))
+        assert sizes == [2 * len(plain), len(plain), 0]  # what was left, each time
+
+
+def test_a_bomb_of_sets_is_refused_before_it_is_converted(tmp_path: Path, clock: FakeClock) -> None:
+    """Real sizes: three gzip sets of 30 MiB of zeros each (30 KB on the wire each) to a topic
+    that stores its sets plain are refused past the 64 MiB budget, having held one inner set
+    at a time, and nothing is appended."""
+    plain = encoded([(bytes(30 << 20), None, 1)])
+    bomb = wrapped(Compressor(Codec.GZIP), plain)
+    del plain
+    log = open_log(tmp_path / "t-0", clock, compression="none", max_message_bytes=1 << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(MessageTooLarge):
+            log.append(bomb * 3)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # one 30 MiB inner set at a time, its decompression's buffers included (180 MiB before,
+    # the 90 MiB of plain messages appended)
+    assert peak < 100 << 20, f"peak {peak >> 20} MiB"
+    assert log.log_end_offset == 0
 
 
 def _scanned(buf: bytes) -> tuple[bytes, message.ScanResult]:
