@@ -141,7 +141,7 @@ class Front:
             config.broker_queued_requests_per_client,
         )
         """The bytes of replies ZeroMQ holds for clients, and the connections muted for them."""
-        self.throttle = Throttle(config.broker_queued_requests_per_client)
+        self.throttle = Throttle(config.broker_queued_requests_per_client, self.queue_limit)
         self.prefixes = protocol.KnownPrefixes()
         """The prefixes of routed requests found good: the next ones are routed unread."""
         """The quotas (broker.quotas): the requests of clients over theirs wait here."""
@@ -230,7 +230,7 @@ class Front:
     def take_limits(self) -> None:
         """The ceilings of flow control as the config has them now (live settings)."""
         config = self.config
-        self.queue_limit = int(config.broker_queued_request_bytes)
+        self.queue_limit = self.throttle.held_ceiling = int(config.broker_queued_request_bytes)
         self.held.ceiling = config.broker_queued_reply_bytes
         self.held.per_client = config.broker_queued_reply_bytes_per_client
 
@@ -490,7 +490,10 @@ class Front:
         throttle = self.throttle
         wait_s = throttle.admit(tagged, client, direction, size, arrived)
         if wait_s > 0:
-            throttle.hold(tagged, frames, throttle.clock() if arrived is None else arrived, wait_s)
+            if arrived is None:
+                throttle.hold(tagged, frames, throttle.clock(), wait_s, client)
+            else:  # from Throttle.due: its bytes were counted when it was first held
+                throttle.hold(tagged, frames, arrived, wait_s, client, again=True)
             return None
         if arrived is None:
             return tagged

@@ -44,6 +44,9 @@ FORGET_AFTER_S: Final = 300.0
 """A client that owes nothing and sent nothing for this long is forgotten (its counts too)."""
 MAX_RATE: Final = 1 << 40
 """The largest quota, bytes a second (1 TiB/s): anything more is no quota."""
+HELD_SHARES: Final = 4
+"""A client holds at most 1 / HELD_SHARES of the broker's ceiling of request bytes held
+back for quotas (Throttle.held_ceiling), so that it takes no more than that from the others."""
 
 
 class Kind(StrEnum):
@@ -182,9 +185,10 @@ class QuotaStatistics:
 @dataclass(slots=True)
 class _Held:
     """A connection's requests held back, oldest first, each with the time it arrived, and
-    when the first may be looked at again."""
+    when the first may be looked at again; the client they count to."""
 
     until: float
+    client: tuple[Kind, str]
     requests: deque[tuple[list[zmq.Frame], float]] = field(default_factory=deque)
 
 
@@ -194,8 +198,16 @@ class Throttle:
     for every request of a connection in `held`), and `due` once a turn; `update` when the
     registry's quotas change (from another thread: it swaps one reference)."""
 
-    def __init__(self, parked_per_client: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        parked_per_client: int,
+        held_ceiling: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.parked_per_client = parked_per_client
+        self.held_ceiling = held_ceiling
+        """The most request bytes held back for quotas, for all clients (queued_request_bytes:
+        the front's one ceiling of requests); a client holds at most 1 / HELD_SHARES of it."""
         self.clock = clock
         self.config = QuotaConfig()
         self._pending: QuotaConfig | None = None
@@ -209,6 +221,10 @@ class Throttle:
         self._next_sweep = 0.0
         self.held_requests = 0
         """Requests held back now, for all connections (broker.metrics)."""
+        self.held_bytes = 0
+        """Their bytes."""
+        self._client_held: dict[tuple[Kind, str], int] = {}
+        """The bytes held back now of each client that has any."""
         self.active = False
         """Whether any quota is set: read for every request and FETCH reply, so kept as a
         plain attribute (the configuration's `active` walks its quotas)."""
@@ -259,19 +275,38 @@ class Throttle:
         if fetcher is not None and (bucket := fetcher[0].fetch) is not None:
             bucket.charge(size, self.clock())
 
-    def hold(self, tagged: bytes, frames: list[zmq.Frame], arrived: float, wait_s: float) -> None:
-        """Hold back a request of `tagged` that arrived at `arrived`: behind the connection's
-        others, or with `wait_s` > 0 (admit's), first, and the connection until then.
-        RepliesNotRead when it holds parked_per_client already (a client that keeps fewer
-        requests in flight never meets it)."""
+    def hold(
+        self,
+        tagged: bytes,
+        frames: list[zmq.Frame],
+        arrived: float,
+        wait_s: float,
+        client: tuple[Kind, str] | None = None,
+        again: bool = False,
+    ) -> None:
+        """Hold back a request of `tagged`, of `client` (None: the connection's requests are
+        held already, theirs), that arrived at `arrived`: behind the connection's others, or
+        with `wait_s` > 0 (admit's), first, and the connection until then. RepliesNotRead when
+        the connection holds parked_per_client already, or its client 1 / HELD_SHARES of the
+        held_ceiling bytes, or all clients the held_ceiling (but a client holding nothing
+        while nothing is held may hold one); a client that keeps fewer requests in flight
+        never meets them. `again`: one that `due` gave and admit found still over its quota,
+        counted already, held again without these checks."""
+        size = sum(len(frame) for frame in frames)
         held = self.held.get(tagged)
         if held is None:
-            held = self.held[tagged] = _Held(self.clock() + wait_s)
-        elif len(held.requests) >= self.parked_per_client:
+            assert client is not None, "a connection held for the first time names its client"
+            held = _Held(self.clock() + wait_s, client)
+        elif len(held.requests) >= self.parked_per_client and not again:
             raise RepliesNotRead(
                 f"this connection has {len(held.requests)} requests held back for its quota "
                 "of bytes a second already: keep fewer requests in flight (each waits its turn)"
             )
+        if not again:
+            self._check_room(held.client, size)
+        self.held[tagged] = held
+        self.held_bytes += size
+        self._client_held[held.client] = self._client_held.get(held.client, 0) + size
         if wait_s > 0:
             held.until = self.clock() + wait_s
             held.requests.appendleft((frames, arrived))
@@ -290,11 +325,36 @@ class Throttle:
             while held.requests and held.until <= now:
                 frames, arrived = held.requests.popleft()
                 self.held_requests -= 1
+                self._release(held.client, sum(len(frame) for frame in frames))
                 yield tagged, frames, arrived
             if not held.requests:
                 del self.held[tagged]
         if now >= self._next_sweep:
             self._sweep(now)
+
+    def _check_room(self, client: tuple[Kind, str], size: int) -> None:
+        """RepliesNotRead unless `size` more bytes of `client` may be held back (hold)."""
+        share = self.held_ceiling // HELD_SHARES
+        mine = self._client_held.get(client, 0)
+        if mine and mine + size > share:
+            raise RepliesNotRead(
+                f"{mine} bytes of this client's requests are held back for its quota already "
+                f"(at most {share}): keep fewer requests in flight (each waits its turn)"
+            )
+        if self.held_bytes and self.held_bytes + size > self.held_ceiling:
+            raise RepliesNotRead(
+                f"the broker holds {self.held_bytes} bytes of requests back for quotas already "
+                f"(at most {self.held_ceiling}): keep fewer requests in flight"
+            )
+
+    def _release(self, client: tuple[Kind, str], size: int) -> None:
+        """`size` bytes of `client` held back no more."""
+        self.held_bytes -= size
+        left = self._client_held[client] - size
+        if left:
+            self._client_held[client] = left
+        else:
+            del self._client_held[client]
 
     def timeout_ms(self, longest: int) -> int:
         """How long the loop may wait for messages before a held request is due (at most

@@ -67,7 +67,7 @@ def start_with_quotas(stack: ExitStack, work: Path) -> System:
 
 def admit_cost(count: int) -> Result:
     """Throttle.admit of a PRODUCE of a client under a quota it never reaches, in ns a call."""
-    throttle = Throttle(64)
+    throttle = Throttle(64, 8 << 20)
     throttle.update(QuotaConfig({Kind.CLIENT: {DEFAULT: EVERYONE}}))
     client, tagged = (Kind.CLIENT, "bench"), b"R\x00\x00\x00\x01"
     admit = throttle.admit

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import zmq
 from click.testing import CliRunner
 
 from broker import protocol
@@ -22,6 +23,7 @@ from broker.client.connection import (
     THROTTLE_LOGGER,
     Connection,
 )
+from broker.errors import BrokerError
 from broker.log import encode_message
 from broker.protocol import Ack, FetchRequest, ProduceReply, ProduceRequest
 from broker.quotas import WINDOW_S, Kind, Quota, QuotaConfig, describe_quotas
@@ -138,6 +140,53 @@ def test_a_producer_over_its_quota_is_slowed_to_it_and_others_are_not(
     assert counted[("pylog_quota_bytes_per_second", labels)] == 1_000_000
     assert queried_metrics() >= QUOTA_ONLY  # the dashboard's quota panels have their figures
     assert {name for name, _ in counted} >= QUOTA_ONLY
+
+
+def test_requests_held_for_a_quota_are_bounded_in_bytes_over_the_clients_connections(
+    broker: RunningBroker, quotas: Registry, topic: str
+) -> None:
+    """Issue 50, 2: connections pipelining PRODUCEs under a small quota were held back 64
+    each, whatever their bytes (40 of 512 KiB ones took the supervisor to 1.3 GiB). A client's
+    held requests are bounded in bytes over all its connections, a quarter of
+    queued_request_bytes (8 MiB): the rest answered REPLIES_NOT_READ at once."""
+    create(broker, topic, 1)
+    set_quota(broker, quotas, "hoarder", Quota(produce_bytes_per_s=1000))
+    header = protocol.RequestHeader(protocol.Api.PRODUCE, 2, 0, "hoarder")
+    frames = protocol.encode_request(header, ProduceRequest(topic, 0, Ack.WRITTEN, MESSAGE_SET))
+    size = sum(len(frame) for frame in frames)
+    context = zmq.Context()
+    sockets = [context.socket(zmq.DEALER) for _ in range(4)]
+    refused = 0
+    try:
+        for socket in sockets:
+            socket.connect(broker.endpoint)
+            for _ in range(20):
+                socket.send_multipart(frames)
+        share = (8 << 20) // 4
+
+        def held() -> float:
+            return broker.metrics()[("pylog_quota_held_requests", ())]
+
+        wait_until(lambda: held() > 0, 10, "requests held back")
+        served, deadline = 0, time.monotonic() + 10
+        while served + refused < 80 - share // size and time.monotonic() < deadline:
+            for socket in sockets:
+                while socket.poll(50):
+                    try:
+                        protocol.decode_reply(protocol.Api.PRODUCE, socket.recv_multipart(), 2)
+                    except BrokerError as error:
+                        assert error.code == protocol.ErrorCode.REPLIES_NOT_READ, error
+                        refused += 1
+                    else:
+                        served += 1
+        assert served == 1  # within the client's first window
+        assert refused == 80 - 1 - share // size  # the rest but a share held
+        assert held() == share // size
+    finally:
+        quotas.delete_quota(Kind.CLIENT, "hoarder")  # what is held drains
+        for socket in sockets:
+            socket.close(linger=0)
+        context.term()
 
 
 def test_a_quota_changed_live_applies_within_a_second(

@@ -24,6 +24,8 @@ from broker.transport import connection_of, throttle_of, throttled
 PRODUCE, FETCH = Direction.PRODUCE, Direction.FETCH
 ALICE = (Kind.CLIENT, "alice")
 CONNECTION = b"R\x00\x01"
+CEILING = 4000
+"""The test throttles' ceiling of request bytes held back: a client's share is 1000."""
 
 
 def request(name: bytes) -> list[zmq.Frame]:
@@ -45,7 +47,7 @@ class FakeClock:
 
 
 def throttle_of_config(clock: FakeClock, **quotas: Quota) -> Throttle:
-    throttle = Throttle(parked_per_client=4, clock=clock)
+    throttle = Throttle(parked_per_client=4, held_ceiling=CEILING, clock=clock)
     throttle.update(QuotaConfig({Kind.CLIENT: quotas}))
     list(throttle.due())  # the configuration is taken on a turn
     return throttle
@@ -130,7 +132,7 @@ def test_held_requests_come_back_in_order_when_due_and_count_their_wait() -> Non
     throttle.admit(CONNECTION, ALICE, PRODUCE, 3000, None)  # owes 3000: 2 s over
     wait = throttle.admit(CONNECTION, ALICE, PRODUCE, 10, None)
     assert wait == pytest.approx(2.0)
-    throttle.hold(CONNECTION, request(b"first"), clock.now, wait)
+    throttle.hold(CONNECTION, request(b"first"), clock.now, wait, ALICE)
     throttle.hold(CONNECTION, request(b"second"), clock.now, 0.0)  # behind it, any api
     assert CONNECTION in throttle.held and throttle.held_requests == 2
     assert throttle.timeout_ms(100) == 100
@@ -151,12 +153,12 @@ def test_held_requests_come_back_in_order_when_due_and_count_their_wait() -> Non
 def test_a_request_held_again_stops_its_connection_until_its_new_wait() -> None:
     clock = FakeClock()
     throttle = throttle_of_config(clock, alice=Quota(produce_bytes_per_s=1000))
-    throttle.hold(CONNECTION, request(b"a"), clock.now, 1.0)
+    throttle.hold(CONNECTION, request(b"a"), clock.now, 1.0, ALICE)
     throttle.hold(CONNECTION, request(b"b"), clock.now, 0.0)
     clock.now += 1.0
     due = throttle.due()
     tagged, frames, arrived = next(due)
-    throttle.hold(tagged, frames, arrived, 0.5)  # admit found alice still over: first again
+    throttle.hold(tagged, frames, arrived, 0.5, ALICE, again=True)  # alice still over: first
     assert list(due) == []
     held = throttle.held[CONNECTION].requests
     assert names((None, frames) for frames, _ in held) == [b"a", b"b"]
@@ -165,18 +167,46 @@ def test_a_request_held_again_stops_its_connection_until_its_new_wait() -> None:
 def test_a_connection_holds_at_most_its_share_of_requests() -> None:
     clock = FakeClock()
     throttle = throttle_of_config(clock, alice=Quota(produce_bytes_per_s=1000))
-    throttle.hold(CONNECTION, request(b"0"), clock.now, 1.0)
+    throttle.hold(CONNECTION, request(b"0"), clock.now, 1.0, ALICE)
     for i in range(1, 4):
         throttle.hold(CONNECTION, request(bytes([i])), clock.now, 0.0)
     with pytest.raises(RepliesNotRead, match="4 requests held back for its quota"):
         throttle.hold(CONNECTION, request(b"4"), clock.now, 0.0)
 
 
+def test_held_requests_are_bounded_in_bytes_per_client_and_in_all() -> None:
+    """Issue 50, 2: 40 connections pipelining 512 KiB PRODUCEs under a small quota took the
+    supervisor to 1.3 GiB. A client holds at most a quarter of the ceiling in bytes over all
+    its connections, all clients the ceiling; one holding nothing while nothing is held may
+    hold one request of any size; bytes given back by `due` make room again."""
+    clock = FakeClock()
+    throttle = throttle_of_config(clock, alice=Quota(produce_bytes_per_s=1000))
+    big = [zmq.Frame(bytes(600))]
+    throttle.hold(CONNECTION, big, clock.now, 1.0, ALICE)  # 600 of alice's 1000
+    other = b"R\x00\x02"  # alice's other connection: her share counts over both
+    with pytest.raises(RepliesNotRead, match="600 bytes of this client's requests"):
+        throttle.hold(other, big, clock.now, 1.0, ALICE)
+    assert other not in throttle.held and throttle.held_bytes == 600
+    for n, name in enumerate(("bob", "carol", "dave")):  # 600 each: the ceiling then
+        client = (Kind.CLIENT, name)
+        connection = bytes([82, 1, n])
+        if n < 2:
+            throttle.hold(connection, big, clock.now, 1.0, client)
+        else:
+            with pytest.raises(RepliesNotRead, match="the broker holds 1800 bytes of requests"):
+                throttle.hold(connection, [zmq.Frame(bytes(2300))], clock.now, 1.0, client)
+    assert throttle.held_bytes == 1800
+    clock.now += 1.0
+    assert len(list(throttle.due())) == 3
+    assert throttle.held_bytes == 0 and throttle.held_requests == 0
+    throttle.hold(CONNECTION, [zmq.Frame(bytes(CEILING * 2))], clock.now, 1.0, ALICE)  # alone
+
+
 def test_a_quota_changed_applies_to_what_is_owed_and_releases_what_waits() -> None:
     clock = FakeClock()
     throttle = throttle_of_config(clock, alice=Quota(produce_bytes_per_s=1000))
     throttle.admit(CONNECTION, ALICE, PRODUCE, 11_000, None)  # owes 11 s of its quota
-    throttle.hold(CONNECTION, request(b"x"), clock.now, 10.0)
+    throttle.hold(CONNECTION, request(b"x"), clock.now, 10.0, ALICE)
     throttle.update(QuotaConfig({Kind.CLIENT: {"alice": Quota(produce_bytes_per_s=100_000)}}))
     assert names(throttle.due()) == [b"x"]  # looked at again at once
     assert throttle.admit(CONNECTION, ALICE, PRODUCE, 10, None) == 0  # 11,000 < 100,000
