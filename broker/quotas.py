@@ -44,6 +44,13 @@ FORGET_AFTER_S: Final = 300.0
 """A client that owes nothing and sent nothing for this long is forgotten (its counts too)."""
 MAX_RATE: Final = 1 << 40
 """The largest quota, bytes a second (1 TiB/s): anything more is no quota."""
+MAX_CLIENTS: Final = 10_000
+"""The most clients the front keeps counts of at once: past it, a client without a quota of
+its own is counted with every other such one, under DEFAULT's name (one bucket at the default
+quota), until the idle are forgotten; so a client that makes up new ids costs no more."""
+MAX_NAME: Final = 255
+"""A client id longer than this (a quota may name none) is counted under its first MAX_NAME
+characters."""
 HELD_SHARES: Final = 4
 """A client holds at most 1 / HELD_SHARES of the broker's ceiling of request bytes held
 back for quotas (Throttle.held_ceiling), so that it takes no more than that from the others."""
@@ -250,7 +257,7 @@ class Throttle:
         now = self.clock()
         if self._pending is not None:
             self._take(self._pending, now)
-        client = self._clients.get(client_name) or self._new_client(client_name)
+        client = self._clients.get(client_name) or self._new_client(self._counted(client_name))
         client.seen = now
         if direction is Direction.FETCH:
             self._fetchers[tagged] = (client, now)
@@ -384,7 +391,19 @@ class Throttle:
             )
         return QuotaStatistics(tuple(out), self.held_requests)
 
+    def _counted(self, client_name: tuple[Kind, str]) -> tuple[Kind, str]:
+        """The name a client not known yet is counted under: its own (MAX_NAME characters of
+        it), or DEFAULT's once MAX_CLIENTS are known, unless it has a quota of its own."""
+        kind, name = client_name
+        name = name[:MAX_NAME]
+        if len(self._clients) >= MAX_CLIENTS and name not in self.config.quotas.get(kind, {}):
+            return kind, DEFAULT
+        return kind, name
+
     def _new_client(self, client_name: tuple[Kind, str]) -> _Client:
+        client = self._clients.get(client_name)
+        if client is not None:  # the name it is counted under is known: DEFAULT, a prefix
+            return client
         kind, name = client_name
         client = self._clients[client_name] = _Client(
             kind,

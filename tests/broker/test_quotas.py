@@ -11,6 +11,8 @@ import zmq
 from broker.errors import RepliesNotRead
 from broker.quotas import (
     DEFAULT,
+    MAX_CLIENTS,
+    MAX_NAME,
     WINDOW_S,
     Direction,
     Kind,
@@ -226,6 +228,32 @@ def test_clients_idle_and_owing_nothing_are_forgotten() -> None:
     assert throttle.statistics().clients == ()
     throttle.fetched(CONNECTION, 10)  # its connection is forgotten too: nothing to count to
     assert throttle.statistics().clients == ()
+
+
+def test_the_clients_counted_are_bounded_in_number_and_name_length() -> None:
+    """Issue 50, 3: 20,000 made-up client ids took +204 MiB for 300 s. Past MAX_CLIENTS, a
+    client without a quota of its own is counted with every other such one, under DEFAULT's
+    name, at the default quota; one with its own is still counted apart; a long id is counted
+    under its first MAX_NAME characters."""
+    clock = FakeClock()
+    throttle = throttle_of_config(
+        clock, **{DEFAULT: Quota(produce_bytes_per_s=10_000), "alice": Quota(1000)}
+    )
+    for n in range(MAX_CLIENTS + 2000):
+        assert throttle.admit(CONNECTION, (Kind.CLIENT, f"made-up-{n}"), PRODUCE, 1, None) == 0
+    counted = {c.name: c for c in throttle.statistics().clients}
+    assert len(counted) == MAX_CLIENTS + 1
+    assert counted[DEFAULT].produce_bytes == 2000  # the overflow, counted together
+    throttle.admit(CONNECTION, ALICE, PRODUCE, 1, None)  # her own quota: her own count
+    assert "alice" in {c.name for c in throttle.statistics().clients}
+    for n in range(30):  # together, they owe the default's window: then they wait
+        throttle.admit(CONNECTION, (Kind.CLIENT, f"more-{n}"), PRODUCE, 1000, None)
+    assert throttle.admit(CONNECTION, (Kind.CLIENT, "yet-another"), PRODUCE, 1, None) > 0
+    clock.now += 301
+    list(throttle.due())  # forgotten once idle: room again
+    long = "x" * 5000
+    throttle.admit(CONNECTION, (Kind.CLIENT, long), PRODUCE, 1, None)
+    assert [c.name for c in throttle.statistics().clients] == ["x" * MAX_NAME]
 
 
 def test_a_throttle_travels_in_the_tagged_identity() -> None:
