@@ -50,7 +50,12 @@ def encode(obj: Mapping[str, object]) -> bytes:
 
 
 def decode(data: bytes) -> dict[str, Any]:
-    obj = json.loads(data)
+    """A node's JSON object; ValueError (as json.loads raises it) for data that is not one of
+    a known format version, including JSON nested past the parser's depth."""
+    try:
+        obj = json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
     if int_field(obj, "version") < FORMAT_VERSION:

@@ -343,11 +343,15 @@ def test_unreadable_topic_config_is_left_out_of_listings(
     registry: Registry, observer: KazooClient
 ) -> None:
     observer.create(f"{registry.chroot}/config/topics/garbage", b"not json")
+    # and JSON nested too deeply for the parser (issue 50, 11: a RecursionError got out)
+    observer.create(f"{registry.chroot}/config/topics/nested", b"[" * 100_000 + b"]" * 100_000)
     registry.create_topic_config("clicks", TopicConfig.spread(1, [1]))
 
     assert registry.topic_configs() == {"clicks": TopicConfig.spread(1, [1])}
     with pytest.raises(RegistryUnavailable, match="garbage holds unreadable data"):
         registry.topic_config("garbage")
+    with pytest.raises(RegistryUnavailable, match=r"nested holds unreadable data: .*nested"):
+        registry.topic_config("nested")
 
 
 def test_watch_topic_configs_sees_creates_and_deletes(
