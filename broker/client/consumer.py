@@ -207,8 +207,8 @@ class PartitionReader:
         )
         self.high_watermark = reply.high_watermark
         self.log_start_offset = reply.log_start_offset
-        if damage is None:
-            self._position += len(reply.message_set)
+        if damage is None:  # past the last (decode may stop early: its budget)
+            self._position = messages[-1].next_offset if messages else self._position
         elif messages:  # these first; the next poll meets the damage
             self._position = damage.start
         else:

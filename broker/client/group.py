@@ -160,7 +160,8 @@ R = TypeVar("R", bound=tuple[Any, ...], default=Record)
 (the Kafka-shaped consumer's Messages, broker.client.kafka), made straight from the fetched
 bytes (broker.log.codec.decode_records)."""
 OFFSET_AT: Final = Record._fields.index("offset")
-"""Where a record of any record type holds its offset."""
+NEXT_AT: Final = Record._fields.index("next_offset")
+"""Where a record of any record type holds its offset, and its next offset."""
 
 
 @dataclass(eq=False)
@@ -725,8 +726,8 @@ class GroupConsumer(Closing, Generic[R]):
             message_set, base, self.record_type, tp.topic, tp.partition
         )
         owned.buffered = deque(records)
-        if failure is None:
-            owned.fetch_offset = base + len(message_set)
+        if failure is None:  # past the last (decode may stop early: its budget)
+            owned.fetch_offset = records[-1][NEXT_AT] if records else base
             return False
         damage = damaged_range(message_set, base, tp.topic, tp.partition, failure)
         if records:  # these first; the next fetch meets the damage

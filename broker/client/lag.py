@@ -129,9 +129,12 @@ def messages(
             if message.offset >= end:
                 return
             yield message
-        if damage is not None and damaged is not None:
-            damaged.append(damage)
-        position = damage.end if damage else position + len(reply.message_set)
+        if damage is not None:
+            if damaged is not None:
+                damaged.append(damage)
+            position = damage.end
+        else:  # past the last (decode may stop early: its budget)
+            position = found[-1].next_offset
 
 
 class HolderUnavailable(Unavailable):

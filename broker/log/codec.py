@@ -65,6 +65,13 @@ else:
 
 IMPLEMENTATION: Final = "c" if _impl is not message else "python"
 T = TypeVar("T")
+READ_MESSAGES: Final = 100_000
+READ_EXPANDED_BYTES: Final = 64 << 20
+"""A reader's decoding (`decode`, `decode_records`) expands a fetched set's compressed sets
+until it holds READ_MESSAGES messages or has expanded READ_EXPANDED_BYTES, and stops at the
+next set's start: a fetch of 1 MiB may hold hundreds of sets of 64 MiB each once expanded. Its
+last message's next offset is then where the reader fetches next (the whole reply's end when
+it did not stop)."""
 _KEY_LENGTH = struct.Struct(">i")
 
 encode_message: Final = _impl.encode_message
@@ -139,6 +146,12 @@ def check_sets(buf: Buffer, result: ScanResult) -> int:
             left -= len(expanded)
             inner = scan(expanded, MAX_INNER_SET_BYTES, inner=True)
             del expanded  # one inner set held at a time
+            if inner.message_count > compression.MAX_SET_MESSAGES:
+                raise InvalidMessage(
+                    pos,
+                    f"compressed set: {inner.message_count} messages, over the "
+                    f"{compression.MAX_SET_MESSAGES} a set may hold",
+                )
             if inner.error is None and inner.first_set >= 0:
                 inner = inner._replace(valid_bytes=inner.first_set, error=NESTED_SET)
             if inner.error is not None:
@@ -177,21 +190,26 @@ def converted(buf: Buffer, result: ScanResult, compressor: Compressor | None) ->
         inner_set(buf, start) if codec else inner_message(bytes(buf[start:end]))
         for start, end, codec in spans
     ]
-    return compressed_sets(compressor, units)[0]
+    counts = [
+        scan(unit, MAX_INNER_SET_BYTES, inner=True).message_count if codec else 1
+        for unit, (_, _, codec) in zip(units, spans, strict=True)
+    ]
+    return compressed_sets(compressor, units, counts)[0]
 
 
 def compressed_sets(
-    compressor: Compressor, units: list[bytes]
+    compressor: Compressor, units: list[bytes], counts: list[int] | None = None
 ) -> tuple[bytes, list[int], list[int]]:
-    """`units` (inner messages or whole inner sets, in order) as compressed sets of at most
-    MAX_INNER_SET_BYTES each; a unit over it (one message) as a plain message, its checksum
-    computed. The bytes, where each set's units start in the units' bytes joined, and where
-    each set starts in the bytes."""
+    """`units` (inner messages or whole inner sets, in order; `counts`: the messages of each,
+    default one) as compressed sets of at most MAX_INNER_SET_BYTES and MAX_SET_MESSAGES each;
+    a unit over the bytes (one message) as a plain message, its checksum computed. The bytes,
+    where each set's units start in the units' bytes joined, and where each set starts in the
+    bytes."""
     starts: list[int] = []
     sent_at: list[int] = []
     parts: list[bytes] = []
     sent = position = 0
-    for group in _groups(units, MAX_INNER_SET_BYTES):
+    for group in _groups(units, counts or [1] * len(units)):
         inner = b"".join(group)
         if len(inner) > MAX_INNER_SET_BYTES:
             part = plain_message(inner)
@@ -205,16 +223,21 @@ def compressed_sets(
     return b"".join(parts), starts, sent_at
 
 
-def _groups(units: list[bytes], bound: int) -> Iterator[list[bytes]]:
-    """`units` in runs of at most `bound` bytes each (a longer unit alone)."""
+def _groups(units: list[bytes], counts: list[int]) -> Iterator[list[bytes]]:
+    """`units` in runs of at most MAX_INNER_SET_BYTES and MAX_SET_MESSAGES (`counts`: each
+    unit's messages) each (a longer unit alone)."""
     group: list[bytes] = []
-    size = 0
-    for unit in units:
-        if group and size + len(unit) > bound:
+    size = messages = 0
+    for unit, count in zip(units, counts, strict=True):
+        if group and (
+            size + len(unit) > MAX_INNER_SET_BYTES
+            or messages + count > compression.MAX_SET_MESSAGES
+        ):
             yield group
-            group, size = [], 0
+            group, size, messages = [], 0, 0
         group.append(unit)
         size += len(unit)
+        messages += count
     if group:
         yield group
 
@@ -235,7 +258,8 @@ def decode(buf: Buffer, base_offset: int) -> tuple[list[Message], InvalidMessage
     them, each compressed set's inner messages in its place (with the set's offset, and size
     0 but the last: docs/storage.md), up to the first message or set that fails its checks,
     and what is wrong there (None when all pass): a set that fails gives none of its
-    messages."""
+    messages. Within the reader's budget (READ_MESSAGES, READ_EXPANDED_BYTES): past it, the
+    messages up to a compressed set's start, whole sets only."""
     return _expanded(buf, base_offset, _decode_set)
 
 
@@ -256,9 +280,13 @@ def _expanded(
     base_offset: int,
     decode_set: Callable[[Buffer, int, int, int], tuple[list[T], int | None]],
 ) -> tuple[list[T], InvalidMessage | None]:
-    """What `decode_set` gives of the set, each compressed set expanded in its place: `decode`."""
+    """What `decode_set` gives of the set, each compressed set expanded in its place, within
+    the reader's budget: `decode`."""
     decoded, bad = decode_set(buf, base_offset, 0, -1)
+    expanded = 0
     while bad is not None:
+        if len(decoded) >= READ_MESSAGES or expanded >= READ_EXPANDED_BYTES:
+            return decoded, None  # the rest, from this set on, for the next fetch
         if not is_set(buf, bad):
             return decoded, decode_failure(buf, bad)
         following = bad + message_size_at(buf, bad)
@@ -266,10 +294,11 @@ def _expanded(
             inner = inner_set(buf, bad)
         except InvalidMessage as error:
             return decoded, error
-        expanded, inner_bad = decode_set(inner, base_offset + bad, 0, following - bad)
+        expanded += len(inner)
+        messages, inner_bad = decode_set(inner, base_offset + bad, 0, following - bad)
         if inner_bad is not None:
             return decoded, _inner_failure(inner, inner_bad, bad)
-        decoded += expanded
+        decoded += messages
         more, bad = decode_set(buf, base_offset, following, -1)
         decoded += more
     return decoded, None

@@ -42,6 +42,10 @@ from broker.log.message import (
 MAX_INNER_SET_BYTES: Final = 64 << 20
 """The most bytes an inner set holds once decompressed: a rule of the format, so that the
 broker that checks a set and every reader that expands it agree on it."""
+MAX_SET_MESSAGES: Final = 100_000
+"""The most messages a producer's compressed set holds: the broker refuses more (its readers
+make an object a message; 64 MiB of empty messages would be 2.5 million), and pylog's
+producers and the broker's conversion to the topic's codec make no set of more."""
 MAX_EXPANDED_BYTES: Final = 64 << 20
 """The most bytes the inner sets of one producer's message set (a PRODUCE's, or a part's of a
 MULTI_PRODUCE) hold together once decompressed: what the broker decompresses, and converts to

@@ -15,6 +15,7 @@ from broker.client import Ack, Admin, Connection, PartitionConsumer, Producer
 from broker.client.topic_consumer import Last, TopicConsumer
 from broker.errors import BrokerError, UnsupportedFormat
 from broker.log import codec
+from broker.log import compression as log_compression
 from broker.log.message import Message, iter_messages
 from broker.protocol import LATEST, ErrorCode, FetchRequest, OffsetsRequest
 from cli.pylogctl import cli
@@ -49,6 +50,34 @@ def test_a_compressing_producer_is_read_back_whole_in_order(
     ends = [m.next_offset for m in read]
     assert ends[9] == ends[10] == acks[1].base_offset  # the last of a set ends it; the rest: 0
     assert read[-1].next_offset < sum(len(v) + 30 for _, v in sent) // 3  # compressed on disk
+
+
+def test_a_set_holds_at_most_max_set_messages_and_readers_stop_within_their_budget(
+    broker: RunningBroker, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 50, 5: a reader expanded every set of a fetch at once (4 sets of 2.5 million
+    empty messages, 23 KB on the wire: 1.5 GiB). A producer's set holds at most
+    MAX_SET_MESSAGES (the broker refuses more; pylog's producer and the broker's conversion
+    make no more: tests/log/test_compression.py), and a reader stops expanding at a set's
+    start once it holds READ_MESSAGES: the rest comes with the next fetch, each message read
+    once (here with 4 and 5, in this process: the producer's and the reader's)."""
+    monkeypatch.setattr(log_compression, "MAX_SET_MESSAGES", 4)
+    monkeypatch.setattr(codec, "READ_MESSAGES", 5)
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic)
+    with Producer(
+        broker.endpoint, topic, ack=Ack.FLUSHED, batch_messages=10, compression="zstd"
+    ) as producer:
+        for i in range(30):
+            producer.send(b"m%d" % i)
+        acks = producer.flush()
+    assert [a.count for a in acks] == [10, 10, 10]
+    with PartitionConsumer(broker.endpoint, topic, 0, stop_at_end=True) as consumer:
+        polls = [[m.value for m in consumer.poll()] for _ in range(6)]
+    # 3 batches of 10: sets of 4, 4 and 2 each; a poll stops past 5 messages, at a set's start
+    assert [len(p) for p in polls] == [8, 6, 6, 8, 2, 0]
+    assert [value for poll in polls for value in poll] == [b"m%d" % i for i in range(30)]
+    assert [m.value for m in read_all(broker, topic)] == [b"m%d" % i for i in range(30)]
 
 
 def test_an_old_reader_is_served_up_to_the_first_set_and_a_new_one_reads_all(

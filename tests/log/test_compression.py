@@ -240,6 +240,48 @@ def test_a_bomb_of_sets_is_refused_before_it_is_converted(tmp_path: Path, clock:
     assert log.log_end_offset == 0
 
 
+def test_a_set_of_more_than_max_set_messages_is_refused_and_none_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 50, 5: a producer's compressed set holds at most MAX_SET_MESSAGES messages (here
+    4); the broker's conversion to a topic's codec makes sets of no more."""
+    monkeypatch.setattr(compression, "MAX_SET_MESSAGES", 4)
+    four = encoded([(b"m%d" % i, None, i) for i in range(4)])
+    five = four + encoded([(b"m4", None, 4)])
+    assert codec.check_sets(*_scanned(wrapped(Compressor(Codec.ZSTD), four))) == 4
+    assert "compressed set: 5 messages, over the 4 a set may hold" in refusal(
+        wrapped(Compressor(Codec.ZSTD), five)
+    )
+    plain = four + five  # 9 plain messages, and a set of 4 of them, to a gzip topic
+    mixed = plain + wrapped(Compressor(Codec.LZ4), four)
+    stored = codec.converted(mixed, codec.scan(mixed, 1 << 20), Compressor(Codec.GZIP))
+    assert stored is not None
+    decoded, failure = codec.decode(stored, 0)
+    values = [m.value for m in message.iter_messages(plain)] + [b"m0", b"m1", b"m2", b"m3"]
+    assert failure is None and [m.value for m in decoded] == values
+    offsets = [m.offset for m in decoded]
+    counts = [offsets.count(offset) for offset in sorted(set(offsets))]
+    assert counts == [4, 4, 1, 4]  # in order, 4 at most; the lz4 set's 4 a unit of their own
+
+
+def test_a_reader_expands_a_fetch_within_its_budget_at_real_sizes() -> None:
+    """Eight sets of 100,000 empty messages (MAX_SET_MESSAGES) in one fetched buffer, 2.6 MB
+    each expanded, a few KB each on the wire: a reader's decode stops after the first, whose
+    end is where the next fetch starts, its memory that of one set (all eight before)."""
+    inner = b"".join([codec.encode_message(b"", None, 1, True)] * compression.MAX_SET_MESSAGES)
+    one = Compressor(Codec.ZSTD).wrap(inner, 1)
+    fetched = one * 8
+    tracemalloc.start()
+    try:
+        decoded, failure = codec.decode(fetched, 1000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert failure is None and len(decoded) == compression.MAX_SET_MESSAGES
+    assert decoded[-1].next_offset == 1000 + len(one)
+    assert peak < 40 << 20, f"peak {peak >> 20} MiB"
+
+
 def _scanned(buf: bytes) -> tuple[bytes, message.ScanResult]:
     return buf, codec.scan(buf, 1 << 20)
 
