@@ -56,7 +56,7 @@ from broker.transport import (
     throttle_of,
     throttled,
 )
-from broker.zmqio import NOBLOCK, receive_routed, send_frames
+from broker.zmqio import NOBLOCK, monitor_event, receive_routed, send_frames, source_fd
 
 log = logging.getLogger("pylog.supervisor")
 
@@ -160,6 +160,9 @@ class Front:
         (a key removed stops its open connections at their next request)."""
         self.handshake_failures: HandshakeFailures | None = None
         self.zap: ZapHandler | None = None
+        self.monitor: zmq.Socket[bytes] | None = None
+        """The front socket's monitor, from `bind` on: connections closed (the requests a
+        quota held for them dropped), and in curve mode handshakes failed."""
         self.joins = Joins()
         """The MULTI_PRODUCE requests whose parts the workers have not all answered."""
         self.fetch_joins = FetchJoins()
@@ -167,8 +170,8 @@ class Front:
         self._restarts_seen = 0
         """The pool's restarts when `joins` were last checked for parts a worker took with it."""
         self._handlers: dict[zmq.Socket[bytes], Callable[[list[bytes]], None]] = {}
-        """The sockets of `secure` this loop reads besides clients' and workers', and what
-        takes each message of theirs."""
+        """The sockets this loop reads besides clients' and workers' (the monitor, and the ZAP
+        handler's in curve mode), and what takes each message of theirs."""
 
     def secure(self, secret_key: bytes, zap: ZapHandler, authorizer: Authorizer) -> None:
         """Make the front socket a CurveZMQ server with the broker's `secret_key` (before
@@ -182,14 +185,10 @@ class Front:
         self.socket.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
         self.zap = zap
         self.principals = zap.principals
-        self.handshake_failures = HandshakeFailures(self.socket)
+        self.handshake_failures = HandshakeFailures()
         self.authorizer = authorizer
-        self._handlers = {
-            zap.socket: zap.take,
-            self.handshake_failures.socket: self.handshake_failures.take,
-        }
-        for socket in self._handlers:
-            self.poller.register(socket, zmq.POLLIN)
+        self._handlers[zap.socket] = zap.take
+        self.poller.register(zap.socket, zmq.POLLIN)
 
     def statistics(self) -> FrontStatistics:
         """The front's figures now (read by the metrics thread)."""
@@ -213,8 +212,15 @@ class Front:
         return SecurityStatistics(zap.accepted, zap.refused, failed, authorizer.denied)
 
     def bind(self) -> None:
-        """Listen on broker.host:broker.port (a free port if 0); OSError naming the process
-        that holds the port if it is in use."""
+        """Listen on broker.host:broker.port (a free port if 0), the socket's monitor made
+        first (no event missed: `_from_monitor`); OSError naming the process that holds the
+        port if it is in use."""
+        events = zmq.EVENT_DISCONNECTED
+        if self.handshake_failures is not None:
+            events |= HandshakeFailures.EVENTS
+        self.monitor = self.socket.get_monitor_socket(events)
+        self._handlers[self.monitor] = self._from_monitor
+        self.poller.register(self.monitor, zmq.POLLIN)
         host = self.config.broker_host
         try:
             if self.port == 0:
@@ -226,6 +232,17 @@ class Front:
             if error.errno == errno.EADDRINUSE:
                 reason = f"port {self.port} is already in use by {port_holder(self.port)}"
             raise OSError(f"cannot listen on {host}:{self.port}: {reason}") from error
+
+    def _from_monitor(self, frames: list[bytes]) -> None:
+        """An event of the front socket's monitor: a TCP connection closed (what its quota
+        held dropped), or a Curve handshake failed (counted)."""
+        event, value = monitor_event(frames)
+        if event == zmq.EVENT_DISCONNECTED:
+            dropped = self.throttle.closed(value)
+            if dropped:
+                log.info("a connection closed: %d requests its quota held dropped", dropped)
+        elif self.handshake_failures is not None:
+            self.handshake_failures.take(event, value)
 
     def take_limits(self) -> None:
         """The ceilings of flow control as the config has them now (live settings)."""
@@ -311,10 +328,10 @@ class Front:
         monitor in curve mode."""
         if self.socket.closed:
             return
-        if self.handshake_failures is None:
+        if self.monitor is None:
             self.socket.close()
         else:
-            close_monitored(self.socket, self.handshake_failures.socket)
+            close_monitored(self.socket, self.monitor)
 
     def _send_answers(self) -> None:
         """Send the replies the pool and topic management owe (a part's, to its join), then
@@ -491,7 +508,9 @@ class Front:
         wait_s = throttle.admit(tagged, client, direction, size, arrived)
         if wait_s > 0:
             if arrived is None:
-                throttle.hold(tagged, frames, throttle.clock(), wait_s, client)
+                throttle.hold(
+                    tagged, frames, throttle.clock(), wait_s, client, fd=source_fd(frames)
+                )
             else:  # from Throttle.due: its bytes were counted when it was first held
                 throttle.hold(tagged, frames, arrived, wait_s, client, again=True)
             return None

@@ -196,6 +196,8 @@ class _Held:
 
     until: float
     client: tuple[Kind, str]
+    fd: int
+    """The descriptor of the connection's TCP connection (broker.zmqio.source_fd; -1: none)."""
     requests: deque[tuple[list[zmq.Frame], float]] = field(default_factory=deque)
 
 
@@ -290,6 +292,7 @@ class Throttle:
         wait_s: float,
         client: tuple[Kind, str] | None = None,
         again: bool = False,
+        fd: int = -1,
     ) -> None:
         """Hold back a request of `tagged`, of `client` (None: the connection's requests are
         held already, theirs), that arrived at `arrived`: behind the connection's others, or
@@ -298,12 +301,13 @@ class Throttle:
         held_ceiling bytes, or all clients the held_ceiling (but a client holding nothing
         while nothing is held may hold one); a client that keeps fewer requests in flight
         never meets them. `again`: one that `due` gave and admit found still over its quota,
-        counted already, held again without these checks."""
+        counted already, held again without these checks. `fd`: the descriptor the request
+        came by (broker.zmqio.source_fd), so that `closed` drops what its connection held."""
         size = sum(len(frame) for frame in frames)
         held = self.held.get(tagged)
         if held is None:
             assert client is not None, "a connection held for the first time names its client"
-            held = _Held(self.clock() + wait_s, client)
+            held = _Held(self.clock() + wait_s, client, fd)
         elif len(held.requests) >= self.parked_per_client and not again:
             raise RepliesNotRead(
                 f"this connection has {len(held.requests)} requests held back for its quota "
@@ -338,6 +342,23 @@ class Throttle:
                 del self.held[tagged]
         if now >= self._next_sweep:
             self._sweep(now)
+
+    def closed(self, fd: int) -> int:
+        """The TCP connection of descriptor `fd` closed (the front socket's monitor): drop
+        the requests held for it, never to be served (nothing of theirs appended, no reply:
+        there is no one to answer). How many were dropped. A connection that opened on the
+        same descriptor in the instant before the close was read loses its held requests too
+        (its client's timeout sends them again)."""
+        dropped = 0
+        for tagged, held in list(self.held.items()):
+            if held.fd != fd or fd < 0:
+                continue
+            for frames, _ in held.requests:
+                self._release(held.client, sum(len(frame) for frame in frames))
+            dropped += len(held.requests)
+            self.held_requests -= len(held.requests)
+            del self.held[tagged]
+        return dropped
 
     def _check_room(self, client: tuple[Kind, str], size: int) -> None:
         """RepliesNotRead unless `size` more bytes of `client` may be held back (hold)."""

@@ -80,6 +80,15 @@ def receive_bytes(socket: zmq.Socket[bytes], flags: int = 0) -> bytes:
     return frame
 
 
+def source_fd(frames: Sequence[zmq.Frame]) -> int:
+    """The descriptor of the TCP connection a received message came by (ZeroMQ's SRCFD, what a
+    monitor's EVENT_DISCONNECTED names), or -1 for one without (inproc, a message made here)."""
+    try:
+        return int(frames[0].get(zmq.SRCFD))
+    except zmq.ZMQError:
+        return -1
+
+
 def monitor_event(frames: Sequence[Buffer]) -> tuple[int, int]:
     """The event (a zmq.EVENT_* number) and its value from the frames a monitor socket gave.
     Raises ValueError for frames that are not a monitor event."""

@@ -32,7 +32,6 @@ from broker.security.keys import (
     check_key,
     check_not_writable_by_others,
 )
-from broker.zmqio import monitor_event
 
 log = logging.getLogger("pylog.security")
 
@@ -243,17 +242,14 @@ class HandshakeFailures:
         "wrong_broker_key": "a cryptographic error (the client holds another broker key?)",
     }
 
-    def __init__(self, socket: zmq.Socket[bytes]) -> None:
-        self.socket: zmq.Socket[bytes] = socket.get_monitor_socket(self.EVENTS)
-        """The monitor of the front's socket: closed with it (broker.client.close_monitored)."""
+    def __init__(self) -> None:
         self.failed = dict.fromkeys([*self.REASONS.values(), "other"], 0)
         """Failed handshakes by reason (REASONS' values, or "other"): every key there from the
         start, so that the metrics thread never sees the dict grow."""
         self._log = RateLimitedLog(log, 10.0)
 
-    def take(self, frames: list[bytes]) -> None:
-        """Count one event read from `socket`."""
-        event, value = monitor_event(frames)
+    def take(self, event: int, value: int) -> None:
+        """Count one of EVENTS, read from the front socket's monitor (broker.front)."""
         if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:  # value: an errno
             reason, text = "other", f"the connection broke ({os.strerror(value)})"
         else:  # value: a ZeroMQ protocol error

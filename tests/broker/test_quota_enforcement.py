@@ -189,6 +189,36 @@ def test_requests_held_for_a_quota_are_bounded_in_bytes_over_the_clients_connect
         context.term()
 
 
+def test_what_a_closed_connection_held_for_its_quota_is_never_appended(
+    broker: RunningBroker, quotas: Registry, topic: str
+) -> None:
+    """Issue 50, 2: with a 5 MB/s quota, held writes went on being appended 45 s after their
+    client had gone. A connection that closes drops what its quota held: the quota taken away
+    afterwards (which would serve them at once), nothing more is stored."""
+    create(broker, topic, 1)
+    set_quota(broker, quotas, "leaver", Quota(produce_bytes_per_s=1000))
+    header = protocol.RequestHeader(protocol.Api.PRODUCE, 2, 0, "leaver")
+    frames = protocol.encode_request(header, ProduceRequest(topic, 0, Ack.WRITTEN, MESSAGE_SET))
+    context = zmq.Context()
+    try:
+        socket = context.socket(zmq.DEALER)
+        socket.connect(broker.endpoint)
+        for _ in range(10):
+            socket.send_multipart(frames)
+        assert socket.poll(10_000), "the first PRODUCE, within the window, is not answered"
+        protocol.decode_reply(protocol.Api.PRODUCE, socket.recv_multipart(), 2)
+        wait_until(lambda: broker.metrics()[("pylog_quota_held_requests", ())] == 9, 10, "9 held")
+        socket.close(linger=0)
+        wait_until(lambda: broker.metrics()[("pylog_quota_held_requests", ())] == 0, 10, "dropped")
+    finally:
+        quotas.delete_quota(Kind.CLIENT, "leaver")
+        context.term()
+    assert "a connection closed: 9 requests its quota held dropped" in broker.log_path.read_text()
+    with Connection(broker.endpoint) as connection:
+        reply = connection.request(FetchRequest(topic, 0, 0, 1 << 24, 0, 0))
+    assert len(reply.message_set) == len(MESSAGE_SET)  # the first alone
+
+
 def test_a_quota_changed_live_applies_within_a_second(
     broker: RunningBroker, quotas: Registry, topic: str
 ) -> None:

@@ -204,6 +204,24 @@ def test_held_requests_are_bounded_in_bytes_per_client_and_in_all() -> None:
     throttle.hold(CONNECTION, [zmq.Frame(bytes(CEILING * 2))], clock.now, 1.0, ALICE)  # alone
 
 
+def test_what_a_closed_connection_held_is_dropped() -> None:
+    """Issue 50, 2: held requests outlived their connection (appended 45 s after the client
+    had gone). The TCP connection's close (its descriptor, from the front socket's monitor)
+    drops what it held; other connections keep theirs."""
+    clock = FakeClock()
+    throttle = throttle_of_config(clock, alice=Quota(produce_bytes_per_s=1000))
+    other = b"R\x00\x02"
+    throttle.hold(CONNECTION, request(b"a"), clock.now, 1.0, ALICE, fd=7)
+    throttle.hold(CONNECTION, request(b"b"), clock.now, 0.0)
+    throttle.hold(other, request(b"c"), clock.now, 1.0, ALICE, fd=8)
+    assert throttle.closed(-1) == 0  # no descriptor known: nothing
+    assert throttle.closed(7) == 2
+    assert list(throttle.held) == [other] and throttle.held_requests == 1
+    assert throttle.held_bytes == 1
+    clock.now += 1.0
+    assert names(throttle.due()) == [b"c"]
+
+
 def test_a_quota_changed_applies_to_what_is_owed_and_releases_what_waits() -> None:
     clock = FakeClock()
     throttle = throttle_of_config(clock, alice=Quota(produce_bytes_per_s=1000))
