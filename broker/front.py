@@ -234,13 +234,14 @@ class Front:
             raise OSError(f"cannot listen on {host}:{self.port}: {reason}") from error
 
     def _from_monitor(self, frames: list[bytes]) -> None:
-        """An event of the front socket's monitor: a TCP connection closed (what its quota
-        held dropped), or a Curve handshake failed (counted)."""
+        """An event of the front socket's monitor: a TCP connection closed (the requests held
+        for it, by its quota or while it did not read its replies, dropped), or a Curve
+        handshake failed (counted)."""
         event, value = monitor_event(frames)
         if event == zmq.EVENT_DISCONNECTED:
-            dropped = self.throttle.closed(value)
+            dropped = self.throttle.closed(value) + self.held.closed(value)
             if dropped:
-                log.info("a connection closed: %d requests its quota held dropped", dropped)
+                log.info("a connection closed: %d requests held for it dropped", dropped)
         elif self.handshake_failures is not None:
             self.handshake_failures.take(event, value)
 
@@ -392,7 +393,7 @@ class Front:
         tagged, request_frames = tagged_identity(identity, frames)
         if self.held.muted(tagged):  # it does not read its replies: its requests wait
             try:
-                self.held.park(tagged, frames)
+                self.held.park(tagged, frames, source_fd(frames))
             except RepliesNotRead as error:
                 self._refuse(tagged, request_frames, error)
             return

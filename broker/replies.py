@@ -67,6 +67,8 @@ class _Connection:
     held: deque[tuple[zmq.MessageTracker, int]] = field(default_factory=deque)
     held_bytes: int = 0
     parked: deque[list[zmq.Frame]] = field(default_factory=deque)
+    fd: int = -1
+    """The descriptor of its TCP connection, from its last request parked (-1: none known)."""
 
 
 class HeldReplies:
@@ -102,10 +104,12 @@ class HeldReplies:
     def _over(self, held: int) -> bool:
         return held >= self.per_client or (held > 0 and self.held_bytes >= self.ceiling)
 
-    def park(self, tagged: bytes, frames: list[zmq.Frame]) -> None:
-        """Keep a request of the muted connection `tagged` to serve later; RepliesNotRead when
-        it has parked_per_client requests waiting already."""
+    def park(self, tagged: bytes, frames: list[zmq.Frame], fd: int = -1) -> None:
+        """Keep a request of the muted connection `tagged`, come by TCP connection `fd`
+        (broker.zmqio.source_fd), to serve later; RepliesNotRead when it has
+        parked_per_client requests waiting already."""
         connection = self._connections[tagged]
+        connection.fd = fd
         if len(connection.parked) >= self.parked_per_client:
             raise RepliesNotRead(
                 f"this connection holds {connection.held_bytes} bytes of replies it has not "
@@ -145,6 +149,17 @@ class HeldReplies:
         connection.held_bytes += size
         self.held_bytes += size
         return [*frames[:at], tracked, *frames[at + 1 :]]
+
+    def closed(self, fd: int) -> int:
+        """The TCP connection of descriptor `fd` closed (the front socket's monitor): drop its
+        parked requests, never to be served (ZeroMQ drops the replies it held). How many."""
+        dropped = 0
+        for connection in self._connections.values():
+            if fd >= 0 and connection.fd == fd:
+                dropped += len(connection.parked)
+                self.parked_requests -= len(connection.parked)
+                connection.parked.clear()
+        return dropped
 
     def release(self, room: Callable[[], bool]) -> Iterator[tuple[bytes, list[zmq.Frame]]]:
         """Once a turn: forget the replies ZeroMQ let go of, then yield the parked requests of

@@ -213,7 +213,7 @@ def test_what_a_closed_connection_held_for_its_quota_is_never_appended(
     finally:
         quotas.delete_quota(Kind.CLIENT, "leaver")
         context.term()
-    assert "a connection closed: 9 requests its quota held dropped" in broker.log_path.read_text()
+    assert "a connection closed: 9 requests held for it dropped" in broker.log_path.read_text()
     with Connection(broker.endpoint) as connection:
         reply = connection.request(FetchRequest(topic, 0, 0, 1 << 24, 0, 0))
     assert len(reply.message_set) == len(MESSAGE_SET)  # the first alone

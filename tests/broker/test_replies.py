@@ -123,6 +123,32 @@ def test_a_connection_is_muted_at_its_share_and_its_requests_wait_in_order(
     assert not held.muted(client.tagged)
 
 
+def test_a_closed_connections_parked_requests_are_dropped(
+    sockets: tuple[zmq.Context[zmq.Socket[bytes]], zmq.Socket[bytes]],
+) -> None:
+    """Issue 50, 2: a connection that closes while muted would have its parked requests served
+    once ZeroMQ dropped its replies. Its close (the descriptor its requests came by) drops
+    them; another connection's stay."""
+    context, router = sockets
+    held = HeldReplies(ceiling=1 << 30, per_client=MIB, parked_per_client=4)
+    gone, staying = Client(context, router), Client(context, router)
+    for client, fd in ((gone, 7), (staying, 8)):
+        send(router, held, client, reply(1, BIG))
+        held.park(client.tagged, [zmq.Frame(b"parked")], fd)
+    assert held.closed(7) == 1 and held.parked_requests == 1
+    assert held.closed(-1) == 0
+    gone.socket.close()
+    staying.read(1)
+    served: list[bytes] = []
+
+    def released() -> bool:
+        served.extend(tagged for tagged, _ in held.release(lambda: True))
+        return held.held_bytes == 0
+
+    wait_until(released, what="ZeroMQ to let go of both connections' replies")
+    assert served == [staying.tagged]
+
+
 def test_over_the_ceiling_a_connection_that_holds_nothing_still_gets_its_reply(
     sockets: tuple[zmq.Context[zmq.Socket[bytes]], zmq.Socket[bytes]],
 ) -> None:
