@@ -418,6 +418,9 @@ def main() -> None:
     parser.add_argument("--only", choices=[*sorted(CLIENTS), "consumers", "scale", "replicated"])
     parser.add_argument("--scale", type=int, default=10_000)
     parser.add_argument("--replicated", type=int, default=1000)
+    parser.add_argument(
+        "--messages", type=int, default=READ_MESSAGES, help="the consumers case's messages"
+    )
     parser.add_argument("--dir", type=Path)
     args = parser.parse_args()
     if args.only == "scale":
@@ -430,7 +433,7 @@ def main() -> None:
         return
     if args.only == "consumers":
         with tempfile.TemporaryDirectory(dir=args.dir) as data, PrivatePylogd(Path(data)) as b:
-            print(json.dumps(consumers(b, READ_MESSAGES)), flush=True)
+            print(json.dumps(consumers(b, args.messages)), flush=True)
         return
     counts = [int(p) for p in args.partitions.split(",")]
     rates: dict[tuple[str, int], float] = {}
