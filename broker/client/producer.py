@@ -788,7 +788,11 @@ class Producer(ProducerCore):
         is not bytes (nor made bytes by the producer's serializer or key_serializer).
         `headers`: (key, value) pairs, keys str and values bytes or None, in order (a mapping
         gives its items), stored with the message (format 2: docs/storage.md)."""
-        return Delivery(self, *self.add(value, key, timestamp_ms, partition, headers))
+        layout = self._layout or self._partition_layout()
+        batch, position, full = self._add(layout, value, key, timestamp_ms, partition, headers)
+        if full or (self._batches and self.clock.monotonic() >= self._linger_deadline):
+            self._sent_some(batch.partition, full)
+        return Delivery(self, batch, position)
 
     def add(
         self,
@@ -803,11 +807,18 @@ class Producer(ProducerCore):
         callbacks need no handle a message)."""
         layout = self._layout or self._partition_layout()
         batch, position, full = self._add(layout, value, key, timestamp_ms, partition, headers)
-        if full:
-            self._send_batch(batch.partition)
-        if self._batches and self.clock.monotonic() >= self._linger_deadline:
-            self._send_lingering()  # the check inline: it runs for every message
+        if full or (self._batches and self.clock.monotonic() >= self._linger_deadline):
+            self._sent_some(batch.partition, full)
         return batch, position
+
+    def _sent_some(self, partition: int, full: bool) -> None:
+        """After a message was added (`send`, `add`): its batch sent when `full`, and the
+        batches whose linger has passed (the checks are inline at the callers: they run for
+        every message)."""
+        if full:
+            self._send_batch(partition)
+        if self._batches and self.clock.monotonic() >= self._linger_deadline:
+            self._send_lingering()
 
     def _send_lingering(self) -> None:
         """Send every batch whose linger has passed, if a request may go: with max_in_flight
