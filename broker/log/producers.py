@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -152,33 +152,30 @@ class ProducerStates:
         entries files (snapshots included) tell: their earliest entry of it is above `last`,
         the producer's last sequence (a set sent before 2^32 - 1 came and 0 again)."""
         prefix = _KEY.pack(producer_id, epoch, 0)[:-4]
-        for path in sorted(self._directory.glob(f"*{PRODUCERS_SUFFIX}")):
-            try:
-                data = path.read_bytes()
-            except OSError as error:
-                raise storage_error(error, f"reading {path}") from error
-            at = data.find(prefix)
-            while at >= 0 and at % ENTRY.size:
-                at = data.find(prefix, at + 1)
-            if at >= 0 and at + ENTRY.size <= len(data):
+        for data in self._files(newest_first=False):
+            at = _entry_at(data, prefix, last=False)
+            if at >= 0:
                 return int(ENTRY.unpack_from(data, at)[2]) > last
         return False
 
     def _find(self, producer_id: int, epoch: int, sequence: int) -> StoredSet | None:
         """The entry of an older set, looked up in the entries files, newest first."""
         key = _KEY.pack(producer_id, epoch, sequence)
-        paths = sorted(self._directory.glob(f"*{PRODUCERS_SUFFIX}"), reverse=True)
-        for path in paths:
-            try:
-                data = path.read_bytes()
-            except OSError as error:
-                raise storage_error(error, f"reading {path}") from error
-            at = data.rfind(key)
-            while at >= 0 and at % ENTRY.size:
-                at = data.rfind(key, 0, at + _KEY.size - 1)
-            if at >= 0 and at + ENTRY.size <= len(data):
+        for data in self._files(newest_first=True):
+            at = _entry_at(data, key, last=True)
+            if at >= 0:
                 return StoredSet(*ENTRY.unpack_from(data, at))
         return None
+
+    def _files(self, newest_first: bool) -> Iterator[bytes]:
+        """The bytes of each entries file of the partition, in its segments' order (or the
+        newest first); StorageIOError for one that cannot be read."""
+        paths = sorted(self._directory.glob(f"*{PRODUCERS_SUFFIX}"), reverse=newest_first)
+        for path in paths:
+            try:
+                yield path.read_bytes()
+            except OSError as error:
+                raise storage_error(error, f"reading {path}") from error
 
     def sets_between(self, base_offset: int, start: int, end: int) -> tuple[StoredSet, ...]:
         """The entries of the sets in [`start`, `end`) of the segment at `base_offset` (`start`
@@ -338,6 +335,15 @@ class ProducerStates:
 
 _SEARCH_CHUNK = 64 * 1024 // ENTRY.size * ENTRY.size
 """How many bytes of entries are read at once once the first one is found."""
+
+
+def _entry_at(data: bytes, key: bytes, last: bool) -> int:
+    """Where the first (or `last`) whole entry starting with `key` is in `data`, entries of
+    ENTRY.size back to back; -1 for none."""
+    at = data.rfind(key) if last else data.find(key)
+    while at >= 0 and at % ENTRY.size:
+        at = data.rfind(key, 0, at + len(key) - 1) if last else data.find(key, at + 1)
+    return at if at >= 0 and at + ENTRY.size <= len(data) else -1
 
 
 def _sets_between(fd: int, start: int, end: int) -> tuple[StoredSet, ...]:
