@@ -303,7 +303,7 @@ class Throttle:
         never meets them. `again`: one that `due` gave and admit found still over its quota,
         counted already, held again without these checks. `fd`: the descriptor the request
         came by (broker.zmqio.source_fd), so that `closed` drops what its connection held."""
-        size = sum(len(frame) for frame in frames)
+        size = _size(frames)
         held = self.held.get(tagged)
         if held is None:
             assert client is not None, "a connection held for the first time names its client"
@@ -336,7 +336,7 @@ class Throttle:
             while held.requests and held.until <= now:
                 frames, arrived = held.requests.popleft()
                 self.held_requests -= 1
-                self._release(held.client, sum(len(frame) for frame in frames))
+                self._release(held.client, _size(frames))
                 yield tagged, frames, arrived
             if not held.requests:
                 del self.held[tagged]
@@ -349,12 +349,14 @@ class Throttle:
         there is no one to answer). How many were dropped. A connection that opened on the
         same descriptor in the instant before the close was read loses its held requests too
         (its client's timeout sends them again)."""
+        if fd < 0:
+            return 0
         dropped = 0
         for tagged, held in list(self.held.items()):
-            if held.fd != fd or fd < 0:
+            if held.fd != fd:
                 continue
             for frames, _ in held.requests:
-                self._release(held.client, sum(len(frame) for frame in frames))
+                self._release(held.client, _size(frames))
             dropped += len(held.requests)
             self.held_requests -= len(held.requests)
             del self.held[tagged]
@@ -470,6 +472,11 @@ class Throttle:
         for tagged, (_, seen) in list(self._fetchers.items()):
             if now - seen > FORGET_AFTER_S:
                 del self._fetchers[tagged]
+
+
+def _size(frames: list[zmq.Frame]) -> int:
+    """The bytes of a request held back."""
+    return sum(len(frame) for frame in frames)
 
 
 def _owes(client: _Client, now: float) -> bool:

@@ -153,9 +153,11 @@ class HeldReplies:
     def closed(self, fd: int) -> int:
         """The TCP connection of descriptor `fd` closed (the front socket's monitor): drop its
         parked requests, never to be served (ZeroMQ drops the replies it held). How many."""
+        if fd < 0:
+            return 0
         dropped = 0
         for connection in self._connections.values():
-            if fd >= 0 and connection.fd == fd:
+            if connection.fd == fd:
                 dropped += len(connection.parked)
                 self.parked_requests -= len(connection.parked)
                 connection.parked.clear()

@@ -504,9 +504,9 @@ class GroupConsumer(Closing, Generic[R]):
         """The next record fetched and not handed out, now in hand (delivered); None when
         there is none."""
         for owned in self._owned.values():
-            if owned.buffered:
-                record: R = owned.buffered.popleft()
-                buffered = owned.buffered
+            buffered = owned.buffered
+            if buffered:
+                record: R = buffered.popleft()
                 owned.delivered = buffered[0][OFFSET_AT] if buffered else owned.fetch_offset
                 return record
         return None
