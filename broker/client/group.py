@@ -89,6 +89,7 @@ from broker.errors import (
     Unavailable,
     UnknownTopicOrPartition,
 )
+from broker.groups.assignors import contiguous_share
 from broker.lifecycle import Closing
 from broker.log.codec import decode_records
 from broker.log.message import Headers
@@ -243,10 +244,7 @@ def assign_range(
     ranked = sorted(members)
     if me not in ranked:
         return []
-    i = ranked.index(me)
-    share, extra = divmod(len(ordered), len(ranked))
-    start = i * share + min(i, extra)
-    return ordered[start : start + share + (1 if i < extra else 0)]
+    return ordered[contiguous_share(len(ordered), len(ranked), ranked.index(me))]
 
 
 def _on_partition_count(wanted: threading.Event) -> Callable[[TopicConfig | None], bool]:
