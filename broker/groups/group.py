@@ -491,7 +491,14 @@ class Group:
 
     def _join(self, request: Heartbeat, now: float, write: Write) -> Member:
         earlier = self._members.get(request.member_id)
-        if earlier is not None:  # a member id is unique: its earlier incarnation goes first
+        holder = self._instance_holder(request.instance_id)
+        if holder is not None and holder is not earlier and not holder.left:
+            raise UnreleasedInstanceId(
+                f"instance {request.instance_id} is member {holder.member_id}'s, which has not "
+                "left"
+            )
+        if earlier is not None and earlier is not holder:
+            # A member id is unique: its earlier incarnation goes first.
             self._remove(earlier, write)
         joiner = Member(
             member_id=request.member_id,
@@ -505,14 +512,9 @@ class Group:
             rebalance_timeout_ms=request.rebalance_timeout_ms,
             last_seen=now,
         )
-        holder = self._instance_holder(request.instance_id)
         if holder is not None:
-            if not holder.left:
-                raise UnreleasedInstanceId(
-                    f"instance {request.instance_id} is member {holder.member_id}'s, which "
-                    "has not left"
-                )
-            # The instance comes back: the joiner takes its place, partitions and epoch.
+            # The instance comes back (or its member joins again): the joiner takes its place,
+            # partitions and epoch.
             joiner.member_epoch, joiner.previous_epoch = holder.member_epoch, holder.previous_epoch
             joiner.assigned = dict(holder.assigned)
             del self._members[holder.member_id]
@@ -523,7 +525,7 @@ class Group:
             self._target[joiner.member_id] = self._target.pop(holder.member_id, frozenset())
             write.member(joiner.member_id, None, joiner.node())
             same = (holder.topics, holder.assignor) == (joiner.topics, joiner.assignor)
-            if earlier is not None or not same:
+            if (earlier is not None and earlier is not holder) or not same:
                 self._rebalance(write)
             return joiner
         self._members[joiner.member_id] = joiner

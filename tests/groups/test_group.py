@@ -198,7 +198,11 @@ def test_a_static_member_leaving_for_a_moment_keeps_its_partitions_for_its_insta
     assert not write.owners  # owner nodes name the instance: unchanged
     assert set(write.members) == {"m-1", "m-1b"}
     with pytest.raises(UnreleasedInstanceId):
-        Client("m-1c", instance_id="loader-a").beat(group, 2.0)
+        Client("m-2", instance_id="loader-a").beat(group, 2.0)
+    assert set(group.members) == {"m-1b", "m-2"}  # m-2, refused, is still there
+    # The instance's own member joining again (it was fenced) takes its place back.
+    reply, write = Client("m-1b", instance_id="loader-a").beat(group, 3.0)
+    assert reply.assignment == kept and group.group_epoch == epoch and not write.owners
 
 
 def test_a_static_member_that_does_not_come_back_is_removed_at_its_session() -> None:
