@@ -494,8 +494,7 @@ class Group:
         holder = self._instance_holder(request.instance_id)
         if holder is not None and holder is not earlier and not holder.left:
             raise UnreleasedInstanceId(
-                f"instance {request.instance_id} is member {holder.member_id}'s, which has not "
-                "left"
+                f"instance {request.instance_id} is member {holder.member_id}'s, which has not left"
             )
         if earlier is not None and earlier is not holder:
             # A member id is unique: its earlier incarnation goes first.
