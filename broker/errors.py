@@ -27,7 +27,17 @@
     │   │                           upgraded
     │   ├── DuplicateSequence       an idempotent producer's set stored already, whose offset
     │   │                           is no longer known (its segment was deleted)
-    │   └── InvalidProducerEpoch    an idempotent producer's epoch older than the partition's
+    │   ├── InvalidProducerEpoch    an idempotent producer's epoch older than the partition's
+    │   ├── UnknownMemberId         no such member of the consumer group (removed, or never
+    │   │                           joined): it gives up its partitions and joins again
+    │   ├── FencedMemberEpoch       a member epoch, or partitions owned, the member does not hold
+    │   ├── PartitionNotAssigned    an OFFSET_COMMIT part for a partition not the member's at
+    │   │                           that epoch (a zombie's)
+    │   ├── GroupNotEmptyError      a commit without a member, or a delete, while the group has
+    │   │                           members
+    │   ├── UnknownGroup            no such consumer group
+    │   └── InvalidGroup            a group name, member id, instance id, timeout, assignor or
+    │                               subscription that is not allowed
     ├── Unavailable                 retriable: the same request may succeed later
     │   ├── PartitionUnavailable    the worker owning the partition is down or restarting
     │   ├── BrokerShuttingDown      the broker is stopping and accepts no new requests
@@ -36,7 +46,12 @@
     │   ├── NotEnoughReplicas       ack=all, and the in-sync replicas are too few
     │   ├── UnknownLeaderEpoch      the asker's leader epoch is newer than this broker's
     │   ├── OutOfOrderSequence      an idempotent producer's set arrived before one it follows
-    │   └── RepliesNotRead          the connection does not take its replies: one not kept
+    │   ├── RepliesNotRead          the connection does not take its replies: one not kept
+    │   ├── NotCoordinator          this broker does not coordinate the consumer group (now)
+    │   ├── CoordinatorLoading      it does, and is claiming or loading the group
+    │   ├── UnreleasedInstanceId    a static member's instance id held by a member not gone
+    │   └── GroupHasZooKeeperMembers
+    │                               members of the paper's (ZooKeeper) protocol are in the group
     ├── BrokerError                 client side: the broker answered with an error code
     │   ├── UnknownServerError      UNKNOWN_SERVER_ERROR
     │   └── Broker<Class>           every other code: BrokerTopicAlreadyExists is a
@@ -61,9 +76,9 @@ those fields as the broker-side attributes of the same name: an answered Invalid
 `message_start` and `next_offset`, FetchSizeTooSmall `needed`, CorruptSegment `start`, `end`
 and `reason`, AuthorizationFailed `operation` and `resource`, NotLeaderForPartition `leader`
 and `leader_epoch`, NotEnoughReplicas `isr_size` and `min_insync_replicas`, FencedLeaderEpoch
-and UnknownLeaderEpoch `leader_epoch`. The attributes the request holds (the offset, max_bytes,
-the partition, the epoch asked with) are not repeated in the reply, and an answered error has
-none of them.
+and UnknownLeaderEpoch `leader_epoch`, NotCoordinator `coordinator`, `host` and `port`. The
+attributes the request holds (the offset, max_bytes, the partition, the epoch asked with, the
+group) are not repeated in the reply, and an answered error has none of them.
 
 Which replication errors are retriable: NOT_LEADER_FOR_PARTITION is (leadership moves to a
 broker the client finds by METADATA, or comes back: the request itself is good),
@@ -292,6 +307,40 @@ class InvalidProducerEpoch(RequestError):
         self.current_epoch = current_epoch
 
 
+class UnknownMemberId(RequestError):
+    """A consumer group has no member of that id (docs/protocol.md, GROUP_HEARTBEAT): it was
+    removed (its session ran out, it passed its revocation deadline, it left) or never joined.
+    Not retriable as sent: the member gives up every partition, without committing, and joins
+    again with member epoch 0."""
+
+
+class FencedMemberEpoch(RequestError):
+    """A member sent an epoch it does not hold (a zombie's, or one older than the reply it
+    lost), or reported owning partitions it was not given. As UnknownMemberId: the member gives
+    up every partition, without committing, and joins again with member epoch 0."""
+
+
+class PartitionNotAssigned(RequestError):
+    """An OFFSET_COMMIT part for a partition that is not the member's at the epoch it commits
+    with: a zombie's commit, or one for a partition reassigned since. The part is refused; the
+    offset stays as it was."""
+
+
+class GroupNotEmptyError(RequestError):
+    """A commit without a member, or a DELETE_GROUP, while the group has members (the message
+    names them). (broker.registry.groups has a GroupNotEmpty of its own, for the paper's
+    groups.)"""
+
+
+class UnknownGroup(RequestError):
+    """No such consumer group (DESCRIBE_GROUP, DELETE_GROUP)."""
+
+
+class InvalidGroup(RequestError):
+    """A group name, member id, instance id, timeout, assignor or subscription that is not
+    allowed (the message says which and why)."""
+
+
 class Unavailable(PylogError):
     """The request could not be served now but may succeed when retried."""
 
@@ -382,6 +431,41 @@ class RepliesNotRead(Unavailable):
     one connection (or any, while the broker holds its ceiling for all), and this request
     could not wait, or this reply was not kept (broker.replies). Retriable: read the replies,
     then send the request again."""
+
+
+class NotCoordinator(Unavailable):
+    """This broker does not coordinate consumer group `group`: `coordinator` is the broker it
+    computes as the group's coordinator (-1 when it knows none), which listens at `host` and
+    `port` ("" and 0 when none). Retriable: send the group's requests there (docs/protocol.md,
+    "Consumer groups")."""
+
+    def __init__(self, group: str, coordinator: int, host: str = "", port: int = 0) -> None:
+        where = (
+            "no coordinator is known"
+            if coordinator < 0
+            else f"broker {coordinator} at {host}:{port} does"
+        )
+        super().__init__(f"group {group}: this broker does not coordinate it: {where}")
+        self.group = group
+        self.coordinator = coordinator
+        self.host = host
+        self.port = port
+
+
+class CoordinatorLoading(Unavailable):
+    """This broker coordinates the consumer group but is claiming or loading it, or waits for
+    the previous holder's claim to end. Retriable: it answers within moments."""
+
+
+class UnreleasedInstanceId(Unavailable):
+    """A static member joined with an instance id that belongs to a member that has not left.
+    Retriable: it is released when that member leaves or its session ends."""
+
+
+class GroupHasZooKeeperMembers(Unavailable):
+    """Members of the paper's protocol (ZooKeeper members, registered under the group's `ids`)
+    are in the group: the brokers coordinate it only once they are gone. Retriable: stop them
+    first."""
 
 
 class RegistryAccessDenied(PylogError):
@@ -522,6 +606,46 @@ class BrokerDuplicateSequence(BrokerError, DuplicateSequence):
 
 class BrokerInvalidProducerEpoch(BrokerError, InvalidProducerEpoch):
     """A broker answered INVALID_PRODUCER_EPOCH."""
+
+
+class BrokerNotCoordinator(BrokerError, NotCoordinator):
+    """A broker answered NOT_COORDINATOR."""
+
+
+class BrokerCoordinatorLoading(BrokerError, CoordinatorLoading):
+    """A broker answered COORDINATOR_LOADING."""
+
+
+class BrokerUnknownMemberId(BrokerError, UnknownMemberId):
+    """A broker answered UNKNOWN_MEMBER_ID."""
+
+
+class BrokerFencedMemberEpoch(BrokerError, FencedMemberEpoch):
+    """A broker answered FENCED_MEMBER_EPOCH."""
+
+
+class BrokerUnreleasedInstanceId(BrokerError, UnreleasedInstanceId):
+    """A broker answered UNRELEASED_INSTANCE_ID."""
+
+
+class BrokerPartitionNotAssigned(BrokerError, PartitionNotAssigned):
+    """A broker answered PARTITION_NOT_ASSIGNED."""
+
+
+class BrokerGroupNotEmpty(BrokerError, GroupNotEmptyError):
+    """A broker answered GROUP_NOT_EMPTY."""
+
+
+class BrokerUnknownGroup(BrokerError, UnknownGroup):
+    """A broker answered UNKNOWN_GROUP."""
+
+
+class BrokerInvalidGroup(BrokerError, InvalidGroup):
+    """A broker answered INVALID_GROUP."""
+
+
+class BrokerGroupHasZooKeeperMembers(BrokerError, GroupHasZooKeeperMembers):
+    """A broker answered GROUP_HAS_ZOOKEEPER_MEMBERS."""
 
 
 class MalformedReply(PylogError):

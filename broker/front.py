@@ -36,6 +36,7 @@ from broker.errors import (
     UnsupportedApi,
 )
 from broker.fetch_joins import FetchJoins
+from broker.groups.service import Coordinator, GroupRequest
 from broker.joins import JOINED, Joins
 from broker.log.message import Buffer
 from broker.pool import Answers, WorkerHandle, WorkerPool
@@ -119,12 +120,14 @@ class Front:
         poller: zmq.Poller,
         pool: WorkerPool,
         topics: Topics,
+        groups: Coordinator,
         answers: Answers,
     ) -> None:
         self.config = config
         self.poller = poller
         self.pool = pool
         self.topics = topics
+        self.groups = groups
         self.answers = answers
         self.port = int(config.broker_port)
         self.socket = context.socket(zmq.ROUTER)
@@ -169,6 +172,8 @@ class Front:
         """The MULTI_FETCH requests split over workers whose shares are not all answered."""
         self._restarts_seen = 0
         """The pool's restarts when `joins` were last checked for parts a worker took with it."""
+        poller.register(topics.calls.wake_fd, zmq.POLLIN)
+        """Registry calls' results wake the loop (applied by Topics.tick at the turn's end)."""
         self._handlers: dict[zmq.Socket[bytes], Callable[[list[bytes]], None]] = {}
         """The sockets this loop reads besides clients' and workers' (the monitor, and the ZAP
         handler's in curve mode), and what takes each message of theirs."""
@@ -262,6 +267,8 @@ class Front:
         the pool do their housekeeping, then send the replies they owe."""
         self._pace()
         for sock, _ in self.poller.poll(self.throttle.timeout_ms(TICK_MS)):
+            if isinstance(sock, int):  # the registry calls' wake_fd: applied below
+                continue
             take = self._handlers.get(sock)
             if take is not None:  # bounded too: a flood of handshakes holds up nothing
                 for _ in range(DRAINED_AT_ONCE):
@@ -295,6 +302,8 @@ class Front:
         if resumed:  # sent now, not with the next client's request
             self.pool.flush_all()
         self.topics.tick()
+        if self.topics.calls.registry is not None:
+            self.groups.tick()
         self.pool.check()
         if self.pool.restarts != self._restarts_seen:
             self._restarts_seen = self.pool.restarts
@@ -447,6 +456,12 @@ class Front:
                 else:
                     self._multi_fetch(tagged, header, request, request_frames, principal)
                 return
+            if isinstance(request, GROUP_REQUESTS):
+                if authorizer is not None:
+                    for operation, topic in _group_checks(request):
+                        authorizer.check(principal, operation, topic)
+                self.groups.serve(request, tagged, header, _peer_address(frames))
+                return  # answered once its group is loaded and its write landed
             if authorizer is not None and not isinstance(
                 request, protocol.MetadataRequest | protocol.DescribeClusterRequest
             ):
@@ -641,6 +656,40 @@ _VERSION_AT: Final = 2
 _REPLICA_ID_FROM_END: Final = 16
 """FETCH version 2 ends with replica_id (int32), leader_epoch (int32) and flushed_offset
 (uint64): replica_id starts this many bytes before the frame's end."""
+
+
+GROUP_REQUESTS: Final = (
+    protocol.GroupHeartbeatRequest,
+    protocol.OffsetCommitRequest,
+    protocol.OffsetFetchRequest,
+    protocol.DescribeGroupRequest,
+    protocol.ListGroupsRequest,
+    protocol.DeleteGroupRequest,
+)
+"""The apis the group coordinator answers (broker.groups.service)."""
+
+
+def _group_checks(
+    request: GroupRequest | protocol.ListGroupsRequest,
+) -> list[tuple[Operation, str]]:
+    """What a group request needs in curve mode (docs/protocol.md, "Consumer groups"): `fetch`
+    on each topic a member subscribes to or an OFFSET_COMMIT commits; `delete` on every topic
+    (an ACL on `*`) to delete a group."""
+    if isinstance(request, protocol.GroupHeartbeatRequest):
+        return [(Operation.FETCH, topic) for topic in sorted(set(request.topics))]
+    if isinstance(request, protocol.OffsetCommitRequest):
+        return [(Operation.FETCH, topic) for topic in sorted({p.topic for p in request.parts})]
+    if isinstance(request, protocol.DeleteGroupRequest):
+        return [(Operation.DELETE, "*")]
+    return []
+
+
+def _peer_address(frames: list[zmq.Frame]) -> str:
+    """The address a request came from (ZeroMQ's Peer-Address of its frame), "" if unknown."""
+    try:
+        return str(frames[-1].get("Peer-Address"))
+    except zmq.ZMQError:
+        return ""
 
 
 def _replica_id(frames: list[memoryview]) -> int:

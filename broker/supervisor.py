@@ -54,6 +54,7 @@ from broker.backoff import Backoff
 from broker.config import BrokerConfig, with_live
 from broker.errors import PylogError, ZooKeeperStartError
 from broker.front import Front
+from broker.groups.service import Coordinator
 from broker.logs import set_log_level
 from broker.metrics import BrokerStatistics, serve_metrics
 from broker.pool import Answers, WorkerPool
@@ -105,7 +106,10 @@ class Supervisor:
         self.calls = RegistryCalls()
         self.pool = WorkerPool(config, self.context, poller, self.run_dir, answers)
         self.topics = Topics(config, self.pool, self.calls, answers)
-        self.front = Front(config, self.context, poller, self.pool, self.topics, answers)
+        self.groups = Coordinator(config, self.topics, self.calls, answers)
+        self.front = Front(
+            config, self.context, poller, self.pool, self.topics, self.groups, answers
+        )
         self._zookeeper_starts = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="zookeeper-start"
         )
@@ -485,6 +489,7 @@ class Supervisor:
         if self.metrics is not None:
             self.metrics.shutdown()
         self.calls.shutdown()
+        self.groups.close()
         self.topics.roles.leases.shutdown()
         self.controller.stop()  # resigns, if the controller, before the session ends
         if self.registry is not None:

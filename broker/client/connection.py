@@ -50,21 +50,32 @@ from broker.protocol import (
     AlterConfigRequest,
     Api,
     CreateTopicRequest,
+    DeleteGroupRequest,
     DeleteTopicRequest,
     DescribeClusterReply,
     DescribeClusterRequest,
     DescribeConfigReply,
     DescribeConfigRequest,
+    DescribeGroupReply,
+    DescribeGroupRequest,
     DescribePartitionReply,
     DescribePartitionRequest,
     EmptyReply,
     FetchReply,
     FetchRequest,
+    GroupHeartbeatReply,
+    GroupHeartbeatRequest,
+    ListGroupsReply,
+    ListGroupsRequest,
     MetadataReply,
     MetadataRequest,
     MultiFetchReply,
     MultiFetchRequest,
     MultiProduceRequest,
+    OffsetCommitReply,
+    OffsetCommitRequest,
+    OffsetFetchReply,
+    OffsetFetchRequest,
     OffsetsReply,
     OffsetsRequest,
     ProduceReply,
@@ -518,6 +529,18 @@ class Connection(Framing, Closing):
     ) -> EmptyReply: ...
     @overload
     def request(self, request: DescribeClusterRequest) -> DescribeClusterReply: ...
+    @overload
+    def request(self, request: GroupHeartbeatRequest) -> GroupHeartbeatReply: ...
+    @overload
+    def request(self, request: OffsetCommitRequest) -> OffsetCommitReply: ...
+    @overload
+    def request(self, request: OffsetFetchRequest) -> OffsetFetchReply: ...
+    @overload
+    def request(self, request: DescribeGroupRequest) -> DescribeGroupReply: ...
+    @overload
+    def request(self, request: ListGroupsRequest) -> ListGroupsReply: ...
+    @overload
+    def request(self, request: DeleteGroupRequest) -> EmptyReply: ...
     def request(self, request: Request) -> Reply:
         """Send `request` and wait for its reply, once.
 

@@ -3,7 +3,9 @@
 
 A `Group` is fed requests with their arrival time and the clock for its expiries; each call
 changes the group in memory and returns its reply with the `Write` that must land in the
-registry before the reply is sent. The coordinator applies writes in the order they were made;
+registry before the reply is sent. A request refused raises the error it is answered with
+(broker.errors: UnknownMemberId, FencedMemberEpoch, UnreleasedInstanceId, InvalidGroup,
+GroupNotEmptyError) and changes nothing. The coordinator applies writes in the order they were made;
 when one fails it drops the group and loads it again from the registry, so memory never runs
 ahead of what ZooKeeper holds for longer than a write. Replies that give nothing away (a
 request to revoke, an unchanged assignment) carry an empty write.
@@ -35,9 +37,17 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, ClassVar
+from typing import Any
 
+from broker.errors import (
+    FencedMemberEpoch,
+    GroupNotEmptyError,
+    InvalidGroup,
+    UnknownMemberId,
+    UnreleasedInstanceId,
+)
 from broker.groups.assignors import ASSIGNORS, Subscriber, TopicPartition
+from broker.protocol.codes import ErrorCode
 from broker.registry.nodes import check_name
 
 GIVE_LIMIT = 1000
@@ -66,44 +76,6 @@ class Rules:
     min_session_timeout_ms: int = 2000
     max_session_timeout_ms: int = 300_000
     assignor: str = "uniform"
-
-
-class GroupError(Exception):
-    """A request the group refuses whole; `code` names its wire error code."""
-
-    code: ClassVar[str]
-
-
-class UnknownMemberId(GroupError):
-    """No such member: it was removed (session, revocation deadline, leave) or never joined.
-    It gives up every partition and joins again."""
-
-    code = "UNKNOWN_MEMBER_ID"
-
-
-class FencedMemberEpoch(GroupError):
-    """An epoch, or partitions owned, that the member does not hold: a zombie, or a member that
-    lost a reply. It gives up every partition without committing and joins again."""
-
-    code = "FENCED_MEMBER_EPOCH"
-
-
-class UnreleasedInstanceId(GroupError):
-    """The instance id belongs to a member that has not left."""
-
-    code = "UNRELEASED_INSTANCE_ID"
-
-
-class InvalidGroup(GroupError):
-    """A name, id, timeout, assignor or subscription not allowed."""
-
-    code = "INVALID_GROUP"
-
-
-class GroupNotEmpty(GroupError):
-    """A commit without a member, or a delete, while members are there."""
-
-    code = "GROUP_NOT_EMPTY"
 
 
 class State(IntEnum):
@@ -232,6 +204,12 @@ class Write:
         first = self.owners[tp][0] if tp in self.owners else before
         self.owners[tp] = (first, after)
 
+    def offset_chunks(self, limit: int) -> list[Write]:
+        """A write of offsets only (a commit's) as writes of at most `limit` offsets each, in
+        order: a transaction must stay within ZooKeeper's jute.maxbuffer."""
+        items = list(self.offsets.items())
+        return [Write(offsets=dict(items[i : i + limit])) for i in range(0, len(items), limit)]
+
     def changes(self) -> int:
         """The registry operations it takes (`state` counted once when it moves)."""
         nodes = [*self.members.values(), *self.owners.values()]
@@ -259,11 +237,6 @@ class GroupDescription:
     assignment_epoch: int
     assignor: str
     members: tuple[MemberDescription, ...]
-
-
-PART_ACCEPTED = None
-PARTITION_NOT_ASSIGNED = "PARTITION_NOT_ASSIGNED"
-UNKNOWN_TOPIC_OR_PARTITION = "UNKNOWN_TOPIC_OR_PARTITION"
 
 
 class Group:
@@ -301,7 +274,7 @@ class Group:
     # -- requests --------------------------------------------------------------------------
 
     def heartbeat(self, request: Heartbeat, now: float) -> tuple[HeartbeatReply, Write]:
-        """Answer a GROUP_HEARTBEAT arriving at `now`; GroupError when it is refused."""
+        """Answer a GROUP_HEARTBEAT arriving at `now`; raises the error of a refusal."""
         write = Write()
         if request.member_epoch in (LEAVE, LEAVE_STATIC):
             member = self._known(request.member_id)
@@ -342,14 +315,14 @@ class Group:
 
     def commit(
         self, member_id: str, member_epoch: int, parts: Sequence[tuple[TopicPartition, int]]
-    ) -> tuple[list[str | None], Write]:
-        """Answer an OFFSET_COMMIT: an error name per part (None: accepted) and the write of
+    ) -> tuple[list[ErrorCode], Write]:
+        """Answer an OFFSET_COMMIT: an error code per part (NONE: accepted) and the write of
         the accepted offsets that changed. A member's part is accepted when the partition is
         assigned to it (being revoked included) at an epoch not above `member_epoch`, which must
         not be above the member's own (KIP-1251). Without a member (`member_id` empty) the
         group must have no member subscribing to a topic of the request."""
         write = Write()
-        results: list[str | None] = []
+        results: list[ErrorCode] = []
         if member_id:
             member = self._known(member_id)
             if member.left or member_epoch > member.member_epoch:
@@ -359,18 +332,18 @@ class Group:
             for tp, _ in parts:
                 given_at = member.assigned.get(tp)
                 ok = given_at is not None and given_at <= member_epoch
-                results.append(PART_ACCEPTED if ok else PARTITION_NOT_ASSIGNED)
+                results.append(ErrorCode.NONE if ok else ErrorCode.PARTITION_NOT_ASSIGNED)
         else:
             topics = {tp.topic for tp, _ in parts}
             readers = sorted(m.member_id for m in self._members.values() if m.topics & topics)
             if readers:
-                raise GroupNotEmpty(f"members {', '.join(readers)} read these topics")
+                raise GroupNotEmptyError(f"members {', '.join(readers)} read these topics")
             for tp, _ in parts:
                 known = tp.partition in self._partitions.get(tp.topic, ())
-                results.append(PART_ACCEPTED if known else UNKNOWN_TOPIC_OR_PARTITION)
+                results.append(ErrorCode.NONE if known else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         for (tp, offset), result in zip(parts, results, strict=True):
             before = self._offsets.get(tp)
-            if result is PART_ACCEPTED and before != offset:
+            if result is ErrorCode.NONE and before != offset:
                 self._offsets[tp] = offset
                 first = write.offsets[tp][0] if tp in write.offsets else before
                 write.offsets[tp] = (first, offset)

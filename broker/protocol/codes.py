@@ -13,21 +13,28 @@ from broker.errors import (
     AuthorizationFailed,
     BrokerError,
     BrokerShuttingDown,
+    CoordinatorLoading,
     CorruptSegment,
     DiskFull,
     DuplicateSequence,
     FencedLeaderEpoch,
+    FencedMemberEpoch,
     FetchSizeTooSmall,
+    GroupHasZooKeeperMembers,
+    GroupNotEmptyError,
+    InvalidGroup,
     InvalidMessage,
     InvalidOffset,
     InvalidProducerEpoch,
     InvalidTopic,
     MalformedRequest,
     MessageTooLarge,
+    NotCoordinator,
     NotEnoughReplicas,
     NotLeaderForPartition,
     OffsetOutOfRange,
     OutOfOrderSequence,
+    PartitionNotAssigned,
     PartitionUnavailable,
     PylogError,
     RegistryAccessDenied,
@@ -35,8 +42,11 @@ from broker.errors import (
     RepliesNotRead,
     StorageIOError,
     TopicAlreadyExists,
+    UnknownGroup,
     UnknownLeaderEpoch,
+    UnknownMemberId,
     UnknownTopicOrPartition,
+    UnreleasedInstanceId,
     UnsupportedApi,
     UnsupportedFormat,
     UnsupportedVersion,
@@ -77,6 +87,16 @@ class ErrorCode(IntEnum):
     OUT_OF_ORDER_SEQUENCE = 27
     DUPLICATE_SEQUENCE = 28
     INVALID_PRODUCER_EPOCH = 29
+    NOT_COORDINATOR = 30
+    COORDINATOR_LOADING = 31
+    UNKNOWN_MEMBER_ID = 32
+    FENCED_MEMBER_EPOCH = 33
+    UNRELEASED_INSTANCE_ID = 34
+    PARTITION_NOT_ASSIGNED = 35
+    GROUP_NOT_EMPTY = 36
+    UNKNOWN_GROUP = 37
+    INVALID_GROUP = 38
+    GROUP_HAS_ZOOKEEPER_MEMBERS = 39
 
 
 # -- the error table ---------------------------------------------------------------------------
@@ -129,6 +149,16 @@ ERROR_TABLE: Final[tuple[ErrorEntry, ...]] = (
     ErrorEntry(ErrorCode.OUT_OF_ORDER_SEQUENCE, OutOfOrderSequence, True),
     ErrorEntry(ErrorCode.DUPLICATE_SEQUENCE, DuplicateSequence, False),
     ErrorEntry(ErrorCode.INVALID_PRODUCER_EPOCH, InvalidProducerEpoch, False),
+    ErrorEntry(ErrorCode.NOT_COORDINATOR, NotCoordinator, True),
+    ErrorEntry(ErrorCode.COORDINATOR_LOADING, CoordinatorLoading, True),
+    ErrorEntry(ErrorCode.UNKNOWN_MEMBER_ID, UnknownMemberId, False),
+    ErrorEntry(ErrorCode.FENCED_MEMBER_EPOCH, FencedMemberEpoch, False),
+    ErrorEntry(ErrorCode.UNRELEASED_INSTANCE_ID, UnreleasedInstanceId, True),
+    ErrorEntry(ErrorCode.PARTITION_NOT_ASSIGNED, PartitionNotAssigned, False),
+    ErrorEntry(ErrorCode.GROUP_NOT_EMPTY, GroupNotEmptyError, False),
+    ErrorEntry(ErrorCode.UNKNOWN_GROUP, UnknownGroup, False),
+    ErrorEntry(ErrorCode.INVALID_GROUP, InvalidGroup, False),
+    ErrorEntry(ErrorCode.GROUP_HAS_ZOOKEEPER_MEMBERS, GroupHasZooKeeperMembers, True),
 )
 """code <-> name <-> exception class <-> retriable, in code order."""
 
@@ -189,6 +219,16 @@ _REPLY_ERROR_BY_CODE: Final[dict[ErrorCode, type[BrokerError]]] = {
     ErrorCode.OUT_OF_ORDER_SEQUENCE: errors.BrokerOutOfOrderSequence,
     ErrorCode.DUPLICATE_SEQUENCE: errors.BrokerDuplicateSequence,
     ErrorCode.INVALID_PRODUCER_EPOCH: errors.BrokerInvalidProducerEpoch,
+    ErrorCode.NOT_COORDINATOR: errors.BrokerNotCoordinator,
+    ErrorCode.COORDINATOR_LOADING: errors.BrokerCoordinatorLoading,
+    ErrorCode.UNKNOWN_MEMBER_ID: errors.BrokerUnknownMemberId,
+    ErrorCode.FENCED_MEMBER_EPOCH: errors.BrokerFencedMemberEpoch,
+    ErrorCode.UNRELEASED_INSTANCE_ID: errors.BrokerUnreleasedInstanceId,
+    ErrorCode.PARTITION_NOT_ASSIGNED: errors.BrokerPartitionNotAssigned,
+    ErrorCode.GROUP_NOT_EMPTY: errors.BrokerGroupNotEmpty,
+    ErrorCode.UNKNOWN_GROUP: errors.BrokerUnknownGroup,
+    ErrorCode.INVALID_GROUP: errors.BrokerInvalidGroup,
+    ErrorCode.GROUP_HAS_ZOOKEEPER_MEMBERS: errors.BrokerGroupHasZooKeeperMembers,
 }
 """The class a client raises for each nonzero code: a BrokerError and the table's exception."""
 
@@ -211,14 +251,24 @@ def broker_error(
     return error
 
 
+_NO_FIELDS: Final = Fields()
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorFields:
     """What an error reply of one code carries after error_message: fixed-size `numbers`,
-    then `texts` (strings, for people). Their names are the attributes of the broker-side
-    exception (broker.errors) that the broker encodes them from and a client decodes them to."""
+    then `texts` (strings), then fixed-size `after` (NOT_COORDINATOR's port, after its host).
+    Their names are the attributes of the broker-side exception (broker.errors) that the
+    broker encodes them from and a client decodes them to."""
 
     numbers: Fields
     texts: tuple[str, ...] = ()
+    after: Fields = _NO_FIELDS
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every field's name, in wire order."""
+        return (*self.numbers.names, *self.texts, *self.after.names)
 
 
 ERROR_FIELDS: Final[Mapping[ErrorCode, ErrorFields]] = {
@@ -234,6 +284,9 @@ ERROR_FIELDS: Final[Mapping[ErrorCode, ErrorFields]] = {
     ErrorCode.UNKNOWN_LEADER_EPOCH: ErrorFields(Fields(("leader_epoch", "i"))),
     ErrorCode.OUT_OF_ORDER_SEQUENCE: ErrorFields(Fields(("expected", "I"))),
     ErrorCode.INVALID_PRODUCER_EPOCH: ErrorFields(Fields(("current_epoch", "H"))),
+    ErrorCode.NOT_COORDINATOR: ErrorFields(
+        Fields(("coordinator", "i")), ("host",), Fields(("port", "H"))
+    ),
 }
 """The error codes whose reply carries fields after error_message (docs/protocol.md, "Reply
 header"); every other code's frame 1 ends with error_message."""

@@ -3,7 +3,7 @@ encode_reply and decode_reply turn into frames and back."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -221,6 +221,100 @@ class MultiFetchRequest:
         )
 
 
+# -- consumer groups (docs/protocol.md, "Consumer groups") -------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPartitions:
+    """One topic of a partition list: the topic and its `partitions`, ascending, without
+    repeats (a list names each topic once). partition_list builds a list from pairs."""
+
+    topic: str
+    partitions: tuple[int, ...]
+
+
+def partition_list(pairs: Iterable[tuple[str, int]]) -> tuple[GroupPartitions, ...]:
+    """A partition list of (topic, partition) pairs in any order, repeats dropped: topics in
+    name order, each with its partitions ascending, as the wire wants them."""
+    by_topic: dict[str, set[int]] = {}
+    for topic, partition in pairs:
+        by_topic.setdefault(topic, set()).add(partition)
+    return tuple(GroupPartitions(t, tuple(sorted(by_topic[t]))) for t in sorted(by_topic))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupHeartbeatRequest:
+    """A consumer group member's heartbeat, sent to the group's coordinator: join
+    (`member_epoch` 0), stay, report what it owns (`owned`) and learn what to own; leave
+    (`member_epoch` -1, or -2 for a static member coming back within its session).
+    `instance_id` "" for none, `assignor` "" for the broker's default; `topics` the
+    subscription, at least one (a leave's too)."""
+
+    api: ClassVar[Api] = Api.GROUP_HEARTBEAT
+    group: str
+    member_id: str
+    member_epoch: int
+    instance_id: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    assignor: str
+    topics: tuple[str, ...]
+    owned: tuple[GroupPartitions, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPart:
+    """One partition's offset in an OFFSET_COMMIT: the next offset to read (below 2^63)."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitRequest:
+    """Record a group's offsets (1 to 10,000 parts): a member's (`member_id`, fenced by
+    `member_epoch`), or without a member (`member_id` "", `member_epoch` -1)."""
+
+    api: ClassVar[Api] = Api.OFFSET_COMMIT
+    group: str
+    member_id: str
+    member_epoch: int
+    parts: tuple[CommitPart, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchRequest:
+    """A group's committed offsets for `topics`; for every topic with offsets when empty."""
+
+    api: ClassVar[Api] = Api.OFFSET_FETCH
+    group: str
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeGroupRequest:
+    """A group's state, epochs, assignor, members and their partitions."""
+
+    api: ClassVar[Api] = Api.DESCRIBE_GROUP
+    group: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListGroupsRequest:
+    """Every group of the cluster's registry, asked of any broker."""
+
+    api: ClassVar[Api] = Api.LIST_GROUPS
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroupRequest:
+    """Delete a group without members, its offsets included; answered with an EmptyReply."""
+
+    api: ClassVar[Api] = Api.DELETE_GROUP
+    group: str
+
+
 Request = (
     ProduceRequest
     | FetchRequest
@@ -235,6 +329,12 @@ Request = (
     | OffsetForLeaderEpochRequest
     | MultiProduceRequest
     | MultiFetchRequest
+    | GroupHeartbeatRequest
+    | OffsetCommitRequest
+    | OffsetFetchRequest
+    | DescribeGroupRequest
+    | ListGroupsRequest
+    | DeleteGroupRequest
 )
 
 
@@ -384,8 +484,8 @@ class MetadataReply:
 
 @dataclass(frozen=True, slots=True)
 class EmptyReply:
-    """The reply to CREATE_TOPIC, DELETE_TOPIC and ALTER_CONFIG: success, and a body of zero
-    bytes."""
+    """The reply to CREATE_TOPIC, DELETE_TOPIC, ALTER_CONFIG and DELETE_GROUP: success, and a
+    body of zero bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,6 +559,112 @@ class OffsetForLeaderEpochReply:
     end_offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class GroupHeartbeatReply:
+    """The member's epoch to send in its next heartbeat (-1 after a leave, -2 after a static
+    member's leave with -2), when to send it (`heartbeat_interval_ms` after this reply, or at
+    once when what it owns changes), and the partitions it may own now (`assignment`, a
+    partition list)."""
+
+    member_epoch: int
+    heartbeat_interval_ms: int
+    assignment: tuple[GroupPartitions, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPartReply:
+    """One part's answer in an OFFSET_COMMIT reply: 0 (NONE) when its offset is recorded,
+    else PARTITION_NOT_ASSIGNED or UNKNOWN_TOPIC_OR_PARTITION (an ErrorCode when known)."""
+
+    topic: str
+    partition: int
+    error_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitReply:
+    """Each part's answer, in the request's order."""
+
+    parts: tuple[CommitPartReply, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    """A partition's committed offset: the next one to read."""
+
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedTopic:
+    """A topic's committed partitions, and theirs only."""
+
+    topic: str
+    offsets: tuple[CommittedOffset, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchReply:
+    """The committed offsets of the topics asked (of every topic with offsets when none was);
+    a partition without a committed offset is not listed, nor a topic without any."""
+
+    topics: tuple[CommittedTopic, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMemberInfo:
+    """A member of a DESCRIBE_GROUP reply: its ids, where it runs, its epoch, whether it left
+    as a static member (`left`), its timeouts and subscription, and three partition lists:
+    what it owns (`assigned`), what it is asked to give back and has not yet (`revoking`), and
+    what its target holds that another member still owns (`waiting`)."""
+
+    member_id: str
+    instance_id: str
+    client_id: str
+    client_host: str
+    member_epoch: int
+    left: bool
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    topics: tuple[str, ...]
+    assigned: tuple[GroupPartitions, ...]
+    revoking: tuple[GroupPartitions, ...]
+    waiting: tuple[GroupPartitions, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeGroupReply:
+    """A group as its coordinator holds it. `state`: 0 empty, 1 stable (every member owns its
+    target), 2 reconciling, 3 run by members of the paper's protocol (then `members` are those,
+    with epochs -1 and empty lists)."""
+
+    state: int
+    coordinator_epoch: int
+    group_epoch: int
+    assignment_epoch: int
+    assignor: str
+    members: tuple[GroupMemberInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupListing:
+    """A group of a LIST_GROUPS reply: the broker holding its claim (`coordinator`, -1 when
+    none does), its member ids, and the topics it has offsets for or subscribes to."""
+
+    group: str
+    coordinator: int
+    members: tuple[str, ...]
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ListGroupsReply:
+    """Every group under the registry's /consumers."""
+
+    groups: tuple[GroupListing, ...]
+
+
 RoutedRequest = (
     ProduceRequest
     | FetchRequest
@@ -481,6 +687,11 @@ Reply = (
     | DescribePartitionReply
     | DescribeConfigReply
     | OffsetForLeaderEpochReply
+    | GroupHeartbeatReply
+    | OffsetCommitReply
+    | OffsetFetchReply
+    | DescribeGroupReply
+    | ListGroupsReply
 )
 
 

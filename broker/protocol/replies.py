@@ -16,13 +16,18 @@ from broker.protocol.codes import ERROR_FIELDS, ErrorCode, broker_error, error_c
 from broker.protocol.messages import (
     DescribeClusterReply,
     DescribeConfigReply,
+    DescribeGroupReply,
     DescribePartitionReply,
     EmptyReply,
     FetchPartReply,
     FetchReply,
+    GroupHeartbeatReply,
+    ListGroupsReply,
     MetadataReply,
     MultiFetchReply,
     MultiProduceReply,
+    OffsetCommitReply,
+    OffsetFetchReply,
     OffsetForLeaderEpochReply,
     OffsetsReply,
     PartReply,
@@ -96,6 +101,8 @@ def encode_error(
             raise ValueError(f"a {code.name} reply carries fields: give the exception")
         parts.append(fields.numbers.pack(*(getattr(error, n) for n in fields.numbers.names)))
         parts += [encode_string(name, getattr(error, name), True) for name in fields.texts]
+        if fields.after.names:
+            parts.append(fields.after.pack(*(getattr(error, n) for n in fields.after.names)))
     return [b"".join(parts)]
 
 
@@ -155,7 +162,7 @@ def decode_reply(
 ) -> MetadataReply: ...
 @overload
 def decode_reply(
-    api: Literal[Api.CREATE_TOPIC, Api.DELETE_TOPIC, Api.ALTER_CONFIG],
+    api: Literal[Api.CREATE_TOPIC, Api.DELETE_TOPIC, Api.ALTER_CONFIG, Api.DELETE_GROUP],
     frames: Frames,
     version: int = API_VERSION,
 ) -> EmptyReply: ...
@@ -183,6 +190,26 @@ def decode_reply(
 def decode_reply(
     api: Literal[Api.MULTI_FETCH], frames: Frames, version: int = API_VERSION
 ) -> MultiFetchReply: ...
+@overload
+def decode_reply(
+    api: Literal[Api.GROUP_HEARTBEAT], frames: Frames, version: int = API_VERSION
+) -> GroupHeartbeatReply: ...
+@overload
+def decode_reply(
+    api: Literal[Api.OFFSET_COMMIT], frames: Frames, version: int = API_VERSION
+) -> OffsetCommitReply: ...
+@overload
+def decode_reply(
+    api: Literal[Api.OFFSET_FETCH], frames: Frames, version: int = API_VERSION
+) -> OffsetFetchReply: ...
+@overload
+def decode_reply(
+    api: Literal[Api.DESCRIBE_GROUP], frames: Frames, version: int = API_VERSION
+) -> DescribeGroupReply: ...
+@overload
+def decode_reply(
+    api: Literal[Api.LIST_GROUPS], frames: Frames, version: int = API_VERSION
+) -> ListGroupsReply: ...
 @overload
 def decode_reply(api: Api, frames: Frames, version: int = API_VERSION) -> Reply: ...
 def decode_reply(api: Api, frames: Frames, version: int = API_VERSION) -> Reply:
@@ -239,6 +266,8 @@ def _error_fields(reader: Reader, header: ReplyHeader) -> dict[str, int | str]:
         if fields.numbers.names:
             values.update(zip(fields.numbers.names, reader.fixed(fields.numbers), strict=True))
         values.update((name, reader.string(name)) for name in fields.texts)
+        if fields.after.names:
+            values.update(zip(fields.after.names, reader.fixed(fields.after), strict=True))
     reader.finish()
     return values
 

@@ -13,20 +13,27 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from broker.errors import InvalidTopic
-from broker.log.epochs import EpochEntry
+from broker.log.epochs import MAX_OFFSET, EpochEntry
 from broker.log.producers import StoredSet
 from broker.protocol.apis import ACKS, API_VERSION, EARLIEST, Ack, Api
 from broker.protocol.codes import ErrorCode
 from broker.protocol.messages import (
     AlterConfigRequest,
     ClusterBroker,
+    CommitPart,
+    CommitPartReply,
+    CommittedOffset,
+    CommittedTopic,
     ConfigEntry,
     CreateTopicRequest,
+    DeleteGroupRequest,
     DeleteTopicRequest,
     DescribeClusterReply,
     DescribeClusterRequest,
     DescribeConfigReply,
     DescribeConfigRequest,
+    DescribeGroupReply,
+    DescribeGroupRequest,
     DescribePartitionReply,
     DescribePartitionRequest,
     EmptyReply,
@@ -34,6 +41,13 @@ from broker.protocol.messages import (
     FetchPartReply,
     FetchReply,
     FetchRequest,
+    GroupHeartbeatReply,
+    GroupHeartbeatRequest,
+    GroupListing,
+    GroupMemberInfo,
+    GroupPartitions,
+    ListGroupsReply,
+    ListGroupsRequest,
     MetadataBroker,
     MetadataReply,
     MetadataRequest,
@@ -41,6 +55,10 @@ from broker.protocol.messages import (
     MultiFetchRequest,
     MultiProduceReply,
     MultiProduceRequest,
+    OffsetCommitReply,
+    OffsetCommitRequest,
+    OffsetFetchReply,
+    OffsetFetchRequest,
     OffsetForLeaderEpochReply,
     OffsetForLeaderEpochRequest,
     OffsetsReply,
@@ -174,8 +192,8 @@ PRODUCE: Final = ApiTable(
 # -- MULTI_PRODUCE -----------------------------------------------------------------------------
 
 MAX_PARTS: Final = 10_000
-"""The most parts a MULTI_PRODUCE or a MULTI_FETCH carries (a broker holds at most this many
-partitions)."""
+"""The most parts a MULTI_PRODUCE, a MULTI_FETCH or an OFFSET_COMMIT carries (a broker holds at
+most this many partitions)."""
 
 
 def _make_multi_produce(reader: Reader, values: Values, version: int) -> MultiProduceRequest:
@@ -796,6 +814,318 @@ MULTI_FETCH: Final = ApiTable(
     ),
 )
 
+# -- consumer groups: GROUP_HEARTBEAT, OFFSET_COMMIT, OFFSET_FETCH, DESCRIBE_GROUP, LIST_GROUPS,
+# DELETE_GROUP --------------------------------------------------------------------------------
+
+MIN_MEMBER_EPOCH: Final = -2
+"""The lowest member_epoch of a GROUP_HEARTBEAT: -2, a static member's leave (-1 a leave, 0 a
+join, else an epoch the coordinator gave)."""
+
+
+def _partition_list(attr: str) -> Many:
+    """A partition list (docs/protocol.md, "Partition lists"): topic_count, then per topic the
+    topic, partition_count and its partitions. _check_partition_list checks one read."""
+    return Many(
+        attr,
+        Field("topic_count", "u16"),
+        Body(
+            "partition list",
+            GroupPartitions,
+            (
+                _TOPIC,
+                Many("partitions", Field("partition_count", "u32"), Field("partition", "u32")),
+            ),
+        ),
+    )
+
+
+def _check_partition_list(reader: Reader, name: str, entries: tuple[GroupPartitions, ...]) -> None:
+    """A partition list's topics distinct, each one's partitions ascending without repeats."""
+    topics: set[str] = set()
+    for entry in entries:
+        if entry.topic in topics:
+            raise reader.fail(
+                f"partition list {name} names topic {entry.topic!r} twice: its topics must be "
+                "distinct"
+            )
+        topics.add(entry.topic)
+        previous = -1
+        for partition in entry.partitions:
+            if partition <= previous:
+                raise reader.fail(
+                    f"partition list {name}, topic {entry.topic!r}: field partition is "
+                    f"{partition} after {previous}: partitions must ascend, without repeats"
+                )
+            previous = partition
+
+
+_GROUP: Final = Field("group", "string")
+
+_GROUP_ERRORS: Final = frozenset(
+    {
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.COORDINATOR_LOADING,
+        ErrorCode.INVALID_GROUP,
+        ErrorCode.REGISTRY_ACCESS_DENIED,
+    }
+)
+"""The errors of every api sent to a group's coordinator: another broker coordinates it, it is
+being claimed or loaded, a group name not allowed, and a claim ZooKeeper refuses (a group whose
+nodes a member's ZooKeeper identity secures)."""
+
+
+def _make_group_heartbeat(reader: Reader, values: Values, version: int) -> GroupHeartbeatRequest:
+    epoch = values["member_epoch"]
+    if epoch < MIN_MEMBER_EPOCH:
+        raise reader.fail(
+            f"field member_epoch is {epoch}: it must be 0 (join), -1 (leave), -2 (a static "
+            "member's leave) or an epoch the coordinator gave"
+        )
+    if not values["topics"]:
+        raise reader.fail("field topic_count is 0: a member subscribes to at least one topic")
+    owned = values["owned"]
+    for entry in owned:
+        check_topic_name(entry.topic)
+    _check_partition_list(reader, "owned", owned)
+    return GroupHeartbeatRequest(**values)
+
+
+def _check_group_heartbeat_reply(reader: Reader, reply: GroupHeartbeatReply, version: int) -> None:
+    _check_partition_list(reader, "assignment", reply.assignment)
+
+
+GROUP_HEARTBEAT: Final = ApiTable(
+    Api.GROUP_HEARTBEAT,
+    (1,),
+    Body(
+        "GROUP_HEARTBEAT",
+        GroupHeartbeatRequest,
+        (
+            _GROUP,
+            Field("member_id", "string"),
+            Field("member_epoch", "i32"),
+            Field("instance_id", "string"),
+            Field("session_timeout_ms", "u32"),
+            Field("rebalance_timeout_ms", "u32"),
+            Field("assignor", "string"),
+            Many("topics", Field("topic_count", "u16"), _TOPIC),
+            _partition_list("owned"),
+        ),
+        _make_group_heartbeat,
+        strict=True,
+    ),
+    Body(
+        "GROUP_HEARTBEAT",
+        GroupHeartbeatReply,
+        (
+            Field("member_epoch", "i32"),
+            Field("heartbeat_interval_ms", "u32"),
+            _partition_list("assignment"),
+        ),
+        check=_check_group_heartbeat_reply,
+    ),
+    _GROUP_ERRORS
+    | {
+        ErrorCode.UNKNOWN_MEMBER_ID,
+        ErrorCode.FENCED_MEMBER_EPOCH,
+        ErrorCode.UNRELEASED_INSTANCE_ID,
+        ErrorCode.GROUP_HAS_ZOOKEEPER_MEMBERS,
+        ErrorCode.REGISTRY_UNAVAILABLE,
+    },
+)
+
+
+def _make_offset_commit(reader: Reader, values: Values, version: int) -> OffsetCommitRequest:
+    parts = values["parts"]
+    if not 1 <= len(parts) <= MAX_PARTS:
+        raise reader.fail(f"part_count is {len(parts)}: it must be from 1 to {MAX_PARTS}")
+    for part in parts:
+        check_topic_name(part.topic)
+        if part.offset > MAX_OFFSET:
+            raise reader.fail(
+                f"part {part.topic}-{part.partition}: field offset is {part.offset}: offsets "
+                "are below 2^63"
+            )
+    return OffsetCommitRequest(**values)
+
+
+OFFSET_COMMIT: Final = ApiTable(
+    Api.OFFSET_COMMIT,
+    (1,),
+    Body(
+        "OFFSET_COMMIT",
+        OffsetCommitRequest,
+        (
+            _GROUP,
+            Field("member_id", "string"),
+            Field("member_epoch", "i32"),
+            Many(
+                "parts",
+                Field("part_count", "u32"),
+                Body(
+                    "OFFSET_COMMIT",
+                    CommitPart,
+                    (_TOPIC, Field("partition", "u32"), Field("offset", "u64")),
+                ),
+            ),
+        ),
+        _make_offset_commit,
+        strict=True,
+    ),
+    Body(
+        "OFFSET_COMMIT",
+        OffsetCommitReply,
+        (
+            Many(
+                "parts",
+                Field("part_count", "u32"),
+                Body(
+                    "OFFSET_COMMIT",
+                    CommitPartReply,
+                    (_TOPIC, Field("partition", "u32"), Field("error_code", "code")),
+                ),
+            ),
+        ),
+    ),
+    _GROUP_ERRORS
+    | {
+        ErrorCode.UNKNOWN_MEMBER_ID,
+        ErrorCode.FENCED_MEMBER_EPOCH,
+        ErrorCode.GROUP_NOT_EMPTY,
+        ErrorCode.GROUP_HAS_ZOOKEEPER_MEMBERS,
+        ErrorCode.REGISTRY_UNAVAILABLE,
+        ErrorCode.PARTITION_NOT_ASSIGNED,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    },
+)
+
+OFFSET_FETCH: Final = ApiTable(
+    Api.OFFSET_FETCH,
+    (1,),
+    Body(
+        "OFFSET_FETCH",
+        OffsetFetchRequest,
+        (_GROUP, Many("topics", Field("topic_count", "u16"), _TOPIC)),
+        strict=True,
+    ),
+    Body(
+        "OFFSET_FETCH",
+        OffsetFetchReply,
+        (
+            Many(
+                "topics",
+                Field("topic_count", "u16"),
+                Body(
+                    "OFFSET_FETCH",
+                    CommittedTopic,
+                    (
+                        _TOPIC,
+                        Many(
+                            "offsets",
+                            Field("partition_count", "u32"),
+                            Body(
+                                "OFFSET_FETCH",
+                                CommittedOffset,
+                                (Field("partition", "u32"), Field("offset", "u64")),
+                            ),
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    ),
+    _GROUP_ERRORS | {ErrorCode.REGISTRY_UNAVAILABLE},
+)
+
+
+def _check_group_member(reader: Reader, member: GroupMemberInfo, version: int) -> None:
+    _check_partition_list(reader, "assigned", member.assigned)
+    _check_partition_list(reader, "revoking", member.revoking)
+    _check_partition_list(reader, "waiting", member.waiting)
+
+
+DESCRIBE_GROUP: Final = ApiTable(
+    Api.DESCRIBE_GROUP,
+    (1,),
+    Body("DESCRIBE_GROUP", DescribeGroupRequest, (_GROUP,), strict=True),
+    Body(
+        "DESCRIBE_GROUP",
+        DescribeGroupReply,
+        (
+            Field("state", "u8"),
+            Field("coordinator_epoch", "i32"),
+            Field("group_epoch", "i32"),
+            Field("assignment_epoch", "i32"),
+            Field("assignor", "string"),
+            Many(
+                "members",
+                Field("member_count", "u16"),
+                Body(
+                    "DESCRIBE_GROUP",
+                    GroupMemberInfo,
+                    (
+                        Field("member_id", "string"),
+                        Field("instance_id", "string"),
+                        Field("client_id", "string"),
+                        Field("client_host", "string"),
+                        Field("member_epoch", "i32"),
+                        Field("left", "flag"),
+                        Field("session_timeout_ms", "u32"),
+                        Field("rebalance_timeout_ms", "u32"),
+                        Many("topics", Field("topic_count", "u16"), _TOPIC),
+                        _partition_list("assigned"),
+                        _partition_list("revoking"),
+                        _partition_list("waiting"),
+                    ),
+                    check=_check_group_member,
+                ),
+            ),
+        ),
+    ),
+    _GROUP_ERRORS | {ErrorCode.UNKNOWN_GROUP},
+)
+
+LIST_GROUPS: Final = ApiTable(
+    Api.LIST_GROUPS,
+    (1,),
+    Body("LIST_GROUPS", ListGroupsRequest, (), strict=True),
+    Body(
+        "LIST_GROUPS",
+        ListGroupsReply,
+        (
+            Many(
+                "groups",
+                Field("group_count", "u32"),
+                Body(
+                    "LIST_GROUPS",
+                    GroupListing,
+                    (
+                        _GROUP,
+                        Field("coordinator", "i32"),
+                        Many("members", Field("member_count", "u16"), Field("member_id", "string")),
+                        Many("topics", Field("topic_count", "u16"), _TOPIC),
+                    ),
+                ),
+            ),
+        ),
+    ),
+    frozenset({ErrorCode.REGISTRY_UNAVAILABLE}),
+)
+
+DELETE_GROUP: Final = ApiTable(
+    Api.DELETE_GROUP,
+    (1,),
+    Body("DELETE_GROUP", DeleteGroupRequest, (_GROUP,), strict=True),
+    Body("DELETE_GROUP", EmptyReply, ()),
+    _GROUP_ERRORS
+    | {
+        ErrorCode.GROUP_NOT_EMPTY,
+        ErrorCode.GROUP_HAS_ZOOKEEPER_MEMBERS,
+        ErrorCode.UNKNOWN_GROUP,
+        ErrorCode.REGISTRY_UNAVAILABLE,
+    },
+)
+
 TABLES: Final[Mapping[Api, ApiTable]] = {
     table.api: table
     for table in (
@@ -812,6 +1142,12 @@ TABLES: Final[Mapping[Api, ApiTable]] = {
         OFFSET_FOR_LEADER_EPOCH,
         MULTI_PRODUCE,
         MULTI_FETCH,
+        GROUP_HEARTBEAT,
+        OFFSET_COMMIT,
+        OFFSET_FETCH,
+        DESCRIBE_GROUP,
+        LIST_GROUPS,
+        DELETE_GROUP,
     )
 }
 """Every api's table, by api."""
@@ -823,7 +1159,7 @@ REPLY_CLASSES: Final[Mapping[type, ApiTable]] = {
     table.reply.cls: table for table in TABLES.values() if table.reply.cls is not EmptyReply
 } | {EmptyReply: CREATE_TOPIC}
 """The table of a reply class, for its versions (EmptyReply answers CREATE_TOPIC,
-DELETE_TOPIC and ALTER_CONFIG, all of version 1 only)."""
+DELETE_TOPIC, ALTER_CONFIG and DELETE_GROUP, all of version 1 only)."""
 
 
 def request_version(api: Api) -> int:

@@ -63,7 +63,8 @@ from broker.registry.admin import (
 )
 from broker.registry.brokers import BrokerRegistration
 from broker.registry.controller import Controller, ControllerInfo, ControllerMoved
-from broker.registry.groups import Groups, partition_name
+from broker.registry.coordination import ClaimedElsewhere, ClaimedGroup, GroupCoordination
+from broker.registry.groups import partition_name
 from broker.registry.nodes import FORMAT_VERSION
 from broker.registry.quotas import Quotas
 from broker.registry.security import Security
@@ -78,6 +79,8 @@ __all__ = [
     "MAX_PARTITIONS",
     "NO_LEADER",
     "BrokerRegistration",
+    "ClaimedElsewhere",
+    "ClaimedGroup",
     "ControllerInfo",
     "ControllerMoved",
     "ElectionInProgress",
@@ -93,7 +96,13 @@ __all__ = [
 
 
 class Registry(
-    ReassignmentNodes, Groups, Security, Quotas, BrokerSettingsNode, Controller, ZooKeeperAcls
+    ReassignmentNodes,
+    GroupCoordination,
+    Security,
+    Quotas,
+    BrokerSettingsNode,
+    Controller,
+    ZooKeeperAcls,
 ):
     """A broker's (or a tool's) connection to the registry in ZooKeeper.
 
@@ -109,7 +118,8 @@ class Registry(
         /admin/reassign/<topic>-<p>,          persistent  start_reassignment,
         /admin/preferred_election                         ask_preferred_election
         /consumers/<group>/...                both        register_consumer, claim_partition,
-                                                          commit_offset
+                                                          commit_offset; claim_group,
+                                                          write_group (a coordinator)
         /security/principals, /security/acls  persistent  add_principal, add_acl, ...
         /config/brokers                       persistent  set_broker_settings, ...
         /config/quotas                        persistent  set_quota, delete_quota

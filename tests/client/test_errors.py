@@ -18,6 +18,7 @@ from broker.errors import (
     FetchSizeTooSmall,
     InvalidOffset,
     InvalidProducerEpoch,
+    NotCoordinator,
     NotEnoughReplicas,
     NotLeaderForPartition,
     OutOfOrderSequence,
@@ -52,6 +53,7 @@ def raised_for(code: int, message: str = "text") -> BrokerError:
         ErrorCode.UNKNOWN_LEADER_EPOCH: UnknownLeaderEpoch("t-0", 5, 4),
         ErrorCode.OUT_OF_ORDER_SEQUENCE: OutOfOrderSequence("t-0", 9, 0, 7, 5),
         ErrorCode.INVALID_PRODUCER_EPOCH: InvalidProducerEpoch("t-0", 9, 0, 1),
+        ErrorCode.NOT_COORDINATOR: NotCoordinator("g", 2, "127.0.0.1", 9093),
     }
     frames = (
         [encode_error(7, with_fields.get(code, ErrorCode(code)), message)[0]]

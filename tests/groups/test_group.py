@@ -12,27 +12,28 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.errors import (
+    FencedMemberEpoch,
+    GroupNotEmptyError,
+    InvalidGroup,
+    UnknownMemberId,
+    UnreleasedInstanceId,
+)
 from broker.groups.assignors import TopicPartition
 from broker.groups.group import (
     GIVE_LIMIT,
     LEAVE,
     LEAVE_STATIC,
-    PARTITION_NOT_ASSIGNED,
-    UNKNOWN_TOPIC_OR_PARTITION,
     WAITING_INTERVAL_MS,
-    FencedMemberEpoch,
     Group,
-    GroupNotEmpty,
     Heartbeat,
     HeartbeatReply,
-    InvalidGroup,
     Member,
     Rules,
     State,
-    UnknownMemberId,
-    UnreleasedInstanceId,
     Write,
 )
+from broker.protocol import ErrorCode
 
 RULES = Rules()
 
@@ -234,9 +235,12 @@ def test_commits_are_fenced_by_the_epoch_a_partition_was_given_at() -> None:
     assert m1.epoch > first_epoch
     kept, moved = sorted(m1.owned), sorted(tps("events", 0, 1, 2, 3) - m1.owned)
     results, write = group.commit("m-1", first_epoch, [(kept[0], 10), (moved[0], 20)])
-    assert results == [None, PARTITION_NOT_ASSIGNED]
+    assert results == [ErrorCode.NONE, ErrorCode.PARTITION_NOT_ASSIGNED]
     assert write.offsets == {kept[0]: (None, 10)}
-    assert group.commit("m-1", m1.epoch, [(kept[0], 10)]) == ([None], Write())  # unchanged
+    assert group.commit("m-1", m1.epoch, [(kept[0], 10)]) == (
+        [ErrorCode.NONE],
+        Write(),
+    )  # unchanged
     with pytest.raises(FencedMemberEpoch):
         group.commit("m-1", m1.epoch + 1, [(kept[0], 11)])
     with pytest.raises(UnknownMemberId):
@@ -246,12 +250,12 @@ def test_commits_are_fenced_by_the_epoch_a_partition_was_given_at() -> None:
 def test_a_commit_without_a_member_waits_for_the_readers_to_go() -> None:
     group, m1 = events(2), Client("m-1")
     results, write = group.commit("", -1, [(TopicPartition("events", 0), 7)])
-    assert results == [None] and write.offsets == {TopicPartition("events", 0): (None, 7)}
+    assert results == [ErrorCode.NONE] and write.offsets == {TopicPartition("events", 0): (None, 7)}
     assert group.commit("", -1, [(TopicPartition("events", 5), 7)])[0] == [
-        UNKNOWN_TOPIC_OR_PARTITION
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     ]
     m1.beat(group, 0.0)
-    with pytest.raises(GroupNotEmpty, match="m-1"):
+    with pytest.raises(GroupNotEmptyError, match="m-1"):
         group.commit("", -1, [(TopicPartition("events", 0), 9)])
     assert group.offsets == {TopicPartition("events", 0): 7}
 

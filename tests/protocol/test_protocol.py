@@ -23,19 +23,26 @@ from broker.config import REPLICA_SETTINGS, TOPIC_SETTINGS
 from broker.errors import (
     BrokerError,
     BrokerShuttingDown,
+    CoordinatorLoading,
     CorruptSegment,
     DiskFull,
     FencedLeaderEpoch,
+    FencedMemberEpoch,
     FetchSizeTooSmall,
+    GroupHasZooKeeperMembers,
+    GroupNotEmptyError,
+    InvalidGroup,
     InvalidMessage,
     InvalidOffset,
     InvalidTopic,
     MalformedReply,
     MalformedRequest,
     MessageTooLarge,
+    NotCoordinator,
     NotEnoughReplicas,
     NotLeaderForPartition,
     OffsetOutOfRange,
+    PartitionNotAssigned,
     PartitionUnavailable,
     PylogError,
     RegistryUnavailable,
@@ -43,8 +50,11 @@ from broker.errors import (
     StorageIOError,
     TopicAlreadyExists,
     Unavailable,
+    UnknownGroup,
     UnknownLeaderEpoch,
+    UnknownMemberId,
     UnknownTopicOrPartition,
+    UnreleasedInstanceId,
     UnsupportedApi,
     UnsupportedVersion,
 )
@@ -61,13 +71,20 @@ from broker.protocol import (
     AlterConfigRequest,
     Api,
     ClusterBroker,
+    CommitPart,
+    CommitPartReply,
+    CommittedOffset,
+    CommittedTopic,
     ConfigEntry,
     CreateTopicRequest,
+    DeleteGroupRequest,
     DeleteTopicRequest,
     DescribeClusterReply,
     DescribeClusterRequest,
     DescribeConfigReply,
     DescribeConfigRequest,
+    DescribeGroupReply,
+    DescribeGroupRequest,
     DescribePartitionReply,
     DescribePartitionRequest,
     EmptyReply,
@@ -76,12 +93,23 @@ from broker.protocol import (
     FetchPartReply,
     FetchReply,
     FetchRequest,
+    GroupHeartbeatReply,
+    GroupHeartbeatRequest,
+    GroupListing,
+    GroupMemberInfo,
+    GroupPartitions,
     KnownPrefixes,
+    ListGroupsReply,
+    ListGroupsRequest,
     MetadataBroker,
     MetadataReply,
     MetadataRequest,
     MultiProduceReply,
     MultiProduceRequest,
+    OffsetCommitReply,
+    OffsetCommitRequest,
+    OffsetFetchReply,
+    OffsetFetchRequest,
     OffsetForLeaderEpochReply,
     OffsetForLeaderEpochRequest,
     OffsetsReply,
@@ -253,7 +281,10 @@ def field_names(section: str) -> set[str]:
 RENAMED = {"topics": "topic", "brokers": "broker", "partitions": "partition"}
 RENAMED |= {"log_dirs": "log_dir", "entries": "config", "epochs": "epoch", "replicas": "replica"}
 RENAMED |= {"producers": "producer", "parts": "part"}
-"""Python names of repeated groups -> the document's (its count field without _count)."""
+RENAMED |= {"members": "member", "groups": "group", "offsets": "partition"}
+"""Python names of repeated groups -> the document's (its count field without _count). A
+partition list (owned, assignment, assigned, ...) keeps its own name, which the document's
+tables give it."""
 
 FIELD_VERSIONS: dict[type, dict[str, int]] = {
     FetchRequest: dict.fromkeys(("replica_id", "leader_epoch", "flushed_offset"), 2),
@@ -468,7 +499,7 @@ def test_error_reply_vector_raises_its_error_and_encodes_to_its_bytes(vector: Ve
         header["error_message"],
     )
     fields_ = ERROR_FIELDS.get(ErrorCode(raised.value.code))
-    names = [*fields_.numbers.names, *fields_.texts] if fields_ else []
+    names = fields_.names if fields_ else ()
     assert {name: getattr(raised.value, name) for name in names} == vector.value["body"]
     assert as_bytes(encode_error(header["correlation_id"], raised.value)) == vector.frames
 
@@ -588,8 +619,47 @@ topics = st.from_regex(r"[A-Za-z0-9._-]{1,249}", fullmatch=True).filter(
     lambda topic: topic not in (".", "..")
 )
 texts = st.text(max_size=40)
+i32 = st.integers(-(2**31), 2**31 - 1)
+
+
+@st.composite
+def partition_lists(draw: st.DrawFn) -> tuple[GroupPartitions, ...]:
+    """A partition list: distinct topics, each with its partitions ascending, no repeats."""
+    names = draw(st.lists(topics, max_size=3, unique=True))
+    return tuple(GroupPartitions(n, tuple(sorted(draw(st.sets(u32, max_size=4))))) for n in names)
+
+
+group_requests: st.SearchStrategy[Request] = st.one_of(
+    st.builds(
+        GroupHeartbeatRequest,
+        texts,
+        texts,
+        st.integers(-2, 2**31 - 1),
+        texts,
+        u32,
+        u32,
+        texts,
+        st.lists(topics, min_size=1, max_size=3).map(tuple),
+        partition_lists(),
+    ),
+    st.builds(
+        OffsetCommitRequest,
+        texts,
+        texts,
+        i32,
+        st.lists(
+            st.builds(CommitPart, topics, u32, st.integers(0, 2**63 - 1)), min_size=1, max_size=4
+        ).map(tuple),
+    ),
+    st.builds(OffsetFetchRequest, texts, st.lists(topics, max_size=3).map(tuple)),
+    st.builds(DescribeGroupRequest, texts),
+    st.just(ListGroupsRequest()),
+    st.builds(DeleteGroupRequest, texts),
+)
+"""A request of every consumer group api (their names are the broker's to check)."""
 
 requests: st.SearchStrategy[Request] = st.one_of(
+    group_requests,
     st.builds(ProduceRequest, topics, u32, st.sampled_from(Ack), st.binary(max_size=200)),
     st.builds(FetchRequest, topics, u32, u64, st.integers(1, 2**32 - 1), u32, u32),
     st.builds(OffsetsRequest, topics, u32, st.integers(-2, 2**63 - 1)),
@@ -689,7 +759,82 @@ metadata_replies = st.builds(
     ).map(tuple),
 )
 
+group_members = st.builds(
+    GroupMemberInfo,
+    texts,
+    texts,
+    texts,
+    texts,
+    i32,
+    st.booleans(),
+    u32,
+    u32,
+    st.lists(topics, max_size=2).map(tuple),
+    partition_lists(),
+    partition_lists(),
+    partition_lists(),
+)
+group_replies: st.SearchStrategy[tuple[Api, Reply]] = st.one_of(
+    st.tuples(
+        st.just(Api.GROUP_HEARTBEAT), st.builds(GroupHeartbeatReply, i32, u32, partition_lists())
+    ),
+    st.tuples(
+        st.just(Api.OFFSET_COMMIT),
+        st.builds(
+            OffsetCommitReply,
+            st.lists(
+                st.builds(CommitPartReply, topics, u32, st.sampled_from(ErrorCode)), max_size=4
+            ).map(tuple),
+        ),
+    ),
+    st.tuples(
+        st.just(Api.OFFSET_FETCH),
+        st.builds(
+            OffsetFetchReply,
+            st.lists(
+                st.builds(
+                    CommittedTopic,
+                    topics,
+                    st.lists(st.builds(CommittedOffset, u32, u64), max_size=3).map(tuple),
+                ),
+                max_size=3,
+            ).map(tuple),
+        ),
+    ),
+    st.tuples(
+        st.just(Api.DESCRIBE_GROUP),
+        st.builds(
+            DescribeGroupReply,
+            st.integers(0, 255),
+            i32,
+            i32,
+            i32,
+            texts,
+            st.lists(group_members, max_size=3).map(tuple),
+        ),
+    ),
+    st.tuples(
+        st.just(Api.LIST_GROUPS),
+        st.builds(
+            ListGroupsReply,
+            st.lists(
+                st.builds(
+                    GroupListing,
+                    texts,
+                    i32,
+                    st.lists(texts, max_size=3).map(tuple),
+                    st.lists(topics, max_size=3).map(tuple),
+                ),
+                max_size=3,
+            ).map(tuple),
+        ),
+    ),
+    st.tuples(st.just(Api.DELETE_GROUP), st.just(EmptyReply())),
+)
+"""A reply of every consumer group api."""
+
 replies: st.SearchStrategy[tuple[Api, Reply]] = st.one_of(
+    group_replies,
     st.tuples(st.just(Api.PRODUCE), st.builds(ProduceReply, u64, u32)),
     st.tuples(st.just(Api.FETCH), st.builds(FetchReply, u64, u64, st.binary(max_size=200))),
     st.tuples(st.just(Api.OFFSETS), st.builds(OffsetsReply, u64)),
@@ -1093,6 +1238,14 @@ def valid_requests() -> list[tuple[Api, bytes]]:
         DescribeConfigRequest("clicks"),
         AlterConfigRequest("clicks", {"retention_ms": "none"}, ("segment_bytes",)),
         OffsetForLeaderEpochRequest("clicks", 0, 3),
+        GroupHeartbeatRequest(
+            "g", "m-1", 1, "", 10_000, 300_000, "", ("clicks",), (GroupPartitions("clicks", (0,)),)
+        ),
+        OffsetCommitRequest("g", "m-1", 1, (CommitPart("clicks", 0, 38),)),
+        OffsetFetchRequest("g", ("clicks",)),
+        DescribeGroupRequest("g"),
+        ListGroupsRequest(),
+        DeleteGroupRequest("g"),
     ]
     valid = []
     for request in cases:
@@ -1572,6 +1725,12 @@ def test_peek_route_is_none_for_the_apis_the_front_serves() -> None:
         Api.DESCRIBE_CONFIG: None,
         Api.ALTER_CONFIG: None,
         Api.OFFSET_FOR_LEADER_EPOCH: Route("clicks", 0),
+        Api.GROUP_HEARTBEAT: None,
+        Api.OFFSET_COMMIT: None,
+        Api.OFFSET_FETCH: None,
+        Api.DESCRIBE_GROUP: None,
+        Api.LIST_GROUPS: None,
+        Api.DELETE_GROUP: None,
     }
 
 
@@ -1742,6 +1901,16 @@ def test_every_error_class_the_broker_raises_has_its_own_code() -> None:
         (NotEnoughReplicas("t-0", 1, 2), ErrorCode.NOT_ENOUGH_REPLICAS),
         (FencedLeaderEpoch("t-0", 5, 6), ErrorCode.FENCED_LEADER_EPOCH),
         (UnknownLeaderEpoch("t-0", 5, 4), ErrorCode.UNKNOWN_LEADER_EPOCH),
+        (NotCoordinator("g", 2, "127.0.0.1", 9093), ErrorCode.NOT_COORDINATOR),
+        (CoordinatorLoading("x"), ErrorCode.COORDINATOR_LOADING),
+        (UnknownMemberId("x"), ErrorCode.UNKNOWN_MEMBER_ID),
+        (FencedMemberEpoch("x"), ErrorCode.FENCED_MEMBER_EPOCH),
+        (UnreleasedInstanceId("x"), ErrorCode.UNRELEASED_INSTANCE_ID),
+        (PartitionNotAssigned("x"), ErrorCode.PARTITION_NOT_ASSIGNED),
+        (GroupNotEmptyError("x"), ErrorCode.GROUP_NOT_EMPTY),
+        (UnknownGroup("x"), ErrorCode.UNKNOWN_GROUP),
+        (InvalidGroup("x"), ErrorCode.INVALID_GROUP),
+        (GroupHasZooKeeperMembers("x"), ErrorCode.GROUP_HAS_ZOOKEEPER_MEMBERS),
     ],
     ids=lambda x: type(x).__name__ if isinstance(x, Exception) else x.name,
 )
@@ -1784,13 +1953,19 @@ def test_the_error_table_has_every_code_once_in_order() -> None:
 
 @pytest.mark.parametrize(
     "error",
-    [InvalidOffset(45, 39, 78), FetchSizeTooSmall(0, 1, 38), CorruptSegment("t-0", 38, 76, "é")],
+    [
+        InvalidOffset(45, 39, 78),
+        FetchSizeTooSmall(0, 1, 38),
+        CorruptSegment("t-0", 38, 76, "é"),
+        NotCoordinator("g", 2, "127.0.0.1", 9093),
+        NotCoordinator("g", -1),
+    ],
     ids=lambda error: type(error).__name__,
 )
 def test_an_error_with_fields_round_trips_them_whatever_its_text(error: PylogError) -> None:
     """Clients act on the fields, never on the text (docs/protocol.md, "Error fields")."""
     code = error_code_for(error)
-    names = [*ERROR_FIELDS[code].numbers.names, *ERROR_FIELDS[code].texts]
+    names = ERROR_FIELDS[code].names
     with pytest.raises(BrokerError) as raised:
         decode_reply(Api.FETCH, encode_error(9, error, "x"))
     assert raised.value.message == "x"

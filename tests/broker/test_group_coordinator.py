@@ -1,0 +1,171 @@
+"""The group coordinator of a real pylogd (broker.groups.service) through the group apis
+(docs/protocol.md, "Consumer groups"), against the session's ZooKeeper: a member joins, is
+given every partition, commits, is described and listed, leaves; the group is deleted. What
+it writes in ZooKeeper is what the paper's readers read (owners, offsets)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from broker.client import Admin, Connection
+from broker.client.connection import DEFAULT_CLIENT_ID
+from broker.client.coordinator import GroupCalls
+from broker.errors import (
+    BrokerFencedMemberEpoch,
+    BrokerGroupHasZooKeeperMembers,
+    BrokerGroupNotEmpty,
+    BrokerInvalidGroup,
+    BrokerUnknownGroup,
+    BrokerUnknownMemberId,
+)
+from broker.groups.assignors import TopicPartition
+from broker.protocol import (
+    ErrorCode,
+    GroupHeartbeatRequest,
+    GroupPartitions,
+    partition_list,
+)
+from broker.registry import Registry
+from broker.zookeeper import PrivateZooKeeper
+from tests.conftest import wait_until
+from tests.pylogd import RunningBroker
+
+
+@pytest.fixture
+def group() -> str:
+    return f"loaders-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def calls(broker: RunningBroker, group: str) -> Iterator[GroupCalls]:
+    with GroupCalls(broker.endpoint, group, timeout_s=10.0) as made:
+        yield made
+
+
+@pytest.fixture
+def events(broker: RunningBroker, topic: str) -> str:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, 2)
+    return topic
+
+
+def heartbeat(
+    group: str, topic: str, epoch: int, owned: tuple[GroupPartitions, ...] = (), member: str = "m-1"
+) -> GroupHeartbeatRequest:
+    return GroupHeartbeatRequest(group, member, epoch, "", 10_000, 300_000, "", (topic,), owned)
+
+
+def test_a_member_joins_commits_and_leaves_and_the_group_is_deleted(
+    broker: RunningBroker, zookeeper: PrivateZooKeeper, calls: GroupCalls, group: str, events: str
+) -> None:
+    joined = calls.heartbeat(heartbeat(group, events, 0))
+    both = partition_list([(events, 0), (events, 1)])
+    assert (joined.member_epoch, joined.heartbeat_interval_ms, joined.assignment) == (1, 1000, both)
+    stayed = calls.heartbeat(heartbeat(group, events, 1, both))
+    assert (stayed.member_epoch, stayed.assignment) == (1, both)
+    outcome = calls.commit({TopicPartition(events, 0): 0, TopicPartition(events, 1): 0}, "m-1", 1)
+    assert set(outcome.values()) == {ErrorCode.NONE}
+    assert calls.committed([events]) == {TopicPartition(events, 0): 0, TopicPartition(events, 1): 0}
+    described = calls.describe()
+    assert (described.state, described.group_epoch, described.assignor) == (1, 1, "uniform")
+    (member,) = described.members
+    assert (member.member_id, member.member_epoch, member.assigned) == ("m-1", 1, both)
+    assert (member.client_id, member.client_host) == (DEFAULT_CLIENT_ID, "127.0.0.1")
+    listed = {g.group: g for g in calls.list_groups()}
+    assert listed[group].members == ("m-1",) and listed[group].topics == (events,)
+    with Registry(zookeeper.connect_string, broker.arguments[1]) as registry:
+        owners = registry.owners(group)[events]
+        assert sorted(owners.values()) == ["m-1", "m-1"]
+        assert set(registry.committed_offsets(group)[events].values()) == {0}
+    with pytest.raises(BrokerGroupNotEmpty, match="m-1"):
+        calls.delete()
+    left = calls.heartbeat(heartbeat(group, events, -1))
+    assert (left.member_epoch, left.assignment) == (-1, ())
+    with pytest.raises(BrokerUnknownMemberId):
+        calls.heartbeat(heartbeat(group, events, 1, both))
+    calls.delete()
+    with pytest.raises(BrokerUnknownGroup):
+        calls.describe()
+    assert calls.committed() == {}
+
+
+def test_a_zombies_heartbeat_and_commit_are_refused(
+    calls: GroupCalls, group: str, events: str
+) -> None:
+    first = calls.heartbeat(heartbeat(group, events, 0))
+    with pytest.raises(BrokerFencedMemberEpoch):
+        calls.heartbeat(heartbeat(group, events, first.member_epoch + 3, first.assignment))
+    calls.heartbeat(heartbeat(group, events, 0, member="m-2"))  # group epoch 2
+    with pytest.raises(BrokerFencedMemberEpoch):
+        calls.commit({TopicPartition(events, 0): 5}, "m-1", first.member_epoch + 1)
+    assert calls.commit({TopicPartition(events, 5): 5}, "m-1", first.member_epoch) == {
+        TopicPartition(events, 5): ErrorCode.PARTITION_NOT_ASSIGNED
+    }
+
+
+def test_bad_group_names_and_timeouts_are_refused_with_invalid_group(
+    broker: RunningBroker, events: str
+) -> None:
+    with Connection(broker.endpoint) as connection:
+        with pytest.raises(BrokerInvalidGroup, match=re.escape("group '../x'")):
+            connection.request(heartbeat("../x", events, 0))
+        short = GroupHeartbeatRequest("g", "m", 0, "", 1, 300_000, "", (events,), ())
+        with pytest.raises(BrokerInvalidGroup, match="below the broker's"):
+            connection.request(short)
+
+
+def test_a_group_of_the_papers_members_is_described_and_not_joined(
+    broker: RunningBroker, zookeeper: PrivateZooKeeper, calls: GroupCalls, group: str, events: str
+) -> None:
+    """While members of the paper's protocol are registered, the group is theirs: described
+    (state 3) with its offsets, refused to a coordinated member until they are gone."""
+    with Registry(zookeeper.connect_string, broker.arguments[1]) as registry:
+        registry.register_consumer(group, "paper-1", [events])
+        registry.commit_offset(group, events, f"{broker_id(registry, events)}-0", 35)
+        described = calls.describe()
+        assert (described.state, [m.member_id for m in described.members]) == (3, ["paper-1"])
+        assert described.members[0].topics == (events,)
+        assert calls.committed() == {TopicPartition(events, 0): 35}
+        with (
+            Connection(broker.endpoint) as connection,  # once: a GroupCalls retries it
+            pytest.raises(BrokerGroupHasZooKeeperMembers, match="paper-1"),
+        ):
+            connection.request(heartbeat(group, events, 0))
+        registry.unregister_consumer(group, "paper-1")
+        joined = calls.heartbeat(heartbeat(group, events, 0))
+        assert joined.member_epoch == 1
+        assert calls.committed() == {TopicPartition(events, 0): 35}
+
+
+def broker_id(registry: Registry, topic: str) -> int:
+    config = registry.topic_config(topic)
+    assert config is not None
+    return config.brokers[0]
+
+
+def test_a_silent_member_is_removed_at_its_session_and_the_other_takes_its_partitions(
+    calls: GroupCalls, group: str, events: str
+) -> None:
+    def member(
+        name: str, epoch: int, owned: tuple[GroupPartitions, ...] = ()
+    ) -> GroupHeartbeatRequest:
+        return GroupHeartbeatRequest(group, name, epoch, "", 2000, 300_000, "", (events,), owned)
+
+    first = calls.heartbeat(member("m-1", 0))
+    second = calls.heartbeat(member("m-2", 0))
+    assert second.assignment == () and second.heartbeat_interval_ms == 100  # m-1 holds both
+    # m-1 goes silent; m-2 beats on, and is given both partitions once m-1's session ended.
+    wait_until(
+        lambda: (
+            calls.heartbeat(member("m-2", second.member_epoch)).assignment
+            == partition_list([(events, 0), (events, 1)])
+        ),
+        timeout=10,
+        what="m-1 removed and its partitions given to m-2",
+    )
+    with pytest.raises(BrokerUnknownMemberId):
+        calls.commit({TopicPartition(events, 0): 1}, "m-1", first.member_epoch)
