@@ -45,7 +45,9 @@ class RegistryCalls:
 
     def _put(self, event: Callable[[], None]) -> None:
         self._events.put(event)
-        with contextlib.suppress(BlockingIOError):  # full: the loop is woken already
+        # BlockingIOError: the pair is full, the loop is woken already. Another OSError: shut
+        # down, and a watch still reports until the registry stops (nothing applies it).
+        with contextlib.suppress(OSError):
             self._wake_write.send(b"\0")
 
     def call(

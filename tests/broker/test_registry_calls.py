@@ -38,3 +38,11 @@ def test_a_flood_of_events_never_blocks_the_thread_that_reports_them() -> None:
         assert len(ran) == 200_000 and not readable(calls.wake_fd)
     finally:
         calls.shutdown()
+
+
+def test_an_event_reported_after_shutdown_is_dropped_quietly() -> None:
+    """A watch reports until the registry stops, after the calls shut down (Supervisor.shutdown):
+    it logged EBADF from the closed socket pair as an error at every Ctrl-C."""
+    calls = RegistryCalls()
+    calls.shutdown()
+    calls.report(lambda: None)
