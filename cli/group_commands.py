@@ -534,7 +534,7 @@ def group_delete(
             fail(
                 f"group {group_name} has {members_text(error.members)}: stop "
                 f"{'it' if len(error.members) == 1 else 'them'} first (a member that died "
-                "leaves when its ZooKeeper session expires)"
+                "leaves when its session ends)"
             )
     if not deleted:
         fail(f"no consumer group {group_name!r} (pylogctl group list shows the groups)")

@@ -46,9 +46,11 @@ READY_TIMEOUT_S = 120
 NOT_RUN = {"scripts/test": "the test command itself: it is running this test"}
 # Sections whose indented blocks are not commands.
 NOT_COMMANDS = {"Layout"}
-# The one Python block that loops until stopped: the member joins the group "loaders" (the
-# `group consume` members share the partitions with it), then gets Ctrl-C.
+# The one Python block that loops until stopped: the member joins the group "readers" through
+# its coordinator (the `group consume` members run the paper's protocol in "loaders"), is
+# given partitions, then gets Ctrl-C.
 ENDLESS_PYTHON = "while True:"
+PYTHON_GROUP = "readers"
 
 
 def _interruptible() -> None:
@@ -306,7 +308,9 @@ class Reader:
 
     def group_members(self) -> set[str]:
         pylogctl = str(self.folder / ".venv" / "bin" / "pylogctl")
-        described = self.run([pylogctl, "group", "describe", "loaders", "--json"], "describe")
+        described = self.run(
+            [pylogctl, "group", "describe", PYTHON_GROUP, "events", "--json"], "describe"
+        )
         rows = [json.loads(line) for line in described.splitlines()]
         return {row["owner"] for row in rows if row.get("owner")}
 

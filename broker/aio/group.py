@@ -173,10 +173,10 @@ class AsyncGroupConsumer(AsyncClosing):
         the event loop."""
         member = self.member
         wait_s = (member.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1000
-        if not member.registry.connected:
+        if not member.connected:
             self._drop_fetches()
             member._stop_fetching()
-            await self._in_thread(member.registry.wait_connected, wait_s)
+            await self._in_thread(member._wait_connected, wait_s)
             return
         if not member._in_session(wait_s):  # connected: it returns at once
             return

@@ -1,5 +1,16 @@
 """A member of a consumer group: the group shares the partitions of its topics, coordinated
-through ZooKeeper as in the Kafka paper (section 3.2); docs/registry.md has the paths.
+by the brokers (given `broker`: docs/protocol.md "Consumer groups", broker.client.membership)
+or through ZooKeeper as in the Kafka paper (section 3.2; given `zookeeper`: docs/registry.md
+has the paths, and the rest of this text is that protocol's but where it says otherwise).
+
+Through the coordinator, a heartbeat thread (broker.client.membership.Heartbeats) keeps the
+member in the group and learns its assignment; the thread that polls follows it at its next
+poll: partitions taken away are given up (fetching stopped, `on_revoked`, positions committed
+with auto-commit, reported at once), partitions given are read from the group's committed
+offsets (`on_assigned`), and those that stay are read on. Within its lease only (its session
+since it sent its last answered heartbeat) does it hand out records. Told it is unknown or
+fenced, it drops its partitions without committing and joins again.
+
 
 Every partition of a subscribed topic is consumed by exactly one member of the group at a time;
 groups are independent of each other. A member:
@@ -69,7 +80,6 @@ from typing import Any, Final, Generic, Literal, NamedTuple, cast
 from typing_extensions import TypeVar
 
 from broker.backoff import Backoff
-from broker.client.admin import zookeeper_of
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID, Connection, noted, wait_ms
 from broker.client.consumer import (
@@ -79,17 +89,20 @@ from broker.client.consumer import (
     damaged_range,
     grown_fetch_bytes,
 )
+from broker.client.coordinator import GroupCalls
+from broker.client.membership import Heartbeats, Membership
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import (
     BrokerError,
     CorruptSegment,
     MalformedReply,
+    PartitionNotAssigned,
     PylogError,
     RegistryUnavailable,
     Unavailable,
     UnknownTopicOrPartition,
 )
-from broker.groups.assignors import contiguous_share
+from broker.groups.assignors import TopicPartition, contiguous_share
 from broker.lifecycle import Closing
 from broker.log.codec import decode_records
 from broker.log.message import Headers
@@ -117,6 +130,9 @@ RETRY_BACKOFF_S = 0.5
 """How long a partition rests after a retriable fetch error before it is fetched again."""
 REBALANCE_MAX_BACKOFF_S = 2.0
 """The longest wait between a rebalance's attempts (from rebalance_backoff_s, doubling)."""
+MAX_POLL_INTERVAL_MS = 300_000
+"""The processing deadline a member of the coordinated protocol sends (rebalance_timeout_ms,
+Kafka's max.poll.interval.ms): how long it may take to give up a partition taken away."""
 
 
 class RebalanceFailed(PylogError):
@@ -264,11 +280,12 @@ def _on_partition_count(wanted: threading.Event) -> Callable[[TopicConfig | None
 
 
 class GroupConsumer(Closing, Generic[R]):
-    """Consume `topics` as member `consumer_id` of `group`, through the ZooKeeper ensemble
-    `zookeeper` ("host:port[,...]") and registry `chroot` (default /pylog), or, with `broker`
-    ("host:port", several comma-separated) and `zookeeper` None, through the ensemble and
-    chroot that broker's cluster uses (asked of it by DESCRIBE_CLUSTER, as `pylogctl group`
-    does; `chroot` given overrides it): a member then needs only a broker's address.
+    """Consume `topics` as member `consumer_id` of `group`: with `broker` ("host:port",
+    several comma-separated) and `zookeeper` None, through the group's coordinator (the
+    module's text: a member then needs only a broker's address; `session_timeout_s` from 2 to
+    300); or through the ZooKeeper ensemble `zookeeper` ("host:port[,...]") and registry
+    `chroot` (default /pylog), the paper's protocol (`rebalance_retries`,
+    `rebalance_backoff_s`, `chroot` and `zookeeper_auth` are its alone).
 
     `on_assigned(partitions)` runs after a rebalance claimed them, `on_revoked(partitions)`
     before they are committed and released (both in the thread calling `poll`), so a user can
@@ -343,51 +360,91 @@ class GroupConsumer(Closing, Generic[R]):
         """Where a MULTI_FETCH's parts start among a broker's partitions: moved on each time,
         so that a reply full of the first parts' messages starves none of the others."""
         self._rebalance_wanted = threading.Event()
-        self._rebalance_wanted.set()  # the first poll joins
         self._next_commit = self.clock.monotonic() + (auto_commit_interval_s or 0)
         self._closed = False
         self._interrupted = False
+        self.registry: Registry | None = None
+        """The paper's protocol: the registry the member runs it through."""
+        self._heartbeats: Heartbeats | None = None
+        """The coordinated protocol: the heartbeat thread and the member's state."""
         if zookeeper is None:
             if broker is None:
                 raise ValueError("a group consumer needs a broker's address or ZooKeeper's")
-            found = zookeeper_of(broker, client_id=client_id, timeout_s=timeout_s, keys=keys)
-            zookeeper, chroot = found.connect, chroot or found.chroot
-        elif broker is not None:
+            if chroot is not None or zookeeper_auth is not None:
+                raise ValueError(
+                    "chroot and zookeeper_auth are for a member of the paper's protocol "
+                    "(zookeeper given); a member through `broker` needs neither"
+                )
+            self._join_coordinator(broker, client_id, timeout_s, keys, session_timeout_s)
+            return
+        if broker is not None:
             raise ValueError("give a group consumer a broker's address or ZooKeeper's, not both")
+        self._rebalance_wanted.set()  # the first poll joins
         self.cluster = Cluster((), client_id, timeout_s, keys=keys)
-        self.registry = Registry(
+        self.registry = registry = Registry(
             zookeeper,
             chroot or DEFAULT_CHROOT,
             session_timeout_s=session_timeout_s,
             auth=zookeeper_auth,
         )
         try:
-            self._start_registry(broker is None, max(10.0, timeout_s))
-            self.registry.register_consumer(group, self.consumer_id, self.topics)
+            self._start_registry(max(10.0, timeout_s))
+            registry.register_consumer(group, self.consumer_id, self.topics)
             wanted = self._rebalance_wanted
-            self.registry.watch_consumers(group, lambda _: wanted.set())
-            self.registry.watch_brokers(lambda _: wanted.set())
-            self.registry.watch_topic_configs(lambda _: wanted.set())
+            registry.watch_consumers(group, lambda _: wanted.set())
+            registry.watch_brokers(lambda _: wanted.set())
+            registry.watch_topic_configs(lambda _: wanted.set())
             for topic in self.topics:
-                self.registry.watch_topic_config(topic, _on_partition_count(wanted))
+                registry.watch_topic_config(topic, _on_partition_count(wanted))
         except BaseException:
-            self.registry.stop()
+            registry.stop()
             self.cluster.close()
             raise
 
-    def _start_registry(self, given: bool, timeout_s: float) -> None:
-        """Connect to ZooKeeper; when the ensemble was `given` and cannot be reached, say that
-        a broker's address is taken as `broker` (a pylog broker does not speak ZooKeeper's
-        protocol, so the address of one given as `zookeeper` is never reached)."""
+    def _join_coordinator(
+        self,
+        broker: str,
+        client_id: str,
+        timeout_s: float,
+        keys: ClientKeys | None,
+        session_timeout_s: float,
+    ) -> None:
+        """Join through the group's coordinator (docs/protocol.md, "Consumer groups"): a
+        heartbeat thread of its own (broker.client.membership) sends the join and every
+        heartbeat; the first poll waits for its answer."""
+        self.cluster = Cluster(broker, client_id, timeout_s, keys=keys)
+        self._commits = GroupCalls(broker, self.group, client_id, timeout_s, keys=keys)
+        membership = Membership(
+            self.group,
+            self.consumer_id,
+            self.topics,
+            round(session_timeout_s * 1000),
+            MAX_POLL_INTERVAL_MS,
+        )
+        beats = GroupCalls(
+            broker, self.group, client_id, min(timeout_s, session_timeout_s / 2), keys=keys
+        )
+        self._heartbeats = Heartbeats(membership, beats, self.clock, self._rebalance_wanted)
+        self._heartbeats.start()
+
+    @property
+    def _paper(self) -> Registry:
+        """The registry of a member of the paper's protocol."""
+        assert self.registry is not None, "a member through the coordinator has no registry"
+        return self.registry
+
+    def _start_registry(self, timeout_s: float) -> None:
+        """Connect to ZooKeeper; when it cannot be reached, say that a broker's address is
+        taken as `broker` (a pylog broker does not speak ZooKeeper's protocol, so the address
+        of one given as `zookeeper` is never reached)."""
+        registry = self._paper
         try:
-            self.registry.start(timeout=timeout_s)
+            registry.start(timeout=timeout_s)
         except RegistryUnavailable as error:
-            if not given:
-                raise
             raise RegistryUnavailable(
-                f"{error}; if {self.registry.connect_string} is a pylog broker, give it as "
-                f"broker={self.registry.connect_string!r} and zookeeper None: the member "
-                "asks the broker where ZooKeeper is"
+                f"{error}; if {registry.connect_string} is a pylog broker, give it as "
+                f"broker={registry.connect_string!r} and zookeeper None: the member joins "
+                "through the group's coordinator"
             ) from None
 
     # -- what the member holds ---------------------------------------------------------------
@@ -526,22 +583,34 @@ class GroupConsumer(Closing, Generic[R]):
         waiting up to `max_wait_ms` (default the member's) for some, then send the next
         fetches at once (as PartitionConsumer does: a broker reads them while the records
         are handed out and processed; their replies are taken once every record in hand is
-        handed out); positions are left to the caller."""
+        handed out); positions are left to the caller. A member through the coordinator goes
+        on within the wait once its heartbeat thread's news came (its join answered, its
+        partitions given)."""
         wait_s = (self.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1000
+        deadline = time.monotonic() + wait_s  # a real wait, whatever the member's clock
+        while not self._filled(wait_s) and self._heartbeats is not None:
+            wait_s = deadline - time.monotonic()
+            if wait_s <= 0:
+                return
+
+    def _filled(self, wait_s: float) -> bool:
+        """A step of `_fill`; False when it only waited (for the registry or the heartbeat
+        thread, or for partitions), True when it fetched, or records are buffered."""
         if not self._in_session(wait_s):
-            return
+            return False
         if self._rebalance_wanted.is_set() and not self._rebalanced():
-            return
+            return True
         self._auto_commit()
         if self._buffered():
-            return
+            return True
         if not self._owned:
             self._rebalance_wanted.wait(wait_s)
-            return
+            return False
         self._send_fetches(wait_s)
         self._receive_fetches(wait_s)
         if self._buffered():  # the next fetches, read by the brokers while these are processed
             self._send_fetches(wait_s)
+        return True
 
     def _buffered(self) -> bool:
         return any(owned.buffered for owned in self._owned.values())
@@ -551,7 +620,10 @@ class GroupConsumer(Closing, Generic[R]):
         not heard yet of a partition the registry gave this member (partitions just added):
         the next poll tries again, METADATA asked again."""
         try:
-            self._rebalance()
+            if self._heartbeats is None:
+                self._rebalance()
+            else:
+                self._reconcile(self._heartbeats)
         except (Unavailable, BrokerError) as error:
             lagging = isinstance(error, UnknownTopicOrPartition)
             if isinstance(error, BrokerError) and not error.retriable and not lagging:
@@ -563,14 +635,35 @@ class GroupConsumer(Closing, Generic[R]):
             return False
         return True
 
+    @property
+    def connected(self) -> bool:
+        """Whether the member may go on: for the paper's protocol, connected to ZooKeeper; for
+        the coordinated one, within its lease (broker.client.membership), or told it lost its
+        partitions (which the next poll acts on)."""
+        if self._heartbeats is None:
+            return self._paper.connected
+        membership = self._heartbeats.membership
+        return membership.lost or membership.may_hand_out(self.clock.monotonic())
+
+    def _wait_connected(self, wait_s: float) -> None:
+        """Wait up to `wait_s` until `connected` (the coordinated protocol: for the heartbeat
+        thread's news)."""
+        if self._heartbeats is None:
+            self._paper.wait_connected(wait_s)
+        else:
+            self._rebalance_wanted.wait(wait_s)
+
     def _in_session(self, wait_s: float) -> bool:
         """Whether the member may consume: connected to ZooKeeper, in the session that claimed
-        its partitions. A suspended connection pauses it; an expired session ends ownership."""
-        if not self.registry.connected:
+        its partitions (or, coordinated, within its lease, at the epoch that gave them). A
+        suspended connection pauses it; an expired session ends ownership."""
+        if not self.connected:
             self._stop_fetching()
-            self.registry.wait_connected(wait_s)
+            self._wait_connected(wait_s)
             return False
-        session = self.registry.session_id
+        if self._heartbeats is not None:
+            return self._still_member(self._heartbeats)
+        session = self._paper.session_id
         if self._owned and session != self._claim_session:
             lost = frozenset(self._owned)
             log.warning(
@@ -584,6 +677,31 @@ class GroupConsumer(Closing, Generic[R]):
                 self.on_revoked(lost)
             self._rebalance_wanted.set()
         return True
+
+    def _still_member(self, heartbeats: Heartbeats) -> bool:
+        """The coordinated protocol: raise what the coordinator refused for good; after
+        UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH drop every partition, uncommitted (their next
+        owner may have committed since), and let the heartbeat thread join again."""
+        if heartbeats.failure is not None:
+            raise heartbeats.failure
+        with heartbeats.lock:
+            lost = heartbeats.membership.lost
+        if not lost:
+            return True
+        dropped = frozenset(self._owned)
+        self._stop_fetching()
+        self._owned.clear()
+        if dropped:
+            log.warning(
+                "group %s: %s lost its %d partitions to the group; joining again",
+                self.group,
+                self.consumer_id,
+                len(dropped),
+            )
+            if self.on_revoked is not None:
+                self.on_revoked(dropped)
+        heartbeats.report(frozenset(), dropped_all=True)
+        return False
 
     def _take_buffered(self) -> list[R]:
         """Every record fetched and not handed out, now handed out (delivered)."""
@@ -794,7 +912,7 @@ class GroupConsumer(Closing, Generic[R]):
             conflict = None
             try:
                 names = [(tp.topic, tp.name) for tp in wanted]
-                owners = self.registry.claim_partitions(self.group, names, self.consumer_id)
+                owners = self._paper.claim_partitions(self.group, names, self.consumer_id)
                 for tp, owner in zip(wanted, owners, strict=True):
                     if owner is None:
                         claimed.append(tp)
@@ -807,7 +925,7 @@ class GroupConsumer(Closing, Generic[R]):
                 self._owned.clear()
                 raise
             if conflict is None:
-                self._claim_session = self.registry.session_id
+                self._claim_session = self._paper.session_id
                 self.rebalances += 1
                 log.info(
                     "group %s: %s owns %d partitions: %s",
@@ -837,6 +955,58 @@ class GroupConsumer(Closing, Generic[R]):
             f"(owned by {owner}) in {self.rebalance_retries + 1} attempts"
         )
 
+    def _reconcile(self, heartbeats: Heartbeats) -> None:
+        """The coordinated protocol: follow the assignment the heartbeat thread last heard.
+        Partitions taken away are given up first (fetching stopped, `on_revoked`, their
+        positions committed with auto-commit) and reported at once; then those given are read
+        from their committed offsets (`on_assigned`). A partition that stays is read on."""
+        self._rebalance_wanted.clear()
+        with heartbeats.lock:
+            assignment = heartbeats.membership.assignment
+        mine = {TopicPartition(tp.topic, tp.partition): tp for tp in self._owned}
+        revoked = frozenset(tp for key, tp in mine.items() if key not in assignment)
+        if revoked:
+            self._give_up(revoked)
+            heartbeats.report(frozenset(k for k, tp in mine.items() if tp not in revoked))
+        given = sorted(assignment - mine.keys())
+        if not given:
+            return
+        claimed = self._broker_partitions(given)
+        self._start(claimed)
+        self.rebalances += 1
+        log.info(
+            "group %s: %s was given %d partitions: %s",
+            self.group,
+            self.consumer_id,
+            len(claimed),
+            ", ".join(f"{tp.topic}/{tp.partition}" for tp in claimed),
+        )
+        heartbeats.report(frozenset(TopicPartition(tp.topic, tp.partition) for tp in self._owned))
+        if self.on_assigned is not None:
+            self.on_assigned(frozenset(claimed))
+
+    def _give_up(self, partitions: frozenset[BrokerPartition]) -> None:
+        """Stop reading `partitions`: fetches stopped, `on_revoked`, their positions committed
+        (with auto-commit), forgotten."""
+        self._stop_fetching()
+        if self.on_revoked is not None:
+            self.on_revoked(partitions)
+        if self.auto_commit_interval_s is not None:
+            self._commit_positions(partitions)
+        for tp in partitions:
+            del self._owned[tp]
+
+    def _broker_partitions(self, partitions: Sequence[TopicPartition]) -> list[BrokerPartition]:
+        """`partitions` as BrokerPartitions: each with its preferred leader (from METADATA)
+        as the broker its name gives."""
+        self.cluster.metadata(sorted({tp.topic for tp in partitions}))
+        named = []
+        for topic, number in partitions:
+            info = self.cluster.leaders.get((topic, number))
+            broker = -1 if info is None else (info.replicas or (info.broker_id,))[0]
+            named.append(BrokerPartition(topic, broker, number))
+        return named
+
     def _revoke(self) -> None:
         """Stop fetching, tell the user, commit (with auto-commit) and release every owner
         node."""
@@ -852,7 +1022,7 @@ class GroupConsumer(Closing, Generic[R]):
 
     def _release(self, partitions: Iterable[BrokerPartition]) -> None:
         for tp in partitions:
-            self.registry.release_partition(self.group, tp.topic, tp.name)
+            self._paper.release_partition(self.group, tp.topic, tp.name)
 
     def _keeps_its_range(self) -> bool:
         """Whether this member's range is what it owns already, in the session that claimed
@@ -860,14 +1030,14 @@ class GroupConsumer(Closing, Generic[R]):
         member's range, a broker that holds none of them, a watch that fires twice at the
         start) then keeps each partition where it is read, the records not yet committed
         included, instead of sending it back to its committed offset."""
-        if not self._owned or self._claim_session != self.registry.session_id:
+        if not self._owned or self._claim_session != self._paper.session_id:
             return False
         return set(self._wanted()) == set(self._owned)
 
     def _wanted(self) -> list[BrokerPartition]:
         """This member's range of each subscribed topic's live partitions."""
-        members = self.registry.consumers(self.group)
-        brokers = self.registry.brokers()
+        members = self._paper.consumers(self.group)
+        brokers = self._paper.brokers()
         self.cluster.endpoints = {b: f"tcp://{i.host}:{i.port}" for b, i in brokers.items()}
         wanted: list[BrokerPartition] = []
         for topic in self.topics:
@@ -885,7 +1055,7 @@ class GroupConsumer(Closing, Generic[R]):
 
     def _topic_config(self, topic: str) -> TopicConfig | None:
         try:
-            return self.registry.topic_config(topic)
+            return self._paper.topic_config(topic)
         except PylogError as error:
             if isinstance(error, RegistryUnavailable):
                 raise
@@ -918,7 +1088,7 @@ class GroupConsumer(Closing, Generic[R]):
     def _start(self, claimed: Iterable[BrokerPartition]) -> None:
         claimed = list(claimed)
         leaders = self._leaders(claimed)
-        offsets = self.registry.committed_offsets(self.group) if claimed else {}
+        offsets = self._committed(claimed)
         endpoints: dict[BrokerPartition, str] = {}
         for tp in claimed:
             leader = leaders.get((tp.topic, tp.partition), tp.broker_id)
@@ -926,10 +1096,10 @@ class GroupConsumer(Closing, Generic[R]):
             if endpoint is None:  # the rebalance is tried again (_rebalanced)
                 raise Unavailable(f"{tp.topic}-{tp.partition}: no leader registered now")
             endpoints[tp] = endpoint
-        uncommitted = [tp for tp in claimed if offsets.get(tp.topic, {}).get(tp.name) is None]
+        uncommitted = [tp for tp in claimed if offsets.get(tp) is None]
         resets = self._reset_offsets(uncommitted, endpoints)
         for tp in claimed:
-            committed = offsets.get(tp.topic, {}).get(tp.name)
+            committed = offsets.get(tp)
             position = resets[tp] if committed is None else committed
             self._owned[tp] = _Owned(
                 tp,
@@ -940,6 +1110,20 @@ class GroupConsumer(Closing, Generic[R]):
                 position,
                 fetch_bytes=self.fetch_bytes,
             )
+
+    def _committed(self, partitions: Sequence[BrokerPartition]) -> dict[BrokerPartition, int]:
+        """The group's committed offsets of those of `partitions` that have one: read from
+        ZooKeeper (the paper's protocol) or asked of the coordinator (OFFSET_FETCH)."""
+        if not partitions:
+            return {}
+        if self._heartbeats is None:
+            stored = self._paper.committed_offsets(self.group)
+            found = {tp: stored.get(tp.topic, {}).get(tp.name) for tp in partitions}
+        else:
+            topics = sorted({tp.topic for tp in partitions})
+            committed = self._commits.committed(topics)
+            found = {tp: committed.get(TopicPartition(tp.topic, tp.partition)) for tp in partitions}
+        return {tp: offset for tp, offset in found.items() if offset is not None}
 
     def _reset_offsets(
         self, partitions: Sequence[BrokerPartition], endpoints: Mapping[BrokerPartition, str]
@@ -1000,22 +1184,46 @@ class GroupConsumer(Closing, Generic[R]):
         strangers = sorted(f"{t}/{p}" for t, p in offsets if (t, p) not in owned)
         if strangers:
             raise ValueError(f"not assigned to this member: {', '.join(strangers)}")
+        self._record({owned[key].tp: offset for key, offset in offsets.items()})
         for key, offset in offsets.items():
-            partition = owned[key]
-            self.registry.commit_offset(self.group, key[0], partition.tp.name, offset)
-            partition.position = partition.committed = offset
+            owned[key].position = owned[key].committed = offset
 
     def _owned_by_number(self) -> dict[tuple[str, int], _Owned]:
         """The owned partitions by (topic, partition number)."""
         return {(tp.topic, tp.partition): owned for tp, owned in self._owned.items()}
 
-    def _commit_positions(self) -> None:
+    def _commit_positions(self, partitions: Iterable[BrokerPartition] | None = None) -> None:
         """Record each owned partition's position (after its last processed record) where it
-        moved since the last commit."""
-        for tp, owned in self._owned.items():
-            if owned.position != owned.committed:
-                self.registry.commit_offset(self.group, tp.topic, tp.name, owned.position)
-                owned.committed = owned.position
+        moved since the last commit (of `partitions` only, when given)."""
+        moved = [
+            owned
+            for tp, owned in self._owned.items()
+            if owned.position != owned.committed and (partitions is None or tp in partitions)
+        ]
+        if not moved:
+            return
+        self._record({owned.tp: owned.position for owned in moved})
+        for owned in moved:
+            owned.committed = owned.position
+
+    def _record(self, offsets: Mapping[BrokerPartition, int]) -> None:
+        """Record `offsets` in ZooKeeper (the paper's protocol) or with the coordinator
+        (OFFSET_COMMIT at the member's epoch): PartitionNotAssigned, nothing of it recorded,
+        for a partition the group gave another member since."""
+        if self._heartbeats is None:
+            for tp, offset in offsets.items():
+                self._paper.commit_offset(self.group, tp.topic, tp.name, offset)
+            return
+        with self._heartbeats.lock:
+            epoch = self._heartbeats.membership.epoch
+        by_key = {TopicPartition(tp.topic, tp.partition): o for tp, o in offsets.items()}
+        outcome = self._commits.commit(by_key, self.consumer_id, epoch)
+        refused = sorted(f"{tp.topic}/{tp.partition}" for tp, c in outcome.items() if c)
+        if refused:
+            raise PartitionNotAssigned(
+                f"group {self.group}: {self.consumer_id}'s commit of {', '.join(refused)} "
+                f"refused at epoch {epoch}: the group gave them to another member"
+            )
 
     def _commit_due(self) -> bool:
         return (
@@ -1028,7 +1236,7 @@ class GroupConsumer(Closing, Generic[R]):
         self._next_commit = self.clock.monotonic() + self.auto_commit_interval_s
         try:
             self._commit_positions()
-        except RegistryUnavailable as error:  # the next interval tries again
+        except (RegistryUnavailable, BrokerError, Unavailable) as error:  # tried again next time
             log.warning("group %s: auto-commit failed: %s", self.group, error)
 
     # -- life cycle --------------------------------------------------------------------------
@@ -1040,9 +1248,26 @@ class GroupConsumer(Closing, Generic[R]):
         if self._closed:
             return
         self._closed = True
+        if self._heartbeats is not None:
+            self._leave(self._heartbeats)
+            return
+        registry = self._paper
         try:
-            if self.registry.connected and self.registry.session_id == self._claim_session:
+            if registry.connected and registry.session_id == self._claim_session:
                 self._revoke()
         finally:
-            self.registry.stop()
+            registry.stop()
+            self.cluster.close()
+
+    def _leave(self, heartbeats: Heartbeats) -> None:
+        """The coordinated protocol's close: give every partition up (committing, within the
+        lease), then leave the group, so that others take them over at once."""
+        try:
+            if self._owned and self.connected and not heartbeats.membership.lost:
+                self._give_up(frozenset(self._owned))
+                heartbeats.report(frozenset())
+        finally:
+            heartbeats.leave()
+            heartbeats.calls.close()
+            self._commits.close()
             self.cluster.close()

@@ -195,7 +195,8 @@ class Groups(NodeReads):
     def delete_group(self, group: str) -> bool:
         """Delete /consumers/<group> with its committed offsets; False when there is no such
         group. GroupNotEmpty while it has members: /ids is deleted first, which ZooKeeper
-        refuses while a member's node is in it. A member joining after that re-creates /ids
+        refuses while a member's node is in it; and while a coordinated member's node is under
+        /members (then its coordinator's nodes go too). A member joining after that re-creates /ids
         (and finds no committed offsets): the group's node is then left with it, and
         GroupNotEmpty raised."""
         check_name("group", group)
@@ -207,7 +208,13 @@ class Groups(NodeReads):
         except NoNode:
             if group not in self.groups():
                 return False
-        for part in ("offsets", "owners"):
+        try:
+            coordinated = self._children(f"{root}/members")
+        except NoNode:
+            coordinated = []
+        if coordinated:  # a group of the coordinated protocol (broker.registry.coordination)
+            raise GroupNotEmpty(group, coordinated)
+        for part in ("offsets", "owners", "members", "state", "coordinator"):
             self._delete_tree(f"{root}/{part}")
         try:
             self._delete(root)

@@ -356,7 +356,7 @@ def test_delete_refuses_while_the_group_has_members_then_deletes_it(
         assert refused.exit_code == 1
         assert refused.stderr == (
             f"pylogctl: group {group} has 1 member (stay): stop it first (a member that died "
-            "leaves when its ZooKeeper session expires)\n"
+            "leaves when its session ends)\n"
         )
         assert registry.committed_offset(group, topic, "1-0") == SIZE
     deleted = run(cluster, "delete", group)

@@ -1,6 +1,6 @@
-"""A group member as Kafka users expect one: it needs only a broker's address (it asks the
-broker where ZooKeeper is), a rebalance that moves none of its partitions keeps its positions,
-and it seeks and commits chosen offsets."""
+"""A group member as Kafka users expect one: it needs only a broker's address (it joins
+through the group's coordinator, docs/protocol.md "Consumer groups"), a rebalance that moves
+none of its partitions keeps its positions, and it seeks and commits chosen offsets."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import pytest
 
 from broker.aio import AsyncGroupConsumer
 from broker.client import Admin, GroupConsumer, PartitionConsumer, Producer, Record
+from broker.client.coordinator import GroupCalls
 from broker.errors import RegistryUnavailable
+from broker.groups.assignors import TopicPartition
 from broker.log.message import encode_message
 from tests.conftest import FakeClock, single_box_flags, wait_until
 from tests.pylogd import RunningBroker
@@ -33,7 +35,7 @@ def produce(broker: RunningBroker, topic: str, values: list[str], partition: int
         return [delivery.result(30) for delivery in sent]
 
 
-def test_a_group_member_finds_zookeeper_through_a_broker(
+def test_a_group_member_needs_only_a_brokers_address(
     broker: RunningBroker, kafka_topic: str
 ) -> None:
     produce(broker, kafka_topic, ["through a broker"], partition=1)
@@ -54,6 +56,12 @@ def test_a_brokers_address_given_as_zookeepers_is_named_in_the_error(
     address = broker.endpoint.removeprefix("tcp://")
     with pytest.raises(RegistryUnavailable, match=f"give it as broker='{address}'"):
         GroupConsumer(address, "g", ["t"], timeout_s=1)
+
+
+def committed_offset(broker: RunningBroker, group: str, topic: str, partition: int) -> int | None:
+    """The group's committed offset of `partition`, asked of its coordinator."""
+    with GroupCalls(broker.endpoint, group) as calls:
+        return calls.committed([topic]).get(TopicPartition(topic, partition))
 
 
 def test_a_member_without_auto_commit_is_not_sent_back_by_a_rebalance_that_moves_nothing(
@@ -96,11 +104,11 @@ def test_auto_commit_waits_for_its_interval_on_the_members_clock(
         second = member.poll_record(5000)  # "a" is processed: its position could be committed
         assert first is not None and second is not None
         assert (first.value, second.value) == (b"a", b"b")
-        assert member.registry.committed_offset("timed", kafka_topic, partition.name) is None
+        assert committed_offset(broker, "timed", kafka_topic, partition.partition) is None
         clock.advance(5)  # the interval is up: the next step commits what was processed
         third = member.poll_record(5000)
         assert third is not None and third.value == b"c"
-        committed = member.registry.committed_offset("timed", kafka_topic, partition.name)
+        committed = committed_offset(broker, "timed", kafka_topic, partition.partition)
         assert committed == offsets[2]  # after "b", which the step took as processed
 
 
@@ -127,7 +135,7 @@ def test_poll_records_hands_out_up_to_its_limit_in_order_and_counts_them_process
         rest = member.poll_records(10, 5000)
         assert [r.value for r in first] == [b"m0", b"m1", b"m2"]
         assert [r.value for r in rest] == [b"m3", b"m4", b"m5", b"m6"]
-        committed = member.registry.committed_offset("batched", kafka_topic, partition.name)
+        committed = committed_offset(broker, "batched", kafka_topic, partition.partition)
         assert committed == offsets[3]  # after the first call's three, not the second's
         with pytest.raises(ValueError, match="1 or more"):
             member.poll_records(0)

@@ -45,7 +45,7 @@ class Member:
                 for record in self.consumer.poll(100):
                     self.records.append((time.monotonic(), record))
                 self.polls_started.append(started)
-            if self.consumer.registry.connected:
+            if self.consumer.connected:
                 self.consumer.commit()  # the last poll's records are processed too
         except BaseException as error:  # reported by the test through `error`
             self.error = error

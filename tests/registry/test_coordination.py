@@ -11,6 +11,7 @@ import pytest
 from broker.groups.assignors import TopicPartition
 from broker.groups.group import Group, Heartbeat, Member, Rules
 from broker.registry import ClaimedElsewhere, ClaimedGroup, Registry, partition_name
+from broker.registry.groups import GroupNotEmpty
 from broker.registry.session import BadVersion
 
 EVENTS = {"events": range(2)}
@@ -98,3 +99,21 @@ def test_a_group_is_listed_and_deleted_whole(registry: Registry) -> None:
         registry.delete_coordinated_group("loaders", version - 1)
     registry.delete_coordinated_group("loaders", version)
     assert registry.groups() == [] and registry.group_listings() == []
+
+
+def test_pylogctls_delete_waits_for_coordinated_members_then_takes_their_nodes(
+    registry: Registry,
+) -> None:
+    """Registry.delete_group (pylogctl group delete) on a group of the coordinated protocol:
+    refused while a member's node stands, and then deleted whole, the coordinator's nodes
+    too (it left `state` and `members` behind as "has 0 members")."""
+    claimed = claim(registry, "loaders", 1)
+    group = Group("loaders", Rules(), 0.0, partitions=EVENTS)
+    _, write = group.heartbeat(Heartbeat("m-1", 0, ("events",)), 0.0)
+    version = registry.write_group("loaders", claimed.state_version, 1, write, name)
+    with pytest.raises(GroupNotEmpty, match="m-1"):
+        registry.delete_group("loaders")
+    _, write = group.heartbeat(Heartbeat("m-1", -1, ("events",)), 1.0)
+    registry.write_group("loaders", version, 1, write, name)
+    assert registry.delete_group("loaders")
+    assert registry.groups() == []

@@ -1,0 +1,202 @@
+"""A group member's side of the coordinated protocol (docs/protocol.md, "Consumer groups";
+docs/design/group-coordinator.md, sections 5 and 6).
+
+`Membership` holds the rules, free of I/O: fed the coordinator's replies and refusals with the
+times they were sent, it says what the next heartbeat carries, what the member may own, and
+whether it may hand out records (its lease). `Heartbeats` runs them: a thread of its own, with
+a connection of its own (broker.client.coordinator.GroupCalls), sends the heartbeats, so a slow
+handler in the thread that polls keeps its partitions; it wakes that thread (`changed`) when
+the assignment moves or ownership is lost, and sends a heartbeat at once when the polling
+thread reports partitions given up (`report`).
+
+**The lease.** A member hands out no record once its session has run since it *sent* its last
+answered heartbeat: the coordinator counts the session from that heartbeat's arrival, later,
+so a member that the coordinator removes has stopped before its partitions are given away.
+
+**Lost.** UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH: the member's partitions are another's (or
+about to be); it gives every one up without committing and joins again (epoch 0) once the
+polling thread has dropped them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+
+from broker.backoff import Backoff
+from broker.client.coordinator import GroupCalls
+from broker.clock import Clock
+from broker.errors import (
+    BrokerError,
+    FencedMemberEpoch,
+    PylogError,
+    Unavailable,
+    UnknownMemberId,
+)
+from broker.groups.assignors import TopicPartition
+from broker.protocol import GroupHeartbeatReply, GroupHeartbeatRequest, partition_list
+
+log = logging.getLogger("pylog.client")
+
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 1.0
+"""The heartbeat thread's back-off after a heartbeat that got no answer (the coordinator
+moving, loading, or unreachable)."""
+STOP_WAIT_S = 5.0
+"""How long closing a member waits for a heartbeat under way before it leaves without one."""
+
+
+@dataclass
+class Membership:
+    """A member's state in its group (module docstring): `epoch` of the last reply (0: to
+    join), `assignment` the partitions the coordinator says it may own, `owned` those the
+    polling thread holds (reported in each heartbeat), `lease_until` (monotonic) the end of
+    its lease, `lost` set when the coordinator no longer knows it at its epoch."""
+
+    group: str
+    member_id: str
+    topics: tuple[str, ...]
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    instance_id: str = ""
+    assignor: str = ""
+    epoch: int = 0
+    assignment: frozenset[TopicPartition] = frozenset()
+    owned: frozenset[TopicPartition] = frozenset()
+    lease_until: float = -math.inf
+    lost: bool = False
+    interval_s: float = 0.0
+    """How long after the last reply the next heartbeat is due."""
+
+    def request(self, leave: bool = False) -> GroupHeartbeatRequest | None:
+        """The next heartbeat; a leave's with `leave`; None while a lost member still owns
+        partitions (the polling thread drops them first: a join reports nothing owned)."""
+        if self.epoch == 0 and self.owned:
+            return None
+        epoch = -1 if leave else self.epoch
+        return GroupHeartbeatRequest(
+            self.group,
+            self.member_id,
+            epoch,
+            self.instance_id,
+            self.session_timeout_ms,
+            self.rebalance_timeout_ms,
+            self.assignor,
+            self.topics,
+            partition_list(self.owned),
+        )
+
+    def answered(self, reply: GroupHeartbeatReply, sent_at: float) -> bool:
+        """A reply to a heartbeat sent at `sent_at`; True when the polling thread has something
+        to do: its owned partitions differ from the assignment, or its lease starts again."""
+        renewed = self.lease_until <= sent_at
+        self.epoch = reply.member_epoch
+        self.assignment = frozenset(
+            TopicPartition(t.topic, p) for t in reply.assignment for p in t.partitions
+        )
+        self.lease_until = sent_at + self.session_timeout_ms / 1000
+        self.interval_s = reply.heartbeat_interval_ms / 1000
+        return renewed or self.assignment != self.owned
+
+    def refused(self, error: PylogError) -> bool:
+        """A heartbeat refused; True when the member lost its partitions (UNKNOWN_MEMBER_ID,
+        FENCED_MEMBER_EPOCH): it joins again once they are dropped."""
+        if isinstance(error, UnknownMemberId | FencedMemberEpoch):
+            self.epoch, self.assignment, self.lost = 0, frozenset(), True
+            self.lease_until = -math.inf
+            return True
+        return False
+
+    def may_hand_out(self, now: float) -> bool:
+        """Whether records may be handed out at `now`: within the lease, not lost."""
+        return not self.lost and now < self.lease_until
+
+
+@dataclass
+class Heartbeats:
+    """The heartbeat thread of a member (module docstring). `changed` is set when the polling
+    thread has something to do; `failure` holds a refusal nothing retries (INVALID_GROUP,
+    AUTHORIZATION_FAILED, ...), for the polling thread to raise."""
+
+    membership: Membership
+    calls: GroupCalls
+    clock: Clock
+    changed: threading.Event
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    failure: PylogError | None = None
+    _kick: threading.Event = field(default_factory=threading.Event)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"heartbeat-{self.membership.group}", daemon=True
+        )
+        self._thread.start()
+
+    def report(self, owned: frozenset[TopicPartition], dropped_all: bool = False) -> None:
+        """The polling thread owns `owned` now (`dropped_all`: after a loss, nothing): sent in a
+        heartbeat at once."""
+        with self.lock:
+            self.membership.owned = owned
+            if dropped_all:
+                self.membership.lost = False
+        self._kick.set()
+
+    def _run(self) -> None:
+        backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
+        while not self._stop.is_set():
+            with self.lock:
+                request = self.membership.request()
+            wait_s = self.membership.interval_s
+            if request is not None:
+                sent_at = self.clock.monotonic()
+                try:
+                    reply = self.calls.heartbeat(request)
+                except (BrokerError, Unavailable) as error:
+                    with self.lock:
+                        lost = self.membership.refused(error)
+                    if lost:
+                        log.warning("group %s: %s; joining again", self.membership.group, error)
+                        self.changed.set()
+                        continue
+                    if isinstance(error, BrokerError) and not error.retriable:
+                        self.failure = error
+                        self.changed.set()
+                        return
+                    log.warning("group %s: heartbeat: %s", self.membership.group, error)
+                    wait_s = backoff.next()
+                else:
+                    backoff.reset()
+                    with self.lock:
+                        if self.membership.answered(reply, sent_at):
+                            self.changed.set()
+                    wait_s = self.membership.interval_s
+            self._kick.wait(wait_s)
+            self._kick.clear()
+
+    def leave(self) -> None:
+        """Stop the thread, then leave the group (the member committed before); a leave
+        that gets no answer, or a thread still waiting on one, is left to the session's end."""
+        if not self.stop():
+            return
+        with self.lock:
+            request = self.membership.request(leave=True)
+        if request is None or self.membership.epoch == 0:
+            return
+        try:
+            self.calls.heartbeat(request)
+        except (BrokerError, Unavailable) as error:
+            log.warning("group %s: leave: %s", self.membership.group, error)
+
+    def stop(self) -> bool:
+        """Stop the thread; False when it is still waiting on a heartbeat after STOP_WAIT_S
+        (it ends with that heartbeat)."""
+        self._stop.set()
+        self._kick.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(STOP_WAIT_S)
+            return not self._thread.is_alive()
+        return True

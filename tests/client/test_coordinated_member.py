@@ -1,0 +1,156 @@
+"""GroupConsumer through the group's coordinator (`broker` given, no ZooKeeper; docs/protocol.md
+"Consumer groups"), against a real pylogd: members share the partitions, a member joining takes
+its share while the others read on, a clean hand-over (a join, a close) delivers nothing twice
+and loses nothing, a member whose lease ran out hands out nothing, and a removed member's late
+commit is refused."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+
+import pytest
+
+from broker.client import Admin, GroupConsumer, Producer
+from broker.client.coordinator import GroupCalls
+from broker.errors import BrokerUnknownMemberId
+from broker.groups.assignors import TopicPartition
+from tests.conftest import FakeClock, wait_until
+from tests.pylogd import RunningBroker
+
+PARTITIONS = 4
+PER_PARTITION = 25
+SESSION_S = 2.0
+
+
+@pytest.fixture
+def loaded(broker: RunningBroker, topic: str) -> str:
+    """`topic` of PARTITIONS partitions, PER_PARTITION messages in each."""
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, PARTITIONS)
+    with Producer(broker.endpoint, topic) as producer:
+        sent = [
+            producer.send(f"{p}-{i}".encode(), partition=p)
+            for p in range(PARTITIONS)
+            for i in range(PER_PARTITION)
+        ]
+        for delivery in sent:
+            delivery.result(30)
+    return topic
+
+
+@pytest.fixture
+def group() -> str:
+    return f"members-{uuid.uuid4().hex[:8]}"
+
+
+def member(broker: RunningBroker, group: str, topic: str, **options: object) -> GroupConsumer:
+    """A member whose auto-commit waits a minute: what a hand-over commits is what gives up a
+    partition and what close() commits."""
+    return GroupConsumer(
+        None,
+        group,
+        [topic],
+        broker=broker.endpoint,
+        session_timeout_s=SESSION_S,
+        auto_commit_interval_s=60,
+        max_wait_ms=50,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def owned(consumer: GroupConsumer) -> set[int]:
+    return {tp.partition for tp in consumer.assignment}
+
+
+def test_members_share_the_partitions_and_a_join_hands_over_without_duplicates(
+    broker: RunningBroker, group: str, loaded: str
+) -> None:
+    """Two members, then a third joining: every message handed out exactly once, and the
+    members that keep partitions never stop owning them."""
+    seen: Counter[bytes] = Counter()
+    members = [member(broker, group, loaded, consumer_id="a")]
+    kept_by_a: list[set[int]] = []
+
+    def poll_all() -> list[int]:
+        """Poll each member once; how many partitions each owns then."""
+        for consumer in members:
+            seen.update(r.value for r in consumer.poll(50))
+        kept_by_a.append(owned(members[0]))
+        return [len(owned(m)) for m in members]
+
+    try:
+        wait_until(lambda: poll_all() == [PARTITIONS], what="a owns all")
+        members.append(member(broker, group, loaded, consumer_id="b"))
+        wait_until(
+            lambda: poll_all() == [2, 2],
+            what="a and b own two each",
+        )
+        members.append(member(broker, group, loaded, consumer_id="c"))
+        deadline = time.monotonic() + 30
+        while sum(seen.values()) < PARTITIONS * PER_PARTITION and time.monotonic() < deadline:
+            poll_all()  # bounded: 100 messages, 30 s
+        wait_until(
+            lambda: sorted(poll_all()) == [1, 1, 2],
+            what="the three share the partitions",
+        )
+    finally:
+        for consumer in members:
+            consumer.close()
+    expected = {f"{p}-{i}".encode() for p in range(PARTITIONS) for i in range(PER_PARTITION)}
+    assert set(seen) == expected
+    assert [v for v, n in seen.items() if n > 1] == []
+    # a partition a keeps is owned all along: from when a had it alone, through both joins
+    final = kept_by_a[-1]
+    assert final and all(final <= earlier for earlier in kept_by_a if len(earlier) >= len(final))
+
+
+def test_a_closed_members_partitions_go_to_the_others_from_its_commit(
+    broker: RunningBroker, group: str, loaded: str
+) -> None:
+    first = member(broker, group, loaded, consumer_id="first")
+    seen: Counter[bytes] = Counter()
+
+    def some_read() -> bool:
+        seen.update(r.value for r in first.poll(50))
+        return bool(seen)
+
+    wait_until(some_read, what="a record")
+    first.close()  # commits what it processed, gives its partitions up, leaves
+    with member(broker, group, loaded, consumer_id="second") as second:
+        deadline = time.monotonic() + 30
+        while sum(seen.values()) < PARTITIONS * PER_PARTITION and time.monotonic() < deadline:
+            seen.update(r.value for r in second.poll(50))  # bounded: 100 messages, 30 s
+    assert sum(seen.values()) == len(seen) == PARTITIONS * PER_PARTITION
+
+
+def test_a_member_whose_lease_ran_out_hands_out_nothing_and_its_late_commit_is_refused(
+    broker: RunningBroker, group: str, loaded: str
+) -> None:
+    clock = FakeClock()
+    zombie = member(broker, group, loaded, consumer_id="zombie", clock=clock)
+    try:
+        first = zombie.poll_record(5000)
+        wait_until(lambda: zombie.poll_record(50) is not None, what="records flowing")
+        assert first is not None
+        heartbeats = zombie._heartbeats
+        assert heartbeats is not None
+        heartbeats.stop()  # as if frozen: no heartbeat goes out any more
+        clock.advance(SESSION_S)  # its lease ran out: buffered records are not handed out
+        assert zombie.poll(0) == [] and zombie.poll_record(0) is None
+        with member(broker, group, loaded, consumer_id="heir") as heir:
+
+            def heir_owns_all() -> bool:
+                heir.poll(50)
+                return len(owned(heir)) == PARTITIONS
+
+            wait_until(
+                heir_owns_all, what="the zombie removed at its session, the heir given everything"
+            )
+            with pytest.raises(BrokerUnknownMemberId):
+                zombie.commit({(loaded, 0): 0})
+            with GroupCalls(broker.endpoint, group) as calls:
+                assert calls.committed([loaded]).get(TopicPartition(loaded, 0)) != 0
+    finally:
+        zombie.close()
