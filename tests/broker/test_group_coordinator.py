@@ -169,3 +169,21 @@ def test_a_silent_member_is_removed_at_its_session_and_the_other_takes_its_parti
     )
     with pytest.raises(BrokerUnknownMemberId):
         calls.commit({TopicPartition(events, 0): 1}, "m-1", first.member_epoch)
+
+
+def test_partitions_added_while_a_member_reads_are_given_to_it(
+    broker: RunningBroker, zookeeper: PrivateZooKeeper, calls: GroupCalls, group: str, events: str
+) -> None:
+    """pylogctl topic add-partitions: the coordinator sees the count in its topic view, moves
+    the group epoch, and gives the new partitions at the next heartbeats."""
+    joined = calls.heartbeat(heartbeat(group, events, 0))
+    with Registry(zookeeper.connect_string, broker.arguments[1]) as registry:
+        registry.add_partitions(events, 4, {0: None})
+
+    def given_all() -> bool:
+        nonlocal joined
+        joined = calls.heartbeat(heartbeat(group, events, joined.member_epoch, joined.assignment))
+        return joined.assignment == partition_list((events, p) for p in range(4))
+
+    wait_until(given_all, what="the new partitions given")
+    assert calls.describe().group_epoch == 2  # the join, then the count
