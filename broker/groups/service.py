@@ -48,6 +48,9 @@ from broker.topics import Topics
 
 log = logging.getLogger("pylog.groups")
 
+HOUSEKEEPING_S = 0.05
+"""How often `tick` looks at the groups: members' sessions end at most this late."""
+
 PAPER_STATE = 3
 """DESCRIBE_GROUP's state of a group run by members of the paper's protocol."""
 
@@ -129,6 +132,7 @@ class Coordinator:
         its owner nodes' names)."""
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="groups")
         """Claims and writes, in order, apart from the topics' registry calls."""
+        self._next_housekeeping = 0.0
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -370,7 +374,12 @@ class Coordinator:
     # -- the loop's housekeeping ----------------------------------------------------------
 
     def tick(self) -> None:
-        """Expire members, follow partition counts, hand over groups another broker now wins."""
+        """Expire members, follow partition counts, hand over groups another broker now wins;
+        at most every HOUSEKEEPING_S (the loop turns for every batch of requests)."""
+        now = self.clock.monotonic()
+        if now < self._next_housekeeping:
+            return
+        self._next_housekeeping = now + HOUSEKEEPING_S
         if self._brokers != self._live():
             self._brokers = self._live()
             for name in [n for n in self._groups if coordinator_of(n, self._brokers) != self.me]:
@@ -379,7 +388,6 @@ class Coordinator:
                 )
                 self._drop(name)
                 self._release(name)
-        now = self.clock.monotonic()
         if not now < self.topics.roles.leases.lease.until:
             return  # cut off from ZooKeeper: members' heartbeats are refused, none expires
         for entry in list(self._groups.values()):
