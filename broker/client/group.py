@@ -546,14 +546,20 @@ class GroupConsumer(Closing, Generic[R]):
         owned = self._owned_by_number().get((topic, partition))
         if owned is None:
             raise ValueError(f"{topic}/{partition} is not assigned to this member")
+        self._forget_fetched(owned)
+        owned.position = owned.delivered = owned.fetch_offset = offset
+        owned.rest_until = 0.0
+
+    def _forget_fetched(self, owned: _Owned) -> None:
+        """Drop what was fetched for `owned`'s partition and not handed out, and forget its
+        fetch in flight: its reply, if it comes, is dropped, and the broker's other partitions
+        of that request are fetched again."""
         if owned.in_flight is not None:
-            fetched = self._in_flight.pop(owned.in_flight)  # its reply, if it comes, is dropped
-            for other in fetched:  # the broker's other partitions of it: fetched again
+            fetched = self._in_flight.pop(owned.in_flight)
+            for other in fetched:
                 other.in_flight = None
             owned.in_flight = None
         owned.buffered.clear()
-        owned.position = owned.delivered = owned.fetch_offset = offset
-        owned.rest_until = 0.0
 
     def _hand_out(self) -> R | None:
         """The next record fetched and not handed out, now in hand (delivered); None when
@@ -986,9 +992,11 @@ class GroupConsumer(Closing, Generic[R]):
             self.on_assigned(frozenset(claimed))
 
     def _give_up(self, partitions: frozenset[BrokerPartition]) -> None:
-        """Stop reading `partitions`: fetches stopped, `on_revoked`, their positions committed
-        (with auto-commit), forgotten."""
-        self._stop_fetching()
+        """Stop reading `partitions`: their fetches forgotten, `on_revoked`, their positions
+        committed (with auto-commit), forgotten. The other partitions are read on, what was
+        fetched for them kept."""
+        for tp in partitions:
+            self._forget_fetched(self._owned[tp])
         if self.on_revoked is not None:
             self.on_revoked(partitions)
         if self.auto_commit_interval_s is not None:
