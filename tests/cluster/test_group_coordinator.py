@@ -5,16 +5,23 @@ the first restarted takes it back."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
 import uuid
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from broker.client import Admin, Connection
+from broker.client import Admin, Connection, Producer
 from broker.client.coordinator import GroupCalls
-from broker.errors import BrokerNotCoordinator
+from broker.errors import BrokerNotCoordinator, BrokerUnknownGroup
 from broker.groups.assignors import TopicPartition
 from broker.groups.choice import coordinator_of
-from broker.protocol import GroupHeartbeatReply, GroupHeartbeatRequest, partition_list
+from broker.protocol import Ack, GroupHeartbeatReply, GroupHeartbeatRequest, partition_list
 from tests.conftest import wait_until
 from tests.pylogd import ThreeBrokers
 
@@ -116,3 +123,117 @@ def _pairs(reply: GroupHeartbeatReply) -> list[tuple[str, int]]:
 
 def _numbers(reply: GroupHeartbeatReply) -> set[int]:
     return {p for _, p in _pairs(reply)}
+
+
+class MemberProcess:
+    """tests/coordinated_member.py in a child process; the values it printed, as read."""
+
+    def __init__(self, brokers: str, group: str, topic: str, member_id: str) -> None:
+        self.id = member_id
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.coordinated_member", brokers, group, topic, member_id],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.values: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.values.append(json.loads(line)["value"])
+
+    def stop(self, signum: int = signal.SIGTERM) -> str:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        try:
+            _, stderr = self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            _, stderr = self.process.communicate(timeout=30)
+        self.reader.join(10)
+        return stderr
+
+
+@pytest.fixture
+def member_processes() -> Iterator[Callable[[str, str, str, str], MemberProcess]]:
+    started: list[MemberProcess] = []
+
+    def start(brokers: str, group: str, topic: str, member_id: str) -> MemberProcess:
+        started.append(MemberProcess(brokers, group, topic, member_id))
+        return started[-1]
+
+    yield start
+    for member in started:
+        print(f"--- member {member.id} stderr:\n{member.stop()[-3000:]}")
+
+
+def produce(brokers: str, topic: str, values: list[str], partitions: int) -> None:
+    with Producer(brokers, topic, ack=Ack.ALL) as producer:
+        sent = [producer.send(v.encode(), partition=i % partitions) for i, v in enumerate(values)]
+        for delivery in sent:
+            delivery.result(30)
+
+
+def owners(calls: GroupCalls) -> dict[str, int]:
+    """Member -> how many partitions it owns, by DESCRIBE_GROUP ({} before the group is)."""
+    try:
+        described = calls.describe()
+    except BrokerUnknownGroup:
+        return {}
+    return {m.member_id: sum(len(t.partitions) for t in m.assigned) for m in described.members}
+
+
+def test_a_killed_members_partitions_are_read_on_by_the_other_from_its_commits(
+    shared_three_brokers: ThreeBrokers,
+    topic: str,
+    member_processes: Callable[[str, str, str, str], MemberProcess],
+) -> None:
+    three = shared_three_brokers
+    group, _ = a_group_over(three, topic, 4)
+    bootstrap = ",".join(three.endpoints.values())
+    first = [f"first-{i}" for i in range(40)]
+    produce(bootstrap, topic, first, 4)
+    a = member_processes(bootstrap, group, topic, "a")
+    b = member_processes(bootstrap, group, topic, "b")
+    with GroupCalls(bootstrap, group) as calls:
+        wait_until(lambda: owners(calls) == {"a": 2, "b": 2}, 30, "a and b own two each")
+        wait_until(lambda: set(a.values) | set(b.values) >= set(first), 30, "the first read")
+        a.stop(signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_until(lambda: owners(calls) == {"b": 4}, 30, "b owns all four")
+        taken_over_s = time.monotonic() - killed_at
+    later = [f"later-{i}" for i in range(40)]
+    produce(bootstrap, topic, later, 4)
+    wait_until(lambda: set(b.values) >= set(later), 30, "b reads what came after the kill")
+    assert set(a.values) | set(b.values) == set(first) | set(later)  # no gap
+    assert taken_over_s < 2.0 + 2.0  # the session, and a heartbeat's interval or so
+
+
+def test_members_read_on_while_their_coordinator_is_killed_and_keep_their_partitions(
+    shared_three_brokers: ThreeBrokers,
+    topic: str,
+    member_processes: Callable[[str, str, str, str], MemberProcess],
+) -> None:
+    three = shared_three_brokers
+    with Admin(three.brokers[1].endpoint) as admin:
+        admin.create_topic(topic, 4, {"replication_factor": "3"})
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    chosen = choice(group, (1, 2, 3))
+    bootstrap = ",".join(three.endpoints.values())
+    a = member_processes(bootstrap, group, topic, "a")
+    b = member_processes(bootstrap, group, topic, "b")
+    with GroupCalls(bootstrap, group, timeout_s=3.0) as calls:
+        wait_until(lambda: owners(calls) == {"a": 2, "b": 2}, 30, "a and b own two each")
+        before = {m.member_id: (m.member_epoch, m.assigned) for m in calls.describe().members}
+        three.brokers[chosen].kill()
+        after_kill = [f"after-{i}" for i in range(40)]
+        produce(bootstrap, topic, after_kill, 4)
+        wait_until(
+            lambda: set(a.values) | set(b.values) >= set(after_kill), 60, "all read after the kill"
+        )
+        after = {m.member_id: (m.member_epoch, m.assigned) for m in calls.describe().members}
+    three.restart(chosen)
+    assert after == before  # taken over with the members' epochs and partitions
