@@ -512,6 +512,8 @@ class GroupConsumer(Closing, Generic[R]):
         """Up to `limit` records fetched and not handed out, now in hand (delivered), each
         partition's in order."""
         records: list[R] = []
+        if self._lease_lapsed():
+            return records
         for owned in self._owned.values():
             buffered = owned.buffered
             if not buffered:
@@ -564,6 +566,8 @@ class GroupConsumer(Closing, Generic[R]):
     def _hand_out(self) -> R | None:
         """The next record fetched and not handed out, now in hand (delivered); None when
         there is none."""
+        if self._lease_lapsed():
+            return None
         for owned in self._owned.values():
             buffered = owned.buffered
             if buffered:
@@ -571,6 +575,16 @@ class GroupConsumer(Closing, Generic[R]):
                 owned.delivered = buffered[0][OFFSET_AT] if buffered else owned.fetch_offset
                 return record
         return None
+
+    def _lease_lapsed(self) -> bool:
+        """A member through the coordinator past its lease, or lost: what it fetched is
+        dropped (read again after its lease is renewed, or by the partitions' next owners),
+        nothing handed out."""
+        heartbeats = self._heartbeats
+        if heartbeats is None or heartbeats.membership.may_hand_out(self.clock.monotonic()):
+            return False
+        self._stop_fetching()
+        return True
 
     def interrupt(self) -> None:
         """End a `for record in member` loop at its next step, the record in hand counted as
@@ -712,6 +726,8 @@ class GroupConsumer(Closing, Generic[R]):
     def _take_buffered(self) -> list[R]:
         """Every record fetched and not handed out, now handed out (delivered)."""
         records: list[R] = []
+        if self._lease_lapsed():
+            return records
         for owned in self._owned.values():
             if owned.buffered:
                 records += owned.buffered

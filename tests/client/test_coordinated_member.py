@@ -154,3 +154,27 @@ def test_a_member_whose_lease_ran_out_hands_out_nothing_and_its_late_commit_is_r
                 assert calls.committed([loaded]).get(TopicPartition(loaded, 0)) != 0
     finally:
         zombie.close()
+
+
+@pytest.mark.parametrize("hand_out", ["poll_record", "poll_records"])
+def test_records_fetched_before_the_lease_ran_out_are_not_handed_out_after(
+    broker: RunningBroker, group: str, loaded: str, hand_out: str
+) -> None:
+    """A member frozen past its lease (a stopped heartbeat thread, a clock moved on) holds
+    records it fetched before: none is handed out (poll_record is also what a step of `for
+    record in member` takes), since another member may own their partition by now."""
+    clock = FakeClock()
+    frozen = member(broker, group, loaded, consumer_id="frozen", clock=clock)
+    try:
+        wait_until(lambda: frozen.poll_record(50) is not None, what="records flowing")
+        assert any(owned.buffered for owned in frozen._owned.values())  # fetched, not handed out
+        heartbeats = frozen._heartbeats
+        assert heartbeats is not None
+        heartbeats.stop()
+        clock.advance(SESSION_S)
+        if hand_out == "poll_record":
+            assert frozen.poll_record(0) is None
+        else:
+            assert frozen.poll_records(10, 0) == []
+    finally:
+        frozen.close()
