@@ -237,3 +237,30 @@ def test_members_read_on_while_their_coordinator_is_killed_and_keep_their_partit
         after = {m.member_id: (m.member_epoch, m.assigned) for m in calls.describe().members}
     three.restart(chosen)
     assert after == before  # taken over with the members' epochs and partitions
+
+
+def test_a_member_stopped_past_its_session_hands_out_nothing_another_read_and_joins_again(
+    shared_three_brokers: ThreeBrokers,
+    topic: str,
+    member_processes: Callable[[str, str, str, str], MemberProcess],
+) -> None:
+    """SIGSTOP past the session: the other member is given its partitions; on SIGCONT its
+    lease has run out, so what it had fetched is not handed out; told it is unknown, it drops
+    its partitions and joins again, and the two share the partitions once more."""
+    three = shared_three_brokers
+    group, _ = a_group_over(three, topic, 4)
+    bootstrap = ",".join(three.endpoints.values())
+    a = member_processes(bootstrap, group, topic, "a")
+    b = member_processes(bootstrap, group, topic, "b")
+    with GroupCalls(bootstrap, group) as calls:
+        wait_until(lambda: owners(calls) == {"a": 2, "b": 2}, 30, "a and b own two each")
+        a.process.send_signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: owners(calls) == {"b": 4}, 30, "b owns all four")
+            while_stopped = [f"while-stopped-{i}" for i in range(40)]
+            produce(bootstrap, topic, while_stopped, 4)
+            wait_until(lambda: set(b.values) >= set(while_stopped), 30, "b reads them all")
+        finally:
+            a.process.send_signal(signal.SIGCONT)
+        wait_until(lambda: owners(calls) == {"a": 2, "b": 2}, 30, "a joined again")
+    assert not set(a.values) & set(while_stopped)  # a read none of what b read meanwhile
