@@ -18,6 +18,17 @@ partitions. Then:
   so the members do not share one interpreter's lock. The rate is messages / (time of the last
   message read - start), the members started together.
 
+With `--coordinated`, the members join through the group's coordinator instead (a broker's
+address, no ZooKeeper: docs/protocol.md "Consumer groups"), each a process of its own, over a
+topic of `--partitions` (900) at replication factor 2, `--members` (10) of them:
+
+- **Join**: an extra member starts; the time until the group is stable again (DESCRIBE_GROUP,
+  asked every 50 ms: state stable, every partition assigned, the extra member among them).
+- **kill -9 of a member**: the joiner SIGKILLed; the time until the group is stable again
+  without it, less its session (2 s).
+- **The coordinator's broker SIGKILLed** (once, last): the time until the group is stable
+  again under the broker that takes it over.
+
 Run it alone on the machine: anything beside it skews the figures.
 """
 
@@ -25,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -37,7 +49,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from broker.client import Admin, Producer
+from broker.client.coordinator import GroupCalls
 from broker.client.group import GroupConsumer
+from broker.errors import BrokerError, Unavailable
 from broker.protocol import Ack
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
@@ -45,6 +59,8 @@ from perf.pylog_runs import VALUE_BYTES, PrivatePylogd
 
 TOPIC = "bench-group"
 PARTITIONS = 12
+COORDINATED_TOPIC = "bench-group-coordinated"
+SESSION_S = 2.0
 CHROOT = "/bench"
 IDLE_S = 2.0
 """A member stops once it has read nothing for this long (the data is all stored up front)."""
@@ -109,11 +125,20 @@ def member_process(
     )
 
 
-def run_member(zookeeper: str, group: str, member: str, forever: bool) -> None:
-    """Read until idle for IDLE_S (or for ever); print the count and the last read's time."""
+def run_member(
+    zookeeper: str | None, group: str, member: str, forever: bool, broker: str | None, topic: str
+) -> None:
+    """Read until idle for IDLE_S (or for ever); print the count and the last read's time.
+    With `broker`, through the group's coordinator."""
     count, last = 0, time.time()
     with GroupConsumer(
-        zookeeper, group, [TOPIC], chroot=CHROOT, consumer_id=member, session_timeout_s=2
+        zookeeper,
+        group,
+        [topic],
+        broker=broker,
+        chroot=CHROOT if broker is None else None,
+        consumer_id=member,
+        session_timeout_s=2,
     ) as consumer:
         print(json.dumps({"ready": True}), flush=True)
         while forever or time.time() - last < IDLE_S:
@@ -122,6 +147,71 @@ def run_member(zookeeper: str, group: str, member: str, forever: bool) -> None:
                 count += len(records)
                 last = time.time()
     print(json.dumps({"count": count, "last": last}), flush=True)
+
+
+def coordinated_member(broker: str, group: str, member: str) -> subprocess.Popen[bytes]:
+    """A member through the coordinator, in a child process, reading for ever."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            *("-m", "perf.bench_group", "--role", "member", "--broker", broker),
+            *("--group", group, "--member", member, "--topic", COORDINATED_TOPIC, "--forever"),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def settled(calls: GroupCalls, members: int, partitions: int) -> bool:
+    """Whether DESCRIBE_GROUP says the group is stable with `members` members owning all
+    `partitions` partitions."""
+    try:
+        described = calls.describe()
+    except (BrokerError, Unavailable):
+        return False
+    assigned = sum(len(t.partitions) for m in described.members for t in m.assigned)
+    return described.state == 1 and len(described.members) == members and assigned == partitions
+
+
+def coordinated_runs(
+    brokers: list[PrivatePylogd], members: int, partitions: int, runs: int
+) -> dict[str, list[float]]:
+    """The join, kill -9 and coordinator-kill times (module docstring)."""
+    bootstrap = ",".join(b.endpoint for b in brokers)
+    group = "coordinated"
+    steady = [coordinated_member(bootstrap, group, f"c{i:02}") for i in range(members)]
+    times: dict[str, list[float]] = {"join": [], "kill -9": [], "coordinator kill -9": []}
+    try:
+        with GroupCalls(bootstrap, group, timeout_s=3.0) as calls:
+            wait_for(lambda: settled(calls, members, partitions), 300)
+            print(f"  {members} members own the {partitions} partitions", flush=True)
+            for run in range(runs):
+                joiner = coordinated_member(bootstrap, group, "joiner")
+                started = time.monotonic()
+                times["join"].append(
+                    wait_for(lambda: settled(calls, members + 1, partitions)) - started
+                )
+                joiner.send_signal(signal.SIGKILL)
+                joiner.wait()
+                killed = time.monotonic()
+                back = wait_for(lambda: settled(calls, members, partitions))
+                times["kill -9"].append(back - killed - SESSION_S)
+                print(
+                    f"  run {run + 1}/{runs}: join {times['join'][-1]:.2f} s, kill -9 "
+                    f"{times['kill -9'][-1]:.2f} s past the session",
+                    flush=True,
+                )
+            coordinator = next(b for b in brokers if b.endpoint == calls.coordinator)
+            for pid in coordinator.pids():  # the supervisor and its workers, as a crash
+                os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
+            times["coordinator kill -9"].append(
+                wait_for(lambda: settled(calls, members, partitions)) - killed
+            )
+    finally:
+        for member in steady:
+            member.kill()
+            member.wait()
+    return times
 
 
 def rebalance_runs(
@@ -187,14 +277,21 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10, help="clean leaves to time")
     parser.add_argument("--crash-runs", type=int, default=3, help="kill -9 leaves to time")
     parser.add_argument("--messages", type=int, default=300_000, help="for the throughput run")
+    parser.add_argument(
+        "--coordinated", action="store_true", help="members through the group's coordinator"
+    )
+    parser.add_argument("--members", type=int, default=10, help="with --coordinated")
+    parser.add_argument("--partitions", type=int, default=900, help="with --coordinated")
     parser.add_argument("--role", choices=["member"], help=argparse.SUPPRESS)
     parser.add_argument("--zookeeper", help=argparse.SUPPRESS)
+    parser.add_argument("--broker", help=argparse.SUPPRESS)
+    parser.add_argument("--topic", default=TOPIC, help=argparse.SUPPRESS)
     parser.add_argument("--group", help=argparse.SUPPRESS)
     parser.add_argument("--member", help=argparse.SUPPRESS)
     parser.add_argument("--forever", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "member":
-        run_member(args.zookeeper, args.group, args.member, args.forever)
+        run_member(args.zookeeper, args.group, args.member, args.forever, args.broker, args.topic)
         return
     with tempfile.TemporaryDirectory(prefix="pylog-bench-group-") as tmp:
         root = Path(tmp)
@@ -209,6 +306,21 @@ def main() -> None:
                 broker.__enter__()
             try:
                 endpoint = brokers[0].endpoint
+                if args.coordinated:
+                    with Admin(endpoint, timeout_s=120) as admin:
+                        admin.create_topic(
+                            COORDINATED_TOPIC, args.partitions, {"replication_factor": "2"}
+                        )
+                    print(
+                        f"coordinated: 3 brokers, {args.partitions} partitions at factor 2, "
+                        f"{args.members} members + 1",
+                        flush=True,
+                    )
+                    coordinated = coordinated_runs(
+                        brokers, args.members, args.partitions, args.runs
+                    )
+                    print_times(coordinated)
+                    return
                 with Admin(endpoint) as admin:
                     admin.create_topic(TOPIC, PARTITIONS)
                 with Registry(zk.connect_string, CHROOT) as registry:
@@ -223,20 +335,24 @@ def main() -> None:
             finally:
                 for broker in brokers:
                     broker.__exit__()
-    print()
-    print("| measure | median | max | runs |")
-    print("|---|---|---|---|")
-    for name, times in (("clean leave -> all owned", clean), ("kill -9 -> all owned", crashed)):
-        if times:
-            print(
-                f"| {name} | {statistics.median(times) * 1000:,.0f} ms "
-                f"| {max(times) * 1000:,.0f} ms | {len(times)} |"
-            )
+    print_times({"clean leave -> all owned": clean, "kill -9 -> all owned": crashed})
     print()
     print("| group | messages/s |")
     print("|---|---|")
     print(f"| 1 member | {one:,.0f} |")
     print(f"| 3 members | {three:,.0f} ({three / one:.2f}x) |")
+
+
+def print_times(measures: dict[str, list[float]]) -> None:
+    print()
+    print("| measure | median | max | runs |")
+    print("|---|---|---|---|")
+    for name, times in measures.items():
+        if times:
+            print(
+                f"| {name} | {statistics.median(times) * 1000:,.0f} ms "
+                f"| {max(times) * 1000:,.0f} ms | {len(times)} |"
+            )
 
 
 if __name__ == "__main__":
