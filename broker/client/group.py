@@ -130,9 +130,10 @@ RETRY_BACKOFF_S = 0.5
 """How long a partition rests after a retriable fetch error before it is fetched again."""
 REBALANCE_MAX_BACKOFF_S = 2.0
 """The longest wait between a rebalance's attempts (from rebalance_backoff_s, doubling)."""
-MAX_POLL_INTERVAL_MS = 300_000
-"""The processing deadline a member of the coordinated protocol sends (rebalance_timeout_ms,
-Kafka's max.poll.interval.ms): how long it may take to give up a partition taken away."""
+DEFAULT_MAX_POLL_INTERVAL_S = 300.0
+"""A member's processing deadline by default (Kafka's max.poll.interval.ms)."""
+MAX_POLL_INTERVAL_S = (2**31 - 1) / 1000
+"""The longest: rebalance_timeout_ms is an i32 of milliseconds on the wire."""
 
 
 class RebalanceFailed(PylogError):
@@ -326,6 +327,9 @@ class GroupConsumer(Closing, Generic[R]):
         zookeeper_auth: ZooKeeperAuth | None = None,
         clock: Clock = SYSTEM_CLOCK,
         record_type: type[R] | None = None,
+        instance_id: str | None = None,
+        assignor: str | None = None,
+        max_poll_interval_s: float = DEFAULT_MAX_POLL_INTERVAL_S,
     ) -> None:
         if reset not in ("earliest", "latest"):
             raise ValueError(f"reset {reset!r}: use earliest or latest")
@@ -375,10 +379,30 @@ class GroupConsumer(Closing, Generic[R]):
                     "chroot and zookeeper_auth are for a member of the paper's protocol "
                     "(zookeeper given); a member through `broker` needs neither"
                 )
-            self._join_coordinator(broker, client_id, timeout_s, keys, session_timeout_s)
+            if not 0 < max_poll_interval_s <= MAX_POLL_INTERVAL_S:
+                raise ValueError(
+                    f"max_poll_interval_s {max_poll_interval_s}: more than 0, at most "
+                    f"{MAX_POLL_INTERVAL_S:g}"
+                )
+            membership = Membership(
+                group,
+                self.consumer_id,
+                self.topics,
+                round(session_timeout_s * 1000),
+                round(max_poll_interval_s * 1000),
+                instance_id or "",
+                assignor or "",
+                polled_at=self.clock.monotonic(),
+            )
+            self._join_coordinator(broker, client_id, timeout_s, keys, membership)
             return
         if broker is not None:
             raise ValueError("give a group consumer a broker's address or ZooKeeper's, not both")
+        if instance_id is not None or assignor is not None:
+            raise ValueError(
+                "instance_id and assignor are for a member through the group's coordinator "
+                "(broker given, zookeeper None)"
+            )
         self._rebalance_wanted.set()  # the first poll joins
         self.cluster = Cluster((), client_id, timeout_s, keys=keys)
         self.registry = registry = Registry(
@@ -407,23 +431,15 @@ class GroupConsumer(Closing, Generic[R]):
         client_id: str,
         timeout_s: float,
         keys: ClientKeys | None,
-        session_timeout_s: float,
+        membership: Membership,
     ) -> None:
         """Join through the group's coordinator (docs/protocol.md, "Consumer groups"): a
         heartbeat thread of its own (broker.client.membership) sends the join and every
         heartbeat; the first poll waits for its answer."""
         self.cluster = Cluster(broker, client_id, timeout_s, keys=keys)
         self._commits = GroupCalls(broker, self.group, client_id, timeout_s, keys=keys)
-        membership = Membership(
-            self.group,
-            self.consumer_id,
-            self.topics,
-            round(session_timeout_s * 1000),
-            MAX_POLL_INTERVAL_MS,
-        )
-        beats = GroupCalls(
-            broker, self.group, client_id, min(timeout_s, session_timeout_s / 2), keys=keys
-        )
+        session_s = membership.session_timeout_ms / 1000
+        beats = GroupCalls(broker, self.group, client_id, min(timeout_s, session_s / 2), keys=keys)
         self._heartbeats = Heartbeats(membership, beats, self.clock, self._rebalance_wanted)
         self._heartbeats.start()
 
@@ -594,7 +610,10 @@ class GroupConsumer(Closing, Generic[R]):
         self._interrupted = True
 
     def _processed_all(self) -> None:
-        """Count every record handed out as processed."""
+        """Count every record handed out as processed (the application asked for the next:
+        for the coordinated protocol's processing deadline, it polled now)."""
+        if self._heartbeats is not None:
+            self._heartbeats.membership.polled_at = self.clock.monotonic()
         for owned in self._owned.values():
             owned.position = owned.delivered
 

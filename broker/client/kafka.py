@@ -55,7 +55,7 @@ from broker.errors import (
 )
 from broker.log.compression import compressor_for
 from broker.protocol import Ack
-from broker.security import ClientKeys, KeyFileError, ZooKeeperAuth
+from broker.security import ClientKeys, KeyFileError
 
 OFFSET_INVALID: Final = -1001
 """The offset of a message whose offset is not known (confluent-kafka's value): acks 0."""
@@ -385,13 +385,14 @@ CONSUMER_KEYS: Final = (
     "enable.auto.commit",
     "auto.commit.interval.ms",
     "session.timeout.ms",
+    "max.poll.interval.ms",
+    "group.remote.assignor",
     "fetch.wait.max.ms",
     "fetch.max.bytes",
     "max.partition.fetch.bytes",
     "enable.partition.eof",
     "key.deserializer",
     "value.deserializer",
-    "pylog.zookeeper.auth.file",
 )
 """The keys a Consumer takes."""
 
@@ -633,12 +634,9 @@ class Consumer:
         )
         self._keys = _keys(conf)
         self._deserializers = (conf.get("key.deserializer"), conf.get("value.deserializer"))
-        self._zookeeper_auth = None
-        if conf.get("pylog.zookeeper.auth.file"):
-            try:
-                self._zookeeper_auth = ZooKeeperAuth.load(str(conf["pylog.zookeeper.auth.file"]))
-            except KeyFileError as error:
-                raise KafkaException(f"pylog.zookeeper.auth.file: {error}") from None
+        self._max_poll_s = (
+            _number("max.poll.interval.ms", conf.get("max.poll.interval.ms", 300_000)) / 1000
+        )
         self._member: GroupConsumer[Message] | None = None
         self._closed = False
 
@@ -669,7 +667,9 @@ class Consumer:
                 str(self._conf["group.id"]),
                 topics,
                 broker=str(self._conf["bootstrap.servers"]),
-                consumer_id=self._conf.get("group.instance.id"),
+                instance_id=self._conf.get("group.instance.id"),
+                assignor=self._conf.get("group.remote.assignor"),
+                max_poll_interval_s=self._max_poll_s,
                 reset=self._reset,
                 auto_commit_interval_s=self._auto_commit_s,
                 on_assigned=None
@@ -683,12 +683,13 @@ class Consumer:
                 client_id=str(self._conf.get("client.id", DEFAULT_CLIENT_ID)),
                 timeout_s=self._timeout_s,
                 keys=self._keys,
-                zookeeper_auth=self._zookeeper_auth,
                 record_type=Message,
                 **member_options,
             )
         except PylogError as error:
             raise KafkaException(error) from None
+        except ValueError as error:  # a setting out of its bounds (max.poll.interval.ms)
+            raise KafkaException(str(error)) from None
 
     def _joined(self) -> GroupConsumer[Message]:
         self._check_open()

@@ -69,13 +69,18 @@ class Membership:
     lost: bool = False
     interval_s: float = 0.0
     """How long after the last reply the next heartbeat is due."""
+    polled_at: float = 0.0
+    """When the application last asked for records (the polling thread sets it)."""
 
     def request(self, leave: bool = False) -> GroupHeartbeatRequest | None:
-        """The next heartbeat; a leave's with `leave`; None while a lost member still owns
-        partitions (the polling thread drops them first: a join reports nothing owned)."""
-        if self.epoch == 0 and self.owned:
+        """The next heartbeat; a leave's with `leave` (-2 for a static member, which keeps its
+        partitions for its session); None while lost: the polling thread drops what it owned
+        first (a join reports nothing owned), at the application's next poll."""
+        if self.lost and not leave:
             return None
-        epoch = -1 if leave else self.epoch
+        return self._heartbeat((-2 if self.instance_id else -1) if leave else self.epoch)
+
+    def _heartbeat(self, epoch: int) -> GroupHeartbeatRequest:
         return GroupHeartbeatRequest(
             self.group,
             self.member_id,
@@ -108,6 +113,21 @@ class Membership:
             self.lease_until = -math.inf
             return True
         return False
+
+    def past_deadline(self, now: float) -> bool:
+        """Whether the application, holding partitions (or given some), has not asked for
+        records for longer than its processing deadline (`rebalance_timeout_ms`, Kafka's
+        max.poll.interval.ms): then the member leaves the group by itself."""
+        holds = bool(self.owned or self.assignment)
+        return holds and not self.lost and now - self.polled_at > self.rebalance_timeout_ms / 1000
+
+    def deadline_passed(self) -> GroupHeartbeatRequest:
+        """The leave a member past its deadline sends; it is lost from then on (its partitions
+        dropped uncommitted at the next poll, then it joins again)."""
+        request = self._heartbeat(-1)  # a static member too: it is not coming back soon
+        self.epoch, self.assignment, self.lost = 0, frozenset(), True
+        self.lease_until = -math.inf
+        return request
 
     def may_hand_out(self, now: float) -> bool:
         """Whether records may be handed out at `now`: within the lease, not lost."""
@@ -148,10 +168,28 @@ class Heartbeats:
     def _run(self) -> None:
         backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
         while not self._stop.is_set():
+            request: GroupHeartbeatRequest | None
             with self.lock:
-                request = self.membership.request()
+                if self.membership.past_deadline(self.clock.monotonic()):
+                    request = self.membership.deadline_passed()
+                    log.warning(
+                        "group %s: %s has not polled for longer than its max_poll_interval_s "
+                        "(%g s): leaving the group; its partitions go to others, and it joins "
+                        "again at its next poll",
+                        self.membership.group,
+                        self.membership.member_id,
+                        self.membership.rebalance_timeout_ms / 1000,
+                    )
+                    self.changed.set()
+                else:
+                    request = self.membership.request()
             wait_s = self.membership.interval_s
-            if request is not None:
+            if request is not None and request.member_epoch < 0:  # the deadline's leave
+                try:
+                    self.calls.heartbeat(request)
+                except (BrokerError, Unavailable) as error:  # removed at its session then
+                    log.warning("group %s: leave: %s", self.membership.group, error)
+            elif request is not None:
                 sent_at = self.clock.monotonic()
                 try:
                     reply = self.calls.heartbeat(request)
@@ -184,7 +222,7 @@ class Heartbeats:
             return
         with self.lock:
             request = self.membership.request(leave=True)
-        if request is None or self.membership.epoch == 0:
+        if request is None or self.membership.epoch <= 0:  # not in the group
             return
         try:
             self.calls.heartbeat(request)

@@ -178,3 +178,75 @@ def test_records_fetched_before_the_lease_ran_out_are_not_handed_out_after(
             assert frozen.poll_records(10, 0) == []
     finally:
         frozen.close()
+
+
+def test_a_static_member_closed_and_started_again_takes_its_partitions_back(
+    broker: RunningBroker, group: str, loaded: str
+) -> None:
+    """An instance id (Kafka's group.instance.id): close() leaves the partitions to the
+    instance for its session, and the instance started again within it is given them back,
+    with no rebalance of the others."""
+    other = member(broker, group, loaded, consumer_id="other")
+    first = member(broker, group, loaded, consumer_id="first", instance_id="loader-a")
+    try:
+
+        def shared() -> bool:
+            other.poll(20)
+            first.poll(20)
+            return len(owned(other)) == len(owned(first)) == 2
+
+        wait_until(shared, what="the two share the partitions")
+        mine = owned(first)
+        with GroupCalls(broker.endpoint, group) as calls:
+            epoch = calls.describe().group_epoch
+            first.close()
+            left = {m.member_id: m.left for m in calls.describe().members}
+            assert left == {"first": True, "other": False}
+            again = member(broker, group, loaded, consumer_id="again", instance_id="loader-a")
+            try:
+                wait_until(lambda: (again.poll(20), owned(again) == mine)[1], what="taken back")
+                assert calls.describe().group_epoch == epoch  # no rebalance
+                assert owned(other) == {0, 1, 2, 3} - mine
+            finally:
+                again.close()
+    finally:
+        first.close()
+        other.close()
+
+
+def test_a_member_that_does_not_poll_within_its_deadline_leaves_and_joins_again(
+    broker: RunningBroker, group: str, loaded: str
+) -> None:
+    """max_poll_interval_s (Kafka's max.poll.interval.ms): a member whose application has not
+    polled for longer leaves by itself, its partitions go to the others; at its next poll it
+    drops them (on_revoked, uncommitted) and joins again."""
+    clock = FakeClock()
+    revoked: list[frozenset[object]] = []
+    slow = member(
+        broker,
+        group,
+        loaded,
+        consumer_id="slow",
+        clock=clock,
+        max_poll_interval_s=30,
+        on_revoked=revoked.append,
+    )
+    with member(broker, group, loaded, consumer_id="steady") as steady:
+        try:
+            wait_until(
+                lambda: (slow.poll(20), steady.poll(20), len(owned(slow)) == 2)[2],
+                what="the two share the partitions",
+            )
+            clock.advance(30.1)  # the handler took longer than the deadline
+            wait_until(
+                lambda: (steady.poll(20), len(owned(steady)) == PARTITIONS)[1],
+                what="the slow member left and the steady one took its partitions",
+            )
+            slow.poll(0)  # at last: it drops what it held, and joins again
+            assert revoked and len(revoked[-1]) == 2 and owned(slow) == set()
+            wait_until(
+                lambda: (slow.poll(20), steady.poll(20), len(owned(slow)) == 2)[2],
+                what="the slow member back in the group",
+            )
+        finally:
+            slow.close()

@@ -66,3 +66,28 @@ def test_a_coordinator_moving_changes_nothing() -> None:
     member.answered(reply(2, EVENTS_0), sent_at=100.0)
     assert not member.refused(CoordinatorLoading("loading"))
     assert member.epoch == 2 and member.assignment == {EVENTS_0} and member.may_hand_out(105.0)
+
+
+def test_a_member_past_its_processing_deadline_leaves_and_rejoins_only_once_polled() -> None:
+    member = Membership("loaders", "m-1", ("events",), 10_000, 60_000, polled_at=100.0)
+    member.answered(reply(4, EVENTS_0), sent_at=100.0)
+    member.owned = frozenset({EVENTS_0})
+    assert not member.past_deadline(160.0)  # a handler of 60 s keeps its partitions
+    assert member.past_deadline(160.1)
+    leave = member.deadline_passed()
+    assert (leave.member_epoch, leave.member_id) == (-1, "m-1")
+    assert member.lost and not member.may_hand_out(160.2)
+    assert member.request() is None  # no join until the application polls and drops them
+    member.owned, member.lost, member.polled_at = frozenset(), False, 170.0
+    rejoin = member.request()
+    assert rejoin is not None and rejoin.member_epoch == 0
+
+
+def test_a_member_owning_nothing_has_no_deadline_and_a_static_one_leaves_for_a_moment() -> None:
+    idle = Membership("loaders", "m-1", ("events",), 10_000, 1_000)
+    idle.answered(reply(1), sent_at=0.0)
+    assert not idle.past_deadline(1e9)
+    static = Membership("loaders", "m-1", ("events",), 10_000, 300_000, instance_id="loader-a")
+    static.answered(reply(2, EVENTS_0), sent_at=0.0)
+    leave = static.request(leave=True)
+    assert leave is not None and (leave.member_epoch, leave.instance_id) == (-2, "loader-a")
