@@ -17,6 +17,7 @@ import click
 
 from broker.client import Cluster
 from broker.client.admin import ZooKeeperAddress, zookeeper_of
+from broker.client.coordinator import GroupCalls
 from broker.client.group import GroupConsumer, Reset
 from broker.client.lag import (
     COUNT_BYTES,
@@ -26,7 +27,8 @@ from broker.client.lag import (
     ResetStep,
     Target,
 )
-from broker.errors import CorruptSegment, UnknownTopicOrPartition
+from broker.errors import BrokerGroupNotEmpty, CorruptSegment, UnknownTopicOrPartition
+from broker.groups.assignors import TopicPartition
 from broker.registry import DEFAULT_CHROOT, Registry
 from broker.registry.groups import GroupNotEmpty
 from broker.registry.nodes import check_name
@@ -275,7 +277,7 @@ def group_list(
     """
     with group_reader(zookeeper, chroot, broker, timeout) as reader:
         groups = [
-            (name, sorted(reader.registry.consumers(name)), reader.topics(name))
+            (name, sorted(reader.registry.group_members(name)), reader.topics(name))
             for name in reader.registry.groups()
         ]
     if as_json:
@@ -463,7 +465,7 @@ def group_reset(
     """
     target = reset_target(to, shift_by)
     with group_reader(zookeeper, chroot, broker, timeout) as reader:
-        consumers = reader.registry.consumers(group_name)
+        consumers = reader.registry.group_members(group_name)
         active = sorted(m for m, subscribed in consumers.items() if topic in subscribed)
         if active and execute and not force:
             fail(
@@ -479,7 +481,9 @@ def group_reset(
             fail(f"{error}: nothing was reset (every partition's broker must answer)")
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="--partition") from None
-        if execute:
+        if execute and reader.registry.coordinated(group_name):
+            reset_through_coordinator(group_name, steps, broker, timeout)
+        elif execute:
             reader.apply_reset(group_name, steps)
     print_reset(group_name, topic, steps, execute, as_json)
     if as_json:
@@ -494,6 +498,32 @@ def group_reset(
         return
     applied = sum(step.after is not None for step in steps)
     click.echo(f"group {group_name}: {applied} partitions of {topic} reset")
+
+
+def reset_through_coordinator(
+    group_name: str, steps: list[ResetStep], broker: str, timeout: float
+) -> None:
+    """Commit a reset without a member (OFFSET_COMMIT) through the group's coordinator, which
+    keeps the group's offsets in memory: written behind it in ZooKeeper, they would not be
+    what its members are given."""
+    offsets = {
+        TopicPartition(step.topic, step.partition): step.after
+        for step in steps
+        if step.after is not None
+    }
+    if not offsets:
+        return
+    with (
+        broker_errors(broker),
+        GroupCalls(broker, group_name, timeout_s=timeout, keys=client_keys()) as calls,
+    ):
+        try:
+            outcome = calls.commit(offsets)
+        except BrokerGroupNotEmpty as error:
+            fail(f"the group's coordinator refused the reset: {error}: stop them first")
+    refused = sorted(f"{tp.topic}/{tp.partition}" for tp, code in outcome.items() if code)
+    if refused:
+        fail(f"the group's coordinator refused the reset of {', '.join(refused)}")
 
 
 def print_reset(

@@ -248,7 +248,7 @@ class GroupReader:
         """The group's topics: those it has committed offsets or owners for, or members
         consuming (empty when there is no such group)."""
         found = {*self.registry.committed_offsets(group), *self.registry.owners(group)}
-        for subscribed in self.registry.consumers(group).values():
+        for subscribed in self.registry.group_members(group).values():
             found.update(subscribed)
         return sorted(found)
 
@@ -256,7 +256,7 @@ class GroupReader:
         self, group: str, topics: Iterable[str] = (), count_bytes: int = COUNT_BYTES
     ) -> GroupLag:
         """The lag of each partition of `topics` (default: the group's topics)."""
-        members = self.registry.consumers(group)
+        members = self.registry.group_members(group)
         committed = self.registry.committed_offsets(group)
         owners = self.registry.owners(group)
         names = sorted(set(topics)) or self.topics(group)

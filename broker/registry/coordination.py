@@ -140,6 +140,16 @@ class GroupCoordination(Groups):
             listings.append((group, self._claim_holder(group), sorted(members), sorted(topics)))
         return listings
 
+    def coordinated(self, group: str) -> bool:
+        """Whether a coordinator has claimed `group` (it has a `state` node): then its offsets
+        change through the coordinator (OFFSET_COMMIT), which keeps them in memory."""
+        check_name("group", group)
+        try:
+            self._get(self._group_path(group, "state"))
+        except NoNode:
+            return False
+        return True
+
     def release_group(self, group: str) -> None:
         """Delete this session's claim of `group` (nothing when it holds none)."""
         self._delete_if_ours(self._group_path(group, "coordinator"))

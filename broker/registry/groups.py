@@ -88,6 +88,14 @@ class Groups(NodeReads):
         check_name("group", group)
         return self._read_all(self._ids_path(group), _topics, str)
 
+    def group_members(self, group: str) -> dict[str, tuple[str, ...]]:
+        """Every member of the group, for operators: those of the paper's protocol (`ids`) and
+        those its coordinator keeps (`members`, broker.registry.coordination, a static member
+        that left for a moment included): member id -> the topics it consumes."""
+        check_name("group", group)
+        coordinated = self._read_all(f"{self.chroot}/consumers/{group}/members", _topics, str)
+        return {**coordinated, **self.consumers(group)}
+
     def watch_consumers(
         self, group: str, callback: Callable[[dict[str, tuple[str, ...]]], None]
     ) -> None:

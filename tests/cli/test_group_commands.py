@@ -19,7 +19,9 @@ from click.testing import CliRunner, Result
 
 from broker.client import Admin, Producer
 from broker.client.connection import Connection
+from broker.client.coordinator import GroupCalls
 from broker.client.group import GroupConsumer
+from broker.groups.assignors import TopicPartition
 from broker.protocol import MetadataRequest
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
@@ -485,3 +487,30 @@ def test_group_consume_ends_on_ctrl_c_or_sigterm_committing_what_it_printed(
             process.kill()
             process.wait()
     assert registry.committed_offset(group, topic, "1-0") == 4 * SIZE
+
+
+def test_a_coordinated_group_is_listed_reset_through_its_coordinator_and_deleted(
+    cluster: Cluster, group: str, topic: str
+) -> None:
+    """A group whose members joined through the coordinator (`broker=`): listed with them,
+    its reset refused while one reads and then committed through the coordinator (which a
+    member joining later is given, not what was behind it in ZooKeeper), then deleted."""
+    make_topic(cluster, topic, [3])
+    coordinated = GroupConsumer(None, group, [topic], broker=cluster.endpoint, consumer_id="c1")
+    try:
+        wait_until(lambda: len(coordinated.poll(100)) > 0, what="c1 reads")
+        coordinated.commit()
+        listed = json_lines(run(cluster, "list", "--json"))
+        assert {"group": group, "members": ["c1"], "topics": [topic]} in listed
+        reset = ("reset", group, "--topic", topic, "--to", "earliest", "--execute")
+        refused = run(cluster, *reset, "--broker", cluster.endpoint)
+        assert refused.exit_code == 1 and "c1" in refused.stderr
+    finally:
+        coordinated.close()
+    done = run(cluster, *reset, "--broker", cluster.endpoint)
+    assert done.exit_code == 0, done.output
+    with GroupCalls(cluster.endpoint, group) as calls:
+        assert calls.committed([topic]) == {TopicPartition(topic, 0): 0}
+    deleted = run(cluster, "delete", group)
+    assert deleted.exit_code == 0, deleted.output
+    assert group not in {row["group"] for row in json_lines(run(cluster, "list", "--json"))}
