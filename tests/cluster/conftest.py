@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +24,37 @@ from tests.pylogd import broker_flags as broker_flags  # imported from here too
 def three_brokers(make_pylogd: Callable[..., RunningBroker], tmp_path: Path) -> list[RunningBroker]:
     """Brokers 1, 2 and 3 of one cluster (one ZooKeeper chroot)."""
     return [make_pylogd(*broker_flags(tmp_path, i), name=f"broker-{i}") for i in (1, 2, 3)]
+
+
+class PrintingMember:
+    """A group member in a child process (`argv`) that prints a JSON line a record; the
+    values it printed, as read."""
+
+    def __init__(self, member_id: str, argv: list[str]) -> None:
+        self.id = member_id
+        self.process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.values: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.values.append(json.loads(line)["value"])
+
+    def stop(self, signum: int = signal.SIGTERM) -> str:
+        """Send `signum` (unless it exited), reap it (SIGKILL after 30 s): its stderr."""
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        try:
+            _, stderr = self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            _, stderr = self.process.communicate(timeout=30)
+        self.reader.join(10)
+        return stderr
 
 
 @dataclass

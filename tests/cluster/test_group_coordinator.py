@@ -5,11 +5,8 @@ the first restarted takes it back."""
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +19,7 @@ from broker.errors import BrokerNotCoordinator, BrokerUnknownGroup
 from broker.groups.assignors import TopicPartition
 from broker.groups.choice import coordinator_of
 from broker.protocol import Ack, GroupHeartbeatReply, GroupHeartbeatRequest, partition_list
+from tests.cluster.conftest import PrintingMember
 from tests.conftest import wait_until
 from tests.pylogd import ThreeBrokers
 
@@ -125,36 +123,14 @@ def _numbers(reply: GroupHeartbeatReply) -> set[int]:
     return {p for _, p in _pairs(reply)}
 
 
-class MemberProcess:
+class MemberProcess(PrintingMember):
     """tests/coordinated_member.py in a child process; the values it printed, as read."""
 
     def __init__(self, brokers: str, group: str, topic: str, member_id: str) -> None:
-        self.id = member_id
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.coordinated_member", brokers, group, topic, member_id],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        module = "tests.coordinated_member"
+        super().__init__(
+            member_id, [sys.executable, "-m", module, brokers, group, topic, member_id]
         )
-        self.values: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.values.append(json.loads(line)["value"])
-
-    def stop(self, signum: int = signal.SIGTERM) -> str:
-        if self.process.poll() is None:
-            self.process.send_signal(signum)
-        try:
-            _, stderr = self.process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            _, stderr = self.process.communicate(timeout=30)
-        self.reader.join(10)
-        return stderr
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from broker.log.message import HEADER_SIZE
 from broker.protocol import Ack
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
-from tests.cluster.conftest import Member, broker_flags
+from tests.cluster.conftest import Member, PrintingMember, broker_flags
 from tests.conftest import wait_until
 from tests.proxies import FreezableProxy
 from tests.pylogd import RunningBroker
@@ -56,48 +56,19 @@ def test_the_range_assignment_is_the_papers() -> None:
     assert assign_range(partitions[:2], ["a", "b", "c"], "c") == []
 
 
-class CliMember:
+class CliMember(PrintingMember):
     """`pylogctl group consume --format json` in a child process; its lines, as read."""
 
     def __init__(self, zookeeper: str, chroot: str, group: str, topic: str, member: str) -> None:
-        self.id = member
-        self.process = subprocess.Popen(
+        pylogctl = str(Path(sys.executable).with_name("pylogctl"))
+        super().__init__(
+            member,
             [
-                str(Path(sys.executable).with_name("pylogctl")),
-                "group",
-                "consume",
-                group,
-                topic,
-                "--consumer-id",
-                member,
-                "--format",
-                "json",
-                "--commit-interval",
-                "0.2",
-                "--zookeeper",
-                zookeeper,
-                "--chroot",
-                chroot,
+                *(pylogctl, "group", "consume", group, topic, "--consumer-id", member),
+                *("--format", "json", "--commit-interval", "0.2"),
+                *("--zookeeper", zookeeper, "--chroot", chroot),
             ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
         )
-        self.values: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.values.append(json.loads(line)["value"])
-
-    def stop(self) -> str:
-        if self.process.poll() is None:
-            self.process.terminate()
-        _, stderr = self.process.communicate(timeout=30)
-        self.reader.join(10)
-        return stderr
 
 
 @pytest.fixture
