@@ -55,15 +55,15 @@ from pyspark.sql.types import (
 )
 
 from broker.client import lag
-from broker.client.admin import zookeeper_of
 from broker.client.connection import Connection
 from broker.client.consumer import corrupt_segment_reply, damaged_range, grown_fetch_bytes
+from broker.client.coordinator import GroupCalls
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import BrokerError, CorruptSegment, PylogError
+from broker.groups.assignors import TopicPartition
 from broker.log.codec import decode_columns
 from broker.log.message import HEADER_SIZE, Columns
 from broker.protocol import EARLIEST, LATEST, ErrorCode, FetchRequest, OffsetsRequest
-from broker.registry import Registry, partition_name
 from broker.security import ClientKeys
 from pipeline.cluster import CLIENT_ID, RETRIES, DriverView, SourcePartition
 from pipeline.errors import DataLoss, NotMessageBoundary, OptionError, PipelineError
@@ -747,33 +747,44 @@ def _count_up_to(
     return found
 
 
+COMMIT_TIMEOUT_S = 3.0
+"""A read-only group's commit waits this long for a reply (three times in all, the coordinator
+moving): a refused commit only leaves the reported lag behind."""
+
+
 class GroupCommits:
-    """A stream's read-only group: its offsets committed in the cluster's registry (found
-    through a broker, as group members do), under the partitions' names there, with no member
-    and no owner: `pylogctl group describe` reads its lag."""
+    """A stream's read-only group: its offsets committed through the group's coordinator
+    (OFFSET_COMMIT without a member, docs/protocol.md "Consumer groups"), with no member and no
+    owner: `pylogctl group describe` reads its lag. Refused (GROUP_NOT_EMPTY) while members of
+    the group read its topics: their commits are the group's."""
 
     def __init__(self, bootstrap: str, group: str, keys: ClientKeys | None) -> None:
-        address = zookeeper_of(bootstrap, client_id=CLIENT_ID, retries=RETRIES, keys=keys)
-        self.group = group
-        self.registry = Registry(address.connect, address.chroot)
-        self.registry.start(timeout=10.0)
-        self._names: dict[SourcePartition, str] = {}
+        self.calls = GroupCalls(bootstrap, group, CLIENT_ID, COMMIT_TIMEOUT_S, keys=keys)
         self._committed: dict[SourcePartition, int] = {}
 
     def commit(self, offsets: Offsets) -> None:
         """Commit each partition's offset that moved since the last commit."""
-        for tp, offset in offsets.items():
-            if self._committed.get(tp) == offset:
-                continue
-            name = self._names.get(tp)
-            if name is None:
-                holders = self.registry.topic_config(tp.topic).brokers
-                name = self._names[tp] = partition_name(holders[tp.partition], tp.partition)
-            self.registry.commit_offset(self.group, tp.topic, name, offset)
-            self._committed[tp] = offset
+        moved = {tp: o for tp, o in offsets.items() if self._committed.get(tp) != o}
+        if not moved:
+            return
+        outcome = self.calls.commit(
+            {TopicPartition(tp.topic, tp.partition): o for tp, o in moved.items()}
+        )
+        for tp, offset in moved.items():
+            code = outcome.get(TopicPartition(tp.topic, tp.partition))
+            if code == ErrorCode.NONE:
+                self._committed[tp] = offset
+            else:
+                log.warning(
+                    "group %s: %s-%d not committed: %s",
+                    self.calls.group,
+                    tp.topic,
+                    tp.partition,
+                    code,
+                )
 
     def close(self) -> None:
-        self.registry.stop()
+        self.calls.close()
 
 
 def _after_messages(
