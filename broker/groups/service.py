@@ -23,6 +23,7 @@ import concurrent.futures
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from broker import protocol
 from broker.clock import SYSTEM_CLOCK, Clock
@@ -34,6 +35,7 @@ from broker.errors import (
     InvalidGroup,
     NotCoordinator,
     PylogError,
+    RegistryUnavailable,
     UnknownGroup,
 )
 from broker.groups.assignors import TopicPartition
@@ -41,7 +43,7 @@ from broker.groups.choice import coordinator_of
 from broker.groups.group import GIVE_LIMIT, Group, GroupDescription, Heartbeat, Member, Rules, Write
 from broker.pool import Answers
 from broker.registry import ClaimedElsewhere, ClaimedGroup, Registry, partition_name
-from broker.registry.nodes import check_name
+from broker.registry.nodes import check_name, is_int
 from broker.registry.session import BadVersion
 from broker.registry_calls import RegistryCalls
 from broker.topics import Topics
@@ -232,13 +234,22 @@ class Coordinator:
                 self._release(name)
                 self._answer_paper(entry, claimed)
                 return
-            partitions = {t: self._order(t) for t in _topics_of(claimed)}
+            try:
+                members = [_member(name, i, node) for i, node in claimed.members.items()]
+            except RegistryUnavailable as error:  # a node it cannot read: the group's error
+                del self._groups[name]
+                self._release(name)
+                log.error("%s", error)
+                self._answer_waiting(entry, error)
+                return
+            topics = {t for m in members for t in m.topics} | set(claimed.offsets)
+            partitions = {t: self._order(t) for t in topics}
             entry.group = Group(
                 name,
                 self.rules,
                 self.clock.monotonic(),
                 group_epoch=claimed.group_epoch,
-                members=[Member.from_node(i, node) for i, node in claimed.members.items()],
+                members=members,
                 offsets=self._offsets(claimed.offsets),
                 partitions={t: n for t, n in partitions.items() if n is not None},
             )
@@ -472,13 +483,16 @@ class Coordinator:
 
     def _offsets(self, offsets: dict[str, dict[str, int]]) -> dict[TopicPartition, int]:
         """Offsets by partition name (`<broker>-<p>`) as partitions; those of topics unknown
-        now are left out."""
+        now, and names that are no partition's, are left out."""
         found = {}
         for topic, by_name in offsets.items():
-            if self._order(topic) is None:
+            numbers = self._order(topic)
+            if numbers is None:
                 continue
             for name, offset in by_name.items():
-                found[TopicPartition(topic, int(name.rsplit("-", 1)[1]))] = offset
+                number = name.rpartition("-")[2]
+                if number.isascii() and number.isdigit() and int(number) < len(numbers):
+                    found[TopicPartition(topic, int(number))] = offset
         return found
 
 
@@ -502,8 +516,26 @@ def _log_release(name: str) -> Callable[[PylogError], None]:
     return lambda error: log.warning("group %s: could not release its claim: %s", name, error)
 
 
-def _topics_of(claimed: ClaimedGroup) -> set[str]:
-    return {t for node in claimed.members.values() for t in node["topics"]} | set(claimed.offsets)
+def _member(group: str, member_id: str, node: dict[str, Any]) -> Member:
+    """A member's node as the coordinator reads it back; RegistryUnavailable, naming it, for
+    one it cannot read (written by hand, or by a later version)."""
+    try:
+        member = Member.from_node(member_id, node)
+        for topic in member.topics:
+            check_name("topic", topic)
+        numbers = (member.member_epoch, member.previous_epoch, *member.assigned.values())
+        numbers += (member.session_timeout_ms, member.rebalance_timeout_ms)
+        texts = (member.instance_id, member.client_id, member.client_host, member.assignor)
+        if not isinstance(node["topics"], list) or not isinstance(member.left, bool):
+            raise TypeError("topics is not a list, or left not a boolean")
+        if not all(is_int(n) for n in numbers) or not all(isinstance(t, str) for t in texts):
+            raise TypeError("an epoch or timeout is not an integer, or a name not a string")
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise RegistryUnavailable(
+            f"group {group}: the node of member {member_id} is unreadable ({error!r}): "
+            "delete it (pylogctl group delete, once the members stopped) or correct it"
+        ) from None
+    return member
 
 
 def _heartbeat(

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from kazoo.client import KazooClient
 
 from broker.client import Admin, Connection
 from broker.client.connection import DEFAULT_CLIENT_ID
@@ -19,6 +20,7 @@ from broker.errors import (
     BrokerGroupHasZooKeeperMembers,
     BrokerGroupNotEmpty,
     BrokerInvalidGroup,
+    BrokerRegistryUnavailable,
     BrokerUnknownGroup,
     BrokerUnknownMemberId,
 )
@@ -187,3 +189,27 @@ def test_partitions_added_while_a_member_reads_are_given_to_it(
 
     wait_until(given_all, what="the new partitions given")
     assert calls.describe().group_epoch == 2  # the join, then the count
+
+
+def test_an_unreadable_member_node_is_an_error_of_its_group_not_of_the_broker(
+    broker: RunningBroker, zookeeper: PrivateZooKeeper, calls: GroupCalls, group: str, events: str
+) -> None:
+    """A member node the coordinator cannot read (written by hand, or by a later version):
+    the group's requests are refused with REGISTRY_UNAVAILABLE naming it, and the broker
+    serves everything else (the load ran on its loop: a KeyError there would stop it)."""
+    raw = KazooClient(zookeeper.connect_string)
+    raw.start(timeout=10)
+    try:
+        path = f"{broker.arguments[1]}/consumers/{group}/members/m-1"
+        raw.create(path, b'{"version": 1, "topics": 7}', makepath=True)
+    finally:
+        raw.stop()
+        raw.close()
+    with (
+        GroupCalls(broker.endpoint, group, timeout_s=1.0) as fresh,
+        pytest.raises(BrokerRegistryUnavailable, match="m-1"),
+    ):
+        fresh.describe()
+    with Admin(broker.endpoint) as admin:
+        assert events in admin.list_topics()
+    assert calls.heartbeat(heartbeat(f"{group}-other", events, 0)).member_epoch == 1
