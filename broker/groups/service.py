@@ -76,7 +76,7 @@ class _Answer:
     def reply(self, reply: protocol.Reply) -> None:
         self.answers.append((self.tagged, protocol.encode_reply(self.correlation_id, reply)))
 
-    def error(self, error: PylogError) -> None:
+    def error(self, error: Exception) -> None:
         self.answers.append((self.tagged, protocol.encode_error(self.correlation_id, error)))
 
 
@@ -207,7 +207,9 @@ class Coordinator:
             else:
                 self._delete(entry, answer)
                 return
-        except PylogError as error:
+        except Exception as error:  # a bug, too, is the request's error, not the loop's end
+            if not isinstance(error, PylogError):
+                log.exception("group %s: unexpected error serving a request", entry.name)
             answer.error(error)
             return
         self._write(
