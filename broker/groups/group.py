@@ -507,13 +507,15 @@ class Group:
         return joiner
 
     def _update(self, member: Member, request: Heartbeat, write: Write) -> None:
-        """A heartbeat may change a member's subscription, assignor and timeouts."""
+        """A heartbeat may change a member's subscription, assignor and timeouts, and the
+        client id and address it comes from (its node is written only when one changed)."""
         before = member.node()
         topics = frozenset(request.topics)
         moved = (topics, request.assignor) != (member.topics, member.assignor)
         member.topics, member.assignor = topics, request.assignor
         member.session_timeout_ms = request.session_timeout_ms
         member.rebalance_timeout_ms = request.rebalance_timeout_ms
+        member.client_id, member.client_host = request.client_id, request.client_host
         if member.node() != before:
             write.member(member.member_id, before, member.node())
         if moved:

@@ -413,3 +413,18 @@ def test_no_partition_is_ever_owned_by_two_members_and_the_group_settles(
         assert sum(len(c.owned) for c in clients) == partitions
         shares = [len(c.owned) for c in clients]
         assert max(shares) - min(shares) <= 1
+
+
+def test_a_heartbeat_from_another_address_updates_the_member_and_the_same_writes_nothing() -> None:
+    """DESCRIBE_GROUP shows the client id and address of a member's last heartbeat."""
+    group = events(2)
+    joined, _ = group.heartbeat(Heartbeat("m-1", 0, ("events",), client_host="10.0.0.7"), 0.0)
+    owned = joined.assignment
+    same = Heartbeat("m-1", 1, ("events",), owned, client_host="10.0.0.7")
+    assert group.heartbeat(same, 1.0)[1] == Write()
+    moved = Heartbeat("m-1", 1, ("events",), owned, client_id="loader", client_host="10.0.0.8")
+    _, write = group.heartbeat(moved, 2.0)
+    ((before, after),) = write.members.values()
+    assert before is not None and after is not None
+    assert (after["client_id"], after["client_host"]) == ("loader", "10.0.0.8")
+    assert group.members["m-1"].client_host == "10.0.0.8"
