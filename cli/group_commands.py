@@ -5,13 +5,14 @@ brokers holding the partitions, at the endpoints they register there."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -158,7 +159,10 @@ def group_consume(
 ) -> None:
     """Join GROUP for TOPIC... and print the messages of the partitions this member is given,
     until SIGINT / SIGTERM (or --max-messages); commits what it printed and leaves the group
-    on exit (with --max-messages N, exactly N messages are committed).
+    on exit (with --max-messages N, exactly N messages are committed). The member joins
+    through the group's coordinator, found through --broker; with --zookeeper, --chroot or
+    --zookeeper-auth-file it runs the paper's protocol through ZooKeeper instead (the two
+    kinds do not share a group).
 
     \b
     Examples:
@@ -166,23 +170,29 @@ def group_consume(
       pylogctl group consume loaders events clicks --json --max-messages 100"""
     if as_json:
         output = "json"
-    registry = registry_address(zookeeper, chroot, broker, timeout)
-    with (
-        broker_errors(registry.connect, "ZooKeeper"),
-        GroupConsumer(
+    options: dict[str, Any] = {
+        "consumer_id": consumer_id,
+        "reset": reset,
+        "auto_commit_interval_s": commit_interval,
+        "skip_corrupt": skip_corrupt,
+        "timeout_s": timeout,
+        "keys": client_keys(),
+    }
+    if zookeeper is None and chroot is None and zookeeper_auth() is None:
+        errors = broker_errors(broker)
+        member = functools.partial(GroupConsumer, None, group_name, topics, broker=broker)
+    else:
+        registry = registry_address(zookeeper, chroot, broker, timeout)
+        errors = broker_errors(registry.connect, "ZooKeeper")
+        member = functools.partial(
+            GroupConsumer,
             registry.connect,
             group_name,
             topics,
             chroot=registry.chroot,
-            consumer_id=consumer_id,
-            reset=reset,
-            auto_commit_interval_s=commit_interval,
-            skip_corrupt=skip_corrupt,
-            timeout_s=timeout,
-            keys=client_keys(),
             zookeeper_auth=zookeeper_auth(),
-        ) as consumer,
-    ):
+        )
+    with errors, member(**options) as consumer:
         for signum in (signal.SIGTERM, signal.SIGINT):  # leave quietly, committing: exit 0
             signal.signal(signum, lambda signum, frame: consumer.interrupt())
         try:

@@ -46,11 +46,11 @@ READY_TIMEOUT_S = 120
 NOT_RUN = {"scripts/test": "the test command itself: it is running this test"}
 # Sections whose indented blocks are not commands.
 NOT_COMMANDS = {"Layout"}
-# The one Python block that loops until stopped: the member joins the group "readers" through
-# its coordinator (the `group consume` members run the paper's protocol in "loaders"), is
-# given partitions, then gets Ctrl-C.
+# The one Python block that loops until stopped: the member joins the group "loaders" through
+# its coordinator (the `group consume` members share the partitions with it), is given
+# partitions, then gets Ctrl-C.
 ENDLESS_PYTHON = "while True:"
-PYTHON_GROUP = "readers"
+PYTHON_GROUP = "loaders"
 
 
 def _interruptible() -> None:

@@ -21,6 +21,7 @@ from broker.client import Admin, Producer
 from broker.client.connection import Connection
 from broker.client.coordinator import GroupCalls
 from broker.client.group import GroupConsumer
+from broker.errors import BrokerError
 from broker.groups.assignors import TopicPartition
 from broker.protocol import MetadataRequest
 from broker.registry import Registry
@@ -514,3 +515,41 @@ def test_a_coordinated_group_is_listed_reset_through_its_coordinator_and_deleted
     deleted = run(cluster, "delete", group)
     assert deleted.exit_code == 0, deleted.output
     assert group not in {row["group"] for row in json_lines(run(cluster, "list", "--json"))}
+
+
+def test_consume_joins_through_the_coordinator_without_zookeeper_options(
+    cluster: Cluster, group: str, topic: str
+) -> None:
+    """`group consume` given only --broker is a member through the group's coordinator (a
+    member epoch, not the paper's state 3): it prints what it is given, and on SIGTERM commits
+    what it printed and leaves."""
+    make_topic(cluster, topic, [4])
+    pylogctl = str(Path(sys.executable).with_name("pylogctl"))
+    env = {k: v for k, v in os.environ.items() if k != "PYLOG_ZOOKEEPER"}
+    consuming = subprocess.Popen(
+        [pylogctl, "group", "consume", group, topic, "--broker", cluster.endpoint],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        with GroupCalls(cluster.endpoint, group) as calls:
+
+            def joined() -> bool:
+                try:
+                    described = calls.describe()
+                except BrokerError:
+                    return False
+                epochs = [m.member_epoch for m in described.members]
+                return described.state == 1 and len(epochs) == 1 and epochs[0] > 0
+
+            wait_until(joined, what="the member through the coordinator")
+            wait_until(lambda: calls.committed([topic]) == {TopicPartition(topic, 0): 4 * SIZE})
+    finally:
+        consuming.send_signal(signal.SIGTERM)
+        out, err = consuming.communicate(timeout=30)
+    assert consuming.returncode == 0, err
+    assert out.splitlines() == [f"message-{i}" for i in range(4)]
+    with GroupCalls(cluster.endpoint, group) as calls:
+        assert calls.describe().members == ()  # it left on exit
