@@ -48,7 +48,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from broker.client import Admin, Producer
+from broker.client import Admin, Delivery, Producer
 from broker.client.coordinator import GroupCalls
 from broker.client.group import GroupConsumer
 from broker.errors import BrokerError, Unavailable
@@ -61,6 +61,8 @@ TOPIC = "bench-group"
 PARTITIONS = 12
 COORDINATED_TOPIC = "bench-group-coordinated"
 SESSION_S = 2.0
+WINDOW_S = 10.0
+"""The window before a join over which the members' rate is measured."""
 CHROOT = "/bench"
 IDLE_S = 2.0
 """A member stops once it has read nothing for this long (the data is all stored up front)."""
@@ -126,11 +128,21 @@ def member_process(
 
 
 def run_member(
-    zookeeper: str | None, group: str, member: str, forever: bool, broker: str | None, topic: str
+    zookeeper: str | None,
+    group: str,
+    member: str,
+    forever: bool,
+    broker: str | None,
+    topic: str,
+    record_log: str | None,
 ) -> None:
-    """Read until idle for IDLE_S (or for ever); print the count and the last read's time.
-    With `broker`, through the group's coordinator."""
+    """Read until idle for IDLE_S (or for ever, until SIGTERM); print the count and the last
+    read's time. With `broker`, through the group's coordinator; with `record_log`, each
+    record's partition, offset and time.monotonic() there, a line each."""
     count, last = 0, time.time()
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    log = open(record_log, "w") if record_log else None  # noqa: SIM115 (closed below)
     with GroupConsumer(
         zookeeper,
         group,
@@ -141,21 +153,33 @@ def run_member(
         session_timeout_s=2,
     ) as consumer:
         print(json.dumps({"ready": True}), flush=True)
-        while forever or time.time() - last < IDLE_S:
+        while not stopping.is_set() and (forever or time.time() - last < IDLE_S):
             records = consumer.poll(200)
             if records:
                 count += len(records)
                 last = time.time()
+                if log is not None:
+                    now = time.monotonic()
+                    log.writelines(f"{r.partition} {r.offset} {now:.4f}\n" for r in records)
+                    log.flush()  # the bench reads it while the member runs
+        consumer.poll(0)  # the last records are processed: committed and left on close
+    if log is not None:
+        log.close()
     print(json.dumps({"count": count, "last": last}), flush=True)
 
 
-def coordinated_member(broker: str, group: str, member: str) -> subprocess.Popen[bytes]:
-    """A member through the coordinator, in a child process, reading for ever."""
+def coordinated_member(
+    broker: str, group: str, member: str, record_log: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """A member through the coordinator, in a child process, reading until SIGTERM (each
+    record logged to `record_log`, when given)."""
+    logging_to = ("--record-log", str(record_log)) if record_log else ()
     return subprocess.Popen(
         [
             sys.executable,
             *("-m", "perf.bench_group", "--role", "member", "--broker", broker),
             *("--group", group, "--member", member, "--topic", COORDINATED_TOPIC, "--forever"),
+            *logging_to,
         ],
         stdout=subprocess.DEVNULL,
     )
@@ -212,6 +236,91 @@ def coordinated_runs(
             member.kill()
             member.wait()
     return times
+
+
+def owned_by(calls: GroupCalls) -> dict[str, set[int]]:
+    """Member -> the partitions assigned to it, by DESCRIBE_GROUP."""
+    described = calls.describe()
+    return {m.member_id: {p for t in m.assigned for p in t.partitions} for m in described.members}
+
+
+def read_log(path: Path) -> list[tuple[int, int, float]]:
+    """A member's record log: (partition, offset, time.monotonic()) a record."""
+    if not path.exists():
+        return []
+    lines = [line.split() for line in path.read_text().splitlines()]
+    return [(int(p), int(o), float(t)) for p, o, t in lines]
+
+
+def loaded_join(
+    brokers: list[PrivatePylogd], members: int, partitions: int, rate: int, root: Path
+) -> dict[str, float]:
+    """A member joining a group that reads a steady producer (module docstring): how long
+    until stable, the lowest rate of the partitions each member kept during the rebalance as
+    a ratio to its rate over the WINDOW_S before, and the duplicates and gaps of delivery once
+    every member stopped cleanly."""
+    bootstrap = ",".join(b.endpoint for b in brokers)
+    group = "loaded"
+    logs = {f"l{i:02}": root / f"l{i:02}.log" for i in range(members + 1)}
+    names = sorted(logs)
+    steady = [coordinated_member(bootstrap, group, m, logs[m]) for m in names[:-1]]
+    sent: list[tuple[int, Delivery]] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        with Producer(bootstrap, COORDINATED_TOPIC, ack=Ack.ALL) as producer:
+            started = time.monotonic()
+            while not stop.is_set():
+                partition = len(sent) % partitions
+                delay = started + len(sent) / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)  # the producer's pace, not a wait for a condition
+                sent.append((partition, producer.send(b"v" * VALUE_BYTES, partition=partition)))
+            producer.flush()
+
+    producing = threading.Thread(target=produce, daemon=True)
+    joiner = None
+    try:
+        with GroupCalls(bootstrap, group, timeout_s=3.0) as calls:
+            wait_for(lambda: settled(calls, members, partitions), 300)
+            producing.start()
+            time.sleep(WINDOW_S)  # the rate before the join is measured over this window
+            before = owned_by(calls)
+            joined_at = time.monotonic()
+            joiner = coordinated_member(bootstrap, group, names[-1], logs[names[-1]])
+            stable_at = wait_for(lambda: settled(calls, members + 1, partitions))
+            after = owned_by(calls)
+            time.sleep(2.0)  # reading on after the join
+        stop.set()
+        producing.join(60)
+        produced = {(partition, delivery.result(60)) for partition, delivery in sent}
+        wait_for(lambda: sum(len(read_log(p)) for p in logs.values()) >= len(produced), 120)
+    finally:
+        stop.set()
+        processes = [*steady, *([joiner] if joiner else [])]
+        for process in processes:
+            process.send_signal(signal.SIGTERM)  # commit, leave, close the log
+        for process in processes:
+            process.wait(60)
+    records = {m: read_log(path) for m, path in logs.items()}
+    ratios = []
+    for member in names[:-1]:
+        kept = before.get(member, set()) & after.get(member, set())
+        mine = [t for p, _, t in records[member] if p in kept]
+        rate_before = sum(joined_at - WINDOW_S <= t < joined_at for t in mine) / WINDOW_S
+        during = sum(joined_at <= t <= stable_at for t in mine) / max(stable_at - joined_at, 1e-3)
+        if rate_before > 0:
+            ratios.append(during / rate_before)
+    delivered = Counter((p, o) for rows in records.values() for p, o, _ in rows)
+    return {
+        "join_s": stable_at - joined_at,
+        "kept_rate_min": min(ratios, default=0.0),
+        "kept_rate_median": statistics.median(ratios) if ratios else 0.0,
+        "members_measured": len(ratios),
+        "duplicates": sum(n - 1 for n in delivered.values() if n > 1),
+        "gaps": len(produced - delivered.keys()),
+        "produced": len(produced),
+    }
 
 
 def rebalance_runs(
@@ -286,12 +395,24 @@ def main() -> None:
     parser.add_argument("--zookeeper", help=argparse.SUPPRESS)
     parser.add_argument("--broker", help=argparse.SUPPRESS)
     parser.add_argument("--topic", default=TOPIC, help=argparse.SUPPRESS)
+    parser.add_argument("--record-log", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--rate", type=int, default=3000, help="with --coordinated: messages a second produced"
+    )
     parser.add_argument("--group", help=argparse.SUPPRESS)
     parser.add_argument("--member", help=argparse.SUPPRESS)
     parser.add_argument("--forever", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "member":
-        run_member(args.zookeeper, args.group, args.member, args.forever, args.broker, args.topic)
+        run_member(
+            args.zookeeper,
+            args.group,
+            args.member,
+            args.forever,
+            args.broker,
+            args.topic,
+            args.record_log,
+        )
         return
     with tempfile.TemporaryDirectory(prefix="pylog-bench-group-") as tmp:
         root = Path(tmp)
@@ -316,10 +437,13 @@ def main() -> None:
                         f"{args.members} members + 1",
                         flush=True,
                     )
+                    loaded = loaded_join(brokers, args.members, args.partitions, args.rate, root)
+                    print(f"  loaded join: {json.dumps(loaded)}", flush=True)
                     coordinated = coordinated_runs(
                         brokers, args.members, args.partitions, args.runs
                     )
                     print_times(coordinated)
+                    print_loaded(loaded, args.members, args.rate)
                     return
                 with Admin(endpoint) as admin:
                     admin.create_topic(TOPIC, PARTITIONS)
@@ -341,6 +465,22 @@ def main() -> None:
     print("|---|---|")
     print(f"| 1 member | {one:,.0f} |")
     print(f"| 3 members | {three:,.0f} ({three / one:.2f}x) |")
+
+
+def print_loaded(loaded: dict[str, float], members: int, rate: int) -> None:
+    print()
+    print(f"| a member joining {members} under {rate:,} messages/s | figure | target |")
+    print("|---|---|---|")
+    print(f"| join -> stable | {loaded['join_s'] * 1000:,.0f} ms | <= 5 s |")
+    print(
+        f"| kept partitions' rate during it / before, lowest member | "
+        f"{loaded['kept_rate_min']:.2f} (median {loaded['kept_rate_median']:.2f}, "
+        f"{loaded['members_measured']:.0f} members) | >= 0.8 |"
+    )
+    print(
+        f"| duplicates, gaps of {loaded['produced']:,.0f} messages | "
+        f"{loaded['duplicates']:.0f}, {loaded['gaps']:.0f} | 0, 0 |"
+    )
 
 
 def print_times(measures: dict[str, list[float]]) -> None:
