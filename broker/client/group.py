@@ -290,17 +290,19 @@ class GroupConsumer(Closing, Generic[R]):
 
     `on_assigned(partitions)` runs after a rebalance claimed them, `on_revoked(partitions)`
     before they are committed and released (both in the thread calling `poll`), so a user can
-    flush state or commit. `auto_commit_interval_s` None turns auto-commit off: then only
-    `commit()` commits. `skip_corrupt` reads past damaged data instead of raising
-    CorruptSegment (see the module's text). `keys` (broker.security.ClientKeys: the
-    client's key pair and the brokers' public key) reach brokers serving CurveZMQ
-    (docs/security.md); without them the member speaks plaintext. `zookeeper_auth`
-    (broker.security.ZooKeeperAuth) is the ZooKeeper digest identity the member presents to
-    a registry with ACLs: the group's nodes are its identity's, and every member of the group
-    presents the same one (docs/registry.md, "Who may write what"). `clock` (broker.clock)
-    times auto-commits, the rests of partitions after errors and the fetches overdue.
-    `record_type` (default Record) is what it hands out: a tuple type of Record's layout
-    without a __dict__, each made from the fetched bytes, no Record between."""
+    flush state or commit; `on_lost(partitions)` (default: `on_revoked`) when they were lost
+    without a commit (a session that expired; the coordinator no longer knowing the member),
+    their next owner reading from the last commit. `auto_commit_interval_s` None turns
+    auto-commit off: then only `commit()` commits. `skip_corrupt` reads past damaged data
+    instead of raising CorruptSegment (see the module's text). `keys`
+    (broker.security.ClientKeys: the client's key pair and the brokers' public key) reach
+    brokers serving CurveZMQ (docs/security.md); without them the member speaks plaintext.
+    `zookeeper_auth` (broker.security.ZooKeeperAuth) is the ZooKeeper digest identity the member
+    presents to a registry with ACLs: the group's nodes are its identity's, and every member of
+    the group presents the same one (docs/registry.md, "Who may write what"). `clock`
+    (broker.clock) times auto-commits, the rests of partitions after errors and the fetches
+    overdue. `record_type` (default Record) is what it hands out: a tuple type of Record's
+    layout without a __dict__, each made from the fetched bytes, no Record between."""
 
     def __init__(
         self,
@@ -315,6 +317,7 @@ class GroupConsumer(Closing, Generic[R]):
         auto_commit_interval_s: float | None = 5.0,
         on_assigned: Callable[[frozenset[BrokerPartition]], object] | None = None,
         on_revoked: Callable[[frozenset[BrokerPartition]], object] | None = None,
+        on_lost: Callable[[frozenset[BrokerPartition]], object] | None = None,
         max_wait_ms: int = 500,
         fetch_bytes: int = DEFAULT_FETCH_BYTES,
         session_timeout_s: float = 6.0,
@@ -344,6 +347,7 @@ class GroupConsumer(Closing, Generic[R]):
         self.auto_commit_interval_s = auto_commit_interval_s
         self.on_assigned = on_assigned
         self.on_revoked = on_revoked
+        self.on_lost = on_lost
         self.max_wait_ms = max_wait_ms
         self.fetch_bytes = fetch_bytes
         self.rebalance_retries = rebalance_retries
@@ -712,8 +716,7 @@ class GroupConsumer(Closing, Generic[R]):
             )
             self._stop_fetching()
             self._owned.clear()
-            if self.on_revoked is not None:
-                self.on_revoked(lost)
+            self._lost(lost)
             self._rebalance_wanted.set()
         return True
 
@@ -737,10 +740,16 @@ class GroupConsumer(Closing, Generic[R]):
                 self.consumer_id,
                 len(dropped),
             )
-            if self.on_revoked is not None:
-                self.on_revoked(dropped)
+            self._lost(dropped)
         heartbeats.report(frozenset(), dropped_all=True)
         return False
+
+    def _lost(self, partitions: frozenset[BrokerPartition]) -> None:
+        """Tell the application of partitions lost without a commit: `on_lost`, or, without
+        one, `on_revoked`."""
+        told = self.on_lost or self.on_revoked
+        if told is not None:
+            told(partitions)
 
     def _take_buffered(self) -> list[R]:
         """Every record fetched and not handed out, now handed out (delivered)."""

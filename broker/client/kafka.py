@@ -649,7 +649,9 @@ class Consumer:
     ) -> None:
         """Join the group for `topics` (whole names; a name starting with ^ is a pattern in
         Kafka, refused here), leaving any subscription before. `on_assign(consumer,
-        partitions)` and `on_revoke(consumer, partitions)` run in poll() around rebalances."""
+        partitions)` and `on_revoke(consumer, partitions)` run in poll() around rebalances;
+        `on_lost(consumer, partitions)` (default: `on_revoke`) when they were lost without a
+        commit, as in confluent-kafka."""
         if isinstance(topics, str):
             raise TypeError("subscribe takes a list of topics, not a str")
         patterns = [topic for topic in topics if topic.startswith("^")]
@@ -660,7 +662,6 @@ class Consumer:
         member_options: dict[str, Any] = {}
         if self._fetch_bytes is not None:
             member_options["fetch_bytes"] = self._fetch_bytes
-        revoked = on_revoke or on_lost
         try:
             self._member = GroupConsumer(
                 None,
@@ -676,8 +677,11 @@ class Consumer:
                 if on_assign is None
                 else lambda owned: on_assign(self, _partitions(owned)),
                 on_revoked=None
-                if revoked is None
-                else lambda owned: revoked(self, _partitions(owned)),
+                if on_revoke is None
+                else lambda owned: on_revoke(self, _partitions(owned)),
+                on_lost=None
+                if on_lost is None
+                else lambda owned: on_lost(self, _partitions(owned)),
                 max_wait_ms=self._wait_ms,
                 session_timeout_s=self._session_s,
                 client_id=str(self._conf.get("client.id", DEFAULT_CLIENT_ID)),
