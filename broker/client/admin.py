@@ -142,18 +142,8 @@ class Admin(Closing):
         self._admin_request(DeleteTopicRequest(topic))
 
     def _ask(self, ask: Callable[[Connection], T]) -> T:
-        """`ask(connection)`, a read-only call about the whole cluster, of each bootstrap broker
-        in turn until one answers. Raises the last error when none does."""
-        error: BrokerError | Unavailable | None = None
-        for endpoint in self.cluster.bootstrap:
-            try:
-                return ask(self.cluster.connect(endpoint))
-            except (BrokerError, Unavailable) as failure:
-                if isinstance(failure, BrokerError) and not failure.retriable:
-                    raise
-                error = failure
-        assert error is not None
-        raise error
+        """`ask(connection)`, a read-only call about the whole cluster (Cluster.ask_any)."""
+        return self.cluster.ask_any(ask)
 
     def describe_cluster(self) -> DescribeClusterReply:
         """Every broker of the cluster, up (registered) or down (holding partitions but not

@@ -71,6 +71,7 @@ PartitionRequest = FetchRequest | OffsetsRequest | DescribePartitionRequest
 
 
 C = TypeVar("C")
+T = TypeVar("T")
 
 
 def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
@@ -365,6 +366,21 @@ class Cluster(BrokerMap, Closing):
     def connect(self, endpoint: str) -> Connection:
         """The connection to `endpoint`, opened on first use."""
         return self._connections.get(endpoint)
+
+    def ask_any(self, ask: Callable[[Connection], T]) -> T:
+        """`ask(connection)`, a call any broker answers for the whole cluster, of each
+        bootstrap broker in turn until one answers. Raises a refusal that no retry changes at
+        once, and the last error when none answers."""
+        error: BrokerError | Unavailable | None = None
+        for endpoint in self.bootstrap:
+            try:
+                return ask(self.connect(endpoint))
+            except (BrokerError, Unavailable) as failure:
+                if isinstance(failure, BrokerError) and not failure.retriable:
+                    raise
+                error = failure
+        assert error is not None
+        raise error
 
     def connection(self, broker_id: int) -> Connection:
         """The connection to broker `broker_id` (known from METADATA)."""

@@ -104,21 +104,11 @@ class GroupCalls(Closing):
 
     def delete(self) -> None:
         """Delete the group and its offsets (GroupNotEmpty while it has members)."""
-        reply: EmptyReply = self._call(DeleteGroupRequest(self.group))
-        del reply
+        self._call(DeleteGroupRequest(self.group))
 
     def list_groups(self) -> tuple[GroupListing, ...]:
         """Every group of the cluster, asked of any broker."""
-        error: BrokerError | Unavailable | None = None
-        for endpoint in self.cluster.bootstrap:
-            try:
-                return self.cluster.connect(endpoint).request(ListGroupsRequest()).groups
-            except (BrokerError, Unavailable) as failure:
-                if not retriable(failure):
-                    raise
-                error = failure
-        assert error is not None
-        raise error
+        return self.cluster.ask_any(lambda c: c.request(ListGroupsRequest())).groups
 
     @overload
     def _call(self, request: GroupHeartbeatRequest) -> GroupHeartbeatReply: ...

@@ -1064,13 +1064,9 @@ class GroupConsumer(Closing, Generic[R]):
         node."""
         if not self._owned:
             return
-        self._stop_fetching()
-        if self.on_revoked is not None:
-            self.on_revoked(frozenset(self._owned))
-        if self.auto_commit_interval_s is not None:
-            self._commit_positions()
-        self._release(self._owned)
-        self._owned.clear()
+        owned = frozenset(self._owned)
+        self._give_up(owned)
+        self._release(owned)
 
     def _release(self, partitions: Iterable[BrokerPartition]) -> None:
         for tp in partitions:

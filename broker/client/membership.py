@@ -109,8 +109,7 @@ class Membership:
         """A heartbeat refused; True when the member lost its partitions (UNKNOWN_MEMBER_ID,
         FENCED_MEMBER_EPOCH): it joins again once they are dropped."""
         if isinstance(error, UnknownMemberId | FencedMemberEpoch):
-            self.epoch, self.assignment, self.lost = 0, frozenset(), True
-            self.lease_until = -math.inf
+            self._lose()
             return True
         return False
 
@@ -125,9 +124,14 @@ class Membership:
         """The leave a member past its deadline sends; it is lost from then on (its partitions
         dropped uncommitted at the next poll, then it joins again)."""
         request = self._heartbeat(-1)  # a static member too: it is not coming back soon
+        self._lose()
+        return request
+
+    def _lose(self) -> None:
+        """Out of the group: nothing assigned, no lease, to join again (epoch 0) once the
+        polling thread dropped what it owned."""
         self.epoch, self.assignment, self.lost = 0, frozenset(), True
         self.lease_until = -math.inf
-        return request
 
     def may_hand_out(self, now: float) -> bool:
         """Whether records may be handed out at `now`: within the lease, not lost."""
