@@ -5,7 +5,6 @@ brokers holding the partitions, at the endpoints they register there."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import signal
 import sys
@@ -28,7 +27,12 @@ from broker.client.lag import (
     ResetStep,
     Target,
 )
-from broker.errors import BrokerGroupNotEmpty, CorruptSegment, UnknownTopicOrPartition
+from broker.errors import (
+    BrokerGroupNotEmpty,
+    BrokerUnknownGroup,
+    CorruptSegment,
+    UnknownTopicOrPartition,
+)
 from broker.groups.assignors import TopicPartition
 from broker.registry import DEFAULT_CHROOT, Registry
 from broker.registry.groups import GroupNotEmpty
@@ -92,7 +96,8 @@ def zookeeper_options(command: F) -> F:
         callback=_read_zookeeper_auth,
         help="A file of one line user:password (mode 0600): the ZooKeeper digest identity to "
         "present to a registry with ACLs (env PYLOG_ZOOKEEPER_AUTH_FILE). A group's nodes "
-        "belong to the identity of the member that created them: give the members' one.",
+        "belong to the identity that created them: the brokers' for a group its coordinator "
+        "made.",
     )(command)
     command = click.option(
         "--chroot",
@@ -141,7 +146,7 @@ def registry_address(
 @json_option("--format json.")
 @skip_corrupt_option
 @output_options
-@zookeeper_options
+@broker_options
 def group_consume(
     group_name: str,
     topics: tuple[str, ...],
@@ -152,17 +157,13 @@ def group_consume(
     skip_corrupt: bool,
     max_messages: int | None,
     output: str,
-    zookeeper: str | None,
-    chroot: str | None,
     broker: str,
     timeout: float,
 ) -> None:
     """Join GROUP for TOPIC... and print the messages of the partitions this member is given,
     until SIGINT / SIGTERM (or --max-messages); commits what it printed and leaves the group
     on exit (with --max-messages N, exactly N messages are committed). The member joins
-    through the group's coordinator, found through --broker; with --zookeeper, --chroot or
-    --zookeeper-auth-file it runs the paper's protocol through ZooKeeper instead (the two
-    kinds do not share a group).
+    through the group's coordinator, found through --broker.
 
     \b
     Examples:
@@ -178,21 +179,7 @@ def group_consume(
         "timeout_s": timeout,
         "keys": client_keys(),
     }
-    if zookeeper is None and chroot is None and zookeeper_auth() is None:
-        errors = broker_errors(broker)
-        member = functools.partial(GroupConsumer, None, group_name, topics, broker=broker)
-    else:
-        registry = registry_address(zookeeper, chroot, broker, timeout)
-        errors = broker_errors(registry.connect, "ZooKeeper")
-        member = functools.partial(
-            GroupConsumer,
-            registry.connect,
-            group_name,
-            topics,
-            chroot=registry.chroot,
-            zookeeper_auth=zookeeper_auth(),
-        )
-    with errors, member(**options) as consumer:
+    with broker_errors(broker), GroupConsumer(broker, group_name, topics, **options) as consumer:
         for signum in (signal.SIGTERM, signal.SIGINT):  # leave quietly, committing: exit 0
             signal.signal(signum, lambda signum, frame: consumer.interrupt())
         try:
@@ -445,7 +432,8 @@ def reset_target(text: str | None, shift_by: int | None) -> Target:
     "--force",
     is_flag=True,
     help="Write even while members consume the topic (each commits its own position over the "
-    "reset: for members that are stuck).",
+    "reset: for members that are stuck). Not for a group its coordinator keeps: that one "
+    "refuses while a member reads the topic.",
 )
 @admin_options
 def group_reset(
@@ -477,11 +465,17 @@ def group_reset(
     with group_reader(zookeeper, chroot, broker, timeout) as reader:
         consumers = reader.registry.group_members(group_name)
         active = sorted(m for m, subscribed in consumers.items() if topic in subscribed)
-        if active and execute and not force:
+        coordinated = reader.registry.coordinated(group_name)
+        if active and execute and (coordinated or not force):
             fail(
                 f"group {group_name} has {members_text(active, 'active member')} consuming "
-                f"{topic}: stop {'it' if len(active) == 1 else 'them'} first, or add --force "
-                "(a running member commits its own position over the reset)"
+                f"{topic}: stop {'it' if len(active) == 1 else 'them'} first"
+                + (
+                    " (its coordinator refuses a reset while a member reads the topic)"
+                    if coordinated
+                    else ", or add --force (a running member commits its own position over "
+                    "the reset)"
+                )
             )
         try:
             steps = reader.plan_reset(group_name, topic, target, partitions)
@@ -491,8 +485,9 @@ def group_reset(
             fail(f"{error}: nothing was reset (every partition's broker must answer)")
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="--partition") from None
-        if execute and reader.registry.coordinated(group_name):
-            reset_through_coordinator(group_name, steps, broker, timeout)
+        if execute and coordinated:
+            bootstrap = coordinator_bootstrap(reader.registry, zookeeper, broker)
+            reset_through_coordinator(group_name, steps, bootstrap, timeout)
         elif execute:
             reader.apply_reset(group_name, steps)
     print_reset(group_name, topic, steps, execute, as_json)
@@ -500,14 +495,27 @@ def group_reset(
         return
     if not execute:
         if active:
+            unless = "" if coordinated else " unless --force"
             click.echo(
                 f"group {group_name} has {members_text(active, 'active member')} consuming "
-                f"{topic}: --execute will refuse unless --force"
+                f"{topic}: --execute will refuse{unless}"
             )
         click.echo("dry run: nothing changed (--execute applies it)")
         return
     applied = sum(step.after is not None for step in steps)
-    click.echo(f"group {group_name}: {applied} partitions of {topic} reset")
+    click.echo(f"group {group_name}: {_count(applied, 'partition')} of {topic} reset")
+
+
+def coordinator_bootstrap(registry: Registry, zookeeper: str | None, broker: str) -> str:
+    """Where to find a coordinated group's coordinator: --broker, which named the registry;
+    or, the registry given by --zookeeper, the brokers registered in it (--broker's default
+    may be another cluster's, or nobody's)."""
+    if zookeeper is None:
+        return broker
+    registered = registry.brokers().values()
+    if not registered:
+        fail("no broker is registered in that ZooKeeper: a coordinated group needs one up")
+    return ",".join(f"{b.host}:{b.port}" for b in registered)
 
 
 def reset_through_coordinator(
@@ -536,6 +544,25 @@ def reset_through_coordinator(
         fail(f"the group's coordinator refused the reset of {', '.join(refused)}")
 
 
+def delete_through_coordinator(group_name: str, broker: str, timeout: float) -> bool:
+    """Delete a coordinated group through its coordinator; False when it knows no such group.
+    GroupNotEmpty while it has members."""
+    members: list[str] = []
+    with (
+        broker_errors(broker),
+        GroupCalls(broker, group_name, timeout_s=timeout, keys=client_keys()) as calls,
+    ):
+        try:
+            calls.delete()
+        except BrokerUnknownGroup:
+            return False
+        except BrokerGroupNotEmpty:
+            members = [m.member_id for m in calls.describe().members]
+    if members:
+        raise GroupNotEmpty(group_name, members)
+    return True
+
+
 def print_reset(
     group_name: str, topic: str, steps: list[ResetStep], execute: bool, as_json: bool
 ) -> None:
@@ -560,8 +587,10 @@ def group_delete(
     timeout: float,
     as_json: bool,
 ) -> None:
-    """Delete GROUP and its committed offsets from ZooKeeper; refused while it has members.
-    A group started again afterwards reads from its members' --reset position.
+    """Delete GROUP and its committed offsets; refused while it has members. A group a
+    coordinator has claimed is deleted through it (DELETE_GROUP: it keeps the group in
+    memory), another (pylog-mirror's) in ZooKeeper. A group started again afterwards reads
+    from its members' --reset position.
 
     \b
     Example:
@@ -569,7 +598,11 @@ def group_delete(
     """
     with group_reader(zookeeper, chroot, broker, timeout) as reader:
         try:
-            deleted = reader.registry.delete_group(group_name)
+            if reader.registry.coordinated(group_name):
+                bootstrap = coordinator_bootstrap(reader.registry, zookeeper, broker)
+                deleted = delete_through_coordinator(group_name, bootstrap, timeout)
+            else:
+                deleted = reader.registry.delete_group(group_name)
         except GroupNotEmpty as error:
             fail(
                 f"group {group_name} has {members_text(error.members)}: stop "

@@ -311,7 +311,7 @@ def read_as_member(endpoint: str, topic: str, messages: int) -> float:
     poll(), its joining the group included (from one partition's first records to the
     last would leave out the fetches that brought them)."""
     started = time.perf_counter()
-    with GroupConsumer(None, f"member-{topic}", [topic], broker=endpoint, reset="earliest") as m:
+    with GroupConsumer(endpoint, f"member-{topic}", [topic], reset="earliest") as m:
         count = 0
         deadline = time.monotonic() + 120
         while count < messages and time.monotonic() < deadline:

@@ -19,10 +19,9 @@ from broker.client import GroupConsumer
 def main() -> None:
     brokers, group, topic, member_id = sys.argv[1:5]
     with GroupConsumer(
-        None,
+        brokers,
         group,
         [topic],
-        broker=brokers,
         consumer_id=member_id,
         session_timeout_s=2.0,
         auto_commit_interval_s=0.2,

@@ -4,8 +4,9 @@
 starts pylogd with --security-mode curve, its key file, admin as its super user and its
 metrics on a free port, and adds admin and alice as principals through the Registry (alice has
 no ACL; mallory has keys but is no principal). With `zookeeper_acls` its registry has ZooKeeper
-digest ACLs: the brokers' identity file is `broker_auth`, and `member_auth` is another identity,
-for group members. `curve_broker_fixture` makes a module's fixture of it (starting a broker
+digest ACLs: the brokers' identity file is `broker_auth`, and `member_auth` is another identity
+(the one group members of earlier builds, or mirror processes, would present).
+`curve_broker_fixture` makes a module's fixture of it (starting a broker
 takes seconds: each module starts one, its tests use topics of their own).
 """
 
@@ -63,8 +64,8 @@ class CurveBroker:
 
     @property
     def member_auth(self) -> Path:
-        """A ZooKeeper identity file for group members, other than the brokers', with
-        zookeeper_acls."""
+        """A ZooKeeper identity file other than the brokers' (an old member's, a mirror
+        process's), with zookeeper_acls."""
         return self.root / "members.auth"
 
     def keys(self, name: str) -> ClientKeys:

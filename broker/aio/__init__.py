@@ -8,17 +8,17 @@
     AsyncPartitionConsumer  async for message in AsyncPartitionConsumer(...): one partition
                             from an offset, a time, earliest or latest (consumer.py)
     AsyncGroupConsumer      async with AsyncGroupConsumer(...) as member: async for record in
-                            member: a member of a consumer group through ZooKeeper, committing
-                            as GroupConsumer does (group.py)
+                            member: a member of a consumer group through its coordinator,
+                            committing as GroupConsumer does (group.py)
     AsyncConnection         one broker, any number of requests in flight (connection.py)
     AsyncCluster            METADATA and one connection per broker
 
 The sockets are pyzmq's zmq.asyncio ones; what the clients decide without I/O (serializing,
 placement, batching, retry budgets and back-off, fetch positions, damaged data, the group's
 rebalance and positions) is the sync client's own code (broker.client), so both behave alike:
-read broker.client's modules for the rules. ZooKeeper is reached through kazoo, which is
-threaded: the group member's ZooKeeper calls run in worker threads (asyncio.to_thread), never
-on the event loop.
+read broker.client's modules for the rules. The group member's blocking calls (joining,
+following a new assignment, commits) run in worker threads (asyncio.to_thread), never on the
+event loop; its heartbeats in a thread of its own.
 
 Errors are the sync client's: an error a broker answered with raises its code's own class
 (`except TopicAlreadyExists`, `except UnknownTopicOrPartition`, `except Unavailable`), no reply

@@ -4,10 +4,11 @@ The member is a GroupConsumer (broker.client.group: its rebalance, positions, de
 damaged data and commits are the ones used here), created and driven from the event loop;
 what differs is where its I/O runs:
 
-- ZooKeeper (kazoo, threaded): joining, every rebalance, commits (auto-commit included),
-  waiting for a lost connection and `close` run in worker threads (asyncio.to_thread), one
-  at a time, never on the event loop. `on_assigned` and `on_revoked` are plain functions,
-  called in such a thread (after a lost session, on the event loop).
+- Joining (the member's heartbeat thread started), following a new assignment (METADATA,
+  OFFSET_FETCH, OFFSETS), commits (auto-commit included), waiting for the coordinator's news
+  and `close` run in worker threads (asyncio.to_thread), one at a time, never on the event
+  loop. `on_assigned` and `on_revoked` are plain functions, called in such a thread
+  (`on_lost`, after the member was told it lost its partitions, on the event loop).
 - Fetches go out on zmq.asyncio sockets, one long poll per owned partition in a task of its
   own, so that another task runs while the member waits.
 
@@ -54,18 +55,16 @@ _Fetching = tuple[list[_Owned], list[int], asyncio.Task[list[Buffer]]]
 
 
 class AsyncGroupConsumer(AsyncClosing):
-    """Consume `topics` as a member of `group`, through the ZooKeeper ensemble `zookeeper` (or,
-    with `zookeeper` None and the option `broker`, the one that broker's cluster uses), on
-    asyncio: `async with AsyncGroupConsumer(zookeeper, group, topics) as member: async for
-    record in member: ...`. `options` are GroupConsumer's keyword arguments (broker, chroot,
-    consumer_id, reset, auto_commit_interval_s, max_wait_ms, keys, zookeeper_auth, ...),
+    """Consume `topics` as a member of `group`, through the group's coordinator, found through
+    `broker` ("host:port", several comma-separated), on asyncio: `async with
+    AsyncGroupConsumer(broker, group, topics) as member: async for record in member: ...`.
+    `options` are GroupConsumer's keyword arguments (consumer_id, reset,
+    auto_commit_interval_s, max_wait_ms, session_timeout_s, max_poll_interval_s, keys, ...),
     checked when the member joins (`async with`, `open()`, or its first poll or step); its
     fetches present the member's `keys`."""
 
-    def __init__(
-        self, zookeeper: str | None, group: str, topics: Iterable[str], **options: Any
-    ) -> None:
-        self._joining = (zookeeper, group, tuple(topics), options)
+    def __init__(self, broker: str, group: str, topics: Iterable[str], **options: Any) -> None:
+        self._joining = (broker, group, tuple(topics), options)
         self._member: GroupConsumer | None = None
         self._cluster: AsyncCluster | None = None
         self._fetching: dict[str, _Fetching] = {}
@@ -93,13 +92,11 @@ class AsyncGroupConsumer(AsyncClosing):
         return self.member.positions()
 
     async def open(self) -> None:
-        """Join the group (ZooKeeper, in a worker thread); nothing when joined already."""
+        """Join the group (in a worker thread); nothing when joined already."""
         if self._member is None:
             if self._joined is None:
-                zookeeper, group, topics, options = self._joining
-                joining = asyncio.to_thread(
-                    GroupConsumer[Record], zookeeper, group, topics, **options
-                )
+                broker, group, topics, options = self._joining
+                joining = asyncio.to_thread(GroupConsumer[Record], broker, group, topics, **options)
                 self._joined = asyncio.ensure_future(joining)
             member = await asyncio.shield(self._joined)
             if self._member is None:
@@ -169,18 +166,19 @@ class AsyncGroupConsumer(AsyncClosing):
         self.member.interrupt()
 
     async def _fill(self, max_wait_ms: int | None) -> None:
-        """GroupConsumer._fill with its ZooKeeper calls in worker threads and its fetches on
+        """GroupConsumer._fill with its blocking calls in worker threads and its fetches on
         the event loop."""
         member = self.member
         wait_s = (member.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1000
-        if not member.connected:
+        member._check_heartbeats()
+        if not member.connected:  # past its lease: wait for the heartbeat thread's news
             self._drop_fetches()
             member._stop_fetching()
-            await self._in_thread(member._wait_connected, wait_s)
+            await self._in_thread(member._rebalance_wanted.wait, wait_s)
             return
         if not member._in_session(wait_s):  # connected: it returns at once
             return
-        if member._rebalance_wanted.is_set():
+        if member._assignment_due():
             self._drop_fetches()
             if not await self._in_thread(member._rebalanced):
                 return
@@ -201,7 +199,7 @@ class AsyncGroupConsumer(AsyncClosing):
         assert self._cluster is not None
         current = set(member._owned.values())
         for endpoint, (fetched, _, task) in list(self._fetching.items()):
-            if not current.issuperset(fetched):  # a partition lost (session expired)
+            if not current.issuperset(fetched):  # a partition given up or lost
                 task.cancel()
                 del self._fetching[endpoint]
         now = member.clock.monotonic()
@@ -256,7 +254,7 @@ class AsyncGroupConsumer(AsyncClosing):
 
     async def close(self) -> None:
         """GroupConsumer.close, in a worker thread: commit the processed records (with
-        auto-commit), release the partitions, leave the group; then close the sockets."""
+        auto-commit), give the partitions up, leave the group; then close the sockets."""
         self._drop_fetches()
         try:
             if self._member is None and self._joined is not None:

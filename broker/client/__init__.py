@@ -13,14 +13,14 @@
     TopicConsumer      reads every partition of a topic (or some), from the last N messages
                        too, until their end or a time, or on through broker restarts
                        (topic_consumer.py): pylogctl consume
-    GroupConsumer      a member of a consumer group coordinated through ZooKeeper (group.py)
+    GroupConsumer      a member of a consumer group, through the group's coordinator, a
+                       broker (group.py)
 
 broker.aio has the producer, partition consumer and group member on asyncio, with the same
 shapes (AsyncProducer, AsyncPartitionConsumer, AsyncGroupConsumer) and this package's rules.
 
-Cluster, Admin, Producer, PartitionConsumer and TopicConsumer take any broker of the cluster
-("host:port" or "tcp://host:port"; several, comma-separated, for when one is down) and find
-the others from it; GroupConsumer takes the ZooKeeper ensemble the brokers register in.
+Every client takes any broker of the cluster ("host:port" or "tcp://host:port"; several,
+comma-separated, for when one is down) and finds the others from it; none talks to ZooKeeper.
 
 Errors: an error the broker answered with raises its code's own class, both a
 broker.errors.BrokerError (its `code`, `name`, `message` and `retriable`) and the class of the

@@ -184,6 +184,10 @@ NO_KEYS: Final = (
 )
 """A client without keys at a broker serving Curve (Handshakes, curve False); `how` is empty
 when ZeroMQ said the mechanisms differ, else how the broker's hanging up showed it."""
+NOT_A_BROKER: Final = (
+    "; or no pylog broker listens there (ZooKeeper's address given as a broker's?)"
+)
+"""Said after NO_KEYS when the peer hung up before its greeting, as ZooKeeper does too."""
 _ADDRESS: Final = re.compile(
     r"(?:tcp://)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})"
 )
@@ -293,9 +297,9 @@ class Handshakes:
             if self._broken < BROKEN_HANDSHAKES:
                 return
             broken = f"{self._broken} times in a row ({os.strerror(value)})"
-            if not self.curve:  # the broker hung up before this client read its greeting
+            if not self.curve:  # the peer hung up before this client read its greeting
                 how = f" (it broke off the handshake {broken})"
-                self._fail(NO_KEYS.format(endpoint=self.endpoint, how=how))
+                self._fail(NO_KEYS.format(endpoint=self.endpoint, how=how) + NOT_A_BROKER)
                 return
             self._fail(
                 f"the Curve handshake with {self.endpoint} failed: the broker broke it off "

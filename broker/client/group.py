@@ -1,50 +1,31 @@
 """A member of a consumer group: the group shares the partitions of its topics, coordinated
-by the brokers (given `broker`: docs/protocol.md "Consumer groups", broker.client.membership)
-or through ZooKeeper as in the Kafka paper (section 3.2; given `zookeeper`: docs/registry.md
-has the paths, and the rest of this text is that protocol's but where it says otherwise).
-
-Through the coordinator, a heartbeat thread (broker.client.membership.Heartbeats) keeps the
-member in the group and learns its assignment; the thread that polls follows it at its next
-poll: partitions taken away are given up (fetching stopped, `on_revoked`, positions committed
-with auto-commit, reported at once), partitions given are read from the group's committed
-offsets (`on_assigned`), and those that stay are read on. Within its lease only (its session
-since it sent its last answered heartbeat) does it hand out records. Told it is unknown or
-fenced, it drops its partitions without committing and joins again.
-
+by the brokers (docs/protocol.md, "Consumer groups"); a member needs only a broker's address.
 
 Every partition of a subscribed topic is consumed by exactly one member of the group at a time;
-groups are independent of each other. A member:
+groups are independent of each other. A heartbeat thread (broker.client.membership.Heartbeats)
+keeps the member in the group and learns its assignment; the thread that polls follows it at
+its next poll: partitions taken away are given up (fetching stopped, `on_revoked`, positions
+committed with auto-commit, reported at once), partitions given are read from the group's
+committed offsets (`on_assigned`), and those that stay are read on. Within its lease only (its
+session since it sent its last answered heartbeat) does it hand out records. Told it is unknown
+or fenced, it drops its partitions without committing (`on_lost`) and joins again. A member
+that does not poll within `max_poll_interval_s` leaves the group (its processing deadline, as
+Kafka's max.poll.interval.ms) and joins again at its next poll.
 
-- registers itself (ephemeral /consumers/<group>/ids/<consumer_id>) and watches the group's
-  members, the brokers and the topics; any change triggers a rebalance;
-- rebalances in the thread that calls `poll`: unless its range is what it owns already (then
-  it reads on from where it is), it stops its fetches, calls `on_revoked`, commits
-  (with auto-commit), releases its owner nodes, sorts the topic's partitions (those with a
-  replica on a live broker, by preferred leader's id and partition) and the members subscribed
-  to the topic, takes its contiguous range (the first len(P) % len(C) members take one more),
-  and claims each partition with an ephemeral owner node. A partition still owned by another
-  member makes it release all it claimed, back off and start again, at most
-  `rebalance_retries` times; then RebalanceFailed;
-- reads each partition from the group's committed offset, or, when none is committed, from the
-  earliest or latest offset (`reset`). A committed offset that retention has deleted (the
-  broker answers OFFSET_OUT_OF_RANGE) is reset the same way, logged and counted
-  (`offset_resets`).
+A partition given is read from the group's committed offset, or, when none is committed, from
+the earliest or latest offset (`reset`). A committed offset that retention has deleted (the
+broker answers OFFSET_OUT_OF_RANGE) is reset the same way, logged and counted
+(`offset_resets`).
 
 Delivery is at least once. A record counts as processed when the application asks for the
 next one: the next `poll()` call for the records a poll returned, the next step of the iteration
 for a record `for record in member` gave. `commit()` also counts every record handed out so far
 as processed, the one in hand included. Auto-commit (every `auto_commit_interval_s`, checked at
-each poll and each step of the iteration), the rebalance commit and `close()` record only the
-processed records, so a `break` out of the loop, an exception in the handler or a crash leaves
-the record in hand (and everything after it) to be read again by the partition's next owner.
-Records fetched and not handed out stay with the member: a loop over it entered again goes on
-with the next record.
-
-Losing ZooKeeper: while the registry is disconnected the member returns no messages (its owner
-nodes may be about to expire and another member to take the partitions over); kazoo notices a
-lost connection after about two thirds of the session timeout, before the server expires the
-session. If the session did expire, the member's ownership ended with it: it drops its
-partitions without committing (their new owners may have committed since) and rebalances.
+each poll and each step of the iteration), the commit of a partition given up and `close()`
+record only the processed records, so a `break` out of the loop, an exception in the handler or
+a crash leaves the record in hand (and everything after it) to be read again by the partition's
+next owner. Records fetched and not handed out stay with the member: a loop over it entered
+again goes on with the next record.
 
 Damaged data on a broker's disk (docs/storage.md, "Damaged data") raises CorruptSegment naming
 its offsets, after the records before it, at every poll until it is read past; with
@@ -54,14 +35,11 @@ PartitionConsumer does.
 Fetches are pipelined: one FETCH in flight per owned partition, each on the connection to the
 partition's leader, so an idle partition's long poll never holds up a busy one. Leadership
 moves (docs/replication.md): the leaders are asked by METADATA (version 2) when partitions are
-claimed; a fetch answered NOT_LEADER_FOR_PARTITION naming a broker this member knows goes
+given; a fetch answered NOT_LEADER_FOR_PARTITION naming a broker this member knows goes
 there next, and after any other retriable error or no reply the partition's leader is asked
 again by METADATA before its next fetch (each after the partition's rest, RETRY_BACKOFF_S).
-A partition whose preferred leader is down is assigned as long as one of its replicas is
-registered (another one may lead it); its node under /consumers keeps the preferred leader's
-id.
 
-Not safe to share between threads (the watches only set a flag that `poll` reads).
+Not safe to share between threads (the heartbeat thread only sets a flag that `poll` reads).
 """
 
 from __future__ import annotations
@@ -79,7 +57,6 @@ from typing import Any, Final, Generic, Literal, NamedTuple, cast
 
 from typing_extensions import TypeVar
 
-from broker.backoff import Backoff
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID, Connection, noted, wait_ms
 from broker.client.consumer import (
@@ -98,11 +75,10 @@ from broker.errors import (
     MalformedReply,
     PartitionNotAssigned,
     PylogError,
-    RegistryUnavailable,
     Unavailable,
     UnknownTopicOrPartition,
 )
-from broker.groups.assignors import TopicPartition, contiguous_share
+from broker.groups.assignors import TopicPartition
 from broker.lifecycle import Closing
 from broker.log.codec import decode_records
 from broker.log.message import Headers
@@ -120,39 +96,26 @@ from broker.protocol import (
     decode_reply,
     request_version,
 )
-from broker.registry import DEFAULT_CHROOT, Registry, TopicConfig, partition_name
-from broker.security import ClientKeys, ZooKeeperAuth
+from broker.security import ClientKeys
 
 log = logging.getLogger("pylog.group")
 
 Reset = Literal["earliest", "latest"]
 RETRY_BACKOFF_S = 0.5
 """How long a partition rests after a retriable fetch error before it is fetched again."""
-REBALANCE_MAX_BACKOFF_S = 2.0
-"""The longest wait between a rebalance's attempts (from rebalance_backoff_s, doubling)."""
 DEFAULT_MAX_POLL_INTERVAL_S = 300.0
 """A member's processing deadline by default (Kafka's max.poll.interval.ms)."""
 MAX_POLL_INTERVAL_S = (2**31 - 1) / 1000
 """The longest: rebalance_timeout_ms is an i32 of milliseconds on the wire."""
 
 
-class RebalanceFailed(PylogError):
-    """A rebalance could not claim its partitions within its retries: other members kept
-    owning them (a member that is stuck, or more rebalances than the back-off allows)."""
-
-
 @dataclass(frozen=True, order=True, slots=True)
 class BrokerPartition:
-    """A partition of a topic and the broker that holds it."""
+    """A partition of a topic and its preferred leader (the first of its replicas)."""
 
     topic: str
     broker_id: int
     partition: int
-
-    @property
-    def name(self) -> str:
-        """The name under /consumers: "<broker_id>-<partition>"."""
-        return partition_name(self.broker_id, self.partition)
 
 
 class Record(NamedTuple):
@@ -252,66 +215,36 @@ def default_consumer_id() -> str:
     return f"{host or 'host'}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def assign_range(
-    partitions: Sequence[BrokerPartition], members: Sequence[str], me: str
-) -> list[BrokerPartition]:
-    """The paper's range assignment: `me`'s contiguous share of the sorted `partitions` among
-    the sorted `members` (the first len(partitions) % len(members) members take one more)."""
-    ordered = sorted(partitions, key=lambda tp: (tp.broker_id, tp.partition))
-    ranked = sorted(members)
-    if me not in ranked:
-        return []
-    return ordered[contiguous_share(len(ordered), len(ranked), ranked.index(me))]
-
-
-def _on_partition_count(wanted: threading.Event) -> Callable[[TopicConfig | None], bool]:
-    """A watch of a topic's node that asks for a rebalance when its partition count changes
-    (partitions added: `pylogctl topic add-partitions`), not when its settings do."""
-    seen: list[int] = []
-
-    def changed(config: TopicConfig | None) -> bool:
-        if config is not None:
-            if seen and seen[-1] != config.partitions:
-                wanted.set()
-            seen.append(config.partitions)
-            del seen[:-1]
-        return True  # watched as long as the registry runs
-
-    return changed
-
-
 class GroupConsumer(Closing, Generic[R]):
-    """Consume `topics` as member `consumer_id` of `group`: with `broker` ("host:port",
-    several comma-separated) and `zookeeper` None, through the group's coordinator (the
-    module's text: a member then needs only a broker's address; `session_timeout_s` from 2 to
-    300); or through the ZooKeeper ensemble `zookeeper` ("host:port[,...]") and registry
-    `chroot` (default /pylog), the paper's protocol (`rebalance_retries`,
-    `rebalance_backoff_s`, `chroot` and `zookeeper_auth` are its alone).
+    """Consume `topics` as member `consumer_id` of `group`, through the group's coordinator,
+    found through `broker` ("host:port" of any broker of the cluster; several comma-separated,
+    tried in turn). `session_timeout_s` (2 to 300) is how long the coordinator waits for a
+    heartbeat before it gives the member's partitions to others; `max_poll_interval_s` how long
+    the application may take between two polls (its processing deadline). `instance_id` makes
+    a static member: closed and started again within its session, it takes its partitions back
+    without a rebalance. `assignor` is the group's ("uniform", sticky, the default; "range",
+    the paper's).
 
-    `on_assigned(partitions)` runs after a rebalance claimed them, `on_revoked(partitions)`
-    before they are committed and released (both in the thread calling `poll`), so a user can
-    flush state or commit; `on_lost(partitions)` (default: `on_revoked`) when they were lost
-    without a commit (a session that expired; the coordinator no longer knowing the member),
-    their next owner reading from the last commit. `auto_commit_interval_s` None turns
-    auto-commit off: then only `commit()` commits. `skip_corrupt` reads past damaged data
-    instead of raising CorruptSegment (see the module's text). `keys`
-    (broker.security.ClientKeys: the client's key pair and the brokers' public key) reach
-    brokers serving CurveZMQ (docs/security.md); without them the member speaks plaintext.
-    `zookeeper_auth` (broker.security.ZooKeeperAuth) is the ZooKeeper digest identity the member
-    presents to a registry with ACLs: the group's nodes are its identity's, and every member of
-    the group presents the same one (docs/registry.md, "Who may write what"). `clock`
-    (broker.clock) times auto-commits, the rests of partitions after errors and the fetches
-    overdue. `record_type` (default Record) is what it hands out: a tuple type of Record's
-    layout without a __dict__, each made from the fetched bytes, no Record between."""
+    `on_assigned(partitions)` runs after partitions were given, `on_revoked(partitions)`
+    before partitions taken away are committed and given up (both in the thread calling
+    `poll`), so a user can flush state or commit; `on_lost(partitions)` (default:
+    `on_revoked`) when they were lost without a commit (a session that expired; the coordinator
+    no longer knowing the member), their next owner reading from the last commit.
+    `auto_commit_interval_s` None turns auto-commit off: then only `commit()` commits.
+    `skip_corrupt` reads past damaged data instead of raising CorruptSegment (see the module's
+    text). `keys` (broker.security.ClientKeys: the client's key pair and the brokers' public
+    key) reach brokers serving CurveZMQ (docs/security.md); without them the member speaks
+    plaintext. `clock` (broker.clock) times auto-commits, the lease, the processing deadline,
+    the rests of partitions after errors and the fetches overdue. `record_type` (default
+    Record) is what it hands out: a tuple type of Record's layout without a __dict__, each made
+    from the fetched bytes, no Record between."""
 
     def __init__(
         self,
-        zookeeper: str | None,
+        broker: str,
         group: str,
         topics: Iterable[str],
         *,
-        broker: str | None = None,
-        chroot: str | None = None,
         consumer_id: str | None = None,
         reset: Reset = "earliest",
         auto_commit_interval_s: float | None = 5.0,
@@ -321,13 +254,10 @@ class GroupConsumer(Closing, Generic[R]):
         max_wait_ms: int = 500,
         fetch_bytes: int = DEFAULT_FETCH_BYTES,
         session_timeout_s: float = 6.0,
-        rebalance_retries: int = 10,
-        rebalance_backoff_s: float = 0.2,
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
         skip_corrupt: bool = False,
         keys: ClientKeys | None = None,
-        zookeeper_auth: ZooKeeperAuth | None = None,
         clock: Clock = SYSTEM_CLOCK,
         record_type: type[R] | None = None,
         instance_id: str | None = None,
@@ -336,6 +266,15 @@ class GroupConsumer(Closing, Generic[R]):
     ) -> None:
         if reset not in ("earliest", "latest"):
             raise ValueError(f"reset {reset!r}: use earliest or latest")
+        if not isinstance(broker, str) or not broker:
+            raise ValueError(
+                f"broker {broker!r}: a group consumer needs a broker's address, host:port"
+            )
+        if not 0 < max_poll_interval_s <= MAX_POLL_INTERVAL_S:
+            raise ValueError(
+                f"max_poll_interval_s {max_poll_interval_s}: more than 0, at most "
+                f"{MAX_POLL_INTERVAL_S:g}"
+            )
         self.group = group
         self.topics = tuple(sorted(set(topics)))
         if not self.topics:
@@ -350,8 +289,6 @@ class GroupConsumer(Closing, Generic[R]):
         self.on_lost = on_lost
         self.max_wait_ms = max_wait_ms
         self.fetch_bytes = fetch_bytes
-        self.rebalance_retries = rebalance_retries
-        self.rebalance_backoff_s = rebalance_backoff_s
         self.timeout_s = timeout_s
         self.skip_corrupt = skip_corrupt
         self.skipped: list[tuple[BrokerPartition, int, int]] = []
@@ -359,8 +296,8 @@ class GroupConsumer(Closing, Generic[R]):
         self.offset_resets = 0
         """Partitions read from `reset` because their committed offset was out of range."""
         self.rebalances = 0
+        """How many times partitions were given to this member."""
         self._owned: dict[BrokerPartition, _Owned] = {}
-        self._claim_session: int | None = None
         self._in_flight: dict[tuple[Connection, int], list[_Owned]] = {}
         """The fetches in flight, each of one partition (FETCH) or of several at one broker
         (MULTI_FETCH), by connection and correlation id."""
@@ -368,104 +305,32 @@ class GroupConsumer(Closing, Generic[R]):
         """Where a MULTI_FETCH's parts start among a broker's partitions: moved on each time,
         so that a reply full of the first parts' messages starves none of the others."""
         self._rebalance_wanted = threading.Event()
+        """Set by the heartbeat thread when its news came (joined, an assignment changed)."""
+        self._waiting: frozenset[BrokerPartition] = frozenset()
+        self._waiting_until = 0.0
+        """Partitions given that could not be started (`_start`), and when to try again."""
         self._next_commit = self.clock.monotonic() + (auto_commit_interval_s or 0)
         self._closed = False
         self._interrupted = False
-        self.registry: Registry | None = None
-        """The paper's protocol: the registry the member runs it through."""
-        self._heartbeats: Heartbeats | None = None
-        """The coordinated protocol: the heartbeat thread and the member's state."""
-        if zookeeper is None:
-            if broker is None:
-                raise ValueError("a group consumer needs a broker's address or ZooKeeper's")
-            if chroot is not None or zookeeper_auth is not None:
-                raise ValueError(
-                    "chroot and zookeeper_auth are for a member of the paper's protocol "
-                    "(zookeeper given); a member through `broker` needs neither"
-                )
-            if not 0 < max_poll_interval_s <= MAX_POLL_INTERVAL_S:
-                raise ValueError(
-                    f"max_poll_interval_s {max_poll_interval_s}: more than 0, at most "
-                    f"{MAX_POLL_INTERVAL_S:g}"
-                )
-            membership = Membership(
-                group,
-                self.consumer_id,
-                self.topics,
-                round(session_timeout_s * 1000),
-                round(max_poll_interval_s * 1000),
-                instance_id or "",
-                assignor or "",
-                polled_at=self.clock.monotonic(),
-            )
-            self._join_coordinator(broker, client_id, timeout_s, keys, membership)
-            return
-        if broker is not None:
-            raise ValueError("give a group consumer a broker's address or ZooKeeper's, not both")
-        if instance_id is not None or assignor is not None:
-            raise ValueError(
-                "instance_id and assignor are for a member through the group's coordinator "
-                "(broker given, zookeeper None)"
-            )
-        self._rebalance_wanted.set()  # the first poll joins
-        self.cluster = Cluster((), client_id, timeout_s, keys=keys)
-        self.registry = registry = Registry(
-            zookeeper,
-            chroot or DEFAULT_CHROOT,
-            session_timeout_s=session_timeout_s,
-            auth=zookeeper_auth,
+        membership = Membership(
+            group,
+            self.consumer_id,
+            self.topics,
+            round(session_timeout_s * 1000),
+            round(max_poll_interval_s * 1000),
+            instance_id or "",
+            assignor or "",
+            polled_at=self.clock.monotonic(),
         )
-        try:
-            self._start_registry(max(10.0, timeout_s))
-            registry.register_consumer(group, self.consumer_id, self.topics)
-            wanted = self._rebalance_wanted
-            registry.watch_consumers(group, lambda _: wanted.set())
-            registry.watch_brokers(lambda _: wanted.set())
-            registry.watch_topic_configs(lambda _: wanted.set())
-            for topic in self.topics:
-                registry.watch_topic_config(topic, _on_partition_count(wanted))
-        except BaseException:
-            registry.stop()
-            self.cluster.close()
-            raise
-
-    def _join_coordinator(
-        self,
-        broker: str,
-        client_id: str,
-        timeout_s: float,
-        keys: ClientKeys | None,
-        membership: Membership,
-    ) -> None:
-        """Join through the group's coordinator (docs/protocol.md, "Consumer groups"): a
-        heartbeat thread of its own (broker.client.membership) sends the join and every
-        heartbeat; the first poll waits for its answer."""
         self.cluster = Cluster(broker, client_id, timeout_s, keys=keys)
-        self._commits = GroupCalls(broker, self.group, client_id, timeout_s, keys=keys)
-        session_s = membership.session_timeout_ms / 1000
-        beats = GroupCalls(broker, self.group, client_id, min(timeout_s, session_s / 2), keys=keys)
+        self._commits = GroupCalls(broker, group, client_id, timeout_s, keys=keys)
+        beats = GroupCalls(
+            broker, group, client_id, min(timeout_s, session_timeout_s / 2), keys=keys
+        )
         self._heartbeats = Heartbeats(membership, beats, self.clock, self._rebalance_wanted)
+        """The heartbeat thread (it sends the join and every heartbeat; the first poll waits
+        for its answer) and the member's state."""
         self._heartbeats.start()
-
-    @property
-    def _paper(self) -> Registry:
-        """The registry of a member of the paper's protocol."""
-        assert self.registry is not None, "a member through the coordinator has no registry"
-        return self.registry
-
-    def _start_registry(self, timeout_s: float) -> None:
-        """Connect to ZooKeeper; when it cannot be reached, say that a broker's address is
-        taken as `broker` (a pylog broker does not speak ZooKeeper's protocol, so the address
-        of one given as `zookeeper` is never reached)."""
-        registry = self._paper
-        try:
-            registry.start(timeout=timeout_s)
-        except RegistryUnavailable as error:
-            raise RegistryUnavailable(
-                f"{error}; if {registry.connect_string} is a pylog broker, give it as "
-                f"broker={registry.connect_string!r} and zookeeper None: the member joins "
-                "through the group's coordinator"
-            ) from None
 
     # -- what the member holds ---------------------------------------------------------------
 
@@ -482,10 +347,10 @@ class GroupConsumer(Closing, Generic[R]):
 
     def poll(self, max_wait_ms: int | None = None) -> list[R]:
         """The next messages of the owned partitions, waiting up to `max_wait_ms` (default
-        the member's) for some; rebalances first when the group, the brokers or the topics
-        changed. Returns nothing while ZooKeeper is unreachable. Calling it counts every record
-        returned before as processed. TypeError for a float `max_wait_ms` (poll(1.0) would
-        wait 1 ms)."""
+        the member's) for some; follows the group's assignment first when it changed. Returns
+        nothing outside the member's lease (its coordinator unreachable). Calling it counts
+        every record returned before as processed. TypeError for a float `max_wait_ms`
+        (poll(1.0) would wait 1 ms)."""
         self._processed_all()
         self._fill(wait_ms(max_wait_ms, self.max_wait_ms))
         return self._take_buffered()
@@ -597,11 +462,9 @@ class GroupConsumer(Closing, Generic[R]):
         return None
 
     def _lease_lapsed(self) -> bool:
-        """A member through the coordinator past its lease, or lost: what it fetched is
-        dropped (read again after its lease is renewed, or by the partitions' next owners),
-        nothing handed out."""
-        heartbeats = self._heartbeats
-        if heartbeats is None or heartbeats.membership.may_hand_out(self.clock.monotonic()):
+        """A member past its lease, or lost: what it fetched is dropped (read again after its
+        lease is renewed, or by the partitions' next owners), nothing handed out."""
+        if self._heartbeats.membership.may_hand_out(self.clock.monotonic()):
             return False
         self._stop_fetching()
         return True
@@ -610,38 +473,36 @@ class GroupConsumer(Closing, Generic[R]):
         """End a `for record in member` loop at its next step, the record in hand counted as
         processed: within max_wait_ms when no message comes. It only sets a flag, so a signal
         handler may call it (raising there instead could land inside kazoo, whose bare
-        `except:` would swallow the exception and leave the loop running)."""
+        `except:` in a library would swallow the exception and leave the loop running)."""
         self._interrupted = True
 
     def _processed_all(self) -> None:
         """Count every record handed out as processed (the application asked for the next:
-        for the coordinated protocol's processing deadline, it polled now)."""
-        if self._heartbeats is not None:
-            self._heartbeats.membership.polled_at = self.clock.monotonic()
+        for the processing deadline, it polled now)."""
+        self._heartbeats.membership.polled_at = self.clock.monotonic()
         for owned in self._owned.values():
             owned.position = owned.delivered
 
     def _fill(self, max_wait_ms: int | None) -> None:
-        """Rebalance when wanted, auto-commit when due, and unless records are buffered fetch,
-        waiting up to `max_wait_ms` (default the member's) for some, then send the next
-        fetches at once (as PartitionConsumer does: a broker reads them while the records
-        are handed out and processed; their replies are taken once every record in hand is
-        handed out); positions are left to the caller. A member through the coordinator goes
-        on within the wait once its heartbeat thread's news came (its join answered, its
-        partitions given)."""
+        """Follow the assignment when it changed, auto-commit when due, and unless records are
+        buffered fetch, waiting up to `max_wait_ms` (default the member's) for some, then send
+        the next fetches at once (as PartitionConsumer does: a broker reads them while the
+        records are handed out and processed; their replies are taken once every record in
+        hand is handed out); positions are left to the caller. It goes on within the wait once
+        the heartbeat thread's news came (its join answered, its partitions given)."""
         wait_s = (self.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1000
         deadline = time.monotonic() + wait_s  # a real wait, whatever the member's clock
-        while not self._filled(wait_s) and self._heartbeats is not None:
+        while not self._filled(wait_s):
             wait_s = deadline - time.monotonic()
             if wait_s <= 0:
                 return
 
     def _filled(self, wait_s: float) -> bool:
-        """A step of `_fill`; False when it only waited (for the registry or the heartbeat
-        thread, or for partitions), True when it fetched, or records are buffered."""
+        """A step of `_fill`; False when it only waited (for the heartbeat thread, or for
+        partitions), True when it fetched, or records are buffered."""
         if not self._in_session(wait_s):
             return False
-        if self._rebalance_wanted.is_set() and not self._rebalanced():
+        if self._assignment_due() and not self._rebalanced():
             return True
         self._auto_commit()
         if self._buffered():
@@ -659,14 +520,11 @@ class GroupConsumer(Closing, Generic[R]):
         return any(owned.buffered for owned in self._owned.values())
 
     def _rebalanced(self) -> bool:
-        """Rebalance; False when ZooKeeper or a broker went away meanwhile, or a broker has
-        not heard yet of a partition the registry gave this member (partitions just added):
-        the next poll tries again, METADATA asked again."""
+        """Follow the assignment; False when a broker went away meanwhile, or has not heard
+        yet of a partition the coordinator gave this member (partitions just added): the next
+        poll tries again, METADATA asked again."""
         try:
-            if self._heartbeats is None:
-                self._rebalance()
-            else:
-                self._reconcile(self._heartbeats)
+            self._reconcile(self._heartbeats)
         except (Unavailable, BrokerError) as error:
             lagging = isinstance(error, UnknownTopicOrPartition)
             if isinstance(error, BrokerError) and not error.retriable and not lagging:
@@ -680,52 +538,33 @@ class GroupConsumer(Closing, Generic[R]):
 
     @property
     def connected(self) -> bool:
-        """Whether the member may go on: for the paper's protocol, connected to ZooKeeper; for
-        the coordinated one, within its lease (broker.client.membership), or told it lost its
-        partitions (which the next poll acts on)."""
-        if self._heartbeats is None:
-            return self._paper.connected
+        """Whether the member may go on: within its lease (broker.client.membership), or told
+        it lost its partitions (which the next poll acts on)."""
         membership = self._heartbeats.membership
         return membership.lost or membership.may_hand_out(self.clock.monotonic())
 
-    def _wait_connected(self, wait_s: float) -> None:
-        """Wait up to `wait_s` until `connected` (the coordinated protocol: for the heartbeat
-        thread's news)."""
-        if self._heartbeats is None:
-            self._paper.wait_connected(wait_s)
-        else:
-            self._rebalance_wanted.wait(wait_s)
-
     def _in_session(self, wait_s: float) -> bool:
-        """Whether the member may consume: connected to ZooKeeper, in the session that claimed
-        its partitions (or, coordinated, within its lease, at the epoch that gave them). A
-        suspended connection pauses it; an expired session ends ownership."""
+        """Whether the member may consume: within its lease, at the epoch that gave its
+        partitions. Past its lease it pauses, waiting up to `wait_s` for the heartbeat
+        thread's news; told it was lost, it drops its partitions (`_still_member`). Raises
+        what ended the heartbeat thread, lease or none (`_check_heartbeats`)."""
+        self._check_heartbeats()
         if not self.connected:
             self._stop_fetching()
-            self._wait_connected(wait_s)
+            self._rebalance_wanted.wait(wait_s)
             return False
-        if self._heartbeats is not None:
-            return self._still_member(self._heartbeats)
-        session = self._paper.session_id
-        if self._owned and session != self._claim_session:
-            lost = frozenset(self._owned)
-            log.warning(
-                "group %s: ZooKeeper session expired; %d partitions lost to the group",
-                self.group,
-                len(lost),
-            )
-            self._stop_fetching()
-            self._owned.clear()
-            self._lost(lost)
-            self._rebalance_wanted.set()
-        return True
+        return self._still_member(self._heartbeats)
+
+    def _check_heartbeats(self) -> None:
+        """Raise what ended the heartbeat thread (Heartbeats.failure: a refusal for good, a
+        failed handshake), if it ended so."""
+        if self._heartbeats.failure is not None:
+            raise self._heartbeats.failure
 
     def _still_member(self, heartbeats: Heartbeats) -> bool:
-        """The coordinated protocol: raise what the coordinator refused for good; after
-        UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH drop every partition, uncommitted (their next
-        owner may have committed since), and let the heartbeat thread join again."""
-        if heartbeats.failure is not None:
-            raise heartbeats.failure
+        """After UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH drop every partition, uncommitted
+        (their next owner may have committed since), and let the heartbeat thread join
+        again."""
         with heartbeats.lock:
             lost = heartbeats.membership.lost
         if not lost:
@@ -915,12 +754,12 @@ class GroupConsumer(Closing, Generic[R]):
             return
         self.offset_resets += 1
         log.warning(
-            "group %s: offset %d of %s %s is out of range (deleted by retention?): "
+            "group %s: offset %d of %s/%d is out of range (deleted by retention?): "
             "reading from %s offset %d",
             self.group,
             owned.fetch_offset,
             tp.topic,
-            tp.name,
+            tp.partition,
             self.reset,
             offset,
         )
@@ -950,63 +789,15 @@ class GroupConsumer(Closing, Generic[R]):
 
     # -- rebalancing -------------------------------------------------------------------------
 
-    def _rebalance(self) -> None:
-        backoff = Backoff(self.rebalance_backoff_s, REBALANCE_MAX_BACKOFF_S)
-        for attempt in range(self.rebalance_retries + 1):
-            self._rebalance_wanted.clear()
-            if attempt == 0 and self._keeps_its_range():
-                return
-            self._revoke()
-            wanted = self._wanted()
-            claimed: list[BrokerPartition] = []
-            conflict = None
-            try:
-                names = [(tp.topic, tp.name) for tp in wanted]
-                owners = self._paper.claim_partitions(self.group, names, self.consumer_id)
-                for tp, owner in zip(wanted, owners, strict=True):
-                    if owner is None:
-                        claimed.append(tp)
-                    elif conflict is None:
-                        conflict = (tp, owner)
-                if conflict is None:
-                    self._start(claimed)
-            except BaseException:
-                self._release(claimed)
-                self._owned.clear()
-                raise
-            if conflict is None:
-                self._claim_session = self._paper.session_id
-                self.rebalances += 1
-                log.info(
-                    "group %s: %s owns %d partitions: %s",
-                    self.group,
-                    self.consumer_id,
-                    len(claimed),
-                    ", ".join(f"{tp.topic}/{tp.name}" for tp in claimed),
-                )
-                if self.on_assigned is not None:
-                    self.on_assigned(frozenset(claimed))
-                return
-            self._release(claimed)
-            log.info(
-                "group %s: %s/%s still owned by %s; retrying in %.1f s (attempt %d)",
-                self.group,
-                conflict[0].topic,
-                conflict[0].name,
-                conflict[1],
-                backoff.current_s,
-                attempt + 1,
-            )
-            time.sleep(backoff.next())  # a back-off between attempts, not a wait for a condition
-        assert conflict is not None
-        tp, owner = conflict
-        raise RebalanceFailed(
-            f"group {self.group}: {self.consumer_id} could not claim {tp.topic}/{tp.name} "
-            f"(owned by {owner}) in {self.rebalance_retries + 1} attempts"
-        )
+    def _assignment_due(self) -> bool:
+        """Whether to follow the assignment now: the heartbeat thread's news came, or
+        partitions given wait to be started (`_waiting`) and their rest is over."""
+        if self._rebalance_wanted.is_set():
+            return True
+        return bool(self._waiting) and self.clock.monotonic() >= self._waiting_until
 
     def _reconcile(self, heartbeats: Heartbeats) -> None:
-        """The coordinated protocol: follow the assignment the heartbeat thread last heard.
+        """Follow the assignment the heartbeat thread last heard.
         Partitions taken away are given up first (fetching stopped, `on_revoked`, their
         positions committed with auto-commit) and reported at once; then those given are read
         from their committed offsets (`on_assigned`). A partition that stays is read on."""
@@ -1020,20 +811,35 @@ class GroupConsumer(Closing, Generic[R]):
             heartbeats.report(frozenset(k for k, tp in mine.items() if tp not in revoked))
         given = sorted(assignment - mine.keys())
         if not given:
+            self._waiting = frozenset()
             return
         claimed = self._broker_partitions(given)
-        self._start(claimed)
+        waiting = frozenset(self._start(claimed))
+        if waiting and waiting != self._waiting:
+            log.warning(
+                "group %s: %d partitions given wait for a leader to read them from "
+                "(their brokers down?), tried again every %g s: %s",
+                self.group,
+                len(waiting),
+                RETRY_BACKOFF_S,
+                ", ".join(f"{tp.topic}/{tp.partition}" for tp in sorted(waiting)),
+            )
+        self._waiting = waiting
+        self._waiting_until = self.clock.monotonic() + RETRY_BACKOFF_S
+        started = [tp for tp in claimed if tp not in waiting]
+        if not started:
+            return
         self.rebalances += 1
         log.info(
             "group %s: %s was given %d partitions: %s",
             self.group,
             self.consumer_id,
-            len(claimed),
-            ", ".join(f"{tp.topic}/{tp.partition}" for tp in claimed),
+            len(started),
+            ", ".join(f"{tp.topic}/{tp.partition}" for tp in started),
         )
         heartbeats.report(frozenset(TopicPartition(tp.topic, tp.partition) for tp in self._owned))
         if self.on_assigned is not None:
-            self.on_assigned(frozenset(claimed))
+            self.on_assigned(frozenset(started))
 
     def _give_up(self, partitions: frozenset[BrokerPartition]) -> None:
         """Stop reading `partitions`: their fetches forgotten, `on_revoked`, their positions
@@ -1059,57 +865,6 @@ class GroupConsumer(Closing, Generic[R]):
             named.append(BrokerPartition(topic, broker, number))
         return named
 
-    def _revoke(self) -> None:
-        """Stop fetching, tell the user, commit (with auto-commit) and release every owner
-        node."""
-        if not self._owned:
-            return
-        owned = frozenset(self._owned)
-        self._give_up(owned)
-        self._release(owned)
-
-    def _release(self, partitions: Iterable[BrokerPartition]) -> None:
-        for tp in partitions:
-            self._paper.release_partition(self.group, tp.topic, tp.name)
-
-    def _keeps_its_range(self) -> bool:
-        """Whether this member's range is what it owns already, in the session that claimed
-        it (its owner nodes stand): a change that moves none of its partitions (another
-        member's range, a broker that holds none of them, a watch that fires twice at the
-        start) then keeps each partition where it is read, the records not yet committed
-        included, instead of sending it back to its committed offset."""
-        if not self._owned or self._claim_session != self._paper.session_id:
-            return False
-        return set(self._wanted()) == set(self._owned)
-
-    def _wanted(self) -> list[BrokerPartition]:
-        """This member's range of each subscribed topic's live partitions."""
-        members = self._paper.consumers(self.group)
-        brokers = self._paper.brokers()
-        self.cluster.endpoints = {b: f"tcp://{i.host}:{i.port}" for b, i in brokers.items()}
-        wanted: list[BrokerPartition] = []
-        for topic in self.topics:
-            config = self._topic_config(topic)
-            if config is None:
-                continue
-            live = [
-                BrokerPartition(topic, holder, number)
-                for number, holder in enumerate(config.brokers)
-                if any(replica in brokers for replica in config.replicas[number])
-            ]
-            subscribed = [member for member, topics in members.items() if topic in topics]
-            wanted += assign_range(live, subscribed, self.consumer_id)
-        return wanted
-
-    def _topic_config(self, topic: str) -> TopicConfig | None:
-        try:
-            return self._paper.topic_config(topic)
-        except PylogError as error:
-            if isinstance(error, RegistryUnavailable):
-                raise
-            log.warning("group %s: topic %r: %s", self.group, topic, error)
-            return None
-
     def _leaders(self, claimed: Iterable[BrokerPartition]) -> dict[tuple[str, int], int]:
         """(topic, partition) -> its leader, by METADATA, for the partitions of `claimed` that
         are led by a registered broker now (the others: fetched from their preferred leader,
@@ -1133,22 +888,30 @@ class GroupConsumer(Closing, Generic[R]):
                 leaders[tp.topic, tp.partition] = info.broker_id
         return leaders
 
-    def _start(self, claimed: Iterable[BrokerPartition]) -> None:
-        claimed = list(claimed)
+    def _start(self, claimed: Sequence[BrokerPartition]) -> list[BrokerPartition]:
+        """Read `claimed` from their committed offsets (or `reset`); those that cannot be read
+        now are returned, to be started again after RETRY_BACKOFF_S: no leader registered
+        (their brokers down), or no answer from it to where `reset` starts. The others never
+        wait for them."""
         leaders = self._leaders(claimed)
         offsets = self._committed(claimed)
         endpoints: dict[BrokerPartition, str] = {}
+        waiting: list[BrokerPartition] = []
         for tp in claimed:
             leader = leaders.get((tp.topic, tp.partition), tp.broker_id)
             endpoint = self.cluster.endpoints.get(leader)
-            if endpoint is None:  # the rebalance is tried again (_rebalanced)
-                raise Unavailable(f"{tp.topic}-{tp.partition}: no leader registered now")
-            endpoints[tp] = endpoint
-        uncommitted = [tp for tp in claimed if offsets.get(tp) is None]
+            if endpoint is None:
+                waiting.append(tp)
+            else:
+                endpoints[tp] = endpoint
+        uncommitted = [tp for tp in endpoints if offsets.get(tp) is None]
         resets = self._reset_offsets(uncommitted, endpoints)
-        for tp in claimed:
+        for tp in endpoints:
             committed = offsets.get(tp)
-            position = resets[tp] if committed is None else committed
+            position = resets.get(tp) if committed is None else committed
+            if position is None:
+                waiting.append(tp)
+                continue
             self._owned[tp] = _Owned(
                 tp,
                 endpoints[tp],
@@ -1158,19 +921,16 @@ class GroupConsumer(Closing, Generic[R]):
                 position,
                 fetch_bytes=self.fetch_bytes,
             )
+        return waiting
 
     def _committed(self, partitions: Sequence[BrokerPartition]) -> dict[BrokerPartition, int]:
-        """The group's committed offsets of those of `partitions` that have one: read from
-        ZooKeeper (the paper's protocol) or asked of the coordinator (OFFSET_FETCH)."""
+        """The group's committed offsets of those of `partitions` that have one, asked of the
+        coordinator (OFFSET_FETCH)."""
         if not partitions:
             return {}
-        if self._heartbeats is None:
-            stored = self._paper.committed_offsets(self.group)
-            found = {tp: stored.get(tp.topic, {}).get(tp.name) for tp in partitions}
-        else:
-            topics = sorted({tp.topic for tp in partitions})
-            committed = self._commits.committed(topics)
-            found = {tp: committed.get(TopicPartition(tp.topic, tp.partition)) for tp in partitions}
+        topics = sorted({tp.topic for tp in partitions})
+        committed = self._commits.committed(topics)
+        found = {tp: committed.get(TopicPartition(tp.topic, tp.partition)) for tp in partitions}
         return {tp: offset for tp, offset in found.items() if offset is not None}
 
     def _reset_offsets(
@@ -1178,7 +938,8 @@ class GroupConsumer(Closing, Generic[R]):
     ) -> dict[BrokerPartition, int]:
         """_reset_offset of each of `partitions`, the OFFSETS requests sent to their leaders
         (`endpoints`) together, one round trip for them all; one not answered so (an error, a
-        leader moved) is asked again alone, as _reset_offset asks."""
+        leader moved) is asked again alone, as _reset_offset asks, and left out when that
+        fails too with an error to retry (its leader down)."""
         time_ = EARLIEST if self.reset == "earliest" else LATEST
         asked: dict[tuple[Connection, int], BrokerPartition] = {}
         for tp in partitions:
@@ -1205,7 +966,12 @@ class GroupConsumer(Closing, Generic[R]):
                 continue  # asked alone below: it follows the leader, retries, raises
         for tp in partitions:
             if tp not in offsets:
-                offsets[tp] = self._reset_offset(tp)
+                try:
+                    offsets[tp] = self._reset_offset(tp)
+                except (Unavailable, BrokerError) as error:
+                    if isinstance(error, BrokerError) and not error.retriable:
+                        raise
+                    log.warning("group %s: where does %s start? %s", self.group, tp, error)
         return offsets
 
     def _reset_offset(self, tp: BrokerPartition) -> int:
@@ -1219,7 +985,7 @@ class GroupConsumer(Closing, Generic[R]):
 
     def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
         """Count every record handed out as processed (the one in hand included) and record
-        in ZooKeeper, for every owned partition, the position after it (only where it
+        with the coordinator, for every owned partition, the position after it (only where it
         moved). With `offsets` ((topic, partition) -> the offset to read next), record those
         instead, for those partitions alone (each becomes the partition's position; the
         others are left as they are); ValueError, nothing committed, for a partition this
@@ -1255,13 +1021,9 @@ class GroupConsumer(Closing, Generic[R]):
             owned.committed = owned.position
 
     def _record(self, offsets: Mapping[BrokerPartition, int]) -> None:
-        """Record `offsets` in ZooKeeper (the paper's protocol) or with the coordinator
-        (OFFSET_COMMIT at the member's epoch): PartitionNotAssigned, nothing of it recorded,
-        for a partition the group gave another member since."""
-        if self._heartbeats is None:
-            for tp, offset in offsets.items():
-                self._paper.commit_offset(self.group, tp.topic, tp.name, offset)
-            return
+        """Record `offsets` with the coordinator (OFFSET_COMMIT at the member's epoch):
+        PartitionNotAssigned, nothing of it recorded, for a partition the group gave another
+        member since."""
         with self._heartbeats.lock:
             epoch = self._heartbeats.membership.epoch
         by_key = {TopicPartition(tp.topic, tp.partition): o for tp, o in offsets.items()}
@@ -1284,32 +1046,20 @@ class GroupConsumer(Closing, Generic[R]):
         self._next_commit = self.clock.monotonic() + self.auto_commit_interval_s
         try:
             self._commit_positions()
-        except (RegistryUnavailable, BrokerError, Unavailable) as error:  # tried again next time
+        except (BrokerError, Unavailable) as error:  # tried again next time
             log.warning("group %s: auto-commit failed: %s", self.group, error)
 
     # -- life cycle --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Commit the processed records (with auto-commit), release the partitions, leave the
-        group. Records handed out but not processed (see the module's docstring) are read again
-        by the partitions' next owners."""
+        """Give every partition up (committing the processed records with auto-commit,
+        within the lease), then leave the group, so that others take them over at once.
+        Records handed out but not processed (see the module's docstring) are read again by
+        the partitions' next owners."""
         if self._closed:
             return
         self._closed = True
-        if self._heartbeats is not None:
-            self._leave(self._heartbeats)
-            return
-        registry = self._paper
-        try:
-            if registry.connected and registry.session_id == self._claim_session:
-                self._revoke()
-        finally:
-            registry.stop()
-            self.cluster.close()
-
-    def _leave(self, heartbeats: Heartbeats) -> None:
-        """The coordinated protocol's close: give every partition up (committing, within the
-        lease), then leave the group, so that others take them over at once."""
+        heartbeats = self._heartbeats
         try:
             if self._owned and self.connected and not heartbeats.membership.lost:
                 self._give_up(frozenset(self._owned))

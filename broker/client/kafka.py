@@ -608,7 +608,7 @@ def _partitions(owned: Iterable[BrokerPartition]) -> list[TopicPartition]:
 
 class Consumer:
     """confluent_kafka.Consumer's shape over pylog's GroupConsumer: a member of `group.id`,
-    found through `bootstrap.servers` (the member asks a broker where ZooKeeper is)."""
+    through the group's coordinator, found through `bootstrap.servers`."""
 
     def __init__(self, conf: Mapping[str, Any], **kwargs: Any) -> None:
         conf = _settings({**conf, **kwargs}, CONSUMER_KEYS, "consumer")
@@ -664,10 +664,9 @@ class Consumer:
             member_options["fetch_bytes"] = self._fetch_bytes
         try:
             self._member = GroupConsumer(
-                None,
+                str(self._conf["bootstrap.servers"]),
                 str(self._conf["group.id"]),
                 topics,
-                broker=str(self._conf["bootstrap.servers"]),
                 instance_id=self._conf.get("group.instance.id"),
                 assignor=self._conf.get("group.remote.assignor"),
                 max_poll_interval_s=self._max_poll_s,
@@ -782,10 +781,10 @@ class Consumer:
         offsets: list[TopicPartition] | None = None,
         asynchronous: bool = True,
     ) -> list[TopicPartition] | None:
-        """Commit, in ZooKeeper, every message returned so far (no argument); or `message`
-        (the offset after it); or `offsets` (each the offset to read next). The commit is
-        made before this returns, whatever `asynchronous` says; it returns the partitions
-        committed when `asynchronous` is False, as confluent-kafka does."""
+        """Commit, with the group's coordinator, every message returned so far (no argument);
+        or `message` (the offset after it); or `offsets` (each the offset to read next). The
+        commit is made before this returns, whatever `asynchronous` says; it returns the
+        partitions committed when `asynchronous` is False, as confluent-kafka does."""
         member = self._joined()
         if message is not None and offsets is not None:
             raise ValueError("commit takes a message or offsets, not both")

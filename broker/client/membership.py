@@ -141,15 +141,16 @@ class Membership:
 @dataclass
 class Heartbeats:
     """The heartbeat thread of a member (module docstring). `changed` is set when the polling
-    thread has something to do; `failure` holds a refusal nothing retries (INVALID_GROUP,
-    AUTHORIZATION_FAILED, ...), for the polling thread to raise."""
+    thread has something to do; `failure` holds what ended the thread, for the polling thread
+    to raise: a refusal nothing retries (INVALID_GROUP, AUTHORIZATION_FAILED, ...), a
+    handshake the broker refused (AuthenticationFailed), or any error of the thread's own."""
 
     membership: Membership
     calls: GroupCalls
     clock: Clock
     changed: threading.Event
     lock: threading.Lock = field(default_factory=threading.Lock)
-    failure: PylogError | None = None
+    failure: Exception | None = None
     _kick: threading.Event = field(default_factory=threading.Event)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -170,6 +171,15 @@ class Heartbeats:
         self._kick.set()
 
     def _run(self) -> None:
+        try:
+            self._beat()
+        except Exception as error:  # raised by the polling thread, never lost with this one
+            self.failure = error
+            self.changed.set()
+
+    def _beat(self) -> None:
+        """Heartbeats until stopped, or until the coordinator refused the member for good
+        (`failure`)."""
         backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
         while not self._stop.is_set():
             request: GroupHeartbeatRequest | None

@@ -1,6 +1,6 @@
 """Mirror processes sharing the work (docs/mirror.md, "Several mirrors"): a group in the
 target's registry, as consumer groups are (docs/registry.md, /consumers), with the paper's range
-assignment (broker.client.group.assign_range).
+assignment (assign_range).
 
 Each process registers as a member of the group (ephemeral /consumers/<group>/ids/<id>,
 listing the topics it mirrors) and copies a partition only while it holds the partition's
@@ -15,10 +15,26 @@ Sync (kazoo): the Mirror calls it from worker threads.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
-from broker.client.group import BrokerPartition, assign_range
-from broker.registry import Registry
+from broker.groups.assignors import contiguous_share
+from broker.registry import Registry, partition_name
+
+
+def assign_range(
+    partitions: Sequence[tuple[int, int]], members: Sequence[str], me: str
+) -> list[int]:
+    """The paper's range assignment: `me`'s contiguous share of the `partitions` ((preferred
+    broker, partition) pairs, sorted) among the sorted `members` (the first
+    len(partitions) % len(members) members take one more); the partition numbers."""
+    ordered = sorted(partitions)
+    ranked = sorted(members)
+    if me not in ranked:
+        return []
+    return [
+        partition
+        for _, partition in ordered[contiguous_share(len(ordered), len(ranked), ranked.index(me))]
+    ]
 
 
 class MirrorGroup:
@@ -50,11 +66,9 @@ class MirrorGroup:
         wanted: set[tuple[str, int]] = set()
         for topic, count in partitions.items():
             brokers = self.registry.topic_config(topic).brokers
-            named = [BrokerPartition(topic, brokers[p], p) for p in range(count)]
+            named = [(brokers[p], p) for p in range(count)]
             mirroring = [member for member, topics in members.items() if topic in topics]
-            wanted |= {
-                (tp.topic, tp.partition) for tp in assign_range(named, mirroring, self.member)
-            }
+            wanted |= {(topic, p) for p in assign_range(named, mirroring, self.member)}
         return wanted
 
     def claim(self, topic: str, partition: int) -> str | None:
@@ -68,7 +82,7 @@ class MirrorGroup:
 
     def _name(self, topic: str, partition: int) -> str:
         brokers = self.registry.topic_config(topic).brokers
-        return BrokerPartition(topic, brokers[partition], partition).name
+        return partition_name(brokers[partition], partition)
 
     def leave(self) -> None:
         if self._topics is not None:

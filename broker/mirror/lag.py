@@ -17,11 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from broker.client.admin import Admin, PartitionOffsets
-from broker.client.group import BrokerPartition
 from broker.client.lag import COUNT_BYTES, backlog
 from broker.errors import BrokerError, Unavailable, UnknownTopicOrPartition
 from broker.mirror.config import MirrorConfig
-from broker.registry import Registry
+from broker.registry import Registry, partition_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +73,7 @@ def _topic_lag(
     try:
         copied = {p.partition: p for p in target.describe(topic)}
         brokers = registry.topic_config(topic).brokers
-        names = {p: BrokerPartition(topic, b, p).name for p, b in enumerate(brokers)}
+        names = {p: partition_name(b, p) for p, b in enumerate(brokers)}
         owners = registry.partition_owners(config.mirror.group, topic)
     except UnknownTopicOrPartition:
         pass

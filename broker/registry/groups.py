@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import TypeVar
-
-from kazoo.client import TransactionRequest
 
 from broker.errors import PylogError, RegistryUnavailable
 from broker.protocol import check_topic_name
@@ -123,28 +121,6 @@ class Groups(NodeReads):
             except ValueError:
                 return f"session 0x{stat.ephemeral_owner:x}"
         raise RegistryUnavailable(f"could not claim {path}: it kept changing under us")
-
-    def claim_partitions(
-        self, group: str, partitions: Sequence[tuple[str, str]], consumer_id: str
-    ) -> list[str | None]:
-        """claim_partition of each (topic, partition name) of `partitions`, in order: their
-        owner nodes created in transactions (one write and one round trip for them all, not
-        one each: ZooKeeper syncs its log for every write), or, when one is there already,
-        each claimed alone as claim_partition does."""
-        paths = [self.owner_path(group, topic, name) for topic, name in partitions]
-        data = encode({"consumer": consumer_id})
-
-        def create(transaction: TransactionRequest) -> None:
-            for path in paths:
-                transaction.create(path, data, ephemeral=True)
-
-        try:
-            for parent in sorted({path.rsplit("/", 1)[0] for path in paths}):
-                self._ensure_path(parent)
-            self._commit_in_chunks("claim partitions", create, lambda transaction: None)
-        except (NodeExists, NoNode):  # owned by a member already, or a parent gone
-            return [self.claim_partition(group, t, n, consumer_id) for t, n in partitions]
-        return [None] * len(paths)
 
     def release_partition(self, group: str, topic: str, name: str) -> None:
         """Delete the owner node of partition `name` if this session holds it."""

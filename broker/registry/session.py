@@ -285,10 +285,6 @@ class Session(Running):
         session: int = client_id[0]
         return session
 
-    def wait_connected(self, timeout: float | None = None) -> bool:
-        """Wait until connected; False if `timeout` seconds passed first."""
-        return self._connected.wait(timeout)
-
     def wait_registered(self, timeout: float | None = None) -> bool:
         """Wait until connected with every registered node known to exist in this connection
         (after a session expiry: re-created); False if `timeout` seconds passed first."""

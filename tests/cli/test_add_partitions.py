@@ -1,6 +1,7 @@
 """`pylogctl topic add-partitions` against three real brokers, one of them down during the
 change: the new partitions are placed over the brokers up, served, written to by a keyed
-producer once its metadata ages, and shared out by a group that rebalances at once."""
+producer once its metadata ages, and given at once by the group's coordinator to a member
+joined through the brokers."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from broker.client import Admin, Producer
 from broker.protocol import Ack
 from tests.cli.conftest import ok, pylogctl
-from tests.cluster.conftest import Member
+from tests.cluster.conftest import Member, bootstrap
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
 
@@ -22,7 +23,7 @@ def test_partitions_added_are_placed_on_brokers_up_served_written_and_consumed(
 ) -> None:
     endpoint = three_brokers[0].endpoint
     ok(endpoint, "topic", "create", TOPIC, "--partitions", "2", "--config", "replication_factor=2")
-    member = make_member("growers", [TOPIC])
+    member = make_member(bootstrap(three_brokers), "growers", [TOPIC])
     wait_until(lambda: len(member.consumer.assignment) == 2, 30, "the member owns both")
     producer = Producer(endpoint, TOPIC, ack=Ack.ALL, metadata_max_age_s=0.5)
     keys = [b"key-%d" % i for i in range(40)]
@@ -50,8 +51,10 @@ def test_partitions_added_are_placed_on_brokers_up_served_written_and_consumed(
     landed = {delivery.partition for delivery in placed.values()}
     producer.close()
     assert landed & {2, 3}, "no key went to a new partition"
-    # The member rebalances at once, and reads what the new partitions got.
+    # The coordinator gives the member the new partitions at once (it keeps the first two),
+    # and it reads what they got.
     wait_until(lambda: len(member.consumer.assignment) == 4, 30, "the member owns all four")
+    assert member.revoked == []
     wait_until(
         lambda: {r.partition for _, r in member.records if r.value == b"after"} == landed,
         30,

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from click.testing import CliRunner, Result
 from broker.client import Admin, Producer
 from broker.client.connection import Connection
 from broker.client.coordinator import GroupCalls
-from broker.client.group import GroupConsumer
+from broker.client.group import GroupConsumer, Record
 from broker.errors import BrokerError
 from broker.groups.assignors import TopicPartition
 from broker.protocol import MetadataRequest
@@ -37,7 +37,9 @@ HOUR_AGO_MS = int(time.time() * 1000) - 3_600_000
 
 
 def run(cluster: Cluster, *args: str) -> Result:
-    env = {"PYLOG_ZOOKEEPER": cluster.zookeeper}
+    """`pylogctl group ARGS` on the cluster's registry (--zookeeper, --chroot), and its brokers
+    (--broker: a coordinated group's reset goes through its coordinator)."""
+    env = {"PYLOG_ZOOKEEPER": cluster.zookeeper, "PYLOG_BROKER": cluster.endpoint}
     return CliRunner().invoke(cli, ["group", *args, "--chroot", cluster.chroot], env=env)
 
 
@@ -70,9 +72,33 @@ def make_topic(cluster: Cluster, topic: str, counts: list[int], timestamp_ms: in
 
 
 def member(cluster: Cluster, group: str, topic: str, consumer_id: str) -> GroupConsumer:
-    return GroupConsumer(
-        cluster.zookeeper, group, [topic], chroot=cluster.chroot, consumer_id=consumer_id
-    )
+    """A member of `group` for `topic`, joined through the group's coordinator: returned once
+    the coordinator has written its node (/consumers/<group>/members/<consumer_id>), which is
+    what `pylogctl group` reads. It joins in its heartbeat thread, so no poll is needed for
+    that; one is for it to take its partitions."""
+    consumer = GroupConsumer(cluster.endpoint, group, [topic], consumer_id=consumer_id)
+    try:
+        with Registry(cluster.zookeeper, cluster.chroot) as registry:
+            wait_until(
+                lambda: consumer_id in registry.group_members(group),
+                30,
+                f"{consumer_id} in group {group}",
+            )
+    except BaseException:
+        consumer.close()
+        raise
+    return consumer
+
+
+def reads(consumer: GroupConsumer, into: list[Record], count: int) -> Callable[[], bool]:
+    """A condition for wait_until: `consumer` polled once more, what it gave added to `into`,
+    until `into` has `count` records."""
+
+    def enough() -> bool:
+        into.extend(consumer.poll(100))
+        return len(into) >= count
+
+    return enough
 
 
 def test_list_names_each_group_with_its_members_and_topics(
@@ -313,24 +339,37 @@ def test_reset_of_partitions_without_a_commit_sets_them_for_a_new_group(
         }
 
 
-def test_reset_refuses_while_members_consume_the_topic_unless_forced(
+def test_reset_refuses_while_a_member_consumes_the_topic_and_applies_once_it_left(
     cluster: Cluster, registry: Registry, group: str, topic: str
 ) -> None:
+    """A member in the group blocks a reset of its topic: pylogctl refuses it, --force or not
+    (the group's coordinator would too: it keeps the offsets its members are given). Once the
+    member has left, the reset goes through the coordinator, and the next member reads from
+    there."""
     make_topic(cluster, topic, [3])
     registry.commit_offset(group, topic, "1-0", 2 * SIZE)
     with member(cluster, group, topic, "busy"):
-        refused = reset(cluster, group, topic, "--to", "earliest", "--execute")
-        assert refused.exit_code == 1
-        assert refused.stderr == (
+        told = (
             f"pylogctl: group {group} has 1 active member (busy) consuming {topic}: stop it "
-            "first, or add --force (a running member commits its own position over the reset)\n"
+            "first (its coordinator refuses a reset while a member reads the topic)\n"
         )
-        assert registry.committed_offset(group, topic, "1-0") == 2 * SIZE
+        for force in ((), ("--force",)):
+            refused = reset(cluster, group, topic, "--to", "earliest", "--execute", *force)
+            assert (refused.exit_code, refused.stderr) == (1, told)
         dry = reset(cluster, group, topic, "--to", "earliest")
-        assert dry.exit_code == 0 and "--execute will refuse unless --force" in dry.stdout
-        forced = reset(cluster, group, topic, "--to", "earliest", "--execute", "--force")
-        assert forced.exit_code == 0, forced.output
-        assert registry.committed_offset(group, topic, "1-0") == 0
+        assert dry.exit_code == 0 and "--execute will refuse\n" in dry.stdout
+        assert registry.committed_offset(group, topic, "1-0") == 2 * SIZE
+        with GroupCalls(cluster.endpoint, group) as calls:
+            assert calls.committed([topic]) == {TopicPartition(topic, 0): 2 * SIZE}
+    executed = reset(cluster, group, topic, "--to", "earliest", "--execute")  # the member down
+    assert executed.exit_code == 0, executed.output
+    with GroupCalls(cluster.endpoint, group) as calls:
+        assert calls.committed([topic]) == {TopicPartition(topic, 0): 0}
+    assert registry.committed_offset(group, topic, "1-0") == 0
+    with member(cluster, group, topic, "next") as following:
+        read: list[Record] = []
+        wait_until(reads(following, read, 3), what="3 messages")
+        assert [r.value for r in read] == [b"message-0", b"message-1", b"message-2"]
 
 
 def test_reset_usage_errors_exit_2(cluster: Cluster, group: str, topic: str) -> None:
@@ -372,6 +411,10 @@ def test_delete_refuses_while_the_group_has_members_then_deletes_it(
     assert again.stderr == (
         f"pylogctl: no consumer group {group!r} (pylogctl group list shows the groups)\n"
     )
+    with member(cluster, group, topic, "anew") as anew:  # from --reset (earliest), not SIZE
+        read: list[Record] = []
+        wait_until(reads(anew, read, 1), what="a message")
+        assert [r.offset for r in read] == [0]
 
 
 def test_the_group_commands_find_zookeeper_through_the_broker(
@@ -464,8 +507,9 @@ def test_group_consume_ends_on_ctrl_c_or_sigterm_committing_what_it_printed(
     cluster: Cluster, registry: Registry, group: str, topic: str, signum: int
 ) -> None:
     """The signal only asks the member's loop to end (GroupConsumer.interrupt): raised from
-    the handler, the exit could land inside kazoo, whose bare `except:` swallowed it, and the
-    member went on polling (2 to 3 runs in 10)."""
+    the handler, the exit could land inside a library that swallows it (kazoo's bare `except:`
+    did, when members ran through ZooKeeper), and the member went on polling (2 to 3 runs in
+    10)."""
     make_topic(cluster, topic, [4])
     process = subprocess.Popen(
         [
@@ -497,7 +541,7 @@ def test_a_coordinated_group_is_listed_reset_through_its_coordinator_and_deleted
     its reset refused while one reads and then committed through the coordinator (which a
     member joining later is given, not what was behind it in ZooKeeper), then deleted."""
     make_topic(cluster, topic, [3])
-    coordinated = GroupConsumer(None, group, [topic], broker=cluster.endpoint, consumer_id="c1")
+    coordinated = GroupConsumer(cluster.endpoint, group, [topic], consumer_id="c1")
     try:
         wait_until(lambda: len(coordinated.poll(100)) > 0, what="c1 reads")
         coordinated.commit()
@@ -515,15 +559,46 @@ def test_a_coordinated_group_is_listed_reset_through_its_coordinator_and_deleted
     deleted = run(cluster, "delete", group)
     assert deleted.exit_code == 0, deleted.output
     assert group not in {row["group"] for row in json_lines(run(cluster, "list", "--json"))}
+    with GroupCalls(cluster.endpoint, group) as calls:  # deleted behind it, it answered 0
+        assert calls.committed([topic]) == {}
+
+
+def test_a_coordinated_group_is_reset_and_deleted_through_the_brokers_its_zookeeper_names(
+    cluster: Cluster, group: str, topic: str
+) -> None:
+    """Given --zookeeper and no --broker, the coordinator is reached through the brokers
+    registered in that ZooKeeper, not through the default broker address (which may be
+    another cluster's, or nobody's)."""
+    make_topic(cluster, topic, [3])
+    with GroupConsumer(cluster.endpoint, group, [topic], consumer_id="c1") as member:
+        wait_until(lambda: len(member.poll(100)) > 0, what="c1 reads")
+    env = {"PYLOG_ZOOKEEPER": cluster.zookeeper, "PYLOG_BROKER": "127.0.0.1:1"}
+    args = ["group", "reset", group, "--topic", topic, "--to", "latest", "--execute"]
+    reset = CliRunner().invoke(cli, [*args, "--chroot", cluster.chroot, "--timeout", "2"], env=env)
+    assert reset.exit_code == 0, reset.output
+    assert "1 partition of" in reset.stdout
+    with GroupCalls(cluster.endpoint, group) as calls:
+        assert calls.committed([topic]) == {TopicPartition(topic, 0): 3 * SIZE}
+    delete = ["group", "delete", group, "--chroot", cluster.chroot, "--timeout", "2"]
+    deleted = CliRunner().invoke(cli, delete, env=env)
+    assert deleted.exit_code == 0, deleted.output
+    with GroupCalls(cluster.endpoint, group) as calls:
+        assert calls.committed([topic]) == {}
 
 
 def test_consume_joins_through_the_coordinator_without_zookeeper_options(
     cluster: Cluster, group: str, topic: str
 ) -> None:
-    """`group consume` given only --broker is a member through the group's coordinator (a
-    member epoch, not the paper's state 3): it prints what it is given, and on SIGTERM commits
-    what it printed and leaves."""
+    """`group consume` joins through the group's coordinator, found through --broker (a member
+    epoch, not the paper's state 3), and has no ZooKeeper options any more: it prints what it is
+    given, and on SIGTERM commits what it printed and leaves."""
     make_topic(cluster, topic, [4])
+    for option in ("--zookeeper", "--chroot", "--zookeeper-auth-file"):
+        refused = CliRunner().invoke(
+            cli, ["group", "consume", group, topic, option, "x", "--broker", cluster.endpoint]
+        )
+        assert refused.exit_code == 2, refused.output
+        assert f"No such option '{option}'" in refused.stderr
     pylogctl = str(Path(sys.executable).with_name("pylogctl"))
     env = {k: v for k, v in os.environ.items() if k != "PYLOG_ZOOKEEPER"}
     consuming = subprocess.Popen(

@@ -1,8 +1,9 @@
-"""AsyncGroupConsumer against a real broker and ZooKeeper, on the patterns of the sync member's
-tests (tests/cluster/test_group_delivery.py): a `break`, an exception in the handler, a commit
-in the loop, and the asyncio ones, a cancelled step, a timeout around the handler and Ctrl-C.
-Each leaves the group's commit exactly after the last processed record: the group is read
-again afterwards by a sync member, and exactly the records not processed come back."""
+"""AsyncGroupConsumer against a real broker (the group's coordinator), on the patterns of the
+sync member's tests (tests/cluster/test_group_delivery.py): a `break`, an exception in the
+handler, a commit in the loop, and the asyncio ones, a cancelled step, a timeout around the
+handler and Ctrl-C. Each leaves the group's commit exactly after the last processed record: the
+group is read again afterwards by a sync member, and exactly the records not processed come
+back."""
 
 from __future__ import annotations
 
@@ -13,28 +14,44 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from broker.aio import AsyncGroupConsumer
 from broker.client import Ack, PartitionConsumer, Producer
+from broker.client.coordinator import GroupCalls
 from broker.client.group import GroupConsumer, Record
+from broker.groups.assignors import TopicPartition
 from broker.log.message import encode_message
-from broker.zookeeper import PrivateZooKeeper
-from tests.cluster.test_group_delivery import VALUES, member_maker, read_again, write_values
+from tests.cluster.test_group_delivery import VALUES, read_again, write_values
+from tests.pipes import PipeLines
 from tests.pylogd import RunningBroker
 
 Make = Callable[..., AsyncGroupConsumer]
+M = TypeVar("M")
+
+
+def member_maker(kind: Callable[..., M], broker: RunningBroker) -> Callable[..., M]:
+    """`kind(broker, group, [topic], ...)`, joining through the broker (the group's
+    coordinator), with the test's options (a short wait and session by default)."""
+
+    def make(group: str, topic: str, **options: object) -> M:
+        options.setdefault("max_wait_ms", 200)
+        options.setdefault("session_timeout_s", 2.0)
+        return kind(broker.endpoint, group, [topic], **options)
+
+    return make
 
 
 @pytest.fixture
-def async_member(zookeeper: PrivateZooKeeper, broker: RunningBroker) -> Make:
-    return member_maker(AsyncGroupConsumer, zookeeper, broker)
+def async_member(broker: RunningBroker) -> Make:
+    return member_maker(AsyncGroupConsumer, broker)
 
 
 @pytest.fixture
-def member(zookeeper: PrivateZooKeeper, broker: RunningBroker) -> Callable[..., GroupConsumer]:
-    return member_maker(GroupConsumer, zookeeper, broker)
+def member(broker: RunningBroker) -> Callable[..., GroupConsumer]:
+    return member_maker(GroupConsumer, broker)
 
 
 @pytest.fixture
@@ -90,10 +107,7 @@ def test_a_timeout_around_the_handler_leaves_the_record_in_hand_to_be_read_again
 
 
 def test_a_cancelled_step_loses_nothing_and_a_loop_entered_again_goes_on(
-    broker: RunningBroker,
-    group_topic: str,
-    async_member: Make,
-    member: Callable[..., GroupConsumer],
+    broker: RunningBroker, group_topic: str, async_member: Make
 ) -> None:
     more = [b"more-%d" % i for i in range(3)]
 
@@ -125,11 +139,11 @@ def test_a_cancelled_step_loses_nothing_and_a_loop_entered_again_goes_on(
         return got
 
     assert asyncio.run(consume()) == VALUES + more
-    assert committed(member, "async-cancelled", group_topic) == high_watermark(broker, group_topic)
+    assert committed(broker, "async-cancelled", group_topic) == high_watermark(broker, group_topic)
 
 
 def test_commit_records_the_record_in_hand(
-    group_topic: str, async_member: Make, member: Callable[..., GroupConsumer]
+    broker: RunningBroker, group_topic: str, async_member: Make
 ) -> None:
     async def consume() -> tuple[int, int]:
         async with async_member("async-committers", group_topic, fetch_bytes=512) as consumer:
@@ -144,13 +158,12 @@ def test_commit_records_the_record_in_hand(
 
     offset, position = asyncio.run(consume())
     assert position == offset + len(encode_message(VALUES[0]))  # every record is as long
-    assert committed(member, "async-committers", group_topic) == position
+    assert committed(broker, "async-committers", group_topic) == position
 
 
 def test_ctrl_c_closes_the_member_committing_what_it_processed(
     group_topic: str,
     broker: RunningBroker,
-    zookeeper: PrivateZooKeeper,
     member: Callable[..., GroupConsumer],
 ) -> None:
     script = textwrap.dedent(
@@ -159,8 +172,8 @@ def test_ctrl_c_closes_the_member_committing_what_it_processed(
         from broker.aio import AsyncGroupConsumer
 
         async def main():
-            async with AsyncGroupConsumer({zookeeper.connect_string!r}, "async-interrupted",
-                    [{group_topic!r}], chroot={broker.arguments[1]!r}, max_wait_ms=200) as m:
+            async with AsyncGroupConsumer({broker.endpoint!r}, "async-interrupted",
+                    [{group_topic!r}], max_wait_ms=200, session_timeout_s=2.0) as m:
                 async for record in m:
                     print(record.value.decode(), flush=True)
                     if record.value == b"r-002":
@@ -172,24 +185,29 @@ def test_ctrl_c_closes_the_member_committing_what_it_processed(
     process = subprocess.Popen(
         [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=Path.cwd()
     )
-    assert process.stdout is not None
-    printed = [process.stdout.readline().strip() for _ in range(3)]
-    process.send_signal(signal.SIGINT)
-    process.wait(timeout=60)
+    try:
+        assert process.stdout is not None
+        printed = [line.strip() for line in PipeLines(process.stdout).lines(3, timeout=60)]
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:  # a child that printed too little, or did not stop
+            process.kill()
+            process.wait(timeout=10)
+        assert process.stdout is not None
+        process.stdout.close()
     assert printed == [v.decode() for v in VALUES[:3]]
     assert process.returncode != 0  # KeyboardInterrupt, after the member closed
     assert read_again(member, "async-interrupted", group_topic) == VALUES[2:]
 
 
-def committed(make: Callable[..., GroupConsumer], group: str, topic: str) -> int:
-    """The group's committed offset of partition 0, as its next member starts from it."""
-    with make(group, topic, auto_commit_interval_s=None) as reader:
-        for _ in range(100):  # bounded: the first polls claim the partition
-            reader.poll(0)
-            if reader.assignment:
-                break
-        (position,) = reader.positions().values()
-        return position
+def committed(broker: RunningBroker, group: str, topic: str) -> int:
+    """The group's committed offset of partition 0 of `topic`, as its coordinator gives it to
+    the partition's next owner."""
+    with GroupCalls(broker.endpoint, group) as calls:
+        offsets = calls.committed([topic])
+    assert set(offsets) == {TopicPartition(topic, 0)}, offsets
+    return offsets[TopicPartition(topic, 0)]
 
 
 def high_watermark(broker: RunningBroker, topic: str) -> int:

@@ -49,10 +49,9 @@ def member(broker: RunningBroker, group: str, topic: str, **options: object) -> 
     """A member whose auto-commit waits a minute: what a hand-over commits is what gives up a
     partition and what close() commits."""
     return GroupConsumer(
-        None,
+        broker.endpoint,
         group,
         [topic],
-        broker=broker.endpoint,
         session_timeout_s=SESSION_S,
         auto_commit_interval_s=60,
         max_wait_ms=50,

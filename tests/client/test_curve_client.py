@@ -2,26 +2,30 @@
 has ZooKeeper ACLs (tests/curve.py): a client with the right keys gets through, and one with an
 unknown key, a wrong broker key or no keys gets no reply, which the broker counts and logs (and
 the client is told); the
-group consumers (sync and asyncio) and pylogctl's group commands take keys and a ZooKeeper
-identity."""
+group consumers (sync and asyncio) take keys, and need no ZooKeeper identity (their group's
+coordinator writes the group's nodes with the brokers'), and pylogctl's group commands take keys
+and, for those that write the registry, a ZooKeeper identity."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from broker.aio import AsyncGroupConsumer, AsyncPartitionConsumer, AsyncProducer
 from broker.client import Admin, Connection, PartitionConsumer, Producer, TopicConsumer
+from broker.client.coordinator import GroupCalls
 from broker.client.group import GroupConsumer, Record
 from broker.errors import AuthenticationFailed, PylogError, RegistryAccessDenied
+from broker.groups.assignors import TopicPartition
 from broker.protocol import MetadataRequest
+from broker.registry import Registry
 from broker.security import ClientKeys, ZooKeeperAuth, generate_keys, load_key_pair
 from cli.pylogctl import cli
 from tests.conftest import wait_until
@@ -175,50 +179,74 @@ def test_a_producer_publishes_its_audit_records_to_a_curve_broker_with_its_keys(
     assert max(r["count"] for r in records if r["topic"] == topic) == 3
 
 
-def test_group_members_with_keys_and_a_zookeeper_identity_consume_from_a_curve_broker(
+def test_group_members_with_keys_consume_from_a_curve_broker_without_any_zookeeper_identity(
     curve_broker: CurveBroker, topic: str
 ) -> None:
+    """The members present their keys only: the group's coordinator writes the group's nodes
+    in ZooKeeper with the brokers' identity, which anyone reads and no other identity changes."""
     _fill(curve_broker, topic, 6)
-    auth = ZooKeeperAuth.load(curve_broker.member_auth)
-    options: dict[str, Any] = {
-        "chroot": curve_broker.chroot,
-        "keys": curve_broker.keys(SUPER_USER),
-        "zookeeper_auth": auth,
-    }
+    endpoint, keys = curve_broker.broker.endpoint, curve_broker.keys(SUPER_USER)
     seen: list[Record] = []
-    with GroupConsumer(curve_broker.zookeeper, "loaders", [topic], **options) as member:
-        for record in member:
-            seen.append(record)
-            if len(seen) == 3:
-                break
-        member.commit()  # the three, the one in hand included
+    with none_refused(curve_broker):
+        with GroupConsumer(endpoint, "loaders", [topic], keys=keys, max_wait_ms=200) as member:
+            deadline = time.monotonic() + 30
+            while len(seen) < 3 and time.monotonic() < deadline:  # bounded: three records
+                seen += member.poll_records(3 - len(seen))
+            member.commit()  # the three
+        assert len(seen) == 3
 
-    async def the_rest() -> list[Record]:
-        found: list[Record] = []
-        async with AsyncGroupConsumer(curve_broker.zookeeper, "loaders", [topic], **options) as m:
-            async for record in m:
-                found.append(record)
-                if len(seen) + len(found) == 6:
-                    break
-        return found
+        async def the_rest() -> list[Record]:
+            found: list[Record] = []
+            async with AsyncGroupConsumer(
+                endpoint, "loaders", [topic], keys=keys, max_wait_ms=200
+            ) as m:
+                async with asyncio.timeout(30):
+                    async for record in m:  # bounded: three records, 30 s
+                        found.append(record)
+                        if len(seen) + len(found) == 6:
+                            break
+            return found
 
-    seen += asyncio.run(the_rest())
+        seen += asyncio.run(the_rest())
     assert sorted(r.value for r in seen) == [b"g-%d" % i for i in range(6)]
 
-    # The group's nodes are the members' identity's: a member without it is refused.
-    with pytest.raises(RegistryAccessDenied):
-        GroupConsumer(curve_broker.zookeeper, "loaders", [topic], chroot=curve_broker.chroot)
+    # What the group committed, in ZooKeeper: read by a client without any identity, changed
+    # by none but the brokers' (not by the identity the members of the paper's protocol had)
+    with GroupCalls(endpoint, "loaders", keys=keys) as calls:
+        committed = calls.committed([topic])
+    expected = {str(tp.partition): offset for tp, offset in committed.items()}
+    assert len(expected) == 2, committed
+    member_auth = ZooKeeperAuth.load(curve_broker.member_auth)
+    with (
+        Registry(curve_broker.zookeeper, curve_broker.chroot) as plain,
+        Registry(curve_broker.zookeeper, curve_broker.chroot, auth=member_auth) as other,
+    ):
+
+        def in_zookeeper() -> dict[str, int]:
+            offsets = plain.committed_offsets("loaders").get(topic, {})
+            return {name.split("-")[1]: offset for name, offset in offsets.items()}
+
+        wait_until(lambda: in_zookeeper() == expected, what="the offsets in ZooKeeper")
+        (name, _), *_ = plain.committed_offsets("loaders")[topic].items()
+        for registry in (plain, other):
+            with pytest.raises(RegistryAccessDenied):
+                registry.commit_offset("loaders", topic, name, 0)
+        assert in_zookeeper() == expected
 
 
-def test_pylogctl_group_commands_take_keys_and_a_zookeeper_auth_file(
+def test_pylogctl_group_commands_of_a_coordinated_group_take_keys_only(
     curve_broker: CurveBroker, topic: str
 ) -> None:
+    """`group consume`, `describe`, `reset` and `delete` of a group whose members joined through
+    its coordinator need keys only: the reset and the delete go through the coordinator
+    (OFFSET_COMMIT, DELETE_GROUP), which writes ZooKeeper with the brokers' identity. The
+    delete needs `delete` on every topic (a super user here): alice, a principal without that
+    ACL, is refused."""
     _fill(curve_broker, topic, 4)
     env = {
         "PYLOG_BROKER": curve_broker.broker.endpoint,
         "PYLOG_KEY_FILE": str(curve_broker.key_dir / f"{SUPER_USER}.key_secret"),
         "PYLOG_BROKER_KEY": str(curve_broker.key_dir / "broker.key"),
-        "PYLOG_ZOOKEEPER_AUTH_FILE": str(curve_broker.member_auth),
     }
     group = f"g-{topic[-8:]}"
     runner = CliRunner()
@@ -234,12 +262,17 @@ def test_pylogctl_group_commands_take_keys_and_a_zookeeper_auth_file(
         cli, ["group", "reset", group, "--topic", topic, "--to", "earliest", "--execute"], env=env
     )
     assert reset.exit_code == 0, reset.output
-    without = {k: v for k, v in env.items() if k != "PYLOG_ZOOKEEPER_AUTH_FILE"}
-    refused = runner.invoke(
-        cli, ["group", "reset", group, "--topic", topic, "--to", "latest", "--execute"], env=without
-    )
-    assert refused.exit_code == 1
-    assert refused.stderr.startswith("pylogctl: RegistryAccessDenied: "), refused.output
+    with GroupCalls(curve_broker.broker.endpoint, group, keys=curve_broker.keys(SUPER_USER)) as c:
+        assert c.committed([topic]) == {TopicPartition(topic, p): 0 for p in (0, 1)}
+    delete = ["group", "delete", group]
+    alice = {"PYLOG_KEY_FILE": str(curve_broker.key_dir / "alice.key_secret")}
+    refused = runner.invoke(cli, delete, env=env | alice)
+    assert refused.exit_code == 1, refused.output
+    assert "AUTHORIZATION_FAILED" in refused.stderr, refused.output
+    deleted = runner.invoke(cli, delete, env=env)
+    assert deleted.exit_code == 0, deleted.output
+    with GroupCalls(curve_broker.broker.endpoint, group, keys=curve_broker.keys(SUPER_USER)) as c:
+        assert c.committed([topic]) == {}
 
 
 def test_pylogctl_principal_add_presents_the_zookeeper_auth_file(

@@ -14,9 +14,10 @@ import pytest
 from broker.aio import AsyncGroupConsumer
 from broker.client import Admin, GroupConsumer, PartitionConsumer, Producer, Record
 from broker.client.coordinator import GroupCalls
-from broker.errors import RegistryUnavailable
+from broker.errors import AuthenticationFailed
 from broker.groups.assignors import TopicPartition
 from broker.log.message import encode_message
+from broker.zookeeper import PrivateZooKeeper
 from tests.conftest import FakeClock, single_box_flags, wait_until
 from tests.pylogd import RunningBroker
 
@@ -39,23 +40,38 @@ def test_a_group_member_needs_only_a_brokers_address(
     broker: RunningBroker, kafka_topic: str
 ) -> None:
     produce(broker, kafka_topic, ["through a broker"], partition=1)
-    with GroupConsumer(None, "by-broker", [kafka_topic], broker=broker.endpoint) as member:
+    with GroupConsumer(broker.endpoint, "by-broker", [kafka_topic]) as member:
         records: list[Record] = []
         deadline = time.monotonic() + 30
         while not records and time.monotonic() < deadline:  # bounded: one message
             records = member.poll(500)
     assert [r.value for r in records] == [b"through a broker"]
-    with pytest.raises(ValueError, match="not both"):
-        GroupConsumer("127.0.0.1:1", "g", [kafka_topic], broker=broker.endpoint)
+    with pytest.raises(TypeError, match="zookeeper"):
+        GroupConsumer(broker.endpoint, "g", [kafka_topic], zookeeper="127.0.0.1:2181")  # type: ignore[call-arg]
 
 
-@pytest.mark.slow
-def test_a_brokers_address_given_as_zookeepers_is_named_in_the_error(
-    broker: RunningBroker,
+def test_zookeepers_address_given_as_a_brokers_is_named_in_the_error(
+    zookeeper: PrivateZooKeeper,
 ) -> None:
-    address = broker.endpoint.removeprefix("tcp://")
-    with pytest.raises(RegistryUnavailable, match=f"give it as broker='{address}'"):
-        GroupConsumer(address, "g", ["t"], timeout_s=1)
+    """A member of the paper's protocol took ZooKeeper's address; given it now, the member's
+    first polls raise what its join met (its heartbeat thread died of it, every poll returned
+    nothing), and the error names the likely cause."""
+    with (
+        GroupConsumer(zookeeper.connect_string, "g", ["t"], timeout_s=1) as member,
+        pytest.raises(AuthenticationFailed, match="ZooKeeper's address given as a broker's"),
+    ):
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:  # bounded: three broken handshakes, then raised
+            member.poll(100)
+
+    async def async_member() -> None:
+        async with AsyncGroupConsumer(zookeeper.connect_string, "g", ["t"], timeout_s=1) as m:
+            async with asyncio.timeout(15):
+                async for _ in m:  # bounded: 15 s
+                    pass
+
+    with pytest.raises(AuthenticationFailed, match="ZooKeeper's address given as a broker's"):
+        asyncio.run(async_member())
 
 
 def committed_offset(broker: RunningBroker, group: str, topic: str, partition: int) -> int | None:
@@ -72,7 +88,7 @@ def test_a_member_without_auto_commit_is_not_sent_back_by_a_rebalance_that_moves
     member without auto-commit read its first messages twice)."""
     produce(broker, kafka_topic, [f"m{i}" for i in range(20)])
     with GroupConsumer(
-        None, "no-auto", [kafka_topic], broker=broker.endpoint, auto_commit_interval_s=None
+        broker.endpoint, "no-auto", [kafka_topic], auto_commit_interval_s=None
     ) as member:
         values: list[bytes] = []
         deadline = time.monotonic() + 30
@@ -97,7 +113,7 @@ def test_auto_commit_waits_for_its_interval_on_the_members_clock(
 ) -> None:
     offsets = produce(broker, kafka_topic, ["a", "b", "c"])
     with GroupConsumer(
-        None, "timed", [kafka_topic], broker=broker.endpoint, auto_commit_interval_s=5, clock=clock
+        broker.endpoint, "timed", [kafka_topic], auto_commit_interval_s=5, clock=clock
     ) as member:
         first = next_record(member)
         [partition] = [tp for tp in member.assignment if tp.partition == 0]
@@ -119,10 +135,9 @@ def test_poll_records_hands_out_up_to_its_limit_in_order_and_counts_them_process
     # one, each partition's in order, those of a call processed (auto-committed) at the next.
     offsets = produce(broker, kafka_topic, [f"m{i}" for i in range(7)])
     with GroupConsumer(
-        None,
+        broker.endpoint,
         "batched",
         [kafka_topic],
-        broker=broker.endpoint,
         auto_commit_interval_s=5,
         clock=clock,
     ) as member:
@@ -145,9 +160,7 @@ def test_seek_and_commit_of_chosen_offsets(broker: RunningBroker, kafka_topic: s
     offsets = produce(broker, kafka_topic, [f"m{i}" for i in range(6)])
 
     def member_of_chosen() -> GroupConsumer:
-        return GroupConsumer(
-            None, "chosen", [kafka_topic], broker=broker.endpoint, auto_commit_interval_s=None
-        )
+        return GroupConsumer(broker.endpoint, "chosen", [kafka_topic], auto_commit_interval_s=None)
 
     with member_of_chosen() as member:
         first = next_record(member)
@@ -170,7 +183,7 @@ def test_a_wait_given_in_seconds_is_refused_not_taken_as_milliseconds(
     broker: RunningBroker, kafka_topic: str
 ) -> None:
     """poll(1.0), written as a timeout in seconds, was a wait of 1 ms (issue 32)."""
-    with GroupConsumer(None, "seconds", [kafka_topic], broker=broker.endpoint) as member:
+    with GroupConsumer(broker.endpoint, "seconds", [kafka_topic]) as member:
         with pytest.raises(TypeError, match=r"milliseconds, an int, not 1\.0: poll\(1000\)"):
             member.poll(1.0)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="milliseconds"):
@@ -202,14 +215,14 @@ def test_a_member_fetches_its_partitions_of_a_broker_in_one_request(
     seen: set[bytes] = set()
     deadline = time.monotonic() + 30
     if kind == "GroupConsumer":
-        with GroupConsumer(None, "by-broker", ["spread"], broker=broker.endpoint) as member:
+        with GroupConsumer(broker.endpoint, "by-broker", ["spread"]) as member:
             while seen != expected and time.monotonic() < deadline:  # bounded: 60 messages
                 seen |= {r.value for r in member.poll(200)}
     else:
 
         async def consume() -> None:
             async with AsyncGroupConsumer(
-                None, "by-broker-aio", ["spread"], broker=broker.endpoint, max_wait_ms=200
+                broker.endpoint, "by-broker-aio", ["spread"], max_wait_ms=200
             ) as member:
                 async with asyncio.timeout(30):
                     async for record in member:  # bounded: 60 messages, 30 s
@@ -242,7 +255,7 @@ def test_a_member_sends_its_next_fetch_before_handing_out_what_it_fetched(
     produce(broker, topic, names)
     size = len(encode_message(b"m0"))
     with GroupConsumer(
-        None, "ahead", [topic], broker=broker.endpoint, fetch_bytes=size, max_wait_ms=0
+        broker.endpoint, "ahead", [topic], fetch_bytes=size, max_wait_ms=0
     ) as member:
         first: list[Record] = []
         deadline = time.monotonic() + 30

@@ -36,7 +36,6 @@ from broker.protocol import (
     encode_error,
 )
 from broker.registry import PartitionState, Registry
-from broker.zookeeper import PrivateZooKeeper
 from tests.client.router import serving
 from tests.client.test_error_fields import TOPIC, FakePartition
 from tests.conftest import wait_until
@@ -100,6 +99,12 @@ def answers_as_leader(endpoint: str, topic: str, partition: int) -> bool:
         except NotLeaderForPartition:
             return False
     return True
+
+
+def bootstrap(endpoints: dict[int, str]) -> str:
+    """Every broker's address, comma-separated: a group member finds its group's coordinator
+    through them."""
+    return ",".join(endpoints[b] for b in sorted(endpoints))
 
 
 def values(count: int) -> list[bytes]:
@@ -219,16 +224,13 @@ def test_topic_consumer_follows_leadership_moves(
         produce_and_read_across_moves(endpoints, registry, "moving-topic", poll)
 
 
-def test_group_member_follows_leadership_moves(
-    shared_three_brokers: ThreeBrokers, zookeeper: PrivateZooKeeper
-) -> None:
+def test_group_member_follows_leadership_moves(shared_three_brokers: ThreeBrokers) -> None:
     endpoints, registry = shared_three_brokers.endpoints, shared_three_brokers.registry
     create_replicated(endpoints, "moving-group", 1)
     member = GroupConsumer(
-        zookeeper.connect_string,
+        bootstrap(endpoints),
         "followers",
         ["moving-group"],
-        chroot=shared_three_brokers.chroot,
         max_wait_ms=100,
         session_timeout_s=2.0,
     )
@@ -241,7 +243,7 @@ def test_group_member_follows_leadership_moves(
 
 
 def test_async_producer_and_consumers_follow_leadership_moves(
-    shared_three_brokers: ThreeBrokers, zookeeper: PrivateZooKeeper
+    shared_three_brokers: ThreeBrokers,
 ) -> None:
     """AsyncProducer at ack=all, with an AsyncPartitionConsumer and an AsyncGroupConsumer
     reading, across two moves."""
@@ -271,10 +273,9 @@ def test_async_producer_and_consumers_follow_leadership_moves(
         sending = asyncio.create_task(produce())
         consumer = AsyncPartitionConsumer(endpoints[3], "moving-aio", 0, max_wait_ms=100)
         member = AsyncGroupConsumer(
-            zookeeper.connect_string,
+            bootstrap(endpoints),
             "async-followers",
             ["moving-aio"],
-            chroot=shared_three_brokers.chroot,
             max_wait_ms=100,
             session_timeout_s=2.0,
         )

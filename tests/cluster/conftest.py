@@ -1,4 +1,5 @@
-"""Fixtures for several brokers sharing the session's ZooKeeper, and for group members."""
+"""Fixtures for several brokers sharing the session's ZooKeeper, and for group members that
+join through the brokers' group coordinator."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,13 @@ from typing import Any
 import pytest
 
 from broker.client.group import BrokerPartition, GroupConsumer, Record
-from broker.zookeeper import PrivateZooKeeper
 from tests.pylogd import RunningBroker
 from tests.pylogd import broker_flags as broker_flags  # imported from here too
+
+
+def bootstrap(brokers: Iterable[RunningBroker]) -> str:
+    """The endpoints of `brokers`, comma-separated: a client's bootstrap list."""
+    return ",".join(broker.endpoint for broker in brokers)
 
 
 @pytest.fixture
@@ -60,14 +65,12 @@ class PrintingMember:
 @dataclass
 class Member:
     """A GroupConsumer polled by a thread of its own until stopped; what it received and when
-    its assignments changed, with time.monotonic() stamps."""
+    its assignments changed (`revoked`: taken away, or lost), with time.monotonic() stamps."""
 
     consumer: GroupConsumer
     records: list[tuple[float, Record]] = field(default_factory=list)
     assigned: list[tuple[float, frozenset[BrokerPartition]]] = field(default_factory=list)
     revoked: list[tuple[float, frozenset[BrokerPartition]]] = field(default_factory=list)
-    polls_started: list[float] = field(default_factory=list)
-    """When each completed poll started."""
     error: BaseException | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
@@ -75,10 +78,8 @@ class Member:
     def run(self) -> None:
         try:
             while not self.stop.is_set():
-                started = time.monotonic()
                 for record in self.consumer.poll(100):
                     self.records.append((time.monotonic(), record))
-                self.polls_started.append(started)
             if self.consumer.connected:
                 self.consumer.commit()  # the last poll's records are processed too
         except BaseException as error:  # reported by the test through `error`
@@ -95,21 +96,21 @@ class Member:
 
 
 @pytest.fixture
-def make_member(
-    zookeeper: PrivateZooKeeper, registry_chroot: str
-) -> Iterator[Callable[..., Member]]:
-    """Start group members polling in threads; all are closed at the end of the test."""
+def make_member() -> Iterator[Callable[..., Member]]:
+    """Start group members polling in threads; all are closed at the end of the test.
+    `make(broker, group, topics, **options)` is GroupConsumer's signature: the member joins
+    through the group's coordinator, found through `broker` ("host:port" of the cluster's
+    brokers, comma-separated), with a 2 s session and auto-commits every 0.2 s by default."""
     members: list[Member] = []
 
-    def make(group: str, topics: list[str], **options: Any) -> Member:
+    def make(broker: str, group: str, topics: list[str], **options: Any) -> Member:
         member: Member
         options.setdefault("session_timeout_s", 2.0)
         options.setdefault("auto_commit_interval_s", 0.2)
-        options.setdefault("zookeeper", zookeeper.connect_string)
         consumer = GroupConsumer(
-            group=group,
-            topics=topics,
-            chroot=registry_chroot,
+            broker,
+            group,
+            topics,
             on_assigned=lambda tps: member.assigned.append((time.monotonic(), tps)),
             on_revoked=lambda tps: member.revoked.append((time.monotonic(), tps)),
             **options,

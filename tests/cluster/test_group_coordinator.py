@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from broker.client import Admin, Connection, Producer
+from broker.client import Admin, Connection, GroupConsumer, Producer
 from broker.client.coordinator import GroupCalls
 from broker.errors import BrokerNotCoordinator, BrokerUnknownGroup
 from broker.groups.assignors import TopicPartition
@@ -240,3 +240,41 @@ def test_a_member_stopped_past_its_session_hands_out_nothing_another_read_and_jo
             a.process.send_signal(signal.SIGCONT)
         wait_until(lambda: owners(calls) == {"a": 2, "b": 2}, 30, "a joined again")
     assert not set(a.values) & set(while_stopped)  # a read none of what b read meanwhile
+
+
+def test_a_member_reads_the_partitions_led_now_while_a_dead_brokers_wait_for_it(
+    shared_three_brokers: ThreeBrokers, topic: str
+) -> None:
+    """A topic at factor 1 over three brokers, one killed: the coordinator gives a member all six
+    partitions, two of them without a leader. The member reads the four led now at once (it
+    read none: each poll's start of its partitions failed on the two, for ever), and the two
+    once their broker is back."""
+    three = shared_three_brokers
+    group, coordinator = a_group_over(three, topic, 6)
+    bootstrap = ",".join(three.endpoints.values())
+    values = [f"v{i}" for i in range(60)]
+    produce(bootstrap, topic, values, 6)
+    down = next(b for b in (3, 2, 1) if b != coordinator)
+    on_down = {p for p, b in enumerate(three.registry.topic_config(topic).brokers) if b == down}
+    assert len(on_down) == 2
+    three.brokers[down].kill()
+    live = ",".join(e for b, e in three.endpoints.items() if b != down)
+    seen: set[str] = set()
+    try:
+        with GroupConsumer(live, group, [topic], session_timeout_s=2.0, max_wait_ms=100) as member:
+            led_now = {v for i, v in enumerate(values) if i % 6 not in on_down}
+
+            def read(expected: set[str]) -> Callable[[], bool]:
+                def done() -> bool:
+                    seen.update(r.value.decode() for r in member.poll(100))
+                    return seen >= expected
+
+                return done
+
+            wait_until(read(led_now), 30, "the partitions led now read")
+            assert len(member.assignment) == 4  # the two others wait for their leader
+            three.restart(down)
+            wait_until(read(set(values)), 60, "the dead broker's partitions read once it is back")
+            assert len(member.assignment) == 6
+    finally:
+        three.heal()

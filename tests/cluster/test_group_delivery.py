@@ -2,7 +2,9 @@
 processed when the user asks for the next one (or calls commit() after it), so a `break`, an
 exception in the handler, `--max-messages` and a crash between two auto-commits each leave the
 group's commit exactly after the last processed record, never past a record the user did not
-finish. Each test reads the group again afterwards and asserts exactly which records come back."""
+finish. Each test reads the group again afterwards and asserts exactly which records come back.
+The members join through the broker's group coordinator; a member that closes leaves the group at
+once, one killed keeps its partition until its session expires."""
 
 from __future__ import annotations
 
@@ -23,7 +25,6 @@ from broker.client import Admin, Producer
 from broker.client.group import BrokerPartition, GroupConsumer
 from broker.errors import CorruptSegment
 from broker.protocol import Ack
-from broker.zookeeper import PrivateZooKeeper
 from cli.pylogctl import cli
 from tests.client.test_consumer import SIZE, TEN, first_segment, flip_value_byte
 from tests.pylogd import RunningBroker
@@ -51,22 +52,19 @@ def write_values(broker: RunningBroker, topic: str) -> str:
 
 
 @pytest.fixture
-def member(zookeeper: PrivateZooKeeper, broker: RunningBroker) -> Callable[..., GroupConsumer]:
-    """A GroupConsumer of the broker's registry, with the test's options."""
-    return member_maker(GroupConsumer, zookeeper, broker)
+def member(broker: RunningBroker) -> Callable[..., GroupConsumer]:
+    """A GroupConsumer joining through the broker, with the test's options."""
+    return member_maker(GroupConsumer, broker)
 
 
-def member_maker(
-    kind: Callable[..., M], zookeeper: PrivateZooKeeper, broker: RunningBroker
-) -> Callable[..., M]:
-    """`kind(zookeeper, group, [topic], ...)` in the broker's registry, with the test's options
-    (a short wait and session by default)."""
-    chroot = broker.arguments[1]
+def member_maker(kind: Callable[..., M], broker: RunningBroker) -> Callable[..., M]:
+    """`kind(broker.endpoint, group, [topic], ...)`: a member joining through the broker's
+    group coordinator, with the test's options (a short wait and session by default)."""
 
     def make(group: str, topic: str, **options: object) -> M:
         options.setdefault("max_wait_ms", 200)
         options.setdefault("session_timeout_s", 2.0)
-        return kind(zookeeper.connect_string, group, [topic], chroot=chroot, **options)
+        return kind(broker.endpoint, group, [topic], **options)
 
     return make
 
@@ -79,7 +77,8 @@ def read_again(
     **options: object,
 ) -> list[bytes]:
     """What the group's next member receives: from the group's commit to the `last` record
-    (this reader commits nothing)."""
+    (this reader commits nothing). A member killed before keeps its partition until its session
+    expires: the reader is given it then."""
     got: list[bytes] = []
     with make(group, topic, auto_commit_interval_s=None, **options) as reader:
         for _ in range(200):  # bounded: a few polls bring the rest of 100 records
@@ -161,18 +160,17 @@ def test_commit_inside_the_loop_records_the_record_in_hand(
 def test_an_auto_commit_between_two_records_covers_only_the_first(
     group_topic: str,
     broker: RunningBroker,
-    zookeeper: PrivateZooKeeper,
-    tmp_path: Path,
     member: Callable[..., GroupConsumer],
 ) -> None:
     """A member that auto-commits at every chance is killed (SIGKILL, no close) while it
-    handles its third record: the commit made when it asked for the third covers two."""
+    handles its third record: the commit made when it asked for the third covers two. Its
+    partition goes to the next member when its session (2 s) expires."""
     script = textwrap.dedent(
         f"""
         import os, signal, sys
         from broker.client.group import GroupConsumer
-        member = GroupConsumer({zookeeper.connect_string!r}, "crashers", [{group_topic!r}],
-                               chroot={broker.arguments[1]!r}, auto_commit_interval_s=1e-9)
+        member = GroupConsumer({broker.endpoint!r}, "crashers", [{group_topic!r}],
+                               auto_commit_interval_s=1e-9, session_timeout_s=2.0)
         for i, record in enumerate(member):
             print(record.value.decode(), flush=True)
             if i == 2:
@@ -190,7 +188,6 @@ def test_an_auto_commit_between_two_records_covers_only_the_first(
 def test_group_consume_with_max_messages_commits_exactly_that_many(
     group_topic: str,
     broker: RunningBroker,
-    zookeeper: PrivateZooKeeper,
     member: Callable[..., GroupConsumer],
 ) -> None:
     result = CliRunner().invoke(
@@ -204,10 +201,8 @@ def test_group_consume_with_max_messages_commits_exactly_that_many(
             "2",
             "--format",
             "json",
-            "--zookeeper",
-            zookeeper.connect_string,
-            "--chroot",
-            broker.arguments[1],
+            "--broker",
+            broker.endpoint,
         ],
     )
     assert result.exit_code == 0, result.output
@@ -218,7 +213,6 @@ def test_group_consume_with_max_messages_commits_exactly_that_many(
 
 def test_damaged_data_stops_a_member_by_name_and_skip_corrupt_reads_past_it(
     broker: RunningBroker,
-    zookeeper: PrivateZooKeeper,
     topic: str,
     member: Callable[..., GroupConsumer],
 ) -> None:
@@ -253,8 +247,7 @@ def test_damaged_data_stops_a_member_by_name_and_skip_corrupt_reads_past_it(
         return CliRunner().invoke(
             cli,
             [
-                *("group", "consume", group, topic, "--zookeeper", zookeeper.connect_string),
-                *("--chroot", broker.arguments[1], *flags),
+                *("group", "consume", group, topic, "--broker", broker.endpoint, *flags),
             ],
         )
 

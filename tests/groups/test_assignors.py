@@ -9,7 +9,6 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.client.group import BrokerPartition, assign_range
 from broker.groups.assignors import (
     ASSIGNORS,
     Subscriber,
@@ -18,6 +17,7 @@ from broker.groups.assignors import (
     range_assignment,
     uniform,
 )
+from broker.mirror.group import assign_range
 
 TOPICS = ("a", "b", "c")
 
@@ -149,14 +149,12 @@ def test_range_equals_the_papers_range_assignment(
     members: list[str], name_brokers: list[int], topic: str
 ) -> None:
     """Partitions in the paper's order (name broker, then number), members by member id: each
-    member's share is what the paper's `assign_range` computes for it."""
-    paper = [BrokerPartition(topic, b, p) for p, b in enumerate(name_brokers)]
-    order = [bp.partition for bp in sorted(paper, key=lambda bp: (bp.broker_id, bp.partition))]
+    member's share is what the paper's `assign_range` (the mirror's) computes for it."""
+    paper = [(b, p) for p, b in enumerate(name_brokers)]
+    order = [p for _, p in sorted(paper)]
     target = range_assignment(same_subscription(members, (topic,)), {topic: order}, {})
     for member in members:
-        theirs = {
-            TopicPartition(topic, bp.partition) for bp in assign_range(paper, members, member)
-        }
+        theirs = {TopicPartition(topic, p) for p in assign_range(paper, members, member)}
         assert target[member] == theirs
 
 

@@ -15,8 +15,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL, make_acl
 
-from broker.client.group import GroupConsumer
 from broker.errors import RegistryAccessDenied
+from broker.mirror.group import MirrorGroup
 from broker.registry import BrokerRegistration, Registry, TopicConfig
 from broker.security import ZooKeeperAuth
 from broker.zookeeper import PrivateZooKeeper
@@ -230,10 +230,7 @@ def test_nodes_of_another_identity_are_not_taken_over(
 
 
 def test_a_session_without_the_identity_gets_a_clear_error_on_writes(
-    make_registry: Callable[..., Registry],
-    observer: KazooClient,
-    registry_chroot: str,
-    zookeeper: PrivateZooKeeper,
+    make_registry: Callable[..., Registry], observer: KazooClient, registry_chroot: str
 ) -> None:
     make_registry(auth=BROKERS)
     make_registry(auth=ALICE).register_consumer("loaders", "a", ["clicks"])
@@ -252,9 +249,11 @@ def test_a_session_without_the_identity_gets_a_clear_error_on_writes(
     with pytest.raises(RuntimeError, match="identity"):
         plain.secure_tree()
 
-    # a group member without an identity joining alice's group fails at once, saying why
+    # a member of the paper's protocol (a mirror process, broker.mirror.group) without an
+    # identity joining alice's group fails at once, saying why
     with pytest.raises(RegistryAccessDenied, match="without a ZooKeeper identity"):
-        GroupConsumer(zookeeper.connect_string, "loaders", ["clicks"], chroot=registry_chroot)
+        MirrorGroup(plain, "loaders", "b").join(frozenset({"clicks"}), lambda: None)
+    assert plain.statistics().registered == 0
     # it may make a group of its own, but that group is open to every client
     plain.register_consumer("open", "c", ["clicks"])
     assert acl(observer, f"{registry_chroot}/consumers/open") == OPEN_ACL
