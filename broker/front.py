@@ -36,7 +36,7 @@ from broker.errors import (
     UnsupportedApi,
 )
 from broker.fetch_joins import FetchJoins
-from broker.groups.service import Coordinator, GroupRequest
+from broker.groups.service import Coordinator, GroupRequest, GroupStatistics
 from broker.joins import JOINED, Joins
 from broker.log.message import Buffer
 from broker.pool import Answers, WorkerHandle, WorkerPool
@@ -98,7 +98,8 @@ class SecurityStatistics:
 @dataclasses.dataclass(frozen=True, slots=True)
 class FrontStatistics:
     """The front's figures (broker.metrics): requests read, pauses of reading, the replies
-    held for clients (HeldReplies), the quotas', and security's (None: plaintext)."""
+    held for clients (HeldReplies), the quotas', security's (None: plaintext), and the group
+    coordinator's."""
 
     requests: int
     read_pauses: int
@@ -108,6 +109,7 @@ class FrontStatistics:
     replies_refused: int
     quotas: QuotaStatistics
     security: SecurityStatistics | None
+    groups: GroupStatistics
 
 
 class Front:
@@ -207,6 +209,7 @@ class Front:
             held.replies_refused,
             self.throttle.statistics(),
             self._security_statistics(),
+            self.groups.statistics(),
         )
 
     def _security_statistics(self) -> SecurityStatistics | None:

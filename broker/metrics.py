@@ -30,6 +30,11 @@ counters, `_bytes`):
   wrong_broker_key; other, a connection broken mid-handshake, which a plaintext client that
   hangs up first may also be), and pylog_authorization_failures_total (requests answered
   AUTHORIZATION_FAILED);
+- the group coordinator (broker.groups.service, docs/protocol.md "Consumer groups"):
+  pylog_groups_coordinated and pylog_group_members, the groups this broker coordinates and
+  their members; pylog_group_registry_writes_total, the coordinator's ZooKeeper transactions
+  that landed, and pylog_group_registry_operations_total, the node operations in them (what a
+  rebalance costs ZooKeeper);
 - pylog_worker_up{worker}: 1 while the worker is connected, 0 while it restarts;
 - pylog_worker_restarts_total;
 - pylog_partitions: the partitions this broker holds;
@@ -75,6 +80,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from broker.front import FrontStatistics, SecurityStatistics
+from broker.groups.service import GroupStatistics
 from broker.pool import PoolStatistics, WorkerStatistics
 from broker.processes import port_holder
 from broker.quotas import QuotaStatistics
@@ -151,6 +157,7 @@ class BrokerCollector(Collector):
             front.replies_refused,
         )
         yield from _quota_metrics(front.quotas)
+        yield from _group_metrics(front.groups)
         if front.security is not None:  # security.mode curve
             yield from _security_metrics(front.security)
         up = GaugeMetricFamily(
@@ -184,6 +191,25 @@ class BrokerCollector(Collector):
             "1 while the registry's ZooKeeper session is connected.",
             float(s.zookeeper_connected),
         )
+
+
+def _group_metrics(groups: GroupStatistics) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "pylog_groups_coordinated", "Consumer groups this broker coordinates.", groups.groups
+    )
+    yield GaugeMetricFamily(
+        "pylog_group_members", "Members of the groups this broker coordinates.", groups.members
+    )
+    yield CounterMetricFamily(
+        "pylog_group_registry_writes",
+        "The group coordinator's ZooKeeper transactions that landed.",
+        groups.registry_writes,
+    )
+    yield CounterMetricFamily(
+        "pylog_group_registry_operations",
+        "Node operations (create, set, delete) in the group coordinator's transactions.",
+        groups.registry_operations,
+    )
 
 
 def _security_metrics(security: SecurityStatistics) -> Iterator[Metric]:

@@ -21,14 +21,18 @@ private ZooKeeper), for `produce` also visible_after_s, and for latency p50_ms, 
 from __future__ import annotations
 
 import contextlib
+import re
 import struct
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from broker.client import Admin, Connection, PartitionConsumer, Producer
 from broker.log import encode_message
@@ -41,6 +45,30 @@ from perf.latency import latency_summary
 MESSAGE_BYTES = 200
 VALUE_BYTES = MESSAGE_BYTES - HEADER_SIZE
 READY_PREFIX = "pylogd ready on "
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+"""A metrics endpoint's samples, by name and sorted labels."""
+
+
+def scrape(url: str) -> Samples:
+    """Every sample of the metrics endpoint at `url`, by name and sorted labels, parsed as
+    Prometheus would."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def metrics_of(log_path: Path) -> Samples:
+    """The samples of the metrics endpoint a pylogd's log (`log_path`) says it serves."""
+    found = re.findall(r"metrics on (http://\S+/metrics)", log_path.read_text(errors="replace"))
+    if not found:
+        raise RuntimeError(f"pylogd did not say where its metrics are: see {log_path}")
+    return scrape(found[-1])
 
 
 class PrivatePylogd:
@@ -72,6 +100,10 @@ class PrivatePylogd:
     def pids(self) -> list[int]:
         assert self.process is not None
         return tree_pids(self.process.pid)
+
+    def metrics(self) -> Samples:
+        """Every sample of its metrics endpoint (started with --metrics-enabled true)."""
+        return metrics_of(self.data_dir / "pylogd.log")
 
     def __exit__(self, *exc_info: object) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from broker.registry import Registry
+from perf.pylog_runs import metrics_of
 from tests.pipes import PipeLines
 
 READY_PREFIX = "pylogd ready on "
@@ -94,9 +91,7 @@ class RunningBroker:
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """Every sample of its metrics endpoint (started with --metrics-enabled true), by name
         and sorted labels, scraped over HTTP and parsed as Prometheus would."""
-        found = re.findall(r"metrics on (http://\S+/metrics)", self.log_path.read_text())
-        assert found, "pylogd did not say where its metrics are"
-        return scrape(found[-1])
+        return metrics_of(self.log_path)
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -171,18 +166,6 @@ class RunningBroker:
                 os.kill(pid, signal.SIGKILL)
         assert self.process is not None
         self.process.wait()
-
-
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of the metrics endpoint at `url`, by name and sorted labels, parsed as
-    Prometheus would."""
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def start_all(brokers: list[RunningBroker], timeout: float = 30.0) -> list[RunningBroker]:

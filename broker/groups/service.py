@@ -56,6 +56,19 @@ HOUSEKEEPING_S = 0.05
 PAPER_STATE = 3
 """DESCRIBE_GROUP's state of a group run by members of the paper's protocol."""
 
+
+@dataclass(frozen=True, slots=True)
+class GroupStatistics:
+    """The coordinator's figures (broker.metrics), as of its last housekeeping: the groups it
+    coordinates, their members, and the registry writes that landed (transactions) and the
+    node operations in them."""
+
+    groups: int = 0
+    members: int = 0
+    registry_writes: int = 0
+    registry_operations: int = 0
+
+
 GroupRequest = (
     protocol.GroupHeartbeatRequest
     | protocol.OffsetCommitRequest
@@ -135,6 +148,9 @@ class Coordinator:
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="groups")
         """Claims and writes, in order, apart from the topics' registry calls."""
         self._next_housekeeping = 0.0
+        self.registry_writes = 0
+        self.registry_operations = 0
+        self._statistics = GroupStatistics()
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -307,6 +323,8 @@ class Coordinator:
                 raise
 
         def landed(_: int) -> None:
+            self.registry_writes += 1
+            self.registry_operations += write.changes()
             entry.in_flight.remove(waiting)
             for reply in waiting:
                 reply(None)
@@ -393,6 +411,7 @@ class Coordinator:
         if now < self._next_housekeeping:
             return
         self._next_housekeeping = now + HOUSEKEEPING_S
+        self._statistics = self._figures()
         if self._brokers != self._live():
             self._brokers = self._live()
             for name in [n for n in self._groups if coordinator_of(n, self._brokers) != self.me]:
@@ -418,6 +437,20 @@ class Coordinator:
                         ", ".join(gone),
                     )
                 self._write(entry, write, _logged(entry.name))
+
+    def statistics(self) -> GroupStatistics:
+        """The figures of the last housekeeping (read by the metrics thread: one frozen
+        record, never the groups the loop changes)."""
+        return self._statistics
+
+    def _figures(self) -> GroupStatistics:
+        loaded = [entry.group for entry in self._groups.values() if entry.group is not None]
+        return GroupStatistics(
+            len(loaded),
+            sum(len(group.members) for group in loaded),
+            self.registry_writes,
+            self.registry_operations,
+        )
 
     def close(self) -> None:
         self._thread.shutdown(wait=True, cancel_futures=True)

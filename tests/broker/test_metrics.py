@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from broker import protocol
-from broker.client import Admin
+from broker.client import Admin, GroupConsumer
 from broker.client.connection import Connection
 from broker.errors import BrokerError
 from broker.log import encode_message
@@ -94,6 +94,26 @@ def test_the_endpoint_shows_the_broker_its_workers_partitions_and_traffic(
     assert summed("pylog_requests_total", api="fetch") == 2
     assert summed("pylog_request_errors_total", api="fetch", error="INVALID_OFFSET") == 1
     assert summed("pylog_flush_seconds_count") >= 1
+
+    assert figures[("pylog_groups_coordinated", ())] == 0
+    assert figures[("pylog_group_registry_writes_total", ())] == 0
+    with GroupConsumer(broker.endpoint, "metered", ["counted"], session_timeout_s=2) as member:
+
+        def given_both() -> bool:
+            member.poll(50)
+            return len(member.assignment) == 2
+
+        wait_until(given_both, timeout=30, what="the member to be given both partitions")
+        wait_until(  # the coordinator's figures, as of its last housekeeping (50 ms)
+            lambda: broker.metrics()[("pylog_group_registry_writes_total", ())] >= 1,
+            timeout=10,
+            what="the coordinator's writes to be counted",
+        )
+        joined = broker.metrics()
+    assert joined[("pylog_groups_coordinated", ())] == 1
+    assert joined[("pylog_group_members", ())] == 1
+    # the join, one transaction: `state`, the member's node, the two partitions' owners
+    assert joined[("pylog_group_registry_operations_total", ())] >= 4
 
     queried = queried_metrics() - CURVE_ONLY - QUOTA_ONLY  # served as tests/dashboard.py says
     served = {name for name, _ in figures}

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.front import FrontStatistics, SecurityStatistics
+from broker.groups.service import GroupStatistics
 from broker.metrics import BrokerCollector, BrokerStatistics
 from broker.pool import PoolStatistics, WorkerStatistics
 from broker.quotas import ClientStatistics, Kind, QuotaStatistics
@@ -33,7 +34,8 @@ def record(security: SecurityStatistics | None) -> BrokerStatistics:
     stats.failed("FETCH", "OFFSET_OUT_OF_RANGE")
     snapshot = stats.snapshot([["clicks", 1, 10, 1000, 500, 1100, 2, 0, 1100]])
     client = ClientStatistics(Kind.CLIENT, "spark", 4096, 0, 1.5, 0.0, 1024, None)
-    front = FrontStatistics(11, 2, 8192, 1, 3, 4, QuotaStatistics((client,), 5), security)
+    groups = GroupStatistics(2, 7, 40, 913)
+    front = FrontStatistics(11, 2, 8192, 1, 3, 4, QuotaStatistics((client,), 5), security, groups)
     workers = (WorkerStatistics(0, True, snapshot), WorkerStatistics(1, False, None))
     pool = PoolStatistics(300, 6, workers, (("PRODUCE", "UNKNOWN_TOPIC_OR_PARTITION", 7),))
     return BrokerStatistics(3, front, pool, TopicsStatistics(9, 1, 2, 1), True)
@@ -58,6 +60,10 @@ def test_every_part_of_the_record_is_a_family() -> None:
         ("pylog_isr_changes_total", (("kind", "expand"),)): 2,
         ("pylog_partitions_under_replicated", ()): 1,
         ("pylog_zookeeper_connected", ()): 1,
+        ("pylog_groups_coordinated", ()): 2,
+        ("pylog_group_members", ()): 7,
+        ("pylog_group_registry_writes_total", ()): 40,
+        ("pylog_group_registry_operations_total", ()): 913,
         ("pylog_requests_total", (("api", "PRODUCE"), ("worker", "0"))): 1,
         (
             "pylog_request_errors_total",

@@ -3,7 +3,6 @@ processes between them."""
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import sys
@@ -14,9 +13,10 @@ import pytest
 
 from broker.client import Admin
 from broker.protocol import FetchRequest
+from perf.pylog_runs import metrics_of
 from tests.cluster.conftest import three_brokers  # noqa: F401 (a fixture)
 from tests.conftest import single_box_flags, wait_until
-from tests.pylogd import RunningBroker, scrape
+from tests.pylogd import RunningBroker
 
 
 class MirrorProcess:
@@ -55,8 +55,7 @@ class MirrorProcess:
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         wait_until(lambda: "metrics on http" in self.log(), 30, "the mirror's metrics")
-        found = re.findall(r"metrics on (http://\S+/metrics)", self.log())
-        return scrape(found[-1])
+        return metrics_of(self.log_path)
 
 
 def mirror_config(source: str, target: str, topics: list[str], extra: str = "") -> str:
