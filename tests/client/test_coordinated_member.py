@@ -253,3 +253,46 @@ def test_a_member_that_does_not_poll_within_its_deadline_leaves_and_joins_again(
             )
         finally:
             slow.close()
+
+
+def test_a_slow_handler_within_its_deadline_keeps_its_partitions(
+    broker: RunningBroker, group: str, loaded: str
+) -> None:
+    """A handler that takes 29 s of a 30 s processing deadline, twice in a row (the deadline
+    runs from each poll): the heartbeats, from a thread of their own, keep the member in the
+    group, so it keeps its partitions, is told of no revocation, and commits after."""
+    clock = FakeClock()
+    revoked: list[frozenset[object]] = []
+    lost: list[frozenset[object]] = []
+    slow = member(
+        broker,
+        group,
+        loaded,
+        consumer_id="slow",
+        clock=clock,
+        max_poll_interval_s=30,
+        on_revoked=revoked.append,
+        on_lost=lost.append,
+    )
+    with member(broker, group, loaded, consumer_id="steady") as steady:
+        try:
+            wait_until(
+                lambda: (slow.poll(20), steady.poll(20), len(owned(slow)) == 2)[2],
+                what="the two share the partitions",
+            )
+            mine, revoked_before = owned(slow), len(revoked)
+            for _ in range(2):
+                clock.advance(29.0)  # the handler, just under the deadline
+                wait_until(  # a heartbeat sent since the handler started, answered
+                    lambda: slow.connected, what="the slow member's lease renewed"
+                )
+                with GroupCalls(broker.endpoint, group) as calls:
+                    described = {m.member_id: m for m in calls.describe().members}
+                assert {p for t in described["slow"].assigned for p in t.partitions} == mine
+                steady.poll(20)
+                slow.poll(20)  # the next record asked for: the deadline starts again
+                assert owned(slow) == mine and owned(steady) == {0, 1, 2, 3} - mine
+            assert revoked[revoked_before:] == [] and lost == []
+            slow.commit()  # still its partitions: accepted
+        finally:
+            slow.close()
