@@ -1,33 +1,35 @@
-"""Consumer groups on three brokers: how long a rebalance leaves partitions unowned, and what a
-group of three members reads against one member.
+"""Consumer groups through the group's coordinator on three brokers: issue 49's targets.
 
-    .venv/bin/python -m perf.bench_group [--runs 10] [--messages 300000]
+    .venv/bin/python -m perf.bench_group [--members 10] [--partitions 900] [--runs 3]
+        [--rate 3000] [--slow-s 60] [--messages 300000]
 
 It starts a private ZooKeeper (tickTime 100 ms, so sessions of at most 2 s) and three pylogd
-brokers sharing it, all on 127.0.0.1 under a temporary folder, and creates a topic of 12
-partitions. Then:
+brokers sharing it (metrics on), all on 127.0.0.1 under a temporary folder, creates a topic of
+`--partitions` (900) at replication factor 2, and runs `--members` (10) members, each a process
+of its own joined through the group's coordinator (a broker's address, no ZooKeeper:
+docs/protocol.md "Consumer groups"), session 2 s; the group is asked DESCRIBE_GROUP every
+50 ms. Then:
 
-- **Rebalance after a member leaves.** Three members run; a fourth joins, and once the group
-  has settled (12 partitions owned by 4 members) it leaves, cleanly (close: commit, release,
-  unregister) or by SIGKILL (its partitions stay owned until its session expires). The time
-  from the leave to all 12 partitions being owned again by the other three is read from
-  ZooKeeper every 5 ms; median and max over `--runs` clean leaves and `--crash-runs` kills.
-- **Throughput.** `--messages` messages of 200 bytes are stored over the 12 partitions; a
-  fresh group of one member, then a fresh group of three, reads them all. Each member is a
-  process of its own (`pylogctl group consume` would print them; here a member counts them),
-  so the members do not share one interpreter's lock. The rate is messages / (time of the last
-  message read - start), the members started together.
-
-With `--coordinated`, the members join through the group's coordinator instead (a broker's
-address, no ZooKeeper: docs/protocol.md "Consumer groups"), each a process of its own, over a
-topic of `--partitions` (900) at replication factor 2, `--members` (10) of them:
-
-- **Join**: an extra member starts; the time until the group is stable again (DESCRIBE_GROUP,
-  asked every 50 ms: state stable, every partition assigned, the extra member among them).
-- **kill -9 of a member**: the joiner SIGKILLed; the time until the group is stable again
-  without it, less its session (2 s).
-- **The coordinator's broker SIGKILLed** (once, last): the time until the group is stable
-  again under the broker that takes it over.
+- **A join under load.** A producer writes `--rate` messages a second (acks all, round robin
+  over the partitions), the members log every record they hand out, and after 10 s an 11th
+  member joins: the time until the group is stable (state stable, every partition assigned,
+  the joiner among them), the rate each member kept reading its kept partitions at during
+  the rebalance against the 10 s before, and, once every member stopped cleanly (commit,
+  leave), the duplicates and gaps among the messages produced.
+- **Joins and kill -9s, no load**, `--runs` of each, at half the members and then at all of
+  them: the time until stable, and for a kill -9 the time past its session; the partitions
+  each moved and the ZooKeeper operations the coordinator made for it (its
+  pylog_group_registry_operations_total), so that their growth with the group's size shows.
+- **The coordinator's broker SIGKILLed** (once): the time until the group is stable again
+  under the broker that takes it over, and the committed offsets lost (those lower or gone
+  after, against before).
+- **A slow handler** (`--slow-s`, 60 s, on one message), in two groups of two members over a
+  topic of 4 partitions: under its processing deadline (max_poll_interval_s 1.5 times it) the
+  member keeps its partitions, is told of no revocation and commits after; past it (half of
+  it) the other member owns all 4 partitions within the deadline + 2 s, and the slow member's
+  commit after its handler is refused.
+- **Throughput**: `--messages` stored messages over 12 partitions read by a fresh group of one
+  member and of three (each a process).
 
 Run it alone on the machine: anything beside it skews the figures.
 """
@@ -35,6 +37,7 @@ Run it alone on the machine: anything beside it skews the figures.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -46,30 +49,29 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from broker.client import Admin, Delivery, Producer
 from broker.client.coordinator import GroupCalls
-from broker.client.group import GroupConsumer
-from broker.errors import BrokerError, Unavailable
+from broker.client.group import BrokerPartition, GroupConsumer
+from broker.errors import BrokerError, PylogError, Unavailable
 from broker.protocol import Ack
-from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
 from perf.pylog_runs import VALUE_BYTES, PrivatePylogd
 
 TOPIC = "bench-group"
 PARTITIONS = 12
 COORDINATED_TOPIC = "bench-group-coordinated"
+SLOW_TOPIC = "bench-group-slow"
 SESSION_S = 2.0
 WINDOW_S = 10.0
 """The window before a join over which the members' rate is measured."""
 CHROOT = "/bench"
 IDLE_S = 2.0
 """A member stops once it has read nothing for this long (the data is all stored up front)."""
-
-
-def owners(registry: Registry, group: str) -> Counter[str]:
-    return Counter(registry.partition_owners(group, TOPIC).values())
+OPERATIONS = ("pylog_group_registry_operations_total", ())
 
 
 def wait_for(condition: Callable[[], bool], limit_s: float = 120.0) -> float:
@@ -82,45 +84,13 @@ def wait_for(condition: Callable[[], bool], limit_s: float = 120.0) -> float:
     return time.monotonic()
 
 
-class PolledMember:
-    """An in-process member polled by a thread (for the rebalance runs: it reads nothing)."""
-
-    def __init__(self, zookeeper: str, group: str, member: str) -> None:
-        self.consumer = GroupConsumer(
-            zookeeper, group, [TOPIC], chroot=CHROOT, consumer_id=member, session_timeout_s=2
-        )
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            self.consumer.poll(50)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(30)
-        self.consumer.close()
-
-
-def member_process(
-    zookeeper: str, group: str, member: str, killable: bool
-) -> subprocess.Popen[str]:
-    """A member in a child process (`--role member` of this module)."""
+def member_process(broker: str, group: str, member: str, topic: str) -> subprocess.Popen[str]:
+    """A member in a child process (`--role member` of this module) that reads until idle."""
     return subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "perf.bench_group",
-            "--role",
-            "member",
-            "--zookeeper",
-            zookeeper,
-            "--group",
-            group,
-            "--member",
-            member,
-            *(["--forever"] if killable else []),
+            *("-m", "perf.bench_group", "--role", "member", "--broker", broker),
+            *("--group", group, "--member", member, "--topic", topic),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -128,29 +98,17 @@ def member_process(
 
 
 def run_member(
-    zookeeper: str | None,
-    group: str,
-    member: str,
-    forever: bool,
-    broker: str | None,
-    topic: str,
-    record_log: str | None,
+    broker: str, group: str, member: str, forever: bool, topic: str, record_log: str | None
 ) -> None:
     """Read until idle for IDLE_S (or for ever, until SIGTERM); print the count and the last
-    read's time. With `broker`, through the group's coordinator; with `record_log`, each
-    record's partition, offset and time.monotonic() there, a line each."""
+    read's time. With `record_log`, each record's partition, offset and time.monotonic()
+    there, a line each."""
     count, last = 0, time.time()
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
     log = open(record_log, "w") if record_log else None  # noqa: SIM115 (closed below)
     with GroupConsumer(
-        zookeeper,
-        group,
-        [topic],
-        broker=broker,
-        chroot=CHROOT if broker is None else None,
-        consumer_id=member,
-        session_timeout_s=2,
+        broker, group, [topic], consumer_id=member, session_timeout_s=SESSION_S
     ) as consumer:
         print(json.dumps({"ready": True}), flush=True)
         while not stopping.is_set() and (forever or time.time() - last < IDLE_S):
@@ -196,46 +154,131 @@ def settled(calls: GroupCalls, members: int, partitions: int) -> bool:
     return described.state == 1 and len(described.members) == members and assigned == partitions
 
 
+def operations(brokers: list[PrivatePylogd]) -> float:
+    """The ZooKeeper node operations the brokers' group coordinators made so far (a broker
+    killed counts no more)."""
+    total = 0.0
+    for broker in brokers:
+        if broker.process is not None and broker.process.poll() is None:
+            total += broker.metrics().get(OPERATIONS, 0.0)
+    return total
+
+
+def quiet_operations(brokers: list[PrivatePylogd], quiet_s: float) -> float:
+    """The coordinators' operations once they did not move for `quiet_s` (the figures are
+    refreshed every 50 ms; a member commits only what it read since its last commit)."""
+    last, since = operations(brokers), time.monotonic()
+    deadline = since + 120
+    while time.monotonic() - since < quiet_s:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the coordinators' ZooKeeper operations never settled")
+        time.sleep(0.05)  # the figures' refresh, not a wait for a condition
+        now = operations(brokers)
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+@dataclass
+class Change:
+    """One join or kill -9 of the runs without load."""
+
+    kind: str
+    members: int
+    seconds: float
+    moved: int
+    operations: float
+
+
 def coordinated_runs(
     brokers: list[PrivatePylogd], members: int, partitions: int, runs: int
-) -> dict[str, list[float]]:
-    """The join, kill -9 and coordinator-kill times (module docstring)."""
+) -> tuple[list[Change], dict[str, float]]:
+    """The joins and kill -9s at half the members and at all of them, then the coordinator's
+    kill (module docstring)."""
     bootstrap = ",".join(b.endpoint for b in brokers)
     group = "coordinated"
-    steady = [coordinated_member(bootstrap, group, f"c{i:02}") for i in range(members)]
-    times: dict[str, list[float]] = {"join": [], "kill -9": [], "coordinator kill -9": []}
+    half = max(1, members // 2)
+    steady = [coordinated_member(bootstrap, group, f"c{i:02}") for i in range(half)]
+    changes: list[Change] = []
+    killed_coordinator: dict[str, float] = {}
     try:
         with GroupCalls(bootstrap, group, timeout_s=3.0) as calls:
-            wait_for(lambda: settled(calls, members, partitions), 300)
-            print(f"  {members} members own the {partitions} partitions", flush=True)
-            for run in range(runs):
-                joiner = coordinated_member(bootstrap, group, "joiner")
-                started = time.monotonic()
-                times["join"].append(
-                    wait_for(lambda: settled(calls, members + 1, partitions)) - started
-                )
-                joiner.send_signal(signal.SIGKILL)
-                joiner.wait()
-                killed = time.monotonic()
-                back = wait_for(lambda: settled(calls, members, partitions))
-                times["kill -9"].append(back - killed - SESSION_S)
-                print(
-                    f"  run {run + 1}/{runs}: join {times['join'][-1]:.2f} s, kill -9 "
-                    f"{times['kill -9'][-1]:.2f} s past the session",
-                    flush=True,
-                )
-            coordinator = next(b for b in brokers if b.endpoint == calls.coordinator)
-            for pid in coordinator.pids():  # the supervisor and its workers, as a crash
-                os.kill(pid, signal.SIGKILL)
-            killed = time.monotonic()
-            times["coordinator kill -9"].append(
-                wait_for(lambda: settled(calls, members, partitions)) - killed
-            )
+            for size in (half, members):
+                steady += [
+                    coordinated_member(bootstrap, group, f"c{i:02}")
+                    for i in range(len(steady), size)
+                ]
+                wait_for(functools.partial(settled, calls, size, partitions), 300)
+                quiet_operations(brokers, 6.0)  # every commit of what they read (every 5 s)
+                print(f"  {size} members own the {partitions} partitions", flush=True)
+                for run in range(runs):
+                    changes += join_and_kill(brokers, calls, size, partitions)
+                    join, kill = changes[-2:]
+                    print(
+                        f"  {size} members, run {run + 1}/{runs}: join {join.seconds:.2f} s "
+                        f"({join.moved} moved, {join.operations:.0f} ZooKeeper operations), "
+                        f"kill -9 {kill.seconds:.2f} s past the session ({kill.moved} moved, "
+                        f"{kill.operations:.0f} operations)",
+                        flush=True,
+                    )
+            killed_coordinator = kill_coordinator(brokers, calls, members, partitions)
     finally:
         for member in steady:
             member.kill()
             member.wait()
-    return times
+    return changes, killed_coordinator
+
+
+def join_and_kill(
+    brokers: list[PrivatePylogd], calls: GroupCalls, members: int, partitions: int
+) -> list[Change]:
+    """A member joins `members`; once stable it is SIGKILLed: both timed, with the partitions
+    that moved and the coordinator's ZooKeeper operations."""
+    bootstrap = ",".join(b.endpoint for b in brokers)
+    before, ops = owned_by(calls), operations(brokers)
+    joiner = coordinated_member(bootstrap, calls.group, "joiner")
+    started = time.monotonic()
+    joined = wait_for(lambda: settled(calls, members + 1, partitions)) - started
+    after, joined_ops = owned_by(calls), quiet_operations(brokers, 1.0)
+    moved = moved_partitions(before, after)
+    joiner.send_signal(signal.SIGKILL)
+    joiner.wait()
+    killed = time.monotonic()
+    back = wait_for(lambda: settled(calls, members, partitions)) - killed - SESSION_S
+    quiet_operations(brokers, 1.0)
+    return [
+        Change("join", members, joined, moved, joined_ops - ops),
+        Change(
+            "kill -9",
+            members,
+            back,
+            moved_partitions(after, owned_by(calls)),
+            operations(brokers) - joined_ops,
+        ),
+    ]
+
+
+def moved_partitions(before: dict[str, set[int]], after: dict[str, set[int]]) -> int:
+    """The partitions whose member changed between two DESCRIBE_GROUPs."""
+    owner_before = {p: m for m, ps in before.items() for p in ps}
+    owner_after = {p: m for m, ps in after.items() for p in ps}
+    return sum(owner_before.get(p) != m for p, m in owner_after.items())
+
+
+def kill_coordinator(
+    brokers: list[PrivatePylogd], calls: GroupCalls, members: int, partitions: int
+) -> dict[str, float]:
+    """SIGKILL the group's coordinator's broker: the time until the group is stable again,
+    and the committed offsets lost (lower or gone after, against before)."""
+    committed = calls.committed()
+    coordinator = next(b for b in brokers if b.endpoint == calls.coordinator)
+    for pid in coordinator.pids():  # the supervisor and its workers, as a crash
+        os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    stable = wait_for(lambda: settled(calls, members, partitions)) - killed
+    after = calls.committed()
+    lost = sum(after.get(tp, -1) < offset for tp, offset in committed.items())
+    return {"seconds": stable, "committed": len(committed), "lost": lost}
 
 
 def owned_by(calls: GroupCalls) -> dict[str, set[int]]:
@@ -323,50 +366,107 @@ def loaded_join(
     }
 
 
-def rebalance_runs(
-    zookeeper: str, registry: Registry, runs: int, crash_runs: int
-) -> tuple[list[float], list[float]]:
-    group = "rebalance"
-    steady = [PolledMember(zookeeper, group, f"m{i}") for i in (1, 2, 3)]
-    three = {"m1": 4, "m2": 4, "m3": 4}
-    four = {"m1": 3, "m2": 3, "m3": 3, "m4": 3}
-    clean: list[float] = []
-    crashed: list[float] = []
+@dataclass
+class SlowRun:
+    """A group of two members over SLOW_TOPIC, one of them handling one message for slow_s."""
+
+    deadline_s: float
+    slow_s: float
+    kept_throughout: bool = True
+    """Whether every DESCRIBE_GROUP during the handler gave the slow member what it had."""
+    told: list[str] = field(default_factory=list)
+    """The revocations and losses the slow member was told of, during the handler."""
+    replaced_after_s: float | None = None
+    """From the handler's start to the other member owning all of SLOW_TOPIC."""
+    commit: str = ""
+    """What the slow member's commit after its handler met."""
+
+
+def slow_handler(bootstrap: str, group: str, deadline_s: float, slow_s: float) -> SlowRun:
+    """Member "slow" (processing deadline `deadline_s`) takes `slow_s` over its first record,
+    while member "steady" polls on (module docstring)."""
+    run = SlowRun(deadline_s, slow_s)
+    handling = threading.Event()
+
+    def told(what: str) -> Callable[[frozenset[BrokerPartition]], None]:
+        return lambda partitions: run.told.append(what) if handling.is_set() else None
+
+    def joined(member_id: str, **options: Any) -> GroupConsumer:
+        return GroupConsumer(
+            bootstrap,
+            group,
+            [SLOW_TOPIC],
+            consumer_id=member_id,
+            session_timeout_s=SESSION_S,
+            max_wait_ms=100,
+            **options,
+        )
+
+    slow = joined(
+        "slow",
+        max_poll_interval_s=deadline_s,
+        auto_commit_interval_s=None,
+        on_revoked=told("revoked"),
+        on_lost=told("lost"),
+    )
+    steady = joined("steady")
+    stop = threading.Event()
+
+    def poll_steady() -> None:
+        while not stop.is_set():
+            steady.poll(100)
+
+    polling = threading.Thread(target=poll_steady, daemon=True)
+    polling.start()
     try:
-        wait_for(lambda: owners(registry, group) == three)
-        for run in range(runs):
-            joining = PolledMember(zookeeper, group, "m4")
-            wait_for(lambda: owners(registry, group) == four)
-            left = time.monotonic()
-            joining.close()
-            clean.append(wait_for(lambda: owners(registry, group) == three) - left)
-            print(f"  clean leave {run + 1}/{runs}: {clean[-1] * 1000:.0f} ms", flush=True)
-        for run in range(crash_runs):
-            process = member_process(zookeeper, group, "m4", killable=True)
-            wait_for(lambda: owners(registry, group) == four)
-            left = time.monotonic()
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-            crashed.append(wait_for(lambda: owners(registry, group) == three) - left)
-            print(f"  kill -9 {run + 1}/{crash_runs}: {crashed[-1] * 1000:.0f} ms", flush=True)
+        with GroupCalls(bootstrap, group, timeout_s=3.0) as calls:
+            wait_for(lambda: slow.poll(50) == [] and settled(calls, 2, 4))
+            mine = owned_by(calls)["slow"]
+            store(bootstrap, SLOW_TOPIC, 8, group)  # two a partition, once the group settled
+            in_hand: list[object] = []
+
+            def holding_one() -> bool:  # records of the slow one's handed out
+                in_hand.extend(slow.poll(100))
+                return bool(in_hand)
+
+            wait_for(holding_one)
+            handling.set()
+            started = time.monotonic()
+            handler = threading.Thread(target=time.sleep, args=(slow_s,))  # the slow handler
+            handler.start()
+            while handler.is_alive():
+                owned = owned_by(calls)
+                run.kept_throughout &= owned.get("slow") == mine
+                if run.replaced_after_s is None and len(owned.get("steady", ())) == 4:
+                    run.replaced_after_s = time.monotonic() - started
+                handler.join(0.05)
+            handling.clear()
+            try:
+                slow.commit()
+                run.commit = "committed"
+            except PylogError as error:
+                run.commit = f"refused: {type(error).__name__}: {error}"
     finally:
-        for member in steady:
+        stop.set()
+        polling.join(30)
+        for member in (slow, steady):
             member.close()
-    return clean, crashed
+    return run
 
 
-def store(endpoint: str, messages: int) -> None:
-    value = b"v" * VALUE_BYTES
-    with Producer(endpoint, TOPIC, ack=Ack.FLUSHED, batch_messages=200) as producer:
+def store(endpoint: str, topic: str, messages: int, value: str = "") -> None:
+    """`messages` messages of VALUE_BYTES (starting with `value`) over `topic`'s partitions."""
+    data = value.encode().ljust(VALUE_BYTES, b"v")
+    with Producer(endpoint, topic, ack=Ack.FLUSHED, batch_messages=200) as producer:
         for _ in range(messages):
-            producer.send(value)
+            producer.send(data)
         producer.flush()
 
 
-def throughput(zookeeper: str, members: int, messages: int) -> float:
+def throughput(bootstrap: str, members: int, messages: int) -> float:
     """Messages per second read by a fresh group of `members` member processes."""
     group = f"throughput-{members}"
-    processes = [member_process(zookeeper, group, f"t{i}", killable=False) for i in range(members)]
+    processes = [member_process(bootstrap, group, f"t{i}", TOPIC) for i in range(members)]
     for process in processes:
         assert process.stdout is not None
         json.loads(process.stdout.readline())  # joined
@@ -383,42 +483,29 @@ def throughput(zookeeper: str, members: int, messages: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=10, help="clean leaves to time")
-    parser.add_argument("--crash-runs", type=int, default=3, help="kill -9 leaves to time")
+    parser.add_argument("--members", type=int, default=10, help="the group's members")
+    parser.add_argument("--partitions", type=int, default=900, help="the topic's partitions")
+    parser.add_argument("--runs", type=int, default=3, help="joins and kill -9s at each size")
+    parser.add_argument("--rate", type=int, default=3000, help="messages a second produced")
+    parser.add_argument("--slow-s", type=float, default=60.0, help="the slow handler's time")
     parser.add_argument("--messages", type=int, default=300_000, help="for the throughput run")
-    parser.add_argument(
-        "--coordinated", action="store_true", help="members through the group's coordinator"
-    )
-    parser.add_argument("--members", type=int, default=10, help="with --coordinated")
-    parser.add_argument("--partitions", type=int, default=900, help="with --coordinated")
     parser.add_argument("--role", choices=["member"], help=argparse.SUPPRESS)
-    parser.add_argument("--zookeeper", help=argparse.SUPPRESS)
     parser.add_argument("--broker", help=argparse.SUPPRESS)
     parser.add_argument("--topic", default=TOPIC, help=argparse.SUPPRESS)
     parser.add_argument("--record-log", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--rate", type=int, default=3000, help="with --coordinated: messages a second produced"
-    )
     parser.add_argument("--group", help=argparse.SUPPRESS)
     parser.add_argument("--member", help=argparse.SUPPRESS)
     parser.add_argument("--forever", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "member":
-        run_member(
-            args.zookeeper,
-            args.group,
-            args.member,
-            args.forever,
-            args.broker,
-            args.topic,
-            args.record_log,
-        )
+        run_member(args.broker, args.group, args.member, args.forever, args.topic, args.record_log)
         return
     with tempfile.TemporaryDirectory(prefix="pylog-bench-group-") as tmp:
         root = Path(tmp)
         with PrivateZooKeeper(root / "zookeeper", tick_time_ms=100) as zk:
             flags = ["--zookeeper-connect", zk.connect_string, "--zookeeper-chroot", CHROOT]
             flags += ["--zookeeper-session-timeout-ms", "2000", "--log-fsync", "false"]
+            flags += ["--metrics-enabled", "true", "--metrics-port", "0"]
             brokers = [
                 PrivatePylogd(root / f"broker-{i}", "--broker-id", str(i), *flags)
                 for i in (1, 2, 3)
@@ -426,45 +513,107 @@ def main() -> None:
             for broker in brokers:
                 broker.__enter__()
             try:
-                endpoint = brokers[0].endpoint
-                if args.coordinated:
-                    with Admin(endpoint, timeout_s=120) as admin:
-                        admin.create_topic(
-                            COORDINATED_TOPIC, args.partitions, {"replication_factor": "2"}
-                        )
-                    print(
-                        f"coordinated: 3 brokers, {args.partitions} partitions at factor 2, "
-                        f"{args.members} members + 1",
-                        flush=True,
-                    )
-                    loaded = loaded_join(brokers, args.members, args.partitions, args.rate, root)
-                    print(f"  loaded join: {json.dumps(loaded)}", flush=True)
-                    coordinated = coordinated_runs(
-                        brokers, args.members, args.partitions, args.runs
-                    )
-                    print_times(coordinated)
-                    print_loaded(loaded, args.members, args.rate)
-                    return
-                with Admin(endpoint) as admin:
-                    admin.create_topic(TOPIC, PARTITIONS)
-                with Registry(zk.connect_string, CHROOT) as registry:
-                    print(f"rebalance: 3 brokers, {PARTITIONS} partitions, 3 members + 1")
-                    clean, crashed = rebalance_runs(
-                        zk.connect_string, registry, args.runs, args.crash_runs
-                    )
-                print(f"storing {args.messages:,} messages of 200 bytes", flush=True)
-                store(endpoint, args.messages)
-                one = throughput(zk.connect_string, 1, args.messages)
-                three = throughput(zk.connect_string, 3, args.messages)
+                measured = measure(brokers, args, root)
             finally:
                 for broker in brokers:
                     broker.__exit__()
-    print_times({"clean leave -> all owned": clean, "kill -9 -> all owned": crashed})
+    report(measured, args)
+
+
+@dataclass
+class Measured:
+    loaded: dict[str, float]
+    changes: list[Change]
+    killed_coordinator: dict[str, float]
+    slow: list[SlowRun]
+    one: float
+    three: float
+
+
+def measure(brokers: list[PrivatePylogd], args: argparse.Namespace, root: Path) -> Measured:
+    with Admin(brokers[0].endpoint, timeout_s=120) as admin:
+        admin.create_topic(COORDINATED_TOPIC, args.partitions, {"replication_factor": "2"})
+        admin.create_topic(SLOW_TOPIC, 4)
+        admin.create_topic(TOPIC, PARTITIONS)
+    print(
+        f"3 brokers, {args.partitions} partitions at factor 2, {args.members} members + 1",
+        flush=True,
+    )
+    loaded = loaded_join(brokers, args.members, args.partitions, args.rate, root)
+    print(f"  loaded join: {json.dumps(loaded)}", flush=True)
+    changes, killed = coordinated_runs(brokers, args.members, args.partitions, args.runs)
+    print(f"  coordinator kill -9: {json.dumps(killed)}", flush=True)
+    for broker in brokers:  # the coordinator's, killed: its partitions led again
+        if broker.process is not None and broker.process.poll() is not None:
+            broker.__enter__()
+    live = ",".join(b.endpoint for b in brokers)
+    print(f"slow handler: {args.slow_s:g} s on one message", flush=True)
+    runs: list[SlowRun] = []
+    within = threading.Thread(
+        target=lambda: runs.append(
+            slow_handler(live, "slow-within", 1.5 * args.slow_s, args.slow_s)
+        )
+    )
+    within.start()
+    runs.append(slow_handler(live, "slow-past", args.slow_s / 2, args.slow_s))
+    within.join()
+    for run in runs:
+        print(f"  {run}", flush=True)
+    print(f"storing {args.messages:,} messages of 200 bytes", flush=True)
+    store(live, TOPIC, args.messages)
+    one = throughput(live, 1, args.messages)
+    three = throughput(live, 3, args.messages)
+    return Measured(loaded, changes, killed, sorted(runs, key=lambda r: -r.deadline_s), one, three)
+
+
+def report(measured: Measured, args: argparse.Namespace) -> None:
+    print_loaded(measured.loaded, args.members, args.rate)
     print()
-    print("| group | messages/s |")
+    print(
+        "| no load | members | median | max | runs | moved (median) | ZooKeeper operations "
+        "(median) | per partition moved | target |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    targets = {"join": "<= 5 s", "kill -9": "<= 2 s past the session"}
+    for kind in ("join", "kill -9"):
+        for size in sorted({c.members for c in measured.changes}):
+            picked = [c for c in measured.changes if c.kind == kind and c.members == size]
+            if not picked:
+                continue
+            seconds = [c.seconds for c in picked]
+            moved = statistics.median(c.moved for c in picked)
+            ops = statistics.median(c.operations for c in picked)
+            print(
+                f"| {kind} | {size} | {statistics.median(seconds) * 1000:,.0f} ms | "
+                f"{max(seconds) * 1000:,.0f} ms | {len(picked)} | {moved:,.0f} | {ops:,.0f} | "
+                f"{ops / max(moved, 1):.2f} | {targets[kind]} |"
+            )
+    killed = measured.killed_coordinator
+    print(
+        f"| the coordinator's broker kill -9'd -> stable again | {args.members} | "
+        f"{killed['seconds'] * 1000:,.0f} ms | | 1 | | | | <= 10 s |"
+    )
+    print(
+        f"\ncommitted offsets lost at the coordinator's kill: {killed['lost']:.0f} of "
+        f"{killed['committed']:.0f} (target 0)"
+    )
+    print()
+    print(
+        "| slow handler | deadline | kept its partitions throughout | told | replaced after "
+        "| its commit after |"
+    )
+    print("|---|---:|---|---|---:|---|")
+    for run in measured.slow:
+        replaced = "-" if run.replaced_after_s is None else f"{run.replaced_after_s:.1f} s"
+        print(
+            f"| {run.slow_s:g} s | {run.deadline_s:g} s | {run.kept_throughout} | "
+            f"{', '.join(run.told) or 'nothing'} | {replaced} | {run.commit} |"
+        )
+    print()
+    print("| group reading the stored messages | messages/s |")
     print("|---|---|")
-    print(f"| 1 member | {one:,.0f} |")
-    print(f"| 3 members | {three:,.0f} ({three / one:.2f}x) |")
+    print(f"| 1 member | {measured.one:,.0f} |")
+    print(f"| 3 members | {measured.three:,.0f} ({measured.three / measured.one:.2f}x) |")
 
 
 def print_loaded(loaded: dict[str, float], members: int, rate: int) -> None:
@@ -481,18 +630,6 @@ def print_loaded(loaded: dict[str, float], members: int, rate: int) -> None:
         f"| duplicates, gaps of {loaded['produced']:,.0f} messages | "
         f"{loaded['duplicates']:.0f}, {loaded['gaps']:.0f} | 0, 0 |"
     )
-
-
-def print_times(measures: dict[str, list[float]]) -> None:
-    print()
-    print("| measure | median | max | runs |")
-    print("|---|---|---|---|")
-    for name, times in measures.items():
-        if times:
-            print(
-                f"| {name} | {statistics.median(times) * 1000:,.0f} ms "
-                f"| {max(times) * 1000:,.0f} ms | {len(times)} |"
-            )
 
 
 if __name__ == "__main__":
