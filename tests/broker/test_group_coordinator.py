@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from kazoo.client import KazooClient
 
-from broker.client import Admin, Connection
+from broker.client import Admin, Connection, GroupConsumer, Producer
 from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.client.coordinator import GroupCalls
 from broker.errors import (
@@ -26,6 +26,7 @@ from broker.errors import (
 )
 from broker.groups.assignors import TopicPartition
 from broker.protocol import (
+    Ack,
     ErrorCode,
     GroupHeartbeatRequest,
     GroupPartitions,
@@ -213,3 +214,30 @@ def test_an_unreadable_member_node_is_an_error_of_its_group_not_of_the_broker(
     with Admin(broker.endpoint) as admin:
         assert events in admin.list_topics()
     assert calls.heartbeat(heartbeat(f"{group}-other", events, 0)).member_epoch == 1
+
+
+def test_an_upgraded_group_reads_on_from_what_its_old_members_committed(
+    broker: RunningBroker, zookeeper: PrivateZooKeeper, group: str, events: str
+) -> None:
+    """docs/registry.md, "Upgrading from the paper's members": an old member still registered
+    holds the group (a new member is handed nothing); once it is gone, the new member reads each
+    partition on from the old members' commit, or from `reset` where they committed none."""
+    with Producer(broker.endpoint, events, ack=Ack.FLUSHED) as producer:
+        sent = [producer.send(b"m%d" % i, partition=0) for i in range(5)]
+        offsets = [delivery.result(30) for delivery in sent]
+        producer.send(b"other", partition=1).result(30)
+    with Registry(zookeeper.connect_string, broker.arguments[1]) as registry:
+        registry.register_consumer(group, "old-1", [events])
+        registry.commit_offset(group, events, f"{broker_id(registry, events)}-0", offsets[2])
+        with GroupConsumer(broker.endpoint, group, [events], max_wait_ms=50) as member:
+            for _ in range(20):  # bounded: about a second, the old member registered throughout
+                assert member.poll(50) == []
+            registry.unregister_consumer(group, "old-1")
+            read: list[bytes] = []
+
+            def all_read() -> bool:
+                read.extend(record.value for record in member.poll(50))
+                return len(read) >= 4
+
+            wait_until(all_read, 30, "the new member reads on")
+    assert sorted(read) == [b"m2", b"m3", b"m4", b"other"]
