@@ -10,16 +10,19 @@ of its own joined through the group's coordinator (a broker's address, no ZooKee
 docs/protocol.md "Consumer groups"), session 2 s; the group is asked DESCRIBE_GROUP every
 50 ms. Then:
 
-- **A join under load.** A producer writes `--rate` messages a second (acks all, round robin
-  over the partitions), the members log every record they hand out, and after 10 s an 11th
-  member joins: the time until the group is stable (state stable, every partition assigned,
-  the joiner among them), the rate each member kept reading its kept partitions at during
-  the rebalance against the 10 s before, and, once every member stopped cleanly (commit,
-  leave), the duplicates and gaps among the messages produced.
+- **Joins under load.** A producer writes `--rate` messages a second (acks all, round robin
+  over the partitions), the members log every record they hand out, and `--runs` times, after
+  10 s, an 11th member joins (its process started before the 10 s, so that its interpreter's
+  start is not measured as the rebalance's cost), reads on 2 s once the group is stable, and
+  leaves cleanly: for each join, the time until the group is stable (state stable, every
+  partition assigned, the joiner among them) and the rate each member kept reading its kept
+  partitions at during the rebalance against the 10 s before; once every member stopped
+  cleanly (commit, leave), the duplicates and gaps among the messages produced.
 - **Joins and kill -9s, no load**, `--runs` of each, at half the members and then at all of
-  them: the time until stable, and for a kill -9 the time past its session; the partitions
-  each moved and the ZooKeeper operations the coordinator made for it (its
-  pylog_group_registry_operations_total), so that their growth with the group's size shows.
+  them: the time until stable (from the joiner process's start), and for a kill -9 the time
+  past its session; the partitions each moved and the ZooKeeper operations the coordinator
+  made for it (its pylog_group_registry_operations_total), so that their growth with the
+  group's size shows.
 - **The coordinator's broker SIGKILLed** (once): the time until the group is stable again
   under the broker that takes it over, and the committed offsets lost (those lower or gone
   after, against before).
@@ -74,13 +77,19 @@ IDLE_S = 2.0
 OPERATIONS = ("pylog_group_registry_operations_total", ())
 
 
+POLL_S = 0.05
+"""How often a condition is looked at (most ask DESCRIBE_GROUP: asked every 5 ms, a group of
+900 partitions kept the coordinator's broker and this process busy enough to slow the members
+it measured)."""
+
+
 def wait_for(condition: Callable[[], bool], limit_s: float = 120.0) -> float:
-    """Poll `condition` every 5 ms until true; the time.monotonic() it was seen true."""
+    """Poll `condition` every POLL_S until true; the time.monotonic() it was seen true."""
     deadline = time.monotonic() + limit_s
     while not condition():
         if time.monotonic() > deadline:
             raise TimeoutError(f"not true within {limit_s} s")
-        time.sleep(0.005)
+        time.sleep(POLL_S)
     return time.monotonic()
 
 
@@ -98,11 +107,19 @@ def member_process(broker: str, group: str, member: str, topic: str) -> subproce
 
 
 def run_member(
-    broker: str, group: str, member: str, forever: bool, topic: str, record_log: str | None
+    broker: str,
+    group: str,
+    member: str,
+    forever: bool,
+    topic: str,
+    record_log: str | None,
+    held: bool,
 ) -> None:
     """Read until idle for IDLE_S (or for ever, until SIGTERM); print the count and the last
     read's time. With `record_log`, each record's partition, offset and time.monotonic()
-    there, a line each."""
+    there, a line each. `held`: join once a line comes on stdin."""
+    if held:
+        sys.stdin.readline()
     count, last = 0, time.time()
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
@@ -127,10 +144,11 @@ def run_member(
 
 
 def coordinated_member(
-    broker: str, group: str, member: str, record_log: Path | None = None
+    broker: str, group: str, member: str, record_log: Path | None = None, held: bool = False
 ) -> subprocess.Popen[bytes]:
     """A member through the coordinator, in a child process, reading until SIGTERM (each
-    record logged to `record_log`, when given)."""
+    record logged to `record_log`, when given). `held`: it joins only once a line is written
+    to its stdin (its interpreter started and its imports done before)."""
     logging_to = ("--record-log", str(record_log)) if record_log else ()
     return subprocess.Popen(
         [
@@ -138,7 +156,9 @@ def coordinated_member(
             *("-m", "perf.bench_group", "--role", "member", "--broker", broker),
             *("--group", group, "--member", member, "--topic", COORDINATED_TOPIC, "--forever"),
             *logging_to,
+            *(["--held"] if held else []),
         ],
+        stdin=subprocess.PIPE if held else None,
         stdout=subprocess.DEVNULL,
     )
 
@@ -172,7 +192,7 @@ def quiet_operations(brokers: list[PrivatePylogd], quiet_s: float) -> float:
     while time.monotonic() - since < quiet_s:
         if time.monotonic() > deadline:
             raise TimeoutError("the coordinators' ZooKeeper operations never settled")
-        time.sleep(0.05)  # the figures' refresh, not a wait for a condition
+        time.sleep(POLL_S)  # the figures' refresh, not a wait for a condition
         now = operations(brokers)
         if now != last:
             last, since = now, time.monotonic()
@@ -295,18 +315,58 @@ def read_log(path: Path) -> list[tuple[int, int, float]]:
     return [(int(p), int(o), float(t)) for p, o, t in lines]
 
 
-def loaded_join(
-    brokers: list[PrivatePylogd], members: int, partitions: int, rate: int, root: Path
-) -> dict[str, float]:
-    """A member joining a group that reads a steady producer (module docstring): how long
-    until stable, the lowest rate of the partitions each member kept during the rebalance as
-    a ratio to its rate over the WINDOW_S before, and the duplicates and gaps of delivery once
-    every member stopped cleanly."""
+@dataclass
+class Join:
+    """One join under load: when it started and when the group was stable again, and each
+    member's partitions (DESCRIBE_GROUP) just before and once stable."""
+
+    joined_at: float
+    stable_at: float
+    before: dict[str, set[int]]
+    after: dict[str, set[int]]
+
+    def kept_rates(self, records: dict[str, list[tuple[int, int, float]]]) -> list[float]:
+        """For each member there before and after, the rate at which it handed out records of
+        the partitions it kept, during the rebalance, as a ratio to its rate over the WINDOW_S
+        before."""
+        ratios = []
+        for member, rows in records.items():
+            kept = self.before.get(member, set()) & self.after.get(member, set())
+            mine = [t for p, _, t in rows if p in kept]
+            start, end = self.joined_at, self.stable_at
+            rate_before = sum(start - WINDOW_S <= t < start for t in mine) / WINDOW_S
+            during = sum(start <= t <= end for t in mine) / max(end - start, 1e-3)
+            if rate_before > 0:
+                ratios.append(during / rate_before)
+        return ratios
+
+
+@dataclass
+class Loaded:
+    """The joins under load: each one's time to stable and the lowest and median kept rate
+    of its members; the duplicates and gaps over every message produced."""
+
+    join_s: list[float]
+    kept_min: list[float]
+    kept_median: list[float]
+    duplicates: int
+    gaps: int
+    produced: int
+
+
+def loaded_joins(
+    brokers: list[PrivatePylogd], members: int, partitions: int, rate: int, runs: int, root: Path
+) -> Loaded:
+    """`runs` members joining in turn a group that reads a steady producer, each leaving
+    cleanly before the next (module docstring): how long until stable, the rates of the
+    partitions each member kept during the rebalance against the WINDOW_S before, and the
+    duplicates and gaps of delivery once every member stopped cleanly."""
     bootstrap = ",".join(b.endpoint for b in brokers)
     group = "loaded"
-    logs = {f"l{i:02}": root / f"l{i:02}.log" for i in range(members + 1)}
-    names = sorted(logs)
-    steady = [coordinated_member(bootstrap, group, m, logs[m]) for m in names[:-1]]
+    logs = {f"l{i:02}": root / f"l{i:02}.log" for i in range(members)}
+    steady = [coordinated_member(bootstrap, group, m, path) for m, path in logs.items()]
+    joiners: list[subprocess.Popen[bytes]] = []
+    joins: list[Join] = []
     sent: list[tuple[int, Delivery]] = []
     stop = threading.Event()
 
@@ -322,48 +382,57 @@ def loaded_join(
             producer.flush()
 
     producing = threading.Thread(target=produce, daemon=True)
-    joiner = None
     try:
         with GroupCalls(bootstrap, group, timeout_s=3.0) as calls:
             wait_for(lambda: settled(calls, members, partitions), 300)
             producing.start()
-            time.sleep(WINDOW_S)  # the rate before the join is measured over this window
-            before = owned_by(calls)
-            joined_at = time.monotonic()
-            joiner = coordinated_member(bootstrap, group, names[-1], logs[names[-1]])
-            stable_at = wait_for(lambda: settled(calls, members + 1, partitions))
-            after = owned_by(calls)
-            time.sleep(2.0)  # reading on after the join
+            for run in range(runs):
+                name = f"j{run}"
+                logs[name] = root / f"{name}.log"
+                joiner = coordinated_member(bootstrap, group, name, logs[name], held=True)
+                joiners.append(joiner)
+                time.sleep(WINDOW_S)  # the rate before the join is measured over this window
+                before = owned_by(calls)
+                joined_at = time.monotonic()
+                assert joiner.stdin is not None
+                joiner.stdin.write(b"join\n")  # its interpreter started outside the window
+                joiner.stdin.flush()
+                stable_at = wait_for(lambda: settled(calls, members + 1, partitions))
+                joins.append(Join(joined_at, stable_at, before, owned_by(calls)))
+                time.sleep(2.0)  # reading on after the join
+                joiner.send_signal(signal.SIGTERM)  # commit, leave: its partitions go back
+                joiner.wait(60)
+                wait_for(lambda: settled(calls, members, partitions))
+                ratios = joins[-1].kept_rates({m: read_log(logs[m]) for m in logs})
+                print(
+                    f"  join {run + 1}/{runs} under load: stable after "
+                    f"{stable_at - joined_at:.2f} s, kept rate {min(ratios):.2f} lowest, "
+                    f"{statistics.median(ratios):.2f} median",
+                    flush=True,
+                )
         stop.set()
         producing.join(60)
         produced = {(partition, delivery.result(60)) for partition, delivery in sent}
         wait_for(lambda: sum(len(read_log(p)) for p in logs.values()) >= len(produced), 120)
     finally:
         stop.set()
-        processes = [*steady, *([joiner] if joiner else [])]
+        processes = [*steady, *joiners]
         for process in processes:
-            process.send_signal(signal.SIGTERM)  # commit, leave, close the log
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)  # commit, leave, close the log
         for process in processes:
             process.wait(60)
     records = {m: read_log(path) for m, path in logs.items()}
-    ratios = []
-    for member in names[:-1]:
-        kept = before.get(member, set()) & after.get(member, set())
-        mine = [t for p, _, t in records[member] if p in kept]
-        rate_before = sum(joined_at - WINDOW_S <= t < joined_at for t in mine) / WINDOW_S
-        during = sum(joined_at <= t <= stable_at for t in mine) / max(stable_at - joined_at, 1e-3)
-        if rate_before > 0:
-            ratios.append(during / rate_before)
+    rates = [join.kept_rates(records) for join in joins]
     delivered = Counter((p, o) for rows in records.values() for p, o, _ in rows)
-    return {
-        "join_s": stable_at - joined_at,
-        "kept_rate_min": min(ratios, default=0.0),
-        "kept_rate_median": statistics.median(ratios) if ratios else 0.0,
-        "members_measured": len(ratios),
-        "duplicates": sum(n - 1 for n in delivered.values() if n > 1),
-        "gaps": len(produced - delivered.keys()),
-        "produced": len(produced),
-    }
+    return Loaded(
+        [join.stable_at - join.joined_at for join in joins],
+        [min(r, default=0.0) for r in rates],
+        [statistics.median(r) if r else 0.0 for r in rates],
+        sum(n - 1 for n in delivered.values() if n > 1),
+        len(produced - delivered.keys()),
+        len(produced),
+    )
 
 
 @dataclass
@@ -439,7 +508,7 @@ def slow_handler(bootstrap: str, group: str, deadline_s: float, slow_s: float) -
                 run.kept_throughout &= owned.get("slow") == mine
                 if run.replaced_after_s is None and len(owned.get("steady", ())) == 4:
                     run.replaced_after_s = time.monotonic() - started
-                handler.join(0.05)
+                handler.join(POLL_S)
             handling.clear()
             try:
                 slow.commit()
@@ -496,9 +565,18 @@ def main() -> None:
     parser.add_argument("--group", help=argparse.SUPPRESS)
     parser.add_argument("--member", help=argparse.SUPPRESS)
     parser.add_argument("--forever", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--held", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "member":
-        run_member(args.broker, args.group, args.member, args.forever, args.topic, args.record_log)
+        run_member(
+            args.broker,
+            args.group,
+            args.member,
+            args.forever,
+            args.topic,
+            args.record_log,
+            args.held,
+        )
         return
     with tempfile.TemporaryDirectory(prefix="pylog-bench-group-") as tmp:
         root = Path(tmp)
@@ -522,7 +600,7 @@ def main() -> None:
 
 @dataclass
 class Measured:
-    loaded: dict[str, float]
+    loaded: Loaded
     changes: list[Change]
     killed_coordinator: dict[str, float]
     slow: list[SlowRun]
@@ -539,8 +617,7 @@ def measure(brokers: list[PrivatePylogd], args: argparse.Namespace, root: Path) 
         f"3 brokers, {args.partitions} partitions at factor 2, {args.members} members + 1",
         flush=True,
     )
-    loaded = loaded_join(brokers, args.members, args.partitions, args.rate, root)
-    print(f"  loaded join: {json.dumps(loaded)}", flush=True)
+    loaded = loaded_joins(brokers, args.members, args.partitions, args.rate, args.runs, root)
     changes, killed = coordinated_runs(brokers, args.members, args.partitions, args.runs)
     print(f"  coordinator kill -9: {json.dumps(killed)}", flush=True)
     for broker in brokers:  # the coordinator's, killed: its partitions led again
@@ -616,19 +693,31 @@ def report(measured: Measured, args: argparse.Namespace) -> None:
     print(f"| 3 members | {measured.three:,.0f} ({measured.three / measured.one:.2f}x) |")
 
 
-def print_loaded(loaded: dict[str, float], members: int, rate: int) -> None:
+def print_loaded(loaded: Loaded, members: int, rate: int) -> None:
+    def listed(figures: list[float], unit: str = "") -> str:
+        return ", ".join(f"{f:.2f}{unit}" for f in figures)
+
     print()
-    print(f"| a member joining {members} under {rate:,} messages/s | figure | target |")
-    print("|---|---|---|")
-    print(f"| join -> stable | {loaded['join_s'] * 1000:,.0f} ms | <= 5 s |")
     print(
-        f"| kept partitions' rate during it / before, lowest member | "
-        f"{loaded['kept_rate_min']:.2f} (median {loaded['kept_rate_median']:.2f}, "
-        f"{loaded['members_measured']:.0f} members) | >= 0.8 |"
+        f"| a member joining {members} under {rate:,} messages/s, {len(loaded.join_s)} runs "
+        "| median | each run | target |"
+    )
+    print("|---|---|---|---|")
+    print(
+        f"| join -> stable | {statistics.median(loaded.join_s):.2f} s | "
+        f"{listed(loaded.join_s, unit=' s')} | <= 5 s |"
     )
     print(
-        f"| duplicates, gaps of {loaded['produced']:,.0f} messages | "
-        f"{loaded['duplicates']:.0f}, {loaded['gaps']:.0f} | 0, 0 |"
+        f"| kept partitions' rate during it / before, lowest member | "
+        f"{statistics.median(loaded.kept_min):.2f} | {listed(loaded.kept_min)} | >= 0.8 |"
+    )
+    print(
+        f"| kept partitions' rate during it / before, median member | "
+        f"{statistics.median(loaded.kept_median):.2f} | {listed(loaded.kept_median)} | |"
+    )
+    print(
+        f"| duplicates, gaps of {loaded.produced:,} messages | {loaded.duplicates}, "
+        f"{loaded.gaps} | | 0, 0 |"
     )
 
 
