@@ -178,10 +178,9 @@ class AsyncGroupConsumer(AsyncClosing):
             return
         if not member._in_session(wait_s):  # connected: it returns at once
             return
-        if member._assignment_due():
-            self._drop_fetches()
-            if not await self._in_thread(member._rebalanced):
-                return
+        # the fetches in flight go on for the partitions kept
+        if member._assignment_due() and not await self._in_thread(member._rebalanced):
+            return
         if member._commit_due():
             await self._in_thread(member._auto_commit)
         if member._buffered():
@@ -197,11 +196,6 @@ class AsyncGroupConsumer(AsyncClosing):
         for a first reply, and take every reply there."""
         member = self.member
         assert self._cluster is not None
-        current = set(member._owned.values())
-        for endpoint, (fetched, _, task) in list(self._fetching.items()):
-            if not current.issuperset(fetched):  # a partition given up or lost
-                task.cancel()
-                del self._fetching[endpoint]
         now = member.clock.monotonic()
         by_endpoint: dict[str, list[_Owned]] = {}
         for owned in member._owned.values():
@@ -234,6 +228,8 @@ class AsyncGroupConsumer(AsyncClosing):
                     log.warning("no reply to a fetch of %s from %s", owned.tp, endpoint)
                 continue
             for owned, offset, reply in zip(fetched, offsets, replies, strict=True):
+                if member._owned.get(owned.tp) is not owned:
+                    continue  # given up (or lost) while the fetch was in flight
                 if owned.fetch_offset != offset:
                     continue  # fetching started again elsewhere meanwhile: a stale reply
                 if member._on_fetch_reply(owned, reply):

@@ -653,6 +653,8 @@ class GroupConsumer(Closing, Generic[R]):
                 continue
             for owned, reply in zip(fetched, fetch_replies(fetched, frames), strict=True):
                 owned.in_flight = None
+                if self._owned.get(owned.tp) is not owned:
+                    continue  # given up while the fetch was in flight
                 if self._on_fetch_reply(owned, reply):
                     self._reset_out_of_range(owned)
         self._expire_fetches(wait_s)
@@ -842,11 +844,13 @@ class GroupConsumer(Closing, Generic[R]):
             self.on_assigned(frozenset(started))
 
     def _give_up(self, partitions: frozenset[BrokerPartition]) -> None:
-        """Stop reading `partitions`: their fetches forgotten, `on_revoked`, their positions
-        committed (with auto-commit), forgotten. The other partitions are read on, what was
-        fetched for them kept."""
+        """Stop reading `partitions`: what was fetched for them dropped, `on_revoked`, their
+        positions committed (with auto-commit), forgotten. The other partitions are read on,
+        what was fetched for them kept, and a fetch in flight for some of them goes on (its
+        parts for `partitions` are dropped when it comes: `_receive_fetches`), so that a
+        partition that stays never waits for a fetch sent again."""
         for tp in partitions:
-            self._forget_fetched(self._owned[tp])
+            self._owned[tp].buffered.clear()
         if self.on_revoked is not None:
             self.on_revoked(partitions)
         if self.auto_commit_interval_s is not None:
@@ -866,19 +870,10 @@ class GroupConsumer(Closing, Generic[R]):
         return named
 
     def _leaders(self, claimed: Iterable[BrokerPartition]) -> dict[tuple[str, int], int]:
-        """(topic, partition) -> its leader, by METADATA, for the partitions of `claimed` that
-        are led by a registered broker now (the others: fetched from their preferred leader,
-        which answers where the leader is, or rest until METADATA knows)."""
-        topics = sorted({tp.topic for tp in claimed})
-        if not topics:
-            return {}
-        try:
-            self.cluster.metadata(topics)
-        except (BrokerError, Unavailable) as error:
-            if isinstance(error, BrokerError) and not error.retriable:
-                raise
-            log.warning("group %s: no METADATA for the leaders: %s", self.group, error)
-            return {}
+        """(topic, partition) -> its leader, by the METADATA `_broker_partitions` asked just
+        before, for the partitions of `claimed` that are led by a registered broker now (the
+        others: fetched from their preferred leader, which answers where the leader is, or rest
+        until METADATA knows)."""
         leaders = {}
         for tp in claimed:
             info = self.cluster.leaders.get((tp.topic, tp.partition))
