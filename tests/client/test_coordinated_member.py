@@ -213,15 +213,17 @@ def test_a_static_member_closed_and_started_again_takes_its_partitions_back(
         other.close()
 
 
-def test_a_member_that_does_not_poll_within_its_deadline_leaves_and_joins_again(
+Told = list[frozenset[object]]
+
+
+def slow_member(
     broker: RunningBroker, group: str, loaded: str
-) -> None:
-    """max_poll_interval_s (Kafka's max.poll.interval.ms): a member whose application has not
-    polled for longer leaves by itself, its partitions go to the others; at its next poll it
-    drops them (on_lost, uncommitted) and joins again."""
+) -> tuple[GroupConsumer, FakeClock, Told, Told]:
+    """Member "slow", its processing deadline 30 s on a fake clock; the clock, and the
+    partitions it is told it gave up (on_revoked) and lost (on_lost)."""
     clock = FakeClock()
-    revoked: list[frozenset[object]] = []
-    lost: list[frozenset[object]] = []
+    revoked: Told = []
+    lost: Told = []
     slow = member(
         broker,
         group,
@@ -232,12 +234,26 @@ def test_a_member_that_does_not_poll_within_its_deadline_leaves_and_joins_again(
         on_revoked=revoked.append,
         on_lost=lost.append,
     )
+    return slow, clock, revoked, lost
+
+
+def share(slow: GroupConsumer, steady: GroupConsumer) -> None:
+    wait_until(
+        lambda: (slow.poll(20), steady.poll(20), len(owned(slow)) == 2)[2],
+        what="the two share the partitions",
+    )
+
+
+def test_a_member_that_does_not_poll_within_its_deadline_leaves_and_joins_again(
+    broker: RunningBroker, group: str, loaded: str
+) -> None:
+    """max_poll_interval_s (Kafka's max.poll.interval.ms): a member whose application has not
+    polled for longer leaves by itself, its partitions go to the others; at its next poll it
+    drops them (on_lost, uncommitted) and joins again."""
+    slow, clock, revoked, lost = slow_member(broker, group, loaded)
     with member(broker, group, loaded, consumer_id="steady") as steady:
         try:
-            wait_until(
-                lambda: (slow.poll(20), steady.poll(20), len(owned(slow)) == 2)[2],
-                what="the two share the partitions",
-            )
+            share(slow, steady)
             revoked_before = len(revoked)  # a hand-over when steady joined, maybe
             clock.advance(30.1)  # the handler took longer than the deadline
             wait_until(
@@ -261,25 +277,10 @@ def test_a_slow_handler_within_its_deadline_keeps_its_partitions(
     """A handler that takes 29 s of a 30 s processing deadline, twice in a row (the deadline
     runs from each poll): the heartbeats, from a thread of their own, keep the member in the
     group, so it keeps its partitions, is told of no revocation, and commits after."""
-    clock = FakeClock()
-    revoked: list[frozenset[object]] = []
-    lost: list[frozenset[object]] = []
-    slow = member(
-        broker,
-        group,
-        loaded,
-        consumer_id="slow",
-        clock=clock,
-        max_poll_interval_s=30,
-        on_revoked=revoked.append,
-        on_lost=lost.append,
-    )
+    slow, clock, revoked, lost = slow_member(broker, group, loaded)
     with member(broker, group, loaded, consumer_id="steady") as steady:
         try:
-            wait_until(
-                lambda: (slow.poll(20), steady.poll(20), len(owned(slow)) == 2)[2],
-                what="the two share the partitions",
-            )
+            share(slow, steady)
             mine, revoked_before = owned(slow), len(revoked)
             for _ in range(2):
                 clock.advance(29.0)  # the handler, just under the deadline
