@@ -547,7 +547,7 @@ def reset_through_coordinator(
 def delete_through_coordinator(group_name: str, broker: str, timeout: float) -> bool:
     """Delete a coordinated group through its coordinator; False when it knows no such group.
     GroupNotEmpty while it has members."""
-    members: list[str] = []
+    members: list[str] | None = None
     with (
         broker_errors(broker),
         GroupCalls(broker, group_name, timeout_s=timeout, keys=client_keys()) as calls,
@@ -556,9 +556,9 @@ def delete_through_coordinator(group_name: str, broker: str, timeout: float) -> 
             calls.delete()
         except BrokerUnknownGroup:
             return False
-        except BrokerGroupNotEmpty:
-            members = [m.member_id for m in calls.describe().members]
-    if members:
+        except BrokerGroupNotEmpty as error:
+            members = [m.member_id for m in calls.describe().members] or [error.message]
+    if members is not None:
         raise GroupNotEmpty(group_name, members)
     return True
 
