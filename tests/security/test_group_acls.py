@@ -16,6 +16,7 @@ from broker.protocol import (
     GroupHeartbeatRequest,
     OffsetCommitRequest,
 )
+from tests.conftest import wait_until
 from tests.curve import SUPER_USER, CurveBroker, curve_broker_fixture
 
 curve_broker = curve_broker_fixture()
@@ -33,7 +34,14 @@ def test_group_requests_need_fetch_on_their_topics_and_delete_on_every_topic(
     curve_broker.pylogctl(
         "acl", "add", "--principal", "alice", "--topic", topic, "--operation", "fetch"
     )
-    joined = curve_broker.call("alice", join)
+    replies: list[object] = []  # the broker learns the ACL from ZooKeeper's watch: soon after
+
+    def let_in() -> bool:
+        replies.append(curve_broker.call("alice", join))
+        return not isinstance(replies[-1], BrokerAuthorizationFailed)
+
+    wait_until(let_in, what="alice's fetch ACL to reach the broker")
+    joined = replies[-1]
     assert isinstance(joined, protocol.GroupHeartbeatReply) and joined.member_epoch == 1
     commit = OffsetCommitRequest(group, "m-1", 1, (CommitPart(topic, 0, 0),))
     assert isinstance(curve_broker.call("alice", commit), protocol.OffsetCommitReply)
