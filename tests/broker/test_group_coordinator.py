@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from kazoo.client import KazooClient
@@ -35,6 +35,7 @@ from broker.protocol import (
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
 from tests.conftest import wait_until
+from tests.proxies import FreezableProxy
 from tests.pylogd import RunningBroker
 
 
@@ -241,3 +242,73 @@ def test_an_upgraded_group_reads_on_from_what_its_old_members_committed(
 
             wait_until(all_read, 30, "the new member reads on")
     assert sorted(read) == [b"m2", b"m3", b"m4", b"other"]
+
+
+def test_a_group_reads_on_through_a_zookeeper_outage_and_commits_after_it(
+    make_pylogd: Callable[..., RunningBroker],
+    zookeeper: PrivateZooKeeper,
+    group: str,
+    topic: str,
+) -> None:
+    """The coordinator's broker cut off from ZooKeeper (its connection frozen, as a partition
+    or a stalled server would) while a member reads: once ZooKeeper is back the member reads
+    what came after, and its commit lands; no record is skipped, and one is read twice only
+    if the member was told it lost its partitions (the broker's session may have expired)."""
+    proxy = FreezableProxy(("127.0.0.1", zookeeper.port))
+    lost: list[frozenset[object]] = []
+    try:
+        broker = make_pylogd(zookeeper=f"127.0.0.1:{proxy.port}")
+        with Admin(broker.endpoint) as admin:
+            admin.create_topic(topic, 2)
+
+        def produce(prefix: str) -> list[bytes]:
+            values = [f"{prefix}-{i}".encode() for i in range(10)]
+            with Producer(broker.endpoint, topic, ack=Ack.FLUSHED) as producer:
+                sent = [producer.send(v, partition=i % 2) for i, v in enumerate(values)]
+                for delivery in sent:
+                    delivery.result(30)
+            return values
+
+        before = produce("before")
+        with GroupConsumer(
+            broker.endpoint,
+            group,
+            [topic],
+            session_timeout_s=6.0,
+            auto_commit_interval_s=None,
+            max_wait_ms=50,
+            on_lost=lost.append,
+        ) as member:
+            read: list[bytes] = []
+
+            def read_all(values: list[bytes]) -> Callable[[], bool]:
+                def done() -> bool:
+                    read.extend(r.value for r in member.poll(50))
+                    return set(values) <= set(read)
+
+                return done
+
+            wait_until(read_all(before), 30, "the first records read")
+            member.commit()
+            proxy.freeze()
+            wait_until(
+                lambda: "lost its ZooKeeper connection" in broker.log_path.read_text(),
+                10,
+                "the broker to lose ZooKeeper",
+            )
+            for _ in range(10):  # bounded: about half a second cut off, reading on
+                read.extend(r.value for r in member.poll(50))
+            proxy.thaw()
+            after = produce("after")
+            wait_until(read_all(after), 60, "what came after the outage read")
+            wait_until(lambda: member.connected, 30, "the member within its lease")
+            member.commit()
+            with GroupCalls(broker.endpoint, group) as calls:
+                committed = calls.committed([topic])
+            positions = member.positions().items()
+            assert committed == {TopicPartition(tp.topic, tp.partition): o for tp, o in positions}
+    finally:
+        proxy.close()
+    assert set(read) == set(before) | set(after)  # nothing skipped
+    if not lost:
+        assert len(read) == len(before) + len(after)  # nothing twice
