@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Self, TypeVar
 
 from broker.aio.connection import AsyncCluster
 from broker.client.connection import wait_ms
 from broker.client.group import (
+    NEWS_CHECK_S,
     RETRY_BACKOFF_S,
     BrokerPartition,
     GroupConsumer,
@@ -214,7 +216,14 @@ class AsyncGroupConsumer(AsyncClosing):
             await asyncio.sleep(min(max(rest_s, 0.0), wait_s))
             return
         tasks = [task for _, _, task in self._fetching.values()]
-        await asyncio.wait(tasks, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+        deadline = time.monotonic() + wait_s
+        while True:  # cut short, within NEWS_CHECK_S, by the heartbeat thread's news
+            left_s = deadline - time.monotonic()
+            done, _ = await asyncio.wait(
+                tasks, timeout=max(0.0, min(left_s, NEWS_CHECK_S)), return_when=asyncio.FIRST_COMPLETED
+            )
+            if done or left_s <= NEWS_CHECK_S or member._rebalance_wanted.is_set():
+                break
         for endpoint, (fetched, offsets, task) in list(self._fetching.items()):
             if not task.done():
                 continue

@@ -3,8 +3,9 @@ by the brokers (docs/protocol.md, "Consumer groups"); a member needs only a brok
 
 Every partition of a subscribed topic is consumed by exactly one member of the group at a time;
 groups are independent of each other. A heartbeat thread (broker.client.membership.Heartbeats)
-keeps the member in the group and learns its assignment; the thread that polls follows it at
-its next poll: partitions taken away are given up (fetching stopped, `on_revoked`, positions
+keeps the member in the group and learns its assignment; the thread that polls follows it in
+the poll under way (a wait for records looks for the news every NEWS_CHECK_S) or at its next
+poll: partitions taken away are given up (fetching stopped, `on_revoked`, positions
 committed with auto-commit, reported at once), partitions given are read from the group's
 committed offsets (`on_assigned`), and those that stay are read on. Within its lease only (its
 session since it sent its last answered heartbeat) does it hand out records. Told it is unknown
@@ -105,6 +106,8 @@ RETRY_BACKOFF_S = 0.5
 """How long a partition rests after a retriable fetch error before it is fetched again."""
 DEFAULT_MAX_POLL_INTERVAL_S = 300.0
 """A member's processing deadline by default (Kafka's max.poll.interval.ms)."""
+NEWS_CHECK_S = 0.1
+"""How often a member waiting for fetch replies looks for the heartbeat thread's news."""
 MAX_POLL_INTERVAL_S = (2**31 - 1) / 1000
 """The longest: rebalance_timeout_ms is an i32 of milliseconds on the wire."""
 
@@ -499,7 +502,9 @@ class GroupConsumer(Closing, Generic[R]):
 
     def _filled(self, wait_s: float) -> bool:
         """A step of `_fill`; False when it only waited (for the heartbeat thread, or for
-        partitions), True when it fetched, or records are buffered."""
+        partitions), or its wait for fetches was cut short by the heartbeat thread's news (the
+        next step follows it, within the poll's wait), True when it fetched, or records are
+        buffered."""
         if not self._in_session(wait_s):
             return False
         if self._assignment_due() and not self._rebalanced():
@@ -514,7 +519,8 @@ class GroupConsumer(Closing, Generic[R]):
         self._receive_fetches(wait_s)
         if self._buffered():  # the next fetches, read by the brokers while these are processed
             self._send_fetches(wait_s)
-        return True
+            return True
+        return not self._rebalance_wanted.is_set()
 
     def _buffered(self) -> bool:
         return any(owned.buffered for owned in self._owned.values())
@@ -632,21 +638,32 @@ class GroupConsumer(Closing, Generic[R]):
         return rotated
 
     def _receive_fetches(self, wait_s: float) -> None:
-        """Wait up to `wait_s` for a first reply, then take every reply already there."""
+        """Wait up to `wait_s` for a first reply, then take every reply already there. The
+        wait ends early, within NEWS_CHECK_S, when the heartbeat thread brings news (an
+        assignment changed: partitions to give up are given up then, not at the long poll's
+        end)."""
         if not self._in_flight:
             return
         deadline = self.clock.monotonic() + wait_s
+        real_deadline = time.monotonic() + wait_s  # a real wait, whatever the member's clock
         while self._in_flight:
             if any(o.buffered for o in self._owned.values()):
                 timeout_s = 0.0  # data to hand out: take only the replies already here
             else:
                 timeout_s = max(0.0, deadline - self.clock.monotonic())
+            slice_s = min(timeout_s, NEWS_CHECK_S)
             connections = {connection for connection, _ in self._in_flight}
             try:
                 connection, correlation_id, frames = self.cluster.receive_pipelined(
-                    connections, timeout_s
+                    connections, slice_s
                 )
             except Unavailable:
+                if (
+                    slice_s < timeout_s
+                    and time.monotonic() < real_deadline
+                    and not self._rebalance_wanted.is_set()
+                ):
+                    continue  # a slice waited, no news: the long poll goes on
                 break
             fetched = self._in_flight.pop((connection, correlation_id), None)
             if fetched is None:

@@ -6,12 +6,16 @@ commit is refused."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 import uuid
 from collections import Counter
+from typing import Any
 
 import pytest
 
+from broker.aio import AsyncGroupConsumer
 from broker.client import Admin, GroupConsumer, Producer
 from broker.client.coordinator import GroupCalls
 from broker.errors import BrokerUnknownMemberId
@@ -297,3 +301,49 @@ def test_a_slow_handler_within_its_deadline_keeps_its_partitions(
             slow.commit()  # still its partitions: accepted
         finally:
             slow.close()
+
+
+@pytest.mark.parametrize("kind", ["GroupConsumer", "AsyncGroupConsumer"])
+def test_a_member_waiting_in_a_long_poll_gives_partitions_up_within_it(
+    broker: RunningBroker, group: str, topic: str, kind: str
+) -> None:
+    """A member whose poll waits up to 10 s on partitions with nothing new: when another member
+    joins, the first gives up half of them within its wait (it did at the wait's end, and the
+    joiner waited that long for them)."""
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, PARTITIONS)
+    ready, stop = threading.Event(), threading.Event()
+    options: dict[str, Any] = {"session_timeout_s": SESSION_S, "max_wait_ms": 10_000}
+    deadline = time.monotonic() + 30
+
+    def poll_first() -> None:  # each poll up to 10 s: nothing comes
+        with GroupConsumer(broker.endpoint, group, [topic], **options) as first:
+            while len(first.assignment) < PARTITIONS and time.monotonic() < deadline:
+                first.poll(50)
+            ready.set()
+            while not stop.is_set():
+                first.poll()
+
+    async def poll_first_async() -> None:
+        async with AsyncGroupConsumer(broker.endpoint, group, [topic], **options) as first:
+            while len(first.assignment) < PARTITIONS and time.monotonic() < deadline:
+                await first.poll(50)
+            ready.set()
+            while not stop.is_set():
+                await first.poll()
+
+    run = poll_first if kind == "GroupConsumer" else lambda: asyncio.run(poll_first_async())
+    polling = threading.Thread(target=run)
+    polling.start()
+    try:
+        wait_until(ready.is_set, 30, "the first member owning every partition")
+        with member(broker, group, topic, consumer_id="second") as second:
+            joined_at = time.monotonic()
+            while len(owned(second)) < PARTITIONS // 2 and time.monotonic() < deadline:
+                second.poll(50)  # bounded by the deadline
+            given_after_s, given = time.monotonic() - joined_at, owned(second)
+    finally:
+        stop.set()
+        polling.join(15)
+    assert len(given) == PARTITIONS // 2
+    assert given_after_s < 5.0  # heartbeats 1 s apart, then at once: not 10 s
