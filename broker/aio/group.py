@@ -219,8 +219,9 @@ class AsyncGroupConsumer(AsyncClosing):
         deadline = time.monotonic() + wait_s
         while True:  # cut short, within NEWS_CHECK_S, by the heartbeat thread's news
             left_s = deadline - time.monotonic()
+            timeout_s = max(0.0, min(left_s, NEWS_CHECK_S))
             done, _ = await asyncio.wait(
-                tasks, timeout=max(0.0, min(left_s, NEWS_CHECK_S)), return_when=asyncio.FIRST_COMPLETED
+                tasks, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
             )
             if done or left_s <= NEWS_CHECK_S or member._rebalance_wanted.is_set():
                 break
