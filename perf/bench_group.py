@@ -16,8 +16,9 @@ docs/protocol.md "Consumer groups"), session 2 s; the group is asked DESCRIBE_GR
   start is not measured as the rebalance's cost), reads on 2 s once the group is stable, and
   leaves cleanly: for each join, the time until the group is stable (state stable, every
   partition assigned, the joiner among them), the rate each member kept reading its kept
-  partitions at during the rebalance, and over at least 2 s from the join, against the 10 s
-  before, and the longest gap between two of a member's hand-outs during the rebalance
+  partitions at during the rebalance, over as long a window just before the join (a control,
+  no rebalance in it) and over at least 2 s from the join, against the 10 s before, and the
+  longest gap between two of a member's hand-outs during the rebalance
   against the 99th percentile of its gaps before; once every member stopped cleanly (commit,
   leave), the duplicates and gaps among the messages produced.
 - **Joins and kill -9s, no load**, `--runs` of each, at half the members and then at all of
@@ -344,13 +345,15 @@ class Join:
             rate_before = sum(start - WINDOW_S <= t < start for t in times) / WINDOW_S
             if rate_before == 0:
                 continue
-            wide = start + max(end - start, RATE_WINDOW_S)
+            length = max(end - start, 1e-3)
+            wide = start + max(length, RATE_WINDOW_S)
             gaps = list(itertools.pairwise(times))
             usual = [b - a for a, b in gaps if start - WINDOW_S <= a < start]
             during = [b - a for a, b in gaps if start <= b and a <= end]
             found.append(
                 Kept(
-                    sum(start <= t <= end for t in times) / max(end - start, 1e-3) / rate_before,
+                    sum(start <= t <= end for t in times) / length / rate_before,
+                    sum(start - length <= t < start for t in times) / length / rate_before,
                     sum(start <= t <= wide for t in times) / (wide - start) / rate_before,
                     max(during, default=0.0),
                     statistics.quantiles(usual, n=100)[98] if len(usual) > 1 else 0.0,
@@ -362,11 +365,13 @@ class Join:
 @dataclass(frozen=True)
 class Kept:
     """A member's reading of the partitions it kept through a join: its rate during the
-    rebalance, and over at least RATE_WINDOW_S from the join, as ratios to its rate before;
+    rebalance, over a window as long just before the join (the control: no rebalance), and
+    over at least RATE_WINDOW_S from the join, as ratios to its rate over the WINDOW_S before;
     the longest gap between two of its hand-outs during the rebalance, and the 99th
     percentile of its gaps over the WINDOW_S before."""
 
     rate: float
+    control_rate: float
     wide_rate: float
     longest_gap_s: float
     usual_gap_s: float
@@ -745,6 +750,9 @@ def print_loaded(loaded: Loaded, members: int, rate: int) -> None:
     during = "kept partitions' rate during the rebalance / before"
     row(f"{during}, lowest member", lowest(lambda k: k.rate), ">= 0.8")
     row(f"{during}, median member", median(lambda k: k.rate))
+    control = "the same over as long a window just before the join (no rebalance)"
+    row(f"{control}, lowest member", lowest(lambda k: k.control_rate))
+    row(f"{control}, median member", median(lambda k: k.control_rate))
     row(
         f"kept partitions' rate over {RATE_WINDOW_S:g} s from the join / before, lowest member",
         lowest(lambda k: k.wide_rate),
