@@ -3,6 +3,7 @@ join through the brokers' group coordinator."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -11,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -60,6 +61,26 @@ class PrintingMember:
             _, stderr = self.process.communicate(timeout=30)
         self.reader.join(10)
         return stderr
+
+
+P = TypeVar("P", bound=PrintingMember)
+
+
+@contextlib.contextmanager
+def printing_members(kind: Callable[..., P]) -> Iterator[Callable[..., P]]:
+    """A starter of `kind(*args)` members in child processes: each started is stopped at the
+    end (SIGTERM, reaped) and its stderr's tail printed, for the test's log."""
+    started: list[P] = []
+
+    def start(*args: str) -> P:
+        started.append(kind(*args))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for member in started:
+            print(f"--- member {member.id} stderr:\n{member.stop()[-3000:]}")
 
 
 @dataclass

@@ -19,7 +19,7 @@ from broker.errors import BrokerNotCoordinator, BrokerUnknownGroup
 from broker.groups.assignors import TopicPartition
 from broker.groups.choice import coordinator_of
 from broker.protocol import Ack, GroupHeartbeatReply, GroupHeartbeatRequest, partition_list
-from tests.cluster.conftest import PrintingMember
+from tests.cluster.conftest import PrintingMember, printing_members
 from tests.conftest import wait_until
 from tests.pylogd import ThreeBrokers
 
@@ -135,15 +135,8 @@ class MemberProcess(PrintingMember):
 
 @pytest.fixture
 def member_processes() -> Iterator[Callable[[str, str, str, str], MemberProcess]]:
-    started: list[MemberProcess] = []
-
-    def start(brokers: str, group: str, topic: str, member_id: str) -> MemberProcess:
-        started.append(MemberProcess(brokers, group, topic, member_id))
-        return started[-1]
-
-    yield start
-    for member in started:
-        print(f"--- member {member.id} stderr:\n{member.stop()[-3000:]}")
+    with printing_members(MemberProcess) as start:
+        yield start
 
 
 def produce(brokers: str, topic: str, values: list[str], partitions: int) -> None:

@@ -26,7 +26,13 @@ from broker.groups.choice import coordinator_of
 from broker.log.message import HEADER_SIZE
 from broker.protocol import Ack, ErrorCode
 from broker.registry import Registry
-from tests.cluster.conftest import Member, PrintingMember, bootstrap, broker_flags
+from tests.cluster.conftest import (
+    Member,
+    PrintingMember,
+    bootstrap,
+    broker_flags,
+    printing_members,
+)
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
 
@@ -68,15 +74,8 @@ class CliMember(PrintingMember):
 
 @pytest.fixture
 def cli_members() -> Iterator[Callable[[str, str, str, str], CliMember]]:
-    started: list[CliMember] = []
-
-    def start(broker: str, group: str, topic: str, member: str) -> CliMember:
-        started.append(CliMember(broker, group, topic, member))
-        return started[-1]
-
-    yield start
-    for member in started:
-        print(f"--- {member.id} stderr:\n{member.stop()[-3000:]}")
+    with printing_members(CliMember) as start:
+        yield start
 
 
 def test_a_group_shares_the_partitions_through_joins_and_a_killed_member_losing_nothing(
