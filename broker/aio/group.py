@@ -194,8 +194,9 @@ class AsyncGroupConsumer(AsyncClosing):
 
     async def _fetch(self, wait_s: float) -> None:
         """Send a long poll to each broker with none in flight, for its owned partitions (one
-        MULTI_FETCH, or a FETCH for one; but those resting after an error), wait up to `wait_s`
-        for a first reply, and take every reply there."""
+        MULTI_FETCH, or a FETCH for one; but those resting after an error, and those
+        GroupConsumer._next_fetches leaves for the next round), wait up to `wait_s` for a
+        first reply, and take every reply there."""
         member = self.member
         assert self._cluster is not None
         now = member.clock.monotonic()
@@ -207,9 +208,12 @@ class AsyncGroupConsumer(AsyncClosing):
                 continue
             if owned.endpoint not in self._fetching:  # else it goes with that broker's next
                 by_endpoint.setdefault(owned.endpoint, []).append(owned)
-        for endpoint, owned_there in member._rotated(by_endpoint).items():
+        for endpoint, owned_there in member._next_fetches(by_endpoint, now).items():
             exchange = self._cluster.connect(endpoint).exchange(fetch_request(owned_there, wait_s))
-            offsets = [owned.fetch_offset for owned in owned_there]
+            offsets = []
+            for owned in owned_there:
+                owned.sent_at = now
+                offsets.append(owned.fetch_offset)
             self._fetching[endpoint] = (owned_there, offsets, asyncio.ensure_future(exchange))
         if not self._fetching:  # every partition rests after an error
             rest_s = min(owned.rest_until for owned in member._owned.values()) - now

@@ -33,8 +33,11 @@ its offsets, after the records before it, at every poll until it is read past; w
 `skip_corrupt` the member logs it, lists it in `skipped` and reads on after it, as
 PartitionConsumer does.
 
-Fetches are pipelined: one FETCH in flight per owned partition, each on the connection to the
-partition's leader, so an idle partition's long poll never holds up a busy one. Leadership
+Fetches go by broker: one request in flight a broker, a MULTI_FETCH of the owned partitions it
+leads (a FETCH for one), sent again as soon as its reply is in, so the broker reads the next
+while the records are handed out. While a partition's last reply says enough waits past what
+was fetched (`fetch_round`), a fetch asks only the partitions that hold it, each in turn first.
+Leadership
 moves (docs/replication.md): the leaders are asked by METADATA (version 2) when partitions are
 given; a fetch answered NOT_LEADER_FOR_PARTITION naming a broker this member knows goes
 there next, and after any other retriable error or no reply the partition's leader is asked
@@ -108,6 +111,11 @@ DEFAULT_MAX_POLL_INTERVAL_S = 300.0
 """A member's processing deadline by default (Kafka's max.poll.interval.ms)."""
 NEWS_CHECK_S = 0.1
 """How often a member waiting for fetch replies looks for the heartbeat thread's news."""
+FETCH_ROUND_BYTES: Final = DEFAULT_FETCH_BYTES
+"""What a fetch of a broker's partitions asks for when their last replies say it waits there:
+about what a broker's reply holds (its fetch_max_bytes, 1 MiB by default; `fetch_round`)."""
+IDLE_ASK_S: Final = 0.5
+"""The longest a partition not known to hold data goes unasked while others are read."""
 MAX_POLL_INTERVAL_S = (2**31 - 1) / 1000
 """The longest: rebalance_timeout_ms is an i32 of milliseconds on the wire."""
 
@@ -162,6 +170,9 @@ class _Owned:
     committed: int | None
     fetch_offset: int = 0
     fetch_bytes: int = DEFAULT_FETCH_BYTES
+    known_end: int = 0
+    """Where the partition's readable bytes ended at its last fetch reply (its high watermark
+    then; 0 after an error): what is known to wait past `fetch_offset` (`fetch_round`)."""
     buffered: deque[Any] = field(default_factory=deque)
     """Records (of the member's record type) of the last fetch reply not handed out yet."""
     in_flight: tuple[Connection, int] | None = None
@@ -170,6 +181,29 @@ class _Owned:
     located: bool = True
     """False after a fetch error that did not say where the leader is: METADATA is asked before
     the next fetch (GroupConsumer._locate)."""
+
+
+def fetch_round(owned: Sequence[_Owned], now: float) -> list[_Owned]:
+    """Which of a broker's partitions, in the round's order, the next fetch there asks. When
+    their last replies say FETCH_ROUND_BYTES wait past their fetch offsets (a partition counted
+    up to its fetch_bytes): the first that hold as much between them, and with them those
+    not asked for IDLE_ASK_S; else all of them, in one long poll. A broker answers a fetch with
+    about that much (its fetch_max_bytes): partitions past it would be answered empty, at a
+    cost a part on both sides that a member reading a backlog over many partitions would pay
+    for every round."""
+    chosen: list[_Owned] = []
+    known = 0
+    for o in owned:
+        if known >= FETCH_ROUND_BYTES:
+            break
+        waiting = min(o.known_end - o.fetch_offset, o.fetch_bytes)
+        if waiting > 0:
+            chosen.append(o)
+            known += waiting
+    if known < FETCH_ROUND_BYTES:
+        return list(owned)
+    asked = set(chosen)
+    return [o for o in owned if o in asked or now - o.sent_at >= IDLE_ASK_S]
 
 
 def fetch_request(owned: Sequence[_Owned], wait_s: float) -> FetchRequest | MultiFetchRequest:
@@ -609,17 +643,20 @@ class GroupConsumer(Closing, Generic[R]):
         return records
 
     def _send_fetches(self, wait_s: float) -> None:
-        """Fetch every owned partition not in flight nor resting: one request a broker, a
-        MULTI_FETCH for two partitions or more there, a FETCH for one."""
+        """Fetch from each broker with no fetch of this member in flight its owned partitions
+        not resting (`_next_fetches`): one request a broker, a MULTI_FETCH for two partitions
+        or more, a FETCH for one."""
         now = self.clock.monotonic()
+        busy = {o.endpoint for o in self._owned.values() if o.in_flight is not None}
         by_endpoint: dict[str, list[_Owned]] = {}
         for owned in self._owned.values():
             if owned.in_flight is not None or owned.rest_until > now:
                 continue
             if not owned.located and not self._locate(owned):
                 continue
-            by_endpoint.setdefault(owned.endpoint, []).append(owned)
-        for endpoint, owned_there in self._rotated(by_endpoint).items():
+            if owned.endpoint not in busy:  # else it goes with that broker's next
+                by_endpoint.setdefault(owned.endpoint, []).append(owned)
+        for endpoint, owned_there in self._next_fetches(by_endpoint, now).items():
             request = fetch_request(owned_there, wait_s)
             connection = self.cluster.connect(endpoint)
             key = (connection, connection.send_pipelined(request))
@@ -627,15 +664,18 @@ class GroupConsumer(Closing, Generic[R]):
                 owned.in_flight, owned.sent_at = key, now
             self._in_flight[key] = owned_there
 
-    def _rotated(self, by_endpoint: dict[str, list[_Owned]]) -> dict[str, list[_Owned]]:
-        """Each broker's partitions to fetch, their order moved on by one from the last
-        round's (`_rotation`)."""
+    def _next_fetches(
+        self, by_endpoint: dict[str, list[_Owned]], now: float
+    ) -> dict[str, list[_Owned]]:
+        """What each broker's next fetch asks (`fetch_round`) of the partitions it may, their
+        order moved on by one from the last round's (`_rotation`), so that each in turn comes
+        first and is read up to its fetch_bytes."""
         self._rotation += 1
-        rotated = {}
+        rounds = {}
         for endpoint, owned_there in by_endpoint.items():
             start = self._rotation % len(owned_there)
-            rotated[endpoint] = owned_there[start:] + owned_there[:start]
-        return rotated
+            rounds[endpoint] = fetch_round(owned_there[start:] + owned_there[:start], now)
+        return rounds
 
     def _receive_fetches(self, wait_s: float) -> None:
         """Wait up to `wait_s` for a first reply, then take every reply already there. The
@@ -729,6 +769,7 @@ class GroupConsumer(Closing, Generic[R]):
         then calls `_reset_out_of_range`, which asks the broker (I/O of its own)."""
         tp = owned.tp
         if isinstance(fetched, BrokerError):
+            owned.known_end = 0
             error = fetched
             damage = corrupt_segment_reply(error, tp.topic, tp.partition)
             grown = grown_fetch_bytes(error, MAX_FETCH_BYTES)
@@ -745,6 +786,7 @@ class GroupConsumer(Closing, Generic[R]):
                 raise error
             return False
         base = owned.fetch_offset
+        owned.known_end = fetched.high_watermark
         message_set = fetched.message_set
         records, failure = decode_records(
             message_set, base, self.record_type, tp.topic, tp.partition

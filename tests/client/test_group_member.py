@@ -8,12 +8,22 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from broker.aio import AsyncGroupConsumer
+from broker.aio import group as aio_group
 from broker.client import Admin, GroupConsumer, PartitionConsumer, Producer, Record
+from broker.client import group as sync_group
 from broker.client.coordinator import GroupCalls
+from broker.client.group import (
+    FETCH_ROUND_BYTES,
+    IDLE_ASK_S,
+    BrokerPartition,
+    _Owned,
+    fetch_round,
+)
 from broker.errors import AuthenticationFailed
 from broker.groups.assignors import TopicPartition
 from broker.log.message import encode_message
@@ -269,3 +279,80 @@ def test_a_member_sends_its_next_fetch_before_handing_out_what_it_fetched(
         while len(rest) < 4 and time.monotonic() < deadline:  # bounded: 4 messages
             rest += [r.value for r in member.poll(200)]
         assert rest == [b"m1", b"m2", b"m3", b"m4"]
+
+
+def owned_at(partition: int, fetch_offset: int, known_end: int, sent_at: float = 0.0) -> _Owned:
+    owned = _Owned(BrokerPartition("t", 1, partition), "tcp://b", 0, 0, None, fetch_offset)
+    owned.known_end, owned.sent_at = known_end, sent_at
+    return owned
+
+
+def test_a_fetch_round_asks_only_the_partitions_known_to_hold_a_replys_worth() -> None:
+    """While the last replies say FETCH_ROUND_BYTES wait, the first partitions in the round's
+    order that hold it are asked, and those not asked for IDLE_ASK_S with them; else all."""
+    now = 100.0
+    recent = now - IDLE_ASK_S / 2
+    caught_up = owned_at(0, 500, 500, recent)
+    small = owned_at(1, 0, 1000, recent)
+    big = owned_at(2, 0, 3 * FETCH_ROUND_BYTES, recent)
+    after = owned_at(3, 0, 2 * FETCH_ROUND_BYTES, recent)
+    unasked = owned_at(4, 0, 0, now - IDLE_ASK_S)
+    assert fetch_round([caught_up, small, big, after, unasked], now) == [small, big, unasked]
+    # Known data is counted up to a partition's fetch_bytes: two of them hold a round.
+    big.fetch_bytes = after.fetch_bytes = FETCH_ROUND_BYTES // 2
+    assert fetch_round([big, after, small], now) == [big, after]
+    # Less than a round known: all of them, in one long poll.
+    assert fetch_round([caught_up, small], now) == [caught_up, small]
+    assert fetch_round([owned_at(5, 0, 0), owned_at(6, 0, 0)], now) != []
+
+
+@pytest.mark.parametrize("kind", ["GroupConsumer", "AsyncGroupConsumer"])
+def test_a_member_reading_a_backlog_asks_only_the_partitions_that_hold_it(
+    broker: RunningBroker, topic: str, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Over 20 partitions of one broker, one holding 3 MiB, the others a message each: once the
+    first round told where the backlog is, rounds ask only the partitions that hold it (a
+    reply has room for about 1 MiB; the 19 others would be answered empty, at a cost a part
+    on both sides), and every message is read once, each partition's in order."""
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, partitions=20)
+    value = b"x" * 1000
+    with Producer(broker.endpoint, topic, batch_messages=500) as producer:
+        deliveries = [producer.send(value, partition=0) for _ in range(3000)]
+        deliveries += [producer.send(b"p%d" % p, partition=p) for p in range(1, 20)]
+        for delivery in deliveries:
+            delivery.result(30)
+    asked: list[int] = []
+    module = sync_group if kind == "GroupConsumer" else aio_group
+    real = module.fetch_request
+
+    def fetch_request(owned: Any, wait_s: float) -> Any:
+        asked.append(len(owned))
+        return real(owned, wait_s)
+
+    monkeypatch.setattr(module, "fetch_request", fetch_request)
+    read: list[Record] = []
+    deadline = time.monotonic() + 60
+    if kind == "GroupConsumer":
+        with GroupConsumer(broker.endpoint, "backlog", [topic]) as member:
+            while len(read) < 3019 and time.monotonic() < deadline:  # bounded: 3,019
+                read += member.poll(200)
+    else:
+
+        async def consume() -> None:
+            async with AsyncGroupConsumer(
+                broker.endpoint, "backlog-aio", [topic], max_wait_ms=200
+            ) as member:
+                async with asyncio.timeout(60):
+                    async for record in member:  # bounded: 3,019 messages, 60 s
+                        read.append(record)
+                        if len(read) == 3019:
+                            break
+
+        asyncio.run(consume())
+    assert len(read) == 3019
+    zero = [r.offset for r in read if r.partition == 0]
+    assert len(set(zero)) == 3000 and zero == sorted(zero)
+    assert {r.value for r in read if r.partition} == {b"p%d" % p for p in range(1, 20)}
+    assert asked[0] == 20
+    assert min(asked) < 20, asked  # a round of the backlog's partitions only
