@@ -171,7 +171,13 @@ class Leadership:
             context = self.served.socket.socket.context
             config = self.config
             keys = partial(replica_keys, config)
-            self.fetchers = Fetchers(config.broker_id, context, self.served.nursery, keys)
+            self.fetchers = Fetchers(
+                config.broker_id,
+                context,
+                self.served.nursery,
+                config.broker_replica_lag_max_ms // 2,  # the leader sees it caught up twice
+                keys,
+            )
         return self.fetchers
 
     def ask_isr(self, partition: Partition, fetched: int | None = None) -> None:

@@ -24,6 +24,7 @@ from broker.trio_socket import TrioSocket
 from tests.sockets import LiveContext
 
 PARTITIONS = 3
+IDLE_WAIT_MAX_MS = 5_000
 
 
 def stored(plog: PartitionLog) -> list[bytes]:
@@ -106,7 +107,7 @@ async def test_the_partitions_followed_from_one_leader_share_one_connection(
     leader = PlayedLeader(live)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(leader.serve)
-        fetchers = Fetchers(2, live.context, nursery)
+        fetchers = Fetchers(2, live.context, nursery, IDLE_WAIT_MAX_MS)
         for number in range(PARTITIONS):
             nursery.start_soon(follower(number, plogs, fetchers, live.endpoint).run)
         with trio.fail_after(10):
@@ -128,7 +129,7 @@ async def test_a_fetcher_closes_with_the_last_partition_that_follows_from_it(
     leader = PlayedLeader(live)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(leader.serve)
-        fetchers = Fetchers(2, live.context, nursery)
+        fetchers = Fetchers(2, live.context, nursery, IDLE_WAIT_MAX_MS)
         scopes = [trio.CancelScope() for _ in range(2)]
 
         async def run(number: int) -> None:
@@ -160,7 +161,7 @@ async def test_fetches_asked_for_in_one_turn_leave_as_one_multi_fetch(
     leader = PlayedLeader(live)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(leader.serve)
-        fetchers = Fetchers(2, live.context, nursery)
+        fetchers = Fetchers(2, live.context, nursery, IDLE_WAIT_MAX_MS)
         fetcher = fetchers.acquire(Role(1, live.endpoint, 0).source)
         got: dict[int, bytes] = {}
 
@@ -207,12 +208,57 @@ async def test_an_answer_with_nothing_new_is_asked_again_without_waking_the_copy
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(serve)
-        fetchers = Fetchers(2, live.context, nursery)
+        fetchers = Fetchers(2, live.context, nursery, IDLE_WAIT_MAX_MS)
         fetcher = fetchers.acquire(Role(1, live.endpoint, 0).source)
         part = protocol.FetchPart("clicks", 0, 38, 1 << 20, 0, 38)
         with trio.fail_after(10):
             reply = await fetcher.fetch(part, 38, 100, 10)
         assert requests == [(38,), (38,), (38,)]  # asked three times, handed back once
         assert bytes(reply.message_set) == encode_message(b"new", timestamp_ms=0)
+        fetchers.release(fetcher)
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_idle_leaders_long_polls_grow_and_new_data_brings_them_back(
+    live: LiveContext,
+) -> None:
+    """Rounds that bring nothing new double the next long poll (replica_fetch_wait_ms, 100
+    here), up to the fetcher's most (400 here); a round that brings data sets it back, and
+    the wait for a reply grows with the long poll."""
+    waits: list[int] = []
+
+    async def serve() -> None:  # empty at high watermark 38 five times, then a message, ...
+        channel = TrioSocket(live.server, lambda socket, flags: socket.recv_multipart(flags))
+        data = encode_message(b"new", timestamp_ms=0)
+        while True:
+            identity, *frames = await channel.receive()
+            header, request = protocol.decode_request(frames)
+            assert isinstance(request, protocol.MultiFetchRequest)
+            waits.append(request.max_wait_ms)
+            (part,) = request.parts
+            fetched = protocol.FetchReply(part.offset, 0, b"", 0)
+            if len(waits) == 6:
+                end = part.offset + len(data)
+                fetched = protocol.FetchReply(end, 0, data, 0, (EpochEntry(0, part.offset),))
+            encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
+            answer = protocol.fetch_part_reply(part.topic, part.partition, encoded)
+            reply = protocol.MultiFetchReply((answer,))
+            await channel.send([identity, *protocol.encode_reply(header.correlation_id, reply)])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        fetchers = Fetchers(2, live.context, nursery, 400)
+        fetcher = fetchers.acquire(Role(1, live.endpoint, 0).source)
+        part = protocol.FetchPart("clicks", 0, 38, 1 << 20, 0, 38)
+        with trio.fail_after(10):
+            reply = await fetcher.fetch(part, 38, 100, 0.5)  # 0.5 s: no 400 ms poll failed
+        end = 38 + len(reply.message_set)
+        with trio.fail_after(10):
+            while len(waits) < 7:  # the next fetch, after the data
+                with trio.move_on_after(0.05):
+                    await fetcher.fetch(
+                        protocol.FetchPart("clicks", 0, end, 1 << 20, 0, end), end, 100, 0.5
+                    )
+        assert waits[:7] == [100, 200, 400, 400, 400, 400, 100]
         fetchers.release(fetcher)
         nursery.cancel_scope.cancel()

@@ -41,7 +41,7 @@ async def test_fetchers_closed_during_their_handshake_leave_the_workers_context_
     try:
         for round_ in range(ROUNDS):
             async with trio.open_nursery() as nursery:  # their handshakes under way together
-                fetchers = Fetchers(2, live.context, nursery, lambda: keys)
+                fetchers = Fetchers(2, live.context, nursery, 5_000, lambda: keys)
                 for leader in range(LEADERS):  # a fetcher, a connection each
                     role = Role(leader, live.endpoint, 0, client.broker.decode())
                     follower = Follower(
