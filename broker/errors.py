@@ -307,6 +307,27 @@ class InvalidProducerEpoch(RequestError):
         self.current_epoch = current_epoch
 
 
+class UnknownProducerId(RequestError):
+    """A set of idempotent producer `producer_id` (epoch `epoch`) with sequence `sequence`,
+    not 0, while partition `partition` (`<topic>-<number>`) knows no set of that producer id:
+    it never stored one, or it forgot the producer (emptied, or made room for others after
+    the producer was idle PROTECTED_S, broker.log.producers). Nothing was appended. Not
+    retriable as sent: a set never sent before goes again under a new producer id; a set sent
+    before may have been stored by that sending (its reply lost), so sending it again could
+    store it twice: the client fails it instead (docs/protocol.md, PRODUCE version 3)."""
+
+    def __init__(self, partition: str, producer_id: int, epoch: int, sequence: int) -> None:
+        super().__init__(
+            f"partition {partition} knows no set of producer {producer_id} (epoch {epoch}): "
+            f"its set of sequence {sequence} was not stored (a new producer starts at 0; one "
+            "the partition forgot starts again under a new id)"
+        )
+        self.partition = partition
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.sequence = sequence
+
+
 class UnknownMemberId(RequestError):
     """A consumer group has no member of that id (docs/protocol.md, GROUP_HEARTBEAT): it was
     removed (its session ran out, it passed its revocation deadline, it left) or never joined.
@@ -424,6 +445,20 @@ class OutOfOrderSequence(Unavailable):
         self.epoch = epoch
         self.sequence = sequence
         self.expected = expected
+
+
+class TooManyProducers(Unavailable):
+    """A new idempotent producer's first set while partition `partition` (`<topic>-<number>`)
+    remembers `limit` producers, the least recently active of them within `protected_s`: none
+    is forgotten to make room (it might still send its last set again, which would then be
+    stored twice). Nothing was appended. Retriable: room comes as producers fall idle."""
+
+    def __init__(self, partition: str, limit: int, protected_s: float) -> None:
+        super().__init__(
+            f"partition {partition} remembers {limit} idempotent producers, each active in the "
+            f"last {protected_s:g} s: a new one is refused until one has been idle that long"
+        )
+        self.partition = partition
 
 
 class RepliesNotRead(Unavailable):
@@ -602,6 +637,14 @@ class BrokerOutOfOrderSequence(BrokerError, OutOfOrderSequence):
 
 class BrokerDuplicateSequence(BrokerError, DuplicateSequence):
     """A broker answered DUPLICATE_SEQUENCE."""
+
+
+class BrokerUnknownProducerId(BrokerError, UnknownProducerId):
+    """A broker answered UNKNOWN_PRODUCER_ID."""
+
+
+class BrokerTooManyProducers(BrokerError, TooManyProducers):
+    """A broker answered TOO_MANY_PRODUCERS."""
 
 
 class BrokerInvalidProducerEpoch(BrokerError, InvalidProducerEpoch):

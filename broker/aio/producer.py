@@ -47,7 +47,13 @@ from broker.client.producer import (
     Serializer,
 )
 from broker.clock import SYSTEM_CLOCK
-from broker.errors import BrokerError, OutOfOrderSequence, PylogError, Unavailable
+from broker.errors import (
+    BrokerError,
+    OutOfOrderSequence,
+    PylogError,
+    Unavailable,
+    UnknownProducerId,
+)
 from broker.log.message import HeaderItems
 from broker.protocol import (
     Ack,
@@ -232,11 +238,16 @@ class AsyncProducer(ProducerCore):
                 connection: AsyncConnection | None = None
                 try:
                     connection = await self._holder(request.partition)
+                    entry.sends += 1
                     frames = await connection.exchange(request)
                     reply: ProduceReply = noted(
                         decode_reply(Api.PRODUCE, frames, request_version(Api.PRODUCE))
                     )
                 except BrokerError as failure:
+                    if isinstance(failure, UnknownProducerId):
+                        self._renumber_unsent(entry, failure)
+                        error = None  # numbered again: it goes at once
+                        continue
                     if self._look_again_after(entry, failure):
                         if request.partition < len(await self._partition_layout()):
                             error = None  # still there: send once more

@@ -8,7 +8,9 @@
                        holding its partition (producer.py); send() returns a Delivery
     Delivery           a sent message's handle, shaped like a concurrent.futures.Future:
                        result(timeout) is its offset or raises the error that failed its
-                       batch (DeliveryUnknown with ack NONE, which the broker never answers)
+                       batch (DeliveryUnknown with ack NONE, which the broker never answers;
+                       MaybeStored for a batch sent again after its partition forgot the
+                       producer: docs/protocol.md, PRODUCE version 3)
     PartitionConsumer  reads one partition from an offset, a time, earliest or latest
     TopicConsumer      reads every partition of a topic (or some), from the last N messages
                        too, until their end or a time, or on through broker restarts
@@ -35,7 +37,7 @@ from broker.client.cluster import Cluster
 from broker.client.connection import Connection
 from broker.client.consumer import PartitionConsumer
 from broker.client.group import GroupConsumer, Record
-from broker.client.producer import Delivery, DeliveryUnknown, ProduceAck, Producer
+from broker.client.producer import Delivery, DeliveryUnknown, MaybeStored, ProduceAck, Producer
 from broker.client.topic_consumer import Last, TopicConsumer
 from broker.protocol import Ack
 
@@ -48,6 +50,7 @@ __all__ = [
     "DeliveryUnknown",
     "GroupConsumer",
     "Last",
+    "MaybeStored",
     "PartitionConsumer",
     "ProduceAck",
     "Producer",

@@ -122,6 +122,7 @@ from broker.errors import (
     OutOfOrderSequence,
     PylogError,
     Unavailable,
+    UnknownProducerId,
 )
 from broker.log.codec import compressed_sets, encode_message
 from broker.log.compression import compressor_for
@@ -175,6 +176,12 @@ def _new_producer_id() -> int:
 class DeliveryUnknown(PylogError):
     """Delivery.result() of a message sent with ack NONE: the broker never answers such a
     request, so where (or whether) the message landed cannot be known."""
+
+
+class MaybeStored(DeliveryUnknown):
+    """A batch sent more than once, then answered UNKNOWN_PRODUCER_ID: its partition forgot
+    this producer (docs/protocol.md, PRODUCE version 3), so an earlier sending may have been
+    stored with its reply lost, or not; it is not sent again, which could store it twice."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +334,9 @@ class InFlight:
     """No sending again after this (time.monotonic): its first sending + delivery_timeout_s."""
     attempts: int = 0
     looked_again: bool = False
+    sends: int = 0
+    """How many times it was sent: once more than once, an earlier sending may have been
+    stored with its reply lost (UNKNOWN_PRODUCER_ID then fails it: `_renumber_unsent`)."""
 
 
 class ProducerCore:
@@ -575,15 +585,36 @@ class ProducerCore:
             key=lambda pair: pair[0],
         )
         if not missing:
-            self._settled(entry)
-            if request.producer_id == self._producer_id:
-                self._producer_id = _new_producer_id()
-                self._sequences.clear()
-            producer_id, partition = self._producer_id, request.partition
-            sequence = self._next_sequence(partition)
-            entry.request = dataclasses.replace(request, producer_id=producer_id, sequence=sequence)
-            self._unsettled.setdefault((producer_id, partition), {})[sequence] = entry
+            self._renumber(entry)
         return [other for _, other in missing]
+
+    def _renumber_unsent(self, entry: InFlight, error: UnknownProducerId) -> None:
+        """After UNKNOWN_PRODUCER_ID for `entry` (its partition forgot this producer, or never
+        stored its first set there): numbered again under a new producer id when it was never
+        sent before (nothing of it was stored); else `error` is raised, and it fails: an
+        earlier sending may have been stored, its reply lost, and numbered again it would be
+        stored twice."""
+        if entry.sends > 1:
+            raise MaybeStored(
+                f"a batch to partition {entry.request.partition} was sent {entry.sends} "
+                f"times, then the partition forgot this producer ({error}): an earlier "
+                "sending may have been stored, or not; it is not sent again (that could store "
+                "it twice)"
+            ) from error
+        self._renumber(entry)
+
+    def _renumber(self, entry: InFlight) -> None:
+        """Number `entry` again under a new producer id (its partition can never take it under
+        this one), as the first set of its partition there."""
+        request = entry.request
+        self._settled(entry)
+        if request.producer_id == self._producer_id:
+            self._producer_id = _new_producer_id()
+            self._sequences.clear()
+        producer_id, partition = self._producer_id, request.partition
+        sequence = self._next_sequence(partition)
+        entry.request = dataclasses.replace(request, producer_id=producer_id, sequence=sequence)
+        self._unsettled.setdefault((producer_id, partition), {})[sequence] = entry
 
     def _compressed(self, batch: Batch) -> bytes:
         """The message set of `batch`, whose messages were encoded for a compressed set: one
@@ -939,6 +970,8 @@ class Producer(ProducerCore):
             raise
         self._sent_together[connection, correlation_id] = list(entries)
         self._in_flight_on[connection] += 1
+        for entry in entries:
+            entry.sends += 1
 
     def _requests_in_flight(self) -> int:
         """How many requests (PRODUCE and MULTI_PRODUCE) await their reply."""
@@ -994,6 +1027,7 @@ class Producer(ProducerCore):
                     continue
                 self._in_flight[connection, connection.send_pipelined(entry.request)] = entry
                 self._in_flight_on[connection] += 1
+                entry.sends += 1
                 return
         except PylogError as failure:
             self._give_up(entry, failure)
@@ -1043,6 +1077,10 @@ class Producer(ProducerCore):
         """After `entry`'s partition answered `error`: send it again (where its partition is
         now, the batches its partition misses first), or fail it and raise."""
         try:
+            if isinstance(error, UnknownProducerId):
+                self._renumber_unsent(entry, error)
+                self._dispatch(entry)
+                return
             if self._look_again_after(entry, error):
                 if entry.request.partition < self.partitions:  # still there: send once more
                     self._dispatch(entry)

@@ -116,7 +116,7 @@ class PartitionLog:
         """The folder's leader-epoch history (broker.log.epochs), loaded by `open`, cut by
         `truncate_to` and `reset_to`, added to by `assign_epoch` and `append_replicated`."""
         self.producers = producers or ProducerStates(
-            directory, segments[-1].base_offset, directory.name
+            directory, segments[-1].base_offset, directory.name, clock
         )
         """The idempotent producers' last sets (broker.log.producers), loaded by `open`,
         added to by `append_idempotent`, cut by `truncate_to` and `reset_to`."""
@@ -158,7 +158,7 @@ class PartitionLog:
         report = dataclasses.replace(report, problems=report.problems + tuple(epochs.problems))
         end = segments[-1].end_offset
         bases = [s.base_offset for s in segments]
-        producers = ProducerStates.load(directory, bases, end, directory.name)
+        producers = ProducerStates.load(directory, bases, end, directory.name, clock)
         return cls(directory, config, clock, segments, report, epochs, producers)
 
     # -- offsets ---------------------------------------------------------------------------

@@ -8,10 +8,11 @@ with its offset and count (a duplicate), one further back is looked up in the fi
 (`DuplicateSequence` when its segment is gone; but one back only through the wrap, 2^32 - 1
 after 0, is `OutOfOrderSequence` unless the files show the producer's sequences wrapped: it
 was never sent), one further on is `OutOfOrderSequence` (a set before it is missing), and one
-of an older epoch is `InvalidProducerEpoch`. A producer id
-not known here (new, or forgotten) starts at sequence 0, as does a newer epoch: a first set of
-another sequence is `OutOfOrderSequence` too (the sets before it are missing, or the partition
-forgot the producer, which then numbers its sets again under a new id).
+of an older epoch is `InvalidProducerEpoch`. A producer id not known here (new, or
+forgotten) starts at sequence 0: a first set of another sequence is `UnknownProducerId` (the
+client numbers a set it never sent before again under a new id, and fails one it sent before:
+that one may be stored already). A newer epoch starts at 0 too: another sequence is
+`OutOfOrderSequence`.
 
 Each segment `<base>.log` has a file `<base>.producers` of fixed-size entries, 34 bytes each,
 big-endian:
@@ -28,9 +29,9 @@ each roll and clean close, not at each flush (that would be a second fsync each 
 docs/storage.md), so a power loss may lose the entries of the sets stored since the kernel
 last wrote the file back (30 s by default) while their bytes survive. An entry whose set did
 not survive (its end past the log end) is dropped when the log is opened, and a torn entry at
-the file's end is cut. At most MAX_PRODUCERS producers are remembered per
-partition, the one that stored least recently forgotten first. Not safe to share between
-threads.
+the file's end is cut. At most MAX_PRODUCERS producers are remembered per partition: a new
+one takes the place of the one that stored least recently only if that one stored nothing for
+PROTECTED_S, and is refused (`TooManyProducers`) otherwise. Not safe to share between threads.
 """
 
 from __future__ import annotations
@@ -42,7 +43,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from broker.errors import DuplicateSequence, InvalidProducerEpoch, OutOfOrderSequence
+from broker.clock import SYSTEM_CLOCK, Clock
+from broker.errors import (
+    DuplicateSequence,
+    InvalidProducerEpoch,
+    OutOfOrderSequence,
+    TooManyProducers,
+    UnknownProducerId,
+)
 from broker.log.files import OPEN_FILES
 from broker.log.segment import PRODUCERS_SUFFIX, segment_file_name, storage_error
 
@@ -52,7 +60,13 @@ _KEY = struct.Struct(">QHI")
 """The start of an entry: producer_id, epoch, sequence, what a set is looked up by."""
 MAX_PRODUCERS = 4096
 """Producers remembered per partition; past it, the one that stored least recently is
-forgotten (a set it sends again after that is stored again)."""
+forgotten, if it stored nothing for PROTECTED_S."""
+PROTECTED_S = 300.0
+"""A producer that stored a set this recently is never forgotten to make room: it may still
+send that set again (its reply lost), and a producer forgotten would have it stored twice. A
+client sends a set again within its delivery timeout (30 s by default in pylog's client, 120 s
+in Kafka's), well inside. While the least recently active of MAX_PRODUCERS is this recent, a
+new producer is refused (TooManyProducers)."""
 _SEQUENCES = 2**32
 
 
@@ -76,8 +90,11 @@ class ProducerStates:
     """The last set stored by each idempotent producer of one partition folder, and the
     active segment's entries file. Use `load`."""
 
-    def __init__(self, directory: Path, base_offset: int, name: str) -> None:
+    def __init__(
+        self, directory: Path, base_offset: int, name: str, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self._directory = directory
+        self._clock = clock
         self._name = name
         """The partition's name (`<topic>-<number>`), for errors."""
         self._path = producers_path(directory, base_offset)
@@ -85,6 +102,9 @@ class ProducerStates:
         a released handle built it)."""
         self._last: dict[int, StoredSet] = {}
         """Each producer's last set, the least recently stored first."""
+        self._stored_at: dict[int, float] = {}
+        """When (clock.monotonic) each producer last stored a set here (or the state was read,
+        for those read from the file: a restart protects them PROTECTED_S again)."""
         self._fd: int | None = None
         """The entries file's write handle, registered in OPEN_FILES (broker.log.files), which
         may release it: a worker of 10,000 partitions written by idempotent producers held
@@ -93,13 +113,20 @@ class ProducerStates:
         self._unsynced = False
 
     @classmethod
-    def load(cls, directory: Path, bases: Iterable[int], log_end: int, name: str) -> ProducerStates:
+    def load(
+        cls,
+        directory: Path,
+        bases: Iterable[int],
+        log_end: int,
+        name: str,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> ProducerStates:
         """The state of the folder whose segments start at `bases` and whose log ends at
         `log_end`: the last segment's entries, those past the log end (and a torn one) cut
         from its file. Files of no segment (left by a crash as segments were deleted, or by
         segments recovery set aside) are deleted."""
         bases = sorted(bases)
-        states = cls(directory, bases[-1], name)
+        states = cls(directory, bases[-1], name, clock)
         known = {producers_path(directory, base) for base in bases}
         for path in directory.glob(f"*{PRODUCERS_SUFFIX}"):
             if path not in known:
@@ -124,7 +151,12 @@ class ProducerStates:
         when it is to be appended. Raises OutOfOrderSequence, InvalidProducerEpoch and
         DuplicateSequence as the module says."""
         last = self._last.get(producer_id)
-        if last is None or epoch > last.producer_epoch:  # a producer (or epoch) starts at 0
+        if last is None:  # a producer starts at 0, when there is room for it
+            if sequence:
+                raise UnknownProducerId(self._name, producer_id, epoch, sequence)
+            self._check_room()
+            return None
+        if epoch > last.producer_epoch:  # a newer epoch starts at 0 too
             if sequence:
                 raise OutOfOrderSequence(self._name, producer_id, epoch, sequence, 0)
             return None
@@ -146,6 +178,15 @@ class ProducerStates:
             # producer's sequences have not wrapped
             raise OutOfOrderSequence(self._name, producer_id, epoch, sequence, expected)
         raise DuplicateSequence(self._name, producer_id, epoch, sequence)
+
+    def _check_room(self) -> None:
+        """TooManyProducers when MAX_PRODUCERS are remembered and the least recently active
+        stored a set within PROTECTED_S: none may be forgotten for a new one."""
+        if len(self._last) < MAX_PRODUCERS:
+            return
+        oldest = next(iter(self._last))
+        if self._clock.monotonic() - self._stored_at[oldest] < PROTECTED_S:
+            raise TooManyProducers(self._name, MAX_PRODUCERS, PROTECTED_S)
 
     def _wrapped(self, producer_id: int, epoch: int, last: int) -> bool:
         """Whether the sequences of `producer_id` at `epoch` have wrapped, as far as the
@@ -228,13 +269,20 @@ class ProducerStates:
             self._last.pop(producer_id, None)
             if last is not None:
                 self._last[producer_id] = last
+            else:
+                self._stored_at.pop(producer_id, None)
 
     def _remember(self, stored: StoredSet) -> None:
+        """`stored` is its producer's last set, stored now; past MAX_PRODUCERS the least
+        recently active producer is forgotten (a leader checked first that it may be:
+        `check`; a follower keeps what its leader kept)."""
         last = self._last
         last.pop(stored.producer_id, None)
         last[stored.producer_id] = stored
+        self._stored_at[stored.producer_id] = self._clock.monotonic()
         if len(last) > MAX_PRODUCERS:
-            del last[next(iter(last))]
+            oldest = next(iter(last))
+            del last[oldest], self._stored_at[oldest]
 
     def _handle(self) -> int:
         """The write handle, opened (the file created) if need be. OSError as os.open's."""
@@ -293,6 +341,7 @@ class ProducerStates:
         remembered."""
         self._leave_file(base_offset)
         self._last.clear()
+        self._stored_at.clear()
 
     def _leave_file(self, base_offset: int) -> None:
         """Write the segment at `base_offset`'s file from now on: the current one is closed, and
@@ -305,6 +354,7 @@ class ProducerStates:
     def _reload(self, log_end: int) -> None:
         """Remember what the active segment's file holds up to `log_end`, cutting the rest."""
         self._last.clear()
+        self._stored_at.clear()
         path = self._path
         try:
             data = path.read_bytes()

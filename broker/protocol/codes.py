@@ -41,10 +41,12 @@ from broker.errors import (
     RegistryUnavailable,
     RepliesNotRead,
     StorageIOError,
+    TooManyProducers,
     TopicAlreadyExists,
     UnknownGroup,
     UnknownLeaderEpoch,
     UnknownMemberId,
+    UnknownProducerId,
     UnknownTopicOrPartition,
     UnreleasedInstanceId,
     UnsupportedApi,
@@ -97,6 +99,8 @@ class ErrorCode(IntEnum):
     UNKNOWN_GROUP = 37
     INVALID_GROUP = 38
     GROUP_HAS_ZOOKEEPER_MEMBERS = 39
+    UNKNOWN_PRODUCER_ID = 40
+    TOO_MANY_PRODUCERS = 41
 
 
 # -- the error table ---------------------------------------------------------------------------
@@ -159,6 +163,8 @@ ERROR_TABLE: Final[tuple[ErrorEntry, ...]] = (
     ErrorEntry(ErrorCode.UNKNOWN_GROUP, UnknownGroup, False),
     ErrorEntry(ErrorCode.INVALID_GROUP, InvalidGroup, False),
     ErrorEntry(ErrorCode.GROUP_HAS_ZOOKEEPER_MEMBERS, GroupHasZooKeeperMembers, True),
+    ErrorEntry(ErrorCode.UNKNOWN_PRODUCER_ID, UnknownProducerId, False),
+    ErrorEntry(ErrorCode.TOO_MANY_PRODUCERS, TooManyProducers, True),
 )
 """code <-> name <-> exception class <-> retriable, in code order."""
 
@@ -229,6 +235,8 @@ _REPLY_ERROR_BY_CODE: Final[dict[ErrorCode, type[BrokerError]]] = {
     ErrorCode.UNKNOWN_GROUP: errors.BrokerUnknownGroup,
     ErrorCode.INVALID_GROUP: errors.BrokerInvalidGroup,
     ErrorCode.GROUP_HAS_ZOOKEEPER_MEMBERS: errors.BrokerGroupHasZooKeeperMembers,
+    ErrorCode.UNKNOWN_PRODUCER_ID: errors.BrokerUnknownProducerId,
+    ErrorCode.TOO_MANY_PRODUCERS: errors.BrokerTooManyProducers,
 }
 """The class a client raises for each nonzero code: a BrokerError and the table's exception."""
 

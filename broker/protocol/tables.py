@@ -185,6 +185,8 @@ PRODUCE: Final = ApiTable(
             ErrorCode.OUT_OF_ORDER_SEQUENCE,
             ErrorCode.DUPLICATE_SEQUENCE,
             ErrorCode.INVALID_PRODUCER_EPOCH,
+            ErrorCode.UNKNOWN_PRODUCER_ID,
+            ErrorCode.TOO_MANY_PRODUCERS,
         }
     ),
 )

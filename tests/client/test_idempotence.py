@@ -1,27 +1,40 @@
 """The idempotent producer against a real pylogd (docs/protocol.md, PRODUCE version 3): a set
 sent again, after a lost reply or a worker's restart, is stored once and answered with its
-first offset; the Producer's batches are stored exactly once while its worker is killed."""
+first offset; the Producer's batches are stored exactly once while its worker is killed; a
+partition that forgot the producer is answered so, and a batch sent again then fails rather
+than risk being stored twice (against a played broker)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import pytest
+import zmq
 
-from broker.client import Ack, Admin, PartitionConsumer, Producer
+from broker.client import Ack, Admin, MaybeStored, PartitionConsumer, Producer
 from broker.client.connection import Connection
-from broker.errors import BrokerError, PartitionUnavailable, Unavailable
+from broker.errors import BrokerError, PartitionUnavailable, Unavailable, UnknownProducerId
 from broker.log.message import encode_message
 from broker.protocol import (
     PRODUCE_IDEMPOTENT_VERSION,
     Api,
     ErrorCode,
+    MetadataBroker,
+    MetadataReply,
+    PartitionInfo,
     ProduceReply,
     ProduceRequest,
+    TopicInfo,
     decode_reply,
+    decode_request,
+    encode_error,
+    encode_reply,
 )
+from tests.client.router import serving
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
 
@@ -135,3 +148,70 @@ def test_a_batch_after_one_the_partition_never_got_is_numbered_again_and_stored_
         assert producer._producer_id != first_id
         producer.send(b"third").result(10)
     assert stored(broker, topic) == [b"first", b"second", b"third"]
+
+
+def test_a_batch_whose_partition_knows_no_producer_of_it_is_numbered_again_and_stored_once(
+    broker: RunningBroker, topic: str
+) -> None:
+    """A partition that forgot the producer (or never stored its first set) answers a set of
+    sequence past 0 UNKNOWN_PRODUCER_ID: a batch sent for the first time is numbered again
+    under a new producer id, and stored once."""
+    create(broker, topic)
+    with Producer(broker.endpoint, topic, ack=Ack.FLUSHED, batch_messages=1) as producer:
+        producer.send(b"first").result(10)
+        producer._producer_id, producer._sequences[0] = PRODUCER, 5  # as if forgotten
+        assert producer.send(b"second").result(10) > 0
+        assert producer._producer_id != PRODUCER
+    assert stored(broker, topic) == [b"first", b"second"]
+    with Connection(broker.endpoint) as connection:  # the answer itself
+        request = ProduceRequest(topic, 0, Ack.FLUSHED, encode_message(b"x"), PRODUCER + 1, 0, 3)
+        with pytest.raises(BrokerError, match="knows no set of producer") as raised:
+            connection.request(request)
+        assert raised.value.code == ErrorCode.UNKNOWN_PRODUCER_ID and not raised.value.retriable
+
+
+@dataclass
+class ForgetfulPartition:
+    """Partition 0 of "t" on a played broker: METADATA says it leads it; the first PRODUCE
+    gets no reply (lost), every later one UNKNOWN_PRODUCER_ID (the partition forgot the
+    producer meanwhile). Records the (producer_id, sequence) of each PRODUCE."""
+
+    endpoint: str = ""
+    produced: list[tuple[int, int]] = field(default_factory=list)
+
+    def serve(self, socket: zmq.Socket[bytes], stop: threading.Event) -> None:
+        while not stop.is_set():
+            if not socket.poll(20):
+                continue
+            identity, *envelope_and_frames = socket.recv_multipart()
+            envelope, frames = envelope_and_frames[:-1], envelope_and_frames[-1:]
+            header, request = decode_request(frames)
+            if isinstance(request, ProduceRequest):
+                self.produced.append((request.producer_id, request.sequence))
+                if len(self.produced) == 1:
+                    continue  # its reply lost
+                error = UnknownProducerId("t-0", request.producer_id, 0, request.sequence)
+                reply = encode_error(header.correlation_id, error)
+            else:
+                host, port = self.endpoint.removeprefix("tcp://").split(":")
+                partition = PartitionInfo(0, 1, ErrorCode.NONE)
+                metadata = MetadataReply(
+                    (MetadataBroker(1, host, int(port)),),
+                    (TopicInfo("t", ErrorCode.NONE, (partition,)),),
+                )
+                reply = encode_reply(header.correlation_id, metadata, header.version)
+            socket.send_multipart([identity, *envelope, *[bytes(f) for f in reply]])
+
+
+def test_a_batch_sent_again_that_its_partition_no_longer_knows_fails_as_maybe_stored() -> None:
+    """Its first sending's reply lost, a batch is sent again and answered UNKNOWN_PRODUCER_ID:
+    the first sending may have been stored, so it is not numbered again (which would store it
+    twice) but fails, MaybeStored, and goes no third time."""
+    with (
+        serving(ForgetfulPartition()) as fake,
+        Producer(fake.endpoint, "t", ack=Ack.FLUSHED, batch_messages=1, timeout_s=0.5) as producer,
+    ):
+        delivery = producer.send(b"lost reply")
+        with pytest.raises(MaybeStored, match="may have been stored"):
+            delivery.result(20)
+        assert len(fake.produced) == 2 and fake.produced[0] == fake.produced[1]

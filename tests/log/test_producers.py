@@ -8,11 +8,24 @@ from pathlib import Path
 
 import pytest
 
-from broker.errors import DuplicateSequence, InvalidProducerEpoch, OutOfOrderSequence
+from broker.errors import (
+    DuplicateSequence,
+    InvalidProducerEpoch,
+    OutOfOrderSequence,
+    TooManyProducers,
+    UnknownProducerId,
+)
 from broker.log.config import LogConfig
 from broker.log.message import encode_message, iter_messages
 from broker.log.partition import PartitionLog
-from broker.log.producers import ENTRY, MAX_PRODUCERS, StoredSet, producers_path
+from broker.log.producers import (
+    ENTRY,
+    MAX_PRODUCERS,
+    PROTECTED_S,
+    StoredSet,
+    producers_path,
+)
+from tests.conftest import FakeClock
 
 PRODUCER = 0x2F1E5D4C3B2A1908
 
@@ -62,10 +75,11 @@ def test_out_of_order_and_fenced_sets_are_refused_and_nothing_is_appended(
         assert fenced.value.current_epoch == 1
         assert plog.log_end_offset == end
         # a new epoch, and a producer not seen before (or forgotten), start at 0
-        for producer, epoch in ((PRODUCER, 2), (PRODUCER + 1, 0)):
-            with pytest.raises(OutOfOrderSequence) as first:
-                plog.append_idempotent(one(b"c"), producer, epoch, 9)
-            assert first.value.expected == 0
+        with pytest.raises(OutOfOrderSequence) as first:
+            plog.append_idempotent(one(b"c"), PRODUCER, 2, 9)
+        assert first.value.expected == 0
+        with pytest.raises(UnknownProducerId, match="knows no set of producer"):
+            plog.append_idempotent(one(b"c"), PRODUCER + 1, 0, 9)
         assert plog.append_idempotent(one(b"d"), PRODUCER, 2, 0)[1]
         assert plog.append_idempotent(one(b"e"), PRODUCER + 1, 0, 0)[1]
         # the sequence wraps after 2**32 - 1
@@ -153,10 +167,44 @@ def test_an_entry_whose_bytes_did_not_survive_is_dropped_and_a_torn_one_cut(
         assert plog.append_idempotent(one(b"b"), PRODUCER, 0, 1)[1]
 
 
-def test_the_producers_remembered_are_bounded(tmp_path: Path) -> None:
-    with PartitionLog.open(tmp_path / "t-0") as plog:
-        for producer in range(1, MAX_PRODUCERS + 2):
+def test_the_producers_remembered_are_bounded_and_none_active_is_forgotten(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """MAX_PRODUCERS at most; a new one takes the least recently active one's place only once
+    that one stored nothing for PROTECTED_S: until then it is refused, nothing forgotten."""
+    with PartitionLog.open(tmp_path / "t-0", clock=clock) as plog:
+        for producer in range(1, MAX_PRODUCERS + 1):
             plog.append_idempotent(one(b"v"), producer, 0, 0)
+        clock.advance(PROTECTED_S - 1)
+        plog.append_idempotent(one(b"w"), MAX_PRODUCERS, 0, 1)  # the last one stays active
+        end = plog.log_end_offset
+        with pytest.raises(TooManyProducers, match="4096 idempotent producers"):
+            plog.append_idempotent(one(b"new"), MAX_PRODUCERS + 1, 0, 0)
+        assert plog.log_end_offset == end and plog.producers.last(1) is not None
+        clock.advance(1)  # producer 1 idle PROTECTED_S: its place may be taken
+        assert plog.append_idempotent(one(b"new"), MAX_PRODUCERS + 1, 0, 0)[1]
         assert plog.producers.producers == MAX_PRODUCERS
         assert plog.producers.last(1) is None  # the least recent, forgotten
-        assert plog.producers.last(MAX_PRODUCERS + 1) is not None
+        with pytest.raises(UnknownProducerId):  # told so, not taken for a gap
+            plog.append_idempotent(one(b"v2"), 1, 0, 1)
+
+
+def test_a_live_producers_set_sent_again_is_stored_once_whatever_others_produce(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Issue 50, 6: 5,000 new producer ids (another client's, one set each) made a live
+    producer's set sent again (its reply lost) answer as a new producer's: stored twice. A
+    producer active within PROTECTED_S is never forgotten for others: the newcomers past
+    MAX_PRODUCERS are refused, and the set sent again is answered with its first offset."""
+    with PartitionLog.open(tmp_path / "t-0", clock=clock) as plog:
+        kept, _ = plog.append_idempotent(one(b"live"), PRODUCER, 0, 0)
+        refused = 0
+        for producer in range(1, 5_001):
+            try:
+                plog.append_idempotent(one(b"x"), producer, 0, 0)
+            except TooManyProducers:
+                refused += 1
+        assert refused == 5_000 - (MAX_PRODUCERS - 1)
+        again, appended = plog.append_idempotent(one(b"live"), PRODUCER, 0, 0)
+        assert not appended and again == kept
+        assert stored_values(plog).count(b"live") == 1
