@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
 import zmq
+
+from broker.protocol import RequestHeader, decode_request
 
 
 class Fake(Protocol):
@@ -37,3 +39,21 @@ def serving(fake: F) -> Iterator[F]:
         thread.join()
         socket.close(linger=0)
         context.term()
+
+
+def answer_requests(
+    socket: zmq.Socket[bytes],
+    stop: threading.Event,
+    answer: Callable[[RequestHeader, Any], list[bytes] | None],
+) -> None:
+    """Serve `socket` until `stop`: each request decoded and answered with the frames `answer`
+    gives for it (None: no reply, as if lost), behind its sender's identity and envelope."""
+    while not stop.is_set():
+        if not socket.poll(20):
+            continue
+        identity, *envelope_and_frames = socket.recv_multipart()
+        envelope, frames = envelope_and_frames[:-1], envelope_and_frames[-1:]
+        header, request = decode_request(frames)
+        reply = answer(header, request)
+        if reply is not None:
+            socket.send_multipart([identity, *envelope, *reply])

@@ -38,12 +38,12 @@ from broker.protocol import (
     MetadataReply,
     PartitionInfo,
     ProduceRequest,
+    RequestHeader,
     TopicInfo,
-    decode_request,
     encode_error,
     encode_reply,
 )
-from tests.client.router import serving
+from tests.client.router import answer_requests, serving
 
 TOPIC = "t"
 VALUES = [b"a" * 10, b"b" * 10, b"c" * 70_000, b"d" * 10]
@@ -103,15 +103,11 @@ class FakePartition:
         return None
 
     def serve(self, socket: zmq.Socket[bytes], stop: threading.Event) -> None:
-        while not stop.is_set():
-            if not socket.poll(20):
-                continue
-            identity, *envelope_and_frames = socket.recv_multipart()
-            envelope, frames = envelope_and_frames[:-1], envelope_and_frames[-1:]
-            header, request = decode_request(frames)
-            self.version = header.version
-            reply = self.answer(header.correlation_id, request)
-            socket.send_multipart([identity, *envelope, *reply])
+        answer_requests(socket, stop, self._answered)
+
+    def _answered(self, header: RequestHeader, request: object) -> list[bytes]:
+        self.version = header.version
+        return self.answer(header.correlation_id, request)
 
 
 @dataclass

@@ -28,13 +28,13 @@ from broker.protocol import (
     PartitionInfo,
     ProduceReply,
     ProduceRequest,
+    RequestHeader,
     TopicInfo,
     decode_reply,
-    decode_request,
     encode_error,
     encode_reply,
 )
-from tests.client.router import serving
+from tests.client.router import answer_requests, serving
 from tests.conftest import wait_until
 from tests.pylogd import RunningBroker
 
@@ -180,27 +180,24 @@ class ForgetfulPartition:
     produced: list[tuple[int, int]] = field(default_factory=list)
 
     def serve(self, socket: zmq.Socket[bytes], stop: threading.Event) -> None:
-        while not stop.is_set():
-            if not socket.poll(20):
-                continue
-            identity, *envelope_and_frames = socket.recv_multipart()
-            envelope, frames = envelope_and_frames[:-1], envelope_and_frames[-1:]
-            header, request = decode_request(frames)
-            if isinstance(request, ProduceRequest):
-                self.produced.append((request.producer_id, request.sequence))
-                if len(self.produced) == 1:
-                    continue  # its reply lost
-                error = UnknownProducerId("t-0", request.producer_id, 0, request.sequence)
-                reply = encode_error(header.correlation_id, error)
-            else:
-                host, port = self.endpoint.removeprefix("tcp://").split(":")
-                partition = PartitionInfo(0, 1, ErrorCode.NONE)
-                metadata = MetadataReply(
-                    (MetadataBroker(1, host, int(port)),),
-                    (TopicInfo("t", ErrorCode.NONE, (partition,)),),
-                )
-                reply = encode_reply(header.correlation_id, metadata, header.version)
-            socket.send_multipart([identity, *envelope, *[bytes(f) for f in reply]])
+        answer_requests(socket, stop, self.answer)
+
+    def answer(self, header: RequestHeader, request: object) -> list[bytes] | None:
+        if isinstance(request, ProduceRequest):
+            self.produced.append((request.producer_id, request.sequence))
+            if len(self.produced) == 1:
+                return None  # its reply lost
+            error = UnknownProducerId("t-0", request.producer_id, 0, request.sequence)
+            reply = encode_error(header.correlation_id, error)
+        else:
+            host, port = self.endpoint.removeprefix("tcp://").split(":")
+            partition = PartitionInfo(0, 1, ErrorCode.NONE)
+            metadata = MetadataReply(
+                (MetadataBroker(1, host, int(port)),),
+                (TopicInfo("t", ErrorCode.NONE, (partition,)),),
+            )
+            reply = encode_reply(header.correlation_id, metadata, header.version)
+        return [bytes(f) for f in reply]
 
 
 def test_a_batch_sent_again_that_its_partition_no_longer_knows_fails_as_maybe_stored() -> None:

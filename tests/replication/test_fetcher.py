@@ -6,7 +6,8 @@ real logs, against a leader played on a ROUTER socket of 127.0.0.1."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import itertools
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +81,31 @@ def first_data(parts: tuple[protocol.FetchPart, ...]) -> protocol.MultiFetchRepl
         frames = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
         answers.append(protocol.fetch_part_reply(part.topic, part.partition, frames))
     return protocol.MultiFetchReply(tuple(answers))
+
+
+async def play_idle_leader(
+    live: LiveContext, answer: Callable[[protocol.MultiFetchRequest, int], int]
+) -> None:
+    """Answer every MULTI_FETCH on `live`'s ROUTER, each part at the high watermark `answer`
+    gives for the request and the count of requests so far (its offset or 38, say): empty,
+    or a message "new" at the offset when that is past the offset."""
+    channel = TrioSocket(live.server, lambda socket, flags: socket.recv_multipart(flags))
+    data = encode_message(b"new", timestamp_ms=0)
+    for count in itertools.count(1):
+        identity, *frames = await channel.receive()
+        header, request = protocol.decode_request(frames)
+        assert isinstance(request, protocol.MultiFetchRequest)
+        high_watermark = answer(request, count)
+        answers = []
+        for part in request.parts:
+            fetched = protocol.FetchReply(high_watermark, 0, b"", 0)
+            if high_watermark > part.offset:
+                entries = (EpochEntry(0, part.offset),)
+                fetched = protocol.FetchReply(high_watermark, 0, data, 0, entries)
+            encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
+            answers.append(protocol.fetch_part_reply(part.topic, part.partition, encoded))
+        reply = protocol.MultiFetchReply(tuple(answers))
+        await channel.send([identity, *protocol.encode_reply(header.correlation_id, reply)])
 
 
 @pytest.fixture
@@ -187,27 +213,14 @@ async def test_an_answer_with_nothing_new_is_asked_again_without_waking_the_copy
     """A partition followed idle: its part answered empty at the same high watermark goes
     again in the next MULTI_FETCH, and its copy loop is handed only what is new."""
     requests: list[tuple[int, ...]] = []
+    size = len(encode_message(b"new", timestamp_ms=0))
 
-    async def serve() -> None:  # empty at high watermark 38 twice, then a message
-        channel = TrioSocket(live.server, lambda socket, flags: socket.recv_multipart(flags))
-        data = encode_message(b"new", timestamp_ms=0)
-        while True:
-            identity, *frames = await channel.receive()
-            header, request = protocol.decode_request(frames)
-            assert isinstance(request, protocol.MultiFetchRequest)
-            requests.append(tuple(part.offset for part in request.parts))
-            answers = []
-            for part in request.parts:
-                fetched = protocol.FetchReply(38, 0, b"", 0)
-                if len(requests) == 3:
-                    fetched = protocol.FetchReply(38 + len(data), 0, data, 0, (EpochEntry(0, 38),))
-                encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
-                answers.append(protocol.fetch_part_reply(part.topic, part.partition, encoded))
-            reply = protocol.MultiFetchReply(tuple(answers))
-            await channel.send([identity, *protocol.encode_reply(header.correlation_id, reply)])
+    def answer(request: protocol.MultiFetchRequest, count: int) -> int:
+        requests.append(tuple(part.offset for part in request.parts))
+        return 38 + size if count == 3 else 38  # empty at 38 twice, then a message
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(serve)
+        nursery.start_soon(play_idle_leader, live, answer)
         fetchers = Fetchers(2, live.context, nursery, IDLE_WAIT_MAX_MS)
         fetcher = fetchers.acquire(Role(1, live.endpoint, 0).source)
         part = protocol.FetchPart("clicks", 0, 38, 1 << 20, 0, 38)
@@ -226,27 +239,15 @@ async def test_an_idle_leaders_long_polls_grow_and_new_data_brings_them_back(
     here), up to the fetcher's most (400 here); a round that brings data sets it back, and
     the wait for a reply grows with the long poll."""
     waits: list[int] = []
+    size = len(encode_message(b"new", timestamp_ms=0))
 
-    async def serve() -> None:  # empty at high watermark 38 five times, then a message, ...
-        channel = TrioSocket(live.server, lambda socket, flags: socket.recv_multipart(flags))
-        data = encode_message(b"new", timestamp_ms=0)
-        while True:
-            identity, *frames = await channel.receive()
-            header, request = protocol.decode_request(frames)
-            assert isinstance(request, protocol.MultiFetchRequest)
-            waits.append(request.max_wait_ms)
-            (part,) = request.parts
-            fetched = protocol.FetchReply(part.offset, 0, b"", 0)
-            if len(waits) == 6:
-                end = part.offset + len(data)
-                fetched = protocol.FetchReply(end, 0, data, 0, (EpochEntry(0, part.offset),))
-            encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
-            answer = protocol.fetch_part_reply(part.topic, part.partition, encoded)
-            reply = protocol.MultiFetchReply((answer,))
-            await channel.send([identity, *protocol.encode_reply(header.correlation_id, reply)])
+    def answer(request: protocol.MultiFetchRequest, count: int) -> int:
+        waits.append(request.max_wait_ms)
+        offset = request.parts[0].offset
+        return offset + size if count == 6 else offset  # empty five times, then a message
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(serve)
+        nursery.start_soon(play_idle_leader, live, answer)
         fetchers = Fetchers(2, live.context, nursery, 400)
         fetcher = fetchers.acquire(Role(1, live.endpoint, 0).source)
         part = protocol.FetchPart("clicks", 0, 38, 1 << 20, 0, 38)
