@@ -27,8 +27,12 @@ partition stores it once: a batch whose reply was lost, or that a worker or brok
 left unanswered, gets its first offset again (docs/protocol.md, PRODUCE). A batch that arrives
 before one it follows is OUT_OF_ORDER_SEQUENCE, nothing stored: the producer sends the batches
 the partition misses again first (their replies were lost), or, when it has none of them (one
-failed for good, or the partition forgot this producer id), numbers the batch again under a
-new producer id; after a batch fails for good, the next ones go under a new id too. The
+failed for good), numbers the batch again under a new producer id; after a batch fails for
+good, the next ones go under a new id too. A partition that forgot this producer id (idle 300
+s while others needed its place) answers UNKNOWN_PRODUCER_ID: a batch sent for the first time
+is numbered again under a new id; one sent before fails with MaybeStored, as an earlier
+sending may have been stored (sending it again could store it twice). TOO_MANY_PRODUCERS (the
+partition has no room for a new producer yet) is retried as any retriable error. The
 partition keeps the state beside the log and its followers copy it, so a batch sent again
 after a leader change is stored once too.
 Without idempotence a batch the old leader stored may be stored twice (at least once, never
