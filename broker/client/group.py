@@ -37,11 +37,11 @@ Fetches go by broker: one request in flight a broker, a MULTI_FETCH of the owned
 leads (a FETCH for one), sent again as soon as its reply is in, so the broker reads the next
 while the records are handed out. While a partition's last reply says enough waits past what
 was fetched (`fetch_round`), a fetch asks only the partitions that hold it, each in turn first.
-Leadership
-moves (docs/replication.md): the leaders are asked by METADATA (version 2) when partitions are
-given; a fetch answered NOT_LEADER_FOR_PARTITION naming a broker this member knows goes
-there next, and after any other retriable error or no reply the partition's leader is asked
-again by METADATA before its next fetch (each after the partition's rest, RETRY_BACKOFF_S).
+Leadership moves (docs/replication.md): the leaders are asked by METADATA (version 2) when
+partitions are given; a fetch answered NOT_LEADER_FOR_PARTITION naming a broker this member
+knows goes there next, and after any other retriable error or no reply the partition's leader
+is asked again by METADATA before its next fetch (each after the partition's rest,
+RETRY_BACKOFF_S).
 
 Not safe to share between threads (the heartbeat thread only sets a flag that `poll` reads).
 """
