@@ -212,3 +212,37 @@ def test_a_batch_sent_again_that_its_partition_no_longer_knows_fails_as_maybe_st
         with pytest.raises(MaybeStored, match="may have been stored"):
             delivery.result(20)
         assert len(fake.produced) == 2 and fake.produced[0] == fake.produced[1]
+
+
+def test_others_new_producer_ids_never_make_a_live_producers_set_stored_twice(
+    broker: RunningBroker, topic: str
+) -> None:
+    """Issue 50, 6, against a real broker: 5,000 PRODUCEs of new producer ids (another client,
+    one set each) after a live producer stored its set; then the live producer sends its set
+    again (its reply lost, say). The partition made room for 4,095 of them and refused the rest
+    TOO_MANY_PRODUCERS (retriable), forgot no one, and answers the set sent again with its
+    first offset: stored once."""
+    create(broker, topic)
+    live = ProduceRequest(topic, 0, Ack.WRITTEN, encode_message(b"live"), PRODUCER, 0, 0)
+    codes: list[int] = []
+    with Connection(broker.endpoint) as connection:
+        first = connection.request(live)
+        window, sent = 200, 0
+        while len(codes) < 5_000:  # bounded: 5,000 requests, 200 in flight at most
+            while sent < 5_000 and sent - len(codes) < window:
+                data = encode_message(b"other")
+                connection.send_pipelined(
+                    ProduceRequest(topic, 0, Ack.WRITTEN, data, sent + 1, 0, 0)
+                )
+                sent += 1
+            _, frames = connection.receive_pipelined(30)
+            try:
+                decode_reply(Api.PRODUCE, frames, PRODUCE_IDEMPOTENT_VERSION)
+                codes.append(ErrorCode.NONE)
+            except BrokerError as error:
+                codes.append(error.code)
+        assert codes.count(ErrorCode.NONE) == 4095
+        assert codes.count(ErrorCode.TOO_MANY_PRODUCERS) == 5_000 - 4095
+        again = connection.request(live)
+    assert again.base_offset == first.base_offset
+    assert stored(broker, topic).count(b"live") == 1
