@@ -501,8 +501,9 @@ class Producer:
         `value` and `key` are bytes or str (UTF-8); a value of None (Kafka's tombstone) is
         refused: a pylog message always has a value (b"" is empty). `partition` -1 lets the
         partitioner choose; `timestamp` 0 is now; `headers` a dict or (key, value) pairs.
-        KafkaException for a broker's error met while sending (the messages of the batches
-        it failed are reported to their callbacks too)."""
+        KafkaException only for what refuses this message (an unknown topic, a partition it
+        does not have); a broker's error met sending a batch, this one's or an earlier one's,
+        goes to the callbacks of the messages of the batches it failed (a delivery report)."""
         data = value if type(value) is bytes else _encoded("value", value)
         if data is None:
             raise TypeError("value: a pylog message has a value (no tombstones): give b'' for none")

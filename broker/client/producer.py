@@ -839,11 +839,14 @@ class Producer(ProducerCore):
     ) -> tuple[Batch, int]:
         """`send` without its Delivery: the message's batch and where it starts in it (its
         Handle's parts), for a caller that keeps them itself (broker.client.kafka, whose
-        callbacks need no handle a message)."""
+        callbacks need no handle a message). Raises only what refuses this message: an error
+        met sending it, or others, or taking their acks, fails the batches it concerns and
+        stays with them (a Kafka delivery report), never with the next message added."""
         layout = self._layout or self._partition_layout()
         batch, position, full = self._add(layout, value, key, timestamp_ms, partition, headers)
         if full or (self._batches and self.clock.monotonic() >= self._linger_deadline):
-            self._sent_some(batch.partition, full)
+            with contextlib.suppress(PylogError):  # the batches it failed carry it
+                self._sent_some(batch.partition, full)
         return batch, position
 
     def _sent_some(self, partition: int, full: bool) -> None:
