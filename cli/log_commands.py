@@ -60,8 +60,8 @@ def dump(segment: Path, as_json: bool) -> None:
             if codec not in SET_CODECS or not message.checksum_ok:
                 _show_message(message, as_json)
                 continue
-            inner, failure = set_messages(message)
-            _show_set(message, Codec(codec).name.lower(), len(inner), failure, as_json)
+            count, inner, failure = set_messages(message)
+            _show_set(message, Codec(codec).name.lower(), count, failure, as_json)
             corrupt |= failure is not None
             for each in inner:
                 _show_message(each, as_json, message.offset)

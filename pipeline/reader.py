@@ -211,9 +211,11 @@ def read_range(
             if following < rng.end:  # the broker reads it while Spark takes this batch
                 request = FetchRequest(rng.topic, rng.partition, following, fetch_bytes, 0, 0)
                 ahead = request, connection.send_pipelined(request)
-            columns, failure = decode_columns(reply.message_set, position, rng.end)
-            if columns.rows:
-                yield _record_batch(columns, tp, include_headers)
+            failure = None  # the last chunk's: where the reply's rows stopped
+            for columns, failure_at in decode_columns(reply.message_set, position, rng.end):
+                if columns.rows:  # one chunk at a time: the reply's sets expand within a budget
+                    yield _record_batch(columns, tp, include_headers)
+                failure = failure_at
             if failure is None:
                 position = following
                 continue

@@ -306,36 +306,56 @@ def _expanded(
 
 def decode_columns(
     buf: Buffer, base_offset: int, end_offset: int
-) -> tuple[Columns, InvalidMessage | None]:
+) -> Iterator[tuple[Columns, InvalidMessage | None]]:
     """broker.log.message.decode_columns of the messages of a set whose first byte is at
-    `base_offset` (its compressed sets expanded, as `decode` does), and what is wrong at the
-    message or set where it stopped, if one failed its checks."""
-    pieces: list[Piece] = [(buf, base_offset, -1)]
-    columns = _decode_columns(pieces, end_offset)
-    if columns.bad is None or not is_set(buf, columns.bad):
-        return columns, None if columns.bad is None else decode_failure(buf, columns.bad)
-    pieces, failure = _pieces(buf, base_offset, columns.bad, end_offset)
+    `base_offset` (its compressed sets expanded, as `decode` does), in chunks, each with what
+    is wrong at the message or set where it stopped if one failed its checks (the last chunk
+    then). A chunk stops expanding at a set's start once it holds READ_MESSAGES rows or has
+    expanded READ_EXPANDED_BYTES, and the next goes on from there: a fetch of 1 MiB may hold
+    hundreds of sets of 64 MiB each once expanded, and the reader takes one chunk (a record
+    batch) before the next is made."""
+    start: int | None = 0
+    while start is not None:
+        columns, failure, start = _columns_from(buf, base_offset, start, end_offset)
+        yield columns, failure
+
+
+def _columns_from(
+    buf: Buffer, base_offset: int, start: int, end_offset: int
+) -> tuple[Columns, InvalidMessage | None, int | None]:
+    """A chunk of decode_columns: the columns from position `start` of `buf` within the
+    reader's budget, the failure where they stopped, and where the next chunk starts (None:
+    none follows)."""
+    view = memoryview(buf)
+    columns = _decode_columns([(view[start:], base_offset + start, -1)], end_offset)
+    bad = None if columns.bad is None else start + columns.bad
+    if bad is None or not is_set(buf, bad):
+        return columns, None if bad is None else decode_failure(buf, bad), None
+    pieces, failure, following = _pieces(buf, base_offset, start, bad, columns.rows, end_offset)
     columns = _decode_columns(pieces, end_offset)
     if columns.bad is not None:
-        bad = columns.bad
+        bad = start + columns.bad
         if is_set(buf, bad):  # a message of its inner set failed
             inner = inner_set(buf, bad)
-            return columns, _inner_failure(inner, _decode_set(inner, 0, 0, 0)[1] or 0, bad)
-        return columns, decode_failure(buf, bad)
-    return columns, failure
+            return columns, _inner_failure(inner, _decode_set(inner, 0, 0, 0)[1] or 0, bad), None
+        return columns, decode_failure(buf, bad), None
+    return columns, failure, following
 
 
 def _pieces(
-    buf: Buffer, base_offset: int, first_set: int, end_offset: int
-) -> tuple[list[Piece], InvalidMessage | None]:
-    """The pieces of `buf` for decode_columns, whose first compressed set is at `first_set`:
-    the runs of plain messages, and the inner sets of the compressed sets below `end_offset`
-    expanded; and the failure of a set that does not expand, where they stop."""
+    buf: Buffer, base_offset: int, start: int, first_set: int, rows: int, end_offset: int
+) -> tuple[list[Piece], InvalidMessage | None, int | None]:
+    """The pieces of `buf` for a chunk of decode_columns from `start`, whose first compressed
+    set is at `first_set` (`rows` plain messages before it): the runs of plain messages, and
+    the inner sets of the compressed sets below `end_offset` expanded, within the reader's
+    budget; the failure of a set that does not expand, where they stop; and the position of
+    the set where the budget stopped them (None: they reached the end)."""
     view = memoryview(buf)
-    pieces: list[Piece] = [(view[:first_set], base_offset, -1)]
+    pieces: list[Piece] = [(view[start:first_set], base_offset + start, -1)]
     pos = first_set
     run = -1  # where the current run of plain messages started
     end = len(buf)
+    expanded = 0
     while pos < end and base_offset + pos < end_offset:
         if len(buf) - pos < HEADER_SIZE or not is_set(buf, pos):
             if run < 0:
@@ -343,33 +363,52 @@ def _pieces(
             if len(buf) - pos < HEADER_SIZE:
                 break
             pos += message_size_at(buf, pos)
+            rows += 1
             continue
+        if rows >= READ_MESSAGES or expanded >= READ_EXPANDED_BYTES:
+            if run >= 0:
+                pieces.append((view[run:pos], base_offset + run, -1))
+            return pieces, None, pos  # the rest, from this set on, for the next chunk
         if run >= 0:
             pieces.append((view[run:pos], base_offset + run, -1))
             run = -1
         following = pos + message_size_at(buf, pos)
         try:
-            pieces.append((inner_set(buf, pos), base_offset + pos, following - pos))
+            inner = inner_set(buf, pos)
         except InvalidMessage as error:
-            return pieces, error
+            return pieces, error, None
+        pieces.append((inner, base_offset + pos, following - pos))
+        expanded += len(inner)
+        rows += scan(inner, MAX_INNER_SET_BYTES, inner=True).message_count
         pos = following
     if run >= 0:
         pieces.append((view[run:], base_offset + run, -1))
-    return pieces, None
+    return pieces, None, None
 
 
-def set_messages(wrapper: Message) -> tuple[list[Message], InvalidMessage | None]:
-    """The inner messages of the compressed set `wrapper` (a Message as decode_message gives
-    it, its value the compressed bytes), as `decode` gives them, or none and what is wrong
-    with it (InvalidMessage at position 0 of the set)."""
+def set_messages(wrapper: Message) -> tuple[int, Iterator[Message], InvalidMessage | None]:
+    """How many inner messages the compressed set `wrapper` (a Message as decode_message gives
+    it, its value the compressed bytes) holds, and those messages as `decode` gives them, made
+    one at a time as they are taken (a set may hold millions: 64 MiB of empty messages); or 0,
+    none, and what is wrong with it (InvalidMessage at position 0 of the set), its inner set
+    checked whole, as PRODUCE checks it, before any is made."""
     try:
         inner = expand(wrapper.attributes & CODEC_MASK, wrapper.value)
     except ValueError as error:
-        return [], InvalidMessage(0, f"compressed set: {error}")
-    messages, bad = _decode_set(inner, wrapper.offset, 0, wrapper.size)
-    if bad is not None:
-        return [], _inner_failure(inner, bad, 0)
-    return messages, None
+        return 0, iter(()), InvalidMessage(0, f"compressed set: {error}")
+    result = scan(inner, MAX_INNER_SET_BYTES, inner=True)
+    if result.error is None and result.first_set >= 0:
+        result = result._replace(valid_bytes=result.first_set, error=NESTED_SET)
+    if result.error is not None:
+        return 0, iter(()), _inner_failure(inner, result.valid_bytes, 0)
+    return result.message_count, _inner_messages(inner, wrapper, result.message_count), None
+
+
+def _inner_messages(inner: bytes, wrapper: Message, count: int) -> Iterator[Message]:
+    """The `count` messages of the inner set `inner` of `wrapper`, each with the set's offset
+    and the size 0 but the last, whose size is the set's (decode_set's inner messages)."""
+    for number, each in enumerate(message.iter_messages(inner, wrapper.offset, inner=True)):
+        yield each._replace(offset=wrapper.offset, size=wrapper.size if number == count - 1 else 0)
 
 
 def is_set(buf: Buffer, pos: int) -> bool:

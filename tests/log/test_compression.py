@@ -88,12 +88,14 @@ def test_every_codec_round_trips(
     expected[-1] = expected[-1]._replace(size=len(wrapper))
     assert decoded[1:-1] == expected
     assert decoded[-1].offset == set_offset + len(wrapper) == decoded[-2].next_offset
-    columns, failure = codec.decode_columns(buf, 1000, 1 << 60)
+    [(columns, failure)] = codec.decode_columns(buf, 1000, 1 << 60)
     assert (columns.rows, failure) == (len(batch) + 2, None)
     assert struct.unpack(f"={columns.rows}q", columns.offsets) == tuple(m.offset for m in decoded)
     # A read that ends at the set leaves it out whole; one that ends inside it takes it whole.
-    assert codec.decode_columns(buf, 1000, set_offset)[0].rows == 1
-    assert codec.decode_columns(buf, 1000, set_offset + 1)[0].rows == len(batch) + 1
+    [(columns, _)] = codec.decode_columns(buf, 1000, set_offset)
+    assert columns.rows == 1
+    [(columns, _)] = codec.decode_columns(buf, 1000, set_offset + 1)
+    assert columns.rows == len(batch) + 1
 
 
 @given(inner_messages, st.sampled_from(CODECS), st.data())
@@ -119,12 +121,49 @@ def test_a_damaged_set_is_found_and_never_half_delivered(
         return
     assert failure.position == len(before)
     assert [m.value for m in decoded] == [b"first"]
-    columns, column_failure = codec.decode_columns(buf, 0, 1 << 60)
+    [(columns, column_failure)] = codec.decode_columns(buf, 0, 1 << 60)
     assert columns.rows == 1
     assert column_failure is not None and column_failure.position == len(before)
     with pytest.raises(InvalidMessage) as refused:
         codec.check_sets(buf, codec.scan(buf, 1 << 20))
     assert refused.value.position == len(before)
+
+
+def test_the_column_reader_expands_within_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode_columns (the Spark source's) stops expanding at a set's start once its chunk
+    holds READ_MESSAGES rows or has expanded READ_EXPANDED_BYTES, and the next chunk goes on
+    from there: each row once, in order, as one chunk without a budget gives them (a 1 MiB
+    fetch may hold hundreds of sets, each 64 MiB expanded)."""
+    plain = encoded([(b"plain", None, 1)])
+    sets = [
+        wrapped(Compressor(Codec.ZSTD), encoded([(b"s%dm%d" % (s, i), None, 1) for i in range(4)]))
+        for s in range(5)
+    ]
+    buf = plain + b"".join(sets) + plain
+    [(whole, failure)] = codec.decode_columns(buf, 1000, 1 << 60)
+    assert (whole.rows, failure) == (22, None)
+    for budget, value, rows in (
+        ("READ_MESSAGES", 5, [5, 8, 9]),
+        ("READ_EXPANDED_BYTES", 1, [5, 4, 4, 4, 5]),
+    ):
+        with monkeypatch.context() as patched:
+            patched.setattr(codec, budget, value)
+            chunks = list(codec.decode_columns(buf, 1000, 1 << 60))
+        assert [(c.rows, f) for c, f in chunks] == [(n, None) for n in rows]
+        assert b"".join(c.offsets for c, _ in chunks) == whole.offsets
+        assert b"".join(c.value_data for c, _ in chunks) == whole.value_data
+    # a read that ends inside the third set takes it whole, and no more
+    end = 1000 + len(plain) + len(sets[0]) + len(sets[1]) + 1
+    monkeypatch.setattr(codec, "READ_MESSAGES", 5)
+    assert [c.rows for c, _ in codec.decode_columns(buf, 1000, end)] == [5, 8]
+    # a damaged set after a chunk's end: the chunks before it, then the failure at it
+    third = len(plain) + len(sets[0]) + len(sets[1])
+    damaged = bytearray(buf)
+    damaged[third + 40] ^= 0xFF
+    chunks = list(codec.decode_columns(bytes(damaged), 1000, 1 << 60))
+    assert [c.rows for c, _ in chunks] == [5, 4]
+    failure = chunks[1][1]
+    assert chunks[0][1] is None and failure is not None and failure.position == third
 
 
 def refusal(buf: bytes) -> str:
@@ -280,6 +319,47 @@ def test_a_reader_expands_a_fetch_within_its_budget_at_real_sizes() -> None:
     assert failure is None and len(decoded) == compression.MAX_SET_MESSAGES
     assert decoded[-1].next_offset == 1000 + len(one)
     assert peak < 40 << 20, f"peak {peak >> 20} MiB"
+
+
+def test_the_column_reader_expands_a_fetch_within_its_budget_at_real_sizes() -> None:
+    """Issue 50, 5: the same eight sets read by the Spark source's decode_columns: a chunk a
+    set, each taken before the next is made, the memory that of one set."""
+    inner = b"".join([codec.encode_message(b"", None, 1, True)] * compression.MAX_SET_MESSAGES)
+    one = Compressor(Codec.ZSTD).wrap(inner, 1)
+    fetched = one * 8
+    rows = []
+    tracemalloc.start()
+    try:
+        for columns, failure in codec.decode_columns(fetched, 1000, 1 << 60):
+            rows.append((columns.rows, failure))
+            del columns
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rows == [(compression.MAX_SET_MESSAGES, None)] * 8
+    assert peak < 16 << 20, f"peak {peak >> 20} MiB"  # 7.9 MiB; all eight at once: 41 MiB
+
+
+def test_log_dump_makes_a_sets_messages_one_at_a_time() -> None:
+    """Issue 50, 5: `pylogctl log dump`'s set_messages counts a set's messages and checks them
+    whole, then makes them as they are taken: a set of 100,000 empty messages (more on a disk
+    written before the MAX_SET_MESSAGES rule) costs the memory of its inner set, not of an
+    object a message."""
+    inner = b"".join([codec.encode_message(b"", None, 1, True)] * compression.MAX_SET_MESSAGES)
+    wrapper = message.decode_message(Compressor(Codec.ZSTD).wrap(inner, 1), 0, 500)
+    taken = 0
+    tracemalloc.start()
+    try:
+        count, messages, failure = codec.set_messages(wrapper)
+        for each in messages:
+            taken += 1
+            last = each
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (count, taken, failure) == (compression.MAX_SET_MESSAGES, count, None)
+    assert (last.offset, last.size, last.value) == (500, wrapper.size, b"")
+    assert peak < 8 << 20, f"peak {peak >> 20} MiB"
 
 
 def _scanned(buf: bytes) -> tuple[bytes, message.ScanResult]:

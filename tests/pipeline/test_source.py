@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 
 from broker.client import PartitionConsumer
 from broker.client.connection import Connection
+from broker.log import codec, compression
 from pipeline.cluster import SourcePartition, message_bounds
 from pipeline.errors import DataLoss
 from pipeline.reader import OffsetRange, read_range
@@ -219,3 +220,21 @@ def test_a_task_meets_the_brokers_corrupt_segment_as_data_loss(
             assert message_bounds(connection, tp, offsets[1] + 1) == (offsets[1], offsets[2])
     finally:
         broker.stop()
+
+
+def test_a_task_expands_a_fetch_in_chunks_within_the_readers_budget(
+    broker: RunningBroker, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task yields a fetched reply's rows a chunk at a time, each within the reader's
+    budget (READ_MESSAGES rows, stopping at a set's start), not all the reply's sets expanded
+    at once: here sets of 4 (MAX_SET_MESSAGES, this process's producer) and a budget of 5."""
+    monkeypatch.setattr(compression, "MAX_SET_MESSAGES", 4)
+    monkeypatch.setattr(codec, "READ_MESSAGES", 5)
+    create_topic(broker.endpoint, topic, 1)
+    sent = produce(broker.endpoint, topic, 1, 60, compression="zstd")
+    with PartitionConsumer(broker.endpoint, topic, stop_at_end=True) as consumer:
+        list(consumer)
+        end = consumer.position
+    batches = list(read_range(OffsetRange(topic, 0, broker.endpoint, 0, end), True))
+    assert max(b.num_rows for b in batches) == 8  # 5 rows, then the set that crossed 5
+    assert [v.as_py() for b in batches for v in b.column("value")] == [s.value for s in sent]
