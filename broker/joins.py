@@ -4,10 +4,11 @@
 The front splits a MULTI_PRODUCE into one PRODUCE of version 3 a part, each to the worker
 holding its partition, so that every rule of a partition (acks, fencing, idempotent sequences,
 the storage's checks) holds per part as it holds for a PRODUCE: the worker cannot tell them
-apart. Each part's request goes behind the tag JOINED + the join's id (u64) and carries the
-part's index as its correlation_id; the worker answers it as any other, and the front gives
-the answer (the reply frame after its correlation_id: protocol.part_reply) to `answer` here
-instead of to a client. Once every part is answered the join's reply is made (`take_done`).
+apart. Each part's request goes behind the tag JOINED + the join's id (u64) + the connection
+of its client (`client_of`), and carries the part's index as its correlation_id; the worker
+answers it as any other, and the front gives the answer (the reply frame after its
+correlation_id: protocol.part_reply) to `answer` here instead of to a client. Once every part
+is answered the join's reply is made (`take_done`).
 
 A part that the front refuses itself (an unknown partition, an ACL, a worker restarting) is
 answered at once with its error. A part routed to a worker that exits before answering it is
@@ -26,11 +27,21 @@ from typing import Final, Generic, Protocol, TypeVar
 from broker import protocol
 from broker.errors import PartitionUnavailable
 from broker.log.message import Buffer
+from broker.transport import connection_of
 
 JOINED: Final = b"J"
 """The first byte of the tag a part's request goes to its worker behind (broker.transport's
 tags of clients are R, Q, r and q)."""
 _ID_BYTES: Final = 8
+
+
+def client_of(tagged: bytes) -> bytes:
+    """The connection a request to a worker came by, from its tagged identity: a MULTI_PRODUCE
+    part's (JOINED) names it after the join's id (Joins.tag); any other's is its own
+    (broker.transport.connection_of)."""
+    if tagged[:1] == JOINED:
+        return tagged[1 + _ID_BYTES :]
+    return connection_of(tagged)
 
 
 class _Joined(Protocol):
@@ -103,6 +114,11 @@ class Joins(OpenJoins[Join]):
 
     def __init__(self) -> None:
         super().__init__(JOINED)
+
+    def tag(self, join: Join) -> bytes:
+        """The tag of `join`'s parts: JOINED, its id and the connection of its client
+        (client_of), so that a worker keeps each client's parts in the order it sent them."""
+        return super().tag(join) + connection_of(join.tagged)
 
     def open(
         self,

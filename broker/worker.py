@@ -61,6 +61,7 @@ from broker.errors import (
     UnknownTopicOrPartition,
     UnsupportedApi,
 )
+from broker.expansions import Expansions
 from broker.flusher import DISK_ERRORS, Flusher, log_recovery
 from broker.leadership import Leadership
 from broker.log import PartitionLog
@@ -68,6 +69,7 @@ from broker.log.config import LogConfig, SettingValue
 from broker.log.files import OPEN_FILES
 from broker.log.hwcheckpoint import HighWatermarkCheckpoint
 from broker.log.message import Buffer
+from broker.log.partition import SetsToOpen
 from broker.log.segment import storage_error
 from broker.logs import configure_logging, set_log_level
 from broker.partition import Partition
@@ -137,6 +139,8 @@ class Worker:
         self._credit_owed = trio.Event()
         """Set when served bytes wait for _give_credit_when_idle."""
         self.stats = WorkerStats()
+        self.expansions = Expansions()
+        """The requests whose compressed sets wait for their client's turn to be opened."""
 
     @property
     def nursery(self) -> trio.Nursery | None:
@@ -155,6 +159,7 @@ class Worker:
             nursery.start_soon(self.flusher.run)
             nursery.start_soon(self._apply_retention)
             nursery.start_soon(self._give_credit_when_idle)
+            nursery.start_soon(self._open_sets_in_turn)
             nursery.start_soon(self.leadership.check_isrs)
             nursery.start_soon(self.leadership.lapse_leaders)
             if self.config.metrics_enabled:
@@ -172,9 +177,13 @@ class Worker:
                     await self._run_command(command)
                     continue
                 # requests, each a client's tagged identity and its frame
+                expansions = self.expansions
                 for i in range(1, len(frames), 2):
-                    await self._serve_request(frames[i], frames[i + 1 : i + 2])
-                    self._served_bytes += request_weight(frames[i + 1], self._fetch_max_bytes)
+                    request = frames[i + 1 : i + 2]
+                    if expansions.requests and expansions.behind(frames[i], request):
+                        continue  # after its client's sets to open, in order
+                    if await self._serve_request(frames[i], request):
+                        self._served_bytes += request_weight(frames[i + 1], self._fetch_max_bytes)
                 self.flusher.served_message()
                 if self.served.replies or self.served.state_messages:  # acks, ISR changes
                     await self.served.send_owed()
@@ -182,6 +191,20 @@ class Worker:
                     await self._give_credit()
                 elif not self._credit_owed.is_set():
                     self._credit_owed.set()
+
+    async def _open_sets_in_turn(self) -> None:
+        """Serve the requests whose compressed sets are to be opened, one client's at a time,
+        the clients in turn (broker.expansions), the loop serving what came between two; the
+        bytes of each are given back to the front at once, so that it reads the next client's
+        request (it reads its clients in turn too)."""
+        while True:
+            tagged, request = await self.expansions.next_turn()
+            await self._serve_request(tagged, request, expand=True)
+            self._served_bytes += request_weight(request[0], self._fetch_max_bytes)
+            self.flusher.served_message()
+            if self.served.replies or self.served.state_messages:
+                await self.served.send_owed()
+            await self._give_credit()
 
     async def _give_credit(self) -> None:
         served, self._served_bytes = self._served_bytes, 0
@@ -220,17 +243,23 @@ class Worker:
 
     # -- requests --------------------------------------------------------------------------
 
-    async def _serve_request(self, tagged: bytes, request_frames: list[bytes]) -> None:
+    async def _serve_request(
+        self, tagged: bytes, request_frames: list[bytes], expand: bool = False
+    ) -> bool:
+        """Serve a request, answering it (or its error); False when it waits for its turn to
+        have its compressed sets opened instead (its append raised SetsToOpen: served again
+        with `expand`, by _open_sets_in_turn)."""
         started = time.perf_counter()
         api = "unknown"
         correlation_id: int | None = None
+        waits = False
         try:
             produce = self.prefixes.produce(request_frames)  # the hot path: no objects made
             if produce is not None:
                 api = "produce"
                 correlation_id = produce[0]
-                await self._produce(tagged, *produce)  # its fields in _produce's order
-                return
+                await self._produce(tagged, *produce, expand=expand)  # in _produce's order
+                return True
             header, request = self.prefixes.decode(request_frames)
             api = header.api.name.lower()
             correlation_id = header.correlation_id
@@ -246,6 +275,7 @@ class Worker:
                     request.producer_epoch,
                     request.sequence,
                     request.message_set,
+                    expand=expand,
                 )
             elif isinstance(request, protocol.FetchRequest):
                 await self.reads.fetch(tagged, correlation_id, request, header.version)
@@ -261,6 +291,9 @@ class Worker:
                 await self.served.reply(tagged, protocol.encode_reply(correlation_id, described))
             else:
                 raise UnsupportedApi(f"{type(request).__name__} is served by the front socket")
+        except SetsToOpen:  # nothing changed: served again in its client's turn
+            self.expansions.wait_turn(tagged, request_frames)
+            waits = True
         except Exception as error:  # every failure is answered; the worker keeps serving
             if isinstance(error, OSError):  # the disk or the file table (EMFILE) said no
                 error = storage_error(error, f"worker {self.index}")
@@ -279,7 +312,9 @@ class Worker:
                     correlation_id = protocol.peek_correlation_id(request_frames)
                 await self.served.reply(tagged, protocol.encode_error(correlation_id, error))
         finally:
-            self.stats.served(api, time.perf_counter() - started)
+            if not waits:
+                self.stats.served(api, time.perf_counter() - started)
+        return not waits
 
     async def _produce(
         self,
@@ -292,7 +327,11 @@ class Worker:
         epoch: int,
         sequence: int,
         message_set: Buffer,
+        expand: bool,
     ) -> None:
+        """Append a producer's set and answer it (or leave its ack to the flush that stores
+        it); SetsToOpen, nothing changed, for a set whose compressed sets are to be opened
+        unless `expand`."""
         partition = self.served.get(*route)
         replica = partition.replica
         leader = replica.leader
@@ -307,11 +346,11 @@ class Worker:
         try:
             if producer_id:  # an idempotent producer's: stored once, however often sent
                 kept, appended = plog.append_idempotent(
-                    message_set, producer_id, epoch, sequence, flush=False
+                    message_set, producer_id, epoch, sequence, flush=False, expand=expand
                 )
                 offset, count, end = kept.offset, kept.message_count, kept.end
             else:
-                offset, count = plog.append_counted(message_set, flush=False)
+                offset, count = plog.append_counted(message_set, flush=False, expand=expand)
                 appended, end = True, plog.log_end_offset
         except DISK_ERRORS as error:
             self.flusher.on_disk_error(partition, error)

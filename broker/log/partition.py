@@ -83,6 +83,13 @@ KNOWN_STARTS = 64
 and reads, where followers and consumers fetch next."""
 
 
+class SetsToOpen(Exception):
+    """An append with `expand` false met a producer's compressed sets, which it would have to
+    decompress and check (about 45 ms for the 64 MiB a few KB may hold): nothing changed, and
+    the caller appends the set again with `expand` true when that work's turn comes (the
+    broker's worker takes its clients' in turn: broker.expansions)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LogStatistics:
     log_start_offset: int
@@ -188,12 +195,17 @@ class PartitionLog:
         then leaves the log's messages and offsets as they were."""
         return self.append_counted(message_set)[0]
 
-    def append_counted(self, message_set: Buffer, flush: bool = True) -> tuple[int, int]:
+    def append_counted(
+        self, message_set: Buffer, flush: bool = True, expand: bool = True
+    ) -> tuple[int, int]:
         """`append`, also saying how many messages the set held (the inner messages of a
         compressed set, each of its sets checked: broker.log.codec.check_sets). With `flush`
         false, a flush the append makes due (`flush_due`) is the caller's to make: the broker's
-        worker makes one for all the requests it was passed at once."""
-        return self._append(message_set, self.config.max_message_bytes, flush, (), True)
+        worker makes one for all the requests it was passed at once. With `expand` false, a
+        set that holds compressed sets raises SetsToOpen instead, nothing changed."""
+        return self._append(
+            message_set, self.config.max_message_bytes, flush, (), True, expand=expand
+        )
 
     def append_idempotent(
         self,
@@ -202,6 +214,7 @@ class PartitionLog:
         epoch: int,
         sequence: int,
         flush: bool = True,
+        expand: bool = True,
     ) -> tuple[StoredSet, bool]:
         """`append_counted` for a set of an idempotent producer (`producer_id` > 0), checked
         first by `producers` (broker.log.producers): the set as stored, and whether it was
@@ -215,7 +228,7 @@ class PartitionLog:
             return repeated, False
         stamp = (producer_id, epoch, sequence)
         offset, count = self._append(
-            message_set, self.config.max_message_bytes, flush, (), True, None, stamp
+            message_set, self.config.max_message_bytes, flush, (), True, None, stamp, expand=expand
         )
         stored = self.producers.last(producer_id)
         assert stored is not None and stored.offset == offset and stored.message_count == count
@@ -292,6 +305,7 @@ class PartitionLog:
         count: int | None = None,
         stamp: tuple[int, int, int] | None = None,
         producers: Sequence[StoredSet] = (),
+        expand: bool = True,
     ) -> tuple[int, int]:
         self._refuse_if_failed()
         config = self.config
@@ -316,6 +330,8 @@ class PartitionLog:
         if producer:
             # A producer's compressed sets are opened and checked (a leader's bytes were), and
             # the set is stored as the topic's compression says; `count`: its messages.
+            if checked.first_set >= 0 and not expand:
+                raise SetsToOpen(self.directory.name)
             count = check_sets(message_set, checked)
             stored = self._as_topic_stores(message_set, checked)
             if stored is not None:
