@@ -60,16 +60,25 @@ class Expansions:
         self.requests += 1
         self._waiting.set()
 
-    async def next_turn(self) -> Request:
-        """The first request of the client whose turn it is (waiting for one); that client
-        goes to the back of the turns."""
+    async def next_turn(self) -> tuple[bytes, deque[Request]]:
+        """The client whose turn it is and its queue (waiting for one), after a checkpoint:
+        the worker's loop serves what came before each turn. Take its requests with `take`,
+        then `end_turn`."""
+        await trio.lowlevel.checkpoint()
         while not self._queues:
             self._waiting = trio.Event()
             await self._waiting.wait()
         client = next(iter(self._queues))
+        return client, self._queues[client]
+
+    def take(self, queue: deque[Request]) -> Request:
+        """The first request of a client's queue, taken out of it."""
+        self.requests -= 1
+        return queue.popleft()
+
+    def end_turn(self, client: bytes) -> None:
+        """The turn of `client` is over: it goes to the back of the turns if it has requests
+        left (some may have come during its turn), else it has none."""
         queue = self._queues.pop(client)
-        request = queue.popleft()
         if queue:
             self._queues[client] = queue
-        self.requests -= 1
-        return request

@@ -91,6 +91,10 @@ from broker.worker_stats import STATS_EVERY_S, WorkerStats
 
 log = logging.getLogger("pylog.worker")
 
+TURN_S = 0.002
+"""The longest a client's turn to have its compressed sets opened serves more of its requests
+(_open_sets_in_turn): what another client may wait for each client before it in the turns."""
+
 ANSWER_TIMEOUT_S = 5.0
 
 
@@ -187,24 +191,37 @@ class Worker:
                 self.flusher.served_message()
                 if self.served.replies or self.served.state_messages:  # acks, ISR changes
                     await self.served.send_owed()
-                if self._served_bytes >= self._credit_step:
-                    await self._give_credit()
-                elif not self._credit_owed.is_set():
-                    self._credit_owed.set()
+                await self._credit()
 
     async def _open_sets_in_turn(self) -> None:
         """Serve the requests whose compressed sets are to be opened, one client's at a time,
-        the clients in turn (broker.expansions), the loop serving what came between two; the
-        bytes of each are given back to the front at once, so that it reads the next client's
-        request (it reads its clients in turn too)."""
+        the clients in turn (broker.expansions), the loop serving what came between two. A
+        turn serves its client's requests in order for up to TURN_S (one at least, however
+        long), so a client whose sets are cheap to open has them served together, as the
+        loop serves what comes together. The bytes of a turn that took that long are given
+        back to the front at once, so that it reads the next client's request (it reads its
+        clients in turn too)."""
+        expansions = self.expansions
         while True:
-            tagged, request = await self.expansions.next_turn()
-            await self._serve_request(tagged, request, expand=True)
-            self._served_bytes += request_weight(request[0], self._fetch_max_bytes)
+            client, queue = await expansions.next_turn()
+            started = time.perf_counter()
+            while queue and time.perf_counter() - started < TURN_S:
+                tagged, request = expansions.take(queue)
+                await self._serve_request(tagged, request, expand=True)
+                self._served_bytes += request_weight(request[0], self._fetch_max_bytes)
+            expansions.end_turn(client)
             self.flusher.served_message()
             if self.served.replies or self.served.state_messages:
                 await self.served.send_owed()
+            await self._credit(at_once=time.perf_counter() - started >= TURN_S)
+
+    async def _credit(self, at_once: bool = False) -> None:
+        """After serving requests: give their bytes back to the front now if `at_once` or
+        they add up to the credit step, else once idle (_give_credit_when_idle)."""
+        if self._served_bytes >= self._credit_step or (at_once and self._served_bytes):
             await self._give_credit()
+        elif not self._credit_owed.is_set():
+            self._credit_owed.set()
 
     async def _give_credit(self) -> None:
         served, self._served_bytes = self._served_bytes, 0
