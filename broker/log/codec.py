@@ -40,6 +40,7 @@ from broker.log.message import (
     ScanResult,
     decode_failure,
     message_size_at,
+    oversized,
     valid_message_end,
     validated,
 )
@@ -109,10 +110,13 @@ def set_timestamp(inner: Buffer) -> int:
     return _scan_walk(inner, len(inner), 0, 0, True)[3][0]
 
 
-def check_sets(buf: Buffer, result: ScanResult) -> int:
+def check_sets(
+    buf: Buffer, result: ScanResult, max_message_bytes: int = MAX_INNER_SET_BYTES
+) -> int:
     """How many messages a producer's set `buf` holds, counting the inner messages of each
     compressed set, once each set is checked: it decompresses (compression.inner_set) into
-    plain messages that pass every check. `result` is the set's scan, which passed.
+    plain messages that pass every check, each at most `max_message_bytes` (the topic's;
+    MessageTooLarge naming it past that). `result` is the set's scan, which passed.
     InvalidMessage at the first compressed set that fails, saying why; MessageTooLarge once
     the inner sets would hold more than compression.MAX_EXPANDED_BYTES together (each set is
     decompressed within what the ones before it left, so no more is ever decompressed)."""
@@ -144,8 +148,19 @@ def check_sets(buf: Buffer, result: ScanResult) -> int:
                     budget,
                 ) from None
             left -= len(expanded)
-            inner = scan(expanded, MAX_INNER_SET_BYTES, inner=True)
+            inner = scan(expanded, max_message_bytes, inner=True)
+            size = None
+            if inner.error is not None:  # a whole message over the limit; past the end: damage
+                size = oversized(expanded, inner.valid_bytes, max_message_bytes)
+                if size is not None and size > len(expanded) - inner.valid_bytes:
+                    size = None
             del expanded  # one inner set held at a time
+            if size is not None:
+                raise MessageTooLarge(
+                    f"message at byte {inner.valid_bytes} of the compressed set at byte {pos}",
+                    size,
+                    max_message_bytes,
+                )
             if inner.message_count > compression.MAX_SET_MESSAGES:
                 raise InvalidMessage(
                     pos,

@@ -366,14 +366,22 @@ def validated(buf: Buffer, max_message_bytes: int, result: ScanResult) -> ScanRe
         raise InvalidMessage(0, "the message set is empty")
     if result.error is not None:
         position = result.valid_bytes
-        if len(buf) - position >= LENGTH_SIZE:
-            size = message_size_at(buf, position)
-            if size > max_message_bytes and size - LENGTH_SIZE >= MIN_LENGTH:
-                raise MessageTooLarge(
-                    f"message at byte {position} of the set", size, max_message_bytes
-                )
+        size = oversized(buf, position, max_message_bytes)
+        if size is not None:
+            raise MessageTooLarge(f"message at byte {position} of the set", size, max_message_bytes)
         raise InvalidMessage(position, result.error)
     return result
+
+
+def oversized(buf: Buffer, position: int, max_message_bytes: int) -> int | None:
+    """The size of the message at `position` of `buf`, where a scan stopped, when it stopped
+    there for being over `max_message_bytes` (its length field, not what follows, is read);
+    else None."""
+    if len(buf) - position >= LENGTH_SIZE:
+        size = message_size_at(buf, position)
+        if size > max_message_bytes and size - LENGTH_SIZE >= MIN_LENGTH:
+            return size
+    return None
 
 
 def _diagnose(buf: Buffer, pos: int, max_message_bytes: int, inner: bool = False) -> str:

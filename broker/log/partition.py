@@ -332,7 +332,7 @@ class PartitionLog:
             # the set is stored as the topic's compression says; `count`: its messages.
             if checked.first_set >= 0 and not expand:
                 raise SetsToOpen(self.directory.name)
-            count = check_sets(message_set, checked)
+            count = check_sets(message_set, checked, max_message_bytes)
             stored = self._as_topic_stores(message_set, checked)
             if stored is not None:
                 return self._append(

@@ -265,10 +265,10 @@ def test_a_bomb_of_sets_is_refused_before_it_is_converted(tmp_path: Path, clock:
     plain = encoded([(bytes(30 << 20), None, 1)])
     bomb = wrapped(Compressor(Codec.GZIP), plain)
     del plain
-    log = open_log(tmp_path / "t-0", clock, compression="none", max_message_bytes=1 << 20)
+    log = open_log(tmp_path / "t-0", clock, compression="none", max_message_bytes=40 << 20)
     tracemalloc.start()
     try:
-        with pytest.raises(MessageTooLarge):
+        with pytest.raises(MessageTooLarge, match="decompressed"):
             log.append(bomb * 3)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -277,6 +277,26 @@ def test_a_bomb_of_sets_is_refused_before_it_is_converted(tmp_path: Path, clock:
     # the 90 MiB of plain messages appended)
     assert peak < 100 << 20, f"peak {peak >> 20} MiB"
     assert log.log_end_offset == 0
+
+
+@pytest.mark.parametrize("compression", ["producer", "none"])
+def test_a_message_inside_a_set_is_held_to_max_message_bytes(
+    tmp_path: Path, clock: FakeClock, compression: str
+) -> None:
+    """A message inside a compressed set is a message: over the topic's max_message_bytes it
+    refuses the set, MESSAGE_TOO_LARGE naming it, nothing appended (a zstd set of a 2 MiB
+    message, 200 bytes sent, was stored by a topic of 1 MiB messages; converted to plain, as
+    a 2 MiB message: past what its consumers and followers fetch at a time)."""
+    inner = encoded([(b"small", None, 1), (bytes(2 << 20), None, 1)])
+    log = open_log(tmp_path / "t-0", clock, compression=compression, max_message_bytes=1 << 20)
+    with pytest.raises(
+        MessageTooLarge,
+        match=r"^message at byte 31 of the compressed set at byte 0 of 2097178 bytes is over "
+        r"the limit of 1048576 bytes$",
+    ):
+        log.append(wrapped(Compressor(Codec.ZSTD), inner))
+    assert log.log_end_offset == 0
+    log.append(wrapped(Compressor(Codec.ZSTD), encoded([(bytes(1000), None, 1)])))  # one fits
 
 
 def test_a_set_of_more_than_max_set_messages_is_refused_and_none_is_made(
