@@ -22,8 +22,8 @@ topic "t" (checked: one pylog-worker process, both partition folders in that dir
     none:     a topic with compression=none, one set of 100,000 messages (64 MiB, 5.7 KB on
               the wire), --per-conn-none requests a connection: checked, then decompressed
               again and written plain (64 MiB each);
-    issue8:   (optional) compression=producer, the issue's payload: 8 such sets (63.5 MiB each) in one
-              PRODUCE (17 KB): the first is decompressed whole, the second is over the 64 MiB
+    issue8:   (optional) compression=producer, the issue's payload: 8 such sets in one
+              PRODUCE (27 KB): the first is decompressed whole, the second is over the 64 MiB
               budget -> MESSAGE_TOO_LARGE, nothing stored.
 
 Prints one JSON line a scenario: `victim_during_n` (victim requests sent during the attack),
