@@ -55,6 +55,7 @@ from broker.config import BrokerConfig, with_live
 from broker.errors import PylogError, ZooKeeperStartError
 from broker.front import Front
 from broker.groups.service import Coordinator
+from broker.log.fsdir import make_directory
 from broker.logs import set_log_level
 from broker.metrics import BrokerStatistics, serve_metrics
 from broker.pool import Answers, WorkerPool
@@ -154,8 +155,9 @@ class Supervisor:
         ensure_file_limit(open_files)
         if self.config.log_max_open_files is None:
             log.info("a worker keeps up to %d segment files open (the limits')", open_files)
-        for directory in (self.data_dir, self.run_dir, *self.log_dirs):
-            directory.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for directory in (self.data_dir, *self.log_dirs):  # what they hold survives a power loss
+            make_directory(directory)
         self.run_dir.chmod(0o700)  # the workers' ipc sockets: no other user may connect them
         self._secure()
         self.front.bind()

@@ -18,6 +18,19 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def make_directory(directory: Path) -> None:
+    """Create `directory` and the parents it lacks, each made durable: its parent fsynced once
+    it is made (a folder's entry is its parent's, as a file's is). Nothing for one that
+    exists. Raises OSError as os.mkdir and os.fsync do."""
+    missing = []
+    while not directory.is_dir():
+        missing.append(directory)
+        directory = directory.parent
+    for made in reversed(missing):
+        made.mkdir(exist_ok=True)
+        fsync_directory(made.parent)
+
+
 def fsync_file(path: Path) -> None:
     """fsync the file at `path` through a descriptor opened for it (fsync covers the file,
     whichever descriptor wrote to it). Raises OSError as os.open and os.fsync do."""

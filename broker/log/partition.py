@@ -62,7 +62,7 @@ from broker.log.codec import check_sets, converted, validate_message_set
 from broker.log.compression import Compressor, compressor_for
 from broker.log.config import LogConfig
 from broker.log.epochs import NO_EPOCH, LeaderEpochs
-from broker.log.fsdir import fsync_directory, fsync_file
+from broker.log.fsdir import fsync_directory, fsync_file, make_directory
 from broker.log.indexfile import IndexDamaged
 from broker.log.message import Buffer, ScanResult, message_size_at
 from broker.log.producers import ProducerStates, StoredSet
@@ -157,9 +157,7 @@ class PartitionLog:
     ) -> PartitionLog:
         """Open (creating if needed) the partition folder, recovering it after a crash."""
         config = config or LogConfig()
-        if not directory.is_dir():
-            directory.mkdir(parents=True, exist_ok=True)
-            fsync_directory(directory.parent)
+        make_directory(directory)
         segments, report = recover_folder(directory, config)
         epochs = LeaderEpochs.load(directory, segments[-1].end_offset)
         report = dataclasses.replace(report, problems=report.problems + tuple(epochs.problems))

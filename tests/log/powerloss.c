@@ -14,16 +14,32 @@
                           a record is written whole before the change is made (one cut short
                           by a kill is of a change never made)
 
-   A power cut is then: kill the processes (SIGKILL), and put every file back to its last fsync
-   (powerloss.py's `cut`): truncate it to its durable size, then apply its undo records,
-   newest first. Writes never fsynced are gone; a file created and never fsynced is empty.
-   Directory entries (create, rename, unlink) are taken as durable at once, as a journaling
-   file system's metadata is; pylog fsyncs a file before it renames it into place.
+     dirops               one line a change of a directory entry under the root, in the order
+                          made (each line one O_APPEND write): "create\tPATH", "mkdir\tPATH",
+                          "unlink\tPATH\tKEPT", "rmdir\tPATH", "rename\tOLD\tNEW\tKEPT" (KEPT:
+                          a hard link in the journal to the file the change took a name from,
+                          or "-"), and "dirsync\tDIR" after an fsync of a directory, "syncfs"
+                          after a syncfs(2)
+     keep.<pid>.<n>       those hard links: the inode of a file unlinked, or renamed over, is
+                          kept (and its journal entries with it) until the cut
 
-   Covered: write, pwrite, writev, pwritev, ftruncate, truncate, open and openat with O_TRUNC,
-   fsync, fdatasync, unlink, unlinkat, rename, renameat, renameat2 (what CPython's os module
-   and file objects call), with their 64-bit names. Not covered: writes through a shared
-   writable mmap (pylog maps its files read-only). */
+   A power cut is then: kill the processes (SIGKILL), and put every file back to its last fsync
+   (powerloss.py's `cut`): the changes of directory entries not made durable by an fsync of
+   their directory (or a syncfs) since undone, newest first (a file created is gone, one
+   unlinked or renamed over is back); then every file truncated to its durable size and its
+   undo records applied, newest first. Writes never fsynced are gone; a file created and never
+   fsynced is empty, and gone if its directory was not fsynced either. (`cut` can also leave
+   other states a power loss may: see powerloss.py.)
+
+   A syncfs(2) makes every file of its file system durable: here, those this process has open
+   (pylog's flush round syncs the segments it has open), and every change of a directory entry
+   made before it.
+
+   Covered: write, pwrite, writev, pwritev, ftruncate, truncate, open and openat with O_TRUNC
+   or O_CREAT, fsync, fdatasync, syncfs, unlink, unlinkat, rename, renameat, renameat2, mkdir,
+   mkdirat, rmdir (what CPython's os module and file objects call), with their 64-bit names.
+   Not covered: writes through a shared writable mmap (pylog maps its files read-only), link,
+   symlink, and renames of directories (pylog renames files only). */
 
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -66,6 +82,10 @@ REAL(unlinkat);
 REAL(rename);
 REAL(renameat);
 REAL(renameat2);
+REAL(syncfs);
+REAL(mkdir);
+REAL(mkdirat);
+REAL(rmdir);
 static int (*real_open)(const char *, int, ...);
 static int (*real_open64)(const char *, int, ...);
 static int (*real_openat)(int, const char *, int, ...);
@@ -80,7 +100,8 @@ __attribute__((constructor)) static void init(void) {
     FIND(write); FIND(pwrite); FIND(pwrite64); FIND(writev); FIND(pwritev); FIND(pwritev64);
     FIND(ftruncate); FIND(ftruncate64); FIND(truncate); FIND(truncate64); FIND(fsync);
     FIND(fdatasync); FIND(close); FIND(unlink); FIND(unlinkat); FIND(rename); FIND(renameat);
-    FIND(renameat2); FIND(open); FIND(open64); FIND(openat); FIND(openat64);
+    FIND(renameat2); FIND(open); FIND(open64); FIND(openat); FIND(openat64); FIND(syncfs);
+    FIND(mkdir); FIND(mkdirat); FIND(rmdir);
     root = getenv("POWERLOSS_ROOT");
     journal = getenv("POWERLOSS_JOURNAL");
     if (root == NULL || journal == NULL) root = NULL;
@@ -95,6 +116,71 @@ static void fail(const char *what) {
 
 static int under_root(const char *path) {
     return root != NULL && strncmp(path, root, root_length) == 0 && path[root_length] == '/';
+}
+
+static int highest_fd = -1; /* the highest descriptor opened: syncfs looks at those below */
+
+/* The absolute path of `path` as openat and the like take it (relative to `dirfd`, or to the
+   working directory for AT_FDCWD), its directory resolved (realpath): 0 when it cannot be
+   made (the call itself then fails, or it is not under the root). */
+static int resolve(int dirfd, const char *path, char *out) {
+    char joined[2 * PATH_MAX], parent[PATH_MAX];
+    if (path[0] == '/') {
+        if (snprintf(joined, sizeof joined, "%s", path) >= (int)sizeof joined) return 0;
+    } else {
+        char base[PATH_MAX];
+        if (dirfd == AT_FDCWD) {
+            if (getcwd(base, sizeof base) == NULL) return 0;
+        } else {
+            char link[64];
+            snprintf(link, sizeof link, "/proc/self/fd/%d", dirfd);
+            ssize_t n = readlink(link, base, sizeof base - 1);
+            if (n <= 0) return 0;
+            base[n] = 0;
+        }
+        if (snprintf(joined, sizeof joined, "%s/%s", base, path) >= (int)sizeof joined) return 0;
+    }
+    size_t length = strlen(joined);
+    while (length > 1 && joined[length - 1] == '/') joined[--length] = 0;
+    char *slash = strrchr(joined, '/');
+    if (slash == NULL || slash == joined) return 0;
+    *slash = 0;
+    if (realpath(joined, parent) == NULL) return 0;
+    return snprintf(out, PATH_MAX, "%s/%s", parent, slash + 1) < PATH_MAX;
+}
+
+/* Append a line to the journal's dirops, whole (one O_APPEND write). */
+static void dirop(const char *line) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/dirops", journal);
+    int fd = real_open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd < 0) fail("opening dirops");
+    size_t length = strlen(line);
+    if (real_write(fd, line, length) != (ssize_t)length) fail("writing dirops");
+    real_close(fd);
+}
+
+/* Keep the file at `path` (about to lose that name) by a hard link in the journal; its name
+   there, or "-" when there is no such file under the root. */
+static void keep_inode(const char *path, char *kept) {
+    static unsigned long long count;
+    struct stat st;
+    snprintf(kept, PATH_MAX, "-");
+    if (!under_root(path) || lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) return;
+    snprintf(kept, PATH_MAX, "%s/keep.%d.%llu", journal, (int)getpid(), ++count);
+    if (link(path, kept) != 0) fail("keeping a file by a hard link");
+}
+
+/* Whether fd is a directory under the root, or the root; its path into `out`. */
+static int directory_of(int fd, char *out) {
+    char link[64];
+    struct stat st;
+    if (root == NULL || fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode)) return 0;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, out, PATH_MAX - 1);
+    if (n <= 0) return 0;
+    out[n] = 0;
+    return under_root(out) || strcmp(out, root) == 0;
 }
 
 /* Whether fd is a regular file under the root (cached until it is closed). */
@@ -251,18 +337,6 @@ static void synced(int fd) {
     pthread_mutex_unlock(&lock);
 }
 
-/* A file about to lose a name: if it is its last, its entries go (the inode may be reused). */
-static void forget(int dirfd, const char *path) {
-    struct stat st;
-    char entry[PATH_MAX];
-    if (root == NULL || fstatat(dirfd, path, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
-    if (!S_ISREG(st.st_mode) || st.st_nlink > 1) return;
-    pthread_mutex_lock(&lock);
-    entry_path(entry, sizeof entry, st.st_dev, st.st_ino, "size");
-    real_unlink(entry); /* its undo logs are then never read */
-    pthread_mutex_unlock(&lock);
-}
-
 ssize_t write(int fd, const void *buf, size_t count) {
     if (tracked(fd)) before_write(fd, write_position(fd), count);
     return real_write(fd, buf, count);
@@ -329,15 +403,40 @@ int truncate64(const char *path, off64_t length) {
     return real_truncate64(path, length);
 }
 
+static void directory_synced(int fd) {
+    char path[PATH_MAX], line[PATH_MAX + 16];
+    if (!directory_of(fd, path)) return;
+    snprintf(line, sizeof line, "dirsync\t%s\n", path);
+    pthread_mutex_lock(&lock);
+    dirop(line);
+    pthread_mutex_unlock(&lock);
+}
+
 int fsync(int fd) {
     int result = real_fsync(fd);
     if (result == 0 && tracked(fd)) synced(fd);
+    else if (result == 0) directory_synced(fd);
     return result;
 }
 
 int fdatasync(int fd) {
     int result = real_fdatasync(fd);
     if (result == 0 && tracked(fd)) synced(fd);
+    else if (result == 0) directory_synced(fd);
+    return result;
+}
+
+int syncfs(int fd) {
+    int result = real_syncfs(fd);
+    struct stat fs;
+    if (result != 0 || root == NULL || fstat(fd, &fs) != 0) return result;
+    for (int each = 0; each <= highest_fd && each < MAX_FDS; each++) {
+        struct stat st;
+        if (tracked(each) && fstat(each, &st) == 0 && st.st_dev == fs.st_dev) synced(each);
+    }
+    pthread_mutex_lock(&lock);
+    dirop("syncfs\n");
+    pthread_mutex_unlock(&lock);
     return result;
 }
 
@@ -350,6 +449,11 @@ int close(int fd) {
 static int opened(int dirfd, const char *path, int flags, mode_t mode,
                   int (*real)(int, const char *, int, ...)) {
     int fd;
+    char created[PATH_MAX];
+    struct stat before;
+    int creates = root != NULL && (flags & O_CREAT) && !(flags & __O_TMPFILE) &&
+                  resolve(dirfd, path, created) && under_root(created) &&
+                  lstat(created, &before) != 0 && errno == ENOENT;
     if (root != NULL && (flags & O_TRUNC) && (flags & O_ACCMODE) != O_RDONLY) {
         fd = real(dirfd, path, flags & ~O_TRUNC, mode);
         if (fd >= 0) {
@@ -364,7 +468,17 @@ static int opened(int dirfd, const char *path, int flags, mode_t mode,
     } else {
         fd = real(dirfd, path, flags, mode);
     }
-    if (fd >= 0 && fd < MAX_FDS) fd_state[fd] = 0;
+    if (fd >= 0 && fd < MAX_FDS) {
+        fd_state[fd] = 0;
+        if (fd > highest_fd) highest_fd = fd;
+    }
+    if (fd >= 0 && creates) {
+        char line[PATH_MAX + 16];
+        snprintf(line, sizeof line, "create\t%s\n", created);
+        pthread_mutex_lock(&lock);
+        dirop(line);
+        pthread_mutex_unlock(&lock);
+    }
     return fd;
 }
 
@@ -422,27 +536,73 @@ int openat64(int dirfd, const char *path, int flags, ...) {
     return opened(dirfd, path, flags, mode, real_openat64);
 }
 
-int unlink(const char *path) {
-    forget(AT_FDCWD, path);
-    return real_unlink(path);
+/* A change of directory entries, recorded after it is made (one that fails is not). */
+static int unlinked(int dirfd, const char *path, int flags) {
+    char target[PATH_MAX], kept[PATH_MAX], line[3 * PATH_MAX];
+    int recorded = root != NULL && resolve(dirfd, path, target) && under_root(target);
+    if (recorded && !(flags & AT_REMOVEDIR)) keep_inode(target, kept);
+    int result = real_unlinkat(dirfd, path, flags);
+    if (recorded && result == 0) {
+        if (flags & AT_REMOVEDIR) snprintf(line, sizeof line, "rmdir\t%s\n", target);
+        else snprintf(line, sizeof line, "unlink\t%s\t%s\n", target, kept);
+        pthread_mutex_lock(&lock);
+        dirop(line);
+        pthread_mutex_unlock(&lock);
+    } else if (recorded && !(flags & AT_REMOVEDIR) && strcmp(kept, "-") != 0) {
+        real_unlink(kept);
+    }
+    return result;
 }
 
-int unlinkat(int dirfd, const char *path, int flags) {
-    if (!(flags & AT_REMOVEDIR)) forget(dirfd, path);
-    return real_unlinkat(dirfd, path, flags);
+static int renamed(int olddirfd, const char *old, int newdirfd, const char *new,
+                   unsigned flags) {
+    char from[PATH_MAX], to[PATH_MAX], kept[PATH_MAX], line[4 * PATH_MAX];
+    int recorded = root != NULL && resolve(olddirfd, old, from) && resolve(newdirfd, new, to) &&
+                   under_root(from) && under_root(to);
+    if (recorded) keep_inode(to, kept);
+    int result = real_renameat2(olddirfd, old, newdirfd, new, flags);
+    if (recorded && result == 0) {
+        snprintf(line, sizeof line, "rename\t%s\t%s\t%s\n", from, to, kept);
+        pthread_mutex_lock(&lock);
+        dirop(line);
+        pthread_mutex_unlock(&lock);
+    } else if (recorded && strcmp(kept, "-") != 0) {
+        real_unlink(kept);
+    }
+    return result;
 }
 
-int rename(const char *old, const char *new) {
-    forget(AT_FDCWD, new);
-    return real_rename(old, new);
+static int made_directory(int dirfd, const char *path, mode_t mode) {
+    char target[PATH_MAX], line[PATH_MAX + 16];
+    int recorded = root != NULL && resolve(dirfd, path, target) && under_root(target);
+    int result = real_mkdirat(dirfd, path, mode);
+    if (recorded && result == 0) {
+        snprintf(line, sizeof line, "mkdir\t%s\n", target);
+        pthread_mutex_lock(&lock);
+        dirop(line);
+        pthread_mutex_unlock(&lock);
+    }
+    return result;
 }
+
+int unlink(const char *path) { return unlinked(AT_FDCWD, path, 0); }
+
+int unlinkat(int dirfd, const char *path, int flags) { return unlinked(dirfd, path, flags); }
+
+int rmdir(const char *path) { return unlinked(AT_FDCWD, path, AT_REMOVEDIR); }
+
+int rename(const char *old, const char *new) { return renamed(AT_FDCWD, old, AT_FDCWD, new, 0); }
 
 int renameat(int olddirfd, const char *old, int newdirfd, const char *new) {
-    forget(newdirfd, new);
-    return real_renameat(olddirfd, old, newdirfd, new);
+    return renamed(olddirfd, old, newdirfd, new, 0);
 }
 
 int renameat2(int olddirfd, const char *old, int newdirfd, const char *new, unsigned flags) {
-    forget(newdirfd, new);
-    return real_renameat2(olddirfd, old, newdirfd, new, flags);
+    return renamed(olddirfd, old, newdirfd, new, flags);
+}
+
+int mkdir(const char *path, mode_t mode) { return made_directory(AT_FDCWD, path, mode); }
+
+int mkdirat(int dirfd, const char *path, mode_t mode) {
+    return made_directory(dirfd, path, mode);
 }
