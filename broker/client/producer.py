@@ -845,8 +845,10 @@ class Producer(ProducerCore):
         layout = self._layout or self._partition_layout()
         batch, position, full = self._add(layout, value, key, timestamp_ms, partition, headers)
         if full or (self._batches and self.clock.monotonic() >= self._linger_deadline):
-            with contextlib.suppress(PylogError):  # the batches it failed carry it
+            try:  # noqa: SIM105 (suppress costs 0.3 µs; most messages past a linger pass here)
                 self._sent_some(batch.partition, full)
+            except PylogError:  # the batches it failed carry it
+                pass
         return batch, position
 
     def _sent_some(self, partition: int, full: bool) -> None:
