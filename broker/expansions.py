@@ -6,10 +6,11 @@ to, not to what came on the wire: a few KB of zstd may hold 64 MiB (MAX_EXPANDED
 clients held a fifth client's small produce behind all of them (two seconds; 1,280 from twenty
 clients, a minute), past its timeout. So a worker serves a request whose sets it would have to
 open (its append raised broker.log.partition.SetsToOpen) in a turn of its client's: each client
-that has such requests waiting has its own queue, in the order they came, and the worker opens
-one request of one client, then the next client's, serving between two of them everything
-else that came. What a client sends after a request in its queue goes behind it, so that its
-requests are appended in the order it sent them, as before; other clients' go on at once.
+that has such requests waiting has its own queue, in the order they came, and the worker
+serves one client's for a turn (broker.worker.TURN_S, one request at least), then the next
+client's, serving between two turns everything else that came. What a client sends after a
+request in its queue goes behind it, so that its requests are appended in the order it sent
+them, as before; other clients' go on at once.
 
 A client is its connection (broker.transport.connection_of), and a MULTI_PRODUCE's parts name
 the connection they came by (broker.joins.client_of), so that a client's parts keep its order
