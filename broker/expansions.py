@@ -53,11 +53,7 @@ class Expansions:
 
     def wait_turn(self, tagged: bytes, frames: list[bytes]) -> None:
         """Queue the request, whose sets are to be opened, after its client's waiting."""
-        client = client_of(tagged)
-        queue = self._queues.get(client)
-        if queue is None:
-            queue = self._queues[client] = deque()
-        queue.append((tagged, frames))
+        self._queues.setdefault(client_of(tagged), deque()).append((tagged, frames))
         self.requests += 1
         self._waiting.set()
 

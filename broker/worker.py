@@ -188,10 +188,7 @@ class Worker:
                         continue  # after its client's sets to open, in order
                     if await self._serve_request(frames[i], request):
                         self._served_bytes += request_weight(frames[i + 1], self._fetch_max_bytes)
-                self.flusher.served_message()
-                if self.served.replies or self.served.state_messages:  # acks, ISR changes
-                    await self.served.send_owed()
-                await self._credit()
+                await self._after_serving()
 
     async def _open_sets_in_turn(self) -> None:
         """Serve the requests whose compressed sets are to be opened, one client's at a time,
@@ -210,14 +207,15 @@ class Worker:
                 await self._serve_request(tagged, request, expand=True)
                 self._served_bytes += request_weight(request[0], self._fetch_max_bytes)
             expansions.end_turn(client)
-            self.flusher.served_message()
-            if self.served.replies or self.served.state_messages:
-                await self.served.send_owed()
-            await self._credit(at_once=time.perf_counter() - started >= TURN_S)
+            await self._after_serving(at_once=time.perf_counter() - started >= TURN_S)
 
-    async def _credit(self, at_once: bool = False) -> None:
-        """After serving requests: give their bytes back to the front now if `at_once` or
+    async def _after_serving(self, at_once: bool = False) -> None:
+        """After serving requests: a flush made due waits no longer, the replies owed (acks,
+        ISR changes) go, and the requests' bytes go back to the front, now if `at_once` or
         they add up to the credit step, else once idle (_give_credit_when_idle)."""
+        self.flusher.served_message()
+        if self.served.replies or self.served.state_messages:
+            await self.served.send_owed()
         if self._served_bytes >= self._credit_step or (at_once and self._served_bytes):
             await self._give_credit()
         elif not self._credit_owed.is_set():

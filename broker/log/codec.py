@@ -148,7 +148,7 @@ def check_sets(
                     budget,
                 ) from None
             left -= len(expanded)
-            inner = scan(expanded, max_message_bytes, inner=True)
+            inner = _inner_scan(expanded, max_message_bytes)
             size = None
             if inner.error is not None:  # a whole message over the limit; past the end: damage
                 size = oversized(expanded, inner.valid_bytes, max_message_bytes)
@@ -167,8 +167,6 @@ def check_sets(
                     f"compressed set: {inner.message_count} messages, over the "
                     f"{compression.MAX_SET_MESSAGES} a set may hold",
                 )
-            if inner.error is None and inner.first_set >= 0:
-                inner = inner._replace(valid_bytes=inner.first_set, error=NESTED_SET)
             if inner.error is not None:
                 raise InvalidMessage(
                     pos,
@@ -178,6 +176,15 @@ def check_sets(
             count += inner.message_count - 1
         pos = following
     return count
+
+
+def _inner_scan(inner: Buffer, max_message_bytes: int) -> ScanResult:
+    """The scan of a compressed set's inner set, a set inside it reported as its error (at
+    that set's position): what PRODUCE checks of it."""
+    result = scan(inner, max_message_bytes, inner=True)
+    if result.error is None and result.first_set >= 0:
+        return result._replace(valid_bytes=result.first_set, error=NESTED_SET)
+    return result
 
 
 def converted(buf: Buffer, result: ScanResult, compressor: Compressor | None) -> bytes | None:
@@ -411,9 +418,7 @@ def set_messages(wrapper: Message) -> tuple[int, Iterator[Message], InvalidMessa
         inner = expand(wrapper.attributes & CODEC_MASK, wrapper.value)
     except ValueError as error:
         return 0, iter(()), InvalidMessage(0, f"compressed set: {error}")
-    result = scan(inner, MAX_INNER_SET_BYTES, inner=True)
-    if result.error is None and result.first_set >= 0:
-        result = result._replace(valid_bytes=result.first_set, error=NESTED_SET)
+    result = _inner_scan(inner, MAX_INNER_SET_BYTES)
     if result.error is not None:
         return 0, iter(()), _inner_failure(inner, result.valid_bytes, 0)
     return result.message_count, _inner_messages(inner, wrapper, result.message_count), None

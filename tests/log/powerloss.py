@@ -62,6 +62,10 @@ def cut(root: Path, journal: Path, chance: random.Random | None = None) -> int:
     each kept or undone). The journal is emptied: the files are now as the disk holds them.
     The number of files and directory entries it changed."""
     changed = _undo_entries(journal, chance)
+
+    def heads() -> bool:
+        return chance is not None and chance.random() < 0.5
+
     by_inode: dict[str, Path] = {}
     for path in root.rglob("*"):
         if path.is_file() and not path.is_symlink():
@@ -79,10 +83,6 @@ def cut(root: Path, journal: Path, chance: random.Random | None = None) -> int:
             continue
         # a file cut shorter since its fsync is back whole (the truncation not on the disk)
         state = "lost" if chance is None or size < durable else chance.choice(STATES)
-
-        def heads() -> bool:
-            return chance is not None and chance.random() < 0.5
-
         with open(found, "r+b") as file:
             if state != "lost" and size > durable:  # the size went to the disk, the data not all
                 for page in range(durable, size, PAGE):
