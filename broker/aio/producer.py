@@ -245,8 +245,8 @@ class AsyncProducer(ProducerCore):
                     )
                 except BrokerError as failure:
                     if isinstance(failure, UnknownProducerId):
-                        self._renumber_unsent(entry, failure)
-                        error = None  # numbered again: it goes at once
+                        # numbered again, it goes at once; else after its first set, sent again
+                        error = failure if self._unknown_producer(entry, failure) else None
                         continue
                     if self._look_again_after(entry, failure):
                         if request.partition < len(await self._partition_layout()):

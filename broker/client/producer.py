@@ -29,12 +29,14 @@ before one it follows is OUT_OF_ORDER_SEQUENCE, nothing stored: the producer sen
 the partition misses again first (their replies were lost), or, when it has none of them (one
 failed for good), numbers the batch again under a new producer id; after a batch fails for
 good, the next ones go under a new id too. A partition that forgot this producer id (idle 300
-s while others needed its place) answers UNKNOWN_PRODUCER_ID: a batch sent for the first time
-is numbered again under a new id; one sent before fails with MaybeStored, as an earlier
-sending may have been stored (sending it again could store it twice). TOO_MANY_PRODUCERS (the
-partition has no room for a new producer yet) is retried as any retriable error. The
-partition keeps the state beside the log and its followers copy it, so a batch sent again
-after a leader change is stored once too.
+s while others needed its place) answers UNKNOWN_PRODUCER_ID: unless the producer's first batch
+there still awaits its reply (the partition has just not stored it yet: it goes first, then
+this one, as after OUT_OF_ORDER_SEQUENCE), a batch sent for the first time is numbered again
+under a new id, and one sent before fails with MaybeStored, as an earlier sending may have
+been stored (sending it again could store it twice). TOO_MANY_PRODUCERS (the partition has no
+room for a new producer yet) is retried as any retriable error. The partition keeps the state
+beside the log and its followers copy it, so a batch sent again after a leader change is
+stored once too.
 Without idempotence a batch the old leader stored may be stored twice (at least once, never
 lost once acknowledged).
 
@@ -577,20 +579,39 @@ class ProducerCore:
         partition will never get what it expects (the batch failed for good, or the partition
         forgot this producer id): `entry` is numbered again, under a new producer id, and
         goes alone (it was not stored: an out-of-order batch never is)."""
+        missing = self._missing_before(entry, error.expected)
+        if not missing:
+            self._renumber(entry)
+        return missing
+
+    def _missing_before(self, entry: InFlight, expected: int) -> list[InFlight]:
+        """The batches not yet settled that `entry`'s partition misses before it, from
+        sequence `expected` on, in their order."""
         request = entry.request
         waiting = self._unsettled.get((request.producer_id, request.partition), {})
-        behind = (request.sequence - error.expected) % _SEQUENCES
+        behind = (request.sequence - expected) % _SEQUENCES
         missing = sorted(
             (
-                ((sequence - error.expected) % _SEQUENCES, other)
+                ((sequence - expected) % _SEQUENCES, other)
                 for sequence, other in waiting.items()
-                if (sequence - error.expected) % _SEQUENCES < behind
+                if (sequence - expected) % _SEQUENCES < behind
             ),
             key=lambda pair: pair[0],
         )
-        if not missing:
-            self._renumber(entry)
         return [other for _, other in missing]
+
+    def _unknown_producer(self, entry: InFlight, error: UnknownProducerId) -> list[InFlight]:
+        """After UNKNOWN_PRODUCER_ID for `entry`: when this producer's first set there
+        (sequence 0), sent before `entry`, is not yet settled, the partition has not stored it
+        yet (sent again after a worker's death, it may come after `entry`), and the batches it
+        misses before `entry` are returned, to go first, `entry` after them under the same id.
+        Else the partition forgot this producer (or its first set failed for good):
+        `_renumber_unsent`."""
+        missing = self._missing_before(entry, 0)
+        if missing and missing[0].request.sequence == 0:
+            return missing
+        self._renumber_unsent(entry, error)
+        return []
 
     def _renumber_unsent(self, entry: InFlight, error: UnknownProducerId) -> None:
         """After UNKNOWN_PRODUCER_ID for `entry` (its partition forgot this producer, or never
@@ -1086,21 +1107,21 @@ class Producer(ProducerCore):
         """After `entry`'s partition answered `error`: send it again (where its partition is
         now, the batches its partition misses first), or fail it and raise."""
         try:
-            if isinstance(error, UnknownProducerId):
-                self._renumber_unsent(entry, error)
-                self._dispatch(entry)
+            if isinstance(error, UnknownProducerId | OutOfOrderSequence):
+                missing = (
+                    self._unknown_producer(entry, error)
+                    if isinstance(error, UnknownProducerId)
+                    else self._out_of_order(entry, error)
+                )
+                for lost in missing:  # first, at once
+                    self._dispatch(self._take_in_flight(lost))
+                self._dispatch(entry, error if missing else None)
                 return
             if self._look_again_after(entry, error):
                 if entry.request.partition < self.partitions:  # still there: send once more
                     self._dispatch(entry)
                     return
                 raise error from None
-            if isinstance(error, OutOfOrderSequence):
-                missing = self._out_of_order(entry, error)
-                for lost in missing:  # first, at once
-                    self._dispatch(self._take_in_flight(lost))
-                self._dispatch(entry, error if missing else None)
-                return
             self._dispatch(entry, error)
         except PylogError as failure:
             if not entry.batch.done:
