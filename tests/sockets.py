@@ -24,8 +24,8 @@ class LiveContext:
         self, curve: bool = False, context_class: Callable[[], zmq.Context[Any]] = zmq.Context
     ) -> None:
         self.context: zmq.Context[Any] = context_class()
-        self._server_context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.server = self._server_context.socket(zmq.ROUTER)
+        self.server_context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.server = self.server_context.socket(zmq.ROUTER)
         self.server.setsockopt(zmq.LINGER, 0)
         self.keys: ClientKeys | None = None
         if curve:
@@ -61,7 +61,7 @@ class LiveContext:
         (terminating it would wait for its blocked I/O thread for ever)."""
         carries = self.carries()
         self.server.close()
-        self._server_context.term()
+        self.server_context.term()
         if carries:
             self.context.destroy(linger=0)
         else:

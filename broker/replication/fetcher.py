@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -60,45 +60,40 @@ class Source:
 
 
 class _Handshakes:
-    """The handshakes of a fetcher's socket with the leader, from the socket's monitor: why
-    the last one failed (`failure`), None once one succeeded."""
-
-    EVENTS = (
-        zmq.EVENT_HANDSHAKE_SUCCEEDED
-        | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    )
+    """The handshakes of a fetcher's socket with the leader, from the socket's monitor (`take`
+    each event): why the last one failed (`failure`), None once one succeeded; `refused` once
+    the leader refused this broker's key or a handshake failed ZeroMQ's protocol, after which
+    libzmq never connects that socket again (a handshake merely broken off, it does)."""
 
     def __init__(self, socket: zmq.Socket[bytes], leader: Source) -> None:
         self.monitor: zmq.Socket[bytes] = monitor_handshakes(socket)
         self.leader = leader
-        self._failure: str | None = None
+        self.failure: str | None = None
+        self.refused = False
 
-    def failure(self) -> str | None:
-        """Why the last handshake failed, after reading every event waiting (never waits)."""
+    def take(self, frames: Sequence[Buffer]) -> None:
+        kind, value = monitor_event(frames)
         leader = self.leader
-        while int(self.monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            kind, value = monitor_event(self.monitor.recv_multipart())
-            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._failure = None
-            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:  # value: the ZAP status code
-                self._failure = (
-                    f"{leader} refused this broker's key (ZAP {value}): it is none of the "
-                    "leader's cluster keys (security.key_file, security.broker_keys), so the "
-                    "leader does not take this broker for one of its cluster"
-                )
-            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-                self._failure = (
-                    f"the handshake with {leader} failed (ZeroMQ protocol error {value:#x}): "
-                    "one of the two serves plaintext, or the leader holds another key than "
-                    "it registered"
-                )
-            elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                self._failure = (
-                    f"{leader} broke the handshake off: does it serve the other security.mode?"
-                )
-        return self._failure
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.failure = None
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:  # value: the ZAP status code
+            self.refused = True
+            self.failure = (
+                f"{leader} refused this broker's key (ZAP {value}): it is none of the "
+                "leader's cluster keys (security.key_file, security.broker_keys), so the "
+                "leader does not take this broker for one of its cluster"
+            )
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            self.refused = True
+            self.failure = (
+                f"the handshake with {leader} failed (ZeroMQ protocol error {value:#x}): "
+                "one of the two serves plaintext, or the leader holds another key than "
+                "it registered"
+            )
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            self.failure = (
+                f"{leader} broke the handshake off: does it serve the other security.mode?"
+            )
 
 
 @dataclass
@@ -155,45 +150,70 @@ class Fetcher:
         """The receiving task's: cancelled when the last user is gone, which closes the
         socket."""
 
+    @property
+    def refused(self) -> bool:
+        """Whether the leader refused this socket's handshake (or it failed ZeroMQ's protocol):
+        libzmq never connects it again, so its requests fail at once (Fetchers.acquire
+        connects a new one)."""
+        return self._handshakes.refused
+
     async def receive(self) -> None:
-        """Hand each reply to the request waiting for it, until cancelled; then close the
-        socket."""
+        """Hand each reply to the request waiting for it, and watch the handshakes, until
+        cancelled; then close the socket."""
         try:
             with self.scope:
-                while True:
-                    frames: list[Buffer] = [f.buffer for f in await self._channel.receive()]
-                    try:
-                        correlation_id = protocol.decode_reply_header(frames).correlation_id
-                    except MalformedReply as error:
-                        log.warning("%s: a reply with no header read: %s", self.leader, error)
-                        continue
-                    waiting = self._waiting.pop(correlation_id, None)
-                    if waiting is not None:  # None: the request gave up waiting for it
-                        waiting.frames = frames
-                        waiting.done.set()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._watch_handshakes)
+                    await self._receive_replies()
         finally:
             close_monitored(self._socket, self._handshakes.monitor)
 
+    async def _receive_replies(self) -> None:
+        while True:
+            frames: list[Buffer] = [f.buffer for f in await self._channel.receive()]
+            try:
+                correlation_id = protocol.decode_reply_header(frames).correlation_id
+            except MalformedReply as error:
+                log.warning("%s: a reply with no header read: %s", self.leader, error)
+                continue
+            waiting = self._waiting.pop(correlation_id, None)
+            if waiting is not None:  # None: the request gave up waiting for it
+                waiting.frames = frames
+                waiting.done.set()
+
+    async def _watch_handshakes(self) -> None:
+        """Take the monitor's events until the socket is refused, then end every request
+        waiting: none of them can be answered."""
+        monitor = TrioSocket(self._handshakes.monitor, receive_frames)
+        while not self._handshakes.refused:
+            self._handshakes.take([f.buffer for f in await monitor.receive()])
+        for waiting in self._waiting.values():
+            waiting.done.set()
+
     async def request(
-        self, request: protocol.Request, version: int, wait_s: float, name: str
+        self, request: protocol.Request, version: int, wait_s: float, what: str
     ) -> protocol.Reply:
-        """Send `request` for partition `name` to the leader and return its reply (raising its
-        error); PartitionUnavailable when none comes within `wait_s`, with why the handshake
-        failed if it did."""
+        """Send `request` (`what`, for errors) to the leader and return its reply (raising its
+        error); PartitionUnavailable when none comes within `wait_s` (sending included), or
+        at once when the leader refused this socket, with why the handshake failed if it
+        did."""
         correlation_id = next(self._ids) % (1 << 32)
         header = protocol.RequestHeader(request.api, version, correlation_id, f"replica-{self.me}")
         waiting = self._waiting[correlation_id] = _Waiting()
         try:
-            await self._channel.send(protocol.encode_request(header, request))
             with trio.move_on_after(wait_s):
-                await waiting.done.wait()
+                if not self.refused:  # a refused socket takes no message: a send would wait
+                    await self._channel.send(protocol.encode_request(header, request))
+                    await waiting.done.wait()
         finally:
             self._waiting.pop(correlation_id, None)
         if waiting.frames is None:
-            failure = self._handshakes.failure()
+            failure = self._handshakes.failure
+            if self.refused:
+                raise PartitionUnavailable(f"{what}: {failure}")
             cause = f": {failure}" if failure else ""
             raise PartitionUnavailable(
-                f"{name}: no reply from {self.leader} within {wait_s:g} s{cause}"
+                f"{what}: no reply from {self.leader} within {wait_s:g} s{cause}"
             )
         return protocol.decode_reply(request.api, waiting.frames, version)
 
@@ -242,7 +262,9 @@ class Fetcher:
         )
         answers: list[protocol.FetchReply | PylogError]
         try:
-            reply = await self.request(request, 1, poll_s, f"{len(parts)} partitions")
+            reply = await self.request(
+                request, 1, poll_s, f"MULTI_FETCH of {len(parts)} partitions"
+            )
             assert isinstance(reply, protocol.MultiFetchReply)
             if len(reply.parts) != len(parts):
                 raise MalformedReply(f"{len(reply.parts)} parts answer {len(parts)}")
@@ -306,11 +328,12 @@ class Fetchers:
         return len(self._fetchers)
 
     def acquire(self, leader: Source) -> Fetcher:
-        """The fetcher of `leader`, connected on first use (KeyFileError, nothing connected,
-        when this broker's keys cannot be read or the leader's registered key is none of the
-        cluster's); give it back with `release`."""
+        """The fetcher of `leader`, connected on first use and again after the leader refused
+        it (KeyFileError, nothing connected, when this broker's keys cannot be read or the
+        leader's registered key is none of the cluster's); give it back with `release`. A
+        refused fetcher closes when the last copy loop holding it gives it back."""
         fetcher = self._fetchers.get(leader)
-        if fetcher is None:
+        if fetcher is None or fetcher.refused:
             fetcher = self._fetchers[leader] = self._connect(leader)
             self.nursery.start_soon(fetcher.receive)
         fetcher.users += 1
@@ -320,7 +343,8 @@ class Fetchers:
         """A copy loop done with `fetcher`: the last one closes it."""
         fetcher.users -= 1
         if fetcher.users == 0:
-            del self._fetchers[fetcher.leader]
+            if self._fetchers.get(fetcher.leader) is fetcher:  # not replaced (refused)
+                del self._fetchers[fetcher.leader]
             fetcher.scope.cancel()
 
     def _connect(self, leader: Source) -> Fetcher:

@@ -131,6 +131,9 @@ class Follower:
                 except (PylogError, OSError, ValueError) as error:
                     kind = type(error).__name__
                     self._log.log(logging.WARNING, kind, f"{self.name}: {error}; retrying")
+                    if fetcher is not None and fetcher.refused:  # connected anew next time
+                        self._fetchers.release(fetcher)
+                        fetcher = None
                     await trio.sleep(backoff.next())
         finally:
             if fetcher is not None:
@@ -142,7 +145,7 @@ class Follower:
         """`request`'s reply from the leader (raising its error); PartitionUnavailable when
         none comes within the long poll and REPLY_GRACE_S."""
         wait_s = self.fetch_wait_ms / 1000 + REPLY_GRACE_S
-        return await fetcher.request(request, version, wait_s, self.name)
+        return await fetcher.request(request, version, wait_s, request.api.name)
 
     async def _truncate(self, fetcher: Fetcher) -> None:
         plog = self._plog()
