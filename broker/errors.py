@@ -451,13 +451,35 @@ class TooManyProducers(Unavailable):
     """A new idempotent producer's first set while partition `partition` (`<topic>-<number>`)
     remembers `limit` producers, the least recently active of them within `protected_s`: none
     is forgotten to make room (it might still send its last set again, which would then be
-    stored twice). Nothing was appended. Retriable: room comes as producers fall idle."""
+    stored twice). Or, with `client` (a client id) holding `held` of them, while the
+    partition's last `reserved` places are kept for client ids holding fewer: that client's
+    least recently active producer was active within `protected_s`. Nothing was appended.
+    Retriable: room comes as producers fall idle."""
 
-    def __init__(self, partition: str, limit: int, protected_s: float) -> None:
-        super().__init__(
-            f"partition {partition} remembers {limit} idempotent producers, each active in the "
-            f"last {protected_s:g} s: a new one is refused until one has been idle that long"
-        )
+    def __init__(
+        self,
+        partition: str,
+        limit: int,
+        protected_s: float,
+        client: str | None = None,
+        held: int = 0,
+        reserved: int = 0,
+    ) -> None:
+        if client is None:
+            message = (
+                f"partition {partition} remembers {limit} idempotent producers, each active in "
+                f"the last {protected_s:g} s: a new one is refused until one has been idle "
+                "that long"
+            )
+        else:
+            message = (
+                f"partition {partition} remembers {limit} idempotent producers, {held} of them "
+                f"of client id {client[:255]!r}, each of those active in the last "
+                f"{protected_s:g} s: a new one of that client id is refused until one of its "
+                f"own has been idle that long (the last {reserved} places are kept for client "
+                "ids that hold fewer)"
+            )
+        super().__init__(message)
         self.partition = partition
 
 

@@ -273,7 +273,7 @@ class Worker:
             if produce is not None:
                 api = "produce"
                 correlation_id = produce[0]
-                await self._produce(tagged, *produce, expand=expand)  # in _produce's order
+                await self._produce(tagged, *produce, request_frames, expand=expand)
                 return True
             header, request = self.prefixes.decode(request_frames)
             api = header.api.name.lower()
@@ -290,6 +290,7 @@ class Worker:
                     request.producer_epoch,
                     request.sequence,
                     request.message_set,
+                    request_frames,
                     expand=expand,
                 )
             elif isinstance(request, protocol.FetchRequest):
@@ -342,11 +343,13 @@ class Worker:
         epoch: int,
         sequence: int,
         message_set: Buffer,
+        request_frames: list[bytes],
         expand: bool,
     ) -> None:
         """Append a producer's set and answer it (or leave its ack to the flush that stores
         it); SetsToOpen, nothing changed, for a set whose compressed sets are to be opened
-        unless `expand`."""
+        unless `expand`. `request_frames`: the request's, whose client id a new idempotent
+        producer is let in as."""
         partition = self.served.get(*route)
         replica = partition.replica
         leader = replica.leader
@@ -361,7 +364,13 @@ class Worker:
         try:
             if producer_id:  # an idempotent producer's: stored once, however often sent
                 kept, appended = plog.append_idempotent(
-                    message_set, producer_id, epoch, sequence, flush=False, expand=expand
+                    message_set,
+                    producer_id,
+                    epoch,
+                    sequence,
+                    flush=False,
+                    expand=expand,
+                    client=lambda: protocol.peek_client_id(request_frames),
                 )
                 offset, count, end = kept.offset, kept.message_count, kept.end
             else:

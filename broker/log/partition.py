@@ -213,15 +213,17 @@ class PartitionLog:
         sequence: int,
         flush: bool = True,
         expand: bool = True,
+        client: Callable[[], str] | None = None,
     ) -> tuple[StoredSet, bool]:
         """`append_counted` for a set of an idempotent producer (`producer_id` > 0), checked
         first by `producers` (broker.log.producers): the set as stored, and whether it was
         appended now; a set stored already is not appended again, and its stored set is
         returned. Raises what `append_counted` raises, and OutOfOrderSequence,
-        InvalidProducerEpoch or DuplicateSequence (nothing appended). The set's entry is
-        written before its bytes; an append that then fails takes it back."""
+        InvalidProducerEpoch, DuplicateSequence or TooManyProducers (nothing appended).
+        `client` gives the request's client id, for a new producer's share of places. The
+        set's entry is written before its bytes; an append that then fails takes it back."""
         self._refuse_if_failed()
-        repeated = self.producers.check(producer_id, epoch, sequence)
+        repeated = self.producers.check(producer_id, epoch, sequence, client)
         if repeated is not None:
             return repeated, False
         stamp = (producer_id, epoch, sequence)

@@ -31,7 +31,10 @@ last wrote the file back (30 s by default) while their bytes survive. An entry w
 not survive (its end past the log end) is dropped when the log is opened, and a torn entry at
 the file's end is cut. At most MAX_PRODUCERS producers are remembered per partition: a new
 one takes the place of the one that stored least recently only if that one stored nothing for
-PROTECTED_S, and is refused (`TooManyProducers`) otherwise. Not safe to share between threads.
+PROTECTED_S, and is refused (`TooManyProducers`) otherwise. A leader notes which client id
+let each producer in (`check`'s `client`), so that one client id that makes up producer ids
+cannot take every place: the last RESERVED places are kept for client ids that hold fewer
+than RESERVED (`_check_share`). Not safe to share between threads.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -67,6 +70,13 @@ send that set again (its reply lost), and a producer forgotten would have it sto
 client sends a set again within its delivery timeout (30 s by default in pylog's client, 120 s
 in Kafka's), well inside. While the least recently active of MAX_PRODUCERS is this recent, a
 new producer is refused (TooManyProducers)."""
+RESERVED = 1024
+"""While a partition remembers MAX_PRODUCERS - RESERVED producers or more, a new producer of a
+client id that holds RESERVED of them or more takes the place of that client id's least
+recently active one if that one stored nothing for PROTECTED_S, and is refused otherwise: the
+last RESERVED places are kept for the other client ids. (Counted among the producers this
+leader let in since it opened the partition: those read from the disk or copied from a
+leader are no one's.)"""
 _SEQUENCES = 2**32
 
 
@@ -105,6 +115,13 @@ class ProducerStates:
         self._stored_at: dict[int, float] = {}
         """When (clock.monotonic) each producer last stored a set here (or the state was read,
         for those read from the file: a restart protects them PROTECTED_S again)."""
+        self._client_of: dict[int, int] = {}
+        """The client id (its hash) that let each producer in, for those let in here."""
+        self._held: dict[int, dict[int, None]] = {}
+        """Per client id (its hash), the producers it let in, the least recently stored first."""
+        self._joining: tuple[int, int] | None = None
+        """(producer id, client id's hash) of the new producer `check` let in last, held by
+        that client once `record` remembers it."""
         self._fd: int | None = None
         """The entries file's write handle, registered in OPEN_FILES (broker.log.files), which
         may release it: a worker of 10,000 partitions written by idempotent producers held
@@ -146,15 +163,24 @@ class ProducerStates:
 
     # -- the rules ---------------------------------------------------------------------------
 
-    def check(self, producer_id: int, epoch: int, sequence: int) -> StoredSet | None:
+    def check(
+        self,
+        producer_id: int,
+        epoch: int,
+        sequence: int,
+        client: Callable[[], str] | None = None,
+    ) -> StoredSet | None:
         """The stored set that a set of (`producer_id`, `epoch`, `sequence`) repeats, or None
-        when it is to be appended. Raises OutOfOrderSequence, InvalidProducerEpoch and
-        DuplicateSequence as the module says."""
+        when it is to be appended. Raises OutOfOrderSequence, InvalidProducerEpoch,
+        DuplicateSequence and TooManyProducers as the module says. `client` gives the client
+        id of the request (asked only for a new producer): a leader's share of places."""
         last = self._last.get(producer_id)
         if last is None:  # a producer starts at 0, when there is room for it
             if sequence:
                 raise UnknownProducerId(self._name, producer_id, epoch, sequence)
             self._check_room()
+            if client is not None:
+                self._check_share(producer_id, client())
             return None
         if epoch > last.producer_epoch:  # a newer epoch starts at 0 too
             if sequence:
@@ -187,6 +213,23 @@ class ProducerStates:
         oldest = next(iter(self._last))
         if self._clock.monotonic() - self._stored_at[oldest] < PROTECTED_S:
             raise TooManyProducers(self._name, MAX_PRODUCERS, PROTECTED_S)
+
+    def _check_share(self, producer_id: int, client: str) -> None:
+        """Let `producer_id` in as `client`'s, within its share (RESERVED): TooManyProducers
+        when the partition's last places are reserved and `client` holds its share, each of
+        them active within PROTECTED_S; if its least recently active one was idle that long,
+        that one is forgotten in its place."""
+        key = hash(client)
+        held = self._held.get(key)
+        reserved = len(self._last) >= MAX_PRODUCERS - RESERVED
+        if reserved and held is not None and len(held) >= RESERVED:
+            own_oldest = next(iter(held))
+            if self._clock.monotonic() - self._stored_at[own_oldest] < PROTECTED_S:
+                raise TooManyProducers(
+                    self._name, len(self._last), PROTECTED_S, client, len(held), RESERVED
+                )
+            self._forget(own_oldest)
+        self._joining = (producer_id, key)
 
     def _wrapped(self, producer_id: int, epoch: int, last: int) -> bool:
         """Whether the sequences of `producer_id` at `epoch` have wrapped, as far as the
@@ -266,23 +309,42 @@ class ProducerStates:
         except OSError as error:
             raise storage_error(error, f"taking back entries of {path}") from error
         for producer_id, last in before.items():
-            self._last.pop(producer_id, None)
             if last is not None:
+                self._last.pop(producer_id, None)
                 self._last[producer_id] = last
             else:
-                self._stored_at.pop(producer_id, None)
+                self._forget(producer_id)
 
     def _remember(self, stored: StoredSet) -> None:
         """`stored` is its producer's last set, stored now; past MAX_PRODUCERS the least
         recently active producer is forgotten (a leader checked first that it may be:
         `check`; a follower keeps what its leader kept)."""
         last = self._last
-        last.pop(stored.producer_id, None)
-        last[stored.producer_id] = stored
-        self._stored_at[stored.producer_id] = self._clock.monotonic()
+        producer_id = stored.producer_id
+        last.pop(producer_id, None)
+        last[producer_id] = stored
+        self._stored_at[producer_id] = self._clock.monotonic()
+        client = self._client_of.get(producer_id)
+        if client is not None:  # the least recently stored first among its client's too
+            held = self._held[client]
+            del held[producer_id]
+            held[producer_id] = None
+        elif self._joining is not None and self._joining[0] == producer_id:
+            client = self._client_of[producer_id] = self._joining[1]
+            self._held.setdefault(client, {})[producer_id] = None
+        self._joining = None
         if len(last) > MAX_PRODUCERS:
-            oldest = next(iter(last))
-            del last[oldest], self._stored_at[oldest]
+            self._forget(next(iter(last)))
+
+    def _forget(self, producer_id: int) -> None:
+        """Forget `producer_id` (its entries stay in the files)."""
+        del self._last[producer_id], self._stored_at[producer_id]
+        client = self._client_of.pop(producer_id, None)
+        if client is not None:
+            held = self._held[client]
+            del held[producer_id]
+            if not held:
+                del self._held[client]
 
     def _handle(self) -> int:
         """The write handle, opened (the file created) if need be. OSError as os.open's."""
@@ -340,8 +402,14 @@ class ProducerStates:
         """The log was emptied to start at `base_offset` (its files deleted): nothing is
         remembered."""
         self._leave_file(base_offset)
+        self._clear()
+
+    def _clear(self) -> None:
+        """Remember no producer."""
         self._last.clear()
         self._stored_at.clear()
+        self._client_of.clear()
+        self._held.clear()
 
     def _leave_file(self, base_offset: int) -> None:
         """Write the segment at `base_offset`'s file from now on: the current one is closed, and
@@ -353,8 +421,7 @@ class ProducerStates:
 
     def _reload(self, log_end: int) -> None:
         """Remember what the active segment's file holds up to `log_end`, cutting the rest."""
-        self._last.clear()
-        self._stored_at.clear()
+        self._clear()
         path = self._path
         try:
             data = path.read_bytes()

@@ -314,31 +314,44 @@ def test_others_new_producer_ids_never_make_a_live_producers_set_stored_twice(
     broker: RunningBroker, topic: str
 ) -> None:
     """Issue 50, 6, against a real broker: 5,000 PRODUCEs of new producer ids (another client,
-    one set each) after a live producer stored its set; then the live producer sends its set
-    again (its reply lost, say). The partition made room for 4,095 of them and refused the rest
-    TOO_MANY_PRODUCERS (retriable), forgot no one, and answers the set sent again with its
-    first offset: stored once."""
+    "churner", one set each) after a live producer stored its set; then the live producer
+    sends its set again (its reply lost, say), and a third client starts a producer. The
+    churner's client id got 3,071 places (3,072 producers in all), the rest were refused
+    TOO_MANY_PRODUCERS (retriable) naming it; no one was forgotten; the set sent again is
+    answered with its first offset (stored once), and the third client's new producer is let
+    in: the last 1,024 places are kept for client ids that hold fewer. (Before, the churner
+    took every place, 4,095, and the third client was refused for 300 s.)"""
     create(broker, topic)
     live = ProduceRequest(topic, 0, Ack.WRITTEN, encode_message(b"live"), PRODUCER, 0, 0)
     codes: list[int] = []
+    refusals: set[str] = set()
     with Connection(broker.endpoint) as connection:
         first = connection.request(live)
-        window, sent = 200, 0
-        while len(codes) < 5_000:  # bounded: 5,000 requests, 200 in flight at most
-            while sent < 5_000 and sent - len(codes) < window:
-                data = encode_message(b"other")
-                connection.send_pipelined(
-                    ProduceRequest(topic, 0, Ack.WRITTEN, data, sent + 1, 0, 0)
-                )
-                sent += 1
-            _, frames = connection.receive_pipelined(30)
-            try:
-                decode_reply(Api.PRODUCE, frames, PRODUCE_IDEMPOTENT_VERSION)
-                codes.append(ErrorCode.NONE)
-            except BrokerError as error:
-                codes.append(error.code)
-        assert codes.count(ErrorCode.NONE) == 4095
-        assert codes.count(ErrorCode.TOO_MANY_PRODUCERS) == 5_000 - 4095
+        with Connection(broker.endpoint, client_id="churner") as churner:
+            window, sent = 200, 0
+            while len(codes) < 5_000:  # bounded: 5,000 requests, 200 in flight at most
+                while sent < 5_000 and sent - len(codes) < window:
+                    data = encode_message(b"other")
+                    churner.send_pipelined(
+                        ProduceRequest(topic, 0, Ack.WRITTEN, data, sent + 1, 0, 0)
+                    )
+                    sent += 1
+                _, frames = churner.receive_pipelined(30)
+                try:
+                    decode_reply(Api.PRODUCE, frames, PRODUCE_IDEMPOTENT_VERSION)
+                    codes.append(ErrorCode.NONE)
+                except BrokerError as error:
+                    codes.append(error.code)
+                    refusals.add(str(error).split(": ", 1)[-1])
+        assert codes.count(ErrorCode.NONE) == 3071
+        assert codes.count(ErrorCode.TOO_MANY_PRODUCERS) == 5_000 - 3071
+        (refusal,) = refusals
+        assert "3072 idempotent producers, 3071 of them of client id 'churner'" in refusal
         again = connection.request(live)
+        with Connection(broker.endpoint, client_id="newcomer") as newcomer:
+            newcomer.request(
+                ProduceRequest(topic, 0, Ack.WRITTEN, encode_message(b"new"), 9_999, 0, 0)
+            )
     assert again.base_offset == first.base_offset
     assert stored(broker, topic).count(b"live") == 1
+    assert stored(broker, topic).count(b"new") == 1

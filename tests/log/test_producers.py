@@ -4,6 +4,7 @@ is stored once, across reopening, rolls, truncation and a crash between entry an
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from broker.log.producers import (
     ENTRY,
     MAX_PRODUCERS,
     PROTECTED_S,
+    RESERVED,
     StoredSet,
     producers_path,
 )
@@ -187,6 +189,40 @@ def test_the_producers_remembered_are_bounded_and_none_active_is_forgotten(
         assert plog.producers.last(1) is None  # the least recent, forgotten
         with pytest.raises(UnknownProducerId):  # told so, not taken for a gap
             plog.append_idempotent(one(b"v2"), 1, 0, 1)
+
+
+def test_one_client_id_cannot_take_the_places_kept_for_the_others(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Issue 50, 6: a client id that makes up producer ids took every place of a partition,
+    and every other client's new producer was refused for PROTECTED_S. Once the partition
+    remembers MAX_PRODUCERS - RESERVED, a client id holding RESERVED or more gets no new
+    place but the place of its own least recently active producer, once that one is idle
+    PROTECTED_S: the last RESERVED places are the others'."""
+
+    def client(name: str) -> Callable[[], str]:
+        return lambda: name
+
+    with PartitionLog.open(tmp_path / "t-0", clock=clock) as plog:
+        for producer in range(1, MAX_PRODUCERS - RESERVED + 1):
+            plog.append_idempotent(one(b"a"), producer, 0, 0, client=client("churner"))
+        end = plog.log_end_offset
+        with pytest.raises(TooManyProducers, match="3072 of them of client id 'churner'"):
+            plog.append_idempotent(one(b"a"), 9_000, 0, 0, client=client("churner"))
+        assert plog.log_end_offset == end
+        for producer in range(10_000, 10_000 + RESERVED):  # the last places: the others'
+            plog.append_idempotent(one(b"b"), producer, 0, 0, client=client(f"c{producer % 7}"))
+        assert plog.producers.producers == MAX_PRODUCERS
+        clock.advance(PROTECTED_S)
+        plog.append_idempotent(one(b"a"), 1, 0, 1, client=client("churner"))  # 1 is active
+        # The churner's least recently active (2), idle PROTECTED_S, gives its place:
+        assert plog.append_idempotent(one(b"a"), 9_000, 0, 0, client=client("churner"))[1]
+        assert plog.producers.last(2) is None
+        assert plog.producers.last(1) is not None and plog.producers.last(10_000) is not None
+        # The table is full, its least recently active producer (3) idle: another client
+        # id's new producer takes that place, as any new producer would.
+        assert plog.append_idempotent(one(b"c"), 9_002, 0, 0, client=client("newcomer"))[1]
+        assert plog.producers.last(3) is None and plog.producers.producers == MAX_PRODUCERS
 
 
 def test_a_live_producers_set_sent_again_is_stored_once_whatever_others_produce(
