@@ -7,13 +7,26 @@ producer places them), `timestamp` (the message's timestamp; the time of sending
 it) and `headers` (array<struct<key: string, value: binary>>, as spark-sql-kafka's; null or
 empty for none). Other columns are not written, as Spark's Kafka sink ignores them.
 
-Delivery is at least once: each task sends its rows with ack FLUSHED (the `ack` option) and
-returns only when every batch is acknowledged as flushed (durable and readable); a batch is
-retried on a retriable error or a lost reply, so a retried task or batch may write a message
-twice. With ack `written` a task returns once every batch is appended (not yet durable); with
-`none` once every batch is sent, and the broker's errors are not seen at all. A task that fails
-raises PipelineError naming the topic, chained to the broker's error, and Spark fails the write
-with both in its message.
+Delivery is exactly once (`exactlyOnce`, true by default; docs/pipeline.md says what it
+needs): each task's producers have a fixed identity (broker.client.producer), derived from
+what Spark gives a task run again (`identity`): for `df.write`, a write id drawn on the driver
+and the task's partition; for `writeStream`, the query's id (kept in its checkpoint), the
+batch id and the task's partition. Their batches are the same each run, so the sets a retried
+task, a speculative copy of it or a replayed batch sends again are answered with their first
+offsets and stored once. Only full batches: a Python writer's input ends as if whole when the
+task fails upstream of it (an exception in a UDF: Spark gives the writer no error), so a task
+cannot tell its last batches, not full, from a failed run's. It leaves them to the driver in
+its commit message (`SinkCommit.tails`), and the driver sends them (`send_tails`) once Spark
+commits the write or the micro-batch, each task's under an identity of their own
+(`TAIL`): sent again when a replayed batch commits again, they are stored once too. Each task
+sends its rows with ack FLUSHED (the `ack` option) and returns only when every batch it sent
+is acknowledged as flushed (durable and readable); the driver's commit, when every tail is. With
+`exactlyOnce` false (or without idempotence, or with ack `none`, where it cannot hold)
+delivery is at least once: a task's producers take random ids, and a retried task or batch
+writes its rows again. With ack `written` a task returns once every batch is appended (not yet
+durable); with `none` once every batch is sent, and the broker's errors are not seen at all. A
+task that fails raises PipelineError naming the topic, chained to the broker's error, and
+Spark fails the write with both in its message.
 """
 
 from __future__ import annotations
@@ -21,10 +34,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import secrets
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+import xxhash
+from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import (
     ArrayType,
@@ -56,7 +72,7 @@ from pipeline.options import (
 
 log = logging.getLogger(__name__)
 
-SINK_OPTIONS: Final = CLUSTER_OPTIONS | {"topic", "ack", "includeheaders"}
+SINK_OPTIONS: Final = CLUSTER_OPTIONS | {"topic", "ack", "includeheaders", "exactlyonce"}
 ACKS: Final = {ack.name.lower(): ack for ack in Ack}
 """The `ack` option's values: none, written, flushed, all (as pylogctl produce --ack)."""
 KAFKA_ACKS: Final = {"0": Ack.NONE, "1": Ack.WRITTEN, "all": Ack.ALL, "-1": Ack.ALL}
@@ -70,6 +86,15 @@ SINK_KAFKA_OPTIONS: Final = CLUSTER_KAFKA_OPTIONS | {
 }
 """The kafka.* options that mean something to the sink; the rest are logged and ignored."""
 SPARK_OPTIONS: Final = frozenset({"checkpointlocation", "path"})
+QUERY_ID: Final = "sql.streaming.queryId"
+"""The local property that names a streaming query's task's query: its id, kept in its
+checkpoint (StreamingQuery.id, not the run's)."""
+BATCH_ID: Final = "streaming.sql.batchId"
+"""The local property holding a micro-batch task's batch id."""
+TASK: Final = "task"
+TAIL: Final = "tail"
+"""The roles of the two identities of a run (`identity`): its task's full batches, and the
+batches not full that the driver sends."""
 """Options Spark itself may pass along to a sink; they mean nothing to pylog."""
 _COLUMN_TYPES: Final = {
     "value": (BinaryType, StringType),
@@ -96,6 +121,8 @@ class SinkOptions:
     idempotence: bool = True
     """kafka.enable.idempotence: each batch stored once however often it is sent (not with
     ack none)."""
+    exactly_once: bool = True
+    """exactlyOnce: each task's producers have a fixed identity (`task_identity`)."""
 
 
 def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOptions:
@@ -150,6 +177,13 @@ def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOp
             "kafka.enable.idempotence true with ack none: a batch never answered is never "
             "sent again; use kafka.acks 1 or all, or kafka.enable.idempotence false"
         )
+    possible = idempotence and ack != "none"
+    exactly_once = boolean(options, "exactlyOnce", possible)
+    if exactly_once and not possible:
+        raise OptionError(
+            "exactlyOnce true needs idempotence and acks: not with "
+            + ("ack none" if ack == "none" else "kafka.enable.idempotence false")
+        )
     return SinkOptions(
         bootstrap_endpoint(options),
         topic,
@@ -159,14 +193,19 @@ def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOp
         int(linger),
         positive_int(options, "kafka.batch.size") or 1 << 20,
         idempotence,
+        exactly_once,
     )
 
 
 @dataclass
 class SinkCommit(WriterCommitMessage):
-    """What one task wrote: topic -> messages sent and acknowledged as the ack option asks."""
+    """What one task wrote: topic -> messages sent and acknowledged as the ack option asks
+    (with exactly once, its tails' included); and, with exactly once, its run and the
+    batches it left to the driver: topic -> partition -> encoded messages (send_tails)."""
 
     messages: dict[str, int] = field(default_factory=dict)
+    run: Run | None = None
+    tails: dict[str, dict[int, list[bytes]]] = field(default_factory=dict)
 
 
 def _headers_type(data_type: DataType) -> bool:
@@ -209,13 +248,43 @@ def _ms(moment: datetime.datetime | None) -> int | None:
     return timestamp_ms(moment.astimezone(datetime.UTC))
 
 
-def write_rows(options: SinkOptions, rows: Iterator[Row]) -> SinkCommit:
+def identity(role: str, name: str, partition: int, batch_id: int) -> tuple[int, int]:
+    """The fixed identity (producer id, epoch) of the producers of Spark partition `partition`
+    of the write or query `name`, in batch `batch_id` (0 for a write), for its tasks' full
+    batches (`role` TASK) or its tails (TAIL): the same in every run of the task; the batch id
+    is the epoch (modulo 2^16, its higher bits go into the id), so that a copy of an earlier
+    batch's task still running is fenced by the next batch's."""
+    key = f"pylog sink {role} {name} {partition} {batch_id >> 16}"
+    return xxhash.xxh3_64_intdigest(key.encode()) >> 1 or 1, batch_id & 0xFFFF
+
+
+def _task() -> TaskContext:
+    context = TaskContext.get()
+    if context is None:
+        raise PipelineError("pylog sink: exactly once is for Spark tasks (no TaskContext)")
+    return context
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What names a task's run for exactly once: the write's id or the query's, its batch id
+    (0 for a write), and the task's Spark partition."""
+
+    name: str
+    batch_id: int
+    partition: int
+
+
+def write_rows(options: SinkOptions, rows: Iterator[Row], run: Run | None = None) -> SinkCommit:
     """Send `rows` and wait until every message is acknowledged as the `ack` option asks (a
-    task's body).
+    task's body); with `run` (exactly once), under its TASK identity, and the batches not
+    full left in the commit message, unsent.
     A producer per topic places each message and sends it to the broker holding its
     partition."""
     producers: dict[str, Producer] = {}
     sent: dict[str, int] = {}
+    tails: dict[str, dict[int, list[bytes]]] = {}
+    fixed = None if run is None else identity(TASK, run.name, run.partition, run.batch_id)
     topic = options.topic
     with contextlib.ExitStack() as stack:  # on an error, producers close without flushing
         try:
@@ -241,6 +310,7 @@ def write_rows(options: SinkOptions, rows: Iterator[Row]) -> SinkCommit:
                             keys=options.keys,
                             compression=options.compression,
                             idempotence=options.idempotence,
+                            identity=fixed,
                         )
                     )
                 producer.send(
@@ -253,12 +323,44 @@ def write_rows(options: SinkOptions, rows: Iterator[Row]) -> SinkCommit:
                 sent[topic] = sent.get(topic, 0) + 1
             for producer in producers.values():
                 topic = producer.topic
-                producer.flush()
+                if run is None:
+                    producer.flush()
+                else:
+                    tails[topic] = producer.take_unsent()
         except (BrokerError, Unavailable) as error:
             raise PipelineError(
                 f"pylog sink: writing to topic {topic!r} failed: {error}"
             ) from error
-    return SinkCommit(sent)
+    return SinkCommit(sent, run, tails)
+
+
+def send_tails(options: SinkOptions, messages: list[WriterCommitMessage | None]) -> None:
+    """On the driver, once Spark commits: send each task's batches not full (its commit
+    message's tails), under its run's TAIL identity, one set a partition; raises
+    PipelineError when one is not stored."""
+    for message in messages:
+        if not isinstance(message, SinkCommit) or message.run is None:
+            continue
+        run = message.run
+        fixed = identity(TAIL, run.name, run.partition, run.batch_id)
+        for topic, unsent in message.tails.items():
+            try:
+                with Producer(
+                    options.bootstrap,
+                    topic,
+                    ack=options.ack,
+                    client_id=CLIENT_ID,
+                    keys=options.keys,
+                    compression=options.compression,
+                    identity=fixed,
+                ) as producer:
+                    for partition, encoded in sorted(unsent.items()):
+                        producer.send_set(partition, encoded)
+            except (BrokerError, Unavailable) as error:
+                raise PipelineError(
+                    f"pylog sink: writing the last rows of Spark partition {run.partition} "
+                    f"to topic {topic!r} failed: {error}"
+                ) from error
 
 
 def _committed(messages: list[WriterCommitMessage | None]) -> int:
@@ -266,21 +368,27 @@ def _committed(messages: list[WriterCommitMessage | None]) -> int:
 
 
 class PylogWriter(DataSourceWriter):
-    """`df.write.format("pylog")`: each task writes its rows (see the module doc)."""
+    """`df.write.format("pylog")`: each task writes its rows (see the module doc); made on the
+    driver once a write, with the write's id (`write_id`), which every run of its tasks gets."""
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
+        self.write_id = secrets.token_hex(16)
 
     def write(self, iterator: Iterator[Row]) -> SinkCommit:
-        return write_rows(self.options, iterator)
+        run = None
+        if self.options.exactly_once:
+            run = Run(self.write_id, 0, _task().partitionId())
+        return write_rows(self.options, iterator, run)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        send_tails(self.options, messages)
         log.info("pylog sink: %d messages written", _committed(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         log.warning(
             "pylog sink: write failed; %d messages of the tasks that succeeded were written "
-            "and stay in the log (at-least-once)",
+            "and stay in the log (writing the DataFrame again writes them again)",
             _committed(messages),
         )
 
@@ -292,15 +400,27 @@ class PylogStreamWriter(DataSourceStreamWriter):
         self.options = options
 
     def write(self, iterator: Iterator[Row]) -> SinkCommit:
-        return write_rows(self.options, iterator)
+        run = None
+        if self.options.exactly_once:
+            context = _task()
+            query = context.getLocalProperty(QUERY_ID)
+            batch = context.getLocalProperty(BATCH_ID)
+            if not query or not batch:
+                raise PipelineError(
+                    "pylog sink: exactly once needs the streaming query's id and batch id, "
+                    "which this Spark did not give the task; set exactlyOnce false"
+                )
+            run = Run(query, int(batch), context.partitionId())
+        return write_rows(self.options, iterator, run)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        send_tails(self.options, messages)
         log.info("pylog sink: batch %d: %d messages written", batchId, _committed(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.warning(
             "pylog sink: batch %d failed; %d messages of its tasks that succeeded stay in the "
-            "log (at-least-once)",
+            "log (the batch run again is stored once, with exactlyOnce)",
             batchId,
             _committed(messages),
         )

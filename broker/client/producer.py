@@ -40,6 +40,17 @@ stored once too.
 Without idempotence a batch the old leader stored may be stored twice (at least once, never
 lost once acknowledged).
 
+A fixed identity (`identity=(producer_id, producer_epoch)`, the Spark sink's, docs/pipeline.md)
+is for a writer that may be run again on the same messages in the same order (a task Spark
+retries): its batches are numbered from 0 under that identity, and another producer with it
+that sends the same batches has them answered with their first offsets, stored once. For that
+its batches must be the same each run: they close only when full (`batch_messages`,
+`batch_bytes`) or at `flush`, never by linger nor drained with another partition's into one
+MULTI_PRODUCE, and a keyless message goes round robin over every partition (not only those
+being served). Where a producer would take a new id (a batch failed for good, a partition that
+forgot it), a producer of a fixed identity fails the batch instead: under another id its
+batches would be stored again.
+
 Batching: each partition has one open batch (a message set being built with encode_message). A
 batch is sent once it holds `batch_messages` messages or `batch_bytes` bytes, or when
 `linger_ms` have passed since its first message, but that a batch not full whose partition's
@@ -101,7 +112,7 @@ import secrets
 import time
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -172,6 +183,21 @@ Serializer = Callable[[Any], Buffer]
 _NO_SERIALIZER_FIX = "encode it (.encode()), or give the Producer a serializer"
 
 log = logging.getLogger(__name__)
+
+
+def _check_identity(
+    identity: tuple[int, int], ack: Ack, idempotence: bool, partitioner: str
+) -> None:
+    """ValueError unless a producer of these settings may have the fixed `identity`."""
+    producer_id, epoch = identity
+    if not (0 < producer_id < 1 << 64 and 0 <= epoch < 1 << 16):
+        raise ValueError(
+            f"identity {identity!r}: a producer id from 1 to 2^64 - 1 and an epoch from 0 to 65535"
+        )
+    if ack is Ack.NONE or not idempotence:
+        raise ValueError("a fixed identity needs idempotence, and an ack other than NONE")
+    if partitioner == "random":
+        raise ValueError("a fixed identity places messages the same each run: not at random")
 
 
 def _new_producer_id() -> int:
@@ -368,6 +394,7 @@ class ProducerCore:
         compression_level: int | None = None,
         metadata_max_age_s: float = METADATA_MAX_AGE_S,
         idempotence: bool = True,
+        identity: tuple[int, int] | None = None,
     ) -> None:
         self._compressor = compressor_for(compression, compression_level)
         self._inner = self._compressor is not None
@@ -382,6 +409,9 @@ class ProducerCore:
             raise ValueError("delivery_timeout_s and retries must be >= 0")
         if not metadata_max_age_s > 0:
             raise ValueError(f"metadata_max_age_s must be > 0, not {metadata_max_age_s!r}")
+        if identity is not None:
+            _check_identity(identity, ack, idempotence, partitioner)
+            linger_ms = math.inf  # batches close when full: the same ones each run
         self.topic = topic
         self.ack = ack
         self.partitioner: Partitioner = partitioner
@@ -415,7 +445,12 @@ class ProducerCore:
         self.idempotence = idempotence and ack is not Ack.NONE
         """Whether each set carries this producer's id and its sequence (PRODUCE version 3),
         so that a set sent again is stored once (never with ack NONE: nothing is sent again)."""
+        self.identity = identity
+        """The fixed (producer id, epoch), if given (see the module's text)."""
         self._producer_id = _new_producer_id() if self.idempotence else 0
+        self._producer_epoch = 0
+        if identity is not None:
+            self._producer_id, self._producer_epoch = identity
         self._sequences: dict[int, int] = {}
         """The sequence of the next set to each partition under _producer_id."""
         self._unsettled: dict[tuple[int, int], dict[int, InFlight]] = {}
@@ -500,7 +535,7 @@ class ProducerCore:
         the next of the spread, over the partitions being served if any is)."""
         if key is not None and self.partitioner == "hash":
             return xxhash.xxh32_intdigest(key) % len(layout)
-        spread = self._served or range(len(layout))
+        spread = self._served if self._served and self.identity is None else range(len(layout))
         if self.partitioner == "random":
             return random.choice(spread)
         return spread[next(self._round_robin) % len(spread)]
@@ -545,7 +580,13 @@ class ProducerCore:
         producer_id = self._producer_id
         sequence = self._next_sequence(partition) if producer_id else 0
         request = ProduceRequest(
-            self.topic, partition, self.ack, message_set, producer_id, 0, sequence
+            self.topic,
+            partition,
+            self.ack,
+            message_set,
+            producer_id,
+            self._producer_epoch if producer_id else 0,
+            sequence,
         )
         self._sent += len(batch.messages)
         batch.messages = []  # the request holds them now; handles keep only the outcome
@@ -581,7 +622,7 @@ class ProducerCore:
         goes alone (it was not stored: an out-of-order batch never is)."""
         missing = self._missing_before(entry, error.expected)
         if not missing:
-            self._renumber(entry)
+            self._renumber(entry, error)
         return missing
 
     def _missing_before(self, entry: InFlight, expected: int) -> list[InFlight]:
@@ -626,11 +667,14 @@ class ProducerCore:
                 "sending may have been stored, or not; it is not sent again (that could store "
                 "it twice)"
             ) from error
-        self._renumber(entry)
+        self._renumber(entry, error)
 
-    def _renumber(self, entry: InFlight) -> None:
+    def _renumber(self, entry: InFlight, error: PylogError) -> None:
         """Number `entry` again under a new producer id (its partition can never take it under
-        this one), as the first set of its partition there."""
+        this one, as `error` said), as the first set of its partition there; `error` raised
+        instead for a producer of a fixed identity."""
+        if self.identity is not None:
+            raise error
         request = entry.request
         self._settled(entry)
         if request.producer_id == self._producer_id:
@@ -680,7 +724,7 @@ class ProducerCore:
         when the partition says it misses it, `_out_of_order`)."""
         entry.batch.settle(None, error)
         self._settled(entry)
-        if entry.request.producer_id == self._producer_id:
+        if entry.request.producer_id == self._producer_id and self.identity is None:
             self._producer_id = _new_producer_id()
             self._sequences.clear()
 
@@ -743,7 +787,9 @@ class Producer(ProducerCore):
 
     `idempotence` (on by default): each batch carries this producer's id and its number, so
     that a batch sent again is stored once (see the module's text); False sends PRODUCE as
-    before it (version 3 without a producer id)."""
+    before it (version 3 without a producer id). `identity`: a fixed (producer id, epoch) in
+    place of a random id, for a writer run again on the same messages (see the module's text;
+    `linger_ms` is then not used)."""
 
     def __init__(
         self,
@@ -770,6 +816,7 @@ class Producer(ProducerCore):
         compression_level: int | None = None,
         metadata_max_age_s: float = METADATA_MAX_AGE_S,
         idempotence: bool = True,
+        identity: tuple[int, int] | None = None,
     ) -> None:
         super().__init__(
             topic,
@@ -788,6 +835,7 @@ class Producer(ProducerCore):
             compression_level,
             metadata_max_age_s,
             idempotence,
+            identity,
         )
         self._in_flight: dict[tuple[Connection, int], InFlight] = {}
         self._sent_together: dict[tuple[Connection, int], list[InFlight | None]] = {}
@@ -871,6 +919,28 @@ class Producer(ProducerCore):
             except PylogError:  # the batches it failed carry it
                 pass
         return batch, position
+
+    def take_unsent(self) -> dict[int, list[bytes]]:
+        """Wait until every batch sent is acknowledged (raising as `flush` does), and take out
+        the batches still open, unsent: their messages, encoded, by partition (for another
+        producer's `send_set`: the Spark sink's tasks leave them to the driver). Their
+        messages' deliveries never settle."""
+        unsent, self._batches = self._batches, {}
+        self._linger_deadline = math.inf
+        self.flush()
+        return {partition: batch.messages for partition, batch in unsent.items()}
+
+    def send_set(self, partition: int, messages: Sequence[bytes]) -> None:
+        """Send `messages`, encoded as this producer encodes them (`take_unsent`'s, of a
+        producer of the same compression), to `partition` as one batch, after the partition's
+        open batch if it has one; `flush` waits for its acknowledgement."""
+        partition_of(self._partition_layout(), self.topic, partition)  # raises, naming the range
+        if partition in self._batches:
+            self._send_batch(partition)
+        batch = self._batches[partition] = Batch(partition, self.clock.monotonic())
+        batch.messages = list(messages)
+        batch.size = sum(len(message) for message in batch.messages)
+        self._send_batch(partition)
 
     def _sent_some(self, partition: int, full: bool) -> None:
         """After a message was added (`send`, `add`): its batch sent when `full`, and the
@@ -958,7 +1028,7 @@ class Producer(ProducerCore):
         broker goes, full or not), but those whose last batch awaits its ack (`_busy`; all of
         them with `every`: flush), within MULTI_PRODUCE_BYTES and MAX_PARTS. None when there
         is no other, or the leader is not known now, or speaks no MULTI_PRODUCE."""
-        if len(self._batches) < 2:
+        if len(self._batches) < 2 or self.identity is not None:  # fixed: full batches only
             return None
         topic, cluster = self.topic, self.cluster
         holder = cluster.known_leader_connection(topic, partition)
@@ -988,6 +1058,7 @@ class Producer(ProducerCore):
                 for r in (entry.request for entry in entries)
             ),
             entries[0].request.producer_id,
+            entries[0].request.producer_epoch,
         )
         if self.ack is Ack.NONE:
             self._sent_unanswered(connection, request, entries)

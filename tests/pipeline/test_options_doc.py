@@ -16,7 +16,14 @@ from pipeline.options import SOURCE_KAFKA_OPTIONS, SOURCE_OPTIONS, parse_source_
 from pipeline.sink import SINK_KAFKA_OPTIONS, SINK_OPTIONS, parse_sink_options
 
 ROOT = Path(__file__).resolve().parents[2]
-PYLOG_ONLY = {"broker", "zookeeper.connect", "maxbytespertrigger", "maxbytesperpartition", "ack"}
+PYLOG_ONLY = {
+    "broker",
+    "zookeeper.connect",
+    "maxbytespertrigger",
+    "maxbytesperpartition",
+    "ack",
+    "exactlyonce",
+}
 
 
 def _rows() -> list[tuple[list[str], str, str, str]]:
