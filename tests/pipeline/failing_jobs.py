@@ -7,8 +7,20 @@ spark.task.maxFailures of 4 does; the pipeline tests' session retries none).
 rows, and Spark runs it again. Prints one JSON line: what the write committed and how long it
 took. The caller reads the topic and checks it row by row (`check_rows`).
 
+`stream`: a streaming query from topic `--source` (holding `row-0` .. `row-<rows - 1>`, as the
+caller produced them) to `--topic`, Trigger.AvailableNow, at most `--per-batch` messages a
+micro-batch, checkpointed in `--checkpoint`. In batch 1 the first run of every task raises
+after `--fail-after` rows (Spark runs it again); in batch 2, the first time ever (a file beside
+the checkpoint, `<checkpoint>.killed`, says it was done), the job's whole Spark (its JVM: the
+driver and its executors) is SIGKILLed from a task at that row. (Spark passes a Python writer
+its rows 10,000 at a time: with `--fail-after` past that, part of them went to the sink.) Run it again with the same checkpoint, as a restarted driver would be: it goes on from
+the checkpoint, replaying batch 2. Prints one JSON line when the query finished; a killed run
+exits with an error.
+
     .venv/bin/python -m tests.pipeline.failing_jobs batch --broker HOST:PORT --topic T
         [--rows 160000] [--tasks 4] [--fail-after 30000] [--exactly-once true|false]
+    .venv/bin/python -m tests.pipeline.failing_jobs stream --broker HOST:PORT --topic T
+        --source S --checkpoint DIR [--rows 80000] [--per-batch 25000] [--fail-after 22000]
 """
 
 from __future__ import annotations
@@ -16,13 +28,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark import TaskContext
+from pyspark.sql import SparkSession
+from pyspark.sql.functions import col, udf
 
 from broker.client import PartitionConsumer
+from pipeline import register
+from pipeline.sink import BATCH_ID
 
 
 @dataclass(frozen=True)
@@ -51,13 +71,9 @@ def check_rows(endpoint: str, topic: str, partitions: int, rows: int) -> Checked
     )
 
 
-def _batch(arguments: argparse.Namespace) -> dict[str, object]:
-    from pyspark import TaskContext
-    from pyspark.sql import SparkSession
-    from pyspark.sql.functions import col, udf
-
-    from pipeline import register
-
+def _spark() -> SparkSession:
+    """A local Spark of 2 cores that runs a failed task up to 4 times, with format("pylog");
+    Arrow batches of 1000 rows, so that rows reach the sink while its task's input goes on."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     spark = (
@@ -65,9 +81,15 @@ def _batch(arguments: argparse.Namespace) -> dict[str, object]:
         .appName("pylog-failing-jobs")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
         .getOrCreate()
     )
     register(spark)
+    return spark
+
+
+def _batch(arguments: argparse.Namespace) -> dict[str, object]:
+    spark = _spark()
     per_task = arguments.rows // arguments.tasks
     fail_after = arguments.fail_after
 
@@ -88,16 +110,77 @@ def _batch(arguments: argparse.Namespace) -> dict[str, object]:
     return {"rows": arguments.rows, "seconds": round(seconds, 3)}
 
 
+def _jvm_pid() -> int:
+    """The pid of the JVM above this Python worker (its parent, or the daemon's parent)."""
+    pid = os.getpid()
+    while pid > 1:
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        if b"java" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise RuntimeError("no JVM above this process")
+
+
+def _stream(arguments: argparse.Namespace) -> dict[str, object]:
+    spark = _spark()
+    killed = f"{arguments.checkpoint}.killed"
+    past = arguments.fail_after
+    seen: Counter[int] = Counter()  # rows per task attempt, in this Python worker
+
+    @udf("string")
+    def value(text: str) -> str:
+        context = TaskContext.get()
+        assert context is not None
+        batch = int(context.getLocalProperty(BATCH_ID) or -1)
+        seen[context.taskAttemptId()] += 1
+        if seen[context.taskAttemptId()] <= past:
+            return text
+        if batch == 1 and context.attemptNumber() == 0:
+            raise RuntimeError("task failed on purpose in batch 1")
+        if batch == 2 and not Path(killed).exists():
+            Path(killed).touch()
+            os.kill(_jvm_pid(), signal.SIGKILL)
+        return text
+
+    source = (
+        spark.readStream.format("pylog")
+        .options(broker=arguments.broker, subscribe=arguments.source)
+        .options(startingOffsets="earliest", maxOffsetsPerTrigger=str(arguments.per_batch))
+        .load()
+    )
+    started = time.monotonic()
+    query = (
+        source.select(value(col("value").cast("string")).alias("value"))
+        .writeStream.format("pylog")
+        .options(broker=arguments.broker, topic=arguments.topic)
+        .options(exactlyOnce=arguments.exactly_once, checkpointLocation=arguments.checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    if not query.awaitTermination(240):
+        raise RuntimeError("the query did not finish within 240 s")
+    seconds = time.monotonic() - started
+    spark.stop()
+    return {"rows": arguments.rows, "seconds": round(seconds, 3)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("job", choices=["batch"])
+    parser.add_argument("job", choices=["batch", "stream"])
     parser.add_argument("--broker", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--rows", type=int, default=160_000)
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--fail-after", type=int, default=30_000)
     parser.add_argument("--exactly-once", choices=["true", "false"], default="true")
+    parser.add_argument("--source", help="stream: the topic read")
+    parser.add_argument("--checkpoint", help="stream: the query's checkpoint folder")
+    parser.add_argument("--per-batch", type=int, default=25_000)
     arguments = parser.parse_args(argv)
+    if arguments.job == "stream":
+        if not arguments.source or not arguments.checkpoint:
+            parser.error("stream needs --source and --checkpoint")
+        print(json.dumps(_stream(arguments)), flush=True)
+        return 0
     per_task, rest = divmod(arguments.rows, arguments.tasks)
     if rest or arguments.fail_after >= per_task:
         parser.error("--rows must divide into --tasks, each more than --fail-after rows")
