@@ -13,8 +13,9 @@ micro-batch, checkpointed in `--checkpoint`. In batch 1 the first run of every t
 after `--fail-after` rows (Spark runs it again); in batch 2, the first time ever (a file beside
 the checkpoint, `<checkpoint>.killed`, says it was done), the job's whole Spark (its JVM: the
 driver and its executors) is SIGKILLed from a task at that row. (Spark passes a Python writer
-its rows 10,000 at a time: with `--fail-after` past that, part of them went to the sink.) Run it again with the same checkpoint, as a restarted driver would be: it goes on from
-the checkpoint, replaying batch 2. Prints one JSON line when the query finished; a killed run
+its rows 10,000 at a time: with `--fail-after` past that, part of them went to the sink.) Run
+it again with the same checkpoint, as a restarted driver would be: it goes on from the
+checkpoint, replaying batch 2. Prints one JSON line when the query finished; a killed run
 exits with an error.
 
     .venv/bin/python -m tests.pipeline.failing_jobs batch --broker HOST:PORT --topic T
