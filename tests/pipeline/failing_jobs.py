@@ -73,8 +73,7 @@ def check_rows(endpoint: str, topic: str, partitions: int, rows: int) -> Checked
 
 
 def _spark() -> SparkSession:
-    """A local Spark of 2 cores that runs a failed task up to 4 times, with format("pylog");
-    Arrow batches of 1000 rows, so that rows reach the sink while its task's input goes on."""
+    """A local Spark of 2 cores that runs a failed task up to 4 times, with format("pylog")."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     spark = (
@@ -82,7 +81,6 @@ def _spark() -> SparkSession:
         .appName("pylog-failing-jobs")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
         .getOrCreate()
     )
     register(spark)
@@ -180,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.job == "stream":
         if not arguments.source or not arguments.checkpoint:
             parser.error("stream needs --source and --checkpoint")
+        if arguments.fail_after >= arguments.per_batch:
+            parser.error("--fail-after must be below --per-batch")
         print(json.dumps(_stream(arguments)), flush=True)
         return 0
     per_task, rest = divmod(arguments.rows, arguments.tasks)
