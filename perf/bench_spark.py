@@ -8,7 +8,11 @@ messages of 200 bytes on disk (no key, a 174-byte value), then in one local Spar
 - `pylog`: spark.read.format("pylog") over the whole topic into Spark's noop sink (every row
   and column materialised, nothing written): the source's fetch, decode and Arrow path;
 - `parquet`: the same rows written once to a Parquet file (not timed) and read back the same
-  way: Spark's own columnar reader, the baseline.
+  way: Spark's own columnar reader, the baseline;
+- `sink`: the Parquet rows' values written to a new topic of `--partitions` partitions with
+  `df.write.format("pylog")`, at least once (`exactlyOnce` false) and exactly once (the
+  default), each written once to warm up and then `--sink-rounds` times alternating (issue
+  51's target: exactly once at 0.95x or more of at least once).
 
 Each read is run once to warm up (Python workers, JIT) and then timed. Prints the figures and
 one JSON line. Run it alone: anything else on 2 cores skews it.
@@ -83,6 +87,18 @@ def fill(endpoint: str, messages: int, partitions: int) -> float:
             time.sleep(0.05)
 
 
+def timed_write(
+    frame: DataFrame, endpoint: str, topic: str, partitions: int, exactly: str
+) -> float:
+    """Seconds to write every row of `frame` to a new topic `topic`."""
+    with Admin(endpoint) as admin:
+        admin.create_topic(topic, partitions)
+    writer = frame.write.format("pylog").mode("append")
+    started = time.perf_counter()
+    writer.options(broker=endpoint, topic=topic, exactlyOnce=exactly).save()
+    return time.perf_counter() - started
+
+
 def timed_read(frame: DataFrame) -> float:
     """Seconds to read every row of `frame` into Spark (the noop sink drops them)."""
     frame.write.format("noop").mode("overwrite").save()  # warm-up
@@ -96,6 +112,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--sink-rounds", type=int, default=2)
     args = parser.parse_args()
     if args.messages < 1000 or args.partitions < 1:
         parser.error("--messages must be at least 1000 and --partitions at least 1")
@@ -121,6 +138,15 @@ def main() -> None:
             if parquet.count() != args.messages:
                 raise SystemExit(f"the Parquet copy does not hold {args.messages} rows")
             parquet_s = timed_read(parquet)
+            values = parquet.select("value")
+            sink_s = {"false": 0.0, "true": 0.0}
+            for round_ in range(args.sink_rounds + 1):  # round 0 warms up
+                for exactly in sink_s:
+                    seconds = timed_write(
+                        values, endpoint, f"sink-{exactly}-{round_}", args.partitions, exactly
+                    )
+                    if round_:
+                        sink_s[exactly] += seconds
         finally:
             spark.stop()
     finally:
@@ -131,6 +157,10 @@ def main() -> None:
     print(f"topic: {args.messages} messages of {MESSAGE_BYTES} B in {args.partitions} partitions")
     print(f"pylog   -> Spark: {args.messages / pylog_s:>10,.0f} rows/s  {mb / pylog_s:7.1f} MB/s")
     print(f"Parquet -> Spark: {args.messages / parquet_s:>10,.0f} rows/s")
+    written = args.messages * args.sink_rounds
+    least, exactly = written / sink_s["false"], written / sink_s["true"]
+    print(f"Spark -> pylog, at least once: {least:>10,.0f} rows/s")
+    print(f"Spark -> pylog, exactly once:  {exactly:>10,.0f} rows/s ({exactly / least:.2f}x)")
     line = {
         "benchmark": "spark_read",
         "messages": args.messages,
@@ -140,6 +170,8 @@ def main() -> None:
         "produce_messages_per_s": round(produced),
         "pylog_rows_per_s": round(args.messages / pylog_s),
         "parquet_rows_per_s": round(args.messages / parquet_s),
+        "sink_at_least_once_rows_per_s": round(least),
+        "sink_exactly_once_rows_per_s": round(exactly),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
     }
