@@ -2,7 +2,8 @@
 process of its own: a local Spark that retries a failed task (`local[2,4]`, as a cluster's
 spark.task.maxFailures of 4 does; the pipeline tests' session retries none).
 
-`batch`: `spark.range(rows)` in `tasks` partitions, each row's value `row-<id>`, written with
+`batch`: `spark.range(rows)` in `tasks` partitions, each row's value `row-<id>` (with
+`--parquet DIR`, written to Parquet there first and read back from it), written with
 `df.write.format("pylog")`; the first run of every task raises after `--fail-after` of its
 rows, and Spark runs it again. Prints one JSON line: what the write committed and how long it
 took. The caller reads the topic and checks it row by row (`check_rows`).
@@ -20,6 +21,7 @@ exits with an error.
 
     .venv/bin/python -m tests.pipeline.failing_jobs batch --broker HOST:PORT --topic T
         [--rows 160000] [--tasks 4] [--fail-after 30000] [--exactly-once true|false]
+        [--parquet DIR]
     .venv/bin/python -m tests.pipeline.failing_jobs stream --broker HOST:PORT --topic T
         --source S --checkpoint DIR [--rows 80000] [--per-batch 25000] [--fail-after 22000]
 """
@@ -89,19 +91,26 @@ def _spark() -> SparkSession:
 
 def _batch(arguments: argparse.Namespace) -> dict[str, object]:
     spark = _spark()
-    per_task = arguments.rows // arguments.tasks
     fail_after = arguments.fail_after
 
+    seen: Counter[int] = Counter()  # rows per task attempt, in this Python worker
+
     @udf("string")
-    def value(row_id: int) -> str:
+    def value(text: str) -> str:
         context = TaskContext.get()
-        if context is not None and context.attemptNumber() == 0 and row_id % per_task == fail_after:
-            raise RuntimeError(f"task failed on purpose at row {row_id}")
-        return f"row-{row_id}"
+        assert context is not None
+        seen[context.taskAttemptId()] += 1
+        if context.attemptNumber() == 0 and seen[context.taskAttemptId()] == fail_after + 1:
+            raise RuntimeError(f"task failed on purpose at {text}")
+        return text
 
     frame = spark.range(0, arguments.rows, numPartitions=arguments.tasks)
+    frame = frame.selectExpr("concat('row-', id) AS value")
+    if arguments.parquet:
+        frame.write.mode("overwrite").parquet(arguments.parquet)
+        frame = spark.read.parquet(arguments.parquet)
     started = time.monotonic()
-    frame.select(value(col("id")).alias("value")).write.format("pylog").mode("append").options(
+    frame.select(value(col("value")).alias("value")).write.format("pylog").mode("append").options(
         broker=arguments.broker, topic=arguments.topic, exactlyOnce=arguments.exactly_once
     ).save()
     seconds = time.monotonic() - started
@@ -171,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--fail-after", type=int, default=30_000)
     parser.add_argument("--exactly-once", choices=["true", "false"], default="true")
+    parser.add_argument("--parquet", help="batch: write the rows to Parquet here, then read them")
     parser.add_argument("--source", help="stream: the topic read")
     parser.add_argument("--checkpoint", help="stream: the query's checkpoint folder")
     parser.add_argument("--per-batch", type=int, default=25_000)
