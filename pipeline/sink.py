@@ -16,9 +16,9 @@ task, a speculative copy of it or a replayed batch sends again are answered with
 offsets and stored once. Only full batches: a Python writer's input ends as if whole when the
 task fails upstream of it (an exception in a UDF: Spark gives the writer no error), so a task
 cannot tell its last batches, not full, from a failed run's. It leaves them to the driver in
-its commit message (`SinkCommit.tails`), and the driver sends them (`send_tails`) once Spark
-commits the write or the micro-batch, each task's under an identity of their own
-(`TAIL`): sent again when a replayed batch commits again, they are stored once too. Each task
+its commit message (`SinkCommit.tails`), with the sequence each would have had, and the driver
+sends them (`send_tails`) under the task's identity once Spark commits the write or the
+micro-batch: sent again when a replayed batch commits again, they are stored once too. Each task
 sends its rows with ack FLUSHED (the `ack` option) and returns only when every batch it sent
 is acknowledged as flushed (durable and readable); the driver's commit, when every tail is. With
 `exactlyOnce` false (or without idempotence, or with ack `none`, where it cannot hold)
@@ -91,10 +91,6 @@ QUERY_ID: Final = "sql.streaming.queryId"
 checkpoint (StreamingQuery.id, not the run's)."""
 BATCH_ID: Final = "streaming.sql.batchId"
 """The local property holding a micro-batch task's batch id."""
-TASK: Final = "task"
-TAIL: Final = "tail"
-"""The roles of the two identities of a run (`identity`): its task's full batches, and the
-batches not full that the driver sends."""
 """Options Spark itself may pass along to a sink; they mean nothing to pylog."""
 _COLUMN_TYPES: Final = {
     "value": (BinaryType, StringType),
@@ -201,11 +197,12 @@ def parse_sink_options(options: Mapping[str, str], schema: StructType) -> SinkOp
 class SinkCommit(WriterCommitMessage):
     """What one task wrote: topic -> messages sent and acknowledged as the ack option asks
     (with exactly once, its tails' included); and, with exactly once, its run and the
-    batches it left to the driver: topic -> partition -> encoded messages (send_tails)."""
+    batches it left to the driver: topic -> partition -> (sequence, encoded messages)
+    (send_tails)."""
 
     messages: dict[str, int] = field(default_factory=dict)
     run: Run | None = None
-    tails: dict[str, dict[int, list[bytes]]] = field(default_factory=dict)
+    tails: dict[str, dict[int, tuple[int, list[bytes]]]] = field(default_factory=dict)
 
 
 def _headers_type(data_type: DataType) -> bool:
@@ -248,14 +245,13 @@ def _ms(moment: datetime.datetime | None) -> int | None:
     return timestamp_ms(moment.astimezone(datetime.UTC))
 
 
-def identity(role: str, name: str, partition: int, batch_id: int) -> tuple[int, int]:
-    """The fixed identity (producer id, epoch) of the producers of Spark partition `partition`
-    of the write or query `name`, in batch `batch_id` (0 for a write), for its tasks' full
-    batches (`role` TASK) or its tails (TAIL): the same in every run of the task; the batch id
-    is the epoch (modulo 2^16, its higher bits go into the id), so that a copy of an earlier
-    batch's task still running is fenced by the next batch's."""
-    key = f"pylog sink {role} {name} {partition} {batch_id >> 16}"
-    return xxhash.xxh3_64_intdigest(key.encode()) >> 1 or 1, batch_id & 0xFFFF
+def identity(run: Run) -> tuple[int, int]:
+    """The fixed identity (producer id, epoch) of the producers of `run`'s task (and of its
+    tails, on the driver): the same in every run of the task; the batch id is the epoch
+    (modulo 2^16, its higher bits go into the id), so that a copy of an earlier batch's task
+    still running is fenced by the next batch's."""
+    key = f"pylog sink {run.name} {run.partition} {run.batch_id >> 16}"
+    return xxhash.xxh3_64_intdigest(key.encode()) >> 1 or 1, run.batch_id & 0xFFFF
 
 
 def _task() -> TaskContext:
@@ -277,14 +273,14 @@ class Run:
 
 def write_rows(options: SinkOptions, rows: Iterator[Row], run: Run | None = None) -> SinkCommit:
     """Send `rows` and wait until every message is acknowledged as the `ack` option asks (a
-    task's body); with `run` (exactly once), under its TASK identity, and the batches not
-    full left in the commit message, unsent.
+    task's body); with `run` (exactly once), under its identity, and the batches not full
+    left in the commit message, unsent.
     A producer per topic places each message and sends it to the broker holding its
     partition."""
     producers: dict[str, Producer] = {}
     sent: dict[str, int] = {}
-    tails: dict[str, dict[int, list[bytes]]] = {}
-    fixed = None if run is None else identity(TASK, run.name, run.partition, run.batch_id)
+    tails: dict[str, dict[int, tuple[int, list[bytes]]]] = {}
+    fixed = None if run is None else identity(run)
     topic = options.topic
     with contextlib.ExitStack() as stack:  # on an error, producers close without flushing
         try:
@@ -336,13 +332,13 @@ def write_rows(options: SinkOptions, rows: Iterator[Row], run: Run | None = None
 
 def send_tails(options: SinkOptions, messages: list[WriterCommitMessage | None]) -> None:
     """On the driver, once Spark commits: send each task's batches not full (its commit
-    message's tails), under its run's TAIL identity, one set a partition; raises
-    PipelineError when one is not stored."""
+    message's tails), under its run's identity, one set a partition at the sequence it would
+    have had in the task; raises PipelineError when one is not stored."""
     for message in messages:
         if not isinstance(message, SinkCommit) or message.run is None:
             continue
         run = message.run
-        fixed = identity(TAIL, run.name, run.partition, run.batch_id)
+        fixed = identity(run)
         for topic, unsent in message.tails.items():
             try:
                 with Producer(
@@ -354,8 +350,8 @@ def send_tails(options: SinkOptions, messages: list[WriterCommitMessage | None])
                     compression=options.compression,
                     identity=fixed,
                 ) as producer:
-                    for partition, encoded in sorted(unsent.items()):
-                        producer.send_set(partition, encoded)
+                    for partition, (sequence, encoded) in sorted(unsent.items()):
+                        producer.send_set(partition, encoded, sequence)
             except (BrokerError, Unavailable) as error:
                 raise PipelineError(
                     f"pylog sink: writing the last rows of Spark partition {run.partition} "

@@ -920,23 +920,29 @@ class Producer(ProducerCore):
                 pass
         return batch, position
 
-    def take_unsent(self) -> dict[int, list[bytes]]:
+    def take_unsent(self) -> dict[int, tuple[int, list[bytes]]]:
         """Wait until every batch sent is acknowledged (raising as `flush` does), and take out
-        the batches still open, unsent: their messages, encoded, by partition (for another
-        producer's `send_set`: the Spark sink's tasks leave them to the driver). Their
-        messages' deliveries never settle."""
+        the batches still open, unsent: by partition, the sequence the batch would have had
+        and its messages, encoded (for another producer's `send_set`: the Spark sink's tasks
+        leave them to the driver). Their messages' deliveries never settle."""
         unsent, self._batches = self._batches, {}
         self._linger_deadline = math.inf
         self.flush()
-        return {partition: batch.messages for partition, batch in unsent.items()}
+        return {
+            partition: (self._sequences.get(partition, 0), batch.messages)
+            for partition, batch in unsent.items()
+        }
 
-    def send_set(self, partition: int, messages: Sequence[bytes]) -> None:
+    def send_set(self, partition: int, messages: Sequence[bytes], sequence: int) -> None:
         """Send `messages`, encoded as this producer encodes them (`take_unsent`'s, of a
-        producer of the same compression), to `partition` as one batch, after the partition's
-        open batch if it has one; `flush` waits for its acknowledgement."""
+        producer of the same compression and identity), to `partition` as one batch of
+        sequence `sequence` (the next the partition expects of this identity: the sequences
+        of the batches after it follow it); `flush` waits for its acknowledgement. Only for
+        a producer of a fixed identity with no batch of `partition` open."""
         partition_of(self._partition_layout(), self.topic, partition)  # raises, naming the range
-        if partition in self._batches:
-            self._send_batch(partition)
+        if self.identity is None or partition in self._batches:
+            raise ValueError("send_set: a producer of a fixed identity, the partition's first")
+        self._sequences[partition] = sequence
         batch = self._batches[partition] = Batch(partition, self.clock.monotonic())
         batch.messages = list(messages)
         batch.size = sum(len(message) for message in batch.messages)
