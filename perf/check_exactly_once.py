@@ -34,16 +34,7 @@ from pathlib import Path
 from broker.client import Admin, Producer
 from perf.bench_spark import start_pylogd
 from tests.pipeline.failing_jobs import Checked, check_rows
-
-
-def _job(*arguments: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tests.pipeline.failing_jobs", *arguments],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+from tests.pipeline.failing_jobs import run as run_job
 
 
 def _ran(done: subprocess.CompletedProcess[str], what: str) -> None:
@@ -55,7 +46,7 @@ def batch_run(endpoint: str, work: Path, run: int, rows: int) -> Checked:
     topic = f"batch-{run}"
     with Admin(endpoint) as admin:
         admin.create_topic(topic, 3)
-    done = _job(
+    done = run_job(
         *("batch", "--broker", endpoint, "--topic", topic, "--rows", str(rows)),
         *("--tasks", "4", "--fail-after", "30000", "--parquet", str(work / f"rows-{run}")),
     )
@@ -76,10 +67,10 @@ def stream_run(endpoint: str, work: Path, run: int, rows: int) -> Checked:
         *("--checkpoint", str(work / f"checkpoint-{run}"), "--rows", str(rows)),
         *("--per-batch", "25000", "--fail-after", "22000"),
     )
-    killed = _job(*arguments)
+    killed = run_job(*arguments)
     if killed.returncode == 0 or not (work / f"checkpoint-{run}.killed").exists():
         raise SystemExit(f"stream run {run}: its Spark was not killed:\n{killed.stderr[-3000:]}")
-    _ran(_job(*arguments), f"stream run {run}, restarted")
+    _ran(run_job(*arguments), f"stream run {run}, restarted")
     return check_rows(endpoint, topic, 2, rows)
 
 

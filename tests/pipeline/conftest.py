@@ -17,12 +17,13 @@ from pipeline import register
 from tests.mirror.conftest import clusters, make_mirror  # noqa: F401 (fixtures)
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def local_spark(master: str = "local[2]") -> SparkSession:
+    """A local Spark on 127.0.0.1 run by this Python, with format("pylog") registered, 2
+    partitions after a shuffle, in UTC (`master` "local[2,4]": a failed task run again)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(master)
         .appName("pylog-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -32,6 +33,12 @@ def spark() -> Iterator[SparkSession]:
         .getOrCreate()
     )
     register(session)
+    return session
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = local_spark()
     yield session
     session.stop()
     # and the JVM: session.stop() leaves pyspark's gateway running until this process exits;

@@ -32,20 +32,21 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyspark import TaskContext
-from pyspark.sql import SparkSession
 from pyspark.sql.functions import col, udf
 
 from broker.client import PartitionConsumer
-from pipeline import register
 from pipeline.sink import BATCH_ID
+from tests.pipeline.conftest import local_spark
 
 
 @dataclass(frozen=True)
@@ -74,36 +75,43 @@ def check_rows(endpoint: str, topic: str, partitions: int, rows: int) -> Checked
     )
 
 
-def _spark() -> SparkSession:
-    """A local Spark of 2 cores that runs a failed task up to 4 times, with format("pylog")."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    spark = (
-        SparkSession.builder.master("local[2,4]")
-        .appName("pylog-failing-jobs")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
+def run(*arguments: str) -> subprocess.CompletedProcess[str]:
+    """Run a job (this module's command line) in a process of its own, within 600 s."""
+    return subprocess.run(
+        [sys.executable, "-m", "tests.pipeline.failing_jobs", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
-    register(spark)
-    return spark
 
 
-def _batch(arguments: argparse.Namespace) -> dict[str, object]:
-    spark = _spark()
-    fail_after = arguments.fail_after
-
-    seen: Counter[int] = Counter()  # rows per task attempt, in this Python worker
+def _past(fail_after: int, fail: Callable[[TaskContext], None]) -> Any:
+    """A UDF of a string column that passes it through, calling `fail` with the task's context
+    at each row past the first `fail_after` of a task's run (counted per task attempt, in the
+    Python worker)."""
+    seen: Counter[int] = Counter()
 
     @udf("string")
     def value(text: str) -> str:
         context = TaskContext.get()
         assert context is not None
         seen[context.taskAttemptId()] += 1
-        if context.attemptNumber() == 0 and seen[context.taskAttemptId()] == fail_after + 1:
-            raise RuntimeError(f"task failed on purpose at {text}")
+        if seen[context.taskAttemptId()] > fail_after:
+            fail(context)
         return text
 
+    return value
+
+
+def _first_run_fails(context: TaskContext) -> None:
+    if context.attemptNumber() == 0:
+        raise RuntimeError(f"task {context.partitionId()} failed on purpose")
+
+
+def _batch(arguments: argparse.Namespace) -> dict[str, object]:
+    spark = local_spark("local[2,4]")
+    value = _past(arguments.fail_after, _first_run_fails)
     frame = spark.range(0, arguments.rows, numPartitions=arguments.tasks)
     frame = frame.selectExpr("concat('row-', id) AS value")
     if arguments.parquet:
@@ -129,25 +137,18 @@ def _jvm_pid() -> int:
 
 
 def _stream(arguments: argparse.Namespace) -> dict[str, object]:
-    spark = _spark()
-    killed = f"{arguments.checkpoint}.killed"
-    past = arguments.fail_after
-    seen: Counter[int] = Counter()  # rows per task attempt, in this Python worker
+    spark = local_spark("local[2,4]")
+    killed = Path(f"{arguments.checkpoint}.killed")
 
-    @udf("string")
-    def value(text: str) -> str:
-        context = TaskContext.get()
-        assert context is not None
+    def fail(context: TaskContext) -> None:
         batch = int(context.getLocalProperty(BATCH_ID) or -1)
-        seen[context.taskAttemptId()] += 1
-        if seen[context.taskAttemptId()] <= past:
-            return text
-        if batch == 1 and context.attemptNumber() == 0:
-            raise RuntimeError("task failed on purpose in batch 1")
-        if batch == 2 and not Path(killed).exists():
-            Path(killed).touch()
+        if batch == 1:
+            _first_run_fails(context)
+        elif batch == 2 and not killed.exists():
+            killed.touch()
             os.kill(_jvm_pid(), signal.SIGKILL)
-        return text
+
+    value = _past(arguments.fail_after, fail)
 
     source = (
         spark.readStream.format("pylog")

@@ -5,31 +5,19 @@ their rows, run again by Spark, store each row once. The jobs run in a process o
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from broker.client import Producer
 from tests.pipeline.conftest import create_topic
-from tests.pipeline.failing_jobs import Checked, check_rows
+from tests.pipeline.failing_jobs import Checked, check_rows, run
 from tests.pylogd import RunningBroker
 
 ROWS, TASKS, FAIL_AFTER = 160_000, 4, 30_000
 """The issue's case: before, 240,000 messages were stored, 80,000 of them twice."""
 
 
-def job(*arguments: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tests.pipeline.failing_jobs", *arguments],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 def run_job(*arguments: str) -> dict[str, object]:
-    done = job(*arguments)
+    done = run(*arguments)
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
     return result
@@ -80,7 +68,7 @@ def test_a_stream_through_a_failed_task_and_a_killed_driver_stores_each_row_once
         *("--checkpoint", str(tmp_path / "checkpoint"), "--rows", str(rows)),
         *("--per-batch", "25000", "--fail-after", "22000"),
     )
-    killed = job(*arguments)
+    killed = run(*arguments)
     assert killed.returncode != 0 and (tmp_path / "checkpoint.killed").exists()
     run_job(*arguments)
     assert check_rows(broker.endpoint, topic, 2, rows) == Checked(rows, 0, 0, 0)
