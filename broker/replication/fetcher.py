@@ -22,7 +22,10 @@ In security.mode curve the socket is a Curve client of the leader's front: it pr
 broker's key pair (a key of the cluster, which the leader lets in as the cluster principal,
 broker.security) and takes the leader for the holder of the public key the leader registered
 in ZooKeeper, provided that key is one of the cluster's (BrokerKeys.to_leader). Why the last
-handshake failed, as the socket's monitor saw it, is told with a request that got no reply.
+handshake failed, as the socket's monitor saw it, is told with a request that got no reply. A
+socket the leader refused (its ZAP handler, or ZeroMQ's protocol) is never connected again by
+libzmq and takes no message: its waiting requests end at once, and the copy loops' next try
+connects a new one (Fetchers.acquire), which gets in once the leader lets the key in.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class _Handshakes:
         self.refused = False
 
     def take(self, frames: Sequence[Buffer]) -> None:
+        """Take one event of the monitor."""
         kind, value = monitor_event(frames)
         leader = self.leader
         if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
