@@ -22,7 +22,8 @@ between threads.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -30,13 +31,19 @@ from broker.client import lag
 from broker.client.cluster import Cluster, split_endpoints
 from broker.client.connection import Connection
 from broker.errors import BrokerError
-from broker.protocol import ErrorCode, OffsetsRequest
+from broker.protocol import ErrorCode, OffsetsRequest, PartitionInfo
 from broker.registry import DEFAULT_CHROOT, Registry
 from broker.security import ClientKeys, KeyFileError
 from pipeline.errors import NotMessageBoundary, OptionError, PipelineError
 
 RETRIES: Final = 5
 CLIENT_ID: Final = "pylog-spark"
+FETCH_TIMEOUT_S: Final = 10.0
+"""kafkaConsumer.pollTimeoutMs's default: a task's wait for a FETCH reply (the client's)."""
+OFFSET_RETRIES: Final = 3
+OFFSET_RETRY_INTERVAL_S: Final = 1.0
+"""fetchOffset.numRetries and fetchOffset.retryIntervalMs's defaults, as Spark's Kafka source's:
+the driver asks again where partitions are while one has no leader serving it."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -117,29 +124,77 @@ class DriverView(Cluster):
         timeout_s: float = 10.0,
         retries: int = RETRIES,
         keys: ClientKeys | None = None,
+        unavailable_retries: int = OFFSET_RETRIES,
+        retry_interval_s: float = OFFSET_RETRY_INTERVAL_S,
     ) -> None:
         super().__init__(bootstrap, CLIENT_ID, timeout_s, retries, keys=keys)
+        self.unavailable_retries = unavailable_retries
+        self.retry_interval_s = retry_interval_s
 
     def holders(self, topic: str) -> dict[int, str]:
         """Partition -> endpoint of the broker holding it, for every partition of `topic`
-        (from METADATA). OptionError for a topic that does not exist."""
-        try:
-            partitions = self.partitions(topic)
-        except BrokerError as error:
-            if error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                raise OptionError(f"topic {topic!r} does not exist") from None
-            raise
-        return {p.partition: self.endpoints[p.broker_id] for p in partitions}
+        (from METADATA; `served`). OptionError for a topic that does not exist."""
+
+        def listed() -> list[tuple[str, PartitionInfo]]:
+            try:
+                return [(topic, info) for info in self.partitions(topic)]
+            except BrokerError as error:
+                if error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                    raise OptionError(f"topic {topic!r} does not exist") from None
+                raise
+
+        return {tp.partition: endpoint for tp, endpoint in self.served(listed).items()}
 
     def matching(self, pattern: re.Pattern[str]) -> dict[SourcePartition, str]:
         """Each partition of every topic whose whole name `pattern` matches -> the endpoint of
-        the broker holding it, from one METADATA of every topic."""
-        found: dict[SourcePartition, str] = {}
-        for info in self.metadata(()).topics:
-            if info.error_code == ErrorCode.NONE and pattern.fullmatch(info.topic):
-                for p in info.partitions:
-                    found[SourcePartition(info.topic, p.partition)] = self.endpoints[p.broker_id]
-        return found
+        the broker holding it, from one METADATA of every topic (`served`)."""
+
+        def listed() -> list[tuple[str, PartitionInfo]]:
+            return [
+                (info.topic, p)
+                for info in self.metadata(()).topics
+                if info.error_code == ErrorCode.NONE and pattern.fullmatch(info.topic)
+                for p in info.partitions
+            ]
+
+        return self.served(listed)
+
+    def served(
+        self, listed: Callable[[], list[tuple[str, PartitionInfo]]]
+    ) -> dict[SourcePartition, str]:
+        """The endpoint of the leader of each partition `listed` gives (topic, partition's
+        METADATA), asked again up to `unavailable_retries` times, `retry_interval_s` apart
+        (fetchOffset.numRetries, fetchOffset.retryIntervalMs), while one has no leader
+        serving it; then PipelineError naming that partition and its leader."""
+        attempt = 0
+        while True:
+            found: dict[SourcePartition, str] = {}
+            down: tuple[str, PartitionInfo] | None = None
+            for topic, info in listed():
+                endpoint = self.endpoints.get(info.broker_id)
+                if info.error_code != ErrorCode.NONE or endpoint is None:
+                    down = down or (topic, info)
+                else:
+                    found[SourcePartition(topic, info.partition)] = endpoint
+            if down is None:
+                return found
+            if attempt >= self.unavailable_retries:
+                raise PipelineError(self._unserved(*down, attempt + 1))
+            attempt += 1
+            time.sleep(self.retry_interval_s)
+
+    def _unserved(self, topic: str, info: PartitionInfo, asked: int) -> str:
+        if info.broker_id < 0:
+            why = "it has no leader"
+        elif info.broker_id not in self.endpoints:
+            why = f"its leader, broker {info.broker_id}, is not registered (down?)"
+        else:
+            why = f"its leader, broker {info.broker_id}, does not serve it now"
+        return (
+            f"partition {info.partition} of topic {topic!r} cannot be read: {why}; asked "
+            f"{asked} times, {self.retry_interval_s:g} s apart (fetchOffset.numRetries, "
+            "fetchOffset.retryIntervalMs)"
+        )
 
     def offsets(self, tp: SourcePartition, endpoint: str) -> tuple[int, int]:
         """(log start offset, high watermark) of the partition, by OFFSETS."""

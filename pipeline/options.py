@@ -25,7 +25,15 @@ from typing import Final
 
 from broker.protocol import EARLIEST, LATEST  # Spark's offsets JSON takes them as OFFSETS does
 from broker.security import ClientKeys
-from pipeline.cluster import DriverView, SourcePartition, bootstrap_endpoint, client_keys
+from pipeline.cluster import (
+    FETCH_TIMEOUT_S,
+    OFFSET_RETRIES,
+    OFFSET_RETRY_INTERVAL_S,
+    DriverView,
+    SourcePartition,
+    bootstrap_endpoint,
+    client_keys,
+)
 from pipeline.errors import OptionError
 
 log = logging.getLogger("pylog.pipeline")
@@ -58,6 +66,9 @@ SOURCE_OPTIONS: Final = CLUSTER_OPTIONS | {
     "minpartitions",
     "includeheaders",
     "groupidprefix",
+    "kafkaconsumer.polltimeoutms",
+    "fetchoffset.numretries",
+    "fetchoffset.retryintervalms",
 }
 STREAM_ONLY: Final = (
     "maxBytesPerTrigger",
@@ -363,10 +374,22 @@ class SourceOptions:
     min_partitions: int | None
     headers: bool = False
     """includeHeaders: the rows have a headers column."""
+    poll_timeout_s: float = FETCH_TIMEOUT_S
+    """kafkaConsumer.pollTimeoutMs: how long a task waits for a FETCH reply."""
+    offset_retries: int = OFFSET_RETRIES
+    """fetchOffset.numRetries: how many more times the driver asks where partitions are while
+    one has no leader serving it."""
+    offset_retry_interval_s: float = OFFSET_RETRY_INTERVAL_S
+    """fetchOffset.retryIntervalMs."""
 
     def cluster(self) -> DriverView:
         """The driver's connections to the cluster, for one planning step."""
-        return DriverView(self.bootstrap, keys=self.keys)
+        return DriverView(
+            self.bootstrap,
+            keys=self.keys,
+            unavailable_retries=self.offset_retries,
+            retry_interval_s=self.offset_retry_interval_s,
+        )
 
 
 def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
@@ -418,6 +441,13 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         group = None
     max_bytes_per_partition = positive_int(options, "maxBytesPerPartition")
     min_partitions = positive_int(options, "minPartitions")
+    poll_timeout_s = duration_s(options, "kafkaConsumer.pollTimeoutMs", FETCH_TIMEOUT_S)
+    if not poll_timeout_s > 0:
+        raise OptionError("kafkaConsumer.pollTimeoutMs must be more than 0")
+    retries = options.get("fetchoffset.numretries", str(OFFSET_RETRIES)).strip()
+    if not retries.isdigit():
+        raise OptionError(f"fetchOffset.numRetries {retries!r}: a whole number, 0 or more")
+    interval_s = duration_s(options, "fetchOffset.retryIntervalMs", OFFSET_RETRY_INTERVAL_S)
     return SourceOptions(
         bootstrap=bootstrap_endpoint(options),
         keys=client_keys(options),
@@ -436,4 +466,7 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         max_bytes_per_partition=max_bytes_per_partition or DEFAULT_MAX_BYTES_PER_PARTITION,
         min_partitions=min_partitions,
         headers=headers,
+        poll_timeout_s=poll_timeout_s,
+        offset_retries=int(retries),
+        offset_retry_interval_s=interval_s,
     )

@@ -65,7 +65,7 @@ from broker.log.codec import decode_columns
 from broker.log.message import HEADER_SIZE, Columns
 from broker.protocol import EARLIEST, LATEST, ErrorCode, FetchRequest, OffsetsRequest
 from broker.security import ClientKeys
-from pipeline.cluster import CLIENT_ID, RETRIES, DriverView, SourcePartition
+from pipeline.cluster import CLIENT_ID, FETCH_TIMEOUT_S, RETRIES, DriverView, SourcePartition
 from pipeline.errors import DataLoss, NotMessageBoundary, OptionError, PipelineError
 from pipeline.options import SourceOptions
 
@@ -170,15 +170,17 @@ def read_range(
     fail_on_data_loss: bool,
     keys: ClientKeys | None = None,
     include_headers: bool = False,
+    timeout_s: float = FETCH_TIMEOUT_S,
 ) -> Iterator[pa.RecordBatch]:
     """The messages of `rng` as Arrow record batches of the source's schema (the body of a
     Spark task; its headers column too with `include_headers`), fetched with `keys` from a
-    broker serving Curve. NotMessageBoundary when `rng.start` is inside a message."""
+    broker serving Curve, each reply waited for `timeout_s` (kafkaConsumer.pollTimeoutMs).
+    NotMessageBoundary when `rng.start` is inside a message."""
     tp = SourcePartition(rng.topic, rng.partition)
     fetch_bytes = FETCH_BYTES
     position = rng.start
     ahead: tuple[FetchRequest, int] | None = None  # the fetch sent before a batch was yielded
-    with Connection(rng.endpoint, CLIENT_ID, keys=keys) as connection:
+    with Connection(rng.endpoint, CLIENT_ID, timeout_s, keys=keys) as connection:
         while position < rng.end:
             request = FetchRequest(rng.topic, rng.partition, position, fetch_bytes, 0, 0)
             try:
@@ -496,7 +498,13 @@ class PylogBatchReader(DataSourceReader):
         if not isinstance(partition, OffsetRange):  # Spark's InputPartition(None) for no ranges
             return iter(())
         options = self.options
-        return read_range(partition, options.fail_on_data_loss, options.keys, options.headers)
+        return read_range(
+            partition,
+            options.fail_on_data_loss,
+            options.keys,
+            options.headers,
+            options.poll_timeout_s,
+        )
 
 
 class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -675,7 +683,13 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
         options = self.options
-        return read_range(partition, options.fail_on_data_loss, options.keys, options.headers)
+        return read_range(
+            partition,
+            options.fail_on_data_loss,
+            options.keys,
+            options.headers,
+            options.poll_timeout_s,
+        )
 
 
 def _within_count(

@@ -568,3 +568,33 @@ def test_the_kafka_options_pylog_ignores_are_logged_naming_them(
     ) == (Ack.ALL, "zstd", 5, 65536, True)
     off = {**KAFKA_JOB_SINK, "kafka.enable.idempotence": "false"}
     assert not parse_sink_options({**cluster, "topic": "t", **off}, SINK_SCHEMA).idempotence
+
+
+def test_poll_timeout_and_the_offset_retries_are_taken_and_checked() -> None:
+    """kafkaConsumer.pollTimeoutMs is a task's wait for a FETCH reply; fetchOffset.numRetries and
+    fetchOffset.retryIntervalMs how often, and how far apart, the driver asks again where the
+    partitions are while one has no leader (tests/pipeline/test_broker_down.py)."""
+    base = {"broker": "127.0.0.1:9092", "subscribe": "t"}
+    taken = parse_source_options(
+        base
+        | {
+            "kafkaConsumer.pollTimeoutMs": "2500",
+            "fetchOffset.numRetries": "0",
+            "fetchOffset.retryIntervalMs": "250",
+        },
+        streaming=False,
+    )
+    assert (taken.poll_timeout_s, taken.offset_retries, taken.offset_retry_interval_s) == (
+        2.5,
+        0,
+        0.25,
+    )
+    default = parse_source_options(base, streaming=False)
+    assert (default.poll_timeout_s, default.offset_retries) == (10.0, 3)
+    for name, value, message in (
+        ("kafkaConsumer.pollTimeoutMs", "0", "more than 0"),
+        ("fetchOffset.numRetries", "-1", "a whole number, 0 or more"),
+        ("fetchOffset.retryIntervalMs", "soon", "a duration"),
+    ):
+        with pytest.raises(OptionError, match=message):
+            parse_source_options(base | {name: value}, streaming=False)
