@@ -33,7 +33,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, cast
+from typing import Any, Final, Self, cast
 
 from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.client.group import BrokerPartition, GroupConsumer
@@ -54,9 +54,15 @@ from broker.errors import (
     UnknownTopicOrPartition,
 )
 from broker.log.compression import compressor_for
-from broker.protocol import Ack
+from broker.protocol import Ack, OffsetsRequest
 from broker.security import ClientKeys, KeyFileError
 
+OFFSET_BEGINNING: Final = -2
+"""confluent-kafka's logical offset of a partition's first message (its log start here)."""
+OFFSET_END: Final = -1
+"""confluent-kafka's logical offset past a partition's last message (its high watermark)."""
+OFFSET_STORED: Final = -1000
+"""confluent-kafka's logical offset of a partition's committed offset."""
 OFFSET_INVALID: Final = -1001
 """The offset of a message whose offset is not known (confluent-kafka's value): acks 0."""
 TIMESTAMP_CREATE_TIME: Final = 1
@@ -412,8 +418,8 @@ def _encoded(what: str, data: Any) -> bytes | None:
 class Producer:
     """confluent_kafka.Producer's shape over pylog's Producer: not bound to a topic."""
 
-    def __init__(self, conf: Mapping[str, Any], **kwargs: Any) -> None:
-        conf = _settings({**conf, **kwargs}, PRODUCER_KEYS, "producer")
+    def __init__(self, conf: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        conf = _settings({**(conf or {}), **kwargs}, PRODUCER_KEYS, "producer")
         ack = _choice("acks", conf.get("acks", conf.get("request.required.acks", "all")), _ACKS)
         idempotence = _flag("enable.idempotence", conf.get("enable.idempotence", True))
         if idempotence and ack is Ack.NONE:
@@ -602,6 +608,17 @@ class Producer:
             producer.cluster.close()
         self._producers.clear()
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Flush what was produced (its delivery reports served), then close, as
+        confluent-kafka's Producer does at the end of a `with` block."""
+        try:
+            self.flush()
+        finally:
+            self.close()
+
 
 def _partitions(owned: Iterable[BrokerPartition]) -> list[TopicPartition]:
     return sorted(TopicPartition(tp.topic, tp.partition) for tp in owned)
@@ -611,8 +628,8 @@ class Consumer:
     """confluent_kafka.Consumer's shape over pylog's GroupConsumer: a member of `group.id`,
     through the group's coordinator, found through `bootstrap.servers`."""
 
-    def __init__(self, conf: Mapping[str, Any], **kwargs: Any) -> None:
-        conf = _settings({**conf, **kwargs}, CONSUMER_KEYS, "consumer")
+    def __init__(self, conf: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        conf = _settings({**(conf or {}), **kwargs}, CONSUMER_KEYS, "consumer")
         if not conf.get("group.id"):
             raise KafkaException("group.id: a consumer reads as a member of a group; name it")
         if _flag("enable.partition.eof", conf.get("enable.partition.eof", False)):
@@ -828,11 +845,19 @@ class Consumer:
 
     def seek(self, partition: TopicPartition) -> None:
         """Read `partition.partition` of `partition.topic` from `partition.offset` next (an
-        offset where a message starts); KafkaException when not owned."""
+        offset where a message starts, or OFFSET_BEGINNING or OFFSET_END: the log start or
+        the high watermark, asked of its leader); KafkaException when not owned."""
+        member = self._joined()
+        topic, number, offset = partition.topic, partition.partition, partition.offset
         try:
-            self._joined().seek(partition.topic, partition.partition, partition.offset)
+            if offset in (OFFSET_BEGINNING, OFFSET_END):  # OFFSETS' own EARLIEST and LATEST
+                request = OffsetsRequest(topic, number, offset)
+                offset = member.cluster.call_leader(request, 3).offset
+            member.seek(topic, number, offset)
         except ValueError as error:
             raise KafkaException(str(error)) from None
+        except PylogError as error:
+            raise KafkaException(error) from None
 
     def unsubscribe(self) -> None:
         """Leave the group (committing with auto-commit)."""
@@ -845,3 +870,11 @@ class Consumer:
         if not self._closed:
             self.unsubscribe()
             self._closed = True
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close (leaving the group), as confluent-kafka's Consumer does at the end of a
+        `with` block."""
+        self.close()

@@ -18,6 +18,8 @@ import zmq
 
 from broker.client import Admin, PartitionConsumer
 from broker.client.kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
     OFFSET_INVALID,
     Consumer,
     KafkaError,
@@ -309,6 +311,31 @@ def test_commit_of_a_message_or_offsets_and_seek_and_position(
         [last] = consumer.consume(1, timeout=30)
         assert last.value() == "M5"
         assert consumer.position([TopicPartition("elsewhere", 0)])[0].offset == OFFSET_INVALID
+
+
+def test_keyword_settings_with_blocks_and_logical_offsets_as_confluents_examples_use_them(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    """Issue 52: `Producer(**conf)` failed (a positional `conf` was required), neither client
+    was a context manager, and there was no OFFSET_BEGINNING or OFFSET_END to seek to."""
+    conf = bootstrap(broker)
+    with Producer(**conf) as producer:
+        for number in range(3):
+            producer.produce(kafka_topic, value=f"v{number}".encode(), partition=0)
+    # the with block flushed: all three are stored
+    settings = {**conf, "group.id": "shapes", "auto.offset.reset": "earliest"}
+    with Consumer(**settings) as consumer:
+        consumer.subscribe([kafka_topic])
+        got = consumer.consume(3, timeout=30)
+        assert [m.value() for m in got] == [b"v0", b"v1", b"v2"]
+        consumer.seek(TopicPartition(kafka_topic, 0, OFFSET_BEGINNING))
+        [first] = consumer.consume(1, timeout=30)
+        assert first.value() == b"v0"
+        consumer.seek(TopicPartition(kafka_topic, 0, OFFSET_END))
+        [end] = consumer.position([TopicPartition(kafka_topic, 0)])
+        assert end.offset == got[-1].next_offset()
+    with pytest.raises(RuntimeError):  # closed by its with block
+        consumer.poll(0)
 
 
 @pytest.mark.parametrize(
