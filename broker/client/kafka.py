@@ -33,8 +33,10 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final, Self, cast
 
+from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.client.group import BrokerPartition, GroupConsumer
 from broker.client.producer import DELIVERY_TIMEOUT_S, Batch
@@ -54,7 +56,7 @@ from broker.errors import (
     UnknownTopicOrPartition,
 )
 from broker.log.compression import compressor_for
-from broker.protocol import Ack, OffsetsRequest
+from broker.protocol import EARLIEST, LATEST, Ack, ErrorCode, OffsetsRequest, broker_error
 from broker.security import ClientKeys, KeyFileError
 
 OFFSET_BEGINNING: Final = -2
@@ -271,6 +273,89 @@ _Pending = tuple[
 ]
 """A message produced, until reported: its callback, its batch and where it starts in it (its
 delivery's parts: broker.client.producer.Handle), key, value, timestamp, headers."""
+
+
+@dataclass
+class BrokerMetadata:
+    """A broker of ClusterMetadata (confluent_kafka.admin's)."""
+
+    id: int
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}/{self.id}"
+
+
+@dataclass
+class PartitionMetadata:
+    """A partition of TopicMetadata (confluent_kafka.admin's): its leader (-1: none), replicas,
+    in-sync replicas (`isrs`) and error (None, or why it is not served now)."""
+
+    id: int
+    leader: int
+    replicas: list[int]
+    isrs: list[int]
+    error: KafkaError | None = None
+
+
+@dataclass
+class TopicMetadata:
+    """A topic of ClusterMetadata (confluent_kafka.admin's)."""
+
+    topic: str
+    partitions: dict[int, PartitionMetadata]
+    error: KafkaError | None = None
+
+
+@dataclass
+class ClusterMetadata:
+    """What `list_topics` returns (confluent_kafka.admin's): the brokers and the topics asked
+    for (every topic when none was). pylog has no cluster id, and METADATA does not name the
+    controller: `cluster_id` None, `controller_id` -1."""
+
+    brokers: dict[int, BrokerMetadata] = field(default_factory=dict)
+    topics: dict[str, TopicMetadata] = field(default_factory=dict)
+    cluster_id: str | None = None
+    controller_id: int = -1
+    orig_broker_id: int = -1
+    orig_broker_name: str | None = None
+
+
+def _error_of(code: int, what: str) -> KafkaError | None:
+    if code == ErrorCode.NONE:
+        return None
+    return KafkaError.of(broker_error(code, what))
+
+
+def _list_topics(cluster: Cluster, topic: str | None) -> ClusterMetadata:
+    """METADATA of `topic` (every topic when None), as confluent-kafka's list_topics gives it;
+    KafkaException when no broker answers."""
+    try:
+        reply = cluster.metadata(() if topic is None else (topic,))
+    except PylogError as error:
+        raise KafkaException(error) from None
+    return ClusterMetadata(
+        brokers={b.broker_id: BrokerMetadata(b.broker_id, b.host, b.port) for b in reply.brokers},
+        topics={
+            info.topic: TopicMetadata(
+                info.topic,
+                {
+                    p.partition: PartitionMetadata(
+                        p.partition,
+                        p.broker_id,
+                        list(p.replicas),
+                        list(p.isr),
+                        _error_of(p.error_code, f"{info.topic}-{p.partition} is not served now"),
+                    )
+                    for p in info.partitions
+                },
+                _error_of(info.error_code, f"topic {info.topic!r}"),
+            )
+            for info in reply.topics
+        },
+    )
+
 
 _ACKS: Final = {"0": Ack.NONE, "1": Ack.WRITTEN, "-1": Ack.ALL, "all": Ack.ALL}
 _TRUE: Final = frozenset({"true", "1", "yes"})
@@ -602,6 +687,15 @@ class Producer:
         """How many messages produced are not yet delivered (nor failed)."""
         return self._waiting
 
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+        """The cluster's brokers and `topic` (every topic when None), as confluent-kafka's
+        (`timeout` is taken; the client's request.timeout.ms bounds each ask)."""
+        options = self._options
+        with Cluster(
+            self._endpoint, options["client_id"], options["timeout_s"], keys=options["keys"]
+        ) as cluster:
+            return _list_topics(cluster, topic)
+
     def close(self) -> None:
         """Close every connection (what is not flushed is not sent)."""
         for producer in self._producers.values():
@@ -711,6 +805,37 @@ class Consumer:
             raise KafkaException(error) from None
         except ValueError as error:  # a setting out of its bounds (max.poll.interval.ms)
             raise KafkaException(str(error)) from None
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+        """The cluster's brokers and `topic` (every topic when None), as confluent-kafka's
+        (`timeout` is taken; the client's request.timeout.ms bounds each ask)."""
+        with self._cluster() as cluster:
+            return _list_topics(cluster, topic)
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float | None = None, cached: bool = False
+    ) -> tuple[int, int]:
+        """(low, high): the log start and the high watermark of `partition`, asked of its
+        leader (`cached` data pylog does not keep: asked either way). Offsets are byte
+        positions, so `high - low` is bytes, not messages."""
+        with self._cluster() as cluster:
+            try:
+                low, high = (
+                    cluster.call_leader(OffsetsRequest(partition.topic, partition.partition, t), 3)
+                    for t in (EARLIEST, LATEST)
+                )
+                return low.offset, high.offset
+            except PylogError as error:
+                raise KafkaException(error) from None
+
+    def _cluster(self) -> Cluster:
+        """A cluster of its own for a one-off ask, closed by the caller."""
+        return Cluster(
+            str(self._conf["bootstrap.servers"]),
+            str(self._conf.get("client.id", DEFAULT_CLIENT_ID)),
+            self._timeout_s,
+            keys=self._keys,
+        )
 
     def _joined(self) -> GroupConsumer[Message]:
         self._check_open()

@@ -338,6 +338,27 @@ def test_keyword_settings_with_blocks_and_logical_offsets_as_confluents_examples
         consumer.poll(0)
 
 
+def test_list_topics_and_watermarks_as_the_get_watermark_offsets_example_uses_them(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    """Issue 52: neither client had list_topics, nor the Consumer get_watermark_offsets."""
+    offsets = produce(broker, kafka_topic, ["a", "bb"])
+    conf = bootstrap(broker)
+    with Producer(conf) as producer:
+        listed = producer.list_topics(kafka_topic, timeout=10)
+    assert set(listed.topics) == {kafka_topic} and len(listed.brokers) == 1
+    topic = listed.topics[kafka_topic]
+    assert topic.error is None and sorted(topic.partitions) == [0, 1]
+    assert all(p.leader in listed.brokers and p.error is None for p in topic.partitions.values())
+    with Consumer(conf, **{"group.id": "watermarks"}) as consumer:
+        every = consumer.list_topics(timeout=10)
+        assert kafka_topic in every.topics
+        low, high = consumer.get_watermark_offsets(TopicPartition(kafka_topic, 0), timeout=10)
+        assert (low, high) == (0, offsets[-1] + 28)  # bytes: the second message is 28 on disk
+        missing = consumer.list_topics("no-such-topic", timeout=10).topics["no-such-topic"]
+        assert missing.error is not None and missing.error.name() == "UNKNOWN_TOPIC_OR_PART"
+
+
 @pytest.mark.parametrize(
     ("settings", "said"),
     [
