@@ -977,15 +977,24 @@ class GroupConsumer(Closing, Generic[R]):
             )
         return waiting
 
-    def _committed(self, partitions: Sequence[BrokerPartition]) -> dict[BrokerPartition, int]:
-        """The group's committed offsets of those of `partitions` that have one, asked of the
-        coordinator (OFFSET_FETCH)."""
-        if not partitions:
+    def committed(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The group's committed offsets of those of `partitions` (topic, partition) that have
+        one, asked of the coordinator now (OFFSET_FETCH); owned by this member or not."""
+        wanted = list(partitions)
+        if not wanted:
             return {}
-        topics = sorted({tp.topic for tp in partitions})
-        committed = self._commits.committed(topics)
-        found = {tp: committed.get(TopicPartition(tp.topic, tp.partition)) for tp in partitions}
-        return {tp: offset for tp, offset in found.items() if offset is not None}
+        committed = self._commits.committed(sorted({topic for topic, _ in wanted}))
+        found = {key: committed.get(TopicPartition(*key)) for key in wanted}
+        return {key: offset for key, offset in found.items() if offset is not None}
+
+    def _committed(self, partitions: Sequence[BrokerPartition]) -> dict[BrokerPartition, int]:
+        """The group's committed offsets of those of `partitions` that have one."""
+        found = self.committed((tp.topic, tp.partition) for tp in partitions)
+        return {
+            tp: found[tp.topic, tp.partition]
+            for tp in partitions
+            if (tp.topic, tp.partition) in found
+        }
 
     def _reset_offsets(
         self, partitions: Sequence[BrokerPartition], endpoints: Mapping[BrokerPartition, str]

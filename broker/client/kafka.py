@@ -806,6 +806,22 @@ class Consumer:
         except ValueError as error:  # a setting out of its bounds (max.poll.interval.ms)
             raise KafkaException(str(error)) from None
 
+    def committed(
+        self, partitions: list[TopicPartition], timeout: float | None = None
+    ) -> list[TopicPartition]:
+        """`partitions` with the group's committed offset of each (OFFSET_INVALID for one with
+        none), asked of the coordinator."""
+        try:
+            found = self._joined().committed((tp.topic, tp.partition) for tp in partitions)
+        except PylogError as error:
+            raise KafkaException(error) from None
+        return [
+            TopicPartition(
+                tp.topic, tp.partition, found.get((tp.topic, tp.partition), OFFSET_INVALID)
+            )
+            for tp in partitions
+        ]
+
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
         """The cluster's brokers and `topic` (every topic when None), as confluent-kafka's
         (`timeout` is taken; the client's request.timeout.ms bounds each ask)."""
