@@ -295,10 +295,10 @@ def test_commit_of_a_message_or_offsets_and_seek_and_position(
         consumer.commit(message=got[1])  # the message after it is read next by the group
         [position] = consumer.position([TopicPartition(kafka_topic, 0)])
         assert position.offset == offsets[2]
-        committed = consumer.committed(
+        stored = consumer.committed(
             [TopicPartition(kafka_topic, 0), TopicPartition(kafka_topic, 1)], timeout=10
         )
-        assert [(tp.partition, tp.offset) for tp in committed] == [
+        assert [(tp.partition, tp.offset) for tp in stored] == [
             (0, offsets[2]),
             (1, OFFSET_INVALID),  # none committed
         ]
