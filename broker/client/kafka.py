@@ -1000,6 +1000,32 @@ class Consumer:
         except PylogError as error:
             raise KafkaException(error) from None
 
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        """Where the partitions this member was given are read from: each with an offset
+        (where a message starts, OFFSET_BEGINNING or OFFSET_END) is read from it next, as
+        `seek`; OFFSET_INVALID and OFFSET_STORED leave it where the group's committed offset
+        put it. The confluent-kafka tutorial's reset, `consumer.assign(partitions)` in
+        `on_assign`, works so. pylog's consumer reads as a member of its group only: a
+        partition the group did not give it is a KafkaException, not a manual assignment."""
+        member = self._joined()
+        owned = {(tp.topic, tp.partition) for tp in member.assignment}
+        others = sorted(
+            f"{tp.topic}/{tp.partition}"
+            for tp in partitions
+            if (tp.topic, tp.partition) not in owned
+        )
+        if others:
+            raise KafkaException(
+                f"assign: {', '.join(others)} not given to this member by group "
+                f"{self._conf['group.id']!r}: pylog reads as a member of a group (subscribe), "
+                "and assign() only sets where its own partitions are read from"
+            )
+        for tp in partitions:
+            if tp.offset not in (OFFSET_INVALID, OFFSET_STORED):
+                self.seek(tp)
+
+    incremental_assign = assign
+
     def unsubscribe(self) -> None:
         """Leave the group (committing with auto-commit)."""
         if self._member is not None:

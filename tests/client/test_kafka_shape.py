@@ -345,6 +345,31 @@ def test_keyword_settings_with_blocks_and_logical_offsets_as_confluents_examples
         consumer.poll(0)
 
 
+def test_the_tutorials_reset_assigns_its_partitions_from_the_beginning_in_on_assign(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    """Issue 52: the confluent-kafka tutorial's consumer with --reset sets each assigned
+    partition's offset to OFFSET_BEGINNING in on_assign and calls assign(partitions): there
+    was no assign. A partition the group did not give is refused, naming it."""
+    produce(broker, kafka_topic, ["a", "b", "c"])
+    settings = {**bootstrap(broker), "group.id": "tutorial", "auto.offset.reset": "earliest"}
+    with subscribed(settings, kafka_topic) as consumer:
+        assert len(consumer.consume(3, timeout=30)) == 3
+        consumer.commit(asynchronous=False)  # the group has read them all
+
+    def reset_offset(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for p in partitions:
+            p.offset = OFFSET_BEGINNING
+        consumer.assign(partitions)
+
+    with Consumer(settings) as consumer:
+        consumer.subscribe([kafka_topic], on_assign=reset_offset)
+        got = consumer.consume(3, timeout=30)
+        assert [m.value() for m in got] == [b"a", b"b", b"c"]  # not from the committed end
+        with pytest.raises(KafkaException, match=f"{kafka_topic}/7 not given to this member"):
+            consumer.assign([TopicPartition(kafka_topic, 7, 0)])
+
+
 def test_list_topics_and_watermarks_as_the_get_watermark_offsets_example_uses_them(
     broker: RunningBroker, kafka_topic: str
 ) -> None:
