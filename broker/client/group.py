@@ -181,6 +181,8 @@ class _Owned:
     located: bool = True
     """False after a fetch error that did not say where the leader is: METADATA is asked before
     the next fetch (GroupConsumer._locate)."""
+    paused: bool = False
+    """Not fetched until resumed (GroupConsumer.pause)."""
 
 
 def fetch_round(owned: Sequence[_Owned], now: float) -> list[_Owned]:
@@ -467,12 +469,35 @@ class GroupConsumer(Closing, Generic[R]):
         fetched and not handed out are dropped, a fetch in flight is forgotten, and the
         position, what a commit records, becomes `offset`. ValueError when this member does
         not own the partition (now: a rebalance may take it)."""
-        owned = self._owned_by_number().get((topic, partition))
-        if owned is None:
-            raise ValueError(f"{topic}/{partition} is not assigned to this member")
+        (owned,) = self._owned_among([(topic, partition)])
         self._forget_fetched(owned)
         owned.position = owned.delivered = owned.fetch_offset = offset
         owned.rest_until = 0.0
+
+    def pause(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Stop reading `partitions` (topic, partition) of this member's, keeping them: what
+        was fetched for them and not handed out is dropped, so the next record handed out
+        after `resume` is the one after the last handed out. A partition given to this
+        member again (after a rebalance) is read again. ValueError for one not owned."""
+        for owned in self._owned_among(partitions):
+            self._forget_fetched(owned)
+            owned.fetch_offset = owned.delivered
+            owned.paused = True
+
+    def resume(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Read `partitions` again after `pause`. ValueError for one not owned."""
+        for owned in self._owned_among(partitions):
+            owned.paused = False
+
+    def _owned_among(self, partitions: Iterable[tuple[str, int]]) -> list[_Owned]:
+        by_number = self._owned_by_number()
+        wanted = list(partitions)
+        others = sorted(
+            f"{topic}/{number}" for topic, number in wanted if (topic, number) not in by_number
+        )
+        if others:
+            raise ValueError(f"{', '.join(others)} not assigned to this member")
+        return [by_number[key] for key in wanted]
 
     def _forget_fetched(self, owned: _Owned) -> None:
         """Drop what was fetched for `owned`'s partition and not handed out, and forget its
@@ -650,7 +675,7 @@ class GroupConsumer(Closing, Generic[R]):
         busy = {o.endpoint for o in self._owned.values() if o.in_flight is not None}
         by_endpoint: dict[str, list[_Owned]] = {}
         for owned in self._owned.values():
-            if owned.in_flight is not None or owned.rest_until > now:
+            if owned.in_flight is not None or owned.rest_until > now or owned.paused:
                 continue
             if not owned.located and not self._locate(owned):
                 continue

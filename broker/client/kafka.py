@@ -1026,6 +1026,22 @@ class Consumer:
 
     incremental_assign = assign
 
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        """Stop reading `partitions` of this member's, keeping them (what was fetched for them
+        and not handed out is dropped: after `resume` the next message is the one after the
+        last one handed out); KafkaException for one not owned."""
+        try:
+            self._joined().pause((tp.topic, tp.partition) for tp in partitions)
+        except ValueError as error:
+            raise KafkaException(str(error)) from None
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        """Read `partitions` again after `pause`; KafkaException for one not owned."""
+        try:
+            self._joined().resume((tp.topic, tp.partition) for tp in partitions)
+        except ValueError as error:
+            raise KafkaException(str(error)) from None
+
     def unsubscribe(self) -> None:
         """Leave the group (committing with auto-commit)."""
         if self._member is not None:

@@ -370,6 +370,28 @@ def test_the_tutorials_reset_assigns_its_partitions_from_the_beginning_in_on_ass
             consumer.assign([TopicPartition(kafka_topic, 7, 0)])
 
 
+def test_a_paused_partition_is_not_read_until_resumed_and_goes_on_where_it_was(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    """Issue 52: no pause or resume."""
+    produce(broker, kafka_topic, ["a0", "a1"], partition=0)
+    settings = {**bootstrap(broker), "group.id": "pauses", "auto.offset.reset": "earliest"}
+    with subscribed(settings, kafka_topic) as consumer:
+        [first] = consumer.consume(1, timeout=30)
+        paused = TopicPartition(kafka_topic, first.partition())
+        consumer.pause([paused])
+        other = 1 - first.partition()
+        produce(broker, kafka_topic, ["b0"], partition=other)
+        got = consumer.consume(1, timeout=30)
+        assert [(m.partition(), m.value()) for m in got] == [(other, b"b0")]
+        assert consumer.consume(1, timeout=0.5) == []  # the paused one holds more, unread
+        consumer.resume([paused])
+        [after] = consumer.consume(1, timeout=30)
+        assert (after.partition(), after.offset()) == (first.partition(), first.next_offset())
+        with pytest.raises(KafkaException, match=f"{kafka_topic}/9 not assigned"):
+            consumer.pause([TopicPartition(kafka_topic, 9)])
+
+
 def test_list_topics_and_watermarks_as_the_get_watermark_offsets_example_uses_them(
     broker: RunningBroker, kafka_topic: str
 ) -> None:
