@@ -844,6 +844,27 @@ class Consumer:
             except PylogError as error:
                 raise KafkaException(error) from None
 
+    def offsets_for_times(
+        self, partitions: list[TopicPartition], timeout: float | None = None
+    ) -> list[TopicPartition]:
+        """For each of `partitions`, whose offset is a time in ms since the epoch, the offset
+        of the first message whose timestamp is at or after it (OFFSETS), or OFFSET_END when
+        no message is, as confluent-kafka gives them."""
+        found = []
+        with self._cluster() as cluster:
+            for tp in partitions:
+                try:
+                    at, end = (
+                        cluster.call_leader(OffsetsRequest(tp.topic, tp.partition, t), 3).offset
+                        for t in (tp.offset, LATEST)
+                    )
+                except PylogError as error:
+                    raise KafkaException(error) from None
+                found.append(
+                    TopicPartition(tp.topic, tp.partition, OFFSET_END if at >= end else at)
+                )
+        return found
+
     def _cluster(self) -> Cluster:
         """A cluster of its own for a one-off ask, closed by the caller."""
         return Cluster(

@@ -409,6 +409,11 @@ def test_list_topics_and_watermarks_as_the_get_watermark_offsets_example_uses_th
         assert kafka_topic in every.topics
         low, high = consumer.get_watermark_offsets(TopicPartition(kafka_topic, 0), timeout=10)
         assert (low, high) == (0, offsets[-1] + 28)  # bytes: the second message is 28 on disk
+        stamps = [TopicPartition(kafka_topic, 0, t) for t in (0, int(time.time() * 1000) + 60_000)]
+        assert [tp.offset for tp in consumer.offsets_for_times(stamps, timeout=10)] == [
+            0,  # the first message is after time 0
+            OFFSET_END,  # none is a minute from now
+        ]
         missing = consumer.list_topics("no-such-topic", timeout=10).topics["no-such-topic"]
         assert missing.error is not None and missing.error.name() == "UNKNOWN_TOPIC_OR_PART"
 
