@@ -270,6 +270,9 @@ class GroupConsumer(Closing, Generic[R]):
     `on_revoked`) when they were lost without a commit (a session that expired; the coordinator
     no longer knowing the member), their next owner reading from the last commit.
     `auto_commit_interval_s` None turns auto-commit off: then only `commit()` commits.
+    `store_processed` False (Kafka's enable.auto.offset.store false): records handed out do not
+    count as processed when the application asks for the next; only `store` moves what a
+    commit records.
     `skip_corrupt` reads past damaged data instead of raising CorruptSegment (see the module's
     text). `keys` (broker.security.ClientKeys: the client's key pair and the brokers' public
     key) reach brokers serving CurveZMQ (docs/security.md); without them the member speaks
@@ -302,6 +305,7 @@ class GroupConsumer(Closing, Generic[R]):
         instance_id: str | None = None,
         assignor: str | None = None,
         max_poll_interval_s: float = DEFAULT_MAX_POLL_INTERVAL_S,
+        store_processed: bool = True,
     ) -> None:
         if reset not in ("earliest", "latest"):
             raise ValueError(f"reset {reset!r}: use earliest or latest")
@@ -323,6 +327,7 @@ class GroupConsumer(Closing, Generic[R]):
         self.record_type = record_type if record_type is not None else cast("type[R]", Record)
         self.reset: Reset = reset
         self.auto_commit_interval_s = auto_commit_interval_s
+        self.store_processed = store_processed
         self.on_assigned = on_assigned
         self.on_revoked = on_revoked
         self.on_lost = on_lost
@@ -540,10 +545,19 @@ class GroupConsumer(Closing, Generic[R]):
 
     def _processed_all(self) -> None:
         """Count every record handed out as processed (the application asked for the next:
-        for the processing deadline, it polled now)."""
+        for the processing deadline, it polled now), unless `store_processed` is False."""
         self._heartbeats.membership.polled_at = self.clock.monotonic()
-        for owned in self._owned.values():
-            owned.position = owned.delivered
+        if self.store_processed:
+            for owned in self._owned.values():
+                owned.position = owned.delivered
+
+    def store(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """What the next commit (or auto-commit) records for each of `offsets`' partitions
+        ((topic, partition) -> the offset to read next): Kafka's store_offsets, for a member
+        whose `store_processed` is False. ValueError, nothing stored, for one not owned."""
+        owned = self._owned_among(offsets)
+        for partition, offset in zip(owned, offsets.values(), strict=True):
+            partition.position = offset
 
     def _fill(self, max_wait_ms: int | None) -> None:
         """Follow the assignment when it changed, auto-commit when due, and unless records are

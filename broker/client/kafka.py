@@ -474,6 +474,7 @@ CONSUMER_KEYS: Final = (
     "group.instance.id",
     "auto.offset.reset",
     "enable.auto.commit",
+    "enable.auto.offset.store",
     "auto.commit.interval.ms",
     "session.timeout.ms",
     "max.poll.interval.ms",
@@ -749,6 +750,9 @@ class Consumer:
         self._max_poll_s = (
             _number("max.poll.interval.ms", conf.get("max.poll.interval.ms", 300_000)) / 1000
         )
+        self._auto_store = _flag(
+            "enable.auto.offset.store", conf.get("enable.auto.offset.store", True)
+        )
         self._member: GroupConsumer[Message] | None = None
         self._closed = False
 
@@ -782,6 +786,7 @@ class Consumer:
                 instance_id=self._conf.get("group.instance.id"),
                 assignor=self._conf.get("group.remote.assignor"),
                 max_poll_interval_s=self._max_poll_s,
+                store_processed=self._auto_store,
                 reset=self._reset,
                 auto_commit_interval_s=self._auto_commit_s,
                 on_assigned=None
@@ -1046,6 +1051,25 @@ class Consumer:
                 self.seek(tp)
 
     incremental_assign = assign
+
+    def store_offsets(
+        self, message: Message | None = None, offsets: list[TopicPartition] | None = None
+    ) -> None:
+        """What the next commit (or auto-commit) records: after `message` (its next offset),
+        or `offsets` (each partition's offset to read next), for a consumer with
+        enable.auto.offset.store false, as confluent-kafka's; KafkaException for a partition
+        not owned."""
+        if (message is None) == (offsets is None):
+            raise TypeError("store_offsets takes a message or offsets")
+        stored = (
+            {(message.topic(), message.partition()): message.next_offset()}
+            if message is not None
+            else {(tp.topic, tp.partition): tp.offset for tp in offsets or ()}
+        )
+        try:
+            self._joined().store(stored)
+        except ValueError as error:
+            raise KafkaException(str(error)) from None
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         """Stop reading `partitions` of this member's, keeping them (what was fetched for them

@@ -370,6 +370,30 @@ def test_the_tutorials_reset_assigns_its_partitions_from_the_beginning_in_on_ass
             consumer.assign([TopicPartition(kafka_topic, 7, 0)])
 
 
+def test_with_auto_offset_store_off_only_stored_offsets_are_committed(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    """Issue 52: confluent-kafka's consumer example sets enable.auto.offset.store false and
+    calls store_offsets(msg) after each message it processed: neither was taken."""
+    produce(broker, kafka_topic, ["m0", "m1", "m2"])
+    settings = {
+        **bootstrap(broker),
+        "group.id": "stores",
+        "auto.offset.reset": "earliest",
+        "enable.auto.offset.store": False,
+    }
+    with subscribed(settings, kafka_topic) as consumer:
+        got = consumer.consume(3, timeout=30)
+        assert [m.value() for m in got] == [b"m0", b"m1", b"m2"]
+        consumer.store_offsets(got[0])  # m1 and m2 handed out, not processed
+        with pytest.raises(KafkaException, match="not assigned"):
+            consumer.store_offsets(offsets=[TopicPartition(kafka_topic, 9, 0)])
+    # closed: auto-commit recorded what was stored
+    with subscribed(settings, kafka_topic) as consumer:
+        [resumed] = consumer.consume(1, timeout=30)
+        assert resumed.value() == b"m1"
+
+
 def test_a_paused_partition_is_not_read_until_resumed_and_goes_on_where_it_was(
     broker: RunningBroker, kafka_topic: str
 ) -> None:
