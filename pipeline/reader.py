@@ -227,6 +227,13 @@ def read_range(
             position = _skip_damaged(tp, damage, fail_on_data_loss)
 
 
+def read_with(options: SourceOptions, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """`read_range` of `rng` as the source's options ask (a task of a batch or a stream)."""
+    return read_range(
+        rng, options.fail_on_data_loss, options.keys, options.headers, options.poll_timeout_s
+    )
+
+
 def _not_a_boundary(tp: SourcePartition, position: int, error: BrokerError) -> PipelineError:
     return NotMessageBoundary(tp.topic, tp.partition, position, error.message)
 
@@ -497,14 +504,7 @@ class PylogBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, OffsetRange):  # Spark's InputPartition(None) for no ranges
             return iter(())
-        options = self.options
-        return read_range(
-            partition,
-            options.fail_on_data_loss,
-            options.keys,
-            options.headers,
-            options.poll_timeout_s,
-        )
+        return read_with(self.options, partition)
 
 
 class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -682,14 +682,7 @@ class PylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
-        options = self.options
-        return read_range(
-            partition,
-            options.fail_on_data_loss,
-            options.keys,
-            options.headers,
-            options.poll_timeout_s,
-        )
+        return read_with(self.options, partition)
 
 
 def _within_count(
