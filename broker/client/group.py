@@ -495,6 +495,8 @@ class GroupConsumer(Closing, Generic[R]):
             owned.paused = False
 
     def _owned_among(self, partitions: Iterable[tuple[str, int]]) -> list[_Owned]:
+        """The owned partitions of `partitions` (topic, partition), in their order; ValueError
+        naming those this member does not own."""
         by_number = self._owned_by_number()
         wanted = list(partitions)
         others = sorted(
