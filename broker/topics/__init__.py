@@ -270,9 +270,14 @@ class Topics:
                 elif led_by_state:
                     leader, isr = -1, ()
                 failure = self.partition_errors.get((topic, number))
-                if leader == me:
+                if leader == me:  # served once its worker opened it (not while opening)
                     w = None if state is None else state.workers.get(number)
-                    serving = w is not None and self.pool.workers[w].connected
+                    serving = (
+                        w is not None
+                        and self.pool.workers[w].connected
+                        and state is not None
+                        and number in state.served
+                    )
                 else:
                     serving = leader in live
                 if failure is not None and leader == me:  # could not open it (disk full...)

@@ -467,10 +467,15 @@ def test_a_partition_that_cannot_be_opened_at_start_is_listed_with_its_error(
         (logs / "blocked-0").write_text("not a folder")  # its folder cannot be made
         broker = broker.restarted()
         client = RawClient(broker.endpoint)
-        reply = client.call(Api.METADATA, protocol.MetadataRequest(("blocked",)))
-        assert isinstance(reply, protocol.MetadataReply)
-        codes = [protocol.ErrorCode(p.error_code).name for p in reply.topics[0].partitions]
-        assert codes == ["STORAGE_ERROR", "NONE"]
+
+        def codes() -> list[str]:
+            reply = client.call(Api.METADATA, protocol.MetadataRequest(("blocked",)))
+            assert isinstance(reply, protocol.MetadataReply)
+            return [protocol.ErrorCode(p.error_code).name for p in reply.topics[0].partitions]
+
+        # PARTITION_UNAVAILABLE while its worker opens it (never NONE before it said so)
+        wait_until(lambda: "PARTITION_UNAVAILABLE" not in codes(), 30, "the partitions opened")
+        assert codes() == ["STORAGE_ERROR", "NONE"]
         with pytest.raises(BrokerError) as raised:
             client.produce("blocked", 0, big_set(1), Ack.FLUSHED)
         assert raised.value.name == "STORAGE_ERROR"

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import zmq
 
-from broker import protocol
+from broker import control, protocol
 from broker.config import BrokerConfig
 from broker.errors import TopicAlreadyExists
 from broker.pool import WorkerPool
 from broker.protocol import CREATE_WAIT_S
 from broker.registry import BrokerRegistration, PartitionState, Registry, TopicConfig
 from broker.registry_calls import RegistryCalls
-from broker.topics import Topics
+from broker.topics import Topics, TopicState
 from broker.topics.admin import registry_wait_s
 from tests.conftest import FakeClock
 
@@ -70,6 +70,27 @@ def test_a_partition_of_one_replica_is_led_by_it_with_no_epoch(topics: Topics) -
     answer = partition(topics, "single")
     assert (answer.broker_id, answer.leader_epoch, answer.isr) == (2, -1, (2,))
     assert answer.error_code == protocol.ErrorCode.NONE
+
+
+def test_a_partition_led_here_is_unavailable_until_its_worker_opened_it(topics: Topics) -> None:
+    """docs/protocol.md: PARTITION_UNAVAILABLE while the leader is still opening it. A broker
+    just started answered NONE for its partitions once their worker was connected, before the
+    worker had opened them, and so NONE for one its worker then could not open (CI met it:
+    test_a_partition_that_cannot_be_opened_at_start_is_listed_with_its_error)."""
+    topics.configs["clicks"] = TopicConfig(2, (ME, ME))
+    topics.held["clicks"] = TopicState({}, {0: 0, 1: 0})
+    worker = topics.pool.workers[0]
+    worker.connected = True
+    (info,) = topics.metadata(("clicks",), PORT).topics
+    assert [p.error_code for p in info.partitions] == [protocol.ErrorCode.PARTITION_UNAVAILABLE] * 2
+    failed = (("clicks", 0, int(protocol.ErrorCode.STORAGE_ERROR), "cannot"),)
+    topics.worker_report(worker, control.PartitionsOpened((), failed))
+    topics.held["clicks"].served.add(1)  # what an opened report does (its registration aside)
+    (info,) = topics.metadata(("clicks",), PORT).topics
+    assert [p.error_code for p in info.partitions] == [
+        protocol.ErrorCode.STORAGE_ERROR,
+        protocol.ErrorCode.NONE,
+    ]
 
 
 def test_a_create_topic_whose_holder_never_serves_is_answered_after_the_wait(
