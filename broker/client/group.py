@@ -272,7 +272,7 @@ class GroupConsumer(Closing, Generic[R]):
     `auto_commit_interval_s` None turns auto-commit off: then only `commit()` commits.
     `store_processed` False (Kafka's enable.auto.offset.store false): records handed out do not
     count as processed when the application asks for the next; only `store` moves what a
-    commit records.
+    commit records. `logger`: where the member logs (confluent-kafka's `logger` setting).
     `skip_corrupt` reads past damaged data instead of raising CorruptSegment (see the module's
     text). `keys` (broker.security.ClientKeys: the client's key pair and the brokers' public
     key) reach brokers serving CurveZMQ (docs/security.md); without them the member speaks
@@ -306,6 +306,7 @@ class GroupConsumer(Closing, Generic[R]):
         assignor: str | None = None,
         max_poll_interval_s: float = DEFAULT_MAX_POLL_INTERVAL_S,
         store_processed: bool = True,
+        logger: logging.Logger | None = None,
     ) -> None:
         if reset not in ("earliest", "latest"):
             raise ValueError(f"reset {reset!r}: use earliest or latest")
@@ -328,6 +329,9 @@ class GroupConsumer(Closing, Generic[R]):
         self.reset: Reset = reset
         self.auto_commit_interval_s = auto_commit_interval_s
         self.store_processed = store_processed
+        self.log = logger if logger is not None else log
+        """Where its warnings and rebalances are logged (default the "pylog.group" logger; its
+        heartbeat thread's warnings too)."""
         self.on_assigned = on_assigned
         self.on_revoked = on_revoked
         self.on_lost = on_lost
@@ -371,7 +375,9 @@ class GroupConsumer(Closing, Generic[R]):
         beats = GroupCalls(
             broker, group, client_id, min(timeout_s, session_timeout_s / 2), keys=keys
         )
-        self._heartbeats = Heartbeats(membership, beats, self.clock, self._rebalance_wanted)
+        self._heartbeats = Heartbeats(
+            membership, beats, self.clock, self._rebalance_wanted, log=self.log
+        )
         """The heartbeat thread (it sends the join and every heartbeat; the first poll waits
         for its answer) and the member's state."""
         self._heartbeats.start()
@@ -612,7 +618,7 @@ class GroupConsumer(Closing, Generic[R]):
                 raise
             if lagging:
                 self.cluster.leaders.clear()
-            log.warning("group %s: rebalance interrupted, will retry: %s", self.group, error)
+            self.log.warning("group %s: rebalance interrupted, will retry: %s", self.group, error)
             self._rebalance_wanted.set()
             return False
         return True
@@ -654,7 +660,7 @@ class GroupConsumer(Closing, Generic[R]):
         self._stop_fetching()
         self._owned.clear()
         if dropped:
-            log.warning(
+            self.log.warning(
                 "group %s: %s lost its %d partitions to the group; joining again",
                 self.group,
                 self.consumer_id,
@@ -767,7 +773,7 @@ class GroupConsumer(Closing, Generic[R]):
                     owned.in_flight = None
                     owned.rest_until = self.clock.monotonic() + RETRY_BACKOFF_S
                     owned.located = False  # the broker may be down: another may lead now
-                    log.warning("no reply to a fetch of %s from %s", owned.tp, owned.endpoint)
+                    self.log.warning("no reply to a fetch of %s from %s", owned.tp, owned.endpoint)
 
     def _follow_leader(self, owned: _Owned, error: PylogError) -> None:
         """After a fetch of `owned` failed with a retriable `error` (or none came): fetch next
@@ -791,7 +797,7 @@ class GroupConsumer(Closing, Generic[R]):
         except (BrokerError, Unavailable) as error:
             if isinstance(error, BrokerError) and not error.retriable:
                 raise
-            log.warning("group %s: where is %s led? %s", self.group, tp, error)
+            self.log.warning("group %s: where is %s led? %s", self.group, tp, error)
             owned.rest_until = self.clock.monotonic() + RETRY_BACKOFF_S
             return False
         info = self.cluster.leaders.get((tp.topic, tp.partition))
@@ -855,7 +861,7 @@ class GroupConsumer(Closing, Generic[R]):
             owned.rest_until = self.clock.monotonic() + RETRY_BACKOFF_S
             return
         self.offset_resets += 1
-        log.warning(
+        self.log.warning(
             "group %s: offset %d of %s/%d is out of range (deleted by retention?): "
             "reading from %s offset %d",
             self.group,
@@ -873,7 +879,7 @@ class GroupConsumer(Closing, Generic[R]):
         is still in hand)."""
         if not self.skip_corrupt:
             raise damage
-        log.warning("group %s: skipping damaged data: %s", self.group, damage)
+        self.log.warning("group %s: skipping damaged data: %s", self.group, damage)
         self.skipped.append((owned.tp, damage.start, damage.end))
         if owned.position == owned.delivered == damage.start:
             owned.position = owned.delivered = damage.end
@@ -918,7 +924,7 @@ class GroupConsumer(Closing, Generic[R]):
         claimed = self._broker_partitions(given)
         waiting = frozenset(self._start(claimed))
         if waiting and waiting != self._waiting:
-            log.warning(
+            self.log.warning(
                 "group %s: %d partitions given wait for a leader to read them from "
                 "(their brokers down?), tried again every %g s: %s",
                 self.group,
@@ -932,7 +938,7 @@ class GroupConsumer(Closing, Generic[R]):
         if not started:
             return
         self.rebalances += 1
-        log.info(
+        self.log.info(
             "group %s: %s was given %d partitions: %s",
             self.group,
             self.consumer_id,
@@ -1075,7 +1081,7 @@ class GroupConsumer(Closing, Generic[R]):
                 except (Unavailable, BrokerError) as error:
                     if isinstance(error, BrokerError) and not error.retriable:
                         raise
-                    log.warning("group %s: where does %s start? %s", self.group, tp, error)
+                    self.log.warning("group %s: where does %s start? %s", self.group, tp, error)
         return offsets
 
     def _reset_offset(self, tp: BrokerPartition) -> int:
@@ -1151,7 +1157,7 @@ class GroupConsumer(Closing, Generic[R]):
         try:
             self._commit_positions()
         except (BrokerError, Unavailable) as error:  # tried again next time
-            log.warning("group %s: auto-commit failed: %s", self.group, error)
+            self.log.warning("group %s: auto-commit failed: %s", self.group, error)
 
     # -- life cycle --------------------------------------------------------------------------
 

@@ -447,6 +447,7 @@ _COMMON: Final = (
     "pylog.key.file",
     "pylog.broker.key",
     "request.timeout.ms",
+    "logger",
 )
 PRODUCER_KEYS: Final = (
     *_COMMON,
@@ -787,6 +788,7 @@ class Consumer:
                 assignor=self._conf.get("group.remote.assignor"),
                 max_poll_interval_s=self._max_poll_s,
                 store_processed=self._auto_store,
+                logger=self._conf.get("logger"),
                 reset=self._reset,
                 auto_commit_interval_s=self._auto_commit_s,
                 on_assigned=None

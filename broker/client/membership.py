@@ -154,6 +154,8 @@ class Heartbeats:
     _kick: threading.Event = field(default_factory=threading.Event)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    log: logging.Logger = log
+    """Where its warnings go (the member's `logger`)."""
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -186,7 +188,7 @@ class Heartbeats:
             with self.lock:
                 if self.membership.past_deadline(self.clock.monotonic()):
                     request = self.membership.deadline_passed()
-                    log.warning(
+                    self.log.warning(
                         "group %s: %s has not polled for longer than its max_poll_interval_s "
                         "(%g s): leaving the group; its partitions go to others, and it joins "
                         "again at its next poll",
@@ -202,7 +204,7 @@ class Heartbeats:
                 try:
                     self.calls.heartbeat(request)
                 except (BrokerError, Unavailable) as error:  # removed at its session then
-                    log.warning("group %s: leave: %s", self.membership.group, error)
+                    self.log.warning("group %s: leave: %s", self.membership.group, error)
             elif request is not None:
                 sent_at = self.clock.monotonic()
                 try:
@@ -211,14 +213,16 @@ class Heartbeats:
                     with self.lock:
                         lost = self.membership.refused(error)
                     if lost:
-                        log.warning("group %s: %s; joining again", self.membership.group, error)
+                        self.log.warning(
+                            "group %s: %s; joining again", self.membership.group, error
+                        )
                         self.changed.set()
                         continue
                     if isinstance(error, BrokerError) and not error.retriable:
                         self.failure = error
                         self.changed.set()
                         return
-                    log.warning("group %s: heartbeat: %s", self.membership.group, error)
+                    self.log.warning("group %s: heartbeat: %s", self.membership.group, error)
                     wait_s = backoff.next()
                 else:
                     backoff.reset()
@@ -241,7 +245,7 @@ class Heartbeats:
         try:
             self.calls.heartbeat(request)
         except (BrokerError, Unavailable) as error:
-            log.warning("group %s: leave: %s", self.membership.group, error)
+            self.log.warning("group %s: leave: %s", self.membership.group, error)
 
     def stop(self) -> bool:
         """Stop the thread; False when it is still waiting on a heartbeat after STOP_WAIT_S

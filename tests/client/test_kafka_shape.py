@@ -6,6 +6,7 @@ seek, position, deserializers, group members that need only a broker's address).
 from __future__ import annotations
 
 import contextlib
+import logging
 import subprocess
 import sys
 import time
@@ -371,16 +372,20 @@ def test_the_tutorials_reset_assigns_its_partitions_from_the_beginning_in_on_ass
 
 
 def test_with_auto_offset_store_off_only_stored_offsets_are_committed(
-    broker: RunningBroker, kafka_topic: str
+    broker: RunningBroker, kafka_topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 52: confluent-kafka's consumer example sets enable.auto.offset.store false and
-    calls store_offsets(msg) after each message it processed: neither was taken."""
+    """Issue 52: confluent-kafka's consumer example sets enable.auto.offset.store false, gives
+    the Consumer its own `logger`, and calls store_offsets(msg) after each message it
+    processed: none of the three was taken."""
     produce(broker, kafka_topic, ["m0", "m1", "m2"])
+    logger = logging.getLogger("the-examples-consumer")
+    caplog.set_level(logging.INFO, logger.name)
     settings = {
         **bootstrap(broker),
         "group.id": "stores",
         "auto.offset.reset": "earliest",
         "enable.auto.offset.store": False,
+        "logger": logger,
     }
     with subscribed(settings, kafka_topic) as consumer:
         got = consumer.consume(3, timeout=30)
@@ -392,6 +397,9 @@ def test_with_auto_offset_store_off_only_stored_offsets_are_committed(
     with subscribed(settings, kafka_topic) as consumer:
         [resumed] = consumer.consume(1, timeout=30)
         assert resumed.value() == b"m1"
+    assert any(  # the member logs to the logger given: its rebalances, its warnings
+        r.name == logger.name and "was given 2 partitions" in r.getMessage() for r in caplog.records
+    )
 
 
 def test_a_paused_partition_is_not_read_until_resumed_and_goes_on_where_it_was(
