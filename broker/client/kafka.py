@@ -32,7 +32,7 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Self, cast
 
@@ -355,6 +355,23 @@ def _list_topics(cluster: Cluster, topic: str | None) -> ClusterMetadata:
             for info in reply.topics
         },
     )
+
+
+@contextlib.contextmanager
+def _as_kafka_errors() -> Iterator[None]:
+    """A PylogError, or a ValueError (a partition this member does not own), raised as the
+    KafkaException a confluent-kafka program catches."""
+    try:
+        yield
+    except PylogError as error:
+        raise KafkaException(error) from None
+    except ValueError as error:
+        raise KafkaException(str(error)) from None
+
+
+def _offset_at(cluster: Cluster, topic: str, partition: int, time: int) -> int:
+    """OFFSETS of `partition` of `topic` at `time` (EARLIEST, LATEST or ms), from its leader."""
+    return cluster.call_leader(OffsetsRequest(topic, partition, time), 3).offset
 
 
 _ACKS: Final = {"0": Ack.NONE, "1": Ack.WRITTEN, "-1": Ack.ALL, "all": Ack.ALL}
@@ -818,10 +835,8 @@ class Consumer:
     ) -> list[TopicPartition]:
         """`partitions` with the group's committed offset of each (OFFSET_INVALID for one with
         none), asked of the coordinator."""
-        try:
+        with _as_kafka_errors():
             found = self._joined().committed((tp.topic, tp.partition) for tp in partitions)
-        except PylogError as error:
-            raise KafkaException(error) from None
         return [
             TopicPartition(
                 tp.topic, tp.partition, found.get((tp.topic, tp.partition), OFFSET_INVALID)
@@ -841,15 +856,12 @@ class Consumer:
         """(low, high): the log start and the high watermark of `partition`, asked of its
         leader (`cached` data pylog does not keep: asked either way). Offsets are byte
         positions, so `high - low` is bytes, not messages."""
-        with self._cluster() as cluster:
-            try:
-                low, high = (
-                    cluster.call_leader(OffsetsRequest(partition.topic, partition.partition, t), 3)
-                    for t in (EARLIEST, LATEST)
-                )
-                return low.offset, high.offset
-            except PylogError as error:
-                raise KafkaException(error) from None
+        topic, number = partition.topic, partition.partition
+        with self._cluster() as cluster, _as_kafka_errors():
+            return (
+                _offset_at(cluster, topic, number, EARLIEST),
+                _offset_at(cluster, topic, number, LATEST),
+            )
 
     def offsets_for_times(
         self, partitions: list[TopicPartition], timeout: float | None = None
@@ -858,15 +870,10 @@ class Consumer:
         of the first message whose timestamp is at or after it (OFFSETS), or OFFSET_END when
         no message is, as confluent-kafka gives them."""
         found = []
-        with self._cluster() as cluster:
+        with self._cluster() as cluster, _as_kafka_errors():
             for tp in partitions:
-                try:
-                    at, end = (
-                        cluster.call_leader(OffsetsRequest(tp.topic, tp.partition, t), 3).offset
-                        for t in (tp.offset, LATEST)
-                    )
-                except PylogError as error:
-                    raise KafkaException(error) from None
+                at = _offset_at(cluster, tp.topic, tp.partition, tp.offset)
+                end = _offset_at(cluster, tp.topic, tp.partition, LATEST)
                 found.append(
                     TopicPartition(tp.topic, tp.partition, OFFSET_END if at >= end else at)
                 )
@@ -975,7 +982,7 @@ class Consumer:
         member = self._joined()
         if message is not None and offsets is not None:
             raise ValueError("commit takes a message or offsets, not both")
-        try:
+        with _as_kafka_errors():
             if message is not None:
                 chosen = {(message.topic(), message.partition()): message.next_offset()}
                 member.commit(chosen)
@@ -988,10 +995,6 @@ class Consumer:
             else:
                 member.commit()
                 committed = self.position(self.assignment())
-        except PylogError as error:
-            raise KafkaException(error) from None
-        except ValueError as error:
-            raise KafkaException(str(error)) from None
         return None if asynchronous else committed
 
     def assignment(self) -> list[TopicPartition]:
@@ -1018,15 +1021,10 @@ class Consumer:
         the high watermark, asked of its leader); KafkaException when not owned."""
         member = self._joined()
         topic, number, offset = partition.topic, partition.partition, partition.offset
-        try:
+        with _as_kafka_errors():
             if offset in (OFFSET_BEGINNING, OFFSET_END):  # OFFSETS' own EARLIEST and LATEST
-                request = OffsetsRequest(topic, number, offset)
-                offset = member.cluster.call_leader(request, 3).offset
+                offset = _offset_at(member.cluster, topic, number, offset)
             member.seek(topic, number, offset)
-        except ValueError as error:
-            raise KafkaException(str(error)) from None
-        except PylogError as error:
-            raise KafkaException(error) from None
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         """Where the partitions this member was given are read from: each with an offset
@@ -1068,26 +1066,20 @@ class Consumer:
             if message is not None
             else {(tp.topic, tp.partition): tp.offset for tp in offsets or ()}
         )
-        try:
+        with _as_kafka_errors():
             self._joined().store(stored)
-        except ValueError as error:
-            raise KafkaException(str(error)) from None
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         """Stop reading `partitions` of this member's, keeping them (what was fetched for them
         and not handed out is dropped: after `resume` the next message is the one after the
         last one handed out); KafkaException for one not owned."""
-        try:
+        with _as_kafka_errors():
             self._joined().pause((tp.topic, tp.partition) for tp in partitions)
-        except ValueError as error:
-            raise KafkaException(str(error)) from None
 
     def resume(self, partitions: list[TopicPartition]) -> None:
         """Read `partitions` again after `pause`; KafkaException for one not owned."""
-        try:
+        with _as_kafka_errors():
             self._joined().resume((tp.topic, tp.partition) for tp in partitions)
-        except ValueError as error:
-            raise KafkaException(str(error)) from None
 
     def unsubscribe(self) -> None:
         """Leave the group (committing with auto-commit)."""
