@@ -508,3 +508,37 @@ def test_values_and_keys_are_bytes_or_str_and_a_tombstone_is_refused(
     producer.close()
     with PartitionConsumer(broker.endpoint, kafka_topic, 0, stop_at_end=True) as consumer:
         assert [(m.key, m.value) for m in consumer] == [(b"k", "café".encode())]
+
+
+def test_on_revoke_commits_as_close_gives_the_partitions_up_and_unassign_works_only_there(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    """The asyncio example's on_revoke commits; at close() that failed "not subscribed" (the
+    member was dropped before it gave its partitions up), so what the program read was read
+    again by the next member. confluent-kafka's eager examples call unassign() in on_revoke:
+    there it is taken, elsewhere refused in one line."""
+    offsets = produce(broker, kafka_topic, ["a", "b", "c"])
+    revoked: list[list[TopicPartition]] = []
+
+    def on_revoke(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        consumer.commit(asynchronous=False)
+        consumer.unassign()
+        revoked.append(partitions)
+
+    settings = {
+        **bootstrap(broker),
+        "group.id": "revokers",
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+    }
+    consumer = Consumer(settings)
+    consumer.subscribe([kafka_topic], on_revoke=on_revoke)
+    got = consumer.consume(2, timeout=30)
+    assert [m.value() for m in got] == [b"a", b"b"]
+    with pytest.raises(KafkaException, match="not being revoked"):
+        consumer.unassign()
+    consumer.close()
+    assert revoked == [[TopicPartition(kafka_topic, 0), TopicPartition(kafka_topic, 1)]]
+    with subscribed(settings, kafka_topic) as again:
+        [next_one] = again.consume(1, timeout=30)
+        assert (next_one.value(), next_one.offset()) == (b"c", offsets[2])

@@ -772,6 +772,8 @@ class Consumer:
             "enable.auto.offset.store", conf.get("enable.auto.offset.store", True)
         )
         self._member: GroupConsumer[Message] | None = None
+        self._revoking: frozenset[tuple[str, int]] = frozenset()
+        """The partitions on_revoke or on_lost is being called for, while it runs."""
         self._closed = False
 
     def subscribe(
@@ -811,12 +813,8 @@ class Consumer:
                 on_assigned=None
                 if on_assign is None
                 else lambda owned: on_assign(self, _partitions(owned)),
-                on_revoked=None
-                if on_revoke is None
-                else lambda owned: on_revoke(self, _partitions(owned)),
-                on_lost=None
-                if on_lost is None
-                else lambda owned: on_lost(self, _partitions(owned)),
+                on_revoked=None if on_revoke is None else self._revoked(on_revoke),
+                on_lost=None if on_lost is None else self._revoked(on_lost),
                 max_wait_ms=self._wait_ms,
                 session_timeout_s=self._session_s,
                 client_id=str(self._conf.get("client.id", DEFAULT_CLIENT_ID)),
@@ -829,6 +827,22 @@ class Consumer:
             raise KafkaException(error) from None
         except ValueError as error:  # a setting out of its bounds (max.poll.interval.ms)
             raise KafkaException(str(error)) from None
+
+    def _revoked(
+        self, callback: Callable[[Consumer, list[TopicPartition]], object]
+    ) -> Callable[[Iterable[BrokerPartition]], None]:
+        """`callback` as the group member calls it for partitions going away, noting them
+        for `incremental_unassign` while it runs."""
+
+        def call(owned: Iterable[BrokerPartition]) -> None:
+            partitions = _partitions(owned)
+            self._revoking = frozenset((tp.topic, tp.partition) for tp in partitions)
+            try:
+                callback(self, partitions)
+            finally:
+                self._revoking = frozenset()
+
+        return call
 
     def committed(
         self, partitions: list[TopicPartition], timeout: float | None = None
@@ -1052,6 +1066,24 @@ class Consumer:
 
     incremental_assign = assign
 
+    def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        """Give up `partitions`: in on_revoke or on_lost, for the partitions it was called
+        with, as confluent-kafka's examples do (the member gives them up when the callback
+        returns, whether or not this was called). Elsewhere a KafkaException: a pylog member
+        owns what its group gives it until the group moves it; pause() stops reading one."""
+        asked = {(tp.topic, tp.partition) for tp in partitions}
+        others = sorted(f"{topic}/{number}" for topic, number in asked - self._revoking)
+        if others:
+            raise KafkaException(
+                f"unassign: {', '.join(others)} not being revoked: a pylog member gives up "
+                "partitions when its group moves them (in on_revoke); pause() stops reading one"
+            )
+
+    def unassign(self) -> None:
+        """Give up every partition, in on_revoke or on_lost (incremental_unassign)."""
+        revoking = [TopicPartition(topic, number) for topic, number in sorted(self._revoking)]
+        self.incremental_unassign(revoking or self.assignment())
+
     def store_offsets(
         self, message: Message | None = None, offsets: list[TopicPartition] | None = None
     ) -> None:
@@ -1082,10 +1114,13 @@ class Consumer:
             self._joined().resume((tp.topic, tp.partition) for tp in partitions)
 
     def unsubscribe(self) -> None:
-        """Leave the group (committing with auto-commit)."""
+        """Leave the group (committing with auto-commit); on_revoke runs for the partitions
+        given up, and may commit them."""
         if self._member is not None:
-            member, self._member = self._member, None
-            member.close()
+            try:
+                self._member.close()
+            finally:
+                self._member = None
 
     def close(self) -> None:
         """Leave the group and close; poll() raises RuntimeError after."""
