@@ -34,11 +34,35 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Self, cast
+from typing import Any, Final, NoReturn, Self, cast
 
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.client.group import BrokerPartition, GroupConsumer
+from broker.client.kafka.model import (
+    ConsumerGroupState as ConsumerGroupState,
+)
+from broker.client.kafka.model import (
+    ConsumerGroupTopicPartitions as ConsumerGroupTopicPartitions,
+)
+from broker.client.kafka.model import (
+    ConsumerGroupType as ConsumerGroupType,
+)
+from broker.client.kafka.model import (
+    ElectionType as ElectionType,
+)
+from broker.client.kafka.model import (
+    IsolationLevel as IsolationLevel,
+)
+from broker.client.kafka.model import (
+    Node as Node,
+)
+from broker.client.kafka.model import (
+    TopicCollection as TopicCollection,
+)
+from broker.client.kafka.model import (
+    TopicPartitionInfo as TopicPartitionInfo,
+)
 from broker.client.producer import DELIVERY_TIMEOUT_S, Batch
 from broker.client.producer import Producer as _Producer
 from broker.errors import (
@@ -46,13 +70,17 @@ from broker.errors import (
     AuthorizationFailed,
     BrokerError,
     CorruptSegment,
+    GroupNotEmptyError,
     InvalidMessage,
+    InvalidTopic,
     MessageTooLarge,
     NotEnoughReplicas,
     NotLeaderForPartition,
     OffsetOutOfRange,
     PylogError,
+    TopicAlreadyExists,
     Unavailable,
+    UnknownGroup,
     UnknownTopicOrPartition,
 )
 from broker.log.compression import compressor_for
@@ -83,6 +111,7 @@ class KafkaError:
     _AUTHENTICATION: Final = -169
     _INVALID_ARG: Final = -186
     _UNKNOWN_PARTITION: Final = -190
+    _NOT_IMPLEMENTED: Final = -170
     OFFSET_OUT_OF_RANGE: Final = 1
     CORRUPT_MESSAGE: Final = 2
     UNKNOWN_TOPIC_OR_PART: Final = 3
@@ -90,6 +119,10 @@ class KafkaError:
     MSG_SIZE_TOO_LARGE: Final = 10
     NOT_ENOUGH_REPLICAS: Final = 19
     TOPIC_AUTHORIZATION_FAILED: Final = 29
+    TOPIC_ALREADY_EXISTS: Final = 36
+    INVALID_TOPIC_EXCEPTION: Final = 17
+    NON_EMPTY_GROUP: Final = 68
+    GROUP_ID_NOT_FOUND: Final = 69
 
     def __init__(
         self, code: int, reason: str, retriable: bool = False, error: PylogError | None = None
@@ -153,6 +186,10 @@ _CODES: Final[tuple[tuple[type[PylogError], int], ...]] = (
     (MessageTooLarge, KafkaError.MSG_SIZE_TOO_LARGE),
     (NotEnoughReplicas, KafkaError.NOT_ENOUGH_REPLICAS),
     (AuthorizationFailed, KafkaError.TOPIC_AUTHORIZATION_FAILED),
+    (TopicAlreadyExists, KafkaError.TOPIC_ALREADY_EXISTS),
+    (InvalidTopic, KafkaError.INVALID_TOPIC_EXCEPTION),
+    (GroupNotEmptyError, KafkaError.NON_EMPTY_GROUP),
+    (UnknownGroup, KafkaError.GROUP_ID_NOT_FOUND),
     (AuthenticationFailed, KafkaError._AUTHENTICATION),
     (Unavailable, KafkaError._TRANSPORT),
 )
@@ -168,6 +205,37 @@ class KafkaException(Exception):
         elif isinstance(error, str):
             error = KafkaError(KafkaError._INVALID_ARG, error)
         super().__init__(error)
+
+
+class IllegalStateException(KafkaException):
+    """confluent-kafka's, for a call made in the wrong state (its share consumer's)."""
+
+
+class ConcurrentModificationException(KafkaException):
+    """confluent-kafka's, for a client used from two threads at once (its share consumer's)."""
+
+
+NO_TRANSACTIONS: Final = (
+    "transactions: pylog has none (yet): no transactional.id, init_transactions or "
+    "read_committed; its idempotent producer stores a batch sent again once "
+    "(docs/clients.md, 'What pylog does not have')"
+)
+
+
+def _not_implemented(what: str) -> KafkaException:
+    """The one-line refusal of a confluent-kafka feature pylog does not have."""
+    return KafkaException(KafkaError(KafkaError._NOT_IMPLEMENTED, what))
+
+
+class ShareConsumer:
+    """confluent-kafka's share consumer (KIP-932's queues): pylog has no share groups; each
+    partition of a pylog group is read by one member at a time."""
+
+    def __init__(self, conf: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        raise _not_implemented(
+            "share groups: pylog has none (KIP-932's queues); read with a Consumer in a group "
+            "(docs/clients.md, 'What pylog does not have')"
+        )
 
 
 class TopicPartition:
@@ -377,6 +445,8 @@ def _offset_at(cluster: Cluster, topic: str, partition: int, time: int) -> int:
 _ACKS: Final = {"0": Ack.NONE, "1": Ack.WRITTEN, "-1": Ack.ALL, "all": Ack.ALL}
 _TRUE: Final = frozenset({"true", "1", "yes"})
 _FALSE: Final = frozenset({"false", "0", "no"})
+_ISOLATIONS: Final = {"read_committed": True, "read_uncommitted": True}
+"""Both the same in pylog: it has no transactions, so every message stored is committed."""
 _RESETS: Final = {
     "earliest": "earliest",
     "smallest": "earliest",
@@ -501,6 +571,7 @@ CONSUMER_KEYS: Final = (
     "fetch.max.bytes",
     "max.partition.fetch.bytes",
     "enable.partition.eof",
+    "isolation.level",
     "key.deserializer",
     "value.deserializer",
 )
@@ -523,7 +594,10 @@ class Producer:
     """confluent_kafka.Producer's shape over pylog's Producer: not bound to a topic."""
 
     def __init__(self, conf: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        conf = _settings({**(conf or {}), **kwargs}, PRODUCER_KEYS, "producer")
+        conf = {**(conf or {}), **kwargs}
+        if "transactional.id" in conf:
+            raise _not_implemented(NO_TRANSACTIONS)
+        conf = _settings(conf, PRODUCER_KEYS, "producer")
         ack = _choice("acks", conf.get("acks", conf.get("request.required.acks", "all")), _ACKS)
         idempotence = _flag("enable.idempotence", conf.get("enable.idempotence", True))
         if idempotence and ack is Ack.NONE:
@@ -715,6 +789,13 @@ class Producer:
         ) as cluster:
             return _list_topics(cluster, topic)
 
+    def _no_transactions(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise _not_implemented(NO_TRANSACTIONS)
+
+    init_transactions = begin_transaction = commit_transaction = abort_transaction = (
+        send_offsets_to_transaction
+    ) = _no_transactions
+
     def close(self) -> None:
         """Close every connection (what is not flushed is not sent)."""
         for producer in self._producers.values():
@@ -771,6 +852,7 @@ class Consumer:
         self._auto_store = _flag(
             "enable.auto.offset.store", conf.get("enable.auto.offset.store", True)
         )
+        _choice("isolation.level", conf.get("isolation.level", "read_committed"), _ISOLATIONS)
         self._member: GroupConsumer[Message] | None = None
         self._revoking: frozenset[tuple[str, int]] = frozenset()
         """The partitions on_revoke or on_lost is being called for, while it runs."""

@@ -1,0 +1,995 @@
+"""confluent_kafka.admin's shape over pylog's Admin and GroupCalls, for programs written for
+Kafka: `AdminClient(conf)` with `create_topics`, `delete_topics`, `create_partitions`,
+`describe_configs`, `alter_configs`, `incremental_alter_configs`, `list_topics`,
+`describe_topics`, `describe_cluster`, `list_groups`, `list_consumer_groups`,
+`describe_consumer_groups`, `delete_consumer_groups`, `list_consumer_group_offsets`,
+`alter_consumer_group_offsets` and `list_offsets`, each returning
+concurrent.futures.Future objects as confluent-kafka's do (a dict of them by topic, group,
+resource or partition, or one), whose `result()` raises KafkaException.
+
+The calls run one after another in the client's own thread (its ZeroMQ sockets belong to it),
+in the order made. Topic settings are named as Kafka names them (`retention.ms`,
+`compression.type`, ...: TOPIC_SETTINGS; -1 for "none"), or as pylog does. What pylog does not
+have (ACLs set through Kafka's api, SCRAM users, record deletion and leader elections through
+this client, transactions) raises KafkaException at once, with one line naming what to use
+instead (docs/clients.md, "The admin client").
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Final, NoReturn, TypeVar
+
+from broker.client.admin import Admin, zookeeper_of
+from broker.client.connection import DEFAULT_CLIENT_ID, normalize_endpoint
+from broker.client.coordinator import GroupCalls
+from broker.client.kafka import (
+    _COMMON,
+    OFFSET_END,
+    OFFSET_INVALID,
+    BrokerMetadata,
+    ClusterMetadata,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+    _keys,
+    _list_topics,
+    _not_implemented,
+    _number,
+    _offset_at,
+    _settings,
+)
+from broker.client.kafka.model import (
+    ConsumerGroupState,
+    ConsumerGroupTopicPartitions,
+    ConsumerGroupType,
+    Node,
+    TopicCollection,
+    TopicPartitionInfo,
+)
+from broker.errors import BrokerUnknownGroup, PylogError
+from broker.groups.assignors import TopicPartition as GroupTopicPartition
+from broker.lifecycle import Closing
+from broker.protocol import (
+    EARLIEST,
+    LATEST,
+    DescribeGroupReply,
+    ErrorCode,
+    GroupListing,
+    GroupPartitions,
+    broker_error,
+)
+from broker.security import KeyFileError, ZooKeeperAuth
+
+T = TypeVar("T")
+
+ADMIN_KEYS: Final = (*_COMMON, "pylog.zookeeper.auth.file")
+"""The keys an AdminClient takes: the common ones, and the ZooKeeper identity file
+create_partitions needs on a cluster whose registry is secured (docs/security.md)."""
+
+TOPIC_SETTINGS: Final = {
+    "flush.messages": "flush_messages",
+    "flush.ms": "flush_interval_ms",
+    "segment.bytes": "segment_bytes",
+    "segment.ms": "segment_ms",
+    "retention.ms": "retention_ms",
+    "retention.bytes": "retention_bytes",
+    "max.message.bytes": "max_message_bytes",
+    "compression.type": "compression",
+    "min.insync.replicas": "min_insync_replicas",
+    "unclean.leader.election.enable": "unclean_leader_election",
+}
+"""Kafka's name of each topic setting pylog has, to pylog's (docs/protocol.md, "Topic
+settings"); `replication_factor` has none (NewTopic's replication_factor sets it)."""
+_UNLIMITED: Final = frozenset({"segment_ms", "retention_ms", "retention_bytes"})
+"""pylog's settings whose "none" (no limit) is Kafka's -1."""
+_KAFKA_NAMES: Final = {pylog: kafka for kafka, pylog in TOPIC_SETTINGS.items()}
+_FIXED: Final = frozenset({"replication_factor"})
+"""Set at creation only: alter_configs leaves it as it is."""
+
+
+def _pylog_setting(name: str, value: str | None) -> tuple[str, str]:
+    """A topic setting as Kafka writes it, as pylog's CREATE_TOPIC and ALTER_CONFIG take it."""
+    key = TOPIC_SETTINGS.get(name, name)
+    text = "" if value is None else str(value).strip()
+    if key in _UNLIMITED and text == "-1":
+        text = "none"
+    elif key == "unclean_leader_election" and text.lower() in ("true", "false"):
+        text = "1" if text.lower() == "true" else "0"
+    elif key == "compression" and text.lower() == "uncompressed":
+        text = "none"
+    return key, text
+
+
+def _kafka_setting(key: str, value: str) -> tuple[str, str]:
+    """A topic setting as DESCRIBE_CONFIG gives it, as Kafka names and writes it."""
+    name = _KAFKA_NAMES.get(key, key)
+    if key in _UNLIMITED and value == "none":
+        value = "-1"
+    elif key == "unclean_leader_election":
+        value = "true" if value == "1" else "false"
+    elif key == "compression" and value == "none":
+        value = "uncompressed"
+    return name, value
+
+
+class ResourceType(Enum):
+    UNKNOWN = 0
+    ANY = 1
+    TOPIC = 2
+    GROUP = 3
+    BROKER = 4
+    TRANSACTIONAL_ID = 5
+
+    def __lt__(self, other: ResourceType) -> bool:
+        return self.value < other.value
+
+
+class ConfigSource(Enum):
+    UNKNOWN_CONFIG = 0
+    DYNAMIC_TOPIC_CONFIG = 1
+    DYNAMIC_BROKER_CONFIG = 2
+    DYNAMIC_DEFAULT_BROKER_CONFIG = 3
+    STATIC_BROKER_CONFIG = 4
+    DEFAULT_CONFIG = 5
+    GROUP_CONFIG = 8
+
+
+class AlterConfigOpType(Enum):
+    SET = 0
+    DELETE = 1
+    APPEND = 2
+    SUBTRACT = 3
+
+
+class AclOperation(Enum):
+    UNKNOWN = 0
+    ANY = 1
+    ALL = 2
+    READ = 3
+    WRITE = 4
+    CREATE = 5
+    DELETE = 6
+    ALTER = 7
+    DESCRIBE = 8
+    CLUSTER_ACTION = 9
+    DESCRIBE_CONFIGS = 10
+    ALTER_CONFIGS = 11
+    IDEMPOTENT_WRITE = 12
+
+
+class AclPermissionType(Enum):
+    UNKNOWN = 0
+    ANY = 1
+    DENY = 2
+    ALLOW = 3
+
+
+class ResourcePatternType(Enum):
+    UNKNOWN = 0
+    ANY = 1
+    MATCH = 2
+    LITERAL = 3
+    PREFIXED = 4
+
+
+class ScramMechanism(Enum):
+    UNKNOWN = 0
+    SCRAM_SHA_256 = 1
+    SCRAM_SHA_512 = 2
+
+
+@dataclass
+class AclBinding:
+    """Taken so that programs building one import; create_acls and the rest refuse it (pylog's
+    ACLs grant Curve keys operations on topics: pylogctl acl)."""
+
+    restype: ResourceType
+    name: str | None
+    resource_pattern_type: ResourcePatternType
+    principal: str | None
+    host: str | None
+    operation: AclOperation
+    permission_type: AclPermissionType
+
+
+AclBindingFilter = AclBinding
+
+
+@dataclass
+class ScramCredentialInfo:
+    mechanism: ScramMechanism
+    iterations: int
+
+
+@dataclass
+class UserScramCredentialUpsertion:
+    user: str
+    scram_credential_info: ScramCredentialInfo
+    password: bytes
+    salt: bytes | None = None
+
+
+@dataclass
+class UserScramCredentialDeletion:
+    user: str
+    mechanism: ScramMechanism
+
+
+class OffsetSpec:
+    """Which offset list_offsets asks for: earliest(), latest(), for_timestamp(ms)."""
+
+    def __init__(self, time: int) -> None:
+        self.time = time
+        """EARLIEST, LATEST or ms since the epoch (OFFSETS' time)."""
+
+    @classmethod
+    def earliest(cls) -> OffsetSpec:
+        return cls(EARLIEST)
+
+    @classmethod
+    def latest(cls) -> OffsetSpec:
+        return cls(LATEST)
+
+    @classmethod
+    def for_timestamp(cls, timestamp: int) -> OffsetSpec:
+        if timestamp < 0:
+            raise ValueError("for_timestamp takes a time in ms since the epoch")
+        return cls(timestamp)
+
+    @classmethod
+    def max_timestamp(cls) -> NoReturn:
+        raise _not_implemented(
+            "OffsetSpec.max_timestamp: pylog's OFFSETS finds offsets by time from the start "
+            "of a partition (for_timestamp), not the message with the largest timestamp"
+        )
+
+
+@dataclass
+class ListOffsetsResultInfo:
+    """An offset list_offsets found: a byte position (OFFSET_END, -1: no message at or after
+    the time asked); `timestamp` -1 (pylog's OFFSETS does not say it)."""
+
+    offset: int
+    timestamp: int = -1
+    leader_epoch: int | None = None
+
+
+class NewTopic:
+    """A topic create_topics makes: `num_partitions` (-1: 1), `replication_factor` (-1: the
+    topic setting's default, 1) and `config` (topic settings, Kafka's names or pylog's)."""
+
+    def __init__(
+        self,
+        topic: str,
+        num_partitions: int = -1,
+        replication_factor: int = -1,
+        replica_assignment: list[list[int]] | None = None,
+        config: Mapping[str, str] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.num_partitions = num_partitions
+        self.replication_factor = replication_factor
+        self.replica_assignment = replica_assignment
+        self.config = dict(config or {})
+
+    def __repr__(self) -> str:
+        return f"NewTopic(topic={self.topic},num_partitions={self.num_partitions})"
+
+
+class NewPartitions:
+    """A topic's new partition count in all, for create_partitions."""
+
+    def __init__(
+        self,
+        topic: str,
+        new_total_count: int,
+        replica_assignment: list[list[int]] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.new_total_count = new_total_count
+        self.replica_assignment = replica_assignment
+
+    def __repr__(self) -> str:
+        return f"NewPartitions(topic={self.topic},new_total_count={self.new_total_count})"
+
+
+class ConfigEntry:
+    """A setting describe_configs returns (Kafka's name, value as text, where it comes from),
+    or one incremental_alter_configs changes (`incremental_operation`)."""
+
+    def __init__(
+        self,
+        name: str,
+        value: str | None,
+        source: ConfigSource = ConfigSource.UNKNOWN_CONFIG,
+        is_read_only: bool = False,
+        is_default: bool = False,
+        is_sensitive: bool = False,
+        is_synonym: bool = False,
+        synonyms: Mapping[str, ConfigEntry] | None = None,
+        incremental_operation: AlterConfigOpType | None = None,
+    ) -> None:
+        self.name = name
+        self.value = value
+        self.source = source
+        self.is_read_only = is_read_only
+        self.is_default = is_default
+        self.is_sensitive = is_sensitive
+        self.is_synonym = is_synonym
+        self.synonyms = dict(synonyms or {})
+        self.incremental_operation = incremental_operation
+
+    def __repr__(self) -> str:
+        return f'ConfigEntry({self.name}="{self.value}")'
+
+    def __str__(self) -> str:
+        return f'{self.name}="{self.value}"'
+
+
+@functools.total_ordering
+class ConfigResource:
+    """A resource with settings: pylog's are topics (ResourceType.TOPIC, or "TOPIC" / "topic");
+    `set_config` what alter_configs sets, `incremental_configs` what
+    incremental_alter_configs changes."""
+
+    Type = ResourceType
+
+    def __init__(
+        self,
+        restype: ResourceType | str | int,
+        name: str,
+        set_config: Mapping[str, str] | None = None,
+        described_configs: Mapping[str, ConfigEntry] | None = None,
+        error: KafkaError | None = None,
+        incremental_configs: Iterable[ConfigEntry] | None = None,
+    ) -> None:
+        if name is None:
+            raise ValueError("Expected resource name to be a string")
+        if isinstance(restype, str):
+            try:
+                restype = ResourceType[restype.upper()]
+            except KeyError:
+                raise ValueError(
+                    f'Unknown resource type "{restype}": should be a ConfigResource.Type'
+                ) from None
+        elif isinstance(restype, int):
+            restype = ResourceType(restype)
+        self.restype = restype
+        self.name = name
+        self.set_config_dict = dict(set_config or {})
+        self.incremental_configs = list(incremental_configs or ())
+        self.configs = None if described_configs is None else dict(described_configs)
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"ConfigResource({self.restype},{self.name})"
+
+    def __hash__(self) -> int:
+        return hash((self.restype, self.name))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ConfigResource):
+            return NotImplemented
+        return (self.restype, self.name) == (other.restype, other.name)
+
+    def __lt__(self, other: ConfigResource) -> bool:
+        return (self.restype.value, self.name) < (other.restype.value, other.name)
+
+    def __len__(self) -> int:
+        return len(self.set_config_dict)
+
+    def set_config(self, name: str, value: str, overwrite: bool = True) -> None:
+        if overwrite or name not in self.set_config_dict:
+            self.set_config_dict[name] = value
+
+    def add_incremental_config(self, config_entry: ConfigEntry) -> None:
+        self.incremental_configs.append(config_entry)
+
+
+@dataclass
+class GroupMember:
+    """A member of list_groups' GroupMetadata (confluent_kafka.admin's): `metadata` and
+    `assignment` are Kafka's serialized protocol bytes, empty here (pylog's are
+    describe_consumer_groups' MemberDescription)."""
+
+    id: str
+    client_id: str
+    client_host: str
+    metadata: bytes = b""
+    assignment: bytes = b""
+
+
+@dataclass
+class GroupMetadata:
+    """A group as list_groups (Kafka's older call) gives it."""
+
+    broker: BrokerMetadata | None
+    id: str
+    error: KafkaError | None
+    state: str
+    protocol_type: str
+    protocol: str
+    members: list[GroupMember] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return self.id
+
+
+@dataclass
+class ConsumerGroupListing:
+    group_id: str
+    is_simple_consumer_group: bool
+    state: ConsumerGroupState
+    type: ConsumerGroupType
+
+
+@dataclass
+class ListConsumerGroupsResult:
+    valid: list[ConsumerGroupListing] = field(default_factory=list)
+    errors: list[KafkaException] = field(default_factory=list)
+
+
+@dataclass
+class MemberAssignment:
+    topic_partitions: list[TopicPartition] = field(default_factory=list)
+
+
+@dataclass
+class MemberDescription:
+    member_id: str
+    client_id: str
+    host: str
+    assignment: MemberAssignment
+    group_instance_id: str | None = None
+    target_assignment: MemberAssignment | None = None
+
+
+@dataclass
+class ConsumerGroupDescription:
+    group_id: str
+    is_simple_consumer_group: bool
+    members: list[MemberDescription]
+    partition_assignor: str
+    state: ConsumerGroupState
+    coordinator: Node | None
+    authorized_operations: list[AclOperation] | None = None
+    type: ConsumerGroupType = ConsumerGroupType.CONSUMER
+
+
+@dataclass
+class TopicDescription:
+    name: str
+    topic_id: None
+    is_internal: bool
+    partitions: list[TopicPartitionInfo]
+    authorized_operations: list[AclOperation] | None = None
+
+
+@dataclass
+class DescribeClusterResult:
+    """The brokers up (`nodes`); pylog has no cluster id, and no DESCRIBE_CLUSTER field names
+    the controller: `controller` None."""
+
+    controller: Node | None
+    nodes: list[Node]
+    cluster_id: str | None = None
+    authorized_operations: list[AclOperation] | None = None
+
+
+_STATES: Final = {
+    0: ConsumerGroupState.EMPTY,
+    1: ConsumerGroupState.STABLE,
+    2: ConsumerGroupState.COMPLETING_REBALANCING,
+}
+"""DESCRIBE_GROUP's state (docs/protocol.md) as confluent-kafka names it; 3 (the paper's
+protocol) is a CLASSIC group, STABLE with members and EMPTY without."""
+_STATE_NAMES: Final = {
+    ConsumerGroupState.EMPTY: "Empty",
+    ConsumerGroupState.STABLE: "Stable",
+    ConsumerGroupState.COMPLETING_REBALANCING: "CompletingRebalance",
+}
+"""list_groups' state strings, Kafka's."""
+
+
+def _kind(reply: DescribeGroupReply) -> tuple[ConsumerGroupState, ConsumerGroupType]:
+    if reply.state == 3:
+        state = ConsumerGroupState.STABLE if reply.members else ConsumerGroupState.EMPTY
+        return state, ConsumerGroupType.CLASSIC
+    return _STATES.get(reply.state, ConsumerGroupState.UNKNOWN), ConsumerGroupType.CONSUMER
+
+
+def _listed(lists: Iterable[GroupPartitions]) -> list[TopicPartition]:
+    return sorted(TopicPartition(g.topic, p) for g in lists for p in g.partitions)
+
+
+def _refused(name: str, instead: str) -> NoReturn:
+    raise _not_implemented(f"{name}: {instead} (docs/clients.md, 'The admin client')")
+
+
+class AdminClient(Closing):
+    """confluent_kafka.admin.AdminClient's shape (module docstring). Configuration as the
+    Producer's common keys (`bootstrap.servers`, `client.id`, `request.timeout.ms`, the Curve
+    keys), and `pylog.zookeeper.auth.file` for create_partitions on a secured registry."""
+
+    def __init__(self, conf: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        conf = _settings({**(conf or {}), **kwargs}, ADMIN_KEYS, "admin client")
+        self._bootstrap = str(conf["bootstrap.servers"])
+        self._client_id = str(conf.get("client.id", DEFAULT_CLIENT_ID))
+        self._timeout_s = (
+            _number("request.timeout.ms", conf.get("request.timeout.ms", 10_000)) / 1000
+        )
+        self._keys = _keys(conf)
+        auth_file = conf.get("pylog.zookeeper.auth.file")
+        try:
+            self._auth = None if auth_file is None else ZooKeeperAuth.load(str(auth_file))
+        except KeyFileError as error:
+            raise KafkaException(f"pylog.zookeeper.auth.file: {error}") from None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="pylog-admin")
+        self._admin: Admin | None = None
+        """Made, used and closed in the client's thread."""
+        self._closed = False
+
+    # the client's thread
+
+    def _submit(self, call: Callable[..., T], *args: Any) -> Future[T]:
+        """`call(*args)` in the client's thread; a PylogError it raises is the future's
+        KafkaException."""
+        return self._thread.submit(self._guarded, call, *args)
+
+    @staticmethod
+    def _guarded(call: Callable[..., T], *args: Any) -> T:
+        try:
+            return call(*args)
+        except PylogError as error:
+            raise KafkaException(error) from None
+
+    def _cluster_admin(self) -> Admin:
+        if self._admin is None:
+            self._admin = Admin(self._bootstrap, self._client_id, self._timeout_s, keys=self._keys)
+        return self._admin
+
+    def _group(self, group: str) -> GroupCalls:
+        return GroupCalls(self._bootstrap, group, self._client_id, self._timeout_s, keys=self._keys)
+
+    # topics
+
+    def create_topics(
+        self,
+        new_topics: list[NewTopic],
+        operation_timeout: float = 0,
+        request_timeout: float | None = None,
+        validate_only: bool = False,
+    ) -> dict[str, Future[None]]:
+        """Create each topic; each future's result is None once every partition is served."""
+        if validate_only:
+            _refused("validate_only", "pylog's CREATE_TOPIC has no dry run")
+        return {topic.topic: self._submit(self._create, topic) for topic in new_topics}
+
+    def _create(self, topic: NewTopic) -> None:
+        if topic.replica_assignment:
+            raise KafkaException(
+                "replica_assignment: pylog places a new topic's replicas itself (racks apart); "
+                "pylogctl topic reassign moves them afterwards"
+            )
+        config = dict(_pylog_setting(name, value) for name, value in topic.config.items())
+        if topic.replication_factor > 0:
+            config["replication_factor"] = str(topic.replication_factor)
+        partitions = topic.num_partitions if topic.num_partitions > 0 else 1
+        self._cluster_admin().create_topic(topic.topic, partitions, config)
+
+    def delete_topics(
+        self, topics: list[str], operation_timeout: float = 0, request_timeout: float | None = None
+    ) -> dict[str, Future[None]]:
+        """Delete each topic and its data."""
+        return {topic: self._submit(self._delete, topic) for topic in topics}
+
+    def _delete(self, topic: str) -> None:
+        self._cluster_admin().delete_topic(topic)
+
+    def create_partitions(
+        self,
+        new_partitions: list[NewPartitions],
+        operation_timeout: float = 0,
+        request_timeout: float | None = None,
+        validate_only: bool = False,
+    ) -> dict[str, Future[None]]:
+        """Give each topic `new_total_count` partitions in all, placed over the brokers up, as
+        `pylogctl topic add-partitions` does: written to the cluster's ZooKeeper (found through
+        the brokers), so that ZooKeeper must be reachable from here. Each future's result is
+        None once the registry holds them; their brokers serve them moments later."""
+        if validate_only:
+            _refused("validate_only", "pylog adds partitions without a dry run")
+        return {p.topic: self._submit(self._grow, p) for p in new_partitions}
+
+    def _grow(self, grown: NewPartitions) -> None:
+        from broker.registry import Registry  # kazoo: only this call needs it
+
+        if grown.replica_assignment:
+            raise KafkaException(
+                "replica_assignment: pylog places new partitions itself (racks apart)"
+            )
+        address = zookeeper_of(self._bootstrap, timeout_s=self._timeout_s, keys=self._keys)
+        with Registry(
+            address.connect, address.chroot, request_timeout_s=self._timeout_s, auth=self._auth
+        ) as registry:
+            racks = {broker_id: info.rack for broker_id, info in registry.brokers().items()}
+            registry.add_partitions(grown.topic, grown.new_total_count, racks)
+
+    # settings
+
+    def describe_configs(
+        self, resources: list[ConfigResource], request_timeout: float | None = None
+    ) -> dict[ConfigResource, Future[dict[str, ConfigEntry]]]:
+        """Every setting of each topic, by Kafka's name (pylog's where Kafka has none)."""
+        return {resource: self._submit(self._describe_config, resource) for resource in resources}
+
+    def _describe_config(self, resource: ConfigResource) -> dict[str, ConfigEntry]:
+        entries = {}
+        for entry in self._cluster_admin().topic_config(self._topic_of(resource)):
+            name, value = _kafka_setting(entry.key, entry.value)
+            source = (
+                ConfigSource.DYNAMIC_TOPIC_CONFIG
+                if entry.overridden
+                else ConfigSource.DEFAULT_CONFIG
+            )
+            read_only = entry.key in _FIXED
+            entries[name] = ConfigEntry(name, value, source, read_only, not entry.overridden)
+        return entries
+
+    @staticmethod
+    def _topic_of(resource: ConfigResource) -> str:
+        if resource.restype is not ResourceType.TOPIC:
+            raise KafkaException(
+                f"{resource.restype.name} settings: this client describes and alters topics'; "
+                "a broker's live settings are pylogctl broker config's"
+            )
+        return resource.name
+
+    def alter_configs(
+        self, resources: list[ConfigResource], request_timeout: float | None = None
+    ) -> dict[ConfigResource, Future[None]]:
+        """Set each topic's `set_config` and put every other setting it overrides back to the
+        default, as Kafka's AlterConfigs does (replication_factor, fixed, stays)."""
+        return {resource: self._submit(self._replace, resource) for resource in resources}
+
+    def _replace(self, resource: ConfigResource) -> None:
+        admin = self._cluster_admin()
+        topic = self._topic_of(resource)
+        wanted = dict(_pylog_setting(k, v) for k, v in resource.set_config_dict.items())
+        dropped = [
+            entry.key
+            for entry in admin.topic_config(topic)
+            if entry.overridden and entry.key not in wanted and entry.key not in _FIXED
+        ]
+        admin.alter_topic_config(topic, wanted, dropped)
+
+    def incremental_alter_configs(
+        self, resources: list[ConfigResource], request_timeout: float | None = None
+    ) -> dict[ConfigResource, Future[None]]:
+        """Change only the settings named: SET one, or DELETE one (back to the default).
+        pylog's settings are single values: APPEND and SUBTRACT (for list settings) are
+        refused."""
+        return {resource: self._submit(self._change, resource) for resource in resources}
+
+    def _change(self, resource: ConfigResource) -> None:
+        changed: dict[str, str] = {}
+        deleted: list[str] = []
+        for entry in resource.incremental_configs:
+            operation = entry.incremental_operation
+            if operation is AlterConfigOpType.SET:
+                key, value = _pylog_setting(entry.name, entry.value)
+                changed[key] = value
+            elif operation is AlterConfigOpType.DELETE:
+                deleted.append(_pylog_setting(entry.name, None)[0])
+            else:
+                name = "none" if operation is None else operation.name
+                raise KafkaException(
+                    f"{entry.name}: {name}: pylog's topic settings are single values; SET or "
+                    "DELETE them"
+                )
+        self._cluster_admin().alter_topic_config(self._topic_of(resource), changed, deleted)
+
+    # the cluster and its topics
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+        """The brokers and `topic` (every topic when None), as the Producer's list_topics."""
+        return self._submit(lambda: _list_topics(self._cluster_admin().cluster, topic)).result()
+
+    def describe_cluster(
+        self, include_authorized_operations: bool = False, request_timeout: float | None = None
+    ) -> Future[DescribeClusterResult]:
+        """The brokers up (DescribeClusterResult)."""
+        self._no_operations(include_authorized_operations)
+        return self._submit(self._cluster_described)
+
+    def _cluster_described(self) -> DescribeClusterResult:
+        brokers = self._cluster_admin().brokers()
+        nodes = [Node(b.broker_id, b.host, b.port) for b in brokers if b.up]
+        return DescribeClusterResult(None, nodes)
+
+    def describe_topics(
+        self,
+        topics: TopicCollection,
+        include_authorized_operations: bool = False,
+        request_timeout: float | None = None,
+    ) -> dict[str, Future[TopicDescription]]:
+        """Each topic's partitions with their leader, replicas and in-sync replicas."""
+        self._no_operations(include_authorized_operations)
+        return {name: self._submit(self._topic_described, name) for name in topics.topic_names}
+
+    def _topic_described(self, name: str) -> TopicDescription:
+        admin = self._cluster_admin()
+        reply = admin.metadata([name])
+        nodes = {b.broker_id: Node(b.broker_id, b.host, b.port) for b in reply.brokers}
+        topic = admin.topic(name)
+
+        def node(broker_id: int) -> Node:
+            return nodes.get(broker_id) or Node(broker_id, "", 0)
+
+        partitions = [
+            TopicPartitionInfo(
+                p.partition,
+                node(p.broker_id) if p.broker_id >= 0 else None,
+                [node(r) for r in p.replicas],
+                [node(r) for r in p.isr],
+            )
+            for p in topic.partitions
+        ]
+        return TopicDescription(name, None, False, partitions)
+
+    def list_offsets(
+        self,
+        topic_partition_offsets: Mapping[TopicPartition, OffsetSpec],
+        isolation_level: object = None,
+        request_timeout: float | None = None,
+    ) -> dict[TopicPartition, Future[ListOffsetsResultInfo]]:
+        """Each partition's offset at its OffsetSpec, asked of its leader (`isolation_level`
+        either: pylog has no transactions)."""
+        return {
+            tp: self._submit(self._offset, tp, spec) for tp, spec in topic_partition_offsets.items()
+        }
+
+    def _offset(self, tp: TopicPartition, spec: OffsetSpec) -> ListOffsetsResultInfo:
+        cluster = self._cluster_admin().cluster
+        offset = _offset_at(cluster, tp.topic, tp.partition, spec.time)
+        if spec.time >= 0 and offset >= _offset_at(cluster, tp.topic, tp.partition, LATEST):
+            offset = OFFSET_END  # no message at or after that time, as Kafka says it
+        return ListOffsetsResultInfo(offset)
+
+    # consumer groups
+
+    def list_groups(self, group: str | None = None, timeout: float = -1) -> list[GroupMetadata]:
+        """Every group (or `group`), with its members, as Kafka's older call gives them."""
+        return self._submit(self._groups_metadata, group).result()
+
+    def _groups_metadata(self, only: str | None) -> list[GroupMetadata]:
+        listed = []
+        brokers = {b.broker_id: b for b in self._cluster_admin().brokers()}
+        for listing in self._listings():
+            if only is not None and listing.group != only:
+                continue
+            reply = self._described(listing.group)
+            state = _kind(reply)[0] if reply is not None else ConsumerGroupState.EMPTY
+            holder = brokers.get(listing.coordinator)
+            members = [
+                GroupMember(m.member_id, m.client_id, m.client_host)
+                for m in (reply.members if reply is not None else ())
+            ]
+            listed.append(
+                GroupMetadata(
+                    None
+                    if holder is None
+                    else BrokerMetadata(holder.broker_id, holder.host, holder.port),
+                    listing.group,
+                    None,
+                    _STATE_NAMES.get(state, "Unknown"),
+                    "consumer",
+                    "" if reply is None else reply.assignor,
+                    members,
+                )
+            )
+        return listed
+
+    def _listings(self) -> tuple[GroupListing, ...]:
+        with self._group("") as calls:
+            return calls.list_groups()
+
+    def _described(self, group: str) -> DescribeGroupReply | None:
+        """The group as its coordinator holds it; None for a group it knows no member of
+        (only offsets)."""
+        with self._group(group) as calls:
+            try:
+                return calls.describe()
+            except BrokerUnknownGroup:
+                return None
+
+    def list_consumer_groups(
+        self,
+        request_timeout: float | None = None,
+        states: Iterable[ConsumerGroupState] | None = None,
+        types: Iterable[ConsumerGroupType] | None = None,
+    ) -> Future[ListConsumerGroupsResult]:
+        """Every group (those in one of `states` and of one of `types`, when given)."""
+        return self._submit(self._group_listing, set(states or ()), set(types or ()))
+
+    def _group_listing(
+        self, states: set[ConsumerGroupState], types: set[ConsumerGroupType]
+    ) -> ListConsumerGroupsResult:
+        result = ListConsumerGroupsResult()
+        for listing in self._listings():
+            reply = self._described(listing.group)
+            state, kind = (
+                _kind(reply)
+                if reply is not None
+                else (ConsumerGroupState.EMPTY, ConsumerGroupType.CONSUMER)
+            )
+            if (not states or state in states) and (not types or kind in types):
+                result.valid.append(ConsumerGroupListing(listing.group, False, state, kind))
+        return result
+
+    def describe_consumer_groups(
+        self,
+        group_ids: list[str],
+        include_authorized_operations: bool = False,
+        request_timeout: float | None = None,
+    ) -> dict[str, Future[ConsumerGroupDescription]]:
+        """Each group's state, assignor, coordinator and members with what each owns and its
+        target."""
+        self._no_operations(include_authorized_operations)
+        return {group: self._submit(self._group_described, group) for group in group_ids}
+
+    def _group_described(self, group: str) -> ConsumerGroupDescription:
+        with self._group(group) as calls:
+            reply = calls.describe()
+            coordinator = calls.coordinator
+        state, kind = _kind(reply)
+        node = None
+        if coordinator is not None:
+            for broker in self._cluster_admin().brokers():
+                if broker.up and normalize_endpoint(f"{broker.host}:{broker.port}") == coordinator:
+                    node = Node(broker.broker_id, broker.host, broker.port)
+        members = []
+        for m in reply.members:
+            owned = _listed(m.assigned)
+            going = set(_listed(m.revoking))
+            target = [tp for tp in owned if tp not in going] + _listed(m.waiting)
+            members.append(
+                MemberDescription(
+                    m.member_id,
+                    m.client_id,
+                    m.client_host,
+                    MemberAssignment(owned),
+                    m.instance_id or None,
+                    MemberAssignment(sorted(target)),
+                )
+            )
+        return ConsumerGroupDescription(
+            group, False, members, reply.assignor, state, node, None, kind
+        )
+
+    def delete_consumer_groups(
+        self, group_ids: list[str], request_timeout: float | None = None
+    ) -> dict[str, Future[None]]:
+        """Delete each group and its committed offsets (refused while it has members)."""
+        return {group: self._submit(self._delete_group, group) for group in group_ids}
+
+    def _delete_group(self, group: str) -> None:
+        with self._group(group) as calls:
+            calls.delete()
+
+    def list_consumer_group_offsets(
+        self,
+        list_consumer_group_offsets_request: list[ConsumerGroupTopicPartitions],
+        require_stable: bool = False,
+        request_timeout: float | None = None,
+    ) -> dict[str, Future[ConsumerGroupTopicPartitions]]:
+        """Each group's committed offsets: of the partitions named (OFFSET_INVALID for one
+        without), or of every partition it has one for."""
+        return {
+            asked.group_id: self._submit(self._committed, asked)
+            for asked in list_consumer_group_offsets_request
+        }
+
+    def _committed(self, asked: ConsumerGroupTopicPartitions) -> ConsumerGroupTopicPartitions:
+        named = asked.topic_partitions
+        with self._group(asked.group_id) as calls:
+            found = calls.committed(sorted({tp.topic for tp in named or ()}))
+        if named is None:
+            partitions = [TopicPartition(tp.topic, tp.partition, o) for tp, o in found.items()]
+        else:
+            partitions = [
+                TopicPartition(
+                    tp.topic,
+                    tp.partition,
+                    found.get(GroupTopicPartition(tp.topic, tp.partition), OFFSET_INVALID),
+                )
+                for tp in named
+            ]
+        return ConsumerGroupTopicPartitions(asked.group_id, sorted(partitions))
+
+    def alter_consumer_group_offsets(
+        self,
+        alter_consumer_group_offsets_request: list[ConsumerGroupTopicPartitions],
+        request_timeout: float | None = None,
+    ) -> dict[str, Future[ConsumerGroupTopicPartitions]]:
+        """Commit each group's offsets, the offset to read next of each partition named (a
+        byte position where a message starts: list_offsets finds them by time), through its
+        coordinator, which refuses while the group has members reading those topics
+        (NON_EMPTY_GROUP); a partition refused has its `error`."""
+        return {
+            asked.group_id: self._submit(self._alter_offsets, asked)
+            for asked in alter_consumer_group_offsets_request
+        }
+
+    def _alter_offsets(self, asked: ConsumerGroupTopicPartitions) -> ConsumerGroupTopicPartitions:
+        named = asked.topic_partitions or []
+        if not named or any(tp.offset < 0 for tp in named):
+            raise KafkaException(
+                "alter_consumer_group_offsets: give each partition the offset to read next (0 or "
+                "more: a byte position where a message starts)"
+            )
+        offsets = {GroupTopicPartition(tp.topic, tp.partition): tp.offset for tp in named}
+        with self._group(asked.group_id) as calls:
+            outcome = calls.commit(offsets)
+        partitions = []
+        for tp in named:
+            done = TopicPartition(tp.topic, tp.partition, tp.offset)
+            code = outcome.get(GroupTopicPartition(tp.topic, tp.partition), ErrorCode.NONE)
+            if code != ErrorCode.NONE:
+                done.error = KafkaError.of(broker_error(code, f"{tp.topic}-{tp.partition}"))
+            partitions.append(done)
+        return ConsumerGroupTopicPartitions(asked.group_id, partitions)
+
+    # what pylog does not do through this client
+
+    @staticmethod
+    def _no_operations(asked: bool) -> None:
+        if asked:
+            _refused(
+                "include_authorized_operations",
+                "pylog's ACLs grant Curve keys operations on topics; pylogctl acl list shows them",
+            )
+
+    def create_acls(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refused("create_acls", "pylog's ACLs grant Curve keys operations: pylogctl acl add")
+
+    def describe_acls(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refused("describe_acls", "pylog's ACLs grant Curve keys operations: pylogctl acl list")
+
+    def delete_acls(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refused("delete_acls", "pylog's ACLs grant Curve keys operations: pylogctl acl remove")
+
+    def describe_user_scram_credentials(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refused("SCRAM", "pylog authenticates clients by Curve keys (docs/security.md)")
+
+    alter_user_scram_credentials = describe_user_scram_credentials
+
+    def delete_records(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refused("delete_records", "pylogctl topic delete-records moves log starts")
+
+    def elect_leaders(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refused("elect_leaders", "pylogctl topic elect-preferred")
+
+    # the client itself
+
+    def poll(self, timeout: float = -1) -> int:
+        """0: the futures complete on their own (confluent-kafka's poll serves callbacks)."""
+        return 0
+
+    def close(self) -> None:
+        """Finish the calls made, then close the connections (as the end of a `with` block
+        does)."""
+        if not self._closed:
+            self._closed = True
+            self._thread.submit(self._close_admin).result()
+            self._thread.shutdown()
+
+    def _close_admin(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
