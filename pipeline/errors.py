@@ -34,7 +34,9 @@ class NotMessageBoundary(PipelineError):
     def __init__(self, topic: str, partition: int, offset: int, detail: str) -> None:
         super().__init__(
             f"topic {topic!r} partition {partition}: offset {offset} is not a message boundary "
-            f"(offsets are byte positions; use an offset a read returned): {detail}"
+            "(offsets are byte positions, not Kafka's message numbers: use an offset a read "
+            "returned, -2 for earliest, or startingOffsetsByTimestamp; docs/pipeline.md, "
+            f"'From a Kafka job'): {detail}"
         )
         self.topic = topic
         self.partition = partition
