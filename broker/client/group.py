@@ -173,6 +173,9 @@ class _Owned:
     known_end: int = 0
     """Where the partition's readable bytes ended at its last fetch reply (its high watermark
     then; 0 after an error): what is known to wait past `fetch_offset` (`fetch_round`)."""
+    replied_end: int = -1
+    """The high watermark its last fetch reply gave, -1 before one or after an error
+    (`at_end`)."""
     buffered: deque[Any] = field(default_factory=deque)
     """Records (of the member's record type) of the last fetch reply not handed out yet."""
     in_flight: tuple[Connection, int] | None = None
@@ -392,6 +395,16 @@ class GroupConsumer(Closing, Generic[R]):
     def positions(self) -> dict[BrokerPartition, int]:
         """Each owned partition's position: the offset after the last processed record."""
         return {tp: owned.position for tp, owned in self._owned.items()}
+
+    def at_end(self) -> dict[BrokerPartition, int]:
+        """The owned partitions read to their end: every record fetched handed out, up to the
+        high watermark their last fetch reply gave, each with that end (Kafka's partition
+        EOF)."""
+        return {
+            tp: owned.replied_end
+            for tp, owned in self._owned.items()
+            if not owned.buffered and owned.delivered == owned.replied_end
+        }
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -816,7 +829,7 @@ class GroupConsumer(Closing, Generic[R]):
         then calls `_reset_out_of_range`, which asks the broker (I/O of its own)."""
         tp = owned.tp
         if isinstance(fetched, BrokerError):
-            owned.known_end = 0
+            owned.known_end, owned.replied_end = 0, -1
             error = fetched
             damage = corrupt_segment_reply(error, tp.topic, tp.partition)
             grown = grown_fetch_bytes(error, MAX_FETCH_BYTES)
@@ -833,7 +846,7 @@ class GroupConsumer(Closing, Generic[R]):
                 raise error
             return False
         base = owned.fetch_offset
-        owned.known_end = fetched.high_watermark
+        owned.known_end = owned.replied_end = fetched.high_watermark
         message_set = fetched.message_set
         records, failure = decode_records(
             message_set, base, self.record_type, tp.topic, tp.partition

@@ -266,6 +266,12 @@ def test_the_asyncio_program_produces_and_consumes_with_async_rebalance_callback
             "stores a batch sent again once (docs/clients.md, 'What pylog does not have')",
         ),
         (
+            "eos_consumer_program.py",
+            "broker.client.kafka.KafkaException: assign: pylog has no manual assignment: a "
+            "consumer reads as a member of its group (subscribe(topics) first), and assign() "
+            "sets where the partitions the group gave it are read from (docs/clients.md)",
+        ),
+        (
             "share_program.py",
             "broker.client.kafka.KafkaException: share groups: pylog has none (KIP-932's "
             "queues); read with a Consumer in a group (docs/clients.md, 'What pylog does not "

@@ -456,7 +456,8 @@ def test_list_topics_and_watermarks_as_the_get_watermark_offsets_example_uses_th
         ({"group.id": "g", "fetch.min.bytes": 1}, "'fetch.min.bytes': not a pylog consumer"),
         ({}, "group.id"),
         ({"group.id": "g", "auto.offset.reset": "none"}, "auto.offset.reset"),
-        ({"group.id": "g", "enable.partition.eof": True}, "enable.partition.eof"),
+        ({"group.id": "g", "enable.partition.eof": "sometimes"}, "enable.partition.eof"),
+        ({"group.id": "g", "isolation.level": "serializable"}, "isolation.level"),
         ({"group.id": "g", "security.protocol": "SASL_SSL"}, "CurveZMQ"),
     ],
 )
@@ -542,3 +543,44 @@ def test_on_revoke_commits_as_close_gives_the_partitions_up_and_unassign_works_o
     with subscribed(settings, kafka_topic) as again:
         [next_one] = again.consume(1, timeout=30)
         assert (next_one.value(), next_one.offset()) == (b"c", offsets[2])
+
+
+def test_with_enable_partition_eof_each_partition_read_to_its_end_gives_one_event(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    """confluent-kafka's eos_transactions example and others set enable.partition.eof and
+    skip the _PARTITION_EOF events (msg.error().code()); the setting was refused."""
+    offsets = produce(broker, kafka_topic, ["a", "b"], partition=0)
+    settings = {
+        **bootstrap(broker),
+        "group.id": "ends",
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": True,
+    }
+
+    def events(consumer: Consumer, count: int) -> list[tuple[int, int, bytes | None, int | None]]:
+        seen: list[tuple[int, int, bytes | None, int | None]] = []
+        deadline = time.monotonic() + 30
+        while len(seen) < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None:
+                error = msg.error()
+                code = None if error is None else error.code()
+                seen.append((msg.partition(), msg.offset(), msg.value(), code))
+        return seen
+
+    size = offsets[1] - offsets[0]  # messages of one size
+    end = offsets[1] + size
+    eof = KafkaError._PARTITION_EOF
+    with subscribed(settings, kafka_topic) as consumer:
+        got = events(consumer, 4)
+        assert sorted(got, key=lambda e: (e[0], e[1])) == [
+            (0, offsets[0], b"a", None),
+            (0, offsets[1], b"b", None),
+            (0, end, None, eof),  # after its last message
+            (1, 0, None, eof),  # empty
+        ]
+        assert got.index((0, end, None, eof)) > got.index((0, offsets[1], b"b", None))
+        assert consumer.poll(1.0) is None  # told once for each end
+        later = produce(broker, kafka_topic, ["c"], partition=0)
+        assert events(consumer, 2) == [(0, later[0], b"c", None), (0, later[0] + size, None, eof)]

@@ -343,6 +343,23 @@ _Pending = tuple[
 delivery's parts: broker.client.producer.Handle), key, value, timestamp, headers."""
 
 
+class _Event(Message):
+    """An event a Consumer hands out as confluent-kafka's do, a Message with an error():
+    the end of a partition reached (enable.partition.eof), at `offset()`."""
+
+    __slots__ = ()
+
+    @classmethod
+    def partition_eof(cls, topic: str, partition: int, end: int) -> _Event:
+        error = KafkaError(
+            KafkaError._PARTITION_EOF, f"{topic} [{partition}] reached end at offset {end}"
+        )
+        return tuple.__new__(cls, (topic, partition, end, 0, None, None, (), end, error))
+
+    def error(self) -> KafkaError | None:
+        return cast(KafkaError, self[8])
+
+
 @dataclass
 class BrokerMetadata:
     """A broker of ClusterMetadata (confluent_kafka.admin's)."""
@@ -826,10 +843,9 @@ class Consumer:
         conf = _settings({**(conf or {}), **kwargs}, CONSUMER_KEYS, "consumer")
         if not conf.get("group.id"):
             raise KafkaException("group.id: a consumer reads as a member of a group; name it")
-        if _flag("enable.partition.eof", conf.get("enable.partition.eof", False)):
-            raise KafkaException(
-                "enable.partition.eof: pylog's group consumer has no end-of-partition event"
-            )
+        self._eof = _flag("enable.partition.eof", conf.get("enable.partition.eof", False))
+        self._ends_told: dict[BrokerPartition, int] = {}
+        """With enable.partition.eof: the end each owned partition's last EOF event gave."""
         self._conf = conf
         self._reset = _choice("auto.offset.reset", conf.get("auto.offset.reset", "latest"), _RESETS)
         self._auto_commit_s: float | None = None
@@ -1002,6 +1018,8 @@ class Consumer:
         member = self._joined()
         deadline = math.inf if timeout is None or timeout < 0 else time.monotonic() + timeout
         while True:
+            if self._eof and (event := self._end_reached(member)) is not None:
+                return event
             left = deadline - time.monotonic()
             wait_ms = (
                 self._wait_ms
@@ -1015,7 +1033,18 @@ class Consumer:
             if record is not None:
                 return self._deserialized(record)
             if time.monotonic() >= deadline:
-                return None
+                return self._end_reached(member) if self._eof else None
+
+    def _end_reached(self, member: GroupConsumer[Message]) -> Message | None:
+        """With enable.partition.eof: the event of an owned partition read to an end not told
+        before (confluent-kafka's _PARTITION_EOF), or None."""
+        ends = member.at_end()
+        self._ends_told = {tp: end for tp, end in self._ends_told.items() if tp in ends}
+        for tp, end in ends.items():
+            if self._ends_told.get(tp) != end:
+                self._ends_told[tp] = end
+                return _Event.partition_eof(tp.topic, tp.partition, end)
+        return None
 
     def consume(self, num_messages: int = 1, timeout: float | None = -1) -> list[Message]:
         """Up to `num_messages` messages, waiting up to `timeout` seconds (-1 or None: until
@@ -1039,6 +1068,8 @@ class Consumer:
             if self._deserializers != (None, None):
                 records = [self._deserialized(record) for record in records]
             messages += records
+            if not records and self._eof and (event := self._end_reached(member)) is not None:
+                messages.append(event)
             if time.monotonic() >= deadline:
                 break
         return messages
@@ -1129,6 +1160,12 @@ class Consumer:
         put it. The confluent-kafka tutorial's reset, `consumer.assign(partitions)` in
         `on_assign`, works so. pylog's consumer reads as a member of its group only: a
         partition the group did not give it is a KafkaException, not a manual assignment."""
+        if self._member is None and not self._closed:
+            raise KafkaException(
+                "assign: pylog has no manual assignment: a consumer reads as a member of its "
+                "group (subscribe(topics) first), and assign() sets where the partitions the "
+                "group gave it are read from (docs/clients.md)"
+            )
         member = self._joined()
         owned = {(tp.topic, tp.partition) for tp in member.assignment}
         others = sorted(
