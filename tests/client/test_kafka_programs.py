@@ -105,6 +105,15 @@ def test_the_admin_program_manages_topics_and_their_settings(
         f"{topic} retention.ms = 3600000 [ConfigSource.DYNAMIC_TOPIC_CONFIG,default=False]",
         f"{topic} segment.ms = 604800000 [ConfigSource.DEFAULT_CONFIG,default=True]",
     ]
+    # read back and written whole, replication_factor (fixed, set at creation) included
+    assert admin("delta_alter_configs", "TOPIC", topic, "segment.ms=3600000") == [
+        f"Config for {topic} updated"
+    ]
+    described = admin("describe_configs", "TOPIC", topic)
+    assert described[1:] == [
+        f"{topic} retention.ms = 3600000 [ConfigSource.DYNAMIC_TOPIC_CONFIG,default=False]",
+        f"{topic} segment.ms = 3600000 [ConfigSource.DYNAMIC_TOPIC_CONFIG,default=False]",
+    ]
     appended = admin(
         "incremental_alter_configs",
         "TOPIC",
@@ -121,14 +130,17 @@ def test_the_admin_program_manages_topics_and_their_settings(
     with Admin(broker.endpoint) as pylog_admin:
         assert len(pylog_admin.topic(topic).partitions) == 5
     listed = admin("list", topic, other)
+    with Admin(broker.endpoint) as pylog_admin:
+        (only,) = pylog_admin.brokers()
+    at = only.broker_id
     assert listed == [
         " 1 brokers",
         f'  "{topic}" with 5 partition(s)',
+        *[f"partition {n} leader: {at}, replicas: [{at}], isrs: [{at}]" for n in range(5)],
         f'  "{other}" with 3 partition(s)',
+        *[f"partition {n} leader: {at}, replicas: [{at}], isrs: [{at}]" for n in range(3)],
     ]
     described = admin("describe_topics", other)
-    with Admin(broker.endpoint) as pylog_admin:
-        (only,) = pylog_admin.brokers()
     assert described == [f"Topic name : {other}"] + [
         f"    Id {n} Leader {only.broker_id} Replicas 1 ISR 1" for n in range(3)
     ]

@@ -584,3 +584,24 @@ def test_with_enable_partition_eof_each_partition_read_to_its_end_gives_one_even
         assert consumer.poll(1.0) is None  # told once for each end
         later = produce(broker, kafka_topic, ["c"], partition=0)
         assert events(consumer, 2) == [(0, later[0], b"c", None), (0, later[0] + size, None, eof)]
+
+
+def test_committed_is_answered_without_joining_the_group_as_the_watermarks_example_asks(
+    broker: RunningBroker, kafka_topic: str
+) -> None:
+    """confluent-kafka's get_watermark_offsets.py makes a Consumer that never subscribes and
+    asks committed() of its group: it failed 'not subscribed'."""
+    offsets = produce(broker, kafka_topic, ["a", "b"])
+    settings = {**bootstrap(broker), "group.id": "watchers", "auto.offset.reset": "earliest"}
+    with subscribed(settings, kafka_topic) as member:
+        [first] = member.consume(1, timeout=30)
+        member.commit(message=first, asynchronous=False)
+        with Consumer(settings) as onlooker:
+            asked = [TopicPartition(kafka_topic, 0), TopicPartition(kafka_topic, 1)]
+            found = onlooker.committed(asked, timeout=10)
+            assert [(tp.partition, tp.offset) for tp in found] == [
+                (0, offsets[1]),
+                (1, OFFSET_INVALID),
+            ]
+            assert onlooker.assignment() == []  # it did not join: the member keeps both
+        assert len(member.assignment()) == 2

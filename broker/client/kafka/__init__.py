@@ -38,6 +38,7 @@ from typing import Any, Final, NoReturn, Self, cast
 
 from broker.client.cluster import Cluster
 from broker.client.connection import DEFAULT_CLIENT_ID
+from broker.client.coordinator import GroupCalls
 from broker.client.group import BrokerPartition, GroupConsumer
 from broker.client.kafka.model import (
     ConsumerGroupState as ConsumerGroupState,
@@ -383,6 +384,9 @@ class PartitionMetadata:
     isrs: list[int]
     error: KafkaError | None = None
 
+    def __str__(self) -> str:
+        return str(self.id)
+
 
 @dataclass
 class TopicMetadata:
@@ -391,6 +395,9 @@ class TopicMetadata:
     topic: str
     partitions: dict[int, PartitionMetadata]
     error: KafkaError | None = None
+
+    def __str__(self) -> str:
+        return self.topic
 
 
 @dataclass
@@ -946,9 +953,26 @@ class Consumer:
         self, partitions: list[TopicPartition], timeout: float | None = None
     ) -> list[TopicPartition]:
         """`partitions` with the group's committed offset of each (OFFSET_INVALID for one with
-        none), asked of the coordinator."""
+        none), asked of the coordinator: by the group member, or, before subscribe(), as one
+        who does not join (confluent-kafka's get_watermark_offsets example asks so)."""
+        self._check_open()
+        asked = [(tp.topic, tp.partition) for tp in partitions]
+        found: Mapping[tuple[str, int], int]
         with _as_kafka_errors():
-            found = self._joined().committed((tp.topic, tp.partition) for tp in partitions)
+            if self._member is not None:
+                found = self._member.committed(asked)
+            else:
+                with GroupCalls(
+                    str(self._conf["bootstrap.servers"]),
+                    str(self._conf["group.id"]),
+                    str(self._conf.get("client.id", DEFAULT_CLIENT_ID)),
+                    self._timeout_s,
+                    keys=self._keys,
+                ) as calls:
+                    topics = sorted({topic for topic, _ in asked})
+                    found = {
+                        (tp.topic, tp.partition): o for tp, o in calls.committed(topics).items()
+                    }
         return [
             TopicPartition(
                 tp.topic, tp.partition, found.get((tp.topic, tp.partition), OFFSET_INVALID)

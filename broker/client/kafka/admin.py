@@ -661,9 +661,13 @@ class AdminClient(Closing):
         admin = self._cluster_admin()
         topic = self._topic_of(resource)
         wanted = dict(_pylog_setting(k, v) for k, v in resource.set_config_dict.items())
+        now = admin.topic_config(topic)
+        for entry in now:  # a fixed setting given as it is (read back, as Kafka's delta
+            if entry.key in _FIXED and wanted.get(entry.key) == entry.value:  # example does)
+                del wanted[entry.key]
         dropped = [
             entry.key
-            for entry in admin.topic_config(topic)
+            for entry in now
             if entry.overridden and entry.key not in wanted and entry.key not in _FIXED
         ]
         admin.alter_topic_config(topic, wanted, dropped)

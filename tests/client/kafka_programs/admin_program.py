@@ -73,6 +73,24 @@ def alter_configs(a, args):
         print(f"{res.name} configuration successfully altered")
 
 
+def delta_alter_configs(a, args):
+    """alter_configs of what is given plus every setting the resource sets now, read back
+    first (as adminapi.py's delta_alter_configs does)."""
+    resources = []
+    for kind, name, configs in zip(args[0::3], args[1::3], args[2::3], strict=True):
+        resource = ConfigResource(kind, name)
+        for k, v in [conf.split("=") for conf in configs.split(",")]:
+            resource.set_config(k, v)
+        resources.append(resource)
+    for res, f in a.describe_configs(resources).items():
+        for k, entry in f.result().items():
+            if not entry.is_default:
+                res.set_config(k, entry.value, overwrite=False)
+        for altered, done in a.alter_configs([res]).items():
+            done.result()
+            print(f"Config for {altered.name} updated")
+
+
 def incremental_alter_configs(a, args):
     resources = []
     for kind, name, configs in zip(args[0::3], args[1::3], args[2::3], strict=True):
@@ -99,7 +117,9 @@ def list_cluster(a, args):
     print(f" {len(md.brokers)} brokers")
     for t in sorted(md.topics.values(), key=lambda t: t.topic):
         if t.topic in args:
-            print(f'  "{t.topic}" with {len(t.partitions)} partition(s)')
+            print(f'  "{t}" with {len(t.partitions)} partition(s)')
+            for p in t.partitions.values():
+                print(f"partition {p} leader: {p.leader}, replicas: {p.replicas}, isrs: {p.isrs}")
     groups = a.list_groups(timeout=10)
     for g in groups:
         if g.id in args:
@@ -195,6 +215,7 @@ if __name__ == "__main__":
         "describe_configs": describe_configs,
         "alter_configs": alter_configs,
         "incremental_alter_configs": incremental_alter_configs,
+        "delta_alter_configs": delta_alter_configs,
         "list": list_cluster,
         "describe_topics": describe_topics,
         "describe_cluster": describe_cluster,
