@@ -2,7 +2,11 @@
 
 The Kafka paper's audit: for one topic and a time window, count the messages of each hour
 (UTC, by message timestamp) in the topic and in a load's output (pipeline.load), print both
-side by side, and exit 1 if any hour differs, 0 if none does.
+side by side, and exit 1 if any hour differs, 0 if none does. Each side's hour also has the sum
+of its messages' digests (broker.client.audit.message_digest): where the counts agree and the
+sums do not, the content differs (a message changed, replaced, moved, or one lost and another
+added), and the two sides are compared place by place (partition, offset) to name where it
+first does.
 
 Across clusters (`--mirror-broker`: the target of pylog-mirror, docs/mirror.md), each hour is
 counted at every stage the messages pass: what producers counted (`--audit-topic`), what the
@@ -20,24 +24,26 @@ counted as missing, not an error: that is what an audit is for.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Final
 
 import click
+import pyarrow as pa
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from broker.client.audit import WINDOW_MS
+from broker.client.audit import DIGEST_MODULUS, WINDOW_MS, message_digest
 from broker.client.consumer import timestamp_ms
 from broker.errors import PylogError
-from pipeline.load import LOADED_SCHEMA, MICROS_PER_HOUR, epoch_micros, whole
+from pipeline.load import LOADED_SCHEMA, MICROS_PER_HOUR, epoch_micros
 from pipeline.session import (
     cluster_options,
     failure_message,
@@ -61,16 +67,33 @@ STAGES: Final = {
 
 
 @dataclass(frozen=True, slots=True)
+class Where:
+    """Where a stage's content first differs in an hour: the lowest partition with a
+    difference, the first offset there whose message differs (missing, extra or changed on
+    one side), and how many (partition, offset) places differ in all."""
+
+    partition: int
+    offset: int
+    places: int
+
+
+@dataclass(frozen=True, slots=True)
 class HourCount:
     """Messages of one hour (starting at `hour`, UTC) in pylog and in Parquet, what the
     producers said they produced (None when no audit topic was read) and what the mirror's
-    target holds (None when no mirror was named)."""
+    target holds (None when no mirror was named). `digests`: the sum of the messages'
+    digests (broker.client.audit.message_digest) on each side counted ("produced",
+    "in_pylog", "mirrored", "loaded"; None for producers' records without one); `where`: for
+    a stage whose content differs with equal counts, where it first does (None when the side
+    before it is the producers', who say no offsets)."""
 
     hour: datetime.datetime
     in_pylog: int
     loaded: int
     produced: int | None = None
     mirrored: int | None = None
+    digests: Mapping[str, int | None] = field(default_factory=dict)
+    where: Mapping[str, Where | None] = field(default_factory=dict)
 
     @property
     def difference(self) -> int:
@@ -87,8 +110,26 @@ class HourCount:
         return {**lost, "load": -self.difference}
 
     @property
+    def changed(self) -> list[str]:
+        """The stages that hold as many messages of the hour as they were given, but not the
+        same ones (a message changed, replaced, moved, or one lost and another added)."""
+        sides = {
+            "source": ("produced", "in_pylog"),
+            "mirror": ("in_pylog", "mirrored"),
+            "load": ("in_pylog" if self.mirrored is None else "mirrored", "loaded"),
+        }
+        lost = self.lost
+        return [
+            stage
+            for stage, (before, after) in sides.items()
+            if lost.get(stage) == 0
+            and None not in (self.digests.get(before), self.digests.get(after))
+            and self.digests[before] != self.digests[after]
+        ]
+
+    @property
     def differs(self) -> bool:
-        return any(self.lost.values())
+        return any(self.lost.values()) or bool(self.changed)
 
 
 AUDIT_RECORD: Final = StructType(
@@ -98,9 +139,13 @@ AUDIT_RECORD: Final = StructType(
         StructField("window_start_ms", LongType()),
         StructField("window_ms", LongType()),
         StructField("count", LongType()),
+        StructField("digest", StringType()),
     ]
 )
 """broker.client.audit.AuditRecord, as the JSON value of an audit topic's messages."""
+
+PerHour = dict[int, tuple[int, int | None]]
+"""Hours since the epoch -> (messages, the sum of their digests modulo 2**64, or None)."""
 
 
 def produced_per_hour(
@@ -110,10 +155,12 @@ def produced_per_hour(
     topic: str,
     start_ms: int,
     end_ms: int,
-) -> dict[int, int]:
-    """Messages of `topic` that producers counted as produced, per hour in [start_ms, end_ms)
-    (hours since the epoch -> messages): each producer's largest running total of each hour,
-    summed over producers. Records that are not audit records are counted and logged."""
+) -> PerHour:
+    """Messages of `topic` that producers counted as produced, per hour in [start_ms, end_ms),
+    with their digests: each producer's largest running total of each hour (and that record's
+    digest), summed over producers; an hour's digest is None when a record of it has none
+    (ack NONE, or a producer of an older pylog). Records that are not audit records are
+    counted and logged."""
     records = (
         spark.read.format("pylog")
         .options(**cluster, subscribe=audit_topic)
@@ -135,24 +182,125 @@ def produced_per_hour(
             & (F.col("window_start_ms") < end_ms)
         )
         .groupBy("producer", "window_start_ms")
-        .agg(F.max("count").alias("count"))
-        .groupBy("window_start_ms")
-        .agg(F.sum("count").alias("count"))
+        .agg(F.max("count").alias("count"), F.max_by("digest", "count").alias("digest"))
         .collect()
     )
     records.unpersist()
-    return {int(row["window_start_ms"]) // WINDOW_MS: int(row["count"]) for row in totals}
+    produced: dict[int, tuple[int, int | None]] = {}
+    for row in totals:
+        hour = int(row["window_start_ms"]) // WINDOW_MS
+        count, digest = produced.get(hour, (0, 0))
+        mine = None if row["digest"] is None else int(row["digest"], 16)
+        digest = None if digest is None or mine is None else (digest + mine) % DIGEST_MODULUS
+        produced[hour] = (count + int(row["count"]), digest)
+    return produced
 
 
-def _per_hour(rows: DataFrame, start_us: int, end_us: int) -> dict[int, int]:
+DIGESTED: Final = "partition int, offset long, micros long, digest_low long, digest_high long"
+"""Each message's place and time and its digest, in two 32-bit halves (Spark adds longs)."""
+
+
+def _digested(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Rows of (partition, offset, micros, key, value) with each message's digest
+    (broker.client.audit.message_digest), in Spark's Python workers."""
+    for batch in batches:
+        columns = batch.to_pydict()
+        digests = [
+            message_digest(partition, offset, micros // 1000, key, value)
+            for partition, offset, micros, key, value in zip(
+                columns["partition"],
+                columns["offset"],
+                columns["micros"],
+                columns["key"],
+                columns["value"],
+                strict=True,
+            )
+        ]
+        yield pa.RecordBatch.from_pydict(
+            {
+                "partition": columns["partition"],
+                "offset": columns["offset"],
+                "micros": columns["micros"],
+                "digest_low": [d & 0xFFFFFFFF for d in digests],
+                "digest_high": [d >> 32 for d in digests],
+            },
+            schema=pa.schema(
+                [
+                    ("partition", pa.int32()),
+                    ("offset", pa.int64()),
+                    ("micros", pa.int64()),
+                    ("digest_low", pa.int64()),
+                    ("digest_high", pa.int64()),
+                ]
+            ),
+        )
+
+
+def _digests(rows: DataFrame, start_us: int, end_us: int) -> DataFrame:
+    """DIGESTED of `rows` (the source's or the load's) whose timestamps are in [start_us,
+    end_us)."""
     micros = epoch_micros("timestamp")
-    counted = (
+    return (
         rows.where((micros >= start_us) & (micros < end_us))
-        .groupBy(whole("timestamp", MICROS_PER_HOUR).alias("hour"))
-        .count()
+        .select("partition", "offset", micros.alias("micros"), "key", "value")
+        .mapInArrow(_digested, DIGESTED)
+    )
+
+
+def _summed(low: int | None, high: int | None) -> int:
+    """Sums of digests' halves as one sum modulo 2**64."""
+    return (((high or 0) << 32) + (low or 0)) % DIGEST_MODULUS
+
+
+def _per_hour(rows: DataFrame, start_us: int, end_us: int) -> PerHour:
+    counted = (
+        _digests(rows, start_us, end_us)
+        .groupBy(F.expr(f"micros div {MICROS_PER_HOUR}").alias("hour"))
+        .agg(
+            F.count("*").alias("count"),
+            F.sum("digest_low").alias("low"),
+            F.sum("digest_high").alias("high"),
+        )
         .collect()
     )
-    return {int(row["hour"]): int(row["count"]) for row in counted}
+    return {
+        int(row["hour"]): (int(row["count"]), _summed(row["low"], row["high"])) for row in counted
+    }
+
+
+def first_difference(before: DataFrame, after: DataFrame, hour: int) -> Where | None:
+    """Where two sides' messages of `hour` first differ: the places (partition, offset) whose
+    messages (how many, and their digests) are not the same on both; None when none is."""
+    start_us = hour * MICROS_PER_HOUR
+
+    def places(rows: DataFrame) -> DataFrame:
+        return (
+            _digests(rows, start_us, start_us + MICROS_PER_HOUR)
+            .groupBy("partition", "offset")
+            .agg(
+                F.count("*").alias("n"),
+                F.sum("digest_low").alias("low"),
+                F.sum("digest_high").alias("high"),
+            )
+        )
+
+    left, right = places(before).alias("l"), places(after).alias("r")
+    joined = left.join(right, ["partition", "offset"], "full_outer")
+    same = (
+        F.col("l.n").eqNullSafe(F.col("r.n"))
+        & F.col("l.low").eqNullSafe(F.col("r.low"))
+        & F.col("l.high").eqNullSafe(F.col("r.high"))
+    )
+    differing = joined.where(~same).select("partition", "offset").cache()
+    try:
+        places_differing = differing.count()
+        if not places_differing:
+            return None
+        first = differing.orderBy("partition", "offset").first()
+        assert first is not None
+        return Where(int(first["partition"]), int(first["offset"]), places_differing)
+    finally:
+        differing.unpersist()
 
 
 def audit(
@@ -174,7 +322,7 @@ def audit(
     if end <= start:
         raise ValueError(f"the window ends ({end}) before it starts ({start})")
     start_us, end_us = timestamp_ms(start) * 1000, timestamp_ms(end) * 1000
-    produced: dict[int, int] | None = None
+    produced: PerHour | None = None
     if audit_topic is not None:
         if start_us % MICROS_PER_HOUR or end_us % MICROS_PER_HOUR:
             raise ValueError(
@@ -184,8 +332,10 @@ def audit(
         produced = produced_per_hour(
             spark, cluster, audit_topic, topic, start_us // 1000, end_us // 1000
         )
-    in_pylog = stored_per_hour(spark, cluster, topic, start, end)
-    mirrored = None if mirror is None else stored_per_hour(spark, mirror, topic, start, end)
+    sides: dict[str, DataFrame] = {"in_pylog": stored_rows(spark, cluster, topic, start)}
+    if mirror is not None:
+        sides["mirrored"] = stored_rows(spark, mirror, topic, start)
+    counted = {name: _per_hour(rows, start_us, end_us) for name, rows in sides.items()}
     try:
         parquet = (
             spark.read.schema(LOADED_SCHEMA)
@@ -194,41 +344,50 @@ def audit(
             .where(F.col("topic") == topic)
             .where(F.col("date").between(start.date(), end.date()))
         )
-        loaded = _per_hour(parquet, start_us, end_us)
+        counted["loaded"] = _per_hour(parquet, start_us, end_us)
+        sides["loaded"] = parquet
     except AnalysisException as error:
         if error.getCondition() != "PATH_NOT_FOUND":
             raise
         log.warning("%s does not exist: nothing was loaded there", output)
-        loaded = {}
-    return [
-        HourCount(
+        counted["loaded"] = {}
+    if produced is not None:
+        counted["produced"] = produced
+    counts = []
+    for hour in sorted(set().union(*counted.values())):
+        count = HourCount(
             datetime.datetime.fromtimestamp(hour * 3600, datetime.UTC),
-            in_pylog.get(hour, 0),
-            loaded.get(hour, 0),
-            None if produced is None else produced.get(hour, 0),
-            None if mirrored is None else mirrored.get(hour, 0),
+            counted["in_pylog"].get(hour, (0, 0))[0],
+            counted["loaded"].get(hour, (0, 0))[0],
+            None if produced is None else produced.get(hour, (0, 0))[0],
+            None if mirror is None else counted["mirrored"].get(hour, (0, 0))[0],
+            {name: per_hour.get(hour, (0, 0))[1] for name, per_hour in counted.items()},
         )
-        for hour in sorted(
-            in_pylog.keys() | loaded.keys() | (produced or {}).keys() | (mirrored or {}).keys()
-        )
-    ]
+        where = {stage: _where(sides, count, stage, hour) for stage in count.changed}
+        counts.append(dataclasses.replace(count, where=where))
+    return counts
 
 
-def stored_per_hour(
-    spark: SparkSession,
-    cluster: Mapping[str, str],
-    topic: str,
-    start: datetime.datetime,
-    end: datetime.datetime,
-) -> dict[int, int]:
-    """The messages of `topic` in `cluster` per hour of [start, end) (hours since the epoch),
-    read from the first offset at or after `start` of each partition."""
-    rows = (
+def _where(sides: Mapping[str, DataFrame], count: HourCount, stage: str, hour: int) -> Where | None:
+    """Where `stage`'s content first differs in `hour` (None for the producers' stage: their
+    records say no offsets)."""
+    if stage == "source":
+        return None
+    before = "in_pylog" if stage == "mirror" or count.mirrored is None else "mirrored"
+    after = "mirrored" if stage == "mirror" else "loaded"
+    return first_difference(sides[before], sides[after], hour)
+
+
+def stored_rows(
+    spark: SparkSession, cluster: Mapping[str, str], topic: str, start: datetime.datetime
+) -> DataFrame:
+    """The messages of `topic` in `cluster` from the first offset at or after `start` of each
+    partition."""
+    return (
         spark.read.format("pylog")
         .options(**cluster, subscribe=topic, startingTimestamp=str(timestamp_ms(start)))
         .load()
     )
-    return _per_hour(rows, timestamp_ms(start) * 1000, timestamp_ms(end) * 1000)
 
 
 def format_table(topic: str, counts: list[HourCount], with_produced: bool = False) -> str:
@@ -239,7 +398,7 @@ def format_table(topic: str, counts: list[HourCount], with_produced: bool = Fals
         f"{'hour (UTC)':<17}{produced_head} {'in pylog':>12} {'loaded':>12} {'difference':>12}"
     ]
     for count in counts:
-        mark = "  <-- differs" if count.differs else ""
+        mark = _mark(count)
         produced = f" {count.produced:>12}" if with_produced else ""
         lines.append(
             f"{count.hour:%Y-%m-%d %H:00} {produced} {count.in_pylog:>12} {count.loaded:>12} "
@@ -256,9 +415,35 @@ def format_table(topic: str, counts: list[HourCount], with_produced: bool = Fals
     lines.append(
         f"{topic}: OK, every hour matches"
         if not differing
-        else f"{topic}: {differing} hour(s) differ"
+        else f"{topic}: {differing} hour(s) differ" + _changed_verdict(counts, "; ")
     )
     return "\n".join(lines)
+
+
+def _mark(count: HourCount) -> str:
+    """The end of an hour's line: nothing, or that it differs and where content changed."""
+    if not count.differs:
+        return ""
+    changed = "; ".join(_changed_text(count, stage) for stage in count.changed)
+    return "  <-- differs" + (f": {changed}" if changed else "")
+
+
+def _changed_text(count: HourCount, stage: str) -> str:
+    where = count.where.get(stage)
+    if where is None:
+        return f"{stage} content changed"
+    more = f" (+{where.places - 1} more)" if where.places > 1 else ""
+    return f"{stage} content changed at partition {where.partition} offset {where.offset}{more}"
+
+
+def _changed_verdict(counts: list[HourCount], lead: str) -> str:
+    """What each stage changed (counts equal, content not), over the hours, or ""."""
+    said = []
+    for stage in STAGES:
+        hours = sum(1 for count in counts if stage in count.changed)
+        if hours:
+            said.append(f"the {stage} ({STAGES[stage]}) changed content in {hours} hour(s)")
+    return lead + "; ".join(said) if said else ""
 
 
 def format_stages(topic: str, counts: list[HourCount], with_produced: bool = False) -> str:
@@ -267,8 +452,9 @@ def format_stages(topic: str, counts: list[HourCount], with_produced: bool = Fal
     heads = [*(["produced"] if with_produced else []), "in source", "mirrored", "loaded"]
     lines = [f"{'hour (UTC)':<17}" + "".join(f" {head:>12}" for head in heads) + "  lost at"]
     for count in counts:
-        mark = "  <-- differs" if count.differs else ""
-        lines.append(f"{count.hour:%Y-%m-%d %H:00} " + _stage_cells(count, with_produced) + mark)
+        lines.append(
+            f"{count.hour:%Y-%m-%d %H:00} " + _stage_cells(count, with_produced) + _mark(count)
+        )
     total = HourCount(
         counts[0].hour if counts else datetime.datetime.now(datetime.UTC),
         sum(c.in_pylog for c in counts),
@@ -282,7 +468,8 @@ def format_stages(topic: str, counts: list[HourCount], with_produced: bool = Fal
         lines.append(f"{topic}: OK, every stage holds every message of every hour")
     else:
         losses = [f"the {stage} ({STAGES[stage]}) {said}" for stage, said in _losses(counts)]
-        lines.append(f"{topic}: {differing} hour(s) differ: " + "; ".join(losses))
+        changed = _changed_verdict(counts, "; " if losses else "")
+        lines.append(f"{topic}: {differing} hour(s) differ: " + "; ".join(losses) + changed)
     return "\n".join(lines)
 
 
@@ -319,7 +506,17 @@ def _hour_fields(count: HourCount, with_produced: bool) -> dict[str, object]:
         **({"mirrored": count.mirrored, "lost": count.lost} if mirrored else {}),
         "loaded": count.loaded,
         "difference": count.difference,
+        **(
+            {"changed": {stage: _where_json(count, stage) for stage in count.changed}}
+            if count.changed
+            else {}
+        ),
     }
+
+
+def _where_json(count: HourCount, stage: str) -> dict[str, int] | None:
+    where = count.where.get(stage)
+    return None if where is None else dataclasses.asdict(where)
 
 
 @click.command()
@@ -379,7 +576,8 @@ def main(
 ) -> None:
     """Count a topic's messages per hour in pylog and in a load's Parquet output (and with
     --audit-topic, what its producers counted as produced; with --mirror-broker, what
-    pylog-mirror's target holds); exit 1 if any hour differs.
+    pylog-mirror's target holds), and compare their content by digest; exit 1 if any hour
+    differs, naming the stage, partition and offset where content first changed.
 
     \b
     Examples:

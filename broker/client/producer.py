@@ -120,7 +120,7 @@ from typing import Any, Literal, Self
 import xxhash
 
 from broker.backoff import Backoff
-from broker.client.audit import WINDOW_MS, ProducedCounts
+from broker.client.audit import WINDOW_MS, ProducedCounts, message_digest
 from broker.client.cluster import Cluster, partition_of
 from broker.client.connection import (
     DEFAULT_CLIENT_ID,
@@ -233,6 +233,7 @@ class Batch:
     dataclass with defaults."""
 
     __slots__ = (
+        "audited",
         "base_offset",
         "callbacks",
         "done",
@@ -242,7 +243,6 @@ class Batch:
         "sets",
         "size",
         "started",
-        "windows",
     )
 
     def __init__(self, partition: int, started: float) -> None:
@@ -254,8 +254,9 @@ class Batch:
         self.base_offset: int | None = None
         self.error: PylogError | None = None
         self.callbacks: list[Callable[[], object]] | None = None
-        self.windows: dict[int, int] | None = None
-        """With auditing: the batch's messages per audit window (broker.client.audit)."""
+        self.audited: list[tuple[int, int, bytes | None, bytes]] | None = None
+        """With auditing: each message's position in the batch, timestamp, key and value, for
+        its digest once its offset is known (broker.client.audit)."""
         self.sets: tuple[list[int], list[int]] | None = None
         """Sent compressed: where each set's messages start in the batch, and where the set
         starts in the message set sent (`offset`)."""
@@ -521,9 +522,10 @@ class ProducerCore:
             self._linger_deadline = min(self._linger_deadline, batch.started + self.linger_s)
         if produced is not None:
             assert timestamp_ms is not None
-            window = timestamp_ms // WINDOW_MS
-            windows = batch.windows = batch.windows or {}
-            windows[window] = windows.get(window, 0) + 1
+            if batch.audited is None:
+                batch.audited = []
+            audited_key = None if key is None else bytes(key)
+            batch.audited.append((batch.size, timestamp_ms, audited_key, bytes(value)))
         messages = batch.messages
         messages.append(message)
         position = batch.size
@@ -733,16 +735,25 @@ class ProducerCore:
         ack = ProduceAck(entry.request.partition, reply.base_offset, reply.count)
         self._acks.append((entry.sequence, ack))
         batch = entry.batch
-        self._count_produced(batch)
         if batch.callbacks is None:  # settle's work without its call: once a batch
             batch.done, batch.base_offset = True, reply.base_offset
         else:
             batch.settle(reply.base_offset)
+        self._count_produced(batch)
 
     def _count_produced(self, batch: Batch) -> None:
-        """Count `batch`'s messages as produced (acknowledged, or handed over with ack NONE)."""
-        if batch.windows is not None and self.produced is not None:
-            self.produced.add(batch.windows)
+        """Count a settled `batch`'s messages as produced: acknowledged, each with its digest,
+        or handed over with ack NONE (no offsets: digests unknown)."""
+        produced, audited = self.produced, batch.audited
+        if audited is None or produced is None:
+            return
+        known = batch.base_offset is not None
+        for position, timestamp_ms, key, value in audited:
+            digest = None
+            if known:
+                offset = batch.offset(position)
+                digest = message_digest(batch.partition, offset, timestamp_ms, key, value)
+            produced.add(timestamp_ms // WINDOW_MS, digest)
 
     def _take_acks(self) -> list[ProduceAck]:
         """The acknowledgements since the last call, in the order their batches were sent."""

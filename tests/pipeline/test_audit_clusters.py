@@ -44,6 +44,16 @@ def same_high_watermark(source: str, target: str, partitions: int = 1) -> bool:
         return False
 
 
+def mirrored(
+    make_mirror: Callable[..., MirrorProcess], source: str, target: str, partitions: int
+) -> MirrorProcess:
+    """TOPIC copied from `source` to `target` by a pylog-mirror, stopped once both ends agree."""
+    mirror = make_mirror(mirror_config(source, target, [TOPIC]))
+    wait_until(partial(same_high_watermark, source, target, partitions), 30, "copied")
+    assert mirror.stop() == 0
+    return mirror
+
+
 def stored(endpoint: str) -> int:
     with Admin(endpoint) as admin:
         return admin.describe_partition(TOPIC, 0).high_watermark
@@ -61,9 +71,7 @@ def test_pylogctl_audit_across_the_mirror_passes_when_every_stage_holds_every_me
     with Producer(source.endpoint, TOPIC, audit_topic=AUDIT_TOPIC) as producer:
         for n in range(30):
             producer.send(b"visit %03d" % n, None, ms(TEN if n < 20 else ELEVEN) + n, n % 2)
-    mirror = make_mirror(mirror_config(source.endpoint, target.endpoint, [TOPIC]))
-    wait_until(partial(same_high_watermark, source.endpoint, target.endpoint, 2), 30, "copied")
-    assert mirror.stop() == 0
+    mirrored(make_mirror, source.endpoint, target.endpoint, 2)
     output = str(tmp_path / "warehouse")
     load.load(spark, {"broker": target.endpoint}, [TOPIC], output)
     arguments = [
@@ -123,9 +131,7 @@ def test_the_audit_follows_a_topic_across_the_mirror_and_names_the_stage_that_lo
     with Producer(source.endpoint, TOPIC, audit_topic=AUDIT_TOPIC) as producer:
         for n in range(120):  # a segment of hour 10 first, then hours 10 and 11
             producer.send(b"visit %03d" % n, timestamp_ms=ms(TEN if n < 80 else ELEVEN) + n)
-    mirror = make_mirror(mirror_config(source.endpoint, target.endpoint, [TOPIC]))
-    wait_until(partial(same_high_watermark, source.endpoint, target.endpoint), 30, "copied")
-    assert mirror.stop() == 0
+    mirror = mirrored(make_mirror, source.endpoint, target.endpoint, 1)
 
     # A segment of the target deleted: the broker stopped, its oldest segment of the topic's
     # partition removed with its indexes, the broker started again.
