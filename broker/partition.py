@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import trio
@@ -22,6 +23,9 @@ from broker.replication.replica import Replica, Reply
 log = logging.getLogger("pylog.worker")
 
 CHECKPOINT_LOG_EVERY_S = 5.0
+RATE_SAMPLE_S = 1.0
+RATE_WINDOW_S = 300.0
+"""A partition's append rate (DESCRIBE_PARTITION version 2) is measured over about this long."""
 _checkpoint_log = RateLimitedLog(log, CHECKPOINT_LOG_EVERY_S)
 
 
@@ -52,10 +56,24 @@ class Partition:
     """Messages and bytes appended, and bytes of messages fetched (broker.worker_stats)."""
     log_start_asked: int = 0
     """Where the registry asks the log to start (records before it deleted: `move_start`)."""
+    ends: deque[tuple[float, int]] = field(default_factory=deque)
+    """(monotonic time, log end offset) taken at each retention pass and DESCRIBE_PARTITION,
+    at least RATE_SAMPLE_S apart, the oldest within RATE_WINDOW_S: `append_rate`."""
 
     @property
     def name(self) -> str:
         return f"{self.topic}-{self.number}"
+
+    def append_rate(self, now: float) -> int:
+        """Note the log's end now, and return the bytes appended a second over the last
+        RATE_WINDOW_S (or since the first note within it; 0 before two notes)."""
+        ends, end = self.ends, self.log.log_end_offset
+        if not ends or now - ends[-1][0] >= RATE_SAMPLE_S:
+            ends.append((now, end))
+        while len(ends) > 1 and now - ends[1][0] >= RATE_WINDOW_S:
+            ends.popleft()
+        since, then = ends[0]
+        return 0 if now <= since else round((end - then) / (now - since))
 
     @property
     def high_watermark(self) -> int:

@@ -23,7 +23,7 @@ effect.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -48,12 +48,21 @@ from broker.transport import FETCH_JOINED, throttle_of
 
 
 class Reads:
-    """The reads of the partitions of `served`, at most `fetch_max_bytes` a reply."""
+    """The reads of the partitions of `served`, at most `fetch_max_bytes` a reply;
+    `retention_check_interval_ms()` the worker's interval (a live setting), as
+    DESCRIBE_PARTITION says it."""
 
-    def __init__(self, served: Served, leadership: Leadership, fetch_max_bytes: int) -> None:
+    def __init__(
+        self,
+        served: Served,
+        leadership: Leadership,
+        fetch_max_bytes: int,
+        retention_check_interval_ms: Callable[[], int],
+    ) -> None:
         self.served = served
         self.leadership = leadership
         self.fetch_max_bytes = fetch_max_bytes
+        self.retention_check_interval_ms = retention_check_interval_ms
         self.polls: dict[bytes, trio.Event] = {}
         """The long polls of MULTI_FETCH shares the front may wake (tag FETCH_JOINED), by tag:
         the event their round waits on..."""
@@ -392,7 +401,8 @@ class Reads:
     def describe(
         self, request: protocol.DescribePartitionRequest
     ) -> protocol.DescribePartitionReply:
-        plog = self.served.get(request.topic, request.partition).log
+        partition = self.served.get(request.topic, request.partition)
+        plog = partition.log
         stats = plog.statistics()
         oldest = -1
         if stats.high_watermark > stats.log_start_offset:  # a message at the log start
@@ -409,4 +419,7 @@ class Reads:
             stats.segments,
             oldest,
             settings,
+            self.retention_check_interval_ms(),
+            partition.append_rate(time.monotonic()),
+            tuple(protocol.SegmentState(*state) for state in plog.segment_states()),
         )

@@ -125,7 +125,12 @@ class Worker:
             config.log_flush_when_idle,
         )
         self.leadership = Leadership(self.served, config, self.flusher)
-        self.reads = Reads(self.served, self.leadership, config.broker_fetch_max_bytes)
+        self.reads = Reads(
+            self.served,
+            self.leadership,
+            config.broker_fetch_max_bytes,
+            lambda: self.config.log_retention_check_interval_ms,
+        )
         self.prefixes = protocol.KnownPrefixes()
         """The prefixes of requests found good: the next PRODUCE ones are decoded by it."""
         self.unanswered_errors = 0
@@ -304,7 +309,8 @@ class Worker:
                 await self.served.reply(tagged, protocol.encode_reply(correlation_id, reply))
             elif isinstance(request, protocol.DescribePartitionRequest):
                 described = self.reads.describe(request)
-                await self.served.reply(tagged, protocol.encode_reply(correlation_id, described))
+                frames = protocol.encode_reply(correlation_id, described, header.version)
+                await self.served.reply(tagged, frames)
             else:
                 raise UnsupportedApi(f"{type(request).__name__} is served by the front socket")
         except SetsToOpen:  # nothing changed: served again in its client's turn
@@ -575,6 +581,7 @@ class Worker:
             for partition in list(self.partitions.values()):
                 if partition.offline is not None:  # its files are being reopened
                     continue
+                partition.append_rate(time.monotonic())  # a note for DESCRIBE_PARTITION's
                 try:
                     deleted = partition.log.apply_retention()
                 except (PylogError, OSError) as error:

@@ -357,30 +357,33 @@ def print_lag(lag: GroupLag, as_json: bool) -> None:
             "lag_messages": lag.lag_messages,
             "lag_messages_estimated": lag.lag_messages_estimated,
             "lag_seconds": lag.lag_seconds,
+            "retention_seconds": lag.retention_seconds,
         }
         click.echo(json.dumps(summary))
         return
     table(
         (
             *("TOPIC", "PARTITION", "BROKER", "OWNER", "COMMITTED", "HIGH_WATERMARK"),
-            *("LAG_BYTES", "LAG_MESSAGES", "LAG_SECONDS", "NOTE"),
+            *("LAG_BYTES", "LAG_MESSAGES", "LAG_SECONDS", "RETENTION_S", "NOTE"),
         ),
         [
             (
                 *(p.topic, p.partition, p.broker, p.owner, p.committed, p.high_watermark),
                 *(p.lag_bytes, _messages(p.lag_messages, p.lag_messages_estimated)),
-                *(_seconds(p.lag_seconds), p.note or ""),
+                *(_seconds(p.lag_seconds), _seconds(p.retention_seconds), p.note or ""),
             )
             for p in lag.partitions
         ],
     )
     messages = _messages(lag.lag_messages, lag.lag_messages_estimated)
+    retention = lag.retention_seconds
     click.echo(
         f"group {lag.group}: {members_text(sorted(lag.members))}, "
         f"{_count(len(lag.partitions), 'partition')} of {_count(len(lag.topics), 'topic')}, "
         f"lag {lag.lag_bytes} bytes, {messages} messages"
         f"{' (estimated)' if lag.lag_messages_estimated else ''}, "
         f"{_seconds(lag.lag_seconds) or '-'} s"
+        + ("" if retention is None else f"; retention deletes unread data in {retention:.1f} s")
     )
 
 

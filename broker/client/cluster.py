@@ -435,15 +435,22 @@ class Cluster(BrokerMap, Closing):
         return self.connection(leader)
 
     @overload
-    def call_leader(self, request: FetchRequest, retries: int) -> FetchReply: ...
-    @overload
-    def call_leader(self, request: OffsetsRequest, retries: int) -> OffsetsReply: ...
+    def call_leader(
+        self, request: FetchRequest, retries: int, version: int | None = ...
+    ) -> FetchReply: ...
     @overload
     def call_leader(
-        self, request: DescribePartitionRequest, retries: int
+        self, request: OffsetsRequest, retries: int, version: int | None = ...
+    ) -> OffsetsReply: ...
+    @overload
+    def call_leader(
+        self, request: DescribePartitionRequest, retries: int, version: int | None = ...
     ) -> DescribePartitionReply: ...
-    def call_leader(self, request: PartitionRequest, retries: int) -> Reply:
-        """`request` sent to its partition's leader, and after a retriable error (the broker
+    def call_leader(
+        self, request: PartitionRequest, retries: int, version: int | None = None
+    ) -> Reply:
+        """`request` (at api_version `version`, default protocol.request_version's) sent to
+        its partition's leader, and after a retriable error (the broker
         is not the leader any more, is down, the partition not served yet) sent again to the
         leader found then (`learn_from`), up to `retries` more times within 3 x the timeout,
         waiting 0.1 s doubling to 2 s in between (Retry). Raises the last error as it was,
@@ -455,7 +462,7 @@ class Cluster(BrokerMap, Closing):
             try:
                 connection = self.leader_connection(request.topic, request.partition)
                 endpoint = connection.endpoint
-                reply: Reply = connection.call(request, 0)
+                reply: Reply = connection.call(request, 0, version=version)
                 return reply
             except (BrokerError, Unavailable) as error:
                 wait_s = retry.wait_after(error)

@@ -595,7 +595,11 @@ class Connection(Framing, Closing):
     ) -> FetchReply: ...
     @overload
     def call(
-        self, request: OffsetsRequest, retries: int = ..., max_time_s: float | None = ...
+        self,
+        request: OffsetsRequest,
+        retries: int = ...,
+        max_time_s: float | None = ...,
+        version: int | None = ...,
     ) -> OffsetsReply: ...
     @overload
     def call(
@@ -618,7 +622,11 @@ class Connection(Framing, Closing):
     ) -> DescribeClusterReply: ...
     @overload
     def call(
-        self, request: DescribePartitionRequest, retries: int = ..., max_time_s: float | None = ...
+        self,
+        request: DescribePartitionRequest,
+        retries: int = ...,
+        max_time_s: float | None = ...,
+        version: int | None = ...,
     ) -> DescribePartitionReply: ...
     @overload
     def call(

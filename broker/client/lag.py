@@ -35,6 +35,7 @@ from broker.client.consumer import (
     grown_fetch_bytes,
     timestamp_ms,
 )
+from broker.client.retention import RetentionForecast, forecast
 from broker.errors import (
     BrokerCorruptSegment,
     BrokerError,
@@ -44,7 +45,14 @@ from broker.errors import (
     Unavailable,
 )
 from broker.log.message import Message
-from broker.protocol import EARLIEST, LATEST, FetchRequest, OffsetsRequest
+from broker.protocol import (
+    DESCRIBE_PARTITION_RETENTION_VERSION,
+    EARLIEST,
+    LATEST,
+    DescribePartitionRequest,
+    FetchRequest,
+    OffsetsRequest,
+)
 from broker.registry import Registry, partition_name
 
 COUNT_BYTES: Final = 256 << 10
@@ -205,6 +213,11 @@ class PartitionLag:
     lag_messages: int | None = None
     lag_messages_estimated: bool = False
     lag_seconds: float | None = None
+    retention_seconds: float | None = None
+    """How long before retention deletes the next message the group reads (0: deleted
+    already; None: nothing will as things stand, or not known: broker.client.retention)."""
+    retention_bytes: int | None = None
+    """How many more bytes appended before then, where known."""
     note: str | None = None
 
 
@@ -234,6 +247,13 @@ class GroupLag:
         """The oldest unread message's age, over the partitions (None when none is known)."""
         ages = [p.lag_seconds for p in self.partitions if p.lag_seconds is not None]
         return max(ages) if ages else None
+
+    @property
+    def retention_seconds(self) -> float | None:
+        """The soonest retention deletes a message the group has not read, over the
+        partitions (None when none is forecast)."""
+        times = [p.retention_seconds for p in self.partitions if p.retention_seconds is not None]
+        return min(times) if times else None
 
 
 class GroupReader:
@@ -318,14 +338,31 @@ class GroupReader:
             return replace(offsets, lag_bytes=end - position, note=f"cannot count: {error}")
         notes = [note] if note else []
         notes += [f"damaged offsets [{a}, {b}) are no messages" for a, b in found.damaged]
+        ahead = self._retention(connection, lag.topic, lag.partition, lag.committed, now_ms)
         return replace(
             offsets,
             lag_bytes=end - position,
             lag_messages=found.messages,
             lag_messages_estimated=found.estimated,
             lag_seconds=0.0 if position == end else found.age_s(now_ms),
+            retention_seconds=None if ahead is None else ahead.seconds,
+            retention_bytes=None if ahead is None else ahead.bytes,
             note="; ".join(notes) or None,
         )
+
+    def _retention(
+        self, connection: Connection, topic: str, partition: int, position: int, now_ms: float
+    ) -> RetentionForecast | None:
+        """The retention forecast at `position` (broker.client.retention), from the leader's
+        DESCRIBE_PARTITION of version 2; None when it cannot say (an older broker)."""
+        request = DescribePartitionRequest(topic, partition)
+        try:
+            state = connection.call(
+                request, self.retries, version=DESCRIBE_PARTITION_RETENTION_VERSION
+            )
+        except (BrokerError, Unavailable):
+            return None
+        return forecast(state, position, now_ms)
 
     def _refresh_endpoints(self) -> None:
         brokers = self.registry.brokers()

@@ -889,6 +889,14 @@ class PartitionLog:
             deleted.append(oldest.log_path)
         return deleted
 
+    def segment_states(self) -> list[tuple[int, int, int]]:
+        """Each segment file's base offset, bytes and last write (ms since the epoch), oldest
+        first: what apply_retention counts from."""
+        return [
+            (s.base_offset, s.size, s.log_path.stat().st_mtime_ns // 1_000_000)
+            for s in self._segments
+        ]
+
     # -- lifetime --------------------------------------------------------------------------
 
     def statistics(self) -> LogStatistics:

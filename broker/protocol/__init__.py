@@ -141,6 +141,7 @@ from broker.protocol.messages import (
     RequestHeader,
     Route,
     RoutedRequest,
+    SegmentState,
     TopicInfo,
     partition_list,
 )
@@ -175,6 +176,7 @@ from broker.protocol.requests import (
 )
 from broker.protocol.tables import (
     API_VERSIONS,
+    DESCRIBE_PARTITION_RETENTION_VERSION,
     FETCH_THROTTLE_VERSION,
     MAX_PARTS,
     METADATA_LEADERS_VERSION,
@@ -193,6 +195,7 @@ __all__ = [
     "API_VERSION",
     "API_VERSIONS",
     "CREATE_WAIT_S",
+    "DESCRIBE_PARTITION_RETENTION_VERSION",
     "EARLIEST",
     "ERROR_FIELDS",
     "ERROR_TABLE",
@@ -275,6 +278,7 @@ __all__ = [
     "RequestHeader",
     "Route",
     "RoutedRequest",
+    "SegmentState",
     "StoredSet",
     "TopicInfo",
     "broker_error",

@@ -517,10 +517,22 @@ class DescribeClusterReply:
 
 
 @dataclass(frozen=True, slots=True)
+class SegmentState:
+    """A segment file of a DESCRIBE_PARTITION version 2 reply: where it starts, its bytes, and
+    when it was last written (ms since the epoch; what retention_ms is counted from)."""
+
+    base_offset: int
+    size_bytes: int
+    last_modified_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class DescribePartitionReply:
     """A partition's offsets, the bytes of its segment files, how many there are, the
     timestamp of its oldest message (the one at the log start; -1 when it holds none) and
-    the settings in effect on it (every topic setting, as CREATE_TOPIC spells them)."""
+    the settings in effect on it (every topic setting, as CREATE_TOPIC spells them). From
+    version 2, what retention is forecast from: how often the broker applies it, the bytes
+    appended a second lately, and each segment file."""
 
     log_start_offset: int
     high_watermark: int
@@ -529,6 +541,9 @@ class DescribePartitionReply:
     segments: int
     oldest_timestamp: int
     config: Mapping[str, str]
+    retention_check_interval_ms: int = 0
+    append_bytes_per_s: int = 0
+    segment_list: tuple[SegmentState, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,7 @@ from broker.protocol.messages import (
     ProducePart,
     ProduceReply,
     ProduceRequest,
+    SegmentState,
     TopicInfo,
 )
 from broker.protocol.names import check_topic_name
@@ -670,12 +671,17 @@ def _make_describe_partition_reply(
     reader: Reader, values: Values, version: int
 ) -> DescribePartitionReply:
     values["config"] = dict(values["config"])
+    if "segment_list" in values:
+        values["segment_list"] = tuple(values["segment_list"])
     return DescribePartitionReply(**values)
 
 
+DESCRIBE_PARTITION_RETENTION_VERSION: Final = 2
+"""DESCRIBE_PARTITION's version whose reply says what retention is forecast from."""
+
 DESCRIBE_PARTITION: Final = ApiTable(
     Api.DESCRIBE_PARTITION,
-    (1,),
+    (1, DESCRIBE_PARTITION_RETENTION_VERSION),
     Body(
         "DESCRIBE_PARTITION",
         DescribePartitionRequest,
@@ -693,6 +699,22 @@ DESCRIBE_PARTITION: Final = ApiTable(
             Field("segments", "u32"),
             Field("oldest_timestamp", "i64"),
             _settings_many("config", "config_count"),
+            Field("retention_check_interval_ms", "u32", since=DESCRIBE_PARTITION_RETENTION_VERSION),
+            Field("append_bytes_per_s", "u64", since=DESCRIBE_PARTITION_RETENTION_VERSION),
+            Many(
+                "segment_list",
+                Field("segment_list_count", "u32"),
+                Body(
+                    "DESCRIBE_PARTITION",
+                    SegmentState,
+                    (
+                        Field("base_offset", "u64"),
+                        Field("size_bytes", "u64"),
+                        Field("last_modified_ms", "i64"),
+                    ),
+                ),
+                since=DESCRIBE_PARTITION_RETENTION_VERSION,
+            ),
         ),
         _make_describe_partition_reply,
     ),

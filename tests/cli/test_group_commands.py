@@ -141,13 +141,15 @@ def test_describe_gives_lag_in_bytes_messages_and_seconds_and_a_summary(
         "LAG_BYTES",
         "LAG_MESSAGES",
         "LAG_SECONDS",
+        "RETENTION_S",
         "NOTE",
     ]
     age = time.time() - (HOUR_AGO_MS + 2000) / 1000  # message 2 is the next unread
     p0 = rows[1]
     assert p0[:8] == [topic, "0", "1", "-", str(2 * SIZE), str(5 * SIZE), str(3 * SIZE), "3"]
     assert age - 60 < float(p0[8]) <= age + 1
-    assert rows[2] == [topic, "1", "2", "-", str(3 * SIZE), str(3 * SIZE), "0", "0", "0.0"]
+    # one segment, nothing appended lately: retention deletes nothing unread as things stand
+    assert rows[2] == [topic, "1", "2", "-", str(3 * SIZE), str(3 * SIZE), "0", "0", "0.0", "-"]
     assert rows[3][:6] == [topic, "2", "3", "-", "-", "0"]  # then lag "-" and a note
     summary = rows[4]
     assert summary[:3] == ["group", f"{group}:", "0"]
@@ -170,6 +172,8 @@ def test_describe_gives_lag_in_bytes_messages_and_seconds_and_a_summary(
         "lag_messages": 3,
         "lag_messages_estimated": False,
         "lag_seconds": partitions[0]["lag_seconds"],
+        "retention_seconds": None,
+        "retention_bytes": None,
         "note": None,
     }
     assert partitions[2]["note"] == "no committed offset"

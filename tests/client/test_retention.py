@@ -1,0 +1,133 @@
+"""The retention guard's forecast (issue 51, broker/client/retention.py): how long before
+retention deletes the message a reader reads next, from the leader's DESCRIBE_PARTITION of
+version 2; against a real broker whose retention then deletes it, and by rule on replies made
+here."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from broker.client import Admin, Producer
+from broker.client.retention import RetentionForecast, forecast
+from broker.protocol import (
+    DESCRIBE_PARTITION_RETENTION_VERSION,
+    DescribePartitionReply,
+    DescribePartitionRequest,
+    SegmentState,
+)
+from tests.conftest import single_box_flags
+from tests.pylogd import RunningBroker
+
+RETENTION_MS = 6000
+
+
+def test_a_reader_behind_a_short_retention_is_told_within_a_fifth_when_its_data_goes(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path, topic: str
+) -> None:
+    broker = make_pylogd(
+        *single_box_flags(tmp_path), "--log-retention-check-interval-ms", "200", name="guard"
+    )
+    config = {"segment_bytes": "1024", "max_message_bytes": "512"}
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, 1, {**config, "retention_ms": str(RETENTION_MS)})
+        with Producer(broker.endpoint, topic, batch_messages=5) as producer:
+            for n in range(30):  # about 3.6 KiB: three closed segments and the active one
+                producer.send(b"%03d" % n + b"." * 100)
+        request = DescribePartitionRequest(topic, 0)
+        state = admin.cluster.call_leader(request, 3, version=DESCRIBE_PARTITION_RETENTION_VERSION)
+        asked_at = time.time()
+        ahead = forecast(state, 0, asked_at * 1000)  # a reader still at the first message
+        assert ahead is not None and ahead.rule == "retention_ms"
+        assert ahead.seconds is not None and 0 < ahead.seconds <= RETENTION_MS / 1000
+        assert len(state.segment_list) >= 4 and state.retention_check_interval_ms == 200
+
+        deadline = asked_at + RETENTION_MS / 1000 + 30
+        while admin.describe_partition(topic, 0).log_start_offset == 0:
+            assert time.time() < deadline, "retention never deleted the first segment"
+            time.sleep(0.05)
+        gone_after = time.time() - asked_at
+        assert abs(gone_after - ahead.seconds) <= 0.2 * gone_after, (gone_after, ahead)
+
+        state = admin.cluster.call_leader(request, 3, version=DESCRIBE_PARTITION_RETENTION_VERSION)
+        assert forecast(state, 0, time.time() * 1000) == RetentionForecast(0.0, 0, "deleted")
+
+
+def reply(
+    segments: list[tuple[int, int, int]],
+    rate: int = 0,
+    start: int = 0,
+    **settings: str,
+) -> DescribePartitionReply:
+    """A version 2 DESCRIBE_PARTITION reply of `segments` (base, bytes, last write ms)."""
+    end = segments[-1][0] + segments[-1][1]
+    config = {"retention_ms": "none", "retention_bytes": "none", "segment_ms": "none"}
+    config |= {"segment_bytes": "1000", **settings}
+    states = tuple(SegmentState(*s) for s in segments)
+    return DescribePartitionReply(
+        start, end, end, end - start, len(states), -1, config, 1000, rate, states
+    )
+
+
+NOW = 1_800_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("state", "position", "expected"),
+    [
+        # a closed segment: retention_ms after its last write
+        (
+            reply([(0, 1000, NOW - 4000), (1000, 10, NOW)], 100, retention_ms="10000"),
+            500,
+            RetentionForecast(6.0, 600, "retention_ms"),
+        ),
+        # the active one: once it fills at the rate (990 bytes at 99 a second), then retention_ms
+        (
+            reply([(0, 1000, NOW - 4000), (1000, 10, NOW)], 99, retention_ms="10000"),
+            1005,
+            RetentionForecast(20.0, 1980, "retention_ms"),
+        ),
+        # by size: the segments after it must hold retention_bytes (3000 - 1010 more bytes)
+        (
+            reply(
+                [(0, 1000, NOW), (1000, 1000, NOW), (2000, 10, NOW)], 199, retention_bytes="3000"
+            ),
+            0,
+            RetentionForecast(10.0, 1990, "retention_bytes"),
+        ),
+        # the sooner of the two rules: 490 more bytes at 100 a second before 59 s pass
+        (
+            reply(
+                [(0, 1000, NOW - 1000), (1000, 10, NOW)],
+                100,
+                retention_ms="60000",
+                retention_bytes="500",
+            ),
+            0,
+            RetentionForecast(4.9, 490, "retention_bytes"),
+        ),
+        # behind the log start: gone already
+        (reply([(1000, 10, NOW)], 100, start=1000), 0, RetentionForecast(0.0, 0, "deleted")),
+        # no retention setting: never, as things stand
+        (reply([(0, 1000, NOW)], 100), 0, RetentionForecast(None, None, "none")),
+        # by size, but nothing appended lately: not when, only how much more
+        (
+            reply([(0, 1000, NOW), (1000, 10, NOW)], 0, retention_bytes="2000"),
+            0,
+            RetentionForecast(None, 1990, "none"),
+        ),
+    ],
+)
+def test_the_forecast_follows_retentions_rules(
+    state: DescribePartitionReply, position: int, expected: RetentionForecast
+) -> None:
+    assert forecast(state, position, NOW) == expected
+
+
+def test_a_version_1_reply_has_no_forecast() -> None:
+    state = reply([(0, 10, NOW)], retention_ms="1000")
+    old = DescribePartitionReply(0, 10, 10, 10, 1, -1, state.config)
+    assert forecast(old, 0, NOW) is None
