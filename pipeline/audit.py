@@ -51,6 +51,7 @@ from pipeline.session import (
     job_session,
     show_progress,
 )
+from pipeline.source import workers_with_pylog
 
 log = logging.getLogger("pipeline.audit")  # not __name__: "__main__" under python -m
 
@@ -240,11 +241,11 @@ def _digests(rows: DataFrame, start_us: int, end_us: int) -> DataFrame:
     """DIGESTED of `rows` (the source's or the load's) whose timestamps are in [start_us,
     end_us)."""
     micros = epoch_micros("timestamp")
-    return (
-        rows.where((micros >= start_us) & (micros < end_us))
-        .select("partition", "offset", micros.alias("micros"), "key", "value")
-        .mapInArrow(_digested, DIGESTED)
+    selected = rows.where((micros >= start_us) & (micros < end_us)).select(
+        "partition", "offset", micros.alias("micros"), "key", "value"
     )
+    with workers_with_pylog(rows.sparkSession):  # _digested needs pylog and pyarrow
+        return selected.mapInArrow(_digested, DIGESTED)
 
 
 def _summed(low: int | None, high: int | None) -> int:

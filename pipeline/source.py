@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -99,16 +100,16 @@ def _check_append(overwrite: bool) -> None:
         raise OptionError("a log is only appended to: write with mode append, not overwrite")
 
 
-def register(spark: SparkSession) -> None:
-    """Make `format("pylog")` available in `spark` (once per session).
+@contextlib.contextmanager
+def workers_with_pylog(spark: SparkSession) -> Iterator[None]:
+    """Within: Python code given to `spark` (a data source, a function of mapInArrow) runs in
+    worker processes started with an interpreter that has pylog.
 
-    Spark runs the source's code (planning on the driver, reading in the tasks) in Python
-    worker processes, started with the interpreter recorded when the source is registered:
-    PySpark's own choice is PYSPARK_PYTHON, else whatever `python3` is on the PATH, which may
-    lack pyarrow and pylog (the `spark.pyspark.python` setting reaches it only through
-    spark-submit). The source is registered with `spark.pyspark.python` if the session has it,
-    else PYSPARK_PYTHON, else this process's interpreter: a venv with pylog just works. Python
-    functions registered otherwise keep PySpark's choice."""
+    Spark records the interpreter when the code is given: PySpark's own choice is
+    PYSPARK_PYTHON, else whatever `python3` is on the PATH, which may lack pyarrow and pylog
+    (the `spark.pyspark.python` setting reaches it only through spark-submit). Within, it is
+    `spark.pyspark.python` if the session has it, else PYSPARK_PYTHON, else this process's
+    interpreter: a venv with pylog just works. Code given outside keeps PySpark's choice."""
     context = spark.sparkContext
     pyspark_choice = context.pythonExec
     context.pythonExec = (
@@ -117,6 +118,13 @@ def register(spark: SparkSession) -> None:
         or sys.executable
     )
     try:
-        spark.dataSource.register(PylogDataSource)
+        yield
     finally:
         context.pythonExec = pyspark_choice
+
+
+def register(spark: SparkSession) -> None:
+    """Make `format("pylog")` available in `spark` (once per session), its code run by an
+    interpreter that has pylog (`workers_with_pylog`)."""
+    with workers_with_pylog(spark):
+        spark.dataSource.register(PylogDataSource)
