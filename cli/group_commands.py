@@ -370,7 +370,7 @@ def print_lag(lag: GroupLag, as_json: bool) -> None:
             (
                 *(p.topic, p.partition, p.broker, p.owner, p.committed, p.high_watermark),
                 *(p.lag_bytes, _messages(p.lag_messages, p.lag_messages_estimated)),
-                *(_seconds(p.lag_seconds), _seconds(p.retention_seconds), p.note or ""),
+                *(seconds_text(p.lag_seconds), seconds_text(p.retention_seconds), p.note or ""),
             )
             for p in lag.partitions
         ],
@@ -382,7 +382,7 @@ def print_lag(lag: GroupLag, as_json: bool) -> None:
         f"{_count(len(lag.partitions), 'partition')} of {_count(len(lag.topics), 'topic')}, "
         f"lag {lag.lag_bytes} bytes, {messages} messages"
         f"{' (estimated)' if lag.lag_messages_estimated else ''}, "
-        f"{_seconds(lag.lag_seconds) or '-'} s"
+        f"{seconds_text(lag.lag_seconds) or '-'} s"
         + ("" if retention is None else f"; retention deletes unread data in {retention:.1f} s")
     )
 
@@ -395,7 +395,8 @@ def _messages(count: int | None, estimated: bool) -> str | None:
     return None if count is None else f"~{count}" if estimated else str(count)
 
 
-def _seconds(seconds: float | None) -> str | None:
+def seconds_text(seconds: float | None) -> str | None:
+    """Seconds as the tables show them (to 0.1 s), None as None (printed "-")."""
     return None if seconds is None else f"{seconds:.1f}"
 
 

@@ -24,7 +24,7 @@ from cli.common import (
     usage_error,
     watch_options,
 )
-from cli.group_commands import table
+from cli.group_commands import seconds_text, table
 
 
 @click.group()
@@ -126,13 +126,14 @@ def _print(lags: list[MirrorLag], as_json: bool) -> None:
             (
                 *("TOPIC", "PARTITION", "SOURCE_START", "SOURCE_HW", "TARGET_START"),
                 *("TARGET_HW", "LAG_BYTES"),
-                *("LAG_MESSAGES", "LAG_SECONDS", "COPIED_BY", "NOTE"),
+                *("LAG_MESSAGES", "LAG_SECONDS", "RETENTION_S", "COPIED_BY", "NOTE"),
             ),
             [
                 (
                     *(lag.topic, lag.partition, lag.source_log_start, lag.source_high_watermark),
                     *(lag.target_log_start, lag.target_high_watermark, lag.lag_bytes),
-                    *(_messages(lag), lag.lag_seconds, lag.owner, lag.note or ""),
+                    *(_messages(lag), lag.lag_seconds, seconds_text(lag.retention_seconds)),
+                    *(lag.owner, lag.note or ""),
                 )
                 for lag in lags
             ],
@@ -141,6 +142,9 @@ def _print(lags: list[MirrorLag], as_json: bool) -> None:
     lag_bytes = sum(lag.lag_bytes or 0 for lag in lags)
     messages = sum(lag.lag_messages or 0 for lag in lags)
     seconds = max((lag.lag_seconds for lag in lags if lag.lag_seconds is not None), default=None)
+    retention = min(
+        (lag.retention_seconds for lag in lags if lag.retention_seconds is not None), default=None
+    )
     if as_json:
         summary = {
             "type": "mirror",
@@ -149,6 +153,7 @@ def _print(lags: list[MirrorLag], as_json: bool) -> None:
             "lag_bytes": lag_bytes,
             "lag_messages": messages,
             "lag_seconds": seconds,
+            "retention_seconds": retention,
         }
         click.echo(json.dumps(summary))
         return
@@ -156,6 +161,7 @@ def _print(lags: list[MirrorLag], as_json: bool) -> None:
         f"mirror: {len(lags)} partitions of {topics} topics, lag {lag_bytes} bytes, "
         f"{'~' if any(lag.lag_messages_estimated for lag in lags) else ''}{messages} messages, "
         f"{'-' if seconds is None else f'{seconds:.1f}'} s"
+        + ("" if retention is None else f"; retention deletes uncopied data in {retention:.1f} s")
     )
 
 

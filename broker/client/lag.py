@@ -35,7 +35,7 @@ from broker.client.consumer import (
     grown_fetch_bytes,
     timestamp_ms,
 )
-from broker.client.retention import RetentionForecast, forecast
+from broker.client.retention import ahead_of
 from broker.errors import (
     BrokerCorruptSegment,
     BrokerError,
@@ -45,14 +45,7 @@ from broker.errors import (
     Unavailable,
 )
 from broker.log.message import Message
-from broker.protocol import (
-    DESCRIBE_PARTITION_RETENTION_VERSION,
-    EARLIEST,
-    LATEST,
-    DescribePartitionRequest,
-    FetchRequest,
-    OffsetsRequest,
-)
+from broker.protocol import EARLIEST, LATEST, FetchRequest, OffsetsRequest
 from broker.registry import Registry, partition_name
 
 COUNT_BYTES: Final = 256 << 10
@@ -338,7 +331,7 @@ class GroupReader:
             return replace(offsets, lag_bytes=end - position, note=f"cannot count: {error}")
         notes = [note] if note else []
         notes += [f"damaged offsets [{a}, {b}) are no messages" for a, b in found.damaged]
-        ahead = self._retention(connection, lag.topic, lag.partition, lag.committed, now_ms)
+        ahead = ahead_of(connection, lag.topic, lag.partition, lag.committed, now_ms, self.retries)
         return replace(
             offsets,
             lag_bytes=end - position,
@@ -349,20 +342,6 @@ class GroupReader:
             retention_bytes=None if ahead is None else ahead.bytes,
             note="; ".join(notes) or None,
         )
-
-    def _retention(
-        self, connection: Connection, topic: str, partition: int, position: int, now_ms: float
-    ) -> RetentionForecast | None:
-        """The retention forecast at `position` (broker.client.retention), from the leader's
-        DESCRIBE_PARTITION of version 2; None when it cannot say (an older broker)."""
-        request = DescribePartitionRequest(topic, partition)
-        try:
-            state = connection.call(
-                request, self.retries, version=DESCRIBE_PARTITION_RETENTION_VERSION
-            )
-        except (BrokerError, Unavailable):
-            return None
-        return forecast(state, position, now_ms)
 
     def _refresh_endpoints(self) -> None:
         brokers = self.registry.brokers()

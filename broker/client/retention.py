@@ -26,7 +26,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from broker.protocol import DescribePartitionReply
+from broker.client.connection import Connection
+from broker.errors import BrokerError, Unavailable
+from broker.protocol import (
+    DESCRIBE_PARTITION_RETENTION_VERSION,
+    DescribePartitionReply,
+    DescribePartitionRequest,
+)
 
 NONE: Final = "none"
 
@@ -96,3 +102,17 @@ def forecast(
     if rule == "retention_bytes":
         return RetentionForecast(seconds, needed, rule)
     return RetentionForecast(seconds, round(seconds * rate) if rate > 0 else None, rule)
+
+
+def ahead_of(
+    leader: Connection, topic: str, partition: int, position: int, now_ms: float, retries: int
+) -> RetentionForecast | None:
+    """The forecast for a reader of `partition` of `topic` at `position`, asked of its leader
+    (a DESCRIBE_PARTITION of version 2); None when the broker cannot say (an older pylog, or
+    no reply)."""
+    request = DescribePartitionRequest(topic, partition)
+    try:
+        state = leader.call(request, retries, version=DESCRIBE_PARTITION_RETENTION_VERSION)
+    except (BrokerError, Unavailable):
+        return None
+    return forecast(state, position, now_ms)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from broker.client.admin import Admin, PartitionOffsets
 from broker.client.lag import COUNT_BYTES, backlog
+from broker.client.retention import ahead_of
 from broker.errors import BrokerError, Unavailable, UnknownTopicOrPartition
 from broker.mirror.config import MirrorConfig
 from broker.registry import Registry, partition_name
@@ -38,6 +39,10 @@ class MirrorLag:
     lag_messages: int | None = None
     lag_messages_estimated: bool = False
     lag_seconds: float | None = None
+    retention_seconds: float | None = None
+    """How long before retention on the source deletes the next message to copy (0: deleted
+    already; None: nothing will as things stand, or not known: broker.client.retention)."""
+    retention_bytes: int | None = None
     note: str | None = None
 
 
@@ -114,11 +119,14 @@ def _counted(lag: MirrorLag, source: Admin, count_bytes: int, now_ms: float) -> 
         found = backlog(connection, lag.topic, lag.partition, position, end, count_bytes)
     except (BrokerError, Unavailable) as error:
         return replace(lag, lag_bytes=end - position, note=f"cannot count: {error}")
+    ahead = ahead_of(connection, lag.topic, lag.partition, position, now_ms, 3)
     return replace(
         lag,
         lag_bytes=end - position,
         lag_messages=found.messages,
         lag_messages_estimated=found.estimated,
         lag_seconds=0.0 if position == end else found.age_s(now_ms),
+        retention_seconds=None if ahead is None else ahead.seconds,
+        retention_bytes=None if ahead is None else ahead.bytes,
         note=note,
     )
