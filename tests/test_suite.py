@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,35 @@ def test_lines_printed_together_are_each_read_as_they_come() -> None:
         process.stdin.close()
         assert printed.lines(2, 30) == ["c"]  # the pipe ended: the last bytes, no newline
         assert printed.next_line(time.monotonic() + 30) == ""
+
+
+@pytest.mark.broker  # a pytest run of its own
+def test_a_test_that_hangs_fails_with_its_stack_instead_of_hanging_the_run(
+    tmp_path: Path,
+) -> None:
+    """Issue 53, 9: a test blocked in a socket call (a DEALER's send with no timeout, in that
+    run) held the suite for 11 minutes and would have until CI's limit. The suite's
+    configuration (pyproject.toml: pytest-timeout) fails such a test; here with a limit of 2 s
+    instead of the suite's."""
+    hanging = tmp_path / "test_hanging.py"
+    hanging.write_text(
+        "import zmq\n\n"
+        "def test_blocked_on_a_reply_that_never_comes():\n"
+        "    socket = zmq.Context.instance().socket(zmq.PULL)\n"
+        "    socket.bind('tcp://127.0.0.1:0')\n"
+        "    socket.recv()  # nothing is ever sent\n"
+    )
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
+    assert 0 < config["ini_options"]["timeout"] <= 900
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", str(hanging), "-c", str(ROOT / "pyproject.toml")),
+            *("--rootdir", str(tmp_path), "-p", "no:randomly", "-o", "timeout=2", "-q"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Timeout" in done.stdout and "socket.recv()" in done.stdout, done.stdout
