@@ -30,6 +30,7 @@ from rich.progress import (
 )
 
 from broker.client.cluster import split_endpoints
+from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.client.consumer import Start
 from broker.client.group import Record
 from broker.errors import BrokerError, PylogError, Unavailable
@@ -352,6 +353,18 @@ def config_pair(
             raise click.BadParameter(f"{pair!r} is not KEY=VALUE", ctx, param)
         config[key] = value
     return config
+
+
+def client_id_option(command: F) -> F:
+    """--client-id, on the commands that produce and consume: the client id the brokers see
+    (their logs, and on a plaintext broker the client quotas: `pylogctl quota`)."""
+    return click.option(
+        "--client-id",
+        default=DEFAULT_CLIENT_ID,
+        show_default=True,
+        help="The client id the brokers see: their logs, and on a plaintext broker the quota "
+        "that holds this client (pylogctl quota set --client ID).",
+    )(command)
 
 
 def skip_corrupt_option(command: F) -> F:

@@ -25,6 +25,7 @@ from cli.common import (
     EXIT_CORRUPT,
     broker_errors,
     broker_options,
+    client_id_option,
     client_keys,
     config_pair,
     json_option,
@@ -77,6 +78,7 @@ _ACKS = {"none": Ack.NONE, "written": Ack.WRITTEN, "flushed": Ack.FLUSHED, "all"
     help="The codec's level (zstd -7 to 22, lz4 0 to 16, gzip 0 to 9); default: the codec's.",
 )
 @json_option('The count as JSON: {"topic", "messages", "ack"}.')
+@client_id_option
 @broker_options
 def produce(
     topic_name: str,
@@ -88,6 +90,7 @@ def produce(
     compression: str,
     compression_level: int | None,
     as_json: bool,
+    client_id: str,
     broker: str,
     timeout: float,
 ) -> None:
@@ -117,6 +120,7 @@ def produce(
             topic_name,
             ack=_ACKS[ack],
             retries=CLI_RETRIES,
+            client_id=client_id,
             timeout_s=timeout,
             keys=client_keys(),
             compression=compression,
@@ -222,6 +226,7 @@ def _start(text: str) -> Start | Last:
 @json_option("--format json.")
 @skip_corrupt_option
 @output_options
+@client_id_option
 @broker_options
 def consume(
     topic_name: str,
@@ -233,6 +238,7 @@ def consume(
     skip_corrupt: bool,
     max_messages: int | None,
     output: str,
+    client_id: str,
     broker: str,
     timeout: float,
 ) -> None:
@@ -269,6 +275,7 @@ def consume(
             follow,
             skip_corrupt,
             retries=CLI_RETRIES,
+            client_id=client_id,
             timeout_s=timeout,
             keys=client_keys(),
         ) as consumer,

@@ -45,6 +45,7 @@ from cli.common import (
     F,
     broker_errors,
     broker_options,
+    client_id_option,
     client_keys,
     json_option,
     output_options,
@@ -146,6 +147,7 @@ def registry_address(
 @json_option("--format json.")
 @skip_corrupt_option
 @output_options
+@client_id_option
 @broker_options
 def group_consume(
     group_name: str,
@@ -157,6 +159,7 @@ def group_consume(
     skip_corrupt: bool,
     max_messages: int | None,
     output: str,
+    client_id: str,
     broker: str,
     timeout: float,
 ) -> None:
@@ -176,6 +179,7 @@ def group_consume(
         "reset": reset,
         "auto_commit_interval_s": commit_interval,
         "skip_corrupt": skip_corrupt,
+        "client_id": client_id,
         "timeout_s": timeout,
         "keys": client_keys(),
     }
