@@ -9,6 +9,7 @@ TOPIC_SETTINGS) keeps them in ZooKeeper under /config/topics/<topic>.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import tomllib
 from collections.abc import Mapping
@@ -400,6 +401,8 @@ out is its least value (1, 1 and 0)."""
 
 SECURITY_MODES = ("plaintext", "curve")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+CHOSEN: frozenset[str] = frozenset({"broker_log_level", "broker_log_format", "security_mode"})
+"""The settings whose value is one of a few words, taken in any case."""
 
 LIVE_SETTINGS: frozenset[str] = frozenset(
     {
@@ -548,9 +551,12 @@ class BrokerConfig(SettingTypes):
 
 
 def parse_setting(setting: Setting, value: Any) -> Any:
-    """A setting's value checked against its type; text from a flag is converted."""
+    """A setting's value checked against its type; text from a flag is converted (the value
+    of a setting of choices in any case: `DEBUG` is `debug`)."""
     if setting.optional and (value is None or value == "none"):
         return None
+    if setting.name in CHOSEN and isinstance(value, str):
+        value = value.lower()
     kind = setting.kind
     if kind is bool and isinstance(value, str):
         if value.lower() not in ("true", "false"):
@@ -624,10 +630,16 @@ def setting_name(flat: str) -> str:
 
 def setting_named(name: str) -> Setting:
     """The setting of a dotted name, as the TOML file and the settings table give it
-    (`log.flush_interval_ms`); ValueError for an unknown one."""
+    (`log.flush_interval_ms`); ValueError for an unknown one, naming the nearest."""
     setting = _BY_NAME.get(name.replace(".", "_", 1)) if "." in name else None
     if setting is None:
-        raise ValueError(f"unknown setting {name!r}: a [section] key as pylogd.toml has it")
+        names = [setting_name(flat) for flat in _BY_NAME]
+        near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        if not near:  # "log.level": the key alone, in whichever section
+            key = name.rpartition(".")[2]
+            near = [n for n in names if n.endswith(f"_{key}") or n.endswith(f".{key}")][:1]
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ValueError(f"unknown setting {name!r}{hint}: a [section] key as pylogd.toml has it")
     return setting
 
 
@@ -643,9 +655,19 @@ def with_live(config: BrokerConfig, changes: Mapping[str, str]) -> BrokerConfig:
                 f"{name} is read at start only: change it in pylogd.toml (or its flag "
                 f"{setting.flag}) and restart the broker"
             )
-        values[setting.name] = parse_setting(setting, text)
+        try:
+            values[setting.name] = parse_setting(setting, text)
+        except ValueError as error:  # named as it was given, not as the flat name
+            raise ValueError(str(error).replace(setting.name, name, 1)) from None
     changed = BrokerConfig(values)
-    check_config(changed)
+    try:
+        check_config(changed)
+    except ValueError as error:
+        for given in changes:  # a setting given, named as it was given
+            flat = setting_named(given).name
+            if str(error).startswith(flat):
+                raise ValueError(str(error).replace(flat, given, 1)) from None
+        raise
     return changed
 
 

@@ -84,13 +84,25 @@ def test_values_are_checked_before_they_are_written(three_brokers: list[RunningB
         ("broker.port=9999", "broker.port is read at start only: change it in pylogd.toml"),
         (
             "log.retention_ms=soon",
-            "log_retention_ms must be a whole number in decimal digits 0-9, not 'soon'",
+            "log.retention_ms must be a whole number in decimal digits 0-9, not 'soon'",
         ),
         ("log.nonsense=1", "unknown setting 'log.nonsense'"),
-        ("broker.log_level=loud", "broker_log_level must be one of debug, info"),
+        ("broker.log_level=loud", "broker.log_level must be one of debug, info"),
+        ("log.level=debug", "unknown setting 'log.level' (did you mean broker.log_level?)"),
         ("log.segment_bytes=10", "segment_bytes"),
     ]:
         result = pylogctl(endpoint, "broker", "config", "set", pair)
         assert result.exit_code == 2, (pair, result.output)
         assert reason in result.output, (pair, result.output)
     assert "no live settings set" in ok(endpoint, "broker", "config", "describe")
+
+
+def test_a_settings_value_of_choices_is_taken_in_any_case(
+    three_brokers: list[RunningBroker],
+) -> None:
+    """Issue 53, 5: `broker.log_level=DEBUG`, as Kafka's and systemd's habits write it, was
+    refused ("broker_log_level must be one of debug, ... not 'DEBUG'")."""
+    endpoint = three_brokers[0].endpoint
+    said = ok(endpoint, "broker", "config", "set", "broker.log_level=DEBUG")
+    assert "broker.log_level=DEBUG" in said
+    ok(endpoint, "broker", "config", "delete", "broker.log_level")
