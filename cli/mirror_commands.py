@@ -111,13 +111,29 @@ def mirror_describe(
                 lags = describe_mirror(config, source, target, registry, topics, count_bytes)
                 if watch and not as_json and sys.stdout.isatty():
                     click.clear()
-                _print(lags, as_json)
+                stalled = _print(lags, as_json)
                 if not watch:
+                    if stalled:
+                        sys.exit(EXIT_NOT_COPIED)
                     return
                 time.sleep(interval)  # the refresh period, not a wait for a condition
 
 
-def _print(lags: list[MirrorLag], as_json: bool) -> None:
+EXIT_NOT_COPIED = 1
+"""mirror describe's exit code while a partition that matches is not being copied."""
+NOT_COPIED = ("not on the target (yet)", "the source's partition is not served now")
+"""The notes of a partition that is not being copied (the source deleted what it lacks is
+another: `_not_copied`)."""
+
+
+def _not_copied(lag: MirrorLag) -> bool:
+    note = lag.note or ""
+    return note in NOT_COPIED or note.startswith("the source deleted")
+
+
+def _print(lags: list[MirrorLag], as_json: bool) -> list[MirrorLag]:
+    """Print the table (or JSON) and the summary; returns the partitions not being copied."""
+    stalled = [lag for lag in lags if _not_copied(lag)]
     if as_json:
         for lag in lags:
             click.echo(json.dumps({"type": "partition", **asdict(lag)}))
@@ -154,15 +170,29 @@ def _print(lags: list[MirrorLag], as_json: bool) -> None:
             "lag_messages": messages,
             "lag_seconds": seconds,
             "retention_seconds": retention,
+            "not_copied": [f"{lag.topic}-{lag.partition}" for lag in stalled],
         }
         click.echo(json.dumps(summary))
-        return
+        return stalled
     click.echo(
         f"mirror: {len(lags)} partitions of {topics} topics, lag {lag_bytes} bytes, "
         f"{'~' if any(lag.lag_messages_estimated for lag in lags) else ''}{messages} messages, "
         f"{'-' if seconds is None else f'{seconds:.1f}'} s"
         + ("" if retention is None else f"; retention deletes uncopied data in {retention:.1f} s")
+        + _stalled_text(stalled)
     )
+    return stalled
+
+
+def _stalled_text(stalled: list[MirrorLag]) -> str:
+    """What the summary says of the partitions not being copied ("" for none)."""
+    if not stalled:
+        return ""
+    why: dict[str, list[str]] = {}
+    for lag in stalled:
+        why.setdefault(lag.note or "", []).append(f"{lag.topic}-{lag.partition}")
+    said = "; ".join(f"{', '.join(names)}: {note}" for note, names in why.items())
+    return f"; NOT COPIED: {len(stalled)} partition{'' if len(stalled) == 1 else 's'} ({said})"
 
 
 def _messages(lag: MirrorLag) -> str | None:
