@@ -447,7 +447,12 @@ class Topics:
         registry = self.calls.registry
         assert registry is not None
         live = {**self.live_brokers, self.me: self.registration(port)}
-        held = Counter(holder for config in self.configs.values() for holder in config.brokers)
+        held = Counter(  # every replica, as a follower holds its partition too
+            holder
+            for config in self.configs.values()
+            for replicas in config.replicas
+            for holder in replicas
+        )
         brokers = []
         for broker_id in sorted(live.keys() | held.keys()):
             info = live.get(broker_id)

@@ -23,17 +23,20 @@ def run(endpoint: str, *args: str) -> Result:
     return CliRunner().invoke(cli, list(args), env={"PYLOG_BROKER": endpoint})
 
 
-def held_partitions(admin: Admin) -> Counter[int]:
-    """How many partitions each broker holds, from METADATA."""
-    return Counter(p.broker_id for t in admin.metadata().topics for p in t.partitions)
+def held_partitions(admin: Admin, topic: str) -> Counter[int]:
+    """How many partitions of `topic` each broker holds, as leader or follower."""
+    return Counter(r for p in admin.describe_partitions(topic) for r in p.replicas)
 
 
 def test_broker_list_shows_every_broker_up_with_its_endpoint_version_log_dirs_and_partitions(
     cluster: Cluster, topic: str
 ) -> None:
+    """Issue 53, 7: a broker holding two replicas it did not lead was listed with 0
+    partitions (the count was of preferred leaders)."""
     with Admin(cluster.endpoint) as admin:
-        admin.create_topic(topic, partitions=4)
-        held = held_partitions(admin)
+        admin.create_topic(topic, partitions=4, config={"replication_factor": "2"})
+        held = held_partitions(admin, topic)
+    assert sum(held.values()) == 8
     listed = run(cluster.brokers[1].endpoint, "broker", "list")  # any broker answers
     assert listed.exit_code == 0, listed.output
     lines = listed.output.splitlines()
