@@ -287,13 +287,17 @@ class Supervisor:
         self.zap = ZapHandler(self.context, principals)
         self.authorizer = Authorizer(config.security_super_users)
         self.front.secure(keys.secret, self.zap, self.authorizer)
+        from_file = (
+            f"{len(principals)} client keys from {principals_file}"
+            if principals_file
+            else "no principals file (security.principals_file)"
+        )
         log.info(
-            "security: curve on %s, broker public key %s; %d keys from %s, super users: %s; "
-            "%d cluster key(s) let in as brokers",
+            "security: curve on %s, broker public key %s; %s, and the principals in ZooKeeper "
+            "(pylogctl principal add); super users: %s; %d cluster key(s) let in as brokers",
             host,
             keys.public.decode(),
-            len(principals),
-            principals_file or "no file",
+            from_file,
             ", ".join(config.security_super_users) or "none",
             len(keys.cluster),
         )
