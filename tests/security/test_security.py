@@ -421,6 +421,8 @@ def test_a_principals_file_lets_its_keys_in_and_is_read_again_when_changed(
         *("--security-allow-open-registry", "true"),
         name="filed",
     )
+    started = running.log_path.read_text()  # issue 53, 7: it said "1 keys from <file>"
+    assert f"1 client keys from {principals}, and the principals in ZooKeeper" in started
     found = CurveBroker(running, tmp_path, "", "")
     assert isinstance(found.call("carol", DescribeClusterRequest()), protocol.DescribeClusterReply)
     assert found.call("dave", DescribeClusterRequest()) is None
