@@ -33,7 +33,7 @@ from broker.client.cluster import split_endpoints
 from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.client.consumer import Start
 from broker.client.group import Record
-from broker.errors import BrokerError, PylogError, Unavailable
+from broker.errors import BrokerError, PylogError, RegistryAccessDenied, Unavailable
 from broker.log.message import Message
 from broker.security import ClientKeys, KeyFileError
 from cli.pipeline_commands import JOBS
@@ -302,6 +302,10 @@ def say_none(what: str) -> None:
     click.echo(f"no {what}", err=True)
 
 
+ZOOKEEPER_AUTH_META = "pylog.zookeeper_auth"
+"""Where --zookeeper-auth-file's identity is kept in the command's context (click's meta)."""
+
+
 @contextlib.contextmanager
 def broker_errors(broker: str, what: str = "broker") -> Iterator[None]:
     """Turn what the broker answered, or its silence, into `pylogctl: ...` and exit 1
@@ -313,6 +317,16 @@ def broker_errors(broker: str, what: str = "broker") -> Iterator[None]:
         sys.exit(EXIT_BROKER)
     except Unavailable as error:
         click.echo(f"pylogctl: {what} {broker} unreachable: {error}", err=True)
+        sys.exit(EXIT_BROKER)
+    except RegistryAccessDenied as error:
+        given = click.get_current_context().meta.get(ZOOKEEPER_AUTH_META) is not None
+        needed = (
+            "the identity of --zookeeper-auth-file may not make it (docs/security.md)"
+            if given
+            else "the registry has ACLs: give the cluster's ZooKeeper identity, "
+            "--zookeeper-auth-file FILE (or PYLOG_ZOOKEEPER_AUTH_FILE; docs/security.md)"
+        )
+        click.echo(f"pylogctl: RegistryAccessDenied: {error}: {needed}", err=True)
         sys.exit(EXIT_BROKER)
     except PylogError as error:
         click.echo(f"pylogctl: {type(error).__name__}: {error}", err=True)

@@ -42,6 +42,7 @@ from cli.common import (
     CLI_RETRIES,
     EXIT_BROKER,
     EXIT_CORRUPT,
+    ZOOKEEPER_AUTH_META,
     F,
     broker_errors,
     broker_options,
@@ -65,7 +66,6 @@ def group() -> None:
     them."""
 
 
-_ZOOKEEPER_AUTH = "pylog.zookeeper_auth"
 """Where --zookeeper-auth-file leaves the identity read (click's Context.meta)."""
 
 
@@ -73,14 +73,14 @@ def _read_zookeeper_auth(ctx: click.Context, param: click.Parameter, path: str |
     """--zookeeper-auth-file read at once: a file that cannot be used is one line, exit 2."""
     if path is not None:
         try:
-            ctx.meta[_ZOOKEEPER_AUTH] = ZooKeeperAuth.load(path)
+            ctx.meta[ZOOKEEPER_AUTH_META] = ZooKeeperAuth.load(path)
         except KeyFileError as error:
             usage_error(f"--zookeeper-auth-file: {error}")
 
 
 def zookeeper_auth() -> ZooKeeperAuth | None:
     """The ZooKeeper identity --zookeeper-auth-file gave, or None."""
-    auth: ZooKeeperAuth | None = click.get_current_context().meta.get(_ZOOKEEPER_AUTH)
+    auth: ZooKeeperAuth | None = click.get_current_context().meta.get(ZOOKEEPER_AUTH_META)
     return auth
 
 

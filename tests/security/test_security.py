@@ -454,6 +454,19 @@ def test_a_broker_with_a_zookeeper_identity_keeps_its_registry_to_itself(
         own.add_acl(Acl("eve", "*", frozenset({Operation.FETCH})))
         assert own.acls() == [Acl("eve", "*", frozenset({Operation.FETCH}))]
 
+    # pylogctl without the identity says what it needs (issue 53, 2: it said only NoAuth)
+    add = ["acl", "add", "--principal", "bob", "--topic", "logs", "--operation", "fetch"]
+    refused = CliRunner().invoke(cli, [*add, "--broker", running.endpoint])
+    assert refused.exit_code == 1
+    assert refused.output.rstrip().endswith(
+        "the registry has ACLs: give the cluster's ZooKeeper identity, --zookeeper-auth-file "
+        "FILE (or PYLOG_ZOOKEEPER_AUTH_FILE; docs/security.md)"
+    ), refused.output
+    granted = CliRunner().invoke(
+        cli, [*add, "--broker", running.endpoint, "--zookeeper-auth-file", str(auth_file)]
+    )
+    assert granted.exit_code == 0, granted.output
+
 
 def test_a_broker_without_the_identity_is_told_so_by_zookeeper(
     make_pylogd: Callable[..., RunningBroker], tmp_path: Path
