@@ -10,6 +10,17 @@
 Options, offsets and failure behaviour: docs/pipeline.md. Errors: pipeline/errors.py.
 """
 
+try:  # every module here needs them: say so once, as pylogctl load does
+    import pyarrow  # noqa: F401
+    import pyspark  # noqa: F401
+except ModuleNotFoundError as missing:
+    raise ModuleNotFoundError(
+        f"pylog's Spark pipeline (python -m pipeline.load, pipeline.audit) needs its pipeline "
+        f"extra ({missing.name} is missing): scripts/setup installs it, or pip install "
+        "'pylog[pipeline]' into this environment; and Java 17",
+        name=missing.name,
+    ) from None
+
 from pipeline.reader import SCHEMA
 from pipeline.source import PylogDataSource, register
 

@@ -258,6 +258,25 @@ def test_pylogctl_load_and_audit_are_the_jobs_with_their_options_and_json(
 
 
 @pytest.mark.broker
+def test_python_m_pipeline_load_without_pyspark_says_how_to_install_it() -> None:
+    """Issue 53, 8: after scripts/start alone (no pipeline extra) the README's Spark section
+    ended in a bare `No module named 'pyspark'`."""
+    without_pyspark = (
+        "import runpy, sys; sys.modules['pyspark'] = None; sys.argv = ['load', '--help']; "
+        "runpy.run_module('pipeline.load', run_name='__main__')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", without_pyspark], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ModuleNotFoundError: pylog's Spark pipeline (python -m pipeline.load, pipeline.audit) "
+        "needs its pipeline extra (pyspark is missing): scripts/setup installs it, or pip "
+        "install 'pylog[pipeline]' into this environment; and Java 17"
+    )
+
+
+@pytest.mark.broker
 def test_pylogctl_load_without_pyspark_says_how_to_install_it() -> None:
     without_pyspark = (
         "import sys; sys.modules['pyspark'] = None; sys.argv = ['pylogctl', 'load', '--help']; "
