@@ -23,6 +23,11 @@ pylog meaning is never silently dropped). The differences a Kafka user meets:
   (docs/protocol.md, PRODUCE version 3). With `acks` 0 it is off, and true is refused.
 - Each topic produced to has connections of its own; callbacks run in `poll()` and `flush()`,
   in the calling thread, as in confluent-kafka.
+
+Beside it: `broker.client.kafka.admin` (AdminClient and its records), `broker.client.kafka.aio`
+(AIOProducer, AIOConsumer) and `broker.client.kafka.model` (the records and enumerations both
+share, re-exported here). What pylog does not have (transactions, share groups, manual
+assignment) is refused in one line: docs/clients.md, "What pylog does not have".
 """
 
 from __future__ import annotations
