@@ -56,6 +56,15 @@ def mirror() -> None:
     show_default=True,
     help="Seconds to wait for each cluster's reply.",
 )
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="While a matching partition is not being copied yet (a mirror just started makes "
+    "the target's topics within its discover_interval_s), look again for up to this many "
+    "seconds before printing.",
+)
 @watch_options("Print it again every --interval until Ctrl-C.")
 @json_option("One JSON object a line.")
 def mirror_describe(
@@ -63,6 +72,7 @@ def mirror_describe(
     config_path: Path,
     count_bytes: int,
     timeout: float,
+    wait: float,
     watch: bool,
     interval: float,
     as_json: bool,
@@ -107,8 +117,12 @@ def mirror_describe(
             request_timeout_s=timeout,
             auth=target_address.zookeeper_auth,
         ) as registry:
+            waited = time.monotonic() + wait
             while True:
                 lags = describe_mirror(config, source, target, registry, topics, count_bytes)
+                if any(_not_copied(lag) for lag in lags) and time.monotonic() < waited:
+                    time.sleep(WAIT_STEP_S)  # a condition polled: the target's topics made
+                    continue
                 if watch and not as_json and sys.stdout.isatty():
                     click.clear()
                 stalled = _print(lags, as_json)
@@ -119,6 +133,8 @@ def mirror_describe(
                 time.sleep(interval)  # the refresh period, not a wait for a condition
 
 
+WAIT_STEP_S = 0.25
+"""How often --wait looks again."""
 EXIT_NOT_COPIED = 1
 """mirror describe's exit code while a partition that matches is not being copied."""
 NOT_COPIED = ("not on the target (yet)", "the source's partition is not served now")

@@ -5,6 +5,7 @@ its summary says so and it exits 1, as `cluster health` does when unhealthy; it 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 from broker.client import Admin, Producer
@@ -34,8 +35,18 @@ def test_a_topic_not_on_the_target_is_named_in_the_summary_and_exits_1(
     assert as_json.exit_code == 1
     assert json.loads(as_json.output.splitlines()[-1])["not_copied"] == ["visits-0", "visits-1"]
 
-    with Admin(target.endpoint) as admin:  # on the target: copied (here, lagging), exit 0
-        admin.create_topic("visits", 2)
-    described = pylogctl(source.endpoint, "mirror", "describe", "--config", str(config))
-    assert described.exit_code == 0, described.output
+    # --wait looks again while the target lacks it (a mirror just started makes it soon)
+    def make_on_target() -> None:
+        with Admin(target.endpoint) as admin:
+            admin.create_topic("visits", 2)
+
+    made = threading.Timer(1.0, make_on_target)
+    made.start()
+    try:
+        described = pylogctl(
+            source.endpoint, "mirror", "describe", "--config", str(config), "--wait", "60"
+        )
+    finally:
+        made.join(30)
+    assert described.exit_code == 0, described.output  # on the target: copied (here, lagging)
     assert "NOT COPIED" not in described.output
