@@ -257,16 +257,23 @@ def test_pylogctl_load_and_audit_are_the_jobs_with_their_options_and_json(
     ]
 
 
+def without_pyspark(code: str) -> subprocess.CompletedProcess[str]:
+    """`code` run by this Python with pyspark unimportable (as after scripts/start alone)."""
+    return subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.modules['pyspark'] = None; {code}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.broker
 def test_python_m_pipeline_load_without_pyspark_says_how_to_install_it() -> None:
     """Issue 53, 8: after scripts/start alone (no pipeline extra) the README's Spark section
     ended in a bare `No module named 'pyspark'`."""
-    without_pyspark = (
-        "import runpy, sys; sys.modules['pyspark'] = None; sys.argv = ['load', '--help']; "
+    result = without_pyspark(
+        "import runpy; sys.argv = ['load', '--help']; "
         "runpy.run_module('pipeline.load', run_name='__main__')"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", without_pyspark], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
@@ -278,12 +285,8 @@ def test_python_m_pipeline_load_without_pyspark_says_how_to_install_it() -> None
 
 @pytest.mark.broker
 def test_pylogctl_load_without_pyspark_says_how_to_install_it() -> None:
-    without_pyspark = (
-        "import sys; sys.modules['pyspark'] = None; sys.argv = ['pylogctl', 'load', '--help']; "
-        "from cli.pylogctl import main; main()"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", without_pyspark], capture_output=True, text=True, timeout=60
+    result = without_pyspark(
+        "sys.argv = ['pylogctl', 'load', '--help']; from cli.pylogctl import main; main()"
     )
     assert result.returncode == 1
     assert result.stderr.strip() == (
