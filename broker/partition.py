@@ -57,8 +57,9 @@ class Partition:
     log_start_asked: int = 0
     """Where the registry asks the log to start (records before it deleted: `move_start`)."""
     ends: deque[tuple[float, int]] = field(default_factory=deque)
-    """(monotonic time, log end offset) taken at each retention pass and DESCRIBE_PARTITION,
-    at least RATE_SAMPLE_S apart, the oldest within RATE_WINDOW_S: `append_rate`."""
+    """(monotonic time, log end offset) taken at each retention pass and DESCRIBE_PARTITION
+    of version 2, at least RATE_SAMPLE_S apart, the oldest within RATE_WINDOW_S:
+    `append_rate`."""
 
     @property
     def name(self) -> str:

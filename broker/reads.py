@@ -22,6 +22,7 @@ effect.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -399,8 +400,10 @@ class Reads:
         return plog.offset_for_timestamp(request.time)
 
     def describe(
-        self, request: protocol.DescribePartitionRequest
+        self, request: protocol.DescribePartitionRequest, version: int
     ) -> protocol.DescribePartitionReply:
+        """The reply to DESCRIBE_PARTITION of `version`: from version 2, with what retention
+        is forecast from (each segment file's state, the append rate, noted now)."""
         partition = self.served.get(request.topic, request.partition)
         plog = partition.log
         stats = plog.statistics()
@@ -411,7 +414,7 @@ class Reads:
             oldest = timestamp_at(segment.view(position, position + HEADER_SIZE), 0)
         config = plog.config
         settings = protocol.settings_text({key: getattr(config, key) for key in TOPIC_SETTINGS})
-        return protocol.DescribePartitionReply(
+        described = protocol.DescribePartitionReply(
             stats.log_start_offset,
             stats.high_watermark,
             stats.log_end_offset,
@@ -419,7 +422,12 @@ class Reads:
             stats.segments,
             oldest,
             settings,
-            self.retention_check_interval_ms(),
-            partition.append_rate(time.monotonic()),
-            tuple(protocol.SegmentState(*state) for state in plog.segment_states()),
+        )
+        if version < protocol.DESCRIBE_PARTITION_RETENTION_VERSION:
+            return described  # a stat of every segment file only for those who read it
+        return dataclasses.replace(
+            described,
+            retention_check_interval_ms=self.retention_check_interval_ms(),
+            append_bytes_per_s=partition.append_rate(time.monotonic()),
+            segment_list=tuple(protocol.SegmentState(*state) for state in plog.segment_states()),
         )

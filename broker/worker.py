@@ -308,7 +308,7 @@ class Worker:
                 reply = protocol.OffsetsReply(self.reads.offset_at(request))
                 await self.served.reply(tagged, protocol.encode_reply(correlation_id, reply))
             elif isinstance(request, protocol.DescribePartitionRequest):
-                described = self.reads.describe(request)
+                described = self.reads.describe(request, header.version)
                 frames = protocol.encode_reply(correlation_id, described, header.version)
                 await self.served.reply(tagged, frames)
             else:

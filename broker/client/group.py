@@ -170,12 +170,10 @@ class _Owned:
     committed: int | None
     fetch_offset: int = 0
     fetch_bytes: int = DEFAULT_FETCH_BYTES
-    known_end: int = 0
+    known_end: int = -1
     """Where the partition's readable bytes ended at its last fetch reply (its high watermark
-    then; 0 after an error): what is known to wait past `fetch_offset` (`fetch_round`)."""
-    replied_end: int = -1
-    """The high watermark its last fetch reply gave, -1 before one or after an error
-    (`at_end`)."""
+    then; -1 before one and after an error): what is known to wait past `fetch_offset`
+    (`fetch_round`), and whether it was read to its end (`at_end`)."""
     buffered: deque[Any] = field(default_factory=deque)
     """Records (of the member's record type) of the last fetch reply not handed out yet."""
     in_flight: tuple[Connection, int] | None = None
@@ -401,9 +399,9 @@ class GroupConsumer(Closing, Generic[R]):
         high watermark their last fetch reply gave, each with that end (Kafka's partition
         EOF)."""
         return {
-            tp: owned.replied_end
+            tp: owned.known_end
             for tp, owned in self._owned.items()
-            if not owned.buffered and owned.delivered == owned.replied_end
+            if not owned.buffered and owned.delivered == owned.known_end
         }
 
     # -- consuming ---------------------------------------------------------------------------
@@ -829,7 +827,7 @@ class GroupConsumer(Closing, Generic[R]):
         then calls `_reset_out_of_range`, which asks the broker (I/O of its own)."""
         tp = owned.tp
         if isinstance(fetched, BrokerError):
-            owned.known_end, owned.replied_end = 0, -1
+            owned.known_end = -1
             error = fetched
             damage = corrupt_segment_reply(error, tp.topic, tp.partition)
             grown = grown_fetch_bytes(error, MAX_FETCH_BYTES)
@@ -846,7 +844,7 @@ class GroupConsumer(Closing, Generic[R]):
                 raise error
             return False
         base = owned.fetch_offset
-        owned.known_end = owned.replied_end = fetched.high_watermark
+        owned.known_end = fetched.high_watermark
         message_set = fetched.message_set
         records, failure = decode_records(
             message_set, base, self.record_type, tp.topic, tp.partition
