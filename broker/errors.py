@@ -50,8 +50,9 @@
     │   ├── NotCoordinator          this broker does not coordinate the consumer group (now)
     │   ├── CoordinatorLoading      it does, and is claiming or loading the group
     │   ├── UnreleasedInstanceId    a static member's instance id held by a member not gone
-    │   └── GroupHasZooKeeperMembers
-    │                               members of the paper's (ZooKeeper) protocol are in the group
+    │   ├── GroupHasZooKeeperMembers
+    │   │                           members of the paper's (ZooKeeper) protocol are in the group
+    │   └── ConnectionRefused       client side: nothing listens at the broker's address
     ├── BrokerError                 client side: the broker answered with an error code
     │   ├── UnknownServerError      UNKNOWN_SERVER_ERROR
     │   └── Broker<Class>           every other code: BrokerTopicAlreadyExists is a
@@ -488,6 +489,21 @@ class RepliesNotRead(Unavailable):
     one connection (or any, while the broker holds its ceiling for all), and this request
     could not wait, or this reply was not kept (broker.replies). Retriable: read the replies,
     then send the request again."""
+
+
+class ConnectionRefused(Unavailable):
+    """Client side: a connection to the broker at `endpoint` was refused (nothing listens
+    there: the broker is down, or the address names another port), known at once from the
+    socket's monitor rather than after the request's timeout. Retriable: a broker restarting
+    refuses for a moment, so a call tries again within its time budget (Retry), and a cluster
+    asks its next broker at once."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(
+            f"connection refused: nothing listens at {endpoint} (is the broker down, or is "
+            "that another port?)"
+        )
+        self.endpoint = endpoint
 
 
 class NotCoordinator(Unavailable):

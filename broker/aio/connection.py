@@ -14,7 +14,9 @@ max_wait_ms), then raises broker.errors.Unavailable. Cancelling a task that wait
 A task of the connection's own reads the socket's handshake events (its monitor, as
 broker.client.connection's): once the Curve handshake fails (or, without keys, the broker turns
 out to serve Curve), every request waiting raises broker.errors.AuthenticationFailed at once,
-and the socket is dropped, so that the next request makes a new handshake.
+and the socket is dropped, so that the next request makes a new handshake. A connection refused
+(nothing listens at the address) while requests wait fails them with
+broker.errors.ConnectionRefused at once, and drops the socket too.
 
 Not safe to share between event loops (or threads).
 """
@@ -46,7 +48,13 @@ from broker.client.connection import (
     noted,
     terminate_unblocked,
 )
-from broker.errors import BrokerError, MalformedReply, Unavailable
+from broker.errors import (
+    AuthenticationFailed,
+    BrokerError,
+    ConnectionRefused,
+    MalformedReply,
+    Unavailable,
+)
 from broker.log.message import Buffer
 from broker.protocol import (
     Ack,
@@ -68,7 +76,7 @@ from broker.protocol import (
     request_version,
 )
 from broker.security import ClientKeys
-from broker.security.monitor import close_monitored, monitor_handshakes
+from broker.security.monitor import CLIENT_EVENTS, close_monitored, monitor_handshakes
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +125,7 @@ class AsyncConnection(Framing):
             try:
                 socket.setsockopt(zmq.LINGER, FIRE_AND_FORGET_LINGER_MS)
                 self._secure(socket)
-                monitor = monitor_handshakes(socket)
+                monitor = monitor_handshakes(socket, CLIENT_EVENTS)
                 socket.connect(self.endpoint)
             except BaseException:
                 if monitor is None:
@@ -134,18 +142,25 @@ class AsyncConnection(Framing):
         return self._socket
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
-        """Once the socket's handshake fails, drop the socket and fail every request
-        waiting with AuthenticationFailed. A request sent since the last handshake did not
-        reach the broker; one sent on an earlier connection that broke (and reconnected into
-        the refusal) may have, as for any request whose reply was lost."""
+        """Once the socket's handshake fails, or a connection is refused while requests wait,
+        drop the socket and fail every request waiting with AuthenticationFailed or
+        ConnectionRefused. A request sent since the last handshake did not reach the broker;
+        one sent on an earlier connection that broke (and reconnected into the refusal) may
+        have, as for any request whose reply was lost. A refusal while none waits is
+        forgotten: fire-and-forget requests stay queued until the broker is back."""
         handshakes = Handshakes(self.endpoint, curve=self.keys is not None)
-        while handshakes.failure is None:
+        failure: AuthenticationFailed | ConnectionRefused | None = None
+        while failure is None:
             handshakes.take(await monitor.recv_multipart())
+            refused = handshakes.take_refusal()
+            if refused is not None and any(not w.done() for w in self._waiting.values()):
+                failure = refused
+            failure = handshakes.failure or failure
         self._watcher = None  # this task, ending: not to be cancelled
         self._drop_socket(linger_ms=0)
         for waiter in self._waiting.values():
             if not waiter.done():
-                waiter.set_exception(handshakes.failure)
+                waiter.set_exception(failure)
 
     def _drop_socket(self, linger_ms: int | None = None) -> None:
         """Stop the reader and the watcher, close the socket (with its own linger when
@@ -236,6 +251,8 @@ class AsyncConnection(Framing):
             try:
                 frames = await self.exchange(request, version)
                 return noted(decode_reply(request.api, frames, version))
+            except ConnectionRefused:
+                raise
             except (BrokerError, Unavailable) as error:
                 wait_s = retry.wait_after(error)
             await asyncio.sleep(wait_s)
@@ -342,7 +359,7 @@ class AsyncCluster(BrokerMap):
     async def call_leader(self, request: PartitionRequest, retries: int) -> Reply:
         """`request` sent to its partition's leader, following leadership as
         broker.client.Cluster.call_leader does."""
-        retry = Retry(retries, 3 * self.timeout_s)
+        retry = Retry(retries, 3 * self.timeout_s, refusals_within_time=True)
         while True:
             endpoint = None
             try:

@@ -28,7 +28,10 @@ Errors: an error the broker answered with raises its code's own class, both a
 broker.errors.BrokerError (its `code`, `name`, `message` and `retriable`) and the class of the
 error tree named after it: `except TopicAlreadyExists`, `except UnknownTopicOrPartition`,
 `except Unavailable` (PARTITION_UNAVAILABLE and the other retriable codes) all work.
-broker.errors.Unavailable alone when no reply came in time. Values and keys are bytes: a str is
+broker.errors.Unavailable alone when no reply came in time, and its broker.errors.ConnectionRefused
+at once when nothing listens at a broker's address (a client given several asks the next one
+then, without waiting for a timeout; a partition's leader that died is asked again until the
+controller names another, within 3 x the timeout). Values and keys are bytes: a str is
 a TypeError naming the argument, unless a Producer is given a `serializer` / `key_serializer`.
 """
 

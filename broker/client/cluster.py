@@ -455,8 +455,9 @@ class Cluster(BrokerMap, Closing):
         leader found then (`learn_from`), up to `retries` more times within 3 x the timeout,
         waiting 0.1 s doubling to 2 s in between (Retry). Raises the last error as it was,
         and a non-retriable one at once (UNKNOWN_TOPIC_OR_PARTITION for a partition that does
-        not exist, ...)."""
-        retry = Retry(retries, 3 * self.timeout_s)
+        not exist, ...). A refused connection (a leader that died, still named until the
+        controller moves its partitions) is tried again within the time, not counted."""
+        retry = Retry(retries, 3 * self.timeout_s, refusals_within_time=True)
         while True:
             endpoint = None
             try:

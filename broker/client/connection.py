@@ -40,7 +40,13 @@ from typing import Any, Final, TypeVar, overload
 import zmq
 
 from broker.backoff import Backoff
-from broker.errors import AuthenticationFailed, BrokerError, MalformedReply, Unavailable
+from broker.errors import (
+    AuthenticationFailed,
+    BrokerError,
+    ConnectionRefused,
+    MalformedReply,
+    Unavailable,
+)
 from broker.lifecycle import Closing
 from broker.log.message import Buffer
 from broker.protocol import (
@@ -91,7 +97,7 @@ from broker.protocol import (
 )
 from broker.ratelog import RateLimitedLog
 from broker.security import ClientKeys
-from broker.security.monitor import close_monitored, monitor_handshakes
+from broker.security.monitor import CLIENT_EVENTS, close_monitored, monitor_handshakes
 from broker.zmqio import NOBLOCK, monitor_event, receive_frames, send_frames
 
 
@@ -236,9 +242,16 @@ def retriable(error: BrokerError | Unavailable) -> bool:
 
 class Retry:
     """The retry rule of `call` (and of broker.aio's): after a retriable error, wait 0.1 s
-    doubling to 2 s, at most `retries` times, no retry starting after `max_time_s` from now."""
+    doubling to 2 s, at most `retries` times, no retry starting after `max_time_s` from now.
+    A refused connection (ConnectionRefused, known at once) counts as one of the `retries`,
+    unless `refusals_within_time`: then it is tried again within the time alone, as a call to a
+    partition's leader does (Cluster.call_leader): a leader that died refuses until the
+    controller names another, which takes its ZooKeeper session's timeout."""
 
-    def __init__(self, retries: int, max_time_s: float) -> None:
+    def __init__(
+        self, retries: int, max_time_s: float, *, refusals_within_time: bool = False
+    ) -> None:
+        self.refusals_within_time = refusals_within_time
         self.left = retries
         self.deadline = time.monotonic() + max_time_s
         self.backoff = Backoff(RETRY_BACKOFF_S, MAX_RETRY_BACKOFF_S)
@@ -248,21 +261,30 @@ class Retry:
         is not retriable or the budget is spent."""
         if (
             not retriable(error)
-            or self.left <= 0
+            or (self.left <= 0 and self._counted(error))
             or time.monotonic() + self.backoff.current_s > self.deadline
         ):
             raise error
-        self.left -= 1
+        if self._counted(error):
+            self.left -= 1
         return self.backoff.next()
+
+    def _counted(self, error: BrokerError | Unavailable) -> bool:
+        return not (self.refusals_within_time and isinstance(error, ConnectionRefused))
 
 
 class Handshakes:
-    """The handshakes of one client socket, from its monitor's events (`take`). `failure` is
-    the AuthenticationFailed to raise when the last handshake was refused by the broker's ZAP
-    handler, failed ZeroMQ's protocol, or was broken off BROKEN_HANDSHAKES times in a row;
-    None before the first handshake and after one succeeded. A client without keys (`curve`
-    False) learns only that the broker serves Curve: its handshake fails at once on the
-    mechanism, and the broker never answers it otherwise."""
+    """The handshakes of one client socket, from its monitor's events (`take`, CLIENT_EVENTS).
+    `failure` is the AuthenticationFailed to raise when the last handshake was refused by the
+    broker's ZAP handler, failed ZeroMQ's protocol, or was broken off BROKEN_HANDSHAKES times in
+    a row; None before the first handshake and after one succeeded. A client without keys
+    (`curve` False) learns only that the broker serves Curve: its handshake fails at once on
+    the mechanism, and the broker never answers it otherwise.
+
+    `refused` is the ConnectionRefused to raise when a connection attempt failed without
+    connecting (ZeroMQ tries again after its reconnect interval, CONNECT_RETRIED with no
+    CONNECTED since the last one: nothing listens there), until taken (`take_refusal`); a
+    connection that was made and then dropped (a handshake broken off) is not a refusal."""
 
     def __init__(self, endpoint: str, curve: bool = True) -> None:
         self.endpoint = endpoint
@@ -271,10 +293,27 @@ class Handshakes:
         self.succeeded = False
         """Whether the last handshake taken succeeded."""
         self._broken = 0
+        self.refused: ConnectionRefused | None = None
+        self._connected = False
+        """Whether a connection was made since the last attempt that ZeroMQ tries again."""
+
+    def take_refusal(self) -> ConnectionRefused | None:
+        """The refusal met since the last call, if any (then forgotten: the next attempt,
+        ZeroMQ's reconnect interval later, may find the broker back)."""
+        refused, self.refused = self.refused, None
+        return refused
 
     def take(self, frames: list[bytes]) -> None:
         """Take one event of the monitor."""
         kind, value = monitor_event(frames)
+        if kind == zmq.EVENT_CONNECTED:
+            self._connected = True
+            return
+        if kind == zmq.EVENT_CONNECT_RETRIED:
+            if not self._connected:
+                self.refused = ConnectionRefused(self.endpoint)
+            self._connected = False
+            return
         self.succeeded = kind == zmq.EVENT_HANDSHAKE_SUCCEEDED
         if self.succeeded:
             self.failure, self._broken = None, 0
@@ -317,7 +356,7 @@ class HandshakeMonitor(Handshakes):
 
     def __init__(self, socket: zmq.Socket[bytes], endpoint: str, curve: bool = True) -> None:
         super().__init__(endpoint, curve)
-        self.socket: zmq.Socket[bytes] = monitor_handshakes(socket)
+        self.socket: zmq.Socket[bytes] = monitor_handshakes(socket, CLIENT_EVENTS)
         self._watched = socket
         self._poller = zmq.Poller()
         self._poller.register(socket, zmq.POLLIN)
@@ -333,14 +372,17 @@ class HandshakeMonitor(Handshakes):
 
     def wait_readable(self, timeout_s: float) -> bool:
         """Whether the socket has a message to read within `timeout_s`; AuthenticationFailed
-        as soon as a handshake fails (the monitor is read when it has events, and at the
-        timeout)."""
+        as soon as a handshake fails, ConnectionRefused as soon as a connection is refused
+        (the monitor is read when it has events, and at the timeout)."""
         deadline = time.monotonic() + timeout_s
         timeout_ms = poll_ms(timeout_s)
         while True:
             if self._watched in dict(self._poller.poll(timeout_ms)):
                 return True
             self.check()
+            refused = self.take_refusal()
+            if refused is not None:
+                raise refused
             timeout_ms = round((deadline - time.monotonic()) * 1000)
             if timeout_ms <= 0:
                 return False
@@ -483,8 +525,10 @@ class Connection(Framing, Closing):
 
     def _readable(self, socket: zmq.Socket[bytes], timeout_s: float) -> bool:
         """Whether `socket` has a reply within `timeout_s`; AuthenticationFailed as soon as its
-        handshake fails. Without keys the monitor goes once a handshake has succeeded (all
-        that could fail is the mechanism, and the socket is then polled alone)."""
+        handshake fails, ConnectionRefused as soon as a connection is refused. Without keys
+        the monitor goes once a handshake has succeeded (all that could fail is the mechanism,
+        and the socket is then polled alone: a broker that goes down later costs the
+        timeout)."""
         monitor = self._monitors.get(socket)
         if monitor is None:
             return bool(socket.poll(poll_ms(timeout_s), zmq.POLLIN))
@@ -510,7 +554,8 @@ class Connection(Framing, Closing):
             self._req = None
 
     def _reset_dealer_socket(self) -> None:
-        """Drop a DEALER socket whose handshake failed: what it holds can never go out."""
+        """Drop a DEALER socket whose handshake failed or whose connection was refused: what it
+        holds can never go out, or would go out after its senders were told it failed."""
         if self._dealer is not None:
             self._close_socket(self._dealer, linger_ms=0)
             self._dealer = None
@@ -570,7 +615,7 @@ class Connection(Framing, Closing):
         except zmq.Again:
             self._reset_req_socket()
             raise self._no_reply(request, timeout_s) from None
-        except AuthenticationFailed:
+        except (AuthenticationFailed, ConnectionRefused):
             self._reset_req_socket()
             raise
         header = decode_reply_header(reply)
@@ -643,13 +688,17 @@ class Connection(Framing, Closing):
         has a version 2), retried up to
         `retries` more times after a retriable BrokerError or a timeout, waiting 0.1 s doubling
         to 2 s in between; no retry starts after `max_time_s` (default: 3 x the timeout). The
-        last error is raised as it was; AuthenticationFailed is raised at once.
+        last error is raised as it was; AuthenticationFailed and ConnectionRefused are raised
+        at once (nothing listens at this one endpoint: callers that know others ask them,
+        Cluster.ask_any and its METADATA rounds).
 
         A PRODUCE retried after a timeout may append its messages twice (at least once)."""
         retry = Retry(retries, 3 * self.timeout_s if max_time_s is None else max_time_s)
         while True:
             try:
                 return self._request_once(request, version)
+            except ConnectionRefused:
+                raise
             except (BrokerError, Unavailable) as error:
                 wait_s = retry.wait_after(error)
             time.sleep(wait_s)
@@ -687,8 +736,9 @@ class Connection(Framing, Closing):
     def receive_pipelined(self, timeout_s: float) -> tuple[int, list[Buffer]]:
         """The next reply to a request sent with `send_pipelined`: its correlation id and
         frames (decode them with protocol.decode_reply). Unavailable when none comes within
-        `timeout_s`; AuthenticationFailed as soon as the socket's Curve handshake fails (the
-        requests in flight never reached the broker)."""
+        `timeout_s`; AuthenticationFailed as soon as the socket's Curve handshake fails, and
+        ConnectionRefused as soon as a connection is refused (the requests in flight never
+        reached the broker, or will never be answered: the socket is dropped with them)."""
         socket = self._dealer_socket()
         try:  # replies often come in bursts (the acks of one flush): no poll while they last
             received = receive_frames(socket, NOBLOCK)
@@ -697,7 +747,7 @@ class Connection(Framing, Closing):
         if received is None:  # wait outside the handler: Ctrl-C there is not chained to Again
             try:
                 readable = self._readable(socket, timeout_s)
-            except AuthenticationFailed:
+            except (AuthenticationFailed, ConnectionRefused):
                 self._reset_dealer_socket()
                 raise
             if not readable:

@@ -16,17 +16,20 @@ HANDSHAKE_EVENTS: Final = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
-"""The events of a client socket's monitor (a socket without keys has one until its first
-handshake succeeds: Connection._checked)."""
+"""The events of a broker's client socket's monitor (a follower's fetcher)."""
+CLIENT_EVENTS: Final = HANDSHAKE_EVENTS | zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED
+"""The events of a client's socket's monitor (a socket without keys has one until its first
+handshake succeeds: Connection._checked): its handshakes, and its connections made and
+refused (broker.client.connection.Handshakes)."""
 _monitor_numbers = itertools.count(1)
 _Socket = TypeVar("_Socket", bound=zmq.Socket[Any])
 
 
-def monitor_handshakes(socket: _Socket) -> _Socket:
-    """A PAIR socket receiving `socket`'s HANDSHAKE_EVENTS (made before it connects, so that no
-    event is missed), on an inproc address of its own; close it when `socket` is closed."""
+def monitor_handshakes(socket: _Socket, events: int = HANDSHAKE_EVENTS) -> _Socket:
+    """A PAIR socket receiving `socket`'s `events` (made before it connects, so that no event
+    is missed), on an inproc address of its own; close it when `socket` is closed."""
     address = f"inproc://pylog-handshakes-{os.getpid()}-{next(_monitor_numbers)}"
-    return socket.get_monitor_socket(HANDSHAKE_EVENTS, address)
+    return socket.get_monitor_socket(events, address)
 
 
 def close_monitored(socket: _Socket, monitor: _Socket, linger_ms: int | None = None) -> None:

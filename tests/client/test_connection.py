@@ -5,6 +5,7 @@ or with a METADATA body), so timeouts and retries can be provoked on purpose."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -16,8 +17,10 @@ from dataclasses import dataclass, field
 import pytest
 import zmq
 
+from broker.aio.connection import AsyncConnection
 from broker.client import Admin, Cluster, Connection, Producer
-from broker.errors import BrokerError, Unavailable
+from broker.client.connection import Retry
+from broker.errors import BrokerError, ConnectionRefused, Unavailable
 from broker.protocol import (
     CREATE_WAIT_S,
     CreateTopicRequest,
@@ -125,6 +128,71 @@ def test_unreachable_broker_times_out_quickly() -> None:
         assert time.monotonic() - started < 3
 
 
+def test_a_refused_connection_is_told_at_once_not_after_the_timeout() -> None:
+    """Nothing listens at the address (the broker is down): the kernel refuses the connection,
+    ZeroMQ's monitor says so, and the request ends at once saying why."""
+    with Connection(unused_endpoint(), timeout_s=30) as connection:
+        started = time.monotonic()
+        with pytest.raises(Unavailable, match=r"refused.*nothing listens at tcp://127\.0\.0\.1:9"):
+            connection.request(MetadataRequest())
+        assert time.monotonic() - started < 5
+
+
+def test_a_refused_connection_ends_an_asyncio_request_at_once() -> None:
+    async def ask() -> None:
+        connection = AsyncConnection(unused_endpoint(), timeout_s=30)
+        try:
+            with pytest.raises(Unavailable, match=r"refused.*nothing listens at"):
+                await connection.request(MetadataRequest())
+        finally:
+            await connection.close()
+
+    started = time.monotonic()
+    asyncio.run(ask())
+    assert time.monotonic() - started < 5
+
+
+def test_a_down_broker_first_in_the_bootstrap_list_costs_no_timeout(
+    scripted: ScriptedBroker,
+) -> None:
+    scripted.script += ["ok", "ok"]
+    bootstrap = f"{unused_endpoint()},{scripted.endpoint}"
+    with Cluster(bootstrap, timeout_s=30) as cluster:
+        started = time.monotonic()
+        assert cluster.metadata([]) == EMPTY_METADATA
+        assert time.monotonic() - started < 5
+    with Admin(bootstrap, timeout_s=30) as admin:
+        started = time.monotonic()
+        assert admin.list_topics() == []
+        assert time.monotonic() - started < 5
+
+
+def test_a_connection_raises_a_refusal_at_once_and_a_leaders_call_waits_it_out() -> None:
+    """One endpoint that refuses has nothing to wait for: `call` raises at once, whatever its
+    retries (a cluster asks its other brokers). A partition's leader that died refuses until
+    the controller names another: a leader's call (Retry with refusals_within_time) tries
+    again within its time, not counting the refusals."""
+    with Connection(unused_endpoint(), timeout_s=30) as connection:
+        started = time.monotonic()
+        with pytest.raises(ConnectionRefused):
+            connection.call(MetadataRequest(), retries=5)
+        assert time.monotonic() - started < 5
+    refused = ConnectionRefused(unused_endpoint())
+    counted = Retry(1, 60)
+    counted.wait_after(refused)
+    with pytest.raises(ConnectionRefused):
+        counted.wait_after(refused)
+    waited_out = Retry(1, 60, refusals_within_time=True)
+    for _ in range(10):
+        waited_out.wait_after(refused)
+    waited_out.wait_after(Unavailable("no reply"))  # the one retry counted
+    with pytest.raises(Unavailable, match="no reply"):
+        waited_out.wait_after(Unavailable("no reply"))
+    late = Retry(1, 0, refusals_within_time=True)
+    with pytest.raises(ConnectionRefused):
+        late.wait_after(refused)  # past its time
+
+
 def test_an_address_without_tcp_is_taken_and_a_bad_one_is_refused_at_once(
     scripted: ScriptedBroker,
 ) -> None:
@@ -160,7 +228,10 @@ def test_ctrl_c_while_waiting_for_a_pipelined_reply_is_one_keyboard_interrupt() 
 
     previous = signal.signal(signal.SIGALRM, interrupt)
     try:
-        with Connection(unused_endpoint(), timeout_s=5) as connection:
+        with (
+            serving(ScriptedBroker([])) as silent,
+            Connection(silent.endpoint, timeout_s=5) as connection,
+        ):
             signal.setitimer(signal.ITIMER_REAL, 0.2)
             with pytest.raises(KeyboardInterrupt) as raised:
                 connection.receive_pipelined(timeout_s=5)
