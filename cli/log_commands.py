@@ -125,7 +125,8 @@ def _show_set(
     "--deep",
     is_flag=True,
     help="Also decompress every compressed set and check the messages inside it (slower: "
-    "every set is read and expanded), counting those messages.",
+    "every set is read and expanded), counting those messages (without it, a set counts as "
+    "one message, and the lines say how many are sets).",
 )
 def verify(path: Path, as_json: bool, deep: bool) -> None:
     """Check every segment of a partition folder, or of every partition under a log dir:
@@ -147,13 +148,14 @@ def verify(path: Path, as_json: bool, deep: bool) -> None:
     directories = partition_dirs(path)
     if not directories:
         raise click.UsageError(f"{path} holds no segment files, nor folders that do")
-    corrupt = segments = messages = 0
+    corrupt = segments = messages = sets = 0
     with progress(f"verify {path}", _segment_bytes(directories)) as done:
         for directory in directories:
             for check in check_partition(directory, deep):
                 done(check.size)
                 segments += 1
                 messages += check.messages
+                sets += check.sets
                 corrupt += not check.ok
                 if as_json:
                     record = {
@@ -161,15 +163,15 @@ def verify(path: Path, as_json: bool, deep: bool) -> None:
                         "base_offset": check.base_offset,
                         "size": check.size,
                         "messages": check.messages,
+                        "compressed_sets_unopened": check.sets,
                         "ok": check.ok,
                         "error": check.error,
                         "position": check.position,
                     }
                     click.echo(json.dumps(record))
                 elif check.ok:
-                    click.echo(
-                        f"ok       {check.path} ({check.messages} messages, {check.size} bytes)"
-                    )
+                    counted = _messages_text(check.messages, check.sets)
+                    click.echo(f"ok       {check.path} ({counted}, {check.size} bytes)")
                 else:
                     click.echo(f"CORRUPT  {check.path} at byte {check.position}: {check.error}")
             for bad in set_aside_files(directory):
@@ -179,14 +181,25 @@ def verify(path: Path, as_json: bool, deep: bool) -> None:
                     click.echo(f"set aside {bad} (left by recovery; not part of the log)")
     summary = {"partitions": len(directories), "segments": segments, "messages": messages}
     if as_json:
+        summary["compressed_sets_unopened"] = sets
         click.echo(json.dumps({"summary": {**summary, "corrupt_segments": corrupt}}))
     else:
         click.echo(
-            f"{len(directories)} partitions, {segments} segments, {messages} messages: "
+            f"{len(directories)} partitions, {segments} segments, "
+            f"{_messages_text(messages, sets)}: "
             + (f"{corrupt} corrupt segments" if corrupt else "all ok")
         )
     if corrupt:
         sys.exit(EXIT_CORRUPT)
+
+
+def _messages_text(messages: int, sets: int) -> str:
+    """ "21 messages", or with compressed sets not opened (each counted as one) "3 messages,
+    1 of them a compressed set (--deep counts what sets hold)"."""
+    if not sets:
+        return f"{messages} messages"
+    which = "a compressed set" if sets == 1 else "compressed sets"
+    return f"{messages} messages, {sets} of them {which} (--deep counts what sets hold)"
 
 
 def _segment_bytes(directories: list[Path]) -> int:

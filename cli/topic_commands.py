@@ -8,7 +8,7 @@ import click
 
 from broker.client import Admin
 from broker.client.admin import PartitionDescription
-from broker.protocol import ConfigEntry
+from broker.protocol import ConfigEntry, DescribePartitionReply
 from broker.registry import MAX_PARTITIONS
 from cli.common import (
     CLI_RETRIES,
@@ -108,11 +108,12 @@ def topic_describe(name: str, as_json: bool, broker: str, timeout: float) -> Non
     """Print every setting of topic NAME, the topic's own or the broker's default, then each
     partition: its leader (the broker serving it), the leader's epoch, its replicas (the
     preferred leader first) and in-sync replicas, then as its leader has it: its log start
-    offset and high watermark (offsets are byte positions), the bytes of its segment files, how
-    many segments, and the timestamp of its oldest message (UTC); or that it is unavailable
-    (its leader down, or none: broker -1). A partition whose leader has not applied a changed
-    setting yet (topic alter) says which. A broker older than replication gives no epoch,
-    replicas nor ISR: those are left out.
+    offset and high watermark (offsets are byte positions), the bytes of its segment files (and
+    how many of them are records deleted before the log start, kept until their segment goes
+    whole), how many segments, and the timestamp of its oldest message (UTC); or that it is
+    unavailable (its leader down, or none: broker -1). A partition whose leader has not applied
+    a changed setting yet (topic alter) says which. A broker older than replication gives no
+    epoch, replicas nor ISR: those are left out.
 
     \b
     Example:
@@ -150,14 +151,25 @@ def topic_describe(name: str, as_json: bool, broker: str, timeout: float) -> Non
             continue
         state = p.state
         oldest = "-" if state.oldest_timestamp < 0 else timestamp(state.oldest_timestamp)
+        size = f"size_bytes {state.size_bytes}"
+        if deleted := _deleted_on_disk(state):
+            size += f" ({deleted} deleted, on disk until their segment goes)"
         line = (
             f"{where} log_start {state.log_start_offset} "
-            f"high_watermark {state.high_watermark} size_bytes {state.size_bytes} "
+            f"high_watermark {state.high_watermark} {size} "
             f"segments {state.segments} oldest {oldest}"
         )
         if pending := _not_applied(p, settings):
             line += f" (applying {', '.join(pending)})"
         click.echo(line)
+
+
+def _deleted_on_disk(state: DescribePartitionReply) -> int:
+    """The bytes of `size_bytes` before the log start: records deleted (`topic delete-records`,
+    or a log start moved past them) whose segment file holds later ones too, so that it stays
+    until retention removes it whole. Offsets are byte positions: the segments on disk hold
+    the bytes from the oldest one's base offset to the log end."""
+    return max(0, state.size_bytes - (state.log_end_offset - state.log_start_offset))
 
 
 def _replication_text(partition: PartitionDescription) -> str:
@@ -203,6 +215,7 @@ def _partition_json(
             "high_watermark": state.high_watermark,
             "log_end_offset": state.log_end_offset,
             "size_bytes": state.size_bytes,
+            "deleted_bytes_on_disk": _deleted_on_disk(state),
             "segments": state.segments,
             "oldest_timestamp": None if state.oldest_timestamp < 0 else state.oldest_timestamp,
             "settings_in_effect": dict(state.config),

@@ -187,6 +187,19 @@ def _inner_scan(inner: Buffer, max_message_bytes: int) -> ScanResult:
     return result
 
 
+def count_sets(buf: Buffer, result: ScanResult) -> int:
+    """How many of the messages of `buf` (its scan `result`, which passed) are compressed
+    sets, each counted as one message there: read from their headers, nothing decompressed."""
+    if result.first_set < 0:
+        return 0
+    sets = 0
+    pos = result.first_set
+    while pos < result.valid_bytes:
+        sets += buf[pos + ATTRIBUTES_AT] != 0
+        pos += message_size_at(buf, pos)
+    return sets
+
+
 def converted(buf: Buffer, result: ScanResult, compressor: Compressor | None) -> bytes | None:
     """A producer's set `buf` (its scan `result`; check_sets passed) as a topic whose
     `compression` is a codec (`compressor`) or none (None) stores it, or None when it already

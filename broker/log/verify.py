@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker.errors import InvalidMessage
-from broker.log.codec import check_sets, scan
+from broker.log.codec import check_sets, count_sets, scan
 from broker.log.index import OffsetIndex
 from broker.log.message import MAX_FORMAT_MESSAGE_BYTES, Message, decode_message
 from broker.log.recovery import SEGMENT_NAME
@@ -25,7 +25,9 @@ from broker.log.timeindex import TimeIndex
 class SegmentCheck:
     """The verdict on one segment file. `error` is None when every message is valid and the
     segment starts where the one before it ended; otherwise it names the problem, and
-    `position` is the byte of the file where it was found."""
+    `position` is the byte of the file where it was found. `sets` of the `messages` are
+    compressed sets not opened, each counted as one (0 with `deep`: their messages are
+    counted)."""
 
     path: Path
     base_offset: int
@@ -33,6 +35,7 @@ class SegmentCheck:
     messages: int
     error: str | None
     position: int | None
+    sets: int = 0
 
     @property
     def ok(self) -> bool:
@@ -60,7 +63,7 @@ def check_segment(path: Path, expected_base: int | None = None, deep: bool = Fal
     an index written for another size is stale, and recovery rebuilds it. A time index that
     describes a file of this size must pass its checksum. With `deep`, every compressed set is
     also decompressed and its inner set checked (as PRODUCE checks it), and `messages` counts
-    the inner messages; else a set counts as one message."""
+    the inner messages; else a set counts as one message, and `sets` says how many are."""
     base = base_offset_of(path)
     try:
         data = map_file(path)
@@ -76,12 +79,14 @@ def check_segment(path: Path, expected_base: int | None = None, deep: bool = Fal
         return SegmentCheck(
             path, base, size, result.message_count, result.error, result.valid_bytes
         )
-    count = result.message_count
+    count, sets = result.message_count, 0
     if deep:
         try:
             count = check_sets(data, result)
         except InvalidMessage as error:
             return SegmentCheck(path, base, size, count, error.reason, error.position)
+    else:
+        sets = count_sets(data, result)
     index_path = path.with_suffix(INDEX_SUFFIX)
     index, damaged = OffsetIndex.load(index_path, size)
     if damaged is not None:
@@ -97,7 +102,7 @@ def check_segment(path: Path, expected_base: int | None = None, deep: bool = Fal
     if damaged is not None:
         problem = f"time index {time_index_path.name} is damaged: {damaged}"
         return SegmentCheck(path, base, size, count, problem, 0)
-    return SegmentCheck(path, base, size, count, None, None)
+    return SegmentCheck(path, base, size, count, None, None, sets)
 
 
 def partition_dirs(path: Path) -> list[Path]:

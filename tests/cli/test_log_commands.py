@@ -106,6 +106,7 @@ def test_verify_a_log_dir_names_the_corrupt_file_and_position(tmp_path: Path) ->
         "partitions": 3,
         "segments": 9,
         "messages": 55,  # valid ones: 3 x 21, less the 8 from the flipped byte on
+        "compressed_sets_unopened": 0,
         "corrupt_segments": 1,
     }
 
@@ -206,7 +207,11 @@ def test_dump_shows_a_compressed_set_and_its_messages(tmp_path: Path) -> None:
 def test_verify_deep_opens_the_sets_and_finds_damage_inside(tmp_path: Path) -> None:
     write_compressed(tmp_path / "t-0", damaged=True)
     code, out = run("log", "verify", str(tmp_path / "t-0"))
-    assert code == 0 and "(3 messages," in out  # the wrapper's own checksum holds
+    assert code == 0  # the wrapper's own checksum holds
+    said = "3 messages, 1 of them a compressed set (--deep counts what sets hold)"
+    assert (
+        f"({said}, " in out and out.splitlines()[-1] == f"1 partitions, 1 segments, {said}: all ok"
+    )
     code, out = run("log", "verify", "--deep", str(tmp_path / "t-0"))
     assert code == 1
     assert "at byte 100: compressed set: message at byte 200 of the set: cut short" in out
@@ -218,3 +223,8 @@ def test_verify_deep_counts_the_messages_inside_sets(tmp_path: Path) -> None:
     write_compressed(tmp_path / "t-0", damaged=False)
     code, out = run("log", "verify", "--deep", str(tmp_path / "t-0"))
     assert code == 0 and "(5 messages," in out
+    assert out.splitlines()[-1] == "1 partitions, 1 segments, 5 messages: all ok"
+    code, out = run("log", "verify", "--json", str(tmp_path / "t-0"))
+    records = [json.loads(line) for line in out.splitlines()]
+    assert (records[0]["messages"], records[0]["compressed_sets_unopened"]) == (3, 1)
+    assert records[-1]["summary"]["compressed_sets_unopened"] == 1
