@@ -139,6 +139,10 @@ class Front:
         self.socket.setsockopt(zmq.SNDHWM, config.broker_queued_replies_per_client)
         self.stopping = False
         """Set on shutdown: new requests are answered BROKER_SHUTTING_DOWN."""
+        self.managed: set[tuple[bytes, int]] = set()
+        """The requests handed to topic or group management and not answered yet (tagged
+        identity, correlation id): answered once ZooKeeper has answered, or at shutdown
+        BROKER_SHUTTING_DOWN (`drain`)."""
         self.queue_limit = int(config.broker_queued_request_bytes)
         self.held = HeldReplies(
             config.broker_queued_reply_bytes,
@@ -331,10 +335,16 @@ class Front:
             self.read_pauses += not reading
 
     def drain(self) -> None:
-        """Forward the replies workers sent before they exited (on shutdown)."""
+        """On shutdown: forward the replies workers sent before they exited, and answer the
+        requests still waiting for ZooKeeper (topic and group management) BROKER_SHUTTING_DOWN,
+        not left to their clients' timeouts (nothing answers them once the loop ends)."""
         for worker, first, rest in self.pool.drained():
             self._from_worker(worker, first, rest)
         self._send_answers()
+        stopped = BrokerShuttingDown("the broker shut down before ZooKeeper answered")
+        for tagged, correlation_id in sorted(self.managed):
+            self._answer(tagged, protocol.encode_error(correlation_id, stopped))
+        self.managed.clear()
 
     def close(self) -> None:
         """Close the front socket (with its linger: replies still queued go out), and its
@@ -356,6 +366,8 @@ class Front:
             elif tagged[:1] == FETCH_JOINED:
                 self._share_answered(tagged, frames[0])
             else:
+                if self.managed:
+                    self._settle(tagged, frames)
                 self._answer(tagged, frames)
         for tagged, frames in self.joins.take_done():
             self._answer(tagged, frames)
@@ -463,6 +475,7 @@ class Front:
                 if authorizer is not None:
                     for operation, topic in _group_checks(request):
                         authorizer.check(principal, operation, topic)
+                self._manage(tagged, header.correlation_id)
                 self.groups.serve(request, tagged, header, _peer_address(frames))
                 return  # answered once its group is loaded and its write landed
             if authorizer is not None and not isinstance(
@@ -475,17 +488,21 @@ class Front:
                     metadata = _visible(metadata, authorizer, principal, bool(request.topics))
                 reply: protocol.Reply = metadata
             elif isinstance(request, protocol.CreateTopicRequest):
+                self._manage(tagged, header.correlation_id)
                 self.topics.admin.create(request, tagged, header.correlation_id)
                 return  # answered once every broker holding a partition serves it
             elif isinstance(request, protocol.DeleteTopicRequest):
+                self._manage(tagged, header.correlation_id)
                 self.topics.admin.delete(request.topic, tagged, header.correlation_id)
                 return  # answered once ZooKeeper has deleted it
             elif isinstance(request, protocol.DescribeClusterRequest):
                 reply = self.topics.describe_cluster(self.port)
             elif isinstance(request, protocol.DescribeConfigRequest):
+                self._manage(tagged, header.correlation_id)
                 self.topics.admin.describe_config(request.topic, tagged, header.correlation_id)
                 return  # answered once read from ZooKeeper
             elif isinstance(request, protocol.AlterConfigRequest):
+                self._manage(tagged, header.correlation_id)
                 self.topics.admin.alter_config(request, tagged, header.correlation_id)
                 return  # answered once ZooKeeper has it
             else:
@@ -633,6 +650,7 @@ class Front:
         """Answer a request with `error` (counted; a PRODUCE with ack none gets no answer)."""
         if self.pool.errors.refused(request_frames, error):
             correlation_id = protocol.peek_correlation_id(request_frames)
+            self.managed.discard((tagged, correlation_id))  # refused as management took it
             self._answer(tagged, protocol.encode_error(correlation_id, error))
 
     def _route(self, tagged: bytes, request: memoryview, topic: str, number: int) -> None:
@@ -647,6 +665,14 @@ class Front:
                 f"the worker for {topic}-{number} is restarting; retry shortly"
             )
         return worker
+
+    def _manage(self, tagged: bytes, correlation_id: int) -> None:
+        """A request handed to topic or group management: answered later (`managed`)."""
+        self.managed.add((tagged, correlation_id))
+
+    def _settle(self, tagged: bytes, frames: Sequence[Buffer]) -> None:
+        """An answer owed by management (or the pool) is sent: its request waits no more."""
+        self.managed.discard((tagged, protocol.decode_reply_header(frames).correlation_id))
 
     def _answer(self, tagged: bytes, frames: Sequence[Buffer | zmq.Frame]) -> None:
         """Send a reply, counted in `held` from broker.replies.TRACK_AT bytes on."""

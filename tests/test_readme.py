@@ -378,3 +378,14 @@ def test_readme_runs_as_written(clone: Path, ports: dict[int, int]) -> None:
     finally:
         failed = reader.stop_all()
     assert not failed, "\n".join(failed)
+    written = sorted(
+        p.name + "/" * p.is_dir()
+        for p in clone.iterdir()
+        if not p.is_symlink() and p.name != "deploy"
+    )
+    assert written, "the README's commands wrote nothing at the top of the clone?"
+    for name in written:  # what a user's `git status` would list after pasting the README
+        ignored = subprocess.run(
+            ["git", "check-ignore", "--quiet", "--no-index", name], cwd=ROOT, timeout=30
+        )
+        assert ignored.returncode == 0, f"{name}, written by the README, is not in .gitignore"

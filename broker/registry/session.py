@@ -58,7 +58,13 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
-from kazoo.security import ACL, make_acl, make_digest_acl
+from kazoo.security import (
+    ACL,
+    Permissions,
+    make_acl,
+    make_digest_acl,
+    make_digest_acl_credential,
+)
 
 from broker.backoff import Backoff
 from broker.errors import RegistryAccessDenied, RegistryUnavailable
@@ -604,6 +610,32 @@ class Session(Running):
             f"create {path}",
             lambda: self._client.create_async(path, data, ephemeral=ephemeral, makepath=makepath),
         )
+
+    def check_may_change(self, path: str) -> None:
+        """Before a command writes `path` (a full path, chroot included): RegistryAccessDenied,
+        as the write itself would raise it, when the ACLs say this session may not. The node's
+        own ACL decides whether it may be changed (WRITE); absent, that of its nearest
+        ancestor that exists whether it may be made (CREATE). Read from ZooKeeper, not tried:
+        a command checks so before it prints what it will do. Another denial (NoNode, ...) is
+        left to the write itself."""
+        needed, node = Permissions.WRITE, path
+        while True:
+            try:
+                acls, _ = self._request(
+                    f"read the ACL of {node}", functools.partial(self._client.get_acls_async, node)
+                )
+                break
+            except NoNode:
+                needed, node = Permissions.CREATE, node.rsplit("/", 1)[0] or "/"
+        mine = {("world", "anyone")}
+        if self.auth is not None:
+            mine.add(("digest", make_digest_acl_credential(self.auth.user, self.auth.password)))
+        if not any((acl.id.scheme, acl.id.id) in mine and acl.perms & needed for acl in acls):
+            verb, may = ("change", "change") if node == path else ("create", "create nodes under")
+            raise RegistryAccessDenied(
+                f"{verb} {path}: refused by ZooKeeper's ACLs (NoAuth): they do not let "
+                f"{self._identity} {may} {node}"
+            )
 
     def _get(self, path: str) -> tuple[bytes, Stat]:
         data, stat = self._request(f"read {path}", lambda: self._client.get_async(path))

@@ -23,7 +23,7 @@ import pytest
 import zmq
 
 from broker import protocol
-from broker.client import Admin, Producer
+from broker.client import Admin, Connection, Producer
 from broker.errors import BrokerError, Unavailable
 from broker.log import encode_message
 from broker.protocol import Ack, Api
@@ -558,6 +558,69 @@ def test_a_topic_request_waits_for_a_dropped_zookeeper_connection_to_come_back(
             creating.join(15)
         assert outcomes == ["created"]
         assert broker.stop() == 0  # while ZooKeeper is reachable: it leaves the registry
+    finally:
+        proxy.close()
+
+
+def test_a_request_waiting_for_zookeeper_is_told_the_broker_shuts_down(
+    make_pylogd: Callable[..., RunningBroker], zookeeper: PrivateZooKeeper
+) -> None:
+    """A request that waits for ZooKeeper when the broker stops is answered
+    BROKER_SHUTTING_DOWN, not left to its client's timeout (issue 53, item 4)."""
+    proxy = FreezableProxy(("127.0.0.1", zookeeper.port))
+    try:
+        broker = make_pylogd(zookeeper=f"127.0.0.1:{proxy.port}")
+        answered = Connection(broker.endpoint)  # requests answered before: not answered again
+        for name in ("made", "bad name!"):
+            answered.send_pipelined(protocol.CreateTopicRequest(name, 1, {}))
+        answered.send_pipelined(protocol.DescribeGroupRequest("bad group!"))  # refused at once
+        said = []
+        for _ in range(3):
+            frames = answered.receive_pipelined(30)[1]
+            try:
+                protocol.decode_reply(Api.CREATE_TOPIC, frames, 1)
+                said.append("created")
+            except BrokerError as error:
+                said.append(error.name)
+        assert sorted(said) == ["INVALID_GROUP", "INVALID_TOPIC", "created"]
+        proxy.freeze()
+        wait_until(
+            lambda: "lost its ZooKeeper connection" in broker.log_path.read_text(),
+            10,
+            "the broker to lose its ZooKeeper connection",
+        )
+        outcomes: list[str] = []
+
+        def create() -> None:
+            with contextlib.closing(RawClient(broker.endpoint, timeout_s=60)) as client:
+                try:
+                    client.create("blip", 1)
+                except BrokerError as error:
+                    outcomes.append(error.name)
+                except Unavailable as error:
+                    outcomes.append(str(error))
+                else:
+                    outcomes.append("created")
+
+        creating = threading.Thread(target=create)
+        creating.start()
+        try:
+            wait_until(
+                lambda: outcomes or "create topic 'blip' waits" in broker.log_path.read_text(),
+                10,
+                "the creation to wait for ZooKeeper",
+            )
+            assert broker.process is not None
+            broker.process.send_signal(signal.SIGTERM)
+            creating.join(30)
+        finally:
+            proxy.thaw()
+            creating.join(60)
+        assert outcomes == ["BROKER_SHUTTING_DOWN"]
+        assert broker.stop() == 0
+        with pytest.raises(Unavailable):  # no second reply to either request answered before
+            answered.receive_pipelined(1)
+        answered.close()
     finally:
         proxy.close()
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import zmq
 from click.testing import CliRunner, Result
 
 from broker.client import Producer
@@ -155,11 +156,18 @@ def test_broker_is_host_port_or_tcp_and_a_bad_address_is_one_line_at_once(
 
 
 def test_timeout_is_the_whole_wait_for_a_broker_that_does_not_answer() -> None:
-    started = time.monotonic()
-    result = CliRunner().invoke(
-        cli, ["consume", "t", "--broker", unused_endpoint(), "--timeout", "1.5"]
-    )
-    waited = time.monotonic() - started
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    silent = context.socket(zmq.ROUTER)  # takes connections, reads nothing, answers nothing
+    try:
+        port = silent.bind_to_random_port("tcp://127.0.0.1")
+        started = time.monotonic()
+        result = CliRunner().invoke(
+            cli, ["consume", "t", "--broker", f"127.0.0.1:{port}", "--timeout", "1.5"]
+        )
+        waited = time.monotonic() - started
+    finally:
+        silent.close(linger=0)
+        context.term()
     assert result.exit_code == 1
     assert result.stderr.count("\n") == 1 and "unreachable" in result.stderr
     assert 1.5 <= waited < 2.5  # two periods and a back-off (3.1 s) before

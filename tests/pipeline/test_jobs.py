@@ -141,7 +141,7 @@ def test_a_load_of_an_unknown_topic_or_from_a_down_broker_is_one_line_before_spa
         )
     assert refused.returncode == 1
     output = (refused.stdout + refused.stderr).strip()
-    assert output.startswith(f"Error: no reply from {down}"), output
+    assert output.startswith(f"Error: connection refused: nothing listens at {down}"), output
     assert "\n" not in output  # one line: Spark never started
 
 

@@ -1867,6 +1867,7 @@ NOT_FROM_THE_BROKER = {
     MalformedReply,
     errors.ZooKeeperStartError,
     errors.AuthenticationFailed,
+    errors.ConnectionRefused,
 }
 """Raised on the client side, or before the broker serves anything: never sent on the wire."""
 

@@ -467,6 +467,23 @@ def test_a_broker_with_a_zookeeper_identity_keeps_its_registry_to_itself(
     )
     assert granted.exit_code == 0, granted.output
 
+    # a command that cannot write says so before it prints what it would do (issue 53, 2)
+    with Admin(running.endpoint) as admin:
+        admin.create_topic("moved", 1, {})
+        holder = admin.topic("moved").partitions[0].broker_id
+    move = ["topic", "reassign", "moved", "--partition", "0", "--replicas", str(holder)]
+    refused = CliRunner().invoke(cli, [*move, "--broker", running.endpoint])
+    assert refused.exit_code == 1
+    assert "->" not in refused.output, refused.output  # no plan printed
+    assert "refused by ZooKeeper's ACLs (NoAuth)" in refused.output
+    assert "--zookeeper-auth-file" in refused.output
+    planned = CliRunner().invoke(cli, [*move, "--dry-run", "--broker", running.endpoint])
+    assert (planned.exit_code, planned.output) == (0, f"moved-0: replicas {holder} -> {holder}\n")
+    moved = CliRunner().invoke(
+        cli, [*move, "--broker", running.endpoint, "--zookeeper-auth-file", str(auth_file)]
+    )
+    assert moved.exit_code == 0, moved.output
+
 
 def test_a_broker_without_the_identity_is_told_so_by_zookeeper(
     make_pylogd: Callable[..., RunningBroker], tmp_path: Path
