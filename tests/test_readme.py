@@ -20,6 +20,7 @@ import os
 import queue
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -389,3 +390,29 @@ def test_readme_runs_as_written(clone: Path, ports: dict[int, int]) -> None:
             ["git", "check-ignore", "--quiet", "--no-index", name], cwd=ROOT, timeout=30
         )
         assert ignored.returncode == 0, f"{name}, written by the README, is not in .gitignore"
+
+
+VENV_SIZE = re.compile(r"the broker's dependencies only:\s+(\d+) MB")
+"""Where the README says how much `scripts/start` puts in `.venv`."""
+
+
+@pytest.mark.slow  # a pip install from the index: a minute or two
+@pytest.mark.broker  # it starts scripts/setup
+def test_the_venv_size_the_readme_gives_is_what_scripts_start_installs(tmp_path: Path) -> None:
+    said = VENV_SIZE.search(" ".join(README.read_text().split()))
+    assert said, "the README no longer says how big scripts/start's .venv is"
+    checkout = tmp_path / "pylog"
+    left_out = ("__pycache__", "*.so", "*.egg-info", "build")
+    top_level = (".git", ".venv", "data*", "warehouse", "secure", ".*_cache", ".hypothesis")
+    shutil.copytree(ROOT, checkout, ignore=shutil.ignore_patterns(*left_out, *top_level))
+    setup = subprocess.run(
+        ["scripts/setup", "--broker-only"],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    used = sum(p.lstat().st_blocks * 512 for p in (checkout / ".venv").rglob("*"))  # as du
+    megabytes = used / 1e6
+    assert abs(megabytes - int(said.group(1))) <= 0.15 * megabytes, f"{megabytes:.0f} MB"
