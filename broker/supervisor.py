@@ -490,7 +490,10 @@ class Supervisor:
             self._watchdog_at = time.monotonic() + self._watchdog_every
 
     def shutdown(self) -> None:
-        """Stop workers (if still running), leave the registry, stop ZooKeeper, close sockets."""
+        """Stop workers (if still running), leave the registry, stop ZooKeeper, close sockets.
+        Registry calls no longer wait for a ZooKeeper that is gone (Registry.wind_down)."""
+        if self.registry is not None:
+            self.registry.wind_down()
         self.pool.stop(self.config.broker_shutdown_timeout_ms / 1000)
         if self.metrics is not None:
             self.metrics.shutdown()

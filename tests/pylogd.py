@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.processes import orphan_proof
 from broker.registry import Registry
 from perf.pylog_runs import metrics_of
 from tests.pipes import PipeLines
@@ -53,10 +54,13 @@ class RunningBroker:
 
     def launch(self, own_session: bool = False) -> RunningBroker:
         """The process started, not waited for: `wait_ready` next (several brokers launched
-        first start side by side: see start_all)."""
+        first start side by side: see start_all). It gets SIGTERM when the thread that
+        launched it ends (broker.processes.orphan_proof): a test process killed, or
+        interrupted past its teardown, leaves no broker running; launch from a thread that
+        lasts as long as the broker should."""
         with open(self.log_path, "a") as log:
             self.process = subprocess.Popen(
-                self.command,
+                orphan_proof(self.command),  # SIGTERM when the test's process dies, killed
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,

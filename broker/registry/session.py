@@ -91,6 +91,8 @@ Failed = RegistryUnavailable | RegistryAccessDenied
 FAILED = (RegistryUnavailable, RegistryAccessDenied)
 REQUESTS_AT_ONCE = 500
 """The most requests _request_many sends before it waits for their answers."""
+WIND_DOWN_CHECK_S = 0.1
+"""How often a request waiting for the connection looks whether the broker winds down."""
 RESTORE_RETRY_FIRST_S = 0.1
 RESTORE_RETRY_MAX_S = 2.0
 """A re-registration that failed is tried again after RESTORE_RETRY_FIRST_S, doubling up to this."""
@@ -219,6 +221,7 @@ class Session(Running):
         self._registered = threading.Event()
         self._started = False
         self._stopping = False
+        self._winding_down = threading.Event()
         self._session_ids: set[int] = set()
         self._sessions_lost = 0
         self._nodes_restored = 0
@@ -500,15 +503,32 @@ class Session(Running):
 
     def _ready(self, what: str) -> float:
         """Before requests are sent: the session is open and connected (waited for up to
-        request_timeout_s, else RegistryUnavailable). Returns by when their answers are due."""
+        request_timeout_s, else RegistryUnavailable; at once once `wind_down` was called).
+        Returns by when their answers are due."""
         self._check_open()
         deadline = time.monotonic() + self.request_timeout_s
-        if not self._connected.wait(self.request_timeout_s):
-            raise RegistryUnavailable(
-                f"{what}: not connected to ZooKeeper at {self.connect_string} "
-                f"(waited {self.request_timeout_s:g} s)"
-            )
+        while not self._connected.is_set():
+            if self._winding_down.is_set():
+                raise RegistryUnavailable(
+                    f"{what}: not connected to ZooKeeper at {self.connect_string}, and the "
+                    "broker is shutting down"
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RegistryUnavailable(
+                    f"{what}: not connected to ZooKeeper at {self.connect_string} "
+                    f"(waited {self.request_timeout_s:g} s)"
+                )
+            self._connected.wait(min(left, WIND_DOWN_CHECK_S))
         return deadline
+
+    def wind_down(self) -> None:
+        """The broker shuts down: from now on a request made while the session is not
+        connected fails at once instead of waiting request_timeout_s for ZooKeeper (those
+        waiting already, within WIND_DOWN_CHECK_S), so that a broker whose ZooKeeper is gone
+        stops in a second or two. Connected, requests go on as before (leaving the registry
+        cleanly)."""
+        self._winding_down.set()
 
     def _no_answer(self, what: str) -> RegistryUnavailable:
         return RegistryUnavailable(

@@ -31,6 +31,7 @@ from broker.registry import Registry
 from broker.supervisor import ZOOKEEPER_BACKOFF, ZOOKEEPER_START_ATTEMPTS
 from broker.zookeeper import PrivateZooKeeper, free_port
 from tests.conftest import single_box_flags, wait_until
+from tests.pipes import PipeLines
 from tests.proxies import FreezableProxy
 from tests.pylogd import RunningBroker
 
@@ -491,6 +492,25 @@ def test_pylogd_runs_its_private_zookeeper_and_survives_its_crash(
     assert not running(restarted)  # stopped before pylogd exited
 
 
+def test_a_broker_whose_zookeeper_is_gone_stops_in_a_second_or_two(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    """SIGTERM with ZooKeeper gone (issue 53, item 9): the registry calls of the shutdown do
+    not wait for a connection that will not come (they waited 5 s each: 10 s in all)."""
+    with PrivateZooKeeper(tmp_path / "zk", tick_time_ms=100) as zookeeper:
+        zookeeper.start()
+        broker = make_pylogd(zookeeper=zookeeper.connect_string)
+        zookeeper.stop()
+        wait_until(
+            lambda: "lost its ZooKeeper connection" in broker.log_path.read_text(),
+            30,
+            "the broker to lose its ZooKeeper connection",
+        )
+        started = time.monotonic()
+        assert broker.stop(timeout=60) == 0
+        assert time.monotonic() - started < 4.5, broker.log_tail()
+
+
 def test_zookeeper_outage_keeps_partitions_served_and_the_broker_registers_again(
     make_pylogd: Callable[..., RunningBroker],
     tmp_path: Path,
@@ -626,6 +646,41 @@ def test_a_request_waiting_for_zookeeper_is_told_the_broker_shuts_down(
 
 
 # -- processes: nothing outlives pylogd, a port in use is one clear error --------------------
+
+
+TEST_PROCESS = """
+import sys, time
+from pathlib import Path
+from tests.pylogd import RunningBroker
+broker = RunningBroker(Path(sys.argv[1]), sys.argv[2], sys.argv[3]).start()
+print(broker.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_test_process_killed_leaves_no_broker_running(
+    zookeeper: PrivateZooKeeper, registry_chroot: str, tmp_path: Path
+) -> None:
+    """A test's process killed (pytest interrupted past its teardown, a worker killed) takes
+    its brokers with it (issue 53, item 9: two brokers outlived an interrupted run)."""
+    arguments = [str(tmp_path / "broker"), zookeeper.connect_string, registry_chroot]
+    test = subprocess.Popen(
+        [sys.executable, "-c", TEST_PROCESS, *arguments],
+        cwd=Path(__file__).parents[2],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert test.stdout is not None
+        pid = int(PipeLines(test.stdout).next_line(time.monotonic() + 60) or "0")
+        assert pid and running(pid)
+        test.kill()
+        test.wait(10)
+        wait_until(lambda: not running(pid), 30, "the broker to go with its test's process")
+    finally:
+        test.kill()
+        test.wait(10)
+        kill_left_behind(tmp_path)
 
 
 def held_port(port: int = 0) -> socket.socket:
