@@ -127,6 +127,23 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "broker",
+        "retention_guard_interval_ms",
+        int,
+        30_000,
+        "How often the broker forecasts, for each consumer group it coordinates, when retention "
+        "deletes what the group has not read yet (the pylog_group_retention_seconds gauge; "
+        'docs/storage.md, "Retention"); 0 switches it off.',
+    ),
+    Setting(
+        "broker",
+        "retention_warning_ms",
+        int,
+        3_600_000,
+        "A group whose unread messages retention deletes within this long is warned of in the "
+        "log of the broker that coordinates it; 0 switches the warning off.",
+    ),
+    Setting(
+        "broker",
         "shutdown_timeout_ms",
         int,
         30_000,
@@ -444,6 +461,8 @@ class SettingTypes:
     broker_replica_fetch_max_bytes: int
     broker_replica_fetch_wait_ms: int
     broker_leader_rebalance_interval_ms: int
+    broker_retention_guard_interval_ms: int
+    broker_retention_warning_ms: int
     broker_shutdown_timeout_ms: int
     broker_log_format: str
     broker_log_level: str

@@ -35,6 +35,10 @@ counters, `_bytes`):
   their members; pylog_group_registry_writes_total, the coordinator's ZooKeeper transactions
   that landed, and pylog_group_registry_operations_total, the node operations in them (what a
   rebalance costs ZooKeeper);
+- the retention guard (broker.groups.guard), per partition of each group this broker
+  coordinates {group, topic, partition}: pylog_group_retention_seconds, how long before
+  retention deletes the next message the group reads (0: deleted already; absent where nothing
+  will as things stand), and pylog_group_retention_bytes, what may still be appended first;
 - pylog_worker_up{worker}: 1 while the worker is connected, 0 while it restarts;
 - pylog_worker_restarts_total;
 - pylog_partitions: the partitions this broker holds;
@@ -65,7 +69,7 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING
@@ -80,6 +84,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from broker.front import FrontStatistics, SecurityStatistics
+from broker.groups.guard import Guarded, Reader
 from broker.groups.service import GroupStatistics
 from broker.pool import PoolStatistics, WorkerStatistics
 from broker.processes import port_holder
@@ -103,6 +108,8 @@ class BrokerStatistics:
     pool: PoolStatistics
     topics: TopicsStatistics
     zookeeper_connected: bool
+    retention: Mapping[Reader, Guarded]
+    """The retention guard's last forecasts (broker.groups.guard)."""
 
 
 class BrokerCollector(Collector):
@@ -158,6 +165,7 @@ class BrokerCollector(Collector):
         )
         yield from _quota_metrics(front.quotas)
         yield from _group_metrics(front.groups)
+        yield from _retention_metrics(s.retention)
         if front.security is not None:  # security.mode curve
             yield from _security_metrics(front.security)
         up = GaugeMetricFamily(
@@ -210,6 +218,29 @@ def _group_metrics(groups: GroupStatistics) -> Iterator[Metric]:
         "Node operations (create, set, delete) in the group coordinator's transactions.",
         groups.registry_operations,
     )
+
+
+def _retention_metrics(forecasts: Mapping[Reader, Guarded]) -> Iterator[Metric]:
+    labels = ["group", "topic", "partition"]
+    seconds = GaugeMetricFamily(
+        "pylog_group_retention_seconds",
+        "Seconds before retention deletes the next message a group this broker coordinates "
+        "reads (0: deleted already); absent where nothing will as things stand.",
+        labels=labels,
+    )
+    appended = GaugeMetricFamily(
+        "pylog_group_retention_bytes",
+        "Bytes that may still be appended to the partition before then, where known.",
+        labels=labels,
+    )
+    for (group, topic, partition), guarded in sorted(forecasts.items()):
+        names = [group, topic, str(partition)]
+        if guarded.forecast.seconds is not None:
+            seconds.add_metric(names, guarded.forecast.seconds)
+        if guarded.forecast.bytes is not None:
+            appended.add_metric(names, guarded.forecast.bytes)
+    yield seconds
+    yield appended
 
 
 def _security_metrics(security: SecurityStatistics) -> Iterator[Metric]:

@@ -54,6 +54,7 @@ from broker.backoff import Backoff
 from broker.config import BrokerConfig, with_live
 from broker.errors import PylogError, ZooKeeperStartError
 from broker.front import Front
+from broker.groups.guard import RetentionGuard
 from broker.groups.service import Coordinator
 from broker.log.fsdir import make_directory
 from broker.logs import set_log_level
@@ -132,6 +133,8 @@ class Supervisor:
         self.zap: ZapHandler | None = None
         self.broker_keys: BrokerKeys | None = None
         """This broker's keys among brokers (curve mode)."""
+        self.guard: RetentionGuard | None = None
+        """The retention guard, once serving (broker.groups.guard)."""
         self.authorizer: Authorizer | None = None
         self._principals_check_at = 0.0
 
@@ -146,6 +149,7 @@ class Supervisor:
             self.pool.statistics(),
             self.topics.statistics(),
             registry is not None and registry.connected,
+            {} if self.guard is None else self.guard.forecasts(),
         )
 
     def start(self) -> None:
@@ -212,8 +216,26 @@ class Supervisor:
             len(self.pool.workers),
             len(self.log_dirs),
         )
+        self._guard_retention(host)
         print(f"pylogd ready on {host}:{self.front.port}", flush=True)
         sd_notify(f"READY=1\nSTATUS=serving on {host}:{self.front.port}")
+
+    def _guard_retention(self, host: str) -> None:
+        """Start the retention guard (broker.groups.guard), a client of this broker's front:
+        at its address, or loopback's where it binds every address."""
+        assert self.registry is not None
+        config = self.config
+        reach = "127.0.0.1" if ipaddress.ip_address(host).is_unspecified else host
+        keys = None if self.broker_keys is None else self.broker_keys.to_leader(None)
+        self.guard = RetentionGuard(
+            config.broker_id,
+            self.registry,
+            f"tcp://{reach}:{self.front.port}",
+            config.broker_retention_guard_interval_ms / 1000,
+            config.broker_retention_warning_ms / 1000,
+            keys,
+        )
+        self.guard.start()
 
     def _registry_auth(self, connect: str) -> ZooKeeperAuth | None:
         """The brokers' ZooKeeper identity (docs/security.md, step 2): zookeeper.
@@ -414,6 +436,8 @@ class Supervisor:
             if self._signal_received is not None and not self.front.stopping:
                 log.info("%s: shutting down", signal.Signals(self._signal_received).name)
                 sd_notify("STOPPING=1")
+                if self.guard is not None:  # before the front refuses the guard's requests
+                    self.guard.stop()
                 self.front.stopping = True
                 self.pool.terminate()
                 deadline = time.monotonic() + self.config.broker_shutdown_timeout_ms / 1000
@@ -497,6 +521,9 @@ class Supervisor:
         self.pool.stop(self.config.broker_shutdown_timeout_ms / 1000)
         if self.metrics is not None:
             self.metrics.shutdown()
+        if self.guard is not None:
+            self.guard.stop()
+            self.guard.join()
         self.calls.shutdown()
         self.groups.close()
         self.topics.roles.leases.shutdown()

@@ -6,7 +6,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker.client.retention import RetentionForecast
 from broker.front import FrontStatistics, SecurityStatistics
+from broker.groups.guard import Guarded
 from broker.groups.service import GroupStatistics
 from broker.metrics import BrokerCollector, BrokerStatistics
 from broker.pool import PoolStatistics, WorkerStatistics
@@ -38,7 +40,11 @@ def record(security: SecurityStatistics | None) -> BrokerStatistics:
     front = FrontStatistics(11, 2, 8192, 1, 3, 4, QuotaStatistics((client,), 5), security, groups)
     workers = (WorkerStatistics(0, True, snapshot), WorkerStatistics(1, False, None))
     pool = PoolStatistics(300, 6, workers, (("PRODUCE", "UNKNOWN_TOPIC_OR_PARTITION", 7),))
-    return BrokerStatistics(3, front, pool, TopicsStatistics(9, 1, 2, 1), True)
+    retention = {
+        ("loaders", "clicks", 1): Guarded(500, RetentionForecast(42.5, 4250, "retention_ms")),
+        ("idle", "clicks", 1): Guarded(0, RetentionForecast(None, None, "none")),
+    }
+    return BrokerStatistics(3, front, pool, TopicsStatistics(9, 1, 2, 1), True, retention)
 
 
 def test_every_part_of_the_record_is_a_family() -> None:
@@ -64,6 +70,14 @@ def test_every_part_of_the_record_is_a_family() -> None:
         ("pylog_group_members", ()): 7,
         ("pylog_group_registry_writes_total", ()): 40,
         ("pylog_group_registry_operations_total", ()): 913,
+        (
+            "pylog_group_retention_seconds",
+            (("group", "loaders"), ("partition", "1"), ("topic", "clicks")),
+        ): 42.5,
+        (
+            "pylog_group_retention_bytes",
+            (("group", "loaders"), ("partition", "1"), ("topic", "clicks")),
+        ): 4250,
         ("pylog_requests_total", (("api", "PRODUCE"), ("worker", "0"))): 1,
         (
             "pylog_request_errors_total",

@@ -243,6 +243,7 @@ def test_topic_describe_shows_every_setting_and_each_partitions_state_on_its_hol
         "high_watermark": 62,
         "log_end_offset": 62,
         "size_bytes": 62,
+        "deleted_bytes_on_disk": 0,
         "segments": 1,
         "oldest_timestamp": 1_700_000_000_000,
         "settings_in_effect": DEFAULTS | {"retention_ms": "86400000"},

@@ -12,14 +12,18 @@ from pathlib import Path
 import pytest
 
 from broker.client import Admin, Producer
+from broker.client.coordinator import GroupCalls
 from broker.client.retention import RetentionForecast, forecast
+from broker.groups.assignors import TopicPartition
 from broker.protocol import (
     DESCRIBE_PARTITION_RETENTION_VERSION,
     DescribePartitionReply,
     DescribePartitionRequest,
+    ErrorCode,
     SegmentState,
 )
-from tests.conftest import single_box_flags
+from tests.conftest import single_box_flags, wait_until
+from tests.dashboard import RETENTION_ONLY, alerted_metrics, queried_metrics
 from tests.pylogd import RunningBroker
 
 RETENTION_MS = 6000
@@ -131,3 +135,56 @@ def test_a_version_1_reply_has_no_forecast() -> None:
     state = reply([(0, 10, NOW)], retention_ms="1000")
     old = DescribePartitionReply(0, 10, 10, 10, 1, -1, state.config)
     assert forecast(old, 0, NOW) is None
+
+
+def test_the_broker_warns_of_a_group_behind_a_short_retention_and_its_gauge_forecasts_it(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path, topic: str
+) -> None:
+    """The broker that coordinates a group whose reader stopped at the first message
+    (committed offset 0, no member) forecasts when retention deletes it, in its gauge within a
+    fifth of when it goes, and warns of it in its log (broker.groups.guard)."""
+    broker = make_pylogd(
+        *single_box_flags(tmp_path),
+        "--log-retention-check-interval-ms",
+        "200",
+        "--broker-retention-guard-interval-ms",
+        "200",
+        "--broker-retention-warning-ms",
+        "60000",
+        "--metrics-enabled",
+        "true",
+        "--metrics-port",
+        "0",
+        name="guarded",
+    )
+    config = {"segment_bytes": "1024", "max_message_bytes": "512"}
+    labels = (("group", "stopped"), ("partition", "0"), ("topic", topic))
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, 1, {**config, "retention_ms": str(RETENTION_MS)})
+        with Producer(broker.endpoint, topic, batch_messages=5) as producer:
+            for n in range(30):  # about 3.6 KiB: three closed segments and the active one
+                producer.send(b"%03d" % n + b"." * 100)
+        with GroupCalls(broker.endpoint, "stopped") as calls:
+            assert calls.commit({TopicPartition(topic, 0): 0}) == {
+                TopicPartition(topic, 0): ErrorCode.NONE
+            }
+        gauge = ("pylog_group_retention_seconds", labels)
+        wait_until(lambda: gauge in broker.metrics(), 30, "the guard's first forecast")
+        asked_at = time.time()
+        forecast_s = broker.metrics()[gauge]
+        assert 0 < forecast_s <= RETENTION_MS / 1000
+        deadline = asked_at + RETENTION_MS / 1000 + 30
+        while admin.describe_partition(topic, 0).log_start_offset == 0:
+            assert time.time() < deadline, "retention never deleted the first segment"
+            time.sleep(0.05)
+        gone_after = time.time() - asked_at
+        assert abs(gone_after - forecast_s) <= 0.2 * gone_after, (gone_after, forecast_s)
+    wait_until(lambda: broker.metrics().get(gauge) == 0, 30, "the gauge to say it is gone")
+    served = {name for name, _ in broker.metrics()}
+    assert served >= RETENTION_ONLY and alerted_metrics() <= served  # the dashboard's, the alert's
+    assert queried_metrics() >= RETENTION_ONLY
+    deleted = f"group stopped: {topic}-0 at offset 0: retention has deleted messages"
+    wait_until(lambda: deleted in broker.log_path.read_text(), 30, "the warning it is gone")
+    logged = broker.log_path.read_text()
+    assert f"group stopped: {topic}-0 at offset 0: retention deletes the next message" in logged
+    assert "raise the topic's retention_ms / retention_bytes (pylogctl topic alter)" in logged
