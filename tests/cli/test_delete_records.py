@@ -82,8 +82,8 @@ def test_records_before_a_time_or_an_offset_are_gone_on_every_replica_for_good(
     # The deleted bytes stay on disk until their segment goes: describe says which they are.
     lines = ok(endpoint, "topic", "describe", TOPIC).splitlines()
     on_disk = 2 * first_new[0]
-    deleted = f"size_bytes {on_disk} ({first_new[0]} deleted, on disk until their segment goes)"
-    assert deleted in lines[-2], lines
+    kept = f"size_bytes {on_disk} ({first_new[0]} deleted, on disk until their segment goes)"
+    assert kept in lines[-2], lines
     described = json.loads(ok(endpoint, "topic", "describe", TOPIC, "--json"))
     state = described["partitions"][0]
     assert (state["size_bytes"], state["deleted_bytes_on_disk"]) == (on_disk, first_new[0])
