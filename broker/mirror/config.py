@@ -82,6 +82,13 @@ class MirrorSettings:
     """How often the source's topics are listed again, for new topics and new partitions."""
     progress_interval_s: float = 60.0
     """How often a line of progress is logged."""
+    retention_check_interval_s: float = 30.0
+    """How often each copy asks its source partition's leader when retention deletes the next
+    message to copy (broker.client.retention: the pylog_mirror_retention_seconds gauge, the
+    RETENTION_S of `pylogctl mirror describe`)."""
+    retention_warning_s: float = 3600.0
+    """A copy whose next message retention deletes within this long is warned of in the log
+    (0: no warning)."""
     metrics_port: int | None = None
     """The port of its Prometheus endpoint on 127.0.0.1 (`metrics_host` to change); none:
     no endpoint."""
@@ -100,9 +107,12 @@ class MirrorSettings:
             "session_timeout_s",
             "discover_interval_s",
             "progress_interval_s",
+            "retention_check_interval_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be above 0")
+        if self.retention_warning_s < 0:
+            raise ValueError("retention_warning_s: must be 0 (no warning) or above")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port: {self.metrics_port} is not a port")
 
@@ -181,6 +191,8 @@ _TYPES: Final[Mapping[str, type | tuple[type, ...]]] = {
     "session_timeout_s": (int, float),
     "discover_interval_s": (int, float),
     "progress_interval_s": (int, float),
+    "retention_check_interval_s": (int, float),
+    "retention_warning_s": (int, float),
     "metrics_port": int,
     "metrics_host": str,
 }

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from broker.aio.connection import AsyncCluster
 from broker.backoff import Backoff
 from broker.client.connection import retriable
+from broker.client.retention import RetentionForecast
 from broker.errors import (
     BrokerError,
     BrokerOffsetOutOfRange,
@@ -79,6 +80,9 @@ class CopyProgress:
     """The timestamp of the first message fetched and not yet copied (None: caught up)."""
     stopped: str | None = None
     """Why the copy stopped (Diverged, or an error no retry mends), or None while it runs."""
+    retention: RetentionForecast | None = None
+    """When retention at the source deletes the next message to copy, as last asked (None:
+    not asked yet, or the source's leader could not say: Mirror._watch_retention)."""
 
     @property
     def name(self) -> str:

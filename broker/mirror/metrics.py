@@ -34,6 +34,12 @@ class MirrorCollector(Collector):
             "The age of the oldest message not copied yet (0: caught up).",
             labels=labels,
         )
+        retention = GaugeMetricFamily(
+            "pylog_mirror_retention_seconds",
+            "Seconds before retention at the source deletes the next message to copy (0: "
+            "deleted already); absent where nothing will as things stand, or not known yet.",
+            labels=labels,
+        )
         stopped = GaugeMetricFamily(
             "pylog_mirror_stopped",
             "1 for a partition whose copy stopped (its log says why), else 0.",
@@ -48,7 +54,10 @@ class MirrorCollector(Collector):
                 lag_bytes.add_metric(key, progress.lag_bytes)
             lag_seconds.add_metric(key, progress.lag_seconds(now_ms))
             stopped.add_metric(key, int(progress.stopped is not None))
-        yield from (copied_bytes, copied, lag_bytes, lag_seconds, stopped)
+            ahead = progress.retention
+            if ahead is not None and ahead.seconds is not None:
+                retention.add_metric(key, ahead.seconds)
+        yield from (copied_bytes, copied, lag_bytes, lag_seconds, retention, stopped)
         refused = GaugeMetricFamily(
             "pylog_mirror_topics_refused",
             "Topics named that the target cannot mirror (the log says why).",

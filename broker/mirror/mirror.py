@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from broker.aio.connection import AsyncCluster
 from broker.client.admin import Admin
 from broker.client.group import default_consumer_id
+from broker.client.retention import RetentionForecast, forecast
 from broker.config import REPLICA_SETTINGS, TOPIC_SETTINGS
 from broker.errors import (
     PylogError,
@@ -34,11 +35,15 @@ from broker.errors import (
 from broker.mirror.config import FORCED_SETTINGS, ClusterAddress, MirrorConfig
 from broker.mirror.copy import CopyProgress, PartitionCopy
 from broker.mirror.group import MirrorGroup
+from broker.protocol import DESCRIBE_PARTITION_RETENTION_VERSION, DescribePartitionRequest
+from broker.ratelog import RateLimitedLog
 from broker.registry import Registry
 
 log = logging.getLogger(__name__)
 
 TICK_S = 0.5
+RETENTION_WARN_EVERY_S = 600.0
+"""How often one copy is warned of again while its retention forecast stays short."""
 """How often the group's state is looked at between listings (a lost ZooKeeper connection
 stops the copies within it: kazoo notices the loss two thirds into the session timeout,
 before the session can expire and another member claim the partitions)."""
@@ -82,6 +87,7 @@ class Mirror:
         """Copies stopped while ZooKeeper was not reachable: started again once it is."""
         self._retired = (0, 0)
         """(messages, bytes) copied by the copies stopped here (handed to other members)."""
+        self._retention_log = RateLimitedLog(log, RETENTION_WARN_EVERY_S)
         self._source_admin = self._admin(config.source)
         self._target_admin = self._admin(config.target)
         self.source = self._cluster(config.source)
@@ -107,6 +113,7 @@ class Mirror:
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._log_progress())
+                tasks.create_task(self._watch_retention())
                 next_listing = loop.time()
                 while True:
                     due = self._changed.is_set()  # a member came or went
@@ -327,6 +334,50 @@ class Mirror:
             now = self.totals()
             log.info("%s", progress_line(progress, now, before, interval_s, self.refused))
             before = now
+
+    async def _watch_retention(self) -> None:
+        """Every retention_check_interval_s, each copy's forecast (broker.client.retention,
+        from its source leader's DESCRIBE_PARTITION version 2), for the metrics; a copy whose
+        next message retention deletes within retention_warning_s is warned of, at most once
+        every RETENTION_WARN_EVERY_S for each (again sooner once deleted): its target is
+        down, or the mirror is too slow, and what it has not copied will be lost."""
+        settings = self.config.mirror
+        while True:
+            await asyncio.sleep(settings.retention_check_interval_s)
+            for copy in list(self.copies.values()):
+                progress = copy.progress
+                if progress.position is None or progress.stopped is not None:
+                    continue
+                request = DescribePartitionRequest(copy.topic, copy.partition)
+                version = DESCRIBE_PARTITION_RETENTION_VERSION
+                try:
+                    state = await self.source.call_leader(request, 0, version)
+                except PylogError as error:
+                    log.debug("%s: no retention forecast: %s", progress.name, error)
+                    progress.retention = None
+                    continue
+                ahead = forecast(state, progress.position, time.time() * 1000)
+                progress.retention = ahead
+                if ahead is None or ahead.seconds is None or not settings.retention_warning_s:
+                    continue
+                if ahead.seconds < settings.retention_warning_s:
+                    self._warn_retention(progress, ahead)
+
+    def _warn_retention(self, progress: CopyProgress, ahead: RetentionForecast) -> None:
+        where = f"{progress.name} at source offset {progress.position}"
+        if ahead.rule == "deleted":
+            what = "retention at the source has deleted messages not copied yet"
+        else:
+            what = (
+                f"retention at the source deletes the next message to copy in "
+                f"{ahead.seconds:.0f} s ({ahead.rule}), under retention_warning_s"
+            )
+        self._retention_log.log(
+            logging.WARNING,
+            f"{progress.name} {ahead.rule}",
+            f"{where}: {what}: is the target up? (pylogctl mirror describe); raise the source "
+            "topic's retention_ms / retention_bytes (pylogctl topic alter) to gain time",
+        )
 
     def totals(self) -> tuple[int, int]:
         """(messages, bytes) this process has copied, its copies handed to others included."""

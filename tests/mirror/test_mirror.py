@@ -284,3 +284,48 @@ def test_a_target_topic_that_cannot_hold_the_source_offsets_is_refused_with_the_
     assert mirror.metrics()["pylog_mirror_topics_refused", ()] == 2
     assert log_range(target.endpoint, "zipped", 0) == (0, 0)
     assert mirror.stop() == 0
+
+
+def test_a_copy_whose_source_retention_outruns_it_is_warned_of_and_forecast(
+    make_pylogd: Callable[..., RunningBroker],
+    make_mirror: Callable[..., MirrorProcess],
+    tmp_path: Path,
+) -> None:
+    """The target down, a copy stands still while the source's short retention goes on: the
+    mirror forecasts when the next message to copy goes (pylog_mirror_retention_seconds) and
+    warns of it in its log, then that it is gone (issue 51)."""
+    source = make_pylogd(
+        *single_box_flags(tmp_path / "source"),
+        "--log-retention-check-interval-ms",
+        "200",
+        name="source",
+        zookeeper="",
+    )
+    # the target's registry (the mirror's group) stays up while the target broker is down
+    target = make_pylogd(*single_box_flags(tmp_path / "target"), name="target")
+    config = {"segment_bytes": "4096", "max_message_bytes": "512", "retention_ms": "6000"}
+    with Admin(source.endpoint) as admin:
+        admin.create_topic("aging", 1, config)
+    produce(source.endpoint, "aging", 10, partitions=1)
+    extra = "metrics_port = 0\nretention_check_interval_s = 0.2\nretention_warning_s = 60\n"
+    mirror = make_mirror(mirror_config(source.endpoint, target.endpoint, ["aging"], extra))
+    copied = log_range(source.endpoint, "aging", 0)[1]
+
+    def all_copied() -> bool:
+        try:
+            return log_range(target.endpoint, "aging", 0)[1] == copied
+        except BrokerError:  # the mirror has not made the target's topic yet
+            return False
+
+    wait_until(all_copied, 30, "the copy")
+    target.stop()
+    produce(source.endpoint, "aging", 400, partitions=1, round_=1)  # rolls past what was copied
+    gauge = ("pylog_mirror_retention_seconds", (("partition", "0"), ("topic", "aging")))
+    wait_until(lambda: 0 < mirror.metrics().get(gauge, 0) <= 6, 30, "the forecast")
+    coming = f"aging-0 at source offset {copied}: retention at the source deletes the next"
+    gone = f"aging-0 at source offset {copied}: retention at the source has deleted messages"
+    wait_until(lambda: coming in mirror.log(), 30, "the warning")
+    wait_until(lambda: gone in mirror.log(), 30, "the warning that they are gone")
+    assert "is the target up? (pylogctl mirror describe)" in mirror.log()
+    assert mirror.metrics()[gauge] == 0
+    assert mirror.stop() == 0
