@@ -539,6 +539,47 @@ def test_zookeeper_outage_keeps_partitions_served_and_the_broker_registers_again
         assert broker.stop() == 0
 
 
+@contextlib.contextmanager
+def creation_waiting_for_zookeeper(
+    broker: RunningBroker, proxy: FreezableProxy
+) -> Iterator[list[str]]:
+    """`broker`'s ZooKeeper connection (through `proxy`) frozen until the broker has lost it,
+    then a CREATE_TOPIC of 'blip' sent from a thread: yields its outcome's list (empty, then
+    the error code's name, an error's text, or "created") once the creation waits for
+    ZooKeeper; at the block's end the proxy thaws and the thread is waited for."""
+    proxy.freeze()
+    wait_until(
+        lambda: "lost its ZooKeeper connection" in broker.log_path.read_text(),
+        10,
+        "the broker to lose its ZooKeeper connection",
+    )
+    outcomes: list[str] = []
+
+    def create() -> None:
+        with contextlib.closing(RawClient(broker.endpoint, timeout_s=60)) as client:
+            try:
+                client.create("blip", 1)
+            except BrokerError as error:
+                outcomes.append(error.name)
+            except Unavailable as error:
+                outcomes.append(str(error))
+            else:
+                outcomes.append("created")
+
+    creating = threading.Thread(target=create)
+    creating.start()
+    try:
+        wait_until(
+            lambda: outcomes or "create topic 'blip' waits" in broker.log_path.read_text(),
+            10,
+            "the creation to wait for ZooKeeper",
+        )
+        yield outcomes
+    finally:
+        proxy.thaw()
+        creating.join(60)
+
+
 def test_a_topic_request_waits_for_a_dropped_zookeeper_connection_to_come_back(
     make_pylogd: Callable[..., RunningBroker], zookeeper: PrivateZooKeeper
 ) -> None:
@@ -548,34 +589,8 @@ def test_a_topic_request_waits_for_a_dropped_zookeeper_connection_to_come_back(
     proxy = FreezableProxy(("127.0.0.1", zookeeper.port))
     try:
         broker = make_pylogd(zookeeper=f"127.0.0.1:{proxy.port}")
-        proxy.freeze()
-        wait_until(
-            lambda: "lost its ZooKeeper connection" in broker.log_path.read_text(),
-            10,
-            "the broker to lose its ZooKeeper connection",
-        )
-        outcomes: list[str] = []
-
-        def create() -> None:
-            with contextlib.closing(RawClient(broker.endpoint)) as client:
-                try:
-                    client.create("blip", 1)
-                except (BrokerError, Unavailable) as error:
-                    outcomes.append(str(error))
-                else:
-                    outcomes.append("created")
-
-        creating = threading.Thread(target=create)
-        creating.start()
-        try:
-            wait_until(
-                lambda: outcomes or "create topic 'blip' waits" in broker.log_path.read_text(),
-                10,
-                "the creation to wait for ZooKeeper",
-            )
-            proxy.thaw()
-        finally:
-            creating.join(15)
+        with creation_waiting_for_zookeeper(broker, proxy) as outcomes:
+            pass  # ZooKeeper comes back as the block ends
         assert outcomes == ["created"]
         assert broker.stop() == 0  # while ZooKeeper is reachable: it leaves the registry
     finally:
@@ -586,11 +601,12 @@ def test_a_request_waiting_for_zookeeper_is_told_the_broker_shuts_down(
     make_pylogd: Callable[..., RunningBroker], zookeeper: PrivateZooKeeper
 ) -> None:
     """A request that waits for ZooKeeper when the broker stops is answered
-    BROKER_SHUTTING_DOWN, not left to its client's timeout (issue 53, item 4)."""
+    BROKER_SHUTTING_DOWN, not left to its client's timeout (issue 53, item 4); the requests
+    answered before are not answered again."""
     proxy = FreezableProxy(("127.0.0.1", zookeeper.port))
     try:
         broker = make_pylogd(zookeeper=f"127.0.0.1:{proxy.port}")
-        answered = Connection(broker.endpoint)  # requests answered before: not answered again
+        answered = Connection(broker.endpoint)
         for name in ("made", "bad name!"):
             answered.send_pipelined(protocol.CreateTopicRequest(name, 1, {}))
         answered.send_pipelined(protocol.DescribeGroupRequest("bad group!"))  # refused at once
@@ -603,39 +619,10 @@ def test_a_request_waiting_for_zookeeper_is_told_the_broker_shuts_down(
             except BrokerError as error:
                 said.append(error.name)
         assert sorted(said) == ["INVALID_GROUP", "INVALID_TOPIC", "created"]
-        proxy.freeze()
-        wait_until(
-            lambda: "lost its ZooKeeper connection" in broker.log_path.read_text(),
-            10,
-            "the broker to lose its ZooKeeper connection",
-        )
-        outcomes: list[str] = []
-
-        def create() -> None:
-            with contextlib.closing(RawClient(broker.endpoint, timeout_s=60)) as client:
-                try:
-                    client.create("blip", 1)
-                except BrokerError as error:
-                    outcomes.append(error.name)
-                except Unavailable as error:
-                    outcomes.append(str(error))
-                else:
-                    outcomes.append("created")
-
-        creating = threading.Thread(target=create)
-        creating.start()
-        try:
-            wait_until(
-                lambda: outcomes or "create topic 'blip' waits" in broker.log_path.read_text(),
-                10,
-                "the creation to wait for ZooKeeper",
-            )
+        with creation_waiting_for_zookeeper(broker, proxy) as outcomes:
             assert broker.process is not None
             broker.process.send_signal(signal.SIGTERM)
-            creating.join(30)
-        finally:
-            proxy.thaw()
-            creating.join(60)
+            wait_until(lambda: outcomes, 30, "the creation's answer")
         assert outcomes == ["BROKER_SHUTTING_DOWN"]
         assert broker.stop() == 0
         with pytest.raises(Unavailable):  # no second reply to either request answered before
