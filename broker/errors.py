@@ -494,9 +494,10 @@ class RepliesNotRead(Unavailable):
 class ConnectionRefused(Unavailable):
     """Client side: a connection to the broker at `endpoint` was refused (nothing listens
     there: the broker is down, or the address names another port), known at once from the
-    socket's monitor rather than after the request's timeout. Retriable: a broker restarting
-    refuses for a moment, so a call tries again within its time budget (Retry), and a cluster
-    asks its next broker at once."""
+    socket's monitor rather than after the request's timeout. Retriable, as elsewhere: a
+    client given several brokers asks the next at once, and a call to a partition's leader
+    tries again within its time (a leader that died refuses until the controller names
+    another); one connection's `call` raises it at once, nothing being there to wait for."""
 
     def __init__(self, endpoint: str) -> None:
         super().__init__(

@@ -349,33 +349,24 @@ class AsyncCluster(BrokerMap):
         return await self.connection(leader)
 
     @overload
-    async def call_leader(
-        self, request: FetchRequest, retries: int, version: int | None = ...
-    ) -> FetchReply: ...
+    async def call_leader(self, request: FetchRequest, retries: int) -> FetchReply: ...
+    @overload
+    async def call_leader(self, request: OffsetsRequest, retries: int) -> OffsetsReply: ...
     @overload
     async def call_leader(
-        self, request: OffsetsRequest, retries: int, version: int | None = ...
-    ) -> OffsetsReply: ...
-    @overload
-    async def call_leader(
-        self, request: DescribePartitionRequest, retries: int, version: int | None = ...
+        self, request: DescribePartitionRequest, retries: int
     ) -> DescribePartitionReply: ...
-    async def call_leader(
-        self, request: PartitionRequest, retries: int, version: int | None = None
-    ) -> Reply:
-        """`request` (at api_version `version`, default protocol.request_version's) sent to
-        its partition's leader, following leadership as broker.client.Cluster.call_leader
-        does."""
+    async def call_leader(self, request: PartitionRequest, retries: int) -> Reply:
+        """`request` sent to its partition's leader, following leadership as
+        broker.client.Cluster.call_leader does."""
         retry = Retry(retries, 3 * self.timeout_s, refusals_within_time=True)
-        if version is None:
-            version = request_version(request.api)
         while True:
             endpoint = None
             try:
                 connection = await self.leader_connection(request.topic, request.partition)
                 endpoint = connection.endpoint
-                frames = await connection.exchange(request, version)
-                return noted(decode_reply(request.api, frames, version))
+                frames = await connection.exchange(request)
+                return noted(decode_reply(request.api, frames, request_version(request.api)))
             except (BrokerError, Unavailable) as error:
                 wait_s = retry.wait_after(error)
                 self.learn_from(request.topic, request.partition, error, endpoint)

@@ -42,8 +42,8 @@ log = logging.getLogger("pylog.retention")
 WARN_EVERY_S = 600.0
 """How often one partition of a group is warned of again while its forecast stays short."""
 RETRIES = 0
-"""A leader's DESCRIBE_PARTITION is not tried again (but for a leader that refuses the
-connection, within the call's time: Cluster.call_leader): the next round asks again."""
+"""A leader's DESCRIBE_PARTITION is not tried again, a leader down not waited for: the next
+round asks again, of the leader then known (Cluster.learn_from)."""
 TIMEOUT_S = 5.0
 """How long the guard waits for a broker's reply."""
 
@@ -111,7 +111,7 @@ class RetentionGuard:
             while not self._stop.wait(self.interval_s):
                 try:
                     self._forecasts = self.round(cluster, time.time() * 1000)
-                except PylogError as error:
+                except (PylogError, ValueError) as error:  # ValueError: a node unreadable
                     self._failures.log(
                         logging.WARNING, "round", f"retention guard: no forecast now: {error}"
                     )
@@ -134,10 +134,14 @@ class RetentionGuard:
                 break
             request = DescribePartitionRequest(topic, number)
             version = DESCRIBE_PARTITION_RETENTION_VERSION
+            endpoint = None
             try:
-                state = cluster.call_leader(request, RETRIES, version=version)
+                connection = cluster.leader_connection(topic, number)
+                endpoint = connection.endpoint
+                state = connection.call(request, RETRIES, version=version)
             except (BrokerError, Unavailable) as error:
                 log.debug("retention guard: %s-%d not described: %s", topic, number, error)
+                cluster.learn_from(topic, number, error, endpoint)
                 continue
             for group, offset in readers.items():
                 ahead = forecast(state, offset, now_ms)

@@ -35,7 +35,12 @@ from broker.errors import (
 from broker.mirror.config import FORCED_SETTINGS, ClusterAddress, MirrorConfig
 from broker.mirror.copy import CopyProgress, PartitionCopy
 from broker.mirror.group import MirrorGroup
-from broker.protocol import DESCRIBE_PARTITION_RETENTION_VERSION, DescribePartitionRequest
+from broker.protocol import (
+    DESCRIBE_PARTITION_RETENTION_VERSION,
+    DescribePartitionReply,
+    DescribePartitionRequest,
+    decode_reply,
+)
 from broker.ratelog import RateLimitedLog
 from broker.registry import Registry
 
@@ -350,12 +355,18 @@ class Mirror:
                     continue
                 request = DescribePartitionRequest(copy.topic, copy.partition)
                 version = DESCRIBE_PARTITION_RETENTION_VERSION
-                try:
-                    state = await self.source.call_leader(request, 0, version)
+                endpoint = None
+                try:  # once, a leader down not waited for: the next check asks again
+                    connection = await self.source.leader_connection(copy.topic, copy.partition)
+                    endpoint = connection.endpoint
+                    frames = await connection.exchange(request, version)
+                    state = decode_reply(request.api, frames, version)
                 except PylogError as error:
                     log.debug("%s: no retention forecast: %s", progress.name, error)
+                    self.source.learn_from(copy.topic, copy.partition, error, endpoint)
                     progress.retention = None
                     continue
+                assert isinstance(state, DescribePartitionReply)
                 ahead = forecast(state, progress.position, time.time() * 1000)
                 progress.retention = ahead
                 if ahead is None or ahead.seconds is None or not settings.retention_warning_s:
