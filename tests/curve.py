@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,10 +131,14 @@ def secret_file(path: Path, text: str) -> Path:
 
 @contextmanager
 def running_curve_broker(
-    zookeeper: PrivateZooKeeper, root: Path, *, zookeeper_acls: bool = False
+    zookeeper: PrivateZooKeeper,
+    root: Path,
+    *,
+    zookeeper_acls: bool = False,
+    flags: Sequence[str] = (),
 ) -> Iterator[CurveBroker]:
-    """A real pylogd under `root` in curve mode, ready for PRINCIPALS (see the module's
-    docstring); stopped on exit, its log's tail printed."""
+    """A real pylogd under `root` in curve mode (and `flags`), ready for PRINCIPALS (see the
+    module's docstring); stopped on exit, its log's tail printed."""
     chroot = f"/test-curve-{os.getpid()}-{time.monotonic_ns()}"
     found = CurveBroker(
         RunningBroker(
@@ -157,6 +161,7 @@ def running_curve_broker(
                 if zookeeper_acls
                 else ("--security-allow-open-registry", "true")
             ),
+            *flags,
         ),
         root,
         zookeeper.connect_string,

@@ -22,7 +22,9 @@ from broker.protocol import (
     ErrorCode,
     SegmentState,
 )
+from broker.zookeeper import PrivateZooKeeper
 from tests.conftest import single_box_flags, wait_until
+from tests.curve import SUPER_USER, running_curve_broker
 from tests.dashboard import RETENTION_ONLY, alerted_metrics, queried_metrics
 from tests.pylogd import RunningBroker
 
@@ -188,3 +190,27 @@ def test_the_broker_warns_of_a_group_behind_a_short_retention_and_its_gauge_fore
     logged = broker.log_path.read_text()
     assert f"group stopped: {topic}-0 at offset 0: retention deletes the next message" in logged
     assert "raise the topic's retention_ms / retention_bytes (pylogctl topic alter)" in logged
+
+
+def test_a_curve_brokers_guard_reaches_the_leaders_with_the_clusters_keys(
+    zookeeper: PrivateZooKeeper, tmp_path: Path, topic: str
+) -> None:
+    """In security.mode curve the guard is a Curve client of the brokers, with the cluster's
+    key pair (let in as the cluster principal, which may describe every topic): its forecast
+    comes as in plaintext."""
+    interval = ("--broker-retention-guard-interval-ms", "200")
+    with running_curve_broker(zookeeper, tmp_path, flags=interval) as secured:
+        keys = secured.keys(SUPER_USER)
+        endpoint = secured.broker.endpoint
+        config = {"segment_bytes": "1024", "max_message_bytes": "512", "retention_ms": "86400000"}
+        with Admin(endpoint, keys=keys) as admin:
+            admin.create_topic(topic, 1, config)
+        with Producer(endpoint, topic, batch_messages=5, keys=keys) as producer:
+            for n in range(30):  # closed segments: the first one's goes a day after its write
+                producer.send(b"%03d" % n + b"." * 100)
+        with GroupCalls(endpoint, "secured-readers", keys=keys) as calls:
+            calls.commit({TopicPartition(topic, 0): 0})
+        labels = (("group", "secured-readers"), ("partition", "0"), ("topic", topic))
+        gauge = ("pylog_group_retention_seconds", labels)
+        wait_until(lambda: gauge in secured.broker.metrics(), 30, "the guard's forecast")
+        assert 0 < secured.broker.metrics()[gauge] <= 86400
