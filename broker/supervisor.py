@@ -222,10 +222,10 @@ class Supervisor:
 
     def _guard_retention(self, host: str) -> None:
         """Start the retention guard (broker.groups.guard), a client of this broker's front:
-        at its address, or loopback's where it binds every address."""
+        at its address (an IP address or a name), or loopback's where it binds every one."""
         assert self.registry is not None
         config = self.config
-        reach = "127.0.0.1" if ipaddress.ip_address(host).is_unspecified else host
+        reach = "127.0.0.1" if _is_wildcard(host) else host
         keys = None if self.broker_keys is None else self.broker_keys.to_leader(None)
         self.guard = RetentionGuard(
             config.broker_id,
@@ -585,6 +585,14 @@ def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
+        return False
+
+
+def _is_wildcard(host: str) -> bool:
+    """Whether `host` (broker.host) binds every address: "*", 0.0.0.0 or ::."""
+    try:
+        return host == "*" or ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:  # a name
         return False
 
 
