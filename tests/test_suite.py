@@ -11,12 +11,13 @@ import threading
 import time
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import zmq
 
 import tests.conftest
-from tests.conftest import process_of_this_run
+from tests.conftest import FakeClock, process_of_this_run
 from tests.pipes import PipeLines
 
 ROOT = Path(__file__).parents[1]
@@ -131,25 +132,14 @@ def test_a_test_that_hangs_fails_with_its_stack_instead_of_hanging_the_run(
     assert "Timeout" in done.stdout and "socket.recv()" in done.stdout, done.stdout
 
 
-class _SlowClock:
-    """time for tests.conftest: monotonic() as a fake clock that each sleep() moves."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 def test_a_wait_without_a_timeout_outlasts_a_busy_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """A condition that comes late because the machine is busy (issue 53, item 10: a broker's
     change took over 10 s beside other work) still passes wait_until's default, which bounds
     only a condition that never comes."""
-    clock = _SlowClock()
-    monkeypatch.setattr(tests.conftest, "time", clock)
-    tests.conftest.wait_until(lambda: clock.now >= 30.0, what="a change that came late")
+    clock = FakeClock()  # its time moved by the waits' sleeps
+    waits = SimpleNamespace(monotonic=clock.monotonic, sleep=clock.advance)
+    monkeypatch.setattr(tests.conftest, "time", waits)
+    started = clock.monotonic()
+    tests.conftest.wait_until(lambda: clock.monotonic() - started >= 30.0, what="a late change")
     with pytest.raises(pytest.fail.Exception, match=r"timed out after 60\.0 s waiting for never"):
         tests.conftest.wait_until(lambda: False, what="never")
