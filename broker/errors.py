@@ -329,6 +329,20 @@ class UnknownProducerId(RequestError):
         self.sequence = sequence
 
 
+class FetchSessionIdNotFound(RequestError):
+    """A MULTI_FETCH went on with a fetch session this broker does not hold: it never gave that
+    id, or forgot it (the worker holding it restarted; the session went unused too long, or
+    made room for newer ones), or a partition the fetch names lies in another of its workers.
+    Not retriable as sent: start a new session (session_id 0, session_epoch 0, every
+    partition)."""
+
+
+class InvalidFetchSessionEpoch(RequestError):
+    """A MULTI_FETCH of a fetch session whose session_epoch is not the one after the last the
+    session served (a fetch sent twice, or one lost on its way). Not retriable as sent: start
+    a new session."""
+
+
 class UnknownMemberId(RequestError):
     """A consumer group has no member of that id (docs/protocol.md, GROUP_HEARTBEAT): it was
     removed (its session ran out, it passed its revocation deadline, it left) or never joined.
@@ -676,6 +690,14 @@ class BrokerOutOfOrderSequence(BrokerError, OutOfOrderSequence):
 
 class BrokerDuplicateSequence(BrokerError, DuplicateSequence):
     """A broker answered DUPLICATE_SEQUENCE."""
+
+
+class BrokerFetchSessionIdNotFound(BrokerError, FetchSessionIdNotFound):
+    """A broker answered FETCH_SESSION_ID_NOT_FOUND."""
+
+
+class BrokerInvalidFetchSessionEpoch(BrokerError, InvalidFetchSessionEpoch):
+    """A broker answered INVALID_FETCH_SESSION_EPOCH."""
 
 
 class BrokerUnknownProducerId(BrokerError, UnknownProducerId):

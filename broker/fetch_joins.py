@@ -54,6 +54,9 @@ class FetchJoin:
     request: protocol.MultiFetchRequest
     throttle_ms: int
     answers: list[protocol.FetchPartReply | None]
+    version: int = 1
+    """The request's api_version, its reply's (a version 2 request split in shares begins no
+    fetch session: its reply says session 0)."""
     shares: list[Share] = field(default_factory=list)
     waiting: int = 0
     """Shares not answered yet."""
@@ -71,8 +74,10 @@ class FetchJoins(OpenJoins[FetchJoin]):
         correlation_id: int,
         request: protocol.MultiFetchRequest,
         throttle_ms: int,
+        version: int = 1,
     ) -> FetchJoin:
-        """A new join for `request`, with no shares yet (`share`, then `close`)."""
+        """A new join for `request` (of api_version `version`), with no shares yet (`share`,
+        then `close`)."""
         join = FetchJoin(
             self._new_id(),
             tagged,
@@ -80,6 +85,7 @@ class FetchJoins(OpenJoins[FetchJoin]):
             request,
             throttle_ms,
             [None] * len(request.parts),
+            version,
         )
         self._add(join)
         return join
@@ -182,4 +188,5 @@ class FetchJoins(OpenJoins[FetchJoin]):
             parts = tuple(answer for answer in join.answers if answer is not None)
             reply = protocol.MultiFetchReply(parts, join.throttle_ms)
             size = sum(len(part.message_set) for part in parts)
-            yield join.tagged, protocol.encode_reply(join.correlation_id, reply), size
+            frames = protocol.encode_reply(join.correlation_id, reply, join.version)
+            yield join.tagged, frames, size

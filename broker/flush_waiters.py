@@ -9,8 +9,16 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
+
+
+class Settable(Protocol):
+    """What a waiter sets when woken: a trio.Event, or a fetch session's mark of a partition
+    (broker.fetch_sessions)."""
+
+    def set(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -24,13 +32,13 @@ class FlushWaitersStatistics:
     """Tasks woken so far (a cancelled one is not counted)."""
 
 
-class _Waiter:
+class Waiter:
     """An entry of one heap: the event it sets (a MULTI_FETCH's long poll shares one among the
     heaps of its partitions), and whether it left the heap (woken) or is to be skipped."""
 
     __slots__ = ("cancelled", "event", "popped")
 
-    def __init__(self, event: trio.Event) -> None:
+    def __init__(self, event: Settable) -> None:
         self.event = event
         self.cancelled = False
         self.popped = False
@@ -49,7 +57,7 @@ class FlushWaiters:
     """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, _Waiter]] = []
+        self._heap: list[tuple[int, int, Waiter]] = []
         self._order = itertools.count()  # ties: first come, first woken; waiters never compared
         self._cancelled = 0
         self._woken = 0
@@ -64,14 +72,14 @@ class FlushWaiters:
         finally:
             self.leave(waiter)
 
-    def enter(self, offset: int, event: trio.Event) -> _Waiter:
+    def enter(self, offset: int, event: Settable) -> Waiter:
         """Set `event` once `note_high_watermark` passes `offset` or more, or `wake_all`, unless
         `leave` comes first: for a task that waits on several partitions at once."""
-        waiter = _Waiter(event)
+        waiter = Waiter(event)
         heapq.heappush(self._heap, (offset, next(self._order), waiter))
         return waiter
 
-    def leave(self, waiter: _Waiter) -> None:
+    def leave(self, waiter: Waiter) -> None:
         """Forget `waiter` if it is still in the heap (its wait is over: leave nothing
         behind)."""
         if waiter.popped or waiter.cancelled:

@@ -30,6 +30,7 @@ from broker.config import BrokerConfig
 from broker.errors import (
     AuthorizationFailed,
     BrokerShuttingDown,
+    FetchSessionIdNotFound,
     PartitionUnavailable,
     PylogError,
     RepliesNotRead,
@@ -53,6 +54,7 @@ from broker.transport import (
     STATE,
     connection_of,
     reply_envelope,
+    session_worker,
     tagged_identity,
     throttle_of,
     throttled,
@@ -614,6 +616,9 @@ class Front:
         fetch quota is always joined here, so that its messages are counted."""
         authorizer = self.authorizer
         workers: list[WorkerHandle | Exception] = []
+        if request.session_id:  # a session's next fetch: to the worker holding the session
+            self._session_fetch(tagged, request, request_frames, principal)
+            return
         for part in request.parts:
             try:
                 if authorizer is not None:
@@ -631,7 +636,9 @@ class Front:
         if isinstance(first, WorkerHandle) and not counted and all(w is first for w in workers):
             self.pool.queue(first, tagged, request_frames[0])
             return
-        join = self.fetch_joins.open(tagged, header.correlation_id, request, throttle_of(tagged))
+        join = self.fetch_joins.open(
+            tagged, header.correlation_id, request, throttle_of(tagged), header.version
+        )
         for index, routed in enumerate(workers):
             if isinstance(routed, WorkerHandle):
                 share = self.fetch_joins.share(join, routed.index, routed.restarts)
@@ -645,6 +652,33 @@ class Front:
             )
             self.pool.queue(self.pool.workers[share.worker], self.fetch_joins.tag(join), frame)
         self.fetch_joins.close(join)
+
+    def _session_fetch(
+        self,
+        tagged: bytes,
+        request: protocol.MultiFetchRequest,
+        request_frames: list[memoryview],
+        principal: str,
+    ) -> None:
+        """Pass a fetch session's next MULTI_FETCH whole to the worker that holds the session
+        (broker.transport.session_worker); FETCH_SESSION_ID_NOT_FOUND when it is not
+        running, or a partition the fetch names lies elsewhere (the follower begins a new
+        session, which the broker splits then: one without a session); the errors of a
+        part's checks (an ACL, an unknown partition) for the whole request."""
+        index = session_worker(request.session_id)
+        if not 0 <= index < len(self.pool.workers) or not self.pool.workers[index].connected:
+            raise FetchSessionIdNotFound(f"no fetch session {request.session_id} here")
+        worker = self.pool.workers[index]
+        for part in request.parts:
+            if self.authorizer is not None:
+                self.authorizer.check(principal, Operation.FETCH, part.topic)
+                self.authorizer.check_replica(principal, part.topic, request.replica_id)
+            if self._worker_for(part.topic, part.partition) is not worker:
+                raise FetchSessionIdNotFound(
+                    f"{part.topic}-{part.partition} is not with fetch session "
+                    f"{request.session_id}'s partitions: begin a new session"
+                )
+        self.pool.queue(worker, tagged, request_frames[0])
 
     def _refuse(self, tagged: bytes, request_frames: list[memoryview], error: Exception) -> None:
         """Answer a request with `error` (counted; a PRODUCE with ack none gets no answer)."""

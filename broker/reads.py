@@ -13,7 +13,10 @@ watermark and the ISR).
 A MULTI_FETCH serves each of its parts as that FETCH, one reply for all and one long poll:
 woken by a flush (or the high watermark) of any of its partitions, it answers once min_bytes
 are readable over all of them, or any part fails, or the front asks it to (`wake`: the
-request's other parts, on another worker, were answered).
+request's other parts, on another worker, were answered). A follower's MULTI_FETCH of a fetch
+session (version 2, broker.fetch_sessions) is served over the partitions it names and those
+whose waiters saw bytes come, and over every partition of the session only every
+`_full_check_s`: a round costs what changed, not what the session holds.
 
 OFFSETS answers earliest, latest (the high watermark) or the first offset at a time;
 DESCRIBE_PARTITION a partition's offsets, size, segments, oldest timestamp and the settings in
@@ -24,7 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 import trio
 
@@ -38,6 +42,7 @@ from broker.errors import (
     UnknownLeaderEpoch,
     UnknownTopicOrPartition,
 )
+from broker.fetch_sessions import FetchSession, FetchSessions
 from broker.flush_waiters import FlushWaiters
 from broker.leadership import Leadership
 from broker.log.epochs import EpochEntry
@@ -48,10 +53,24 @@ from broker.served import Served
 from broker.transport import FETCH_JOINED, throttle_of
 
 
+@dataclass(frozen=True, slots=True)
+class _Round:
+    """A MULTI_FETCH being served: what `multi_fetch` read of it, for its answer (its parts as
+    FETCHes, each checked: its partition or error), its session and the partitions it named."""
+
+    correlation_id: int
+    request: protocol.MultiFetchRequest
+    version: int
+    fetches: Sequence[protocol.FetchRequest]
+    checked: Sequence[Partition | PylogError]
+    session: FetchSession | None
+    named: frozenset[tuple[str, int]]
+
+
 class Reads:
     """The reads of the partitions of `served`, at most `fetch_max_bytes` a reply;
     `retention_check_interval_ms()` the worker's interval (a live setting), as
-    DESCRIBE_PARTITION says it."""
+    DESCRIBE_PARTITION says it; `index` is the worker's (its fetch sessions' ids carry it)."""
 
     def __init__(
         self,
@@ -59,8 +78,10 @@ class Reads:
         leadership: Leadership,
         fetch_max_bytes: int,
         retention_check_interval_ms: Callable[[], int],
+        index: int = 0,
     ) -> None:
         self.served = served
+        self.sessions = FetchSessions(index)
         self.leadership = leadership
         self.fetch_max_bytes = fetch_max_bytes
         self.retention_check_interval_ms = retention_check_interval_ms
@@ -260,28 +281,92 @@ class Reads:
     # -- MULTI_FETCH -----------------------------------------------------------------------
 
     async def multi_fetch(
-        self, tagged: bytes, correlation_id: int, request: protocol.MultiFetchRequest
+        self,
+        tagged: bytes,
+        correlation_id: int,
+        request: protocol.MultiFetchRequest,
+        version: int = 1,
     ) -> None:
         """Serve each part as a FETCH of version 5, checked first (an error answers the
         request at once); answer at once when max_wait_ms is 0 or min_bytes are readable over
-        all the parts, else wait for that in one long poll (`_multi_poll`)."""
-        fetches = [request.part_request(part) for part in request.parts]
-        checked = [self._check_part(fetch) for fetch in fetches]
-        if (
-            request.max_wait_ms == 0
-            or any(not isinstance(c, Partition) for c in checked)
-            or self._readable(checked, fetches) >= request.min_bytes
-        ):
-            await self.served.reply(
-                tagged, self._multi_reply(tagged, correlation_id, request, fetches, checked)
-            )
+        all the parts, else wait for that in one long poll (`_multi_poll`). A fetch of a
+        session (version 2, broker.fetch_sessions) serves the partitions of its session it
+        names and those with news (`_session_round`), and is answered with those."""
+        if request.session_epoch == protocol.SESSIONLESS:
+            fetches = [request.part_request(part) for part in request.parts]
+            checked = [self._check_part(fetch) for fetch in fetches]
+            served = _Round(correlation_id, request, version, fetches, checked, None, frozenset())
+        else:
+            served = self._session_round(correlation_id, request, version)
+        if request.max_wait_ms == 0 or self._answerable(tagged, served):
+            await self.served.reply(tagged, self._multi_reply(tagged, served))
             return
         assert self.served.nursery is not None
         if tagged[:1] == FETCH_JOINED:  # before the task runs: a wake may come first
             self.polls[tagged] = trio.Event()
-        self.served.nursery.start_soon(
-            self._multi_poll, tagged, correlation_id, request, fetches, checked
-        )
+        poll = self._multi_poll if served.session is None else self._session_poll
+        self.served.nursery.start_soon(poll, tagged, served)
+
+    def _session_round(
+        self, correlation_id: int, request: protocol.MultiFetchRequest, version: int
+    ) -> _Round:
+        """A session's fetch, begun or gone on with: the partitions it names and those ready
+        since its last round (broker.fetch_sessions), or every partition of the session when
+        the last round that checked them all is `_full_check_s` old."""
+        if request.session_id:
+            session = self.sessions.going_on(request)
+        else:
+            session = self.sessions.begin(request.replica_id)
+        named = frozenset(session.update(request))
+        now = time.monotonic()
+        if now - session.checked_at >= self._full_check_s():
+            session.checked_at = now
+            session.take_ready()
+            keys: Collection[tuple[str, int]] = session.fetches.keys()
+        else:
+            keys = named | session.take_ready()
+        return self._session_parts(correlation_id, request, version, session, named, keys)
+
+    def _full_check_s(self) -> float:
+        """How often a session's round checks every partition of it: often enough that a
+        follower caught up stays so for the ISR (its position is recorded then), and a high
+        watermark moved with no bytes reaches it within half a second."""
+        return min(0.5, self.leadership.config.broker_replica_lag_max_ms / 4000)
+
+    def _session_parts(
+        self,
+        correlation_id: int,
+        request: protocol.MultiFetchRequest,
+        version: int,
+        session: FetchSession,
+        named: frozenset[tuple[str, int]],
+        keys: Collection[tuple[str, int]],
+    ) -> _Round:
+        """The round of `session` over its partitions among `keys`, in the session's order,
+        each checked (as a FETCH: the follower's position recorded) and its waiter set for the
+        byte past its fetch offset."""
+        fetches, checked = [], []
+        for key, fetch in session.fetches.items():
+            if key in keys:
+                partition = self._check_part(fetch)
+                if isinstance(partition, Partition):
+                    session.arm(key, self._waiters(partition, fetch), fetch.offset + 1)
+                else:
+                    session.disarm(key)
+                fetches.append(fetch)
+                checked.append(partition)
+        return _Round(correlation_id, request, version, fetches, checked, session, named)
+
+    def _answerable(self, tagged: bytes, served: _Round) -> bool:
+        """Whether a MULTI_FETCH is answered now: a part failed, a part's partition was
+        deleted, taken offline or is no longer led here, the front woke it (`wake`), or
+        min_bytes are readable over its parts."""
+        if tagged in self.woken:
+            return True
+        checked = served.checked
+        if any(not isinstance(p, Partition) or self._poll_ended(p) for p in checked):
+            return True
+        return self._readable(checked, served.fetches) >= served.request.min_bytes
 
     def _check_part(self, request: protocol.FetchRequest) -> Partition | PylogError:
         """The checks a FETCH passes before any waiting, for a part: its partition, or the
@@ -302,22 +387,14 @@ class Reads:
             if isinstance(partition, Partition)
         )
 
-    async def _multi_poll(
-        self,
-        tagged: bytes,
-        correlation_id: int,
-        request: protocol.MultiFetchRequest,
-        fetches: Sequence[protocol.FetchRequest],
-        checked: Sequence[Partition | PylogError],
-    ) -> None:
-        """Wait until min_bytes are readable over the parts, a part's partition is deleted,
-        offline or no longer led here, the front wakes the request (`wake`), or max_wait_ms
-        pass; then answer. Each round waits on every part's waiters for one byte past its
-        offset, with one event."""
-        partitions = [p for p in checked if isinstance(p, Partition)]
+    async def _multi_poll(self, tagged: bytes, served: _Round) -> None:
+        """Wait until the request is answerable (`_answerable`) or max_wait_ms pass; then
+        answer. Each round waits on every part's waiters for one byte past its offset, with
+        one event."""
+        request, fetches, checked = served.request, served.fetches, served.checked
         wakeable = tagged in self.polls
         with trio.move_on_after(request.max_wait_ms / 1000):
-            while self._multi_waiting(tagged, partitions, checked, fetches, request):
+            while not self._answerable(tagged, served):
                 event = trio.Event()
                 if wakeable:
                     self.polls[tagged] = event
@@ -331,26 +408,35 @@ class Reads:
                 finally:
                     for waiters, waiter in entered:
                         waiters.leave(waiter)
+        await self._multi_answer(tagged, served)
+
+    async def _session_poll(self, tagged: bytes, served: _Round) -> None:
+        """A session's long poll: wait until the round is answerable (`_answerable`) or
+        max_wait_ms pass, the partitions that become ready meanwhile joining the round."""
+        session = served.session
+        assert session is not None
+        wakeable = tagged in self.polls
+        with trio.move_on_after(served.request.max_wait_ms / 1000):
+            while not self._answerable(tagged, served):
+                session.event = trio.Event()
+                if wakeable:
+                    self.polls[tagged] = session.event
+                await session.event.wait()
+                keys = {(f.topic, f.partition) for f in served.fetches} | session.take_ready()
+                served = self._session_parts(
+                    served.correlation_id,
+                    served.request,
+                    served.version,
+                    session,
+                    served.named,
+                    keys,
+                )
+        await self._multi_answer(tagged, served)
+
+    async def _multi_answer(self, tagged: bytes, served: _Round) -> None:
         self.polls.pop(tagged, None)
         self.woken.discard(tagged)
-        await self.served.reply(
-            tagged, self._multi_reply(tagged, correlation_id, request, fetches, checked)
-        )
-
-    def _multi_waiting(
-        self,
-        tagged: bytes,
-        partitions: Sequence[Partition],
-        checked: Sequence[Partition | PylogError],
-        fetches: Sequence[protocol.FetchRequest],
-        request: protocol.MultiFetchRequest,
-    ) -> bool:
-        """Whether a MULTI_FETCH's long poll waits on (see _multi_poll)."""
-        if tagged in self.woken:
-            return False  # by the front (wake): answer now
-        if any(self._poll_ended(partition) for partition in partitions):
-            return False
-        return self._readable(checked, fetches) < request.min_bytes
+        await self.served.reply(tagged, self._multi_reply(tagged, served))
 
     def wake(self, tagged: bytes) -> None:
         """The front asks the MULTI_FETCH share of tag `tagged` to be answered now (another
@@ -360,34 +446,39 @@ class Reads:
             self.woken.add(tagged)
             event.set()
 
-    def _multi_reply(
-        self,
-        tagged: bytes,
-        correlation_id: int,
-        request: protocol.MultiFetchRequest,
-        fetches: Sequence[protocol.FetchRequest],
-        checked: Sequence[Partition | PylogError],
-    ) -> Sequence[Buffer]:
+    def _multi_reply(self, tagged: bytes, served: _Round) -> Sequence[Buffer]:
         """Each part's answer, in order, at most min(max_bytes, fetch_max_bytes) of messages
-        in all, but the first message read whole (as a FETCH's)."""
+        in all, but the first message read whole (as a FETCH's). A session's: only the
+        partitions the fetch named, and those with news (FetchSession.news)."""
+        request, session = served.request, served.session
         cap = min(request.max_bytes, self.fetch_max_bytes)
         taken = 0
         version = protocol.PRODUCERS_FETCH_VERSION
         parts = []
-        for fetch, partition in zip(fetches, checked, strict=True):
+        for fetch, partition in zip(served.fetches, served.checked, strict=True):
+            key = (fetch.topic, fetch.partition)
             try:
                 if not isinstance(partition, Partition):
                     raise partition
                 self._still_served(partition)
                 read = self._read(partition, fetch, version, max(0, cap - taken), 0, not taken)
                 taken += len(read.message_set)
+                if session is not None:
+                    if not read.message_set and self._fetch_ready(partition, fetch):
+                        session.ready.add(key)  # no room left for its bytes: the next round's
+                    # (news() first: it notes what the answer says, named or not)
+                    if not session.news(key, read) and key not in served.named:
+                        continue  # nothing the follower does not know
                 answer = protocol.fetch_part(fetch.topic, fetch.partition, read)
             except PylogError as error:
+                if session is not None:
+                    session.sent.pop(key, None)  # its next answer is news
                 frames = protocol.encode_error(0, error)
                 answer = protocol.fetch_part_reply(fetch.topic, fetch.partition, frames)
             parts.append(answer)
-        reply = protocol.MultiFetchReply(tuple(parts), throttle_of(tagged))
-        return protocol.encode_reply(correlation_id, reply)
+        session_id = 0 if session is None else session.id
+        reply = protocol.MultiFetchReply(tuple(parts), throttle_of(tagged), session_id)
+        return protocol.encode_reply(served.correlation_id, reply, served.version)
 
     def offset_at(self, request: protocol.OffsetsRequest) -> int:
         partition = self.served.get(request.topic, request.partition)

@@ -75,6 +75,16 @@ FETCH_JOINED: Final = b"F"
 span workers (broker.fetch_joins): the front may ask the worker to answer it at once."""
 
 
+WORKER_SHIFT: Final = 20
+"""A fetch session's id (broker.fetch_sessions) is (its worker's index + 1) << WORKER_SHIFT,
+plus random low bits: the front finds the worker that holds it (`session_worker`)."""
+
+
+def session_worker(session_id: int) -> int:
+    """The index of the worker that holds fetch session `session_id` (-1 for none)."""
+    return (session_id >> WORKER_SHIFT) - 1
+
+
 def request_weight(frame: Buffer, fetch_max_bytes: int) -> int:
     """What a request frame passed to a worker counts for in the flow control: a FETCH or a
     MULTI_FETCH the most its reply may carry (`fetch_max_bytes`, the broker's), any other its

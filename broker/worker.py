@@ -130,6 +130,7 @@ class Worker:
             self.leadership,
             config.broker_fetch_max_bytes,
             lambda: self.config.log_retention_check_interval_ms,
+            index,
         )
         self.prefixes = protocol.KnownPrefixes()
         """The prefixes of requests found good: the next PRODUCE ones are decoded by it."""
@@ -301,7 +302,7 @@ class Worker:
             elif isinstance(request, protocol.FetchRequest):
                 await self.reads.fetch(tagged, correlation_id, request, header.version)
             elif isinstance(request, protocol.MultiFetchRequest):
-                await self.reads.multi_fetch(tagged, correlation_id, request)
+                await self.reads.multi_fetch(tagged, correlation_id, request, header.version)
             elif isinstance(request, protocol.OffsetForLeaderEpochRequest):
                 await self.reads.offset_for_leader_epoch(tagged, correlation_id, request)
             elif isinstance(request, protocol.OffsetsRequest):

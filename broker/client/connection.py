@@ -677,6 +677,14 @@ class Connection(Framing, Closing):
     def call(
         self, request: DescribeConfigRequest, retries: int = ..., max_time_s: float | None = ...
     ) -> DescribeConfigReply: ...
+    @overload
+    def call(
+        self,
+        request: MultiFetchRequest,
+        retries: int = ...,
+        max_time_s: float | None = ...,
+        version: int | None = ...,
+    ) -> MultiFetchReply: ...
     def call(
         self,
         request: Request,
@@ -685,7 +693,7 @@ class Connection(Framing, Closing):
         version: int | None = None,
     ) -> Reply:
         """`request`, asked at api_version `version` (default: protocol.request_version; METADATA
-        has a version 2), retried up to
+        and MULTI_FETCH have a version 2), retried up to
         `retries` more times after a retriable BrokerError or a timeout, waiting 0.1 s doubling
         to 2 s in between; no retry starts after `max_time_s` (default: 3 x the timeout). The
         last error is raised as it was; AuthenticationFailed and ConnectionRefused are raised

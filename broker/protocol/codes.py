@@ -19,9 +19,11 @@ from broker.errors import (
     DuplicateSequence,
     FencedLeaderEpoch,
     FencedMemberEpoch,
+    FetchSessionIdNotFound,
     FetchSizeTooSmall,
     GroupHasZooKeeperMembers,
     GroupNotEmptyError,
+    InvalidFetchSessionEpoch,
     InvalidGroup,
     InvalidMessage,
     InvalidOffset,
@@ -101,6 +103,8 @@ class ErrorCode(IntEnum):
     GROUP_HAS_ZOOKEEPER_MEMBERS = 39
     UNKNOWN_PRODUCER_ID = 40
     TOO_MANY_PRODUCERS = 41
+    FETCH_SESSION_ID_NOT_FOUND = 42
+    INVALID_FETCH_SESSION_EPOCH = 43
 
 
 # -- the error table ---------------------------------------------------------------------------
@@ -165,6 +169,8 @@ ERROR_TABLE: Final[tuple[ErrorEntry, ...]] = (
     ErrorEntry(ErrorCode.GROUP_HAS_ZOOKEEPER_MEMBERS, GroupHasZooKeeperMembers, True),
     ErrorEntry(ErrorCode.UNKNOWN_PRODUCER_ID, UnknownProducerId, False),
     ErrorEntry(ErrorCode.TOO_MANY_PRODUCERS, TooManyProducers, True),
+    ErrorEntry(ErrorCode.FETCH_SESSION_ID_NOT_FOUND, FetchSessionIdNotFound, False),
+    ErrorEntry(ErrorCode.INVALID_FETCH_SESSION_EPOCH, InvalidFetchSessionEpoch, False),
 )
 """code <-> name <-> exception class <-> retriable, in code order."""
 
@@ -237,6 +243,8 @@ _REPLY_ERROR_BY_CODE: Final[dict[ErrorCode, type[BrokerError]]] = {
     ErrorCode.GROUP_HAS_ZOOKEEPER_MEMBERS: errors.BrokerGroupHasZooKeeperMembers,
     ErrorCode.UNKNOWN_PRODUCER_ID: errors.BrokerUnknownProducerId,
     ErrorCode.TOO_MANY_PRODUCERS: errors.BrokerTooManyProducers,
+    ErrorCode.FETCH_SESSION_ID_NOT_FOUND: errors.BrokerFetchSessionIdNotFound,
+    ErrorCode.INVALID_FETCH_SESSION_EPOCH: errors.BrokerInvalidFetchSessionEpoch,
 }
 """The class a client raises for each nonzero code: a BrokerError and the table's exception."""
 

@@ -193,6 +193,14 @@ class FetchPart:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionPartition:
+    """A partition a fetch session forgets (MULTI_FETCH version 2's `forgotten`)."""
+
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
 class MultiFetchRequest:
     """Read from each of several partitions of this broker (`parts`), each part served as a
     FetchRequest of version 5 to its partition would be, at most `max_bytes` in all (but a
@@ -205,6 +213,13 @@ class MultiFetchRequest:
     min_bytes: int
     max_bytes: int
     parts: tuple[FetchPart, ...]
+    session_id: int = 0
+    """Version 2: a follower's fetch session (docs/protocol.md, MULTI_FETCH version 2): 0 with
+    `session_epoch` 0 asks for a new one, the id the broker gave with the next epoch goes on
+    with it; `session_epoch` SESSIONLESS (-1, the only value of version 1): none."""
+    session_epoch: int = -1
+    forgotten: tuple[SessionPartition, ...] = ()
+    """Version 2: partitions a session's fetch no longer reads."""
 
     def part_request(self, part: FetchPart) -> FetchRequest:
         """The FETCH that `part` is served as."""
@@ -398,6 +413,9 @@ class MultiFetchReply:
 
     parts: tuple[FetchPartReply, ...]
     throttle_ms: int = 0
+    session_id: int = 0
+    """Version 2: the fetch session the request went on or began (0: none; its parts are
+    then every part asked, else only those with news)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,7 @@ from broker.protocol.messages import (
     ProduceReply,
     ProduceRequest,
     SegmentState,
+    SessionPartition,
     TopicInfo,
 )
 from broker.protocol.names import check_topic_name
@@ -771,22 +772,45 @@ OFFSET_FOR_LEADER_EPOCH: Final = ApiTable(
 # -- MULTI_FETCH -------------------------------------------------------------------------------
 
 
+SESSIONLESS: Final = -1
+"""A MULTI_FETCH's session_epoch outside any fetch session (version 1's only one)."""
+MAX_SESSION_EPOCH: Final = (1 << 31) - 1
+
+
 def _make_multi_fetch(reader: Reader, values: Values, version: int) -> MultiFetchRequest:
     parts = values["parts"]
-    if not 1 <= len(parts) <= MAX_PARTS:
-        raise reader.fail(f"part_count is {len(parts)}: it must be from 1 to {MAX_PARTS}")
     request = MultiFetchRequest(**values)
+    session = request.session_epoch != SESSIONLESS
+    least = 0 if session and request.session_id else 1  # a session's next fetch: any
+    if not least <= len(parts) <= MAX_PARTS:
+        raise reader.fail(f"part_count is {len(parts)}: it must be from {least} to {MAX_PARTS}")
     if request.max_bytes < 1:
         raise reader.fail("field max_bytes is 0: it must be at least 1")
+    if request.session_epoch < SESSIONLESS or request.session_id < 0:
+        raise reader.fail(
+            f"session_id {request.session_id} and session_epoch {request.session_epoch}: "
+            "the id is at least 0, the epoch at least -1"
+        )
+    if session and request.replica_id < 0:
+        raise reader.fail("a fetch session is a follower's: replica_id -1 with session_epoch")
+    if (request.session_id == 0) != (request.session_epoch <= 0):
+        raise reader.fail(
+            f"session_id {request.session_id} with session_epoch {request.session_epoch}: "
+            "0 goes with -1 (none) or 0 (a new session), another id with an epoch from 1"
+        )
+    if len(request.forgotten) > (MAX_PARTS if request.session_id else 0):
+        raise reader.fail("forgotten partitions go only with a session's next fetch")
     for part in parts:
         check_topic_name(part.topic)
         _check_fetch(reader, request.part_request(part), PRODUCERS_FETCH_VERSION)
+    for forgotten in request.forgotten:
+        check_topic_name(forgotten.topic)
     return request
 
 
 MULTI_FETCH: Final = ApiTable(
     Api.MULTI_FETCH,
-    (1,),
+    (1, 2),
     Body(
         "MULTI_FETCH",
         MultiFetchRequest,
@@ -811,6 +835,14 @@ MULTI_FETCH: Final = ApiTable(
                     ),
                 ),
             ),
+            Field("session_id", "i32", since=2),
+            Field("session_epoch", "i32", since=2),
+            Many(
+                "forgotten",
+                Field("forgotten_count", "u32"),
+                Body("MULTI_FETCH", SessionPartition, (_TOPIC, Field("partition", "u32"))),
+                since=2,
+            ),
         ),
         _make_multi_fetch,
         strict=True,
@@ -834,8 +866,10 @@ MULTI_FETCH: Final = ApiTable(
                     ),
                 ),
             ),
+            Field("session_id", "i32", since=2),
         ),
     ),
+    frozenset({ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH}),
 )
 
 # -- consumer groups: GROUP_HEARTBEAT, OFFSET_COMMIT, OFFSET_FETCH, DESCRIBE_GROUP, LIST_GROUPS,

@@ -39,7 +39,14 @@ import trio
 import zmq
 
 from broker import protocol
-from broker.errors import MalformedReply, PartitionUnavailable, PylogError
+from broker.errors import (
+    FetchSessionIdNotFound,
+    InvalidFetchSessionEpoch,
+    MalformedReply,
+    PartitionUnavailable,
+    PylogError,
+    UnsupportedVersion,
+)
 from broker.log.message import Buffer
 from broker.security import BrokerKeys
 from broker.security.monitor import close_monitored, monitor_handshakes
@@ -47,6 +54,12 @@ from broker.trio_socket import TrioSocket
 from broker.zmqio import monitor_event, receive_frames
 
 log = logging.getLogger("pylog.follower")
+
+SESSION_FETCH_VERSION = 2
+"""MULTI_FETCH's version with fetch sessions."""
+COPY_WAIT_S = 0.2
+"""How long a session's next fetch waits for the copy loops handed bytes to ask again."""
+Key = tuple[str, int]
 
 
 @dataclass(frozen=True)
@@ -148,6 +161,28 @@ class Fetcher:
         self.idle_wait_max_ms = idle_wait_max_ms
         self._idle_rounds = 0
         """MULTI_FETCHes in a row whose answers all brought nothing new (`_waits`)."""
+        self.sessions = True
+        """Whether the leader speaks MULTI_FETCH version 2 (fetch sessions)."""
+        self._session_id = 0
+        self._session_epoch = 0
+        self._had: dict[Key, tuple[protocol.FetchPart, int]] = {}
+        """The session's partitions as its last fetch left them: each one's part, and the high
+        watermark its copy loop had heard."""
+        self._in_flight = False
+        """Whether a fetch of the session is in flight: fetches asked for meanwhile wait for
+        its answer, or go at once on their own (`_queue`)."""
+        self._sent: dict[Key, tuple[protocol.FetchPart, int]] = {}
+        """Each partition's fetch as last sent, in the session or on its own."""
+        self._sending = False
+        """Whether the session's sending task runs (`_send_parts`)."""
+        self._copying: set[Key] = set()
+        """Partitions handed bytes by the session's last fetch whose copy loops have not asked
+        again yet (copying and flushing them): its next fetch waits for them a while."""
+        self._copied = trio.Event()
+        """Set when `_copying` empties."""
+        self._own: list[_Part] = []
+        """Changed fetches asked for in this turn while the session's fetch is in flight, to
+        leave on their own (`_send_own`)."""
         self.users = 0
         """The copy loops using this fetcher (Fetchers)."""
         self.scope = trio.CancelScope()
@@ -244,48 +279,167 @@ class Fetcher:
         return reply
 
     def _queue(self, waiting: _Part, wait_ms: int, wait_s: float) -> None:
-        if not self._parts:
-            self._nursery.start_soon(self._send_parts, wait_ms, wait_s)  # once this turn ends
+        """Queue a fetch for the next MULTI_FETCH. In a session, one fetch of it is in flight
+        at a time; a fetch asked for meanwhile that changed since it was last sent (a copy
+        loop that copied bytes: its new position moves the leader's high watermark, for the
+        producers' acks) goes at once on its own, without a session (`_send_own`); an
+        unchanged one waits for the session's next fetch."""
+        if not self.sessions:
+            if not self._parts:
+                self._nursery.start_soon(self._send_parts, wait_ms, wait_s)  # once this turn ends
+            self._parts.append(waiting)
+            return
+        key = (waiting.part.topic, waiting.part.partition)
+        if key in self._copying:
+            self._copying.discard(key)
+            if not self._copying:
+                self._copied.set()
+        if self._in_flight and self._sent.get(key) != (waiting.part, waiting.high_watermark):
+            if not self._own:
+                self._nursery.start_soon(self._send_own, wait_ms, wait_s)
+            self._own.append(waiting)
+            return
         self._parts.append(waiting)
+        if not self._sending:
+            self._sending = True
+            self._nursery.start_soon(self._send_parts, wait_ms, wait_s)
 
     async def _send_parts(self, wait_ms: int, wait_s: float) -> None:
-        """Send the fetches asked for since the last call as one MULTI_FETCH, and hand each
-        its part's answer (each the request's error, if it failed whole), or queue it again
-        when its answer brings nothing new."""
-        parts = [waiting for waiting in self._parts if not waiting.abandoned]
-        self._parts = []
-        if not parts:
-            return
-        poll_ms, poll_s = self._waits(wait_ms, wait_s)
-        request = protocol.MultiFetchRequest(
-            self.me,
-            poll_ms,
-            1,
-            sum(p.part.max_bytes for p in parts),
-            tuple(p.part for p in parts),
-        )
-        answers: list[protocol.FetchReply | PylogError]
+        """Send the fetches asked for since the last call as one MULTI_FETCH of the fetch
+        session (`_session_fetch`), and hand each its part's answer (`_hand`); in a session,
+        again while fetches were asked for meanwhile, one in flight at a time."""
         try:
+            while True:
+                # Two steps of the scheduler first: copy loops woken by the last answers (run
+                # in the step after) that ask again at once queue their next fetches.
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                parts = [waiting for waiting in self._parts if not waiting.abandoned]
+                self._parts = []
+                if not parts:
+                    return
+                in_session = self._in_flight = self.sessions
+                try:
+                    answers = await self._fetch_session(parts, wait_ms, wait_s)
+                finally:
+                    self._in_flight = False
+                idle = self._hand(parts, answers, wait_ms, wait_s)
+                self._idle_rounds = self._idle_rounds + 1 if idle else 0
+                if not in_session:
+                    return  # the next turn's fetches start another (_queue)
+                await self._wait_copies(parts, answers)
+        finally:
+            self._sending = False
+
+    async def _wait_copies(
+        self, parts: list[_Part], answers: dict[Key, protocol.FetchReply | PylogError]
+    ) -> None:
+        """Wait, up to COPY_WAIT_S, for the copy loops handed bytes to copy and flush them and
+        ask again, so that the session's next fetch names their new positions (the leader's
+        high watermark, and the producers' acks, move with them) rather than forget them.
+        One that asks later goes on its own (`_queue`)."""
+        self._copying = set()
+        for waiting in parts:
+            key = (waiting.part.topic, waiting.part.partition)
+            answer = answers.get(key)
+            copies = isinstance(answer, protocol.FetchReply) and len(answer.message_set) > 0
+            if copies and not waiting.abandoned:
+                self._copying.add(key)
+        if self._copying:
+            self._copied = trio.Event()
+            with trio.move_on_after(COPY_WAIT_S):
+                await self._copied.wait()
+            self._copying = set()
+
+    async def _fetch_session(
+        self, parts: list[_Part], wait_ms: int, wait_s: float
+    ) -> dict[Key, protocol.FetchReply | PylogError]:
+        """The answers to the MULTI_FETCH of `parts` in the session (`_session_fetch`), by
+        partition: each part's, or the request's error for every part (a session the leader
+        does not hold, or an epoch out of turn: none, and the next fetch begins a new one)."""
+        poll_ms, poll_s = self._waits(wait_ms, wait_s)
+        request = self._session_fetch(parts, poll_ms)
+        for p in parts:
+            self._sent[(p.part.topic, p.part.partition)] = (p.part, p.high_watermark)
+        try:
+            version = SESSION_FETCH_VERSION if self.sessions else 1
             reply = await self.request(
-                request, 1, poll_s, f"MULTI_FETCH of {len(parts)} partitions"
+                request, version, poll_s, f"MULTI_FETCH of {len(parts)} partitions"
             )
             assert isinstance(reply, protocol.MultiFetchReply)
-            if len(reply.parts) != len(parts):
+            answers = self._answers(reply)
+            if not reply.session_id and len(answers) != len(parts):
                 raise MalformedReply(f"{len(reply.parts)} parts answer {len(parts)}")
-            answers = []
-            for part_reply in reply.parts:
-                try:
-                    answers.append(protocol.decode_fetch_part(part_reply))
-                except PylogError as error:
-                    answers.append(error)
+            self._in_session(request, reply.session_id, parts)
+            return answers
+        except (FetchSessionIdNotFound, InvalidFetchSessionEpoch) as error:
+            log.info("%s: %s", self.leader, error)  # every part asked again, in a new session
+            self._session_id = 0
+        except UnsupportedVersion:  # a leader of before fetch sessions
+            self.sessions, self._session_id = False, 0
         except (PylogError, zmq.ZMQError) as error:
-            failed = error if isinstance(error, PylogError) else PartitionUnavailable(str(error))
-            answers = [failed] * len(parts)
+            self._session_id = 0  # the leader may have taken this epoch, or gone
+            return self._failed(parts, error)
+        return {}
+
+    async def _send_own(self, wait_ms: int, wait_s: float) -> None:
+        """Send the changed fetches asked for while the session's fetch was in flight as one
+        MULTI_FETCH without a session (a long poll of `wait_ms`), and hand each its answer:
+        those answered with nothing new join the session's next fetch."""
+        parts = [waiting for waiting in self._own if not waiting.abandoned]
+        self._own = []
+        if not parts:
+            return
+        max_bytes = max(1, sum(p.part.max_bytes for p in parts))
+        fetched = tuple(p.part for p in parts)
+        request = protocol.MultiFetchRequest(self.me, wait_ms, 1, max_bytes, fetched)
+        for p in parts:
+            self._sent[(p.part.topic, p.part.partition)] = (p.part, p.high_watermark)
+        try:
+            what = f"MULTI_FETCH of {len(parts)} partitions"
+            reply = await self.request(request, 1, wait_s, what)
+            assert isinstance(reply, protocol.MultiFetchReply)
+            answers = self._answers(reply)
+            if len(answers) != len(parts):
+                raise MalformedReply(f"{len(reply.parts)} parts answer {len(parts)}")
+        except (PylogError, zmq.ZMQError) as error:
+            answers = self._failed(parts, error)
+        self._hand(parts, answers, wait_ms, wait_s)
+
+    @staticmethod
+    def _answers(reply: protocol.MultiFetchReply) -> dict[Key, protocol.FetchReply | PylogError]:
+        answers: dict[Key, protocol.FetchReply | PylogError] = {}
+        for part_reply in reply.parts:
+            key = (part_reply.topic, part_reply.partition)
+            try:
+                answers[key] = protocol.decode_fetch_part(part_reply)
+            except PylogError as error:
+                answers[key] = error
+        return answers
+
+    @staticmethod
+    def _failed(
+        parts: list[_Part], error: PylogError | zmq.ZMQError
+    ) -> dict[Key, protocol.FetchReply | PylogError]:
+        failed = error if isinstance(error, PylogError) else PartitionUnavailable(str(error))
+        return {(w.part.topic, w.part.partition): failed for w in parts}
+
+    def _hand(
+        self,
+        parts: list[_Part],
+        answers: dict[Key, protocol.FetchReply | PylogError],
+        wait_ms: int,
+        wait_s: float,
+    ) -> bool:
+        """Hand each of `parts` its answer, or queue it again when its answer brings nothing
+        new (or none came: a session's partition without news); whether none was handed
+        one."""
         idle = True
-        for waiting, answer in zip(parts, answers, strict=True):
+        for waiting in parts:
             if waiting.abandoned:
                 continue
-            if (
+            answer = answers.get((waiting.part.topic, waiting.part.partition))
+            if answer is None or (
                 isinstance(answer, protocol.FetchReply)
                 and not len(answer.message_set)
                 and answer.high_watermark == waiting.high_watermark
@@ -295,7 +449,44 @@ class Fetcher:
             idle = False
             waiting.reply = answer
             waiting.done.set()
-        self._idle_rounds = self._idle_rounds + 1 if idle else 0
+        return idle
+
+    def _session_fetch(self, parts: list[_Part], poll_ms: int) -> protocol.MultiFetchRequest:
+        """The MULTI_FETCH of `parts` (docs/protocol.md, MULTI_FETCH version 2): with no
+        session, every part, beginning one; in the session, the parts whose fetch (or high
+        watermark heard) changed since the session last had them, and the partitions it had
+        that are no longer fetched, forgotten."""
+        max_bytes = max(1, sum(p.part.max_bytes for p in parts))
+        if not self.sessions:
+            return protocol.MultiFetchRequest(
+                self.me, poll_ms, 1, max_bytes, tuple(p.part for p in parts)
+            )
+        if not self._session_id:
+            return protocol.MultiFetchRequest(
+                self.me, poll_ms, 1, max_bytes, tuple(p.part for p in parts), 0, 0
+            )
+        fetched = {(p.part.topic, p.part.partition): p for p in parts}
+        changed = tuple(
+            p.part for key, p in fetched.items() if self._had.get(key) != (p.part, p.high_watermark)
+        )
+        forgotten = tuple(
+            protocol.SessionPartition(*key) for key in self._had if key not in fetched
+        )
+        for gone in forgotten:
+            self._sent.pop((gone.topic, gone.partition), None)  # asked again: sent as changed
+        epoch = self._session_epoch + 1
+        return protocol.MultiFetchRequest(
+            self.me, poll_ms, 1, max_bytes, changed, self._session_id, epoch, forgotten
+        )
+
+    def _in_session(
+        self, request: protocol.MultiFetchRequest, session_id: int, parts: list[_Part]
+    ) -> None:
+        """After a reply saying `session_id` (0: none, the leader split the fetch): what the
+        session now has, for its next fetch."""
+        self._session_id = session_id if self.sessions else 0
+        self._session_epoch = max(0, request.session_epoch)
+        self._had = {(p.part.topic, p.part.partition): (p.part, p.high_watermark) for p in parts}
 
     def _waits(self, wait_ms: int, wait_s: float) -> tuple[int, float]:
         """The long poll of the next MULTI_FETCH, and how long its reply is waited for: the

@@ -104,6 +104,8 @@ from broker.protocol import (
     MetadataBroker,
     MetadataReply,
     MetadataRequest,
+    MultiFetchReply,
+    MultiFetchRequest,
     MultiProduceReply,
     MultiProduceRequest,
     OffsetCommitReply,
@@ -296,6 +298,8 @@ FIELD_VERSIONS: dict[type, dict[str, int]] = {
     DescribePartitionReply: dict.fromkeys(
         ("retention_check_interval_ms", "append_bytes_per_s", "segment_list"), 2
     ),
+    MultiFetchRequest: dict.fromkeys(("session_id", "session_epoch", "forgotten"), 2),
+    MultiFetchReply: {"session_id": 2},
 }
 """The fields of each class that only a later version carries, and the first version that
 does: a vector of an older version does not show them."""
@@ -1452,14 +1456,16 @@ def test_encode_request_refuses_a_version_the_api_does_not_have(
         encode_request(RequestHeader(request_.api, version, 1, "c"), request_)
 
 
-def test_every_api_but_produce_fetch_metadata_and_describe_partition_has_version_1_only() -> None:
+def test_apis_but_those_of_newer_versions_have_version_1_only() -> None:
+    newer = {
+        Api.PRODUCE: (1, 2, 3),
+        Api.FETCH: (1, 2, 3, 4, 5),
+        Api.METADATA: (1, 2),
+        Api.DESCRIBE_PARTITION: (1, 2),
+        Api.MULTI_FETCH: (1, 2),
+    }
     for api in Api:
-        spoken = {
-            Api.PRODUCE: (1, 2, 3),
-            Api.FETCH: (1, 2, 3, 4, 5),
-            Api.METADATA: (1, 2),
-            Api.DESCRIBE_PARTITION: (1, 2),
-        }.get(api, (1,))
+        spoken = newer.get(api, (1,))
         assert API_VERSIONS[api] == spoken, api
         for version in (0, spoken[-1] + 1):
             raised = rejects([header(api, version) + fetch_body()], UnsupportedVersion)

@@ -16,6 +16,7 @@ import trio
 import trio.testing
 
 from broker import protocol
+from broker.errors import FetchSessionIdNotFound
 from broker.log import PartitionLog
 from broker.log.epochs import EpochEntry
 from broker.log.message import encode_message, iter_messages
@@ -67,7 +68,9 @@ class PlayedLeader:
                     self.held.append((identity, header.correlation_id, request.parts))
                 if len(self.answered) == PARTITIONS:
                     for identity, correlation_id, parts in reversed(self.held):
-                        answer = protocol.encode_reply(correlation_id, first_data(parts))
+                        answer = protocol.encode_reply(
+                            correlation_id, first_data(parts), header.version
+                        )
                         await channel.send([identity, *answer])
                     self.held.clear()
 
@@ -104,8 +107,9 @@ async def play_idle_leader(
                 fetched = protocol.FetchReply(high_watermark, 0, data, 0, entries)
             encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
             answers.append(protocol.fetch_part_reply(part.topic, part.partition, encoded))
-        reply = protocol.MultiFetchReply(tuple(answers))
-        await channel.send([identity, *protocol.encode_reply(header.correlation_id, reply)])
+        reply = protocol.MultiFetchReply(tuple(answers))  # no session: every part answered
+        replied = protocol.encode_reply(header.correlation_id, reply, header.version)
+        await channel.send([identity, *replied])
 
 
 @pytest.fixture
@@ -261,5 +265,169 @@ async def test_an_idle_leaders_long_polls_grow_and_new_data_brings_them_back(
                         protocol.FetchPart("clicks", 0, end, 1 << 20, 0, end), end, 100, 0.5
                     )
         assert waits[:7] == [100, 200, 400, 400, 400, 400, 100]
+        fetchers.release(fetcher)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_fetcher_goes_on_in_a_fetch_session_naming_only_what_changed(
+    live: LiveContext,
+) -> None:
+    """Against a leader played with fetch sessions (MULTI_FETCH version 2): the first fetch
+    begins a session with both partitions; the next names none (nothing changed) and gets
+    partition 1's message unnamed; the one after names partition 1 alone, at its new offset;
+    told FETCH_SESSION_ID_NOT_FOUND, the fetcher begins a new session with every partition."""
+    seen: list[tuple[int, int, tuple[int, ...]]] = []  # (session_id, epoch, partitions named)
+    data = encode_message(b"new", timestamp_ms=0)
+
+    async def serve() -> None:
+        channel = TrioSocket(live.server, lambda socket, flags: socket.recv_multipart(flags))
+        while True:
+            identity, *frames = await channel.receive()
+            header, request = protocol.decode_request(frames)
+            assert isinstance(request, protocol.MultiFetchRequest)
+            assert header.version == 2
+            seen.append(
+                (
+                    request.session_id,
+                    request.session_epoch,
+                    tuple(sorted(p.partition for p in request.parts)),  # in any order
+                )
+            )
+            if len(seen) == 4:  # the session is forgotten
+                error = protocol.encode_error(header.correlation_id, FetchSessionIdNotFound("x"))
+                await channel.send([identity, *error])
+                continue
+            answers = []
+            for part in request.parts:  # those named: answered, empty at their offset
+                fetched = protocol.FetchReply(part.offset, 0, b"", 0)
+                encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
+                answers.append(protocol.fetch_part_reply("clicks", part.partition, encoded))
+            if len(seen) == 2:  # partition 1's message, unnamed
+                fetched = protocol.FetchReply(38 + len(data), 0, data, 0, (EpochEntry(0, 38),))
+                encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
+                answers.append(protocol.fetch_part_reply("clicks", 1, encoded))
+            reply = protocol.MultiFetchReply(tuple(answers), 0, 1 << 20 | 9)
+            replied = protocol.encode_reply(header.correlation_id, reply, header.version)
+            await channel.send([identity, *replied])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        fetchers = Fetchers(2, live.context, nursery, IDLE_WAIT_MAX_MS)
+        fetcher = fetchers.acquire(Role(1, live.endpoint, 0).source)
+        got: dict[int, bytes] = {}
+
+        async def follow(number: int) -> None:
+            offset = 38
+            while True:  # until cancelled, below: bounded by the five fetches awaited
+                part = protocol.FetchPart("clicks", number, offset, 1 << 20, 0, offset)
+                reply = await fetcher.fetch(part, offset, 50, 10)
+                got[number] = bytes(reply.message_set)
+                offset += len(reply.message_set)
+
+        async with trio.open_nursery() as loops:
+            for number in (0, 1):
+                loops.start_soon(follow, number)
+            with trio.fail_after(10):
+                while len(seen) < 5:
+                    await trio.sleep(0.01)
+            loops.cancel_scope.cancel()
+        assert seen[:5] == [
+            (0, 0, (0, 1)),  # begun with both
+            (1 << 20 | 9, 1, ()),  # nothing changed: none named
+            (1 << 20 | 9, 2, (1,)),  # partition 1 at its new offset
+            (1 << 20 | 9, 3, ()),  # refused: the session is gone
+            (0, 0, (0, 1)),  # begun again with every partition
+        ]
+        assert got[1] == data
+        fetchers.release(fetcher)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_session_has_one_fetch_in_flight_and_a_late_copy_goes_on_its_own(
+    live: LiveContext,
+) -> None:
+    """One fetch of a session is in flight at a time. Its next fetch waits a while for the
+    copy loops handed bytes to ask again; one that asks later, while the session's long poll
+    is in flight, is sent at once on its own (version 1, no session: its new position moves
+    the leader's high watermark now), and once answered with nothing new it joins the
+    session's next fetch, named there at its new position."""
+    seen: list[tuple[int, int, tuple[tuple[int, int], ...]]] = []  # (version, epoch, parts)
+    data = encode_message(b"new", timestamp_ms=0)
+    copied = trio.Event()  # partition 1's copy loop asks again once this is set
+    on_its_own = trio.Event()
+    held: list[tuple[bytes, int]] = []  # the session's long poll, unanswered
+
+    def answer(parts: tuple[protocol.FetchPart, ...], session_id: int) -> protocol.Reply:
+        empty = []
+        for part in parts:
+            fetched = protocol.FetchReply(part.offset, 0, b"", 0)
+            encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
+            empty.append(protocol.fetch_part_reply("clicks", part.partition, encoded))
+        return protocol.MultiFetchReply(tuple(empty), 0, session_id)
+
+    async def serve() -> None:
+        channel = TrioSocket(live.server, lambda socket, flags: socket.recv_multipart(flags))
+        while True:
+            identity, *frames = await channel.receive()
+            header, request = protocol.decode_request(frames)
+            assert isinstance(request, protocol.MultiFetchRequest)
+            parts = tuple(sorted((p.partition, p.offset) for p in request.parts))
+            seen.append((header.version, request.session_epoch, parts))
+            reply: protocol.Reply
+            if len(seen) == 1:  # the session begun: partition 1's message
+                fetched = protocol.FetchReply(38 + len(data), 0, data, 0, (EpochEntry(0, 38),))
+                encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
+                reply = protocol.MultiFetchReply(
+                    (protocol.fetch_part_reply("clicks", 1, encoded),), 0, 1 << 20 | 9
+                )
+            elif len(seen) == 2:  # the next fetch, without partition 1 (still copying)
+                held.append((identity, header.correlation_id))
+                copied.set()
+                continue
+            elif len(seen) == 3:  # partition 1 on its own: nothing new; then the long poll ends
+                on_its_own.set()
+                reply = answer(request.parts, 0)
+                own = protocol.encode_reply(header.correlation_id, reply, header.version)
+                await channel.send([identity, *own])
+                await trio.testing.wait_all_tasks_blocked()
+                held_identity, held_id = held.pop()
+                reply = answer((), 1 << 20 | 9)
+                ended = protocol.encode_reply(held_id, reply, 2)
+                await channel.send([held_identity, *ended])
+                continue
+            else:
+                reply = answer(request.parts, 1 << 20 | 9)
+            replied = protocol.encode_reply(header.correlation_id, reply, header.version)
+            await channel.send([identity, *replied])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        fetchers = Fetchers(2, live.context, nursery, IDLE_WAIT_MAX_MS)
+        fetcher = fetchers.acquire(Role(1, live.endpoint, 0).source)
+
+        async def follow(number: int) -> None:
+            offset = 38
+            while True:  # until cancelled, below: bounded by the four fetches awaited
+                part = protocol.FetchPart("clicks", number, offset, 1 << 20, 0, offset)
+                reply = await fetcher.fetch(part, offset, 50, 10)
+                if reply.message_set:
+                    await copied.wait()  # a slow copy: the session's next fetch leaves first
+                offset += len(reply.message_set)
+
+        async with trio.open_nursery() as loops:
+            for number in (0, 1):
+                loops.start_soon(follow, number)
+            with trio.fail_after(10):
+                while len(seen) < 4:
+                    await trio.sleep(0.01)
+            loops.cancel_scope.cancel()
+        new = 38 + len(data)
+        assert seen[:4] == [
+            (2, 0, ((0, 38), (1, 38))),  # begun with both
+            (2, 1, ()),  # partition 1 still copying: forgotten, none named
+            (1, -1, ((1, new),)),  # partition 1 on its own, while the session's poll waits
+            (2, 2, ((1, new),)),  # then named in the session at its new position
+        ]
+        assert on_its_own.is_set()
         fetchers.release(fetcher)
         nursery.cancel_scope.cancel()

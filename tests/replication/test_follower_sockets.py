@@ -92,7 +92,8 @@ async def lead_with_one_message(live: LiveContext) -> None:
             reply = protocol.MultiFetchReply((protocol.fetch_part_reply("clicks", 0, part),))
         else:
             continue
-        await channel.send([identity, *protocol.encode_reply(header.correlation_id, reply)])
+        replied = protocol.encode_reply(header.correlation_id, reply, header.version)
+        await channel.send([identity, *replied])
 
 
 async def test_a_follower_refused_by_the_leader_says_why_and_follows_once_let_in(
