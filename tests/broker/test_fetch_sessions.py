@@ -48,6 +48,20 @@ def session_fetch(
     return reply
 
 
+def led_parts(
+    endpoints: dict[int, str], topic: str, count: int
+) -> tuple[int, list[int], int, tuple[FetchPart, ...]]:
+    """`topic` created with `count` partitions at factor 3: the leader of its partition 0, the
+    partitions it leads, a follower of them, and a fetch of each from offset 0."""
+    create_replicated(endpoints, topic, count)
+    with Cluster(endpoints[1]) as cluster:
+        infos = cluster.partitions(topic)
+    leader = infos[0].broker_id
+    led = [info.partition for info in infos if info.broker_id == leader]
+    follower = next(b for b in endpoints if b != leader)
+    return leader, led, follower, tuple(FetchPart(topic, p, 0, 1 << 16, -1, 0) for p in led)
+
+
 def named(reply: protocol.MultiFetchReply) -> list[int]:
     return [part.partition for part in reply.parts]
 
@@ -56,14 +70,8 @@ def test_a_fetch_session_answers_only_what_changed(
     shared_three_brokers: ThreeBrokers,
 ) -> None:
     endpoints = shared_three_brokers.endpoints
-    create_replicated(endpoints, TOPIC, 6)
-    with Cluster(endpoints[1]) as cluster:
-        infos = cluster.partitions(TOPIC)
-    leader = infos[0].broker_id
-    led = [info.partition for info in infos if info.broker_id == leader]
-    follower = next(b for b in endpoints if b != leader)
+    leader, led, follower, parts = led_parts(endpoints, TOPIC, 6)
     with Connection(endpoints[leader]) as connection:
-        parts = tuple(FetchPart(TOPIC, p, 0, 1 << 16, -1, 0) for p in led)
         begun = session_fetch(connection, follower, parts, 0, 0)
         assert begun.session_id > 0 and named(begun) == led
         session = begun.session_id
@@ -89,14 +97,8 @@ def test_a_session_long_poll_ends_with_bytes_of_a_partition_it_does_not_name(
 ) -> None:
     endpoints = shared_three_brokers.endpoints
     topic = "sessions-wake"
-    create_replicated(endpoints, topic, 4)
-    with Cluster(endpoints[1]) as cluster:
-        infos = cluster.partitions(topic)
-    leader = infos[0].broker_id
-    led = [info.partition for info in infos if info.broker_id == leader]
-    follower = next(b for b in endpoints if b != leader)
+    leader, led, follower, parts = led_parts(endpoints, topic, 4)
     with Connection(endpoints[leader]) as connection:
-        parts = tuple(FetchPart(topic, p, 0, 1 << 16, -1, 0) for p in led)
         begun = session_fetch(connection, follower, parts, 0, 0)
     context = zmq.Context()
     socket = context.socket(zmq.REQ)

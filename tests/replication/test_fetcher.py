@@ -7,7 +7,7 @@ real logs, against a leader played on a ROUTER socket of 127.0.0.1."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -269,6 +269,17 @@ async def test_an_idle_leaders_long_polls_grow_and_new_data_brings_them_back(
         nursery.cancel_scope.cancel()
 
 
+async def follow_both(follow: Callable[[int], Awaitable[None]], done: Callable[[], bool]) -> None:
+    """Run copy loops `follow(0)` and `follow(1)` until `done()` (10 s at most)."""
+    async with trio.open_nursery() as loops:
+        for number in (0, 1):
+            loops.start_soon(follow, number)
+        with trio.fail_after(10):
+            while not done():
+                await trio.sleep(0.01)
+        loops.cancel_scope.cancel()
+
+
 async def test_a_fetcher_goes_on_in_a_fetch_session_naming_only_what_changed(
     live: LiveContext,
 ) -> None:
@@ -324,13 +335,7 @@ async def test_a_fetcher_goes_on_in_a_fetch_session_naming_only_what_changed(
                 got[number] = bytes(reply.message_set)
                 offset += len(reply.message_set)
 
-        async with trio.open_nursery() as loops:
-            for number in (0, 1):
-                loops.start_soon(follow, number)
-            with trio.fail_after(10):
-                while len(seen) < 5:
-                    await trio.sleep(0.01)
-            loops.cancel_scope.cancel()
+        await follow_both(follow, lambda: len(seen) >= 5)
         assert seen[:5] == [
             (0, 0, (0, 1)),  # begun with both
             (1 << 20 | 9, 1, ()),  # nothing changed: none named
@@ -414,13 +419,7 @@ async def test_a_session_has_one_fetch_in_flight_and_a_late_copy_goes_on_its_own
                     await copied.wait()  # a slow copy: the session's next fetch leaves first
                 offset += len(reply.message_set)
 
-        async with trio.open_nursery() as loops:
-            for number in (0, 1):
-                loops.start_soon(follow, number)
-            with trio.fail_after(10):
-                while len(seen) < 4:
-                    await trio.sleep(0.01)
-            loops.cancel_scope.cancel()
+        await follow_both(follow, lambda: len(seen) >= 4)
         new = 38 + len(data)
         assert seen[:4] == [
             (2, 0, ((0, 38), (1, 38))),  # begun with both
