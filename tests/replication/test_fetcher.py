@@ -269,6 +269,27 @@ async def test_an_idle_leaders_long_polls_grow_and_new_data_brings_them_back(
         nursery.cancel_scope.cancel()
 
 
+def empty_answers(parts: tuple[protocol.FetchPart, ...]) -> tuple[protocol.FetchPartReply, ...]:
+    """Each of `parts` of "clicks" answered with nothing, its offset the high watermark."""
+    return tuple(
+        protocol.fetch_part_reply(
+            "clicks",
+            part.partition,
+            protocol.encode_reply(
+                0, protocol.FetchReply(part.offset, 0, b"", 0), protocol.PRODUCERS_FETCH_VERSION
+            ),
+        )
+        for part in parts
+    )
+
+
+def message_answer(number: int, data: bytes) -> protocol.FetchPartReply:
+    """Partition `number` of "clicks" answered with `data` at offset 38, of epoch 0."""
+    fetched = protocol.FetchReply(38 + len(data), 0, data, 0, (EpochEntry(0, 38),))
+    encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
+    return protocol.fetch_part_reply("clicks", number, encoded)
+
+
 async def follow_both(follow: Callable[[int], Awaitable[None]], done: Callable[[], bool]) -> None:
     """Run copy loops `follow(0)` and `follow(1)` until `done()` (10 s at most)."""
     async with trio.open_nursery() as loops:
@@ -308,16 +329,10 @@ async def test_a_fetcher_goes_on_in_a_fetch_session_naming_only_what_changed(
                 error = protocol.encode_error(header.correlation_id, FetchSessionIdNotFound("x"))
                 await channel.send([identity, *error])
                 continue
-            answers = []
-            for part in request.parts:  # those named: answered, empty at their offset
-                fetched = protocol.FetchReply(part.offset, 0, b"", 0)
-                encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
-                answers.append(protocol.fetch_part_reply("clicks", part.partition, encoded))
+            answers = empty_answers(request.parts)  # those named: empty at their offset
             if len(seen) == 2:  # partition 1's message, unnamed
-                fetched = protocol.FetchReply(38 + len(data), 0, data, 0, (EpochEntry(0, 38),))
-                encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
-                answers.append(protocol.fetch_part_reply("clicks", 1, encoded))
-            reply = protocol.MultiFetchReply(tuple(answers), 0, 1 << 20 | 9)
+                answers += (message_answer(1, data),)
+            reply = protocol.MultiFetchReply(answers, 0, 1 << 20 | 9)
             replied = protocol.encode_reply(header.correlation_id, reply, header.version)
             await channel.send([identity, *replied])
 
@@ -363,12 +378,7 @@ async def test_a_session_has_one_fetch_in_flight_and_a_late_copy_goes_on_its_own
     held: list[tuple[bytes, int]] = []  # the session's long poll, unanswered
 
     def answer(parts: tuple[protocol.FetchPart, ...], session_id: int) -> protocol.Reply:
-        empty = []
-        for part in parts:
-            fetched = protocol.FetchReply(part.offset, 0, b"", 0)
-            encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
-            empty.append(protocol.fetch_part_reply("clicks", part.partition, encoded))
-        return protocol.MultiFetchReply(tuple(empty), 0, session_id)
+        return protocol.MultiFetchReply(empty_answers(parts), 0, session_id)
 
     async def serve() -> None:
         channel = TrioSocket(live.server, lambda socket, flags: socket.recv_multipart(flags))
@@ -380,11 +390,7 @@ async def test_a_session_has_one_fetch_in_flight_and_a_late_copy_goes_on_its_own
             seen.append((header.version, request.session_epoch, parts))
             reply: protocol.Reply
             if len(seen) == 1:  # the session begun: partition 1's message
-                fetched = protocol.FetchReply(38 + len(data), 0, data, 0, (EpochEntry(0, 38),))
-                encoded = protocol.encode_reply(0, fetched, protocol.PRODUCERS_FETCH_VERSION)
-                reply = protocol.MultiFetchReply(
-                    (protocol.fetch_part_reply("clicks", 1, encoded),), 0, 1 << 20 | 9
-                )
+                reply = protocol.MultiFetchReply((message_answer(1, data),), 0, 1 << 20 | 9)
             elif len(seen) == 2:  # the next fetch, without partition 1 (still copying)
                 held.append((identity, header.correlation_id))
                 copied.set()
