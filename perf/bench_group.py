@@ -10,8 +10,11 @@ of its own joined through the group's coordinator (a broker's address, no ZooKee
 docs/protocol.md "Consumer groups"), session 2 s; the group is asked DESCRIBE_GROUP every
 50 ms. Then:
 
-- **Joins under load.** A producer writes `--rate` messages a second (acks all, round robin
-  over the partitions), the members log every record they hand out, and `--runs` times, after
+- **Joins under load.** A producer writes `--rate` messages a second (acks all, each to a
+  partition drawn at random, as keyed messages spread: a round robin over the partitions
+  reached a member's partitions, given in ranges, in one sweep every `--partitions` / `--rate`
+  seconds, so each member read in bursts 0.3 to 0.8 s apart whatever the group did), the
+  members log every record they hand out, and `--runs` times, after
   10 s, an 11th member joins (its process started before the 10 s, so that its interpreter's
   start is not measured as the rebalance's cost), reads on 2 s once the group is stable, and
   leaves cleanly: for each join, the time until the group is stable (state stable, every
@@ -47,6 +50,7 @@ import functools
 import itertools
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -76,10 +80,10 @@ SESSION_S = 2.0
 WINDOW_S = 10.0
 """The window before a join over which the members' rate is measured."""
 RATE_WINDOW_S = 2.0
-"""The shortest window a kept rate is also measured over from a join: a member hands out
-records in bursts (gaps between hand-outs of 20-35 ms median but 200-370 ms at the 99th
-percentile under this load without any rebalance), so a rate over the rebalance's 0.7 s
-alone swings with one such gap."""
+"""The shortest window a kept rate is also measured over from a join: a rate over the
+rebalance's 0.7 s alone swings with one gap between two hand-outs."""
+PARTITION_SEED = 49
+"""The seed of the producer's random partitions (the same messages every run)."""
 CHROOT = "/bench"
 IDLE_S = 2.0
 """A member stops once it has read nothing for this long (the data is all stored up front)."""
@@ -406,10 +410,11 @@ def loaded_joins(
     stop = threading.Event()
 
     def produce() -> None:
+        spread = random.Random(PARTITION_SEED)
         with Producer(bootstrap, COORDINATED_TOPIC, ack=Ack.ALL) as producer:
             started = time.monotonic()
             while not stop.is_set():
-                partition = len(sent) % partitions
+                partition = spread.randrange(partitions)
                 delay = started + len(sent) / rate - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)  # the producer's pace, not a wait for a condition
