@@ -71,7 +71,7 @@ from broker.log.message import HEADER_SIZE
 from broker.protocol import LATEST, Ack, Api, OffsetsRequest, decode_reply
 from broker.zookeeper import PrivateZooKeeper
 from perf.bench_replication import running_cluster, wait_for
-from perf.cpu import cpu_seconds, tree_pids
+from perf.cpu import own_cpu_seconds, tree_pids
 from perf.pylog_runs import PrivatePylogd, consume
 
 MESSAGE_BYTES = 100
@@ -389,9 +389,9 @@ def replicated(partitions: int, seconds: float, directory: Path) -> dict[str, An
             in_sync_s = time.monotonic() - waited
         time.sleep(SETTLE_S)  # a settling time, not a wait for a condition
         pids = {b: broker_pids(pylogd) for b, pylogd in cluster.brokers.items()}
-        before = {b: cpu_seconds(p) for b, p in pids.items()}
+        before = {b: own_cpu_seconds(p) for b, p in pids.items()}
         time.sleep(IDLE_S)  # what is measured: the brokers doing nothing but following
-        idle = {b: round((cpu_seconds(p) - before[b]) / IDLE_S, 4) for b, p in pids.items()}
+        idle = {b: round((own_cpu_seconds(p) - before[b]) / IDLE_S, 4) for b, p in pids.items()}
         rates = {}
         for count in (1, partitions):
             messages, taken = native(endpoint, f"rf3-{count}", seconds, Ack.ALL)
