@@ -76,23 +76,22 @@ def cpu_seconds(pids: Iterable[int]) -> float:
 
     Threads are included (a process's utime/stime cover all its threads); processes that no
     longer exist count nothing."""
-    ticks = 0
-    for pid in _expand(pids):
-        fields = _stat_fields(pid)
-        if fields is not None:
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return ticks / _TICKS_PER_S
+    return _cpu_of(_expand(pids))
 
 
 def own_cpu_seconds(pids: Iterable[int]) -> float:
     """User + system CPU seconds used so far by exactly these processes (their threads
     included, their descendants not: a broker's tree without the private ZooKeeper it
     started, say)."""
+    return _cpu_of(dict.fromkeys(pids))
+
+
+def _cpu_of(pids: Iterable[int]) -> float:
     ticks = 0
-    for pid in dict.fromkeys(pids):
+    for pid in pids:
         fields = _stat_fields(pid)
         if fields is not None:
-            ticks += int(fields[11]) + int(fields[12])
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
     return ticks / _TICKS_PER_S
 
 
