@@ -47,8 +47,10 @@ class PlayedLeader:
     identities: list[bytes] = field(default_factory=list)
     fetches: list[list[int]] = field(default_factory=list)
     """The partitions of each MULTI_FETCH, in the order they came."""
-    held: list[tuple[bytes, int, tuple[protocol.FetchPart, ...]]] = field(default_factory=list)
-    """(identity, correlation id, parts) of the first fetches not answered yet."""
+    held: list[tuple[bytes, protocol.RequestHeader, tuple[protocol.FetchPart, ...]]] = field(
+        default_factory=list
+    )
+    """(identity, header, parts) of the first fetches not answered yet."""
     answered: set[int] = field(default_factory=set)
 
     async def serve(self) -> None:
@@ -65,11 +67,11 @@ class PlayedLeader:
                 self.fetches.append(numbers)
                 if self.answered.isdisjoint(numbers):  # first fetches (the copy loops start)
                     self.answered.update(numbers)
-                    self.held.append((identity, header.correlation_id, request.parts))
+                    self.held.append((identity, header, request.parts))
                 if len(self.answered) == PARTITIONS:
-                    for identity, correlation_id, parts in reversed(self.held):
+                    for identity, held, parts in reversed(self.held):  # each in its version
                         answer = protocol.encode_reply(
-                            correlation_id, first_data(parts), header.version
+                            held.correlation_id, first_data(parts), held.version
                         )
                         await channel.send([identity, *answer])
                     self.held.clear()
