@@ -358,13 +358,13 @@ class Reads:
         return _Round(correlation_id, request, version, fetches, checked, session, named)
 
     def _answerable(self, tagged: bytes, served: _Round) -> bool:
-        """Whether a MULTI_FETCH is answered now: a part failed, a part's partition was
-        deleted, taken offline or is no longer led here, the front woke it (`wake`), or
-        min_bytes are readable over its parts."""
+        """Whether a MULTI_FETCH is answered now: a part failed its checks (its partition
+        deleted, offline or not led here among them), the front woke it (`wake`), or min_bytes
+        are readable over its parts."""
         if tagged in self.woken:
             return True
         checked = served.checked
-        if any(not isinstance(p, Partition) or self._poll_ended(p) for p in checked):
+        if any(not isinstance(p, Partition) for p in checked):
             return True
         return self._readable(checked, served.fetches) >= served.request.min_bytes
 
@@ -388,13 +388,17 @@ class Reads:
         )
 
     async def _multi_poll(self, tagged: bytes, served: _Round) -> None:
-        """Wait until the request is answerable (`_answerable`) or max_wait_ms pass; then
-        answer. Each round waits on every part's waiters for one byte past its offset, with
-        one event."""
+        """Wait until the request is answerable (`_answerable`), a part's partition was
+        deleted, taken offline or is no longer led here since its checks, or max_wait_ms pass;
+        then answer. Each round waits on every part's waiters for one byte past its offset,
+        with one event."""
         request, fetches, checked = served.request, served.fetches, served.checked
+        partitions = [p for p in checked if isinstance(p, Partition)]
         wakeable = tagged in self.polls
         with trio.move_on_after(request.max_wait_ms / 1000):
-            while not self._answerable(tagged, served):
+            while not self._answerable(tagged, served) and not any(
+                self._poll_ended(p) for p in partitions
+            ):
                 event = trio.Event()
                 if wakeable:
                     self.polls[tagged] = event

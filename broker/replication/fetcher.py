@@ -323,30 +323,21 @@ class Fetcher:
                     answers = await self._fetch_session(parts, wait_ms, wait_s)
                 finally:
                     self._in_flight = False
-                idle = self._hand(parts, answers, wait_ms, wait_s)
-                self._idle_rounds = self._idle_rounds + 1 if idle else 0
+                handed, copying = self._hand(parts, answers, wait_ms, wait_s)
+                self._idle_rounds = 0 if handed else self._idle_rounds + 1
                 if not in_session:
                     return  # the next turn's fetches start another (_queue)
-                await self._wait_copies(parts, answers)
+                await self._wait_copies(copying)
         finally:
             self._sending = False
 
-    async def _wait_copies(
-        self, parts: list[_Part], answers: dict[Key, protocol.FetchReply | PylogError]
-    ) -> None:
-        """Wait, up to COPY_WAIT_S, for the copy loops handed bytes to copy and flush them and
-        ask again, so that the session's next fetch names their new positions (the leader's
-        high watermark, and the producers' acks, move with them) rather than forget them.
-        One that asks later goes on its own (`_queue`)."""
-        self._copying = set()
-        for waiting in parts:
-            key = (waiting.part.topic, waiting.part.partition)
-            answer = answers.get(key)
-            copies = isinstance(answer, protocol.FetchReply) and len(answer.message_set) > 0
-            if copies and not waiting.abandoned:
-                self._copying.add(key)
-        if self._copying:
-            self._copied = trio.Event()
+    async def _wait_copies(self, copying: set[Key]) -> None:
+        """Wait, up to COPY_WAIT_S, for the copy loops handed bytes (`copying`) to copy and
+        flush them and ask again, so that the session's next fetch names their new positions
+        (the leader's high watermark, and the producers' acks, move with them) rather than
+        forget them. One that asks later goes on its own (`_queue`)."""
+        if copying:
+            self._copying, self._copied = copying, trio.Event()
             with trio.move_on_after(COPY_WAIT_S):
                 await self._copied.wait()
             self._copying = set()
@@ -430,11 +421,12 @@ class Fetcher:
         answers: dict[Key, protocol.FetchReply | PylogError],
         wait_ms: int,
         wait_s: float,
-    ) -> bool:
+    ) -> tuple[bool, set[Key]]:
         """Hand each of `parts` its answer, or queue it again when its answer brings nothing
-        new (or none came: a session's partition without news); whether none was handed
-        one."""
-        idle = True
+        new (or none came: a session's partition without news); whether any was handed one,
+        and the partitions handed bytes (their copy loops copy them)."""
+        handed = False
+        copying: set[Key] = set()
         for waiting in parts:
             if waiting.abandoned:
                 continue
@@ -446,10 +438,12 @@ class Fetcher:
             ):
                 self._queue(waiting, wait_ms, wait_s)  # nothing new: asked again as it was
                 continue
-            idle = False
+            handed = True
+            if isinstance(answer, protocol.FetchReply) and len(answer.message_set):
+                copying.add((waiting.part.topic, waiting.part.partition))
             waiting.reply = answer
             waiting.done.set()
-        return idle
+        return handed, copying
 
     def _session_fetch(self, parts: list[_Part], poll_ms: int) -> protocol.MultiFetchRequest:
         """The MULTI_FETCH of `parts` (docs/protocol.md, MULTI_FETCH version 2): with no
