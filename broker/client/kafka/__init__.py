@@ -336,13 +336,13 @@ class Message(tuple[Any, ...]):
 
 
 DeliveryCallback = Callable[[KafkaError | None, Message], object]
-PENDING_FIELDS = 6
+_PENDING_FIELDS = 6
 """The items a message produced holds in its batch's `_Unreported` until reported."""
 
 
 class _Unreported:
     """The messages of one batch produced and not yet reported, flat in `items`,
-    PENDING_FIELDS each: its callback, where it starts in the batch (its delivery's parts:
+    _PENDING_FIELDS each: its callback, where it starts in the batch (its delivery's parts:
     broker.client.producer.Handle), key, value, timestamp, headers. Flat, so that a message
     waiting for its ack is references in a list, not an object of its own: with a tuple
     each, the garbage collector walked every message in flight, a tenth of the producer's
@@ -788,9 +788,9 @@ class Producer:
                 unreported = pending.popleft()
                 batch, items = unreported.batch, unreported.items
                 error = batch.error
-                for at in range(0, len(items), PENDING_FIELDS):
+                for at in range(0, len(items), _PENDING_FIELDS):
                     report, position, key, value, timestamp, headers = items[
-                        at : at + PENDING_FIELDS
+                        at : at + _PENDING_FIELDS
                     ]
                     self._waiting -= 1
                     if report is None:
@@ -804,8 +804,8 @@ class Producer:
                     try:
                         report(None if error is None else KafkaError.of(error), message)
                     except BaseException:
-                        if at + PENDING_FIELDS < len(items):
-                            unreported.items = items[at + PENDING_FIELDS :]
+                        if at + _PENDING_FIELDS < len(items):
+                            unreported.items = items[at + _PENDING_FIELDS :]
                             pending.appendleft(unreported)
                         raise
                     ran += 1
