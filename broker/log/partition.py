@@ -268,21 +268,8 @@ class PartitionLog:
         An append that then fails (DiskFull, StorageIOError) takes the new entries back (an
         entry at the log end stays); if that write fails too, the log fails as after a failed
         fsync (`reopen_from_disk`). Flushes as `append_counted` does."""
-        if offset != self.log_end_offset:
-            raise ValueError(
-                f"{self.directory.name}: replicated bytes start at {offset}, not at the log "
-                f"end {self.log_end_offset}"
-            )
+        entries = self.replicated_epochs(offset, len(message_set), epochs)
         end = offset + len(message_set)
-        entries = [(epoch, max(start, offset)) for epoch, start in epochs]
-        for (epoch, start), (_, given) in zip(entries, epochs, strict=True):
-            if start > end:
-                raise ValueError(
-                    f"{self.directory.name}: leader epoch {epoch} starts at {given}, past "
-                    f"the end {end} of the bytes it came with"
-                )
-        while len(entries) > 1 and entries[1][1] == offset:
-            del entries[0]
         at = offset
         for entry in producers:
             if not offset <= at <= entry.offset < entry.end <= end:
@@ -294,6 +281,30 @@ class PartitionLog:
         return self._append(
             message_set, self.config.segment_bytes, flush, entries, False, producers=producers
         )[1]
+
+    def replicated_epochs(
+        self, offset: int, size: int, epochs: Sequence[tuple[int, int]]
+    ) -> list[tuple[int, int]]:
+        """The entries `append_replicated` gives the history for `size` bytes at `offset` with
+        the leader's `epochs` (its rules; ValueError as it raises for an offset that is not the
+        log end or an entry past the bytes' end): a follower that writes them beforehand
+        (broker.log.epochs.assign_together) leaves the append nothing to write."""
+        if offset != self.log_end_offset:
+            raise ValueError(
+                f"{self.directory.name}: replicated bytes start at {offset}, not at the log "
+                f"end {self.log_end_offset}"
+            )
+        end = offset + size
+        entries = [(epoch, max(start, offset)) for epoch, start in epochs]
+        for (epoch, start), (_, given) in zip(entries, epochs, strict=True):
+            if start > end:
+                raise ValueError(
+                    f"{self.directory.name}: leader epoch {epoch} starts at {given}, past "
+                    f"the end {end} of the bytes it came with"
+                )
+        while len(entries) > 1 and entries[1][1] == offset:
+            del entries[0]
+        return entries
 
     def _append(
         self,

@@ -13,7 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import DiskFull, StorageIOError
-from broker.log.epochs import CHECKPOINT_NAME, EpochEntry, LeaderEpochs, format_entries, parse
+from broker.log.epochs import (
+    CHECKPOINT_NAME,
+    EpochEntry,
+    LeaderEpochs,
+    assign_together,
+    format_entries,
+    parse,
+)
 
 
 def stored(directory: Path) -> str:
@@ -201,6 +208,86 @@ def test_a_failed_write_raises_and_leaves_the_old_file(
     assert not (tmp_path / f"{CHECKPOINT_NAME}.tmp").exists()
     monkeypatch.undo()
     assert epochs.assign(2, 10)
+
+
+def histories(root: Path, count: int) -> list[LeaderEpochs]:
+    """`count` partition folders under `root`, each a history of one entry (0, 0)."""
+    found = []
+    for number in range(count):
+        folder = root / f"clicks-{number}"
+        folder.mkdir()
+        history = LeaderEpochs.load(folder)
+        history.assign(0, 0)
+        found.append(history)
+    return found
+
+
+def test_histories_assigned_together_are_written_as_one_by_one_and_each_gets_its_error(
+    tmp_path: Path,
+) -> None:
+    a, b, c, d = histories(tmp_path, 4)
+    results = assign_together(
+        [
+            (a, [(2, 100)]),
+            (b, [(0, 50)]),  # its epoch already: nothing written
+            (c, [(3, 10), (5, 90)]),
+            (d, [(-1, 0)]),  # out of range: refused, its history as it was
+            (a, [(4, 300)]),  # named twice: after the rest
+        ]
+    )
+    assert [type(r).__name__ if r else None for r in results] == [
+        None,
+        None,
+        None,
+        "ValueError",
+        None,
+    ]
+    assert a.entries == ((0, 0), (2, 100), (4, 300))
+    assert c.entries == ((0, 0), (3, 10), (5, 90))
+    assert b.entries == d.entries == ((0, 0),)
+    for history in (a, b, c, d):
+        assert LeaderEpochs.load(history.directory).entries == history.entries
+        assert not (history.directory / f"{CHECKPOINT_NAME}.tmp").exists()
+
+
+def test_a_syncfs_that_fails_has_each_history_written_on_its_own_with_its_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # syncfs cannot say whose file its error concerns: each history is then written and
+    # fsynced on its own, and only the one whose own fsync fails gets an error.
+    a, b, c = histories(tmp_path, 3)
+    fsync = os.fsync
+
+    def failing_syncfs(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    def fsync_failing_for_b(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(b.directory)):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        fsync(fd)
+
+    monkeypatch.setattr("broker.log.epochs.syncfs", failing_syncfs)
+    monkeypatch.setattr(os, "fsync", fsync_failing_for_b)
+    results = assign_together([(a, [(1, 10)]), (b, [(1, 20)]), (c, [(1, 30)])])
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], StorageIOError) and CHECKPOINT_NAME in str(results[1])
+    monkeypatch.undo()
+    assert a.entries == ((0, 0), (1, 10)) and c.entries == ((0, 0), (1, 30))
+    assert b.entries == ((0, 0),)
+    for history in (a, b, c):
+        assert LeaderEpochs.load(history.directory).entries == history.entries
+
+
+def test_a_history_whose_file_cannot_be_written_fails_alone(tmp_path: Path) -> None:
+    a, b, c = histories(tmp_path, 3)
+    (b.directory / CHECKPOINT_NAME).unlink()
+    b.directory.rmdir()  # its folder gone (a partition deleted meanwhile)
+    results = assign_together([(a, [(1, 10)]), (b, [(1, 20)]), (c, [(1, 30)])])
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], StorageIOError)
+    assert b.entries == ((0, 0),)
+    assert LeaderEpochs.load(a.directory).entries == ((0, 0), (1, 10))
+    assert LeaderEpochs.load(c.directory).entries == ((0, 0), (1, 30))
 
 
 entry_lists = st.lists(

@@ -27,7 +27,7 @@ from broker.log import PartitionLog
 from broker.log.epochs import EpochEntry
 from broker.log.message import encode_message, iter_messages
 from broker.replication.fetcher import Fetchers
-from broker.replication.follower import Follower, Role
+from broker.replication.follower import EpochRound, Follower, Role
 from broker.security import BrokerKeys, Principals, ZapHandler
 from broker.trio_socket import TrioSocket
 from tests.sockets import LiveContext
@@ -57,7 +57,16 @@ async def test_fetchers_closed_during_their_handshake_leave_the_workers_context_
                 for leader in range(LEADERS):  # a fetcher, a connection each
                     role = Role(leader, live.endpoint, 0, client.broker.decode())
                     follower = Follower(
-                        2, "clicks", 0, lambda: plog, role, 1 << 20, 200, no_copy, fetchers
+                        2,
+                        "clicks",
+                        0,
+                        lambda: plog,
+                        role,
+                        1 << 20,
+                        200,
+                        no_copy,
+                        fetchers,
+                        EpochRound(),
                     )
                     nursery.start_soon(follower.run)
                 await trio.testing.wait_all_tasks_blocked()
@@ -119,7 +128,9 @@ async def test_a_follower_refused_by_the_leader_says_why_and_follows_once_let_in
             nursery.start_soon(lead_with_one_message, live)
             fetchers = Fetchers(2, live.context, nursery, 5_000, lambda: keys)
             role = Role(1, live.endpoint, 0, client.broker.decode())
-            follower = Follower(2, "clicks", 0, lambda: plog, role, 1 << 20, 200, flushed, fetchers)
+            follower = Follower(
+                2, "clicks", 0, lambda: plog, role, 1 << 20, 200, flushed, fetchers, EpochRound()
+            )
             nursery.start_soon(follower.run)
             with trio.fail_after(20):
                 while "refused this broker's key (ZAP 400)" not in caplog.text:
