@@ -309,25 +309,16 @@ def assign_together(
     if len(staged) == 1:  # one file: its own fsyncs cost less than a syncfs
         _store_each(results, staged)
     elif staged:
-        written = []
-        for index, history, new in staged:
-            try:
-                history._write_tmp(new, sync=False)
-            except StorageError as error:
-                results[index] = error
-                continue
-            written.append((index, history, new))
-        directories = [history.directory for _, history, _ in written]
         try:
-            _sync_file_systems(directories)
-            for _, history, _ in written:
-                os.replace(history._tmp_path(), history.path)
-            _sync_file_systems(directories)
+            handles = _file_system_handles([history.directory for _, history, _ in staged])
         except OSError:
-            _store_each(results, written)
+            _store_each(results, staged)
         else:
-            for _, history, new in written:
-                history._entries = new
+            try:
+                _store_synced_together(results, staged, handles)
+            finally:
+                for fd in handles:
+                    os.close(fd)
     for index in later:
         history, entries = assignments[index]
         try:
@@ -349,19 +340,54 @@ def _store_each(
             results[index] = error
 
 
-def _sync_file_systems(directories: Sequence[Path]) -> None:
-    """syncfs(2) once for each file system that holds one of `directories` (OSError as it
-    and os.open raise)."""
-    seen: set[int] = set()
-    for directory in directories:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+def _store_synced_together(
+    results: list[Exception | None],
+    staged: list[tuple[int, LeaderEpochs, list[EpochEntry]]],
+    handles: list[int],
+) -> None:
+    """Write the staged histories' tmp files, syncfs through `handles` (one a file system,
+    opened before the writes, so that a writeback error of theirs is reported to them), rename
+    each over its file, syncfs again, then keep them; each one's error in `results`, and when
+    a syncfs fails, each not kept written on its own (`_store_each`)."""
+    written = []
+    for index, history, new in staged:
         try:
+            history._write_tmp(new, sync=False)
+        except StorageError as error:
+            results[index] = error
+            continue
+        written.append((index, history, new))
+    try:
+        for fd in handles:
+            syncfs(fd)
+        for _, history, _ in written:
+            os.replace(history._tmp_path(), history.path)
+        for fd in handles:
+            syncfs(fd)
+    except OSError:
+        _store_each(results, written)
+        return
+    for _, history, new in written:
+        history._entries = new
+
+
+def _file_system_handles(directories: Sequence[Path]) -> list[int]:
+    """A descriptor of one of `directories` for each file system that holds them (OSError as
+    os.open raises, none left open)."""
+    handles: dict[int, int] = {}
+    try:
+        for directory in directories:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
             device = os.fstat(fd).st_dev
-            if device not in seen:
-                seen.add(device)
-                syncfs(fd)
-        finally:
+            if device in handles:
+                os.close(fd)
+            else:
+                handles[device] = fd
+    except OSError:
+        for fd in handles.values():
             os.close(fd)
+        raise
+    return list(handles.values())
 
 
 def _check(epoch: int, start_offset: int) -> None:
