@@ -6,6 +6,7 @@ real logs, against a leader played on a ROUTER socket of 127.0.0.1."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -144,21 +145,31 @@ async def test_the_partitions_followed_from_one_leader_share_one_connection(
     live: LiveContext, tmp_path: Path
 ) -> None:
     plogs = {n: PartitionLog.open(tmp_path / f"clicks-{n}") for n in range(PARTITIONS)}
-    leader = PlayedLeader(live)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(leader.serve)
-        fetchers = Fetchers(2, live.context, nursery, IDLE_WAIT_MAX_MS)
-        for number in range(PARTITIONS):
-            nursery.start_soon(follower(number, plogs, fetchers, live.endpoint).run)
-        with trio.fail_after(10):
-            while any(p.high_watermark == 0 for p in plogs.values()):
-                await trio.sleep(0.01)
+    async with copying_from_played_leader(live, plogs) as (leader, fetchers):
         assert len(fetchers) == 1
         assert len(set(leader.identities)) == 1  # every request on one connection
         # Answered last first: each reply reached the partition that asked for it.
         assert {n: stored(p) for n, p in plogs.items()} == {
             n: [b"partition %d" % n] for n in range(PARTITIONS)
         }
+
+
+@contextlib.asynccontextmanager
+async def copying_from_played_leader(
+    live: LiveContext, plogs: dict[int, PartitionLog]
+) -> AsyncIterator[tuple[PlayedLeader, Fetchers]]:
+    """Copy loops of `plogs` following a PlayedLeader on `live`, once each log's high
+    watermark moved (its first message copied); stopped at the end."""
+    leader = PlayedLeader(live)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(leader.serve)
+        fetchers = Fetchers(2, live.context, nursery, IDLE_WAIT_MAX_MS)
+        for number in plogs:
+            nursery.start_soon(follower(number, plogs, fetchers, live.endpoint).run)
+        with trio.fail_after(10):
+            while any(p.high_watermark == 0 for p in plogs.values()):
+                await trio.sleep(0.01)
+        yield leader, fetchers
         nursery.cancel_scope.cancel()
 
 
@@ -183,16 +194,8 @@ async def test_the_epochs_copied_in_one_turn_are_written_with_two_syncfs_not_an_
 
     monkeypatch.setattr(os, "fsync", counted_fsync)
     monkeypatch.setattr("broker.log.epochs.syncfs", counted_syncfs)
-    leader = PlayedLeader(live)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(leader.serve)
-        fetchers = Fetchers(2, live.context, nursery, IDLE_WAIT_MAX_MS)
-        for number in range(PARTITIONS):
-            nursery.start_soon(follower(number, plogs, fetchers, live.endpoint).run)
-        with trio.fail_after(10):
-            while any(p.high_watermark == 0 for p in plogs.values()):
-                await trio.sleep(0.01)
-        nursery.cancel_scope.cancel()
+    async with copying_from_played_leader(live, plogs):
+        pass
     histories = [f for f in fsynced if "leader-epoch" in f or Path(f).name.startswith("clicks-")]
     assert histories == []
     assert len(synced_file_systems) == 2
