@@ -187,10 +187,6 @@ class LeaderEpochs:
         self._store(new)
         return True
 
-    def changed_by(self, entries: Sequence[tuple[int, int]]) -> bool:
-        """Whether `assign_all(entries)` would change the history (ValueError as it raises)."""
-        return self._assigned(entries) != self._entries
-
     def _assigned(self, entries: Sequence[tuple[int, int]]) -> list[EpochEntry]:
         """The history `assign_all(entries)` makes (ValueError as it raises)."""
         new = list(self._entries)

@@ -254,10 +254,13 @@ class Follower:
             self.leader_high_watermark = reply.high_watermark
             if len(reply.message_set):
                 plog = self._plog()
-                entries = plog.replicated_epochs(offset, len(reply.message_set), reply.epochs)
-                if entries and plog.epochs.changed_by(entries[:1]):  # the epoch at `offset`
-                    await self._epoch_round.assign(plog.epochs, entries[0])
-                    plog = self._plog()
+                latest = plog.epochs.latest_epoch
+                if any(epoch != latest for epoch, _ in reply.epochs):  # else nothing to write
+                    size = len(reply.message_set)
+                    entry = plog.replicated_epochs(offset, size, reply.epochs)[0]
+                    if entry[0] != latest:  # a new epoch at `offset`: with the turn's others
+                        await self._epoch_round.assign(plog.epochs, entry)
+                        plog = self._plog()
                 count = plog.append_replicated(
                     reply.message_set, offset, reply.epochs, flush=False, producers=reply.producers
                 )
