@@ -4,8 +4,8 @@
 # `pip wheel . --no-deps -w dist`), /etc/pylog/pylogd.toml from deploy/pylogd.toml (kept if it
 # exists: edit it there), /var/lib/pylog, the README and docs/ in /opt/pylog (the unit's
 # Documentation=), and the systemd unit, installed and enabled; pylog-mirror's unit and
-# /etc/pylog/pylog-mirror.toml (kept if it exists) too, not enabled. Start it with
-# `systemctl start pylogd`. Safe to run again: it upgrades pylog and keeps the config.
+# /etc/pylog/pylog-mirror.toml (kept if it exists) too, and pylog-console's unit, not enabled.
+# Start it with `systemctl start pylogd`. Safe to run again: it upgrades pylog and keeps the config.
 #
 #   deploy/install.sh [SOURCE]
 #
@@ -51,6 +51,9 @@ install -D -m 0644 "$deploy/systemd/pylogd.service" "$root/etc/systemd/system/py
 # The mirror's unit, not enabled (docs/mirror.md): edit /etc/pylog/pylog-mirror.toml first.
 install -D -m 0644 "$deploy/systemd/pylog-mirror.service" \
     "$root/etc/systemd/system/pylog-mirror.service"
+# The console's unit, not enabled (docs/console.md): read-only on 127.0.0.1:9180.
+install -D -m 0644 "$deploy/systemd/pylog-console.service" \
+    "$root/etc/systemd/system/pylog-console.service"
 if [ -n "$root" ]; then
     systemctl --root="$root" enable pylogd.service
 else

@@ -57,6 +57,12 @@ def test_install_into_a_root_then_again_keeps_the_config(source: Path, tmp_path:
     mirror = root / "opt" / "pylog" / ".venv" / "bin" / "pylog-mirror"
     subprocess.run([str(mirror), "--help"], check=True, capture_output=True, timeout=60)
     assert (root / "opt" / "pylog" / "docs" / "mirror.md").is_file()
+    console_unit = root / "etc" / "systemd" / "system" / "pylog-console.service"
+    assert console_unit.read_text() == (DEPLOY / "systemd" / "pylog-console.service").read_text()
+    assert not (wanted.parent / "pylog-console.service").exists()  # off by default
+    console = root / "opt" / "pylog" / ".venv" / "bin" / "pylog-console"
+    subprocess.run([str(console), "--help"], check=True, capture_output=True, timeout=60)
+    assert (root / "opt" / "pylog" / "docs" / "console.md").is_file()
 
     config.write_text("[broker]\nport = 9099\n")
     install(source, root)
