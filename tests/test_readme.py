@@ -25,6 +25,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from broker.zookeeper import free_port
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
-PORTS = (9092, 9093, 9094, 9095, 9096, 9097, 19092, 2181, 2182)
+PORTS = (9092, 9093, 9094, 9095, 9096, 9097, 19092, 2181, 2182, 9180)
 PORT_IN_TEXT = re.compile(r"(?<!\d)(" + "|".join(map(str, PORTS)) + r")(?!\d)")
 # The README's broker port that its commands imply without writing it: scripts/start's front
 # socket, and pylogctl's --broker ($PYLOG_BROKER). Written out, then substituted.
@@ -268,6 +269,8 @@ class Reader:
         elif command.split("#")[0].rstrip().endswith("&"):
             background = command.split("#")[0].rstrip().removesuffix("&")
             self.jobs.append(self.spawn(["bash", "-c", background]))
+            if words[0].endswith("pylog-console"):
+                self.open_console(self.jobs[-1])
         elif "--follow" in words:
             follow = self.spawn(["bash", "-c", command])
             follow.wait_for(lambda line: line.strip() != "", COMMAND_TIMEOUT_S)
@@ -275,6 +278,15 @@ class Reader:
             assert follow.process.returncode == 0, f"{command}:\n{output}"
         else:
             self.run(["bash", "-o", "pipefail", "-c", command], repr(command))
+
+    def open_console(self, console: Running) -> None:
+        """Wait for pylog-console to serve, then open its cluster page as a browser would:
+        the three brokers the README started, each up."""
+        ready = console.wait_for(lambda line: "pylog-console ready on" in line, READY_TIMEOUT_S)
+        url = ready.split("ready on", 1)[1].strip()
+        with urllib.request.urlopen(url + "/", timeout=COMMAND_TIMEOUT_S) as page:
+            text = page.read().decode()
+        assert page.status == 200 and text.count('<td class="state">up</td>') == 3, text
 
     def start_broker(self, command: str) -> None:
         if command.startswith("scripts/start"):
