@@ -73,9 +73,9 @@ def test_the_chart_draws_the_window_with_its_greatest_lag() -> None:
     svg = str(chart(history.samples("g"), now))
     assert "30 messages" in svg and "-60 min" in svg
     assert 'points="0.0,120.0 300.0,12.0 600.0,66.0"' in svg
-    recent = LagHistory(clock=lambda: now)  # a minute of samples: drawn over five minutes
+    recent = LagHistory(clock=lambda: clock[0])  # a minute of samples: drawn over 5 minutes
     for at in (now - 60, now):
-        recent.clock = lambda at=at: at
+        clock[0] = at
         recent.record(lag("g", 1))
     svg = str(chart(recent.samples("g"), now))
     assert "-5 min" in svg and 'points="480.0,12.0 600.0,12.0"' in svg
