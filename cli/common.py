@@ -223,6 +223,19 @@ def global_options(command: F) -> F:
     )(command)
 
 
+def log_options(command: F) -> F:
+    """--log-format and -v/--verbose, on the programs that run until stopped (pylog-mirror,
+    pylog-console): their logs as text or JSON, debug included or not."""
+    command = click.option("-v", "--verbose", is_flag=True, help="Log debug messages too.")(command)
+    return click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        help="Log lines as text or as JSON objects (for journald and log shippers).",
+    )(command)
+
+
 def watch_options(watch_help: str) -> Callable[[F], F]:
     """--watch (helped by `watch_help`) and --interval, the seconds between its rounds."""
 

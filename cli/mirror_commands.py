@@ -11,11 +11,9 @@ from pathlib import Path
 
 import click
 
-from broker.client import Admin
 from broker.client.lag import COUNT_BYTES
 from broker.mirror import MirrorConfig, MirrorConfigError
-from broker.mirror.lag import MirrorLag, describe_mirror
-from broker.registry import Registry
+from broker.mirror.lag import MirrorLag, describe_mirror, mirror_clusters
 from cli.common import (
     CLI_RETRIES,
     broker_errors,
@@ -97,40 +95,22 @@ def mirror_describe(
     with (
         until_interrupted(),
         broker_errors(f"{source_address.bootstrap} or {target_address.bootstrap}"),
-        Admin(
-            source_address.bootstrap,
-            timeout_s=timeout,
-            retries=CLI_RETRIES,
-            keys=source_address.keys,
-        ) as source,
-        Admin(
-            target_address.bootstrap,
-            timeout_s=timeout,
-            retries=CLI_RETRIES,
-            keys=target_address.keys,
-        ) as target,
+        mirror_clusters(config, timeout, CLI_RETRIES) as (source, target, registry),
     ):
-        found = target.zookeeper()
-        with Registry(
-            found.connect,
-            found.chroot,
-            request_timeout_s=timeout,
-            auth=target_address.zookeeper_auth,
-        ) as registry:
-            waited = time.monotonic() + wait
-            while True:
-                lags = describe_mirror(config, source, target, registry, topics, count_bytes)
-                if any(_not_copied(lag) for lag in lags) and time.monotonic() < waited:
-                    time.sleep(WAIT_STEP_S)  # a condition polled: the target's topics made
-                    continue
-                if watch and not as_json and sys.stdout.isatty():
-                    click.clear()
-                stalled = _print(lags, as_json)
-                if not watch:
-                    if stalled:
-                        sys.exit(EXIT_NOT_COPIED)
-                    return
-                time.sleep(interval)  # the refresh period, not a wait for a condition
+        waited = time.monotonic() + wait
+        while True:
+            lags = describe_mirror(config, source, target, registry, topics, count_bytes)
+            if any(_not_copied(lag) for lag in lags) and time.monotonic() < waited:
+                time.sleep(WAIT_STEP_S)  # a condition polled: the target's topics made
+                continue
+            if watch and not as_json and sys.stdout.isatty():
+                click.clear()
+            stalled = _print(lags, as_json)
+            if not watch:
+                if stalled:
+                    sys.exit(EXIT_NOT_COPIED)
+                return
+            time.sleep(interval)  # the refresh period, not a wait for a condition
 
 
 WAIT_STEP_S = 0.25

@@ -22,7 +22,7 @@ import uvicorn
 from broker.logs import configure_logging
 from broker.security import KeyFileError
 from broker.security.keys import check_private
-from cli.common import client_keys, usage_error
+from cli.common import client_keys, log_options, usage_error
 from cli.group_commands import zookeeper_auth, zookeeper_options
 from cli.web.app import Console, Settings, is_loopback
 from cli.web.reads import Reads, Target
@@ -125,14 +125,7 @@ def _token(path: Path | None) -> str | None:
     help="Seconds between samples of a watched group's lag (for its chart; 0: only when its "
     "page is read).",
 )
-@click.option(
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Log lines as text or as JSON objects (for journald and log shippers).",
-)
-@click.option("-v", "--verbose", is_flag=True, help="Log debug messages too.")
+@log_options
 @zookeeper_options
 @click.version_option(package_name="pylog")
 def main(

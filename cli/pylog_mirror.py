@@ -20,6 +20,7 @@ from broker.logs import configure_logging
 from broker.metrics import serve_collector
 from broker.mirror import Mirror, MirrorCollector, MirrorConfig, MirrorConfigError
 from broker.mirror.mirror import log as MIRROR_LOG
+from cli.common import log_options
 
 EXIT_CANNOT_START = 1
 
@@ -32,14 +33,7 @@ EXIT_CANNOT_START = 1
     type=click.Path(dir_okay=False, path_type=Path),
     help="The TOML file: [source], [target], [mirror] (deploy/pylog-mirror.toml).",
 )
-@click.option(
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Log lines as text or as JSON objects (for journald and log shippers).",
-)
-@click.option("-v", "--verbose", is_flag=True, help="Log debug messages too.")
+@log_options
 @click.version_option(package_name="pylog")
 def main(config_path: Path, log_format: str, verbose: bool) -> None:
     """Copy the topics named in the file's [mirror] topics from [source] to [target], each

@@ -12,8 +12,9 @@ registry).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from broker.client.admin import Admin, PartitionOffsets
@@ -44,6 +45,25 @@ class MirrorLag:
     already; None: nothing will as things stand, or not known: broker.client.retention)."""
     retention_bytes: int | None = None
     note: str | None = None
+
+
+@contextlib.contextmanager
+def mirror_clusters(
+    config: MirrorConfig, timeout_s: float, retries: int
+) -> Iterator[tuple[Admin, Admin, Registry]]:
+    """What describe_mirror reads, open for the block: an Admin of the source and one of the
+    target (each with its keys), and the target's registry, where the target says it is (with
+    the target's ZooKeeper identity)."""
+    source, target = config.source, config.target
+    with (
+        Admin(source.bootstrap, timeout_s=timeout_s, retries=retries, keys=source.keys) as s,
+        Admin(target.bootstrap, timeout_s=timeout_s, retries=retries, keys=target.keys) as t,
+    ):
+        found = t.zookeeper()
+        with Registry(
+            found.connect, found.chroot, request_timeout_s=timeout_s, auth=target.zookeeper_auth
+        ) as registry:
+            yield s, t, registry
 
 
 def describe_mirror(

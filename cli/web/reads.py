@@ -29,7 +29,7 @@ from broker.config import LIVE_SETTINGS, setting_name
 from broker.errors import BrokerError, PylogError
 from broker.log.message import Message
 from broker.mirror.config import MirrorConfig, MirrorConfigError
-from broker.mirror.lag import MirrorLag, describe_mirror
+from broker.mirror.lag import MirrorLag, describe_mirror, mirror_clusters
 from broker.protocol import EARLIEST, LATEST, ClusterBroker, ConfigEntry, ErrorCode
 from broker.quotas import Kind, Quota, QuotaConfig
 from broker.registry import DEFAULT_CHROOT, Registry
@@ -306,24 +306,13 @@ class Reads:
             config = MirrorConfig.load(path)
         except MirrorConfigError as error:
             return MirrorView(path, "-", "-", [], str(error))
-        source, target = config.source, config.target
-        timeout = self.target.timeout_s
+        source, target = config.source.bootstrap, config.target.bootstrap
         try:
-            with (
-                Admin(source.bootstrap, timeout_s=timeout, retries=RETRIES, keys=source.keys) as s,
-                Admin(target.bootstrap, timeout_s=timeout, retries=RETRIES, keys=target.keys) as t,
-            ):
-                found = t.zookeeper()
-                with Registry(
-                    found.connect,
-                    found.chroot,
-                    request_timeout_s=timeout,
-                    auth=target.zookeeper_auth,
-                ) as registry:
-                    lags = describe_mirror(config, s, t, registry)
+            with mirror_clusters(config, self.target.timeout_s, RETRIES) as clusters:
+                lags = describe_mirror(config, *clusters)
         except PylogError as error:
-            return MirrorView(path, source.bootstrap, target.bootstrap, [], _error_text(error))
-        return MirrorView(path, source.bootstrap, target.bootstrap, lags)
+            return MirrorView(path, source, target, [], _error_text(error))
+        return MirrorView(path, source, target, lags)
 
     def settings(self) -> SettingsView:
         registry = self.registry()
