@@ -61,6 +61,7 @@ def test_the_mirrors_page_shows_each_partitions_lag_and_a_file_it_cannot_use(
 
     wait_until(lambda: lag() == "0", 60, "the mirror caught up")
     code, page = running.get("/mirrors")
+    assert code == 200, page
     assert "broken.toml" in page and "[target]" in page  # the file's error, named
     assert mirror.stop() == 0
     with Producer(source.endpoint, "clicks", ack=Ack.FLUSHED) as producer:
