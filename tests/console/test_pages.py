@@ -123,3 +123,17 @@ def test_changes_are_made_from_the_consoles_own_forms_and_logged_with_their_auth
     bad = urlencode({"name": "log.retention_ms", "value": "-5", "form_token": form_token(page)})
     code, page = running.request("/settings/broker", bad.encode(), {**FORM, **login})
     assert code == 400 and "retention_ms" in page, page  # refused, nothing written
+
+
+def test_what_messages_hold_is_shown_as_text_never_as_markup(
+    broker: RunningBroker, console: Callable[..., RunningConsole], topic: str
+) -> None:
+    with Admin(broker.endpoint) as admin:
+        admin.create_topic(topic, 1)
+    with Producer(broker.endpoint, topic) as producer:
+        producer.send(b"<script>alert(1)</script>", key=b"<b>k</b>", headers=[("<i>", b"<u>")])
+    running = console("-b", broker.endpoint)
+    code, page = running.get(f"/messages?topic={topic}&view=text")
+    assert code == 200, page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert" not in page
+    assert "&lt;b&gt;k&lt;/b&gt;" in page and "&lt;i&gt;" in page and "&lt;u&gt;" in page
