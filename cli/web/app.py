@@ -272,6 +272,13 @@ class Console:
                         "the pages show."
                     ),
                 )
+            if error.code == ErrorCode.AUTHORIZATION_FAILED:
+                return (
+                    403,
+                    "Not allowed",
+                    "The console's principal has no ACL for this (pylogctl acl add; "
+                    "docs/security.md).",
+                )
             return 502, f"The broker answered {error.name}", ""
         if isinstance(error, CorruptSegment):
             return 502, "Damaged data", "Read from the offset after it: its end, as named."

@@ -2,10 +2,12 @@
 against real brokers and ZooKeeper, each page kept as a screenshot: the cluster page shows a
 broker going down within its refresh; a group's lag grows while its member is stopped and
 shrinks when it resumes; the message browser pages through compressed sets and headers; a
-Curve cluster reached without the console's keys shows the error page."""
+Curve cluster reached without the console's keys shows the error page, and with them what
+its principal's ACLs allow."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -130,7 +132,23 @@ def test_the_message_browser_pages_through_compressed_sets_and_headers(
     assert [headers for _, headers in seen] == [f"trace: t-{i}" for i in range(25)]
 
 
-def test_a_curve_cluster_without_the_consoles_keys_shows_the_error_page(
+def key_options(key_dir: Path, name: str) -> tuple[str, ...]:
+    return (
+        "--key-file",
+        str(key_dir / f"{name}.key_secret"),
+        "--broker-key",
+        str(key_dir / "broker.key"),
+    )
+
+
+def running_status(console: RunningConsole, path: str) -> tuple[int, str]:
+    """The status of GET `path` and the title of its error page ("" for none)."""
+    code, page = console.get(path)
+    found = re.search(r'<section class="error" id="error">\s*<h2>(.*?)</h2>', page)
+    return code, found.group(1) if found else ""
+
+
+def test_a_curve_cluster_shows_the_error_page_without_keys_and_what_the_acls_allow_with_them(
     zookeeper: PrivateZooKeeper,
     tmp_path: Path,
     console: Callable[..., RunningConsole],
@@ -147,14 +165,13 @@ def test_a_curve_cluster_without_the_consoles_keys_shows_the_error_page(
         assert "Traceback" not in browser.page_source
         screenshot(browser, "curve-without-keys")
 
-        keys = curve.key_dir
-        keyed = console(
-            "-b",
-            endpoint,
-            "--key-file",
-            str(keys / f"{SUPER_USER}.key_secret"),
-            "--broker-key",
-            str(keys / "broker.key"),
-        )
+        keyed = console("-b", endpoint, *key_options(curve.key_dir, SUPER_USER))
         browser.get(keyed.url + "/")
         shows(browser, lambda b: text_of(b, "#health") == "healthy", "healthy")
+
+        # The principal's ACLs decide what the console shows: alice has none.
+        with Admin(endpoint, keys=curve.keys(SUPER_USER)) as admin:
+            admin.create_topic("guarded", 1)
+        alice = console("-b", endpoint, *key_options(curve.key_dir, "alice"))
+        assert running_status(alice, "/topics/guarded") == (403, "Not allowed")
+        assert keyed.get("/topics/guarded")[0] == 200
