@@ -54,9 +54,11 @@ CLUSTER_FIXTURES = frozenset(
 )
 """Fixtures that start several brokers: tests/cluster's three, the CLI's, Curve's."""
 
-PROCESS_FIXTURES = frozenset({"zookeeper", "make_pylogd", "clusters", "make_mirror"})
+PROCESS_FIXTURES = frozenset(
+    {"zookeeper", "make_pylogd", "clusters", "make_mirror", "console", "browser"}
+)
 """Fixtures that start a process: ZooKeeper (every broker fixture uses it), a broker or a
-mirror of their own ZooKeeper."""
+mirror of their own ZooKeeper, pylog-console and the browser of its tests (tests/console)."""
 
 
 def tier(fixtures: Iterable[str]) -> str:

@@ -245,7 +245,8 @@ class Reads:
         return ClusterView(described.brokers, dict(leads), health)
 
     def topics(self) -> list[TopicRow]:
-        """Every topic, those with offline or under-replicated partitions first."""
+        """Every topic: those with offline partitions first, then those with under-replicated
+        ones, then the rest, each by name."""
         with self.admin() as admin:
             metadata = admin.metadata()
         rows = []
@@ -256,7 +257,9 @@ class Reads:
             offline = sum(1 for p in info.partitions if p.error_code or p.broker_id < 0)
             under = sum(1 for p in info.partitions if p.replicas and len(p.isr) < len(p.replicas))
             rows.append(TopicRow(info.topic, len(info.partitions), offline, under))
-        return sorted(rows, key=lambda r: (not (r.offline or r.under_replicated), r.name))
+        return sorted(
+            rows, key=lambda r: (0 if r.offline else 1 if r.under_replicated else 2, r.name)
+        )
 
     def topic(self, name: str) -> TopicView:
         with self.admin() as admin:

@@ -37,8 +37,10 @@ def test_the_cluster_page_shows_a_broker_going_down_within_its_refresh(
     topic: str,
 ) -> None:
     three = shared_three_brokers
+    single = f"{topic}-single"
     with Admin(three.endpoints[1]) as admin:
         admin.create_topic(topic, 3, REPLICATED)  # every broker holds a replica of each
+        admin.create_topic(single, 3)  # one replica each: one of them on broker 3
     running = console("-b", three.endpoints[1], "--refresh", str(REFRESH_S), "--timeout", "2")
     browser.get(running.url + "/")
     shows(browser, lambda b: broker_row_state(b, 3) == "up", "broker 3 up")
@@ -52,6 +54,17 @@ def test_the_cluster_page_shows_a_broker_going_down_within_its_refresh(
     shows(browser, lambda b: text_of(b, "#health") == "not healthy", "unhealthy")
     assert topic in text_of(browser, "main")  # its partitions, under-replicated, listed
     screenshot(browser, "cluster-broker-down")
+    code, page = running.get("/topics")  # the topic with an offline partition first
+    assert code == 200 and page.index(f">{single}<") < page.index(f">{topic}<"), page
+    code, page = running.get(f"/topics/{single}")
+    assert code == 200 and "offline (" in page
+    offline = next(
+        p.partition
+        for p in Admin(three.endpoints[1]).metadata([single]).topics[0].partitions
+        if p.broker_id in (-1, 3) or p.error_code
+    )
+    code, page = running.get(f"/messages?topic={single}&partition={offline}")
+    assert code in (502, 503) and '<section class="error"' in page, page
 
     three.restart(3)
     shows(browser, lambda b: broker_row_state(b, 3) == "up", "broker 3 up again")

@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 from broker.client import Admin, Producer
 from broker.quotas import Kind
 from broker.registry import Registry
+from broker.zookeeper import free_port
 from tests.conftest import wait_until
 from tests.console.conftest import RunningConsole
 from tests.curve import secret_file
@@ -79,6 +80,16 @@ def test_a_page_never_waits_past_its_timeout_on_a_frozen_broker(
     assert code == 504 and "did not answer in time" in page, page
     assert waited < 2 + 3, waited  # the page timeout, and a margin for a busy machine
     wait_until(lambda: running.get("/topics")[0] == 200, 30, "the topics page again")
+
+
+def test_a_broker_that_does_not_answer_is_a_page_saying_so(
+    console: Callable[..., RunningConsole],
+) -> None:
+    running = console("-b", f"127.0.0.1:{free_port()}", "--timeout", "1")
+    for path in ("/", "/topics", "/groups", "/messages?topic=t"):
+        code, page = running.get(path)
+        assert code == 503 and "Broker unreachable" in page, (path, page)
+        assert "Traceback" not in page
 
 
 def test_no_change_from_a_get_nor_from_a_read_only_console(
