@@ -174,12 +174,8 @@ def main(
         timeout_graceful_shutdown=5,
         server_header=False,
     )
-    server = _Server(config)
     try:
-        server.run()
-    except OSError as error:
-        click.echo(f"pylog-console: cannot start: {error}", err=True)
-        sys.exit(EXIT_CANNOT_START)
-    if not server.started:  # uvicorn logs why (a port taken) and returns
-        click.echo(f"pylog-console: cannot start on {host}:{port}", err=True)
+        _Server(config).run()
+    except SystemExit:  # uvicorn's, when it cannot listen, after logging why (a port taken)
+        click.echo(f"pylog-console: cannot start: cannot listen on {host}:{port}", err=True)
         sys.exit(EXIT_CANNOT_START)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,13 @@ def test_serving_beyond_this_machine_needs_a_token_and_a_private_token_file(
     token.write_text("short\n")
     short = CliRunner().invoke(main, ["--token-file", str(token)])
     assert short.exit_code == 2 and "one token of 16 or more characters" in short.output
+
+
+def test_a_port_taken_is_exit_1_saying_so() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["--port", str(port), "-b", "127.0.0.1:1"])
+    assert result.exit_code == 1, result.output
+    assert f"cannot start: cannot listen on 127.0.0.1:{port}" in result.output
