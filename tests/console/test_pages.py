@@ -90,6 +90,8 @@ def test_a_broker_that_does_not_answer_is_a_page_saying_so(
         code, page = running.get(path)
         assert code == 503 and "Broker unreachable" in page, (path, page)
         assert "Traceback" not in page
+    running.process.send_signal(signal.SIGINT)  # Ctrl-C: it stops, exit 0
+    assert running.process.wait(20) == 0
 
 
 def test_no_change_from_a_get_nor_from_a_read_only_console(
