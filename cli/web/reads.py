@@ -176,7 +176,6 @@ class Reads:
         self.target = target
         self.history = history if history is not None else LagHistory()
         self._registry: Registry | None = None
-        self._address: ZooKeeperAddress | None = None
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -222,7 +221,7 @@ class Reads:
                     auth=target.zookeeper_auth,
                 )
                 registry.start(timeout=target.timeout_s)
-                self._registry, self._address = registry, address
+                self._registry = registry
             return self._registry
 
     # The pages.
