@@ -189,16 +189,18 @@ class Console:
         template: str,
         read: Callable[[], dict[str, Any]],
         on_error: dict[str, Any] | None = None,
+        refresh: bool = True,
     ) -> Response:
-        """`template` with what `read` returns; for what it raised, the error page, or with
-        `on_error` `template` itself with that context and the error in it."""
+        """`template` with what `read` returns, updated live with `refresh`; for what it
+        raised, the error page, or with `on_error` `template` itself with that context and
+        the error in it."""
         try:
             context = await self._read(read)
         except Exception as error:  # every failure is a page, never a trace (logged below)
             if on_error is None:
                 return self._error(request, error)
             return self._error(request, error, template, on_error)
-        return self._render(request, template, context)
+        return self._render(request, template, {"refresh": refresh, **context})
 
     def _render(
         self, request: Request, template: str, context: dict[str, Any], status: int = 200
@@ -206,6 +208,7 @@ class Console:
         context = {
             "fragment": request.headers.get(FRAGMENT_HEADER) == "1",
             "form_token": self.form_token,
+            "page": request.url.path.split("/")[1] or "cluster",  # the menu's entry
             **context,
         }
         return self.templates.TemplateResponse(request, template, context, status_code=status)
@@ -289,30 +292,19 @@ class Console:
     # Pages.
 
     async def cluster_page(self, request: Request) -> Response:
-        def read() -> dict[str, Any]:
-            return {"view": self.reads.cluster_view(), "page": "cluster", "refresh": True}
-
-        return await self._page(request, "cluster.html", read)
+        return await self._page(
+            request, "cluster.html", lambda: {"view": self.reads.cluster_view()}
+        )
 
     async def topics_page(self, request: Request) -> Response:
-        def read() -> dict[str, Any]:
-            return {"topics": self.reads.topics(), "page": "topics", "refresh": True}
-
-        return await self._page(request, "topics.html", read)
+        return await self._page(request, "topics.html", lambda: {"topics": self.reads.topics()})
 
     async def topic_page(self, request: Request) -> Response:
         name = request.path_params["name"]
-
-        def read() -> dict[str, Any]:
-            return {"topic": self.reads.topic(name), "page": "topics", "refresh": True}
-
-        return await self._page(request, "topic.html", read)
+        return await self._page(request, "topic.html", lambda: {"topic": self.reads.topic(name)})
 
     async def groups_page(self, request: Request) -> Response:
-        def read() -> dict[str, Any]:
-            return {"groups": self.reads.groups(), "page": "groups", "refresh": True}
-
-        return await self._page(request, "groups.html", read)
+        return await self._page(request, "groups.html", lambda: {"groups": self.reads.groups()})
 
     async def group_page(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -324,8 +316,6 @@ class Console:
             return {
                 "lag": lag,
                 "chart": chart(samples, history.clock(), history.window_s),
-                "page": "groups",
-                "refresh": True,
             }
 
         return await self._page(request, "group.html", read)
@@ -341,7 +331,7 @@ class Console:
             "view": query.get("view", "auto"),
         }
         if not form["topic"]:
-            return self._render(request, "messages.html", {"form": form, "page": "messages"})
+            return self._render(request, "messages.html", {"form": form})
         try:
             partition, skip, count = (
                 _number(form[name], name) for name in ("partition", "skip", "count")
@@ -349,7 +339,7 @@ class Console:
             if form["view"] not in show.VIEWS:
                 raise BadRequest(f"view {form['view']!r}: one of {', '.join(show.VIEWS)}")
         except BadRequest as error:
-            return self._error(request, error, "messages.html", {"form": form, "page": "messages"})
+            return self._error(request, error, "messages.html", {"form": form})
 
         def read() -> dict[str, Any]:
             page = self.reads.messages(form["topic"], partition, form["from"], skip, count)
@@ -358,17 +348,12 @@ class Console:
                 "form": form,
                 "result": page,
                 "next_url": "/messages?" + urlencode(following),
-                "page": "messages",
             }
 
-        on_error = {"form": form, "page": "messages"}
-        return await self._page(request, "messages.html", read, on_error)
+        return await self._page(request, "messages.html", read, {"form": form}, refresh=False)
 
     async def mirrors_page(self, request: Request) -> Response:
-        def read() -> dict[str, Any]:
-            return {"mirrors": self.reads.mirrors(), "page": "mirrors", "refresh": True}
-
-        return await self._page(request, "mirrors.html", read)
+        return await self._page(request, "mirrors.html", lambda: {"mirrors": self.reads.mirrors()})
 
     async def settings_page(self, request: Request) -> Response:
         done = request.query_params.get("done")
@@ -382,10 +367,9 @@ class Console:
                 "done": done,
                 "every_broker": EVERY_BROKER,
                 "quota_default": QUOTA_DEFAULT,
-                "page": "settings",
             }
 
-        return await self._page(request, "settings.html", read)
+        return await self._page(request, "settings.html", read, refresh=False)
 
     # Changes (POST, with --allow-changes).
 
