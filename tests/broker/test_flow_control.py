@@ -286,11 +286,18 @@ def test_a_fetch_reply_holds_at_most_fetch_max_bytes_but_a_whole_first_message(
             connection.request(FetchRequest("capped", 0, at_large, 1000, 0, 0))
 
 
+FETCHES = 12
+
+
 def test_a_ceiling_changed_live_mutes_at_the_new_share(
     make_pylogd: Callable[..., RunningBroker], tmp_path: Path, registry: Registry
 ) -> None:
-    """broker.queued_reply_bytes_per_client set live (pylogctl broker config set): 8 fetches
-    of 1 MiB that a client does not read mute it at 4 MiB, not at the 16 MiB it started with."""
+    """broker.queued_reply_bytes_per_client set live (pylogctl broker config set): fetches of
+    1 MiB that a client does not read mute it at 4 MiB, not at the 16 MiB it started with.
+
+    12 fetches: loopback TCP takes up to about 4 MiB of replies off the broker (the kernel's
+    send buffer grows to tcp_wmem's 4 MiB), so 8 could leave it holding less than 4 MiB; 12
+    leave it at least 4 MiB to hold, and under the first share, 16 MiB, however few TCP took."""
     broker = make_pylogd(
         *single_box_flags(tmp_path),
         *("--zookeeper-session-timeout-ms", "60000"),
@@ -320,13 +327,13 @@ def test_a_ceiling_changed_live_mutes_at_the_new_share(
                 what="the new share in force",
             )
         with dealer(broker.endpoint, RCVHWM=1, RCVBUF=64 * 1024) as client:
-            for i in range(8):
+            for i in range(FETCHES):
                 client.send(request_frame(Api.FETCH, i, fetch))
             wait_until(
                 lambda: gauge("pylog_front_queued_reply_bytes") >= 4 * MIB, what="replies held"
             )
             wait_until(partial(muted_is, muted), what="muted at the share in force")
-            for _ in range(8):
+            for _ in range(FETCHES):  # each answered: its reply, or REPLIES_NOT_READ
                 assert client.poll(10_000)
                 client.recv_multipart()
         wait_until(lambda: gauge("pylog_front_queued_reply_bytes") == 0, what="all taken")
