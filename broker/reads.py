@@ -506,7 +506,7 @@ class Reads:
         if stats.high_watermark > stats.log_start_offset:  # a message at the log start
             segment = plog.segment_for(stats.log_start_offset)
             position = stats.log_start_offset - segment.base_offset
-            oldest = timestamp_at(segment.view(position, position + HEADER_SIZE), 0)
+            oldest = timestamp_at(segment.file.view(position, position + HEADER_SIZE), 0)
         config = plog.config
         settings = protocol.settings_text({key: getattr(config, key) for key in TOPIC_SETTINGS})
         described = protocol.DescribePartitionReply(

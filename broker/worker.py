@@ -67,10 +67,10 @@ from broker.leadership import Leadership
 from broker.log import PartitionLog
 from broker.log.config import LogConfig, SettingValue
 from broker.log.files import OPEN_FILES
+from broker.log.fsdir import storage_error
 from broker.log.hwcheckpoint import HighWatermarkCheckpoint
 from broker.log.message import Buffer
 from broker.log.partition import SetsToOpen
-from broker.log.segment import storage_error
 from broker.logs import configure_logging, set_log_level
 from broker.partition import Partition
 from broker.processes import exit_with_supervisor, name_process, segment_file_limit

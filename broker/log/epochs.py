@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from broker.errors import StorageError
-from broker.log.fsdir import fsync_directory, syncfs
-from broker.log.segment import bad_file_path, storage_error
+from broker.log.fsdir import fsync_directory, storage_error, syncfs
+from broker.log.segment import bad_file_path
 
 CHECKPOINT_NAME = "leader-epoch-checkpoint"
 FORMAT_VERSION = 1

@@ -110,7 +110,7 @@ class FlushRound:
                         result.file_system_errors.append(error)
                     continue
                 for plog, segment in pairs:
-                    segment.synced_by_file_system()
+                    segment.file.synced_by_file_system()
                     ready.append(plog)
             else:
                 ready += self._sync_each(pairs, result)
@@ -129,7 +129,7 @@ class FlushRound:
         synced = []
         for plog, segment in pairs:
             try:
-                segment.sync()
+                segment.file.sync()
             except StorageError as error:
                 plog.fail_flush(error)
                 result.failed[plog] = error

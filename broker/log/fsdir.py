@@ -1,12 +1,24 @@
 """fsync of a directory, so that a file created, renamed or deleted in it stays so after a
-power loss: fsync of a file makes its data durable, not its name (Linux, ext4 and XFS); and
-fsync of a file by its path."""
+power loss: fsync of a file makes its data durable, not its name (Linux, ext4 and XFS); fsync
+of a file by its path; and the StorageError an OSError of the storage means."""
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 from pathlib import Path
+
+from broker.errors import DiskFull, StorageIOError
+
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def storage_error(error: OSError, what: str) -> DiskFull | StorageIOError:
+    """The StorageError for an OSError met while doing `what`."""
+    if error.errno in _FULL_ERRNOS:
+        return DiskFull(f"{what}: {error.strerror or error}")
+    return StorageIOError(f"{what}: {error}")
 
 
 def fsync_directory(directory: Path) -> None:

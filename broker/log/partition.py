@@ -62,17 +62,13 @@ from broker.log.codec import check_sets, converted, validate_message_set
 from broker.log.compression import Compressor, compressor_for
 from broker.log.config import LogConfig
 from broker.log.epochs import NO_EPOCH, LeaderEpochs
-from broker.log.fsdir import fsync_directory, fsync_file, make_directory
+from broker.log.fsdir import fsync_directory, fsync_file, make_directory, storage_error
 from broker.log.indexfile import IndexDamaged
 from broker.log.message import Buffer, ScanResult, message_size_at
 from broker.log.producers import ProducerStates, StoredSet
 from broker.log.recovery import RecoveryReport, build_time_index, recover_folder, scan_untrusted
-from broker.log.segment import (
-    Damage,
-    FramingBroken,
-    Segment,
-    storage_error,
-)
+from broker.log.segment import FramingBroken, Segment
+from broker.log.segment_scan import Damage
 
 log = logging.getLogger(__name__)
 
@@ -331,10 +327,12 @@ class PartitionLog:
                 and self._clock.time() * 1000 - self._active_since_ms >= config.segment_ms
             )
         )
-        if roll or not len(active.index):
+        if roll or not len(active.indexes.offsets):
             next_mark = 0
         else:
-            next_mark = max(0, active.index.last + config.index_interval_bytes - active.size)
+            next_mark = max(
+                0, active.indexes.offsets.last + config.index_interval_bytes - active.size
+            )
         checked = validate_message_set(
             message_set, max_message_bytes, config.index_interval_bytes, next_mark
         )
@@ -419,7 +417,7 @@ class PartitionLog:
         segment = self.segment_to_sync()
         if segment is not None:
             try:
-                segment.sync()
+                segment.file.sync()
             except StorageError as error:
                 self.fail_flush(error)
                 raise
@@ -439,7 +437,7 @@ class PartitionLog:
         if not self.config.fsync:
             return None
         active = self._segments[-1]
-        active.open_to_sync()
+        active.file.open_to_sync()
         return active
 
     def fail_flush(self, error: StorageError) -> None:
@@ -646,7 +644,7 @@ class PartitionLog:
 
     def _offset_for_timestamp(self, timestamp_ms: int) -> int:
         for segment in self._segments:
-            if segment.time_index.greatest < timestamp_ms or segment.end_offset <= self._start:
+            if segment.indexes.times.greatest < timestamp_ms or segment.end_offset <= self._start:
                 continue
             limit = min(self._high_watermark, segment.end_offset) - segment.base_offset
             start = max(0, self._start - segment.base_offset)
@@ -700,7 +698,7 @@ class PartitionLog:
         which `open` drops, and one at it, which describes no byte and is true of the bytes
         before it: the history never claims bytes it does not have, and no byte past the cut
         survives while the history says it is gone. A segment a reader holds a view of is cut
-        by a copy (Segment.cut_file), so that the view stays valid.
+        by a copy (SegmentFile.cut), so that the view stays valid.
 
         StorageIOError at once for a failed log. DiskFull or StorageIOError once the cut has
         begun fails the log, as a failed fsync does: `reopen_from_disk` then finishes the cut
@@ -752,7 +750,9 @@ class PartitionLog:
             del self._segments[-1]
             del self._bases[-1]
         segment = self._segments[holder]
-        if not segment.load_indexes():  # a closed segment's, damaged: rebuilt as on open
+        if not segment.indexes.load(
+            segment.size
+        ):  # a closed segment's, damaged: rebuilt as on open
             result = segment.recover(self.config.index_interval_bytes)
             if result.tail_error is not None:
                 segment.keep_damage(Damage(result.end, segment.size, result.tail_error))
@@ -768,7 +768,7 @@ class PartitionLog:
             self._pending_messages = 0
             self._pending_since = None
             return
-        with active.view(0, active.size) as window:
+        with active.file.view(0, active.size) as window:
             count = 0
             while position < active.size:
                 position += message_size_at(window, position)
@@ -863,7 +863,7 @@ class PartitionLog:
         deleted: list[Path] = []
         while len(self._segments) > 1 and self._bases[1] <= self._start:
             oldest = self._segments[0]
-            if oldest.in_use():
+            if oldest.file.in_use():
                 break
             oldest.delete()
             del self._segments[0]
@@ -890,7 +890,7 @@ class PartitionLog:
             too_big = config.retention_bytes is not None and (
                 total - oldest.size >= config.retention_bytes
             )
-            if not (too_old or too_big) or oldest.in_use():
+            if not (too_old or too_big) or oldest.file.in_use():
                 break
             oldest.delete()
             del self._segments[0]
@@ -978,7 +978,7 @@ class PartitionLog:
                     fsync_directory(self.directory)
                     kept = kept[:-1]
                 elif segment.log_path.exists():
-                    segment.cut_file(max(0, end - segment.base_offset))
+                    segment.file.cut(max(0, end - segment.base_offset))
             if kept and kept[-1].log_path.exists():
                 fsync_file(kept[-1].log_path)
         except OSError as error:

@@ -55,7 +55,8 @@ from broker.errors import (
     UnknownProducerId,
 )
 from broker.log.files import OPEN_FILES
-from broker.log.segment import PRODUCERS_SUFFIX, segment_file_name, storage_error
+from broker.log.fsdir import storage_error
+from broker.log.segment import PRODUCERS_SUFFIX, segment_file_name
 
 ENTRY = struct.Struct(">QHIQQI")
 """producer_id, producer_epoch, sequence, offset, end, message_count: StoredSet's fields."""

@@ -32,10 +32,10 @@ from broker.log.segment import (
     LOG_SUFFIX,
     PRODUCERS_SUFFIX,
     TIME_INDEX_SUFFIX,
-    Damage,
     Segment,
     bad_file_path,
 )
+from broker.log.segment_scan import Damage
 
 SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
 
@@ -68,7 +68,7 @@ def recover_folder(directory: Path, config: LogConfig) -> tuple[list[Segment], R
     ]
     for leftover in leftovers:
         # an index write that a crash interrupted (indexes are derived), or the copy of a
-        # segment's head that a cut makes while the segment is read (Segment.cut_file)
+        # segment's head that a cut makes while the segment is read (SegmentFile.cut)
         leftover.unlink()
     if leftovers:
         fsync_directory(directory)
@@ -139,7 +139,7 @@ def recover_folder(directory: Path, config: LogConfig) -> tuple[list[Segment], R
             continue
         segments.append(segment)
         expected_base = segment.end_offset
-    if segments and segments[-1].stored:
+    if segments and segments[-1].indexes.stored:
         # the newest kept after newer ones were set aside: it becomes the active segment,
         # whose indexes live in memory, so it is scanned as the newest is, cutting nothing
         active = segments[-1]
@@ -172,7 +172,7 @@ def scan_untrusted(
         if result.tail_error is not None:
             segment.keep_damage(Damage(result.end, segment.size, result.tail_error))
         try:
-            segment.store_indexes()
+            segment.indexes.store(segment.size)
         except StorageError as error:
             problems.append(f"{name}: the rebuilt indexes cannot be stored: {error}")
     if result.tail_error is None or not newest:
@@ -279,7 +279,7 @@ def build_time_index(segment: Segment, index_interval: int, problems: list[str])
     if not segment.walk_time_index(index_interval):
         return False
     try:
-        segment.store_time_index()
+        segment.indexes.store_times(segment.size)
     except StorageError as error:
         name = segment.log_path.name
         problems.append(f"{name}: the rebuilt time index cannot be stored: {error}")

@@ -17,7 +17,8 @@ from broker.log.codec import check_sets, count_sets, scan
 from broker.log.index import OffsetIndex
 from broker.log.message import MAX_FORMAT_MESSAGE_BYTES, Message, decode_message
 from broker.log.recovery import SEGMENT_NAME
-from broker.log.segment import INDEX_SUFFIX, TIME_INDEX_SUFFIX, index_disagreement
+from broker.log.segment import INDEX_SUFFIX, TIME_INDEX_SUFFIX
+from broker.log.segment_scan import index_disagreement
 from broker.log.timeindex import TimeIndex
 
 

@@ -390,9 +390,9 @@ def test_pylog_codec_unknown_value() -> None:
 def test_storage_walks_use_the_codec() -> None:
     """Recovery, `pylogctl log verify` and a producer's set's validation walk with the codec
     chosen (the C one, built), not with broker.log.message's."""
-    from broker.log import partition, segment, verify
+    from broker.log import partition, segment_scan, verify
 
-    assert vars(segment)["scan"] is codec.scan
+    assert vars(segment_scan)["scan"] is codec.scan
     assert vars(verify)["scan"] is codec.scan
     assert vars(partition)["validate_message_set"] is codec.validate_message_set
 

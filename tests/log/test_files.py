@@ -95,7 +95,7 @@ def test_the_least_recently_used_handles_are_released_and_reopened_on_demand(
     tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = OpenFiles(limit=4)
-    monkeypatch.setattr("broker.log.segment.OPEN_FILES", files)
+    monkeypatch.setattr("broker.log.segment_file.OPEN_FILES", files)
     logs = [open_log(tmp_path / f"t-{i}", clock, fsync=True) for i in range(3)]
     synced = fsynced_files(monkeypatch)
     for i, log in enumerate(logs):
@@ -122,7 +122,7 @@ def test_a_write_handle_released_before_its_flush_is_fsynced_by_the_flush(
     tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = OpenFiles(limit=1)
-    monkeypatch.setattr("broker.log.segment.OPEN_FILES", files)
+    monkeypatch.setattr("broker.log.segment_file.OPEN_FILES", files)
     first, second = (open_log(tmp_path / f"t-{i}", clock, fsync=True) for i in range(2))
     first.append(make_set(0, 1))
     second.append(make_set(0, 1))  # releases the first log's write handle
@@ -137,7 +137,7 @@ def test_a_mapping_a_view_still_uses_is_closed_once_the_view_is_dropped(
     tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = OpenFiles(limit=1)
-    monkeypatch.setattr("broker.log.segment.OPEN_FILES", files)
+    monkeypatch.setattr("broker.log.segment_file.OPEN_FILES", files)
     first, second = (open_log(tmp_path / f"t-{i}", clock) for i in range(2))
     for log in (first, second):
         log.append(make_set(0, 3))
@@ -155,7 +155,7 @@ def test_a_reopen_that_fails_is_a_storage_io_error(
     tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = OpenFiles(limit=1)
-    monkeypatch.setattr("broker.log.segment.OPEN_FILES", files)
+    monkeypatch.setattr("broker.log.segment_file.OPEN_FILES", files)
     first, second = (open_log(tmp_path / f"t-{i}", clock) for i in range(2))
     first.append(make_set(0, 1))
     first.flush()
@@ -196,7 +196,7 @@ def test_many_partitions_in_one_process_hold_at_most_the_limit(
     tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = OpenFiles(limit=10)
-    monkeypatch.setattr("broker.log.segment.OPEN_FILES", files)
+    monkeypatch.setattr("broker.log.segment_file.OPEN_FILES", files)
     before = len(os.listdir("/proc/self/fd"))
     logs = [open_log(tmp_path / f"t-{i}", clock) for i in range(40)]
     for log in logs:
@@ -212,7 +212,7 @@ def test_a_flush_that_cannot_open_its_file_again_does_not_fail_the_log(
     tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = OpenFiles(limit=1)
-    monkeypatch.setattr("broker.log.segment.OPEN_FILES", files)
+    monkeypatch.setattr("broker.log.segment_file.OPEN_FILES", files)
     first, second = (open_log(tmp_path / f"t-{i}", clock, fsync=True) for i in range(2))
     first.append(make_set(0, 1))
     second.append(make_set(0, 1))  # releases the first log's write handle, before its flush
@@ -238,7 +238,7 @@ def test_idempotent_appends_to_many_partitions_hold_no_more_descriptors_than_the
     # Each partition's producer-state file took a descriptor of its own for good: 10,000
     # partitions written by idempotent producers needed 10,000, whatever max_open_files said.
     files = OpenFiles(limit=4)
-    monkeypatch.setattr("broker.log.segment.OPEN_FILES", files)
+    monkeypatch.setattr("broker.log.segment_file.OPEN_FILES", files)
     monkeypatch.setattr("broker.log.producers.OPEN_FILES", files)
     logs = [open_log(tmp_path / f"t-{i}", clock, fsync=True) for i in range(40)]
     before = len(os.listdir("/proc/self/fd"))

@@ -433,7 +433,7 @@ def test_offset_for_timestamp_is_first_in_offset_order_whatever_the_timestamps_o
     log.append(make_set(5, 5))
     log.append(make_set(0, 5))  # rolls: a second segment whose messages carry older timestamps
     log.flush()
-    assert [s.time_index.greatest for s in log.segments] == [9, 4]
+    assert [s.indexes.times.greatest for s in log.segments] == [9, 4]
     assert log.offset_for_timestamp(0) == 0
     assert log.offset_for_timestamp(7) == 200
     assert log.offset_for_timestamp(2_000) == log.high_watermark

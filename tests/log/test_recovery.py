@@ -10,7 +10,7 @@ import pytest
 
 from broker.errors import CorruptSegment, InvalidOffset
 from broker.log import PartitionLog, encode_message, iter_messages
-from broker.log.segment import Damage, scan_segment
+from broker.log.segment_scan import Damage, scan_segment
 from tests.conftest import FakeClock
 from tests.log.test_partition import make_set, open_log, read_all
 
@@ -98,7 +98,7 @@ def test_recovered_index_finds_boundaries_again(crashed: Path, clock: FakeClock)
     (crashed / f"{1000:020d}.index").unlink()  # as if the roll was interrupted
     log = reopen(crashed, clock)
     assert log.recovery.segments_scanned == 2
-    assert [e for s in log.segments for e in s.index.entries()] == [0, 300, 600, 900] * 3
+    assert [e for s in log.segments for e in s.indexes.offsets.entries()] == [0, 300, 600, 900] * 3
     with pytest.raises(InvalidOffset):
         log.read(1650, 1000)
     assert log.read(1600, 1000).nbytes == 400
@@ -306,7 +306,7 @@ def test_a_damaged_index_is_rebuilt_on_first_use(closed: Path, clock: FakeClock)
     log = reopen(closed, clock)
     assert log.recovery.problems == ()  # its checksum is checked on first use (test_lazy_index)
     assert each_message(log, [100 * i for i in range(30)]) == numbered(30)
-    assert log.segments[1].index.entries() == [0, 300, 600, 900]
+    assert log.segments[1].indexes.offsets.entries() == [0, 300, 600, 900]
     assert log.recovery.bytes_truncated == 0 and log.recovery.damaged == ()
 
 

@@ -58,7 +58,7 @@ def filled(path: Path, clock: FakeClock, **settings_: object) -> PartitionLog:
         log.append(make_set(i * 5, 5))
     log.flush()
     assert [s.base_offset for s in log.segments] == [0, 1000, 2000]
-    assert log.segments[0].stored and log.segments[1].stored
+    assert log.segments[0].indexes.stored and log.segments[1].indexes.stored
     return log
 
 

@@ -34,7 +34,7 @@ IDLE_WAIT_MAX_MS = 5_000
 
 def stored(plog: PartitionLog) -> list[bytes]:
     plog.flush()
-    data = b"".join(bytes(s.view(0, s.size)) for s in plog.segments)
+    data = b"".join(bytes(s.file.view(0, s.size)) for s in plog.segments)
     return [message.value for message in iter_messages(data)]
 
 
