@@ -99,7 +99,7 @@ class PylogError(Exception):
 
 class StorageError(PylogError):
     """A partition log refused an operation. The log is exactly as it was before the call,
-    but after a failed fsync, which fails the log until it is reopened (PartitionLog.flush)."""
+    but after a failed fsync, which fails the log until it is reopened (LocalLog.flush)."""
 
 
 class InvalidMessage(StorageError):

@@ -92,7 +92,7 @@ class Flusher:
             self.flush_by(plog)
         if self.when_idle:
             self.wanted.add(partition)
-        if plog.flush_due():  # flush_messages (or the interval) reached
+        if plog.local.flush_due():  # flush_messages (or the interval) reached
             self.due.add(partition)
 
     def served_message(self) -> None:
@@ -106,7 +106,7 @@ class Flusher:
     def flush(self, partition: Partition, if_due: bool = False) -> bool:
         """Flush a partition (only if due, with `if_due`): `flush_round` of it alone. Whether
         it did not fail."""
-        if if_due and not partition.log.flush_due():
+        if if_due and not partition.log.local.flush_due():
             return True
         return self.flush_round([partition])
 
@@ -136,13 +136,13 @@ class Flusher:
         """After a disk error from a partition's log: if its log failed (a flush did), take the
         partition offline, answer every producer waiting on its flush (STORAGE_ERROR: their
         messages are not stored) and start reopening it from the disk."""
-        if partition.log.failure is None:  # nothing was written wrong: tried again later
+        if partition.log.local.failure is None:  # nothing was written wrong: tried again later
             kind = type(error).__name__
             self.served.storage_log.log(logging.ERROR, kind, f"{partition.name}: {error}")
             return
         if partition.offline is not None:
             return
-        partition.offline = f"a failed flush ({partition.log.failure})"
+        partition.offline = f"a failed flush ({partition.log.local.failure})"
         log.error("%s is offline: %s", partition.name, error)
         partition.wake_all()
         lost = StorageIOError(
@@ -204,7 +204,7 @@ class Flusher:
         """Have `run` wake by `plog`'s flush deadline, which it has just been given:
         its timer moved earlier if need be, without waking it now. (At ack=flushed every group
         commit leaves a partition without a deadline, so each round gives it a new one.)"""
-        deadline = plog.next_flush_deadline()
+        deadline = plog.local.next_flush_deadline()
         if deadline is not None:
             # The deadlines are on the partition logs' clock, not on trio's.
             at = trio.current_time() + deadline - self.clock.monotonic()
@@ -217,7 +217,7 @@ class Flusher:
         while True:
             self.deadline_changed = trio.Event()
             deadlines = [
-                p.log.next_flush_deadline()
+                p.log.local.next_flush_deadline()
                 for p in self.served.partitions.values()
                 if p.offline is None
             ]
@@ -232,7 +232,7 @@ class Flusher:
             failed = not self.flush_round(  # with those producers wait on (EMFILE before)
                 p
                 for p in list(self.served.partitions.values())
-                if p.offline is None and (p.replica.acks or p.log.flush_due())
+                if p.offline is None and (p.replica.acks or p.log.local.flush_due())
             )
             await self.served.send_owed()
 

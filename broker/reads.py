@@ -125,7 +125,7 @@ class Reads:
         else:
             partition.check_leader()
         if request.offset <= plog.high_watermark or request.replica_id < 0:
-            plog.check_offset(request.offset)  # its errors come first, before any waiting
+            plog.local.check_offset(request.offset)  # its errors come first, before any waiting
         return partition
 
     @staticmethod
@@ -267,7 +267,8 @@ class Reads:
             entries = epoch_entries(plog.epochs.entries, request.offset, end)
         producers: tuple[protocol.StoredSet, ...] = ()
         if replica and version >= protocol.PRODUCERS_FETCH_VERSION and len(data):
-            producers = plog.producer_sets(request.offset, end)
+            base = plog.local.segment_for(request.offset).base_offset  # read from one segment
+            producers = plog.producers.sets_between(base, request.offset, end)
         return protocol.FetchReply(
             partition.high_watermark,
             plog.log_start_offset,
@@ -501,13 +502,13 @@ class Reads:
         is forecast from (each segment file's state, the append rate, noted now)."""
         partition = self.served.get(request.topic, request.partition)
         plog = partition.log
-        stats = plog.statistics()
+        stats = plog.local.statistics()
         oldest = -1
         if stats.high_watermark > stats.log_start_offset:  # a message at the log start
-            segment = plog.segment_for(stats.log_start_offset)
+            segment = plog.local.segment_for(stats.log_start_offset)
             position = stats.log_start_offset - segment.base_offset
             oldest = timestamp_at(segment.file.view(position, position + HEADER_SIZE), 0)
-        config = plog.config
+        config = plog.local.config
         settings = protocol.settings_text({key: getattr(config, key) for key in TOPIC_SETTINGS})
         described = protocol.DescribePartitionReply(
             stats.log_start_offset,
@@ -524,5 +525,7 @@ class Reads:
             described,
             retention_check_interval_ms=self.retention_check_interval_ms(),
             append_bytes_per_s=partition.append_rate(time.monotonic()),
-            segment_list=tuple(protocol.SegmentState(*state) for state in plog.segment_states()),
+            segment_list=tuple(
+                protocol.SegmentState(*state) for state in plog.local.segment_states()
+            ),
         )

@@ -10,7 +10,7 @@ It connects a DEALER socket to the supervisor's ipc endpoint for it and serves w
   flushed them (the high watermark).
 - FETCH, OFFSETS, DESCRIBE_PARTITION and OFFSET_FOR_LEADER_EPOCH: broker.reads.
 - Commands from the supervisor open partitions (recovering them), delete topics, change a
-  topic's settings on its open partitions (PartitionLog.reconfigure; a flush they make due
+  topic's settings on its open partitions (LocalLog.reconfigure; a flush they make due
   happens at once), give replicated partitions their roles and renew the leaders' lease
   (broker.leadership).
 
@@ -367,7 +367,7 @@ class Worker:
                 raise NotEnoughReplicas(partition.name, len(leader.isr), replica.min_insync)
         plog = partition.log
         high_watermark = plog.high_watermark
-        had_deadline = plog.next_flush_deadline() is not None
+        had_deadline = plog.local.next_flush_deadline() is not None
         try:
             if producer_id:  # an idempotent producer's: stored once, however often sent
                 kept, appended = plog.append_idempotent(
@@ -462,7 +462,7 @@ class Worker:
             return False
         self.flusher.round.watch(directory)  # before the partition is written to
         plog = PartitionLog.open(directory / f"{topic}-{number}", config, self.clock)
-        plog.on_flush = self.stats.flush_seconds.observe
+        plog.local.on_flush = self.stats.flush_seconds.observe
         log_recovery(f"{topic}-{number}", plog)
         checkpoint = HighWatermarkCheckpoint(plog.directory)
         if checkpoint.problem is not None:
@@ -491,7 +491,7 @@ class Worker:
             return False
         for partition in list(self.partitions.values()):
             if partition.topic == topic:
-                partition.log.reconfigure(config)
+                partition.log.local.reconfigure(config)
                 if partition.offline is None:
                     self.flusher.flush(partition, if_due=True)
         self.flusher.deadline_changed.set()
@@ -559,7 +559,7 @@ class Worker:
             await trio.sleep(STATS_EVERY_S)
             partitions = []
             for p in list(self.partitions.values()):
-                figures = p.log.statistics()
+                figures = p.log.local.statistics()
                 partitions.append(
                     [
                         p.topic,
@@ -584,7 +584,7 @@ class Worker:
                     continue
                 partition.append_rate(time.monotonic())  # a note for DESCRIBE_PARTITION's
                 try:
-                    deleted = partition.log.apply_retention()
+                    deleted = partition.log.local.apply_retention()
                 except (PylogError, OSError) as error:
                     log.error("retention of %s-%d: %s", partition.topic, partition.number, error)
                     continue

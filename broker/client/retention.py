@@ -4,7 +4,7 @@ DESCRIBE_PARTITION of version 2 (docs/protocol.md): its segment files (where eac
 bytes, its last write), its settings, the bytes appended a second lately, and how often the
 broker applies retention.
 
-Retention (broker.log.partition.PartitionLog.apply_retention, docs/storage.md) deletes the
+Retention (broker.log.local_log.LocalLog.apply_retention, docs/storage.md) deletes the
 oldest closed segment while it was last written more than `retention_ms` ago, or while the
 segments after it hold at least `retention_bytes`; never the active one. So the segment that
 holds a reader's next offset goes:

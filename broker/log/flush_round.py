@@ -15,7 +15,7 @@ own error state too, reported once to every descriptor of it that has not seen i
 So a round keeps one descriptor per file system, opened (`watch`) before any partition there
 is written to, and after a syncfs that failed it fsyncs each of the round's segments: one whose
 fsync fails is a log whose data may be lost (it fails, as a failed fsync fails a log:
-PartitionLog.flush); one whose fsync succeeds had its data written (its pages were written
+LocalLog.flush); one whose fsync succeeds had its data written (its pages were written
 by the syncfs, and its own error state holds no failure), so its flush completes. A syncfs
 error that no segment of the round reports was another file's (a partition that does not
 fsync, or not ours): it is returned for the log, and fails nothing.
@@ -80,24 +80,24 @@ class FlushRound:
         self._watched.clear()
 
     def flush(self, logs: Iterable[PartitionLog]) -> RoundResult:
-        """Flush each of `logs` that has messages pending (PartitionLog.flush's rules, each
+        """Flush each of `logs` that has messages pending (LocalLog.flush's rules, each
         log apart): their segments synced together, then their messages made visible."""
         started = time.perf_counter()
         result = RoundResult()
         to_sync: dict[int, list[tuple[PartitionLog, Segment]]] = {}
         ready: list[PartitionLog] = []
         for plog in logs:
-            if not plog.flush_pending:
+            if not plog.local.flush_pending:
                 continue
             try:
-                segment = plog.segment_to_sync()
+                segment = plog.local.segment_to_sync()
             except StorageError as error:
                 result.failed[plog] = error
                 continue
             if segment is None:
                 ready.append(plog)
             else:
-                to_sync.setdefault(plog.device, []).append((plog, segment))
+                to_sync.setdefault(plog.local.device, []).append((plog, segment))
         for device, pairs in to_sync.items():
             fd = self._file_systems.get(device)
             if fd is not None and len(pairs) > 1:
@@ -116,7 +116,7 @@ class FlushRound:
                 ready += self._sync_each(pairs, result)
         seconds = time.perf_counter() - started
         for plog in ready:
-            plog.complete_flush(seconds)
+            plog.local.complete_flush(seconds)
         result.flushed = ready
         return result
 
@@ -131,7 +131,7 @@ class FlushRound:
             try:
                 segment.file.sync()
             except StorageError as error:
-                plog.fail_flush(error)
+                plog.local.fail_flush(error)
                 result.failed[plog] = error
                 continue
             synced.append(plog)

@@ -188,7 +188,7 @@ class Segment:
 
     def seal(self) -> None:
         """Stop writing and store the indexes: the time index, then the offset index, which
-        marks a clean close. The caller has fsynced the data first (PartitionLog.flush): an
+        marks a clean close. The caller has fsynced the data first (LocalLog.flush): an
         index never vouches for unsynced bytes. DiskFull or StorageIOError when an index
         cannot be written; the segment is then as before, but not marked clean (open scans
         it)."""

@@ -38,6 +38,7 @@ from broker.config import BrokerConfig
 from broker.errors import OffsetOutOfRange, PylogError
 from broker.log import PartitionLog
 from broker.log.epochs import LeaderEpochs, assign_together
+from broker.log.partition import replicated_epochs
 from broker.ratelog import RateLimitedLog
 from broker.replication.fetcher import Fetcher, Fetchers, Source
 from broker.security import BrokerKeys
@@ -257,7 +258,8 @@ class Follower:
                 latest = plog.epochs.latest_epoch
                 if any(epoch != latest for epoch, _ in reply.epochs):  # else nothing to write
                     size = len(reply.message_set)
-                    entry = plog.replicated_epochs(offset, size, reply.epochs)[0]
+                    name, log_end = plog.directory.name, plog.log_end_offset
+                    entry = replicated_epochs(name, log_end, offset, size, reply.epochs)[0]
                     if entry[0] != latest:  # a new epoch at `offset`: with the turn's others
                         await self._epoch_round.assign(plog.epochs, entry)
                         plog = self._plog()

@@ -180,10 +180,10 @@ async def test_a_partition_is_flushed_at_its_deadline_and_the_timer_rests_until_
             log = worker.partitions[("audit", 0)].log
             looks = 0
             await trio.sleep(HOUR_MS / 1000 - 1)  # the worker has nothing to do meanwhile
-            assert log.statistics().pending_messages == 1
+            assert log.local.statistics().pending_messages == 1
             assert looks <= 1, f"the flush timer turned {looks} times in an idle hour"
             await trio.sleep(2)
-            assert log.statistics().pending_messages == 0
+            assert log.local.statistics().pending_messages == 0
             nursery.cancel_scope.cancel()
     finally:
         worker.close()
@@ -266,7 +266,7 @@ async def test_a_flush_that_fails_without_failing_its_log_is_retried_with_a_paus
             worker._open("audit", 0, tmp_path, worker.config.log_config())
             await worker._serve_request(CLIENT, produce_frames(Ack.WRITTEN))
             plog = worker.partitions[("audit", 0)].log
-            plog.segment_to_sync = no_descriptor  # type: ignore[method-assign]
+            plog.local.segment_to_sync = no_descriptor  # type: ignore[method-assign]
             with trio.move_on_after(0.5):
                 await worker.flusher.run()
             nursery.cancel_scope.cancel()
@@ -321,7 +321,7 @@ async def test_a_burst_of_acks_is_answered_by_one_flush_without_a_task_each(
             trio.lowlevel.remove_instrument(spawns)
             nursery.cancel_scope.cancel()
         plog = worker.partitions[("audit", 0)].log
-        assert plog.statistics().pending_messages == 0  # flushed by the group commit
+        assert plog.local.statistics().pending_messages == 0  # flushed by the group commit
         acked = [protocol.decode_reply(Api.PRODUCE, reply[1:]) for reply in replies]
         assert [reply.base_offset for reply in acked] == sorted(r.base_offset for r in acked)
         assert [protocol.decode_reply_header(reply[1:]).correlation_id for reply in replies] == (
@@ -373,7 +373,7 @@ async def test_acks_one_at_a_time_do_not_wake_the_flush_timer(
                             await trio.sleep(0.001)
             trio.lowlevel.remove_instrument(wake_ups)
             plog = worker.partitions[("audit", 0)].log
-            assert plog.statistics().pending_messages == 0
+            assert plog.local.statistics().pending_messages == 0
             nursery.cancel_scope.cancel()
         assert wake_ups.count == 0
     finally:
@@ -406,7 +406,7 @@ async def test_requests_passed_together_that_reach_flush_messages_get_one_flush(
         assert len(fsyncs) == 1
         codes = {protocol.decode_reply_header(reply[1:]).error_code for reply in replies}
         assert codes == {protocol.ErrorCode.NONE}
-        assert worker.partitions[("audit", 0)].log.statistics().pending_messages == 0
+        assert worker.partitions[("audit", 0)].log.local.statistics().pending_messages == 0
     finally:
         worker.close()
 
@@ -427,7 +427,7 @@ async def test_an_ack_whose_flush_found_no_descriptor_comes_once_the_flush_is_tr
             await nursery.start(worker.serve)
             worker._open("audit", 0, tmp_path, worker.config.log_config())
             plog = worker.partitions[("audit", 0)].log
-            segment_to_sync = plog.segment_to_sync
+            segment_to_sync = plog.local.segment_to_sync
 
             def no_descriptor_at_first() -> Segment | None:
                 nonlocal refusals
@@ -436,13 +436,13 @@ async def test_an_ack_whose_flush_found_no_descriptor_comes_once_the_flush_is_tr
                     raise StorageIOError("reopening 00000000000000000000.log: [Errno 24] Too many")
                 return segment_to_sync()
 
-            plog.segment_to_sync = no_descriptor_at_first  # type: ignore[method-assign]
+            plog.local.segment_to_sync = no_descriptor_at_first  # type: ignore[method-assign]
             supervisor.send_multipart([requests_frame(1), CLIENT, *produce_frames(Ack.FLUSHED)])
             replies = await replies_from(supervisor, 1)
             nursery.cancel_scope.cancel()
         assert refusals == 0
         assert protocol.decode_reply(Api.PRODUCE, replies[0][1:]).base_offset == 0
-        assert plog.statistics().pending_messages == 0
+        assert plog.local.statistics().pending_messages == 0
     finally:
         worker.close()
 
@@ -484,7 +484,7 @@ async def test_a_roll_that_flushes_wakes_the_long_polls_it_satisfies(
                         await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
         assert answered == {1, 2, 9}
-        assert worker.partitions[("audit", 0)].log.statistics().segments == 2
+        assert worker.partitions[("audit", 0)].log.local.statistics().segments == 2
     finally:
         worker.close()
 
@@ -512,7 +512,7 @@ async def test_requests_that_queued_behind_a_flush_get_one_flush_and_a_busy_work
             await replies_from(supervisor, burst)
             nursery.cancel_scope.cancel()
         assert len(fsyncs) == 3
-        assert worker.partitions[("audit", 0)].log.statistics().pending_messages == 0
+        assert worker.partitions[("audit", 0)].log.local.statistics().pending_messages == 0
     finally:
         worker.close()
 
@@ -550,6 +550,6 @@ async def test_what_copy_loops_append_in_one_turn_is_flushed_in_one_round(
                         loops.start_soon(worker.leadership._flush_copied, partition)
             nursery.cancel_scope.cancel()
         assert rounds == [["copied-0", "copied-1", "copied-2"]]
-        assert all(p.log.statistics().pending_messages == 0 for p in partitions)
+        assert all(p.log.local.statistics().pending_messages == 0 for p in partitions)
     finally:
         worker.close()

@@ -29,10 +29,10 @@ def test_closing_a_partition_that_took_nothing_since_it_opened_leaves_its_indexe
     indexes = sorted(folder.glob("*index"))
     assert [p.suffix for p in indexes] == [".index", ".timeindex"]
     written = {p: p.stat().st_ino for p in indexes}
-    reopened = PartitionLog.open(folder, log.config, clock)
+    reopened = PartitionLog.open(folder, log.local.config, clock)
     reopened.close()
     assert {p: p.stat().st_ino for p in indexes} == written  # not replaced by a new file
-    again = PartitionLog.open(folder, log.config, clock)
+    again = PartitionLog.open(folder, log.local.config, clock)
     assert len(read_all(again)) == 3
     again.append(make_set(3, 1))
     again.close()

@@ -484,7 +484,7 @@ def test_a_topic_of_a_codec_stores_every_set_so(tmp_path: Path, clock: FakeClock
     decoded, failure = codec.decode(log.read(0, 1 << 20), 0)
     assert failure is None
     assert [m.value[:8] for m in decoded] == [b"%08d" % i for i in range(8)]
-    log.reconfigure(dataclasses.replace(log.config, compression="none"))
+    log.local.reconfigure(dataclasses.replace(log.local.config, compression="none"))
     mixed = make_set(8, 1) + wrapped(Compressor(Codec.LZ4), make_set(9, 2))
     assert log.append_counted(mixed)[1] == 3
     log.flush()

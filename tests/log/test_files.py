@@ -225,7 +225,7 @@ def test_a_flush_that_cannot_open_its_file_again_does_not_fail_the_log(
     with pytest.raises(StorageIOError, match="Too many open files"):
         first.flush()  # no fsync was made, none failed: the page cache is still to be trusted
     monkeypatch.setattr(os, "open", real_open)
-    assert first.failure is None and first.high_watermark == 0
+    assert first.local.failure is None and first.high_watermark == 0
     first.flush()
     assert first.high_watermark == 100
     first.close()
@@ -259,5 +259,5 @@ def test_idempotent_appends_to_many_partitions_hold_no_more_descriptors_than_the
     states = sorted(path for path in synced if path.endswith(".producers"))
     assert states == sorted(str(producers_path(log.directory, 0)) for log in logs)
     for log in logs:
-        assert len(log.producer_sets(0, log.log_end_offset)) == 2
+        assert len(log.producers.sets_between(0, 0, log.log_end_offset)) == 2
         log.close()

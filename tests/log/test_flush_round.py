@@ -136,10 +136,10 @@ def test_a_failed_syncfs_fails_only_the_logs_whose_own_fsync_fails(
     assert result.flushed == [plogs[0], plogs[1], plogs[3]]
     assert list(result.failed) == [plogs[2]] and not result.file_system_errors
     assert [p.high_watermark for p in plogs] == [len(MESSAGE), len(MESSAGE), 0, len(MESSAGE)]
-    assert plogs[2].failure is not None and "fsync" in plogs[2].failure
+    assert plogs[2].local.failure is not None and "fsync" in plogs[2].local.failure
     with pytest.raises(StorageIOError):  # failed until reopened from the disk
         plogs[2].append(MESSAGE)
-    assert all(p.failure is None for p in (plogs[0], plogs[1], plogs[3]))
+    assert all(p.local.failure is None for p in (plogs[0], plogs[1], plogs[3]))
     round_.close()
 
 
@@ -169,10 +169,10 @@ def test_a_log_whose_segment_cannot_be_opened_to_sync_fails_nothing_and_holds_ba
     def no_descriptor() -> None:
         raise StorageIOError("reopening 00000000000000000000.log: [Errno 24] Too many open files")
 
-    monkeypatch.setattr(plogs[1], "segment_to_sync", no_descriptor)
+    monkeypatch.setattr(plogs[1].local, "segment_to_sync", no_descriptor)
     result = round_.flush(plogs)
     assert result.flushed == [plogs[0], plogs[2]] and list(result.failed) == [plogs[1]]
-    assert plogs[1].failure is None and plogs[1].high_watermark == 0  # tried again later
+    assert plogs[1].local.failure is None and plogs[1].high_watermark == 0  # tried again later
     monkeypatch.undo()
     assert round_.flush(plogs).flushed == [plogs[1]]
     round_.close()

@@ -37,7 +37,7 @@ def test_the_start_moves_to_a_boundary_and_reads_before_it_are_out_of_range(
         log.read(1100, 100)
     messages = read_all(log)
     assert [m.offset for m in messages][:2] == [1200, 1300] and len(messages) == 13
-    assert log.statistics().log_start_offset == 1200
+    assert log.local.statistics().log_start_offset == 1200
 
 
 def test_the_start_never_moves_back_nor_past_the_log_end(tmp_path: Path, clock: FakeClock) -> None:
@@ -76,7 +76,7 @@ def test_a_segment_a_reader_holds_is_deleted_by_the_next_retention_pass(
     assert [s.base_offset for s in log.segments] == [0, 500, 1000, 1500, 2000]  # oldest first
     assert log.log_start_offset == 1200
     del view
-    deleted = log.apply_retention()
+    deleted = log.local.apply_retention()
     assert [p.name for p in deleted] == [f"{0:020d}.log", f"{500:020d}.log"]
     assert [s.base_offset for s in log.segments] == [1000, 1500, 2000]
 
@@ -86,8 +86,8 @@ def test_retention_past_the_start_moves_it_with_the_segments(
 ) -> None:
     log = filled(tmp_path, clock)
     log.advance_start(200)
-    log.reconfigure(dataclasses.replace(log.config, retention_bytes=1000))
-    log.apply_retention()
+    log.local.reconfigure(dataclasses.replace(log.local.config, retention_bytes=1000))
+    log.local.apply_retention()
     assert log.log_start_offset == log.segments[0].base_offset == 1500
 
 

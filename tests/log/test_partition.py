@@ -100,7 +100,7 @@ def test_segment_lookup_by_bisect_equals_a_linear_scan(set_sizes: list[int]) -> 
         segments = log.segments
         for offset in range(0, log.log_end_offset, 7):
             linear = [s for s in segments if s.base_offset <= offset < s.end_offset]
-            assert log.segment_for(offset) is linear[-1]
+            assert log.local.segment_for(offset) is linear[-1]
         log.close()
 
 
@@ -128,23 +128,23 @@ def test_flush_triggers_when_flush_messages_are_pending(tmp_path: Path, clock: F
     assert log.high_watermark == 0
     log.append(make_set(6, 4))
     assert log.high_watermark == 1000
-    assert log.statistics().pending_messages == 0
+    assert log.local.statistics().pending_messages == 0
 
 
 def test_flush_triggers_when_the_oldest_pending_message_waited_the_interval(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     log = open_log(tmp_path / "t-0", clock, flush_messages=1000, flush_interval_ms=500)
-    assert log.next_flush_deadline() is None
+    assert log.local.next_flush_deadline() is None
     log.append(make_set(0, 1))
-    assert log.next_flush_deadline() == clock.monotonic() + 0.5
+    assert log.local.next_flush_deadline() == clock.monotonic() + 0.5
     clock.advance(0.3)
     log.append(make_set(1, 1))  # the deadline runs from the first pending message
-    assert not log.flush_if_due()
+    assert not log.local.flush_if_due()
     clock.advance(0.2)
-    assert log.flush_if_due()
+    assert log.local.flush_if_due()
     assert log.high_watermark == 200
-    assert log.next_flush_deadline() is None
+    assert log.local.next_flush_deadline() is None
     log.append(make_set(2, 1))
     clock.advance(0.6)
     log.append(make_set(3, 1))  # an append past the deadline flushes too
@@ -204,7 +204,7 @@ def test_where_the_last_read_or_flush_ended_is_not_walked_to_again(
     log.flush()
     assert len(log.read(0, 300)) == 300  # the log start: walked to, as an offset of no read
     assert len(log.read(300, 400)) == 400  # where that read ended
-    log.check_offset(700)  # where that one ended, as a fetch's check before its read
+    log.local.check_offset(700)  # where that one ended, as a fetch's check before its read
     assert len(log.read(700, 100_000)) == 1300
     assert len(log.read(1000, 100)) == 100  # where the first flush ended
     assert walks == [0]
@@ -240,7 +240,7 @@ def test_offset_outside_the_log_names_both_bounds(tmp_path: Path, clock: FakeClo
     for i in range(3):
         log.append(make_set(i * 5, 5))
     log.flush()
-    log.apply_retention()
+    log.local.apply_retention()
     assert (log.log_start_offset, log.high_watermark) == (1000, 1500)
     for offset in (0, 999, 1501, 10**12):
         with pytest.raises(OffsetOutOfRange, match=r"readable offsets are \[1000, 1500\]"):
@@ -334,7 +334,7 @@ def test_retention_by_age_deletes_old_closed_segments_only(
     old = clock.time() - 3601
     for segment in log.segments:
         os.utime(segment.log_path, (old, old))  # all of them, the active one too
-    deleted = log.apply_retention()
+    deleted = log.local.apply_retention()
     assert [p.name for p in deleted] == [f"{b:020d}.log" for b in (0, 500, 1000)]
     assert [s.base_offset for s in log.segments] == [1500]
     assert not any(p.exists() for p in deleted)
@@ -346,16 +346,16 @@ def test_retention_by_age_keeps_young_segments(tmp_path: Path, clock: FakeClock)
     for i in range(3):
         log.append(make_set(i * 5, 5))
     clock.now_time = log.segments[0].log_path.stat().st_mtime + 3599
-    assert log.apply_retention() == []
+    assert log.local.apply_retention() == []
 
 
 def test_retention_by_size_keeps_at_least_retention_bytes(tmp_path: Path, clock: FakeClock) -> None:
     log = open_log(tmp_path / "t-0", clock, segment_bytes=500, retention_bytes=1200)
     for i in range(6):
         log.append(make_set(i * 5, 5))  # six segments of 500 bytes, the last active
-    log.apply_retention()
+    log.local.apply_retention()
     assert [s.base_offset for s in log.segments] == [1500, 2000, 2500]
-    assert log.statistics().size_bytes == 1500
+    assert log.local.statistics().size_bytes == 1500
 
 
 def test_retention_never_deletes_a_segment_a_reader_holds(tmp_path: Path, clock: FakeClock) -> None:
@@ -364,10 +364,10 @@ def test_retention_never_deletes_a_segment_a_reader_holds(tmp_path: Path, clock:
         log.append(make_set(i * 5, 5))
     log.flush()
     view = log.read(100, 10_000)  # a read in progress in the oldest segment
-    assert log.apply_retention() == []
+    assert log.local.apply_retention() == []
     assert [m.value[:8] for m in iter_messages(view, 100)] == [b"%08d" % i for i in range(1, 5)]
     del view
-    assert len(log.apply_retention()) == 2
+    assert len(log.local.apply_retention()) == 2
     assert log.log_start_offset == 1000
 
 
@@ -445,12 +445,12 @@ def test_check_offset_raises_what_read_would_without_reading(
     log = open_log(tmp_path / "t-0", clock)
     log.append(make_set(0, 2))
     log.flush()
-    log.check_offset(100)
-    log.check_offset(200)  # the high watermark: readable, nothing there yet
+    log.local.check_offset(100)
+    log.local.check_offset(200)  # the high watermark: readable, nothing there yet
     with pytest.raises(InvalidOffset):
-        log.check_offset(150)
+        log.local.check_offset(150)
     with pytest.raises(OffsetOutOfRange):
-        log.check_offset(300)
+        log.local.check_offset(300)
 
 
 def test_read_to_the_high_watermark_with_an_indexed_unflushed_message_right_after_it(
@@ -499,6 +499,6 @@ def test_a_failed_fsync_fails_the_log_until_it_is_reopened_from_the_disk(
     assert reopened.append(make_set(5, 1)) == 300
     reopened.close()
     # nothing past the high watermark comes back when the folder is opened again
-    with PartitionLog.open(tmp_path / "t-0", reopened.config, clock) as again:
+    with PartitionLog.open(tmp_path / "t-0", reopened.local.config, clock) as again:
         assert [m.value[:8] for m in read_all(again)][-1] == b"00000005"
         assert again.log_end_offset == 400

@@ -128,7 +128,7 @@ def test_the_state_survives_reopening_and_rolls_and_goes_with_deleted_segments(
         assert plog.append_idempotent(one(b"other"), PRODUCER + 1, 0, 0)[1] is False
         assert plog.append_idempotent(one(b"x" * 40), PRODUCER, 0, 1) == (firsts[1], False)
         plog.advance_start(plog.segments[-1].base_offset)  # the old segments go, entries too
-        plog.apply_retention()
+        plog.local.apply_retention()
         with pytest.raises(DuplicateSequence, match="stored already"):
             plog.append_idempotent(one(b"x" * 40), PRODUCER, 0, 1)
         assert sorted(p.name for p in folder.glob("*.producers")) == [

@@ -337,7 +337,7 @@ def test_directories_are_fsynced_after_files_are_created_renamed_or_deleted(
     assert synced == [folder, folder, folder]
     synced.clear()
     log.flush()
-    assert log.apply_retention() == [folder / f"{0:020d}.log"]
+    assert log.local.apply_retention() == [folder / f"{0:020d}.log"]
     assert synced == [folder]
     log.close()
     synced.clear()

@@ -116,13 +116,13 @@ def test_retention_and_recovery_remove_time_indexes_with_their_segments(
     for i in range(15):
         log.append(make_set(i, 1))
     log.flush()
-    log.apply_retention()
+    log.local.apply_retention()
     log.close()
     assert sorted(p.name for p in folder.glob("*.timeindex")) == [f"{1000:020d}.timeindex"]
     for suffix in (".log", ".index", ".timeindex"):  # inside the one before it: set aside
         (folder / f"{1000:020d}{suffix}").rename(folder / f"{100:020d}{suffix}")
     (folder / f"{0:020d}.log").write_bytes(make_set(0, 2))
-    PartitionLog.open(folder, log.config, clock).close()
+    PartitionLog.open(folder, log.local.config, clock).close()
     left = sorted(p.name for p in folder.glob("*index"))  # the empty one after what was set
     assert left == [f"{0:020d}.{kind}" for kind in ("index", "timeindex")]  # aside stores none
 

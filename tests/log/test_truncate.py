@@ -126,7 +126,7 @@ def test_a_cut_inside_a_message_or_outside_the_log_changes_nothing(
         with pytest.raises(ValueError, match=r"outside the log \[0, 3000\]"):
             log.truncate_to(offset)
     assert {p.name: p.read_bytes() for p in (tmp_path / "t-0").iterdir()} == before
-    assert log.log_end_offset == log.high_watermark == 3000 and log.failure is None
+    assert log.log_end_offset == log.high_watermark == 3000 and log.local.failure is None
     assert log_bytes(log) == b"".join(make_set(i, 1) for i in range(30))
 
 
@@ -203,16 +203,16 @@ def test_pending_appends_past_the_cut_are_dropped_and_those_before_stay_pending(
     log.append(make_set(0, 3))
     log.flush()
     log.append(make_set(3, 5))  # pending: [300, 800)
-    assert log.statistics().pending_messages == 5
+    assert log.local.statistics().pending_messages == 5
     log.truncate_to(500)
     assert log.high_watermark == 300 and log.log_end_offset == 500
-    assert log.statistics().pending_messages == 2
-    assert log.next_flush_deadline() is not None
+    assert log.local.statistics().pending_messages == 2
+    assert log.local.next_flush_deadline() is not None
     log.flush()
     assert [m.value[:8] for m in read_all(log)] == [b"%08d" % i for i in range(5)]
     log.append(make_set(5, 1))
     log.truncate_to(500)
-    assert log.statistics().pending_messages == 0 and log.next_flush_deadline() is None
+    assert log.local.statistics().pending_messages == 0 and log.local.next_flush_deadline() is None
 
 
 def test_a_view_held_across_a_cut_stays_valid(tmp_path: Path, clock: FakeClock) -> None:
@@ -252,7 +252,7 @@ def test_reset_to_empties_the_log_above_or_below_its_range(
         log.reset_to(start)
         assert [(s.base_offset, s.size) for s in log.segments] == [(start, 0)]
         assert log.log_start_offset == log.high_watermark == log.log_end_offset == start
-        assert history(log) == () and log.statistics().pending_messages == 0
+        assert history(log) == () and log.local.statistics().pending_messages == 0
         assert sorted(p.name for p in log.directory.iterdir()) == [
             f"{start:020d}.log",
             CHECKPOINT_NAME,
@@ -367,7 +367,7 @@ def interrupt_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int], li
 
     monkeypatch.setattr(Segment, "delete", step("delete", Segment.delete))
     monkeypatch.setattr(Segment, "truncate_to", step("cut", Segment.truncate_to))
-    monkeypatch.setattr("broker.log.partition.fsync_file", step("fsync", fsync_file))
+    monkeypatch.setattr("broker.log.local_log.fsync_file", step("fsync", fsync_file))
     monkeypatch.setattr(LeaderEpochs, "_store", step("epochs", LeaderEpochs._store))
     monkeypatch.setattr(Segment, "create", step("create", Segment.create))
 
@@ -394,7 +394,7 @@ def test_a_cut_interrupted_at_any_step_opens_as_a_consistent_prefix(
         interrupt_at(k)
         with pytest.raises(StorageIOError, match=f"interrupted at {steps[k]}"):
             log.truncate_to(1200)
-        assert log.failure is not None and log.high_watermark == 1200
+        assert log.local.failure is not None and log.high_watermark == 1200
         with pytest.raises(StorageIOError, match="nothing more is written"):
             log.append(make_set(0, 1))
         interrupt_at(-1)
@@ -442,7 +442,7 @@ def test_a_reset_interrupted_at_any_step_opens_as_a_prefix_without_history(
         interrupt_at(k)
         with pytest.raises(StorageError, match=f"interrupted at {steps[k]}"):
             log.reset_to(9000)
-        assert log.failure is not None
+        assert log.local.failure is not None
         interrupt_at(-1)
         again = crash_and_open(log, clock)
         if k == 0:  # nothing done yet
@@ -479,7 +479,7 @@ def test_a_failed_fsync_during_a_cut_fails_the_log_until_it_is_reopened(
     monkeypatch.setattr(os, "fsync", failing_fsync)
     with pytest.raises(StorageIOError, match="Input/output error"):
         log.truncate_to(2500)
-    assert log.failure is not None
+    assert log.local.failure is not None
     for refused in (
         lambda: log.truncate_to(2000),
         lambda: log.reset_to(0),
