@@ -42,7 +42,7 @@ from broker.log.config import LogConfig
 from broker.log.fsdir import fsync_directory, fsync_file, storage_error
 from broker.log.indexfile import IndexDamaged
 from broker.log.message import Buffer, ScanResult, message_size_at
-from broker.log.recovery import build_time_index, scan_untrusted
+from broker.log.recovery import rebuild_index, rescan
 from broker.log.segment import FramingBroken, Segment
 from broker.log.segment_scan import Damage
 
@@ -325,56 +325,19 @@ class LocalLog:
         return max(self.flushed, self.start)
 
     def repairing(self, operation: Callable[[], _T]) -> _T:
-        """`operation`, run again after each segment it met that had to be scanned again
-        (`_rescan`) or had an index rebuilt (`_rebuild_index`); each segment needs it once, so
-        at most once a segment, and what meets the same problem after that is raised."""
+        """`operation`, run again after each segment it met that had to be scanned again or had
+        an index rebuilt (broker.log.recovery's `rescan`, `rebuild_index`); each segment needs
+        it once, so at most once a segment, and what meets the same problem after that is
+        raised."""
         for _ in range(len(self.segments)):
             try:
                 return operation()
             except FramingBroken as broken:
-                self._rescan(broken)
+                self._known.clear()
+                rescan(self.segment_for(broken.start), broken, self.config.index_interval_bytes)
             except IndexDamaged as damaged:
-                self._rebuild_index(damaged)
+                rebuild_index(self.segments, damaged, self.config.index_interval_bytes)
         return operation()
-
-    def _rebuild_index(self, damaged: IndexDamaged) -> None:
-        """A closed segment's stored index failed its check on first use (or is gone): never
-        trusted, it is rebuilt from the log as on open (a time index by a walk of the message
-        headers, an offset index, or a time index whose walk breaks, by a scan of the segment,
-        damage kept in place), stored, and every problem logged."""
-        segment = next(
-            s for s in self.segments if damaged.path in (s.index_path, s.time_index_path)
-        )
-        name = segment.log_path.name
-        kind = "index" if damaged.path == segment.index_path else "time index"
-        problems = [f"{name}: {kind} {damaged}; rebuilt from the log"]
-        interval = self.config.index_interval_bytes
-        if kind == "index" or not build_time_index(segment, interval, problems):
-            scan_untrusted(segment, interval, False, problems)
-            problems += [
-                f"{name}: offsets [{segment.base_offset + d.start}, {segment.base_offset + d.end})"
-                f" damaged, kept in place: {d.reason}"
-                for d in segment.damage
-            ]
-        for problem in problems:
-            log.warning("%s: %s", self.directory.name, problem)
-
-    def _rescan(self, broken: FramingBroken) -> None:
-        """A read met framing that breaks where no damage was known: the file changed after
-        it was opened. Scan that segment again as recovery does, cutting nothing: what fails
-        the checks becomes damage that reads report (CorruptSegment), and the rest is served."""
-        self._known.clear()
-        segment = self.segment_for(broken.start)
-        result = segment.recover(self.config.index_interval_bytes)
-        if result.tail_error is not None:
-            segment.keep_damage(Damage(result.end, segment.size, result.tail_error))
-        log.warning(
-            "%s: %s; %s scanned again: damaged %s",
-            self.directory.name,
-            broken,
-            segment.log_path.name,
-            ", ".join(f"[{d.start}, {d.end})" for d in segment.damage) or "nothing",
-        )
 
     def _note_start(self, offset: int) -> None:
         """`offset` is where a message starts (or will: the end of the bytes written)."""

@@ -1,8 +1,8 @@
 """Recovery of a partition folder on open (docs/storage.md, "Recovery after a crash"): which
 segment files are kept, scanned, put back to their length, cut or set aside, and what is
 reported (RecoveryReport). broker.log.partition opens a PartitionLog on what `recover_folder`
-returns; it also scans a segment again through `scan_untrusted` and `build_time_index` when a
-read finds it damaged.
+returns; its reads (broker.log.local_log) scan a segment again (`rescan`) or rebuild a stored
+index (`rebuild_index`) when they find it damaged.
 
 A closed segment is trusted when its index describes its size; the newest segment, and any
 other, is scanned, checksums and all. Where the framing holds nothing is cut: a damaged message
@@ -26,12 +26,14 @@ from pathlib import Path
 from broker.errors import StorageError
 from broker.log.config import LogConfig
 from broker.log.fsdir import fsync_directory, fsync_file
+from broker.log.indexfile import IndexDamaged
 from broker.log.message import message_size_at, valid_message_end
 from broker.log.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     PRODUCERS_SUFFIX,
     TIME_INDEX_SUFFIX,
+    FramingBroken,
     Segment,
     bad_file_path,
 )
@@ -40,6 +42,8 @@ from broker.log.segment_scan import Damage
 SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
 
 log = logging.getLogger(__name__)
+_partition_log = logging.getLogger("broker.log.partition")
+"""What reads repair is logged as the partition's (as operators have seen it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,3 +300,39 @@ def _set_aside(path: Path) -> Path:
             path.with_suffix(suffix).unlink()
     fsync_directory(path.parent)
     return target
+
+
+def rebuild_index(segments: list[Segment], damaged: IndexDamaged, index_interval: int) -> None:
+    """A closed segment's stored index failed its check on first use (or is gone): never
+    trusted, it is rebuilt from the log as on open (a time index by a walk of the message
+    headers, an offset index, or a time index whose walk breaks, by a scan of the segment,
+    damage kept in place), stored, and every problem logged."""
+    segment = next(s for s in segments if damaged.path in (s.index_path, s.time_index_path))
+    name = segment.log_path.name
+    kind = "index" if damaged.path == segment.index_path else "time index"
+    problems = [f"{name}: {kind} {damaged}; rebuilt from the log"]
+    if kind == "index" or not build_time_index(segment, index_interval, problems):
+        scan_untrusted(segment, index_interval, False, problems)
+        problems += [
+            f"{name}: offsets [{segment.base_offset + d.start}, {segment.base_offset + d.end})"
+            f" damaged, kept in place: {d.reason}"
+            for d in segment.damage
+        ]
+    for problem in problems:
+        _partition_log.warning("%s: %s", segment.log_path.parent.name, problem)
+
+
+def rescan(segment: Segment, broken: FramingBroken, index_interval: int) -> None:
+    """A read met framing that breaks where no damage was known: the file changed after it
+    was opened. Scan that segment again as recovery does, cutting nothing: what fails the
+    checks becomes damage that reads report (CorruptSegment), and the rest is served."""
+    result = segment.recover(index_interval)
+    if result.tail_error is not None:
+        segment.keep_damage(Damage(result.end, segment.size, result.tail_error))
+    _partition_log.warning(
+        "%s: %s; %s scanned again: damaged %s",
+        segment.log_path.parent.name,
+        broken,
+        segment.log_path.name,
+        ", ".join(f"[{d.start}, {d.end})" for d in segment.damage) or "nothing",
+    )
