@@ -71,7 +71,7 @@ from broker.registry.security import Security
 from broker.registry.session import DEFAULT_CHROOT, RegistryStatistics
 from broker.registry.settings import BrokerSettingsNode
 from broker.registry.states import NO_LEADER, PartitionState, PartitionStateChanged
-from broker.registry.topics import MAX_PARTITIONS, TopicConfig
+from broker.registry.topic_config import MAX_PARTITIONS, TopicConfig
 
 __all__ = [
     "DEFAULT_CHROOT",

@@ -27,7 +27,8 @@ from broker.registry.controller import CONTROLLER_EPOCH, ControllerMoved
 from broker.registry.nodes import decode, encode, int_list, validate_broker_id
 from broker.registry.session import BadVersion, NodeExists, NoNode
 from broker.registry.states import PartitionState, PartitionStateChanged
-from broker.registry.topics import TopicConfig, TopicNodes
+from broker.registry.topic_config import TopicConfig
+from broker.registry.topics import TopicNodes
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kazoo.client import TransactionRequest
 
@@ -20,9 +19,7 @@ from broker.registry.brokers import Brokers
 from broker.registry.controller import CONTROLLER_EPOCH, ControllerMoved
 from broker.registry.nodes import decode, encode, int_field, int_list, is_int
 from broker.registry.session import FAILED, BadVersion, NodeExists, NoNode
-
-if TYPE_CHECKING:
-    from broker.registry.topics import TopicConfig
+from broker.registry.topic_config import TopicConfig
 
 log = logging.getLogger(__name__)
 
