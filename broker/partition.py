@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -16,6 +17,7 @@ import trio
 from broker.flush_waiters import FlushWaiters
 from broker.log import PartitionLog
 from broker.log.hwcheckpoint import HighWatermarkCheckpoint
+from broker.log.message import Buffer
 from broker.ratelog import RateLimitedLog
 from broker.replication.follower import Follower
 from broker.replication.replica import Replica, Reply
@@ -80,6 +82,38 @@ class Partition:
     def high_watermark(self) -> int:
         """What consumers may read up to (Replica.high_watermark)."""
         return self.replica.high_watermark(self.log.high_watermark)
+
+    def admit(self, ack: int) -> None:
+        """Raise what refuses a produce at `ack` here now (Replica.admit)."""
+        self.replica.admit(ack, time.monotonic())
+
+    def append(
+        self,
+        message_set: Buffer,
+        producer_id: int,
+        epoch: int,
+        sequence: int,
+        expand: bool,
+        client: Callable[[], str],
+    ) -> tuple[int, int, int, bool]:
+        """Append a producer's set, not flushed (the worker's flushes take it): an idempotent
+        producer's (`producer_id`) once, however often it is sent. Its offset, messages and
+        end, and whether it was appended now (not a set sent again, which is counted once).
+        Raises what PartitionLog.append_counted and append_idempotent raise; `client` gives
+        the request's client id, which a new idempotent producer is let in as."""
+        plog = self.log
+        if producer_id:
+            kept, appended = plog.append_idempotent(
+                message_set, producer_id, epoch, sequence, False, expand, client
+            )
+            offset, count, end = kept.offset, kept.message_count, kept.end
+        else:
+            offset, count = plog.append_counted(message_set, flush=False, expand=expand)
+            appended, end = True, plog.log_end_offset
+        if appended:
+            self.messages_in += count
+            self.bytes_in += len(message_set)
+        return offset, count, end, appended
 
     def check_leader(self) -> None:
         """NotLeaderForPartition unless clients may be served here now (Replica.check_serving)."""

@@ -56,7 +56,6 @@ from broker import control, protocol
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.config import BrokerConfig
 from broker.errors import (
-    NotEnoughReplicas,
     PylogError,
     UnknownTopicOrPartition,
     UnsupportedApi,
@@ -358,56 +357,40 @@ class Worker:
         unless `expand`. `request_frames`: the request's, whose client id a new idempotent
         producer is let in as."""
         partition = self.served.get(*route)
-        replica = partition.replica
-        leader = replica.leader
-        if replica.replicated:
-            partition.check_leader()  # led here, under the lease
-            assert leader is not None
-            if ack == protocol.Ack.ALL and len(leader.isr) < replica.min_insync:
-                raise NotEnoughReplicas(partition.name, len(leader.isr), replica.min_insync)
+        partition.admit(ack)  # led here, under the lease; at ack=all, the ISR big enough
         plog = partition.log
         high_watermark = plog.high_watermark
         had_deadline = plog.local.next_flush_deadline() is not None
         try:
-            if producer_id:  # an idempotent producer's: stored once, however often sent
-                kept, appended = plog.append_idempotent(
-                    message_set,
-                    producer_id,
-                    epoch,
-                    sequence,
-                    flush=False,
-                    expand=expand,
-                    client=lambda: protocol.peek_client_id(request_frames),
-                )
-                offset, count, end = kept.offset, kept.message_count, kept.end
-            else:
-                offset, count = plog.append_counted(message_set, flush=False, expand=expand)
-                appended, end = True, plog.log_end_offset
+            offset, count, end, appended = partition.append(
+                message_set,
+                producer_id,
+                epoch,
+                sequence,
+                expand,
+                lambda: protocol.peek_client_id(request_frames),
+            )
         except DISK_ERRORS as error:
             self.flusher.on_disk_error(partition, error)
             raise
         if appended:  # not a set sent again
-            partition.messages_in += count
-            partition.bytes_in += len(message_set)
             if plog.high_watermark != high_watermark:  # a roll flushed what came before
                 partition.note_flush(self.served.replies)
             self.flusher.appended(partition, had_deadline)
-        if ack == protocol.Ack.NONE:
+        waiting = partition.replica.waiting_for(ack, end, plog.high_watermark)
+        if waiting == "never":
             return
-        reply = protocol.ProduceReply(offset, count, throttle_of(tagged))
-        frames = protocol.encode_reply(correlation_id, reply, version)
-        if ack == protocol.Ack.ALL and leader is not None:  # replicated: the ISR must have it
-            stored, acks = leader.high_watermark >= end, replica.all_acks
-        else:  # ack=all of a partition without replicas is ack=flushed
-            stored, acks = ack == protocol.Ack.WRITTEN or plog.high_watermark >= end, replica.acks
-        if stored:
+        frames = protocol.encode_reply(
+            correlation_id, protocol.ProduceReply(offset, count, throttle_of(tagged)), version
+        )
+        if waiting == "now":
             await self.served.reply(tagged, frames)
             return
         # Answered by the flush (or, at ack=all, the high watermark) that stores it
         # (note_flush, advance), or failed (fail_acks). Flushed soon: followers copy only
         # flushed bytes.
         (frame,) = frames
-        acks.append(PendingAck(end, correlation_id, (tagged, frame)))
+        waiting.append(PendingAck(end, correlation_id, (tagged, frame)))
         self.flusher.wanted.add(partition)
 
     # -- commands from the supervisor ------------------------------------------------------

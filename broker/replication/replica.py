@@ -47,6 +47,10 @@ class PendingAck(NamedTuple):
     reply: Reply
 
 
+AckRoute = deque[PendingAck] | Literal["now", "never"]
+"""Where a produce's answer goes (Replica.waiting_for): the queue it waits in, sent at once, or
+none sent (ack=none)."""
+
 Adoption = Literal["kept", "lead", "follow", "none"]
 """What a role asks of the worker (Replica.adopt): nothing more (the same leader followed, or
 the ISR of this term updated), a new term here (`start_term` once the log has the epoch's
@@ -122,6 +126,34 @@ class Replica:
         return moved
 
     # -- acks ----------------------------------------------------------------------------
+
+    def admit(self, ack: int, now: float) -> None:
+        """Whether a produce at `ack` may be appended here at `now`: NotLeaderForPartition
+        unless served here (`check_serving`), and, for a replicated partition at ack=all,
+        NotEnoughReplicas while its ISR is below min_insync_replicas (Kafka's
+        `appendRecordsToLeader`: nothing appended that could not be acknowledged)."""
+        if not self.replicated:
+            return
+        self.check_serving(now)
+        leader = self.leader
+        assert leader is not None
+        if ack == protocol.Ack.ALL and len(leader.isr) < self.min_insync:
+            raise NotEnoughReplicas(self.name, len(leader.isr), self.min_insync)
+
+    def waiting_for(self, ack: int, end: int, flushed: int) -> AckRoute:
+        """Where the answer of a produce at `ack`, whose messages end at `end`, goes with the
+        log flushed up to `flushed`: "never" at ack=none; "now" at ack=written, or when what
+        its level asks already holds; else the queue a flush (`answer_flushed`) or the high
+        watermark (`advance`, at ack=all of a replicated partition led here) answers it from.
+        ack=all of a partition without replicas is ack=flushed."""
+        if ack == protocol.Ack.NONE:
+            return "never"
+        leader = self.leader
+        if ack == protocol.Ack.ALL and leader is not None:
+            return "now" if leader.high_watermark >= end else self.all_acks
+        if ack == protocol.Ack.WRITTEN or flushed >= end:
+            return "now"
+        return self.acks
 
     def answer_flushed(self, flushed: int, now: float, replies: list[Reply]) -> None:
         """The log is flushed up to `flushed`: add the acks of the ack=flushed produces it

@@ -8,7 +8,7 @@ import pytest
 
 from broker import protocol
 from broker.control import PartitionRole
-from broker.errors import NotLeaderForPartition
+from broker.errors import NotEnoughReplicas, NotLeaderForPartition
 from broker.replication.lease import Lease
 from broker.replication.replica import PendingAck, Replica, Reply
 
@@ -160,6 +160,39 @@ def test_in_the_same_term_only_the_isr_changes_and_below_min_insync_ack_all_is_f
     assert replies == [] and len(replica.all_acks) == 1
     assert replica.adopt(role(isr=(1,), version=2), False, 0.0, replies) == "kept"
     assert codes(replies) == ["NOT_ENOUGH_REPLICAS"]
+
+
+def test_a_produce_is_admitted_by_its_leader_under_the_lease_and_at_ack_all_by_min_insync() -> None:
+    alone = Replica("clicks-0", ME, Lease())
+    for level in protocol.Ack:
+        alone.admit(level, now=1e9)  # one replica: every level, no role, no lease
+    replica = leased(until=100.0)
+    leading(replica)
+    for level in protocol.Ack:
+        replica.admit(level, now=50.0)  # ISR 3 of min 2
+    assert replica.adopt(role(isr=(1,), version=1), False, 50.0, []) == "kept"
+    with pytest.raises(NotEnoughReplicas):
+        replica.admit(protocol.Ack.ALL, now=50.0)
+    replica.admit(protocol.Ack.FLUSHED, now=50.0)  # only ack=all needs the ISR
+    with pytest.raises(NotLeaderForPartition) as lapsed:
+        replica.admit(protocol.Ack.FLUSHED, now=100.0)  # the lease ran out: maybe replaced
+    assert lapsed.value.leader == -1
+
+
+def test_a_produce_answer_goes_now_never_or_to_the_queue_its_level_waits_on() -> None:
+    alone = Replica("clicks-0", ME, Lease())
+    assert alone.waiting_for(protocol.Ack.NONE, 30, flushed=0) == "never"
+    assert alone.waiting_for(protocol.Ack.WRITTEN, 30, flushed=0) == "now"
+    assert alone.waiting_for(protocol.Ack.FLUSHED, 30, flushed=0) is alone.acks
+    assert alone.waiting_for(protocol.Ack.FLUSHED, 30, flushed=30) == "now"
+    assert alone.waiting_for(protocol.Ack.ALL, 30, flushed=0) is alone.acks  # = flushed
+    assert alone.waiting_for(protocol.Ack.ALL, 30, flushed=30) == "now"
+    replica = leased()
+    replica.high_watermark_seen = 10
+    leading(replica, flushed=10)  # its term's high watermark at 10
+    assert replica.waiting_for(protocol.Ack.ALL, 30, flushed=30) is replica.all_acks
+    assert replica.waiting_for(protocol.Ack.ALL, 10, flushed=30) == "now"  # under the HW
+    assert replica.waiting_for(protocol.Ack.FLUSHED, 30, flushed=30) == "now"
 
 
 def test_a_new_epoch_or_another_leader_ends_the_term_and_fails_what_waits() -> None:
