@@ -84,11 +84,8 @@ class Partition:
         return self.replica.high_watermark(self.log.high_watermark)
 
     def admit(self, ack: int) -> None:
-        """Raise what refuses a produce at `ack` here now (Replica.admit; a partition of one
-        replica admits every produce, without reading the clock)."""
-        replica = self.replica
-        if replica.replicated:
-            replica.admit(ack, time.monotonic())
+        """Raise what refuses a produce at `ack` here now (Replica.admit)."""
+        self.replica.admit(ack, time.monotonic())
 
     def append(
         self,

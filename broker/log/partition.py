@@ -100,7 +100,8 @@ def _check_entries(name: str, offset: int, end: int, producers: Sequence[StoredS
 
 
 class PartitionLog:
-    """Append, flush, read, roll and retention for one partition folder. Use `open`."""
+    """One partition folder: appends checked and kept in step with the leader epochs and the
+    producers' entries, over `local`'s segments (flushes, reads, retention). Use `open`."""
 
     def __init__(
         self,
