@@ -17,13 +17,10 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The operating system's clocks."""
+    """The operating system's clocks (the C functions themselves: a produce reads one)."""
 
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def time(self) -> float:
-        return time.time()
+    monotonic = staticmethod(time.monotonic)
+    time = staticmethod(time.time)
 
 
 SYSTEM_CLOCK = SystemClock()

@@ -22,13 +22,13 @@ membership kept, and a high watermark or log start moved without new bytes answe
 from __future__ import annotations
 
 import secrets
-import time
 from dataclasses import dataclass, field
 from typing import Final
 
 import trio
 
 from broker import protocol
+from broker.clock import Clock
 from broker.errors import FetchSessionIdNotFound, InvalidFetchSessionEpoch
 from broker.flush_waiters import FlushWaiters, Waiter
 from broker.transport import WORKER_SHIFT
@@ -51,10 +51,11 @@ class FetchSession:
 
     id: int
     replica_id: int
+    used_at: float
+    """When a fetch of the session last came, on the worker's clock."""
     epoch: int = 0
     fetches: dict[Key, protocol.FetchRequest] = field(default_factory=dict)
     sent: dict[Key, Sent] = field(default_factory=dict)
-    used_at: float = field(default_factory=time.monotonic)
     checked_at: float = -1e9
     """When a round last checked every partition of the session."""
     ready: set[Key] = field(default_factory=set)
@@ -93,9 +94,9 @@ class FetchSession:
         ready, self.ready = self.ready, set()
         return ready
 
-    def update(self, request: protocol.MultiFetchRequest) -> set[Key]:
-        """Take a fetch of the session (its epoch checked by FetchSessions.going_on): its
-        parts in (as FETCHes), its forgotten partitions out. Returns the partitions it names:
+    def update(self, request: protocol.MultiFetchRequest, now: float) -> set[Key]:
+        """Take a fetch of the session (its epoch checked by FetchSessions.going_on) at `now`:
+        its parts in (as FETCHes), its forgotten partitions out. Returns the partitions it names:
         each is answered whatever it has."""
         for gone in request.forgotten:
             key = (gone.topic, gone.partition)
@@ -108,7 +109,7 @@ class FetchSession:
             self.fetches[key] = request.part_request(part)
             named.add(key)
         self.epoch = request.session_epoch
-        self.used_at = time.monotonic()
+        self.used_at = now
         return named
 
     def news(self, key: Key, read: protocol.FetchReply) -> bool:
@@ -137,10 +138,11 @@ class _Ready:
 
 
 class FetchSessions:
-    """The sessions of worker `index`."""
+    """The sessions of worker `index`, their idle times on `clock`."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, clock: Clock) -> None:
         self.index = index
+        self.clock = clock
         self._sessions: dict[int, FetchSession] = {}
         """By id, the least recently used first."""
 
@@ -149,7 +151,7 @@ class FetchSessions:
 
     def begin(self, replica_id: int) -> FetchSession:
         """A new session of follower `replica_id`, room made for it."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for old in [s for s in self._sessions.values() if now - s.used_at >= SESSION_IDLE_S]:
             self._sessions.pop(old.id).close()
         while len(self._sessions) >= MAX_SESSIONS:
@@ -160,7 +162,7 @@ class FetchSessions:
             )
             if session_id not in self._sessions:
                 break
-        session = self._sessions[session_id] = FetchSession(session_id, replica_id)
+        session = self._sessions[session_id] = FetchSession(session_id, replica_id, used_at=now)
         return session
 
     def going_on(self, request: protocol.MultiFetchRequest) -> FetchSession:

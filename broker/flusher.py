@@ -117,7 +117,7 @@ class Flusher:
         of_log = {partition.log: partition for partition in partitions}
         result = self.round.flush(of_log)
         for plog in result.flushed:
-            of_log[plog].note_flush(self.served.replies)
+            self.served.owe(of_log[plog].note_flush())
         for plog, error in result.failed.items():
             partition = of_log[plog]
             self.on_disk_error(partition, error)
@@ -149,7 +149,7 @@ class Flusher:
             f"{partition.name}: offline after {partition.offline}: the messages were not "
             "stored (send them again once it is back)"
         )
-        partition.replica.fail_acks(lost, self.served.replies)  # never acked
+        self.served.owe(partition.replica.fail_acks(lost))  # never acked
         assert self.served.nursery is not None
         self.served.nursery.start_soon(self._reopen, partition)
 

@@ -10,7 +10,6 @@ on the partitions led here are failed and their long polls answered.
 from __future__ import annotations
 
 import logging
-import time
 from functools import partial
 
 import trio
@@ -59,10 +58,11 @@ class Leadership:
         role = Role(command.leader, endpoint, epoch, command.curve_key) if endpoint else None
         following = follower is not None and follower.role == role
         led = replica.leader is not None
-        adoption = replica.adopt(command, following, time.monotonic(), self.served.replies)
+        adoption, failed = replica.adopt(command, following, self.served.clock.monotonic())
+        self.served.owe(failed)
         if adoption == "kept":
             if replica.leader is not None:
-                partition.advance(self.served.replies)
+                self.served.owe(partition.advance())
             return
         if led and replica.leader is None:
             partition.wake_all()  # consumers and followers find it not led here and answer so
@@ -110,12 +110,14 @@ class Leadership:
             return
         lag_max_s = self.config.broker_replica_lag_max_ms / 1000
         replica = partition.replica
-        term = replica.start_term(start, plog.high_watermark, lag_max_s, time.monotonic())
+        term = replica.start_term(
+            start, plog.high_watermark, lag_max_s, self.served.clock.monotonic()
+        )
         isr = sorted(term.isr)
         log.info(
             "%s: leading in epoch %d from offset %d, ISR %s", partition.name, epoch, start, isr
         )
-        partition.advance(self.served.replies)
+        self.served.owe(partition.advance())
 
     async def renew_lease(self, until: float, broker_epoch: int) -> None:
         """A lease the supervisor renewed. In a new incarnation (the first lease, or one after
@@ -188,7 +190,7 @@ class Leadership:
         follower whose fetch this is), if one is; it writes the state node and its watch
         brings the new ISR back as a role command."""
         leader = partition.replica.leader
-        isr = partition.replica.isr_to_ask(time.monotonic(), fetched)
+        isr = partition.replica.isr_to_ask(self.served.clock.monotonic(), fetched)
         if leader is None or isr is None:
             return
         log.info("%s: asking for ISR %s (now %s)", partition.name, list(isr), sorted(leader.isr))
@@ -220,7 +222,7 @@ class Leadership:
         answer so; until a renewal, they serve nothing (Partition.check_leader)."""
         while True:
             renewed = self.lease_renewed = trio.Event()
-            left = self.lease.until - time.monotonic()
+            left = self.lease.until - self.served.clock.monotonic()
             if left > 0:
                 with trio.move_on_after(left):
                     await renewed.wait()
@@ -235,7 +237,7 @@ class Leadership:
                     len(led),
                 )
             for partition in led:
-                partition.replica.fail_acks(partition.replica.fenced(), self.served.replies)
+                self.served.owe(partition.replica.fail_acks(partition.replica.fenced()))
                 partition.wake_all()
             await self.served.send_owed()
             await renewed.wait()

@@ -7,13 +7,13 @@ Not safe to share between threads: the worker's trio loop owns it.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
 
+from broker.clock import Clock
 from broker.flush_waiters import FlushWaiters
 from broker.log import PartitionLog
 from broker.log.hwcheckpoint import HighWatermarkCheckpoint
@@ -41,6 +41,8 @@ class Partition:
     replica: Replica
     checkpoint: HighWatermarkCheckpoint
     """Where `replica.high_watermark_seen` is kept across restarts."""
+    clock: Clock
+    """The worker's (Served.clock): the Replica is given the time off it."""
     waiters: FlushWaiters = field(default_factory=FlushWaiters)
     """The long polls woken by this log's flushes (followers', and consumers' of a partition
     of one replica)."""
@@ -85,7 +87,7 @@ class Partition:
 
     def admit(self, ack: int) -> None:
         """Raise what refuses a produce at `ack` here now (Replica.admit)."""
-        self.replica.admit(ack, time.monotonic())
+        self.replica.admit(ack, self.clock.monotonic())
 
     def append(
         self,
@@ -117,7 +119,7 @@ class Partition:
 
     def check_leader(self) -> None:
         """NotLeaderForPartition unless clients may be served here now (Replica.check_serving)."""
-        self.replica.check_serving(time.monotonic())
+        self.replica.check_serving(self.clock.monotonic())
 
     def move_start(self, asked: int | None = None) -> None:
         """Take `asked` (if given) as the log start the registry asks, and move the log's start
@@ -131,24 +133,29 @@ class Partition:
                 self._keep(high_watermark)
                 self.consumers.note_high_watermark(high_watermark)
 
-    def note_flush(self, replies: list[Reply]) -> None:
-        """Wake the long polls whose min_bytes the flushed end reached brought, and add to
-        `replies` the acks the flush gives (or fails)."""
+    def note_flush(self) -> list[Reply]:
+        """Wake the long polls whose min_bytes the flushed end reached brought; the acks the
+        flush gives (or fails), for Served.owe."""
         flushed = self.log.high_watermark
         self.waiters.note_high_watermark(flushed)
         replica = self.replica
-        replica.answer_flushed(flushed, time.monotonic(), replies)
+        replies = replica.answer_flushed(flushed, self.clock.monotonic())
         if replica.leader is not None:
-            self.advance(replies)
+            replies += self.advance()
+        return replies
 
-    def advance(self, replies: list[Reply]) -> None:
+    def advance(self) -> list[Reply]:
         """Recompute the replicated high watermark (a flush here, a follower's fetch, an ISR
-        change); if it moved, keep it, then wake the consumers' long polls it satisfies (the
-        ack=all produces it covers are in `replies`, sent after: kept before anyone is told)."""
-        high_watermark = self.replica.advance(self.log.high_watermark, time.monotonic(), replies)
+        change); if it moved, keep it, then wake the consumers' long polls it satisfies. The
+        answers of the ack=all produces it covers, for Served.owe (sent after: kept before
+        anyone is told)."""
+        high_watermark, replies = self.replica.advance(
+            self.log.high_watermark, self.clock.monotonic()
+        )
         if high_watermark is not None:
             self._keep(high_watermark)
             self.consumers.note_high_watermark(high_watermark)
+        return replies
 
     def see_high_watermark(self, high_watermark: int) -> None:
         """The high watermark the leader sent (while it follows): noted and kept."""

@@ -26,7 +26,6 @@ effect.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
@@ -81,7 +80,7 @@ class Reads:
         index: int = 0,
     ) -> None:
         self.served = served
-        self.sessions = FetchSessions(index)
+        self.sessions = FetchSessions(index, served.clock)
         self.leadership = leadership
         self.fetch_max_bytes = fetch_max_bytes
         self.retention_check_interval_ms = retention_check_interval_ms
@@ -155,9 +154,13 @@ class Reads:
         if not plog.log_start_offset <= request.offset <= plog.log_end_offset:
             raise OffsetOutOfRange(request.offset, plog.log_start_offset, plog.log_end_offset)
         leader.record_fetch(
-            replica, request.offset, request.flushed_offset, plog.high_watermark, time.monotonic()
+            replica,
+            request.offset,
+            request.flushed_offset,
+            plog.high_watermark,
+            self.served.clock.monotonic(),
         )
-        partition.advance(self.served.replies)
+        self.served.owe(partition.advance())
         self.leadership.ask_isr(partition, replica)
 
     async def _long_poll(
@@ -318,8 +321,8 @@ class Reads:
             session = self.sessions.going_on(request)
         else:
             session = self.sessions.begin(request.replica_id)
-        named = frozenset(session.update(request))
-        now = time.monotonic()
+        now = self.served.clock.monotonic()
+        named = frozenset(session.update(request, now))
         if now - session.checked_at >= self._full_check_s():
             session.checked_at = now
             session.take_ready()
@@ -524,7 +527,7 @@ class Reads:
         return dataclasses.replace(
             described,
             retention_check_interval_ms=self.retention_check_interval_ms(),
-            append_bytes_per_s=partition.append_rate(time.monotonic()),
+            append_bytes_per_s=partition.append_rate(self.served.clock.monotonic()),
             segment_list=tuple(
                 protocol.SegmentState(*state) for state in plog.local.segment_states()
             ),

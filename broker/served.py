@@ -6,8 +6,8 @@ replicated partitions). All of it runs on the worker's trio loop: not safe to sh
 threads.
 
 Replies and STATE messages made where nothing may be sent (the acks a flush gives, an ISR
-change to ask for) wait in `replies` and `state_messages` until `send_owed`, which the loop
-and the tasks that made them call.
+change to ask for) are handed to `owe` and put in `state_messages`, and wait until
+`send_owed`, which the loop and the tasks that made them call.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import trio
 
+from broker.clock import Clock
 from broker.errors import PartitionUnavailable, UnknownTopicOrPartition
 from broker.log.message import Buffer
 from broker.partition import Partition
@@ -31,14 +32,18 @@ STORAGE_LOG_EVERY_S = 5.0
 
 
 class Served:
-    """The partitions of worker `index` and its socket to the supervisor."""
+    """The partitions of worker `index`, its socket to the supervisor, and its clock."""
 
-    def __init__(self, index: int, socket: TrioSocket[list[bytes]]) -> None:
+    def __init__(self, index: int, socket: TrioSocket[list[bytes]], clock: Clock) -> None:
         self.index = index
         self.socket = socket
+        self.clock = clock
+        """The worker's one clock: its parts' times (leases, acks, ISR lags, fetch sessions,
+        flush deadlines) are all read off it. Its monotonic() is the machine's in a broker:
+        the supervisor's leases are on that."""
         self.partitions: dict[tuple[str, int], Partition] = {}
-        self.replies: list[Reply] = []
-        """Replies made where nothing may be sent, sent by send_owed."""
+        self._replies: list[Reply] = []
+        """Replies made where nothing may be sent (`owe`), sent by send_owed."""
         self.state_messages: list[list[bytes]] = []
         """STATE messages for the supervisor made where nothing may be sent (ISR changes to
         ask for), sent by send_owed."""
@@ -70,11 +75,21 @@ class Served:
     async def reply(self, tagged: bytes, frames: Sequence[Buffer]) -> None:
         await self.socket.send([tagged, *frames])
 
+    def owe(self, replies: list[Reply]) -> None:
+        """Send `replies` with the next send_owed: the one way the parts hand the worker the
+        answers a Replica gives (acks a flush or the high watermark gives, failures)."""
+        self._replies += replies
+
+    @property
+    def owing(self) -> bool:
+        """Whether send_owed has anything to send."""
+        return bool(self._replies or self.state_messages)
+
     async def send_owed(self) -> None:
         """Send the replies made where nothing could be sent, as one REPLIES message (a hundred
         acks of one flush cost the worker one send and the supervisor one receive), then the
         STATE messages."""
-        replies, self.replies = self.replies, []
+        replies, self._replies = self._replies, []
         if replies:
             await self.socket.send(replies_message(replies))
         messages, self.state_messages = self.state_messages, []

@@ -110,12 +110,13 @@ class Worker:
         self.index = index
         self.config = config
         self.clock = clock
-        """The partition logs' clock (flush deadlines, segment ages, retention)."""
+        """Its one clock (Served.clock): the partition logs' too (flush deadlines, segment
+        ages, retention)."""
         self.topic_settings: dict[str, dict[str, SettingValue]] = {}
         """Each topic's own settings, as the supervisor last gave them (over the [log]
         defaults, which may change live)."""
         self.socket = socket
-        self.served = Served(index, socket)
+        self.served = Served(index, socket, clock)
         self.partitions = self.served.partitions
         self.flusher = Flusher(
             self.served,
@@ -219,7 +220,7 @@ class Worker:
         ISR changes) go, and the requests' bytes go back to the front, now if `at_once` or
         they add up to the credit step, else once idle (_give_credit_when_idle)."""
         self.flusher.served_message()
-        if self.served.replies or self.served.state_messages:
+        if self.served.owing:
             await self.served.send_owed()
         if self._served_bytes >= self._credit_step or (at_once and self._served_bytes):
             await self._give_credit()
@@ -375,7 +376,7 @@ class Worker:
             raise
         if appended:  # not a set sent again
             if plog.high_watermark != high_watermark:  # a roll flushed what came before
-                partition.note_flush(self.served.replies)
+                self.served.owe(partition.note_flush())
             self.flusher.appended(partition, had_deadline)
         waiting = partition.replica.waiting_for(ack, end, plog.high_watermark)
         if waiting == "never":
@@ -453,7 +454,9 @@ class Worker:
         name = f"{topic}-{number}"
         replica = Replica(name, self.config.broker_id, self.leadership.lease)
         replica.high_watermark_seen = checkpoint.value
-        self.partitions[(topic, number)] = Partition(topic, number, plog, replica, checkpoint)
+        self.partitions[(topic, number)] = Partition(
+            topic, number, plog, replica, checkpoint, self.clock
+        )
         self.flusher.deadline_changed.set()
         return True
 
@@ -523,7 +526,7 @@ class Worker:
             partition.checkpoint.close()
             partition.wake_all()  # they see it gone and answer
             deleted = UnknownTopicOrPartition(f"{partition.name} was deleted before its flush")
-            partition.replica.fail_acks(deleted, self.served.replies)  # never acked
+            self.served.owe(partition.replica.fail_acks(deleted))  # never acked
         try:
             shutil.rmtree(folder)
         except FileNotFoundError:
@@ -565,7 +568,7 @@ class Worker:
             for partition in list(self.partitions.values()):
                 if partition.offline is not None:  # its files are being reopened
                     continue
-                partition.append_rate(time.monotonic())  # a note for DESCRIBE_PARTITION's
+                partition.append_rate(self.clock.monotonic())  # a note for DESCRIBE_PARTITION's
                 try:
                     deleted = partition.log.local.apply_retention()
                 except (PylogError, OSError) as error:

@@ -155,38 +155,34 @@ class Replica:
             return "now"
         return self.acks
 
-    def answer_flushed(self, flushed: int, now: float, replies: list[Reply]) -> None:
-        """The log is flushed up to `flushed`: add the acks of the ack=flushed produces it
-        stored to `replies` (their failure, when this replicated partition may not be led
-        here now)."""
+    def answer_flushed(self, flushed: int, now: float) -> list[Reply]:
+        """The log is flushed up to `flushed`: the acks of the ack=flushed produces it stored
+        (their failure, when this replicated partition may not be led here now)."""
         acks = self.acks
         if acks and acks[0].end <= flushed and self.replicated and not self.leads(now):
-            fail(acks, self.fenced(), replies)  # it may have been replaced: no ack
-        while acks and acks[0].end <= flushed:
-            replies.append(acks.popleft().reply)
+            return fail(acks, self.fenced())  # it may have been replaced: no ack
+        return answer(acks, flushed)
 
-    def advance(self, flushed: int, now: float, replies: list[Reply]) -> int | None:
+    def advance(self, flushed: int, now: float) -> tuple[int | None, list[Reply]]:
         """Recompute the high watermark of the term (a flush, a follower's fetch, an ISR
         change) with the log flushed up to `flushed`: if it moved, the new one (the caller
-        keeps it, then wakes the consumers it satisfies), with the ack=all produces it covers
-        answered in `replies` (or failed, when this broker may not lead now); None if not."""
+        keeps it, then wakes the consumers it satisfies) and the answers of the ack=all
+        produces it covers (their failure, when this broker may not lead now); else None and
+        no answer."""
         leader = self.leader
         assert leader is not None
         if not leader.advance(flushed):
-            return None
+            return None, []
         high_watermark = self.high_watermark_seen = leader.high_watermark
         acks = self.all_acks
         if acks and acks[0].end <= high_watermark and not self.leads(now):
-            fail(acks, self.fenced(), replies)  # it may have been replaced: no ack
-        while acks and acks[0].end <= high_watermark:
-            replies.append(acks.popleft().reply)
-        return high_watermark
+            return high_watermark, fail(acks, self.fenced())  # it may have been replaced
+        return high_watermark, answer(acks, high_watermark)
 
-    def fail_acks(self, error: PylogError, replies: list[Reply]) -> None:
-        """Answer every waiting ack (ack=flushed and ack=all) `error` instead: its messages
+    def fail_acks(self, error: PylogError) -> list[Reply]:
+        """Every waiting ack (ack=flushed and ack=all) answered `error` instead: its messages
         will not be stored, or not as promised."""
-        fail(self.acks, error, replies)
-        fail(self.all_acks, error, replies)
+        return fail(self.acks, error) + fail(self.all_acks, error)
 
     # -- roles ---------------------------------------------------------------------------
 
@@ -198,18 +194,19 @@ class Replica:
         return role.leader == self.me and role.leader_broker_epoch == self.lease.broker_epoch
 
     def adopt(
-        self, role: PartitionRole, following: bool, now: float, replies: list[Reply]
-    ) -> Adoption:
+        self, role: PartitionRole, following: bool, now: float
+    ) -> tuple[Adoption, list[Reply]]:
         """Take `role` (`following`: whether a copy loop from its leader in its epoch runs
-        already). A term that ends has its acks failed in `replies` (the caller wakes the long
-        polls: they find it not led here and answer so)."""
+        already): what it asks of the worker, and the failures of the acks that can no longer
+        be given (a term that ends: the caller wakes the long polls, which find it not led
+        here and answer so; an ISR below min_insync_replicas)."""
         self.role = role
         self.replicated = True
         self.min_insync = role.min_insync_replicas
         self.known_leader, self.leader_epoch = role.leader, role.leader_epoch
         self.leader_broker_epoch = role.leader_broker_epoch
         if following:
-            return "kept"
+            return "kept", []
         current = self.leader
         if current is not None and current.epoch == role.leader_epoch and self.mine(role):
             current.set_isr(role.isr, role.version)  # an ISR change in this term
@@ -217,12 +214,12 @@ class Replica:
                 current.set_replicas(role.replicas, now)
             if len(current.isr) < self.min_insync:  # what waits was promised more
                 error = NotEnoughReplicas(self.name, len(current.isr), self.min_insync)
-                fail(self.all_acks, error, replies)
-            return "kept"
-        self.stop_leading(replies)
+                return "kept", fail(self.all_acks, error)
+            return "kept", []
+        failed = self.stop_leading()
         if role.leader == self.me:
-            return "lead" if self.mine(role) else "none"
-        return "follow" if role.leader >= 0 and role.endpoint else "none"
+            return "lead" if self.mine(role) else "none", failed
+        return "follow" if role.leader >= 0 and role.endpoint else "none", failed
 
     def start_term(self, start: int, flushed: int, lag_max_s: float, now: float) -> LeaderState:
         """Lead in the role's epoch from `start` (the log end, once the epoch's entry is in the
@@ -243,14 +240,12 @@ class Replica:
         )
         return self.leader
 
-    def stop_leading(self, replies: list[Reply]) -> bool:
-        """End the term here, failing its acks; whether there was one (the caller then wakes
-        the long polls)."""
+    def stop_leading(self) -> list[Reply]:
+        """End the term here, if there is one: its acks' failures."""
         if self.leader is None:
-            return False
+            return []
         self.leader = None
-        self.fail_acks(self.not_leader(), replies)
-        return True
+        return self.fail_acks(self.not_leader())
 
     def isr_to_ask(self, now: float, fetched: int | None = None) -> tuple[int, ...] | None:
         """The ISR change to ask the supervisor for now (LeaderState.wanted_isr), never by a
@@ -261,9 +256,19 @@ class Replica:
         return leader.wanted_isr(now, fetched)
 
 
-def fail(acks: deque[PendingAck], error: PylogError, replies: list[Reply]) -> None:
-    """Answer each of `acks` `error`, and forget them."""
+def answer(acks: deque[PendingAck], end: int) -> list[Reply]:
+    """The answers of the first of `acks`, those that end by `end`, taken out."""
+    replies = []
+    while acks and acks[0].end <= end:
+        replies.append(acks.popleft().reply)
+    return replies
+
+
+def fail(acks: deque[PendingAck], error: PylogError) -> list[Reply]:
+    """Each of `acks` answered `error`; they are forgotten."""
+    replies = []
     for ack in acks:
         (frame,) = protocol.encode_error(ack.correlation_id, error)
         replies.append((ack.reply[0], frame))
     acks.clear()
+    return replies

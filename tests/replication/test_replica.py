@@ -38,8 +38,8 @@ def leased(until: float = 100.0) -> Replica:
 
 def leading(replica: Replica, now: float = 0.0, flushed: int = 0) -> list[Reply]:
     """`replica` leading in role()'s term from `flushed`: the replies its adoption made."""
-    replies: list[Reply] = []
-    assert replica.adopt(role(), False, now, replies) == "lead"
+    adoption, replies = replica.adopt(role(), False, now)
+    assert adoption == "lead"
     replica.start_term(flushed, flushed, LAG_S, now)
     return replies
 
@@ -63,7 +63,7 @@ def test_a_partition_of_one_replica_is_served_without_a_role_or_a_lease() -> Non
 
 def test_a_replicated_partition_is_served_only_by_its_leader_under_the_lease() -> None:
     replica = leased(until=100.0)
-    assert replica.adopt(role(leader=2), False, 0.0, []) == "follow"
+    assert replica.adopt(role(leader=2), False, 0.0) == ("follow", [])
     with pytest.raises(NotLeaderForPartition) as follower:
         replica.check_serving(0.0)
     assert (follower.value.leader, follower.value.leader_epoch) == (2, 3)
@@ -76,12 +76,12 @@ def test_a_replicated_partition_is_served_only_by_its_leader_under_the_lease() -
 
 def test_a_role_given_to_an_earlier_incarnation_of_this_broker_is_not_taken() -> None:
     replica = leased()
-    assert replica.adopt(role(incarnation=INCARNATION - 1), False, 0.0, []) == "none"
+    assert replica.adopt(role(incarnation=INCARNATION - 1), False, 0.0) == ("none", [])
     assert replica.leader is None
     with pytest.raises(NotLeaderForPartition):
         replica.check_serving(0.0)
     # the same broker chosen again, in this incarnation, in a new epoch
-    assert replica.adopt(role(epoch=4), False, 0.0, []) == "lead"
+    assert replica.adopt(role(epoch=4), False, 0.0) == ("lead", [])
 
 
 def test_a_lease_for_another_incarnation_does_not_cover_a_term_of_the_old_one() -> None:
@@ -97,11 +97,9 @@ def test_acks_that_come_due_while_the_leader_may_have_been_replaced_are_failed()
     replica = leased(until=100.0)
     leading(replica)
     replica.acks.extend([ack(10, 1), ack(20, 2)])
-    replies: list[Reply] = []
-    replica.answer_flushed(10, now=50.0, replies=replies)
+    replies = replica.answer_flushed(10, now=50.0)
     assert replies == [(b"client", b"ack-1")] and len(replica.acks) == 1
-    replies.clear()
-    replica.answer_flushed(20, now=150.0, replies=replies)  # the lease ran out
+    replies = replica.answer_flushed(20, now=150.0)  # the lease ran out
     assert codes(replies) == ["NOT_LEADER_FOR_PARTITION"] and not replica.acks
 
 
@@ -113,26 +111,25 @@ def test_ack_all_is_answered_when_the_high_watermark_covers_it_and_never_when_fe
     replica.all_acks.extend([ack(10, 1), ack(30, 2)])
     for follower in (2, 3):
         leader.record_fetch(follower, 10, 10, 30, now=1.0)
-    replies: list[Reply] = []
-    assert replica.advance(30, 1.0, replies) == 10  # the lowest flushed offset in the ISR
+    high_watermark, replies = replica.advance(30, 1.0)
+    assert high_watermark == 10  # the lowest flushed offset in the ISR
     assert replies == [(b"client", b"ack-1")]
     assert replica.high_watermark_seen == 10
     for follower in (2, 3):
         leader.record_fetch(follower, 30, 30, 30, now=150.0)
-    replies.clear()
-    assert replica.advance(30, 150.0, replies) == 30
+    high_watermark, replies = replica.advance(30, 150.0)
+    assert high_watermark == 30
     assert codes(replies) == ["NOT_LEADER_FOR_PARTITION"]  # the lease ran out at 100
 
 
 def test_a_term_starts_its_high_watermark_at_the_one_seen_before_but_not_past_the_log() -> None:
     replica = leased()
     replica.high_watermark_seen = 6922  # from the checkpoint, after a restart
-    replies: list[Reply] = []
-    assert replica.adopt(role(), False, 0.0, replies) == "lead"
+    assert replica.adopt(role(), False, 0.0) == ("lead", [])
     assert replica.start_term(7000, 7000, LAG_S, 0.0).high_watermark == 6922
     other = leased()
     other.high_watermark_seen = 6922
-    other.adopt(role(), False, 0.0, [])
+    other.adopt(role(), False, 0.0)
     assert other.start_term(5000, 5000, LAG_S, 0.0).high_watermark == 5000
 
 
@@ -154,11 +151,11 @@ def test_in_the_same_term_only_the_isr_changes_and_below_min_insync_ack_all_is_f
     leading(replica)
     term = replica.leader
     replica.all_acks.append(ack(10, 1))
-    replies: list[Reply] = []
-    assert replica.adopt(role(isr=(1, 2), version=1), False, 0.0, replies) == "kept"
+    assert replica.adopt(role(isr=(1, 2), version=1), False, 0.0) == ("kept", [])
     assert replica.leader is term and term is not None and term.isr == {1, 2}
-    assert replies == [] and len(replica.all_acks) == 1
-    assert replica.adopt(role(isr=(1,), version=2), False, 0.0, replies) == "kept"
+    assert len(replica.all_acks) == 1
+    adoption, replies = replica.adopt(role(isr=(1,), version=2), False, 0.0)
+    assert adoption == "kept"
     assert codes(replies) == ["NOT_ENOUGH_REPLICAS"]
 
 
@@ -170,7 +167,7 @@ def test_a_produce_is_admitted_by_its_leader_under_the_lease_and_at_ack_all_by_m
     leading(replica)
     for level in protocol.Ack:
         replica.admit(level, now=50.0)  # ISR 3 of min 2
-    assert replica.adopt(role(isr=(1,), version=1), False, 50.0, []) == "kept"
+    assert replica.adopt(role(isr=(1,), version=1), False, 50.0) == ("kept", [])
     with pytest.raises(NotEnoughReplicas):
         replica.admit(protocol.Ack.ALL, now=50.0)
     replica.admit(protocol.Ack.FLUSHED, now=50.0)  # only ack=all needs the ISR
@@ -200,14 +197,14 @@ def test_a_new_epoch_or_another_leader_ends_the_term_and_fails_what_waits() -> N
     leading(replica)
     replica.acks.append(ack(10, 1))
     replica.all_acks.append(ack(10, 2))
-    replies: list[Reply] = []
-    assert replica.adopt(role(leader=2, epoch=4), False, 0.0, replies) == "follow"
+    adoption, replies = replica.adopt(role(leader=2, epoch=4), False, 0.0)
+    assert adoption == "follow"
     assert replica.leader is None
     assert codes(replies) == ["NOT_LEADER_FOR_PARTITION"] * 2
     # following that leader in that epoch already: nothing to do
-    assert replica.adopt(role(leader=2, epoch=4), True, 0.0, []) == "kept"
+    assert replica.adopt(role(leader=2, epoch=4), True, 0.0) == ("kept", [])
     # no leader chosen (-1): neither lead nor follow
-    assert replica.adopt(role(leader=-1, epoch=5), False, 0.0, []) == "none"
+    assert replica.adopt(role(leader=-1, epoch=5), False, 0.0) == ("none", [])
 
 
 def test_a_leader_that_may_have_been_replaced_asks_for_no_isr_change() -> None:
