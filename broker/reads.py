@@ -507,7 +507,7 @@ class Reads:
         plog = partition.log
         stats = plog.local.statistics()
         oldest = -1
-        if stats.high_watermark > stats.log_start_offset:  # a message at the log start
+        if stats.flushed_offset > stats.log_start_offset:  # a message at the log start
             segment = plog.local.segment_for(stats.log_start_offset)
             position = stats.log_start_offset - segment.base_offset
             oldest = timestamp_at(segment.file.view(position, position + HEADER_SIZE), 0)
@@ -515,7 +515,7 @@ class Reads:
         settings = protocol.settings_text({key: getattr(config, key) for key in TOPIC_SETTINGS})
         described = protocol.DescribePartitionReply(
             stats.log_start_offset,
-            stats.high_watermark,
+            partition.high_watermark,
             stats.log_end_offset,
             stats.size_bytes,
             stats.segments,

@@ -556,7 +556,7 @@ class Worker:
                         figures.size_bytes,
                         figures.segments,
                         figures.log_start_offset,
-                        figures.high_watermark,
+                        p.high_watermark,  # consumers' (Replica.high_watermark)
                     ]
                 )
             snapshot = self.stats.snapshot(partitions)

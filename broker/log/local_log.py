@@ -58,7 +58,7 @@ and reads, where followers and consumers fetch next."""
 @dataclass(frozen=True, slots=True)
 class LogStatistics:
     log_start_offset: int
-    high_watermark: int
+    flushed_offset: int
     log_end_offset: int
     segments: int
     size_bytes: int
@@ -526,7 +526,7 @@ class LocalLog:
     def statistics(self) -> LogStatistics:
         return LogStatistics(
             log_start_offset=self.start,
-            high_watermark=self.flushed,
+            flushed_offset=self.flushed,
             log_end_offset=self.end_offset,
             segments=len(self.segments),
             size_bytes=sum(s.size for s in self.segments),

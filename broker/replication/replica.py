@@ -109,9 +109,12 @@ class Replica:
 
     def high_watermark(self, flushed: int) -> int:
         """What consumers may read up to, the log's flushed end being `flushed`: the
-        replicated high watermark while it leads here, else `flushed`."""
+        replicated high watermark while it leads here; as a follower, the one the leader last
+        sent, within the bytes flushed here; `flushed` for a partition of one replica."""
         leader = self.leader
-        return flushed if leader is None else leader.high_watermark
+        if leader is not None:
+            return leader.high_watermark
+        return min(self.high_watermark_seen, flushed) if self.replicated else flushed
 
     def start_at(self, log_start: int) -> int | None:
         """The log now starts at `log_start` (an empty log started past its end: nothing lies

@@ -159,6 +159,51 @@ def test_a_frozen_follower_leaves_the_isr_and_rejoins_once_it_thaws(
     assert len({stored(tmp_path, b, "thawed-0") for b in (1, 2, 3)}) == 1
 
 
+def test_a_leader_describes_and_measures_the_high_watermark_its_consumers_see(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path, registry: Registry
+) -> None:
+    """DESCRIBE_PARTITION's `high_watermark` is "as in OFFSETS with time -1" (docs/protocol.md),
+    and so is the gauge pylog_partition_high_watermark: at a leader whose follower stopped
+    copying (in the ISR still: replica_lag_max_ms is a minute), the bytes flushed past the
+    high watermark are not yet readable, and neither reports them."""
+    flags = ("--broker-replica-lag-max-ms", "60000", "--metrics-enabled", "true")
+    brokers = {
+        i: make_pylogd(*broker_flags(tmp_path, i), *flags, "--metrics-port", "0", name=f"b-{i}")
+        for i in (1, 2)
+    }
+    with Admin(brokers[1].endpoint) as admin:
+        admin.create_topic("held", 1, {"replication_factor": "2", "min_insync_replicas": "1"})
+    state = registry.partition_state("held", 0)[0]
+    (follower,) = {1, 2} - {state.leader}
+    leader = brokers[state.leader]
+    workers = brokers[follower].worker_pids()
+    with Producer(leader.endpoint, "held", ack=Ack.ALL, retries=0) as producer:
+        producer.send(b"copied")
+        producer.flush()  # under the high watermark: the follower holds it
+    with Admin(leader.endpoint) as admin:
+        (before,) = admin.describe("held")
+        copied = before.high_watermark
+        assert copied is not None
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            with Producer(leader.endpoint, "held", ack=Ack.FLUSHED, retries=0) as producer:
+                for i in range(10):
+                    producer.send(b"flushed-%d" % i)
+                producer.flush()  # flushed at the leader alone
+            described = admin.describe_partition("held", 0)
+            assert described.log_end_offset > copied
+            assert described.high_watermark == copied
+            assert [p.high_watermark for p in admin.describe("held")] == [copied]
+            labels = (("partition", "0"), ("topic", "held"))
+            size = ("pylog_partition_log_bytes", labels)  # a snapshot taken since the produce
+            wait_until(lambda: leader.metrics().get(size) == described.size_bytes, what="stats")
+            assert leader.metrics()[("pylog_partition_high_watermark", labels)] == copied
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
+
+
 def test_a_leader_cut_off_from_zookeeper_refuses_ack_all_before_another_is_chosen(
     make_pylogd: Callable[..., RunningBroker],
     tmp_path: Path,

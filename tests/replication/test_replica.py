@@ -61,6 +61,15 @@ def test_a_partition_of_one_replica_is_served_without_a_role_or_a_lease() -> Non
     assert replica.high_watermark(flushed=500) == 500
 
 
+def test_a_follower_tells_the_high_watermark_the_leader_sent_within_its_flushed_bytes() -> None:
+    """What DESCRIBE_PARTITION and the high watermark gauge report on a follower."""
+    replica = leased()
+    assert replica.adopt(role(leader=2), False, 0.0) == ("follow", [])
+    replica.high_watermark_seen = 40
+    assert replica.high_watermark(flushed=100) == 40  # flushed here, not yet replicated
+    assert replica.high_watermark(flushed=30) == 30  # not yet copied here
+
+
 def test_a_replicated_partition_is_served_only_by_its_leader_under_the_lease() -> None:
     replica = leased(until=100.0)
     assert replica.adopt(role(leader=2), False, 0.0) == ("follow", [])
