@@ -62,7 +62,7 @@ class Leadership:
         self.served.owe(failed)
         if adoption == "kept":
             if replica.leader is not None:
-                self.served.owe(partition.advance())
+                self.served.owe(partition.update_high_watermark())
             return
         if led and replica.leader is None:
             partition.wake_all()  # consumers and followers find it not led here and answer so
@@ -111,13 +111,13 @@ class Leadership:
         lag_max_s = self.config.broker_replica_lag_max_ms / 1000
         replica = partition.replica
         term = replica.start_term(
-            start, plog.high_watermark, lag_max_s, self.served.clock.monotonic()
+            start, plog.flushed_offset, lag_max_s, self.served.clock.monotonic()
         )
         isr = sorted(term.isr)
         log.info(
             "%s: leading in epoch %d from offset %d, ISR %s", partition.name, epoch, start, isr
         )
-        self.served.owe(partition.advance())
+        self.served.owe(partition.update_high_watermark())
 
     async def renew_lease(self, until: float, broker_epoch: int) -> None:
         """A lease the supervisor renewed. In a new incarnation (the first lease, or one after

@@ -83,7 +83,7 @@ class Partition:
     @property
     def high_watermark(self) -> int:
         """What consumers may read up to (Replica.high_watermark)."""
-        return self.replica.high_watermark(self.log.high_watermark)
+        return self.replica.high_watermark(self.log.flushed_offset)
 
     def admit(self, ack: int) -> None:
         """Raise what refuses a produce at `ack` here now (Replica.admit)."""
@@ -136,21 +136,21 @@ class Partition:
     def note_flush(self) -> list[Reply]:
         """Wake the long polls whose min_bytes the flushed end reached brought; the acks the
         flush gives (or fails), for Served.owe."""
-        flushed = self.log.high_watermark
+        flushed = self.log.flushed_offset
         self.waiters.note_high_watermark(flushed)
         replica = self.replica
         replies = replica.answer_flushed(flushed, self.clock.monotonic())
         if replica.leader is not None:
-            replies += self.advance()
+            replies += self.update_high_watermark()
         return replies
 
-    def advance(self) -> list[Reply]:
+    def update_high_watermark(self) -> list[Reply]:
         """Recompute the replicated high watermark (a flush here, a follower's fetch, an ISR
         change); if it moved, keep it, then wake the consumers' long polls it satisfies. The
         answers of the ack=all produces it covers, for Served.owe (sent after: kept before
         anyone is told)."""
-        high_watermark, replies = self.replica.advance(
-            self.log.high_watermark, self.clock.monotonic()
+        high_watermark, replies = self.replica.answer_high_watermark(
+            self.log.flushed_offset, self.clock.monotonic()
         )
         if high_watermark is not None:
             self._keep(high_watermark)

@@ -123,7 +123,7 @@ class Reads:
             self._follower_fetched(partition, request)
         else:
             partition.check_leader()
-        if request.offset <= plog.high_watermark or request.replica_id < 0:
+        if request.offset <= plog.flushed_offset or request.replica_id < 0:
             plog.local.check_offset(request.offset)  # its errors come first, before any waiting
         return partition
 
@@ -157,10 +157,10 @@ class Reads:
             replica,
             request.offset,
             request.flushed_offset,
-            plog.high_watermark,
+            plog.flushed_offset,
             self.served.clock.monotonic(),
         )
-        self.served.owe(partition.advance())
+        self.served.owe(partition.update_high_watermark())
         self.leadership.ask_isr(partition, replica)
 
     async def _long_poll(
@@ -211,7 +211,7 @@ class Reads:
         """Where what `request` may read ends: the bytes flushed here for a follower, the
         high watermark for a consumer."""
         if request.replica_id >= 0:
-            return partition.log.high_watermark
+            return partition.log.flushed_offset
         return partition.high_watermark
 
     @classmethod

@@ -360,7 +360,7 @@ class Worker:
         partition = self.served.get(*route)
         partition.admit(ack)  # led here, under the lease; at ack=all, the ISR big enough
         plog = partition.log
-        high_watermark = plog.high_watermark
+        flushed = plog.flushed_offset
         had_deadline = plog.local.next_flush_deadline() is not None
         try:
             offset, count, end, appended = partition.append(
@@ -375,10 +375,10 @@ class Worker:
             self.flusher.on_disk_error(partition, error)
             raise
         if appended:  # not a set sent again
-            if plog.high_watermark != high_watermark:  # a roll flushed what came before
+            if plog.flushed_offset != flushed:  # a roll flushed what came before
                 self.served.owe(partition.note_flush())
             self.flusher.appended(partition, had_deadline)
-        waiting = partition.replica.waiting_for(ack, end, plog.high_watermark)
+        waiting = partition.replica.waiting_for(ack, end, plog.flushed_offset)
         if waiting == "never":
             return
         frames = protocol.encode_reply(
@@ -388,8 +388,8 @@ class Worker:
             await self.served.reply(tagged, frames)
             return
         # Answered by the flush (or, at ack=all, the high watermark) that stores it
-        # (note_flush, advance), or failed (fail_acks). Flushed soon: followers copy only
-        # flushed bytes.
+        # (note_flush, update_high_watermark), or failed (fail_acks). Flushed soon: followers
+        # copy only flushed bytes.
         (frame,) = frames
         waiting.append(PendingAck(end, correlation_id, (tagged, frame)))
         self.flusher.wanted.add(partition)

@@ -64,7 +64,7 @@ def bench_log(
         read = 0
         start = time.perf_counter()
         offset = log.log_start_offset
-        while offset < log.high_watermark:
+        while offset < log.flushed_offset:
             view = log.read(offset, fetch_bytes)
             if copy:
                 bytes(view)

@@ -36,7 +36,7 @@ def write_log(directory: Path, messages: int) -> None:
 def read_all(log: PartitionLog) -> float:
     started = time.perf_counter()
     offset = log.log_start_offset
-    while offset < log.high_watermark:
+    while offset < log.flushed_offset:
         offset += len(log.read(offset, 1 << 20))
     return time.perf_counter() - started
 

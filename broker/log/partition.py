@@ -152,7 +152,9 @@ class PartitionLog:
         return self.local.start
 
     @property
-    def high_watermark(self) -> int:
+    def flushed_offset(self) -> int:
+        """The end of the flushed messages: what a partition of one replica serves up to, and
+        what a leader's high watermark is computed from (Replica.high_watermark)."""
         return self.local.flushed
 
     @property

@@ -237,7 +237,7 @@ class Follower:
                 offset,
                 self.fetch_max_bytes,
                 self.role.epoch,
-                plog.high_watermark,
+                plog.flushed_offset,
             )
             try:
                 wait_s = self.fetch_wait_ms / 1000 + REPLY_GRACE_S

@@ -122,7 +122,7 @@ class LeaderState:
         for replica in [r for r in self.followers if r not in self.replicas]:
             del self.followers[replica]
 
-    def advance(self, leader_flushed: int) -> bool:
+    def raise_high_watermark(self, leader_flushed: int) -> bool:
         """Recompute the high watermark with the leader's flushed end; whether it moved."""
         counted = self.isr | self.joining
         ends = [leader_flushed]

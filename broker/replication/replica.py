@@ -13,12 +13,14 @@ entry a term starts with), the copy loop, the checkpoint of the high watermark, 
   not taken (the controller chooses anew); in the same term (leader epoch) only the ISR and
   replicas change; a new term, or another leader, ends the term here (its acks failed).
 - **Acks**: ack=flushed waits for the log's flushed end (`answer_flushed`), ack=all for the
-  high watermark (`advance`); either is failed NOT_LEADER_FOR_PARTITION (leader -1) when it
-  comes due while this broker may not lead, NOT_ENOUGH_REPLICAS when the ISR shrinks below
-  min_insync_replicas, NOT_LEADER_FOR_PARTITION (the leader known) when the term ends.
-- **The high watermark** (`advance`, LeaderState) never moves back within a term; a term
-  starts it at the lower of the one last seen (`high_watermark_seen`, kept across restarts
-  by the worker's checkpoint) and the log's flushed end.
+  high watermark (`answer_high_watermark`); either is failed NOT_LEADER_FOR_PARTITION
+  (leader -1) when it comes due while this broker may not lead, NOT_ENOUGH_REPLICAS when the
+  ISR shrinks below min_insync_replicas, NOT_LEADER_FOR_PARTITION (the leader known) when the
+  term ends.
+- **The high watermark** (`answer_high_watermark`, LeaderState.raise_high_watermark) never
+  moves back within a term; a term starts it at the lower of the one last seen
+  (`high_watermark_seen`, kept across restarts by the worker's checkpoint) and the log's
+  flushed end.
 """
 
 from __future__ import annotations
@@ -147,8 +149,8 @@ class Replica:
         """Where the answer of a produce at `ack`, whose messages end at `end`, goes with the
         log flushed up to `flushed`: "never" at ack=none; "now" at ack=written, or when what
         its level asks already holds; else the queue a flush (`answer_flushed`) or the high
-        watermark (`advance`, at ack=all of a replicated partition led here) answers it from.
-        ack=all of a partition without replicas is ack=flushed."""
+        watermark (`answer_high_watermark`, at ack=all of a replicated partition led here)
+        answers it from. ack=all of a partition without replicas is ack=flushed."""
         if ack == protocol.Ack.NONE:
             return "never"
         leader = self.leader
@@ -166,7 +168,7 @@ class Replica:
             return fail(acks, self.fenced())  # it may have been replaced: no ack
         return answer(acks, flushed)
 
-    def advance(self, flushed: int, now: float) -> tuple[int | None, list[Reply]]:
+    def answer_high_watermark(self, flushed: int, now: float) -> tuple[int | None, list[Reply]]:
         """Recompute the high watermark of the term (a flush, a follower's fetch, an ISR
         change) with the log flushed up to `flushed`: if it moved, the new one (the caller
         keeps it, then wakes the consumers it satisfies) and the answers of the ack=all
@@ -174,7 +176,7 @@ class Replica:
         no answer."""
         leader = self.leader
         assert leader is not None
-        if not leader.advance(flushed):
+        if not leader.raise_high_watermark(flushed):
             return None, []
         high_watermark = self.high_watermark_seen = leader.high_watermark
         acks = self.all_acks

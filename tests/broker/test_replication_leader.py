@@ -14,22 +14,24 @@ def leader(isr: tuple[int, ...] = (1, 2, 3), high_watermark: int = 0) -> LeaderS
 
 def test_the_high_watermark_is_the_lowest_flushed_offset_in_the_isr_and_never_moves_back() -> None:
     state = leader()
-    assert not state.advance(leader_flushed=500)  # the followers have shown nothing yet
+    assert not state.raise_high_watermark(
+        leader_flushed=500
+    )  # the followers have shown nothing yet
     state.record_fetch(2, offset=400, flushed=300, leader_flushed=500, now=1.0)
     state.record_fetch(3, offset=500, flushed=450, leader_flushed=500, now=1.0)
-    assert state.advance(500) and state.high_watermark == 300
+    assert state.raise_high_watermark(500) and state.high_watermark == 300
     state.record_fetch(2, offset=500, flushed=500, leader_flushed=500, now=2.0)
-    assert state.advance(500) and state.high_watermark == 450
+    assert state.raise_high_watermark(500) and state.high_watermark == 450
     state.set_isr((1, 2), version=1)  # 3 left: only 1 and 2 count
-    assert state.advance(500) and state.high_watermark == 500
+    assert state.raise_high_watermark(500) and state.high_watermark == 500
     state.set_isr((1, 2, 3), version=2)  # 3 back, behind: the high watermark stays
-    assert not state.advance(500) and state.high_watermark == 500
+    assert not state.raise_high_watermark(500) and state.high_watermark == 500
 
 
 def test_a_follower_flushed_offset_counts_only_up_to_where_it_fetches() -> None:
     state = leader(isr=(1, 2))
     state.record_fetch(2, offset=200, flushed=900, leader_flushed=500, now=1.0)
-    state.advance(500)
+    state.raise_high_watermark(500)
     assert state.high_watermark == 200
 
 
@@ -41,7 +43,7 @@ def test_a_lagging_follower_is_asked_out_and_a_caught_up_one_asked_in_once() -> 
     assert state.wanted_isr(now=11.0) is None  # asked: not again while awaited
     assert state.wanted_isr(now=10.5 + ISR_RETRY_S + 0.1) == (1, 2)  # asked again
     state.set_isr((1, 2), version=1)
-    state.advance(500)
+    state.raise_high_watermark(500)
     state.record_fetch(2, offset=500, flushed=500, leader_flushed=500, now=20.0)
     state.record_fetch(3, offset=500, flushed=500, leader_flushed=500, now=20.0)
     assert state.wanted_isr(now=20.5, fetched=3) == (1, 2, 3)  # caught up, flushed the HW
@@ -71,11 +73,11 @@ def test_a_follower_asked_into_the_isr_counts_until_a_newer_state_tells_the_outc
     state.record_fetch(3, offset=100, flushed=100, leader_flushed=300, now=1.0)
     state.record_fetch(3, offset=100, flushed=100, leader_flushed=100, now=1.0)  # caught up
     assert state.wanted_isr(now=1.0, fetched=3) == (1, 2, 3)
-    assert not state.advance(300)  # 3 has flushed only 100: the watermark waits for it
+    assert not state.raise_high_watermark(300)  # 3 has flushed only 100: the watermark waits for it
     state.set_isr((1, 2), version=0)  # an older state node (the one it was asked from)
-    assert not state.advance(300)
+    assert not state.raise_high_watermark(300)
     state.set_isr((1, 2), version=1)  # the write lost to another: 3 is not in ZooKeeper
-    assert state.advance(300) and state.high_watermark == 300
+    assert state.raise_high_watermark(300) and state.high_watermark == 300
 
 
 def test_a_follower_behind_a_leader_that_flushes_all_the_time_is_still_caught_up() -> None:

@@ -206,7 +206,7 @@ async def test_an_idle_worker_flushes_new_messages_at_once_with_flush_when_idle(
             nursery.cancel_scope.cancel()
         log = worker.partitions[("audit", 0)].log
         assert log.log_end_offset > 0
-        assert (log.high_watermark == log.log_end_offset) is when_idle
+        assert (log.flushed_offset == log.log_end_offset) is when_idle
     finally:
         worker.close()
 

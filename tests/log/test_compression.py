@@ -412,7 +412,7 @@ def test_the_log_counts_inner_messages_and_old_readers_stop_at_the_first_set(
     assert len(log.read(100, 150, sets=False)) == 100
     with pytest.raises(UnsupportedFormat, match="t-0: the data from offset 300 on"):
         log.read(300, 1 << 20, sets=False)
-    end = log.high_watermark
+    end = log.flushed_offset
     with pytest.raises(UnsupportedFormat):
         log.read(end - 100, 1 << 20, sets=False)
     assert len(log.read(0, 1 << 20)) == end
@@ -493,7 +493,7 @@ def test_a_topic_of_a_codec_stores_every_set_so(tmp_path: Path, clock: FakeClock
     assert (result.error, result.message_count) == (None, 6)
     everything = []
     offset = 0
-    while offset < log.high_watermark:
+    while offset < log.flushed_offset:
         decoded, failure = codec.decode(log.read(offset, 1 << 20), offset)
         assert failure is None
         everything += decoded
@@ -526,12 +526,12 @@ def test_recovery_cuts_a_torn_set_and_the_time_index_finds_sets(
     assert log.offset_for_timestamp(15) == starts[1]  # messages 10-19: the second set
     assert log.offset_for_timestamp(19) == starts[1]
     assert log.offset_for_timestamp(20) == starts[2]
-    assert log.offset_for_timestamp(1000) == log.high_watermark
+    assert log.offset_for_timestamp(1000) == log.flushed_offset
     path = tmp_path / "t-0" / f"{0:020d}.log"
     log.close()
     path.write_bytes(path.read_bytes()[: starts[3] + len(sets[3]) // 2])  # a torn last set
     log = open_log(tmp_path / "t-0", clock, index_interval_bytes=64)
-    assert (log.high_watermark, log.recovery.bytes_truncated) == (starts[3], len(sets[3]) // 2)
+    assert (log.flushed_offset, log.recovery.bytes_truncated) == (starts[3], len(sets[3]) // 2)
     decoded, failure = codec.decode(log.read(0, 1 << 20), 0)
     assert failure is None
     assert [m.value[:8] for m in decoded] == [b"%08d" % i for i in range(30)]

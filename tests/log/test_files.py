@@ -225,9 +225,9 @@ def test_a_flush_that_cannot_open_its_file_again_does_not_fail_the_log(
     with pytest.raises(StorageIOError, match="Too many open files"):
         first.flush()  # no fsync was made, none failed: the page cache is still to be trusted
     monkeypatch.setattr(os, "open", real_open)
-    assert first.local.failure is None and first.high_watermark == 0
+    assert first.local.failure is None and first.flushed_offset == 0
     first.flush()
-    assert first.high_watermark == 100
+    assert first.flushed_offset == 100
     first.close()
     second.close()
 

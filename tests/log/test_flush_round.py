@@ -85,7 +85,7 @@ def test_a_round_syncs_its_logs_with_one_syncfs_and_makes_their_messages_visible
     result = round_.flush(plogs)
     assert (syncs.syncfs, syncs.fsyncs) == (1, [])
     assert result.flushed == plogs and not result.failed
-    assert [p.high_watermark for p in plogs] == [len(MESSAGE)] * 5
+    assert [p.flushed_offset for p in plogs] == [len(MESSAGE)] * 5
     assert round_.flush(plogs).flushed == []  # nothing pending: nothing synced again
     assert syncs.syncfs == 1
     round_.close()
@@ -119,7 +119,7 @@ def test_logs_that_do_not_fsync_are_made_visible_without_a_sync(
     round_.watch(tmp_path)
     assert round_.flush(plogs).flushed == plogs
     assert (syncs.syncfs, syncs.fsyncs) == (0, [])
-    assert [p.high_watermark for p in plogs] == [len(MESSAGE)] * 3
+    assert [p.flushed_offset for p in plogs] == [len(MESSAGE)] * 3
     round_.close()
 
 
@@ -135,7 +135,7 @@ def test_a_failed_syncfs_fails_only_the_logs_whose_own_fsync_fails(
     assert sorted(syncs.fsyncs) == ["t-0", "t-1", "t-2", "t-3"]  # each asked after the syncfs
     assert result.flushed == [plogs[0], plogs[1], plogs[3]]
     assert list(result.failed) == [plogs[2]] and not result.file_system_errors
-    assert [p.high_watermark for p in plogs] == [len(MESSAGE), len(MESSAGE), 0, len(MESSAGE)]
+    assert [p.flushed_offset for p in plogs] == [len(MESSAGE), len(MESSAGE), 0, len(MESSAGE)]
     assert plogs[2].local.failure is not None and "fsync" in plogs[2].local.failure
     with pytest.raises(StorageIOError):  # failed until reopened from the disk
         plogs[2].append(MESSAGE)
@@ -172,7 +172,7 @@ def test_a_log_whose_segment_cannot_be_opened_to_sync_fails_nothing_and_holds_ba
     monkeypatch.setattr(plogs[1].local, "segment_to_sync", no_descriptor)
     result = round_.flush(plogs)
     assert result.flushed == [plogs[0], plogs[2]] and list(result.failed) == [plogs[1]]
-    assert plogs[1].local.failure is None and plogs[1].high_watermark == 0  # tried again later
+    assert plogs[1].local.failure is None and plogs[1].flushed_offset == 0  # tried again later
     monkeypatch.undo()
     assert round_.flush(plogs).flushed == [plogs[1]]
     round_.close()

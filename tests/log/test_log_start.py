@@ -21,7 +21,7 @@ def filled(tmp_path: Path, clock: FakeClock) -> PartitionLog:
     for first in range(0, 25, 5):
         log.append(make_set(first, 5))
     log.flush()
-    assert len(log.segments) == 5 and log.high_watermark == 2500
+    assert len(log.segments) == 5 and log.flushed_offset == 2500
     return log
 
 
@@ -115,7 +115,7 @@ def test_an_empty_log_asked_to_start_past_its_end_starts_there(
     log = open_log(tmp_path / "t-0", clock, segment_bytes=500)
     log.assign_epoch(3)
     assert log.advance_start(4200) == 4200
-    assert log.log_start_offset == log.log_end_offset == log.high_watermark == 4200
+    assert log.log_start_offset == log.log_end_offset == log.flushed_offset == 4200
     assert [(e.epoch, e.start_offset) for e in log.epochs.entries] == [(3, 4200)]
     assert log.advance_start(100) == 4200  # never back
     log.append(make_set(0, 2))

@@ -42,7 +42,7 @@ def read_all(log: PartitionLog, offset: int | None = None, max_bytes: int = 4096
     """Every readable message from `offset` (default: log start) to the high watermark."""
     offset = log.log_start_offset if offset is None else offset
     out: list[Message] = []
-    while offset < log.high_watermark:
+    while offset < log.flushed_offset:
         batch = list(iter_messages(log.read(offset, max_bytes), offset))
         out += batch
         offset = batch[-1].next_offset
@@ -114,7 +114,7 @@ def test_offsets_are_byte_positions_across_appends(tmp_path: Path, clock: FakeCl
 def test_only_flushed_messages_are_readable(tmp_path: Path, clock: FakeClock) -> None:
     log = open_log(tmp_path / "t-0", clock, flush_messages=100)
     log.append(make_set(0, 5))
-    assert (log.high_watermark, log.log_end_offset) == (0, 500)
+    assert (log.flushed_offset, log.log_end_offset) == (0, 500)
     assert log.read(0, 10_000).nbytes == 0
     with pytest.raises(OffsetOutOfRange):
         log.read(100, 10_000)
@@ -125,9 +125,9 @@ def test_only_flushed_messages_are_readable(tmp_path: Path, clock: FakeClock) ->
 def test_flush_triggers_when_flush_messages_are_pending(tmp_path: Path, clock: FakeClock) -> None:
     log = open_log(tmp_path / "t-0", clock, flush_messages=10)
     log.append(make_set(0, 6))
-    assert log.high_watermark == 0
+    assert log.flushed_offset == 0
     log.append(make_set(6, 4))
-    assert log.high_watermark == 1000
+    assert log.flushed_offset == 1000
     assert log.local.statistics().pending_messages == 0
 
 
@@ -143,12 +143,12 @@ def test_flush_triggers_when_the_oldest_pending_message_waited_the_interval(
     assert not log.local.flush_if_due()
     clock.advance(0.2)
     assert log.local.flush_if_due()
-    assert log.high_watermark == 200
+    assert log.flushed_offset == 200
     assert log.local.next_flush_deadline() is None
     log.append(make_set(2, 1))
     clock.advance(0.6)
     log.append(make_set(3, 1))  # an append past the deadline flushes too
-    assert log.high_watermark == 400
+    assert log.flushed_offset == 400
 
 
 def test_flush_fsyncs_only_when_configured(
@@ -241,7 +241,7 @@ def test_offset_outside_the_log_names_both_bounds(tmp_path: Path, clock: FakeClo
         log.append(make_set(i * 5, 5))
     log.flush()
     log.local.apply_retention()
-    assert (log.log_start_offset, log.high_watermark) == (1000, 1500)
+    assert (log.log_start_offset, log.flushed_offset) == (1000, 1500)
     for offset in (0, 999, 1501, 10**12):
         with pytest.raises(OffsetOutOfRange, match=r"readable offsets are \[1000, 1500\]"):
             log.read(offset, 1000)
@@ -299,7 +299,7 @@ def test_segments_roll_at_segment_ms(tmp_path: Path, clock: FakeClock) -> None:
     clock.advance(1)
     log.append(make_set(2, 1))
     assert [s.base_offset for s in log.segments] == [0, 200]
-    assert log.high_watermark == 200  # rolling flushed the old segment
+    assert log.flushed_offset == 200  # rolling flushed the old segment
 
 
 def test_oversize_message_and_oversize_set_are_rejected(tmp_path: Path, clock: FakeClock) -> None:
@@ -322,7 +322,7 @@ def test_rejected_append_leaves_the_log_exactly_as_it_was(tmp_path: Path, clock:
         log.append(bytes(bad))  # would have rolled: 900 + 300 > 1000
     assert caught.value.position == 200
     assert {p.name: p.read_bytes() for p in directory.iterdir()} == before
-    assert (log.log_end_offset, len(log.segments), log.high_watermark) == (900, 1, 0)
+    assert (log.log_end_offset, len(log.segments), log.flushed_offset) == (900, 1, 0)
 
 
 def test_retention_by_age_deletes_old_closed_segments_only(
@@ -379,7 +379,7 @@ def test_close_and_reopen_keeps_offsets_and_data(tmp_path: Path, clock: FakeCloc
     reopened = open_log(tmp_path / "t-0", clock, segment_bytes=500)
     assert reopened.recovery.segments_scanned == 1  # the newest only: the others closed cleanly
     assert reopened.recovery.problems == ()
-    assert reopened.high_watermark == 2000
+    assert reopened.flushed_offset == 2000
     assert [m.value[:8] for m in read_all(reopened)] == [b"%08d" % i for i in range(20)]
     assert reopened.append(make_set(20, 1)) == 2000
 
@@ -423,7 +423,7 @@ def test_offset_for_timestamp_is_the_first_message_at_or_after_it(
     assert len(log.segments) > 1
     assert log.offset_for_timestamp(0) == 0
     assert log.offset_for_timestamp(7) == 700
-    assert log.offset_for_timestamp(12) == log.high_watermark
+    assert log.offset_for_timestamp(12) == log.flushed_offset
 
 
 def test_offset_for_timestamp_is_first_in_offset_order_whatever_the_timestamps_order(
@@ -436,7 +436,7 @@ def test_offset_for_timestamp_is_first_in_offset_order_whatever_the_timestamps_o
     assert [s.indexes.times.greatest for s in log.segments] == [9, 4]
     assert log.offset_for_timestamp(0) == 0
     assert log.offset_for_timestamp(7) == 200
-    assert log.offset_for_timestamp(2_000) == log.high_watermark
+    assert log.offset_for_timestamp(2_000) == log.flushed_offset
 
 
 def test_check_offset_raises_what_read_would_without_reading(
@@ -462,7 +462,7 @@ def test_read_to_the_high_watermark_with_an_indexed_unflushed_message_right_afte
     log.append(make_set(0, 3))
     log.flush()
     log.append(make_set(3, 2))  # appended, not flushed
-    assert log.log_end_offset > log.high_watermark == 300
+    assert log.log_end_offset > log.flushed_offset == 300
     assert len(log.read(0, 1 << 20)) == 300
     assert len(log.read(100, 200)) == 200
 
@@ -482,19 +482,19 @@ def test_a_failed_fsync_fails_the_log_until_it_is_reopened_from_the_disk(
     monkeypatch.setattr(os, "fsync", failing_fsync)
     with pytest.raises(StorageIOError, match="Input/output error"):
         log.flush()
-    assert log.high_watermark == 300
+    assert log.flushed_offset == 300
     monkeypatch.setattr(os, "fsync", real_fsync)
     # fsync works again, but the page cache is not to be trusted: the log refuses until reopened
     for refused in (log.flush, lambda: log.append(make_set(5, 1)), log.roll):
         with pytest.raises(StorageIOError, match="a flush failed"):
             refused()
-    assert log.high_watermark == 300
+    assert log.flushed_offset == 300
     monkeypatch.setattr(os, "fsync", failing_fsync)
     with pytest.raises(StorageIOError, match="Input/output error"):
         log.reopen_from_disk()  # the disk still fails: try again later
     monkeypatch.setattr(os, "fsync", real_fsync)
     reopened = log.reopen_from_disk()
-    assert reopened.log_end_offset == reopened.high_watermark == 300
+    assert reopened.log_end_offset == reopened.flushed_offset == 300
     assert [m.value[:8] for m in read_all(reopened)] == [b"%08d" % i for i in range(3)]
     assert reopened.append(make_set(5, 1)) == 300
     reopened.close()

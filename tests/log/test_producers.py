@@ -40,7 +40,7 @@ def stored_values(plog: PartitionLog) -> list[bytes]:
     plog.flush()
     values = []
     offset = plog.log_start_offset
-    while offset < plog.high_watermark:
+    while offset < plog.flushed_offset:
         chunk = plog.read(offset, 1 << 20)
         values += [bytes(m.value) for m in iter_messages(chunk)]
         offset += len(chunk)

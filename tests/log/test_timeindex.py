@@ -26,7 +26,7 @@ message_sets = st.lists(st.lists(timestamps, min_size=1, max_size=6), min_size=1
 def linear_scan(log: PartitionLog, timestamp_ms: int) -> int:
     """The first flushed message at or after `timestamp_ms`, by reading every message."""
     found = (m.offset for m in read_all(log) if m.timestamp_ms >= timestamp_ms)
-    return next(found, log.high_watermark)
+    return next(found, log.flushed_offset)
 
 
 @settings(max_examples=80, deadline=None)

@@ -29,7 +29,7 @@ def log_bytes(log: PartitionLog) -> bytes:
     """Every readable byte, through the public read path, from the log start."""
     out = bytearray()
     offset = log.log_start_offset
-    while offset < log.high_watermark:
+    while offset < log.flushed_offset:
         chunk = log.read(offset, 1 << 20)
         out += chunk
         offset += len(chunk)
@@ -94,11 +94,11 @@ def test_a_cut_leaves_exactly_the_prefix_and_appends_continue_there(
             log.close()  # the closed segments then are read on their stored indexes
             log = open_log(Path(tmp) / "t-0", clock, segment_bytes=600, index_interval_bytes=64)
         entries = log.epochs.entries
-        high_watermark = log.high_watermark
+        high_watermark = log.flushed_offset
         cut = data.draw(st.sampled_from(boundaries))
         assert log.truncate_to(cut) == len(stream) - cut
         assert log.log_end_offset == cut
-        assert log.high_watermark == min(high_watermark, cut)
+        assert log.flushed_offset == min(high_watermark, cut)
         assert history(log) == tuple(e for e in entries if e.start_offset < cut)
         log.flush()
         assert log_bytes(log) == stream[:cut]
@@ -126,7 +126,7 @@ def test_a_cut_inside_a_message_or_outside_the_log_changes_nothing(
         with pytest.raises(ValueError, match=r"outside the log \[0, 3000\]"):
             log.truncate_to(offset)
     assert {p.name: p.read_bytes() for p in (tmp_path / "t-0").iterdir()} == before
-    assert log.log_end_offset == log.high_watermark == 3000 and log.local.failure is None
+    assert log.log_end_offset == log.flushed_offset == 3000 and log.local.failure is None
     assert log_bytes(log) == b"".join(make_set(i, 1) for i in range(30))
 
 
@@ -140,7 +140,7 @@ def test_a_cut_in_a_closed_segment_makes_it_the_active_one(
     assert caplog.records[-1].levelno == logging.WARNING  # flushed bytes cut
     assert [s.base_offset for s in log.segments] == [0, 1000]
     assert not (tmp_path / "t-0" / f"{2000:020d}.log").exists()
-    assert log.log_end_offset == log.high_watermark == 1500
+    assert log.log_end_offset == log.flushed_offset == 1500
     assert history(log) == ((1, 0),)  # (2, 1500) started at the cut
     assert log.end_offset_for_epoch(2) == (1, 1500)
     assert [m.value[:8] for m in read_all(log)] == [b"%08d" % i for i in range(15)]
@@ -178,7 +178,7 @@ def test_a_cut_at_a_segment_boundary_and_at_the_log_start(tmp_path: Path, clock:
     assert [(s.base_offset, s.size) for s in log.segments] == [(0, 1000), (1000, 1000), (2000, 0)]
     log.truncate_to(0)
     assert [(s.base_offset, s.size) for s in log.segments] == [(0, 0)]
-    assert history(log) == () and log.high_watermark == 0
+    assert history(log) == () and log.flushed_offset == 0
     assert log.append(make_set(0, 1)) == 0
     log.close()
     with open_log(tmp_path / "t-0", clock, **SMALL) as again:
@@ -193,7 +193,7 @@ def test_a_cut_at_the_log_end_drops_only_the_entries_there(
     assert log.epochs.entries[-1] == (6, 3000)
     assert log.truncate_to(3000) == 0
     assert history(log) == ((1, 0), (2, 1500), (4, 2500))
-    assert log.log_end_offset == log.high_watermark == 3000
+    assert log.log_end_offset == log.flushed_offset == 3000
 
 
 def test_pending_appends_past_the_cut_are_dropped_and_those_before_stay_pending(
@@ -205,7 +205,7 @@ def test_pending_appends_past_the_cut_are_dropped_and_those_before_stay_pending(
     log.append(make_set(3, 5))  # pending: [300, 800)
     assert log.local.statistics().pending_messages == 5
     log.truncate_to(500)
-    assert log.high_watermark == 300 and log.log_end_offset == 500
+    assert log.flushed_offset == 300 and log.log_end_offset == 500
     assert log.local.statistics().pending_messages == 2
     assert log.local.next_flush_deadline() is not None
     log.flush()
@@ -251,7 +251,7 @@ def test_reset_to_empties_the_log_above_or_below_its_range(
         log.append(make_set(30, 2))  # pending: dropped too
         log.reset_to(start)
         assert [(s.base_offset, s.size) for s in log.segments] == [(start, 0)]
-        assert log.log_start_offset == log.high_watermark == log.log_end_offset == start
+        assert log.log_start_offset == log.flushed_offset == log.log_end_offset == start
         assert history(log) == () and log.local.statistics().pending_messages == 0
         assert sorted(p.name for p in log.directory.iterdir()) == [
             f"{start:020d}.log",
@@ -394,7 +394,7 @@ def test_a_cut_interrupted_at_any_step_opens_as_a_consistent_prefix(
         interrupt_at(k)
         with pytest.raises(StorageIOError, match=f"interrupted at {steps[k]}"):
             log.truncate_to(1200)
-        assert log.local.failure is not None and log.high_watermark == 1200
+        assert log.local.failure is not None and log.flushed_offset == 1200
         with pytest.raises(StorageIOError, match="nothing more is written"):
             log.append(make_set(0, 1))
         interrupt_at(-1)
@@ -420,7 +420,7 @@ def test_reopen_from_disk_finishes_a_failed_cut(
             log.truncate_to(1200)
         interrupt_at(-1)
         reopened = log.reopen_from_disk()
-        assert reopened.log_end_offset == reopened.high_watermark == 1200
+        assert reopened.log_end_offset == reopened.flushed_offset == 1200
         assert [s.base_offset for s in reopened.segments] == [0, 1000]
         assert log_bytes(reopened) == b"".join(make_set(i, 1) for i in range(12))
         assert reopened.epochs.entries[:1] == ((1, 0),)
@@ -463,7 +463,7 @@ def test_a_reset_interrupted_at_any_step_opens_as_a_prefix_without_history(
             reopened.reset_to(9000)
         interrupt_at(-1)
         finished = reopened.reopen_from_disk()
-        assert finished.log_end_offset == finished.high_watermark == finished.log_start_offset
+        assert finished.log_end_offset == finished.flushed_offset == finished.log_start_offset
         finished.close()
 
 
@@ -490,7 +490,7 @@ def test_a_failed_fsync_during_a_cut_fails_the_log_until_it_is_reopened(
             refused()
     monkeypatch.setattr(os, "fsync", real_fsync)
     reopened = log.reopen_from_disk()
-    assert reopened.log_end_offset == reopened.high_watermark == 2500
+    assert reopened.log_end_offset == reopened.flushed_offset == 2500
     assert history(reopened) == ((1, 0), (2, 1500), (4, 2500))  # the entry at the end
     reopened.truncate_to(2500)
     assert history(reopened) == ((1, 0), (2, 1500))

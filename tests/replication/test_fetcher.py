@@ -167,7 +167,7 @@ async def copying_from_played_leader(
         for number in plogs:
             nursery.start_soon(follower(number, plogs, fetchers, live.endpoint).run)
         with trio.fail_after(10):
-            while any(p.high_watermark == 0 for p in plogs.values()):
+            while any(p.flushed_offset == 0 for p in plogs.values()):
                 await trio.sleep(0.01)
         yield leader, fetchers
         nursery.cancel_scope.cancel()

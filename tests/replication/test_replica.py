@@ -120,13 +120,13 @@ def test_ack_all_is_answered_when_the_high_watermark_covers_it_and_never_when_fe
     replica.all_acks.extend([ack(10, 1), ack(30, 2)])
     for follower in (2, 3):
         leader.record_fetch(follower, 10, 10, 30, now=1.0)
-    high_watermark, replies = replica.advance(30, 1.0)
+    high_watermark, replies = replica.answer_high_watermark(30, 1.0)
     assert high_watermark == 10  # the lowest flushed offset in the ISR
     assert replies == [(b"client", b"ack-1")]
     assert replica.high_watermark_seen == 10
     for follower in (2, 3):
         leader.record_fetch(follower, 30, 30, 30, now=150.0)
-    high_watermark, replies = replica.advance(30, 150.0)
+    high_watermark, replies = replica.answer_high_watermark(30, 150.0)
     assert high_watermark == 30
     assert codes(replies) == ["NOT_LEADER_FOR_PARTITION"]  # the lease ran out at 100
 
