@@ -62,7 +62,8 @@ from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import BrokerError, CorruptSegment, PylogError
 from broker.groups.assignors import TopicPartition
 from broker.log.codec import decode_columns
-from broker.log.message import HEADER_SIZE, Columns
+from broker.log.columns import Columns
+from broker.log.message import HEADER_SIZE
 from broker.protocol import EARLIEST, LATEST, ErrorCode, FetchRequest, OffsetsRequest
 from broker.security import ClientKeys
 from pipeline.cluster import CLIENT_ID, FETCH_TIMEOUT_S, RETRIES, DriverView, SourcePartition

@@ -54,7 +54,7 @@ from broker.errors import (
     Unavailable,
     UnknownProducerId,
 )
-from broker.log.message import HeaderItems
+from broker.log.headers import HeaderItems
 from broker.protocol import (
     Ack,
     Api,

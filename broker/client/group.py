@@ -85,7 +85,7 @@ from broker.errors import (
 from broker.groups.assignors import TopicPartition
 from broker.lifecycle import Closing
 from broker.log.codec import decode_records
-from broker.log.message import Headers
+from broker.log.headers import Headers
 from broker.protocol import (
     EARLIEST,
     LATEST,

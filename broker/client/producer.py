@@ -143,7 +143,8 @@ from broker.errors import (
 )
 from broker.log.codec import compressed_sets, encode_message
 from broker.log.compression import compressor_for
-from broker.log.message import Buffer, HeaderItems
+from broker.log.headers import HeaderItems
+from broker.log.message import Buffer
 from broker.protocol import (
     MAX_PARTS,
     Ack,

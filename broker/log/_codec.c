@@ -38,7 +38,7 @@
 
 typedef struct {
     PyTypeObject *message_type; /* broker.log.message.Message */
-    PyTypeObject *columns_type; /* broker.log.message.Columns */
+    PyTypeObject *columns_type; /* broker.log.columns.Columns */
     PyObject *struct_error;     /* struct.error, what message.encode_message's packing raises */
 } codec_state;
 
@@ -616,7 +616,7 @@ static int piece_of(PyObject *item, piece *p) {
 }
 
 /* decode_columns(pieces, end_offset) -> Columns
- * message.decode_columns: the messages of pieces (buf, base_offset, set_size) at offsets below
+ * columns.decode_columns: the messages of pieces (buf, base_offset, set_size) at offsets below
  * end_offset, up to the first that fails its checks, as Arrow buffers (native byte order, as
  * Arrow lays them in memory). */
 static PyObject *decode_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -911,7 +911,7 @@ static int grow_append(unsigned char **out, Py_ssize_t *size, Py_ssize_t *capaci
     return 0;
 }
 
-/* message.header_block_bytes: the header block (headers_length included) of `headers`, an
+/* headers.header_block_bytes: the header block (headers_length included) of `headers`, an
  * iterable of (key, value or None) pairs, as new bytes; NULL with message.py's error set. */
 static PyObject *header_block_bytes(PyObject *headers) {
     PyObject *iterator = PyObject_GetIter(headers), *item, *result = NULL;
@@ -1111,7 +1111,7 @@ static PyMethodDef codec_methods[] = {
      "decode_records(buf, base_offset, start, set_size, type, topic, partition): "
      "message.decode_records."},
     {"decode_columns", (PyCFunction)(void (*)(void))decode_columns, METH_FASTCALL,
-     "decode_columns(pieces, end_offset): message.decode_columns."},
+     "decode_columns(pieces, end_offset): columns.decode_columns."},
     {"encode_message", (PyCFunction)(void (*)(void))encode_message,
      METH_FASTCALL | METH_KEYWORDS,
      "encode_message(value, key=None, timestamp_ms=None, inner=False, headers=None): "
@@ -1131,12 +1131,13 @@ static PyObject *attribute_of(const char *module_name, const char *name) {
 static int codec_exec(PyObject *module) {
     codec_state *state = state_of(module);
     state->message_type = (PyTypeObject *)attribute_of("broker.log.message", "Message");
-    state->columns_type = (PyTypeObject *)attribute_of("broker.log.message", "Columns");
+    state->columns_type = (PyTypeObject *)attribute_of("broker.log.columns", "Columns");
     state->struct_error = attribute_of("struct", "error");
     if (!state->message_type || !state->columns_type || !state->struct_error)
         return -1;
     if (!PyType_Check(state->message_type) || !PyType_Check(state->columns_type)) {
-        PyErr_SetString(PyExc_TypeError, "broker.log.message.Message and Columns must be types");
+        PyErr_SetString(PyExc_TypeError,
+                        "broker.log.message.Message and broker.log.columns.Columns must be types");
         return -1;
     }
     return 0;
@@ -1168,7 +1169,8 @@ static PyModuleDef_Slot codec_slots[] = {
 static struct PyModuleDef codec_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "broker.log._codec",
-    .m_doc = "The message format's hot loops in C; broker.log.message is the reference.",
+    .m_doc = "The message format's hot loops in C; broker.log.message, .headers and .columns are "
+             "the reference.",
     .m_size = sizeof(codec_state),
     .m_methods = codec_methods,
     .m_slots = codec_slots,

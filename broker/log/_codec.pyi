@@ -1,5 +1,8 @@
-# The C functions of broker/log/_codec.c; broker.log.message has their Python references.
-from broker.log.message import Buffer, Columns, HeaderItems, Message, Piece, R, Walked
+# The C functions of broker/log/_codec.c; broker.log.message and broker.log.columns have their
+# Python references.
+from broker.log.columns import Columns, Piece
+from broker.log.headers import HeaderItems
+from broker.log.message import Buffer, Message, R, Walked
 
 def scan_walk(
     buf: Buffer, max_message_bytes: int, index_interval: int, next_mark: int, inner: bool

@@ -1,5 +1,6 @@
 """The message format's hot loops, from the C extension broker.log._codec when it is built,
-else from their Python references in broker.log.message (docs/storage.md, "The codec").
+else from their Python references in broker.log.message and broker.log.columns (docs/storage.md,
+"The codec").
 
 Both give the same results, exceptions included (tests/log/test_codec.py). `PYLOG_CODEC=python`
 in the environment takes the Python ones (for comparisons, and as the way out should the C ones
@@ -15,7 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Final, TypeVar
 
 from broker.errors import InvalidMessage, MessageTooLarge
-from broker.log import compression, message
+from broker.log import columns, compression, message
+from broker.log.columns import Columns, Piece
 from broker.log.compression import (
     MAX_INNER_SET_BYTES,
     Compressor,
@@ -33,9 +35,7 @@ from broker.log.message import (
     NESTED_SET,
     SET_CODECS,
     Buffer,
-    Columns,
     Message,
-    Piece,
     R,
     ScanResult,
     decode_failure,
@@ -80,7 +80,10 @@ encode_message: Final = _impl.encode_message
 _scan_walk: Final = _impl.scan_walk
 _decode_set: Final = _impl.decode_set
 _decode_records: Final = _impl.decode_records
-_decode_columns: Final = _impl.decode_columns
+_decode_columns: Final[Callable[[list[Piece], int], Columns]] = (
+    columns if _impl is message else _impl
+).decode_columns
+"""The C one, or its Python reference, which broker.log.columns holds."""
 
 
 def scan(
@@ -342,7 +345,7 @@ def _expanded(
 def decode_columns(
     buf: Buffer, base_offset: int, end_offset: int
 ) -> Iterator[tuple[Columns, InvalidMessage | None]]:
-    """broker.log.message.decode_columns of the messages of a set whose first byte is at
+    """broker.log.columns.decode_columns of the messages of a set whose first byte is at
     `base_offset` (its compressed sets expanded, as `decode` does), in chunks, each with what
     is wrong at the message or set where it stopped if one failed its checks (the last chunk
     then). A chunk stops expanding at a set's start once it holds READ_MESSAGES rows or has

@@ -22,21 +22,22 @@ exactly as the producer built it.
 
 A compressed set is one message (the wrapper) whose codec is not 0 and whose value is the
 compressed bytes of an inner set of plain messages (broker.log.compression). The walks of the
-broker (`scan`) take it as one message; the decoders (`decode_set`, `decode_columns`) stop at
-it, and broker.log.codec expands it and decodes its inner set with the set's offset.
+broker (`scan`) take it as one message; the decoders (`decode_set`, and broker.log.columns's
+`decode_columns`) stop at it, and broker.log.codec expands it and decodes its inner set with
+the set's offset. A format 2 message's header block is broker.log.headers'.
 """
 
 from __future__ import annotations
 
 import struct
 import time
-from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import NamedTuple, TypeVar
 
 from xxhash import xxh3_64_intdigest
 
 from broker.errors import InvalidMessage, MessageTooLarge
+from broker.log.headers import HeaderItems, Headers, header_block, header_block_bytes, headers_fit
 
 MAGIC = 1
 MAGIC_V2 = 2
@@ -83,61 +84,6 @@ _STORED_MAGIC_ATTRIBUTES = frozenset(
 """A message's magic and attributes, as one u16: format 1 plain or a compressed set's wrapper,
 or format 2 (whose attributes are 0: a wrapper is of format 1)."""
 _MAGIC_V2_ATTRIBUTES = MAGIC_V2 << 8
-_U16 = struct.Struct(">H")
-_I32 = struct.Struct(">i")
-
-Headers = tuple[tuple[str, bytes | None], ...]
-"""A message's headers: (key, value or None) pairs, in order; () for format 1."""
-
-
-def header_block(buf: Buffer, at: int, end: int) -> tuple[int, Headers]:
-    """The header block of a format 2 message at `at` (its headers_length field), which must
-    end by `end`: where the value starts, and the headers. ValueError saying what is wrong."""
-    if end - at < 4:
-        raise ValueError("cut short: no room for headers_length")
-    block = int.from_bytes(buf[at : at + 4], "big")
-    at += 4
-    if block < 2 or block > end - at:
-        raise ValueError(f"headers_length {block} does not fit in the message")
-    stop = at + block
-    (count,) = _U16.unpack_from(buf, at)
-    at += 2
-    headers = []
-    for number in range(count):
-        if stop - at < 2:
-            raise ValueError(f"header {number} is cut short")
-        (key_length,) = _U16.unpack_from(buf, at)
-        at += 2
-        if stop - at < key_length:
-            raise ValueError(f"header {number}: its key is cut short")
-        try:
-            key = bytes(buf[at : at + key_length]).decode()
-        except UnicodeDecodeError:
-            raise ValueError(f"header {number}: its key is not UTF-8") from None
-        at += key_length
-        if stop - at < 4:
-            raise ValueError(f"header {number} is cut short")
-        (value_length,) = _I32.unpack_from(buf, at)
-        at += 4
-        if value_length < -1 or stop - at < value_length:
-            raise ValueError(f"header {number}: value length {value_length} does not fit")
-        value = None if value_length < 0 else bytes(buf[at : at + value_length])
-        at += max(value_length, 0)
-        headers.append((key, value))
-    if at != stop:
-        raise ValueError(f"{stop - at} bytes follow the headers in their block")
-    return stop, tuple(headers)
-
-
-def _headers_fit(buf: Buffer, at: int, end: int) -> bool:
-    """Whether a whole header block lies at `at` of a format 2 message ending at `end`."""
-    try:
-        header_block(buf, at, end)
-    except ValueError:
-        return False
-    return True
-
-
 NO_TIMESTAMP = -(1 << 63)
 """The smallest i64: the greatest timestamp of no messages at all."""
 
@@ -190,10 +136,6 @@ class ScanResult(NamedTuple):
     first_set: int
 
 
-HeaderItems = Iterable[tuple[str, bytes | bytearray | memoryview | None]]
-"""Headers as a producer gives them: (key, value or None) pairs (or a mapping's items)."""
-
-
 def encode_message(
     value: bytes,
     key: bytes | None = None,
@@ -219,41 +161,6 @@ def encode_message(
     else:
         body = _BODY_HEADER.pack(MAGIC, 0, timestamp_ms, len(key)) + key + value
     return _PREFIX.pack(len(body) + 8, 0 if inner else xxh3_64_intdigest(body)) + body
-
-
-def header_block_bytes(headers: HeaderItems) -> bytes:
-    """The header block of format 2 (headers_length included) for `headers`: keys str, at most
-    65535 bytes of UTF-8 each; values bytes, bytearray, memoryview or None, at most 2 GiB - 1;
-    at most 65535 of them. TypeError or ValueError naming what is wrong."""
-    block = bytearray(2)
-    count = 0
-    for item in headers:
-        try:
-            name, data = item
-        except (TypeError, ValueError):
-            raise TypeError(f"a header is a (key, value) pair, not {item!r}") from None
-        if not isinstance(name, str):
-            raise TypeError(f"a header's key is a str, not {type(name).__name__}")
-        encoded = name.encode()
-        if len(encoded) > 0xFFFF:
-            raise ValueError(f"header key {name[:40]!r}... is over 65535 bytes of UTF-8")
-        block += _U16.pack(len(encoded)) + encoded
-        if data is None:
-            block += _I32.pack(-1)
-        elif isinstance(data, bytes | bytearray | memoryview):
-            raw = bytes(data)
-            if len(raw) > 0x7FFF_FFFF:
-                raise ValueError(f"the value of header {name!r} is over 2 GiB")
-            block += _I32.pack(len(raw)) + raw
-        else:
-            raise TypeError(
-                f"the value of header {name!r} is bytes or None, not {type(data).__name__}"
-            )
-        count += 1
-        if count > 0xFFFF:
-            raise ValueError("a message holds at most 65535 headers")
-    block[0:2] = _U16.pack(count)
-    return _LENGTH.pack(len(block)) + bytes(block)
 
 
 def scan(
@@ -322,7 +229,7 @@ def scan_walk(
                 or length < MIN_LENGTH
                 or magic_attributes not in stored
                 or not -1 <= key_length <= length - MIN_LENGTH - (HEADERS_MIN if v2 else 0)
-                or (v2 and not _headers_fit(buf, pos + HEADER_SIZE + max(key_length, 0), following))
+                or (v2 and not headers_fit(buf, pos + HEADER_SIZE + max(key_length, 0), following))
                 or (
                     checksum != 0
                     if inner
@@ -590,166 +497,6 @@ def decode_failure(buf: Buffer, pos: int, inner: bool = False) -> InvalidMessage
     return InvalidMessage(pos, _diagnose(buf, pos, max(size, HEADER_SIZE), inner))
 
 
-class Columns(NamedTuple):
-    """The messages of a fetched set as Arrow buffers (native byte order), for a record batch
-    of the Spark source (pipeline.reader): `rows` rows, of which `key_nulls` have no key;
-    the keys as a nullable binary array (`key_validity` bitmap, `key_offsets` int32,
-    `key_data`), the values as a binary array without nulls, `offsets` and `timestamps_us`
-    int64. `bad` is the position (from the first message's offset) of the first message that
-    failed its checks, or of the compressed set it is in, or None. The headers as a list of
-    (key, value) structs, spark-sql-kafka's `headers` column: null for a row without any
-    (`header_validity` bitmap, `header_nulls` of them), `header_offsets` int32 into its
-    `header_entries` entries, their keys a string array (`header_key_offsets`,
-    `header_key_data`), their values a nullable binary array (`header_value_validity`,
-    `header_value_offsets`, `header_value_data`, `header_value_nulls` nulls)."""
-
-    rows: int
-    key_nulls: int
-    key_validity: bytes
-    key_offsets: bytes
-    key_data: bytes
-    value_offsets: bytes
-    value_data: bytes
-    offsets: bytes
-    timestamps_us: bytes
-    bad: int | None
-    header_validity: bytes
-    header_offsets: bytes
-    header_key_offsets: bytes
-    header_key_data: bytes
-    header_value_validity: bytes
-    header_value_offsets: bytes
-    header_value_data: bytes
-    header_nulls: int
-    header_entries: int
-    header_value_nulls: int
-
-
-MAX_COLUMNS_SET = 0x7FFF_FFFF
-"""The largest set decode_columns takes: Arrow's binary arrays have int32 offsets."""
-_MICROS_RANGE = range(-(1 << 63) // 1000 + 1, ((1 << 63) - 1) // 1000 + 1)
-"""Timestamps in ms whose microseconds fit in an int64."""
-
-
-Piece = tuple[Buffer, int, int]
-"""What decode_columns decodes: (buf, base_offset, set_size), a run of messages whose first
-byte is at base_offset (set_size -1), or the inner set of a compressed set at base_offset whose
-size on disk is set_size (decode_set)."""
-
-
-def decode_columns(pieces: list[Piece], end_offset: int) -> Columns:
-    """The messages of `pieces`, in order, those at offsets below `end_offset` up to the first
-    that fails its checks, as the buffers of Arrow columns: the reference of
-    broker.log._codec.decode_columns. Each message is checked before its offset is compared
-    with `end_offset`, so the first message at or past `end_offset`, where the walk stops, is
-    `bad` when it fails them; a compressed set's inner set is taken whole or not at all (its
-    offset below `end_offset` or not), and a message in it that fails makes the set `bad`.
-    `bad` is a position counted from the first piece's base_offset. OverflowError for an
-    offset, or a timestamp in microseconds, that an int64 cannot hold."""
-    if sum(len(buf) for buf, _, _ in pieces) > MAX_COLUMNS_SET:
-        raise ValueError(
-            "decode_columns takes a set of at most 2 GiB - 1 bytes (Arrow's binary offsets are "
-            "32-bit)"
-        )
-    taken: list[Message] = []
-    bad = None
-    for buf, base_offset, set_size in pieces:
-        if set_size >= 0 and base_offset >= end_offset:
-            break
-        messages, failed = decode_set(buf, base_offset, 0, set_size)
-        if set_size >= 0:
-            _check_int64(messages)
-            if failed is not None:
-                bad = base_offset - pieces[0][1]
-                break
-            taken += messages
-            continue
-        for message in messages:
-            if message.offset >= end_offset:
-                return _columns(taken, None)
-            _check_int64([message])
-            taken.append(message)
-        if failed is not None:
-            bad = base_offset + failed - pieces[0][1]
-            break
-    return _columns(taken, bad)
-
-
-def _check_int64(messages: list[Message]) -> None:
-    """OverflowError for a message whose offset, or timestamp in microseconds, an Arrow int64
-    cannot hold."""
-    for message in messages:
-        if not -(1 << 63) <= message.offset < 1 << 63:
-            raise OverflowError(f"the offset {message.offset} is out of the range of Arrow's int64")
-        if message.timestamp_ms not in _MICROS_RANGE:
-            raise OverflowError(
-                f"the timestamp of the message at offset {message.offset}, "
-                f"{message.timestamp_ms} ms, is out of the range of Arrow's timestamps in "
-                "microseconds"
-            )
-
-
-def _columns(messages: list[Message], bad: int | None) -> Columns:
-    """The Arrow buffers of `messages`, and `bad`."""
-    keys = _BinaryArray()
-    values = _BinaryArray()
-    headed = _BinaryArray()  # only its validity: which rows have headers
-    header_keys = _BinaryArray()
-    header_values = _BinaryArray()
-    header_offsets = array("i", [0])
-    for message in messages:
-        keys.add(message.key)
-        values.add(message.value)
-        headed.add(b"" if message.headers else None)
-        for key, value in message.headers:
-            header_keys.add(key.encode())
-            header_values.add(value)
-        header_offsets.append(len(header_keys.offsets) - 1)
-    return Columns(
-        len(messages),
-        keys.nulls,
-        bytes(keys.validity),
-        keys.offsets.tobytes(),
-        bytes(keys.data),
-        values.offsets.tobytes(),
-        bytes(values.data),
-        array("q", [m.offset for m in messages]).tobytes(),
-        array("q", [m.timestamp_ms * 1000 for m in messages]).tobytes(),
-        bad,
-        bytes(headed.validity),
-        header_offsets.tobytes(),
-        header_keys.offsets.tobytes(),
-        bytes(header_keys.data),
-        bytes(header_values.validity),
-        header_values.offsets.tobytes(),
-        bytes(header_values.data),
-        headed.nulls,
-        len(header_keys.offsets) - 1,
-        header_values.nulls,
-    )
-
-
-class _BinaryArray:
-    """The buffers of an Arrow binary array being built: validity bitmap, int32 offsets, data."""
-
-    def __init__(self) -> None:
-        self.validity = bytearray()
-        self.offsets = array("i", [0])
-        self.data = bytearray()
-        self.nulls = 0
-
-    def add(self, item: bytes | None) -> None:
-        count = len(self.offsets) - 1
-        if count % 8 == 0:
-            self.validity.append(0)
-        if item is None:
-            self.nulls += 1
-        else:
-            self.validity[count // 8] |= 1 << count % 8
-            self.data += item
-        self.offsets.append(len(self.data))
-
-
 def valid_message_end(buf: Buffer, pos: int) -> int | None:
     """Where the message starting at `pos` ends, if it passes every check of `scan` (framing
     and checksum, within the format's limits); None if it does not."""
@@ -764,7 +511,7 @@ def valid_message_end(buf: Buffer, pos: int) -> int | None:
         or length < MIN_LENGTH
         or magic_attributes not in _STORED_MAGIC_ATTRIBUTES
         or not -1 <= key_length <= length - MIN_LENGTH - (HEADERS_MIN if v2 else 0)
-        or (v2 and not _headers_fit(buf, pos + HEADER_SIZE + max(key_length, 0), following))
+        or (v2 and not headers_fit(buf, pos + HEADER_SIZE + max(key_length, 0), following))
         or xxh3_64_intdigest(buf[pos + CHECKSUM_START : following]) != checksum
     ):
         return None

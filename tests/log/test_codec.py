@@ -21,7 +21,7 @@ from xxhash import xxh3_64_intdigest
 
 from broker.client.group import Record
 from broker.errors import InvalidMessage
-from broker.log import _codec, codec, compression, message
+from broker.log import _codec, codec, columns, compression, message
 from broker.log.message import (
     HEADER_SIZE,
     MAX_FORMAT_MESSAGE_BYTES,
@@ -93,7 +93,7 @@ def check_all(
                 raised.value.reason,
             )
         for end in (1000, 1000 + len(data) // 2, 1000 + len(data), I64_MAX):
-            same(message.decode_columns, _codec.decode_columns, [(buf, 1000, -1)], end)
+            same(columns.decode_columns, _codec.decode_columns, [(buf, 1000, -1)], end)
 
 
 @given(st.lists(messages, max_size=20), st.integers(0, 400), st.integers(-50, 400))
@@ -133,7 +133,7 @@ def test_truncation_at_every_position(batch: list[tuple[bytes, bytes | None, int
             buf = kind(data[:cut])
             same(message.scan_walk, _codec.scan_walk, buf, 1 << 20, 0, 0, False)
             same(message.decode_set, _codec.decode_set, buf, 7, 0, -1)
-            same(message.decode_columns, _codec.decode_columns, [(buf, 7, -1)], I64_MAX)
+            same(columns.decode_columns, _codec.decode_columns, [(buf, 7, -1)], I64_MAX)
 
 
 @given(st.binary(max_size=200))
@@ -215,7 +215,7 @@ def test_offsets_past_int64() -> None:
             same(message.decode_records, _codec.decode_records, data, base, 0, set_size, *RECORD)
         for end in (base, base + 30, I64_MAX, 1 << 80):
             for size in (-1, 99):
-                same(message.decode_columns, _codec.decode_columns, [(data, base, size)], end)
+                same(columns.decode_columns, _codec.decode_columns, [(data, base, size)], end)
 
 
 @pytest.mark.parametrize(
@@ -432,7 +432,7 @@ def test_the_spark_sources_record_batch_is_its_messages(
         ],
         schema=reader.ARROW_SCHEMA,
     )
-    for decode_columns in (message.decode_columns, _codec.decode_columns):
+    for decode_columns in (columns.decode_columns, _codec.decode_columns):
         made = reader._record_batch(decode_columns([(data, 100, -1)], 100 + cut), tp)
         made.validate(full=True)
         assert made.equals(expected)
@@ -476,7 +476,7 @@ def test_pieces_with_an_inner_set(
         same(message.decode_set, _codec.decode_set, buf, 500, 0, size)
         pieces = [(kind(first), 0, -1), (buf, 500, size), (kind(last), 500 + size, -1)]
         for end in (0, 1, 500, 501, 500 + size + len(last) // 2, I64_MAX):
-            same(message.decode_columns, _codec.decode_columns, pieces, end)
+            same(columns.decode_columns, _codec.decode_columns, pieces, end)
     decoded, bad = _codec.decode_set(bytes(middle), 500, 0, size)
     if bad is None:
         assert [(m.offset, m.size) for m in decoded] == [(500, 0)] * (len(inner) - 1) + [
