@@ -183,6 +183,10 @@ class StorageIOError(StorageError):
     """Any other operating-system error while reading or writing a segment."""
 
 
+DISK_ERRORS = (DiskFull, StorageIOError)
+"""What the disk or the file table says (not what a request got wrong)."""
+
+
 class RequestError(PylogError):
     """The broker refuses the request as it was asked; retrying it unchanged fails the same way."""
 

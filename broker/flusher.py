@@ -31,11 +31,10 @@ import trio
 
 from broker.backoff import Backoff
 from broker.clock import Clock
-from broker.errors import DiskFull, PylogError, StorageError, StorageIOError
+from broker.errors import PylogError, StorageError, StorageIOError
 from broker.log import PartitionLog
 from broker.log.flush_round import FlushRound
-from broker.partition import Partition
-from broker.served import Served
+from broker.served import Partition, Served
 
 log = logging.getLogger("pylog.worker")
 
@@ -47,8 +46,6 @@ for at most this many messages (REQUESTS of up to a few hundred requests) from t
 FLUSH_RETRY_S = 0.1
 """The wait before flushes are tried again after one failed without failing its log (no
 descriptor to reopen its segment with: EMFILE)."""
-DISK_ERRORS = (DiskFull, StorageIOError)
-"""What the disk or the file table says (not what a request got wrong)."""
 
 
 class Flusher:

@@ -10,29 +10,38 @@ on the partitions led here are failed and their long polls answered.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
 
 import trio
 
 from broker import control
 from broker.config import BrokerConfig
-from broker.flusher import DISK_ERRORS, Flusher
-from broker.partition import Partition
+from broker.errors import DISK_ERRORS, StorageError
 from broker.replication.fetcher import Fetchers
 from broker.replication.follower import EpochRound, Follower, Role, replica_keys
 from broker.replication.lease import Lease
-from broker.served import Served
+from broker.served import Partition, Served
 
 log = logging.getLogger("pylog.worker")
 
 
 class Leadership:
-    """The roles of the partitions of `served`, under one lease."""
+    """The roles of the partitions of `served`, under one lease. The worker's flusher is
+    handed in as what this needs of it: `flush_partitions` (Flusher.flush_partitions: those
+    still served and online, one round) and `on_disk_error` (Flusher.on_disk_error)."""
 
-    def __init__(self, served: Served, config: BrokerConfig, flusher: Flusher) -> None:
+    def __init__(
+        self,
+        served: Served,
+        config: BrokerConfig,
+        flush_partitions: Callable[[set[Partition]], None],
+        on_disk_error: Callable[[Partition, StorageError], None],
+    ) -> None:
         self.served = served
         self.config = config
-        self.flusher = flusher
+        self._flush_partitions = flush_partitions
+        self._on_disk_error = on_disk_error
         self.lease = Lease()
         """The lease the supervisor last renewed, shared by every partition's Replica."""
         self.lease_renewed = trio.Event()
@@ -90,7 +99,7 @@ class Leadership:
         assert self._copies is not None
         (partitions, flushed), self._copies = self._copies, None
         try:
-            self.flusher.flush_partitions(partitions)
+            self._flush_partitions(partitions)
             await self.served.send_owed()
         finally:
             flushed.set()
@@ -104,7 +113,7 @@ class Leadership:
             plog.assign_epoch(epoch)
         except (*DISK_ERRORS, ValueError) as error:
             if not isinstance(error, ValueError):
-                self.flusher.on_disk_error(partition, error)
+                self._on_disk_error(partition, error)
             message = f"{partition.name}: cannot lead epoch {epoch} yet: {error}"
             self.served.storage_log.log(logging.ERROR, "lead", message)
             return
@@ -185,18 +194,6 @@ class Leadership:
             )
         return self.fetchers
 
-    def ask_isr(self, partition: Partition, fetched: int | None = None) -> None:
-        """Ask the supervisor for the ISR change due (shrink, or expand by `fetched`, the
-        follower whose fetch this is), if one is; it writes the state node and its watch
-        brings the new ISR back as a role command."""
-        leader = partition.replica.leader
-        isr = partition.replica.isr_to_ask(self.served.clock.monotonic(), fetched)
-        if leader is None or isr is None:
-            return
-        log.info("%s: asking for ISR %s (now %s)", partition.name, list(isr), sorted(leader.isr))
-        change = control.AskIsr(partition.topic, partition.number, leader.epoch, isr)
-        self.served.state_messages.append(control.encode(change))
-
     async def check_isrs(self) -> None:
         """Every quarter of replica_lag_max_ms: the followers of the partitions led here that
         stopped catching up leave the ISR (those that fetch are checked as they fetch), and a
@@ -207,7 +204,7 @@ class Leadership:
             for partition in list(self.served.partitions.values()):
                 replica = partition.replica
                 if replica.leader is not None:
-                    self.ask_isr(partition)
+                    self.served.ask_isr(partition)
                 elif (
                     replica.role is not None
                     and replica.mine(replica.role)

@@ -7,8 +7,8 @@ request's max_bytes), so that no reply is larger than the front is prepared to h
 than min_bytes lie past the offset it waits, up to max_wait_ms, for the flush that brings them
 (a follower's) or the high watermark (a consumer's of a replicated partition): a long poll
 woken by that, not by polling, and not by the flushes before it (FlushWaiters). A follower's
-FETCH (replica_id set) tells the leader where the follower is (broker.leadership: the high
-watermark and the ISR).
+FETCH (replica_id set) tells the leader where the follower is: the high watermark may move
+(Partition.update_high_watermark), an ISR change fall due (Served.ask_isr).
 
 A MULTI_FETCH serves each of its parts as that FETCH, one reply for all and one long poll:
 woken by a flush (or the high watermark) of any of its partitions, it answers once min_bytes
@@ -43,12 +43,10 @@ from broker.errors import (
 )
 from broker.fetch_sessions import FetchSession, FetchSessions
 from broker.flush_waiters import FlushWaiters
-from broker.leadership import Leadership
 from broker.log.epochs import EpochEntry
 from broker.log.message import HEADER_SIZE, Buffer, timestamp_at
-from broker.partition import Partition
 from broker.replication.leader import epoch_entries
-from broker.served import Served
+from broker.served import Partition, Served
 from broker.transport import FETCH_JOINED, throttle_of
 
 
@@ -69,19 +67,21 @@ class _Round:
 class Reads:
     """The reads of the partitions of `served`, at most `fetch_max_bytes` a reply;
     `retention_check_interval_ms()` the worker's interval (a live setting), as
-    DESCRIBE_PARTITION says it; `index` is the worker's (its fetch sessions' ids carry it)."""
+    DESCRIBE_PARTITION says it; `replica_lag_max_ms` the broker's (a follower's fetch session
+    is checked whole often enough for it); `index` is the worker's (its fetch sessions' ids
+    carry it)."""
 
     def __init__(
         self,
         served: Served,
-        leadership: Leadership,
         fetch_max_bytes: int,
         retention_check_interval_ms: Callable[[], int],
+        replica_lag_max_ms: int,
         index: int = 0,
     ) -> None:
         self.served = served
         self.sessions = FetchSessions(index, served.clock)
-        self.leadership = leadership
+        self.replica_lag_max_ms = replica_lag_max_ms
         self.fetch_max_bytes = fetch_max_bytes
         self.retention_check_interval_ms = retention_check_interval_ms
         self.polls: dict[bytes, trio.Event] = {}
@@ -161,7 +161,7 @@ class Reads:
             self.served.clock.monotonic(),
         )
         self.served.owe(partition.update_high_watermark())
-        self.leadership.ask_isr(partition, replica)
+        self.served.ask_isr(partition, replica)
 
     async def _long_poll(
         self,
@@ -335,7 +335,7 @@ class Reads:
         """How often a session's round checks every partition of it: often enough that a
         follower caught up stays so for the ISR (its position is recorded then), and a high
         watermark moved with no bytes reaches it within half a second."""
-        return min(0.5, self.leadership.config.broker_replica_lag_max_ms / 4000)
+        return min(0.5, self.replica_lag_max_ms / 4000)
 
     def _session_parts(
         self,

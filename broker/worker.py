@@ -56,12 +56,13 @@ from broker import control, protocol
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.config import BrokerConfig
 from broker.errors import (
+    DISK_ERRORS,
     PylogError,
     UnknownTopicOrPartition,
     UnsupportedApi,
 )
 from broker.expansions import Expansions
-from broker.flusher import DISK_ERRORS, Flusher, log_recovery
+from broker.flusher import Flusher, log_recovery
 from broker.leadership import Leadership
 from broker.log import PartitionLog
 from broker.log.config import LogConfig, SettingValue
@@ -71,11 +72,10 @@ from broker.log.hwcheckpoint import HighWatermarkCheckpoint
 from broker.log.message import Buffer
 from broker.log.partition import SetsToOpen
 from broker.logs import configure_logging, set_log_level
-from broker.partition import Partition
 from broker.processes import exit_with_supervisor, name_process, segment_file_limit
 from broker.reads import Reads
 from broker.replication.replica import PendingAck, Replica
-from broker.served import Served
+from broker.served import Partition, Served
 from broker.transport import (
     COMMAND,
     CREDIT_EVERY_BYTES,
@@ -124,12 +124,14 @@ class Worker:
             clock,
             config.log_flush_when_idle,
         )
-        self.leadership = Leadership(self.served, config, self.flusher)
+        self.leadership = Leadership(
+            self.served, config, self.flusher.flush_partitions, self.flusher.on_disk_error
+        )
         self.reads = Reads(
             self.served,
-            self.leadership,
             config.broker_fetch_max_bytes,
             lambda: self.config.log_retention_check_interval_ms,
+            config.broker_replica_lag_max_ms,
             index,
         )
         self.prefixes = protocol.KnownPrefixes()

@@ -18,8 +18,8 @@ from broker.errors import StorageIOError
 from broker.flusher import FLUSH_RETRY_S, Flusher
 from broker.log import encode_message
 from broker.log.segment import Segment
-from broker.partition import Partition
 from broker.protocol import Ack, Api
+from broker.served import Partition
 from broker.transport import (
     CREDIT,
     FROM_DEALER,
