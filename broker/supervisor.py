@@ -351,8 +351,8 @@ class Supervisor:
                 return
             self._apply_live(live)
 
-        changed(registry.broker_settings())
-        registry.watch_broker_settings(lambda node: self.calls.report(lambda: changed(node)))
+        changed(registry.settings.read())
+        registry.settings.watch(lambda node: self.calls.report(lambda: changed(node)))
 
     def _apply_live(self, live: BrokerConfig) -> None:
         """Take the live settings of `live`: into the config every part reads, the front's
@@ -377,8 +377,8 @@ class Supervisor:
             throttle.update(config)
             log.info("quotas in ZooKeeper: %s", describe_quotas(config))
 
-        throttle.update(registry.quotas())  # said in the log by the watch's first call
-        registry.watch_quotas(quotas_changed)
+        throttle.update(registry.quotas.read())  # said in the log by the watch's first call
+        registry.quotas.watch(quotas_changed)
 
     def _watch_security(self, registry: Registry) -> None:
         """Principals and ACLs from ZooKeeper: read once (so that the first request is decided
@@ -396,10 +396,10 @@ class Supervisor:
             authorizer.update(acls)
             log.info("ACLs in ZooKeeper: %d", len(acls))
 
-        zap.principals.from_registry(registry.principals())
-        authorizer.update(registry.acls())
-        registry.watch_principals(principals_changed)
-        registry.watch_acls(acls_changed)
+        zap.principals.from_registry(registry.security.principals())
+        authorizer.update(registry.security.acls())
+        registry.security.watch_principals(principals_changed)
+        registry.security.watch_acls(acls_changed)
 
     def _wait_for_workers(self) -> None:
         """Until every worker has said hello (it then gets its partitions, in order)."""

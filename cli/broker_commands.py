@@ -121,7 +121,7 @@ def broker_config_set(
     entry = DEFAULT if broker_id is None else str(broker_id)
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
         try:
-            stored = registry.set_broker_settings(entry, changes)
+            stored = registry.settings.set(entry, changes)
         except ValueError as error:
             usage_error(str(error))
     _say_entry(entry, stored, as_json)
@@ -149,7 +149,7 @@ def broker_config_delete(
     entry = DEFAULT if broker_id is None else str(broker_id)
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
         try:
-            left = registry.delete_broker_settings(entry, names)
+            left = registry.settings.delete(entry, names)
         except KeyError as error:
             name, whom = error.args[0], _entry_text(entry)
             fail(f"{name} is not set for {whom}: pylogctl broker config describe shows what is")
@@ -174,7 +174,7 @@ def broker_config_describe(
       {"broker": null, "settings": {"log.retention_ms": "86400000"}}
       {"broker": 2, "settings": {"broker.log_level": "debug"}}"""
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
-        node = registry.broker_settings()
+        node = registry.settings.read()
     entries = sorted(node, key=lambda e: (e != DEFAULT, int(e) if e.isdecimal() else -1))
     if as_json:
         for entry in entries:

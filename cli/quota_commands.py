@@ -129,7 +129,7 @@ def quota_set(
     if produce is None and fetch is None:
         usage_error("give --produce, --fetch or both")
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
-        stored = registry.set_quota(kind, name, Quota(produce, fetch))
+        stored = registry.quotas.set(kind, name, Quota(produce, fetch))
     _say(as_json, kind, name, stored, "now")
 
 
@@ -161,7 +161,7 @@ def quota_delete(
     chosen = [d for d, given in ((Direction.PRODUCE, produce), (Direction.FETCH, fetch)) if given]
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
         try:
-            left = registry.delete_quota(kind, name, tuple(chosen or Direction))
+            left = registry.quotas.delete(kind, name, tuple(chosen or Direction))
         except KeyError:
             fail(f"no quota of {kind} {name}: pylogctl quota describe shows them")
     _say(as_json, kind, name, left, "now")
@@ -190,7 +190,7 @@ def quota_describe(
     if principal is not None and client_id is not None:
         usage_error("give --principal or --client, not both")
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
-        config = registry.quotas()
+        config = registry.quotas.read()
     if principal is not None or client_id is not None:
         kind = Kind.PRINCIPAL if principal is not None else Kind.CLIENT
         name = principal if principal is not None else client_id

@@ -117,7 +117,7 @@ def principal_add(
         usage_error(str(error))
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
         try:
-            added = registry.add_principal(name, public)
+            added = registry.security.add_principal(name, public)
         except ValueError as error:
             fail(str(error))
     text = f"principal {name}: key {public.decode()} " + ("added" if added else "was there")
@@ -151,7 +151,7 @@ def principal_remove(
         usage_error(str(error))
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
         try:
-            registry.remove_principal(name, public)
+            registry.security.remove_principal(name, public)
         except KeyError:
             fail(f"no principal {name!r}" + ("" if public is None else " with that key"))
     what = f"principal {name}" + ("" if public is None else f": key {public.decode()}")
@@ -171,7 +171,7 @@ def principal_list(
     Example:
       pylogctl principal list --json"""
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
-        principals = registry.principals()
+        principals = registry.security.principals()
     rows = [(name, key.decode()) for name, keys in sorted(principals.items()) for key in keys]
     if as_json:
         for name, key in rows:
@@ -236,7 +236,7 @@ def acl_add(
       pylogctl acl add --principal web --topic clicks --operation produce"""
     granted = _acl(principal_name, resource, operations)
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
-        stored = registry.add_acl(granted)
+        stored = registry.security.add_acl(granted)
     _say(as_json, _acl_record(stored), f"ACL now: {_acl_text(stored)}")
 
 
@@ -270,7 +270,7 @@ def acl_remove(
     taken = _acl(principal_name, resource, operations)
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
         try:
-            left = registry.remove_acl(taken)
+            left = registry.security.remove_acl(taken)
         except KeyError:
             fail(f"no ACL of {principal_name} on {resource!r}: pylogctl acl list shows them")
     if left is None:
@@ -300,7 +300,7 @@ def acl_list(
     Example:
       pylogctl acl list --principal web"""
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
-        acls = [a for a in registry.acls() if principal_name in (None, a.principal)]
+        acls = [a for a in registry.security.acls() if principal_name in (None, a.principal)]
     if as_json:
         for entry in acls:
             click.echo(json.dumps(_acl_record(entry)))

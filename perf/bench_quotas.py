@@ -60,7 +60,7 @@ def start_with_quotas(stack: ExitStack, work: Path) -> System:
         PrivatePylogd(work / "on", "--zookeeper-port", str(zookeeper_port), *METRICS)
     )
     with Registry(f"127.0.0.1:{zookeeper_port}", "/pylog") as registry:
-        registry.set_quota(Kind.CLIENT, DEFAULT, EVERYONE)
+        registry.quotas.set(Kind.CLIENT, DEFAULT, EVERYONE)
     wait_for(lambda: f"client {DEFAULT} produce {MAX_RATE}" in broker_log(pylogd), "the quota")
     return System("on", pylogd)
 

@@ -157,7 +157,9 @@ def start_curve(
     pylogd = stack.enter_context(PrivatePylogd(work / name, *flags, *METRICS, program=program))
     auth = ZooKeeperAuth.load(pylogd.data_dir / "zookeeper.auth")  # the registry is closed
     with Registry(f"127.0.0.1:{zookeeper_port}", "/pylog", auth=auth) as registry:
-        registry.add_acl(Acl(PRINCIPAL, RESOURCE, frozenset({Operation.PRODUCE, Operation.FETCH})))
+        registry.security.add_acl(
+            Acl(PRINCIPAL, RESOURCE, frozenset({Operation.PRODUCE, Operation.FETCH}))
+        )
     wait_for(lambda: "ACLs in ZooKeeper: 1" in broker_log(pylogd), f"{name}: the ACL to apply")
     return System(name, pylogd, keys.client(PRINCIPAL), keys.client(ADMIN))
 

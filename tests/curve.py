@@ -178,7 +178,9 @@ def running_curve_broker(
     try:
         with Registry(zookeeper.connect_string, chroot, auth=auth) as registry:
             for name in PRINCIPALS:
-                registry.add_principal(name, load_public_key(found.key_dir / f"{name}.key"))
+                registry.security.add_principal(
+                    name, load_public_key(found.key_dir / f"{name}.key")
+                )
         # The broker applies them from its watch, then says so: waited for so, not by trying
         # the keys. A key tried before the watch fired was refused, and that refusal, logged,
         # silenced the rate-limited log (a line per 10 s) for a test's own refusal after it.

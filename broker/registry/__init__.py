@@ -54,6 +54,8 @@ Watch callbacks run on threads of the registry, one at a time per watch.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from broker.registry.acls import ZooKeeperAcls
 from broker.registry.admin import (
     ElectionInProgress,
@@ -98,9 +100,6 @@ __all__ = [
 class Registry(
     ReassignmentNodes,
     GroupCoordination,
-    Security,
-    Quotas,
-    BrokerSettingsNode,
     Controller,
     ZooKeeperAcls,
 ):
@@ -120,9 +119,13 @@ class Registry(
         /consumers/<group>/...                both        register_consumer, claim_partition,
                                                           commit_offset; claim_group,
                                                           write_group (a coordinator)
-        /security/principals, /security/acls  persistent  add_principal, add_acl, ...
-        /config/brokers                       persistent  set_broker_settings, ...
-        /config/quotas                        persistent  set_quota, delete_quota
+        /security/principals, /security/acls  persistent  security.add_principal, ...
+        /config/brokers                       persistent  settings.set, settings.delete
+        /config/quotas                        persistent  quotas.set, quotas.delete
+
+    The nodes of one JSON value each are stores of their own, made on this session:
+    `security` (broker.registry.security), `settings` (live broker settings,
+    broker.registry.settings) and `quotas` (broker.registry.quotas).
 
     With `auth` (a ZooKeeperAuth), the session presents that digest identity and the nodes it
     creates carry ZooKeeper ACLs (broker.registry.session; docs/registry.md, "Who may write
@@ -140,3 +143,15 @@ class Registry(
     """
 
     BASE_PATHS = ("/brokers/ids", "/brokers/topics", "/config/topics")
+
+    @cached_property
+    def security(self) -> Security:
+        return Security(self)
+
+    @cached_property
+    def settings(self) -> BrokerSettingsNode:
+        return BrokerSettingsNode(self)
+
+    @cached_property
+    def quotas(self) -> Quotas:
+        return Quotas(self)

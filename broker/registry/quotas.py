@@ -85,18 +85,18 @@ def _quotas_json(config: QuotaConfig) -> bytes:
     )
 
 
-class Quotas(NodeReads):
-    """The registry's calls on quotas."""
+class Quotas:
+    """The quotas in the registry, one node (/config/quotas), read and changed on `session`."""
 
-    @property
-    def quotas_path(self) -> str:
-        return f"{self.chroot}/config/quotas"
+    def __init__(self, session: NodeReads) -> None:
+        self._session = session
+        self.path = f"{session.chroot}/config/quotas"
 
-    def quotas(self) -> QuotaConfig:
+    def read(self) -> QuotaConfig:
         """Every quota set."""
-        return self._read_node(self.quotas_path, parse_quotas)[0]
+        return self._session.read_node(self.path, parse_quotas)[0]
 
-    def set_quota(self, kind: Kind, name: str, quota: Quota) -> Quota:
+    def set(self, kind: Kind, name: str, quota: Quota) -> Quota:
         """Set the rates `quota` gives for `name` (DEFAULT: every one of `kind` without its
         own), keeping a direction it leaves None as it was. Returns the quota as stored."""
         check_quota_name(kind, name)
@@ -113,10 +113,10 @@ class Quotas(NodeReads):
             )
             return _replaced(config, kind, name, stored)
 
-        self._change(self.quotas_path, parse_quotas, change, _quotas_json)
+        self._session.change(self.path, parse_quotas, change, _quotas_json)
         return stored
 
-    def delete_quota(
+    def delete(
         self, kind: Kind, name: str, directions: tuple[Direction, ...] = tuple(Direction)
     ) -> Quota | None:
         """Take the quota of `name` away in `directions` (both by default). Returns what is
@@ -133,12 +133,12 @@ class Quotas(NodeReads):
             left = None if rates == [None, None] else Quota(*rates)
             return _replaced(config, kind, name, left)
 
-        self._change(self.quotas_path, parse_quotas, change, _quotas_json)
+        self._session.change(self.path, parse_quotas, change, _quotas_json)
         return left
 
-    def watch_quotas(self, callback: Callable[[QuotaConfig], None]) -> None:
-        """Call `callback(quotas())` now and whenever they change, until stop()."""
-        self._watch_node(self.quotas_path, parse_quotas, callback)
+    def watch(self, callback: Callable[[QuotaConfig], None]) -> None:
+        """Call `callback(read())` now and whenever they change, until the session stops."""
+        self._session.watch_node(self.path, parse_quotas, callback)
 
 
 def _replaced(config: QuotaConfig, kind: Kind, name: str, quota: Quota | None) -> QuotaConfig:

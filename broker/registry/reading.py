@@ -23,7 +23,9 @@ T = TypeVar("T")
 
 
 class NodeReads(Session):
-    """The reads and watches of node data and children."""
+    """The reads and watches of node data and children. `read_node`, `change` and
+    `watch_node` are the calls of the stores of one JSON node each (broker.registry.quotas,
+    .settings, .security), which are given the session to make them on."""
 
     def _read_all(
         self, path: str, parse: Callable[[bytes], T], key: Callable[[str], K]
@@ -111,7 +113,7 @@ class NodeReads(Session):
 
     # -- one node read, changed, watched -----------------------------------------------------
 
-    def _read_node(self, path: str, parse: Callable[[bytes], T]) -> tuple[T, int]:
+    def read_node(self, path: str, parse: Callable[[bytes], T]) -> tuple[T, int]:
         """What `path` holds (parsed as if empty when it does not exist, version -1)."""
         try:
             data, stat = self._get(path)
@@ -122,7 +124,7 @@ class NodeReads(Session):
         except ValueError as error:
             raise RegistryUnavailable(f"{path} holds unreadable data: {error}") from None
 
-    def _change(
+    def change(
         self,
         path: str,
         parse: Callable[[bytes], T],
@@ -132,7 +134,7 @@ class NodeReads(Session):
         """Write `change(what path holds)`, a conditional write on the version read (created if
         absent), read and tried again when another write came between."""
         for _ in range(WRITE_ATTEMPTS):
-            value, version = self._read_node(path, parse)
+            value, version = self.read_node(path, parse)
             data = to_json(change(value))
             try:
                 if version < 0:
@@ -146,7 +148,7 @@ class NodeReads(Session):
             f"{path} changed under each of {WRITE_ATTEMPTS} attempts to change it: try again"
         )
 
-    def _watch_node(
+    def watch_node(
         self, path: str, parse: Callable[[bytes], T], callback: Callable[[T], None]
     ) -> None:
         """Call `callback(parse(data))` now and whenever the node at `path` changes (parse of

@@ -76,24 +76,22 @@ def _acls_json(acls: list[Acl]) -> bytes:
     )
 
 
-class Security(NodeReads):
-    """The registry's calls on principals and ACLs."""
+class Security:
+    """The principals and ACLs in the registry, a node each (/security/principals,
+    /security/acls), read and changed on `session`."""
 
-    @property
-    def principals_path(self) -> str:
-        return f"{self.chroot}/security/principals"
-
-    @property
-    def acls_path(self) -> str:
-        return f"{self.chroot}/security/acls"
+    def __init__(self, session: NodeReads) -> None:
+        self._session = session
+        self.principals_path = f"{session.chroot}/security/principals"
+        self.acls_path = f"{session.chroot}/security/acls"
 
     def principals(self) -> Principals:
         """Every principal: name -> public key (Z85)."""
-        return self._read_node(self.principals_path, _principals)[0]
+        return self._session.read_node(self.principals_path, _principals)[0]
 
     def acls(self) -> list[Acl]:
         """Every ACL, in the order they were added."""
-        return self._read_node(self.acls_path, _acls)[0]
+        return self._session.read_node(self.acls_path, _acls)[0]
 
     def add_principal(self, name: str, key: bytes) -> bool:
         """Let the client with public key `key` (Z85) in as `name`: a new principal, or another
@@ -113,7 +111,7 @@ class Security(NodeReads):
             added = key not in keys
             return {**principals, name: (*keys, key) if added else keys}
 
-        self._change(self.principals_path, _principals, change, _principals_json)
+        self._session.change(self.principals_path, _principals, change, _principals_json)
         return added
 
     def remove_principal(self, name: str, key: bytes | None = None) -> None:
@@ -127,7 +125,7 @@ class Security(NodeReads):
             out = {k: v for k, v in principals.items() if k != name}
             return {**out, name: keys} if keys else out
 
-        self._change(self.principals_path, _principals, change, _principals_json)
+        self._session.change(self.principals_path, _principals, change, _principals_json)
 
     def add_acl(self, acl: Acl) -> Acl:
         """Grant `acl`; merged into the ACL of the same principal and resource if there is
@@ -147,7 +145,7 @@ class Security(NodeReads):
                 out.append(acl)
             return out
 
-        self._change(self.acls_path, _acls, change, _acls_json)
+        self._session.change(self.acls_path, _acls, change, _acls_json)
         return merged
 
     def remove_acl(self, acl: Acl) -> Acl | None:
@@ -173,16 +171,16 @@ class Security(NodeReads):
                 raise KeyError(f"{acl.principal} on {acl.resource}")
             return out
 
-        self._change(self.acls_path, _acls, change, _acls_json)
+        self._session.change(self.acls_path, _acls, change, _acls_json)
         return left
 
     def watch_principals(self, callback: Callable[[Principals], None]) -> None:
-        """Call `callback(principals())` now and whenever they change, until stop()."""
-        self._watch_node(self.principals_path, _principals, callback)
+        """Call `callback(principals())` now and whenever they change, until the session stops."""
+        self._session.watch_node(self.principals_path, _principals, callback)
 
     def watch_acls(self, callback: Callable[[list[Acl]], None]) -> None:
-        """Call `callback(acls())` now and whenever they change, until stop()."""
-        self._watch_node(self.acls_path, _acls, callback)
+        """Call `callback(acls())` now and whenever they change, until the session stops."""
+        self._session.watch_node(self.acls_path, _acls, callback)
 
 
 def _principals_json(principals: Principals) -> bytes:

@@ -53,17 +53,18 @@ def _settings_json(node: BrokerSettings) -> bytes:
     return encode({"brokers": {entry: dict(sorted(s.items())) for entry, s in node.items() if s}})
 
 
-class BrokerSettingsNode(NodeReads):
-    """The registry's calls on live broker settings."""
+class BrokerSettingsNode:
+    """The live broker settings in the registry, one node (/config/brokers), read and changed
+    on `session`."""
 
-    @property
-    def broker_settings_path(self) -> str:
-        return f"{self.chroot}/config/brokers"
+    def __init__(self, session: NodeReads) -> None:
+        self._session = session
+        self.path = f"{session.chroot}/config/brokers"
 
-    def broker_settings(self) -> BrokerSettings:
-        return self._read_node(self.broker_settings_path, parse_broker_settings)[0]
+    def read(self) -> BrokerSettings:
+        return self._session.read_node(self.path, parse_broker_settings)[0]
 
-    def set_broker_settings(self, entry: str, changes: Mapping[str, str]) -> dict[str, str]:
+    def set(self, entry: str, changes: Mapping[str, str]) -> dict[str, str]:
         """Set `changes` (dotted name -> text) for `entry` (DEFAULT or a broker id as text),
         each checked against the built-in defaults with what the entry sets already
         (ValueError naming the first that is unknown, read at start only or out of range).
@@ -77,10 +78,10 @@ class BrokerSettingsNode(NodeReads):
             with_live(BrokerConfig(), stored)
             return {**node, entry: stored}
 
-        self._change(self.broker_settings_path, parse_broker_settings, change, _settings_json)
+        self._session.change(self.path, parse_broker_settings, change, _settings_json)
         return stored
 
-    def delete_broker_settings(self, entry: str, names: tuple[str, ...]) -> dict[str, str]:
+    def delete(self, entry: str, names: tuple[str, ...]) -> dict[str, str]:
         """Take `names` (all, when empty) off `entry`: the brokers go back to their file's and
         flags' values. Returns what the entry sets still; KeyError naming one not set."""
         _check_entry(entry)
@@ -94,12 +95,12 @@ class BrokerSettingsNode(NodeReads):
             left = {k: v for k, v in current.items() if names and k not in names}
             return {**node, entry: left}
 
-        self._change(self.broker_settings_path, parse_broker_settings, change, _settings_json)
+        self._session.change(self.path, parse_broker_settings, change, _settings_json)
         return left
 
-    def watch_broker_settings(self, callback: Callable[[BrokerSettings], None]) -> None:
-        """Call `callback(broker_settings())` now and whenever they change, until stop()."""
-        self._watch_node(self.broker_settings_path, parse_broker_settings, callback)
+    def watch(self, callback: Callable[[BrokerSettings], None]) -> None:
+        """Call `callback(read())` now and whenever they change, until the session stops."""
+        self._session.watch_node(self.path, parse_broker_settings, callback)
 
 
 def _check_entry(entry: str) -> None:

@@ -319,7 +319,7 @@ class Reads:
     def settings(self) -> SettingsView:
         registry = self.registry()
         live = sorted(setting_name(name) for name in LIVE_SETTINGS)
-        return SettingsView(registry.quotas(), dict(registry.broker_settings()), live)
+        return SettingsView(registry.quotas.read(), dict(registry.settings.read()), live)
 
     def messages(
         self, topic: str, partition: int, start: str, skip: int, count: int
@@ -388,25 +388,25 @@ class Reads:
     # Changes, with --allow-changes only (cli.web.app checks it), each logged with its author.
 
     def set_broker_setting(self, who: str, entry: str, name: str, value: str) -> None:
-        stored = self.registry().set_broker_settings(entry, {name: value})
+        stored = self.registry().settings.set(entry, {name: value})
         log.warning(
             "change by %s: live setting %s=%s for %s (now %s)", who, name, value, entry, stored
         )
 
     def delete_broker_setting(self, who: str, entry: str, name: str) -> None:
         try:
-            self.registry().delete_broker_settings(entry, (name,))
+            self.registry().settings.delete(entry, (name,))
         except KeyError:
             raise BadRequest(f"{name} is not set for {entry}") from None
         log.warning("change by %s: live setting %s deleted for %s", who, name, entry)
 
     def set_quota(self, who: str, kind: Kind, name: str, quota: Quota) -> None:
-        stored = self.registry().set_quota(kind, name, quota)
+        stored = self.registry().quotas.set(kind, name, quota)
         log.warning("change by %s: quota of %s %s set to %s", who, kind, name, stored)
 
     def delete_quota(self, who: str, kind: Kind, name: str) -> None:
         try:
-            self.registry().delete_quota(kind, name)
+            self.registry().quotas.delete(kind, name)
         except KeyError:
             raise BadRequest(f"{kind} {name} has no quota") from None
         log.warning("change by %s: quota of %s %s deleted", who, kind, name)

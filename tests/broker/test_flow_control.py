@@ -316,9 +316,7 @@ def test_a_ceiling_changed_live_mutes_at_the_new_share(
     fetch = FetchRequest("big", 0, 0, MIB, 0, 0)
     for muted in (0, 1):
         if muted:
-            registry.set_broker_settings(
-                "default", {"broker.queued_reply_bytes_per_client": str(4 * MIB)}
-            )
+            registry.settings.set("default", {"broker.queued_reply_bytes_per_client": str(4 * MIB)})
             wait_until(
                 lambda: (
                     "live settings now: broker_queued_reply_bytes_per_client=4194304"

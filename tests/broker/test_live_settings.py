@@ -68,22 +68,20 @@ def test_a_brokers_own_entry_wins_over_the_default() -> None:
 def test_the_registry_keeps_each_entry_and_refuses_what_does_not_check(
     registry: Registry,
 ) -> None:
-    assert registry.broker_settings() == {}
-    assert registry.set_broker_settings(DEFAULT, {"log.retention_ms": "5000"}) == {
+    assert registry.settings.read() == {}
+    assert registry.settings.set(DEFAULT, {"log.retention_ms": "5000"}) == {
         "log.retention_ms": "5000"
     }
-    registry.set_broker_settings("2", {"broker.log_level": "debug"})
-    registry.set_broker_settings(DEFAULT, {"log.segment_ms": "none"})
-    assert registry.broker_settings() == {
+    registry.settings.set("2", {"broker.log_level": "debug"})
+    registry.settings.set(DEFAULT, {"log.segment_ms": "none"})
+    assert registry.settings.read() == {
         DEFAULT: {"log.retention_ms": "5000", "log.segment_ms": "none"},
         "2": {"broker.log_level": "debug"},
     }
     with pytest.raises(ValueError, match="read at start only"):
-        registry.set_broker_settings("2", {"broker.port": "1"})
-    assert registry.delete_broker_settings(DEFAULT, ("log.segment_ms",)) == {
-        "log.retention_ms": "5000"
-    }
+        registry.settings.set("2", {"broker.port": "1"})
+    assert registry.settings.delete(DEFAULT, ("log.segment_ms",)) == {"log.retention_ms": "5000"}
     with pytest.raises(KeyError, match=r"log\.segment_ms"):
-        registry.delete_broker_settings(DEFAULT, ("log.segment_ms",))
-    assert registry.delete_broker_settings("2", ()) == {}
-    assert registry.broker_settings() == {DEFAULT: {"log.retention_ms": "5000"}}
+        registry.settings.delete(DEFAULT, ("log.segment_ms",))
+    assert registry.settings.delete("2", ()) == {}
+    assert registry.settings.read() == {DEFAULT: {"log.retention_ms": "5000"}}

@@ -55,7 +55,7 @@ def quotas(broker: RunningBroker, zookeeper: PrivateZooKeeper) -> Iterator[Regis
 
 def set_quota(broker: RunningBroker, quotas: Registry, name: str, quota: Quota) -> None:
     """Set `name`'s quota, and wait until the broker says it has it (within a second)."""
-    quotas.set_quota(Kind.CLIENT, name, quota)
+    quotas.quotas.set(Kind.CLIENT, name, quota)
     described = describe_quotas(QuotaConfig({Kind.CLIENT: {name: quota}}))
     wait_until(lambda: described in broker.log_path.read_text(), 1.0, "the quota in force")
 
@@ -183,7 +183,7 @@ def test_requests_held_for_a_quota_are_bounded_in_bytes_over_the_clients_connect
         assert refused == 80 - 1 - share // size  # the rest but a share held
         assert held() == share // size
     finally:
-        quotas.delete_quota(Kind.CLIENT, "hoarder")  # what is held drains
+        quotas.quotas.delete(Kind.CLIENT, "hoarder")  # what is held drains
         for socket in sockets:
             socket.close(linger=0)
         context.term()
@@ -211,7 +211,7 @@ def test_what_a_closed_connection_held_for_its_quota_is_never_appended(
         socket.close(linger=0)
         wait_until(lambda: broker.metrics()[("pylog_quota_held_requests", ())] == 0, 10, "dropped")
     finally:
-        quotas.delete_quota(Kind.CLIENT, "leaver")
+        quotas.quotas.delete(Kind.CLIENT, "leaver")
         context.term()
     assert "a connection closed: 9 requests held for it dropped" in broker.log_path.read_text()
     with Connection(broker.endpoint) as connection:
@@ -302,7 +302,7 @@ def test_pylogctl_says_that_the_broker_slowed_it(
             cli, ["produce", topic, "--ack", "written", "-b", broker.endpoint], input=lines
         )
     finally:
-        quotas.delete_quota(Kind.CLIENT, DEFAULT_CLIENT_ID)
+        quotas.quotas.delete(Kind.CLIENT, DEFAULT_CLIENT_ID)
     assert result.exit_code == 0, result.output
     assert "pylogctl: the broker held a request back" in result.stderr
     assert "this client is over its quota" in result.stderr

@@ -53,9 +53,9 @@ def curve_three(zookeeper: PrivateZooKeeper, root: Path) -> Iterator[ThreeBroker
     chroot = f"/test-{uuid.uuid4().hex[:16]}"
     with Registry(zookeeper.connect_string, chroot) as registry:
         for name in (OPERATOR, CLIENT):
-            registry.add_principal(name, load_public_key(root / "keys" / f"{name}.key"))
+            registry.security.add_principal(name, load_public_key(root / "keys" / f"{name}.key"))
     with running_three(zookeeper, root, chroot, *curve_flags(root)) as three:
-        three.registry.add_acl(Acl(CLIENT, "*", parse_operations(["produce", "fetch"])))
+        three.registry.security.add_acl(Acl(CLIENT, "*", parse_operations(["produce", "fetch"])))
         yield three
 
 

@@ -105,7 +105,7 @@ def test_no_change_from_a_get_nor_from_a_read_only_console(
     code, page = running.request("/settings/quota", data, FORM)
     assert code == 403 and "read-only" in page
     with registry_of(broker) as registry:
-        assert "x" not in registry.quotas().quotas.get(Kind.CLIENT, {})
+        assert "x" not in registry.quotas.read().quotas.get(Kind.CLIENT, {})
 
 
 def test_changes_are_made_from_the_consoles_own_forms_and_logged_with_their_author(
@@ -129,7 +129,7 @@ def test_changes_are_made_from_the_consoles_own_forms_and_logged_with_their_auth
     code, page = running.request("/settings/quota", data, {**FORM, **login})
     assert code == 200 and "Done: quota of client spark-nightly set" in page, page
     with registry_of(broker) as registry:
-        quota = registry.quotas().quotas[Kind.CLIENT]["spark-nightly"]
+        quota = registry.quotas.read().quotas[Kind.CLIENT]["spark-nightly"]
     assert (quota.produce_bytes_per_s, quota.fetch_bytes_per_s) == (None, 52428800)
     assert "change by ops from 127.0.0.1: quota of client spark-nightly" in running.log.read_text()
 

@@ -447,12 +447,14 @@ def test_a_broker_with_a_zookeeper_identity_keeps_its_registry_to_itself(
     with Registry(zookeeper.connect_string, chroot) as stranger:
         assert stranger.brokers()  # anyone may read
         with pytest.raises(RegistryAccessDenied):
-            stranger.add_principal("eve", load_public_key(generate_keys(tmp_path, "eve")[0]))
+            stranger.security.add_principal(
+                "eve", load_public_key(generate_keys(tmp_path, "eve")[0])
+            )
         with pytest.raises(RegistryAccessDenied):
-            stranger.add_acl(Acl("eve", "*", frozenset(Operation)))
+            stranger.security.add_acl(Acl("eve", "*", frozenset(Operation)))
     with Registry(zookeeper.connect_string, chroot, auth=ZooKeeperAuth.load(auth_file)) as own:
-        own.add_acl(Acl("eve", "*", frozenset({Operation.FETCH})))
-        assert own.acls() == [Acl("eve", "*", frozenset({Operation.FETCH}))]
+        own.security.add_acl(Acl("eve", "*", frozenset({Operation.FETCH})))
+        assert own.security.acls() == [Acl("eve", "*", frozenset({Operation.FETCH}))]
 
     # pylogctl without the identity says what it needs (issue 53, 2: it said only NoAuth)
     add = ["acl", "add", "--principal", "bob", "--topic", "logs", "--operation", "fetch"]
