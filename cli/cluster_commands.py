@@ -86,7 +86,7 @@ def check(registry: Registry, admin: Admin, zookeeper: str, chroot: str) -> Heal
     """The cluster's health as the registry has it now (and the brokers' min ISR settings)."""
     try:
         up = set(registry.brokers())
-        controller = registry.controller()
+        controller = registry.controller.current()
         configs = registry.topic_configs()
         states = {topic: registry.partition_states(topic) for topic in configs}
     except PylogError as error:

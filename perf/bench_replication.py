@@ -376,7 +376,7 @@ def one_kill(cluster: BenchCluster, registry: Registry, producer: AckedProducer)
     leader = leader_of(registry)
     if leader == 1:
         raise RuntimeError("broker 1 (ZooKeeper) leads the failover partition")
-    controller = registry.controller()
+    controller = registry.controller.current()
     before = len(producer.acks)
     killed = cluster.kill(leader)
     elected = wait_for(lambda: leader_of(registry) not in (leader, NO_LEADER), "a new leader")

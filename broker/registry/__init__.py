@@ -100,7 +100,6 @@ __all__ = [
 class Registry(
     ReassignmentNodes,
     GroupCoordination,
-    Controller,
     ZooKeeperAcls,
 ):
     """A broker's (or a tool's) connection to the registry in ZooKeeper.
@@ -113,7 +112,7 @@ class Registry(
                                               persistent  create_topic_config,
                                                           write_partition_state
         /config/topics/<topic>                persistent  create_topic_config
-        /controller, /controller_epoch        both        elect_controller
+        /controller, /controller_epoch        both        controller.elect
         /admin/reassign/<topic>-<p>,          persistent  start_reassignment,
         /admin/preferred_election                         ask_preferred_election
         /consumers/<group>/...                both        register_consumer, claim_partition,
@@ -123,9 +122,10 @@ class Registry(
         /config/brokers                       persistent  settings.set, settings.delete
         /config/quotas                        persistent  quotas.set, quotas.delete
 
-    The nodes of one JSON value each are stores of their own, made on this session:
-    `security` (broker.registry.security), `settings` (live broker settings,
-    broker.registry.settings) and `quotas` (broker.registry.quotas).
+    Stores of their own, made on this session: `controller` (its election,
+    broker.registry.controller), and the nodes of one JSON value each: `security`
+    (broker.registry.security), `settings` (live broker settings, broker.registry.settings)
+    and `quotas` (broker.registry.quotas).
 
     With `auth` (a ZooKeeperAuth), the session presents that digest identity and the nodes it
     creates carry ZooKeeper ACLs (broker.registry.session; docs/registry.md, "Who may write
@@ -143,6 +143,10 @@ class Registry(
     """
 
     BASE_PATHS = ("/brokers/ids", "/brokers/topics", "/config/topics")
+
+    @cached_property
+    def controller(self) -> Controller:
+        return Controller(self)
 
     @cached_property
     def security(self) -> Security:

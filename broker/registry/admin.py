@@ -177,7 +177,7 @@ class ReassignmentNodes(TopicNodes):
     def preferred_election_asked(self) -> tuple[bool, list[str] | None]:
         """Whether a preferred-leader election is asked, and over which topics (None: all)."""
         try:
-            data, _ = self._get(self.chroot + PREFERRED_ELECTION)
+            data, _ = self.get(self.chroot + PREFERRED_ELECTION)
         except NoNode:
             return False, None
         try:
@@ -191,12 +191,12 @@ class ReassignmentNodes(TopicNodes):
     def end_preferred_election(self) -> None:
         """The asked election ran: its node goes (no error when it is gone already)."""
         with contextlib.suppress(NoNode):
-            self._delete(self.chroot + PREFERRED_ELECTION)
+            self.delete(self.chroot + PREFERRED_ELECTION)
 
     def watch_preferred_election(self, callback: Callable[[bool], bool]) -> None:
         """Call `callback(asked)` now and whenever /admin/preferred_election is created or
         deleted, until stop() or the callback returns False."""
-        self._watch_data(
+        self.watch_data(
             self.chroot + PREFERRED_ELECTION, lambda _: True, lambda v, _: callback(v is not None)
         )
 
@@ -237,7 +237,7 @@ class ReassignmentNodes(TopicNodes):
                 transaction.delete(self.reassign_path(topic, partition))
 
         try:
-            self._commit(f"reassign {topic}-{partition}", build)
+            self.commit(f"reassign {topic}-{partition}", build)
         except (BadVersion, NoNode):
             if self._epoch_moved(epoch_path, controller_epoch):
                 raise ControllerMoved(controller_epoch) from None
@@ -261,7 +261,7 @@ class ReassignmentNodes(TopicNodes):
         way."""
         check_topic_name(topic)
         try:
-            self._delete(self.reassign_path(topic, partition))
+            self.delete(self.reassign_path(topic, partition))
         except NoNode:
             raise UnknownTopicOrPartition(
                 f"no reassignment of partition {partition} of topic {topic!r} is under way"

@@ -122,7 +122,7 @@ class Brokers(NodeReads):
         for child in children:
             if child.isascii() and child.isdecimal():
                 try:
-                    epochs[int(child)] = self._get(f"{path}/{child}")[1].czxid
+                    epochs[int(child)] = self.get(f"{path}/{child}")[1].czxid
                 except NoNode:
                     continue  # gone since listed
         return epochs
@@ -133,7 +133,7 @@ class Brokers(NodeReads):
         yet in this session, or another's). RegistryUnavailable as every call."""
         validate_broker_id(broker_id)
         try:
-            _, stat = self._get(self.broker_path(broker_id))
+            _, stat = self.get(self.broker_path(broker_id))
         except NoNode:
             return None
         session = self.session_id

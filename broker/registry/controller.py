@@ -74,23 +74,21 @@ def _epoch(data: bytes) -> int:
     return epoch
 
 
-class Controller(NodeReads):
-    """The registry's calls on the controller's election."""
+class Controller:
+    """The controller's election in the registry (/controller, /controller_epoch), on
+    `session`."""
 
-    @property
-    def controller_path(self) -> str:
-        return self.chroot + CONTROLLER
+    def __init__(self, session: NodeReads) -> None:
+        self._session = session
+        self.path = session.chroot + CONTROLLER
+        self.epoch_path = session.chroot + CONTROLLER_EPOCH
 
-    @property
-    def controller_epoch_path(self) -> str:
-        return self.chroot + CONTROLLER_EPOCH
-
-    def elect_controller(self, broker_id: int) -> int | None:
+    def elect(self, broker_id: int) -> int | None:
         """Try to become the controller as `broker_id`: create the ephemeral /controller and
         raise /controller_epoch by one, in one transaction. Returns the new controller epoch
         (1 for the first controller of the cluster); the epoch this session holds already
         when it is the controller; None when another session holds /controller (watch it with
-        watch_controller, and try again when it goes).
+        `watch`, and try again when it goes).
 
         The node lives as long as this session; it is not re-created after an expiry (the
         controller then is whoever is elected next, perhaps this broker again with a new
@@ -100,15 +98,15 @@ class Controller(NodeReads):
         validate_broker_id(broker_id)
         for _ in range(ATTEMPTS):
             try:
-                data, stat = self._get(self.controller_path)
+                data, stat = self._session.get(self.path)
             except NoNode:
                 pass
             else:
-                if stat.ephemeral_owner != self.session_id:
+                if stat.ephemeral_owner != self._session.session_id:
                     return None
                 return self._parse_controller(data).epoch
             try:
-                data, stat = self._get(self.controller_epoch_path)
+                data, stat = self._session.get(self.epoch_path)
                 epoch, version = self._parse_epoch(data), stat.version
             except NoNode:
                 epoch, version = 0, -1
@@ -119,15 +117,15 @@ class Controller(NodeReads):
                 version: int = version,
                 elected: ControllerInfo = elected,
             ) -> None:
-                transaction.create(self.controller_path, elected.to_json(), ephemeral=True)
+                transaction.create(self.path, elected.to_json(), ephemeral=True)
                 node = encode({"controller_epoch": elected.epoch})
                 if version < 0:
-                    transaction.create(self.controller_epoch_path, node)
+                    transaction.create(self.epoch_path, node)
                 else:
-                    transaction.set_data(self.controller_epoch_path, node, version)
+                    transaction.set_data(self.epoch_path, node, version)
 
             try:
-                self._commit(f"elect broker {broker_id} controller", build)
+                self._session.commit(f"elect broker {broker_id} controller", build)
             except (NodeExists, BadVersion, NoNode):
                 continue  # someone else was elected meanwhile: the next round sees who
             log.info("broker %d is the controller, epoch %d", broker_id, elected.epoch)
@@ -141,55 +139,51 @@ class Controller(NodeReads):
         try:
             return ControllerInfo.from_json(data)
         except ValueError as error:
-            raise RegistryUnavailable(
-                f"{self.controller_path} holds unreadable data: {error}"
-            ) from None
+            raise RegistryUnavailable(f"{self.path} holds unreadable data: {error}") from None
 
     def _parse_epoch(self, data: bytes) -> int:
         try:
             return _epoch(data)
         except ValueError as error:
-            raise RegistryUnavailable(
-                f"{self.controller_epoch_path} holds unreadable data: {error}"
-            ) from None
+            raise RegistryUnavailable(f"{self.epoch_path} holds unreadable data: {error}") from None
 
-    def controller(self) -> ControllerInfo | None:
+    def current(self) -> ControllerInfo | None:
         """Who is the controller now, and its epoch; None when no broker is."""
         try:
-            data, _ = self._get(self.controller_path)
+            data, _ = self._session.get(self.path)
         except NoNode:
             return None
         return self._parse_controller(data)
 
-    def controller_epoch(self) -> int:
+    def epoch(self) -> int:
         """The epoch of the last controller elected (0 before the first election)."""
         try:
-            data, _ = self._get(self.controller_epoch_path)
+            data, _ = self._session.get(self.epoch_path)
         except NoNode:
             return 0
         return self._parse_epoch(data)
 
-    def resign_controller(self) -> bool:
+    def resign(self) -> bool:
         """Delete /controller if this session holds it (a broker that stops acting as the
         controller without ending its session); False when it did not hold it."""
         try:
-            _, stat = self._get(self.controller_path)
-            if stat.ephemeral_owner != self.session_id:
+            _, stat = self._session.get(self.path)
+            if stat.ephemeral_owner != self._session.session_id:
                 return False
-            self._delete(self.controller_path, stat.version)
+            self._session.delete(self.path, stat.version)
         except (NoNode, BadVersion):
             return False
         log.info("resigned as the controller")
         return True
 
-    def watch_controller(self, callback: Callable[[ControllerInfo | None], bool]) -> None:
+    def watch(self, callback: Callable[[ControllerInfo | None], bool]) -> None:
         """Call `callback(controller)` with who is the controller now and whenever /controller
-        is created or deleted, and None while there is none, until stop() or the callback
-        returns False: a broker that is not the controller calls elect_controller when it
+        is created or deleted, and None while there is none, until the session stops or the
+        callback returns False: a broker that is not the controller calls `elect` when it
         gets None. As TopicNodes.watch_topic_config: kazoo's DataWatch keeps it armed across
         reconnections and session expiries, this call does not wait on ZooKeeper, and the
         callback runs on kazoo's threads and must only hand the value on. A node whose data
         cannot be read is logged and passed over."""
-        self._watch_data(
-            self.controller_path, ControllerInfo.from_json, lambda info, _: callback(info)
+        self._session.watch_data(
+            self.path, ControllerInfo.from_json, lambda info, _: callback(info)
         )

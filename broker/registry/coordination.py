@@ -70,21 +70,21 @@ class GroupCoordination(Groups):
         claim, state = self._group_path(group, "coordinator"), self._group_path(group, "state")
         if not create:
             try:
-                self._get(self._group_path(group))
+                self.get(self._group_path(group))
             except NoNode:
                 return None
         self._ensure_path(self._group_path(group, "members"))
         try:
-            data, stat = self._get(claim)
+            data, stat = self.get(claim)
         except NoNode:
             pass
         else:
             holder = int_field(decode(data), "broker_id")
             if holder != broker_id:
                 raise ClaimedElsewhere(group, holder)
-            self._delete(claim, stat.version)  # ours, from a session before this one
+            self.delete(claim, stat.version)  # ours, from a session before this one
         try:
-            data, stat = self._get(state)
+            data, stat = self.get(state)
             found = decode(data)
             epochs = (int_field(found, "coordinator_epoch"), int_field(found, "group_epoch"))
             version = stat.version
@@ -102,7 +102,7 @@ class GroupCoordination(Groups):
                 transaction.set_data(state, state_data, version)
 
         try:
-            self._commit(f"claim group {group}", build)
+            self.commit(f"claim group {group}", build)
         except NodeExists:
             raise ClaimedElsewhere(group, self._claim_holder(group)) from None
         members_path = self._group_path(group, "members")
@@ -115,7 +115,7 @@ class GroupCoordination(Groups):
         """Delete `group` whole (offsets included) if its `state` is at `state_version` (the
         coordinator's, which holds the claim): BadVersion else. The claim node and the group's
         node go last."""
-        self._commit(
+        self.commit(
             f"delete group {group}",
             lambda t: t.check(self._group_path(group, "state"), state_version),
         )
@@ -145,7 +145,7 @@ class GroupCoordination(Groups):
         change through the coordinator (OFFSET_COMMIT), which keeps them in memory."""
         check_name("group", group)
         try:
-            self._get(self._group_path(group, "state"))
+            self.get(self._group_path(group, "state"))
         except NoNode:
             return False
         return True
@@ -186,17 +186,17 @@ class GroupCoordination(Groups):
 
         what = f"write group {group}"
         try:
-            self._commit(what, build)
+            self.commit(what, build)
         except NoNode:  # a topic's first owner or offset: its parent node is created first
             for topic in {tp.topic for tp in (*write.owners, *write.offsets)}:
                 self._ensure_path(self._group_path(group, "owners", topic))
                 self._ensure_path(self._group_path(group, "offsets", topic))
-            self._commit(what, build)
+            self.commit(what, build)
         return state_version + (write.group_epoch is not None)
 
     def _claim_holder(self, group: str) -> int:
         try:
-            data, _ = self._get(self._group_path(group, "coordinator"))
+            data, _ = self.get(self._group_path(group, "coordinator"))
         except NoNode:
             return -1
         return int_field(decode(data), "broker_id")

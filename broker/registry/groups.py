@@ -148,7 +148,7 @@ class Groups(NodeReads):
         """The group's committed offset of partition `name`, or None if none was committed."""
         path = self.offset_path(group, topic, name)
         try:
-            data, _ = self._get(path)
+            data, _ = self.get(path)
         except NoNode:
             return None
         try:
@@ -186,7 +186,7 @@ class Groups(NodeReads):
         check_name("group", group)
         root = f"{self.chroot}/consumers/{group}"
         try:
-            self._delete(self._ids_path(group))
+            self.delete(self._ids_path(group))
         except NotEmpty:
             raise GroupNotEmpty(group, self.consumers(group)) from None
         except NoNode:
@@ -201,7 +201,7 @@ class Groups(NodeReads):
         for part in ("offsets", "owners", "members", "state", "coordinator"):
             self._delete_tree(f"{root}/{part}")
         try:
-            self._delete(root)
+            self.delete(root)
         except NotEmpty:
             raise GroupNotEmpty(group, self.consumers(group)) from None
         except NoNode:
@@ -225,7 +225,7 @@ class Groups(NodeReads):
         for child in children:
             self._delete_tree(f"{path}/{child}")
         with contextlib.suppress(NoNode):
-            self._delete(path)
+            self.delete(path)
 
     def _ids_path(self, group: str) -> str:
         return f"{self.chroot}/consumers/{group}/ids"

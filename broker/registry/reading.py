@@ -62,7 +62,7 @@ class NodeReads(Session):
                 log.warning("ignoring unreadable %s/%s: %s", path, child, error)
         return result
 
-    def _watch_data(
+    def watch_data(
         self, path: str, parse: Callable[[bytes], T], callback: Callable[[T | None, int], bool]
     ) -> None:
         """Call `callback(parse(data), version)` with the data of the node at `path` now and
@@ -116,7 +116,7 @@ class NodeReads(Session):
     def read_node(self, path: str, parse: Callable[[bytes], T]) -> tuple[T, int]:
         """What `path` holds (parsed as if empty when it does not exist, version -1)."""
         try:
-            data, stat = self._get(path)
+            data, stat = self.get(path)
         except NoNode:
             return parse(b""), -1
         try:

@@ -378,7 +378,7 @@ class Session(Running):
                 session,
             )
             with contextlib.suppress(NoNode, BadVersion):
-                self._delete(path, stat.version)
+                self.delete(path, stat.version)
         raise RegistryUnavailable(f"could not register {path}: it kept changing under us")
 
     def _create_ephemeral(self, path: str, data: bytes) -> tuple[bytes, Stat] | None:
@@ -390,13 +390,13 @@ class Session(Running):
             self._create(path, data, ephemeral=True, makepath=True)
             return None
         except NodeExists:
-            return self._get(path)
+            return self.get(path)
 
     def _delete_if_ours(self, path: str) -> None:
         try:
-            _, stat = self._get(path)
+            _, stat = self.get(path)
             if stat.ephemeral_owner == self.session_id:
-                self._delete(path, stat.version)
+                self.delete(path, stat.version)
         except (NoNode, BadVersion):
             pass
 
@@ -572,7 +572,7 @@ class Session(Running):
             f"{what}: ZooKeeper at {self.connect_string}: {type(error).__name__} {error}"
         )
 
-    def _commit(self, what: str, build: Callable[[TransactionRequest], None]) -> list[Any]:
+    def commit(self, what: str, build: Callable[[TransactionRequest], None]) -> list[Any]:
         """Send the operations that `build` adds to a kazoo transaction as one ZooKeeper
         multi-request, all applied or none, as _request sends one request; returns each
         operation's result. When one fails, that operation's outcome is raised (NoNode,
@@ -595,10 +595,10 @@ class Session(Running):
         guard: Callable[[TransactionRequest], None],
     ) -> int:
         """Send the operations that `build` adds, in their order, as consecutive transactions
-        (_commit) of at most TRANSACTION_BYTES each, every one beginning with the operations
+        (commit) of at most TRANSACTION_BYTES each, every one beginning with the operations
         `guard` adds (checks of a node's version, which fence a writer that another has
         overtaken). Each transaction is applied whole or not at all; the first that fails
-        raises its outcome as _commit does, and none after it is sent, while those before it
+        raises its outcome as commit does, and none after it is sent, while those before it
         stay applied: the caller orders its writes so that readers never take a part for the
         whole (broker.registry.topics). Returns how many transactions were sent."""
         operations = self._client.transaction()
@@ -620,7 +620,7 @@ class Session(Running):
             def fill(transaction: TransactionRequest, chunk: list[Any] = chunk) -> None:
                 transaction.operations.extend(chunk)
 
-            self._commit(what, fill)
+            self.commit(what, fill)
         return len(chunks)
 
     def _create(
@@ -657,7 +657,8 @@ class Session(Running):
                 f"{self._identity} {may} {node}"
             )
 
-    def _get(self, path: str) -> tuple[bytes, Stat]:
+    def get(self, path: str) -> tuple[bytes, Stat]:
+        """What `path` holds, and its Stat; NoNode when it does not exist."""
         data, stat = self._request(f"read {path}", lambda: self._client.get_async(path))
         return bytes(data or b""), Stat(stat.version, stat.ephemeralOwner, stat.czxid)
 
@@ -666,7 +667,7 @@ class Session(Running):
         return sorted(str(child) for child in children)
 
     def _get_many(self, what: str, paths: Sequence[str]) -> list[tuple[bytes, Stat] | Failed]:
-        """_get of each of `paths`, together (_request_many): each answer, or its error."""
+        """get of each of `paths`, together (_request_many): each answer, or its error."""
         client = self._client
         answers = self._request_many(what, [functools.partial(client.get_async, p) for p in paths])
         return [
@@ -694,7 +695,8 @@ class Session(Running):
         new_version: int = stat.version
         return new_version
 
-    def _delete(self, path: str, version: int = -1) -> None:
+    def delete(self, path: str, version: int = -1) -> None:
+        """Delete `path` if it is at `version` (-1: any)."""
         self._request(f"delete {path}", lambda: self._client.delete_async(path, version))
 
     def _ensure_path(self, path: str, acl: list[ACL] | None = None) -> None:

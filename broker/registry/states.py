@@ -170,7 +170,7 @@ class PartitionStates(Brokers):
             raise UnknownTopicOrPartition(f"partition {partition!r} does not exist")
         path = self.partition_state_path(topic, partition)
         try:
-            data, stat = self._get(path)
+            data, stat = self.get(path)
         except NoNode:
             raise UnknownTopicOrPartition(
                 f"partition {partition} of topic {topic!r} has no state node"
@@ -241,7 +241,7 @@ class PartitionStates(Brokers):
                     transaction.check(epoch_path, controller_epoch - 1)
                     transaction.set_data(path, data, version)
 
-                stat = self._commit(f"write {path}", build)[1]
+                stat = self.commit(f"write {path}", build)[1]
         except (BadVersion, NoNode) as error:
             if controller_epoch is not None and self._epoch_moved(epoch_path, controller_epoch):
                 raise ControllerMoved(controller_epoch) from None
@@ -256,7 +256,7 @@ class PartitionStates(Brokers):
     def _epoch_moved(self, epoch_path: str, epoch: int) -> bool:
         """Whether /controller_epoch is no longer at `epoch` (its version epoch - 1)."""
         try:
-            return self._get(epoch_path)[1].version != epoch - 1
+            return self.get(epoch_path)[1].version != epoch - 1
         except NoNode:
             return True
 
@@ -277,6 +277,6 @@ class PartitionStates(Brokers):
         check_topic_name(topic)
         if not is_int(partition) or partition < 0:
             raise UnknownTopicOrPartition(f"partition {partition!r} does not exist")
-        self._watch_data(
+        self.watch_data(
             self.partition_state_path(topic, partition), PartitionState.from_json, callback
         )

@@ -89,7 +89,7 @@ class TopicNodes(PartitionStates):
         validate_broker_id(broker_id)
         self._unregister(self.topic_broker_path(topic, broker_id))
         with contextlib.suppress(NoNode, NotEmpty):
-            self._delete(self.topic_node_path(topic))
+            self.delete(self.topic_node_path(topic))
 
     def topic_brokers(self, topic: str) -> dict[int, tuple[int, ...]]:
         """Broker id -> the partitions of `topic` it serves, for the live brokers holding it.
@@ -161,7 +161,7 @@ class TopicNodes(PartitionStates):
 
             try:
                 self._commit_in_chunks(what, build, fence)
-                self._commit(what, publish)
+                self.commit(what, publish)
                 return
             except BadVersion:
                 self._refuse_existing(topic)
@@ -184,7 +184,7 @@ class TopicNodes(PartitionStates):
         between the read and the write."""
         folder = self.partition_states_path(topic)
         self._ensure_path(folder)
-        version = self._get(folder)[1].version
+        version = self.get(folder)[1].version
         check()
         return self._set(folder, b"", version)
 
@@ -276,7 +276,7 @@ class TopicNodes(PartitionStates):
 
         try:
             self._commit_in_chunks(what, build, lambda t: t.check(folder, claim))
-            self._commit(what, publish)
+            self.commit(what, publish)
         except (BadVersion, NodeExists, NoNode):
             return None  # another write came between, or the partition nodes changed
         return grown
@@ -305,7 +305,7 @@ class TopicNodes(PartitionStates):
             transaction.set_data(folder, b"")
 
         try:
-            claim: int = self._commit(f"delete topic {topic!r}", unpublish)[1].version
+            claim: int = self.commit(f"delete topic {topic!r}", unpublish)[1].version
         except NoNode:
             if not self._exists(path):
                 raise UnknownTopicOrPartition(f"topic {topic!r} does not exist") from None
@@ -323,7 +323,7 @@ class TopicNodes(PartitionStates):
                 self._commit_in_chunks(
                     f"delete topic {topic!r}", build, lambda t: t.check(folder, claim)
                 )
-                self._delete(folder, claim)
+                self.delete(folder, claim)
                 break
             except BadVersion:
                 return  # a creation of the same name took the nodes over
@@ -346,11 +346,11 @@ class TopicNodes(PartitionStates):
             )
             return
         with contextlib.suppress(NoNode, NotEmpty):
-            self._delete(self.topic_node_path(topic))
+            self.delete(self.topic_node_path(topic))
 
     def _exists(self, path: str) -> bool:
         try:
-            self._get(path)
+            self.get(path)
         except NoNode:
             return False
         return True
@@ -364,7 +364,7 @@ class TopicNodes(PartitionStates):
         """The configuration of `topic` and its node's version."""
         path = self.topic_config_path(topic)
         try:
-            data, stat = self._get(path)
+            data, stat = self.get(path)
         except NoNode:
             raise UnknownTopicOrPartition(f"topic {topic!r} does not exist") from None
         try:
@@ -438,7 +438,7 @@ class TopicNodes(PartitionStates):
         read as a configuration is logged and passed over."""
         check_topic_name(topic)
         path = self.topic_config_path(topic)
-        self._watch_data(path, TopicConfig.from_json, lambda config, _: callback(config))
+        self.watch_data(path, TopicConfig.from_json, lambda config, _: callback(config))
 
     def topic_configs(self) -> dict[str, TopicConfig]:
         """Every topic's configuration: name -> TopicConfig (unreadable nodes are left out)."""

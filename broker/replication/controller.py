@@ -2,9 +2,9 @@
 supervisor, that gets itself elected controller through ZooKeeper and, while it is, chooses the
 partitions' leaders.
 
-- **Election.** The service tries `Registry.elect_controller(broker_id)`. When another broker
+- **Election.** The service tries `Registry.controller.elect(broker_id)`. When another broker
   holds /controller it waits for the watch on /controller and tries again once the node goes.
-  Every time it wakes it asks again (elect_controller answers the epoch this session holds, a
+  Every time it wakes it asks again (`controller.elect` answers the epoch this session holds, a
   new epoch, or None), so a session that expired (its /controller gone with it) or a newer
   controller is noticed then; a write refused with ControllerMoved stops the acting at once.
   Each change is logged: elected at INFO, the loss of an epoch at WARNING.
@@ -189,7 +189,7 @@ class ControllerService:
             )
         self._rebalance_interval_s = interval / 1000
         self._registry, self._broker_id = registry, broker_id
-        registry.watch_controller(self._on_controller)
+        registry.controller.watch(self._on_controller)
         registry.watch_brokers(lambda _: self._wake())
         registry.watch_topic_configs(lambda _: self._wake())
         registry.watch_reassignments(lambda _: self._wake())
@@ -258,7 +258,7 @@ class ControllerService:
         with self._lock:
             epoch = self._epoch
             if epoch is None or self._stopping.is_set():
-                raise NotController(self._broker_id, registry.controller())
+                raise NotController(self._broker_id, registry.controller.current())
             acting = Acting(registry, epoch, self._counters, self._stopping.is_set)
             try:
                 return acting.elect_preferred(topics)
@@ -363,7 +363,7 @@ class ControllerService:
             moved = acting.elect_preferred(None)
         except ControllerMoved:
             self._lose(epoch, "a newer controller refused its write")
-            registry.resign_controller()  # /controller is not ours now, unless set by hand
+            registry.controller.resign()  # /controller is not ours now, unless set by hand
             return False
         self._counters.preferred_runs += 1
         if moved:
@@ -386,7 +386,7 @@ class ControllerService:
             Acting(registry, epoch, self._counters, self._stopping.is_set).reassign()
         except ControllerMoved:
             self._lose(epoch, "a newer controller refused its write")
-            registry.resign_controller()
+            registry.controller.resign()
             return False
         return True
 
@@ -395,7 +395,7 @@ class ControllerService:
         partition. True when nothing is left to retry."""
         registry = self._registry
         assert registry is not None
-        epoch = registry.elect_controller(self._broker_id)
+        epoch = registry.controller.elect(self._broker_id)
         if epoch != self._epoch:
             if self._epoch is not None:
                 self._lose(self._epoch, "its session expired or it resigned")
@@ -415,7 +415,7 @@ class ControllerService:
             self._run_asked_election(acting)
         except ControllerMoved:
             self._lose(epoch, "a newer controller refused its write")
-            registry.resign_controller()  # /controller is not ours now, unless set by hand
+            registry.controller.resign()  # /controller is not ours now, unless set by hand
             return False
         self._watch_settings(registry, topics)
         return settled
@@ -454,7 +454,7 @@ class ControllerService:
         if registry is None or epoch is None:
             return
         try:
-            if registry.resign_controller():
+            if registry.controller.resign():
                 log.info("broker %d resigned as the controller of epoch %d", self._broker_id, epoch)
         except PylogError as error:
             log.info("could not resign as controller (its session ending does it): %s", error)

@@ -42,8 +42,8 @@ class CutShort(Registry):
         self.commits_left = commits
         self.before_next = before_next
 
-    def _commit(self, what: str, build: Callable[[TransactionRequest], None]) -> list[Any]:
-        results = super()._commit(what, build)
+    def commit(self, what: str, build: Callable[[TransactionRequest], None]) -> list[Any]:
+        results = super().commit(what, build)
         self.commits_left -= 1
         if self.commits_left == 0:
             if self.before_next is None:

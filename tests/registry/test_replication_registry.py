@@ -302,15 +302,15 @@ def test_two_brokers_race_for_controller_one_wins_the_other_takes_over_when_it_g
     make_registry: Callable[..., Registry],
 ) -> None:
     one, two = make_registry(), make_registry()
-    assert one.controller() is None and one.controller_epoch() == 0
-    outcomes = race(lambda: one.elect_controller(1), lambda: two.elect_controller(2))
+    assert one.controller.current() is None and one.controller.epoch() == 0
+    outcomes = race(lambda: one.controller.elect(1), lambda: two.controller.elect(2))
     assert sorted(outcomes, key=str) == [1, None], outcomes
     winner, loser, loser_id = (one, two, 2) if outcomes[0] == 1 else (two, one, 1)
     winner_id = 3 - loser_id
-    assert loser.controller() == ControllerInfo(winner_id, 1)
-    assert loser.controller_epoch() == 1
-    assert winner.elect_controller(winner_id) == 1  # already the controller: its epoch
-    assert loser.elect_controller(loser_id) is None
+    assert loser.controller.current() == ControllerInfo(winner_id, 1)
+    assert loser.controller.epoch() == 1
+    assert winner.controller.elect(winner_id) == 1  # already the controller: its epoch
+    assert loser.controller.elect(loser_id) is None
 
     seen: queue.Queue[ControllerInfo | None] = queue.Queue()
 
@@ -318,31 +318,33 @@ def test_two_brokers_race_for_controller_one_wins_the_other_takes_over_when_it_g
         seen.put(info)
         return True
 
-    loser.watch_controller(changed)
+    loser.controller.watch(changed)
     next_value(seen, ControllerInfo(winner_id, 1))
     winner.stop()
     next_value(seen, None)
-    assert loser.elect_controller(loser_id) == 2
+    assert loser.controller.elect(loser_id) == 2
     next_value(seen, ControllerInfo(loser_id, 2))
-    assert loser.resign_controller() is True
+    assert loser.controller.resign() is True
     next_value(seen, None)
-    assert loser.resign_controller() is False
-    assert loser.elect_controller(loser_id) == 3
+    assert loser.controller.resign() is False
+    assert loser.controller.elect(loser_id) == 3
 
 
 def test_a_controller_whose_session_expired_is_not_controller_again_without_an_election(
     make_registry: Callable[..., Registry], zookeeper: PrivateZooKeeper
 ) -> None:
     broker, tool = make_registry(), make_registry()
-    assert broker.elect_controller(1) == 1
+    assert broker.controller.elect(1) == 1
     old_session = expire_session(broker, zookeeper.connect_string)
     wait_until(
         lambda: broker.statistics().sessions_lost == 1 and broker.wait_registered(0.01),
         what="a new session",
     )
     assert broker.session_id not in (None, old_session)
-    assert tool.controller() is None  # registrations come back, the controller's node does not
-    assert broker.elect_controller(1) == 2
+    assert (
+        tool.controller.current() is None
+    )  # registrations come back, the controller's node does not
+    assert broker.controller.elect(1) == 2
 
 
 def test_a_stale_controllers_state_writes_are_refused(
@@ -350,12 +352,12 @@ def test_a_stale_controllers_state_writes_are_refused(
 ) -> None:
     first, second = make_registry(), make_registry()
     first.create_topic_config("clicks", TopicConfig.spread(1, [1, 2], replication_factor=2))
-    epoch = first.elect_controller(1)
+    epoch = first.controller.elect(1)
     assert epoch == 1
     moved = PartitionState(2, 1, (2,), epoch)
     assert first.write_partition_state("clicks", 0, moved, 0, controller_epoch=epoch) == 1
-    first.resign_controller()
-    assert second.elect_controller(2) == 2
+    first.controller.resign()
+    assert second.controller.elect(2) == 2
     back = PartitionState(1, 2, (1,), epoch)
     with pytest.raises(ControllerMoved, match="controller epoch 1 is over"):
         first.write_partition_state("clicks", 0, back, 1, controller_epoch=epoch)
@@ -389,7 +391,7 @@ def test_the_new_nodes_are_the_brokers_and_a_session_without_the_identity_cannot
 ) -> None:
     broker = make_registry(auth=BROKERS)
     broker.create_topic_config("clicks", TopicConfig.spread(1, [1]))
-    assert broker.elect_controller(1) == 1
+    assert broker.controller.elect(1) == 1
     root = registry_chroot
     for path in (
         f"{root}/brokers/topics/clicks",
@@ -402,11 +404,11 @@ def test_the_new_nodes_are_the_brokers_and_a_session_without_the_identity_cannot
         assert acl(observer, path) == BROKERS_ACL, path
 
     plain = make_registry()
-    assert plain.controller() == ControllerInfo(1, 1)
+    assert plain.controller.current() == ControllerInfo(1, 1)
     with pytest.raises(RegistryAccessDenied, match=f"write {root}/brokers/topics/clicks/"):
         plain.write_partition_state("clicks", 0, PartitionState(NO_LEADER, 1, (), 0), 0)
-    broker.resign_controller()
+    broker.controller.resign()
     with pytest.raises(RegistryAccessDenied, match=f"create {root}/controller"):
-        plain.elect_controller(2)
+        plain.controller.elect(2)
     with pytest.raises(RegistryAccessDenied, match=f"delete {root}/config/topics/clicks"):
         plain.delete_topic_config("clicks")

@@ -395,7 +395,7 @@ def test_when_the_controllers_session_closes_another_service_takes_over_and_acts
         else:
             expected = PartitionState(replicas[0], 0, replicas, 0)
         wait_state(reader, p, expected, f"partition {p} settled by the new controller")
-    info = reader.controller()
+    info = reader.controller.current()
     assert info is not None and info.broker_id == second
 
 
@@ -414,7 +414,7 @@ def test_a_controller_whose_session_expired_is_elected_again_with_a_new_epoch(
     assert any(
         "no longer the controller of epoch 1" in m for m in messages(caplog, logging.WARNING)
     )
-    assert one.controller_epoch() == 2
+    assert one.controller.epoch() == 2
 
 
 def test_a_stale_controllers_write_is_refused_and_it_stops_acting_in_that_epoch(
