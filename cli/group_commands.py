@@ -278,8 +278,8 @@ def group_list(
     """
     with group_reader(zookeeper, chroot, broker, timeout) as reader:
         groups = [
-            (name, sorted(reader.registry.group_members(name)), reader.topics(name))
-            for name in reader.registry.groups()
+            (name, sorted(reader.registry.groups.group_members(name)), reader.topics(name))
+            for name in reader.registry.groups.names()
         ]
     if as_json:
         for name, members, topics in groups:
@@ -331,7 +331,7 @@ def group_describe(
         while True:
             lag = reader.describe(group_name, topics, count_bytes)
             if not (topics or lag.topics or lag.members) and (
-                group_name not in reader.registry.groups()
+                group_name not in reader.registry.groups.names()
             ):
                 fail(
                     f"no consumer group {group_name!r}: nothing committed, owned or consuming "
@@ -471,9 +471,9 @@ def group_reset(
     """
     target = reset_target(to, shift_by)
     with group_reader(zookeeper, chroot, broker, timeout) as reader:
-        consumers = reader.registry.group_members(group_name)
+        consumers = reader.registry.groups.group_members(group_name)
         active = sorted(m for m, subscribed in consumers.items() if topic in subscribed)
-        coordinated = reader.registry.coordinated(group_name)
+        coordinated = reader.registry.groups.coordinated(group_name)
         if active and execute and (coordinated or not force):
             fail(
                 f"group {group_name} has {members_text(active, 'active member')} consuming "
@@ -606,11 +606,11 @@ def group_delete(
     """
     with group_reader(zookeeper, chroot, broker, timeout) as reader:
         try:
-            if reader.registry.coordinated(group_name):
+            if reader.registry.groups.coordinated(group_name):
                 bootstrap = coordinator_bootstrap(reader.registry, zookeeper, broker)
                 deleted = delete_through_coordinator(group_name, bootstrap, timeout)
             else:
-                deleted = reader.registry.delete_group(group_name)
+                deleted = reader.registry.groups.delete_group(group_name)
         except GroupNotEmpty as error:
             fail(
                 f"group {group_name} has {members_text(error.members)}: stop "

@@ -51,7 +51,7 @@ def main() -> None:
             reader = GroupReader(registry, cluster)
             config = registry.topic_config(TOPIC)
             for number, holder in enumerate(config.brokers):
-                registry.commit_offset(GROUP, TOPIC, f"{holder}-{number}", 0)
+                registry.groups.commit_offset(GROUP, TOPIC, f"{holder}-{number}", 0)
             print(
                 f"{PARTITIONS} partitions, each {count:,} messages ({count * size:,} bytes) behind"
             )

@@ -260,8 +260,11 @@ class GroupReader:
     def topics(self, group: str) -> list[str]:
         """The group's topics: those it has committed offsets or owners for, or members
         consuming (empty when there is no such group)."""
-        found = {*self.registry.committed_offsets(group), *self.registry.owners(group)}
-        for subscribed in self.registry.group_members(group).values():
+        found = {
+            *self.registry.groups.committed_offsets(group),
+            *self.registry.groups.owners(group),
+        }
+        for subscribed in self.registry.groups.group_members(group).values():
             found.update(subscribed)
         return sorted(found)
 
@@ -269,9 +272,9 @@ class GroupReader:
         self, group: str, topics: Iterable[str] = (), count_bytes: int = COUNT_BYTES
     ) -> GroupLag:
         """The lag of each partition of `topics` (default: the group's topics)."""
-        members = self.registry.group_members(group)
-        committed = self.registry.committed_offsets(group)
-        owners = self.registry.owners(group)
+        members = self.registry.groups.group_members(group)
+        committed = self.registry.groups.committed_offsets(group)
+        owners = self.registry.groups.owners(group)
         names = sorted(set(topics)) or self.topics(group)
         lag = GroupLag(group, members, names)
         configs = self.registry.topic_configs()
@@ -397,7 +400,7 @@ class GroupReader:
                 f"topic {topic} has partitions 0 to {config.partitions - 1}, "
                 f"not {', '.join(map(str, sorted(unknown)))}"
             )
-        committed = self.registry.committed_offsets(group).get(topic, {})
+        committed = self.registry.groups.committed_offsets(group).get(topic, {})
         self._refresh_endpoints()
         steps = []
         for number, holder in enumerate(config.brokers):
@@ -416,7 +419,7 @@ class GroupReader:
         """Write each step's `after` as the group's committed offset."""
         for step in steps:
             if step.after is not None:
-                self.registry.commit_offset(group, step.topic, step.name, step.after)
+                self.registry.groups.commit_offset(group, step.topic, step.name, step.after)
 
     def _step(
         self, topic: str, number: int, holder: int, name: str, before: int | None, target: Target

@@ -121,10 +121,10 @@ class RetentionGuard:
         (those the leaders could not be asked about left out), each short one warned of."""
         live = list(self.registry.brokers())
         positions: dict[tuple[str, int], dict[str, int]] = {}
-        for group in self.registry.groups():
+        for group in self.registry.groups.names():
             if coordinator_of(group, live) != self.me:
                 continue
-            for topic, committed in self.registry.committed_offsets(group).items():
+            for topic, committed in self.registry.groups.committed_offsets(group).items():
                 for name, offset in committed.items():
                     number = int(name.partition("-")[2])
                     positions.setdefault((topic, number), {})[group] = offset

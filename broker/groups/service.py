@@ -293,7 +293,9 @@ class Coordinator:
                 )
             self._answer_waiting(entry, error)
 
-        self.calls.call(lambda r: r.claim_group(name, me, create), loaded, failed, self._thread)
+        self.calls.call(
+            lambda r: r.groups.claim_group(name, me, create), loaded, failed, self._thread
+        )
         return entry
 
     def _write(
@@ -317,7 +319,7 @@ class Coordinator:
             if broken.failed is not None:
                 raise broken.failed
             try:
-                return registry.write_group(name, version, epoch, write, partition_of)
+                return registry.groups.write_group(name, version, epoch, write, partition_of)
             except PylogError as error:
                 broken.failed = error
                 raise
@@ -355,7 +357,7 @@ class Coordinator:
             answer.reply(protocol.EmptyReply())
 
         self.calls.call(
-            lambda r: r.delete_coordinated_group(name, version),
+            lambda r: r.groups.delete_coordinated_group(name, version),
             deleted,
             lambda error: answer.error(_claimed_meanwhile(name, error)),
             self._thread,
@@ -490,7 +492,7 @@ class Coordinator:
 
     def _release(self, name: str) -> None:
         self.calls.call(
-            lambda r: r.release_group(name), lambda _: None, _log_release(name), self._thread
+            lambda r: r.groups.release_group(name), lambda _: None, _log_release(name), self._thread
         )
 
     def _order(self, topic: str) -> tuple[int, ...] | None:
@@ -636,6 +638,6 @@ def _listing(registry: Registry) -> protocol.ListGroupsReply:
     return protocol.ListGroupsReply(
         tuple(
             protocol.GroupListing(name, coordinator, tuple(members), tuple(topics))
-            for name, coordinator, members, topics in registry.group_listings()
+            for name, coordinator, members, topics in registry.groups.group_listings()
         )
     )

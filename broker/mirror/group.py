@@ -54,15 +54,15 @@ class MirrorGroup:
         if topics == self._topics:
             return
         first = self._topics is None
-        self.registry.register_consumer(self.group, self.member, topics)
+        self.registry.groups.register_consumer(self.group, self.member, topics)
         self._topics = topics
         if first:
-            self.registry.watch_consumers(self.group, lambda _members: on_change())
+            self.registry.groups.watch_consumers(self.group, lambda _members: on_change())
 
     def wanted(self, partitions: Mapping[str, int]) -> set[tuple[str, int]]:
         """This member's range of each topic's partitions (topic -> count) among the members
         mirroring it."""
-        members = self.registry.consumers(self.group)
+        members = self.registry.groups.consumers(self.group)
         wanted: set[tuple[str, int]] = set()
         for topic, count in partitions.items():
             brokers = self.registry.topic_config(topic).brokers
@@ -73,12 +73,12 @@ class MirrorGroup:
 
     def claim(self, topic: str, partition: int) -> str | None:
         """Own the partition (None), or the member that owns it now."""
-        return self.registry.claim_partition(
+        return self.registry.groups.claim_partition(
             self.group, topic, self._name(topic, partition), self.member
         )
 
     def release(self, topic: str, partition: int) -> None:
-        self.registry.release_partition(self.group, topic, self._name(topic, partition))
+        self.registry.groups.release_partition(self.group, topic, self._name(topic, partition))
 
     def _name(self, topic: str, partition: int) -> str:
         brokers = self.registry.topic_config(topic).brokers
@@ -86,5 +86,5 @@ class MirrorGroup:
 
     def leave(self) -> None:
         if self._topics is not None:
-            self.registry.unregister_consumer(self.group, self.member)
+            self.registry.groups.unregister_consumer(self.group, self.member)
             self._topics = None

@@ -99,7 +99,7 @@ def _topic_lag(
         copied = {p.partition: p for p in target.describe(topic)}
         brokers = registry.topic_config(topic).brokers
         names = {p: partition_name(b, p) for p, b in enumerate(brokers)}
-        owners = registry.partition_owners(config.mirror.group, topic)
+        owners = registry.groups.partition_owners(config.mirror.group, topic)
     except UnknownTopicOrPartition:
         pass
     now_ms = time.time() * 1000

@@ -97,11 +97,7 @@ __all__ = [
 ]
 
 
-class Registry(
-    ReassignmentNodes,
-    GroupCoordination,
-    ZooKeeperAcls,
-):
+class Registry(ReassignmentNodes, ZooKeeperAcls):
     """A broker's (or a tool's) connection to the registry in ZooKeeper.
 
     Paths, under `chroot`:
@@ -115,15 +111,18 @@ class Registry(
         /controller, /controller_epoch        both        controller.elect
         /admin/reassign/<topic>-<p>,          persistent  start_reassignment,
         /admin/preferred_election                         ask_preferred_election
-        /consumers/<group>/...                both        register_consumer, claim_partition,
-                                                          commit_offset; claim_group,
-                                                          write_group (a coordinator)
+        /consumers/<group>/...                both        groups.register_consumer,
+                                                          groups.claim_partition,
+                                                          groups.commit_offset;
+                                                          groups.claim_group,
+                                                          groups.write_group (a coordinator)
         /security/principals, /security/acls  persistent  security.add_principal, ...
         /config/brokers                       persistent  settings.set, settings.delete
         /config/quotas                        persistent  quotas.set, quotas.delete
 
-    Stores of their own, made on this session: `controller` (its election,
-    broker.registry.controller), and the nodes of one JSON value each: `security`
+    Stores of their own, made on this session: `groups` (consumer groups, their members,
+    owners, offsets and coordinators: broker.registry.groups and .coordination), `controller`
+    (its election, broker.registry.controller), and the nodes of one JSON value each: `security`
     (broker.registry.security), `settings` (live broker settings, broker.registry.settings)
     and `quotas` (broker.registry.quotas).
 
@@ -143,6 +142,11 @@ class Registry(
     """
 
     BASE_PATHS = ("/brokers/ids", "/brokers/topics", "/config/topics")
+    SHARED_PATHS = ("/consumers",)  # the groups'
+
+    @cached_property
+    def groups(self) -> GroupCoordination:
+        return GroupCoordination(self)
 
     @cached_property
     def controller(self) -> Controller:

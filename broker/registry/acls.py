@@ -30,7 +30,7 @@ class ZooKeeperAcls(Session):
             raise RuntimeError("secure_tree needs a session with a ZooKeeper identity (auth)")
         if self._has_acl(self.chroot, acl):
             return 0
-        children = self._children(self.chroot)
+        children = self.children(self.chroot)
         changed = sum(self._secure(f"{self.chroot}/{child}", acl) for child in children)
         if self._set_acl(self.chroot, acl):
             changed += 1
@@ -44,13 +44,13 @@ class ZooKeeperAcls(Session):
             return int(self._set_acl(path, self._shared_acl))
         changed = int(self._set_acl(path, acl))
         try:
-            children = self._children(path)
+            children = self.children(path)
         except NoNode:
             return changed
         return changed + sum(self._secure(f"{path}/{child}", acl) for child in children)
 
     def _has_acl(self, path: str, acl: list[ACL]) -> bool:
-        found, _ = self._request(
+        found, _ = self.request(
             f"read the ACL of {path}", lambda: self._client.get_acls_async(path)
         )
         return set(found) == set(acl)
@@ -60,7 +60,7 @@ class ZooKeeperAcls(Session):
         try:
             if self._has_acl(path, acl):
                 return False
-            self._request(f"set the ACL of {path}", lambda: self._client.set_acls_async(path, acl))
+            self.request(f"set the ACL of {path}", lambda: self._client.set_acls_async(path, acl))
         except NoNode:
             return False
         return True

@@ -135,7 +135,7 @@ class ReassignmentNodes(TopicNodes):
         reassignment = Reassignment(topic, partition, wanted, current)
         path = self.reassign_path(topic, partition)
         try:
-            self._create(path, reassignment.to_json(), makepath=True)
+            self.create(path, reassignment.to_json(), makepath=True)
         except NodeExists:
             under_way = self.reassignments().get((topic, partition))
             raise ReassignmentInProgress(
@@ -146,7 +146,7 @@ class ReassignmentNodes(TopicNodes):
     def reassignments(self) -> dict[tuple[str, int], Reassignment]:
         """Every reassignment under way: (topic, partition) -> Reassignment (unreadable nodes
         are left out, with a warning)."""
-        found = self._read_all(f"{self.chroot}{REASSIGN}", bytes, str)
+        found = self.read_all(f"{self.chroot}{REASSIGN}", bytes, str)
         result = {}
         for name, data in found.items():
             try:
@@ -160,7 +160,7 @@ class ReassignmentNodes(TopicNodes):
     def watch_reassignments(self, callback: Callable[[dict[str, bytes]], None]) -> None:
         """Call `callback` (with the nodes' data by name, unparsed) now and whenever a
         reassignment is asked or ends, until stop()."""
-        self._add_watch(f"{self.chroot}{REASSIGN}", bytes, str, callback)
+        self.add_watch(f"{self.chroot}{REASSIGN}", bytes, str, callback)
 
     def ask_preferred_election(self, topics: Sequence[str] | None) -> None:
         """Ask the controller for a preferred-leader election over `topics` (None: every
@@ -170,7 +170,7 @@ class ReassignmentNodes(TopicNodes):
             self.topic_config(topic)
         data = encode({"topics": None if topics is None else list(topics)})
         try:
-            self._create(self.chroot + PREFERRED_ELECTION, data, makepath=True)
+            self.create(self.chroot + PREFERRED_ELECTION, data, makepath=True)
         except NodeExists:
             raise ElectionInProgress() from None
 

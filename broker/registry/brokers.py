@@ -96,17 +96,17 @@ class Brokers(NodeReads):
 
         On RegistryUnavailable the registration is remembered and made once connected."""
         validate_broker_id(broker_id)
-        self._register(self.broker_path(broker_id), info.to_json())
+        self.register(self.broker_path(broker_id), info.to_json())
 
     def unregister_broker(self, broker_id: int) -> None:
         """Delete /brokers/ids/<broker_id> and stop keeping it (nothing if it is absent)."""
         validate_broker_id(broker_id)
-        self._unregister(self.broker_path(broker_id))
+        self.unregister(self.broker_path(broker_id))
 
     def brokers(self) -> dict[int, BrokerRegistration]:
         """The live brokers: broker id -> BrokerRegistration (unreadable nodes are left out). Their
         racks, for TopicConfig.spread: {i: b.rack for i, b in brokers().items()}."""
-        return self._read_all(f"{self.chroot}/brokers/ids", BrokerRegistration.from_json, int)
+        return self.read_all(f"{self.chroot}/brokers/ids", BrokerRegistration.from_json, int)
 
     def broker_epochs(self) -> dict[int, int]:
         """The live brokers and the epoch of each (after Kafka's KIP-380): the zxid that created
@@ -115,7 +115,7 @@ class Brokers(NodeReads):
         incarnation, which the controller tells from the old one."""
         path = f"{self.chroot}/brokers/ids"
         try:
-            children = self._children(path)
+            children = self.children(path)
         except NoNode:
             return {}
         epochs = {}
@@ -141,4 +141,4 @@ class Brokers(NodeReads):
 
     def watch_brokers(self, callback: Callable[[dict[int, BrokerRegistration]], None]) -> None:
         """Call `callback(brokers())` now and whenever a broker comes or goes, until stop()."""
-        self._add_watch(f"{self.chroot}/brokers/ids", BrokerRegistration.from_json, int, callback)
+        self.add_watch(f"{self.chroot}/brokers/ids", BrokerRegistration.from_json, int, callback)

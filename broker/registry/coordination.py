@@ -55,7 +55,8 @@ class ClaimedGroup:
 
 
 class GroupCoordination(Groups):
-    """The registry's calls of a group coordinator."""
+    """The consumer groups in the registry, with the calls of a group coordinator: the store
+    `Registry.groups`."""
 
     def _group_path(self, group: str, *parts: str) -> str:
         return "/".join((f"{self.chroot}/consumers/{group}", *parts))
@@ -70,21 +71,21 @@ class GroupCoordination(Groups):
         claim, state = self._group_path(group, "coordinator"), self._group_path(group, "state")
         if not create:
             try:
-                self.get(self._group_path(group))
+                self._session.get(self._group_path(group))
             except NoNode:
                 return None
-        self._ensure_path(self._group_path(group, "members"))
+        self._session.ensure_path(self._group_path(group, "members"))
         try:
-            data, stat = self.get(claim)
+            data, stat = self._session.get(claim)
         except NoNode:
             pass
         else:
             holder = int_field(decode(data), "broker_id")
             if holder != broker_id:
                 raise ClaimedElsewhere(group, holder)
-            self.delete(claim, stat.version)  # ours, from a session before this one
+            self._session.delete(claim, stat.version)  # ours, from a session before this one
         try:
-            data, stat = self.get(state)
+            data, stat = self._session.get(state)
             found = decode(data)
             epochs = (int_field(found, "coordinator_epoch"), int_field(found, "group_epoch"))
             version = stat.version
@@ -102,11 +103,11 @@ class GroupCoordination(Groups):
                 transaction.set_data(state, state_data, version)
 
         try:
-            self.commit(f"claim group {group}", build)
+            self._session.commit(f"claim group {group}", build)
         except NodeExists:
             raise ClaimedElsewhere(group, self._claim_holder(group)) from None
         members_path = self._group_path(group, "members")
-        members = self._read_all(members_path, decode, str)
+        members = self._session.read_all(members_path, decode, str)
         offsets = self.committed_offsets(group)
         paper = self.consumers(group)
         return ClaimedGroup(coordinator_epoch, group_epoch, version + 1, members, offsets, paper)
@@ -115,7 +116,7 @@ class GroupCoordination(Groups):
         """Delete `group` whole (offsets included) if its `state` is at `state_version` (the
         coordinator's, which holds the claim): BadVersion else. The claim node and the group's
         node go last."""
-        self.commit(
+        self._session.commit(
             f"delete group {group}",
             lambda t: t.check(self._group_path(group, "state"), state_version),
         )
@@ -128,15 +129,15 @@ class GroupCoordination(Groups):
         its members (coordinated ones and those of the paper's protocol) and the topics it
         has offsets or owners for."""
         listings = []
-        for group in self.groups():
+        for group in self.names():
             members: list[str] = []
             for part in ("members", "ids"):
                 with contextlib.suppress(NoNode):
-                    members += self._children(self._group_path(group, part))
+                    members += self._session.children(self._group_path(group, part))
             topics: set[str] = set()
             for part in ("offsets", "owners"):
                 with contextlib.suppress(NoNode):
-                    topics.update(self._children(self._group_path(group, part)))
+                    topics.update(self._session.children(self._group_path(group, part)))
             listings.append((group, self._claim_holder(group), sorted(members), sorted(topics)))
         return listings
 
@@ -145,14 +146,14 @@ class GroupCoordination(Groups):
         change through the coordinator (OFFSET_COMMIT), which keeps them in memory."""
         check_name("group", group)
         try:
-            self.get(self._group_path(group, "state"))
+            self._session.get(self._group_path(group, "state"))
         except NoNode:
             return False
         return True
 
     def release_group(self, group: str) -> None:
         """Delete this session's claim of `group` (nothing when it holds none)."""
-        self._delete_if_ours(self._group_path(group, "coordinator"))
+        self._session.delete_if_ours(self._group_path(group, "coordinator"))
 
     def write_group(
         self,
@@ -186,17 +187,17 @@ class GroupCoordination(Groups):
 
         what = f"write group {group}"
         try:
-            self.commit(what, build)
+            self._session.commit(what, build)
         except NoNode:  # a topic's first owner or offset: its parent node is created first
             for topic in {tp.topic for tp in (*write.owners, *write.offsets)}:
-                self._ensure_path(self._group_path(group, "owners", topic))
-                self._ensure_path(self._group_path(group, "offsets", topic))
-            self.commit(what, build)
+                self._session.ensure_path(self._group_path(group, "owners", topic))
+                self._session.ensure_path(self._group_path(group, "offsets", topic))
+            self._session.commit(what, build)
         return state_version + (write.group_epoch is not None)
 
     def _claim_holder(self, group: str) -> int:
         try:
-            data, _ = self.get(self._group_path(group, "coordinator"))
+            data, _ = self._session.get(self._group_path(group, "coordinator"))
         except NoNode:
             return -1
         return int_field(decode(data), "broker_id")

@@ -49,13 +49,15 @@ def _consumer(data: bytes) -> str:
     return owner
 
 
-class Groups(NodeReads):
-    """The registry's calls on consumer groups.
+class Groups:
+    """The consumer groups in the registry (/consumers), on `session`.
 
     With `auth`, /consumers lets any member create its group's node (and delete it once
     empty), and a group's nodes are then the identity's that created them (docs/registry.md)."""
 
-    SHARED_PATHS = ("/consumers",)
+    def __init__(self, session: NodeReads) -> None:
+        self._session = session
+        self.chroot = session.chroot
 
     def consumer_path(self, group: str, consumer_id: str) -> str:
         return f"{self.chroot}/consumers/{group}/ids/{consumer_id}"
@@ -75,23 +77,25 @@ class Groups(NodeReads):
         names = sorted(set(topics))
         for topic in names:
             check_topic_name(topic)
-        self._register(self.consumer_path(group, consumer_id), encode({"topics": names}))
+        self._session.register(self.consumer_path(group, consumer_id), encode({"topics": names}))
 
     def unregister_consumer(self, group: str, consumer_id: str) -> None:
         """Delete /consumers/<group>/ids/<consumer_id> and stop keeping it."""
-        self._unregister(self.consumer_path(group, consumer_id))
+        self._session.unregister(self.consumer_path(group, consumer_id))
 
     def consumers(self, group: str) -> dict[str, tuple[str, ...]]:
         """The group's live members: consumer id -> the topics it consumes."""
         check_name("group", group)
-        return self._read_all(self._ids_path(group), _topics, str)
+        return self._session.read_all(self._ids_path(group), _topics, str)
 
     def group_members(self, group: str) -> dict[str, tuple[str, ...]]:
         """Every member of the group, for operators: those of the paper's protocol (`ids`) and
         those its coordinator keeps (`members`, broker.registry.coordination, a static member
         that left for a moment included): member id -> the topics it consumes."""
         check_name("group", group)
-        coordinated = self._read_all(f"{self.chroot}/consumers/{group}/members", _topics, str)
+        coordinated = self._session.read_all(
+            f"{self.chroot}/consumers/{group}/members", _topics, str
+        )
         return {**coordinated, **self.consumers(group)}
 
     def watch_consumers(
@@ -99,7 +103,7 @@ class Groups(NodeReads):
     ) -> None:
         """Call `callback(consumers(group))` now and whenever a member joins or leaves."""
         check_name("group", group)
-        self._add_watch(self._ids_path(group), _topics, str, callback)
+        self._session.add_watch(self._ids_path(group), _topics, str, callback)
 
     def claim_partition(self, group: str, topic: str, name: str, consumer_id: str) -> str | None:
         """Create the ephemeral owner node of partition `name` of `topic` for `consumer_id`.
@@ -108,13 +112,13 @@ class Groups(NodeReads):
         path = self.owner_path(group, topic, name)
         for _ in range(ATTEMPTS):
             try:
-                found = self._create_ephemeral(path, encode({"consumer": consumer_id}))
+                found = self._session.create_ephemeral(path, encode({"consumer": consumer_id}))
             except NoNode:
                 continue
             if found is None:
                 return None
             data, stat = found
-            if stat.ephemeral_owner == self.session_id:
+            if stat.ephemeral_owner == self._session.session_id:
                 return None
             try:
                 return _consumer(data)
@@ -124,11 +128,13 @@ class Groups(NodeReads):
 
     def release_partition(self, group: str, topic: str, name: str) -> None:
         """Delete the owner node of partition `name` if this session holds it."""
-        self._delete_if_ours(self.owner_path(group, topic, name))
+        self._session.delete_if_ours(self.owner_path(group, topic, name))
 
     def partition_owners(self, group: str, topic: str) -> dict[str, str]:
         """Partition name -> the member owning it, for the owned partitions of `topic`."""
-        return self._read_all(f"{self.chroot}/consumers/{group}/owners/{topic}", _consumer, str)
+        return self._session.read_all(
+            f"{self.chroot}/consumers/{group}/owners/{topic}", _consumer, str
+        )
 
     def commit_offset(self, group: str, topic: str, name: str, offset: int) -> None:
         """Write the group's committed offset of partition `name` (persistent)."""
@@ -137,18 +143,18 @@ class Groups(NodeReads):
         path = self.offset_path(group, topic, name)
         data = encode({"offset": offset})
         try:
-            self._set(path, data, -1)
+            self._session.set(path, data, -1)
         except NoNode:
             try:
-                self._create(path, data, makepath=True)
+                self._session.create(path, data, makepath=True)
             except NodeExists:  # another member committed first: ours is as good
-                self._set(path, data, -1)
+                self._session.set(path, data, -1)
 
     def committed_offset(self, group: str, topic: str, name: str) -> int | None:
         """The group's committed offset of partition `name`, or None if none was committed."""
         path = self.offset_path(group, topic, name)
         try:
-            data, _ = self.get(path)
+            data, _ = self._session.get(path)
         except NoNode:
             return None
         try:
@@ -158,11 +164,11 @@ class Groups(NodeReads):
 
     # -- the groups as a whole, for operators ------------------------------------------------
 
-    def groups(self) -> list[str]:
+    def names(self) -> list[str]:
         """The name of every group with a node under /consumers (members, owners or committed
         offsets; a deleted group has none), sorted."""
         try:
-            return self._children(f"{self.chroot}/consumers")
+            return self._session.children(f"{self.chroot}/consumers")
         except NoNode:
             return []
 
@@ -186,14 +192,14 @@ class Groups(NodeReads):
         check_name("group", group)
         root = f"{self.chroot}/consumers/{group}"
         try:
-            self.delete(self._ids_path(group))
+            self._session.delete(self._ids_path(group))
         except NotEmpty:
             raise GroupNotEmpty(group, self.consumers(group)) from None
         except NoNode:
-            if group not in self.groups():
+            if group not in self.names():
                 return False
         try:
-            coordinated = self._children(f"{root}/members")
+            coordinated = self._session.children(f"{root}/members")
         except NoNode:
             coordinated = []
         if coordinated:  # a group of the coordinated protocol (broker.registry.coordination)
@@ -201,7 +207,7 @@ class Groups(NodeReads):
         for part in ("offsets", "owners", "members", "state", "coordinator"):
             self._delete_tree(f"{root}/{part}")
         try:
-            self.delete(root)
+            self._session.delete(root)
         except NotEmpty:
             raise GroupNotEmpty(group, self.consumers(group)) from None
         except NoNode:
@@ -210,22 +216,22 @@ class Groups(NodeReads):
 
     def _per_topic(self, path: str, parse: Callable[[bytes], T]) -> dict[str, dict[str, T]]:
         try:
-            topics = self._children(path)
+            topics = self._session.children(path)
         except NoNode:
             return {}
-        found = {topic: self._read_all(f"{path}/{topic}", parse, str) for topic in topics}
+        found = {topic: self._session.read_all(f"{path}/{topic}", parse, str) for topic in topics}
         return {topic: nodes for topic, nodes in found.items() if nodes}
 
     def _delete_tree(self, path: str) -> None:
         """Delete `path` and everything under it (nothing when it does not exist)."""
         try:
-            children = self._children(path)
+            children = self._session.children(path)
         except NoNode:
             return
         for child in children:
             self._delete_tree(f"{path}/{child}")
         with contextlib.suppress(NoNode):
-            self.delete(path)
+            self._session.delete(path)
 
     def _ids_path(self, group: str) -> str:
         return f"{self.chroot}/consumers/{group}/ids"

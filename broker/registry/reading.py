@@ -27,17 +27,17 @@ class NodeReads(Session):
     `watch_node` are the calls of the stores of one JSON node each (broker.registry.quotas,
     .settings, .security), which are given the session to make them on."""
 
-    def _read_all(
+    def read_all(
         self, path: str, parse: Callable[[bytes], T], key: Callable[[str], K]
     ) -> dict[K, T]:
-        """_read_each of every child of `path` now ({} when `path` does not exist)."""
+        """read_each of every child of `path` now ({} when `path` does not exist)."""
         try:
-            children = self._children(path)
+            children = self.children(path)
         except NoNode:
             return {}
-        return self._read_each(path, children, parse, key)
+        return self.read_each(path, children, parse, key)
 
-    def _read_each(
+    def read_each(
         self,
         path: str,
         children: Iterable[str],
@@ -45,11 +45,11 @@ class NodeReads(Session):
         key: Callable[[str], K],
     ) -> dict[K, T]:
         """`key(child)` -> `parse(data of path/child)` for each child, the children read
-        together (Session._get_many: one round trip, not one each). A child gone since it was
+        together (Session.get_many: one round trip, not one each). A child gone since it was
         listed is left out, as is one whose name or data is refused by ValueError (with a
         warning)."""
         children = list(children)
-        answers = self._get_many(f"read {path}", [f"{path}/{child}" for child in children])
+        answers = self.get_many(f"read {path}", [f"{path}/{child}" for child in children])
         result: dict[K, T] = {}
         for child, answer in zip(children, answers, strict=True):
             if isinstance(answer, NoNode):
@@ -89,21 +89,21 @@ class NodeReads(Session):
 
         self._client.handler.spawn(DataWatch, self._client, path, changed)
 
-    def _add_watch(
+    def add_watch(
         self,
         path: str,
         parse: Callable[[bytes], T],
         key: Callable[[str], K],
         callback: Callable[[dict[K, T]], None],
     ) -> None:
-        """Call `callback` with what _read_all(path, parse, key) reads now, whenever the
+        """Call `callback` with what read_all(path, parse, key) reads now, whenever the
         children change and after every reconnection, until stop() (broker.registry.watches).
         `path` is created if it does not exist."""
         self._check_open()
         watch = ChildrenWatch(
             self._client,
             path,
-            lambda children: self._read_each(path, children, parse, key),
+            lambda children: self.read_each(path, children, parse, key),
             callback,
             connected=lambda: self.connected,
             stopped=self._stopped,
@@ -138,9 +138,9 @@ class NodeReads(Session):
             data = to_json(change(value))
             try:
                 if version < 0:
-                    self._create(path, data, makepath=True)
+                    self.create(path, data, makepath=True)
                 else:
-                    self._set(path, data, version)
+                    self.set(path, data, version)
             except (BadVersion, NodeExists, NoNode):
                 continue
             return

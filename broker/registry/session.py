@@ -7,7 +7,7 @@ Connection and session loss:
   reconnects by itself and, if it is back within the session timeout, the session and all its
   ephemeral nodes are intact. While it is away every call waits at most `request_timeout_s`
   for the connection and then raises RegistryUnavailable, as does a request in flight when
-  the connection is lost (it is not sent again: see Session._request).
+  the connection is lost (it is not sent again: see Session.request).
 - An expired session (away for longer than the timeout, or closed by the server) takes all
   our ephemeral nodes with it. kazoo opens a new session; the registry then re-creates every
   node it was asked to register (broker, topic partitions, group members), from a thread of
@@ -80,7 +80,7 @@ DEFAULT_CHROOT = "/pylog"
 
 ATTEMPTS = 5  # tries of a create/check/delete cycle that other clients keep racing
 TRANSACTION_BYTES = 256 * 1024
-"""The most one transaction of _commit_in_chunks carries, its operations as serialized: a
+"""The most one transaction of commit_in_chunks carries, its operations as serialized: a
 quarter of ZooKeeper's jute.maxbuffer (1 MiB, 1048575 bytes, by default). The server refuses a
 larger packet and drops the connection that sent it ("Len error"): a transaction creating the
 state nodes of 4,000 partitions was 1,158,102 bytes. About 1,500 state nodes' creations fit."""
@@ -254,10 +254,10 @@ class Session(Running):
             ) from error
         try:
             for path in self.BASE_PATHS:
-                self._ensure_path(self.chroot + path)
+                self.ensure_path(self.chroot + path)
             if self.auth is not None:
                 for path in self.SHARED_PATHS:
-                    self._ensure_path(self.chroot + path, self._shared_acl)
+                    self.ensure_path(self.chroot + path, self._shared_acl)
         except (RegistryUnavailable, RegistryAccessDenied):
             self.stop()
             raise
@@ -325,9 +325,9 @@ class Session(Running):
 
     # -- ephemeral registrations -------------------------------------------------------------
 
-    def _register(self, path: str, data: bytes) -> None:
+    def register(self, path: str, data: bytes) -> None:
         """Make `path` an ephemeral node holding `data`, kept (re-created after a session
-        expiry) until _unregister or stop(); remembered even when this call fails with
+        expiry) until unregister or stop(); remembered even when this call fails with
         RegistryUnavailable (not when an ACL refuses it: RegistryAccessDenied)."""
         self._check_open()
         with self._register_lock:
@@ -339,12 +339,12 @@ class Session(Running):
                 del self._ephemerals[path]
                 raise
 
-    def _unregister(self, path: str) -> None:
+    def unregister(self, path: str) -> None:
         self._check_open()
         with self._register_lock:
             self._ephemerals.pop(path, None)
             try:
-                self._delete_if_ours(path)
+                self.delete_if_ours(path)
             except RegistryUnavailable:
                 self._stale.add(path)  # deleted at the next reconnection, if still there
                 raise
@@ -354,7 +354,7 @@ class Session(Running):
         had to be created, False when it was there (and is now up to date)."""
         for _ in range(ATTEMPTS):
             try:
-                found = self._create_ephemeral(path, data)
+                found = self.create_ephemeral(path, data)
             except NoNode:
                 continue
             if found is None:
@@ -366,7 +366,7 @@ class Session(Running):
             if stat.ephemeral_owner == session:
                 if old != data:
                     try:
-                        self._set(path, data, stat.version)
+                        self.set(path, data, stat.version)
                     except (NoNode, BadVersion):
                         continue
                 return False
@@ -381,18 +381,18 @@ class Session(Running):
                 self.delete(path, stat.version)
         raise RegistryUnavailable(f"could not register {path}: it kept changing under us")
 
-    def _create_ephemeral(self, path: str, data: bytes) -> tuple[bytes, Stat] | None:
+    def create_ephemeral(self, path: str, data: bytes) -> tuple[bytes, Stat] | None:
         """Create `path` as an ephemeral node of this session holding `data` (and its parents
         as persistent ones): None when created, else what is there. NoNode when a parent
         was deleted between makepath and create, or the node between create and read: the
         caller tries again."""
         try:
-            self._create(path, data, ephemeral=True, makepath=True)
+            self.create(path, data, ephemeral=True, makepath=True)
             return None
         except NodeExists:
             return self.get(path)
 
-    def _delete_if_ours(self, path: str) -> None:
+    def delete_if_ours(self, path: str) -> None:
         try:
             _, stat = self.get(path)
             if stat.ephemeral_owner == self.session_id:
@@ -464,7 +464,7 @@ class Session(Running):
         restored = 0
         with self._register_lock:
             for path in list(self._stale):
-                self._delete_if_ours(path)
+                self.delete_if_ours(path)
                 self._stale.discard(path)
             for path, data in list(self._ephemerals.items()):
                 try:
@@ -475,13 +475,13 @@ class Session(Running):
                     log.error("cannot register %s again, given up: %s", path, error)
         return restored
 
-    # -- requests: each of ours goes through _request (kazoo's ChildrenWatch makes its own) ---
+    # -- requests: each of ours goes through request (kazoo's ChildrenWatch makes its own) ---
 
     def _check_open(self) -> None:
         if not self._started or self._stopping:
             raise RegistryUnavailable("the registry is not started, or stopped")
 
-    def _request(self, what: str, send: Callable[[], Any]) -> Any:
+    def request(self, what: str, send: Callable[[], Any]) -> Any:
         """Wait for the connection, send one request and wait for its answer, all within
         request_timeout_s; translate every kazoo outcome into a RegistryUnavailable (sub)class.
 
@@ -537,7 +537,7 @@ class Session(Running):
         )
 
     def _request_many(self, what: str, sends: Sequence[Callable[[], Any]]) -> list[Any]:
-        """As _request, for many requests: up to REQUESTS_AT_ONCE sent before their answers
+        """As request, for many requests: up to REQUESTS_AT_ONCE sent before their answers
         are waited for (one round trip for them all, not one each: 10,000 partition states
         read one by one took seconds), each such window within request_timeout_s. Returns the
         answers in order, an answer that failed as the error it becomes (NoNode, ...: see
@@ -574,21 +574,21 @@ class Session(Running):
 
     def commit(self, what: str, build: Callable[[TransactionRequest], None]) -> list[Any]:
         """Send the operations that `build` adds to a kazoo transaction as one ZooKeeper
-        multi-request, all applied or none, as _request sends one request; returns each
+        multi-request, all applied or none, as request sends one request; returns each
         operation's result. When one fails, that operation's outcome is raised (NoNode,
         NodeExists, BadVersion, NotEmpty, RegistryAccessDenied...), not the others'
         "rolled back", named by that operation and its path ("create /pylog/config/...")."""
 
         transaction = self._client.transaction()
         build(transaction)
-        results: list[Any] = self._request(what, transaction.commit_async)
+        results: list[Any] = self.request(what, transaction.commit_async)
         for operation, result in zip(transaction.operations, results, strict=False):
             if isinstance(result, KazooException) and not isinstance(result, RolledBackError):
                 verb = _VERBS.get(type(operation).__name__, "change")
                 raise self._outcome(f"{verb} {operation.path}", result)
         return results
 
-    def _commit_in_chunks(
+    def commit_in_chunks(
         self,
         what: str,
         build: Callable[[TransactionRequest], None],
@@ -623,10 +623,10 @@ class Session(Running):
             self.commit(what, fill)
         return len(chunks)
 
-    def _create(
+    def create(
         self, path: str, data: bytes, *, ephemeral: bool = False, makepath: bool = False
     ) -> None:
-        self._request(
+        self.request(
             f"create {path}",
             lambda: self._client.create_async(path, data, ephemeral=ephemeral, makepath=makepath),
         )
@@ -641,7 +641,7 @@ class Session(Running):
         needed, node = Permissions.WRITE, path
         while True:
             try:
-                acls, _ = self._request(
+                acls, _ = self.request(
                     f"read the ACL of {node}", functools.partial(self._client.get_acls_async, node)
                 )
                 break
@@ -659,14 +659,14 @@ class Session(Running):
 
     def get(self, path: str) -> tuple[bytes, Stat]:
         """What `path` holds, and its Stat; NoNode when it does not exist."""
-        data, stat = self._request(f"read {path}", lambda: self._client.get_async(path))
+        data, stat = self.request(f"read {path}", lambda: self._client.get_async(path))
         return bytes(data or b""), Stat(stat.version, stat.ephemeralOwner, stat.czxid)
 
-    def _children(self, path: str) -> list[str]:
-        children = self._request(f"list {path}", lambda: self._client.get_children_async(path))
+    def children(self, path: str) -> list[str]:
+        children = self.request(f"list {path}", lambda: self._client.get_children_async(path))
         return sorted(str(child) for child in children)
 
-    def _get_many(self, what: str, paths: Sequence[str]) -> list[tuple[bytes, Stat] | Failed]:
+    def get_many(self, what: str, paths: Sequence[str]) -> list[tuple[bytes, Stat] | Failed]:
         """get of each of `paths`, together (_request_many): each answer, or its error."""
         client = self._client
         answers = self._request_many(what, [functools.partial(client.get_async, p) for p in paths])
@@ -680,8 +680,8 @@ class Session(Running):
             for answer in answers
         ]
 
-    def _children_many(self, what: str, paths: Sequence[str]) -> list[list[str] | Failed]:
-        """_children of each of `paths`, together (_request_many): each answer, or its error."""
+    def children_many(self, what: str, paths: Sequence[str]) -> list[list[str] | Failed]:
+        """children of each of `paths`, together (_request_many): each answer, or its error."""
         client = self._client
         sends = [functools.partial(client.get_children_async, p) for p in paths]
         return [
@@ -689,19 +689,19 @@ class Session(Running):
             for answer in self._request_many(what, sends)
         ]
 
-    def _set(self, path: str, data: bytes, version: int) -> int:
+    def set(self, path: str, data: bytes, version: int) -> int:
         """Write `path` if it is at `version` (-1: any); returns its new version."""
-        stat = self._request(f"write {path}", lambda: self._client.set_async(path, data, version))
+        stat = self.request(f"write {path}", lambda: self._client.set_async(path, data, version))
         new_version: int = stat.version
         return new_version
 
     def delete(self, path: str, version: int = -1) -> None:
         """Delete `path` if it is at `version` (-1: any)."""
-        self._request(f"delete {path}", lambda: self._client.delete_async(path, version))
+        self.request(f"delete {path}", lambda: self._client.delete_async(path, version))
 
-    def _ensure_path(self, path: str, acl: list[ACL] | None = None) -> None:
+    def ensure_path(self, path: str, acl: list[ACL] | None = None) -> None:
         """Create `path` and its missing parents, with `acl` (default: the session's)."""
-        self._request(f"create {path}", lambda: self._client.ensure_path_async(path, acl))
+        self.request(f"create {path}", lambda: self._client.ensure_path_async(path, acl))
 
 
 def _serialized_bytes(operation: Any) -> int:

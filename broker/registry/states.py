@@ -127,11 +127,11 @@ class PartitionStates(Brokers):
         /brokers/topics/<topic>/partitions (None without that node)."""
         folder = self.partition_states_path(topic)
         try:
-            children = self._children(folder)
+            children = self.children(folder)
         except NoNode:
             return None
         numbers = [child for child in children if child.isascii() and child.isdecimal()]
-        listed = self._children_many(f"list {folder}/*", [f"{folder}/{n}" for n in numbers])
+        listed = self.children_many(f"list {folder}/*", [f"{folder}/{n}" for n in numbers])
         found = {}
         for number, below in zip(numbers, listed, strict=True):
             if isinstance(below, NoNode):
@@ -155,7 +155,7 @@ class PartitionStates(Brokers):
             path = self.partition_state_path(topic, p)
             initial = PartitionState.initial(replicas, epochs)
             with contextlib.suppress(NodeExists):
-                self._create(path, initial.to_json(), makepath=True)
+                self.create(path, initial.to_json(), makepath=True)
                 created += 1
         return created
 
@@ -187,7 +187,7 @@ class PartitionStates(Brokers):
         numbers = [p for p, has in sorted((self._partition_nodes(topic) or {}).items()) if has]
         paths = [self.partition_state_path(topic, p) for p in numbers]
         states = {}
-        read = self._get_many(f"read {self.partition_states_path(topic)}/*/state", paths)
+        read = self.get_many(f"read {self.partition_states_path(topic)}/*/state", paths)
         for p, path, answer in zip(numbers, paths, read, strict=True):
             if isinstance(answer, NoNode):
                 continue  # deleted since listed
@@ -231,7 +231,7 @@ class PartitionStates(Brokers):
         epoch_path = self.chroot + CONTROLLER_EPOCH
         try:
             if controller_epoch is None:
-                stat = self._request(
+                stat = self.request(
                     f"write {path}", lambda: self._client.set_async(path, data, version)
                 )
             else:

@@ -81,13 +81,13 @@ class TopicNodes(PartitionStates):
         numbers = sorted(partitions)
         if not numbers or not all(is_int(p) and p >= 0 for p in numbers):
             raise InvalidTopic(f"topic {topic!r}: partitions must be numbers >= 0, not {numbers}")
-        self._register(self.topic_broker_path(topic, broker_id), encode({"partitions": numbers}))
+        self.register(self.topic_broker_path(topic, broker_id), encode({"partitions": numbers}))
 
     def unregister_topic(self, topic: str, broker_id: int) -> None:
         """Delete /brokers/topics/<topic>/<broker_id> (and the topic's node once empty)."""
         check_topic_name(topic)
         validate_broker_id(broker_id)
-        self._unregister(self.topic_broker_path(topic, broker_id))
+        self.unregister(self.topic_broker_path(topic, broker_id))
         with contextlib.suppress(NoNode, NotEmpty):
             self.delete(self.topic_node_path(topic))
 
@@ -98,11 +98,11 @@ class TopicNodes(PartitionStates):
         check_topic_name(topic)
         path = self.topic_node_path(topic)
         try:
-            children = self._children(path)
+            children = self.children(path)
         except NoNode:
             return {}
         ids = [child for child in children if child.isascii() and child.isdecimal()]
-        return self._read_each(path, ids, _partitions, int)
+        return self.read_each(path, ids, _partitions, int)
 
     # -- topic configurations ----------------------------------------------------------------
 
@@ -160,7 +160,7 @@ class TopicNodes(PartitionStates):
                 transaction.create(self.topic_config_path(topic), config.to_json())
 
             try:
-                self._commit_in_chunks(what, build, fence)
+                self.commit_in_chunks(what, build, fence)
                 self.commit(what, publish)
                 return
             except BadVersion:
@@ -183,10 +183,10 @@ class TopicNodes(PartitionStates):
         claims after it, or a publication, fences it. BadVersion when another writer claimed
         between the read and the write."""
         folder = self.partition_states_path(topic)
-        self._ensure_path(folder)
+        self.ensure_path(folder)
         version = self.get(folder)[1].version
         check()
-        return self._set(folder, b"", version)
+        return self.set(folder, b"", version)
 
     def _refuse_existing(self, topic: str) -> None:
         if self._exists(self.topic_config_path(topic)):
@@ -275,7 +275,7 @@ class TopicNodes(PartitionStates):
             transaction.set_data(self.topic_config_path(topic), grown.to_json(), version)
 
         try:
-            self._commit_in_chunks(what, build, lambda t: t.check(folder, claim))
+            self.commit_in_chunks(what, build, lambda t: t.check(folder, claim))
             self.commit(what, publish)
         except (BadVersion, NodeExists, NoNode):
             return None  # another write came between, or the partition nodes changed
@@ -298,7 +298,7 @@ class TopicNodes(PartitionStates):
         path = self.topic_config_path(topic)
         if not self._exists(path):
             raise UnknownTopicOrPartition(f"topic {topic!r} does not exist")
-        self._ensure_path(folder)  # a topic created before replication may have none
+        self.ensure_path(folder)  # a topic created before replication may have none
 
         def unpublish(transaction: TransactionRequest) -> None:
             transaction.delete(path)
@@ -320,7 +320,7 @@ class TopicNodes(PartitionStates):
                     transaction.delete(f"{folder}/{p}")
 
             try:
-                self._commit_in_chunks(
+                self.commit_in_chunks(
                     f"delete topic {topic!r}", build, lambda t: t.check(folder, claim)
                 )
                 self.delete(folder, claim)
@@ -416,7 +416,7 @@ class TopicNodes(PartitionStates):
             altered = change(config)
             altered.validate(topic)
             try:
-                self._set(path, altered.to_json(), version)
+                self.set(path, altered.to_json(), version)
             except BadVersion:
                 continue
             except NoNode:
@@ -442,9 +442,9 @@ class TopicNodes(PartitionStates):
 
     def topic_configs(self) -> dict[str, TopicConfig]:
         """Every topic's configuration: name -> TopicConfig (unreadable nodes are left out)."""
-        return self._read_all(f"{self.chroot}/config/topics", TopicConfig.from_json, str)
+        return self.read_all(f"{self.chroot}/config/topics", TopicConfig.from_json, str)
 
     def watch_topic_configs(self, callback: Callable[[dict[str, TopicConfig]], None]) -> None:
         """Call `callback(topic_configs())` now and whenever a topic is created or deleted,
         until stop(). (A node's data is not watched here: watch_topic_config does that.)"""
-        self._add_watch(f"{self.chroot}/config/topics", TopicConfig.from_json, str, callback)
+        self.add_watch(f"{self.chroot}/config/topics", TopicConfig.from_json, str, callback)

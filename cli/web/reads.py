@@ -279,15 +279,17 @@ class Reads:
     def groups(self) -> list[GroupRow]:
         with self.group_reader() as reader:
             return [
-                GroupRow(name, sorted(reader.registry.group_members(name)), reader.topics(name))
-                for name in reader.registry.groups()
+                GroupRow(
+                    name, sorted(reader.registry.groups.group_members(name)), reader.topics(name)
+                )
+                for name in reader.registry.groups.names()
             ]
 
     def group(self, name: str, viewed: bool = True) -> GroupLag:
         """The group's lag (as `pylogctl group describe` reads it), recorded in the history."""
         with self.group_reader() as reader:
             lag = reader.describe(name)
-            if not (lag.topics or lag.members) and name not in reader.registry.groups():
+            if not (lag.topics or lag.members) and name not in reader.registry.groups.names():
                 raise NotFound(f"no consumer group {name!r}: nothing committed, owned or consuming")
         self.history.record(lag, viewed)
         return lag

@@ -82,9 +82,9 @@ def test_a_member_joins_commits_and_leaves_and_the_group_is_deleted(
     listed = {g.group: g for g in calls.list_groups()}
     assert listed[group].members == ("m-1",) and listed[group].topics == (events,)
     with Registry(zookeeper.connect_string, broker.arguments[1]) as registry:
-        owners = registry.owners(group)[events]
+        owners = registry.groups.owners(group)[events]
         assert sorted(owners.values()) == ["m-1", "m-1"]
-        assert set(registry.committed_offsets(group)[events].values()) == {0}
+        assert set(registry.groups.committed_offsets(group)[events].values()) == {0}
     with pytest.raises(BrokerGroupNotEmpty, match="m-1"):
         calls.delete()
     left = calls.heartbeat(heartbeat(group, events, -1))
@@ -128,8 +128,8 @@ def test_a_group_of_the_papers_members_is_described_and_not_joined(
     """While members of the paper's protocol are registered, the group is theirs: described
     (state 3) with its offsets, refused to a coordinated member until they are gone."""
     with Registry(zookeeper.connect_string, broker.arguments[1]) as registry:
-        registry.register_consumer(group, "paper-1", [events])
-        registry.commit_offset(group, events, f"{broker_id(registry, events)}-0", 35)
+        registry.groups.register_consumer(group, "paper-1", [events])
+        registry.groups.commit_offset(group, events, f"{broker_id(registry, events)}-0", 35)
         described = calls.describe()
         assert (described.state, [m.member_id for m in described.members]) == (3, ["paper-1"])
         assert described.members[0].topics == (events,)
@@ -139,7 +139,7 @@ def test_a_group_of_the_papers_members_is_described_and_not_joined(
             pytest.raises(BrokerGroupHasZooKeeperMembers, match="paper-1"),
         ):
             connection.request(heartbeat(group, events, 0))
-        registry.unregister_consumer(group, "paper-1")
+        registry.groups.unregister_consumer(group, "paper-1")
         joined = calls.heartbeat(heartbeat(group, events, 0))
         assert joined.member_epoch == 1
         assert calls.committed() == {TopicPartition(events, 0): 35}
@@ -228,12 +228,12 @@ def test_an_upgraded_group_reads_on_from_what_its_old_members_committed(
         offsets = [delivery.result(30) for delivery in sent]
         producer.send(b"other", partition=1).result(30)
     with Registry(zookeeper.connect_string, broker.arguments[1]) as registry:
-        registry.register_consumer(group, "old-1", [events])
-        registry.commit_offset(group, events, f"{broker_id(registry, events)}-0", offsets[2])
+        registry.groups.register_consumer(group, "old-1", [events])
+        registry.groups.commit_offset(group, events, f"{broker_id(registry, events)}-0", offsets[2])
         with GroupConsumer(broker.endpoint, group, [events], max_wait_ms=50) as member:
             for _ in range(20):  # bounded: about a second, the old member registered throughout
                 assert member.poll(50) == []
-            registry.unregister_consumer(group, "old-1")
+            registry.groups.unregister_consumer(group, "old-1")
             read: list[bytes] = []
 
             def all_read() -> bool:

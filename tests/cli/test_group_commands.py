@@ -80,7 +80,7 @@ def member(cluster: Cluster, group: str, topic: str, consumer_id: str) -> GroupC
     try:
         with Registry(cluster.zookeeper, cluster.chroot) as registry:
             wait_until(
-                lambda: consumer_id in registry.group_members(group),
+                lambda: consumer_id in registry.groups.group_members(group),
                 30,
                 f"{consumer_id} in group {group}",
             )
@@ -105,7 +105,7 @@ def test_list_names_each_group_with_its_members_and_topics(
     cluster: Cluster, registry: Registry, group: str, topic: str
 ) -> None:
     make_topic(cluster, topic, [2])
-    registry.commit_offset(group, topic, "1-0", SIZE)
+    registry.groups.commit_offset(group, topic, "1-0", SIZE)
     with member(cluster, f"{group}-live", topic, "m1"):
         listed = run(cluster, "list")
         assert listed.exit_code == 0, listed.output
@@ -126,8 +126,8 @@ def test_describe_gives_lag_in_bytes_messages_and_seconds_and_a_summary(
     cluster: Cluster, registry: Registry, group: str, topic: str
 ) -> None:
     make_topic(cluster, topic, [5, 3, 0], timestamp_ms=HOUR_AGO_MS)
-    registry.commit_offset(group, topic, "1-0", 2 * SIZE)  # messages 2, 3, 4 unread
-    registry.commit_offset(group, topic, "2-1", 3 * SIZE)  # all read
+    registry.groups.commit_offset(group, topic, "1-0", 2 * SIZE)  # messages 2, 3, 4 unread
+    registry.groups.commit_offset(group, topic, "2-1", 3 * SIZE)  # all read
     described = run(cluster, "describe", group)  # partition 2: nothing committed
     assert described.exit_code == 0, described.output
     rows = [line.split() for line in described.stdout.splitlines()]
@@ -187,7 +187,7 @@ def test_describe_counts_messages_up_to_a_limit_then_estimates_and_says_so(
     cluster: Cluster, registry: Registry, group: str, topic: str
 ) -> None:
     make_topic(cluster, topic, [10])
-    registry.commit_offset(group, topic, "1-0", 0)
+    registry.groups.commit_offset(group, topic, "1-0", 0)
     described = run(cluster, "describe", group, "--count-bytes", str(3 * SIZE))
     assert described.exit_code == 0, described.output
     assert described.stdout.splitlines()[1].split()[6:8] == [str(10 * SIZE), "~10"]
@@ -227,7 +227,7 @@ def test_describe_watch_refreshes_until_ctrl_c(
     cluster: Cluster, registry: Registry, group: str, topic: str
 ) -> None:
     make_topic(cluster, topic, [3])
-    registry.commit_offset(group, topic, "1-0", 0)
+    registry.groups.commit_offset(group, topic, "1-0", 0)
     process = subprocess.Popen(
         [
             str(Path(sys.executable).with_name("pylogctl")),
@@ -252,7 +252,7 @@ def test_describe_watch_refreshes_until_ctrl_c(
             *lines, buffered = buffered.split("\n")
             summaries += [s for s in map(json.loads, lines) if s["type"] == "group"]
         assert len(summaries) >= 2, "two refreshes"
-        registry.commit_offset(group, topic, "1-0", 3 * SIZE)
+        registry.groups.commit_offset(group, topic, "1-0", 3 * SIZE)
         while summaries[-1]["lag_bytes"] != 0 and time.monotonic() < deadline:
             if selector.select(max(0.0, deadline - time.monotonic())):
                 buffered += process.stdout.read() or ""
@@ -297,7 +297,7 @@ def test_reset_moves_committed_offsets_to_message_boundaries_dry_run_first(
     note: str | None,
 ) -> None:
     make_topic(cluster, topic, [6, 0], timestamp_ms=HOUR_AGO_MS)
-    registry.commit_offset(group, topic, "1-0", 3 * SIZE)
+    registry.groups.commit_offset(group, topic, "1-0", 3 * SIZE)
     if how[:2] == ["--to", "time:+1s"]:
         moment = datetime.datetime.fromtimestamp(HOUR_AGO_MS / 1000 + 0.5, datetime.UTC)
         how = ["--to", moment.isoformat()]
@@ -310,7 +310,7 @@ def test_reset_moves_committed_offsets_to_message_boundaries_dry_run_first(
     shift = how[0] == "--shift-by"  # partition 1 is empty, with nothing committed
     assert lines[2].split()[:4] == [topic, "1", "-", "-" if shift else "0"]
     assert lines[-1] == "dry run: nothing changed (--execute applies it)"
-    assert registry.committed_offset(group, topic, "1-0") == 3 * SIZE
+    assert registry.groups.committed_offset(group, topic, "1-0") == 3 * SIZE
 
     applied = json_lines(reset(cluster, group, topic, *how, "--execute", "--json"))
     assert applied[0] == {
@@ -323,8 +323,8 @@ def test_reset_moves_committed_offsets_to_message_boundaries_dry_run_first(
         "applied": True,
     }
     assert applied[1]["applied"] is not shift
-    assert registry.committed_offset(group, topic, "1-0") == after
-    assert registry.committed_offset(group, topic, "2-1") == (None if shift else 0)
+    assert registry.groups.committed_offset(group, topic, "1-0") == after
+    assert registry.groups.committed_offset(group, topic, "2-1") == (None if shift else 0)
 
 
 def test_reset_of_partitions_without_a_commit_sets_them_for_a_new_group(
@@ -334,8 +334,8 @@ def test_reset_of_partitions_without_a_commit_sets_them_for_a_new_group(
     executed = reset(cluster, group, topic, "--to", "latest", "--execute")
     assert executed.exit_code == 0, executed.output
     assert executed.stdout.splitlines()[-1] == f"group {group}: 2 partitions of {topic} reset"
-    assert registry.committed_offset(group, topic, "1-0") == 2 * SIZE
-    assert registry.committed_offset(group, topic, "2-1") == 3 * SIZE
+    assert registry.groups.committed_offset(group, topic, "1-0") == 2 * SIZE
+    assert registry.groups.committed_offset(group, topic, "2-1") == 3 * SIZE
     with member(cluster, group, topic, "late") as late:  # starts at the end, reads nothing
         wait_until(lambda: late.poll(100) == [] and len(late.assignment) == 2, 30, "assigned")
         assert late.positions() == {
@@ -351,7 +351,7 @@ def test_reset_refuses_while_a_member_consumes_the_topic_and_applies_once_it_lef
     member has left, the reset goes through the coordinator, and the next member reads from
     there."""
     make_topic(cluster, topic, [3])
-    registry.commit_offset(group, topic, "1-0", 2 * SIZE)
+    registry.groups.commit_offset(group, topic, "1-0", 2 * SIZE)
     with member(cluster, group, topic, "busy"):
         told = (
             f"pylogctl: group {group} has 1 active member (busy) consuming {topic}: stop it "
@@ -362,14 +362,14 @@ def test_reset_refuses_while_a_member_consumes_the_topic_and_applies_once_it_lef
             assert (refused.exit_code, refused.stderr) == (1, told)
         dry = reset(cluster, group, topic, "--to", "earliest")
         assert dry.exit_code == 0 and "--execute will refuse\n" in dry.stdout
-        assert registry.committed_offset(group, topic, "1-0") == 2 * SIZE
+        assert registry.groups.committed_offset(group, topic, "1-0") == 2 * SIZE
         with GroupCalls(cluster.endpoint, group) as calls:
             assert calls.committed([topic]) == {TopicPartition(topic, 0): 2 * SIZE}
     executed = reset(cluster, group, topic, "--to", "earliest", "--execute")  # the member down
     assert executed.exit_code == 0, executed.output
     with GroupCalls(cluster.endpoint, group) as calls:
         assert calls.committed([topic]) == {TopicPartition(topic, 0): 0}
-    assert registry.committed_offset(group, topic, "1-0") == 0
+    assert registry.groups.committed_offset(group, topic, "1-0") == 0
     with member(cluster, group, topic, "next") as following:
         read: list[Record] = []
         wait_until(reads(following, read, 3), what="3 messages")
@@ -396,7 +396,7 @@ def test_delete_refuses_while_the_group_has_members_then_deletes_it(
     cluster: Cluster, registry: Registry, group: str, topic: str
 ) -> None:
     make_topic(cluster, topic, [1])
-    registry.commit_offset(group, topic, "1-0", SIZE)
+    registry.groups.commit_offset(group, topic, "1-0", SIZE)
     with member(cluster, group, topic, "stay"):
         refused = run(cluster, "delete", group)
         assert refused.exit_code == 1
@@ -404,11 +404,11 @@ def test_delete_refuses_while_the_group_has_members_then_deletes_it(
             f"pylogctl: group {group} has 1 member (stay): stop it first (a member that died "
             "leaves when its session ends)\n"
         )
-        assert registry.committed_offset(group, topic, "1-0") == SIZE
+        assert registry.groups.committed_offset(group, topic, "1-0") == SIZE
     deleted = run(cluster, "delete", group)
     assert deleted.exit_code == 0, deleted.output
     assert deleted.stdout == f"deleted group {group}\n"
-    assert registry.committed_offset(group, topic, "1-0") is None
+    assert registry.groups.committed_offset(group, topic, "1-0") is None
     assert group not in run(cluster, "list").stdout.split()
     again = run(cluster, "delete", group, "--json")
     assert again.exit_code == 1
@@ -425,7 +425,7 @@ def test_the_group_commands_find_zookeeper_through_the_broker(
     cluster: Cluster, registry: Registry, group: str, topic: str
 ) -> None:
     make_topic(cluster, topic, [2])
-    registry.commit_offset(group, topic, "1-0", SIZE)
+    registry.groups.commit_offset(group, topic, "1-0", SIZE)
     env: dict[str, str | None] = {"PYLOG_BROKER": cluster.endpoint, "PYLOG_ZOOKEEPER": None}
     runner = CliRunner()
     described = runner.invoke(cli, ["group", "describe", group, "--json"], env=env)
@@ -446,7 +446,7 @@ def test_the_group_commands_find_zookeeper_through_the_broker(
     )
     assert consumed.exit_code == 0, consumed.output
     assert json.loads(consumed.stdout)["offset"] == SIZE  # from the group's committed offset
-    assert registry.committed_offset(group, topic, "1-0") == 2 * SIZE
+    assert registry.groups.committed_offset(group, topic, "1-0") == 2 * SIZE
 
 
 def live_brokers(broker: RunningBroker) -> set[int]:
@@ -462,7 +462,7 @@ def test_a_broker_down_leaves_its_partitions_unknown_and_a_reset_undone(
     make_topic(down, "events", [2, 2, 2])
     with Registry(down.zookeeper, down.chroot) as registry:
         for name in ("1-0", "2-1", "3-2"):
-            registry.commit_offset("loaders", "events", name, SIZE)
+            registry.groups.commit_offset("loaders", "events", name, SIZE)
         assert three_brokers[1].stop() == 0  # broker 2, holding partition 1
         # Down once the others have seen it go (their watch on /brokers/ids: milliseconds).
         others = (three_brokers[0], three_brokers[2])
@@ -479,7 +479,7 @@ def test_a_broker_down_leaves_its_partitions_unknown_and_a_reset_undone(
             "pylogctl: partition 1 of events: broker 2 unavailable: not registered in ZooKeeper "
             "(down?): nothing was reset (every partition's broker must answer)\n"
         )
-        assert registry.committed_offset("loaders", "events", "1-0") == SIZE
+        assert registry.groups.committed_offset("loaders", "events", "1-0") == SIZE
 
 
 def test_describe_counts_the_messages_around_damaged_data_and_says_where_it_is(
@@ -497,7 +497,7 @@ def test_describe_counts_the_messages_around_damaged_data_and_says_where_it_is(
     restarted = three_brokers[0].restarted()
     try:
         with Registry(first.zookeeper, first.chroot) as registry:
-            registry.commit_offset("loaders", "events", "1-0", SIZE)
+            registry.groups.commit_offset("loaders", "events", "1-0", SIZE)
         (partition, summary) = json_lines(run(first, "describe", "loaders", "--json"))
         assert (partition["lag_bytes"], partition["lag_messages"]) == (4 * SIZE, 3)
         assert partition["note"] == f"damaged offsets [{2 * SIZE}, {3 * SIZE}) are no messages"
@@ -535,7 +535,7 @@ def test_group_consume_ends_on_ctrl_c_or_sigterm_committing_what_it_printed(
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert registry.committed_offset(group, topic, "1-0") == 4 * SIZE
+    assert registry.groups.committed_offset(group, topic, "1-0") == 4 * SIZE
 
 
 def test_a_coordinated_group_is_listed_reset_through_its_coordinator_and_deleted(

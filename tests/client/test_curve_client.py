@@ -223,14 +223,14 @@ def test_group_members_with_keys_consume_from_a_curve_broker_without_any_zookeep
     ):
 
         def in_zookeeper() -> dict[str, int]:
-            offsets = plain.committed_offsets("loaders").get(topic, {})
+            offsets = plain.groups.committed_offsets("loaders").get(topic, {})
             return {name.split("-")[1]: offset for name, offset in offsets.items()}
 
         wait_until(lambda: in_zookeeper() == expected, what="the offsets in ZooKeeper")
-        (name, _), *_ = plain.committed_offsets("loaders")[topic].items()
+        (name, _), *_ = plain.groups.committed_offsets("loaders")[topic].items()
         for registry in (plain, other):
             with pytest.raises(RegistryAccessDenied):
-                registry.commit_offset("loaders", topic, name, 0)
+                registry.groups.commit_offset("loaders", topic, name, 0)
         assert in_zookeeper() == expected
 
 

@@ -378,7 +378,7 @@ def test_group_lag_reads_offsets_of_the_leader_after_a_move(
     with Producer(endpoints[1], "lagging", ack=Ack.ALL) as producer:
         offsets = [producer.send(value).result() for value in values(10)]
     end = offsets[-1] + offsets[1] - offsets[0]  # ten messages of one size
-    registry.commit_offset("lagging-group", "lagging", "1-0", offsets[4])
+    registry.groups.commit_offset("lagging-group", "lagging", "1-0", offsets[4])
     new = move_leadership(registry, "lagging", 0)
     wait_until(partial(answers_as_leader, endpoints[new], "lagging", 0))
 

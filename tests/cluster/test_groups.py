@@ -47,13 +47,13 @@ def produce(endpoint: str, topic: str, values: list[bytes]) -> None:
 def owners(registry: Registry, group: str, topic: str) -> Counter[str]:
     """Member -> how many partitions of `topic` it owns (the owner nodes the coordinator
     writes: they may lag its assignment a moment)."""
-    return Counter(registry.partition_owners(group, topic).values())
+    return Counter(registry.groups.partition_owners(group, topic).values())
 
 
 def stored_offsets(registry: Registry, group: str, topic: str) -> dict[int, int]:
     """The group's committed offsets of `topic` as ZooKeeper keeps them, by partition number
     (the nodes are named <broker>-<partition>)."""
-    offsets = registry.committed_offsets(group).get(topic, {})
+    offsets = registry.groups.committed_offsets(group).get(topic, {})
     return {int(name.rsplit("-", 1)[1]): offset for name, offset in offsets.items()}
 
 
@@ -96,7 +96,7 @@ def test_a_group_shares_the_partitions_through_joins_and_a_killed_member_losing_
     produced = [b"a-%d" % i for i in range(600)]
     produce(brokers, "events", produced)
 
-    before = registry.partition_owners("loaders", "events")
+    before = registry.groups.partition_owners("loaders", "events")
     members.append(cli_members(brokers, "loaders", "events", "m4"))
     wait_until(
         lambda: owners(registry, "loaders", "events") == {f"m{i}": 3 for i in (1, 2, 3, 4)},
@@ -105,7 +105,7 @@ def test_a_group_shares_the_partitions_through_joins_and_a_killed_member_losing_
     )
     # incremental: the newcomer's three partitions came one from each member, and every other
     # partition stayed with its owner
-    after = registry.partition_owners("loaders", "events")
+    after = registry.groups.partition_owners("loaders", "events")
     assert {p for p, m in after.items() if m != before[p]} == {
         p for p, m in after.items() if m == "m4"
     }
@@ -128,7 +128,7 @@ def test_a_group_shares_the_partitions_through_joins_and_a_killed_member_losing_
         "the coordinator to give the killed member's partitions to the others",
     )
     # only the killed member's partitions moved, one to each of the others
-    last = registry.partition_owners("loaders", "events")
+    last = registry.groups.partition_owners("loaders", "events")
     assert {p for p, m in last.items() if m != after[p]} == {
         p for p, m in after.items() if m == "m1"
     }

@@ -521,35 +521,35 @@ def test_consumer_group_nodes_members_owners_and_offsets(
     make_registry: Callable[..., Registry], observer: KazooClient
 ) -> None:
     one, two = make_registry(), make_registry()
-    one.register_consumer("loaders", "m1", ["clicks", "views"])
-    two.register_consumer("loaders", "m2", ["clicks"])
-    assert one.consumers("loaders") == {"m1": ("clicks", "views"), "m2": ("clicks",)}
+    one.groups.register_consumer("loaders", "m1", ["clicks", "views"])
+    two.groups.register_consumer("loaders", "m2", ["clicks"])
+    assert one.groups.consumers("loaders") == {"m1": ("clicks", "views"), "m2": ("clicks",)}
     data, owner = node(observer, f"{one.chroot}/consumers/loaders/ids/m1")
     assert (data, owner) == ({"version": 1, "topics": ["clicks", "views"]}, one.session_id)
 
-    assert one.claim_partition("loaders", "clicks", "1-0", "m1") is None
-    assert one.claim_partition("loaders", "clicks", "1-0", "m1") is None  # ours already
-    assert two.claim_partition("loaders", "clicks", "1-0", "m2") == "m1"
-    assert two.partition_owners("loaders", "clicks") == {"1-0": "m1"}
-    two.release_partition("loaders", "clicks", "1-0")  # not two's: stays
-    assert one.partition_owners("loaders", "clicks") == {"1-0": "m1"}
-    one.release_partition("loaders", "clicks", "1-0")
-    assert two.claim_partition("loaders", "clicks", "1-0", "m2") is None
+    assert one.groups.claim_partition("loaders", "clicks", "1-0", "m1") is None
+    assert one.groups.claim_partition("loaders", "clicks", "1-0", "m1") is None  # ours already
+    assert two.groups.claim_partition("loaders", "clicks", "1-0", "m2") == "m1"
+    assert two.groups.partition_owners("loaders", "clicks") == {"1-0": "m1"}
+    two.groups.release_partition("loaders", "clicks", "1-0")  # not two's: stays
+    assert one.groups.partition_owners("loaders", "clicks") == {"1-0": "m1"}
+    one.groups.release_partition("loaders", "clicks", "1-0")
+    assert two.groups.claim_partition("loaders", "clicks", "1-0", "m2") is None
 
-    assert one.committed_offset("loaders", "clicks", "1-0") is None
-    one.commit_offset("loaders", "clicks", "1-0", 1042)
-    two.commit_offset("loaders", "clicks", "1-0", 2084)
-    assert one.committed_offset("loaders", "clicks", "1-0") == 2084
+    assert one.groups.committed_offset("loaders", "clicks", "1-0") is None
+    one.groups.commit_offset("loaders", "clicks", "1-0", 1042)
+    two.groups.commit_offset("loaders", "clicks", "1-0", 2084)
+    assert one.groups.committed_offset("loaders", "clicks", "1-0") == 2084
     data, owner = node(observer, f"{one.chroot}/consumers/loaders/offsets/clicks/1-0")
     assert (data, owner) == ({"version": 1, "offset": 2084}, 0), "offsets are persistent"
 
-    two.unregister_consumer("loaders", "m2")
-    assert one.consumers("loaders") == {"m1": ("clicks", "views")}
+    two.groups.unregister_consumer("loaders", "m2")
+    assert one.groups.consumers("loaders") == {"m1": ("clicks", "views")}
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "x" * 250, "spaced name"])
 def test_bad_group_names_and_consumer_ids_are_refused(registry: Registry, name: str) -> None:
     with pytest.raises(ValueError, match="group"):
-        registry.register_consumer(name, "m1", ["clicks"])
+        registry.groups.register_consumer(name, "m1", ["clicks"])
     with pytest.raises(ValueError, match="consumer id"):
-        registry.register_consumer("loaders", name, ["clicks"])
+        registry.groups.register_consumer("loaders", name, ["clicks"])

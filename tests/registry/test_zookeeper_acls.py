@@ -114,43 +114,43 @@ def test_a_group_belongs_to_the_identity_that_made_it(
 ) -> None:
     make_registry(auth=BROKERS)
     alice = make_registry(auth=ALICE)
-    alice.register_consumer("loaders", "a", ["clicks"])
-    assert alice.claim_partition("loaders", "clicks", "1-0", "a") is None
-    alice.commit_offset("loaders", "clicks", "1-0", 42)
+    alice.groups.register_consumer("loaders", "a", ["clicks"])
+    assert alice.groups.claim_partition("loaders", "clicks", "1-0", "a") is None
+    alice.groups.commit_offset("loaders", "clicks", "1-0", 42)
     group = f"{registry_chroot}/consumers/loaders"
     for path in (group, f"{group}/ids/a", f"{group}/owners/clicks/1-0", f"{group}/offsets/clicks"):
         assert acl(observer, path) == owned_by(ALICE, read=True), path
 
     bob = make_registry(auth=BOB)
-    assert bob.committed_offset("loaders", "clicks", "1-0") == 42  # reading is open
-    assert bob.consumers("loaders") == {"a": ("clicks",)}
+    assert bob.groups.committed_offset("loaders", "clicks", "1-0") == 42  # reading is open
+    assert bob.groups.consumers("loaders") == {"a": ("clicks",)}
     with pytest.raises(RegistryAccessDenied, match=r"loaders/offsets/clicks/1-0.*'bob'"):
-        bob.commit_offset("loaders", "clicks", "1-0", 0)
+        bob.groups.commit_offset("loaders", "clicks", "1-0", 0)
     with pytest.raises(RegistryAccessDenied, match="'bob'"):
-        bob.commit_offset("loaders", "clicks", "1-1", 0)  # a new node under alice's
+        bob.groups.commit_offset("loaders", "clicks", "1-1", 0)  # a new node under alice's
     with pytest.raises(RegistryAccessDenied):
-        bob.register_consumer("loaders", "b", ["clicks"])
+        bob.groups.register_consumer("loaders", "b", ["clicks"])
     with pytest.raises(RegistryAccessDenied):
-        bob.claim_partition("loaders", "clicks", "1-1", "b")
+        bob.groups.claim_partition("loaders", "clicks", "1-1", "b")
     with pytest.raises(RegistryAccessDenied):
-        bob.delete_group("loaders")
+        bob.groups.delete_group("loaders")
     with pytest.raises(NoAuthError):
         observer.set(f"{group}/offsets/clicks/1-0", b'{"offset":0,"version":1}')
-    assert alice.committed_offset("loaders", "clicks", "1-0") == 42
+    assert alice.groups.committed_offset("loaders", "clicks", "1-0") == 42
     assert bob.statistics().registered == 0  # a refused registration is not kept
 
     # bob makes a group of his own next to it, and a second member of alice's joins it
-    bob.register_consumer("auditors", "b", ["clicks"])
+    bob.groups.register_consumer("auditors", "b", ["clicks"])
     second = make_registry(auth=ALICE)
-    second.register_consumer("loaders", "a2", ["clicks"])
-    assert sorted(alice.consumers("loaders")) == ["a", "a2"]
+    second.groups.register_consumer("loaders", "a2", ["clicks"])
+    assert sorted(alice.groups.consumers("loaders")) == ["a", "a2"]
 
     # its owner deletes it, the group's own node included (world may delete an empty one)
     for member in (alice, second, bob):
         member.stop()
     owner = make_registry(auth=ALICE)
-    assert owner.delete_group("loaders")
-    assert owner.groups() == ["auditors"]
+    assert owner.groups.delete_group("loaders")
+    assert owner.groups.names() == ["auditors"]
 
 
 def test_a_secured_start_secures_a_registry_made_without_acls(
@@ -164,7 +164,7 @@ def test_a_secured_start_secures_a_registry_made_without_acls(
     old.register_broker(1, BROKER)
     old.create_topic_config("clicks", CONFIG)
     old.register_topic_partitions("clicks", 1, [0])
-    old.commit_offset("loaders", "clicks", "1-0", 7)
+    old.groups.commit_offset("loaders", "clicks", "1-0", 7)
     root = registry_chroot
     observer.create(f"{root}/security/principals", b"", makepath=True)
     assert acl(observer, f"{root}/config/topics/clicks") == OPEN_ACL
@@ -202,7 +202,7 @@ def test_a_secured_start_secures_a_registry_made_without_acls(
     assert old.topic_config("clicks") == CONFIG
     with pytest.raises(RegistryAccessDenied):
         old.create_topic_config("views", CONFIG)
-    old.commit_offset("loaders", "clicks", "1-0", 8)  # its open group stays open
+    old.groups.commit_offset("loaders", "clicks", "1-0", 8)  # its open group stays open
 
     # once its session expires, its registrations are refused: given up, loudly, and the
     # rest of the registry (the watches) goes on
@@ -233,7 +233,7 @@ def test_a_session_without_the_identity_gets_a_clear_error_on_writes(
     make_registry: Callable[..., Registry], observer: KazooClient, registry_chroot: str
 ) -> None:
     make_registry(auth=BROKERS)
-    make_registry(auth=ALICE).register_consumer("loaders", "a", ["clicks"])
+    make_registry(auth=ALICE).groups.register_consumer("loaders", "a", ["clicks"])
     plain = make_registry()  # starts: the base paths exist, and reading is open
     assert plain.brokers() == {}
     with pytest.raises(RegistryAccessDenied) as denied:
@@ -255,7 +255,7 @@ def test_a_session_without_the_identity_gets_a_clear_error_on_writes(
         MirrorGroup(plain, "loaders", "b").join(frozenset({"clicks"}), lambda: None)
     assert plain.statistics().registered == 0
     # it may make a group of its own, but that group is open to every client
-    plain.register_consumer("open", "c", ["clicks"])
+    plain.groups.register_consumer("open", "c", ["clicks"])
     assert acl(observer, f"{registry_chroot}/consumers/open") == OPEN_ACL
 
 
