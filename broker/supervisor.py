@@ -200,7 +200,7 @@ class Supervisor:
         self.pool.start()
         self._wait_for_workers()
         self.front.open()
-        self.registry.register_broker(self.config.broker_id, self._registration())
+        self.registry.brokers.register(self.config.broker_id, self._registration())
         self.topics.watch()
         self.controller.start(
             self.registry,

@@ -85,10 +85,10 @@ class Health:
 def check(registry: Registry, admin: Admin, zookeeper: str, chroot: str) -> Health:
     """The cluster's health as the registry has it now (and the brokers' min ISR settings)."""
     try:
-        up = set(registry.brokers())
+        up = set(registry.brokers.read())
         controller = registry.controller.current()
-        configs = registry.topic_configs()
-        states = {topic: registry.partition_states(topic) for topic in configs}
+        configs = registry.topics.topic_configs()
+        states = {topic: registry.topics.partition_states(topic) for topic in configs}
     except PylogError as error:
         return Health(zookeeper, chroot, error=f"the registry could not be read: {error}")
     holding = {b for config in configs.values() for replicas in config.replicas for b in replicas}

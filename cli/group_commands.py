@@ -520,7 +520,7 @@ def coordinator_bootstrap(registry: Registry, zookeeper: str | None, broker: str
     may be another cluster's, or nobody's)."""
     if zookeeper is None:
         return broker
-    registered = registry.brokers().values()
+    registered = registry.brokers.read().values()
     if not registered:
         fail("no broker is registered in that ZooKeeper: a coordinated group needs one up")
     return ",".join(f"{b.host}:{b.port}" for b in registered)

@@ -142,8 +142,8 @@ def reassign(
         if partition is None or replicas or spread:
             usage_error("--cancel takes --partition only")
         with open_registry(zookeeper, chroot, broker, timeout) as registry:
-            cancelled = registry.reassignments().get((name, partition))
-            registry.cancel_reassignment(name, partition)
+            cancelled = registry.reassignments.read().get((name, partition))
+            registry.reassignments.cancel_reassignment(name, partition)
             removed, text = _remove_behind(registry, name, partition, cancelled)
         click.echo(
             json.dumps(
@@ -158,8 +158,8 @@ def reassign(
     if not spread and (partition is None or not replicas):
         usage_error("--partition and --replicas go together")
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
-        live = registry.brokers()
-        config = registry.topic_config(name)
+        live = registry.brokers.read()
+        config = registry.topics.topic_config(name)
         if spread:
             try:
                 plan = spread_plan(config, {b: info.rack for b, info in live.items()})
@@ -169,7 +169,7 @@ def reassign(
             assert partition is not None
             plan = {partition: replicas}
         if plan and not dry_run:  # before the plan is printed: one that cannot be asked is not
-            registry.check_may_change(registry.reassign_path(name, min(plan)))
+            registry.check_may_change(registry.reassignments.reassign_path(name, min(plan)))
         for p, wanted in sorted(plan.items()):
             _echo(as_json, name, p, f"replicas {_ids(config.replicas_of(p))} -> {_ids(wanted)}")
         if not plan:
@@ -179,7 +179,10 @@ def reassign(
         started = {}
         for p, wanted in sorted(plan.items()):
             try:
-                if registry.start_reassignment(name, p, wanted, list(live)) is not None:
+                if (
+                    registry.reassignments.start_reassignment(name, p, wanted, list(live))
+                    is not None
+                ):
                     started[p] = wanted
                 else:
                     _echo(as_json, name, p, "has those replicas already")
@@ -200,9 +203,9 @@ def _remove_behind(
     reassignment to the others, which are all in sync, so the controller finishes it at its
     next round and the partition is not left under-replicated. Those removed, and what was
     done."""
-    config = registry.topic_config(topic)
+    config = registry.topics.topic_config(topic)
     replicas = config.replicas_of(partition)
-    state = registry.partition_state(topic, partition)[0]
+    state = registry.topics.partition_state(topic, partition)[0]
     now = f"replicas {_ids(replicas)} isr {_ids(state.isr)}"
     original = replicas if cancelled is None else cancelled.original
     behind = [b for b in replicas if b not in original and b not in state.isr]
@@ -215,7 +218,9 @@ def _remove_behind(
             f"{_ids(out)} are out of the ISR too ({now}): ask another move to remove them"
         )
     try:
-        registry.start_reassignment(topic, partition, keep, list(registry.brokers()))
+        registry.reassignments.start_reassignment(
+            topic, partition, keep, list(registry.brokers.read())
+        )
     except PylogError as error:
         return [], f"broker(s) {_ids(behind)}, added and not in sync, stay replicas: {error}"
     return behind, (
@@ -266,11 +271,11 @@ def _follow(
     left = set(partitions)
     with until_interrupted():
         while left:
-            pending = registry.reassignments()
-            brokers = registry.brokers()
+            pending = registry.reassignments.read()
+            brokers = registry.brokers.read()
             for p in sorted(left):
-                config = registry.topic_config(topic)
-                state = registry.partition_state(topic, p)[0]
+                config = registry.topics.topic_config(topic)
+                state = registry.topics.partition_state(topic, p)[0]
                 reassignment = pending.get((topic, p))
                 if reassignment is None:
                     left.discard(p)
@@ -314,15 +319,15 @@ def _follow(
 
 
 def _print_status(registry: Registry, topic: str | None, as_json: bool) -> None:
-    pending = registry.reassignments()
-    brokers = registry.brokers()
+    pending = registry.reassignments.read()
+    brokers = registry.brokers.read()
     shown = 0
     for (name, p), reassignment in sorted(pending.items()):
         if topic is not None and name != topic:
             continue
         shown += 1
-        config = registry.topic_config(name)
-        state = registry.partition_state(name, p)[0]
+        config = registry.topics.topic_config(name)
+        state = registry.topics.partition_state(name, p)[0]
         progress, why = _progress(reassignment, config.replicas_of(p), state, brokers)
         moving = f"replicas {_ids(reassignment.original)} -> {_ids(reassignment.replicas)}"
         _echo(as_json, name, p, f"{moving}: {progress}", **({"why": why} if why else {}))
@@ -355,11 +360,11 @@ def elect_preferred(
       clicks-2: led by 3, preferred leader 1 is not in sync (isr 2,3)
     """
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
-        registry.ask_preferred_election(list(names) or None)
+        registry.reassignments.ask_preferred_election(list(names) or None)
         if no_wait:
             return
         deadline = time.monotonic() + max(timeout, 1.0) * 6
-        while registry.preferred_election_asked()[0]:
+        while registry.reassignments.preferred_election_asked()[0]:
             if time.monotonic() > deadline:
                 click.echo(
                     "pylogctl: the controller has not run the election yet (is a broker up?); "
@@ -368,14 +373,14 @@ def elect_preferred(
                 )
                 sys.exit(EXIT_BROKER)
             time.sleep(POLL_S / 5)
-        live = set(registry.brokers())
-        configs = registry.topic_configs()
+        live = set(registry.brokers.read())
+        configs = registry.topics.topic_configs()
         for name in names or sorted(configs):
             config = configs.get(name)
             if config is None:
                 continue
             preferred = 0
-            for p, (state, _) in sorted(registry.partition_states(name).items()):
+            for p, (state, _) in sorted(registry.topics.partition_states(name).items()):
                 first = config.replicas_of(p)[0]
                 if state.leader == first:
                     preferred += 1

@@ -146,7 +146,7 @@ def delete_records(
         starts = {t.partition: t.after for t in plan if t.after is not None}
         if starts and not dry_run:
             with open_registry(zookeeper, chroot, broker, timeout) as registry:
-                registry.move_log_starts(topic_name, starts)
+                registry.topics.move_log_starts(topic_name, starts)
             _wait_applied(admin, topic_name, starts)
     for trim in plan:
         _say(topic_name, trim, dry_run, as_json)

@@ -49,7 +49,7 @@ def main() -> None:
             Cluster((), retries=0) as cluster,
         ):
             reader = GroupReader(registry, cluster)
-            config = registry.topic_config(TOPIC)
+            config = registry.topics.topic_config(TOPIC)
             for number, holder in enumerate(config.brokers):
                 registry.groups.commit_offset(GROUP, TOPIC, f"{holder}-{number}", 0)
             print(

@@ -307,7 +307,7 @@ class AckedProducer:
         patience = time.monotonic() + (self.patience_s if unanswered is not None else 0.0)
         named_by = self.named_by
         while not self.stop.is_set():
-            state = registry.partition_state(FAILOVER_TOPIC, FAILOVER_PARTITION)[0]
+            state = registry.topics.partition_state(FAILOVER_TOPIC, FAILOVER_PARTITION)[0]
             leader = state.leader
             changed = named_by is None or state != named_by
             if leader > 0 and (leader != unanswered or changed or time.monotonic() > patience):
@@ -352,12 +352,12 @@ class AckedProducer:
 
 
 def isr(registry: Registry) -> tuple[int, ...]:
-    return tuple(sorted(registry.partition_state(FAILOVER_TOPIC, FAILOVER_PARTITION)[0].isr))
+    return tuple(sorted(registry.topics.partition_state(FAILOVER_TOPIC, FAILOVER_PARTITION)[0].isr))
 
 
 def read_back(cluster: BenchCluster, registry: Registry) -> list[bytes]:
     """Every message of FAILOVER_PARTITION, read from its leader."""
-    leader = registry.partition_state(FAILOVER_TOPIC, FAILOVER_PARTITION)[0].leader
+    leader = registry.topics.partition_state(FAILOVER_TOPIC, FAILOVER_PARTITION)[0].leader
     with PartitionConsumer(
         cluster.endpoint(leader), FAILOVER_TOPIC, FAILOVER_PARTITION, stop_at_end=True
     ) as consumer:
@@ -365,7 +365,7 @@ def read_back(cluster: BenchCluster, registry: Registry) -> list[bytes]:
 
 
 def leader_of(registry: Registry) -> int:
-    return registry.partition_state(FAILOVER_TOPIC, FAILOVER_PARTITION)[0].leader
+    return registry.topics.partition_state(FAILOVER_TOPIC, FAILOVER_PARTITION)[0].leader
 
 
 def one_kill(cluster: BenchCluster, registry: Registry, producer: AckedProducer) -> Result:

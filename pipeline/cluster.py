@@ -80,7 +80,7 @@ def bootstrap_endpoint(options: Mapping[str, str]) -> str:
         return endpoint
     hosts, _, chroot = zookeeper.partition("/")
     with Registry(hosts, f"/{chroot}" if chroot else DEFAULT_CHROOT) as registry:
-        brokers = registry.brokers()
+        brokers = registry.brokers.read()
     if not brokers:
         raise PipelineError(f"no live broker is registered in ZooKeeper at {zookeeper!r}")
     info = brokers[min(brokers)]

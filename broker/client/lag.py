@@ -277,7 +277,7 @@ class GroupReader:
         owners = self.registry.groups.owners(group)
         names = sorted(set(topics)) or self.topics(group)
         lag = GroupLag(group, members, names)
-        configs = self.registry.topic_configs()
+        configs = self.registry.topics.topic_configs()
         self._refresh_endpoints()
         now_ms = time.time() * 1000
         for topic in names:
@@ -347,7 +347,7 @@ class GroupReader:
         )
 
     def _refresh_endpoints(self) -> None:
-        brokers = self.registry.brokers()
+        brokers = self.registry.brokers.read()
         self.cluster.endpoints = {b: f"tcp://{i.host}:{i.port}" for b, i in brokers.items()}
         self.cluster.leaders.clear()  # asked again: leadership may have moved since
 
@@ -392,7 +392,7 @@ class GroupReader:
         (or of `partitions`), reading only. UnknownTopicOrPartition for a topic that does not
         exist; BrokerError or HolderUnavailable when a holder cannot say (nothing is
         planned)."""
-        config = self.registry.topic_config(topic)
+        config = self.registry.topics.topic_config(topic)
         wanted = set(partitions)
         unknown = wanted - set(range(config.partitions))
         if unknown:

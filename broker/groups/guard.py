@@ -119,7 +119,7 @@ class RetentionGuard:
     def round(self, cluster: Cluster, now_ms: float) -> dict[Reader, Guarded]:
         """One round: the forecast of each partition of each group this broker coordinates
         (those the leaders could not be asked about left out), each short one warned of."""
-        live = list(self.registry.brokers())
+        live = list(self.registry.brokers.read())
         positions: dict[tuple[str, int], dict[str, int]] = {}
         for group in self.registry.groups.names():
             if coordinator_of(group, live) != self.me:

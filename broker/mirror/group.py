@@ -65,7 +65,7 @@ class MirrorGroup:
         members = self.registry.groups.consumers(self.group)
         wanted: set[tuple[str, int]] = set()
         for topic, count in partitions.items():
-            brokers = self.registry.topic_config(topic).brokers
+            brokers = self.registry.topics.topic_config(topic).brokers
             named = [(brokers[p], p) for p in range(count)]
             mirroring = [member for member, topics in members.items() if topic in topics]
             wanted |= {(topic, p) for p in assign_range(named, mirroring, self.member)}
@@ -81,7 +81,7 @@ class MirrorGroup:
         self.registry.groups.release_partition(self.group, topic, self._name(topic, partition))
 
     def _name(self, topic: str, partition: int) -> str:
-        brokers = self.registry.topic_config(topic).brokers
+        brokers = self.registry.topics.topic_config(topic).brokers
         return partition_name(brokers[partition], partition)
 
     def leave(self) -> None:

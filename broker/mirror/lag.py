@@ -97,7 +97,7 @@ def _topic_lag(
     names: dict[int, str] = {}
     try:
         copied = {p.partition: p for p in target.describe(topic)}
-        brokers = registry.topic_config(topic).brokers
+        brokers = registry.topics.topic_config(topic).brokers
         names = {p: partition_name(b, p) for p, b in enumerate(brokers)}
         owners = registry.groups.partition_owners(config.mirror.group, topic)
     except UnknownTopicOrPartition:

@@ -240,7 +240,7 @@ class Mirror:
         async def start_target(offset: int) -> None:
             async with self._admin_lock:
                 registry = await asyncio.to_thread(self._open_registry)
-                await asyncio.to_thread(registry.move_log_starts, topic, {number: offset})
+                await asyncio.to_thread(registry.topics.move_log_starts, topic, {number: offset})
 
         copy = PartitionCopy(
             self.source,
@@ -307,8 +307,8 @@ class Mirror:
             )
         if count < partitions:
             registry = self._open_registry()
-            racks = {broker: info.rack for broker, info in registry.brokers().items()}
-            registry.add_partitions(topic, partitions, racks)
+            racks = {broker: info.rack for broker, info in registry.brokers.read().items()}
+            registry.topics.add_partitions(topic, partitions, racks)
             log.info("topic %r: grown to %d partitions on the target", topic, partitions)
         # A message of max_message_bytes is fetched whole; a set never outgrows a segment.
         largest = max(self.config.mirror.fetch_max_bytes, int(source["max_message_bytes"].value))

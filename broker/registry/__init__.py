@@ -42,11 +42,14 @@ the ZooKeeper session that created it: when a broker stops, dies or is cut off f
 the session timeout, its nodes disappear and everyone watching sees it go.
 
 The parts: session (the connection, bounded requests, ephemeral nodes kept through session
-loss: what happens when the connection or the session is lost), watches (kazoo's
-ChildrenWatch, with the callbacks on threads of the registry), brokers (and their epochs),
-states (the partitions' state nodes), topics, admin (reassignments and preferred-leader
-elections asked), groups, controller (the calls on each), nodes (the JSON of the nodes).
-Registry puts them together.
+loss: what happens when the connection or the session is lost), reading (the reads and
+watches of node data and children), watches (kazoo's ChildrenWatch, with the callbacks on
+threads of the registry), nodes (the JSON of the nodes), and the stores, each made on the
+session and holding the calls on one concern: brokers (and their epochs), topics and states
+(the topics' configurations and the partitions' state nodes), admin (reassignments and
+preferred-leader elections asked), groups and coordination, controller, security, quotas,
+settings. Registry is the session with its stores (`registry.topics`, `registry.groups`,
+...).
 
 Thread-safety: a Registry may be used from several threads at once (trio.to_thread included).
 Watch callbacks run on threads of the registry, one at a time per watch.
@@ -63,17 +66,19 @@ from broker.registry.admin import (
     ReassignmentInProgress,
     ReassignmentNodes,
 )
-from broker.registry.brokers import BrokerRegistration
+from broker.registry.brokers import BrokerRegistration, Brokers
 from broker.registry.controller import Controller, ControllerInfo, ControllerMoved
 from broker.registry.coordination import ClaimedElsewhere, ClaimedGroup, GroupCoordination
 from broker.registry.groups import partition_name
 from broker.registry.nodes import FORMAT_VERSION
 from broker.registry.quotas import Quotas
+from broker.registry.reading import NodeReads
 from broker.registry.security import Security
 from broker.registry.session import DEFAULT_CHROOT, RegistryStatistics
 from broker.registry.settings import BrokerSettingsNode
 from broker.registry.states import NO_LEADER, PartitionState, PartitionStateChanged
 from broker.registry.topic_config import MAX_PARTITIONS, TopicConfig
+from broker.registry.topics import TopicNodes
 
 __all__ = [
     "DEFAULT_CHROOT",
@@ -97,20 +102,20 @@ __all__ = [
 ]
 
 
-class Registry(ReassignmentNodes, ZooKeeperAcls):
+class Registry(ZooKeeperAcls, NodeReads):
     """A broker's (or a tool's) connection to the registry in ZooKeeper.
 
     Paths, under `chroot`:
 
-        /brokers/ids/<broker_id>              ephemeral   register_broker
-        /brokers/topics/<topic>/<broker_id>   ephemeral   register_topic_partitions
+        /brokers/ids/<broker_id>              ephemeral   brokers.register
+        /brokers/topics/<topic>/<broker_id>   ephemeral   topics.register_topic_partitions
         /brokers/topics/<topic>/partitions/<p>/state
-                                              persistent  create_topic_config,
-                                                          write_partition_state
-        /config/topics/<topic>                persistent  create_topic_config
+                                              persistent  topics.create_topic_config,
+                                                          topics.write_partition_state
+        /config/topics/<topic>                persistent  topics.create_topic_config
         /controller, /controller_epoch        both        controller.elect
-        /admin/reassign/<topic>-<p>,          persistent  start_reassignment,
-        /admin/preferred_election                         ask_preferred_election
+        /admin/reassign/<topic>-<p>,          persistent  reassignments.start_reassignment,
+        /admin/preferred_election                         reassignments.ask_preferred_election
         /consumers/<group>/...                both        groups.register_consumer,
                                                           groups.claim_partition,
                                                           groups.commit_offset;
@@ -120,11 +125,14 @@ class Registry(ReassignmentNodes, ZooKeeperAcls):
         /config/brokers                       persistent  settings.set, settings.delete
         /config/quotas                        persistent  quotas.set, quotas.delete
 
-    Stores of their own, made on this session: `groups` (consumer groups, their members,
-    owners, offsets and coordinators: broker.registry.groups and .coordination), `controller`
-    (its election, broker.registry.controller), and the nodes of one JSON value each: `security`
-    (broker.registry.security), `settings` (live broker settings, broker.registry.settings)
-    and `quotas` (broker.registry.quotas).
+    Its stores, each made on this session (kazoo's recipes are the model): `brokers`
+    (broker.registry.brokers), `topics` (their configurations, the brokers serving them and
+    the partitions' state nodes: broker.registry.topics and .states), `reassignments`
+    (reassignments and preferred-leader elections asked: broker.registry.admin), `groups`
+    (consumer groups, their members, owners, offsets and coordinators: broker.registry.groups
+    and .coordination), `controller` (its election, broker.registry.controller), and the
+    nodes of one JSON value each: `security` (broker.registry.security), `settings` (live
+    broker settings, broker.registry.settings) and `quotas` (broker.registry.quotas).
 
     With `auth` (a ZooKeeperAuth), the session presents that digest identity and the nodes it
     creates carry ZooKeeper ACLs (broker.registry.session; docs/registry.md, "Who may write
@@ -143,6 +151,18 @@ class Registry(ReassignmentNodes, ZooKeeperAcls):
 
     BASE_PATHS = ("/brokers/ids", "/brokers/topics", "/config/topics")
     SHARED_PATHS = ("/consumers",)  # the groups'
+
+    @cached_property
+    def brokers(self) -> Brokers:
+        return Brokers(self)
+
+    @cached_property
+    def topics(self) -> TopicNodes:
+        return TopicNodes(self, self.brokers)
+
+    @cached_property
+    def reassignments(self) -> ReassignmentNodes:
+        return ReassignmentNodes(self, self.topics)
 
     @cached_property
     def groups(self) -> GroupCoordination:

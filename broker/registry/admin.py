@@ -25,8 +25,9 @@ from broker.errors import InvalidTopic, PylogError, UnknownTopicOrPartition
 from broker.protocol import check_topic_name
 from broker.registry.controller import CONTROLLER_EPOCH, ControllerMoved
 from broker.registry.nodes import decode, encode, int_list, validate_broker_id
+from broker.registry.reading import NodeReads
 from broker.registry.session import BadVersion, NodeExists, NoNode
-from broker.registry.states import PartitionState, PartitionStateChanged
+from broker.registry.states import PartitionState, PartitionStateChanged, epoch_moved
 from broker.registry.topic_config import TopicConfig
 from broker.registry.topics import TopicNodes
 
@@ -104,8 +105,14 @@ def check_replicas(replicas: Sequence[int], live: Sequence[int]) -> tuple[int, .
     return wanted
 
 
-class ReassignmentNodes(TopicNodes):
-    """The registry's calls on reassignments and preferred-leader elections."""
+class ReassignmentNodes:
+    """The reassignments and preferred-leader elections asked in the registry (/admin), on
+    `session`; `topics` holds the configurations and states they change."""
+
+    def __init__(self, session: NodeReads, topics: TopicNodes) -> None:
+        self._session = session
+        self._topics = topics
+        self.chroot = session.chroot
 
     def reassign_path(self, topic: str, partition: int) -> str:
         return f"{self.chroot}{REASSIGN}/{topic}-{partition}"
@@ -122,7 +129,7 @@ class ReassignmentNodes(TopicNodes):
         ReassignmentInProgress when one is under way for the partition."""
         check_topic_name(topic)
         wanted = check_replicas(replicas, live)
-        config = self.topic_config(topic)
+        config = self._topics.topic_config(topic)
         current = config.replicas_of(partition)
         if current == wanted:
             return None
@@ -135,18 +142,18 @@ class ReassignmentNodes(TopicNodes):
         reassignment = Reassignment(topic, partition, wanted, current)
         path = self.reassign_path(topic, partition)
         try:
-            self.create(path, reassignment.to_json(), makepath=True)
+            self._session.create(path, reassignment.to_json(), makepath=True)
         except NodeExists:
-            under_way = self.reassignments().get((topic, partition))
+            under_way = self.read().get((topic, partition))
             raise ReassignmentInProgress(
                 topic, partition, () if under_way is None else under_way.replicas
             ) from None
         return reassignment
 
-    def reassignments(self) -> dict[tuple[str, int], Reassignment]:
+    def read(self) -> dict[tuple[str, int], Reassignment]:
         """Every reassignment under way: (topic, partition) -> Reassignment (unreadable nodes
         are left out, with a warning)."""
-        found = self.read_all(f"{self.chroot}{REASSIGN}", bytes, str)
+        found = self._session.read_all(f"{self.chroot}{REASSIGN}", bytes, str)
         result = {}
         for name, data in found.items():
             try:
@@ -160,24 +167,24 @@ class ReassignmentNodes(TopicNodes):
     def watch_reassignments(self, callback: Callable[[dict[str, bytes]], None]) -> None:
         """Call `callback` (with the nodes' data by name, unparsed) now and whenever a
         reassignment is asked or ends, until stop()."""
-        self.add_watch(f"{self.chroot}{REASSIGN}", bytes, str, callback)
+        self._session.add_watch(f"{self.chroot}{REASSIGN}", bytes, str, callback)
 
     def ask_preferred_election(self, topics: Sequence[str] | None) -> None:
         """Ask the controller for a preferred-leader election over `topics` (None: every
         topic). ElectionInProgress while one asked earlier waits; UnknownTopicOrPartition for
         a topic that does not exist."""
         for topic in topics or ():
-            self.topic_config(topic)
+            self._topics.topic_config(topic)
         data = encode({"topics": None if topics is None else list(topics)})
         try:
-            self.create(self.chroot + PREFERRED_ELECTION, data, makepath=True)
+            self._session.create(self.chroot + PREFERRED_ELECTION, data, makepath=True)
         except NodeExists:
             raise ElectionInProgress() from None
 
     def preferred_election_asked(self) -> tuple[bool, list[str] | None]:
         """Whether a preferred-leader election is asked, and over which topics (None: all)."""
         try:
-            data, _ = self.get(self.chroot + PREFERRED_ELECTION)
+            data, _ = self._session.get(self.chroot + PREFERRED_ELECTION)
         except NoNode:
             return False, None
         try:
@@ -191,12 +198,12 @@ class ReassignmentNodes(TopicNodes):
     def end_preferred_election(self) -> None:
         """The asked election ran: its node goes (no error when it is gone already)."""
         with contextlib.suppress(NoNode):
-            self.delete(self.chroot + PREFERRED_ELECTION)
+            self._session.delete(self.chroot + PREFERRED_ELECTION)
 
     def watch_preferred_election(self, callback: Callable[[bool], bool]) -> None:
         """Call `callback(asked)` now and whenever /admin/preferred_election is created or
         deleted, until stop() or the callback returns False."""
-        self.watch_data(
+        self._session.watch_data(
             self.chroot + PREFERRED_ELECTION, lambda _: True, lambda v, _: callback(v is not None)
         )
 
@@ -228,20 +235,22 @@ class ReassignmentNodes(TopicNodes):
 
         def build(transaction: TransactionRequest) -> None:
             transaction.check(epoch_path, controller_epoch - 1)  # its version: epoch - 1
-            config_path = self.topic_config_path(topic)
+            config_path = self._topics.topic_config_path(topic)
             transaction.set_data(config_path, new_config.to_json(), config_version)
             if state is not None:
                 transaction.set_data(
-                    self.partition_state_path(topic, partition), state[0].to_json(), state[1]
+                    self._topics.partition_state_path(topic, partition),
+                    state[0].to_json(),
+                    state[1],
                 )
                 transaction.delete(self.reassign_path(topic, partition))
 
         try:
-            self.commit(f"reassign {topic}-{partition}", build)
+            self._session.commit(f"reassign {topic}-{partition}", build)
         except (BadVersion, NoNode):
-            if self._epoch_moved(epoch_path, controller_epoch):
+            if epoch_moved(self._session, epoch_path, controller_epoch):
                 raise ControllerMoved(controller_epoch) from None
-            self.topic_config(topic)  # UnknownTopicOrPartition when it went
+            self._topics.topic_config(topic)  # UnknownTopicOrPartition when it went
             raise PartitionStateChanged(topic, partition, config_version) from None
 
     def reassignment_view(
@@ -250,9 +259,9 @@ class ReassignmentNodes(TopicNodes):
         """What the controller decides a reassignment's next step from: the topic's
         configuration and its node's version, and the partition's state and its node's version.
         UnknownTopicOrPartition when the topic, the partition or its state node is missing."""
-        config, version = self._read_config(topic)
+        config, version = self._topics.read_config(topic)
         config.replicas_of(partition)
-        return config, version, self.partition_state(topic, partition)
+        return config, version, self._topics.partition_state(topic, partition)
 
     def cancel_reassignment(self, topic: str, partition: int) -> None:
         """Forget the reassignment of `partition` of `topic` (a wanted broker that will not
@@ -261,7 +270,7 @@ class ReassignmentNodes(TopicNodes):
         way."""
         check_topic_name(topic)
         try:
-            self.delete(self.reassign_path(topic, partition))
+            self._session.delete(self.reassign_path(topic, partition))
         except NoNode:
             raise UnknownTopicOrPartition(
                 f"no reassignment of partition {partition} of topic {topic!r} is under way"

@@ -85,44 +85,50 @@ class BrokerRegistration:
         )
 
 
-class Brokers(NodeReads):
-    """The registry's calls on brokers."""
+class Brokers:
+    """The brokers registered in the registry (/brokers/ids), on `session`."""
 
-    def broker_path(self, broker_id: int) -> str:
+    def __init__(self, session: NodeReads) -> None:
+        self._session = session
+        self.chroot = session.chroot
+
+    def path(self, broker_id: int) -> str:
         return f"{self.chroot}/brokers/ids/{broker_id}"
 
-    def register_broker(self, broker_id: int, info: BrokerRegistration) -> None:
-        """Create (or update) the ephemeral /brokers/ids/<broker_id>, kept until stop().
+    def register(self, broker_id: int, info: BrokerRegistration) -> None:
+        """Create (or update) the ephemeral /brokers/ids/<broker_id>, kept until the session stops.
 
         On RegistryUnavailable the registration is remembered and made once connected."""
         validate_broker_id(broker_id)
-        self.register(self.broker_path(broker_id), info.to_json())
+        self._session.register(self.path(broker_id), info.to_json())
 
-    def unregister_broker(self, broker_id: int) -> None:
+    def unregister(self, broker_id: int) -> None:
         """Delete /brokers/ids/<broker_id> and stop keeping it (nothing if it is absent)."""
         validate_broker_id(broker_id)
-        self.unregister(self.broker_path(broker_id))
+        self._session.unregister(self.path(broker_id))
 
-    def brokers(self) -> dict[int, BrokerRegistration]:
+    def read(self) -> dict[int, BrokerRegistration]:
         """The live brokers: broker id -> BrokerRegistration (unreadable nodes are left out). Their
-        racks, for TopicConfig.spread: {i: b.rack for i, b in brokers().items()}."""
-        return self.read_all(f"{self.chroot}/brokers/ids", BrokerRegistration.from_json, int)
+        racks, for TopicConfig.spread: {i: b.rack for i, b in read().items()}."""
+        return self._session.read_all(
+            f"{self.chroot}/brokers/ids", BrokerRegistration.from_json, int
+        )
 
-    def broker_epochs(self) -> dict[int, int]:
+    def epochs(self) -> dict[int, int]:
         """The live brokers and the epoch of each (after Kafka's KIP-380): the zxid that created
         its registration node. A broker that registers again, after a restart (even one within
         its old session, whose node it replaces) or a session expiry, has a later epoch: a new
         incarnation, which the controller tells from the old one."""
         path = f"{self.chroot}/brokers/ids"
         try:
-            children = self.children(path)
+            children = self._session.children(path)
         except NoNode:
             return {}
         epochs = {}
         for child in children:
             if child.isascii() and child.isdecimal():
                 try:
-                    epochs[int(child)] = self.get(f"{path}/{child}")[1].czxid
+                    epochs[int(child)] = self._session.get(f"{path}/{child}")[1].czxid
                 except NoNode:
                     continue  # gone since listed
         return epochs
@@ -133,12 +139,15 @@ class Brokers(NodeReads):
         yet in this session, or another's). RegistryUnavailable as every call."""
         validate_broker_id(broker_id)
         try:
-            _, stat = self.get(self.broker_path(broker_id))
+            _, stat = self._session.get(self.path(broker_id))
         except NoNode:
             return None
-        session = self.session_id
+        session = self._session.session_id
         return stat.czxid if session is not None and stat.ephemeral_owner == session else None
 
-    def watch_brokers(self, callback: Callable[[dict[int, BrokerRegistration]], None]) -> None:
-        """Call `callback(brokers())` now and whenever a broker comes or goes, until stop()."""
-        self.add_watch(f"{self.chroot}/brokers/ids", BrokerRegistration.from_json, int, callback)
+    def watch(self, callback: Callable[[dict[int, BrokerRegistration]], None]) -> None:
+        """Call `callback(read())` now and whenever a broker comes or goes, until the session
+        stops."""
+        self._session.add_watch(
+            f"{self.chroot}/brokers/ids", BrokerRegistration.from_json, int, callback
+        )

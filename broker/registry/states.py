@@ -18,6 +18,7 @@ from broker.protocol import check_topic_name
 from broker.registry.brokers import Brokers
 from broker.registry.controller import CONTROLLER_EPOCH, ControllerMoved
 from broker.registry.nodes import decode, encode, int_field, int_list, is_int
+from broker.registry.reading import NodeReads
 from broker.registry.session import FAILED, BadVersion, NodeExists, NoNode
 from broker.registry.topic_config import TopicConfig
 
@@ -110,8 +111,14 @@ class PartitionState:
         )
 
 
-class PartitionStates(Brokers):
-    """The registry's calls on partition states."""
+class PartitionStates:
+    """The partitions' state nodes in the registry, on `session`; `brokers` gives the epochs
+    a topic's first states name."""
+
+    def __init__(self, session: NodeReads, brokers: Brokers) -> None:
+        self._session = session
+        self._brokers = brokers
+        self.chroot = session.chroot
 
     def topic_node_path(self, topic: str) -> str:
         return f"{self.chroot}/brokers/topics/{topic}"
@@ -127,11 +134,11 @@ class PartitionStates(Brokers):
         /brokers/topics/<topic>/partitions (None without that node)."""
         folder = self.partition_states_path(topic)
         try:
-            children = self.children(folder)
+            children = self._session.children(folder)
         except NoNode:
             return None
         numbers = [child for child in children if child.isascii() and child.isdecimal()]
-        listed = self.children_many(f"list {folder}/*", [f"{folder}/{n}" for n in numbers])
+        listed = self._session.children_many(f"list {folder}/*", [f"{folder}/{n}" for n in numbers])
         found = {}
         for number, below in zip(numbers, listed, strict=True):
             if isinstance(below, NoNode):
@@ -150,12 +157,12 @@ class PartitionStates(Brokers):
         were created."""
         check_topic_name(topic)
         config.validate(topic)
-        created, epochs = 0, self.broker_epochs()
+        created, epochs = 0, self._brokers.epochs()
         for p, replicas in enumerate(config.replicas):
             path = self.partition_state_path(topic, p)
             initial = PartitionState.initial(replicas, epochs)
             with contextlib.suppress(NodeExists):
-                self.create(path, initial.to_json(), makepath=True)
+                self._session.create(path, initial.to_json(), makepath=True)
                 created += 1
         return created
 
@@ -170,7 +177,7 @@ class PartitionStates(Brokers):
             raise UnknownTopicOrPartition(f"partition {partition!r} does not exist")
         path = self.partition_state_path(topic, partition)
         try:
-            data, stat = self.get(path)
+            data, stat = self._session.get(path)
         except NoNode:
             raise UnknownTopicOrPartition(
                 f"partition {partition} of topic {topic!r} has no state node"
@@ -187,7 +194,7 @@ class PartitionStates(Brokers):
         numbers = [p for p, has in sorted((self._partition_nodes(topic) or {}).items()) if has]
         paths = [self.partition_state_path(topic, p) for p in numbers]
         states = {}
-        read = self.get_many(f"read {self.partition_states_path(topic)}/*/state", paths)
+        read = self._session.get_many(f"read {self.partition_states_path(topic)}/*/state", paths)
         for p, path, answer in zip(numbers, paths, read, strict=True):
             if isinstance(answer, NoNode):
                 continue  # deleted since listed
@@ -231,19 +238,18 @@ class PartitionStates(Brokers):
         epoch_path = self.chroot + CONTROLLER_EPOCH
         try:
             if controller_epoch is None:
-                stat = self.request(
-                    f"write {path}", lambda: self._client.set_async(path, data, version)
-                )
-            else:
+                return self._session.set(path, data, version)
 
-                def build(transaction: TransactionRequest) -> None:
-                    # /controller_epoch's version is its epoch - 1 (broker.registry.controller)
-                    transaction.check(epoch_path, controller_epoch - 1)
-                    transaction.set_data(path, data, version)
+            def build(transaction: TransactionRequest) -> None:
+                # /controller_epoch's version is its epoch - 1 (broker.registry.controller)
+                transaction.check(epoch_path, controller_epoch - 1)
+                transaction.set_data(path, data, version)
 
-                stat = self.commit(f"write {path}", build)[1]
+            stat = self._session.commit(f"write {path}", build)[1]
         except (BadVersion, NoNode) as error:
-            if controller_epoch is not None and self._epoch_moved(epoch_path, controller_epoch):
+            if controller_epoch is not None and epoch_moved(
+                self._session, epoch_path, controller_epoch
+            ):
                 raise ControllerMoved(controller_epoch) from None
             if isinstance(error, BadVersion):
                 raise PartitionStateChanged(topic, partition, version) from None
@@ -252,13 +258,6 @@ class PartitionStates(Brokers):
             ) from None
         new_version: int = stat.version
         return new_version
-
-    def _epoch_moved(self, epoch_path: str, epoch: int) -> bool:
-        """Whether /controller_epoch is no longer at `epoch` (its version epoch - 1)."""
-        try:
-            return self.get(epoch_path)[1].version != epoch - 1
-        except NoNode:
-            return True
 
     def watch_partition_state(
         self,
@@ -277,6 +276,15 @@ class PartitionStates(Brokers):
         check_topic_name(topic)
         if not is_int(partition) or partition < 0:
             raise UnknownTopicOrPartition(f"partition {partition!r} does not exist")
-        self.watch_data(
+        self._session.watch_data(
             self.partition_state_path(topic, partition), PartitionState.from_json, callback
         )
+
+
+def epoch_moved(session: NodeReads, epoch_path: str, epoch: int) -> bool:
+    """Whether /controller_epoch (`epoch_path`) is no longer at `epoch` (its version epoch - 1):
+    what a controller's conditional write refused tells apart."""
+    try:
+        return session.get(epoch_path)[1].version != epoch - 1
+    except NoNode:
+        return True

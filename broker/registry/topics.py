@@ -81,15 +81,17 @@ class TopicNodes(PartitionStates):
         numbers = sorted(partitions)
         if not numbers or not all(is_int(p) and p >= 0 for p in numbers):
             raise InvalidTopic(f"topic {topic!r}: partitions must be numbers >= 0, not {numbers}")
-        self.register(self.topic_broker_path(topic, broker_id), encode({"partitions": numbers}))
+        self._session.register(
+            self.topic_broker_path(topic, broker_id), encode({"partitions": numbers})
+        )
 
     def unregister_topic(self, topic: str, broker_id: int) -> None:
         """Delete /brokers/topics/<topic>/<broker_id> (and the topic's node once empty)."""
         check_topic_name(topic)
         validate_broker_id(broker_id)
-        self.unregister(self.topic_broker_path(topic, broker_id))
+        self._session.unregister(self.topic_broker_path(topic, broker_id))
         with contextlib.suppress(NoNode, NotEmpty):
-            self.delete(self.topic_node_path(topic))
+            self._session.delete(self.topic_node_path(topic))
 
     def topic_brokers(self, topic: str) -> dict[int, tuple[int, ...]]:
         """Broker id -> the partitions of `topic` it serves, for the live brokers holding it.
@@ -98,11 +100,11 @@ class TopicNodes(PartitionStates):
         check_topic_name(topic)
         path = self.topic_node_path(topic)
         try:
-            children = self.children(path)
+            children = self._session.children(path)
         except NoNode:
             return {}
         ids = [child for child in children if child.isascii() and child.isdecimal()]
-        return self.read_each(path, ids, _partitions, int)
+        return self._session.read_each(path, ids, _partitions, int)
 
     # -- topic configurations ----------------------------------------------------------------
 
@@ -123,7 +125,7 @@ class TopicNodes(PartitionStates):
         completes it."""
         check_topic_name(topic)
         config.validate(topic)
-        epochs = self.broker_epochs()
+        epochs = self._brokers.epochs()
         states = [
             PartitionState.initial(replicas, epochs).to_json() for replicas in config.replicas
         ]
@@ -160,8 +162,8 @@ class TopicNodes(PartitionStates):
                 transaction.create(self.topic_config_path(topic), config.to_json())
 
             try:
-                self.commit_in_chunks(what, build, fence)
-                self.commit(what, publish)
+                self._session.commit_in_chunks(what, build, fence)
+                self._session.commit(what, publish)
                 return
             except BadVersion:
                 self._refuse_existing(topic)
@@ -183,10 +185,10 @@ class TopicNodes(PartitionStates):
         claims after it, or a publication, fences it. BadVersion when another writer claimed
         between the read and the write."""
         folder = self.partition_states_path(topic)
-        self.ensure_path(folder)
-        version = self.get(folder)[1].version
+        self._session.ensure_path(folder)
+        version = self._session.get(folder)[1].version
         check()
-        return self.set(folder, b"", version)
+        return self._session.set(folder, b"", version)
 
     def _refuse_existing(self, topic: str) -> None:
         if self._exists(self.topic_config_path(topic)):
@@ -215,7 +217,7 @@ class TopicNodes(PartitionStates):
         the next add_partitions (or creation) takes over."""
         check_topic_name(topic)
         for _ in range(TRANSACTION_ATTEMPTS):
-            config, version = self._read_config(topic)
+            config, version = self.read_config(topic)
             grown = self._grow(topic, config, version, count, racks)
             if grown is not None:
                 return grown
@@ -251,7 +253,7 @@ class TopicNodes(PartitionStates):
             replicas=config.replicas + added,
         )
         grown.validate(topic)
-        epochs = self.broker_epochs()
+        epochs = self._brokers.epochs()
         folder = self.partition_states_path(topic)
         what = f"add partitions to topic {topic!r}"
         try:
@@ -275,8 +277,8 @@ class TopicNodes(PartitionStates):
             transaction.set_data(self.topic_config_path(topic), grown.to_json(), version)
 
         try:
-            self.commit_in_chunks(what, build, lambda t: t.check(folder, claim))
-            self.commit(what, publish)
+            self._session.commit_in_chunks(what, build, lambda t: t.check(folder, claim))
+            self._session.commit(what, publish)
         except (BadVersion, NodeExists, NoNode):
             return None  # another write came between, or the partition nodes changed
         return grown
@@ -298,14 +300,14 @@ class TopicNodes(PartitionStates):
         path = self.topic_config_path(topic)
         if not self._exists(path):
             raise UnknownTopicOrPartition(f"topic {topic!r} does not exist")
-        self.ensure_path(folder)  # a topic created before replication may have none
+        self._session.ensure_path(folder)  # a topic created before replication may have none
 
         def unpublish(transaction: TransactionRequest) -> None:
             transaction.delete(path)
             transaction.set_data(folder, b"")
 
         try:
-            claim: int = self.commit(f"delete topic {topic!r}", unpublish)[1].version
+            claim: int = self._session.commit(f"delete topic {topic!r}", unpublish)[1].version
         except NoNode:
             if not self._exists(path):
                 raise UnknownTopicOrPartition(f"topic {topic!r} does not exist") from None
@@ -320,10 +322,10 @@ class TopicNodes(PartitionStates):
                     transaction.delete(f"{folder}/{p}")
 
             try:
-                self.commit_in_chunks(
+                self._session.commit_in_chunks(
                     f"delete topic {topic!r}", build, lambda t: t.check(folder, claim)
                 )
-                self.delete(folder, claim)
+                self._session.delete(folder, claim)
                 break
             except BadVersion:
                 return  # a creation of the same name took the nodes over
@@ -346,11 +348,11 @@ class TopicNodes(PartitionStates):
             )
             return
         with contextlib.suppress(NoNode, NotEmpty):
-            self.delete(self.topic_node_path(topic))
+            self._session.delete(self.topic_node_path(topic))
 
     def _exists(self, path: str) -> bool:
         try:
-            self.get(path)
+            self._session.get(path)
         except NoNode:
             return False
         return True
@@ -358,13 +360,13 @@ class TopicNodes(PartitionStates):
     def topic_config(self, topic: str) -> TopicConfig:
         """The configuration of `topic`; UnknownTopicOrPartition if there is none."""
         check_topic_name(topic)
-        return self._read_config(topic)[0]
+        return self.read_config(topic)[0]
 
-    def _read_config(self, topic: str) -> tuple[TopicConfig, int]:
+    def read_config(self, topic: str) -> tuple[TopicConfig, int]:
         """The configuration of `topic` and its node's version."""
         path = self.topic_config_path(topic)
         try:
-            data, stat = self.get(path)
+            data, stat = self._session.get(path)
         except NoNode:
             raise UnknownTopicOrPartition(f"topic {topic!r} does not exist") from None
         try:
@@ -412,11 +414,11 @@ class TopicNodes(PartitionStates):
         check_topic_name(topic)
         path = self.topic_config_path(topic)
         for _ in range(ALTER_ATTEMPTS):
-            config, version = self._read_config(topic)
+            config, version = self.read_config(topic)
             altered = change(config)
             altered.validate(topic)
             try:
-                self.set(path, altered.to_json(), version)
+                self._session.set(path, altered.to_json(), version)
             except BadVersion:
                 continue
             except NoNode:
@@ -438,13 +440,15 @@ class TopicNodes(PartitionStates):
         read as a configuration is logged and passed over."""
         check_topic_name(topic)
         path = self.topic_config_path(topic)
-        self.watch_data(path, TopicConfig.from_json, lambda config, _: callback(config))
+        self._session.watch_data(path, TopicConfig.from_json, lambda config, _: callback(config))
 
     def topic_configs(self) -> dict[str, TopicConfig]:
         """Every topic's configuration: name -> TopicConfig (unreadable nodes are left out)."""
-        return self.read_all(f"{self.chroot}/config/topics", TopicConfig.from_json, str)
+        return self._session.read_all(f"{self.chroot}/config/topics", TopicConfig.from_json, str)
 
     def watch_topic_configs(self, callback: Callable[[dict[str, TopicConfig]], None]) -> None:
         """Call `callback(topic_configs())` now and whenever a topic is created or deleted,
         until stop(). (A node's data is not watched here: watch_topic_config does that.)"""
-        self.add_watch(f"{self.chroot}/config/topics", TopicConfig.from_json, str, callback)
+        self._session.add_watch(
+            f"{self.chroot}/config/topics", TopicConfig.from_json, str, callback
+        )

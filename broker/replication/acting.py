@@ -2,9 +2,9 @@
 calling thread (the controller service's): settling every partition after a change of the live
 brokers or the topics (choose_leader), preferred-leader elections (choose_preferred) and the
 steps of reassignments (broker.replication.reassign). Every write is
-Registry.write_partition_state conditional on the node's version read and on /controller_epoch
-being at this controller's epoch: PartitionStateChanged reads the node again and decides again
-(WRITE_ATTEMPTS times at most), ControllerMoved ends the acting.
+Registry.topics.write_partition_state conditional on the node's version read and on
+/controller_epoch being at this controller's epoch: PartitionStateChanged reads the node again
+and decides again (WRITE_ATTEMPTS times at most), ControllerMoved ends the acting.
 """
 
 from __future__ import annotations
@@ -79,19 +79,19 @@ class Acting:
         before each partition) and the topics seen. RegistryUnavailable and ControllerMoved
         as they come."""
         registry = self.registry
-        alive = registry.broker_epochs()
-        configs = registry.topic_configs()
+        alive = registry.brokers.epochs()
+        configs = registry.topics.topic_configs()
         settled, offline = True, 0
         for topic, config in sorted(configs.items()):
             if self.stopping():
                 return False, []
             unclean = replica_setting(config.settings, "unclean_leader_election") == 1
-            states = registry.partition_states(topic)
+            states = registry.topics.partition_states(topic)
             if len(states) < config.partitions:
-                created = registry.create_partition_states(topic, config)
+                created = registry.topics.create_partition_states(topic, config)
                 if created:
                     log.info("topic %r: %d partition state node(s) created", topic, created)
-                states = registry.partition_states(topic)
+                states = registry.topics.partition_states(topic)
             for partition, (state, version) in sorted(states.items()):
                 if self.stopping():  # a topic may have 10,000 partitions: seconds of writes
                     return False, []
@@ -118,15 +118,17 @@ class Acting:
         if isinstance(topics, str):
             raise TypeError("topics is a collection of topic names, not one name")
         if topics is None:
-            configs = registry.topic_configs()
+            configs = registry.topics.topic_configs()
         else:
-            configs = {topic: registry.topic_config(topic) for topic in topics}
-        alive = registry.broker_epochs()
+            configs = {topic: registry.topics.topic_config(topic) for topic in topics}
+        alive = registry.brokers.epochs()
         moved = 0
         for topic, config in sorted(configs.items()):
             if self.stopping():
                 break
-            for partition, (state, version) in sorted(registry.partition_states(topic).items()):
+            for partition, (state, version) in sorted(
+                registry.topics.partition_states(topic).items()
+            ):
                 if self.stopping():
                     return moved
                 if partition >= config.partitions:
@@ -145,13 +147,13 @@ class Acting:
         whether any waits for its new replicas (to be looked at again REASSIGN_CHECK_S
         later). RegistryUnavailable and ControllerMoved as they come."""
         registry = self.registry
-        pending = registry.reassignments()
+        pending = registry.reassignments.read()
         waiting = self.counters.reassignments_waiting
         for key in [key for key in waiting if key not in pending]:
             del waiting[key]
         if not pending:
             return False
-        brokers, alive = registry.brokers(), registry.broker_epochs()
+        brokers, alive = registry.brokers.read(), registry.brokers.epochs()
         for _, reassignment in sorted(pending.items()):
             if self.stopping():
                 return True
@@ -171,13 +173,13 @@ class Acting:
         key = (topic, partition)
         for _ in range(WRITE_ATTEMPTS + 2):  # an expand, then a finish, each maybe raced
             try:
-                config, version, (state, state_version) = registry.reassignment_view(
+                config, version, (state, state_version) = registry.reassignments.reassignment_view(
                     topic, partition
                 )
             except UnknownTopicOrPartition as error:
                 log.warning("%s-%d: reassignment dropped: %s", topic, partition, error)
                 with contextlib.suppress(UnknownTopicOrPartition):
-                    registry.cancel_reassignment(topic, partition)
+                    registry.reassignments.cancel_reassignment(topic, partition)
                 counters.reassignments_waiting.pop(key, None)
                 return
             current = config.replicas[partition]
@@ -202,7 +204,7 @@ class Acting:
                 return
             final = None if step.state is None else (step.state, state_version)
             try:
-                registry.write_reassignment_step(
+                registry.reassignments.write_reassignment_step(
                     reassignment, config, version, step.replicas, self.epoch, final
                 )
             except PartitionStateChanged:
@@ -261,12 +263,12 @@ class Acting:
             if choice is None:
                 return "unchanged", state
             try:
-                registry.write_partition_state(
+                registry.topics.write_partition_state(
                     topic, partition, choice.state, version, controller_epoch=self.epoch
                 )
             except PartitionStateChanged:
                 try:
-                    state, version = registry.partition_state(topic, partition)
+                    state, version = registry.topics.partition_state(topic, partition)
                 except UnknownTopicOrPartition:
                     return "unchanged", state  # deleted meanwhile
                 continue

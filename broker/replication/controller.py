@@ -16,13 +16,13 @@ partitions' leaders.
   election: WARNING, counted); else leader -1 (ERROR, once: the partition is unavailable until
   an ISR replica's broker returns, which is then chosen). A partition whose leader is alive
   loses the dead brokers from its ISR. Topics made before replication get their state nodes
-  first (Registry.create_partition_states).
+  first (Registry.topics.create_partition_states).
 - **Preferred-leader election** (ControllerService.elect_preferred): leadership goes back to
   `replicas[p][0]` where it is alive and in the ISR. The service runs it by itself over every
   topic every `leader_rebalance_interval_ms` while it is the controller (the first run that
   long after its election; 0: never), so leadership spreads back after a broker restarts.
 
-Every write is Registry.write_partition_state conditional on the node's version read and on
+Every write is Registry.topics.write_partition_state conditional on the node's version read and on
 /controller_epoch being at this controller's epoch: PartitionStateChanged reads the node again
 and decides again (broker.replication.acting: WRITE_ATTEMPTS times at most), ControllerMoved
 ends this epoch's acting. The choices themselves are pure functions: broker.replication.election.
@@ -190,10 +190,10 @@ class ControllerService:
         self._rebalance_interval_s = interval / 1000
         self._registry, self._broker_id = registry, broker_id
         registry.controller.watch(self._on_controller)
-        registry.watch_brokers(lambda _: self._wake())
-        registry.watch_topic_configs(lambda _: self._wake())
-        registry.watch_reassignments(lambda _: self._wake())
-        registry.watch_preferred_election(self._on_preferred_election)
+        registry.brokers.watch(lambda _: self._wake())
+        registry.topics.watch_topic_configs(lambda _: self._wake())
+        registry.reassignments.watch_reassignments(lambda _: self._wake())
+        registry.reassignments.watch_preferred_election(self._on_preferred_election)
         self._thread = threading.Thread(
             target=self._run, name=f"controller-{broker_id}", daemon=True
         )
@@ -425,15 +425,15 @@ class ControllerService:
         (/admin/preferred_election, `pylogctl topic elect-preferred`), if one is asked, then
         delete its node. A topic of it deleted since is passed over."""
         registry = acting.registry
-        asked, topics = registry.preferred_election_asked()
+        asked, topics = registry.reassignments.preferred_election_asked()
         if not asked:
             return
-        known = set(registry.topic_configs())
+        known = set(registry.topics.topic_configs())
         if topics is not None and (gone := sorted(set(topics) - known)):
             log.warning("preferred-leader election asked: topic(s) %s do not exist", gone)
             topics = [t for t in topics if t in known]
         moved = acting.elect_preferred(topics)
-        registry.end_preferred_election()
+        registry.reassignments.end_preferred_election()
         log.info(
             "preferred-leader election asked over %s: %d partition(s) moved",
             "every topic" if topics is None else f"topic(s) {topics}",
@@ -481,7 +481,7 @@ class ControllerService:
                 return True
 
             try:
-                registry.watch_topic_config(topic, changed)
+                registry.topics.watch_topic_config(topic, changed)
             except (PylogError, ValueError) as error:
                 with self._watches_lock:
                     self._setting_watches.pop(topic, None)

@@ -65,7 +65,7 @@ class Lease:
 
 class LeaseKeeper:
     """The supervisor's side: renews the lease by reading the broker's registration
-    (Registry.registered_epoch) on a thread of its own, and hands each lease renewed to
+    (Registry.brokers.registered_epoch) on a thread of its own, and hands each lease renewed to
     `renewed` on the loop. `tick` is called on every turn of the loop; nothing waits."""
 
     def __init__(
@@ -101,7 +101,7 @@ class LeaseKeeper:
         """The time taken before asking, and the broker epoch of this session's registration
         (None: not registered in this session)."""
         sent = time.monotonic()
-        return sent, registry.registered_epoch(self.broker_id)
+        return sent, registry.brokers.registered_epoch(self.broker_id)
 
     def _answered(self, result: tuple[float, int | None]) -> None:
         sent, broker_epoch = result

@@ -117,7 +117,7 @@ class Topics:
         registry = self.calls.registry
         assert registry is not None
         me = self.me
-        configs = registry.topic_configs()
+        configs = registry.topics.topic_configs()
         on_disk: dict[str, set[int]] = {}
         for log_dir in self.log_dirs:
             for folder in log_dir.iterdir():
@@ -131,7 +131,7 @@ class Topics:
                 log.warning("adopting topic %r found on disk with %d partitions", topic, partitions)
                 config = TopicConfig(partitions, (me,) * partitions)
                 try:
-                    registry.create_topic_config(topic, config)
+                    registry.topics.create_topic_config(topic, config)
                 except PylogError as error:
                     log.error("cannot record adopted topic %r in ZooKeeper: %s", topic, error)
                 configs[topic] = config
@@ -152,8 +152,8 @@ class Topics:
         registry = self.calls.registry
         assert registry is not None
         calls = self.calls
-        registry.watch_brokers(lambda brokers: calls.report(lambda: self._on_brokers(brokers)))
-        registry.watch_topic_configs(
+        registry.brokers.watch(lambda brokers: calls.report(lambda: self._on_brokers(brokers)))
+        registry.topics.watch_topic_configs(
             lambda configs: calls.report(lambda: self._on_topic_configs(configs))
         )
         for topic in self.configs:
@@ -194,7 +194,7 @@ class Topics:
             calls.report(lambda: self._on_config(topic, token, config))
             return config is not None and self._config_watches.get(topic) is token
 
-        registry.watch_topic_config(topic, changed)
+        registry.topics.watch_topic_config(topic, changed)
 
     def _place(self, topic: str, config: TopicConfig, numbers: list[int]) -> None:
         """Choose a worker for each of `numbers`, partitions of `topic` that this broker
@@ -365,7 +365,7 @@ class Topics:
         partitions = sorted(self.held[topic].served)
         me = self.me
         self.calls.call(  # on RegistryUnavailable the registry registers it once connected
-            lambda registry: registry.register_topic_partitions(topic, me, partitions),
+            lambda registry: registry.topics.register_topic_partitions(topic, me, partitions),
             lambda _: None,
             _log_registry_failure(f"topic {topic!r}: registration deferred"),
         )
@@ -407,7 +407,7 @@ class Topics:
         if not state.workers:
             del self.held[topic]
             self.calls.call(  # on RegistryUnavailable: deleted at the next reconnection
-                lambda registry: registry.unregister_topic(topic, me),
+                lambda registry: registry.topics.unregister_topic(topic, me),
                 lambda _: None,
                 _log_registry_failure(f"topic {topic!r}: unregistration deferred"),
             )
@@ -572,7 +572,7 @@ class Topics:
                 self.drop_topic(topic)
                 log.info("topic %r was deleted through another broker", topic)
 
-        self.calls.call(lambda registry: registry.topic_config(topic), lambda _: None, gone)
+        self.calls.call(lambda registry: registry.topics.topic_config(topic), lambda _: None, gone)
 
 
 def _log_registry_failure(what: str) -> Callable[[PylogError], None]:

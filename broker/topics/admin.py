@@ -166,7 +166,7 @@ class TopicAdmin:
         me, rack = self.view.me, self.config.broker_rack or None
 
         def record(registry: Registry) -> TopicConfig:
-            live = registry.brokers()  # now, not as last watched
+            live = registry.brokers.read()  # now, not as last watched
             racks = {broker_id: info.rack for broker_id, info in live.items()}
             racks[me] = rack
             config = TopicConfig.spread(
@@ -176,7 +176,7 @@ class TopicAdmin:
                 replication_factor=replication_factor,
                 racks=racks,
             )
-            registry.create_topic_config(topic, config)
+            registry.topics.create_topic_config(topic, config)
             return config
 
         def refused(error: PylogError) -> None:
@@ -236,7 +236,7 @@ class TopicAdmin:
         self._creates_checking = True
         topics = [pending.topic for pending in self._pending_creates]
         self.calls.call(
-            lambda registry: {topic: registry.topic_brokers(topic) for topic in topics},
+            lambda registry: {topic: registry.topics.topic_brokers(topic) for topic in topics},
             self._on_served,
             lambda _: self._on_served({}),
         )
@@ -286,7 +286,9 @@ class TopicAdmin:
             log.error("topic %r: cannot undo its creation: %s", topic, failure)
             self.answers.append((pending.tagged, error))
 
-        self.calls.call(lambda registry: registry.delete_topic_config(topic), undone, not_undone)
+        self.calls.call(
+            lambda registry: registry.topics.delete_topic_config(topic), undone, not_undone
+        )
 
     def delete(self, topic: str, tagged: bytes, correlation_id: int) -> None:
         """Delete the topic's config in ZooKeeper, then its partitions here (every holder
@@ -306,7 +308,7 @@ class TopicAdmin:
         self._when_connected(
             f"delete topic {topic!r}",
             lambda: self.calls.call(
-                lambda registry: registry.delete_topic_config(topic), deleted, refused
+                lambda registry: registry.topics.delete_topic_config(topic), deleted, refused
             ),
             refused,
         )
@@ -330,7 +332,9 @@ class TopicAdmin:
         refused = self._refuse(tagged, correlation_id)
         self._when_connected(
             f"describe the config of topic {topic!r}",
-            lambda: self.calls.call(lambda registry: registry.topic_config(topic), read, refused),
+            lambda: self.calls.call(
+                lambda registry: registry.topics.topic_config(topic), read, refused
+            ),
             refused,
         )
 
@@ -370,7 +374,9 @@ class TopicAdmin:
         self._when_connected(
             f"alter the config of topic {topic!r}",
             lambda: self.calls.call(
-                lambda registry: registry.alter_topic_settings(topic, change), altered, refused
+                lambda registry: registry.topics.alter_topic_settings(topic, change),
+                altered,
+                refused,
             ),
             refused,
         )

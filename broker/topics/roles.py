@@ -81,7 +81,7 @@ class Roles:
                 calls.report(lambda: self._on_state(topic, number, token, state, version))
                 return self.state_watches.get(topic) is token
 
-            registry.watch_partition_state(topic, number, changed)
+            registry.topics.watch_partition_state(topic, number, changed)
 
     def _on_state(
         self, topic: str, number: int, token: object, state: PartitionState | None, version: int
@@ -169,7 +169,7 @@ class Roles:
             log.log(level, "%s-%d: ISR change to %s not made: %s", topic, number, isr, error)
 
         self.calls.call(
-            lambda registry: registry.write_partition_state(topic, number, changed, version),
+            lambda registry: registry.topics.write_partition_state(topic, number, changed, version),
             written,
             refused,
         )

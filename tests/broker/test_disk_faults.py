@@ -483,7 +483,9 @@ def test_a_partition_that_cannot_be_opened_at_start_is_listed_with_its_error(
         assert client.read_all("blocked", 1) == stored  # the other one is served
         # ZooKeeper says so too: a partition is registered as served once its worker opened it
         registry = make_registry()
-        wait_until(lambda: registry.topic_brokers("blocked") == {0: (1,)}, 30, "registration")
+        wait_until(
+            lambda: registry.topics.topic_brokers("blocked") == {0: (1,)}, 30, "registration"
+        )
     finally:
         client.close()
         with contextlib.suppress(Exception):

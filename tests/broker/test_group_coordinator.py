@@ -146,7 +146,7 @@ def test_a_group_of_the_papers_members_is_described_and_not_joined(
 
 
 def broker_id(registry: Registry, topic: str) -> int:
-    config = registry.topic_config(topic)
+    config = registry.topics.topic_config(topic)
     assert config is not None
     return config.brokers[0]
 
@@ -182,7 +182,7 @@ def test_partitions_added_while_a_member_reads_are_given_to_it(
     the group epoch, and gives the new partitions at the next heartbeats."""
     joined = calls.heartbeat(heartbeat(group, events, 0))
     with Registry(zookeeper.connect_string, broker.arguments[1]) as registry:
-        registry.add_partitions(events, 4, {0: None})
+        registry.topics.add_partitions(events, 4, {0: None})
 
     def given_all() -> bool:
         nonlocal joined

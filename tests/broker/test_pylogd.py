@@ -228,9 +228,9 @@ def test_metadata_names_the_broker_and_topics_and_zookeeper_has_them(
     assert isinstance(unknown, protocol.MetadataReply)
     assert unknown.topics[0].error_code == protocol.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     registry = make_registry()
-    assert registry.brokers()[0].port == port
-    assert registry.topic_configs()["metrics"].partitions == 3
-    assert registry.topic_brokers("metrics") == {0: (0, 1, 2)}
+    assert registry.brokers.read()[0].port == port
+    assert registry.topics.topic_configs()["metrics"].partitions == 3
+    assert registry.topics.topic_brokers("metrics") == {0: (0, 1, 2)}
 
 
 def test_advertised_port_is_what_zookeeper_and_metadata_give_others(
@@ -251,7 +251,7 @@ def test_advertised_port_is_what_zookeeper_and_metadata_give_others(
         client.close()
     assert isinstance(reply, protocol.MetadataReply)
     assert [(b.host, b.port) for b in reply.brokers] == [("127.0.0.1", advertised)]
-    assert make_registry().brokers()[0].port == advertised
+    assert make_registry().brokers.read()[0].port == advertised
 
 
 def test_deleted_topic_is_gone_from_disk_and_zookeeper(
@@ -261,7 +261,7 @@ def test_deleted_topic_is_gone_from_disk_and_zookeeper(
     client.produce("temp", 0, message_set(0, 1), Ack.FLUSHED)
     client.call(Api.DELETE_TOPIC, protocol.DeleteTopicRequest("temp"))
     wait_until(lambda: not list(pylogd.data_dir.parent.glob("logs-*/temp-*")), 10)
-    assert "temp" not in make_registry().topic_configs()
+    assert "temp" not in make_registry().topics.topic_configs()
     assert error_of(lambda: client.fetch("temp", 0, 0)) == "UNKNOWN_TOPIC_OR_PARTITION"
 
 
@@ -543,8 +543,10 @@ def test_zookeeper_outage_keeps_partitions_served_and_the_broker_registers_again
         assert time.monotonic() - started < 5
         zookeeper.start()
         with Registry(zookeeper.connect_string, registry_chroot) as registry:
-            wait_until(lambda: 0 in registry.brokers(), 30, "the broker to register again")
-            wait_until(lambda: registry.topic_brokers("steady") == {0: (0,)}, 30, "its topic")
+            wait_until(lambda: 0 in registry.brokers.read(), 30, "the broker to register again")
+            wait_until(
+                lambda: registry.topics.topic_brokers("steady") == {0: (0,)}, 30, "its topic"
+            )
         client.produce("steady", 0, data, Ack.FLUSHED)
         assert client.read_all("steady", 0) == data + data
         client.close()

@@ -438,7 +438,7 @@ def describe_across_a_move(cluster: ThreeBrokers, topic: str, registry: Registry
         lambda: described(cluster.endpoint, topic)["partitions"][0]["high_watermark"] == 31,
         what="every replica flushed the message",  # a 26-byte header + "hello"
     )
-    state, version = registry.partition_state(topic, 0)
+    state, version = registry.topics.partition_state(topic, 0)
     line = re.compile(
         r"partition (\d) broker ([123]) epoch (\d+) replicas ([123],[123],[123]) isr ([123,]+) "
         r"log_start 0 high_watermark (\d+) "
@@ -455,14 +455,14 @@ def describe_across_a_move(cluster: ThreeBrokers, topic: str, registry: Registry
     assert sorted(map(int, first[5].split(","))) == sorted(state.isr)
     assert first[6] == "31"
 
-    wait_until(lambda: len(registry.partition_state(topic, 0)[0].isr) == 3, what="ISR of 3")
-    state, version = registry.partition_state(topic, 0)
+    wait_until(lambda: len(registry.topics.partition_state(topic, 0)[0].isr) == 3, what="ISR of 3")
+    state, version = registry.topics.partition_state(topic, 0)
     leader = next(b for b in sorted(state.isr) if b != state.leader)
-    incarnation = registry.broker_epochs()[leader]
+    incarnation = registry.brokers.epochs()[leader]
     moved = PartitionState(
         leader, state.leader_epoch + 1, state.isr, state.controller_epoch, incarnation
     )
-    registry.write_partition_state(topic, 0, moved, version)
+    registry.topics.write_partition_state(topic, 0, moved, version)
 
     def leader_shown() -> bool:
         partition = described(cluster.endpoint, topic)["partitions"][0]

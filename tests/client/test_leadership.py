@@ -79,15 +79,15 @@ def create_replicated(
 def move_leadership(registry: Registry, topic: str, partition: int) -> int:
     """Move the leadership of `partition` to the next broker of its ISR, as the controller does
     (the epoch raised, written conditionally); the new leader."""
-    state, version = registry.partition_state(topic, partition)
+    state, version = registry.topics.partition_state(topic, partition)
     isr = sorted(state.isr)
     assert len(isr) > 1, f"no other in-sync replica to lead: {state}"
     leader = isr[(isr.index(state.leader) + 1) % len(isr)] if state.leader in isr else isr[0]
-    incarnation = registry.broker_epochs()[leader]
+    incarnation = registry.brokers.epochs()[leader]
     moved = PartitionState(
         leader, state.leader_epoch + 1, state.isr, state.controller_epoch, incarnation
     )
-    registry.write_partition_state(topic, partition, moved, version)
+    registry.topics.write_partition_state(topic, partition, moved, version)
     return leader
 
 
@@ -184,7 +184,7 @@ def test_metadata_version_2_names_leader_epoch_replicas_and_isr(
     create_replicated(endpoints, "described", 2)
     with Cluster(endpoints[2]) as cluster:
         for info in cluster.partitions("described"):
-            state, _ = registry.partition_state("described", info.partition)
+            state, _ = registry.topics.partition_state("described", info.partition)
             assert info.broker_id == state.leader
             assert info.leader_epoch == state.leader_epoch
             assert sorted(info.replicas) == [1, 2, 3]
@@ -403,7 +403,7 @@ def test_the_producer_sends_again_after_not_enough_replicas_until_the_isr_grows_
     endpoints, registry = shared_three_brokers.endpoints, shared_three_brokers.registry
     config = {"replication_factor": "3", "min_insync_replicas": "3"}
     create_replicated(endpoints, "strict", 1, config)
-    leader = registry.partition_state("strict", 0)[0].leader
+    leader = registry.topics.partition_state("strict", 0)[0].leader
     frozen = min({1, 2, 3} - {leader})
     with Producer(endpoints[leader], "strict", ack=Ack.ALL, batch_messages=1) as producer:
         assert producer.send(b"before").result(10) == 0
@@ -411,7 +411,7 @@ def test_the_producer_sends_again_after_not_enough_replicas_until_the_isr_grows_
         for pid in workers:  # its fetches stop; its ZooKeeper session lives on
             os.kill(pid, signal.SIGSTOP)
         try:
-            wait_until(lambda: frozen not in registry.partition_state("strict", 0)[0].isr)
+            wait_until(lambda: frozen not in registry.topics.partition_state("strict", 0)[0].isr)
             delivery = producer.send(b"during")
             with pytest.raises(TimeoutError):  # refused, and sent again, while the ISR is 2
                 delivery.result(1.0)

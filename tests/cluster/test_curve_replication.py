@@ -71,7 +71,7 @@ def keys(three: ThreeBrokers, name: str = OPERATOR) -> ClientKeys:
 
 
 def isr(registry: Registry, topic: str, partition: int = 0) -> tuple[int, ...]:
-    return tuple(sorted(registry.partition_state(topic, partition)[0].isr))
+    return tuple(sorted(registry.topics.partition_state(topic, partition)[0].isr))
 
 
 def test_a_curve_cluster_creates_a_topic_at_replication_factor_3_and_copies_it(
@@ -80,7 +80,7 @@ def test_a_curve_cluster_creates_a_topic_at_replication_factor_3_and_copies_it(
     three = curve_cluster
     with Admin(three.brokers[1].endpoint, keys=keys(three)) as admin:
         admin.create_topic("copied", 1, {"replication_factor": "3", "min_insync_replicas": "2"})
-    assert three.registry.topic_config("copied").replicas == ((1, 2, 3),)
+    assert three.registry.topics.topic_config("copied").replicas == ((1, 2, 3),)
     with Producer(
         three.brokers[1].endpoint, "copied", ack=Ack.ALL, keys=keys(three, CLIENT)
     ) as producer:
@@ -91,7 +91,7 @@ def test_a_curve_cluster_creates_a_topic_at_replication_factor_3_and_copies_it(
     folders = [three.root / f"broker-{i}" / "logs" / "copied-0" for i in (1, 2, 3)]
     wait_until(lambda: len({_stored(f) for f in folders}) == 1, 30, "the same bytes everywhere")
     assert _stored(folders[0])
-    leader = three.registry.partition_state("copied", 0)[0].leader
+    leader = three.registry.topics.partition_state("copied", 0)[0].leader
     with PartitionConsumer(
         three.brokers[leader].endpoint, "copied", 0, stop_at_end=True, keys=keys(three, CLIENT)
     ) as consumer:
@@ -128,7 +128,7 @@ def test_a_reassignment_in_a_curve_cluster_completes(
     three = curve_cluster
     with Admin(three.brokers[1].endpoint, keys=keys(three)) as admin:
         admin.create_topic("moved", 1)
-    (first,) = three.registry.topic_config("moved").replicas[0]
+    (first,) = three.registry.topics.topic_config("moved").replicas[0]
     other = first % 3 + 1
     with Producer(
         three.brokers[first].endpoint, "moved", ack=Ack.FLUSHED, keys=keys(three, CLIENT)
@@ -174,7 +174,7 @@ def test_a_broker_without_the_cluster_key_never_follows_says_why_and_a_cancel_re
         with Admin(three.brokers[1].endpoint, keys=keys(three)) as admin:
             admin.create_topic("kept", 1, {"replication_factor": "3", "min_insync_replicas": "2"})
         wait_until(lambda: isr(three.registry, "kept") == (1, 2, 3), 30, "in sync")
-        leader = three.registry.partition_state("kept", 0)[0].leader
+        leader = three.registry.topics.partition_state("kept", 0)[0].leader
         wanted = (leader, next(b for b in (1, 2, 3) if b != leader), 4)
         result = pylogctl(
             three,
@@ -183,7 +183,9 @@ def test_a_broker_without_the_cluster_key_never_follows_says_why_and_a_cancel_re
             *("--replicas", ",".join(map(str, wanted))),
         )
         assert result.exit_code == 0, result.output
-        wait_until(lambda: 4 in three.registry.topic_config("kept").replicas[0], 30, "expand")
+        wait_until(
+            lambda: 4 in three.registry.topics.topic_config("kept").replicas[0], 30, "expand"
+        )
 
         refused = "refused this broker's key (ZAP 400)"
         wait_until(lambda: refused in rogue.log_path.read_text(), 30, "broker 4's warning")
@@ -203,8 +205,8 @@ def test_a_broker_without_the_cluster_key_never_follows_says_why_and_a_cancel_re
         assert "broker(s) 4, added and not in sync, leave its replicas again" in cancel.output
         wait_until(
             lambda: (
-                three.registry.topic_config("kept").replicas[0] == (1, 2, 3)
-                and not three.registry.reassignments()
+                three.registry.topics.topic_config("kept").replicas[0] == (1, 2, 3)
+                and not three.registry.reassignments.read()
             ),
             30,
             "broker 4 removed",

@@ -99,7 +99,7 @@ def stored(root: Path, broker_id: int, folder: str) -> bytes:
 
 def led_by_another(registry: Registry, old: int) -> bool:
     """Whether the controller has given the partition to a broker other than `old`."""
-    return registry.partition_state("durable", 0)[0].leader not in (old, -1)
+    return registry.topics.partition_state("durable", 0)[0].leader not in (old, -1)
 
 
 def run_kills(three: ThreeBrokers, kills: int, keys: ClientKeys | None = None) -> None:
@@ -118,7 +118,7 @@ def run_kills(three: ThreeBrokers, kills: int, keys: ClientKeys | None = None) -
         for _ in range(kills):
             started = time.monotonic()
             traffic.wait_for_acks(20)
-            old = registry.partition_state("durable", 0)[0].leader
+            old = registry.topics.partition_state("durable", 0)[0].leader
             brokers[old].kill()
             killed = time.monotonic()
             wait_until(
@@ -131,7 +131,7 @@ def run_kills(three: ThreeBrokers, kills: int, keys: ClientKeys | None = None) -
             acked = time.monotonic()
             three.restart(old)
             wait_until(
-                lambda: len(registry.partition_state("durable", 0)[0].isr) == 3,
+                lambda: len(registry.topics.partition_state("durable", 0)[0].isr) == 3,
                 60,
                 "the old leader to catch up and rejoin the ISR",
             )
@@ -144,7 +144,7 @@ def run_kills(three: ThreeBrokers, kills: int, keys: ClientKeys | None = None) -
         traffic.stop.set()
         for thread in threads:
             thread.join(90)
-    leader = registry.partition_state("durable", 0)[0].leader
+    leader = registry.topics.partition_state("durable", 0)[0].leader
     with PartitionConsumer(
         brokers[leader].endpoint, "durable", 0, stop_at_end=True, keys=keys
     ) as reader:

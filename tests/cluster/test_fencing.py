@@ -48,7 +48,7 @@ def led_topic(three: ThreeBrokers, topic: str) -> tuple[PartitionState, RunningB
     state and its leader."""
     with Admin(three.brokers[1].endpoint) as admin:
         admin.create_topic(topic, 1, REPLICATED)
-    state = three.registry.partition_state(topic, 0)[0]
+    state = three.registry.topics.partition_state(topic, 0)[0]
     leader = three.brokers[state.leader]
     wait_until(lambda: leader_acks(leader.endpoint, topic), 30, "the leader's first ack")
     return state, leader
@@ -119,7 +119,7 @@ def test_a_leader_frozen_past_its_session_acks_nothing_and_serves_no_fetch_once_
                 pipeline.send(request)
 
             def replaced() -> bool:
-                state = registry.partition_state("deposed", 0)[0]
+                state = registry.topics.partition_state("deposed", 0)[0]
                 return (
                     state.leader not in (old.leader, -1) and state.leader_epoch > old.leader_epoch
                 )
@@ -138,7 +138,7 @@ def test_a_leader_frozen_past_its_session_acks_nothing_and_serves_no_fetch_once_
     logs: list[bytes] = []
 
     def read_the_leader() -> bool:
-        leader_now = three.brokers[registry.partition_state("deposed", 0)[0].leader]
+        leader_now = three.brokers[registry.topics.partition_state("deposed", 0)[0].leader]
         with (
             Connection(leader_now.endpoint, timeout_s=2) as connection,
             contextlib.suppress(BrokerError),
@@ -177,11 +177,11 @@ def test_a_leader_restarted_within_its_session_gets_a_new_epoch_and_keeps_its_hi
                 contextlib.suppress(BrokerError),
             ):
                 answers.append((broker_id, connection.request(latest).offset))
-        state = registry.partition_state("reborn", 0)[0]
+        state = registry.topics.partition_state("reborn", 0)[0]
         from_leader = [offset for broker_id, offset in answers if broker_id == state.leader]
         return state.leader_epoch > old.leader_epoch and len(from_leader) >= 10
 
     wait_until(sample, 30, "a new leader epoch, and its leader answering ten times")
     assert answers and min(offset for _, offset in answers) >= before, (before, answers)
-    assert registry.partition_state("reborn", 0)[0].leader_epoch > old.leader_epoch
+    assert registry.topics.partition_state("reborn", 0)[0].leader_epoch > old.leader_epoch
     assert restarted.process is not None and restarted.process.poll() is None

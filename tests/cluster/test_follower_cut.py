@@ -82,8 +82,8 @@ def test_a_follower_cut_off_by_a_freezing_proxy_leaves_the_isr_and_rejoins_after
         with Admin(through_proxy) as admin:
             admin.create_topic("cut", 1, REPLICATED)
         # Broker 1 leads: the partition's preferred leader (docs/replication.md, Placement).
-        assert registry.topic_config("cut").replicas[0] == (1, 2, 3)
-        assert registry.partition_state("cut", 0)[0].leader == 1
+        assert registry.topics.topic_config("cut").replicas[0] == (1, 2, 3)
+        assert registry.topics.partition_state("cut", 0)[0].leader == 1
         leader = stack.enter_context(Connection(through_proxy, "tests", 10.0))
 
         def metadata_isr() -> tuple[int, ...]:

@@ -248,7 +248,9 @@ def test_a_member_reads_the_partitions_led_now_while_a_dead_brokers_wait_for_it(
     values = [f"v{i}" for i in range(60)]
     produce(bootstrap, topic, values, 6)
     down = next(b for b in (3, 2, 1) if b != coordinator)
-    on_down = {p for p, b in enumerate(three.registry.topic_config(topic).brokers) if b == down}
+    on_down = {
+        p for p, b in enumerate(three.registry.topics.topic_config(topic).brokers) if b == down
+    }
     assert len(on_down) == 2
     three.brokers[down].kill()
     live = ",".join(e for b, e in three.endpoints.items() if b != down)

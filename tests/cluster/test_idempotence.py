@@ -21,7 +21,7 @@ PRODUCER = 0x2F1E5D4C3B2A1908
 
 
 def leader_of(registry: Registry) -> int:
-    return registry.partition_state("once", 0)[0].leader
+    return registry.topics.partition_state("once", 0)[0].leader
 
 
 def led_by_another(registry: Registry, old: int) -> bool:

@@ -49,18 +49,20 @@ def test_leadership_comes_back_to_a_restarted_preferred_leader_once_it_is_in_syn
     registry, brokers = own_three_brokers.registry, own_three_brokers.brokers
     with Admin(brokers[1].endpoint) as admin:
         admin.create_topic("homing", 1, {"replication_factor": "3", "min_insync_replicas": "2"})
-    preferred = registry.topic_config("homing").replicas[0][0]
-    first = registry.partition_state("homing", 0)[0]
+    preferred = registry.topics.topic_config("homing").replicas[0][0]
+    first = registry.topics.partition_state("homing", 0)[0]
     assert first.leader == preferred
     sent = produce(brokers, b"before", 50)
 
     brokers[preferred].kill()
     wait_until(
-        lambda: registry.partition_state("homing", 0)[0].leader not in (preferred, NO_LEADER),
+        lambda: (
+            registry.topics.partition_state("homing", 0)[0].leader not in (preferred, NO_LEADER)
+        ),
         60,
         "another broker to lead",
     )
-    moved = registry.partition_state("homing", 0)[0]
+    moved = registry.topics.partition_state("homing", 0)[0]
     assert preferred not in moved.isr
     sent += produce(brokers, b"meanwhile", 50)  # to the new leader, at ack=all
 
@@ -68,11 +70,11 @@ def test_leadership_comes_back_to_a_restarted_preferred_leader_once_it_is_in_syn
     # Leadership comes back only once the preferred leader is in the ISR again; the
     # controller's elections are the only writes that change the leader.
     wait_until(
-        lambda: registry.partition_state("homing", 0)[0].leader == preferred,
+        lambda: registry.topics.partition_state("homing", 0)[0].leader == preferred,
         60,
         "the preferred leader to lead again",
     )
-    back = registry.partition_state("homing", 0)[0]
+    back = registry.topics.partition_state("homing", 0)[0]
     assert preferred in back.isr and back.leader_epoch > moved.leader_epoch
     sent += produce(brokers, b"after", 50)
 

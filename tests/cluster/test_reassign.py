@@ -69,8 +69,8 @@ def read_all(endpoint: str, topic: str, partition: int) -> list[bytes]:
 
 def reassigned(registry: Registry, topic: str, partition: int, replicas: tuple[int, ...]) -> bool:
     return (
-        registry.topic_config(topic).replicas[partition] == replicas
-        and (topic, partition) not in registry.reassignments()
+        registry.topics.topic_config(topic).replicas[partition] == replicas
+        and (topic, partition) not in registry.reassignments.read()
     )
 
 
@@ -80,20 +80,22 @@ def test_a_broker_that_joins_takes_over_a_replica_while_a_producer_goes_on(
     one, two = (make_pylogd(*broker_flags(tmp_path, i), *FAST, name=f"broker-{i}") for i in (1, 2))
     with Admin(one.endpoint) as admin:
         admin.create_topic("moving", 1, {"replication_factor": "2", "min_insync_replicas": "1"})
-    assert registry.topic_config("moving").replicas == ((1, 2),)
+    assert registry.topics.topic_config("moving").replicas == ((1, 2),)
     producing = Producing(one.endpoint, "moving")
     wait_until(lambda: len(producing.acked) >= 100, what="acks before the move")
     three = make_pylogd(*broker_flags(tmp_path, 3), *FAST, name="broker-3")
 
-    asked = registry.start_reassignment("moving", 0, (3, 2), list(registry.brokers()))
+    asked = registry.reassignments.start_reassignment(
+        "moving", 0, (3, 2), list(registry.brokers.read())
+    )
     assert asked is not None and asked.original == (1, 2)
     wait_until(lambda: reassigned(registry, "moving", 0, (3, 2)), timeout=30, what="the move")
-    state = registry.partition_state("moving", 0)[0]
+    state = registry.topics.partition_state("moving", 0)[0]
     assert state.leader == 3  # broker 1 left: the first wanted replica leads
     assert set(state.isr) <= {2, 3}
     # broker 1 deleted its copy; its registration no longer names the partition
     wait_until(lambda: not (tmp_path / "broker-1" / "logs" / "moving-0").exists())
-    wait_until(lambda: 1 not in registry.topic_brokers("moving"))
+    wait_until(lambda: 1 not in registry.topics.topic_brokers("moving"))
 
     wait_until(lambda: len(producing.acked) >= 200, what="acks after")
     acked = producing.finish()
@@ -110,7 +112,7 @@ def test_a_single_copy_partition_moves_to_another_broker(
     one, two = (make_pylogd(*broker_flags(tmp_path, i), *FAST, name=f"broker-{i}") for i in (1, 2))
     with Admin(one.endpoint) as admin:
         admin.create_topic("single", 2)
-    config = registry.topic_config("single")
+    config = registry.topics.topic_config("single")
     assert config.replicas == ((1,), (2,))
     with Producer(one.endpoint, "single", ack=Ack.FLUSHED) as producer:
         for i in range(300):
@@ -118,9 +120,9 @@ def test_a_single_copy_partition_moves_to_another_broker(
         producer.flush()
     before = read_all(one.endpoint, "single", 0)
 
-    registry.start_reassignment("single", 0, (2,), list(registry.brokers()))
+    registry.reassignments.start_reassignment("single", 0, (2,), list(registry.brokers.read()))
     wait_until(lambda: reassigned(registry, "single", 0, (2,)), timeout=30, what="the move")
-    assert registry.partition_state("single", 0)[0].leader == 2
+    assert registry.topics.partition_state("single", 0)[0].leader == 2
     wait_until(lambda: not (tmp_path / "broker-1" / "logs" / "single-0").exists())
     assert read_all(one.endpoint, "single", 0) == before  # through METADATA, from broker 2
     with Producer(two.endpoint, "single", ack=Ack.FLUSHED) as producer:
@@ -128,7 +130,7 @@ def test_a_single_copy_partition_moves_to_another_broker(
         producer.flush()
     assert read_all(two.endpoint, "single", 0) == [*before, b"after"]
     # the partition keeps its name broker: a group's committed offsets stay where they were
-    assert registry.topic_config("single").brokers == (1, 2)
+    assert registry.topics.topic_config("single").brokers == (1, 2)
 
 
 def pylogctl(zookeeper: PrivateZooKeeper, chroot: str, *args: str) -> Result:
@@ -147,7 +149,7 @@ def test_pylogctl_spreads_a_topic_onto_a_broker_that_joined_and_elects_preferred
     with Admin(one.endpoint) as admin:
         admin.create_topic("spread", 3)
         admin.create_topic("pair", 1, {"replication_factor": "2"})
-    assert registry.topic_config("spread").replicas == ((1,), (2,), (1,))
+    assert registry.topics.topic_config("spread").replicas == ((1,), (2,), (1,))
     with Producer(one.endpoint, "spread", ack=Ack.FLUSHED) as producer:
         for i in range(100):
             producer.send(b"kept-%d" % i, partition=2)
@@ -159,7 +161,7 @@ def test_pylogctl_spreads_a_topic_onto_a_broker_that_joined_and_elects_preferred
     )
     assert planned.exit_code == 0, planned.output
     assert planned.output == "spread-2: replicas 1 -> 3\n"
-    assert registry.reassignments() == {}  # a dry run moves nothing
+    assert registry.reassignments.read() == {}  # a dry run moves nothing
 
     moved = pylogctl(
         zookeeper,
@@ -175,7 +177,7 @@ def test_pylogctl_spreads_a_topic_onto_a_broker_that_joined_and_elects_preferred
     lines = moved.output.splitlines()
     assert lines[0] == "spread-2: replicas 1 -> 3"
     assert lines[-1] == "spread-2: done: replicas 3 leader 3 isr 3"
-    assert registry.topic_config("spread").replicas == ((1,), (2,), (3,))
+    assert registry.topics.topic_config("spread").replicas == ((1,), (2,), (3,))
     assert read_all(one.endpoint, "spread", 2) == [b"kept-%d" % i for i in range(100)]
     status = pylogctl(zookeeper, registry_chroot, "topic", "reassign", "--status")
     assert status.output == "no reassignment under way\n"
@@ -187,11 +189,11 @@ def test_pylogctl_spreads_a_topic_onto_a_broker_that_joined_and_elects_preferred
         "--replicas", "2,1", "--wait-timeout", "60",
     )  # fmt: skip
     assert reordered.exit_code == 0, reordered.output
-    assert registry.partition_state("pair", 0)[0].leader == 1
+    assert registry.topics.partition_state("pair", 0)[0].leader == 1
     elected = pylogctl(zookeeper, registry_chroot, "topic", "elect-preferred", "pair")
     assert elected.exit_code == 0, elected.output
     assert elected.output == "pair: 1 partitions led by their preferred leader\n"
-    assert registry.partition_state("pair", 0)[0].leader == 2
+    assert registry.topics.partition_state("pair", 0)[0].leader == 2
 
 
 def test_pylogctl_reassign_refuses_what_cannot_be_done(

@@ -43,7 +43,7 @@ def stored(root: Path, broker_id: int, folder: str) -> bytes:
 
 
 def isr(registry: Registry, topic: str, partition: int) -> tuple[int, ...]:
-    return tuple(sorted(registry.partition_state(topic, partition)[0].isr))
+    return tuple(sorted(registry.topics.partition_state(topic, partition)[0].isr))
 
 
 def test_ack_all_is_answered_once_every_replica_holds_the_bytes(
@@ -96,7 +96,7 @@ def test_a_dead_follower_leaves_the_isr_and_catches_up_when_it_returns(
     registry, brokers = shared_three_brokers.registry, shared_three_brokers.brokers
     with Admin(brokers[1].endpoint) as admin:
         admin.create_topic("sturdy", 1, REPLICATED)
-    leader = registry.partition_state("sturdy", 0)[0].leader
+    leader = registry.topics.partition_state("sturdy", 0)[0].leader
     followers = sorted({1, 2, 3} - {leader})
 
     def produce(count: int, tag: bytes) -> int:
@@ -129,7 +129,7 @@ def test_a_frozen_follower_leaves_the_isr_and_rejoins_once_it_thaws(
     brokers = own_three_brokers.brokers  # its own: the leader's counters are this test's alone
     with Admin(brokers[1].endpoint) as admin:
         admin.create_topic("thawed", 1, REPLICATED)
-    leader = registry.partition_state("thawed", 0)[0].leader
+    leader = registry.topics.partition_state("thawed", 0)[0].leader
     frozen = min({1, 2, 3} - {leader})
     with Producer(brokers[leader].endpoint, "thawed", ack=Ack.ALL, retries=0) as producer:
         for i in range(20):
@@ -173,7 +173,7 @@ def test_a_leader_describes_and_measures_the_high_watermark_its_consumers_see(
     }
     with Admin(brokers[1].endpoint) as admin:
         admin.create_topic("held", 1, {"replication_factor": "2", "min_insync_replicas": "1"})
-    state = registry.partition_state("held", 0)[0]
+    state = registry.topics.partition_state("held", 0)[0]
     (follower,) = {1, 2} - {state.leader}
     leader = brokers[state.leader]
     workers = brokers[follower].worker_pids()
@@ -220,7 +220,7 @@ def test_a_leader_cut_off_from_zookeeper_refuses_ack_all_before_another_is_chose
             make_pylogd(*broker_flags(tmp_path, i), name=f"broker-{i}")
         with Admin(cut.endpoint) as admin:
             admin.create_topic("fenced", 1, REPLICATED)
-        assert registry.partition_state("fenced", 0)[0].leader == 1
+        assert registry.topics.partition_state("fenced", 0)[0].leader == 1
 
         def produce() -> str:
             with Producer(cut.endpoint, "fenced", ack=Ack.ALL, retries=0) as producer:
@@ -237,7 +237,7 @@ def test_a_leader_cut_off_from_zookeeper_refuses_ack_all_before_another_is_chose
         proxy.freeze()
         wait_until(lambda: produce() == "NOT_LEADER_FOR_PARTITION", 30, "ack=all to be refused")
         # Refused while the partition's state still names broker 1: before anyone else leads.
-        assert registry.partition_state("fenced", 0)[0].leader == 1
+        assert registry.topics.partition_state("fenced", 0)[0].leader == 1
     finally:
         if cut is not None and cut.process is not None:
             cut.kill()  # cut off, it would stop only once its ZooKeeper connection timed out
@@ -250,7 +250,7 @@ def test_an_ack_all_waiting_when_the_isr_shrinks_below_its_minimum_is_refused(
     registry, brokers = shared_three_brokers.registry, shared_three_brokers.brokers
     with Admin(brokers[1].endpoint) as admin:
         admin.create_topic("strict", 1, {"replication_factor": "2", "min_insync_replicas": "2"})
-    state = registry.partition_state("strict", 0)[0]
+    state = registry.topics.partition_state("strict", 0)[0]
     (follower,) = set(state.isr) - {state.leader}
     workers = brokers[follower].worker_pids()
     with Producer(brokers[state.leader].endpoint, "strict", ack=Ack.ALL, retries=0) as producer:
@@ -300,7 +300,7 @@ def test_a_message_larger_than_a_followers_fetch_is_copied_whole(
     brokers = [make_pylogd(*broker_flags(tmp_path, i), *flags, name=f"broker-{i}") for i in (1, 2)]
     with Admin(brokers[0].endpoint) as admin:
         admin.create_topic("large", 1, {"replication_factor": "2", "min_insync_replicas": "2"})
-    leader = registry.partition_state("large", 0)[0].leader
+    leader = registry.topics.partition_state("large", 0)[0].leader
     with Producer(brokers[leader - 1].endpoint, "large", ack=Ack.ALL, retries=0) as producer:
         producer.send(b"x" * 10_000)  # acked only once the follower holds it too
         producer.flush()
@@ -316,11 +316,11 @@ def test_a_followers_fetch_with_nothing_to_copy_carries_no_epoch_entries(
     with Admin(shared_three_brokers.endpoints[1]) as admin:
         admin.create_topic("idle-follower", 1, {"replication_factor": "2"})
     registry = shared_three_brokers.registry
-    state = registry.partition_state("idle-follower", 0)[0]
+    state = registry.topics.partition_state("idle-follower", 0)[0]
     wait_until(
-        lambda: len(registry.partition_state("idle-follower", 0)[0].isr) == 2, 30, "ISR of 2"
+        lambda: len(registry.topics.partition_state("idle-follower", 0)[0].isr) == 2, 30, "ISR of 2"
     )
-    state = registry.partition_state("idle-follower", 0)[0]
+    state = registry.topics.partition_state("idle-follower", 0)[0]
     follower = next(b for b in state.isr if b != state.leader)
     with Producer(shared_three_brokers.endpoints[state.leader], "idle-follower") as producer:
         end = producer.send(b"one message").result(30) + len(encode_message(b"one message"))

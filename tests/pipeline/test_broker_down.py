@@ -19,10 +19,10 @@ def test_a_read_with_a_partitions_leader_down_names_the_partition_and_the_broker
     three = own_three_brokers
     with Admin(three.brokers[1].endpoint) as admin:
         admin.create_topic(topic, 3)
-    replicas = three.registry.topic_config(topic).replicas
+    replicas = three.registry.topics.topic_config(topic).replicas
     partition, down = next((p, r[0]) for p, r in enumerate(replicas) if r[0] != 1)
     three.brokers[down].stop()
-    wait_until(lambda: down not in three.registry.brokers(), 30, "broker gone")
+    wait_until(lambda: down not in three.registry.brokers.read(), 30, "broker gone")
     read = spark.read.format("pylog").options(
         broker=three.brokers[1].endpoint,
         subscribe=topic,

@@ -68,7 +68,7 @@ def initial_states(config: TopicConfig) -> dict[int, PartitionState]:
 
 
 def states(registry: Registry, topic: str) -> dict[int, PartitionState]:
-    return {p: state for p, (state, _) in registry.partition_states(topic).items()}
+    return {p: state for p, (state, _) in registry.topics.partition_states(topic).items()}
 
 
 def no_connection_lost(caplog: pytest.LogCaptureFixture, registry: Registry) -> None:
@@ -84,8 +84,8 @@ def test_a_topic_larger_than_one_transaction_is_created_whole_without_losing_the
     registry: Registry, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    registry.create_topic_config("big", BIG)
-    assert registry.topic_config("big") == BIG
+    registry.topics.create_topic_config("big", BIG)
+    assert registry.topics.topic_config("big") == BIG
     assert states(registry, "big") == initial_states(BIG)
     no_connection_lost(caplog, registry)
 
@@ -94,10 +94,12 @@ def test_partitions_past_one_transaction_are_added_whole(
     registry: Registry, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    registry.create_topic_config("big", TopicConfig.spread(3, [1, 2, 3], replication_factor=2))
-    grown = registry.add_partitions("big", PARTITIONS, {1: None, 2: None, 3: None})
+    registry.topics.create_topic_config(
+        "big", TopicConfig.spread(3, [1, 2, 3], replication_factor=2)
+    )
+    grown = registry.topics.add_partitions("big", PARTITIONS, {1: None, 2: None, 3: None})
     assert grown.partitions == PARTITIONS
-    assert registry.topic_config("big") == grown
+    assert registry.topics.topic_config("big") == grown
     assert states(registry, "big") == initial_states(grown)
     no_connection_lost(caplog, registry)
 
@@ -106,10 +108,10 @@ def test_a_topic_larger_than_one_transaction_is_deleted_whole(
     registry: Registry, observer: KazooClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    registry.create_topic_config("big", BIG)
-    registry.delete_topic_config("big")
+    registry.topics.create_topic_config("big", BIG)
+    registry.topics.delete_topic_config("big")
     with pytest.raises(UnknownTopicOrPartition):
-        registry.topic_config("big")
+        registry.topics.topic_config("big")
     assert observer.exists(f"{registry.chroot}/brokers/topics/big") is None
     no_connection_lost(caplog, registry)
 
@@ -119,17 +121,17 @@ def test_a_creation_cut_short_after_its_first_chunk_shows_no_topic_and_is_comple
 ) -> None:
     dying = make_cut_short(commits=1)
     with pytest.raises(RegistryUnavailable):
-        dying.create_topic_config("big", BIG)
+        dying.topics.create_topic_config("big", BIG)
     # what readers see: no topic (no configuration publishes the states written so far)
-    assert "big" not in registry.topic_configs()
+    assert "big" not in registry.topics.topic_configs()
     with pytest.raises(UnknownTopicOrPartition):
-        registry.topic_config("big")
-    left = registry.partition_states("big")
+        registry.topics.topic_config("big")
+    left = registry.topics.partition_states("big")
     assert 0 < len(left) < PARTITIONS  # a chunk, seen by nobody who reads topics
 
-    registry.create_topic_config("big", BIG)
-    assert registry.topic_config("big") == BIG
-    completed = registry.partition_states("big")
+    registry.topics.create_topic_config("big", BIG)
+    assert registry.topics.topic_config("big") == BIG
+    completed = registry.topics.partition_states("big")
     assert {p: state for p, (state, _) in completed.items()} == initial_states(BIG)
     # those left were overwritten, so that a version read of them is no longer current
     assert {completed[p][1] for p in left} == {1}
@@ -140,26 +142,26 @@ def test_a_creation_overtaken_by_another_is_refused_and_the_other_wins_whole(
 ) -> None:
     other = TopicConfig.spread(PARTITIONS, [1, 2, 3], replication_factor=3)
     overtaken = make_cut_short(
-        commits=1, before_next=lambda: registry.create_topic_config("big", other)
+        commits=1, before_next=lambda: registry.topics.create_topic_config("big", other)
     )
     with pytest.raises(TopicAlreadyExists):
-        overtaken.create_topic_config("big", BIG)
-    assert registry.topic_config("big") == other
+        overtaken.topics.create_topic_config("big", BIG)
+    assert registry.topics.topic_config("big") == other
     assert states(registry, "big") == initial_states(other)
 
 
 def test_a_deletion_cut_short_after_its_first_chunk_leaves_no_topic_and_a_new_one_takes_over(
     registry: Registry, make_cut_short: Callable[..., CutShort], observer: KazooClient
 ) -> None:
-    registry.create_topic_config("big", BIG)
+    registry.topics.create_topic_config("big", BIG)
     dying = make_cut_short(commits=2)  # the configuration's deletion, then one chunk of states
-    dying.delete_topic_config("big")  # the topic is deleted: the rest is left, and logged
-    assert "big" not in registry.topic_configs()
-    left = registry.partition_states("big")
+    dying.topics.delete_topic_config("big")  # the topic is deleted: the rest is left, and logged
+    assert "big" not in registry.topics.topic_configs()
+    left = registry.topics.partition_states("big")
     assert 0 < len(left) < PARTITIONS
 
     small = TopicConfig.spread(3, [1])
-    registry.create_topic_config("big", small)
+    registry.topics.create_topic_config("big", small)
     assert states(registry, "big") == initial_states(small)
     folder = f"{registry.chroot}/brokers/topics/big/partitions"
     assert sorted(observer.get_children(folder)) == ["0", "1", "2"]
@@ -170,9 +172,9 @@ def test_more_partitions_than_the_maximum_are_refused_before_anything_is_written
 ) -> None:
     too_many = TopicConfig.spread(MAX_PARTITIONS + 1, [1])
     with pytest.raises(InvalidTopic, match="partitions must be from 1 to 10000, not 10001"):
-        registry.create_topic_config("big", too_many)
+        registry.topics.create_topic_config("big", too_many)
     assert observer.exists(f"{registry.chroot}/brokers/topics/big") is None
-    registry.create_topic_config("big", TopicConfig.spread(2, [1]))
+    registry.topics.create_topic_config("big", TopicConfig.spread(2, [1]))
     with pytest.raises(InvalidTopic, match="from 1 to 10000"):
-        registry.add_partitions("big", MAX_PARTITIONS + 1, {1: None})
-    assert registry.topic_config("big").partitions == 2
+        registry.topics.add_partitions("big", MAX_PARTITIONS + 1, {1: None})
+    assert registry.topics.topic_config("big").partitions == 2

@@ -74,7 +74,7 @@ def node(observer: KazooClient, path: str) -> tuple[dict[str, object], int]:
 
 
 def test_registered_broker_appears_with_its_json(registry: Registry, observer: KazooClient) -> None:
-    registry.register_broker(1, BROKER_1)
+    registry.brokers.register(1, BROKER_1)
 
     data, owner = node(observer, f"{registry.chroot}/brokers/ids/1")
     assert data == {
@@ -86,37 +86,37 @@ def test_registered_broker_appears_with_its_json(registry: Registry, observer: K
         "pylog_version": "",
     }
     assert owner == registry.session_id
-    assert registry.brokers() == {1: BROKER_1}
+    assert registry.brokers.read() == {1: BROKER_1}
 
 
 def test_broker_node_is_ephemeral_and_goes_when_the_registry_stops(
     make_registry: Callable[..., Registry], observer: KazooClient
 ) -> None:
     broker, tool = make_registry(), make_registry()
-    broker.register_broker(7, BROKER_1)
-    assert tool.brokers() == {7: BROKER_1}
+    broker.brokers.register(7, BROKER_1)
+    assert tool.brokers.read() == {7: BROKER_1}
 
     broker.stop()
 
-    assert tool.brokers() == {}
+    assert tool.brokers.read() == {}
     assert observer.exists(f"{tool.chroot}/brokers/ids/7") is None
 
 
 def test_registering_again_updates_the_broker_node(registry: Registry) -> None:
-    registry.register_broker(1, BROKER_1)
-    registry.register_broker(1, BROKER_2)
-    assert registry.brokers() == {1: BROKER_2}
-    registry.unregister_broker(1)
-    assert registry.brokers() == {}
+    registry.brokers.register(1, BROKER_1)
+    registry.brokers.register(1, BROKER_2)
+    assert registry.brokers.read() == {1: BROKER_2}
+    registry.brokers.unregister(1)
+    assert registry.brokers.read() == {}
 
 
 def test_watch_brokers_sees_brokers_come_and_go(make_registry: Callable[..., Registry]) -> None:
     tool, broker = make_registry(), make_registry()
     seen: queue.Queue[dict[int, BrokerRegistration]] = queue.Queue()
-    tool.watch_brokers(seen.put)
+    tool.brokers.watch(seen.put)
     next_value(seen, {})
 
-    broker.register_broker(3, BROKER_2)
+    broker.brokers.register(3, BROKER_2)
     next_value(seen, {3: BROKER_2})
     broker.stop()
     next_value(seen, {})
@@ -143,12 +143,12 @@ def test_watch_callbacks_run_off_kazoos_threads_and_one_slow_callback_holds_up_n
         topics_seen.put(configs)
 
     try:
-        tool.watch_brokers(slow)
+        tool.brokers.watch(slow)
         next_value(brokers_seen, {})  # and it now waits in the callback
-        tool.watch_topic_configs(on_topics)
+        tool.topics.watch_topic_configs(on_topics)
         next_value(topics_seen, {})
-        broker.register_broker(3, BROKER_2)  # a broker event queues behind the slow callback
-        broker.create_topic_config("clicks", TopicConfig.spread(1, [3]))
+        broker.brokers.register(3, BROKER_2)  # a broker event queues behind the slow callback
+        broker.topics.create_topic_config("clicks", TopicConfig.spread(1, [3]))
         next_value(topics_seen, {"clicks": TopicConfig.spread(1, [3])})
     finally:
         release.set()
@@ -163,9 +163,9 @@ def test_watch_callbacks_are_called_again_after_a_session_expiry(
     # Children's data may have changed while the session was gone (a topic deleted and made
     # again under the same name): the callback gets the state read anew, names changed or not.
     tool, broker = make_registry(), make_registry()
-    broker.register_broker(3, BROKER_2)
+    broker.brokers.register(3, BROKER_2)
     seen: queue.Queue[dict[int, BrokerRegistration]] = queue.Queue()
-    tool.watch_brokers(seen.put)
+    tool.brokers.watch(seen.put)
     next_value(seen, {3: BROKER_2})
 
     expire_session(tool, zookeeper.connect_string)
@@ -179,7 +179,7 @@ def test_node_left_by_an_old_session_is_replaced(registry: Registry, observer: K
     path = f"{registry.chroot}/brokers/ids/1"
     observer.create(path, b'{"version":1,"stale":true}', ephemeral=True, makepath=True)
 
-    registry.register_broker(1, BROKER_1)
+    registry.brokers.register(1, BROKER_1)
 
     data, owner = node(observer, path)
     assert owner == registry.session_id != observer.client_id[0]
@@ -193,21 +193,21 @@ def test_topic_partitions_are_registered_per_broker(
     make_registry: Callable[..., Registry], observer: KazooClient
 ) -> None:
     one, two = make_registry(), make_registry()
-    one.register_topic_partitions("clicks", 1, [0, 1, 2, 3])
-    two.register_topic_partitions("clicks", 2, [4, 5])
+    one.topics.register_topic_partitions("clicks", 1, [0, 1, 2, 3])
+    two.topics.register_topic_partitions("clicks", 2, [4, 5])
 
-    assert one.topic_brokers("clicks") == {1: (0, 1, 2, 3), 2: (4, 5)}
+    assert one.topics.topic_brokers("clicks") == {1: (0, 1, 2, 3), 2: (4, 5)}
     data, owner = node(observer, f"{one.chroot}/brokers/topics/clicks/2")
     assert data == {"version": 1, "partitions": [4, 5]}
     assert owner == two.session_id
 
-    two.unregister_topic("clicks", 2)
-    assert one.topic_brokers("clicks") == {1: (0, 1, 2, 3)}
+    two.topics.unregister_topic("clicks", 2)
+    assert one.topics.topic_brokers("clicks") == {1: (0, 1, 2, 3)}
     two.stop()
-    one.unregister_topic("clicks", 1)
-    assert one.topic_brokers("clicks") == {}
+    one.topics.unregister_topic("clicks", 1)
+    assert one.topics.topic_brokers("clicks") == {}
     assert observer.exists(f"{one.chroot}/brokers/topics/clicks") is None
-    assert one.topic_brokers("never-registered") == {}
+    assert one.topics.topic_brokers("never-registered") == {}
 
 
 # -- topic configurations ----------------------------------------------------------------------
@@ -218,11 +218,11 @@ def test_topic_configs_are_created_read_listed_and_deleted(
 ) -> None:
     clicks = TopicConfig.spread(4, [1, 2], {"retention.ms": 604_800_000, "segment.ms": None})
     views = TopicConfig.spread(1, [1])
-    registry.create_topic_config("clicks", clicks)
-    registry.create_topic_config("views", views)
+    registry.topics.create_topic_config("clicks", clicks)
+    registry.topics.create_topic_config("views", views)
 
-    assert registry.topic_config("clicks") == clicks
-    assert registry.topic_configs() == {"clicks": clicks, "views": views}
+    assert registry.topics.topic_config("clicks") == clicks
+    assert registry.topics.topic_configs() == {"clicks": clicks, "views": views}
     data, owner = node(observer, f"{registry.chroot}/config/topics/clicks")
     assert data == {
         "version": 1,
@@ -233,40 +233,42 @@ def test_topic_configs_are_created_read_listed_and_deleted(
     }
     assert owner == 0, "topic configurations are persistent"
 
-    registry.delete_topic_config("clicks")
-    assert registry.topic_configs() == {"views": views}
+    registry.topics.delete_topic_config("clicks")
+    assert registry.topics.topic_configs() == {"views": views}
 
 
 def test_topic_config_outlives_the_registry_that_made_it(
     make_registry: Callable[..., Registry],
 ) -> None:
     first = make_registry()
-    first.create_topic_config("clicks", TopicConfig.spread(2, [1]))
+    first.topics.create_topic_config("clicks", TopicConfig.spread(2, [1]))
     first.stop()
-    assert make_registry().topic_config("clicks") == TopicConfig.spread(2, [1])
+    assert make_registry().topics.topic_config("clicks") == TopicConfig.spread(2, [1])
 
 
 def test_creating_an_existing_topic_config_raises_topic_already_exists(
     registry: Registry,
 ) -> None:
-    registry.create_topic_config("clicks", TopicConfig.spread(1, [1]))
+    registry.topics.create_topic_config("clicks", TopicConfig.spread(1, [1]))
     with pytest.raises(TopicAlreadyExists, match="clicks"):
-        registry.create_topic_config("clicks", TopicConfig.spread(8, [1]))
-    assert registry.topic_config("clicks").partitions == 1
+        registry.topics.create_topic_config("clicks", TopicConfig.spread(8, [1]))
+    assert registry.topics.topic_config("clicks").partitions == 1
 
 
 def test_missing_topic_config_raises_unknown_topic(registry: Registry) -> None:
     with pytest.raises(UnknownTopicOrPartition, match="nope"):
-        registry.topic_config("nope")
+        registry.topics.topic_config("nope")
     with pytest.raises(UnknownTopicOrPartition, match="nope"):
-        registry.delete_topic_config("nope")
+        registry.topics.delete_topic_config("nope")
 
 
 def test_alter_topic_settings_loses_no_change_written_between_its_read_and_its_write(
     registry: Registry, observer: KazooClient
 ) -> None:
-    registry.create_topic_config("clicks", TopicConfig.spread(2, [1], {"retention_ms": 1000}))
-    path = registry.topic_config_path("clicks")
+    registry.topics.create_topic_config(
+        "clicks", TopicConfig.spread(2, [1], {"retention_ms": 1000})
+    )
+    path = registry.topics.topic_config_path("clicks")
     seen: list[dict[str, SettingValue]] = []
 
     def change(settings: Mapping[str, SettingValue]) -> dict[str, SettingValue]:
@@ -276,30 +278,32 @@ def test_alter_topic_settings_loses_no_change_written_between_its_read_and_its_w
             observer.set(path, other.to_json())
         return {**settings, "segment_bytes": 100}
 
-    altered = registry.alter_topic_settings("clicks", change)
+    altered = registry.topics.alter_topic_settings("clicks", change)
     assert seen == [{"retention_ms": 1000}, {"retention_ms": 1000, "segment_ms": 5}]
     expected = {"retention_ms": 1000, "segment_ms": 5, "segment_bytes": 100}
     assert altered.settings == expected
-    assert registry.topic_config("clicks") == altered
+    assert registry.topics.topic_config("clicks") == altered
     with pytest.raises(UnknownTopicOrPartition, match="nope"):
-        registry.alter_topic_settings("nope", dict)
+        registry.topics.alter_topic_settings("nope", dict)
 
 
 def test_log_starts_move_forward_only_and_keep_the_settings(registry: Registry) -> None:
-    registry.create_topic_config("clicks", TopicConfig.spread(3, [1], {"retention_ms": 1000}))
-    assert b"log_starts" not in registry.topic_config("clicks").to_json()  # none asked yet
-    moved = registry.move_log_starts("clicks", {0: 500, 2: 70})
+    registry.topics.create_topic_config(
+        "clicks", TopicConfig.spread(3, [1], {"retention_ms": 1000})
+    )
+    assert b"log_starts" not in registry.topics.topic_config("clicks").to_json()  # none asked yet
+    moved = registry.topics.move_log_starts("clicks", {0: 500, 2: 70})
     assert moved.log_starts == {0: 500, 2: 70} and moved.settings == {"retention_ms": 1000}
-    moved = registry.move_log_starts("clicks", {0: 100, 2: 90})  # 0 never moves back
+    moved = registry.topics.move_log_starts("clicks", {0: 100, 2: 90})  # 0 never moves back
     assert moved.log_starts == {0: 500, 2: 90}
-    assert registry.topic_config("clicks") == moved
+    assert registry.topics.topic_config("clicks") == moved
     assert TopicConfig.from_json(moved.to_json()) == moved
-    altered = registry.alter_topic_settings("clicks", lambda _: {"segment_ms": 5})
+    altered = registry.topics.alter_topic_settings("clicks", lambda _: {"segment_ms": 5})
     assert altered.log_starts == {0: 500, 2: 90}  # a settings change keeps them
     with pytest.raises(InvalidTopic, match="partition 3, not one of the topic's"):
-        registry.move_log_starts("clicks", {3: 10})
+        registry.topics.move_log_starts("clicks", {3: 10})
     with pytest.raises(InvalidTopic, match="is -1, not >= 0"):
-        registry.move_log_starts("clicks", {1: -1})
+        registry.topics.move_log_starts("clicks", {1: -1})
     with pytest.raises(ValueError, match="'log_starts' is not an object of partition numbers"):
         TopicConfig.from_json(moved.to_json().replace(b'"0":', b'"x":'))
 
@@ -308,35 +312,35 @@ def test_watch_topic_config_sees_each_change_of_its_data_and_its_deletion(
     registry: Registry,
 ) -> None:
     first = TopicConfig.spread(2, [1], {"retention_ms": 1000})
-    registry.create_topic_config("clicks", first)
+    registry.topics.create_topic_config("clicks", first)
     values: queue.Queue[TopicConfig | None] = queue.Queue()
 
     def changed(config: TopicConfig | None) -> bool:
         values.put(config)
         return True  # go on watching
 
-    registry.watch_topic_config("clicks", changed)
+    registry.topics.watch_topic_config("clicks", changed)
     next_value(values, first)
-    altered = registry.alter_topic_settings("clicks", lambda _: {"retention_ms": None})
+    altered = registry.topics.alter_topic_settings("clicks", lambda _: {"retention_ms": None})
     next_value(values, altered)
-    registry.delete_topic_config("clicks")
+    registry.topics.delete_topic_config("clicks")
     next_value(values, None)
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "x" * 250, "spaces here", "ü"])
 def test_invalid_topic_names_are_rejected(registry: Registry, name: str) -> None:
     with pytest.raises(InvalidTopic):
-        registry.create_topic_config(name, TopicConfig.spread(1, [1]))
+        registry.topics.create_topic_config(name, TopicConfig.spread(1, [1]))
     with pytest.raises(InvalidTopic):
-        registry.register_topic_partitions(name, 1, [0])
+        registry.topics.register_topic_partitions(name, 1, [0])
 
 
 def test_invalid_topic_configs_are_rejected(registry: Registry) -> None:
     with pytest.raises(InvalidTopic, match="partitions"):
-        registry.create_topic_config("clicks", TopicConfig.spread(0, [1]))
+        registry.topics.create_topic_config("clicks", TopicConfig.spread(0, [1]))
     with pytest.raises(InvalidTopic, match=r"retention\.ms"):
-        registry.create_topic_config("clicks", TopicConfig(1, (1,), {"retention.ms": "7d"}))
-    assert registry.topic_configs() == {}
+        registry.topics.create_topic_config("clicks", TopicConfig(1, (1,), {"retention.ms": "7d"}))
+    assert registry.topics.topic_configs() == {}
 
 
 def test_unreadable_topic_config_is_left_out_of_listings(
@@ -345,13 +349,13 @@ def test_unreadable_topic_config_is_left_out_of_listings(
     observer.create(f"{registry.chroot}/config/topics/garbage", b"not json")
     # and JSON nested too deeply for the parser (issue 50, 11: a RecursionError got out)
     observer.create(f"{registry.chroot}/config/topics/nested", b"[" * 100_000 + b"]" * 100_000)
-    registry.create_topic_config("clicks", TopicConfig.spread(1, [1]))
+    registry.topics.create_topic_config("clicks", TopicConfig.spread(1, [1]))
 
-    assert registry.topic_configs() == {"clicks": TopicConfig.spread(1, [1])}
+    assert registry.topics.topic_configs() == {"clicks": TopicConfig.spread(1, [1])}
     with pytest.raises(RegistryUnavailable, match="garbage holds unreadable data"):
-        registry.topic_config("garbage")
+        registry.topics.topic_config("garbage")
     with pytest.raises(RegistryUnavailable, match=r"nested holds unreadable data: .*nested"):
-        registry.topic_config("nested")
+        registry.topics.topic_config("nested")
 
 
 def test_watch_topic_configs_sees_creates_and_deletes(
@@ -359,12 +363,12 @@ def test_watch_topic_configs_sees_creates_and_deletes(
 ) -> None:
     broker, admin = make_registry(), make_registry()
     seen: queue.Queue[dict[str, TopicConfig]] = queue.Queue()
-    broker.watch_topic_configs(seen.put)
+    broker.topics.watch_topic_configs(seen.put)
     next_value(seen, {})
 
-    admin.create_topic_config("clicks", TopicConfig.spread(3, [1]))
+    admin.topics.create_topic_config("clicks", TopicConfig.spread(3, [1]))
     next_value(seen, {"clicks": TopicConfig.spread(3, [1])})
-    admin.delete_topic_config("clicks")
+    admin.topics.delete_topic_config("clicks")
     next_value(seen, {})
 
 
@@ -374,11 +378,11 @@ def test_watch_topic_configs_sees_creates_and_deletes(
 def test_session_expiry_recreates_broker_and_topic_nodes(
     registry: Registry, observer: KazooClient, zookeeper: PrivateZooKeeper
 ) -> None:
-    registry.register_broker(1, BROKER_1)
-    registry.register_topic_partitions("clicks", 1, [0, 1, 2, 3])
-    registry.register_topic_partitions("views", 1, [0, 1])
+    registry.brokers.register(1, BROKER_1)
+    registry.topics.register_topic_partitions("clicks", 1, [0, 1, 2, 3])
+    registry.topics.register_topic_partitions("views", 1, [0, 1])
     seen: queue.Queue[dict[str, TopicConfig]] = queue.Queue()
-    registry.watch_topic_configs(seen.put)
+    registry.topics.watch_topic_configs(seen.put)
     next_value(seen, {})
 
     old_session = expire_session(registry, zookeeper.connect_string)
@@ -394,8 +398,8 @@ def test_session_expiry_recreates_broker_and_topic_nodes(
     for path in ("brokers/ids/1", "brokers/topics/clicks/1", "brokers/topics/views/1"):
         _, owner = node(observer, f"{registry.chroot}/{path}")
         assert owner == new_session, path
-    assert registry.brokers() == {1: BROKER_1}
-    assert registry.topic_brokers("clicks") == {1: (0, 1, 2, 3)}
+    assert registry.brokers.read() == {1: BROKER_1}
+    assert registry.topics.topic_brokers("clicks") == {1: (0, 1, 2, 3)}
 
     # the watch is armed again in the new session
     observer.create(f"{registry.chroot}/config/topics/late", TopicConfig.spread(1, [1]).to_json())
@@ -405,9 +409,9 @@ def test_session_expiry_recreates_broker_and_topic_nodes(
 def test_unregistered_nodes_stay_away_after_session_expiry(
     registry: Registry, zookeeper: PrivateZooKeeper
 ) -> None:
-    registry.register_broker(1, BROKER_1)
-    registry.register_topic_partitions("clicks", 1, [0, 1, 2, 3])
-    registry.unregister_topic("clicks", 1)
+    registry.brokers.register(1, BROKER_1)
+    registry.topics.register_topic_partitions("clicks", 1, [0, 1, 2, 3])
+    registry.topics.unregister_topic("clicks", 1)
 
     expire_session(registry, zookeeper.connect_string)
 
@@ -415,8 +419,8 @@ def test_unregistered_nodes_stay_away_after_session_expiry(
         lambda: registry.statistics().sessions == 2 and registry.wait_registered(0.01),
         what="re-registration in a new session",
     )
-    assert registry.brokers() == {1: BROKER_1}
-    assert registry.topic_brokers("clicks") == {}
+    assert registry.brokers.read() == {1: BROKER_1}
+    assert registry.topics.topic_brokers("clicks") == {}
 
 
 # -- connection loss ---------------------------------------------------------------------------
@@ -431,15 +435,15 @@ def test_start_without_zookeeper_raises_registry_unavailable() -> None:
         registry.start(timeout=0.5)
     assert time.monotonic() - started < 5
     with pytest.raises(RegistryUnavailable):
-        registry.brokers()
+        registry.brokers.read()
 
 
 def test_calls_after_stop_raise_registry_unavailable(registry: Registry) -> None:
     registry.stop()
     with pytest.raises(RegistryUnavailable, match="stopped"):
-        registry.topic_configs()
+        registry.topics.topic_configs()
     with pytest.raises(RegistryUnavailable, match="stopped"):
-        registry.register_broker(1, BROKER_1)
+        registry.brokers.register(1, BROKER_1)
     registry.stop()  # idempotent
 
 
@@ -458,7 +462,7 @@ def registry_on_own_zookeeper(
             reconnect_max_delay_s=0.5,
         )
         with registry:
-            registry.register_broker(1, BROKER_1)
+            registry.brokers.register(1, BROKER_1)
             yield server, registry
 
 
@@ -468,16 +472,16 @@ def test_lost_connection_fails_calls_quickly_and_the_registry_recovers(tmp_path:
     # JVM: 40 s, the most 2 s ticks allow (20 s, with 1 s ticks, expired it once in the
     # parallel suite: the server, started again, did not serve the session in time).
     with registry_on_own_zookeeper(tmp_path, 40.0, 0.5, tick_time_ms=2000) as (server, registry):
-        registry.create_topic_config("clicks", TopicConfig.spread(2, [1]))
+        registry.topics.create_topic_config("clicks", TopicConfig.spread(2, [1]))
         session = registry.session_id
 
         server.stop()
         wait_until(lambda: not registry.connected, what="the registry to see the loss")
         started = time.monotonic()
         with pytest.raises(RegistryUnavailable, match="not connected to ZooKeeper"):
-            registry.brokers()
+            registry.brokers.read()
         with pytest.raises(RegistryUnavailable):
-            registry.create_topic_config("views", TopicConfig.spread(1, [1]))
+            registry.topics.create_topic_config("views", TopicConfig.spread(1, [1]))
         assert time.monotonic() - started < 2.5
         assert not registry.wait_registered(0)
 
@@ -485,9 +489,9 @@ def test_lost_connection_fails_calls_quickly_and_the_registry_recovers(tmp_path:
         assert registry.wait_registered(60)
         # back within the session timeout: same session, nodes never went away
         assert registry.session_id == session
-        assert registry.brokers() == {1: BROKER_1}
-        assert registry.topic_configs() == {"clicks": TopicConfig.spread(2, [1])}
-        registry.create_topic_config("views", TopicConfig.spread(1, [1]))
+        assert registry.brokers.read() == {1: BROKER_1}
+        assert registry.topics.topic_configs() == {"clicks": TopicConfig.spread(2, [1])}
+        registry.topics.create_topic_config("views", TopicConfig.spread(1, [1]))
 
 
 @pytest.mark.broker
@@ -500,7 +504,7 @@ def test_a_request_cut_off_by_a_lost_connection_fails_at_once(tmp_path: Path) ->
 
         def read() -> None:
             try:
-                answers.put(registry.brokers())
+                answers.put(registry.brokers.read())
             except RegistryUnavailable as error:
                 answers.put(error)
 
@@ -514,7 +518,7 @@ def test_a_request_cut_off_by_a_lost_connection_fails_at_once(tmp_path: Path) ->
         assert isinstance(answer, RegistryUnavailable), answer
         assert "ConnectionLoss" in str(answer)
         assert registry.wait_registered(30)
-        assert registry.brokers() == {1: BROKER_1}
+        assert registry.brokers.read() == {1: BROKER_1}
 
 
 def test_consumer_group_nodes_members_owners_and_offsets(

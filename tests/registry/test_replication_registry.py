@@ -95,9 +95,9 @@ def test_a_config_whose_replicas_disagree_with_its_brokers_is_refused(
     registry: Registry, replicas: tuple[tuple[int, ...], ...], message: str
 ) -> None:
     with pytest.raises(InvalidTopic, match=message):
-        registry.create_topic_config("clicks", TopicConfig(2, (1, 2), {}, replicas))
+        registry.topics.create_topic_config("clicks", TopicConfig(2, (1, 2), {}, replicas))
     with pytest.raises(UnknownTopicOrPartition):
-        registry.topic_config("clicks")
+        registry.topics.topic_config("clicks")
     obj = {"version": 1, "partitions": 2, "brokers": [1, 2], "settings": {}}
     with pytest.raises(ValueError, match=message):
         TopicConfig.from_json(json.dumps({**obj, "replicas": [list(r) for r in replicas]}).encode())
@@ -113,16 +113,16 @@ def test_a_topic_node_written_before_replicas_reads_as_one_replica_each(
 ) -> None:
     old = b'{"brokers":[2,1],"partitions":2,"settings":{},"version":1}'
     observer.create(f"{registry.chroot}/config/topics/old", old, makepath=True)
-    config = registry.topic_config("old")
+    config = registry.topics.topic_config("old")
     assert config == TopicConfig(2, (2, 1), {}, ((2,), (1,)))
     assert config.partitions_of(1) == [1]
     # a topic of before has no state nodes: asked for, a clear error; given, initial ones
     with pytest.raises(UnknownTopicOrPartition, match="partition 0 of topic 'old' has no state"):
-        registry.partition_state("old", 0)
-    assert registry.partition_states("old") == {}
-    assert registry.create_partition_states("old", config) == 2
-    assert registry.create_partition_states("old", config) == 0
-    assert registry.partition_states("old") == {
+        registry.topics.partition_state("old", 0)
+    assert registry.topics.partition_states("old") == {}
+    assert registry.topics.create_partition_states("old", config) == 2
+    assert registry.topics.create_partition_states("old", config) == 0
+    assert registry.topics.partition_states("old") == {
         0: (PartitionState(2, 0, (2,), 0), 0),
         1: (PartitionState(1, 0, (1,), 0), 0),
     }
@@ -135,9 +135,11 @@ def test_creating_a_topic_writes_each_partitions_initial_state_with_its_config(
     registry: Registry, observer: KazooClient
 ) -> None:
     config = TopicConfig.spread(2, [1, 2, 3], replication_factor=3)
-    registry.register_broker(2, BrokerRegistration("127.0.0.1", 9002))  # broker 1 is not registered
-    incarnation = registry.broker_epochs()[2]
-    registry.create_topic_config("clicks", config)
+    registry.brokers.register(
+        2, BrokerRegistration("127.0.0.1", 9002)
+    )  # broker 1 is not registered
+    incarnation = registry.brokers.epochs()[2]
+    registry.topics.create_topic_config("clicks", config)
     root = f"{registry.chroot}/brokers/topics/clicks/partitions"
     assert node(observer, f"{root}/1/state") == (
         {
@@ -151,32 +153,35 @@ def test_creating_a_topic_writes_each_partitions_initial_state_with_its_config(
         0,
     )
     # the leader's incarnation: its broker epoch, or -1 when it is not registered
-    assert registry.partition_state("clicks", 0) == (PartitionState(1, 0, (1, 2, 3), 0, -1), 0)
+    assert registry.topics.partition_state("clicks", 0) == (
+        PartitionState(1, 0, (1, 2, 3), 0, -1),
+        0,
+    )
     assert json.loads(observer.get(f"{registry.chroot}/config/topics/clicks")[0])["replicas"] == [
         [1, 2, 3],
         [2, 3, 1],
     ]
     # brokers' registrations beside "partitions" are read as before, "partitions" passed over
-    registry.register_topic_partitions("clicks", 2, [0, 1])
-    assert registry.topic_brokers("clicks") == {2: (0, 1)}
+    registry.topics.register_topic_partitions("clicks", 2, [0, 1])
+    assert registry.topics.topic_brokers("clicks") == {2: (0, 1)}
     with pytest.raises(TopicAlreadyExists):
-        registry.create_topic_config("clicks", config)
+        registry.topics.create_topic_config("clicks", config)
     with pytest.raises(UnknownTopicOrPartition):
-        registry.partition_state("clicks", 2)
+        registry.topics.partition_state("clicks", 2)
 
 
 def test_two_writers_racing_on_a_state_node_one_wins_the_other_is_told_to_read_again(
     make_registry: Callable[..., Registry],
 ) -> None:
     one, two = make_registry(), make_registry()
-    one.create_topic_config("clicks", TopicConfig.spread(1, [1, 2, 3], replication_factor=3))
+    one.topics.create_topic_config("clicks", TopicConfig.spread(1, [1, 2, 3], replication_factor=3))
     for round_ in range(10):
-        state, version = one.partition_state("clicks", 0)
+        state, version = one.topics.partition_state("clicks", 0)
         shrunk = PartitionState(state.leader, state.leader_epoch, state.isr[:2], 0)
         moved = PartitionState(2, state.leader_epoch + 1, (2, 3), 1)
         outcomes = race(
-            lambda: one.write_partition_state("clicks", 0, shrunk, version),  # noqa: B023
-            lambda: two.write_partition_state("clicks", 0, moved, version),  # noqa: B023
+            lambda: one.topics.write_partition_state("clicks", 0, shrunk, version),  # noqa: B023
+            lambda: two.topics.write_partition_state("clicks", 0, moved, version),  # noqa: B023
         )
         won = [o for o in outcomes if isinstance(o, int)]
         lost = [o for o in outcomes if isinstance(o, PartitionStateChanged)]
@@ -184,8 +189,8 @@ def test_two_writers_racing_on_a_state_node_one_wins_the_other_is_told_to_read_a
         assert lost[0].version == version and lost[0].partition == 0
         # nothing of the loser's was written: the node holds the winner's state
         winner = shrunk if isinstance(outcomes[0], int) else moved
-        assert two.partition_state("clicks", 0) == (winner, version + 1)
-        one.write_partition_state(
+        assert two.topics.partition_state("clicks", 0) == (winner, version + 1)
+        one.topics.write_partition_state(
             "clicks", 0, PartitionState(1, state.leader_epoch, (1, 2, 3), 0), version + 1
         )
 
@@ -193,17 +198,17 @@ def test_two_writers_racing_on_a_state_node_one_wins_the_other_is_told_to_read_a
 def test_writing_a_state_of_a_missing_partition_or_with_a_bad_version_is_a_clear_error(
     registry: Registry,
 ) -> None:
-    registry.create_topic_config("clicks", TopicConfig.spread(1, [1]))
+    registry.topics.create_topic_config("clicks", TopicConfig.spread(1, [1]))
     state = PartitionState(1, 1, (1,), 0)
     with pytest.raises(UnknownTopicOrPartition):
-        registry.write_partition_state("clicks", 1, state, 0)
+        registry.topics.write_partition_state("clicks", 1, state, 0)
     with pytest.raises(UnknownTopicOrPartition):
-        registry.write_partition_state("views", 0, state, 0)
+        registry.topics.write_partition_state("views", 0, state, 0)
     with pytest.raises(ValueError, match="version"):
-        registry.write_partition_state("clicks", 0, state, -1)
+        registry.topics.write_partition_state("clicks", 0, state, -1)
     with pytest.raises(PartitionStateChanged, match="no longer at version 3"):
-        registry.write_partition_state("clicks", 0, state, 3)
-    assert registry.write_partition_state("clicks", 0, state, 0) == 1
+        registry.topics.write_partition_state("clicks", 0, state, 3)
+    assert registry.topics.write_partition_state("clicks", 0, state, 0) == 1
 
 
 @pytest.mark.parametrize(
@@ -240,19 +245,21 @@ def test_a_state_watch_sees_each_write_with_its_version_and_the_deletion(
     make_registry: Callable[..., Registry],
 ) -> None:
     leader, controller = make_registry(), make_registry()
-    controller.create_topic_config("clicks", TopicConfig.spread(1, [1, 2], replication_factor=2))
+    controller.topics.create_topic_config(
+        "clicks", TopicConfig.spread(1, [1, 2], replication_factor=2)
+    )
     seen: queue.Queue[tuple[PartitionState | None, int]] = queue.Queue()
 
     def changed(state: PartitionState | None, version: int) -> bool:
         seen.put((state, version))
         return True
 
-    leader.watch_partition_state("clicks", 0, changed)
+    leader.topics.watch_partition_state("clicks", 0, changed)
     next_value(seen, (PartitionState(1, 0, (1, 2), 0), 0))
     shrunk = PartitionState(1, 0, (1,), 0)
-    controller.write_partition_state("clicks", 0, shrunk, 0)
+    controller.topics.write_partition_state("clicks", 0, shrunk, 0)
     next_value(seen, (shrunk, 1))
-    controller.delete_topic_config("clicks")
+    controller.topics.delete_topic_config("clicks")
     next_value(seen, (None, -1))
 
 
@@ -260,11 +267,11 @@ def test_deleting_a_topic_deletes_its_states_and_a_cut_short_deletion_is_overwri
     registry: Registry, observer: KazooClient
 ) -> None:
     root = f"{registry.chroot}/brokers/topics"
-    registry.create_topic_config("clicks", TopicConfig.spread(2, [1]))
-    registry.delete_topic_config("clicks")
+    registry.topics.create_topic_config("clicks", TopicConfig.spread(2, [1]))
+    registry.topics.delete_topic_config("clicks")
     assert observer.exists(f"{root}/clicks") is None
     with pytest.raises(UnknownTopicOrPartition):
-        registry.delete_topic_config("clicks")
+        registry.topics.delete_topic_config("clicks")
 
     # states of a topic of that name whose deletion was cut short (partition 2 of 3 included)
     for p in range(3):
@@ -274,9 +281,9 @@ def test_deleting_a_topic_deletes_its_states_and_a_cut_short_deletion_is_overwri
             makepath=True,
         )
         observer.set(f"{root}/clicks/partitions/{p}/state", PartitionState(1, 8, (1,), 3).to_json())
-    registry.create_topic_config("clicks", TopicConfig.spread(2, [1]))
+    registry.topics.create_topic_config("clicks", TopicConfig.spread(2, [1]))
     # overwritten, so that a version read from the old ones is no longer current
-    assert registry.partition_states("clicks") == {
+    assert registry.topics.partition_states("clicks") == {
         0: (PartitionState(1, 0, (1,), 0), 2),
         1: (PartitionState(1, 0, (1,), 0), 2),
     }
@@ -287,11 +294,11 @@ def test_a_brokers_registration_keeps_its_topic_node_until_the_topic_is_deleted(
     registry: Registry, observer: KazooClient
 ) -> None:
     root = f"{registry.chroot}/brokers/topics/clicks"
-    registry.create_topic_config("clicks", TopicConfig.spread(1, [1]))
-    registry.register_topic_partitions("clicks", 1, [0])
-    registry.unregister_topic("clicks", 1)
+    registry.topics.create_topic_config("clicks", TopicConfig.spread(1, [1]))
+    registry.topics.register_topic_partitions("clicks", 1, [0])
+    registry.topics.unregister_topic("clicks", 1)
     assert observer.exists(f"{root}/partitions/0/state") is not None  # the states stay
-    registry.delete_topic_config("clicks")
+    registry.topics.delete_topic_config("clicks")
     assert observer.exists(root) is None
 
 
@@ -351,21 +358,21 @@ def test_a_stale_controllers_state_writes_are_refused(
     make_registry: Callable[..., Registry],
 ) -> None:
     first, second = make_registry(), make_registry()
-    first.create_topic_config("clicks", TopicConfig.spread(1, [1, 2], replication_factor=2))
+    first.topics.create_topic_config("clicks", TopicConfig.spread(1, [1, 2], replication_factor=2))
     epoch = first.controller.elect(1)
     assert epoch == 1
     moved = PartitionState(2, 1, (2,), epoch)
-    assert first.write_partition_state("clicks", 0, moved, 0, controller_epoch=epoch) == 1
+    assert first.topics.write_partition_state("clicks", 0, moved, 0, controller_epoch=epoch) == 1
     first.controller.resign()
     assert second.controller.elect(2) == 2
     back = PartitionState(1, 2, (1,), epoch)
     with pytest.raises(ControllerMoved, match="controller epoch 1 is over"):
-        first.write_partition_state("clicks", 0, back, 1, controller_epoch=epoch)
-    assert second.partition_state("clicks", 0) == (moved, 1)
+        first.topics.write_partition_state("clicks", 0, back, 1, controller_epoch=epoch)
+    assert second.topics.partition_state("clicks", 0) == (moved, 1)
     # the current controller's stale version is still PartitionStateChanged
     with pytest.raises(PartitionStateChanged):
-        second.write_partition_state("clicks", 0, back, 0, controller_epoch=2)
-    assert second.write_partition_state("clicks", 0, back, 1, controller_epoch=2) == 2
+        second.topics.write_partition_state("clicks", 0, back, 0, controller_epoch=2)
+    assert second.topics.write_partition_state("clicks", 0, back, 1, controller_epoch=2) == 2
 
 
 # -- brokers' racks ----------------------------------------------------------------------------
@@ -374,11 +381,11 @@ def test_a_stale_controllers_state_writes_are_refused(
 def test_a_brokers_rack_is_registered_and_a_node_without_one_reads_as_none(
     registry: Registry, observer: KazooClient
 ) -> None:
-    registry.register_broker(1, BrokerRegistration("127.0.0.1", 9092, rack="eu-1a"))
-    registry.register_broker(2, BrokerRegistration("127.0.0.1", 9093))
+    registry.brokers.register(1, BrokerRegistration("127.0.0.1", 9092, rack="eu-1a"))
+    registry.brokers.register(2, BrokerRegistration("127.0.0.1", 9093))
     assert node(observer, f"{registry.chroot}/brokers/ids/1")[0]["rack"] == "eu-1a"
     assert "rack" not in node(observer, f"{registry.chroot}/brokers/ids/2")[0]
-    assert {i: b.rack for i, b in registry.brokers().items()} == {1: "eu-1a", 2: None}
+    assert {i: b.rack for i, b in registry.brokers.read().items()} == {1: "eu-1a", 2: None}
     with pytest.raises(ValueError, match="rack"):
         BrokerRegistration("127.0.0.1", 9092, rack="")
 
@@ -390,7 +397,7 @@ def test_the_new_nodes_are_the_brokers_and_a_session_without_the_identity_cannot
     make_registry: Callable[..., Registry], observer: KazooClient, registry_chroot: str
 ) -> None:
     broker = make_registry(auth=BROKERS)
-    broker.create_topic_config("clicks", TopicConfig.spread(1, [1]))
+    broker.topics.create_topic_config("clicks", TopicConfig.spread(1, [1]))
     assert broker.controller.elect(1) == 1
     root = registry_chroot
     for path in (
@@ -406,9 +413,9 @@ def test_the_new_nodes_are_the_brokers_and_a_session_without_the_identity_cannot
     plain = make_registry()
     assert plain.controller.current() == ControllerInfo(1, 1)
     with pytest.raises(RegistryAccessDenied, match=f"write {root}/brokers/topics/clicks/"):
-        plain.write_partition_state("clicks", 0, PartitionState(NO_LEADER, 1, (), 0), 0)
+        plain.topics.write_partition_state("clicks", 0, PartitionState(NO_LEADER, 1, (), 0), 0)
     broker.controller.resign()
     with pytest.raises(RegistryAccessDenied, match=f"create {root}/controller"):
         plain.controller.elect(2)
     with pytest.raises(RegistryAccessDenied, match=f"delete {root}/config/topics/clicks"):
-        plain.delete_topic_config("clicks")
+        plain.topics.delete_topic_config("clicks")

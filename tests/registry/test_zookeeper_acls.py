@@ -52,9 +52,9 @@ def test_a_client_without_the_identity_reads_the_brokers_nodes_but_cannot_change
     zookeeper: PrivateZooKeeper,
 ) -> None:
     broker = make_registry(auth=BROKERS)
-    broker.register_broker(1, BROKER)
-    broker.create_topic_config("clicks", CONFIG)
-    broker.register_topic_partitions("clicks", 1, [0, 1])
+    broker.brokers.register(1, BROKER)
+    broker.topics.create_topic_config("clicks", CONFIG)
+    broker.topics.register_topic_partitions("clicks", 1, [0, 1])
     root = registry_chroot
     nodes = [
         root,
@@ -100,13 +100,13 @@ def test_a_client_without_the_identity_reads_the_brokers_nodes_but_cannot_change
     finally:
         impostor.stop()
         impostor.close()
-    assert broker.topic_config("clicks") == CONFIG
+    assert broker.topics.topic_config("clicks") == CONFIG
 
     # another broker with the identity does everything a broker does
     other = make_registry(auth=BROKERS)
-    other.register_broker(2, BROKER)
-    other.delete_topic_config("clicks")
-    assert sorted(broker.brokers()) == [1, 2]
+    other.brokers.register(2, BROKER)
+    other.topics.delete_topic_config("clicks")
+    assert sorted(broker.brokers.read()) == [1, 2]
 
 
 def test_a_group_belongs_to_the_identity_that_made_it(
@@ -161,9 +161,9 @@ def test_a_secured_start_secures_a_registry_made_without_acls(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     old = make_registry()
-    old.register_broker(1, BROKER)
-    old.create_topic_config("clicks", CONFIG)
-    old.register_topic_partitions("clicks", 1, [0])
+    old.brokers.register(1, BROKER)
+    old.topics.create_topic_config("clicks", CONFIG)
+    old.topics.register_topic_partitions("clicks", 1, [0])
     old.groups.commit_offset("loaders", "clicks", "1-0", 7)
     root = registry_chroot
     observer.create(f"{root}/security/principals", b"", makepath=True)
@@ -199,15 +199,15 @@ def test_a_secured_start_secures_a_registry_made_without_acls(
     assert secured.secure_tree() == 0  # the chroot carries the ACL: done before
 
     # the old registry's session keeps reading but can no longer write the brokers' nodes
-    assert old.topic_config("clicks") == CONFIG
+    assert old.topics.topic_config("clicks") == CONFIG
     with pytest.raises(RegistryAccessDenied):
-        old.create_topic_config("views", CONFIG)
+        old.topics.create_topic_config("views", CONFIG)
     old.groups.commit_offset("loaders", "clicks", "1-0", 8)  # its open group stays open
 
     # once its session expires, its registrations are refused: given up, loudly, and the
     # rest of the registry (the watches) goes on
     seen: queue.Queue[dict[int, BrokerRegistration]] = queue.Queue()
-    old.watch_brokers(seen.put)
+    old.brokers.watch(seen.put)
     assert seen.get(timeout=5) == {1: BROKER}
     with caplog.at_level(logging.ERROR, logger="broker.registry.session"):
         expire_session(old, zookeeper.connect_string)
@@ -226,7 +226,7 @@ def test_nodes_of_another_identity_are_not_taken_over(
     with pytest.raises(RegistryAccessDenied, match="'pylog'"):
         brokers.secure_tree()
     with pytest.raises(RegistryAccessDenied):
-        brokers.register_broker(1, BROKER)
+        brokers.brokers.register(1, BROKER)
 
 
 def test_a_session_without_the_identity_gets_a_clear_error_on_writes(
@@ -235,16 +235,16 @@ def test_a_session_without_the_identity_gets_a_clear_error_on_writes(
     make_registry(auth=BROKERS)
     make_registry(auth=ALICE).groups.register_consumer("loaders", "a", ["clicks"])
     plain = make_registry()  # starts: the base paths exist, and reading is open
-    assert plain.brokers() == {}
+    assert plain.brokers.read() == {}
     with pytest.raises(RegistryAccessDenied) as denied:
-        plain.create_topic_config("clicks", CONFIG)
+        plain.topics.create_topic_config("clicks", CONFIG)
     assert str(denied.value) == (
         f"create {registry_chroot}/brokers/topics/clicks/partitions: refused by ZooKeeper "
         "(NoAuth): "
         "an ACL on that path does not let a session without a ZooKeeper identity change it"
     )
     with pytest.raises(RegistryAccessDenied):
-        plain.register_broker(1, BROKER)
+        plain.brokers.register(1, BROKER)
     assert plain.statistics().registered == 0
     with pytest.raises(RuntimeError, match="identity"):
         plain.secure_tree()

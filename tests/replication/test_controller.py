@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import cached_property
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from kazoo.client import KazooClient
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import UnknownTopicOrPartition
 from broker.registry import NO_LEADER, BrokerRegistration, PartitionState, Registry, TopicConfig
+from broker.registry.topics import TopicNodes
 from broker.replication.controller import ControllerService, NotController
 from broker.replication.election import choose_leader, choose_preferred
 from broker.zookeeper import PrivateZooKeeper
@@ -42,7 +44,7 @@ def make_broker(make_registry: Callable[..., Registry]) -> Broker:
 
     def make(broker_id: int) -> Registry:
         registry = make_registry()
-        registry.register_broker(broker_id, BrokerRegistration("127.0.0.1", 9000 + broker_id))
+        registry.brokers.register(broker_id, BrokerRegistration("127.0.0.1", 9000 + broker_id))
         return registry
 
     return make
@@ -78,7 +80,7 @@ def plained(found: tuple[PartitionState, int]) -> tuple[PartitionState, int]:
 
 def incarnate(registry: Registry, state: PartitionState) -> PartitionState:
     """`state` with its leader in the incarnation registered now: what a controller writes."""
-    epoch = registry.broker_epochs().get(state.leader, -1)
+    epoch = registry.brokers.epochs().get(state.leader, -1)
     return dataclasses.replace(state, leader_broker_epoch=epoch)
 
 
@@ -87,8 +89,8 @@ def wait_state(registry: Registry, partition: int, expected: PartitionState, wha
     incarnation registered now, when it is alive)."""
 
     def reached() -> bool:
-        state = registry.partition_state(TOPIC, partition)[0]
-        alive = registry.broker_epochs()
+        state = registry.topics.partition_state(TOPIC, partition)[0]
+        alive = registry.brokers.epochs()
         if state.leader in alive and state.leader_broker_epoch != alive[state.leader]:
             return False
         return plain(state) == expected
@@ -235,8 +237,8 @@ def test_a_dead_leaders_partitions_go_to_the_next_isr_replica_and_it_leaves_ever
 ) -> None:
     caplog.set_level(logging.INFO, logger="pylog.controller")
     one, two, three, four = make_broker(1), make_broker(2), make_broker(3), make_broker(4)
-    four.create_topic_config(TOPIC, TopicConfig.spread(3, [1, 2, 3], replication_factor=3))
-    assert [four.partition_state(TOPIC, p)[0].isr for p in range(3)] == [
+    four.topics.create_topic_config(TOPIC, TopicConfig.spread(3, [1, 2, 3], replication_factor=3))
+    assert [four.topics.partition_state(TOPIC, p)[0].isr for p in range(3)] == [
         (1, 2, 3),
         (2, 3, 1),
         (3, 1, 2),
@@ -253,7 +255,10 @@ def test_a_dead_leaders_partitions_go_to_the_next_isr_replica_and_it_leaves_ever
     assert (stats.leaders_chosen, stats.unclean_elections, stats.offline_partitions) == (1, 0, 0)
     assert stats.elections == 1
     assert any("clicks-0: leader 1 -> 2" in m for m in messages(caplog, logging.INFO))
-    assert two.partition_state(TOPIC, 0)[1] == 1 and three.partition_state(TOPIC, 1)[1] == 1
+    assert (
+        two.topics.partition_state(TOPIC, 0)[1] == 1
+        and three.topics.partition_state(TOPIC, 1)[1] == 1
+    )
 
 
 def test_without_an_alive_isr_replica_a_partition_has_no_leader_until_one_returns(
@@ -262,8 +267,8 @@ def test_without_an_alive_isr_replica_a_partition_has_no_leader_until_one_return
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     one, _two, three = make_broker(1), make_broker(2), make_broker(3)
-    three.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
-    three.write_partition_state(
+    three.topics.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
+    three.topics.write_partition_state(
         TOPIC, 0, incarnate(three, PartitionState(1, 0, (1,), 0)), 0
     )  # 2 fell behind
     controller = service(three, 3)
@@ -274,7 +279,7 @@ def test_without_an_alive_isr_replica_a_partition_has_no_leader_until_one_return
     wait_until(lambda: controller.statistics().offline_partitions == 1, what="counted offline")
     errors = messages(caplog, logging.ERROR)
     assert len(errors) == 1 and "clicks-0: no replica of the ISR [1] is alive" in errors[0]
-    assert plained(three.partition_state(TOPIC, 0)) == (
+    assert plained(three.topics.partition_state(TOPIC, 0)) == (
         offline,
         2,
     )  # broker 2, not in sync, is not chosen
@@ -290,8 +295,8 @@ def test_with_unclean_election_allowed_an_alive_replica_outside_the_isr_leads(
 ) -> None:
     one, _two, three = make_broker(1), make_broker(2), make_broker(3)
     config = TopicConfig.spread(1, [1, 2], {"unclean_leader_election": 1}, replication_factor=2)
-    three.create_topic_config(TOPIC, config)
-    three.write_partition_state(TOPIC, 0, incarnate(three, PartitionState(1, 0, (1,), 0)), 0)
+    three.topics.create_topic_config(TOPIC, config)
+    three.topics.write_partition_state(TOPIC, 0, incarnate(three, PartitionState(1, 0, (1,), 0)), 0)
     controller = service(three, 3)
     wait_controller(controller, 1)
     one.stop()
@@ -305,19 +310,20 @@ def test_allowing_unclean_election_live_brings_an_offline_partition_back(
     make_broker: Broker, service: Service
 ) -> None:
     one, _two, three = make_broker(1), make_broker(2), make_broker(3)
-    three.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
-    three.write_partition_state(TOPIC, 0, incarnate(three, PartitionState(1, 0, (1,), 0)), 0)
+    three.topics.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
+    three.topics.write_partition_state(TOPIC, 0, incarnate(three, PartitionState(1, 0, (1,), 0)), 0)
     controller = service(three, 3)
     wait_controller(controller, 1)
     one.stop()
     wait_state(three, 0, PartitionState(NO_LEADER, 1, (1,), 1), "partition 0 without a leader")
-    three.alter_topic_settings(TOPIC, lambda s: {**s, "unclean_leader_election": 1})
+    three.topics.alter_topic_settings(TOPIC, lambda s: {**s, "unclean_leader_election": 1})
     wait_state(three, 0, PartitionState(2, 2, (2,), 1), "broker 2 leading, uncleanly")
 
 
-class Interfering(Registry):
-    """A registry on which another writer's write lands between the controller's read of a
-    state node and its first write of it, once: what a leader changing the ISR meanwhile does."""
+class InterferingTopics(TopicNodes):
+    """Topics in the registry on which another writer's write lands between the controller's
+    read of a state node and its first write of it, once: what a leader changing the ISR
+    meanwhile does."""
 
     interference: Callable[[], object] | None = None
 
@@ -338,11 +344,19 @@ class Interfering(Registry):
         )
 
 
+class Interfering(Registry):
+    """A registry whose topics are InterferingTopics."""
+
+    @cached_property
+    def topics(self) -> InterferingTopics:
+        return InterferingTopics(self, self.brokers)
+
+
 def test_a_state_written_since_it_was_read_is_read_again_and_decided_anew(
     make_broker: Broker, service: Service, zookeeper: PrivateZooKeeper, registry_chroot: str
 ) -> None:
     one, two, _three = make_broker(1), make_broker(2), make_broker(3)
-    one.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2, 3], replication_factor=3))
+    one.topics.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2, 3], replication_factor=3))
     registry = Interfering(
         zookeeper.connect_string,
         registry_chroot,
@@ -355,12 +369,14 @@ def test_a_state_written_since_it_was_read_is_read_again_and_decided_anew(
         wait_controller(controller, 1)
         # the leader drops 3 from the ISR just before the controller's write that drops 2
         shrunk = PartitionState(1, 0, (1, 2), 0)
-        registry.interference = lambda: one.write_partition_state(
+        registry.topics.interference = lambda: one.topics.write_partition_state(
             TOPIC, 0, incarnate(one, shrunk), 0
         )
         two.stop()
         wait_state(one, 0, PartitionState(1, 0, (1,), 1), "broker 2 out of the ISR too")
-        assert one.partition_state(TOPIC, 0)[1] == 2  # the leader's write, then the controller's
+        assert (
+            one.topics.partition_state(TOPIC, 0)[1] == 2
+        )  # the leader's write, then the controller's
         assert controller.stop()
     finally:
         registry.stop()
@@ -370,7 +386,9 @@ def test_when_the_controllers_session_closes_another_service_takes_over_and_acts
     make_broker: Broker, service: Service
 ) -> None:
     registries = {b: make_broker(b) for b in (1, 2, 3)}
-    registries[1].create_topic_config(TOPIC, TopicConfig.spread(3, [1, 2, 3], replication_factor=2))
+    registries[1].topics.create_topic_config(
+        TOPIC, TopicConfig.spread(3, [1, 2, 3], replication_factor=2)
+    )
     services = {b: service(r, b) for b, r in registries.items()}
     wait_until(
         lambda: [s.controller_epoch for s in services.values()].count(1) == 1,
@@ -385,7 +403,7 @@ def test_when_the_controllers_session_closes_another_service_takes_over_and_acts
     )
     second = next(b for b in others if services[b].controller_epoch == 2)
     reader = registries[second]
-    config = reader.topic_config(TOPIC)
+    config = reader.topics.topic_config(TOPIC)
     for p, replicas in enumerate(config.replicas):
         if replicas[0] == first:  # it led: its follower leads now
             follower = replicas[1]
@@ -406,7 +424,7 @@ def test_a_controller_whose_session_expired_is_elected_again_with_a_new_epoch(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     one, _two = make_broker(1), make_broker(2)
-    one.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
+    one.topics.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
     controller = service(one, 1)
     wait_controller(controller, 1)
     expire_session(one, zookeeper.connect_string)
@@ -424,7 +442,7 @@ def test_a_stale_controllers_write_is_refused_and_it_stops_acting_in_that_epoch(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     one, _two, three = make_broker(1), make_broker(2), make_broker(3)
-    three.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
+    three.topics.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
     controller = service(three, 3)
     wait_controller(controller, 1)
     # Another controller was elected (epoch 2) without this one hearing of it: /controller_epoch
@@ -435,7 +453,7 @@ def test_a_stale_controllers_write_is_refused_and_it_stops_acting_in_that_epoch(
     # its write in epoch 1 is refused; it stops acting, resigns, and is elected anew (epoch 3)
     wait_state(three, 0, PartitionState(2, 1, (2,), 3), "broker 2 leading, by epoch 3")
     wait_controller(controller, 3)
-    assert three.partition_state(TOPIC, 0)[1] == 1  # one write: epoch 1's never landed
+    assert three.topics.partition_state(TOPIC, 0)[1] == 1  # one write: epoch 1's never landed
     warnings = messages(caplog, logging.WARNING)
     assert any("no longer the controller of epoch 1: a newer controller" in m for m in warnings)
 
@@ -447,8 +465,8 @@ def test_a_topic_made_before_replication_gets_its_state_nodes(
     old = {"version": 1, "partitions": 2, "brokers": [1, 1], "settings": {}}
     observer.create(f"{one.chroot}/config/topics/{TOPIC}", json.dumps(old).encode(), makepath=True)
     service(one, 1)
-    wait_until(lambda: len(one.partition_states(TOPIC)) == 2, what="the state nodes")
-    assert plained(one.partition_state(TOPIC, 1)) == (PartitionState(1, 0, (1,), 0), 0)
+    wait_until(lambda: len(one.topics.partition_states(TOPIC)) == 2, what="the state nodes")
+    assert plained(one.topics.partition_state(TOPIC, 1)) == (PartitionState(1, 0, (1,), 0), 0)
 
 
 # -- preferred-leader election, stop -----------------------------------------------------------
@@ -458,7 +476,7 @@ def test_preferred_leader_election_moves_leadership_back_to_the_first_replica(
     make_broker: Broker, service: Service
 ) -> None:
     one, two, three = make_broker(1), make_broker(2), make_broker(3)
-    three.create_topic_config(TOPIC, TopicConfig.spread(2, [1, 2], replication_factor=2))
+    three.topics.create_topic_config(TOPIC, TopicConfig.spread(2, [1, 2], replication_factor=2))
     controller = service(three, 3)
     wait_controller(controller, 1)
     one.stop()
@@ -466,12 +484,12 @@ def test_preferred_leader_election_moves_leadership_back_to_the_first_replica(
     make_broker(1)  # back, but not in sync yet: nothing moves
     assert controller.elect_preferred() == 0
     # broker 2, leading, takes 1 back into the ISR (its own conditional write)
-    two.write_partition_state(TOPIC, 0, incarnate(two, PartitionState(2, 1, (2, 1), 1)), 1)
+    two.topics.write_partition_state(TOPIC, 0, incarnate(two, PartitionState(2, 1, (2, 1), 1)), 1)
     with pytest.raises(UnknownTopicOrPartition):
         controller.elect_preferred(["nope"])
     assert controller.elect_preferred([TOPIC]) == 1
-    assert plained(three.partition_state(TOPIC, 0)) == (PartitionState(1, 2, (2, 1), 1), 3)
-    assert three.partition_state(TOPIC, 1)[0].leader == 2  # its preferred leader already
+    assert plained(three.topics.partition_state(TOPIC, 0)) == (PartitionState(1, 2, (2, 1), 1), 3)
+    assert three.topics.partition_state(TOPIC, 1)[0].leader == 2  # its preferred leader already
     assert controller.elect_preferred() == 0
     assert controller.statistics().preferred_moves == 1
 
@@ -508,7 +526,7 @@ def test_the_controller_moves_leadership_back_by_itself_once_the_preferred_leade
 ) -> None:
     caplog.set_level(logging.INFO, logger="pylog.controller")
     one, two, three = make_broker(1), make_broker(2), make_broker(3)
-    three.create_topic_config(TOPIC, TopicConfig.spread(2, [1, 2], replication_factor=2))
+    three.topics.create_topic_config(TOPIC, TopicConfig.spread(2, [1, 2], replication_factor=2))
     began = time.monotonic()
     controller = service(three, 3, leader_rebalance_interval_ms=INTERVAL_MS)
     wait_controller(controller, 1)
@@ -517,14 +535,14 @@ def test_the_controller_moves_leadership_back_by_itself_once_the_preferred_leade
     make_broker(1)  # back, but out of the ISR: two whole runs later, nothing moved
     runs = controller.statistics().preferred_runs
     wait_until(lambda: controller.statistics().preferred_runs >= runs + 2, what="two more runs")
-    assert plained(three.partition_state(TOPIC, 0)) == (PartitionState(2, 1, (2,), 1), 1)
+    assert plained(three.topics.partition_state(TOPIC, 0)) == (PartitionState(2, 1, (2,), 1), 1)
     assert controller.statistics().preferred_moves == 0
 
     # broker 2, leading, takes 1 back into the ISR: the next run gives it leadership back
-    two.write_partition_state(TOPIC, 0, incarnate(two, PartitionState(2, 1, (2, 1), 1)), 1)
+    two.topics.write_partition_state(TOPIC, 0, incarnate(two, PartitionState(2, 1, (2, 1), 1)), 1)
     wait_state(three, 0, PartitionState(1, 2, (2, 1), 1), "broker 1 leading again")
     wait_until(lambda: controller.statistics().preferred_moves == 1, what="the move counted")
-    assert three.partition_state(TOPIC, 1)[0].leader == 2  # its preferred leader all along
+    assert three.topics.partition_state(TOPIC, 1)[0].leader == 2  # its preferred leader all along
     infos = messages(caplog, logging.INFO)
     assert any("clicks-0: leadership back to the preferred leader 1 (from 2)" in m for m in infos)
     assert any("preferred-leader election: 1 partition(s)" in m for m in infos)
@@ -540,8 +558,8 @@ def test_the_periodic_election_runs_an_interval_after_election_then_after_each_r
 ) -> None:
     # on the service's clock, which moves only when the test says so
     one, two = make_broker(1), make_broker(2)
-    one.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
-    two.write_partition_state(TOPIC, 0, incarnate(two, PartitionState(2, 1, (1, 2), 0)), 0)
+    one.topics.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2], replication_factor=2))
+    two.topics.write_partition_state(TOPIC, 0, incarnate(two, PartitionState(2, 1, (1, 2), 0)), 0)
     controller = service(two, 2, clock=clock, leader_rebalance_interval_ms=INTERVAL_MS)
     wait_until(lambda: controller.statistics().preferred_run_due is not None, what="scheduled")
     elected_at = clock.now_monotonic
@@ -557,19 +575,21 @@ def test_a_rebalance_interval_of_0_switches_the_periodic_election_off(
     make_broker: Broker, service: Service
 ) -> None:
     one, two, three, four = make_broker(1), make_broker(2), make_broker(3), make_broker(4)
-    one.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2, 3], replication_factor=3))
+    one.topics.create_topic_config(TOPIC, TopicConfig.spread(1, [1, 2, 3], replication_factor=3))
     # broker 2 leads; 1, the preferred leader, is alive and in the ISR
-    two.write_partition_state(TOPIC, 0, incarnate(two, PartitionState(2, 1, (1, 2, 3), 0)), 0)
+    two.topics.write_partition_state(
+        TOPIC, 0, incarnate(two, PartitionState(2, 1, (1, 2, 3), 0)), 0
+    )
     controller = service(four, 4, leader_rebalance_interval_ms=0)
     wait_controller(controller, 1)
     three.stop()  # a round, seen done: the service acts, yet leaves leadership where it is
     wait_state(two, 0, PartitionState(2, 1, (1, 2), 1), "broker 3 out of the ISR")
     # that round came after the one that elected it: no periodic election was scheduled then
-    assert plain(two.partition_state(TOPIC, 0)[0]) == PartitionState(2, 1, (1, 2), 1)
+    assert plain(two.topics.partition_state(TOPIC, 0)[0]) == PartitionState(2, 1, (1, 2), 1)
     stats = controller.statistics()
     assert (stats.preferred_runs, stats.preferred_moves, stats.preferred_run_due) == (0, 0, None)
     assert controller.elect_preferred() == 1  # asked, it moves
-    assert plain(one.partition_state(TOPIC, 0)[0]) == PartitionState(1, 2, (1, 2), 1)
+    assert plain(one.topics.partition_state(TOPIC, 0)[0]) == PartitionState(1, 2, (1, 2), 1)
 
 
 @pytest.mark.parametrize("interval", [-1, 1.5, True, "100"])
@@ -604,13 +624,13 @@ def lead_moved_off_a_dying_broker(
     one, _two, three = make_broker(1), make_broker(2), make_broker(3)
     config = TopicConfig.spread(2, [1, 2, 3], replication_factor=3)
     assert config.replicas[FAILOVER_PARTITION] == (2, 3, 1)
-    one.create_topic_config("failover", config)
-    one.write_partition_state(
+    one.topics.create_topic_config("failover", config)
+    one.topics.write_partition_state(
         "failover", FAILOVER_PARTITION, incarnate(one, PartitionState(3, 1, (2, 3, 1), 0)), 0
     )
     controller = service(one, 1, leader_rebalance_interval_ms=INTERVAL_MS)
     wait_until(
-        lambda: plain(one.partition_state("failover", FAILOVER_PARTITION)[0]) == MOVED,
+        lambda: plain(one.topics.partition_state("failover", FAILOVER_PARTITION)[0]) == MOVED,
         what="the periodic election moving leadership to broker 2, broker 3 still in the ISR",
     )
     return one, three, controller
@@ -629,7 +649,7 @@ def test_a_dying_broker_that_lost_leadership_to_the_preferred_election_leaves_th
     three.stop()  # its session ends: /brokers/ids/3 goes
     wait_until(
         lambda: (
-            plain(one.partition_state("failover", FAILOVER_PARTITION)[0])
+            plain(one.topics.partition_state("failover", FAILOVER_PARTITION)[0])
             == PartitionState(2, 2, (2, 1), 1)
         ),
         timeout=5.0,
@@ -673,7 +693,7 @@ def test_the_benchmark_producer_goes_again_to_a_leader_once_the_isr_it_waited_on
     try:
         three.stop()  # its session ends: the controller drops it from the ISR
         wait_until(
-            lambda: client.partition_state("failover", FAILOVER_PARTITION)[0].isr == (2, 1),
+            lambda: client.topics.partition_state("failover", FAILOVER_PARTITION)[0].isr == (2, 1),
             timeout=5.0,
             what="broker 3 out of the ISR",
         )

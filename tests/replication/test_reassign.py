@@ -48,7 +48,7 @@ def test_next_step_adds_the_wanted_replicas_then_waits_then_finishes_in_one_step
 
 
 def start_topic(registry: Registry, replicas: tuple[tuple[int, ...], ...]) -> None:
-    registry.create_topic_config(
+    registry.topics.create_topic_config(
         TOPIC, TopicConfig(len(replicas), tuple(r[0] for r in replicas), {}, replicas)
     )
 
@@ -58,9 +58,9 @@ def join_isr(registry: Registry, partition: int, broker_id: int) -> None:
     epoch and its incarnation (broker epoch) stay. (A state without the incarnation, as this
     wrote before, is a leader no longer alive to the controller, which chose it again in a new
     epoch whenever its round came before the reassignment's end.)"""
-    state, version = registry.partition_state(TOPIC, partition)
+    state, version = registry.topics.partition_state(TOPIC, partition)
     joined = dataclasses.replace(state, isr=(*state.isr, broker_id), controller_epoch=0)
-    registry.write_partition_state(TOPIC, partition, joined, version)
+    registry.topics.write_partition_state(TOPIC, partition, joined, version)
 
 
 def test_the_controller_moves_a_partition_once_its_new_replica_is_in_sync(
@@ -71,22 +71,24 @@ def test_the_controller_moves_a_partition_once_its_new_replica_is_in_sync(
     controller = service(one, 1)
     wait_until(lambda: controller.controller_epoch is not None, what="an election")
 
-    asked = one.start_reassignment(TOPIC, 0, (3, 2), list(one.brokers()))
+    asked = one.reassignments.start_reassignment(TOPIC, 0, (3, 2), list(one.brokers.read()))
     assert asked == Reassignment(TOPIC, 0, (3, 2), (1, 2))
     with pytest.raises(ReassignmentInProgress, match="being reassigned already"):
-        one.start_reassignment(TOPIC, 0, (3, 1), list(one.brokers()))
-    wait_until(lambda: one.topic_config(TOPIC).replicas == ((1, 2, 3), (2, 1)), what="expand")
+        one.reassignments.start_reassignment(TOPIC, 0, (3, 1), list(one.brokers.read()))
+    wait_until(
+        lambda: one.topics.topic_config(TOPIC).replicas == ((1, 2, 3), (2, 1)), what="expand"
+    )
     # broker 3 is not in sync yet: nothing more happens
     wait_until(lambda: controller.statistics().reassignments_waiting == 1, what="a wait")
-    assert one.partition_state(TOPIC, 0)[0].isr == (1, 2)
-    assert (TOPIC, 0) in one.reassignments()
+    assert one.topics.partition_state(TOPIC, 0)[0].isr == (1, 2)
+    assert (TOPIC, 0) in one.reassignments.read()
 
     join_isr(one, 0, 3)
-    wait_until(lambda: one.reassignments() == {}, what="the finish")
-    config = one.topic_config(TOPIC)
+    wait_until(lambda: one.reassignments.read() == {}, what="the finish")
+    config = one.topics.topic_config(TOPIC)
     assert config.replicas == ((3, 2), (2, 1))
     assert config.brokers == (1, 2)  # the partitions' names (group nodes) do not move
-    state = one.partition_state(TOPIC, 0)[0]
+    state = one.topics.partition_state(TOPIC, 0)[0]
     assert (state.leader, state.leader_epoch, state.isr) == (3, 1, (2, 3))
     stats = controller.statistics()
     assert (stats.reassign_steps, stats.reassignments_done) == (2, 1)
@@ -100,16 +102,16 @@ def test_a_new_controller_finishes_a_reassignment_its_predecessor_began(
     start_topic(one, ((1, 2),))
     first = service(one, 1)
     wait_until(lambda: first.controller_epoch is not None, what="an election")
-    one.start_reassignment(TOPIC, 0, (2, 3), list(one.brokers()))
-    wait_until(lambda: one.topic_config(TOPIC).replicas == ((1, 2, 3),), what="expand")
+    one.reassignments.start_reassignment(TOPIC, 0, (2, 3), list(one.brokers.read()))
+    wait_until(lambda: one.topics.topic_config(TOPIC).replicas == ((1, 2, 3),), what="expand")
     assert first.stop()
 
     second = service(two, 2)
     wait_until(lambda: second.controller_epoch is not None, what="the next election")
     join_isr(two, 0, 3)
-    wait_until(lambda: two.reassignments() == {}, what="the finish")
-    assert two.topic_config(TOPIC).replicas == ((2, 3),)
-    state = two.partition_state(TOPIC, 0)[0]
+    wait_until(lambda: two.reassignments.read() == {}, what="the finish")
+    assert two.topics.topic_config(TOPIC).replicas == ((2, 3),)
+    state = two.topics.partition_state(TOPIC, 0)[0]
     assert (state.leader, state.isr) == (2, (2, 3))
 
 
@@ -118,17 +120,17 @@ def test_a_reassignment_of_a_deleted_topic_is_dropped(
 ) -> None:
     one, _ = (make_broker(b) for b in (1, 2))
     start_topic(one, ((1,),))
-    one.start_reassignment(TOPIC, 0, (2,), list(one.brokers()))
-    one.delete_topic_config(TOPIC)
+    one.reassignments.start_reassignment(TOPIC, 0, (2,), list(one.brokers.read()))
+    one.topics.delete_topic_config(TOPIC)
     service(one, 1)
-    wait_until(lambda: one.reassignments() == {}, what="the reassignment dropped")
+    wait_until(lambda: one.reassignments.read() == {}, what="the reassignment dropped")
 
 
 def test_reassignments_and_elections_asked_are_checked_first(make_broker: Broker) -> None:
     one = make_broker(1)
     start_topic(one, ((1,), (1,)))
-    live = list(one.brokers())
-    assert one.start_reassignment(TOPIC, 1, (1,), live) is None  # nothing to move
+    live = list(one.brokers.read())
+    assert one.reassignments.start_reassignment(TOPIC, 1, (1,), live) is None  # nothing to move
     for replicas, message in [
         ((), "at least one replica"),
         ((1, 1), "distinct"),
@@ -136,21 +138,23 @@ def test_reassignments_and_elections_asked_are_checked_first(make_broker: Broker
         ((-1,), "a broker id is an integer >= 0"),
     ]:
         with pytest.raises(InvalidTopic, match=message):
-            one.start_reassignment(TOPIC, 0, replicas, live)
-    one.create_topic_config("strict", TopicConfig(1, (1,), {"min_insync_replicas": 2}, ((1, 2),)))
+            one.reassignments.start_reassignment(TOPIC, 0, replicas, live)
+    one.topics.create_topic_config(
+        "strict", TopicConfig(1, (1,), {"min_insync_replicas": 2}, ((1, 2),))
+    )
     with pytest.raises(InvalidTopic, match="below its min_insync_replicas 2"):
-        one.start_reassignment("strict", 0, (1,), live)
+        one.reassignments.start_reassignment("strict", 0, (1,), live)
     with pytest.raises(UnknownTopicOrPartition, match="partition 2 does not exist"):
-        one.start_reassignment(TOPIC, 2, (1,), live)
+        one.reassignments.start_reassignment(TOPIC, 2, (1,), live)
     with pytest.raises(UnknownTopicOrPartition, match="no reassignment of partition 0"):
-        one.cancel_reassignment(TOPIC, 0)
-    assert one.reassignments() == {}
+        one.reassignments.cancel_reassignment(TOPIC, 0)
+    assert one.reassignments.read() == {}
 
-    one.ask_preferred_election([TOPIC])
-    assert one.preferred_election_asked() == (True, [TOPIC])
+    one.reassignments.ask_preferred_election([TOPIC])
+    assert one.reassignments.preferred_election_asked() == (True, [TOPIC])
     with pytest.raises(ElectionInProgress):
-        one.ask_preferred_election(None)
-    one.end_preferred_election()
-    assert one.preferred_election_asked() == (False, None)
+        one.reassignments.ask_preferred_election(None)
+    one.reassignments.end_preferred_election()
+    assert one.reassignments.preferred_election_asked() == (False, None)
     with pytest.raises(UnknownTopicOrPartition):
-        one.ask_preferred_election(["ghost"])
+        one.reassignments.ask_preferred_election(["ghost"])

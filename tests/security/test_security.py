@@ -445,7 +445,7 @@ def test_a_broker_with_a_zookeeper_identity_keeps_its_registry_to_itself(
     assert "registry: ZooKeeper digest ACLs as 'pylog-brokers'" in running.log_path.read_text()
     chroot = running.arguments[1]
     with Registry(zookeeper.connect_string, chroot) as stranger:
-        assert stranger.brokers()  # anyone may read
+        assert stranger.brokers.read()  # anyone may read
         with pytest.raises(RegistryAccessDenied):
             stranger.security.add_principal(
                 "eve", load_public_key(generate_keys(tmp_path, "eve")[0])

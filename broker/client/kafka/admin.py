@@ -617,8 +617,8 @@ class AdminClient(Closing):
         with Registry(
             address.connect, address.chroot, request_timeout_s=self._timeout_s, auth=self._auth
         ) as registry:
-            racks = {broker_id: info.rack for broker_id, info in registry.brokers().items()}
-            registry.add_partitions(grown.topic, grown.new_total_count, racks)
+            racks = {broker_id: info.rack for broker_id, info in registry.brokers.read().items()}
+            registry.topics.add_partitions(grown.topic, grown.new_total_count, racks)
 
     # settings
 
