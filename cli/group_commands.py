@@ -19,14 +19,7 @@ from broker.client import Cluster
 from broker.client.admin import ZooKeeperAddress, zookeeper_of
 from broker.client.coordinator import GroupCalls
 from broker.client.group import GroupConsumer, Reset
-from broker.client.lag import (
-    COUNT_BYTES,
-    GroupLag,
-    GroupReader,
-    HolderUnavailable,
-    ResetStep,
-    Target,
-)
+from broker.client.lag import COUNT_BYTES, GroupLag, HolderUnavailable
 from broker.errors import (
     BrokerGroupNotEmpty,
     BrokerUnknownGroup,
@@ -34,6 +27,7 @@ from broker.errors import (
     UnknownTopicOrPartition,
 )
 from broker.groups.assignors import TopicPartition
+from broker.groups.lag import GroupReader, ResetStep, Target
 from broker.registry import DEFAULT_CHROOT, Registry
 from broker.registry.groups import GroupNotEmpty
 from broker.registry.nodes import check_name

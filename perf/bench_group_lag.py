@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from broker.client import Admin, Cluster, Producer
-from broker.client.lag import GroupReader
+from broker.groups.lag import GroupReader
 from broker.protocol import Ack
 from broker.registry import Registry
 from perf.pylog_runs import PrivatePylogd

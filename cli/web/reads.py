@@ -24,9 +24,10 @@ from broker.client import Admin
 from broker.client.admin import PartitionDescription, ZooKeeperAddress, zookeeper_of
 from broker.client.cluster import Cluster
 from broker.client.consumer import PartitionConsumer, Start
-from broker.client.lag import GroupLag, GroupReader
+from broker.client.lag import GroupLag
 from broker.config import LIVE_SETTINGS, setting_name
 from broker.errors import BrokerError, PylogError
+from broker.groups.lag import GroupReader
 from broker.log.message import Message
 from broker.mirror.config import MirrorConfig, MirrorConfigError
 from broker.mirror.lag import MirrorLag, describe_mirror, mirror_clusters

@@ -21,9 +21,9 @@ import pytest
 from broker.aio import AsyncGroupConsumer, AsyncPartitionConsumer, AsyncProducer
 from broker.client import Admin, Cluster, PartitionConsumer, Producer, TopicConsumer
 from broker.client.group import GroupConsumer
-from broker.client.lag import GroupReader
 from broker.client.producer import Delivery
 from broker.errors import NotLeaderForPartition, UnknownTopicOrPartition
+from broker.groups.lag import GroupReader
 from broker.log.message import Message
 from broker.protocol import (
     LATEST,
