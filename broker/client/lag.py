@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from broker.client.connection import Connection
 from broker.client.consumer import (
@@ -26,6 +26,7 @@ from broker.client.consumer import (
     decode_fetched,
     grown_fetch_bytes,
 )
+from broker.client.retention import RetentionForecast
 from broker.errors import (
     BrokerCorruptSegment,
     BrokerError,
@@ -141,6 +142,22 @@ class Backlog:
         if self.first_timestamp_ms is None:
             return None
         return round(max(0.0, now_ms - self.first_timestamp_ms) / 1000, 1)
+
+
+def lag_figures(
+    found: Backlog, ahead: RetentionForecast | None, position: int, end: int, now_ms: float
+) -> dict[str, Any]:
+    """A reader's lag at `position` of a log whose readable end is `end`, for a record of
+    PartitionLag's fields (a group's, a mirror's): bytes and messages behind (`found`, its
+    backlog), the age of the next unread message, and when retention deletes it (`ahead`)."""
+    return {
+        "lag_bytes": end - position,
+        "lag_messages": found.messages,
+        "lag_messages_estimated": found.estimated,
+        "lag_seconds": 0.0 if position == end else found.age_s(now_ms),
+        "retention_seconds": None if ahead is None else ahead.seconds,
+        "retention_bytes": None if ahead is None else ahead.bytes,
+    }
 
 
 def backlog(

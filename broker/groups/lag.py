@@ -31,6 +31,7 @@ from broker.client.lag import (
     HolderUnavailable,
     PartitionLag,
     backlog,
+    lag_figures,
     log_range,
     message_bounds,
     messages,
@@ -135,16 +136,8 @@ class GroupReader:
         notes = [note] if note else []
         notes += [f"damaged offsets [{a}, {b}) are no messages" for a, b in found.damaged]
         ahead = ahead_of(connection, lag.topic, lag.partition, lag.committed, now_ms, self.retries)
-        return replace(
-            offsets,
-            lag_bytes=end - position,
-            lag_messages=found.messages,
-            lag_messages_estimated=found.estimated,
-            lag_seconds=0.0 if position == end else found.age_s(now_ms),
-            retention_seconds=None if ahead is None else ahead.seconds,
-            retention_bytes=None if ahead is None else ahead.bytes,
-            note="; ".join(notes) or None,
-        )
+        figures = lag_figures(found, ahead, position, end, now_ms)
+        return replace(offsets, **figures, note="; ".join(notes) or None)
 
     def _refresh_endpoints(self) -> None:
         brokers = self.registry.brokers.read()

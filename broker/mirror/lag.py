@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from broker.client.admin import Admin, PartitionOffsets
-from broker.client.lag import COUNT_BYTES, backlog
+from broker.client.lag import COUNT_BYTES, backlog, lag_figures
 from broker.client.retention import ahead_of
 from broker.errors import BrokerError, Unavailable, UnknownTopicOrPartition
 from broker.mirror.config import MirrorConfig
@@ -140,13 +140,4 @@ def _counted(lag: MirrorLag, source: Admin, count_bytes: int, now_ms: float) -> 
     except (BrokerError, Unavailable) as error:
         return replace(lag, lag_bytes=end - position, note=f"cannot count: {error}")
     ahead = ahead_of(connection, lag.topic, lag.partition, position, now_ms, 3)
-    return replace(
-        lag,
-        lag_bytes=end - position,
-        lag_messages=found.messages,
-        lag_messages_estimated=found.estimated,
-        lag_seconds=0.0 if position == end else found.age_s(now_ms),
-        retention_seconds=None if ahead is None else ahead.seconds,
-        retention_bytes=None if ahead is None else ahead.bytes,
-        note=note,
-    )
+    return replace(lag, **lag_figures(found, ahead, position, end, now_ms), note=note)
