@@ -31,9 +31,10 @@ import trio
 
 from broker.backoff import Backoff
 from broker.clock import Clock
-from broker.errors import PylogError, StorageError, StorageIOError
+from broker.errors import DISK_ERRORS, PylogError, StorageError, StorageIOError
 from broker.log import PartitionLog
 from broker.log.flush_round import FlushRound
+from broker.log.message import Buffer
 from broker.served import Partition, Served
 
 log = logging.getLogger("pylog.worker")
@@ -81,16 +82,40 @@ class Flusher:
         self.round = FlushRound()
         """Syncs the partitions of a flush round together; `watch` each log dir first."""
 
-    def appended(self, partition: Partition, had_deadline: bool) -> None:
-        """After an append to `partition` (whose log had a flush deadline before it, or not):
-        the timer set by its new deadline, a flush made due by flush_messages noted."""
+    def append(
+        self,
+        partition: Partition,
+        message_set: Buffer,
+        producer_id: int,
+        epoch: int,
+        sequence: int,
+        expand: bool,
+        client: Callable[[], str],
+    ) -> tuple[int, int, int]:
+        """Append a producer's set to `partition` (Partition.append: its offset, messages and
+        end), its flushes kept in step: a disk error takes it offline (on_disk_error) and is
+        raised; after an append (not a set sent again), the acks of what a roll flushed are
+        owed, the timer set by a new deadline, and a flush made due by flush_messages noted."""
         plog = partition.log
-        if not had_deadline:
-            self.flush_by(plog)
-        if self.when_idle:
-            self.wanted.add(partition)
-        if plog.local.flush_due():  # flush_messages (or the interval) reached
-            self.due.add(partition)
+        flushed = plog.flushed_offset
+        had_deadline = plog.local.next_flush_deadline() is not None
+        try:
+            offset, count, end, appended = partition.append(
+                message_set, producer_id, epoch, sequence, expand, client
+            )
+        except DISK_ERRORS as error:
+            self.on_disk_error(partition, error)
+            raise
+        if appended:
+            if plog.flushed_offset != flushed:  # a roll flushed what came before
+                self.served.owe(partition.note_flush())
+            if not had_deadline:
+                self.flush_by(plog)
+            if self.when_idle:
+                self.wanted.add(partition)
+            if plog.local.flush_due():  # flush_messages (or the interval) reached
+                self.due.add(partition)
+        return offset, count, end
 
     def served_message(self) -> None:
         """After a message of requests from the supervisor: a flush made due waits no longer

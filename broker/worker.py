@@ -361,26 +361,16 @@ class Worker:
         producer is let in as."""
         partition = self.served.get(*route)
         partition.admit(ack)  # led here, under the lease; at ack=all, the ISR big enough
-        plog = partition.log
-        flushed = plog.flushed_offset
-        had_deadline = plog.local.next_flush_deadline() is not None
-        try:
-            offset, count, end, appended = partition.append(
-                message_set,
-                producer_id,
-                epoch,
-                sequence,
-                expand,
-                lambda: protocol.peek_client_id(request_frames),
-            )
-        except DISK_ERRORS as error:
-            self.flusher.on_disk_error(partition, error)
-            raise
-        if appended:  # not a set sent again
-            if plog.flushed_offset != flushed:  # a roll flushed what came before
-                self.served.owe(partition.note_flush())
-            self.flusher.appended(partition, had_deadline)
-        waiting = partition.replica.waiting_for(ack, end, plog.flushed_offset)
+        offset, count, end = self.flusher.append(
+            partition,
+            message_set,
+            producer_id,
+            epoch,
+            sequence,
+            expand,
+            lambda: protocol.peek_client_id(request_frames),
+        )
+        waiting = partition.replica.waiting_for(ack, end, partition.log.flushed_offset)
         if waiting == "never":
             return
         frames = protocol.encode_reply(
@@ -389,9 +379,8 @@ class Worker:
         if waiting == "now":
             await self.served.reply(tagged, frames)
             return
-        # Answered by the flush (or, at ack=all, the high watermark) that stores it
-        # (note_flush, update_high_watermark), or failed (fail_acks). Flushed soon: followers
-        # copy only flushed bytes.
+        # Answered by the flush (at ack=all the high watermark) that stores it, or failed
+        # (Replica.fail_acks); flushed soon, as followers copy only flushed bytes.
         (frame,) = frames
         waiting.append(PendingAck(end, correlation_id, (tagged, frame)))
         self.flusher.wanted.add(partition)
