@@ -23,9 +23,10 @@ T = TypeVar("T")
 
 
 class NodeReads(Session):
-    """The reads and watches of node data and children. `read_node`, `change` and
-    `watch_node` are the calls of the stores of one JSON node each (broker.registry.quotas,
-    .settings, .security), which are given the session to make them on."""
+    """The reads and watches of node data and children, which the registry's stores (brokers,
+    topics, groups, controller, security, quotas, settings, reassignments) are given the
+    session to make: `read_all` and `add_watch` of a path's children, `watch_data` of a node,
+    and `read_node`, `change` and `watch_node` of a node of one JSON value."""
 
     def read_all(
         self, path: str, parse: Callable[[bytes], T], key: Callable[[str], K]
