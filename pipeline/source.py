@@ -22,8 +22,9 @@ from pyspark.sql.types import StructType
 
 from pipeline.errors import OptionError
 from pipeline.options import boolean, parse_source_options
-from pipeline.reader import SCHEMA, SCHEMA_WITH_HEADERS, PylogBatchReader, PylogStreamReader
+from pipeline.reader import SCHEMA, SCHEMA_WITH_HEADERS, PylogBatchReader
 from pipeline.sink import PylogStreamWriter, PylogWriter, parse_sink_options
+from pipeline.stream_reader import PylogStreamReader
 
 
 class PylogDataSource(DataSource):

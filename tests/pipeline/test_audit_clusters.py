@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 
 from broker.client import Admin, Producer
 from cli.pylogctl import cli
-from pipeline import audit, load
+from pipeline import audit, audit_report, load
 from tests.cli.conftest import ok
 from tests.conftest import wait_until
 from tests.mirror.conftest import MirrorProcess, log_range, mirror_config
@@ -191,11 +191,13 @@ def test_the_audit_follows_a_topic_across_the_mirror_and_names_the_stage_that_lo
 def test_a_stage_that_lost_in_one_hour_and_added_in_another_is_named_with_both() -> None:
     hour_10 = datetime.datetime(2026, 11, 22, 10, tzinfo=datetime.UTC)
     counts = [
-        audit.HourCount(hour_10, 20, 17, None, 17),  # the mirror lost 3
-        audit.HourCount(hour_10 + datetime.timedelta(hours=1), 10, 13, None, 13),  # 3 more
-        audit.HourCount(hour_10 + datetime.timedelta(hours=2), 10, 9, None, 10),  # 1 not loaded
+        audit_report.HourCount(hour_10, 20, 17, None, 17),  # the mirror lost 3
+        audit_report.HourCount(hour_10 + datetime.timedelta(hours=1), 10, 13, None, 13),  # 3 more
+        audit_report.HourCount(
+            hour_10 + datetime.timedelta(hours=2), 10, 9, None, 10
+        ),  # 1 not loaded
     ]
-    assert audit.format_stages(TOPIC, counts).splitlines() == [
+    assert audit_report.format_stages(TOPIC, counts).splitlines() == [
         "hour (UTC)           in source     mirrored       loaded  lost at",
         "2026-11-22 10:00            20           17           17  mirror 3 lost  <-- differs",
         "2026-11-22 11:00            10           13           13  mirror 3 extra  <-- differs",

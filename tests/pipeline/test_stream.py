@@ -20,7 +20,7 @@ from broker.client import Admin
 from cli.pylogctl import cli
 from pipeline.cluster import DriverView, SourcePartition
 from pipeline.options import parse_source_options
-from pipeline.reader import PylogStreamReader
+from pipeline.stream_reader import PylogStreamReader
 from tests.conftest import FakeClock, single_box_flags, wait_until
 from tests.pipeline.conftest import create_topic, produce
 from tests.pylogd import RunningBroker
