@@ -68,8 +68,8 @@ class Reads:
     """The reads of the partitions of `served`, at most `fetch_max_bytes` a reply;
     `retention_check_interval_ms()` the worker's interval (a live setting), as
     DESCRIBE_PARTITION says it; `replica_lag_max_ms` the broker's (a follower's fetch session
-    is checked whole often enough for it); `index` is the worker's (its fetch sessions' ids
-    carry it)."""
+    is checked whole often enough for it). Its fetch sessions' ids carry the worker's index
+    (`served.index`)."""
 
     def __init__(
         self,
@@ -77,10 +77,9 @@ class Reads:
         fetch_max_bytes: int,
         retention_check_interval_ms: Callable[[], int],
         replica_lag_max_ms: int,
-        index: int = 0,
     ) -> None:
         self.served = served
-        self.sessions = FetchSessions(index, served.clock)
+        self.sessions = FetchSessions(served.index, served.clock)
         self.replica_lag_max_ms = replica_lag_max_ms
         self.fetch_max_bytes = fetch_max_bytes
         self.retention_check_interval_ms = retention_check_interval_ms

@@ -132,7 +132,6 @@ class Worker:
             config.broker_fetch_max_bytes,
             lambda: self.config.log_retention_check_interval_ms,
             config.broker_replica_lag_max_ms,
-            index,
         )
         self.prefixes = protocol.KnownPrefixes()
         """The prefixes of requests found good: the next PRODUCE ones are decoded by it."""

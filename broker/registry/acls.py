@@ -50,7 +50,7 @@ class ZooKeeperAcls(Session):
         return changed + sum(self._secure(f"{path}/{child}", acl) for child in children)
 
     def _has_acl(self, path: str, acl: list[ACL]) -> bool:
-        found, _ = self.request(
+        found, _ = self._request(
             f"read the ACL of {path}", lambda: self._client.get_acls_async(path)
         )
         return set(found) == set(acl)
@@ -60,7 +60,7 @@ class ZooKeeperAcls(Session):
         try:
             if self._has_acl(path, acl):
                 return False
-            self.request(f"set the ACL of {path}", lambda: self._client.set_acls_async(path, acl))
+            self._request(f"set the ACL of {path}", lambda: self._client.set_acls_async(path, acl))
         except NoNode:
             return False
         return True

@@ -7,7 +7,7 @@ Connection and session loss:
   reconnects by itself and, if it is back within the session timeout, the session and all its
   ephemeral nodes are intact. While it is away every call waits at most `request_timeout_s`
   for the connection and then raises RegistryUnavailable, as does a request in flight when
-  the connection is lost (it is not sent again: see Session.request).
+  the connection is lost (it is not sent again: see Session._request).
 - An expired session (away for longer than the timeout, or closed by the server) takes all
   our ephemeral nodes with it. kazoo opens a new session; the registry then re-creates every
   node it was asked to register (broker, topic partitions, group members), from a thread of
@@ -475,13 +475,13 @@ class Session(Running):
                     log.error("cannot register %s again, given up: %s", path, error)
         return restored
 
-    # -- requests: each of ours goes through request (kazoo's ChildrenWatch makes its own) ---
+    # -- requests: each of ours goes through _request (kazoo's ChildrenWatch makes its own) ---
 
     def _check_open(self) -> None:
         if not self._started or self._stopping:
             raise RegistryUnavailable("the registry is not started, or stopped")
 
-    def request(self, what: str, send: Callable[[], Any]) -> Any:
+    def _request(self, what: str, send: Callable[[], Any]) -> Any:
         """Wait for the connection, send one request and wait for its answer, all within
         request_timeout_s; translate every kazoo outcome into a RegistryUnavailable (sub)class.
 
@@ -537,7 +537,7 @@ class Session(Running):
         )
 
     def _request_many(self, what: str, sends: Sequence[Callable[[], Any]]) -> list[Any]:
-        """As request, for many requests: up to REQUESTS_AT_ONCE sent before their answers
+        """As _request, for many requests: up to REQUESTS_AT_ONCE sent before their answers
         are waited for (one round trip for them all, not one each: 10,000 partition states
         read one by one took seconds), each such window within request_timeout_s. Returns the
         answers in order, an answer that failed as the error it becomes (NoNode, ...: see
@@ -574,14 +574,14 @@ class Session(Running):
 
     def commit(self, what: str, build: Callable[[TransactionRequest], None]) -> list[Any]:
         """Send the operations that `build` adds to a kazoo transaction as one ZooKeeper
-        multi-request, all applied or none, as request sends one request; returns each
+        multi-request, all applied or none, as _request sends one request; returns each
         operation's result. When one fails, that operation's outcome is raised (NoNode,
         NodeExists, BadVersion, NotEmpty, RegistryAccessDenied...), not the others'
         "rolled back", named by that operation and its path ("create /pylog/config/...")."""
 
         transaction = self._client.transaction()
         build(transaction)
-        results: list[Any] = self.request(what, transaction.commit_async)
+        results: list[Any] = self._request(what, transaction.commit_async)
         for operation, result in zip(transaction.operations, results, strict=False):
             if isinstance(result, KazooException) and not isinstance(result, RolledBackError):
                 verb = _VERBS.get(type(operation).__name__, "change")
@@ -626,7 +626,7 @@ class Session(Running):
     def create(
         self, path: str, data: bytes, *, ephemeral: bool = False, makepath: bool = False
     ) -> None:
-        self.request(
+        self._request(
             f"create {path}",
             lambda: self._client.create_async(path, data, ephemeral=ephemeral, makepath=makepath),
         )
@@ -641,7 +641,7 @@ class Session(Running):
         needed, node = Permissions.WRITE, path
         while True:
             try:
-                acls, _ = self.request(
+                acls, _ = self._request(
                     f"read the ACL of {node}", functools.partial(self._client.get_acls_async, node)
                 )
                 break
@@ -659,11 +659,11 @@ class Session(Running):
 
     def get(self, path: str) -> tuple[bytes, Stat]:
         """What `path` holds, and its Stat; NoNode when it does not exist."""
-        data, stat = self.request(f"read {path}", lambda: self._client.get_async(path))
+        data, stat = self._request(f"read {path}", lambda: self._client.get_async(path))
         return bytes(data or b""), Stat(stat.version, stat.ephemeralOwner, stat.czxid)
 
     def children(self, path: str) -> list[str]:
-        children = self.request(f"list {path}", lambda: self._client.get_children_async(path))
+        children = self._request(f"list {path}", lambda: self._client.get_children_async(path))
         return sorted(str(child) for child in children)
 
     def get_many(self, what: str, paths: Sequence[str]) -> list[tuple[bytes, Stat] | Failed]:
@@ -691,17 +691,17 @@ class Session(Running):
 
     def set(self, path: str, data: bytes, version: int) -> int:
         """Write `path` if it is at `version` (-1: any); returns its new version."""
-        stat = self.request(f"write {path}", lambda: self._client.set_async(path, data, version))
+        stat = self._request(f"write {path}", lambda: self._client.set_async(path, data, version))
         new_version: int = stat.version
         return new_version
 
     def delete(self, path: str, version: int = -1) -> None:
         """Delete `path` if it is at `version` (-1: any)."""
-        self.request(f"delete {path}", lambda: self._client.delete_async(path, version))
+        self._request(f"delete {path}", lambda: self._client.delete_async(path, version))
 
     def ensure_path(self, path: str, acl: list[ACL] | None = None) -> None:
         """Create `path` and its missing parents, with `acl` (default: the session's)."""
-        self.request(f"create {path}", lambda: self._client.ensure_path_async(path, acl))
+        self._request(f"create {path}", lambda: self._client.ensure_path_async(path, acl))
 
 
 def _serialized_bytes(operation: Any) -> int:

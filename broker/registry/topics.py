@@ -64,9 +64,6 @@ class TopicNodes(PartitionStates):
     def topic_config_path(self, topic: str) -> str:
         return f"{self.chroot}/config/topics/{topic}"
 
-    def topic_node_path(self, topic: str) -> str:
-        return f"{self.chroot}/brokers/topics/{topic}"
-
     # -- topic partitions on brokers ---------------------------------------------------------
 
     def register_topic_partitions(
