@@ -148,7 +148,7 @@ class Supervisor:
             self.front.statistics(),
             self.pool.statistics(),
             self.topics.statistics(),
-            registry is not None and registry.connected,
+            registry is not None and registry.session.connected,
             {} if self.guard is None else self.guard.forecasts(),
         )
 
@@ -188,7 +188,7 @@ class Supervisor:
         )
         self.registry.start(timeout=max(10.0, self.config.zookeeper_session_timeout_ms / 1000))
         if auth is not None:
-            secured = self.registry.secure_tree()
+            secured = self.registry.acls.secure_tree()
             log.info(
                 "registry: ZooKeeper digest ACLs as %r (%d nodes secured now)", auth.user, secured
             )
@@ -517,7 +517,7 @@ class Supervisor:
         """Stop workers (if still running), leave the registry, stop ZooKeeper, close sockets.
         Registry calls no longer wait for a ZooKeeper that is gone (Registry.wind_down)."""
         if self.registry is not None:
-            self.registry.wind_down()
+            self.registry.session.wind_down()
         self.pool.stop(self.config.broker_shutdown_timeout_ms / 1000)
         if self.metrics is not None:
             self.metrics.shutdown()

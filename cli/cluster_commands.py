@@ -229,7 +229,7 @@ def health(
         open_registry(zookeeper, chroot, broker, timeout) as registry,
         Admin(broker, timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as admin,
     ):
-        address = (registry.connect_string, registry.chroot)
+        address = (registry.session.connect_string, registry.session.chroot)
         if watch:
             with until_interrupted():
                 _print_changes(

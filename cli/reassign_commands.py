@@ -169,7 +169,7 @@ def reassign(
             assert partition is not None
             plan = {partition: replicas}
         if plan and not dry_run:  # before the plan is printed: one that cannot be asked is not
-            registry.check_may_change(registry.reassignments.reassign_path(name, min(plan)))
+            registry.acls.check_may_change(registry.reassignments.reassign_path(name, min(plan)))
         for p, wanted in sorted(plan.items()):
             _echo(as_json, name, p, f"replicas {_ids(config.replicas_of(p))} -> {_ids(wanted)}")
         if not plan:

@@ -165,15 +165,15 @@ class Mirror:
                 await self._joined(loop)
             assert self._group is not None
             group, registry = self._group, self._group.registry
-            if not registry.connected:
+            if not registry.session.connected:
                 self._paused = True
                 await self._stop_all("the target's ZooKeeper is not reachable: copies paused")
                 return
-            if group.claim_session != registry.session_id:
+            if group.claim_session != registry.session.session_id:
                 await self._stop_all(
                     "ZooKeeper session expired: its partitions went back to the group"
                 )
-                group.claim_session = registry.session_id
+                group.claim_session = registry.session.session_id
                 due = True
             if not (due or self._paused):
                 return

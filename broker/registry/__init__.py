@@ -42,14 +42,15 @@ the ZooKeeper session that created it: when a broker stops, dies or is cut off f
 the session timeout, its nodes disappear and everyone watching sees it go.
 
 The parts: session (the connection, bounded requests, ephemeral nodes kept through session
-loss: what happens when the connection or the session is lost), reading (the reads and
-watches of node data and children), watches (kazoo's ChildrenWatch, with the callbacks on
-threads of the registry), nodes (the JSON of the nodes), and the stores, each made on the
-session and holding the calls on one concern: brokers (and their epochs), topics and states
-(the topics' configurations and the partitions' state nodes), admin (reassignments and
-preferred-leader elections asked), groups and coordination, controller, security, quotas,
-settings. Registry is the session with its stores (`registry.topics`, `registry.groups`,
-...).
+loss, the reads and watches of node data and children: what happens when the connection or
+the session is lost), watches (kazoo's ChildrenWatch, with the callbacks on threads of the
+registry), nodes (the JSON of the nodes), and the stores, each made on the session and
+holding the calls on one concern: brokers (and their epochs), topics and states (the topics'
+configurations and the partitions' state nodes), admin (reassignments and preferred-leader
+elections asked), groups and coordination, controller, acls (ZooKeeper's, on the nodes),
+security, quotas, settings. A Registry holds the session (`registry.session`) and makes its
+stores on it (`registry.topics`, `registry.groups`, ...); a part that needs a store is given
+that store, not the registry.
 
 Thread-safety: a Registry may be used from several threads at once (trio.to_thread included).
 Watch callbacks run on threads of the registry, one at a time per watch.
@@ -58,8 +59,10 @@ Watch callbacks run on threads of the registry, one at a time per watch.
 from __future__ import annotations
 
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from broker.registry.acls import ZooKeeperAcls
+from broker.lifecycle import Running
+from broker.registry.acls import NodeAcls
 from broker.registry.admin import (
     ElectionInProgress,
     Reassignment,
@@ -72,13 +75,15 @@ from broker.registry.coordination import ClaimedElsewhere, ClaimedGroup, GroupCo
 from broker.registry.groups import partition_name
 from broker.registry.nodes import FORMAT_VERSION
 from broker.registry.quotas import Quotas
-from broker.registry.reading import NodeReads
 from broker.registry.security import Security
-from broker.registry.session import DEFAULT_CHROOT, RegistryStatistics
+from broker.registry.session import DEFAULT_CHROOT, RegistryStatistics, Session
 from broker.registry.settings import BrokerSettingsNode
 from broker.registry.states import NO_LEADER, PartitionState, PartitionStateChanged
 from broker.registry.topic_config import MAX_PARTITIONS, TopicConfig
 from broker.registry.topics import TopicNodes
+
+if TYPE_CHECKING:
+    from broker.security import ZooKeeperAuth
 
 __all__ = [
     "DEFAULT_CHROOT",
@@ -102,7 +107,7 @@ __all__ = [
 ]
 
 
-class Registry(ZooKeeperAcls, NodeReads):
+class Registry(Running):
     """A broker's (or a tool's) connection to the registry in ZooKeeper.
 
     Paths, under `chroot`:
@@ -125,12 +130,13 @@ class Registry(ZooKeeperAcls, NodeReads):
         /config/brokers                       persistent  settings.set, settings.delete
         /config/quotas                        persistent  quotas.set, quotas.delete
 
-    Its stores, each made on this session (kazoo's recipes are the model): `brokers`
+    Its stores, each made on its `session` (kazoo's recipes are the model): `brokers`
     (broker.registry.brokers), `topics` (their configurations, the brokers serving them and
     the partitions' state nodes: broker.registry.topics and .states), `reassignments`
     (reassignments and preferred-leader elections asked: broker.registry.admin), `groups`
     (consumer groups, their members, owners, offsets and coordinators: broker.registry.groups
-    and .coordination), `controller` (its election, broker.registry.controller), and the
+    and .coordination), `controller` (its election, broker.registry.controller), `acls`
+    (ZooKeeper's ACLs on the nodes: broker.registry.acls), and the
     nodes of one JSON value each: `security` (broker.registry.security), `settings` (live
     broker settings, broker.registry.settings) and `quotas` (broker.registry.quotas).
 
@@ -151,35 +157,70 @@ class Registry(ZooKeeperAcls, NodeReads):
 
     BASE_PATHS = ("/brokers/ids", "/brokers/topics", "/config/topics")
     SHARED_PATHS = ("/consumers",)  # the groups'
+    session_type: type[Session] = Session
+    """What the session is made as (a test's subclass intercepts its requests)."""
+
+    def __init__(
+        self,
+        connect_string: str,
+        chroot: str = DEFAULT_CHROOT,
+        session_timeout_s: float = 6.0,
+        *,
+        request_timeout_s: float = 5.0,
+        reconnect_max_delay_s: float = 2.0,
+        auth: ZooKeeperAuth | None = None,
+    ) -> None:
+        self.session = self.session_type(
+            connect_string,
+            chroot,
+            session_timeout_s,
+            request_timeout_s=request_timeout_s,
+            reconnect_max_delay_s=reconnect_max_delay_s,
+            auth=auth,
+            base_paths=self.BASE_PATHS,
+            shared_paths=self.SHARED_PATHS,
+        )
+
+    def start(self, timeout: float = 15.0) -> None:
+        """Connect and create the base paths (Session.start)."""
+        self.session.start(timeout)
+
+    def stop(self) -> None:
+        """Close the session: ZooKeeper deletes its ephemeral nodes at once. Idempotent."""
+        self.session.stop()
 
     @cached_property
     def brokers(self) -> Brokers:
-        return Brokers(self)
+        return Brokers(self.session)
 
     @cached_property
     def topics(self) -> TopicNodes:
-        return TopicNodes(self, self.brokers)
+        return TopicNodes(self.session, self.brokers)
 
     @cached_property
     def reassignments(self) -> ReassignmentNodes:
-        return ReassignmentNodes(self, self.topics)
+        return ReassignmentNodes(self.session, self.topics)
 
     @cached_property
     def groups(self) -> GroupCoordination:
-        return GroupCoordination(self)
+        return GroupCoordination(self.session)
 
     @cached_property
     def controller(self) -> Controller:
-        return Controller(self)
+        return Controller(self.session)
+
+    @cached_property
+    def acls(self) -> NodeAcls:
+        return NodeAcls(self.session)
 
     @cached_property
     def security(self) -> Security:
-        return Security(self)
+        return Security(self.session)
 
     @cached_property
     def settings(self) -> BrokerSettingsNode:
-        return BrokerSettingsNode(self)
+        return BrokerSettingsNode(self.session)
 
     @cached_property
     def quotas(self) -> Quotas:
-        return Quotas(self)
+        return Quotas(self.session)

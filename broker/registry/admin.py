@@ -25,8 +25,7 @@ from broker.errors import InvalidTopic, PylogError, UnknownTopicOrPartition
 from broker.protocol import check_topic_name
 from broker.registry.controller import CONTROLLER_EPOCH, ControllerMoved
 from broker.registry.nodes import decode, encode, int_list, validate_broker_id
-from broker.registry.reading import NodeReads
-from broker.registry.session import BadVersion, NodeExists, NoNode
+from broker.registry.session import BadVersion, NodeExists, NoNode, Session
 from broker.registry.states import PartitionState, PartitionStateChanged, epoch_moved
 from broker.registry.topic_config import TopicConfig
 from broker.registry.topics import TopicNodes
@@ -109,7 +108,7 @@ class ReassignmentNodes:
     """The reassignments and preferred-leader elections asked in the registry (/admin), on
     `session`; `topics` holds the configurations and states they change."""
 
-    def __init__(self, session: NodeReads, topics: TopicNodes) -> None:
+    def __init__(self, session: Session, topics: TopicNodes) -> None:
         self._session = session
         self._topics = topics
         self.chroot = session.chroot

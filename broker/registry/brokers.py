@@ -6,8 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.registry.nodes import decode, encode, int_field, validate_broker_id
-from broker.registry.reading import NodeReads
-from broker.registry.session import NoNode
+from broker.registry.session import NoNode, Session
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ class BrokerRegistration:
 class Brokers:
     """The brokers registered in the registry (/brokers/ids), on `session`."""
 
-    def __init__(self, session: NodeReads) -> None:
+    def __init__(self, session: Session) -> None:
         self._session = session
         self.chroot = session.chroot
 

@@ -24,8 +24,7 @@ from kazoo.client import TransactionRequest
 
 from broker.errors import PylogError, RegistryUnavailable
 from broker.registry.nodes import decode, encode, int_field, validate_broker_id
-from broker.registry.reading import NodeReads
-from broker.registry.session import ATTEMPTS, BadVersion, NodeExists, NoNode
+from broker.registry.session import ATTEMPTS, BadVersion, NodeExists, NoNode, Session
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +77,7 @@ class Controller:
     """The controller's election in the registry (/controller, /controller_epoch), on
     `session`."""
 
-    def __init__(self, session: NodeReads) -> None:
+    def __init__(self, session: Session) -> None:
         self._session = session
         self.path = session.chroot + CONTROLLER
         self.epoch_path = session.chroot + CONTROLLER_EPOCH

@@ -10,8 +10,7 @@ from typing import TypeVar
 from broker.errors import PylogError, RegistryUnavailable
 from broker.protocol import check_topic_name
 from broker.registry.nodes import check_name, decode, encode, int_field, is_int
-from broker.registry.reading import NodeReads
-from broker.registry.session import ATTEMPTS, NodeExists, NoNode, NotEmpty
+from broker.registry.session import ATTEMPTS, NodeExists, NoNode, NotEmpty, Session
 
 
 class GroupNotEmpty(PylogError):
@@ -55,7 +54,7 @@ class Groups:
     With `auth`, /consumers lets any member create its group's node (and delete it once
     empty), and a group's nodes are then the identity's that created them (docs/registry.md)."""
 
-    def __init__(self, session: NodeReads) -> None:
+    def __init__(self, session: Session) -> None:
         self._session = session
         self.chroot = session.chroot
 

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from broker.quotas import DEFAULT, Direction, Kind, Quota, QuotaConfig
 from broker.registry.nodes import decode, encode
-from broker.registry.reading import NodeReads
+from broker.registry.session import Session
 from broker.security import check_principal_name
 
 MAX_CLIENT_ID: Final = 255
@@ -88,7 +88,7 @@ def _quotas_json(config: QuotaConfig) -> bytes:
 class Quotas:
     """The quotas in the registry, one node (/config/quotas), read and changed on `session`."""
 
-    def __init__(self, session: NodeReads) -> None:
+    def __init__(self, session: Session) -> None:
         self._session = session
         self.path = f"{session.chroot}/config/quotas"
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from broker.registry.nodes import decode, encode
-from broker.registry.reading import NodeReads
+from broker.registry.session import Session
 from broker.security import Acl, check_key, check_principal_name, parse_operations
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class Security:
     """The principals and ACLs in the registry, a node each (/security/principals,
     /security/acls), read and changed on `session`."""
 
-    def __init__(self, session: NodeReads) -> None:
+    def __init__(self, session: Session) -> None:
         self._session = session
         self.principals_path = f"{session.chroot}/security/principals"
         self.acls_path = f"{session.chroot}/security/acls"

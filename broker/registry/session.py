@@ -25,10 +25,14 @@ Connection and session loss:
 ZooKeeper ACLs (`auth`, docs/registry.md "Who may write what"): a session given a digest
 identity presents it (again at every reconnection) and creates every node with the ACL
 [digest(identity): ALL, world: READ], so that anyone reads the registry and only holders of
-the identity change those nodes; the SHARED_PATHS (/consumers) let anyone create a node there
-(and delete an empty one), which is then its creator's. secure_tree() (broker.registry.acls)
-gives the nodes of a registry made without ACLs the brokers' ACL. Reading nodes and watching
-them: broker.registry.reading.
+the identity change those nodes; the `shared_paths` (the registry's /consumers) let anyone
+create a node there (and delete an empty one), which is then its creator's.
+NodeAcls.secure_tree (broker.registry.acls) gives the nodes of a registry made without ACLs
+the brokers' ACL.
+
+The stores (broker.registry.brokers, .topics, ...) are made of the session's reads and
+watches: `read_all` and `add_watch` of a path's children, `watch_data` of a node, and
+`read_node`, `change` and `watch_node` of a node of one JSON value.
 
 Every kazoo error, including timeouts, becomes broker.errors.RegistryUnavailable (retriable),
 but for ZooKeeper's NoAuth, an ACL refusing the change: RegistryAccessDenied (not retriable).
@@ -42,7 +46,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -57,13 +61,12 @@ from kazoo.exceptions import (
     RolledBackError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.recipe.watchers import DataWatch
 from kazoo.retry import KazooRetry
 from kazoo.security import (
     ACL,
-    Permissions,
     make_acl,
     make_digest_acl,
-    make_digest_acl_credential,
 )
 
 from broker.backoff import Backoff
@@ -89,6 +92,8 @@ _OPERATION_HEADER_BYTES = 9
 Failed = RegistryUnavailable | RegistryAccessDenied
 """What a request of _request_many that failed answers (see _outcome)."""
 FAILED = (RegistryUnavailable, RegistryAccessDenied)
+WRITE_ATTEMPTS = 10
+"""How many times `change` reads and writes a node again when others keep changing it."""
 REQUESTS_AT_ONCE = 500
 """The most requests _request_many sends before it waits for their answers."""
 WIND_DOWN_CHECK_S = 0.1
@@ -156,23 +161,17 @@ class Stat:
 
 
 class Session(Running):
-    """A connection to ZooKeeper under a chroot, with the requests, ephemeral registrations
-    and watches that the registry's parts (brokers, topics, groups) are made of.
+    """A connection to ZooKeeper under a chroot, with the requests, ephemeral registrations,
+    reads and watches that the registry's stores (brokers, topics, groups, ...) are made of.
 
     `connect_string` is "host:port[,host:port...]" (no chroot there: pass `chroot`).
     `session_timeout_s` is asked of the server, which clamps it to 2-20 of its ticks.
     Every call waits at most `request_timeout_s` for a connection and an answer, then raises
     RegistryUnavailable. kazoo reconnects on its own, waiting at most `reconnect_max_delay_s`
-    between attempts. Started once (start() and stop(), or as a context manager).
+    between attempts. `base_paths` (under the chroot) are created at start; with `auth`, the
+    `shared_paths` too, with the `shared_acl`. Started once (start() and stop(), or as a
+    context manager).
     """
-
-    BASE_PATHS: tuple[str, ...] = ()
-    """Paths under the chroot created at start, which the watches and readers expect."""
-
-    SHARED_PATHS: tuple[str, ...] = ()
-    """Paths under the chroot whose children are not the brokers' but each their creator's:
-    with `auth` they are created at start with the ACL [digest(identity): ALL, world: READ,
-    CREATE, DELETE], and secure_tree() (broker.registry.acls) leaves their subtrees alone."""
 
     def __init__(
         self,
@@ -183,6 +182,8 @@ class Session(Running):
         request_timeout_s: float = 5.0,
         reconnect_max_delay_s: float = 2.0,
         auth: ZooKeeperAuth | None = None,
+        base_paths: Sequence[str] = (),
+        shared_paths: Sequence[str] = (),
     ) -> None:
         if "/" in connect_string:
             raise ValueError(f"pass the chroot as `chroot`, not in {connect_string!r}")
@@ -195,12 +196,16 @@ class Session(Running):
         self.session_timeout_s = session_timeout_s
         self.request_timeout_s = request_timeout_s
         self.auth = auth
-        self._acl: list[ACL] | None = None
-        self._shared_acl: list[ACL] = []
+        self.base_paths = tuple(base_paths)
+        self.shared_paths = tuple(shared_paths)
+        self.acl: list[ACL] | None = None
+        """The ACL of the nodes this session creates (None without `auth`: ZooKeeper's open one)."""
+        self.shared_acl: list[ACL] = []
+        """The ACL of the `shared_paths`, whose children are each their creator's."""
         if auth is not None:
             ours = make_digest_acl(auth.user, auth.password, all=True)
-            self._acl = [ours, make_acl("world", "anyone", read=True)]
-            self._shared_acl = [
+            self.acl = [ours, make_acl("world", "anyone", read=True)]
+            self.shared_acl = [
                 ours,
                 make_acl("world", "anyone", read=True, create=True, delete=True),
             ]
@@ -211,7 +216,7 @@ class Session(Running):
                 max_tries=-1, delay=0.1, backoff=2, max_delay=reconnect_max_delay_s
             ),
             auth_data=None if auth is None else [("digest", auth.credential)],
-            default_acl=self._acl,
+            default_acl=self.acl,
         )
         # _state_lock guards the fields below it and is never held during a request: kazoo's
         # connection thread takes it in the state listener.
@@ -236,7 +241,7 @@ class Session(Running):
 
     def start(self, timeout: float = 15.0) -> None:
         """Connect (waiting at most `timeout` seconds) and create the base paths (with `auth`,
-        the SHARED_PATHS too), those missing.
+        the `shared_paths` too), those missing.
 
         Raises RegistryUnavailable when ZooKeeper cannot be reached in time, and
         RegistryAccessDenied when a missing path may not be created with this identity."""
@@ -253,11 +258,11 @@ class Session(Running):
                 f"({type(error).__name__}: {error})"
             ) from error
         try:
-            for path in self.BASE_PATHS:
+            for path in self.base_paths:
                 self.ensure_path(self.chroot + path)
             if self.auth is not None:
-                for path in self.SHARED_PATHS:
-                    self.ensure_path(self.chroot + path, self._shared_acl)
+                for path in self.shared_paths:
+                    self.ensure_path(self.chroot + path, self.shared_acl)
         except (RegistryUnavailable, RegistryAccessDenied):
             self.stop()
             raise
@@ -318,7 +323,8 @@ class Session(Running):
         )
 
     @property
-    def _identity(self) -> str:
+    def identity(self) -> str:
+        """Who this session is to ZooKeeper's ACLs, for error messages."""
         if self.auth is None:
             return "a session without a ZooKeeper identity"
         return f"digest identity {self.auth.user!r}"
@@ -563,7 +569,7 @@ class Session(Running):
         if isinstance(error, NoAuthError):
             return RegistryAccessDenied(
                 f"{what}: refused by ZooKeeper (NoAuth): an ACL on that path does not let "
-                f"{self._identity} change it"
+                f"{self.identity} change it"
             )
         for kazoo_error, outcome in _KAZOO_OUTCOMES:
             if isinstance(error, kazoo_error):
@@ -631,32 +637,6 @@ class Session(Running):
             lambda: self._client.create_async(path, data, ephemeral=ephemeral, makepath=makepath),
         )
 
-    def check_may_change(self, path: str) -> None:
-        """Before a command writes `path` (a full path, chroot included): RegistryAccessDenied,
-        as the write itself would raise it, when the ACLs say this session may not. The node's
-        own ACL decides whether it may be changed (WRITE); absent, that of its nearest
-        ancestor that exists whether it may be made (CREATE). Read from ZooKeeper, not tried:
-        a command checks so before it prints what it will do. Another denial (NoNode, ...) is
-        left to the write itself."""
-        needed, node = Permissions.WRITE, path
-        while True:
-            try:
-                acls, _ = self._request(
-                    f"read the ACL of {node}", functools.partial(self._client.get_acls_async, node)
-                )
-                break
-            except NoNode:
-                needed, node = Permissions.CREATE, node.rsplit("/", 1)[0] or "/"
-        mine = {("world", "anyone")}
-        if self.auth is not None:
-            mine.add(("digest", make_digest_acl_credential(self.auth.user, self.auth.password)))
-        if not any((acl.id.scheme, acl.id.id) in mine and acl.perms & needed for acl in acls):
-            verb, may = ("change", "change") if node == path else ("create", "create nodes under")
-            raise RegistryAccessDenied(
-                f"{verb} {path}: refused by ZooKeeper's ACLs (NoAuth): they do not let "
-                f"{self._identity} {may} {node}"
-            )
-
     def get(self, path: str) -> tuple[bytes, Stat]:
         """What `path` holds, and its Stat; NoNode when it does not exist."""
         data, stat = self._request(f"read {path}", lambda: self._client.get_async(path))
@@ -702,6 +682,163 @@ class Session(Running):
     def ensure_path(self, path: str, acl: list[ACL] | None = None) -> None:
         """Create `path` and its missing parents, with `acl` (default: the session's)."""
         self._request(f"create {path}", lambda: self._client.ensure_path_async(path, acl))
+
+    def get_acls(self, path: str) -> list[ACL]:
+        """The ACL of `path`; NoNode when it does not exist."""
+        found, _ = self._request(
+            f"read the ACL of {path}", functools.partial(self._client.get_acls_async, path)
+        )
+        return list(found)
+
+    def set_acls(self, path: str, acl: list[ACL]) -> None:
+        """Give `path` the ACL `acl`; NoNode when it does not exist."""
+        self._request(f"set the ACL of {path}", lambda: self._client.set_acls_async(path, acl))
+
+    # -- reads and watches of node data and children: what the stores are made of --------
+
+    def read_all(
+        self, path: str, parse: Callable[[bytes], T], key: Callable[[str], K]
+    ) -> dict[K, T]:
+        """read_each of every child of `path` now ({} when `path` does not exist)."""
+        try:
+            children = self.children(path)
+        except NoNode:
+            return {}
+        return self.read_each(path, children, parse, key)
+
+    def read_each(
+        self,
+        path: str,
+        children: Iterable[str],
+        parse: Callable[[bytes], T],
+        key: Callable[[str], K],
+    ) -> dict[K, T]:
+        """`key(child)` -> `parse(data of path/child)` for each child, the children read
+        together (Session.get_many: one round trip, not one each). A child gone since it was
+        listed is left out, as is one whose name or data is refused by ValueError (with a
+        warning)."""
+        children = list(children)
+        answers = self.get_many(f"read {path}", [f"{path}/{child}" for child in children])
+        result: dict[K, T] = {}
+        for child, answer in zip(children, answers, strict=True):
+            if isinstance(answer, NoNode):
+                continue  # went away between the listing and the read
+            if isinstance(answer, Exception):
+                raise answer
+            try:
+                result[key(child)] = parse(answer[0])
+            except ValueError as error:
+                log.warning("ignoring unreadable %s/%s: %s", path, child, error)
+        return result
+
+    def watch_data(
+        self, path: str, parse: Callable[[bytes], T], callback: Callable[[T | None, int], bool]
+    ) -> None:
+        """Call `callback(parse(data), version)` with the data of the node at `path` now and
+        whenever it is written, and `callback(None, -1)` while the node does not exist, until
+        stop() or the callback returns False. kazoo's DataWatch keeps the watch armed across
+        reconnections and session expiries (it reads the node again then, and calls back if it
+        changed meanwhile); it is armed on a thread of kazoo's, so this call does not wait on
+        ZooKeeper. The callback runs on kazoo's threads: it must only hand the value on. Data
+        that `parse` refuses (ValueError) is logged and passed over."""
+        self._check_open()
+        stopped = self._stopped
+
+        def changed(data: bytes | None, stat: Any) -> bool:
+            if stopped.is_set():
+                return False
+            if stat is None:
+                return callback(None, -1)
+            try:
+                value = parse(data or b"")
+            except ValueError as error:
+                log.error("%s holds unreadable data, passed over: %s", path, error)
+                return True
+            return callback(value, stat.version)
+
+        self._client.handler.spawn(DataWatch, self._client, path, changed)
+
+    def add_watch(
+        self,
+        path: str,
+        parse: Callable[[bytes], T],
+        key: Callable[[str], K],
+        callback: Callable[[dict[K, T]], None],
+    ) -> None:
+        """Call `callback` with what read_all(path, parse, key) reads now, whenever the
+        children change and after every reconnection, until stop() (broker.registry.watches).
+        `path` is created if it does not exist."""
+        self._check_open()
+        watch = ChildrenWatch(
+            self._client,
+            path,
+            lambda children: self.read_each(path, children, parse, key),
+            callback,
+            connected=lambda: self.connected,
+            stopped=self._stopped,
+        )
+        self._watches.append(watch)
+        watch.start()
+
+    # -- one node read, changed, watched -----------------------------------------------------
+
+    def read_node(self, path: str, parse: Callable[[bytes], T]) -> tuple[T, int]:
+        """What `path` holds (parsed as if empty when it does not exist, version -1)."""
+        try:
+            data, stat = self.get(path)
+        except NoNode:
+            return parse(b""), -1
+        try:
+            return parse(data), stat.version
+        except ValueError as error:
+            raise RegistryUnavailable(f"{path} holds unreadable data: {error}") from None
+
+    def change(
+        self,
+        path: str,
+        parse: Callable[[bytes], T],
+        change: Callable[[T], T],
+        to_json: Callable[[T], bytes],
+    ) -> None:
+        """Write `change(what path holds)`, a conditional write on the version read (created if
+        absent), read and tried again when another write came between."""
+        for _ in range(WRITE_ATTEMPTS):
+            value, version = self.read_node(path, parse)
+            data = to_json(change(value))
+            try:
+                if version < 0:
+                    self.create(path, data, makepath=True)
+                else:
+                    self.set(path, data, version)
+            except (BadVersion, NodeExists, NoNode):
+                continue
+            return
+        raise RegistryUnavailable(
+            f"{path} changed under each of {WRITE_ATTEMPTS} attempts to change it: try again"
+        )
+
+    def watch_node(
+        self, path: str, parse: Callable[[bytes], T], callback: Callable[[T], None]
+    ) -> None:
+        """Call `callback(parse(data))` now and whenever the node at `path` changes (parse of
+        b"" while it does not exist), until stop(); kazoo's DataWatch keeps the watch armed
+        across reconnections. A node that cannot be parsed is logged and passed over (the
+        last good value stays in force)."""
+        self._check_open()
+        stopped = self._stopped
+
+        def changed(data: bytes | None, stat: Any) -> bool:
+            if stopped.is_set():
+                return False
+            try:
+                value = parse(data or b"")
+            except ValueError as error:
+                log.error("%s holds unreadable data, passed over: %s", path, error)
+                return True
+            callback(value)
+            return True
+
+        self._client.handler.spawn(DataWatch, self._client, path, changed)
 
 
 def _serialized_bytes(operation: Any) -> int:

@@ -18,7 +18,7 @@ from typing import Final
 
 from broker.config import BrokerConfig, with_live
 from broker.registry.nodes import decode, encode
-from broker.registry.reading import NodeReads
+from broker.registry.session import Session
 
 DEFAULT: Final = "default"
 """The entry of the node that applies to every broker."""
@@ -57,7 +57,7 @@ class BrokerSettingsNode:
     """The live broker settings in the registry, one node (/config/brokers), read and changed
     on `session`."""
 
-    def __init__(self, session: NodeReads) -> None:
+    def __init__(self, session: Session) -> None:
         self._session = session
         self.path = f"{session.chroot}/config/brokers"
 

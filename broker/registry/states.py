@@ -18,8 +18,7 @@ from broker.protocol import check_topic_name
 from broker.registry.brokers import Brokers
 from broker.registry.controller import CONTROLLER_EPOCH, ControllerMoved
 from broker.registry.nodes import decode, encode, int_field, int_list, is_int
-from broker.registry.reading import NodeReads
-from broker.registry.session import FAILED, BadVersion, NodeExists, NoNode
+from broker.registry.session import FAILED, BadVersion, NodeExists, NoNode, Session
 from broker.registry.topic_config import TopicConfig
 
 log = logging.getLogger(__name__)
@@ -115,7 +114,7 @@ class PartitionStates:
     """The partitions' state nodes in the registry, on `session`; `brokers` gives the epochs
     a topic's first states name."""
 
-    def __init__(self, session: NodeReads, brokers: Brokers) -> None:
+    def __init__(self, session: Session, brokers: Brokers) -> None:
         self._session = session
         self._brokers = brokers
         self.chroot = session.chroot
@@ -281,7 +280,7 @@ class PartitionStates:
         )
 
 
-def epoch_moved(session: NodeReads, epoch_path: str, epoch: int) -> bool:
+def epoch_moved(session: Session, epoch_path: str, epoch: int) -> bool:
     """Whether /controller_epoch (`epoch_path`) is no longer at `epoch` (its version epoch - 1):
     what a controller's conditional write refused tells apart."""
     try:

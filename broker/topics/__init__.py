@@ -472,8 +472,10 @@ class Topics:
                     held[broker_id],
                 )
             )
-        chroot = registry.chroot or "/"
-        return protocol.DescribeClusterReply(registry.connect_string, chroot, tuple(brokers))
+        chroot = registry.session.chroot or "/"
+        return protocol.DescribeClusterReply(
+            registry.session.connect_string, chroot, tuple(brokers)
+        )
 
     # -- what the watches saw --------------------------------------------------------------
 

@@ -107,7 +107,7 @@ class TopicAdmin:
     def _connected(self) -> bool:
         registry = self.calls.registry
         assert registry is not None
-        return registry.connected
+        return registry.session.connected
 
     def _when_connected(
         self, what: str, send: Callable[[], None], refuse: Callable[[PylogError], None]

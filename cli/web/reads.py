@@ -241,7 +241,9 @@ class Reads:
                 zookeeper = f"{described.zookeeper_connect} chroot {described.zookeeper_chroot}"
                 health = Health(zookeeper, "", error=f"the registry could not be read: {error}")
             else:
-                health = check(registry, admin, registry.connect_string, registry.chroot)
+                health = check(
+                    registry, admin, registry.session.connect_string, registry.session.chroot
+                )
         return ClusterView(described.brokers, dict(leads), health)
 
     def topics(self) -> list[TopicRow]:

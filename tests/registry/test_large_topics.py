@@ -19,6 +19,7 @@ from broker.errors import (
     UnknownTopicOrPartition,
 )
 from broker.registry import MAX_PARTITIONS, PartitionState, Registry, TopicConfig
+from broker.registry.session import Session
 
 PARTITIONS = 4_000
 """More state nodes than one transaction can create: 4,000 took 1,158,102 bytes, past
@@ -27,20 +28,12 @@ ZooKeeper's jute.maxbuffer (1 MiB), and the server dropped the connection."""
 BIG = TopicConfig.spread(PARTITIONS, [1, 2, 3], replication_factor=2)
 
 
-class CutShort(Registry):
-    """A registry whose session ends (its broker dies) once it has sent `commits`
-    transactions; `before_next` runs instead, when given, and the session goes on."""
+class CutShortSession(Session):
+    """A session that ends (its broker dies) once it has sent `commits_left` transactions;
+    `before_next` runs instead, when given, and the session goes on."""
 
-    def __init__(
-        self,
-        *args: Any,
-        commits: int,
-        before_next: Callable[[], None] | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(*args, **options)
-        self.commits_left = commits
-        self.before_next = before_next
+    commits_left = -1
+    before_next: Callable[[], None] | None = None
 
     def commit(self, what: str, build: Callable[[TransactionRequest], None]) -> list[Any]:
         results = super().commit(what, build)
@@ -51,6 +44,24 @@ class CutShort(Registry):
             else:
                 self.before_next()
         return results
+
+
+class CutShort(Registry):
+    """A registry on a CutShortSession."""
+
+    session_type = CutShortSession
+
+    def __init__(
+        self,
+        *args: Any,
+        commits: int,
+        before_next: Callable[[], None] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(*args, **options)
+        assert isinstance(self.session, CutShortSession)
+        self.session.commits_left = commits
+        self.session.before_next = before_next
 
 
 @pytest.fixture
@@ -76,8 +87,8 @@ def no_connection_lost(caplog: pytest.LogCaptureFixture, registry: Registry) -> 
         r.getMessage() for r in caplog.records if "lost its ZooKeeper connection" in r.getMessage()
     ]
     assert lost == []
-    assert registry.connected
-    assert registry.statistics().sessions == 1
+    assert registry.session.connected
+    assert registry.session.statistics().sessions == 1
 
 
 def test_a_topic_larger_than_one_transaction_is_created_whole_without_losing_the_connection(
@@ -112,7 +123,7 @@ def test_a_topic_larger_than_one_transaction_is_deleted_whole(
     registry.topics.delete_topic_config("big")
     with pytest.raises(UnknownTopicOrPartition):
         registry.topics.topic_config("big")
-    assert observer.exists(f"{registry.chroot}/brokers/topics/big") is None
+    assert observer.exists(f"{registry.session.chroot}/brokers/topics/big") is None
     no_connection_lost(caplog, registry)
 
 
@@ -163,7 +174,7 @@ def test_a_deletion_cut_short_after_its_first_chunk_leaves_no_topic_and_a_new_on
     small = TopicConfig.spread(3, [1])
     registry.topics.create_topic_config("big", small)
     assert states(registry, "big") == initial_states(small)
-    folder = f"{registry.chroot}/brokers/topics/big/partitions"
+    folder = f"{registry.session.chroot}/brokers/topics/big/partitions"
     assert sorted(observer.get_children(folder)) == ["0", "1", "2"]
 
 
@@ -173,7 +184,7 @@ def test_more_partitions_than_the_maximum_are_refused_before_anything_is_written
     too_many = TopicConfig.spread(MAX_PARTITIONS + 1, [1])
     with pytest.raises(InvalidTopic, match="partitions must be from 1 to 10000, not 10001"):
         registry.topics.create_topic_config("big", too_many)
-    assert observer.exists(f"{registry.chroot}/brokers/topics/big") is None
+    assert observer.exists(f"{registry.session.chroot}/brokers/topics/big") is None
     registry.topics.create_topic_config("big", TopicConfig.spread(2, [1]))
     with pytest.raises(InvalidTopic, match="from 1 to 10000"):
         registry.topics.add_partitions("big", MAX_PARTITIONS + 1, {1: None})

@@ -39,9 +39,9 @@ BROKER_2 = BrokerRegistration(host="127.0.0.1", port=9093, workers=1, log_dirs=(
 
 def expire_session(registry: Registry, connect_string: str) -> int:
     """Expire the registry's session on the server; return the expired session's id."""
-    session_id = registry.session_id
+    session_id = registry.session.session_id
     assert session_id is not None
-    client_id = registry._client.client_id  # the password is not part of the public API
+    client_id = registry.session._client.client_id  # the password is not part of the public API
     intruder = KazooClient(connect_string, client_id=client_id)
     intruder.start(timeout=10)
     intruder.stop()  # closing "its" session ends the registry's
@@ -76,7 +76,7 @@ def node(observer: KazooClient, path: str) -> tuple[dict[str, object], int]:
 def test_registered_broker_appears_with_its_json(registry: Registry, observer: KazooClient) -> None:
     registry.brokers.register(1, BROKER_1)
 
-    data, owner = node(observer, f"{registry.chroot}/brokers/ids/1")
+    data, owner = node(observer, f"{registry.session.chroot}/brokers/ids/1")
     assert data == {
         "version": 1,
         "host": "127.0.0.1",
@@ -85,7 +85,7 @@ def test_registered_broker_appears_with_its_json(registry: Registry, observer: K
         "log_dirs": ["/d1", "/d2"],
         "pylog_version": "",
     }
-    assert owner == registry.session_id
+    assert owner == registry.session.session_id
     assert registry.brokers.read() == {1: BROKER_1}
 
 
@@ -99,7 +99,7 @@ def test_broker_node_is_ephemeral_and_goes_when_the_registry_stops(
     broker.stop()
 
     assert tool.brokers.read() == {}
-    assert observer.exists(f"{tool.chroot}/brokers/ids/7") is None
+    assert observer.exists(f"{tool.session.chroot}/brokers/ids/7") is None
 
 
 def test_registering_again_updates_the_broker_node(registry: Registry) -> None:
@@ -153,7 +153,7 @@ def test_watch_callbacks_run_off_kazoos_threads_and_one_slow_callback_holds_up_n
     finally:
         release.set()
     next_value(brokers_seen, {3: BROKER_2})
-    kazoo_threads = set(tool._client.handler._workers)  # its event and completion threads
+    kazoo_threads = set(tool.session._client.handler._workers)  # its event and completion threads
     assert threads and not threads & kazoo_threads
 
 
@@ -170,19 +170,19 @@ def test_watch_callbacks_are_called_again_after_a_session_expiry(
 
     expire_session(tool, zookeeper.connect_string)
 
-    wait_until(lambda: tool.statistics().sessions == 2, what="a new session")
+    wait_until(lambda: tool.session.statistics().sessions == 2, what="a new session")
     assert seen.get(timeout=5) == {3: BROKER_2}
 
 
 def test_node_left_by_an_old_session_is_replaced(registry: Registry, observer: KazooClient) -> None:
     # A broker that restarts quickly finds its previous session's node still there.
-    path = f"{registry.chroot}/brokers/ids/1"
+    path = f"{registry.session.chroot}/brokers/ids/1"
     observer.create(path, b'{"version":1,"stale":true}', ephemeral=True, makepath=True)
 
     registry.brokers.register(1, BROKER_1)
 
     data, owner = node(observer, path)
-    assert owner == registry.session_id != observer.client_id[0]
+    assert owner == registry.session.session_id != observer.client_id[0]
     assert data["port"] == 9092
 
 
@@ -197,16 +197,16 @@ def test_topic_partitions_are_registered_per_broker(
     two.topics.register_topic_partitions("clicks", 2, [4, 5])
 
     assert one.topics.topic_brokers("clicks") == {1: (0, 1, 2, 3), 2: (4, 5)}
-    data, owner = node(observer, f"{one.chroot}/brokers/topics/clicks/2")
+    data, owner = node(observer, f"{one.session.chroot}/brokers/topics/clicks/2")
     assert data == {"version": 1, "partitions": [4, 5]}
-    assert owner == two.session_id
+    assert owner == two.session.session_id
 
     two.topics.unregister_topic("clicks", 2)
     assert one.topics.topic_brokers("clicks") == {1: (0, 1, 2, 3)}
     two.stop()
     one.topics.unregister_topic("clicks", 1)
     assert one.topics.topic_brokers("clicks") == {}
-    assert observer.exists(f"{one.chroot}/brokers/topics/clicks") is None
+    assert observer.exists(f"{one.session.chroot}/brokers/topics/clicks") is None
     assert one.topics.topic_brokers("never-registered") == {}
 
 
@@ -223,7 +223,7 @@ def test_topic_configs_are_created_read_listed_and_deleted(
 
     assert registry.topics.topic_config("clicks") == clicks
     assert registry.topics.topic_configs() == {"clicks": clicks, "views": views}
-    data, owner = node(observer, f"{registry.chroot}/config/topics/clicks")
+    data, owner = node(observer, f"{registry.session.chroot}/config/topics/clicks")
     assert data == {
         "version": 1,
         "partitions": 4,
@@ -346,9 +346,11 @@ def test_invalid_topic_configs_are_rejected(registry: Registry) -> None:
 def test_unreadable_topic_config_is_left_out_of_listings(
     registry: Registry, observer: KazooClient
 ) -> None:
-    observer.create(f"{registry.chroot}/config/topics/garbage", b"not json")
+    observer.create(f"{registry.session.chroot}/config/topics/garbage", b"not json")
     # and JSON nested too deeply for the parser (issue 50, 11: a RecursionError got out)
-    observer.create(f"{registry.chroot}/config/topics/nested", b"[" * 100_000 + b"]" * 100_000)
+    observer.create(
+        f"{registry.session.chroot}/config/topics/nested", b"[" * 100_000 + b"]" * 100_000
+    )
     registry.topics.create_topic_config("clicks", TopicConfig.spread(1, [1]))
 
     assert registry.topics.topic_configs() == {"clicks": TopicConfig.spread(1, [1])}
@@ -388,21 +390,26 @@ def test_session_expiry_recreates_broker_and_topic_nodes(
     old_session = expire_session(registry, zookeeper.connect_string)
 
     wait_until(
-        lambda: registry.statistics().sessions_lost == 1 and registry.wait_registered(0.01),
+        lambda: (
+            registry.session.statistics().sessions_lost == 1
+            and registry.session.wait_registered(0.01)
+        ),
         what="a new session with every node re-registered",
     )
-    new_session = registry.session_id
+    new_session = registry.session.session_id
     assert new_session not in (None, old_session)
-    stats = registry.statistics()
+    stats = registry.session.statistics()
     assert (stats.sessions, stats.nodes_restored, stats.registered) == (2, 3, 3)
     for path in ("brokers/ids/1", "brokers/topics/clicks/1", "brokers/topics/views/1"):
-        _, owner = node(observer, f"{registry.chroot}/{path}")
+        _, owner = node(observer, f"{registry.session.chroot}/{path}")
         assert owner == new_session, path
     assert registry.brokers.read() == {1: BROKER_1}
     assert registry.topics.topic_brokers("clicks") == {1: (0, 1, 2, 3)}
 
     # the watch is armed again in the new session
-    observer.create(f"{registry.chroot}/config/topics/late", TopicConfig.spread(1, [1]).to_json())
+    observer.create(
+        f"{registry.session.chroot}/config/topics/late", TopicConfig.spread(1, [1]).to_json()
+    )
     next_value(seen, {"late": TopicConfig.spread(1, [1])})
 
 
@@ -416,7 +423,9 @@ def test_unregistered_nodes_stay_away_after_session_expiry(
     expire_session(registry, zookeeper.connect_string)
 
     wait_until(
-        lambda: registry.statistics().sessions == 2 and registry.wait_registered(0.01),
+        lambda: (
+            registry.session.statistics().sessions == 2 and registry.session.wait_registered(0.01)
+        ),
         what="re-registration in a new session",
     )
     assert registry.brokers.read() == {1: BROKER_1}
@@ -473,22 +482,22 @@ def test_lost_connection_fails_calls_quickly_and_the_registry_recovers(tmp_path:
     # parallel suite: the server, started again, did not serve the session in time).
     with registry_on_own_zookeeper(tmp_path, 40.0, 0.5, tick_time_ms=2000) as (server, registry):
         registry.topics.create_topic_config("clicks", TopicConfig.spread(2, [1]))
-        session = registry.session_id
+        session = registry.session.session_id
 
         server.stop()
-        wait_until(lambda: not registry.connected, what="the registry to see the loss")
+        wait_until(lambda: not registry.session.connected, what="the registry to see the loss")
         started = time.monotonic()
         with pytest.raises(RegistryUnavailable, match="not connected to ZooKeeper"):
             registry.brokers.read()
         with pytest.raises(RegistryUnavailable):
             registry.topics.create_topic_config("views", TopicConfig.spread(1, [1]))
         assert time.monotonic() - started < 2.5
-        assert not registry.wait_registered(0)
+        assert not registry.session.wait_registered(0)
 
         server.start()
-        assert registry.wait_registered(60)
+        assert registry.session.wait_registered(60)
         # back within the session timeout: same session, nodes never went away
-        assert registry.session_id == session
+        assert registry.session.session_id == session
         assert registry.brokers.read() == {1: BROKER_1}
         assert registry.topics.topic_configs() == {"clicks": TopicConfig.spread(2, [1])}
         registry.topics.create_topic_config("views", TopicConfig.spread(1, [1]))
@@ -512,12 +521,12 @@ def test_a_request_cut_off_by_a_lost_connection_fails_at_once(tmp_path: Path) ->
         with paused(server.pid):
             reader = threading.Thread(target=read)
             reader.start()
-            wait_until(lambda: not registry.connected, 15, "kazoo to give up on the server")
+            wait_until(lambda: not registry.session.connected, 15, "kazoo to give up on the server")
             reader.join(15)
             answer = answers.get(timeout=0)
         assert isinstance(answer, RegistryUnavailable), answer
         assert "ConnectionLoss" in str(answer)
-        assert registry.wait_registered(30)
+        assert registry.session.wait_registered(30)
         assert registry.brokers.read() == {1: BROKER_1}
 
 
@@ -528,8 +537,8 @@ def test_consumer_group_nodes_members_owners_and_offsets(
     one.groups.register_consumer("loaders", "m1", ["clicks", "views"])
     two.groups.register_consumer("loaders", "m2", ["clicks"])
     assert one.groups.consumers("loaders") == {"m1": ("clicks", "views"), "m2": ("clicks",)}
-    data, owner = node(observer, f"{one.chroot}/consumers/loaders/ids/m1")
-    assert (data, owner) == ({"version": 1, "topics": ["clicks", "views"]}, one.session_id)
+    data, owner = node(observer, f"{one.session.chroot}/consumers/loaders/ids/m1")
+    assert (data, owner) == ({"version": 1, "topics": ["clicks", "views"]}, one.session.session_id)
 
     assert one.groups.claim_partition("loaders", "clicks", "1-0", "m1") is None
     assert one.groups.claim_partition("loaders", "clicks", "1-0", "m1") is None  # ours already
@@ -544,7 +553,7 @@ def test_consumer_group_nodes_members_owners_and_offsets(
     one.groups.commit_offset("loaders", "clicks", "1-0", 1042)
     two.groups.commit_offset("loaders", "clicks", "1-0", 2084)
     assert one.groups.committed_offset("loaders", "clicks", "1-0") == 2084
-    data, owner = node(observer, f"{one.chroot}/consumers/loaders/offsets/clicks/1-0")
+    data, owner = node(observer, f"{one.session.chroot}/consumers/loaders/offsets/clicks/1-0")
     assert (data, owner) == ({"version": 1, "offset": 2084}, 0), "offsets are persistent"
 
     two.groups.unregister_consumer("loaders", "m2")

@@ -112,7 +112,7 @@ def test_a_topic_node_written_before_replicas_reads_as_one_replica_each(
     registry: Registry, observer: KazooClient
 ) -> None:
     old = b'{"brokers":[2,1],"partitions":2,"settings":{},"version":1}'
-    observer.create(f"{registry.chroot}/config/topics/old", old, makepath=True)
+    observer.create(f"{registry.session.chroot}/config/topics/old", old, makepath=True)
     config = registry.topics.topic_config("old")
     assert config == TopicConfig(2, (2, 1), {}, ((2,), (1,)))
     assert config.partitions_of(1) == [1]
@@ -140,7 +140,7 @@ def test_creating_a_topic_writes_each_partitions_initial_state_with_its_config(
     )  # broker 1 is not registered
     incarnation = registry.brokers.epochs()[2]
     registry.topics.create_topic_config("clicks", config)
-    root = f"{registry.chroot}/brokers/topics/clicks/partitions"
+    root = f"{registry.session.chroot}/brokers/topics/clicks/partitions"
     assert node(observer, f"{root}/1/state") == (
         {
             "version": 1,
@@ -157,7 +157,9 @@ def test_creating_a_topic_writes_each_partitions_initial_state_with_its_config(
         PartitionState(1, 0, (1, 2, 3), 0, -1),
         0,
     )
-    assert json.loads(observer.get(f"{registry.chroot}/config/topics/clicks")[0])["replicas"] == [
+    assert json.loads(observer.get(f"{registry.session.chroot}/config/topics/clicks")[0])[
+        "replicas"
+    ] == [
         [1, 2, 3],
         [2, 3, 1],
     ]
@@ -266,7 +268,7 @@ def test_a_state_watch_sees_each_write_with_its_version_and_the_deletion(
 def test_deleting_a_topic_deletes_its_states_and_a_cut_short_deletion_is_overwritten(
     registry: Registry, observer: KazooClient
 ) -> None:
-    root = f"{registry.chroot}/brokers/topics"
+    root = f"{registry.session.chroot}/brokers/topics"
     registry.topics.create_topic_config("clicks", TopicConfig.spread(2, [1]))
     registry.topics.delete_topic_config("clicks")
     assert observer.exists(f"{root}/clicks") is None
@@ -293,7 +295,7 @@ def test_deleting_a_topic_deletes_its_states_and_a_cut_short_deletion_is_overwri
 def test_a_brokers_registration_keeps_its_topic_node_until_the_topic_is_deleted(
     registry: Registry, observer: KazooClient
 ) -> None:
-    root = f"{registry.chroot}/brokers/topics/clicks"
+    root = f"{registry.session.chroot}/brokers/topics/clicks"
     registry.topics.create_topic_config("clicks", TopicConfig.spread(1, [1]))
     registry.topics.register_topic_partitions("clicks", 1, [0])
     registry.topics.unregister_topic("clicks", 1)
@@ -344,10 +346,12 @@ def test_a_controller_whose_session_expired_is_not_controller_again_without_an_e
     assert broker.controller.elect(1) == 1
     old_session = expire_session(broker, zookeeper.connect_string)
     wait_until(
-        lambda: broker.statistics().sessions_lost == 1 and broker.wait_registered(0.01),
+        lambda: (
+            broker.session.statistics().sessions_lost == 1 and broker.session.wait_registered(0.01)
+        ),
         what="a new session",
     )
-    assert broker.session_id not in (None, old_session)
+    assert broker.session.session_id not in (None, old_session)
     assert (
         tool.controller.current() is None
     )  # registrations come back, the controller's node does not
@@ -383,8 +387,8 @@ def test_a_brokers_rack_is_registered_and_a_node_without_one_reads_as_none(
 ) -> None:
     registry.brokers.register(1, BrokerRegistration("127.0.0.1", 9092, rack="eu-1a"))
     registry.brokers.register(2, BrokerRegistration("127.0.0.1", 9093))
-    assert node(observer, f"{registry.chroot}/brokers/ids/1")[0]["rack"] == "eu-1a"
-    assert "rack" not in node(observer, f"{registry.chroot}/brokers/ids/2")[0]
+    assert node(observer, f"{registry.session.chroot}/brokers/ids/1")[0]["rack"] == "eu-1a"
+    assert "rack" not in node(observer, f"{registry.session.chroot}/brokers/ids/2")[0]
     assert {i: b.rack for i, b in registry.brokers.read().items()} == {1: "eu-1a", 2: None}
     with pytest.raises(ValueError, match="rack"):
         BrokerRegistration("127.0.0.1", 9092, rack="")

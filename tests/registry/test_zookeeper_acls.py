@@ -137,7 +137,7 @@ def test_a_group_belongs_to_the_identity_that_made_it(
     with pytest.raises(NoAuthError):
         observer.set(f"{group}/offsets/clicks/1-0", b'{"offset":0,"version":1}')
     assert alice.groups.committed_offset("loaders", "clicks", "1-0") == 42
-    assert bob.statistics().registered == 0  # a refused registration is not kept
+    assert bob.session.statistics().registered == 0  # a refused registration is not kept
 
     # bob makes a group of his own next to it, and a second member of alice's joins it
     bob.groups.register_consumer("auditors", "b", ["clicks"])
@@ -172,7 +172,7 @@ def test_a_secured_start_secures_a_registry_made_without_acls(
     secured = make_registry(auth=BROKERS)
     # every node but the chroot's, then the chroot: 17 under it, /consumers among them, and
     # the partitions' state nodes (partitions, 0, 0/state, 1, 1/state)
-    assert secured.secure_tree() == 18
+    assert secured.acls.secure_tree() == 18
     for path in (
         root,
         f"{root}/brokers",
@@ -196,7 +196,7 @@ def test_a_secured_start_secures_a_registry_made_without_acls(
     # the groups' nodes are their members', not the brokers': left as they were
     assert acl(observer, f"{root}/consumers/loaders") == OPEN_ACL
     assert acl(observer, f"{root}/consumers/loaders/offsets/clicks/1-0") == OPEN_ACL
-    assert secured.secure_tree() == 0  # the chroot carries the ACL: done before
+    assert secured.acls.secure_tree() == 0  # the chroot carries the ACL: done before
 
     # the old registry's session keeps reading but can no longer write the brokers' nodes
     assert old.topics.topic_config("clicks") == CONFIG
@@ -212,8 +212,8 @@ def test_a_secured_start_secures_a_registry_made_without_acls(
     with caplog.at_level(logging.ERROR, logger="broker.registry.session"):
         expire_session(old, zookeeper.connect_string)
         assert seen.get(timeout=10) == {}
-        assert old.wait_registered(timeout=10)
-    assert old.statistics().registered == 0
+        assert old.session.wait_registered(timeout=10)
+    assert old.session.statistics().registered == 0
     assert f"cannot register {root}/brokers/ids/1 again" in caplog.text
     assert "refused by ZooKeeper (NoAuth)" in caplog.text
 
@@ -224,7 +224,7 @@ def test_nodes_of_another_identity_are_not_taken_over(
     make_registry(auth=ALICE)  # the chroot's nodes are alice's
     brokers = make_registry(auth=BROKERS)
     with pytest.raises(RegistryAccessDenied, match="'pylog'"):
-        brokers.secure_tree()
+        brokers.acls.secure_tree()
     with pytest.raises(RegistryAccessDenied):
         brokers.brokers.register(1, BROKER)
 
@@ -245,15 +245,15 @@ def test_a_session_without_the_identity_gets_a_clear_error_on_writes(
     )
     with pytest.raises(RegistryAccessDenied):
         plain.brokers.register(1, BROKER)
-    assert plain.statistics().registered == 0
+    assert plain.session.statistics().registered == 0
     with pytest.raises(RuntimeError, match="identity"):
-        plain.secure_tree()
+        plain.acls.secure_tree()
 
     # a member of the paper's protocol (a mirror process, broker.mirror.group) without an
     # identity joining alice's group fails at once, saying why
     with pytest.raises(RegistryAccessDenied, match="without a ZooKeeper identity"):
         MirrorGroup(plain, "loaders", "b").join(frozenset({"clicks"}), lambda: None)
-    assert plain.statistics().registered == 0
+    assert plain.session.statistics().registered == 0
     # it may make a group of its own, but that group is open to every client
     plain.groups.register_consumer("open", "c", ["clicks"])
     assert acl(observer, f"{registry_chroot}/consumers/open") == OPEN_ACL

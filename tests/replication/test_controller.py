@@ -349,7 +349,7 @@ class Interfering(Registry):
 
     @cached_property
     def topics(self) -> InterferingTopics:
-        return InterferingTopics(self, self.brokers)
+        return InterferingTopics(self.session, self.brokers)
 
 
 def test_a_state_written_since_it_was_read_is_read_again_and_decided_anew(
@@ -447,7 +447,7 @@ def test_a_stale_controllers_write_is_refused_and_it_stops_acting_in_that_epoch(
     wait_controller(controller, 1)
     # Another controller was elected (epoch 2) without this one hearing of it: /controller_epoch
     # moves past its epoch while its /controller stays (set by hand: no election does that).
-    epoch_path = f"{three.chroot}/controller_epoch"
+    epoch_path = f"{three.session.chroot}/controller_epoch"
     observer.set(epoch_path, json.dumps({"version": 1, "controller_epoch": 2}).encode(), 0)
     one.stop()
     # its write in epoch 1 is refused; it stops acting, resigns, and is elected anew (epoch 3)
@@ -463,7 +463,9 @@ def test_a_topic_made_before_replication_gets_its_state_nodes(
 ) -> None:
     one = make_broker(1)
     old = {"version": 1, "partitions": 2, "brokers": [1, 1], "settings": {}}
-    observer.create(f"{one.chroot}/config/topics/{TOPIC}", json.dumps(old).encode(), makepath=True)
+    observer.create(
+        f"{one.session.chroot}/config/topics/{TOPIC}", json.dumps(old).encode(), makepath=True
+    )
     service(one, 1)
     wait_until(lambda: len(one.topics.partition_states(TOPIC)) == 2, what="the state nodes")
     assert plained(one.topics.partition_state(TOPIC, 1)) == (PartitionState(1, 0, (1,), 0), 0)

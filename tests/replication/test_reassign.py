@@ -91,9 +91,7 @@ def test_the_controller_moves_a_partition_once_its_new_replica_is_in_sync(
     state = one.topics.partition_state(TOPIC, 0)[0]
     assert (state.leader, state.leader_epoch, state.isr) == (3, 1, (2, 3))
     # the controller counts a step after ZooKeeper has it: wait for the count too
-    wait_until(
-        lambda: controller.statistics().reassignments_done == 1, what="the finish counted"
-    )
+    wait_until(lambda: controller.statistics().reassignments_done == 1, what="the finish counted")
     stats = controller.statistics()
     assert (stats.reassign_steps, stats.reassignments_waiting) == (2, 0)
 
