@@ -57,7 +57,7 @@ class MirrorGroup:
         self.registry.groups.register_consumer(self.group, self.member, topics)
         self._topics = topics
         if first:
-            self.registry.groups.watch_consumers(self.group, lambda _members: on_change())
+            self.registry.groups.watch_members(self.group, lambda _members: on_change())
 
     def wanted(self, partitions: Mapping[str, int]) -> set[tuple[str, int]]:
         """This member's range of each topic's partitions (topic -> count) among the members

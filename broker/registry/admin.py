@@ -163,10 +163,11 @@ class ReassignmentNodes:
             result[(reassignment.topic, reassignment.partition)] = reassignment
         return result
 
-    def watch_reassignments(self, callback: Callable[[dict[str, bytes]], None]) -> None:
-        """Call `callback` (with the nodes' data by name, unparsed) now and whenever a
-        reassignment is asked or ends, until stop()."""
-        self._session.add_watch(f"{self.chroot}{REASSIGN}", bytes, str, callback)
+    def watch_reassignments(self, callback: Callable[[list[str]], None]) -> None:
+        """Call `callback` with the names of the reassignments' nodes ("<topic>-<partition>")
+        now and whenever a reassignment is asked or ends, until stop(); no node is read for it
+        (Session.watch_children): read() reads them."""
+        self._session.watch_children(f"{self.chroot}{REASSIGN}", callback)
 
     def ask_preferred_election(self, topics: Sequence[str] | None) -> None:
         """Ask the controller for a preferred-leader election over `topics` (None: every

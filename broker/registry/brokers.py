@@ -144,6 +144,15 @@ class Brokers:
         session = self._session.session_id
         return stat.czxid if session is not None and stat.ephemeral_owner == session else None
 
+    def watch_ids(self, callback: Callable[[list[int]], None]) -> None:
+        """Call `callback` with the ids of the brokers up, now and whenever a broker comes or
+        goes (a broker's restart included: its node is made anew), until the session stops.
+        No registration is read for it (Session.watch_children)."""
+        self._session.watch_children(
+            f"{self.chroot}/brokers/ids",
+            lambda names: callback(sorted(int(name) for name in names if name.isdecimal())),
+        )
+
     def watch(self, callback: Callable[[dict[int, BrokerRegistration]], None]) -> None:
         """Call `callback(read())` now and whenever a broker comes or goes, until the session
         stops."""

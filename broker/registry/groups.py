@@ -97,12 +97,12 @@ class Groups:
         )
         return {**coordinated, **self.consumers(group)}
 
-    def watch_consumers(
-        self, group: str, callback: Callable[[dict[str, tuple[str, ...]]], None]
-    ) -> None:
-        """Call `callback(consumers(group))` now and whenever a member joins or leaves."""
+    def watch_members(self, group: str, callback: Callable[[list[str]], None]) -> None:
+        """Call `callback` with the ids of `group`'s members now and whenever a member joins or
+        leaves; no member's node is read for it (Session.watch_children): consumers() reads
+        them."""
         check_name("group", group)
-        self._session.add_watch(self._ids_path(group), _topics, str, callback)
+        self._session.watch_children(self._ids_path(group), callback)
 
     def claim_partition(self, group: str, topic: str, name: str, consumer_id: str) -> str | None:
         """Create the ephemeral owner node of partition `name` of `topic` for `consumer_id`.

@@ -768,11 +768,23 @@ class Session(Running):
         """Call `callback` with what read_all(path, parse, key) reads now, whenever the
         children change and after every reconnection, until stop() (broker.registry.watches).
         `path` is created if it does not exist."""
+        self._watch_children(
+            path, lambda children: self.read_each(path, children, parse, key), callback
+        )
+
+    def watch_children(self, path: str, callback: Callable[[list[str]], None]) -> None:
+        """As add_watch, with the sorted names of the children only: for a caller that a change
+        wakes and that reads what it needs itself, no child's node is read for it."""
+        self._watch_children(path, list, callback)
+
+    def _watch_children(
+        self, path: str, read: Callable[[list[str]], T], callback: Callable[[T], None]
+    ) -> None:
         self._check_open()
         watch = ChildrenWatch(
             self._client,
             path,
-            lambda children: self.read_each(path, children, parse, key),
+            read,
             callback,
             connected=lambda: self.connected,
             stopped=self._stopped,

@@ -443,6 +443,11 @@ class TopicNodes(PartitionStates):
         """Every topic's configuration: name -> TopicConfig (unreadable nodes are left out)."""
         return self._session.read_all(f"{self.chroot}/config/topics", TopicConfig.from_json, str)
 
+    def watch_topic_names(self, callback: Callable[[list[str]], None]) -> None:
+        """Call `callback` with the topics' names now and whenever a topic is created or
+        deleted, until stop(); no configuration is read for it (Session.watch_children)."""
+        self._session.watch_children(f"{self.chroot}/config/topics", callback)
+
     def watch_topic_configs(self, callback: Callable[[dict[str, TopicConfig]], None]) -> None:
         """Call `callback(topic_configs())` now and whenever a topic is created or deleted,
         until stop(). (A node's data is not watched here: watch_topic_config does that.)"""

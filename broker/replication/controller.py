@@ -190,8 +190,8 @@ class ControllerService:
         self._rebalance_interval_s = interval / 1000
         self._registry, self._broker_id = registry, broker_id
         registry.controller.watch(self._on_controller)
-        registry.brokers.watch(lambda _: self._wake())
-        registry.topics.watch_topic_configs(lambda _: self._wake())
+        registry.brokers.watch_ids(lambda _: self._wake())
+        registry.topics.watch_topic_names(lambda _: self._wake())
         registry.reassignments.watch_reassignments(lambda _: self._wake())
         registry.reassignments.watch_preferred_election(self._on_preferred_election)
         self._thread = threading.Thread(

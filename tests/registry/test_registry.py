@@ -11,7 +11,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -26,6 +26,7 @@ from broker.errors import (
 )
 from broker.log.config import SettingValue
 from broker.registry import BrokerRegistration, Registry, TopicConfig
+from broker.registry.session import Failed, Session, Stat
 from broker.zookeeper import PrivateZooKeeper
 from tests.broker.test_front import paused
 from tests.client.test_connection import UNUSED_PORT
@@ -120,6 +121,59 @@ def test_watch_brokers_sees_brokers_come_and_go(make_registry: Callable[..., Reg
     next_value(seen, {3: BROKER_2})
     broker.stop()
     next_value(seen, {})
+
+
+class ReadCounting(Session):
+    """A session that counts the nodes it reads (get and get_many)."""
+
+    nodes_read = 0
+
+    def get(self, path: str) -> tuple[bytes, Stat]:
+        self.nodes_read += 1
+        return super().get(path)
+
+    def get_many(self, what: str, paths: Sequence[str]) -> list[tuple[bytes, Stat] | Failed]:
+        self.nodes_read += len(paths)
+        return super().get_many(what, paths)
+
+
+class ReadCountingRegistry(Registry):
+    session_type = ReadCounting
+
+
+def test_a_watch_of_names_reads_no_node_for_its_callback(
+    make_registry: Callable[..., Registry],
+) -> None:
+    """The controller and a mirror are woken by these watches and read what they need
+    themselves: reading every broker's, topic's or member's node for them was thrown away."""
+    tool, broker = make_registry(of=ReadCountingRegistry), make_registry()
+    assert isinstance(tool.session, ReadCounting)
+    ids: queue.Queue[list[int]] = queue.Queue()
+    topics: queue.Queue[list[str]] = queue.Queue()
+    members: queue.Queue[list[str]] = queue.Queue()
+    reassignments: queue.Queue[list[str]] = queue.Queue()
+    tool.brokers.watch_ids(ids.put)
+    tool.topics.watch_topic_names(topics.put)
+    tool.groups.watch_members("loaders", members.put)
+    tool.reassignments.watch_reassignments(reassignments.put)
+    next_value(ids, [])
+    for names in (topics, members, reassignments):
+        next_value(names, [])
+
+    broker.brokers.register(3, BROKER_2)
+    broker.brokers.register(12, BROKER_1)
+    next_value(ids, [3, 12])
+    broker.topics.create_topic_config("clicks", TopicConfig.spread(1, [3]))
+    next_value(topics, ["clicks"])
+    broker.groups.register_consumer("loaders", "m1", ["clicks"])
+    next_value(members, ["m1"])
+    broker.stop()
+    next_value(ids, [])
+    next_value(members, [])
+    assert tool.session.nodes_read == 0
+    # the reads the watches spare are the callers' own, counted
+    assert tool.brokers.read() == {} and tool.session.nodes_read == 0  # no child: none read
+    assert list(tool.topics.topic_configs()) == ["clicks"] and tool.session.nodes_read == 1
 
 
 def test_watch_callbacks_run_off_kazoos_threads_and_one_slow_callback_holds_up_no_other(
