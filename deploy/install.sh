@@ -30,7 +30,7 @@ fi
 echo "install: pylog from $source into $root/opt/pylog/.venv"
 [ -x "$root/opt/pylog/.venv/bin/python" ] || "$python" -m venv "$root/opt/pylog/.venv"
 "$root/opt/pylog/.venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade \
-    "$source"
+    "$source[broker]"
 # The unit's Documentation=: the README and docs/ of this checkout.
 install -D -m 0644 "$checkout/README.md" "$root/opt/pylog/README.md"
 install -D -m 0644 -t "$root/opt/pylog/docs" "$checkout"/docs/*.md

@@ -404,7 +404,7 @@ def test_readme_runs_as_written(clone: Path, ports: dict[int, int]) -> None:
         assert ignored.returncode == 0, f"{name}, written by the README, is not in .gitignore"
 
 
-VENV_SIZE = re.compile(r"the broker's dependencies only:\s+(\d+) MB")
+VENV_SIZE = re.compile(r"its `broker` extra only:\s+(\d+) MB")
 """Where the README says how much `scripts/start` puts in `.venv`."""
 
 

@@ -1,5 +1,5 @@
-"""scripts/setup --broker-only (what scripts/start runs): the broker's dependencies alone, and no
-pip at all when pyproject.toml and setup.py have not changed, nor over a venv that holds more
+"""scripts/setup --broker-only (what scripts/start runs): the broker extra alone, and no pip at
+all when pyproject.toml and setup.py have not changed, nor over a venv that holds more
 extras."""
 
 from __future__ import annotations
@@ -38,11 +38,15 @@ def checkout(source: Path) -> Path:
 
 
 @pytest.mark.slow  # ~35 s: two runs of scripts/setup in a copy of the checkout
-def test_broker_only_installs_no_extras_and_skips_pip_when_nothing_changed(checkout: Path) -> None:
+def test_broker_only_installs_the_broker_extra_and_skips_pip_when_nothing_changed(
+    checkout: Path,
+) -> None:
     source = checkout
     python = source / ".venv" / "bin" / "python"
 
-    assert "setup: installing pylog into .venv" in run_setup(source, "--broker-only")
+    assert "setup: installing pylog with extras broker into .venv" in run_setup(
+        source, "--broker-only"
+    )
     installed = subprocess.run(
         [str(python), "-m", "pip", "list", "--format", "freeze"],
         capture_output=True,
@@ -60,21 +64,25 @@ def test_broker_only_installs_no_extras_and_skips_pip_when_nothing_changed(check
 
     # A venv set up by scripts/setup holds every extra: scripts/start keeps it as it is.
     pyproject_hash = stamp.read_text().split()[0]
-    stamp.write_text(f"{pyproject_hash} dev,pipeline\n")
+    stamp.write_text(f"{pyproject_hash} broker,dev,pipeline\n")
     assert run_setup(source, "--broker-only") == ""
-    assert stamp.read_text() == f"{pyproject_hash} dev,pipeline\n"
+    assert stamp.read_text() == f"{pyproject_hash} broker,dev,pipeline\n"
 
     # A changed pyproject.toml is installed again.
     with (source / "pyproject.toml").open("a") as pyproject:
         pyproject.write("# changed\n")
-    stamp.write_text(f"{pyproject_hash} \n")
-    assert "setup: installing pylog into .venv" in run_setup(source, "--broker-only")
+    stamp.write_text(f"{pyproject_hash} broker\n")
+    assert "setup: installing pylog with extras broker into .venv" in run_setup(
+        source, "--broker-only"
+    )
     assert stamp.read_text().split()[0] != pyproject_hash
 
     # And a changed setup.py (the C codec's build).
     with (source / "setup.py").open("a") as setup:
         setup.write("# changed\n")
-    assert "setup: installing pylog into .venv" in run_setup(source, "--broker-only")
+    assert "setup: installing pylog with extras broker into .venv" in run_setup(
+        source, "--broker-only"
+    )
 
 
 def test_system_only_installs_no_venv_when_the_system_has_every_package(checkout: Path) -> None:
