@@ -27,21 +27,15 @@ from typing import Any, Final, NoReturn, TypeVar
 from broker.client.admin import Admin, zookeeper_of
 from broker.client.connection import DEFAULT_CLIENT_ID, normalize_endpoint
 from broker.client.coordinator import GroupCalls
-from broker.client.kafka import (
-    _COMMON,
+from broker.client.kafka.errors import KafkaError, KafkaException, not_implemented
+from broker.client.kafka.messages import (
     OFFSET_END,
     OFFSET_INVALID,
     BrokerMetadata,
     ClusterMetadata,
-    KafkaError,
-    KafkaException,
     TopicPartition,
-    _keys,
-    _list_topics,
-    _not_implemented,
-    _number,
-    _offset_at,
-    _settings,
+    list_topics,
+    offset_at,
 )
 from broker.client.kafka.model import (
     ConsumerGroupState,
@@ -51,6 +45,7 @@ from broker.client.kafka.model import (
     TopicCollection,
     TopicPartitionInfo,
 )
+from broker.client.kafka.settings import COMMON_KEYS, checked_settings, client_keys, number
 from broker.errors import BrokerUnknownGroup, PylogError
 from broker.groups.assignors import TopicPartition as GroupTopicPartition
 from broker.lifecycle import Closing
@@ -67,7 +62,7 @@ from broker.security import KeyFileError, ZooKeeperAuth
 
 T = TypeVar("T")
 
-ADMIN_KEYS: Final = (*_COMMON, "pylog.zookeeper.auth.file")
+ADMIN_KEYS: Final = (*COMMON_KEYS, "pylog.zookeeper.auth.file")
 """The keys an AdminClient takes: the common ones, and the ZooKeeper identity file
 create_partitions needs on a cluster whose registry is secured (docs/security.md)."""
 
@@ -243,7 +238,7 @@ class OffsetSpec:
 
     @classmethod
     def max_timestamp(cls) -> NoReturn:
-        raise _not_implemented(
+        raise not_implemented(
             "OffsetSpec.max_timestamp: pylog's OFFSETS finds offsets by time from the start "
             "of a partition (for_timestamp), not the message with the largest timestamp"
         )
@@ -508,7 +503,7 @@ def _listed(lists: Iterable[GroupPartitions]) -> list[TopicPartition]:
 
 
 def _refused(name: str, instead: str) -> NoReturn:
-    raise _not_implemented(f"{name}: {instead} (docs/clients.md, 'The admin client')")
+    raise not_implemented(f"{name}: {instead} (docs/clients.md, 'The admin client')")
 
 
 class AdminClient(Closing):
@@ -517,13 +512,13 @@ class AdminClient(Closing):
     keys), and `pylog.zookeeper.auth.file` for create_partitions on a secured registry."""
 
     def __init__(self, conf: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        conf = _settings({**(conf or {}), **kwargs}, ADMIN_KEYS, "admin client")
+        conf = checked_settings({**(conf or {}), **kwargs}, ADMIN_KEYS, "admin client")
         self._bootstrap = str(conf["bootstrap.servers"])
         self._client_id = str(conf.get("client.id", DEFAULT_CLIENT_ID))
         self._timeout_s = (
-            _number("request.timeout.ms", conf.get("request.timeout.ms", 10_000)) / 1000
+            number("request.timeout.ms", conf.get("request.timeout.ms", 10_000)) / 1000
         )
-        self._keys = _keys(conf)
+        self._keys = client_keys(conf)
         auth_file = conf.get("pylog.zookeeper.auth.file")
         try:
             self._auth = None if auth_file is None else ZooKeeperAuth.load(str(auth_file))
@@ -702,7 +697,7 @@ class AdminClient(Closing):
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
         """The brokers and `topic` (every topic when None), as the Producer's list_topics."""
-        return self._submit(lambda: _list_topics(self._cluster_admin().cluster, topic)).result()
+        return self._submit(lambda: list_topics(self._cluster_admin().cluster, topic)).result()
 
     def describe_cluster(
         self, include_authorized_operations: bool = False, request_timeout: float | None = None
@@ -760,8 +755,8 @@ class AdminClient(Closing):
 
     def _offset(self, tp: TopicPartition, spec: OffsetSpec) -> ListOffsetsResultInfo:
         cluster = self._cluster_admin().cluster
-        offset = _offset_at(cluster, tp.topic, tp.partition, spec.time)
-        if spec.time >= 0 and offset >= _offset_at(cluster, tp.topic, tp.partition, LATEST):
+        offset = offset_at(cluster, tp.topic, tp.partition, spec.time)
+        if spec.time >= 0 and offset >= offset_at(cluster, tp.topic, tp.partition, LATEST):
             offset = OFFSET_END  # no message at or after that time, as Kafka says it
         return ListOffsetsResultInfo(offset)
 

@@ -24,18 +24,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn, Self, TypeVar
 
-from broker.client.kafka import (
-    NO_TRANSACTIONS,
-    ClusterMetadata,
-    Consumer,
-    DeliveryCallback,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-    _not_implemented,
-)
+from broker.client.kafka.consumer import Consumer
+from broker.client.kafka.errors import NO_TRANSACTIONS, KafkaError, KafkaException, not_implemented
+from broker.client.kafka.messages import ClusterMetadata, DeliveryCallback, Message, TopicPartition
+from broker.client.kafka.producer import Producer
 
 T = TypeVar("T")
 
@@ -263,7 +255,7 @@ class AIOProducer:
         return await self._thread.call(self._producer.list_topics, topic, timeout)
 
     async def _no_transactions(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise _not_implemented(NO_TRANSACTIONS)
+        raise not_implemented(NO_TRANSACTIONS)
 
     init_transactions = begin_transaction = commit_transaction = abort_transaction = (
         send_offsets_to_transaction
