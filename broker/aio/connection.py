@@ -43,11 +43,11 @@ from broker.client.connection import (
     DEFAULT_CLIENT_ID,
     FIRE_AND_FORGET_LINGER_MS,
     Framing,
-    Handshakes,
     Retry,
     noted,
     terminate_unblocked,
 )
+from broker.client.handshakes import Handshakes
 from broker.errors import (
     AuthenticationFailed,
     BrokerError,

@@ -35,8 +35,8 @@ from broker.client.connection import (
     Connection,
     Retry,
     normalize_endpoint,
-    poll_ms,
 )
+from broker.client.handshakes import poll_ms
 from broker.errors import (
     BrokerError,
     BrokerUnsupportedVersion,

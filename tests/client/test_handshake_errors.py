@@ -20,8 +20,8 @@ from broker.aio import AsyncProducer
 from broker.aio.connection import AsyncConnection
 from broker.client import Admin, Connection, PartitionConsumer, Producer
 from broker.client.cluster import topic_info
-from broker.client.connection import NO_KEYS, NOT_A_BROKER
 from broker.client.group import GroupConsumer
+from broker.client.handshakes import NO_KEYS, NOT_A_BROKER
 from broker.errors import AuthenticationFailed, AuthorizationFailed
 from broker.protocol import MetadataRequest
 from broker.security import ClientKeys, generate_keys, load_key_pair
