@@ -30,8 +30,8 @@ from rich.progress import (
 )
 
 from broker.client.cluster import split_endpoints
-from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.client.consumer import Start
+from broker.client.framing import DEFAULT_CLIENT_ID
 from broker.client.group import Record
 from broker.errors import BrokerError, PylogError, RegistryAccessDenied, Unavailable
 from broker.log.message import Message

@@ -12,7 +12,7 @@ import signal
 
 import click
 
-from broker.client.connection import THROTTLE_LOGGER
+from broker.client.framing import THROTTLE_LOGGER
 from cli.broker_commands import broker
 from cli.cluster_commands import cluster
 from cli.common import global_options, remember_keys

@@ -19,8 +19,9 @@ from typing import Final
 import click
 
 from broker.client import Admin
-from broker.client.connection import Connection, Retry
+from broker.client.connection import Connection
 from broker.client.consumer import Start, timestamp_ms
+from broker.client.framing import Retry
 from broker.client.lag import log_range, message_bounds
 from broker.errors import BrokerError, Unavailable
 from broker.protocol import OffsetsRequest

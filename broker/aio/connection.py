@@ -39,14 +39,8 @@ from broker.client.cluster import (
     advance,
     topic_partitions,
 )
-from broker.client.connection import (
-    DEFAULT_CLIENT_ID,
-    FIRE_AND_FORGET_LINGER_MS,
-    Framing,
-    Retry,
-    noted,
-    terminate_unblocked,
-)
+from broker.client.connection import FIRE_AND_FORGET_LINGER_MS, terminate_unblocked
+from broker.client.framing import DEFAULT_CLIENT_ID, Framing, Retry, noted
 from broker.client.handshakes import Handshakes
 from broker.errors import (
     AuthenticationFailed,

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Self, TypeVar
 
 from broker.aio.connection import AsyncCluster
-from broker.client.connection import wait_ms
+from broker.client.framing import wait_ms
 from broker.client.group import (
     NEWS_CHECK_S,
     RETRY_BACKOFF_S,

@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from broker.aio.connection import AsyncCluster, AsyncConnection
-from broker.client.connection import DEFAULT_CLIENT_ID, noted
+from broker.client.framing import DEFAULT_CLIENT_ID, noted
 from broker.client.producer import (
     DELIVERY_TIMEOUT_S,
     METADATA_MAX_AGE_S,

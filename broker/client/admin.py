@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from broker.client.cluster import Cluster, topic_info
-from broker.client.connection import DEFAULT_CLIENT_ID, Connection
+from broker.client.connection import Connection
+from broker.client.framing import DEFAULT_CLIENT_ID
 from broker.errors import BrokerError, Unavailable
 from broker.lifecycle import Closing
 from broker.protocol import (

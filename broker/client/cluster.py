@@ -29,13 +29,8 @@ from typing import Final, Generic, TypeVar, overload
 
 import zmq
 
-from broker.client.connection import (
-    DEFAULT_CLIENT_ID,
-    ClientContext,
-    Connection,
-    Retry,
-    normalize_endpoint,
-)
+from broker.client.connection import ClientContext, Connection
+from broker.client.framing import DEFAULT_CLIENT_ID, Retry, normalize_endpoint
 from broker.client.handshakes import poll_ms
 from broker.errors import (
     BrokerError,

@@ -39,7 +39,8 @@ from collections.abc import Iterator
 from typing import Final, Literal, cast
 
 from broker.client.cluster import Cluster, partition_of
-from broker.client.connection import DEFAULT_CLIENT_ID, Connection, wait_ms
+from broker.client.connection import Connection
+from broker.client.framing import DEFAULT_CLIENT_ID, wait_ms
 from broker.errors import (
     BrokerCorruptSegment,
     BrokerError,

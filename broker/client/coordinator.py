@@ -19,7 +19,7 @@ from typing import TypeVar, overload
 
 from broker.backoff import Backoff
 from broker.client.cluster import Cluster
-from broker.client.connection import DEFAULT_CLIENT_ID, normalize_endpoint, retriable
+from broker.client.framing import DEFAULT_CLIENT_ID, normalize_endpoint, retriable
 from broker.errors import BrokerError, BrokerNotCoordinator, Unavailable
 from broker.groups.assignors import TopicPartition
 from broker.lifecycle import Closing

@@ -62,7 +62,7 @@ from typing import Any, Final, Generic, Literal, NamedTuple, cast
 from typing_extensions import TypeVar
 
 from broker.client.cluster import Cluster
-from broker.client.connection import DEFAULT_CLIENT_ID, Connection, noted, wait_ms
+from broker.client.connection import Connection
 from broker.client.consumer import (
     DEFAULT_FETCH_BYTES,
     MAX_FETCH_BYTES,
@@ -71,6 +71,7 @@ from broker.client.consumer import (
     grown_fetch_bytes,
 )
 from broker.client.coordinator import GroupCalls
+from broker.client.framing import DEFAULT_CLIENT_ID, noted, wait_ms
 from broker.client.membership import Heartbeats, Membership
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import (

@@ -122,11 +122,11 @@ import xxhash
 from broker.backoff import Backoff
 from broker.client.audit import WINDOW_MS, ProducedCounts, message_digest
 from broker.client.cluster import Cluster, partition_of
-from broker.client.connection import (
+from broker.client.connection import Connection
+from broker.client.framing import (
     DEFAULT_CLIENT_ID,
     MAX_RETRY_BACKOFF_S,
     RETRY_BACKOFF_S,
-    Connection,
     noted,
     require_bytes,
     retriable,

@@ -23,8 +23,9 @@ from dataclasses import dataclass, replace
 from typing import Final, Literal
 
 from broker.client.cluster import Cluster
-from broker.client.connection import Connection, Retry
+from broker.client.connection import Connection
 from broker.client.consumer import timestamp_ms
+from broker.client.framing import Retry
 from broker.client.lag import (
     COUNT_BYTES,
     GroupLag,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from broker.aio.connection import AsyncCluster
 from broker.backoff import Backoff
-from broker.client.connection import retriable
+from broker.client.framing import retriable
 from broker.client.retention import RetentionForecast
 from broker.errors import (
     BrokerError,

@@ -13,8 +13,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from broker.client import Admin, Connection, GroupConsumer, Producer
-from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.client.coordinator import GroupCalls
+from broker.client.framing import DEFAULT_CLIENT_ID
 from broker.errors import (
     BrokerFencedMemberEpoch,
     BrokerGroupHasZooKeeperMembers,

@@ -16,13 +16,9 @@ from click.testing import CliRunner
 
 from broker import protocol
 from broker.client import Admin
-from broker.client import connection as client_connection
-from broker.client.connection import (
-    DEFAULT_CLIENT_ID,
-    THROTTLE_LOG_EVERY_S,
-    THROTTLE_LOGGER,
-    Connection,
-)
+from broker.client import framing as client_framing
+from broker.client.connection import Connection
+from broker.client.framing import DEFAULT_CLIENT_ID, THROTTLE_LOG_EVERY_S, THROTTLE_LOGGER
 from broker.errors import BrokerError
 from broker.log import encode_message
 from broker.protocol import Ack, FetchRequest, ProduceReply, ProduceRequest
@@ -290,7 +286,7 @@ def test_pylogctl_says_that_the_broker_slowed_it(
 ) -> None:
     """Without -v pylogctl shows no library's log, but a quota's slowing it is said."""
     monkeypatch.setattr(  # a warning said by another test of this process within 10 s
-        client_connection,
+        client_framing,
         "_throttle_log",
         RateLimitedLog(logging.getLogger(THROTTLE_LOGGER), THROTTLE_LOG_EVERY_S),
     )

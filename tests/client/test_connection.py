@@ -19,7 +19,7 @@ import zmq
 
 from broker.aio.connection import AsyncConnection
 from broker.client import Admin, Cluster, Connection, Producer
-from broker.client.connection import Retry
+from broker.client.framing import Retry
 from broker.errors import BrokerError, ConnectionRefused, Unavailable
 from broker.protocol import (
     CREATE_WAIT_S,

@@ -13,7 +13,8 @@ import xxhash
 
 from broker import protocol
 from broker.client import Ack, Admin, PartitionConsumer, ProduceAck, Producer
-from broker.client.connection import MAX_RETRY_BACKOFF_S, Connection
+from broker.client.connection import Connection
+from broker.client.framing import MAX_RETRY_BACKOFF_S
 from broker.errors import BrokerError
 from broker.log.message import Message, encode_message
 from broker.protocol import ErrorCode

@@ -22,8 +22,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Final, NoReturn, TypeVar
 
 from broker.client.admin import Admin, zookeeper_of
-from broker.client.connection import DEFAULT_CLIENT_ID, normalize_endpoint
 from broker.client.coordinator import GroupCalls
+from broker.client.framing import DEFAULT_CLIENT_ID, normalize_endpoint
 from broker.client.kafka import admin_records
 
 # confluent_kafka.admin's records are this module's too (its __all__)

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Self
 
 from broker.client.cluster import Cluster
-from broker.client.connection import DEFAULT_CLIENT_ID
 from broker.client.coordinator import GroupCalls
+from broker.client.framing import DEFAULT_CLIENT_ID
 from broker.client.group import BrokerPartition, GroupConsumer
 from broker.client.kafka.errors import KafkaException, as_kafka_errors, not_implemented
 from broker.client.kafka.messages import (

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn, Self
 
 from broker.client.cluster import Cluster
-from broker.client.connection import DEFAULT_CLIENT_ID
+from broker.client.framing import DEFAULT_CLIENT_ID
 from broker.client.kafka.errors import NO_TRANSACTIONS, KafkaError, KafkaException, not_implemented
 from broker.client.kafka.messages import (
     OFFSET_INVALID,
