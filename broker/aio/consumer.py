@@ -19,12 +19,7 @@ from typing import cast
 
 from broker.aio.connection import AsyncCluster
 from broker.client.cluster import partition_of
-from broker.client.consumer import (
-    DEFAULT_FETCH_BYTES,
-    MAX_FETCH_BYTES,
-    PartitionReader,
-    Start,
-)
+from broker.client.consumer import DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES, PartitionReader, Start
 from broker.client.framing import DEFAULT_CLIENT_ID, wait_ms
 from broker.errors import BrokerError
 from broker.lifecycle import AsyncClosing

@@ -1,7 +1,7 @@
 """A producer on asyncio: broker.client.Producer's rules, awaited.
 
 Serializing, placement, batching, the retry budget of a batch and acknowledgements are
-broker.client.producer's (ProducerCore), so are the settings and their defaults. What differs:
+broker.client.producer_core's (ProducerCore), so are the settings and their defaults. What differs:
 
 - `send` is a coroutine: it may ask METADATA, and when `max_in_flight` batches are in flight
   it waits for the oldest (back-pressure). It returns an AsyncDelivery: `await delivery` (or
@@ -33,16 +33,13 @@ from types import TracebackType
 from typing import Any, Self
 
 from broker.aio.connection import AsyncCluster, AsyncConnection
+from broker.client.batches import Batch, Handle, InFlight, ProduceAck
 from broker.client.framing import DEFAULT_CLIENT_ID, noted
-from broker.client.producer import (
+from broker.client.producer import METADATA_RETRIES
+from broker.client.producer_core import (
     DELIVERY_TIMEOUT_S,
     METADATA_MAX_AGE_S,
-    METADATA_RETRIES,
-    Batch,
-    Handle,
-    InFlight,
     Partitioner,
-    ProduceAck,
     ProducerCore,
     Serializer,
 )
@@ -55,14 +52,7 @@ from broker.errors import (
     UnknownProducerId,
 )
 from broker.log.headers import HeaderItems
-from broker.protocol import (
-    Ack,
-    Api,
-    PartitionInfo,
-    ProduceReply,
-    decode_reply,
-    request_version,
-)
+from broker.protocol import Ack, Api, PartitionInfo, ProduceReply, decode_reply, request_version
 from broker.security import ClientKeys
 
 

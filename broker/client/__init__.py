@@ -36,11 +36,12 @@ a TypeError naming the argument, unless a Producer is given a `serializer` / `ke
 """
 
 from broker.client.admin import Admin
+from broker.client.batches import Delivery, DeliveryUnknown, MaybeStored, ProduceAck
 from broker.client.cluster import Cluster
 from broker.client.connection import Connection
 from broker.client.consumer import PartitionConsumer
 from broker.client.group import GroupConsumer, Record
-from broker.client.producer import Delivery, DeliveryUnknown, MaybeStored, ProduceAck, Producer
+from broker.client.producer import Producer
 from broker.client.topic_consumer import Last, TopicConsumer
 from broker.protocol import Ack
 

@@ -38,12 +38,7 @@ from typing import Any, Final, overload
 
 import zmq
 
-from broker.client.framing import (
-    DEFAULT_CLIENT_ID,
-    Framing,
-    Retry,
-    noted,
-)
+from broker.client.framing import DEFAULT_CLIENT_ID, Framing, Retry, noted
 from broker.client.handshakes import HandshakeMonitor, poll_ms
 from broker.errors import (
     AuthenticationFailed,

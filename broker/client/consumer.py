@@ -50,20 +50,8 @@ from broker.errors import (
 )
 from broker.lifecycle import Closing
 from broker.log.codec import decode
-from broker.log.message import (
-    HEADER_SIZE,
-    LENGTH_SIZE,
-    Buffer,
-    Message,
-    message_size_at,
-)
-from broker.protocol import (
-    EARLIEST,
-    LATEST,
-    FetchReply,
-    FetchRequest,
-    OffsetsRequest,
-)
+from broker.log.message import HEADER_SIZE, LENGTH_SIZE, Buffer, Message, message_size_at
+from broker.protocol import EARLIEST, LATEST, FetchReply, FetchRequest, OffsetsRequest
 from broker.security import ClientKeys
 
 Start = Literal["earliest", "latest"] | int | datetime.datetime

@@ -13,11 +13,7 @@ from typing import Any, Final, TypeVar
 import zmq
 
 from broker.backoff import Backoff
-from broker.errors import (
-    BrokerError,
-    ConnectionRefused,
-    Unavailable,
-)
+from broker.errors import BrokerError, ConnectionRefused, Unavailable
 from broker.log.message import Buffer
 from broker.protocol import (
     CREATE_WAIT_S,

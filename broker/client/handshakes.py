@@ -11,10 +11,7 @@ from typing import Final
 
 import zmq
 
-from broker.errors import (
-    AuthenticationFailed,
-    ConnectionRefused,
-)
+from broker.errors import AuthenticationFailed, ConnectionRefused
 from broker.security.monitor import CLIENT_EVENTS, monitor_handshakes
 from broker.zmqio import monitor_event
 

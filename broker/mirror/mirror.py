@@ -27,11 +27,7 @@ from broker.client.admin import Admin
 from broker.client.group import default_consumer_id
 from broker.client.retention import RetentionForecast, forecast
 from broker.config import REPLICA_SETTINGS, TOPIC_SETTINGS
-from broker.errors import (
-    PylogError,
-    TopicAlreadyExists,
-    UnknownTopicOrPartition,
-)
+from broker.errors import PylogError, TopicAlreadyExists, UnknownTopicOrPartition
 from broker.mirror.config import FORCED_SETTINGS, ClusterAddress, MirrorConfig
 from broker.mirror.copy import CopyProgress, PartitionCopy
 from broker.mirror.group import MirrorGroup

@@ -63,11 +63,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import DataWatch
 from kazoo.retry import KazooRetry
-from kazoo.security import (
-    ACL,
-    make_acl,
-    make_digest_acl,
-)
+from kazoo.security import ACL, make_acl, make_digest_acl
 
 from broker.backoff import Backoff
 from broker.errors import RegistryAccessDenied, RegistryUnavailable

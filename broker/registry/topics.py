@@ -20,20 +20,10 @@ from broker.errors import (
 )
 from broker.placement import assign_replicas
 from broker.protocol import check_topic_name
-from broker.registry.nodes import (
-    decode,
-    encode,
-    int_list,
-    is_int,
-    validate_broker_id,
-)
+from broker.registry.nodes import decode, encode, int_list, is_int, validate_broker_id
 from broker.registry.session import BadVersion, NodeExists, NoNode, NotEmpty
 from broker.registry.states import PartitionState, PartitionStates
-from broker.registry.topic_config import (
-    Settings,
-    TopicConfig,
-    check_log_starts,
-)
+from broker.registry.topic_config import Settings, TopicConfig, check_log_starts
 
 log = logging.getLogger(__name__)
 

@@ -53,12 +53,7 @@ from broker.backoff import Backoff
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.config import replica_setting
 from broker.errors import PylogError, RegistryUnavailable, Unavailable
-from broker.registry import (
-    ControllerInfo,
-    ControllerMoved,
-    Registry,
-    TopicConfig,
-)
+from broker.registry import ControllerInfo, ControllerMoved, Registry, TopicConfig
 from broker.registry.nodes import validate_broker_id
 from broker.replication.acting import Acting, Counters
 

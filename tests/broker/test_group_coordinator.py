@@ -25,13 +25,7 @@ from broker.errors import (
     BrokerUnknownMemberId,
 )
 from broker.groups.assignors import TopicPartition
-from broker.protocol import (
-    Ack,
-    ErrorCode,
-    GroupHeartbeatRequest,
-    GroupPartitions,
-    partition_list,
-)
+from broker.protocol import Ack, ErrorCode, GroupHeartbeatRequest, GroupPartitions, partition_list
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
 from tests.conftest import wait_until

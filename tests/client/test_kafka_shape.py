@@ -278,7 +278,7 @@ def test_a_delivery_that_fails_reports_its_error_to_the_callback(
     reports: list[tuple[KafkaError | None, bytes]] = []
     producer = Producer({**bootstrap(broker), "linger.ms": 0})
     producer.produce(topic, b"x" * 2000, on_delivery=lambda e, m: reports.append((e, m.value())))
-    for connection in producer._producers[topic]._in_flight_on:  # its refusal is there, unread:
+    for connection in producer._producers[topic]._requests.connections():  # its refusal, unread:
         assert connection.pipelined_socket.poll(10_000, zmq.POLLIN)
     # the next produce takes it, and leaves it to the callback of the message it failed
     producer.produce(topic, b"small", on_delivery=lambda e, m: reports.append((e, m.value())))

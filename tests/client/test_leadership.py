@@ -20,8 +20,8 @@ import pytest
 
 from broker.aio import AsyncGroupConsumer, AsyncPartitionConsumer, AsyncProducer
 from broker.client import Admin, Cluster, PartitionConsumer, Producer, TopicConsumer
+from broker.client.batches import Delivery
 from broker.client.group import GroupConsumer
-from broker.client.producer import Delivery
 from broker.errors import NotLeaderForPartition, UnknownTopicOrPartition
 from broker.groups.lag import GroupReader
 from broker.log.message import Message

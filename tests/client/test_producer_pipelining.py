@@ -130,7 +130,7 @@ def test_a_batch_refused_with_a_retriable_error_is_sent_again(holding: HoldingBr
         for i in range(4):
             producer.send(b"m%d" % i)
         acks = producer.flush()
-        assert not producer._in_flight_on  # the connections waited on, kept as batches land
+        assert not producer._requests.connections()  # waited on, kept as batches land
     assert sum(a.count for a in acks) == 4  # every message acknowledged once
     # both batches went out before the first reply; the refused one went out again after
     assert holding.produced == [[b"m0", b"m1"], [b"m2", b"m3"], [b"m0", b"m1"]]

@@ -22,12 +22,7 @@ from xxhash import xxh3_64_intdigest
 from broker.client.group import Record
 from broker.errors import InvalidMessage
 from broker.log import _codec, codec, columns, compression, message
-from broker.log.message import (
-    HEADER_SIZE,
-    MAX_FORMAT_MESSAGE_BYTES,
-    decode_failure,
-    scan_result,
-)
+from broker.log.message import HEADER_SIZE, MAX_FORMAT_MESSAGE_BYTES, decode_failure, scan_result
 from tests.log.test_compression import wrapped
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
@@ -445,9 +440,9 @@ def test_the_spark_source_decodes_with_the_codec() -> None:
 
 def test_producers_encode_with_the_codec() -> None:
     """Producer.send and AsyncProducer.send (ProducerCore._add) encode with the codec chosen."""
-    from broker.client import producer
+    from broker.client import producer_core
 
-    assert vars(producer)["encode_message"] is codec.encode_message
+    assert vars(producer_core)["encode_message"] is codec.encode_message
 
 
 @given(

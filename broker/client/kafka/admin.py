@@ -77,13 +77,7 @@ from broker.client.kafka.settings import COMMON_KEYS, checked_settings, client_k
 from broker.errors import BrokerUnknownGroup, PylogError
 from broker.groups.assignors import TopicPartition as GroupTopicPartition
 from broker.lifecycle import Closing
-from broker.protocol import (
-    LATEST,
-    DescribeGroupReply,
-    ErrorCode,
-    GroupListing,
-    broker_error,
-)
+from broker.protocol import LATEST, DescribeGroupReply, ErrorCode, GroupListing, broker_error
 from broker.security import KeyFileError, ZooKeeperAuth
 
 T = TypeVar("T")

@@ -11,22 +11,14 @@ from enum import Enum
 from typing import Final, NoReturn
 
 from broker.client.kafka.errors import KafkaError, KafkaException, not_implemented
-from broker.client.kafka.messages import (
-    BrokerMetadata,
-    TopicPartition,
-)
+from broker.client.kafka.messages import BrokerMetadata, TopicPartition
 from broker.client.kafka.model import (
     ConsumerGroupState,
     ConsumerGroupType,
     Node,
     TopicPartitionInfo,
 )
-from broker.protocol import (
-    EARLIEST,
-    LATEST,
-    DescribeGroupReply,
-    GroupPartitions,
-)
+from broker.protocol import EARLIEST, LATEST, DescribeGroupReply, GroupPartitions
 
 TOPIC_SETTINGS: Final = {
     "flush.messages": "flush_messages",

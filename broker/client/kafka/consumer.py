@@ -35,9 +35,7 @@ from broker.client.kafka.settings import (
     flag,
     number,
 )
-from broker.errors import (
-    PylogError,
-)
+from broker.errors import PylogError
 from broker.protocol import EARLIEST, LATEST
 
 

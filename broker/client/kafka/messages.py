@@ -7,12 +7,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
+from broker.client.batches import Batch
 from broker.client.cluster import Cluster
 from broker.client.kafka.errors import KafkaError, KafkaException, error_of
-from broker.client.producer import Batch
-from broker.errors import (
-    PylogError,
-)
+from broker.errors import PylogError
 from broker.protocol import OffsetsRequest
 
 OFFSET_BEGINNING: Final = -2
@@ -126,7 +124,7 @@ PENDING_FIELDS = 6
 class Unreported:
     """The messages of one batch produced and not yet reported, flat in `items`,
     PENDING_FIELDS each: its callback, where it starts in the batch (its delivery's parts:
-    broker.client.producer.Handle), key, value, timestamp, headers. Flat, so that a message
+    broker.client.batches.Handle), key, value, timestamp, headers. Flat, so that a message
     waiting for its ack is references in a list, not an object of its own: with a tuple
     each, the garbage collector walked every message in flight, a tenth of the producer's
     time over 100 partitions (perf/README.md, "Keyed traffic over many partitions")."""

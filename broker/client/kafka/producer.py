@@ -32,11 +32,9 @@ from broker.client.kafka.settings import (
     flag,
     number,
 )
-from broker.client.producer import DELIVERY_TIMEOUT_S
 from broker.client.producer import Producer as _Producer
-from broker.errors import (
-    PylogError,
-)
+from broker.client.producer_core import DELIVERY_TIMEOUT_S
+from broker.errors import PylogError
 from broker.log.compression import compressor_for
 from broker.protocol import Ack
 
