@@ -18,7 +18,8 @@ import click
 from broker.client import Cluster
 from broker.client.admin import ZooKeeperAddress, zookeeper_of
 from broker.client.coordinator import GroupCalls
-from broker.client.group import GroupConsumer, Reset
+from broker.client.group import GroupConsumer
+from broker.client.group_fetch import Reset
 from broker.client.lag import COUNT_BYTES, GroupLag, HolderUnavailable
 from broker.errors import (
     BrokerGroupNotEmpty,

@@ -66,7 +66,8 @@ from typing import Any
 
 from broker.client import Admin, Delivery, Producer
 from broker.client.coordinator import GroupCalls
-from broker.client.group import BrokerPartition, GroupConsumer
+from broker.client.group import GroupConsumer
+from broker.client.group_fetch import BrokerPartition
 from broker.errors import BrokerError, PylogError, Unavailable
 from broker.protocol import Ack
 from broker.zookeeper import PrivateZooKeeper

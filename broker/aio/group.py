@@ -34,13 +34,13 @@ from typing import Any, Self, TypeVar
 
 from broker.aio.connection import AsyncCluster
 from broker.client.framing import wait_ms
-from broker.client.group import (
+from broker.client.group import GroupConsumer
+from broker.client.group_fetch import (
     NEWS_CHECK_S,
     RETRY_BACKOFF_S,
     BrokerPartition,
-    GroupConsumer,
+    Owned,
     Record,
-    _Owned,
     fetch_replies,
     fetch_request,
 )
@@ -53,7 +53,7 @@ log = logging.getLogger("pylog.group")
 T = TypeVar("T")
 
 
-_Fetching = tuple[list[_Owned], list[int], asyncio.Task[list[Buffer]]]
+_Fetching = tuple[list[Owned], list[int], asyncio.Task[list[Buffer]]]
 
 
 class AsyncGroupConsumer(AsyncClosing):
@@ -175,7 +175,7 @@ class AsyncGroupConsumer(AsyncClosing):
         member._check_heartbeats()
         if not member.connected:  # past its lease: wait for the heartbeat thread's news
             self._drop_fetches()
-            member._stop_fetching()
+            member.fetching.stop()
             await self._in_thread(member._rebalance_wanted.wait, wait_s)
             return
         if not member._in_session(wait_s):  # connected: it returns at once
@@ -185,9 +185,9 @@ class AsyncGroupConsumer(AsyncClosing):
             return
         if member._commit_due():
             await self._in_thread(member._auto_commit)
-        if member._buffered():
+        if member.fetching.any_buffered():
             return
-        if not member._owned:
+        if not member.fetching.owned:
             await self._in_thread(member._rebalance_wanted.wait, wait_s)
             return
         await self._fetch(wait_s)
@@ -195,20 +195,20 @@ class AsyncGroupConsumer(AsyncClosing):
     async def _fetch(self, wait_s: float) -> None:
         """Send a long poll to each broker with none in flight, for its owned partitions (one
         MULTI_FETCH, or a FETCH for one; but those resting after an error, and those
-        GroupConsumer._next_fetches leaves for the next round), wait up to `wait_s` for a
+        FetchSession.next_fetches leaves for the next round), wait up to `wait_s` for a
         first reply, and take every reply there."""
         member = self.member
         assert self._cluster is not None
         now = member.clock.monotonic()
-        by_endpoint: dict[str, list[_Owned]] = {}
-        for owned in member._owned.values():
+        by_endpoint: dict[str, list[Owned]] = {}
+        for owned in member.fetching.owned.values():
             if owned.rest_until > now:
                 continue
-            if not owned.located and not await self._in_thread(member._locate, owned):
+            if not owned.located and not await self._in_thread(member.fetching.locate, owned):
                 continue
             if owned.endpoint not in self._fetching:  # else it goes with that broker's next
                 by_endpoint.setdefault(owned.endpoint, []).append(owned)
-        for endpoint, owned_there in member._next_fetches(by_endpoint, now).items():
+        for endpoint, owned_there in member.fetching.next_fetches(by_endpoint, now).items():
             exchange = self._cluster.connect(endpoint).exchange(fetch_request(owned_there, wait_s))
             offsets = []
             for owned in owned_there:
@@ -216,7 +216,7 @@ class AsyncGroupConsumer(AsyncClosing):
                 offsets.append(owned.fetch_offset)
             self._fetching[endpoint] = (owned_there, offsets, asyncio.ensure_future(exchange))
         if not self._fetching:  # every partition rests after an error
-            rest_s = min(owned.rest_until for owned in member._owned.values()) - now
+            rest_s = min(owned.rest_until for owned in member.fetching.owned.values()) - now
             await asyncio.sleep(min(max(rest_s, 0.0), wait_s))
             return
         tasks = [task for _, _, task in self._fetching.values()]
@@ -242,12 +242,12 @@ class AsyncGroupConsumer(AsyncClosing):
                     log.warning("no reply to a fetch of %s from %s", owned.tp, endpoint)
                 continue
             for owned, offset, reply in zip(fetched, offsets, replies, strict=True):
-                if member._owned.get(owned.tp) is not owned:
+                if member.fetching.owned.get(owned.tp) is not owned:
                     continue  # given up (or lost) while the fetch was in flight
                 if owned.fetch_offset != offset:
                     continue  # fetching started again elsewhere meanwhile: a stale reply
-                if member._on_fetch_reply(owned, reply):
-                    await self._in_thread(member._reset_out_of_range, owned)
+                if member.fetching.on_reply(owned, reply):
+                    await self._in_thread(member.fetching.reset_out_of_range, owned)
 
     def _drop_fetches(self) -> None:
         """Forget the fetches in flight (the member's partitions change or pause)."""

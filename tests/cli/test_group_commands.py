@@ -20,7 +20,8 @@ from click.testing import CliRunner, Result
 from broker.client import Admin, Producer
 from broker.client.connection import Connection
 from broker.client.coordinator import GroupCalls
-from broker.client.group import GroupConsumer, Record
+from broker.client.group import GroupConsumer
+from broker.client.group_fetch import Record
 from broker.errors import BrokerError
 from broker.groups.assignors import TopicPartition
 from broker.protocol import MetadataRequest

@@ -170,7 +170,8 @@ def test_records_fetched_before_the_lease_ran_out_are_not_handed_out_after(
     frozen = member(broker, group, loaded, consumer_id="frozen", clock=clock)
     try:
         wait_until(lambda: frozen.poll_record(50) is not None, what="records flowing")
-        assert any(owned.buffered for owned in frozen._owned.values())  # fetched, not handed out
+        owned = frozen.fetching.owned.values()
+        assert any(o.buffered for o in owned)  # fetched, not handed out
         heartbeats = frozen._heartbeats
         assert heartbeats is not None
         heartbeats.stop()

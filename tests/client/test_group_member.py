@@ -15,13 +15,13 @@ import pytest
 from broker.aio import AsyncGroupConsumer
 from broker.aio import group as aio_group
 from broker.client import Admin, GroupConsumer, PartitionConsumer, Producer, Record
-from broker.client import group as sync_group
+from broker.client import group_fetch as sync_group
 from broker.client.coordinator import GroupCalls
-from broker.client.group import (
+from broker.client.group_fetch import (
     FETCH_ROUND_BYTES,
     IDLE_ASK_S,
     BrokerPartition,
-    _Owned,
+    Owned,
     fetch_round,
 )
 from broker.errors import AuthenticationFailed
@@ -272,7 +272,7 @@ def test_a_member_sends_its_next_fetch_before_handing_out_what_it_fetched(
         while not first and time.monotonic() < deadline:  # bounded: it joins first
             first = member.poll(200)
         assert [r.value for r in first] == [b"m0"]
-        (owned,) = member._owned.values()
+        (owned,) = member.fetching.owned.values()
         # The fetch of m1 went out before m0 was handed out: its reply is waiting.
         assert member.cluster.connect(owned.endpoint).pipelined_socket.poll(5000)
         rest: list[bytes] = []
@@ -281,8 +281,8 @@ def test_a_member_sends_its_next_fetch_before_handing_out_what_it_fetched(
         assert rest == [b"m1", b"m2", b"m3", b"m4"]
 
 
-def owned_at(partition: int, fetch_offset: int, known_end: int, sent_at: float = 0.0) -> _Owned:
-    owned = _Owned(BrokerPartition("t", 1, partition), "tcp://b", 0, 0, None, fetch_offset)
+def owned_at(partition: int, fetch_offset: int, known_end: int, sent_at: float = 0.0) -> Owned:
+    owned = Owned(BrokerPartition("t", 1, partition), "tcp://b", 0, 0, None, fetch_offset)
     owned.known_end, owned.sent_at = known_end, sent_at
     return owned
 

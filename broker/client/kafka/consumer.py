@@ -11,7 +11,8 @@ from typing import Any, Self
 from broker.client.cluster import Cluster
 from broker.client.coordinator import GroupCalls
 from broker.client.framing import DEFAULT_CLIENT_ID
-from broker.client.group import BrokerPartition, GroupConsumer
+from broker.client.group import GroupConsumer
+from broker.client.group_fetch import BrokerPartition
 from broker.client.kafka.errors import KafkaException, as_kafka_errors, not_implemented
 from broker.client.kafka.messages import (
     OFFSET_BEGINNING,
