@@ -32,7 +32,7 @@ from rich.progress import (
 from broker.client.cluster import split_endpoints
 from broker.client.consumer import Start
 from broker.client.framing import DEFAULT_CLIENT_ID
-from broker.client.group_fetch import Record
+from broker.client.records import Record
 from broker.errors import BrokerError, PylogError, RegistryAccessDenied, Unavailable
 from broker.log.message import Message
 from broker.security import ClientKeys, KeyFileError

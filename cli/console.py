@@ -16,7 +16,7 @@ import click
 
 from broker.client import Ack, Producer
 from broker.client.consumer import Start, timestamp_ms
-from broker.client.group_fetch import Record
+from broker.client.records import Record
 from broker.client.topic_consumer import Last, TopicConsumer
 from broker.errors import CorruptSegment
 from broker.log.compression import CODECS, compressor_for

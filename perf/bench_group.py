@@ -67,7 +67,7 @@ from typing import Any
 from broker.client import Admin, Delivery, Producer
 from broker.client.coordinator import GroupCalls
 from broker.client.group import GroupConsumer
-from broker.client.group_fetch import BrokerPartition
+from broker.client.records import BrokerPartition
 from broker.errors import BrokerError, PylogError, Unavailable
 from broker.protocol import Ack
 from broker.zookeeper import PrivateZooKeeper

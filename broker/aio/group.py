@@ -35,15 +35,8 @@ from typing import Any, Self, TypeVar
 from broker.aio.connection import AsyncCluster
 from broker.client.framing import wait_ms
 from broker.client.group import GroupConsumer
-from broker.client.group_fetch import (
-    NEWS_CHECK_S,
-    RETRY_BACKOFF_S,
-    BrokerPartition,
-    Owned,
-    Record,
-    fetch_replies,
-    fetch_request,
-)
+from broker.client.group_fetch import NEWS_CHECK_S, RETRY_BACKOFF_S, fetch_replies, fetch_request
+from broker.client.records import BrokerPartition, Owned, Record
 from broker.errors import PylogError, Unavailable
 from broker.lifecycle import AsyncClosing
 from broker.log.message import Buffer
@@ -155,8 +148,8 @@ class AsyncGroupConsumer(AsyncClosing):
             member._processed_all()
             if member._closed or member._interrupted:
                 raise StopAsyncIteration
-            if member._commit_due():
-                await self._in_thread(member._auto_commit)
+            if member.commits.due():
+                await self._in_thread(member.commits.auto_commit)
             record = member._hand_out()
             if record is not None:
                 return record
@@ -183,8 +176,8 @@ class AsyncGroupConsumer(AsyncClosing):
         # the fetches in flight go on for the partitions kept
         if member._assignment_due() and not await self._in_thread(member._rebalanced):
             return
-        if member._commit_due():
-            await self._in_thread(member._auto_commit)
+        if member.commits.due():
+            await self._in_thread(member.commits.auto_commit)
         if member.fetching.any_buffered():
             return
         if not member.fetching.owned:

@@ -41,8 +41,8 @@ from broker.client.cluster import Cluster
 from broker.client.connection import Connection
 from broker.client.consumer import PartitionConsumer
 from broker.client.group import GroupConsumer
-from broker.client.group_fetch import Record
 from broker.client.producer import Producer
+from broker.client.records import Record
 from broker.client.topic_consumer import Last, TopicConsumer
 from broker.protocol import Ack
 

@@ -13,11 +13,6 @@ or fenced, it drops its partitions without committing (`on_lost`) and joins agai
 that does not poll within `max_poll_interval_s` leaves the group (its processing deadline, as
 Kafka's max.poll.interval.ms) and joins again at its next poll.
 
-A partition given is read from the group's committed offset, or, when none is committed, from
-the earliest or latest offset (`reset`). A committed offset that retention has deleted (the
-broker answers OFFSET_OUT_OF_RANGE) is reset the same way, logged and counted
-(`offset_resets`).
-
 Delivery is at least once. A record counts as processed when the application asks for the
 next one: the next `poll()` call for the records a poll returned, the next step of the iteration
 for a record `for record in member` gave. `commit()` also counts every record handed out so far
@@ -28,20 +23,9 @@ a crash leaves the record in hand (and everything after it) to be read again by 
 next owner. Records fetched and not handed out stay with the member: a loop over it entered
 again goes on with the next record.
 
-Damaged data on a broker's disk (docs/storage.md, "Damaged data") raises CorruptSegment naming
-its offsets, after the records before it, at every poll until it is read past; with
-`skip_corrupt` the member logs it, lists it in `skipped` and reads on after it, as
-PartitionConsumer does.
-
-Fetches go by broker: one request in flight a broker, a MULTI_FETCH of the owned partitions it
-leads (a FETCH for one), sent again as soon as its reply is in, so the broker reads the next
-while the records are handed out. While a partition's last reply says enough waits past what
-was fetched (`fetch_round`), a fetch asks only the partitions that hold it, each in turn first.
-Leadership moves (docs/replication.md): the leaders are asked by METADATA (version 2) when
-partitions are given; a fetch answered NOT_LEADER_FOR_PARTITION naming a broker this member
-knows goes there next, and after any other retriable error or no reply the partition's leader
-is asked again by METADATA before its next fetch (each after the partition's rest,
-RETRY_BACKOFF_S).
+Where a partition given is read from, the fetches by broker, leaders followed and damaged data
+are the member's FetchSession's (broker.client.group_fetch); its commits are its
+OffsetCommits' (broker.client.group_commits).
 
 Not safe to share between threads (the heartbeat thread only sets a flag that `poll` reads).
 """
@@ -54,31 +38,19 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Generic, cast
 
 from broker.client.cluster import Cluster
-from broker.client.consumer import (
-    DEFAULT_FETCH_BYTES,
-)
+from broker.client.consumer import DEFAULT_FETCH_BYTES
 from broker.client.coordinator import GroupCalls
 from broker.client.framing import DEFAULT_CLIENT_ID, wait_ms
-from broker.client.group_fetch import (
-    RETRY_BACKOFF_S,
-    BrokerPartition,
-    FetchSession,
-    R,
-    Record,
-    Reset,
-)
+from broker.client.group_commits import OffsetCommits
+from broker.client.group_fetch import RETRY_BACKOFF_S, FetchSession, Reset
 from broker.client.membership import Heartbeats, Membership
+from broker.client.records import BrokerPartition, R, Record
 from broker.clock import SYSTEM_CLOCK, Clock
-from broker.errors import (
-    BrokerError,
-    PartitionNotAssigned,
-    Unavailable,
-    UnknownTopicOrPartition,
-)
+from broker.errors import BrokerError, Unavailable, UnknownTopicOrPartition
 from broker.groups.assignors import TopicPartition
 from broker.lifecycle import Closing
 from broker.security import ClientKeys
@@ -168,7 +140,6 @@ class GroupConsumer(Closing, Generic[R]):
             raise ValueError("a group consumer needs at least one topic")
         self.consumer_id = consumer_id or default_consumer_id()
         self.clock = clock
-        self.auto_commit_interval_s = auto_commit_interval_s
         self.store_processed = store_processed
         self.log = logger if logger is not None else log
         """Where its warnings and rebalances are logged (default the "pylog.group" logger; its
@@ -184,8 +155,8 @@ class GroupConsumer(Closing, Generic[R]):
         """Set by the heartbeat thread when its news came (joined, an assignment changed)."""
         self._waiting: frozenset[BrokerPartition] = frozenset()
         self._waiting_until = 0.0
-        """Partitions given that could not be started (`_start`), and when to try again."""
-        self._next_commit = self.clock.monotonic() + (auto_commit_interval_s or 0)
+        """Partitions given that could not be started (FetchSession.start), and when to try
+        again."""
         self._closed = False
         self._interrupted = False
         membership = Membership(
@@ -211,7 +182,6 @@ class GroupConsumer(Closing, Generic[R]):
             log=self.log,
         )
         """The partitions this member owns and the fetches that read them (group_fetch)."""
-        self._commits = GroupCalls(broker, group, client_id, timeout_s, keys=keys)
         beats = GroupCalls(
             broker, group, client_id, min(timeout_s, session_timeout_s / 2), keys=keys
         )
@@ -220,6 +190,16 @@ class GroupConsumer(Closing, Generic[R]):
         )
         """The heartbeat thread (it sends the join and every heartbeat; the first poll waits
         for its answer) and the member's state."""
+        self.commits = OffsetCommits(
+            GroupCalls(broker, group, client_id, timeout_s, keys=keys),
+            self.fetching,
+            self._heartbeats,
+            consumer_id=self.consumer_id,
+            auto_commit_interval_s=auto_commit_interval_s,
+            clock=clock,
+            log=self.log,
+        )
+        """What the member commits (group_commits), and when it auto-commits."""
         self._heartbeats.start()
 
     # -- what the member holds ---------------------------------------------------------------
@@ -291,7 +271,7 @@ class GroupConsumer(Closing, Generic[R]):
         if limit < 1:
             raise ValueError(f"limit is {limit}: 1 or more")
         self._processed_all()
-        self._auto_commit()
+        self.commits.auto_commit()
         records = self._hand_out_many(limit)
         if not records:
             self._fill(wait_ms(max_wait_ms, self.max_wait_ms))
@@ -314,7 +294,7 @@ class GroupConsumer(Closing, Generic[R]):
     def _next_record(self, max_wait_ms: int | None) -> R | None:
         """Hand out the next record fetched, or fetch (up to `max_wait_ms`) and hand out the
         first that came; auto-commit when due either way."""
-        self._auto_commit()
+        self.commits.auto_commit()
         record = self._hand_out()
         if record is None:
             self._fill(max_wait_ms)
@@ -401,7 +381,7 @@ class GroupConsumer(Closing, Generic[R]):
             return False
         if self._assignment_due() and not self._rebalanced():
             return True
-        self._auto_commit()
+        self.commits.auto_commit()
         if self.fetching.any_buffered():
             return True
         if not self.fetching.owned:
@@ -512,7 +492,7 @@ class GroupConsumer(Closing, Generic[R]):
             self._waiting = frozenset()
             return
         claimed = self.fetching.broker_partitions(given)
-        waiting = frozenset(self.fetching.start(claimed, self._committed(claimed)))
+        waiting = frozenset(self.fetching.start(claimed, self.commits.committed_of(claimed)))
         if waiting and waiting != self._waiting:
             self.log.warning(
                 "group %s: %d partitions given wait for a leader to read them from "
@@ -544,37 +524,23 @@ class GroupConsumer(Closing, Generic[R]):
         """Stop reading `partitions`: what was fetched for them dropped, `on_revoked`, their
         positions committed (with auto-commit), forgotten. The other partitions are read on,
         what was fetched for them kept, and a fetch in flight for some of them goes on (its
-        parts for `partitions` are dropped when it comes: `_receive_fetches`), so that a
+        parts for `partitions` are dropped when it comes: FetchSession.receive), so that a
         partition that stays never waits for a fetch sent again."""
         for tp in partitions:
             self.fetching.owned[tp].buffered.clear()
         if self.on_revoked is not None:
             self.on_revoked(partitions)
-        if self.auto_commit_interval_s is not None:
-            self._commit_positions(partitions)
+        if self.commits.auto_commit_interval_s is not None:
+            self.commits.commit_positions(partitions)
         for tp in partitions:
             del self.fetching.owned[tp]
+
+    # -- offsets -----------------------------------------------------------------------------
 
     def committed(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """The group's committed offsets of those of `partitions` (topic, partition) that have
         one, asked of the coordinator now (OFFSET_FETCH); owned by this member or not."""
-        wanted = list(partitions)
-        if not wanted:
-            return {}
-        committed = self._commits.committed(sorted({topic for topic, _ in wanted}))
-        found = {key: committed.get(TopicPartition(*key)) for key in wanted}
-        return {key: offset for key, offset in found.items() if offset is not None}
-
-    def _committed(self, partitions: Sequence[BrokerPartition]) -> dict[BrokerPartition, int]:
-        """The group's committed offsets of those of `partitions` that have one."""
-        found = self.committed((tp.topic, tp.partition) for tp in partitions)
-        return {
-            tp: found[tp.topic, tp.partition]
-            for tp in partitions
-            if (tp.topic, tp.partition) in found
-        }
-
-    # -- offsets -----------------------------------------------------------------------------
+        return self.commits.committed(partitions)
 
     def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
         """Count every record handed out as processed (the one in hand included) and record
@@ -585,58 +551,9 @@ class GroupConsumer(Closing, Generic[R]):
         member does not own."""
         if offsets is None:
             self._processed_all()
-            self._commit_positions()
-            return
-        owned = self.fetching.by_number()
-        strangers = sorted(f"{t}/{p}" for t, p in offsets if (t, p) not in owned)
-        if strangers:
-            raise ValueError(f"not assigned to this member: {', '.join(strangers)}")
-        self._record({owned[key].tp: offset for key, offset in offsets.items()})
-        for key, offset in offsets.items():
-            owned[key].position = owned[key].committed = offset
-
-    def _commit_positions(self, partitions: Iterable[BrokerPartition] | None = None) -> None:
-        """Record each owned partition's position (after its last processed record) where it
-        moved since the last commit (of `partitions` only, when given)."""
-        moved = [
-            owned
-            for tp, owned in self.fetching.owned.items()
-            if owned.position != owned.committed and (partitions is None or tp in partitions)
-        ]
-        if not moved:
-            return
-        self._record({owned.tp: owned.position for owned in moved})
-        for owned in moved:
-            owned.committed = owned.position
-
-    def _record(self, offsets: Mapping[BrokerPartition, int]) -> None:
-        """Record `offsets` with the coordinator (OFFSET_COMMIT at the member's epoch):
-        PartitionNotAssigned, nothing of it recorded, for a partition the group gave another
-        member since."""
-        with self._heartbeats.lock:
-            epoch = self._heartbeats.membership.epoch
-        by_key = {TopicPartition(tp.topic, tp.partition): o for tp, o in offsets.items()}
-        outcome = self._commits.commit(by_key, self.consumer_id, epoch)
-        refused = sorted(f"{tp.topic}/{tp.partition}" for tp, c in outcome.items() if c)
-        if refused:
-            raise PartitionNotAssigned(
-                f"group {self.group}: {self.consumer_id}'s commit of {', '.join(refused)} "
-                f"refused at epoch {epoch}: the group gave them to another member"
-            )
-
-    def _commit_due(self) -> bool:
-        return (
-            self.auto_commit_interval_s is not None and self.clock.monotonic() >= self._next_commit
-        )
-
-    def _auto_commit(self) -> None:
-        if self.auto_commit_interval_s is None or not self._commit_due():
-            return
-        self._next_commit = self.clock.monotonic() + self.auto_commit_interval_s
-        try:
-            self._commit_positions()
-        except (BrokerError, Unavailable) as error:  # tried again next time
-            self.log.warning("group %s: auto-commit failed: %s", self.group, error)
+            self.commits.commit_positions()
+        else:
+            self.commits.commit(offsets)
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -656,5 +573,5 @@ class GroupConsumer(Closing, Generic[R]):
         finally:
             heartbeats.leave()
             heartbeats.calls.close()
-            self._commits.close()
+            self.commits.close()
             self.cluster.close()

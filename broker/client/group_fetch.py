@@ -1,12 +1,24 @@
-"""The partitions a group member owns and the fetches that read them: one request in flight a
-broker, a MULTI_FETCH of the owned partitions it leads (a FETCH for one), sent again as soon as
-its reply is in (docs/protocol.md, MULTI_FETCH). Where a partition is read from (its committed
-offset, or `reset`), its leader followed when it moves, its records decoded and buffered, and
-damaged data raised or skipped, as broker.client.group's module text says.
+"""The partitions a group member owns and the fetches that read them (broker.client.group).
 
-A FetchSession holds no thread and waits only in `receive` (and in the METADATA and OFFSETS
-requests of `locate`, `start` and the resets): GroupConsumer drives it, and AsyncGroupConsumer
-sends its fetches on asyncio, taking `next_fetches`, `on_reply` and `reset_out_of_range` from it.
+A partition given is read from the group's committed offset, or, when none is committed, from
+the earliest or latest offset (`reset`). A committed offset that retention has deleted (the
+broker answers OFFSET_OUT_OF_RANGE) is reset the same way, logged and counted
+(`offset_resets`).
+
+Damaged data on a broker's disk (docs/storage.md, "Damaged data") raises CorruptSegment naming
+its offsets, after the records before it, at every poll until it is read past; with
+`skip_corrupt` the member logs it, lists it in `skipped` and reads on after it, as
+PartitionConsumer does.
+
+Fetches go by broker: one request in flight a broker, a MULTI_FETCH of the owned partitions it
+leads (a FETCH for one), sent again as soon as its reply is in, so the broker reads the next
+while the records are handed out. While a partition's last reply says enough waits past what
+was fetched (`fetch_round`), a fetch asks only the partitions that hold it, each in turn first.
+Leadership moves (docs/replication.md): the leaders are asked by METADATA (version 2) when
+partitions are given; a fetch answered NOT_LEADER_FOR_PARTITION naming a broker this member
+knows goes there next, and after any other retriable error or no reply the partition's leader
+is asked again by METADATA before its next fetch (each after the partition's rest,
+RETRY_BACKOFF_S).
 """
 
 from __future__ import annotations
@@ -16,10 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Generic, Literal, NamedTuple
-
-from typing_extensions import TypeVar
+from typing import Any, Final, Generic, Literal
 
 from broker.client.cluster import Cluster
 from broker.client.connection import Connection
@@ -31,17 +40,11 @@ from broker.client.consumer import (
     grown_fetch_bytes,
 )
 from broker.client.framing import noted
+from broker.client.records import NEXT_AT, OFFSET_AT, BrokerPartition, Owned, R
 from broker.clock import Clock
-from broker.errors import (
-    BrokerError,
-    CorruptSegment,
-    MalformedReply,
-    PylogError,
-    Unavailable,
-)
+from broker.errors import BrokerError, CorruptSegment, MalformedReply, PylogError, Unavailable
 from broker.groups.assignors import TopicPartition
 from broker.log.codec import decode_records
-from broker.log.headers import Headers
 from broker.protocol import (
     EARLIEST,
     LATEST,
@@ -57,8 +60,6 @@ from broker.protocol import (
     request_version,
 )
 
-log = logging.getLogger("pylog.group")
-
 Reset = Literal["earliest", "latest"]
 RETRY_BACKOFF_S = 0.5
 """How long a partition rests after a retriable fetch error before it is fetched again."""
@@ -69,72 +70,6 @@ FETCH_ROUND_BYTES: Final = DEFAULT_FETCH_BYTES
 about what a broker's reply holds (its fetch_max_bytes, 1 MiB by default; `fetch_round`)."""
 IDLE_ASK_S: Final = 0.5
 """The longest a partition not known to hold data goes unasked while others are read."""
-
-
-@dataclass(frozen=True, order=True, slots=True)
-class BrokerPartition:
-    """A partition of a topic and its preferred leader (the first of its replicas)."""
-
-    topic: str
-    broker_id: int
-    partition: int
-
-
-class Record(NamedTuple):
-    """A message as a group member receives it."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes
-    headers: Headers = ()
-    """(key, value or None) pairs, in order; () for a message without."""
-    next_offset: int = -1
-    """Where the next message starts: what to commit to have read this one (the offset of
-    the message after it, or of the set after it for the last message of a compressed set;
-    a message of a set before its last has its own offset here: committed, the whole set is
-    read again). -1 only in a Record made by hand."""
-
-
-R = TypeVar("R", bound=tuple[Any, ...], default=Record)
-"""What a member hands out: Records, or records of another tuple type of Record's layout
-(the Kafka-shaped consumer's Messages, broker.client.kafka), made straight from the fetched
-bytes (broker.log.codec.decode_records)."""
-OFFSET_AT: Final = Record._fields.index("offset")
-NEXT_AT: Final = Record._fields.index("next_offset")
-"""Where a record of any record type holds its offset, and its next offset."""
-
-
-@dataclass(eq=False)
-class Owned:
-    """An owned partition: what was handed out, what is fetched next, what is in flight."""
-
-    tp: BrokerPartition
-    endpoint: str
-    position: int
-    """The offset after the last processed record: what a commit records."""
-    delivered: int
-    """The offset after the last record handed out; `position` catches up with it when the
-    application asks for the next record (or calls commit())."""
-    committed: int | None
-    fetch_offset: int = 0
-    fetch_bytes: int = DEFAULT_FETCH_BYTES
-    known_end: int = -1
-    """Where the partition's readable bytes ended at its last fetch reply (its high watermark
-    then; -1 before one and after an error): what is known to wait past `fetch_offset`
-    (`fetch_round`), and whether it was read to its end (`at_end`)."""
-    buffered: deque[Any] = field(default_factory=deque)
-    """Records (of the member's record type) of the last fetch reply not handed out yet."""
-    in_flight: tuple[Connection, int] | None = None
-    sent_at: float = 0.0
-    rest_until: float = 0.0
-    located: bool = True
-    """False after a fetch error that did not say where the leader is: METADATA is asked before
-    the next fetch (FetchSession.locate)."""
-    paused: bool = False
-    """Not fetched until resumed (GroupConsumer.pause)."""
 
 
 def fetch_round(owned: Sequence[Owned], now: float) -> list[Owned]:
@@ -206,7 +141,10 @@ class FetchSession(Generic[R]):
     `reset` where a partition without a committed offset (or whose offset retention deleted)
     is read from; `fetch_bytes` what a partition's fetch asks at first; `skip_corrupt` reads
     past damaged data (listed in `skipped`) instead of raising it; `clock` times the rests
-    after errors and the fetches overdue. Not safe to share between threads."""
+    after errors and the fetches overdue. It holds no thread and waits only in `receive` (and
+    the METADATA and OFFSETS requests of `locate`, `start` and the resets): GroupConsumer
+    drives it; AsyncGroupConsumer sends the fetches on asyncio, taking `next_fetches`,
+    `on_reply` and `reset_out_of_range` from it. Not safe to share between threads."""
 
     def __init__(
         self,

@@ -33,7 +33,7 @@ from broker.backoff import Backoff
 from broker.client.cluster import Cluster
 from broker.client.consumer import PartitionConsumer, Start
 from broker.client.framing import DEFAULT_CLIENT_ID, MAX_RETRY_BACKOFF_S, RETRY_BACKOFF_S
-from broker.client.group_fetch import Record
+from broker.client.records import Record
 from broker.errors import BrokerError, Unavailable
 from broker.lifecycle import Closing
 from broker.log.message import Message

@@ -21,7 +21,7 @@ from broker.client import Admin, Producer
 from broker.client.connection import Connection
 from broker.client.coordinator import GroupCalls
 from broker.client.group import GroupConsumer
-from broker.client.group_fetch import Record
+from broker.client.records import Record
 from broker.errors import BrokerError
 from broker.groups.assignors import TopicPartition
 from broker.protocol import MetadataRequest

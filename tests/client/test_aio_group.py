@@ -22,7 +22,7 @@ from broker.aio import AsyncGroupConsumer
 from broker.client import Ack, PartitionConsumer, Producer
 from broker.client.coordinator import GroupCalls
 from broker.client.group import GroupConsumer
-from broker.client.group_fetch import Record
+from broker.client.records import Record
 from broker.groups.assignors import TopicPartition
 from broker.log.message import encode_message
 from tests.cluster.test_group_delivery import VALUES, read_again, write_values

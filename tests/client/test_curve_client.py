@@ -22,7 +22,7 @@ from broker.aio import AsyncGroupConsumer, AsyncPartitionConsumer, AsyncProducer
 from broker.client import Admin, Connection, PartitionConsumer, Producer, TopicConsumer
 from broker.client.coordinator import GroupCalls
 from broker.client.group import GroupConsumer
-from broker.client.group_fetch import Record
+from broker.client.records import Record
 from broker.errors import AuthenticationFailed, PylogError, RegistryAccessDenied
 from broker.groups.assignors import TopicPartition
 from broker.protocol import MetadataRequest

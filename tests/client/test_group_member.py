@@ -17,13 +17,8 @@ from broker.aio import group as aio_group
 from broker.client import Admin, GroupConsumer, PartitionConsumer, Producer, Record
 from broker.client import group_fetch as sync_group
 from broker.client.coordinator import GroupCalls
-from broker.client.group_fetch import (
-    FETCH_ROUND_BYTES,
-    IDLE_ASK_S,
-    BrokerPartition,
-    Owned,
-    fetch_round,
-)
+from broker.client.group_fetch import FETCH_ROUND_BYTES, IDLE_ASK_S, fetch_round
+from broker.client.records import BrokerPartition, Owned
 from broker.errors import AuthenticationFailed
 from broker.groups.assignors import TopicPartition
 from broker.log.message import encode_message

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from broker.client.group import GroupConsumer
-from broker.client.group_fetch import BrokerPartition, Record
+from broker.client.records import BrokerPartition, Record
 from tests.pylogd import RunningBroker
 from tests.pylogd import broker_flags as broker_flags  # imported from here too
 

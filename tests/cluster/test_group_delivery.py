@@ -23,7 +23,7 @@ from click.testing import CliRunner, Result
 
 from broker.client import Admin, Producer
 from broker.client.group import GroupConsumer
-from broker.client.group_fetch import BrokerPartition
+from broker.client.records import BrokerPartition
 from broker.errors import CorruptSegment
 from broker.protocol import Ack
 from cli.pylogctl import cli

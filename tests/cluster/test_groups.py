@@ -21,7 +21,7 @@ import pytest
 from broker.client import Admin, Producer
 from broker.client.coordinator import GroupCalls
 from broker.client.group import GroupConsumer
-from broker.client.group_fetch import Record
+from broker.client.records import Record
 from broker.groups.assignors import TopicPartition
 from broker.groups.choice import coordinator_of
 from broker.log.message import HEADER_SIZE

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from xxhash import xxh3_64_intdigest
 
-from broker.client.group_fetch import Record
+from broker.client.records import Record
 from broker.errors import InvalidMessage
 from broker.log import _codec, codec, columns, compression, message
 from broker.log.message import HEADER_SIZE, MAX_FORMAT_MESSAGE_BYTES, decode_failure, scan_result

@@ -12,7 +12,6 @@ from broker.client.cluster import Cluster
 from broker.client.coordinator import GroupCalls
 from broker.client.framing import DEFAULT_CLIENT_ID
 from broker.client.group import GroupConsumer
-from broker.client.group_fetch import BrokerPartition
 from broker.client.kafka.errors import KafkaException, as_kafka_errors, not_implemented
 from broker.client.kafka.messages import (
     OFFSET_BEGINNING,
@@ -36,6 +35,7 @@ from broker.client.kafka.settings import (
     flag,
     number,
 )
+from broker.client.records import BrokerPartition
 from broker.errors import PylogError
 from broker.protocol import EARLIEST, LATEST
 
