@@ -174,7 +174,7 @@ class AsyncGroupConsumer(AsyncClosing):
         if not member._in_session(wait_s):  # connected: it returns at once
             return
         # the fetches in flight go on for the partitions kept
-        if member._assignment_due() and not await self._in_thread(member._rebalanced):
+        if member.rebalancing.due() and not await self._in_thread(member.rebalancing.follow):
             return
         if member.commits.due():
             await self._in_thread(member.commits.auto_commit)

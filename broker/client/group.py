@@ -25,7 +25,8 @@ again goes on with the next record.
 
 Where a partition given is read from, the fetches by broker, leaders followed and damaged data
 are the member's FetchSession's (broker.client.group_fetch); its commits are its
-OffsetCommits' (broker.client.group_commits).
+OffsetCommits' (broker.client.group_commits), how it follows the assignment its Rebalances'
+(broker.client.group_rebalance).
 
 Not safe to share between threads (the heartbeat thread only sets a flag that `poll` reads).
 """
@@ -46,12 +47,11 @@ from broker.client.consumer import DEFAULT_FETCH_BYTES
 from broker.client.coordinator import GroupCalls
 from broker.client.framing import DEFAULT_CLIENT_ID, wait_ms
 from broker.client.group_commits import OffsetCommits
-from broker.client.group_fetch import RETRY_BACKOFF_S, FetchSession, Reset
+from broker.client.group_fetch import FetchSession, Reset
+from broker.client.group_rebalance import Rebalances
 from broker.client.membership import Heartbeats, Membership
 from broker.client.records import BrokerPartition, R, Record
 from broker.clock import SYSTEM_CLOCK, Clock
-from broker.errors import BrokerError, Unavailable, UnknownTopicOrPartition
-from broker.groups.assignors import TopicPartition
 from broker.lifecycle import Closing
 from broker.security import ClientKeys
 
@@ -144,19 +144,10 @@ class GroupConsumer(Closing, Generic[R]):
         self.log = logger if logger is not None else log
         """Where its warnings and rebalances are logged (default the "pylog.group" logger; its
         heartbeat thread's warnings too)."""
-        self.on_assigned = on_assigned
-        self.on_revoked = on_revoked
-        self.on_lost = on_lost
         self.max_wait_ms = max_wait_ms
         self.timeout_s = timeout_s
-        self.rebalances = 0
-        """How many times partitions were given to this member."""
         self._rebalance_wanted = threading.Event()
         """Set by the heartbeat thread when its news came (joined, an assignment changed)."""
-        self._waiting: frozenset[BrokerPartition] = frozenset()
-        self._waiting_until = 0.0
-        """Partitions given that could not be started (FetchSession.start), and when to try
-        again."""
         self._closed = False
         self._interrupted = False
         membership = Membership(
@@ -200,6 +191,19 @@ class GroupConsumer(Closing, Generic[R]):
             log=self.log,
         )
         """What the member commits (group_commits), and when it auto-commits."""
+        self.rebalancing = Rebalances(
+            self._heartbeats,
+            self.fetching,
+            self.commits,
+            self.cluster,
+            self._rebalance_wanted,
+            on_assigned=on_assigned,
+            on_revoked=on_revoked,
+            on_lost=on_lost,
+            clock=clock,
+            log=self.log,
+        )
+        """How the member follows the assignment (group_rebalance)."""
         self._heartbeats.start()
 
     # -- what the member holds ---------------------------------------------------------------
@@ -217,6 +221,11 @@ class GroupConsumer(Closing, Generic[R]):
         """The owned partitions read to their end (FetchSession.at_end): Kafka's partition
         EOF."""
         return self.fetching.at_end()
+
+    @property
+    def rebalances(self) -> int:
+        """How many times partitions were given to this member."""
+        return self.rebalancing.count
 
     @property
     def skipped(self) -> list[tuple[BrokerPartition, int, int]]:
@@ -379,7 +388,7 @@ class GroupConsumer(Closing, Generic[R]):
         buffered."""
         if not self._in_session(wait_s):
             return False
-        if self._assignment_due() and not self._rebalanced():
+        if self.rebalancing.due() and not self.rebalancing.follow():
             return True
         self.commits.auto_commit()
         if self.fetching.any_buffered():
@@ -394,23 +403,6 @@ class GroupConsumer(Closing, Generic[R]):
             return True
         return not self._rebalance_wanted.is_set()
 
-    def _rebalanced(self) -> bool:
-        """Follow the assignment; False when a broker went away meanwhile, or has not heard
-        yet of a partition the coordinator gave this member (partitions just added): the next
-        poll tries again, METADATA asked again."""
-        try:
-            self._reconcile(self._heartbeats)
-        except (Unavailable, BrokerError) as error:
-            lagging = isinstance(error, UnknownTopicOrPartition)
-            if isinstance(error, BrokerError) and not error.retriable and not lagging:
-                raise
-            if lagging:
-                self.cluster.leaders.clear()
-            self.log.warning("group %s: rebalance interrupted, will retry: %s", self.group, error)
-            self._rebalance_wanted.set()
-            return False
-        return True
-
     @property
     def connected(self) -> bool:
         """Whether the member may go on: within its lease (broker.client.membership), or told
@@ -421,119 +413,20 @@ class GroupConsumer(Closing, Generic[R]):
     def _in_session(self, wait_s: float) -> bool:
         """Whether the member may consume: within its lease, at the epoch that gave its
         partitions. Past its lease it pauses, waiting up to `wait_s` for the heartbeat
-        thread's news; told it was lost, it drops its partitions (`_still_member`). Raises
+        thread's news; told it was lost, it drops its partitions (Rebalances.still_member). Raises
         what ended the heartbeat thread, lease or none (`_check_heartbeats`)."""
         self._check_heartbeats()
         if not self.connected:
             self.fetching.stop()
             self._rebalance_wanted.wait(wait_s)
             return False
-        return self._still_member(self._heartbeats)
+        return self.rebalancing.still_member()
 
     def _check_heartbeats(self) -> None:
         """Raise what ended the heartbeat thread (Heartbeats.failure: a refusal for good, a
         failed handshake), if it ended so."""
         if self._heartbeats.failure is not None:
             raise self._heartbeats.failure
-
-    def _still_member(self, heartbeats: Heartbeats) -> bool:
-        """After UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH drop every partition, uncommitted
-        (their next owner may have committed since), and let the heartbeat thread join
-        again."""
-        with heartbeats.lock:
-            lost = heartbeats.membership.lost
-        if not lost:
-            return True
-        dropped = frozenset(self.fetching.owned)
-        self.fetching.stop()
-        self.fetching.owned.clear()
-        if dropped:
-            self.log.warning(
-                "group %s: %s lost its %d partitions to the group; joining again",
-                self.group,
-                self.consumer_id,
-                len(dropped),
-            )
-            self._lost(dropped)
-        heartbeats.report(frozenset(), dropped_all=True)
-        return False
-
-    def _lost(self, partitions: frozenset[BrokerPartition]) -> None:
-        """Tell the application of partitions lost without a commit: `on_lost`, or, without
-        one, `on_revoked`."""
-        told = self.on_lost or self.on_revoked
-        if told is not None:
-            told(partitions)
-
-    # -- rebalancing -------------------------------------------------------------------------
-
-    def _assignment_due(self) -> bool:
-        """Whether to follow the assignment now: the heartbeat thread's news came, or
-        partitions given wait to be started (`_waiting`) and their rest is over."""
-        if self._rebalance_wanted.is_set():
-            return True
-        return bool(self._waiting) and self.clock.monotonic() >= self._waiting_until
-
-    def _reconcile(self, heartbeats: Heartbeats) -> None:
-        """Follow the assignment the heartbeat thread last heard.
-        Partitions taken away are given up first (fetching stopped, `on_revoked`, their
-        positions committed with auto-commit) and reported at once; then those given are read
-        from their committed offsets (`on_assigned`). A partition that stays is read on."""
-        self._rebalance_wanted.clear()
-        with heartbeats.lock:
-            assignment = heartbeats.membership.assignment
-        mine = {TopicPartition(tp.topic, tp.partition): tp for tp in self.fetching.owned}
-        revoked = frozenset(tp for key, tp in mine.items() if key not in assignment)
-        if revoked:
-            self._give_up(revoked)
-            heartbeats.report(frozenset(k for k, tp in mine.items() if tp not in revoked))
-        given = sorted(assignment - mine.keys())
-        if not given:
-            self._waiting = frozenset()
-            return
-        claimed = self.fetching.broker_partitions(given)
-        waiting = frozenset(self.fetching.start(claimed, self.commits.committed_of(claimed)))
-        if waiting and waiting != self._waiting:
-            self.log.warning(
-                "group %s: %d partitions given wait for a leader to read them from "
-                "(their brokers down?), tried again every %g s: %s",
-                self.group,
-                len(waiting),
-                RETRY_BACKOFF_S,
-                ", ".join(f"{tp.topic}/{tp.partition}" for tp in sorted(waiting)),
-            )
-        self._waiting = waiting
-        self._waiting_until = self.clock.monotonic() + RETRY_BACKOFF_S
-        started = [tp for tp in claimed if tp not in waiting]
-        if not started:
-            return
-        self.rebalances += 1
-        self.log.info(
-            "group %s: %s was given %d partitions: %s",
-            self.group,
-            self.consumer_id,
-            len(started),
-            ", ".join(f"{tp.topic}/{tp.partition}" for tp in started),
-        )
-        owned = self.fetching.owned
-        heartbeats.report(frozenset(TopicPartition(tp.topic, tp.partition) for tp in owned))
-        if self.on_assigned is not None:
-            self.on_assigned(frozenset(started))
-
-    def _give_up(self, partitions: frozenset[BrokerPartition]) -> None:
-        """Stop reading `partitions`: what was fetched for them dropped, `on_revoked`, their
-        positions committed (with auto-commit), forgotten. The other partitions are read on,
-        what was fetched for them kept, and a fetch in flight for some of them goes on (its
-        parts for `partitions` are dropped when it comes: FetchSession.receive), so that a
-        partition that stays never waits for a fetch sent again."""
-        for tp in partitions:
-            self.fetching.owned[tp].buffered.clear()
-        if self.on_revoked is not None:
-            self.on_revoked(partitions)
-        if self.commits.auto_commit_interval_s is not None:
-            self.commits.commit_positions(partitions)
-        for tp in partitions:
-            del self.fetching.owned[tp]
 
     # -- offsets -----------------------------------------------------------------------------
 
@@ -568,7 +461,7 @@ class GroupConsumer(Closing, Generic[R]):
         heartbeats = self._heartbeats
         try:
             if self.fetching.owned and self.connected and not heartbeats.membership.lost:
-                self._give_up(frozenset(self.fetching.owned))
+                self.rebalancing.give_up(frozenset(self.fetching.owned))
                 heartbeats.report(frozenset())
         finally:
             heartbeats.leave()
