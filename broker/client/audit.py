@@ -22,9 +22,11 @@ import json
 import struct
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Final
+from typing import Any, Final, Protocol
 
 import xxhash
+
+from broker.clock import Clock
 
 WINDOW_MS: Final = 3_600_000
 """An audit window: one hour of message timestamps, from a whole UTC hour."""
@@ -93,3 +95,41 @@ class ProducedCounts:
             )
             for w in changed
         ]
+
+
+class AuditSink(Protocol):
+    """Where audit records go: a Producer of the audit topic."""
+
+    def send(self, value: Any, key: Any = None) -> object: ...
+
+    def flush(self) -> object: ...
+
+    def close(self) -> None: ...
+
+
+class AuditPublisher:
+    """A producer's audit: its `counts`, published to the audit topic through `sink` (a
+    Producer of that topic, acknowledged as flushed) every `interval_s` of `clock` (the
+    producer asks `due` when it sends a batch) and whenever `publish` is called (flush)."""
+
+    def __init__(
+        self, sink: AuditSink, counts: ProducedCounts, interval_s: float, clock: Clock
+    ) -> None:
+        self.sink = sink
+        self.counts = counts
+        self.interval_s = interval_s
+        self.clock = clock
+        self._due = clock.monotonic() + interval_s
+
+    def due(self) -> bool:
+        return self.clock.monotonic() >= self._due
+
+    def publish(self) -> None:
+        """Send the records of the windows whose counts changed, and wait for their acks."""
+        for record in self.counts.take_changed():
+            self.sink.send(record.encode(), record.producer.encode())
+        self.sink.flush()
+        self._due = self.clock.monotonic() + self.interval_s
+
+    def close(self) -> None:
+        self.sink.close()

@@ -28,8 +28,17 @@ from collections.abc import Callable, KeysView
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
-from broker.errors import PylogError
-from broker.protocol import ProduceRequest
+from broker.client.framing import noted
+from broker.errors import BrokerError, MalformedReply, PylogError
+from broker.log.message import Buffer
+from broker.protocol import (
+    Api,
+    ErrorCode,
+    ProduceReply,
+    ProduceRequest,
+    decode_part_reply,
+    decode_reply,
+)
 
 if TYPE_CHECKING:
     from broker.client.connection import Connection
@@ -290,3 +299,27 @@ class RequestsInFlight:
         self._on[connection] -= 1
         if not self._on[connection]:
             del self._on[connection]
+
+
+def multi_produce_answers(
+    frames: list[Buffer], parts: int
+) -> list[ProduceReply | BrokerError] | None:
+    """Each part's answer in the reply to a MULTI_PRODUCE of `parts` parts: its ProduceReply,
+    or the BrokerError it was answered (the request refused whole: each part that error); None
+    when the broker speaks no MULTI_PRODUCE (UNSUPPORTED_API: nothing was stored).
+    MalformedReply for a reply of another number of parts."""
+    try:
+        reply = noted(decode_reply(Api.MULTI_PRODUCE, frames))
+    except BrokerError as error:
+        if error.code == ErrorCode.UNSUPPORTED_API:
+            return None
+        return [error] * parts
+    if len(reply.parts) != parts:
+        raise MalformedReply(f"a MULTI_PRODUCE of {parts} parts was answered {len(reply.parts)}")
+    answers: list[ProduceReply | BrokerError] = []
+    for part in reply.parts:
+        try:
+            answers.append(decode_part_reply(part))
+        except BrokerError as error:
+            answers.append(error)
+    return answers

@@ -1,12 +1,5 @@
 """A producer: messages to the partitions of one topic, in batches.
 
-Placement: a message sent with an explicit partition goes there. Otherwise, with the "hash"
-partitioner (the default), a keyed message goes to xxh32(key) % partitions, so one key always
-lands on one partition while the partition count stays the same, and a keyless message goes
-round robin; "round_robin" and "random" spread every message that way, keys ignored. Spread
-messages go to the partitions being served (METADATA error_code NONE) while there are any, so
-a broker that is down does not stop keyless sends.
-
 Brokers: `endpoint` bootstraps (broker.client.cluster): each batch goes to its partition's
 leader as last heard of, over that broker's connection. Once a batch is ready (full, or
 lingered), every open batch whose partition the same broker leads goes with it, ready or not,
@@ -17,8 +10,8 @@ gets a PRODUCE a batch. NOT_LEADER_FOR_PARTITION naming a
 broker the producer knows (leadership moved: docs/replication.md) sends the batch there next;
 UNKNOWN_TOPIC_OR_PARTITION, any other retriable error (NOT_ENOUGH_REPLICAS with ack ALL: the
 in-sync set is smaller than min_insync_replicas for now) or a timeout makes the producer ask
-METADATA again before it resends. Either way after the back-off below, within the batch's
-budget; max_in_flight=1 keeps the order.
+METADATA again before it resends. Either way after the back-off of its retry budget
+(broker.client.producer_core), within that budget; max_in_flight=1 keeps the order.
 
 Acknowledgements (ack WRITTEN or FLUSHED): up to `max_in_flight` requests (a PRODUCE of one
 batch or a MULTI_PRODUCE of several) await their replies at once (pipelining, on the
@@ -28,15 +21,6 @@ batches grow while the broker is busy. `flush` waits for all. A batch that meets
 error or no reply in time is sent again, so delivery is at least once; with more than one batch
 in flight a batch sent again may land after batches sent later (max_in_flight=1 keeps the order
 of a partition's batches). With ack NONE nothing is awaited and no error is ever seen.
-
-Retry budget: a batch is sent again after each retriable error or lost reply, waiting 0.1 s
-doubling to 2 s in between, for up to `delivery_timeout_s` (30 s by default, after Kafka's
-delivery.timeout.ms) from its first sending, and at most `retries` times if that is given. It
-spans a worker's restart: pylogd restarts a worker that died after 0.1 s doubling to 2 s
-(broker.pool.MAX_BACKOFF_S; longer only in a crash loop), answering its partitions
-PARTITION_UNAVAILABLE meanwhile. A batch whose budget runs out is dropped, and the last error
-raised to the caller of `send` or `flush`. AuthenticationFailed (a Curve broker refused this
-client's key, broker.client.connection) is no retriable error: it fails the batches at once.
 
 Idempotence, a fixed identity, batching, and values and keys are the producer's core's
 (broker.client.producer_core, shared with broker.aio's AsyncProducer); a message's Delivery
@@ -54,8 +38,15 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from broker.client.audit import ProducedCounts
-from broker.client.batches import Batch, Delivery, InFlight, ProduceAck, RequestsInFlight
+from broker.client.audit import AuditPublisher, ProducedCounts
+from broker.client.batches import (
+    Batch,
+    Delivery,
+    InFlight,
+    ProduceAck,
+    RequestsInFlight,
+    multi_produce_answers,
+)
 from broker.client.cluster import Cluster, partition_of
 from broker.client.connection import Connection
 from broker.client.framing import DEFAULT_CLIENT_ID, noted, retriable
@@ -70,7 +61,6 @@ from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import (
     AuthenticationFailed,
     BrokerError,
-    MalformedReply,
     OutOfOrderSequence,
     PylogError,
     Unavailable,
@@ -79,16 +69,13 @@ from broker.errors import (
 from broker.log.headers import HeaderItems
 from broker.log.message import Buffer
 from broker.protocol import (
-    MAX_PARTS,
     Ack,
     Api,
-    ErrorCode,
     MultiProduceRequest,
     PartitionInfo,
     ProducePart,
     ProduceReply,
     ProduceRequest,
-    decode_part_reply,
     decode_reply,
     request_version,
 )
@@ -96,10 +83,6 @@ from broker.security import ClientKeys
 
 METADATA_RETRIES = 5
 """Retries of a METADATA request when `retries` is not given."""
-
-MULTI_PRODUCE_BYTES = 1 << 20
-"""The most bytes of message sets one MULTI_PRODUCE carries (Kafka's max.request.size): a
-batch that would take a request past it waits for the next (the first always goes)."""
 
 
 class Producer(ProducerCore):
@@ -115,7 +98,7 @@ class Producer(ProducerCore):
     `delivery_timeout_s` have passed since its first sending (no new attempt starts later; the
     last one still gets its `timeout_s`), and at most `retries` times when that is not None
     (`pylogctl produce` gives 1, to fail fast). The default outlasts a worker's restart by
-    pylogd (see the module doc); a shorter one fails sends while a worker restarts.
+    pylogd (producer_core's "Retry budget"); a shorter one fails sends while a worker restarts.
 
     `audit_topic`: count the messages acknowledged (handed over, with ack NONE) per hour of
     their timestamps, and publish the running totals to that topic (broker.client.audit) every
@@ -125,23 +108,7 @@ class Producer(ProducerCore):
     `keys` (broker.security.ClientKeys: the client's key pair and the broker's public key)
     reach brokers serving CurveZMQ (docs/security.md), the audit topic's too; without them
     the producer speaks plaintext.
-
-    `compression` ("none", "gzip", "lz4" or "zstd", at `compression_level`, None for the
-    codec's default: zstd 3, lz4 0, gzip 6) sends each batch as one compressed set
-    (docs/storage.md, "Compressed sets"): every message of it then has the set's offset, which
-    is what `Delivery.result()` gives. `batch_bytes` counts the bytes before compression. A
-    batch over the 64 MiB bound of a set goes as several sets (a message over it alone, as a
-    plain message).
-
-    `metadata_max_age_s`: how long what METADATA said of the topic's partitions is used before
-    it is asked again (partitions added to the topic are written to within it; a key's
-    partition then changes, docs/replication.md "Placement").
-
-    `idempotence` (on by default): each batch carries this producer's id and its number, so
-    that a batch sent again is stored once (see the module's text); False sends PRODUCE as
-    before it (version 3 without a producer id). `identity`: a fixed (producer id, epoch) in
-    place of a random id, for a writer run again on the same messages (see the module's text;
-    `linger_ms` is then not used)."""
+    """
 
     def __init__(
         self,
@@ -195,17 +162,15 @@ class Producer(ProducerCore):
         they get a PRODUCE a batch."""
         metadata_retries = METADATA_RETRIES if retries is None else retries
         self.cluster = Cluster(endpoint, client_id, timeout_s, metadata_retries, keys=keys)
-        self._audit: Producer | None = None
-        self._audit_interval_s = audit_interval_s
-        self._audit_due = math.inf
+        self._audit: AuditPublisher | None = None
         if audit_topic is not None:
             if audit_topic == topic:
                 raise ValueError(f"audit_topic {audit_topic!r} is the topic audited")
             self.produced = ProducedCounts(topic)
-            self._audit = Producer(
+            sink = Producer(
                 endpoint, audit_topic, client_id=client_id, timeout_s=timeout_s, keys=keys
             )
-            self._audit_due = self.clock.monotonic() + audit_interval_s
+            self._audit = AuditPublisher(sink, self.produced, audit_interval_s, self.clock)
 
     @property
     def partitions(self) -> int:
@@ -349,8 +314,8 @@ class Producer(ProducerCore):
                 self._sent_unanswered(self._holder(partition), entry.request, [entry])
             else:
                 self._dispatch(entry)
-        if self.clock.monotonic() >= self._audit_due:
-            self._publish_audit()
+        if self._audit is not None and self._audit.due():
+            self._audit.publish()
 
     def _sent_unanswered(
         self,
@@ -373,29 +338,15 @@ class Producer(ProducerCore):
     def _drained_with(
         self, partition: int, every: bool = False
     ) -> tuple[Connection, list[int]] | None:
-        """The connection to `partition`'s leader and the partitions to send it together:
-        `partition`, then each other partition with an open batch that the same broker leads as
-        last heard of (Kafka's drain per broker: once one batch is ready, every batch for that
-        broker goes, full or not), but those whose last batch awaits its ack (`_busy`; all of
-        them with `every`: flush), within MULTI_PRODUCE_BYTES and MAX_PARTS. None when there
-        is no other, or the leader is not known now, or speaks no MULTI_PRODUCE."""
+        """The connection to `partition`'s leader and the partitions to send it together
+        (ProducerCore._drain); None when there is no other, or the leader is not known now,
+        or speaks no MULTI_PRODUCE."""
         if len(self._batches) < 2 or self.identity is not None:  # fixed: full batches only
             return None
-        topic, cluster = self.topic, self.cluster
-        holder = cluster.known_leader_connection(topic, partition)
+        holder = self.cluster.known_leader_connection(self.topic, partition)
         if holder is None or holder.endpoint in self._one_by_one:
             return None
-        group, size = [partition], self._batches[partition].size
-        for other, batch in self._batches.items():
-            if len(group) >= MAX_PARTS:
-                break
-            if other == partition or size + batch.size > MULTI_PRODUCE_BYTES:
-                continue
-            if not every and self._busy(other):
-                continue
-            if cluster.known_leader_connection(topic, other) is holder:
-                group.append(other)
-                size += batch.size
+        group = self._drain(partition, every, self.cluster.known_leader_connection, holder)
         return (holder, group) if len(group) > 1 else None
 
     def _send_together(self, connection: Connection, partitions: list[int]) -> None:
@@ -440,15 +391,6 @@ class Producer(ProducerCore):
             self._receive_ack(0)
             if len(self._requests) >= waiting:  # none there (a late reply, sent again)
                 return
-
-    def _publish_audit(self) -> None:
-        """Send the audit records of the windows whose counts changed, acknowledged as flushed
-        (every `audit_interval_s`, checked when a batch is sent, and on flush)."""
-        assert self._audit is not None and self.produced is not None
-        for record in self.produced.take_changed():
-            self._audit.send(record.encode(), record.producer.encode())
-        self._audit.flush()
-        self._audit_due = self.clock.monotonic() + self._audit_interval_s
 
     def _holder(self, partition: int) -> Connection:
         """The connection to `partition`'s leader as last heard of (Cluster.leader_connection:
@@ -549,28 +491,13 @@ class Producer(ProducerCore):
         reply would be. A broker that speaks no MULTI_PRODUCE gets the batches again one
         PRODUCE each, from now on; an error of the whole request is each batch's. Raises the
         first error that failed a batch for good, once every part is taken."""
-        answers: list[ProduceReply | BrokerError]
-        try:
-            reply = noted(decode_reply(Api.MULTI_PRODUCE, frames))
-        except BrokerError as error:
-            if error.code == ErrorCode.UNSUPPORTED_API:  # an older broker: nothing was stored
-                self._one_by_one.add(connection.endpoint)
-                for entry in entries:
-                    if entry is not None:
-                        self._dispatch(entry)
-                return
-            answers = [error] * len(entries)
-        else:
-            if len(reply.parts) != len(entries):
-                raise MalformedReply(
-                    f"a MULTI_PRODUCE of {len(entries)} parts was answered {len(reply.parts)}"
-                )
-            answers = []
-            for part in reply.parts:
-                try:
-                    answers.append(decode_part_reply(part))
-                except BrokerError as error:
-                    answers.append(error)
+        answers = multi_produce_answers(frames, len(entries))
+        if answers is None:  # an older broker: nothing was stored
+            self._one_by_one.add(connection.endpoint)
+            for entry in entries:
+                if entry is not None:
+                    self._dispatch(entry)
+            return
         failure: PylogError | None = None
         for entry, answer in zip(entries, answers, strict=True):
             if entry is None:  # taken out and sent again alone (it missed a sequence)
@@ -638,7 +565,7 @@ class Producer(ProducerCore):
                 return self._take_acks()
             self._receive_ack(None if left == math.inf else left)
         if self._audit is not None:
-            self._publish_audit()
+            self._audit.publish()
         return self._take_acks()
 
     def close(self) -> None:

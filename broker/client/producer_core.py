@@ -2,6 +2,13 @@
 AsyncProducer): its settings, values and keys, placement, the open batches and their linger,
 the idempotent numbering of batches and the retry budget of one in flight.
 
+Placement: a message sent with an explicit partition goes there. Otherwise, with the "hash"
+partitioner (the default), a keyed message goes to xxh32(key) % partitions, so one key always
+lands on one partition while the partition count stays the same, and a keyless message goes
+round robin; "round_robin" and "random" spread every message that way, keys ignored. Spread
+messages go to the partitions being served (METADATA error_code NONE) while there are any, so
+a broker that is down does not stop keyless sends.
+
 Idempotence (`idempotence=True`, the default, with any ack but NONE): the producer draws a
 random 63-bit producer id when it starts and numbers its batches to each partition 0, 1, 2,
 ...; each goes as PRODUCE version 3 with its number, kept when it is sent again, and the
@@ -44,6 +51,15 @@ and on `flush`, there is no background thread.
 Values and keys are bytes (bytearray and memoryview too): anything else, a str above all, is a
 TypeError from `send` naming the argument, unless the producer was given a `serializer` (for
 values) or `key_serializer` (for keys, not called for None), a callable returning bytes.
+
+Retry budget: a batch is sent again after each retriable error or lost reply, waiting 0.1 s
+doubling to 2 s in between, for up to `delivery_timeout_s` (30 s by default, after Kafka's
+delivery.timeout.ms) from its first sending, and at most `retries` times if that is given. It
+spans a worker's restart: pylogd restarts a worker that died after 0.1 s doubling to 2 s
+(broker.pool.MAX_BACKOFF_S; longer only in a crash loop), answering its partitions
+PARTITION_UNAVAILABLE meanwhile. A batch whose budget runs out is dropped, and the last error
+raised to the caller of `send` or `flush`. AuthenticationFailed (a Curve broker refused this
+client's key, broker.client.connection) is no retriable error: it fails the batches at once.
 """
 
 from __future__ import annotations
@@ -81,6 +97,7 @@ from broker.log.compression import compressor_for
 from broker.log.headers import HeaderItems
 from broker.log.message import Buffer
 from broker.protocol import (
+    MAX_PARTS,
     Ack,
     ErrorCode,
     PartitionInfo,
@@ -95,6 +112,10 @@ of pylogd before it restarts a worker (2 s, but in a crash loop) plus the worker
 METADATA_MAX_AGE_S = 60.0
 """How long a producer uses what METADATA said of its topic's partitions before it asks again
 (Kafka's metadata.max.age.ms): partitions added to the topic are written to within this."""
+
+MULTI_PRODUCE_BYTES = 1 << 20
+"""The most bytes of message sets one MULTI_PRODUCE carries (Kafka's max.request.size): a
+batch that would take a request past it waits for the next (the first always goes)."""
 
 _SEQUENCES = 2**32
 """A batch's sequence is a u32: after the last comes 0."""
@@ -130,7 +151,24 @@ def _new_producer_id() -> int:
 class ProducerCore:
     """What a producer does without I/O, shared by Producer and broker.aio's AsyncProducer:
     the settings, serializing and checking values and keys, placement, the open batches and
-    their linger, the retry budget of a batch in flight, and the acknowledgements."""
+    their linger, the retry budget of a batch in flight, and the acknowledgements.
+
+    `compression` ("none", "gzip", "lz4" or "zstd", at `compression_level`, None for the
+    codec's default: zstd 3, lz4 0, gzip 6) sends each batch as one compressed set
+    (docs/storage.md, "Compressed sets"): every message of it then has the set's offset, which
+    is what `Delivery.result()` gives. `batch_bytes` counts the bytes before compression. A
+    batch over the 64 MiB bound of a set goes as several sets (a message over it alone, as a
+    plain message).
+
+    `metadata_max_age_s`: how long what METADATA said of the topic's partitions is used before
+    it is asked again (partitions added to the topic are written to within it; a key's
+    partition then changes, docs/replication.md "Placement").
+
+    `idempotence` (on by default): each batch carries this producer's id and its number, so
+    that a batch sent again is stored once (see the module's text); False sends PRODUCE as
+    before it (version 3 without a producer id). `identity`: a fixed (producer id, epoch) in
+    place of a random id, for a writer run again on the same messages (see the module's text;
+    `linger_ms` is then not used)."""
 
     def __init__(
         self,
@@ -323,6 +361,33 @@ class ProducerCore:
         trip instead of leaving with a message or two each."""
         last = self._sent_last.get(partition)
         return last is not None and not last.done
+
+    def _drain(
+        self,
+        partition: int,
+        every: bool,
+        leader_of: Callable[[str, int], object],
+        holder: object,
+    ) -> list[int]:
+        """The partitions whose open batches go with `partition`'s in one request to its
+        leader `holder`: `partition`, then each other partition with an open batch that
+        `leader_of(topic, partition)` says `holder` leads (Kafka's drain per broker: once one
+        batch is ready, every batch for that broker goes, full or not), but those whose last
+        batch awaits its ack (`_busy`; all of them with `every`: flush), within
+        MULTI_PRODUCE_BYTES and MAX_PARTS."""
+        topic = self.topic
+        group, size = [partition], self._batches[partition].size
+        for other, batch in self._batches.items():
+            if len(group) >= MAX_PARTS:
+                break
+            if other == partition or size + batch.size > MULTI_PRODUCE_BYTES:
+                continue
+            if not every and self._busy(other):
+                continue
+            if leader_of(topic, other) is holder:
+                group.append(other)
+                size += batch.size
+        return group
 
     def _close_batch(self, partition: int) -> InFlight:
         """Take `partition`'s open batch out, as the request that sends it, its retry budget
