@@ -49,8 +49,7 @@ holding the calls on one concern: brokers (and their epochs), topics and states 
 configurations and the partitions' state nodes), admin (reassignments and preferred-leader
 elections asked), groups and coordination, controller, acls (ZooKeeper's, on the nodes),
 security, quotas, settings. A Registry holds the session (`registry.session`) and makes its
-stores on it (`registry.topics`, `registry.groups`, ...); a part that needs a store is given
-that store, not the registry.
+stores on it (`registry.topics`, `registry.groups`, ...).
 
 Thread-safety: a Registry may be used from several threads at once (trio.to_thread included).
 Watch callbacks run on threads of the registry, one at a time per watch.
