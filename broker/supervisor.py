@@ -229,7 +229,8 @@ class Supervisor:
         keys = None if self.broker_keys is None else self.broker_keys.to_leader(None)
         self.guard = RetentionGuard(
             config.broker_id,
-            self.registry,
+            self.registry.brokers,
+            self.registry.groups,
             f"tcp://{reach}:{self.front.port}",
             config.broker_retention_guard_interval_ms / 1000,
             config.broker_retention_warning_ms / 1000,

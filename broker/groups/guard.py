@@ -34,7 +34,8 @@ from broker.errors import BrokerError, PylogError, Unavailable
 from broker.groups.choice import coordinator_of
 from broker.protocol import DESCRIBE_PARTITION_RETENTION_VERSION, DescribePartitionRequest
 from broker.ratelog import RateLimitedLog
-from broker.registry import Registry
+from broker.registry.brokers import Brokers
+from broker.registry.coordination import GroupCoordination
 from broker.security import ClientKeys
 
 log = logging.getLogger("pylog.retention")
@@ -62,20 +63,23 @@ class Guarded:
 
 class RetentionGuard:
     """The guard of broker `me`, reaching the cluster through `endpoint` (this broker's own
-    front) with `keys` (curve mode; None in plaintext), reading `registry`; a round every
+    front) with `keys` (curve mode; None in plaintext), reading the registry's `brokers` and
+    `groups`; a round every
     `interval_s` once `start`ed, a warning under `warning_s` (0: none)."""
 
     def __init__(
         self,
         me: int,
-        registry: Registry,
+        brokers: Brokers,
+        groups: GroupCoordination,
         endpoint: str,
         interval_s: float,
         warning_s: float,
         keys: ClientKeys | None = None,
     ) -> None:
         self.me = me
-        self.registry = registry
+        self.brokers = brokers
+        self.groups = groups
         self.endpoint = endpoint
         self.interval_s = interval_s
         self.warning_s = warning_s
@@ -119,12 +123,12 @@ class RetentionGuard:
     def round(self, cluster: Cluster, now_ms: float) -> dict[Reader, Guarded]:
         """One round: the forecast of each partition of each group this broker coordinates
         (those the leaders could not be asked about left out), each short one warned of."""
-        live = list(self.registry.brokers.read())
+        live = list(self.brokers.read())
         positions: dict[tuple[str, int], dict[str, int]] = {}
-        for group in self.registry.groups.names():
+        for group in self.groups.names():
             if coordinator_of(group, live) != self.me:
                 continue
-            for topic, committed in self.registry.groups.committed_offsets(group).items():
+            for topic, committed in self.groups.committed_offsets(group).items():
                 for name, offset in committed.items():
                     number = int(name.partition("-")[2])
                     positions.setdefault((topic, number), {})[group] = offset

@@ -23,6 +23,8 @@ from broker.client.retention import ahead_of
 from broker.errors import BrokerError, Unavailable, UnknownTopicOrPartition
 from broker.mirror.config import MirrorConfig
 from broker.registry import Registry, partition_name
+from broker.registry.coordination import GroupCoordination
+from broker.registry.topics import TopicNodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +77,15 @@ def describe_mirror(
     count_bytes: int = COUNT_BYTES,
 ) -> list[MirrorLag]:
     """The lag of every partition of `topics` (default: the source's topics that `config`
-    mirrors), in topic and partition order; `registry` is the target's."""
+    mirrors), in topic and partition order; `registry` is the target's (its topics and
+    groups are read)."""
     names = sorted(topics) or [t for t in source.list_topics() if config.mirror.mirrors(t)]
     return [
         lag
         for topic in names
-        for lag in _topic_lag(config, source, target, registry, topic, count_bytes)
+        for lag in _topic_lag(
+            config, source, target, registry.topics, registry.groups, topic, count_bytes
+        )
     ]
 
 
@@ -88,7 +93,8 @@ def _topic_lag(
     config: MirrorConfig,
     source: Admin,
     target: Admin,
-    registry: Registry,
+    topic_nodes: TopicNodes,
+    groups: GroupCoordination,
     topic: str,
     count_bytes: int,
 ) -> list[MirrorLag]:
@@ -97,9 +103,9 @@ def _topic_lag(
     names: dict[int, str] = {}
     try:
         copied = {p.partition: p for p in target.describe(topic)}
-        brokers = registry.topics.topic_config(topic).brokers
+        brokers = topic_nodes.topic_config(topic).brokers
         names = {p: partition_name(b, p) for p, b in enumerate(brokers)}
-        owners = registry.groups.partition_owners(config.mirror.group, topic)
+        owners = groups.partition_owners(config.mirror.group, topic)
     except UnknownTopicOrPartition:
         pass
     now_ms = time.time() * 1000
