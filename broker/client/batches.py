@@ -26,7 +26,7 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, KeysView
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Protocol, Self
 
 from broker.client.framing import noted
 from broker.errors import BrokerError, MalformedReply, PylogError
@@ -42,7 +42,6 @@ from broker.protocol import (
 
 if TYPE_CHECKING:
     from broker.client.connection import Connection
-    from broker.client.producer import Producer
 
 log = logging.getLogger(__name__)
 
@@ -169,13 +168,19 @@ class Handle:
             self._batch.callbacks.append(lambda: fn(self))
 
 
+class Settles(Protocol):
+    """What drives a Delivery's batch to its outcome: its producer (Producer._settle)."""
+
+    def _settle(self, batch: Batch, timeout: float | None) -> None: ...
+
+
 class Delivery(Handle):
     """The fate of one message given to Producer.send (see the module's text): `result()` is its
     offset, or raises the error that failed its batch."""
 
     __slots__ = ("_producer",)
 
-    def __init__(self, producer: Producer, batch: Batch, position: int) -> None:
+    def __init__(self, producer: Settles, batch: Batch, position: int) -> None:
         self._producer = producer
         self._batch = batch
         self._position = position
