@@ -64,8 +64,8 @@ class Guarded:
 class RetentionGuard:
     """The guard of broker `me`, reaching the cluster through `endpoint` (this broker's own
     front) with `keys` (curve mode; None in plaintext), reading the registry's `brokers` and
-    `groups`; a round every
-    `interval_s` once `start`ed, a warning under `warning_s` (0: none)."""
+    `groups` stores; a round every `interval_s` once `start`ed, a warning under `warning_s`
+    (0: none)."""
 
     def __init__(
         self,
