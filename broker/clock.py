@@ -2,6 +2,8 @@
 
 `monotonic()` measures intervals (flush.interval.ms); `time()` is wall-clock seconds since the
 Unix epoch, compared with file times and message timestamps (segment.ms, retention.ms).
+A client's clock also sleeps (`WaitingClock`): its waits between retries, so that a client
+on an in-memory transport with a fake clock waits for nothing (broker.client.transport).
 """
 
 from __future__ import annotations
@@ -16,10 +18,15 @@ class Clock(Protocol):
     def time(self) -> float: ...
 
 
+class WaitingClock(Clock, Protocol):
+    def sleep(self, seconds: float) -> None: ...
+
+
 class SystemClock:
     """The operating system's clocks (the C functions themselves: a produce reads one)."""
 
     monotonic = staticmethod(time.monotonic)
+    sleep = staticmethod(time.sleep)
     time = staticmethod(time.time)
 
 

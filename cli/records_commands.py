@@ -52,14 +52,14 @@ def _plan(admin: Admin, topic: str, number: int, before: Start) -> Trim:
     asked has not heard yet, say), 0.1 s doubling apart, none starting after the timeout
     (Retry)."""
     cluster = admin.cluster
-    retry = Retry(LEADER_RETRIES, cluster.timeout_s)
+    retry = Retry(LEADER_RETRIES, cluster.timeout_s, cluster.clock)
     while True:
         try:
             return _plan_at(cluster.leader_connection(topic, number), topic, number, before)
         except (BrokerError, Unavailable) as error:
             wait_s = retry.wait_after(error)
             cluster.learn_from(topic, number, error)
-        time.sleep(wait_s)
+        cluster.clock.sleep(wait_s)
 
 
 def _plan_at(connection: Connection, topic: str, number: int, before: Start) -> Trim:

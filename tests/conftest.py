@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import zmq
 
+from broker.client.connection import Connection
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
 from tests.pylogd import RunningBroker, ThreeBrokers, broker_flags, start_all, stop_all
@@ -220,6 +221,10 @@ class FakeClock:
         self.now_monotonic += seconds
         self.now_time += seconds
 
+    def sleep(self, seconds: float) -> None:
+        """A sleep that waits for nothing: the clock moves on by `seconds`."""
+        self.advance(seconds)
+
 
 @pytest.fixture
 def clock() -> FakeClock:
@@ -252,6 +257,12 @@ def wait_until(
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what or condition}")
         time.sleep(0.01)
+
+
+def reply_waiting(connection: Connection, timeout_s: float) -> bool:
+    """Whether a reply waits on `connection`'s pipelined channel within `timeout_s`, left
+    unread."""
+    return connection.transport.wait_any([connection.pipelined_channel], timeout_s) is not None
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ An `AsyncConnection` holds one DEALER socket to one broker: any number of reques
 from any number of tasks, each matched to its reply by correlation id by a reader task of the
 connection's own (docs/protocol.md, "Transport"). A reply that nobody waits for any more (it
 came after its request's timeout, or its task was cancelled) is dropped. Frames are built and
-read by broker.protocol, request framing and the retry rule are broker.client.connection's
+read by broker.protocol, request framing and the retry rule are broker.client.framing's
 (Framing, Retry), METADATA is read as broker.client.cluster reads it (BrokerMap).
 
 Timeouts are the sync client's: a request waits `timeout_s` for its reply (a FETCH also its
@@ -12,7 +12,7 @@ max_wait_ms), then raises broker.errors.Unavailable. Cancelling a task that wait
 (task.cancel(), asyncio.timeout) leaves the connection usable.
 
 A task of the connection's own reads the socket's handshake events (its monitor, as
-broker.client.connection's): once the Curve handshake fails (or, without keys, the broker turns
+broker.client.transport's): once the Curve handshake fails (or, without keys, the broker turns
 out to serve Curve), every request waiting raises broker.errors.AuthenticationFailed at once,
 and the socket is dropped, so that the next request makes a new handshake. A connection refused
 (nothing listens at the address) while requests wait fails them with
@@ -39,9 +39,10 @@ from broker.client.cluster import (
     advance,
     topic_partitions,
 )
-from broker.client.connection import FIRE_AND_FORGET_LINGER_MS, terminate_unblocked
 from broker.client.framing import DEFAULT_CLIENT_ID, Framing, Retry, noted
 from broker.client.handshakes import Handshakes
+from broker.client.transport import FIRE_AND_FORGET_LINGER_MS, terminate_unblocked
+from broker.clock import SYSTEM_CLOCK
 from broker.errors import (
     AuthenticationFailed,
     BrokerError,
@@ -118,7 +119,8 @@ class AsyncConnection(Framing):
             monitor = None
             try:
                 socket.setsockopt(zmq.LINGER, FIRE_AND_FORGET_LINGER_MS)
-                self._secure(socket)
+                if self.keys is not None:
+                    self.keys.apply(socket)
                 monitor = monitor_handshakes(socket, CLIENT_EVENTS)
                 socket.connect(self.endpoint)
             except BaseException:
@@ -238,7 +240,7 @@ class AsyncConnection(Framing):
         """`request`, asked at api_version `version` (default: protocol.request_version),
         retried after a retriable error or a timeout as broker.client.Connection.call retries
         it (Retry), within 3 x the timeout."""
-        retry = Retry(retries, 3 * self.timeout_s)
+        retry = Retry(retries, 3 * self.timeout_s, SYSTEM_CLOCK)
         if version is None:
             version = request_version(request.api)
         while True:
@@ -285,7 +287,7 @@ class AsyncCluster(BrokerMap):
         *,
         keys: ClientKeys | None = None,
     ) -> None:
-        super().__init__(bootstrap, client_id, timeout_s, retries, keys)
+        super().__init__(bootstrap, client_id, timeout_s, retries, keys, SYSTEM_CLOCK)
         self.context = AsyncClientContext()
         self._connections = Connections(
             lambda endpoint: AsyncConnection(
@@ -353,7 +355,7 @@ class AsyncCluster(BrokerMap):
     async def call_leader(self, request: PartitionRequest, retries: int) -> Reply:
         """`request` sent to its partition's leader, following leadership as
         broker.client.Cluster.call_leader does."""
-        retry = Retry(retries, 3 * self.timeout_s, refusals_within_time=True)
+        retry = Retry(retries, 3 * self.timeout_s, SYSTEM_CLOCK, refusals_within_time=True)
         while True:
             endpoint = None
             try:

@@ -22,16 +22,14 @@ Not safe to share between threads.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Generic, TypeVar, overload
 
-import zmq
-
-from broker.client.connection import ClientContext, Connection
+from broker.client.connection import Connection
 from broker.client.framing import DEFAULT_CLIENT_ID, Retry, normalize_endpoint
-from broker.client.handshakes import poll_ms
+from broker.client.transport import Transport, ZmqTransport
+from broker.clock import WaitingClock
 from broker.errors import (
     BrokerError,
     BrokerUnsupportedVersion,
@@ -191,7 +189,8 @@ class BrokerMap:
         client_id: str,
         timeout_s: float,
         retries: int,
-        keys: ClientKeys | None = None,
+        keys: ClientKeys | None,
+        clock: WaitingClock,
     ) -> None:
         self.bootstrap = split_endpoints(bootstrap) if bootstrap else []
         """Where to ask METADATA when no broker is known yet (may be empty for a user that
@@ -201,6 +200,8 @@ class BrokerMap:
         self.retries = retries
         self.keys = keys
         """What every connection presents to brokers serving CurveZMQ (None: plaintext)."""
+        self.clock = clock
+        """The clock of the waits between METADATA rounds and of `silent`."""
         self.endpoints: dict[int, str] = {}
         """Broker id -> endpoint, from the last METADATA reply."""
         self.leaders: dict[tuple[str, int], PartitionInfo] = {}
@@ -209,7 +210,7 @@ class BrokerMap:
         self.metadata_v1: set[str] = set()
         """The endpoints that answered METADATA version 2 UNSUPPORTED_VERSION: asked version 1."""
         self.silent: dict[str, float] = {}
-        """The endpoints that last gave no reply (a broker down), and when (time.monotonic())."""
+        """The endpoints that last gave no reply (a broker down), and when (on `clock`)."""
 
     def metadata_steps(self, topics: Iterable[str]) -> MetadataSteps:
         """METADATA for `topics` (every topic when empty), from the first broker that answers:
@@ -218,7 +219,7 @@ class BrokerMap:
         not asked again at once), then pauses as Retry says; raises the last error when the
         budget is spent, Unavailable when no endpoint is known."""
         request = MetadataRequest(tuple(topics))
-        retry = Retry(self.retries, 3 * self.timeout_s)
+        retry = Retry(self.retries, 3 * self.timeout_s, self.clock)
         while True:
             error: BrokerError | Unavailable | None = None
             for endpoint in self._metadata_candidates():
@@ -245,13 +246,13 @@ class BrokerMap:
         silent within the last SILENT_S last, so that a dead broker costs one timeout, not one
         each time."""
         candidates = list(dict.fromkeys([*self.endpoints.values(), *self.bootstrap]))
-        now = time.monotonic()
+        now = self.clock.monotonic()
         silent = {e for e, at in self.silent.items() if now - at < SILENT_S}
         return sorted(candidates, key=lambda endpoint: endpoint in silent)
 
     def note_silent(self, endpoint: str) -> None:
         """`endpoint` gave no reply in time: a broker down, as far as METADATA goes."""
-        self.silent[endpoint] = time.monotonic()
+        self.silent[endpoint] = self.clock.monotonic()
 
     def _no_metadata(
         self, endpoint: str, failure: BrokerError | Unavailable
@@ -337,9 +338,10 @@ class BrokerMap:
 
 
 class Cluster(BrokerMap, Closing):
-    """The brokers reachable from `bootstrap`, and connections to them (sharing one context).
-    `keys` (broker.security.ClientKeys) go to every connection: each broker is then reached
-    over CurveZMQ (docs/security.md)."""
+    """The brokers reachable from `bootstrap`, and connections to them, all over one
+    `transport` (broker.client.transport; default: a ZmqTransport of the cluster's own, closed
+    with it), whose clock times the waits. `keys` (broker.security.ClientKeys) go to every
+    connection: each broker is then reached over CurveZMQ (docs/security.md)."""
 
     def __init__(
         self,
@@ -349,12 +351,14 @@ class Cluster(BrokerMap, Closing):
         retries: int = 3,
         *,
         keys: ClientKeys | None = None,
+        transport: Transport | None = None,
     ) -> None:
-        super().__init__(bootstrap, client_id, timeout_s, retries, keys)
-        self.context: zmq.Context[zmq.Socket[bytes]] = ClientContext()
+        self._own_transport = transport is None
+        self.transport: Transport = ZmqTransport() if transport is None else transport
+        super().__init__(bootstrap, client_id, timeout_s, retries, keys, self.transport.clock)
         self._connections = Connections(
             lambda endpoint: Connection(
-                endpoint, self.client_id, self.timeout_s, self.context, keys=self.keys
+                endpoint, self.client_id, self.timeout_s, self.transport, keys=self.keys
             )
         )
 
@@ -394,7 +398,7 @@ class Cluster(BrokerMap, Closing):
         step = advance(steps)
         while not isinstance(step, MetadataReply):
             if isinstance(step, Pause):
-                time.sleep(step.seconds)
+                self.clock.sleep(step.seconds)
                 step = advance(steps)
                 continue
             connection = self.connect(step.endpoint)
@@ -452,7 +456,7 @@ class Cluster(BrokerMap, Closing):
         and a non-retriable one at once (UNKNOWN_TOPIC_OR_PARTITION for a partition that does
         not exist, ...). A refused connection (a leader that died, still named until the
         controller moves its partitions) is tried again within the time, not counted."""
-        retry = Retry(retries, 3 * self.timeout_s, refusals_within_time=True)
+        retry = Retry(retries, 3 * self.timeout_s, self.clock, refusals_within_time=True)
         while True:
             endpoint = None
             try:
@@ -463,30 +467,29 @@ class Cluster(BrokerMap, Closing):
             except (BrokerError, Unavailable) as error:
                 wait_s = retry.wait_after(error)
                 self.learn_from(request.topic, request.partition, error, endpoint)
-            time.sleep(wait_s)
+            self.clock.sleep(wait_s)
 
     def receive_pipelined(
         self, connections: Iterable[Connection], timeout_s: float
     ) -> tuple[Connection, int, list[Buffer]]:
         """The next reply on any of `connections` (requests sent with send_pipelined): the
         connection, the correlation id and the frames. Unavailable when none comes in time."""
-        if len(by_socket := {c.pipelined_socket: c for c in connections}) == 1:
-            (connection,) = by_socket.values()  # one broker: no poller to build
+        if len(by_channel := {c.pipelined_channel: c for c in connections}) == 1:
+            (connection,) = by_channel.values()  # one broker: no poller to build
             return (connection, *connection.receive_pipelined(timeout_s))
-        poller = zmq.Poller()
-        for socket in by_socket:
-            poller.register(socket, zmq.POLLIN)
-        ready = poller.poll(poll_ms(timeout_s))
-        if not ready:
-            endpoints = ", ".join(c.endpoint for c in by_socket.values())
+        ready = self.transport.wait_any(by_channel, timeout_s)
+        if ready is None:
+            endpoints = ", ".join(c.endpoint for c in by_channel.values())
             raise Unavailable(f"no reply from {endpoints} within {timeout_s:g} s")
-        connection = by_socket[ready[0][0]]
+        connection = by_channel[ready]
         return (connection, *connection.receive_pipelined(0))
 
     def close(self) -> None:
-        """Close every connection (fire-and-forget requests get their linger) and the context."""
+        """Close every connection (fire-and-forget requests get their linger) and the transport
+        if it is the cluster's own."""
         if self._connections.closed:
             return
         for connection in self._connections.close():
             connection.close()
-        self.context.term()
+        if self._own_transport:
+            self.transport.close()

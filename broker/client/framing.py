@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import logging
 import re
-import time
-from typing import Any, Final, TypeVar
-
-import zmq
+from typing import Final, TypeVar
 
 from broker.backoff import Backoff
+from broker.clock import Clock
 from broker.errors import BrokerError, ConnectionRefused, Unavailable
 from broker.log.message import Buffer
 from broker.protocol import (
@@ -110,18 +108,19 @@ def retriable(error: BrokerError | Unavailable) -> bool:
 
 class Retry:
     """The retry rule of `call` (and of broker.aio's): after a retriable error, wait 0.1 s
-    doubling to 2 s, at most `retries` times, no retry starting after `max_time_s` from now.
-    A refused connection (ConnectionRefused, known at once) counts as one of the `retries`,
-    unless `refusals_within_time`: then it is tried again within the time alone, as a call to a
-    partition's leader does (Cluster.call_leader): a leader that died refuses until the
+    doubling to 2 s, at most `retries` times, no retry starting after `max_time_s` from now
+    on `clock`. A refused connection (ConnectionRefused, known at once) counts as one of the
+    `retries`, unless `refusals_within_time`: then it is tried again within the time alone, as
+    a call to a partition's leader does (Cluster.call_leader): a leader that died refuses until the
     controller names another, which takes its ZooKeeper session's timeout."""
 
     def __init__(
-        self, retries: int, max_time_s: float, *, refusals_within_time: bool = False
+        self, retries: int, max_time_s: float, clock: Clock, *, refusals_within_time: bool = False
     ) -> None:
         self.refusals_within_time = refusals_within_time
         self.left = retries
-        self.deadline = time.monotonic() + max_time_s
+        self.clock = clock
+        self.deadline = clock.monotonic() + max_time_s
         self.backoff = Backoff(RETRY_BACKOFF_S, MAX_RETRY_BACKOFF_S)
 
     def wait_after(self, error: BrokerError | Unavailable) -> float:
@@ -130,7 +129,7 @@ class Retry:
         if (
             not retriable(error)
             or (self.left <= 0 and self._counted(error))
-            or time.monotonic() + self.backoff.current_s > self.deadline
+            or self.clock.monotonic() + self.backoff.current_s > self.deadline
         ):
             raise error
         if self._counted(error):
@@ -158,11 +157,6 @@ class Framing:
         """The client's key pair and the broker's public key, for a broker serving CurveZMQ
         (docs/security.md); None: plaintext."""
         self._next_correlation_id = 1
-
-    def _secure(self, socket: zmq.Socket[Any]) -> None:
-        """Make `socket`, not yet connected, a Curve client of the broker if keys are set."""
-        if self.keys is not None:
-            self.keys.apply(socket)
 
     def _no_reply(self, request: Request, timeout_s: float) -> Unavailable:
         """The error of a request that got no reply within `timeout_s` (a failed handshake

@@ -167,7 +167,8 @@ class GroupReader:
         (NOT_LEADER_FOR_PARTITION: the broker asked had not heard of a move yet, or has) of the
         leader found then (Cluster.learn_from), up to `retries` more times, 0.1 s doubling
         apart (Retry); raises the last error."""
-        retry = Retry(self.retries, 3 * self.cluster.timeout_s, refusals_within_time=True)
+        clock = self.cluster.clock
+        retry = Retry(self.retries, 3 * self.cluster.timeout_s, clock, refusals_within_time=True)
         while True:
             try:
                 connection = self._leader(topic, partition, holder)
@@ -175,7 +176,7 @@ class GroupReader:
             except (BrokerError, Unavailable) as error:
                 wait_s = retry.wait_after(error)
                 self.cluster.learn_from(topic, partition, error)
-            time.sleep(wait_s)
+            clock.sleep(wait_s)
 
     # -- resets ------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import zmq
 import zmq.auth
@@ -176,7 +176,7 @@ class ClientKeys:
         public, secret = load_key_pair(key_file)
         return cls(public, secret, load_public_key(broker_key))
 
-    def apply(self, socket: zmq.Socket[bytes]) -> None:
+    def apply(self, socket: zmq.Socket[Any]) -> None:
         """Make `socket` a Curve client of the broker (before it connects)."""
         socket.setsockopt(zmq.CURVE_SERVERKEY, self.broker)
         socket.setsockopt(zmq.CURVE_PUBLICKEY, self.public)

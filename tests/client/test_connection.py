@@ -36,6 +36,7 @@ from broker.protocol import (
     encode_reply,
 )
 from tests.client.router import serving
+from tests.conftest import FakeClock
 
 DROP = "drop"
 EMPTY_METADATA = MetadataReply((), ())
@@ -178,17 +179,17 @@ def test_a_connection_raises_a_refusal_at_once_and_a_leaders_call_waits_it_out()
             connection.call(MetadataRequest(), retries=5)
         assert time.monotonic() - started < 5
     refused = ConnectionRefused(unused_endpoint())
-    counted = Retry(1, 60)
+    counted = Retry(1, 60, FakeClock())
     counted.wait_after(refused)
     with pytest.raises(ConnectionRefused):
         counted.wait_after(refused)
-    waited_out = Retry(1, 60, refusals_within_time=True)
+    waited_out = Retry(1, 60, FakeClock(), refusals_within_time=True)
     for _ in range(10):
         waited_out.wait_after(refused)
     waited_out.wait_after(Unavailable("no reply"))  # the one retry counted
     with pytest.raises(Unavailable, match="no reply"):
         waited_out.wait_after(Unavailable("no reply"))
-    late = Retry(1, 0, refusals_within_time=True)
+    late = Retry(1, 0, FakeClock(), refusals_within_time=True)
     with pytest.raises(ConnectionRefused):
         late.wait_after(refused)  # past its time
 

@@ -15,6 +15,7 @@ from broker.client.consumer import Start
 from broker.errors import BrokerError, CorruptSegment
 from broker.log.message import Message, encode_message
 from cli.pylogctl import cli
+from tests.conftest import reply_waiting
 from tests.pylogd import RunningBroker
 
 T0 = 1_700_000_000_000
@@ -130,7 +131,7 @@ def test_the_next_fetch_is_on_its_way_while_a_poll_decodes_and_a_seek_leaves_it_
     with PartitionConsumer(broker.endpoint, topic, fetch_bytes=size, max_wait_ms=0) as consumer:
         assert values(consumer.poll()) == [b"m0"]
         # More is stored past it: the fetch of m1 was sent before m0 was decoded.
-        assert consumer.connection.pipelined_socket.poll(5000)
+        assert reply_waiting(consumer.connection, 5)
         assert values(consumer.poll()) == [b"m1"]
         consumer.seek(0)  # the fetch sent ahead (of m2) is not for this position
         assert values(consumer.poll()) == [b"m0"]
@@ -138,7 +139,7 @@ def test_the_next_fetch_is_on_its_way_while_a_poll_decodes_and_a_seek_leaves_it_
         assert [values(batch) for batch in rest] == [[b"m1"], [b"m2"], [b"m3"], [b"m4"]]
         assert [batch[0].offset for batch in rest] == [size, 2 * size, 3 * size, 4 * size]
         assert consumer.at_end
-        assert not consumer.connection.pipelined_socket.poll(100)  # nothing sent past the end
+        assert not reply_waiting(consumer.connection, 0.1)  # nothing sent past the end
 
 
 # -- damaged data on the broker's disk (issue 11) --------------------------------------------

@@ -23,7 +23,7 @@ from broker.errors import AuthenticationFailed
 from broker.groups.assignors import TopicPartition
 from broker.log.message import encode_message
 from broker.zookeeper import PrivateZooKeeper
-from tests.conftest import FakeClock, single_box_flags, wait_until
+from tests.conftest import FakeClock, reply_waiting, single_box_flags, wait_until
 from tests.pylogd import RunningBroker
 
 
@@ -269,7 +269,7 @@ def test_a_member_sends_its_next_fetch_before_handing_out_what_it_fetched(
         assert [r.value for r in first] == [b"m0"]
         (owned,) = member.fetching.owned.values()
         # The fetch of m1 went out before m0 was handed out: its reply is waiting.
-        assert member.cluster.connect(owned.endpoint).pipelined_socket.poll(5000)
+        assert reply_waiting(member.cluster.connect(owned.endpoint), 5)
         rest: list[bytes] = []
         while len(rest) < 4 and time.monotonic() < deadline:  # bounded: 4 messages
             rest += [r.value for r in member.poll(200)]

@@ -22,6 +22,7 @@ from broker.client import Admin, Connection, PartitionConsumer, Producer
 from broker.client.cluster import topic_info
 from broker.client.group import GroupConsumer
 from broker.client.handshakes import NO_KEYS, NOT_A_BROKER
+from broker.client.transport import ZmqTransport
 from broker.errors import AuthenticationFailed, AuthorizationFailed
 from broker.protocol import MetadataRequest
 from broker.security import ClientKeys, generate_keys, load_key_pair
@@ -298,8 +299,9 @@ def test_a_right_key_gets_through_with_a_monitor_closed_with_its_socket(
 ) -> None:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     keys = curve_broker.keys(SUPER_USER)
+    transport = ZmqTransport(context)
     try:
-        with Connection(curve_broker.broker.endpoint, context=context, keys=keys) as connection:
+        with Connection(curve_broker.broker.endpoint, transport=transport, keys=keys) as connection:
             assert connection.request(MetadataRequest()).brokers
             assert open_sockets(context) == 2  # the REQ socket and its monitor
         assert open_sockets(context) == 0
@@ -312,7 +314,7 @@ def test_a_plaintext_connection_has_no_monitor_once_its_handshake_succeeded(
 ) -> None:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
-        with Connection(broker.endpoint, context=context) as connection:
+        with Connection(broker.endpoint, transport=ZmqTransport(context)) as connection:
             assert connection.request(MetadataRequest()).brokers
             assert open_sockets(context) == 1  # the REQ socket alone
             correlation_id = connection.send_pipelined(MetadataRequest())

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq
 
 from broker.client import Admin, PartitionConsumer
 from broker.client.kafka import (
@@ -30,6 +29,7 @@ from broker.client.kafka import (
     Producer,
     TopicPartition,
 )
+from tests.conftest import reply_waiting
 from tests.pylogd import RunningBroker
 
 CONFLUENT_IMPORT = "from confluent_kafka import Consumer, KafkaError, KafkaException, Producer"
@@ -279,7 +279,7 @@ def test_a_delivery_that_fails_reports_its_error_to_the_callback(
     producer = Producer({**bootstrap(broker), "linger.ms": 0})
     producer.produce(topic, b"x" * 2000, on_delivery=lambda e, m: reports.append((e, m.value())))
     for connection in producer._producers[topic]._requests.connections():  # its refusal, unread:
-        assert connection.pipelined_socket.poll(10_000, zmq.POLLIN)
+        assert reply_waiting(connection, 10)
     # the next produce takes it, and leaves it to the callback of the message it failed
     producer.produce(topic, b"small", on_delivery=lambda e, m: reports.append((e, m.value())))
     assert producer.flush(30) == 0

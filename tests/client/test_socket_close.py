@@ -16,6 +16,7 @@ import zmq.asyncio
 
 from broker.aio.connection import AsyncConnection
 from broker.client import Connection
+from broker.client.transport import ZmqTransport
 from broker.protocol import Ack, ProduceRequest
 from tests.sockets import LiveContext
 
@@ -46,7 +47,7 @@ def test_connections_closed_during_their_handshake_leave_the_shared_context_work
     live: LiveContext,
 ) -> None:
     for _ in range(ROUNDS):
-        connection = Connection(live.endpoint, context=live.context, keys=live.keys)
+        connection = Connection(live.endpoint, transport=ZmqTransport(live.context), keys=live.keys)
         connection.send_nowait(request())
         connection.close()
     assert live.carries()
