@@ -17,6 +17,9 @@
                        (topic_consumer.py): pylogctl consume
     GroupConsumer      a member of a consumer group, through the group's coordinator, a
                        broker (group.py)
+    ZmqTransport       how every client above carries its requests: ZeroMQ sockets by
+    MemoryTransport    default, or answered in memory by a played broker, its waits on a
+                       fake clock: unit tests with no socket and no thread (transport.py)
 
 broker.aio has the producer, partition consumer and group member on asyncio, with the same
 shapes (AsyncProducer, AsyncPartitionConsumer, AsyncGroupConsumer) and this package's rules.
@@ -44,6 +47,7 @@ from broker.client.group import GroupConsumer
 from broker.client.producer import Producer
 from broker.client.records import Record
 from broker.client.topic_consumer import Last, TopicConsumer
+from broker.client.transport import MemoryTransport, Transport, ZmqTransport
 from broker.protocol import Ack
 
 __all__ = [
@@ -56,9 +60,12 @@ __all__ = [
     "GroupConsumer",
     "Last",
     "MaybeStored",
+    "MemoryTransport",
     "PartitionConsumer",
     "ProduceAck",
     "Producer",
     "Record",
     "TopicConsumer",
+    "Transport",
+    "ZmqTransport",
 ]

@@ -15,6 +15,7 @@ from typing import TypeVar
 from broker.client.cluster import Cluster, topic_info
 from broker.client.connection import Connection
 from broker.client.framing import DEFAULT_CLIENT_ID
+from broker.client.transport import Transport
 from broker.errors import BrokerError, Unavailable
 from broker.lifecycle import Closing
 from broker.protocol import (
@@ -100,8 +101,8 @@ class Admin(Closing):
     UNKNOWN_TOPIC_OR_PARTITION for what did succeed).
 
     `keys` (broker.security.ClientKeys: the client's key pair and the broker's public key)
-    reach brokers serving CurveZMQ (docs/security.md); without them it speaks
-    plaintext."""
+    reach brokers serving CurveZMQ (docs/security.md); without them it speaks plaintext.
+    `transport` carries the requests (broker.client.transport; default: ZeroMQ sockets)."""
 
     def __init__(
         self,
@@ -111,8 +112,11 @@ class Admin(Closing):
         retries: int = 3,
         *,
         keys: ClientKeys | None = None,
+        transport: Transport | None = None,
     ) -> None:
-        self.cluster = Cluster(endpoint, client_id, timeout_s, retries, keys=keys)
+        self.cluster = Cluster(
+            endpoint, client_id, timeout_s, retries, keys=keys, transport=transport
+        )
         self.retries = retries
 
     def _admin_request(

@@ -211,7 +211,7 @@ class InFlight:
     sequence: int
     """The order in which batches were first sent: acks are returned in it."""
     deadline: float
-    """No sending again after this (time.monotonic): its first sending + delivery_timeout_s."""
+    """No sending again after this (its producer's clock): first sending + delivery_timeout_s."""
     attempts: int = 0
     looked_again: bool = False
     sends: int = 0

@@ -41,6 +41,7 @@ from typing import Final, Literal, cast
 from broker.client.cluster import Cluster, partition_of
 from broker.client.connection import Connection
 from broker.client.framing import DEFAULT_CLIENT_ID, wait_ms
+from broker.client.transport import Transport
 from broker.errors import (
     BrokerCorruptSegment,
     BrokerError,
@@ -234,7 +235,8 @@ class PartitionConsumer(PartitionReader, Closing):
     (several consumers then share its connections, and its keys), and `close()` leaves it
     open. `keys` (broker.security.ClientKeys: the client's key pair and the broker's public
     key) reach brokers serving CurveZMQ (docs/security.md); without them the consumer speaks
-    plaintext."""
+    plaintext. `transport` carries the requests of a cluster of its own
+    (broker.client.transport; default: ZeroMQ sockets; a MemoryTransport for unit tests)."""
 
     def __init__(
         self,
@@ -253,6 +255,7 @@ class PartitionConsumer(PartitionReader, Closing):
         cluster: Cluster | None = None,
         *,
         keys: ClientKeys | None = None,
+        transport: Transport | None = None,
     ) -> None:
         super().__init__(
             topic,
@@ -266,7 +269,7 @@ class PartitionConsumer(PartitionReader, Closing):
         )
         self._own_cluster = cluster is None
         self.cluster = (
-            Cluster(endpoint, client_id, timeout_s, retries, keys=keys)
+            Cluster(endpoint, client_id, timeout_s, retries, keys=keys, transport=transport)
             if cluster is None
             else cluster
         )

@@ -13,13 +13,13 @@ REDIRECTS_AT_ONCE of a call). Nothing here imports kazoo.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from typing import TypeVar, overload
 
 from broker.backoff import Backoff
 from broker.client.cluster import Cluster
 from broker.client.framing import DEFAULT_CLIENT_ID, normalize_endpoint, retriable
+from broker.client.transport import Transport
 from broker.errors import BrokerError, BrokerNotCoordinator, Unavailable
 from broker.groups.assignors import TopicPartition
 from broker.lifecycle import Closing
@@ -53,7 +53,8 @@ GroupReply = TypeVar("GroupReply")
 class GroupCalls(Closing):
     """The calls about consumer group `group`, sent to its coordinator (module docstring),
     through brokers of `bootstrap` ("host:port", several comma-separated). `keys` reach
-    brokers serving CurveZMQ (docs/security.md)."""
+    brokers serving CurveZMQ (docs/security.md); `transport` carries the calls
+    (broker.client.transport; default: ZeroMQ sockets), its clock times their back-off."""
 
     def __init__(
         self,
@@ -63,10 +64,11 @@ class GroupCalls(Closing):
         timeout_s: float = 10.0,
         *,
         keys: ClientKeys | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.group = group
         self.timeout_s = timeout_s
-        self.cluster = Cluster(bootstrap, client_id, timeout_s, keys=keys)
+        self.cluster = Cluster(bootstrap, client_id, timeout_s, keys=keys, transport=transport)
         self.coordinator: str | None = None
         """The coordinator's endpoint, once a broker named it."""
         self._next_bootstrap = 0
@@ -128,7 +130,8 @@ class GroupCalls(Closing):
         | DescribeGroupRequest
         | DeleteGroupRequest,
     ) -> object:
-        deadline = time.monotonic() + 3 * self.timeout_s
+        clock = self.cluster.clock
+        deadline = clock.monotonic() + 3 * self.timeout_s
         backoff = Backoff(COORDINATOR_BACKOFF_S, MAX_COORDINATOR_BACKOFF_S)
         followed = 0
         while True:
@@ -157,9 +160,9 @@ class GroupCalls(Closing):
                 self.coordinator = endpoint  # it answered: the coordinator, until it is not
                 return reply
             wait_s = backoff.next()
-            if time.monotonic() + wait_s > deadline:
+            if clock.monotonic() + wait_s > deadline:
                 raise error
-            time.sleep(wait_s)
+            clock.sleep(wait_s)
 
     def _bootstrap(self) -> str:
         endpoints = self.cluster.bootstrap

@@ -37,7 +37,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Generic, cast
@@ -51,7 +50,8 @@ from broker.client.group_fetch import FetchSession, Reset
 from broker.client.group_rebalance import Rebalances
 from broker.client.membership import Heartbeats, Membership
 from broker.client.records import BrokerPartition, R, Record
-from broker.clock import SYSTEM_CLOCK, Clock
+from broker.client.transport import Transport
+from broker.clock import Clock
 from broker.lifecycle import Closing
 from broker.security import ClientKeys
 
@@ -91,8 +91,10 @@ class GroupConsumer(Closing, Generic[R]):
     `skip_corrupt` reads past damaged data instead of raising CorruptSegment (see the module's
     text). `keys` (broker.security.ClientKeys: the client's key pair and the brokers' public
     key) reach brokers serving CurveZMQ (docs/security.md); without them the member speaks
-    plaintext. `clock` (broker.clock) times auto-commits, the lease, the processing deadline,
-    the rests of partitions after errors and the fetches overdue. `record_type` (default
+    plaintext. `transport` carries the requests (broker.client.transport; default: ZeroMQ
+    sockets), its clock the waits for replies. `clock` (broker.clock; default the transport's)
+    times auto-commits, the lease, the processing deadline, the rests of partitions after
+    errors and the fetches overdue. `record_type` (default
     Record) is what it hands out: a tuple type of Record's layout without a __dict__, each made
     from the fetched bytes, no Record between."""
 
@@ -115,13 +117,14 @@ class GroupConsumer(Closing, Generic[R]):
         timeout_s: float = 10.0,
         skip_corrupt: bool = False,
         keys: ClientKeys | None = None,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,
         record_type: type[R] | None = None,
         instance_id: str | None = None,
         assignor: str | None = None,
         max_poll_interval_s: float = DEFAULT_MAX_POLL_INTERVAL_S,
         store_processed: bool = True,
         logger: logging.Logger | None = None,
+        transport: Transport | None = None,
     ) -> None:
         if reset not in ("earliest", "latest"):
             raise ValueError(f"reset {reset!r}: use earliest or latest")
@@ -139,7 +142,8 @@ class GroupConsumer(Closing, Generic[R]):
         if not self.topics:
             raise ValueError("a group consumer needs at least one topic")
         self.consumer_id = consumer_id or default_consumer_id()
-        self.clock = clock
+        self.cluster = Cluster(broker, client_id, timeout_s, keys=keys, transport=transport)
+        self.clock = clock = self.cluster.clock if clock is None else clock
         self.store_processed = store_processed
         self.log = logger if logger is not None else log
         """Where its warnings and rebalances are logged (default the "pylog.group" logger; its
@@ -160,7 +164,6 @@ class GroupConsumer(Closing, Generic[R]):
             assignor or "",
             polled_at=self.clock.monotonic(),
         )
-        self.cluster = Cluster(broker, client_id, timeout_s, keys=keys)
         self.fetching: FetchSession[R] = FetchSession(
             self.cluster,
             group,
@@ -173,16 +176,15 @@ class GroupConsumer(Closing, Generic[R]):
             log=self.log,
         )
         """The partitions this member owns and the fetches that read them (group_fetch)."""
-        beats = GroupCalls(
-            broker, group, client_id, min(timeout_s, session_timeout_s / 2), keys=keys
-        )
+        beat_s = min(timeout_s, session_timeout_s / 2)
+        beats = GroupCalls(broker, group, client_id, beat_s, keys=keys, transport=transport)
         self._heartbeats = Heartbeats(
             membership, beats, self.clock, self._rebalance_wanted, log=self.log
         )
         """The heartbeat thread (it sends the join and every heartbeat; the first poll waits
         for its answer) and the member's state."""
         self.commits = OffsetCommits(
-            GroupCalls(broker, group, client_id, timeout_s, keys=keys),
+            GroupCalls(broker, group, client_id, timeout_s, keys=keys, transport=transport),
             self.fetching,
             self._heartbeats,
             consumer_id=self.consumer_id,
@@ -375,9 +377,10 @@ class GroupConsumer(Closing, Generic[R]):
         hand is handed out); positions are left to the caller. It goes on within the wait once
         the heartbeat thread's news came (its join answered, its partitions given)."""
         wait_s = (self.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1000
-        deadline = time.monotonic() + wait_s  # a real wait, whatever the member's clock
+        waits = self.cluster.clock  # the transport's, whatever the member's clock
+        deadline = waits.monotonic() + wait_s
         while not self._filled(wait_s):
-            wait_s = deadline - time.monotonic()
+            wait_s = deadline - waits.monotonic()
             if wait_s <= 0:
                 return
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Generic, Literal
@@ -317,7 +316,8 @@ class FetchSession(Generic[R]):
         if not self._in_flight:
             return
         deadline = self.clock.monotonic() + wait_s
-        real_deadline = time.monotonic() + wait_s  # a real wait, whatever the member's clock
+        waits = self.cluster.clock  # the transport's, whatever the member's clock
+        waited_until = waits.monotonic() + wait_s
         while self._in_flight:
             if any(o.buffered for o in self.owned.values()):
                 timeout_s = 0.0  # data to hand out: take only the replies already here
@@ -330,7 +330,7 @@ class FetchSession(Generic[R]):
                     connections, slice_s
                 )
             except Unavailable:
-                if slice_s < timeout_s and time.monotonic() < real_deadline and not news.is_set():
+                if slice_s < timeout_s and waits.monotonic() < waited_until and not news.is_set():
                     continue  # a slice waited, no news: the long poll goes on
                 break
             fetched = self._in_flight.pop((connection, correlation_id), None)

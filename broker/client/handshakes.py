@@ -6,11 +6,11 @@ ConnectionRefused) with what to do about it (docs/security.md)."""
 from __future__ import annotations
 
 import os
-import time
 from typing import Final
 
 import zmq
 
+from broker.clock import SYSTEM_CLOCK
 from broker.errors import AuthenticationFailed, ConnectionRefused
 from broker.security.monitor import CLIENT_EVENTS, monitor_handshakes
 from broker.zmqio import monitor_event
@@ -149,7 +149,7 @@ class HandshakeMonitor(Handshakes):
         """Whether the socket has a message to read within `timeout_s`; AuthenticationFailed
         as soon as a handshake fails, ConnectionRefused as soon as a connection is refused
         (the monitor is read when it has events, and at the timeout)."""
-        deadline = time.monotonic() + timeout_s
+        deadline = SYSTEM_CLOCK.monotonic() + timeout_s  # a socket's wait: real time
         timeout_ms = poll_ms(timeout_s)
         while True:
             if self._watched in dict(self._poller.poll(timeout_ms)):
@@ -158,7 +158,7 @@ class HandshakeMonitor(Handshakes):
             refused = self.take_refusal()
             if refused is not None:
                 raise refused
-            timeout_ms = round((deadline - time.monotonic()) * 1000)
+            timeout_ms = round((deadline - SYSTEM_CLOCK.monotonic()) * 1000)
             if timeout_ms <= 0:
                 return False
 

@@ -6,16 +6,16 @@ lingered), every open batch whose partition the same broker leads goes with it, 
 in one MULTI_PRODUCE (docs/protocol.md; Kafka's drain per broker): keys spread over many
 partitions cost a request per broker a round, not one per partition. Each part is answered,
 retried and deduplicated as its own PRODUCE would be; a broker that speaks no MULTI_PRODUCE
-gets a PRODUCE a batch. NOT_LEADER_FOR_PARTITION naming a
-broker the producer knows (leadership moved: docs/replication.md) sends the batch there next;
-UNKNOWN_TOPIC_OR_PARTITION, any other retriable error (NOT_ENOUGH_REPLICAS with ack ALL: the
-in-sync set is smaller than min_insync_replicas for now) or a timeout makes the producer ask
-METADATA again before it resends. Either way after the back-off of its retry budget
-(broker.client.producer_core), within that budget; max_in_flight=1 keeps the order.
+gets a PRODUCE a batch. NOT_LEADER_FOR_PARTITION naming a broker the producer knows (leadership
+moved: docs/replication.md) sends the batch there next; UNKNOWN_TOPIC_OR_PARTITION, any other
+retriable error (NOT_ENOUGH_REPLICAS with ack ALL: the in-sync set is smaller than
+min_insync_replicas for now) or a timeout makes the producer ask METADATA again before it
+resends. Either way after the back-off of its retry budget (broker.client.producer_core),
+within that budget; max_in_flight=1 keeps the order.
 
 Acknowledgements (ack WRITTEN or FLUSHED): up to `max_in_flight` requests (a PRODUCE of one
 batch or a MULTI_PRODUCE of several) await their replies at once (pipelining, on the
-connection's DEALER socket). A full batch waits for the oldest reply while that many do; a
+connection's pipelined channel). A full batch waits for the oldest reply while that many do; a
 lingered one does not go then, and goes on filling (looked at again a linger later), so that
 batches grow while the broker is busy. `flush` waits for all. A batch that meets a retriable
 error or no reply in time is sent again, so delivery is at least once; with more than one batch
@@ -33,8 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -57,7 +56,8 @@ from broker.client.producer_core import (
     ProducerCore,
     Serializer,
 )
-from broker.clock import SYSTEM_CLOCK, Clock
+from broker.client.transport import Transport
+from broker.clock import Clock
 from broker.errors import (
     AuthenticationFailed,
     BrokerError,
@@ -91,8 +91,12 @@ class Producer(ProducerCore):
 
     `send()` returns a Delivery: its `result(timeout)` is the message's offset (see the module's
     text). `flush()` sends every open batch and returns the acknowledgements received since the
-    last flush (every batch sent meanwhile, by `send` too); `close()` flushes first. `clock`
-    measures linger (tests pass a fake one).
+    last flush (every batch sent meanwhile, by `send` too); `close()` flushes first.
+
+    `transport` carries the requests (broker.client.transport; default: ZeroMQ sockets of its
+    own; a MemoryTransport answers them in memory, for unit tests). `clock` measures linger,
+    the layout's age and delivery_timeout_s (default: the transport's clock, which times the
+    waits for replies and between retries).
 
     A batch that meets a retriable error or no reply within `timeout_s` is sent again until
     `delivery_timeout_s` have passed since its first sending (no new attempt starts later; the
@@ -124,7 +128,7 @@ class Producer(ProducerCore):
         max_in_flight: int = 5,
         client_id: str = DEFAULT_CLIENT_ID,
         timeout_s: float = 10.0,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,
         serializer: Serializer | None = None,
         key_serializer: Serializer | None = None,
         audit_topic: str | None = None,
@@ -136,7 +140,12 @@ class Producer(ProducerCore):
         metadata_max_age_s: float = METADATA_MAX_AGE_S,
         idempotence: bool = True,
         identity: tuple[int, int] | None = None,
+        transport: Transport | None = None,
     ) -> None:
+        metadata_retries = METADATA_RETRIES if retries is None else retries
+        self.cluster = Cluster(
+            endpoint, client_id, timeout_s, metadata_retries, keys=keys, transport=transport
+        )
         super().__init__(
             topic,
             ack,
@@ -147,7 +156,7 @@ class Producer(ProducerCore):
             retries,
             delivery_timeout_s,
             max_in_flight,
-            clock,
+            self.cluster.clock if clock is None else clock,
             serializer,
             key_serializer,
             compression,
@@ -158,17 +167,19 @@ class Producer(ProducerCore):
         )
         self._requests = RequestsInFlight()
         self._one_by_one: set[str] = set()
-        """The endpoints of brokers that answered a MULTI_PRODUCE UNSUPPORTED_API (older):
-        they get a PRODUCE a batch."""
-        metadata_retries = METADATA_RETRIES if retries is None else retries
-        self.cluster = Cluster(endpoint, client_id, timeout_s, metadata_retries, keys=keys)
+        """Endpoints that answered MULTI_PRODUCE UNSUPPORTED_API (older): a PRODUCE a batch."""
         self._audit: AuditPublisher | None = None
         if audit_topic is not None:
             if audit_topic == topic:
                 raise ValueError(f"audit_topic {audit_topic!r} is the topic audited")
             self.produced = ProducedCounts(topic)
             sink = Producer(
-                endpoint, audit_topic, client_id=client_id, timeout_s=timeout_s, keys=keys
+                endpoint,
+                audit_topic,
+                client_id=client_id,
+                timeout_s=timeout_s,
+                keys=keys,
+                transport=transport,  # a given one is shared; else the sink has its own
             )
             self._audit = AuditPublisher(sink, self.produced, audit_interval_s, self.clock)
 
@@ -288,16 +299,18 @@ class Producer(ProducerCore):
         """Send `batch` if still open, and any whose linger has passed, then take replies until
         it is done, nothing is in flight or `timeout` seconds have passed. An error met on the
         way is left to the handles of the batches it failed."""
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
         with contextlib.suppress(PylogError):
             if self._batches.get(batch.partition) is batch:
                 self._send_batch(batch.partition)
             self._send_lingering()
-            while not batch.done and len(self._requests):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self._receive_ack(left)
+            self._take_replies(lambda: batch.done, timeout)
+
+    def _take_replies(self, done: Callable[[], bool], timeout_s: float | None) -> None:
+        """Take replies until `done()`, none is in flight or `timeout_s` (None: ever) passed."""
+        waits = self.cluster.clock
+        deadline = math.inf if timeout_s is None else waits.monotonic() + timeout_s
+        while not done() and len(self._requests) and (left := deadline - waits.monotonic()) > 0:
+            self._receive_ack(left)
 
     def _send_batch(self, partition: int, every: bool = False) -> None:
         """Send `partition`'s batch: with the open batches of the other partitions its leader
@@ -405,7 +418,7 @@ class Producer(ProducerCore):
         try:
             while True:
                 if error is not None:
-                    time.sleep(self._retry_wait(entry, error))
+                    self.cluster.clock.sleep(self._retry_wait(entry, error))
                     self.cluster.learn_from(self.topic, entry.request.partition, error)
                 try:
                     connection = self._holder(entry.request.partition)
@@ -555,16 +568,11 @@ class Producer(ProducerCore):
         """Send every open batch, wait for every acknowledgement (for at most `timeout_s`,
         when given: batches still in flight then are left in flight), and return those
         received since the last poll or flush, in the order their batches were sent."""
-        deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
         for partition in list(self._batches):
             if partition in self._batches:  # not sent with another's already
                 self._send_batch(partition, every=True)
-        while len(self._requests):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return self._take_acks()
-            self._receive_ack(None if left == math.inf else left)
-        if self._audit is not None:
+        self._take_replies(lambda: False, timeout_s)
+        if self._audit is not None and not len(self._requests):
             self._audit.publish()
         return self._take_acks()
 

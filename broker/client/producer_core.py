@@ -70,7 +70,6 @@ import logging
 import math
 import random
 import secrets
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -303,7 +302,7 @@ class ProducerCore:
             partition_of(layout, self.topic, partition)  # raises, naming the range
         produced = self.produced
         if produced is not None and timestamp_ms is None:
-            timestamp_ms = time.time_ns() // 1_000_000  # counted in its window, as stored
+            timestamp_ms = int(self.clock.time() * 1000)  # counted in its window, as stored
         if headers is None:  # the path of every message without headers: nothing more
             message = encode_message(value, key, timestamp_ms, self._inner)
         else:
@@ -412,7 +411,7 @@ class ProducerCore:
         )
         self._sent += len(batch.messages)
         batch.messages = []  # the request holds them now; handles keep only the outcome
-        deadline = time.monotonic() + self.delivery_timeout_s
+        deadline = self.clock.monotonic() + self.delivery_timeout_s
         entry = InFlight(request, batch, next(self._batches_sent), deadline)
         if producer_id:
             self._unsettled.setdefault((producer_id, partition), {})[sequence] = entry
@@ -522,7 +521,7 @@ class ProducerCore:
         when the batch's budget (retries, delivery_timeout_s) is spent."""
         backoff_s = Backoff(RETRY_BACKOFF_S, MAX_RETRY_BACKOFF_S).delay(entry.attempts)
         spent = self.retries is not None and entry.attempts >= self.retries
-        if spent or time.monotonic() + backoff_s > entry.deadline:
+        if spent or self.clock.monotonic() + backoff_s > entry.deadline:
             raise error
         entry.attempts += 1
         self._layout = None  # the partition's broker may have gone: look again

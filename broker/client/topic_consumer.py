@@ -25,7 +25,6 @@ Not safe to share between threads.
 from __future__ import annotations
 
 import collections
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -34,6 +33,7 @@ from broker.client.cluster import Cluster
 from broker.client.consumer import PartitionConsumer, Start
 from broker.client.framing import DEFAULT_CLIENT_ID, MAX_RETRY_BACKOFF_S, RETRY_BACKOFF_S
 from broker.client.records import Record
+from broker.client.transport import Transport
 from broker.errors import BrokerError, Unavailable
 from broker.lifecycle import Closing
 from broker.log.message import Message
@@ -73,8 +73,9 @@ class TopicConsumer(Closing):
     past with `skip_corrupt` as (partition, start, end). See the module's text.
 
     `keys` (broker.security.ClientKeys: the client's key pair and the broker's public key)
-    reach brokers serving CurveZMQ (docs/security.md); without them it speaks
-    plaintext."""
+    reach brokers serving CurveZMQ (docs/security.md); without them it speaks plaintext.
+    `transport` carries the requests (broker.client.transport; default: ZeroMQ sockets); its
+    clock times the waits for a broker that is away."""
 
     def __init__(
         self,
@@ -91,6 +92,7 @@ class TopicConsumer(Closing):
         timeout_s: float = 10.0,
         *,
         keys: ClientKeys | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.topic = topic
         self.until_ms = until_ms
@@ -99,7 +101,9 @@ class TopicConsumer(Closing):
         self.max_wait_ms = max_wait_ms
         self.retries = retries
         self.skipped: list[tuple[int, int, int]] = []
-        self.cluster = Cluster(endpoint, client_id, timeout_s, retries, keys=keys)
+        self.cluster = Cluster(
+            endpoint, client_id, timeout_s, retries, keys=keys, transport=transport
+        )
         self._partitions: dict[int, _Partition] = {}
         try:
             count = len(self.cluster.partitions(topic))
@@ -164,9 +168,10 @@ class TopicConsumer(Closing):
             reading = [p for p in self._partitions.values() if not p.done]
             if not reading:
                 return
-            waiting = [p for p in reading if p.retry_at <= time.monotonic()]
+            clock = self.cluster.clock
+            waiting = [p for p in reading if p.retry_at <= clock.monotonic()]
             if not waiting:  # every partition's broker is away: wait for the first retry
-                time.sleep(max(0.0, min(p.retry_at for p in reading) - time.monotonic()))
+                clock.sleep(max(0.0, min(p.retry_at for p in reading) - clock.monotonic()))
                 continue
             wait_ms = 0 if got or not self.follow else max(1, self.max_wait_ms // len(waiting))
             got = False
@@ -203,7 +208,7 @@ class TopicConsumer(Closing):
             if partition.consumer is not None:
                 partition.consumer.close()
                 partition.consumer = None
-            partition.retry_at = time.monotonic() + partition.backoff.next()
+            partition.retry_at = self.cluster.clock.monotonic() + partition.backoff.next()
             return []
         consumer = partition.consumer
         partition.position = consumer.position

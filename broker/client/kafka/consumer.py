@@ -4,7 +4,6 @@ poll, consume, commit, seek; and its ShareConsumer, refused."""
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Self
 
@@ -253,11 +252,12 @@ class Consumer:
         commits it). KafkaException for an error that stops reading (damaged data,
         authorization)."""
         member = self._joined()
-        deadline = math.inf if timeout is None or timeout < 0 else time.monotonic() + timeout
+        clock = member.cluster.clock  # its transport's: the waits are its fetches'
+        deadline = math.inf if timeout is None or timeout < 0 else clock.monotonic() + timeout
         while True:
             if self._eof and (event := self._end_reached(member)) is not None:
                 return event
-            left = deadline - time.monotonic()
+            left = deadline - clock.monotonic()
             wait_ms = (
                 self._wait_ms
                 if left == math.inf
@@ -269,7 +269,7 @@ class Consumer:
                 raise KafkaException(error) from None
             if record is not None:
                 return self._deserialized(record)
-            if time.monotonic() >= deadline:
+            if clock.monotonic() >= deadline:
                 return self._end_reached(member) if self._eof else None
 
     def _end_reached(self, member: GroupConsumer[Message]) -> Message | None:
@@ -289,10 +289,11 @@ class Consumer:
         if num_messages < 1:
             raise ValueError("num_messages is 1 or more")
         member = self._joined()
-        deadline = math.inf if timeout is None or timeout < 0 else time.monotonic() + timeout
+        clock = member.cluster.clock
+        deadline = math.inf if timeout is None or timeout < 0 else clock.monotonic() + timeout
         messages: list[Message] = []
         while len(messages) < num_messages:
-            left = deadline - time.monotonic()
+            left = deadline - clock.monotonic()
             wait_ms = (
                 self._wait_ms
                 if left == math.inf
@@ -307,7 +308,7 @@ class Consumer:
             messages += records
             if not records and self._eof and (event := self._end_reached(member)) is not None:
                 messages.append(event)
-            if time.monotonic() >= deadline:
+            if clock.monotonic() >= deadline:
                 break
         return messages
 

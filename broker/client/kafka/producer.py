@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn, Self
@@ -34,6 +33,7 @@ from broker.client.kafka.settings import (
 )
 from broker.client.producer import Producer as _Producer
 from broker.client.producer_core import DELIVERY_TIMEOUT_S
+from broker.client.transport import ZmqTransport
 from broker.errors import PylogError
 from broker.log.compression import compressor_for
 from broker.protocol import Ack
@@ -174,7 +174,8 @@ class Producer:
         seconds for one, None or -1: until one comes) and run the delivery callbacks of the
         messages they settled; returns how many ran. Errors go to the callbacks."""
         wait = math.inf if timeout is None or timeout < 0 else timeout
-        deadline = time.monotonic() + wait
+        clock = ZmqTransport.clock  # its producers' transport's
+        deadline = clock.monotonic() + wait
         while True:
             for producer in self._producers.values():
                 with contextlib.suppress(PylogError):  # the batches it failed carry it
@@ -182,12 +183,12 @@ class Producer:
             ran = self._report()
             if ran or not self._waiting:
                 return ran
-            left = deadline - time.monotonic()
+            left = deadline - clock.monotonic()
             if left <= 0:
                 return 0
             busy = next((p for p in self._producers.values() if p.in_flight), None)
             if busy is None:  # only batches lingering: the next turn sends them
-                time.sleep(min(left, self._options["linger_ms"] / 1000))
+                clock.sleep(min(left, self._options["linger_ms"] / 1000))
                 continue
             with contextlib.suppress(PylogError):
                 busy.poll(min(left, 0.1))
@@ -229,10 +230,11 @@ class Producer:
         """Send every message, wait for their acknowledgements (up to `timeout` seconds; None
         or -1: until all came), run their callbacks; returns how many are still waiting."""
         wait = None if timeout is None or timeout < 0 else timeout
-        deadline = math.inf if wait is None else time.monotonic() + wait
+        clock = ZmqTransport.clock  # its producers' transport's
+        deadline = math.inf if wait is None else clock.monotonic() + wait
         for producer in list(self._producers.values()):
             while True:  # each error raised failed (settled) a batch: the next call goes on
-                left = None if wait is None else max(0.0, deadline - time.monotonic())
+                left = None if wait is None else max(0.0, deadline - clock.monotonic())
                 try:
                     producer.flush(left)
                     break
