@@ -1,4 +1,5 @@
-"""A scripted fake broker served on a ROUTER of 127.0.0.1 by a thread, for the client tests."""
+"""A scripted fake broker for the client tests: served on a ROUTER of 127.0.0.1 by a thread
+(`serving`), or answering in memory, no socket and no thread (`in_memory`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any, Protocol, TypeVar
 
 import zmq
 
+from broker.client.transport import MemoryTransport
+from broker.clock import WaitingClock
 from broker.protocol import RequestHeader, decode_request
 
 
@@ -19,6 +22,22 @@ class Fake(Protocol):
 
 
 F = TypeVar("F", bound=Fake)
+
+
+class Answering(Protocol):
+    endpoint: str
+
+    def answer(self, header: RequestHeader, request: Any) -> list[bytes] | None: ...
+
+
+PLAYED_ENDPOINT = "tcp://played:9092"
+
+
+def in_memory(fake: Answering, clock: WaitingClock) -> MemoryTransport:
+    """A MemoryTransport on which `fake` answers each request (its endpoint PLAYED_ENDPOINT),
+    its waits passed on `clock`."""
+    fake.endpoint = PLAYED_ENDPOINT
+    return MemoryTransport(lambda endpoint, frames: fake.answer(*decode_request(frames)), clock)
 
 
 @contextlib.contextmanager

@@ -43,8 +43,8 @@ from broker.protocol import (
     encode_error,
     encode_reply,
 )
-from tests.client.router import answer_requests, serving
-from tests.conftest import wait_until
+from tests.client.router import answer_requests, in_memory, serving
+from tests.conftest import FakeClock, wait_until
 from tests.pylogd import RunningBroker
 
 PRODUCER = 0x2F1E5D4C3B2A1908
@@ -223,19 +223,20 @@ class LateFirstSet:
         return [bytes(f) for f in encode_reply(header.correlation_id, reply, header.version)]
 
 
-def test_a_batch_whose_producers_first_set_is_on_its_way_again_waits_for_it() -> None:
+def test_a_batch_whose_producers_first_set_is_on_its_way_again_waits_for_it(
+    clock: FakeClock,
+) -> None:
     """A worker dies with a producer's first set (sequence 0); its second (sequence 1) then
     reaches the partition first, which knows no set of the producer: UNKNOWN_PRODUCER_ID. The
     first set is still the producer's to send, so the partition has not forgotten anything:
     the first goes again, then the second, under the same id, both stored once, in order
     (the second was numbered again as a new producer's first set, and stored before the first;
-    or, sent twice already, failed MaybeStored: CI met that)."""
-    with (
-        serving(LateFirstSet()) as fake,
-        Producer(
-            fake.endpoint, "t", ack=Ack.FLUSHED, batch_messages=1, max_in_flight=2, timeout_s=0.5
-        ) as producer,
-    ):
+    or, sent twice already, failed MaybeStored: CI met that). In memory, on a fake clock."""
+    fake = LateFirstSet()
+    transport = in_memory(fake, clock)
+    with Producer(
+        fake.endpoint, "t", ack=Ack.FLUSHED, batch_messages=1, max_in_flight=2, transport=transport
+    ) as producer:
         first, second = producer.send(b"first"), producer.send(b"second")
         assert first.result(20) < second.result(20)
     assert [m.value for _, _, data in fake.stored for m in iter_messages(data)] == [
@@ -296,14 +297,17 @@ class ForgetfulPartition:
         return [bytes(f) for f in reply]
 
 
-def test_a_batch_sent_again_that_its_partition_no_longer_knows_fails_as_maybe_stored() -> None:
+def test_a_batch_sent_again_that_its_partition_no_longer_knows_fails_as_maybe_stored(
+    clock: FakeClock,
+) -> None:
     """Its first sending's reply lost, a batch is sent again and answered UNKNOWN_PRODUCER_ID:
     the first sending may have been stored, so it is not numbered again (which would store it
-    twice) but fails, MaybeStored, and goes no third time."""
-    with (
-        serving(ForgetfulPartition()) as fake,
-        Producer(fake.endpoint, "t", ack=Ack.FLUSHED, batch_messages=1, timeout_s=0.5) as producer,
-    ):
+    twice) but fails, MaybeStored, and goes no third time. In memory, on a fake clock."""
+    fake = ForgetfulPartition()
+    transport = in_memory(fake, clock)
+    with Producer(
+        fake.endpoint, "t", ack=Ack.FLUSHED, batch_messages=1, transport=transport
+    ) as producer:
         delivery = producer.send(b"lost reply")
         with pytest.raises(MaybeStored, match="may have been stored"):
             delivery.result(20)
