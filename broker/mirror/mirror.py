@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from broker.aio.connection import AsyncCluster
 from broker.client.admin import Admin
-from broker.client.group import default_consumer_id
+from broker.client.group_member import default_consumer_id
 from broker.client.retention import RetentionForecast, forecast
 from broker.config import REPLICA_SETTINGS, TOPIC_SETTINGS
 from broker.errors import PylogError, TopicAlreadyExists, UnknownTopicOrPartition
