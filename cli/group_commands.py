@@ -30,6 +30,7 @@ from broker.errors import (
 from broker.groups.assignors import TopicPartition
 from broker.groups.lag import GroupReader, ResetStep, Target
 from broker.registry import DEFAULT_CHROOT, Registry
+from broker.registry.brokers import Brokers
 from broker.registry.groups import GroupNotEmpty
 from broker.registry.nodes import check_name
 from broker.security import KeyFileError, ZooKeeperAuth
@@ -254,7 +255,7 @@ def group_reader(
         open_registry(zookeeper, chroot, broker, timeout) as registry,
         Cluster((), timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as cluster,
     ):
-        yield GroupReader(registry, cluster, CLI_RETRIES)
+        yield GroupReader(registry.groups, registry.topics, registry.brokers, cluster, CLI_RETRIES)
 
 
 @group.command("list")
@@ -273,8 +274,8 @@ def group_list(
     """
     with group_reader(zookeeper, chroot, broker, timeout) as reader:
         groups = [
-            (name, sorted(reader.registry.groups.group_members(name)), reader.topics(name))
-            for name in reader.registry.groups.names()
+            (name, sorted(reader.groups.group_members(name)), reader.topics(name))
+            for name in reader.groups.names()
         ]
     if as_json:
         for name, members, topics in groups:
@@ -326,7 +327,7 @@ def group_describe(
         while True:
             lag = reader.describe(group_name, topics, count_bytes)
             if not (topics or lag.topics or lag.members) and (
-                group_name not in reader.registry.groups.names()
+                group_name not in reader.groups.names()
             ):
                 fail(
                     f"no consumer group {group_name!r}: nothing committed, owned or consuming "
@@ -466,9 +467,9 @@ def group_reset(
     """
     target = reset_target(to, shift_by)
     with group_reader(zookeeper, chroot, broker, timeout) as reader:
-        consumers = reader.registry.groups.group_members(group_name)
+        consumers = reader.groups.group_members(group_name)
         active = sorted(m for m, subscribed in consumers.items() if topic in subscribed)
-        coordinated = reader.registry.groups.coordinated(group_name)
+        coordinated = reader.groups.coordinated(group_name)
         if active and execute and (coordinated or not force):
             fail(
                 f"group {group_name} has {members_text(active, 'active member')} consuming "
@@ -489,7 +490,7 @@ def group_reset(
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="--partition") from None
         if execute and coordinated:
-            bootstrap = coordinator_bootstrap(reader.registry, zookeeper, broker)
+            bootstrap = coordinator_bootstrap(reader.brokers, zookeeper, broker)
             reset_through_coordinator(group_name, steps, bootstrap, timeout)
         elif execute:
             reader.apply_reset(group_name, steps)
@@ -509,13 +510,13 @@ def group_reset(
     click.echo(f"group {group_name}: {_count(applied, 'partition')} of {topic} reset")
 
 
-def coordinator_bootstrap(registry: Registry, zookeeper: str | None, broker: str) -> str:
+def coordinator_bootstrap(brokers: Brokers, zookeeper: str | None, broker: str) -> str:
     """Where to find a coordinated group's coordinator: --broker, which named the registry;
     or, the registry given by --zookeeper, the brokers registered in it (--broker's default
     may be another cluster's, or nobody's)."""
     if zookeeper is None:
         return broker
-    registered = registry.brokers.read().values()
+    registered = brokers.read().values()
     if not registered:
         fail("no broker is registered in that ZooKeeper: a coordinated group needs one up")
     return ",".join(f"{b.host}:{b.port}" for b in registered)
@@ -601,11 +602,11 @@ def group_delete(
     """
     with group_reader(zookeeper, chroot, broker, timeout) as reader:
         try:
-            if reader.registry.groups.coordinated(group_name):
-                bootstrap = coordinator_bootstrap(reader.registry, zookeeper, broker)
+            if reader.groups.coordinated(group_name):
+                bootstrap = coordinator_bootstrap(reader.brokers, zookeeper, broker)
                 deleted = delete_through_coordinator(group_name, bootstrap, timeout)
             else:
-                deleted = reader.registry.groups.delete_group(group_name)
+                deleted = reader.groups.delete_group(group_name)
         except GroupNotEmpty as error:
             fail(
                 f"group {group_name} has {members_text(error.members)}: stop "

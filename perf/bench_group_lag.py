@@ -48,7 +48,7 @@ def main() -> None:
             Registry(address.connect, address.chroot) as registry,
             Cluster((), retries=0) as cluster,
         ):
-            reader = GroupReader(registry, cluster)
+            reader = GroupReader(registry.groups, registry.topics, registry.brokers, cluster)
             config = registry.topics.topic_config(TOPIC)
             for number, holder in enumerate(config.brokers):
                 registry.groups.commit_offset(GROUP, TOPIC, f"{holder}-{number}", 0)

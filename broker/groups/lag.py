@@ -40,7 +40,10 @@ from broker.client.lag import (
 from broker.client.retention import ahead_of
 from broker.errors import BrokerError, Unavailable
 from broker.protocol import OffsetsRequest
-from broker.registry import Registry, partition_name
+from broker.registry import partition_name
+from broker.registry.brokers import Brokers
+from broker.registry.coordination import GroupCoordination
+from broker.registry.topics import TopicNodes
 
 SCAN_BACK_BYTES: Final = 64 << 10
 """The first window read back from an offset to find the messages before it (then x4)."""
@@ -52,10 +55,20 @@ messages from the committed offset (negative: back)."""
 
 
 class GroupReader:
-    """Reads groups from `registry` and partitions from the brokers registered there."""
+    """Reads groups from the registry's `groups` store (their topics' configurations from
+    `topics`) and partitions from the brokers registered in `brokers`, through `cluster`."""
 
-    def __init__(self, registry: Registry, cluster: Cluster, retries: int = 3) -> None:
-        self.registry = registry
+    def __init__(
+        self,
+        groups: GroupCoordination,
+        topics: TopicNodes,
+        brokers: Brokers,
+        cluster: Cluster,
+        retries: int = 3,
+    ) -> None:
+        self.groups = groups
+        self.topic_nodes = topics
+        self.brokers = brokers
         self.cluster = cluster
         self.retries = retries
 
@@ -63,10 +76,10 @@ class GroupReader:
         """The group's topics: those it has committed offsets or owners for, or members
         consuming (empty when there is no such group)."""
         found = {
-            *self.registry.groups.committed_offsets(group),
-            *self.registry.groups.owners(group),
+            *self.groups.committed_offsets(group),
+            *self.groups.owners(group),
         }
-        for subscribed in self.registry.groups.group_members(group).values():
+        for subscribed in self.groups.group_members(group).values():
             found.update(subscribed)
         return sorted(found)
 
@@ -74,12 +87,12 @@ class GroupReader:
         self, group: str, topics: Iterable[str] = (), count_bytes: int = COUNT_BYTES
     ) -> GroupLag:
         """The lag of each partition of `topics` (default: the group's topics)."""
-        members = self.registry.groups.group_members(group)
-        committed = self.registry.groups.committed_offsets(group)
-        owners = self.registry.groups.owners(group)
+        members = self.groups.group_members(group)
+        committed = self.groups.committed_offsets(group)
+        owners = self.groups.owners(group)
         names = sorted(set(topics)) or self.topics(group)
         lag = GroupLag(group, members, names)
-        configs = self.registry.topics.topic_configs()
+        configs = self.topic_nodes.topic_configs()
         self._refresh_endpoints()
         now_ms = time.time() * 1000
         for topic in names:
@@ -141,7 +154,7 @@ class GroupReader:
         return replace(offsets, **figures, note="; ".join(notes) or None)
 
     def _refresh_endpoints(self) -> None:
-        brokers = self.registry.brokers.read()
+        brokers = self.brokers.read()
         self.cluster.endpoints = {b: f"tcp://{i.host}:{i.port}" for b, i in brokers.items()}
         self.cluster.leaders.clear()  # asked again: leadership may have moved since
 
@@ -187,7 +200,7 @@ class GroupReader:
         (or of `partitions`), reading only. UnknownTopicOrPartition for a topic that does not
         exist; BrokerError or HolderUnavailable when a holder cannot say (nothing is
         planned)."""
-        config = self.registry.topics.topic_config(topic)
+        config = self.topic_nodes.topic_config(topic)
         wanted = set(partitions)
         unknown = wanted - set(range(config.partitions))
         if unknown:
@@ -195,7 +208,7 @@ class GroupReader:
                 f"topic {topic} has partitions 0 to {config.partitions - 1}, "
                 f"not {', '.join(map(str, sorted(unknown)))}"
             )
-        committed = self.registry.groups.committed_offsets(group).get(topic, {})
+        committed = self.groups.committed_offsets(group).get(topic, {})
         self._refresh_endpoints()
         steps = []
         for number, holder in enumerate(config.brokers):
@@ -214,7 +227,7 @@ class GroupReader:
         """Write each step's `after` as the group's committed offset."""
         for step in steps:
             if step.after is not None:
-                self.registry.groups.commit_offset(group, step.topic, step.name, step.after)
+                self.groups.commit_offset(group, step.topic, step.name, step.after)
 
     def _step(
         self, topic: str, number: int, holder: int, name: str, before: int | None, target: Target

@@ -18,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from broker.groups.assignors import contiguous_share
-from broker.registry import Registry, partition_name
+from broker.registry import partition_name
+from broker.registry.coordination import GroupCoordination
+from broker.registry.topics import TopicNodes
 
 
 def assign_range(
@@ -38,10 +40,14 @@ def assign_range(
 
 
 class MirrorGroup:
-    """Member `member` of mirror group `group` in `registry` (the target's)."""
+    """Member `member` of mirror group `group` in the target's registry (its `groups` and
+    `topics` stores)."""
 
-    def __init__(self, registry: Registry, group: str, member: str) -> None:
-        self.registry = registry
+    def __init__(
+        self, groups: GroupCoordination, topics: TopicNodes, group: str, member: str
+    ) -> None:
+        self.groups = groups
+        self.topics = topics
         self.group = group
         self.member = member
         self._topics: frozenset[str] | None = None
@@ -54,18 +60,18 @@ class MirrorGroup:
         if topics == self._topics:
             return
         first = self._topics is None
-        self.registry.groups.register_consumer(self.group, self.member, topics)
+        self.groups.register_consumer(self.group, self.member, topics)
         self._topics = topics
         if first:
-            self.registry.groups.watch_members(self.group, lambda _members: on_change())
+            self.groups.watch_members(self.group, lambda _members: on_change())
 
     def wanted(self, partitions: Mapping[str, int]) -> set[tuple[str, int]]:
         """This member's range of each topic's partitions (topic -> count) among the members
         mirroring it."""
-        members = self.registry.groups.consumers(self.group)
+        members = self.groups.consumers(self.group)
         wanted: set[tuple[str, int]] = set()
         for topic, count in partitions.items():
-            brokers = self.registry.topics.topic_config(topic).brokers
+            brokers = self.topics.topic_config(topic).brokers
             named = [(brokers[p], p) for p in range(count)]
             mirroring = [member for member, topics in members.items() if topic in topics]
             wanted |= {(topic, p) for p in assign_range(named, mirroring, self.member)}
@@ -73,18 +79,18 @@ class MirrorGroup:
 
     def claim(self, topic: str, partition: int) -> str | None:
         """Own the partition (None), or the member that owns it now."""
-        return self.registry.groups.claim_partition(
+        return self.groups.claim_partition(
             self.group, topic, self._name(topic, partition), self.member
         )
 
     def release(self, topic: str, partition: int) -> None:
-        self.registry.groups.release_partition(self.group, topic, self._name(topic, partition))
+        self.groups.release_partition(self.group, topic, self._name(topic, partition))
 
     def _name(self, topic: str, partition: int) -> str:
-        brokers = self.registry.topics.topic_config(topic).brokers
+        brokers = self.topics.topic_config(topic).brokers
         return partition_name(brokers[partition], partition)
 
     def leave(self) -> None:
         if self._topics is not None:
-            self.registry.groups.unregister_consumer(self.group, self.member)
+            self.groups.unregister_consumer(self.group, self.member)
             self._topics = None

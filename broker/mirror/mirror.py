@@ -159,17 +159,17 @@ class Mirror:
         try:
             if self._group is None or due:
                 await self._joined(loop)
-            assert self._group is not None
-            group, registry = self._group, self._group.registry
-            if not registry.session.connected:
+            assert self._group is not None and self._registry is not None
+            group, session = self._group, self._registry.session
+            if not session.connected:
                 self._paused = True
                 await self._stop_all("the target's ZooKeeper is not reachable: copies paused")
                 return
-            if group.claim_session != registry.session.session_id:
+            if group.claim_session != session.session_id:
                 await self._stop_all(
                     "ZooKeeper session expired: its partitions went back to the group"
                 )
-                group.claim_session = registry.session.session_id
+                group.claim_session = session.session_id
                 due = True
             if not (due or self._paused):
                 return
@@ -206,7 +206,9 @@ class Mirror:
         async with self._admin_lock:
             registry = await asyncio.to_thread(self._open_registry)
             if self._group is None:
-                self._group = MirrorGroup(registry, self.config.mirror.group, self.member)
+                self._group = MirrorGroup(
+                    registry.groups, registry.topics, self.config.mirror.group, self.member
+                )
 
             def changed() -> None:  # from kazoo's thread
                 loop.call_soon_threadsafe(self._changed.set)

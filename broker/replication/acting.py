@@ -2,7 +2,7 @@
 calling thread (the controller service's): settling every partition after a change of the live
 brokers or the topics (choose_leader), preferred-leader elections (choose_preferred) and the
 steps of reassignments (broker.replication.reassign). Every write is
-Registry.topics.write_partition_state conditional on the node's version read and on
+TopicNodes.write_partition_state conditional on the node's version read and on
 /controller_epoch being at this controller's epoch: PartitionStateChanged reads the node again
 and decides again (WRITE_ATTEMPTS times at most), ControllerMoved ends the acting.
 """
@@ -24,8 +24,10 @@ from broker.registry import (
     PartitionState,
     PartitionStateChanged,
     Reassignment,
-    Registry,
 )
+from broker.registry.admin import ReassignmentNodes
+from broker.registry.brokers import Brokers
+from broker.registry.topics import TopicNodes
 from broker.replication.election import Choice, choose_leader, choose_preferred
 from broker.replication.reassign import next_step, why_waiting
 
@@ -63,12 +65,16 @@ class Acting:
 
     def __init__(
         self,
-        registry: Registry,
+        brokers: Brokers,
+        topics: TopicNodes,
+        reassignments: ReassignmentNodes,
         epoch: int,
         counters: Counters,
         stopping: Callable[[], bool],
     ) -> None:
-        self.registry = registry
+        self.brokers = brokers
+        self.topics = topics
+        self.reassignments = reassignments
         self.epoch = epoch
         self.counters = counters
         self.stopping = stopping
@@ -78,20 +84,19 @@ class Acting:
         settled (False: some left for the next round, or stopped meanwhile, which it looks at
         before each partition) and the topics seen. RegistryUnavailable and ControllerMoved
         as they come."""
-        registry = self.registry
-        alive = registry.brokers.epochs()
-        configs = registry.topics.topic_configs()
+        alive = self.brokers.epochs()
+        configs = self.topics.topic_configs()
         settled, offline = True, 0
         for topic, config in sorted(configs.items()):
             if self.stopping():
                 return False, []
             unclean = replica_setting(config.settings, "unclean_leader_election") == 1
-            states = registry.topics.partition_states(topic)
+            states = self.topics.partition_states(topic)
             if len(states) < config.partitions:
-                created = registry.topics.create_partition_states(topic, config)
+                created = self.topics.create_partition_states(topic, config)
                 if created:
                     log.info("topic %r: %d partition state node(s) created", topic, created)
-                states = registry.topics.partition_states(topic)
+                states = self.topics.partition_states(topic)
             for partition, (state, version) in sorted(states.items()):
                 if self.stopping():  # a topic may have 10,000 partitions: seconds of writes
                     return False, []
@@ -114,21 +119,18 @@ class Acting:
         """Move leadership to each partition's preferred leader where choose_preferred says so;
         how many moved. UnknownTopicOrPartition for a topic of `topics` that does not exist
         (nothing moved then). Stops before the next partition once the service is stopping."""
-        registry = self.registry
         if isinstance(topics, str):
             raise TypeError("topics is a collection of topic names, not one name")
         if topics is None:
-            configs = registry.topics.topic_configs()
+            configs = self.topics.topic_configs()
         else:
-            configs = {topic: registry.topics.topic_config(topic) for topic in topics}
-        alive = registry.brokers.epochs()
+            configs = {topic: self.topics.topic_config(topic) for topic in topics}
+        alive = self.brokers.epochs()
         moved = 0
         for topic, config in sorted(configs.items()):
             if self.stopping():
                 break
-            for partition, (state, version) in sorted(
-                registry.topics.partition_states(topic).items()
-            ):
+            for partition, (state, version) in sorted(self.topics.partition_states(topic).items()):
                 if self.stopping():
                     return moved
                 if partition >= config.partitions:
@@ -146,14 +148,13 @@ class Acting:
         """Take the next step of every reassignment under way (broker.replication.reassign);
         whether any waits for its new replicas (to be looked at again REASSIGN_CHECK_S
         later). RegistryUnavailable and ControllerMoved as they come."""
-        registry = self.registry
-        pending = registry.reassignments.read()
+        pending = self.reassignments.read()
         waiting = self.counters.reassignments_waiting
         for key in [key for key in waiting if key not in pending]:
             del waiting[key]
         if not pending:
             return False
-        brokers, alive = registry.brokers.read(), registry.brokers.epochs()
+        brokers, alive = self.brokers.read(), self.brokers.epochs()
         for _, reassignment in sorted(pending.items()):
             if self.stopping():
                 return True
@@ -168,18 +169,18 @@ class Acting:
     ) -> None:
         """Take the steps of one reassignment that can be taken now (`brokers`: those up,
         `alive`: their broker epochs)."""
-        registry, counters = self.registry, self.counters
+        counters = self.counters
         topic, partition = reassignment.topic, reassignment.partition
         key = (topic, partition)
         for _ in range(WRITE_ATTEMPTS + 2):  # an expand, then a finish, each maybe raced
             try:
-                config, version, (state, state_version) = registry.reassignments.reassignment_view(
+                config, version, (state, state_version) = self.reassignments.reassignment_view(
                     topic, partition
                 )
             except UnknownTopicOrPartition as error:
                 log.warning("%s-%d: reassignment dropped: %s", topic, partition, error)
                 with contextlib.suppress(UnknownTopicOrPartition):
-                    registry.reassignments.cancel_reassignment(topic, partition)
+                    self.reassignments.cancel_reassignment(topic, partition)
                 counters.reassignments_waiting.pop(key, None)
                 return
             current = config.replicas[partition]
@@ -204,7 +205,7 @@ class Acting:
                 return
             final = None if step.state is None else (step.state, state_version)
             try:
-                registry.reassignments.write_reassignment_step(
+                self.reassignments.write_reassignment_step(
                     reassignment, config, version, step.replicas, self.epoch, final
                 )
             except PartitionStateChanged:
@@ -257,18 +258,17 @@ class Acting:
         """Write what `decide` chooses for the partition, conditionally; on PartitionStateChanged
         read the node again and decide again, WRITE_ATTEMPTS times at most. Returns what came
         of it and the state the partition is left in."""
-        registry = self.registry
         for _ in range(WRITE_ATTEMPTS):
             choice = decide(state)
             if choice is None:
                 return "unchanged", state
             try:
-                registry.topics.write_partition_state(
+                self.topics.write_partition_state(
                     topic, partition, choice.state, version, controller_epoch=self.epoch
                 )
             except PartitionStateChanged:
                 try:
-                    state, version = registry.topics.partition_state(topic, partition)
+                    state, version = self.topics.partition_state(topic, partition)
                 except UnknownTopicOrPartition:
                     return "unchanged", state  # deleted meanwhile
                 continue

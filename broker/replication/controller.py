@@ -254,7 +254,7 @@ class ControllerService:
             epoch = self._epoch
             if epoch is None or self._stopping.is_set():
                 raise NotController(self._broker_id, registry.controller.current())
-            acting = Acting(registry, epoch, self._counters, self._stopping.is_set)
+            acting = self._acting(registry, epoch)
             try:
                 return acting.elect_preferred(topics)
             except ControllerMoved:
@@ -353,7 +353,7 @@ class ControllerService:
         assert registry is not None
         if epoch is None or self._stopping.is_set():
             return True
-        acting = Acting(registry, epoch, self._counters, self._stopping.is_set)
+        acting = self._acting(registry, epoch)
         try:
             moved = acting.elect_preferred(None)
         except ControllerMoved:
@@ -378,7 +378,7 @@ class ControllerService:
         if epoch is None or self._stopping.is_set():
             return True
         try:
-            Acting(registry, epoch, self._counters, self._stopping.is_set).reassign()
+            self._acting(registry, epoch).reassign()
         except ControllerMoved:
             self._lose(epoch, "a newer controller refused its write")
             registry.controller.resign()
@@ -403,7 +403,7 @@ class ControllerService:
             )
         if epoch is None:
             return True
-        acting = Acting(registry, epoch, self._counters, self._stopping.is_set)
+        acting = self._acting(registry, epoch)
         try:
             settled, topics = acting.settle()
             acting.reassign()
@@ -419,20 +419,30 @@ class ControllerService:
         """Run the preferred-leader election an operator asked for
         (/admin/preferred_election, `pylogctl topic elect-preferred`), if one is asked, then
         delete its node. A topic of it deleted since is passed over."""
-        registry = acting.registry
-        asked, topics = registry.reassignments.preferred_election_asked()
+        asked, topics = acting.reassignments.preferred_election_asked()
         if not asked:
             return
-        known = set(registry.topics.topic_configs())
+        known = set(acting.topics.topic_configs())
         if topics is not None and (gone := sorted(set(topics) - known)):
             log.warning("preferred-leader election asked: topic(s) %s do not exist", gone)
             topics = [t for t in topics if t in known]
         moved = acting.elect_preferred(topics)
-        registry.reassignments.end_preferred_election()
+        acting.reassignments.end_preferred_election()
         log.info(
             "preferred-leader election asked over %s: %d partition(s) moved",
             "every topic" if topics is None else f"topic(s) {topics}",
             moved,
+        )
+
+    def _acting(self, registry: Registry, epoch: int) -> Acting:
+        """The acts of controller epoch `epoch`, on `registry`'s stores."""
+        return Acting(
+            registry.brokers,
+            registry.topics,
+            registry.reassignments,
+            epoch,
+            self._counters,
+            self._stopping.is_set,
         )
 
     def _lose(self, epoch: int, why: str) -> None:

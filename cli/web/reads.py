@@ -282,17 +282,15 @@ class Reads:
     def groups(self) -> list[GroupRow]:
         with self.group_reader() as reader:
             return [
-                GroupRow(
-                    name, sorted(reader.registry.groups.group_members(name)), reader.topics(name)
-                )
-                for name in reader.registry.groups.names()
+                GroupRow(name, sorted(reader.groups.group_members(name)), reader.topics(name))
+                for name in reader.groups.names()
             ]
 
     def group(self, name: str, viewed: bool = True) -> GroupLag:
         """The group's lag (as `pylogctl group describe` reads it), recorded in the history."""
         with self.group_reader() as reader:
             lag = reader.describe(name)
-            if not (lag.topics or lag.members) and name not in reader.registry.groups.names():
+            if not (lag.topics or lag.members) and name not in reader.groups.names():
                 raise NotFound(f"no consumer group {name!r}: nothing committed, owned or consuming")
         self.history.record(lag, viewed)
         return lag
@@ -302,7 +300,7 @@ class Reads:
         target = self.target
         registry = self.registry()
         with Cluster((), CLIENT_ID, target.timeout_s, RETRIES, keys=target.keys) as cluster:
-            yield GroupReader(registry, cluster, RETRIES)
+            yield GroupReader(registry.groups, registry.topics, registry.brokers, cluster, RETRIES)
 
     def mirrors(self) -> list[MirrorView]:
         """Each mirror of --mirror-config: its partitions' lag, or why it cannot be read."""

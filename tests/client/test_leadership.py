@@ -388,7 +388,11 @@ def test_group_lag_reads_offsets_of_the_leader_after_a_move(
 
     wait_until(lambda: high_watermark() == end, what="the new leader's high watermark")
     with Cluster((), retries=1) as cluster:
-        (lag,) = GroupReader(registry, cluster).describe("lagging-group", ["lagging"]).partitions
+        (lag,) = (
+            GroupReader(registry.groups, registry.topics, registry.brokers, cluster)
+            .describe("lagging-group", ["lagging"])
+            .partitions
+        )
     assert (lag.broker, lag.note) == (1, None)  # the preferred leader names the partition
     assert (lag.log_start, lag.high_watermark, lag.committed) == (0, end, offsets[4])
     assert lag.lag_messages == 6  # messages 4 to 9

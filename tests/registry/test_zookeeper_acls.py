@@ -252,7 +252,9 @@ def test_a_session_without_the_identity_gets_a_clear_error_on_writes(
     # a member of the paper's protocol (a mirror process, broker.mirror.group) without an
     # identity joining alice's group fails at once, saying why
     with pytest.raises(RegistryAccessDenied, match="without a ZooKeeper identity"):
-        MirrorGroup(plain, "loaders", "b").join(frozenset({"clicks"}), lambda: None)
+        MirrorGroup(plain.groups, plain.topics, "loaders", "b").join(
+            frozenset({"clicks"}), lambda: None
+        )
     assert plain.session.statistics().registered == 0
     # it may make a group of its own, but that group is open to every client
     plain.groups.register_consumer("open", "c", ["clicks"])
