@@ -80,6 +80,7 @@ OPERATIONS: Final[dict[int, Operation]] = {
     protocol.Api.CREATE_TOPIC: Operation.CREATE,
     protocol.Api.DELETE_TOPIC: Operation.DELETE,
     protocol.Api.ALTER_CONFIG: Operation.ALTER,
+    protocol.Api.CREATE_PARTITIONS: Operation.ALTER,
 }
 """The ACL operation each api needs on its topic (DESCRIBE_CLUSTER needs none: any principal
 let in may ask it; docs/security.md)."""
@@ -507,6 +508,10 @@ class Front:
                 self._manage(tagged, header.correlation_id)
                 self.topics.admin.alter_config(request, tagged, header.correlation_id)
                 return  # answered once ZooKeeper has it
+            elif isinstance(request, protocol.CreatePartitionsRequest):
+                self._manage(tagged, header.correlation_id)
+                self.topics.admin.add_partitions(request, tagged, header.correlation_id)
+                return  # answered once ZooKeeper has them
             else:
                 raise UnsupportedApi(f"{type(request).__name__} is not served by the front")
             self._answer(

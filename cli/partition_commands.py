@@ -61,10 +61,9 @@ def add_partitions(
     Example:
       pylogctl topic add-partitions clicks --partitions 8"""
     with open_registry(zookeeper, chroot, broker, timeout) as registry:
-        racks = {broker_id: info.rack for broker_id, info in registry.brokers.read().items()}
         try:
             before = registry.topics.topic_config(name).partitions
-            grown = registry.topics.add_partitions(name, count, racks)
+            grown = registry.topics.add_partitions(name, count)
         except InvalidTopic as error:  # not more than it has, or too few brokers
             usage_error(str(error))
     with (

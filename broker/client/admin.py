@@ -24,6 +24,7 @@ from broker.protocol import (
     AlterConfigRequest,
     ClusterBroker,
     ConfigEntry,
+    CreatePartitionsRequest,
     CreateTopicRequest,
     DeleteTopicRequest,
     DescribeClusterReply,
@@ -120,7 +121,11 @@ class Admin(Closing):
         self.retries = retries
 
     def _admin_request(
-        self, request: CreateTopicRequest | DeleteTopicRequest | AlterConfigRequest
+        self,
+        request: CreateTopicRequest
+        | DeleteTopicRequest
+        | AlterConfigRequest
+        | CreatePartitionsRequest,
     ) -> EmptyReply:
         """Send once, to the first bootstrap broker that can be reached."""
         error: Unavailable | None = None
@@ -145,6 +150,15 @@ class Admin(Closing):
     def delete_topic(self, topic: str) -> None:
         """Delete `topic` and its data. Raises UnknownTopicOrPartition (a BrokerError)."""
         self._admin_request(DeleteTopicRequest(topic))
+
+    def add_partitions(self, topic: str, count: int) -> None:
+        """Give `topic` `count` partitions in all (CREATE_PARTITIONS): the new ones are placed
+        over the brokers up (racks apart, leadership round robin, as in a new topic) and served
+        moments after this returns. Sent once (sent again after a lost reply, it could be
+        refused for what did succeed). Raises UnknownTopicOrPartition, and InvalidTopic when
+        `count` is not more than the partitions it has, or over the maximum, or fewer brokers
+        are up than its replication factor."""
+        self._admin_request(CreatePartitionsRequest(topic, count))
 
     def _ask(self, ask: Callable[[Connection], T]) -> T:
         """`ask(connection)`, a read-only call about the whole cluster (Cluster.ask_any)."""

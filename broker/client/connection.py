@@ -46,6 +46,7 @@ from broker.protocol import (
     Ack,
     AlterConfigRequest,
     Api,
+    CreatePartitionsRequest,
     CreateTopicRequest,
     DeleteGroupRequest,
     DeleteTopicRequest,
@@ -152,7 +153,11 @@ class Connection(Framing, Closing):
     def request(self, request: MetadataRequest) -> MetadataReply: ...
     @overload
     def request(
-        self, request: CreateTopicRequest | DeleteTopicRequest | AlterConfigRequest
+        self,
+        request: CreateTopicRequest
+        | DeleteTopicRequest
+        | AlterConfigRequest
+        | CreatePartitionsRequest,
     ) -> EmptyReply: ...
     @overload
     def request(self, request: DescribeClusterRequest) -> DescribeClusterReply: ...

@@ -304,9 +304,7 @@ class Mirror:
                 f"the target's topic has {count} partitions, the source's {partitions}"
             )
         if count < partitions:
-            registry = self._open_registry()
-            racks = {broker: info.rack for broker, info in registry.brokers.read().items()}
-            registry.topics.add_partitions(topic, partitions, racks)
+            self._open_registry().topics.add_partitions(topic, partitions)
             log.info("topic %r: grown to %d partitions on the target", topic, partitions)
         # A message of max_message_bytes is fetched whole; a set never outgrows a segment.
         largest = max(self.config.mirror.fetch_max_bytes, int(source["max_message_bytes"].value))

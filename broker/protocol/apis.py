@@ -50,6 +50,7 @@ class Api(IntEnum):
     DESCRIBE_GROUP = 16
     LIST_GROUPS = 17
     DELETE_GROUP = 18
+    CREATE_PARTITIONS = 19
 
 
 class Ack(IntEnum):

@@ -107,6 +107,16 @@ class DeleteTopicRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class CreatePartitionsRequest:
+    """Give a topic `count` partitions in all (more than it has), the new ones placed over the
+    brokers up as a new topic's would be."""
+
+    api: ClassVar[Api] = Api.CREATE_PARTITIONS
+    topic: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class DescribeClusterRequest:
     """Every broker of the cluster, up or down, and the ZooKeeper that holds its registry."""
 
@@ -337,6 +347,7 @@ Request = (
     | MetadataRequest
     | CreateTopicRequest
     | DeleteTopicRequest
+    | CreatePartitionsRequest
     | DescribeClusterRequest
     | DescribePartitionRequest
     | DescribeConfigRequest
@@ -502,8 +513,8 @@ class MetadataReply:
 
 @dataclass(frozen=True, slots=True)
 class EmptyReply:
-    """The reply to CREATE_TOPIC, DELETE_TOPIC, ALTER_CONFIG and DELETE_GROUP: success, and a
-    body of zero bytes."""
+    """The reply to CREATE_TOPIC, DELETE_TOPIC, ALTER_CONFIG, DELETE_GROUP and CREATE_PARTITIONS:
+    success, and a body of zero bytes."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,7 +162,13 @@ def decode_reply(
 ) -> MetadataReply: ...
 @overload
 def decode_reply(
-    api: Literal[Api.CREATE_TOPIC, Api.DELETE_TOPIC, Api.ALTER_CONFIG, Api.DELETE_GROUP],
+    api: Literal[
+        Api.CREATE_TOPIC,
+        Api.DELETE_TOPIC,
+        Api.ALTER_CONFIG,
+        Api.DELETE_GROUP,
+        Api.CREATE_PARTITIONS,
+    ],
     frames: Frames,
     version: int = API_VERSION,
 ) -> EmptyReply: ...

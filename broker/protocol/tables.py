@@ -25,6 +25,7 @@ from broker.protocol.messages import (
     CommittedOffset,
     CommittedTopic,
     ConfigEntry,
+    CreatePartitionsRequest,
     CreateTopicRequest,
     DeleteGroupRequest,
     DeleteTopicRequest,
@@ -533,7 +534,7 @@ METADATA: Final = ApiTable(
     ),
 )
 
-# -- topics: CREATE_TOPIC, DELETE_TOPIC, DESCRIBE_CONFIG, ALTER_CONFIG -------------------------
+# -- topics: CREATE_TOPIC, DELETE_TOPIC, CREATE_PARTITIONS, DESCRIBE_CONFIG, ALTER_CONFIG -------
 
 
 def _make_create_topic(reader: Reader, values: Values, version: int) -> CreateTopicRequest:
@@ -570,6 +571,35 @@ DELETE_TOPIC: Final = ApiTable(
     Body("DELETE_TOPIC", DeleteTopicRequest, (_TOPIC,), strict=True),
     Body("DELETE_TOPIC", EmptyReply, ()),
     frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.REGISTRY_UNAVAILABLE}),
+)
+
+
+def _make_create_partitions(
+    reader: Reader, values: Values, version: int
+) -> CreatePartitionsRequest:
+    if values["count"] < 1:
+        raise InvalidTopic(f"topic {values['topic']}: count is 0, a topic has at least 1 partition")
+    return CreatePartitionsRequest(values["topic"], values["count"])
+
+
+CREATE_PARTITIONS: Final = ApiTable(
+    Api.CREATE_PARTITIONS,
+    (1,),
+    Body(
+        "CREATE_PARTITIONS",
+        CreatePartitionsRequest,
+        (_TOPIC, Field("count", "u32")),
+        _make_create_partitions,
+        strict=True,
+    ),
+    Body("CREATE_PARTITIONS", EmptyReply, ()),
+    frozenset(
+        {
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            ErrorCode.INVALID_TOPIC,
+            ErrorCode.REGISTRY_UNAVAILABLE,
+        }
+    ),
 )
 
 DESCRIBE_CONFIG: Final = ApiTable(
@@ -1206,6 +1236,7 @@ TABLES: Final[Mapping[Api, ApiTable]] = {
         DESCRIBE_GROUP,
         LIST_GROUPS,
         DELETE_GROUP,
+        CREATE_PARTITIONS,
     )
 }
 """Every api's table, by api."""
@@ -1217,7 +1248,7 @@ REPLY_CLASSES: Final[Mapping[type, ApiTable]] = {
     table.reply.cls: table for table in TABLES.values() if table.reply.cls is not EmptyReply
 } | {EmptyReply: CREATE_TOPIC}
 """The table of a reply class, for its versions (EmptyReply answers CREATE_TOPIC,
-DELETE_TOPIC, ALTER_CONFIG and DELETE_GROUP, all of version 1 only)."""
+DELETE_TOPIC, ALTER_CONFIG, DELETE_GROUP and CREATE_PARTITIONS, all of version 1 only)."""
 
 
 def request_version(api: Api) -> int:

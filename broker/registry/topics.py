@@ -188,10 +188,11 @@ class TopicNodes(PartitionStates):
         )
 
     def add_partitions(
-        self, topic: str, count: int, racks: Mapping[int, str | None]
+        self, topic: str, count: int, racks: Mapping[int, str | None] | None = None
     ) -> TopicConfig:
         """Give `topic` `count` partitions in all: the new ones placed over the brokers of
-        `racks` (broker id -> rack, None for none: the live ones) as they would be in a new
+        `racks` (broker id -> rack, None for none; default: the brokers registered now, with
+        their racks) as they would be in a new
         topic of `count` partitions (assign_replicas, so leadership goes on round robin), with
         the topic's replication factor (its partitions' largest number of replicas). Their
         state nodes are written first, in transactions of at most TRANSACTION_BYTES (past the
@@ -203,6 +204,8 @@ class TopicNodes(PartitionStates):
         replication factor. Cut short, it leaves state nodes past the partition count, which
         the next add_partitions (or creation) takes over."""
         check_topic_name(topic)
+        if racks is None:
+            racks = {broker_id: info.rack for broker_id, info in self._brokers.read().items()}
         for _ in range(TRANSACTION_ATTEMPTS):
             config, version = self.read_config(topic)
             grown = self._grow(topic, config, version, count, racks)

@@ -313,6 +313,31 @@ class TopicAdmin:
             refused,
         )
 
+    def add_partitions(
+        self, request: protocol.CreatePartitionsRequest, tagged: bytes, correlation_id: int
+    ) -> None:
+        """Give the topic `request.count` partitions in all in ZooKeeper, the new ones placed
+        over the brokers registered (TopicNodes.add_partitions), then answer; the brokers they
+        went to serve them once their watch sees them. A request refused at once raises its
+        error."""
+        topic, count = request.topic, request.count
+        if topic not in self.view.configs:
+            raise UnknownTopicOrPartition(f"unknown topic {topic!r}")
+
+        def grown(config: TopicConfig) -> None:
+            log.info("topic %r: grown to %d partitions", topic, config.partitions)
+            reply = protocol.encode_reply(correlation_id, protocol.EmptyReply())
+            self.answers.append((tagged, reply))
+
+        refused = self._refuse(tagged, correlation_id)
+        self._when_connected(
+            f"add partitions to topic {topic!r}",
+            lambda: self.calls.call(
+                lambda registry: registry.topics.add_partitions(topic, count), grown, refused
+            ),
+            refused,
+        )
+
     def describe_config(self, topic: str, tagged: bytes, correlation_id: int) -> None:
         """Answer with every setting of `topic`: its own, read from ZooKeeper now (off the
         loop), or this broker's default."""

@@ -76,6 +76,7 @@ from broker.protocol import (
     CommittedOffset,
     CommittedTopic,
     ConfigEntry,
+    CreatePartitionsRequest,
     CreateTopicRequest,
     DeleteGroupRequest,
     DeleteTopicRequest,
@@ -678,6 +679,7 @@ requests: st.SearchStrategy[Request] = st.one_of(
         st.dictionaries(texts, texts, max_size=5),
     ),
     st.builds(DeleteTopicRequest, topics),
+    st.builds(CreatePartitionsRequest, topics, st.integers(1, 2**32 - 1)),
     st.just(DescribeClusterRequest()),
     st.builds(DescribePartitionRequest, topics, u32),
     st.builds(DescribeConfigRequest, topics),
@@ -847,7 +849,9 @@ replies: st.SearchStrategy[tuple[Api, Reply]] = st.one_of(
     st.tuples(st.just(Api.OFFSETS), st.builds(OffsetsReply, u64)),
     st.tuples(st.just(Api.METADATA), metadata_replies),
     st.tuples(
-        st.sampled_from([Api.CREATE_TOPIC, Api.DELETE_TOPIC, Api.ALTER_CONFIG]),
+        st.sampled_from(
+            [Api.CREATE_TOPIC, Api.DELETE_TOPIC, Api.ALTER_CONFIG, Api.CREATE_PARTITIONS]
+        ),
         st.just(EmptyReply()),
     ),
     st.tuples(
@@ -1253,6 +1257,7 @@ def valid_requests() -> list[tuple[Api, bytes]]:
         DescribeGroupRequest("g"),
         ListGroupsRequest(),
         DeleteGroupRequest("g"),
+        CreatePartitionsRequest("clicks", 8),
     ]
     valid = []
     for request in cases:
@@ -1743,6 +1748,7 @@ def test_peek_route_is_none_for_the_apis_the_front_serves() -> None:
         Api.DESCRIBE_GROUP: None,
         Api.LIST_GROUPS: None,
         Api.DELETE_GROUP: None,
+        Api.CREATE_PARTITIONS: None,
     }
 
 

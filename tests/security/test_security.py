@@ -22,6 +22,7 @@ from broker.log.message import encode_message
 from broker.protocol import (
     Ack,
     AlterConfigRequest,
+    CreatePartitionsRequest,
     CreateTopicRequest,
     DeleteTopicRequest,
     DescribeClusterRequest,
@@ -84,6 +85,7 @@ def operator_requests(topic: str) -> dict[str, Request]:
     return {
         "describe-config": DescribeConfigRequest(topic),
         "alter-config": AlterConfigRequest(topic, {"retention_ms": "60000"}),
+        "add-partitions": CreatePartitionsRequest(topic, 2),  # 1 to 2
         "delete": DeleteTopicRequest(topic),
         "create": CreateTopicRequest(topic + ".new", 1, {}),
     }
@@ -96,6 +98,7 @@ NEEDS = {
     "describe-partition": "describe",
     "describe-config": "describe",
     "alter-config": "alter",
+    "add-partitions": "alter",
     "delete": "delete",
     "create": "create",
 }

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Final, NoReturn, TypeVar
 
-from broker.client.admin import Admin, zookeeper_of
+from broker.client.admin import Admin
 from broker.client.coordinator import GroupCalls
 from broker.client.framing import DEFAULT_CLIENT_ID, normalize_endpoint
 from broker.client.kafka import admin_records
@@ -78,19 +78,18 @@ from broker.errors import BrokerUnknownGroup, PylogError
 from broker.groups.assignors import TopicPartition as GroupTopicPartition
 from broker.lifecycle import Closing
 from broker.protocol import LATEST, DescribeGroupReply, ErrorCode, GroupListing, broker_error
-from broker.security import KeyFileError, ZooKeeperAuth
 
 T = TypeVar("T")
 
-ADMIN_KEYS: Final = (*COMMON_KEYS, "pylog.zookeeper.auth.file")
-"""The keys an AdminClient takes: the common ones, and the ZooKeeper identity file
-create_partitions needs on a cluster whose registry is secured (docs/security.md)."""
+ADMIN_KEYS: Final = COMMON_KEYS
+"""The keys an AdminClient takes: the common ones (create_partitions goes through a broker, as
+every other call: no ZooKeeper identity is needed any more)."""
 
 
 class AdminClient(Closing):
     """confluent_kafka.admin.AdminClient's shape (module docstring). Configuration as the
     Producer's common keys (`bootstrap.servers`, `client.id`, `request.timeout.ms`, the Curve
-    keys), and `pylog.zookeeper.auth.file` for create_partitions on a secured registry."""
+    keys)."""
 
     def __init__(self, conf: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         conf = checked_settings({**(conf or {}), **kwargs}, ADMIN_KEYS, "admin client")
@@ -100,11 +99,6 @@ class AdminClient(Closing):
             number("request.timeout.ms", conf.get("request.timeout.ms", 10_000)) / 1000
         )
         self._keys = client_keys(conf)
-        auth_file = conf.get("pylog.zookeeper.auth.file")
-        try:
-            self._auth = None if auth_file is None else ZooKeeperAuth.load(str(auth_file))
-        except KeyFileError as error:
-            raise KafkaException(f"pylog.zookeeper.auth.file: {error}") from None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="pylog-admin")
         self._admin: Admin | None = None
         """Made, used and closed in the client's thread."""
@@ -175,26 +169,19 @@ class AdminClient(Closing):
         validate_only: bool = False,
     ) -> dict[str, Future[None]]:
         """Give each topic `new_total_count` partitions in all, placed over the brokers up, as
-        `pylogctl topic add-partitions` does: written to the cluster's ZooKeeper (found through
-        the brokers), so that ZooKeeper must be reachable from here. Each future's result is
-        None once the registry holds them; their brokers serve them moments later."""
+        `pylogctl topic add-partitions` does, through a broker (CREATE_PARTITIONS). Each
+        future's result is None once the registry holds them; their brokers serve them moments
+        later."""
         if validate_only:
             refused("validate_only", "pylog adds partitions without a dry run")
         return {p.topic: self._submit(self._grow, p) for p in new_partitions}
 
     def _grow(self, grown: NewPartitions) -> None:
-        from broker.registry import Registry  # kazoo: only this call needs it
-
         if grown.replica_assignment:
             raise KafkaException(
                 "replica_assignment: pylog places new partitions itself (racks apart)"
             )
-        address = zookeeper_of(self._bootstrap, timeout_s=self._timeout_s, keys=self._keys)
-        with Registry(
-            address.connect, address.chroot, request_timeout_s=self._timeout_s, auth=self._auth
-        ) as registry:
-            racks = {broker_id: info.rack for broker_id, info in registry.brokers.read().items()}
-            registry.topics.add_partitions(grown.topic, grown.new_total_count, racks)
+        self._cluster_admin().add_partitions(grown.topic, grown.new_total_count)
 
     # settings
 
