@@ -9,8 +9,10 @@ more than the source's, its sets converted, its messages smaller) is refused: lo
 and shown by the metrics, asked again at each listing.
 
 Administration (topic settings, creation, the target's registry) goes through the sync
-clients in worker threads (asyncio.to_thread), one call at a time; the copies are on the event
-loop.
+clients on one thread of the mirror's own, one call at a time, in order; the copies are on the
+event loop. A call whose task is cancelled (SIGTERM) still ends on that thread before the
+clients are closed there: a ZeroMQ socket closed while another thread waits on it can crash
+the process.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from broker.aio.connection import AsyncCluster
 from broker.client.admin import Admin
@@ -41,6 +45,7 @@ from broker.ratelog import RateLimitedLog
 from broker.registry import Registry
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 TICK_S = 0.5
 RETENTION_WARN_EVERY_S = 600.0
@@ -80,6 +85,8 @@ class Mirror:
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._admin_lock = asyncio.Lock()
         """One call at a time through the sync clients and the registry."""
+        self._admin_thread = ThreadPoolExecutor(1, thread_name_prefix="pylog-mirror-admin")
+        """The one thread the sync clients and the registry are used (and closed) on."""
         self._changed = asyncio.Event()
         self._noted: set[str] = set()
         self._registry: Registry | None = None
@@ -93,6 +100,10 @@ class Mirror:
         self._target_admin = self._admin(config.target)
         self.source = self._cluster(config.source)
         self.target = self._cluster(config.target)
+
+    async def _in_admin_thread(self, call: Callable[..., T], *args: Any) -> T:
+        """`call(*args)` on the admin thread, after the calls before it (cancelled ones too)."""
+        return await asyncio.get_running_loop().run_in_executor(self._admin_thread, call, *args)
 
     def _admin(self, cluster: ClusterAddress) -> Admin:
         settings = self.config.mirror
@@ -176,14 +187,14 @@ class Mirror:
             self._paused = False
             counts = {topic: plan.partitions for topic, plan in self.plans.items()}
             async with self._admin_lock:
-                wanted = await asyncio.to_thread(group.wanted, counts)
+                wanted = await self._in_admin_thread(group.wanted, counts)
             for key in sorted(set(self.copies) - wanted):
                 await self._stop_copy(key)
                 async with self._admin_lock:
-                    await asyncio.to_thread(group.release, *key)
+                    await self._in_admin_thread(group.release, *key)
             for key in sorted(wanted - set(self.copies)):
                 async with self._admin_lock:
-                    owner = await asyncio.to_thread(group.claim, *key)
+                    owner = await self._in_admin_thread(group.claim, *key)
                 if owner is None:
                     self._start_copy(tasks, *key)
                 else:
@@ -204,7 +215,7 @@ class Mirror:
         """The group, joined with the topics prepared now (the target's registry opened on
         first use)."""
         async with self._admin_lock:
-            registry = await asyncio.to_thread(self._open_registry)
+            registry = await self._in_admin_thread(self._open_registry)
             if self._group is None:
                 self._group = MirrorGroup(
                     registry.groups, registry.topics, self.config.mirror.group, self.member
@@ -213,7 +224,7 @@ class Mirror:
             def changed() -> None:  # from kazoo's thread
                 loop.call_soon_threadsafe(self._changed.set)
 
-            await asyncio.to_thread(self._group.join, frozenset(self.plans), changed)
+            await self._in_admin_thread(self._group.join, frozenset(self.plans), changed)
             return self._group
 
     async def _stop_all(self, why: str) -> None:
@@ -237,8 +248,10 @@ class Mirror:
     def _start_copy(self, tasks: asyncio.TaskGroup, topic: str, number: int) -> None:
         async def start_target(offset: int) -> None:
             async with self._admin_lock:
-                registry = await asyncio.to_thread(self._open_registry)
-                await asyncio.to_thread(registry.topics.move_log_starts, topic, {number: offset})
+                registry = await self._in_admin_thread(self._open_registry)
+                await self._in_admin_thread(
+                    registry.topics.move_log_starts, topic, {number: offset}
+                )
 
         copy = PartitionCopy(
             self.source,
@@ -257,7 +270,7 @@ class Mirror:
     async def _prepared(self, topic: str, partitions: int) -> TopicPlan | None:
         try:
             async with self._admin_lock:
-                plan = await asyncio.to_thread(self._prepare, topic, partitions)
+                plan = await self._in_admin_thread(self._prepare, topic, partitions)
         except PylogError as error:  # refused, or a cluster or ZooKeeper not answering
             why = str(error)
             if self.refused.get(topic) != why:
@@ -400,7 +413,8 @@ class Mirror:
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         await self.source.close()
         await self.target.close()
-        await asyncio.to_thread(self._close_sync)
+        await self._in_admin_thread(self._close_sync)
+        self._admin_thread.shutdown()
 
     def _close_sync(self) -> None:
         self._source_admin.close()
