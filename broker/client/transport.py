@@ -196,9 +196,11 @@ class ZmqChannel(Channel):
 
     def receive(self, timeout_s: float) -> list[Buffer] | None:
         received = None
-        if self._bursts:  # no poll while a burst lasts
-            with contextlib.suppress(zmq.Again):
+        if self._bursts:  # no poll while a burst lasts (a try: no context manager a reply)
+            try:
                 received = receive_frames(self.socket, NOBLOCK)
+            except zmq.Again:
+                received = None
         if received is None:  # wait outside the handler: Ctrl-C there is not chained to Again
             if not self._readable(timeout_s):
                 return None
