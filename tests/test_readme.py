@@ -379,6 +379,7 @@ def clone(tmp_path: Path, ports: dict[int, int]) -> Iterator[Path]:
 
 
 @pytest.mark.cluster  # the README starts brokers of three clusters: scheduled early
+@pytest.mark.slow  # ~3-4 min: three clusters, three Spark programs, one after another
 def test_readme_runs_as_written(clone: Path, ports: dict[int, int]) -> None:
     reader = Reader(clone, ports)
     try:

@@ -27,6 +27,7 @@ def install(source: Path, root: Path) -> None:
 
 
 @pytest.mark.skipif(shutil.which("systemctl") is None, reason="needs systemctl --root")
+@pytest.mark.slow  # ~45 s: deploy/install.sh twice, a virtual environment built each time
 def test_install_into_a_root_then_again_keeps_the_config(source: Path, tmp_path: Path) -> None:
     root = tmp_path / "root"
     install(source, root)

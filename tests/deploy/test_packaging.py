@@ -32,6 +32,7 @@ print(sorted(name for name in sys.modules if name.split(".")[0] in ("kazoo", "tr
 """
 
 
+@pytest.mark.slow  # ~15 s: a wheel built
 def test_wheel_ships_py_typed_and_the_codec_and_builds_without_warnings(
     source: Path, tmp_path: Path
 ) -> None:
@@ -53,6 +54,7 @@ def test_wheel_ships_py_typed_and_the_codec_and_builds_without_warnings(
     assert "License-Expression: Apache-2.0" in zipfile.ZipFile(wheel).read(metadata).decode()
 
 
+@pytest.mark.slow  # ~15 s: an editable install into a new environment
 def test_an_editable_install_prints_no_setuptools_banner(source: Path, tmp_path: Path) -> None:
     # scripts/setup's install. setuptools prints an "Editable installation" banner for its import
     # hook; pyproject.toml's package-dir makes the install a plain .pth file, without one.
@@ -72,6 +74,7 @@ def test_an_editable_install_prints_no_setuptools_banner(source: Path, tmp_path:
 
 
 # ~20 s (pip builds the C codec, the dependencies come from pip's cache): the one check of the claim
+@pytest.mark.slow  # ~35 s: pylog installed into a new environment
 def test_pylog_without_an_extra_is_the_client_alone(
     source: Path, tmp_path: Path, pylogd: RunningBroker
 ) -> None:

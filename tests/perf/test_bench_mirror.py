@@ -12,6 +12,7 @@ from perf.bench_mirror import one_round, start
 
 
 @pytest.mark.slow  # ~10 s: two pylogd, each with its private ZooKeeper
+@pytest.mark.broker
 def test_a_round_copies_every_message_and_gives_its_figures(tmp_path: Path) -> None:
     with ExitStack() as stack:
         source, target = start(stack, tmp_path / "s"), start(stack, tmp_path / "t")

@@ -24,6 +24,7 @@ def test_admit_is_timed() -> None:
 
 
 @pytest.mark.slow  # ~5 s: a pylogd with its private ZooKeeper
+@pytest.mark.broker
 def test_the_on_broker_counts_every_client_and_holds_back_none(tmp_path: Path) -> None:
     with ExitStack() as stack:
         system = start_with_quotas(stack, tmp_path)

@@ -78,6 +78,7 @@ def test_the_check_is_timed_on_frames_curve_let_in_as_the_principal(tmp_path: Pa
 
 
 @pytest.mark.slow  # ~10 s: two pylogd with a private ZooKeeper each
+@pytest.mark.broker
 def test_the_unchecked_broker_skips_the_acl_check_and_the_curve_one_applies_it(
     tmp_path: Path,
 ) -> None:

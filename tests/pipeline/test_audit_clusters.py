@@ -59,6 +59,7 @@ def stored(endpoint: str) -> int:
         return admin.describe_partition(TOPIC, 0).high_watermark
 
 
+@pytest.mark.slow  # ~1.5 min: two clusters, a mirror and Spark jobs of their own
 def test_pylogctl_audit_across_the_mirror_passes_when_every_stage_holds_every_message(
     spark: SparkSession,
     clusters: tuple[RunningBroker, RunningBroker],
@@ -119,6 +120,7 @@ def test_pylogctl_audit_across_the_mirror_passes_when_every_stage_holds_every_me
     }
 
 
+@pytest.mark.slow  # ~30 s: two clusters, a mirror and a Spark job of its own
 def test_the_audit_follows_a_topic_across_the_mirror_and_names_the_stage_that_lost(
     spark: SparkSession,
     clusters: tuple[RunningBroker, RunningBroker],

@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.pipeline.conftest import create_topic
 from tests.pylogd import RunningBroker
 
@@ -31,6 +33,7 @@ spark.stop()
 """
 
 
+@pytest.mark.slow  # ~45 s: a Spark of its own
 def test_format_pylog_is_found_without_register(broker: RunningBroker, topic: str) -> None:
     create_topic(broker.endpoint, topic, 1)
     done = subprocess.run(

@@ -7,10 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from broker.client import Producer
 from tests.pipeline.conftest import create_topic
 from tests.pipeline.failing_jobs import Checked, check_rows, run
 from tests.pylogd import RunningBroker
+
+pytestmark = pytest.mark.slow  # ~4 min: each test runs Spark jobs of its own, retried and killed
 
 ROWS, TASKS, FAIL_AFTER = 160_000, 4, 30_000
 """The issue's case: before, 240,000 messages were stored, 80,000 of them twice."""
