@@ -315,14 +315,22 @@ class PartitionLog:
                 with local.taking_back("producer entries"):
                     self.producers.take_back(producers, before)
             raise
-        if flush:
-            local.flush_if_due()
+        if flush and local.flush_due():
+            self.flush()
         return offset, count
 
     def flush(self) -> None:
         """Make every appended message visible to reads (LocalLog.flush: a failed fsync
-        fails the log)."""
-        self.local.flush()
+        fails the log), the producers' entries synced first when the topic fsyncs."""
+        local = self.local
+        if local.flush_pending and local.config.fsync and self.producers.unsynced:
+            local.refuse_if_failed()
+            try:
+                self.producers.sync()
+            except StorageError as error:
+                local.fail_flush(error)
+                raise
+        local.flush()
 
     def roll(self) -> None:
         """Flush, close the active segment for writes and start a new one where it ends (with
@@ -330,7 +338,7 @@ class PartitionLog:
         its index or the new file cannot be written: then the active segment stays active (a
         later roll tries again)."""
         local = self.local
-        local.flush()
+        self.flush()
         if local.roll():
             if local.config.fsync:
                 self.producers.sync()  # the closed segment's entries, as its bytes were

@@ -22,19 +22,18 @@ big-endian:
 one for each idempotent set stored in the segment (`offset` and `end` where its bytes start
 and end, `message_count` its messages, as PRODUCE answered), in the order stored; a segment
 started by a roll begins with a snapshot, the last entry of every producer known then. So the
-last segment's file alone holds the state, and a segment deleted (retention, truncation)
-takes its entries with it. An entry is written before its set's bytes, so no set survives a
-crash of the broker without its entry (the page cache keeps both); the file is fsynced at
-each roll and clean close, not at each flush (that would be a second fsync each flush,
-docs/storage.md), so a power loss may lose the entries of the sets stored since the kernel
-last wrote the file back (30 s by default) while their bytes survive. An entry whose set did
-not survive (its end past the log end) is dropped when the log is opened, and a torn entry at
-the file's end is cut. At most MAX_PRODUCERS producers are remembered per partition: a new
-one takes the place of the one that stored least recently only if that one stored nothing for
-PROTECTED_S, and is refused (`TooManyProducers`) otherwise. A leader notes which client id
-let each producer in (`check`'s `client`), so that one client id that makes up producer ids
-cannot take every place: the last RESERVED places are kept for client ids that hold fewer
-than RESERVED (`_check_share`). Not safe to share between threads.
+last segment's file alone holds the state, and a segment deleted (retention, truncation) takes
+its entries with it. An entry is written before its set's bytes, so no set survives a crash of
+the broker without its entry (the page cache keeps both); when the topic fsyncs, a flush makes
+the entries as durable as the bytes it syncs (`unsynced`: the flush round syncs the file, and
+its creation, with them), so that no set survives a power loss without its entry either. An
+entry whose set did not survive (its end past the log end) is dropped when the log is opened,
+and a torn entry at the file's end is cut. At most MAX_PRODUCERS producers are remembered per
+partition: a new one takes the place of the one that stored least recently only if that one
+stored nothing for PROTECTED_S, and is refused (`TooManyProducers`) otherwise. A leader notes
+which client id let each producer in (`check`'s `client`), so that one client id that makes up
+producer ids cannot take every place: the last RESERVED places are kept for client ids that
+hold fewer than RESERVED (`_check_share`). Not safe to share between threads.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ from broker.errors import (
     UnknownProducerId,
 )
 from broker.log.files import OPEN_FILES
-from broker.log.fsdir import storage_error
+from broker.log.fsdir import fsync_directory, storage_error
 from broker.log.segment import PRODUCERS_SUFFIX, segment_file_name
 
 ENTRY = struct.Struct(">QHIQQI")
@@ -129,6 +128,9 @@ class ProducerStates:
         10,000 otherwise, whatever max_open_files said."""
         self._key = (self, "producers")
         self._unsynced = False
+        self._created = False
+        """Whether the entries file was created since the last sync: its folder's entry for it
+        is durable only once the folder is synced too."""
 
     @classmethod
     def load(
@@ -351,7 +353,12 @@ class ProducerStates:
         """The write handle, opened (the file created) if need be. OSError as os.open's."""
         fd = self._fd
         if fd is None:
-            fd = self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+                self._created = True
+            except FileExistsError:
+                fd = os.open(self._path, os.O_WRONLY | os.O_APPEND)
+            self._fd = fd
         OPEN_FILES.used(self._key, self._release)
         return fd
 
@@ -375,15 +382,27 @@ class ProducerStates:
             raise storage_error(error, f"writing {self._path}") from error
         self._unsynced = True
 
+    @property
+    def unsynced(self) -> bool:
+        """Whether entries were written since the last sync (or syncfs)."""
+        return self._unsynced
+
     def sync(self) -> None:
-        """Make the entries written so far durable (at a roll and a clean close), through a
-        handle opened again if OPEN_FILES released it."""
+        """Make the entries written so far durable, through a handle opened again if
+        OPEN_FILES released it, and the file's entry in its folder when it was created since
+        (at each flush that syncs their sets' bytes, a roll and a clean close)."""
         if self._unsynced:
             try:
                 os.fdatasync(self._handle())
+                if self._created:
+                    fsync_directory(self._directory)
             except OSError as error:
                 raise storage_error(error, f"syncing {self._path}") from error
-            self._unsynced = False
+            self.synced_by_file_system()
+
+    def synced_by_file_system(self) -> None:
+        """A syncfs of the file system made the entries and the file's creation durable."""
+        self._unsynced = self._created = False
 
     def roll(self, base_offset: int) -> None:
         """A new segment starts at `base_offset`: its file begins with the snapshot (every
@@ -418,7 +437,7 @@ class ProducerStates:
         fsyncs; a cut or an emptying deleted or cut it)."""
         self.close()
         self._path = producers_path(self._directory, base_offset)
-        self._unsynced = False
+        self._unsynced = self._created = False
 
     def _reload(self, log_end: int) -> None:
         """Remember what the active segment's file holds up to `log_end`, cutting the rest."""

@@ -19,22 +19,26 @@ MESSAGE = encode_message(b"x" * 74, timestamp_ms=1)
 
 
 class Syncs:
-    """The fsyncs of segment files (by partition folder name) and the syncfs calls made, and
-    the faults to make: `failing` folder names whose fsyncs fail with EIO, `syncfs_fails` for
-    a syncfs that fails as the kernel's does when a file of the file system lost its
-    writeback."""
+    """The fsyncs of segment files (by partition folder name), of producer-entries files
+    (`entries`) and of partition folders (`folders`), and the syncfs calls made, and the
+    faults to make: `failing` folder names whose segment fsyncs fail with EIO,
+    `entries_failing` those whose entries fsyncs do, `syncfs_fails` for a syncfs that fails as
+    the kernel's does when a file of the file system lost its writeback."""
 
     def __init__(self) -> None:
         self.fsyncs: list[str] = []
+        self.entries: list[str] = []
+        self.folders: list[str] = []
         self.syncfs = 0
         self.failing: set[str] = set()
+        self.entries_failing: set[str] = set()
         self.syncfs_fails = False
 
 
 @pytest.fixture
 def syncs(monkeypatch: pytest.MonkeyPatch) -> Syncs:
     seen = Syncs()
-    real_fsync = os.fsync
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
 
     def fsync(fd: int) -> None:
         path = Path(os.readlink(f"/proc/self/fd/{fd}"))
@@ -42,7 +46,17 @@ def syncs(monkeypatch: pytest.MonkeyPatch) -> Syncs:
             seen.fsyncs.append(path.parent.name)
             if path.parent.name in seen.failing:
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
+        elif path.is_dir():
+            seen.folders.append(path.name)
         real_fsync(fd)
+
+    def fdatasync(fd: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if path.suffix == ".producers":
+            seen.entries.append(path.parent.name)
+            if path.parent.name in seen.entries_failing:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fdatasync(fd)
 
     def syncfs(fd: int) -> None:
         seen.syncfs += 1
@@ -51,6 +65,7 @@ def syncs(monkeypatch: pytest.MonkeyPatch) -> Syncs:
         real_syncfs(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
     monkeypatch.setattr("broker.log.flush_round.syncfs", syncfs)
     return seen
 
@@ -101,6 +116,55 @@ def test_a_round_with_one_log_to_sync_fsyncs_it_alone(
     assert round_.flush([first, second]).flushed == [first]
     assert (syncs.syncfs, syncs.fsyncs) == (0, ["t-0"])
     round_.close()
+
+
+def test_a_log_alone_whose_producer_entries_wait_is_synced_with_them_by_one_syncfs(
+    syncs: Syncs, logs: Callable[..., list[PartitionLog]], tmp_path: Path
+) -> None:
+    """An idempotent set's entry is as durable as its bytes once they are flushed (a power
+    loss that kept the bytes and lost the entry had the set sent again stored twice): one
+    syncfs covers the segment, the entries file and that file's creation."""
+    (plog,) = logs(1)
+    round_ = FlushRound()
+    round_.watch(tmp_path)
+    plog.append_idempotent(MESSAGE, 7, 0, 0, flush=False)
+    assert plog.producers.unsynced
+    assert round_.flush([plog]).flushed == [plog]
+    assert (syncs.syncfs, syncs.fsyncs, syncs.entries) == (1, [], [])
+    assert not plog.producers.unsynced
+    appended([plog])  # no idempotent set since: the segment's own fsync
+    assert round_.flush([plog]).flushed == [plog]
+    assert (syncs.syncfs, syncs.fsyncs, syncs.entries) == (1, ["t-0"], [])
+    round_.close()
+
+
+def test_without_syncfs_a_log_syncs_its_entries_file_and_once_its_folder_entry(
+    syncs: Syncs, logs: Callable[..., list[PartitionLog]]
+) -> None:
+    (plog,) = logs(1)
+    syncs.folders.clear()  # those of its opening
+    plog.append_idempotent(MESSAGE, 7, 0, 0, flush=False)
+    assert FlushRound().flush([plog]).flushed == [plog]
+    assert (syncs.fsyncs, syncs.entries, syncs.folders) == (["t-0"], ["t-0"], ["t-0"])
+    plog.append_idempotent(MESSAGE, 7, 0, 1, flush=False)
+    assert FlushRound().flush([plog]).flushed == [plog]  # the file is there: no folder sync
+    assert (syncs.fsyncs, syncs.entries, syncs.folders) == (["t-0"] * 2, ["t-0"] * 2, ["t-0"])
+    assert plog.flushed_offset == 2 * len(MESSAGE)
+
+
+def test_a_failed_sync_of_the_producer_entries_fails_the_log_and_shows_nothing(
+    syncs: Syncs, logs: Callable[..., list[PartitionLog]]
+) -> None:
+    first, second = logs(2)
+    first.append_idempotent(MESSAGE, 7, 0, 0, flush=False)
+    second.append_idempotent(MESSAGE, 8, 0, 0, flush=False)
+    syncs.entries_failing = {"t-0"}
+    result = FlushRound().flush([first, second])
+    assert list(result.failed) == [first] and result.flushed == [second]
+    assert (first.flushed_offset, second.flushed_offset) == (0, len(MESSAGE))
+    assert first.local.failure is not None and "producers" in first.local.failure
+    with pytest.raises(StorageIOError):  # failed until reopened from the disk
+        first.append(MESSAGE)
 
 
 def test_a_file_system_not_watched_is_synced_file_by_file(
