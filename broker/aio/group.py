@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, Self, TypeVar
 
@@ -213,9 +212,10 @@ class AsyncGroupConsumer(AsyncClosing):
             await asyncio.sleep(min(max(rest_s, 0.0), wait_s))
             return
         tasks = [task for _, _, task in self._fetching.values()]
-        deadline = time.monotonic() + wait_s
+        loop = asyncio.get_running_loop()  # its clock is the one asyncio.wait times out on
+        deadline = loop.time() + wait_s
         while True:  # cut short, within NEWS_CHECK_S, by the heartbeat thread's news
-            left_s = deadline - time.monotonic()
+            left_s = deadline - loop.time()
             timeout_s = max(0.0, min(left_s, NEWS_CHECK_S))
             done, _ = await asyncio.wait(
                 tasks, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
