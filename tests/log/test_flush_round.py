@@ -38,25 +38,24 @@ class Syncs:
 @pytest.fixture
 def syncs(monkeypatch: pytest.MonkeyPatch) -> Syncs:
     seen = Syncs()
-    real_fsync, real_fdatasync = os.fsync, os.fdatasync
 
-    def fsync(fd: int) -> None:
-        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
-        if path.suffix == ".log":
-            seen.fsyncs.append(path.parent.name)
-            if path.parent.name in seen.failing:
-                raise OSError(errno.EIO, os.strerror(errno.EIO))
-        elif path.is_dir():
-            seen.folders.append(path.name)
-        real_fsync(fd)
+    def recorded(real: Callable[[int], None]) -> Callable[[int], None]:
+        def sync(fd: int) -> None:
+            path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+            if path.is_dir():
+                seen.folders.append(path.name)
+            elif path.suffix in (".log", ".producers"):
+                made, failing = (
+                    (seen.fsyncs, seen.failing)
+                    if path.suffix == ".log"
+                    else (seen.entries, seen.entries_failing)
+                )
+                made.append(path.parent.name)
+                if path.parent.name in failing:
+                    raise OSError(errno.EIO, os.strerror(errno.EIO))
+            real(fd)
 
-    def fdatasync(fd: int) -> None:
-        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
-        if path.suffix == ".producers":
-            seen.entries.append(path.parent.name)
-            if path.parent.name in seen.entries_failing:
-                raise OSError(errno.EIO, os.strerror(errno.EIO))
-        real_fdatasync(fd)
+        return sync
 
     def syncfs(fd: int) -> None:
         seen.syncfs += 1
@@ -64,8 +63,8 @@ def syncs(monkeypatch: pytest.MonkeyPatch) -> Syncs:
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         real_syncfs(fd)
 
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "fsync", recorded(os.fsync))
+    monkeypatch.setattr(os, "fdatasync", recorded(os.fdatasync))
     monkeypatch.setattr("broker.log.flush_round.syncfs", syncfs)
     return seen
 
