@@ -169,6 +169,32 @@ def test_an_entry_whose_bytes_did_not_survive_is_dropped_and_a_torn_one_cut(
         assert plog.append_idempotent(one(b"b"), PRODUCER, 0, 1)[1]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason='open (docs/storage.md, "Producer state"): a set\'s bytes kept without its entry are '
+    "a set the partition knows no producer of; the producer's id and sequence are not in the "
+    "stored bytes, so the recovery cannot rebuild the entry",
+)
+def test_a_set_whose_bytes_outlived_its_entry_is_stored_once_when_sent_again(
+    tmp_path: Path,
+) -> None:
+    """A power loss can keep the bytes of a set appended but not yet flushed (never
+    acknowledged) and lose its entry, both written back by the kernel on its own; the producer,
+    never answered, sends the set again (tests/log/test_power_loss.py saw it over three
+    brokers). It should be answered as stored, not stored a second time."""
+    folder = tmp_path / "t-0"
+    with PartitionLog.open(folder) as plog:
+        first = plog.append_idempotent(one(b"a"), PRODUCER, 0, 0)[0]
+        plog.flush()
+        plog.append_idempotent(one(b"b"), PRODUCER, 0, 1, flush=False)  # not flushed: cut
+        entries = producers_path(folder, plog.segments[-1].base_offset)
+    os.truncate(entries, ENTRY.size)  # the cut kept the second set's bytes, not its entry
+    with PartitionLog.open(folder) as plog:
+        assert plog.producers.last(PRODUCER) == first
+        plog.append_idempotent(one(b"b"), PRODUCER, 0, 1)
+        assert stored_values(plog) == [b"a", b"b"]
+
+
 def test_the_producers_remembered_are_bounded_and_none_active_is_forgotten(
     tmp_path: Path, clock: FakeClock
 ) -> None:
