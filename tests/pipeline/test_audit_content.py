@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
@@ -23,6 +24,8 @@ from tests.mirror.conftest import MirrorProcess
 from tests.pipeline.conftest import create_topic
 from tests.pipeline.test_audit_clusters import AUDIT_TOPIC, TOPIC, mirrored
 from tests.pylogd import RunningBroker
+
+pytestmark = pytest.mark.slow  # ~45 s: Spark loads audited by content, one across a mirror
 
 TEN = datetime.datetime(2026, 11, 22, 10, 5, tzinfo=datetime.UTC)
 WINDOW = ("--start", "2026-11-22T10:00", "--end", "2026-11-22T11:00")
