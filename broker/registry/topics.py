@@ -192,9 +192,9 @@ class TopicNodes(PartitionStates):
     ) -> TopicConfig:
         """Give `topic` `count` partitions in all: the new ones placed over the brokers of
         `racks` (broker id -> rack, None for none; default: the brokers registered now, with
-        their racks) as they would be in a new
-        topic of `count` partitions (assign_replicas, so leadership goes on round robin), with
-        the topic's replication factor (its partitions' largest number of replicas). Their
+        their racks) as they would be in a new topic of `count` partitions (assign_replicas,
+        so leadership goes on round robin), with the topic's replication factor (its
+        partitions' largest number of replicas). Their
         state nodes are written first, in transactions of at most TRANSACTION_BYTES (past the
         configuration's partition count, no reader looks at them), then the configuration,
         conditionally on its version (read again and retried when another write came

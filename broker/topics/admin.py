@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from broker import protocol
 from broker.config import (
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from broker.topics import Topics
 
 log = logging.getLogger("pylog.supervisor")
+
+T = TypeVar("T")
 
 CREATE_CHECK_S = 0.1
 """How often, at most, ZooKeeper is asked whether pending CREATE_TOPICs are served."""
@@ -304,13 +306,12 @@ class TopicAdmin:
             reply = protocol.encode_reply(correlation_id, protocol.EmptyReply())
             self.answers.append((tagged, reply))
 
-        refused = self._refuse(tagged, correlation_id)
-        self._when_connected(
+        self._call_when_connected(
             f"delete topic {topic!r}",
-            lambda: self.calls.call(
-                lambda registry: registry.topics.delete_topic_config(topic), deleted, refused
-            ),
-            refused,
+            lambda registry: registry.topics.delete_topic_config(topic),
+            deleted,
+            tagged,
+            correlation_id,
         )
 
     def add_partitions(
@@ -329,13 +330,12 @@ class TopicAdmin:
             reply = protocol.encode_reply(correlation_id, protocol.EmptyReply())
             self.answers.append((tagged, reply))
 
-        refused = self._refuse(tagged, correlation_id)
-        self._when_connected(
+        self._call_when_connected(
             f"add partitions to topic {topic!r}",
-            lambda: self.calls.call(
-                lambda registry: registry.topics.add_partitions(topic, count), grown, refused
-            ),
-            refused,
+            lambda registry: registry.topics.add_partitions(topic, count),
+            grown,
+            tagged,
+            correlation_id,
         )
 
     def describe_config(self, topic: str, tagged: bytes, correlation_id: int) -> None:
@@ -354,13 +354,12 @@ class TopicAdmin:
             reply = protocol.DescribeConfigReply(entries)
             self.answers.append((tagged, protocol.encode_reply(correlation_id, reply)))
 
-        refused = self._refuse(tagged, correlation_id)
-        self._when_connected(
+        self._call_when_connected(
             f"describe the config of topic {topic!r}",
-            lambda: self.calls.call(
-                lambda registry: registry.topics.topic_config(topic), read, refused
-            ),
-            refused,
+            lambda registry: registry.topics.topic_config(topic),
+            read,
+            tagged,
+            correlation_id,
         )
 
     def alter_config(
@@ -395,22 +394,30 @@ class TopicAdmin:
                 (tagged, protocol.encode_reply(correlation_id, protocol.EmptyReply()))
             )
 
-        refused = self._refuse(tagged, correlation_id)
-        self._when_connected(
+        self._call_when_connected(
             f"alter the config of topic {topic!r}",
-            lambda: self.calls.call(
-                lambda registry: registry.topics.alter_topic_settings(topic, change),
-                altered,
-                refused,
-            ),
-            refused,
+            lambda registry: registry.topics.alter_topic_settings(topic, change),
+            altered,
+            tagged,
+            correlation_id,
         )
 
-    def _refuse(self, tagged: bytes, correlation_id: int) -> Callable[[PylogError], None]:
-        """Answer a request with the error a registry call failed with."""
-        return lambda error: self.answers.append(
-            (tagged, protocol.encode_error(correlation_id, error))
-        )
+    def _call_when_connected(
+        self,
+        what: str,
+        call: Callable[[Registry], T],
+        done: Callable[[T], None],
+        tagged: bytes,
+        correlation_id: int,
+    ) -> None:
+        """`call(registry)` on the registry thread once ZooKeeper is connected
+        (`_when_connected`), then `done(result)` on the loop; the request is answered with the
+        error if the call fails or the connection does not come back in time."""
+
+        def refused(error: PylogError) -> None:
+            self.answers.append((tagged, protocol.encode_error(correlation_id, error)))
+
+        self._when_connected(what, lambda: self.calls.call(call, done, refused), refused)
 
 
 def _checked(config: BrokerConfig, topic: str, settings: Mapping[str, SettingValue]) -> int:
