@@ -18,10 +18,12 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
 import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -31,8 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from broker.zookeeper import free_port
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
@@ -132,12 +132,24 @@ def test_every_port_the_readme_names_is_substituted() -> None:
 
 
 def free_ports() -> dict[int, int]:
-    """A port of 127.0.0.1 that was free a moment ago for each of the README's, all distinct."""
+    """A port of 127.0.0.1 free now for each of the README's, all distinct, drawn below the
+    kernel's range for port 0 and outgoing connections (net.ipv4.ip_local_port_range): the
+    README binds some only minutes later, and meanwhile another test's free port (a ZooKeeper
+    of its own) took one once (CI, 2026-12-01)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     chosen: dict[int, int] = {}
-    while len(chosen) < len(PORTS):
-        port = free_port()
-        if port not in chosen.values() and port not in PORTS:
-            chosen[PORTS[len(chosen)]] = port
+    for port in random.sample(range(max(1024, low - 10_000), low), 200):
+        if len(chosen) == len(PORTS):
+            break
+        if port in PORTS:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        chosen[PORTS[len(chosen)]] = port
+    assert len(chosen) == len(PORTS), f"no free ports below {low}: {chosen}"
     return chosen
 
 
