@@ -16,11 +16,18 @@ from typing import Any
 
 import pytest
 import zmq
+from hypothesis import settings
 
 from broker.client.connection import Connection
 from broker.registry import Registry
 from broker.zookeeper import PrivateZooKeeper
 from tests.pylogd import RunningBroker, ThreeBrokers, broker_flags, start_all, stop_all
+
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
+"""Property tests draw the same examples at every run (a run is deterministic, as the suite's
+standard asks); HYPOTHESIS_PROFILE=explore draws new ones, to look for failures."""
 
 _LEFT_TO_THE_COLLECTOR: list[zmq.Context[Any]] = []
 

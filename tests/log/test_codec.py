@@ -460,9 +460,13 @@ def test_pieces_with_an_inner_set(
 ) -> None:
     """decode_set of an inner set (every message at the set's offset, size 0 but the last)
     and decode_columns of pieces holding one, both implementations alike, whole and with a
-    bit of the inner set flipped (the set then gives no row)."""
+    bit of the inner set flipped. Whole, its messages are read as written. Flipped, what the
+    two read is all that is asked: inner messages carry no checksum (their wrapper's covers
+    them), so a flip can frame them anew, one message's length taking in the next whole (a
+    run on 2026-12-01 drew one)."""
     first, middle, last = encoded(before), bytearray(encoded(inner, True)), encoded(after)
-    if data.draw(st.booleans()):
+    flipped = data.draw(st.booleans())
+    if flipped:
         bit = data.draw(st.integers(0, len(middle) * 8 - 1))
         middle[bit // 8] ^= 1 << (bit % 8)
     size = len(middle) // 2 + 30
@@ -473,7 +477,8 @@ def test_pieces_with_an_inner_set(
         for end in (0, 1, 500, 501, 500 + size + len(last) // 2, I64_MAX):
             same(columns.decode_columns, _codec.decode_columns, pieces, end)
     decoded, bad = _codec.decode_set(bytes(middle), 500, 0, size)
-    if bad is None:
+    if not flipped:
+        assert bad is None
         assert [(m.offset, m.size) for m in decoded] == [(500, 0)] * (len(inner) - 1) + [
             (500, size)
         ]
