@@ -260,11 +260,13 @@ class Flusher:
 
 
 def log_recovery(name: str, plog: PartitionLog) -> None:
-    """Log what opening a partition's log found (PartitionLog.recovery)."""
+    """Log what opening a partition's log found (PartitionLog.recovery): nothing for a log
+    closed cleanly or cut by nothing (its newest segment is scanned all the same), so that a
+    broker of thousands of partitions starts with a line a worker (Worker._open_all)."""
     report = plog.recovery
     for problem in report.problems:
         log.warning("recovery of %s: %s", name, problem)
-    if report.segments_scanned:
+    if report.bytes_truncated or report.bad_files:
         log.info(
             "opened %s: scanned %d segments, truncated %d bytes, set aside %d files",
             name,

@@ -67,7 +67,7 @@ from broker.leadership import Leadership
 from broker.log import PartitionLog
 from broker.log.config import LogConfig, SettingValue
 from broker.log.files import OPEN_FILES
-from broker.log.fsdir import storage_error
+from broker.log.fsdir import storage_error, sync_created
 from broker.log.hwcheckpoint import HighWatermarkCheckpoint
 from broker.log.message import Buffer
 from broker.log.partition import SetsToOpen
@@ -410,32 +410,77 @@ class Worker:
 
     def _open_all(self, partitions: Sequence[control.PartitionToOpen]) -> control.PartitionsOpened:
         """Open each partition (those open already stay as they are); a replicated one serves
-        no client until its role says it leads."""
+        no client until its role says it leads. The folders created are made durable together
+        (broker.log.fsdir.sync_created: one syncfs a log dir, where their own fsyncs would be
+        two a partition) before any is served; one whose creation cannot be made so fails."""
+        started = self.clock.monotonic()
         opened: list[tuple[str, int]] = []
         failed: list[tuple[str, int, int, str]] = []
+        created: dict[Path, dict[Path, tuple[str, int]]] = {}
+        configs: dict[str, LogConfig] = {}  # a topic's partitions come with one set of settings
         for p in partitions:
             name = f"{p.topic}-{p.partition}"
             try:
                 self.topic_settings[p.topic] = p.settings
-                config = self.config.log_config(p.settings)
-                if self._open(p.topic, p.partition, Path(p.directory), config):
+                config = configs.get(p.topic) or configs.setdefault(
+                    p.topic, self.config.log_config(p.settings)
+                )
+                folder = Path(p.directory) / name
+                new = not folder.is_dir()
+                if self._open(p.topic, p.partition, Path(p.directory), config, sync=not new):
                     self.partitions[(p.topic, p.partition)].replica.replicated = p.replicated
+                    if new:
+                        created.setdefault(Path(p.directory), {})[folder] = (p.topic, p.partition)
                 self.partitions[(p.topic, p.partition)].move_start(p.log_start)
                 opened.append((p.topic, p.partition))
             except (PylogError, OSError, ValueError) as error:
-                if isinstance(error, OSError):
-                    error = storage_error(error, f"opening {name}")
-                log.error("cannot open %s in %s: %s", name, p.directory, error)
-                code = protocol.error_code_for(error)
-                failed.append((p.topic, p.partition, code, f"{name}: {error}"))
+                failed.append(self._not_opened(p.topic, p.partition, p.directory, error))
+        for directory, folders in created.items():
+            for folder, problem in sync_created(directory, folders).items():
+                topic, number = folders[folder]
+                self._close_unserved(topic, number)
+                if (topic, number) in opened:  # else failed already (its move_start)
+                    opened.remove((topic, number))
+                    failed.append(self._not_opened(topic, number, str(directory), problem))
+        log.info(
+            "worker %d: %d partitions opened (%d new) in %.1f s%s",
+            self.index,
+            len(opened),
+            sum(map(len, created.values())),
+            self.clock.monotonic() - started,
+            f", {len(failed)} could not be" if failed else "",
+        )
         return control.PartitionsOpened(tuple(opened), tuple(failed))
 
-    def _open(self, topic: str, number: int, directory: Path, config: LogConfig) -> bool:
-        """Open a partition's log; False when it is open already."""
+    @staticmethod
+    def _not_opened(
+        topic: str, number: int, directory: str, error: Exception
+    ) -> tuple[str, int, int, str]:
+        """Log why partition `number` of `topic` in log dir `directory` was not opened, and
+        return it as a PartitionsOpened failure."""
+        name = f"{topic}-{number}"
+        if isinstance(error, OSError):
+            error = storage_error(error, f"opening {name}")
+        log.error("cannot open %s in %s: %s", name, directory, error)
+        return (topic, number, protocol.error_code_for(error), f"{name}: {error}")
+
+    def _close_unserved(self, topic: str, number: int) -> None:
+        """Release a partition just opened and never served (its creation failed to become
+        durable): nothing to flush, nobody waiting."""
+        partition = self.partitions.pop((topic, number))
+        with contextlib.suppress(PylogError):
+            partition.log.close(flush=False)
+        partition.checkpoint.close()
+
+    def _open(
+        self, topic: str, number: int, directory: Path, config: LogConfig, sync: bool = True
+    ) -> bool:
+        """Open a partition's log; False when it is open already. `sync` False: what it
+        creates is not fsynced (PartitionLog.open), its caller makes it durable."""
         if (topic, number) in self.partitions:
             return False
         self.flusher.round.watch(directory)  # before the partition is written to
-        plog = PartitionLog.open(directory / f"{topic}-{number}", config, self.clock)
+        plog = PartitionLog.open(directory / f"{topic}-{number}", config, self.clock, sync)
         plog.local.on_flush = self.stats.flush_seconds.observe
         log_recovery(f"{topic}-{number}", plog)
         checkpoint = HighWatermarkCheckpoint(plog.directory)

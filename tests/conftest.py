@@ -211,6 +211,20 @@ def _no_process_outlives_the_run() -> Iterator[None]:
         pytest.fail(f"killed {len(left)} process(es) the tests left running:\n{named}")
 
 
+def synced_paths(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[str]:
+    """The paths of the descriptors `owner.name` (os.fdatasync, say: a function of a
+    descriptor) is called with from now on, read as each call is made (the calls go through)."""
+    paths: list[str] = []
+    real = getattr(owner, name)
+
+    def spy(fd: int) -> None:
+        paths.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(owner, name, spy)
+    return paths
+
+
 @dataclass
 class FakeClock:
     """A clock that moves only when a test says so (see broker.clock.Clock)."""

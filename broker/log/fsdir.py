@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from broker.errors import DiskFull, StorageIOError
@@ -30,17 +31,19 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def make_directory(directory: Path) -> None:
+def make_directory(directory: Path, sync: bool = True) -> None:
     """Create `directory` and the parents it lacks, each made durable: its parent fsynced once
-    it is made (a folder's entry is its parent's, as a file's is). Nothing for one that
-    exists. Raises OSError as os.mkdir and os.fsync do."""
+    it is made (a folder's entry is its parent's, as a file's is); not with `sync` False,
+    where the caller makes them durable (sync_created). Nothing for one that exists. Raises
+    OSError as os.mkdir and os.fsync do."""
     missing = []
     while not directory.is_dir():
         missing.append(directory)
         directory = directory.parent
     for made in reversed(missing):
         made.mkdir(exist_ok=True)
-        fsync_directory(made.parent)
+        if sync:
+            fsync_directory(made.parent)
 
 
 def fsync_file(path: Path) -> None:
@@ -66,3 +69,37 @@ def syncfs(fd: int) -> None:
     if _libc.syncfs(fd) != 0:
         error = ctypes.get_errno()
         raise OSError(error, os.strerror(error))
+
+
+def sync_created(parent: Path, folders: Iterable[Path]) -> dict[Path, OSError]:
+    """Make `folders`, created in `parent` with the files in them and not fsynced into their
+    directories (make_directory and Segment.create with `sync` False), durable: one syncfs of
+    their file system, where fsyncs would be two a folder. The syncfs goes through a
+    descriptor of its own, so that a flush round's (broker.log.flush_round) still gets its
+    error reports. After a syncfs that failed (it cannot say whose file's error it was), each
+    folder is fsynced, then `parent`. Returns the folders whose fsync failed and why: all of
+    them when `parent`'s did or it cannot be opened."""
+    folders = list(folders)
+    try:
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as error:
+        return dict.fromkeys(folders, error)
+    try:
+        syncfs(fd)
+    except OSError:
+        pass  # whose? each folder's own fsync says
+    else:
+        return {}
+    finally:
+        os.close(fd)
+    failed: dict[Path, OSError] = {}
+    for folder in folders:
+        try:
+            fsync_directory(folder)
+        except OSError as error:
+            failed[folder] = error
+    try:
+        fsync_directory(parent)
+    except OSError as error:
+        return dict.fromkeys(folders, error)
+    return failed

@@ -132,12 +132,19 @@ class PartitionLog:
 
     @classmethod
     def open(
-        cls, directory: Path, config: LogConfig | None = None, clock: Clock = SYSTEM_CLOCK
+        cls,
+        directory: Path,
+        config: LogConfig | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        sync: bool = True,
     ) -> PartitionLog:
-        """Open (creating if needed) the partition folder, recovering it after a crash."""
+        """Open (creating if needed) the partition folder, recovering it after a crash. What
+        it creates (the folder, a first segment) is fsynced into its directory, unless `sync`
+        is False: then the caller makes it durable before the log is written to or served
+        (broker.log.fsdir.sync_created: one syncfs for many new partitions)."""
         config = config or LogConfig()
-        make_directory(directory)
-        segments, report = recover_folder(directory, config)
+        make_directory(directory, sync)
+        segments, report = recover_folder(directory, config, sync)
         epochs = LeaderEpochs.load(directory, segments[-1].end_offset)
         report = dataclasses.replace(report, problems=report.problems + tuple(epochs.problems))
         end = segments[-1].end_offset

@@ -148,8 +148,9 @@ class ProducerStates:
         bases = sorted(bases)
         states = cls(directory, bases[-1], name, clock)
         known = {producers_path(directory, base) for base in bases}
-        for path in directory.glob(f"*{PRODUCERS_SUFFIX}"):
-            if path not in known:
+        for name in os.listdir(directory):
+            path = directory / name
+            if name.endswith(PRODUCERS_SUFFIX) and path not in known:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
         states._reload(log_end)

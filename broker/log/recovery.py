@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,9 @@ from broker.log.segment import (
 from broker.log.segment_scan import Damage
 
 SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
+_LEFTOVER_SUFFIXES = tuple(
+    f"{suffix}.tmp" for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX)
+)
 
 log = logging.getLogger(__name__)
 _partition_log = logging.getLogger("broker.log.partition")
@@ -61,25 +65,24 @@ class RecoveryReport:
     damaged: tuple[tuple[int, int], ...] = ()
 
 
-def recover_folder(directory: Path, config: LogConfig) -> tuple[list[Segment], RecoveryReport]:
+def recover_folder(
+    directory: Path, config: LogConfig, sync: bool = True
+) -> tuple[list[Segment], RecoveryReport]:
     """The segments of partition folder `directory`, oldest first, recovered (never empty: a
-    new segment is created when none is kept), and what was found and done (the leader-epoch
-    file's problems are the caller's to add)."""
-    leftovers = [
-        *directory.glob(f"*{INDEX_SUFFIX}.tmp"),
-        *directory.glob(f"*{TIME_INDEX_SUFFIX}.tmp"),
-        *directory.glob(f"*{LOG_SUFFIX}.tmp"),
-    ]
+    new segment is created when none is kept, fsynced into the folder unless `sync` is
+    False: Segment.create), and what was found and done (the leader-epoch file's problems are
+    the caller's to add)."""
+    with os.scandir(directory) as entries:  # one listing (a broker opens thousands)
+        files = [entry.name for entry in entries if entry.is_file()]
+    leftovers = [name for name in files if name.endswith(_LEFTOVER_SUFFIXES)]
     for leftover in leftovers:
         # an index write that a crash interrupted (indexes are derived), or the copy of a
         # segment's head that a cut makes while the segment is read (SegmentFile.cut)
-        leftover.unlink()
+        (directory / leftover).unlink()
     if leftovers:
         fsync_directory(directory)
     found = sorted(
-        (int(m.group(1)), p)
-        for p in directory.iterdir()
-        if (m := SEGMENT_NAME.match(p.name)) and p.is_file()
+        (int(m.group(1)), directory / name) for name in files if (m := SEGMENT_NAME.match(name))
     )
     segments: list[Segment] = []
     scanned = 0
@@ -157,9 +160,9 @@ def recover_folder(directory: Path, config: LogConfig) -> tuple[list[Segment], R
     if segments and beyond > segments[-1].end_offset:
         # past what was set aside too: no offset it held is ever handed out again
         damaged.append((segments[-1].end_offset, beyond))
-        segments.append(Segment.create(directory, beyond))
+        segments.append(Segment.create(directory, beyond, sync))
     if not segments:
-        segments.append(Segment.create(directory, max(expected_base, beyond)))
+        segments.append(Segment.create(directory, max(expected_base, beyond), sync))
     return segments, RecoveryReport(scanned, truncated, tuple(bad), tuple(problems), tuple(damaged))
 
 

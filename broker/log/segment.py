@@ -123,15 +123,15 @@ class Segment:
         return self.base_offset + self.file.size
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int) -> Segment:
-        """A new empty segment file; it is an error for it to exist already."""
+    def create(cls, directory: Path, base_offset: int, sync: bool = True) -> Segment:
+        """A new empty segment file; it is an error for it to exist already. Its entry in
+        `directory` is fsynced, unless `sync` is False (the caller makes it durable:
+        broker.log.fsdir.sync_created)."""
         path = directory / segment_file_name(base_offset)
         try:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        except OSError as error:
-            raise storage_error(error, f"creating {path}") from error
-        try:
-            fsync_directory(directory)
+            if sync:
+                fsync_directory(directory)
         except OSError as error:
             raise storage_error(error, f"creating {path}") from error
         segment = cls(path, base_offset, 0, OffsetIndex([]), TimeIndex())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -11,12 +12,12 @@ import trio
 import trio.testing
 import zmq
 
-from broker import protocol
+from broker import control, protocol
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.config import BrokerConfig
 from broker.errors import StorageIOError
 from broker.flusher import FLUSH_RETRY_S, Flusher
-from broker.log import encode_message
+from broker.log import encode_message, fsdir
 from broker.log.segment import Segment
 from broker.protocol import Ack, Api
 from broker.served import Partition
@@ -30,6 +31,7 @@ from broker.transport import (
 )
 from broker.trio_socket import TrioSocket
 from broker.worker import Worker
+from tests.conftest import synced_paths
 
 HOUR_MS = 3_600_000
 CLIENT = FROM_DEALER + b"client"
@@ -551,5 +553,83 @@ async def test_what_copy_loops_append_in_one_turn_is_flushed_in_one_round(
             nursery.cancel_scope.cancel()
         assert rounds == [["copied-0", "copied-1", "copied-2"]]
         assert all(p.log.local.statistics().pending_messages == 0 for p in partitions)
+    finally:
+        worker.close()
+
+
+def to_open(directory: Path, count: int) -> list[control.PartitionToOpen]:
+    return [control.PartitionToOpen("wide", n, str(directory), {}, False) for n in range(count)]
+
+
+def counted_folder_fsyncs(monkeypatch: pytest.MonkeyPatch, failing: set[str]) -> list[str]:
+    """The folders fsynced from now on (by name); those named in `failing` fail with EIO."""
+    folders: list[str] = []
+    fsync = os.fsync
+
+    def counted(fd: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if path.is_dir():
+            folders.append(path.name)
+            if path.name in failing:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counted)
+    return folders
+
+
+def test_new_partitions_opened_together_are_made_durable_by_one_syncfs(
+    tmp_path: Path,
+    sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Creating 20 partitions costs one syncfs of the log dir's file system, not two folder
+    fsyncs a partition (the folder's entry, its first segment's); reopened, they exist."""
+    _, worker_end = sockets
+    worker = idle_worker(worker_end)
+    folders = counted_folder_fsyncs(monkeypatch, set())
+    syncfs_calls = synced_paths(monkeypatch, fsdir, "syncfs")
+    try:
+        answer = worker._open_all(to_open(tmp_path, 20))
+        assert answer.failed == ()
+        assert sorted(answer.opened) == [("wide", n) for n in range(20)]
+        assert folders == []
+        assert syncfs_calls == [str(tmp_path)]
+        assert all(
+            (tmp_path / f"wide-{n}" / "00000000000000000000.log").is_file() for n in range(20)
+        )
+        # opened again (a restart's open): nothing created, nothing synced
+        worker.close()
+        worker = idle_worker(worker_end)
+        assert len(worker._open_all(to_open(tmp_path, 20)).opened) == 20
+        assert syncfs_calls == [str(tmp_path)] and folders == []
+    finally:
+        worker.close()
+
+
+def test_after_a_failed_syncfs_a_new_partition_whose_folder_fsync_fails_is_not_opened(
+    tmp_path: Path,
+    sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A syncfs that fails cannot say whose file's error it reports: each new folder is then
+    fsynced, and the log dir; the one whose fsync fails is reported not opened, with a
+    storage error, and is not served; the others are."""
+    _, worker_end = sockets
+    worker = idle_worker(worker_end)
+    folders = counted_folder_fsyncs(monkeypatch, {"wide-3"})
+
+    def failing_syncfs(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(fsdir, "syncfs", failing_syncfs)
+    try:
+        answer = worker._open_all(to_open(tmp_path, 5))
+        assert sorted(answer.opened) == [("wide", n) for n in (0, 1, 2, 4)]
+        ((topic, number, code, message),) = answer.failed
+        assert (topic, number, code) == ("wide", 3, protocol.ErrorCode.STORAGE_ERROR)
+        assert "wide-3" in message and "Input/output error" in message
+        assert ("wide", 3) not in worker.partitions
+        assert sorted(folders) == sorted([f"wide-{n}" for n in range(5)] + [tmp_path.name])
     finally:
         worker.close()

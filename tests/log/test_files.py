@@ -17,7 +17,7 @@ from broker.errors import StorageIOError
 from broker.log import iter_messages
 from broker.log.files import DEFAULT_MAX_OPEN_FILES, OpenFiles
 from broker.log.producers import producers_path
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, synced_paths
 from tests.log.test_partition import make_set, open_log, read_all
 
 ROOT = Path(__file__).parents[2]
@@ -246,14 +246,7 @@ def test_idempotent_appends_to_many_partitions_hold_no_more_descriptors_than_the
         for log in logs:
             log.append_idempotent(make_set(turn, 1), 7, 0, turn)
     assert len(os.listdir("/proc/self/fd")) - before <= files.limit + 2
-    synced: list[str] = []
-    real_fdatasync = os.fdatasync
-
-    def spy(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real_fdatasync(fd)
-
-    monkeypatch.setattr(os, "fdatasync", spy)
+    synced = synced_paths(monkeypatch, os, "fdatasync")
     for log in logs:  # a roll syncs the closed segment's entries, through a handle reopened
         log.roll()
     states = sorted(path for path in synced if path.endswith(".producers"))
