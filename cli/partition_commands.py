@@ -10,20 +10,30 @@ broker watches the node and opens those it holds. Producers and group members pi
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Callable
 from typing import Final
 
 import click
 
 from broker.client import Admin
+from broker.clock import SYSTEM_CLOCK, WaitingClock
 from broker.errors import InvalidTopic
+from broker.logs import number_spans
 from broker.protocol import ErrorCode
 from broker.registry import MAX_PARTITIONS, TopicConfig
 from cli.common import CLI_RETRIES, broker_errors, client_keys, usage_error
 from cli.group_commands import admin_options, fail, open_registry
 
 SERVED_WITHIN_S: Final = 30.0
-"""How long the command waits for the new partitions to be served."""
+"""How long the command waits for one more of the new partitions to be served: it gives up
+when none came up for that long (their broker down), not while they are coming up (thousands
+take a broker some seconds: docs/replication.md, "Adding partitions")."""
+
+POLL_S: Final = 0.5
+"""How often it asks for the topic's metadata meanwhile (one reply lists every partition)."""
+
+PROGRESS_S: Final = 5.0
+"""How often it says on stderr how many are served, when it waits longer."""
 
 
 @click.command("add-partitions")
@@ -70,31 +80,50 @@ def add_partitions(
         broker_errors(broker),
         Admin(broker, timeout_s=timeout, retries=CLI_RETRIES, keys=client_keys()) as admin,
     ):
-        _wait_served(admin, name, before, count)
+        _wait_served(lambda: _unserved(admin, name, before, count), count - before)
     _say(name, grown, before, as_json)
 
 
-def _wait_served(admin: Admin, topic: str, before: int, count: int) -> None:
-    """Until METADATA shows the new partitions served (exit 1 after SERVED_WITHIN_S: they are
-    in ZooKeeper all the same, and served once their brokers are up)."""
-    deadline = time.monotonic() + SERVED_WITHIN_S
-    while True:
-        partitions = admin.metadata([topic]).topics[0].partitions
-        waiting = [
-            p.partition
-            for p in partitions[before:]
-            if p.error_code != ErrorCode.NONE or p.broker_id < 0
-        ]
-        if len(partitions) == count and not waiting:
-            return
-        if time.monotonic() > deadline:
+def _wait_served(
+    unserved: Callable[[], list[int]], count: int, clock: WaitingClock = SYSTEM_CLOCK
+) -> None:
+    """Until `unserved` (the new partitions METADATA does not show served) is empty, saying how
+    many are served every PROGRESS_S; exit 1 once none more came up for SERVED_WITHIN_S (they
+    are in ZooKeeper all the same, and served once their brokers are up)."""
+    waiting = unserved()
+    started = progressed = said = clock.monotonic()
+    while waiting:
+        now = clock.monotonic()
+        if now - progressed > SERVED_WITHIN_S:
             fail(
-                f"topic {topic} has {count} partitions in ZooKeeper, but partitions "
-                f"{waiting or list(range(len(partitions), count))} are not served after "
-                f"{SERVED_WITHIN_S:.0f} s: they will be once their brokers are up "
-                "(pylogctl cluster health)"
+                f"{len(waiting)} of the {count} new partitions are in ZooKeeper but not served "
+                f"after {SERVED_WITHIN_S:.0f} s without one more: partitions "
+                f"{number_spans(waiting)}; they will be once their brokers are up (pylogctl "
+                "cluster health)"
             )
-        time.sleep(0.1)
+        if now - said >= PROGRESS_S:
+            click.echo(
+                f"{count - len(waiting)} of {count} new partitions served after "
+                f"{now - started:.0f} s",
+                err=True,
+            )
+            said = now
+        clock.sleep(POLL_S)
+        before, waiting = len(waiting), unserved()
+        if len(waiting) < before:
+            progressed = clock.monotonic()
+
+
+def _unserved(admin: Admin, topic: str, before: int, count: int) -> list[int]:
+    """The partitions past `before` of the `count` `topic` is to have that METADATA does not
+    show served."""
+    partitions = admin.metadata([topic]).topics[0].partitions
+    missing = list(range(len(partitions), count))
+    return [
+        p.partition
+        for p in partitions[before:]
+        if p.error_code != ErrorCode.NONE or p.broker_id < 0
+    ] + missing
 
 
 def _say(topic: str, config: TopicConfig, before: int, as_json: bool) -> None:

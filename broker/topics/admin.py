@@ -41,6 +41,7 @@ from broker.errors import (
     UnknownTopicOrPartition,
 )
 from broker.log.config import SettingValue
+from broker.logs import number_spans
 from broker.pool import Answers
 from broker.protocol import CREATE_WAIT_S, ErrorCode
 from broker.registry import MAX_PARTITIONS, Registry, TopicConfig
@@ -261,7 +262,7 @@ class TopicAdmin:
                 log.warning(
                     "topic %r: partitions %s not served yet after %.0f s (their broker down?)",
                     pending.topic,
-                    sorted(set(range(pending.config.partitions)) - served),
+                    number_spans(set(range(pending.config.partitions)) - served),
                     CREATE_WAIT_S,
                 )
             reply = protocol.encode_reply(pending.correlation_id, protocol.EmptyReply())

@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import pytest
+
 from broker.client import Admin, Producer
 from broker.protocol import Ack
+from cli.partition_commands import POLL_S, SERVED_WITHIN_S, _wait_served
 from tests.cli.conftest import ok, pylogctl
 from tests.cluster.conftest import Member, bootstrap
-from tests.conftest import wait_until
+from tests.conftest import FakeClock, wait_until
 from tests.pylogd import RunningBroker
 
 TOPIC = "grown"
@@ -85,3 +88,49 @@ def test_add_partitions_refuses_fewer_partitions_and_too_few_brokers(
     assert "replication factor 3 is not between 1 and the 2 broker(s)" in short.output
     with Admin(endpoint) as admin:
         assert len(admin.topic(TOPIC).partitions) == 2
+
+
+class ComingUp:
+    """The new partitions' METADATA as a broker opening them shows it: `per_poll` more served
+    at each look, after `stalled_after` of them none more (its worker stopped)."""
+
+    def __init__(self, count: int, per_poll: int, stalled_after: int | None = None) -> None:
+        self.waiting = list(range(count))
+        self.per_poll = per_poll
+        self.stalled_after = stalled_after
+        self.looks = 0
+
+    def __call__(self) -> list[int]:
+        self.looks += 1
+        served = min(self.per_poll * (self.looks - 1), self.stalled_after or len(self.waiting))
+        return self.waiting[served:]
+
+
+def test_the_wait_for_new_partitions_lasts_while_they_come_up_and_says_how_far(
+    clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """10,000 partitions a broker opens 100 a poll (50 s in all, over SERVED_WITHIN_S): the
+    command waits them out, saying on stderr how many are served, and succeeds (the fresh-clone
+    CI at 7679224 failed the 10,000-partition test on the old fixed 30 s)."""
+    coming = ComingUp(10_000, per_poll=100)
+    _wait_served(coming, 10_000, clock)
+    assert coming.looks == 101
+    progress = capsys.readouterr().err.splitlines()
+    assert progress[0] == "1000 of 10000 new partitions served after 5 s"
+    assert len(progress) == 9  # every 5 s
+
+
+def test_the_wait_gives_up_once_no_more_partitions_came_up_for_its_limit(
+    clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    coming = ComingUp(10_000, per_poll=1000, stalled_after=9_997)
+    started = clock.monotonic()
+    with pytest.raises(SystemExit) as exit_:
+        _wait_served(coming, 10_000, clock)
+    assert exit_.value.code == 1
+    assert clock.monotonic() - started == pytest.approx(5 + SERVED_WITHIN_S, abs=POLL_S)
+    said = capsys.readouterr().err
+    assert (
+        "3 of the 10000 new partitions are in ZooKeeper but not served after 30 s without one "
+        "more: partitions 9997-9999; they will be once their brokers are up" in said
+    )
