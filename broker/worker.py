@@ -96,6 +96,11 @@ TURN_S = 0.002
 
 ANSWER_TIMEOUT_S = 5.0
 
+OPEN_CHUNK = 1000
+"""The partitions a worker opens, makes durable (one syncfs) and reports opened at a time, so
+that of a topic of thousands some are served (registered in ZooKeeper, in METADATA) after a
+second, not all after many (docs/storage.md, "Recovery after a crash")."""
+
 
 class Worker:
     """The partitions of one group and the loop that serves them."""
@@ -389,7 +394,7 @@ class Worker:
     async def _run_command(self, command: control.Command) -> None:
         match command:
             case control.OpenPartitions(partitions):
-                await self.socket.send(control.encode(self._open_all(partitions)))
+                await self._open_in_chunks(partitions)
             case control.DeletePartitions(topic, partitions):
                 for number, folder in partitions:
                     self._delete(topic, number, Path(folder))
@@ -408,12 +413,34 @@ class Worker:
                 self.reads.wake(bytes.fromhex(tag))
         await self.served.send_owed()  # acks that a delete failed or a new setting's flush made
 
-    def _open_all(self, partitions: Sequence[control.PartitionToOpen]) -> control.PartitionsOpened:
+    async def _open_in_chunks(self, partitions: Sequence[control.PartitionToOpen]) -> None:
+        """Open `partitions` OPEN_CHUNK at a time (_open_all), reporting each chunk opened,
+        and log one line for them all."""
+        started = self.clock.monotonic()
+        opened = new = failed = 0
+        for start in range(0, len(partitions), OPEN_CHUNK):
+            report, created = self._open_all(partitions[start : start + OPEN_CHUNK])
+            await self.socket.send(control.encode(report))
+            opened += len(report.opened)
+            failed += len(report.failed)
+            new += created
+        log.info(
+            "worker %d: %d partitions opened (%d new) in %.1f s%s",
+            self.index,
+            opened,
+            new,
+            self.clock.monotonic() - started,
+            f", {failed} could not be" if failed else "",
+        )
+
+    def _open_all(
+        self, partitions: Sequence[control.PartitionToOpen]
+    ) -> tuple[control.PartitionsOpened, int]:
         """Open each partition (those open already stay as they are); a replicated one serves
         no client until its role says it leads. The folders created are made durable together
         (broker.log.fsdir.sync_created: one syncfs a log dir, where their own fsyncs would be
-        two a partition) before any is served; one whose creation cannot be made so fails."""
-        started = self.clock.monotonic()
+        two a partition) before any is served; one whose creation cannot be made so fails.
+        Returns what was opened and what failed, and how many were created."""
         opened: list[tuple[str, int]] = []
         failed: list[tuple[str, int, int, str]] = []
         created: dict[Path, dict[Path, tuple[str, int]]] = {}
@@ -442,15 +469,8 @@ class Worker:
                 if (topic, number) in opened:  # else failed already (its move_start)
                     opened.remove((topic, number))
                     failed.append(self._not_opened(topic, number, str(directory), problem))
-        log.info(
-            "worker %d: %d partitions opened (%d new) in %.1f s%s",
-            self.index,
-            len(opened),
-            sum(map(len, created.values())),
-            self.clock.monotonic() - started,
-            f", {len(failed)} could not be" if failed else "",
-        )
-        return control.PartitionsOpened(tuple(opened), tuple(failed))
+        created_count = sum(map(len, created.values()))
+        return control.PartitionsOpened(tuple(opened), tuple(failed)), created_count
 
     @staticmethod
     def _not_opened(

@@ -590,7 +590,8 @@ def test_new_partitions_opened_together_are_made_durable_by_one_syncfs(
     folders = counted_folder_fsyncs(monkeypatch, set())
     syncfs_calls = synced_paths(monkeypatch, fsdir, "syncfs")
     try:
-        answer = worker._open_all(to_open(tmp_path, 20))
+        answer, created = worker._open_all(to_open(tmp_path, 20))
+        assert created == 20
         assert answer.failed == ()
         assert sorted(answer.opened) == [("wide", n) for n in range(20)]
         assert folders == []
@@ -601,7 +602,8 @@ def test_new_partitions_opened_together_are_made_durable_by_one_syncfs(
         # opened again (a restart's open): nothing created, nothing synced
         worker.close()
         worker = idle_worker(worker_end)
-        assert len(worker._open_all(to_open(tmp_path, 20)).opened) == 20
+        answer, created = worker._open_all(to_open(tmp_path, 20))
+        assert (len(answer.opened), created) == (20, 0)
         assert syncfs_calls == [str(tmp_path)] and folders == []
     finally:
         worker.close()
@@ -624,12 +626,39 @@ def test_after_a_failed_syncfs_a_new_partition_whose_folder_fsync_fails_is_not_o
 
     monkeypatch.setattr(fsdir, "syncfs", failing_syncfs)
     try:
-        answer = worker._open_all(to_open(tmp_path, 5))
+        answer, _ = worker._open_all(to_open(tmp_path, 5))
         assert sorted(answer.opened) == [("wide", n) for n in (0, 1, 2, 4)]
         ((topic, number, code, message),) = answer.failed
         assert (topic, number, code) == ("wide", 3, protocol.ErrorCode.STORAGE_ERROR)
         assert "wide-3" in message and "Input/output error" in message
         assert ("wide", 3) not in worker.partitions
         assert sorted(folders) == sorted([f"wide-{n}" for n in range(5)] + [tmp_path.name])
+    finally:
+        worker.close()
+
+
+async def test_partitions_to_open_are_reported_opened_a_chunk_at_a_time(
+    tmp_path: Path,
+    sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Of a topic of thousands, a worker reports the partitions it opened OPEN_CHUNK at a time
+    (each chunk made durable before its report), so that the first are served while the rest
+    open, not all at the end: here 25 partitions in chunks of 10."""
+    supervisor, worker_end = sockets
+    worker = idle_worker(worker_end)
+    monkeypatch.setattr("broker.worker.OPEN_CHUNK", 10)
+    try:
+        await worker._run_command(control.OpenPartitions(tuple(to_open(tmp_path, 25))))
+        reports = []
+        while supervisor.poll(0):
+            report = control.decode_report(supervisor.recv_multipart()[1])
+            assert isinstance(report, control.PartitionsOpened)
+            reports.append(report)
+        assert [sorted(n for _, n in r.opened) for r in reports] == [
+            list(range(0, 10)),
+            list(range(10, 20)),
+            list(range(20, 25)),
+        ]
     finally:
         worker.close()
