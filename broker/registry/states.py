@@ -188,15 +188,23 @@ class PartitionStates:
 
     def partition_states(self, topic: str) -> dict[int, tuple[PartitionState, int]]:
         """Partition -> (its state, its node's version) for each partition of `topic` that has
-        a state node ({} for none); unreadable nodes are left out, with a warning."""
+        a state node ({} for none); unreadable nodes are left out, with a warning. One listing
+        of the partitions' folder, then a read of each state node together (a folder without
+        one answers NoNode): not a listing of each folder first, which doubled the requests of
+        a controller round (20,000 for a topic of 10,000 partitions)."""
         check_topic_name(topic)
-        numbers = [p for p, has in sorted((self._partition_nodes(topic) or {}).items()) if has]
+        folder = self.partition_states_path(topic)
+        try:
+            children = self._session.children(folder)
+        except NoNode:
+            return {}
+        numbers = sorted(int(child) for child in children if child.isascii() and child.isdecimal())
         paths = [self.partition_state_path(topic, p) for p in numbers]
         states = {}
-        read = self._session.get_many(f"read {self.partition_states_path(topic)}/*/state", paths)
+        read = self._session.get_many(f"read {folder}/*/state", paths)
         for p, path, answer in zip(numbers, paths, read, strict=True):
             if isinstance(answer, NoNode):
-                continue  # deleted since listed
+                continue  # no state node (yet), or deleted since listed
             if isinstance(answer, FAILED):
                 raise answer
             try:
