@@ -262,7 +262,7 @@ class Flusher:
 def log_recovery(name: str, plog: PartitionLog) -> None:
     """Log what opening a partition's log found (PartitionLog.recovery): nothing for a log
     closed cleanly or cut by nothing (its newest segment is scanned all the same), so that a
-    broker of thousands of partitions starts with a line a worker (Worker._open_all)."""
+    broker of thousands of partitions starts with a line a worker (Worker._open_in_chunks)."""
     report = plog.recovery
     for problem in report.problems:
         log.warning("recovery of %s: %s", name, problem)
