@@ -788,6 +788,7 @@ def test_a_zookeeper_left_on_the_port_is_not_taken_for_pylogd_own(tmp_path: Path
         assert "Zookeeper version" in left.command("srvr")  # left alone
 
 
+@pytest.mark.slow  # ~17 s: the back-off's real waits between ZooKeeper restarts
 def test_a_zookeeper_that_cannot_restart_is_retried_with_back_off_then_pylogd_stops(
     make_pylogd: Callable[..., RunningBroker],
 ) -> None:

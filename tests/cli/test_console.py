@@ -247,6 +247,7 @@ def test_follow_reads_on_through_a_broker_restart(
 
 
 @pytest.mark.broker
+@pytest.mark.slow  # ~13 s: pylogctl waits out an unreachable ZooKeeper twice, quiet and verbose
 def test_no_library_logs_on_the_console_unless_verbose() -> None:
     command = [PYLOGCTL, "group", "describe", "g", "t", "--zookeeper", unused_endpoint()[6:]]
     quiet = subprocess.run(command, capture_output=True, text=True, timeout=60)

@@ -181,6 +181,7 @@ def test_a_killed_members_partitions_are_read_on_by_the_other_from_its_commits(
     assert taken_over_s < 2.0 + 2.0  # the session, and a heartbeat's interval or so
 
 
+@pytest.mark.slow  # ~30 s: two member processes read on while the coordinator's broker dies
 def test_members_read_on_while_their_coordinator_is_killed_and_keep_their_partitions(
     shared_three_brokers: ThreeBrokers,
     topic: str,

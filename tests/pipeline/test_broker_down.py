@@ -12,6 +12,8 @@ from broker.client import Admin
 from tests.conftest import wait_until
 from tests.pylogd import ThreeBrokers
 
+pytestmark = pytest.mark.slow  # ~40 s: three brokers of its own (30 s to start beside Spark)
+
 
 def test_a_read_with_a_partitions_leader_down_names_the_partition_and_the_broker(
     spark: SparkSession, own_three_brokers: ThreeBrokers, topic: str

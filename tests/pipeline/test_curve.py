@@ -21,6 +21,7 @@ from tests.curve import SUPER_USER, CurveBroker, curve_broker_fixture
 curve_broker = curve_broker_fixture(zookeeper_acls=True)
 
 
+@pytest.mark.slow  # ~21 s: a curve broker with ZooKeeper ACLs, and Spark's tasks reach it
 def test_the_sink_and_the_source_reach_a_curve_broker_with_key_file_and_broker_key(
     spark: SparkSession, curve_broker: CurveBroker, topic: str
 ) -> None:
