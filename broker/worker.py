@@ -96,6 +96,12 @@ TURN_S = 0.002
 
 ANSWER_TIMEOUT_S = 5.0
 
+SYNC_TOGETHER_FROM = 64
+"""The partitions to open at once from which the new ones are made durable by one syncfs of
+the log dir's file system (sync_created) rather than two directory fsyncs each: a syncfs also
+writes back every other dirty page there (another program's too, in the default single-box
+setup), so for a topic of a few partitions the fsyncs cost less and disturb nothing."""
+
 OPEN_CHUNK = 1000
 """The partitions a worker opens, makes durable (one syncfs) and reports opened at a time, so
 that of a topic of thousands some are served (registered in ZooKeeper, in METADATA) after a
@@ -437,10 +443,13 @@ class Worker:
         self, partitions: Sequence[control.PartitionToOpen]
     ) -> tuple[control.PartitionsOpened, int]:
         """Open each partition (those open already stay as they are); a replicated one serves
-        no client until its role says it leads. The folders created are made durable together
-        (broker.log.fsdir.sync_created: one syncfs a log dir, where their own fsyncs would be
-        two a partition) before any is served; one whose creation cannot be made so fails.
-        Returns what was opened and what failed, and how many were created."""
+        no client until its role says it leads. From SYNC_TOGETHER_FROM partitions on, the
+        folders created are made durable together (broker.log.fsdir.sync_created: one syncfs a
+        log dir, where their own fsyncs would be two a partition) before any is served; one
+        whose creation cannot be made so fails. Returns what was opened and what failed, and
+        how many were created."""
+        together = len(partitions) >= SYNC_TOGETHER_FROM
+        new_count = 0
         opened: list[tuple[str, int]] = []
         failed: list[tuple[str, int, int, str]] = []
         created: dict[Path, dict[Path, tuple[str, int]]] = {}
@@ -454,9 +463,11 @@ class Worker:
                 )
                 folder = Path(p.directory) / name
                 new = not folder.is_dir()
-                if self._open(p.topic, p.partition, Path(p.directory), config, sync=not new):
+                defer = new and together  # its sync to sync_created
+                if self._open(p.topic, p.partition, Path(p.directory), config, sync=not defer):
                     self.partitions[(p.topic, p.partition)].replica.replicated = p.replicated
-                    if new:
+                    new_count += new
+                    if defer:
                         created.setdefault(Path(p.directory), {})[folder] = (p.topic, p.partition)
                 self.partitions[(p.topic, p.partition)].move_start(p.log_start)
                 opened.append((p.topic, p.partition))
@@ -469,8 +480,7 @@ class Worker:
                 if (topic, number) in opened:  # else failed already (its move_start)
                     opened.remove((topic, number))
                     failed.append(self._not_opened(topic, number, str(directory), problem))
-        created_count = sum(map(len, created.values()))
-        return control.PartitionsOpened(tuple(opened), tuple(failed)), created_count
+        return control.PartitionsOpened(tuple(opened), tuple(failed)), new_count
 
     @staticmethod
     def _not_opened(

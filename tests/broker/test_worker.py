@@ -583,10 +583,12 @@ def test_new_partitions_opened_together_are_made_durable_by_one_syncfs(
     sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Creating 20 partitions costs one syncfs of the log dir's file system, not two folder
-    fsyncs a partition (the folder's entry, its first segment's); reopened, they exist."""
+    """Creating 20 partitions together (SYNC_TOGETHER_FROM lowered to 20) costs one syncfs of
+    the log dir's file system, not two folder fsyncs a partition (the folder's entry, its first
+    segment's); reopened, they exist. Fewer than that are fsynced each, as one is."""
     _, worker_end = sockets
     worker = idle_worker(worker_end)
+    monkeypatch.setattr("broker.worker.SYNC_TOGETHER_FROM", 20)
     folders = counted_folder_fsyncs(monkeypatch, set())
     syncfs_calls = synced_paths(monkeypatch, fsdir, "syncfs")
     try:
@@ -605,6 +607,12 @@ def test_new_partitions_opened_together_are_made_durable_by_one_syncfs(
         answer, created = worker._open_all(to_open(tmp_path, 20))
         assert (len(answer.opened), created) == (20, 0)
         assert syncfs_calls == [str(tmp_path)] and folders == []
+        # two new ones alone: their folder and first segment each fsynced, no syncfs
+        few = [control.PartitionToOpen("few", n, str(tmp_path), {}, False) for n in range(2)]
+        answer, created = worker._open_all(few)
+        assert (len(answer.opened), created) == (2, 2)
+        assert syncfs_calls == [str(tmp_path)]
+        assert sorted(folders) == sorted([tmp_path.name] * 2 + ["few-0", "few-1"])
     finally:
         worker.close()
 
@@ -619,6 +627,7 @@ def test_after_a_failed_syncfs_a_new_partition_whose_folder_fsync_fails_is_not_o
     storage error, and is not served; the others are."""
     _, worker_end = sockets
     worker = idle_worker(worker_end)
+    monkeypatch.setattr("broker.worker.SYNC_TOGETHER_FROM", 5)
     folders = counted_folder_fsyncs(monkeypatch, {"wide-3"})
 
     def failing_syncfs(fd: int) -> None:
