@@ -44,9 +44,16 @@ class PlayedLeader:
     `live`'s ROUTER: it answers OFFSET_FOR_LEADER_EPOCH at once, holds the MULTI_FETCHes of
     the first fetch of every partition until all have come and then answers them last first,
     and leaves later ones waiting (long polls that nothing ends). Records each request's
-    connection, and the parts of each MULTI_FETCH."""
+    connection, and the parts of each MULTI_FETCH.
+
+    `together`: the first fetches are made to leave apart (the last partition's
+    OFFSET_FOR_LEADER_EPOCH answered only once the others' first fetches came, as a loaded
+    machine may have it), and while they come in more than one MULTI_FETCH each is answered
+    with nothing new (the fetcher asks for them again); the message is given only when one
+    MULTI_FETCH asks for every partition, so its copy loops get their first bytes in one turn."""
 
     live: LiveContext
+    together: bool = False
     identities: list[bytes] = field(default_factory=list)
     fetches: list[list[int]] = field(default_factory=list)
     """The partitions of each MULTI_FETCH, in the order they came."""
@@ -55,29 +62,47 @@ class PlayedLeader:
     )
     """(identity, header, parts) of the first fetches not answered yet."""
     answered: set[int] = field(default_factory=set)
+    """The partitions whose first fetch came."""
 
     async def serve(self) -> None:
         channel = TrioSocket(self.live.server, lambda socket, flags: socket.recv_multipart(flags))
+        copied: set[int] = set()
+        last: list[bytes] = []  # the held OFFSET_FOR_LEADER_EPOCH of the last partition
         while True:
             identity, *frames = await channel.receive()
             self.identities.append(identity)
             header, request = protocol.decode_request(frames)
             if isinstance(request, protocol.OffsetForLeaderEpochRequest):
                 reply: protocol.Reply = protocol.OffsetForLeaderEpochReply(-1, 0)
-                await channel.send([identity, *protocol.encode_reply(header.correlation_id, reply)])
+                answer = [identity, *protocol.encode_reply(header.correlation_id, reply)]
+                if self.together and request.partition == PARTITIONS - 1:
+                    last = answer
+                else:
+                    await channel.send(answer)
             elif isinstance(request, protocol.MultiFetchRequest):
                 numbers = [part.partition for part in request.parts]
                 self.fetches.append(numbers)
-                if self.answered.isdisjoint(numbers):  # first fetches (the copy loops start)
-                    self.answered.update(numbers)
-                    self.held.append((identity, header, request.parts))
-                if len(self.answered) == PARTITIONS:
-                    for identity, held, parts in reversed(self.held):  # each in its version
-                        answer = protocol.encode_reply(
-                            held.correlation_id, first_data(parts), held.version
-                        )
-                        await channel.send([identity, *answer])
-                    self.held.clear()
+                if not copied.isdisjoint(numbers):
+                    continue  # a later fetch: a long poll left waiting
+                self.answered.update(numbers)
+                self.held.append((identity, header, request.parts))
+                if last and len(self.answered) == PARTITIONS - 1:
+                    await channel.send(last)
+                    last = []
+                if sum(len(parts) for _, _, parts in self.held) < PARTITIONS:
+                    continue
+                apart = self.together and len(self.held) > 1
+                for identity, held, parts in reversed(self.held):  # each in its version
+                    answered = (
+                        protocol.MultiFetchReply(empty_answers(parts))
+                        if apart
+                        else first_data(parts)
+                    )
+                    answer = protocol.encode_reply(held.correlation_id, answered, held.version)
+                    await channel.send([identity, *answer])
+                if not apart:
+                    copied.update(self.answered)
+                self.held.clear()
 
 
 def first_data(parts: tuple[protocol.FetchPart, ...]) -> protocol.MultiFetchReply:
@@ -156,11 +181,11 @@ async def test_the_partitions_followed_from_one_leader_share_one_connection(
 
 @contextlib.asynccontextmanager
 async def copying_from_played_leader(
-    live: LiveContext, plogs: dict[int, PartitionLog]
+    live: LiveContext, plogs: dict[int, PartitionLog], together: bool = False
 ) -> AsyncIterator[tuple[PlayedLeader, Fetchers]]:
-    """Copy loops of `plogs` following a PlayedLeader on `live`, once each log's high
-    watermark moved (its first message copied); stopped at the end."""
-    leader = PlayedLeader(live)
+    """Copy loops of `plogs` following a PlayedLeader on `live` (`together` passed on), once
+    each log's high watermark moved (its first message copied); stopped at the end."""
+    leader = PlayedLeader(live, together)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(leader.serve)
         fetchers = Fetchers(2, live.context, nursery, IDLE_WAIT_MAX_MS)
@@ -194,8 +219,8 @@ async def test_the_epochs_copied_in_one_turn_are_written_with_two_syncfs_not_an_
 
     monkeypatch.setattr(os, "fsync", counted_fsync)
     monkeypatch.setattr("broker.log.epochs.syncfs", counted_syncfs)
-    async with copying_from_played_leader(live, plogs):
-        pass
+    async with copying_from_played_leader(live, plogs, together=True) as (leader, _):
+        assert len(leader.fetches[0]) < PARTITIONS  # the first fetches left apart
     histories = [f for f in fsynced if "leader-epoch" in f or Path(f).name.startswith("clicks-")]
     assert histories == []
     assert len(synced_file_systems) == 2
