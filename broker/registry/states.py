@@ -189,20 +189,31 @@ class PartitionStates:
     def partition_states(self, topic: str) -> dict[int, tuple[PartitionState, int]]:
         """Partition -> (its state, its node's version) for each partition of `topic` that has
         a state node ({} for none); unreadable nodes are left out, with a warning. One listing
-        of the partitions' folder, then a read of each state node together (a folder without
-        one answers NoNode): not a listing of each folder first, which doubled the requests of
-        a controller round (20,000 for a topic of 10,000 partitions)."""
+        of the partitions' folder (partition_numbers), then a read of each state node together
+        (read_partition_states): not a listing of each folder first, which doubled the requests
+        of a controller round (20,000 for a topic of 10,000 partitions)."""
+        return self.read_partition_states(topic, self.partition_numbers(topic))
+
+    def partition_numbers(self, topic: str) -> list[int]:
+        """The partitions of `topic` that have a folder under its partitions' node, in order
+        ([] for none; a folder may not have its state node yet)."""
         check_topic_name(topic)
-        folder = self.partition_states_path(topic)
         try:
-            children = self._session.children(folder)
+            children = self._session.children(self.partition_states_path(topic))
         except NoNode:
-            return {}
-        numbers = sorted(int(child) for child in children if child.isascii() and child.isdecimal())
-        paths = [self.partition_state_path(topic, p) for p in numbers]
+            return []
+        return sorted(int(child) for child in children if child.isascii() and child.isdecimal())
+
+    def read_partition_states(
+        self, topic: str, partitions: Sequence[int]
+    ) -> dict[int, tuple[PartitionState, int]]:
+        """partition_states of `partitions` only (those without a state node, or whose node
+        is unreadable, left out), their nodes read together."""
+        check_topic_name(topic)
+        paths = [self.partition_state_path(topic, p) for p in partitions]
         states = {}
-        read = self._session.get_many(f"read {folder}/*/state", paths)
-        for p, path, answer in zip(numbers, paths, read, strict=True):
+        read = self._session.get_many(f"read {self.partition_states_path(topic)}/*/state", paths)
+        for p, path, answer in zip(partitions, paths, read, strict=True):
             if isinstance(answer, NoNode):
                 continue  # no state node (yet), or deleted since listed
             if isinstance(answer, FAILED):
@@ -238,33 +249,60 @@ class PartitionStates:
             raise UnknownTopicOrPartition(f"partition {partition!r} does not exist")
         if not is_int(version) or version < 0:
             raise ValueError(f"a node version is an integer >= 0, not {version!r}")
-        if controller_epoch is not None and (not is_int(controller_epoch) or controller_epoch < 1):
-            raise ValueError(f"a controller epoch is an integer >= 1, not {controller_epoch!r}")
-        path = self.partition_state_path(topic, partition)
-        data = state.to_json()
-        epoch_path = self.chroot + CONTROLLER_EPOCH
         try:
             if controller_epoch is None:
-                return self._session.set(path, data, version)
-
-            def build(transaction: TransactionRequest) -> None:
-                # /controller_epoch's version is its epoch - 1 (broker.registry.controller)
-                transaction.check(epoch_path, controller_epoch - 1)
-                transaction.set_data(path, data, version)
-
-            stat = self._session.commit(f"write {path}", build)[1]
-        except (BadVersion, NoNode) as error:
-            if controller_epoch is not None and epoch_moved(
-                self._session, epoch_path, controller_epoch
-            ):
-                raise ControllerMoved(controller_epoch) from None
-            if isinstance(error, BadVersion):
-                raise PartitionStateChanged(topic, partition, version) from None
+                path = self.partition_state_path(topic, partition)
+                return self._session.set(path, state.to_json(), version)
+            return self._commit_states(topic, [(partition, state, version)], controller_epoch)[0]
+        except BadVersion:
+            raise PartitionStateChanged(topic, partition, version) from None
+        except NoNode:
             raise UnknownTopicOrPartition(
                 f"partition {partition} of topic {topic!r} has no state node"
             ) from None
-        new_version: int = stat.version
-        return new_version
+
+    def write_partition_states(
+        self, topic: str, writes: Sequence[tuple[int, PartitionState, int]], controller_epoch: int
+    ) -> list[int] | None:
+        """The controller's write_partition_state of each (partition, state, version) of
+        `writes`, in one transaction (with the check of /controller_epoch): every state written,
+        and their nodes' new versions returned, or none. None when a node of them was written
+        or deleted since it was read: nothing is written then, and the caller writes them one
+        by one (write_partition_state), which tells which. ControllerMoved as
+        write_partition_state. A round that writes thousands of states (a broker restarted
+        that led them) takes a transaction for each WRITE_BATCH of them, not one each: 10,000
+        states written one by one took 7.7 s and 6.8 s of CPU (the client's and ZooKeeper's)
+        on the 2-core machine, in batches of 100 0.2 s and 0.2 s."""
+        check_topic_name(topic)
+        try:
+            return self._commit_states(topic, writes, controller_epoch)
+        except (BadVersion, NoNode):
+            return None
+
+    def _commit_states(
+        self, topic: str, writes: Sequence[tuple[int, PartitionState, int]], controller_epoch: int
+    ) -> list[int]:
+        """Write `writes` in one transaction, checked against `controller_epoch`: their
+        nodes' new versions. ControllerMoved when /controller_epoch moved, else BadVersion or
+        NoNode as the transaction's failed write raised it (nothing written)."""
+        if not is_int(controller_epoch) or controller_epoch < 1:
+            raise ValueError(f"a controller epoch is an integer >= 1, not {controller_epoch!r}")
+        epoch_path = self.chroot + CONTROLLER_EPOCH
+
+        def build(transaction: TransactionRequest) -> None:
+            # /controller_epoch's version is its epoch - 1 (broker.registry.controller)
+            transaction.check(epoch_path, controller_epoch - 1)
+            for partition, state, version in writes:
+                path = self.partition_state_path(topic, partition)
+                transaction.set_data(path, state.to_json(), version)
+
+        try:
+            results = self._session.commit(f"write {len(writes)} state(s) of topic {topic}", build)
+        except (BadVersion, NoNode):
+            if epoch_moved(self._session, epoch_path, controller_epoch):
+                raise ControllerMoved(controller_epoch) from None
+            raise
+        return [stat.version for stat in results[1:]]
 
     def watch_partition_state(
         self,

@@ -24,6 +24,7 @@ from broker.registry import (
     PartitionState,
     PartitionStateChanged,
     Reassignment,
+    TopicConfig,
 )
 from broker.registry.admin import ReassignmentNodes
 from broker.registry.brokers import Brokers
@@ -37,6 +38,16 @@ WRITE_ATTEMPTS = 5
 """How many times one partition's state is read and written again when others keep writing it
 between the controller's read and its write (PartitionStateChanged), before the controller
 leaves it for its next round (RETRY_MIN_S later)."""
+
+WRITE_BATCH = 100
+"""How many partitions' states the controller writes in one transaction
+(TopicNodes.write_partition_states): a broker restarted that led 10,000 partitions has each
+given a new leader epoch, which took seconds of ZooKeeper's and the supervisor's CPU written one
+by one."""
+
+READ_CHUNK = 1_000
+"""How many partitions' states the controller reads at a time, its stop looked at between: a
+topic's 10,000 states take seconds to read."""
 
 
 class Counters:
@@ -82,43 +93,42 @@ class Acting:
     def settle(self) -> tuple[bool, list[str]]:
         """Settle every partition of every topic (choose_leader). Returns whether every one is
         settled (False: some left for the next round, or stopped meanwhile, which it looks at
-        before each partition) and the topics seen. RegistryUnavailable and ControllerMoved
-        as they come."""
+        before each READ_CHUNK of partitions read and each WRITE_BATCH written) and the topics
+        seen. RegistryUnavailable and ControllerMoved as they come."""
         alive = self.brokers.epochs()
         configs = self.topics.topic_configs()
         settled, offline = True, 0
         for topic, config in sorted(configs.items()):
-            if self.stopping():
-                return False, []
             unclean = replica_setting(config.settings, "unclean_leader_election") == 1
-            states = self.topics.partition_states(topic)
-            if len(states) < config.partitions:
-                created = self.topics.create_partition_states(topic, config)
-                if created:
-                    log.info("topic %r: %d partition state node(s) created", topic, created)
-                states = self.topics.partition_states(topic)
-            for partition, (state, version) in sorted(states.items()):
-                if self.stopping():  # a topic may have 10,000 partitions: seconds of writes
-                    return False, []
-                if partition >= config.partitions:
-                    continue
-                decide = functools.partial(
+
+            def decide_of(
+                partition: int, config: TopicConfig = config, unclean: bool = unclean
+            ) -> Decide:
+                return functools.partial(
                     choose_leader,
                     replicas=config.replicas[partition],
                     alive=alive,
                     unclean=unclean,
                     controller_epoch=self.epoch,
                 )
-                outcome, final = self._settle_one(topic, partition, state, version, decide)
-                settled = settled and outcome != "left"
-                offline += final.leader == NO_LEADER
+
+            outcomes = self._settle_topic(topic, config, decide_of)
+            if outcomes is not None and len(outcomes) < config.partitions:
+                created = self.topics.create_partition_states(topic, config)
+                if created:
+                    log.info("topic %r: %d partition state node(s) created", topic, created)
+                outcomes = self._settle_topic(topic, config, decide_of)
+            if outcomes is None:
+                return False, []
+            settled = settled and all(outcome != "left" for outcome, _ in outcomes)
+            offline += sum(final.leader == NO_LEADER for _, final in outcomes)
         self.counters.offline_partitions = offline
         return settled, list(configs)
 
     def elect_preferred(self, topics: Iterable[str] | None) -> int:
         """Move leadership to each partition's preferred leader where choose_preferred says so;
         how many moved. UnknownTopicOrPartition for a topic of `topics` that does not exist
-        (nothing moved then). Stops before the next partition once the service is stopping."""
+        (nothing moved then). Stops, as settle, once the service is stopping."""
         if isinstance(topics, str):
             raise TypeError("topics is a collection of topic names, not one name")
         if topics is None:
@@ -128,21 +138,65 @@ class Acting:
         alive = self.brokers.epochs()
         moved = 0
         for topic, config in sorted(configs.items()):
-            if self.stopping():
-                break
-            for partition, (state, version) in sorted(self.topics.partition_states(topic).items()):
-                if self.stopping():
-                    return moved
-                if partition >= config.partitions:
-                    continue
-                decide = functools.partial(
+
+            def decide_of(partition: int, config: TopicConfig = config) -> Decide:
+                return functools.partial(
                     choose_preferred,
                     replicas=config.replicas[partition],
                     alive=alive,
                     controller_epoch=self.epoch,
                 )
-                moved += self._settle_one(topic, partition, state, version, decide)[0] == "written"
+
+            outcomes = self._settle_topic(topic, config, decide_of)
+            if outcomes is None:
+                break
+            moved += sum(outcome == "written" for outcome, _ in outcomes)
         return moved
+
+    def _settle_topic(
+        self, topic: str, config: TopicConfig, decide_of: Callable[[int], Decide]
+    ) -> list[tuple[Outcome, PartitionState]] | None:
+        """Write, for each partition of `topic` (`config`) that has a state node, what
+        `decide_of(partition)` chooses: the states read READ_CHUNK at a time, the choices
+        written WRITE_BATCH to a transaction (a batch refused, a state of it written since it
+        was read, is written one by one: _settle_one). What came of each partition, and the
+        state it is left in; None once the service is stopping (looked at before each read
+        and each write)."""
+        outcomes: list[tuple[Outcome, PartitionState]] = []
+        numbers = [p for p in self.topics.partition_numbers(topic) if p < config.partitions]
+        for start in range(0, len(numbers), READ_CHUNK):
+            if self.stopping():
+                return None
+            states = self.topics.read_partition_states(topic, numbers[start : start + READ_CHUNK])
+            chosen: list[tuple[int, PartitionState, int, Decide, Choice]] = []
+            for partition, (state, version) in states.items():
+                decide = decide_of(partition)
+                choice = decide(state)
+                if choice is None:
+                    outcomes.append(("unchanged", state))
+                else:
+                    chosen.append((partition, state, version, decide, choice))
+            for first in range(0, len(chosen), WRITE_BATCH):
+                if self.stopping():
+                    return None
+                outcomes.extend(self._write_batch(topic, chosen[first : first + WRITE_BATCH]))
+        return outcomes
+
+    def _write_batch(
+        self, topic: str, chosen: list[tuple[int, PartitionState, int, Decide, Choice]]
+    ) -> list[tuple[Outcome, PartitionState]]:
+        """Write the choices of `chosen` (partition, its state and version read, its decide
+        and its choice) in one transaction, or, when it is refused, one by one (_settle_one):
+        what came of each, and the state it is left in."""
+        writes = [(partition, choice.state, version) for partition, _, version, _, choice in chosen]
+        if self.topics.write_partition_states(topic, writes, self.epoch) is None:
+            return [
+                self._settle_one(topic, partition, state, version, decide)
+                for partition, state, version, decide, _ in chosen
+            ]
+        for partition, state, _, _, choice in chosen:
+            self._report(topic, partition, state, choice)
+        return [("written", choice.state) for *_, choice in chosen]
 
     def reassign(self) -> bool:
         """Take the next step of every reassignment under way (broker.replication.reassign);

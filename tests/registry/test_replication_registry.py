@@ -379,6 +379,33 @@ def test_a_stale_controllers_state_writes_are_refused(
     assert second.topics.write_partition_state("clicks", 0, back, 1, controller_epoch=2) == 2
 
 
+def test_a_controllers_batch_of_state_writes_is_applied_whole_or_not_at_all(
+    make_registry: Callable[..., Registry],
+) -> None:
+    registry, leader = make_registry(), make_registry()
+    registry.topics.create_topic_config(
+        "clicks", TopicConfig.spread(3, [1, 2], replication_factor=2)
+    )
+    epoch = registry.controller.elect(1)
+    assert epoch == 1
+    moved = {p: PartitionState(2, 1, (2,), epoch) for p in range(3)}
+    writes = [(p, state, 0) for p, state in moved.items()]
+    assert registry.topics.write_partition_states("clicks", writes, epoch) == [1, 1, 1]
+    assert registry.topics.partition_states("clicks") == {p: (s, 1) for p, s in moved.items()}
+    # a leader writes partition 1 between the controller's read and its next batch
+    leader.topics.write_partition_state("clicks", 1, PartitionState(2, 1, (2, 1), epoch), 1)
+    back = [(p, PartitionState(1, 2, (1,), epoch), 1) for p in range(3)]
+    assert registry.topics.write_partition_states("clicks", back, epoch) is None
+    states = registry.topics.partition_states("clicks")
+    assert [states[p][1] for p in range(3)] == [1, 2, 1]  # none of the batch written
+    assert states[0][0] == moved[0]
+    registry.controller.resign()
+    assert leader.controller.elect(2) == 2
+    with pytest.raises(ControllerMoved):
+        registry.topics.write_partition_states("clicks", back[:1], epoch)
+    assert registry.topics.partition_state("clicks", 0) == (moved[0], 1)
+
+
 # -- brokers' racks ----------------------------------------------------------------------------
 
 

@@ -11,19 +11,23 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, TransactionRequest
 
 from broker.clock import SYSTEM_CLOCK, Clock
 from broker.errors import UnknownTopicOrPartition
 from broker.registry import NO_LEADER, BrokerRegistration, PartitionState, Registry, TopicConfig
+from broker.registry.session import Failed, Session, Stat
 from broker.registry.topics import TopicNodes
+from broker.replication import acting
+from broker.replication.acting import Acting, Counters
 from broker.replication.controller import ControllerService, NotController
 from broker.replication.election import choose_leader, choose_preferred
 from broker.zookeeper import PrivateZooKeeper
@@ -327,21 +331,13 @@ class InterferingTopics(TopicNodes):
 
     interference: Callable[[], object] | None = None
 
-    def write_partition_state(
-        self,
-        topic: str,
-        partition: int,
-        state: PartitionState,
-        version: int,
-        *,
-        controller_epoch: int | None = None,
-    ) -> int:
+    def write_partition_states(
+        self, topic: str, writes: Sequence[tuple[int, PartitionState, int]], controller_epoch: int
+    ) -> list[int] | None:
         interference, self.interference = self.interference, None
-        if interference is not None and controller_epoch is not None:
+        if interference is not None:
             interference()
-        return super().write_partition_state(
-            topic, partition, state, version, controller_epoch=controller_epoch
-        )
+        return super().write_partition_states(topic, writes, controller_epoch)
 
 
 class Interfering(Registry):
@@ -380,6 +376,81 @@ def test_a_state_written_since_it_was_read_is_read_again_and_decided_anew(
         assert controller.stop()
     finally:
         registry.stop()
+
+
+class CountingSession(Session):
+    """A session that counts its transactions and the state nodes it reads together
+    (get_many)."""
+
+    commits = 0
+    states_read = 0
+
+    def commit(self, what: str, build: Callable[[TransactionRequest], None]) -> list[Any]:
+        self.commits += 1
+        return super().commit(what, build)
+
+    def get_many(self, what: str, paths: Sequence[str]) -> list[tuple[bytes, Stat] | Failed]:
+        self.states_read += sum(path.endswith("/state") for path in paths)
+        return super().get_many(what, paths)
+
+
+class Counting(Registry):
+    """A registry on a CountingSession."""
+
+    session_type = CountingSession
+
+
+def test_a_restarted_brokers_partitions_get_their_new_leader_epochs_a_batch_to_a_transaction(
+    make_broker: Broker, make_registry: Callable[..., Registry], service: Service
+) -> None:
+    """A broker restarted that led many partitions (each one's only replica) has each given a
+    new leader epoch: WRITE_BATCH to a transaction, not a transaction each (250 partitions:
+    500 transactions before, a leader -1 written and then the broker chosen again)."""
+    one = make_broker(1)
+    one.topics.create_topic_config(TOPIC, TopicConfig.spread(250, [1]))
+    counting = make_registry(of=Counting)
+    session = counting.session
+    assert isinstance(session, CountingSession)
+    controller = service(counting, 2)
+    wait_controller(controller, 1)
+    session.commits = 0
+    one.stop()  # the broker dies...
+    wait_until(lambda: controller.statistics().offline_partitions == 250, what="250 offline")
+    again = make_broker(1)  # ...and comes back, a new incarnation
+    wait_until(lambda: controller.statistics().leaders_chosen == 250, what="250 leaders chosen")
+    states = again.topics.partition_states(TOPIC)
+    assert {plain(state) for state, _ in states.values()} == {PartitionState(1, 2, (1,), 1)}
+    assert {state.leader_broker_epoch for state, _ in states.values()} == {
+        again.brokers.epochs()[1]
+    }
+    assert session.commits == 6  # 3 batches of offline states, 3 of leaders chosen
+
+
+def test_a_stopping_controller_ends_its_round_within_one_chunk_of_reads(
+    make_broker: Broker, make_registry: Callable[..., Registry], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round over a topic of 10,000 partitions reads for seconds: the stop is looked at
+    between READ_CHUNK states read, not only between topics."""
+    monkeypatch.setattr(acting, "READ_CHUNK", 10)
+    make_broker(1).topics.create_topic_config(TOPIC, TopicConfig.spread(50, [1]))
+    counting = make_registry(of=Counting)
+    session = counting.session
+    assert isinstance(session, CountingSession)
+    epoch = counting.controller.elect(2)
+    assert epoch is not None
+    session.commits = 0
+    asked: list[bool] = []
+
+    def stopping() -> bool:  # the stop comes once the round read its first states
+        asked.append(session.states_read > 0)
+        return asked[-1]
+
+    acts = Acting(
+        counting.brokers, counting.topics, counting.reassignments, epoch, Counters(), stopping
+    )
+    assert acts.settle() == (False, [])
+    assert session.states_read == 10
+    assert session.commits == 0  # stopped before its first write
 
 
 def test_when_the_controllers_session_closes_another_service_takes_over_and_acts(
