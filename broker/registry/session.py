@@ -638,6 +638,11 @@ class Session(Running):
         data, stat = self._request(f"read {path}", lambda: self._client.get_async(path))
         return bytes(data or b""), Stat(stat.version, stat.ephemeralOwner, stat.czxid)
 
+    def exists(self, path: str) -> Stat | None:
+        """The Stat of `path`, its data not read; None when it does not exist."""
+        stat = self._request(f"look at {path}", lambda: self._client.exists_async(path))
+        return None if stat is None else Stat(stat.version, stat.ephemeralOwner, stat.czxid)
+
     def children(self, path: str) -> list[str]:
         children = self._request(f"list {path}", lambda: self._client.get_children_async(path))
         return sorted(str(child) for child in children)

@@ -432,6 +432,14 @@ class TopicNodes(PartitionStates):
         path = self.topic_config_path(topic)
         self._session.watch_data(path, TopicConfig.from_json, lambda config, _: callback(config))
 
+    def config_created(self, topic: str) -> int | None:
+        """The zxid that created /config/topics/<topic>: a topic deleted and made again under
+        its name has another (its state nodes may be those the deletion left, taken over).
+        None when the topic does not exist."""
+        check_topic_name(topic)
+        stat = self._session.exists(self.topic_config_path(topic))
+        return None if stat is None else stat.czxid
+
     def topic_configs(self) -> dict[str, TopicConfig]:
         """Every topic's configuration: name -> TopicConfig (unreadable nodes are left out)."""
         return self._session.read_all(f"{self.chroot}/config/topics", TopicConfig.from_json, str)

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 from broker.config import replica_setting
@@ -71,6 +72,48 @@ Outcome = Literal["unchanged", "written", "left"]
 Decide = Callable[[PartitionState], Choice | None]
 
 
+@dataclass
+class Settled:
+    """A topic as the controller left it when it last settled every partition of it, in its
+    epoch: its configuration, the live brokers (broker epochs) and the zxid that created its
+    configuration's node then, and the leader each partition was left with. While the three stand,
+    none of its partitions needs the controller: only the controller writes a state but for a
+    leader's ISR changes, which never leave a partition to settle (a leader that is alive
+    leads on), so a round need not read them again (20,000 states took seconds of reads each
+    round: on every broker registering, every topic made or changed)."""
+
+    config: TopicConfig
+    alive: dict[int, int]
+    created: int
+    leaders: dict[int, int]
+
+
+def _unclean(config: TopicConfig) -> bool:
+    return replica_setting(config.settings, "unclean_leader_election") == 1
+
+
+def _changed(
+    before: Settled | None, config: TopicConfig, alive: dict[int, int], created: int | None
+) -> list[int] | None:
+    """The partitions of a topic (`config` now, `alive` the live brokers now, `created` the
+    zxid of its configuration's node now) to settle, given what was `before`: those added or
+    given other replicas since, when the rest stands; None when every one must be."""
+    if (
+        before is None
+        or created is None
+        or before.created != created
+        or before.alive != alive
+        or _unclean(before.config) != _unclean(config)
+    ):
+        return None
+    old = before.config
+    return [
+        p
+        for p in range(config.partitions)
+        if p >= old.partitions or tuple(config.replicas[p]) != tuple(old.replicas[p])
+    ]
+
+
 class Acting:
     """The controller's acts in one controller epoch, on the calling thread."""
 
@@ -82,6 +125,7 @@ class Acting:
         epoch: int,
         counters: Counters,
         stopping: Callable[[], bool],
+        known: dict[str, Settled] | None = None,
     ) -> None:
         self.brokers = brokers
         self.topics = topics
@@ -89,17 +133,22 @@ class Acting:
         self.epoch = epoch
         self.counters = counters
         self.stopping = stopping
+        self.known: dict[str, Settled] = {} if known is None else known
+        """The topics settled in this epoch (Settled), kept across its rounds by the service."""
 
     def settle(self) -> tuple[bool, list[str]]:
-        """Settle every partition of every topic (choose_leader). Returns whether every one is
-        settled (False: some left for the next round, or stopped meanwhile, which it looks at
-        before each READ_CHUNK of partitions read and each WRITE_BATCH written) and the topics
-        seen. RegistryUnavailable and ControllerMoved as they come."""
+        """Settle every partition of every topic (choose_leader), those of a topic that did not
+        change since it was settled excepted (Settled). Returns whether every one is settled
+        (False: some left for the next round, or stopped meanwhile, which it looks at before
+        each READ_CHUNK of partitions read and each WRITE_BATCH written) and the topics seen.
+        RegistryUnavailable and ControllerMoved as they come."""
         alive = self.brokers.epochs()
         configs = self.topics.topic_configs()
+        for gone in set(self.known) - set(configs):
+            del self.known[gone]
         settled, offline = True, 0
         for topic, config in sorted(configs.items()):
-            unclean = replica_setting(config.settings, "unclean_leader_election") == 1
+            unclean = _unclean(config)
 
             def decide_of(
                 partition: int, config: TopicConfig = config, unclean: bool = unclean
@@ -112,23 +161,34 @@ class Acting:
                     controller_epoch=self.epoch,
                 )
 
-            outcomes = self._settle_topic(topic, config, decide_of)
-            if outcomes is not None and len(outcomes) < config.partitions:
-                created = self.topics.create_partition_states(topic, config)
-                if created:
-                    log.info("topic %r: %d partition state node(s) created", topic, created)
-                outcomes = self._settle_topic(topic, config, decide_of)
+            created = self.topics.config_created(topic)
+            before = self.known.pop(topic, None)
+            changed = _changed(before, config, alive, created)
+            outcomes = self._settle_topic(topic, config, decide_of, changed)
+            if outcomes is not None and changed is None and len(outcomes) < config.partitions:
+                made = self.topics.create_partition_states(topic, config)
+                if made:
+                    log.info("topic %r: %d partition state node(s) created", topic, made)
+                outcomes = self._settle_topic(topic, config, decide_of, None)
             if outcomes is None:
                 return False, []
-            settled = settled and all(outcome != "left" for outcome, _ in outcomes)
-            offline += sum(final.leader == NO_LEADER for _, final in outcomes)
+            leaders = {} if before is None or changed is None else before.leaders
+            leaders.update((p, final.leader) for p, (_, final) in outcomes.items())
+            left = any(outcome == "left" for outcome, _ in outcomes.values())
+            settled = settled and not left
+            offline += sum(leader == NO_LEADER for leader in leaders.values())
+            # a partition without a readable state is read again next round, logged again
+            if not left and len(leaders) == config.partitions and created is not None:
+                self.known[topic] = Settled(config, alive, created, leaders)
         self.counters.offline_partitions = offline
         return settled, list(configs)
 
     def elect_preferred(self, topics: Iterable[str] | None) -> int:
         """Move leadership to each partition's preferred leader where choose_preferred says so;
-        how many moved. UnknownTopicOrPartition for a topic of `topics` that does not exist
-        (nothing moved then). Stops, as settle, once the service is stopping."""
+        how many moved. Of a topic settled and unchanged since (Settled), only the partitions
+        it left led by another broker are read. UnknownTopicOrPartition for a topic of
+        `topics` that does not exist (nothing moved then). Stops, as settle, once the service
+        is stopping."""
         if isinstance(topics, str):
             raise TypeError("topics is a collection of topic names, not one name")
         if topics is None:
@@ -147,23 +207,37 @@ class Acting:
                     controller_epoch=self.epoch,
                 )
 
-            outcomes = self._settle_topic(topic, config, decide_of)
+            before = self.known.get(topic)
+            led_elsewhere = None
+            if before is not None and before.config == config:
+                led_elsewhere = [
+                    p for p, leader in before.leaders.items() if leader != config.replicas[p][0]
+                ]
+            outcomes = self._settle_topic(topic, config, decide_of, led_elsewhere)
             if outcomes is None:
                 break
-            moved += sum(outcome == "written" for outcome, _ in outcomes)
+            moved += sum(outcome == "written" for outcome, _ in outcomes.values())
+            if before is not None:
+                before.leaders.update((p, final.leader) for p, (_, final) in outcomes.items())
         return moved
 
     def _settle_topic(
-        self, topic: str, config: TopicConfig, decide_of: Callable[[int], Decide]
-    ) -> list[tuple[Outcome, PartitionState]] | None:
-        """Write, for each partition of `topic` (`config`) that has a state node, what
-        `decide_of(partition)` chooses: the states read READ_CHUNK at a time, the choices
-        written WRITE_BATCH to a transaction (a batch refused, a state of it written since it
-        was read, is written one by one: _settle_one). What came of each partition, and the
-        state it is left in; None once the service is stopping (looked at before each read
-        and each write)."""
-        outcomes: list[tuple[Outcome, PartitionState]] = []
-        numbers = [p for p in self.topics.partition_numbers(topic) if p < config.partitions]
+        self,
+        topic: str,
+        config: TopicConfig,
+        decide_of: Callable[[int], Decide],
+        partitions: list[int] | None,
+    ) -> dict[int, tuple[Outcome, PartitionState]] | None:
+        """Write, for each of `partitions` of `topic` (`config`; None: every one) that has a
+        state node, what `decide_of(partition)` chooses: the states read READ_CHUNK at a time,
+        the choices written WRITE_BATCH to a transaction (a batch refused, a state of it
+        written since it was read, is written one by one: _settle_one). What came of each
+        partition, and the state it is left in; None once the service is stopping (looked at
+        before each read and each write)."""
+        outcomes: dict[int, tuple[Outcome, PartitionState]] = {}
+        if partitions is None:
+            partitions = self.topics.partition_numbers(topic)
+        numbers = [p for p in partitions if p < config.partitions]
         for start in range(0, len(numbers), READ_CHUNK):
             if self.stopping():
                 return None
@@ -173,30 +247,30 @@ class Acting:
                 decide = decide_of(partition)
                 choice = decide(state)
                 if choice is None:
-                    outcomes.append(("unchanged", state))
+                    outcomes[partition] = ("unchanged", state)
                 else:
                     chosen.append((partition, state, version, decide, choice))
             for first in range(0, len(chosen), WRITE_BATCH):
                 if self.stopping():
                     return None
-                outcomes.extend(self._write_batch(topic, chosen[first : first + WRITE_BATCH]))
+                outcomes.update(self._write_batch(topic, chosen[first : first + WRITE_BATCH]))
         return outcomes
 
     def _write_batch(
         self, topic: str, chosen: list[tuple[int, PartitionState, int, Decide, Choice]]
-    ) -> list[tuple[Outcome, PartitionState]]:
+    ) -> dict[int, tuple[Outcome, PartitionState]]:
         """Write the choices of `chosen` (partition, its state and version read, its decide
         and its choice) in one transaction, or, when it is refused, one by one (_settle_one):
-        what came of each, and the state it is left in."""
+        what came of each partition, and the state it is left in."""
         writes = [(partition, choice.state, version) for partition, _, version, _, choice in chosen]
         if self.topics.write_partition_states(topic, writes, self.epoch) is None:
-            return [
-                self._settle_one(topic, partition, state, version, decide)
+            return {
+                partition: self._settle_one(topic, partition, state, version, decide)
                 for partition, state, version, decide, _ in chosen
-            ]
+            }
         for partition, state, _, _, choice in chosen:
             self._report(topic, partition, state, choice)
-        return [("written", choice.state) for *_, choice in chosen]
+        return {partition: ("written", choice.state) for partition, *_, choice in chosen}
 
     def reassign(self) -> bool:
         """Take the next step of every reassignment under way (broker.replication.reassign);

@@ -55,7 +55,8 @@ from broker.config import replica_setting
 from broker.errors import PylogError, RegistryUnavailable, Unavailable
 from broker.registry import ControllerInfo, ControllerMoved, Registry, TopicConfig
 from broker.registry.nodes import validate_broker_id
-from broker.replication.acting import Acting, Counters
+from broker.registry.topic_config import Replicas
+from broker.replication.acting import Acting, Counters, Settled
 
 log = logging.getLogger("pylog.controller")
 
@@ -142,15 +143,18 @@ class ControllerService:
         self._registry: Registry | None = None
         self._broker_id = -1
         self._epoch: int | None = None
+        self._known: dict[str, Settled] = {}
+        """The topics settled in `_epoch` (acting.Settled): a new epoch starts with none."""
         self._counters = Counters()
         self._rebalance_interval_s = 0.0
         """Seconds between periodic preferred-leader elections; 0: none (set by start)."""
         self._rebalance_at: float | None = None
         """When the next periodic preferred-leader election is due, on the clock (None: not the
         controller, or switched off)."""
-        self._setting_watches: dict[str, bool | None] = {}
-        """Topics whose node's data is watched, each with its unclean_leader_election as the
-        watch last saw it (None before its first call)."""
+        self._topic_watches: dict[str, tuple[bool, Replicas] | None] = {}
+        """Topics whose node's data is watched, each with what its leaders are chosen from as
+        the watch last saw it, its unclean_leader_election and its replicas (None before its
+        first call)."""
         self._watches_lock = threading.Lock()
 
     # -- lifetime --------------------------------------------------------------------------
@@ -396,7 +400,7 @@ class ControllerService:
                 self._lose(self._epoch, "its session expired or it resigned")
             if epoch is None:
                 return True  # another broker is: its /controller's watch wakes us
-            self._epoch = epoch
+            self._epoch, self._known = epoch, {}
             self._counters.elections += 1
             log.info(
                 "broker %d acts as the controller, controller epoch %d", self._broker_id, epoch
@@ -412,7 +416,7 @@ class ControllerService:
             self._lose(epoch, "a newer controller refused its write")
             registry.controller.resign()  # /controller is not ours now, unless set by hand
             return False
-        self._watch_settings(registry, topics)
+        self._watch_topics(registry, topics)
         return settled
 
     def _run_asked_election(self, acting: Acting) -> None:
@@ -443,6 +447,7 @@ class ControllerService:
             epoch,
             self._counters,
             self._stopping.is_set,
+            self._known,
         )
 
     def _lose(self, epoch: int, why: str) -> None:
@@ -464,24 +469,25 @@ class ControllerService:
         except PylogError as error:
             log.info("could not resign as controller (its session ending does it): %s", error)
 
-    def _watch_settings(self, registry: Registry, topics: list[str]) -> None:
+    def _watch_topics(self, registry: Registry, topics: list[str]) -> None:
         """Watch the node of each topic not watched yet: a change of its
-        unclean_leader_election wakes the service (it is a live setting)."""
+        unclean_leader_election (a live setting) or of its replicas (partitions added, a
+        reassignment's step) wakes the service."""
         for topic in topics:
             with self._watches_lock:
-                if topic in self._setting_watches:
+                if topic in self._topic_watches:
                     continue
-                self._setting_watches[topic] = None
+                self._topic_watches[topic] = None
 
             def changed(config: TopicConfig | None, topic: str = topic) -> bool:
                 with self._watches_lock:
                     if config is None or self._stopping.is_set():
-                        self._setting_watches.pop(topic, None)
+                        self._topic_watches.pop(topic, None)
                         return False
                     unclean = replica_setting(config.settings, "unclean_leader_election") == 1
-                    before = self._setting_watches.get(topic)
-                    self._setting_watches[topic] = unclean
-                if before is not None and before != unclean:
+                    before = self._topic_watches.get(topic)
+                    self._topic_watches[topic] = now = (unclean, config.replicas)
+                if before is not None and before != now:
                     self._wake()
                 return True
 
@@ -489,5 +495,5 @@ class ControllerService:
                 registry.topics.watch_topic_config(topic, changed)
             except (PylogError, ValueError) as error:
                 with self._watches_lock:
-                    self._setting_watches.pop(topic, None)
-                log.warning("cannot watch the settings of topic %r: %s", topic, error)
+                    self._topic_watches.pop(topic, None)
+                log.warning("cannot watch the configuration of topic %r: %s", topic, error)

@@ -453,6 +453,68 @@ def test_a_stopping_controller_ends_its_round_within_one_chunk_of_reads(
     assert session.commits == 0  # stopped before its first write
 
 
+def test_a_round_reads_the_states_only_of_the_topics_and_partitions_changed_since_the_last(
+    make_broker: Broker, make_registry: Callable[..., Registry], service: Service
+) -> None:
+    """A topic settled in this epoch whose configuration, live brokers and configuration node
+    stand is not read again: a round woken by another topic reads that topic's states, one
+    woken by partitions added reads theirs (each round read every state before: seconds for
+    20,000). A topic deleted and made again is read again whole."""
+    one = make_broker(1)
+    one.topics.create_topic_config(TOPIC, TopicConfig.spread(50, [1]))
+    counting = make_registry(of=Counting)
+    session = counting.session
+    assert isinstance(session, CountingSession)
+    controller = service(counting, 2)
+    wait_controller(controller, 1)
+    wait_until(lambda: session.states_read == 50, what="the first round's reads")
+
+    def offline(topic: str) -> int:
+        states = one.topics.partition_states(topic).values()
+        return sum(state.leader == NO_LEADER for state, _ in states)
+
+    # partitions on broker 3, never up: the controller writes them offline
+    one.topics.create_topic_config("views", TopicConfig.spread(3, [3]))
+    wait_until(lambda: controller.statistics().offline_partitions == 3, what="views offline")
+    assert offline("views") == 3
+    assert session.states_read == 53  # not clicks' 50 again
+    one.topics.add_partitions(TOPIC, 60, racks={3: None})
+    wait_until(lambda: controller.statistics().offline_partitions == 13, what="10 added offline")
+    assert offline(TOPIC) == 10
+    assert session.states_read == 63
+    one.topics.delete_topic_config("views")
+    wait_until(lambda: controller.statistics().offline_partitions == 10, what="views gone")
+    one.topics.create_topic_config("views", TopicConfig.spread(3, [3]))  # the same again
+    wait_until(lambda: offline("views") == 3, what="views made again, offline again")
+    assert controller.statistics().offline_partitions == 13
+
+
+def test_a_preferred_leader_election_reads_only_the_partitions_led_by_another_broker(
+    make_broker: Broker, make_registry: Callable[..., Registry], service: Service
+) -> None:
+    one, _two = make_broker(1), make_broker(2)
+    one.topics.create_topic_config(TOPIC, TopicConfig.spread(20, [1, 2], replication_factor=2))
+    counting = make_registry(of=Counting)
+    session = counting.session
+    assert isinstance(session, CountingSession)
+    controller = service(counting, 3)
+    wait_controller(controller, 1)
+    one.stop()
+    wait_until(lambda: controller.statistics().leaders_chosen == 10, what="broker 2 leading all")
+    wait_until(
+        lambda: all(
+            state.leader == 2 and state.isr == (2,)
+            for state, _ in counting.topics.partition_states(TOPIC).values()
+        ),
+        what="broker 1 out of every ISR",
+    )
+    make_broker(1)  # back, but in no ISR: nothing moves
+    wait_until(lambda: controller.statistics().offline_partitions == 0, what="a round")
+    before = session.states_read
+    assert controller.elect_preferred() == 0
+    assert session.states_read - before == 10  # those whose preferred leader is broker 1
+
+
 def test_when_the_controllers_session_closes_another_service_takes_over_and_acts(
     make_broker: Broker, service: Service
 ) -> None:
