@@ -8,6 +8,7 @@ acknowledged, and every message read is whole (no checksum fails, no offset is g
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 from collections import Counter
@@ -22,6 +23,7 @@ from broker.client.connection import Connection
 from broker.errors import PylogError
 from broker.log import encode_message, iter_messages
 from broker.protocol import LATEST, Ack, FetchRequest, OffsetsRequest, ProduceRequest
+from broker.worker import SYNC_TOGETHER_FROM
 from broker.zookeeper import free_port
 from perf.cpu import tree_pids
 from tests.conftest import wait_until
@@ -178,6 +180,56 @@ def test_an_idempotent_set_acknowledged_before_a_power_cut_is_stored_once_when_s
         again = [connection.request(request) for request in requests]
     assert [(r.base_offset, r.count) for r in again] == [(r.base_offset, r.count) for r in first]
     assert read_all(broker.endpoint, "once", 0) == [0, 10, 20]
+
+
+WIDE = 130
+"""A topic's partitions over two log dirs, 65 a worker: past SYNC_TOGETHER_FROM (64), so a
+worker makes their new folders durable by one syncfs (broker.log.fsdir.sync_created), not by
+fsyncs of each folder."""
+
+
+@pytest.mark.slow  # ~30 s: two topics of 130 partitions, two power cuts
+def test_a_large_new_topics_partitions_outlive_a_power_cut_after_their_first_ack(
+    make_pylogd: Callable[..., RunningBroker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new topic of WIDE partitions, a message acknowledged at ack=flushed on each, then the
+    power goes (the strictest state: all not made durable lost): after the restart every
+    partition is there with its message, that cut's topic and the one before."""
+    assert WIDE // 2 >= SYNC_TOGETHER_FROM
+    disk, journal = tmp_path / "disk", tmp_path / "journal"
+    library = powerloss.build(tmp_path)
+    for name, value in powerloss.environment(library, disk, journal).items():
+        monkeypatch.setenv(name, value)
+    broker = make_pylogd("--broker-log-dirs", f"{disk / 'a'},{disk / 'b'}")
+    for cut in range(2):
+        with Admin(broker.endpoint) as admin:
+            admin.create_topic(f"wide-{cut}", WIDE)
+        with Connection(broker.endpoint, timeout_s=10.0) as connection:
+            for partition in range(WIDE):
+                message = encode_message(f"{partition}:{cut}".encode())
+                request = ProduceRequest(f"wide-{cut}", partition, Ack.FLUSHED, message)
+                wait_until(
+                    functools.partial(answered, connection, request), what=f"partition {partition}"
+                )
+        assert broker.process is not None
+        powerloss.kill_all(tree_pids(broker.process.pid))
+        broker.process.wait()
+        powerloss.cut(disk, journal)
+        broker = broker.restarted()
+        for made in range(cut + 1):
+            for partition in range(WIDE):
+                assert read_all(broker.endpoint, f"wide-{made}", partition) == [made], (
+                    f"cut {cut}: partition {partition} of wide-{made}"
+                )
+
+
+def answered(connection: Connection, request: ProduceRequest) -> bool:
+    """Whether `request` was acknowledged (False: refused, its partition not served yet)."""
+    try:
+        connection.request(request)
+    except PylogError:
+        return False
+    return True
 
 
 REPLICATED_CUTS = 6
