@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -41,6 +41,8 @@ from broker.log.fsdir import fsync_directory, storage_error, syncfs
 from broker.log.segment import bad_file_path
 
 CHECKPOINT_NAME = "leader-epoch-checkpoint"
+_TMP_NAME = CHECKPOINT_NAME + ".tmp"
+"""The history being written, renamed over CHECKPOINT_NAME once synced."""
 FORMAT_VERSION = 1
 NO_EPOCH = -1
 """The epoch of bytes this replica has no history for (and of a replica without entries)."""
@@ -72,7 +74,12 @@ class LeaderEpochs:
         return f"LeaderEpochs({self._entries})"
 
     @classmethod
-    def load(cls, directory: Path, log_end_offset: int | None = None) -> LeaderEpochs:
+    def load(
+        cls,
+        directory: Path,
+        log_end_offset: int | None = None,
+        files: Collection[str] | None = None,
+    ) -> LeaderEpochs:
         """The history stored in `directory`: empty when the file is missing; empty, with the
         file set aside and the reason in `problems`, when it cannot be read or parsed. A
         leftover `leader-epoch-checkpoint.tmp` (a write a crash interrupted) is deleted.
@@ -83,12 +90,16 @@ class LeaderEpochs:
         history leaves them (PartitionLog.truncate_to), and so does one between the write of
         an epoch's entry and the arrival on disk of its bytes (PartitionLog.append_replicated).
         An entry starting at the log end is kept: it describes no byte, and the bytes before
-        it are still those its leader had (see docs/storage.md, "Leader epochs")."""
+        it are still those its leader had (see docs/storage.md, "Leader epochs").
+
+        `files`: the folder's file names, when the caller has just listed it (a broker opening
+        thousands of partitions: no look for files that are not there); None: looked for."""
         epochs = cls(directory)
-        tmp = epochs._tmp_path()
-        if tmp.exists():
-            tmp.unlink()
+        if epochs._tmp_path().exists() if files is None else _TMP_NAME in files:
+            epochs._tmp_path().unlink()
             fsync_directory(directory)
+        if files is not None and CHECKPOINT_NAME not in files:
+            return epochs
         try:
             data = epochs.path.read_bytes()
         except FileNotFoundError:
@@ -231,7 +242,7 @@ class LeaderEpochs:
             self._store([EpochEntry(epoch, start_offset)])
 
     def _tmp_path(self) -> Path:
-        return self.path.with_name(self.path.name + ".tmp")
+        return self.directory / _TMP_NAME
 
     def _store(self, entries: list[EpochEntry]) -> None:
         """Write `entries` (tmp, fsync, rename, fsync of the folder), then keep them."""

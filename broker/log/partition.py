@@ -48,7 +48,7 @@ from broker.log.fsdir import make_directory
 from broker.log.local_log import LocalLog
 from broker.log.message import Buffer
 from broker.log.producers import ProducerStates, StoredSet
-from broker.log.recovery import RecoveryReport, recover_folder
+from broker.log.recovery import RecoveryReport, list_files, recover_folder
 from broker.log.segment import Segment
 
 log = logging.getLogger(__name__)
@@ -144,12 +144,13 @@ class PartitionLog:
         (broker.log.fsdir.sync_created: one syncfs for many new partitions)."""
         config = config or LogConfig()
         make_directory(directory, sync)
-        segments, report = recover_folder(directory, config, sync)
-        epochs = LeaderEpochs.load(directory, segments[-1].end_offset)
+        files = list_files(directory)  # as found: recovery changes no file the others read
+        segments, report = recover_folder(directory, config, sync, files)
+        epochs = LeaderEpochs.load(directory, segments[-1].end_offset, files)
         report = dataclasses.replace(report, problems=report.problems + tuple(epochs.problems))
         end = segments[-1].end_offset
         bases = [s.base_offset for s in segments]
-        producers = ProducerStates.load(directory, bases, end, directory.name, clock)
+        producers = ProducerStates.load(directory, bases, end, directory.name, clock, files)
         return cls(directory, config, clock, segments, report, epochs, producers)
 
     # -- offsets ---------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -93,7 +93,7 @@ class StoredSet(NamedTuple):
 
 def producers_path(directory: Path, base_offset: int) -> Path:
     """The producer entries of the segment at `base_offset`."""
-    return (directory / segment_file_name(base_offset)).with_suffix(PRODUCERS_SUFFIX)
+    return directory / segment_file_name(base_offset, PRODUCERS_SUFFIX)
 
 
 class ProducerStates:
@@ -140,20 +140,22 @@ class ProducerStates:
         log_end: int,
         name: str,
         clock: Clock = SYSTEM_CLOCK,
+        files: Collection[str] | None = None,
     ) -> ProducerStates:
         """The state of the folder whose segments start at `bases` and whose log ends at
         `log_end`: the last segment's entries, those past the log end (and a torn one) cut
         from its file. Files of no segment (left by a crash as segments were deleted, or by
-        segments recovery set aside) are deleted."""
+        segments recovery set aside) are deleted. `files`: the folder's file names, when the
+        caller has just listed it (None: listed here)."""
         bases = sorted(bases)
         states = cls(directory, bases[-1], name, clock)
-        known = {producers_path(directory, base) for base in bases}
-        for name in os.listdir(directory):
-            path = directory / name
-            if name.endswith(PRODUCERS_SUFFIX) and path not in known:
+        known = {segment_file_name(base, PRODUCERS_SUFFIX) for base in bases}
+        for file in os.listdir(directory) if files is None else files:
+            if file.endswith(PRODUCERS_SUFFIX) and file not in known:
                 with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-        states._reload(log_end)
+                    (directory / file).unlink()
+        if files is None or states._path.name in files:
+            states._reload(log_end)
         return states
 
     @property

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,15 +66,24 @@ class RecoveryReport:
     damaged: tuple[tuple[int, int], ...] = ()
 
 
+def list_files(directory: Path) -> list[str]:
+    """The names of the files in `directory`: one listing, which a partition's opening hands
+    to each part of it (recover_folder, LeaderEpochs.load, ProducerStates.load) rather than
+    each looking for its files (a broker opens thousands)."""
+    with os.scandir(directory) as entries:
+        return [entry.name for entry in entries if entry.is_file()]
+
+
 def recover_folder(
-    directory: Path, config: LogConfig, sync: bool = True
+    directory: Path, config: LogConfig, sync: bool = True, files: Collection[str] | None = None
 ) -> tuple[list[Segment], RecoveryReport]:
     """The segments of partition folder `directory`, oldest first, recovered (never empty: a
     new segment is created when none is kept, fsynced into the folder unless `sync` is
     False: Segment.create), and what was found and done (the leader-epoch file's problems are
-    the caller's to add)."""
-    with os.scandir(directory) as entries:  # one listing (a broker opens thousands)
-        files = [entry.name for entry in entries if entry.is_file()]
+    the caller's to add). `files`: the folder's file names, when the caller has just listed
+    it (list_files; None: listed here)."""
+    if files is None:
+        files = list_files(directory)
     leftovers = [name for name in files if name.endswith(_LEFTOVER_SUFFIXES)]
     for leftover in leftovers:
         # an index write that a crash interrupted (indexes are derived), or the copy of a

@@ -56,8 +56,9 @@ PRODUCERS_SUFFIX = ".producers"
 """A segment's idempotent producer entries (broker.log.producers)."""
 
 
-def segment_file_name(base_offset: int) -> str:
-    return f"{base_offset:020d}{LOG_SUFFIX}"
+def segment_file_name(base_offset: int, suffix: str = LOG_SUFFIX) -> str:
+    """The name of the segment file at `base_offset` (`suffix`: of its index, entries...)."""
+    return f"{base_offset:020d}{suffix}"
 
 
 def bad_file_path(path: Path) -> Path:
