@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 import shutil
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker import control, protocol
@@ -118,12 +119,15 @@ class Topics:
         assert registry is not None
         me = self.me
         configs = registry.topics.topic_configs()
-        on_disk: dict[str, set[int]] = {}
-        for log_dir in self.log_dirs:
-            for folder in log_dir.iterdir():
-                topic, _, number = folder.name.rpartition("-")
-                if folder.is_dir() and topic and number.isdigit():
-                    on_disk.setdefault(topic, set()).add(int(number))
+        on_disk: dict[str, dict[int, int]] = {}
+        """Topic -> partition -> the log dir its folder is in (one listing of each log dir,
+        which _place is given: no look for each of 20,000 folders again)."""
+        for d, log_dir in enumerate(self.log_dirs):
+            with os.scandir(log_dir) as entries:
+                for entry in entries:
+                    topic, _, number = entry.name.rpartition("-")
+                    if topic and number.isdigit() and entry.is_dir():
+                        on_disk.setdefault(topic, {}).setdefault(int(number), d)
         for topic, numbers in sorted(on_disk.items()):
             config = configs.get(topic)
             if config is None:
@@ -135,7 +139,7 @@ class Topics:
                 except PylogError as error:
                     log.error("cannot record adopted topic %r in ZooKeeper: %s", topic, error)
                 configs[topic] = config
-            elif strays := sorted(numbers - set(config.partitions_of(me))):
+            elif strays := sorted(set(numbers) - set(config.partitions_of(me))):
                 log.warning(
                     "topic %r: partition folders %s on disk are placed elsewhere by ZooKeeper "
                     "(or do not exist there): left alone, not served",
@@ -145,7 +149,7 @@ class Topics:
         self.configs = configs
         for topic, config in configs.items():
             if mine := config.partitions_of(me):
-                self._place(topic, config, mine)
+                self._place(topic, config, mine, on_disk.get(topic, {}))
 
     def watch(self) -> None:
         """Keep the view of brokers and topics current from ZooKeeper's watches."""
@@ -196,21 +200,29 @@ class Topics:
 
         registry.topics.watch_topic_config(topic, changed)
 
-    def _place(self, topic: str, config: TopicConfig, numbers: list[int]) -> None:
+    def _place(
+        self,
+        topic: str,
+        config: TopicConfig,
+        numbers: list[int],
+        found: Mapping[int, int] | None = None,
+    ) -> None:
         """Choose a worker for each of `numbers`, partitions of `topic` that this broker
-        holds (added to those it holds already)."""
+        holds (added to those it holds already), in the log dir where its folder is (`found`:
+        partition -> log dir, when the caller listed them; None: looked for here)."""
         per_dir = self.config.broker_workers_per_dir
         held = [0] * len(self.log_dirs)
         for state in self.held.values():
             for w in state.workers.values():
                 held[w // per_dir] += 1
-        found = {}
-        for number in numbers:
-            folder = partition_folder(topic, number)
-            for d, log_dir in enumerate(self.log_dirs):
-                if (log_dir / folder).is_dir():
-                    found[number] = d
-                    break
+        if found is None:
+            found = {}
+            for number in numbers:
+                folder = partition_folder(topic, number)
+                for d, log_dir in enumerate(self.log_dirs):
+                    if (log_dir / folder).is_dir():
+                        found[number] = d
+                        break
         workers = place_partitions(topic, numbers, held, found, per_dir)
         state = self.held.setdefault(topic, TopicState(dict(config.settings), {}))
         state.workers.update(workers)
