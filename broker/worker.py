@@ -45,7 +45,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -421,15 +421,18 @@ class Worker:
 
     async def _open_in_chunks(self, partitions: Sequence[control.PartitionToOpen]) -> None:
         """Open `partitions` OPEN_CHUNK at a time (_open_all), reporting each chunk opened,
-        and log one line for them all."""
+        and log one line for them all. The garbage collector is held off meanwhile
+        (gc_held): every object made is kept, and the collections that walked all of them
+        again and again took a third of the time to open 10,000 partitions."""
         started = self.clock.monotonic()
         opened = new = failed = 0
-        for start in range(0, len(partitions), OPEN_CHUNK):
-            report, created = self._open_all(partitions[start : start + OPEN_CHUNK])
-            await self.socket.send(control.encode(report))
-            opened += len(report.opened)
-            failed += len(report.failed)
-            new += created
+        with gc_held():
+            for start in range(0, len(partitions), OPEN_CHUNK):
+                report, created = self._open_all(partitions[start : start + OPEN_CHUNK])
+                await self.socket.send(control.encode(report))
+                opened += len(report.opened)
+                failed += len(report.failed)
+                new += created
         log.info(
             "worker %d: %d partitions opened (%d new) in %.1f s%s",
             self.index,
@@ -669,6 +672,19 @@ async def run_worker(index: int, endpoint: str, config: BrokerConfig) -> None:
         worker.close()
         socket.close()
         context.term()
+
+
+@contextlib.contextmanager
+def gc_held() -> Iterator[None]:
+    """The cyclic garbage collector off for the block (on again after it, if it was on): for
+    work that makes many objects and keeps them all, which each collection would walk anew."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def run_forked(index: int, endpoint: str, config: BrokerConfig, supervisor_pid: int) -> NoReturn:

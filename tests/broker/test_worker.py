@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -643,6 +644,33 @@ def test_after_a_failed_syncfs_a_new_partition_whose_folder_fsync_fails_is_not_o
         assert ("wide", 3) not in worker.partitions
         assert sorted(folders) == sorted([f"wide-{n}" for n in range(5)] + [tmp_path.name])
     finally:
+        worker.close()
+
+
+async def test_a_worker_opening_partitions_holds_the_garbage_collector_off_meanwhile(
+    tmp_path: Path, sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
+) -> None:
+    """Opening keeps every object it makes: collections meanwhile walked them all again and
+    again, a third of the time to open 10,000 partitions. None runs while a worker opens
+    (here 300 partitions, in chunks); the collector is on again after."""
+    _, worker_end = sockets
+    worker = idle_worker(worker_end)
+    collections: list[int] = []
+    """How many partitions were open at each collection."""
+
+    def collected(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(len(worker.partitions))
+
+    command = control.OpenPartitions(tuple(to_open(tmp_path, 300)))
+    gc.callbacks.append(collected)
+    try:
+        assert gc.isenabled()
+        await worker._run_command(command)
+        assert all(opened in (0, 300) for opened in collections), collections
+        assert gc.isenabled() and len(worker.partitions) == 300
+    finally:
+        gc.callbacks.remove(collected)
         worker.close()
 
 
