@@ -400,6 +400,18 @@ class Counting(Registry):
     session_type = CountingSession
 
 
+def counted_controller(
+    make_registry: Callable[..., Registry], service: Service, broker_id: int
+) -> tuple[ControllerService, CountingSession]:
+    """A controller service of broker `broker_id` on a Counting registry, elected (epoch 1)."""
+    counting = make_registry(of=Counting)
+    session = counting.session
+    assert isinstance(session, CountingSession)
+    controller = service(counting, broker_id)
+    wait_controller(controller, 1)
+    return controller, session
+
+
 def test_a_restarted_brokers_partitions_get_their_new_leader_epochs_a_batch_to_a_transaction(
     make_broker: Broker, make_registry: Callable[..., Registry], service: Service
 ) -> None:
@@ -408,11 +420,7 @@ def test_a_restarted_brokers_partitions_get_their_new_leader_epochs_a_batch_to_a
     500 transactions before, a leader -1 written and then the broker chosen again)."""
     one = make_broker(1)
     one.topics.create_topic_config(TOPIC, TopicConfig.spread(250, [1]))
-    counting = make_registry(of=Counting)
-    session = counting.session
-    assert isinstance(session, CountingSession)
-    controller = service(counting, 2)
-    wait_controller(controller, 1)
+    controller, session = counted_controller(make_registry, service, 2)
     session.commits = 0
     one.stop()  # the broker dies...
     wait_until(lambda: controller.statistics().offline_partitions == 250, what="250 offline")
@@ -462,11 +470,7 @@ def test_a_round_reads_the_states_only_of_the_topics_and_partitions_changed_sinc
     20,000). A topic deleted and made again is read again whole."""
     one = make_broker(1)
     one.topics.create_topic_config(TOPIC, TopicConfig.spread(50, [1]))
-    counting = make_registry(of=Counting)
-    session = counting.session
-    assert isinstance(session, CountingSession)
-    controller = service(counting, 2)
-    wait_controller(controller, 1)
+    controller, session = counted_controller(make_registry, service, 2)
     wait_until(lambda: session.states_read == 50, what="the first round's reads")
 
     def offline(topic: str) -> int:
@@ -492,19 +496,15 @@ def test_a_round_reads_the_states_only_of_the_topics_and_partitions_changed_sinc
 def test_a_preferred_leader_election_reads_only_the_partitions_led_by_another_broker(
     make_broker: Broker, make_registry: Callable[..., Registry], service: Service
 ) -> None:
-    one, _two = make_broker(1), make_broker(2)
+    one, two = make_broker(1), make_broker(2)
     one.topics.create_topic_config(TOPIC, TopicConfig.spread(20, [1, 2], replication_factor=2))
-    counting = make_registry(of=Counting)
-    session = counting.session
-    assert isinstance(session, CountingSession)
-    controller = service(counting, 3)
-    wait_controller(controller, 1)
+    controller, session = counted_controller(make_registry, service, 3)
     one.stop()
     wait_until(lambda: controller.statistics().leaders_chosen == 10, what="broker 2 leading all")
     wait_until(
         lambda: all(
             state.leader == 2 and state.isr == (2,)
-            for state, _ in counting.topics.partition_states(TOPIC).values()
+            for state, _ in two.topics.partition_states(TOPIC).values()
         ),
         what="broker 1 out of every ISR",
     )

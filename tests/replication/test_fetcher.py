@@ -22,7 +22,7 @@ from broker.errors import FetchSessionIdNotFound
 from broker.log import PartitionLog
 from broker.log.epochs import EpochEntry, LeaderEpochs
 from broker.log.fsdir import syncfs
-from broker.log.message import encode_message, iter_messages
+from broker.log.message import Buffer, encode_message, iter_messages
 from broker.replication.fetcher import Fetchers
 from broker.replication.follower import EpochRound, Follower, Role
 from broker.trio_socket import TrioSocket
@@ -67,7 +67,7 @@ class PlayedLeader:
     async def serve(self) -> None:
         channel = TrioSocket(self.live.server, lambda socket, flags: socket.recv_multipart(flags))
         copied: set[int] = set()
-        last: list[bytes] = []  # the held OFFSET_FOR_LEADER_EPOCH of the last partition
+        last: list[Buffer] = []  # the held OFFSET_FOR_LEADER_EPOCH of the last partition
         while True:
             identity, *frames = await channel.receive()
             self.identities.append(identity)
