@@ -88,7 +88,8 @@ class Settled:
     leaders: dict[int, int]
 
 
-def _unclean(config: TopicConfig) -> bool:
+def unclean_allowed(config: TopicConfig) -> bool:
+    """Whether the topic's unclean_leader_election is on (a live setting)."""
     return replica_setting(config.settings, "unclean_leader_election") == 1
 
 
@@ -103,7 +104,7 @@ def _changed(
         or created is None
         or before.created != created
         or before.alive != alive
-        or _unclean(before.config) != _unclean(config)
+        or unclean_allowed(before.config) != unclean_allowed(config)
     ):
         return None
     old = before.config
@@ -148,7 +149,7 @@ class Acting:
             del self.known[gone]
         settled, offline = True, 0
         for topic, config in sorted(configs.items()):
-            unclean = _unclean(config)
+            unclean = unclean_allowed(config)
 
             def decide_of(
                 partition: int, config: TopicConfig = config, unclean: bool = unclean

@@ -51,12 +51,11 @@ from dataclasses import dataclass
 
 from broker.backoff import Backoff
 from broker.clock import SYSTEM_CLOCK, Clock
-from broker.config import replica_setting
 from broker.errors import PylogError, RegistryUnavailable, Unavailable
 from broker.registry import ControllerInfo, ControllerMoved, Registry, TopicConfig
 from broker.registry.nodes import validate_broker_id
 from broker.registry.topic_config import Replicas
-from broker.replication.acting import Acting, Counters, Settled
+from broker.replication.acting import Acting, Counters, Settled, unclean_allowed
 
 log = logging.getLogger("pylog.controller")
 
@@ -484,7 +483,7 @@ class ControllerService:
                     if config is None or self._stopping.is_set():
                         self._topic_watches.pop(topic, None)
                         return False
-                    unclean = replica_setting(config.settings, "unclean_leader_election") == 1
+                    unclean = unclean_allowed(config)
                     before = self._topic_watches.get(topic)
                     self._topic_watches[topic] = now = (unclean, config.replicas)
                 if before is not None and before != now:
